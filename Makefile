@@ -1,0 +1,35 @@
+# Two commands on a fresh machine (only Python 3.11 needed):
+#   make run    create .venv on first use, install, train the quickstart, print metrics
+#   make test   create .venv on first use, install with test extras, run the tests
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+TORCH := torch==2.13.0
+TORCHREC := torchrec==1.8.0
+# The CUDA build of fbgemm when a GPU is visible, the CPU build otherwise.
+FBGEMM := $(shell nvidia-smi -L >/dev/null 2>&1 && echo fbgemm-gpu==1.8.0 || echo fbgemm-gpu-cpu==1.8.0)
+CONFIG ?= configs/criteo_quickstart.yaml
+PYTEST_ARGS ?=
+
+.PHONY: run test install clean
+
+$(VENV)/.installed: pyproject.toml Makefile
+	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "need $(PYTHON) (set PYTHON=...)"; exit 1; }
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet $(TORCH) $(FBGEMM)
+	$(PY) -m pip install --quiet --no-deps $(TORCHREC)
+	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -c "import recsys_dist, torchrec; print('recsys_dist environment ready')"
+	touch $@
+
+install: $(VENV)/.installed
+
+run: $(VENV)/.installed
+	$(VENV)/bin/recsys-dist train --config $(CONFIG)
+
+test: $(VENV)/.installed
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

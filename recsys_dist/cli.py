@@ -1,0 +1,119 @@
+"""``recsys-dist`` command line: ``train`` (and more subcommands as they land).
+
+    recsys-dist train --config configs/criteo_quickstart.yaml [--run-dir DIR] [key=value ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+import warnings
+from pathlib import Path
+
+from recsys_dist.config import ConfigError, check_before_launch, load_config, save_config
+
+
+def _quiet_third_party() -> None:
+    # TorchRec and torch.fx warn on every run about internals a user cannot act on.
+    warnings.filterwarnings("ignore", category=UserWarning)
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+    for name in ("torch.fx._symbolic_trace", "torchrec", "torch.distributed", "fbgemm_gpu"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
+def _default_run_dir(config_path: str) -> Path:
+    stem = Path(config_path).stem
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID")
+    suffix = run_id if run_id and run_id != "none" else time.strftime("%Y%m%d-%H%M%S")
+    return Path("runs") / f"{stem}-{suffix}"
+
+
+def _print_summary(summary: dict) -> None:
+    def fmt(x):
+        return "n/a" if x is None else f"{x:.4f}"
+
+    v, t = summary["validation"], summary["test"]
+    print(
+        f"\nrecsys-dist: trained {summary['rows_trained']} rows in {summary['steps']} steps on "
+        f"{summary['world_size']} rank(s), {summary['samples_per_s']} samples/s\n"
+        f"  validation  AUC {fmt(v['auc'])}  logloss {fmt(v['logloss'])}\n"
+        f"  test        AUC {fmt(t['auc'])}  logloss {fmt(t['logloss'])}\n"
+        f"  run directory: {summary['run_dir']}"
+    )
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    cfg = load_config(args.config, args.overrides)
+    check_before_launch(cfg)
+    _quiet_third_party()
+    from recsys_dist.distributed import under_launcher
+
+    run_dir = Path(args.run_dir) if args.run_dir else _default_run_dir(args.config)
+    if args.worker or under_launcher():
+        from torch.distributed.elastic.multiprocessing.errors import record
+
+        from recsys_dist.trainer import train
+
+        summary = record(train)(cfg, run_dir)
+        if summary and not args.worker and int(os.environ.get("RANK", 0)) == 0:
+            _print_summary(summary)
+        return 0
+    run_dir.mkdir(parents=True, exist_ok=True)
+    save_config(cfg, run_dir / "config.yaml")
+    if cfg.distributed.nproc_per_node == 1:
+        from recsys_dist.trainer import train
+
+        summary = train(cfg, run_dir)
+    else:
+        from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+        from recsys_dist.launch import launch_workers
+
+        try:
+            launch_workers(run_dir, cfg.distributed.nproc_per_node, cfg.distributed.max_restarts)
+        except ChildFailedError as err:
+            first = err.get_first_failure()[1]
+            print(f"recsys-dist: training failed on rank {first.rank}:\n{_failure_text(first)}", file=sys.stderr)
+            return 1
+        summary = json.loads((run_dir / "summary.json").read_text())
+    _print_summary(summary)
+    return 0
+
+
+def _failure_text(failure) -> str:
+    msg = failure.message
+    if isinstance(msg, dict):
+        msg = msg.get("message", msg)
+        if isinstance(msg, dict):
+            msg = msg.get("message", str(msg))
+    return str(msg)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="recsys-dist", description="Embedding-parallel CTR training.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("train", help="train and evaluate a model from a YAML config")
+    p.add_argument("--config", required=True, help="YAML run config, e.g. configs/criteo_quickstart.yaml")
+    p.add_argument("--run-dir", default=None, help="output directory (default runs/<config>-<time>)")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.batch_size=256")
+    p.set_defaults(func=cmd_train)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except ConfigError as err:
+        print(f"recsys-dist: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

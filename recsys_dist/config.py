@@ -1,0 +1,321 @@
+"""One typed config tree for a run, loaded strictly from YAML plus dotted overrides.
+
+Every section is a pydantic model with ``extra="forbid"``: an unknown key, a wrong
+type or an impossible value is a :class:`ConfigError` that names the dotted key, the
+value given and what is allowed. All problems are reported together, and the whole
+tree is validated before any process is spawned or any memory is allocated.
+
+Relative paths written in a YAML file are resolved against the directory of that
+file; relative paths given as command-line overrides are resolved against the
+current working directory.
+
+Example::
+
+    cfg = load_config("configs/criteo_quickstart.yaml", ["train.batch_size=64"])
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+SHARDING_TYPES = (
+    "data_parallel",
+    "table_wise",
+    "row_wise",
+    "column_wise",
+    "table_row_wise",
+    "table_column_wise",
+)
+ShardingTypeName = Literal[
+    "data_parallel", "table_wise", "row_wise", "column_wise", "table_row_wise", "table_column_wise"
+]
+
+# Config keys holding filesystem paths; resolved against the config file's directory.
+PATH_KEYS = ("data.raw_path", "data.cache_dir")
+
+
+class ConfigError(ValueError):
+    """A config file or override is invalid; the message lists every problem found."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_default=True)
+
+
+class DataConfig(_Section):
+    format: Literal["criteo_tsv"] = Field(
+        "criteo_tsv",
+        description="Raw input format. criteo_tsv: label, I1..I13, C1..C26 tab-separated, "
+        "empty field = missing (Criteo Kaggle / 1TB layout).",
+    )
+    raw_path: str = Field(description="Raw labelled data file (relative to the config file).")
+    cache_dir: Optional[str] = Field(
+        None,
+        description="Where converted Parquet splits are cached. Default: "
+        "$RECSYS_DIST_CACHE or ~/.cache/recsys_dist.",
+    )
+    num_rows: Optional[int] = Field(
+        None, gt=0, description="Read only the first N rows of raw_path (None = all)."
+    )
+    split: tuple[float, float, float] = Field(
+        (0.8, 0.1, 0.1),
+        description="Fractions of rows, in file order, for train / validation / test.",
+    )
+    num_embeddings: int | list[int] = Field(
+        100_000,
+        description="Rows per categorical table (one int for all 26, or one per feature). "
+        "Row 0 is reserved for a missing value; a present value maps to "
+        "1 + (uint32(hex) mod (num_embeddings - 1)).",
+    )
+    remainder: Literal["pad", "drop"] = Field(
+        "pad",
+        description="Training rows left over after the last full global batch: pad with "
+        "zero-weight rows (never counted in loss or metrics) or drop them. "
+        "Evaluation always pads, so every example is evaluated exactly once.",
+    )
+    shuffle: bool = Field(True, description="Shuffle training rows each epoch (seeded).")
+
+    @model_validator(mode="after")
+    def _check(self) -> "DataConfig":
+        if any(f < 0 for f in self.split) or abs(sum(self.split) - 1.0) > 1e-6:
+            raise ValueError(f"data.split must be three non-negative fractions summing to 1, got {list(self.split)}")
+        if self.split[0] <= 0:
+            raise ValueError("data.split[0] (train fraction) must be > 0")
+        sizes = self.num_embeddings if isinstance(self.num_embeddings, list) else [self.num_embeddings]
+        if isinstance(self.num_embeddings, list) and len(sizes) != 26:
+            raise ValueError(f"data.num_embeddings: expected one int or a list of 26, got a list of {len(sizes)}")
+        if any(n < 2 for n in sizes):
+            raise ValueError(
+                f"data.num_embeddings must be >= 2 (row 0 is reserved for missing values), got {self.num_embeddings}"
+            )
+        return self
+
+
+class ModelConfig(_Section):
+    name: Literal["dlrm"] = Field("dlrm", description="Model: dlrm (Naumov et al., 2019).")
+    embedding_dim: int = Field(16, gt=0, description="Embedding dimension of every table.")
+    dense_arch_layer_sizes: list[int] = Field(
+        [64, 16], description="Bottom MLP sizes; the last must equal model.embedding_dim for dlrm."
+    )
+    over_arch_layer_sizes: list[int] = Field(
+        [64, 32, 1], description="Top MLP sizes; the last must be 1 (one logit)."
+    )
+    embedding_init_scale: Optional[float] = Field(
+        0.05,
+        gt=0,
+        description="Embeddings start uniform in [-scale, scale]. None = TorchRec's default "
+        "uniform(+-sqrt(1/num_embeddings)), which is tiny for large tables.",
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> "ModelConfig":
+        for key in ("dense_arch_layer_sizes", "over_arch_layer_sizes"):
+            sizes = getattr(self, key)
+            if not sizes or any(s <= 0 for s in sizes):
+                raise ValueError(f"model.{key} must be a non-empty list of positive ints, got {sizes}")
+        if self.dense_arch_layer_sizes[-1] != self.embedding_dim:
+            raise ValueError(
+                f"model.dense_arch_layer_sizes[-1] ({self.dense_arch_layer_sizes[-1]}) must equal "
+                f"model.embedding_dim ({self.embedding_dim}) for dlrm's dot interaction"
+            )
+        if self.over_arch_layer_sizes[-1] != 1:
+            raise ValueError(
+                f"model.over_arch_layer_sizes[-1] must be 1 (one logit), got {self.over_arch_layer_sizes[-1]}"
+            )
+        return self
+
+
+class TrainConfig(_Section):
+    batch_size: int = Field(128, gt=0, description="Examples per rank per step.")
+    epochs: int = Field(1, gt=0, description="Passes over the training split.")
+    max_steps: Optional[int] = Field(None, gt=0, description="Stop after this many steps (None = no cap).")
+    seed: int = Field(0, ge=0, description="Seed for weights and shuffling.")
+    embedding_optimizer: Literal["exact_rowwise_adagrad", "exact_adagrad", "exact_sgd", "adam"] = Field(
+        "exact_rowwise_adagrad",
+        description="Fused (in backward) FBGEMM optimizer of the embedding tables.",
+    )
+    embedding_lr: float = Field(0.05, gt=0, description="Learning rate of the embedding optimizer.")
+    dense_optimizer: Literal["sgd", "adagrad", "adam", "adamw"] = Field(
+        "adagrad", description="Optimizer of the dense (data-parallel) parameters."
+    )
+    dense_lr: float = Field(0.05, gt=0, description="Learning rate of the dense optimizer.")
+    log_every_n_steps: int = Field(20, gt=0, description="Write a train line to metrics.jsonl every N steps.")
+    deterministic: bool = Field(False, description="torch.use_deterministic_algorithms for exact reruns.")
+
+
+class DistributedConfig(_Section):
+    nproc_per_node: int = Field(1, gt=0, description="Ranks to launch on this node (ignored under torchrun).")
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="auto = cuda when available, else cpu."
+    )
+    max_restarts: int = Field(0, ge=0, description="Elastic agent restarts of the whole worker group.")
+
+
+class TableConstraint(_Section):
+    sharding_types: list[ShardingTypeName] = Field(
+        default_factory=list, description="Sharding types the planner may choose for this table."
+    )
+
+
+class ShardingConfig(_Section):
+    sharding_types: list[ShardingTypeName] = Field(
+        default_factory=list,
+        description="Sharding types allowed for every table (empty = all supported on the device).",
+    )
+    per_table: dict[str, TableConstraint] = Field(
+        default_factory=dict, description="Overrides by table name (t_C1 .. t_C26)."
+    )
+    storage_reservation: float = Field(
+        0.15, ge=0, lt=1, description="Fraction of each rank's memory the planner keeps free."
+    )
+
+
+class CheckpointConfig(_Section):
+    enabled: bool = Field(True, description="Save a final sharded checkpoint (torch.distributed.checkpoint).")
+
+
+class EvalConfig(_Section):
+    batch_size: Optional[int] = Field(None, gt=0, description="Examples per rank per eval step (None = train.batch_size).")
+    every_n_steps: Optional[int] = Field(
+        None, gt=0, description="Also evaluate on validation every N training steps (None = epoch ends only)."
+    )
+
+
+class RunConfig(_Section):
+    data: DataConfig
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    distributed: DistributedConfig = Field(default_factory=DistributedConfig)
+    sharding: ShardingConfig = Field(default_factory=ShardingConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+
+def _set_dotted(tree: dict, key: str, value: Any) -> None:
+    node = tree
+    parts = key.split(".")
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"override {key}: '{part}' is a value, not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def _get_dotted(tree: dict, key: str) -> Any:
+    node: Any = tree
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def _resolve_paths(tree: dict, base: Path, keys: tuple[str, ...] = PATH_KEYS) -> None:
+    for key in keys:
+        value = _get_dotted(tree, key)
+        if isinstance(value, str) and value and not os.path.isabs(os.path.expanduser(value)):
+            _set_dotted(tree, key, str((base / value).resolve()))
+
+
+def parse_overrides(overrides: list[str]) -> dict:
+    """Turn ``["a.b=1", "c=[1,2]"]`` into a nested dict; values are parsed as YAML."""
+    tree: dict = {}
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key or any(not p for p in key.split(".")):
+            raise ConfigError(f"override '{item}': expected dotted.key=value, e.g. train.batch_size=256")
+        _set_dotted(tree, key.strip(), yaml.safe_load(raw))
+    return tree
+
+
+def _merge(base: dict, extra: dict) -> dict:
+    out = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _format_errors(err: ValidationError, tree: dict, source: str) -> str:
+    lines = [f"invalid config {source}:"]
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"])
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            parent = loc.rpartition(".")[0]
+            lines.append(f"  {loc}: unknown key (remove it, or check the spelling under '{parent or 'top level'}')")
+        elif e["type"] == "missing":
+            lines.append(f"  {loc}: required key is missing")
+        elif e["type"] in ("value_error", "assertion_error"):
+            lines.append(f"  {loc or 'config'}: {msg}")
+        else:
+            lines.append(f"  {loc}: {msg} (got {e.get('input')!r})")
+    return "\n".join(lines)
+
+
+def config_from_dict(tree: dict, source: str = "<dict>") -> RunConfig:
+    """Validate a nested dict into a :class:`RunConfig`; raises :class:`ConfigError`."""
+    try:
+        return RunConfig.model_validate(tree)
+    except ValidationError as err:
+        raise ConfigError(_format_errors(err, tree, source)) from None
+
+
+def load_config(path: str | os.PathLike, overrides: list[str] | None = None) -> RunConfig:
+    """Load a YAML run config, apply dotted ``key=value`` overrides and validate it.
+
+    Args:
+        path: YAML file. Loaded with ``yaml.safe_load`` (no object construction).
+        overrides: e.g. ``["train.batch_size=64", "sharding.sharding_types=[row_wise]"]``.
+
+    Raises:
+        ConfigError: the file is missing or not a mapping, or any key is unknown,
+            mistyped or out of range; every problem is listed in one message.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist")
+    try:
+        tree = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ConfigError(f"config file {path} is not valid YAML: {err}") from None
+    if not isinstance(tree, dict):
+        raise ConfigError(f"config file {path} must hold a mapping of sections, got {type(tree).__name__}")
+    _resolve_paths(tree, path.resolve().parent)
+    extra = parse_overrides(overrides or [])
+    _resolve_paths(extra, Path.cwd())
+    return config_from_dict(_merge(tree, extra), str(path))
+
+
+def save_config(cfg: RunConfig, path: str | os.PathLike) -> None:
+    """Write the resolved config (absolute paths, every default filled in) as YAML."""
+    Path(path).write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+
+
+def check_before_launch(cfg: RunConfig) -> None:
+    """Checks that need the filesystem or the machine, run before any rank is spawned.
+
+    Raises:
+        ConfigError: the data file is missing, or the device asked for is absent.
+    """
+    problems = []
+    if not Path(cfg.data.raw_path).is_file():
+        problems.append(f"  data.raw_path: file {cfg.data.raw_path} does not exist (fix the path in the config)")
+    if cfg.distributed.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            problems.append("  distributed.device: 'cuda' asked for but no CUDA device is visible (use auto or cpu)")
+    if problems:
+        raise ConfigError("invalid config:\n" + "\n".join(problems))

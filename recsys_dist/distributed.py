@@ -1,0 +1,86 @@
+"""The one place a process group is created, and what every rank learns about itself."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from recsys_dist.config import RunConfig
+
+
+@dataclass(frozen=True)
+class DistContext:
+    """This rank's place in the job: rank, world size, local rank, device, backend."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    device: torch.device
+    backend: str
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def under_launcher() -> bool:
+    """True inside a torchrun / torch.distributed.run worker."""
+    return "TORCHELASTIC_RUN_ID" in os.environ or ("RANK" in os.environ and "WORLD_SIZE" in os.environ)
+
+
+def resolve_device(name: str, local_rank: int = 0) -> torch.device:
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.device(f"cuda:{local_rank}") if name == "cuda" else torch.device("cpu")
+
+
+def init_distributed(cfg: RunConfig, timeout_s: float = 600.0) -> DistContext:
+    """Create the default process group (gloo on CPU, nccl on CUDA).
+
+    Under a launcher the rank and world size come from its environment; otherwise a
+    single-rank group is made in-process. On CPU the intra-op threads are split between
+    the ranks that share this machine.
+    """
+    if under_launcher():
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        local_rank = int(os.environ.get("LOCAL_RANK", 0))
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    else:
+        rank, world, local_rank, local_world = 0, 1, 0, 1
+    device = resolve_device(cfg.distributed.device, local_rank)
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    else:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
+    if not dist.is_initialized():
+        if under_launcher():
+            dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
+        else:
+            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    return DistContext(rank, world, local_rank, local_world, device, backend)
+
+
+def broadcast_result(ctx: DistContext, fn):
+    """Run ``fn()`` on rank 0 and give its result, or its exception, to every rank.
+
+    Used for work only rank 0 should do (data conversion): if it fails, every rank raises
+    the same error instead of the others waiting forever at a barrier.
+    """
+    box: list = [None]
+    if ctx.is_main:
+        try:
+            box[0] = ("ok", fn())
+        except Exception as err:  # noqa: BLE001 - re-raised on every rank below
+            box[0] = ("err", err)
+    if ctx.world_size > 1:
+        dist.broadcast_object_list(box, src=0)
+    status, value = box[0]
+    if status == "err":
+        raise value
+    return value

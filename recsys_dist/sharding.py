@@ -1,0 +1,105 @@
+"""Sharding glue: sharders that offer every sharding type on CPU, the planner, the plan.
+
+TorchRec's ``EmbeddingBagCollectionSharder`` reports only data_parallel, table_wise,
+column_wise and table_column_wise on CPU, although row_wise and table_row_wise train
+correctly over gloo. :class:`EmbeddingBagCollectionSharderAllTypes` reports them all,
+so the planner (and our tests) can use every type on CPU.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
+from torchrec.distributed.planner.storage_reservations import HeuristicalStorageReservation
+from torchrec.distributed.types import ModuleSharder, ShardingPlan, ShardingType
+from torchrec.modules.embedding_configs import EmbeddingBagConfig
+
+from recsys_dist.config import SHARDING_TYPES, RunConfig
+
+ALL_TYPES = [ShardingType(t).value for t in SHARDING_TYPES]
+
+
+class EmbeddingBagCollectionSharderAllTypes(EmbeddingBagCollectionSharder):
+    """EBC sharder offering every sharding type on every device, CPU included."""
+
+    def sharding_types(self, compute_device_type: str) -> list[str]:
+        return list(ALL_TYPES)
+
+
+def sharders() -> list[ModuleSharder[nn.Module]]:
+    return [EmbeddingBagCollectionSharderAllTypes()]
+
+
+def constraints(cfg: RunConfig, tables: list[EmbeddingBagConfig]) -> dict[str, ParameterConstraints]:
+    """Per-table planner constraints from ``sharding.sharding_types`` and ``sharding.per_table``.
+
+    Raises:
+        ValueError: ``sharding.per_table`` names a table the model does not have.
+    """
+    names = [t.name for t in tables]
+    unknown = sorted(set(cfg.sharding.per_table) - set(names))
+    if unknown:
+        raise ValueError(f"sharding.per_table: unknown tables {unknown}; tables are {names[:3]}...{names[-1:]}")
+    out = {}
+    for t in tables:
+        types = list(cfg.sharding.sharding_types)
+        if t.name in cfg.sharding.per_table and cfg.sharding.per_table[t.name].sharding_types:
+            types = list(cfg.sharding.per_table[t.name].sharding_types)
+        if types:
+            out[t.name] = ParameterConstraints(sharding_types=types)
+    return out
+
+
+def make_planner(
+    cfg: RunConfig,
+    tables: list[EmbeddingBagConfig],
+    world_size: int,
+    local_world_size: int,
+    compute_device: str,
+    batch_size: Optional[int] = None,
+) -> EmbeddingShardingPlanner:
+    topology = Topology(world_size=world_size, local_world_size=local_world_size, compute_device=compute_device)
+    return EmbeddingShardingPlanner(
+        topology=topology,
+        batch_size=batch_size or cfg.train.batch_size,
+        constraints=constraints(cfg, tables),
+        storage_reservation=HeuristicalStorageReservation(percentage=cfg.sharding.storage_reservation),
+    )
+
+
+def collective_plan(
+    cfg: RunConfig,
+    model: nn.Module,
+    tables: list[EmbeddingBagConfig],
+    device: torch.device,
+    pg: dist.ProcessGroup,
+) -> ShardingPlan:
+    """Plan on rank 0 and broadcast, so every rank shards identically."""
+    world = dist.get_world_size(pg)
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    planner = make_planner(cfg, tables, world, local, device.type)
+    return planner.collective_plan(model, sharders(), pg)
+
+
+def plan_summary(plan: ShardingPlan) -> list[dict]:
+    """Machine-readable plan: one entry per table with type, kernel and ranks."""
+    rows = []
+    for module_path, module_plan in plan.plan.items():
+        for table, ps in module_plan.items():  # type: ignore[union-attr]
+            ranks = sorted({s.placement.rank() for s in ps.sharding_spec.shards}) if ps.sharding_spec else list(ps.ranks or [])
+            rows.append(
+                {
+                    "module": module_path,
+                    "table": table,
+                    "sharding_type": ps.sharding_type,
+                    "compute_kernel": ps.compute_kernel,
+                    "ranks": ranks,
+                }
+            )
+    return rows

@@ -1,0 +1,209 @@
+"""The training job one rank runs: data, sharded model, pipelined loop, evaluation.
+
+Hybrid parallelism: embedding tables are sharded by TorchRec's planner and
+DistributedModelParallel (DMP); the dense tower is data-parallel (DDP inside DMP).
+``TrainPipelineSparseDist`` overlaps the input_dist all-to-all of batch i+1 with the
+forward/backward of batch i.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torchrec.distributed import DistributedModelParallel
+from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
+from torchrec.optim import optimizers as trec_optim
+from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
+from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
+from torchrec.optim.optimizers import in_backward_optimizer_filter
+from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
+
+from recsys_dist import sharding
+from recsys_dist.checkpoint import save_checkpoint
+from recsys_dist.config import RunConfig, save_config
+from recsys_dist.data.criteo import DENSE_NAMES, SPARSE_NAMES, prepare_criteo
+from recsys_dist.data.loader import ParquetBatchLoader
+from recsys_dist.distributed import DistContext, broadcast_result, init_distributed
+from recsys_dist.metrics import binary_metrics, gather_predictions
+from recsys_dist.models import build_model, embedding_configs
+from recsys_dist.models.build import table_sizes
+
+log = logging.getLogger("recsys_dist")
+
+_EMBEDDING_OPTIMIZERS = {
+    "exact_rowwise_adagrad": (RowWiseAdagrad, {"eps": 1e-8}),
+    "exact_adagrad": (trec_optim.Adagrad, {"eps": 1e-8}),
+    "exact_sgd": (trec_optim.SGD, {}),
+    "adam": (trec_optim.Adam, {"eps": 1e-8}),
+}
+_DENSE_OPTIMIZERS = {
+    "sgd": torch.optim.SGD,
+    "adagrad": torch.optim.Adagrad,
+    "adam": torch.optim.Adam,
+    "adamw": torch.optim.AdamW,
+}
+
+
+@dataclass
+class Loaders:
+    train: ParquetBatchLoader
+    validation: ParquetBatchLoader
+    test: ParquetBatchLoader
+
+
+def make_loaders(cfg: RunConfig, ctx: DistContext) -> Loaders:
+    """Convert the raw data once (rank 0) and open every split on every rank."""
+    d = cfg.data
+    prepared = broadcast_result(
+        ctx, lambda: prepare_criteo(d.raw_path, d.num_embeddings, d.split, d.num_rows, d.cache_dir)
+    )
+    sizes = table_sizes(cfg)
+    common = dict(rank=ctx.rank, world_size=ctx.world_size, dense_names=DENSE_NAMES, sparse_names=SPARSE_NAMES,
+                  num_embeddings=sizes, pin_memory=ctx.device.type == "cuda")
+    eval_bs = cfg.eval.batch_size or cfg.train.batch_size
+    return Loaders(
+        train=ParquetBatchLoader(str(prepared.files["train"]), cfg.train.batch_size, shuffle=d.shuffle,
+                                 seed=cfg.train.seed, remainder=d.remainder, **common),
+        validation=ParquetBatchLoader(str(prepared.files["validation"]), eval_bs, remainder="pad", **common),
+        test=ParquetBatchLoader(str(prepared.files["test"]), eval_bs, remainder="pad", **common),
+    )
+
+
+def shard_model(cfg: RunConfig, ctx: DistContext) -> tuple[DistributedModelParallel, CombinedOptimizer, str]:
+    """Build on meta, fuse the embedding optimizer into backward, plan, wrap in DMP."""
+    model = build_model(cfg, ctx.device)
+    opt_cls, opt_kwargs = _EMBEDDING_OPTIMIZERS[cfg.train.embedding_optimizer]
+    apply_optimizer_in_backward(
+        opt_cls, model.model.sparse_arch.parameters(), {"lr": cfg.train.embedding_lr, **opt_kwargs}
+    )
+    tables = embedding_configs(cfg)
+    plan = sharding.collective_plan(cfg, model, tables, ctx.device, dist.group.WORLD)
+    dmp = DistributedModelParallel(model, device=ctx.device, plan=plan, sharders=sharding.sharders())
+    dense_cls = _DENSE_OPTIMIZERS[cfg.train.dense_optimizer]
+    dense_opt = KeyedOptimizerWrapper(
+        dict(in_backward_optimizer_filter(dmp.named_parameters())),
+        lambda params: dense_cls(params, lr=cfg.train.dense_lr),
+    )
+    return dmp, CombinedOptimizer([dmp.fused_optimizer, dense_opt]), str(plan)
+
+
+@torch.no_grad()
+def evaluate(dmp: nn.Module, loader: ParquetBatchLoader, device: torch.device) -> dict:
+    """Metrics over every rank's predictions on one split (padding excluded)."""
+    was_training = dmp.training
+    dmp.eval()
+    logits, labels, weights = [], [], []
+    for batch in loader:
+        _, (_, lg, lb, w) = dmp(batch.to(device))
+        logits.append(lg), labels.append(lb), weights.append(w)
+    dmp.train(was_training)
+    if not logits:
+        return {}
+    all_logits, all_labels = gather_predictions(torch.cat(logits), torch.cat(labels), torch.cat(weights))
+    return binary_metrics(all_logits, all_labels)
+
+
+class MetricsWriter:
+    """Rank 0 appends one JSON object per line to ``metrics.jsonl``."""
+
+    def __init__(self, path: Path, enabled: bool) -> None:
+        self.path, self.enabled = path, enabled
+
+    def write(self, **record) -> None:
+        if self.enabled:
+            with self.path.open("a") as f:
+                f.write(json.dumps(record) + "\n")
+
+
+def train(cfg: RunConfig, run_dir: Path) -> dict:
+    """Train and evaluate as configured; returns the summary (also in summary.json)."""
+    ctx = init_distributed(cfg)
+    torch.manual_seed(cfg.train.seed)
+    if cfg.train.deterministic:
+        torch.use_deterministic_algorithms(True)
+    run_dir = Path(run_dir)
+    if ctx.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        save_config(cfg, run_dir / "config.yaml")
+    loaders = make_loaders(cfg, ctx)
+    dmp, optimizer, plan_text = shard_model(cfg, ctx)
+    if ctx.is_main:
+        (run_dir / "plan.txt").write_text(plan_text + "\n")
+        (run_dir / "plan.json").write_text(json.dumps(sharding.plan_summary(dmp.plan), indent=2))
+    writer = MetricsWriter(run_dir / "metrics.jsonl", ctx.is_main)
+    step, rows_trained, train_seconds = 0, 0, 0.0
+    max_steps = cfg.train.max_steps
+    last_val: dict = {}
+    for epoch in range(cfg.train.epochs):
+        if max_steps is not None and step >= max_steps:
+            break
+        pipe = TrainPipelineSparseDist(dmp, optimizer, ctx.device, execute_all_batches=True)
+        loaders.train.set_epoch(epoch)
+        batches = iter(loaders.train)
+        losses: list = []
+        real_rows: list = []
+        t0 = time.perf_counter()
+        while max_steps is None or step < max_steps:
+            try:
+                out = pipe.progress(batches)
+            except StopIteration:
+                break
+            step += 1
+            losses.append(out[0].detach())
+            real_rows.append(out[3].sum())
+            if step % cfg.train.log_every_n_steps == 0:
+                t0, train_seconds, rows_trained = _log_train(
+                    ctx, writer, step, epoch, losses, real_rows, t0, train_seconds, rows_trained)
+                losses, real_rows = [], []
+            if cfg.eval.every_n_steps and step % cfg.eval.every_n_steps == 0:
+                pipe.detach()
+                last_val = evaluate(dmp, loaders.validation, ctx.device)
+                writer.write(split="validation", step=step, epoch=epoch, **last_val)
+                t0 = time.perf_counter()
+        if losses:
+            t0, train_seconds, rows_trained = _log_train(
+                ctx, writer, step, epoch, losses, real_rows, t0, train_seconds, rows_trained)
+        pipe.detach()
+        last_val = evaluate(dmp, loaders.validation, ctx.device)
+        writer.write(split="validation", step=step, epoch=epoch, **last_val)
+    test = evaluate(dmp, loaders.test, ctx.device)
+    writer.write(split="test", step=step, epoch=epoch, **test)
+    summary = {
+        "run_dir": str(run_dir),
+        "world_size": ctx.world_size,
+        "steps": step,
+        "rows_trained": rows_trained,
+        "train_seconds": round(train_seconds, 3),
+        "samples_per_s": round(rows_trained / train_seconds, 1) if train_seconds > 0 else None,
+        "validation": {k: last_val.get(k) for k in ("auc", "logloss", "ne")},
+        "test": {k: test.get(k) for k in ("auc", "logloss", "ne")},
+    }
+    if cfg.checkpoint.enabled:
+        state = {"model": dmp.state_dict(), "optimizer": optimizer.state_dict()}
+        meta = {"step": step, "epoch": epoch, "world_size": ctx.world_size,
+                "plan": sharding.plan_summary(dmp.plan), "config": cfg.to_dict()}
+        summary["checkpoint"] = str(save_checkpoint(ctx, run_dir, step, state, meta))
+    if ctx.is_main:
+        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    dist.destroy_process_group()
+    return summary
+
+
+def _log_train(ctx, writer, step, epoch, losses, real_rows, t0, train_seconds, rows_trained):
+    """Global mean loss and samples/s since the last train line; one all_reduce."""
+    elapsed = time.perf_counter() - t0
+    stats = torch.stack([torch.stack(losses).float().mean(), torch.stack(real_rows).float().sum()]).cpu()
+    if ctx.world_size > 1:
+        dist.all_reduce(stats)
+    loss = float(stats[0]) / ctx.world_size
+    rows = int(stats[1])
+    writer.write(split="train", step=step, epoch=epoch, loss=loss,
+                 samples_per_s=round(rows / elapsed, 1) if elapsed > 0 else None)
+    return time.perf_counter(), train_seconds + elapsed, rows_trained + rows

@@ -1,0 +1,23 @@
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+QUICKSTART = ROOT / "configs" / "criteo_quickstart.yaml"
+CRITEO_SAMPLE = ROOT / "datasets" / "criteo_kaggle" / "dac_train_first10000.txt"
+
+
+@pytest.fixture
+def cache_dir(tmp_path, monkeypatch):
+    d = tmp_path / "cache"
+    monkeypatch.setenv("RECSYS_DIST_CACHE", str(d))
+    return d
+
+
+def base_row(label="0", dense=None, cats=None) -> str:
+    """A Criteo row: label, I1..I13 = 1..13, C1..C26 = 8-digit hex of 1..26 unless given."""
+    dense = dense or [str(i) for i in range(1, 14)]
+    cats = cats or [f"{i:08x}" for i in range(1, 27)]
+    return "\t".join([label, *dense, *cats])

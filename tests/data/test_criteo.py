@@ -1,0 +1,99 @@
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from recsys_dist.data.criteo import DataError, parse_hex_ids, prepare_criteo, transform_dense
+from tests.conftest import base_row
+
+
+def write(tmp_path, rows, name="raw.txt"):
+    p = tmp_path / name
+    p.write_text("\n".join(rows) + "\n")
+    return p
+
+
+def test_hex_ids_unsigned_and_in_range():
+    ids = parse_hex_ids(pa.array(["ffffffff", "80000000", "7fffffff", "", None, "00000000"]), 1000, "f", 1)
+    assert ids.dtype == np.int64
+    assert ids.tolist() == [1 + 0xFFFFFFFF % 999, 1 + 0x80000000 % 999, 1 + 0x7FFFFFFF % 999, 0, 0, 1]
+    assert (ids >= 0).all() and (ids < 1000).all()
+
+
+def test_hex_ids_reject_non_hex_with_line():
+    with pytest.raises(DataError, match=r"f, line 12: 'zz123456'"):
+        parse_hex_ids(pa.array(["00000001", "zz123456"]), 10, "f", 11)
+    with pytest.raises(DataError, match="line 1: '123456789'"):
+        parse_hex_ids(pa.array(["123456789"]), 10, "f", 1)
+
+
+def test_dense_log1p_clamps_negative_and_missing():
+    out = transform_dense(pa.array([-3, -4, None, 0, 9999999999, 1], type=pa.int64()))
+    assert out.dtype == np.float32
+    np.testing.assert_allclose(out, np.log1p([0, 0, 0, 0, 9999999999, 1]).astype(np.float32))
+    assert np.isfinite(out).all()
+
+
+def test_prepare_splits_and_transforms(tmp_path, cache_dir):
+    rows = [base_row(label=str(i % 2)) for i in range(20)]
+    rows[3] = base_row(dense=["-1"] + [""] * 12, cats=[""] * 25 + ["ffffffff"])
+    p = prepare_criteo(write(tmp_path, rows), 100, split=(0.8, 0.1, 0.1))
+    assert p.rows == {"train": 16, "validation": 2, "test": 2}
+    train = pq.read_table(p.files["train"])
+    assert train.schema.field("C1").type == pa.int64()
+    assert train.schema.field("I1").type == pa.float32()
+    assert train.column("label").to_pylist()[:4] == [0.0, 1.0, 0.0, 0.0]
+    r3 = {k: v[3] for k, v in train.to_pydict().items()}
+    assert r3["I1"] == 0.0 and r3["I2"] == 0.0  # -1 -> 0, empty -> 0
+    assert r3["C1"] == 0 and r3["C26"] == 1 + 0xFFFFFFFF % 99
+    assert train.column("C2").to_pylist()[0] == 1 + 2 % 99
+    np.testing.assert_allclose(train.column("I5").to_pylist()[0], np.log1p(5), rtol=1e-6)
+    manifest = json.loads((p.directory / "manifest.json").read_text())
+    assert manifest["rows"]["train"] == 16 and "log1p" in manifest["transforms"]["dense"]
+    # Second call reuses the cache.
+    assert prepare_criteo(tmp_path / "raw.txt", 100).directory == p.directory
+
+
+def test_label_missing_on_one_line(tmp_path, cache_dir):
+    rows = [base_row(), base_row()[2:], base_row()]  # line 2 lost its label field
+    with pytest.raises(DataError, match="raw.txt, line 2: expected 40 fields, got 39"):
+        prepare_criteo(write(tmp_path, rows), 100)
+
+
+def test_kaggle_test_layout_is_explained(tmp_path, cache_dir):
+    rows = [base_row()[2:] for _ in range(5)]
+    with pytest.raises(DataError, match="label column seems missing"):
+        prepare_criteo(write(tmp_path, rows), 100)
+
+
+def test_too_many_fields(tmp_path, cache_dir):
+    with pytest.raises(DataError, match="line 2: expected 40 fields, got 41"):
+        prepare_criteo(write(tmp_path, [base_row(), base_row() + "\t1"]), 100)
+
+
+def test_non_numeric_dense_names_column(tmp_path, cache_dir):
+    dense = ["-3", "-4", "abc"] + [str(i) for i in range(4, 14)]
+    with pytest.raises(DataError, match=r"raw.txt, column I3, line 2: 'abc' is not an integer"):
+        prepare_criteo(write(tmp_path, [base_row(), base_row(dense=dense)]), 100)
+
+
+def test_empty_and_missing_file(tmp_path, cache_dir):
+    (tmp_path / "empty.txt").write_text("")
+    with pytest.raises(DataError, match="no rows"):
+        prepare_criteo(tmp_path / "empty.txt", 100)
+    with pytest.raises(DataError, match="does not exist"):
+        prepare_criteo(tmp_path / "nope.txt", 100)
+
+
+def test_shipped_sample_converts(cache_dir):
+    from tests.conftest import CRITEO_SAMPLE
+
+    p = prepare_criteo(CRITEO_SAMPLE, 1000)
+    assert p.rows == {"train": 8000, "validation": 1000, "test": 1000}
+    t = pq.read_table(p.files["train"])
+    assert sum(t.column("label").to_pylist()) > 0
+    for c in (f"C{i}" for i in range(1, 27)):
+        col = t.column(c).to_numpy()
+        assert col.min() >= 0 and col.max() < 1000

@@ -1,0 +1,85 @@
+from pathlib import Path
+
+import pytest
+import yaml
+
+from recsys_dist.config import ConfigError, check_before_launch, load_config, parse_overrides
+from tests.conftest import QUICKSTART, ROOT
+
+
+def write_cfg(tmp_path, tree) -> Path:
+    p = tmp_path / "c.yaml"
+    p.write_text(yaml.safe_dump(tree))
+    return p
+
+
+def minimal(**sections):
+    tree = {"data": {"raw_path": str(ROOT / "datasets/criteo_kaggle/dac_train_first10000.txt")}}
+    tree.update(sections)
+    return tree
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "configs").rglob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_config_validates(path):
+    cfg = load_config(path)
+    check_before_launch(cfg)
+
+
+def test_quickstart_values_and_path_resolution():
+    cfg = load_config(QUICKSTART)
+    assert cfg.distributed.nproc_per_node == 2
+    assert Path(cfg.data.raw_path).is_absolute() and Path(cfg.data.raw_path).is_file()
+
+
+def test_overrides_apply_and_parse_yaml_values():
+    cfg = load_config(QUICKSTART, ["train.batch_size=64", "sharding.sharding_types=[row_wise, table_wise]",
+                                   "train.max_steps=5", "train.embedding_lr=1e-3"])
+    assert cfg.train.batch_size == 64 and cfg.train.max_steps == 5
+    assert cfg.sharding.sharding_types == ["row_wise", "table_wise"]
+    assert cfg.train.embedding_lr == pytest.approx(1e-3)
+
+
+def test_all_errors_reported_together(tmp_path):
+    tree = minimal(train={"batch_size": -1, "epochs": "two", "bogus": 1}, distributed={"nproc_per_node": 0})
+    with pytest.raises(ConfigError) as e:
+        load_config(write_cfg(tmp_path, tree))
+    msg = str(e.value)
+    assert "train.batch_size" in msg and "greater than 0" in msg
+    assert "train.epochs" in msg and "'two'" in msg
+    assert "train.bogus: unknown key" in msg
+    assert "distributed.nproc_per_node" in msg
+
+
+def test_unknown_section_and_bad_override(tmp_path):
+    with pytest.raises(ConfigError, match="trian: unknown key"):
+        load_config(write_cfg(tmp_path, minimal(trian={"batch_size": 1})))
+    with pytest.raises(ConfigError, match="expected dotted.key=value"):
+        parse_overrides(["train.batch_size"])
+    with pytest.raises(ConfigError, match="sharding.sharding_types.0"):
+        load_config(QUICKSTART, ["sharding.sharding_types=[diagonal]"])
+
+
+def test_cross_field_errors_name_keys():
+    with pytest.raises(ConfigError, match=r"dense_arch_layer_sizes\[-1\] \(8\) must equal model.embedding_dim \(16\)"):
+        load_config(QUICKSTART, ["model.dense_arch_layer_sizes=[32,8]"])
+    with pytest.raises(ConfigError, match="over_arch_layer_sizes\\[-1\\] must be 1"):
+        load_config(QUICKSTART, ["model.over_arch_layer_sizes=[4,2]"])
+    with pytest.raises(ConfigError, match="num_embeddings must be >= 2"):
+        load_config(QUICKSTART, ["data.num_embeddings=1"])
+    with pytest.raises(ConfigError, match="summing to 1"):
+        load_config(QUICKSTART, ["data.split=[0.5,0.1,0.1]"])
+
+
+def test_missing_data_file_and_config(tmp_path):
+    cfg = load_config(QUICKSTART, [f"data.raw_path={tmp_path}/nope.txt"])
+    with pytest.raises(ConfigError, match="data.raw_path: file .*nope.txt does not exist"):
+        check_before_launch(cfg)
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "missing.yaml")
+
+
+def test_yaml_is_loaded_safely(tmp_path):
+    p = tmp_path / "evil.yaml"
+    p.write_text("data: !!python/object/apply:os.system ['echo pwned']\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(p)

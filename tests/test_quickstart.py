@@ -1,0 +1,72 @@
+"""The quickstart end to end through the real CLI, at world size 2 (and under torchrun)."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import QUICKSTART, ROOT
+
+FAST = ["data.num_rows=2000", "train.log_every_n_steps=5"]
+
+
+def run_cli(args, tmp_path, launcher=()):
+    env = dict(os.environ, RECSYS_DIST_CACHE=str(tmp_path / "cache"))
+    cmd = [*launcher, "-m", "recsys_dist.cli", *args] if launcher else [sys.executable, "-m", "recsys_dist.cli", *args]
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+
+
+def read_metrics(run_dir):
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def check_run_dir(run_dir, world_size):
+    lines = read_metrics(run_dir)
+    for split in ("validation", "test"):
+        evals = [m for m in lines if m["split"] == split]
+        assert evals, f"no {split} line"
+        for m in evals:
+            assert math.isfinite(m["auc"]) and 0.5 < m["auc"] <= 1.0
+            assert math.isfinite(m["logloss"]) and m["logloss"] > 0
+            assert m["num_examples"] == 200  # 10% of 2000 rows, padding not counted
+            assert {"step", "epoch"} <= m.keys()
+    train = [m for m in lines if m["split"] == "train"]
+    assert train and all(math.isfinite(m["loss"]) and m["samples_per_s"] > 0 for m in train)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["world_size"] == world_size and summary["rows_trained"] == 1600
+    assert "sharding type" in (run_dir / "plan.txt").read_text()
+    assert "t_C26" in (run_dir / "plan.txt").read_text()
+    assert (run_dir / "config.yaml").is_file()
+    ckpt = run_dir / "checkpoints" / (run_dir / "checkpoints" / "latest").read_text().strip()
+    assert (ckpt / ".metadata").is_file()
+    assert len(list(ckpt.glob("*.distcp"))) == world_size
+
+
+@pytest.mark.slow
+def test_quickstart_world_size_2(tmp_path):
+    run_dir = tmp_path / "run"
+    r = run_cli(["train", "--config", str(QUICKSTART), "--run-dir", str(run_dir), *FAST], tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "validation  AUC" in r.stdout and str(run_dir) in r.stdout
+    check_run_dir(run_dir, 2)
+
+
+@pytest.mark.slow
+def test_under_torchrun_uses_its_ranks(tmp_path):
+    run_dir = tmp_path / "run"
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    r = run_cli(["train", "--config", str(QUICKSTART), "--run-dir", str(run_dir), *FAST,
+                 "distributed.nproc_per_node=1"], tmp_path, launcher=torchrun)
+    assert r.returncode == 0, r.stderr[-3000:]
+    check_run_dir(run_dir, 2)
+
+
+def test_bad_config_fails_before_any_rank_starts(tmp_path):
+    r = run_cli(["train", "--config", str(QUICKSTART), "--run-dir", str(tmp_path / "run"),
+                 "train.batch_size=0", "distributed.nproc_per_node=0"], tmp_path)
+    assert r.returncode == 2
+    assert "train.batch_size" in r.stderr and "distributed.nproc_per_node" in r.stderr
+    assert not (tmp_path / "run").exists()
