@@ -18,8 +18,9 @@ $(VENV)/.installed: pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet $(TORCH) $(FBGEMM)
-	$(PY) -m pip install --quiet --no-deps $(TORCHREC)
 	$(PY) -m pip install --quiet -e '.[test]'
+	@# Last, and without its declared deps: torchrec's metadata names the CUDA build fbgemm-gpu.
+	$(PY) -m pip install --quiet --no-deps $(TORCHREC)
 	$(PY) -c "import recsys_dist, torchrec; print('recsys_dist environment ready')"
 	touch $@
 

@@ -1,6 +1,7 @@
-"""``recsys-dist`` command line: ``train`` (and more subcommands as they land).
+"""``recsys-dist`` command line.
 
     recsys-dist train --config configs/criteo_quickstart.yaml [--run-dir DIR] [key=value ...]
+    recsys-dist plan --config configs/mlperf_dlrmv2.yaml --world-size 64 --local-world-size 8 --hbm-gb 80
 """
 
 from __future__ import annotations
@@ -94,6 +95,35 @@ def _failure_text(failure) -> str:
     return str(msg)
 
 
+def cmd_plan(args: argparse.Namespace) -> int:
+    overrides = list(args.overrides)
+    if args.hbm_gb is not None:
+        overrides.append(f"sharding.hbm_gb={args.hbm_gb}")
+    if args.ddr_gb is not None:
+        overrides.append(f"sharding.ddr_gb={args.ddr_gb}")
+    cfg = load_config(args.config, overrides)
+    if args.local_world_size > args.world_size or args.world_size % args.local_world_size:
+        raise ConfigError(
+            f"--local-world-size {args.local_world_size} must divide --world-size {args.world_size}"
+        )
+    _quiet_third_party()
+    logging.getLogger().setLevel(logging.ERROR)  # the planner logs through the root logger
+    from recsys_dist.planning import PlanError, dry_run
+
+    try:
+        report = dry_run(cfg, args.world_size, args.local_world_size, args.device)
+    except PlanError as err:
+        print(f"recsys-dist plan: {err}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps({"placements": [p.__dict__ for p in report.placements], "hbm_gb": report.hbm_gb,
+                          "ddr_gb": report.ddr_gb, "cost_ms": report.cost_ms,
+                          "imbalance": report.imbalance}, indent=2))
+    else:
+        print(report.text())
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="recsys-dist", description="Embedding-parallel CTR training.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -103,11 +133,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.batch_size=256")
     p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("plan", help="dry-run the sharding planner for any cluster (no GPUs needed)")
+    p.add_argument("--config", required=True, help="YAML run config")
+    p.add_argument("--world-size", type=int, required=True, help="total ranks")
+    p.add_argument("--local-world-size", type=int, default=None, help="ranks per node (default: min(world, 8))")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cuda", help="compute device of every rank")
+    p.add_argument("--hbm-gb", type=float, default=None, help="device memory per rank (sets sharding.hbm_gb)")
+    p.add_argument("--ddr-gb", type=float, default=None, help="host memory per rank (sets sharding.ddr_gb)")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.batch_size=8192")
+    p.set_defaults(func=cmd_plan)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if getattr(args, "world_size", None) is not None:
+        if args.world_size <= 0:
+            print("recsys-dist: --world-size must be > 0", file=sys.stderr)
+            return 2
+        args.local_world_size = args.local_world_size or min(args.world_size, 8)
     try:
         return args.func(args)
     except ConfigError as err:

@@ -53,7 +53,9 @@ class DataConfig(_Section):
         description="Raw input format. criteo_tsv: label, I1..I13, C1..C26 tab-separated, "
         "empty field = missing (Criteo Kaggle / 1TB layout).",
     )
-    raw_path: str = Field(description="Raw labelled data file (relative to the config file).")
+    raw_path: Optional[str] = Field(
+        None, description="Raw labelled data file (relative to the config file); required to train."
+    )
     cache_dir: Optional[str] = Field(
         None,
         description="Where converted Parquet splits are cached. Default: "
@@ -79,6 +81,11 @@ class DataConfig(_Section):
         "Evaluation always pads, so every example is evaluated exactly once.",
     )
     shuffle: bool = Field(True, description="Shuffle training rows each epoch (seeded).")
+    multi_hot_sizes: Optional[list[int]] = Field(
+        None,
+        description="Ids per example for each of the 26 features (MLPerf DLRMv2 multi-hot). Used by "
+        "the planner as pooling factors; training on multi-hot data is not supported yet.",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> "DataConfig":
@@ -89,6 +96,10 @@ class DataConfig(_Section):
         sizes = self.num_embeddings if isinstance(self.num_embeddings, list) else [self.num_embeddings]
         if isinstance(self.num_embeddings, list) and len(sizes) != 26:
             raise ValueError(f"data.num_embeddings: expected one int or a list of 26, got a list of {len(sizes)}")
+        if self.multi_hot_sizes is not None and (
+            len(self.multi_hot_sizes) != 26 or any(h <= 0 for h in self.multi_hot_sizes)
+        ):
+            raise ValueError(f"data.multi_hot_sizes: expected 26 positive ints, got {self.multi_hot_sizes}")
         if any(n < 2 for n in sizes):
             raise ValueError(
                 f"data.num_embeddings must be >= 2 (row 0 is reserved for missing values), got {self.num_embeddings}"
@@ -97,7 +108,11 @@ class DataConfig(_Section):
 
 
 class ModelConfig(_Section):
-    name: Literal["dlrm"] = Field("dlrm", description="Model: dlrm (Naumov et al., 2019).")
+    name: Literal["dlrm", "dlrm_dcnv2"] = Field(
+        "dlrm",
+        description="dlrm: dot interaction (Naumov et al., 2019); dlrm_dcnv2: low-rank DCN-v2 cross "
+        "network in place of the dot interaction (MLPerf DLRMv2).",
+    )
     embedding_dim: int = Field(16, gt=0, description="Embedding dimension of every table.")
     dense_arch_layer_sizes: list[int] = Field(
         [64, 16], description="Bottom MLP sizes; the last must equal model.embedding_dim for dlrm."
@@ -105,6 +120,8 @@ class ModelConfig(_Section):
     over_arch_layer_sizes: list[int] = Field(
         [64, 32, 1], description="Top MLP sizes; the last must be 1 (one logit)."
     )
+    dcn_num_layers: int = Field(3, gt=0, description="dlrm_dcnv2: cross layers.")
+    dcn_low_rank_dim: int = Field(512, gt=0, description="dlrm_dcnv2: rank of each cross layer's weight.")
     embedding_init_scale: Optional[float] = Field(
         0.05,
         gt=0,
@@ -118,7 +135,7 @@ class ModelConfig(_Section):
             sizes = getattr(self, key)
             if not sizes or any(s <= 0 for s in sizes):
                 raise ValueError(f"model.{key} must be a non-empty list of positive ints, got {sizes}")
-        if self.dense_arch_layer_sizes[-1] != self.embedding_dim:
+        if self.name == "dlrm" and self.dense_arch_layer_sizes[-1] != self.embedding_dim:
             raise ValueError(
                 f"model.dense_arch_layer_sizes[-1] ({self.dense_arch_layer_sizes[-1]}) must equal "
                 f"model.embedding_dim ({self.embedding_dim}) for dlrm's dot interaction"
@@ -156,16 +173,32 @@ class DistributedConfig(_Section):
     max_restarts: int = Field(0, ge=0, description="Elastic agent restarts of the whole worker group.")
 
 
+ComputeKernelName = Literal["dense", "fused", "fused_uvm", "fused_uvm_caching"]
+CUDA_ONLY_KERNELS = ("fused_uvm", "fused_uvm_caching")
+
+
 class TableConstraint(_Section):
     sharding_types: list[ShardingTypeName] = Field(
         default_factory=list, description="Sharding types the planner may choose for this table."
+    )
+    compute_kernels: list[ComputeKernelName] = Field(
+        default_factory=list, description="Compute kernels the planner may choose for this table."
     )
 
 
 class ShardingConfig(_Section):
     sharding_types: list[ShardingTypeName] = Field(
         default_factory=list,
-        description="Sharding types allowed for every table (empty = all supported on the device).",
+        description="Sharding types allowed for every table (empty = all six).",
+    )
+    compute_kernels: list[ComputeKernelName] = Field(
+        default_factory=lambda: ["fused", "dense"],
+        description="Kernels allowed for every table: dense (data_parallel only), fused (FBGEMM "
+        "table-batched, weights in device memory), and on CUDA fused_uvm (weights in host "
+        "memory) and fused_uvm_caching (host memory with a device cache).",
+    )
+    cache_load_factor: Optional[float] = Field(
+        None, gt=0, le=1, description="fused_uvm_caching: fraction of each table's rows cached on device."
     )
     per_table: dict[str, TableConstraint] = Field(
         default_factory=dict, description="Overrides by table name (t_C1 .. t_C26)."
@@ -173,6 +206,12 @@ class ShardingConfig(_Section):
     storage_reservation: float = Field(
         0.15, ge=0, lt=1, description="Fraction of each rank's memory the planner keeps free."
     )
+    hbm_gb: Optional[float] = Field(None, gt=0, description="Device memory per rank in GB (None = TorchRec's 32 GB).")
+    ddr_gb: Optional[float] = Field(None, gt=0, description="Host memory per rank in GB (None = TorchRec's 128 GB).")
+    intra_node_bandwidth_gbps: Optional[float] = Field(
+        None, gt=0, description="Bandwidth between ranks of one node in GB/s (None = TorchRec's 600).")
+    inter_node_bandwidth_gbps: Optional[float] = Field(
+        None, gt=0, description="Bandwidth between nodes per rank in GB/s (None = TorchRec's 12.5).")
 
 
 class CheckpointConfig(_Section):
@@ -303,6 +342,14 @@ def save_config(cfg: RunConfig, path: str | os.PathLike) -> None:
     Path(path).write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
 
 
+def uvm_kernels(cfg: RunConfig) -> list[tuple[str, str]]:
+    """(config key, kernel) for every CUDA-only compute kernel the config allows."""
+    found = [("sharding.compute_kernels", k) for k in cfg.sharding.compute_kernels if k in CUDA_ONLY_KERNELS]
+    for name, t in cfg.sharding.per_table.items():
+        found += [(f"sharding.per_table.{name}.compute_kernels", k) for k in t.compute_kernels if k in CUDA_ONLY_KERNELS]
+    return found
+
+
 def check_before_launch(cfg: RunConfig) -> None:
     """Checks that need the filesystem or the machine, run before any rank is spawned.
 
@@ -310,12 +357,18 @@ def check_before_launch(cfg: RunConfig) -> None:
         ConfigError: the data file is missing, or the device asked for is absent.
     """
     problems = []
-    if not Path(cfg.data.raw_path).is_file():
+    if cfg.data.raw_path is None:
+        problems.append("  data.raw_path: not set; training needs a raw data file")
+    elif cfg.data.multi_hot_sizes is not None:
+        problems.append("  data.multi_hot_sizes: training on multi-hot data is not supported yet (planning is)")
+    elif not Path(cfg.data.raw_path).is_file():
         problems.append(f"  data.raw_path: file {cfg.data.raw_path} does not exist (fix the path in the config)")
-    if cfg.distributed.device == "cuda":
-        import torch
+    import torch
 
-        if not torch.cuda.is_available():
-            problems.append("  distributed.device: 'cuda' asked for but no CUDA device is visible (use auto or cpu)")
+    cuda = torch.cuda.is_available()
+    if cfg.distributed.device == "cuda" and not cuda:
+        problems.append("  distributed.device: 'cuda' asked for but no CUDA device is visible (use auto or cpu)")
+    if cfg.distributed.device == "cpu" or not cuda:
+        problems += [f"  {key}: {k} needs a CUDA device; use fused on CPU" for key, k in uvm_kernels(cfg)]
     if problems:
         raise ConfigError("invalid config:\n" + "\n".join(problems))

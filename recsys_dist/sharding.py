@@ -17,7 +17,7 @@ from torch import nn
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
 from torchrec.distributed.planner.storage_reservations import HeuristicalStorageReservation
-from torchrec.distributed.types import ModuleSharder, ShardingPlan, ShardingType
+from torchrec.distributed.types import CacheParams, ModuleSharder, ShardingPlan, ShardingType
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
 from recsys_dist.config import SHARDING_TYPES, RunConfig
@@ -37,7 +37,8 @@ def sharders() -> list[ModuleSharder[nn.Module]]:
 
 
 def constraints(cfg: RunConfig, tables: list[EmbeddingBagConfig]) -> dict[str, ParameterConstraints]:
-    """Per-table planner constraints from ``sharding.sharding_types`` and ``sharding.per_table``.
+    """Per-table planner constraints from the ``sharding`` section (per_table wins) and
+    ``data.multi_hot_sizes`` (pooling factors).
 
     Raises:
         ValueError: ``sharding.per_table`` names a table the model does not have.
@@ -45,15 +46,37 @@ def constraints(cfg: RunConfig, tables: list[EmbeddingBagConfig]) -> dict[str, P
     names = [t.name for t in tables]
     unknown = sorted(set(cfg.sharding.per_table) - set(names))
     if unknown:
-        raise ValueError(f"sharding.per_table: unknown tables {unknown}; tables are {names[:3]}...{names[-1:]}")
+        raise ValueError(f"sharding.per_table: unknown tables {unknown}; tables are {names[0]} .. {names[-1]}")
+    hot = cfg.data.multi_hot_sizes
     out = {}
-    for t in tables:
-        types = list(cfg.sharding.sharding_types)
-        if t.name in cfg.sharding.per_table and cfg.sharding.per_table[t.name].sharding_types:
-            types = list(cfg.sharding.per_table[t.name].sharding_types)
-        if types:
-            out[t.name] = ParameterConstraints(sharding_types=types)
+    for i, t in enumerate(tables):
+        override = cfg.sharding.per_table.get(t.name)
+        types = (override and override.sharding_types) or cfg.sharding.sharding_types or list(ALL_TYPES)
+        kernels = (override and override.compute_kernels) or cfg.sharding.compute_kernels
+        cache = CacheParams(load_factor=cfg.sharding.cache_load_factor) if cfg.sharding.cache_load_factor else None
+        out[t.name] = ParameterConstraints(
+            sharding_types=list(types),
+            compute_kernels=list(kernels),
+            pooling_factors=[float(hot[i])] if hot else [1.0],
+            cache_params=cache,
+        )
     return out
+
+
+def make_topology(cfg: RunConfig, world_size: int, local_world_size: int, compute_device: str) -> Topology:
+    s = cfg.sharding
+    gb = 1024**3
+    kwargs = {}
+    if s.hbm_gb:
+        kwargs["hbm_cap"] = int(s.hbm_gb * gb)
+    if s.ddr_gb:
+        kwargs["ddr_cap"] = int(s.ddr_gb * gb)
+    # TorchRec's bandwidths are in bytes per millisecond.
+    if s.intra_node_bandwidth_gbps:
+        kwargs["intra_host_bw"] = s.intra_node_bandwidth_gbps * gb / 1000
+    if s.inter_node_bandwidth_gbps:
+        kwargs["inter_host_bw"] = s.inter_node_bandwidth_gbps * gb / 1000
+    return Topology(world_size=world_size, local_world_size=local_world_size, compute_device=compute_device, **kwargs)
 
 
 def make_planner(
@@ -64,9 +87,8 @@ def make_planner(
     compute_device: str,
     batch_size: Optional[int] = None,
 ) -> EmbeddingShardingPlanner:
-    topology = Topology(world_size=world_size, local_world_size=local_world_size, compute_device=compute_device)
     return EmbeddingShardingPlanner(
-        topology=topology,
+        topology=make_topology(cfg, world_size, local_world_size, compute_device),
         batch_size=batch_size or cfg.train.batch_size,
         constraints=constraints(cfg, tables),
         storage_reservation=HeuristicalStorageReservation(percentage=cfg.sharding.storage_reservation),

@@ -19,11 +19,8 @@ import torch.distributed as dist
 from torch import nn
 from torchrec.distributed import DistributedModelParallel
 from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
-from torchrec.optim import optimizers as trec_optim
-from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
 from torchrec.optim.optimizers import in_backward_optimizer_filter
-from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
 
 from recsys_dist import sharding
 from recsys_dist.checkpoint import save_checkpoint
@@ -34,22 +31,9 @@ from recsys_dist.distributed import DistContext, broadcast_result, init_distribu
 from recsys_dist.metrics import binary_metrics, gather_predictions
 from recsys_dist.models import build_model, embedding_configs
 from recsys_dist.models.build import table_sizes
+from recsys_dist.optim import DENSE_OPTIMIZERS, fuse_embedding_optimizer
 
 log = logging.getLogger("recsys_dist")
-
-_EMBEDDING_OPTIMIZERS = {
-    "exact_rowwise_adagrad": (RowWiseAdagrad, {"eps": 1e-8}),
-    "exact_adagrad": (trec_optim.Adagrad, {"eps": 1e-8}),
-    "exact_sgd": (trec_optim.SGD, {}),
-    "adam": (trec_optim.Adam, {"eps": 1e-8}),
-}
-_DENSE_OPTIMIZERS = {
-    "sgd": torch.optim.SGD,
-    "adagrad": torch.optim.Adagrad,
-    "adam": torch.optim.Adam,
-    "adamw": torch.optim.AdamW,
-}
-
 
 @dataclass
 class Loaders:
@@ -79,14 +63,11 @@ def make_loaders(cfg: RunConfig, ctx: DistContext) -> Loaders:
 def shard_model(cfg: RunConfig, ctx: DistContext) -> tuple[DistributedModelParallel, CombinedOptimizer, str]:
     """Build on meta, fuse the embedding optimizer into backward, plan, wrap in DMP."""
     model = build_model(cfg, ctx.device)
-    opt_cls, opt_kwargs = _EMBEDDING_OPTIMIZERS[cfg.train.embedding_optimizer]
-    apply_optimizer_in_backward(
-        opt_cls, model.model.sparse_arch.parameters(), {"lr": cfg.train.embedding_lr, **opt_kwargs}
-    )
+    fuse_embedding_optimizer(model.model.sparse_arch, cfg)
     tables = embedding_configs(cfg)
     plan = sharding.collective_plan(cfg, model, tables, ctx.device, dist.group.WORLD)
     dmp = DistributedModelParallel(model, device=ctx.device, plan=plan, sharders=sharding.sharders())
-    dense_cls = _DENSE_OPTIMIZERS[cfg.train.dense_optimizer]
+    dense_cls = DENSE_OPTIMIZERS[cfg.train.dense_optimizer]
     dense_opt = KeyedOptimizerWrapper(
         dict(in_backward_optimizer_filter(dmp.named_parameters())),
         lambda params: dense_cls(params, lr=cfg.train.dense_lr),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 import torch
-from torchrec.models.dlrm import DLRM
+from torchrec.models.dlrm import DLRM, DLRM_DCN
 from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
@@ -40,17 +40,28 @@ def embedding_configs(cfg: RunConfig) -> list[EmbeddingBagConfig]:
 
 
 def build_model(cfg: RunConfig, device: torch.device) -> CTRTask:
-    """DLRM (Naumov et al., 2019, arXiv:1906.00091) with dot interaction.
+    """DLRM or DLRM-DCNv2 over one EmbeddingBagCollection, wrapped with the CTR loss.
 
-    Input: dense float32 [B, 13], KJT of 26 one-hot features; output logits [B, 1].
-    Dense parameters are initialised on ``device`` from the current torch seed.
+    - ``dlrm``: Naumov et al., 2019 (arXiv:1906.00091). Bottom MLP on dense features, pairwise
+      dot products of the 27 vectors (bottom output + 26 pooled embeddings), top MLP.
+    - ``dlrm_dcnv2``: the MLPerf DLRMv2 model. The dot interaction is replaced by a low-rank
+      DCN-v2 cross network (Wang et al., 2021, arXiv:2008.13535, eq. 2 with W = U V^T):
+      ``x_{l+1} = x_0 * (U_l (V_l^T x_l) + b_l) + x_l`` over the concatenated vectors.
+
+    Input: dense float32 [B, 13], KJT of 26 features; output logits [B, 1]. The tables stay
+    on ``meta`` (sharding materialises them); dense parameters are created on ``device``
+    from the current torch seed.
     """
     ebc = EmbeddingBagCollection(tables=embedding_configs(cfg), device=torch.device("meta"))
-    dlrm = DLRM(
+    common = dict(
         embedding_bag_collection=ebc,
         dense_in_features=len(DENSE_NAMES),
         dense_arch_layer_sizes=cfg.model.dense_arch_layer_sizes,
         over_arch_layer_sizes=cfg.model.over_arch_layer_sizes,
         dense_device=device,
     )
-    return CTRTask(dlrm)
+    if cfg.model.name == "dlrm_dcnv2":
+        model = DLRM_DCN(dcn_num_layers=cfg.model.dcn_num_layers, dcn_low_rank_dim=cfg.model.dcn_low_rank_dim, **common)
+    else:
+        model = DLRM(**common)
+    return CTRTask(model)

@@ -1,0 +1,60 @@
+"""Dry-run planning: no process group, no GPU, any world size."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from recsys_dist.config import load_config
+from recsys_dist.planning import PlanError, dry_run
+from tests.conftest import QUICKSTART, ROOT
+
+MLPERF = ROOT / "configs" / "mlperf_dlrmv2.yaml"
+
+
+def test_mlperf_fits_8_gpus_of_80gb():
+    cfg = load_config(MLPERF, ["sharding.hbm_gb=80"])
+    report = dry_run(cfg, 8, 8, "cuda")
+    assert sorted(p.table for p in report.placements) == sorted(f"t_C{i}" for i in range(1, 27))
+    assert all(h <= 80 * 0.95 for h in report.hbm_gb)
+    # fp32 weights (~97.4 GiB) + exact Adagrad state of the same size must all be placed.
+    assert sum(report.hbm_gb) > 2 * 97
+    assert report.imbalance >= 1.0 and len(report.cost_ms) == 8
+
+
+def test_mlperf_on_one_gpu_fails_naming_tables():
+    cfg = load_config(MLPERF, ["sharding.hbm_gb=80"])
+    with pytest.raises(PlanError) as e:
+        dry_run(cfg, 1, 1, "cuda")
+    msg = str(e.value)
+    assert "no sharding plan fits 1 rank(s)" in msg and "t_C1 (38.1 GiB)" in msg
+    assert "use at least 3 ranks" in msg and "fused_uvm_caching" in msg
+
+
+def test_constraints_are_respected_on_cpu():
+    cfg = load_config(QUICKSTART, ["sharding.sharding_types=[table_wise]",
+                                   "sharding.per_table={t_C1: {sharding_types: [row_wise]}}"])
+    report = dry_run(cfg, 3, 3, "cpu")
+    types = {p.table: p.sharding_type for p in report.placements}
+    assert types.pop("t_C1") == "row_wise"
+    assert set(types.values()) == {"table_wise"}
+    assert {r for p in report.placements for r in p.ranks} == {0, 1, 2}
+
+
+def test_unknown_table_in_per_table_is_an_error():
+    cfg = load_config(QUICKSTART, ["sharding.per_table={t_X: {sharding_types: [row_wise]}}"])
+    with pytest.raises(ValueError, match=r"sharding.per_table: unknown tables \['t_X'\]"):
+        dry_run(cfg, 2, 2, "cpu")
+
+
+def test_plan_cli_64_gpus_json_and_failure_exit_code():
+    cmd = [sys.executable, "-m", "recsys_dist.cli", "plan", "--config", str(MLPERF)]
+    r = subprocess.run(cmd + ["--world-size", "64", "--local-world-size", "8", "--hbm-gb", "80", "--json"],
+                       capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = json.loads(r.stdout)
+    assert len(out["hbm_gb"]) == 64 and len(out["placements"]) == 26
+    r = subprocess.run(cmd + ["--world-size", "1", "--hbm-gb", "80"], capture_output=True, text=True,
+                       timeout=300, cwd=ROOT)
+    assert r.returncode == 1 and "no sharding plan fits" in r.stderr
