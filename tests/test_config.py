@@ -22,7 +22,14 @@ def minimal(**sections):
 @pytest.mark.parametrize("path", sorted((ROOT / "configs").rglob("*.yaml")), ids=lambda p: p.name)
 def test_every_shipped_config_validates(path):
     cfg = load_config(path)
-    check_before_launch(cfg)
+    if cfg.data.raw_path is not None:  # trainable configs: the data file must ship too
+        check_before_launch(cfg)
+
+
+def test_plan_only_config_refuses_to_train():
+    cfg = load_config(ROOT / "configs" / "mlperf_dlrmv2.yaml")
+    with pytest.raises(ConfigError, match="data.raw_path: not set"):
+        check_before_launch(cfg)
 
 
 def test_quickstart_values_and_path_resolution():
