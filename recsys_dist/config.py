@@ -369,6 +369,11 @@ def check_before_launch(cfg: RunConfig) -> None:
     if cfg.distributed.device == "cuda" and not cuda:
         problems.append("  distributed.device: 'cuda' asked for but no CUDA device is visible (use auto or cpu)")
     if cfg.distributed.device == "cpu" or not cuda:
+        if cfg.train.embedding_optimizer == "adam" and cfg.sharding.sharding_types != ["data_parallel"]:
+            problems.append(
+                "  train.embedding_optimizer: FBGEMM's CPU kernels have no Adam for sharded tables; use "
+                "exact_rowwise_adagrad, exact_adagrad or exact_sgd on CPU (or sharding.sharding_types: [data_parallel])"
+            )
         problems += [f"  {key}: {k} needs a CUDA device; use fused on CPU" for key, k in uvm_kernels(cfg)]
     if problems:
         raise ConfigError("invalid config:\n" + "\n".join(problems))

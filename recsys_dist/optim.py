@@ -6,6 +6,8 @@ import torch
 from torch import nn
 from torchrec.optim import optimizers as trec_optim
 from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
+from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
+from torchrec.optim.optimizers import in_backward_optimizer_filter
 from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
 
 from recsys_dist.config import RunConfig
@@ -17,6 +19,14 @@ EMBEDDING_OPTIMIZERS = {
     "exact_adagrad": (trec_optim.Adagrad, {"eps": 1e-8}),
     "exact_sgd": (trec_optim.SGD, {}),
     "adam": (trec_optim.Adam, {"eps": 1e-8}),
+}
+# Plain-torch twins for data-parallel tables (torchrec's SGD/Adagrad/Adam classes above are
+# markers for FBGEMM, not runnable optimizers).
+REPLICATED_TABLE_OPTIMIZERS = {
+    "exact_rowwise_adagrad": (RowWiseAdagrad, {"eps": 1e-8}),
+    "exact_adagrad": (torch.optim.Adagrad, {"eps": 1e-8}),
+    "exact_sgd": (torch.optim.SGD, {}),
+    "adam": (torch.optim.Adam, {"eps": 1e-8}),
 }
 DENSE_OPTIMIZERS = {
     "sgd": torch.optim.SGD,
@@ -34,3 +44,32 @@ def fuse_embedding_optimizer(embedding_module: nn.Module, cfg: RunConfig) -> Non
     """
     cls, kwargs = EMBEDDING_OPTIMIZERS[cfg.train.embedding_optimizer]
     apply_optimizer_in_backward(cls, embedding_module.parameters(), {"lr": cfg.train.embedding_lr, **kwargs})
+
+
+def build_optimizer(
+    dmp: nn.Module,
+    embedding_optimizer: str,
+    embedding_lr: float,
+    dense_optimizer: str,
+    dense_lr: float,
+) -> CombinedOptimizer:
+    """All optimizers of a DistributedModelParallel as one KeyedOptimizer.
+
+    - model-parallel tables: FBGEMM's fused optimizer, applied in backward (``dmp.fused_optimizer``);
+    - data-parallel tables: their parameters are replicated and DDP-averaged, and TorchRec
+      does not fuse an optimizer into them; they get the same algorithm as the fused tables
+      (torchrec's RowWiseAdagrad / Adagrad / SGD / Adam), stepped after backward;
+    - everything else (the dense tower): ``dense_optimizer``.
+
+    Note: FBGEMM's Adam updates only rows present in the batch; the data-parallel Adam
+    updates every row whose moments are non-zero.
+    """
+    params = dict(in_backward_optimizer_filter(dmp.named_parameters()))
+    dp_tables = {n: p for n, p in params.items() if ".embedding_bags." in n}
+    dense = {n: p for n, p in params.items() if n not in dp_tables}
+    dense_cls = DENSE_OPTIMIZERS[dense_optimizer]
+    optimizers = [dmp.fused_optimizer, KeyedOptimizerWrapper(dense, lambda ps: dense_cls(ps, lr=dense_lr))]
+    if dp_tables:
+        emb_cls, kwargs = REPLICATED_TABLE_OPTIMIZERS[embedding_optimizer]
+        optimizers.append(KeyedOptimizerWrapper(dp_tables, lambda ps: emb_cls(ps, lr=embedding_lr, **kwargs)))
+    return CombinedOptimizer(optimizers)

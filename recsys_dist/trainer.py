@@ -19,8 +19,7 @@ import torch.distributed as dist
 from torch import nn
 from torchrec.distributed import DistributedModelParallel
 from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
-from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
-from torchrec.optim.optimizers import in_backward_optimizer_filter
+from torchrec.optim.keyed import CombinedOptimizer
 
 from recsys_dist import sharding
 from recsys_dist.checkpoint import save_checkpoint
@@ -31,7 +30,7 @@ from recsys_dist.distributed import DistContext, broadcast_result, init_distribu
 from recsys_dist.metrics import binary_metrics, gather_predictions
 from recsys_dist.models import build_model, embedding_configs
 from recsys_dist.models.build import table_sizes
-from recsys_dist.optim import DENSE_OPTIMIZERS, fuse_embedding_optimizer
+from recsys_dist.optim import build_optimizer, fuse_embedding_optimizer
 
 log = logging.getLogger("recsys_dist")
 
@@ -67,12 +66,9 @@ def shard_model(cfg: RunConfig, ctx: DistContext) -> tuple[DistributedModelParal
     tables = embedding_configs(cfg)
     plan = sharding.collective_plan(cfg, model, tables, ctx.device, dist.group.WORLD)
     dmp = DistributedModelParallel(model, device=ctx.device, plan=plan, sharders=sharding.sharders())
-    dense_cls = DENSE_OPTIMIZERS[cfg.train.dense_optimizer]
-    dense_opt = KeyedOptimizerWrapper(
-        dict(in_backward_optimizer_filter(dmp.named_parameters())),
-        lambda params: dense_cls(params, lr=cfg.train.dense_lr),
-    )
-    return dmp, CombinedOptimizer([dmp.fused_optimizer, dense_opt]), str(plan)
+    t = cfg.train
+    optimizer = build_optimizer(dmp, t.embedding_optimizer, t.embedding_lr, t.dense_optimizer, t.dense_lr)
+    return dmp, optimizer, str(plan)
 
 
 @torch.no_grad()

@@ -21,3 +21,14 @@ def base_row(label="0", dense=None, cats=None) -> str:
     dense = dense or [str(i) for i in range(1, 14)]
     cats = cats or [f"{i:08x}" for i in range(1, 27)]
     return "\t".join([label, *dense, *cats])
+
+
+def pytest_collection_modifyitems(config, items):
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

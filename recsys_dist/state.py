@@ -1,0 +1,73 @@
+"""Moving weights between full (unsharded) tensors and a sharded model's state dict.
+
+TorchRec's sharded state dicts hold ShardedTensor (or DTensor) values whose local shards
+carry their offsets in the global tensor. These helpers load pretrained / reference
+weights into every rank's shards and gather shards back into full tensors.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch.distributed._shard.sharded_tensor import ShardedTensor
+from torch.distributed.tensor import DTensor
+
+
+def _shards(t):
+    """(local tensor, offsets) pairs of a ShardedTensor, or None for a plain tensor."""
+    if isinstance(t, ShardedTensor):
+        return [(s.tensor, s.metadata.shard_offsets) for s in t.local_shards()]
+    return None
+
+
+@torch.no_grad()
+def load_full_state_dict(sharded: dict, full: dict, strict: bool = True) -> None:
+    """Copy full tensors into the matching local shards / replicas of a sharded state dict.
+
+    Args:
+        sharded: ``dmp.state_dict()`` (values alias the model's parameters).
+        full: name -> full tensor with the global shape.
+        strict: raise KeyError for a sharded key missing from ``full``.
+
+    Raises:
+        KeyError: a key is missing (strict). ValueError: a global shape differs.
+    """
+    for name, t in sharded.items():
+        if name not in full:
+            if strict:
+                raise KeyError(f"{name}: not in the full state dict")
+            continue
+        src = full[name]
+        if isinstance(t, DTensor):
+            t = t.to_local()
+        shards = _shards(t)
+        if shards is None:
+            if t.shape != src.shape:
+                raise ValueError(f"{name}: shape {tuple(src.shape)} given, model has {tuple(t.shape)}")
+            t.copy_(src)
+            continue
+        if tuple(t.size()) != tuple(src.shape):
+            raise ValueError(f"{name}: shape {tuple(src.shape)} given, model has {tuple(t.size())}")
+        for local, off in shards:
+            index = tuple(slice(o, o + n) for o, n in zip(off, local.shape))
+            local.copy_(src[index])
+
+
+@torch.no_grad()
+def gather_full_state_dict(sharded: dict) -> dict:
+    """Every tensor of a sharded state dict as a full CPU tensor, on every rank."""
+    out = {}
+    for name, t in sharded.items():
+        if isinstance(t, DTensor):
+            out[name] = t.full_tensor().cpu()
+        elif isinstance(t, ShardedTensor):
+            full = torch.zeros(t.size(), dtype=t.dtype)
+            for local, off in _shards(t):
+                full[tuple(slice(o, o + n) for o, n in zip(off, local.shape))] = local.cpu()
+            if dist.is_initialized() and dist.get_world_size() > 1:
+                # Shards never overlap, so a sum assembles the full tensor everywhere.
+                dist.all_reduce(full)
+            out[name] = full
+        elif isinstance(t, torch.Tensor):
+            out[name] = t.detach().cpu().clone()
+    return out

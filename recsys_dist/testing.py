@@ -1,0 +1,73 @@
+"""Multi-process test helper: run a function on N gloo ranks on CPU, collect results.
+
+A rank that raises makes ``run_ranks`` kill the others at once and raise that rank's
+traceback, and a deadline bounds the whole run, so a broken collective fails a test
+instead of hanging CI.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import traceback
+from typing import Any, Callable
+
+import torch.multiprocessing as mp
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank: int, world_size: int, port: int, fn: Callable, args: tuple, queue) -> None:
+    import torch
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size))
+    torch.set_num_threads(1)
+    try:
+        dist.init_process_group("gloo", rank=rank, world_size=world_size)
+        result = fn(rank, world_size, *args)
+        queue.put((rank, "ok", result))
+    except BaseException:  # noqa: BLE001 - reported to the parent
+        queue.put((rank, "err", traceback.format_exc()))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def run_ranks(fn: Callable, world_size: int, *args: Any, timeout_s: float = 300.0) -> list:
+    """Run ``fn(rank, world_size, *args)`` on ``world_size`` spawned gloo ranks.
+
+    ``fn`` must be importable (defined at module level); its return value must pickle.
+    Returns the results in rank order. Raises RuntimeError with the first failing rank's
+    traceback, or on timeout.
+    """
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_worker, args=(r, world_size, port, fn, args, queue), daemon=True)
+             for r in range(world_size)]
+    for p in procs:
+        p.start()
+    results: dict = {}
+    try:
+        import queue as queue_mod
+
+        while len(results) < world_size:
+            try:
+                rank, status, value = queue.get(timeout=timeout_s)
+            except queue_mod.Empty:
+                raise RuntimeError(f"run_ranks: no result within {timeout_s}s (a rank hung or died)") from None
+            if status == "err":
+                raise RuntimeError(f"rank {rank} failed:\n{value}")
+            results[rank] = value
+    finally:
+        for p in procs:
+            p.join(timeout=5 if len(results) == world_size else 0.1)
+            if p.is_alive():
+                p.kill()
+    return [results[r] for r in range(world_size)]

@@ -1,0 +1,158 @@
+"""Sharded vs unsharded: one rank's side of the equivalence check (run via run_ranks).
+
+Reference semantics (what TorchRec does, written out in plain torch):
+- every rank computes the weighted mean loss of its own batch slice;
+- dense gradients are averaged over ranks (DDP);
+- embedding gradients are averaged over ranks too (TorchRec scales the pooled-embedding
+  gradients by 1/world_size in output_dist's backward; measured: a sum-of-ranks reference
+  is off by exactly 2x at world size 2), then the fused optimizer is applied once.
+So the reference is one unsharded model trained on the mean of the per-rank losses.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
+from torchrec.distributed import DistributedModelParallel
+from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
+from torchrec.modules.embedding_configs import PoolingType
+from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
+
+from recsys_dist.data.loader import CTRBatch
+from recsys_dist.models.task import CTRTask
+from recsys_dist.optim import EMBEDDING_OPTIMIZERS, build_optimizer
+from recsys_dist.sharding import sharders
+from recsys_dist.state import gather_full_state_dict, load_full_state_dict
+
+# name, rows, dim, pooling, max ids per example (0 allows empty bags)
+TABLES = [("t0", 1000, 8, PoolingType.SUM, 3), ("t1", 50, 8, PoolingType.MEAN, 4), ("t2", 31, 12, PoolingType.SUM, 1)]
+import os
+B, NUM_DENSE, EMB_LR, DENSE_LR, EPS = 4, 4, 0.1, 0.1, 1e-8
+STEPS = int(os.environ.get("EQ_STEPS", 3))
+
+
+class Tiny(nn.Module):
+    def __init__(self, ebc: EmbeddingBagCollection) -> None:
+        super().__init__()
+        self.sparse_arch = ebc
+        self.bottom = nn.Linear(NUM_DENSE, 8)
+        self.over = nn.Linear(8 + sum(t[2] for t in TABLES), 1)
+
+    def forward(self, dense, kjt):
+        # Index by feature: a sharded EBC may order its KeyedTensor's columns differently.
+        kt = self.sparse_arch(kjt).to_dict()
+        pooled = torch.cat([kt[f"f_{t[0]}"] for t in TABLES], dim=1)
+        return self.over(torch.cat([torch.relu(self.bottom(dense)), pooled], dim=1))
+
+
+def configs(shared_feature: bool = False):
+    out = [EmbeddingBagConfig(name=n, embedding_dim=d, num_embeddings=r, feature_names=[f"f_{n}"], pooling=p)
+           for n, r, d, p, _ in TABLES]
+    return out
+
+
+def global_batch(step: int, world_size: int) -> list[CTRBatch]:
+    g = torch.Generator().manual_seed(1000 + step)
+    batches = []
+    for _ in range(world_size):
+        lengths = torch.cat([torch.randint(0 if h > 1 else 1, h + 1, (B,), generator=g) for *_, h in TABLES])
+        values = torch.cat([torch.randint(0, rows, (int(l),), generator=g)
+                            for l, rows in zip(lengths.tolist(), [t[1] for t in TABLES for _ in range(B)])])
+        kjt = KeyedJaggedTensor(keys=[f"f_{t[0]}" for t in TABLES], values=values, lengths=lengths.int(), stride=B)
+        batches.append(CTRBatch(dense_features=torch.randn(B, NUM_DENSE, generator=g), sparse_features=kjt,
+                                labels=torch.randint(0, 2, (B,), generator=g).float(), weights=torch.ones(B)))
+    return batches
+
+
+def reference_embedding_step(weight, grad, state, optimizer, lazy=True):
+    """One optimizer step on a full table in plain torch; ``state`` is a dict kept across steps."""
+    if optimizer == "exact_sgd":
+        weight -= EMB_LR * grad
+    elif optimizer == "exact_rowwise_adagrad":
+        acc = state.setdefault("acc", torch.zeros(weight.shape[0]))
+        acc += (grad * grad).mean(dim=1)
+        weight -= EMB_LR * grad / (acc.sqrt() + EPS)[:, None]
+    elif optimizer == "exact_adagrad":
+        acc = state.setdefault("acc", torch.zeros_like(weight))
+        acc += grad * grad
+        weight -= EMB_LR * grad / (acc.sqrt() + EPS)
+    elif optimizer == "adam":
+        # FBGEMM's Adam is lazy (rows absent from the batch keep weights and moments);
+        # torch.optim.Adam on a replicated table is not.
+        m = state.setdefault("m", torch.zeros_like(weight))
+        v = state.setdefault("v", torch.zeros_like(weight))
+        state["t"] = t = state.get("t", 0) + 1
+        rows = (grad != 0).any(dim=1) if lazy else torch.ones(weight.shape[0], dtype=torch.bool)
+        m[rows] = 0.9 * m[rows] + 0.1 * grad[rows]
+        v[rows] = 0.999 * v[rows] + 0.001 * grad[rows] ** 2
+        update = (m / (1 - 0.9**t)) / ((v / (1 - 0.999**t)).sqrt() + EPS)
+        weight[rows] -= EMB_LR * update[rows]
+    else:
+        raise ValueError(optimizer)
+
+
+def check_all(rank: int, world_size: int, cases: list[tuple[str, str]]) -> dict:
+    """One spawn serves every (sharding_type, optimizer) case."""
+    return {case: check(rank, world_size, *case) for case in cases}
+
+
+def check(rank: int, world_size: int, sharding_type: str, optimizer: str) -> dict:
+    """Train 3 steps sharded and unsharded; return the largest absolute differences."""
+
+    torch.manual_seed(0)
+    ref = CTRTask(Tiny(EmbeddingBagCollection(tables=configs(), device=torch.device("cpu"))))
+    with torch.no_grad():
+        for p in ref.model.sparse_arch.parameters():
+            p.uniform_(-0.1, 0.1)
+    full = {k: v.clone() for k, v in ref.state_dict().items()}
+
+    model = CTRTask(Tiny(EmbeddingBagCollection(tables=configs(), device=torch.device("meta"))))
+    cls, kwargs = EMBEDDING_OPTIMIZERS[optimizer]
+    apply_optimizer_in_backward(cls, model.model.sparse_arch.parameters(), {"lr": EMB_LR, **kwargs})
+    kernel = "dense" if sharding_type == "data_parallel" else "fused"
+    cons = {n: ParameterConstraints(sharding_types=[sharding_type], compute_kernels=[kernel]) for n, *_ in TABLES}
+    planner = EmbeddingShardingPlanner(topology=Topology(world_size=world_size, compute_device="cpu",
+                                                         local_world_size=world_size), constraints=cons)
+    plan = planner.collective_plan(model, sharders(), dist.group.WORLD)
+    dmp = DistributedModelParallel(model, device=torch.device("cpu"), plan=plan, sharders=sharders())
+    planned = {ps.sharding_type for mp in plan.plan.values() for ps in mp.values()}
+    assert planned == {sharding_type}, f"asked for {sharding_type}, planner chose {planned}"
+    load_full_state_dict(dmp.state_dict(), full)
+    dense_opt = build_optimizer(dmp, optimizer, EMB_LR, "adagrad", DENSE_LR)
+
+    ref_emb = {n: p for n, p in ref.named_parameters() if "sparse_arch" in n}
+    ref_dense = [p for n, p in ref.named_parameters() if "sparse_arch" not in n]
+    ref_dense_opt = torch.optim.Adagrad(ref_dense, lr=DENSE_LR)
+    ref_state = {n: {} for n in ref_emb}
+    diffs = {"logits": 0.0, "loss": 0.0}
+    for step in range(STEPS):
+        batches = global_batch(step, world_size)
+        loss, (_, logits, _, _) = dmp(batches[rank])
+        loss.backward()
+        dense_opt.step()
+        dense_opt.zero_grad()
+
+        ref_dense_opt.zero_grad()
+        for p in ref_emb.values():
+            p.grad = None
+        ref_losses, ref_logits = [], []
+        for b in batches:
+            l, (_, lg, _, _) = ref(b)
+            ref_losses.append(l)
+            ref_logits.append(lg)
+        torch.stack(ref_losses).mean().backward()
+        ref_dense_opt.step()
+        with torch.no_grad():
+            for n, p in ref_emb.items():
+                reference_embedding_step(p, p.grad, ref_state[n], optimizer, lazy=sharding_type != "data_parallel")
+        diffs["logits"] = max(diffs["logits"], (logits.detach() - ref_logits[rank].detach()).abs().max().item())
+        diffs["loss"] = max(diffs["loss"], abs(loss.item() - ref_losses[rank].item()))
+
+    got = gather_full_state_dict(dmp.state_dict())
+    want = ref.state_dict()
+    for name, t in want.items():
+        diffs[name] = (got[name] - t).abs().max().item()
+        assert got[name].shape == t.shape, (name, got[name].shape, t.shape)
+    return diffs
