@@ -11,6 +11,7 @@ Map of the package:
 - ``metrics``     exact global AUC / logloss / NE over all ranks
 - ``checkpoint``  sharded, atomic torch.distributed.checkpoint saves
 - ``cli``         the ``recsys-dist`` command
+- ``shard``       ``recsys_dist.shard(model, sharding_config)``: bring your own model
 """
 
 from recsys_dist._versions import check_versions
@@ -18,3 +19,12 @@ from recsys_dist._versions import check_versions
 check_versions()
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name):
+    # torch and torchrec load only when the sharding API is used, not on `import recsys_dist`.
+    if name == "shard":
+        from recsys_dist.sharding import shard
+
+        return shard
+    raise AttributeError(f"module 'recsys_dist' has no attribute {name!r}")

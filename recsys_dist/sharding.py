@@ -20,7 +20,7 @@ from torchrec.distributed.planner.storage_reservations import HeuristicalStorage
 from torchrec.distributed.types import CacheParams, ModuleSharder, ShardingPlan, ShardingType
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
-from recsys_dist.config import SHARDING_TYPES, RunConfig
+from recsys_dist.config import SHARDING_TYPES, RunConfig, ShardingConfig
 
 ALL_TYPES = [ShardingType(t).value for t in SHARDING_TYPES]
 
@@ -38,23 +38,29 @@ def sharders() -> list[ModuleSharder[nn.Module]]:
 
 def constraints(cfg: RunConfig, tables: list[EmbeddingBagConfig]) -> dict[str, ParameterConstraints]:
     """Per-table planner constraints from the ``sharding`` section (per_table wins) and
-    ``data.multi_hot_sizes`` (pooling factors).
+    ``data.multi_hot_sizes`` (pooling factors)."""
+    return table_constraints(cfg.sharding, [t.name for t in tables], cfg.data.multi_hot_sizes)
+
+
+def table_constraints(
+    s: ShardingConfig, names: list[str], multi_hot_sizes: Optional[list[int]] = None
+) -> dict[str, ParameterConstraints]:
+    """Planner constraints for tables ``names`` from a ``sharding`` config section.
 
     Raises:
         ValueError: ``sharding.per_table`` names a table the model does not have.
     """
-    names = [t.name for t in tables]
-    unknown = sorted(set(cfg.sharding.per_table) - set(names))
+    unknown = sorted(set(s.per_table) - set(names))
     if unknown:
         raise ValueError(f"sharding.per_table: unknown tables {unknown}; tables are {names[0]} .. {names[-1]}")
-    hot = cfg.data.multi_hot_sizes
+    hot = multi_hot_sizes
     out = {}
-    for i, t in enumerate(tables):
-        override = cfg.sharding.per_table.get(t.name)
-        types = (override and override.sharding_types) or cfg.sharding.sharding_types or list(ALL_TYPES)
-        kernels = (override and override.compute_kernels) or cfg.sharding.compute_kernels
-        cache = CacheParams(load_factor=cfg.sharding.cache_load_factor) if cfg.sharding.cache_load_factor else None
-        out[t.name] = ParameterConstraints(
+    for i, name in enumerate(names):
+        override = s.per_table.get(name)
+        types = (override and override.sharding_types) or s.sharding_types or list(ALL_TYPES)
+        kernels = (override and override.compute_kernels) or s.compute_kernels
+        cache = CacheParams(load_factor=s.cache_load_factor) if s.cache_load_factor else None
+        out[name] = ParameterConstraints(
             sharding_types=list(types),
             compute_kernels=list(kernels),
             pooling_factors=[float(hot[i])] if hot else [1.0],
@@ -63,8 +69,8 @@ def constraints(cfg: RunConfig, tables: list[EmbeddingBagConfig]) -> dict[str, P
     return out
 
 
-def make_topology(cfg: RunConfig, world_size: int, local_world_size: int, compute_device: str) -> Topology:
-    s = cfg.sharding
+def make_topology(cfg: RunConfig | ShardingConfig, world_size: int, local_world_size: int, compute_device: str) -> Topology:
+    s = cfg.sharding if isinstance(cfg, RunConfig) else cfg
     gb = 1024**3
     kwargs = {}
     if s.hbm_gb:
@@ -125,3 +131,54 @@ def plan_summary(plan: ShardingPlan) -> list[dict]:
                 }
             )
     return rows
+
+
+def shard(
+    model: nn.Module,
+    sharding: ShardingConfig | dict | None = None,
+    *,
+    device: Optional[torch.device] = None,
+    batch_size: int = 512,
+    pg: Optional[dist.ProcessGroup] = None,
+):
+    """Shard any ``nn.Module`` holding TorchRec EmbeddingBagCollections; returns a DMP.
+
+    Plans with ``EmbeddingShardingPlanner`` on the process group (every sharding type is
+    allowed on CPU too), then wraps the model in ``DistributedModelParallel``: tables are
+    sharded, everything else is data-parallel (DDP). Build the model on ``meta`` so no
+    table memory is allocated before sharding, and call ``apply_optimizer_in_backward``
+    on the tables first to choose their fused optimizer (default: SGD, lr 0.01).
+
+    Args:
+        model: e.g. a model with an ``EmbeddingBagCollection`` submodule.
+        sharding: the ``sharding:`` config section (a ShardingConfig or a plain dict),
+            e.g. ``{"sharding_types": ["row_wise"]}``. None = planner's choice.
+        device: compute device (default: cuda:LOCAL_RANK when available, else cpu).
+        batch_size: per-rank batch size the planner assumes for its cost estimates.
+        pg: process group (default: the world; it must already be initialised).
+
+    Returns:
+        ``torchrec.distributed.DistributedModelParallel``; its ``.plan`` is the plan used.
+
+    Raises:
+        ValueError: bad sharding config (pydantic validation), or unknown table names.
+    """
+    from torchrec.distributed import DistributedModelParallel
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+    s = sharding if isinstance(sharding, ShardingConfig) else ShardingConfig.model_validate(sharding or {})
+    pg = pg or dist.group.WORLD
+    if device is None:
+        device = (torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}")
+                  if torch.cuda.is_available() else torch.device("cpu"))
+    names = [t.name for m in model.modules() if isinstance(m, EmbeddingBagCollection)
+             for t in m.embedding_bag_configs()]
+    world = dist.get_world_size(pg)
+    planner = EmbeddingShardingPlanner(
+        topology=make_topology(s, world, int(os.environ.get("LOCAL_WORLD_SIZE", world)), device.type),
+        batch_size=batch_size,
+        constraints=table_constraints(s, names),
+        storage_reservation=HeuristicalStorageReservation(percentage=s.storage_reservation),
+    )
+    plan = planner.collective_plan(model, sharders(), pg)
+    return DistributedModelParallel(model, device=device, plan=plan, sharders=sharders())

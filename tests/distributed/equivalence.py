@@ -156,3 +156,19 @@ def check(rank: int, world_size: int, sharding_type: str, optimizer: str) -> dic
         diffs[name] = (got[name] - t).abs().max().item()
         assert got[name].shape == t.shape, (name, got[name].shape, t.shape)
     return diffs
+
+
+def shard_api_forward(rank: int, world_size: int, sharding: dict) -> dict:
+    """A user's own model through ``recsys_dist.shard``: plan types and forward vs unsharded."""
+    import recsys_dist
+
+    torch.manual_seed(0)
+    ref = Tiny(EmbeddingBagCollection(tables=configs(), device=torch.device("cpu")))
+    full = {k: v.clone() for k, v in ref.state_dict().items()}
+    dmp = recsys_dist.shard(Tiny(EmbeddingBagCollection(tables=configs(), device=torch.device("meta"))), sharding)
+    load_full_state_dict(dmp.state_dict(), full)
+    batch = global_batch(0, world_size)[rank]
+    got = dmp(batch.dense_features, batch.sparse_features)
+    want = ref(batch.dense_features, batch.sparse_features)
+    types = sorted({ps.sharding_type for mp in dmp.plan.plan.values() for ps in mp.values()})
+    return {"types": types, "max_diff": (got - want).abs().max().item()}
