@@ -64,8 +64,11 @@ def cmd_train(args: argparse.Namespace) -> int:
         if summary and not args.worker and int(os.environ.get("RANK", 0)) == 0:
             _print_summary(summary)
         return 0
-    run_dir.mkdir(parents=True, exist_ok=True)
-    save_config(cfg, run_dir / "config.yaml")
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        save_config(cfg, run_dir / "config.yaml")
+    except OSError as err:
+        raise ConfigError(f"--run-dir {run_dir}: cannot write there ({err.strerror}); choose a writable directory") from None
     if cfg.distributed.nproc_per_node == 1:
         from recsys_dist.trainer import train
 

@@ -70,3 +70,10 @@ def test_bad_config_fails_before_any_rank_starts(tmp_path):
     assert r.returncode == 2
     assert "train.batch_size" in r.stderr and "distributed.nproc_per_node" in r.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_unwritable_run_dir_is_a_clear_error(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    r = run_cli(["train", "--config", str(QUICKSTART), "--run-dir", str(blocker / "run")], tmp_path)
+    assert r.returncode == 2 and "cannot write there" in r.stderr
