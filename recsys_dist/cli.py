@@ -69,6 +69,11 @@ def cmd_train(args: argparse.Namespace) -> int:
         save_config(cfg, run_dir / "config.yaml")
     except OSError as err:
         raise ConfigError(f"--run-dir {run_dir}: cannot write there ({err.strerror}); choose a writable directory") from None
+    # Convert the data here, before any rank exists, so bad input is reported once and early.
+    from recsys_dist.data.criteo import prepare_criteo
+
+    d = cfg.data
+    prepare_criteo(d.raw_path, d.num_embeddings, d.split, d.num_rows, d.cache_dir)
     if cfg.distributed.nproc_per_node == 1:
         from recsys_dist.trainer import train
 
@@ -82,7 +87,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             launch_workers(run_dir, cfg.distributed.nproc_per_node, cfg.distributed.max_restarts)
         except ChildFailedError as err:
             first = err.get_first_failure()[1]
-            print(f"recsys-dist: training failed on rank {first.rank}:\n{_failure_text(first)}", file=sys.stderr)
+            print(f"recsys-dist: training failed on rank {first.global_rank}:\n{_failure_text(first)}", file=sys.stderr)
             return 1
         summary = json.loads((run_dir / "summary.json").read_text())
     _print_summary(summary)
@@ -153,15 +158,20 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if getattr(args, "world_size", None) is not None:
-        if args.world_size <= 0:
-            print("recsys-dist: --world-size must be > 0", file=sys.stderr)
+        if args.world_size <= 0 or (args.local_world_size is not None and args.local_world_size <= 0):
+            print("recsys-dist: --world-size and --local-world-size must be > 0", file=sys.stderr)
             return 2
         args.local_world_size = args.local_world_size or min(args.world_size, 8)
+    from recsys_dist.data.criteo import DataError
+
     try:
         return args.func(args)
     except ConfigError as err:
         print(f"recsys-dist: {err}", file=sys.stderr)
         return 2
+    except DataError as err:
+        print(f"recsys-dist: bad input data: {err}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -361,8 +361,22 @@ def check_before_launch(cfg: RunConfig) -> None:
         problems.append("  data.raw_path: not set; training needs a raw data file")
     elif cfg.data.multi_hot_sizes is not None:
         problems.append("  data.multi_hot_sizes: training on multi-hot data is not supported yet (planning is)")
+    elif Path(cfg.data.raw_path).is_dir():
+        problems.append(f"  data.raw_path: {cfg.data.raw_path} is a directory; give the raw data file")
     elif not Path(cfg.data.raw_path).is_file():
         problems.append(f"  data.raw_path: file {cfg.data.raw_path} does not exist (fix the path in the config)")
+    tables = [f"t_C{i}" for i in range(1, 27)]
+    unknown = sorted(set(cfg.sharding.per_table) - set(tables))
+    if unknown:
+        problems.append(f"  sharding.per_table: unknown tables {unknown}; the tables are t_C1 .. t_C26")
+    for key, types, kernels in [("sharding", cfg.sharding.sharding_types, cfg.sharding.compute_kernels)] + [
+        (f"sharding.per_table.{n}", t.sharding_types or cfg.sharding.sharding_types, t.compute_kernels or cfg.sharding.compute_kernels)
+        for n, t in cfg.sharding.per_table.items()
+    ]:
+        if types == ["data_parallel"] and kernels and "dense" not in kernels:
+            problems.append(f"  {key}.compute_kernels: data_parallel tables need the dense kernel; add dense")
+        if types and "data_parallel" not in types and kernels == ["dense"]:
+            problems.append(f"  {key}.compute_kernels: only data_parallel uses the dense kernel; add fused")
     import torch
 
     cuda = torch.cuda.is_available()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -96,7 +97,16 @@ class MetricsWriter:
     def write(self, **record) -> None:
         if self.enabled:
             with self.path.open("a") as f:
-                f.write(json.dumps(record) + "\n")
+                f.write(json.dumps(finite_or_none(record)) + "\n")
+
+
+def finite_or_none(tree):
+    """NaN / inf -> None, so the files stay strict JSON (AUC is undefined on one class)."""
+    if isinstance(tree, dict):
+        return {k: finite_or_none(v) for k, v in tree.items()}
+    if isinstance(tree, float) and not math.isfinite(tree):
+        return None
+    return tree
 
 
 def train(cfg: RunConfig, run_dir: Path) -> dict:
@@ -168,9 +178,9 @@ def train(cfg: RunConfig, run_dir: Path) -> dict:
                 "plan": sharding.plan_summary(dmp.plan), "config": cfg.to_dict()}
         summary["checkpoint"] = str(save_checkpoint(ctx, run_dir, step, state, meta))
     if ctx.is_main:
-        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        (run_dir / "summary.json").write_text(json.dumps(finite_or_none(summary), indent=2))
     dist.destroy_process_group()
-    return summary
+    return finite_or_none(summary)
 
 
 def _log_train(ctx, writer, step, epoch, losses, real_rows, t0, train_seconds, rows_trained):

@@ -90,3 +90,15 @@ def test_yaml_is_loaded_safely(tmp_path):
     p.write_text("data: !!python/object/apply:os.system ['echo pwned']\n")
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_config(p)
+
+
+def test_sharding_problems_found_before_launch():
+    cfg = load_config(QUICKSTART, ["sharding.per_table={t_C99: {sharding_types: [row_wise]}}"])
+    with pytest.raises(ConfigError, match=r"unknown tables \['t_C99'\]"):
+        check_before_launch(cfg)
+    cfg = load_config(QUICKSTART, ["sharding.sharding_types=[data_parallel]", "sharding.compute_kernels=[fused]"])
+    with pytest.raises(ConfigError, match="data_parallel tables need the dense kernel"):
+        check_before_launch(cfg)
+    cfg = load_config(QUICKSTART, ["train.embedding_optimizer=adam"])
+    with pytest.raises(ConfigError, match="no Adam for sharded tables"):
+        check_before_launch(cfg)

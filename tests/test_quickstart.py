@@ -77,3 +77,32 @@ def test_unwritable_run_dir_is_a_clear_error(tmp_path):
     blocker.write_text("x")
     r = run_cli(["train", "--config", str(QUICKSTART), "--run-dir", str(blocker / "run")], tmp_path)
     assert r.returncode == 2 and "cannot write there" in r.stderr
+
+
+def test_bad_data_is_reported_before_any_rank_starts(tmp_path):
+    lines = (ROOT / "datasets/criteo_kaggle/dac_train_first10000.txt").read_text().splitlines()[:20]
+    lines[12] = "2" + lines[12][1:]
+    bad = tmp_path / "bad.txt"
+    bad.write_text("\n".join(lines) + "\n")
+    r = run_cli(["train", "--config", str(QUICKSTART), "--run-dir", str(tmp_path / "run"),
+                 f"data.raw_path={bad}"], tmp_path)
+    assert r.returncode == 1
+    assert "bad.txt, line 13, column label: 2 is not 0 or 1" in r.stderr
+    assert "Traceback" not in r.stderr and "[rank" not in r.stderr
+
+
+@pytest.mark.slow
+def test_gzip_input_and_undefined_auc_is_null(tmp_path):
+    import gzip
+
+    lines = (ROOT / "datasets/criteo_kaggle/dac_train_first10000.txt").read_bytes().splitlines(keepends=True)
+    gz = tmp_path / "small.txt.gz"
+    gz.write_bytes(gzip.compress(b"".join(lines[:10])))
+    run_dir = tmp_path / "run"
+    r = run_cli(["train", "--config", str(QUICKSTART), "--run-dir", str(run_dir), f"data.raw_path={gz}"], tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["rows_trained"] == 8  # all 10 rows read: 8 / 1 / 1
+    # One validation row: AUC is undefined and written as null, never as NaN.
+    assert summary["validation"]["auc"] is None
+    assert "NaN" not in (run_dir / "metrics.jsonl").read_text()

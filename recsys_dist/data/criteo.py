@@ -50,9 +50,9 @@ class DataError(ValueError):
 
 
 def count_rows(path: str | os.PathLike) -> int:
-    """Number of newline-terminated rows (a last line without newline counts too)."""
+    """Number of rows (a last line without newline counts too); gzip/bz2 are decompressed."""
     n, last = 0, b"\n"
-    with open(path, "rb") as f:
+    with pa.input_stream(str(path), compression="detect") as f:
         while chunk := f.read(1 << 24):
             n += chunk.count(b"\n")
             last = chunk[-1:]
@@ -216,7 +216,7 @@ def prepare_criteo(
     """
     raw = Path(raw_path)
     if not raw.is_file():
-        raise DataError(f"{raw}: file does not exist")
+        raise DataError(f"{raw}: {'is a directory, not a file' if raw.is_dir() else 'file does not exist'}")
     sizes = num_embeddings if isinstance(num_embeddings, list) else [num_embeddings] * NUM_SPARSE
     out = Path(cache_dir) if cache_dir else default_cache_dir()
     out = out / f"criteo-{_fingerprint(raw, sizes, num_rows, tuple(split))}"

@@ -97,3 +97,12 @@ def test_shipped_sample_converts(cache_dir):
     for c in (f"C{i}" for i in range(1, 27)):
         col = t.column(c).to_numpy()
         assert col.min() >= 0 and col.max() < 1000
+
+
+def test_gzip_rows_counted_after_decompression(tmp_path, cache_dir):
+    import gzip
+
+    gz = tmp_path / "raw.txt.gz"
+    gz.write_bytes(gzip.compress(("\n".join(base_row(label=str(i % 2)) for i in range(50)) + "\n").encode()))
+    p = prepare_criteo(gz, 100)
+    assert p.rows == {"train": 40, "validation": 5, "test": 5}
