@@ -49,10 +49,20 @@ def _print_summary(summary: dict) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    cfg = load_config(args.config, args.overrides)
-    check_before_launch(cfg)
-    _quiet_third_party()
     from recsys_dist.distributed import under_launcher
+
+    overrides = list(args.overrides)
+    if args.plan:
+        from recsys_dist.sharding import load_plan_file
+
+        try:
+            fixed = load_plan_file(args.plan)
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
+        overrides.append(f"sharding.fixed_plan={json.dumps(fixed)}")
+    cfg = load_config(args.config, overrides)
+    check_before_launch(cfg, int(os.environ["WORLD_SIZE"]) if under_launcher() else None)
+    _quiet_third_party()
 
     run_dir = Path(args.run_dir) if args.run_dir else _default_run_dir(args.config)
     if args.worker or under_launcher():
@@ -86,8 +96,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         try:
             launch_workers(run_dir, cfg.distributed.nproc_per_node, cfg.distributed.max_restarts)
         except ChildFailedError as err:
-            first = err.get_first_failure()[1]
-            print(f"recsys-dist: training failed on rank {first.global_rank}:\n{_failure_text(first)}", file=sys.stderr)
+            rank, first = err.get_first_failure()
+            print(f"recsys-dist: training failed on rank {rank}:\n{_failure_text(first)}", file=sys.stderr)
             return 1
         summary = json.loads((run_dir / "summary.json").read_text())
     _print_summary(summary)
@@ -138,6 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("train", help="train and evaluate a model from a YAML config")
     p.add_argument("--config", required=True, help="YAML run config, e.g. configs/criteo_quickstart.yaml")
     p.add_argument("--run-dir", default=None, help="output directory (default runs/<config>-<time>)")
+    p.add_argument("--plan", default=None, help="reuse a placement: the plan.json of an earlier run")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.batch_size=256")
     p.set_defaults(func=cmd_train)

@@ -186,6 +186,30 @@ class TableConstraint(_Section):
     )
 
 
+class FixedPlacement(_Section):
+    sharding_type: ShardingTypeName = Field(description="How this table is sharded.")
+    ranks: Optional[list[int]] = Field(
+        None,
+        description="table_wise: one rank; column_wise: the rank of each column shard (may repeat); "
+        "row_wise / data_parallel: ignored (all ranks); table_row_wise: the ranks of one node.",
+    )
+    compute_kernel: Optional[ComputeKernelName] = Field(
+        None, description="None = dense for data_parallel, fused otherwise."
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> "FixedPlacement":
+        if self.sharding_type == "table_column_wise":
+            raise ValueError("table_column_wise is not available in a fixed plan; use column_wise with ranks on one node")
+        if self.sharding_type in ("table_wise", "column_wise", "table_row_wise") and not self.ranks:
+            raise ValueError(f"{self.sharding_type} needs ranks, e.g. ranks: [0]")
+        if self.sharding_type == "table_wise" and len(self.ranks or []) != 1:
+            raise ValueError(f"table_wise needs exactly one rank, got {self.ranks}")
+        if any(r < 0 for r in self.ranks or []):
+            raise ValueError(f"ranks must be >= 0, got {self.ranks}")
+        return self
+
+
 class ShardingConfig(_Section):
     sharding_types: list[ShardingTypeName] = Field(
         default_factory=list,
@@ -205,6 +229,11 @@ class ShardingConfig(_Section):
     )
     storage_reservation: float = Field(
         0.15, ge=0, lt=1, description="Fraction of each rank's memory the planner keeps free."
+    )
+    fixed_plan: Optional[dict[str, FixedPlacement]] = Field(
+        None,
+        description="Place every table by hand instead of planning (table -> sharding_type, ranks). "
+        "`recsys-dist train --plan RUN_DIR/plan.json` fills it from an earlier run.",
     )
     hbm_gb: Optional[float] = Field(None, gt=0, description="Device memory per rank in GB (None = TorchRec's 32 GB).")
     ddr_gb: Optional[float] = Field(None, gt=0, description="Host memory per rank in GB (None = TorchRec's 128 GB).")
@@ -350,8 +379,10 @@ def uvm_kernels(cfg: RunConfig) -> list[tuple[str, str]]:
     return found
 
 
-def check_before_launch(cfg: RunConfig) -> None:
+def check_before_launch(cfg: RunConfig, world_size: int | None = None) -> None:
     """Checks that need the filesystem or the machine, run before any rank is spawned.
+
+    ``world_size`` is the job's size when known (under torchrun), else nproc_per_node.
 
     Raises:
         ConfigError: the data file is missing, or the device asked for is absent.
@@ -369,6 +400,17 @@ def check_before_launch(cfg: RunConfig) -> None:
     unknown = sorted(set(cfg.sharding.per_table) - set(tables))
     if unknown:
         problems.append(f"  sharding.per_table: unknown tables {unknown}; the tables are t_C1 .. t_C26")
+    fixed = cfg.sharding.fixed_plan
+    if fixed is not None:
+        missing = [t for t in tables if t not in fixed]
+        extra = sorted(set(fixed) - set(tables))
+        if missing or extra:
+            problems.append(f"  sharding.fixed_plan: must place exactly the tables t_C1 .. t_C26 "
+                            f"(missing {missing}, unknown {extra})")
+        world = world_size if world_size is not None else cfg.distributed.nproc_per_node
+        for name, fp in fixed.items():
+            if any(r >= world for r in fp.ranks or []):
+                problems.append(f"  sharding.fixed_plan.{name}.ranks: {fp.ranks} but the job has {world} rank(s)")
     for key, types, kernels in [("sharding", cfg.sharding.sharding_types, cfg.sharding.compute_kernels)] + [
         (f"sharding.per_table.{n}", t.sharding_types or cfg.sharding.sharding_types, t.compute_kernels or cfg.sharding.compute_kernels)
         for n, t in cfg.sharding.per_table.items()

@@ -101,6 +101,68 @@ def make_planner(
     )
 
 
+def fixed_sharding_plan(
+    model: nn.Module, fixed: dict, world_size: int, local_world_size: int, device_type: str
+) -> ShardingPlan:
+    """A ShardingPlan placing each table as ``sharding.fixed_plan`` says (no planner).
+
+    Raises:
+        ValueError: a rank outside the job, or table_row_wise ranks spanning two nodes.
+    """
+    from torchrec.distributed import sharding_plan as sp
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+    sharder = EmbeddingBagCollectionSharderAllTypes()
+    plan = {}
+    for path, module in model.named_modules():
+        if not isinstance(module, EmbeddingBagCollection):
+            continue
+        per_table = {}
+        for t in module.embedding_bag_configs():
+            fp = fixed[t.name]
+            ranks = list(fp.ranks or [])
+            if any(r >= world_size for r in ranks):
+                raise ValueError(f"sharding.fixed_plan.{t.name}.ranks: {ranks} but the job has {world_size} rank(s)")
+            kernel = fp.compute_kernel or ("dense" if fp.sharding_type == "data_parallel" else "fused")
+            if fp.sharding_type == "data_parallel":
+                gen = sp.data_parallel()
+            elif fp.sharding_type == "table_wise":
+                gen = sp.table_wise(rank=ranks[0], compute_kernel=kernel)
+            elif fp.sharding_type == "row_wise":
+                gen = sp.row_wise(compute_kernel=kernel)
+            elif fp.sharding_type == "column_wise":
+                if t.embedding_dim % len(ranks):
+                    raise ValueError(f"sharding.fixed_plan.{t.name}: {t.embedding_dim} columns do not split "
+                                     f"evenly over ranks {ranks}; use a divisor of {t.embedding_dim} shards")
+                gen = sp.column_wise(ranks=ranks, compute_kernel=kernel)
+            else:  # table_row_wise
+                hosts = {r // local_world_size for r in ranks}
+                if len(hosts) != 1:
+                    raise ValueError(f"sharding.fixed_plan.{t.name}: table_row_wise ranks {ranks} span nodes {sorted(hosts)}")
+                gen = sp.table_row_wise(host_index=hosts.pop())
+            per_table[t.name] = gen
+        plan[path] = sp.construct_module_sharding_plan(
+            module, per_table, sharder=sharder, local_size=local_world_size, world_size=world_size,
+            device_type=device_type)
+    return ShardingPlan(plan)
+
+
+def load_plan_file(path: str) -> dict:
+    """``plan.json`` of an earlier run -> a ``sharding.fixed_plan`` mapping.
+
+    Raises:
+        ValueError: the file is not a plan.json (a list of table placements).
+    """
+    import json
+
+    try:
+        rows = json.loads(open(path).read())
+        return {r["table"]: {"sharding_type": r["sharding_type"], "ranks": r["ranks"] or None,
+                             "compute_kernel": r["compute_kernel"]} for r in rows}
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise ValueError(f"--plan {path}: not a readable plan.json ({err})") from None
+
+
 def collective_plan(
     cfg: RunConfig,
     model: nn.Module,
@@ -108,9 +170,11 @@ def collective_plan(
     device: torch.device,
     pg: dist.ProcessGroup,
 ) -> ShardingPlan:
-    """Plan on rank 0 and broadcast, so every rank shards identically."""
+    """The fixed plan from the config, or a planner's plan made on rank 0 and broadcast."""
     world = dist.get_world_size(pg)
     local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    if cfg.sharding.fixed_plan is not None:
+        return fixed_sharding_plan(model, cfg.sharding.fixed_plan, world, local, device.type)
     planner = make_planner(cfg, tables, world, local, device.type)
     return planner.collective_plan(model, sharders(), pg)
 
@@ -120,7 +184,9 @@ def plan_summary(plan: ShardingPlan) -> list[dict]:
     rows = []
     for module_path, module_plan in plan.plan.items():
         for table, ps in module_plan.items():  # type: ignore[union-attr]
-            ranks = sorted({s.placement.rank() for s in ps.sharding_spec.shards}) if ps.sharding_spec else list(ps.ranks or [])
+            shard_ranks = [s.placement.rank() for s in ps.sharding_spec.shards] if ps.sharding_spec else list(ps.ranks or [])
+            # Column shards keep their order (a rank may hold several); others list each rank once.
+            ranks = shard_ranks if "column" in ps.sharding_type else list(dict.fromkeys(shard_ranks))
             rows.append(
                 {
                     "module": module_path,

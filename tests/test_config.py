@@ -102,3 +102,15 @@ def test_sharding_problems_found_before_launch():
     cfg = load_config(QUICKSTART, ["train.embedding_optimizer=adam"])
     with pytest.raises(ConfigError, match="no Adam for sharded tables"):
         check_before_launch(cfg)
+
+
+def test_fixed_plan_validation():
+    with pytest.raises(ConfigError, match="table_wise needs exactly one rank"):
+        load_config(QUICKSTART, ["sharding.fixed_plan={t_C1: {sharding_type: table_wise, ranks: [0, 1]}}"])
+    with pytest.raises(ConfigError, match="column_wise needs ranks"):
+        load_config(QUICKSTART, ["sharding.fixed_plan={t_C1: {sharding_type: column_wise}}"])
+    cfg = load_config(QUICKSTART, ["sharding.fixed_plan={t_C1: {sharding_type: table_wise, ranks: [2]}}"])
+    with pytest.raises(ConfigError) as e:
+        check_before_launch(cfg)
+    assert "must place exactly the tables" in str(e.value) and "'t_C2'" in str(e.value)
+    assert "fixed_plan.t_C1.ranks: [2] but the job has 2 rank(s)" in str(e.value)

@@ -106,3 +106,21 @@ def test_gzip_input_and_undefined_auc_is_null(tmp_path):
     # One validation row: AUC is undefined and written as null, never as NaN.
     assert summary["validation"]["auc"] is None
     assert "NaN" not in (run_dir / "metrics.jsonl").read_text()
+
+
+@pytest.mark.slow
+def test_fixed_plan_file_places_tables_and_round_trips(tmp_path):
+    rows = [{"table": "t_C1", "sharding_type": "row_wise", "compute_kernel": "fused", "ranks": [0, 1]},
+            {"table": "t_C2", "sharding_type": "column_wise", "compute_kernel": "fused", "ranks": [1, 0]},
+            {"table": "t_C3", "sharding_type": "data_parallel", "compute_kernel": "dense", "ranks": [0, 1]},
+            {"table": "t_C4", "sharding_type": "table_row_wise", "compute_kernel": "fused", "ranks": [0, 1]}]
+    rows += [{"table": f"t_C{i}", "sharding_type": "table_wise", "compute_kernel": "fused", "ranks": [i % 2]}
+             for i in range(5, 27)]
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps(rows))
+    run_dir = tmp_path / "run"
+    r = run_cli(["train", "--config", str(QUICKSTART), "--run-dir", str(run_dir), "--plan", str(plan), *FAST], tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    key = lambda row: row["table"]  # noqa: E731
+    assert sorted(json.loads((run_dir / "plan.json").read_text()), key=key) == sorted(
+        [dict(r, module="model.sparse_arch.embedding_bag_collection") for r in rows], key=key)
