@@ -411,6 +411,13 @@ def check_before_launch(cfg: RunConfig, world_size: int | None = None) -> None:
         for name, fp in fixed.items():
             if any(r >= world for r in fp.ranks or []):
                 problems.append(f"  sharding.fixed_plan.{name}.ranks: {fp.ranks} but the job has {world} rank(s)")
+    only_dp = cfg.sharding.sharding_types == ["data_parallel"] and not cfg.sharding.per_table and fixed is None
+    if cfg.model.embedding_dim % 4 and not only_dp:
+        low = cfg.model.embedding_dim - cfg.model.embedding_dim % 4
+        problems.append(
+            f"  model.embedding_dim: {cfg.model.embedding_dim} is not a multiple of 4, which FBGEMM's fused "
+            f"kernel needs for every local shard; use {low or 4} or {low + 4} (or sharding_types: [data_parallel])"
+        )
     for key, types, kernels in [("sharding", cfg.sharding.sharding_types, cfg.sharding.compute_kernels)] + [
         (f"sharding.per_table.{n}", t.sharding_types or cfg.sharding.sharding_types, t.compute_kernels or cfg.sharding.compute_kernels)
         for n, t in cfg.sharding.per_table.items()

@@ -191,7 +191,7 @@ class StreamingBinaryMetrics:
     """Bounded-memory global metrics: probability histogram per class plus running sums.
 
     ``update`` per batch on each rank, then ``merge()`` (one all_reduce) and ``compute()``.
-    State is one float64 tensor of ``2 * num_buckets + 6`` values whatever the number of
+    State is one float64 tensor of ``2 * num_buckets + 5`` values whatever the number of
     rows; counts are exact up to 2^53 rows.
 
     Bucket b holds rows with p = sigmoid(logit) in [b/B, (b+1)/B) (p = 1 in the last).
@@ -204,8 +204,9 @@ class StreamingBinaryMetrics:
 
     ``compute()`` returns that bound, computed from the counts. It is small when few
     opposite-class pairs share a bucket (2^16 buckets, 10^5 rows of spread-out
-    predictions: ~1e-5); it grows when predictions pile up in a few buckets (e.g. logits
-    beyond about +-11, whose p rounds into the edge buckets).
+    predictions: ~1e-5); it grows when predictions pile up in a few buckets, e.g. when
+    many rows have p < 1/B or p >= 1 - 1/B (|logit| > ~11 for B = 2^16) and so share
+    an edge bucket.
 
     Args:
         num_buckets: histogram size B (>= 2).
@@ -215,8 +216,7 @@ class StreamingBinaryMetrics:
         ValueError: num_buckets < 2.
     """
 
-    # Indices of the running sums after the two histograms.
-    _N, _POS, _PROB, _LOSS, _CORRECT, _NSUMS = 0, 1, 2, 3, 4, 6
+    _NSUMS = 5  # running sums stored after the two histograms
 
     def __init__(self, num_buckets: int = DEFAULT_NUM_BUCKETS, device: torch.device | str = "cpu") -> None:
         if num_buckets < 2:
@@ -227,7 +227,7 @@ class StreamingBinaryMetrics:
 
     def reset(self) -> None:
         """Zero the state (start a new evaluation)."""
-        # [pos histogram | neg histogram | n, sum y, sum p, sum logloss, correct, spare]:
+        # [pos histogram | neg histogram | n, sum y, sum p, sum logloss, correct]:
         # one flat tensor so merging is exactly one all_reduce.
         self.state = torch.zeros(2 * self.num_buckets + self._NSUMS, dtype=torch.float64, device=self.device)
 
@@ -279,7 +279,7 @@ class StreamingBinaryMetrics:
             F.binary_cross_entropy_with_logits(x, y, reduction="sum"),
             ((p > 0.5).double() == y).double().sum(),
         ])
-        self._sums[: sums.numel()] += sums
+        self._sums.add_(sums)
 
     def merge(self, group: Optional[dist.ProcessGroup] = None) -> "StreamingBinaryMetrics":
         """A new accumulator holding every rank's rows; ``self`` keeps its local state.
@@ -306,7 +306,7 @@ class StreamingBinaryMetrics:
             ``auc_error_bound`` (NaN with one class) and ``num_buckets``.
         """
         pos, neg = self.pos_counts, self.neg_counts
-        n, n_pos, sum_p, sum_loss, correct = (float(v) for v in self._sums[:5])
+        n, n_pos, sum_p, sum_loss, correct = (float(v) for v in self._sums)
         n_neg = n - n_pos
         if n_pos > 0 and n_neg > 0:
             neg_below = torch.cumsum(neg, 0) - neg

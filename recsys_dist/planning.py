@@ -103,6 +103,10 @@ def dry_run(cfg: RunConfig, world_size: int, local_world_size: int, device: str)
         plan = planner.plan(model, sharding.sharders())
     except PlannerError as err:
         raise PlanError(_explain(cfg, planner, world_size, device, err)) from None
+    try:
+        sharding.check_column_shards(plan)
+    except ValueError as err:
+        raise PlanError(str(err)) from None
     placements = [
         TablePlacement(r["table"], r["sharding_type"], r["compute_kernel"], r["ranks"] or list(range(world_size)))
         for r in sharding.plan_summary(plan)

@@ -131,9 +131,13 @@ def fixed_sharding_plan(
             elif fp.sharding_type == "row_wise":
                 gen = sp.row_wise(compute_kernel=kernel)
             elif fp.sharding_type == "column_wise":
-                if t.embedding_dim % len(ranks):
-                    raise ValueError(f"sharding.fixed_plan.{t.name}: {t.embedding_dim} columns do not split "
-                                     f"evenly over ranks {ranks}; use a divisor of {t.embedding_dim} shards")
+                width = t.embedding_dim / len(ranks)
+                if width != int(width) or int(width) % 4:
+                    ok = [n for n in range(1, t.embedding_dim // 4 + 1) if t.embedding_dim % (4 * n) == 0]
+                    raise ValueError(
+                        f"sharding.fixed_plan.{t.name}: {t.embedding_dim} columns over {len(ranks)} shards gives "
+                        f"width {width:g}; FBGEMM's fused kernel needs shard widths that are multiples of 4: "
+                        f"use {ok} shards")
                 gen = sp.column_wise(ranks=ranks, compute_kernel=kernel)
             else:  # table_row_wise
                 hosts = {r // local_world_size for r in ranks}
@@ -145,6 +149,24 @@ def fixed_sharding_plan(
             module, per_table, sharder=sharder, local_size=local_world_size, world_size=world_size,
             device_type=device_type)
     return ShardingPlan(plan)
+
+
+def check_column_shards(plan: ShardingPlan) -> None:
+    """Refuse a plan whose column shards are not multiples of 4 wide (FBGEMM would assert).
+
+    Raises:
+        ValueError: names the table, its shard widths and what to change.
+    """
+    for module_plan in plan.plan.values():
+        for table, ps in module_plan.items():  # type: ignore[union-attr]
+            if ps.sharding_spec is None or ps.compute_kernel == "dense":
+                continue
+            widths = [s.shard_sizes[1] for s in ps.sharding_spec.shards]
+            if any(w % 4 for w in widths):
+                raise ValueError(
+                    f"table {table}: {ps.sharding_type} shards of widths {widths}; FBGEMM's fused kernel needs "
+                    f"multiples of 4. Use an embedding_dim that is a multiple of 4 per shard, or leave "
+                    f"column_wise / table_column_wise out of sharding.per_table.{table}.sharding_types")
 
 
 def load_plan_file(path: str) -> dict:
@@ -174,9 +196,13 @@ def collective_plan(
     world = dist.get_world_size(pg)
     local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     if cfg.sharding.fixed_plan is not None:
-        return fixed_sharding_plan(model, cfg.sharding.fixed_plan, world, local, device.type)
+        plan = fixed_sharding_plan(model, cfg.sharding.fixed_plan, world, local, device.type)
+        check_column_shards(plan)
+        return plan
     planner = make_planner(cfg, tables, world, local, device.type)
-    return planner.collective_plan(model, sharders(), pg)
+    plan = planner.collective_plan(model, sharders(), pg)
+    check_column_shards(plan)
+    return plan
 
 
 def plan_summary(plan: ShardingPlan) -> list[dict]:
@@ -247,4 +273,5 @@ def shard(
         storage_reservation=HeuristicalStorageReservation(percentage=s.storage_reservation),
     )
     plan = planner.collective_plan(model, sharders(), pg)
+    check_column_shards(plan)
     return DistributedModelParallel(model, device=device, plan=plan, sharders=sharders())

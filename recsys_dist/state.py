@@ -71,3 +71,49 @@ def gather_full_state_dict(sharded: dict) -> dict:
         elif isinstance(t, torch.Tensor):
             out[name] = t.detach().cpu().clone()
     return out
+
+
+ROWS_PER_CHUNK = 1 << 16
+
+
+def _chunked_uniform(seed: int, table_index: int, rows: slice, cols: slice, dim: int, scale: float) -> torch.Tensor:
+    """Rows ``rows`` / columns ``cols`` of a table whose row chunk ``c`` is drawn from a
+    generator seeded by (seed, table_index, c): the values never depend on the sharding."""
+    parts = []
+    first, last = rows.start // ROWS_PER_CHUNK, (rows.stop - 1) // ROWS_PER_CHUNK
+    for c in range(first, last + 1):
+        g = torch.Generator().manual_seed(((seed * 1_000_003 + table_index) * 1_000_033 + c) % (1 << 62))
+        chunk = torch.empty(ROWS_PER_CHUNK, dim).uniform_(-scale, scale, generator=g)
+        lo = max(rows.start - c * ROWS_PER_CHUNK, 0)
+        hi = min(rows.stop - c * ROWS_PER_CHUNK, ROWS_PER_CHUNK)
+        parts.append(chunk[lo:hi, cols])
+    return torch.cat(parts)
+
+
+@torch.no_grad()
+def init_tables(sharded: dict, tables: list, seed: int, scales: dict[str, float]) -> None:
+    """Initialise every table uniform(-scale, scale) independently of how it is sharded.
+
+    TorchRec initialises each shard with its own random draws, so the same seed gives
+    different weights on 1 and on 2 ranks. This makes the initial weights a function of
+    (seed, table, row) only, so runs at different world sizes start from the same model.
+
+    Args:
+        sharded: ``dmp.state_dict()``.
+        tables: the EmbeddingBagConfigs, in model order (their index is part of the seed).
+        scales: table name -> scale.
+    """
+    for index, t in enumerate(tables):
+        key = next((k for k in sharded if k.endswith(f"embedding_bags.{t.name}.weight")), None)
+        if key is None:
+            continue
+        value = sharded[key]
+        if isinstance(value, DTensor):
+            value = value.to_local()
+        shards = _shards(value) or [(value, (0, 0))]
+        for local, (r0, c0) in shards:
+            rows, cols = local.shape
+            if rows == 0:
+                continue
+            local.copy_(_chunked_uniform(seed, index, slice(r0, r0 + rows), slice(c0, c0 + cols),
+                                         t.embedding_dim, scales[t.name]))

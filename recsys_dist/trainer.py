@@ -31,6 +31,7 @@ from recsys_dist.distributed import DistContext, broadcast_result, init_distribu
 from recsys_dist.metrics import binary_metrics, gather_predictions
 from recsys_dist.models import build_model, embedding_configs
 from recsys_dist.models.build import table_sizes
+from recsys_dist.state import init_tables
 from recsys_dist.optim import build_optimizer, fuse_embedding_optimizer
 
 log = logging.getLogger("recsys_dist")
@@ -67,6 +68,8 @@ def shard_model(cfg: RunConfig, ctx: DistContext) -> tuple[DistributedModelParal
     tables = embedding_configs(cfg)
     plan = sharding.collective_plan(cfg, model, tables, ctx.device, dist.group.WORLD)
     dmp = DistributedModelParallel(model, device=ctx.device, plan=plan, sharders=sharding.sharders())
+    init_tables(dmp.state_dict(), tables, cfg.train.seed,
+                {t.name: t.weight_init_max for t in tables})
     t = cfg.train
     optimizer = build_optimizer(dmp, t.embedding_optimizer, t.embedding_lr, t.dense_optimizer, t.dense_lr)
     return dmp, optimizer, str(plan)

@@ -58,3 +58,18 @@ def test_plan_cli_64_gpus_json_and_failure_exit_code():
     r = subprocess.run(cmd + ["--world-size", "1", "--hbm-gb", "80"], capture_output=True, text=True,
                        timeout=300, cwd=ROOT)
     assert r.returncode == 1 and "no sharding plan fits" in r.stderr
+
+
+def test_column_shards_must_be_multiples_of_4():
+    from recsys_dist.models import build_model
+    from recsys_dist.sharding import fixed_sharding_plan
+    import torch
+
+    cfg = load_config(QUICKSTART)
+    model = build_model(cfg, torch.device("meta"))
+    fixed = load_config(QUICKSTART, ["sharding.fixed_plan={t_C1: {sharding_type: column_wise, ranks: [0, 1, 2]}}"])
+    with pytest.raises(ValueError, match=r"t_C1: 16 columns over 3 shards gives width 5.33.*use \[1, 2, 4\] shards"):
+        fixed_sharding_plan(model, fixed.sharding.fixed_plan, 3, 3, "cpu")
+    with pytest.raises(Exception, match="model.embedding_dim: 6 is not a multiple of 4.*use 4 or 8"):
+        from recsys_dist.config import check_before_launch
+        check_before_launch(load_config(QUICKSTART, ["model.embedding_dim=6", "model.dense_arch_layer_sizes=[6]"]))

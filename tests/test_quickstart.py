@@ -124,3 +124,25 @@ def test_fixed_plan_file_places_tables_and_round_trips(tmp_path):
     key = lambda row: row["table"]  # noqa: E731
     assert sorted(json.loads((run_dir / "plan.json").read_text()), key=key) == sorted(
         [dict(r, module="model.sparse_arch.embedding_bag_collection") for r in rows], key=key)
+
+
+@pytest.mark.slow
+def test_world_size_1_and_2_give_the_same_numbers(tmp_path):
+    """Same global batch (64) on 1 rank and on 2 ranks x 32, row-wise vs unsharded tables.
+
+    Embedding init depends on (seed, table, row) only (recsys_dist.state.init_tables), so
+    both runs start from the same model; tolerance 1e-5 (float32 reduction order)."""
+    common = [*FAST, "train.deterministic=true", "checkpoint.enabled=false"]
+    runs = {}
+    for name, extra in {"ws1": ["distributed.nproc_per_node=1", "train.batch_size=64"],
+                        "ws2": ["sharding.sharding_types=[row_wise]"]}.items():
+        r = run_cli(["train", "--config", str(QUICKSTART), "--run-dir", str(tmp_path / name), *common, *extra],
+                    tmp_path)
+        assert r.returncode == 0, r.stderr[-2000:]
+        runs[name] = read_metrics(tmp_path / name)
+    assert len(runs["ws1"]) == len(runs["ws2"])
+    for a, b in zip(runs["ws1"], runs["ws2"]):
+        assert a["split"] == b["split"] and a["step"] == b["step"]
+        for key in ("loss", "auc", "logloss"):
+            if key in a:
+                assert a[key] == pytest.approx(b[key], abs=1e-5), (a, b)

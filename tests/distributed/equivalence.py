@@ -172,3 +172,22 @@ def shard_api_forward(rank: int, world_size: int, sharding: dict) -> dict:
     want = ref(batch.dense_features, batch.sparse_features)
     types = sorted({ps.sharding_type for mp in dmp.plan.plan.values() for ps in mp.values()})
     return {"types": types, "max_diff": (got - want).abs().max().item()}
+
+
+def shared_feature_forward(rank: int, world_size: int, sharding_types: list[str]) -> dict:
+    """One feature feeding two tables: both lookups come back, equal to unsharded."""
+    import recsys_dist
+
+    tables = [EmbeddingBagConfig(name="a", embedding_dim=8, num_embeddings=100, feature_names=["f"]),
+              EmbeddingBagConfig(name="b", embedding_dim=4, num_embeddings=50, feature_names=["f"])]
+    out = {}
+    for st in sharding_types:
+        torch.manual_seed(0)
+        ref = EmbeddingBagCollection(tables=tables, device=torch.device("cpu"))
+        dmp = recsys_dist.shard(EmbeddingBagCollection(tables=tables, device=torch.device("meta")),
+                                {"sharding_types": [st]})
+        load_full_state_dict(dmp.state_dict(), ref.state_dict())
+        kjt = KeyedJaggedTensor(keys=["f"], values=torch.tensor([1, 2, 3, 40, 7]), lengths=torch.tensor([2, 0, 3]))
+        got, want = dmp(kjt).to_dict(), ref(kjt).to_dict()
+        out[st] = (sorted(got), max((got[k] - want[k]).abs().max().item() for k in want))
+    return out

@@ -19,3 +19,12 @@ def test_shard_rejects_bad_config_before_planning():
 
     with pytest.raises(ValidationError, match="sharding_types"):
         recsys_dist.shard(None, {"sharding_types": ["diagonal"]})
+
+
+@pytest.mark.slow
+def test_one_feature_feeding_two_tables():
+    types = ["data_parallel", "table_wise", "row_wise", "table_row_wise"]
+    for per_type in run_ranks(equivalence.shared_feature_forward, 2, types):
+        for st, (keys, diff) in per_type.items():
+            assert keys == ["f@a", "f@b"], st
+            assert diff <= 1e-6, st
