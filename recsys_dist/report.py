@@ -216,12 +216,16 @@ def write_plots(run: Run, out_dir: Path) -> list[Path]:
         OSError: ``out_dir`` cannot be created or written.
     """
     from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
 
     out_dir.mkdir(parents=True, exist_ok=True)
     train, val, test = run.split("train"), run.split("validation"), run.final("test")
     written: list[Path] = []
 
     def save(fig, name: str) -> None:
+        for ax in fig.axes:
+            if ax.get_xlabel() == "step" and not ax.patches:  # bar charts label their own ticks
+                ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         fig.tight_layout()
         fig.savefig(out_dir / name, dpi=110)  # a Figure renders PNG with Agg without pyplot
         written.append(out_dir / name)
@@ -275,7 +279,10 @@ def write_plots(run: Run, out_dir: Path) -> list[Path]:
         else:
             ax.stackplot(steps, series, labels=labels)
         ax.set(title="step time breakdown (mean per step over each log interval)", xlabel="step", ylabel="ms")
-        ax.legend(loc="upper right")
+        top = max((sum(col) for col in zip(*series)), default=0.0)
+        if top > 0:
+            ax.set_ylim(0, top * 1.3)  # room for the legend above the bars
+        ax.legend(loc="upper center", ncol=min(4, len(labels)))
         save(fig, "step_time.png")
     if run.plan:
         per_rank = _plan_per_rank(run.plan)
@@ -291,7 +298,9 @@ def write_plots(run: Run, out_dir: Path) -> list[Path]:
                 bottom = [b + v for b, v in zip(bottom, vals)]
             ax.set(title=f"tables per rank ({len(run.plan)} tables)", xlabel="rank",
                    ylabel="tables with a shard or replica")
-            ax.legend()
+            ax.set_ylim(top=max(bottom) * 1.3)  # room for the legend above the bars
+            ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+            ax.legend(ncol=min(3, len(types)), loc="upper center")
             save(fig, "plan.png")
     return written
 

@@ -110,7 +110,9 @@ def init_tables(sharded: dict, tables: list, seed: int, scales: dict[str, float]
         value = sharded[key]
         if isinstance(value, DTensor):
             value = value.to_local()
-        shards = _shards(value) or [(value, (0, 0))]
+        shards = _shards(value)
+        if shards is None:  # replicated (data-parallel) table: the whole tensor
+            shards = [(value, (0, 0))]
         for local, (r0, c0) in shards:
             rows, cols = local.shape
             if rows == 0:

@@ -8,6 +8,7 @@ instead of hanging CI.
 from __future__ import annotations
 
 import os
+import pickle
 import socket
 import traceback
 from typing import Any, Callable
@@ -21,7 +22,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(rank: int, world_size: int, port: int, fn: Callable, args: tuple, queue) -> None:
+def _worker(rank: int, world_size: int, port: int, fn: Callable, args: tuple, queue, backend: str) -> None:
     import torch
     import torch.distributed as dist
 
@@ -29,9 +30,13 @@ def _worker(rank: int, world_size: int, port: int, fn: Callable, args: tuple, qu
                       WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size))
     torch.set_num_threads(1)
     try:
-        dist.init_process_group("gloo", rank=rank, world_size=world_size)
+        if backend == "nccl":
+            torch.cuda.set_device(rank)
+        dist.init_process_group(backend, rank=rank, world_size=world_size)
         result = fn(rank, world_size, *args)
-        queue.put((rank, "ok", result))
+        # Plain pickle copies tensor data; torch's multiprocessing pickler would pass shared
+        # memory handles that die with this process.
+        queue.put((rank, "ok", pickle.dumps(result)))
     except BaseException:  # noqa: BLE001 - reported to the parent
         queue.put((rank, "err", traceback.format_exc()))
     finally:
@@ -39,8 +44,8 @@ def _worker(rank: int, world_size: int, port: int, fn: Callable, args: tuple, qu
             dist.destroy_process_group()
 
 
-def run_ranks(fn: Callable, world_size: int, *args: Any, timeout_s: float = 300.0) -> list:
-    """Run ``fn(rank, world_size, *args)`` on ``world_size`` spawned gloo ranks.
+def run_ranks(fn: Callable, world_size: int, *args: Any, timeout_s: float = 300.0, backend: str = "gloo") -> list:
+    """Run ``fn(rank, world_size, *args)`` on ``world_size`` spawned ranks (gloo, or nccl on GPUs).
 
     ``fn`` must be importable (defined at module level); its return value must pickle.
     Returns the results in rank order. Raises RuntimeError with the first failing rank's
@@ -49,7 +54,7 @@ def run_ranks(fn: Callable, world_size: int, *args: Any, timeout_s: float = 300.
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     port = _free_port()
-    procs = [ctx.Process(target=_worker, args=(r, world_size, port, fn, args, queue), daemon=True)
+    procs = [ctx.Process(target=_worker, args=(r, world_size, port, fn, args, queue, backend), daemon=True)
              for r in range(world_size)]
     for p in procs:
         p.start()
@@ -64,7 +69,7 @@ def run_ranks(fn: Callable, world_size: int, *args: Any, timeout_s: float = 300.
                 raise RuntimeError(f"run_ranks: no result within {timeout_s}s (a rank hung or died)") from None
             if status == "err":
                 raise RuntimeError(f"rank {rank} failed:\n{value}")
-            results[rank] = value
+            results[rank] = pickle.loads(value)
     finally:
         for p in procs:
             p.join(timeout=5 if len(results) == world_size else 0.1)

@@ -93,12 +93,12 @@ def reference_embedding_step(weight, grad, state, optimizer, lazy=True):
         raise ValueError(optimizer)
 
 
-def check_all(rank: int, world_size: int, cases: list[tuple[str, str]]) -> dict:
+def check_all(rank: int, world_size: int, cases: list[tuple[str, str]], device_type: str = "cpu") -> dict:
     """One spawn serves every (sharding_type, optimizer) case."""
-    return {case: check(rank, world_size, *case) for case in cases}
+    return {case: check(rank, world_size, *case, device_type=device_type) for case in cases}
 
 
-def check(rank: int, world_size: int, sharding_type: str, optimizer: str) -> dict:
+def check(rank: int, world_size: int, sharding_type: str, optimizer: str, device_type: str = "cpu") -> dict:
     """Train 3 steps sharded and unsharded; return the largest absolute differences."""
 
     torch.manual_seed(0)
@@ -113,10 +113,13 @@ def check(rank: int, world_size: int, sharding_type: str, optimizer: str) -> dic
     apply_optimizer_in_backward(cls, model.model.sparse_arch.parameters(), {"lr": EMB_LR, **kwargs})
     kernel = "dense" if sharding_type == "data_parallel" else "fused"
     cons = {n: ParameterConstraints(sharding_types=[sharding_type], compute_kernels=[kernel]) for n, *_ in TABLES}
-    planner = EmbeddingShardingPlanner(topology=Topology(world_size=world_size, compute_device="cpu",
+    device = torch.device("cuda", rank) if device_type == "cuda" else torch.device("cpu")
+    model.model.bottom.to(device)
+    model.model.over.to(device)
+    planner = EmbeddingShardingPlanner(topology=Topology(world_size=world_size, compute_device=device_type,
                                                          local_world_size=world_size), constraints=cons)
     plan = planner.collective_plan(model, sharders(), dist.group.WORLD)
-    dmp = DistributedModelParallel(model, device=torch.device("cpu"), plan=plan, sharders=sharders())
+    dmp = DistributedModelParallel(model, device=device, plan=plan, sharders=sharders())
     planned = {ps.sharding_type for mp in plan.plan.values() for ps in mp.values()}
     assert planned == {sharding_type}, f"asked for {sharding_type}, planner chose {planned}"
     load_full_state_dict(dmp.state_dict(), full)
@@ -129,7 +132,8 @@ def check(rank: int, world_size: int, sharding_type: str, optimizer: str) -> dic
     diffs = {"logits": 0.0, "loss": 0.0}
     for step in range(STEPS):
         batches = global_batch(step, world_size)
-        loss, (_, logits, _, _) = dmp(batches[rank])
+        loss, (_, logits, _, _) = dmp(batches[rank].to(device))
+        logits = logits.cpu()
         loss.backward()
         dense_opt.step()
         dense_opt.zero_grad()
@@ -190,4 +194,18 @@ def shared_feature_forward(rank: int, world_size: int, sharding_types: list[str]
         kjt = KeyedJaggedTensor(keys=["f"], values=torch.tensor([1, 2, 3, 40, 7]), lengths=torch.tensor([2, 0, 3]))
         got, want = dmp(kjt).to_dict(), ref(kjt).to_dict()
         out[st] = (sorted(got), max((got[k] - want[k]).abs().max().item() for k in want))
+    return out
+
+
+def init_is_sharding_independent(rank: int, world_size: int, sharding_types: list[str]) -> dict:
+    """recsys_dist.state.init_tables gives the same full tables whatever the sharding."""
+    import recsys_dist
+    from recsys_dist.state import init_tables
+
+    out = {}
+    for st in sharding_types:
+        dmp = recsys_dist.shard(EmbeddingBagCollection(tables=configs(), device=torch.device("meta")),
+                                {"sharding_types": [st]})
+        init_tables(dmp.state_dict(), configs(), seed=7, scales={n: 0.1 for n, *_ in TABLES})
+        out[st] = gather_full_state_dict(dmp.state_dict())
     return out

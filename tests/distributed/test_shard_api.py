@@ -1,4 +1,5 @@
 import pytest
+import torch
 
 from recsys_dist.testing import run_ranks
 from tests.distributed import equivalence
@@ -28,3 +29,16 @@ def test_one_feature_feeding_two_tables():
         for st, (keys, diff) in per_type.items():
             assert keys == ["f@a", "f@b"], st
             assert diff <= 1e-6, st
+
+
+@pytest.mark.slow
+def test_embedding_init_does_not_depend_on_sharding():
+    types = ["data_parallel", "table_wise", "row_wise", "column_wise", "table_row_wise", "table_column_wise"]
+    results = run_ranks(equivalence.init_is_sharding_independent, 2, types)
+    (single,) = run_ranks(equivalence.init_is_sharding_independent, 1, ["table_wise"])
+    want = single["table_wise"]
+    for per_type in results:
+        for st, tables in per_type.items():
+            for name, t in want.items():
+                assert torch.equal(tables[name], t), (st, name)
+            assert want["embedding_bags.t0.weight"].abs().max() <= 0.1
