@@ -2,6 +2,8 @@
 
     recsys-dist train --config configs/criteo_quickstart.yaml [--run-dir DIR] [key=value ...]
     recsys-dist plan --config configs/mlperf_dlrmv2.yaml --world-size 64 --local-world-size 8 --hbm-gb 80
+    recsys-dist report RUN_DIR          (summary table + PNG plots in RUN_DIR)
+    recsys-dist compare RUN_A RUN_B
 """
 
 from __future__ import annotations
@@ -70,7 +72,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
         from recsys_dist.trainer import train
 
-        summary = record(train)(cfg, run_dir)
+        summary = record(train)(cfg, run_dir, run_dir / "profile" if args.profile else None)
         if summary and not args.worker and int(os.environ.get("RANK", 0)) == 0:
             _print_summary(summary)
         return 0
@@ -87,14 +89,15 @@ def cmd_train(args: argparse.Namespace) -> int:
     if cfg.distributed.nproc_per_node == 1:
         from recsys_dist.trainer import train
 
-        summary = train(cfg, run_dir)
+        summary = train(cfg, run_dir, run_dir / "profile" if args.profile else None)
     else:
         from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
         from recsys_dist.launch import launch_workers
 
         try:
-            launch_workers(run_dir, cfg.distributed.nproc_per_node, cfg.distributed.max_restarts)
+            launch_workers(run_dir, cfg.distributed.nproc_per_node, cfg.distributed.max_restarts,
+                           ["--profile"] if args.profile else [])
         except ChildFailedError as err:
             rank, first = err.get_first_failure()
             print(f"recsys-dist: training failed on rank {rank}:\n{_failure_text(first)}", file=sys.stderr)
@@ -148,6 +151,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("train", help="train and evaluate a model from a YAML config")
     p.add_argument("--config", required=True, help="YAML run config, e.g. configs/criteo_quickstart.yaml")
     p.add_argument("--run-dir", default=None, help="output directory (default runs/<config>-<time>)")
+    p.add_argument("--profile", action="store_true",
+                   help="write a torch.profiler trace of steps 5-7 per rank to RUN_DIR/profile/")
     p.add_argument("--plan", default=None, help="reuse a placement: the plan.json of an earlier run")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.batch_size=256")
@@ -163,6 +168,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.batch_size=8192")
     p.set_defaults(func=cmd_plan)
+
+    from recsys_dist import report
+
+    report.register_subcommands(sub)
     return parser
 
 

@@ -163,6 +163,11 @@ class TrainConfig(_Section):
     dense_lr: float = Field(0.05, gt=0, description="Learning rate of the dense optimizer.")
     log_every_n_steps: int = Field(20, gt=0, description="Write a train line to metrics.jsonl every N steps.")
     deterministic: bool = Field(False, description="torch.use_deterministic_algorithms for exact reruns.")
+    timing_every_n_steps: Optional[int] = Field(
+        50, gt=0, description="Profile one step in N for the data / input_dist / forward / backward / "
+        "optimizer breakdown written on train lines (None = off)."
+    )
+    progress_bar: bool = Field(True, description="tqdm progress bar on rank 0 (false = quiet).")
 
 
 class DistributedConfig(_Section):
@@ -184,6 +189,7 @@ class TableConstraint(_Section):
     compute_kernels: list[ComputeKernelName] = Field(
         default_factory=list, description="Compute kernels the planner may choose for this table."
     )
+    pooling: Optional[Literal["sum", "mean"]] = Field(None, description="Pooling of this table's bags.")
 
 
 class FixedPlacement(_Section):
@@ -221,6 +227,12 @@ class ShardingConfig(_Section):
         "table-batched, weights in device memory), and on CUDA fused_uvm (weights in host "
         "memory) and fused_uvm_caching (host memory with a device cache).",
     )
+    pooling: Literal["sum", "mean"] = Field(
+        "sum", description="How each table pools a bag of ids (multi-hot): sum or mean; mean of an empty bag is 0."
+    )
+    planner_batch_size: Optional[int] = Field(
+        None, gt=0, description="Per-rank batch size the planner's cost model assumes (None = train.batch_size)."
+    )
     cache_load_factor: Optional[float] = Field(
         None, gt=0, le=1, description="fused_uvm_caching: fraction of each table's rows cached on device."
     )
@@ -248,6 +260,10 @@ class CheckpointConfig(_Section):
 
 
 class EvalConfig(_Section):
+    auc_buckets: Optional[int] = Field(
+        None, ge=2, description="None = exact AUC (gathers every prediction); N = streaming histogram "
+        "AUC with N buckets, memory independent of the eval set size (error bound reported)."
+    )
     batch_size: Optional[int] = Field(None, gt=0, description="Examples per rank per eval step (None = train.batch_size).")
     every_n_steps: Optional[int] = Field(
         None, gt=0, description="Also evaluate on validation every N training steps (None = epoch ends only)."

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 
-def launch_workers(run_dir: Path, nproc_per_node: int, max_restarts: int) -> None:
+def launch_workers(run_dir: Path, nproc_per_node: int, max_restarts: int, extra_args: list[str] = ()) -> None:
     """Run ``recsys-dist train`` on ``nproc_per_node`` local ranks via ``torch.distributed.run``.
 
     The workers read the resolved ``run_dir/config.yaml``. Raises
@@ -32,6 +32,7 @@ def launch_workers(run_dir: Path, nproc_per_node: int, max_restarts: int) -> Non
             "--run-dir",
             str(run_dir),
             "--worker",
+            *extra_args,
         ]
     )
     # The launcher's own INFO lines would drown the summary.

@@ -95,7 +95,7 @@ def make_planner(
 ) -> EmbeddingShardingPlanner:
     return EmbeddingShardingPlanner(
         topology=make_topology(cfg, world_size, local_world_size, compute_device),
-        batch_size=batch_size or cfg.train.batch_size,
+        batch_size=batch_size or cfg.sharding.planner_batch_size or cfg.train.batch_size,
         constraints=constraints(cfg, tables),
         storage_reservation=HeuristicalStorageReservation(percentage=cfg.sharding.storage_reservation),
     )

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from tqdm import tqdm
 from torch import nn
 from torchrec.distributed import DistributedModelParallel
 from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
@@ -28,7 +29,8 @@ from recsys_dist.config import RunConfig, save_config
 from recsys_dist.data.criteo import DENSE_NAMES, SPARSE_NAMES, prepare_criteo
 from recsys_dist.data.loader import ParquetBatchLoader
 from recsys_dist.distributed import DistContext, broadcast_result, init_distributed
-from recsys_dist.metrics import binary_metrics, gather_predictions
+from recsys_dist.metrics import StreamingBinaryMetrics, binary_metrics, gather_predictions
+from recsys_dist.observe import StepTimer, TraceWriter
 from recsys_dist.models import build_model, embedding_configs
 from recsys_dist.models.build import table_sizes
 from recsys_dist.state import init_tables
@@ -76,15 +78,26 @@ def shard_model(cfg: RunConfig, ctx: DistContext) -> tuple[DistributedModelParal
 
 
 @torch.no_grad()
-def evaluate(dmp: nn.Module, loader: ParquetBatchLoader, device: torch.device) -> dict:
-    """Metrics over every rank's predictions on one split (padding excluded)."""
+def evaluate(dmp: nn.Module, loader: ParquetBatchLoader, device: torch.device, auc_buckets: int | None = None) -> dict:
+    """Metrics over every rank's predictions on one split (padding excluded).
+
+    ``auc_buckets`` None: exact, gathers every prediction; N: streaming histogram metrics in
+    memory independent of the split's size (``auc_error_bound`` is reported). Every rank
+    must call this, since both paths end in a collective.
+    """
     was_training = dmp.training
     dmp.eval()
+    stream = StreamingBinaryMetrics(auc_buckets, device=device) if auc_buckets else None
     logits, labels, weights = [], [], []
     for batch in loader:
         _, (_, lg, lb, w) = dmp(batch.to(device))
-        logits.append(lg), labels.append(lb), weights.append(w)
+        if stream is not None:
+            stream.update(lg, lb, w)
+        else:
+            logits.append(lg), labels.append(lb), weights.append(w)
     dmp.train(was_training)
+    if stream is not None:
+        return stream.merge().compute()
     if not logits:
         return {}
     all_logits, all_labels = gather_predictions(torch.cat(logits), torch.cat(labels), torch.cat(weights))
@@ -112,8 +125,11 @@ def finite_or_none(tree):
     return tree
 
 
-def train(cfg: RunConfig, run_dir: Path) -> dict:
-    """Train and evaluate as configured; returns the summary (also in summary.json)."""
+def train(cfg: RunConfig, run_dir: Path, profile_dir: Path | None = None) -> dict:
+    """Train and evaluate as configured; returns the summary (also in summary.json).
+
+    ``profile_dir``: write a torch.profiler trace of a few steps per rank there.
+    """
     ctx = init_distributed(cfg)
     torch.manual_seed(cfg.train.seed)
     if cfg.train.deterministic:
@@ -127,73 +143,110 @@ def train(cfg: RunConfig, run_dir: Path) -> dict:
     if ctx.is_main:
         (run_dir / "plan.txt").write_text(plan_text + "\n")
         (run_dir / "plan.json").write_text(json.dumps(sharding.plan_summary(dmp.plan), indent=2))
-    writer = MetricsWriter(run_dir / "metrics.jsonl", ctx.is_main)
-    step, rows_trained, train_seconds = 0, 0, 0.0
-    max_steps = cfg.train.max_steps
-    last_val: dict = {}
-    for epoch in range(cfg.train.epochs):
-        if max_steps is not None and step >= max_steps:
-            break
-        pipe = TrainPipelineSparseDist(dmp, optimizer, ctx.device, execute_all_batches=True)
-        loaders.train.set_epoch(epoch)
-        batches = iter(loaders.train)
-        losses: list = []
-        real_rows: list = []
-        t0 = time.perf_counter()
-        while max_steps is None or step < max_steps:
-            try:
-                out = pipe.progress(batches)
-            except StopIteration:
-                break
-            step += 1
-            losses.append(out[0].detach())
-            real_rows.append(out[3].sum())
-            if step % cfg.train.log_every_n_steps == 0:
-                t0, train_seconds, rows_trained = _log_train(
-                    ctx, writer, step, epoch, losses, real_rows, t0, train_seconds, rows_trained)
-                losses, real_rows = [], []
-            if cfg.eval.every_n_steps and step % cfg.eval.every_n_steps == 0:
-                pipe.detach()
-                last_val = evaluate(dmp, loaders.validation, ctx.device)
-                writer.write(split="validation", step=step, epoch=epoch, **last_val)
-                t0 = time.perf_counter()
-        if losses:
-            t0, train_seconds, rows_trained = _log_train(
-                ctx, writer, step, epoch, losses, real_rows, t0, train_seconds, rows_trained)
-        pipe.detach()
-        last_val = evaluate(dmp, loaders.validation, ctx.device)
-        writer.write(split="validation", step=step, epoch=epoch, **last_val)
-    test = evaluate(dmp, loaders.test, ctx.device)
-    writer.write(split="test", step=step, epoch=epoch, **test)
+    loop = _Loop(cfg, ctx, dmp, optimizer, loaders, MetricsWriter(run_dir / "metrics.jsonl", ctx.is_main),
+                 TraceWriter(profile_dir, ctx.rank))
+    last_val = loop.run()
+    test = evaluate(dmp, loaders.test, ctx.device, cfg.eval.auc_buckets)
+    loop.writer.write(split="test", step=loop.step, epoch=loop.epoch, **test)
     summary = {
         "run_dir": str(run_dir),
         "world_size": ctx.world_size,
-        "steps": step,
-        "rows_trained": rows_trained,
-        "train_seconds": round(train_seconds, 3),
-        "samples_per_s": round(rows_trained / train_seconds, 1) if train_seconds > 0 else None,
+        "steps": loop.step,
+        "rows_trained": loop.rows_trained,
+        "train_seconds": round(loop.train_seconds, 3),
+        "samples_per_s": round(loop.rows_trained / loop.train_seconds, 1) if loop.train_seconds > 0 else None,
         "validation": {k: last_val.get(k) for k in ("auc", "logloss", "ne")},
         "test": {k: test.get(k) for k in ("auc", "logloss", "ne")},
     }
     if cfg.checkpoint.enabled:
         state = {"model": dmp.state_dict(), "optimizer": optimizer.state_dict()}
-        meta = {"step": step, "epoch": epoch, "world_size": ctx.world_size,
+        meta = {"step": loop.step, "epoch": loop.epoch, "world_size": ctx.world_size,
                 "plan": sharding.plan_summary(dmp.plan), "config": cfg.to_dict()}
-        summary["checkpoint"] = str(save_checkpoint(ctx, run_dir, step, state, meta))
+        summary["checkpoint"] = str(save_checkpoint(ctx, run_dir, loop.step, state, meta))
     if ctx.is_main:
         (run_dir / "summary.json").write_text(json.dumps(finite_or_none(summary), indent=2))
     dist.destroy_process_group()
     return finite_or_none(summary)
 
 
-def _log_train(ctx, writer, step, epoch, losses, real_rows, t0, train_seconds, rows_trained):
-    """Global mean loss and samples/s since the last train line; one all_reduce."""
-    elapsed = time.perf_counter() - t0
-    stats = torch.stack([torch.stack(losses).float().mean(), torch.stack(real_rows).float().sum()]).cpu()
-    if ctx.world_size > 1:
-        dist.all_reduce(stats)
-    loss = float(stats[0]) / ctx.world_size
-    rows = int(stats[1])
-    writer.write(split="train", step=step, epoch=epoch, loss=loss,
-                 samples_per_s=round(rows / elapsed, 1) if elapsed > 0 else None)
-    return time.perf_counter(), train_seconds + elapsed, rows_trained + rows
+class _Loop:
+    """The epoch / step loop around ``TrainPipelineSparseDist.progress`` and its logging."""
+
+    def __init__(self, cfg, ctx, dmp, optimizer, loaders, writer, tracer) -> None:
+        self.cfg, self.ctx, self.dmp, self.optimizer, self.loaders = cfg, ctx, dmp, optimizer, loaders
+        self.writer, self.tracer, self.timer = writer, tracer, StepTimer(cfg.train.timing_every_n_steps)
+        self.step = self.epoch = self.rows_trained = 0
+        self.train_seconds = 0.0
+        self.losses: list = []
+        self.real_rows: list = []
+        self.t0 = time.perf_counter()
+        total = cfg.train.epochs * len(loaders.train)
+        self.total_steps = min(total, cfg.train.max_steps) if cfg.train.max_steps else total
+        self.bar = tqdm(total=self.total_steps, desc="train", unit="step", dynamic_ncols=True, leave=False,
+                        disable=not (ctx.is_main and cfg.train.progress_bar))
+
+    def done(self) -> bool:
+        return self.step >= self.total_steps
+
+    def run(self) -> dict:
+        last_val: dict = {}
+        for self.epoch in range(self.cfg.train.epochs):
+            if self.done():
+                break
+            last_val = self.run_epoch() or last_val
+        self.tracer.close()
+        self.bar.close()
+        return last_val
+
+    def run_epoch(self) -> dict:
+        cfg, ctx = self.cfg, self.ctx
+        pipe = TrainPipelineSparseDist(self.dmp, self.optimizer, ctx.device, execute_all_batches=True)
+        self.loaders.train.set_epoch(self.epoch)
+        batches = iter(self.loaders.train)
+        self.t0 = time.perf_counter()
+        while not self.done():
+            self.tracer.before(self.step + 1)
+            try:
+                with self.timer.step(self.step + 1):
+                    out = pipe.progress(batches)
+            except StopIteration:
+                break
+            self.step += 1
+            self.tracer.after(self.step)
+            self.losses.append(out[0].detach())
+            self.real_rows.append(out[3].sum())
+            self.bar.update(1)
+            if self.step % cfg.train.log_every_n_steps == 0:
+                self.log_train()
+            if cfg.eval.every_n_steps and self.step % cfg.eval.every_n_steps == 0:
+                pipe.detach()  # the pipeline rewrote forward; eval needs the plain one
+                self.validate()
+                self.t0 = time.perf_counter()
+        if self.losses:
+            self.log_train()
+        pipe.detach()
+        return self.validate()
+
+    def validate(self) -> dict:
+        metrics = evaluate(self.dmp, self.loaders.validation, self.ctx.device, self.cfg.eval.auc_buckets)
+        self.writer.write(split="validation", step=self.step, epoch=self.epoch, **metrics)
+        if metrics.get("auc") is not None:
+            self.bar.set_postfix_str(f"val AUC {metrics['auc']:.4f}", refresh=False)
+        return metrics
+
+    def log_train(self) -> None:
+        """Global mean loss and samples/s since the last train line; one all_reduce."""
+        elapsed = time.perf_counter() - self.t0
+        stats = torch.stack([torch.stack(self.losses).float().mean(),
+                             torch.stack(self.real_rows).float().sum()]).cpu()
+        if self.ctx.world_size > 1:
+            dist.all_reduce(stats)
+        loss, rows = float(stats[0]) / self.ctx.world_size, int(stats[1])
+        sps = round(rows / elapsed, 1) if elapsed > 0 else None
+        self.writer.write(split="train", step=self.step, epoch=self.epoch, loss=loss, samples_per_s=sps,
+                          **self.timer.pop())
+        self.bar.set_postfix(loss=f"{loss:.4f}", samples_per_s=sps, refresh=False)
+        self.train_seconds += elapsed
+        self.rows_trained += rows
+        self.losses, self.real_rows = [], []
+        self.t0 = time.perf_counter()

@@ -114,3 +114,12 @@ def test_fixed_plan_validation():
         check_before_launch(cfg)
     assert "must place exactly the tables" in str(e.value) and "'t_C2'" in str(e.value)
     assert "fixed_plan.t_C1.ranks: [2] but the job has 2 rank(s)" in str(e.value)
+
+
+def test_pooling_default_and_per_table():
+    from recsys_dist.models import embedding_configs
+    from torchrec.modules.embedding_configs import PoolingType
+
+    cfg = load_config(QUICKSTART, ["sharding.pooling=mean", "sharding.per_table={t_C3: {pooling: sum}}"])
+    pools = {t.name: t.pooling for t in embedding_configs(cfg)}
+    assert pools["t_C1"] == PoolingType.MEAN and pools["t_C3"] == PoolingType.SUM

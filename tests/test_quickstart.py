@@ -47,11 +47,23 @@ def check_run_dir(run_dir, world_size):
 
 @pytest.mark.slow
 def test_quickstart_world_size_2(tmp_path):
+    """One spawn, many checks: outputs, mid-epoch eval, step timing, profiler trace, report."""
     run_dir = tmp_path / "run"
-    r = run_cli(["train", "--config", str(QUICKSTART), "--run-dir", str(run_dir), *FAST], tmp_path)
+    r = run_cli(["train", "--config", str(QUICKSTART), "--run-dir", str(run_dir), "--profile", *FAST,
+                 "eval.every_n_steps=10", "train.timing_every_n_steps=10"], tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "validation  AUC" in r.stdout and str(run_dir) in r.stdout
     check_run_dir(run_dir, 2)
+    lines = read_metrics(run_dir)
+    # Switching to eval mid-epoch drops or repeats no training batch: 1,600 rows, 25 steps.
+    assert [m["step"] for m in lines if m["split"] == "validation"] == [10, 20, 25]
+    assert json.loads((run_dir / "summary.json").read_text())["steps"] == 25
+    timed = [m for m in lines if "time_forward_ms" in m]
+    assert timed and all(m["time_backward_ms"] > 0 and m["time_input_dist_ms"] >= 0 for m in timed)
+    assert sorted(p.name for p in (run_dir / "profile").iterdir()) == ["trace_rank0.json", "trace_rank1.json"]
+    rep = run_cli(["report", str(run_dir)], tmp_path)
+    assert rep.returncode == 0, rep.stderr
+    assert (run_dir / "loss.png").stat().st_size > 0 and (run_dir / "step_time.png").is_file()
 
 
 @pytest.mark.slow
@@ -92,20 +104,22 @@ def test_bad_data_is_reported_before_any_rank_starts(tmp_path):
 
 
 @pytest.mark.slow
-def test_gzip_input_and_undefined_auc_is_null(tmp_path):
+def test_gzip_input_streaming_auc_and_undefined_auc_is_null(tmp_path):
     import gzip
 
     lines = (ROOT / "datasets/criteo_kaggle/dac_train_first10000.txt").read_bytes().splitlines(keepends=True)
     gz = tmp_path / "small.txt.gz"
     gz.write_bytes(gzip.compress(b"".join(lines[:10])))
     run_dir = tmp_path / "run"
-    r = run_cli(["train", "--config", str(QUICKSTART), "--run-dir", str(run_dir), f"data.raw_path={gz}"], tmp_path)
+    r = run_cli(["train", "--config", str(QUICKSTART), "--run-dir", str(run_dir), f"data.raw_path={gz}",
+                 "eval.auc_buckets=1024"], tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["rows_trained"] == 8  # all 10 rows read: 8 / 1 / 1
     # One validation row: AUC is undefined and written as null, never as NaN.
     assert summary["validation"]["auc"] is None
     assert "NaN" not in (run_dir / "metrics.jsonl").read_text()
+    assert all(m["num_buckets"] == 1024 for m in read_metrics(run_dir) if m["split"] != "train")
 
 
 @pytest.mark.slow

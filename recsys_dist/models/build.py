@@ -19,8 +19,13 @@ def table_sizes(cfg: RunConfig) -> list[int]:
     return list(n) if isinstance(n, list) else [n] * len(SPARSE_NAMES)
 
 
+def _pooling(cfg: RunConfig, table: str) -> str:
+    override = cfg.sharding.per_table.get(table)
+    return (override.pooling if override and override.pooling else None) or cfg.sharding.pooling
+
+
 def embedding_configs(cfg: RunConfig) -> list[EmbeddingBagConfig]:
-    """One table per categorical feature, ``t_<feature>``, sum pooling."""
+    """One table per categorical feature, ``t_<feature>``; pooling from ``sharding.pooling``."""
     scale = cfg.model.embedding_init_scale
     out = []
     for name, rows in zip(SPARSE_NAMES, table_sizes(cfg)):
@@ -31,7 +36,7 @@ def embedding_configs(cfg: RunConfig) -> list[EmbeddingBagConfig]:
                 embedding_dim=cfg.model.embedding_dim,
                 num_embeddings=rows,
                 feature_names=[name],
-                pooling=PoolingType.SUM,
+                pooling=PoolingType.MEAN if _pooling(cfg, f"t_{name}") == "mean" else PoolingType.SUM,
                 weight_init_min=-s,
                 weight_init_max=s,
             )
