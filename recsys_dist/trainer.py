@@ -165,6 +165,9 @@ def train(cfg: RunConfig, run_dir: Path, profile_dir: Path | None = None) -> dic
         summary["checkpoint"] = str(save_checkpoint(ctx, run_dir, loop.step, state, meta))
     if ctx.is_main:
         (run_dir / "summary.json").write_text(json.dumps(finite_or_none(summary), indent=2))
+    # Every rank leaves its last collective before any rank tears down gloo; a rank that
+    # exited while a peer still had work queued made the peer abort (seen 1 run in 8).
+    dist.barrier()
     dist.destroy_process_group()
     return finite_or_none(summary)
 
