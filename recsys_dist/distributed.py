@@ -63,7 +63,21 @@ def init_distributed(cfg: RunConfig, timeout_s: float = 600.0) -> DistContext:
             dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
         else:
             dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    _setup_logging(rank)
     return DistContext(rank, world, local_rank, local_world, device, backend)
+
+
+def _setup_logging(rank: int) -> None:
+    """``recsys_dist`` log lines carry the rank; level from $RECSYS_DIST_LOG (default WARNING)."""
+    import logging
+
+    logger = logging.getLogger("recsys_dist")
+    if not logger.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter(f"%(asctime)s [rank {rank}] %(levelname)s %(name)s: %(message)s"))
+        logger.addHandler(handler)
+        logger.propagate = False
+    logger.setLevel(os.environ.get("RECSYS_DIST_LOG", "WARNING").upper())
 
 
 def broadcast_result(ctx: DistContext, fn):

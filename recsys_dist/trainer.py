@@ -105,15 +105,32 @@ def evaluate(dmp: nn.Module, loader: ParquetBatchLoader, device: torch.device, a
 
 
 class MetricsWriter:
-    """Rank 0 appends one JSON object per line to ``metrics.jsonl``."""
+    """Rank 0 appends one JSON object per line to ``metrics.jsonl``, and mirrors every
+    number to TensorBoard (``RUN_DIR/tensorboard``) when the ``tensorboard`` package is
+    installed (``pip install recsys_dist[tensorboard]``)."""
 
     def __init__(self, path: Path, enabled: bool) -> None:
         self.path, self.enabled = path, enabled
+        self.tb = None
+        if enabled:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self.tb = SummaryWriter(str(path.parent / "tensorboard"))
+            except ImportError:
+                pass
 
     def write(self, **record) -> None:
-        if self.enabled:
-            with self.path.open("a") as f:
-                f.write(json.dumps(finite_or_none(record)) + "\n")
+        if not self.enabled:
+            return
+        record = finite_or_none(record)
+        with self.path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+        if self.tb is not None:
+            for key, value in record.items():
+                if isinstance(value, (int, float)) and key not in ("step", "epoch"):
+                    self.tb.add_scalar(f"{record['split']}/{key}", value, record["step"])
+            self.tb.flush()
 
 
 def finite_or_none(tree):
@@ -139,7 +156,10 @@ def train(cfg: RunConfig, run_dir: Path, profile_dir: Path | None = None) -> dic
         run_dir.mkdir(parents=True, exist_ok=True)
         save_config(cfg, run_dir / "config.yaml")
     loaders = make_loaders(cfg, ctx)
+    log.info("data ready: %d train / %d validation / %d test rows, %d steps per epoch",
+             loaders.train.num_rows, loaders.validation.num_rows, loaders.test.num_rows, len(loaders.train))
     dmp, optimizer, plan_text = shard_model(cfg, ctx)
+    log.info("sharded: %s", ", ".join(sorted({r["sharding_type"] for r in sharding.plan_summary(dmp.plan)})))
     if ctx.is_main:
         (run_dir / "plan.txt").write_text(plan_text + "\n")
         (run_dir / "plan.json").write_text(json.dumps(sharding.plan_summary(dmp.plan), indent=2))
