@@ -67,12 +67,18 @@ def cmd_train(args: argparse.Namespace) -> int:
     _quiet_third_party()
 
     run_dir = Path(args.run_dir) if args.run_dir else _default_run_dir(args.config)
+    resume = _resolve_resume(args, run_dir)
     if args.worker or under_launcher():
         from torch.distributed.elastic.multiprocessing.errors import record
 
+        from recsys_dist.checkpoint import latest_checkpoint
         from recsys_dist.trainer import train
 
-        summary = record(train)(cfg, run_dir, run_dir / "profile" if args.profile else None)
+        if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)) > 0:
+            # The elastic agent restarted the group after a failure: continue from the newest
+            # complete checkpoint of this run, if one was written.
+            resume = latest_checkpoint(run_dir) or resume
+        summary = record(train)(cfg, run_dir, run_dir / "profile" if args.profile else None, resume)
         if summary and not args.worker and int(os.environ.get("RANK", 0)) == 0:
             _print_summary(summary)
         return 0
@@ -89,15 +95,15 @@ def cmd_train(args: argparse.Namespace) -> int:
     if cfg.distributed.nproc_per_node == 1:
         from recsys_dist.trainer import train
 
-        summary = train(cfg, run_dir, run_dir / "profile" if args.profile else None)
+        summary = train(cfg, run_dir, run_dir / "profile" if args.profile else None, resume)
     else:
         from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
         from recsys_dist.launch import launch_workers
 
         try:
-            launch_workers(run_dir, cfg.distributed.nproc_per_node, cfg.distributed.max_restarts,
-                           ["--profile"] if args.profile else [])
+            extra = (["--profile"] if args.profile else []) + (["--resume", str(resume)] if resume else [])
+            launch_workers(run_dir, cfg.distributed.nproc_per_node, cfg.distributed.max_restarts, extra)
         except ChildFailedError as err:
             rank, first = err.get_first_failure()
             print(f"recsys-dist: training failed on rank {rank}:\n{_failure_text(first)}", file=sys.stderr)
@@ -105,6 +111,23 @@ def cmd_train(args: argparse.Namespace) -> int:
         summary = json.loads((run_dir / "summary.json").read_text())
     _print_summary(summary)
     return 0
+
+
+def _resolve_resume(args: argparse.Namespace, run_dir: Path) -> Path | None:
+    """``--resume auto|PATH`` -> a complete checkpoint directory (or None)."""
+    from recsys_dist.checkpoint import latest_checkpoint, read_meta
+
+    if not args.resume:
+        return None
+    if args.resume == "auto":
+        if not args.run_dir:
+            raise ConfigError("--resume auto continues a run: give its directory with --run-dir")
+        path = latest_checkpoint(run_dir)
+        if path is None:
+            raise ConfigError(f"--resume auto: no complete checkpoint in {run_dir / 'checkpoints'}")
+        return path
+    read_meta(Path(args.resume))  # raises CheckpointError naming what is wrong
+    return Path(args.resume)
 
 
 def _failure_text(failure) -> str:
@@ -153,6 +176,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run-dir", default=None, help="output directory (default runs/<config>-<time>)")
     p.add_argument("--profile", action="store_true",
                    help="write a torch.profiler trace of steps 5-7 per rank to RUN_DIR/profile/")
+    p.add_argument("--resume", default=None, metavar="auto|PATH",
+                   help="continue from a checkpoint: auto = newest complete one in --run-dir")
     p.add_argument("--plan", default=None, help="reuse a placement: the plan.json of an earlier run")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.batch_size=256")
@@ -176,12 +201,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    # Dotted overrides may come before or after options (argparse alone accepts one run).
+    args, rest = parser.parse_known_args(argv)
+    extra = [r for r in rest if "=" in r and not r.startswith("-")]
+    if len(extra) != len(rest) or (extra and not hasattr(args, "overrides")):
+        parser.error(f"unrecognized arguments: {' '.join(r for r in rest if r not in extra or not hasattr(args, 'overrides'))}")
+    if extra:
+        args.overrides = list(args.overrides) + extra
     if getattr(args, "world_size", None) is not None:
         if args.world_size <= 0 or (args.local_world_size is not None and args.local_world_size <= 0):
             print("recsys-dist: --world-size and --local-world-size must be > 0", file=sys.stderr)
             return 2
         args.local_world_size = args.local_world_size or min(args.world_size, 8)
+    from recsys_dist.checkpoint import CheckpointError
     from recsys_dist.data.criteo import DataError
 
     try:
@@ -191,6 +224,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except DataError as err:
         print(f"recsys-dist: bad input data: {err}", file=sys.stderr)
+        return 1
+    except CheckpointError as err:
+        print(f"recsys-dist: {err}", file=sys.stderr)
         return 1
 
 

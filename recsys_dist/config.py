@@ -256,7 +256,11 @@ class ShardingConfig(_Section):
 
 
 class CheckpointConfig(_Section):
-    enabled: bool = Field(True, description="Save a final sharded checkpoint (torch.distributed.checkpoint).")
+    enabled: bool = Field(True, description="Save sharded checkpoints (torch.distributed.checkpoint).")
+    every_n_steps: Optional[int] = Field(
+        None, gt=0, description="Also save every N training steps (None = only at the end)."
+    )
+    keep: int = Field(2, gt=0, description="Keep the newest N complete checkpoints; older ones are deleted.")
 
 
 class EvalConfig(_Section):

@@ -33,6 +33,21 @@ def under_launcher() -> bool:
     return "TORCHELASTIC_RUN_ID" in os.environ or ("RANK" in os.environ and "WORLD_SIZE" in os.environ)
 
 
+def _attempt_store(rank: int, world: int, timeout_s: float) -> dist.Store:
+    """The launcher's TCPStore, with keys prefixed by the restart attempt.
+
+    After an elastic restart the agent's store still holds the previous attempt's gloo
+    addresses under the same keys, and the new ranks connect to dead ports (seen with
+    torch 2.13: "Gloo connectFullMesh failed ... Connection refused"). A per-attempt prefix
+    keeps the attempts apart. Without an agent store (e.g. Slurm), rank 0 hosts the store.
+    """
+    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
+                          is_master=(not agent and rank == 0), timeout=timedelta(seconds=timeout_s))
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return dist.PrefixStore(f"recsys_dist/attempt_{attempt}", store)
+
+
 def resolve_device(name: str, local_rank: int = 0) -> torch.device:
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
@@ -60,7 +75,8 @@ def init_distributed(cfg: RunConfig, timeout_s: float = 600.0) -> DistContext:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
     if not dist.is_initialized():
         if under_launcher():
-            dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
+            dist.init_process_group(backend, store=_attempt_store(rank, world, timeout_s), rank=rank,
+                                    world_size=world, timeout=timedelta(seconds=timeout_s))
         else:
             dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
     _setup_logging(rank)

@@ -24,10 +24,18 @@ from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
 from torchrec.optim.keyed import CombinedOptimizer
 
 from recsys_dist import sharding
-from recsys_dist.checkpoint import save_checkpoint
+from recsys_dist.checkpoint import (
+    CheckpointError,
+    canonical_optimizer_state,
+    load_checkpoint,
+    read_meta,
+    save_checkpoint,
+    set_optimizer_steps,
+)
 from recsys_dist.config import RunConfig, save_config
 from recsys_dist.data.criteo import DENSE_NAMES, SPARSE_NAMES, prepare_criteo
 from recsys_dist.data.loader import ParquetBatchLoader
+from recsys_dist.faults import maybe_fault
 from recsys_dist.distributed import DistContext, broadcast_result, init_distributed
 from recsys_dist.metrics import StreamingBinaryMetrics, binary_metrics, gather_predictions
 from recsys_dist.observe import StepTimer, TraceWriter
@@ -120,6 +128,12 @@ class MetricsWriter:
             except ImportError:
                 pass
 
+    def truncate_after(self, step: int) -> None:
+        """Drop lines past ``step``: a resumed run writes them again, each step exactly once."""
+        if self.enabled and self.path.is_file():
+            keep = [ln for ln in self.path.read_text().splitlines() if ln and json.loads(ln)["step"] <= step]
+            self.path.write_text("".join(ln + "\n" for ln in keep))
+
     def write(self, **record) -> None:
         if not self.enabled:
             return
@@ -142,10 +156,11 @@ def finite_or_none(tree):
     return tree
 
 
-def train(cfg: RunConfig, run_dir: Path, profile_dir: Path | None = None) -> dict:
+def train(cfg: RunConfig, run_dir: Path, profile_dir: Path | None = None, resume: Path | None = None) -> dict:
     """Train and evaluate as configured; returns the summary (also in summary.json).
 
     ``profile_dir``: write a torch.profiler trace of a few steps per rank there.
+    ``resume``: a checkpoint directory to continue from (any world size or plan).
     """
     ctx = init_distributed(cfg)
     torch.manual_seed(cfg.train.seed)
@@ -164,7 +179,9 @@ def train(cfg: RunConfig, run_dir: Path, profile_dir: Path | None = None) -> dic
         (run_dir / "plan.txt").write_text(plan_text + "\n")
         (run_dir / "plan.json").write_text(json.dumps(sharding.plan_summary(dmp.plan), indent=2))
     loop = _Loop(cfg, ctx, dmp, optimizer, loaders, MetricsWriter(run_dir / "metrics.jsonl", ctx.is_main),
-                 TraceWriter(profile_dir, ctx.rank))
+                 TraceWriter(profile_dir, ctx.rank), run_dir)
+    if resume is not None:
+        loop.restore(Path(resume))
     last_val = loop.run()
     test = evaluate(dmp, loaders.test, ctx.device, cfg.eval.auc_buckets)
     loop.writer.write(split="test", step=loop.step, epoch=loop.epoch, **test)
@@ -179,10 +196,7 @@ def train(cfg: RunConfig, run_dir: Path, profile_dir: Path | None = None) -> dic
         "test": {k: test.get(k) for k in ("auc", "logloss", "ne")},
     }
     if cfg.checkpoint.enabled:
-        state = {"model": dmp.state_dict(), "optimizer": optimizer.state_dict()}
-        meta = {"step": loop.step, "epoch": loop.epoch, "world_size": ctx.world_size,
-                "plan": sharding.plan_summary(dmp.plan), "config": cfg.to_dict()}
-        summary["checkpoint"] = str(save_checkpoint(ctx, run_dir, loop.step, state, meta))
+        summary["checkpoint"] = str(loop.save())
     if ctx.is_main:
         (run_dir / "summary.json").write_text(json.dumps(finite_or_none(summary), indent=2))
     # Every rank leaves its last collective before any rank tears down gloo; a rank that
@@ -195,10 +209,12 @@ def train(cfg: RunConfig, run_dir: Path, profile_dir: Path | None = None) -> dic
 class _Loop:
     """The epoch / step loop around ``TrainPipelineSparseDist.progress`` and its logging."""
 
-    def __init__(self, cfg, ctx, dmp, optimizer, loaders, writer, tracer) -> None:
+    def __init__(self, cfg, ctx, dmp, optimizer, loaders, writer, tracer, run_dir) -> None:
         self.cfg, self.ctx, self.dmp, self.optimizer, self.loaders = cfg, ctx, dmp, optimizer, loaders
         self.writer, self.tracer, self.timer = writer, tracer, StepTimer(cfg.train.timing_every_n_steps)
+        self.run_dir = run_dir
         self.step = self.epoch = self.rows_trained = 0
+        self.first_epoch = self.in_epoch = 0
         self.train_seconds = 0.0
         self.losses: list = []
         self.real_rows: list = []
@@ -211,11 +227,50 @@ class _Loop:
     def done(self) -> bool:
         return self.step >= self.total_steps
 
+    def state(self) -> dict:
+        return {"model": self.dmp.state_dict(),
+                "optimizer": canonical_optimizer_state(self.optimizer.state_dict()),
+                "rng": torch.get_rng_state()}
+
+    def save(self) -> Path:
+        meta = {"step": self.step, "epoch": self.epoch, "batches_in_epoch": self.in_epoch,
+                "rows_trained": self.rows_trained, "train_seconds": self.train_seconds,
+                "world_size": self.ctx.world_size, "plan": sharding.plan_summary(self.dmp.plan),
+                "config": self.cfg.to_dict()}
+        return save_checkpoint(self.ctx, self.run_dir, self.step, self.state(), meta, self.cfg.checkpoint.keep)
+
+    def restore(self, path: Path) -> None:
+        """Continue from a checkpoint: weights, optimizer state, RNG and the loader position."""
+        meta = read_meta(path)
+        saved = meta.get("config", {})
+        for section, keys in (("model", None), ("data", ("num_embeddings",)), ("train", ("embedding_optimizer",
+                                                                                          "dense_optimizer"))):
+            old, new = saved.get(section, {}), self.cfg.to_dict()[section]
+            diff = [k for k in (keys or new) if old.get(k) != new.get(k)]
+            if diff:
+                raise CheckpointError(
+                    f"checkpoint {path} was written by a different config: "
+                    + ", ".join(f"{section}.{k} {old.get(k)!r} -> {new.get(k)!r}" for k in diff))
+        state = self.state()
+        load_checkpoint(path, state)  # in place: model shards and optimizer state are views
+        set_optimizer_steps(self.optimizer, meta["step"])
+        torch.set_rng_state(state["rng"])
+        self.step, self.rows_trained = meta["step"], meta["rows_trained"]
+        self.train_seconds = meta["train_seconds"]
+        self.first_epoch, self.in_epoch = meta["epoch"], meta["batches_in_epoch"]
+        if self.in_epoch >= len(self.loaders.train):
+            self.first_epoch, self.in_epoch = self.first_epoch + 1, 0
+        self.writer.truncate_after(self.step)
+        self.bar.update(self.step)
+        log.warning("resumed from %s at step %d (epoch %d, batch %d)", path, self.step, self.first_epoch,
+                    self.in_epoch)
+
     def run(self) -> dict:
         last_val: dict = {}
-        for self.epoch in range(self.cfg.train.epochs):
+        for epoch in range(self.first_epoch, self.cfg.train.epochs):
             if self.done():
                 break
+            self.epoch = epoch
             last_val = self.run_epoch() or last_val
         self.tracer.close()
         self.bar.close()
@@ -225,7 +280,8 @@ class _Loop:
         cfg, ctx = self.cfg, self.ctx
         pipe = TrainPipelineSparseDist(self.dmp, self.optimizer, ctx.device, execute_all_batches=True)
         self.loaders.train.set_epoch(self.epoch)
-        batches = iter(self.loaders.train)
+        start, self.in_epoch = (self.in_epoch, self.in_epoch) if self.epoch == self.first_epoch else (0, 0)
+        batches = self.loaders.train.iter_from(start)
         self.t0 = time.perf_counter()
         while not self.done():
             self.tracer.before(self.step + 1)
@@ -235,6 +291,8 @@ class _Loop:
             except StopIteration:
                 break
             self.step += 1
+            self.in_epoch += 1
+            maybe_fault("step", self.step, self.ctx.rank)
             self.tracer.after(self.step)
             self.losses.append(out[0].detach())
             self.real_rows.append(out[3].sum())
@@ -244,6 +302,12 @@ class _Loop:
             if cfg.eval.every_n_steps and self.step % cfg.eval.every_n_steps == 0:
                 pipe.detach()  # the pipeline rewrote forward; eval needs the plain one
                 self.validate()
+                self.t0 = time.perf_counter()
+            every = cfg.checkpoint.every_n_steps
+            if cfg.checkpoint.enabled and every and self.step % every == 0 and not self.done():
+                if self.losses:  # close the logging window here, so a resumed run logs the same lines
+                    self.log_train()
+                self.save()
                 self.t0 = time.perf_counter()
         if self.losses:
             self.log_train()

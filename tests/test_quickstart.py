@@ -13,8 +13,8 @@ from tests.conftest import QUICKSTART, ROOT
 FAST = ["data.num_rows=2000", "train.log_every_n_steps=5"]
 
 
-def run_cli(args, tmp_path, launcher=()):
-    env = dict(os.environ, RECSYS_DIST_CACHE=str(tmp_path / "cache"))
+def run_cli(args, tmp_path, launcher=(), env=None):
+    env = dict(os.environ, RECSYS_DIST_CACHE=str(tmp_path / "cache"), **(env or {}))
     cmd = [*launcher, "-m", "recsys_dist.cli", *args] if launcher else [sys.executable, "-m", "recsys_dist.cli", *args]
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
 

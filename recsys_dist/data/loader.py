@@ -168,6 +168,10 @@ class ParquetBatchLoader:
         return batch.pin_memory() if self.pin_memory else batch
 
     def __iter__(self) -> Iterator[CTRBatch]:
+        return self.iter_from(0)
+
+    def iter_from(self, start: int) -> Iterator[CTRBatch]:
+        """This epoch's batches from batch ``start`` on: the exact stream a resumed run needs."""
         order = self._order()
-        for step in range(len(self)):
+        for step in range(start, len(self)):
             yield self.batch_at(order, step)

@@ -1,0 +1,21 @@
+"""Fault injection for the fault-tolerance tests (off unless $RECSYS_DIST_FAULT is set).
+
+``RECSYS_DIST_FAULT="POINT:STEP[:RANK]"`` kills rank RANK (default 1) with SIGKILL when it
+reaches POINT at global step STEP, on the first attempt only (an elastic restart then runs
+clean). Points: ``step`` (right after a training step), ``save`` (a checkpoint's shards are
+written but the checkpoint is not yet complete).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+
+def maybe_fault(point: str, step: int, rank: int) -> None:
+    spec = os.environ.get("RECSYS_DIST_FAULT")
+    if not spec or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)) > 0:
+        return
+    parts = spec.split(":")
+    if parts[0] == point and int(parts[1]) == step and rank == (int(parts[2]) if len(parts) > 2 else 1):
+        os.kill(os.getpid(), signal.SIGKILL)

@@ -1,0 +1,125 @@
+"""Checkpoints: exact resume, resharding, elastic restarts, crashes mid-save, bad checkpoints.
+
+Every comparison is on the train-loss lines of metrics.jsonl (logged every 2 steps), which
+depend on every weight and every optimizer state: a weight or accumulator that did not
+arrive exactly changes them. Tolerance 1e-5 across world sizes (float32 reduction order);
+exact equality for the same world size and plan.
+"""
+
+import json
+import shutil
+
+import pytest
+
+from tests.conftest import QUICKSTART
+from tests.test_quickstart import read_metrics, run_cli
+
+# 1,600 train rows; global batch 96 drops the remainder so every world size (1, 2, 3) sees
+# identical global batches: 16 steps per epoch, 32 in all.
+BASE = ["data.num_rows=2000", "data.remainder=drop", "train.epochs=2", "train.log_every_n_steps=2",
+        "train.progress_bar=false", "train.deterministic=true"]
+WS = {1: ["distributed.nproc_per_node=1", "train.batch_size=96"],
+      2: ["distributed.nproc_per_node=2", "train.batch_size=48"],
+      3: ["distributed.nproc_per_node=3", "train.batch_size=32"]}
+
+
+def train(tmp_path, run_dir, *extra, env=None):
+    r = run_cli(["train", "--config", str(QUICKSTART), "--run-dir", str(run_dir), *BASE, *extra], tmp_path, env=env)
+    return r
+
+
+def losses(run_dir):
+    return {m["step"]: m["loss"] for m in read_metrics(run_dir) if m["split"] == "train"}
+
+
+def assert_same_losses(a, b, tol):
+    la, lb = losses(a), losses(b)
+    assert sorted(la) == sorted(lb), (sorted(la), sorted(lb))
+    for step in la:
+        assert la[step] == pytest.approx(lb[step], abs=tol), step
+
+
+@pytest.mark.slow
+def test_exact_resume_and_resharding(tmp_path):
+    ref = tmp_path / "ref"
+    assert train(tmp_path, ref, *WS[2], "sharding.sharding_types=[table_wise]").returncode == 0
+
+    # Stopped after step 10 (table-wise, 2 ranks), then resumed four ways.
+    tw = tmp_path / "tw"
+    r = train(tmp_path, tw, *WS[2], "sharding.sharding_types=[table_wise]", "train.max_steps=10",
+              "checkpoint.every_n_steps=4", "checkpoint.keep=2")
+    assert r.returncode == 0, r.stderr[-2000:]
+    kept = sorted(p.name for p in (tw / "checkpoints").iterdir())
+    assert kept == ["latest", "step_00000008", "step_00000010"]  # keep=2 pruned step 4
+    for name in ("same", "ws1_dp", "ws3_rw"):
+        shutil.copytree(tw, tmp_path / name)
+    cases = {"same": (WS[2], "table_wise", 0.0), "ws1_dp": (WS[1], "data_parallel", 1e-5),
+             "ws3_rw": (WS[3], "row_wise", 1e-5)}
+    for name, (ws, st, tol) in cases.items():
+        r = train(tmp_path, tmp_path / name, "--resume", "auto", *ws, f"sharding.sharding_types=[{st}]")
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert_same_losses(ref, tmp_path / name, tol)
+
+    # Data-parallel -> row-wise: the replicated tables' torch optimizer state becomes the
+    # fused row-wise state (and the reverse is the ws1_dp case above).
+    dp = tmp_path / "dp"
+    assert train(tmp_path, dp, *WS[2], "sharding.sharding_types=[data_parallel]", "train.max_steps=10").returncode == 0
+    r = train(tmp_path, dp, "--resume", "auto", *WS[2], "sharding.sharding_types=[row_wise]")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert_same_losses(ref, dp, 1e-5)
+
+
+@pytest.mark.slow
+def test_elastic_restart_after_sigkill_and_crash_mid_save(tmp_path):
+    ref = tmp_path / "ref"
+    assert train(tmp_path, ref, *WS[2], "checkpoint.every_n_steps=3").returncode == 0
+    # Rank 1 is SIGKILLed after step 7; the agent restarts both ranks from step 6.
+    run = tmp_path / "killed"
+    r = train(tmp_path, run, *WS[2], "checkpoint.every_n_steps=3", "distributed.max_restarts=1",
+              env={"RECSYS_DIST_FAULT": "step:7:1"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    steps = [m["step"] for m in read_metrics(run) if m["split"] == "train"]
+    # Every logged step exactly once (lines every 2 steps, plus one at each checkpoint).
+    assert steps == sorted(set(range(2, 33, 2)) | set(range(3, 32, 3)))
+    assert_same_losses(ref, run, 0.0)
+
+    # Rank 1 dies after writing its shards of the step-6 checkpoint, before it is complete.
+    crash = tmp_path / "crash"
+    r = train(tmp_path, crash, *WS[2], "checkpoint.every_n_steps=3", env={"RECSYS_DIST_FAULT": "save:6:1"})
+    assert r.returncode == 1 and "training failed on rank" in r.stderr
+    assert (crash / "checkpoints" / "latest").read_text().strip() == "step_00000003"
+    r = train(tmp_path, crash, "--resume", "auto", *WS[2], "checkpoint.every_n_steps=3")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert_same_losses(ref, crash, 0.0)
+
+
+@pytest.fixture(scope="module")
+def small_run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("ckpt")
+    run = tmp / "run"
+    r = train(tmp, run, *WS[1], "train.max_steps=4", "train.epochs=1")
+    assert r.returncode == 0, r.stderr[-2000:]
+    return tmp, run
+
+
+def test_checkpoint_from_another_model_config_is_refused(small_run):
+    tmp, run = small_run
+    r = train(tmp, tmp / "other", *WS[1], "--resume", str(run / "checkpoints" / "step_00000004"),
+              "model.embedding_dim=8", "model.dense_arch_layer_sizes=[32,8]")
+    assert r.returncode == 1
+    assert "written by a different config: model.embedding_dim 16 -> 8" in r.stderr
+
+
+def test_truncated_or_missing_checkpoint_is_refused(small_run, tmp_path):
+    tmp, run = small_run
+    broken = tmp_path / "broken"
+    shutil.copytree(run / "checkpoints" / "step_00000004", broken)
+    (broken / ".metadata").unlink()
+    r = train(tmp, tmp_path / "x", *WS[1], "--resume", str(broken))
+    assert r.returncode == 1 and "is incomplete: .metadata missing" in r.stderr
+    r = train(tmp, tmp_path / "y", *WS[1], "--resume", str(tmp_path / "nope"))
+    assert r.returncode == 1 and "does not exist" in r.stderr
+    r = train(tmp, tmp_path / "z", *WS[1], "--resume", "auto")
+    assert r.returncode == 2 and "no complete checkpoint" in r.stderr
+    meta = json.loads((run / "checkpoints" / "step_00000004" / "meta.json").read_text())
+    assert meta["step"] == 4 and meta["plan"] and meta["config"]["model"]["embedding_dim"] == 16
