@@ -168,6 +168,40 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    _quiet_third_party()
+    from recsys_dist.export import export
+
+    out = export(args.model, args.out)
+    print(f"recsys-dist: exported {args.model} to {out}/model.safetensors and {out}/config.yaml")
+    return 0
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    _quiet_third_party()
+    import torch
+
+    from recsys_dist.export import load_model, score
+    from recsys_dist.metrics import binary_metrics
+
+    cfg, model, source = load_model(args.model)
+    scores = score(cfg, model, args.data)
+    m = binary_metrics(torch.from_numpy(scores["logit"]), torch.from_numpy(scores["label"]))
+    print(json.dumps({"model": source, "data": str(args.data), **m}))
+    return 0
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    _quiet_third_party()
+    from recsys_dist.export import load_model, score, write_predictions
+
+    cfg, model, source = load_model(args.model)
+    scores = score(cfg, model, args.data)
+    write_predictions(scores, args.out)
+    print(f"recsys-dist: {len(scores['logit'])} predictions from {source} -> {args.out}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="recsys-dist", description="Embedding-parallel CTR training.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -193,6 +227,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.batch_size=8192")
     p.set_defaults(func=cmd_plan)
+
+    p = sub.add_parser("export", help="write an unsharded model (safetensors + config) from a run")
+    p.add_argument("model", help="run directory (newest checkpoint) or checkpoint directory")
+    p.add_argument("--out", required=True, help="output directory")
+    p.set_defaults(func=cmd_export)
+    for name, helptext in (("evaluate", "AUC / logloss / NE of a model on a data file"),
+                           ("predict", "write per-row predictions of a model to Parquet")):
+        p = sub.add_parser(name, help=helptext)
+        p.add_argument("model", help="run, checkpoint or export directory")
+        p.add_argument("--data", required=True, help="raw Criteo TSV (labelled; .gz ok) or converted Parquet")
+        if name == "predict":
+            p.add_argument("--out", required=True, help="output Parquet file")
+        p.set_defaults(func=cmd_evaluate if name == "evaluate" else cmd_predict)
 
     from recsys_dist import report
 

@@ -11,7 +11,7 @@ import shutil
 
 import pytest
 
-from tests.conftest import QUICKSTART
+from tests.conftest import QUICKSTART, ROOT
 from tests.test_quickstart import read_metrics, run_cli
 
 # 1,600 train rows; global batch 96 drops the remainder so every world size (1, 2, 3) sees
@@ -123,3 +123,32 @@ def test_truncated_or_missing_checkpoint_is_refused(small_run, tmp_path):
     assert r.returncode == 2 and "no complete checkpoint" in r.stderr
     meta = json.loads((run / "checkpoints" / "step_00000004" / "meta.json").read_text())
     assert meta["step"] == 4 and meta["plan"] and meta["config"]["model"]["embedding_dim"] == 16
+
+
+def test_export_evaluate_predict_round_trip(small_run, tmp_path):
+    import pyarrow.parquet as pq
+    from safetensors.torch import load_file
+
+    tmp, run = small_run
+    out = tmp_path / "export"
+    assert run_cli(["export", str(run), "--out", str(out)], tmp).returncode == 0
+    weights = load_file(str(out / "model.safetensors"))
+    assert weights["model.sparse_arch.embedding_bag_collection.embedding_bags.t_C1.weight"].shape == (10000, 16)
+    raw = tmp_path / "rows.txt"
+    lines = (ROOT / "datasets/criteo_kaggle/dac_train_first10000.txt").read_text().splitlines()[:300]
+    raw.write_text("\n".join(lines) + "\n")
+    results = []
+    for model in (run, run / "checkpoints" / "step_00000004", out):
+        r = run_cli(["evaluate", str(model), "--data", str(raw)], tmp)
+        assert r.returncode == 0, r.stderr[-2000:]
+        results.append(json.loads(r.stdout.strip().splitlines()[-1]))
+    assert results[0]["num_examples"] == 300
+    assert results[0]["auc"] == results[1]["auc"] == results[2]["auc"]
+    preds = tmp_path / "p.parquet"
+    assert run_cli(["predict", str(out), "--data", str(raw), "--out", str(preds)], tmp).returncode == 0
+    t = pq.read_table(preds)
+    assert t.num_rows == 300 and t.column("row").to_pylist() == list(range(300))
+    p = t.column("probability").to_numpy()
+    assert ((p > 0) & (p < 1)).all()
+    r = run_cli(["evaluate", str(tmp_path), "--data", str(raw)], tmp)
+    assert r.returncode == 1 and "no model.safetensors and no complete checkpoint" in r.stderr

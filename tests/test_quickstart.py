@@ -61,6 +61,15 @@ def test_quickstart_world_size_2(tmp_path):
     timed = [m for m in lines if "time_forward_ms" in m]
     assert timed and all(m["time_backward_ms"] > 0 and m["time_input_dist_ms"] >= 0 for m in timed)
     assert sorted(p.name for p in (run_dir / "profile").iterdir()) == ["trace_rank0.json", "trace_rank1.json"]
+    # The 2-rank sharded checkpoint, evaluated unsharded in one process, scores the test split
+    # exactly as the sharded run did.
+    (test_parquet,) = (tmp_path / "cache").glob("criteo-*/test.parquet")
+    ev = run_cli(["evaluate", str(run_dir), "--data", str(test_parquet)], tmp_path)
+    assert ev.returncode == 0, ev.stderr[-2000:]
+    got = json.loads(ev.stdout.strip().splitlines()[-1])
+    (want,) = [m for m in lines if m["split"] == "test"]
+    assert got["auc"] == pytest.approx(want["auc"], abs=1e-6) and got["num_examples"] == 200
+    assert got["logloss"] == pytest.approx(want["logloss"], abs=1e-6)
     rep = run_cli(["report", str(run_dir)], tmp_path)
     assert rep.returncode == 0, rep.stderr
     assert (run_dir / "loss.png").stat().st_size > 0 and (run_dir / "step_time.png").is_file()

@@ -44,7 +44,7 @@ def embedding_configs(cfg: RunConfig) -> list[EmbeddingBagConfig]:
     return out
 
 
-def build_model(cfg: RunConfig, device: torch.device) -> CTRTask:
+def build_model(cfg: RunConfig, device: torch.device, tables_device: torch.device | None = None) -> CTRTask:
     """DLRM or DLRM-DCNv2 over one EmbeddingBagCollection, wrapped with the CTR loss.
 
     - ``dlrm``: Naumov et al., 2019 (arXiv:1906.00091). Bottom MLP on dense features, pairwise
@@ -54,10 +54,10 @@ def build_model(cfg: RunConfig, device: torch.device) -> CTRTask:
       ``x_{l+1} = x_0 * (U_l (V_l^T x_l) + b_l) + x_l`` over the concatenated vectors.
 
     Input: dense float32 [B, 13], KJT of 26 features; output logits [B, 1]. The tables stay
-    on ``meta`` (sharding materialises them); dense parameters are created on ``device``
-    from the current torch seed.
+    on ``meta`` (sharding materialises them) unless ``tables_device`` is given (an unsharded
+    model, e.g. for export); dense parameters are created on ``device`` from the torch seed.
     """
-    ebc = EmbeddingBagCollection(tables=embedding_configs(cfg), device=torch.device("meta"))
+    ebc = EmbeddingBagCollection(tables=embedding_configs(cfg), device=tables_device or torch.device("meta"))
     common = dict(
         embedding_bag_collection=ebc,
         dense_in_features=len(DENSE_NAMES),

@@ -1,0 +1,108 @@
+"""Unsharded models from sharded checkpoints: export, evaluate and predict in one process.
+
+``recsys-dist export RUN_DIR --out DIR`` writes ``DIR/model.safetensors`` (every weight as a
+full tensor; safetensors never unpickles) and ``DIR/config.yaml`` (the resolved run config
+that rebuilds the model). ``evaluate`` and ``predict`` accept a run directory (its newest
+checkpoint), a checkpoint directory written at any world size and sharding, or an export.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+import torch.distributed.checkpoint as dcp
+import yaml
+from safetensors.torch import load_file, save_file
+
+from recsys_dist.checkpoint import CheckpointError, is_complete, latest_checkpoint, read_meta
+from recsys_dist.config import RunConfig, config_from_dict, save_config
+from recsys_dist.data.criteo import DENSE_NAMES, SPARSE_NAMES, prepare_criteo
+from recsys_dist.data.loader import ParquetBatchLoader
+from recsys_dist.models import CTRTask, build_model
+from recsys_dist.models.build import table_sizes
+
+MODEL_FILE = "model.safetensors"
+
+
+def _unsharded(cfg: RunConfig) -> CTRTask:
+    return build_model(cfg, torch.device("cpu"), tables_device=torch.device("cpu"))
+
+
+def load_model(path: str | Path) -> tuple[RunConfig, CTRTask, str]:
+    """(config, unsharded CPU model in eval mode, description of the source) from a run
+    directory, a checkpoint directory or an export directory.
+
+    Raises:
+        CheckpointError: nothing loadable at ``path``, or weights that do not fit the config.
+    """
+    path = Path(path)
+    if (path / MODEL_FILE).is_file():
+        cfg = config_from_dict(yaml.safe_load((path / "config.yaml").read_text()), str(path / "config.yaml"))
+        model = _unsharded(cfg)
+        try:
+            model.load_state_dict(load_file(str(path / MODEL_FILE)), strict=True)
+        except RuntimeError as err:
+            raise CheckpointError(f"{path / MODEL_FILE} does not fit its config.yaml: {str(err)[:800]}") from None
+        return cfg, model.eval(), f"export {path}"
+    ckpt = path if is_complete(path) else latest_checkpoint(path)
+    if ckpt is None:
+        raise CheckpointError(f"{path}: no model.safetensors and no complete checkpoint (run, checkpoint or export dir)")
+    meta = read_meta(ckpt)
+    cfg = config_from_dict(meta["config"], f"{ckpt}/meta.json")
+    model = _unsharded(cfg)
+    state = {"model": model.state_dict()}
+    try:
+        dcp.load(state, checkpoint_id=str(ckpt), no_dist=True)
+    except Exception as err:  # noqa: BLE001 - DCP's own exception types vary by failure
+        raise CheckpointError(f"checkpoint {ckpt} cannot be read: {str(err)[:800]}") from None
+    model.load_state_dict(state["model"])
+    return cfg, model.eval(), f"checkpoint {ckpt} (step {meta['step']}, saved on {meta['world_size']} rank(s))"
+
+
+def export(path: str | Path, out: str | Path) -> Path:
+    """Write ``out/model.safetensors`` and ``out/config.yaml`` from a run or checkpoint."""
+    cfg, model, _ = load_model(path)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(out / MODEL_FILE))
+    save_config(cfg, out / "config.yaml")
+    return out
+
+
+@torch.no_grad()
+def score(cfg: RunConfig, model: CTRTask, data: str | Path, batch_size: int = 4096) -> dict[str, np.ndarray]:
+    """Logits and labels for every row of ``data``: a raw Criteo TSV (gzip ok) converted with
+    the model's own table sizes, or a Parquet file in the converted layout.
+
+    Returns arrays ``logit`` (float32 [N]) and ``label`` (float32 [N]), in file order.
+    """
+    data = Path(data)
+    if data.suffix == ".parquet":
+        parquet = data
+    else:
+        prepared = prepare_criteo(data, cfg.data.num_embeddings, split=(1.0, 0.0, 0.0), cache_dir=cfg.data.cache_dir)
+        parquet = prepared.files["train"]
+    loader = ParquetBatchLoader(str(parquet), batch_size, 0, 1, DENSE_NAMES, SPARSE_NAMES,
+                                num_embeddings=table_sizes(cfg))
+    logits, labels = [], []
+    for batch in loader:
+        _, (_, lg, lb, w) = model(batch)
+        keep = w > 0
+        logits.append(lg[keep]), labels.append(lb[keep])
+    return {"logit": torch.cat(logits).numpy(), "label": torch.cat(labels).numpy()}
+
+
+def write_predictions(scores: dict[str, np.ndarray], out: str | Path) -> None:
+    """Parquet with ``row`` (int64, 0-based file order), ``label``, ``logit``, ``probability``."""
+    logit = scores["logit"]
+    table = pa.table({
+        "row": np.arange(len(logit), dtype=np.int64),
+        "label": scores["label"],
+        "logit": logit,
+        "probability": (1.0 / (1.0 + np.exp(-logit.astype(np.float64)))).astype(np.float32),
+    })
+    pq.write_table(table, str(out))
