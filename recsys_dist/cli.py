@@ -124,7 +124,9 @@ def _resolve_resume(args: argparse.Namespace, run_dir: Path) -> Path | None:
             raise ConfigError("--resume auto continues a run: give its directory with --run-dir")
         path = latest_checkpoint(run_dir)
         if path is None:
-            raise ConfigError(f"--resume auto: no complete checkpoint in {run_dir / 'checkpoints'}")
+            # Lets one job script serve the first submission and every requeue.
+            print(f"recsys-dist: --resume auto: no complete checkpoint in {run_dir / 'checkpoints'} yet; "
+                  "starting from scratch", file=sys.stderr)
         return path
     read_meta(Path(args.resume))  # raises CheckpointError naming what is wrong
     return Path(args.resume)
