@@ -321,6 +321,22 @@ class _Loop:
             self.bar.set_postfix_str(f"val AUC {metrics['auc']:.4f}", refresh=False)
         return metrics
 
+    def diverged(self) -> None:
+        """Stop with the first bad step of this window, the first non-finite parameter and
+        the last good checkpoint (checkpoints are only written after a finite window)."""
+        local = torch.stack(self.losses).float()
+        bad = torch.nonzero(~torch.isfinite(local)).flatten()
+        first = self.step - len(local) + 1 + (int(bad[0]) if len(bad) else 0)
+        param = next((n for n, p in self.dmp.named_parameters() if not torch.isfinite(p).all()), None)
+        from recsys_dist.checkpoint import latest_checkpoint
+
+        good = latest_checkpoint(self.run_dir)
+        raise FloatingPointError(
+            f"non-finite training loss at step {first} (steps {self.step - len(local) + 1}-{self.step} checked "
+            f"together); first non-finite parameter: {param or 'none (the loss itself overflowed)'}; "
+            f"last good checkpoint: {good or 'none'}. Lower train.embedding_lr / train.dense_lr"
+            + (", then continue with --resume auto." if good else " and start again."))
+
     def log_train(self) -> None:
         """Global mean loss and samples/s since the last train line; one all_reduce."""
         elapsed = time.perf_counter() - self.t0
@@ -329,6 +345,8 @@ class _Loop:
         if self.ctx.world_size > 1:
             dist.all_reduce(stats)
         loss, rows = float(stats[0]) / self.ctx.world_size, int(stats[1])
+        if not math.isfinite(loss):  # identical on every rank (all-reduced), so all stop here
+            self.diverged()
         sps = round(rows / elapsed, 1) if elapsed > 0 else None
         self.writer.write(split="train", step=self.step, epoch=self.epoch, loss=loss, samples_per_s=sps,
                           **self.timer.pop())

@@ -101,6 +101,10 @@ class ParquetBatchLoader:
             raise DataError(f"{path}: missing columns {missing}")
         self.labels = table.column("label").to_numpy().astype(np.float32)
         self.dense = np.stack([table.column(n).to_numpy().astype(np.float32) for n in dense_names], axis=1)
+        bad = ~np.isfinite(self.dense)
+        if bad.any():
+            row, col = map(int, np.argwhere(bad)[0])
+            raise DataError(f"{path}, row {row}, column {dense_names[col]}: {self.dense[row, col]} is not finite")
         # Feature-major [F, N] so one fancy-index gives KJT's key-major values directly.
         self.sparse = np.stack([table.column(n).to_numpy() for n in sparse_names], axis=0).astype(np.int64)
         if num_embeddings is not None:

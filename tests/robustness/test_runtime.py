@@ -1,0 +1,36 @@
+"""Runtime faults stop cleanly, naming the step / row / column, and keep good checkpoints."""
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from recsys_dist.data.criteo import DataError
+from recsys_dist.data.loader import ParquetBatchLoader
+from tests.conftest import QUICKSTART
+from tests.test_quickstart import run_cli
+
+
+@pytest.mark.slow
+def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
+    run = tmp_path / "run"
+    # A sane start writes checkpoints at steps 4 and 8; then the learning rate is raised to
+    # 1e30 on resume and the loss overflows within a few steps.
+    base = ["data.num_rows=2000", "train.progress_bar=false", "train.log_every_n_steps=2",
+            "checkpoint.every_n_steps=4", "train.dense_optimizer=sgd"]
+    r = run_cli(["train", "--config", str(QUICKSTART), "--run-dir", str(run), *base, "train.max_steps=8"], tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    r = run_cli(["train", "--config", str(QUICKSTART), "--run-dir", str(run), "--resume", "auto", *base,
+                 "train.dense_lr=1e30", "train.embedding_lr=1e30"], tmp_path)
+    assert r.returncode == 1
+    assert "non-finite training loss at step" in r.stderr
+    assert "last good checkpoint:" in r.stderr and "step_00000008" in r.stderr
+    assert (run / "checkpoints" / "latest").read_text().strip() == "step_00000008"
+
+
+def test_non_finite_dense_value_in_parquet_names_row_and_column(tmp_path):
+    t = pa.table({"label": pa.array([0.0, 1.0], pa.float32()), "I1": pa.array([1.0, np.inf], pa.float32()),
+                  "C1": pa.array([1, 2], pa.int64())})
+    pq.write_table(t, tmp_path / "d.parquet")
+    with pytest.raises(DataError, match=r"d.parquet, row 1, column I1: inf is not finite"):
+        ParquetBatchLoader(str(tmp_path / "d.parquet"), 2, 0, 1, ["I1"], ["C1"])
