@@ -40,10 +40,16 @@ def _print_summary(summary: dict) -> None:
     def fmt(x):
         return "n/a" if x is None else f"{x:.4f}"
 
+    if summary.get("already_complete"):
+        print(f"\nrecsys-dist: the run in {summary.get('run_dir')} is already complete "
+              f"({summary.get('steps')} steps); nothing was trained or changed")
+        return
     v, t = summary["validation"], summary["test"]
+    resumed = summary.get("resumed_at_step")
     print(
         f"\nrecsys-dist: trained {summary['rows_trained']} rows in {summary['steps']} steps on "
-        f"{summary['world_size']} rank(s), {summary['samples_per_s']} samples/s\n"
+        f"{summary['world_size']} rank(s), {summary['samples_per_s']} samples/s"
+        + (f" (resumed at step {resumed})" if resumed is not None else "") + "\n"
         f"  validation  AUC {fmt(v['auc'])}  logloss {fmt(v['logloss'])}\n"
         f"  test        AUC {fmt(t['auc'])}  logloss {fmt(t['logloss'])}\n"
         f"  run directory: {summary['run_dir']}"
@@ -91,7 +97,19 @@ def cmd_train(args: argparse.Namespace) -> int:
     from recsys_dist.data.criteo import prepare_criteo
 
     d = cfg.data
-    prepare_criteo(d.raw_path, d.num_embeddings, d.split, d.num_rows, d.cache_dir)
+    prepared = prepare_criteo(d.raw_path, d.num_embeddings, d.split, d.num_rows, d.cache_dir)
+    if resume is not None:
+        from recsys_dist.checkpoint import read_meta
+        from recsys_dist.data.loader import steps_per_epoch
+
+        n = cfg.distributed.nproc_per_node
+        total = cfg.train.epochs * steps_per_epoch(prepared.rows["train"], cfg.train.batch_size, n, d.remainder)
+        total = min(total, cfg.train.max_steps or total)
+        step = read_meta(resume)["step"]
+        if step >= total:
+            print(f"recsys-dist: {resume} is already at step {step} of {total}; nothing to train "
+                  f"(raise train.epochs or train.max_steps to continue)")
+            return 0
     if cfg.distributed.nproc_per_node == 1:
         from recsys_dist.trainer import train
 

@@ -1,59 +1,79 @@
-"""Run observability: sampled step-time breakdown, torch.profiler traces, progress bar.
+"""Run observability: sampled step-time breakdown, torch.profiler traces.
 
-The step breakdown profiles one step every ``train.timing_every_n_steps`` with
-``torch.profiler`` (CPU activities) and sums the time spent inside TorchRec's own
-``record_function`` ranges of ``TrainPipelineSparseDist.progress``:
+:class:`TimedTrainPipeline` is TorchRec's ``TrainPipelineSparseDist`` with a stopwatch
+around its own stages on one step in ``every_n`` (others run untouched):
 
-- ``time_data_ms``: ``## next_batch ##`` (waiting for the loader)
-- ``time_input_dist_ms``: ``start_/wait_sparse_data_dist`` (KJT all-to-all, input_dist)
-- ``time_forward_ms``: ``## forward ##`` (lookup, output_dist, dense forward, loss)
-- ``time_backward_ms``: ``## backward ##`` (including the fused embedding update)
-- ``time_optimizer_ms``: ``## optimizer ##`` (dense optimizer step)
+- ``time_data_ms``: ``_next_batch`` (waiting for the loader)
+- ``time_input_dist_ms``: ``start_/wait_sparse_data_dist`` (the KJT all-to-all, input_dist)
+- ``time_forward_ms``: the model forward (lookup, output_dist, dense forward, loss)
+- ``time_backward_ms``: backward, including the fused embedding update
+- ``time_optimizer_ms``: the dense optimizer step
 
-Other steps run unprofiled, so the overhead is one profiled step in N.
+On CUDA the sampled step synchronises the device around each stage so the times are real.
 """
 
 from __future__ import annotations
 
-import contextlib
+import time
 from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile
-
-_PHASES = {
-    "time_data_ms": ("## next_batch",),
-    "time_input_dist_ms": ("## start_sparse_data_dist", "## wait_sparse_data_dist"),
-    "time_forward_ms": ("## forward",),
-    "time_backward_ms": ("## backward",),
-    "time_optimizer_ms": ("## optimizer",),
-}
+from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
 
 
-class StepTimer:
-    """Profile one step in ``every_n``; ``last`` holds that step's breakdown in ms."""
+class TimedTrainPipeline(TrainPipelineSparseDist):
+    """``TrainPipelineSparseDist`` whose stages are timed on sampled steps (see module doc)."""
 
-    def __init__(self, every_n: int | None) -> None:
-        self.every_n = every_n
+    def __init__(self, *args, every_n: int | None = None, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.every_n, self.steps_done = every_n, 0
+        self._times: dict[str, float] | None = None
         self.last: dict[str, float] = {}
-        self._prof = None
+        forward = self._model_fwd
+        self._model_fwd = lambda batch: self._timed("time_forward_ms", forward, batch)
 
-    @contextlib.contextmanager
-    def step(self, step: int):
-        if not self.every_n or step % self.every_n:
-            yield
-            return
-        with profile(activities=[ProfilerActivity.CPU]) as prof:
-            yield
-        totals = dict.fromkeys(_PHASES, 0.0)
-        for event in prof.key_averages():
-            for key, prefixes in _PHASES.items():
-                if event.key.startswith(prefixes):
-                    totals[key] += event.cpu_time_total / 1000.0
-        self.last = {k: round(v, 3) for k, v in totals.items()}
+    def _timed(self, key: str, fn, *args):
+        if self._times is None:
+            return fn(*args)
+        cuda = self._device.type == "cuda"
+        if cuda:
+            torch.cuda.synchronize(self._device)
+        t0 = time.perf_counter()
+        out = fn(*args)
+        if cuda:
+            torch.cuda.synchronize(self._device)
+        self._times[key] = self._times.get(key, 0.0) + (time.perf_counter() - t0) * 1000
+        return out
 
-    def pop(self) -> dict[str, float]:
-        """The breakdown of the last profiled step, once (then empty until the next one)."""
+    def _next_batch(self, dataloader_iter):
+        return self._timed("time_data_ms", super()._next_batch, dataloader_iter)
+
+    def start_sparse_data_dist(self, *args, **kwargs):
+        return self._timed("time_input_dist_ms", super().start_sparse_data_dist, *args, **kwargs)
+
+    def wait_sparse_data_dist(self, *args, **kwargs):
+        return self._timed("time_input_dist_ms", super().wait_sparse_data_dist, *args, **kwargs)
+
+    def _backward(self, losses):
+        return self._timed("time_backward_ms", super()._backward, losses)
+
+    def _optimizer_step(self):
+        return self._timed("time_optimizer_ms", super()._optimizer_step)
+
+    def progress(self, dataloader_iter):
+        self.steps_done += 1
+        if self.every_n and self.steps_done % self.every_n == 0:
+            self._times = {}
+        try:
+            return super().progress(dataloader_iter)
+        finally:
+            if self._times is not None:
+                self.last = {k: round(v, 3) for k, v in self._times.items()}
+            self._times = None
+
+    def pop_times(self) -> dict[str, float]:
+        """The breakdown of the last sampled step, once (then empty until the next one)."""
         last, self.last = self.last, {}
         return last
 

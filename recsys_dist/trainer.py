@@ -20,7 +20,6 @@ import torch.distributed as dist
 from tqdm import tqdm
 from torch import nn
 from torchrec.distributed import DistributedModelParallel
-from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
 from torchrec.optim.keyed import CombinedOptimizer
 
 from recsys_dist import sharding
@@ -38,7 +37,7 @@ from recsys_dist.data.loader import ParquetBatchLoader
 from recsys_dist.faults import maybe_fault
 from recsys_dist.distributed import DistContext, broadcast_result, init_distributed
 from recsys_dist.metrics import StreamingBinaryMetrics, binary_metrics, gather_predictions
-from recsys_dist.observe import StepTimer, TraceWriter
+from recsys_dist.observe import TimedTrainPipeline, TraceWriter
 from recsys_dist.models import build_model, embedding_configs
 from recsys_dist.models.build import table_sizes
 from recsys_dist.state import init_tables
@@ -180,8 +179,17 @@ def train(cfg: RunConfig, run_dir: Path, profile_dir: Path | None = None, resume
         (run_dir / "plan.json").write_text(json.dumps(sharding.plan_summary(dmp.plan), indent=2))
     loop = _Loop(cfg, ctx, dmp, optimizer, loaders, MetricsWriter(run_dir / "metrics.jsonl", ctx.is_main),
                  TraceWriter(profile_dir, ctx.rank), run_dir)
+    resumed_at = None
     if resume is not None:
         loop.restore(Path(resume))
+        resumed_at = loop.step
+        if loop.done():  # the checkpoint is the end of this run: report it, change nothing
+            log.warning("checkpoint %s is already at the last step (%d); nothing to train", resume, loop.step)
+            summary_path = run_dir / "summary.json"
+            done = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
+            dist.barrier()
+            dist.destroy_process_group()
+            return {**done, "already_complete": True}
     last_val = loop.run()
     test = evaluate(dmp, loaders.test, ctx.device, cfg.eval.auc_buckets)
     loop.writer.write(split="test", step=loop.step, epoch=loop.epoch, **test)
@@ -192,6 +200,7 @@ def train(cfg: RunConfig, run_dir: Path, profile_dir: Path | None = None, resume
         "rows_trained": loop.rows_trained,
         "train_seconds": round(loop.train_seconds, 3),
         "samples_per_s": round(loop.rows_trained / loop.train_seconds, 1) if loop.train_seconds > 0 else None,
+        "resumed_at_step": resumed_at,
         "validation": {k: last_val.get(k) for k in ("auc", "logloss", "ne")},
         "test": {k: test.get(k) for k in ("auc", "logloss", "ne")},
     }
@@ -211,7 +220,8 @@ class _Loop:
 
     def __init__(self, cfg, ctx, dmp, optimizer, loaders, writer, tracer, run_dir) -> None:
         self.cfg, self.ctx, self.dmp, self.optimizer, self.loaders = cfg, ctx, dmp, optimizer, loaders
-        self.writer, self.tracer, self.timer = writer, tracer, StepTimer(cfg.train.timing_every_n_steps)
+        self.writer, self.tracer = writer, tracer
+        self.pipe = None
         self.run_dir = run_dir
         self.step = self.epoch = self.rows_trained = 0
         self.first_epoch = self.in_epoch = 0
@@ -262,7 +272,7 @@ class _Loop:
             self.first_epoch, self.in_epoch = self.first_epoch + 1, 0
         self.writer.truncate_after(self.step)
         self.bar.update(self.step)
-        log.warning("resumed from %s at step %d (epoch %d, batch %d)", path, self.step, self.first_epoch,
+        log.info("resumed from %s at step %d (epoch %d, batch %d)", path, self.step, self.first_epoch,
                     self.in_epoch)
 
     def run(self) -> dict:
@@ -278,7 +288,11 @@ class _Loop:
 
     def run_epoch(self) -> dict:
         cfg, ctx = self.cfg, self.ctx
-        pipe = TrainPipelineSparseDist(self.dmp, self.optimizer, ctx.device, execute_all_batches=True)
+        # Sampling counts global steps, so timed steps do not restart with each epoch.
+        every = cfg.train.timing_every_n_steps
+        pipe = self.pipe = TimedTrainPipeline(self.dmp, self.optimizer, ctx.device, execute_all_batches=True,
+                                              every_n=every)
+        pipe.steps_done = self.step
         self.loaders.train.set_epoch(self.epoch)
         start, self.in_epoch = (self.in_epoch, self.in_epoch) if self.epoch == self.first_epoch else (0, 0)
         batches = self.loaders.train.iter_from(start)
@@ -286,8 +300,7 @@ class _Loop:
         while not self.done():
             self.tracer.before(self.step + 1)
             try:
-                with self.timer.step(self.step + 1):
-                    out = pipe.progress(batches)
+                out = pipe.progress(batches)
             except StopIteration:
                 break
             self.step += 1
@@ -349,7 +362,7 @@ class _Loop:
             self.diverged()
         sps = round(rows / elapsed, 1) if elapsed > 0 else None
         self.writer.write(split="train", step=self.step, epoch=self.epoch, loss=loss, samples_per_s=sps,
-                          **self.timer.pop())
+                          **(self.pipe.pop_times() if self.pipe else {}))
         self.bar.set_postfix(loss=f"{loss:.4f}", samples_per_s=sps, refresh=False)
         self.train_seconds += elapsed
         self.rows_trained += rows

@@ -152,3 +152,11 @@ def test_export_evaluate_predict_round_trip(small_run, tmp_path):
     assert ((p > 0) & (p < 1)).all()
     r = run_cli(["evaluate", str(tmp_path), "--data", str(raw)], tmp)
     assert r.returncode == 1 and "no model.safetensors and no complete checkpoint" in r.stderr
+
+
+def test_resuming_a_finished_run_changes_nothing(small_run):
+    tmp, run = small_run
+    before = (run / "metrics.jsonl").read_text(), (run / "summary.json").read_text()
+    r = train(tmp, run, *WS[1], "train.max_steps=4", "train.epochs=1", "--resume", "auto")
+    assert r.returncode == 0 and "already at step 4 of 4; nothing to train" in r.stdout
+    assert ((run / "metrics.jsonl").read_text(), (run / "summary.json").read_text()) == before

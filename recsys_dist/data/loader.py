@@ -62,6 +62,12 @@ class CTRBatch(Batch):
         )
 
 
+def steps_per_epoch(num_rows: int, batch_size: int, world_size: int, remainder: str) -> int:
+    """Global batches per epoch: rows / (batch_size x world_size), rounded up for "pad"."""
+    per_step = batch_size * world_size
+    return num_rows // per_step if remainder == "drop" else -(-num_rows // per_step)
+
+
 class ParquetBatchLoader:
     """Batches of one Parquet split for one rank.
 
@@ -134,10 +140,7 @@ class ParquetBatchLoader:
 
     def __len__(self) -> int:
         """Batches per epoch, the same on every rank."""
-        per_step = self.batch_size * self.world_size
-        if self.remainder == "drop":
-            return self.num_rows // per_step
-        return -(-self.num_rows // per_step)
+        return steps_per_epoch(self.num_rows, self.batch_size, self.world_size, self.remainder)
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
