@@ -264,6 +264,11 @@ class CheckpointConfig(_Section):
 
 
 class EvalConfig(_Section):
+    group_feature: Optional[str] = Field(
+        None, pattern=r"^C([1-9]|1[0-9]|2[0-6])$",
+        description="Also report GAUC: AUC per value of this one-hot categorical feature (e.g. C1), "
+        "averaged weighted by rows; exact evaluation only (not with auc_buckets)."
+    )
     auc_buckets: Optional[int] = Field(
         None, ge=2, description="None = exact AUC (gathers every prediction); N = streaming histogram "
         "AUC with N buckets, memory independent of the eval set size (error bound reported)."
@@ -420,6 +425,8 @@ def check_before_launch(cfg: RunConfig, world_size: int | None = None) -> None:
     unknown = sorted(set(cfg.sharding.per_table) - set(tables))
     if unknown:
         problems.append(f"  sharding.per_table: unknown tables {unknown}; the tables are t_C1 .. t_C26")
+    if cfg.eval.group_feature and cfg.eval.auc_buckets:
+        problems.append("  eval.group_feature: GAUC needs every prediction; it cannot be combined with eval.auc_buckets")
     fixed = cfg.sharding.fixed_plan
     if fixed is not None:
         missing = [t for t in tables if t not in fixed]

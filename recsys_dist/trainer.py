@@ -85,18 +85,22 @@ def shard_model(cfg: RunConfig, ctx: DistContext) -> tuple[DistributedModelParal
 
 
 @torch.no_grad()
-def evaluate(dmp: nn.Module, loader: ParquetBatchLoader, device: torch.device, auc_buckets: int | None = None) -> dict:
+def evaluate(dmp: nn.Module, loader: ParquetBatchLoader, device: torch.device, auc_buckets: int | None = None,
+             group_feature: str | None = None) -> dict:
     """Metrics over every rank's predictions on one split (padding excluded).
 
     ``auc_buckets`` None: exact, gathers every prediction; N: streaming histogram metrics in
-    memory independent of the split's size (``auc_error_bound`` is reported). Every rank
+    memory independent of the split's size (``auc_error_bound`` is reported).
+    ``group_feature``: a one-hot categorical key whose ids group rows for GAUC. Every rank
     must call this, since both paths end in a collective.
     """
     was_training = dmp.training
     dmp.eval()
     stream = StreamingBinaryMetrics(auc_buckets, device=device) if auc_buckets else None
-    logits, labels, weights = [], [], []
+    logits, labels, weights, groups = [], [], [], []
     for batch in loader:
+        if group_feature:
+            groups.append(batch.sparse_features[group_feature].values())
         _, (_, lg, lb, w) = dmp(batch.to(device))
         if stream is not None:
             stream.update(lg, lb, w)
@@ -107,6 +111,10 @@ def evaluate(dmp: nn.Module, loader: ParquetBatchLoader, device: torch.device, a
         return stream.merge().compute()
     if not logits:
         return {}
+    if group_feature:
+        lg, lb, g = gather_predictions(torch.cat(logits), torch.cat(labels), torch.cat(weights),
+                                       groups=torch.cat(groups).to(device))
+        return binary_metrics(lg, lb, groups=g)
     all_logits, all_labels = gather_predictions(torch.cat(logits), torch.cat(labels), torch.cat(weights))
     return binary_metrics(all_logits, all_labels)
 
@@ -191,7 +199,7 @@ def train(cfg: RunConfig, run_dir: Path, profile_dir: Path | None = None, resume
             dist.destroy_process_group()
             return {**done, "already_complete": True}
     last_val = loop.run()
-    test = evaluate(dmp, loaders.test, ctx.device, cfg.eval.auc_buckets)
+    test = evaluate(dmp, loaders.test, ctx.device, cfg.eval.auc_buckets, cfg.eval.group_feature)
     loop.writer.write(split="test", step=loop.step, epoch=loop.epoch, **test)
     summary = {
         "run_dir": str(run_dir),
@@ -328,7 +336,8 @@ class _Loop:
         return self.validate()
 
     def validate(self) -> dict:
-        metrics = evaluate(self.dmp, self.loaders.validation, self.ctx.device, self.cfg.eval.auc_buckets)
+        metrics = evaluate(self.dmp, self.loaders.validation, self.ctx.device, self.cfg.eval.auc_buckets,
+                           self.cfg.eval.group_feature)
         self.writer.write(split="validation", step=self.step, epoch=self.epoch, **metrics)
         if metrics.get("auc") is not None:
             self.bar.set_postfix_str(f"val AUC {metrics['auc']:.4f}", refresh=False)

@@ -50,13 +50,15 @@ def test_quickstart_world_size_2(tmp_path):
     """One spawn, many checks: outputs, mid-epoch eval, step timing, profiler trace, report."""
     run_dir = tmp_path / "run"
     r = run_cli(["train", "--config", str(QUICKSTART), "--run-dir", str(run_dir), "--profile", *FAST,
-                 "eval.every_n_steps=10", "train.timing_every_n_steps=10"], tmp_path)
+                 "eval.every_n_steps=10", "train.timing_every_n_steps=10", "eval.group_feature=C6"], tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "validation  AUC" in r.stdout and str(run_dir) in r.stdout
     check_run_dir(run_dir, 2)
     lines = read_metrics(run_dir)
     # Switching to eval mid-epoch drops or repeats no training batch: 1,600 rows, 25 steps.
     assert [m["step"] for m in lines if m["split"] == "validation"] == [10, 20, 25]
+    # GAUC over the groups of feature C6, from all ranks' predictions.
+    assert all(0 < m["gauc"] <= 1 and m["gauc_num_groups"] > 1 for m in lines if m["split"] != "train")
     assert json.loads((run_dir / "summary.json").read_text())["steps"] == 25
     timed = [m for m in lines if "time_forward_ms" in m]
     assert timed and all(m["time_backward_ms"] > 0 and m["time_input_dist_ms"] >= 0 for m in timed)
