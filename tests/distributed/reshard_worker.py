@@ -1,0 +1,29 @@
+"""One rank of the direct resharding check: load a checkpoint into a new plan, gather it."""
+
+from __future__ import annotations
+
+import torch
+
+
+def resharded_state(rank: int, world_size: int, overrides: list[str], checkpoint: str, cache: str):
+    import os
+
+    os.environ["RECSYS_DIST_CACHE"] = cache
+    from recsys_dist.checkpoint import canonical_optimizer_state, load_checkpoint
+    from recsys_dist.config import load_config
+    from recsys_dist.distributed import init_distributed
+    from recsys_dist.state import gather_full_state_dict
+    from recsys_dist.trainer import shard_model
+    from tests.conftest import QUICKSTART
+
+    cfg = load_config(QUICKSTART, overrides)
+    ctx = init_distributed(cfg)
+    dmp, optimizer, _ = shard_model(cfg, ctx)
+    state = {"model": dmp.state_dict(), "optimizer": canonical_optimizer_state(optimizer.state_dict()),
+             "rng": torch.get_rng_state()}
+    load_checkpoint(checkpoint, state)
+    flat = {f"model.{k}": v for k, v in state["model"].items()}
+    flat.update({f"optimizer.{p}.{n}": v for p, entries in state["optimizer"].items() for n, v in entries.items()})
+    full = gather_full_state_dict(flat)
+    types = sorted({ps.sharding_type for mp in dmp.plan.plan.values() for ps in mp.values()})
+    return (full, types) if rank == 0 else (None, types)
