@@ -428,16 +428,19 @@ def check_before_launch(cfg: RunConfig, world_size: int | None = None) -> None:
     if cfg.eval.group_feature and cfg.eval.auc_buckets:
         problems.append("  eval.group_feature: GAUC needs every prediction; it cannot be combined with eval.auc_buckets")
     fixed = cfg.sharding.fixed_plan
+    world = world_size if world_size is not None else cfg.distributed.nproc_per_node
     if fixed is not None:
         missing = [t for t in tables if t not in fixed]
         extra = sorted(set(fixed) - set(tables))
         if missing or extra:
             problems.append(f"  sharding.fixed_plan: must place exactly the tables t_C1 .. t_C26 "
                             f"(missing {missing}, unknown {extra})")
-        world = world_size if world_size is not None else cfg.distributed.nproc_per_node
         for name, fp in fixed.items():
             if any(r >= world for r in fp.ranks or []):
                 problems.append(f"  sharding.fixed_plan.{name}.ranks: {fp.ranks} but the job has {world} rank(s)")
+    if cfg.sharding.sharding_types == ["table_wise"] and world > len(tables) and fixed is None:
+        problems.append(f"  distributed.nproc_per_node: {world} ranks but only {len(tables)} tables and "
+                        "sharding_types [table_wise]; allow row_wise or column_wise, or use fewer ranks")
     only_dp = cfg.sharding.sharding_types == ["data_parallel"] and not cfg.sharding.per_table and fixed is None
     if cfg.model.embedding_dim % 4 and not only_dp:
         low = cfg.model.embedding_dim - cfg.model.embedding_dim % 4

@@ -3,7 +3,8 @@
 ``RECSYS_DIST_FAULT="POINT:STEP[:RANK]"`` kills rank RANK (default 1) with SIGKILL when it
 reaches POINT at global step STEP, on the first attempt only (an elastic restart then runs
 clean). Points: ``step`` (right after a training step), ``save`` (a checkpoint's shards are
-written but the checkpoint is not yet complete).
+written but the checkpoint is not yet complete), ``raise`` (raise RuntimeError after a step
+instead of dying: the other ranks must still exit promptly).
 """
 
 from __future__ import annotations
@@ -17,5 +18,9 @@ def maybe_fault(point: str, step: int, rank: int) -> None:
     if not spec or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)) > 0:
         return
     parts = spec.split(":")
+    if point == "step" and parts[0] == "raise":
+        point = "raise"
     if parts[0] == point and int(parts[1]) == step and rank == (int(parts[2]) if len(parts) > 2 else 1):
+        if point == "raise":
+            raise RuntimeError(f"injected failure on rank {rank} at step {step}")
         os.kill(os.getpid(), signal.SIGKILL)

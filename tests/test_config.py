@@ -123,3 +123,9 @@ def test_pooling_default_and_per_table():
     cfg = load_config(QUICKSTART, ["sharding.pooling=mean", "sharding.per_table={t_C3: {pooling: sum}}"])
     pools = {t.name: t.pooling for t in embedding_configs(cfg)}
     assert pools["t_C1"] == PoolingType.MEAN and pools["t_C3"] == PoolingType.SUM
+
+
+def test_more_ranks_than_tables_with_only_table_wise():
+    cfg = load_config(QUICKSTART, ["sharding.sharding_types=[table_wise]", "distributed.nproc_per_node=27"])
+    with pytest.raises(ConfigError, match="27 ranks but only 26 tables"):
+        check_before_launch(cfg)

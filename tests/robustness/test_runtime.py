@@ -34,3 +34,27 @@ def test_non_finite_dense_value_in_parquet_names_row_and_column(tmp_path):
     pq.write_table(t, tmp_path / "d.parquet")
     with pytest.raises(DataError, match=r"d.parquet, row 1, column I1: inf is not finite"):
         ParquetBatchLoader(str(tmp_path / "d.parquet"), 2, 0, 1, ["I1"], ["C1"])
+
+
+@pytest.mark.slow
+def test_one_rank_raising_ends_all_ranks_promptly(tmp_path):
+    import time
+
+    t0 = time.monotonic()
+    r = run_cli(["train", "--config", str(QUICKSTART), "--run-dir", str(tmp_path / "run"), "data.num_rows=2000",
+                 "train.progress_bar=false"], tmp_path, env={"RECSYS_DIST_FAULT": "raise:3:1"})
+    elapsed = time.monotonic() - t0
+    assert r.returncode == 1
+    # The failing rank's own error is the one reported, long before any collective timeout.
+    assert "training failed on rank 1" in r.stderr and "injected failure on rank 1 at step 3" in r.stderr
+    assert elapsed < 120
+
+
+@pytest.mark.slow
+def test_tiny_data_over_three_ranks_never_hangs(tmp_path):
+    # 5 rows: 4 train rows over 3 ranks x batch 32 (ranks 1 and 2 get only padding),
+    # 0 validation rows, 1 test row.
+    r = run_cli(["train", "--config", str(QUICKSTART), "--run-dir", str(tmp_path / "run"), "data.num_rows=5",
+                 "distributed.nproc_per_node=3", "train.progress_bar=false"], tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "trained 4 rows in 1 steps on 3 rank(s)" in r.stdout
