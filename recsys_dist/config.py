@@ -108,10 +108,20 @@ class DataConfig(_Section):
 
 
 class ModelConfig(_Section):
-    name: Literal["dlrm", "dlrm_dcnv2"] = Field(
+    name: Literal["dlrm", "dlrm_dcnv2", "dcnv2", "deepfm", "wide_deep"] = Field(
         "dlrm",
         description="dlrm: dot interaction (Naumov et al., 2019); dlrm_dcnv2: low-rank DCN-v2 cross "
-        "network in place of the dot interaction (MLPerf DLRMv2).",
+        "network in place of the dot interaction (MLPerf DLRMv2); dcnv2: DCN-V2 (Wang et al., 2021); "
+        "deepfm: DeepFM (Guo et al., 2017); wide_deep: Wide & Deep (Cheng et al., 2016).",
+    )
+    deep_layer_sizes: list[int] = Field(
+        [256, 128], description="dcnv2 / deepfm / wide_deep: hidden sizes of the deep MLP."
+    )
+    dcn_structure: Literal["stacked", "parallel"] = Field(
+        "parallel", description="dcnv2: cross network then MLP (stacked) or side by side (parallel)."
+    )
+    cross_low_rank_dim: Optional[int] = Field(
+        None, gt=0, description="dcnv2: rank of each cross layer's weight (None = full rank)."
     )
     embedding_dim: int = Field(16, gt=0, description="Embedding dimension of every table.")
     dense_arch_layer_sizes: list[int] = Field(
@@ -120,7 +130,7 @@ class ModelConfig(_Section):
     over_arch_layer_sizes: list[int] = Field(
         [64, 32, 1], description="Top MLP sizes; the last must be 1 (one logit)."
     )
-    dcn_num_layers: int = Field(3, gt=0, description="dlrm_dcnv2: cross layers.")
+    dcn_num_layers: int = Field(3, gt=0, description="dlrm_dcnv2 / dcnv2: cross layers.")
     dcn_low_rank_dim: int = Field(512, gt=0, description="dlrm_dcnv2: rank of each cross layer's weight.")
     embedding_init_scale: Optional[float] = Field(
         0.05,
@@ -131,7 +141,7 @@ class ModelConfig(_Section):
 
     @model_validator(mode="after")
     def _check(self) -> "ModelConfig":
-        for key in ("dense_arch_layer_sizes", "over_arch_layer_sizes"):
+        for key in ("dense_arch_layer_sizes", "over_arch_layer_sizes", "deep_layer_sizes"):
             sizes = getattr(self, key)
             if not sizes or any(s <= 0 for s in sizes):
                 raise ValueError(f"model.{key} must be a non-empty list of positive ints, got {sizes}")
@@ -421,10 +431,12 @@ def check_before_launch(cfg: RunConfig, world_size: int | None = None) -> None:
         problems.append(f"  data.raw_path: {cfg.data.raw_path} is a directory; give the raw data file")
     elif not Path(cfg.data.raw_path).is_file():
         problems.append(f"  data.raw_path: file {cfg.data.raw_path} does not exist (fix the path in the config)")
-    tables = [f"t_C{i}" for i in range(1, 27)]
+    from recsys_dist.models.build import table_names
+
+    tables = table_names(cfg)
     unknown = sorted(set(cfg.sharding.per_table) - set(tables))
     if unknown:
-        problems.append(f"  sharding.per_table: unknown tables {unknown}; the tables are t_C1 .. t_C26")
+        problems.append(f"  sharding.per_table: unknown tables {unknown}; the tables are {tables[0]} .. {tables[-1]}")
     if cfg.eval.group_feature and cfg.eval.auc_buckets:
         problems.append("  eval.group_feature: GAUC needs every prediction; it cannot be combined with eval.auc_buckets")
     fixed = cfg.sharding.fixed_plan
@@ -433,7 +445,7 @@ def check_before_launch(cfg: RunConfig, world_size: int | None = None) -> None:
         missing = [t for t in tables if t not in fixed]
         extra = sorted(set(fixed) - set(tables))
         if missing or extra:
-            problems.append(f"  sharding.fixed_plan: must place exactly the tables t_C1 .. t_C26 "
+            problems.append(f"  sharding.fixed_plan: must place exactly the model's tables {tables[0]} .. {tables[-1]} "
                             f"(missing {missing}, unknown {extra})")
         for name, fp in fixed.items():
             if any(r >= world for r in fp.ranks or []):

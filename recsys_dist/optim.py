@@ -36,14 +36,18 @@ DENSE_OPTIMIZERS = {
 }
 
 
-def fuse_embedding_optimizer(embedding_module: nn.Module, cfg: RunConfig) -> None:
-    """Mark every table parameter for ``train.embedding_optimizer``, applied in backward.
+def fuse_embedding_optimizer(model: nn.Module, cfg: RunConfig) -> None:
+    """Mark the parameters of every EmbeddingBagCollection in ``model`` for
+    ``train.embedding_optimizer``, applied in backward.
 
     Must run before sharding: the sharder reads the mark to build FBGEMM's fused kernel,
     and the planner uses it to count optimizer state in its memory estimate.
     """
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
     cls, kwargs = EMBEDDING_OPTIMIZERS[cfg.train.embedding_optimizer]
-    apply_optimizer_in_backward(cls, embedding_module.parameters(), {"lr": cfg.train.embedding_lr, **kwargs})
+    params = [p for m in model.modules() if isinstance(m, EmbeddingBagCollection) for p in m.parameters()]
+    apply_optimizer_in_backward(cls, params, {"lr": cfg.train.embedding_lr, **kwargs})
 
 
 def build_optimizer(

@@ -96,7 +96,7 @@ def dry_run(cfg: RunConfig, world_size: int, local_world_size: int, device: str)
             the memory they need against what the topology has, and what to change.
     """
     model = build_model(cfg, torch.device("meta"))
-    fuse_embedding_optimizer(model.model.sparse_arch, cfg)
+    fuse_embedding_optimizer(model, cfg)
     tables = embedding_configs(cfg)
     planner = sharding.make_planner(cfg, tables, world_size, local_world_size, device)
     try:

@@ -73,7 +73,7 @@ def make_loaders(cfg: RunConfig, ctx: DistContext) -> Loaders:
 def shard_model(cfg: RunConfig, ctx: DistContext) -> tuple[DistributedModelParallel, CombinedOptimizer, str]:
     """Build on meta, fuse the embedding optimizer into backward, plan, wrap in DMP."""
     model = build_model(cfg, ctx.device)
-    fuse_embedding_optimizer(model.model.sparse_arch, cfg)
+    fuse_embedding_optimizer(model, cfg)
     tables = embedding_configs(cfg)
     plan = sharding.collective_plan(cfg, model, tables, ctx.device, dist.group.WORLD)
     dmp = DistributedModelParallel(model, device=ctx.device, plan=plan, sharders=sharding.sharders())

@@ -112,7 +112,7 @@ def test_fixed_plan_validation():
     cfg = load_config(QUICKSTART, ["sharding.fixed_plan={t_C1: {sharding_type: table_wise, ranks: [2]}}"])
     with pytest.raises(ConfigError) as e:
         check_before_launch(cfg)
-    assert "must place exactly the tables" in str(e.value) and "'t_C2'" in str(e.value)
+    assert "must place exactly the model's tables" in str(e.value) and "'t_C2'" in str(e.value)
     assert "fixed_plan.t_C1.ranks: [2] but the job has 2 rank(s)" in str(e.value)
 
 

@@ -11,6 +11,7 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from recsys_dist.config import RunConfig
 from recsys_dist.data.criteo import DENSE_NAMES, SPARSE_NAMES
+from recsys_dist.models.ctr import DCNv2, DeepFM, WideDeep
 from recsys_dist.models.task import CTRTask
 
 
@@ -24,19 +25,36 @@ def _pooling(cfg: RunConfig, table: str) -> str:
     return (override.pooling if override and override.pooling else None) or cfg.sharding.pooling
 
 
-def embedding_configs(cfg: RunConfig) -> list[EmbeddingBagConfig]:
-    """One table per categorical feature, ``t_<feature>``; pooling from ``sharding.pooling``."""
+# FBGEMM's fused kernel needs widths that are multiples of 4, so a per-id scalar weight
+# (first-order / wide part) is stored as 4 columns that the model sums.
+FIRST_ORDER_DIM = 4
+
+
+def table_names(cfg: RunConfig) -> list[str]:
+    """Every table of the configured model: ``t_<feature>`` (+ ``w_<feature>`` first-order)."""
+    return [t.name for t in embedding_configs(cfg)]
+
+
+def embedding_configs(cfg: RunConfig, prefix: str | None = None) -> list[EmbeddingBagConfig]:
+    """One table per categorical feature, ``t_<feature>`` (dim ``model.embedding_dim``), and
+    for deepfm / wide_deep one first-order table ``w_<feature>`` each; pooling from
+    ``sharding.pooling`` / ``sharding.per_table``. ``prefix`` selects one group."""
+    if prefix is None:
+        groups = ["t_"] + (["w_"] if cfg.model.name in ("deepfm", "wide_deep") else [])
+        return [c for g in groups for c in embedding_configs(cfg, g)]
     scale = cfg.model.embedding_init_scale
     out = []
     for name, rows in zip(SPARSE_NAMES, table_sizes(cfg)):
         s = scale if scale is not None else math.sqrt(1.0 / rows)
+        if prefix == "w_":
+            s = s / FIRST_ORDER_DIM
         out.append(
             EmbeddingBagConfig(
-                name=f"t_{name}",
-                embedding_dim=cfg.model.embedding_dim,
+                name=f"{prefix}{name}",
+                embedding_dim=cfg.model.embedding_dim if prefix == "t_" else FIRST_ORDER_DIM,
                 num_embeddings=rows,
                 feature_names=[name],
-                pooling=PoolingType.MEAN if _pooling(cfg, f"t_{name}") == "mean" else PoolingType.SUM,
+                pooling=PoolingType.MEAN if _pooling(cfg, f"{prefix}{name}") == "mean" else PoolingType.SUM,
                 weight_init_min=-s,
                 weight_init_max=s,
             )
@@ -57,7 +75,16 @@ def build_model(cfg: RunConfig, device: torch.device, tables_device: torch.devic
     on ``meta`` (sharding materialises them) unless ``tables_device`` is given (an unsharded
     model, e.g. for export); dense parameters are created on ``device`` from the torch seed.
     """
-    ebc = EmbeddingBagCollection(tables=embedding_configs(cfg), device=tables_device or torch.device("meta"))
+    tdev = tables_device or torch.device("meta")
+    ebc = EmbeddingBagCollection(tables=embedding_configs(cfg, "t_"), device=tdev)
+    m, num_dense = cfg.model, len(DENSE_NAMES)
+    if m.name == "dcnv2":
+        return CTRTask(DCNv2(ebc, num_dense, SPARSE_NAMES, m.embedding_dim, m.deep_layer_sizes, m.dcn_num_layers,
+                             m.cross_low_rank_dim, m.dcn_structure, device=device))
+    if m.name in ("deepfm", "wide_deep"):
+        first = EmbeddingBagCollection(tables=embedding_configs(cfg, "w_"), device=tdev)
+        cls = DeepFM if m.name == "deepfm" else WideDeep
+        return CTRTask(cls(ebc, first, num_dense, SPARSE_NAMES, m.embedding_dim, m.deep_layer_sizes, device=device))
     common = dict(
         embedding_bag_collection=ebc,
         dense_in_features=len(DENSE_NAMES),

@@ -209,3 +209,33 @@ def init_is_sharding_independent(rank: int, world_size: int, sharding_types: lis
         init_tables(dmp.state_dict(), configs(), seed=7, scales={n: 0.1 for n, *_ in TABLES})
         out[st] = gather_full_state_dict(dmp.state_dict())
     return out
+
+
+def models_sharded_vs_unsharded(rank: int, world_size: int, names: list[str]) -> dict:
+    """Each zoo model through the trainer's sharding path: same logits as unsharded."""
+    from recsys_dist.config import load_config
+    from recsys_dist.distributed import init_distributed
+    from recsys_dist.models import build_model
+    from recsys_dist.trainer import shard_model
+    from tests.conftest import QUICKSTART
+
+    out = {}
+    for name in names:
+        cfg = load_config(QUICKSTART, [f"model.name={name}", "sharding.sharding_types=[row_wise, table_wise]"])
+        ctx = init_distributed(cfg)
+        torch.manual_seed(0)
+        ref = build_model(cfg, torch.device("cpu"), tables_device=torch.device("cpu"))
+        dmp, _, _ = shard_model(cfg, ctx)
+        load_full_state_dict(dmp.state_dict(), ref.state_dict())
+        g = torch.Generator().manual_seed(5)
+        B = 8
+        kjt = KeyedJaggedTensor(keys=[f"C{i}" for i in range(1, 27)],
+                                values=torch.randint(0, 10000, (26 * B,), generator=g),
+                                lengths=torch.ones(26 * B, dtype=torch.int32), stride=B)
+        batch = CTRBatch(dense_features=torch.rand(B, 13, generator=g), sparse_features=kjt,
+                         labels=torch.randint(0, 2, (B,), generator=g).float(), weights=torch.ones(B))
+        dmp.eval(), ref.eval()
+        got = dmp(batch)[1][1]
+        want = ref(batch)[1][1]
+        out[name] = (got - want).abs().max().item()
+    return out

@@ -1,0 +1,99 @@
+"""CTR models over TorchRec EmbeddingBagCollections: DCN-V2, DeepFM, Wide & Deep.
+
+Every model is a plain ``nn.Module`` with ``forward(dense [B, D_dense] float32, kjt) ->
+logits [B, 1]``; its tables live in ``EmbeddingBagCollection`` submodules, so
+DistributedModelParallel shards them like DLRM's. ``F`` = number of sparse features,
+``E`` = embedding_dim; pooled embeddings are read by feature name, never by position
+(a sharded EBC may order its output columns differently).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torchrec.modules.crossnet import CrossNet, LowRankCrossNet
+from torchrec.modules.embedding_modules import EmbeddingBagCollection
+from torchrec.modules.mlp import MLP
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+
+def _pooled(ebc: EmbeddingBagCollection, kjt: KeyedJaggedTensor, features: list[str]) -> torch.Tensor:
+    """[B, F, E] pooled embeddings in ``features`` order."""
+    kt = ebc(kjt).to_dict()
+    return torch.stack([kt[f] for f in features], dim=1)
+
+
+class DCNv2(nn.Module):
+    """DCN-V2 (Wang et al., 2021, "DCN V2: Improved Deep & Cross Network", arXiv:2008.13535).
+
+    ``x0 = [dense, e_1, ..., e_F]`` of width ``d = D_dense + F*E``. Cross layer (eq. 1):
+    ``x_{l+1} = x0 * (W_l x_l + b_l) + x_l``; low-rank (eq. 2) uses ``W_l = U_l V_l^T`` with
+    rank ``low_rank``. ``stacked``: logit = w^T MLP(Cross(x0)); ``parallel``: logit =
+    w^T [Cross(x0), MLP(x0)].
+    """
+
+    def __init__(self, ebc: EmbeddingBagCollection, num_dense: int, features: list[str], embedding_dim: int,
+                 deep_layer_sizes: list[int], num_cross_layers: int, low_rank: int | None = None,
+                 structure: str = "parallel", device: torch.device | None = None) -> None:
+        super().__init__()
+        self.sparse_arch, self.features, self.structure = ebc, features, structure
+        d = num_dense + len(features) * embedding_dim
+        self.cross = (LowRankCrossNet(d, num_cross_layers, low_rank) if low_rank else CrossNet(d, num_cross_layers))
+        self.deep = MLP(d, deep_layer_sizes, device=device)
+        head_in = deep_layer_sizes[-1] + (d if structure == "parallel" else 0)
+        self.head = nn.Linear(head_in, 1, device=device)
+        if device is not None:
+            self.cross.to(device)
+
+    def forward(self, dense: torch.Tensor, kjt: KeyedJaggedTensor) -> torch.Tensor:
+        x0 = torch.cat([dense, _pooled(self.sparse_arch, kjt, self.features).flatten(1)], dim=1)
+        if self.structure == "stacked":
+            return self.head(self.deep(self.cross(x0)))
+        return self.head(torch.cat([self.cross(x0), self.deep(x0)], dim=1))
+
+
+class DeepFM(nn.Module):
+    """DeepFM (Guo et al., 2017, IJCAI, arXiv:1703.04247), eq. 1-4.
+
+    ``y = w0 + <w, dense> + sum_i w_i(x_i)`` (first order: 1-dim embeddings, ``first_order``)
+    ``+ 0.5 * sum_k [(sum_i v_ik)^2 - sum_i v_ik^2]`` (FM second order over the F field
+    embeddings) ``+ MLP([dense, v_1..v_F])`` (deep part sharing the embeddings).
+    """
+
+    def __init__(self, ebc: EmbeddingBagCollection, first_order: EmbeddingBagCollection, num_dense: int,
+                 features: list[str], embedding_dim: int, deep_layer_sizes: list[int],
+                 device: torch.device | None = None) -> None:
+        super().__init__()
+        self.sparse_arch, self.first_order, self.features = ebc, first_order, features
+        self.dense_linear = nn.Linear(num_dense, 1, device=device)
+        d = num_dense + len(features) * embedding_dim
+        self.deep = nn.Sequential(MLP(d, deep_layer_sizes, device=device), nn.Linear(deep_layer_sizes[-1], 1, device=device))
+
+    def forward(self, dense: torch.Tensor, kjt: KeyedJaggedTensor) -> torch.Tensor:
+        v = _pooled(self.sparse_arch, kjt, self.features)                      # [B, F, E]
+        first = _pooled(self.first_order, kjt, self.features).sum(dim=(1, 2))   # [B]
+        fm = 0.5 * (v.sum(dim=1).pow(2) - v.pow(2).sum(dim=1)).sum(dim=1)       # [B]
+        deep = self.deep(torch.cat([dense, v.flatten(1)], dim=1))               # [B, 1]
+        return deep + (self.dense_linear(dense).squeeze(1) + first + fm).unsqueeze(1)
+
+
+class WideDeep(nn.Module):
+    """Wide & Deep (Cheng et al., 2016, DLRS, arXiv:1606.07792), eq. 3.
+
+    ``y = w_wide^T [x, ids] + w_deep^T MLP([dense, e_1..e_F]) + b``: the wide part is a
+    linear model over the dense features and one weight per categorical id (1-dim tables).
+    """
+
+    def __init__(self, ebc: EmbeddingBagCollection, wide: EmbeddingBagCollection, num_dense: int,
+                 features: list[str], embedding_dim: int, deep_layer_sizes: list[int],
+                 device: torch.device | None = None) -> None:
+        super().__init__()
+        self.sparse_arch, self.wide, self.features = ebc, wide, features
+        self.wide_dense = nn.Linear(num_dense, 1, device=device)
+        d = num_dense + len(features) * embedding_dim
+        self.deep = nn.Sequential(MLP(d, deep_layer_sizes, device=device), nn.Linear(deep_layer_sizes[-1], 1, device=device))
+
+    def forward(self, dense: torch.Tensor, kjt: KeyedJaggedTensor) -> torch.Tensor:
+        wide = self.wide_dense(dense).squeeze(1) + _pooled(self.wide, kjt, self.features).sum(dim=(1, 2))
+        deep = self.deep(torch.cat([dense, _pooled(self.sparse_arch, kjt, self.features).flatten(1)], dim=1))
+        return deep + wide.unsqueeze(1)

@@ -1,0 +1,49 @@
+"""Every model: output shape, gradient flow to every parameter, sharded == unsharded."""
+
+import pytest
+import torch
+
+from recsys_dist.config import load_config
+from recsys_dist.data.criteo import DENSE_NAMES, SPARSE_NAMES
+from recsys_dist.data.loader import CTRBatch
+from recsys_dist.models import build_model, embedding_configs
+from recsys_dist.testing import run_ranks
+from tests.conftest import QUICKSTART
+from tests.distributed import equivalence
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+MODELS = ["dlrm", "dlrm_dcnv2", "dcnv2", "deepfm", "wide_deep"]
+
+
+def batch(B=6):
+    g = torch.Generator().manual_seed(0)
+    kjt = KeyedJaggedTensor(keys=SPARSE_NAMES, values=torch.randint(0, 100, (26 * B,), generator=g),
+                            lengths=torch.ones(26 * B, dtype=torch.int32), stride=B)
+    return CTRBatch(dense_features=torch.rand(B, len(DENSE_NAMES), generator=g), sparse_features=kjt,
+                    labels=torch.randint(0, 2, (B,), generator=g).float(), weights=torch.ones(B))
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_shapes_and_gradient_flow(name):
+    extra = ["model.dcn_low_rank_dim=8"] if name == "dlrm_dcnv2" else []
+    cfg = load_config(QUICKSTART, [f"model.name={name}", "data.num_embeddings=100", *extra])
+    model = build_model(cfg, torch.device("cpu"), tables_device=torch.device("cpu"))
+    loss, (_, logits, labels, _) = model(batch())
+    assert logits.shape == (6,) and labels.shape == (6,) and torch.isfinite(loss)
+    loss.backward()
+    no_grad = [n for n, p in model.named_parameters() if p.grad is None or not p.grad.abs().sum() > 0]
+    assert not no_grad, no_grad
+
+
+def test_first_order_tables_only_where_the_model_has_them():
+    names = lambda m: {t.name[:2] for t in embedding_configs(load_config(QUICKSTART, [f"model.name={m}"]))}  # noqa: E731
+    assert names("deepfm") == names("wide_deep") == {"t_", "w_"}
+    assert names("dcnv2") == names("dlrm") == {"t_"}
+
+
+@pytest.mark.slow
+def test_every_model_sharded_equals_unsharded():
+    for per_model in run_ranks(equivalence.models_sharded_vs_unsharded, 2, MODELS):
+        assert per_model.keys() == set(MODELS)
+        for name, diff in per_model.items():
+            assert diff <= 1e-5, (name, diff)
