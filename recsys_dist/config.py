@@ -81,6 +81,11 @@ class DataConfig(_Section):
         "Evaluation always pads, so every example is evaluated exactly once.",
     )
     shuffle: bool = Field(True, description="Shuffle training rows each epoch (seeded).")
+    shuffle_buffer_rows: int = Field(
+        1 << 20, gt=0, description="Rows read and shuffled together; bounds the loader's memory "
+        "(row groups are also reordered each epoch when a split spans several windows)."
+    )
+    prefetch: int = Field(2, ge=0, description="Batches prepared ahead by a background thread (0 = off).")
     multi_hot_sizes: Optional[list[int]] = Field(
         None,
         description="Ids per example for each of the 26 features (MLPerf DLRMv2 multi-hot). Used by "

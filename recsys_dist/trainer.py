@@ -60,7 +60,8 @@ def make_loaders(cfg: RunConfig, ctx: DistContext) -> Loaders:
     )
     sizes = table_sizes(cfg)
     common = dict(rank=ctx.rank, world_size=ctx.world_size, dense_names=DENSE_NAMES, sparse_names=SPARSE_NAMES,
-                  num_embeddings=sizes, pin_memory=ctx.device.type == "cuda")
+                  num_embeddings=sizes, pin_memory=ctx.device.type == "cuda",
+                  shuffle_buffer_rows=d.shuffle_buffer_rows, prefetch=d.prefetch)
     eval_bs = cfg.eval.batch_size or cfg.train.batch_size
     return Loaders(
         train=ParquetBatchLoader(str(prepared.files["train"]), cfg.train.batch_size, shuffle=d.shuffle,

@@ -2,24 +2,36 @@
 
 Every rank yields the same number of batches per epoch, each of exactly ``batch_size``
 rows, so collective calls inside the sharded model (input_dist / output_dist all-to-all)
-never wait on a rank that ran out of data. Global batch ``g`` holds rows
-``order[g*B*W : (g+1)*B*W]`` of the epoch's order and rank ``r`` takes the ``r``-th
-slice of ``B`` rows. The remainder after the last full global batch is either dropped
-or padded: padded rows repeat row 0 with ``weight == 0`` and never count in loss or
-metrics.
+never wait on a rank that ran out of data.
 
-KJT layout of a batch (one-hot Criteo, keys C1..C26, B rows)::
+Order and placement. An epoch is one stream of rows: the files' row groups, in a seeded
+order per epoch, read in windows of at least ``shuffle_buffer_rows`` rows, each window
+shuffled (seeded by seed, epoch and window). Global batch ``g`` is stream positions
+``[g*B*W, (g+1)*B*W)`` and rank ``r`` takes the ``r``-th block of ``B`` rows. So the global
+batches do not depend on the world size: 1 rank with batch 64 and 2 ranks with 32 train on
+the same examples in the same steps. Every rank reads the stream but keeps only its rows;
+memory is one window plus one batch, whatever the file sizes. When a split fits in one
+window the order is a plain seeded permutation of all its rows.
 
-    values  = [C1 of row 0..B-1, C2 of row 0..B-1, ..., C26 of row 0..B-1]   int64
-    lengths = [1] * 26 * B                                                    int32
+Remainder. Rows after the last full global batch are either dropped (``drop``) or padded
+(``pad``): padded rows repeat the rank's last row with ``weight == 0`` and never count in
+loss or metrics; a rank whose slice is empty gets a batch of padding only.
+
+KJT layout of a batch (keys C1..C26, B rows; multi-hot list columns give variable lengths)::
+
+    values  = [C1 ids of rows 0..B-1, C2 ids of rows 0..B-1, ..., C26 ids of rows 0..B-1]  int64
+    lengths = [ids per row for C1] + [... for C2] + ...                                     int32
 """
 
 from __future__ import annotations
 
+import queue
+import threading
 from dataclasses import dataclass
-from typing import Iterator, Optional
+from typing import Iterator, Optional, Sequence
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 from torchrec.datasets.utils import Batch
@@ -68,27 +80,68 @@ def steps_per_epoch(num_rows: int, batch_size: int, world_size: int, remainder: 
     return num_rows // per_step if remainder == "drop" else -(-num_rows // per_step)
 
 
+class _Rows:
+    """Columns of a set of rows: labels [n], dense [n, D], per sparse feature (lengths, values);
+    lengths is None for a one-hot feature (one id per row)."""
+
+    def __init__(self, labels, dense, sparse) -> None:
+        self.labels, self.dense, self.sparse = labels, dense, sparse
+        self._offsets = [None if lens is None else np.concatenate([[0], np.cumsum(lens)]) for lens, _ in sparse]
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def take(self, idx: np.ndarray) -> "_Rows":
+        sparse = []
+        for (lengths, values), offsets in zip(self.sparse, self._offsets):
+            if lengths is None:  # one id per row
+                sparse.append((None, values[idx]))
+                continue
+            sel = lengths[idx]
+            starts = np.repeat(offsets[idx], sel)
+            within = np.arange(sel.sum()) - np.repeat(np.cumsum(sel) - sel, sel)
+            sparse.append((sel, values[starts + within]))
+        return _Rows(self.labels[idx], self.dense[idx], sparse)
+
+    @staticmethod
+    def concat(parts: list["_Rows"]) -> "_Rows":
+        parts = [p for p in parts if len(p)] or parts[:1]
+        if len(parts) == 1:
+            return parts[0]
+        sparse = []
+        for j in range(len(parts[0].sparse)):
+            lens = [p.sparse[j][0] for p in parts]
+            vals = np.concatenate([p.sparse[j][1] for p in parts])
+            sparse.append((None if lens[0] is None else np.concatenate(lens), vals))
+        return _Rows(np.concatenate([p.labels for p in parts]), np.concatenate([p.dense for p in parts]), sparse)
+
+
 class ParquetBatchLoader:
-    """Batches of one Parquet split for one rank.
+    """Batches of one Parquet split (one or several files) for one rank.
 
     Args:
-        path: Parquet file with ``label`` (float32), dense float32 and sparse int64 columns.
+        path: Parquet file or files with ``label`` (float), dense float and sparse int64
+            (one-hot) or list<int64> (multi-hot) columns; all files must share one schema.
         batch_size: rows per batch on this rank.
         rank, world_size: this rank and the number of ranks.
         dense_names, sparse_names: column names, in model order.
-        shuffle: new seeded order each epoch (``seed + epoch``); identical on every rank.
+        shuffle: new seeded order each epoch; identical on every rank and every rerun.
         seed: base seed.
         remainder: ``"pad"`` or ``"drop"`` (see module docstring).
-        num_embeddings: per sparse feature; ids at or past it raise :class:`DataError`.
+        num_embeddings: per sparse feature; an id outside ``[0, n)`` raises DataError.
+        shuffle_buffer_rows: rows read and shuffled together (memory bound).
+        prefetch: batches prepared ahead by a background thread (0 = none).
+        pin_memory: pin batches (for CUDA).
 
     Raises:
-        DataError: missing columns, wrong dtypes, ids out of range, or (with ``drop``)
-            fewer rows than one global batch.
+        DataError: a missing file or column, files with different schemas, no rows with
+            ``drop``; while iterating, an id out of range or a non-finite dense value,
+            naming the file, row and column.
     """
 
     def __init__(
         self,
-        path: str,
+        path: str | Sequence[str],
         batch_size: int,
         rank: int,
         world_size: int,
@@ -99,44 +152,44 @@ class ParquetBatchLoader:
         seed: int = 0,
         remainder: str = "pad",
         num_embeddings: Optional[list[int]] = None,
+        shuffle_buffer_rows: int = 1 << 20,
+        prefetch: int = 2,
         pin_memory: bool = False,
     ) -> None:
-        table = pq.read_table(path)
-        missing = [c for c in ["label", *dense_names, *sparse_names] if c not in table.column_names]
-        if missing:
-            raise DataError(f"{path}: missing columns {missing}")
-        self.labels = table.column("label").to_numpy().astype(np.float32)
-        self.dense = np.stack([table.column(n).to_numpy().astype(np.float32) for n in dense_names], axis=1)
-        bad = ~np.isfinite(self.dense)
-        if bad.any():
-            row, col = map(int, np.argwhere(bad)[0])
-            raise DataError(f"{path}, row {row}, column {dense_names[col]}: {self.dense[row, col]} is not finite")
-        # Feature-major [F, N] so one fancy-index gives KJT's key-major values directly.
-        self.sparse = np.stack([table.column(n).to_numpy() for n in sparse_names], axis=0).astype(np.int64)
-        if num_embeddings is not None:
-            for j, n in enumerate(sparse_names):
-                col = self.sparse[j]
-                if col.size and (col.min() < 0 or col.max() >= num_embeddings[j]):
-                    raise DataError(
-                        f"{path}, column {n}: ids must lie in [0, {num_embeddings[j]}), found "
-                        f"[{col.min()}, {col.max()}] (convert again with the table size in the config)"
-                    )
-        self.path, self.batch_size, self.rank, self.world_size = path, batch_size, rank, world_size
-        self.keys = list(sparse_names)
-        self.shuffle, self.seed, self.remainder = shuffle, seed, remainder
-        self.pin_memory = pin_memory
-        self.epoch = 0
         if remainder not in ("pad", "drop"):
             raise ValueError(f"remainder must be 'pad' or 'drop', got {remainder!r}")
+        self.files = [str(path)] if isinstance(path, (str, bytes)) or hasattr(path, "__fspath__") else [str(p) for p in path]
+        self.dense_names, self.keys = list(dense_names), list(sparse_names)
+        self.columns = ["label", *dense_names, *sparse_names]
+        self.row_groups: list[tuple[int, int, int]] = []  # (file index, row group, rows)
+        schema = None
+        for i, f in enumerate(self.files):
+            try:
+                meta = pq.ParquetFile(f).metadata
+            except (OSError, pa.ArrowInvalid) as err:
+                raise DataError(f"{f}: cannot read as Parquet ({err})") from None
+            file_schema = meta.schema.to_arrow_schema()
+            missing = [c for c in self.columns if c not in file_schema.names]
+            if missing:
+                raise DataError(f"{f}: missing columns {missing}")
+            picked = pa.schema([file_schema.field(c) for c in self.columns])
+            if schema is not None and not picked.equals(schema):
+                raise DataError(f"{f}: schema differs from {self.files[0]}: {picked} vs {schema}")
+            schema = picked
+            self.row_groups += [(i, g, meta.row_group(g).num_rows) for g in range(meta.num_row_groups)]
+        self.list_features = [pa.types.is_list(schema.field(n).type) or pa.types.is_large_list(schema.field(n).type)
+                              for n in sparse_names] if schema is not None else [False] * len(sparse_names)
+        self.num_rows = sum(n for *_, n in self.row_groups)
+        self.path, self.batch_size, self.rank, self.world_size = self.files[0], batch_size, rank, world_size
+        self.shuffle, self.seed, self.remainder = shuffle, seed, remainder
+        self.num_embeddings, self.buffer_rows, self.prefetch = num_embeddings, shuffle_buffer_rows, prefetch
+        self.pin_memory = pin_memory
+        self.epoch = 0
         if len(self) == 0 and self.num_rows > 0:
             raise DataError(
-                f"{path}: {self.num_rows} rows are fewer than one global batch "
+                f"{self.path}: {self.num_rows} rows are fewer than one global batch "
                 f"({batch_size} x {world_size} ranks) and data.remainder is 'drop'; use 'pad' or a smaller batch"
             )
-
-    @property
-    def num_rows(self) -> int:
-        return len(self.labels)
 
     def __len__(self) -> int:
         """Batches per epoch, the same on every rank."""
@@ -145,40 +198,166 @@ class ParquetBatchLoader:
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
-    def _order(self) -> np.ndarray:
-        if not self.shuffle:
-            return np.arange(self.num_rows)
-        return np.random.default_rng([self.seed, self.epoch]).permutation(self.num_rows)
+    # ------------------------------------------------------------------ reading
 
-    def batch_at(self, order: np.ndarray, step: int) -> CTRBatch:
+    def _windows(self) -> list[list[int]]:
+        """Row-group indices per window, in this epoch's order."""
+        order = list(range(len(self.row_groups)))
+        windows, cur, rows = [], [], 0
+        for i in order:
+            cur.append(i)
+            rows += self.row_groups[i][2]
+            if rows >= self.buffer_rows:
+                windows.append(cur)
+                cur, rows = [], 0
+        if cur:
+            windows.append(cur)
+        if self.shuffle and len(windows) > 1:
+            # Several windows: the row groups' order changes each epoch too.
+            perm = np.random.default_rng([self.seed, self.epoch, 1]).permutation(len(self.row_groups))
+            regrouped, cur, rows = [], [], 0
+            for i in perm.tolist():
+                cur.append(i)
+                rows += self.row_groups[i][2]
+                if rows >= self.buffer_rows:
+                    regrouped.append(cur)
+                    cur, rows = [], 0
+            windows = regrouped + ([cur] if cur else [])
+        return windows
+
+    def _read(self, groups: list[int], first_row: int) -> _Rows:
+        tables = []
+        for i in groups:
+            f, g, _ = self.row_groups[i]
+            tables.append(pq.ParquetFile(self.files[f]).read_row_group(g, columns=self.columns))
+        t = pa.concat_tables(tables)
+        where = f"{self.files[self.row_groups[groups[0]][0]]}"
+        labels = t.column("label").to_numpy().astype(np.float32)
+        dense = np.stack([t.column(n).to_numpy().astype(np.float32) for n in self.dense_names], axis=1) \
+            if self.dense_names else np.zeros((t.num_rows, 0), np.float32)
+        bad = ~np.isfinite(dense)
+        if bad.any():
+            row, col = map(int, np.argwhere(bad)[0])
+            raise DataError(f"{where}, row {first_row + row}, column {self.dense_names[col]}: "
+                            f"{dense[row, col]} is not finite")
+        sparse = []
+        for j, (name, is_list) in enumerate(zip(self.keys, self.list_features)):
+            col = t.column(name).combine_chunks()
+            if is_list:
+                lengths = col.value_lengths().fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+                values = col.flatten().to_numpy(zero_copy_only=False).astype(np.int64)
+            else:
+                lengths, values = None, col.to_numpy(zero_copy_only=False).astype(np.int64)
+            if self.num_embeddings is not None and values.size and (values.min() < 0 or values.max() >= self.num_embeddings[j]):
+                raise DataError(
+                    f"{where}, column {name}: ids must lie in [0, {self.num_embeddings[j]}), found "
+                    f"[{values.min()}, {values.max()}] (convert again with the table size in the config)")
+            sparse.append((lengths, values))
+        return _Rows(labels, dense, sparse)
+
+    def _own_rows(self, start_step: int) -> Iterator[_Rows]:
+        """This rank's rows of the epoch stream in order, from global batch ``start_step``."""
+        B, W = self.batch_size, self.world_size
+        end = len(self) * B * W if self.remainder == "drop" else self.num_rows
+        skip_until = start_step * B * W
+        pos = 0
+        for w, groups in enumerate(self._windows()):
+            n = sum(self.row_groups[i][2] for i in groups)
+            lo, hi = max(pos, skip_until), min(pos + n, end)
+            if hi > lo:
+                rows = self._read(groups, pos)
+                perm = (np.random.default_rng([self.seed, self.epoch] + ([w] if w else [])).permutation(n)
+                        if self.shuffle else np.arange(n))
+                positions = np.arange(lo, hi)
+                mine = positions[(positions // B) % W == self.rank]
+                if len(mine):
+                    yield rows.take(perm[mine - pos])
+            pos += n
+            if pos >= end:
+                break
+
+    def _batches(self, start_step: int) -> Iterator[CTRBatch]:
         B = self.batch_size
-        start = step * B * self.world_size + self.rank * B
-        idx = order[start : start + B]
-        n_real = len(idx)
-        if n_real < B:
-            idx = np.concatenate([idx, np.zeros(B - n_real, dtype=idx.dtype)])
+        cur: Optional[_Rows] = None
+        off, made = 0, start_step
+        for rows in self._own_rows(start_step):
+            # Join the previous block's tail (< B rows) once per window, then cut batches by offset.
+            cur = rows if cur is None or off >= len(cur) else _Rows.concat([cur.take(np.arange(off, len(cur))), rows])
+            off = 0
+            while len(cur) - off >= B:
+                yield self._to_batch(cur.take(np.arange(off, off + B)), B)
+                off += B
+                made += 1
+        tail = cur.take(np.arange(off, len(cur))) if cur is not None and off < len(cur) else None
+        while made < len(self):
+            yield self._to_batch(tail, len(tail) if tail is not None else 0)
+            tail, made = None, made + 1
+
+    def _to_batch(self, rows: Optional[_Rows], n_real: int) -> CTRBatch:
+        B = self.batch_size
+        if rows is None or len(rows) == 0:
+            rows, n_real = self._empty_row(), 0
+        if len(rows) < B:  # pad with copies of the last row, weight 0
+            rows = _Rows.concat([rows, rows.take(np.full(B - len(rows), len(rows) - 1))])
         weights = np.zeros(B, dtype=np.float32)
         weights[:n_real] = 1.0
-        values = torch.from_numpy(self.sparse[:, idx].reshape(-1))
-        kjt = KeyedJaggedTensor(
-            keys=self.keys,
-            values=values,
-            lengths=torch.ones(len(self.keys) * B, dtype=torch.int32),
-            stride=B,
-        )
-        batch = CTRBatch(
-            dense_features=torch.from_numpy(self.dense[idx]),
-            sparse_features=kjt,
-            labels=torch.from_numpy(self.labels[idx]),
-            weights=torch.from_numpy(weights),
-        )
+        values, lengths = [], []
+        for lens, vals in rows.sparse:
+            values.append(vals)
+            lengths.append(np.ones(B, dtype=np.int32) if lens is None else lens.astype(np.int32))
+        kjt = KeyedJaggedTensor(keys=self.keys, values=torch.from_numpy(np.concatenate(values)),
+                                lengths=torch.from_numpy(np.concatenate(lengths)), stride=B)
+        batch = CTRBatch(dense_features=torch.from_numpy(np.ascontiguousarray(rows.dense)), sparse_features=kjt,
+                         labels=torch.from_numpy(rows.labels), weights=torch.from_numpy(weights))
         return batch.pin_memory() if self.pin_memory else batch
+
+    def _empty_row(self) -> _Rows:
+        sparse = [(None if not is_list else np.zeros(1, np.int64), np.zeros(0 if is_list else 1, np.int64))
+                  for is_list in self.list_features]
+        return _Rows(np.zeros(1, np.float32), np.zeros((1, len(self.dense_names)), np.float32), sparse)
+
+    # ------------------------------------------------------------------ iteration
 
     def __iter__(self) -> Iterator[CTRBatch]:
         return self.iter_from(0)
 
     def iter_from(self, start: int) -> Iterator[CTRBatch]:
         """This epoch's batches from batch ``start`` on: the exact stream a resumed run needs."""
-        order = self._order()
-        for step in range(start, len(self)):
-            yield self.batch_at(order, step)
+        if self.prefetch <= 0:
+            return self._batches(start)
+        return _prefetched(self._batches(start), self.prefetch)
+
+
+def _prefetched(gen: Iterator[CTRBatch], depth: int) -> Iterator[CTRBatch]:
+    """Run ``gen`` in a background thread, ``depth`` batches ahead; re-raise its errors here."""
+    q: queue.Queue = queue.Queue(maxsize=depth)
+    done = object()
+    stop = threading.Event()
+
+    def work() -> None:
+        try:
+            for item in gen:
+                while not stop.is_set():
+                    try:
+                        q.put(item, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            q.put(done)
+        except BaseException as err:  # noqa: BLE001 - handed to the consumer
+            q.put(err)
+
+    thread = threading.Thread(target=work, daemon=True, name="recsys_dist-prefetch")
+    thread.start()
+    try:
+        while True:
+            item = q.get()
+            if item is done:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()

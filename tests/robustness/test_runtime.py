@@ -33,7 +33,7 @@ def test_non_finite_dense_value_in_parquet_names_row_and_column(tmp_path):
                   "C1": pa.array([1, 2], pa.int64())})
     pq.write_table(t, tmp_path / "d.parquet")
     with pytest.raises(DataError, match=r"d.parquet, row 1, column I1: inf is not finite"):
-        ParquetBatchLoader(str(tmp_path / "d.parquet"), 2, 0, 1, ["I1"], ["C1"])
+        list(ParquetBatchLoader(str(tmp_path / "d.parquet"), 2, 0, 1, ["I1"], ["C1"]))
 
 
 @pytest.mark.slow
