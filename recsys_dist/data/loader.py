@@ -225,11 +225,13 @@ class ParquetBatchLoader:
             windows = regrouped + ([cur] if cur else [])
         return windows
 
-    def _read(self, groups: list[int], first_row: int) -> _Rows:
+    def _read(self, groups: list[int], first_row: int, handles: dict) -> _Rows:
         tables = []
         for i in groups:
             f, g, _ = self.row_groups[i]
-            tables.append(pq.ParquetFile(self.files[f]).read_row_group(g, columns=self.columns))
+            if f not in handles:  # opening a Parquet file costs more than reading a row group
+                handles[f] = pq.ParquetFile(self.files[f])
+            tables.append(handles[f].read_row_group(g, columns=self.columns))
         t = pa.concat_tables(tables)
         where = f"{self.files[self.row_groups[groups[0]][0]]}"
         labels = t.column("label").to_numpy().astype(np.float32)
@@ -261,11 +263,12 @@ class ParquetBatchLoader:
         end = len(self) * B * W if self.remainder == "drop" else self.num_rows
         skip_until = start_step * B * W
         pos = 0
+        handles: dict = {}
         for w, groups in enumerate(self._windows()):
             n = sum(self.row_groups[i][2] for i in groups)
             lo, hi = max(pos, skip_until), min(pos + n, end)
             if hi > lo:
-                rows = self._read(groups, pos)
+                rows = self._read(groups, pos, handles)
                 perm = (np.random.default_rng([self.seed, self.epoch] + ([w] if w else [])).permutation(n)
                         if self.shuffle else np.arange(n))
                 positions = np.arange(lo, hi)
