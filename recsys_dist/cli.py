@@ -94,10 +94,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     except OSError as err:
         raise ConfigError(f"--run-dir {run_dir}: cannot write there ({err.strerror}); choose a writable directory") from None
     # Convert the data here, before any rank exists, so bad input is reported once and early.
-    from recsys_dist.data.criteo import prepare_criteo
+    from recsys_dist.data import prepare_from_config
 
     d = cfg.data
-    prepared = prepare_criteo(d.raw_path, d.num_embeddings, d.split, d.num_rows, d.cache_dir)
+    prepared = prepare_from_config(cfg, progress=sys.stderr.isatty())
     if resume is not None:
         from recsys_dist.checkpoint import read_meta
         from recsys_dist.data.loader import steps_per_epoch
@@ -188,6 +188,20 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_preprocess(args: argparse.Namespace) -> int:
+    cfg = load_config(args.config, args.overrides)
+    if cfg.data.raw_path is None or not Path(cfg.data.raw_path).is_file():
+        raise ConfigError(f"data.raw_path: {cfg.data.raw_path} is not a file")
+    from recsys_dist.data import prepare_from_config
+
+    prepared = prepare_from_config(cfg, progress=not args.quiet)
+    manifest = json.loads((prepared.directory / "manifest.json").read_text())
+    rows = ", ".join(f"{k} {v:,}" for k, v in prepared.rows.items())
+    print(f"recsys-dist: {manifest['source']} -> {prepared.directory}\n  rows: {rows}; "
+          f"skipped {manifest['rows_skipped']:,}\n  manifest: {prepared.directory / 'manifest.json'}")
+    return 0
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     _quiet_third_party()
     from recsys_dist.export import export
@@ -247,6 +261,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.batch_size=8192")
     p.set_defaults(func=cmd_plan)
+
+    p = sub.add_parser("preprocess", help="convert the config's raw data to Parquet splits (cached)")
+    p.add_argument("--config", required=True, help="YAML run config (its data section)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. data.on_bad_row=skip")
+    p.set_defaults(func=cmd_preprocess)
 
     p = sub.add_parser("export", help="write an unsharded model (safetensors + config) from a run")
     p.add_argument("model", help="run directory (newest checkpoint) or checkpoint directory")

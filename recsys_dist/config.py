@@ -80,6 +80,10 @@ class DataConfig(_Section):
         "zero-weight rows (never counted in loss or metrics) or drop them. "
         "Evaluation always pads, so every example is evaluated exactly once.",
     )
+    on_bad_row: Literal["error", "skip"] = Field(
+        "error", description="A malformed raw row stops the conversion naming file, line and column "
+        "(error), or is left out and counted in the manifest (skip)."
+    )
     shuffle: bool = Field(True, description="Shuffle training rows each epoch (seeded).")
     shuffle_buffer_rows: int = Field(
         1 << 20, gt=0, description="Rows read and shuffled together; bounds the loader's memory "

@@ -32,7 +32,8 @@ from recsys_dist.checkpoint import (
     set_optimizer_steps,
 )
 from recsys_dist.config import RunConfig, save_config
-from recsys_dist.data.criteo import DENSE_NAMES, SPARSE_NAMES, prepare_criteo
+from recsys_dist.data import prepare_from_config
+from recsys_dist.data.criteo import DENSE_NAMES, SPARSE_NAMES
 from recsys_dist.data.loader import ParquetBatchLoader
 from recsys_dist.faults import maybe_fault
 from recsys_dist.distributed import DistContext, broadcast_result, init_distributed
@@ -55,9 +56,7 @@ class Loaders:
 def make_loaders(cfg: RunConfig, ctx: DistContext) -> Loaders:
     """Convert the raw data once (rank 0) and open every split on every rank."""
     d = cfg.data
-    prepared = broadcast_result(
-        ctx, lambda: prepare_criteo(d.raw_path, d.num_embeddings, d.split, d.num_rows, d.cache_dir)
-    )
+    prepared = broadcast_result(ctx, lambda: prepare_from_config(cfg))
     sizes = table_sizes(cfg)
     common = dict(rank=ctx.rank, world_size=ctx.world_size, dense_names=DENSE_NAMES, sparse_names=SPARSE_NAMES,
                   num_embeddings=sizes, pin_memory=ctx.device.type == "cuda",

@@ -171,3 +171,9 @@ def test_world_size_1_and_2_give_the_same_numbers(tmp_path):
         for key in ("loss", "auc", "logloss"):
             if key in a:
                 assert a[key] == pytest.approx(b[key], abs=1e-5), (a, b)
+
+
+def test_preprocess_command(tmp_path):
+    r = run_cli(["preprocess", "--config", str(QUICKSTART), "--quiet", "data.num_rows=1000"], tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "rows: train 800, validation 100, test 100; skipped 0" in r.stdout

@@ -29,6 +29,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
+from tqdm import tqdm
 
 NUM_DENSE = 13
 NUM_SPARSE = 26
@@ -130,6 +131,31 @@ def transform_batch(batch: pa.RecordBatch, sizes: list[int], path: str, first_ro
     return pa.RecordBatch.from_arrays(arrays, schema=output_schema())
 
 
+_INT = r"^\s*[-+]?[0-9]{1,18}\s*$"
+
+
+def bad_row_mask(batch: pa.RecordBatch) -> tuple[np.ndarray, list[str]]:
+    """Which rows hold a value the transforms reject, and why (first reason per row).
+
+    Returns a bool array [N] and, for the bad rows in order, "column X: 'value'" reasons.
+    """
+    bad = np.zeros(batch.num_rows, dtype=bool)
+    reason = np.full(batch.num_rows, None, dtype=object)
+    checks = [("label", r"^\s*[01]\s*$", False)] + [(n, _INT, True) for n in DENSE_NAMES] + [
+        (n, r"^[0-9a-fA-F]{1,8}$", True) for n in SPARSE_NAMES]
+    for name, pattern, empty_ok in checks:
+        col = pc.fill_null(batch.column(name), "")
+        ok = pc.match_substring_regex(col, pattern)
+        if empty_ok:
+            ok = pc.or_(pc.equal(col, ""), ok)
+        col_bad = ~ok.to_numpy(zero_copy_only=False)
+        new = col_bad & ~bad
+        for i in np.flatnonzero(new)[:10]:
+            reason[i] = f"column {name}: '{col[int(i)].as_py()}'"
+        bad |= col_bad
+    return bad, [r or "invalid value" for r in reason[bad]]
+
+
 class _BadRows:
     """Collects rows with the wrong number of fields (pyarrow calls it per bad row)."""
 
@@ -155,7 +181,8 @@ class _BadRows:
         )
 
 
-def _parse_chunk(chunk: bytes, path: str, first_line: int, use_threads: bool) -> pa.Table:
+def _parse_chunk(chunk: bytes, path: str, first_line: int, use_threads: bool,
+                 skipped: list | None = None) -> pa.Table:
     bad_rows = _BadRows()
     try:
         table = pacsv.read_csv(
@@ -169,19 +196,25 @@ def _parse_chunk(chunk: bytes, path: str, first_line: int, use_threads: bool) ->
     except pa.ArrowInvalid as err:
         raise DataError(f"{path}, from line {first_line}: {err}") from None
     if bad_rows.rows:
+        if skipped is not None:
+            skipped += [(None if r.number is None else r.number + first_line - 1,
+                         f"{r.actual_columns} fields, expected {r.expected_columns}") for r in bad_rows.rows]
+            return table
         if bad_rows.rows[0].number is None and use_threads:
             return _parse_chunk(chunk, path, first_line, use_threads=False)  # to learn the line
         bad_rows.raise_first(path, line_offset=first_line - 1)
     return table
 
 
-def read_chunks(path: str) -> Iterator[tuple[int, pa.Table]]:
+def read_chunks(path: str, skipped: list | None = None) -> Iterator[tuple[int, pa.Table]]:
     """``(first line number, table of text columns)`` per ~``BLOCK_BYTES`` of the file.
 
     The file (gzip / bz2 detected) is read block by block and cut at line ends, and each
     block is parsed on all cores; only one block is in memory at a time. (pyarrow's own
     streaming reader reads ahead without bound: a 240 MB file held 215 MB of blocks.)
     Everything is kept as text so a bad value is reported with its line and column.
+    With ``skipped`` (a list), rows with the wrong number of fields are appended to it as
+    ``(line or None, reason)`` and left out instead of raising.
     """
     line = 1
     carry = b""
@@ -199,9 +232,9 @@ def read_chunks(path: str) -> Iterator[tuple[int, pa.Table]]:
                 chunk, carry = data[:cut], data[cut:]
             else:
                 chunk, carry = data, b""
-            table = _parse_chunk(chunk, path, line, use_threads=True)
+            table = _parse_chunk(chunk, path, line, use_threads=True, skipped=skipped)
             yield line, table
-            line += table.num_rows
+            line += table.num_rows + (chunk.count(b"\n") - table.num_rows if skipped is not None else 0)
             if not block:
                 return
 
@@ -225,9 +258,10 @@ class PreparedData:
     rows: dict[str, int]
 
 
-def _fingerprint(raw: Path, sizes: list[int], num_rows: int | None, split: tuple) -> str:
+def _fingerprint(raw: Path, sizes: list[int], num_rows: int | None, split: tuple, on_bad_row: str) -> str:
     st = raw.stat()
-    key = json.dumps([str(raw.resolve()), st.st_size, st.st_mtime_ns, sizes, num_rows, list(split), TRANSFORM_VERSION])
+    key = json.dumps([str(raw.resolve()), st.st_size, st.st_mtime_ns, sizes, num_rows, list(split), TRANSFORM_VERSION]
+                     + ([on_bad_row] if on_bad_row != "error" else []))
     return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
@@ -242,11 +276,16 @@ def prepare_criteo(
     num_rows: int | None = None,
     cache_dir: str | os.PathLike | None = None,
     row_group_size: int = 65536,
+    on_bad_row: str = "error",
+    progress: bool = False,
 ) -> PreparedData:
     """Convert a Criteo TSV file to train/validation/test Parquet once, then reuse it.
 
     The output directory is keyed by the raw file (path, size, mtime), the table sizes,
-    the row cap and the split, so changing any of them converts again. Files are written
+    the row cap, the split and the bad-row policy, so changing any of them converts again.
+    ``on_bad_row="skip"`` leaves out rows with a wrong field count or a rejected value and
+    records them (rows read = rows written + rows skipped) in the manifest; ``"error"``
+    stops at the first. ``progress`` shows a tqdm bar over the bytes read. Files are written
     under a temporary name and renamed, and ``manifest.json`` is written last, so an
     interrupted conversion is never mistaken for a finished one.
 
@@ -258,7 +297,9 @@ def prepare_criteo(
         raise DataError(f"{raw}: {'is a directory, not a file' if raw.is_dir() else 'file does not exist'}")
     sizes = num_embeddings if isinstance(num_embeddings, list) else [num_embeddings] * NUM_SPARSE
     out = Path(cache_dir) if cache_dir else default_cache_dir()
-    out = out / f"criteo-{_fingerprint(raw, sizes, num_rows, tuple(split))}"
+    if on_bad_row not in ("error", "skip"):
+        raise ValueError(f"on_bad_row must be 'error' or 'skip', got {on_bad_row!r}")
+    out = out / f"criteo-{_fingerprint(raw, sizes, num_rows, tuple(split), on_bad_row)}"
     manifest_path = out / "manifest.json"
     if manifest_path.is_file():
         m = json.loads(manifest_path.read_text())
@@ -283,13 +324,35 @@ def prepare_criteo(
             writers[split].write_table(pa.Table.from_batches(pending[split]), row_group_size=row_group_size)
             pending[split] = []
 
+    skipped: list | None = [] if on_bad_row == "skip" else None
+    n_skipped_values = 0
+    stats = np.zeros((3, NUM_DENSE))  # train split: count, sum, sum of squares (transformed)
+    missing = np.zeros(NUM_DENSE)
+    bar = tqdm(total=raw.stat().st_size, unit="B", unit_scale=True, desc=f"convert {raw.name}",
+               disable=not progress)
     try:
-        for _, table in read_chunks(str(raw)):
+        for first_line, table in read_chunks(str(raw), skipped):
+            bar.update(min(BLOCK_BYTES, bar.total - bar.n))
             for batch in table.combine_chunks().to_batches():
                 if seen >= total:
                     break
                 batch = batch.slice(0, total - seen)
+                if skipped is not None:
+                    bad, reasons = bad_row_mask(batch)
+                    if bad.any():
+                        for i, why in zip(np.flatnonzero(bad)[:20], reasons[:20]):
+                            skipped.append((None, f"row {seen + int(i) + 1}: {why}"))
+                        n_skipped_values += int(bad.sum())
+                        batch = batch.filter(pa.array(~bad))
+                        total -= int(bad.sum())
+                        bounds = np.minimum(bounds, total)
+                for j, n in enumerate(DENSE_NAMES):
+                    missing[j] += pc.sum(pc.equal(pc.fill_null(batch.column(n), ""), "")).as_py() or 0
                 batch = transform_batch(batch, sizes, str(raw), first_row=seen + 1)
+                train_part = max(0, min(bounds[1], seen + batch.num_rows) - seen)
+                if train_part:
+                    dense = np.stack([batch.column(n).to_numpy()[:train_part] for n in DENSE_NAMES], axis=1)
+                    stats += [np.full(NUM_DENSE, train_part), dense.sum(0), (dense.astype(np.float64) ** 2).sum(0)]
                 for k, s in enumerate(SPLITS):
                     lo, hi = max(bounds[k], seen), min(bounds[k + 1], seen + batch.num_rows)
                     if hi > lo:
@@ -307,12 +370,13 @@ def prepare_criteo(
         for t in tmp.values():
             t.unlink(missing_ok=True)
         raise
+    bar.close()
     for s in SPLITS:
         flush(s, force=True)
     for w in writers.values():
         w.close()
     if seen == 0:
-        raise DataError(f"{raw}: no rows could be read")
+        raise DataError(f"{raw}: no rows could be read" + (" (every row was skipped as bad)" if skipped else ""))
     for s in SPLITS:
         os.replace(tmp[s], out / f"{s}.parquet")
     manifest = {
@@ -328,6 +392,16 @@ def prepare_criteo(
             "sparse": "id = 1 + uint32(hex) mod (num_embeddings - 1) as int64; empty -> 0",
         },
         "split": {"fractions": list(split), "order": "file order", "row_bounds": bounds.tolist()},
+        "rows_written": seen,
+        "rows_skipped": sum("fields" in why for _, why in skipped or []) + n_skipped_values,
+        "skipped_examples": [{"line": ln, "reason": why} for ln, why in (skipped or [])[:20]],
+        "dense_stats_train": {
+            n: {"mean": float(stats[1, j] / stats[0, j]) if stats[0, j] else None,
+                "std": float(np.sqrt(max(stats[2, j] / stats[0, j] - (stats[1, j] / stats[0, j]) ** 2, 0)))
+                if stats[0, j] else None,
+                "missing_fraction": float(missing[j] / seen) if seen else None}
+            for j, n in enumerate(DENSE_NAMES)
+        },
     }
     manifest_path.write_text(json.dumps(manifest, indent=2))
     return PreparedData(out, {s: out / f"{s}.parquet" for s in SPLITS}, rows)

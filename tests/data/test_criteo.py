@@ -106,3 +106,20 @@ def test_gzip_rows_counted_after_decompression(tmp_path, cache_dir):
     gz.write_bytes(gzip.compress(("\n".join(base_row(label=str(i % 2)) for i in range(50)) + "\n").encode()))
     p = prepare_criteo(gz, 100)
     assert p.rows == {"train": 40, "validation": 5, "test": 5}
+
+
+def test_skip_bad_rows_counts_them(tmp_path, cache_dir):
+    rows = [base_row(label=str(i % 2)) for i in range(10)]
+    rows.insert(3, base_row()[2:])                                            # 39 fields
+    rows.insert(6, base_row(dense=["abc"] + [str(i) for i in range(2, 14)]))  # bad dense
+    rows.insert(9, base_row(cats=["zz"] + [f"{i:08x}" for i in range(2, 27)]))  # bad hex
+    p = prepare_criteo(write(tmp_path, rows), 100, split=(1.0, 0.0, 0.0), on_bad_row="skip")
+    manifest = json.loads((p.directory / "manifest.json").read_text())
+    assert manifest["rows_written"] == 10 and manifest["rows_skipped"] == 3
+    assert sum(p.rows.values()) == 10
+    reasons = " ".join(e["reason"] for e in manifest["skipped_examples"])
+    assert "39 fields" in reasons and "column I1: 'abc'" in reasons and "column C1: 'zz'" in reasons
+    stats = manifest["dense_stats_train"]["I5"]
+    assert stats["mean"] == pytest.approx(np.log1p(5), rel=1e-6) and stats["missing_fraction"] == 0.0
+    with pytest.raises(DataError, match="line 4: expected 40 fields, got 39"):
+        prepare_criteo(tmp_path / "raw.txt", 100, split=(1.0, 0.0, 0.0))
