@@ -141,6 +141,13 @@ class ModelConfig(_Section):
     )
     dcn_num_layers: int = Field(3, gt=0, description="dlrm_dcnv2 / dcnv2: cross layers.")
     dcn_low_rank_dim: int = Field(512, gt=0, description="dlrm_dcnv2: rank of each cross layer's weight.")
+    dropout: float = Field(0.0, ge=0, lt=1, description="dcnv2 / deepfm / wide_deep: dropout after each hidden layer.")
+    norm: Literal["none", "batch", "layer"] = Field(
+        "none", description="dcnv2 / deepfm / wide_deep: normalisation after each hidden linear layer."
+    )
+    activation: Literal["relu", "gelu", "silu"] = Field(
+        "relu", description="dcnv2 / deepfm / wide_deep: activation of the hidden layers."
+    )
     embedding_init_scale: Optional[float] = Field(
         0.05,
         gt=0,
@@ -180,6 +187,17 @@ class TrainConfig(_Section):
         "adagrad", description="Optimizer of the dense (data-parallel) parameters."
     )
     dense_lr: float = Field(0.05, gt=0, description="Learning rate of the dense optimizer.")
+    warmup_steps: int = Field(0, ge=0, description="Linear learning-rate warmup over N steps (0 = none).")
+    decay_start_step: Optional[int] = Field(
+        None, ge=0, description="Start of the polynomial (squared) learning-rate decay, as in MLPerf DLRMv2."
+    )
+    decay_steps: int = Field(0, ge=0, description="Length of the decay in steps (0 = no decay).")
+    embedding_weight_decay: float = Field(
+        0.0, ge=0, description="L2 regularisation of the embedding rows, applied by the fused optimizer."
+    )
+    dense_grad_clip_norm: Optional[float] = Field(
+        None, gt=0, description="Clip the dense tower's gradient to this global L2 norm (None = off)."
+    )
     log_every_n_steps: int = Field(20, gt=0, description="Write a train line to metrics.jsonl every N steps.")
     deterministic: bool = Field(False, description="torch.use_deterministic_algorithms for exact reruns.")
     timing_every_n_steps: Optional[int] = Field(

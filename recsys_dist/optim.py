@@ -6,6 +6,7 @@ import torch
 from torch import nn
 from torchrec.optim import optimizers as trec_optim
 from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
+from torchrec.optim.clipping import GradientClipping, GradientClippingOptimizer
 from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
@@ -47,6 +48,8 @@ def fuse_embedding_optimizer(model: nn.Module, cfg: RunConfig) -> None:
 
     cls, kwargs = EMBEDDING_OPTIMIZERS[cfg.train.embedding_optimizer]
     params = [p for m in model.modules() if isinstance(m, EmbeddingBagCollection) for p in m.parameters()]
+    if cfg.train.embedding_weight_decay:
+        kwargs = {**kwargs, "weight_decay": cfg.train.embedding_weight_decay}
     apply_optimizer_in_backward(cls, params, {"lr": cfg.train.embedding_lr, **kwargs})
 
 
@@ -56,6 +59,8 @@ def build_optimizer(
     embedding_lr: float,
     dense_optimizer: str,
     dense_lr: float,
+    dense_grad_clip_norm: float | None = None,
+    embedding_weight_decay: float = 0.0,
 ) -> CombinedOptimizer:
     """All optimizers of a DistributedModelParallel as one KeyedOptimizer.
 
@@ -72,8 +77,14 @@ def build_optimizer(
     dp_tables = {n: p for n, p in params.items() if ".embedding_bags." in n}
     dense = {n: p for n, p in params.items() if n not in dp_tables}
     dense_cls = DENSE_OPTIMIZERS[dense_optimizer]
-    optimizers = [dmp.fused_optimizer, KeyedOptimizerWrapper(dense, lambda ps: dense_cls(ps, lr=dense_lr))]
+    dense_opt = KeyedOptimizerWrapper(dense, lambda ps: dense_cls(ps, lr=dense_lr))
+    if dense_grad_clip_norm:
+        dense_opt = GradientClippingOptimizer(dense_opt, max_gradient=dense_grad_clip_norm,
+                                              clipping=GradientClipping.NORM)
+    optimizers = [dmp.fused_optimizer, dense_opt]
     if dp_tables:
         emb_cls, kwargs = REPLICATED_TABLE_OPTIMIZERS[embedding_optimizer]
+        if embedding_weight_decay:
+            kwargs = {**kwargs, "weight_decay": embedding_weight_decay}
         optimizers.append(KeyedOptimizerWrapper(dp_tables, lambda ps: emb_cls(ps, lr=embedding_lr, **kwargs)))
     return CombinedOptimizer(optimizers)

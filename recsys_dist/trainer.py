@@ -41,6 +41,7 @@ from recsys_dist.metrics import StreamingBinaryMetrics, binary_metrics, gather_p
 from recsys_dist.observe import TimedTrainPipeline, TraceWriter
 from recsys_dist.models import build_model, embedding_configs
 from recsys_dist.models.build import table_sizes
+from recsys_dist.schedule import LRSchedule
 from recsys_dist.state import init_tables
 from recsys_dist.optim import build_optimizer, fuse_embedding_optimizer
 
@@ -80,7 +81,8 @@ def shard_model(cfg: RunConfig, ctx: DistContext) -> tuple[DistributedModelParal
     init_tables(dmp.state_dict(), tables, cfg.train.seed,
                 {t.name: t.weight_init_max for t in tables})
     t = cfg.train
-    optimizer = build_optimizer(dmp, t.embedding_optimizer, t.embedding_lr, t.dense_optimizer, t.dense_lr)
+    optimizer = build_optimizer(dmp, t.embedding_optimizer, t.embedding_lr, t.dense_optimizer, t.dense_lr,
+                                t.dense_grad_clip_norm, t.embedding_weight_decay)
     return dmp, optimizer, str(plan)
 
 
@@ -230,6 +232,9 @@ class _Loop:
         self.cfg, self.ctx, self.dmp, self.optimizer, self.loaders = cfg, ctx, dmp, optimizer, loaders
         self.writer, self.tracer = writer, tracer
         self.pipe = None
+        t = cfg.train
+        self.schedule = LRSchedule(t.warmup_steps, t.decay_start_step, t.decay_steps)
+        self.base_lrs = [g["lr"] for g in optimizer.param_groups]
         self.run_dir = run_dir
         self.step = self.epoch = self.rows_trained = 0
         self.first_epoch = self.in_epoch = 0
@@ -308,6 +313,11 @@ class _Loop:
         while not self.done():
             self.tracer.before(self.step + 1)
             try:
+                if self.schedule.active:
+                    self.schedule.apply(self.optimizer, self.base_lrs, self.step)
+                    # FBGEMM takes a new rate at its optimizer's step(), which only sets the
+                    # rate; calling it now makes this step's fused update use it.
+                    self.dmp.fused_optimizer.step()
                 out = pipe.progress(batches)
             except StopIteration:
                 break
@@ -370,7 +380,8 @@ class _Loop:
         if not math.isfinite(loss):  # identical on every rank (all-reduced), so all stop here
             self.diverged()
         sps = round(rows / elapsed, 1) if elapsed > 0 else None
-        self.writer.write(split="train", step=self.step, epoch=self.epoch, loss=loss, samples_per_s=sps,
+        lr = {"lr_scale": round(self.schedule.scale(self.step - 1), 6)} if self.schedule.active else {}
+        self.writer.write(split="train", step=self.step, epoch=self.epoch, loss=loss, samples_per_s=sps, **lr,
                           **(self.pipe.pop_times() if self.pipe else {}))
         self.bar.set_postfix(loss=f"{loss:.4f}", samples_per_s=sps, refresh=False)
         self.train_seconds += elapsed

@@ -78,13 +78,15 @@ def build_model(cfg: RunConfig, device: torch.device, tables_device: torch.devic
     tdev = tables_device or torch.device("meta")
     ebc = EmbeddingBagCollection(tables=embedding_configs(cfg, "t_"), device=tdev)
     m, num_dense = cfg.model, len(DENSE_NAMES)
+    opts = dict(dropout=m.dropout, norm=m.norm, activation=m.activation)
     if m.name == "dcnv2":
         return CTRTask(DCNv2(ebc, num_dense, SPARSE_NAMES, m.embedding_dim, m.deep_layer_sizes, m.dcn_num_layers,
-                             m.cross_low_rank_dim, m.dcn_structure, device=device))
+                             m.cross_low_rank_dim, m.dcn_structure, device=device, **opts))
     if m.name in ("deepfm", "wide_deep"):
         first = EmbeddingBagCollection(tables=embedding_configs(cfg, "w_"), device=tdev)
         cls = DeepFM if m.name == "deepfm" else WideDeep
-        return CTRTask(cls(ebc, first, num_dense, SPARSE_NAMES, m.embedding_dim, m.deep_layer_sizes, device=device))
+        return CTRTask(cls(ebc, first, num_dense, SPARSE_NAMES, m.embedding_dim, m.deep_layer_sizes, device=device,
+                           **opts))
     common = dict(
         embedding_bag_collection=ebc,
         dense_in_features=len(DENSE_NAMES),

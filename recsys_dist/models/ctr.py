@@ -13,8 +13,25 @@ import torch
 from torch import nn
 from torchrec.modules.crossnet import CrossNet, LowRankCrossNet
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
-from torchrec.modules.mlp import MLP
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+
+def mlp(in_features: int, sizes: list[int], dropout: float = 0.0, norm: str = "none", activation: str = "relu",
+        device: torch.device | None = None) -> nn.Sequential:
+    """Linear -> norm (batch / layer / none) -> activation -> dropout, per hidden size."""
+    acts = {"relu": nn.ReLU, "gelu": nn.GELU, "silu": nn.SiLU}
+    layers: list[nn.Module] = []
+    for size in sizes:
+        layers.append(nn.Linear(in_features, size, device=device))
+        if norm == "batch":
+            layers.append(nn.BatchNorm1d(size, device=device))
+        elif norm == "layer":
+            layers.append(nn.LayerNorm(size, device=device))
+        layers.append(acts[activation]())
+        if dropout:
+            layers.append(nn.Dropout(dropout))
+        in_features = size
+    return nn.Sequential(*layers)
 
 
 def _pooled(ebc: EmbeddingBagCollection, kjt: KeyedJaggedTensor, features: list[str]) -> torch.Tensor:
@@ -34,12 +51,12 @@ class DCNv2(nn.Module):
 
     def __init__(self, ebc: EmbeddingBagCollection, num_dense: int, features: list[str], embedding_dim: int,
                  deep_layer_sizes: list[int], num_cross_layers: int, low_rank: int | None = None,
-                 structure: str = "parallel", device: torch.device | None = None) -> None:
+                 structure: str = "parallel", device: torch.device | None = None, **mlp_options) -> None:
         super().__init__()
         self.sparse_arch, self.features, self.structure = ebc, features, structure
         d = num_dense + len(features) * embedding_dim
         self.cross = (LowRankCrossNet(d, num_cross_layers, low_rank) if low_rank else CrossNet(d, num_cross_layers))
-        self.deep = MLP(d, deep_layer_sizes, device=device)
+        self.deep = mlp(d, deep_layer_sizes, device=device, **mlp_options)
         head_in = deep_layer_sizes[-1] + (d if structure == "parallel" else 0)
         self.head = nn.Linear(head_in, 1, device=device)
         if device is not None:
@@ -62,12 +79,13 @@ class DeepFM(nn.Module):
 
     def __init__(self, ebc: EmbeddingBagCollection, first_order: EmbeddingBagCollection, num_dense: int,
                  features: list[str], embedding_dim: int, deep_layer_sizes: list[int],
-                 device: torch.device | None = None) -> None:
+                 device: torch.device | None = None, **mlp_options) -> None:
         super().__init__()
         self.sparse_arch, self.first_order, self.features = ebc, first_order, features
         self.dense_linear = nn.Linear(num_dense, 1, device=device)
         d = num_dense + len(features) * embedding_dim
-        self.deep = nn.Sequential(MLP(d, deep_layer_sizes, device=device), nn.Linear(deep_layer_sizes[-1], 1, device=device))
+        self.deep = nn.Sequential(mlp(d, deep_layer_sizes, device=device, **mlp_options),
+                                  nn.Linear(deep_layer_sizes[-1], 1, device=device))
 
     def forward(self, dense: torch.Tensor, kjt: KeyedJaggedTensor) -> torch.Tensor:
         v = _pooled(self.sparse_arch, kjt, self.features)                      # [B, F, E]
@@ -86,12 +104,13 @@ class WideDeep(nn.Module):
 
     def __init__(self, ebc: EmbeddingBagCollection, wide: EmbeddingBagCollection, num_dense: int,
                  features: list[str], embedding_dim: int, deep_layer_sizes: list[int],
-                 device: torch.device | None = None) -> None:
+                 device: torch.device | None = None, **mlp_options) -> None:
         super().__init__()
         self.sparse_arch, self.wide, self.features = ebc, wide, features
         self.wide_dense = nn.Linear(num_dense, 1, device=device)
         d = num_dense + len(features) * embedding_dim
-        self.deep = nn.Sequential(MLP(d, deep_layer_sizes, device=device), nn.Linear(deep_layer_sizes[-1], 1, device=device))
+        self.deep = nn.Sequential(mlp(d, deep_layer_sizes, device=device, **mlp_options),
+                                  nn.Linear(deep_layer_sizes[-1], 1, device=device))
 
     def forward(self, dense: torch.Tensor, kjt: KeyedJaggedTensor) -> torch.Tensor:
         wide = self.wide_dense(dense).squeeze(1) + _pooled(self.wide, kjt, self.features).sum(dim=(1, 2))

@@ -47,3 +47,15 @@ def test_every_model_sharded_equals_unsharded():
         assert per_model.keys() == set(MODELS)
         for name, diff in per_model.items():
             assert diff <= 1e-5, (name, diff)
+
+
+@pytest.mark.parametrize("norm,activation,dropout", [("batch", "gelu", 0.2), ("layer", "silu", 0.0)])
+def test_dense_tower_options(norm, activation, dropout):
+    cfg = load_config(QUICKSTART, ["model.name=dcnv2", "data.num_embeddings=100", f"model.norm={norm}",
+                                   f"model.activation={activation}", f"model.dropout={dropout}"])
+    model = build_model(cfg, torch.device("cpu"), tables_device=torch.device("cpu"))
+    kinds = {type(m).__name__ for m in model.modules()}
+    assert ("BatchNorm1d" if norm == "batch" else "LayerNorm") in kinds
+    assert ("GELU" if activation == "gelu" else "SiLU") in kinds and ("Dropout" in kinds) == (dropout > 0)
+    loss, _ = model(batch())
+    loss.backward()
