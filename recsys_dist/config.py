@@ -48,10 +48,11 @@ class _Section(BaseModel):
 
 
 class DataConfig(_Section):
-    format: Literal["criteo_tsv"] = Field(
+    format: Literal["criteo_tsv", "avazu_csv"] = Field(
         "criteo_tsv",
         description="Raw input format. criteo_tsv: label, I1..I13, C1..C26 tab-separated, "
-        "empty field = missing (Criteo Kaggle / 1TB layout).",
+        "empty field = missing (Criteo Kaggle / 1TB layout); avazu_csv: Avazu train.csv "
+        "(23 categorical features, no dense).",
     )
     raw_path: Optional[str] = Field(
         None, description="Raw labelled data file (relative to the config file); required to train."
@@ -102,13 +103,17 @@ class DataConfig(_Section):
             raise ValueError(f"data.split must be three non-negative fractions summing to 1, got {list(self.split)}")
         if self.split[0] <= 0:
             raise ValueError("data.split[0] (train fraction) must be > 0")
+        from recsys_dist.data import raw_format
+
+        n_features = len(raw_format(self.format).sparse_names)
         sizes = self.num_embeddings if isinstance(self.num_embeddings, list) else [self.num_embeddings]
-        if isinstance(self.num_embeddings, list) and len(sizes) != 26:
-            raise ValueError(f"data.num_embeddings: expected one int or a list of 26, got a list of {len(sizes)}")
+        if isinstance(self.num_embeddings, list) and len(sizes) != n_features:
+            raise ValueError(f"data.num_embeddings: expected one int or a list of {n_features} ({self.format} "
+                             f"features), got a list of {len(sizes)}")
         if self.multi_hot_sizes is not None and (
-            len(self.multi_hot_sizes) != 26 or any(h <= 0 for h in self.multi_hot_sizes)
+            len(self.multi_hot_sizes) != n_features or any(h <= 0 for h in self.multi_hot_sizes)
         ):
-            raise ValueError(f"data.multi_hot_sizes: expected 26 positive ints, got {self.multi_hot_sizes}")
+            raise ValueError(f"data.multi_hot_sizes: expected {n_features} positive ints, got {self.multi_hot_sizes}")
         if any(n < 2 for n in sizes):
             raise ValueError(
                 f"data.num_embeddings must be >= 2 (row 0 is reserved for missing values), got {self.num_embeddings}"
@@ -458,9 +463,13 @@ def check_before_launch(cfg: RunConfig, world_size: int | None = None) -> None:
         problems.append(f"  data.raw_path: {cfg.data.raw_path} is a directory; give the raw data file")
     elif not Path(cfg.data.raw_path).is_file():
         problems.append(f"  data.raw_path: file {cfg.data.raw_path} does not exist (fix the path in the config)")
+    from recsys_dist.data import feature_names
     from recsys_dist.models.build import table_names
 
     tables = table_names(cfg)
+    if not feature_names(cfg)[0] and cfg.model.name in ("dlrm", "dlrm_dcnv2"):
+        problems.append(f"  model.name: {cfg.model.name} needs dense features and {cfg.data.format} has none; "
+                        "use dcnv2, deepfm or wide_deep")
     unknown = sorted(set(cfg.sharding.per_table) - set(tables))
     if unknown:
         problems.append(f"  sharding.per_table: unknown tables {unknown}; the tables are {tables[0]} .. {tables[-1]}")

@@ -20,7 +20,8 @@ from safetensors.torch import load_file, save_file
 
 from recsys_dist.checkpoint import CheckpointError, is_complete, latest_checkpoint, read_meta
 from recsys_dist.config import RunConfig, config_from_dict, save_config
-from recsys_dist.data.criteo import DENSE_NAMES, SPARSE_NAMES, prepare_criteo
+from recsys_dist.data import feature_names, raw_format
+from recsys_dist.data.convert import prepare
 from recsys_dist.data.loader import ParquetBatchLoader
 from recsys_dist.models import CTRTask, build_model
 from recsys_dist.models.build import table_sizes
@@ -75,8 +76,8 @@ def export(path: str | Path, out: str | Path) -> Path:
 
 @torch.no_grad()
 def score(cfg: RunConfig, model: CTRTask, data: str | Path, batch_size: int = 4096) -> dict[str, np.ndarray]:
-    """Logits and labels for every row of ``data``: a raw Criteo TSV (gzip ok) converted with
-    the model's own table sizes, or a Parquet file in the converted layout.
+    """Logits and labels for every row of ``data``: a raw file in the model's data format
+    (gzip ok) converted with its own table sizes, or a Parquet file in the converted layout.
 
     Returns arrays ``logit`` (float32 [N]) and ``label`` (float32 [N]), in file order.
     """
@@ -84,9 +85,11 @@ def score(cfg: RunConfig, model: CTRTask, data: str | Path, batch_size: int = 40
     if data.suffix == ".parquet":
         parquet = data
     else:
-        prepared = prepare_criteo(data, cfg.data.num_embeddings, split=(1.0, 0.0, 0.0), cache_dir=cfg.data.cache_dir)
+        prepared = prepare(raw_format(cfg.data.format), data, cfg.data.num_embeddings, split=(1.0, 0.0, 0.0),
+                           cache_dir=cfg.data.cache_dir)
         parquet = prepared.files["train"]
-    loader = ParquetBatchLoader(str(parquet), batch_size, 0, 1, DENSE_NAMES, SPARSE_NAMES,
+    dense_names, sparse_names = feature_names(cfg)
+    loader = ParquetBatchLoader(str(parquet), batch_size, 0, 1, dense_names, sparse_names,
                                 num_embeddings=table_sizes(cfg))
     logits, labels = [], []
     for batch in loader:

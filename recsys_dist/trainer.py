@@ -32,8 +32,7 @@ from recsys_dist.checkpoint import (
     set_optimizer_steps,
 )
 from recsys_dist.config import RunConfig, save_config
-from recsys_dist.data import prepare_from_config
-from recsys_dist.data.criteo import DENSE_NAMES, SPARSE_NAMES
+from recsys_dist.data import feature_names, prepare_from_config
 from recsys_dist.data.loader import ParquetBatchLoader
 from recsys_dist.faults import maybe_fault
 from recsys_dist.distributed import DistContext, broadcast_result, init_distributed
@@ -59,7 +58,8 @@ def make_loaders(cfg: RunConfig, ctx: DistContext) -> Loaders:
     d = cfg.data
     prepared = broadcast_result(ctx, lambda: prepare_from_config(cfg))
     sizes = table_sizes(cfg)
-    common = dict(rank=ctx.rank, world_size=ctx.world_size, dense_names=DENSE_NAMES, sparse_names=SPARSE_NAMES,
+    dense_names, sparse_names = feature_names(cfg)
+    common = dict(rank=ctx.rank, world_size=ctx.world_size, dense_names=dense_names, sparse_names=sparse_names,
                   num_embeddings=sizes, pin_memory=ctx.device.type == "cuda",
                   shuffle_buffer_rows=d.shuffle_buffer_rows, prefetch=d.prefetch)
     eval_bs = cfg.eval.batch_size or cfg.train.batch_size

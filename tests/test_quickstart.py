@@ -177,3 +177,15 @@ def test_preprocess_command(tmp_path):
     r = run_cli(["preprocess", "--config", str(QUICKSTART), "--quiet", "data.num_rows=1000"], tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "rows: train 800, validation 100, test 100; skipped 0" in r.stdout
+
+
+@pytest.mark.slow
+def test_avazu_trains_on_two_ranks(tmp_path):
+    run_dir = tmp_path / "run"
+    r = run_cli(["train", "--config", str(ROOT / "configs" / "avazu_deepfm.yaml"), "--run-dir", str(run_dir),
+                 "data.num_rows=3000", "train.progress_bar=false"], tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    test = [m for m in read_metrics(run_dir) if m["split"] == "test"][0]
+    assert 0.5 < test["auc"] <= 1 and test["num_examples"] == 300
+    r = run_cli(["train", "--config", str(ROOT / "configs" / "avazu_deepfm.yaml"), "model.name=dlrm"], tmp_path)
+    assert r.returncode == 2 and "dlrm needs dense features" in r.stderr

@@ -249,159 +249,46 @@ def parse_ints(col: pa.Array, where: str, first_row: int) -> pa.Array:
     return pc.cast(pc.utf8_trim_whitespace(pc.if_else(pc.equal(col, ""), None, col)), pa.int64())
 
 
-@dataclass(frozen=True)
-class PreparedData:
-    """Paths of the converted splits and the manifest written beside them."""
+class CriteoFormat:
+    """Criteo TSV (Kaggle DAC / 1TB click logs): label, I1..I13, C1..C26; see module doc."""
 
-    directory: Path
-    files: dict[str, Path]
-    rows: dict[str, int]
-
-
-def _fingerprint(raw: Path, sizes: list[int], num_rows: int | None, split: tuple, on_bad_row: str) -> str:
-    st = raw.stat()
-    key = json.dumps([str(raw.resolve()), st.st_size, st.st_mtime_ns, sizes, num_rows, list(split), TRANSFORM_VERSION]
-                     + ([on_bad_row] if on_bad_row != "error" else []))
-    return hashlib.sha256(key.encode()).hexdigest()[:16]
-
-
-def default_cache_dir() -> Path:
-    return Path(os.environ.get("RECSYS_DIST_CACHE", Path.home() / ".cache" / "recsys_dist"))
-
-
-def prepare_criteo(
-    raw_path: str | os.PathLike,
-    num_embeddings: int | list[int],
-    split: tuple[float, float, float] = (0.8, 0.1, 0.1),
-    num_rows: int | None = None,
-    cache_dir: str | os.PathLike | None = None,
-    row_group_size: int = 65536,
-    on_bad_row: str = "error",
-    progress: bool = False,
-) -> PreparedData:
-    """Convert a Criteo TSV file to train/validation/test Parquet once, then reuse it.
-
-    The output directory is keyed by the raw file (path, size, mtime), the table sizes,
-    the row cap, the split and the bad-row policy, so changing any of them converts again.
-    ``on_bad_row="skip"`` leaves out rows with a wrong field count or a rejected value and
-    records them (rows read = rows written + rows skipped) in the manifest; ``"error"``
-    stops at the first. ``progress`` shows a tqdm bar over the bytes read. Files are written
-    under a temporary name and renamed, and ``manifest.json`` is written last, so an
-    interrupted conversion is never mistaken for a finished one.
-
-    Raises:
-        DataError: malformed input (names the file, line and column), or no rows.
-    """
-    raw = Path(raw_path)
-    if not raw.is_file():
-        raise DataError(f"{raw}: {'is a directory, not a file' if raw.is_dir() else 'file does not exist'}")
-    sizes = num_embeddings if isinstance(num_embeddings, list) else [num_embeddings] * NUM_SPARSE
-    out = Path(cache_dir) if cache_dir else default_cache_dir()
-    if on_bad_row not in ("error", "skip"):
-        raise ValueError(f"on_bad_row must be 'error' or 'skip', got {on_bad_row!r}")
-    out = out / f"criteo-{_fingerprint(raw, sizes, num_rows, tuple(split), on_bad_row)}"
-    manifest_path = out / "manifest.json"
-    if manifest_path.is_file():
-        m = json.loads(manifest_path.read_text())
-        return PreparedData(out, {s: out / f"{s}.parquet" for s in SPLITS}, m["rows"])
-
-    total = count_rows(raw)
-    if num_rows is not None:
-        total = min(total, num_rows)
-    if total == 0:
-        raise DataError(f"{raw}: the file holds no rows")
-    bounds = np.floor(np.cumsum([0.0, *split]) * total + 1e-9).astype(int)
-    bounds[-1] = total
-    out.mkdir(parents=True, exist_ok=True)
-    tmp = {s: out / f".{s}.parquet.tmp" for s in SPLITS}
-    writers = {s: pq.ParquetWriter(tmp[s], output_schema()) for s in SPLITS}
-    rows = dict.fromkeys(SPLITS, 0)
-    seen = 0
-    pending: dict = {s: [] for s in SPLITS}  # batches not yet written, so row groups are full-size
-
-    def flush(split: str, force: bool = False) -> None:
-        if pending[split] and (force or sum(b.num_rows for b in pending[split]) >= row_group_size):
-            writers[split].write_table(pa.Table.from_batches(pending[split]), row_group_size=row_group_size)
-            pending[split] = []
-
-    skipped: list | None = [] if on_bad_row == "skip" else None
-    n_skipped_values = 0
-    stats = np.zeros((3, NUM_DENSE))  # train split: count, sum, sum of squares (transformed)
-    missing = np.zeros(NUM_DENSE)
-    bar = tqdm(total=raw.stat().st_size, unit="B", unit_scale=True, desc=f"convert {raw.name}",
-               disable=not progress)
-    try:
-        for first_line, table in read_chunks(str(raw), skipped):
-            bar.update(min(BLOCK_BYTES, bar.total - bar.n))
-            for batch in table.combine_chunks().to_batches():
-                if seen >= total:
-                    break
-                batch = batch.slice(0, total - seen)
-                if skipped is not None:
-                    bad, reasons = bad_row_mask(batch)
-                    if bad.any():
-                        for i, why in zip(np.flatnonzero(bad)[:20], reasons[:20]):
-                            skipped.append((None, f"row {seen + int(i) + 1}: {why}"))
-                        n_skipped_values += int(bad.sum())
-                        batch = batch.filter(pa.array(~bad))
-                        total -= int(bad.sum())
-                        bounds = np.minimum(bounds, total)
-                for j, n in enumerate(DENSE_NAMES):
-                    missing[j] += pc.sum(pc.equal(pc.fill_null(batch.column(n), ""), "")).as_py() or 0
-                batch = transform_batch(batch, sizes, str(raw), first_row=seen + 1)
-                train_part = max(0, min(bounds[1], seen + batch.num_rows) - seen)
-                if train_part:
-                    dense = np.stack([batch.column(n).to_numpy()[:train_part] for n in DENSE_NAMES], axis=1)
-                    stats += [np.full(NUM_DENSE, train_part), dense.sum(0), (dense.astype(np.float64) ** 2).sum(0)]
-                for k, s in enumerate(SPLITS):
-                    lo, hi = max(bounds[k], seen), min(bounds[k + 1], seen + batch.num_rows)
-                    if hi > lo:
-                        pending[s].append(batch.slice(lo - seen, hi - lo))
-                        rows[s] += int(hi - lo)
-                        flush(s)
-                seen += batch.num_rows
-            # pyarrow's allocator keeps freed blocks; hand them back so RSS tracks one block.
-            pa.default_memory_pool().release_unused()
-            if seen >= total:
-                break
-    except BaseException:
-        for w in writers.values():
-            w.close()
-        for t in tmp.values():
-            t.unlink(missing_ok=True)
-        raise
-    bar.close()
-    for s in SPLITS:
-        flush(s, force=True)
-    for w in writers.values():
-        w.close()
-    if seen == 0:
-        raise DataError(f"{raw}: no rows could be read" + (" (every row was skipped as bad)" if skipped else ""))
-    for s in SPLITS:
-        os.replace(tmp[s], out / f"{s}.parquet")
-    manifest = {
-        "source": str(raw.resolve()),
-        "format": "criteo_tsv",
-        "rows": rows,
-        "num_embeddings": sizes,
-        "dense": DENSE_NAMES,
-        "sparse": SPARSE_NAMES,
-        "transforms": {
-            "label": "float32",
-            "dense": "log1p(max(x, 0)) as float32; empty -> 0",
-            "sparse": "id = 1 + uint32(hex) mod (num_embeddings - 1) as int64; empty -> 0",
-        },
-        "split": {"fractions": list(split), "order": "file order", "row_bounds": bounds.tolist()},
-        "rows_written": seen,
-        "rows_skipped": sum("fields" in why for _, why in skipped or []) + n_skipped_values,
-        "skipped_examples": [{"line": ln, "reason": why} for ln, why in (skipped or [])[:20]],
-        "dense_stats_train": {
-            n: {"mean": float(stats[1, j] / stats[0, j]) if stats[0, j] else None,
-                "std": float(np.sqrt(max(stats[2, j] / stats[0, j] - (stats[1, j] / stats[0, j]) ** 2, 0)))
-                if stats[0, j] else None,
-                "missing_fraction": float(missing[j] / seen) if seen else None}
-            for j, n in enumerate(DENSE_NAMES)
-        },
+    name = "criteo_tsv"
+    dense_names = DENSE_NAMES
+    sparse_names = SPARSE_NAMES
+    transforms = {
+        "label": "float32",
+        "dense": "log1p(max(x, 0)) as float32; empty -> 0",
+        "sparse": "id = 1 + uint32(hex) mod (num_embeddings - 1) as int64; empty -> 0",
     }
-    manifest_path.write_text(json.dumps(manifest, indent=2))
-    return PreparedData(out, {s: out / f"{s}.parquet" for s in SPLITS}, rows)
+
+    @staticmethod
+    def count_rows(path: str | os.PathLike) -> int:
+        return count_rows(path)
+
+    @staticmethod
+    def read_chunks(path: str, skipped: list | None = None):
+        return read_chunks(path, skipped)
+
+    @staticmethod
+    def bad_row_mask(batch: pa.RecordBatch):
+        return bad_row_mask(batch)
+
+    @staticmethod
+    def transform_batch(batch: pa.RecordBatch, sizes: list[int], path: str, first_row: int) -> pa.RecordBatch:
+        return transform_batch(batch, sizes, path, first_row)
+
+    @staticmethod
+    def output_schema() -> pa.Schema:
+        return output_schema()
+
+
+CRITEO = CriteoFormat()
+
+
+def prepare_criteo(raw_path, num_embeddings, split=(0.8, 0.1, 0.1), num_rows=None, cache_dir=None,
+                   row_group_size: int = 65536, on_bad_row: str = "error", progress: bool = False):
+    """Convert a Criteo TSV file to train/validation/test Parquet once, then reuse it
+    (see :func:`recsys_dist.data.convert.prepare`)."""
+    from recsys_dist.data.convert import prepare
+
+    return prepare(CRITEO, raw_path, num_embeddings, split, num_rows, cache_dir, row_group_size, on_bad_row, progress)

@@ -10,14 +10,14 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from recsys_dist.config import RunConfig
-from recsys_dist.data.criteo import DENSE_NAMES, SPARSE_NAMES
+from recsys_dist.data import feature_names
 from recsys_dist.models.ctr import DCNv2, DeepFM, WideDeep
 from recsys_dist.models.task import CTRTask
 
 
 def table_sizes(cfg: RunConfig) -> list[int]:
     n = cfg.data.num_embeddings
-    return list(n) if isinstance(n, list) else [n] * len(SPARSE_NAMES)
+    return list(n) if isinstance(n, list) else [n] * len(feature_names(cfg)[1])
 
 
 def _pooling(cfg: RunConfig, table: str) -> str:
@@ -44,7 +44,7 @@ def embedding_configs(cfg: RunConfig, prefix: str | None = None) -> list[Embeddi
         return [c for g in groups for c in embedding_configs(cfg, g)]
     scale = cfg.model.embedding_init_scale
     out = []
-    for name, rows in zip(SPARSE_NAMES, table_sizes(cfg)):
+    for name, rows in zip(feature_names(cfg)[1], table_sizes(cfg)):
         s = scale if scale is not None else math.sqrt(1.0 / rows)
         if prefix == "w_":
             s = s / FIRST_ORDER_DIM
@@ -77,19 +77,20 @@ def build_model(cfg: RunConfig, device: torch.device, tables_device: torch.devic
     """
     tdev = tables_device or torch.device("meta")
     ebc = EmbeddingBagCollection(tables=embedding_configs(cfg, "t_"), device=tdev)
-    m, num_dense = cfg.model, len(DENSE_NAMES)
+    dense_names, sparse_names = feature_names(cfg)
+    m, num_dense = cfg.model, len(dense_names)
     opts = dict(dropout=m.dropout, norm=m.norm, activation=m.activation)
     if m.name == "dcnv2":
-        return CTRTask(DCNv2(ebc, num_dense, SPARSE_NAMES, m.embedding_dim, m.deep_layer_sizes, m.dcn_num_layers,
+        return CTRTask(DCNv2(ebc, num_dense, sparse_names, m.embedding_dim, m.deep_layer_sizes, m.dcn_num_layers,
                              m.cross_low_rank_dim, m.dcn_structure, device=device, **opts))
     if m.name in ("deepfm", "wide_deep"):
         first = EmbeddingBagCollection(tables=embedding_configs(cfg, "w_"), device=tdev)
         cls = DeepFM if m.name == "deepfm" else WideDeep
-        return CTRTask(cls(ebc, first, num_dense, SPARSE_NAMES, m.embedding_dim, m.deep_layer_sizes, device=device,
+        return CTRTask(cls(ebc, first, num_dense, sparse_names, m.embedding_dim, m.deep_layer_sizes, device=device,
                            **opts))
     common = dict(
         embedding_bag_collection=ebc,
-        dense_in_features=len(DENSE_NAMES),
+        dense_in_features=num_dense,
         dense_arch_layer_sizes=cfg.model.dense_arch_layer_sizes,
         over_arch_layer_sizes=cfg.model.over_arch_layer_sizes,
         dense_device=device,
