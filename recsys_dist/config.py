@@ -122,14 +122,16 @@ class DataConfig(_Section):
 
 
 class ModelConfig(_Section):
-    name: Literal["dlrm", "dlrm_dcnv2", "dcnv2", "deepfm", "wide_deep"] = Field(
+    name: Literal["dlrm", "dlrm_dcnv2", "dcnv2", "deepfm", "wide_deep", "xdeepfm"] = Field(
         "dlrm",
         description="dlrm: dot interaction (Naumov et al., 2019); dlrm_dcnv2: low-rank DCN-v2 cross "
         "network in place of the dot interaction (MLPerf DLRMv2); dcnv2: DCN-V2 (Wang et al., 2021); "
-        "deepfm: DeepFM (Guo et al., 2017); wide_deep: Wide & Deep (Cheng et al., 2016).",
+        "deepfm: DeepFM (Guo et al., 2017); wide_deep: Wide & Deep (Cheng et al., 2016); "
+        "xdeepfm: xDeepFM with the Compressed Interaction Network (Lian et al., 2018).",
     )
+    cin_layer_sizes: list[int] = Field([64, 64], description="xdeepfm: feature maps per CIN layer.")
     deep_layer_sizes: list[int] = Field(
-        [256, 128], description="dcnv2 / deepfm / wide_deep: hidden sizes of the deep MLP."
+        [256, 128], description="dcnv2 / deepfm / wide_deep / xdeepfm: hidden sizes of the deep MLP."
     )
     dcn_structure: Literal["stacked", "parallel"] = Field(
         "parallel", description="dcnv2: cross network then MLP (stacked) or side by side (parallel)."
@@ -162,7 +164,7 @@ class ModelConfig(_Section):
 
     @model_validator(mode="after")
     def _check(self) -> "ModelConfig":
-        for key in ("dense_arch_layer_sizes", "over_arch_layer_sizes", "deep_layer_sizes"):
+        for key in ("dense_arch_layer_sizes", "over_arch_layer_sizes", "deep_layer_sizes", "cin_layer_sizes"):
             sizes = getattr(self, key)
             if not sizes or any(s <= 0 for s in sizes):
                 raise ValueError(f"model.{key} must be a non-empty list of positive ints, got {sizes}")

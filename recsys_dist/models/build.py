@@ -11,7 +11,7 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from recsys_dist.config import RunConfig
 from recsys_dist.data import feature_names
-from recsys_dist.models.ctr import DCNv2, DeepFM, WideDeep
+from recsys_dist.models.ctr import DCNv2, DeepFM, WideDeep, XDeepFM
 from recsys_dist.models.task import CTRTask
 
 
@@ -40,7 +40,7 @@ def embedding_configs(cfg: RunConfig, prefix: str | None = None) -> list[Embeddi
     for deepfm / wide_deep one first-order table ``w_<feature>`` each; pooling from
     ``sharding.pooling`` / ``sharding.per_table``. ``prefix`` selects one group."""
     if prefix is None:
-        groups = ["t_"] + (["w_"] if cfg.model.name in ("deepfm", "wide_deep") else [])
+        groups = ["t_"] + (["w_"] if cfg.model.name in ("deepfm", "wide_deep", "xdeepfm") else [])
         return [c for g in groups for c in embedding_configs(cfg, g)]
     scale = cfg.model.embedding_init_scale
     out = []
@@ -83,6 +83,10 @@ def build_model(cfg: RunConfig, device: torch.device, tables_device: torch.devic
     if m.name == "dcnv2":
         return CTRTask(DCNv2(ebc, num_dense, sparse_names, m.embedding_dim, m.deep_layer_sizes, m.dcn_num_layers,
                              m.cross_low_rank_dim, m.dcn_structure, device=device, **opts))
+    if m.name == "xdeepfm":
+        first = EmbeddingBagCollection(tables=embedding_configs(cfg, "w_"), device=tdev)
+        return CTRTask(XDeepFM(ebc, first, num_dense, sparse_names, m.embedding_dim, m.deep_layer_sizes,
+                               m.cin_layer_sizes, device=device, **opts))
     if m.name in ("deepfm", "wide_deep"):
         first = EmbeddingBagCollection(tables=embedding_configs(cfg, "w_"), device=tdev)
         cls = DeepFM if m.name == "deepfm" else WideDeep

@@ -116,3 +116,53 @@ class WideDeep(nn.Module):
         wide = self.wide_dense(dense).squeeze(1) + _pooled(self.wide, kjt, self.features).sum(dim=(1, 2))
         deep = self.deep(torch.cat([dense, _pooled(self.sparse_arch, kjt, self.features).flatten(1)], dim=1))
         return deep + wide.unsqueeze(1)
+
+
+class CIN(nn.Module):
+    """Compressed Interaction Network (Lian et al., 2018, xDeepFM, arXiv:1803.05170, eq. 6-8).
+
+    ``X^0 = [e_1..e_m]`` [B, m, E]; layer k: ``X^k_h = sum_{i,j} W^{k,h}_{ij} (X^{k-1}_i * X^0_j)``
+    (a 1x1 convolution over the ``H_{k-1} * m`` outer products), then sum pooling over the
+    embedding dimension; the pooled maps of every layer are concatenated: [B, sum_k H_k].
+    """
+
+    def __init__(self, num_fields: int, layer_sizes: list[int], device: torch.device | None = None) -> None:
+        super().__init__()
+        sizes = [num_fields, *layer_sizes]
+        self.convs = nn.ModuleList(nn.Conv1d(sizes[k] * num_fields, sizes[k + 1], 1, device=device)
+                                   for k in range(len(layer_sizes)))
+
+    def forward(self, x0: torch.Tensor) -> torch.Tensor:
+        b, m, e = x0.shape
+        xk, pooled = x0, []
+        for conv in self.convs:
+            z = torch.einsum("bhe,bme->bhme", xk, x0).reshape(b, -1, e)
+            xk = conv(z)
+            pooled.append(xk.sum(dim=2))
+        return torch.cat(pooled, dim=1)
+
+
+class XDeepFM(nn.Module):
+    """xDeepFM (Lian et al., 2018, KDD, arXiv:1803.05170), eq. 9.
+
+    ``y = w_lin^T [dense, ids] + w_cin^T CIN(e_1..e_F) + MLP([dense, e_1..e_F]) + b``: the
+    linear part uses first-order tables (``w_<feature>``), CIN and the deep part share the
+    embeddings.
+    """
+
+    def __init__(self, ebc: EmbeddingBagCollection, first_order: EmbeddingBagCollection, num_dense: int,
+                 features: list[str], embedding_dim: int, deep_layer_sizes: list[int], cin_layer_sizes: list[int],
+                 device: torch.device | None = None, **mlp_options) -> None:
+        super().__init__()
+        self.sparse_arch, self.first_order, self.features = ebc, first_order, features
+        self.dense_linear = nn.Linear(num_dense, 1, device=device)
+        self.cin = CIN(len(features), cin_layer_sizes, device=device)
+        self.cin_out = nn.Linear(sum(cin_layer_sizes), 1, device=device)
+        d = num_dense + len(features) * embedding_dim
+        self.deep = nn.Sequential(mlp(d, deep_layer_sizes, device=device, **mlp_options),
+                                  nn.Linear(deep_layer_sizes[-1], 1, device=device))
+
+    def forward(self, dense: torch.Tensor, kjt: KeyedJaggedTensor) -> torch.Tensor:
+        v = _pooled(self.sparse_arch, kjt, self.features)                      # [B, F, E]
+        linear = self.dense_linear(dense).squeeze(1) + _pooled(self.first_order, kjt, self.features).sum(dim=(1, 2))
+        return self.deep(torch.cat([dense, v.flatten(1)], dim=1)) + self.cin_out(self.cin(v)) + linear.unsqueeze(1)

@@ -12,7 +12,7 @@ from tests.conftest import QUICKSTART
 from tests.distributed import equivalence
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-MODELS = ["dlrm", "dlrm_dcnv2", "dcnv2", "deepfm", "wide_deep"]
+MODELS = ["dlrm", "dlrm_dcnv2", "dcnv2", "deepfm", "wide_deep", "xdeepfm"]
 
 
 def batch(B=6):
@@ -37,7 +37,7 @@ def test_shapes_and_gradient_flow(name):
 
 def test_first_order_tables_only_where_the_model_has_them():
     names = lambda m: {t.name[:2] for t in embedding_configs(load_config(QUICKSTART, [f"model.name={m}"]))}  # noqa: E731
-    assert names("deepfm") == names("wide_deep") == {"t_", "w_"}
+    assert names("deepfm") == names("wide_deep") == names("xdeepfm") == {"t_", "w_"}
     assert names("dcnv2") == names("dlrm") == {"t_"}
 
 
