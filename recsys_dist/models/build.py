@@ -26,7 +26,7 @@ def _pooling(cfg: RunConfig, table: str) -> str:
 
 
 # FBGEMM's fused kernel needs widths that are multiples of 4, so a per-id scalar weight
-# (first-order / wide part) is stored as 4 columns that the model sums.
+# (first-order / wide part) is stored as 4 columns that the model averages.
 FIRST_ORDER_DIM = 4
 
 
@@ -46,8 +46,6 @@ def embedding_configs(cfg: RunConfig, prefix: str | None = None) -> list[Embeddi
     out = []
     for name, rows in zip(feature_names(cfg)[1], table_sizes(cfg)):
         s = scale if scale is not None else math.sqrt(1.0 / rows)
-        if prefix == "w_":
-            s = s / FIRST_ORDER_DIM
         out.append(
             EmbeddingBagConfig(
                 name=f"{prefix}{name}",

@@ -34,6 +34,13 @@ def mlp(in_features: int, sizes: list[int], dropout: float = 0.0, norm: str = "n
     return nn.Sequential(*layers)
 
 
+def first_order_sum(ebc: EmbeddingBagCollection, kjt: KeyedJaggedTensor, features: list[str]) -> torch.Tensor:
+    """sum_i w(x_i) [B]: each per-id weight is the mean of its table's 4 columns (FBGEMM needs
+    widths that are multiples of 4). A mean, not a sum: the 4 columns get the same gradient,
+    and a sum would move 4x faster than the configured learning rate."""
+    return _pooled(ebc, kjt, features).mean(dim=2).sum(dim=1)
+
+
 def _pooled(ebc: EmbeddingBagCollection, kjt: KeyedJaggedTensor, features: list[str]) -> torch.Tensor:
     """[B, F, E] pooled embeddings in ``features`` order."""
     kt = ebc(kjt).to_dict()
@@ -89,7 +96,7 @@ class DeepFM(nn.Module):
 
     def forward(self, dense: torch.Tensor, kjt: KeyedJaggedTensor) -> torch.Tensor:
         v = _pooled(self.sparse_arch, kjt, self.features)                      # [B, F, E]
-        first = _pooled(self.first_order, kjt, self.features).sum(dim=(1, 2))   # [B]
+        first = first_order_sum(self.first_order, kjt, self.features)   # [B]
         fm = 0.5 * (v.sum(dim=1).pow(2) - v.pow(2).sum(dim=1)).sum(dim=1)       # [B]
         deep = self.deep(torch.cat([dense, v.flatten(1)], dim=1))               # [B, 1]
         return deep + (self.dense_linear(dense).squeeze(1) + first + fm).unsqueeze(1)
@@ -113,7 +120,7 @@ class WideDeep(nn.Module):
                                   nn.Linear(deep_layer_sizes[-1], 1, device=device))
 
     def forward(self, dense: torch.Tensor, kjt: KeyedJaggedTensor) -> torch.Tensor:
-        wide = self.wide_dense(dense).squeeze(1) + _pooled(self.wide, kjt, self.features).sum(dim=(1, 2))
+        wide = self.wide_dense(dense).squeeze(1) + first_order_sum(self.wide, kjt, self.features)
         deep = self.deep(torch.cat([dense, _pooled(self.sparse_arch, kjt, self.features).flatten(1)], dim=1))
         return deep + wide.unsqueeze(1)
 
@@ -164,5 +171,5 @@ class XDeepFM(nn.Module):
 
     def forward(self, dense: torch.Tensor, kjt: KeyedJaggedTensor) -> torch.Tensor:
         v = _pooled(self.sparse_arch, kjt, self.features)                      # [B, F, E]
-        linear = self.dense_linear(dense).squeeze(1) + _pooled(self.first_order, kjt, self.features).sum(dim=(1, 2))
+        linear = self.dense_linear(dense).squeeze(1) + first_order_sum(self.first_order, kjt, self.features)
         return self.deep(torch.cat([dense, v.flatten(1)], dim=1)) + self.cin_out(self.cin(v)) + linear.unsqueeze(1)
