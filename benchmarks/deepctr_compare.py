@@ -62,10 +62,13 @@ def ours(config: Path, name: str, seeds: list[int], tmp: str) -> list[dict]:
     res = []
     for seed in seeds:
         run = Path(tmp) / f"{config.stem}-{name}-{seed}"
-        subprocess.run([sys.executable, "-m", "recsys_dist.cli", "train", "--config", str(config), "--run-dir", str(run),
-                        f"model.name={name}", f"train.seed={seed}", "checkpoint.enabled=false",
-                        "train.progress_bar=false", "model.cin_layer_sizes=[32,32]"],
-                       cwd=ROOT, check=True, capture_output=True)
+        cmd = [sys.executable, "-m", "recsys_dist.cli", "train", "--config", str(config), "--run-dir", str(run),
+               f"model.name={name}", f"train.seed={seed}", "checkpoint.enabled=false",
+               "train.progress_bar=false", "model.cin_layer_sizes=[32,32]"]
+        r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+        if r.returncode:
+            print(f"  (run failed once, retrying: {r.stderr.strip().splitlines()[-1:]})", file=sys.stderr)
+            r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=True)
         res.append(json.loads((run / "summary.json").read_text())["test"])
     return res
 

@@ -133,6 +133,15 @@ def _headline(run: Run) -> dict:
             "world_size": s.get("world_size")}
 
 
+def _plan_bytes_per_rank(plan: list) -> dict[int, int]:
+    """rank -> bytes of fp32 embedding weights held there (from plan.json's ``rank_bytes``)."""
+    out: dict[int, int] = {}
+    for entry in plan:
+        for r, b in (entry.get("rank_bytes") or {}).items():
+            out[int(r)] = out.get(int(r), 0) + int(b)
+    return dict(sorted(out.items()))
+
+
 def _plan_per_rank(plan: list) -> dict[int, Counter]:
     """rank -> Counter(sharding_type -> number of tables with a shard or replica there)."""
     per_rank: dict[int, Counter] = {}
@@ -182,6 +191,10 @@ def report(run_dir: str | Path, *, plots: bool = True, out_dir: str | Path | Non
     if run.plan:
         types = Counter(e.get("sharding_type", "?") for e in run.plan)
         per_rank = _plan_per_rank(run.plan)
+        memory = _plan_bytes_per_rank(run.plan)
+        if memory:
+            lines.append("  embedding weights per rank (MiB): "
+                         + ", ".join(f"r{r} {b / 2**20:.1f}" for r, b in memory.items()))
         lines.append(f"  plan: {len(run.plan)} tables ({', '.join(f'{t} {n}' for t, n in sorted(types.items()))}); "
                      f"tables per rank: {', '.join(f'r{r} {sum(c.values())}' for r, c in per_rank.items())}")
     if run.missing:
@@ -302,6 +315,13 @@ def write_plots(run: Run, out_dir: Path) -> list[Path]:
             ax.yaxis.set_major_locator(MaxNLocator(integer=True))
             ax.legend(ncol=min(3, len(types)), loc="upper center")
             save(fig, "plan.png")
+        memory = _plan_bytes_per_rank(run.plan)
+        if memory:
+            fig = Figure(figsize=(max(5, 0.5 * len(memory) + 3), 4))
+            ax = fig.add_subplot()
+            ax.bar([str(r) for r in memory], [b / 2**20 for b in memory.values()])
+            ax.set(title="embedding weights per rank (fp32, from the plan)", xlabel="rank", ylabel="MiB")
+            save(fig, "embedding_memory.png")
     return written
 
 

@@ -205,14 +205,24 @@ def collective_plan(
     return plan
 
 
-def plan_summary(plan: ShardingPlan) -> list[dict]:
-    """Machine-readable plan: one entry per table with type, kernel and ranks."""
+def plan_summary(plan: ShardingPlan, tables: Optional[list[EmbeddingBagConfig]] = None) -> list[dict]:
+    """Machine-readable plan: one entry per table with type, kernel, ranks and, per rank,
+    the bytes of fp32 weights it holds (``rank_bytes``; replicas count on every rank;
+    data-parallel sizes need ``tables``)."""
+    shapes = {t.name: (t.num_embeddings, t.embedding_dim) for t in tables or []}
     rows = []
     for module_path, module_plan in plan.plan.items():
         for table, ps in module_plan.items():  # type: ignore[union-attr]
             shard_ranks = [s.placement.rank() for s in ps.sharding_spec.shards] if ps.sharding_spec else list(ps.ranks or [])
             # Column shards keep their order (a rank may hold several); others list each rank once.
             ranks = shard_ranks if "column" in ps.sharding_type else list(dict.fromkeys(shard_ranks))
+            rank_bytes: dict[int, int] = {}
+            if ps.sharding_spec:
+                for sh in ps.sharding_spec.shards:
+                    r = sh.placement.rank()
+                    rank_bytes[r] = rank_bytes.get(r, 0) + sh.shard_sizes[0] * sh.shard_sizes[1] * 4
+            elif table in shapes:
+                rank_bytes = {r: shapes[table][0] * shapes[table][1] * 4 for r in ranks}
             rows.append(
                 {
                     "module": module_path,
@@ -220,6 +230,7 @@ def plan_summary(plan: ShardingPlan) -> list[dict]:
                     "sharding_type": ps.sharding_type,
                     "compute_kernel": ps.compute_kernel,
                     "ranks": ranks,
+                    "rank_bytes": {str(r): b for r, b in sorted(rank_bytes.items())},
                 }
             )
     return rows

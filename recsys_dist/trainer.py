@@ -186,7 +186,8 @@ def train(cfg: RunConfig, run_dir: Path, profile_dir: Path | None = None, resume
     log.info("sharded: %s", ", ".join(sorted({r["sharding_type"] for r in sharding.plan_summary(dmp.plan)})))
     if ctx.is_main:
         (run_dir / "plan.txt").write_text(plan_text + "\n")
-        (run_dir / "plan.json").write_text(json.dumps(sharding.plan_summary(dmp.plan), indent=2))
+        (run_dir / "plan.json").write_text(json.dumps(sharding.plan_summary(dmp.plan, embedding_configs(cfg)),
+                                                      indent=2))
     loop = _Loop(cfg, ctx, dmp, optimizer, loaders, MetricsWriter(run_dir / "metrics.jsonl", ctx.is_main),
                  TraceWriter(profile_dir, ctx.rank), run_dir)
     resumed_at = None

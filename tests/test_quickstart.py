@@ -75,6 +75,7 @@ def test_quickstart_world_size_2(tmp_path):
     rep = run_cli(["report", str(run_dir)], tmp_path)
     assert rep.returncode == 0, rep.stderr
     assert (run_dir / "loss.png").stat().st_size > 0 and (run_dir / "step_time.png").is_file()
+    assert (run_dir / "embedding_memory.png").is_file() and "embedding weights per rank (MiB)" in rep.stdout
 
 
 @pytest.mark.slow
@@ -147,8 +148,11 @@ def test_fixed_plan_file_places_tables_and_round_trips(tmp_path):
     r = run_cli(["train", "--config", str(QUICKSTART), "--run-dir", str(run_dir), "--plan", str(plan), *FAST], tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     key = lambda row: row["table"]  # noqa: E731
-    assert sorted(json.loads((run_dir / "plan.json").read_text()), key=key) == sorted(
-        [dict(r, module="model.sparse_arch.embedding_bag_collection") for r in rows], key=key)
+    got = sorted(json.loads((run_dir / "plan.json").read_text()), key=key)
+    assert [{k: g[k] for k in rows[0]} for g in got] == sorted(rows, key=key)
+    # fp32 bytes per rank: 26 tables x 10,000 rows x 16 columns x 4 bytes, plus the replica.
+    per_rank = [sum(int(g["rank_bytes"].get(str(r), 0)) for g in got) for r in (0, 1)]
+    assert sum(per_rank) == (26 + 1) * 10000 * 16 * 4
 
 
 @pytest.mark.slow
