@@ -27,7 +27,6 @@ TYPES = ["data_parallel", "table_wise", "row_wise", "column_wise", "table_row_wi
 def _measure(rank: int, world_size: int, steps: int, warmup: int) -> dict:
     warnings.filterwarnings("ignore")
     logging.disable(logging.WARNING)
-    import torch
     import torch.distributed as dist
     from torchrec.distributed.train_pipeline import TrainPipelineBase, TrainPipelineSparseDist
 

@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
-from recsys_dist.data.criteo import BLOCK_BYTES, DataError, _BadRows, count_rows
+from recsys_dist.data.criteo import DataError, _BadRows, count_rows, line_blocks
 
 RAW_COLUMNS = ["id", "click", "hour", "C1", "banner_pos", "site_id", "site_domain", "site_category", "app_id",
                "app_domain", "app_category", "device_id", "device_ip", "device_model", "device_type",
@@ -68,39 +68,27 @@ class AvazuFormat:
     @staticmethod
     def read_chunks(path: str, skipped: list | None = None) -> Iterator[tuple[int, pa.Table]]:
         header = _has_header(path)
-        line, carry, first = 1, b"", True
-        with pa.input_stream(path, compression="detect") as f:
-            while True:
-                block = f.read(BLOCK_BYTES)
-                data = carry + block
-                if not data:
-                    return
-                cut = data.rfind(b"\n") + 1 if block else len(data)
-                if cut == 0:
-                    carry = data
-                    continue
-                chunk, carry = data[:cut], data[cut:]
-                skip = 1 if (first and header) else 0
-                bad = _BadRows()
-                table = pacsv.read_csv(
-                    pa.py_buffer(chunk),
-                    read_options=pacsv.ReadOptions(column_names=RAW_COLUMNS, skip_rows=skip, use_threads=False),
-                    parse_options=pacsv.ParseOptions(quote_char=False, invalid_row_handler=bad),
-                    convert_options=pacsv.ConvertOptions(column_types={c: pa.string() for c in RAW_COLUMNS},
-                                                         strings_can_be_null=False),
-                )
-                if bad.rows:
-                    if skipped is None:
-                        row = bad.rows[0]
-                        n = None if row.number is None else row.number + line - 1
-                        raise DataError(f"{path}, line {n}: expected {row.expected_columns} fields, got "
-                                        f"{row.actual_columns} (an Avazu row has 24 comma-separated fields)")
-                    skipped += [(None, f"{r.actual_columns} fields, expected 24") for r in bad.rows]
-                first = False
-                yield line, table
-                line += chunk.count(b"\n")
-                if not block:
-                    return
+        line, first = 1, True
+        for chunk in line_blocks(path):
+            skip = 1 if (first and header) else 0
+            bad = _BadRows()
+            table = pacsv.read_csv(
+                pa.py_buffer(chunk),
+                read_options=pacsv.ReadOptions(column_names=RAW_COLUMNS, skip_rows=skip, use_threads=False),
+                parse_options=pacsv.ParseOptions(quote_char=False, invalid_row_handler=bad),
+                convert_options=pacsv.ConvertOptions(column_types={c: pa.string() for c in RAW_COLUMNS},
+                                                     strings_can_be_null=False),
+            )
+            if bad.rows:
+                if skipped is None:
+                    row = bad.rows[0]
+                    n = None if row.number is None else row.number + line - 1
+                    raise DataError(f"{path}, line {n}: expected {row.expected_columns} fields, got "
+                                    f"{row.actual_columns} (an Avazu row has 24 comma-separated fields)")
+                skipped += [(None, f"{r.actual_columns} fields, expected 24") for r in bad.rows]
+            first = False
+            yield line, table
+            line += chunk.count(b"\n")
 
     @staticmethod
     def bad_row_mask(batch: pa.RecordBatch):

@@ -17,19 +17,13 @@ text) is in flight at a time, whatever the file size.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
-from dataclasses import dataclass
 from typing import Iterator
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
-import pyarrow.parquet as pq
-from tqdm import tqdm
 
 NUM_DENSE = 13
 NUM_SPARSE = 26
@@ -206,6 +200,26 @@ def _parse_chunk(chunk: bytes, path: str, first_line: int, use_threads: bool,
     return table
 
 
+def line_blocks(path: str) -> Iterator[bytes]:
+    """The file (gzip / bz2 detected) in blocks of about ``BLOCK_BYTES``, each cut after a
+    line end, so only one block is in memory at a time."""
+    carry = b""
+    with pa.input_stream(path, compression="detect") as f:
+        while True:
+            block = f.read(BLOCK_BYTES)
+            data = carry + block
+            if not data:
+                return
+            cut = data.rfind(b"\n") + 1 if block else len(data)
+            if cut == 0:  # a line longer than a block: keep reading
+                carry = data
+                continue
+            yield data[:cut]
+            carry = data[cut:]
+            if not block:
+                return
+
+
 def read_chunks(path: str, skipped: list | None = None) -> Iterator[tuple[int, pa.Table]]:
     """``(first line number, table of text columns)`` per ~``BLOCK_BYTES`` of the file.
 
@@ -217,26 +231,10 @@ def read_chunks(path: str, skipped: list | None = None) -> Iterator[tuple[int, p
     ``(line or None, reason)`` and left out instead of raising.
     """
     line = 1
-    carry = b""
-    with pa.input_stream(path, compression="detect") as f:
-        while True:
-            block = f.read(BLOCK_BYTES)
-            data = carry + block
-            if not data:
-                return
-            if block:
-                cut = data.rfind(b"\n") + 1
-                if cut == 0:  # a line longer than a block: keep reading
-                    carry = data
-                    continue
-                chunk, carry = data[:cut], data[cut:]
-            else:
-                chunk, carry = data, b""
-            table = _parse_chunk(chunk, path, line, use_threads=True, skipped=skipped)
-            yield line, table
-            line += table.num_rows + (chunk.count(b"\n") - table.num_rows if skipped is not None else 0)
-            if not block:
-                return
+    for chunk in line_blocks(path):
+        table = _parse_chunk(chunk, path, line, use_threads=True, skipped=skipped)
+        yield line, table
+        line += chunk.count(b"\n") if skipped is not None else table.num_rows
 
 
 def parse_ints(col: pa.Array, where: str, first_row: int) -> pa.Array:

@@ -5,7 +5,7 @@ import torch
 
 from recsys_dist.testing import run_ranks
 from tests.distributed import equivalence
-from tests.distributed.test_sharding_equivalence import TOL, TYPES
+from tests.distributed.test_sharding_equivalence import TYPES
 
 pytestmark = pytest.mark.gpu
 
