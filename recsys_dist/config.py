@@ -71,7 +71,7 @@ class DataConfig(_Section):
     )
     num_embeddings: int | list[int] = Field(
         100_000,
-        description="Rows per categorical table (one int for all 26, or one per feature). "
+        description="Rows per categorical table (one int for all, or one per feature of data.format). "
         "Row 0 is reserved for a missing value; a present value maps to "
         "1 + (uint32(hex) mod (num_embeddings - 1)).",
     )
@@ -281,7 +281,7 @@ class ShardingConfig(_Section):
         None, gt=0, le=1, description="fused_uvm_caching: fraction of each table's rows cached on device."
     )
     per_table: dict[str, TableConstraint] = Field(
-        default_factory=dict, description="Overrides by table name (t_C1 .. t_C26)."
+        default_factory=dict, description="Overrides by table name (t_<feature>, w_<feature> for first-order tables)."
     )
     storage_reservation: float = Field(
         0.15, ge=0, lt=1, description="Fraction of each rank's memory the planner keeps free."

@@ -76,12 +76,11 @@ class DCNv2(nn.Module):
         return self.head(torch.cat([self.cross(x0), self.deep(x0)], dim=1))
 
 
-class DeepFM(nn.Module):
-    """DeepFM (Guo et al., 2017, IJCAI, arXiv:1703.04247), eq. 1-4.
+class _LinearPlusDeep(nn.Module):
+    """Shared by DeepFM, Wide & Deep and xDeepFM: a linear part over the dense features and
+    one weight per id (first-order tables), and a deep MLP over [dense, e_1..e_F].
 
-    ``y = w0 + <w, dense> + sum_i w_i(x_i)`` (first order: 1-dim embeddings, ``first_order``)
-    ``+ 0.5 * sum_k [(sum_i v_ik)^2 - sum_i v_ik^2]`` (FM second order over the F field
-    embeddings) ``+ MLP([dense, v_1..v_F])`` (deep part sharing the embeddings).
+    ``linear(dense, kjt)`` -> [B]; ``deep(x)`` -> [B, 1]; ``embeddings(kjt)`` -> [B, F, E].
     """
 
     def __init__(self, ebc: EmbeddingBagCollection, first_order: EmbeddingBagCollection, num_dense: int,
@@ -94,35 +93,39 @@ class DeepFM(nn.Module):
         self.deep = nn.Sequential(mlp(d, deep_layer_sizes, device=device, **mlp_options),
                                   nn.Linear(deep_layer_sizes[-1], 1, device=device))
 
+    def embeddings(self, kjt: KeyedJaggedTensor) -> torch.Tensor:
+        return _pooled(self.sparse_arch, kjt, self.features)
+
+    def linear(self, dense: torch.Tensor, kjt: KeyedJaggedTensor) -> torch.Tensor:
+        return self.dense_linear(dense).squeeze(1) + first_order_sum(self.first_order, kjt, self.features)
+
+    def deep_logit(self, dense: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return self.deep(torch.cat([dense, v.flatten(1)], dim=1))
+
+
+class DeepFM(_LinearPlusDeep):
+    """DeepFM (Guo et al., 2017, IJCAI, arXiv:1703.04247), eq. 1-4.
+
+    ``y = w0 + <w, dense> + sum_i w_i(x_i)`` (first order, tables ``first_order``)
+    ``+ 0.5 * sum_k [(sum_i v_ik)^2 - sum_i v_ik^2]`` (FM second order over the F field
+    embeddings) ``+ MLP([dense, v_1..v_F])`` (deep part sharing the embeddings).
+    """
+
     def forward(self, dense: torch.Tensor, kjt: KeyedJaggedTensor) -> torch.Tensor:
-        v = _pooled(self.sparse_arch, kjt, self.features)                      # [B, F, E]
-        first = first_order_sum(self.first_order, kjt, self.features)   # [B]
+        v = self.embeddings(kjt)                                                # [B, F, E]
         fm = 0.5 * (v.sum(dim=1).pow(2) - v.pow(2).sum(dim=1)).sum(dim=1)       # [B]
-        deep = self.deep(torch.cat([dense, v.flatten(1)], dim=1))               # [B, 1]
-        return deep + (self.dense_linear(dense).squeeze(1) + first + fm).unsqueeze(1)
+        return self.deep_logit(dense, v) + (self.linear(dense, kjt) + fm).unsqueeze(1)
 
 
-class WideDeep(nn.Module):
+class WideDeep(_LinearPlusDeep):
     """Wide & Deep (Cheng et al., 2016, DLRS, arXiv:1606.07792), eq. 3.
 
     ``y = w_wide^T [x, ids] + w_deep^T MLP([dense, e_1..e_F]) + b``: the wide part is a
-    linear model over the dense features and one weight per categorical id (1-dim tables).
+    linear model over the dense features and one weight per categorical id (first-order tables).
     """
 
-    def __init__(self, ebc: EmbeddingBagCollection, wide: EmbeddingBagCollection, num_dense: int,
-                 features: list[str], embedding_dim: int, deep_layer_sizes: list[int],
-                 device: torch.device | None = None, **mlp_options) -> None:
-        super().__init__()
-        self.sparse_arch, self.wide, self.features = ebc, wide, features
-        self.wide_dense = nn.Linear(num_dense, 1, device=device)
-        d = num_dense + len(features) * embedding_dim
-        self.deep = nn.Sequential(mlp(d, deep_layer_sizes, device=device, **mlp_options),
-                                  nn.Linear(deep_layer_sizes[-1], 1, device=device))
-
     def forward(self, dense: torch.Tensor, kjt: KeyedJaggedTensor) -> torch.Tensor:
-        wide = self.wide_dense(dense).squeeze(1) + first_order_sum(self.wide, kjt, self.features)
-        deep = self.deep(torch.cat([dense, _pooled(self.sparse_arch, kjt, self.features).flatten(1)], dim=1))
-        return deep + wide.unsqueeze(1)
+        return self.deep_logit(dense, self.embeddings(kjt)) + self.linear(dense, kjt).unsqueeze(1)
 
 
 class CIN(nn.Module):
@@ -149,7 +152,7 @@ class CIN(nn.Module):
         return torch.cat(pooled, dim=1)
 
 
-class XDeepFM(nn.Module):
+class XDeepFM(_LinearPlusDeep):
     """xDeepFM (Lian et al., 2018, KDD, arXiv:1803.05170), eq. 9.
 
     ``y = w_lin^T [dense, ids] + w_cin^T CIN(e_1..e_F) + MLP([dense, e_1..e_F]) + b``: the
@@ -160,16 +163,11 @@ class XDeepFM(nn.Module):
     def __init__(self, ebc: EmbeddingBagCollection, first_order: EmbeddingBagCollection, num_dense: int,
                  features: list[str], embedding_dim: int, deep_layer_sizes: list[int], cin_layer_sizes: list[int],
                  device: torch.device | None = None, **mlp_options) -> None:
-        super().__init__()
-        self.sparse_arch, self.first_order, self.features = ebc, first_order, features
-        self.dense_linear = nn.Linear(num_dense, 1, device=device)
+        super().__init__(ebc, first_order, num_dense, features, embedding_dim, deep_layer_sizes, device,
+                         **mlp_options)
         self.cin = CIN(len(features), cin_layer_sizes, device=device)
         self.cin_out = nn.Linear(sum(cin_layer_sizes), 1, device=device)
-        d = num_dense + len(features) * embedding_dim
-        self.deep = nn.Sequential(mlp(d, deep_layer_sizes, device=device, **mlp_options),
-                                  nn.Linear(deep_layer_sizes[-1], 1, device=device))
 
     def forward(self, dense: torch.Tensor, kjt: KeyedJaggedTensor) -> torch.Tensor:
-        v = _pooled(self.sparse_arch, kjt, self.features)                      # [B, F, E]
-        linear = self.dense_linear(dense).squeeze(1) + first_order_sum(self.first_order, kjt, self.features)
-        return self.deep(torch.cat([dense, v.flatten(1)], dim=1)) + self.cin_out(self.cin(v)) + linear.unsqueeze(1)
+        v = self.embeddings(kjt)
+        return self.deep_logit(dense, v) + self.cin_out(self.cin(v)) + self.linear(dense, kjt).unsqueeze(1)
