@@ -19,13 +19,20 @@ with their global offsets, so a checkpoint loads onto any world size or sharding
 
 from __future__ import annotations
 
+import errno
+import io
 import json
+import os
+import pickle
 import shutil
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed._shard.sharded_tensor import ShardedTensor
+from torch.distributed.checkpoint import CheckpointException, FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 
 from recsys_dist.distributed import DistContext
 from recsys_dist.faults import maybe_fault
@@ -40,31 +47,125 @@ def save_checkpoint(ctx: DistContext, run_dir: Path, step: int, state: dict, met
 
     Every rank must call this (it is collective). Keeps the newest ``keep`` checkpoints.
     Returns the final checkpoint directory.
+
+    Raises:
+        CheckpointError: on every rank at once, when any rank cannot write (disk full,
+            read-only or vanished directory, too little free space for the estimated size).
+            The partial ``step_N.tmp`` is removed and the previous ``latest`` is left as it was.
     """
     root = Path(run_dir) / "checkpoints"
     final = root / f"step_{step:08d}"
     tmp = root / f"step_{step:08d}.tmp"
-    if ctx.is_main:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-    if ctx.world_size > 1:
-        dist.barrier()
-    dcp.save(state, checkpoint_id=str(tmp))
-    maybe_fault("save", step, ctx.rank)
-    if ctx.world_size > 1:
-        dist.barrier()
-    if ctx.is_main:
-        (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
-        shutil.rmtree(final, ignore_errors=True)
-        tmp.rename(final)
-        marker = root / "latest.tmp"
-        marker.write_text(final.name + "\n")
-        marker.rename(root / "latest")
-        for old in sorted(p for p in root.glob("step_*") if p.is_dir() and not p.name.endswith(".tmp"))[:-keep]:
-            shutil.rmtree(old, ignore_errors=True)
-    if ctx.world_size > 1:
-        dist.barrier()
+    need = _global_bytes(ctx, state)
+
+    def prepare() -> None:
+        if ctx.is_main:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+            free = shutil.disk_usage(tmp).free
+            if free < need * 1.05:
+                raise OSError(errno.ENOSPC, f"about {need / 2**20:.1f} MiB needed, {free / 2**20:.1f} MiB free",
+                              str(root))
+
+    def finish() -> None:
+        if ctx.is_main:
+            (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
+            shutil.rmtree(final, ignore_errors=True)
+            tmp.rename(final)
+            marker = root / "latest.tmp"
+            marker.write_text(final.name + "\n")
+            marker.rename(root / "latest")
+            for old in sorted(p for p in root.glob("step_*") if p.is_dir() and not p.name.endswith(".tmp"))[:-keep]:
+                shutil.rmtree(old, ignore_errors=True)
+
+    def write() -> None:
+        try:
+            dcp.save(state, storage_writer=_Writer(tmp, step, ctx.rank))
+        except CheckpointException as err:
+            # DCP has gathered every rank's failure and raised on all ranks; report the first.
+            rank, (exc, _) = next(iter(err.failures.items()))
+            raise _RankFailure(rank, _describe(exc)) from None
+        maybe_fault("save", step, ctx.rank)
+
+    for stage in (prepare, write, finish):
+        _on_all_ranks(ctx, stage, step, root, tmp)
     return final
+
+
+class _Writer(FileSystemWriter):
+    """DCP's file writer, with the ``disk_full`` fault point of the robustness tests."""
+
+    def __init__(self, path: Path, step: int, rank: int) -> None:
+        super().__init__(str(path))
+        self._step, self._rank = step, rank
+
+    def write_data(self, plan, planner):
+        maybe_fault("disk_full", self._step, self._rank)
+        return super().write_data(plan, planner)
+
+
+class _RankFailure(Exception):
+    def __init__(self, rank: int, text: str) -> None:
+        super().__init__(text)
+        self.rank, self.text = rank, text
+
+
+def _on_all_ranks(ctx: DistContext, stage, step: int, root: Path, tmp: Path) -> None:
+    """Run one stage of a save on every rank; if it failed anywhere, every rank raises.
+
+    Replaces a plain barrier: a rank that failed alone would otherwise leave the others
+    waiting in the next collective until the launcher's timeout.
+    """
+    try:
+        stage()
+        problem = None
+    except _RankFailure as err:
+        problem = (err.rank, err.text)
+    except Exception as err:  # noqa: BLE001 - any failure of the stage is reported the same way
+        problem = (ctx.rank, _describe(err))
+    problems = [problem]
+    if ctx.world_size > 1:
+        problems = [None] * ctx.world_size
+        dist.all_gather_object(problems, problem)
+    failed = [p for p in problems if p is not None]
+    if not failed:
+        return
+    if ctx.is_main:
+        shutil.rmtree(tmp, ignore_errors=True)  # give the space of the partial save back
+    latest = latest_checkpoint(root.parent)
+    rank, what = failed[0]
+    raise CheckpointError(
+        f"checkpoint at step {step} could not be written under {root} (rank {rank}: {what}). "
+        f"The previous checkpoint is intact: {latest or 'none was written yet'}. Free disk space or make "
+        f"the run directory writable, then continue with --resume auto --run-dir {root.parent}.")
+
+
+def _describe(err: BaseException) -> str:
+    if isinstance(err, OSError) and err.errno is not None:
+        where = f": {err.filename}" if err.filename else ""
+        return f"[Errno {err.errno}] {err.strerror or os.strerror(err.errno)}{where}"
+    return f"{type(err).__name__}: {str(err)[:500]}"
+
+
+def _global_bytes(ctx: DistContext, state: dict) -> int:
+    """Bytes this checkpoint will hold, summed over ranks (each rank counts its own shards)."""
+    total = 0
+    stack = [state]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, dict):
+            stack.extend(v.values())
+        elif isinstance(v, ShardedTensor):
+            total += sum(s.tensor.numel() * s.tensor.element_size() for s in v.local_shards())
+        elif isinstance(v, torch.Tensor):
+            t = v.to_local() if hasattr(v, "to_local") else v
+            # A replicated tensor is written once, by rank 0, so only rank 0 counts it.
+            total += t.numel() * t.element_size() if ctx.is_main or hasattr(v, "to_local") else 0
+    if ctx.world_size > 1:
+        n = torch.tensor([total], dtype=torch.int64)
+        dist.all_reduce(n)
+        total = int(n)
+    return total
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
@@ -109,8 +210,14 @@ def load_checkpoint(path: Path, state: dict) -> None:
     CheckpointError naming the entries that the checkpoint lacks or that differ in shape.
     """
     try:
-        dcp.load(state, checkpoint_id=str(path))
-    except Exception as err:  # noqa: BLE001 - DCP raises CheckpointException / RuntimeError / KeyError
+        dcp.load(state, storage_reader=SafeReader(path), planner=SafeLoadPlanner())
+    except (Exception, CheckpointException) as err:  # noqa: BLE001 - DCP raises several types
+        if isinstance(err, CheckpointException):
+            unsafe = [e for e, _ in err.failures.values() if isinstance(e, CheckpointError)]
+            if unsafe:
+                raise unsafe[0] from None
+        if isinstance(err, CheckpointError):
+            raise
         text = str(err)
         lines = [ln.strip() for ln in text.splitlines() if "Missing key" in ln or "size mismatch" in ln.lower()
                  or "shape" in ln.lower()]
@@ -118,6 +225,77 @@ def load_checkpoint(path: Path, state: dict) -> None:
         raise CheckpointError(
             f"checkpoint {path} does not fit this model/optimizer: {detail}. A checkpoint resumes only "
             "the same model config (tables, dims, optimizers); sharding and world size may differ.") from None
+
+
+# Everything DCP's own ``.metadata`` pickle may name (torch 2.13): its metadata dataclasses,
+# torch.Size, dtypes, layouts and the path of the checkpoint. Nothing else is constructed.
+_METADATA_CLASSES = {
+    "torch.distributed.checkpoint.metadata": {"Metadata", "MetadataIndex", "StorageMeta", "TensorProperties",
+                                              "TensorStorageMetadata", "ChunkStorageMetadata",
+                                              "BytesStorageMetadata", "_MEM_FORMAT_ENCODING"},
+    "torch.distributed.checkpoint.filesystem": {"_StorageInfo"},
+    "torch.serialization": {"_get_layout"},
+    "torch": {"Size"},
+    "pathlib": {"PosixPath", "PurePosixPath", "WindowsPath", "PureWindowsPath"},
+    "collections": {"OrderedDict"},
+}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    def __init__(self, file, path: Path) -> None:
+        super().__init__(file)
+        self._path = path
+
+    def find_class(self, module: str, name: str):
+        allowed = name in _METADATA_CLASSES.get(module, ()) or (
+            module == "torch" and isinstance(getattr(torch, name, None), torch.dtype))
+        if not allowed:
+            raise CheckpointError(
+                f"{self._path}: refusing to load {module}.{name}; a DCP .metadata file holds only checkpoint "
+                "metadata, so this file was not written by recsys_dist / torch.distributed.checkpoint. "
+                "Load checkpoints only from sources you trust.")
+        return super().find_class(module, name)
+
+
+class SafeReader(FileSystemReader):
+    """DCP's file reader whose ``.metadata`` pickle may construct only DCP's metadata types.
+
+    DCP stores its checkpoint index as a pickle; a plain ``pickle.load`` of a tampered file
+    could run arbitrary code. Tensor data is read by DCP with ``torch.load(weights_only=True)``.
+
+    Raises:
+        CheckpointError: the metadata names any other class or function, or is not a pickle.
+    """
+
+    def read_metadata(self, *args, **kwargs):
+        path = Path(self._get_metadata_path(kwargs.get("rank")))
+        try:
+            metadata = _MetadataUnpickler(io.BytesIO(path.read_bytes()), path).load()
+        except CheckpointError:
+            raise
+        except Exception as err:  # noqa: BLE001 - truncated or garbage files fail in many ways
+            raise CheckpointError(f"{path}: not a readable DCP metadata file ({type(err).__name__}: {err}); "
+                                  "the checkpoint is damaged, resume from an older one") from None
+        if getattr(metadata, "storage_meta", None) is None:
+            from torch.distributed.checkpoint.metadata import StorageMeta
+
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+
+class SafeLoadPlanner(DefaultLoadPlanner):
+    """DCP's load planner, reading non-tensor entries with ``torch.load(weights_only=True)``
+    (DCP's default unpickles them fully)."""
+
+    def load_bytes(self, read_item, value) -> None:
+        obj = torch.load(value, weights_only=True)
+        if self.flatten_state_dict:
+            from torch.distributed.checkpoint._traverse import set_element
+
+            set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
+        else:
+            self.state_dict[read_item.dest_index.fqn] = obj
 
 
 # torch optimizers' state names -> the fused (FBGEMM) names, so a table's optimizer state

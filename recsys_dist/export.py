@@ -15,10 +15,18 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import CheckpointException
 import yaml
 from safetensors.torch import load_file, save_file
 
-from recsys_dist.checkpoint import CheckpointError, is_complete, latest_checkpoint, read_meta
+from recsys_dist.checkpoint import (
+    CheckpointError,
+    SafeLoadPlanner,
+    SafeReader,
+    is_complete,
+    latest_checkpoint,
+    read_meta,
+)
 from recsys_dist.config import RunConfig, config_from_dict, save_config
 from recsys_dist.data import feature_names, raw_format
 from recsys_dist.data.convert import prepare
@@ -57,8 +65,10 @@ def load_model(path: str | Path) -> tuple[RunConfig, CTRTask, str]:
     model = _unsharded(cfg)
     state = {"model": model.state_dict()}
     try:
-        dcp.load(state, checkpoint_id=str(ckpt), no_dist=True)
-    except Exception as err:  # noqa: BLE001 - DCP's own exception types vary by failure
+        dcp.load(state, storage_reader=SafeReader(ckpt), planner=SafeLoadPlanner(), no_dist=True)
+    except CheckpointError:
+        raise
+    except (Exception, CheckpointException) as err:  # noqa: BLE001 - DCP's own exception types vary by failure
         raise CheckpointError(f"checkpoint {ckpt} cannot be read: {str(err)[:800]}") from None
     model.load_state_dict(state["model"])
     return cfg, model.eval(), f"checkpoint {ckpt} (step {meta['step']}, saved on {meta['world_size']} rank(s))"

@@ -4,11 +4,13 @@
 reaches POINT at global step STEP, on the first attempt only (an elastic restart then runs
 clean). Points: ``step`` (right after a training step), ``save`` (a checkpoint's shards are
 written but the checkpoint is not yet complete), ``raise`` (raise RuntimeError after a step
-instead of dying: the other ranks must still exit promptly).
+instead of dying: the other ranks must still exit promptly), ``disk_full`` (the checkpoint
+writer of that step raises ``OSError(ENOSPC)``, as a full disk would).
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 
@@ -23,4 +25,6 @@ def maybe_fault(point: str, step: int, rank: int) -> None:
     if parts[0] == point and int(parts[1]) == step and rank == (int(parts[2]) if len(parts) > 2 else 1):
         if point == "raise":
             raise RuntimeError(f"injected failure on rank {rank} at step {step}")
+        if point == "disk_full":
+            raise OSError(errno.ENOSPC, "No space left on device (injected)")
         os.kill(os.getpid(), signal.SIGKILL)
