@@ -36,7 +36,7 @@ ShardingTypeName = Literal[
 ]
 
 # Config keys holding filesystem paths; resolved against the config file's directory.
-PATH_KEYS = ("data.raw_path", "data.cache_dir")
+PATH_KEYS = ("data.raw_path", "data.cache_dir", "data.split.validation_path", "data.split.test_path")
 
 
 class ConfigError(ValueError):
@@ -47,15 +47,93 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_default=True)
 
 
+class SchemaConfig(_Section):
+    """Columns of a CSV / TSV / Parquet file for ``data.format: schema`` (see docs/data.md)."""
+
+    label: str = Field(description="Label column: 0/1, or any number with label_threshold.")
+    label_threshold: Optional[float] = Field(
+        None, description="label = 1 if the label column >= this, else 0 (e.g. 4.0 for ratings); "
+        "None = the column must hold 0 or 1.")
+    dense: list[str] = Field(default_factory=list, description="Numeric feature columns (empty -> 0).")
+    dense_transform: Literal["log1p", "none"] = Field(
+        "log1p", description="Dense values as log1p(max(x, 0)) (log1p) or unchanged (none), as float32.")
+    categorical: list[str] = Field(default_factory=list, description="One-value categorical columns (any text).")
+    multi_hot: list[str] = Field(
+        default_factory=list, description="List columns: text split on schema.separator (\"a|b|c\"), or a "
+        "Parquet list column; each becomes a variable-length bag (list<int64>).")
+    separator: str = Field("|", min_length=1, description="Separator of the elements of a multi_hot text field.")
+    file_type: Literal["auto", "csv", "parquet"] = Field(
+        "auto", description="auto: Parquet if the file name ends in .parquet or .pq, else delimited text.")
+    delimiter: str = Field(",", min_length=1, max_length=1, description="Field delimiter of text files (\\t for TSV).")
+    header: bool = Field(True, description="The text file's first line names the columns.")
+    columns: Optional[list[str]] = Field(
+        None, description="Names of every field in order (needed when header is false; replaces the header's names).")
+
+    @model_validator(mode="after")
+    def _check(self) -> "SchemaConfig":
+        features = [*self.dense, *self.categorical, *self.multi_hot]
+        dup = sorted({c for c in features if features.count(c) > 1})
+        if dup:
+            raise ValueError(f"data.schema: columns {dup} are listed more than once in dense / categorical / multi_hot")
+        if self.label in features:
+            raise ValueError(f"data.schema.label: {self.label!r} is also a feature column")
+        if not self.categorical and not self.multi_hot:
+            raise ValueError("data.schema: needs at least one categorical or multi_hot column (one embedding table each)")
+        if not self.header and not self.columns:
+            raise ValueError("data.schema.columns: must name every field when data.schema.header is false")
+        return self
+
+
+class SplitConfig(_Section):
+    """How rows are split into train / validation / test (``recsys_dist.data.splits``)."""
+
+    by: Literal["position", "random", "time", "files"] = Field(
+        "position", description="position: fractions of rows in file order; random: each row by a seeded hash "
+        "of its index; time: by split.column against split.thresholds; files: raw_path is train, "
+        "split.validation_path and split.test_path the other splits.")
+    fractions: tuple[float, float, float] = Field(
+        (0.8, 0.1, 0.1), description="position / random: train, validation, test fractions (sum 1).")
+    seed: int = Field(0, ge=0, description="random: seed of the row assignment.")
+    column: Optional[str] = Field(None, description="time: numeric raw column, e.g. Avazu hour (YYMMDDHH).")
+    thresholds: Optional[tuple[float, float]] = Field(
+        None, description="time: [validation_start, test_start]: value < first is train, < second validation, "
+        "the rest test.")
+    validation_path: Optional[str] = Field(None, description="files: raw validation file (relative to the config file).")
+    test_path: Optional[str] = Field(None, description="files: raw test file (relative to the config file).")
+
+    @model_validator(mode="after")
+    def _check(self) -> "SplitConfig":
+        f = self.fractions
+        if any(x < 0 for x in f) or abs(sum(f) - 1.0) > 1e-6:
+            raise ValueError(f"fractions must be three non-negative numbers summing to 1, got {list(f)}")
+        if f[0] <= 0:
+            raise ValueError("the train fraction (fractions[0]) must be > 0")
+        if self.by == "time":
+            if not self.column or self.thresholds is None:
+                raise ValueError("by time needs column and thresholds [validation_start, test_start]")
+            if self.thresholds[0] > self.thresholds[1]:
+                raise ValueError(f"thresholds must be ascending, got {list(self.thresholds)}")
+        if self.by == "files" and not (self.validation_path and self.test_path):
+            raise ValueError("by files needs validation_path and test_path")
+        for keys, by in ((("column", "thresholds"), "time"), (("validation_path", "test_path"), "files")):
+            if self.by != by and any(getattr(self, k) is not None for k in keys):
+                raise ValueError(f"{' and '.join(keys)} only apply to by: {by}, not by: {self.by}")
+        return self
+
+
 class DataConfig(_Section):
-    format: Literal["criteo_tsv", "avazu_csv"] = Field(
+    format: Literal["criteo_tsv", "avazu_csv", "schema"] = Field(
         "criteo_tsv",
         description="Raw input format. criteo_tsv: label, I1..I13, C1..C26 tab-separated, "
         "empty field = missing (Criteo Kaggle / 1TB layout); avazu_csv: Avazu train.csv "
-        "(23 categorical features, no dense).",
+        "(23 categorical features, no dense); schema: any CSV / TSV / Parquet described by data.schema.",
     )
+    schema_: Optional[SchemaConfig] = Field(
+        None, alias="schema", description="Columns of the raw file for format: schema (label, dense, categorical, "
+        "multi_hot with a separator).")
     raw_path: Optional[str] = Field(
-        None, description="Raw labelled data file (relative to the config file); required to train."
+        None, description="Raw labelled data file (relative to the config file); required to train "
+        "(the train file under split.by: files)."
     )
     cache_dir: Optional[str] = Field(
         None,
@@ -63,17 +141,24 @@ class DataConfig(_Section):
         "$RECSYS_DIST_CACHE or ~/.cache/recsys_dist.",
     )
     num_rows: Optional[int] = Field(
-        None, gt=0, description="Read only the first N rows of raw_path (None = all)."
+        None, gt=0, description="Read only the first N rows of raw_path (of each file under split.by: files; None = all)."
     )
-    split: tuple[float, float, float] = Field(
-        (0.8, 0.1, 0.1),
-        description="Fractions of rows, in file order, for train / validation / test.",
+    split: SplitConfig = Field(
+        default_factory=SplitConfig,
+        description="Train / validation / test split. Three fractions [0.8, 0.1, 0.1] are short for "
+        "{by: position, fractions: [...]} (file order).",
     )
+    categorical_mapping: Literal["hash", "vocabulary"] = Field(
+        "hash", description="hash: id = 1 + key mod (num_embeddings - 1), stateless; vocabulary: the values "
+        "seen >= data.min_count times in the training split get ids 2.., every other value the "
+        "out-of-vocabulary id 1; the table size is then the vocabulary's (recorded in the manifest). "
+        "0 is a missing value in both.")
+    min_count: int = Field(1, ge=1, description="vocabulary: keep a value seen at least this often in the training split.")
     num_embeddings: int | list[int] = Field(
         100_000,
         description="Rows per categorical table (one int for all, or one per feature of data.format). "
-        "Row 0 is reserved for a missing value; a present value maps to "
-        "1 + (uint32(hex) mod (num_embeddings - 1)).",
+        "Row 0 is reserved for a missing value. hash: a present value maps to 1 + (key mod "
+        "(num_embeddings - 1)); vocabulary: the largest table allowed (the most frequent values are kept).",
     )
     remainder: Literal["pad", "drop"] = Field(
         "pad",
@@ -93,19 +178,38 @@ class DataConfig(_Section):
     prefetch: int = Field(2, ge=0, description="Batches prepared ahead by a background thread (0 = off).")
     multi_hot_sizes: Optional[list[int]] = Field(
         None,
-        description="Ids per example for each of the 26 features (MLPerf DLRMv2 multi-hot). Used by "
-        "the planner as pooling factors; training on multi-hot data is not supported yet.",
+        description="Typical ids per example for each categorical feature, given to the planner as pooling "
+        "factors (e.g. MLPerf DLRMv2's multi-hot sizes). Planning only: multi-hot training data comes from "
+        "data.schema.multi_hot columns, whose bags may have any length.",
     )
+
+    model_config = ConfigDict(extra="forbid", validate_default=True, validate_by_name=True, validate_by_alias=True,
+                              serialize_by_alias=True)
+
+    @property
+    def schema(self) -> Optional[SchemaConfig]:
+        """``data.schema`` (stored as ``schema_``: pydantic reserves the name)."""
+        return self.schema_
+
+    @model_validator(mode="before")
+    @classmethod
+    def _split_shorthand(cls, data: Any) -> Any:
+        if isinstance(data, dict) and isinstance(data.get("split"), (list, tuple)):
+            data = {**data, "split": {"fractions": data["split"]}}
+        return data
 
     @model_validator(mode="after")
     def _check(self) -> "DataConfig":
-        if any(f < 0 for f in self.split) or abs(sum(self.split) - 1.0) > 1e-6:
-            raise ValueError(f"data.split must be three non-negative fractions summing to 1, got {list(self.split)}")
-        if self.split[0] <= 0:
-            raise ValueError("data.split[0] (train fraction) must be > 0")
         from recsys_dist.data import raw_format
 
-        n_features = len(raw_format(self.format).sparse_names)
+        if (self.format == "schema") != (self.schema_ is not None):
+            raise ValueError("data.schema: required with format: schema, and only used by it"
+                             if self.format == "schema" else f"data.schema: only used with format: schema, not {self.format}")
+        fmt = raw_format(self.format, self.schema_)
+        n_features = len(fmt.sparse_names)
+        if self.split.by == "time" and self.format != "schema" and self.split.column not in fmt.raw_columns:
+            raise ValueError(f"data.split.column: {self.split.column!r} is not a raw column of {self.format} "
+                             f"({', '.join(fmt.raw_columns)})")
         sizes = self.num_embeddings if isinstance(self.num_embeddings, list) else [self.num_embeddings]
         if isinstance(self.num_embeddings, list) and len(sizes) != n_features:
             raise ValueError(f"data.num_embeddings: expected one int or a list of {n_features} ({self.format} "
@@ -118,6 +222,9 @@ class DataConfig(_Section):
             raise ValueError(
                 f"data.num_embeddings must be >= 2 (row 0 is reserved for missing values), got {self.num_embeddings}"
             )
+        if self.categorical_mapping == "vocabulary" and any(n < 3 for n in sizes):
+            raise ValueError(f"data.num_embeddings must be >= 3 under vocabulary mapping (0 = missing, 1 = "
+                             f"out of vocabulary), got {self.num_embeddings}")
         return self
 
 
@@ -459,12 +566,14 @@ def check_before_launch(cfg: RunConfig, world_size: int | None = None) -> None:
     problems = []
     if cfg.data.raw_path is None:
         problems.append("  data.raw_path: not set; training needs a raw data file")
-    elif cfg.data.multi_hot_sizes is not None:
-        problems.append("  data.multi_hot_sizes: training on multi-hot data is not supported yet (planning is)")
     elif Path(cfg.data.raw_path).is_dir():
         problems.append(f"  data.raw_path: {cfg.data.raw_path} is a directory; give the raw data file")
     elif not Path(cfg.data.raw_path).is_file():
         problems.append(f"  data.raw_path: file {cfg.data.raw_path} does not exist (fix the path in the config)")
+    for key in ("validation_path", "test_path"):
+        p = getattr(cfg.data.split, key)
+        if p is not None and not Path(p).is_file():
+            problems.append(f"  data.split.{key}: file {p} does not exist (fix the path in the config)")
     from recsys_dist.data import feature_names
     from recsys_dist.models.build import table_names
 

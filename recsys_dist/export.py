@@ -28,8 +28,7 @@ from recsys_dist.checkpoint import (
     read_meta,
 )
 from recsys_dist.config import RunConfig, config_from_dict, save_config
-from recsys_dist.data import feature_names, raw_format
-from recsys_dist.data.convert import prepare
+from recsys_dist.data import feature_names, prepare_for_scoring
 from recsys_dist.data.loader import ParquetBatchLoader
 from recsys_dist.models import CTRTask, build_model
 from recsys_dist.models.build import table_sizes
@@ -95,8 +94,7 @@ def score(cfg: RunConfig, model: CTRTask, data: str | Path, batch_size: int = 40
     if data.suffix == ".parquet":
         parquet = data
     else:
-        prepared = prepare(raw_format(cfg.data.format), data, cfg.data.num_embeddings, split=(1.0, 0.0, 0.0),
-                           cache_dir=cfg.data.cache_dir)
+        prepared = prepare_for_scoring(cfg, data)
         parquet = prepared.files["train"]
     dense_names, sparse_names = feature_names(cfg)
     loader = ParquetBatchLoader(str(parquet), batch_size, 0, 1, dense_names, sparse_names,

@@ -57,6 +57,8 @@ def make_loaders(cfg: RunConfig, ctx: DistContext) -> Loaders:
     """Convert the raw data once (rank 0) and open every split on every rank."""
     d = cfg.data
     prepared = broadcast_result(ctx, lambda: prepare_from_config(cfg))
+    if d.categorical_mapping == "vocabulary":  # the tables are as large as the vocabulary built on train
+        d.num_embeddings = list(prepared.num_embeddings)
     sizes = table_sizes(cfg)
     dense_names, sparse_names = feature_names(cfg)
     common = dict(rank=ctx.rank, world_size=ctx.world_size, dense_names=dense_names, sparse_names=sparse_names,
@@ -176,10 +178,10 @@ def train(cfg: RunConfig, run_dir: Path, profile_dir: Path | None = None, resume
     if cfg.train.deterministic:
         torch.use_deterministic_algorithms(True)
     run_dir = Path(run_dir)
+    loaders = make_loaders(cfg, ctx)  # first: it may set data.num_embeddings (vocabulary sizes)
     if ctx.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
         save_config(cfg, run_dir / "config.yaml")
-    loaders = make_loaders(cfg, ctx)
     log.info("data ready: %d train / %d validation / %d test rows, %d steps per epoch",
              loaders.train.num_rows, loaders.validation.num_rows, loaders.test.num_rows, len(loaders.train))
     dmp, optimizer, plan_text = shard_model(cfg, ctx)

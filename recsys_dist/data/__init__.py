@@ -1,15 +1,22 @@
-"""Data: raw files -> Parquet (``convert`` with the ``criteo`` / ``avazu`` formats),
+"""Data: raw files -> Parquet (``convert`` with the ``criteo`` / ``avazu`` / ``schema`` formats),
 Parquet -> rank-sharded KJT batches (``loader``)."""
 
 from __future__ import annotations
 
 
-def raw_format(name: str):
-    """The format object for ``data.format`` (``criteo_tsv`` or ``avazu_csv``)."""
+def raw_format(name: str, schema=None):
+    """The format object for ``data.format`` (``criteo_tsv``, ``avazu_csv``, or ``schema`` with
+    its ``data.schema`` section)."""
     if name == "avazu_csv":
         from recsys_dist.data.avazu import AVAZU
 
         return AVAZU
+    if name == "schema":
+        from recsys_dist.data.schema import SchemaFormat
+
+        if schema is None:
+            raise ValueError("data.format 'schema' needs a data.schema section")
+        return SchemaFormat(schema)
     from recsys_dist.data.criteo import CRITEO
 
     return CRITEO
@@ -17,14 +24,44 @@ def raw_format(name: str):
 
 def feature_names(cfg) -> tuple[list[str], list[str]]:
     """(dense, categorical) feature names of a run config's data format, in model order."""
-    fmt = raw_format(cfg.data.format)
+    fmt = raw_format(cfg.data.format, cfg.data.schema)
     return list(fmt.dense_names), list(fmt.sparse_names)
 
 
 def prepare_from_config(cfg, progress: bool = False):
-    """Convert (or reuse) the Parquet splits described by a run config's ``data`` section."""
+    """Convert (or reuse) the Parquet splits described by a run config's ``data`` section.
+
+    Returns ``PreparedData``; its ``num_embeddings`` are the table sizes to train with
+    (from the vocabulary under ``data.categorical_mapping: vocabulary``).
+    """
     from recsys_dist.data.convert import prepare
 
     d = cfg.data
-    return prepare(raw_format(d.format), d.raw_path, d.num_embeddings, d.split, d.num_rows, d.cache_dir,
-                   on_bad_row=d.on_bad_row, progress=progress)
+    return prepare(raw_format(d.format, d.schema), d.raw_path, d.num_embeddings, d.split, d.num_rows, d.cache_dir,
+                   on_bad_row=d.on_bad_row, progress=progress, mapping=d.categorical_mapping,
+                   min_count=d.min_count)
+
+
+def prepare_for_scoring(cfg, data):
+    """Convert a raw file of the config's format, all rows as one split (``files["train"]``),
+    with the mapping the model was trained with: the same table sizes, and under vocabulary
+    mapping the training data's vocabulary (converting the training data first if its
+    conversion is not cached; ``data.raw_path`` must then exist).
+
+    Raises:
+        DataError: malformed input, or (vocabulary) the training data cannot be found.
+    """
+    from recsys_dist.data.convert import VOCABULARY_FILE, prepare
+    from recsys_dist.data.criteo import DataError
+
+    d = cfg.data
+    vocabulary = None
+    if d.categorical_mapping == "vocabulary":
+        from pathlib import Path
+
+        if d.raw_path is None or not Path(d.raw_path).is_file():
+            raise DataError(f"{data}: the model maps categories with a vocabulary built on its training data, "
+                            f"and that data ({d.raw_path}) is not there to rebuild it")
+        vocabulary = prepare_from_config(cfg).directory / VOCABULARY_FILE
+    return prepare(raw_format(d.format, d.schema), data, d.num_embeddings, (1.0, 0.0, 0.0), cache_dir=d.cache_dir,
+                   mapping=d.categorical_mapping, min_count=d.min_count, vocabulary=vocabulary)

@@ -16,7 +16,6 @@ work grows with the number of distinct values, not with rows.
 
 from __future__ import annotations
 
-import hashlib
 import os
 from typing import Iterator
 
@@ -25,7 +24,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
+from recsys_dist.data import mapping
 from recsys_dist.data.criteo import DataError, _BadRows, count_rows, line_blocks
+from recsys_dist.data.mapping import SparseKeys, text_keys
 
 RAW_COLUMNS = ["id", "click", "hour", "C1", "banner_pos", "site_id", "site_domain", "site_category", "app_id",
                "app_domain", "app_category", "device_id", "device_ip", "device_model", "device_type",
@@ -36,14 +37,10 @@ SPARSE_NAMES = CATEGORICAL + ["hour_of_day", "weekday"]
 
 def hash_ids(col: pa.Array, num_embeddings: int) -> np.ndarray:
     """Strings -> int64 ids ``1 + blake2b64(value) mod (num_embeddings - 1)``; "" / null -> 0."""
-    enc = pc.dictionary_encode(pc.fill_null(col, "")).combine_chunks() if isinstance(col, pa.ChunkedArray) \
-        else pc.dictionary_encode(pc.fill_null(col, ""))
-    uniques = enc.dictionary.to_pylist()
-    h = np.fromiter((int.from_bytes(hashlib.blake2b(u.encode(), digest_size=8).digest(), "little") for u in uniques),
-                    dtype=np.uint64, count=len(uniques))
-    ids = (1 + h % np.uint64(num_embeddings - 1)).astype(np.int64)
-    ids[np.array([u == "" for u in uniques], dtype=bool)] = 0
-    return ids[enc.indices.to_numpy(zero_copy_only=False)]
+    keys, present = text_keys(col)
+    ids = mapping.hash_ids(keys, num_embeddings)
+    ids[~present] = 0
+    return ids
 
 
 def _has_header(path: str) -> bool:
@@ -53,12 +50,14 @@ def _has_header(path: str) -> bool:
 
 class AvazuFormat:
     name = "avazu_csv"
+    raw_columns = RAW_COLUMNS
     dense_names: list[str] = []
     sparse_names = SPARSE_NAMES
     transforms = {
         "label": "click as float32",
         "sparse": "id = 1 + blake2b64(utf8 value) mod (num_embeddings - 1) as int64; empty -> 0; "
                   "hour_of_day = HH of hour, weekday = day of week of 20YYMMDD (0 = Monday), hashed the same way",
+        "key": "blake2b64 of the value's UTF-8 bytes",
     }
 
     @staticmethod
@@ -99,7 +98,8 @@ class AvazuFormat:
         return bad, reasons
 
     @staticmethod
-    def transform_batch(batch: pa.RecordBatch, sizes: list[int], path: str, first_row: int) -> pa.RecordBatch:
+    def parse_batch(batch: pa.RecordBatch, path: str, first_row: int):
+        """Raw batch -> (labels float32 [N], [] (no dense), :class:`SparseKeys` per feature)."""
         bad, reasons = AvazuFormat.bad_row_mask(batch)
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
@@ -113,9 +113,8 @@ class AvazuFormat:
         weekday = pa.array(((days + 3) % 7).astype(str))  # 1970-01-01 was a Thursday
         columns = {c: batch.column(c) for c in CATEGORICAL}
         columns.update(hour_of_day=hh, weekday=weekday)
-        arrays = [pc.cast(batch.column("click"), pa.float32())]
-        arrays += [pa.array(hash_ids(columns[n], sizes[j])) for j, n in enumerate(SPARSE_NAMES)]
-        return pa.RecordBatch.from_arrays(arrays, schema=AvazuFormat.output_schema())
+        labels = pc.cast(batch.column("click"), pa.float32()).to_numpy(zero_copy_only=False)
+        return labels, [], [SparseKeys(*text_keys(columns[n])) for n in SPARSE_NAMES]
 
     @staticmethod
     def output_schema() -> pa.Schema:

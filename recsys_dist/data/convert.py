@@ -1,8 +1,10 @@
-"""Raw file -> train / validation / test Parquet, streamed in bounded memory, cached.
+"""Raw file(s) -> train / validation / test Parquet, streamed in bounded memory, cached.
 
-Format-independent: a format object (``criteo.CRITEO``, ``avazu.AVAZU``) reads chunks of
-text columns, finds bad rows and transforms a chunk to its output schema; this module
-splits rows by position, writes full-size row groups, and writes the manifest last.
+Format-independent: a format object (``criteo.CRITEO``, ``avazu.AVAZU``,
+``schema.SchemaFormat``) reads blocks of text columns, finds bad rows and parses a block into
+labels, dense columns and categorical keys; this module assigns rows to splits
+(``splits.Split``), maps keys to ids (``mapping``: hash, or a vocabulary counted over the
+training rows in a first pass), writes full-size row groups and writes the manifest last.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator, Optional
 
 import numpy as np
 import pyarrow as pa
@@ -19,24 +22,34 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
-from recsys_dist.data.criteo import BLOCK_BYTES, SPLITS, TRANSFORM_VERSION, DataError
+from recsys_dist.data import mapping as mp
+from recsys_dist.data.criteo import TRANSFORM_VERSION, DataError
+from recsys_dist.data.splits import SPLITS, Split, position_assign, random_assign, time_assign
+
+VOCABULARY_FILE = "vocabulary.parquet"
 
 
 @dataclass(frozen=True)
 class PreparedData:
-    """Paths of the converted splits and the manifest written beside them."""
+    """Paths of the converted splits, rows per split, and the table size per categorical
+    feature (the configured sizes under hash mapping, the vocabulary sizes otherwise)."""
 
     directory: Path
     files: dict[str, Path]
     rows: dict[str, int]
+    num_embeddings: Optional[list[int]] = None
 
 
-def _fingerprint(raw: Path, sizes: list[int], num_rows: int | None, split: tuple, on_bad_row: str,
-                 fmt_name: str) -> str:
+def _fingerprint(raw: Path, sizes: list[int], num_rows: int | None, split: Split, on_bad_row: str,
+                 fmt, mapping: str, min_count: int, vocabulary: Path | None) -> str:
     st = raw.stat()
-    key = json.dumps([str(raw.resolve()), st.st_size, st.st_mtime_ns, sizes, num_rows, list(split), TRANSFORM_VERSION]
+    fmt_key = getattr(fmt, "fingerprint", fmt.name)
+    key = json.dumps([str(raw.resolve()), st.st_size, st.st_mtime_ns, sizes, num_rows, split.fingerprint(),
+                      TRANSFORM_VERSION]
                      + ([on_bad_row] if on_bad_row != "error" else [])
-                     + ([fmt_name] if fmt_name != "criteo_tsv" else []))
+                     + ([fmt_key] if fmt_key != "criteo_tsv" else [])
+                     + ([mapping, min_count] if mapping != "hash" else [])
+                     + ([str(vocabulary.resolve()), vocabulary.stat().st_mtime_ns] if vocabulary else []))
     return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
@@ -44,107 +57,246 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get("RECSYS_DIST_CACHE", Path.home() / ".cache" / "recsys_dist"))
 
 
+def _manifest_result(out: Path, m: dict) -> PreparedData:
+    return PreparedData(out, {s: out / f"{s}.parquet" for s in SPLITS}, m["rows"], m["num_embeddings"])
+
+
+class _Reader:
+    """Record batches of one raw file, bad rows left out under ``skip``, with their split.
+
+    ``cap`` bounds the raw rows read. A batch comes with the index of its first row among
+    the rows kept so far (position and random splits go by that index).
+    """
+
+    def __init__(self, fmt, path: str, split: Split, fixed: Optional[int], cap: Optional[int],
+                 bounds: Optional[np.ndarray], skipped: Optional[list]) -> None:
+        self.fmt, self.path, self.split, self.fixed, self.cap = fmt, path, split, fixed, cap
+        self.bounds, self.skipped = bounds, skipped
+        self.n_bad_values = 0
+
+    def batches(self) -> Iterator[tuple[pa.RecordBatch, int]]:
+        read = kept = 0
+        for _, table in self.fmt.read_chunks(self.path, self.skipped):
+            for batch in table.combine_chunks().to_batches():
+                if self.cap is not None:
+                    if read >= self.cap:
+                        return
+                    batch = batch.slice(0, self.cap - read)
+                read += batch.num_rows
+                if self.skipped is not None:
+                    bad, reasons = self.fmt.bad_row_mask(batch)
+                    if bad.any():
+                        for i, why in zip(np.flatnonzero(bad)[:20], reasons[:20]):
+                            self.skipped.append((None, f"row {kept + int(i) + 1}: {why}"))
+                        self.n_bad_values += int(bad.sum())
+                        batch = batch.filter(pa.array(~bad))
+                if batch.num_rows:
+                    yield batch, kept
+                kept += batch.num_rows
+            # pyarrow's allocator keeps freed blocks; hand them back so RSS tracks one block.
+            pa.default_memory_pool().release_unused()
+
+    def assign(self, batch: pa.RecordBatch, first: int) -> np.ndarray:
+        """int8 [N]: the split of each row (0 train, 1 validation, 2 test)."""
+        n, s = batch.num_rows, self.split
+        if self.fixed is not None:
+            return np.full(n, self.fixed, np.int8)
+        if s.by == "position":
+            return position_assign(self.bounds, first, n)
+        if s.by == "random":
+            return random_assign(s.seed, s.fractions, first, n)
+        if s.column not in batch.schema.names:
+            raise DataError(f"{self.path}: split column {s.column!r} is not a column of {self.fmt.name} "
+                            f"(columns: {batch.schema.names})")
+        col = batch.column(s.column)
+        try:
+            values = pc.cast(pc.utf8_trim_whitespace(col) if pa.types.is_string(col.type) else col,
+                             pa.float64()).to_numpy(zero_copy_only=False)
+        except pa.ArrowInvalid:
+            bad = [i for i, v in enumerate(col.to_pylist()) if not _is_number(v)][0]
+            raise DataError(f"{self.path}, data row {first + bad + 1}, column {s.column}: '{col[bad].as_py()}' "
+                            "is not a number (split.by time needs a numeric column)") from None
+        if np.isnan(values).any():
+            bad = int(np.flatnonzero(np.isnan(values))[0])
+            raise DataError(f"{self.path}, data row {first + bad + 1}, column {s.column}: empty (split.by time)")
+        return time_assign(values, s.thresholds)
+
+
+def _is_number(v) -> bool:
+    try:
+        float(v)
+        return True
+    except (TypeError, ValueError):
+        return False
+
+
+def _train_keys(sk: mp.SparseKeys, train: np.ndarray) -> np.ndarray:
+    if sk.lengths is None:
+        return sk.keys[train & sk.present]
+    return sk.keys[np.repeat(train, sk.lengths)]
+
+
+def _count_vocabularies(fmt, reader: _Reader, bar) -> list[mp.VocabularyCounter]:
+    """Pass 1: count each feature's keys over the training rows."""
+    counters = [mp.VocabularyCounter() for _ in fmt.sparse_names]
+    for batch, first in reader.batches():
+        bar.update(batch.nbytes)
+        train = reader.assign(batch, first) == 0
+        if reader.split.by == "position" and first >= reader.bounds[1]:
+            break  # the training rows are a prefix
+        if not train.any():
+            continue
+        _, _, sparse = fmt.parse_batch(batch, reader.path, first + 1)
+        for c, sk in zip(counters, sparse):
+            c.add(_train_keys(sk, train))
+    return counters
+
+
 def prepare(
     fmt,
     raw_path: str | os.PathLike,
     num_embeddings: int | list[int],
-    split: tuple[float, float, float] = (0.8, 0.1, 0.1),
+    split=(0.8, 0.1, 0.1),
     num_rows: int | None = None,
     cache_dir: str | os.PathLike | None = None,
     row_group_size: int = 65536,
     on_bad_row: str = "error",
     progress: bool = False,
+    mapping: str = "hash",
+    min_count: int = 1,
+    vocabulary: str | os.PathLike | None = None,
 ) -> PreparedData:
-    """Convert a raw file of format ``fmt`` to train/validation/test Parquet once, then reuse it.
+    """Convert raw data of format ``fmt`` to train/validation/test Parquet once, then reuse it.
 
-    The output directory is keyed by the raw file (path, size, mtime), the table sizes,
-    the row cap, the split and the bad-row policy, so changing any of them converts again.
-    ``on_bad_row="skip"`` leaves out rows with a wrong field count or a rejected value and
-    records them (rows read = rows written + rows skipped) in the manifest; ``"error"``
-    stops at the first. ``progress`` shows a tqdm bar over the bytes read. Files are written
-    under a temporary name and renamed, and ``manifest.json`` is written last, so an
-    interrupted conversion is never mistaken for a finished one.
+    Args:
+        split: three fractions (position split, file order) or a :class:`splits.Split`
+            (position, random with a seed, a time column, or one file per split).
+        num_embeddings: table rows per categorical feature (one int for all); under
+            ``mapping="vocabulary"`` the largest table allowed (the most frequent values are kept).
+        num_rows: read at most this many rows of each raw file.
+        mapping: ``"hash"`` or ``"vocabulary"`` (see ``recsys_dist.data.mapping``); the
+            vocabulary is built from the training split only (a first pass over its rows).
+        min_count: vocabulary: keep a value seen at least this often in the training rows.
+        vocabulary: vocabulary: apply this ``vocabulary.parquet`` (from an earlier
+            conversion, e.g. the training data when scoring new rows) instead of counting.
+
+    The output directory is keyed by the raw file(s) (path, size, mtime) and every argument
+    that changes the output, so changing any of them converts again. ``on_bad_row="skip"``
+    leaves out rows with a wrong field count or a rejected value and records them (rows
+    read = rows written + rows skipped) in the manifest; ``"error"`` stops at the first.
+    ``progress`` shows a tqdm bar. Files are written under a temporary name and renamed, and
+    ``manifest.json`` is written last, so an interrupted conversion is never reused.
+
+    Returns:
+        :class:`PreparedData`; ``num_embeddings`` is the table size per feature to train with.
 
     Raises:
-        DataError: malformed input (names the file, line and column), or no rows.
+        DataError: malformed input (names the file, line and column), a missing file, or no rows.
     """
+    split = Split.of(split)
     raw = Path(raw_path)
-    if not raw.is_file():
-        raise DataError(f"{raw}: {'is a directory, not a file' if raw.is_dir() else 'file does not exist'}")
+    sources = split.sources(str(raw))
+    for path, _ in sources:
+        p = Path(path)
+        if not p.is_file():
+            raise DataError(f"{p}: {'is a directory, not a file' if p.is_dir() else 'file does not exist'}")
     dense_names, sparse_names = list(fmt.dense_names), list(fmt.sparse_names)
     num_dense = len(dense_names)
-    sizes = num_embeddings if isinstance(num_embeddings, list) else [num_embeddings] * len(sparse_names)
+    sizes = list(num_embeddings) if isinstance(num_embeddings, (list, tuple)) else [num_embeddings] * len(sparse_names)
     if len(sizes) != len(sparse_names):
         raise ValueError(f"num_embeddings: {len(sizes)} sizes for {len(sparse_names)} features of {fmt.name}")
-    out = Path(cache_dir) if cache_dir else default_cache_dir()
     if on_bad_row not in ("error", "skip"):
         raise ValueError(f"on_bad_row must be 'error' or 'skip', got {on_bad_row!r}")
+    if mapping not in ("hash", "vocabulary"):
+        raise ValueError(f"mapping must be 'hash' or 'vocabulary', got {mapping!r}")
+    vocab_path = Path(vocabulary) if vocabulary is not None else None
+    if vocab_path is not None and not vocab_path.is_file():
+        raise DataError(f"{vocab_path}: vocabulary file does not exist")
+    out = Path(cache_dir) if cache_dir else default_cache_dir()
     prefix = "criteo" if fmt.name == "criteo_tsv" else fmt.name
-    out = out / f"{prefix}-{_fingerprint(raw, sizes, num_rows, tuple(split), on_bad_row, fmt.name)}"
+    out = out / f"{prefix}-{_fingerprint(raw, sizes, num_rows, split, on_bad_row, fmt, mapping, min_count, vocab_path)}"
     manifest_path = out / "manifest.json"
     if manifest_path.is_file():
         m = json.loads(manifest_path.read_text())
-        return PreparedData(out, {s: out / f"{s}.parquet" for s in SPLITS}, m["rows"])
+        return _manifest_result(out, m)
 
-    total = fmt.count_rows(raw)
-    if num_rows is not None:
-        total = min(total, num_rows)
-    if total == 0:
-        raise DataError(f"{raw}: the file holds no rows")
-    bounds = np.floor(np.cumsum([0.0, *split]) * total + 1e-9).astype(int)
-    bounds[-1] = total
+    bounds = None
+    if split.by == "position":
+        total = fmt.count_rows(raw)
+        if num_rows is not None:
+            total = min(total, num_rows)
+        if total == 0:
+            raise DataError(f"{raw}: the file holds no rows")
+        bounds = np.floor(np.cumsum([0.0, *split.fractions]) * total + 1e-9).astype(int)
+        bounds[-1] = total
+    skipped: list | None = [] if on_bad_row == "skip" else None
+    readers = [_Reader(fmt, path, split, fixed, num_rows, bounds, skipped) for path, fixed in sources]
+    total_bytes = sum(Path(p).stat().st_size for p, _ in sources)
     out.mkdir(parents=True, exist_ok=True)
+
+    vocabs: list[mp.Vocabulary] | None = None
+    distinct = None
+    if mapping == "vocabulary":
+        if vocab_path is not None:
+            vocabs = mp.load_vocabularies(vocab_path, sparse_names)
+        else:
+            first_pass = _Reader(fmt, str(raw), split, readers[0].fixed, num_rows, bounds,
+                                 [] if skipped is not None else None)
+            with tqdm(total=Path(raw).stat().st_size, unit="B", unit_scale=True, disable=not progress,
+                      desc=f"count {raw.name}") as bar:
+                counters = _count_vocabularies(fmt, first_pass, bar)
+            distinct = [c.distinct() for c in counters]
+            vocabs = [c.build(min_count, n) for c, n in zip(counters, sizes)]
+            del counters
+        sizes = [v.size for v in vocabs]
+
     tmp = {s: out / f".{s}.parquet.tmp" for s in SPLITS}
-    writers = {s: pq.ParquetWriter(tmp[s], fmt.output_schema()) for s in SPLITS}
+    schema = fmt.output_schema()
+    writers = {s: pq.ParquetWriter(tmp[s], schema) for s in SPLITS}
     rows = dict.fromkeys(SPLITS, 0)
-    seen = 0
     pending: dict = {s: [] for s in SPLITS}  # batches not yet written, so row groups are full-size
 
-    def flush(split: str, force: bool = False) -> None:
-        if pending[split] and (force or sum(b.num_rows for b in pending[split]) >= row_group_size):
-            writers[split].write_table(pa.Table.from_batches(pending[split]), row_group_size=row_group_size)
-            pending[split] = []
+    def flush(s: str, force: bool = False) -> None:
+        if pending[s] and (force or sum(b.num_rows for b in pending[s]) >= row_group_size):
+            writers[s].write_table(pa.Table.from_batches(pending[s]), row_group_size=row_group_size)
+            pending[s] = []
 
-    skipped: list | None = [] if on_bad_row == "skip" else None
-    n_skipped_values = 0
     stats = np.zeros((3, num_dense))  # train split: count, sum, sum of squares (transformed)
     missing = np.zeros(num_dense)
-    bar = tqdm(total=raw.stat().st_size, unit="B", unit_scale=True, desc=f"convert {raw.name}",
-               disable=not progress)
+    seen = 0
+    bar = tqdm(total=total_bytes, unit="B", unit_scale=True, desc=f"convert {raw.name}", disable=not progress)
     try:
-        for first_line, table in fmt.read_chunks(str(raw), skipped):
-            bar.update(min(BLOCK_BYTES, bar.total - bar.n))
-            for batch in table.combine_chunks().to_batches():
-                if seen >= total:
-                    break
-                batch = batch.slice(0, total - seen)
-                if skipped is not None:
-                    bad, reasons = fmt.bad_row_mask(batch)
-                    if bad.any():
-                        for i, why in zip(np.flatnonzero(bad)[:20], reasons[:20]):
-                            skipped.append((None, f"row {seen + int(i) + 1}: {why}"))
-                        n_skipped_values += int(bad.sum())
-                        batch = batch.filter(pa.array(~bad))
-                        total -= int(bad.sum())
-                        bounds = np.minimum(bounds, total)
+        for reader in readers:
+            for batch, first in reader.batches():
+                bar.update(min(batch.nbytes, max(bar.total - bar.n, 0)))
+                where = reader.assign(batch, first)
                 for j, n in enumerate(dense_names):
-                    missing[j] += pc.sum(pc.equal(pc.fill_null(batch.column(n), ""), "")).as_py() or 0
-                batch = fmt.transform_batch(batch, sizes, str(raw), first_row=seen + 1)
-                train_part = max(0, min(bounds[1], seen + batch.num_rows) - seen)
-                if train_part and num_dense:
-                    dense = np.stack([batch.column(n).to_numpy()[:train_part] for n in dense_names], axis=1)
-                    stats += [np.full(num_dense, train_part), dense.sum(0), (dense.astype(np.float64) ** 2).sum(0)]
+                    missing[j] += pc.sum(pc.equal(pc.fill_null(batch.column(n), ""), "")).as_py() or 0 \
+                        if pa.types.is_string(batch.column(n).type) else batch.column(n).null_count
+                labels, dense, sparse = fmt.parse_batch(batch, reader.path, first + 1)
+                ids = []
+                for j, sk in enumerate(sparse):
+                    got = vocabs[j].lookup(sk.keys) if vocabs is not None else mp.hash_ids(sk.keys, sizes[j])
+                    ids.append(mp.to_arrow(got, sk))
+                out_batch = pa.RecordBatch.from_arrays([pa.array(labels, pa.float32())]
+                                                       + [pa.array(d, pa.float32()) for d in dense] + ids,
+                                                       schema=schema)
+                train = where == 0
+                if num_dense and train.any():
+                    d = np.stack(dense, axis=1)[train].astype(np.float64)
+                    stats += [np.full(num_dense, len(d)), d.sum(0), (d ** 2).sum(0)]
                 for k, s in enumerate(SPLITS):
-                    lo, hi = max(bounds[k], seen), min(bounds[k + 1], seen + batch.num_rows)
-                    if hi > lo:
-                        pending[s].append(batch.slice(lo - seen, hi - lo))
-                        rows[s] += int(hi - lo)
-                        flush(s)
+                    mask = where == k
+                    if mask.all():
+                        part = out_batch
+                    elif mask.any():
+                        part = out_batch.filter(pa.array(mask))
+                    else:
+                        continue
+                    pending[s].append(part)
+                    rows[s] += part.num_rows
+                    flush(s)
                 seen += batch.num_rows
-            # pyarrow's allocator keeps freed blocks; hand them back so RSS tracks one block.
-            pa.default_memory_pool().release_unused()
-            if seen >= total:
-                break
     except BaseException:
         for w in writers.values():
             w.close()
@@ -157,20 +309,40 @@ def prepare(
     for w in writers.values():
         w.close()
     if seen == 0:
-        raise DataError(f"{raw}: no rows could be read" + (" (every row was skipped as bad)" if skipped else ""))
+        for t in tmp.values():
+            t.unlink(missing_ok=True)
+        raise DataError(f"{raw}: no rows could be read" + (" (every row was skipped as bad)" if skipped else
+                                                           " (the file holds no rows)"))
     for s in SPLITS:
         os.replace(tmp[s], out / f"{s}.parquet")
+    transforms = dict(fmt.transforms)
+    mapping_info: dict = {"kind": mapping, "missing_id": mp.MISSING_ID}
+    if vocabs is not None:
+        mp.save_vocabularies(out / VOCABULARY_FILE, sparse_names, vocabs)
+        transforms["sparse"] = (f"id = 2 + rank of the value's key ({transforms.get('key', 'see mapping')}) among "
+                                f"the training split's keys seen >= {min_count} times, by count then key; "
+                                f"other values -> {mp.OOV_ID} (OOV); empty -> {mp.MISSING_ID}")
+        mapping_info.update(oov_id=mp.OOV_ID, min_count=min_count, file=VOCABULARY_FILE,
+                            source=str(vocab_path.resolve()) if vocab_path else "training split",
+                            vocabulary_size=dict(zip(sparse_names, sizes)))
+        if distinct is not None:
+            mapping_info["distinct_train_values"] = dict(zip(sparse_names, distinct))
+    split_info = split.describe()
+    if bounds is not None:
+        split_info["row_bounds"] = bounds.tolist()
     manifest = {
         "source": str(raw.resolve()),
         "format": fmt.name,
         "rows": rows,
         "num_embeddings": sizes,
+        "categorical_mapping": mapping_info,
         "dense": dense_names,
         "sparse": sparse_names,
-        "transforms": fmt.transforms,
-        "split": {"fractions": list(split), "order": "file order", "row_bounds": bounds.tolist()},
+        "schema": {f.name: str(f.type) for f in schema},
+        "transforms": transforms,
+        "split": split_info,
         "rows_written": seen,
-        "rows_skipped": sum("fields" in why for _, why in skipped or []) + n_skipped_values,
+        "rows_skipped": sum("fields" in why for _, why in skipped or []) + sum(r.n_bad_values for r in readers),
         "skipped_examples": [{"line": ln, "reason": why} for ln, why in (skipped or [])[:20]],
         "dense_stats_train": {
             n: {"mean": float(stats[1, j] / stats[0, j]) if stats[0, j] else None,
@@ -181,4 +353,4 @@ def prepare(
         },
     }
     manifest_path.write_text(json.dumps(manifest, indent=2))
-    return PreparedData(out, {s: out / f"{s}.parquet" for s in SPLITS}, rows)
+    return _manifest_result(out, manifest)

@@ -6,12 +6,11 @@ a missing value. Transforms (the same for every split):
 - label: int in {0, 1} -> float32.
 - dense ``I1..I13``: ``log1p(max(x, 0))`` as float32; empty -> 0.
 - categorical ``C1..C26``: the 8-hex-digit value parsed as an unsigned 32-bit
-  integer ``h``; id = ``1 + h mod (num_embeddings - 1)`` as int64; empty -> 0 (row 0
-  of every table is reserved for "missing"). Ids are therefore always in
-  ``[0, num_embeddings)``.
+  integer ``h`` (the key); hash mapping: id = ``1 + h mod (num_embeddings - 1)`` as
+  int64 (vocabulary mapping: ``recsys_dist.data.mapping``); empty -> 0 (row 0 of every
+  table is reserved for "missing"). Ids are therefore always in ``[0, num_embeddings)``.
 
-Rows are split in file order: the first ``split[0]`` fraction is train, the next
-``split[1]`` validation, the rest test. Memory: one pyarrow block (``BLOCK_BYTES`` of
+Splits: ``recsys_dist.data.splits``. Memory: one pyarrow block (``BLOCK_BYTES`` of
 text) is in flight at a time, whatever the file size.
 """
 
@@ -24,6 +23,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
+
+from recsys_dist.data.mapping import SparseKeys, hash_ids
 
 NUM_DENSE = 13
 NUM_SPARSE = 26
@@ -55,12 +56,12 @@ def count_rows(path: str | os.PathLike) -> int:
     return n + (last != b"\n")
 
 
-def parse_hex_ids(col: pa.Array, num_embeddings: int, where: str, first_row: int) -> np.ndarray:
-    """Hex strings -> int64 ids in ``[0, num_embeddings)``; empty or null -> 0.
+def parse_hex_keys(col: pa.Array, where: str, first_row: int) -> tuple[np.ndarray, np.ndarray]:
+    """Hex strings -> (uint64 keys [N] = the unsigned 32-bit value, present [N]); empty or null
+    is not present (key 0).
 
     Args:
         col: pyarrow string array of 0..8 hex digits per value.
-        num_embeddings: table rows (>= 2); row 0 is reserved for missing.
         where: file and column, used in error messages.
         first_row: 1-based line number of ``col[0]`` in the file, for error messages.
 
@@ -85,7 +86,15 @@ def parse_hex_ids(col: pa.Array, num_embeddings: int, where: str, first_row: int
         raise DataError(f"{where}, line {first_row + i}: '{col[i].as_py()}' is not an 8-digit hex id")
     shifts = np.arange(28, -1, -4, dtype=np.uint64)
     h = (digits.astype(np.uint64) << shifts).sum(axis=1)
-    ids = (1 + h % np.uint64(num_embeddings - 1)).astype(np.int64)
+    h[~present] = 0
+    return h, present
+
+
+def parse_hex_ids(col: pa.Array, num_embeddings: int, where: str, first_row: int) -> np.ndarray:
+    """Hex strings -> int64 ids ``1 + uint32(hex) mod (num_embeddings - 1)``; empty or null -> 0
+    (see :func:`parse_hex_keys` for the arguments and errors)."""
+    h, present = parse_hex_keys(col, where, first_row)
+    ids = hash_ids(h, num_embeddings)
     ids[~present] = 0
     return ids
 
@@ -103,8 +112,14 @@ def output_schema() -> pa.Schema:
     return pa.schema(fields)
 
 
-def transform_batch(batch: pa.RecordBatch, sizes: list[int], path: str, first_row: int) -> pa.RecordBatch:
-    """One raw record batch -> the output schema (see module docstring)."""
+def parse_batch(batch: pa.RecordBatch, path: str, first_row: int):
+    """One raw record batch -> (labels float32 [N], dense float32 [N] per I column,
+    :class:`SparseKeys` per C column); see the module docstring.
+
+    Raises:
+        DataError: a label other than 0/1, a non-integer dense value, a non-hex categorical
+            value, naming the file, line and column.
+    """
     label = parse_ints(batch.column("label"), f"{path}, column label", first_row)
     if label.null_count:
         i = int(np.flatnonzero(label.is_null().to_numpy(zero_copy_only=False))[0])
@@ -113,16 +128,9 @@ def transform_batch(batch: pa.RecordBatch, sizes: list[int], path: str, first_ro
     if ((lab != 0) & (lab != 1)).any():
         i = int(np.flatnonzero((lab != 0) & (lab != 1))[0])
         raise DataError(f"{path}, line {first_row + i}, column label: {lab[i]} is not 0 or 1")
-    arrays = [pa.array(lab.astype(np.float32))]
-    arrays += [
-        pa.array(transform_dense(parse_ints(batch.column(n), f"{path}, column {n}", first_row)))
-        for n in DENSE_NAMES
-    ]
-    arrays += [
-        pa.array(parse_hex_ids(batch.column(n), sizes[j], f"{path}, column {n}", first_row))
-        for j, n in enumerate(SPARSE_NAMES)
-    ]
-    return pa.RecordBatch.from_arrays(arrays, schema=output_schema())
+    dense = [transform_dense(parse_ints(batch.column(n), f"{path}, column {n}", first_row)) for n in DENSE_NAMES]
+    sparse = [SparseKeys(*parse_hex_keys(batch.column(n), f"{path}, column {n}", first_row)) for n in SPARSE_NAMES]
+    return lab.astype(np.float32), dense, sparse
 
 
 _INT = r"^\s*[-+]?[0-9]{1,18}\s*$"
@@ -251,12 +259,14 @@ class CriteoFormat:
     """Criteo TSV (Kaggle DAC / 1TB click logs): label, I1..I13, C1..C26; see module doc."""
 
     name = "criteo_tsv"
+    raw_columns = COLUMNS
     dense_names = DENSE_NAMES
     sparse_names = SPARSE_NAMES
     transforms = {
         "label": "float32",
         "dense": "log1p(max(x, 0)) as float32; empty -> 0",
         "sparse": "id = 1 + uint32(hex) mod (num_embeddings - 1) as int64; empty -> 0",
+        "key": "the 8 hex digits as an unsigned 32-bit integer",
     }
 
     @staticmethod
@@ -272,8 +282,8 @@ class CriteoFormat:
         return bad_row_mask(batch)
 
     @staticmethod
-    def transform_batch(batch: pa.RecordBatch, sizes: list[int], path: str, first_row: int) -> pa.RecordBatch:
-        return transform_batch(batch, sizes, path, first_row)
+    def parse_batch(batch: pa.RecordBatch, path: str, first_row: int):
+        return parse_batch(batch, path, first_row)
 
     @staticmethod
     def output_schema() -> pa.Schema:
@@ -284,9 +294,10 @@ CRITEO = CriteoFormat()
 
 
 def prepare_criteo(raw_path, num_embeddings, split=(0.8, 0.1, 0.1), num_rows=None, cache_dir=None,
-                   row_group_size: int = 65536, on_bad_row: str = "error", progress: bool = False):
+                   row_group_size: int = 65536, on_bad_row: str = "error", progress: bool = False, **kw):
     """Convert a Criteo TSV file to train/validation/test Parquet once, then reuse it
     (see :func:`recsys_dist.data.convert.prepare`)."""
     from recsys_dist.data.convert import prepare
 
-    return prepare(CRITEO, raw_path, num_embeddings, split, num_rows, cache_dir, row_group_size, on_bad_row, progress)
+    return prepare(CRITEO, raw_path, num_embeddings, split, num_rows, cache_dir, row_group_size, on_bad_row, progress,
+                   **kw)

@@ -81,39 +81,40 @@ def steps_per_epoch(num_rows: int, batch_size: int, world_size: int, remainder: 
 
 
 class _Rows:
-    """Columns of a set of rows: labels [n], dense [n, D], per sparse feature (lengths, values);
-    lengths is None for a one-hot feature (one id per row)."""
+    """Columns of a set of rows: labels [n], dense [n, D], ``onehot`` int64 [n, K1] (the
+    one-hot features, row-major so that shuffling gathers a row's ids in one read rather than
+    one read per feature), ``multi``: per multi-hot feature (lengths [n], values)."""
 
-    def __init__(self, labels, dense, sparse) -> None:
-        self.labels, self.dense, self.sparse = labels, dense, sparse
-        self._offsets = [None if lens is None else np.concatenate([[0], np.cumsum(lens)]) for lens, _ in sparse]
+    def __init__(self, labels, dense, onehot, multi) -> None:
+        self.labels, self.dense, self.onehot, self.multi = labels, dense, onehot, multi
+        self._offsets = [np.concatenate([[0], np.cumsum(lens)]) for lens, _ in multi]
 
     def __len__(self) -> int:
         return len(self.labels)
 
     def take(self, idx: np.ndarray) -> "_Rows":
-        sparse = []
-        for (lengths, values), offsets in zip(self.sparse, self._offsets):
-            if lengths is None:  # one id per row
-                sparse.append((None, values[idx]))
-                continue
+        multi = []
+        for (lengths, values), offsets in zip(self.multi, self._offsets):
             sel = lengths[idx]
             starts = np.repeat(offsets[idx], sel)
             within = np.arange(sel.sum()) - np.repeat(np.cumsum(sel) - sel, sel)
-            sparse.append((sel, values[starts + within]))
-        return _Rows(self.labels[idx], self.dense[idx], sparse)
+            multi.append((sel, values[starts + within]))
+        return _Rows(self.labels[idx], self.dense[idx], self.onehot[idx], multi)
+
+    def slice(self, lo: int, hi: int) -> "_Rows":
+        """Rows ``lo..hi-1`` as views (no copy)."""
+        multi = [(lens[lo:hi], vals[off[lo]:off[hi]]) for (lens, vals), off in zip(self.multi, self._offsets)]
+        return _Rows(self.labels[lo:hi], self.dense[lo:hi], self.onehot[lo:hi], multi)
 
     @staticmethod
     def concat(parts: list["_Rows"]) -> "_Rows":
         parts = [p for p in parts if len(p)] or parts[:1]
         if len(parts) == 1:
             return parts[0]
-        sparse = []
-        for j in range(len(parts[0].sparse)):
-            lens = [p.sparse[j][0] for p in parts]
-            vals = np.concatenate([p.sparse[j][1] for p in parts])
-            sparse.append((None if lens[0] is None else np.concatenate(lens), vals))
-        return _Rows(np.concatenate([p.labels for p in parts]), np.concatenate([p.dense for p in parts]), sparse)
+        multi = [(np.concatenate([p.multi[j][0] for p in parts]), np.concatenate([p.multi[j][1] for p in parts]))
+                 for j in range(len(parts[0].multi))]
+        return _Rows(np.concatenate([p.labels for p in parts]), np.concatenate([p.dense for p in parts]),
+                     np.concatenate([p.onehot for p in parts]), multi)
 
 
 class ParquetBatchLoader:
@@ -179,6 +180,12 @@ class ParquetBatchLoader:
             self.row_groups += [(i, g, meta.row_group(g).num_rows) for g in range(meta.num_row_groups)]
         self.list_features = [pa.types.is_list(schema.field(n).type) or pa.types.is_large_list(schema.field(n).type)
                               for n in sparse_names] if schema is not None else [False] * len(sparse_names)
+        # Column of each feature in _Rows.onehot (one-hot) or index in _Rows.multi (multi-hot).
+        counters = [0, 0]
+        self._column = []
+        for is_list in self.list_features:
+            self._column.append(counters[is_list])
+            counters[is_list] += 1
         self.num_rows = sum(n for *_, n in self.row_groups)
         self.path, self.batch_size, self.rank, self.world_size = self.files[0], batch_size, rank, world_size
         self.shuffle, self.seed, self.remainder = shuffle, seed, remainder
@@ -242,20 +249,24 @@ class ParquetBatchLoader:
             row, col = map(int, np.argwhere(bad)[0])
             raise DataError(f"{where}, row {first_row + row}, column {self.dense_names[col]}: "
                             f"{dense[row, col]} is not finite")
-        sparse = []
+        onehot = np.empty((t.num_rows, len(self.keys) - sum(self.list_features)), np.int64)
+        multi = []
         for j, (name, is_list) in enumerate(zip(self.keys, self.list_features)):
             col = t.column(name).combine_chunks()
             if is_list:
                 lengths = col.value_lengths().fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
                 values = col.flatten().to_numpy(zero_copy_only=False).astype(np.int64)
             else:
-                lengths, values = None, col.to_numpy(zero_copy_only=False).astype(np.int64)
+                values = col.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
             if self.num_embeddings is not None and values.size and (values.min() < 0 or values.max() >= self.num_embeddings[j]):
                 raise DataError(
                     f"{where}, column {name}: ids must lie in [0, {self.num_embeddings[j]}), found "
                     f"[{values.min()}, {values.max()}] (convert again with the table size in the config)")
-            sparse.append((lengths, values))
-        return _Rows(labels, dense, sparse)
+            if is_list:
+                multi.append((lengths, values))
+            else:
+                onehot[:, self._column[j]] = values
+        return _Rows(labels, dense, onehot, multi)
 
     def _own_rows(self, start_step: int) -> Iterator[_Rows]:
         """This rank's rows of the epoch stream in order, from global batch ``start_step``."""
@@ -285,13 +296,13 @@ class ParquetBatchLoader:
         off, made = 0, start_step
         for rows in self._own_rows(start_step):
             # Join the previous block's tail (< B rows) once per window, then cut batches by offset.
-            cur = rows if cur is None or off >= len(cur) else _Rows.concat([cur.take(np.arange(off, len(cur))), rows])
+            cur = rows if cur is None or off >= len(cur) else _Rows.concat([cur.slice(off, len(cur)), rows])
             off = 0
             while len(cur) - off >= B:
-                yield self._to_batch(cur.take(np.arange(off, off + B)), B)
+                yield self._to_batch(cur.slice(off, off + B), B)
                 off += B
                 made += 1
-        tail = cur.take(np.arange(off, len(cur))) if cur is not None and off < len(cur) else None
+        tail = cur.slice(off, len(cur)) if cur is not None and off < len(cur) else None
         while made < len(self):
             yield self._to_batch(tail, len(tail) if tail is not None else 0)
             tail, made = None, made + 1
@@ -304,10 +315,19 @@ class ParquetBatchLoader:
             rows = _Rows.concat([rows, rows.take(np.full(B - len(rows), len(rows) - 1))])
         weights = np.zeros(B, dtype=np.float32)
         weights[:n_real] = 1.0
-        values, lengths = [], []
-        for lens, vals in rows.sparse:
-            values.append(vals)
-            lengths.append(np.ones(B, dtype=np.int32) if lens is None else lens.astype(np.int32))
+        if not rows.multi:  # all one-hot: key-major values are the transposed id matrix
+            values = [rows.onehot.T.ravel()]
+            lengths = [np.ones(B * len(self.keys), dtype=np.int32)]
+        else:
+            values, lengths = [], []
+            for j, is_list in enumerate(self.list_features):
+                if is_list:
+                    lens, vals = rows.multi[self._column[j]]
+                    values.append(vals)
+                    lengths.append(lens.astype(np.int32))
+                else:
+                    values.append(rows.onehot[:, self._column[j]])
+                    lengths.append(np.ones(B, dtype=np.int32))
         kjt = KeyedJaggedTensor(keys=self.keys, values=torch.from_numpy(np.concatenate(values)),
                                 lengths=torch.from_numpy(np.concatenate(lengths)), stride=B)
         batch = CTRBatch(dense_features=torch.from_numpy(np.ascontiguousarray(rows.dense)), sparse_features=kjt,
@@ -315,9 +335,9 @@ class ParquetBatchLoader:
         return batch.pin_memory() if self.pin_memory else batch
 
     def _empty_row(self) -> _Rows:
-        sparse = [(None if not is_list else np.zeros(1, np.int64), np.zeros(0 if is_list else 1, np.int64))
-                  for is_list in self.list_features]
-        return _Rows(np.zeros(1, np.float32), np.zeros((1, len(self.dense_names)), np.float32), sparse)
+        multi = [(np.zeros(1, np.int64), np.zeros(0, np.int64)) for is_list in self.list_features if is_list]
+        onehot = np.zeros((1, len(self.keys) - len(multi)), np.int64)
+        return _Rows(np.zeros(1, np.float32), np.zeros((1, len(self.dense_names)), np.float32), onehot, multi)
 
     # ------------------------------------------------------------------ iteration
 

@@ -1,0 +1,120 @@
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from recsys_dist.config import ConfigError, SchemaConfig, config_from_dict
+from recsys_dist.data.convert import prepare
+from recsys_dist.data.criteo import DataError
+from recsys_dist.data.loader import ParquetBatchLoader
+from recsys_dist.data.mapping import hash_ids, text_keys
+from recsys_dist.data.schema import SchemaFormat
+
+SPEC = SchemaConfig(label="rating", label_threshold=4.0, dense=["age"], categorical=["user"], multi_hot=["tags"])
+CSV = """user,rating,age,tags,ignored
+u1,4.5,3,a|b|c|d|e,x
+u2,2.0,,,y
+u1,4.0,-7,b,z
+u3,1,0,a||c,w
+"""
+
+
+def ids(values, n=1000):
+    keys, present = text_keys(pa.array(values))
+    out = hash_ids(keys, n)
+    out[~present] = 0
+    return out.tolist()
+
+
+def test_csv_label_threshold_dense_categorical_and_multi_hot(tmp_path, cache_dir):
+    raw = tmp_path / "r.csv"
+    raw.write_text(CSV)
+    p = prepare(SchemaFormat(SPEC), raw, 1000, split=(1.0, 0.0, 0.0))
+    t = pq.read_table(p.files["train"])
+    assert t.schema.names == ["label", "age", "user", "tags"]
+    assert t.schema.field("tags").type == pa.list_(pa.int64())
+    assert t.column("label").to_pylist() == [1.0, 0.0, 1.0, 0.0]  # rating >= 4
+    np.testing.assert_allclose(t.column("age").to_pylist(), np.log1p([3, 0, 0, 0]), rtol=1e-6)
+    assert t.column("user").to_pylist() == ids(["u1", "u2", "u1", "u3"])
+    a, b, c, d, e = ids(["a", "b", "c", "d", "e"])
+    assert t.column("tags").to_pylist() == [[a, b, c, d, e], [], [b], [a, c]]  # empty elements dropped
+    m = json.loads((p.directory / "manifest.json").read_text())
+    assert m["format"] == "schema" and m["schema"]["tags"] == "list<item: int64>"
+
+
+def test_multi_hot_bags_in_one_batch_and_mean_of_empty_bag_is_zero(tmp_path, cache_dir):
+    """Issue 3, bad input 5: an empty list, lists of 1 and 5 in one batch; mean pooling of the
+    empty bag gives zeros, not NaN."""
+    from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+    raw = tmp_path / "r.csv"
+    raw.write_text(CSV)
+    p = prepare(SchemaFormat(SPEC), raw, 50, split=(1.0, 0.0, 0.0))
+    batch = next(iter(ParquetBatchLoader(str(p.files["train"]), 4, 0, 1, ["age"], ["user", "tags"],
+                                         num_embeddings=[50, 50])))
+    assert batch.sparse_features["tags"].lengths().tolist() == [5, 0, 1, 2]
+    ebc = EmbeddingBagCollection(tables=[
+        EmbeddingBagConfig(name=f"t_{n}", embedding_dim=4, num_embeddings=50, feature_names=[n],
+                           pooling=PoolingType.MEAN) for n in ("user", "tags")])
+    pooled = ebc(batch.sparse_features)["tags"]
+    assert torch.isfinite(pooled).all() and pooled[1].abs().sum() == 0 and pooled[0].abs().sum() > 0
+
+
+def test_headerless_tsv_and_parquet_give_the_same_rows(tmp_path, cache_dir):
+    spec = SchemaConfig(label="click", categorical=["item"], multi_hot=["tags"], dense=["n"], delimiter="\t",
+                        header=False, columns=["click", "item", "tags", "n"], dense_transform="none")
+    tsv = tmp_path / "r.tsv"
+    tsv.write_text("1\t17\tx|y\t2.5\n0\t18\t\t-1\n")
+    par = tmp_path / "r.parquet"
+    pq.write_table(pa.table({"click": pa.array([1, 0], pa.int8()), "item": pa.array([17, 18], pa.int64()),
+                             "tags": pa.array([["x", "y"], []]), "n": [2.5, -1.0]}), par)
+    got = [pq.read_table(prepare(SchemaFormat(spec), f, 100, split=(1.0, 0.0, 0.0)).files["train"])
+           for f in (tsv, par)]
+    assert got[0].equals(got[1])
+    assert got[0].column("n").to_pylist() == [2.5, -1.0]  # dense_transform: none
+    assert got[0].column("item").to_pylist() == ids(["17", "18"], 100)
+
+
+def test_bad_values_name_file_line_and_column(tmp_path, cache_dir):
+    raw = tmp_path / "r.csv"
+    raw.write_text(CSV.replace("u2,2.0,,", "u2,2.0,abc,"))
+    with pytest.raises(DataError, match=r"r.csv, column age, line 3: 'abc' is not a number"):
+        prepare(SchemaFormat(SPEC), raw, 100)
+    raw.write_text(CSV.replace("u3,1,", "u3,,"))
+    with pytest.raises(DataError, match=r"r.csv, line 5, column rating: '' is not a number"):
+        prepare(SchemaFormat(SPEC), raw, 100)
+    no_threshold = SchemaConfig(label="rating", categorical=["user"])
+    with pytest.raises(DataError, match=r"line 2, column rating: '4.5' is not 0 or 1"):
+        prepare(SchemaFormat(no_threshold), tmp_path / "r.csv", 100)
+    raw.write_text("rating,user,age\n1,a,1\n2,b,2\n0,c,x\n0,d,\n")
+    p = prepare(SchemaFormat(SchemaConfig(label="rating", categorical=["user"], dense=["age"])), raw, 100,
+                split=(1.0, 0.0, 0.0), on_bad_row="skip")
+    m = json.loads((p.directory / "manifest.json").read_text())
+    assert m["rows_written"] == 2 and m["rows_skipped"] == 2  # rows read = written + skipped
+    assert "column rating: '2'" in m["skipped_examples"][0]["reason"]
+    assert "column age: 'x'" in m["skipped_examples"][1]["reason"]
+    missing = SchemaConfig(label="rating", categorical=["user", "movie"])
+    with pytest.raises(DataError, match=r"r.csv: columns \['movie'\] named in data.schema are not in the file"):
+        prepare(SchemaFormat(missing), raw, 100)
+
+
+def test_schema_config_is_checked():
+    base = {"raw_path": None, "format": "schema"}
+    with pytest.raises(ConfigError, match="data.schema: required with format: schema"):
+        config_from_dict({"data": base})
+    with pytest.raises(ConfigError, match="'rating' is also a feature column"):
+        config_from_dict({"data": {**base, "schema": {"label": "rating", "categorical": ["rating"]}}})
+    with pytest.raises(ConfigError, match="data.schema.bogus: unknown key"):
+        config_from_dict({"data": {**base, "schema": {"label": "y", "categorical": ["a"], "bogus": 1}}})
+    with pytest.raises(ConfigError, match="only used with format: schema"):
+        config_from_dict({"data": {"schema": {"label": "y", "categorical": ["a"]}}})
+    cfg = config_from_dict({"data": {**base, "schema": {"label": "y", "categorical": ["a"], "multi_hot": ["g"]}},
+                            "model": {"name": "deepfm"}})
+    from recsys_dist.data import feature_names
+
+    assert feature_names(cfg) == ([], ["a", "g"])
+    assert config_from_dict(cfg.to_dict()).data.schema == cfg.data.schema  # the saved config reloads
