@@ -67,7 +67,7 @@ def test_case(case, tmp_path, monkeypatch, capsys):
         code = cli.main(argv)
         out, err = capsys.readouterr()
     assert code == case["exit"], f"exit {code}, stderr:\n{err[-3000:]}"
-    for words in case.get("expect", []):
+    for words in (w.format(tmp=tmp_path) for w in case.get("expect", [])):
         assert words in err, f"{words!r} not in stderr:\n{err[-3000:]}"
     for words in case.get("stdout", []):
         assert words in out, f"{words!r} not in stdout:\n{out[-3000:]}"
