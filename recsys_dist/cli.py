@@ -4,6 +4,7 @@
     recsys-dist plan --config configs/mlperf_dlrmv2.yaml --world-size 64 --local-world-size 8 --hbm-gb 80
     recsys-dist report RUN_DIR          (summary table + PNG plots in RUN_DIR)
     recsys-dist compare RUN_A RUN_B
+    recsys-dist bench [--quick]     (benchmarks/run.py: ratios vs peers and the hardware limit)
 """
 
 from __future__ import annotations
@@ -241,6 +242,21 @@ def cmd_predict(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    """Run benchmarks/run.py of the source checkout this package was imported from."""
+    import subprocess
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "run.py"
+    if not script.is_file():
+        print(f"recsys-dist bench: {script} not found; the benchmarks ship with the source checkout "
+              "(git clone the repository and run it from there)", file=sys.stderr)
+        return 2
+    cmd = [sys.executable, str(script), "--device", args.device, "--deepctr-python", args.deepctr_python]
+    cmd += (["--quick"] if args.quick else []) + (["--reps", str(args.reps)] if args.reps else [])
+    cmd += ["--skip", args.skip] if args.skip else []
+    return subprocess.run(cmd).returncode
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="recsys-dist", description="Embedding-parallel CTR training.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -285,6 +301,16 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "predict":
             p.add_argument("--out", required=True, help="output Parquet file")
         p.set_defaults(func=cmd_evaluate if name == "evaluate" else cmd_predict)
+
+    p = sub.add_parser("bench", help="throughput vs peers and the hardware limit, one table of ratios "
+                                     "(benchmarks/run.py of a source checkout)")
+    p.add_argument("--quick", action="store_true", help="under 3 minutes on 2 cores")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    p.add_argument("--deepctr-python", default="/tmp/dctr/bin/python",
+                   help="python of a venv with deepctr-torch (skipped when absent)")
+    p.add_argument("--reps", type=int, default=None, help="interleaved rounds (default 3 quick, 5 full)")
+    p.add_argument("--skip", default="", help="items to leave out, e.g. 3,5")
+    p.set_defaults(func=cmd_bench)
 
     from recsys_dist import report
 

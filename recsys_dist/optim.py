@@ -77,7 +77,11 @@ def build_optimizer(
     dp_tables = {n: p for n, p in params.items() if ".embedding_bags." in n}
     dense = {n: p for n, p in params.items() if n not in dp_tables}
     dense_cls = DENSE_OPTIMIZERS[dense_optimizer]
-    dense_opt = KeyedOptimizerWrapper(dense, lambda ps: dense_cls(ps, lr=dense_lr))
+    # torch's fused CPU kernel updates each tensor in one pass: the quickstart's dense Adagrad
+    # step took 46 instead of 114 us (benchmarks/run.py, docs/benchmarks.md).
+    on_cpu = all(p.device.type == "cpu" for p in dense.values())
+    fused = {"fused": True} if on_cpu and dense and dense_optimizer in ("adagrad", "adam", "adamw") else {}
+    dense_opt = KeyedOptimizerWrapper(dense, lambda ps: dense_cls(ps, lr=dense_lr, **fused))
     if dense_grad_clip_norm:
         dense_opt = GradientClippingOptimizer(dense_opt, max_gradient=dense_grad_clip_norm,
                                               clipping=GradientClipping.NORM)

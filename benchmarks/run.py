@@ -1,0 +1,334 @@
+"""Our trainer against peers and against the hardware, as one table of ratios (issue 8).
+
+    .venv/bin/python benchmarks/run.py [--quick] [--deepctr-python /tmp/dctr/bin/python] [--device auto|cpu|cuda]
+    recsys-dist bench [--quick] ...                     (the same, from a source checkout)
+
+Every ratio is measured in this run: the contenders of items 1-4 run in one spawn of the
+ranks, interleaved (``--reps`` rounds, in ABBA order); a ratio is the median over the rounds
+of the two contenders' samples/s within the round, so load from other processes, which
+drifts slowly, mostly cancels. Data: the shipped Criteo sample
+(datasets/criteo_kaggle, 10,000 rows) repeated ``copies`` times and converted to Parquet by
+recsys_dist (split 98/1/1 %).
+
+1. framework overhead: our trainer end to end (Parquet -> loader -> TimedTrainPipeline,
+   logging, per-epoch validation excluded from the time) vs a minimal hand-written
+   TorchRec loop (DMP + TrainPipelineSparseDist) on in-memory batches of the same data;
+2. vs a plain-PyTorch DLRM (nn.EmbeddingBag with sparse gradients, Adagrad, DDP);
+3. our DeepFM vs DeepCTR-Torch's (its own venv; "skipped" with the command when absent);
+4. TrainPipelineSparseDist vs TrainPipelineBase on our sharded model, in-memory batches;
+5. samples/s and peak RSS as rows per table and batch size grow (benchmarks/growth.py);
+6. the achieved fraction of memory bandwidth and of matmul FLOP/s (benchmarks/hardware.py).
+
+On CPU: 2 gloo ranks, 1 intra-op thread each, quickstart DLRM (26 tables x 10,000 x 16),
+batch 256 per rank, tables table_wise. With a CUDA device (``--device auto``): one rank
+on one GPU over nccl, items 1, 4, 5, 6 only, the MLPerf DLRMv2 model (dlrm_dcnv2, dim
+128) with every table capped at ``--mlperf-max-rows`` rows and one-hot ids, batch 8192,
+and samples/s set against MLPerf's ~1.9M samples/s per H200. (The GPU path was written
+without a GPU to run it on; see docs/benchmarks.md.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+SAMPLE = ROOT / "datasets" / "criteo_kaggle" / "dac_train_first10000.txt"
+DEEPCTR_VENV = ("python3.11 -m venv /tmp/dctr && /tmp/dctr/bin/pip install torch==2.13.0 deepctr-torch "
+                "scikit-learn pyarrow requests")
+MLPERF_H200_SAMPLES_PER_S = 1.9e6  # MLPerf Training DLRM-DCNv2, per GPU of an 8 x H200 system
+
+
+def overrides(spec: dict, model: str) -> list[str]:
+    """Config overrides shared by every trainer run of the benchmark."""
+    common = [f"data.raw_path={spec['raw']}", f"data.cache_dir={spec['cache']}", "data.split=[0.98,0.01,0.01]",
+              f"train.batch_size={spec['batch']}", f"train.epochs={spec['reps']}", "train.progress_bar=false",
+              "checkpoint.enabled=false", f"distributed.nproc_per_node={spec['world']}",
+              f"distributed.device={spec['device']}", "eval.batch_size=1024"]
+    if model == "mlperf":
+        from recsys_dist.config import load_config
+
+        sizes = load_config(ROOT / "configs" / "mlperf_dlrmv2.yaml").data.num_embeddings
+        capped = [min(n, spec["max_rows"]) for n in sizes]
+        return common + [f"data.num_embeddings={json.dumps(capped)}", "data.multi_hot_sizes=null"]
+    return common + ["sharding.sharding_types=[table_wise]"]
+
+
+CONFIG_FILES = {"dlrm": "criteo_quickstart.yaml", "deepfm": "criteo_deepfm.yaml", "mlperf": "mlperf_dlrmv2.yaml"}
+
+
+def load(spec: dict, name: str):
+    from recsys_dist.config import load_config
+
+    return load_config(ROOT / "configs" / CONFIG_FILES[name], overrides(spec, name))
+
+
+def trainer_epoch(cfg, ctx, run_dir: Path):
+    """(``epoch()`` -> global samples/s of one more epoch of our trainer, steps per epoch)."""
+    from recsys_dist.observe import TraceWriter
+    from recsys_dist.trainer import MetricsWriter, _Loop, make_loaders, shard_model
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    loaders = make_loaders(cfg, ctx)
+    dmp, optimizer, _ = shard_model(cfg, ctx)
+    loop = _Loop(cfg, ctx, dmp, optimizer, loaders, MetricsWriter(run_dir / "metrics.jsonl", ctx.is_main),
+                 TraceWriter(None, ctx.rank), run_dir)
+
+    def epoch() -> float:
+        rows, secs = loop.rows_trained, loop.train_seconds
+        loop.run_epoch()
+        loop.epoch += 1
+        return (loop.rows_trained - rows) / (loop.train_seconds - secs)
+
+    return epoch, len(loaders.train)
+
+
+def measure(rank: int, world: int, spec: dict) -> dict:
+    """run_ranks target: items 1-4 and 6's measurements, interleaved over ``reps`` rounds."""
+    warnings.filterwarnings("ignore")
+    logging.disable(logging.WARNING)
+    import torch
+    import torch.distributed as dist
+    from torchrec.distributed.train_pipeline import TrainPipelineBase, TrainPipelineSparseDist
+
+    from benchmarks import baselines, hardware
+    from recsys_dist.data import feature_names, prepare_from_config
+    from recsys_dist.distributed import init_distributed
+    from recsys_dist.models.build import table_sizes
+    from recsys_dist.trainer import shard_model
+
+    name = spec["model"]
+    cfg = load(spec, name)
+    ctx = init_distributed(cfg)
+    dev, B, m = ctx.device, spec["batch"], cfg.model
+    train_path = str(prepare_from_config(cfg).files["train"])
+    dense, sparse = feature_names(cfg)
+    sizes = table_sizes(cfg)
+    lr = cfg.train.embedding_lr
+    run = {}
+    ours, steps = trainer_epoch(cfg, ctx, Path(spec["tmp"]) / name)
+    run["ours"] = ours
+    batches = baselines.memory_batches(train_path, rank, world, B, dense, sparse, steps)
+
+    def rate(step, warmup: int = 3):
+        for _ in range(warmup):
+            step()
+        return lambda: steps * B * world / baselines.timed_steps(step, steps)
+
+    dcn = (m.dcn_num_layers, m.dcn_low_rank_dim) if m.name == "dlrm_dcnv2" else None
+    sharding = None if name == "mlperf" else "table_wise"
+    run["handwritten"] = rate(baselines.handwritten_torchrec(batches, sizes, m.embedding_dim, m.dense_arch_layer_sizes,
+                                                             m.over_arch_layer_sizes, sharding, lr, dev, dcn))
+    if dev.type == "cpu":
+        run["plain"] = rate(baselines.plain_pytorch(batches, sizes, m.embedding_dim, m.dense_arch_layer_sizes,
+                                                    m.over_arch_layer_sizes, lr))
+        if spec["deepfm"]:
+            run["ours_deepfm"], _ = trainer_epoch(load(spec, "deepfm"), ctx, Path(spec["tmp"]) / "deepfm")
+    from recsys_dist.data.loader import CTRBatch
+
+    ours_batches = [CTRBatch(dense_features=b.dense_features, sparse_features=b.sparse_features, labels=b.labels,
+                             weights=torch.ones_like(b.labels)) for b in batches]
+    for kind, cls in (("sparse_dist", TrainPipelineSparseDist), ("base", TrainPipelineBase)):
+        dmp, opt, _ = shard_model(cfg, ctx)
+        run[f"pipe_{kind}"] = rate(baselines.pipeline_stepper(cls(dmp, opt, dev), ours_batches))
+    res: dict = {k: [] for k in run}
+    names = list(run)
+    for r in range(spec["reps"]):
+        for k in names if r % 2 == 0 else names[::-1]:  # ABBA: drift in the load cancels out
+            res[k].append(run[k]())
+    out = {"rounds": res, "median": {k: statistics.median(v) for k, v in res.items()}}
+    out["steps"] = steps
+    # Item 6: every rank at once, as while training; summed over the ranks.
+    dist.barrier()
+    bw = hardware.copy_bandwidth(dev)
+    dist.barrier()
+    mm = hardware.mm_flops(hardware.linear_shapes(cfg), B, dev)
+    hw = torch.tensor([bw, mm], dtype=torch.float64, device=dev)
+    dist.all_reduce(hw)
+    out["copy_bytes_per_s"], out["mm_flops"] = float(hw[0]), float(hw[1])
+    out["threads"] = torch.get_num_threads()
+    return out
+
+
+def deepctr(python: str, spec: dict, cfg, train_path: str, rows: int, threads: int) -> dict | None:
+    from benchmarks.baselines import DEEPCTR_WORKER
+    from recsys_dist.data import feature_names
+    from recsys_dist.models.build import table_sizes
+
+    if not Path(python).is_file():
+        return None
+    dense, sparse = feature_names(cfg)
+    job = {"train": train_path, "dense": dense, "sparse": sparse, "sizes": table_sizes(cfg),
+           "dim": cfg.model.embedding_dim, "deep": cfg.model.deep_layer_sizes, "batch": spec["batch"] * spec["world"],
+           "rows": rows, "threads": threads}
+    r = subprocess.run([python, "-c", DEEPCTR_WORKER, json.dumps(job)], capture_output=True, text=True)
+    if r.returncode:
+        return {"error": (r.stderr.strip().splitlines() or ["?"])[-1]}
+    return {**json.loads(r.stdout.strip().splitlines()[-1]), "threads": threads}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="smaller data and sweeps: under 3 minutes on 2 cores")
+    parser.add_argument("--deepctr-python", default="/tmp/dctr/bin/python",
+                        help="python of a venv with deepctr-torch (item 3; skipped when absent)")
+    parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    parser.add_argument("--reps", type=int, default=None, help="interleaved rounds (default 3 quick, 5 full)")
+    parser.add_argument("--mlperf-max-rows", type=int, default=1_000_000, help="GPU: rows cap of each MLPerf table")
+    parser.add_argument("--skip", default="", help="comma-separated items to skip: 3,5")
+    args = parser.parse_args(argv)
+    warnings.filterwarnings("ignore")
+    logging.disable(logging.WARNING)
+    import torch
+
+    from benchmarks import growth, hardware
+    from recsys_dist.data import prepare_from_config
+    from recsys_dist.testing import run_ranks
+
+    cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+    skip = {s.strip() for s in args.skip.split(",") if s.strip()}
+    quick = args.quick
+    started = time.perf_counter()
+    world = 1 if cuda else 2
+    copies = (20 if quick else 100) if cuda else (5 if quick else 20)
+    spec = {"world": world, "batch": 8192 if cuda else 256, "reps": args.reps or (3 if quick else 5),
+            "device": "cuda" if cuda else "cpu", "model": "mlperf" if cuda else "dlrm", "max_rows": args.mlperf_max_rows,
+            "deepfm": not cuda and "3" not in skip}
+    with tempfile.TemporaryDirectory() as tmp:
+        raw = Path(tmp) / "criteo_repeated.txt"
+        block = SAMPLE.read_bytes()
+        with open(raw, "wb") as f:
+            for _ in range(copies):
+                f.write(block)
+        spec.update(raw=str(raw), cache=str(Path(tmp) / "cache"), tmp=tmp)
+        cfg = load(spec, spec["model"])
+        prepared = prepare_from_config(cfg)
+        train_rows = prepared.rows["train"]
+        theirs = None
+        if spec["deepfm"]:
+            dcfg = load(spec, "deepfm")
+            dtrain = str(prepare_from_config(dcfg).files["train"])
+            n = min(train_rows, 20_000 if quick else 100_000)
+            tries = [deepctr(args.deepctr_python, spec, dcfg, dtrain, n, t) for t in (1, os.cpu_count() or 1)]
+            ok = [t for t in tries if t and "samples_per_s" in t]
+            theirs = max(ok, key=lambda t: t["samples_per_s"]) if ok else tries[0]
+        res = run_ranks(measure, world, spec, timeout_s=1800, backend="nccl" if cuda else "gloo")[0]
+        grow = None
+        if "5" not in skip:
+            rows_list = [10**4, 10**5, 10**6] + ([] if quick else [10**7])
+            batch_list = [256, 1024, 4096] + ([] if quick else [16384])
+            if cuda:
+                batch_list = [1024, 4096, 16384, 65536]
+            grow = run_ranks(growth.sweep, 1, rows_list, batch_list, 10**5, 4096 if cuda else 256,
+                             0.5 if quick else 2.0, cuda, timeout_s=1800, backend="nccl" if cuda else "gloo")[0]
+    print_table(spec, cfg, res, theirs, grow, train_rows, copies, args, hardware, growth)
+    print(f"\n(benchmark wall time {time.perf_counter() - started:.0f} s)")
+    return 0
+
+
+def _fmt(x: float) -> str:
+    return f"{x:,.0f}"
+
+
+def print_table(spec, cfg, res, theirs, grow, train_rows, copies, args, hardware, growth) -> None:
+    import torch
+
+    B, W, dev = spec["batch"], spec["world"], spec["device"]
+    m = cfg.model
+    where = (f"{W} rank(s) on {dev}" + (f", gloo, {res['threads']} intra-op thread(s) per rank" if dev == "cpu"
+                                        else f" ({torch.cuda.get_device_name(0)}), nccl"))
+    model = (f"{m.name}: 26 tables x {cfg.data.num_embeddings if isinstance(cfg.data.num_embeddings, int) else 'capped MLPerf sizes'}"
+             f" rows x dim {m.embedding_dim}, MLPs {m.dense_arch_layer_sizes} / {m.over_arch_layer_sizes}, "
+             f"{cfg.train.embedding_optimizer} fused + {cfg.train.dense_optimizer}")
+    data = f"Criteo sample x{copies} -> {train_rows:,} train rows (Parquet), batch {B} per rank ({B * W} global)"
+    print(f"setup: {where}; {model}; {data}; {spec['reps']} ABBA-interleaved rounds of {res['steps']} steps, "
+          f"medians of the rounds; torch {torch.__version__}")
+    rows = []
+
+    rounds, med = res["rounds"], res["median"]
+
+    def paired(a: str, b: str) -> float:
+        return statistics.median(x / y for x, y in zip(rounds[a], rounds[b]))
+
+    def line(item, what, config, a, b, unit, aim=None, ratio=None):
+        ratio = ratio if ratio is not None else (a / b if b else float("nan"))
+        verdict = "" if aim is None else (" met" if ratio >= aim else " not met")
+        rows.append((item, what, config, f"**{ratio:.2f}**" if ratio >= 0.1 else f"**{ratio:.4f}**", f"{_fmt(a)} vs {_fmt(b)} {unit}",
+                     "" if aim is None else f">= {aim}{verdict}"))
+
+    line("1", "framework overhead", "our trainer end to end from Parquet (shuffled, prefetch 2, logging) vs "
+         "hand-written DMP + TrainPipelineSparseDist on in-memory batches; same model, table_wise",
+         med["ours"], med["handwritten"], "samples/s", 0.95, paired("ours", "handwritten"))
+    if "plain" in med:
+        line("2", "vs plain PyTorch", "our trainer vs DLRM of 26 nn.EmbeddingBag(sparse=True) + torch.optim.Adagrad, "
+             "DDP (gloo sparse all-reduce), in-memory batches", med["ours"], med["plain"], "samples/s", 1.5,
+             paired("ours", "plain"))
+    if "ours_deepfm" in med:
+        if theirs is None:
+            rows.append(("3", "vs DeepCTR-Torch", f"skipped: no {args.deepctr_python}; make it with: {DEEPCTR_VENV}",
+                         "", "", ">= 5"))
+        elif "error" in theirs:
+            rows.append(("3", "vs DeepCTR-Torch", f"DeepCTR-Torch failed: {theirs['error']}", "", "", ">= 5"))
+        else:
+            line("3", "vs DeepCTR-Torch DeepFM",
+                 f"our deepfm trainer (dim 16, deep 256-128, {W} ranks x {B}) vs DeepCTR-Torch 0.3 DeepFM.fit, "
+                 f"1 process, best of 1 and {os.cpu_count()} threads ({theirs['threads']}), batch {B * W}, "
+                 f"{theirs['rows']:,} rows, dense Adagrad; not interleaved (run before the ranks start)",
+                 max(rounds["ours_deepfm"]), theirs["samples_per_s"], "samples/s (ours: best round)", 5)
+    line("4", "pipelining", f"TrainPipelineSparseDist / TrainPipelineBase, our sharded model, world size {W}, "
+         "in-memory batches", med["pipe_sparse_dist"], med["pipe_base"], "samples/s", None,
+         paired("pipe_sparse_dist", "pipe_base"))
+    if grow:
+        r, b = grow["rows"], grow["batch"]
+        for key, pts, xs in (("rows", r, [p["rows"] for p in r]), ("batch", b, [p["batch"] for p in b])):
+            # Memory added by the model and its batches: peak RSS over the RSS before the sweep's first point.
+            inc = lambda p: max(p["peak_rss_mb"] - pts[0]["base_rss_mb"], 1e-3)  # noqa: E731
+            k_sps = growth.exponent(xs, [p["samples_per_s"] for p in pts])
+            k_mem = growth.exponent(xs, [inc(p) for p in pts])
+            k_last = growth.exponent(xs[-2:], [inc(p) for p in pts[-2:]])
+            first, last = pts[0], pts[-1]
+            what = (f"rows per table {xs[0]:.0e} -> {xs[-1]:.0e}, batch {first['batch']}" if key == "rows"
+                    else f"batch {xs[0]} -> {xs[-1]}, {first['rows']:.0e} rows per table")
+            rows.append(("5", f"growth: {key}", f"{what}; {growth.TABLES} tables x dim 16, 1 rank, synthetic uniform ids",
+                         f"**{last['samples_per_s'] / first['samples_per_s']:.2f}** samples/s, "
+                         f"**{inc(last) / inc(first):.1f}** RSS",
+                         f"fitted: samples/s ~ x^{k_sps:.2f}; peak RSS above the pre-sweep RSS ~ x^{k_mem:.2f} "
+                         f"(last step x^{k_last:.2f})", ""))
+    bps, fps = hardware.embedding_bytes_per_sample(cfg), hardware.flops_per_sample(cfg)
+    sps = med["ours"]
+    line("6", "memory bandwidth", f"our trainer x {bps:,} B/sample (embedding rows read 4D + read/write 8D, optimizer "
+         f"state, pooled 8D; D={m.embedding_dim}) vs {W} rank(s) copying 256 MB fp32 at once",
+         sps * bps, res["copy_bytes_per_s"], "B/s")
+    line("6", "matmul FLOP/s", f"our trainer x {fps:,} FLOP/sample (MLPs + interaction, fwd+bwd = 3x fwd) vs "
+         f"torch.mm at the model's Linear shapes, batch {B}, {W} rank(s) at once", sps * fps, res["mm_flops"], "FLOP/s")
+    if dev == "cuda":
+        line("GPU", "vs MLPerf", "our trainer's samples/s on one GPU vs MLPerf DLRM-DCNv2 per H200 (multi-hot, "
+             "full tables: not the same work)", sps, MLPERF_H200_SAMPLES_PER_S, "samples/s")
+    print("\n| # | measure | configuration | ratio | measured | aim |\n| --- | --- | --- | ---: | --- | --- |")
+    for row in rows:
+        print("| " + " | ".join(row) + " |")
+    if grow:
+        print("\ngrowth curves (item 5): rows per table, batch, samples/s, peak RSS MB, baseline RSS MB, "
+              "tables + optimizer state MB")
+        for p in grow["rows"] + grow["batch"]:
+            print(f"  {p['rows']:>10,} {p['batch']:>7,} {p['samples_per_s']:>12,.0f} {p['peak_rss_mb']:>9,.0f} "
+                  f"{p['base_rss_mb']:>9,.0f} {p['table_mb']:>9,.0f}"
+                  + (f"  GPU peak {p['peak_gpu_mb']:,.0f} MB" if "peak_gpu_mb" in p else ""))
+    print("\nrounds (samples/s per round): " + "; ".join(
+        f"{k} " + "/".join(_fmt(x) for x in v) for k, v in rounds.items()))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,68 @@
+"""benchmarks/run.py's pieces: the hardware-limit arithmetic, the growth fit, the plain-PyTorch
+DLRM, the ``bench`` subcommand, and (slow) one tiny growth point on a spawned rank."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from benchmarks import baselines, growth, hardware
+from recsys_dist.config import load_config
+from tests.conftest import QUICKSTART
+
+
+def test_quickstart_bytes_and_flops_per_sample():
+    cfg = load_config(QUICKSTART)
+    # 26 one-hot tables, D = 16, row-wise Adagrad (1 state float per row):
+    # per id 12 D + 8 bytes, per feature 8 D (pooled vector and its gradient).
+    assert hardware.embedding_bytes_per_sample(cfg) == 26 * (12 * 16 + 8) + 26 * 8 * 16
+    assert hardware.linear_shapes(cfg) == [(13, 64), (64, 16), (16 + 27 * 26 // 2, 64), (64, 32), (32, 1)]
+    macs = 13 * 64 + 64 * 16 + 367 * 64 + 64 * 32 + 32
+    assert hardware.flops_per_sample(cfg) == 3 * (2 * macs + 2 * 27 * 27 * 16)
+
+
+def test_mlperf_state_and_cross_layers_count():
+    cfg = load_config(QUICKSTART, ["model.name=dlrm_dcnv2", "train.embedding_optimizer=exact_adagrad",
+                                   "model.dcn_num_layers=2", "model.dcn_low_rank_dim=8"])
+    assert hardware.embedding_bytes_per_sample(cfg) == 26 * (12 * 16 + 8 * 16) + 26 * 8 * 16
+    width = 27 * 16
+    linear = sum(i * o for i, o in hardware.linear_shapes(cfg))
+    assert hardware.linear_shapes(cfg)[2][0] == width
+    assert hardware.flops_per_sample(cfg) == 3 * (2 * linear + 2 * (4 * width * 8 + 3 * width))
+
+
+def test_measured_ceilings_are_positive():
+    assert hardware.copy_bandwidth(torch.device("cpu"), mbytes=4, seconds=0.01) > 0
+    assert hardware.mm_flops([(8, 4)], 16, torch.device("cpu"), seconds=0.01) > 0
+
+
+def test_growth_exponent():
+    xs = [1e4, 1e5, 1e6]
+    assert math.isclose(growth.exponent(xs, [3 * x for x in xs]), 1.0)
+    assert math.isclose(growth.exponent(xs, [5.0] * 3), 0.0, abs_tol=1e-12)
+
+
+def test_plain_dlrm_matches_torchrec_dlrm_shapes():
+    model = baselines.PlainDLRM(13, [10] * 26, 16, [64, 16], [64, 32, 1])
+    out = model(torch.rand(4, 13), torch.randint(0, 10, (4, 26)))
+    assert out.shape == (4,)
+    assert model.top[0].in_features == 16 + 27 * 26 // 2
+
+
+def test_bench_subcommand_parses():
+    from recsys_dist.cli import build_parser, cmd_bench
+
+    args = build_parser().parse_args(["bench", "--quick", "--skip", "3,5"])
+    assert args.func is cmd_bench and args.quick and args.skip == "3,5"
+
+
+@pytest.mark.slow
+def test_one_tiny_growth_point():
+    from recsys_dist.testing import run_ranks
+
+    res = run_ranks(growth.sweep, 1, [100], [8], 100, 8, 0.05, timeout_s=240)[0]
+    (point,) = res["rows"]
+    assert point["samples_per_s"] > 0 and point["peak_rss_mb"] >= point["base_rss_mb"] > 0
+    assert res["batch"][0]["batch"] == 8
