@@ -176,6 +176,12 @@ class DataConfig(_Section):
         "(row groups are also reordered each epoch when a split spans several windows)."
     )
     prefetch: int = Field(2, ge=0, description="Batches prepared ahead by a background thread (0 = off).")
+    rank_reads: Literal["global_batch", "row_groups"] = Field(
+        "global_batch", description="global_batch: every rank reads the whole stream and keeps its block of "
+        "each global batch (global batches independent of the world size; reads grow with it). row_groups: "
+        "each rank reads only its share of the row groups (balanced by rows), so reads per rank shrink, but "
+        "the global batches then depend on the world size; ranks with fewer rows pad (or, under "
+        "remainder: drop, all ranks stop at the smallest share).")
     multi_hot_sizes: Optional[list[int]] = Field(
         None,
         description="Typical ids per example for each categorical feature, given to the planner as pooling "

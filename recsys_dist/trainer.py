@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,7 +64,7 @@ def make_loaders(cfg: RunConfig, ctx: DistContext) -> Loaders:
     dense_names, sparse_names = feature_names(cfg)
     common = dict(rank=ctx.rank, world_size=ctx.world_size, dense_names=dense_names, sparse_names=sparse_names,
                   num_embeddings=sizes, pin_memory=ctx.device.type == "cuda",
-                  shuffle_buffer_rows=d.shuffle_buffer_rows, prefetch=d.prefetch)
+                  shuffle_buffer_rows=d.shuffle_buffer_rows, prefetch=d.prefetch, rank_reads=d.rank_reads)
     eval_bs = cfg.eval.batch_size or cfg.train.batch_size
     return Loaders(
         train=ParquetBatchLoader(str(prepared.files["train"]), cfg.train.batch_size, shuffle=d.shuffle,
@@ -244,6 +245,7 @@ class _Loop:
         self.train_seconds = 0.0
         self.losses: list = []
         self.real_rows: list = []
+        self.early_batches = None  # the next epoch's batches, opened during this epoch's validation
         self.t0 = time.perf_counter()
         total = cfg.train.epochs * len(loaders.train)
         self.total_steps = min(total, cfg.train.max_steps) if cfg.train.max_steps else total
@@ -311,7 +313,8 @@ class _Loop:
         pipe.steps_done = self.step
         self.loaders.train.set_epoch(self.epoch)
         start, self.in_epoch = (self.in_epoch, self.in_epoch) if self.epoch == self.first_epoch else (0, 0)
-        batches = self.loaders.train.iter_from(start)
+        early, self.early_batches = self.early_batches, None
+        batches = early if early is not None and start == 0 else self.loaders.train.iter_from(start)
         self.t0 = time.perf_counter()
         while not self.done():
             self.tracer.before(self.step + 1)
@@ -346,6 +349,8 @@ class _Loop:
         if self.losses:
             self.log_train()
         pipe.detach()
+        if self.epoch + 1 < cfg.train.epochs and not self.done():
+            self.early_batches = _read_ahead(self.loaders.train, self.epoch + 1)
         return self.validate()
 
     def validate(self) -> dict:
@@ -391,3 +396,36 @@ class _Loop:
         self.rows_trained += rows
         self.losses, self.real_rows = [], []
         self.t0 = time.perf_counter()
+
+
+def _read_ahead(loader: ParquetBatchLoader, epoch: int):
+    """Epoch ``epoch``'s batches, the first one read now in a helper thread.
+
+    Reading and shuffling an epoch's first window took 40-150 ms per epoch on the 2-rank
+    benchmark (docs/benchmarks.md); started before the validation that ends the previous
+    epoch, it overlaps that validation instead of stalling the first training step.
+    """
+    loader.set_epoch(epoch)
+    it = loader.iter_from(0)
+    box: list = []
+
+    def first() -> None:
+        try:
+            box.append(("ok", next(it)))
+        except BaseException as err:  # noqa: BLE001 - re-raised in the training thread
+            box.append(("err", err))
+
+    thread = threading.Thread(target=first, daemon=True, name="recsys_dist-read-ahead")
+    thread.start()
+
+    def batches():
+        thread.join()
+        status, value = box[0]
+        if status == "err":
+            if isinstance(value, StopIteration):
+                return
+            raise value
+        yield value
+        yield from it
+
+    return batches()

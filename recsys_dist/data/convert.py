@@ -257,9 +257,15 @@ def prepare(
     pending: dict = {s: [] for s in SPLITS}  # batches not yet written, so row groups are full-size
 
     def flush(s: str, force: bool = False) -> None:
-        if pending[s] and (force or sum(b.num_rows for b in pending[s]) >= row_group_size):
-            writers[s].write_table(pa.Table.from_batches(pending[s]), row_group_size=row_group_size)
-            pending[s] = []
+        n = sum(b.num_rows for b in pending[s])
+        if not pending[s] or (n < row_group_size and not force):
+            return
+        # Write whole row groups only and keep the rest pending: writing everything would
+        # end each flush with a short row group (65,536 + 3,712 + 65,536 + ...).
+        table = pa.Table.from_batches(pending[s])
+        full = n if force else n - n % row_group_size
+        writers[s].write_table(table.slice(0, full), row_group_size=row_group_size)
+        pending[s] = table.slice(full).to_batches() if full < n else []
 
     stats = np.zeros((3, num_dense))  # train split: count, sum, sum of squares (transformed)
     missing = np.zeros(num_dense)

@@ -10,12 +10,25 @@ shuffled (seeded by seed, epoch and window). Global batch ``g`` is stream positi
 ``[g*B*W, (g+1)*B*W)`` and rank ``r`` takes the ``r``-th block of ``B`` rows. So the global
 batches do not depend on the world size: 1 rank with batch 64 and 2 ranks with 32 train on
 the same examples in the same steps. Every rank reads the stream but keeps only its rows;
-memory is one window plus one batch, whatever the file sizes. When a split fits in one
-window the order is a plain seeded permutation of all its rows.
+memory is about two windows (as read, and gathered into batch layout) plus the prefetched
+batches, whatever the file sizes. When a split fits in one window the order is a plain
+seeded permutation of all its rows.
+
+Row groups per rank (``rank_reads="row_groups"``). Each rank's stream is only its own share
+of the row groups (``partition_row_groups``: balanced by rows, fixed for a world size),
+windowed and shuffled as above with seeds that include the rank, and the rank takes every
+row of it. Reads per rank drop by about the world size, but global batches then depend on
+the world size. Steps per epoch: the largest share's ``ceil(rows / B)`` under ``pad`` (ranks
+with fewer rows pad), the smallest share's ``rows // B`` under ``drop``.
 
 Remainder. Rows after the last full global batch are either dropped (``drop``) or padded
 (``pad``): padded rows repeat the rank's last row with ``weight == 0`` and never count in
 loss or metrics; a rank whose slice is empty gets a batch of padding only.
+
+Speed. Each window is gathered into batch layout once (one ``np.take`` per column, one-hot
+ids as int32 when they fit, which halves the cost of the random reads); a batch is then views
+of that block: its one-hot values are one contiguous run, its lengths a shared tensor of
+ones. Outputs are identical to the per-batch gather this replaced.
 
 KJT layout of a batch (keys C1..C26, B rows; multi-hot list columns give variable lengths)::
 
@@ -38,6 +51,8 @@ from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from recsys_dist.data.criteo import DataError
+
+_INT32 = np.iinfo(np.int32)
 
 
 @dataclass
@@ -80,41 +95,55 @@ def steps_per_epoch(num_rows: int, batch_size: int, world_size: int, remainder: 
     return num_rows // per_step if remainder == "drop" else -(-num_rows // per_step)
 
 
-class _Rows:
-    """Columns of a set of rows: labels [n], dense [n, D], ``onehot`` int64 [n, K1] (the
-    one-hot features, row-major so that shuffling gathers a row's ids in one read rather than
-    one read per feature), ``multi``: per multi-hot feature (lengths [n], values)."""
+def partition_row_groups(sizes: Sequence[int], world_size: int) -> list[list[int]]:
+    """Row-group indices per rank, balanced by rows: largest groups first, each to the rank
+    with the fewest rows so far (ties: the lowest rank); each rank's list in file order.
+    Depends only on the sizes and the world size, so it is the same in every epoch."""
+    owned: list[list[int]] = [[] for _ in range(world_size)]
+    load = [0] * world_size
+    for i in sorted(range(len(sizes)), key=lambda i: -sizes[i]):  # stable: ties keep file order
+        r = min(range(world_size), key=lambda r: load[r])
+        owned[r].append(i)
+        load[r] += sizes[i]
+    return [sorted(o) for o in owned]
 
-    def __init__(self, labels, dense, onehot, multi) -> None:
-        self.labels, self.dense, self.onehot, self.multi = labels, dense, onehot, multi
-        self._offsets = [np.concatenate([[0], np.cumsum(lens)]) for lens, _ in multi]
+
+class _Cols:
+    """Columns of a set of rows, one numpy array per column (reading a window from Arrow is
+    one copy per column), so a whole window is gathered into batch layout in one pass per column.
+
+    ``labels`` float32 [n]; ``dense`` float32 [n, D] (row-major: gathering a row is one read);
+    ``ids`` one entry per sparse
+    feature in key order: int64 or int32 [n] (one-hot; int32 when the ids fit, see
+    ``ParquetBatchLoader._read``) or (lengths int64 [n], values int64) (multi-hot).
+    """
+
+    def __init__(self, labels: np.ndarray, dense: list, ids: list) -> None:
+        self.labels, self.dense, self.ids = labels, dense, ids
+        self._offsets = {j: np.concatenate([[0], np.cumsum(c[0])]) for j, c in enumerate(ids) if isinstance(c, tuple)}
 
     def __len__(self) -> int:
         return len(self.labels)
 
-    def take(self, idx: np.ndarray) -> "_Rows":
-        multi = []
-        for (lengths, values), offsets in zip(self.multi, self._offsets):
-            sel = lengths[idx]
-            starts = np.repeat(offsets[idx], sel)
-            within = np.arange(sel.sum()) - np.repeat(np.cumsum(sel) - sel, sel)
-            multi.append((sel, values[starts + within]))
-        return _Rows(self.labels[idx], self.dense[idx], self.onehot[idx], multi)
+    def _bags(self, j: int, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Multi-hot feature ``j`` of rows ``idx``: (lengths [len(idx)], their values concatenated)."""
+        lengths, values = self.ids[j]
+        sel = lengths[idx]
+        starts = np.repeat(self._offsets[j][idx], sel)
+        within = np.arange(sel.sum()) - np.repeat(np.cumsum(sel) - sel, sel)
+        return sel, values[starts + within]
 
-    def slice(self, lo: int, hi: int) -> "_Rows":
-        """Rows ``lo..hi-1`` as views (no copy)."""
-        multi = [(lens[lo:hi], vals[off[lo]:off[hi]]) for (lens, vals), off in zip(self.multi, self._offsets)]
-        return _Rows(self.labels[lo:hi], self.dense[lo:hi], self.onehot[lo:hi], multi)
+    def take(self, idx: np.ndarray) -> "_Cols":
+        return _Cols(self.labels[idx], self.dense[idx],
+                     [self._bags(j, idx) if isinstance(c, tuple) else c[idx] for j, c in enumerate(self.ids)])
 
     @staticmethod
-    def concat(parts: list["_Rows"]) -> "_Rows":
-        parts = [p for p in parts if len(p)] or parts[:1]
-        if len(parts) == 1:
-            return parts[0]
-        multi = [(np.concatenate([p.multi[j][0] for p in parts]), np.concatenate([p.multi[j][1] for p in parts]))
-                 for j in range(len(parts[0].multi))]
-        return _Rows(np.concatenate([p.labels for p in parts]), np.concatenate([p.dense for p in parts]),
-                     np.concatenate([p.onehot for p in parts]), multi)
+    def concat(parts: list["_Cols"]) -> "_Cols":
+        cat = np.concatenate
+        first = parts[0]
+        ids = [(cat([p.ids[j][0] for p in parts]), cat([p.ids[j][1] for p in parts])) if isinstance(c, tuple)
+               else cat([p.ids[j] for p in parts]) for j, c in enumerate(first.ids)]
+        return _Cols(cat([p.labels for p in parts]), cat([p.dense for p in parts]), ids)
 
 
 class ParquetBatchLoader:
@@ -131,13 +160,18 @@ class ParquetBatchLoader:
         remainder: ``"pad"`` or ``"drop"`` (see module docstring).
         num_embeddings: per sparse feature; an id outside ``[0, n)`` raises DataError.
         shuffle_buffer_rows: rows read and shuffled together (memory bound).
-        prefetch: batches prepared ahead by a background thread (0 = none).
+        prefetch: batches prepared ahead by a background thread (0 = none); with it on, a
+            second thread reads the next window while this one is cut into batches.
         pin_memory: pin batches (for CUDA).
+        rank_reads: ``"global_batch"`` (every rank reads the whole stream and keeps its block
+            of each global batch) or ``"row_groups"`` (each rank reads only its own row groups;
+            see the module docstring).
 
     Raises:
         DataError: a missing file or column, files with different schemas, no rows with
             ``drop``; while iterating, an id out of range or a non-finite dense value,
             naming the file, row and column.
+        ValueError: an unknown ``remainder`` or ``rank_reads``.
     """
 
     def __init__(
@@ -156,9 +190,12 @@ class ParquetBatchLoader:
         shuffle_buffer_rows: int = 1 << 20,
         prefetch: int = 2,
         pin_memory: bool = False,
+        rank_reads: str = "global_batch",
     ) -> None:
         if remainder not in ("pad", "drop"):
             raise ValueError(f"remainder must be 'pad' or 'drop', got {remainder!r}")
+        if rank_reads not in ("global_batch", "row_groups"):
+            raise ValueError(f"rank_reads must be 'global_batch' or 'row_groups', got {rank_reads!r}")
         self.files = [str(path)] if isinstance(path, (str, bytes)) or hasattr(path, "__fspath__") else [str(p) for p in path]
         self.dense_names, self.keys = list(dense_names), list(sparse_names)
         self.columns = ["label", *dense_names, *sparse_names]
@@ -180,98 +217,135 @@ class ParquetBatchLoader:
             self.row_groups += [(i, g, meta.row_group(g).num_rows) for g in range(meta.num_row_groups)]
         self.list_features = [pa.types.is_list(schema.field(n).type) or pa.types.is_large_list(schema.field(n).type)
                               for n in sparse_names] if schema is not None else [False] * len(sparse_names)
-        # Column of each feature in _Rows.onehot (one-hot) or index in _Rows.multi (multi-hot).
-        counters = [0, 0]
-        self._column = []
-        for is_list in self.list_features:
-            self._column.append(counters[is_list])
-            counters[is_list] += 1
         self.num_rows = sum(n for *_, n in self.row_groups)
         self.path, self.batch_size, self.rank, self.world_size = self.files[0], batch_size, rank, world_size
         self.shuffle, self.seed, self.remainder = shuffle, seed, remainder
         self.num_embeddings, self.buffer_rows, self.prefetch = num_embeddings, shuffle_buffer_rows, prefetch
-        self.pin_memory = pin_memory
+        self.pin_memory, self.rank_reads = pin_memory, rank_reads
         self.epoch = 0
-        if len(self) == 0 and self.num_rows > 0:
-            raise DataError(
-                f"{self.path}: {self.num_rows} rows are fewer than one global batch "
-                f"({batch_size} x {world_size} ranks) and data.remainder is 'drop'; use 'pad' or a smaller batch"
-            )
+        # The stream this rank reads: row-group indices, and (ranks, rank) sharing each batch of it.
+        sizes = [n for *_, n in self.row_groups]
+        if rank_reads == "row_groups":
+            owned = partition_row_groups(sizes, world_size)
+            rows = [sum(sizes[i] for i in o) for o in owned]
+            self._groups, self._split = owned[rank], (1, 0)
+            self._len = min(rows) // batch_size if remainder == "drop" else max(-(-n // batch_size) for n in rows)
+        else:
+            self._groups, self._split = list(range(len(self.row_groups))), (world_size, rank)
+            self._len = steps_per_epoch(self.num_rows, batch_size, world_size, remainder)
+        # Full batches share these (read-only): every one-hot bag has length 1, every row weight 1.
+        self._ones_lengths = torch.ones(batch_size * len(self.keys), dtype=torch.int32)
+        self._ones_weights = torch.ones(batch_size, dtype=torch.float32)
+        self._n_onehot = sum(not m for m in self.list_features)
+        if self._len == 0 and self.num_rows > 0:
+            what = (f"the fewest rows a rank owns ({min(rows)}, data.rank_reads: row_groups) are fewer than one "
+                    f"batch ({batch_size})" if rank_reads == "row_groups" else
+                    f"{self.num_rows} rows are fewer than one global batch ({batch_size} x {world_size} ranks)")
+            raise DataError(f"{self.path}: {what} and data.remainder is 'drop'; use 'pad' or a smaller batch")
 
     def __len__(self) -> int:
         """Batches per epoch, the same on every rank."""
-        return steps_per_epoch(self.num_rows, self.batch_size, self.world_size, self.remainder)
+        return self._len
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
     # ------------------------------------------------------------------ reading
 
+    def _seed(self, window: Optional[int] = None) -> list[int]:
+        """Seed of window ``window``'s permutation, or (None) of the row groups' order."""
+        if self.rank_reads == "global_batch":  # the original seeds: orders stay as they were
+            if window is None:
+                return [self.seed, self.epoch, 1]
+            return [self.seed, self.epoch] + ([window] if window else [])
+        # row_groups: each rank permutes its own stream, so the rank is part of every seed.
+        return [self.seed, self.epoch, 2, self.rank] + ([1] if window is None else [0, window])
+
     def _windows(self) -> list[list[int]]:
         """Row-group indices per window, in this epoch's order."""
-        order = list(range(len(self.row_groups)))
-        windows, cur, rows = [], [], 0
-        for i in order:
-            cur.append(i)
-            rows += self.row_groups[i][2]
-            if rows >= self.buffer_rows:
-                windows.append(cur)
-                cur, rows = [], 0
-        if cur:
-            windows.append(cur)
-        if self.shuffle and len(windows) > 1:
-            # Several windows: the row groups' order changes each epoch too.
-            perm = np.random.default_rng([self.seed, self.epoch, 1]).permutation(len(self.row_groups))
-            regrouped, cur, rows = [], [], 0
-            for i in perm.tolist():
+
+        def cut(order: list[int]) -> list[list[int]]:
+            windows, cur, rows = [], [], 0
+            for i in order:
                 cur.append(i)
                 rows += self.row_groups[i][2]
                 if rows >= self.buffer_rows:
-                    regrouped.append(cur)
+                    windows.append(cur)
                     cur, rows = [], 0
-            windows = regrouped + ([cur] if cur else [])
+            return windows + ([cur] if cur else [])
+
+        windows = cut(self._groups)
+        if self.shuffle and len(windows) > 1:
+            # Several windows: the row groups' order changes each epoch too.
+            perm = np.random.default_rng(self._seed()).permutation(len(self._groups))
+            windows = cut([self._groups[i] for i in perm.tolist()])
         return windows
 
-    def _read(self, groups: list[int], first_row: int, handles: dict) -> _Rows:
-        tables = []
-        for i in groups:
-            f, g, _ = self.row_groups[i]
+    def _read(self, groups: list[int], first_row: int, handles: dict) -> _Cols:
+        """The window's columns as numpy arrays, each joined from its row groups' chunks in one
+        copy. One-hot ids whose values fit are narrowed to int32 in that copy: gathering them is
+        about twice as fast, and batches widen them back to int64. Raises DataError for an id
+        out of range or a non-finite dense value."""
+        tables, k = [], 0
+        while k < len(groups):  # one read per run of row groups from the same file
+            f = self.row_groups[groups[k]][0]
+            run = [self.row_groups[groups[k]][1]]
+            while k + len(run) < len(groups) and self.row_groups[groups[k + len(run)]][0] == f:
+                run.append(self.row_groups[groups[k + len(run)]][1])
             if f not in handles:  # opening a Parquet file costs more than reading a row group
                 handles[f] = pq.ParquetFile(self.files[f])
-            tables.append(handles[f].read_row_group(g, columns=self.columns))
+            tables.append(handles[f].read_row_groups(run, columns=self.columns))
+            k += len(run)
         t = pa.concat_tables(tables)
         where = f"{self.files[self.row_groups[groups[0]][0]]}"
-        labels = t.column("label").to_numpy().astype(np.float32)
-        dense = np.stack([t.column(n).to_numpy().astype(np.float32) for n in self.dense_names], axis=1) \
-            if self.dense_names else np.zeros((t.num_rows, 0), np.float32)
+        n = t.num_rows
+
+        def chunks(name: str, dtype) -> list[np.ndarray]:  # zero-copy views when Arrow's type is dtype
+            return [c.to_numpy(zero_copy_only=False).astype(dtype, copy=False) for c in t.column(name).chunks]
+
+        def joined(parts: list[np.ndarray], out: np.ndarray) -> np.ndarray:  # one copy (and cast) into out
+            o = 0
+            for p in parts:
+                out[o:o + len(p)] = p
+                o += len(p)
+            return out
+
+        labels = joined(chunks("label", np.float32), np.empty(n, np.float32))
+        dense = np.empty((n, len(self.dense_names)), np.float32)
+        for d, name in enumerate(self.dense_names):
+            joined(chunks(name, np.float32), dense[:, d])
         bad = ~np.isfinite(dense)
         if bad.any():
-            row, col = map(int, np.argwhere(bad)[0])
+            row, col = map(int, np.argwhere(bad)[0])  # the first bad value in row order
             raise DataError(f"{where}, row {first_row + row}, column {self.dense_names[col]}: "
                             f"{dense[row, col]} is not finite")
-        onehot = np.empty((t.num_rows, len(self.keys) - sum(self.list_features)), np.int64)
-        multi = []
+        ids = []
         for j, (name, is_list) in enumerate(zip(self.keys, self.list_features)):
-            col = t.column(name).combine_chunks()
             if is_list:
+                col = t.column(name).combine_chunks()
                 lengths = col.value_lengths().fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
-                values = col.flatten().to_numpy(zero_copy_only=False).astype(np.int64)
+                parts = [col.flatten().to_numpy(zero_copy_only=False).astype(np.int64)]
             else:
-                values = col.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
-            if self.num_embeddings is not None and values.size and (values.min() < 0 or values.max() >= self.num_embeddings[j]):
+                parts = chunks(name, np.int64)
+            sized = [p for p in parts if p.size]
+            lo, hi = (min(int(p.min()) for p in sized), max(int(p.max()) for p in sized)) if sized else (0, 0)
+            if self.num_embeddings is not None and sized and (lo < 0 or hi >= self.num_embeddings[j]):
                 raise DataError(
                     f"{where}, column {name}: ids must lie in [0, {self.num_embeddings[j]}), found "
-                    f"[{values.min()}, {values.max()}] (convert again with the table size in the config)")
+                    f"[{lo}, {hi}] (convert again with the table size in the config)")
             if is_list:
-                multi.append((lengths, values))
-            else:
-                onehot[:, self._column[j]] = values
-        return _Rows(labels, dense, onehot, multi)
+                ids.append((lengths, parts[0]))
+            else:  # joining the row groups' chunks and narrowing to int32 is one pass
+                fits = _INT32.min <= lo and hi <= _INT32.max
+                ids.append(joined(parts, np.empty(n, np.int32 if fits else np.int64)))
+        return _Cols(labels, dense, ids)
 
-    def _own_rows(self, start_step: int) -> Iterator[_Rows]:
-        """This rank's rows of the epoch stream in order, from global batch ``start_step``."""
-        B, W = self.batch_size, self.world_size
-        end = len(self) * B * W if self.remainder == "drop" else self.num_rows
+    def _own_windows(self, start_step: int) -> Iterator[tuple[_Cols, np.ndarray]]:
+        """Per window: its columns and this rank's rows of it in stream order (indices into
+        the window), from batch ``start_step`` on."""
+        B, (W, r) = self.batch_size, self._split
+        stream_rows = sum(self.row_groups[i][2] for i in self._groups)
+        end = min(len(self) * B * W, stream_rows) if self.remainder == "drop" else stream_rows
         skip_until = start_step * B * W
         pos = 0
         handles: dict = {}
@@ -279,65 +353,107 @@ class ParquetBatchLoader:
             n = sum(self.row_groups[i][2] for i in groups)
             lo, hi = max(pos, skip_until), min(pos + n, end)
             if hi > lo:
-                rows = self._read(groups, pos, handles)
-                perm = (np.random.default_rng([self.seed, self.epoch] + ([w] if w else [])).permutation(n)
-                        if self.shuffle else np.arange(n))
+                cols = self._read(groups, pos, handles)
                 positions = np.arange(lo, hi)
-                mine = positions[(positions // B) % W == self.rank]
-                if len(mine):
-                    yield rows.take(perm[mine - pos])
+                mine = positions[(positions // B) % W == r] if W > 1 else positions
+                if self.shuffle:
+                    idx = np.random.default_rng(self._seed(w)).permutation(n)[mine - pos]
+                else:
+                    idx = mine - pos
+                if len(idx):
+                    yield cols, idx
             pos += n
             if pos >= end:
                 break
 
     def _batches(self, start_step: int) -> Iterator[CTRBatch]:
         B = self.batch_size
-        cur: Optional[_Rows] = None
-        off, made = 0, start_step
-        for rows in self._own_rows(start_step):
-            # Join the previous block's tail (< B rows) once per window, then cut batches by offset.
-            cur = rows if cur is None or off >= len(cur) else _Rows.concat([cur.slice(off, len(cur)), rows])
-            off = 0
-            while len(cur) - off >= B:
-                yield self._to_batch(cur.slice(off, off + B), B)
-                off += B
-                made += 1
-        tail = cur.slice(off, len(cur)) if cur is not None and off < len(cur) else None
-        while made < len(self):
-            yield self._to_batch(tail, len(tail) if tail is not None else 0)
-            tail, made = None, made + 1
+        carry: Optional[_Cols] = None  # rows (< B) of a batch that continues in the next window
+        made = start_step
+        windows = self._own_windows(start_step)
+        if self.prefetch > 0:  # read the next window (pyarrow, GIL released) while this one is cut
+            windows = _prefetched(windows, 1)
+        for cols, idx in windows:
+            if carry is not None:
+                head, idx = idx[:B - len(carry)], idx[B - len(carry):]
+                carry = _Cols.concat([carry, cols.take(head)])
+                if len(carry) < B:
+                    continue
+                yield from self._emit(carry, np.arange(B))
+                carry, made = None, made + 1
+            full = len(idx) - len(idx) % B
+            if full:
+                yield from self._emit(cols, idx[:full])
+                made += full // B
+            if full < len(idx):
+                carry = cols.take(idx[full:])
+        while made < len(self):  # pad: copies of the last real row, weight 0; then padding only
+            rows, n_real = (carry, len(carry)) if carry is not None else (self._empty_row(), 0)
+            pad = np.concatenate([np.arange(len(rows)), np.full(B - len(rows), len(rows) - 1)])
+            yield from self._emit(rows, pad, n_real)
+            carry, made = None, made + 1
 
-    def _to_batch(self, rows: Optional[_Rows], n_real: int) -> CTRBatch:
+    def _emit(self, cols: _Cols, idx: np.ndarray, n_real: Optional[int] = None) -> Iterator[CTRBatch]:
+        """Batches of rows ``idx`` of ``cols`` (a multiple of B of them), gathered once per column
+        into batch layout: one-hot ids [nb, K1, B], so batch b's values are the contiguous run
+        ``onehot[b]`` (key-major), dense [nb, B, D], labels [nb, B]. ``n_real``: only the first
+        rows are real (a single padded batch)."""
         B = self.batch_size
-        if rows is None or len(rows) == 0:
-            rows, n_real = self._empty_row(), 0
-        if len(rows) < B:  # pad with copies of the last row, weight 0
-            rows = _Rows.concat([rows, rows.take(np.full(B - len(rows), len(rows) - 1))])
-        weights = np.zeros(B, dtype=np.float32)
-        weights[:n_real] = 1.0
-        if not rows.multi:  # all one-hot: key-major values are the transposed id matrix
-            values = [rows.onehot.T.ravel()]
-            lengths = [np.ones(B * len(self.keys), dtype=np.int32)]
-        else:
-            values, lengths = [], []
-            for j, is_list in enumerate(self.list_features):
-                if is_list:
-                    lens, vals = rows.multi[self._column[j]]
-                    values.append(vals)
-                    lengths.append(lens.astype(np.int32))
-                else:
-                    values.append(rows.onehot[:, self._column[j]])
-                    lengths.append(np.ones(B, dtype=np.int32))
-        kjt = KeyedJaggedTensor(keys=self.keys, values=torch.from_numpy(np.concatenate(values)),
-                                lengths=torch.from_numpy(np.concatenate(lengths)), stride=B)
-        batch = CTRBatch(dense_features=torch.from_numpy(np.ascontiguousarray(rows.dense)), sparse_features=kjt,
-                         labels=torch.from_numpy(rows.labels), weights=torch.from_numpy(weights))
-        return batch.pin_memory() if self.pin_memory else batch
+        nb = len(idx) // B
+        # In file order on one rank the rows are a contiguous range: a slice, no gather.
+        contiguous = idx[-1] - idx[0] == len(idx) - 1 and (len(idx) < 2 or bool(np.all(np.diff(idx) == 1)))
+        rows = slice(int(idx[0]), int(idx[0]) + len(idx)) if contiguous else idx
+        scratch: dict = {}
 
-    def _empty_row(self) -> _Rows:
-        multi = [(np.zeros(1, np.int64), np.zeros(0, np.int64)) for is_list in self.list_features if is_list]
-        onehot = np.zeros((1, len(self.keys) - len(multi)), np.int64)
-        return _Rows(np.zeros(1, np.float32), np.zeros((1, len(self.dense_names)), np.float32), onehot, multi)
+        def gather(col: np.ndarray) -> np.ndarray:  # [nb, B]; np.take into a reused buffer beats col[idx]
+            if contiguous:
+                return col[rows].reshape(nb, B)
+            if col.dtype not in scratch:
+                scratch[col.dtype] = np.empty(len(idx), col.dtype)
+            return np.take(col, idx, out=scratch[col.dtype]).reshape(nb, B)
+
+        labels = gather(cols.labels).astype(np.float32)  # a copy: the buffer is reused, Arrow's is read-only
+        D = cols.dense.shape[1]
+        dense = (cols.dense[rows] if contiguous else np.take(cols.dense, idx, axis=0)).reshape(nb, B, D)
+        onehot = np.empty((nb, self._n_onehot, B), np.int64)
+        bags, k = {}, 0
+        for j, c in enumerate(cols.ids):
+            if isinstance(c, tuple):
+                lengths, values = cols._bags(j, idx)
+                ends = np.concatenate([[0], np.cumsum(lengths.reshape(nb, B).sum(axis=1))])
+                bags[j] = (lengths.astype(np.int32).reshape(nb, B), values, ends)
+            else:
+                onehot[:, k, :] = gather(c)  # widens int32 ids (see _read)
+                k += 1
+        weights = None
+        if n_real is not None:
+            weights = torch.zeros(B, dtype=torch.float32)
+            weights[:n_real] = 1.0
+        for b in range(nb):
+            if not bags:
+                values, lengths = torch.from_numpy(onehot[b].reshape(-1)), self._ones_lengths
+            else:
+                vals, lens, k = [], [], 0
+                for j in range(len(cols.ids)):
+                    if j in bags:
+                        bl, bv, ends = bags[j]
+                        vals.append(bv[ends[b]:ends[b + 1]])
+                        lens.append(bl[b])
+                    else:
+                        vals.append(onehot[b, k])
+                        lens.append(self._ones_lengths[:B].numpy())
+                        k += 1
+                values, lengths = torch.from_numpy(np.concatenate(vals)), torch.from_numpy(np.concatenate(lens))
+            kjt = KeyedJaggedTensor(keys=self.keys, values=values, lengths=lengths, stride=B)
+            batch = CTRBatch(dense_features=torch.from_numpy(dense[b]), sparse_features=kjt,
+                             labels=torch.from_numpy(labels[b]),
+                             weights=self._ones_weights if weights is None else weights)
+            yield batch.pin_memory() if self.pin_memory else batch
+
+    def _empty_row(self) -> _Cols:
+        ids = [(np.zeros(1, np.int64), np.zeros(0, np.int64)) if m else np.zeros(1, np.int64)
+               for m in self.list_features]
+        return _Cols(np.zeros(1, np.float32), np.zeros((1, len(self.dense_names)), np.float32), ids)
 
     # ------------------------------------------------------------------ iteration
 

@@ -141,3 +141,92 @@ def test_schema_mismatch_and_errors_from_the_prefetch_thread(tmp_path):
     loader = ParquetBatchLoader(bad, 4, 0, 1, DENSE, SPARSE, num_embeddings=[10, 10, 10], prefetch=2)
     with pytest.raises(DataError, match="ids must lie in"):
         list(loader)
+
+
+def test_ids_beyond_int32_and_multi_hot_bags_survive_shuffled_windows(tmp_path):
+    """One-hot ids are gathered as int32 when they fit; a column that does not fit keeps its
+    exact int64 values. Multi-hot bags stay attached to their rows across windows and padding."""
+    paths = write_files(tmp_path, [23, 14], multi_hot=True)
+    big = pq.read_table(paths[0])
+    pq.write_table(big.set_column(big.schema.get_field_index("C3"), "C3",
+                                  pa.array(np.arange(23) + (1 << 40), pa.int64())), paths[0], row_group_size=4)
+    loader = ParquetBatchLoader(paths, 5, 0, 1, DENSE, SPARSE, shuffle=True, seed=2, shuffle_buffer_rows=8)
+    seen = []
+    for b in loader:
+        ids = b.dense_features[:, 0].long()
+        assert torch.equal(b.sparse_features["C1"].values(), ids * 10)
+        c3 = b.sparse_features["C3"].values()
+        assert c3.dtype == torch.int64 and torch.equal(c3, torch.where(ids < 23, ids + (1 << 40), ids * 10 + 2))
+        c2 = b.sparse_features["C2"]
+        assert c2.lengths().tolist() == (ids % 6).tolist()
+        assert c2.values().tolist() == [int(i) for i in ids for _ in range(int(i) % 6)]
+        seen += ids[b.weights > 0].tolist()
+    assert sorted(seen) == list(range(37))
+
+
+def test_partition_row_groups_balances_rows():
+    from recsys_dist.data.loader import partition_row_groups
+
+    # largest first, each to the lightest rank (ties: lowest): 0->r0, 1->r1, 2->r0, 3->r1
+    assert partition_row_groups([4, 4, 4, 1], 2) == [[0, 2], [1, 3]]
+    assert partition_row_groups([4, 4, 4, 1], 3) == [[0, 3], [1], [2]]
+    assert partition_row_groups([3], 2) == [[0], []]
+
+
+@pytest.mark.parametrize("ws", [2, 3])
+@pytest.mark.parametrize("remainder", ["pad", "drop"])
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_row_groups_mode_reads_own_groups_equal_steps_every_row_once(tmp_path, ws, remainder, shuffle, monkeypatch):
+    """41 rows in 3 files of 4-row groups (11 groups, the last of each file short). Each rank
+    reads only its own row groups; all ranks run the same number of steps; with pad every row
+    is seen exactly once, with drop every rank stops after the smallest share's full batches."""
+    paths = write_files(tmp_path, [13, 11, 17])
+    read = {}
+    orig = ParquetBatchLoader._read
+
+    def spy(self, groups, first_row, handles):
+        read.setdefault(self.rank, []).extend(groups)
+        return orig(self, groups, first_row, handles)
+
+    monkeypatch.setattr(ParquetBatchLoader, "_read", spy)
+    bs = 3
+    ls = [ParquetBatchLoader(paths, bs, r, ws, DENSE, SPARSE, shuffle=shuffle, seed=4, remainder=remainder,
+                             shuffle_buffer_rows=8, rank_reads="row_groups") for r in range(ws)]
+    per_rank = rows_seen(ls)
+    sizes = [n for *_, n in ls[0].row_groups]
+    owned = [sorted(read.get(r, [])) for r in range(ws)]
+    assert sorted(g for o in owned for g in o) == list(range(len(sizes)))  # disjoint, all read once
+    rows = [sum(sizes[g] for g in o) for o in owned]
+    assert rows == {2: [21, 20], 3: [15, 13, 13]}[ws]  # nine 4-row groups, one of 3, two of 1
+    steps = {len(b) for b in per_rank}
+    assert steps == {len(ls[0])}
+    flat = [x for batches in per_rank for b in batches for x in b]
+    assert len(flat) == len(set(flat))
+    if remainder == "pad":  # as many steps as the largest share needs
+        assert len(ls[0]) == {2: 7, 3: 5}[ws] and sorted(flat) == list(range(41))
+    else:  # as many as the smallest share fills: 2 x 6 x 3 or 3 x 4 x 3 = 36 rows
+        assert len(ls[0]) == {2: 6, 3: 4}[ws] and len(flat) == 36
+    for r, batches in enumerate(per_rank):  # a rank's rows come from its own groups only
+        mine = {i for g in owned[r] for i in range(*_group_rows(ls[r], g))}
+        assert {x for b in batches for x in b} <= mine
+
+
+def _group_rows(loader, g):
+    """Global row ids [start, end) of row group g (files hold consecutive ids)."""
+    start = sum(n for *_, n in loader.row_groups[:g])
+    return start, start + loader.row_groups[g][2]
+
+
+def test_row_groups_mode_is_seeded_and_resumable(tmp_path):
+    paths = write_files(tmp_path, [30, 10])
+    kw = dict(shuffle=True, seed=6, shuffle_buffer_rows=8, rank_reads="row_groups")
+    a, b = (ParquetBatchLoader(paths, 4, 1, 2, DENSE, SPARSE, **kw) for _ in range(2))
+    full = [x.dense_features.tolist() for x in a]
+    assert [x.dense_features.tolist() for x in b] == full
+    assert [x.dense_features.tolist() for x in a.iter_from(2)] == full[2:]
+    a.set_epoch(1)
+    assert [x.dense_features.tolist() for x in a] != full
+    (tmp_path / "small").mkdir()
+    (small,) = write_files(tmp_path / "small", [5])  # row groups of 4 and 1 rows: rank 1 owns 1 row
+    with pytest.raises(DataError, match=r"fewest rows a rank owns \(1, data.rank_reads: row_groups\)"):
+        ParquetBatchLoader(small, 4, 0, 2, DENSE, SPARSE, remainder="drop", rank_reads="row_groups")
