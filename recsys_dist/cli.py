@@ -226,6 +226,11 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
     cfg, model, source = load_model(args.model)
     scores = score(cfg, model, args.data)
+    if not scores["labelled"]:
+        from recsys_dist.data.criteo import DataError
+
+        raise DataError(f"{args.data}: no label column (39 fields: Kaggle's test layout), so there is nothing to "
+                        "evaluate against; `recsys-dist predict` scores it")
     m = binary_metrics(torch.from_numpy(scores["logit"]), torch.from_numpy(scores["label"]))
     print(json.dumps({"model": source, "data": str(args.data), **m}))
     return 0

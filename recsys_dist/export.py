@@ -8,6 +8,8 @@ checkpoint), a checkpoint directory written at any world size and sharding, or a
 
 from __future__ import annotations
 
+import json
+
 from pathlib import Path
 
 import numpy as np
@@ -88,14 +90,18 @@ def score(cfg: RunConfig, model: CTRTask, data: str | Path, batch_size: int = 40
     """Logits and labels for every row of ``data``: a raw file in the model's data format
     (gzip ok) converted with its own table sizes, or a Parquet file in the converted layout.
 
-    Returns arrays ``logit`` (float32 [N]) and ``label`` (float32 [N]), in file order.
+    Returns arrays ``logit`` (float32 [N]) and ``label`` (float32 [N], NaN for a file
+    without labels: Kaggle's 39-field test layout), in file order, and ``labelled`` (bool).
     """
     data = Path(data)
+    labelled = True
     if data.suffix == ".parquet":
         parquet = data
     else:
         prepared = prepare_for_scoring(cfg, data)
         parquet = prepared.files["train"]
+        manifest = json.loads((prepared.directory / "manifest.json").read_text())
+        labelled = manifest["format"] != "criteo_tsv_unlabelled"
     dense_names, sparse_names = feature_names(cfg)
     loader = ParquetBatchLoader(str(parquet), batch_size, 0, 1, dense_names, sparse_names,
                                 num_embeddings=table_sizes(cfg))
@@ -104,15 +110,18 @@ def score(cfg: RunConfig, model: CTRTask, data: str | Path, batch_size: int = 40
         _, (_, lg, lb, w) = model(batch)
         keep = w > 0
         logits.append(lg[keep]), labels.append(lb[keep])
-    return {"logit": torch.cat(logits).numpy(), "label": torch.cat(labels).numpy()}
+    label = torch.cat(labels).numpy()
+    return {"logit": torch.cat(logits).numpy(), "label": label if labelled else np.full_like(label, np.nan),
+            "labelled": labelled}
 
 
 def write_predictions(scores: dict[str, np.ndarray], out: str | Path) -> None:
-    """Parquet with ``row`` (int64, 0-based file order), ``label``, ``logit``, ``probability``."""
+    """Parquet with ``row`` (int64, 0-based file order), ``label`` (null when the input had
+    none), ``logit``, ``probability``."""
     logit = scores["logit"]
     table = pa.table({
         "row": np.arange(len(logit), dtype=np.int64),
-        "label": scores["label"],
+        "label": pa.array(scores["label"], mask=np.isnan(scores["label"])),
         "logit": logit,
         "probability": (1.0 / (1.0 + np.exp(-logit.astype(np.float64)))).astype(np.float32),
     })

@@ -152,6 +152,17 @@ def test_export_evaluate_predict_round_trip(small_run, tmp_path):
     assert ((p > 0) & (p < 1)).all()
     r = run_cli(["evaluate", str(tmp_path), "--data", str(raw)], tmp)
     assert r.returncode == 1 and "no model.safetensors and no complete checkpoint" in r.stderr
+    # The same rows without their label field (Kaggle's test.txt layout): predict scores them
+    # identically and writes null labels; evaluate refuses, saying why.
+    unlabelled = tmp_path / "test.txt"
+    unlabelled.write_text("\n".join(line.split("\t", 1)[1] for line in lines) + "\n")
+    preds2 = tmp_path / "p2.parquet"
+    r = run_cli(["predict", str(out), "--data", str(unlabelled), "--out", str(preds2)], tmp)
+    assert r.returncode == 0, r.stderr[-2000:]
+    t2 = pq.read_table(preds2)
+    assert t2.column("label").null_count == 300 and t2.column("logit").equals(t.column("logit"))
+    r = run_cli(["evaluate", str(out), "--data", str(unlabelled)], tmp)
+    assert r.returncode == 1 and "no label column" in r.stderr and "recsys-dist predict" in r.stderr
 
 
 def test_resuming_a_finished_run_changes_nothing(small_run):

@@ -46,22 +46,30 @@ def prepare_for_scoring(cfg, data):
     """Convert a raw file of the config's format, all rows as one split (``files["train"]``),
     with the mapping the model was trained with: the same table sizes, and under vocabulary
     mapping the training data's vocabulary (converting the training data first if its
-    conversion is not cached; ``data.raw_path`` must then exist).
+    conversion is not cached; ``data.raw_path`` must then exist). A Criteo file whose first
+    line has 39 fields is read as Kaggle's unlabelled test layout (format
+    ``criteo_tsv_unlabelled`` in its manifest; its labels are placeholders).
 
     Raises:
         DataError: malformed input, or (vocabulary) the training data cannot be found.
     """
+    from pathlib import Path
+
     from recsys_dist.data.convert import VOCABULARY_FILE, prepare
     from recsys_dist.data.criteo import DataError
 
     d = cfg.data
     vocabulary = None
     if d.categorical_mapping == "vocabulary":
-        from pathlib import Path
-
         if d.raw_path is None or not Path(d.raw_path).is_file():
             raise DataError(f"{data}: the model maps categories with a vocabulary built on its training data, "
                             f"and that data ({d.raw_path}) is not there to rebuild it")
         vocabulary = prepare_from_config(cfg).directory / VOCABULARY_FILE
-    return prepare(raw_format(d.format, d.schema), data, d.num_embeddings, (1.0, 0.0, 0.0), cache_dir=d.cache_dir,
+    fmt = raw_format(d.format, d.schema)
+    if d.format == "criteo_tsv" and Path(data).is_file():
+        from recsys_dist.data.criteo import NUM_DENSE, NUM_SPARSE, CriteoFormat, first_line_fields
+
+        if first_line_fields(data) == NUM_DENSE + NUM_SPARSE:
+            fmt = CriteoFormat(labelled=False)  # Kaggle's test.txt: predict only, labels unknown
+    return prepare(fmt, data, d.num_embeddings, (1.0, 0.0, 0.0), cache_dir=d.cache_dir,
                    mapping=d.categorical_mapping, min_count=d.min_count, vocabulary=vocabulary)

@@ -161,8 +161,9 @@ def bad_row_mask(batch: pa.RecordBatch) -> tuple[np.ndarray, list[str]]:
 class _BadRows:
     """Collects rows with the wrong number of fields (pyarrow calls it per bad row)."""
 
-    def __init__(self) -> None:
+    def __init__(self, labelled: bool = True) -> None:
         self.rows: list = []
+        self.labelled = labelled
 
     def __call__(self, row) -> str:
         self.rows.append(row)
@@ -173,9 +174,12 @@ class _BadRows:
             return
         row = self.rows[0]
         where = f"line {row.number + line_offset}" if row.number is not None else "a line"
-        if row.actual_columns == NUM_DENSE + NUM_SPARSE:
+        if not self.labelled:
+            hint = (" (an unlabelled Criteo row has 39 tab-separated fields: I1..I13, C1..C26, as in the "
+                    "first line of this file)")
+        elif row.actual_columns == NUM_DENSE + NUM_SPARSE:
             hint = (" (the label column seems missing; Kaggle's test.txt has this 39-field layout "
-                    "and cannot be used for training)")
+                    "and cannot be used for training; `recsys-dist predict` scores it)")
         else:
             hint = " (a Criteo row has 40 tab-separated fields: label, I1..I13, C1..C26)"
         raise DataError(
@@ -184,17 +188,20 @@ class _BadRows:
 
 
 def _parse_chunk(chunk: bytes, path: str, first_line: int, use_threads: bool,
-                 skipped: list | None = None) -> pa.Table:
-    bad_rows = _BadRows()
+                 skipped: list | None = None, labelled: bool = True) -> pa.Table:
+    bad_rows = _BadRows(labelled)
+    columns = COLUMNS if labelled else COLUMNS[1:]
     try:
         table = pacsv.read_csv(
             pa.py_buffer(chunk),
-            read_options=pacsv.ReadOptions(column_names=COLUMNS, use_threads=use_threads),
+            read_options=pacsv.ReadOptions(column_names=columns, use_threads=use_threads),
             parse_options=pacsv.ParseOptions(delimiter="\t", quote_char=False, invalid_row_handler=bad_rows),
             convert_options=pacsv.ConvertOptions(
-                column_types={n: pa.string() for n in COLUMNS}, strings_can_be_null=False
+                column_types={n: pa.string() for n in columns}, strings_can_be_null=False
             ),
         )
+        if not labelled:  # Kaggle test layout: a placeholder label, reported as missing by score()
+            table = table.add_column(0, "label", pa.array(np.full(table.num_rows, "0")))
     except pa.ArrowInvalid as err:
         raise DataError(f"{path}, from line {first_line}: {err}") from None
     if bad_rows.rows:
@@ -203,7 +210,7 @@ def _parse_chunk(chunk: bytes, path: str, first_line: int, use_threads: bool,
                          f"{r.actual_columns} fields, expected {r.expected_columns}") for r in bad_rows.rows]
             return table
         if bad_rows.rows[0].number is None and use_threads:
-            return _parse_chunk(chunk, path, first_line, use_threads=False)  # to learn the line
+            return _parse_chunk(chunk, path, first_line, use_threads=False, labelled=labelled)  # to learn the line
         bad_rows.raise_first(path, line_offset=first_line - 1)
     return table
 
@@ -228,7 +235,7 @@ def line_blocks(path: str) -> Iterator[bytes]:
                 return
 
 
-def read_chunks(path: str, skipped: list | None = None) -> Iterator[tuple[int, pa.Table]]:
+def read_chunks(path: str, skipped: list | None = None, labelled: bool = True) -> Iterator[tuple[int, pa.Table]]:
     """``(first line number, table of text columns)`` per ~``BLOCK_BYTES`` of the file.
 
     The file (gzip / bz2 detected) is read block by block and cut at line ends, and each
@@ -236,11 +243,12 @@ def read_chunks(path: str, skipped: list | None = None) -> Iterator[tuple[int, p
     streaming reader reads ahead without bound: a 240 MB file held 215 MB of blocks.)
     Everything is kept as text so a bad value is reported with its line and column.
     With ``skipped`` (a list), rows with the wrong number of fields are appended to it as
-    ``(line or None, reason)`` and left out instead of raising.
+    ``(line or None, reason)`` and left out instead of raising. ``labelled=False`` reads
+    the 39-field layout of Kaggle's test.txt and adds a placeholder label "0".
     """
     line = 1
     for chunk in line_blocks(path):
-        table = _parse_chunk(chunk, path, line, use_threads=True, skipped=skipped)
+        table = _parse_chunk(chunk, path, line, use_threads=True, skipped=skipped, labelled=labelled)
         yield line, table
         line += chunk.count(b"\n") if skipped is not None else table.num_rows
 
@@ -256,9 +264,14 @@ def parse_ints(col: pa.Array, where: str, first_row: int) -> pa.Array:
 
 
 class CriteoFormat:
-    """Criteo TSV (Kaggle DAC / 1TB click logs): label, I1..I13, C1..C26; see module doc."""
+    """Criteo TSV (Kaggle DAC / 1TB click logs): label, I1..I13, C1..C26; see module doc.
 
-    name = "criteo_tsv"
+    ``labelled=False``: Kaggle's unlabelled test.txt (I1..I13, C1..C26), for scoring only.
+    """
+
+    def __init__(self, labelled: bool = True) -> None:
+        self.labelled = labelled
+        self.name = "criteo_tsv" if labelled else "criteo_tsv_unlabelled"
     raw_columns = COLUMNS
     dense_names = DENSE_NAMES
     sparse_names = SPARSE_NAMES
@@ -273,9 +286,8 @@ class CriteoFormat:
     def count_rows(path: str | os.PathLike) -> int:
         return count_rows(path)
 
-    @staticmethod
-    def read_chunks(path: str, skipped: list | None = None):
-        return read_chunks(path, skipped)
+    def read_chunks(self, path: str, skipped: list | None = None):
+        return read_chunks(path, skipped, self.labelled)
 
     @staticmethod
     def bad_row_mask(batch: pa.RecordBatch):
@@ -291,6 +303,14 @@ class CriteoFormat:
 
 
 CRITEO = CriteoFormat()
+
+
+def first_line_fields(path: str) -> int:
+    """Tab-separated fields on the first line of a (gzip / bz2 detected) file; 0 if empty."""
+    with pa.input_stream(str(path), compression="detect") as f:
+        head = f.read(1 << 16)
+    line = head.split(b"\n", 1)[0]
+    return line.count(b"\t") + 1 if line else 0
 
 
 def prepare_criteo(raw_path, num_embeddings, split=(0.8, 0.1, 0.1), num_rows=None, cache_dir=None,
