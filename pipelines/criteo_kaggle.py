@@ -3,7 +3,7 @@
 Thin over the library's CLI (the library never imports this file). Usage:
 
     .venv/bin/python pipelines/criteo_kaggle.py [--config configs/criteo_quickstart.yaml]
-        [--run-dir runs/pipeline] [dotted.key=value ...]
+        [--run-dir runs/pipeline-<time>] [dotted.key=value ...]
 
 Steps: ``recsys-dist preprocess`` (cached conversion, bad rows per ``data.on_bad_row``),
 ``recsys-dist train``, ``recsys-dist report``, ``recsys-dist export``, then ``evaluate`` and
@@ -16,6 +16,7 @@ import argparse
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,7 +33,8 @@ def cli(*args: str) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default=str(ROOT / "configs" / "criteo_quickstart.yaml"))
-    parser.add_argument("--run-dir", default=str(ROOT / "runs" / "pipeline"))
+    parser.add_argument("--run-dir", default=str(ROOT / "runs" / f"pipeline-{time.strftime('%Y%m%d-%H%M%S')}"),
+                        help="a new directory (an existing run is never trained over)")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
     run = Path(args.run_dir)

@@ -203,6 +203,26 @@ def read_meta(path: Path) -> dict:
         raise CheckpointError(f"checkpoint {path}: meta.json is not valid JSON ({err})") from None
 
 
+def check_compatible(path: Path, meta: dict, config: dict, tables: bool = True) -> None:
+    """Refuse a checkpoint written by a model config other than ``config`` (a resolved
+    config dict): the model section, the table sizes (unless ``tables`` is False: sizes
+    that come from a vocabulary are only known once the data is converted) and the
+    optimizers must match; sharding, world size, batch size and schedule may differ.
+
+    Raises:
+        CheckpointError: naming each differing key, old -> new.
+    """
+    saved = meta.get("config", {})
+    diffs = []
+    for section, keys in (("model", None), ("data", ("num_embeddings",) if tables else ()),
+                          ("train", ("embedding_optimizer", "dense_optimizer"))):
+        old, new = saved.get(section, {}), config.get(section, {})
+        names = list(new) if keys is None else keys
+        diffs += [f"{section}.{k} {old.get(k)!r} -> {new.get(k)!r}" for k in names if old.get(k) != new.get(k)]
+    if diffs:
+        raise CheckpointError(f"checkpoint {path} was written by a different config: {', '.join(diffs)}")
+
+
 def load_checkpoint(path: Path, state: dict) -> None:
     """Load a checkpoint in place into ``state`` (the live model / optimizer state dicts).
 
@@ -218,6 +238,16 @@ def load_checkpoint(path: Path, state: dict) -> None:
                 raise unsafe[0] from None
         if isinstance(err, CheckpointError):
             raise
+        errors = [e for e, _ in err.failures.values()] if isinstance(err, CheckpointException) else [err]
+        if any(_is_damage(e) for e in errors):
+            e = next(e for e in errors if _is_damage(e))
+            older = [p.name for p in sorted(Path(path).parent.glob("step_*"), reverse=True)
+                     if is_complete(p) and p.name != Path(path).name]
+            raise CheckpointError(
+                f"checkpoint {path} is damaged: a shard file cannot be read ({type(e).__name__}: "
+                f"{str(e).splitlines()[0][:300] if str(e) else 'no detail'}). "
+                + (f"Resume from an older one, e.g. --resume {Path(path).parent / older[0]}" if older
+                   else "No older complete checkpoint is left; start again.")) from None
         text = str(err)
         lines = [ln.strip() for ln in text.splitlines() if "Missing key" in ln or "size mismatch" in ln.lower()
                  or "shape" in ln.lower()]
@@ -225,6 +255,14 @@ def load_checkpoint(path: Path, state: dict) -> None:
         raise CheckpointError(
             f"checkpoint {path} does not fit this model/optimizer: {detail}. A checkpoint resumes only "
             "the same model config (tables, dims, optimizers); sharding and world size may differ.") from None
+
+
+def _is_damage(err: BaseException) -> bool:
+    """A shard file that is truncated or overwritten, as opposed to a model that differs."""
+    text = str(err).lower()
+    return isinstance(err, (EOFError, pickle.UnpicklingError, OSError)) or any(
+        w in text for w in ("unpickl", "truncat", "pytorchstreamreader", "invalid load key", "ran out of input",
+                            "file not found", "no such file"))
 
 
 # Everything DCP's own ``.metadata`` pickle may name (torch 2.13): its metadata dataclasses,

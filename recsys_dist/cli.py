@@ -75,6 +75,15 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     run_dir = Path(args.run_dir) if args.run_dir else _default_run_dir(args.config)
     resume = _resolve_resume(args, run_dir)
+    if not (args.worker or under_launcher()) and not args.resume:
+        used = [n for n in ("metrics.jsonl", "checkpoints") if (run_dir / n).exists()]
+        if used:
+            raise ConfigError(f"--run-dir {run_dir} already holds a run ({', '.join(used)}); continue it with "
+                              "--resume auto, or give a new --run-dir (runs are never mixed or overwritten)")
+    if resume is not None:
+        from recsys_dist.checkpoint import check_compatible, read_meta
+
+        check_compatible(resume, read_meta(resume), cfg.to_dict(), tables=cfg.data.categorical_mapping == "hash")
     if args.worker or under_launcher():
         from torch.distributed.elastic.multiprocessing.errors import record
 
@@ -85,7 +94,13 @@ def cmd_train(args: argparse.Namespace) -> int:
             # The elastic agent restarted the group after a failure: continue from the newest
             # complete checkpoint of this run, if one was written.
             resume = latest_checkpoint(run_dir) or resume
-        summary = record(train)(cfg, run_dir, run_dir / "profile" if args.profile else None, resume)
+        try:
+            summary = record(train)(cfg, run_dir, run_dir / "profile" if args.profile else None, resume)
+        except _user_errors() as err:
+            # Recorded for the launcher's report already; a traceback would only bury the message.
+            print(f"recsys-dist [rank {os.environ.get('RANK', 0)}]: {err}", file=sys.stderr)
+            sys.stderr.flush()
+            os._exit(1)
         if summary and not args.worker and int(os.environ.get("RANK", 0)) == 0:
             _print_summary(summary)
         # Everything is written and the process group is gone. Leave without interpreter
@@ -137,9 +152,26 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _user_errors() -> tuple:
+    from recsys_dist.checkpoint import CheckpointError
+    from recsys_dist.data.criteo import DataError
+
+    return (ConfigError, DataError, CheckpointError, FloatingPointError)
+
+
+def run() -> None:
+    """Console entry point: ``main()``, then leave without interpreter finalisation, which
+    aborted ~1 run in 5 with SIGABRT when a native (pyarrow / torch) thread was still being
+    torn down after an error had already been reported."""
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 def _resolve_resume(args: argparse.Namespace, run_dir: Path) -> Path | None:
     """``--resume auto|PATH`` -> a complete checkpoint directory (or None)."""
-    from recsys_dist.checkpoint import latest_checkpoint, read_meta
+    from recsys_dist.checkpoint import CheckpointError, latest_checkpoint, read_meta
 
     if not args.resume:
         return None
@@ -152,8 +184,16 @@ def _resolve_resume(args: argparse.Namespace, run_dir: Path) -> Path | None:
             print(f"recsys-dist: --resume auto: no complete checkpoint in {run_dir / 'checkpoints'} yet; "
                   "starting from scratch", file=sys.stderr)
         return path
-    read_meta(Path(args.resume))  # raises CheckpointError naming what is wrong
-    return Path(args.resume)
+    path = Path(args.resume)
+    if path.is_file():
+        raise CheckpointError(f"--resume {path} is a file; give a checkpoint directory (step_N) or a run directory")
+    if (path / "checkpoints").is_dir():  # a run directory: its newest complete checkpoint
+        found = latest_checkpoint(path)
+        if found is None:
+            raise CheckpointError(f"--resume {path}: this run directory has no complete checkpoint")
+        path = found
+    read_meta(path)  # raises CheckpointError naming what is wrong
+    return path
 
 
 def _failure_text(failure) -> str:
@@ -212,6 +252,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     _quiet_third_party()
     from recsys_dist.export import export
 
+    if Path(args.out).exists() and not Path(args.out).is_dir():
+        raise ConfigError(f"--out {args.out} is a file; give a directory (it is created if missing)")
     out = export(args.model, args.out)
     print(f"recsys-dist: exported {args.model} to {out}/model.safetensors and {out}/config.yaml")
     return 0
@@ -240,6 +282,10 @@ def cmd_predict(args: argparse.Namespace) -> int:
     _quiet_third_party()
     from recsys_dist.export import load_model, score, write_predictions
 
+    out = Path(args.out)
+    if out.is_dir() or not out.parent.is_dir():
+        raise ConfigError(f"--out {out}: {'is a directory' if out.is_dir() else f'folder {out.parent} does not exist'}; "
+                          "give a file path such as preds.parquet in an existing folder")
     cfg, model, source = load_model(args.model)
     scores = score(cfg, model, args.data)
     write_predictions(scores, args.out)
@@ -351,7 +397,10 @@ def main(argv: list[str] | None = None) -> int:
     except CheckpointError as err:
         print(f"recsys-dist: {err}", file=sys.stderr)
         return 1
+    except FloatingPointError as err:
+        print(f"recsys-dist: training stopped: {err}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

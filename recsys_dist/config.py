@@ -44,7 +44,8 @@ class ConfigError(ValueError):
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_default=True)
+    # inf / nan are never a sensible size, rate or fraction: refuse them with the key's name.
+    model_config = ConfigDict(extra="forbid", validate_default=True, allow_inf_nan=False)
 
 
 class SchemaConfig(_Section):
@@ -189,8 +190,8 @@ class DataConfig(_Section):
         "data.schema.multi_hot columns, whose bags may have any length.",
     )
 
-    model_config = ConfigDict(extra="forbid", validate_default=True, validate_by_name=True, validate_by_alias=True,
-                              serialize_by_alias=True)
+    model_config = ConfigDict(extra="forbid", validate_default=True, allow_inf_nan=False, validate_by_name=True,
+                              validate_by_alias=True, serialize_by_alias=True)
 
     @property
     def schema(self) -> Optional[SchemaConfig]:
@@ -228,9 +229,6 @@ class DataConfig(_Section):
             raise ValueError(
                 f"data.num_embeddings must be >= 2 (row 0 is reserved for missing values), got {self.num_embeddings}"
             )
-        if self.categorical_mapping == "vocabulary" and any(n < 3 for n in sizes):
-            raise ValueError(f"data.num_embeddings must be >= 3 under vocabulary mapping (0 = missing, 1 = "
-                             f"out of vocabulary), got {self.num_embeddings}")
         return self
 
 
@@ -267,6 +265,11 @@ class ModelConfig(_Section):
     )
     activation: Literal["relu", "gelu", "silu"] = Field(
         "relu", description="dcnv2 / deepfm / wide_deep: activation of the hidden layers."
+    )
+    mlp_init_std: Optional[float] = Field(
+        None, gt=0, description="dcnv2 / deepfm / wide_deep / xdeepfm: the deep MLP's hidden weights (and the "
+        "linear part's dense weights) start normal(0, std), as DeepCTR-Torch does with 1e-4; None = "
+        "PyTorch's default (Kaiming uniform).",
     )
     embedding_init_scale: Optional[float] = Field(
         0.05,
@@ -483,7 +486,12 @@ def parse_overrides(overrides: list[str]) -> dict:
         key, sep, raw = item.partition("=")
         if not sep or not key or any(not p for p in key.split(".")):
             raise ConfigError(f"override '{item}': expected dotted.key=value, e.g. train.batch_size=256")
-        _set_dotted(tree, key.strip(), yaml.safe_load(raw))
+        try:
+            value = yaml.safe_load(raw)
+        except yaml.YAMLError as err:
+            raise ConfigError(f"override '{item}': the value is not valid YAML ({getattr(err, 'problem', err)}); "
+                              f"quote it, e.g. {key}='\"{raw}\"'") from None
+        _set_dotted(tree, key.strip(), value)
     return tree
 
 
@@ -535,11 +543,13 @@ def load_config(path: str | os.PathLike, overrides: list[str] | None = None) -> 
     """
     path = Path(path)
     if not path.is_file():
-        raise ConfigError(f"config file {path} does not exist")
+        raise ConfigError(f"config file {path} {'is a directory' if path.is_dir() else 'does not exist'}")
     try:
-        tree = yaml.safe_load(path.read_text()) or {}
+        tree = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except yaml.YAMLError as err:
         raise ConfigError(f"config file {path} is not valid YAML: {err}") from None
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"config file {path} is not UTF-8 text (byte {err.start}); is it the right file?") from None
     if not isinstance(tree, dict):
         raise ConfigError(f"config file {path} must hold a mapping of sections, got {type(tree).__name__}")
     _resolve_paths(tree, path.resolve().parent)

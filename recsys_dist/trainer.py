@@ -27,6 +27,7 @@ from recsys_dist import sharding
 from recsys_dist.checkpoint import (
     CheckpointError,
     canonical_optimizer_state,
+    check_compatible,
     load_checkpoint,
     read_meta,
     save_checkpoint,
@@ -270,15 +271,7 @@ class _Loop:
     def restore(self, path: Path) -> None:
         """Continue from a checkpoint: weights, optimizer state, RNG and the loader position."""
         meta = read_meta(path)
-        saved = meta.get("config", {})
-        for section, keys in (("model", None), ("data", ("num_embeddings",)), ("train", ("embedding_optimizer",
-                                                                                          "dense_optimizer"))):
-            old, new = saved.get(section, {}), self.cfg.to_dict()[section]
-            diff = [k for k in (keys or new) if old.get(k) != new.get(k)]
-            if diff:
-                raise CheckpointError(
-                    f"checkpoint {path} was written by a different config: "
-                    + ", ".join(f"{section}.{k} {old.get(k)!r} -> {new.get(k)!r}" for k in diff))
+        check_compatible(path, meta, self.cfg.to_dict())
         state = self.state()
         load_checkpoint(path, state)  # in place: model shards and optimizer state are views
         set_optimizer_steps(self.optimizer, meta["step"])

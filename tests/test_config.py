@@ -129,3 +129,14 @@ def test_more_ranks_than_tables_with_only_table_wise():
     cfg = load_config(QUICKSTART, ["sharding.sharding_types=[table_wise]", "distributed.nproc_per_node=27"])
     with pytest.raises(ConfigError, match="27 ranks but only 26 tables"):
         check_before_launch(cfg)
+
+
+def test_non_utf8_config_and_infinite_values_are_config_errors(tmp_path):
+    p = tmp_path / "binary.yaml"
+    p.write_bytes(b"\xff\xfe\x00garbage")
+    with pytest.raises(ConfigError, match="is not UTF-8 text"):
+        load_config(p)
+    with pytest.raises(ConfigError, match="train.embedding_lr"):
+        load_config(QUICKSTART, ["train.embedding_lr=.inf"])
+    with pytest.raises(ConfigError, match="is a directory"):
+        load_config(tmp_path)

@@ -77,7 +77,7 @@ def build_model(cfg: RunConfig, device: torch.device, tables_device: torch.devic
     ebc = EmbeddingBagCollection(tables=embedding_configs(cfg, "t_"), device=tdev)
     dense_names, sparse_names = feature_names(cfg)
     m, num_dense = cfg.model, len(dense_names)
-    opts = dict(dropout=m.dropout, norm=m.norm, activation=m.activation)
+    opts = dict(dropout=m.dropout, norm=m.norm, activation=m.activation, init_std=m.mlp_init_std)
     if m.name == "dcnv2":
         return CTRTask(DCNv2(ebc, num_dense, sparse_names, m.embedding_dim, m.deep_layer_sizes, m.dcn_num_layers,
                              m.cross_low_rank_dim, m.dcn_structure, device=device, **opts))

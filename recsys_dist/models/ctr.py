@@ -17,12 +17,17 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 
 def mlp(in_features: int, sizes: list[int], dropout: float = 0.0, norm: str = "none", activation: str = "relu",
-        device: torch.device | None = None) -> nn.Sequential:
-    """Linear -> norm (batch / layer / none) -> activation -> dropout, per hidden size."""
+        device: torch.device | None = None, init_std: float | None = None) -> nn.Sequential:
+    """Linear -> norm (batch / layer / none) -> activation -> dropout, per hidden size.
+
+    ``init_std``: hidden weights start normal(0, init_std) (DeepCTR-Torch's default is 1e-4);
+    None keeps PyTorch's default (Kaiming uniform)."""
     acts = {"relu": nn.ReLU, "gelu": nn.GELU, "silu": nn.SiLU}
     layers: list[nn.Module] = []
     for size in sizes:
         layers.append(nn.Linear(in_features, size, device=device))
+        if init_std is not None:
+            nn.init.normal_(layers[-1].weight, 0.0, init_std)
         if norm == "batch":
             layers.append(nn.BatchNorm1d(size, device=device))
         elif norm == "layer":
@@ -89,6 +94,8 @@ class _LinearPlusDeep(nn.Module):
         super().__init__()
         self.sparse_arch, self.first_order, self.features = ebc, first_order, features
         self.dense_linear = nn.Linear(num_dense, 1, device=device)
+        if mlp_options.get("init_std") is not None:
+            nn.init.normal_(self.dense_linear.weight, 0.0, mlp_options["init_std"])
         d = num_dense + len(features) * embedding_dim
         self.deep = nn.Sequential(mlp(d, deep_layer_sizes, device=device, **mlp_options),
                                   nn.Linear(deep_layer_sizes[-1], 1, device=device))

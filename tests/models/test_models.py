@@ -59,3 +59,15 @@ def test_dense_tower_options(norm, activation, dropout):
     assert ("GELU" if activation == "gelu" else "SiLU") in kinds and ("Dropout" in kinds) == (dropout > 0)
     loss, _ = model(batch())
     loss.backward()
+
+
+@pytest.mark.parametrize("name", ["deepfm", "wide_deep", "xdeepfm", "dcnv2"])
+def test_mlp_init_std(name):
+    cfg = load_config(QUICKSTART, [f"model.name={name}", "model.mlp_init_std=0.0001", "model.deep_layer_sizes=[512]"])
+    task = build_model(cfg, torch.device("cpu"))
+    first = next(m for n, m in task.named_modules() if isinstance(m, torch.nn.Linear) and m.out_features == 512)
+    assert first.weight.std().item() == pytest.approx(1e-4, rel=0.05)
+    default = build_model(load_config(QUICKSTART, [f"model.name={name}", "model.deep_layer_sizes=[512]"]),
+                          torch.device("cpu"))
+    assert next(m for m in default.modules() if isinstance(m, torch.nn.Linear) and m.out_features == 512
+                ).weight.std().item() > 1e-2

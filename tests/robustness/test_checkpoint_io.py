@@ -79,3 +79,11 @@ def test_tampered_metadata_is_never_unpickled(run, capsys):
     (path / ".metadata").write_bytes(b"\x80\x04garbage")
     with pytest.raises(ck.CheckpointError, match="not a readable DCP metadata file"):
         ck.load_checkpoint(path, _state(0.0))
+
+
+def test_truncated_shard_is_reported_as_damage_naming_an_older_checkpoint(run):
+    ck.save_checkpoint(CTX, run, 8, _state(2.0), {"step": 8})
+    shard = next((run / "checkpoints" / "step_00000008").glob("*.distcp"))
+    shard.write_bytes(shard.read_bytes()[:100])
+    with pytest.raises(ck.CheckpointError, match=r"step_00000008 is damaged: .*--resume .*step_00000004"):
+        ck.load_checkpoint(run / "checkpoints" / "step_00000008", _state(0.0))

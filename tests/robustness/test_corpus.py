@@ -1,4 +1,4 @@
-"""Runs every case of ``corpus.yaml``: the command, its exit code and message, under a timeout.
+"""Runs every case of ``corpus*.yaml`` (the format is described at the top of corpus.yaml): the command, its exit code and message, under a timeout.
 
 Cases that stop before any rank is spawned run in-process through ``recsys_dist.cli.main``
 (fast); ``spawn: true`` cases run the real command in a subprocess and are marked slow.
@@ -15,7 +15,8 @@ import yaml
 from recsys_dist import cli
 from tests.conftest import QUICKSTART, ROOT, base_row
 
-CORPUS = yaml.safe_load((Path(__file__).parent / "corpus.yaml").read_text())
+CORPUS = [case for path in sorted(Path(__file__).parent.glob("corpus*.yaml"))
+          for case in yaml.safe_load(path.read_text())]
 PLACES = {"quickstart": str(QUICKSTART), "mlperf": str(ROOT / "configs" / "mlperf_dlrmv2.yaml")}
 COLUMNS = ["label"] + [f"I{i}" for i in range(1, 14)] + [f"C{i}" for i in range(1, 27)]
 
