@@ -72,4 +72,5 @@ def prepare_for_scoring(cfg, data):
         if first_line_fields(data) == NUM_DENSE + NUM_SPARSE:
             fmt = CriteoFormat(labelled=False)  # Kaggle's test.txt: predict only, labels unknown
     return prepare(fmt, data, d.num_embeddings, (1.0, 0.0, 0.0), cache_dir=d.cache_dir,
-                   mapping=d.categorical_mapping, min_count=d.min_count, vocabulary=vocabulary)
+                   mapping=d.categorical_mapping, min_count=d.min_count, vocabulary=vocabulary,
+                   warn_one_class=False)  # scoring: one class is no problem

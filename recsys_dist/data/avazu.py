@@ -22,10 +22,9 @@ from typing import Iterator
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.csv as pacsv
 
 from recsys_dist.data import mapping
-from recsys_dist.data.criteo import DataError, _BadRows, count_rows, line_blocks
+from recsys_dist.data.criteo import DataError, count_rows, line_blocks, parse_block, read_head
 from recsys_dist.data.mapping import SparseKeys, text_keys
 
 RAW_COLUMNS = ["id", "click", "hour", "C1", "banner_pos", "site_id", "site_domain", "site_category", "app_id",
@@ -44,13 +43,25 @@ def hash_ids(col: pa.Array, num_embeddings: int) -> np.ndarray:
 
 
 def _has_header(path: str) -> bool:
-    with pa.input_stream(path, compression="detect") as f:
-        return f.read(3) == b"id,"
+    return read_head(path, 3) == b"id,"  # a byte order mark before it is dropped
+
+
+def _hours(hour: pa.Array) -> tuple[np.ndarray, pa.Array]:
+    """``hour`` (YYMMDDHH text) -> (valid [N]: 8 digits naming a real date and hour, the
+    timestamps (null where not valid))."""
+    digits = pc.match_substring_regex(pc.fill_null(hour, ""), r"^[0-9]{8}$")
+    text = pc.binary_join_element_wise("20", pc.if_else(digits, hour, "00010100"), "")
+    ts = pc.strptime(text, format="%Y%m%d%H", unit="s", error_is_null=True)
+    # strptime normalises some impossible dates (Feb 30 -> Mar 2): they must print back the same.
+    same = pc.equal(pc.strftime(ts, format="%Y%m%d%H"), text)
+    valid = pc.and_(digits, pc.fill_null(same, False)).to_numpy(zero_copy_only=False)
+    return valid, ts
 
 
 class AvazuFormat:
     name = "avazu_csv"
     raw_columns = RAW_COLUMNS
+    label_column = "click"
     dense_names: list[str] = []
     sparse_names = SPARSE_NAMES
     transforms = {
@@ -69,47 +80,47 @@ class AvazuFormat:
         header = _has_header(path)
         line, first = 1, True
         for chunk in line_blocks(path):
-            skip = 1 if (first and header) else 0
-            bad = _BadRows()
-            table = pacsv.read_csv(
-                pa.py_buffer(chunk),
-                read_options=pacsv.ReadOptions(column_names=RAW_COLUMNS, skip_rows=skip, use_threads=False),
-                parse_options=pacsv.ParseOptions(quote_char=False, invalid_row_handler=bad),
-                convert_options=pacsv.ConvertOptions(column_types={c: pa.string() for c in RAW_COLUMNS},
-                                                     strings_can_be_null=False),
-            )
-            if bad.rows:
-                if skipped is None:
-                    row = bad.rows[0]
-                    n = None if row.number is None else row.number + line - 1
-                    raise DataError(f"{path}, line {n}: expected {row.expected_columns} fields, got "
-                                    f"{row.actual_columns} (an Avazu row has 24 comma-separated fields)")
-                skipped += [(None, f"{r.actual_columns} fields, expected 24") for r in bad.rows]
+            table = parse_block(chunk, path, line, RAW_COLUMNS, delimiter=",", header=first and header,
+                                skipped=skipped, describe=lambda row: f"expected {row.expected_columns} fields, "
+                                f"got {row.actual_columns} (an Avazu row has 24 comma-separated fields)")
+            yield line + (first and header), table
             first = False
-            yield line, table
             line += chunk.count(b"\n")
+
+    @staticmethod
+    def header_lines(path: str) -> int:
+        """Lines before the first row: 1 with a header line, else 0."""
+        return int(_has_header(path))
 
     @staticmethod
     def bad_row_mask(batch: pa.RecordBatch):
         label_ok = pc.match_substring_regex(batch.column("click"), r"^[01]$").to_numpy(zero_copy_only=False)
-        hour_ok = pc.match_substring_regex(batch.column("hour"), r"^[0-9]{8}$").to_numpy(zero_copy_only=False)
+        hour_ok, _ = _hours(batch.column("hour"))
         bad = ~(label_ok & hour_ok)
-        reasons = [f"column {'click' if not label_ok[i] else 'hour'}" for i in np.flatnonzero(bad)]
+        reasons = [f"column {'click' if not label_ok[i] else 'hour'}: "
+                   f"'{batch.column('click' if not label_ok[i] else 'hour')[int(i)].as_py()}'"
+                   for i in np.flatnonzero(bad)]
         return bad, reasons
 
     @staticmethod
     def parse_batch(batch: pa.RecordBatch, path: str, first_row: int):
-        """Raw batch -> (labels float32 [N], [] (no dense), :class:`SparseKeys` per feature)."""
+        """Raw batch -> (labels float32 [N], [] (no dense), :class:`SparseKeys` per feature).
+
+        Raises:
+            DataError: a click other than 0/1, an hour that is not a YYMMDDHH date and hour,
+                naming the file line (``first_row`` counts data rows) and column.
+        """
         bad, reasons = AvazuFormat.bad_row_mask(batch)
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
-            col = "click" if "click" in reasons[0] else "hour"
-            raise DataError(f"{path}, data row {first_row + i}, {reasons[0]}: "
-                            f"'{batch.column(col)[i].as_py()}' ({'0 or 1' if col == 'click' else 'YYMMDDHH'} expected)")
+            col = "click" if reasons[0].startswith("column click") else "hour"
+            line = first_row + i + int(_has_header(path))
+            raise DataError(f"{path}, line {line}, {reasons[0]} ("
+                            f"{'0 or 1' if col == 'click' else 'YYMMDDHH, a real date and hour'} expected)")
         hour = batch.column("hour")
         hh = pc.utf8_slice_codeunits(hour, 6, 8)
-        days = pc.strptime(pc.binary_join_element_wise("20", pc.utf8_slice_codeunits(hour, 0, 6), ""),
-                           format="%Y%m%d", unit="s").cast(pa.int64()).to_numpy(zero_copy_only=False) // 86400
+        _, ts = _hours(hour)
+        days = ts.cast(pa.int64()).to_numpy(zero_copy_only=False) // 86400
         weekday = pa.array(((days + 3) % 7).astype(str))  # 1970-01-01 was a Thursday
         columns = {c: batch.column(c) for c in CATEGORICAL}
         columns.update(hour_of_day=hh, weekday=weekday)

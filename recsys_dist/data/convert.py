@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import queue
+import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +31,28 @@ from recsys_dist.data.criteo import TRANSFORM_VERSION, DataError
 from recsys_dist.data.splits import SPLITS, Split, position_assign, random_assign, time_assign
 
 VOCABULARY_FILE = "vocabulary.parquet"
+
+
+class _StderrHandler(logging.StreamHandler):
+    """Writes to the current ``sys.stderr`` (not the one at creation, which tests replace)."""
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:
+        pass
+
+
+# Data warnings go to stderr whatever the root logger's level (the planner sets it to ERROR).
+log = logging.getLogger("recsys_dist.data")
+if not log.handlers:
+    _handler = _StderrHandler()
+    _handler.setFormatter(logging.Formatter("recsys-dist: warning: %(message)s"))
+    log.addHandler(_handler)
+    log.setLevel(logging.WARNING)
+    log.propagate = False
 
 
 @dataclass(frozen=True)
@@ -115,7 +139,8 @@ class _Reader:
                  bounds: Optional[np.ndarray], skipped: Optional[list]) -> None:
         self.fmt, self.path, self.split, self.fixed, self.cap = fmt, path, split, fixed, cap
         self.bounds, self.skipped = bounds, skipped
-        self.n_bad_values = 0
+        self.n_bad_values = 0  # rows left out for a rejected value
+        self.n_examples = 0  # of them, entries added to ``skipped`` (the rest of it are whole bad lines)
 
     def batches(self) -> Iterator[tuple[pa.RecordBatch, int]]:
         read = kept = 0
@@ -131,6 +156,7 @@ class _Reader:
                     if bad.any():
                         for i, why in zip(np.flatnonzero(bad)[:20], reasons[:20]):
                             self.skipped.append((None, f"row {kept + int(i) + 1}: {why}"))
+                            self.n_examples += 1
                         self.n_bad_values += int(bad.sum())
                         batch = batch.filter(pa.array(~bad))
                 if batch.num_rows:
@@ -208,6 +234,7 @@ def prepare(
     mapping: str = "hash",
     min_count: int = 1,
     vocabulary: str | os.PathLike | None = None,
+    warn_one_class: bool = True,
 ) -> PreparedData:
     """Convert raw data of format ``fmt`` to train/validation/test Parquet once, then reuse it.
 
@@ -222,6 +249,9 @@ def prepare(
         min_count: vocabulary: keep a value seen at least this often in the training rows.
         vocabulary: vocabulary: apply this ``vocabulary.parquet`` (from an earlier
             conversion, e.g. the training data when scoring new rows) instead of counting.
+        warn_one_class: log a warning when every training row has the same label (e.g. a
+            ``label_threshold`` applied to a column that is already 0/1); not an error, since a
+            tiny dataset may be one class.
 
     The output directory is keyed by the raw file(s) (path, size, mtime) and every argument
     that changes the output, so changing any of them converts again. ``on_bad_row="skip"``
@@ -313,6 +343,7 @@ def prepare(
     stats = np.zeros((3, num_dense))  # train split: count, sum, sum of squares (transformed)
     missing = np.zeros(num_dense)
     seen = 0
+    train_labels = np.zeros(2)  # training rows, and of them label 1
     bar = tqdm(total=total_bytes, unit="B", unit_scale=True, desc=f"convert {raw.name}", disable=not progress)
     try:
         for reader in readers:
@@ -331,6 +362,7 @@ def prepare(
                                                        + [pa.array(d, pa.float32()) for d in dense] + ids,
                                                        schema=schema)
                 train = where == 0
+                train_labels += [train.sum(), labels[train].sum()]
                 if num_dense and train.any():
                     d = np.stack(dense, axis=1)[train].astype(np.float64)
                     stats += [np.full(num_dense, len(d)), d.sum(0), (d ** 2).sum(0)]
@@ -391,7 +423,7 @@ def prepare(
         "transforms": transforms,
         "split": split_info,
         "rows_written": seen,
-        "rows_skipped": sum("fields" in why for _, why in skipped or []) + sum(r.n_bad_values for r in readers),
+        "rows_skipped": len(skipped or []) - sum(r.n_examples for r in readers) + sum(r.n_bad_values for r in readers),
         "skipped_examples": [{"line": ln, "reason": why} for ln, why in (skipped or [])[:20]],
         "dense_stats_train": {
             n: {"mean": float(stats[1, j] / stats[0, j]) if stats[0, j] else None,
@@ -402,4 +434,20 @@ def prepare(
         },
     }
     manifest_path.write_text(json.dumps(manifest, indent=2))
+    if warn_one_class and train_labels[0] and train_labels[1] in (0, train_labels[0]):
+        _warn_one_class(fmt, raw, int(train_labels[0]), int(train_labels[1] > 0))
     return _manifest_result(out, manifest)
+
+
+def _warn_one_class(fmt, raw: Path, n: int, label: int) -> None:
+    """Every training row has the same label: say which column and threshold made it so."""
+    column = getattr(fmt, "label_column", "label")
+    spec = getattr(fmt, "spec", None)
+    threshold = getattr(spec, "label_threshold", None)
+    if threshold is not None:
+        rule = (f"label = 1 if {column} >= {threshold:g} (data.schema.label_threshold); if {column} already holds "
+                "0/1, remove label_threshold")
+    else:
+        rule = f"label = the {column} column"
+    log.warning(f"{raw}: all {n} training rows have label {label} ({rule}); the model will only see one class. "
+                "Check the label column and the split.")

@@ -17,6 +17,7 @@ text) is in flight at a time, whatever the file size.
 from __future__ import annotations
 
 import os
+import re
 from typing import Iterator
 
 import numpy as np
@@ -33,6 +34,7 @@ SPARSE_NAMES = [f"C{i}" for i in range(1, NUM_SPARSE + 1)]
 COLUMNS = ["label"] + DENSE_NAMES + SPARSE_NAMES
 SPLITS = ("train", "validation", "test")
 BLOCK_BYTES = 8 << 20
+BOM = b"\xef\xbb\xbf"  # a UTF-8 byte order mark, dropped from the start of a file
 TRANSFORM_VERSION = 1
 
 _HEX = np.full(256, 255, dtype=np.uint8)
@@ -46,14 +48,44 @@ class DataError(ValueError):
     """Raw or converted data is malformed; the message names file, row and column."""
 
 
+def read_error(path, err: Exception) -> DataError:
+    """A DataError for a raw file that cannot be read (e.g. a truncated gzip / bz2 stream)."""
+    hint = ("; a compressed file may be truncated or corrupt: download or compress it again"
+            if str(path).endswith((".gz", ".bz2", ".zst", ".lz4")) or "compress" in str(err) else "")
+    return DataError(f"{path}: cannot read the file ({err}){hint}")
+
+
 def count_rows(path: str | os.PathLike) -> int:
-    """Number of rows (a last line without newline counts too); gzip/bz2 are decompressed."""
+    """Number of lines (a last line without newline counts too); gzip/bz2 are decompressed.
+
+    Every line is a row or a bad row (blank lines included), so this is the rows read.
+
+    Raises:
+        DataError: the file cannot be read (e.g. a truncated compressed stream).
+    """
     n, last = 0, b"\n"
-    with pa.input_stream(str(path), compression="detect") as f:
-        while chunk := f.read(1 << 24):
-            n += chunk.count(b"\n")
-            last = chunk[-1:]
+    try:
+        with pa.input_stream(str(path), compression="detect") as f:
+            while chunk := f.read(1 << 24):
+                n += chunk.count(b"\n")
+                last = chunk[-1:]
+    except (OSError, pa.ArrowInvalid) as err:
+        raise read_error(path, err) from None
     return n + (last != b"\n")
+
+
+def read_head(path: str | os.PathLike, n: int) -> bytes:
+    """The first ``n`` bytes of a (gzip / bz2 detected) file, a UTF-8 byte order mark removed.
+
+    Raises:
+        DataError: the file cannot be read.
+    """
+    try:
+        with pa.input_stream(str(path), compression="detect") as f:
+            head = f.read(n + len(BOM))
+    except (OSError, pa.ArrowInvalid) as err:
+        raise read_error(path, err) from None
+    return head[len(BOM):] if head.startswith(BOM) else head[:n]
 
 
 def parse_hex_keys(col: pa.Array, where: str, first_row: int) -> tuple[np.ndarray, np.ndarray]:
@@ -169,11 +201,8 @@ class _BadRows:
         self.rows.append(row)
         return "skip"
 
-    def raise_first(self, path: str, line_offset: int = 0) -> None:
-        if not self.rows:
-            return
-        row = self.rows[0]
-        where = f"line {row.number + line_offset}" if row.number is not None else "a line"
+    def describe(self, row) -> str:
+        """What is wrong with a Criteo row of the wrong field count, with a hint."""
         if not self.labelled:
             hint = (" (an unlabelled Criteo row has 39 tab-separated fields: I1..I13, C1..C26, as in the "
                     "first line of this file)")
@@ -182,46 +211,229 @@ class _BadRows:
                     "and cannot be used for training; `recsys-dist predict` scores it)")
         else:
             hint = " (a Criteo row has 40 tab-separated fields: label, I1..I13, C1..C26)"
-        raise DataError(
-            f"{path}, {where}: expected {row.expected_columns} fields, got {row.actual_columns}{hint}"
-        )
+        return f"expected {row.expected_columns} fields, got {row.actual_columns}{hint}"
+
+
+_SKIP_HINT = "fix or remove it, or set data.on_bad_row: skip to leave such lines out and count them"
+
+
+def _line_starts(chunk: bytes) -> np.ndarray:
+    """Byte offset of each line of ``chunk`` (int64 [lines])."""
+    arr = np.frombuffer(chunk, dtype=np.uint8)
+    starts = np.concatenate([[0], np.flatnonzero(arr == 10) + 1])
+    return starts[starts < len(chunk)]
+
+
+def _num_lines(chunk: bytes) -> int:
+    return chunk.count(b"\n") + (1 if chunk and not chunk.endswith(b"\n") else 0)
+
+
+def _lines(chunk: bytes, starts: np.ndarray, idx) -> Iterator[tuple[int, bytes]]:
+    """(index, text without the line end) of the lines ``idx`` of ``chunk``."""
+    for i in idx:
+        end = int(starts[i + 1]) if i + 1 < len(starts) else len(chunk)
+        yield int(i), chunk[int(starts[i]):end].rstrip(b"\n").rstrip(b"\r")
+
+
+def _non_utf8_lines(chunk: bytes) -> list[tuple[int, str]]:
+    """(line index, reason) of every line of ``chunk`` that is not UTF-8 text."""
+    out, pos = [], 0
+    while True:
+        try:
+            chunk[pos:].decode("utf-8")
+            return out
+        except UnicodeDecodeError as err:
+            bad = pos + err.start
+        line_start = chunk.rfind(b"\n", 0, bad) + 1
+        out.append((chunk.count(b"\n", 0, bad), f"byte {bad - line_start + 1} (0x{chunk[bad]:02x}) is not UTF-8 text"))
+        nxt = chunk.find(b"\n", bad)
+        if nxt < 0:
+            return out
+        pos = nxt + 1
+
+
+_BLANK = re.compile(rb"\n\r?\n")
+
+
+def _blank_lines(chunk: bytes) -> np.ndarray:
+    """Indices of the empty lines of ``chunk`` (``\\n`` or ``\\r\\n`` alone)."""
+    if not (chunk.startswith((b"\n", b"\r\n")) or _BLANK.search(chunk)):
+        return np.zeros(0, dtype=np.int64)
+    arr = np.frombuffer(chunk, dtype=np.uint8)
+    starts = _line_starts(chunk)
+    first = arr[starts]
+    second = arr[np.minimum(starts + 1, len(arr) - 1)]
+    return np.flatnonzero((first == 10) | ((first == 13) & (second == 10)))
+
+
+def _open_quote_field(line: bytes, delimiter: int, quote: int) -> int | None:
+    """Index of the field whose quotes are still open at the end of ``line`` (as pyarrow parses
+    it: a field is quoted if it starts with the quote character, ``""`` inside is a quote)."""
+    field, i, n, at_start, in_quotes, opened = 0, 0, len(line), True, False, None
+    while i < n:
+        c = line[i]
+        if in_quotes:
+            if c == quote:
+                if i + 1 < n and line[i + 1] == quote:
+                    i += 2
+                    continue
+                in_quotes = False
+        elif c == delimiter:
+            field, at_start, i = field + 1, True, i + 1
+            continue
+        elif at_start and c == quote:
+            in_quotes, opened = True, field
+        at_start = False
+        i += 1
+    return opened if in_quotes else None
+
+
+def _split_lines(chunk: bytes, names: list[str], delimiter: str, quote_char) -> list[tuple[int, str]]:
+    """(line index, reason) of the lines that do not parse as one row each: a quoted field
+    running past the line end (an unclosed quote), or a lone carriage return inside a line."""
+    out = []
+    starts = _line_starts(chunk)
+    if quote_char:
+        q = ord(quote_char)
+        cand = [i for i, line in _lines(chunk, starts, range(len(starts))) if q in line] \
+            if chunk.count(quote_char.encode()) else []
+        for i, line in _lines(chunk, starts, cand):
+            field = _open_quote_field(line, ord(delimiter), q)
+            if field is not None:
+                col = names[field] if field < len(names) else f"field {field + 1}"
+                out.append((i, f"column {col}: a quoted field is not closed on this line "
+                               f"(a field cannot hold a line break; close or remove the {quote_char})"))
+    for pos in (m.start() for m in re.finditer(rb"\r(?!\n)", chunk)):
+        i = int(np.searchsorted(starts, pos, side="right") - 1)
+        if not any(i == j for j, _ in out):
+            out.append((i, "a carriage return (\\r) inside the line splits it in two"))
+    return sorted(out)
+
+
+def parse_block(chunk: bytes, path: str, first_line: int, names: list[str], *, delimiter: str = "\t",
+                quote_char=False, header: bool = False, skipped: list | None = None, describe=None,
+                use_threads: bool = True) -> pa.Table:
+    """One block of whole lines (from :func:`line_blocks`) -> a table of text columns.
+
+    Every line is a row or a bad line, so rows read = rows parsed + bad lines. Bad lines: a
+    line that is not UTF-8 text, a blank line, a quoted field not closed on its line (it would
+    swallow the lines after it), a lone carriage return, a wrong field count. Without
+    ``skipped`` the first bad line stops with a :class:`DataError` naming the file and line
+    (and column where there is one); with ``skipped`` (a list) each is appended as ``(file
+    line or None, reason)`` and left out.
+
+    Args:
+        first_line: file line number (1-based) of the block's first line.
+        header: the block's first line is a header line, not data.
+        describe: ``row -> str`` for a row with the wrong field count (pyarrow's InvalidRow).
+    """
+    if header:
+        cut = chunk.find(b"\n") + 1 if b"\n" in chunk else len(chunk)
+        chunk, first_line = chunk[cut:], first_line + 1
+    removed: list[int] = []  # line indices of the block dropped under skip (sorted)
+
+    def drop(found: list[tuple[int, str]]) -> bytes:
+        """Report the first bad line, or (skip) record them all and cut them out of the block."""
+        orig = [(_original(removed, i), why) for i, why in found]
+        if skipped is None:
+            i, why = min(orig)
+            raise DataError(f"{path}, line {first_line + i}: {why}; {_SKIP_HINT}")
+        skipped.extend((first_line + i, why) for i, why in orig)
+        starts = _line_starts(chunk)
+        gone = {i for i, _ in found}
+        keep = [i for i in range(len(starts)) if i not in gone]
+        removed[:] = sorted(set(removed) | {o for o, _ in orig})
+        return b"".join(chunk[int(starts[i]):(int(starts[i + 1]) if i + 1 < len(starts) else len(chunk))]
+                        for i in keep)
+
+    try:
+        chunk.decode("utf-8")
+    except UnicodeDecodeError:
+        chunk = drop(_non_utf8_lines(chunk))
+    blank = _blank_lines(chunk)
+    if blank.size:
+        chunk = drop([(int(i), "blank line") for i in blank])
+    describe = describe or (lambda row: f"expected {row.expected_columns} fields, got {row.actual_columns}")
+    for _ in range(3):
+        if not chunk:
+            return pa.table({n: pa.array([], pa.string()) for n in names})
+        bad = _BadRows()
+        try:
+            table = pacsv.read_csv(
+                pa.py_buffer(chunk),
+                read_options=pacsv.ReadOptions(column_names=names, use_threads=use_threads),
+                parse_options=pacsv.ParseOptions(delimiter=delimiter, quote_char=quote_char,
+                                                 ignore_empty_lines=False, invalid_row_handler=bad),
+                convert_options=pacsv.ConvertOptions(column_types={n: pa.string() for n in names},
+                                                     strings_can_be_null=False),
+            )
+        except pa.ArrowInvalid as err:
+            raise DataError(f"{path}, from line {first_line}: {err}") from None
+        if table.num_rows + len(bad.rows) == _num_lines(chunk):
+            break
+        found = _split_lines(chunk, names, delimiter, quote_char)
+        if not found:
+            raise DataError(f"{path}, lines {first_line}..{first_line + _num_lines(chunk) + len(removed) - 1}: "
+                            f"{_num_lines(chunk)} lines gave {table.num_rows + len(bad.rows)} rows (a field holding "
+                            "a line break or an unclosed quote?)")
+        chunk = drop(found)
+    else:
+        raise DataError(f"{path}, from line {first_line}: lines and rows do not match")
+    if bad.rows:
+        if skipped is None and bad.rows[0].number is None and use_threads:
+            return parse_block(chunk, path, first_line, names, delimiter=delimiter, quote_char=quote_char,
+                               describe=describe, use_threads=False)  # to learn the line
+        lines = [None if r.number is None else first_line + _original(removed, r.number - 1) for r in bad.rows]
+        if skipped is None:
+            raise DataError(f"{path}, {'a line' if lines[0] is None else f'line {lines[0]}'}: "
+                            f"{describe(bad.rows[0])}")
+        skipped += [(ln, f"{r.actual_columns} fields, expected {r.expected_columns}")
+                    for ln, r in zip(lines, bad.rows)]
+    return table
+
+
+def _original(removed: list[int], i: int) -> int:
+    """Line index in the original block of line ``i`` of a block with lines ``removed`` cut out."""
+    for r in removed:
+        if r <= i:
+            i += 1
+        else:
+            break
+    return i
 
 
 def _parse_chunk(chunk: bytes, path: str, first_line: int, use_threads: bool,
                  skipped: list | None = None, labelled: bool = True) -> pa.Table:
-    bad_rows = _BadRows(labelled)
     columns = COLUMNS if labelled else COLUMNS[1:]
-    try:
-        table = pacsv.read_csv(
-            pa.py_buffer(chunk),
-            read_options=pacsv.ReadOptions(column_names=columns, use_threads=use_threads),
-            parse_options=pacsv.ParseOptions(delimiter="\t", quote_char=False, invalid_row_handler=bad_rows),
-            convert_options=pacsv.ConvertOptions(
-                column_types={n: pa.string() for n in columns}, strings_can_be_null=False
-            ),
-        )
-        if not labelled:  # Kaggle test layout: a placeholder label, reported as missing by score()
-            table = table.add_column(0, "label", pa.array(np.full(table.num_rows, "0")))
-    except pa.ArrowInvalid as err:
-        raise DataError(f"{path}, from line {first_line}: {err}") from None
-    if bad_rows.rows:
-        if skipped is not None:
-            skipped += [(None if r.number is None else r.number + first_line - 1,
-                         f"{r.actual_columns} fields, expected {r.expected_columns}") for r in bad_rows.rows]
-            return table
-        if bad_rows.rows[0].number is None and use_threads:
-            return _parse_chunk(chunk, path, first_line, use_threads=False, labelled=labelled)  # to learn the line
-        bad_rows.raise_first(path, line_offset=first_line - 1)
+    table = parse_block(chunk, path, first_line, columns, delimiter="\t", skipped=skipped,
+                        describe=_BadRows(labelled).describe, use_threads=use_threads)
+    if not labelled:  # Kaggle test layout: a placeholder label, reported as missing by score()
+        table = table.add_column(0, "label", pa.array(np.full(table.num_rows, "0")))
     return table
 
 
 def line_blocks(path: str) -> Iterator[bytes]:
     """The file (gzip / bz2 detected) in blocks of about ``BLOCK_BYTES``, each cut after a
-    line end, so only one block is in memory at a time."""
-    carry = b""
-    with pa.input_stream(path, compression="detect") as f:
+    line end, so only one block is in memory at a time. A UTF-8 byte order mark at the start
+    is dropped.
+
+    Raises:
+        DataError: the file cannot be read (e.g. a truncated compressed stream).
+    """
+    carry, first = b"", True
+    try:
+        f = pa.input_stream(path, compression="detect")
+    except (OSError, pa.ArrowInvalid) as err:
+        raise read_error(path, err) from None
+    with f:
         while True:
-            block = f.read(BLOCK_BYTES)
+            try:
+                block = f.read(BLOCK_BYTES)
+            except (OSError, pa.ArrowInvalid) as err:
+                raise read_error(path, err) from None
+            if first and block.startswith(BOM):
+                block = block[len(BOM):]
+            first = False
             data = carry + block
             if not data:
                 return
@@ -242,15 +454,16 @@ def read_chunks(path: str, skipped: list | None = None, labelled: bool = True) -
     block is parsed on all cores; only one block is in memory at a time. (pyarrow's own
     streaming reader reads ahead without bound: a 240 MB file held 215 MB of blocks.)
     Everything is kept as text so a bad value is reported with its line and column.
-    With ``skipped`` (a list), rows with the wrong number of fields are appended to it as
-    ``(line or None, reason)`` and left out instead of raising. ``labelled=False`` reads
-    the 39-field layout of Kaggle's test.txt and adds a placeholder label "0".
+    With ``skipped`` (a list), bad lines (wrong field count, blank, not UTF-8: see
+    :func:`parse_block`) are appended to it as ``(line or None, reason)`` and left out
+    instead of raising. ``labelled=False`` reads the 39-field layout of Kaggle's test.txt
+    and adds a placeholder label "0".
     """
     line = 1
     for chunk in line_blocks(path):
         table = _parse_chunk(chunk, path, line, use_threads=True, skipped=skipped, labelled=labelled)
         yield line, table
-        line += chunk.count(b"\n") if skipped is not None else table.num_rows
+        line += chunk.count(b"\n")
 
 
 def parse_ints(col: pa.Array, where: str, first_row: int) -> pa.Array:
@@ -260,7 +473,9 @@ def parse_ints(col: pa.Array, where: str, first_row: int) -> pa.Array:
     if not pc.all(ok).as_py():
         i = int(np.flatnonzero(~ok.to_numpy(zero_copy_only=False))[0])
         raise DataError(f"{where}, line {first_row + i}: '{col[i].as_py()}' is not an integer")
-    return pc.cast(pc.utf8_trim_whitespace(pc.if_else(pc.equal(col, ""), None, col)), pa.int64())
+    # A leading "+" is allowed (the pattern above) but not by the cast: drop it.
+    return pc.cast(pc.utf8_ltrim(pc.utf8_trim_whitespace(pc.if_else(pc.equal(col, ""), None, col)), "+"),
+                   pa.int64())
 
 
 class CriteoFormat:
@@ -273,6 +488,7 @@ class CriteoFormat:
         self.labelled = labelled
         self.name = "criteo_tsv" if labelled else "criteo_tsv_unlabelled"
     raw_columns = COLUMNS
+    label_column = "label"
     dense_names = DENSE_NAMES
     sparse_names = SPARSE_NAMES
     transforms = {
@@ -307,9 +523,7 @@ CRITEO = CriteoFormat()
 
 def first_line_fields(path: str) -> int:
     """Tab-separated fields on the first line of a (gzip / bz2 detected) file; 0 if empty."""
-    with pa.input_stream(str(path), compression="detect") as f:
-        head = f.read(1 << 16)
-    line = head.split(b"\n", 1)[0]
+    line = read_head(path, 1 << 16).split(b"\n", 1)[0]
     return line.count(b"\t") + 1 if line else 0
 
 

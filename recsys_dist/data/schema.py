@@ -29,7 +29,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
-from recsys_dist.data.criteo import DataError, _BadRows, count_rows, line_blocks
+from recsys_dist.data.criteo import DataError, count_rows, line_blocks, parse_block, read_head
 from recsys_dist.data.mapping import SparseKeys, text_keys
 
 
@@ -38,6 +38,13 @@ _NUMBER = r"^[-+]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?$"
 
 def _is_parquet(spec, path: str) -> bool:
     return spec.file_type == "parquet" or (spec.file_type == "auto" and str(path).endswith((".parquet", ".pq")))
+
+
+def _missing(col: pa.Array) -> np.ndarray:
+    """bool [N]: null, or empty text (after trimming spaces)."""
+    if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
+        return pc.equal(pc.utf8_trim_whitespace(pc.fill_null(col, "")), "").to_numpy(zero_copy_only=False)
+    return col.is_null().to_numpy(zero_copy_only=False)
 
 
 def _floats(col: pa.Array, where: str, first_line: int) -> np.ndarray:
@@ -58,6 +65,32 @@ def _floats(col: pa.Array, where: str, first_line: int) -> np.ndarray:
         raise
 
 
+def _parquet_file(path: str) -> pq.ParquetFile:
+    try:
+        return pq.ParquetFile(path)
+    except (OSError, pa.ArrowException) as err:
+        raise DataError(f"{path}: cannot read as Parquet ({err}); is it a Parquet file? (data.schema.file_type: "
+                        "csv reads it as delimited text)") from None
+
+
+def _to_text(col: pa.Array, type_: pa.DataType, path: str, name: str, first_row: int) -> pa.Array:
+    """A Parquet column as text (or a list of text). Raises DataError naming the row of a
+    value that is not UTF-8 text (a ``binary`` column)."""
+    try:
+        return pc.cast(col, type_)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as err:
+        for i, v in enumerate(col.to_pylist()):
+            for x in (v if isinstance(v, list) else [v]):
+                if isinstance(x, bytes):
+                    try:
+                        x.decode("utf-8")
+                    except UnicodeDecodeError:
+                        raise DataError(f"{path}, row {first_row + i}, column {name}: {x[:40]!r} is not UTF-8 "
+                                        "text") from None
+        raise DataError(f"{path}, rows {first_row}..{first_row + len(col) - 1}, column {name}: cannot be read as "
+                        f"text ({err})") from None
+
+
 class SchemaFormat:
     """A raw format from a ``data.schema`` section (a ``SchemaConfig``); see the module doc."""
 
@@ -65,6 +98,7 @@ class SchemaFormat:
 
     def __init__(self, spec) -> None:
         self.spec = spec
+        self.label_column = spec.label
         self.dense_names = list(spec.dense)
         self.sparse_names = list(spec.categorical) + list(spec.multi_hot)
         self.fingerprint = "schema:" + json.dumps(spec.model_dump(mode="json") if hasattr(spec, "model_dump")
@@ -89,13 +123,17 @@ class SchemaFormat:
             if not s.columns:
                 raise DataError(f"{path}: data.schema.header is false, so data.schema.columns must name every field")
             return list(s.columns)
-        with pa.input_stream(path, compression="detect") as f:
-            first = f.read(1 << 16).split(b"\n", 1)[0]
+        first = read_head(path, 1 << 16).split(b"\n", 1)[0]
         if not first.strip():
             return list(s.columns or [])
-        names = pacsv.read_csv(pa.py_buffer(first + b"\n"), read_options=pacsv.ReadOptions(autogenerate_column_names=True),
-                               parse_options=pacsv.ParseOptions(delimiter=s.delimiter),
-                               convert_options=pacsv.ConvertOptions(strings_can_be_null=False)).to_pylist()[0]
+        try:
+            names = pacsv.read_csv(pa.py_buffer(first + b"\n"),
+                                   read_options=pacsv.ReadOptions(autogenerate_column_names=True),
+                                   parse_options=pacsv.ParseOptions(delimiter=s.delimiter),
+                                   convert_options=pacsv.ConvertOptions(strings_can_be_null=False)).to_pylist()[0]
+        except pa.ArrowInvalid as err:
+            raise DataError(f"{path}, line 1 (the header line): {err} (is this a delimited text file? "
+                            f"data.schema.delimiter is {s.delimiter!r})") from None
         return list(s.columns) if s.columns else [str(v).strip() for v in names.values()]
 
     def _check_columns(self, path: str, names: list[str], where: str) -> None:
@@ -108,7 +146,7 @@ class SchemaFormat:
 
     def count_rows(self, path: str | os.PathLike) -> int:
         if _is_parquet(self.spec, str(path)):
-            return pq.ParquetFile(str(path)).metadata.num_rows
+            return _parquet_file(str(path)).metadata.num_rows
         n = count_rows(path)
         return max(n - 1, 0) if self.spec.header else n
 
@@ -122,43 +160,34 @@ class SchemaFormat:
         self._check_columns(path, names, "header" if self.spec.header else "data.schema.columns")
         line, first = 1, True
         for chunk in line_blocks(path):
-            skip = 1 if (first and self.spec.header) else 0
-            bad = _BadRows()
-            try:
-                table = pacsv.read_csv(
-                    pa.py_buffer(chunk),
-                    read_options=pacsv.ReadOptions(column_names=names, skip_rows=skip, use_threads=True),
-                    parse_options=pacsv.ParseOptions(delimiter=self.spec.delimiter, invalid_row_handler=bad),
-                    convert_options=pacsv.ConvertOptions(column_types={c: pa.string() for c in names},
-                                                         strings_can_be_null=False),
-                )
-            except pa.ArrowInvalid as err:
-                raise DataError(f"{path}, from line {line}: {err}") from None
-            if bad.rows:
-                if skipped is None:
-                    row = bad.rows[0]
-                    n = "a line" if row.number is None else f"line {row.number + line - 1}"
-                    raise DataError(f"{path}, {n}: expected {row.expected_columns} fields, got {row.actual_columns} "
-                                    f"(the columns are {names}, separated by {self.spec.delimiter!r})")
-                skipped += [(None, f"{r.actual_columns} fields, expected {r.expected_columns}") for r in bad.rows]
-            yield line + skip, table
+            header = first and self.spec.header
+            table = parse_block(chunk, path, line, names, delimiter=self.spec.delimiter, quote_char='"',
+                                header=header, skipped=skipped,
+                                describe=lambda row: f"expected {row.expected_columns} fields, got "
+                                f"{row.actual_columns} (the columns are {names}, separated by "
+                                f"{self.spec.delimiter!r})")
+            yield line + header, table
             line += chunk.count(b"\n")
             first = False
 
     def _parquet_chunks(self, path: str) -> Iterator[tuple[int, pa.Table]]:
-        try:
-            f = pq.ParquetFile(path)
-        except (OSError, pa.ArrowInvalid) as err:
-            raise DataError(f"{path}: cannot read as Parquet ({err})") from None
+        f = _parquet_file(path)
         self._check_columns(path, f.schema_arrow.names, "Parquet schema")
         row = 1
-        for batch in f.iter_batches(batch_size=65536):
+        batches = f.iter_batches(batch_size=65536)
+        while True:
+            try:
+                batch = next(batches, None)
+            except (OSError, pa.ArrowException) as err:
+                raise DataError(f"{path}, from row {row}: cannot read the Parquet data ({err})") from None
+            if batch is None:
+                return
             cols = {}
             for name, col in zip(batch.schema.names, batch.columns):
                 if pa.types.is_list(col.type) or pa.types.is_large_list(col.type):
-                    cols[name] = pc.cast(col, pa.list_(pa.string()))
+                    cols[name] = _to_text(col, pa.list_(pa.string()), path, name, row)
                 elif name in self.spec.multi_hot or name in self.spec.categorical:
-                    cols[name] = pc.cast(col, pa.string())
+                    cols[name] = _to_text(col, pa.string(), path, name, row)
                 else:
                     cols[name] = col
             yield row, pa.table(cols)
@@ -169,10 +198,11 @@ class SchemaFormat:
     def _labels(self, batch: pa.RecordBatch, where: str, first_line: int) -> np.ndarray:
         s = self.spec
         x = _floats(batch.column(s.label), f"{where}, column {s.label}", first_line)
-        bad = np.isnan(x) if s.label_threshold is not None else ~np.isin(x, (0.0, 1.0))
+        bad = ~np.isfinite(x) if s.label_threshold is not None else ~np.isin(x, (0.0, 1.0))
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
-            want = "a number" if s.label_threshold is not None else "0 or 1 (or set data.schema.label_threshold)"
+            want = ("a number" if np.isnan(x[i]) else "a finite number") if s.label_threshold is not None else \
+                "0 or 1 (or set data.schema.label_threshold)"
             raise DataError(f"{where}, line {first_line + i}, column {s.label}: "
                             f"'{batch.column(s.label)[i].as_py()}' is not {want}")
         return (x >= s.label_threshold if s.label_threshold is not None else x).astype(np.float32)
@@ -187,7 +217,7 @@ class SchemaFormat:
             col = batch.column(name)
             if not pa.types.is_string(col.type):  # typed Parquet column
                 x = pc.cast(col, pa.float64()).to_numpy(zero_copy_only=False)
-                ok = np.isfinite(x) | (empty_ok & np.isnan(x))
+                ok = np.isfinite(x) | (empty_ok & col.is_null().to_numpy(zero_copy_only=False))
                 if name == s.label and s.label_threshold is None:
                     ok &= np.isin(x, (0.0, 1.0))
             else:
@@ -216,10 +246,15 @@ class SchemaFormat:
         labels = self._labels(batch, path, first_line)
         dense = []
         for n in s.dense:
-            x = _floats(batch.column(n), f"{path}, column {n}", first_line)
-            if np.isinf(x).any():
-                i = int(np.flatnonzero(np.isinf(x))[0])
-                raise DataError(f"{path}, line {first_line + i}, column {n}: {x[i]} is not finite")
+            col = batch.column(n)
+            x = _floats(col, f"{path}, column {n}", first_line)
+            bad = ~np.isfinite(x) & ~_missing(col)  # NaN / inf written in the file (empty is missing: 0)
+            if bad.any():
+                i = int(np.flatnonzero(bad)[0])
+                parquet = _is_parquet(s, path)
+                raise DataError(f"{path}, {'row' if parquet else 'line'} {first_line + i}, column {n}: "
+                                f"'{col[i].as_py()}' is not a finite number (a missing value is "
+                                f"{'null' if parquet else 'an empty field'})")
             x = np.nan_to_num(x, nan=0.0)
             dense.append((np.log1p(np.maximum(x, 0.0)) if s.dense_transform == "log1p" else x).astype(np.float32))
         sparse = [SparseKeys(*text_keys(batch.column(n))) for n in s.categorical]

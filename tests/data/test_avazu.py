@@ -45,7 +45,7 @@ def test_header_optional_id_not_parsed_hour_features(tmp_path, cache_dir):
 def test_bad_click_and_field_count(tmp_path, cache_dir):
     bad = tmp_path / "bad.csv"
     bad.write_text(HEADER + "\n" + ROW + "\n" + ROW.replace(",1,", ",2,", 1) + "\n")
-    with pytest.raises(DataError, match=r"bad.csv, data row 2, column click: '2' \(0 or 1 expected\)"):
+    with pytest.raises(DataError, match=r"bad.csv, line 3, column click: '2' \(0 or 1 expected\)"):
         prepare(AVAZU, bad, 1000)
     short = tmp_path / "short.csv"
     short.write_text(HEADER + "\n" + ROW + "\n" + ROW.rsplit(",", 1)[0] + "\n")

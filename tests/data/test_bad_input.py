@@ -1,0 +1,218 @@
+"""Bad raw input: every line is a row or a counted bad line, and the error names the file,
+line and column (cases that cannot be corpus text: gzip, bytes that are not UTF-8, Parquet)."""
+
+import gzip
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from recsys_dist import cli
+from recsys_dist.config import SchemaConfig
+from recsys_dist.data.avazu import AVAZU
+from recsys_dist.data.convert import prepare
+from recsys_dist.data.criteo import DataError, count_rows, parse_ints, prepare_criteo, read_chunks
+from recsys_dist.data.schema import SchemaFormat
+from tests.conftest import QUICKSTART, base_row
+from tests.data.test_avazu import HEADER, ROW
+
+ML = SchemaConfig(label="rating", label_threshold=4.0, categorical=["userId", "movieId"], multi_hot=["genres"])
+
+
+def ml_csv(n: int = 300) -> list[str]:
+    return ["userId,movieId,rating,timestamp,genres"] + [
+        f"{i % 7},{i % 11},{(i % 5) + 0.5},{1260759144 + i},Drama|Comedy" for i in range(n)]
+
+
+def manifest(p) -> dict:
+    return json.loads((p.directory / "manifest.json").read_text())
+
+
+def cli_run(argv, capsys) -> tuple[int, str]:
+    code = cli.main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    assert "Traceback" not in err + out and "Exception ignored" not in err, err
+    return code, err
+
+
+# 1. an unclosed quote must not swallow the rest of the file
+def test_unclosed_quote_stops_or_is_counted_never_swallows_lines(tmp_path, cache_dir):
+    lines = ml_csv()
+    lines[82] = '1,2,4.0,1260759144,"Drama'  # file line 83
+    raw = tmp_path / "r.csv"
+    raw.write_text("\n".join(lines) + "\n")
+    with pytest.raises(DataError, match=r"r.csv, line 83: column genres: a quoted field is not closed"):
+        prepare(SchemaFormat(ML), raw, 100)
+    p = prepare(SchemaFormat(ML), raw, 100, on_bad_row="skip")
+    m = manifest(p)
+    assert m["rows_written"] == 299 and m["rows_skipped"] == 1  # every other line is a row
+    assert m["skipped_examples"][0]["line"] == 83
+    # A well-quoted field and a quote inside a field are fine.
+    lines[82] = '1,2,4.0,1260759144,"Drama|Film ""Noir"""'
+    lines[83] = '1,2,4.0,1260759144,Dra"ma'
+    raw.write_text("\n".join(lines) + "\n")
+    assert sum(prepare(SchemaFormat(ML), raw, 100).rows.values()) == 300
+
+
+# 2. a wrong field count names the line (pyarrow's threaded parse does not know it)
+def test_schema_field_count_names_the_line(tmp_path, cache_dir):
+    lines = ml_csv()
+    lines[51] = "1,2,4.0,1260759144"
+    raw = tmp_path / "r.csv"
+    raw.write_text("\n".join(lines) + "\n")
+    with pytest.raises(DataError, match=r"r.csv, line 52: expected 5 fields, got 4 \(the columns are"):
+        prepare(SchemaFormat(ML), raw, 100)
+    m = manifest(prepare(SchemaFormat(ML), raw, 100, on_bad_row="skip"))
+    assert m["rows_written"] == 299 and m["rows_skipped"] == 1
+
+
+# 3. blank lines are bad lines: an error naming the line, or skipped and counted
+def test_blank_lines_are_bad_lines_in_every_format(tmp_path, cache_dir):
+    rows = [base_row(label=str(i % 2)) for i in range(300)]
+    rows[100:100] = [""]
+    rows[200:200] = ["\r"]  # a CRLF blank line
+    raw = tmp_path / "blank.txt"
+    raw.write_text("\n".join(rows) + "\n")
+    assert count_rows(raw) == 302
+    with pytest.raises(DataError, match=r"blank.txt, line 101: blank line"):
+        prepare_criteo(raw, 100)
+    p = prepare_criteo(raw, 100, on_bad_row="skip")
+    m = manifest(p)
+    assert m["rows_written"] == 300 and m["rows_skipped"] == 2  # rows read = written + skipped
+    assert m["split"]["row_bounds"][-1] == m["rows_written"] + m["rows_skipped"]
+    assert [e["line"] for e in m["skipped_examples"]] == [101, 201]
+    av = tmp_path / "a.csv"
+    av.write_text(HEADER + "\n" + ROW + "\n\n" + ROW + "\n")
+    with pytest.raises(DataError, match=r"a.csv, line 3: blank line"):
+        prepare(AVAZU, av, 100)
+    ml = tmp_path / "m.csv"
+    ml.write_text("\n".join(ml_csv(10)[:5] + [""] + ml_csv(10)[5:]) + "\n")
+    with pytest.raises(DataError, match=r"m.csv, line 6: blank line"):
+        prepare(SchemaFormat(ML), ml, 100)
+
+
+def test_blank_lines_without_skip_keep_the_split_exact(tmp_path, cache_dir):
+    raw = tmp_path / "raw.txt"
+    raw.write_text("".join(base_row(label=str(i % 2)) + "\n" for i in range(300)))
+    p = prepare_criteo(raw, 100)
+    assert p.rows == {"train": 240, "validation": 30, "test": 30}
+    assert manifest(p)["split"]["row_bounds"] == [0, 240, 270, 300]
+
+
+# 4. a truncated compressed file
+def test_truncated_gzip_is_a_data_error_everywhere(tmp_path, cache_dir, capsys):
+    ok = tmp_path / "ok.txt.gz"
+    ok.write_bytes(gzip.compress("".join(base_row(label=str(i % 2)) + "\n" for i in range(300)).encode()))
+    bad = tmp_path / "t.txt.gz"
+    bad.write_bytes(ok.read_bytes()[: len(ok.read_bytes()) // 2])  # like `head -c`
+    with pytest.raises(DataError, match=r"t.txt.gz: cannot read the file \(.*\); a compressed file may be truncated"):
+        count_rows(bad)
+    with pytest.raises(DataError, match=r"t.txt.gz: cannot read the file"):
+        list(read_chunks(str(bad)))
+    code, err = cli_run(["preprocess", "--config", QUICKSTART, f"data.raw_path={bad}"], capsys)
+    assert code == 1 and "t.txt.gz: cannot read the file" in err
+    split = f"data.split={{by: files, validation_path: {bad}, test_path: {ok}}}"
+    code, err = cli_run(["preprocess", "--config", QUICKSTART, f"data.raw_path={ok}", split], capsys)
+    assert code == 1 and "t.txt.gz: cannot read the file" in err
+
+
+# 5. a dense value with a plus sign
+def test_dense_plus_sign_is_accepted(tmp_path, cache_dir):
+    assert parse_ints(pa.array(["+5", " +7 ", "-3", ""]), "f", 1).to_pylist() == [5, 7, -3, None]
+    dense = ["+5"] + [str(i) for i in range(2, 14)]
+    raw = tmp_path / "raw.txt"
+    raw.write_text(base_row() + "\n" + base_row(label="1", dense=dense) + "\n")
+    t = pq.read_table(prepare_criteo(raw, 100, split=(1.0, 0.0, 0.0)).files["train"])
+    np.testing.assert_allclose(t.column("I1").to_pylist()[1], np.log1p(5), rtol=1e-6)
+
+
+# 6. Avazu: impossible hours, file lines, a byte order mark
+@pytest.mark.parametrize("hour", ["14133100", "14023000", "14102124", "abc", ""])
+def test_avazu_impossible_hour_names_line_and_column(tmp_path, cache_dir, hour):
+    raw = tmp_path / "a.csv"
+    raw.write_text(HEADER + "\n" + ROW + "\n" + ROW.replace("14102314", hour) + "\n" + ROW + "\n")
+    with pytest.raises(DataError, match=rf"a.csv, line 3, column hour: '{hour}' \(YYMMDDHH"):
+        prepare(AVAZU, raw, 100)
+    m = manifest(prepare(AVAZU, raw, 100, split=(1.0, 0.0, 0.0), on_bad_row="skip"))
+    assert m["rows_written"] == 2 and m["rows_skipped"] == 1
+    headerless = tmp_path / "b.csv"
+    headerless.write_text(ROW + "\n" + ROW.replace("14102314", hour) + "\n")
+    with pytest.raises(DataError, match=r"b.csv, line 2, column hour"):
+        prepare(AVAZU, headerless, 100)
+
+
+def test_avazu_header_after_byte_order_mark(tmp_path, cache_dir):
+    raw = tmp_path / "a.csv"
+    raw.write_bytes(b"\xef\xbb\xbf" + (HEADER + "\n" + ROW + "\n" + ROW + "\n").encode())
+    assert AVAZU.count_rows(raw) == 2
+    assert prepare(AVAZU, raw, 100, split=(1.0, 0.0, 0.0)).rows["train"] == 2
+
+
+# 7. bytes that are not UTF-8 text
+def test_binary_garbage_is_one_clear_message(tmp_path, cache_dir, capsys):
+    raw = tmp_path / "garbage.txt"
+    raw.write_bytes(bytes(np.random.default_rng(0).integers(0, 256, 5000, dtype=np.uint8)))
+    code, err = cli_run(["preprocess", "--config", QUICKSTART, f"data.raw_path={raw}"], capsys)
+    assert code == 1 and "garbage.txt, line 1: byte" in err and "is not UTF-8 text" in err
+    assert "UnicodeDecodeError" not in err
+    code, err = cli_run(["preprocess", "--config", QUICKSTART, f"data.raw_path={raw}", "data.on_bad_row=skip"],
+                        capsys)
+    assert code == 1 and "every row was skipped as bad" in err
+    # One bad line among good ones: skipped and counted.
+    good = [base_row(label=str(i % 2)).encode() for i in range(10)]
+    raw.write_bytes(b"\n".join(good[:4] + [b"0\t\xe9\xff" + good[0][3:]] + good[4:]) + b"\n")
+    with pytest.raises(DataError, match=r"garbage.txt, line 5: byte 3 \(0xe9\) is not UTF-8 text"):
+        prepare_criteo(raw, 100)
+    m = manifest(prepare_criteo(raw, 100, split=(1.0, 0.0, 0.0), on_bad_row="skip"))
+    assert m["rows_written"] == 10 and m["rows_skipped"] == 1
+
+
+# 8. Parquet that cannot be read, a binary column that is not UTF-8
+def test_bad_parquet_names_file_and_column(tmp_path, cache_dir, capsys):
+    garbage = tmp_path / "g.parquet"
+    garbage.write_bytes(bytes(np.random.default_rng(1).integers(0, 256, 5000, dtype=np.uint8)))
+    with pytest.raises(DataError, match=r"g.parquet: cannot read as Parquet \(.*magic bytes"):
+        prepare(SchemaFormat(ML), garbage, 100)
+    binary = tmp_path / "b.parquet"
+    pq.write_table(pa.table({"rating": [5.0, 1.0, 3.0], "userId": ["1", "2", "3"],
+                             "movieId": pa.array([b"a", b"\xff\xfe", b"c"], pa.binary()),
+                             "genres": ["x|y", "z", ""]}), binary)
+    with pytest.raises(DataError, match=r"b.parquet, row 2, column movieId: b'\\xff\\xfe' is not UTF-8 text"):
+        prepare(SchemaFormat(ML), binary, 100)
+
+
+# 9. NaN is refused like inf (empty is the missing value)
+def test_dense_nan_is_refused_like_inf(tmp_path, cache_dir):
+    spec = SchemaConfig(label="rating", label_threshold=4.0, dense=["ts"], categorical=["userId"])
+    raw = tmp_path / "r.csv"
+    for bad in ("NaN", "nan", "inf", "-Infinity"):
+        raw.write_text(f"userId,rating,ts\n1,5.0,3\n2,1.0,{bad}\n3,4.0,\n")
+        with pytest.raises(DataError, match=rf"r.csv, line 3, column ts: '{bad}' is not a finite number"):
+            prepare(SchemaFormat(spec), raw, 100)
+        m = manifest(prepare(SchemaFormat(spec), raw, 100, split=(1.0, 0.0, 0.0), on_bad_row="skip"))
+        assert m["rows_written"] == 2 and m["rows_skipped"] == 1
+    raw.write_text("userId,rating,ts\n1,5.0,3\n2,inf,4\n")
+    with pytest.raises(DataError, match=r"line 3, column rating: 'inf' is not a finite number"):
+        prepare(SchemaFormat(spec), raw, 100)
+    par = tmp_path / "r.parquet"
+    pq.write_table(pa.table({"rating": [5.0, 1.0, 3.0], "userId": ["a", "b", "c"], "ts": [1.0, float("nan"), None]}),
+                   par)
+    with pytest.raises(DataError, match=r"r.parquet, row 2, column ts: 'nan' is not a finite number"):
+        prepare(SchemaFormat(spec), par, 100)
+    m = manifest(prepare(SchemaFormat(spec), par, 100, split=(1.0, 0.0, 0.0), on_bad_row="skip"))
+    assert m["rows_written"] == 2 and m["rows_skipped"] == 1  # null is missing, NaN is bad
+
+
+# 10. one label value in the training split: a warning, not an error
+def test_one_class_training_split_warns(tmp_path, cache_dir, capsys):
+    raw = tmp_path / "r.csv"
+    raw.write_text("userId,movieId,rating,genres\n1,2,1,a\n2,3,0,b\n3,4,1,c\n")
+    p = prepare(SchemaFormat(ML), raw, 100, split=(1.0, 0.0, 0.0))
+    assert p.rows["train"] == 3
+    err = capsys.readouterr().err
+    assert "all 3 training rows have label 0" in err and "rating >= 4" in err and "remove label_threshold" in err
+    raw.write_text("userId,movieId,rating,genres\n1,2,5,a\n2,3,1,b\n")
+    prepare(SchemaFormat(ML), raw, 100, split=(1.0, 0.0, 0.0))
+    assert "training rows" not in capsys.readouterr().err
