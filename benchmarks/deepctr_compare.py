@@ -77,6 +77,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--deepctr-python", required=True, help="python of an environment with deepctr-torch")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--data", nargs="+", choices=["criteo", "avazu"], default=["criteo", "avazu"])
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
     from recsys_dist.config import load_config
@@ -86,6 +87,8 @@ def main() -> None:
     print(f"{'data':<8}{'model':<11}{'ours AUC':>10}{'DeepCTR AUC':>13}{'diff':>8}{'ours logloss':>14}{'DeepCTR logloss':>17}")
     with tempfile.TemporaryDirectory() as tmp:
         for data, base in (("criteo", "criteo_deepfm.yaml"), ("avazu", "avazu_deepfm.yaml")):
+            if data not in args.data:
+                continue
             config = ROOT / "configs" / base
             cfg = load_config(config)
             prepared = prepare_from_config(cfg)
