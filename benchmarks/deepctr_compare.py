@@ -78,6 +78,7 @@ def main() -> None:
     parser.add_argument("--deepctr-python", required=True, help="python of an environment with deepctr-torch")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--data", nargs="+", choices=["criteo", "avazu"], default=["criteo", "avazu"])
+    parser.add_argument("--models", nargs="+", choices=list(PAIRS), default=list(PAIRS))
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
     from recsys_dist.config import load_config
@@ -94,6 +95,8 @@ def main() -> None:
             prepared = prepare_from_config(cfg)
             dense, sparse = feature_names(cfg)
             for name, theirs_name in PAIRS.items():
+                if name not in args.models:
+                    continue
                 spec = {"files": {k: str(v) for k, v in prepared.files.items()}, "dense": dense, "sparse": sparse,
                         "sizes": table_sizes(cfg), "seeds": args.seeds, "model": theirs_name}
                 r = subprocess.run([args.deepctr_python, "-c", WORKER, json.dumps(spec)], capture_output=True, text=True)
