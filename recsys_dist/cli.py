@@ -348,7 +348,8 @@ def build_parser() -> argparse.ArgumentParser:
                            ("predict", "write per-row predictions of a model to Parquet")):
         p = sub.add_parser(name, help=helptext)
         p.add_argument("model", help="run, checkpoint or export directory")
-        p.add_argument("--data", required=True, help="raw Criteo TSV (labelled; .gz ok) or converted Parquet")
+        p.add_argument("--data", required=True, help="raw file in the model's data format (.gz ok; predict also takes Kaggle's "
+                            "unlabelled test.txt) or a converted Parquet file")
         if name == "predict":
             p.add_argument("--out", required=True, help="output Parquet file")
         p.set_defaults(func=cmd_evaluate if name == "evaluate" else cmd_predict)
