@@ -25,7 +25,6 @@ from torchrec.optim.keyed import CombinedOptimizer
 
 from recsys_dist import sharding
 from recsys_dist.checkpoint import (
-    CheckpointError,
     canonical_optimizer_state,
     check_compatible,
     load_checkpoint,
