@@ -384,23 +384,15 @@ def main(argv: list[str] | None = None) -> int:
             print("recsys-dist: --world-size and --local-world-size must be > 0", file=sys.stderr)
             return 2
         args.local_world_size = args.local_world_size or min(args.world_size, 8)
-    from recsys_dist.checkpoint import CheckpointError
-    from recsys_dist.data.criteo import DataError
-
     try:
         return args.func(args)
-    except ConfigError as err:
-        print(f"recsys-dist: {err}", file=sys.stderr)
-        return 2
-    except DataError as err:
-        print(f"recsys-dist: bad input data: {err}", file=sys.stderr)
-        return 1
-    except CheckpointError as err:
-        print(f"recsys-dist: {err}", file=sys.stderr)
-        return 1
-    except FloatingPointError as err:
-        print(f"recsys-dist: training stopped: {err}", file=sys.stderr)
-        return 1
+    except _user_errors() as err:
+        from recsys_dist.data.criteo import DataError
+
+        prefix = ("bad input data: " if isinstance(err, DataError)
+                  else "training stopped: " if isinstance(err, FloatingPointError) else "")
+        print(f"recsys-dist: {prefix}{err}", file=sys.stderr)
+        return 2 if isinstance(err, ConfigError) else 1
 
 
 if __name__ == "__main__":
