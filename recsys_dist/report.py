@@ -25,6 +25,9 @@ EVAL_KEYS = ("auc", "logloss", "ne", "calibration", "accuracy")
 TIME_KEYS = ("time_data_ms", "time_forward_ms", "time_backward_ms", "time_optimizer_ms")
 
 
+SPLIT_NAMES = ("train", "validation", "test")
+
+
 class RunDirError(Exception):
     """A run directory or one of its required files is missing or unreadable."""
 
@@ -72,20 +75,24 @@ def load_run(run_dir: str | Path) -> Run:
         except json.JSONDecodeError:
             bad += 1  # e.g. a last line cut short by a crash; the rest is still worth a report
             continue
-        if isinstance(rec, dict):
+        # A line whose step is not a number (hand-edited, say) is unreadable like a cut one.
+        if isinstance(rec, dict) and isinstance(rec.get("step", 0), int) and rec.get("split", "train") in SPLIT_NAMES:
             records.append(rec)
         else:
             bad += 1
     run = Run(path, records, bad)
-    for name, attr in (("summary.json", "summary"), ("plan.json", "plan")):
+    for name, attr, kind in (("summary.json", "summary", dict), ("plan.json", "plan", list)):
         f = path / name
         if not f.is_file():
             run.missing.append(name)
             continue
         try:
-            setattr(run, attr, json.loads(f.read_text()))
+            value = json.loads(f.read_text())
         except json.JSONDecodeError as err:
             raise RunDirError(f"{f} is not valid JSON ({err})") from None
+        if not isinstance(value, kind):
+            raise RunDirError(f"{f} holds a {type(value).__name__}, not the JSON {kind.__name__} recsys-dist writes")
+        setattr(run, attr, value)
     if (path / "config.yaml").is_file():
         import yaml
 

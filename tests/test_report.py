@@ -158,3 +158,15 @@ def test_recsys_dist_cli_runs_report_and_compare(tmp_path, capsys):
     assert cli.main(["compare", str(run), str(run)]) == 0
     assert cli.main(["report", str(tmp_path / "missing")]) == 2
     assert "missing" in capsys.readouterr().err
+
+
+def test_hand_damaged_run_files_are_clear_errors_or_skipped_lines(tmp_path):
+    from recsys_dist.report import RunDirError, load_run
+
+    (tmp_path / "metrics.jsonl").write_text('{"split": "train", "step": 1, "loss": 0.5}\n'
+                                            '{"split": "train", "step": "abc", "loss": "x"}\n')
+    run = load_run(tmp_path)
+    assert len(run.records) == 1 and run.bad_lines == 1
+    (tmp_path / "summary.json").write_text("[1, 2]")
+    with pytest.raises(RunDirError, match="summary.json holds a list, not the JSON dict"):
+        load_run(tmp_path)
