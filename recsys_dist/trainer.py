@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -342,7 +341,10 @@ class _Loop:
             self.log_train()
         pipe.detach()
         if self.epoch + 1 < cfg.train.epochs and not self.done():
-            self.early_batches = _read_ahead(self.loaders.train, self.epoch + 1)
+            # The loader's prefetch thread starts on opening: the next epoch's first window
+            # (40-150 ms) is read while this epoch's validation runs.
+            self.loaders.train.set_epoch(self.epoch + 1)
+            self.early_batches = self.loaders.train.iter_from(0)
         return self.validate()
 
     def validate(self) -> dict:
@@ -388,36 +390,3 @@ class _Loop:
         self.rows_trained += rows
         self.losses, self.real_rows = [], []
         self.t0 = time.perf_counter()
-
-
-def _read_ahead(loader: ParquetBatchLoader, epoch: int):
-    """Epoch ``epoch``'s batches, the first one read now in a helper thread.
-
-    Reading and shuffling an epoch's first window took 40-150 ms per epoch on the 2-rank
-    benchmark (docs/benchmarks.md); started before the validation that ends the previous
-    epoch, it overlaps that validation instead of stalling the first training step.
-    """
-    loader.set_epoch(epoch)
-    it = loader.iter_from(0)
-    box: list = []
-
-    def first() -> None:
-        try:
-            box.append(("ok", next(it)))
-        except BaseException as err:  # noqa: BLE001 - re-raised in the training thread
-            box.append(("err", err))
-
-    thread = threading.Thread(target=first, daemon=True, name="recsys_dist-read-ahead")
-    thread.start()
-
-    def batches():
-        thread.join()
-        status, value = box[0]
-        if status == "err":
-            if isinstance(value, StopIteration):
-                return
-            raise value
-        yield value
-        yield from it
-
-    return batches()

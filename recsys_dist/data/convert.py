@@ -13,9 +13,7 @@ import hashlib
 import json
 import logging
 import os
-import queue
 import sys
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Optional
@@ -27,6 +25,7 @@ import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from recsys_dist.data import mapping as mp
+from recsys_dist.data.prefetch import prefetched
 from recsys_dist.data.criteo import TRANSFORM_VERSION, DataError
 from recsys_dist.data.splits import SPLITS, Split, position_assign, random_assign, time_assign
 
@@ -87,47 +86,6 @@ def _manifest_result(out: Path, m: dict) -> PreparedData:
     return PreparedData(out, {s: out / f"{s}.parquet" for s in SPLITS}, m["rows"], m["num_embeddings"])
 
 
-def _read_ahead(chunks: Iterator, depth: int = 1) -> Iterator:
-    """``chunks``, produced one step ahead in a thread: the next block is read and parsed
-    while this one is transformed and written (the transform runs on one core, the parse
-    on all; overlapped they keep both busy). Memory: ``depth`` more parsed blocks."""
-    q: queue.Queue = queue.Queue(maxsize=depth)
-    stop = threading.Event()
-    done = object()
-
-    def put(item) -> bool:
-        while not stop.is_set():
-            try:
-                q.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                pass
-        return False
-
-    def produce() -> None:
-        try:
-            for item in chunks:
-                if not put(("ok", item)):
-                    return
-            put(("ok", done))
-        except BaseException as err:  # noqa: BLE001 - re-raised in the consumer, with its message
-            put(("err", err))
-
-    thread = threading.Thread(target=produce, daemon=True, name="recsys_dist-convert-read")
-    thread.start()
-    try:
-        while True:
-            status, item = q.get()
-            if status == "err":
-                raise item
-            if item is done:
-                return
-            yield item
-    finally:
-        stop.set()
-        thread.join()
-
-
 class _Reader:
     """Record batches of one raw file, bad rows left out under ``skip``, with their split.
 
@@ -144,7 +102,8 @@ class _Reader:
 
     def batches(self) -> Iterator[tuple[pa.RecordBatch, int]]:
         read = kept = 0
-        for _, table in _read_ahead(self.fmt.read_chunks(self.path, self.skipped)):
+        # The next block is read and parsed (all cores) while this one is transformed (one core).
+        for _, table in prefetched(self.fmt.read_chunks(self.path, self.skipped), 1, "recsys_dist-convert-read"):
             for batch in table.combine_chunks().to_batches():
                 if self.cap is not None:
                     if read >= self.cap:

@@ -38,8 +38,6 @@ KJT layout of a batch (keys C1..C26, B rows; multi-hot list columns give variabl
 
 from __future__ import annotations
 
-import queue
-import threading
 from dataclasses import dataclass
 from typing import Iterator, Optional, Sequence
 
@@ -51,6 +49,7 @@ from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from recsys_dist.data.criteo import DataError
+from recsys_dist.data.prefetch import prefetched
 
 _INT32 = np.iinfo(np.int32)
 
@@ -372,7 +371,7 @@ class ParquetBatchLoader:
         made = start_step
         windows = self._own_windows(start_step)
         if self.prefetch > 0:  # read the next window (pyarrow, GIL released) while this one is cut
-            windows = _prefetched(windows, 1)
+            windows = prefetched(windows, 1, "recsys_dist-windows")
         for cols, idx in windows:
             if carry is not None:
                 head, idx = idx[:B - len(carry)], idx[B - len(carry):]
@@ -464,39 +463,4 @@ class ParquetBatchLoader:
         """This epoch's batches from batch ``start`` on: the exact stream a resumed run needs."""
         if self.prefetch <= 0:
             return self._batches(start)
-        return _prefetched(self._batches(start), self.prefetch)
-
-
-def _prefetched(gen: Iterator[CTRBatch], depth: int) -> Iterator[CTRBatch]:
-    """Run ``gen`` in a background thread, ``depth`` batches ahead; re-raise its errors here."""
-    q: queue.Queue = queue.Queue(maxsize=depth)
-    done = object()
-    stop = threading.Event()
-
-    def work() -> None:
-        try:
-            for item in gen:
-                while not stop.is_set():
-                    try:
-                        q.put(item, timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
-                if stop.is_set():
-                    return
-            q.put(done)
-        except BaseException as err:  # noqa: BLE001 - handed to the consumer
-            q.put(err)
-
-    thread = threading.Thread(target=work, daemon=True, name="recsys_dist-prefetch")
-    thread.start()
-    try:
-        while True:
-            item = q.get()
-            if item is done:
-                return
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-    finally:
-        stop.set()
+        return prefetched(self._batches(start), self.prefetch)
