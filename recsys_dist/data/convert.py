@@ -158,6 +158,36 @@ def _is_number(v) -> bool:
         return False
 
 
+class _Transform:
+    """One block of text columns -> (output record batch, missing count per dense column)."""
+
+    def __init__(self, fmt, sizes: list[int], vocabs, schema: pa.Schema) -> None:
+        self.fmt, self.sizes, self.vocabs, self.schema = fmt, sizes, vocabs, schema
+
+    def __call__(self, batch: pa.RecordBatch, path: str, first: int) -> tuple[pa.RecordBatch, np.ndarray]:
+        missing = np.zeros(len(self.fmt.dense_names))
+        for j, n in enumerate(self.fmt.dense_names):
+            col = batch.column(n)
+            missing[j] = (pc.sum(pc.equal(pc.fill_null(col, ""), "")).as_py() or 0) if pa.types.is_string(col.type) \
+                else col.null_count
+        labels, dense, sparse = self.fmt.parse_batch(batch, path, first + 1)
+        ids = []
+        for j, sk in enumerate(sparse):
+            got = self.vocabs[j].lookup(sk.keys) if self.vocabs is not None else mp.hash_ids(sk.keys, self.sizes[j])
+            ids.append(mp.to_arrow(got, sk))
+        out = pa.RecordBatch.from_arrays([pa.array(labels, pa.float32())] + [pa.array(d, pa.float32()) for d in dense]
+                                         + ids, schema=self.schema)
+        return out, missing
+
+
+def _discard(writers: dict, tmp: dict) -> None:
+    """A failed conversion: close the writers and remove the partial files."""
+    for w in writers.values():
+        w.close()
+    for t in tmp.values():
+        t.unlink(missing_ok=True)
+
+
 def _train_keys(sk: mp.SparseKeys, train: np.ndarray) -> np.ndarray:
     if sk.lengths is None:
         return sk.keys[train & sk.present]
@@ -303,27 +333,21 @@ def prepare(
     missing = np.zeros(num_dense)
     seen = 0
     train_labels = np.zeros(2)  # training rows, and of them label 1
+    transform = _Transform(fmt, sizes, vocabs, schema)
     bar = tqdm(total=total_bytes, unit="B", unit_scale=True, desc=f"convert {raw.name}", disable=not progress)
     try:
         for reader in readers:
             for batch, first in reader.batches():
-                bar.update(min(batch.nbytes, max(bar.total - bar.n, 0)))
                 where = reader.assign(batch, first)
-                for j, n in enumerate(dense_names):
-                    missing[j] += pc.sum(pc.equal(pc.fill_null(batch.column(n), ""), "")).as_py() or 0 \
-                        if pa.types.is_string(batch.column(n).type) else batch.column(n).null_count
-                labels, dense, sparse = fmt.parse_batch(batch, reader.path, first + 1)
-                ids = []
-                for j, sk in enumerate(sparse):
-                    got = vocabs[j].lookup(sk.keys) if vocabs is not None else mp.hash_ids(sk.keys, sizes[j])
-                    ids.append(mp.to_arrow(got, sk))
-                out_batch = pa.RecordBatch.from_arrays([pa.array(labels, pa.float32())]
-                                                       + [pa.array(d, pa.float32()) for d in dense] + ids,
-                                                       schema=schema)
+                out_batch, block_missing = transform(batch, reader.path, first)
+                bar.update(min(batch.nbytes, max(bar.total - bar.n, 0)))
+                missing += block_missing
+                labels = out_batch.column(0).to_numpy()
                 train = where == 0
                 train_labels += [train.sum(), labels[train].sum()]
                 if num_dense and train.any():
-                    d = np.stack(dense, axis=1)[train].astype(np.float64)
+                    d = np.stack([out_batch.column(1 + j).to_numpy() for j in range(num_dense)],
+                                 axis=1)[train].astype(np.float64)
                     stats += [np.full(num_dense, len(d)), d.sum(0), (d ** 2).sum(0)]
                 for k, s in enumerate(SPLITS):
                     mask = where == k
@@ -338,10 +362,7 @@ def prepare(
                     flush(s)
                 seen += batch.num_rows
     except BaseException:
-        for w in writers.values():
-            w.close()
-        for t in tmp.values():
-            t.unlink(missing_ok=True)
+        _discard(writers, tmp)
         raise
     bar.close()
     for s in SPLITS:

@@ -166,6 +166,7 @@ def parse_batch(batch: pa.RecordBatch, path: str, first_row: int):
 
 
 _INT = r"^\s*[-+]?[0-9]{1,18}\s*$"
+_INT_TYPES = {n: pa.int64() for n in ["label", *DENSE_NAMES]}
 
 
 def bad_row_mask(batch: pa.RecordBatch) -> tuple[np.ndarray, list[str]]:
@@ -178,7 +179,15 @@ def bad_row_mask(batch: pa.RecordBatch) -> tuple[np.ndarray, list[str]]:
     checks = [("label", r"^\s*[01]\s*$", False)] + [(n, _INT, True) for n in DENSE_NAMES] + [
         (n, r"^[0-9a-fA-F]{1,8}$", True) for n in SPARSE_NAMES]
     for name, pattern, empty_ok in checks:
-        col = pc.fill_null(batch.column(name), "")
+        col = batch.column(name)
+        if not pa.types.is_string(col.type):  # parsed as integers: only the label can be wrong
+            if name == "label":
+                col_bad = ~pc.fill_null(pc.is_in(col, pa.array([0, 1])), False).to_numpy(zero_copy_only=False)
+                for i in np.flatnonzero(col_bad & ~bad)[:10]:
+                    reason[i] = f"column label: '{'' if col[int(i)].as_py() is None else col[int(i)].as_py()}'"
+                bad |= col_bad
+            continue
+        col = pc.fill_null(col, "")
         ok = pc.match_substring_regex(col, pattern)
         if empty_ok:
             ok = pc.or_(pc.equal(col, ""), ok)
@@ -312,7 +321,7 @@ def _split_lines(chunk: bytes, names: list[str], delimiter: str, quote_char) -> 
 
 def parse_block(chunk: bytes, path: str, first_line: int, names: list[str], *, delimiter: str = "\t",
                 quote_char=False, header: bool = False, skipped: list | None = None, describe=None,
-                use_threads: bool = True) -> pa.Table:
+                use_threads: bool = True, column_types: dict | None = None) -> pa.Table:
     """One block of whole lines (from :func:`line_blocks`) -> a table of text columns.
 
     Every line is a row or a bad line, so rows read = rows parsed + bad lines. Bad lines: a
@@ -325,6 +334,9 @@ def parse_block(chunk: bytes, path: str, first_line: int, names: list[str], *, d
     Args:
         first_line: file line number (1-based) of the block's first line.
         header: the block's first line is a header line, not data.
+        column_types: pyarrow types of some columns (the rest are text); an empty field is
+            null there. A value that does not convert is a DataError "from line N", without
+            the line: callers parse such a block again as text to find it.
         describe: ``row -> str`` for a row with the wrong field count (pyarrow's InvalidRow).
     """
     if header:
@@ -364,8 +376,9 @@ def parse_block(chunk: bytes, path: str, first_line: int, names: list[str], *, d
                 read_options=pacsv.ReadOptions(column_names=names, use_threads=use_threads),
                 parse_options=pacsv.ParseOptions(delimiter=delimiter, quote_char=quote_char,
                                                  ignore_empty_lines=False, invalid_row_handler=bad),
-                convert_options=pacsv.ConvertOptions(column_types={n: pa.string() for n in names},
-                                                     strings_can_be_null=False),
+                convert_options=pacsv.ConvertOptions(column_types={n: (column_types or {}).get(n, pa.string())
+                                                                   for n in names},
+                                                     null_values=[""], strings_can_be_null=False),
             )
         except pa.ArrowInvalid as err:
             raise DataError(f"{path}, from line {first_line}: {err}") from None
@@ -382,7 +395,7 @@ def parse_block(chunk: bytes, path: str, first_line: int, names: list[str], *, d
     if bad.rows:
         if skipped is None and bad.rows[0].number is None and use_threads:
             return parse_block(chunk, path, first_line, names, delimiter=delimiter, quote_char=quote_char,
-                               describe=describe, use_threads=False)  # to learn the line
+                               describe=describe, use_threads=False, column_types=column_types)  # to learn the line
         lines = [None if r.number is None else first_line + _original(removed, r.number - 1) for r in bad.rows]
         if skipped is None:
             raise DataError(f"{path}, {'a line' if lines[0] is None else f'line {lines[0]}'}: "
@@ -405,8 +418,19 @@ def _original(removed: list[int], i: int) -> int:
 def _parse_chunk(chunk: bytes, path: str, first_line: int, use_threads: bool,
                  skipped: list | None = None, labelled: bool = True) -> pa.Table:
     columns = COLUMNS if labelled else COLUMNS[1:]
-    table = parse_block(chunk, path, first_line, columns, delimiter="\t", skipped=skipped,
-                        describe=_BadRows(labelled).describe, use_threads=use_threads)
+    # The label and the integer columns are parsed by pyarrow's CSV reader (on all cores, no
+    # text columns to convert later); a block where any of them does not convert is parsed
+    # again as text, which names the line and column of the value (or skips its row).
+    found: list | None = None if skipped is None else []
+    try:
+        table = parse_block(chunk, path, first_line, columns, delimiter="\t", skipped=found,
+                            describe=_BadRows(labelled).describe, use_threads=use_threads, column_types=_INT_TYPES)
+    except DataError:
+        table = parse_block(chunk, path, first_line, columns, delimiter="\t", skipped=skipped,
+                            describe=_BadRows(labelled).describe, use_threads=use_threads)
+    else:
+        if skipped is not None:
+            skipped.extend(found)
     if not labelled:  # Kaggle test layout: a placeholder label, reported as missing by score()
         table = table.add_column(0, "label", pa.array(np.full(table.num_rows, "0")))
     return table
@@ -467,7 +491,10 @@ def read_chunks(path: str, skipped: list | None = None, labelled: bool = True) -
 
 
 def parse_ints(col: pa.Array, where: str, first_row: int) -> pa.Array:
-    """Decimal text -> int64 (empty -> null). Raises DataError naming the line of a bad value."""
+    """Decimal text -> int64 (empty -> null). Raises DataError naming the line of a bad value.
+    A column the CSV reader already parsed as integers is returned as int64."""
+    if pa.types.is_integer(col.type):
+        return col.cast(pa.int64())
     col = pc.fill_null(col, "")
     ok = pc.or_(pc.equal(col, ""), pc.match_substring_regex(col, r"^\s*[-+]?[0-9]{1,18}\s*$"))
     if not pc.all(ok).as_py():

@@ -128,6 +128,32 @@ def test_dense_plus_sign_is_accepted(tmp_path, cache_dir):
     np.testing.assert_allclose(t.column("I1").to_pylist()[1], np.log1p(5), rtol=1e-6)
 
 
+# 5b. integers parsed by the CSV reader (fast path) or, for a block where one does not
+# convert, as text (the fallback): the same output, and the same skipped rows
+def test_integer_fast_path_and_text_fallback_agree(tmp_path, cache_dir):
+    rows = [base_row(label=str(i % 2), dense=[str(i * j - 40) if j % 4 else "" for j in range(1, 14)])
+            for i in range(60)]
+    clean, odd = tmp_path / "clean.txt", tmp_path / "odd.txt"
+    clean.write_text("\n".join(rows) + "\n")
+    rows[30] = rows[30].replace("\t", "\t+", 2).replace("\t+", "\t", 1)  # I2 "+x": text path only
+    odd.write_text("\n".join(rows) + "\n")
+    a = prepare_criteo(clean, 100, split=(1.0, 0.0, 0.0))
+    b = prepare_criteo(odd, 100, split=(1.0, 0.0, 0.0))
+    assert pq.read_table(a.files["train"]).equals(pq.read_table(b.files["train"]))
+    assert manifest(a)["dense_stats_train"] == manifest(b)["dense_stats_train"]
+    # skip: a bad label on the fast path and a bad integer on the fallback are counted alike
+    for bad_field, why in ((0, "column label: '2'"), (3, "column I3: 'x1'")):
+        fields = rows[0].split("\t")
+        fields[bad_field] = "2" if bad_field == 0 else "x1"
+        raw = tmp_path / f"bad{bad_field}.txt"
+        raw.write_text("\n".join([rows[1], "\t".join(fields), rows[2]]) + "\n")
+        m = manifest(prepare_criteo(raw, 100, split=(1.0, 0.0, 0.0), on_bad_row="skip"))
+        assert (m["rows_written"], m["rows_skipped"]) == (2, 1)
+        assert why in m["skipped_examples"][0]["reason"]
+        with pytest.raises(DataError, match=r"line 2, column label|column I3, line 2"):
+            prepare_criteo(raw, 100, split=(1.0, 0.0, 0.0))
+
+
 # 6. Avazu: impossible hours, file lines, a byte order mark
 @pytest.mark.parametrize("hour", ["14133100", "14023000", "14102124", "abc", ""])
 def test_avazu_impossible_hour_names_line_and_column(tmp_path, cache_dir, hour):
