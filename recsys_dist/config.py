@@ -17,11 +17,12 @@ Example::
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Annotated, Any, Literal, Optional
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, model_validator
 
 SHARDING_TYPES = (
     "data_parallel",
@@ -43,9 +44,13 @@ class ConfigError(ValueError):
     """A config file or override is invalid; the message lists every problem found."""
 
 
+# A YAML list may fill a tuple field (strict mode wants a tuple), but its items stay strict.
+_F = Annotated[float, Strict()]
+
+
 class _Section(BaseModel):
     # inf / nan are never a sensible size, rate or fraction: refuse them with the key's name.
-    model_config = ConfigDict(extra="forbid", validate_default=True, allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", validate_default=True, allow_inf_nan=False, strict=True)
 
 
 class SchemaConfig(_Section):
@@ -92,12 +97,12 @@ class SplitConfig(_Section):
         "position", description="position: fractions of rows in file order; random: each row by a seeded hash "
         "of its index; time: by split.column against split.thresholds; files: raw_path is train, "
         "split.validation_path and split.test_path the other splits.")
-    fractions: tuple[float, float, float] = Field(
-        (0.8, 0.1, 0.1), description="position / random: train, validation, test fractions (sum 1).")
+    fractions: tuple[_F, _F, _F] = Field(
+        (0.8, 0.1, 0.1), strict=False, description="position / random: train, validation, test fractions (sum 1).")
     seed: int = Field(0, ge=0, description="random: seed of the row assignment.")
     column: Optional[str] = Field(None, description="time: numeric raw column, e.g. Avazu hour (YYMMDDHH).")
-    thresholds: Optional[tuple[float, float]] = Field(
-        None, description="time: [validation_start, test_start]: value < first is train, < second validation, "
+    thresholds: Optional[tuple[_F, _F]] = Field(
+        None, strict=False, description="time: [validation_start, test_start]: value < first is train, < second validation, "
         "the rest test.")
     validation_path: Optional[str] = Field(None, description="files: raw validation file (relative to the config file).")
     test_path: Optional[str] = Field(None, description="files: raw test file (relative to the config file).")
@@ -190,7 +195,7 @@ class DataConfig(_Section):
         "data.schema.multi_hot columns, whose bags may have any length.",
     )
 
-    model_config = ConfigDict(extra="forbid", validate_default=True, allow_inf_nan=False, validate_by_name=True,
+    model_config = ConfigDict(extra="forbid", validate_default=True, allow_inf_nan=False, strict=True, validate_by_name=True,
                               validate_by_alias=True, serialize_by_alias=True)
 
     @property
@@ -479,6 +484,39 @@ def _resolve_paths(tree: dict, base: Path, keys: tuple[str, ...] = PATH_KEYS) ->
             _set_dotted(tree, key, str((base / value).resolve()))
 
 
+class _YamlLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that reads ``1e-3`` as a number (YAML 1.1 wants ``1.0e-3`` and
+    would give the string "1e-3") and refuses a key given twice in one mapping (YAML
+    would keep the last silently)."""
+
+
+_YamlLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
+
+
+def _mapping_without_duplicates(loader: _YamlLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    seen: dict = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"key {key!r} on line {key_node.start_mark.line + 1} is given twice (also on line "
+                f"{seen[key] + 1}); keep one",
+                key_node.start_mark)
+        seen[key] = key_node.start_mark.line
+    return loader.construct_mapping(node, deep=deep)
+
+
+_YamlLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_without_duplicates)
+
+
+def _yaml(text: str):
+    return yaml.load(text, Loader=_YamlLoader)  # noqa: S506 - a SafeLoader subclass
+
+
 def parse_overrides(overrides: list[str]) -> dict:
     """Turn ``["a.b=1", "c=[1,2]"]`` into a nested dict; values are parsed as YAML."""
     tree: dict = {}
@@ -487,7 +525,7 @@ def parse_overrides(overrides: list[str]) -> dict:
         if not sep or not key or any(not p for p in key.split(".")):
             raise ConfigError(f"override '{item}': expected dotted.key=value, e.g. train.batch_size=256")
         try:
-            value = yaml.safe_load(raw)
+            value = _yaml(raw)
         except yaml.YAMLError as err:
             raise ConfigError(f"override '{item}': the value is not valid YAML ({getattr(err, 'problem', err)}); "
                               f"quote it, e.g. {key}='\"{raw}\"'") from None
@@ -534,7 +572,8 @@ def load_config(path: str | os.PathLike, overrides: list[str] | None = None) -> 
     """Load a YAML run config, apply dotted ``key=value`` overrides and validate it.
 
     Args:
-        path: YAML file. Loaded with ``yaml.safe_load`` (no object construction).
+        path: YAML file. Loaded with a ``yaml.SafeLoader`` (no object construction) that reads
+            ``1e-3`` as a number and refuses a key given twice.
         overrides: e.g. ``["train.batch_size=64", "sharding.sharding_types=[row_wise]"]``.
 
     Raises:
@@ -545,7 +584,7 @@ def load_config(path: str | os.PathLike, overrides: list[str] | None = None) -> 
     if not path.is_file():
         raise ConfigError(f"config file {path} {'is a directory' if path.is_dir() else 'does not exist'}")
     try:
-        tree = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        tree = _yaml(path.read_text(encoding="utf-8")) or {}
     except yaml.YAMLError as err:
         raise ConfigError(f"config file {path} is not valid YAML: {err}") from None
     except UnicodeDecodeError as err:

@@ -140,3 +140,27 @@ def test_non_utf8_config_and_infinite_values_are_config_errors(tmp_path):
         load_config(QUICKSTART, ["train.embedding_lr=.inf"])
     with pytest.raises(ConfigError, match="is a directory"):
         load_config(tmp_path)
+
+
+def test_types_are_strict_and_numbers_in_e_notation_are_numbers(tmp_path):
+    for bad, want in (("train.batch_size=true", "train.batch_size: Input should be a valid integer (got True)"),
+                      ("train.batch_size=64.0", "train.batch_size: Input should be a valid integer"),
+                      ("train.embedding_lr='0.1'", "train.embedding_lr: Input should be a valid number"),
+                      ("data.split=[true,0,0]", "data.split.fractions.0")):
+        with pytest.raises(ConfigError, match=want.replace("(", r"\(").replace(")", r"\)")):
+            load_config(QUICKSTART, [bad])
+    # YAML 1.1 reads 1e-3 as a string; a config means the number
+    cfg = load_config(QUICKSTART, ["train.embedding_lr=1e-3", "train.dense_lr=2E-2", "data.split=[0.8,0.1,0.1]"])
+    assert (cfg.train.embedding_lr, cfg.train.dense_lr, cfg.data.split.fractions) == (1e-3, 2e-2, (0.8, 0.1, 0.1))
+    text = QUICKSTART.read_text().replace("  embedding_lr: 0.02", "  embedding_lr: 1e-3")
+    (tmp_path / "c.yaml").write_text(text.replace("../datasets", str(ROOT / "datasets")))
+    assert load_config(tmp_path / "c.yaml").train.embedding_lr == 1e-3
+
+
+def test_a_key_given_twice_is_an_error(tmp_path):
+    text = QUICKSTART.read_text().replace("  batch_size: 32", "  batch_size: 32\n  batch_size: 64")
+    (tmp_path / "c.yaml").write_text(text)
+    with pytest.raises(ConfigError, match=r"c.yaml is not valid YAML: key 'batch_size' on line 16 is given twice \(also on line 15\)"):
+        load_config(tmp_path / "c.yaml")
+    with pytest.raises(ConfigError, match="given twice"):
+        parse_overrides(["sharding.constraints={a: 1, a: 2}"])
