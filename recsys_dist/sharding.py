@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+from torchrec.distributed.model_parallel import DataParallelWrapper
 from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
 from torchrec.distributed.planner.storage_reservations import HeuristicalStorageReservation
 from torchrec.distributed.types import CacheParams, ModuleSharder, ShardingPlan, ShardingType
@@ -30,6 +31,18 @@ class EmbeddingBagCollectionSharderAllTypes(EmbeddingBagCollectionSharder):
 
     def sharding_types(self, compute_device_type: str) -> list[str]:
         return list(ALL_TYPES)
+
+
+class OneRankDense(DataParallelWrapper):
+    """DMP's data-parallel wrapper for a world of one rank: the dense modules stay as they are
+    (moved to the device) instead of going into DistributedDataParallel, whose per-step
+    bucketing and all-reduce have nothing to synchronise there. State-dict keys are the same
+    either way (DMP unwraps DDP), so checkpoints move between world sizes as before."""
+
+    def wrap(self, dmp, env, device: torch.device) -> None:
+        if env.world_size != 1:
+            raise ValueError(f"OneRankDense is for a world of one rank, not {env.world_size}")
+        dmp._dmp_wrapped_module = dmp._dmp_wrapped_module.to(device)
 
 
 def sharders() -> list[ModuleSharder[nn.Module]]:

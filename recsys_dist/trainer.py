@@ -79,7 +79,8 @@ def shard_model(cfg: RunConfig, ctx: DistContext) -> tuple[DistributedModelParal
     fuse_embedding_optimizer(model, cfg)
     tables = embedding_configs(cfg)
     plan = sharding.collective_plan(cfg, model, tables, ctx.device, dist.group.WORLD)
-    dmp = DistributedModelParallel(model, device=ctx.device, plan=plan, sharders=sharding.sharders())
+    dmp = DistributedModelParallel(model, device=ctx.device, plan=plan, sharders=sharding.sharders(),
+                                   data_parallel_wrapper=sharding.OneRankDense() if ctx.world_size == 1 else None)
     init_tables(dmp.state_dict(), tables, cfg.train.seed,
                 {t.name: t.weight_init_max for t in tables})
     t = cfg.train

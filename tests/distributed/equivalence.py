@@ -239,3 +239,50 @@ def models_sharded_vs_unsharded(rank: int, world_size: int, names: list[str]) ->
         want = ref(batch)[1][1]
         out[name] = (got - want).abs().max().item()
     return out
+
+
+def one_rank_without_ddp(rank: int, world_size: int, steps: int) -> dict:
+    """The trainer at world size 1 leaves the dense modules out of DDP; training is the same
+    as with DDP (losses and dense weights after ``steps`` steps)."""
+    from torch.nn.parallel import DistributedDataParallel
+    from torchrec.distributed import DistributedModelParallel
+
+    from recsys_dist import sharding
+    from recsys_dist.config import load_config
+    from recsys_dist.distributed import init_distributed
+    from recsys_dist.models.build import embedding_configs
+    from recsys_dist.optim import build_optimizer, fuse_embedding_optimizer
+    from recsys_dist.trainer import build_model, shard_model
+    from tests.conftest import QUICKSTART
+
+    cfg = load_config(QUICKSTART, ["model.name=deepfm", "distributed.nproc_per_node=1"])
+    ctx = init_distributed(cfg)
+    ours, opt_ours, _ = shard_model(cfg, ctx)
+    model = build_model(cfg, ctx.device)
+    fuse_embedding_optimizer(model, cfg)
+    plan = sharding.collective_plan(cfg, model, embedding_configs(cfg), ctx.device, torch.distributed.group.WORLD)
+    ddp = DistributedModelParallel(model, device=ctx.device, plan=plan, sharders=sharding.sharders())
+    load_full_state_dict(ddp.state_dict(), gather_full_state_dict(ours.state_dict()))
+    t = cfg.train
+    opt_ddp = build_optimizer(ddp, t.embedding_optimizer, t.embedding_lr, t.dense_optimizer, t.dense_lr,
+                              t.dense_grad_clip_norm, t.embedding_weight_decay)
+    losses = {"ours": [], "ddp": []}
+    g = torch.Generator().manual_seed(5)
+    for step in range(steps):
+        B = 16
+        kjt = KeyedJaggedTensor(keys=[f"C{i}" for i in range(1, 27)],
+                                values=torch.randint(0, 10000, (26 * B,), generator=g),
+                                lengths=torch.ones(26 * B, dtype=torch.int32), stride=B)
+        batch = CTRBatch(dense_features=torch.rand(B, 13, generator=g), sparse_features=kjt,
+                         labels=torch.randint(0, 2, (B,), generator=g).float(), weights=torch.ones(B))
+        for name, dmp, opt in (("ours", ours, opt_ours), ("ddp", ddp, opt_ddp)):
+            loss = dmp(batch)[0]
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            losses[name].append(loss.item())
+    dense = {n: (p.detach() - dict(ddp.named_parameters())[n].detach()).abs().max().item()
+             for n, p in ours.named_parameters() if "embedding_bags" not in n}
+    return {"wrapped": [type(m._dmp_wrapped_module).__name__ for m in (ours, ddp)],
+            "is_ddp": isinstance(ours._dmp_wrapped_module, DistributedDataParallel),
+            "losses": losses, "dense_diff": max(dense.values())}
