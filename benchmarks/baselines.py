@@ -143,6 +143,32 @@ def plain_pytorch(batches: list[Batch], sizes: list[int], dim: int, bottom: list
     return step
 
 
+def mlp_alone(in_features: int, sizes: list[int], batch: int, seconds: float = 1.0) -> float:
+    """samples/s of a deep MLP alone (``in_features`` -> ``sizes`` -> 1, ReLU), forward, backward
+    and Adagrad on a fixed batch, on this process's threads: what DeepFM's deep part costs any
+    implementation, the ceiling of item 3 at small tables."""
+    layers: list[nn.Module] = []
+    for size in sizes:
+        layers += [nn.Linear(in_features, size), nn.ReLU()]
+        in_features = size
+    mlp = nn.Sequential(*layers, nn.Linear(in_features, 1))
+    x = torch.randn(batch, mlp[0].in_features)
+    opt = torch.optim.Adagrad(mlp.parameters(), lr=0.01)
+
+    def step() -> None:
+        mlp(x).sum().backward()
+        opt.step()
+        opt.zero_grad()
+
+    for _ in range(10):
+        step()
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        step()
+        n += 1
+    return n * batch / (time.perf_counter() - t0)
+
+
 # argv[1]: JSON {"train": parquet, "dense", "sparse", "sizes", "dim", "deep", "batch", "rows", "threads"}.
 # Prints {"samples_per_s": ..., "rows": ...}: one epoch of DeepFM.fit over the first ``rows`` rows.
 DEEPCTR_WORKER = r'''

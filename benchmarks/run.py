@@ -14,7 +14,8 @@ recsys_dist (split 98/1/1 %).
    logging, per-epoch validation excluded from the time) vs a minimal hand-written
    TorchRec loop (DMP + TrainPipelineSparseDist) on in-memory batches of the same data;
 2. vs a plain-PyTorch DLRM (nn.EmbeddingBag with sparse gradients, Adagrad, DDP);
-3. our DeepFM vs DeepCTR-Torch's (its own venv; "skipped" with the command when absent);
+3. our DeepFM vs DeepCTR-Torch's (its own venv; "skipped" with the command when absent) at
+   10^4, 10^5 and 10^6 rows per table (quick: the first two);
 4. TrainPipelineSparseDist vs TrainPipelineBase on our sharded model, in-memory batches;
 5. samples/s and peak RSS as rows per table and batch size grow (benchmarks/growth.py);
 6. the achieved fraction of memory bandwidth and of matmul FLOP/s (benchmarks/hardware.py).
@@ -32,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import statistics
 import subprocess
@@ -48,6 +50,7 @@ if str(ROOT) not in sys.path:
 SAMPLE = ROOT / "datasets" / "criteo_kaggle" / "dac_train_first10000.txt"
 DEEPCTR_VENV = ("python3.11 -m venv /tmp/dctr && /tmp/dctr/bin/pip install torch==2.13.0 deepctr-torch "
                 "scikit-learn pyarrow requests")
+DEFAULT_ROWS_PER_TABLE = 10_000  # the quickstart configs' data.num_embeddings
 MLPERF_H200_SAMPLES_PER_S = 1.9e6  # MLPerf Training DLRM-DCNv2, per GPU of an 8 x H200 system
 
 
@@ -63,7 +66,8 @@ def overrides(spec: dict, model: str) -> list[str]:
         sizes = load_config(ROOT / "configs" / "mlperf_dlrmv2.yaml").data.num_embeddings
         capped = [min(n, spec["max_rows"]) for n in sizes]
         return common + [f"data.num_embeddings={json.dumps(capped)}", "data.multi_hot_sizes=null"]
-    return common + ["sharding.sharding_types=[table_wise]"]
+    rows = [f"data.num_embeddings={spec['rows_per_table']}"] if spec.get("rows_per_table") else []
+    return common + rows + ["sharding.sharding_types=[table_wise]"]
 
 
 CONFIG_FILES = {"dlrm": "criteo_quickstart.yaml", "deepfm": "criteo_deepfm.yaml", "mlperf": "mlperf_dlrmv2.yaml"}
@@ -97,8 +101,8 @@ def trainer_epoch(cfg, ctx, run_dir: Path):
 
 def deepfm_one_rank(rank: int, world: int, spec: dict) -> float:
     """run_ranks target (1 rank): best epoch samples/s of our DeepFM trainer on one rank with
-    every core as intra-op threads and the global batch of the 2-rank run: on a 2-core machine
-    the tables are small enough that sharding only adds all-to-alls."""
+    every core as intra-op threads and the global batch of the 2-rank run (on a 2-core machine
+    sharding only adds all-to-alls); ``spec["rows_per_table"]`` sets the table size."""
     warnings.filterwarnings("ignore")
     logging.disable(logging.WARNING)
     from recsys_dist.distributed import init_distributed
@@ -106,8 +110,46 @@ def deepfm_one_rank(rank: int, world: int, spec: dict) -> float:
     one = {**spec, "world": 1, "batch": spec["batch"] * spec["world"]}
     cfg = load(one, "deepfm")
     ctx = init_distributed(cfg)
-    epoch, _ = trainer_epoch(cfg, ctx, Path(spec["tmp"]) / "deepfm_one_rank")
+    epoch, _ = trainer_epoch(cfg, ctx, Path(spec["tmp"]) / f"deepfm_one_rank_{spec.get('rows_per_table')}")
     return max(epoch() for _ in range(spec["reps"]))
+
+
+# Item 3's table sizes (rows per table) and DeepCTR-Torch's timed rows at each: its dense
+# gradient and Adagrad update touch every row every step (2.4 s a step at 10^6 rows), so
+# the larger tables are timed over fewer steps.
+DEEPCTR_SWEEP = {10**4: 100_000, 10**5: 20_480, 10**6: 5_120}
+
+
+def deepctr_sweep(spec: dict, quick: bool, python: str) -> list[dict]:
+    """Item 3: our DeepFM (one rank, every core) vs DeepCTR-Torch's at each table size of
+    ``DEEPCTR_SWEEP`` (quick: the first two), same Parquet rows and ids on both sides."""
+    from recsys_dist.data import prepare_from_config
+    from recsys_dist.testing import run_ranks
+
+    out = []
+    for n, timed_rows in list(DEEPCTR_SWEEP.items())[:2 if quick else 3]:
+        one = {**spec, "rows_per_table": n}
+        dcfg = load(one, "deepfm")
+        prepared = prepare_from_config(dcfg)
+        rows = min(prepared.rows["train"], timed_rows // 5 if quick and n == 10**4 else timed_rows)
+        threads = (1, os.cpu_count() or 1) if n == 10**4 else (os.cpu_count() or 1,)
+        tries = [deepctr(python, spec, dcfg, str(prepared.files["train"]), rows, t) for t in threads]
+        ok = [t for t in tries if t and "samples_per_s" in t]
+        theirs = max(ok, key=lambda t: t["samples_per_s"]) if ok else tries[0]
+        if theirs is None or "error" in theirs:
+            return [{"rows_per_table": n, "theirs": theirs}]
+        ours = run_ranks(deepfm_one_rank, 1, one, timeout_s=1800)[0]
+        out.append({"rows_per_table": n, "theirs": theirs, "ours": ours})
+    import torch
+
+    from benchmarks.baselines import mlp_alone
+
+    m = load(spec, "deepfm").model
+    torch.set_num_threads(os.cpu_count() or 1)
+    width = 26 * m.embedding_dim + 13
+    out[0]["mlp_alone"] = mlp_alone(width, m.deep_layer_sizes, spec["batch"] * spec["world"])
+    out[0]["mlp_shape"] = [width, *m.deep_layer_sizes, 1]
+    return out
 
 
 def measure(rank: int, world: int, spec: dict) -> dict:
@@ -231,16 +273,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = load(spec, spec["model"])
         prepared = prepare_from_config(cfg)
         train_rows = prepared.rows["train"]
-        theirs = None
-        if spec["deepfm"]:
-            dcfg = load(spec, "deepfm")
-            dtrain = str(prepare_from_config(dcfg).files["train"])
-            n = min(train_rows, 20_000 if quick else 100_000)
-            tries = [deepctr(args.deepctr_python, spec, dcfg, dtrain, n, t) for t in (1, os.cpu_count() or 1)]
-            ok = [t for t in tries if t and "samples_per_s" in t]
-            theirs = max(ok, key=lambda t: t["samples_per_s"]) if ok else tries[0]
-            if world > 1:
-                spec["deepfm_one_rank"] = run_ranks(deepfm_one_rank, 1, spec, timeout_s=1800)[0]
+        theirs = deepctr_sweep(spec, quick, args.deepctr_python) if spec["deepfm"] else None
         res = run_ranks(measure, world, spec, timeout_s=1800, backend="nccl" if cuda else "gloo")[0]
         grow = None
         if "5" not in skip:
@@ -293,19 +326,27 @@ def print_table(spec, cfg, res, theirs, grow, train_rows, copies, args, hardware
              "DDP (gloo sparse all-reduce), in-memory batches", med["ours"], med["plain"], "samples/s", 1.5,
              paired("ours", "plain"))
     if "ours_deepfm" in med:
-        if theirs is None:
+        if not theirs or theirs[0]["theirs"] is None:
             rows.append(("3", "vs DeepCTR-Torch", f"skipped: no {args.deepctr_python}; make it with: {DEEPCTR_VENV}",
                          "", "", ">= 5"))
-        elif "error" in theirs:
-            rows.append(("3", "vs DeepCTR-Torch", f"DeepCTR-Torch failed: {theirs['error']}", "", "", ">= 5"))
-        else:
-            one = spec.get("deepfm_one_rank") or 0.0
-            best, how = max((max(rounds["ours_deepfm"]), f"{W} ranks x {B}"), (one, f"1 rank x {B * W}"))
-            line("3", "vs DeepCTR-Torch DeepFM",
-                 f"our deepfm trainer (dim 16, deep 256-128; best of {W} ranks x {B} and 1 rank x {B * W}: {how}) vs "
-                 f"DeepCTR-Torch 0.3 DeepFM.fit, 1 process, best of 1 and {os.cpu_count()} threads "
-                 f"({theirs['threads']}), batch {B * W}, {theirs['rows']:,} rows, dense Adagrad; not interleaved "
-                 "(run before the ranks start)", best, theirs["samples_per_s"], "samples/s (ours: best epoch)", 5)
+        elif "error" in theirs[0]["theirs"]:
+            rows.append(("3", "vs DeepCTR-Torch", f"DeepCTR-Torch failed: {theirs[0]['theirs']['error']}", "", "",
+                         ">= 5"))
+        for point in theirs or []:
+            if "ours" not in point:
+                continue
+            n, them = point["rows_per_table"], point["theirs"]
+            note = (f"; our 2-rank x {B} run: {_fmt(max(rounds['ours_deepfm']))} samples/s"
+                    if n == DEFAULT_ROWS_PER_TABLE else "")
+            line("3", f"vs DeepCTR-Torch DeepFM, 10^{round(math.log10(n))} rows per table",
+                 f"26 tables x {n:,} rows (+ 26 first-order tables), dim 16, deep 256-128, batch {B * W}: our deepfm "
+                 f"trainer on 1 rank, {os.cpu_count()} threads, best epoch{note} vs DeepCTR-Torch 0.3 DeepFM.fit, "
+                 f"1 process, {them['threads']} threads, {them['rows']:,} rows, dense Adagrad; same Parquet rows; "
+                 "not interleaved", point["ours"], them["samples_per_s"], "samples/s", 5)
+            if "mlp_alone" in point:
+                line("3", "ceiling at 10^4 rows", f"the deep MLP alone ({'-'.join(map(str, point['mlp_shape']))}, "
+                     f"fwd + bwd + Adagrad, batch {B * W}, {os.cpu_count()} threads): the most any DeepFM can reach "
+                     "here, vs DeepCTR-Torch", point["mlp_alone"], them["samples_per_s"], "samples/s")
     line("4", "pipelining", f"TrainPipelineSparseDist / TrainPipelineBase, our sharded model, world size {W}, "
          "in-memory batches", med["pipe_sparse_dist"], med["pipe_base"], "samples/s", None,
          paired("pipe_sparse_dist", "pipe_base"))
