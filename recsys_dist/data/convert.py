@@ -180,12 +180,75 @@ class _Transform:
         return out, missing
 
 
-def _discard(writers: dict, tmp: dict) -> None:
-    """A failed conversion: close the writers and remove the partial files."""
-    for w in writers.values():
-        w.close()
-    for t in tmp.values():
-        t.unlink(missing_ok=True)
+class _SplitWriter:
+    """One split's Parquet file, written in whole row groups: batches wait until a full row
+    group is there (writing each batch as it comes would give 65,536 + 3,712 + 65,536 + ...)."""
+
+    def __init__(self, path: Path, schema: pa.Schema, row_group_size: int) -> None:
+        self.path, self.row_group_size = path, row_group_size
+        self.writer = pq.ParquetWriter(path, schema)
+        self.pending: list = []
+        self.rows = 0
+
+    def add(self, batch: pa.RecordBatch) -> None:
+        self.pending.append(batch)
+        self.rows += batch.num_rows
+        self._flush()
+
+    def _flush(self, force: bool = False) -> None:
+        n = sum(b.num_rows for b in self.pending)
+        if not self.pending or (n < self.row_group_size and not force):
+            return
+        table = pa.Table.from_batches(self.pending)
+        full = n if force else n - n % self.row_group_size
+        self.writer.write_table(table.slice(0, full), row_group_size=self.row_group_size)
+        self.pending = table.slice(full).to_batches() if full < n else []
+
+    def close(self) -> None:
+        """Write what is pending and close the file."""
+        self._flush(force=True)
+        self.writer.close()
+
+    def discard(self) -> None:
+        self.writer.close()
+        self.path.unlink(missing_ok=True)
+
+
+def _recut(tmp: dict, out: Path, schema: pa.Schema, bounds: np.ndarray, row_group_size: int,
+           num_dense: int) -> tuple[dict, np.ndarray, np.ndarray]:
+    """Rewrite the position splits in ``tmp`` (train, validation, test: consecutive runs of
+    the kept rows) at ``bounds``; returns the rows per split and the training split's dense
+    statistics and label counts, as the conversion pass computes them."""
+    writers = {s: _SplitWriter(out / f".{s}.parquet.recut", schema, row_group_size) for s in SPLITS}
+    stats, labels = np.zeros((3, num_dense)), np.zeros(2)
+    pos = 0
+    try:
+        for s in SPLITS:
+            for batch in pq.ParquetFile(tmp[s]).iter_batches(batch_size=row_group_size):
+                lo = pos
+                pos += batch.num_rows
+                for k, target in enumerate(SPLITS):
+                    a, b = max(lo, int(bounds[k])), min(pos, int(bounds[k + 1]))
+                    if a >= b:
+                        continue
+                    part = batch.slice(a - lo, b - a)
+                    writers[target].add(part)
+                    if k == 0:
+                        y = part.column(0).to_numpy()
+                        labels += [len(y), y.sum()]
+                        if num_dense:
+                            d = np.stack([part.column(1 + j).to_numpy() for j in range(num_dense)], 1).astype(np.float64)
+                            stats += [np.full(num_dense, len(d)), d.sum(0), (d ** 2).sum(0)]
+        for w in writers.values():
+            w.close()
+    except BaseException:
+        for w in writers.values():
+            w.discard()
+        raise
+    for s in SPLITS:
+        os.replace(writers[s].path, tmp[s])
+    rows = {s: w.rows for s, w in writers.items()}
+    return rows, stats, labels
 
 
 def _train_keys(sk: mp.SparseKeys, train: np.ndarray) -> np.ndarray:
@@ -283,15 +346,21 @@ def prepare(
         return _manifest_result(out, m)
 
     bounds = None
+    skipped: list | None = [] if on_bad_row == "skip" else None
     if split.by == "position":
         total = fmt.count_rows(raw)
         if num_rows is not None:
             total = min(total, num_rows)
         if total == 0:
             raise DataError(f"{raw}: the file holds no rows")
+        if skipped is not None and mapping == "vocabulary" and vocab_path is None:
+            # The fractions apply to the rows kept, and the vocabulary is counted over the
+            # training rows before anything is written: count the kept rows first (one more
+            # parse of the file). Under hash mapping the splits are cut again at the end instead.
+            counter = _Reader(fmt, str(raw), split, None, num_rows, np.array([0, total, total, total]), [])
+            total = sum(batch.num_rows for batch, _ in counter.batches())
         bounds = np.floor(np.cumsum([0.0, *split.fractions]) * total + 1e-9).astype(int)
         bounds[-1] = total
-    skipped: list | None = [] if on_bad_row == "skip" else None
     readers = [_Reader(fmt, path, split, fixed, num_rows, bounds, skipped) for path, fixed in sources]
     total_bytes = sum(Path(p).stat().st_size for p, _ in sources)
     out.mkdir(parents=True, exist_ok=True)
@@ -314,20 +383,7 @@ def prepare(
 
     tmp = {s: out / f".{s}.parquet.tmp" for s in SPLITS}
     schema = fmt.output_schema()
-    writers = {s: pq.ParquetWriter(tmp[s], schema) for s in SPLITS}
-    rows = dict.fromkeys(SPLITS, 0)
-    pending: dict = {s: [] for s in SPLITS}  # batches not yet written, so row groups are full-size
-
-    def flush(s: str, force: bool = False) -> None:
-        n = sum(b.num_rows for b in pending[s])
-        if not pending[s] or (n < row_group_size and not force):
-            return
-        # Write whole row groups only and keep the rest pending: writing everything would
-        # end each flush with a short row group (65,536 + 3,712 + 65,536 + ...).
-        table = pa.Table.from_batches(pending[s])
-        full = n if force else n - n % row_group_size
-        writers[s].write_table(table.slice(0, full), row_group_size=row_group_size)
-        pending[s] = table.slice(full).to_batches() if full < n else []
+    writers = {s: _SplitWriter(tmp[s], schema, row_group_size) for s in SPLITS}
 
     stats = np.zeros((3, num_dense))  # train split: count, sum, sum of squares (transformed)
     missing = np.zeros(num_dense)
@@ -357,23 +413,32 @@ def prepare(
                         part = out_batch.filter(pa.array(mask))
                     else:
                         continue
-                    pending[s].append(part)
-                    rows[s] += part.num_rows
-                    flush(s)
+                    writers[s].add(part)
                 seen += batch.num_rows
     except BaseException:
-        _discard(writers, tmp)
+        for w in writers.values():
+            w.discard()
         raise
     bar.close()
-    for s in SPLITS:
-        flush(s, force=True)
     for w in writers.values():
         w.close()
+    rows = {s: w.rows for s, w in writers.items()}
     if seen == 0:
         for t in tmp.values():
             t.unlink(missing_ok=True)
         raise DataError(f"{raw}: no rows could be read" + (" (every row was skipped as bad)" if skipped else
                                                            " (the file holds no rows)"))
+    if bounds is not None and seen != bounds[-1]:
+        # Rows were skipped: the bounds (from the line count) would take them all out of the
+        # last split. The splits are consecutive runs of the kept rows, so cut them again.
+        bounds = np.floor(np.cumsum([0.0, *split.fractions]) * seen + 1e-9).astype(int)
+        bounds[-1] = seen
+        try:
+            rows, stats, train_labels = _recut(tmp, out, schema, bounds, row_group_size, num_dense)
+        except BaseException:
+            for t in tmp.values():
+                t.unlink(missing_ok=True)
+            raise
     for s in SPLITS:
         os.replace(tmp[s], out / f"{s}.parquet")
     transforms = dict(fmt.transforms)

@@ -13,7 +13,7 @@ from recsys_dist import cli
 from recsys_dist.config import SchemaConfig
 from recsys_dist.data.avazu import AVAZU
 from recsys_dist.data.convert import prepare
-from recsys_dist.data.criteo import DataError, count_rows, parse_ints, prepare_criteo, read_chunks
+from recsys_dist.data.criteo import CRITEO, DataError, count_rows, parse_ints, prepare_criteo, read_chunks
 from recsys_dist.data.schema import SchemaFormat
 from tests.conftest import QUICKSTART, base_row
 from tests.data.test_avazu import HEADER, ROW
@@ -81,7 +81,8 @@ def test_blank_lines_are_bad_lines_in_every_format(tmp_path, cache_dir):
     p = prepare_criteo(raw, 100, on_bad_row="skip")
     m = manifest(p)
     assert m["rows_written"] == 300 and m["rows_skipped"] == 2  # rows read = written + skipped
-    assert m["split"]["row_bounds"][-1] == m["rows_written"] + m["rows_skipped"]
+    # the fractions apply to the rows kept: skipped lines do not all come out of the test split
+    assert m["split"]["row_bounds"] == [0, 240, 270, 300] and p.rows == {"train": 240, "validation": 30, "test": 30}
     assert [e["line"] for e in m["skipped_examples"]] == [101, 201]
     av = tmp_path / "a.csv"
     av.write_text(HEADER + "\n" + ROW + "\n\n" + ROW + "\n")
@@ -91,6 +92,30 @@ def test_blank_lines_are_bad_lines_in_every_format(tmp_path, cache_dir):
     ml.write_text("\n".join(ml_csv(10)[:5] + [""] + ml_csv(10)[5:]) + "\n")
     with pytest.raises(DataError, match=r"m.csv, line 6: blank line"):
         prepare(SchemaFormat(ML), ml, 100)
+
+
+@pytest.mark.parametrize("mapping", ["hash", "vocabulary"])
+def test_skipped_rows_leave_the_position_split_exact(tmp_path, cache_dir, mapping):
+    good = [base_row(label=str(i % 2), dense=[str(i + j) for j in range(13)]) for i in range(300)]
+    lines = list(good)
+    for k in range(30):  # 30 bad lines spread over the file: wrong field count and a bad value
+        lines.insert(11 * k + 5, "1\t2" if k % 2 else base_row(dense=["abc"] + [str(j) for j in range(12)]))
+    raw, clean = tmp_path / "dirty.txt", tmp_path / "clean.txt"
+    raw.write_text("\n".join(lines) + "\n")
+    clean.write_text("\n".join(good) + "\n")
+    p = prepare(CRITEO, raw, 100, on_bad_row="skip", mapping=mapping, row_group_size=64)
+    want = prepare(CRITEO, clean, 100, mapping=mapping, row_group_size=64)
+    m, mw = manifest(p), manifest(want)
+    assert (m["rows_written"], m["rows_skipped"]) == (300, 30)
+    assert p.rows == want.rows == {"train": 240, "validation": 30, "test": 30}
+    assert m["split"]["row_bounds"] == [0, 240, 270, 300]
+    for n, v in mw["dense_stats_train"].items():  # summed in other batches: equal to rounding
+        assert m["dense_stats_train"][n] == pytest.approx(v, rel=1e-9), n
+    for s in ("train", "validation", "test"):
+        f = pq.ParquetFile(p.files[s])
+        assert f.read().equals(pq.read_table(want.files[s]))
+        sizes = [f.metadata.row_group(i).num_rows for i in range(f.num_row_groups)]
+        assert all(n == 64 for n in sizes[:-1]), sizes  # whole row groups after the cut too
 
 
 def test_blank_lines_without_skip_keep_the_split_exact(tmp_path, cache_dir):
