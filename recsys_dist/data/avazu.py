@@ -76,10 +76,11 @@ class AvazuFormat:
         return count_rows(path) - _has_header(str(path))
 
     @staticmethod
-    def read_chunks(path: str, skipped: list | None = None) -> Iterator[tuple[int, pa.Table]]:
+    def read_chunks(path: str, skipped: list | None = None, max_rows: int | None = None
+                    ) -> Iterator[tuple[int, pa.Table]]:
         header = _has_header(path)
         line, first = 1, True
-        for chunk in line_blocks(path):
+        for chunk in line_blocks(path, None if max_rows is None else max_rows + header):
             table = parse_block(chunk, path, line, RAW_COLUMNS, delimiter=",", header=first and header,
                                 skipped=skipped, describe=lambda row: f"expected {row.expected_columns} fields, "
                                 f"got {row.actual_columns} (an Avazu row has 24 comma-separated fields)")

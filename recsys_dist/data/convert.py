@@ -103,7 +103,8 @@ class _Reader:
     def batches(self) -> Iterator[tuple[pa.RecordBatch, int]]:
         read = kept = 0
         # The next block is read and parsed (all cores) while this one is transformed (one core).
-        for _, table in prefetched(self.fmt.read_chunks(self.path, self.skipped), 1, "recsys_dist-convert-read"):
+        chunks = self.fmt.read_chunks(self.path, self.skipped, max_rows=self.cap)
+        for _, table in prefetched(chunks, 1, "recsys_dist-convert-read"):
             for batch in table.combine_chunks().to_batches():
                 if self.cap is not None:
                     if read >= self.cap:

@@ -165,8 +165,12 @@ def parse_batch(batch: pa.RecordBatch, path: str, first_row: int):
     return lab.astype(np.float32), dense, sparse
 
 
-_INT = r"^\s*[-+]?[0-9]{1,18}\s*$"
+# A decimal integer: optional sign, leading zeros, at most 18 more digits (|x| < 10^18, so
+# int64 never overflows), spaces around it. The same definition on both parsing paths.
+_INT = r"^\s*[-+]?0*[0-9]{1,18}\s*$"
+_LABEL = r"^\s*(?:[-+]?0+|\+?0*1)\s*$"  # an integer (as _INT) equal to 0 or 1
 _INT_TYPES = {n: pa.int64() for n in ["label", *DENSE_NAMES]}
+_INT_LIMIT = 10**18
 
 
 def bad_row_mask(batch: pa.RecordBatch) -> tuple[np.ndarray, list[str]]:
@@ -176,7 +180,7 @@ def bad_row_mask(batch: pa.RecordBatch) -> tuple[np.ndarray, list[str]]:
     """
     bad = np.zeros(batch.num_rows, dtype=bool)
     reason = np.full(batch.num_rows, None, dtype=object)
-    checks = [("label", r"^\s*[01]\s*$", False)] + [(n, _INT, True) for n in DENSE_NAMES] + [
+    checks = [("label", _LABEL, False)] + [(n, _INT, True) for n in DENSE_NAMES] + [
         (n, r"^[0-9a-fA-F]{1,8}$", True) for n in SPARSE_NAMES]
     for name, pattern, empty_ok in checks:
         col = batch.column(name)
@@ -419,32 +423,51 @@ def _parse_chunk(chunk: bytes, path: str, first_line: int, use_threads: bool,
                  skipped: list | None = None, labelled: bool = True) -> pa.Table:
     columns = COLUMNS if labelled else COLUMNS[1:]
     # The label and the integer columns are parsed by pyarrow's CSV reader (on all cores, no
-    # text columns to convert later); a block where any of them does not convert is parsed
-    # again as text, which names the line and column of the value (or skips its row).
-    found: list | None = None if skipped is None else []
-    try:
-        table = parse_block(chunk, path, first_line, columns, delimiter="\t", skipped=found,
-                            describe=_BadRows(labelled).describe, use_threads=use_threads, column_types=_INT_TYPES)
-    except DataError:
+    # text columns to convert later). Its integers are a superset of ours (_INT): it also
+    # reads hex ("0x10") and 19 digits. So a block with an "x" anywhere, with a value of 10^18
+    # or more, or with a value it cannot convert, is parsed again as text, which applies _INT
+    # and names the line and column of a bad value (or skips its row).
+    table = None
+    if b"x" not in chunk and b"X" not in chunk:
+        found: list | None = None if skipped is None else []
+        try:
+            table = parse_block(chunk, path, first_line, columns, delimiter="\t", skipped=found,
+                                describe=_BadRows(labelled).describe, use_threads=use_threads,
+                                column_types=_INT_TYPES)
+        except DataError:
+            table = None
+        if table is not None and not _ints_in_range(table):
+            table = None
+        if table is not None and skipped is not None:
+            skipped.extend(found)
+    if table is None:
         table = parse_block(chunk, path, first_line, columns, delimiter="\t", skipped=skipped,
                             describe=_BadRows(labelled).describe, use_threads=use_threads)
-    else:
-        if skipped is not None:
-            skipped.extend(found)
     if not labelled:  # Kaggle test layout: a placeholder label, reported as missing by score()
         table = table.add_column(0, "label", pa.array(np.full(table.num_rows, "0")))
     return table
 
 
-def line_blocks(path: str) -> Iterator[bytes]:
+def _ints_in_range(table: pa.Table) -> bool:
+    """Every integer column of ``table`` (parsed by the CSV reader) within +-(10^18 - 1)."""
+    for name in table.column_names:
+        col = table.column(name)
+        if pa.types.is_integer(col.type) and col.length() - col.null_count:
+            mm = pc.min_max(col).as_py()
+            if mm["min"] <= -_INT_LIMIT or mm["max"] >= _INT_LIMIT:
+                return False
+    return True
+
+
+def line_blocks(path: str, max_lines: int | None = None) -> Iterator[bytes]:
     """The file (gzip / bz2 detected) in blocks of about ``BLOCK_BYTES``, each cut after a
     line end, so only one block is in memory at a time. A UTF-8 byte order mark at the start
-    is dropped.
+    is dropped. ``max_lines``: stop after that many lines (the rest is never looked at).
 
     Raises:
         DataError: the file cannot be read (e.g. a truncated compressed stream).
     """
-    carry, first = b"", True
+    carry, first, lines = b"", True, 0
     try:
         f = pa.input_stream(path, compression="detect")
     except (OSError, pa.ArrowInvalid) as err:
@@ -465,13 +488,30 @@ def line_blocks(path: str) -> Iterator[bytes]:
             if cut == 0:  # a line longer than a block: keep reading
                 carry = data
                 continue
-            yield data[:cut]
-            carry = data[cut:]
+            out, carry = data[:cut], data[cut:]
+            if max_lines is not None:
+                n = out.count(b"\n") + (not out.endswith(b"\n"))
+                if lines + n >= max_lines:
+                    yield _first_lines(out, max_lines - lines)
+                    return
+                lines += n
+            yield out
             if not block:
                 return
 
 
-def read_chunks(path: str, skipped: list | None = None, labelled: bool = True) -> Iterator[tuple[int, pa.Table]]:
+def _first_lines(block: bytes, n: int) -> bytes:
+    """The first ``n`` lines of ``block`` (with their line ends)."""
+    end = -1
+    for _ in range(n):
+        end = block.find(b"\n", end + 1)
+        if end < 0:
+            return block
+    return block[:end + 1]
+
+
+def read_chunks(path: str, skipped: list | None = None, labelled: bool = True,
+                max_rows: int | None = None) -> Iterator[tuple[int, pa.Table]]:
     """``(first line number, table of text columns)`` per ~``BLOCK_BYTES`` of the file.
 
     The file (gzip / bz2 detected) is read block by block and cut at line ends, and each
@@ -481,10 +521,11 @@ def read_chunks(path: str, skipped: list | None = None, labelled: bool = True) -
     With ``skipped`` (a list), bad lines (wrong field count, blank, not UTF-8: see
     :func:`parse_block`) are appended to it as ``(line or None, reason)`` and left out
     instead of raising. ``labelled=False`` reads the 39-field layout of Kaggle's test.txt
-    and adds a placeholder label "0".
+    and adds a placeholder label "0". ``max_rows``: read only the first that many lines (bad
+    lines after them are never looked at).
     """
     line = 1
-    for chunk in line_blocks(path):
+    for chunk in line_blocks(path, max_rows):
         table = _parse_chunk(chunk, path, line, use_threads=True, skipped=skipped, labelled=labelled)
         yield line, table
         line += chunk.count(b"\n")
@@ -496,7 +537,7 @@ def parse_ints(col: pa.Array, where: str, first_row: int) -> pa.Array:
     if pa.types.is_integer(col.type):
         return col.cast(pa.int64())
     col = pc.fill_null(col, "")
-    ok = pc.or_(pc.equal(col, ""), pc.match_substring_regex(col, r"^\s*[-+]?[0-9]{1,18}\s*$"))
+    ok = pc.or_(pc.equal(col, ""), pc.match_substring_regex(col, _INT))
     if not pc.all(ok).as_py():
         i = int(np.flatnonzero(~ok.to_numpy(zero_copy_only=False))[0])
         raise DataError(f"{where}, line {first_row + i}: '{col[i].as_py()}' is not an integer")
@@ -529,8 +570,8 @@ class CriteoFormat:
     def count_rows(path: str | os.PathLike) -> int:
         return count_rows(path)
 
-    def read_chunks(self, path: str, skipped: list | None = None):
-        return read_chunks(path, skipped, self.labelled)
+    def read_chunks(self, path: str, skipped: list | None = None, max_rows: int | None = None):
+        return read_chunks(path, skipped, self.labelled, max_rows)
 
     @staticmethod
     def bad_row_mask(batch: pa.RecordBatch):

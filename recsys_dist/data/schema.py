@@ -150,16 +150,18 @@ class SchemaFormat:
         n = count_rows(path)
         return max(n - 1, 0) if self.spec.header else n
 
-    def read_chunks(self, path: str, skipped: list | None = None) -> Iterator[tuple[int, pa.Table]]:
+    def read_chunks(self, path: str, skipped: list | None = None, max_rows: int | None = None
+                    ) -> Iterator[tuple[int, pa.Table]]:
         """``(first line, table of text columns)`` per block; Parquet row groups are read as
-        they are and numbers turned into text, lists into lists of text."""
+        they are and numbers turned into text, lists into lists of text. ``max_rows``: text
+        files stop after that many lines past the header (Parquet: cut by the caller)."""
         if _is_parquet(self.spec, path):
             yield from self._parquet_chunks(path)
             return
         names = self._header(path)
         self._check_columns(path, names, "header" if self.spec.header else "data.schema.columns")
         line, first = 1, True
-        for chunk in line_blocks(path):
+        for chunk in line_blocks(path, None if max_rows is None else max_rows + bool(self.spec.header)):
             header = first and self.spec.header
             table = parse_block(chunk, path, line, names, delimiter=self.spec.delimiter, quote_char='"',
                                 header=header, skipped=skipped,

@@ -118,6 +118,23 @@ def test_skipped_rows_leave_the_position_split_exact(tmp_path, cache_dir, mappin
         assert all(n == 64 for n in sizes[:-1]), sizes  # whole row groups after the cut too
 
 
+def test_num_rows_reads_only_that_many_lines(tmp_path, cache_dir):
+    lines = [base_row(label=str(i % 2)) for i in range(300)]
+    lines[200] = "1\t2"  # line 201, after the cap: never looked at
+    raw = tmp_path / "r.txt"
+    raw.write_text("\n".join(lines) + "\n")
+    p = prepare_criteo(raw, 100, num_rows=100)
+    assert p.rows == {"train": 80, "validation": 10, "test": 10}
+    lines[49] = ""  # line 50, inside the cap: read, and skipped as bad
+    raw.write_text("\n".join(lines) + "\n")
+    m = manifest(prepare_criteo(raw, 100, num_rows=100, on_bad_row="skip"))
+    assert (m["rows_written"], m["rows_skipped"]) == (99, 1)
+    assert [e["line"] for e in m["skipped_examples"]] == [50]
+    av = tmp_path / "a.csv"  # a header line is not a row
+    av.write_text(HEADER + "\n" + "\n".join([ROW] * 5 + ["1,2"]) + "\n")
+    assert sum(prepare(AVAZU, av, 100, num_rows=5).rows.values()) == 5
+
+
 def test_blank_lines_without_skip_keep_the_split_exact(tmp_path, cache_dir):
     raw = tmp_path / "raw.txt"
     raw.write_text("".join(base_row(label=str(i % 2)) + "\n" for i in range(300)))
@@ -177,6 +194,33 @@ def test_integer_fast_path_and_text_fallback_agree(tmp_path, cache_dir):
         assert why in m["skipped_examples"][0]["reason"]
         with pytest.raises(DataError, match=r"line 2, column label|column I3, line 2"):
             prepare_criteo(raw, 100, split=(1.0, 0.0, 0.0))
+
+
+# 5c. one definition of an integer whichever path parses the block: a value is accepted
+# or refused the same with or without another bad value (which forces the text path) near it
+@pytest.mark.parametrize("column,value,ok", [
+    ("I2", "0x10", False), ("I2", "1000000000000000000", False), ("I2", "0000000000000000001", True),
+    ("I2", " 7", True), ("I2", "+5", True), ("I2", "-0", True), ("I2", "999999999999999999", True),
+    ("label", "01", True), ("label", "-0", True), ("label", "+1", True), ("label", "0x1", False),
+    ("label", "-1", False)])
+def test_integer_verdict_does_not_depend_on_the_block(tmp_path, cache_dir, column, value, ok):
+    rows = [base_row(label=str(i % 2)) for i in range(6)]
+    fields = rows[2].split("\t")
+    fields[0 if column == "label" else 2] = value
+    rows[2] = "\t".join(fields)
+    other = rows[4].split("\t")
+    other[3] = "1.5"  # I3: not an integer on any path
+    for name, lines in (("alone", rows), ("with_other", rows[:4] + ["\t".join(other)] + rows[5:])):
+        raw = tmp_path / f"{name}.txt"
+        raw.write_text("\n".join(lines) + "\n")
+        m = manifest(prepare_criteo(raw, 100, split=(1.0, 0.0, 0.0), on_bad_row="skip"))
+        skipped_rows = {e["reason"].split(":")[0] for e in m["skipped_examples"]}
+        assert ("row 3" in skipped_rows) == (not ok), (name, m["skipped_examples"])
+        if ok and name == "alone":
+            prepare_criteo(raw, 100, split=(1.0, 0.0, 0.0))  # no error
+        elif not ok:
+            with pytest.raises(DataError, match="line 3"):
+                prepare_criteo(raw, 100, split=(1.0, 0.0, 0.0))
 
 
 # 6. Avazu: impossible hours, file lines, a byte order mark
