@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Optional
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, field_validator, model_validator
 
 SHARDING_TYPES = (
     "data_parallel",
@@ -48,9 +48,25 @@ class ConfigError(ValueError):
 _F = Annotated[float, Strict()]
 
 
+def _too_big(value) -> bool:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return not -(2**63) <= value < 2**63
+    if isinstance(value, (list, tuple)):  # not into mappings: a section checks its own keys
+        return any(_too_big(v) for v in value)
+    return False
+
+
 class _Section(BaseModel):
     # inf / nan are never a sensible size, rate or fraction: refuse them with the key's name.
     model_config = ConfigDict(extra="forbid", validate_default=True, allow_inf_nan=False, strict=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _fits_int64(cls, value):
+        # torch takes sizes and seeds as int64: a larger int would pass here and fail deep in torch.
+        if _too_big(value):
+            raise ValueError("an integer here must lie within int64 (|x| < 2^63)")
+        return value
 
 
 class SchemaConfig(_Section):
@@ -302,7 +318,7 @@ class ModelConfig(_Section):
 
 
 class TrainConfig(_Section):
-    batch_size: int = Field(128, gt=0, description="Examples per rank per step.")
+    batch_size: int = Field(128, gt=0, le=2**24, description="Examples per rank per step.")
     epochs: int = Field(1, gt=0, description="Passes over the training split.")
     max_steps: Optional[int] = Field(None, gt=0, description="Stop after this many steps (None = no cap).")
     seed: int = Field(0, ge=0, description="Seed for weights and shuffling.")
@@ -438,7 +454,8 @@ class EvalConfig(_Section):
         None, ge=2, description="None = exact AUC (gathers every prediction); N = streaming histogram "
         "AUC with N buckets, memory independent of the eval set size (error bound reported)."
     )
-    batch_size: Optional[int] = Field(None, gt=0, description="Examples per rank per eval step (None = train.batch_size).")
+    batch_size: Optional[int] = Field(None, gt=0, le=2**24,
+                                      description="Examples per rank per eval step (None = train.batch_size).")
     every_n_steps: Optional[int] = Field(
         None, gt=0, description="Also evaluate on validation every N training steps (None = epoch ends only)."
     )
@@ -485,27 +502,50 @@ def _resolve_paths(tree: dict, base: Path, keys: tuple[str, ...] = PATH_KEYS) ->
 
 
 class _YamlLoader(yaml.SafeLoader):
-    """``yaml.SafeLoader`` that reads ``1e-3`` as a number (YAML 1.1 wants ``1.0e-3`` and
-    would give the string "1e-3") and refuses a key given twice in one mapping (YAML
-    would keep the last silently)."""
+    """``yaml.SafeLoader`` with YAML 1.2's numbers and no duplicate keys.
+
+    YAML 1.1 (PyYAML's default) reads ``1e-3`` as a string, ``010`` as 8 (octal), ``1:04``
+    as 64 (base 60) and ``0b11`` as 3; here a number is decimal: ``[-+]digits`` is an int,
+    with a fraction and/or an exponent (``1.5``, ``.5``, ``1e-3``, ``.5e3``) a float, ``_``
+    allowed between digits. A key given twice in one mapping is an error (YAML 1.1 keeps the
+    last silently); merge keys (``<<: *defaults``) still work, and their keys may be
+    overridden.
+    """
 
 
+_INT_TAG, _FLOAT_TAG = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
+_YamlLoader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in resolvers if tag not in (_INT_TAG, _FLOAT_TAG)]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+_YamlLoader.add_implicit_resolver(_INT_TAG, re.compile(r"^[-+]?[0-9][0-9_]*$"), list("-+0123456789"))
 _YamlLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
-    list("-+0123456789"),
-)
+    _FLOAT_TAG,
+    re.compile(r"^(?:[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)?"
+               r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"),
+    list("-+0123456789."))
+
+
+def _decimal_int(loader: _YamlLoader, node: yaml.ScalarNode) -> int:
+    return int(loader.construct_scalar(node).replace("_", ""), 10)
+
+
+_YamlLoader.add_constructor(_INT_TAG, _decimal_int)
 
 
 def _mapping_without_duplicates(loader: _YamlLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
     seen: dict = {}
     for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":
+            continue  # "<<": its keys are defaults the mapping's own keys may override
+        if not isinstance(key_node, yaml.ScalarNode):
+            raise yaml.constructor.ConstructorError(
+                None, None, f"line {key_node.start_mark.line + 1}: a key must be a plain name, not a "
+                "list or mapping", key_node.start_mark)
         key = loader.construct_object(key_node, deep=deep)
         if key in seen:
             raise yaml.constructor.ConstructorError(
                 None, None, f"key {key!r} on line {key_node.start_mark.line + 1} is given twice (also on line "
-                f"{seen[key] + 1}); keep one",
-                key_node.start_mark)
+                f"{seen[key] + 1}); keep one", key_node.start_mark)
         seen[key] = key_node.start_mark.line
     return loader.construct_mapping(node, deep=deep)
 
@@ -526,9 +566,11 @@ def parse_overrides(overrides: list[str]) -> dict:
             raise ConfigError(f"override '{item}': expected dotted.key=value, e.g. train.batch_size=256")
         try:
             value = _yaml(raw)
+        except yaml.constructor.ConstructorError as err:  # parsed, but a key twice or a list as a key
+            raise ConfigError(f"override '{item}': {err.problem}") from None
         except yaml.YAMLError as err:
             raise ConfigError(f"override '{item}': the value is not valid YAML ({getattr(err, 'problem', err)}); "
-                              f"quote it, e.g. {key}='\"{raw}\"'") from None
+                              f"if it is text, quote it, e.g. {key}='\"{raw}\"'") from None
         _set_dotted(tree, key.strip(), value)
     return tree
 

@@ -164,3 +164,28 @@ def test_a_key_given_twice_is_an_error(tmp_path):
         load_config(tmp_path / "c.yaml")
     with pytest.raises(ConfigError, match="given twice"):
         parse_overrides(["sharding.constraints={a: 1, a: 2}"])
+
+
+def test_yaml_numbers_are_decimal_and_merge_keys_work(tmp_path):
+    from recsys_dist.config import _yaml
+
+    got = _yaml("a: 1e-3\nb: .5e3\nc: 010\nd: 1:04\ne: 0b11\nf: 1_000\ng: -.5\nh: 0x10\n")
+    assert got == {"a": 1e-3, "b": 500.0, "c": 10, "d": "1:04", "e": "0b11", "f": 1000, "g": -0.5, "h": "0x10"}
+    text = "d: &d {batch_size: 64}\neval:\n  <<: *d\n"
+    assert _yaml(text)["eval"] == {"batch_size": 64}
+    assert _yaml("base: &b {x: 1, y: 2}\nt:\n  <<: *b\n  y: 3\n")["t"] == {"x": 1, "y": 3}  # own keys win
+    for bad in ("? [a, b]\n: 1\n", "train: {[1]: 2}\n"):
+        (tmp_path / "c.yaml").write_text(bad)
+        with pytest.raises(ConfigError, match="a key must be a plain name"):
+            load_config(tmp_path / "c.yaml")
+    with pytest.raises(ConfigError, match="a key must be a plain name"):
+        parse_overrides(["train.batch_size={[1]: 2}"])
+
+
+def test_integers_beyond_int64_and_absurd_batches_are_config_errors():
+    for bad, key in (("data.num_embeddings=9223372036854775808", "data.num_embeddings: an integer here must lie "
+                      "within int64"), ("train.seed=18446744073709551616", "train.seed: an integer"),
+                     ("data.num_embeddings=[1,99999999999999999999]", "data.num_embeddings: an integer"),
+                     ("train.batch_size=1000000000000", "train.batch_size: Input should be less than or equal")):
+        with pytest.raises(ConfigError, match=key):
+            load_config(QUICKSTART, [bad])
