@@ -92,3 +92,23 @@ def build_optimizer(
             kwargs = {**kwargs, "weight_decay": embedding_weight_decay}
         optimizers.append(KeyedOptimizerWrapper(dp_tables, lambda ps: emb_cls(ps, lr=embedding_lr, **kwargs)))
     return CombinedOptimizer(optimizers)
+
+
+def init_lazy_state(optimizer: CombinedOptimizer, fused: object = None) -> None:
+    """Create the state torch optimizers make only at their first step (Adam's moments), so a
+    checkpoint can be loaded into ``optimizer.state_dict()`` in place; without it a resumed
+    Adam run silently restarts its moments from zero.
+
+    Uses TorchRec's ``KeyedOptimizer.init_state`` (one step with zero gradients) on each
+    sub-optimizer whose parameters lack state, ``fused`` (``dmp.fused_optimizer``, whose
+    state FBGEMM creates up front) left out. That step leaves the weights as they are except
+    under weight decay, and a restore loads the weights after it anyway.
+    """
+    for _, opt in optimizer.optimizers:
+        if opt is fused:
+            continue
+        params = [p for p in opt.params.values() if isinstance(p, torch.Tensor) and p.requires_grad]
+        if params and any(not opt.state.get(p) for p in params):
+            opt.init_state()
+            for p in params:
+                p.grad = None

@@ -42,7 +42,7 @@ from recsys_dist.models import build_model, embedding_configs
 from recsys_dist.models.build import table_sizes
 from recsys_dist.schedule import LRSchedule
 from recsys_dist.state import init_tables
-from recsys_dist.optim import build_optimizer, fuse_embedding_optimizer
+from recsys_dist.optim import build_optimizer, fuse_embedding_optimizer, init_lazy_state
 
 log = logging.getLogger("recsys_dist")
 
@@ -271,6 +271,7 @@ class _Loop:
         """Continue from a checkpoint: weights, optimizer state, RNG and the loader position."""
         meta = read_meta(path)
         check_compatible(path, meta, self.cfg.to_dict())
+        init_lazy_state(self.optimizer, self.dmp.fused_optimizer)
         state = self.state()
         load_checkpoint(path, state)  # in place: model shards and optimizer state are views
         set_optimizer_steps(self.optimizer, meta["step"])

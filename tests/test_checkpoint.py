@@ -199,3 +199,17 @@ def test_resharded_state_arrives_exactly(tmp_path):
         assert sorted(full) == sorted(k for k in saved if k != "rng"), set(full) ^ set(saved)
         for key, tensor in full.items():
             assert torch.equal(tensor, saved[key].reshape(tensor.shape)), key
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("optimizer", ["adam", "adamw"])
+def test_resume_is_exact_with_a_lazy_dense_optimizer(tmp_path, optimizer):
+    """Adam makes its moments at its first step: a resumed run must load them, not restart them."""
+    opt = [f"train.dense_optimizer={optimizer}", "train.dense_lr=0.001"]
+    ref, run = tmp_path / "ref", tmp_path / "run"
+    assert train(tmp_path, ref, *WS[1], *opt).returncode == 0
+    r = train(tmp_path, run, *WS[1], *opt, "train.max_steps=10")
+    assert r.returncode == 0, r.stderr[-2000:]
+    r = train(tmp_path, run, "--resume", "auto", *WS[1], *opt)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert_same_losses(ref, run, 0.0)
