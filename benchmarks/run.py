@@ -341,7 +341,7 @@ def print_table(spec, cfg, res, theirs, grow, train_rows, copies, args, hardware
             line("3", f"vs DeepCTR-Torch DeepFM, 10^{round(math.log10(n))} rows per table",
                  f"26 tables x {n:,} rows (+ 26 first-order tables), dim 16, deep 256-128, batch {B * W}: our deepfm "
                  f"trainer on 1 rank, {os.cpu_count()} threads, best epoch{note} vs DeepCTR-Torch 0.3 DeepFM.fit, "
-                 f"1 process, {them['threads']} threads, {them['rows']:,} rows, dense Adagrad; same Parquet rows; "
+                 f"1 process, {them['threads']} thread{'s' if them['threads'] != 1 else ''}, {them['rows']:,} rows, dense Adagrad; same Parquet rows; "
                  "not interleaved", point["ours"], them["samples_per_s"], "samples/s", 5)
             if "mlp_alone" in point:
                 line("3", "ceiling at 10^4 rows", f"the deep MLP alone ({'-'.join(map(str, point['mlp_shape']))}, "

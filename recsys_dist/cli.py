@@ -48,8 +48,8 @@ def _print_summary(summary: dict) -> None:
     v, t = summary["validation"], summary["test"]
     resumed = summary.get("resumed_at_step")
     print(
-        f"\nrecsys-dist: trained {summary['rows_trained']} rows in {summary['steps']} steps on "
-        f"{summary['world_size']} rank(s), {summary['samples_per_s']} samples/s"
+        f"\nrecsys-dist: trained {summary['rows_trained']} samples in {summary['steps']} steps on "
+        f"{summary['world_size']} rank{'s' if summary['world_size'] != 1 else ''}, {summary['samples_per_s']} samples/s"
         + (f" (resumed at step {resumed})" if resumed is not None else "") + "\n"
         f"  validation  AUC {fmt(v['auc'])}  logloss {fmt(v['logloss'])}\n"
         f"  test        AUC {fmt(t['auc'])}  logloss {fmt(t['logloss'])}\n"

@@ -57,4 +57,4 @@ def test_tiny_data_over_three_ranks_never_hangs(tmp_path):
     r = run_cli(["train", "--config", str(QUICKSTART), "--run-dir", str(tmp_path / "run"), "data.num_rows=5",
                  "distributed.nproc_per_node=3", "train.progress_bar=false"], tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
-    assert "trained 4 rows in 1 steps on 3 rank(s)" in r.stdout
+    assert "trained 4 samples in 1 steps on 3 ranks" in r.stdout
