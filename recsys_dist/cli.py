@@ -119,6 +119,12 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     d = cfg.data
     prepared = prepare_from_config(cfg, progress=sys.stderr.isatty())
+    if prepared.rows["train"] == 0:
+        from recsys_dist.data.criteo import DataError
+
+        rows = ", ".join(f"{k} {v}" for k, v in prepared.rows.items())
+        raise DataError(f"{d.raw_path}: the training split is empty ({rows} rows); give more rows or change "
+                        "data.split")
     if resume is not None:
         from recsys_dist.checkpoint import read_meta
         from recsys_dist.data.loader import steps_per_epoch
