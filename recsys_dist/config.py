@@ -192,6 +192,9 @@ class DataConfig(_Section):
         "error", description="A malformed raw row stops the conversion naming file, line and column "
         "(error), or is left out and counted in the manifest (skip)."
     )
+    row_group_size: int = Field(
+        65536, gt=0, le=2**24, description="Rows per Parquet row group of the converted files (the unit the "
+        "loader reads, and assigns to ranks under rank_reads: row_groups). Changing it converts again.")
     shuffle: bool = Field(True, description="Shuffle training rows each epoch (seeded).")
     shuffle_buffer_rows: int = Field(
         1 << 20, gt=0, description="Rows read and shuffled together; bounds the loader's memory "

@@ -39,7 +39,7 @@ def prepare_from_config(cfg, progress: bool = False):
     d = cfg.data
     return prepare(raw_format(d.format, d.schema), d.raw_path, d.num_embeddings, d.split, d.num_rows, d.cache_dir,
                    on_bad_row=d.on_bad_row, progress=progress, mapping=d.categorical_mapping,
-                   min_count=d.min_count)
+                   min_count=d.min_count, row_group_size=d.row_group_size)
 
 
 def prepare_for_scoring(cfg, data):
@@ -72,5 +72,5 @@ def prepare_for_scoring(cfg, data):
         if first_line_fields(data) == NUM_DENSE + NUM_SPARSE:
             fmt = CriteoFormat(labelled=False)  # Kaggle's test.txt: predict only, labels unknown
     return prepare(fmt, data, d.num_embeddings, (1.0, 0.0, 0.0), cache_dir=d.cache_dir,
-                   mapping=d.categorical_mapping, min_count=d.min_count, vocabulary=vocabulary,
+                   row_group_size=d.row_group_size, mapping=d.categorical_mapping, min_count=d.min_count, vocabulary=vocabulary,
                    warn_one_class=False)  # scoring: one class is no problem

@@ -66,7 +66,7 @@ class PreparedData:
 
 
 def _fingerprint(raw: Path, sizes: list[int], num_rows: int | None, split: Split, on_bad_row: str,
-                 fmt, mapping: str, min_count: int, vocabulary: Path | None) -> str:
+                 fmt, mapping: str, min_count: int, vocabulary: Path | None, row_group_size: int = 65536) -> str:
     st = raw.stat()
     fmt_key = getattr(fmt, "fingerprint", fmt.name)
     key = json.dumps([str(raw.resolve()), st.st_size, st.st_mtime_ns, sizes, num_rows, split.fingerprint(),
@@ -74,7 +74,8 @@ def _fingerprint(raw: Path, sizes: list[int], num_rows: int | None, split: Split
                      + ([on_bad_row] if on_bad_row != "error" else [])
                      + ([fmt_key] if fmt_key != "criteo_tsv" else [])
                      + ([mapping, min_count] if mapping != "hash" else [])
-                     + ([str(vocabulary.resolve()), vocabulary.stat().st_mtime_ns] if vocabulary else []))
+                     + ([str(vocabulary.resolve()), vocabulary.stat().st_mtime_ns] if vocabulary else [])
+                     + ([row_group_size] if row_group_size != 65536 else []))
     return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
@@ -340,7 +341,7 @@ def prepare(
         raise DataError(f"{vocab_path}: vocabulary file does not exist")
     out = Path(cache_dir) if cache_dir else default_cache_dir()
     prefix = "criteo" if fmt.name == "criteo_tsv" else fmt.name
-    out = out / f"{prefix}-{_fingerprint(raw, sizes, num_rows, split, on_bad_row, fmt, mapping, min_count, vocab_path)}"
+    out = out / f"{prefix}-{_fingerprint(raw, sizes, num_rows, split, on_bad_row, fmt, mapping, min_count, vocab_path, row_group_size)}"
     manifest_path = out / "manifest.json"
     if manifest_path.is_file():
         m = json.loads(manifest_path.read_text())
@@ -461,6 +462,7 @@ def prepare(
         "source": str(raw.resolve()),
         "format": fmt.name,
         "rows": rows,
+        "row_group_size": row_group_size,
         "num_embeddings": sizes,
         "categorical_mapping": mapping_info,
         "dense": dense_names,

@@ -53,3 +53,21 @@ def test_criteo_quickstart_with_vocabulary(tmp_path):
     # Same rows and model as the hashed quickstart (0.7228 / 0.7574); 2 ranks x 32 gave 0.7148 / 0.7501.
     assert 0.69 < final(run_dir, "validation")["auc"] < 0.76
     assert 0.72 < final(run_dir, "test")["auc"] < 0.79
+
+
+def test_row_group_size_from_the_config(tmp_path):
+    import json
+
+    import pyarrow.parquet as pq
+
+    from recsys_dist.config import load_config
+    from recsys_dist.data import prepare_from_config
+    from tests.conftest import QUICKSTART
+
+    cfg = load_config(QUICKSTART, ["data.row_group_size=1000", f"data.cache_dir={tmp_path}"])
+    p = prepare_from_config(cfg)
+    f = pq.ParquetFile(p.files["train"])
+    assert [f.metadata.row_group(i).num_rows for i in range(f.num_row_groups)] == [1000] * 8
+    assert json.loads((p.directory / "manifest.json").read_text())["row_group_size"] == 1000
+    default = prepare_from_config(load_config(QUICKSTART, [f"data.cache_dir={tmp_path}"]))
+    assert default.directory != p.directory  # a different row-group size is another conversion
