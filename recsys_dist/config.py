@@ -629,13 +629,16 @@ def load_config(path: str | os.PathLike, overrides: list[str] | None = None) -> 
     if not path.is_file():
         raise ConfigError(f"config file {path} {'is a directory' if path.is_dir() else 'does not exist'}")
     try:
-        tree = _yaml(path.read_text(encoding="utf-8")) or {}
+        tree = _yaml(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as err:
         raise ConfigError(f"config file {path} is not valid YAML: {err}") from None
     except UnicodeDecodeError as err:
         raise ConfigError(f"config file {path} is not UTF-8 text (byte {err.start}); is it the right file?") from None
+    if tree is None:  # an empty file: every required key is reported missing below
+        tree = {}
     if not isinstance(tree, dict):
-        raise ConfigError(f"config file {path} must hold a mapping of sections, got {type(tree).__name__}")
+        raise ConfigError(f"config file {path} must hold a mapping of sections (data:, model:, ...), "
+                          f"got {type(tree).__name__} {tree!r:.40}")
     _resolve_paths(tree, path.resolve().parent)
     extra = parse_overrides(overrides or [])
     _resolve_paths(extra, Path.cwd())

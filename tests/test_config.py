@@ -189,3 +189,10 @@ def test_integers_beyond_int64_and_absurd_batches_are_config_errors():
                      ("train.batch_size=1000000000000", "train.batch_size: Input should be less than or equal")):
         with pytest.raises(ConfigError, match=key):
             load_config(QUICKSTART, [bad])
+
+
+def test_a_config_file_holding_a_scalar_says_so(tmp_path):
+    for text in ("0\n", "false\n", "[1, 2]\n"):
+        (tmp_path / "c.yaml").write_text(text)
+        with pytest.raises(ConfigError, match="must hold a mapping of sections"):
+            load_config(tmp_path / "c.yaml")
