@@ -242,14 +242,20 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def cmd_preprocess(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.overrides)
-    if cfg.data.raw_path is None or not Path(cfg.data.raw_path).is_file():
-        raise ConfigError(f"data.raw_path: {cfg.data.raw_path} is not a file")
+    from recsys_dist.config import raw_paths
+
+    missing = [r for r in raw_paths(cfg) if not Path(r).is_file()]
+    if cfg.data.raw_path is None or missing:
+        raise ConfigError(f"data.raw_path: {missing[0] if missing else None} is not a file")
     from recsys_dist.data import prepare_from_config
 
     prepared = prepare_from_config(cfg, progress=not args.quiet)
     manifest = json.loads((prepared.directory / "manifest.json").read_text())
     rows = ", ".join(f"{k} {v:,}" for k, v in prepared.rows.items())
-    print(f"recsys-dist: {manifest['source']} -> {prepared.directory}\n  rows: {rows}; "
+    source = manifest["source"]
+    if isinstance(source, list):
+        source = f"{len(source)} training files ({Path(source[0]).name} .. {Path(source[-1]).name})"
+    print(f"recsys-dist: {source} -> {prepared.directory}\n  rows: {rows}; "
           f"skipped {manifest['rows_skipped']:,}\n  manifest: {prepared.directory / 'manifest.json'}")
     return 0
 

@@ -153,9 +153,10 @@ class DataConfig(_Section):
     schema_: Optional[SchemaConfig] = Field(
         None, alias="schema", description="Columns of the raw file for format: schema (label, dense, categorical, "
         "multi_hot with a separator).")
-    raw_path: Optional[str] = Field(
-        None, description="Raw labelled data file (relative to the config file); required to train "
-        "(the train file under split.by: files)."
+    raw_path: Optional[str | list[str]] = Field(
+        None, description="Raw labelled data file (relative to the config file); required to train. Under "
+        "split.by: files it is the training data, and may be a list of files (e.g. Criteo 1TB's day_0 .. "
+        "day_22): each is then converted in its own process, to its own Parquet file."
     )
     cache_dir: Optional[str] = Field(
         None,
@@ -236,6 +237,10 @@ class DataConfig(_Section):
         if (self.format == "schema") != (self.schema_ is not None):
             raise ValueError("data.schema: required with format: schema, and only used by it"
                              if self.format == "schema" else f"data.schema: only used with format: schema, not {self.format}")
+        if isinstance(self.raw_path, list) and (self.split.by != "files" or not self.raw_path):
+            raise ValueError("data.raw_path: a list of files is the training data of split.by: files "
+                             f"(split.by is {self.split.by}); give one file" if self.raw_path else
+                             "data.raw_path: an empty list; give the raw data file(s)")
         fmt = raw_format(self.format, self.schema_)
         n_features = len(fmt.sparse_names)
         if self.split.by == "time" and self.format != "schema" and self.split.column not in fmt.raw_columns:
@@ -498,10 +503,17 @@ def _get_dotted(tree: dict, key: str) -> Any:
 
 
 def _resolve_paths(tree: dict, base: Path, keys: tuple[str, ...] = PATH_KEYS) -> None:
+    def resolve(value):
+        if isinstance(value, str) and value and not os.path.isabs(os.path.expanduser(value)):
+            return str((base / value).resolve())
+        return value
+
     for key in keys:
         value = _get_dotted(tree, key)
-        if isinstance(value, str) and value and not os.path.isabs(os.path.expanduser(value)):
-            _set_dotted(tree, key, str((base / value).resolve()))
+        if isinstance(value, list):
+            _set_dotted(tree, key, [resolve(v) for v in value])
+        elif isinstance(value, str):
+            _set_dotted(tree, key, resolve(value))
 
 
 class _YamlLoader(yaml.SafeLoader):
@@ -658,6 +670,12 @@ def uvm_kernels(cfg: RunConfig) -> list[tuple[str, str]]:
     return found
 
 
+def raw_paths(cfg: RunConfig) -> list[str]:
+    """``data.raw_path`` as a list (empty when not set)."""
+    r = cfg.data.raw_path
+    return [] if r is None else list(r) if isinstance(r, list) else [r]
+
+
 def check_before_launch(cfg: RunConfig, world_size: int | None = None) -> None:
     """Checks that need the filesystem or the machine, run before any rank is spawned.
 
@@ -669,10 +687,11 @@ def check_before_launch(cfg: RunConfig, world_size: int | None = None) -> None:
     problems = []
     if cfg.data.raw_path is None:
         problems.append("  data.raw_path: not set; training needs a raw data file")
-    elif Path(cfg.data.raw_path).is_dir():
-        problems.append(f"  data.raw_path: {cfg.data.raw_path} is a directory; give the raw data file")
-    elif not Path(cfg.data.raw_path).is_file():
-        problems.append(f"  data.raw_path: file {cfg.data.raw_path} does not exist (fix the path in the config)")
+    for raw in raw_paths(cfg):
+        if Path(raw).is_dir():
+            problems.append(f"  data.raw_path: {raw} is a directory; give the raw data file")
+        elif not Path(raw).is_file():
+            problems.append(f"  data.raw_path: file {raw} does not exist (fix the path in the config)")
     for key in ("validation_path", "test_path"):
         p = getattr(cfg.data.split, key)
         if p is not None and not Path(p).is_file():

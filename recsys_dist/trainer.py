@@ -66,10 +66,10 @@ def make_loaders(cfg: RunConfig, ctx: DistContext) -> Loaders:
                   shuffle_buffer_rows=d.shuffle_buffer_rows, prefetch=d.prefetch, rank_reads=d.rank_reads)
     eval_bs = cfg.eval.batch_size or cfg.train.batch_size
     return Loaders(
-        train=ParquetBatchLoader(str(prepared.files["train"]), cfg.train.batch_size, shuffle=d.shuffle,
+        train=ParquetBatchLoader(prepared.paths("train"), cfg.train.batch_size, shuffle=d.shuffle,
                                  seed=cfg.train.seed, remainder=d.remainder, **common),
-        validation=ParquetBatchLoader(str(prepared.files["validation"]), eval_bs, remainder="pad", **common),
-        test=ParquetBatchLoader(str(prepared.files["test"]), eval_bs, remainder="pad", **common),
+        validation=ParquetBatchLoader(prepared.paths("validation"), eval_bs, remainder="pad", **common),
+        test=ParquetBatchLoader(prepared.paths("test"), eval_bs, remainder="pad", **common),
     )
 
 

@@ -61,7 +61,9 @@ def prepare_for_scoring(cfg, data):
     d = cfg.data
     vocabulary = None
     if d.categorical_mapping == "vocabulary":
-        if d.raw_path is None or not Path(d.raw_path).is_file():
+        from recsys_dist.config import raw_paths
+
+        if d.raw_path is None or not all(Path(r).is_file() for r in raw_paths(cfg)):
             raise DataError(f"{data}: the model maps categories with a vocabulary built on its training data, "
                             f"and that data ({d.raw_path}) is not there to rebuild it")
         vocabulary = prepare_from_config(cfg).directory / VOCABULARY_FILE

@@ -27,6 +27,7 @@ from tqdm import tqdm
 from recsys_dist.data import mapping as mp
 from recsys_dist.data.prefetch import prefetched
 from recsys_dist.data.criteo import TRANSFORM_VERSION, DataError
+from recsys_dist.data.workers import OrderedPool, WorkerDied
 from recsys_dist.data.splits import SPLITS, Split, position_assign, random_assign, time_assign
 
 VOCABULARY_FILE = "vocabulary.parquet"
@@ -56,21 +57,27 @@ if not log.handlers:
 
 @dataclass(frozen=True)
 class PreparedData:
-    """Paths of the converted splits, rows per split, and the table size per categorical
-    feature (the configured sizes under hash mapping, the vocabulary sizes otherwise)."""
+    """Paths of the converted splits (a list of paths for a split converted from several
+    files), rows per split, and the table size per categorical feature (the configured sizes
+    under hash mapping, the vocabulary sizes otherwise)."""
 
     directory: Path
-    files: dict[str, Path]
+    files: dict[str, "Path | list[Path]"]
     rows: dict[str, int]
     num_embeddings: Optional[list[int]] = None
 
+    def paths(self, split: str) -> list[str]:
+        """The Parquet file(s) of ``split``, as the loader takes them."""
+        f = self.files[split]
+        return [str(p) for p in f] if isinstance(f, list) else [str(f)]
 
-def _fingerprint(raw: Path, sizes: list[int], num_rows: int | None, split: Split, on_bad_row: str,
+
+def _fingerprint(raws: list[Path], sizes: list[int], num_rows: int | None, split: Split, on_bad_row: str,
                  fmt, mapping: str, min_count: int, vocabulary: Path | None, row_group_size: int = 65536) -> str:
-    st = raw.stat()
+    files = [[str(r.resolve()), r.stat().st_size, r.stat().st_mtime_ns] for r in raws]
     fmt_key = getattr(fmt, "fingerprint", fmt.name)
-    key = json.dumps([str(raw.resolve()), st.st_size, st.st_mtime_ns, sizes, num_rows, split.fingerprint(),
-                      TRANSFORM_VERSION]
+    key = json.dumps((files[0] if len(files) == 1 else [files]) + [sizes, num_rows, split.fingerprint(),
+                                                                   TRANSFORM_VERSION]
                      + ([on_bad_row] if on_bad_row != "error" else [])
                      + ([fmt_key] if fmt_key != "criteo_tsv" else [])
                      + ([mapping, min_count] if mapping != "hash" else [])
@@ -84,7 +91,13 @@ def default_cache_dir() -> Path:
 
 
 def _manifest_result(out: Path, m: dict) -> PreparedData:
-    return PreparedData(out, {s: out / f"{s}.parquet" for s in SPLITS}, m["rows"], m["num_embeddings"])
+    names = m.get("files") or {s: [f"{s}.parquet"] for s in SPLITS}  # manifests before "files": one each
+    files = {s: out / names[s][0] if len(names[s]) == 1 else [out / n for n in names[s]] for s in SPLITS}
+    return PreparedData(out, files, m["rows"], m["num_embeddings"])
+
+
+def _flat(tmp: dict) -> list[Path]:
+    return [t for v in tmp.values() for t in (v if isinstance(v, list) else [v])]
 
 
 class _Reader:
@@ -216,6 +229,116 @@ class _SplitWriter:
         self.path.unlink(missing_ok=True)
 
 
+class _Totals:
+    """What a conversion pass adds up besides the rows it writes: the training split's dense
+    statistics (count, sum, sum of squares of the transformed values) and label counts, the
+    missing count per dense column over all rows, and the rows kept (``seen``)."""
+
+    def __init__(self, num_dense: int) -> None:
+        self.stats, self.missing = np.zeros((3, num_dense)), np.zeros(num_dense)
+        self.labels = np.zeros(2)  # training rows, and of them label 1
+        self.seen, self.n_skipped, self.examples = 0, 0, []
+
+    def add(self, other: "_Totals") -> None:
+        self.stats += other.stats
+        self.missing += other.missing
+        self.labels += other.labels
+        self.seen += other.seen
+        self.n_skipped += other.n_skipped
+        self.examples = (self.examples + other.examples)[:20]
+
+
+def _convert(readers: list["_Reader"], writers: dict, transform: _Transform, bar=None) -> _Totals:
+    """Rows of ``readers`` to the split writers they belong to (``writers[split]``)."""
+    num_dense = len(transform.fmt.dense_names)
+    t = _Totals(num_dense)
+    for reader in readers:
+        for batch, first in reader.batches():
+            where = reader.assign(batch, first)
+            out_batch, block_missing = transform(batch, reader.path, first)
+            if bar is not None:
+                bar.update(min(batch.nbytes, max(bar.total - bar.n, 0)))
+            t.missing += block_missing
+            labels = out_batch.column(0).to_numpy()
+            train = where == 0
+            t.labels += [train.sum(), labels[train].sum()]
+            if num_dense and train.any():
+                d = np.stack([out_batch.column(1 + j).to_numpy() for j in range(num_dense)],
+                             axis=1)[train].astype(np.float64)
+                t.stats += [np.full(num_dense, len(d)), d.sum(0), (d ** 2).sum(0)]
+            for k, s in enumerate(SPLITS):
+                mask = where == k
+                if mask.all():
+                    part = out_batch
+                elif mask.any():
+                    part = out_batch.filter(pa.array(mask))
+                else:
+                    continue
+                writers[s].add(part)
+            t.seen += batch.num_rows
+    return t
+
+
+class _SourceJob:
+    """One raw file whose rows all go to one split, converted to its own Parquet file (run in
+    a worker process, see :func:`_convert_in_workers`)."""
+
+    def __init__(self, reader: "_Reader", transform: _Transform, schema: pa.Schema, row_group_size: int) -> None:
+        self.reader, self.transform, self.schema, self.row_group_size = reader, transform, schema, row_group_size
+
+    def __call__(self, path: str, fixed: int, out_path: str) -> tuple[int, _Totals]:
+        r = self.reader
+        skipped: list | None = None if r.skipped is None else []
+        reader = _Reader(r.fmt, path, r.split, fixed, r.cap, r.bounds, skipped)
+        writer = _SplitWriter(Path(out_path), self.schema, self.row_group_size)
+        try:
+            totals = _convert([reader], {SPLITS[fixed]: writer}, self.transform)
+        except BaseException:
+            writer.discard()
+            raise
+        writer.close()
+        if skipped is not None:
+            totals.n_skipped = len(skipped) - reader.n_examples + reader.n_bad_values
+            totals.examples = [{"file": Path(path).name, "line": ln, "reason": why} for ln, why in skipped[:20]]
+        return writer.rows, totals
+
+
+def _convert_in_workers(readers: list["_Reader"], out: Path, transform: _Transform, schema: pa.Schema,
+                        row_group_size: int, progress: bool) -> tuple[_Totals, dict, dict, dict]:
+    """Several raw files, each all one split (``split.by: files`` with several training files):
+    each file is converted in a worker process to its own Parquet file, ``<split>.parquet``
+    when the split has one file, else ``<split>-00000.parquet``, ... in the order given.
+    Returns the totals, rows and file names per split, and the temporary paths (renamed by
+    the caller once everything is written)."""
+    per_split = {s: [r for r in readers if SPLITS[r.fixed] == s] for s in SPLITS}
+    names = {s: [f"{s}.parquet"] if len(rs) == 1 else [f"{s}-{i:05d}.parquet" for i in range(len(rs))]
+             for s, rs in per_split.items()}
+    tmp = {s: [out / f".{n}.tmp" for n in names[s]] for s in SPLITS}
+    jobs = [(r.path, r.fixed, str(tmp[s][i])) for s in SPLITS for i, r in enumerate(per_split[s])]
+    totals, rows = _Totals(len(transform.fmt.dense_names)), dict.fromkeys(SPLITS, 0)
+    bar = tqdm(total=len(jobs), unit="file", desc=f"convert {len(jobs)} files", disable=not progress)
+    try:
+        with OrderedPool(min(len(jobs), os.cpu_count() or 1),
+                         _SourceJob(readers[0], transform, schema, row_group_size)) as pool:
+            for (_, fixed, _), (n, t) in pool.map(jobs):
+                rows[SPLITS[fixed]] += n
+                totals.add(t)
+                bar.update(1)
+    except WorkerDied as err:
+        _unlink(tmp)
+        raise DataError(f"{readers[0].path}: {err}") from None
+    except BaseException:
+        _unlink(tmp)
+        raise
+    bar.close()
+    return totals, rows, names, tmp
+
+
+def _unlink(tmp: dict) -> None:
+    for t in _flat(tmp):
+        t.unlink(missing_ok=True)
+
+
 def _recut(tmp: dict, out: Path, schema: pa.Schema, bounds: np.ndarray, row_group_size: int,
            num_dense: int) -> tuple[dict, np.ndarray, np.ndarray]:
     """Rewrite the position splits in ``tmp`` (train, validation, test: consecutive runs of
@@ -259,10 +382,10 @@ def _train_keys(sk: mp.SparseKeys, train: np.ndarray) -> np.ndarray:
     return sk.keys[np.repeat(train, sk.lengths)]
 
 
-def _count_vocabularies(fmt, reader: _Reader, bar) -> list[mp.VocabularyCounter]:
+def _count_vocabularies(fmt, readers: list[_Reader], bar) -> list[mp.VocabularyCounter]:
     """Pass 1: count each feature's keys over the training rows."""
     counters = [mp.VocabularyCounter() for _ in fmt.sparse_names]
-    for batch, first in reader.batches():
+    for reader, batch, first in ((r, b, f) for r in readers for b, f in r.batches()):
         bar.update(batch.nbytes)
         train = reader.assign(batch, first) == 0
         if reader.split.by == "position" and first >= reader.bounds[1]:
@@ -321,8 +444,13 @@ def prepare(
         DataError: malformed input (names the file, line and column), a missing file, or no rows.
     """
     split = Split.of(split)
-    raw = Path(raw_path)
-    sources = split.sources(str(raw))
+    raws = [Path(p) for p in raw_path] if isinstance(raw_path, (list, tuple)) else [Path(raw_path)]
+    if not raws:
+        raise ValueError("raw_path: no file given")
+    if len(raws) > 1 and split.by != "files":
+        raise ValueError(f"several raw files are the training data of split.by 'files', not split.by {split.by!r}")
+    raw = raws[0]
+    sources = split.sources([str(r) for r in raws])
     for path, _ in sources:
         p = Path(path)
         if not p.is_file():
@@ -341,7 +469,7 @@ def prepare(
         raise DataError(f"{vocab_path}: vocabulary file does not exist")
     out = Path(cache_dir) if cache_dir else default_cache_dir()
     prefix = "criteo" if fmt.name == "criteo_tsv" else fmt.name
-    out = out / f"{prefix}-{_fingerprint(raw, sizes, num_rows, split, on_bad_row, fmt, mapping, min_count, vocab_path, row_group_size)}"
+    out = out / f"{prefix}-{_fingerprint(raws, sizes, num_rows, split, on_bad_row, fmt, mapping, min_count, vocab_path, row_group_size)}"
     manifest_path = out / "manifest.json"
     if manifest_path.is_file():
         m = json.loads(manifest_path.read_text())
@@ -373,60 +501,43 @@ def prepare(
         if vocab_path is not None:
             vocabs = mp.load_vocabularies(vocab_path, sparse_names)
         else:
-            first_pass = _Reader(fmt, str(raw), split, readers[0].fixed, num_rows, bounds,
-                                 [] if skipped is not None else None)
-            with tqdm(total=Path(raw).stat().st_size, unit="B", unit_scale=True, disable=not progress,
-                      desc=f"count {raw.name}") as bar:
+            first_pass = [_Reader(fmt, r.path, split, r.fixed, num_rows, bounds, [] if skipped is not None else None)
+                          for r in readers if r.fixed in (None, 0)]
+            with tqdm(total=sum(Path(r.path).stat().st_size for r in first_pass), unit="B", unit_scale=True,
+                      disable=not progress, desc=f"count {raw.name}") as bar:
                 counters = _count_vocabularies(fmt, first_pass, bar)
             distinct = [c.distinct() for c in counters]
             vocabs = [c.build(min_count, n) for c, n in zip(counters, sizes)]
             del counters
         sizes = [v.size for v in vocabs]
 
-    tmp = {s: out / f".{s}.parquet.tmp" for s in SPLITS}
     schema = fmt.output_schema()
-    writers = {s: _SplitWriter(tmp[s], schema, row_group_size) for s in SPLITS}
 
-    stats = np.zeros((3, num_dense))  # train split: count, sum, sum of squares (transformed)
-    missing = np.zeros(num_dense)
-    seen = 0
-    train_labels = np.zeros(2)  # training rows, and of them label 1
     transform = _Transform(fmt, sizes, vocabs, schema)
-    bar = tqdm(total=total_bytes, unit="B", unit_scale=True, desc=f"convert {raw.name}", disable=not progress)
-    try:
-        for reader in readers:
-            for batch, first in reader.batches():
-                where = reader.assign(batch, first)
-                out_batch, block_missing = transform(batch, reader.path, first)
-                bar.update(min(batch.nbytes, max(bar.total - bar.n, 0)))
-                missing += block_missing
-                labels = out_batch.column(0).to_numpy()
-                train = where == 0
-                train_labels += [train.sum(), labels[train].sum()]
-                if num_dense and train.any():
-                    d = np.stack([out_batch.column(1 + j).to_numpy() for j in range(num_dense)],
-                                 axis=1)[train].astype(np.float64)
-                    stats += [np.full(num_dense, len(d)), d.sum(0), (d ** 2).sum(0)]
-                for k, s in enumerate(SPLITS):
-                    mask = where == k
-                    if mask.all():
-                        part = out_batch
-                    elif mask.any():
-                        part = out_batch.filter(pa.array(mask))
-                    else:
-                        continue
-                    writers[s].add(part)
-                seen += batch.num_rows
-    except BaseException:
+    train_files = [path for path, fixed in sources if fixed == 0]
+    if len(train_files) > 1:  # several training files: one worker process per file
+        totals, rows, files, tmp = _convert_in_workers(readers, out, transform, schema, row_group_size, progress)
+        skipped_count, examples = totals.n_skipped, totals.examples
+    else:
+        tmp = {s: out / f".{s}.parquet.tmp" for s in SPLITS}
+        writers = {s: _SplitWriter(tmp[s], schema, row_group_size) for s in SPLITS}
+        bar = tqdm(total=total_bytes, unit="B", unit_scale=True, desc=f"convert {raw.name}", disable=not progress)
+        try:
+            totals = _convert(readers, writers, transform, bar)
+        except BaseException:
+            for w in writers.values():
+                w.discard()
+            raise
+        bar.close()
         for w in writers.values():
-            w.discard()
-        raise
-    bar.close()
-    for w in writers.values():
-        w.close()
-    rows = {s: w.rows for s, w in writers.items()}
+            w.close()
+        rows = {s: w.rows for s, w in writers.items()}
+        files = {s: [f"{s}.parquet"] for s in SPLITS}
+        skipped_count = len(skipped or []) - sum(r.n_examples for r in readers) + sum(r.n_bad_values for r in readers)
+        examples = [{"line": ln, "reason": why} for ln, why in (skipped or [])[:20]]
+    stats, missing, seen, train_labels = totals.stats, totals.missing, totals.seen, totals.labels
     if seen == 0:
-        for t in tmp.values():
+        for t in _flat(tmp):
             t.unlink(missing_ok=True)
         raise DataError(f"{raw}: no rows could be read" + (" (every row was skipped as bad)" if skipped else
                                                            " (the file holds no rows)"))
@@ -442,7 +553,8 @@ def prepare(
                 t.unlink(missing_ok=True)
             raise
     for s in SPLITS:
-        os.replace(tmp[s], out / f"{s}.parquet")
+        for t, name in zip(tmp[s] if isinstance(tmp[s], list) else [tmp[s]], files[s]):
+            os.replace(t, out / name)
     transforms = dict(fmt.transforms)
     mapping_info: dict = {"kind": mapping, "missing_id": mp.MISSING_ID}
     if vocabs is not None:
@@ -459,9 +571,10 @@ def prepare(
     if bounds is not None:
         split_info["row_bounds"] = bounds.tolist()
     manifest = {
-        "source": str(raw.resolve()),
+        "source": str(raw.resolve()) if len(raws) == 1 else [str(r.resolve()) for r in raws],
         "format": fmt.name,
         "rows": rows,
+        "files": files,
         "row_group_size": row_group_size,
         "num_embeddings": sizes,
         "categorical_mapping": mapping_info,
@@ -471,8 +584,8 @@ def prepare(
         "transforms": transforms,
         "split": split_info,
         "rows_written": seen,
-        "rows_skipped": len(skipped or []) - sum(r.n_examples for r in readers) + sum(r.n_bad_values for r in readers),
-        "skipped_examples": [{"line": ln, "reason": why} for ln, why in (skipped or [])[:20]],
+        "rows_skipped": skipped_count,
+        "skipped_examples": examples,
         "dense_stats_train": {
             n: {"mean": float(stats[1, j] / stats[0, j]) if stats[0, j] else None,
                 "std": float(np.sqrt(max(stats[2, j] / stats[0, j] - (stats[1, j] / stats[0, j]) ** 2, 0)))

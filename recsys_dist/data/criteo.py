@@ -397,9 +397,11 @@ def parse_block(chunk: bytes, path: str, first_line: int, names: list[str], *, d
     else:
         raise DataError(f"{path}, from line {first_line}: lines and rows do not match")
     if bad.rows:
-        if skipped is None and bad.rows[0].number is None and use_threads:
+        if bad.rows[0].number is None and use_threads and not removed:
+            # A threaded parse does not tell the line: parse again on one thread to learn it
+            # (nothing was recorded in ``skipped`` yet, since no line was removed).
             return parse_block(chunk, path, first_line, names, delimiter=delimiter, quote_char=quote_char,
-                               describe=describe, use_threads=False, column_types=column_types)  # to learn the line
+                               skipped=skipped, describe=describe, use_threads=False, column_types=column_types)
         lines = [None if r.number is None else first_line + _original(removed, r.number - 1) for r in bad.rows]
         if skipped is None:
             raise DataError(f"{path}, {'a line' if lines[0] is None else f'line {lines[0]}'}: "

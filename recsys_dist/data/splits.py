@@ -58,11 +58,13 @@ class Split:
                      thresholds=None if split.thresholds is None else tuple(split.thresholds),
                      validation_path=split.validation_path, test_path=split.test_path)
 
-    def sources(self, raw_path: str) -> list[tuple[str, Optional[int]]]:
-        """(raw file, the split all its rows go to, or None when rows are assigned one by one)."""
+    def sources(self, raw_path: "str | list[str]") -> list[tuple[str, Optional[int]]]:
+        """(raw file, the split all its rows go to, or None when rows are assigned one by one).
+        ``raw_path``: one file, or (``files``) the training files."""
+        paths = list(raw_path) if isinstance(raw_path, (list, tuple)) else [raw_path]
         if self.by == "files":
-            return [(raw_path, 0), (self.validation_path, 1), (self.test_path, 2)]
-        return [(raw_path, None)]
+            return [(p, 0) for p in paths] + [(self.validation_path, 1), (self.test_path, 2)]
+        return [(paths[0], None)]
 
     def fingerprint(self) -> list:
         """What changes the conversion (for the cache key); position keeps the old key."""
