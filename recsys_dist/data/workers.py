@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import signal
 import struct
 import subprocess
 import sys
@@ -116,6 +117,9 @@ class OrderedPool:
 
 
 def _serve() -> None:
+    # Ctrl-C reaches the whole process group: the parent handles it (and closes our pipes, so
+    # we stop at the next item); a traceback from every worker would only bury its message.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     # Our stdout carries the frames: anything the function prints goes to stderr instead.
     inp = os.fdopen(os.dup(0), "rb")
     out = os.fdopen(os.dup(1), "wb")
