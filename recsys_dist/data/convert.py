@@ -239,6 +239,15 @@ class _Totals:
         self.labels = np.zeros(2)  # training rows, and of them label 1
         self.seen, self.n_skipped, self.examples = 0, 0, []
 
+    def add_train(self, part: pa.RecordBatch) -> None:
+        """Count rows of the training split (label, then the dense columns, as written)."""
+        y = part.column(0).to_numpy()
+        self.labels += [len(y), y.sum()]
+        k = len(self.missing)
+        if k:
+            d = np.stack([part.column(1 + j).to_numpy() for j in range(k)], axis=1).astype(np.float64)
+            self.stats += [np.full(k, len(d)), d.sum(0), (d ** 2).sum(0)]
+
     def add(self, other: "_Totals") -> None:
         self.stats += other.stats
         self.missing += other.missing
@@ -250,8 +259,7 @@ class _Totals:
 
 def _convert(readers: list["_Reader"], writers: dict, transform: _Transform, bar=None) -> _Totals:
     """Rows of ``readers`` to the split writers they belong to (``writers[split]``)."""
-    num_dense = len(transform.fmt.dense_names)
-    t = _Totals(num_dense)
+    t = _Totals(len(transform.fmt.dense_names))
     for reader in readers:
         for batch, first in reader.batches():
             where = reader.assign(batch, first)
@@ -259,13 +267,6 @@ def _convert(readers: list["_Reader"], writers: dict, transform: _Transform, bar
             if bar is not None:
                 bar.update(min(batch.nbytes, max(bar.total - bar.n, 0)))
             t.missing += block_missing
-            labels = out_batch.column(0).to_numpy()
-            train = where == 0
-            t.labels += [train.sum(), labels[train].sum()]
-            if num_dense and train.any():
-                d = np.stack([out_batch.column(1 + j).to_numpy() for j in range(num_dense)],
-                             axis=1)[train].astype(np.float64)
-                t.stats += [np.full(num_dense, len(d)), d.sum(0), (d ** 2).sum(0)]
             for k, s in enumerate(SPLITS):
                 mask = where == k
                 if mask.all():
@@ -275,6 +276,8 @@ def _convert(readers: list["_Reader"], writers: dict, transform: _Transform, bar
                 else:
                     continue
                 writers[s].add(part)
+                if k == 0:
+                    t.add_train(part)
             t.seen += batch.num_rows
     return t
 
@@ -340,12 +343,12 @@ def _unlink(tmp: dict) -> None:
 
 
 def _recut(tmp: dict, out: Path, schema: pa.Schema, bounds: np.ndarray, row_group_size: int,
-           num_dense: int) -> tuple[dict, np.ndarray, np.ndarray]:
+           num_dense: int) -> tuple[dict, _Totals]:
     """Rewrite the position splits in ``tmp`` (train, validation, test: consecutive runs of
-    the kept rows) at ``bounds``; returns the rows per split and the training split's dense
-    statistics and label counts, as the conversion pass computes them."""
+    the kept rows) at ``bounds``; returns the rows per split and the training split's totals
+    (dense statistics and label counts, as the conversion pass counts them)."""
     writers = {s: _SplitWriter(out / f".{s}.parquet.recut", schema, row_group_size) for s in SPLITS}
-    stats, labels = np.zeros((3, num_dense)), np.zeros(2)
+    totals = _Totals(num_dense)
     pos = 0
     try:
         for s in SPLITS:
@@ -359,11 +362,7 @@ def _recut(tmp: dict, out: Path, schema: pa.Schema, bounds: np.ndarray, row_grou
                     part = batch.slice(a - lo, b - a)
                     writers[target].add(part)
                     if k == 0:
-                        y = part.column(0).to_numpy()
-                        labels += [len(y), y.sum()]
-                        if num_dense:
-                            d = np.stack([part.column(1 + j).to_numpy() for j in range(num_dense)], 1).astype(np.float64)
-                            stats += [np.full(num_dense, len(d)), d.sum(0), (d ** 2).sum(0)]
+                        totals.add_train(part)
         for w in writers.values():
             w.close()
     except BaseException:
@@ -372,8 +371,7 @@ def _recut(tmp: dict, out: Path, schema: pa.Schema, bounds: np.ndarray, row_grou
         raise
     for s in SPLITS:
         os.replace(writers[s].path, tmp[s])
-    rows = {s: w.rows for s, w in writers.items()}
-    return rows, stats, labels
+    return {s: w.rows for s, w in writers.items()}, totals
 
 
 def _train_keys(sk: mp.SparseKeys, train: np.ndarray) -> np.ndarray:
@@ -547,7 +545,8 @@ def prepare(
         bounds = np.floor(np.cumsum([0.0, *split.fractions]) * seen + 1e-9).astype(int)
         bounds[-1] = seen
         try:
-            rows, stats, train_labels = _recut(tmp, out, schema, bounds, row_group_size, num_dense)
+            rows, recut = _recut(tmp, out, schema, bounds, row_group_size, num_dense)
+            stats, train_labels = recut.stats, recut.labels
         except BaseException:
             for t in tmp.values():
                 t.unlink(missing_ok=True)
