@@ -123,7 +123,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         from recsys_dist.data.criteo import DataError
 
         rows = ", ".join(f"{k} {v}" for k, v in prepared.rows.items())
-        raise DataError(f"{d.raw_path}: the training split is empty ({rows} rows); give more rows or change "
+        where = d.raw_path if isinstance(d.raw_path, str) else f"{len(d.raw_path)} training files ({d.raw_path[0]} ..)"
+        raise DataError(f"{where}: the training split is empty ({rows} rows); give more rows or change "
                         "data.split")
     if resume is not None:
         from recsys_dist.checkpoint import read_meta
@@ -363,7 +364,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--data", required=True, help="raw file in the model's data format (.gz ok; predict also takes Kaggle's "
                             "unlabelled test.txt) or a converted Parquet file")
         if name == "predict":
-            p.add_argument("--out", required=True, help="output Parquet file")
+            p.add_argument("--out", required=True, help="output file: Parquet, or CSV when it ends in .csv")
         p.set_defaults(func=cmd_evaluate if name == "evaluate" else cmd_predict)
 
     p = sub.add_parser("bench", help="throughput vs peers and the hardware limit, one table of ratios "

@@ -116,8 +116,8 @@ def score(cfg: RunConfig, model: CTRTask, data: str | Path, batch_size: int = 40
 
 
 def write_predictions(scores: dict[str, np.ndarray], out: str | Path) -> None:
-    """Parquet with ``row`` (int64, 0-based file order), ``label`` (null when the input had
-    none), ``logit``, ``probability``."""
+    """Columns ``row`` (int64, 0-based file order), ``label`` (null when the input had none),
+    ``logit``, ``probability``: CSV when ``out`` ends in ``.csv``, else Parquet."""
     logit = scores["logit"]
     table = pa.table({
         "row": np.arange(len(logit), dtype=np.int64),
@@ -125,4 +125,9 @@ def write_predictions(scores: dict[str, np.ndarray], out: str | Path) -> None:
         "logit": logit,
         "probability": (1.0 / (1.0 + np.exp(-logit.astype(np.float64)))).astype(np.float32),
     })
-    pq.write_table(table, str(out))
+    if str(out).lower().endswith(".csv"):
+        import pyarrow.csv as pacsv
+
+        pacsv.write_csv(table, str(out))
+    else:
+        pq.write_table(table, str(out))

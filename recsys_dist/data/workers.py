@@ -59,6 +59,7 @@ class OrderedPool:
     """
 
     def __init__(self, n: int, fn: Callable) -> None:
+        self.procs: list = []
         root = str(Path(__file__).resolve().parents[2])
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
         self.procs = [subprocess.Popen([sys.executable, "-m", "recsys_dist.data.workers"], stdin=subprocess.PIPE,
@@ -116,10 +117,24 @@ class OrderedPool:
                 p.wait()
 
 
+def _die_with_parent() -> None:
+    """Linux: get SIGTERM when the parent process dies (even by SIGKILL), instead of converting
+    on for nobody; elsewhere the closed pipe stops us after the current item."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() == 1:  # the parent died before prctl took effect
+        os._exit(1)
+
+
 def _serve() -> None:
     # Ctrl-C reaches the whole process group: the parent handles it (and closes our pipes, so
     # we stop at the next item); a traceback from every worker would only bury its message.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _die_with_parent()
     # Our stdout carries the frames: anything the function prints goes to stderr instead.
     inp = os.fdopen(os.dup(0), "rb")
     out = os.fdopen(os.dup(1), "wb")
