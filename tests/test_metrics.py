@@ -162,3 +162,18 @@ def test_streaming_state_is_fixed_size_and_rejects_bad_input():
     assert merged is not s and torch.equal(merged.state, s.state)
     s.reset()
     assert s.compute()["num_examples"] == 0
+
+
+def test_predictions_are_written_as_csv_or_parquet_by_the_file_name(tmp_path):
+    import numpy as np
+    import pyarrow.csv as pacsv
+    import pyarrow.parquet as pq
+
+    from recsys_dist.export import write_predictions
+
+    scores = {"logit": np.array([0.0, 2.0], np.float32), "label": np.array([1.0, np.nan])}
+    write_predictions(scores, tmp_path / "p.csv")
+    write_predictions(scores, tmp_path / "p.parquet")
+    for t in (pacsv.read_csv(tmp_path / "p.csv"), pq.read_table(tmp_path / "p.parquet")):
+        assert t.column("row").to_pylist() == [0, 1] and t.column("label").to_pylist() == [1.0, None]
+        assert t.column("probability").to_pylist()[0] == 0.5
