@@ -211,6 +211,14 @@ def init_is_sharding_independent(rank: int, world_size: int, sharding_types: lis
     return out
 
 
+def criteo_batch(g: torch.Generator, B: int) -> CTRBatch:
+    """A random one-hot batch in the quickstart's layout (13 dense, C1..C26 ids < 10,000)."""
+    kjt = KeyedJaggedTensor(keys=[f"C{i}" for i in range(1, 27)], values=torch.randint(0, 10000, (26 * B,), generator=g),
+                            lengths=torch.ones(26 * B, dtype=torch.int32), stride=B)
+    return CTRBatch(dense_features=torch.rand(B, 13, generator=g), sparse_features=kjt,
+                    labels=torch.randint(0, 2, (B,), generator=g).float(), weights=torch.ones(B))
+
+
 def models_sharded_vs_unsharded(rank: int, world_size: int, names: list[str]) -> dict:
     """Each zoo model through the trainer's sharding path: same logits as unsharded."""
     from recsys_dist.config import load_config
@@ -227,13 +235,7 @@ def models_sharded_vs_unsharded(rank: int, world_size: int, names: list[str]) ->
         ref = build_model(cfg, torch.device("cpu"), tables_device=torch.device("cpu"))
         dmp, _, _ = shard_model(cfg, ctx)
         load_full_state_dict(dmp.state_dict(), ref.state_dict())
-        g = torch.Generator().manual_seed(5)
-        B = 8
-        kjt = KeyedJaggedTensor(keys=[f"C{i}" for i in range(1, 27)],
-                                values=torch.randint(0, 10000, (26 * B,), generator=g),
-                                lengths=torch.ones(26 * B, dtype=torch.int32), stride=B)
-        batch = CTRBatch(dense_features=torch.rand(B, 13, generator=g), sparse_features=kjt,
-                         labels=torch.randint(0, 2, (B,), generator=g).float(), weights=torch.ones(B))
+        batch = criteo_batch(torch.Generator().manual_seed(5), 8)
         dmp.eval(), ref.eval()
         got = dmp(batch)[1][1]
         want = ref(batch)[1][1]
@@ -269,12 +271,7 @@ def one_rank_without_ddp(rank: int, world_size: int, steps: int) -> dict:
     losses = {"ours": [], "ddp": []}
     g = torch.Generator().manual_seed(5)
     for step in range(steps):
-        B = 16
-        kjt = KeyedJaggedTensor(keys=[f"C{i}" for i in range(1, 27)],
-                                values=torch.randint(0, 10000, (26 * B,), generator=g),
-                                lengths=torch.ones(26 * B, dtype=torch.int32), stride=B)
-        batch = CTRBatch(dense_features=torch.rand(B, 13, generator=g), sparse_features=kjt,
-                         labels=torch.randint(0, 2, (B,), generator=g).float(), weights=torch.ones(B))
+        batch = criteo_batch(g, 16)
         for name, dmp, opt in (("ours", ours, opt_ours), ("ddp", ddp, opt_ddp)):
             loss = dmp(batch)[0]
             loss.backward()
