@@ -26,7 +26,7 @@ from tqdm import tqdm
 
 from recsys_dist.data import mapping as mp
 from recsys_dist.data.prefetch import prefetched
-from recsys_dist.data.criteo import TRANSFORM_VERSION, DataError
+from recsys_dist.data.criteo import LINE_COLUMN, TRANSFORM_VERSION, DataError
 from recsys_dist.data.workers import OrderedPool, WorkerDied
 from recsys_dist.data.splits import SPLITS, Split, position_assign, random_assign, time_assign
 
@@ -128,8 +128,11 @@ class _Reader:
                 if self.skipped is not None:
                     bad, reasons = self.fmt.bad_row_mask(batch)
                     if bad.any():
+                        line_col = batch.column(LINE_COLUMN) if LINE_COLUMN in batch.schema.names else None
                         for i, why in zip(np.flatnonzero(bad)[:20], reasons[:20]):
-                            self.skipped.append((None, f"row {kept + int(i) + 1}: {why}"))
+                            line = None if line_col is None else line_col[int(i)].as_py()
+                            self.skipped.append((line, why) if line is not None else
+                                                (None, f"row {kept + int(i) + 1}: {why}"))
                             self.n_examples += 1
                         self.n_bad_values += int(bad.sum())
                         batch = batch.filter(pa.array(~bad))

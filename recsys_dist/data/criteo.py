@@ -34,6 +34,7 @@ SPARSE_NAMES = [f"C{i}" for i in range(1, NUM_SPARSE + 1)]
 COLUMNS = ["label"] + DENSE_NAMES + SPARSE_NAMES
 SPLITS = ("train", "validation", "test")
 BLOCK_BYTES = 8 << 20
+LINE_COLUMN = "__line__"  # under on_bad_row: skip, the file line of each parsed row
 BOM = b"\xef\xbb\xbf"  # a UTF-8 byte order mark, dropped from the start of a file
 TRANSFORM_VERSION = 1
 
@@ -370,14 +371,13 @@ def parse_block(chunk: bytes, path: str, first_line: int, names: list[str], *, d
     if blank.size:
         chunk = drop([(int(i), "blank line") for i in blank])
     describe = describe or (lambda row: f"expected {row.expected_columns} fields, got {row.actual_columns}")
-    for _ in range(3):
-        if not chunk:
-            return pa.table({n: pa.array([], pa.string()) for n in names})
+
+    def read(threads: bool) -> tuple[pa.Table, _BadRows]:
         bad = _BadRows()
         try:
             table = pacsv.read_csv(
                 pa.py_buffer(chunk),
-                read_options=pacsv.ReadOptions(column_names=names, use_threads=use_threads),
+                read_options=pacsv.ReadOptions(column_names=names, use_threads=threads),
                 parse_options=pacsv.ParseOptions(delimiter=delimiter, quote_char=quote_char,
                                                  ignore_empty_lines=False, invalid_row_handler=bad),
                 convert_options=pacsv.ConvertOptions(column_types={n: (column_types or {}).get(n, pa.string())
@@ -386,6 +386,12 @@ def parse_block(chunk: bytes, path: str, first_line: int, names: list[str], *, d
             )
         except pa.ArrowInvalid as err:
             raise DataError(f"{path}, from line {first_line}: {err}") from None
+        return table, bad
+
+    for _ in range(3):
+        if not chunk:
+            return pa.table({n: pa.array([], pa.string()) for n in names})
+        table, bad = read(use_threads)
         if table.num_rows + len(bad.rows) == _num_lines(chunk):
             break
         found = _split_lines(chunk, names, delimiter, quote_char)
@@ -397,18 +403,29 @@ def parse_block(chunk: bytes, path: str, first_line: int, names: list[str], *, d
     else:
         raise DataError(f"{path}, from line {first_line}: lines and rows do not match")
     if bad.rows:
-        if bad.rows[0].number is None and use_threads and not removed:
-            # A threaded parse does not tell the line: parse again on one thread to learn it
-            # (nothing was recorded in ``skipped`` yet, since no line was removed).
-            return parse_block(chunk, path, first_line, names, delimiter=delimiter, quote_char=quote_char,
-                               skipped=skipped, describe=describe, use_threads=False, column_types=column_types)
+        if bad.rows[0].number is None and use_threads:
+            table, bad = read(False)  # a threaded parse does not tell the line: once more on one thread
         lines = [None if r.number is None else first_line + _original(removed, r.number - 1) for r in bad.rows]
         if skipped is None:
             raise DataError(f"{path}, {'a line' if lines[0] is None else f'line {lines[0]}'}: "
                             f"{describe(bad.rows[0])}")
         skipped += [(ln, f"{r.actual_columns} fields, expected {r.expected_columns}")
                     for ln, r in zip(lines, bad.rows)]
+    if skipped is not None and table.num_rows and all(r.number is not None for r in bad.rows):
+        # Under skip, each row's file line, so a value rejected later is reported by its line.
+        lines = _row_lines(_num_lines(chunk), first_line, removed, [r.number - 1 for r in bad.rows])
+        if len(lines) == table.num_rows:
+            table = table.append_column(LINE_COLUMN, pa.array(lines, pa.int64()))
     return table
+
+
+def _row_lines(n_lines: int, first_line: int, removed: list[int], invalid: list[int]) -> np.ndarray:
+    """File lines of the rows of a block of ``n_lines`` lines, once ``invalid`` of them (indices
+    in the block as parsed) gave no row, after ``removed`` (indices in the original block)
+    were cut out of it."""
+    kept = np.setdiff1d(np.arange(n_lines), np.asarray(invalid, dtype=np.int64))
+    original = np.setdiff1d(np.arange(n_lines + len(removed)), np.asarray(removed, dtype=np.int64))
+    return first_line + original[kept]
 
 
 def _original(removed: list[int], i: int) -> int:
