@@ -470,6 +470,10 @@ def prepare(
     if len(raws) > 1 and split.by != "files":
         raise ValueError(f"several raw files are the training data of split.by 'files', not split.by {split.by!r}")
     raw = raws[0]
+    twice = sorted({str(r) for r in raws if sum(x.resolve() == r.resolve() for x in raws) > 1})
+    if twice:
+        log.warning(f"data.raw_path lists {', '.join(twice)} more than once: its rows will be in the training "
+                    "split that many times")
     sources = split.sources([str(r) for r in raws])
     for path, _ in sources:
         p = Path(path)

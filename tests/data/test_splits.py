@@ -146,3 +146,12 @@ def test_a_list_of_raw_files_resolves_against_the_config_and_is_checked(tmp_path
     assert cfg.data.raw_path == [str(tmp_path / "d0.txt"), str(tmp_path / "d1.txt")]
     with pytest.raises(ConfigError, match=r"data.raw_path: file .*d1.txt does not exist"):
         check_before_launch(cfg)
+
+
+def test_a_training_file_listed_twice_is_warned_about(tmp_path, cache_dir, capsys):
+    for name in ("d.txt", "v.txt", "t.txt"):
+        (tmp_path / name).write_text(base_row() + "\n")
+    split = Split(by="files", validation_path=str(tmp_path / "v.txt"), test_path=str(tmp_path / "t.txt"))
+    p = prepare(CRITEO, [str(tmp_path / "d.txt"), str(tmp_path / "d.txt")], 100, split)
+    assert p.rows["train"] == 2
+    assert "d.txt more than once" in capsys.readouterr().err
