@@ -323,7 +323,6 @@ def _convert_in_workers(readers: list["_Reader"], out: Path, transform: _Transfo
     jobs = [(r.path, r.fixed, str(tmp[s][i])) for s in SPLITS for i, r in enumerate(per_split[s])]
     totals, rows = _Totals(len(transform.fmt.dense_names)), dict.fromkeys(SPLITS, 0)
     bar = tqdm(total=len(jobs), unit="file", desc=f"convert {len(jobs)} files", disable=not progress)
-    restore = _sigterm_raises()
     try:
         with OrderedPool(min(len(jobs), os.cpu_count() or 1),
                          _SourceJob(readers[0], transform, schema, row_group_size)) as pool:
@@ -333,30 +332,12 @@ def _convert_in_workers(readers: list["_Reader"], out: Path, transform: _Transfo
                 bar.update(1)
     except WorkerDied as err:
         _unlink(tmp)
-        raise DataError(f"{readers[0].path}: {err}") from None
+        raise DataError(f"converting {len(jobs)} files: {err}") from None
     except BaseException:
         _unlink(tmp)
         raise
-    finally:
-        restore()
     bar.close()
     return totals, rows, names, tmp
-
-
-def _sigterm_raises():
-    """While workers run: SIGTERM raises SystemExit(143) here, so the workers are stopped and
-    the partial files removed as on Ctrl-C. Returns the function that restores the handler."""
-    import signal
-    import threading
-
-    if threading.current_thread() is not threading.main_thread():
-        return lambda: None
-
-    def on_term(signum, frame):
-        raise SystemExit(128 + signum)
-
-    old = signal.signal(signal.SIGTERM, on_term)
-    return lambda: signal.signal(signal.SIGTERM, old)
 
 
 def _unlink(tmp: dict) -> None:

@@ -19,6 +19,7 @@ import signal
 import struct
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
@@ -51,55 +52,77 @@ class OrderedPool:
     """``n`` worker processes applying ``fn(*item)``; ``fn`` is pickled once per worker.
 
     Use as a context manager; :meth:`map` yields ``(item, fn(*item))`` in input order. An
-    exception raised by ``fn`` is re-raised here, in order (so the first bad block of a file
-    is the one reported); the items after it are not waited for.
+    exception raised by ``fn`` is re-raised here, in order (so the first bad file of a list is
+    the one reported); the items after it are not waited for. While the pool is open in the
+    main thread, SIGTERM raises ``SystemExit(143)`` here, so the workers are stopped on the way
+    out as on Ctrl-C.
 
     Raises:
-        WorkerDied: a worker exited without answering (its exit code in the message).
+        WorkerDied: a worker exited without answering (its exit code and item in the message).
     """
 
     def __init__(self, n: int, fn: Callable) -> None:
-        self.procs: list = []
         root = str(Path(__file__).resolve().parents[2])
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
-        self.procs = [subprocess.Popen([sys.executable, "-m", "recsys_dist.data.workers"], stdin=subprocess.PIPE,
-                                       stdout=subprocess.PIPE, env=env) for _ in range(n)]
-        for p in self.procs:
-            _send(p.stdin, fn)
+        self.procs: list[subprocess.Popen] = []
+        self._old_sigterm = None
+        try:
+            for _ in range(n):
+                self.procs.append(subprocess.Popen([sys.executable, "-m", "recsys_dist.data.workers"],
+                                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env))
+            for p in self.procs:
+                self._give(p, fn, "its function")
+        except BaseException:
+            self.close()
+            raise
 
     def map(self, items: Iterable[tuple]) -> Iterator[tuple[tuple, Any]]:
         n, sent = len(self.procs), []
         it = iter(items)
         for k, item in zip(range(n), it):
-            _send(self.procs[k].stdin, item)
+            self._give(self.procs[k], item, item)
             sent.append(item)
         k = 0
         while k < len(sent):
             proc = self.procs[k % n]
-            result = self._result(proc)
+            result = self._result(proc, sent[k])
             nxt = next(it, None)
             if nxt is not None:
-                _send(proc.stdin, nxt)
+                self._give(proc, nxt, nxt)
                 sent.append(nxt)
             yield sent[k], result
             sent[k] = None  # the item is the caller's now; do not keep it alive
             k += 1
 
-    def _result(self, proc: subprocess.Popen):
+    @staticmethod
+    def _give(proc: subprocess.Popen, obj, what) -> None:
+        try:
+            _send(proc.stdin, obj)
+        except (BrokenPipeError, OSError):
+            raise WorkerDied(f"a worker process ended before taking {_short(what)} (exit code {proc.wait()})") from None
+
+    @staticmethod
+    def _result(proc: subprocess.Popen, item):
         try:
             status, value = _recv(proc.stdout)
         except EOFError:
-            raise WorkerDied(f"a conversion worker process ended without answering (exit code {proc.wait()}; "
-                             "out of memory?)") from None
+            raise WorkerDied(f"a worker process ended without answering for {_short(item)} "
+                             f"(exit code {proc.wait()}; out of memory?)") from None
         if status == "err":
             raise value
         return value
 
     def __enter__(self) -> "OrderedPool":
+        if threading.current_thread() is threading.main_thread():
+            self._old_sigterm = signal.signal(signal.SIGTERM, _sigterm_exits)
         return self
 
     def __exit__(self, *exc) -> None:
-        self.close()
+        try:
+            self.close()
+        finally:
+            if self._old_sigterm is not None:
+                signal.signal(signal.SIGTERM, self._old_sigterm)
 
     def close(self) -> None:
         """Stop the workers; one busy with an item gets a broken pipe on answering and exits."""
@@ -115,6 +138,15 @@ class OrderedPool:
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
+
+
+def _sigterm_exits(signum, frame) -> None:
+    raise SystemExit(128 + signum)
+
+
+def _short(item) -> str:
+    text = repr(item[0] if isinstance(item, tuple) and item else item)
+    return text if len(text) <= 120 else text[:117] + "..."
 
 
 def _die_with_parent() -> None:
