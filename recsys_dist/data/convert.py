@@ -304,7 +304,7 @@ class _SourceJob:
             raise
         writer.close()
         if skipped is not None:
-            totals.n_skipped = len(skipped) - reader.n_examples + reader.n_bad_values
+            totals.n_skipped = _rows_skipped(skipped, [reader])
             totals.examples = [{"file": Path(path).name, "line": ln, "reason": why} for ln, why in skipped[:20]]
         return writer.rows, totals
 
@@ -375,6 +375,19 @@ def _recut(tmp: dict, out: Path, schema: pa.Schema, bounds: np.ndarray, row_grou
     for s in SPLITS:
         os.replace(writers[s].path, tmp[s])
     return {s: w.rows for s, w in writers.items()}, totals
+
+
+def _position_bounds(fractions, total: int) -> np.ndarray:
+    """Row bounds [0, train end, validation end, total] of a position split of ``total`` rows."""
+    bounds = np.floor(np.cumsum([0.0, *fractions]) * total + 1e-9).astype(int)
+    bounds[-1] = total
+    return bounds
+
+
+def _rows_skipped(skipped: list, readers: list["_Reader"]) -> int:
+    """Rows left out: ``skipped`` holds every bad line and up to 20 examples of rejected values
+    per block, so the values are counted by the readers instead."""
+    return len(skipped) - sum(r.n_examples for r in readers) + sum(r.n_bad_values for r in readers)
 
 
 def _train_keys(sk: mp.SparseKeys, train: np.ndarray) -> np.ndarray:
@@ -494,8 +507,7 @@ def prepare(
             # parse of the file). Under hash mapping the splits are cut again at the end instead.
             counter = _Reader(fmt, str(raw), split, None, num_rows, np.array([0, total, total, total]), [])
             total = sum(batch.num_rows for batch, _ in counter.batches())
-        bounds = np.floor(np.cumsum([0.0, *split.fractions]) * total + 1e-9).astype(int)
-        bounds[-1] = total
+        bounds = _position_bounds(split.fractions, total)
     readers = [_Reader(fmt, path, split, fixed, num_rows, bounds, skipped) for path, fixed in sources]
     total_bytes = sum(Path(p).stat().st_size for p, _ in sources)
     out.mkdir(parents=True, exist_ok=True)
@@ -538,7 +550,7 @@ def prepare(
             w.close()
         rows = {s: w.rows for s, w in writers.items()}
         files = {s: [f"{s}.parquet"] for s in SPLITS}
-        skipped_count = len(skipped or []) - sum(r.n_examples for r in readers) + sum(r.n_bad_values for r in readers)
+        skipped_count = _rows_skipped(skipped or [], readers)
         examples = [{"line": ln, "reason": why} for ln, why in (skipped or [])[:20]]
     stats, missing, seen, train_labels = totals.stats, totals.missing, totals.seen, totals.labels
     if seen == 0:
@@ -549,8 +561,7 @@ def prepare(
     if bounds is not None and seen != bounds[-1]:
         # Rows were skipped: the bounds (from the line count) would take them all out of the
         # last split. The splits are consecutive runs of the kept rows, so cut them again.
-        bounds = np.floor(np.cumsum([0.0, *split.fractions]) * seen + 1e-9).astype(int)
-        bounds[-1] = seen
+        bounds = _position_bounds(split.fractions, seen)
         try:
             rows, recut = _recut(tmp, out, schema, bounds, row_group_size, num_dense)
             stats, train_labels = recut.stats, recut.labels
