@@ -123,8 +123,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         from recsys_dist.data.criteo import DataError
 
         rows = ", ".join(f"{k} {v}" for k, v in prepared.rows.items())
-        where = d.raw_path if isinstance(d.raw_path, str) else f"{len(d.raw_path)} training files ({d.raw_path[0]} ..)"
-        raise DataError(f"{where}: the training split is empty ({rows} rows); give more rows or change "
+        from recsys_dist.config import describe_raw_path
+
+        raise DataError(f"{describe_raw_path(d.raw_path)}: the training split is empty ({rows} rows); give more rows or change "
                         "data.split")
     if resume is not None:
         from recsys_dist.checkpoint import read_meta
@@ -253,10 +254,9 @@ def cmd_preprocess(args: argparse.Namespace) -> int:
     prepared = prepare_from_config(cfg, progress=not args.quiet)
     manifest = json.loads((prepared.directory / "manifest.json").read_text())
     rows = ", ".join(f"{k} {v:,}" for k, v in prepared.rows.items())
-    source = manifest["source"]
-    if isinstance(source, list):
-        source = f"{len(source)} training files ({Path(source[0]).name} .. {Path(source[-1]).name})"
-    print(f"recsys-dist: {source} -> {prepared.directory}\n  rows: {rows}; "
+    from recsys_dist.config import describe_raw_path
+
+    print(f"recsys-dist: {describe_raw_path(manifest['source'])} -> {prepared.directory}\n  rows: {rows}; "
           f"skipped {manifest['rows_skipped']:,}\n  manifest: {prepared.directory / 'manifest.json'}")
     return 0
 

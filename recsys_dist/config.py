@@ -676,6 +676,13 @@ def raw_paths(cfg: RunConfig) -> list[str]:
     return [] if r is None else list(r) if isinstance(r, list) else [r]
 
 
+def describe_raw_path(raw: "str | list[str] | None") -> str:
+    """``data.raw_path`` for a message: the file, or "N training files (first .. last)"."""
+    if isinstance(raw, list) and len(raw) > 1:
+        return f"{len(raw)} training files ({Path(raw[0]).name} .. {Path(raw[-1]).name})"
+    return str(raw[0] if isinstance(raw, list) else raw)
+
+
 def check_before_launch(cfg: RunConfig, world_size: int | None = None) -> None:
     """Checks that need the filesystem or the machine, run before any rank is spawned.
 
