@@ -143,10 +143,11 @@ def plain_pytorch(batches: list[Batch], sizes: list[int], dim: int, bottom: list
     return step
 
 
-def mlp_alone(in_features: int, sizes: list[int], batch: int, seconds: float = 1.0) -> float:
+def mlp_alone(in_features: int, sizes: list[int], batch: int, seconds: float = 1.0, bf16: bool = False) -> float:
     """samples/s of a deep MLP alone (``in_features`` -> ``sizes`` -> 1, ReLU), forward, backward
     and Adagrad on a fixed batch, on this process's threads: what DeepFM's deep part costs any
-    implementation, the ceiling of item 3 at small tables."""
+    implementation, the ceiling of item 3 at small tables. ``bf16``: forward under bfloat16
+    autocast, as ``train.precision: bf16-mixed``."""
     layers: list[nn.Module] = []
     for size in sizes:
         layers += [nn.Linear(in_features, size), nn.ReLU()]
@@ -156,7 +157,9 @@ def mlp_alone(in_features: int, sizes: list[int], batch: int, seconds: float = 1
     opt = torch.optim.Adagrad(mlp.parameters(), lr=0.01)
 
     def step() -> None:
-        mlp(x).sum().backward()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            y = mlp(x)
+        y.float().sum().backward()
         opt.step()
         opt.zero_grad()
 

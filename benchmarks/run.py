@@ -59,7 +59,8 @@ def overrides(spec: dict, model: str) -> list[str]:
     common = [f"data.raw_path={spec['raw']}", f"data.cache_dir={spec['cache']}", "data.split=[0.98,0.01,0.01]",
               f"train.batch_size={spec['batch']}", f"train.epochs={spec['reps']}", "train.progress_bar=false",
               "checkpoint.enabled=false", f"distributed.nproc_per_node={spec['world']}",
-              f"distributed.device={spec['device']}", "eval.batch_size=1024"]
+              f"distributed.device={spec['device']}", "eval.batch_size=1024",
+              f"train.precision={spec.get('precision', 'fp32')}"]
     if model == "mlperf":
         from recsys_dist.config import load_config
 
@@ -140,6 +141,9 @@ def deepctr_sweep(spec: dict, quick: bool, python: str) -> list[dict]:
             return [{"rows_per_table": n, "theirs": theirs}]
         ours = run_ranks(deepfm_one_rank, 1, one, timeout_s=1800)[0]
         out.append({"rows_per_table": n, "theirs": theirs, "ours": ours})
+        if n == 10**4:  # where the MLP's matmuls are most of our step
+            out[-1]["ours_bf16"] = run_ranks(deepfm_one_rank, 1, {**one, "precision": "bf16-mixed"},
+                                             timeout_s=1800)[0]
     import torch
 
     from benchmarks.baselines import mlp_alone
@@ -148,6 +152,7 @@ def deepctr_sweep(spec: dict, quick: bool, python: str) -> list[dict]:
     torch.set_num_threads(os.cpu_count() or 1)
     width = 26 * m.embedding_dim + 13
     out[0]["mlp_alone"] = mlp_alone(width, m.deep_layer_sizes, spec["batch"] * spec["world"])
+    out[0]["mlp_alone_bf16"] = mlp_alone(width, m.deep_layer_sizes, spec["batch"] * spec["world"], bf16=True)
     out[0]["mlp_shape"] = [width, *m.deep_layer_sizes, 1]
     return out
 
@@ -345,8 +350,15 @@ def print_table(spec, cfg, res, theirs, grow, train_rows, copies, args, hardware
                  "not interleaved", point["ours"], them["samples_per_s"], "samples/s", 5)
             if "mlp_alone" in point:
                 line("3", "ceiling at 10^4 rows", f"the deep MLP alone ({'-'.join(map(str, point['mlp_shape']))}, "
-                     f"fwd + bwd + Adagrad, batch {B * W}, {os.cpu_count()} threads): the most any DeepFM can reach "
-                     "here, vs DeepCTR-Torch", point["mlp_alone"], them["samples_per_s"], "samples/s")
+                     f"fwd + bwd + Adagrad, batch {B * W}, {os.cpu_count()} threads): the most any float32 DeepFM "
+                     "can reach here, vs DeepCTR-Torch", point["mlp_alone"], them["samples_per_s"], "samples/s")
+            if "ours_bf16" in point:
+                line("3", "bf16-mixed vs DeepCTR-Torch, 10^4 rows per table",
+                     "as the 10^4 line, ours with train.precision=bf16-mixed (the MLP's matmuls in bfloat16 "
+                     "autocast, weights and optimizer float32) vs DeepCTR-Torch in float32 (it has no mixed "
+                     "precision)", point["ours_bf16"], them["samples_per_s"], "samples/s", 5)
+                line("3", "bf16-mixed ceiling at 10^4 rows", "the deep MLP alone as above, under bfloat16 "
+                     "autocast, vs DeepCTR-Torch", point["mlp_alone_bf16"], them["samples_per_s"], "samples/s")
     line("4", "pipelining", f"TrainPipelineSparseDist / TrainPipelineBase, our sharded model, world size {W}, "
          "in-memory batches", med["pipe_sparse_dist"], med["pipe_base"], "samples/s", None,
          paired("pipe_sparse_dist", "pipe_base"))

@@ -74,21 +74,25 @@ def build_model(cfg: RunConfig, device: torch.device, tables_device: torch.devic
     model, e.g. for export); dense parameters are created on ``device`` from the torch seed.
     """
     tdev = tables_device or torch.device("meta")
+
+    def task(model: torch.nn.Module) -> CTRTask:
+        return CTRTask(model, device.type if cfg.train.precision == "bf16-mixed" else None)
+
     ebc = EmbeddingBagCollection(tables=embedding_configs(cfg, "t_"), device=tdev)
     dense_names, sparse_names = feature_names(cfg)
     m, num_dense = cfg.model, len(dense_names)
     opts = dict(dropout=m.dropout, norm=m.norm, activation=m.activation, init_std=m.mlp_init_std)
     if m.name == "dcnv2":
-        return CTRTask(DCNv2(ebc, num_dense, sparse_names, m.embedding_dim, m.deep_layer_sizes, m.dcn_num_layers,
+        return task(DCNv2(ebc, num_dense, sparse_names, m.embedding_dim, m.deep_layer_sizes, m.dcn_num_layers,
                              m.cross_low_rank_dim, m.dcn_structure, device=device, **opts))
     if m.name == "xdeepfm":
         first = EmbeddingBagCollection(tables=embedding_configs(cfg, "w_"), device=tdev)
-        return CTRTask(XDeepFM(ebc, first, num_dense, sparse_names, m.embedding_dim, m.deep_layer_sizes,
+        return task(XDeepFM(ebc, first, num_dense, sparse_names, m.embedding_dim, m.deep_layer_sizes,
                                m.cin_layer_sizes, device=device, **opts))
     if m.name in ("deepfm", "wide_deep"):
         first = EmbeddingBagCollection(tables=embedding_configs(cfg, "w_"), device=tdev)
         cls = DeepFM if m.name == "deepfm" else WideDeep
-        return CTRTask(cls(ebc, first, num_dense, sparse_names, m.embedding_dim, m.deep_layer_sizes, device=device,
+        return task(cls(ebc, first, num_dense, sparse_names, m.embedding_dim, m.deep_layer_sizes, device=device,
                            **opts))
     common = dict(
         embedding_bag_collection=ebc,
@@ -101,4 +105,4 @@ def build_model(cfg: RunConfig, device: torch.device, tables_device: torch.devic
         model = DLRM_DCN(dcn_num_layers=cfg.model.dcn_num_layers, dcn_low_rank_dim=cfg.model.dcn_low_rank_dim, **common)
     else:
         model = DLRM(**common)
-    return CTRTask(model)
+    return task(model)

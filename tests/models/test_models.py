@@ -35,6 +35,32 @@ def test_shapes_and_gradient_flow(name):
     assert not no_grad, no_grad
 
 
+@pytest.mark.parametrize("name", MODELS)
+def test_bf16_mixed_runs_the_matmuls_in_bf16_and_keeps_float32_state(name):
+    extra = ["model.dcn_low_rank_dim=8"] if name == "dlrm_dcnv2" else []
+    models = {}
+    for precision in ("fp32", "bf16-mixed"):
+        cfg = load_config(QUICKSTART, [f"model.name={name}", "data.num_embeddings=100", f"train.precision={precision}",
+                                       *extra])
+        torch.manual_seed(0)
+        models[precision] = build_model(cfg, torch.device("cpu"), tables_device=torch.device("cpu"))
+    ref, mixed = models["fp32"], models["bf16-mixed"]
+    mixed.load_state_dict(ref.state_dict())
+    linear_out = []
+    first = next(m for m in mixed.modules() if isinstance(m, torch.nn.Linear))
+    first.register_forward_hook(lambda mod, args, out: linear_out.append(out.dtype))
+    loss, (_, logits, _, _) = mixed(batch(64))
+    want_loss, (_, want, _, _) = ref(batch(64))
+    assert linear_out == [torch.bfloat16] and logits.dtype == loss.dtype == torch.float32
+    # bfloat16 keeps 8 significant bits: logits agree to about 1% of their scale.
+    assert (logits - want).abs().max() <= 0.02 * want.abs().max() + 1e-3
+    assert loss.item() == pytest.approx(want_loss.item(), rel=0.01)
+    loss.backward()
+    for n, p in mixed.named_parameters():
+        assert p.dtype == torch.float32 and p.grad is not None and p.grad.dtype == torch.float32, n
+        assert p.grad.abs().sum() > 0, n
+
+
 def test_first_order_tables_only_where_the_model_has_them():
     names = lambda m: {t.name[:2] for t in embedding_configs(load_config(QUICKSTART, [f"model.name={m}"]))}  # noqa: E731
     assert names("deepfm") == names("wide_deep") == names("xdeepfm") == {"t_", "w_"}
