@@ -67,7 +67,7 @@ def _mean_of_all_columns(kt: KeyedTensor, num_features: int) -> torch.Tensor:
 @torch.fx.wrap
 def _in_order(kt: KeyedTensor, features: list[str]) -> torch.Tensor:
     values, keys = kt.values(), kt.keys()
-    v = values.view(values.shape[0], len(keys), -1)
+    v = values.reshape(values.shape[0], len(keys), -1)
     if keys == features:
         return v
     order = [keys.index(f) for f in features]
