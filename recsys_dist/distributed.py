@@ -58,8 +58,9 @@ def init_distributed(cfg: RunConfig, timeout_s: float = 600.0) -> DistContext:
     """Create the default process group (gloo on CPU, nccl on CUDA).
 
     Under a launcher the rank and world size come from its environment; otherwise a
-    single-rank group is made in-process. On CPU the intra-op threads are split between
-    the ranks that share this machine.
+    single-rank group is made in-process. On CPU each rank runs
+    ``distributed.cpu_threads_per_rank`` intra-op threads, by default an equal share of
+    this machine's cores.
     """
     if under_launcher():
         rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -72,7 +73,7 @@ def init_distributed(cfg: RunConfig, timeout_s: float = 600.0) -> DistContext:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     else:
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
+        torch.set_num_threads(cfg.distributed.cpu_threads_per_rank or max(1, (os.cpu_count() or 1) // local_world))
     if not dist.is_initialized():
         if under_launcher():
             dist.init_process_group(backend, store=_attempt_store(rank, world, timeout_s), rank=rank,

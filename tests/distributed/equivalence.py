@@ -245,7 +245,8 @@ def models_sharded_vs_unsharded(rank: int, world_size: int, names: list[str]) ->
 
 def one_rank_without_ddp(rank: int, world_size: int, steps: int) -> dict:
     """The trainer at world size 1 leaves the dense modules out of DDP; training is the same
-    as with DDP (losses and dense weights after ``steps`` steps)."""
+    as with DDP (losses and dense weights after ``steps`` steps). Also reports the intra-op
+    threads set from ``distributed.cpu_threads_per_rank``."""
     from torch.nn.parallel import DistributedDataParallel
     from torchrec.distributed import DistributedModelParallel
 
@@ -257,8 +258,10 @@ def one_rank_without_ddp(rank: int, world_size: int, steps: int) -> dict:
     from recsys_dist.trainer import build_model, shard_model
     from tests.conftest import QUICKSTART
 
-    cfg = load_config(QUICKSTART, ["model.name=deepfm", "distributed.nproc_per_node=1"])
+    cfg = load_config(QUICKSTART, ["model.name=deepfm", "distributed.nproc_per_node=1",
+                                   "distributed.cpu_threads_per_rank=3"])
     ctx = init_distributed(cfg)
+    threads = torch.get_num_threads()
     ours, opt_ours, _ = shard_model(cfg, ctx)
     model = build_model(cfg, ctx.device)
     fuse_embedding_optimizer(model, cfg)
@@ -282,4 +285,4 @@ def one_rank_without_ddp(rank: int, world_size: int, steps: int) -> dict:
              for n, p in ours.named_parameters() if "embedding_bags" not in n}
     return {"wrapped": [type(m._dmp_wrapped_module).__name__ for m in (ours, ddp)],
             "is_ddp": isinstance(ours._dmp_wrapped_module, DistributedDataParallel),
-            "losses": losses, "dense_diff": max(dense.values())}
+            "losses": losses, "dense_diff": max(dense.values()), "threads": threads}

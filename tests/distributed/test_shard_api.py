@@ -44,8 +44,9 @@ def test_embedding_init_does_not_depend_on_sharding():
             assert want["embedding_bags.t0.weight"].abs().max() <= 0.1
 
 
-def test_one_rank_trainer_skips_ddp_and_trains_the_same():
+def test_one_rank_trainer_skips_ddp_trains_the_same_and_sets_its_threads():
     (res,) = run_ranks(equivalence.one_rank_without_ddp, 1, 4)
     assert not res["is_ddp"] and res["wrapped"][1] == "DistributedDataParallel", res["wrapped"]
     assert res["losses"]["ours"] == res["losses"]["ddp"], res["losses"]
     assert res["dense_diff"] == 0.0
+    assert res["threads"] == 3  # distributed.cpu_threads_per_rank
