@@ -66,3 +66,41 @@ def test_one_tiny_growth_point():
     (point,) = res["rows"]
     assert point["samples_per_s"] > 0 and point["peak_rss_mb"] >= point["base_rss_mb"] > 0
     assert res["batch"][0]["batch"] == 8
+
+
+def hook_vs_native(rank: int, world: int) -> float:
+    """run_ranks target: 5 Adagrad steps of a sparse EmbeddingBag + Linear in DDP, averaged by
+    gloo's sparse all-reduce and by ``sparse_allgather_hook``; max weight difference."""
+    from torch import nn
+
+    weights = []
+    for hook in (False, True):
+        torch.manual_seed(0)
+        model = nn.ModuleDict({"e": nn.EmbeddingBag(50, 16, mode="sum", sparse=True), "l": nn.Linear(16, 1)})
+
+        class Wrap(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.m = model
+
+            def forward(self, ids):
+                return self.m["l"](self.m["e"](ids)).squeeze(1)
+
+        ddp = torch.nn.parallel.DistributedDataParallel(Wrap())
+        if hook:
+            ddp.register_comm_hook(None, baselines.sparse_allgather_hook)
+        opt = torch.optim.Adagrad(ddp.parameters(), lr=0.1)
+        g = torch.Generator().manual_seed(rank)
+        for _ in range(5):
+            opt.zero_grad()
+            ddp(torch.randint(0, 50, (8, 1), generator=g)).pow(2).mean().backward()
+            opt.step()
+        weights.append({k: v.detach().clone() for k, v in model.state_dict().items()})
+    return max((weights[0][k] - weights[1][k]).abs().max().item() for k in weights[0])
+
+
+@pytest.mark.slow
+def test_plain_baselines_sparse_hook_averages_as_ddp_does():
+    from recsys_dist.testing import run_ranks
+
+    assert run_ranks(hook_vs_native, 2, timeout_s=240) == [0.0, 0.0]
