@@ -328,7 +328,7 @@ def print_table(spec, cfg, res, theirs, grow, train_rows, copies, args, hardware
          med["ours"], med["handwritten"], "samples/s", 0.95, paired("ours", "handwritten"))
     if "plain" in med:
         line("2", "vs plain PyTorch", "our trainer vs DLRM of 26 nn.EmbeddingBag(sparse=True) + torch.optim.Adagrad, "
-             "DDP (gloo sparse all-reduce), in-memory batches", med["ours"], med["plain"], "samples/s", 1.5,
+             "DDP (sparse gradients all-gathered by a comm hook: gloo's sparse all-reduce corrupts the heap), in-memory batches", med["ours"], med["plain"], "samples/s", 1.5,
              paired("ours", "plain"))
     if "ours_deepfm" in med:
         if not theirs or theirs[0]["theirs"] is None:
