@@ -612,7 +612,7 @@ def _merge(base: dict, extra: dict) -> dict:
     return out
 
 
-def _format_errors(err: ValidationError, tree: dict, source: str) -> str:
+def _format_errors(err: ValidationError, tree: dict, source: str, overridden: frozenset = frozenset()) -> str:
     lines = [f"invalid config {source}:"]
     for e in err.errors():
         loc = ".".join(str(p) for p in e["loc"])
@@ -626,15 +626,18 @@ def _format_errors(err: ValidationError, tree: dict, source: str) -> str:
             lines.append(f"  {loc or 'config'}: {msg}")
         else:
             lines.append(f"  {loc}: {msg} (got {e.get('input')!r})")
+        if any(loc == k or loc.startswith(k + ".") for k in overridden):
+            lines[-1] += "; set on the command line, not in the file"
     return "\n".join(lines)
 
 
-def config_from_dict(tree: dict, source: str = "<dict>") -> RunConfig:
-    """Validate a nested dict into a :class:`RunConfig`; raises :class:`ConfigError`."""
+def config_from_dict(tree: dict, source: str = "<dict>", overridden: frozenset = frozenset()) -> RunConfig:
+    """Validate a nested dict into a :class:`RunConfig`; raises :class:`ConfigError`.
+    ``overridden``: dotted keys set by command-line overrides, named as such in errors."""
     try:
         return RunConfig.model_validate(tree)
     except ValidationError as err:
-        raise ConfigError(_format_errors(err, tree, source)) from None
+        raise ConfigError(_format_errors(err, tree, source, overridden)) from None
 
 
 def load_config(path: str | os.PathLike, overrides: list[str] | None = None) -> RunConfig:
@@ -666,7 +669,8 @@ def load_config(path: str | os.PathLike, overrides: list[str] | None = None) -> 
     _resolve_paths(tree, path.resolve().parent)
     extra = parse_overrides(overrides or [])
     _resolve_paths(extra, Path.cwd())
-    return config_from_dict(_merge(tree, extra), str(path))
+    keys = frozenset(o.partition("=")[0].strip() for o in overrides or [])
+    return config_from_dict(_merge(tree, extra), str(path), keys)
 
 
 def save_config(cfg: RunConfig, path: str | os.PathLike) -> None:

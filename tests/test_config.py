@@ -62,8 +62,13 @@ def test_unknown_section_and_bad_override(tmp_path):
         load_config(write_cfg(tmp_path, minimal(trian={"batch_size": 1})))
     with pytest.raises(ConfigError, match="expected dotted.key=value"):
         parse_overrides(["train.batch_size"])
-    with pytest.raises(ConfigError, match="sharding.sharding_types.0"):
+    with pytest.raises(ConfigError, match=r"sharding.sharding_types.0: .*; set on the command line, not in the file"):
         load_config(QUICKSTART, ["sharding.sharding_types=[diagonal]"])
+    with pytest.raises(ConfigError) as err:
+        load_config(write_cfg(tmp_path, minimal(train={"batch_size": 0})), ["train.precision=fp16"])
+    batch, precision = err.value.args[0].splitlines()[1:]
+    assert "train.batch_size" in batch and "command line" not in batch
+    assert "'fp32' or 'bf16-mixed' (got 'fp16'); set on the command line" in precision
 
 
 def test_cross_field_errors_name_keys():
