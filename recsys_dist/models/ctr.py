@@ -9,6 +9,8 @@ DistributedModelParallel shards them like DLRM's. ``F`` = number of sparse featu
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import nn
 from torchrec.modules.crossnet import CrossNet, LowRankCrossNet
@@ -70,8 +72,13 @@ def _in_order(kt: KeyedTensor, features: list[str]) -> torch.Tensor:
     v = values.reshape(values.shape[0], len(keys), -1)
     if keys == features:
         return v
-    order = [keys.index(f) for f in features]
-    return v.index_select(1, torch.tensor(order, device=values.device))
+    return v.index_select(1, torch.tensor(_positions(tuple(keys), tuple(features)), device=values.device))
+
+
+@functools.lru_cache(maxsize=64)
+def _positions(keys: tuple[str, ...], features: tuple[str, ...]) -> tuple[int, ...]:
+    """Where each of ``features`` sits in ``keys``: computed once per layout, not per step."""
+    return tuple(keys.index(f) for f in features)
 
 
 class DCNv2(nn.Module):

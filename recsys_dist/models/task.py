@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -27,11 +29,9 @@ class CTRTask(nn.Module):
         self.model, self.bf16_device = model, bf16_device
 
     def forward(self, batch):
-        if self.bf16_device is None:
+        mixed = self.bf16_device is not None
+        with torch.autocast(self.bf16_device, dtype=torch.bfloat16) if mixed else contextlib.nullcontext():
             logits = self.model(batch.dense_features, batch.sparse_features)
-        else:
-            with torch.autocast(self.bf16_device, dtype=torch.bfloat16):
-                logits = self.model(batch.dense_features, batch.sparse_features)
         logits = logits.squeeze(-1).float()
         per_example = F.binary_cross_entropy_with_logits(logits, batch.labels, reduction="none")
         loss = (per_example * batch.weights).sum() / batch.weights.sum().clamp(min=1.0)
