@@ -53,9 +53,12 @@ def timed_steps(step, n: int) -> float:
 
 
 def handwritten_torchrec(batches: list[Batch], sizes: list[int], dim: int, bottom: list[int], top: list[int],
-                         sharding_type: str | None, lr: float, device: torch.device, dcn: tuple | None = None):
+                         sharding_type: str | None, lr: float, device: torch.device, dcn: tuple | None = None,
+                         exact_adagrad: bool = False):
     """A minimal TorchRec DLRM training loop; returns ``step()``: ``progress()`` of its pipeline over
-    ``batches``. ``dcn``: (layers, rank) for DLRM-DCNv2 (MLPerf); ``sharding_type`` None = planner's choice."""
+    ``batches``. ``dcn``: (layers, rank) for DLRM-DCNv2 (MLPerf); ``sharding_type`` None = planner's choice;
+    the tables' fused optimizer is FBGEMM's row-wise Adagrad, or its exact (per-element) Adagrad
+    with ``exact_adagrad`` (MLPerf's)."""
     from torchrec.distributed import DistributedModelParallel
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
@@ -65,7 +68,7 @@ def handwritten_torchrec(batches: list[Batch], sizes: list[int], dim: int, botto
     from torchrec.modules.embedding_modules import EmbeddingBagCollection
     from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
     from torchrec.optim.keyed import KeyedOptimizerWrapper
-    from torchrec.optim.optimizers import in_backward_optimizer_filter
+    from torchrec.optim.optimizers import Adagrad, in_backward_optimizer_filter
     from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
 
     keys = batches[0].sparse_features.keys()
@@ -75,7 +78,8 @@ def handwritten_torchrec(batches: list[Batch], sizes: list[int], dim: int, botto
     num_dense = batches[0].dense_features.shape[1]
     model = DLRMTrain(DLRM_DCN(ebc, num_dense, bottom, top, dcn_num_layers=dcn[0], dcn_low_rank_dim=dcn[1],
                                dense_device=device) if dcn else DLRM(ebc, num_dense, bottom, top, dense_device=device))
-    apply_optimizer_in_backward(RowWiseAdagrad, ebc.parameters(), {"lr": lr, "eps": 1e-8})
+    table_opt = Adagrad if exact_adagrad else RowWiseAdagrad
+    apply_optimizer_in_backward(table_opt, ebc.parameters(), {"lr": lr, "eps": 1e-8})
     world = dist.get_world_size()
     planner = EmbeddingShardingPlanner(
         topology=Topology(world_size=world, local_world_size=world, compute_device=device.type),

@@ -108,14 +108,15 @@ def point(rows: int, batch: int, device: torch.device, seconds: float, mlperf: b
 
 
 def sweep(rank: int, world: int, rows_list: list[int], batches: list[int], fixed_rows: int, fixed_batch: int,
-          seconds: float, mlperf: bool = False) -> dict:
-    """run_ranks target (world size 1): the rows sweep at ``fixed_batch``, the batch sweep at ``fixed_rows``."""
+          seconds: float, mlperf: bool = False, device_type: str = "cpu") -> dict:
+    """run_ranks target (world size 1): the rows sweep at ``fixed_batch``, the batch sweep at ``fixed_rows``;
+    ``mlperf``: the MLPerf dense part (see :func:`point`), on ``device_type`` (cpu or cuda)."""
     import logging
     import warnings
 
     warnings.filterwarnings("ignore")
     logging.disable(logging.WARNING)
-    device = torch.device(f"cuda:{rank}") if mlperf else torch.device("cpu")
+    device = torch.device(f"cuda:{rank}") if device_type == "cuda" else torch.device("cpu")
     # One intra-op thread: on a 2-core machine shared with other jobs, 2 OpenMP threads made
     # steps up to 160x slower (a barrier waits for a descheduled thread); see docs/benchmarks.md.
     torch.set_num_threads(1)

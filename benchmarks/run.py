@@ -1,7 +1,7 @@
 """Our trainer against peers and against the hardware, as one table of ratios (issue 8).
 
     .venv/bin/python benchmarks/run.py [--quick] [--deepctr-python /tmp/dctr/bin/python] [--device auto|cpu|cuda]
-    recsys-dist bench [--quick] ...                     (the same, from a source checkout)
+    recsys-dist bench [--quick] [--model mlperf] ...     (the same, from a source checkout)
 
 Every ratio is measured in this run: the contenders of items 1-4 run in one spawn of the
 ranks, interleaved (``--reps`` rounds, in ABBA order); a ratio is the median over the rounds
@@ -24,8 +24,9 @@ On CPU: 2 gloo ranks, 1 intra-op thread each, quickstart DLRM (26 tables x 10,00
 batch 256 per rank, tables table_wise. With a CUDA device (``--device auto``): one rank
 on one GPU over nccl, items 1, 4, 5, 6 only, the MLPerf DLRMv2 model (dlrm_dcnv2, dim
 128) with every table capped at ``--mlperf-max-rows`` rows and one-hot ids, batch 8192,
-and samples/s set against MLPerf's ~1.9M samples/s per H200. (The GPU path was written
-without a GPU to run it on; see docs/benchmarks.md.)
+and samples/s set against MLPerf's ~1.9M samples/s per H200. ``--model mlperf --device cpu``
+runs that same path (one rank, items 1, 4, 5, 6) on CPU, at sizes set by ``--mlperf-max-rows``,
+``--batch`` and ``--copies``; a test does so, since no GPU has run it (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -191,9 +192,10 @@ def measure(rank: int, world: int, spec: dict) -> dict:
 
     dcn = (m.dcn_num_layers, m.dcn_low_rank_dim) if m.name == "dlrm_dcnv2" else None
     sharding = None if name == "mlperf" else "table_wise"
-    run["handwritten"] = rate(baselines.handwritten_torchrec(batches, sizes, m.embedding_dim, m.dense_arch_layer_sizes,
-                                                             m.over_arch_layer_sizes, sharding, lr, dev, dcn))
-    if dev.type == "cpu":
+    run["handwritten"] = rate(baselines.handwritten_torchrec(
+        batches, sizes, m.embedding_dim, m.dense_arch_layer_sizes, m.over_arch_layer_sizes, sharding, lr, dev, dcn,
+        exact_adagrad=cfg.train.embedding_optimizer == "exact_adagrad"))
+    if name == "dlrm":
         run["plain"] = rate(baselines.plain_pytorch(batches, sizes, m.embedding_dim, m.dense_arch_layer_sizes,
                                                     m.over_arch_layer_sizes, lr))
         if spec["deepfm"]:
@@ -248,7 +250,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="python of a venv with deepctr-torch (item 3; skipped when absent)")
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     parser.add_argument("--reps", type=int, default=None, help="interleaved rounds (default 3 quick, 5 full)")
-    parser.add_argument("--mlperf-max-rows", type=int, default=1_000_000, help="GPU: rows cap of each MLPerf table")
+    parser.add_argument("--model", choices=["auto", "dlrm", "mlperf"], default="auto",
+                        help="dlrm: the quickstart DLRM, 2 ranks, items 1-6; mlperf: the MLPerf DLRMv2 model with "
+                             "capped tables, one rank, items 1, 4, 5, 6; auto: mlperf on CUDA, dlrm on CPU")
+    parser.add_argument("--mlperf-max-rows", type=int, default=1_000_000, help="rows cap of each MLPerf table")
+    parser.add_argument("--batch", type=int, default=None, help="per-rank batch (default 8192 on CUDA, 256 on CPU)")
+    parser.add_argument("--copies", type=int, default=None,
+                        help="times the Criteo sample is repeated (default 5 quick / 20 full; CUDA 20 / 100)")
     parser.add_argument("--skip", default="", help="comma-separated items to skip: 3,5")
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore")
@@ -263,11 +271,13 @@ def main(argv: list[str] | None = None) -> int:
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
     quick = args.quick
     started = time.perf_counter()
-    world = 1 if cuda else 2
-    copies = (20 if quick else 100) if cuda else (5 if quick else 20)
-    spec = {"world": world, "batch": 8192 if cuda else 256, "reps": args.reps or (3 if quick else 5),
-            "device": "cuda" if cuda else "cpu", "model": "mlperf" if cuda else "dlrm", "max_rows": args.mlperf_max_rows,
-            "deepfm": not cuda and "3" not in skip}
+    model = args.model if args.model != "auto" else ("mlperf" if cuda else "dlrm")
+    # The MLPerf model runs on one rank (one GPU); on CPU that mirrors the GPU run at small scale.
+    world = 1 if cuda or model == "mlperf" else 2
+    copies = args.copies or ((20 if quick else 100) if cuda else (5 if quick else 20))
+    spec = {"world": world, "batch": args.batch or (8192 if cuda else 256), "reps": args.reps or (3 if quick else 5),
+            "device": "cuda" if cuda else "cpu", "model": model, "max_rows": args.mlperf_max_rows,
+            "deepfm": model == "dlrm" and "3" not in skip}
     with tempfile.TemporaryDirectory() as tmp:
         raw = Path(tmp) / "criteo_repeated.txt"
         block = SAMPLE.read_bytes()
@@ -287,7 +297,8 @@ def main(argv: list[str] | None = None) -> int:
             if cuda:
                 batch_list = [1024, 4096, 16384, 65536]
             grow = run_ranks(growth.sweep, 1, rows_list, batch_list, 10**5, 4096 if cuda else 256,
-                             0.5 if quick else 2.0, cuda, timeout_s=1800, backend="nccl" if cuda else "gloo")[0]
+                             0.5 if quick else 2.0, model == "mlperf", spec["device"], timeout_s=1800,
+                             backend="nccl" if cuda else "gloo")[0]
     print_table(spec, cfg, res, theirs, grow, train_rows, copies, args, hardware, growth)
     print(f"\n(benchmark wall time {time.perf_counter() - started:.0f} s)")
     return 0
@@ -323,8 +334,9 @@ def print_table(spec, cfg, res, theirs, grow, train_rows, copies, args, hardware
         rows.append((item, what, config, f"**{ratio:.2f}**" if ratio >= 0.1 else f"**{ratio:.4f}**", f"{_fmt(a)} vs {_fmt(b)} {unit}",
                      "" if aim is None else f">= {aim}{verdict}"))
 
+    tables = "table_wise" if spec["model"] == "dlrm" else "the planner's sharding, tables' fused optimizer alike"
     line("1", "framework overhead", "our trainer end to end from Parquet (shuffled, prefetch 2, logging) vs "
-         "hand-written DMP + TrainPipelineSparseDist on in-memory batches; same model, table_wise",
+         f"hand-written DMP + TrainPipelineSparseDist on in-memory batches; same model, {tables}",
          med["ours"], med["handwritten"], "samples/s", 0.95, paired("ours", "handwritten"))
     if "plain" in med:
         line("2", "vs plain PyTorch", "our trainer vs DLRM of 26 nn.EmbeddingBag(sparse=True) + torch.optim.Adagrad, "
@@ -373,7 +385,9 @@ def print_table(spec, cfg, res, theirs, grow, train_rows, copies, args, hardware
             first, last = pts[0], pts[-1]
             what = (f"rows per table {xs[0]:.0e} -> {xs[-1]:.0e}, batch {first['batch']}" if key == "rows"
                     else f"batch {xs[0]} -> {xs[-1]}, {first['rows']:.0e} rows per table")
-            rows.append(("5", f"growth: {key}", f"{what}; {growth.TABLES} tables x dim 16, 1 rank, synthetic uniform ids",
+            dense = ("dim 128, MLPerf's dense part" if spec["model"] == "mlperf" else "dim 16, the quickstart's MLPs")
+            rows.append(("5", f"growth: {key}", f"{what}; {growth.TABLES} tables x {dense}, row-wise Adagrad, 1 rank, "
+                         "synthetic uniform ids",
                          f"**{last['samples_per_s'] / first['samples_per_s']:.2f}** samples/s, "
                          f"**{inc(last) / inc(first):.1f}** RSS",
                          f"fitted: samples/s ~ x^{k_sps:.2f}; peak RSS above the pre-sweep RSS ~ x^{k_mem:.2f} "

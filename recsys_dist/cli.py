@@ -315,9 +315,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print(f"recsys-dist bench: {script} not found; the benchmarks ship with the source checkout "
               "(git clone the repository and run it from there)", file=sys.stderr)
         return 2
-    cmd = [sys.executable, str(script), "--device", args.device, "--deepctr-python", args.deepctr_python]
-    cmd += (["--quick"] if args.quick else []) + (["--reps", str(args.reps)] if args.reps else [])
-    cmd += ["--skip", args.skip] if args.skip else []
+    cmd = [sys.executable, str(script), "--device", args.device, "--deepctr-python", args.deepctr_python,
+           "--model", args.model] + (["--quick"] if args.quick else [])
+    for flag in ("reps", "skip", "mlperf_max_rows", "batch", "copies"):
+        if getattr(args, flag):
+            cmd += ["--" + flag.replace("_", "-"), str(getattr(args, flag))]
     return subprocess.run(cmd).returncode
 
 
@@ -375,6 +377,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="python of a venv with deepctr-torch (skipped when absent)")
     p.add_argument("--reps", type=int, default=None, help="interleaved rounds (default 3 quick, 5 full)")
     p.add_argument("--skip", default="", help="items to leave out, e.g. 3,5")
+    p.add_argument("--model", choices=["auto", "dlrm", "mlperf"], default="auto",
+                   help="mlperf: the GPU run's MLPerf DLRMv2 path, on any device (auto: mlperf on CUDA)")
+    p.add_argument("--mlperf-max-rows", type=int, default=None, help="rows cap of each MLPerf table")
+    p.add_argument("--batch", type=int, default=None, help="per-rank batch")
+    p.add_argument("--copies", type=int, default=None, help="times the Criteo sample is repeated")
     p.set_defaults(func=cmd_bench)
 
     from recsys_dist import report

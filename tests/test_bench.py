@@ -54,8 +54,9 @@ def test_plain_dlrm_matches_torchrec_dlrm_shapes():
 def test_bench_subcommand_parses():
     from recsys_dist.cli import build_parser, cmd_bench
 
-    args = build_parser().parse_args(["bench", "--quick", "--skip", "3,5"])
+    args = build_parser().parse_args(["bench", "--quick", "--skip", "3,5", "--model", "mlperf", "--batch", "64"])
     assert args.func is cmd_bench and args.quick and args.skip == "3,5"
+    assert args.model == "mlperf" and args.batch == 64 and args.copies is None
 
 
 @pytest.mark.slow
@@ -104,3 +105,28 @@ def test_plain_baselines_sparse_hook_averages_as_ddp_does():
     from recsys_dist.testing import run_ranks
 
     assert run_ranks(hook_vs_native, 2, timeout_s=240) == [0.0, 0.0]
+
+
+@pytest.mark.slow
+def test_mlperf_path_runs_on_cpu(capsys):
+    """The GPU benchmark's path (MLPerf DLRMv2 model, one rank, items 1, 4, 6) on CPU at toy
+    sizes: every line of its table is printed with a positive ratio."""
+    from benchmarks import run
+
+    assert run.main(["--device", "cpu", "--model", "mlperf", "--mlperf-max-rows", "1000", "--batch", "256",
+                     "--copies", "1", "--reps", "1", "--skip", "5"]) == 0
+    out = capsys.readouterr().out
+    assert "dlrm_dcnv2" in out and "exact_adagrad fused" in out and "1 rank(s) on cpu" in out
+    rows = {line.split("|")[1].strip(): line for line in out.splitlines() if line.startswith("| ") and "**" in line}
+    assert set(rows) == {"1", "4", "6"}
+    ratios = [float(line.split("**")[1]) for line in out.splitlines() if line.startswith("| ") and "**" in line]
+    assert len(ratios) == 4 and all(r > 0 for r in ratios)
+
+
+@pytest.mark.slow
+def test_one_tiny_mlperf_growth_point():
+    from recsys_dist.testing import run_ranks
+
+    res = run_ranks(growth.sweep, 1, [100], [8], 100, 8, 0.05, True, "cpu", timeout_s=240)[0]
+    (point,) = res["rows"]
+    assert point["samples_per_s"] > 0 and point["table_mb"] == growth.TABLES * 100 * 129 * 4 / 2**20
