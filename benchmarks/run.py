@@ -244,18 +244,21 @@ def deepctr(python: str, spec: dict, cfg, train_path: str, rows: int, threads: i
 
 
 def main(argv: list[str] | None = None) -> int:
+    from recsys_dist.cli import positive_int
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="smaller data and sweeps: under 3 minutes on 2 cores")
     parser.add_argument("--deepctr-python", default="/tmp/dctr/bin/python",
                         help="python of a venv with deepctr-torch (item 3; skipped when absent)")
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
-    parser.add_argument("--reps", type=int, default=None, help="interleaved rounds (default 3 quick, 5 full)")
+    parser.add_argument("--reps", type=positive_int, default=None, help="interleaved rounds (default 3 quick, 5 full)")
     parser.add_argument("--model", choices=["auto", "dlrm", "mlperf"], default="auto",
                         help="dlrm: the quickstart DLRM, 2 ranks, items 1-6; mlperf: the MLPerf DLRMv2 model with "
                              "capped tables, one rank, items 1, 4, 5, 6; auto: mlperf on CUDA, dlrm on CPU")
-    parser.add_argument("--mlperf-max-rows", type=int, default=1_000_000, help="rows cap of each MLPerf table")
-    parser.add_argument("--batch", type=int, default=None, help="per-rank batch (default 8192 on CUDA, 256 on CPU)")
-    parser.add_argument("--copies", type=int, default=None,
+    parser.add_argument("--mlperf-max-rows", type=positive_int, default=1_000_000, help="rows cap of each MLPerf table")
+    parser.add_argument("--batch", type=positive_int, default=None,
+                        help="per-rank batch (default 8192 on CUDA, 256 on CPU)")
+    parser.add_argument("--copies", type=positive_int, default=None,
                         help="times the Criteo sample is repeated (default 5 quick / 20 full; CUDA 20 / 100)")
     parser.add_argument("--skip", default="", help="comma-separated items to skip: 3,5")
     args = parser.parse_args(argv)

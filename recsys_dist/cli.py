@@ -323,6 +323,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return subprocess.run(cmd).returncode
 
 
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1 (a 0 would otherwise read as "use the default")."""
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
+    return int(text)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="recsys-dist", description="Embedding-parallel CTR training.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -375,13 +382,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     p.add_argument("--deepctr-python", default="/tmp/dctr/bin/python",
                    help="python of a venv with deepctr-torch (skipped when absent)")
-    p.add_argument("--reps", type=int, default=None, help="interleaved rounds (default 3 quick, 5 full)")
+    p.add_argument("--reps", type=positive_int, default=None, help="interleaved rounds (default 3 quick, 5 full)")
     p.add_argument("--skip", default="", help="items to leave out, e.g. 3,5")
     p.add_argument("--model", choices=["auto", "dlrm", "mlperf"], default="auto",
                    help="mlperf: the GPU run's MLPerf DLRMv2 path, on any device (auto: mlperf on CUDA)")
-    p.add_argument("--mlperf-max-rows", type=int, default=None, help="rows cap of each MLPerf table")
-    p.add_argument("--batch", type=int, default=None, help="per-rank batch")
-    p.add_argument("--copies", type=int, default=None, help="times the Criteo sample is repeated")
+    p.add_argument("--mlperf-max-rows", type=positive_int, default=None, help="rows cap of each MLPerf table")
+    p.add_argument("--batch", type=positive_int, default=None, help="per-rank batch")
+    p.add_argument("--copies", type=positive_int, default=None, help="times the Criteo sample is repeated")
     p.set_defaults(func=cmd_bench)
 
     from recsys_dist import report

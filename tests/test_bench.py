@@ -57,6 +57,9 @@ def test_bench_subcommand_parses():
     args = build_parser().parse_args(["bench", "--quick", "--skip", "3,5", "--model", "mlperf", "--batch", "64"])
     assert args.func is cmd_bench and args.quick and args.skip == "3,5"
     assert args.model == "mlperf" and args.batch == 64 and args.copies is None
+    for bad in (["--batch", "0"], ["--copies", "-1"], ["--reps", "x"]):
+        with pytest.raises(SystemExit):  # argparse's error: a 0 must not read as "the default"
+            build_parser().parse_args(["bench", *bad])
 
 
 @pytest.mark.slow
