@@ -223,14 +223,33 @@ def check_compatible(path: Path, meta: dict, config: dict, tables: bool = True) 
         raise CheckpointError(f"checkpoint {path} was written by a different config: {', '.join(diffs)}")
 
 
+# Checkpoints written before 2026-11-30 hold the first-order tables of DeepFM, Wide & Deep
+# and xDeepFM in a collection of their own, ``first_order``; they now share ``sparse_arch``.
+_FIRST_ORDER_NOW, _FIRST_ORDER_BEFORE = ".sparse_arch.embedding_bags.w_", ".first_order.embedding_bags.w_"
+
+
+def in_saved_layout(state: dict, path: Path) -> dict:
+    """``state`` (``{"model": ..., "optimizer": ..., ...}``) re-keyed to the layout of the
+    checkpoint at ``path`` when that is the older one; the values are the same objects, so
+    loading into the result in place loads into ``state``."""
+    saved = SafeReader(path).read_metadata().state_dict_metadata
+    if not any(_FIRST_ORDER_BEFORE in k for k in saved):
+        return state
+    return {top: {k.replace(_FIRST_ORDER_NOW, _FIRST_ORDER_BEFORE): v for k, v in sub.items()}
+            if top in ("model", "optimizer") else sub for top, sub in state.items()}
+
+
 def load_checkpoint(path: Path, state: dict) -> None:
     """Load a checkpoint in place into ``state`` (the live model / optimizer state dicts).
 
-    The target's sharding may differ from the one saved (resharding). Raises
-    CheckpointError naming the entries that the checkpoint lacks or that differ in shape.
+    The target's sharding may differ from the one saved (resharding); so may the layout, from
+    the older one of :func:`in_saved_layout`. Raises CheckpointError naming the entries that
+    the checkpoint lacks or that differ in shape.
     """
     try:
-        dcp.load(state, storage_reader=SafeReader(path), planner=SafeLoadPlanner())
+        target = in_saved_layout(state, path)
+        dcp.load(target, storage_reader=SafeReader(path), planner=SafeLoadPlanner())
+        state.update({top: sub for top, sub in target.items() if top not in ("model", "optimizer")})
     except (Exception, CheckpointException) as err:  # noqa: BLE001 - DCP raises several types
         if isinstance(err, CheckpointException):
             unsafe = [e for e, _ in err.failures.values() if isinstance(e, CheckpointError)]

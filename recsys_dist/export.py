@@ -25,6 +25,7 @@ from recsys_dist.checkpoint import (
     CheckpointError,
     SafeLoadPlanner,
     SafeReader,
+    in_saved_layout,
     is_complete,
     latest_checkpoint,
     read_meta,
@@ -66,7 +67,8 @@ def load_model(path: str | Path) -> tuple[RunConfig, CTRTask, str]:
     model = _unsharded(cfg)
     state = {"model": model.state_dict()}
     try:
-        dcp.load(state, storage_reader=SafeReader(ckpt), planner=SafeLoadPlanner(), no_dist=True)
+        dcp.load(in_saved_layout(state, ckpt), storage_reader=SafeReader(ckpt), planner=SafeLoadPlanner(),
+                 no_dist=True)
     except CheckpointError:
         raise
     except (Exception, CheckpointException) as err:  # noqa: BLE001 - DCP's own exception types vary by failure

@@ -213,3 +213,38 @@ def test_resume_is_exact_with_a_lazy_dense_optimizer(tmp_path, optimizer):
     r = train(tmp_path, run, "--resume", "auto", *WS[1], *opt)
     assert r.returncode == 0, r.stderr[-2000:]
     assert_same_losses(ref, run, 0.0)
+
+
+def test_checkpoint_of_the_older_first_order_layout_loads(tmp_path):
+    """Checkpoints written while DeepFM's first-order tables had a collection of their own
+    (``model.first_order``) load into today's layout (one ``sparse_arch``): weights and the
+    tables' optimizer state arrive exactly, and the other entries load as before."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    from recsys_dist.checkpoint import load_checkpoint
+    from recsys_dist.config import load_config
+    from recsys_dist.models import build_model
+
+    cfg = load_config(QUICKSTART, ["model.name=deepfm", "data.num_embeddings=50"])
+    cpu = torch.device("cpu")
+    torch.manual_seed(0)
+    saved = build_model(cfg, cpu, tables_device=cpu).state_dict()
+    tables = [k for k in saved if ".embedding_bags." in k]
+    moments = {k: {"momentum1": torch.rand(50)} for k in tables}
+    legacy = lambda d: {k.replace(".sparse_arch.embedding_bags.w_", ".first_order.embedding_bags.w_"): v  # noqa: E731
+                        for k, v in d.items()}
+    assert sum(".first_order." in k for k in legacy(saved)) == 26
+    rng = torch.get_rng_state()
+    dcp.save({"model": legacy(saved), "optimizer": legacy(moments), "rng": rng}, checkpoint_id=tmp_path, no_dist=True)
+
+    torch.manual_seed(1)
+    model = build_model(cfg, cpu, tables_device=cpu)
+    state = {"model": model.state_dict(), "optimizer": {k: {"momentum1": torch.zeros(50)} for k in tables},
+             "rng": torch.zeros_like(torch.get_rng_state())}
+    load_checkpoint(tmp_path, state)
+    for k, v in saved.items():
+        assert torch.equal(model.state_dict()[k], v), k
+    for k in tables:
+        assert torch.equal(state["optimizer"][k]["momentum1"], moments[k]["momentum1"]), k
+    assert torch.equal(state["rng"], rng)

@@ -85,15 +85,14 @@ def build_model(cfg: RunConfig, device: torch.device, tables_device: torch.devic
     if m.name == "dcnv2":
         return task(DCNv2(ebc, num_dense, sparse_names, m.embedding_dim, m.deep_layer_sizes, m.dcn_num_layers,
                           m.cross_low_rank_dim, m.dcn_structure, device=device, **opts))
-    if m.name == "xdeepfm":
-        first = EmbeddingBagCollection(tables=embedding_configs(cfg, "w_"), device=tdev)
-        return task(XDeepFM(ebc, first, num_dense, sparse_names, m.embedding_dim, m.deep_layer_sizes,
-                            m.cin_layer_sizes, device=device, **opts))
-    if m.name in ("deepfm", "wide_deep"):
-        first = EmbeddingBagCollection(tables=embedding_configs(cfg, "w_"), device=tdev)
+    if m.name in ("deepfm", "wide_deep", "xdeepfm"):
+        # The first-order tables share the features and the collection of the embedding tables.
+        both = EmbeddingBagCollection(tables=embedding_configs(cfg), device=tdev)
+        if m.name == "xdeepfm":
+            return task(XDeepFM(both, num_dense, sparse_names, m.embedding_dim, m.deep_layer_sizes,
+                                m.cin_layer_sizes, device=device, **opts))
         cls = DeepFM if m.name == "deepfm" else WideDeep
-        return task(cls(ebc, first, num_dense, sparse_names, m.embedding_dim, m.deep_layer_sizes, device=device,
-                        **opts))
+        return task(cls(both, num_dense, sparse_names, m.embedding_dim, m.deep_layer_sizes, device=device, **opts))
     common = dict(
         embedding_bag_collection=ebc,
         dense_in_features=num_dense,

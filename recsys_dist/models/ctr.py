@@ -10,11 +10,12 @@ DistributedModelParallel shards them like DLRM's. ``F`` = number of sparse featu
 from __future__ import annotations
 
 import functools
+import itertools
 
 import torch
 from torch import nn
 from torchrec.modules.crossnet import CrossNet, LowRankCrossNet
-from torchrec.modules.embedding_modules import EmbeddingBagCollection
+from torchrec.modules.embedding_modules import EmbeddingBagCollection, get_embedding_names_by_table
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
 
@@ -41,44 +42,52 @@ def mlp(in_features: int, sizes: list[int], dropout: float = 0.0, norm: str = "n
     return nn.Sequential(*layers)
 
 
-def first_order_sum(ebc: EmbeddingBagCollection, kjt: KeyedJaggedTensor, features: list[str]) -> torch.Tensor:
-    """sum_i w(x_i) [B]: each per-id weight is the mean of its table's 4 columns (FBGEMM needs
-    widths that are multiples of 4). A mean, not a sum: the 4 columns get the same gradient,
-    and a sum would move 4x faster than the configured learning rate. The sum runs over
-    every column of the pooled output, so it needs no reordering by ``features``."""
-    return _mean_of_all_columns(ebc(kjt), len(features))
-
-
-def _pooled(ebc: EmbeddingBagCollection, kjt: KeyedJaggedTensor, features: list[str]) -> torch.Tensor:
-    """[B, F, E] pooled embeddings in ``features`` order, every table of width E.
-
-    A view of the EBC's [B, F*E] output when its columns are already in ``features`` order
-    (the usual case), else one gather: 26 slices stacked (and their 26-way backward) cost
-    0.3 ms a step at batch 512 on 2 CPU cores."""
-    return _in_order(ebc(kjt), features)
-
-
 # Leaves for torch.fx: TrainPipelineSparseDist traces the model, and these read the
 # KeyedTensor's keys and shapes, which a trace cannot see.
 @torch.fx.wrap
-def _mean_of_all_columns(kt: KeyedTensor, num_features: int) -> torch.Tensor:
+def _embeddings(kt: KeyedTensor, keys: list[str]) -> torch.Tensor:
+    """[B, F, E] pooled embeddings of ``keys`` in that order, every table of width E: a view of
+    the EBC's output when its columns are in that order already (the usual case), else one
+    gather (26 slices stacked, and their 26-way backward, cost 0.3 ms a step at batch 512 on
+    2 CPU cores)."""
     values = kt.values()
-    return values.sum(dim=1) * (num_features / values.shape[1])
+    (cols,) = _columns(tuple(kt.keys()), tuple(kt.length_per_key()), tuple(keys))
+    return _take(values, cols).reshape(values.shape[0], len(keys), -1)
 
 
 @torch.fx.wrap
-def _in_order(kt: KeyedTensor, features: list[str]) -> torch.Tensor:
-    values, keys = kt.values(), kt.keys()
-    v = values.reshape(values.shape[0], len(keys), -1)
-    if keys == features:
-        return v
-    return v.index_select(1, torch.tensor(_positions(tuple(keys), tuple(features)), device=values.device))
+def _embeddings_and_first_order(kt: KeyedTensor, deep: list[str],
+                                first: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+    """([B, F, E] pooled embeddings of the ``deep`` keys in order, as :func:`_embeddings`; [B]
+    sum over the ``first`` keys of each per-id weight). A first-order weight is the mean of
+    its table's 4 columns (FBGEMM needs widths that are multiples of 4); a mean, not a sum:
+    the 4 columns get the same gradient, and a sum would move 4x faster than the configured
+    learning rate."""
+    values = kt.values()
+    d, w = _columns(tuple(kt.keys()), tuple(kt.length_per_key()), tuple(deep), tuple(first))
+    v, wv = _take(values, d), _take(values, w)
+    return v.reshape(values.shape[0], len(deep), -1), wv.sum(dim=1) * (len(first) / wv.shape[1])
+
+
+def _take(values: torch.Tensor, cols: slice | tuple[int, ...]) -> torch.Tensor:
+    if isinstance(cols, slice):
+        return values[:, cols]  # a view
+    return values.index_select(1, torch.tensor(cols, device=values.device))
 
 
 @functools.lru_cache(maxsize=64)
-def _positions(keys: tuple[str, ...], features: tuple[str, ...]) -> tuple[int, ...]:
-    """Where each of ``features`` sits in ``keys``: computed once per layout, not per step."""
-    return tuple(keys.index(f) for f in features)
+def _columns(keys: tuple[str, ...], lengths: tuple[int, ...], *groups: tuple[str, ...]) -> list:
+    """Per group of keys, its columns in a KeyedTensor's values: a slice when they are one
+    run in the group's order (the usual layout), else their column indices. Computed once
+    per layout, not per step."""
+    start = dict(zip(keys, itertools.accumulate((0, *lengths))))
+    width = dict(zip(keys, lengths))
+    out = []
+    for group in groups:
+        cols = tuple(c for k in group for c in range(start[k], start[k] + width[k]))
+        contiguous = cols == tuple(range(cols[0], cols[0] + len(cols)))
+        out.append(slice(cols[0], cols[0] + len(cols)) if contiguous else cols)
+    return out
 
 
 class DCNv2(nn.Module):
@@ -104,7 +113,7 @@ class DCNv2(nn.Module):
             self.cross.to(device)
 
     def forward(self, dense: torch.Tensor, kjt: KeyedJaggedTensor) -> torch.Tensor:
-        x0 = torch.cat([dense, _pooled(self.sparse_arch, kjt, self.features).flatten(1)], dim=1)
+        x0 = torch.cat([dense, _embeddings(self.sparse_arch(kjt), self.features).flatten(1)], dim=1)
         if self.structure == "stacked":
             return self.head(self.deep(self.cross(x0)))
         return self.head(torch.cat([self.cross(x0), self.deep(x0)], dim=1))
@@ -114,14 +123,32 @@ class _LinearPlusDeep(nn.Module):
     """Shared by DeepFM, Wide & Deep and xDeepFM: a linear part over the dense features and
     one weight per id (first-order tables), and a deep MLP over [dense, e_1..e_F].
 
-    ``linear(dense, kjt)`` -> [B]; ``deep(x)`` -> [B, 1]; ``embeddings(kjt)`` -> [B, F, E].
+    ``ebc`` holds, per feature ``f``, its embedding table (width E) and its first-order table
+    ``w_<f>`` (width 4, see :func:`_embeddings_and_first_order`): one collection, so a
+    sharded model runs one input_dist and one output_dist per step, not two (1.4-1.7x the
+    samples/s of two collections on 2 CPU ranks, docs/benchmarks.md).
+    ``split(kjt)`` -> ([B, F, E] embeddings, [B] first-order sum); ``linear(dense, first)``
+    -> [B]; ``deep_logit(dense, v)`` -> [B, 1].
+
+    Raises:
+        ValueError: a feature without exactly one ``w_<feature>`` table and one other table.
     """
 
-    def __init__(self, ebc: EmbeddingBagCollection, first_order: EmbeddingBagCollection, num_dense: int,
-                 features: list[str], embedding_dim: int, deep_layer_sizes: list[int],
-                 device: torch.device | None = None, **mlp_options) -> None:
+    def __init__(self, ebc: EmbeddingBagCollection, num_dense: int, features: list[str], embedding_dim: int,
+                 deep_layer_sizes: list[int], device: torch.device | None = None, **mlp_options) -> None:
         super().__init__()
-        self.sparse_arch, self.first_order, self.features = ebc, first_order, features
+        self.sparse_arch, self.features = ebc, features
+        configs = ebc.embedding_bag_configs()
+        # Embedding names (the output's keys) are "<feature>@<table>" for a feature read by two tables.
+        named = [(t.name.startswith("w_"), f, n) for t, ns in zip(configs, get_embedding_names_by_table(configs))
+                 for f, n in zip(t.feature_names, ns)]
+        deep = {f: n for is_first, f, n in named if not is_first}
+        first = {f: n for is_first, f, n in named if is_first}
+        missing = [f for f in features if f not in deep or f not in first]
+        if missing or len(configs) != 2 * len(features):
+            raise ValueError(f"{type(self).__name__} needs, per feature, one embedding table and one first-order "
+                             f"table w_<feature> in its EmbeddingBagCollection; features without both: {missing}")
+        self._deep_keys, self._first_keys = [deep[f] for f in features], [first[f] for f in features]
         self.dense_linear = nn.Linear(num_dense, 1, device=device)
         if mlp_options.get("init_std") is not None:
             nn.init.normal_(self.dense_linear.weight, 0.0, mlp_options["init_std"])
@@ -129,11 +156,11 @@ class _LinearPlusDeep(nn.Module):
         self.deep = nn.Sequential(mlp(d, deep_layer_sizes, device=device, **mlp_options),
                                   nn.Linear(deep_layer_sizes[-1], 1, device=device))
 
-    def embeddings(self, kjt: KeyedJaggedTensor) -> torch.Tensor:
-        return _pooled(self.sparse_arch, kjt, self.features)
+    def split(self, kjt: KeyedJaggedTensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return _embeddings_and_first_order(self.sparse_arch(kjt), self._deep_keys, self._first_keys)
 
-    def linear(self, dense: torch.Tensor, kjt: KeyedJaggedTensor) -> torch.Tensor:
-        return self.dense_linear(dense).squeeze(1) + first_order_sum(self.first_order, kjt, self.features)
+    def linear(self, dense: torch.Tensor, first_order: torch.Tensor) -> torch.Tensor:
+        return self.dense_linear(dense).squeeze(1) + first_order
 
     def deep_logit(self, dense: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         return self.deep(torch.cat([dense, v.flatten(1)], dim=1))
@@ -142,15 +169,15 @@ class _LinearPlusDeep(nn.Module):
 class DeepFM(_LinearPlusDeep):
     """DeepFM (Guo et al., 2017, IJCAI, arXiv:1703.04247), eq. 1-4.
 
-    ``y = w0 + <w, dense> + sum_i w_i(x_i)`` (first order, tables ``first_order``)
+    ``y = w0 + <w, dense> + sum_i w_i(x_i)`` (first order, tables ``w_<feature>``)
     ``+ 0.5 * sum_k [(sum_i v_ik)^2 - sum_i v_ik^2]`` (FM second order over the F field
     embeddings) ``+ MLP([dense, v_1..v_F])`` (deep part sharing the embeddings).
     """
 
     def forward(self, dense: torch.Tensor, kjt: KeyedJaggedTensor) -> torch.Tensor:
-        v = self.embeddings(kjt)                                                # [B, F, E]
+        v, first = self.split(kjt)                                              # [B, F, E], [B]
         fm = 0.5 * (v.sum(dim=1).pow(2) - v.pow(2).sum(dim=1)).sum(dim=1)       # [B]
-        return self.deep_logit(dense, v) + (self.linear(dense, kjt) + fm).unsqueeze(1)
+        return self.deep_logit(dense, v) + (self.linear(dense, first) + fm).unsqueeze(1)
 
 
 class WideDeep(_LinearPlusDeep):
@@ -161,7 +188,8 @@ class WideDeep(_LinearPlusDeep):
     """
 
     def forward(self, dense: torch.Tensor, kjt: KeyedJaggedTensor) -> torch.Tensor:
-        return self.deep_logit(dense, self.embeddings(kjt)) + self.linear(dense, kjt).unsqueeze(1)
+        v, first = self.split(kjt)
+        return self.deep_logit(dense, v) + self.linear(dense, first).unsqueeze(1)
 
 
 class CIN(nn.Module):
@@ -196,14 +224,13 @@ class XDeepFM(_LinearPlusDeep):
     embeddings.
     """
 
-    def __init__(self, ebc: EmbeddingBagCollection, first_order: EmbeddingBagCollection, num_dense: int,
-                 features: list[str], embedding_dim: int, deep_layer_sizes: list[int], cin_layer_sizes: list[int],
-                 device: torch.device | None = None, **mlp_options) -> None:
-        super().__init__(ebc, first_order, num_dense, features, embedding_dim, deep_layer_sizes, device,
-                         **mlp_options)
+    def __init__(self, ebc: EmbeddingBagCollection, num_dense: int, features: list[str], embedding_dim: int,
+                 deep_layer_sizes: list[int], cin_layer_sizes: list[int], device: torch.device | None = None,
+                 **mlp_options) -> None:
+        super().__init__(ebc, num_dense, features, embedding_dim, deep_layer_sizes, device, **mlp_options)
         self.cin = CIN(len(features), cin_layer_sizes, device=device)
         self.cin_out = nn.Linear(sum(cin_layer_sizes), 1, device=device)
 
     def forward(self, dense: torch.Tensor, kjt: KeyedJaggedTensor) -> torch.Tensor:
-        v = self.embeddings(kjt)
-        return self.deep_logit(dense, v) + self.cin_out(self.cin(v)) + self.linear(dense, kjt).unsqueeze(1)
+        v, first = self.split(kjt)
+        return self.deep_logit(dense, v) + self.cin_out(self.cin(v)) + self.linear(dense, first).unsqueeze(1)

@@ -67,6 +67,40 @@ def test_first_order_tables_only_where_the_model_has_them():
     assert names("dcnv2") == names("dlrm") == {"t_"}
 
 
+def test_embeddings_and_first_order_are_read_by_key_in_any_column_layout():
+    """A sharded EmbeddingBagCollection may return its tables' columns in another order (per
+    rank): the split reads them by key, as a view when they are in order, else by gather."""
+    from torchrec.sparse.jagged_tensor import KeyedTensor
+
+    from recsys_dist.models.ctr import _embeddings, _embeddings_and_first_order
+
+    B, E = 5, 8
+    deep, first = [f"f{i}@t_f{i}" for i in range(3)], [f"f{i}@w_f{i}" for i in range(3)]
+    cols = {k: torch.randn(B, E) for k in deep} | {k: torch.randn(B, 4) for k in first}
+    want_v = torch.stack([cols[k] for k in deep], dim=1)
+    want_first = sum(cols[k].mean(dim=1) for k in first)
+    layouts = [deep + first, first[::-1] + deep, [deep[2], first[0], deep[0], first[2], deep[1], first[1]]]
+    for keys in layouts:
+        kt = KeyedTensor.from_tensor_list(keys, [cols[k] for k in keys])
+        v, w = _embeddings_and_first_order(kt, deep, first)
+        assert torch.equal(v, want_v) and torch.allclose(w, want_first), keys
+        assert torch.equal(_embeddings(kt, deep), want_v)
+    in_order = KeyedTensor.from_tensor_list(deep + first, [cols[k] for k in deep + first])
+    assert _embeddings_and_first_order(in_order, deep, first)[0]._base is in_order.values()  # a view, no copy
+
+
+def test_deepfm_family_needs_a_first_order_table_per_feature():
+    from torchrec.modules.embedding_configs import EmbeddingBagConfig
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+    from recsys_dist.models.ctr import DeepFM
+
+    tables = [EmbeddingBagConfig(name=f"t_{f}", embedding_dim=8, num_embeddings=10, feature_names=[f]) for f in "ab"]
+    tables.append(EmbeddingBagConfig(name="w_a", embedding_dim=4, num_embeddings=10, feature_names=["a"]))
+    with pytest.raises(ValueError, match=r"features without both: \['b'\]"):
+        DeepFM(EmbeddingBagCollection(tables=tables), 13, ["a", "b"], 8, [16])
+
+
 @pytest.mark.slow
 def test_every_model_sharded_equals_unsharded():
     for per_model in run_ranks(equivalence.models_sharded_vs_unsharded, 2, MODELS):
