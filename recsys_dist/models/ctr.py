@@ -125,8 +125,8 @@ class _LinearPlusDeep(nn.Module):
 
     ``ebc`` holds, per feature ``f``, its embedding table (width E) and its first-order table
     ``w_<f>`` (width 4, see :func:`_embeddings_and_first_order`): one collection, so a
-    sharded model runs one input_dist and one output_dist per step, not two (1.4-1.7x the
-    samples/s of two collections on 2 CPU ranks, docs/benchmarks.md).
+    sharded model runs one input_dist and one output_dist per step, not two (DeepFM on 2 CPU
+    ranks: 1.4-1.7x the samples/s of two collections, docs/benchmarks.md).
     ``split(kjt)`` -> ([B, F, E] embeddings, [B] first-order sum); ``linear(dense, first)``
     -> [B]; ``deep_logit(dense, v)`` -> [B, 1].
 
