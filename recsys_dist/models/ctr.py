@@ -72,11 +72,17 @@ def _embeddings_and_first_order(kt: KeyedTensor, deep: list[str],
 def _take(values: torch.Tensor, cols: slice | tuple[int, ...]) -> torch.Tensor:
     if isinstance(cols, slice):
         return values[:, cols]  # a view
-    return values.index_select(1, torch.tensor(cols, device=values.device))
+    return values.index_select(1, _index(cols, values.device))
 
 
 @functools.lru_cache(maxsize=64)
-def _columns(keys: tuple[str, ...], lengths: tuple[int, ...], *groups: tuple[str, ...]) -> list:
+def _index(cols: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """The column indices as a tensor on ``device``, made once (no host-to-device copy per step)."""
+    return torch.tensor(cols, device=device)
+
+
+@functools.lru_cache(maxsize=64)
+def _columns(keys: tuple[str, ...], lengths: tuple[int, ...], *groups: tuple[str, ...]) -> tuple:
     """Per group of keys, its columns in a KeyedTensor's values: a slice when they are one
     run in the group's order (the usual layout), else their column indices. Computed once
     per layout, not per step."""
@@ -87,7 +93,7 @@ def _columns(keys: tuple[str, ...], lengths: tuple[int, ...], *groups: tuple[str
         cols = tuple(c for k in group for c in range(start[k], start[k] + width[k]))
         contiguous = cols == tuple(range(cols[0], cols[0] + len(cols)))
         out.append(slice(cols[0], cols[0] + len(cols)) if contiguous else cols)
-    return out
+    return tuple(out)
 
 
 class DCNv2(nn.Module):
