@@ -271,7 +271,11 @@ def main(argv: list[str] | None = None) -> int:
     from recsys_dist.testing import run_ranks
 
     cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error(f"--device cuda: torch {torch.__version__} sees no CUDA device")
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
+    if not skip <= set("123456"):
+        parser.error(f"--skip: comma-separated item numbers 1-6, e.g. 3,5; got {args.skip!r}")
     quick = args.quick
     started = time.perf_counter()
     model = args.model if args.model != "auto" else ("mlperf" if cuda else "dlrm")
@@ -308,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _fmt(x: float) -> str:
-    return f"{x:,.0f}"
+    return f"{x:,.0f}" if abs(x) >= 100 else f"{x:.3g}"
 
 
 def print_table(spec, cfg, res, theirs, grow, train_rows, copies, args, hardware, growth) -> None:
@@ -318,8 +322,9 @@ def print_table(spec, cfg, res, theirs, grow, train_rows, copies, args, hardware
     m = cfg.model
     where = (f"{W} rank(s) on {dev}" + (f", gloo, {res['threads']} intra-op thread(s) per rank" if dev == "cpu"
                                         else f" ({torch.cuda.get_device_name(0)}), nccl"))
-    model = (f"{m.name}: 26 tables x {cfg.data.num_embeddings if isinstance(cfg.data.num_embeddings, int) else 'capped MLPerf sizes'}"
-             f" rows x dim {m.embedding_dim}, MLPs {m.dense_arch_layer_sizes} / {m.over_arch_layer_sizes}, "
+    n = cfg.data.num_embeddings
+    rows = f"{n:,} rows" if isinstance(n, int) else f"MLPerf's rows capped at {spec['max_rows']:,}"
+    model = (f"{m.name}: 26 tables x {rows} x dim {m.embedding_dim}, MLPs {m.dense_arch_layer_sizes} / {m.over_arch_layer_sizes}, "
              f"{cfg.train.embedding_optimizer} fused + {cfg.train.dense_optimizer}")
     data = f"Criteo sample x{copies} -> {train_rows:,} train rows (Parquet), batch {B} per rank ({B * W} global)"
     print(f"setup: {where}; {model}; {data}; {spec['reps']} ABBA-interleaved rounds of {res['steps']} steps, "
@@ -398,10 +403,11 @@ def print_table(spec, cfg, res, theirs, grow, train_rows, copies, args, hardware
     bps, fps = hardware.embedding_bytes_per_sample(cfg), hardware.flops_per_sample(cfg)
     sps = med["ours"]
     line("6", "memory bandwidth", f"our trainer x {bps:,} B/sample (embedding rows read 4D + read/write 8D, optimizer "
-         f"state, pooled 8D; D={m.embedding_dim}) vs {W} rank(s) copying 256 MB fp32 at once",
-         sps * bps, res["copy_bytes_per_s"], "B/s")
+         f"state, pooled 8D; D={m.embedding_dim}) vs {W} rank(s) copying 256 MB fp32 at once (bytes read + written)",
+         sps * bps / 1e9, res["copy_bytes_per_s"] / 1e9, "GB/s")
     line("6", "matmul FLOP/s", f"our trainer x {fps:,} FLOP/sample (MLPs + interaction, fwd+bwd = 3x fwd) vs "
-         f"torch.mm at the model's Linear shapes, batch {B}, {W} rank(s) at once", sps * fps, res["mm_flops"], "FLOP/s")
+         f"torch.mm at the model's Linear shapes, batch {B}, {W} rank(s) at once", sps * fps / 1e9,
+         res["mm_flops"] / 1e9, "GFLOP/s")
     if dev == "cuda":
         line("GPU", "vs MLPerf", "our trainer's samples/s on one GPU vs MLPerf DLRM-DCNv2 per H200 (multi-hot, "
              "full tables: not the same work)", sps, MLPERF_H200_SAMPLES_PER_S, "samples/s")

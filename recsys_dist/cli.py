@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import logging
 import os
@@ -109,11 +110,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        save_config(cfg, run_dir / "config.yaml")
-    except OSError as err:
-        raise ConfigError(f"--run-dir {run_dir}: cannot write there ({err.strerror}); choose a writable directory") from None
+    # A resumed run's config.yaml is replaced only once there is something to train, so a
+    # no-op resume with other overrides leaves the file that matches the checkpoints.
+    _write_run_config(cfg, run_dir, resume is None)
     # Convert the data here, before any rank exists, so bad input is reported once and early.
     from recsys_dist.data import prepare_from_config
 
@@ -136,9 +135,10 @@ def cmd_train(args: argparse.Namespace) -> int:
         total = min(total, cfg.train.max_steps or total)
         step = read_meta(resume)["step"]
         if step >= total:
-            print(f"recsys-dist: {resume} is already at step {step} of {total}; nothing to train "
-                  f"(raise train.epochs or train.max_steps to continue)")
+            print(f"recsys-dist: {resume} is already at step {step}, and this config trains {total} steps in all; "
+                  "nothing to train (raise train.epochs or train.max_steps to continue)")
             return 0
+        _write_run_config(cfg, run_dir, True)
     if cfg.distributed.nproc_per_node == 1:
         from recsys_dist.trainer import train
 
@@ -158,6 +158,22 @@ def cmd_train(args: argparse.Namespace) -> int:
         summary = json.loads((run_dir / "summary.json").read_text())
     _print_summary(summary)
     return 0
+
+
+def _write_run_config(cfg, run_dir: Path, write: bool) -> None:
+    """Create ``run_dir`` and, if ``write``, its config.yaml (what the ranks read).
+
+    Raises:
+        ConfigError: the directory cannot be created or written.
+    """
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        if write:
+            save_config(cfg, run_dir / "config.yaml")
+        elif not os.access(run_dir, os.W_OK):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
+    except OSError as err:
+        raise ConfigError(f"--run-dir {run_dir}: cannot write there ({err.strerror}); choose a writable directory") from None
 
 
 def _user_errors() -> tuple:

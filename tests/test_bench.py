@@ -62,6 +62,19 @@ def test_bench_subcommand_parses():
             build_parser().parse_args(["bench", *bad])
 
 
+def test_bench_refuses_unknown_items_and_a_missing_gpu(capsys):
+    from benchmarks import run
+
+    bad = [["--skip", "9"], ["--skip", "abc"]] + ([] if torch.cuda.is_available() else [["--device", "cuda"]])
+    for argv in bad:
+        with pytest.raises(SystemExit) as exit_info:
+            run.main(argv)
+        assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "--skip: comma-separated item numbers 1-6" in err
+    assert torch.cuda.is_available() or "--device cuda: torch" in err
+
+
 @pytest.mark.slow
 def test_one_tiny_growth_point():
     from recsys_dist.testing import run_ranks
