@@ -324,8 +324,8 @@ def print_table(spec, cfg, res, theirs, grow, train_rows, copies, args, hardware
                                         else f" ({torch.cuda.get_device_name(0)}), nccl"))
     n = cfg.data.num_embeddings
     rows = f"{n:,} rows" if isinstance(n, int) else f"MLPerf's rows capped at {spec['max_rows']:,}"
-    model = (f"{m.name}: 26 tables x {rows} x dim {m.embedding_dim}, MLPs {m.dense_arch_layer_sizes} / {m.over_arch_layer_sizes}, "
-             f"{cfg.train.embedding_optimizer} fused + {cfg.train.dense_optimizer}")
+    model = (f"{m.name}: 26 tables x {rows} x dim {m.embedding_dim}, MLPs {m.dense_arch_layer_sizes} / "
+             f"{m.over_arch_layer_sizes}, {cfg.train.embedding_optimizer} fused + {cfg.train.dense_optimizer}")
     data = f"Criteo sample x{copies} -> {train_rows:,} train rows (Parquet), batch {B} per rank ({B * W} global)"
     print(f"setup: {where}; {model}; {data}; {spec['reps']} ABBA-interleaved rounds of {res['steps']} steps, "
           f"medians of the rounds; torch {torch.__version__}")
