@@ -2,7 +2,7 @@
 # The GPU checks of one device session, as one command (docs/benchmarks.md, "GPU"): the
 # gpu-marked tests, then benchmarks/run.py on CUDA. Needs a Python whose torch, fbgemm-gpu
 # (the CUDA build) and torchrec are the pinned three (README); writes its logs to $OUT.
-#   PY=python3 OUT=/tmp/gpu bash benchmarks/gpu_check.sh      (about 6 minutes)
+#   PY=python3 OUT=/tmp/gpu bash benchmarks/gpu_check.sh   (at most 150 + 360 s: its timeouts; never run yet)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}

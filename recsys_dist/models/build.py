@@ -78,21 +78,20 @@ def build_model(cfg: RunConfig, device: torch.device, tables_device: torch.devic
     def task(model: torch.nn.Module) -> CTRTask:
         return CTRTask(model, device.type if cfg.train.precision == "bf16-mixed" else None)
 
-    ebc = EmbeddingBagCollection(tables=embedding_configs(cfg, "t_"), device=tdev)
+    # Every model has one collection; DeepFM's family adds its first-order tables to it.
+    ebc = EmbeddingBagCollection(tables=embedding_configs(cfg), device=tdev)
     dense_names, sparse_names = feature_names(cfg)
     m, num_dense = cfg.model, len(dense_names)
     opts = dict(dropout=m.dropout, norm=m.norm, activation=m.activation, init_std=m.mlp_init_std)
     if m.name == "dcnv2":
         return task(DCNv2(ebc, num_dense, sparse_names, m.embedding_dim, m.deep_layer_sizes, m.dcn_num_layers,
                           m.cross_low_rank_dim, m.dcn_structure, device=device, **opts))
-    if m.name in ("deepfm", "wide_deep", "xdeepfm"):
-        # The first-order tables share the features and the collection of the embedding tables.
-        both = EmbeddingBagCollection(tables=embedding_configs(cfg), device=tdev)
-        if m.name == "xdeepfm":
-            return task(XDeepFM(both, num_dense, sparse_names, m.embedding_dim, m.deep_layer_sizes,
-                                m.cin_layer_sizes, device=device, **opts))
+    if m.name == "xdeepfm":
+        return task(XDeepFM(ebc, num_dense, sparse_names, m.embedding_dim, m.deep_layer_sizes,
+                            m.cin_layer_sizes, device=device, **opts))
+    if m.name in ("deepfm", "wide_deep"):
         cls = DeepFM if m.name == "deepfm" else WideDeep
-        return task(cls(both, num_dense, sparse_names, m.embedding_dim, m.deep_layer_sizes, device=device, **opts))
+        return task(cls(ebc, num_dense, sparse_names, m.embedding_dim, m.deep_layer_sizes, device=device, **opts))
     common = dict(
         embedding_bag_collection=ebc,
         dense_in_features=num_dense,
