@@ -11,7 +11,7 @@ FBGEMM := $(shell nvidia-smi -L >/dev/null 2>&1 && echo fbgemm-gpu==1.8.0 || ech
 CONFIG ?= configs/criteo_quickstart.yaml
 PYTEST_ARGS ?=
 
-.PHONY: run test install clean
+.PHONY: run test lint install clean
 
 $(VENV)/.installed: pyproject.toml Makefile
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "need $(PYTHON) (set PYTHON=...)"; exit 1; }
@@ -29,7 +29,11 @@ install: $(VENV)/.installed
 run: $(VENV)/.installed
 	$(VENV)/bin/recsys-dist train --config $(CONFIG)
 
-test: $(VENV)/.installed
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+test: lint
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 clean:

@@ -25,8 +25,9 @@ from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 
-def memory_batches(path: str, rank: int, world: int, batch: int, dense: list[str], sparse: list[str],
-                   limit: int) -> list[Batch]:
+def memory_batches(
+    path: str, rank: int, world: int, batch: int, dense: list[str], sparse: list[str], limit: int
+) -> list[Batch]:
     """Up to ``limit`` batches of this rank (global batch g, rank r: rows [(g W + r) B, +B))."""
     t = pq.read_table(path, columns=["label", *dense, *sparse])
     labels = t.column("label").to_numpy().astype(np.float32)
@@ -35,10 +36,19 @@ def memory_batches(path: str, rank: int, world: int, batch: int, dense: list[str
     out = []
     for g in range(min(limit, len(labels) // (batch * world))):
         lo = (g * world + rank) * batch
-        kjt = KeyedJaggedTensor(keys=sparse, values=torch.from_numpy(ids[:, lo:lo + batch].reshape(-1).copy()),
-                                lengths=torch.ones(len(sparse) * batch, dtype=torch.int32), stride=batch)
-        out.append(Batch(dense_features=torch.from_numpy(x[lo:lo + batch].copy()), sparse_features=kjt,
-                         labels=torch.from_numpy(labels[lo:lo + batch].copy())))
+        kjt = KeyedJaggedTensor(
+            keys=sparse,
+            values=torch.from_numpy(ids[:, lo : lo + batch].reshape(-1).copy()),
+            lengths=torch.ones(len(sparse) * batch, dtype=torch.int32),
+            stride=batch,
+        )
+        out.append(
+            Batch(
+                dense_features=torch.from_numpy(x[lo : lo + batch].copy()),
+                sparse_features=kjt,
+                labels=torch.from_numpy(labels[lo : lo + batch].copy()),
+            )
+        )
     return out
 
 
@@ -52,9 +62,18 @@ def timed_steps(step, n: int) -> float:
     return time.perf_counter() - t0
 
 
-def handwritten_torchrec(batches: list[Batch], sizes: list[int], dim: int, bottom: list[int], top: list[int],
-                         sharding_type: str | None, lr: float, device: torch.device, dcn: tuple | None = None,
-                         exact_adagrad: bool = False):
+def handwritten_torchrec(
+    batches: list[Batch],
+    sizes: list[int],
+    dim: int,
+    bottom: list[int],
+    top: list[int],
+    sharding_type: str | None,
+    lr: float,
+    device: torch.device,
+    dcn: tuple | None = None,
+    exact_adagrad: bool = False,
+):
     """A minimal TorchRec DLRM training loop; returns ``step()``: ``progress()`` of its pipeline over
     ``batches``. ``dcn``: (layers, rank) for DLRM-DCNv2 (MLPerf); ``sharding_type`` None = planner's choice;
     the tables' fused optimizer is FBGEMM's row-wise Adagrad, or its exact (per-element) Adagrad
@@ -72,20 +91,27 @@ def handwritten_torchrec(batches: list[Batch], sizes: list[int], dim: int, botto
     from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
 
     keys = batches[0].sparse_features.keys()
-    tables = [EmbeddingBagConfig(name=f"t_{k}", embedding_dim=dim, num_embeddings=n, feature_names=[k])
-              for k, n in zip(keys, sizes)]
+    tables = [
+        EmbeddingBagConfig(name=f"t_{k}", embedding_dim=dim, num_embeddings=n, feature_names=[k])
+        for k, n in zip(keys, sizes)
+    ]
     ebc = EmbeddingBagCollection(tables=tables, device=torch.device("meta"))
     num_dense = batches[0].dense_features.shape[1]
-    model = DLRMTrain(DLRM_DCN(ebc, num_dense, bottom, top, dcn_num_layers=dcn[0], dcn_low_rank_dim=dcn[1],
-                               dense_device=device) if dcn else DLRM(ebc, num_dense, bottom, top, dense_device=device))
+    model = DLRMTrain(
+        DLRM_DCN(ebc, num_dense, bottom, top, dcn_num_layers=dcn[0], dcn_low_rank_dim=dcn[1], dense_device=device)
+        if dcn
+        else DLRM(ebc, num_dense, bottom, top, dense_device=device)
+    )
     table_opt = Adagrad if exact_adagrad else RowWiseAdagrad
     apply_optimizer_in_backward(table_opt, ebc.parameters(), {"lr": lr, "eps": 1e-8})
     world = dist.get_world_size()
     planner = EmbeddingShardingPlanner(
         topology=Topology(world_size=world, local_world_size=world, compute_device=device.type),
         batch_size=batches[0].labels.shape[0],
-        constraints={t.name: ParameterConstraints(sharding_types=[sharding_type]) for t in tables} if sharding_type
-        else None)
+        constraints={t.name: ParameterConstraints(sharding_types=[sharding_type]) for t in tables}
+        if sharding_type
+        else None,
+    )
     plan = planner.collective_plan(model, [EmbeddingBagCollectionSharder()], dist.group.WORLD)
     dmp = DistributedModelParallel(model, device=device, plan=plan, sharders=[EmbeddingBagCollectionSharder()])
     dense = dict(in_backward_optimizer_filter(dmp.named_parameters()))
@@ -122,7 +148,7 @@ class PlainDLRM(nn.Module):
     def forward(self, dense: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """dense [B, num_dense] float32, ids [B, F] int64 (one id per feature) -> logits [B]."""
         x = self.bottom(dense)
-        v = torch.stack([x] + [t(ids[:, j:j + 1]) for j, t in enumerate(self.tables)], dim=1)
+        v = torch.stack([x] + [t(ids[:, j : j + 1]) for j, t in enumerate(self.tables)], dim=1)
         z = torch.bmm(v, v.transpose(1, 2))[:, self.tri[0], self.tri[1]]
         return self.top(torch.cat([x, z], dim=1)).squeeze(1)
 
@@ -151,14 +177,14 @@ def sparse_allgather_hook(state, bucket):  # no annotations: DDP checks them aga
     return dist.all_gather(parts, packed, async_op=True).get_future().then(unpack)
 
 
-def plain_pytorch(batches: list[Batch], sizes: list[int], dim: int, bottom: list[int], top: list[int],
-                  lr: float):
+def plain_pytorch(batches: list[Batch], sizes: list[int], dim: int, bottom: list[int], top: list[int], lr: float):
     """``step()`` of the plain-PyTorch DLRM in DDP; sparse gradients averaged by
     :func:`sparse_allgather_hook` (gloo's built-in sparse all-reduce corrupts the heap)."""
     from torch.nn.parallel import DistributedDataParallel
 
-    data = [(b.dense_features, b.sparse_features.values().view(len(sizes), -1).t().contiguous(), b.labels)
-            for b in batches]
+    data = [
+        (b.dense_features, b.sparse_features.values().view(len(sizes), -1).t().contiguous(), b.labels) for b in batches
+    ]
     model = DistributedDataParallel(PlainDLRM(data[0][0].shape[1], sizes, dim, bottom, top))
     model.register_comm_hook(None, sparse_allgather_hook)
     opt = torch.optim.Adagrad(model.parameters(), lr=lr)
@@ -205,7 +231,7 @@ def mlp_alone(in_features: int, sizes: list[int], batch: int, seconds: float = 1
 
 # argv[1]: JSON {"train": parquet, "dense", "sparse", "sizes", "dim", "deep", "batch", "rows", "threads"}.
 # Prints {"samples_per_s": ..., "rows": ...}: one epoch of DeepFM.fit over the first ``rows`` rows.
-DEEPCTR_WORKER = r'''
+DEEPCTR_WORKER = r"""
 import json, sys, time, numpy as np, pyarrow.parquet as pq, torch
 from deepctr_torch.inputs import DenseFeat, SparseFeat, get_feature_names
 from deepctr_torch.models import DeepFM
@@ -223,4 +249,4 @@ m.compile(torch.optim.Adagrad(m.parameters(), lr=0.02), "binary_crossentropy", m
 t0 = time.perf_counter()
 m.fit(x, y, batch_size=spec["batch"], epochs=1, verbose=0, shuffle=True)
 print(json.dumps({"samples_per_s": len(y) / (time.perf_counter() - t0), "rows": len(y)}))
-'''
+"""

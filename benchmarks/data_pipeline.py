@@ -103,14 +103,19 @@ STEPS = {
 
 def run_step(name: str, **params) -> dict:
     body = textwrap.dedent(STEPS[name])
-    code = "\n".join([
-        "import json, resource, sys, time, warnings", "warnings.filterwarnings('ignore')",
-        f"sys.path.insert(0, {str(ROOT)!r})",
-        *(f"{k} = {v!r}" for k, v in params.items()),
-        "t_start = time.perf_counter()", body,
-        "out.setdefault('seconds', time.perf_counter() - t_start)",
-        "out['peak_rss_mb'] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024",
-        "print(json.dumps(out))"])
+    code = "\n".join(
+        [
+            "import json, resource, sys, time, warnings",
+            "warnings.filterwarnings('ignore')",
+            f"sys.path.insert(0, {str(ROOT)!r})",
+            *(f"{k} = {v!r}" for k, v in params.items()),
+            "t_start = time.perf_counter()",
+            body,
+            "out.setdefault('seconds', time.perf_counter() - t_start)",
+            "out['peak_rss_mb'] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024",
+            "print(json.dumps(out))",
+        ]
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     return json.loads(r.stdout.strip().splitlines()[-1])
 
@@ -126,10 +131,18 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", type=int, default=200_000, help="size of the 1x input (multiple of 10,000)")
     parser.add_argument("--quick", action="store_true", help="100,000-row 1x input")
-    parser.add_argument("--consume-rate", type=float, default=None,
-                        help="quickstart samples/s to compare with (default: read runs/*/summary.json)")
-    parser.add_argument("--repeats", type=int, default=5,
-                        help="rounds of the loader-speed measures; each measure's fastest epoch counts")
+    parser.add_argument(
+        "--consume-rate",
+        type=float,
+        default=None,
+        help="quickstart samples/s to compare with (default: read runs/*/summary.json)",
+    )
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=5,
+        help="rounds of the loader-speed measures; each measure's fastest epoch counts",
+    )
     args = parser.parse_args()
     rows = 100_000 if args.quick else args.rows
     with tempfile.TemporaryDirectory() as tmp:
@@ -139,8 +152,11 @@ def main() -> None:
             make_input(raw, n)
             common = dict(RAW=str(raw), TMP=tmp, TAG=tag, ROWS=n)
             conv = run_step("convert", **common)
-            res[tag] = {"convert": conv, "csv": run_step("pyarrow_csv", **common),
-                        "load": run_step("load", PARQUET=conv["parquet"])}
+            res[tag] = {
+                "convert": conv,
+                "csv": run_step("pyarrow_csv", **common),
+                "load": run_step("load", PARQUET=conv["parquet"]),
+            }
             if tag == "10x":
                 res[tag]["speed"] = run_step("speed", PARQUET=conv["parquet"], REPEATS=args.repeats)
             if tag == "10x":
@@ -153,25 +169,39 @@ def main() -> None:
         found = [json.loads(p.read_text()).get("samples_per_s") for p in (ROOT / "runs").glob("*/summary.json")]
         consume = max((f for f in found if f), default=None)
     print(f"inputs: {rows:,} and {10 * rows:,} real Criteo rows (the shipped sample repeated)")
-    print(f"preprocess rows/s (10x input): {rate(ten['convert']):,.0f}; pyarrow CSV read alone "
-          f"{rate(ten['csv']):,.0f} -> ratio {rate(ten['convert']) / rate(ten['csv']):.2f}")
-    print(f"preprocess vs TorchRec tsv_to_npys ({10 * rows:,} rows, imports not timed): {rate(ten['convert']):,.0f} vs "
-          f"{rate(ten['torchrec']):,.0f} rows/s -> ratio {rate(ten['convert']) / rate(ten['torchrec']):.1f}")
-    print(f"preprocess peak RSS: {one['convert']['peak_rss_mb']:.0f} MB (1x) vs {ten['convert']['peak_rss_mb']:.0f} MB "
-          f"(10x) -> ratio {ten['convert']['peak_rss_mb'] / one['convert']['peak_rss_mb']:.2f}")
-    print(f"loader peak RSS: {one['load']['peak_rss_mb']:.0f} MB (1x) vs {ten['load']['peak_rss_mb']:.0f} MB (10x) "
-          f"-> ratio {ten['load']['peak_rss_mb'] / one['load']['peak_rss_mb']:.2f}")
+    print(
+        f"preprocess rows/s (10x input): {rate(ten['convert']):,.0f}; pyarrow CSV read alone "
+        f"{rate(ten['csv']):,.0f} -> ratio {rate(ten['convert']) / rate(ten['csv']):.2f}"
+    )
+    print(
+        f"preprocess vs TorchRec tsv_to_npys ({10 * rows:,} rows, imports not timed): {rate(ten['convert']):,.0f} vs "
+        f"{rate(ten['torchrec']):,.0f} rows/s -> ratio {rate(ten['convert']) / rate(ten['torchrec']):.1f}"
+    )
+    print(
+        f"preprocess peak RSS: {one['convert']['peak_rss_mb']:.0f} MB (1x) vs {ten['convert']['peak_rss_mb']:.0f} MB "
+        f"(10x) -> ratio {ten['convert']['peak_rss_mb'] / one['convert']['peak_rss_mb']:.2f}"
+    )
+    print(
+        f"loader peak RSS: {one['load']['peak_rss_mb']:.0f} MB (1x) vs {ten['load']['peak_rss_mb']:.0f} MB (10x) "
+        f"-> ratio {ten['load']['peak_rss_mb'] / one['load']['peak_rss_mb']:.2f}"
+    )
     sp = {k: rate(v) for k, v in ten["speed"].items() if isinstance(v, dict)}
-    print(f"loader samples/s (10x, batch 4096): shuffled {sp['shuffled']:,.0f}, in file order "
-          f"{sp['ordered']:,.0f}; bare pyarrow scan {sp['scan']:,.0f} -> ratios "
-          f"{sp['shuffled'] / sp['scan']:.2f} / {sp['ordered'] / sp['scan']:.2f}")
-    print(f"loader samples/s of rank 0 of 2 (10x, shuffled): reading the whole stream (global_batch) "
-          f"{sp['global_batch']:,.0f}, only its own row groups (row_groups) {sp['row_groups']:,.0f} -> ratio "
-          f"{sp['row_groups'] / sp['global_batch']:.2f}; row_groups vs the bare scan "
-          f"{sp['row_groups'] / sp['scan']:.2f}")
+    print(
+        f"loader samples/s (10x, batch 4096): shuffled {sp['shuffled']:,.0f}, in file order "
+        f"{sp['ordered']:,.0f}; bare pyarrow scan {sp['scan']:,.0f} -> ratios "
+        f"{sp['shuffled'] / sp['scan']:.2f} / {sp['ordered'] / sp['scan']:.2f}"
+    )
+    print(
+        f"loader samples/s of rank 0 of 2 (10x, shuffled): reading the whole stream (global_batch) "
+        f"{sp['global_batch']:,.0f}, only its own row groups (row_groups) {sp['row_groups']:,.0f} -> ratio "
+        f"{sp['row_groups'] / sp['global_batch']:.2f}; row_groups vs the bare scan "
+        f"{sp['row_groups'] / sp['scan']:.2f}"
+    )
     if consume:
-        print(f"loader vs the quickstart model's consumption ({consume:,.0f} samples/s): "
-              f"ratio {sp['shuffled'] / consume:.1f}")
+        print(
+            f"loader vs the quickstart model's consumption ({consume:,.0f} samples/s): "
+            f"ratio {sp['shuffled'] / consume:.1f}"
+        )
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # ours (config) -> DeepCTR-Torch model
 PAIRS = {"deepfm": "DeepFM", "wide_deep": "WDL", "dcnv2": "DCN-M", "xdeepfm": "xDeepFM"}
 
-WORKER = r'''
+WORKER = r"""
 import json, sys, numpy as np, pyarrow.parquet as pq, torch
 from sklearn.metrics import log_loss, roc_auc_score
 from deepctr_torch.inputs import DenseFeat, SparseFeat, get_feature_names
@@ -55,16 +55,28 @@ for seed in spec["seeds"]:
     y = tables["test"].column("label").to_numpy()
     out[seed] = {"auc": roc_auc_score(y, p), "logloss": log_loss(y, np.clip(p, 1e-7, 1 - 1e-7))}
 print(json.dumps(out))
-'''
+"""
 
 
 def ours(config: Path, name: str, seeds: list[int], tmp: str) -> list[dict]:
     res = []
     for seed in seeds:
         run = Path(tmp) / f"{config.stem}-{name}-{seed}"
-        cmd = [sys.executable, "-m", "recsys_dist.cli", "train", "--config", str(config), "--run-dir", str(run),
-               f"model.name={name}", f"train.seed={seed}", "checkpoint.enabled=false",
-               "train.progress_bar=false", "model.cin_layer_sizes=[32,32]"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "recsys_dist.cli",
+            "train",
+            "--config",
+            str(config),
+            "--run-dir",
+            str(run),
+            f"model.name={name}",
+            f"train.seed={seed}",
+            "checkpoint.enabled=false",
+            "train.progress_bar=false",
+            "model.cin_layer_sizes=[32,32]",
+        ]
         r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
         if r.returncode:
             print(f"  (run failed once, retrying: {r.stderr.strip().splitlines()[-1:]})", file=sys.stderr)
@@ -85,7 +97,9 @@ def main() -> None:
     from recsys_dist.data import feature_names, prepare_from_config
     from recsys_dist.models.build import table_sizes
 
-    print(f"{'data':<8}{'model':<11}{'ours AUC':>10}{'DeepCTR AUC':>13}{'diff':>8}{'ours logloss':>14}{'DeepCTR logloss':>17}")
+    print(
+        f"{'data':<8}{'model':<11}{'ours AUC':>10}{'DeepCTR AUC':>13}{'diff':>8}{'ours logloss':>14}{'DeepCTR logloss':>17}"
+    )
     with tempfile.TemporaryDirectory() as tmp:
         for data, base in (("criteo", "criteo_deepfm.yaml"), ("avazu", "avazu_deepfm.yaml")):
             if data not in args.data:
@@ -97,18 +111,28 @@ def main() -> None:
             for name, theirs_name in PAIRS.items():
                 if name not in args.models:
                     continue
-                spec = {"files": {k: str(v) for k, v in prepared.files.items()}, "dense": dense, "sparse": sparse,
-                        "sizes": table_sizes(cfg), "seeds": args.seeds, "model": theirs_name}
-                r = subprocess.run([args.deepctr_python, "-c", WORKER, json.dumps(spec)], capture_output=True, text=True)
+                spec = {
+                    "files": {k: str(v) for k, v in prepared.files.items()},
+                    "dense": dense,
+                    "sparse": sparse,
+                    "sizes": table_sizes(cfg),
+                    "seeds": args.seeds,
+                    "model": theirs_name,
+                }
+                r = subprocess.run(
+                    [args.deepctr_python, "-c", WORKER, json.dumps(spec)], capture_output=True, text=True
+                )
                 if r.returncode:
                     print(f"{data:<8}{name:<11} DeepCTR-Torch failed: {r.stderr.strip().splitlines()[-1]}")
                     continue
                 theirs = list(json.loads(r.stdout.strip().splitlines()[-1]).values())
                 mine = ours(config, name, args.seeds, tmp)
                 mean = lambda rows, k: statistics.mean(x[k] for x in rows)  # noqa: E731
-                print(f"{data:<8}{name:<11}{mean(mine, 'auc'):>10.4f}{mean(theirs, 'auc'):>13.4f}"
-                      f"{mean(mine, 'auc') - mean(theirs, 'auc'):>+8.4f}{mean(mine, 'logloss'):>14.4f}"
-                      f"{mean(theirs, 'logloss'):>17.4f}")
+                print(
+                    f"{data:<8}{name:<11}{mean(mine, 'auc'):>10.4f}{mean(theirs, 'auc'):>13.4f}"
+                    f"{mean(mine, 'auc') - mean(theirs, 'auc'):>+8.4f}{mean(mine, 'logloss'):>14.4f}"
+                    f"{mean(theirs, 'logloss'):>17.4f}"
+                )
 
 
 if __name__ == "__main__":

@@ -43,12 +43,19 @@ def synthetic_batches(n: int, rows: int, batch: int, device: torch.device, seed:
 
     g = torch.Generator().manual_seed(seed)
     keys = [f"f{i}" for i in range(TABLES)]
-    return [Batch(dense_features=torch.randn(batch, 13, generator=g),
-                  sparse_features=KeyedJaggedTensor(keys=keys, values=torch.randint(0, rows, (TABLES * batch,),
-                                                                                    generator=g),
-                                                    lengths=torch.ones(TABLES * batch, dtype=torch.int32),
-                                                    stride=batch),
-                  labels=torch.randint(0, 2, (batch,), generator=g).float()) for _ in range(n)]
+    return [
+        Batch(
+            dense_features=torch.randn(batch, 13, generator=g),
+            sparse_features=KeyedJaggedTensor(
+                keys=keys,
+                values=torch.randint(0, rows, (TABLES * batch,), generator=g),
+                lengths=torch.ones(TABLES * batch, dtype=torch.int32),
+                stride=batch,
+            ),
+            labels=torch.randint(0, 2, (batch,), generator=g).float(),
+        )
+        for _ in range(n)
+    ]
 
 
 def point(rows: int, batch: int, device: torch.device, seconds: float, mlperf: bool = False) -> dict:
@@ -70,19 +77,29 @@ def point(rows: int, batch: int, device: torch.device, seconds: float, mlperf: b
     _reset_peak()
     batches = synthetic_batches(4, rows, batch, device)
     dim = 128 if mlperf else 16
-    tables = [EmbeddingBagConfig(name=f"t{i}", embedding_dim=dim, num_embeddings=rows, feature_names=[f"f{i}"])
-              for i in range(TABLES)]
+    tables = [
+        EmbeddingBagConfig(name=f"t{i}", embedding_dim=dim, num_embeddings=rows, feature_names=[f"f{i}"])
+        for i in range(TABLES)
+    ]
     ebc = EmbeddingBagCollection(tables=tables, device=torch.device("meta"))
     if mlperf:
-        dlrm = DLRM_DCN(ebc, 13, [512, 256, 128], [1024, 1024, 512, 256, 1], dcn_num_layers=3, dcn_low_rank_dim=512,
-                        dense_device=device)
+        dlrm = DLRM_DCN(
+            ebc,
+            13,
+            [512, 256, 128],
+            [1024, 1024, 512, 256, 1],
+            dcn_num_layers=3,
+            dcn_low_rank_dim=512,
+            dense_device=device,
+        )
     else:
         dlrm = DLRM(ebc, 13, [64, 16], [64, 32, 1], dense_device=device)
     model = DLRMTrain(dlrm)
     apply_optimizer_in_backward(RowWiseAdagrad, ebc.parameters(), {"lr": 0.02, "eps": 1e-8})
     dmp = shard(model, {"sharding_types": ["table_wise"]}, device=device, batch_size=batch)
-    opt = KeyedOptimizerWrapper(dict(in_backward_optimizer_filter(dmp.named_parameters())),
-                                lambda ps: torch.optim.Adagrad(ps, lr=0.02))
+    opt = KeyedOptimizerWrapper(
+        dict(in_backward_optimizer_filter(dmp.named_parameters())), lambda ps: torch.optim.Adagrad(ps, lr=0.02)
+    )
     pipe = TrainPipelineSparseDist(dmp, opt, device)
     it = itertools.cycle(batches)
     for _ in range(3):
@@ -96,9 +113,14 @@ def point(rows: int, batch: int, device: torch.device, seconds: float, mlperf: b
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     sps = n * batch / (time.perf_counter() - t0)
-    out = {"rows": rows, "batch": batch, "samples_per_s": sps, "peak_rss_mb": _rss_mb("VmHWM"),
-           "base_rss_mb": base,
-           "table_mb": TABLES * rows * (dim + 1) * 4 / 2**20}  # weights + row-wise Adagrad state
+    out = {
+        "rows": rows,
+        "batch": batch,
+        "samples_per_s": sps,
+        "peak_rss_mb": _rss_mb("VmHWM"),
+        "base_rss_mb": base,
+        "table_mb": TABLES * rows * (dim + 1) * 4 / 2**20,
+    }  # weights + row-wise Adagrad state
     if device.type == "cuda":
         out["peak_gpu_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
         torch.cuda.reset_peak_memory_stats(device)
@@ -107,8 +129,17 @@ def point(rows: int, batch: int, device: torch.device, seconds: float, mlperf: b
     return out
 
 
-def sweep(rank: int, world: int, rows_list: list[int], batches: list[int], fixed_rows: int, fixed_batch: int,
-          seconds: float, mlperf: bool = False, device_type: str = "cpu") -> dict:
+def sweep(
+    rank: int,
+    world: int,
+    rows_list: list[int],
+    batches: list[int],
+    fixed_rows: int,
+    fixed_batch: int,
+    seconds: float,
+    mlperf: bool = False,
+    device_type: str = "cpu",
+) -> dict:
     """run_ranks target (world size 1): the rows sweep at ``fixed_batch``, the batch sweep at ``fixed_rows``;
     ``mlperf``: the MLPerf dense part (see :func:`point`), on ``device_type`` (cpu or cuda)."""
     import logging
@@ -120,8 +151,10 @@ def sweep(rank: int, world: int, rows_list: list[int], batches: list[int], fixed
     # One intra-op thread: on a 2-core machine shared with other jobs, 2 OpenMP threads made
     # steps up to 160x slower (a barrier waits for a descheduled thread); see docs/benchmarks.md.
     torch.set_num_threads(1)
-    return {"rows": [point(r, fixed_batch, device, seconds, mlperf) for r in rows_list],
-            "batch": [point(fixed_rows, b, device, seconds, mlperf) for b in batches]}
+    return {
+        "rows": [point(r, fixed_batch, device, seconds, mlperf) for r in rows_list],
+        "batch": [point(fixed_rows, b, device, seconds, mlperf) for b in batches],
+    }
 
 
 def exponent(xs: list[float], ys: list[float]) -> float:

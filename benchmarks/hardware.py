@@ -23,8 +23,12 @@ import time
 
 import torch
 
-STATE_FLOATS = {"exact_rowwise_adagrad": lambda d: 1, "exact_adagrad": lambda d: d, "exact_sgd": lambda d: 0,
-                "adam": lambda d: 2 * d}
+STATE_FLOATS = {
+    "exact_rowwise_adagrad": lambda d: 1,
+    "exact_adagrad": lambda d: d,
+    "exact_sgd": lambda d: 0,
+    "adam": lambda d: 2 * d,
+}
 
 
 def embedding_bytes_per_sample(cfg) -> int:
@@ -90,13 +94,21 @@ def copy_bandwidth(device: torch.device, mbytes: int = 256, seconds: float = 0.5
     return 2 * src.numel() * 4 * n / (time.perf_counter() - t0)
 
 
-def mm_flops(shapes: list[tuple[int, int]], batch: int, device: torch.device, seconds: float = 0.5,
-             dtype: torch.dtype = torch.float32) -> float:
+def mm_flops(
+    shapes: list[tuple[int, int]],
+    batch: int,
+    device: torch.device,
+    seconds: float = 0.5,
+    dtype: torch.dtype = torch.float32,
+) -> float:
     """FLOP/s of torch.mm over each Linear's forward, grad-input and grad-weight products at ``batch``."""
     mats = []
     for i, o in shapes:
-        x, w, g = (torch.rand(batch, i, device=device, dtype=dtype), torch.rand(i, o, device=device, dtype=dtype),
-                   torch.rand(batch, o, device=device, dtype=dtype))
+        x, w, g = (
+            torch.rand(batch, i, device=device, dtype=dtype),
+            torch.rand(i, o, device=device, dtype=dtype),
+            torch.rand(batch, o, device=device, dtype=dtype),
+        )
         mats += [(x, w), (g, w.t()), (g.t(), x)]
     flops = sum(2 * a.shape[0] * a.shape[1] * b.shape[1] for a, b in mats)
     for a, b in mats:

@@ -18,10 +18,15 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-CONFIGS = {"criteo dlrm": "criteo_quickstart.yaml", "criteo dcnv2": "criteo_dcnv2.yaml",
-           "criteo deepfm": "criteo_deepfm.yaml", "criteo wide_deep": "criteo_wide_deep.yaml",
-           "avazu dcnv2": "avazu_dcnv2.yaml", "avazu deepfm": "avazu_deepfm.yaml",
-           "avazu wide_deep": "avazu_wide_deep.yaml"}
+CONFIGS = {
+    "criteo dlrm": "criteo_quickstart.yaml",
+    "criteo dcnv2": "criteo_dcnv2.yaml",
+    "criteo deepfm": "criteo_deepfm.yaml",
+    "criteo wide_deep": "criteo_wide_deep.yaml",
+    "avazu dcnv2": "avazu_dcnv2.yaml",
+    "avazu deepfm": "avazu_deepfm.yaml",
+    "avazu wide_deep": "avazu_wide_deep.yaml",
+}
 
 
 def main() -> None:
@@ -34,14 +39,26 @@ def main() -> None:
             aucs, losses = [], []
             for seed in args.seeds:
                 run = Path(tmp) / f"{name}-{seed}"
-                cmd = [sys.executable, "-m", "recsys_dist.cli", "train", "--config", str(ROOT / "configs" / config),
-                       "--run-dir", str(run), f"train.seed={seed}", "checkpoint.enabled=false",
-                       "train.progress_bar=false"]
+                cmd = [
+                    sys.executable,
+                    "-m",
+                    "recsys_dist.cli",
+                    "train",
+                    "--config",
+                    str(ROOT / "configs" / config),
+                    "--run-dir",
+                    str(run),
+                    f"train.seed={seed}",
+                    "checkpoint.enabled=false",
+                    "train.progress_bar=false",
+                ]
                 subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True)
                 test = json.loads((run / "summary.json").read_text())["test"]
                 aucs.append(test["auc"]), losses.append(test["logloss"])
-            print(f"{name:<17}{statistics.mean(aucs):>14.4f}{min(aucs):>10.4f}-{max(aucs):.4f}"
-                  f"{statistics.mean(losses):>19.4f}")
+            print(
+                f"{name:<17}{statistics.mean(aucs):>14.4f}{min(aucs):>10.4f}-{max(aucs):.4f}"
+                f"{statistics.mean(losses):>19.4f}"
+            )
 
 
 if __name__ == "__main__":

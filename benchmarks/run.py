@@ -49,19 +49,29 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 SAMPLE = ROOT / "datasets" / "criteo_kaggle" / "dac_train_first10000.txt"
-DEEPCTR_VENV = ("python3.11 -m venv /tmp/dctr && /tmp/dctr/bin/pip install torch==2.13.0 deepctr-torch "
-                "scikit-learn pyarrow requests")
+DEEPCTR_VENV = (
+    "python3.11 -m venv /tmp/dctr && /tmp/dctr/bin/pip install torch==2.13.0 deepctr-torch "
+    "scikit-learn pyarrow requests"
+)
 DEFAULT_ROWS_PER_TABLE = 10_000  # the quickstart configs' data.num_embeddings
 MLPERF_H200_SAMPLES_PER_S = 1.9e6  # MLPerf Training DLRM-DCNv2, per GPU of an 8 x H200 system
 
 
 def overrides(spec: dict, model: str) -> list[str]:
     """Config overrides shared by every trainer run of the benchmark."""
-    common = [f"data.raw_path={spec['raw']}", f"data.cache_dir={spec['cache']}", "data.split=[0.98,0.01,0.01]",
-              f"train.batch_size={spec['batch']}", f"train.epochs={spec['reps']}", "train.progress_bar=false",
-              "checkpoint.enabled=false", f"distributed.nproc_per_node={spec['world']}",
-              f"distributed.device={spec['device']}", "eval.batch_size=1024",
-              f"train.precision={spec.get('precision', 'fp32')}"]
+    common = [
+        f"data.raw_path={spec['raw']}",
+        f"data.cache_dir={spec['cache']}",
+        "data.split=[0.98,0.01,0.01]",
+        f"train.batch_size={spec['batch']}",
+        f"train.epochs={spec['reps']}",
+        "train.progress_bar=false",
+        "checkpoint.enabled=false",
+        f"distributed.nproc_per_node={spec['world']}",
+        f"distributed.device={spec['device']}",
+        "eval.batch_size=1024",
+        f"train.precision={spec.get('precision', 'fp32')}",
+    ]
     if model == "mlperf":
         from recsys_dist.config import load_config
 
@@ -89,8 +99,16 @@ def trainer_epoch(cfg, ctx, run_dir: Path):
     run_dir.mkdir(parents=True, exist_ok=True)
     loaders = make_loaders(cfg, ctx)
     dmp, optimizer, _ = shard_model(cfg, ctx)
-    loop = _Loop(cfg, ctx, dmp, optimizer, loaders, MetricsWriter(run_dir / "metrics.jsonl", ctx.is_main),
-                 TraceWriter(None, ctx.rank), run_dir)
+    loop = _Loop(
+        cfg,
+        ctx,
+        dmp,
+        optimizer,
+        loaders,
+        MetricsWriter(run_dir / "metrics.jsonl", ctx.is_main),
+        TraceWriter(None, ctx.rank),
+        run_dir,
+    )
 
     def epoch() -> float:
         rows, secs = loop.rows_trained, loop.train_seconds
@@ -129,7 +147,7 @@ def deepctr_sweep(spec: dict, quick: bool, python: str) -> list[dict]:
     from recsys_dist.testing import run_ranks
 
     out = []
-    for n, timed_rows in list(DEEPCTR_SWEEP.items())[:2 if quick else 3]:
+    for n, timed_rows in list(DEEPCTR_SWEEP.items())[: 2 if quick else 3]:
         one = {**spec, "rows_per_table": n}
         dcfg = load(one, "deepfm")
         prepared = prepare_from_config(dcfg)
@@ -143,8 +161,7 @@ def deepctr_sweep(spec: dict, quick: bool, python: str) -> list[dict]:
         ours = run_ranks(deepfm_one_rank, 1, one, timeout_s=1800)[0]
         out.append({"rows_per_table": n, "theirs": theirs, "ours": ours})
         if n == 10**4:  # where the MLP's matmuls are most of our step
-            out[-1]["ours_bf16"] = run_ranks(deepfm_one_rank, 1, {**one, "precision": "bf16-mixed"},
-                                             timeout_s=1800)[0]
+            out[-1]["ours_bf16"] = run_ranks(deepfm_one_rank, 1, {**one, "precision": "bf16-mixed"}, timeout_s=1800)[0]
     import torch
 
     from benchmarks.baselines import mlp_alone
@@ -192,18 +209,39 @@ def measure(rank: int, world: int, spec: dict) -> dict:
 
     dcn = (m.dcn_num_layers, m.dcn_low_rank_dim) if m.name == "dlrm_dcnv2" else None
     sharding = None if name == "mlperf" else "table_wise"
-    run["handwritten"] = rate(baselines.handwritten_torchrec(
-        batches, sizes, m.embedding_dim, m.dense_arch_layer_sizes, m.over_arch_layer_sizes, sharding, lr, dev, dcn,
-        exact_adagrad=cfg.train.embedding_optimizer == "exact_adagrad"))
+    run["handwritten"] = rate(
+        baselines.handwritten_torchrec(
+            batches,
+            sizes,
+            m.embedding_dim,
+            m.dense_arch_layer_sizes,
+            m.over_arch_layer_sizes,
+            sharding,
+            lr,
+            dev,
+            dcn,
+            exact_adagrad=cfg.train.embedding_optimizer == "exact_adagrad",
+        )
+    )
     if name == "dlrm":
-        run["plain"] = rate(baselines.plain_pytorch(batches, sizes, m.embedding_dim, m.dense_arch_layer_sizes,
-                                                    m.over_arch_layer_sizes, lr))
+        run["plain"] = rate(
+            baselines.plain_pytorch(
+                batches, sizes, m.embedding_dim, m.dense_arch_layer_sizes, m.over_arch_layer_sizes, lr
+            )
+        )
         if spec["deepfm"]:
             run["ours_deepfm"], _ = trainer_epoch(load(spec, "deepfm"), ctx, Path(spec["tmp"]) / "deepfm")
     from recsys_dist.data.loader import CTRBatch
 
-    ours_batches = [CTRBatch(dense_features=b.dense_features, sparse_features=b.sparse_features, labels=b.labels,
-                             weights=torch.ones_like(b.labels)) for b in batches]
+    ours_batches = [
+        CTRBatch(
+            dense_features=b.dense_features,
+            sparse_features=b.sparse_features,
+            labels=b.labels,
+            weights=torch.ones_like(b.labels),
+        )
+        for b in batches
+    ]
     for kind, cls in (("sparse_dist", TrainPipelineSparseDist), ("base", TrainPipelineBase)):
         dmp, opt, _ = shard_model(cfg, ctx)
         run[f"pipe_{kind}"] = rate(baselines.pipeline_stepper(cls(dmp, opt, dev), ours_batches))
@@ -234,9 +272,17 @@ def deepctr(python: str, spec: dict, cfg, train_path: str, rows: int, threads: i
     if not Path(python).is_file():
         return None
     dense, sparse = feature_names(cfg)
-    job = {"train": train_path, "dense": dense, "sparse": sparse, "sizes": table_sizes(cfg),
-           "dim": cfg.model.embedding_dim, "deep": cfg.model.deep_layer_sizes, "batch": spec["batch"] * spec["world"],
-           "rows": rows, "threads": threads}
+    job = {
+        "train": train_path,
+        "dense": dense,
+        "sparse": sparse,
+        "sizes": table_sizes(cfg),
+        "dim": cfg.model.embedding_dim,
+        "deep": cfg.model.deep_layer_sizes,
+        "batch": spec["batch"] * spec["world"],
+        "rows": rows,
+        "threads": threads,
+    }
     r = subprocess.run([python, "-c", DEEPCTR_WORKER, json.dumps(job)], capture_output=True, text=True)
     if r.returncode:
         return {"error": (r.stderr.strip().splitlines() or ["?"])[-1]}
@@ -248,18 +294,30 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="smaller data and sweeps: under 3 minutes on 2 cores")
-    parser.add_argument("--deepctr-python", default="/tmp/dctr/bin/python",
-                        help="python of a venv with deepctr-torch (item 3; skipped when absent)")
+    parser.add_argument(
+        "--deepctr-python",
+        default="/tmp/dctr/bin/python",
+        help="python of a venv with deepctr-torch (item 3; skipped when absent)",
+    )
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     parser.add_argument("--reps", type=positive_int, default=None, help="interleaved rounds (default 3 quick, 5 full)")
-    parser.add_argument("--model", choices=["auto", "dlrm", "mlperf"], default="auto",
-                        help="dlrm: the quickstart DLRM, 2 ranks, items 1-6; mlperf: the MLPerf DLRMv2 model with "
-                             "capped tables, one rank, items 1, 4, 5, 6; auto: mlperf on CUDA, dlrm on CPU")
+    parser.add_argument(
+        "--model",
+        choices=["auto", "dlrm", "mlperf"],
+        default="auto",
+        help="dlrm: the quickstart DLRM, 2 ranks, items 1-6; mlperf: the MLPerf DLRMv2 model with "
+        "capped tables, one rank, items 1, 4, 5, 6; auto: mlperf on CUDA, dlrm on CPU",
+    )
     parser.add_argument("--mlperf-max-rows", type=positive_int, default=1_000_000, help="rows cap of each MLPerf table")
-    parser.add_argument("--batch", type=positive_int, default=None,
-                        help="per-rank batch (default 8192 on CUDA, 256 on CPU)")
-    parser.add_argument("--copies", type=positive_int, default=None,
-                        help="times the Criteo sample is repeated (default 5 quick / 20 full; CUDA 20 / 100)")
+    parser.add_argument(
+        "--batch", type=positive_int, default=None, help="per-rank batch (default 8192 on CUDA, 256 on CPU)"
+    )
+    parser.add_argument(
+        "--copies",
+        type=positive_int,
+        default=None,
+        help="times the Criteo sample is repeated (default 5 quick / 20 full; CUDA 20 / 100)",
+    )
     parser.add_argument("--skip", default="", help="comma-separated items to skip: 3,5")
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore")
@@ -282,9 +340,15 @@ def main(argv: list[str] | None = None) -> int:
     # The MLPerf model runs on one rank (one GPU); on CPU that mirrors the GPU run at small scale.
     world = 1 if cuda or model == "mlperf" else 2
     copies = args.copies or ((20 if quick else 100) if cuda else (5 if quick else 20))
-    spec = {"world": world, "batch": args.batch or (8192 if cuda else 256), "reps": args.reps or (3 if quick else 5),
-            "device": "cuda" if cuda else "cpu", "model": model, "max_rows": args.mlperf_max_rows,
-            "deepfm": model == "dlrm" and "3" not in skip}
+    spec = {
+        "world": world,
+        "batch": args.batch or (8192 if cuda else 256),
+        "reps": args.reps or (3 if quick else 5),
+        "device": "cuda" if cuda else "cpu",
+        "model": model,
+        "max_rows": args.mlperf_max_rows,
+        "deepfm": model == "dlrm" and "3" not in skip,
+    }
     with tempfile.TemporaryDirectory() as tmp:
         raw = Path(tmp) / "criteo_repeated.txt"
         block = SAMPLE.read_bytes()
@@ -303,9 +367,19 @@ def main(argv: list[str] | None = None) -> int:
             batch_list = [256, 1024, 4096] + ([] if quick else [16384])
             if cuda:
                 batch_list = [1024, 4096, 16384, 65536]
-            grow = run_ranks(growth.sweep, 1, rows_list, batch_list, 10**5, 4096 if cuda else 256,
-                             0.5 if quick else 2.0, model == "mlperf", spec["device"], timeout_s=1800,
-                             backend="nccl" if cuda else "gloo")[0]
+            grow = run_ranks(
+                growth.sweep,
+                1,
+                rows_list,
+                batch_list,
+                10**5,
+                4096 if cuda else 256,
+                0.5 if quick else 2.0,
+                model == "mlperf",
+                spec["device"],
+                timeout_s=1800,
+                backend="nccl" if cuda else "gloo",
+            )[0]
     print_table(spec, cfg, res, theirs, grow, train_rows, copies, args, hardware, growth)
     print(f"\n(benchmark wall time {time.perf_counter() - started:.0f} s)")
     return 0
@@ -320,15 +394,22 @@ def print_table(spec, cfg, res, theirs, grow, train_rows, copies, args, hardware
 
     B, W, dev = spec["batch"], spec["world"], spec["device"]
     m = cfg.model
-    where = (f"{W} rank(s) on {dev}" + (f", gloo, {res['threads']} intra-op thread(s) per rank" if dev == "cpu"
-                                        else f" ({torch.cuda.get_device_name(0)}), nccl"))
+    where = f"{W} rank(s) on {dev}" + (
+        f", gloo, {res['threads']} intra-op thread(s) per rank"
+        if dev == "cpu"
+        else f" ({torch.cuda.get_device_name(0)}), nccl"
+    )
     n = cfg.data.num_embeddings
     rows = f"{n:,} rows" if isinstance(n, int) else f"MLPerf's rows capped at {spec['max_rows']:,}"
-    model = (f"{m.name}: 26 tables x {rows} x dim {m.embedding_dim}, MLPs {m.dense_arch_layer_sizes} / "
-             f"{m.over_arch_layer_sizes}, {cfg.train.embedding_optimizer} fused + {cfg.train.dense_optimizer}")
+    model = (
+        f"{m.name}: 26 tables x {rows} x dim {m.embedding_dim}, MLPs {m.dense_arch_layer_sizes} / "
+        f"{m.over_arch_layer_sizes}, {cfg.train.embedding_optimizer} fused + {cfg.train.dense_optimizer}"
+    )
     data = f"Criteo sample x{copies} -> {train_rows:,} train rows (Parquet), batch {B} per rank ({B * W} global)"
-    print(f"setup: {where}; {model}; {data}; {spec['reps']} ABBA-interleaved rounds of {res['steps']} steps, "
-          f"medians of the rounds; torch {torch.__version__}")
+    print(
+        f"setup: {where}; {model}; {data}; {spec['reps']} ABBA-interleaved rounds of {res['steps']} steps, "
+        f"medians of the rounds; torch {torch.__version__}"
+    )
     rows = []
 
     rounds, med = res["rounds"], res["median"]
@@ -339,90 +420,194 @@ def print_table(spec, cfg, res, theirs, grow, train_rows, copies, args, hardware
     def line(item, what, config, a, b, unit, aim=None, ratio=None):
         ratio = ratio if ratio is not None else (a / b if b else float("nan"))
         verdict = "" if aim is None else (" met" if ratio >= aim else " not met")
-        rows.append((item, what, config, f"**{ratio:.2f}**" if ratio >= 0.1 else f"**{ratio:.4f}**", f"{_fmt(a)} vs {_fmt(b)} {unit}",
-                     "" if aim is None else f">= {aim}{verdict}"))
+        rows.append(
+            (
+                item,
+                what,
+                config,
+                f"**{ratio:.2f}**" if ratio >= 0.1 else f"**{ratio:.4f}**",
+                f"{_fmt(a)} vs {_fmt(b)} {unit}",
+                "" if aim is None else f">= {aim}{verdict}",
+            )
+        )
 
     tables = "table_wise" if spec["model"] == "dlrm" else "the planner's sharding, tables' fused optimizer alike"
-    line("1", "framework overhead", "our trainer end to end from Parquet (shuffled, prefetch 2, logging) vs "
-         f"hand-written DMP + TrainPipelineSparseDist on in-memory batches; same model, {tables}",
-         med["ours"], med["handwritten"], "samples/s", 0.95, paired("ours", "handwritten"))
+    line(
+        "1",
+        "framework overhead",
+        "our trainer end to end from Parquet (shuffled, prefetch 2, logging) vs "
+        f"hand-written DMP + TrainPipelineSparseDist on in-memory batches; same model, {tables}",
+        med["ours"],
+        med["handwritten"],
+        "samples/s",
+        0.95,
+        paired("ours", "handwritten"),
+    )
     if "plain" in med:
-        line("2", "vs plain PyTorch", "our trainer vs DLRM of 26 nn.EmbeddingBag(sparse=True) + torch.optim.Adagrad, "
-             "DDP (sparse gradients all-gathered by a comm hook: gloo's sparse all-reduce corrupts the heap), in-memory batches", med["ours"], med["plain"], "samples/s", 1.5,
-             paired("ours", "plain"))
+        line(
+            "2",
+            "vs plain PyTorch",
+            "our trainer vs DLRM of 26 nn.EmbeddingBag(sparse=True) + torch.optim.Adagrad, "
+            "DDP (sparse gradients all-gathered by a comm hook: gloo's sparse all-reduce corrupts the heap), in-memory batches",
+            med["ours"],
+            med["plain"],
+            "samples/s",
+            1.5,
+            paired("ours", "plain"),
+        )
     if "ours_deepfm" in med:
         if not theirs or theirs[0]["theirs"] is None:
-            rows.append(("3", "vs DeepCTR-Torch", f"skipped: no {args.deepctr_python}; make it with: {DEEPCTR_VENV}",
-                         "", "", ">= 5"))
+            rows.append(
+                (
+                    "3",
+                    "vs DeepCTR-Torch",
+                    f"skipped: no {args.deepctr_python}; make it with: {DEEPCTR_VENV}",
+                    "",
+                    "",
+                    ">= 5",
+                )
+            )
         elif "error" in theirs[0]["theirs"]:
-            rows.append(("3", "vs DeepCTR-Torch", f"DeepCTR-Torch failed: {theirs[0]['theirs']['error']}", "", "",
-                         ">= 5"))
+            rows.append(
+                ("3", "vs DeepCTR-Torch", f"DeepCTR-Torch failed: {theirs[0]['theirs']['error']}", "", "", ">= 5")
+            )
         for point in theirs or []:
             if "ours" not in point:
                 continue
             n, them = point["rows_per_table"], point["theirs"]
-            note = (f"; our 2-rank x {B} run: {_fmt(max(rounds['ours_deepfm']))} samples/s"
-                    if n == DEFAULT_ROWS_PER_TABLE else "")
-            line("3", f"vs DeepCTR-Torch DeepFM, 10^{round(math.log10(n))} rows per table",
-                 f"26 tables x {n:,} rows (+ 26 first-order tables), dim 16, deep 256-128, batch {B * W}: our deepfm "
-                 f"trainer on 1 rank, {os.cpu_count()} threads, best epoch{note} vs DeepCTR-Torch 0.3 DeepFM.fit, "
-                 f"1 process, {them['threads']} thread{'s' if them['threads'] != 1 else ''}, {them['rows']:,} rows, dense Adagrad; same Parquet rows; "
-                 "not interleaved", point["ours"], them["samples_per_s"], "samples/s", 5)
+            note = (
+                f"; our 2-rank x {B} run: {_fmt(max(rounds['ours_deepfm']))} samples/s"
+                if n == DEFAULT_ROWS_PER_TABLE
+                else ""
+            )
+            line(
+                "3",
+                f"vs DeepCTR-Torch DeepFM, 10^{round(math.log10(n))} rows per table",
+                f"26 tables x {n:,} rows (+ 26 first-order tables), dim 16, deep 256-128, batch {B * W}: our deepfm "
+                f"trainer on 1 rank, {os.cpu_count()} threads, best epoch{note} vs DeepCTR-Torch 0.3 DeepFM.fit, "
+                f"1 process, {them['threads']} thread{'s' if them['threads'] != 1 else ''}, {them['rows']:,} rows, dense Adagrad; same Parquet rows; "
+                "not interleaved",
+                point["ours"],
+                them["samples_per_s"],
+                "samples/s",
+                5,
+            )
             if "mlp_alone" in point:
-                line("3", "ceiling at 10^4 rows", f"the deep MLP alone ({'-'.join(map(str, point['mlp_shape']))}, "
-                     f"fwd + bwd + Adagrad, batch {B * W}, {os.cpu_count()} threads): the most any float32 DeepFM "
-                     "can reach here, vs DeepCTR-Torch", point["mlp_alone"], them["samples_per_s"], "samples/s")
+                line(
+                    "3",
+                    "ceiling at 10^4 rows",
+                    f"the deep MLP alone ({'-'.join(map(str, point['mlp_shape']))}, "
+                    f"fwd + bwd + Adagrad, batch {B * W}, {os.cpu_count()} threads): the most any float32 DeepFM "
+                    "can reach here, vs DeepCTR-Torch",
+                    point["mlp_alone"],
+                    them["samples_per_s"],
+                    "samples/s",
+                )
             if "ours_bf16" in point:
-                line("3", "bf16-mixed vs DeepCTR-Torch, 10^4 rows per table",
-                     "as the 10^4 line, ours with train.precision=bf16-mixed (the MLP's matmuls in bfloat16 "
-                     "autocast, weights and optimizer float32) vs DeepCTR-Torch in float32 (it has no mixed "
-                     "precision)", point["ours_bf16"], them["samples_per_s"], "samples/s", 5)
-                line("3", "bf16-mixed ceiling at 10^4 rows", "the deep MLP alone as above, under bfloat16 "
-                     "autocast, vs DeepCTR-Torch", point["mlp_alone_bf16"], them["samples_per_s"], "samples/s")
-    line("4", "pipelining", f"TrainPipelineSparseDist / TrainPipelineBase, our sharded model, world size {W}, "
-         "in-memory batches", med["pipe_sparse_dist"], med["pipe_base"], "samples/s", None,
-         paired("pipe_sparse_dist", "pipe_base"))
+                line(
+                    "3",
+                    "bf16-mixed vs DeepCTR-Torch, 10^4 rows per table",
+                    "as the 10^4 line, ours with train.precision=bf16-mixed (the MLP's matmuls in bfloat16 "
+                    "autocast, weights and optimizer float32) vs DeepCTR-Torch in float32 (it has no mixed "
+                    "precision)",
+                    point["ours_bf16"],
+                    them["samples_per_s"],
+                    "samples/s",
+                    5,
+                )
+                line(
+                    "3",
+                    "bf16-mixed ceiling at 10^4 rows",
+                    "the deep MLP alone as above, under bfloat16 autocast, vs DeepCTR-Torch",
+                    point["mlp_alone_bf16"],
+                    them["samples_per_s"],
+                    "samples/s",
+                )
+    line(
+        "4",
+        "pipelining",
+        f"TrainPipelineSparseDist / TrainPipelineBase, our sharded model, world size {W}, in-memory batches",
+        med["pipe_sparse_dist"],
+        med["pipe_base"],
+        "samples/s",
+        None,
+        paired("pipe_sparse_dist", "pipe_base"),
+    )
     if grow:
         r, b = grow["rows"], grow["batch"]
         for key, pts, xs in (("rows", r, [p["rows"] for p in r]), ("batch", b, [p["batch"] for p in b])):
             # Memory added by the model and its batches: peak RSS over the RSS before the sweep's first point.
-            inc = lambda p: max(p["peak_rss_mb"] - pts[0]["base_rss_mb"], 1e-3)  # noqa: E731
+            inc = lambda p, pts=pts: max(p["peak_rss_mb"] - pts[0]["base_rss_mb"], 1e-3)  # noqa: E731
             k_sps = growth.exponent(xs, [p["samples_per_s"] for p in pts])
             k_mem = growth.exponent(xs, [inc(p) for p in pts])
             k_last = growth.exponent(xs[-2:], [inc(p) for p in pts[-2:]])
             first, last = pts[0], pts[-1]
-            what = (f"rows per table {xs[0]:.0e} -> {xs[-1]:.0e}, batch {first['batch']}" if key == "rows"
-                    else f"batch {xs[0]} -> {xs[-1]}, {first['rows']:.0e} rows per table")
-            dense = ("dim 128, MLPerf's dense part" if spec["model"] == "mlperf" else "dim 16, the quickstart's MLPs")
-            rows.append(("5", f"growth: {key}", f"{what}; {growth.TABLES} tables x {dense}, row-wise Adagrad, 1 rank, "
-                         "synthetic uniform ids",
-                         f"**{last['samples_per_s'] / first['samples_per_s']:.2f}** samples/s, "
-                         f"**{inc(last) / inc(first):.1f}** RSS",
-                         f"fitted: samples/s ~ x^{k_sps:.2f}; peak RSS above the pre-sweep RSS ~ x^{k_mem:.2f} "
-                         f"(last step x^{k_last:.2f})", ""))
+            what = (
+                f"rows per table {xs[0]:.0e} -> {xs[-1]:.0e}, batch {first['batch']}"
+                if key == "rows"
+                else f"batch {xs[0]} -> {xs[-1]}, {first['rows']:.0e} rows per table"
+            )
+            dense = "dim 128, MLPerf's dense part" if spec["model"] == "mlperf" else "dim 16, the quickstart's MLPs"
+            rows.append(
+                (
+                    "5",
+                    f"growth: {key}",
+                    f"{what}; {growth.TABLES} tables x {dense}, row-wise Adagrad, 1 rank, synthetic uniform ids",
+                    f"**{last['samples_per_s'] / first['samples_per_s']:.2f}** samples/s, "
+                    f"**{inc(last) / inc(first):.1f}** RSS",
+                    f"fitted: samples/s ~ x^{k_sps:.2f}; peak RSS above the pre-sweep RSS ~ x^{k_mem:.2f} "
+                    f"(last step x^{k_last:.2f})",
+                    "",
+                )
+            )
     bps, fps = hardware.embedding_bytes_per_sample(cfg), hardware.flops_per_sample(cfg)
     sps = med["ours"]
-    line("6", "memory bandwidth", f"our trainer x {bps:,} B/sample (embedding rows read 4D + read/write 8D, optimizer "
-         f"state, pooled 8D; D={m.embedding_dim}) vs {W} rank(s) copying 256 MB fp32 at once (bytes read + written)",
-         sps * bps / 1e9, res["copy_bytes_per_s"] / 1e9, "GB/s")
-    line("6", "matmul FLOP/s", f"our trainer x {fps:,} FLOP/sample (MLPs + interaction, fwd+bwd = 3x fwd) vs "
-         f"torch.mm at the model's Linear shapes, batch {B}, {W} rank(s) at once", sps * fps / 1e9,
-         res["mm_flops"] / 1e9, "GFLOP/s")
+    line(
+        "6",
+        "memory bandwidth",
+        f"our trainer x {bps:,} B/sample (embedding rows read 4D + read/write 8D, optimizer "
+        f"state, pooled 8D; D={m.embedding_dim}) vs {W} rank(s) copying 256 MB fp32 at once (bytes read + written)",
+        sps * bps / 1e9,
+        res["copy_bytes_per_s"] / 1e9,
+        "GB/s",
+    )
+    line(
+        "6",
+        "matmul FLOP/s",
+        f"our trainer x {fps:,} FLOP/sample (MLPs + interaction, fwd+bwd = 3x fwd) vs "
+        f"torch.mm at the model's Linear shapes, batch {B}, {W} rank(s) at once",
+        sps * fps / 1e9,
+        res["mm_flops"] / 1e9,
+        "GFLOP/s",
+    )
     if dev == "cuda":
-        line("GPU", "vs MLPerf", "our trainer's samples/s on one GPU vs MLPerf DLRM-DCNv2 per H200 (multi-hot, "
-             "full tables: not the same work)", sps, MLPERF_H200_SAMPLES_PER_S, "samples/s")
+        line(
+            "GPU",
+            "vs MLPerf",
+            "our trainer's samples/s on one GPU vs MLPerf DLRM-DCNv2 per H200 (multi-hot, "
+            "full tables: not the same work)",
+            sps,
+            MLPERF_H200_SAMPLES_PER_S,
+            "samples/s",
+        )
     print("\n| # | measure | configuration | ratio | measured | aim |\n| --- | --- | --- | ---: | --- | --- |")
     for row in rows:
         print("| " + " | ".join(row) + " |")
     if grow:
-        print("\ngrowth curves (item 5): rows per table, batch, samples/s, peak RSS MB, baseline RSS MB, "
-              "tables + optimizer state MB")
+        print(
+            "\ngrowth curves (item 5): rows per table, batch, samples/s, peak RSS MB, baseline RSS MB, "
+            "tables + optimizer state MB"
+        )
         for p in grow["rows"] + grow["batch"]:
-            print(f"  {p['rows']:>10,} {p['batch']:>7,} {p['samples_per_s']:>12,.0f} {p['peak_rss_mb']:>9,.0f} "
-                  f"{p['base_rss_mb']:>9,.0f} {p['table_mb']:>9,.0f}"
-                  + (f"  GPU peak {p['peak_gpu_mb']:,.0f} MB" if "peak_gpu_mb" in p else ""))
-    print("\nrounds (samples/s per round): " + "; ".join(
-        f"{k} " + "/".join(_fmt(x) for x in v) for k, v in rounds.items()))
+            print(
+                f"  {p['rows']:>10,} {p['batch']:>7,} {p['samples_per_s']:>12,.0f} {p['peak_rss_mb']:>9,.0f} "
+                f"{p['base_rss_mb']:>9,.0f} {p['table_mb']:>9,.0f}"
+                + (f"  GPU peak {p['peak_gpu_mb']:,.0f} MB" if "peak_gpu_mb" in p else "")
+            )
+    print(
+        "\nrounds (samples/s per round): "
+        + "; ".join(f"{k} " + "/".join(_fmt(x) for x in v) for k, v in rounds.items())
+    )
 
 
 if __name__ == "__main__":

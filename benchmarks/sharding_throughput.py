@@ -37,8 +37,10 @@ def _measure(rank: int, world_size: int, steps: int, warmup: int) -> dict:
     results = {}
     configs = [(t, "sparse_dist") for t in TYPES] + [("table_wise", "base"), ("row_wise", "base")]
     for sharding_type, pipeline in configs:
-        cfg = load_config(ROOT / "configs" / "criteo_quickstart.yaml",
-                          [f"sharding.sharding_types=[{sharding_type}]", "train.batch_size=256"])
+        cfg = load_config(
+            ROOT / "configs" / "criteo_quickstart.yaml",
+            [f"sharding.sharding_types=[{sharding_type}]", "train.batch_size=256"],
+        )
         ctx = init_distributed(cfg)
         loaders = make_loaders(cfg, ctx)
         dmp, optimizer, _ = shard_model(cfg, ctx)

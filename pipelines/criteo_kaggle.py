@@ -23,8 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def cli(*args: str) -> str:
-    r = subprocess.run([sys.executable, "-m", "recsys_dist.cli", *args], cwd=ROOT, text=True,
-                       stdout=subprocess.PIPE)
+    r = subprocess.run([sys.executable, "-m", "recsys_dist.cli", *args], cwd=ROOT, text=True, stdout=subprocess.PIPE)
     if r.returncode:
         sys.exit(r.returncode)
     return r.stdout
@@ -33,8 +32,11 @@ def cli(*args: str) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default=str(ROOT / "configs" / "criteo_quickstart.yaml"))
-    parser.add_argument("--run-dir", default=str(ROOT / "runs" / f"pipeline-{time.strftime('%Y%m%d-%H%M%S')}"),
-                        help="a new directory (an existing run is never trained over)")
+    parser.add_argument(
+        "--run-dir",
+        default=str(ROOT / "runs" / f"pipeline-{time.strftime('%Y%m%d-%H%M%S')}"),
+        help="a new directory (an existing run is never trained over)",
+    )
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
     run = Path(args.run_dir)
@@ -42,12 +44,20 @@ def main() -> None:
     print(out, end="")
     manifest = Path(out.split("manifest: ")[1].split()[0])
     test_parquet = manifest.parent / "test.parquet"
-    print(cli("train", "--config", args.config, "--run-dir", str(run), "train.progress_bar=false", *args.overrides), end="")
+    print(
+        cli("train", "--config", args.config, "--run-dir", str(run), "train.progress_bar=false", *args.overrides),
+        end="",
+    )
     print(cli("report", str(run)), end="")
     print(cli("export", str(run), "--out", str(run / "export")), end="")
     metrics = json.loads(cli("evaluate", str(run / "export"), "--data", str(test_parquet)).strip().splitlines()[-1])
     print(f"exported model on the test split: AUC {metrics['auc']:.4f}, logloss {metrics['logloss']:.4f}")
-    print(cli("predict", str(run / "export"), "--data", str(test_parquet), "--out", str(run / "test_predictions.parquet")), end="")
+    print(
+        cli(
+            "predict", str(run / "export"), "--data", str(test_parquet), "--out", str(run / "test_predictions.parquet")
+        ),
+        end="",
+    )
 
 
 if __name__ == "__main__":

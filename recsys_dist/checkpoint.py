@@ -64,8 +64,9 @@ def save_checkpoint(ctx: DistContext, run_dir: Path, step: int, state: dict, met
             tmp.mkdir(parents=True)
             free = shutil.disk_usage(tmp).free
             if free < need * 1.05:
-                raise OSError(errno.ENOSPC, f"about {need / 2**20:.1f} MiB needed, {free / 2**20:.1f} MiB free",
-                              str(root))
+                raise OSError(
+                    errno.ENOSPC, f"about {need / 2**20:.1f} MiB needed, {free / 2**20:.1f} MiB free", str(root)
+                )
 
     def finish() -> None:
         if ctx.is_main:
@@ -137,7 +138,8 @@ def _on_all_ranks(ctx: DistContext, stage, step: int, root: Path, tmp: Path) -> 
     raise CheckpointError(
         f"checkpoint at step {step} could not be written under {root} (rank {rank}: {what}). "
         f"The previous checkpoint is intact: {latest or 'none was written yet'}. Free disk space or make "
-        f"the run directory writable, then continue with --resume auto --run-dir {root.parent}.")
+        f"the run directory writable, then continue with --resume auto --run-dir {root.parent}."
+    )
 
 
 def _describe(err: BaseException) -> str:
@@ -185,8 +187,12 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
 
 
 def is_complete(path: Path) -> bool:
-    return path.is_dir() and not path.name.endswith(".tmp") and (path / ".metadata").is_file() and (
-        path / "meta.json").is_file()
+    return (
+        path.is_dir()
+        and not path.name.endswith(".tmp")
+        and (path / ".metadata").is_file()
+        and (path / "meta.json").is_file()
+    )
 
 
 def read_meta(path: Path) -> dict:
@@ -214,8 +220,11 @@ def check_compatible(path: Path, meta: dict, config: dict, tables: bool = True) 
     """
     saved = meta.get("config", {})
     diffs = []
-    for section, keys in (("model", None), ("data", ("num_embeddings",) if tables else ()),
-                          ("train", ("embedding_optimizer", "dense_optimizer"))):
+    for section, keys in (
+        ("model", None),
+        ("data", ("num_embeddings",) if tables else ()),
+        ("train", ("embedding_optimizer", "dense_optimizer")),
+    ):
         old, new = saved.get(section, {}), config.get(section, {})
         names = list(new) if keys is None else keys
         diffs += [f"{section}.{k} {old.get(k)!r} -> {new.get(k)!r}" for k in names if old.get(k) != new.get(k)]
@@ -235,8 +244,12 @@ def in_saved_layout(state: dict, path: Path) -> dict:
     saved = SafeReader(path).read_metadata().state_dict_metadata
     if not any(_FIRST_ORDER_BEFORE in k for k in saved):
         return state
-    return {top: {k.replace(_FIRST_ORDER_NOW, _FIRST_ORDER_BEFORE): v for k, v in sub.items()}
-            if top in ("model", "optimizer") else sub for top, sub in state.items()}
+    return {
+        top: {k.replace(_FIRST_ORDER_NOW, _FIRST_ORDER_BEFORE): v for k, v in sub.items()}
+        if top in ("model", "optimizer")
+        else sub
+        for top, sub in state.items()
+    }
 
 
 def load_checkpoint(path: Path, state: dict) -> None:
@@ -260,36 +273,63 @@ def load_checkpoint(path: Path, state: dict) -> None:
         errors = [e for e, _ in err.failures.values()] if isinstance(err, CheckpointException) else [err]
         if any(_is_damage(e) for e in errors):
             e = next(e for e in errors if _is_damage(e))
-            older = [p.name for p in sorted(Path(path).parent.glob("step_*"), reverse=True)
-                     if is_complete(p) and p.name != Path(path).name]
+            older = [
+                p.name
+                for p in sorted(Path(path).parent.glob("step_*"), reverse=True)
+                if is_complete(p) and p.name != Path(path).name
+            ]
             raise CheckpointError(
                 f"checkpoint {path} is damaged: a shard file cannot be read ({type(e).__name__}: "
                 f"{str(e).splitlines()[0][:300] if str(e) else 'no detail'}). "
-                + (f"Resume from an older one, e.g. --resume {Path(path).parent / older[0]}" if older
-                   else "No older complete checkpoint is left; start again.")) from None
+                + (
+                    f"Resume from an older one, e.g. --resume {Path(path).parent / older[0]}"
+                    if older
+                    else "No older complete checkpoint is left; start again."
+                )
+            ) from None
         text = str(err)
-        lines = [ln.strip() for ln in text.splitlines() if "Missing key" in ln or "size mismatch" in ln.lower()
-                 or "shape" in ln.lower()]
+        lines = [
+            ln.strip()
+            for ln in text.splitlines()
+            if "Missing key" in ln or "size mismatch" in ln.lower() or "shape" in ln.lower()
+        ]
         detail = "; ".join(dict.fromkeys(lines))[:1500] or text[:1500]
         raise CheckpointError(
             f"checkpoint {path} does not fit this model/optimizer: {detail}. A checkpoint resumes only "
-            "the same model config (tables, dims, optimizers); sharding and world size may differ.") from None
+            "the same model config (tables, dims, optimizers); sharding and world size may differ."
+        ) from None
 
 
 def _is_damage(err: BaseException) -> bool:
     """A shard file that is truncated or overwritten, as opposed to a model that differs."""
     text = str(err).lower()
     return isinstance(err, (EOFError, pickle.UnpicklingError, OSError)) or any(
-        w in text for w in ("unpickl", "truncat", "pytorchstreamreader", "invalid load key", "ran out of input",
-                            "file not found", "no such file"))
+        w in text
+        for w in (
+            "unpickl",
+            "truncat",
+            "pytorchstreamreader",
+            "invalid load key",
+            "ran out of input",
+            "file not found",
+            "no such file",
+        )
+    )
 
 
 # Everything DCP's own ``.metadata`` pickle may name (torch 2.13): its metadata dataclasses,
 # torch.Size, dtypes, layouts and the path of the checkpoint. Nothing else is constructed.
 _METADATA_CLASSES = {
-    "torch.distributed.checkpoint.metadata": {"Metadata", "MetadataIndex", "StorageMeta", "TensorProperties",
-                                              "TensorStorageMetadata", "ChunkStorageMetadata",
-                                              "BytesStorageMetadata", "_MEM_FORMAT_ENCODING"},
+    "torch.distributed.checkpoint.metadata": {
+        "Metadata",
+        "MetadataIndex",
+        "StorageMeta",
+        "TensorProperties",
+        "TensorStorageMetadata",
+        "ChunkStorageMetadata",
+        "BytesStorageMetadata",
+        "_MEM_FORMAT_ENCODING",
+    },
     "torch.distributed.checkpoint.filesystem": {"_StorageInfo"},
     "torch.serialization": {"_get_layout"},
     "torch": {"Size"},
@@ -305,12 +345,14 @@ class _MetadataUnpickler(pickle.Unpickler):
 
     def find_class(self, module: str, name: str):
         allowed = name in _METADATA_CLASSES.get(module, ()) or (
-            module == "torch" and isinstance(getattr(torch, name, None), torch.dtype))
+            module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)
+        )
         if not allowed:
             raise CheckpointError(
                 f"{self._path}: refusing to load {module}.{name}; a DCP .metadata file holds only checkpoint "
                 "metadata, so this file was not written by recsys_dist / torch.distributed.checkpoint. "
-                "Load checkpoints only from sources you trust.")
+                "Load checkpoints only from sources you trust."
+            )
         return super().find_class(module, name)
 
 
@@ -331,8 +373,10 @@ class SafeReader(FileSystemReader):
         except CheckpointError:
             raise
         except Exception as err:  # noqa: BLE001 - truncated or garbage files fail in many ways
-            raise CheckpointError(f"{path}: not a readable DCP metadata file ({type(err).__name__}: {err}); "
-                                  "the checkpoint is damaged, resume from an older one") from None
+            raise CheckpointError(
+                f"{path}: not a readable DCP metadata file ({type(err).__name__}: {err}); "
+                "the checkpoint is damaged, resume from an older one"
+            ) from None
         if getattr(metadata, "storage_meta", None) is None:
             from torch.distributed.checkpoint.metadata import StorageMeta
 
@@ -378,7 +422,7 @@ def canonical_optimizer_state(optimizer_state: dict) -> dict:
             if name == "step":
                 continue
             if table and name.startswith(table + "."):
-                name = name[len(table) + 1:]
+                name = name[len(table) + 1 :]
             name = _TORCH_TO_FUSED.get(name, name)
             if isinstance(value, torch.Tensor) and value.dim() == 2 and value.shape[1] == 1:
                 value = value.view(-1)

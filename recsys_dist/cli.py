@@ -1,10 +1,10 @@
 """``recsys-dist`` command line.
 
-    recsys-dist train --config configs/criteo_quickstart.yaml [--run-dir DIR] [key=value ...]
-    recsys-dist plan --config configs/mlperf_dlrmv2.yaml --world-size 64 --local-world-size 8 --hbm-gb 80
-    recsys-dist report RUN_DIR          (summary table + PNG plots in RUN_DIR)
-    recsys-dist compare RUN_A RUN_B
-    recsys-dist bench [--quick]     (benchmarks/run.py: ratios vs peers and the hardware limit)
+recsys-dist train --config configs/criteo_quickstart.yaml [--run-dir DIR] [key=value ...]
+recsys-dist plan --config configs/mlperf_dlrmv2.yaml --world-size 64 --local-world-size 8 --hbm-gb 80
+recsys-dist report RUN_DIR          (summary table + PNG plots in RUN_DIR)
+recsys-dist compare RUN_A RUN_B
+recsys-dist bench [--quick]     (benchmarks/run.py: ratios vs peers and the hardware limit)
 """
 
 from __future__ import annotations
@@ -43,15 +43,18 @@ def _print_summary(summary: dict) -> None:
         return "n/a" if x is None else f"{x:.4f}"
 
     if summary.get("already_complete"):
-        print(f"\nrecsys-dist: the run in {summary.get('run_dir')} is already complete "
-              f"({summary.get('steps')} steps); nothing was trained or changed")
+        print(
+            f"\nrecsys-dist: the run in {summary.get('run_dir')} is already complete "
+            f"({summary.get('steps')} steps); nothing was trained or changed"
+        )
         return
     v, t = summary["validation"], summary["test"]
     resumed = summary.get("resumed_at_step")
     print(
         f"\nrecsys-dist: trained {summary['rows_trained']} samples in {summary['steps']} steps on "
         f"{summary['world_size']} rank{'s' if summary['world_size'] != 1 else ''}, {summary['samples_per_s']} samples/s"
-        + (f" (resumed at step {resumed})" if resumed is not None else "") + "\n"
+        + (f" (resumed at step {resumed})" if resumed is not None else "")
+        + "\n"
         f"  validation  AUC {fmt(v['auc'])}  logloss {fmt(v['logloss'])}\n"
         f"  test        AUC {fmt(t['auc'])}  logloss {fmt(t['logloss'])}\n"
         f"  run directory: {summary['run_dir']}"
@@ -79,8 +82,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     if not (args.worker or under_launcher()) and not args.resume:
         used = [n for n in ("metrics.jsonl", "checkpoints") if (run_dir / n).exists()]
         if used:
-            raise ConfigError(f"--run-dir {run_dir} already holds a run ({', '.join(used)}); continue it with "
-                              "--resume auto, or give a new --run-dir (runs are never mixed or overwritten)")
+            raise ConfigError(
+                f"--run-dir {run_dir} already holds a run ({', '.join(used)}); continue it with "
+                "--resume auto, or give a new --run-dir (runs are never mixed or overwritten)"
+            )
     if resume is not None:
         from recsys_dist.checkpoint import check_compatible, read_meta
 
@@ -124,8 +129,10 @@ def cmd_train(args: argparse.Namespace) -> int:
         rows = ", ".join(f"{k} {v}" for k, v in prepared.rows.items())
         from recsys_dist.config import describe_raw_path
 
-        raise DataError(f"{describe_raw_path(d.raw_path)}: the training split is empty ({rows} rows); give more rows or change "
-                        "data.split")
+        raise DataError(
+            f"{describe_raw_path(d.raw_path)}: the training split is empty ({rows} rows); give more rows or change "
+            "data.split"
+        )
     if resume is not None:
         from recsys_dist.checkpoint import read_meta
         from recsys_dist.data.loader import steps_per_epoch
@@ -135,8 +142,10 @@ def cmd_train(args: argparse.Namespace) -> int:
         total = min(total, cfg.train.max_steps or total)
         step = read_meta(resume)["step"]
         if step >= total:
-            print(f"recsys-dist: {resume} is already at step {step}, and this config trains {total} steps in all; "
-                  "nothing to train (raise train.epochs or train.max_steps to continue)")
+            print(
+                f"recsys-dist: {resume} is already at step {step}, and this config trains {total} steps in all; "
+                "nothing to train (raise train.epochs or train.max_steps to continue)"
+            )
             return 0
         _write_run_config(cfg, run_dir, True)
     if cfg.distributed.nproc_per_node == 1:
@@ -173,7 +182,9 @@ def _write_run_config(cfg, run_dir: Path, write: bool) -> None:
         elif not os.access(run_dir, os.W_OK):
             raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
     except OSError as err:
-        raise ConfigError(f"--run-dir {run_dir}: cannot write there ({err.strerror}); choose a writable directory") from None
+        raise ConfigError(
+            f"--run-dir {run_dir}: cannot write there ({err.strerror}); choose a writable directory"
+        ) from None
 
 
 def _user_errors() -> tuple:
@@ -205,8 +216,11 @@ def _resolve_resume(args: argparse.Namespace, run_dir: Path) -> Path | None:
         path = latest_checkpoint(run_dir)
         if path is None:
             # Lets one job script serve the first submission and every requeue.
-            print(f"recsys-dist: --resume auto: no complete checkpoint in {run_dir / 'checkpoints'} yet; "
-                  "starting from scratch", file=sys.stderr)
+            print(
+                f"recsys-dist: --resume auto: no complete checkpoint in {run_dir / 'checkpoints'} yet; "
+                "starting from scratch",
+                file=sys.stderr,
+            )
         return path
     path = Path(args.resume)
     if path.is_file():
@@ -237,9 +251,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         overrides.append(f"sharding.ddr_gb={args.ddr_gb}")
     cfg = load_config(args.config, overrides)
     if args.local_world_size > args.world_size or args.world_size % args.local_world_size:
-        raise ConfigError(
-            f"--local-world-size {args.local_world_size} must divide --world-size {args.world_size}"
-        )
+        raise ConfigError(f"--local-world-size {args.local_world_size} must divide --world-size {args.world_size}")
     _quiet_third_party()
     logging.getLogger().setLevel(logging.ERROR)  # the planner logs through the root logger
     from recsys_dist.planning import PlanError, dry_run
@@ -250,9 +262,18 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print(f"recsys-dist plan: {err}", file=sys.stderr)
         return 1
     if args.json:
-        print(json.dumps({"placements": [p.__dict__ for p in report.placements], "hbm_gb": report.hbm_gb,
-                          "ddr_gb": report.ddr_gb, "cost_ms": report.cost_ms,
-                          "imbalance": report.imbalance}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "placements": [p.__dict__ for p in report.placements],
+                    "hbm_gb": report.hbm_gb,
+                    "ddr_gb": report.ddr_gb,
+                    "cost_ms": report.cost_ms,
+                    "imbalance": report.imbalance,
+                },
+                indent=2,
+            )
+        )
     else:
         print(report.text())
     return 0
@@ -272,8 +293,10 @@ def cmd_preprocess(args: argparse.Namespace) -> int:
     rows = ", ".join(f"{k} {v:,}" for k, v in prepared.rows.items())
     from recsys_dist.config import describe_raw_path
 
-    print(f"recsys-dist: {describe_raw_path(manifest['source'])} -> {prepared.directory}\n  rows: {rows}; "
-          f"skipped {manifest['rows_skipped']:,}\n  manifest: {prepared.directory / 'manifest.json'}")
+    print(
+        f"recsys-dist: {describe_raw_path(manifest['source'])} -> {prepared.directory}\n  rows: {rows}; "
+        f"skipped {manifest['rows_skipped']:,}\n  manifest: {prepared.directory / 'manifest.json'}"
+    )
     return 0
 
 
@@ -300,8 +323,10 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     if not scores["labelled"]:
         from recsys_dist.data.criteo import DataError
 
-        raise DataError(f"{args.data}: no label column (39 fields: Kaggle's test layout), so there is nothing to "
-                        "evaluate against; `recsys-dist predict` scores it")
+        raise DataError(
+            f"{args.data}: no label column (39 fields: Kaggle's test layout), so there is nothing to "
+            "evaluate against; `recsys-dist predict` scores it"
+        )
     m = binary_metrics(torch.from_numpy(scores["logit"]), torch.from_numpy(scores["label"]))
     print(json.dumps({"model": source, "data": str(args.data), **m}))
     return 0
@@ -313,8 +338,10 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
     out = Path(args.out)
     if out.is_dir() or not out.parent.is_dir():
-        raise ConfigError(f"--out {out}: {'is a directory' if out.is_dir() else f'folder {out.parent} does not exist'}; "
-                          "give a file path such as preds.parquet in an existing folder")
+        raise ConfigError(
+            f"--out {out}: {'is a directory' if out.is_dir() else f'folder {out.parent} does not exist'}; "
+            "give a file path such as preds.parquet in an existing folder"
+        )
     cfg, model, source = load_model(args.model)
     scores = score(cfg, model, args.data)
     write_predictions(scores, args.out)
@@ -328,11 +355,22 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     script = Path(__file__).resolve().parents[1] / "benchmarks" / "run.py"
     if not script.is_file():
-        print(f"recsys-dist bench: {script} not found; the benchmarks ship with the source checkout "
-              "(git clone the repository and run it from there)", file=sys.stderr)
+        print(
+            f"recsys-dist bench: {script} not found; the benchmarks ship with the source checkout "
+            "(git clone the repository and run it from there)",
+            file=sys.stderr,
+        )
         return 2
-    cmd = [sys.executable, str(script), "--device", args.device, "--deepctr-python", args.deepctr_python,
-           "--model", args.model] + (["--quick"] if args.quick else [])
+    cmd = [
+        sys.executable,
+        str(script),
+        "--device",
+        args.device,
+        "--deepctr-python",
+        args.deepctr_python,
+        "--model",
+        args.model,
+    ] + (["--quick"] if args.quick else [])
     for flag in ("reps", "skip", "mlperf_max_rows", "batch", "copies"):
         if getattr(args, flag):
             cmd += ["--" + flag.replace("_", "-"), str(getattr(args, flag))]
@@ -352,10 +390,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("train", help="train and evaluate a model from a YAML config")
     p.add_argument("--config", required=True, help="YAML run config, e.g. configs/criteo_quickstart.yaml")
     p.add_argument("--run-dir", default=None, help="output directory (default runs/<config>-<time>)")
-    p.add_argument("--profile", action="store_true",
-                   help="write a torch.profiler trace of steps 5-7 per rank to RUN_DIR/profile/")
-    p.add_argument("--resume", default=None, metavar="auto|PATH",
-                   help="continue from a checkpoint: auto = newest complete one in --run-dir")
+    p.add_argument(
+        "--profile", action="store_true", help="write a torch.profiler trace of steps 5-7 per rank to RUN_DIR/profile/"
+    )
+    p.add_argument(
+        "--resume",
+        default=None,
+        metavar="auto|PATH",
+        help="continue from a checkpoint: auto = newest complete one in --run-dir",
+    )
     p.add_argument("--plan", default=None, help="reuse a placement: the plan.json of an earlier run")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.batch_size=256")
@@ -382,26 +425,41 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model", help="run directory (newest checkpoint) or checkpoint directory")
     p.add_argument("--out", required=True, help="output directory")
     p.set_defaults(func=cmd_export)
-    for name, helptext in (("evaluate", "AUC / logloss / NE of a model on a data file"),
-                           ("predict", "write per-row predictions of a model to Parquet")):
+    for name, helptext in (
+        ("evaluate", "AUC / logloss / NE of a model on a data file"),
+        ("predict", "write per-row predictions of a model to Parquet"),
+    ):
         p = sub.add_parser(name, help=helptext)
         p.add_argument("model", help="run, checkpoint or export directory")
-        p.add_argument("--data", required=True, help="raw file in the model's data format (.gz ok; predict also takes Kaggle's "
-                            "unlabelled test.txt) or a converted Parquet file")
+        p.add_argument(
+            "--data",
+            required=True,
+            help="raw file in the model's data format (.gz ok; predict also takes Kaggle's "
+            "unlabelled test.txt) or a converted Parquet file",
+        )
         if name == "predict":
             p.add_argument("--out", required=True, help="output file: Parquet, or CSV when it ends in .csv")
         p.set_defaults(func=cmd_evaluate if name == "evaluate" else cmd_predict)
 
-    p = sub.add_parser("bench", help="throughput vs peers and the hardware limit, one table of ratios "
-                                     "(benchmarks/run.py of a source checkout)")
+    p = sub.add_parser(
+        "bench",
+        help="throughput vs peers and the hardware limit, one table of ratios (benchmarks/run.py of a source checkout)",
+    )
     p.add_argument("--quick", action="store_true", help="under 3 minutes on 2 cores")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
-    p.add_argument("--deepctr-python", default="/tmp/dctr/bin/python",
-                   help="python of a venv with deepctr-torch (skipped when absent)")
+    p.add_argument(
+        "--deepctr-python",
+        default="/tmp/dctr/bin/python",
+        help="python of a venv with deepctr-torch (skipped when absent)",
+    )
     p.add_argument("--reps", type=positive_int, default=None, help="interleaved rounds (default 3 quick, 5 full)")
     p.add_argument("--skip", default="", help="items to leave out, e.g. 3,5")
-    p.add_argument("--model", choices=["auto", "dlrm", "mlperf"], default="auto",
-                   help="mlperf: the GPU run's MLPerf DLRMv2 path, on any device (auto: mlperf on CUDA)")
+    p.add_argument(
+        "--model",
+        choices=["auto", "dlrm", "mlperf"],
+        default="auto",
+        help="mlperf: the GPU run's MLPerf DLRMv2 path, on any device (auto: mlperf on CUDA)",
+    )
     p.add_argument("--mlperf-max-rows", type=positive_int, default=None, help="rows cap of each MLPerf table")
     p.add_argument("--batch", type=positive_int, default=None, help="per-rank batch")
     p.add_argument("--copies", type=positive_int, default=None, help="times the Criteo sample is repeated")
@@ -419,7 +477,9 @@ def main(argv: list[str] | None = None) -> int:
     args, rest = parser.parse_known_args(argv)
     extra = [r for r in rest if "=" in r and not r.startswith("-")]
     if len(extra) != len(rest) or (extra and not hasattr(args, "overrides")):
-        parser.error(f"unrecognized arguments: {' '.join(r for r in rest if r not in extra or not hasattr(args, 'overrides'))}")
+        parser.error(
+            f"unrecognized arguments: {' '.join(r for r in rest if r not in extra or not hasattr(args, 'overrides'))}"
+        )
     if extra:
         args.overrides = list(args.overrides) + extra
     if getattr(args, "world_size", None) is not None:
@@ -432,8 +492,13 @@ def main(argv: list[str] | None = None) -> int:
     except _user_errors() as err:
         from recsys_dist.data.criteo import DataError
 
-        prefix = ("bad input data: " if isinstance(err, DataError)
-                  else "training stopped: " if isinstance(err, FloatingPointError) else "")
+        prefix = (
+            "bad input data: "
+            if isinstance(err, DataError)
+            else "training stopped: "
+            if isinstance(err, FloatingPointError)
+            else ""
+        )
         print(f"recsys-dist: {prefix}{err}", file=sys.stderr)
         return 2 if isinstance(err, ConfigError) else 1
 

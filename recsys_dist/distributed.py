@@ -42,8 +42,13 @@ def _attempt_store(rank: int, world: int, timeout_s: float) -> dist.Store:
     keeps the attempts apart. Without an agent store (e.g. Slurm), rank 0 hosts the store.
     """
     agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
-                          is_master=(not agent and rank == 0), timeout=timedelta(seconds=timeout_s))
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        world,
+        is_master=(not agent and rank == 0),
+        timeout=timedelta(seconds=timeout_s),
+    )
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     return dist.PrefixStore(f"recsys_dist/attempt_{attempt}", store)
 
@@ -76,8 +81,13 @@ def init_distributed(cfg: RunConfig, timeout_s: float = 600.0) -> DistContext:
         torch.set_num_threads(cfg.distributed.cpu_threads_per_rank or max(1, (os.cpu_count() or 1) // local_world))
     if not dist.is_initialized():
         if under_launcher():
-            dist.init_process_group(backend, store=_attempt_store(rank, world, timeout_s), rank=rank,
-                                    world_size=world, timeout=timedelta(seconds=timeout_s))
+            dist.init_process_group(
+                backend,
+                store=_attempt_store(rank, world, timeout_s),
+                rank=rank,
+                world_size=world,
+                timeout=timedelta(seconds=timeout_s),
+            )
         else:
             dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
     _setup_logging(rank)

@@ -9,7 +9,6 @@ checkpoint), a checkpoint directory written at any world size and sharding, or a
 from __future__ import annotations
 
 import json
-
 from pathlib import Path
 
 import numpy as np
@@ -17,9 +16,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import CheckpointException
 import yaml
 from safetensors.torch import load_file, save_file
+from torch.distributed.checkpoint import CheckpointException
 
 from recsys_dist.checkpoint import (
     CheckpointError,
@@ -61,14 +60,15 @@ def load_model(path: str | Path) -> tuple[RunConfig, CTRTask, str]:
         return cfg, model.eval(), f"export {path}"
     ckpt = path if is_complete(path) else latest_checkpoint(path)
     if ckpt is None:
-        raise CheckpointError(f"{path}: no model.safetensors and no complete checkpoint (run, checkpoint or export dir)")
+        raise CheckpointError(
+            f"{path}: no model.safetensors and no complete checkpoint (run, checkpoint or export dir)"
+        )
     meta = read_meta(ckpt)
     cfg = config_from_dict(meta["config"], f"{ckpt}/meta.json")
     model = _unsharded(cfg)
     state = {"model": model.state_dict()}
     try:
-        dcp.load(in_saved_layout(state, ckpt), storage_reader=SafeReader(ckpt), planner=SafeLoadPlanner(),
-                 no_dist=True)
+        dcp.load(in_saved_layout(state, ckpt), storage_reader=SafeReader(ckpt), planner=SafeLoadPlanner(), no_dist=True)
     except CheckpointError:
         raise
     except (Exception, CheckpointException) as err:  # noqa: BLE001 - DCP's own exception types vary by failure
@@ -105,28 +105,34 @@ def score(cfg: RunConfig, model: CTRTask, data: str | Path, batch_size: int = 40
         manifest = json.loads((prepared.directory / "manifest.json").read_text())
         labelled = manifest["format"] != "criteo_tsv_unlabelled"
     dense_names, sparse_names = feature_names(cfg)
-    loader = ParquetBatchLoader(str(parquet), batch_size, 0, 1, dense_names, sparse_names,
-                                num_embeddings=table_sizes(cfg))
+    loader = ParquetBatchLoader(
+        str(parquet), batch_size, 0, 1, dense_names, sparse_names, num_embeddings=table_sizes(cfg)
+    )
     logits, labels = [], []
     for batch in loader:
         _, (_, lg, lb, w) = model(batch)
         keep = w > 0
         logits.append(lg[keep]), labels.append(lb[keep])
     label = torch.cat(labels).numpy()
-    return {"logit": torch.cat(logits).numpy(), "label": label if labelled else np.full_like(label, np.nan),
-            "labelled": labelled}
+    return {
+        "logit": torch.cat(logits).numpy(),
+        "label": label if labelled else np.full_like(label, np.nan),
+        "labelled": labelled,
+    }
 
 
 def write_predictions(scores: dict[str, np.ndarray], out: str | Path) -> None:
     """Columns ``row`` (int64, 0-based file order), ``label`` (null when the input had none),
     ``logit``, ``probability``: CSV when ``out`` ends in ``.csv``, else Parquet."""
     logit = scores["logit"]
-    table = pa.table({
-        "row": np.arange(len(logit), dtype=np.int64),
-        "label": pa.array(scores["label"], mask=np.isnan(scores["label"])),
-        "logit": logit,
-        "probability": (1.0 / (1.0 + np.exp(-logit.astype(np.float64)))).astype(np.float32),
-    })
+    table = pa.table(
+        {
+            "row": np.arange(len(logit), dtype=np.int64),
+            "label": pa.array(scores["label"], mask=np.isnan(scores["label"])),
+            "logit": logit,
+            "probability": (1.0 / (1.0 + np.exp(-logit.astype(np.float64)))).astype(np.float32),
+        }
+    )
     if str(out).lower().endswith(".csv"):
         import pyarrow.csv as pacsv
 

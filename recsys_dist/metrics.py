@@ -26,7 +26,6 @@ Metrics (``c`` = mean label, ``p`` = sigmoid(logit)):
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 import torch
 import torch.distributed as dist
@@ -124,7 +123,7 @@ def normalized_entropy(logloss: float, labels: torch.Tensor) -> float:
 
 
 def binary_metrics(
-    logits: torch.Tensor, labels: torch.Tensor, *, groups: Optional[torch.Tensor] = None
+    logits: torch.Tensor, labels: torch.Tensor, *, groups: torch.Tensor | None = None
 ) -> dict[str, float]:
     """Exact metrics of one full set of predictions (already gathered, no padding).
 
@@ -157,7 +156,7 @@ def gather_predictions(
     labels: torch.Tensor,
     weights: torch.Tensor,
     *,
-    groups: Optional[torch.Tensor] = None,
+    groups: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, ...]:
     """All ranks' rows with weight > 0, concatenated in rank order, identical on every rank.
 
@@ -246,7 +245,7 @@ class StreamingBinaryMetrics:
         return self.state[2 * self.num_buckets :]
 
     @torch.no_grad()
-    def update(self, logits: torch.Tensor, labels: torch.Tensor, weights: Optional[torch.Tensor] = None) -> None:
+    def update(self, logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor | None = None) -> None:
         """Add one batch.
 
         Args:
@@ -272,16 +271,18 @@ class StreamingBinaryMetrics:
         # index_add_ rather than bincount: bincount with weights refuses to run on CUDA
         # under torch.use_deterministic_algorithms (train.deterministic).
         self.state.index_add_(0, bucket + (1 - y.long()) * self.num_buckets, torch.ones_like(y))
-        sums = torch.stack([
-            torch.tensor(float(y.numel()), dtype=torch.float64, device=self.device),
-            y.sum(),
-            p.sum(),
-            F.binary_cross_entropy_with_logits(x, y, reduction="sum"),
-            ((p > 0.5).double() == y).double().sum(),
-        ])
+        sums = torch.stack(
+            [
+                torch.tensor(float(y.numel()), dtype=torch.float64, device=self.device),
+                y.sum(),
+                p.sum(),
+                F.binary_cross_entropy_with_logits(x, y, reduction="sum"),
+                ((p > 0.5).double() == y).double().sum(),
+            ]
+        )
         self._sums.add_(sums)
 
-    def merge(self, group: Optional[dist.ProcessGroup] = None) -> "StreamingBinaryMetrics":
+    def merge(self, group: dist.ProcessGroup | None = None) -> StreamingBinaryMetrics:
         """A new accumulator holding every rank's rows; ``self`` keeps its local state.
 
         Collective: every rank of ``group`` must call it. One all_reduce (SUM) of the

@@ -83,8 +83,9 @@ def build_optimizer(
     fused = {"fused": True} if on_cpu and dense and dense_optimizer in ("adagrad", "adam", "adamw") else {}
     dense_opt = KeyedOptimizerWrapper(dense, lambda ps: dense_cls(ps, lr=dense_lr, **fused))
     if dense_grad_clip_norm:
-        dense_opt = GradientClippingOptimizer(dense_opt, max_gradient=dense_grad_clip_norm,
-                                              clipping=GradientClipping.NORM)
+        dense_opt = GradientClippingOptimizer(
+            dense_opt, max_gradient=dense_grad_clip_norm, clipping=GradientClipping.NORM
+        )
     optimizers = [dmp.fused_optimizer, dense_opt]
     if dp_tables:
         emb_cls, kwargs = REPLICATED_TABLE_OPTIMIZERS[embedding_optimizer]

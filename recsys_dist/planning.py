@@ -111,8 +111,9 @@ def dry_run(cfg: RunConfig, world_size: int, local_world_size: int, device: str)
         TablePlacement(r["table"], r["sharding_type"], r["compute_kernel"], r["ranks"] or list(range(world_size)))
         for r in sharding.plan_summary(plan)
     ]
-    report = PlanReport(world_size, local_world_size, device, placements,
-                        [0.0] * world_size, [0.0] * world_size, [0.0] * world_size)
+    report = PlanReport(
+        world_size, local_world_size, device, placements, [0.0] * world_size, [0.0] * world_size, [0.0] * world_size
+    )
     for option in planner._best_plan or []:  # the planner keeps the chosen options only here
         for shard in option.shards:
             if shard.rank is None:
@@ -135,8 +136,10 @@ def _explain(cfg: RunConfig, planner, world_size: int, device: str, err: Planner
     listed = too_big or big[:5]
     names = ", ".join(f"{n} ({b / GB:.1f} GiB)" for n, b in listed)
     need_ranks = math.ceil(total / usable) if usable > 0 else 0
-    mem = f"{cap_key.upper()} {per_rank / GB:.0f} GiB per rank, {usable / GB:.1f} GiB usable after the " \
-          f"{cfg.sharding.storage_reservation:.0%} reservation"
+    mem = (
+        f"{cap_key.upper()} {per_rank / GB:.0f} GiB per rank, {usable / GB:.1f} GiB usable after the "
+        f"{cfg.sharding.storage_reservation:.0%} reservation"
+    )
     fixes = [f"use at least {need_ranks} ranks (--world-size)"]
     if device == "cuda":
         fixes.append("allow sharding.compute_kernels: [fused, dense, fused_uvm_caching] to keep rows in host memory")

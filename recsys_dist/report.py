@@ -18,7 +18,6 @@ import sys
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
 
 EVAL_KEYS = ("auc", "logloss", "ne", "calibration", "accuracy")
 # Train-line keys of the step-time breakdown, in pipeline order; other time_*_ms keys follow.
@@ -39,9 +38,9 @@ class Run:
     path: Path
     records: list[dict]
     bad_lines: int = 0
-    summary: Optional[dict] = None
-    plan: Optional[list] = None
-    config: Optional[dict] = None
+    summary: dict | None = None
+    plan: list | None = None
+    config: dict | None = None
     missing: list[str] = field(default_factory=list)
 
     def split(self, name: str) -> list[dict]:
@@ -136,8 +135,12 @@ def _headline(run: Run) -> dict:
     steps = s.get("steps")
     if steps is None and run.records:
         steps = max((r.get("step") or 0) for r in run.records)
-    return {"steps": steps, "rows": s.get("rows_trained"), "samples_per_s": s.get("samples_per_s"),
-            "world_size": s.get("world_size")}
+    return {
+        "steps": steps,
+        "rows": s.get("rows_trained"),
+        "samples_per_s": s.get("samples_per_s"),
+        "world_size": s.get("world_size"),
+    }
 
 
 def _plan_bytes_per_rank(plan: list) -> dict[int, int]:
@@ -179,8 +182,10 @@ def report(run_dir: str | Path, *, plots: bool = True, out_dir: str | Path | Non
     run = load_run(run_dir)
     h = _headline(run)
     lines = [f"run {run.path}"]
-    lines.append(f"  steps {_num(h['steps'])}  rows trained {_num(h['rows'])}  "
-                 f"samples/s {_num(h['samples_per_s'], 1)}  ranks {_num(h['world_size'])}")
+    lines.append(
+        f"  steps {_num(h['steps'])}  rows trained {_num(h['rows'])}  "
+        f"samples/s {_num(h['samples_per_s'], 1)}  ranks {_num(h['world_size'])}"
+    )
     rows = [["split", "step", "AUC", "logloss", "NE", "calibration", "accuracy", "examples"]]
     for split in ("validation", "test"):
         f = run.final(split)
@@ -200,10 +205,13 @@ def report(run_dir: str | Path, *, plots: bool = True, out_dir: str | Path | Non
         per_rank = _plan_per_rank(run.plan)
         memory = _plan_bytes_per_rank(run.plan)
         if memory:
-            lines.append("  embedding weights per rank (MiB): "
-                         + ", ".join(f"r{r} {b / 2**20:.1f}" for r, b in memory.items()))
-        lines.append(f"  plan: {len(run.plan)} tables ({', '.join(f'{t} {n}' for t, n in sorted(types.items()))}); "
-                     f"tables per rank: {', '.join(f'r{r} {sum(c.values())}' for r, c in per_rank.items())}")
+            lines.append(
+                "  embedding weights per rank (MiB): " + ", ".join(f"r{r} {b / 2**20:.1f}" for r, b in memory.items())
+            )
+        lines.append(
+            f"  plan: {len(run.plan)} tables ({', '.join(f'{t} {n}' for t, n in sorted(types.items()))}); "
+            f"tables per rank: {', '.join(f'r{r} {sum(c.values())}' for r, c in per_rank.items())}"
+        )
     if run.missing:
         lines.append(f"  missing: {', '.join(run.missing)} (run unfinished or interrupted?)")
     if run.bad_lines:
@@ -214,7 +222,7 @@ def report(run_dir: str | Path, *, plots: bool = True, out_dir: str | Path | Non
     return "\n".join(lines)
 
 
-def _mean(values: list) -> Optional[float]:
+def _mean(values: list) -> float | None:
     vals = [v for v in values if isinstance(v, (int, float))]
     return sum(vals) / len(vals) if vals else None
 
@@ -283,8 +291,10 @@ def write_plots(run: Run, out_dir: Path) -> list[Path]:
     tkeys = _time_keys(train)
     if tkeys:
         steps = [r["step"] for r in train if r.get("step") is not None]
-        series = [[r.get(k) if isinstance(r.get(k), (int, float)) else 0.0 for r in train if r.get("step") is not None]
-                  for k in tkeys]
+        series = [
+            [r.get(k) if isinstance(r.get(k), (int, float)) else 0.0 for r in train if r.get("step") is not None]
+            for k in tkeys
+        ]
         fig = Figure(figsize=(8, 4))
         ax = fig.add_subplot()
         labels = [k[5:-3] for k in tkeys]
@@ -316,8 +326,11 @@ def write_plots(run: Run, out_dir: Path) -> list[Path]:
                 vals = [per_rank[r][t] for r in ranks]
                 ax.bar([str(r) for r in ranks], vals, bottom=bottom, label=t)
                 bottom = [b + v for b, v in zip(bottom, vals)]
-            ax.set(title=f"tables per rank ({len(run.plan)} tables)", xlabel="rank",
-                   ylabel="tables with a shard or replica")
+            ax.set(
+                title=f"tables per rank ({len(run.plan)} tables)",
+                xlabel="rank",
+                ylabel="tables with a shard or replica",
+            )
             ax.set_ylim(top=max(bottom) * 1.3)  # room for the legend above the bars
             ax.yaxis.set_major_locator(MaxNLocator(integer=True))
             ax.legend(ncol=min(3, len(types)), loc="upper center")
@@ -355,15 +368,25 @@ def compare(run_a: str | Path, run_b: str | Path, *, max_config_diffs: int = 30)
     rows = [["", "A", "B", "B - A"]]
     rows.append(["ranks", _num(ha["world_size"]), _num(hb["world_size"]), ""])
     for key, label, digits in (("steps", "steps", 0), ("rows", "rows trained", 0), ("samples_per_s", "samples/s", 1)):
-        rows.append([label, _num(ha[key], digits), _num(hb[key], digits),
-                     _delta(ha[key], hb[key], digits, pct=key == "samples_per_s")])
+        rows.append(
+            [
+                label,
+                _num(ha[key], digits),
+                _num(hb[key], digits),
+                _delta(ha[key], hb[key], digits, pct=key == "samples_per_s"),
+            ]
+        )
     for split in ("validation", "test"):
         fa, fb = a.final(split), b.final(split)
         for k in EVAL_KEYS:
             rows.append([f"{split} {k}", _num(fa.get(k)), _num(fb.get(k)), _delta(fa.get(k), fb.get(k))])
     lines = [f"A {a.path}", f"B {b.path}", _table(rows)]
-    plans = [", ".join(f"{t} {n}" for t, n in sorted(Counter(e.get("sharding_type", "?") for e in r.plan).items()))
-             if r.plan else "n/a" for r in (a, b)]
+    plans = [
+        ", ".join(f"{t} {n}" for t, n in sorted(Counter(e.get("sharding_type", "?") for e in r.plan).items()))
+        if r.plan
+        else "n/a"
+        for r in (a, b)
+    ]
     if plans[0] != plans[1]:
         lines.append(f"  plan: A {plans[0]}; B {plans[1]}")
     if a.config is not None and b.config is not None:

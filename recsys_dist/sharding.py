@@ -9,7 +9,6 @@ so the planner (and our tests) can use every type on CPU.
 from __future__ import annotations
 
 import os
-from typing import Optional
 
 import torch
 import torch.distributed as dist
@@ -56,7 +55,7 @@ def constraints(cfg: RunConfig, tables: list[EmbeddingBagConfig]) -> dict[str, P
 
 
 def table_constraints(
-    s: ShardingConfig, names: list[str], multi_hot_sizes: Optional[list[int]] = None
+    s: ShardingConfig, names: list[str], multi_hot_sizes: list[int] | None = None
 ) -> dict[str, ParameterConstraints]:
     """Planner constraints for tables ``names`` from a ``sharding`` config section.
 
@@ -82,7 +81,9 @@ def table_constraints(
     return out
 
 
-def make_topology(cfg: RunConfig | ShardingConfig, world_size: int, local_world_size: int, compute_device: str) -> Topology:
+def make_topology(
+    cfg: RunConfig | ShardingConfig, world_size: int, local_world_size: int, compute_device: str
+) -> Topology:
     s = cfg.sharding if isinstance(cfg, RunConfig) else cfg
     gb = 1024**3
     kwargs = {}
@@ -104,7 +105,7 @@ def make_planner(
     world_size: int,
     local_world_size: int,
     compute_device: str,
-    batch_size: Optional[int] = None,
+    batch_size: int | None = None,
 ) -> EmbeddingShardingPlanner:
     return EmbeddingShardingPlanner(
         topology=make_topology(cfg, world_size, local_world_size, compute_device),
@@ -150,17 +151,25 @@ def fixed_sharding_plan(
                     raise ValueError(
                         f"sharding.fixed_plan.{t.name}: {t.embedding_dim} columns over {len(ranks)} shards gives "
                         f"width {width:g}; FBGEMM's fused kernel needs shard widths that are multiples of 4: "
-                        f"use {ok} shards")
+                        f"use {ok} shards"
+                    )
                 gen = sp.column_wise(ranks=ranks, compute_kernel=kernel)
             else:  # table_row_wise
                 hosts = {r // local_world_size for r in ranks}
                 if len(hosts) != 1:
-                    raise ValueError(f"sharding.fixed_plan.{t.name}: table_row_wise ranks {ranks} span nodes {sorted(hosts)}")
+                    raise ValueError(
+                        f"sharding.fixed_plan.{t.name}: table_row_wise ranks {ranks} span nodes {sorted(hosts)}"
+                    )
                 gen = sp.table_row_wise(host_index=hosts.pop())
             per_table[t.name] = gen
         plan[path] = sp.construct_module_sharding_plan(
-            module, per_table, sharder=sharder, local_size=local_world_size, world_size=world_size,
-            device_type=device_type)
+            module,
+            per_table,
+            sharder=sharder,
+            local_size=local_world_size,
+            world_size=world_size,
+            device_type=device_type,
+        )
     return ShardingPlan(plan)
 
 
@@ -179,7 +188,8 @@ def check_column_shards(plan: ShardingPlan) -> None:
                 raise ValueError(
                     f"table {table}: {ps.sharding_type} shards of widths {widths}; FBGEMM's fused kernel needs "
                     f"multiples of 4. Use an embedding_dim that is a multiple of 4 per shard, or leave "
-                    f"column_wise / table_column_wise out of sharding.per_table.{table}.sharding_types")
+                    f"column_wise / table_column_wise out of sharding.per_table.{table}.sharding_types"
+                )
 
 
 def load_plan_file(path: str) -> dict:
@@ -192,8 +202,14 @@ def load_plan_file(path: str) -> dict:
 
     try:
         rows = json.loads(open(path).read())
-        return {r["table"]: {"sharding_type": r["sharding_type"], "ranks": r["ranks"] or None,
-                             "compute_kernel": r["compute_kernel"]} for r in rows}
+        return {
+            r["table"]: {
+                "sharding_type": r["sharding_type"],
+                "ranks": r["ranks"] or None,
+                "compute_kernel": r["compute_kernel"],
+            }
+            for r in rows
+        }
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise ValueError(f"--plan {path}: not a readable plan.json ({err})") from None
 
@@ -218,7 +234,7 @@ def collective_plan(
     return plan
 
 
-def plan_summary(plan: ShardingPlan, tables: Optional[list[EmbeddingBagConfig]] = None) -> list[dict]:
+def plan_summary(plan: ShardingPlan, tables: list[EmbeddingBagConfig] | None = None) -> list[dict]:
     """Machine-readable plan: one entry per table with type, kernel, ranks and, per rank,
     the bytes of fp32 weights it holds (``rank_bytes``; replicas count on every rank;
     data-parallel sizes need ``tables``)."""
@@ -226,7 +242,9 @@ def plan_summary(plan: ShardingPlan, tables: Optional[list[EmbeddingBagConfig]] 
     rows = []
     for module_path, module_plan in plan.plan.items():
         for table, ps in module_plan.items():  # type: ignore[union-attr]
-            shard_ranks = [s.placement.rank() for s in ps.sharding_spec.shards] if ps.sharding_spec else list(ps.ranks or [])
+            shard_ranks = (
+                [s.placement.rank() for s in ps.sharding_spec.shards] if ps.sharding_spec else list(ps.ranks or [])
+            )
             # Column shards keep their order (a rank may hold several); others list each rank once.
             ranks = shard_ranks if "column" in ps.sharding_type else list(dict.fromkeys(shard_ranks))
             rank_bytes: dict[int, int] = {}
@@ -253,9 +271,9 @@ def shard(
     model: nn.Module,
     sharding: ShardingConfig | dict | None = None,
     *,
-    device: Optional[torch.device] = None,
+    device: torch.device | None = None,
     batch_size: int = 512,
-    pg: Optional[dist.ProcessGroup] = None,
+    pg: dist.ProcessGroup | None = None,
 ):
     """Shard any ``nn.Module`` holding TorchRec EmbeddingBagCollections; returns a DMP.
 
@@ -285,10 +303,14 @@ def shard(
     s = sharding if isinstance(sharding, ShardingConfig) else ShardingConfig.model_validate(sharding or {})
     pg = pg or dist.group.WORLD
     if device is None:
-        device = (torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}")
-                  if torch.cuda.is_available() else torch.device("cpu"))
-    names = [t.name for m in model.modules() if isinstance(m, EmbeddingBagCollection)
-             for t in m.embedding_bag_configs()]
+        device = (
+            torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}")
+            if torch.cuda.is_available()
+            else torch.device("cpu")
+        )
+    names = [
+        t.name for m in model.modules() if isinstance(m, EmbeddingBagCollection) for t in m.embedding_bag_configs()
+    ]
     world = dist.get_world_size(pg)
     planner = EmbeddingShardingPlanner(
         topology=make_topology(s, world, int(os.environ.get("LOCAL_WORLD_SIZE", world)), device.type),

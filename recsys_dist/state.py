@@ -117,5 +117,8 @@ def init_tables(sharded: dict, tables: list, seed: int, scales: dict[str, float]
             rows, cols = local.shape
             if rows == 0:
                 continue
-            local.copy_(_chunked_uniform(seed, index, slice(r0, r0 + rows), slice(c0, c0 + cols),
-                                         t.embedding_dim, scales[t.name]))
+            local.copy_(
+                _chunked_uniform(
+                    seed, index, slice(r0, r0 + rows), slice(c0, c0 + cols), t.embedding_dim, scales[t.name]
+                )
+            )

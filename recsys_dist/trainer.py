@@ -17,10 +17,10 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from tqdm import tqdm
 from torch import nn
 from torchrec.distributed import DistributedModelParallel
 from torchrec.optim.keyed import CombinedOptimizer
+from tqdm import tqdm
 
 from recsys_dist import sharding
 from recsys_dist.checkpoint import (
@@ -34,17 +34,18 @@ from recsys_dist.checkpoint import (
 from recsys_dist.config import RunConfig, save_config
 from recsys_dist.data import feature_names, prepare_from_config
 from recsys_dist.data.loader import ParquetBatchLoader
-from recsys_dist.faults import maybe_fault
 from recsys_dist.distributed import DistContext, broadcast_result, init_distributed
+from recsys_dist.faults import maybe_fault
 from recsys_dist.metrics import StreamingBinaryMetrics, binary_metrics, gather_predictions
-from recsys_dist.observe import TimedTrainPipeline, TraceWriter
 from recsys_dist.models import build_model, embedding_configs
 from recsys_dist.models.build import table_sizes
+from recsys_dist.observe import TimedTrainPipeline, TraceWriter
+from recsys_dist.optim import build_optimizer, fuse_embedding_optimizer, init_lazy_state
 from recsys_dist.schedule import LRSchedule
 from recsys_dist.state import init_tables
-from recsys_dist.optim import build_optimizer, fuse_embedding_optimizer, init_lazy_state
 
 log = logging.getLogger("recsys_dist")
+
 
 @dataclass
 class Loaders:
@@ -61,13 +62,27 @@ def make_loaders(cfg: RunConfig, ctx: DistContext) -> Loaders:
         d.num_embeddings = list(prepared.num_embeddings)
     sizes = table_sizes(cfg)
     dense_names, sparse_names = feature_names(cfg)
-    common = dict(rank=ctx.rank, world_size=ctx.world_size, dense_names=dense_names, sparse_names=sparse_names,
-                  num_embeddings=sizes, pin_memory=ctx.device.type == "cuda",
-                  shuffle_buffer_rows=d.shuffle_buffer_rows, prefetch=d.prefetch, rank_reads=d.rank_reads)
+    common = dict(
+        rank=ctx.rank,
+        world_size=ctx.world_size,
+        dense_names=dense_names,
+        sparse_names=sparse_names,
+        num_embeddings=sizes,
+        pin_memory=ctx.device.type == "cuda",
+        shuffle_buffer_rows=d.shuffle_buffer_rows,
+        prefetch=d.prefetch,
+        rank_reads=d.rank_reads,
+    )
     eval_bs = cfg.eval.batch_size or cfg.train.batch_size
     return Loaders(
-        train=ParquetBatchLoader(prepared.paths("train"), cfg.train.batch_size, shuffle=d.shuffle,
-                                 seed=cfg.train.seed, remainder=d.remainder, **common),
+        train=ParquetBatchLoader(
+            prepared.paths("train"),
+            cfg.train.batch_size,
+            shuffle=d.shuffle,
+            seed=cfg.train.seed,
+            remainder=d.remainder,
+            **common,
+        ),
         validation=ParquetBatchLoader(prepared.paths("validation"), eval_bs, remainder="pad", **common),
         test=ParquetBatchLoader(prepared.paths("test"), eval_bs, remainder="pad", **common),
     )
@@ -79,19 +94,35 @@ def shard_model(cfg: RunConfig, ctx: DistContext) -> tuple[DistributedModelParal
     fuse_embedding_optimizer(model, cfg)
     tables = embedding_configs(cfg)
     plan = sharding.collective_plan(cfg, model, tables, ctx.device, dist.group.WORLD)
-    dmp = DistributedModelParallel(model, device=ctx.device, plan=plan, sharders=sharding.sharders(),
-                                   data_parallel_wrapper=sharding.OneRankDense() if ctx.world_size == 1 else None)
-    init_tables(dmp.state_dict(), tables, cfg.train.seed,
-                {t.name: t.weight_init_max for t in tables})
+    dmp = DistributedModelParallel(
+        model,
+        device=ctx.device,
+        plan=plan,
+        sharders=sharding.sharders(),
+        data_parallel_wrapper=sharding.OneRankDense() if ctx.world_size == 1 else None,
+    )
+    init_tables(dmp.state_dict(), tables, cfg.train.seed, {t.name: t.weight_init_max for t in tables})
     t = cfg.train
-    optimizer = build_optimizer(dmp, t.embedding_optimizer, t.embedding_lr, t.dense_optimizer, t.dense_lr,
-                                t.dense_grad_clip_norm, t.embedding_weight_decay)
+    optimizer = build_optimizer(
+        dmp,
+        t.embedding_optimizer,
+        t.embedding_lr,
+        t.dense_optimizer,
+        t.dense_lr,
+        t.dense_grad_clip_norm,
+        t.embedding_weight_decay,
+    )
     return dmp, optimizer, str(plan)
 
 
 @torch.no_grad()
-def evaluate(dmp: nn.Module, loader: ParquetBatchLoader, device: torch.device, auc_buckets: int | None = None,
-             group_feature: str | None = None) -> dict:
+def evaluate(
+    dmp: nn.Module,
+    loader: ParquetBatchLoader,
+    device: torch.device,
+    auc_buckets: int | None = None,
+    group_feature: str | None = None,
+) -> dict:
     """Metrics over every rank's predictions on one split (padding excluded).
 
     ``auc_buckets`` None: exact, gathers every prediction; N: streaming histogram metrics in
@@ -117,8 +148,9 @@ def evaluate(dmp: nn.Module, loader: ParquetBatchLoader, device: torch.device, a
     if not logits:
         return {}
     if group_feature:
-        lg, lb, g = gather_predictions(torch.cat(logits), torch.cat(labels), torch.cat(weights),
-                                       groups=torch.cat(groups).to(device))
+        lg, lb, g = gather_predictions(
+            torch.cat(logits), torch.cat(labels), torch.cat(weights), groups=torch.cat(groups).to(device)
+        )
         return binary_metrics(lg, lb, groups=g)
     all_logits, all_labels = gather_predictions(torch.cat(logits), torch.cat(labels), torch.cat(weights))
     return binary_metrics(all_logits, all_labels)
@@ -183,16 +215,30 @@ def train(cfg: RunConfig, run_dir: Path, profile_dir: Path | None = None, resume
     if ctx.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
         save_config(cfg, run_dir / "config.yaml")
-    log.info("data ready: %d train / %d validation / %d test rows, %d steps per epoch",
-             loaders.train.num_rows, loaders.validation.num_rows, loaders.test.num_rows, len(loaders.train))
+    log.info(
+        "data ready: %d train / %d validation / %d test rows, %d steps per epoch",
+        loaders.train.num_rows,
+        loaders.validation.num_rows,
+        loaders.test.num_rows,
+        len(loaders.train),
+    )
     dmp, optimizer, plan_text = shard_model(cfg, ctx)
     log.info("sharded: %s", ", ".join(sorted({r["sharding_type"] for r in sharding.plan_summary(dmp.plan)})))
     if ctx.is_main:
         (run_dir / "plan.txt").write_text(plan_text + "\n")
-        (run_dir / "plan.json").write_text(json.dumps(sharding.plan_summary(dmp.plan, embedding_configs(cfg)),
-                                                      indent=2))
-    loop = _Loop(cfg, ctx, dmp, optimizer, loaders, MetricsWriter(run_dir / "metrics.jsonl", ctx.is_main),
-                 TraceWriter(profile_dir, ctx.rank), run_dir)
+        (run_dir / "plan.json").write_text(
+            json.dumps(sharding.plan_summary(dmp.plan, embedding_configs(cfg)), indent=2)
+        )
+    loop = _Loop(
+        cfg,
+        ctx,
+        dmp,
+        optimizer,
+        loaders,
+        MetricsWriter(run_dir / "metrics.jsonl", ctx.is_main),
+        TraceWriter(profile_dir, ctx.rank),
+        run_dir,
+    )
     resumed_at = None
     if resume is not None:
         loop.restore(Path(resume))
@@ -249,22 +295,36 @@ class _Loop:
         self.t0 = time.perf_counter()
         total = cfg.train.epochs * len(loaders.train)
         self.total_steps = min(total, cfg.train.max_steps) if cfg.train.max_steps else total
-        self.bar = tqdm(total=self.total_steps, desc="train", unit="step", dynamic_ncols=True, leave=False,
-                        disable=not (ctx.is_main and cfg.train.progress_bar))
+        self.bar = tqdm(
+            total=self.total_steps,
+            desc="train",
+            unit="step",
+            dynamic_ncols=True,
+            leave=False,
+            disable=not (ctx.is_main and cfg.train.progress_bar),
+        )
 
     def done(self) -> bool:
         return self.step >= self.total_steps
 
     def state(self) -> dict:
-        return {"model": self.dmp.state_dict(),
-                "optimizer": canonical_optimizer_state(self.optimizer.state_dict()),
-                "rng": torch.get_rng_state()}
+        return {
+            "model": self.dmp.state_dict(),
+            "optimizer": canonical_optimizer_state(self.optimizer.state_dict()),
+            "rng": torch.get_rng_state(),
+        }
 
     def save(self) -> Path:
-        meta = {"step": self.step, "epoch": self.epoch, "batches_in_epoch": self.in_epoch,
-                "rows_trained": self.rows_trained, "train_seconds": self.train_seconds,
-                "world_size": self.ctx.world_size, "plan": sharding.plan_summary(self.dmp.plan),
-                "config": self.cfg.to_dict()}
+        meta = {
+            "step": self.step,
+            "epoch": self.epoch,
+            "batches_in_epoch": self.in_epoch,
+            "rows_trained": self.rows_trained,
+            "train_seconds": self.train_seconds,
+            "world_size": self.ctx.world_size,
+            "plan": sharding.plan_summary(self.dmp.plan),
+            "config": self.cfg.to_dict(),
+        }
         return save_checkpoint(self.ctx, self.run_dir, self.step, self.state(), meta, self.cfg.checkpoint.keep)
 
     def restore(self, path: Path) -> None:
@@ -283,8 +343,7 @@ class _Loop:
             self.first_epoch, self.in_epoch = self.first_epoch + 1, 0
         self.writer.truncate_after(self.step)
         self.bar.update(self.step)
-        log.info("resumed from %s at step %d (epoch %d, batch %d)", path, self.step, self.first_epoch,
-                    self.in_epoch)
+        log.info("resumed from %s at step %d (epoch %d, batch %d)", path, self.step, self.first_epoch, self.in_epoch)
 
     def run(self) -> dict:
         last_val: dict = {}
@@ -301,8 +360,9 @@ class _Loop:
         cfg, ctx = self.cfg, self.ctx
         # Sampling counts global steps, so timed steps do not restart with each epoch.
         every = cfg.train.timing_every_n_steps
-        pipe = self.pipe = TimedTrainPipeline(self.dmp, self.optimizer, ctx.device, execute_all_batches=True,
-                                              every_n=every)
+        pipe = self.pipe = TimedTrainPipeline(
+            self.dmp, self.optimizer, ctx.device, execute_all_batches=True, every_n=every
+        )
         pipe.steps_done = self.step
         self.loaders.train.set_epoch(self.epoch)
         start, self.in_epoch = (self.in_epoch, self.in_epoch) if self.epoch == self.first_epoch else (0, 0)
@@ -350,8 +410,9 @@ class _Loop:
         return self.validate()
 
     def validate(self) -> dict:
-        metrics = evaluate(self.dmp, self.loaders.validation, self.ctx.device, self.cfg.eval.auc_buckets,
-                           self.cfg.eval.group_feature)
+        metrics = evaluate(
+            self.dmp, self.loaders.validation, self.ctx.device, self.cfg.eval.auc_buckets, self.cfg.eval.group_feature
+        )
         self.writer.write(split="validation", step=self.step, epoch=self.epoch, **metrics)
         if metrics.get("auc") is not None:
             self.bar.set_postfix_str(f"val AUC {metrics['auc']:.4f}", refresh=False)
@@ -371,13 +432,13 @@ class _Loop:
             f"non-finite training loss at step {first} (steps {self.step - len(local) + 1}-{self.step} checked "
             f"together); first non-finite parameter: {param or 'none (the loss itself overflowed)'}; "
             f"last good checkpoint: {good or 'none'}. Lower train.embedding_lr / train.dense_lr"
-            + (", then continue with --resume auto." if good else " and start again."))
+            + (", then continue with --resume auto." if good else " and start again.")
+        )
 
     def log_train(self) -> None:
         """Global mean loss and samples/s since the last train line; one all_reduce."""
         elapsed = time.perf_counter() - self.t0
-        stats = torch.stack([torch.stack(self.losses).float().mean(),
-                             torch.stack(self.real_rows).float().sum()]).cpu()
+        stats = torch.stack([torch.stack(self.losses).float().mean(), torch.stack(self.real_rows).float().sum()]).cpu()
         if self.ctx.world_size > 1:
             dist.all_reduce(stats)
         loss, rows = float(stats[0]) / self.ctx.world_size, int(stats[1])
@@ -385,8 +446,15 @@ class _Loop:
             self.diverged()
         sps = round(rows / elapsed, 1) if elapsed > 0 else None
         lr = {"lr_scale": round(self.schedule.scale(self.step - 1), 6)} if self.schedule.active else {}
-        self.writer.write(split="train", step=self.step, epoch=self.epoch, loss=loss, samples_per_s=sps, **lr,
-                          **(self.pipe.pop_times() if self.pipe else {}))
+        self.writer.write(
+            split="train",
+            step=self.step,
+            epoch=self.epoch,
+            loss=loss,
+            samples_per_s=sps,
+            **lr,
+            **(self.pipe.pop_times() if self.pipe else {}),
+        )
         self.bar.set_postfix(loss=f"{loss:.4f}", samples_per_s=sps, refresh=False)
         self.train_seconds += elapsed
         self.rows_trained += rows

@@ -24,8 +24,15 @@ def test_quickstart_bytes_and_flops_per_sample():
 
 
 def test_mlperf_state_and_cross_layers_count():
-    cfg = load_config(QUICKSTART, ["model.name=dlrm_dcnv2", "train.embedding_optimizer=exact_adagrad",
-                                   "model.dcn_num_layers=2", "model.dcn_low_rank_dim=8"])
+    cfg = load_config(
+        QUICKSTART,
+        [
+            "model.name=dlrm_dcnv2",
+            "train.embedding_optimizer=exact_adagrad",
+            "model.dcn_num_layers=2",
+            "model.dcn_low_rank_dim=8",
+        ],
+    )
     assert hardware.embedding_bytes_per_sample(cfg) == 26 * (12 * 16 + 8 * 16) + 26 * 8 * 16
     width = 27 * 16
     linear = sum(i * o for i, o in hardware.linear_shapes(cfg))
@@ -96,14 +103,14 @@ def hook_vs_native(rank: int, world: int) -> float:
         model = nn.ModuleDict({"e": nn.EmbeddingBag(50, 16, mode="sum", sparse=True), "l": nn.Linear(16, 1)})
 
         class Wrap(nn.Module):
-            def __init__(self):
+            def __init__(self, m):
                 super().__init__()
-                self.m = model
+                self.m = m
 
             def forward(self, ids):
                 return self.m["l"](self.m["e"](ids)).squeeze(1)
 
-        ddp = torch.nn.parallel.DistributedDataParallel(Wrap())
+        ddp = torch.nn.parallel.DistributedDataParallel(Wrap(model))
         if hook:
             ddp.register_comm_hook(None, baselines.sparse_allgather_hook)
         opt = torch.optim.Adagrad(ddp.parameters(), lr=0.1)
@@ -129,8 +136,27 @@ def test_mlperf_path_runs_on_cpu(capsys):
     sizes: every line of its table is printed with a positive ratio."""
     from benchmarks import run
 
-    assert run.main(["--device", "cpu", "--model", "mlperf", "--mlperf-max-rows", "1000", "--batch", "256",
-                     "--copies", "1", "--reps", "1", "--skip", "5"]) == 0
+    assert (
+        run.main(
+            [
+                "--device",
+                "cpu",
+                "--model",
+                "mlperf",
+                "--mlperf-max-rows",
+                "1000",
+                "--batch",
+                "256",
+                "--copies",
+                "1",
+                "--reps",
+                "1",
+                "--skip",
+                "5",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "dlrm_dcnv2" in out and "exact_adagrad fused" in out and "1 rank(s) on cpu" in out
     rows = {line.split("|")[1].strip(): line for line in out.splitlines() if line.startswith("| ") and "**" in line}

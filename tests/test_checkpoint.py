@@ -16,11 +16,19 @@ from tests.test_quickstart import read_metrics, run_cli
 
 # 1,600 train rows; global batch 96 drops the remainder so every world size (1, 2, 3) sees
 # identical global batches: 16 steps per epoch, 32 in all.
-BASE = ["data.num_rows=2000", "data.remainder=drop", "train.epochs=2", "train.log_every_n_steps=2",
-        "train.progress_bar=false", "train.deterministic=true"]
-WS = {1: ["distributed.nproc_per_node=1", "train.batch_size=96"],
-      2: ["distributed.nproc_per_node=2", "train.batch_size=48"],
-      3: ["distributed.nproc_per_node=3", "train.batch_size=32"]}
+BASE = [
+    "data.num_rows=2000",
+    "data.remainder=drop",
+    "train.epochs=2",
+    "train.log_every_n_steps=2",
+    "train.progress_bar=false",
+    "train.deterministic=true",
+]
+WS = {
+    1: ["distributed.nproc_per_node=1", "train.batch_size=96"],
+    2: ["distributed.nproc_per_node=2", "train.batch_size=48"],
+    3: ["distributed.nproc_per_node=3", "train.batch_size=32"],
+}
 
 
 def train(tmp_path, run_dir, *extra, env=None):
@@ -46,15 +54,25 @@ def test_exact_resume_and_resharding(tmp_path):
 
     # Stopped after step 10 (table-wise, 2 ranks), then resumed four ways.
     tw = tmp_path / "tw"
-    r = train(tmp_path, tw, *WS[2], "sharding.sharding_types=[table_wise]", "train.max_steps=10",
-              "checkpoint.every_n_steps=4", "checkpoint.keep=2")
+    r = train(
+        tmp_path,
+        tw,
+        *WS[2],
+        "sharding.sharding_types=[table_wise]",
+        "train.max_steps=10",
+        "checkpoint.every_n_steps=4",
+        "checkpoint.keep=2",
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     kept = sorted(p.name for p in (tw / "checkpoints").iterdir())
     assert kept == ["latest", "step_00000008", "step_00000010"]  # keep=2 pruned step 4
     for name in ("same", "ws1_dp", "ws3_rw"):
         shutil.copytree(tw, tmp_path / name)
-    cases = {"same": (WS[2], "table_wise", 0.0), "ws1_dp": (WS[1], "data_parallel", 1e-5),
-             "ws3_rw": (WS[3], "row_wise", 1e-5)}
+    cases = {
+        "same": (WS[2], "table_wise", 0.0),
+        "ws1_dp": (WS[1], "data_parallel", 1e-5),
+        "ws3_rw": (WS[3], "row_wise", 1e-5),
+    }
     for name, (ws, st, tol) in cases.items():
         r = train(tmp_path, tmp_path / name, "--resume", "auto", *ws, f"sharding.sharding_types=[{st}]")
         assert r.returncode == 0, r.stderr[-2000:]
@@ -75,8 +93,14 @@ def test_elastic_restart_after_sigkill_and_crash_mid_save(tmp_path):
     assert train(tmp_path, ref, *WS[2], "checkpoint.every_n_steps=3").returncode == 0
     # Rank 1 is SIGKILLed after step 7; the agent restarts both ranks from step 6.
     run = tmp_path / "killed"
-    r = train(tmp_path, run, *WS[2], "checkpoint.every_n_steps=3", "distributed.max_restarts=1",
-              env={"RECSYS_DIST_FAULT": "step:7:1"})
+    r = train(
+        tmp_path,
+        run,
+        *WS[2],
+        "checkpoint.every_n_steps=3",
+        "distributed.max_restarts=1",
+        env={"RECSYS_DIST_FAULT": "step:7:1"},
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     steps = [m["step"] for m in read_metrics(run) if m["split"] == "train"]
     # Every logged step exactly once (lines every 2 steps, plus one at each checkpoint).
@@ -104,8 +128,15 @@ def small_run(tmp_path_factory):
 
 def test_checkpoint_from_another_model_config_is_refused(small_run):
     tmp, run = small_run
-    r = train(tmp, tmp / "other", *WS[1], "--resume", str(run / "checkpoints" / "step_00000004"),
-              "model.embedding_dim=8", "model.dense_arch_layer_sizes=[32,8]")
+    r = train(
+        tmp,
+        tmp / "other",
+        *WS[1],
+        "--resume",
+        str(run / "checkpoints" / "step_00000004"),
+        "model.embedding_dim=8",
+        "model.dense_arch_layer_sizes=[32,8]",
+    )
     assert r.returncode == 1
     assert "written by a different config: model.embedding_dim 16 -> 8" in r.stderr
 
@@ -234,16 +265,24 @@ def test_checkpoint_of_the_older_first_order_layout_loads(tmp_path):
     saved = build_model(cfg, cpu, tables_device=cpu).state_dict()
     tables = [k for k in saved if ".embedding_bags." in k]
     moments = {k: {"momentum1": torch.rand(50)} for k in tables}
-    legacy = lambda d: {k.replace(".sparse_arch.embedding_bags.w_", ".first_order.embedding_bags.w_"): v  # noqa: E731
-                        for k, v in d.items()}
+
+    def legacy(d):
+        return {
+            k.replace(".sparse_arch.embedding_bags.w_", ".first_order.embedding_bags.w_"): v  # noqa: E731
+            for k, v in d.items()
+        }
+
     assert sum(".first_order." in k for k in legacy(saved)) == 26
     rng = torch.get_rng_state()
     dcp.save({"model": legacy(saved), "optimizer": legacy(moments), "rng": rng}, checkpoint_id=tmp_path, no_dist=True)
 
     torch.manual_seed(1)
     model = build_model(cfg, cpu, tables_device=cpu)
-    state = {"model": model.state_dict(), "optimizer": {k: {"momentum1": torch.zeros(50)} for k in tables},
-             "rng": torch.zeros_like(torch.get_rng_state())}
+    state = {
+        "model": model.state_dict(),
+        "optimizer": {k: {"momentum1": torch.zeros(50)} for k in tables},
+        "rng": torch.zeros_like(torch.get_rng_state()),
+    }
     load_checkpoint(tmp_path, state)
     for k, v in saved.items():
         assert torch.equal(model.state_dict()[k], v), k

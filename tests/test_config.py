@@ -39,8 +39,15 @@ def test_quickstart_values_and_path_resolution():
 
 
 def test_overrides_apply_and_parse_yaml_values():
-    cfg = load_config(QUICKSTART, ["train.batch_size=64", "sharding.sharding_types=[row_wise, table_wise]",
-                                   "train.max_steps=5", "train.embedding_lr=1e-3"])
+    cfg = load_config(
+        QUICKSTART,
+        [
+            "train.batch_size=64",
+            "sharding.sharding_types=[row_wise, table_wise]",
+            "train.max_steps=5",
+            "train.embedding_lr=1e-3",
+        ],
+    )
     assert cfg.train.batch_size == 64 and cfg.train.max_steps == 5
     assert cfg.sharding.sharding_types == ["row_wise", "table_wise"]
     assert cfg.train.embedding_lr == pytest.approx(1e-3)
@@ -122,8 +129,9 @@ def test_fixed_plan_validation():
 
 
 def test_pooling_default_and_per_table():
-    from recsys_dist.models import embedding_configs
     from torchrec.modules.embedding_configs import PoolingType
+
+    from recsys_dist.models import embedding_configs
 
     cfg = load_config(QUICKSTART, ["sharding.pooling=mean", "sharding.per_table={t_C3: {pooling: sum}}"])
     pools = {t.name: t.pooling for t in embedding_configs(cfg)}
@@ -148,10 +156,12 @@ def test_non_utf8_config_and_infinite_values_are_config_errors(tmp_path):
 
 
 def test_types_are_strict_and_numbers_in_e_notation_are_numbers(tmp_path):
-    for bad, want in (("train.batch_size=true", "train.batch_size: Input should be a valid integer (got True)"),
-                      ("train.batch_size=64.0", "train.batch_size: Input should be a valid integer"),
-                      ("train.embedding_lr='0.1'", "train.embedding_lr: Input should be a valid number"),
-                      ("data.split=[true,0,0]", "data.split.fractions.0")):
+    for bad, want in (
+        ("train.batch_size=true", "train.batch_size: Input should be a valid integer (got True)"),
+        ("train.batch_size=64.0", "train.batch_size: Input should be a valid integer"),
+        ("train.embedding_lr='0.1'", "train.embedding_lr: Input should be a valid number"),
+        ("data.split=[true,0,0]", "data.split.fractions.0"),
+    ):
         with pytest.raises(ConfigError, match=want.replace("(", r"\(").replace(")", r"\)")):
             load_config(QUICKSTART, [bad])
     # YAML 1.1 reads 1e-3 as a string; a config means the number
@@ -165,7 +175,9 @@ def test_types_are_strict_and_numbers_in_e_notation_are_numbers(tmp_path):
 def test_a_key_given_twice_is_an_error(tmp_path):
     text = QUICKSTART.read_text().replace("  batch_size: 32", "  batch_size: 32\n  batch_size: 64")
     (tmp_path / "c.yaml").write_text(text)
-    with pytest.raises(ConfigError, match=r"c.yaml is not valid YAML: key 'batch_size' on line 16 is given twice \(also on line 15\)"):
+    with pytest.raises(
+        ConfigError, match=r"c.yaml is not valid YAML: key 'batch_size' on line 16 is given twice \(also on line 15\)"
+    ):
         load_config(tmp_path / "c.yaml")
     with pytest.raises(ConfigError, match="given twice"):
         parse_overrides(["sharding.constraints={a: 1, a: 2}"])
@@ -188,10 +200,12 @@ def test_yaml_numbers_are_decimal_and_merge_keys_work(tmp_path):
 
 
 def test_integers_beyond_int64_and_absurd_batches_are_config_errors():
-    for bad, key in (("data.num_embeddings=9223372036854775808", "data.num_embeddings: an integer here must lie "
-                      "within int64"), ("train.seed=18446744073709551616", "train.seed: an integer"),
-                     ("data.num_embeddings=[1,99999999999999999999]", "data.num_embeddings: an integer"),
-                     ("train.batch_size=1000000000000", "train.batch_size: Input should be less than or equal")):
+    for bad, key in (
+        ("data.num_embeddings=9223372036854775808", "data.num_embeddings: an integer here must lie within int64"),
+        ("train.seed=18446744073709551616", "train.seed: an integer"),
+        ("data.num_embeddings=[1,99999999999999999999]", "data.num_embeddings: an integer"),
+        ("train.batch_size=1000000000000", "train.batch_size: Input should be less than or equal"),
+    ):
         with pytest.raises(ConfigError, match=key):
             load_config(QUICKSTART, [bad])
 

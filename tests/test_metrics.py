@@ -71,7 +71,8 @@ def test_gauc_one_group_equals_auc_and_no_valid_group_is_nan():
     labels, logits = _data(3, n=500)
     one = torch.zeros(500, dtype=torch.long)
     assert group_auc(torch.tensor(logits), torch.tensor(labels), one)[0] == pytest.approx(
-        roc_auc_score(labels, logits), abs=1e-12)
+        roc_auc_score(labels, logits), abs=1e-12
+    )
     gauc, n = group_auc(torch.tensor([0.1, 0.2]), torch.tensor([1.0, 0.0]), torch.tensor([1, 2]))
     assert np.isnan(gauc) and n == 0
 
@@ -85,19 +86,22 @@ def test_auc_single_class_is_nan():
 
 
 def test_gather_drops_padding_without_process_group():
-    lg, lb = gather_predictions(torch.tensor([1.0, 2.0, 3.0]), torch.tensor([0.0, 1.0, 0.0]), torch.tensor([1.0, 1.0, 0.0]))
+    lg, lb = gather_predictions(
+        torch.tensor([1.0, 2.0, 3.0]), torch.tensor([0.0, 1.0, 0.0]), torch.tensor([1.0, 1.0, 0.0])
+    )
     assert lg.tolist() == [1.0, 2.0] and lb.tolist() == [0.0, 1.0]
     big = (1 << 40) + 3
-    _, _, gr = gather_predictions(torch.tensor([1.0, 2.0]), torch.tensor([0.0, 1.0]), torch.tensor([0.0, 1.0]),
-                                  groups=torch.tensor([5, big]))
+    _, _, gr = gather_predictions(
+        torch.tensor([1.0, 2.0]), torch.tensor([0.0, 1.0]), torch.tensor([0.0, 1.0]), groups=torch.tensor([5, big])
+    )
     assert gr.dtype == torch.int64 and gr.tolist() == [big]
 
 
 def _streaming(logits, labels, weights=None, buckets=1 << 16, batch=777):
     s = StreamingBinaryMetrics(buckets)
     for i in range(0, len(labels), batch):
-        w = None if weights is None else torch.tensor(weights[i:i + batch])
-        s.update(torch.tensor(logits[i:i + batch]), torch.tensor(labels[i:i + batch]), w)
+        w = None if weights is None else torch.tensor(weights[i : i + batch])
+        s.update(torch.tensor(logits[i : i + batch]), torch.tensor(labels[i : i + batch]), w)
     return s.merge().compute()  # no process group: merge is a copy
 
 
@@ -145,8 +149,7 @@ def test_streaming_bound_is_small_at_1e5_examples():
     exact = roc_auc_score(labels, logits)
     assert abs(m["auc"] - exact) <= m["auc_error_bound"]
     assert m["auc_error_bound"] < 1e-3
-    print(f"\n1e5 rows, 2^16 buckets: |hist - exact| = {abs(m['auc'] - exact):.2e}, "
-          f"bound = {m['auc_error_bound']:.2e}")
+    print(f"\n1e5 rows, 2^16 buckets: |hist - exact| = {abs(m['auc'] - exact):.2e}, bound = {m['auc_error_bound']:.2e}")
 
 
 def test_streaming_state_is_fixed_size_and_rejects_bad_input():

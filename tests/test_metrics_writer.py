@@ -22,7 +22,12 @@ def test_jsonl_nan_to_null_and_tensorboard_mirror(tmp_path, monkeypatch):
     w = MetricsWriter(tmp_path / "metrics.jsonl", enabled=True)
     w.write(split="validation", step=3, epoch=0, auc=float("nan"), logloss=0.5)
     assert json.loads((tmp_path / "metrics.jsonl").read_text()) == {
-        "split": "validation", "step": 3, "epoch": 0, "auc": None, "logloss": 0.5}
+        "split": "validation",
+        "step": 3,
+        "epoch": 0,
+        "auc": None,
+        "logloss": 0.5,
+    }
     assert scalars == [("validation/logloss", 0.5, 3)]
     MetricsWriter(tmp_path / "other.jsonl", enabled=False).write(split="train", step=1, epoch=0, loss=1.0)
     assert not (tmp_path / "other.jsonl").exists()

@@ -17,12 +17,30 @@ def test_two_nodes_one_process_each(tmp_path):
     port = _free_port()
     run_dir = tmp_path / "run"
     env = dict(os.environ, RECSYS_DIST_CACHE=str(tmp_path / "cache"))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1",
-           "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=multinode-test",
-           "-m", "recsys_dist.cli", "train", "--config", str(QUICKSTART), "--run-dir", str(run_dir),
-           "data.num_rows=2000", "train.log_every_n_steps=5", "train.progress_bar=false"]
-    nodes = [subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for _ in range(2)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes=2",
+        "--nproc_per_node=1",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint=127.0.0.1:{port}",
+        "--rdzv-id=multinode-test",
+        "-m",
+        "recsys_dist.cli",
+        "train",
+        "--config",
+        str(QUICKSTART),
+        "--run-dir",
+        str(run_dir),
+        "data.num_rows=2000",
+        "train.log_every_n_steps=5",
+        "train.progress_bar=false",
+    ]
+    nodes = [
+        subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
     try:
         outs = [p.communicate(timeout=300) for p in nodes]
     finally:

@@ -33,8 +33,9 @@ def test_mlperf_on_one_gpu_fails_naming_tables():
 
 
 def test_constraints_are_respected_on_cpu():
-    cfg = load_config(QUICKSTART, ["sharding.sharding_types=[table_wise]",
-                                   "sharding.per_table={t_C1: {sharding_types: [row_wise]}}"])
+    cfg = load_config(
+        QUICKSTART, ["sharding.sharding_types=[table_wise]", "sharding.per_table={t_C1: {sharding_types: [row_wise]}}"]
+    )
     report = dry_run(cfg, 3, 3, "cpu")
     types = {p.table: p.sharding_type for p in report.placements}
     assert types.pop("t_C1") == "row_wise"
@@ -50,20 +51,27 @@ def test_unknown_table_in_per_table_is_an_error():
 
 def test_plan_cli_64_gpus_json_and_failure_exit_code():
     cmd = [sys.executable, "-m", "recsys_dist.cli", "plan", "--config", str(MLPERF)]
-    r = subprocess.run(cmd + ["--world-size", "64", "--local-world-size", "8", "--hbm-gb", "80", "--json"],
-                       capture_output=True, text=True, timeout=300, cwd=ROOT)
+    r = subprocess.run(
+        cmd + ["--world-size", "64", "--local-world-size", "8", "--hbm-gb", "80", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     out = json.loads(r.stdout)
     assert len(out["hbm_gb"]) == 64 and len(out["placements"]) == 26
-    r = subprocess.run(cmd + ["--world-size", "1", "--hbm-gb", "80"], capture_output=True, text=True,
-                       timeout=300, cwd=ROOT)
+    r = subprocess.run(
+        cmd + ["--world-size", "1", "--hbm-gb", "80"], capture_output=True, text=True, timeout=300, cwd=ROOT
+    )
     assert r.returncode == 1 and "no sharding plan fits" in r.stderr
 
 
 def test_column_shards_must_be_multiples_of_4():
+    import torch
+
     from recsys_dist.models import build_model
     from recsys_dist.sharding import fixed_sharding_plan
-    import torch
 
     cfg = load_config(QUICKSTART)
     model = build_model(cfg, torch.device("meta"))
@@ -72,4 +80,5 @@ def test_column_shards_must_be_multiples_of_4():
         fixed_sharding_plan(model, fixed.sharding.fixed_plan, 3, 3, "cpu")
     with pytest.raises(Exception, match="model.embedding_dim: 6 is not a multiple of 4.*use 4 or 8"):
         from recsys_dist.config import check_before_launch
+
         check_before_launch(load_config(QUICKSTART, ["model.embedding_dim=6", "model.dense_arch_layer_sizes=[6]"]))

@@ -49,8 +49,21 @@ def check_run_dir(run_dir, world_size):
 def test_quickstart_world_size_2(tmp_path):
     """One spawn, many checks: outputs, mid-epoch eval, step timing, profiler trace, report."""
     run_dir = tmp_path / "run"
-    r = run_cli(["train", "--config", str(QUICKSTART), "--run-dir", str(run_dir), "--profile", *FAST,
-                 "eval.every_n_steps=10", "train.timing_every_n_steps=10", "eval.group_feature=C6"], tmp_path)
+    r = run_cli(
+        [
+            "train",
+            "--config",
+            str(QUICKSTART),
+            "--run-dir",
+            str(run_dir),
+            "--profile",
+            *FAST,
+            "eval.every_n_steps=10",
+            "train.timing_every_n_steps=10",
+            "eval.group_feature=C6",
+        ],
+        tmp_path,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert "validation  AUC" in r.stdout and str(run_dir) in r.stdout
     check_run_dir(run_dir, 2)
@@ -82,15 +95,28 @@ def test_quickstart_world_size_2(tmp_path):
 def test_under_torchrun_uses_its_ranks(tmp_path):
     run_dir = tmp_path / "run"
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
-    r = run_cli(["train", "--config", str(QUICKSTART), "--run-dir", str(run_dir), *FAST,
-                 "distributed.nproc_per_node=1"], tmp_path, launcher=torchrun)
+    r = run_cli(
+        ["train", "--config", str(QUICKSTART), "--run-dir", str(run_dir), *FAST, "distributed.nproc_per_node=1"],
+        tmp_path,
+        launcher=torchrun,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     check_run_dir(run_dir, 2)
 
 
 def test_bad_config_fails_before_any_rank_starts(tmp_path):
-    r = run_cli(["train", "--config", str(QUICKSTART), "--run-dir", str(tmp_path / "run"),
-                 "train.batch_size=0", "distributed.nproc_per_node=0"], tmp_path)
+    r = run_cli(
+        [
+            "train",
+            "--config",
+            str(QUICKSTART),
+            "--run-dir",
+            str(tmp_path / "run"),
+            "train.batch_size=0",
+            "distributed.nproc_per_node=0",
+        ],
+        tmp_path,
+    )
     assert r.returncode == 2
     assert "train.batch_size" in r.stderr and "distributed.nproc_per_node" in r.stderr
     assert not (tmp_path / "run").exists()
@@ -108,8 +134,9 @@ def test_bad_data_is_reported_before_any_rank_starts(tmp_path):
     lines[12] = "2" + lines[12][1:]
     bad = tmp_path / "bad.txt"
     bad.write_text("\n".join(lines) + "\n")
-    r = run_cli(["train", "--config", str(QUICKSTART), "--run-dir", str(tmp_path / "run"),
-                 f"data.raw_path={bad}"], tmp_path)
+    r = run_cli(
+        ["train", "--config", str(QUICKSTART), "--run-dir", str(tmp_path / "run"), f"data.raw_path={bad}"], tmp_path
+    )
     assert r.returncode == 1
     assert "bad.txt, line 13, column label: 2 is not 0 or 1" in r.stderr
     assert "Traceback" not in r.stderr and "[rank" not in r.stderr
@@ -123,8 +150,18 @@ def test_gzip_input_streaming_auc_and_undefined_auc_is_null(tmp_path):
     gz = tmp_path / "small.txt.gz"
     gz.write_bytes(gzip.compress(b"".join(lines[:10])))
     run_dir = tmp_path / "run"
-    r = run_cli(["train", "--config", str(QUICKSTART), "--run-dir", str(run_dir), f"data.raw_path={gz}",
-                 "eval.auc_buckets=1024"], tmp_path)
+    r = run_cli(
+        [
+            "train",
+            "--config",
+            str(QUICKSTART),
+            "--run-dir",
+            str(run_dir),
+            f"data.raw_path={gz}",
+            "eval.auc_buckets=1024",
+        ],
+        tmp_path,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["rows_trained"] == 8  # all 10 rows read: 8 / 1 / 1
@@ -136,12 +173,16 @@ def test_gzip_input_streaming_auc_and_undefined_auc_is_null(tmp_path):
 
 @pytest.mark.slow
 def test_fixed_plan_file_places_tables_and_round_trips(tmp_path):
-    rows = [{"table": "t_C1", "sharding_type": "row_wise", "compute_kernel": "fused", "ranks": [0, 1]},
-            {"table": "t_C2", "sharding_type": "column_wise", "compute_kernel": "fused", "ranks": [1, 0]},
-            {"table": "t_C3", "sharding_type": "data_parallel", "compute_kernel": "dense", "ranks": [0, 1]},
-            {"table": "t_C4", "sharding_type": "table_row_wise", "compute_kernel": "fused", "ranks": [0, 1]}]
-    rows += [{"table": f"t_C{i}", "sharding_type": "table_wise", "compute_kernel": "fused", "ranks": [i % 2]}
-             for i in range(5, 27)]
+    rows = [
+        {"table": "t_C1", "sharding_type": "row_wise", "compute_kernel": "fused", "ranks": [0, 1]},
+        {"table": "t_C2", "sharding_type": "column_wise", "compute_kernel": "fused", "ranks": [1, 0]},
+        {"table": "t_C3", "sharding_type": "data_parallel", "compute_kernel": "dense", "ranks": [0, 1]},
+        {"table": "t_C4", "sharding_type": "table_row_wise", "compute_kernel": "fused", "ranks": [0, 1]},
+    ]
+    rows += [
+        {"table": f"t_C{i}", "sharding_type": "table_wise", "compute_kernel": "fused", "ranks": [i % 2]}
+        for i in range(5, 27)
+    ]
     plan = tmp_path / "plan.json"
     plan.write_text(json.dumps(rows))
     run_dir = tmp_path / "run"
@@ -163,10 +204,13 @@ def test_world_size_1_and_2_give_the_same_numbers(tmp_path):
     both runs start from the same model; tolerance 1e-5 (float32 reduction order)."""
     common = [*FAST, "train.deterministic=true", "checkpoint.enabled=false"]
     runs = {}
-    for name, extra in {"ws1": ["distributed.nproc_per_node=1", "train.batch_size=64"],
-                        "ws2": ["sharding.sharding_types=[row_wise]"]}.items():
-        r = run_cli(["train", "--config", str(QUICKSTART), "--run-dir", str(tmp_path / name), *common, *extra],
-                    tmp_path)
+    for name, extra in {
+        "ws1": ["distributed.nproc_per_node=1", "train.batch_size=64"],
+        "ws2": ["sharding.sharding_types=[row_wise]"],
+    }.items():
+        r = run_cli(
+            ["train", "--config", str(QUICKSTART), "--run-dir", str(tmp_path / name), *common, *extra], tmp_path
+        )
         assert r.returncode == 0, r.stderr[-2000:]
         runs[name] = read_metrics(tmp_path / name)
     assert len(runs["ws1"]) == len(runs["ws2"])
@@ -182,8 +226,19 @@ def test_bf16_mixed_trains_the_quickstart_as_well_as_float32(tmp_path):
     """The README's quickstart (float32: validation AUC 0.7228, logloss 0.4823; test AUC
     0.7574, logloss 0.4638) with the dense tower in bfloat16 autocast."""
     run_dir = tmp_path / "bf16"
-    r = run_cli(["train", "--config", str(QUICKSTART), "--run-dir", str(run_dir), "train.precision=bf16-mixed",
-                 "checkpoint.enabled=false", "train.progress_bar=false"], tmp_path)
+    r = run_cli(
+        [
+            "train",
+            "--config",
+            str(QUICKSTART),
+            "--run-dir",
+            str(run_dir),
+            "train.precision=bf16-mixed",
+            "checkpoint.enabled=false",
+            "train.progress_bar=false",
+        ],
+        tmp_path,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     got = {m["split"]: m for m in read_metrics(run_dir) if m["split"] != "train"}
     assert got["validation"]["auc"] == pytest.approx(0.7228, abs=0.005)
@@ -201,8 +256,18 @@ def test_preprocess_command(tmp_path):
 @pytest.mark.slow
 def test_avazu_trains_on_two_ranks(tmp_path):
     run_dir = tmp_path / "run"
-    r = run_cli(["train", "--config", str(ROOT / "configs" / "avazu_deepfm.yaml"), "--run-dir", str(run_dir),
-                 "data.num_rows=3000", "train.progress_bar=false"], tmp_path)
+    r = run_cli(
+        [
+            "train",
+            "--config",
+            str(ROOT / "configs" / "avazu_deepfm.yaml"),
+            "--run-dir",
+            str(run_dir),
+            "data.num_rows=3000",
+            "train.progress_bar=false",
+        ],
+        tmp_path,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     test = [m for m in read_metrics(run_dir) if m["split"] == "test"][0]
     assert 0.5 < test["auc"] <= 1 and test["num_examples"] == 300

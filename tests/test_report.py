@@ -21,27 +21,86 @@ def make_run(path, *, timing=True, summary=True, plan=True, auc_shift=0.0, batch
             rec.update(time_data_ms=1.0, time_forward_ms=2.0 + step / 40, time_backward_ms=3.0, time_optimizer_ms=0.5)
         lines.append(rec)
         if step % 20 == 0:
-            lines.append({"split": "validation", "step": step, "epoch": 0, "auc": 0.70 + step / 1000 + auc_shift,
-                          "logloss": 0.5 - step / 1000, "ne": 0.95, "calibration": 1.01, "accuracy": 0.77,
-                          "num_examples": 1000})
-    lines.append({"split": "test", "step": 40, "epoch": 0, "auc": 0.75 + auc_shift, "logloss": 0.46, "ne": None,
-                  "calibration": 0.99, "accuracy": 0.8, "num_examples": 1000})
+            lines.append(
+                {
+                    "split": "validation",
+                    "step": step,
+                    "epoch": 0,
+                    "auc": 0.70 + step / 1000 + auc_shift,
+                    "logloss": 0.5 - step / 1000,
+                    "ne": 0.95,
+                    "calibration": 1.01,
+                    "accuracy": 0.77,
+                    "num_examples": 1000,
+                }
+            )
+    lines.append(
+        {
+            "split": "test",
+            "step": 40,
+            "epoch": 0,
+            "auc": 0.75 + auc_shift,
+            "logloss": 0.46,
+            "ne": None,
+            "calibration": 0.99,
+            "accuracy": 0.8,
+            "num_examples": 1000,
+        }
+    )
     text = "".join(json.dumps(r) + "\n" for r in lines)
     if bad_tail:
         text += '{"split": "train", "st'  # cut short by a crash
     (path / "metrics.jsonl").write_text(text)
     if summary:
-        (path / "summary.json").write_text(json.dumps({
-            "run_dir": str(path), "world_size": 3, "steps": 40, "rows_trained": 3840, "train_seconds": 3.5,
-            "samples_per_s": 1097.1, "validation": {"auc": 0.74}, "test": {"auc": 0.75}}))
+        (path / "summary.json").write_text(
+            json.dumps(
+                {
+                    "run_dir": str(path),
+                    "world_size": 3,
+                    "steps": 40,
+                    "rows_trained": 3840,
+                    "train_seconds": 3.5,
+                    "samples_per_s": 1097.1,
+                    "validation": {"auc": 0.74},
+                    "test": {"auc": 0.75},
+                }
+            )
+        )
     if plan:
-        (path / "plan.json").write_text(json.dumps([
-            {"module": "m", "table": "t0", "sharding_type": "row_wise", "compute_kernel": "fused", "ranks": [0, 1, 2]},
-            {"module": "m", "table": "t1", "sharding_type": "table_wise", "compute_kernel": "fused", "ranks": [1]},
-            {"module": "m", "table": "t2", "sharding_type": "table_wise", "compute_kernel": "fused", "ranks": [2]},
-            {"module": "m", "table": "t3", "sharding_type": "data_parallel", "compute_kernel": "dense",
-             "ranks": [0, 1, 2]},
-        ]))
+        (path / "plan.json").write_text(
+            json.dumps(
+                [
+                    {
+                        "module": "m",
+                        "table": "t0",
+                        "sharding_type": "row_wise",
+                        "compute_kernel": "fused",
+                        "ranks": [0, 1, 2],
+                    },
+                    {
+                        "module": "m",
+                        "table": "t1",
+                        "sharding_type": "table_wise",
+                        "compute_kernel": "fused",
+                        "ranks": [1],
+                    },
+                    {
+                        "module": "m",
+                        "table": "t2",
+                        "sharding_type": "table_wise",
+                        "compute_kernel": "fused",
+                        "ranks": [2],
+                    },
+                    {
+                        "module": "m",
+                        "table": "t3",
+                        "sharding_type": "data_parallel",
+                        "compute_kernel": "dense",
+                        "ranks": [0, 1, 2],
+                    },
+                ]
+            )
+        )
     (path / "config.yaml").write_text(f"train:\n  batch_size: {batch_size}\n  seed: 0\nmodel:\n  name: dlrm\n")
     return path
 
@@ -136,8 +195,18 @@ def test_bad_summary_json_is_named(tmp_path):
 def test_step_time_stacked_area_for_many_points(tmp_path):
     run = tmp_path / "long"
     run.mkdir()
-    recs = [{"split": "train", "step": s, "loss": math.exp(-s / 100), "samples_per_s": 500.0,
-             "time_forward_ms": 2.0, "time_backward_ms": 3.0, "time_comm_ms": 1.0} for s in range(1, 200)]
+    recs = [
+        {
+            "split": "train",
+            "step": s,
+            "loss": math.exp(-s / 100),
+            "samples_per_s": 500.0,
+            "time_forward_ms": 2.0,
+            "time_backward_ms": 3.0,
+            "time_comm_ms": 1.0,
+        }
+        for s in range(1, 200)
+    ]
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
     text = rpt.report(run)
     assert (run / "step_time.png").exists() and not (run / "validation.png").exists()
@@ -163,8 +232,9 @@ def test_recsys_dist_cli_runs_report_and_compare(tmp_path, capsys):
 def test_hand_damaged_run_files_are_clear_errors_or_skipped_lines(tmp_path):
     from recsys_dist.report import RunDirError, load_run
 
-    (tmp_path / "metrics.jsonl").write_text('{"split": "train", "step": 1, "loss": 0.5}\n'
-                                            '{"split": "train", "step": "abc", "loss": "x"}\n')
+    (tmp_path / "metrics.jsonl").write_text(
+        '{"split": "train", "step": 1, "loss": 0.5}\n{"split": "train", "step": "abc", "loss": "x"}\n'
+    )
     run = load_run(tmp_path)
     assert len(run.records) == 1 and run.bad_lines == 1
     (tmp_path / "summary.json").write_text("[1, 2]")

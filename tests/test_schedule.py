@@ -26,9 +26,22 @@ def test_schedule_reaches_the_fused_embedding_update(tmp_path):
     moved = {}
     for name, extra in {"plain": [], "warmup": ["train.warmup_steps=1000"]}.items():
         run = tmp_path / name
-        r = run_cli(["train", "--config", str(QUICKSTART), "--run-dir", str(run), "data.num_rows=1000",
-                     "train.max_steps=10", "distributed.nproc_per_node=1", "train.progress_bar=false",
-                     "train.dense_grad_clip_norm=1.0", *extra], tmp_path)
+        r = run_cli(
+            [
+                "train",
+                "--config",
+                str(QUICKSTART),
+                "--run-dir",
+                str(run),
+                "data.num_rows=1000",
+                "train.max_steps=10",
+                "distributed.nproc_per_node=1",
+                "train.progress_bar=false",
+                "train.dense_grad_clip_norm=1.0",
+                *extra,
+            ],
+            tmp_path,
+        )
         assert r.returncode == 0, r.stderr[-2000:]
         assert run_cli(["export", str(run), "--out", str(run / "export")], tmp_path).returncode == 0
         moved[name] = load_file(str(run / "export" / "model.safetensors"))

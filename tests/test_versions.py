@@ -8,8 +8,9 @@ def test_supported_set_is_installed():
 
 
 def test_mismatch_lists_installed_and_supported(monkeypatch):
-    monkeypatch.setattr(_versions, "installed_versions",
-                        lambda: {"torch": "2.14.1", "fbgemm-gpu": "1.9.0", "torchrec": "1.8.0"})
+    monkeypatch.setattr(
+        _versions, "installed_versions", lambda: {"torch": "2.14.1", "fbgemm-gpu": "1.9.0", "torchrec": "1.8.0"}
+    )
     with pytest.raises(ImportError) as e:
         _versions.check_versions()
     msg = str(e.value)

@@ -37,9 +37,19 @@ def prepare_from_config(cfg, progress: bool = False):
     from recsys_dist.data.convert import prepare
 
     d = cfg.data
-    return prepare(raw_format(d.format, d.schema), d.raw_path, d.num_embeddings, d.split, d.num_rows, d.cache_dir,
-                   on_bad_row=d.on_bad_row, progress=progress, mapping=d.categorical_mapping,
-                   min_count=d.min_count, row_group_size=d.row_group_size)
+    return prepare(
+        raw_format(d.format, d.schema),
+        d.raw_path,
+        d.num_embeddings,
+        d.split,
+        d.num_rows,
+        d.cache_dir,
+        on_bad_row=d.on_bad_row,
+        progress=progress,
+        mapping=d.categorical_mapping,
+        min_count=d.min_count,
+        row_group_size=d.row_group_size,
+    )
 
 
 def prepare_for_scoring(cfg, data):
@@ -64,8 +74,10 @@ def prepare_for_scoring(cfg, data):
         from recsys_dist.config import raw_paths
 
         if d.raw_path is None or not all(Path(r).is_file() for r in raw_paths(cfg)):
-            raise DataError(f"{data}: the model maps categories with a vocabulary built on its training data, "
-                            f"and that data ({d.raw_path}) is not there to rebuild it")
+            raise DataError(
+                f"{data}: the model maps categories with a vocabulary built on its training data, "
+                f"and that data ({d.raw_path}) is not there to rebuild it"
+            )
         vocabulary = prepare_from_config(cfg).directory / VOCABULARY_FILE
     fmt = raw_format(d.format, d.schema)
     if d.format == "criteo_tsv" and Path(data).is_file():
@@ -73,6 +85,15 @@ def prepare_for_scoring(cfg, data):
 
         if first_line_fields(data) == NUM_DENSE + NUM_SPARSE:
             fmt = CriteoFormat(labelled=False)  # Kaggle's test.txt: predict only, labels unknown
-    return prepare(fmt, data, d.num_embeddings, (1.0, 0.0, 0.0), cache_dir=d.cache_dir,
-                   row_group_size=d.row_group_size, mapping=d.categorical_mapping, min_count=d.min_count, vocabulary=vocabulary,
-                   warn_one_class=False)  # scoring: one class is no problem
+    return prepare(
+        fmt,
+        data,
+        d.num_embeddings,
+        (1.0, 0.0, 0.0),
+        cache_dir=d.cache_dir,
+        row_group_size=d.row_group_size,
+        mapping=d.categorical_mapping,
+        min_count=d.min_count,
+        vocabulary=vocabulary,
+        warn_one_class=False,
+    )  # scoring: one class is no problem

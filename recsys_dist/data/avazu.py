@@ -17,7 +17,7 @@ work grows with the number of distinct values, not with rows.
 from __future__ import annotations
 
 import os
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -27,9 +27,32 @@ from recsys_dist.data import mapping
 from recsys_dist.data.criteo import DataError, count_rows, line_blocks, parse_block, read_head
 from recsys_dist.data.mapping import SparseKeys, text_keys
 
-RAW_COLUMNS = ["id", "click", "hour", "C1", "banner_pos", "site_id", "site_domain", "site_category", "app_id",
-               "app_domain", "app_category", "device_id", "device_ip", "device_model", "device_type",
-               "device_conn_type", "C14", "C15", "C16", "C17", "C18", "C19", "C20", "C21"]
+RAW_COLUMNS = [
+    "id",
+    "click",
+    "hour",
+    "C1",
+    "banner_pos",
+    "site_id",
+    "site_domain",
+    "site_category",
+    "app_id",
+    "app_domain",
+    "app_category",
+    "device_id",
+    "device_ip",
+    "device_model",
+    "device_type",
+    "device_conn_type",
+    "C14",
+    "C15",
+    "C16",
+    "C17",
+    "C18",
+    "C19",
+    "C20",
+    "C21",
+]
 CATEGORICAL = RAW_COLUMNS[3:]
 SPARSE_NAMES = CATEGORICAL + ["hour_of_day", "weekday"]
 
@@ -67,7 +90,7 @@ class AvazuFormat:
     transforms = {
         "label": "click as float32",
         "sparse": "id = 1 + blake2b64(utf8 value) mod (num_embeddings - 1) as int64; empty -> 0; "
-                  "hour_of_day = HH of hour, weekday = day of week of 20YYMMDD (0 = Monday), hashed the same way",
+        "hour_of_day = HH of hour, weekday = day of week of 20YYMMDD (0 = Monday), hashed the same way",
         "key": "blake2b64 of the value's UTF-8 bytes",
     }
 
@@ -76,14 +99,25 @@ class AvazuFormat:
         return count_rows(path) - _has_header(str(path))
 
     @staticmethod
-    def read_chunks(path: str, skipped: list | None = None, max_rows: int | None = None
-                    ) -> Iterator[tuple[int, pa.Table]]:
+    def read_chunks(
+        path: str, skipped: list | None = None, max_rows: int | None = None
+    ) -> Iterator[tuple[int, pa.Table]]:
         header = _has_header(path)
         line, first = 1, True
         for chunk in line_blocks(path, None if max_rows is None else max_rows + header):
-            table = parse_block(chunk, path, line, RAW_COLUMNS, delimiter=",", header=first and header,
-                                skipped=skipped, describe=lambda row: f"expected {row.expected_columns} fields, "
-                                f"got {row.actual_columns} (an Avazu row has 24 comma-separated fields)")
+            table = parse_block(
+                chunk,
+                path,
+                line,
+                RAW_COLUMNS,
+                delimiter=",",
+                header=first and header,
+                skipped=skipped,
+                describe=lambda row: (
+                    f"expected {row.expected_columns} fields, "
+                    f"got {row.actual_columns} (an Avazu row has 24 comma-separated fields)"
+                ),
+            )
             yield line + (first and header), table
             first = False
             line += chunk.count(b"\n")
@@ -98,9 +132,11 @@ class AvazuFormat:
         label_ok = pc.match_substring_regex(batch.column("click"), r"^[01]$").to_numpy(zero_copy_only=False)
         hour_ok, _ = _hours(batch.column("hour"))
         bad = ~(label_ok & hour_ok)
-        reasons = [f"column {'click' if not label_ok[i] else 'hour'}: "
-                   f"'{batch.column('click' if not label_ok[i] else 'hour')[int(i)].as_py()}'"
-                   for i in np.flatnonzero(bad)]
+        reasons = [
+            f"column {'click' if not label_ok[i] else 'hour'}: "
+            f"'{batch.column('click' if not label_ok[i] else 'hour')[int(i)].as_py()}'"
+            for i in np.flatnonzero(bad)
+        ]
         return bad, reasons
 
     @staticmethod
@@ -116,8 +152,10 @@ class AvazuFormat:
             i = int(np.flatnonzero(bad)[0])
             col = "click" if reasons[0].startswith("column click") else "hour"
             line = first_row + i + int(_has_header(path))
-            raise DataError(f"{path}, line {line}, {reasons[0]} ("
-                            f"{'0 or 1' if col == 'click' else 'YYMMDDHH, a real date and hour'} expected)")
+            raise DataError(
+                f"{path}, line {line}, {reasons[0]} ("
+                f"{'0 or 1' if col == 'click' else 'YYMMDDHH, a real date and hour'} expected)"
+            )
         hour = batch.column("hour")
         hh = pc.utf8_slice_codeunits(hour, 6, 8)
         _, ts = _hours(hour)

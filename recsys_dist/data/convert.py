@@ -14,9 +14,9 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Optional
 
 import numpy as np
 import pyarrow as pa
@@ -25,10 +25,10 @@ import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from recsys_dist.data import mapping as mp
-from recsys_dist.data.prefetch import prefetched
 from recsys_dist.data.criteo import LINE_COLUMN, TRANSFORM_VERSION, DataError
-from recsys_dist.data.workers import OrderedPool, WorkerDied
+from recsys_dist.data.prefetch import prefetched
 from recsys_dist.data.splits import SPLITS, Split, position_assign, random_assign, time_assign
+from recsys_dist.data.workers import OrderedPool, WorkerDied
 
 VOCABULARY_FILE = "vocabulary.parquet"
 
@@ -62,9 +62,9 @@ class PreparedData:
     under hash mapping, the vocabulary sizes otherwise)."""
 
     directory: Path
-    files: dict[str, "Path | list[Path]"]
+    files: dict[str, Path | list[Path]]
     rows: dict[str, int]
-    num_embeddings: Optional[list[int]] = None
+    num_embeddings: list[int] | None = None
 
     def paths(self, split: str) -> list[str]:
         """The Parquet file(s) of ``split``, as the loader takes them."""
@@ -72,17 +72,29 @@ class PreparedData:
         return [str(p) for p in f] if isinstance(f, list) else [str(f)]
 
 
-def _fingerprint(raws: list[Path], sizes: list[int], num_rows: int | None, split: Split, on_bad_row: str,
-                 fmt, mapping: str, min_count: int, vocabulary: Path | None, row_group_size: int = 65536) -> str:
+def _fingerprint(
+    raws: list[Path],
+    sizes: list[int],
+    num_rows: int | None,
+    split: Split,
+    on_bad_row: str,
+    fmt,
+    mapping: str,
+    min_count: int,
+    vocabulary: Path | None,
+    row_group_size: int = 65536,
+) -> str:
     files = [[str(r.resolve()), r.stat().st_size, r.stat().st_mtime_ns] for r in raws]
     fmt_key = getattr(fmt, "fingerprint", fmt.name)
-    key = json.dumps((files[0] if len(files) == 1 else [files]) + [sizes, num_rows, split.fingerprint(),
-                                                                   TRANSFORM_VERSION]
-                     + ([on_bad_row] if on_bad_row != "error" else [])
-                     + ([fmt_key] if fmt_key != "criteo_tsv" else [])
-                     + ([mapping, min_count] if mapping != "hash" else [])
-                     + ([str(vocabulary.resolve()), vocabulary.stat().st_mtime_ns] if vocabulary else [])
-                     + ([row_group_size] if row_group_size != 65536 else []))
+    key = json.dumps(
+        (files[0] if len(files) == 1 else [files])
+        + [sizes, num_rows, split.fingerprint(), TRANSFORM_VERSION]
+        + ([on_bad_row] if on_bad_row != "error" else [])
+        + ([fmt_key] if fmt_key != "criteo_tsv" else [])
+        + ([mapping, min_count] if mapping != "hash" else [])
+        + ([str(vocabulary.resolve()), vocabulary.stat().st_mtime_ns] if vocabulary else [])
+        + ([row_group_size] if row_group_size != 65536 else [])
+    )
     return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
@@ -107,8 +119,16 @@ class _Reader:
     the rows kept so far (position and random splits go by that index).
     """
 
-    def __init__(self, fmt, path: str, split: Split, fixed: Optional[int], cap: Optional[int],
-                 bounds: Optional[np.ndarray], skipped: Optional[list]) -> None:
+    def __init__(
+        self,
+        fmt,
+        path: str,
+        split: Split,
+        fixed: int | None,
+        cap: int | None,
+        bounds: np.ndarray | None,
+        skipped: list | None,
+    ) -> None:
         self.fmt, self.path, self.split, self.fixed, self.cap = fmt, path, split, fixed, cap
         self.bounds, self.skipped = bounds, skipped
         self.n_bad_values = 0  # rows left out for a rejected value
@@ -131,8 +151,9 @@ class _Reader:
                         line_col = batch.column(LINE_COLUMN) if LINE_COLUMN in batch.schema.names else None
                         for i, why in zip(np.flatnonzero(bad)[:20], reasons[:20]):
                             line = None if line_col is None else line_col[int(i)].as_py()
-                            self.skipped.append((line, why) if line is not None else
-                                                (None, f"row {kept + int(i) + 1}: {why}"))
+                            self.skipped.append(
+                                (line, why) if line is not None else (None, f"row {kept + int(i) + 1}: {why}")
+                            )
                             self.n_examples += 1
                         self.n_bad_values += int(bad.sum())
                         batch = batch.filter(pa.array(~bad))
@@ -152,16 +173,21 @@ class _Reader:
         if s.by == "random":
             return random_assign(s.seed, s.fractions, first, n)
         if s.column not in batch.schema.names:
-            raise DataError(f"{self.path}: split column {s.column!r} is not a column of {self.fmt.name} "
-                            f"(columns: {batch.schema.names})")
+            raise DataError(
+                f"{self.path}: split column {s.column!r} is not a column of {self.fmt.name} "
+                f"(columns: {batch.schema.names})"
+            )
         col = batch.column(s.column)
         try:
-            values = pc.cast(pc.utf8_trim_whitespace(col) if pa.types.is_string(col.type) else col,
-                             pa.float64()).to_numpy(zero_copy_only=False)
+            values = pc.cast(
+                pc.utf8_trim_whitespace(col) if pa.types.is_string(col.type) else col, pa.float64()
+            ).to_numpy(zero_copy_only=False)
         except pa.ArrowInvalid:
             bad = [i for i, v in enumerate(col.to_pylist()) if not _is_number(v)][0]
-            raise DataError(f"{self.path}, data row {first + bad + 1}, column {s.column}: '{col[bad].as_py()}' "
-                            "is not a number (split.by time needs a numeric column)") from None
+            raise DataError(
+                f"{self.path}, data row {first + bad + 1}, column {s.column}: '{col[bad].as_py()}' "
+                "is not a number (split.by time needs a numeric column)"
+            ) from None
         if np.isnan(values).any():
             bad = int(np.flatnonzero(np.isnan(values))[0])
             raise DataError(f"{self.path}, data row {first + bad + 1}, column {s.column}: empty (split.by time)")
@@ -186,15 +212,19 @@ class _Transform:
         missing = np.zeros(len(self.fmt.dense_names))
         for j, n in enumerate(self.fmt.dense_names):
             col = batch.column(n)
-            missing[j] = (pc.sum(pc.equal(pc.fill_null(col, ""), "")).as_py() or 0) if pa.types.is_string(col.type) \
+            missing[j] = (
+                (pc.sum(pc.equal(pc.fill_null(col, ""), "")).as_py() or 0)
+                if pa.types.is_string(col.type)
                 else col.null_count
+            )
         labels, dense, sparse = self.fmt.parse_batch(batch, path, first + 1)
         ids = []
         for j, sk in enumerate(sparse):
             got = self.vocabs[j].lookup(sk.keys) if self.vocabs is not None else mp.hash_ids(sk.keys, self.sizes[j])
             ids.append(mp.to_arrow(got, sk))
-        out = pa.RecordBatch.from_arrays([pa.array(labels, pa.float32())] + [pa.array(d, pa.float32()) for d in dense]
-                                         + ids, schema=self.schema)
+        out = pa.RecordBatch.from_arrays(
+            [pa.array(labels, pa.float32())] + [pa.array(d, pa.float32()) for d in dense] + ids, schema=self.schema
+        )
         return out, missing
 
 
@@ -249,9 +279,9 @@ class _Totals:
         k = len(self.missing)
         if k:
             d = np.stack([part.column(1 + j).to_numpy() for j in range(k)], axis=1).astype(np.float64)
-            self.stats += [np.full(k, len(d)), d.sum(0), (d ** 2).sum(0)]
+            self.stats += [np.full(k, len(d)), d.sum(0), (d**2).sum(0)]
 
-    def add(self, other: "_Totals") -> None:
+    def add(self, other: _Totals) -> None:
         self.stats += other.stats
         self.missing += other.missing
         self.labels += other.labels
@@ -260,7 +290,7 @@ class _Totals:
         self.examples = (self.examples + other.examples)[:20]
 
 
-def _convert(readers: list["_Reader"], writers: dict, transform: _Transform, bar=None) -> _Totals:
+def _convert(readers: list[_Reader], writers: dict, transform: _Transform, bar=None) -> _Totals:
     """Rows of ``readers`` to the split writers they belong to (``writers[split]``)."""
     t = _Totals(len(transform.fmt.dense_names))
     for reader in readers:
@@ -289,7 +319,7 @@ class _SourceJob:
     """One raw file whose rows all go to one split, converted to its own Parquet file (run in
     a worker process, see :func:`_convert_in_workers`)."""
 
-    def __init__(self, reader: "_Reader", transform: _Transform, schema: pa.Schema, row_group_size: int) -> None:
+    def __init__(self, reader: _Reader, transform: _Transform, schema: pa.Schema, row_group_size: int) -> None:
         self.reader, self.transform, self.schema, self.row_group_size = reader, transform, schema, row_group_size
 
     def __call__(self, path: str, fixed: int, out_path: str) -> tuple[int, _Totals]:
@@ -309,23 +339,27 @@ class _SourceJob:
         return writer.rows, totals
 
 
-def _convert_in_workers(readers: list["_Reader"], out: Path, transform: _Transform, schema: pa.Schema,
-                        row_group_size: int, progress: bool) -> tuple[_Totals, dict, dict, dict]:
+def _convert_in_workers(
+    readers: list[_Reader], out: Path, transform: _Transform, schema: pa.Schema, row_group_size: int, progress: bool
+) -> tuple[_Totals, dict, dict, dict]:
     """Several raw files, each all one split (``split.by: files`` with several training files):
     each file is converted in a worker process to its own Parquet file, ``<split>.parquet``
     when the split has one file, else ``<split>-00000.parquet``, ... in the order given.
     Returns the totals, rows and file names per split, and the temporary paths (renamed by
     the caller once everything is written)."""
     per_split = {s: [r for r in readers if SPLITS[r.fixed] == s] for s in SPLITS}
-    names = {s: [f"{s}.parquet"] if len(rs) == 1 else [f"{s}-{i:05d}.parquet" for i in range(len(rs))]
-             for s, rs in per_split.items()}
+    names = {
+        s: [f"{s}.parquet"] if len(rs) == 1 else [f"{s}-{i:05d}.parquet" for i in range(len(rs))]
+        for s, rs in per_split.items()
+    }
     tmp = {s: [out / f".{n}.tmp" for n in names[s]] for s in SPLITS}
     jobs = [(r.path, r.fixed, str(tmp[s][i])) for s in SPLITS for i, r in enumerate(per_split[s])]
     totals, rows = _Totals(len(transform.fmt.dense_names)), dict.fromkeys(SPLITS, 0)
     bar = tqdm(total=len(jobs), unit="file", desc=f"convert {len(jobs)} files", disable=not progress)
     try:
-        with OrderedPool(min(len(jobs), os.cpu_count() or 1),
-                         _SourceJob(readers[0], transform, schema, row_group_size)) as pool:
+        with OrderedPool(
+            min(len(jobs), os.cpu_count() or 1), _SourceJob(readers[0], transform, schema, row_group_size)
+        ) as pool:
             for (_, fixed, _), (n, t) in pool.map(jobs):
                 rows[SPLITS[fixed]] += n
                 totals.add(t)
@@ -345,8 +379,9 @@ def _unlink(tmp: dict) -> None:
         t.unlink(missing_ok=True)
 
 
-def _recut(tmp: dict, out: Path, schema: pa.Schema, bounds: np.ndarray, row_group_size: int,
-           num_dense: int) -> tuple[dict, _Totals]:
+def _recut(
+    tmp: dict, out: Path, schema: pa.Schema, bounds: np.ndarray, row_group_size: int, num_dense: int
+) -> tuple[dict, _Totals]:
     """Rewrite the position splits in ``tmp`` (train, validation, test: consecutive runs of
     the kept rows) at ``bounds``; returns the rows per split and the training split's totals
     (dense statistics and label counts, as the conversion pass counts them)."""
@@ -384,7 +419,7 @@ def _position_bounds(fractions, total: int) -> np.ndarray:
     return bounds
 
 
-def _rows_skipped(skipped: list, readers: list["_Reader"]) -> int:
+def _rows_skipped(skipped: list, readers: list[_Reader]) -> int:
     """Rows left out: ``skipped`` holds every bad line and up to 20 examples of rejected values
     per block, so the values are counted by the readers instead."""
     return len(skipped) - sum(r.n_examples for r in readers) + sum(r.n_bad_values for r in readers)
@@ -466,8 +501,10 @@ def prepare(
     raw = raws[0]
     twice = sorted({str(r) for r in raws if sum(x.resolve() == r.resolve() for x in raws) > 1})
     if twice:
-        log.warning(f"data.raw_path lists {', '.join(twice)} more than once: its rows will be in the training "
-                    "split that many times")
+        log.warning(
+            f"data.raw_path lists {', '.join(twice)} more than once: its rows will be in the training "
+            "split that many times"
+        )
     sources = split.sources([str(r) for r in raws])
     for path, _ in sources:
         p = Path(path)
@@ -487,7 +524,10 @@ def prepare(
         raise DataError(f"{vocab_path}: vocabulary file does not exist")
     out = Path(cache_dir) if cache_dir else default_cache_dir()
     prefix = "criteo" if fmt.name == "criteo_tsv" else fmt.name
-    out = out / f"{prefix}-{_fingerprint(raws, sizes, num_rows, split, on_bad_row, fmt, mapping, min_count, vocab_path, row_group_size)}"
+    out = (
+        out
+        / f"{prefix}-{_fingerprint(raws, sizes, num_rows, split, on_bad_row, fmt, mapping, min_count, vocab_path, row_group_size)}"
+    )
     manifest_path = out / "manifest.json"
     if manifest_path.is_file():
         m = json.loads(manifest_path.read_text())
@@ -518,10 +558,18 @@ def prepare(
         if vocab_path is not None:
             vocabs = mp.load_vocabularies(vocab_path, sparse_names)
         else:
-            first_pass = [_Reader(fmt, r.path, split, r.fixed, num_rows, bounds, [] if skipped is not None else None)
-                          for r in readers if r.fixed in (None, 0)]
-            with tqdm(total=sum(Path(r.path).stat().st_size for r in first_pass), unit="B", unit_scale=True,
-                      disable=not progress, desc=f"count {raw.name}") as bar:
+            first_pass = [
+                _Reader(fmt, r.path, split, r.fixed, num_rows, bounds, [] if skipped is not None else None)
+                for r in readers
+                if r.fixed in (None, 0)
+            ]
+            with tqdm(
+                total=sum(Path(r.path).stat().st_size for r in first_pass),
+                unit="B",
+                unit_scale=True,
+                disable=not progress,
+                desc=f"count {raw.name}",
+            ) as bar:
                 counters = _count_vocabularies(fmt, first_pass, bar)
             distinct = [c.distinct() for c in counters]
             vocabs = [c.build(min_count, n) for c, n in zip(counters, sizes)]
@@ -556,8 +604,10 @@ def prepare(
     if seen == 0:
         for t in _flat(tmp):
             t.unlink(missing_ok=True)
-        raise DataError(f"{raw}: no rows could be read" + (" (every row was skipped as bad)" if skipped else
-                                                           " (the file holds no rows)"))
+        raise DataError(
+            f"{raw}: no rows could be read"
+            + (" (every row was skipped as bad)" if skipped else " (the file holds no rows)")
+        )
     if bounds is not None and seen != bounds[-1]:
         # Rows were skipped: the bounds (from the line count) would take them all out of the
         # last split. The splits are consecutive runs of the kept rows, so cut them again.
@@ -576,12 +626,18 @@ def prepare(
     mapping_info: dict = {"kind": mapping, "missing_id": mp.MISSING_ID}
     if vocabs is not None:
         mp.save_vocabularies(out / VOCABULARY_FILE, sparse_names, vocabs)
-        transforms["sparse"] = (f"id = 2 + rank of the value's key ({transforms.get('key', 'see mapping')}) among "
-                                f"the training split's keys seen >= {min_count} times, by count then key; "
-                                f"other values -> {mp.OOV_ID} (OOV); empty -> {mp.MISSING_ID}")
-        mapping_info.update(oov_id=mp.OOV_ID, min_count=min_count, file=VOCABULARY_FILE,
-                            source=str(vocab_path.resolve()) if vocab_path else "training split",
-                            vocabulary_size=dict(zip(sparse_names, sizes)))
+        transforms["sparse"] = (
+            f"id = 2 + rank of the value's key ({transforms.get('key', 'see mapping')}) among "
+            f"the training split's keys seen >= {min_count} times, by count then key; "
+            f"other values -> {mp.OOV_ID} (OOV); empty -> {mp.MISSING_ID}"
+        )
+        mapping_info.update(
+            oov_id=mp.OOV_ID,
+            min_count=min_count,
+            file=VOCABULARY_FILE,
+            source=str(vocab_path.resolve()) if vocab_path else "training split",
+            vocabulary_size=dict(zip(sparse_names, sizes)),
+        )
         if distinct is not None:
             mapping_info["distinct_train_values"] = dict(zip(sparse_names, distinct))
     split_info = split.describe()
@@ -604,10 +660,13 @@ def prepare(
         "rows_skipped": skipped_count,
         "skipped_examples": examples,
         "dense_stats_train": {
-            n: {"mean": float(stats[1, j] / stats[0, j]) if stats[0, j] else None,
+            n: {
+                "mean": float(stats[1, j] / stats[0, j]) if stats[0, j] else None,
                 "std": float(np.sqrt(max(stats[2, j] / stats[0, j] - (stats[1, j] / stats[0, j]) ** 2, 0)))
-                if stats[0, j] else None,
-                "missing_fraction": float(missing[j] / seen) if seen else None}
+                if stats[0, j]
+                else None,
+                "missing_fraction": float(missing[j] / seen) if seen else None,
+            }
             for j, n in enumerate(dense_names)
         },
     }
@@ -623,9 +682,13 @@ def _warn_one_class(fmt, raw: Path, n: int, label: int) -> None:
     spec = getattr(fmt, "spec", None)
     threshold = getattr(spec, "label_threshold", None)
     if threshold is not None:
-        rule = (f"label = 1 if {column} >= {threshold:g} (data.schema.label_threshold); if {column} already holds "
-                "0/1, remove label_threshold")
+        rule = (
+            f"label = 1 if {column} >= {threshold:g} (data.schema.label_threshold); if {column} already holds "
+            "0/1, remove label_threshold"
+        )
     else:
         rule = f"label = the {column} column"
-    log.warning(f"{raw}: all {n} training rows have label {label} ({rule}); the model will only see one class. "
-                "Check the label column and the split.")
+    log.warning(
+        f"{raw}: all {n} training rows have label {label} ({rule}); the model will only see one class. "
+        "Check the label column and the split."
+    )

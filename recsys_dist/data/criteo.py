@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -51,8 +51,11 @@ class DataError(ValueError):
 
 def read_error(path, err: Exception) -> DataError:
     """A DataError for a raw file that cannot be read (e.g. a truncated gzip / bz2 stream)."""
-    hint = ("; a compressed file may be truncated or corrupt: download or compress it again"
-            if str(path).endswith((".gz", ".bz2", ".zst", ".lz4")) or "compress" in str(err) else "")
+    hint = (
+        "; a compressed file may be truncated or corrupt: download or compress it again"
+        if str(path).endswith((".gz", ".bz2", ".zst", ".lz4")) or "compress" in str(err)
+        else ""
+    )
     return DataError(f"{path}: cannot read the file ({err}){hint}")
 
 
@@ -86,7 +89,7 @@ def read_head(path: str | os.PathLike, n: int) -> bytes:
             head = f.read(n + len(BOM))
     except (OSError, pa.ArrowInvalid) as err:
         raise read_error(path, err) from None
-    return head[len(BOM):] if head.startswith(BOM) else head[:n]
+    return head[len(BOM) :] if head.startswith(BOM) else head[:n]
 
 
 def parse_hex_keys(col: pa.Array, where: str, first_row: int) -> tuple[np.ndarray, np.ndarray]:
@@ -108,7 +111,9 @@ def parse_hex_keys(col: pa.Array, where: str, first_row: int) -> tuple[np.ndarra
         i = int(too_long[0])
         raise DataError(f"{where}, line {first_row + i}: '{col[i].as_py()}' is not an 8-digit hex id")
     # Left-pad to exactly 8 bytes so the string data buffer is an [N, 8] byte matrix (no copy).
-    padded = pc.utf8_lpad(col, 8, "0").combine_chunks() if isinstance(col, pa.ChunkedArray) else pc.utf8_lpad(col, 8, "0")
+    padded = (
+        pc.utf8_lpad(col, 8, "0").combine_chunks() if isinstance(col, pa.ChunkedArray) else pc.utf8_lpad(col, 8, "0")
+    )
     offsets = np.frombuffer(padded.buffers()[1], dtype=np.int32, count=len(padded) + 1, offset=padded.offset * 4)
     data = np.frombuffer(padded.buffers()[2], dtype=np.uint8)[offsets[0] : offsets[-1]]
     digits = _HEX[data.reshape(-1, 8)]
@@ -181,8 +186,11 @@ def bad_row_mask(batch: pa.RecordBatch) -> tuple[np.ndarray, list[str]]:
     """
     bad = np.zeros(batch.num_rows, dtype=bool)
     reason = np.full(batch.num_rows, None, dtype=object)
-    checks = [("label", _LABEL, False)] + [(n, _INT, True) for n in DENSE_NAMES] + [
-        (n, r"^[0-9a-fA-F]{1,8}$", True) for n in SPARSE_NAMES]
+    checks = (
+        [("label", _LABEL, False)]
+        + [(n, _INT, True) for n in DENSE_NAMES]
+        + [(n, r"^[0-9a-fA-F]{1,8}$", True) for n in SPARSE_NAMES]
+    )
     for name, pattern, empty_ok in checks:
         col = batch.column(name)
         if not pa.types.is_string(col.type):  # parsed as integers: only the label can be wrong
@@ -218,11 +226,15 @@ class _BadRows:
     def describe(self, row) -> str:
         """What is wrong with a Criteo row of the wrong field count, with a hint."""
         if not self.labelled:
-            hint = (" (an unlabelled Criteo row has 39 tab-separated fields: I1..I13, C1..C26, as in the "
-                    "first line of this file)")
+            hint = (
+                " (an unlabelled Criteo row has 39 tab-separated fields: I1..I13, C1..C26, as in the "
+                "first line of this file)"
+            )
         elif row.actual_columns == NUM_DENSE + NUM_SPARSE:
-            hint = (" (the label column seems missing; Kaggle's test.txt has this 39-field layout "
-                    "and cannot be used for training; `recsys-dist predict` scores it)")
+            hint = (
+                " (the label column seems missing; Kaggle's test.txt has this 39-field layout "
+                "and cannot be used for training; `recsys-dist predict` scores it)"
+            )
         else:
             hint = " (a Criteo row has 40 tab-separated fields: label, I1..I13, C1..C26)"
         return f"expected {row.expected_columns} fields, got {row.actual_columns}{hint}"
@@ -246,7 +258,7 @@ def _lines(chunk: bytes, starts: np.ndarray, idx) -> Iterator[tuple[int, bytes]]
     """(index, text without the line end) of the lines ``idx`` of ``chunk``."""
     for i in idx:
         end = int(starts[i + 1]) if i + 1 < len(starts) else len(chunk)
-        yield int(i), chunk[int(starts[i]):end].rstrip(b"\n").rstrip(b"\r")
+        yield int(i), chunk[int(starts[i]) : end].rstrip(b"\n").rstrip(b"\r")
 
 
 def _non_utf8_lines(chunk: bytes) -> list[tuple[int, str]]:
@@ -309,14 +321,22 @@ def _split_lines(chunk: bytes, names: list[str], delimiter: str, quote_char) -> 
     starts = _line_starts(chunk)
     if quote_char:
         q = ord(quote_char)
-        cand = [i for i, line in _lines(chunk, starts, range(len(starts))) if q in line] \
-            if chunk.count(quote_char.encode()) else []
+        cand = (
+            [i for i, line in _lines(chunk, starts, range(len(starts))) if q in line]
+            if chunk.count(quote_char.encode())
+            else []
+        )
         for i, line in _lines(chunk, starts, cand):
             field = _open_quote_field(line, ord(delimiter), q)
             if field is not None:
                 col = names[field] if field < len(names) else f"field {field + 1}"
-                out.append((i, f"column {col}: a quoted field is not closed on this line "
-                               f"(a field cannot hold a line break; close or remove the {quote_char})"))
+                out.append(
+                    (
+                        i,
+                        f"column {col}: a quoted field is not closed on this line "
+                        f"(a field cannot hold a line break; close or remove the {quote_char})",
+                    )
+                )
     for pos in (m.start() for m in re.finditer(rb"\r(?!\n)", chunk)):
         i = int(np.searchsorted(starts, pos, side="right") - 1)
         if not any(i == j for j, _ in out):
@@ -324,9 +344,20 @@ def _split_lines(chunk: bytes, names: list[str], delimiter: str, quote_char) -> 
     return sorted(out)
 
 
-def parse_block(chunk: bytes, path: str, first_line: int, names: list[str], *, delimiter: str = "\t",
-                quote_char=False, header: bool = False, skipped: list | None = None, describe=None,
-                use_threads: bool = True, column_types: dict | None = None) -> pa.Table:
+def parse_block(
+    chunk: bytes,
+    path: str,
+    first_line: int,
+    names: list[str],
+    *,
+    delimiter: str = "\t",
+    quote_char=False,
+    header: bool = False,
+    skipped: list | None = None,
+    describe=None,
+    use_threads: bool = True,
+    column_types: dict | None = None,
+) -> pa.Table:
     """One block of whole lines (from :func:`line_blocks`) -> a table of text columns.
 
     Every line is a row or a bad line, so rows read = rows parsed + bad lines. Bad lines: a
@@ -360,8 +391,9 @@ def parse_block(chunk: bytes, path: str, first_line: int, names: list[str], *, d
         gone = {i for i, _ in found}
         keep = [i for i in range(len(starts)) if i not in gone]
         removed[:] = sorted(set(removed) | {o for o, _ in orig})
-        return b"".join(chunk[int(starts[i]):(int(starts[i + 1]) if i + 1 < len(starts) else len(chunk))]
-                        for i in keep)
+        return b"".join(
+            chunk[int(starts[i]) : (int(starts[i + 1]) if i + 1 < len(starts) else len(chunk))] for i in keep
+        )
 
     try:
         chunk.decode("utf-8")
@@ -378,11 +410,14 @@ def parse_block(chunk: bytes, path: str, first_line: int, names: list[str], *, d
             table = pacsv.read_csv(
                 pa.py_buffer(chunk),
                 read_options=pacsv.ReadOptions(column_names=names, use_threads=threads),
-                parse_options=pacsv.ParseOptions(delimiter=delimiter, quote_char=quote_char,
-                                                 ignore_empty_lines=False, invalid_row_handler=bad),
-                convert_options=pacsv.ConvertOptions(column_types={n: (column_types or {}).get(n, pa.string())
-                                                                   for n in names},
-                                                     null_values=[""], strings_can_be_null=False),
+                parse_options=pacsv.ParseOptions(
+                    delimiter=delimiter, quote_char=quote_char, ignore_empty_lines=False, invalid_row_handler=bad
+                ),
+                convert_options=pacsv.ConvertOptions(
+                    column_types={n: (column_types or {}).get(n, pa.string()) for n in names},
+                    null_values=[""],
+                    strings_can_be_null=False,
+                ),
             )
         except pa.ArrowInvalid as err:
             raise DataError(f"{path}, from line {first_line}: {err}") from None
@@ -396,9 +431,11 @@ def parse_block(chunk: bytes, path: str, first_line: int, names: list[str], *, d
             break
         found = _split_lines(chunk, names, delimiter, quote_char)
         if not found:
-            raise DataError(f"{path}, lines {first_line}..{first_line + _num_lines(chunk) + len(removed) - 1}: "
-                            f"{_num_lines(chunk)} lines gave {table.num_rows + len(bad.rows)} rows (a field holding "
-                            "a line break or an unclosed quote?)")
+            raise DataError(
+                f"{path}, lines {first_line}..{first_line + _num_lines(chunk) + len(removed) - 1}: "
+                f"{_num_lines(chunk)} lines gave {table.num_rows + len(bad.rows)} rows (a field holding "
+                "a line break or an unclosed quote?)"
+            )
         chunk = drop(found)
     else:
         raise DataError(f"{path}, from line {first_line}: lines and rows do not match")
@@ -407,10 +444,8 @@ def parse_block(chunk: bytes, path: str, first_line: int, names: list[str], *, d
             table, bad = read(False)  # a threaded parse does not tell the line: once more on one thread
         lines = [None if r.number is None else first_line + _original(removed, r.number - 1) for r in bad.rows]
         if skipped is None:
-            raise DataError(f"{path}, {'a line' if lines[0] is None else f'line {lines[0]}'}: "
-                            f"{describe(bad.rows[0])}")
-        skipped += [(ln, f"{r.actual_columns} fields, expected {r.expected_columns}")
-                    for ln, r in zip(lines, bad.rows)]
+            raise DataError(f"{path}, {'a line' if lines[0] is None else f'line {lines[0]}'}: {describe(bad.rows[0])}")
+        skipped += [(ln, f"{r.actual_columns} fields, expected {r.expected_columns}") for ln, r in zip(lines, bad.rows)]
     if skipped is not None and table.num_rows and all(r.number is not None for r in bad.rows):
         # Under skip, each row's file line, so a value rejected later is reported by its line.
         lines = _row_lines(_num_lines(chunk), first_line, removed, [r.number - 1 for r in bad.rows])
@@ -438,8 +473,9 @@ def _original(removed: list[int], i: int) -> int:
     return i
 
 
-def _parse_chunk(chunk: bytes, path: str, first_line: int, use_threads: bool,
-                 skipped: list | None = None, labelled: bool = True) -> pa.Table:
+def _parse_chunk(
+    chunk: bytes, path: str, first_line: int, use_threads: bool, skipped: list | None = None, labelled: bool = True
+) -> pa.Table:
     columns = COLUMNS if labelled else COLUMNS[1:]
     # The label and the integer columns are parsed by pyarrow's CSV reader (on all cores, no
     # text columns to convert later). Its integers are a superset of ours (_INT): it also
@@ -450,9 +486,17 @@ def _parse_chunk(chunk: bytes, path: str, first_line: int, use_threads: bool,
     if b"x" not in chunk and b"X" not in chunk:
         found: list | None = None if skipped is None else []
         try:
-            table = parse_block(chunk, path, first_line, columns, delimiter="\t", skipped=found,
-                                describe=_BadRows(labelled).describe, use_threads=use_threads,
-                                column_types=_INT_TYPES)
+            table = parse_block(
+                chunk,
+                path,
+                first_line,
+                columns,
+                delimiter="\t",
+                skipped=found,
+                describe=_BadRows(labelled).describe,
+                use_threads=use_threads,
+                column_types=_INT_TYPES,
+            )
         except DataError:
             table = None
         if table is not None and not _ints_in_range(table):
@@ -460,8 +504,16 @@ def _parse_chunk(chunk: bytes, path: str, first_line: int, use_threads: bool,
         if table is not None and skipped is not None:
             skipped.extend(found)
     if table is None:
-        table = parse_block(chunk, path, first_line, columns, delimiter="\t", skipped=skipped,
-                            describe=_BadRows(labelled).describe, use_threads=use_threads)
+        table = parse_block(
+            chunk,
+            path,
+            first_line,
+            columns,
+            delimiter="\t",
+            skipped=skipped,
+            describe=_BadRows(labelled).describe,
+            use_threads=use_threads,
+        )
     if not labelled:  # Kaggle test layout: a placeholder label, reported as missing by score()
         table = table.add_column(0, "label", pa.array(np.full(table.num_rows, "0")))
     return table
@@ -498,7 +550,7 @@ def line_blocks(path: str, max_lines: int | None = None) -> Iterator[bytes]:
             except (OSError, pa.ArrowInvalid) as err:
                 raise read_error(path, err) from None
             if first and block.startswith(BOM):
-                block = block[len(BOM):]
+                block = block[len(BOM) :]
             first = False
             data = carry + block
             if not data:
@@ -526,11 +578,12 @@ def _first_lines(block: bytes, n: int) -> bytes:
         end = block.find(b"\n", end + 1)
         if end < 0:
             return block
-    return block[:end + 1]
+    return block[: end + 1]
 
 
-def read_chunks(path: str, skipped: list | None = None, labelled: bool = True,
-                max_rows: int | None = None) -> Iterator[tuple[int, pa.Table]]:
+def read_chunks(
+    path: str, skipped: list | None = None, labelled: bool = True, max_rows: int | None = None
+) -> Iterator[tuple[int, pa.Table]]:
     """``(first line number, table of text columns)`` per ~``BLOCK_BYTES`` of the file.
 
     The file (gzip / bz2 detected) is read block by block and cut at line ends, and each
@@ -561,8 +614,7 @@ def parse_ints(col: pa.Array, where: str, first_row: int) -> pa.Array:
         i = int(np.flatnonzero(~ok.to_numpy(zero_copy_only=False))[0])
         raise DataError(f"{where}, line {first_row + i}: '{col[i].as_py()}' is not an integer")
     # A leading "+" is allowed (the pattern above) but not by the cast: drop it.
-    return pc.cast(pc.utf8_ltrim(pc.utf8_trim_whitespace(pc.if_else(pc.equal(col, ""), None, col)), "+"),
-                   pa.int64())
+    return pc.cast(pc.utf8_ltrim(pc.utf8_trim_whitespace(pc.if_else(pc.equal(col, ""), None, col)), "+"), pa.int64())
 
 
 class CriteoFormat:
@@ -574,6 +626,7 @@ class CriteoFormat:
     def __init__(self, labelled: bool = True) -> None:
         self.labelled = labelled
         self.name = "criteo_tsv" if labelled else "criteo_tsv_unlabelled"
+
     raw_columns = COLUMNS
     label_column = "label"
     dense_names = DENSE_NAMES
@@ -614,11 +667,21 @@ def first_line_fields(path: str) -> int:
     return line.count(b"\t") + 1 if line else 0
 
 
-def prepare_criteo(raw_path, num_embeddings, split=(0.8, 0.1, 0.1), num_rows=None, cache_dir=None,
-                   row_group_size: int = 65536, on_bad_row: str = "error", progress: bool = False, **kw):
+def prepare_criteo(
+    raw_path,
+    num_embeddings,
+    split=(0.8, 0.1, 0.1),
+    num_rows=None,
+    cache_dir=None,
+    row_group_size: int = 65536,
+    on_bad_row: str = "error",
+    progress: bool = False,
+    **kw,
+):
     """Convert a Criteo TSV file to train/validation/test Parquet once, then reuse it
     (see :func:`recsys_dist.data.convert.prepare`)."""
     from recsys_dist.data.convert import prepare
 
-    return prepare(CRITEO, raw_path, num_embeddings, split, num_rows, cache_dir, row_group_size, on_bad_row, progress,
-                   **kw)
+    return prepare(
+        CRITEO, raw_path, num_embeddings, split, num_rows, cache_dir, row_group_size, on_bad_row, progress, **kw
+    )

@@ -38,8 +38,8 @@ KJT layout of a batch (keys C1..C26, B rows; multi-hot list columns give variabl
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Iterator, Optional, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -67,7 +67,7 @@ class CTRBatch(Batch):
 
     weights: torch.Tensor = None  # type: ignore[assignment]
 
-    def to(self, device: torch.device, non_blocking: bool = False) -> "CTRBatch":
+    def to(self, device: torch.device, non_blocking: bool = False) -> CTRBatch:
         return CTRBatch(
             dense_features=self.dense_features.to(device=device, non_blocking=non_blocking),
             sparse_features=self.sparse_features.to(device=device, non_blocking=non_blocking),
@@ -79,7 +79,7 @@ class CTRBatch(Batch):
         super().record_stream(stream)
         self.weights.record_stream(stream)
 
-    def pin_memory(self) -> "CTRBatch":
+    def pin_memory(self) -> CTRBatch:
         return CTRBatch(
             dense_features=self.dense_features.pin_memory(),
             sparse_features=self.sparse_features.pin_memory(),
@@ -132,16 +132,23 @@ class _Cols:
         within = np.arange(sel.sum()) - np.repeat(np.cumsum(sel) - sel, sel)
         return sel, values[starts + within]
 
-    def take(self, idx: np.ndarray) -> "_Cols":
-        return _Cols(self.labels[idx], self.dense[idx],
-                     [self._bags(j, idx) if isinstance(c, tuple) else c[idx] for j, c in enumerate(self.ids)])
+    def take(self, idx: np.ndarray) -> _Cols:
+        return _Cols(
+            self.labels[idx],
+            self.dense[idx],
+            [self._bags(j, idx) if isinstance(c, tuple) else c[idx] for j, c in enumerate(self.ids)],
+        )
 
     @staticmethod
-    def concat(parts: list["_Cols"]) -> "_Cols":
+    def concat(parts: list[_Cols]) -> _Cols:
         cat = np.concatenate
         first = parts[0]
-        ids = [(cat([p.ids[j][0] for p in parts]), cat([p.ids[j][1] for p in parts])) if isinstance(c, tuple)
-               else cat([p.ids[j] for p in parts]) for j, c in enumerate(first.ids)]
+        ids = [
+            (cat([p.ids[j][0] for p in parts]), cat([p.ids[j][1] for p in parts]))
+            if isinstance(c, tuple)
+            else cat([p.ids[j] for p in parts])
+            for j, c in enumerate(first.ids)
+        ]
         return _Cols(cat([p.labels for p in parts]), cat([p.dense for p in parts]), ids)
 
 
@@ -185,7 +192,7 @@ class ParquetBatchLoader:
         shuffle: bool = False,
         seed: int = 0,
         remainder: str = "pad",
-        num_embeddings: Optional[list[int]] = None,
+        num_embeddings: list[int] | None = None,
         shuffle_buffer_rows: int = 1 << 20,
         prefetch: int = 2,
         pin_memory: bool = False,
@@ -195,7 +202,9 @@ class ParquetBatchLoader:
             raise ValueError(f"remainder must be 'pad' or 'drop', got {remainder!r}")
         if rank_reads not in ("global_batch", "row_groups"):
             raise ValueError(f"rank_reads must be 'global_batch' or 'row_groups', got {rank_reads!r}")
-        self.files = [str(path)] if isinstance(path, (str, bytes)) or hasattr(path, "__fspath__") else [str(p) for p in path]
+        self.files = (
+            [str(path)] if isinstance(path, (str, bytes)) or hasattr(path, "__fspath__") else [str(p) for p in path]
+        )
         self.dense_names, self.keys = list(dense_names), list(sparse_names)
         self.columns = ["label", *dense_names, *sparse_names]
         self.row_groups: list[tuple[int, int, int]] = []  # (file index, row group, rows)
@@ -214,8 +223,14 @@ class ParquetBatchLoader:
                 raise DataError(f"{f}: schema differs from {self.files[0]}: {picked} vs {schema}")
             schema = picked
             self.row_groups += [(i, g, meta.row_group(g).num_rows) for g in range(meta.num_row_groups)]
-        self.list_features = [pa.types.is_list(schema.field(n).type) or pa.types.is_large_list(schema.field(n).type)
-                              for n in sparse_names] if schema is not None else [False] * len(sparse_names)
+        self.list_features = (
+            [
+                pa.types.is_list(schema.field(n).type) or pa.types.is_large_list(schema.field(n).type)
+                for n in sparse_names
+            ]
+            if schema is not None
+            else [False] * len(sparse_names)
+        )
         self.num_rows = sum(n for *_, n in self.row_groups)
         self.path, self.batch_size, self.rank, self.world_size = self.files[0], batch_size, rank, world_size
         self.shuffle, self.seed, self.remainder = shuffle, seed, remainder
@@ -237,9 +252,12 @@ class ParquetBatchLoader:
         self._ones_weights = torch.ones(batch_size, dtype=torch.float32)
         self._n_onehot = sum(not m for m in self.list_features)
         if self._len == 0 and self.num_rows > 0:
-            what = (f"the fewest rows a rank owns ({min(rows)}, data.rank_reads: row_groups) are fewer than one "
-                    f"batch ({batch_size})" if rank_reads == "row_groups" else
-                    f"{self.num_rows} rows are fewer than one global batch ({batch_size} x {world_size} ranks)")
+            what = (
+                f"the fewest rows a rank owns ({min(rows)}, data.rank_reads: row_groups) are fewer than one "
+                f"batch ({batch_size})"
+                if rank_reads == "row_groups"
+                else f"{self.num_rows} rows are fewer than one global batch ({batch_size} x {world_size} ranks)"
+            )
             raise DataError(f"{self.path}: {what} and data.remainder is 'drop'; use 'pad' or a smaller batch")
 
     def __len__(self) -> int:
@@ -251,7 +269,7 @@ class ParquetBatchLoader:
 
     # ------------------------------------------------------------------ reading
 
-    def _seed(self, window: Optional[int] = None) -> list[int]:
+    def _seed(self, window: int | None = None) -> list[int]:
         """Seed of window ``window``'s permutation, or (None) of the row groups' order."""
         if self.rank_reads == "global_batch":  # the original seeds: orders stay as they were
             if window is None:
@@ -305,7 +323,7 @@ class ParquetBatchLoader:
         def joined(parts: list[np.ndarray], out: np.ndarray) -> np.ndarray:  # one copy (and cast) into out
             o = 0
             for p in parts:
-                out[o:o + len(p)] = p
+                out[o : o + len(p)] = p
                 o += len(p)
             return out
 
@@ -316,8 +334,9 @@ class ParquetBatchLoader:
         bad = ~np.isfinite(dense)
         if bad.any():
             row, col = map(int, np.argwhere(bad)[0])  # the first bad value in row order
-            raise DataError(f"{where}, row {first_row + row}, column {self.dense_names[col]}: "
-                            f"{dense[row, col]} is not finite")
+            raise DataError(
+                f"{where}, row {first_row + row}, column {self.dense_names[col]}: {dense[row, col]} is not finite"
+            )
         ids = []
         for j, (name, is_list) in enumerate(zip(self.keys, self.list_features)):
             if is_list:
@@ -331,7 +350,8 @@ class ParquetBatchLoader:
             if self.num_embeddings is not None and sized and (lo < 0 or hi >= self.num_embeddings[j]):
                 raise DataError(
                     f"{where}, column {name}: ids must lie in [0, {self.num_embeddings[j]}), found "
-                    f"[{lo}, {hi}] (convert again with the table size in the config)")
+                    f"[{lo}, {hi}] (convert again with the table size in the config)"
+                )
             if is_list:
                 ids.append((lengths, parts[0]))
             else:  # joining the row groups' chunks and narrowing to int32 is one pass
@@ -367,14 +387,14 @@ class ParquetBatchLoader:
 
     def _batches(self, start_step: int) -> Iterator[CTRBatch]:
         B = self.batch_size
-        carry: Optional[_Cols] = None  # rows (< B) of a batch that continues in the next window
+        carry: _Cols | None = None  # rows (< B) of a batch that continues in the next window
         made = start_step
         windows = self._own_windows(start_step)
         if self.prefetch > 0:  # read the next window (pyarrow, GIL released) while this one is cut
             windows = prefetched(windows, 1, "recsys_dist-windows")
         for cols, idx in windows:
             if carry is not None:
-                head, idx = idx[:B - len(carry)], idx[B - len(carry):]
+                head, idx = idx[: B - len(carry)], idx[B - len(carry) :]
                 carry = _Cols.concat([carry, cols.take(head)])
                 if len(carry) < B:
                     continue
@@ -392,7 +412,7 @@ class ParquetBatchLoader:
             yield from self._emit(rows, pad, n_real)
             carry, made = None, made + 1
 
-    def _emit(self, cols: _Cols, idx: np.ndarray, n_real: Optional[int] = None) -> Iterator[CTRBatch]:
+    def _emit(self, cols: _Cols, idx: np.ndarray, n_real: int | None = None) -> Iterator[CTRBatch]:
         """Batches of rows ``idx`` of ``cols`` (a multiple of B of them), gathered once per column
         into batch layout: one-hot ids [nb, K1, B], so batch b's values are the contiguous run
         ``onehot[b]`` (key-major), dense [nb, B, D], labels [nb, B]. ``n_real``: only the first
@@ -437,7 +457,7 @@ class ParquetBatchLoader:
                 for j in range(len(cols.ids)):
                     if j in bags:
                         bl, bv, ends = bags[j]
-                        vals.append(bv[ends[b]:ends[b + 1]])
+                        vals.append(bv[ends[b] : ends[b + 1]])
                         lens.append(bl[b])
                     else:
                         vals.append(onehot[b, k])
@@ -445,14 +465,18 @@ class ParquetBatchLoader:
                         k += 1
                 values, lengths = torch.from_numpy(np.concatenate(vals)), torch.from_numpy(np.concatenate(lens))
             kjt = KeyedJaggedTensor(keys=self.keys, values=values, lengths=lengths, stride=B)
-            batch = CTRBatch(dense_features=torch.from_numpy(dense[b]), sparse_features=kjt,
-                             labels=torch.from_numpy(labels[b]),
-                             weights=self._ones_weights if weights is None else weights)
+            batch = CTRBatch(
+                dense_features=torch.from_numpy(dense[b]),
+                sparse_features=kjt,
+                labels=torch.from_numpy(labels[b]),
+                weights=self._ones_weights if weights is None else weights,
+            )
             yield batch.pin_memory() if self.pin_memory else batch
 
     def _empty_row(self) -> _Cols:
-        ids = [(np.zeros(1, np.int64), np.zeros(0, np.int64)) if m else np.zeros(1, np.int64)
-               for m in self.list_features]
+        ids = [
+            (np.zeros(1, np.int64), np.zeros(0, np.int64)) if m else np.zeros(1, np.int64) for m in self.list_features
+        ]
         return _Cols(np.zeros(1, np.float32), np.zeros((1, len(self.dense_names)), np.float32), ids)
 
     # ------------------------------------------------------------------ iteration

@@ -19,7 +19,6 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 import numpy as np
 import pyarrow as pa
@@ -41,8 +40,8 @@ class SparseKeys:
     """
 
     keys: np.ndarray
-    present: Optional[np.ndarray] = None
-    lengths: Optional[np.ndarray] = None
+    present: np.ndarray | None = None
+    lengths: np.ndarray | None = None
 
 
 def text_keys(col: pa.Array) -> tuple[np.ndarray, np.ndarray]:
@@ -53,8 +52,11 @@ def text_keys(col: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     col = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
     enc = pc.dictionary_encode(pc.fill_null(col, ""))
     uniques = enc.dictionary.to_pylist()
-    h = np.fromiter((int.from_bytes(hashlib.blake2b(u.encode(), digest_size=8).digest(), "little") for u in uniques),
-                    dtype=np.uint64, count=len(uniques))
+    h = np.fromiter(
+        (int.from_bytes(hashlib.blake2b(u.encode(), digest_size=8).digest(), "little") for u in uniques),
+        dtype=np.uint64,
+        count=len(uniques),
+    )
     empty = np.array([u == "" for u in uniques], dtype=bool)
     idx = enc.indices.to_numpy(zero_copy_only=False)
     return h[idx], ~empty[idx]
@@ -145,12 +147,14 @@ class VocabularyCounter:
 
 def save_vocabularies(path: Path, names: list[str], vocabs: list[Vocabulary]) -> None:
     """One Parquet file: ``feature`` (string), ``key`` (uint64), ``id`` (int64), ``count`` (int64)."""
-    table = pa.table({
-        "feature": pa.array([n for n, v in zip(names, vocabs) for _ in range(len(v.keys))], pa.string()),
-        "key": pa.array(np.concatenate([v.keys for v in vocabs]) if vocabs else [], pa.uint64()),
-        "id": pa.array(np.concatenate([v.ids for v in vocabs]) if vocabs else [], pa.int64()),
-        "count": pa.array(np.concatenate([v.counts for v in vocabs]) if vocabs else [], pa.int64()),
-    })
+    table = pa.table(
+        {
+            "feature": pa.array([n for n, v in zip(names, vocabs) for _ in range(len(v.keys))], pa.string()),
+            "key": pa.array(np.concatenate([v.keys for v in vocabs]) if vocabs else [], pa.uint64()),
+            "id": pa.array(np.concatenate([v.ids for v in vocabs]) if vocabs else [], pa.int64()),
+            "count": pa.array(np.concatenate([v.counts for v in vocabs]) if vocabs else [], pa.int64()),
+        }
+    )
     pq.write_table(table, path)
 
 

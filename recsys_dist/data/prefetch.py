@@ -6,7 +6,8 @@ from __future__ import annotations
 import queue
 import threading
 import weakref
-from typing import Iterator, TypeVar
+from collections.abc import Iterator
+from typing import TypeVar
 
 T = TypeVar("T")
 

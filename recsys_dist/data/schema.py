@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -31,7 +31,6 @@ import pyarrow.parquet as pq
 
 from recsys_dist.data.criteo import DataError, count_rows, line_blocks, parse_block, read_head
 from recsys_dist.data.mapping import SparseKeys, text_keys
-
 
 _NUMBER = r"^[-+]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?$"
 
@@ -54,8 +53,11 @@ def _floats(col: pa.Array, where: str, first_line: int) -> np.ndarray:
         return pc.cast(col, pa.float64()).fill_null(np.nan).to_numpy(zero_copy_only=False)
     text = pc.utf8_trim_whitespace(col)
     try:
-        return pc.cast(pc.if_else(pc.equal(text, ""), None, text), pa.float64()).fill_null(np.nan) \
+        return (
+            pc.cast(pc.if_else(pc.equal(text, ""), None, text), pa.float64())
+            .fill_null(np.nan)
             .to_numpy(zero_copy_only=False)
+        )
     except pa.ArrowInvalid:
         for i, v in enumerate(text.to_pylist()):
             try:
@@ -69,8 +71,10 @@ def _parquet_file(path: str) -> pq.ParquetFile:
     try:
         return pq.ParquetFile(path)
     except (OSError, pa.ArrowException) as err:
-        raise DataError(f"{path}: cannot read as Parquet ({err}); is it a Parquet file? (data.schema.file_type: "
-                        "csv reads it as delimited text)") from None
+        raise DataError(
+            f"{path}: cannot read as Parquet ({err}); is it a Parquet file? (data.schema.file_type: "
+            "csv reads it as delimited text)"
+        ) from None
 
 
 def _to_text(col: pa.Array, type_: pa.DataType, path: str, name: str, first_row: int) -> pa.Array:
@@ -80,15 +84,17 @@ def _to_text(col: pa.Array, type_: pa.DataType, path: str, name: str, first_row:
         return pc.cast(col, type_)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as err:
         for i, v in enumerate(col.to_pylist()):
-            for x in (v if isinstance(v, list) else [v]):
+            for x in v if isinstance(v, list) else [v]:
                 if isinstance(x, bytes):
                     try:
                         x.decode("utf-8")
                     except UnicodeDecodeError:
-                        raise DataError(f"{path}, row {first_row + i}, column {name}: {x[:40]!r} is not UTF-8 "
-                                        "text") from None
-        raise DataError(f"{path}, rows {first_row}..{first_row + len(col) - 1}, column {name}: cannot be read as "
-                        f"text ({err})") from None
+                        raise DataError(
+                            f"{path}, row {first_row + i}, column {name}: {x[:40]!r} is not UTF-8 text"
+                        ) from None
+        raise DataError(
+            f"{path}, rows {first_row}..{first_row + len(col) - 1}, column {name}: cannot be read as text ({err})"
+        ) from None
 
 
 class SchemaFormat:
@@ -101,16 +107,20 @@ class SchemaFormat:
         self.label_column = spec.label
         self.dense_names = list(spec.dense)
         self.sparse_names = list(spec.categorical) + list(spec.multi_hot)
-        self.fingerprint = "schema:" + json.dumps(spec.model_dump(mode="json") if hasattr(spec, "model_dump")
-                                                  else vars(spec), sort_keys=True)
-        label = f"1 if {spec.label} >= {spec.label_threshold} else 0" if spec.label_threshold is not None \
+        self.fingerprint = "schema:" + json.dumps(
+            spec.model_dump(mode="json") if hasattr(spec, "model_dump") else vars(spec), sort_keys=True
+        )
+        label = (
+            f"1 if {spec.label} >= {spec.label_threshold} else 0"
+            if spec.label_threshold is not None
             else f"{spec.label} (0 or 1)"
+        )
         self.transforms = {
             "label": f"{label} as float32",
             "dense": ("log1p(max(x, 0))" if spec.dense_transform == "log1p" else "x") + " as float32; empty -> 0",
             "sparse": "id = 1 + blake2b64(utf8 value) mod (num_embeddings - 1) as int64; empty -> 0",
             "multi_hot": f"split on {spec.separator!r}, empty elements dropped, each element mapped like a "
-                         "categorical value; list<int64>",
+            "categorical value; list<int64>",
             "key": "blake2b64 of the value's UTF-8 text",
         }
         self.raw_columns: list[str] | None = None
@@ -127,13 +137,17 @@ class SchemaFormat:
         if not first.strip():
             return list(s.columns or [])
         try:
-            names = pacsv.read_csv(pa.py_buffer(first + b"\n"),
-                                   read_options=pacsv.ReadOptions(autogenerate_column_names=True),
-                                   parse_options=pacsv.ParseOptions(delimiter=s.delimiter),
-                                   convert_options=pacsv.ConvertOptions(strings_can_be_null=False)).to_pylist()[0]
+            names = pacsv.read_csv(
+                pa.py_buffer(first + b"\n"),
+                read_options=pacsv.ReadOptions(autogenerate_column_names=True),
+                parse_options=pacsv.ParseOptions(delimiter=s.delimiter),
+                convert_options=pacsv.ConvertOptions(strings_can_be_null=False),
+            ).to_pylist()[0]
         except pa.ArrowInvalid as err:
-            raise DataError(f"{path}, line 1 (the header line): {err} (is this a delimited text file? "
-                            f"data.schema.delimiter is {s.delimiter!r})") from None
+            raise DataError(
+                f"{path}, line 1 (the header line): {err} (is this a delimited text file? "
+                f"data.schema.delimiter is {s.delimiter!r})"
+            ) from None
         return list(s.columns) if s.columns else [str(v).strip() for v in names.values()]
 
     def _check_columns(self, path: str, names: list[str], where: str) -> None:
@@ -150,8 +164,9 @@ class SchemaFormat:
         n = count_rows(path)
         return max(n - 1, 0) if self.spec.header else n
 
-    def read_chunks(self, path: str, skipped: list | None = None, max_rows: int | None = None
-                    ) -> Iterator[tuple[int, pa.Table]]:
+    def read_chunks(
+        self, path: str, skipped: list | None = None, max_rows: int | None = None
+    ) -> Iterator[tuple[int, pa.Table]]:
         """``(first line, table of text columns)`` per block; Parquet row groups are read as
         they are and numbers turned into text, lists into lists of text. ``max_rows``: text
         files stop after that many lines past the header (Parquet: cut by the caller)."""
@@ -163,11 +178,21 @@ class SchemaFormat:
         line, first = 1, True
         for chunk in line_blocks(path, None if max_rows is None else max_rows + bool(self.spec.header)):
             header = first and self.spec.header
-            table = parse_block(chunk, path, line, names, delimiter=self.spec.delimiter, quote_char='"',
-                                header=header, skipped=skipped,
-                                describe=lambda row: f"expected {row.expected_columns} fields, got "
-                                f"{row.actual_columns} (the columns are {names}, separated by "
-                                f"{self.spec.delimiter!r})")
+            table = parse_block(
+                chunk,
+                path,
+                line,
+                names,
+                delimiter=self.spec.delimiter,
+                quote_char='"',
+                header=header,
+                skipped=skipped,
+                describe=lambda row: (
+                    f"expected {row.expected_columns} fields, got "
+                    f"{row.actual_columns} (the columns are {names}, separated by "
+                    f"{self.spec.delimiter!r})"
+                ),
+            )
             yield line + header, table
             line += chunk.count(b"\n")
             first = False
@@ -203,10 +228,14 @@ class SchemaFormat:
         bad = ~np.isfinite(x) if s.label_threshold is not None else ~np.isin(x, (0.0, 1.0))
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
-            want = ("a number" if np.isnan(x[i]) else "a finite number") if s.label_threshold is not None else \
-                "0 or 1 (or set data.schema.label_threshold)"
-            raise DataError(f"{where}, line {first_line + i}, column {s.label}: "
-                            f"'{batch.column(s.label)[i].as_py()}' is not {want}")
+            want = (
+                ("a number" if np.isnan(x[i]) else "a finite number")
+                if s.label_threshold is not None
+                else "0 or 1 (or set data.schema.label_threshold)"
+            )
+            raise DataError(
+                f"{where}, line {first_line + i}, column {s.label}: '{batch.column(s.label)[i].as_py()}' is not {want}"
+            )
         return (x >= s.label_threshold if s.label_threshold is not None else x).astype(np.float32)
 
     def bad_row_mask(self, batch: pa.RecordBatch) -> tuple[np.ndarray, list[str]]:
@@ -254,9 +283,11 @@ class SchemaFormat:
             if bad.any():
                 i = int(np.flatnonzero(bad)[0])
                 parquet = _is_parquet(s, path)
-                raise DataError(f"{path}, {'row' if parquet else 'line'} {first_line + i}, column {n}: "
-                                f"'{col[i].as_py()}' is not a finite number (a missing value is "
-                                f"{'null' if parquet else 'an empty field'})")
+                raise DataError(
+                    f"{path}, {'row' if parquet else 'line'} {first_line + i}, column {n}: "
+                    f"'{col[i].as_py()}' is not a finite number (a missing value is "
+                    f"{'null' if parquet else 'an empty field'})"
+                )
             x = np.nan_to_num(x, nan=0.0)
             dense.append((np.log1p(np.maximum(x, 0.0)) if s.dense_transform == "log1p" else x).astype(np.float32))
         sparse = [SparseKeys(*text_keys(batch.column(n))) for n in s.categorical]

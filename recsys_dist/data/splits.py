@@ -17,7 +17,6 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 import numpy as np
 
@@ -32,10 +31,10 @@ class Split:
     by: str = "position"
     fractions: tuple[float, float, float] = (0.8, 0.1, 0.1)
     seed: int = 0
-    column: Optional[str] = None
-    thresholds: Optional[tuple[float, float]] = None
-    validation_path: Optional[str] = None
-    test_path: Optional[str] = None
+    column: str | None = None
+    thresholds: tuple[float, float] | None = None
+    validation_path: str | None = None
+    test_path: str | None = None
 
     def __post_init__(self) -> None:
         if self.by not in BY:
@@ -48,17 +47,23 @@ class Split:
             raise ValueError("split.by 'files' needs split.validation_path and split.test_path")
 
     @staticmethod
-    def of(split) -> "Split":
+    def of(split) -> Split:
         """A ``Split`` from a ``Split``, a config ``SplitConfig`` or three fractions."""
         if isinstance(split, Split):
             return split
         if isinstance(split, (tuple, list)):
             return Split(fractions=tuple(float(f) for f in split))
-        return Split(by=split.by, fractions=tuple(split.fractions), seed=split.seed, column=split.column,
-                     thresholds=None if split.thresholds is None else tuple(split.thresholds),
-                     validation_path=split.validation_path, test_path=split.test_path)
+        return Split(
+            by=split.by,
+            fractions=tuple(split.fractions),
+            seed=split.seed,
+            column=split.column,
+            thresholds=None if split.thresholds is None else tuple(split.thresholds),
+            validation_path=split.validation_path,
+            test_path=split.test_path,
+        )
 
-    def sources(self, raw_path: "str | list[str]") -> list[tuple[str, Optional[int]]]:
+    def sources(self, raw_path: str | list[str]) -> list[tuple[str, int | None]]:
         """(raw file, the split all its rows go to, or None when rows are assigned one by one).
         ``raw_path``: one file, or (``files``) the training files."""
         paths = list(raw_path) if isinstance(raw_path, (list, tuple)) else [raw_path]
@@ -74,8 +79,11 @@ class Split:
             return ["random", list(self.fractions), self.seed]
         if self.by == "time":
             return ["time", self.column, list(self.thresholds)]
-        return ["files"] + [[str(Path(p).resolve()), os.stat(p).st_size, os.stat(p).st_mtime_ns]
-                            for p in (self.validation_path, self.test_path) if Path(p).is_file()]
+        return ["files"] + [
+            [str(Path(p).resolve()), os.stat(p).st_size, os.stat(p).st_mtime_ns]
+            for p in (self.validation_path, self.test_path)
+            if Path(p).is_file()
+        ]
 
     def describe(self) -> dict:
         """The manifest's ``split`` entry (row bounds are added for position)."""
@@ -88,8 +96,11 @@ class Split:
             d["seed"] = self.seed
             d["rule"] = "u = splitmix64(seed, row index) / 2**64: train if u < f0, validation if u < f0 + f1"
         if self.by == "time":
-            d.update(column=self.column, thresholds=list(self.thresholds),
-                     rule="train if value < thresholds[0], validation if value < thresholds[1], else test")
+            d.update(
+                column=self.column,
+                thresholds=list(self.thresholds),
+                rule="train if value < thresholds[0], validation if value < thresholds[1], else test",
+            )
         if self.by == "files":
             d["files"] = {"validation": str(self.validation_path), "test": str(self.test_path)}
         return d

@@ -20,8 +20,9 @@ import struct
 import subprocess
 import sys
 import threading
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any
 
 _HEADER = struct.Struct("<Q")
 
@@ -68,8 +69,14 @@ class OrderedPool:
         self._old_sigterm = None
         try:
             for _ in range(n):
-                self.procs.append(subprocess.Popen([sys.executable, "-m", "recsys_dist.data.workers"],
-                                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env))
+                self.procs.append(
+                    subprocess.Popen(
+                        [sys.executable, "-m", "recsys_dist.data.workers"],
+                        stdin=subprocess.PIPE,
+                        stdout=subprocess.PIPE,
+                        env=env,
+                    )
+                )
             for p in self.procs:
                 self._give(p, fn, "its function")
         except BaseException:
@@ -106,13 +113,14 @@ class OrderedPool:
         try:
             status, value = _recv(proc.stdout)
         except EOFError:
-            raise WorkerDied(f"a worker process ended without answering for {_short(item)} "
-                             f"(exit code {proc.wait()}; out of memory?)") from None
+            raise WorkerDied(
+                f"a worker process ended without answering for {_short(item)} (exit code {proc.wait()}; out of memory?)"
+            ) from None
         if status == "err":
             raise value
         return value
 
-    def __enter__(self) -> "OrderedPool":
+    def __enter__(self) -> OrderedPool:
         if threading.current_thread() is threading.main_thread():
             self._old_sigterm = signal.signal(signal.SIGTERM, _sigterm_exits)
         return self

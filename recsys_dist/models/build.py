@@ -84,11 +84,33 @@ def build_model(cfg: RunConfig, device: torch.device, tables_device: torch.devic
     m, num_dense = cfg.model, len(dense_names)
     opts = dict(dropout=m.dropout, norm=m.norm, activation=m.activation, init_std=m.mlp_init_std)
     if m.name == "dcnv2":
-        return task(DCNv2(ebc, num_dense, sparse_names, m.embedding_dim, m.deep_layer_sizes, m.dcn_num_layers,
-                          m.cross_low_rank_dim, m.dcn_structure, device=device, **opts))
+        return task(
+            DCNv2(
+                ebc,
+                num_dense,
+                sparse_names,
+                m.embedding_dim,
+                m.deep_layer_sizes,
+                m.dcn_num_layers,
+                m.cross_low_rank_dim,
+                m.dcn_structure,
+                device=device,
+                **opts,
+            )
+        )
     if m.name == "xdeepfm":
-        return task(XDeepFM(ebc, num_dense, sparse_names, m.embedding_dim, m.deep_layer_sizes,
-                            m.cin_layer_sizes, device=device, **opts))
+        return task(
+            XDeepFM(
+                ebc,
+                num_dense,
+                sparse_names,
+                m.embedding_dim,
+                m.deep_layer_sizes,
+                m.cin_layer_sizes,
+                device=device,
+                **opts,
+            )
+        )
     if m.name in ("deepfm", "wide_deep"):
         cls = DeepFM if m.name == "deepfm" else WideDeep
         return task(cls(ebc, num_dense, sparse_names, m.embedding_dim, m.deep_layer_sizes, device=device, **opts))

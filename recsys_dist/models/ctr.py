@@ -19,8 +19,15 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection, get_embed
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
 
-def mlp(in_features: int, sizes: list[int], dropout: float = 0.0, norm: str = "none", activation: str = "relu",
-        device: torch.device | None = None, init_std: float | None = None) -> nn.Sequential:
+def mlp(
+    in_features: int,
+    sizes: list[int],
+    dropout: float = 0.0,
+    norm: str = "none",
+    activation: str = "relu",
+    device: torch.device | None = None,
+    init_std: float | None = None,
+) -> nn.Sequential:
     """Linear -> norm (batch / layer / none) -> activation -> dropout, per hidden size.
 
     ``init_std``: hidden weights start normal(0, init_std) (DeepCTR-Torch's default is 1e-4);
@@ -55,8 +62,9 @@ def _embeddings(kt: KeyedTensor, keys: list[str]) -> torch.Tensor:
 
 
 @torch.fx.wrap
-def _embeddings_and_first_order(kt: KeyedTensor, deep: list[str],
-                                first: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+def _embeddings_and_first_order(
+    kt: KeyedTensor, deep: list[str], first: list[str]
+) -> tuple[torch.Tensor, torch.Tensor]:
     """([B, F, E] pooled embeddings of the ``deep`` keys in order, as :func:`_embeddings`; [B]
     sum over the ``first`` keys of each per-id weight). A first-order weight is the mean of
     its table's 4 columns (FBGEMM needs widths that are multiples of 4); a mean, not a sum:
@@ -69,8 +77,10 @@ def _embeddings_and_first_order(kt: KeyedTensor, deep: list[str],
 def _groups(kt: KeyedTensor, *groups: list[str]) -> list[torch.Tensor]:
     """Per group of keys, [B, sum of their widths]: their columns of ``kt`` in group order."""
     values = kt.values()
-    return [_take(values, cols) for cols in
-            _columns(tuple(kt.keys()), tuple(kt.length_per_key()), *(tuple(g) for g in groups))]
+    return [
+        _take(values, cols)
+        for cols in _columns(tuple(kt.keys()), tuple(kt.length_per_key()), *(tuple(g) for g in groups))
+    ]
 
 
 def _take(values: torch.Tensor, cols: slice | tuple[int, ...]) -> torch.Tensor:
@@ -109,13 +119,23 @@ class DCNv2(nn.Module):
     w^T [Cross(x0), MLP(x0)].
     """
 
-    def __init__(self, ebc: EmbeddingBagCollection, num_dense: int, features: list[str], embedding_dim: int,
-                 deep_layer_sizes: list[int], num_cross_layers: int, low_rank: int | None = None,
-                 structure: str = "parallel", device: torch.device | None = None, **mlp_options) -> None:
+    def __init__(
+        self,
+        ebc: EmbeddingBagCollection,
+        num_dense: int,
+        features: list[str],
+        embedding_dim: int,
+        deep_layer_sizes: list[int],
+        num_cross_layers: int,
+        low_rank: int | None = None,
+        structure: str = "parallel",
+        device: torch.device | None = None,
+        **mlp_options,
+    ) -> None:
         super().__init__()
         self.sparse_arch, self.features, self.structure = ebc, features, structure
         d = num_dense + len(features) * embedding_dim
-        self.cross = (LowRankCrossNet(d, num_cross_layers, low_rank) if low_rank else CrossNet(d, num_cross_layers))
+        self.cross = LowRankCrossNet(d, num_cross_layers, low_rank) if low_rank else CrossNet(d, num_cross_layers)
         self.deep = mlp(d, deep_layer_sizes, device=device, **mlp_options)
         head_in = deep_layer_sizes[-1] + (d if structure == "parallel" else 0)
         self.head = nn.Linear(head_in, 1, device=device)
@@ -144,28 +164,42 @@ class _LinearPlusDeep(nn.Module):
         ValueError: a feature without exactly one ``w_<feature>`` table and one other table.
     """
 
-    def __init__(self, ebc: EmbeddingBagCollection, num_dense: int, features: list[str], embedding_dim: int,
-                 deep_layer_sizes: list[int], device: torch.device | None = None, **mlp_options) -> None:
+    def __init__(
+        self,
+        ebc: EmbeddingBagCollection,
+        num_dense: int,
+        features: list[str],
+        embedding_dim: int,
+        deep_layer_sizes: list[int],
+        device: torch.device | None = None,
+        **mlp_options,
+    ) -> None:
         super().__init__()
         self.sparse_arch, self.features = ebc, features
         configs = ebc.embedding_bag_configs()
         # Embedding names (the output's keys) are "<feature>@<table>" for a feature read by two tables.
-        named = [(t.name.startswith("w_"), f, n) for t, ns in zip(configs, get_embedding_names_by_table(configs))
-                 for f, n in zip(t.feature_names, ns)]
+        named = [
+            (t.name.startswith("w_"), f, n)
+            for t, ns in zip(configs, get_embedding_names_by_table(configs))
+            for f, n in zip(t.feature_names, ns)
+        ]
         deep = {f: n for is_first, f, n in named if not is_first}
         first = {f: n for is_first, f, n in named if is_first}
         missing = [f for f in features if f not in deep or f not in first]
         if missing or len(configs) != 2 * len(features):
-            raise ValueError(f"{type(self).__name__} needs, per feature, one embedding table and one first-order "
-                             f"table w_<feature> in its EmbeddingBagCollection, {2 * len(features)} tables in all; "
-                             f"it has {len(configs)}, and features without both: {missing}")
+            raise ValueError(
+                f"{type(self).__name__} needs, per feature, one embedding table and one first-order "
+                f"table w_<feature> in its EmbeddingBagCollection, {2 * len(features)} tables in all; "
+                f"it has {len(configs)}, and features without both: {missing}"
+            )
         self._deep_keys, self._first_keys = [deep[f] for f in features], [first[f] for f in features]
         self.dense_linear = nn.Linear(num_dense, 1, device=device)
         if mlp_options.get("init_std") is not None:
             nn.init.normal_(self.dense_linear.weight, 0.0, mlp_options["init_std"])
         d = num_dense + len(features) * embedding_dim
-        self.deep = nn.Sequential(mlp(d, deep_layer_sizes, device=device, **mlp_options),
-                                  nn.Linear(deep_layer_sizes[-1], 1, device=device))
+        self.deep = nn.Sequential(
+            mlp(d, deep_layer_sizes, device=device, **mlp_options), nn.Linear(deep_layer_sizes[-1], 1, device=device)
+        )
 
     def split(self, kjt: KeyedJaggedTensor) -> tuple[torch.Tensor, torch.Tensor]:
         return _embeddings_and_first_order(self.sparse_arch(kjt), self._deep_keys, self._first_keys)
@@ -186,8 +220,8 @@ class DeepFM(_LinearPlusDeep):
     """
 
     def forward(self, dense: torch.Tensor, kjt: KeyedJaggedTensor) -> torch.Tensor:
-        v, first = self.split(kjt)                                              # [B, F, E], [B]
-        fm = 0.5 * (v.sum(dim=1).pow(2) - v.pow(2).sum(dim=1)).sum(dim=1)       # [B]
+        v, first = self.split(kjt)  # [B, F, E], [B]
+        fm = 0.5 * (v.sum(dim=1).pow(2) - v.pow(2).sum(dim=1)).sum(dim=1)  # [B]
         return self.deep_logit(dense, v) + (self.linear(dense, first) + fm).unsqueeze(1)
 
 
@@ -214,8 +248,9 @@ class CIN(nn.Module):
     def __init__(self, num_fields: int, layer_sizes: list[int], device: torch.device | None = None) -> None:
         super().__init__()
         sizes = [num_fields, *layer_sizes]
-        self.convs = nn.ModuleList(nn.Conv1d(sizes[k] * num_fields, sizes[k + 1], 1, device=device)
-                                   for k in range(len(layer_sizes)))
+        self.convs = nn.ModuleList(
+            nn.Conv1d(sizes[k] * num_fields, sizes[k + 1], 1, device=device) for k in range(len(layer_sizes))
+        )
 
     def forward(self, x0: torch.Tensor) -> torch.Tensor:
         b, m, e = x0.shape
@@ -235,9 +270,17 @@ class XDeepFM(_LinearPlusDeep):
     embeddings.
     """
 
-    def __init__(self, ebc: EmbeddingBagCollection, num_dense: int, features: list[str], embedding_dim: int,
-                 deep_layer_sizes: list[int], cin_layer_sizes: list[int], device: torch.device | None = None,
-                 **mlp_options) -> None:
+    def __init__(
+        self,
+        ebc: EmbeddingBagCollection,
+        num_dense: int,
+        features: list[str],
+        embedding_dim: int,
+        deep_layer_sizes: list[int],
+        cin_layer_sizes: list[int],
+        device: torch.device | None = None,
+        **mlp_options,
+    ) -> None:
         super().__init__(ebc, num_dense, features, embedding_dim, deep_layer_sizes, device, **mlp_options)
         self.cin = CIN(len(features), cin_layer_sizes, device=device)
         self.cin_out = nn.Linear(sum(cin_layer_sizes), 1, device=device)

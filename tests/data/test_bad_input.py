@@ -23,7 +23,8 @@ ML = SchemaConfig(label="rating", label_threshold=4.0, categorical=["userId", "m
 
 def ml_csv(n: int = 300) -> list[str]:
     return ["userId,movieId,rating,timestamp,genres"] + [
-        f"{i % 7},{i % 11},{(i % 5) + 0.5},{1260759144 + i},Drama|Comedy" for i in range(n)]
+        f"{i % 7},{i % 11},{(i % 5) + 0.5},{1260759144 + i},Drama|Comedy" for i in range(n)
+    ]
 
 
 def manifest(p) -> dict:
@@ -145,7 +146,11 @@ def test_every_skipped_row_is_reported_by_its_file_line(tmp_path, cache_dir):
     raw.write_text("\n".join(rows) + "\n")
     m = manifest(prepare_criteo(raw, 100, split=(1.0, 0.0, 0.0), on_bad_row="skip"))
     assert [(e["line"], e["reason"]) for e in m["skipped_examples"]] == [
-        (3, "blank line"), (5, "2 fields, expected 40"), (7, "column C1: 'ZZZZZZZZ'"), (9, "column I1: 'abc'")]
+        (3, "blank line"),
+        (5, "2 fields, expected 40"),
+        (7, "column C1: 'ZZZZZZZZ'"),
+        (9, "column I1: 'abc'"),
+    ]
     av = tmp_path / "a.csv"  # a header: file lines count it
     av.write_text(HEADER + "\n" + ROW + "\n" + ROW.replace("14102314", "14133100") + "\n")
     m = manifest(prepare(AVAZU, av, 100, split=(1.0, 0.0, 0.0), on_bad_row="skip"))
@@ -190,8 +195,9 @@ def test_dense_plus_sign_is_accepted(tmp_path, cache_dir):
 # 5b. integers parsed by the CSV reader (fast path) or, for a block where one does not
 # convert, as text (the fallback): the same output, and the same skipped rows
 def test_integer_fast_path_and_text_fallback_agree(tmp_path, cache_dir):
-    rows = [base_row(label=str(i % 2), dense=[str(i * j - 40) if j % 4 else "" for j in range(1, 14)])
-            for i in range(60)]
+    rows = [
+        base_row(label=str(i % 2), dense=[str(i * j - 40) if j % 4 else "" for j in range(1, 14)]) for i in range(60)
+    ]
     clean, odd = tmp_path / "clean.txt", tmp_path / "odd.txt"
     clean.write_text("\n".join(rows) + "\n")
     rows[30] = rows[30].replace("\t", "\t+", 2).replace("\t+", "\t", 1)  # I2 "+x": text path only
@@ -215,11 +221,23 @@ def test_integer_fast_path_and_text_fallback_agree(tmp_path, cache_dir):
 
 # 5c. one definition of an integer whichever path parses the block: a value is accepted
 # or refused the same with or without another bad value (which forces the text path) near it
-@pytest.mark.parametrize("column,value,ok", [
-    ("I2", "0x10", False), ("I2", "1000000000000000000", False), ("I2", "0000000000000000001", True),
-    ("I2", " 7", True), ("I2", "+5", True), ("I2", "-0", True), ("I2", "999999999999999999", True),
-    ("label", "01", True), ("label", "-0", True), ("label", "+1", True), ("label", "0x1", False),
-    ("label", "-1", False)])
+@pytest.mark.parametrize(
+    "column,value,ok",
+    [
+        ("I2", "0x10", False),
+        ("I2", "1000000000000000000", False),
+        ("I2", "0000000000000000001", True),
+        ("I2", " 7", True),
+        ("I2", "+5", True),
+        ("I2", "-0", True),
+        ("I2", "999999999999999999", True),
+        ("label", "01", True),
+        ("label", "-0", True),
+        ("label", "+1", True),
+        ("label", "0x1", False),
+        ("label", "-1", False),
+    ],
+)
 def test_integer_verdict_does_not_depend_on_the_block(tmp_path, cache_dir, column, value, ok):
     rows = [base_row(label=str(i % 2)) for i in range(6)]
     fields = rows[2].split("\t")
@@ -269,8 +287,7 @@ def test_binary_garbage_is_one_clear_message(tmp_path, cache_dir, capsys):
     code, err = cli_run(["preprocess", "--config", QUICKSTART, f"data.raw_path={raw}"], capsys)
     assert code == 1 and "garbage.txt, line 1: byte" in err and "is not UTF-8 text" in err
     assert "UnicodeDecodeError" not in err
-    code, err = cli_run(["preprocess", "--config", QUICKSTART, f"data.raw_path={raw}", "data.on_bad_row=skip"],
-                        capsys)
+    code, err = cli_run(["preprocess", "--config", QUICKSTART, f"data.raw_path={raw}", "data.on_bad_row=skip"], capsys)
     assert code == 1 and "every row was skipped as bad" in err
     # One bad line among good ones: skipped and counted.
     good = [base_row(label=str(i % 2)).encode() for i in range(10)]
@@ -288,9 +305,17 @@ def test_bad_parquet_names_file_and_column(tmp_path, cache_dir, capsys):
     with pytest.raises(DataError, match=r"g.parquet: cannot read as Parquet \(.*magic bytes"):
         prepare(SchemaFormat(ML), garbage, 100)
     binary = tmp_path / "b.parquet"
-    pq.write_table(pa.table({"rating": [5.0, 1.0, 3.0], "userId": ["1", "2", "3"],
-                             "movieId": pa.array([b"a", b"\xff\xfe", b"c"], pa.binary()),
-                             "genres": ["x|y", "z", ""]}), binary)
+    pq.write_table(
+        pa.table(
+            {
+                "rating": [5.0, 1.0, 3.0],
+                "userId": ["1", "2", "3"],
+                "movieId": pa.array([b"a", b"\xff\xfe", b"c"], pa.binary()),
+                "genres": ["x|y", "z", ""],
+            }
+        ),
+        binary,
+    )
     with pytest.raises(DataError, match=r"b.parquet, row 2, column movieId: b'\\xff\\xfe' is not UTF-8 text"):
         prepare(SchemaFormat(ML), binary, 100)
 
@@ -309,8 +334,9 @@ def test_dense_nan_is_refused_like_inf(tmp_path, cache_dir):
     with pytest.raises(DataError, match=r"line 3, column rating: 'inf' is not a finite number"):
         prepare(SchemaFormat(spec), raw, 100)
     par = tmp_path / "r.parquet"
-    pq.write_table(pa.table({"rating": [5.0, 1.0, 3.0], "userId": ["a", "b", "c"], "ts": [1.0, float("nan"), None]}),
-                   par)
+    pq.write_table(
+        pa.table({"rating": [5.0, 1.0, 3.0], "userId": ["a", "b", "c"], "ts": [1.0, float("nan"), None]}), par
+    )
     with pytest.raises(DataError, match=r"r.parquet, row 2, column ts: 'nan' is not a finite number"):
         prepare(SchemaFormat(spec), par, 100)
     m = manifest(prepare(SchemaFormat(spec), par, 100, split=(1.0, 0.0, 0.0), on_bad_row="skip"))

@@ -110,7 +110,7 @@ def test_gzip_rows_counted_after_decompression(tmp_path, cache_dir):
 
 def test_skip_bad_rows_counts_them(tmp_path, cache_dir):
     rows = [base_row(label=str(i % 2)) for i in range(10)]
-    rows.insert(3, base_row()[2:])                                            # 39 fields
+    rows.insert(3, base_row()[2:])  # 39 fields
     rows.insert(6, base_row(dense=["abc"] + [str(i) for i in range(2, 14)]))  # bad dense
     rows.insert(9, base_row(cats=["zz"] + [f"{i:08x}" for i in range(2, 27)]))  # bad hex
     p = prepare_criteo(write(tmp_path, rows), 100, split=(1.0, 0.0, 0.0), on_bad_row="skip")

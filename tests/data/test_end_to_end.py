@@ -16,20 +16,23 @@ ONE_RANK = ["distributed.nproc_per_node=1", "train.progress_bar=false", "checkpo
 
 def run_cli(args, tmp_path):
     env = dict(os.environ, RECSYS_DIST_CACHE=str(tmp_path / "cache"))
-    return subprocess.run([sys.executable, "-m", "recsys_dist.cli", *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "recsys_dist.cli", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+    )
 
 
 def final(run_dir, split):
-    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()
-            if json.loads(x)["split"] == split][-1]
+    return [
+        json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if json.loads(x)["split"] == split
+    ][-1]
 
 
 @pytest.mark.slow
 def test_movielens_multi_hot_with_vocabulary_trains_and_scores(tmp_path):
     run_dir = tmp_path / "run"
-    r = run_cli(["train", "--config", str(MOVIELENS), "--run-dir", str(run_dir), *ONE_RANK,
-                 "train.batch_size=128"], tmp_path)
+    r = run_cli(
+        ["train", "--config", str(MOVIELENS), "--run-dir", str(run_dir), *ONE_RANK, "train.batch_size=128"], tmp_path
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     val = final(run_dir, "validation")
     assert val["num_examples"] == 2075 and 0.68 < val["auc"] < 0.9  # 2 ranks x 64: 0.744
@@ -38,8 +41,9 @@ def test_movielens_multi_hot_with_vocabulary_trains_and_scores(tmp_path):
     saved = yaml.safe_load((run_dir / "config.yaml").read_text())
     assert saved["data"]["num_embeddings"] == manifest["num_embeddings"] == [135, 4235, 22]
     # Scoring raw rows reuses the training vocabulary.
-    r = run_cli(["evaluate", str(run_dir), "--data", str(ROOT / "datasets/movielens/ratings_genres_first20000.csv")],
-                tmp_path)
+    r = run_cli(
+        ["evaluate", str(run_dir), "--data", str(ROOT / "datasets/movielens/ratings_genres_first20000.csv")], tmp_path
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert json.loads(r.stdout.strip().splitlines()[-1])["num_examples"] == 20000
 
@@ -47,8 +51,20 @@ def test_movielens_multi_hot_with_vocabulary_trains_and_scores(tmp_path):
 @pytest.mark.slow
 def test_criteo_quickstart_with_vocabulary(tmp_path):
     run_dir = tmp_path / "run"
-    r = run_cli(["train", "--config", str(QUICKSTART), "--run-dir", str(run_dir), *ONE_RANK, "train.batch_size=64",
-                 "data.categorical_mapping=vocabulary", "data.min_count=2"], tmp_path)
+    r = run_cli(
+        [
+            "train",
+            "--config",
+            str(QUICKSTART),
+            "--run-dir",
+            str(run_dir),
+            *ONE_RANK,
+            "train.batch_size=64",
+            "data.categorical_mapping=vocabulary",
+            "data.min_count=2",
+        ],
+        tmp_path,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     # Same rows and model as the hashed quickstart (0.7228 / 0.7574); 2 ranks x 32 gave 0.7148 / 0.7501.
     assert 0.69 < final(run_dir, "validation")["auc"] < 0.76

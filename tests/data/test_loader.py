@@ -11,12 +11,14 @@ DENSE, SPARSE = ["I1", "I2"], ["C1", "C2", "C3"]
 
 
 def make_parquet(tmp_path, n):
-    t = pa.table({
-        "label": pa.array(np.arange(n) % 2, pa.float32()),
-        "I1": pa.array(np.arange(n), pa.float32()),
-        "I2": pa.array(-np.arange(n), pa.float32()),
-        **{c: pa.array(np.arange(n) * 10 + j, pa.int64()) for j, c in enumerate(SPARSE)},
-    })
+    t = pa.table(
+        {
+            "label": pa.array(np.arange(n) % 2, pa.float32()),
+            "I1": pa.array(np.arange(n), pa.float32()),
+            "I2": pa.array(-np.arange(n), pa.float32()),
+            **{c: pa.array(np.arange(n) * 10 + j, pa.int64()) for j, c in enumerate(SPARSE)},
+        }
+    )
     p = tmp_path / "d.parquet"
     pq.write_table(t, p)
     return str(p)
@@ -73,8 +75,11 @@ def write_files(tmp_path, sizes, row_group_size=4, multi_hot=False):
     paths, start = [], 0
     for k, n in enumerate(sizes):
         ids = np.arange(start, start + n)
-        cols = {"label": pa.array(ids % 2, pa.float32()), "I1": pa.array(ids, pa.float32()),
-                "I2": pa.array(-ids, pa.float32())}
+        cols = {
+            "label": pa.array(ids % 2, pa.float32()),
+            "I1": pa.array(ids, pa.float32()),
+            "I2": pa.array(-ids, pa.float32()),
+        }
         for j, c in enumerate(SPARSE):
             if multi_hot and c == "C2":
                 cols[c] = pa.array([[int(i)] * int(i % 6) for i in ids], pa.list_(pa.int64()))
@@ -148,8 +153,11 @@ def test_ids_beyond_int32_and_multi_hot_bags_survive_shuffled_windows(tmp_path):
     exact int64 values. Multi-hot bags stay attached to their rows across windows and padding."""
     paths = write_files(tmp_path, [23, 14], multi_hot=True)
     big = pq.read_table(paths[0])
-    pq.write_table(big.set_column(big.schema.get_field_index("C3"), "C3",
-                                  pa.array(np.arange(23) + (1 << 40), pa.int64())), paths[0], row_group_size=4)
+    pq.write_table(
+        big.set_column(big.schema.get_field_index("C3"), "C3", pa.array(np.arange(23) + (1 << 40), pa.int64())),
+        paths[0],
+        row_group_size=4,
+    )
     loader = ParquetBatchLoader(paths, 5, 0, 1, DENSE, SPARSE, shuffle=True, seed=2, shuffle_buffer_rows=8)
     seen = []
     for b in loader:
@@ -190,8 +198,22 @@ def test_row_groups_mode_reads_own_groups_equal_steps_every_row_once(tmp_path, w
 
     monkeypatch.setattr(ParquetBatchLoader, "_read", spy)
     bs = 3
-    ls = [ParquetBatchLoader(paths, bs, r, ws, DENSE, SPARSE, shuffle=shuffle, seed=4, remainder=remainder,
-                             shuffle_buffer_rows=8, rank_reads="row_groups") for r in range(ws)]
+    ls = [
+        ParquetBatchLoader(
+            paths,
+            bs,
+            r,
+            ws,
+            DENSE,
+            SPARSE,
+            shuffle=shuffle,
+            seed=4,
+            remainder=remainder,
+            shuffle_buffer_rows=8,
+            rank_reads="row_groups",
+        )
+        for r in range(ws)
+    ]
     per_rank = rows_seen(ls)
     sizes = [n for *_, n in ls[0].row_groups]
     owned = [sorted(read.get(r, [])) for r in range(ws)]

@@ -54,26 +54,48 @@ def test_multi_hot_bags_in_one_batch_and_mean_of_empty_bag_is_zero(tmp_path, cac
     raw = tmp_path / "r.csv"
     raw.write_text(CSV)
     p = prepare(SchemaFormat(SPEC), raw, 50, split=(1.0, 0.0, 0.0))
-    batch = next(iter(ParquetBatchLoader(str(p.files["train"]), 4, 0, 1, ["age"], ["user", "tags"],
-                                         num_embeddings=[50, 50])))
+    batch = next(
+        iter(ParquetBatchLoader(str(p.files["train"]), 4, 0, 1, ["age"], ["user", "tags"], num_embeddings=[50, 50]))
+    )
     assert batch.sparse_features["tags"].lengths().tolist() == [5, 0, 1, 2]
-    ebc = EmbeddingBagCollection(tables=[
-        EmbeddingBagConfig(name=f"t_{n}", embedding_dim=4, num_embeddings=50, feature_names=[n],
-                           pooling=PoolingType.MEAN) for n in ("user", "tags")])
+    ebc = EmbeddingBagCollection(
+        tables=[
+            EmbeddingBagConfig(
+                name=f"t_{n}", embedding_dim=4, num_embeddings=50, feature_names=[n], pooling=PoolingType.MEAN
+            )
+            for n in ("user", "tags")
+        ]
+    )
     pooled = ebc(batch.sparse_features)["tags"]
     assert torch.isfinite(pooled).all() and pooled[1].abs().sum() == 0 and pooled[0].abs().sum() > 0
 
 
 def test_headerless_tsv_and_parquet_give_the_same_rows(tmp_path, cache_dir):
-    spec = SchemaConfig(label="click", categorical=["item"], multi_hot=["tags"], dense=["n"], delimiter="\t",
-                        header=False, columns=["click", "item", "tags", "n"], dense_transform="none")
+    spec = SchemaConfig(
+        label="click",
+        categorical=["item"],
+        multi_hot=["tags"],
+        dense=["n"],
+        delimiter="\t",
+        header=False,
+        columns=["click", "item", "tags", "n"],
+        dense_transform="none",
+    )
     tsv = tmp_path / "r.tsv"
     tsv.write_text("1\t17\tx|y\t2.5\n0\t18\t\t-1\n")
     par = tmp_path / "r.parquet"
-    pq.write_table(pa.table({"click": pa.array([1, 0], pa.int8()), "item": pa.array([17, 18], pa.int64()),
-                             "tags": pa.array([["x", "y"], []]), "n": [2.5, -1.0]}), par)
-    got = [pq.read_table(prepare(SchemaFormat(spec), f, 100, split=(1.0, 0.0, 0.0)).files["train"])
-           for f in (tsv, par)]
+    pq.write_table(
+        pa.table(
+            {
+                "click": pa.array([1, 0], pa.int8()),
+                "item": pa.array([17, 18], pa.int64()),
+                "tags": pa.array([["x", "y"], []]),
+                "n": [2.5, -1.0],
+            }
+        ),
+        par,
+    )
+    got = [pq.read_table(prepare(SchemaFormat(spec), f, 100, split=(1.0, 0.0, 0.0)).files["train"]) for f in (tsv, par)]
     assert got[0].equals(got[1])
     assert got[0].column("n").to_pylist() == [2.5, -1.0]  # dense_transform: none
     assert got[0].column("item").to_pylist() == ids(["17", "18"], 100)
@@ -91,8 +113,13 @@ def test_bad_values_name_file_line_and_column(tmp_path, cache_dir):
     with pytest.raises(DataError, match=r"line 2, column rating: '4.5' is not 0 or 1"):
         prepare(SchemaFormat(no_threshold), tmp_path / "r.csv", 100)
     raw.write_text("rating,user,age\n1,a,1\n2,b,2\n0,c,x\n0,d,\n")
-    p = prepare(SchemaFormat(SchemaConfig(label="rating", categorical=["user"], dense=["age"])), raw, 100,
-                split=(1.0, 0.0, 0.0), on_bad_row="skip")
+    p = prepare(
+        SchemaFormat(SchemaConfig(label="rating", categorical=["user"], dense=["age"])),
+        raw,
+        100,
+        split=(1.0, 0.0, 0.0),
+        on_bad_row="skip",
+    )
     m = json.loads((p.directory / "manifest.json").read_text())
     assert m["rows_written"] == 2 and m["rows_skipped"] == 2  # rows read = written + skipped
     assert "column rating: '2'" in m["skipped_examples"][0]["reason"]
@@ -112,8 +139,12 @@ def test_schema_config_is_checked():
         config_from_dict({"data": {**base, "schema": {"label": "y", "categorical": ["a"], "bogus": 1}}})
     with pytest.raises(ConfigError, match="only used with format: schema"):
         config_from_dict({"data": {"schema": {"label": "y", "categorical": ["a"]}}})
-    cfg = config_from_dict({"data": {**base, "schema": {"label": "y", "categorical": ["a"], "multi_hot": ["g"]}},
-                            "model": {"name": "deepfm"}})
+    cfg = config_from_dict(
+        {
+            "data": {**base, "schema": {"label": "y", "categorical": ["a"], "multi_hot": ["g"]}},
+            "model": {"name": "deepfm"},
+        }
+    )
     from recsys_dist.data import feature_names
 
     assert feature_names(cfg) == ([], ["a", "g"])

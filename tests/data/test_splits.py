@@ -15,8 +15,12 @@ from tests.data.test_avazu import HEADER, ROW
 
 def criteo_file(path, n, first=0):
     # I1 = the row's global index, so every split's rows can be named.
-    path.write_text("\n".join(base_row(label=str(i % 2), dense=[str(i)] + [str(k) for k in range(2, 14)])
-                              for i in range(first, first + n)) + "\n")
+    path.write_text(
+        "\n".join(
+            base_row(label=str(i % 2), dense=[str(i)] + [str(k) for k in range(2, 14)]) for i in range(first, first + n)
+        )
+        + "\n"
+    )
     return path
 
 
@@ -35,8 +39,9 @@ def test_random_split_is_seeded_and_covers_every_row_once(tmp_path, cache_dir):
     assert parts["validation"] != list(range(800, 900))  # not by position
     # The assignment is a function of (seed, row index) alone: blocks and reruns do not matter.
     whole = random_assign(7, (0.8, 0.1, 0.1), 0, 1000)
-    assert np.array_equal(np.concatenate([random_assign(7, (0.8, 0.1, 0.1), 0, 300),
-                                          random_assign(7, (0.8, 0.1, 0.1), 300, 700)]), whole)
+    assert np.array_equal(
+        np.concatenate([random_assign(7, (0.8, 0.1, 0.1), 0, 300), random_assign(7, (0.8, 0.1, 0.1), 300, 700)]), whole
+    )
     assert np.flatnonzero(whole == 1).tolist() == parts["validation"]
     other = prepare_criteo(raw, 100, split=Split(by="random", fractions=(0.8, 0.1, 0.1), seed=8))
     assert i1(other, "validation") != parts["validation"]
@@ -57,8 +62,10 @@ def test_time_split_by_avazu_hour(tmp_path, cache_dir):
 
 
 def test_split_by_files(tmp_path, cache_dir):
-    train, val, test = (criteo_file(tmp_path / f"{n}.txt", k, first) for n, k, first in
-                        (("day0", 7, 0), ("day1a", 3, 100), ("day1b", 4, 200)))
+    train, val, test = (
+        criteo_file(tmp_path / f"{n}.txt", k, first)
+        for n, k, first in (("day0", 7, 0), ("day1a", 3, 100), ("day1b", 4, 200))
+    )
     p = prepare_criteo(train, 100, split=Split(by="files", validation_path=str(val), test_path=str(test)))
     assert p.rows == {"train": 7, "validation": 3, "test": 4}
     assert i1(p, "validation") == [100, 101, 102] and i1(p, "test") == [200, 201, 202, 203]
@@ -77,8 +84,9 @@ def test_split_config_forms_and_checks(tmp_path):
         config_from_dict({"data": {**data, "split": {"by": "random", "seed_x": 1}}})
     # Paths of split files are relative to the config file, and must exist before launch.
     cfg_file = tmp_path / "c.yaml"
-    cfg_file.write_text(yaml.safe_dump({"data": {**data, "split": {"by": "files", "validation_path": "v.txt",
-                                                                   "test_path": "t.txt"}}}))
+    cfg_file.write_text(
+        yaml.safe_dump({"data": {**data, "split": {"by": "files", "validation_path": "v.txt", "test_path": "t.txt"}}})
+    )
     cfg = load_config(cfg_file)
     assert cfg.data.split.validation_path == str(tmp_path / "v.txt")
     with pytest.raises(ConfigError, match=r"data.split.validation_path: file .*v.txt does not exist"):
@@ -104,7 +112,11 @@ def test_several_training_files_convert_in_worker_processes(tmp_path, cache_dir,
     split = Split(by="files", validation_path=str(val), test_path=str(test))
     many = prepare(CRITEO, [str(d) for d in days], 1000, split, mapping=mapping)
     one = prepare(CRITEO, str(whole), 1000, split, mapping=mapping)
-    assert [p.name for p in many.files["train"]] == ["train-00000.parquet", "train-00001.parquet", "train-00002.parquet"]
+    assert [p.name for p in many.files["train"]] == [
+        "train-00000.parquet",
+        "train-00001.parquet",
+        "train-00002.parquet",
+    ]
     assert many.rows == one.rows == {"train": 4000, "validation": 500, "test": 500}
     got = pa.concat_tables([pq.read_table(p) for p in many.files["train"]])
     assert got.equals(pq.read_table(one.files["train"]))
@@ -123,8 +135,12 @@ def test_several_training_files_convert_in_worker_processes(tmp_path, cache_dir,
     with pytest.raises(DataError, match=r"day_1.txt, line 10: expected 40 fields, got 41"):
         prepare(CRITEO, [str(d) for d in days], 1000, split, mapping=mapping)
     assert not list(cache_dir.rglob("*.tmp"))  # nothing half-written is left
-    m = json.loads((prepare(CRITEO, [str(d) for d in days], 1000, split, mapping=mapping, on_bad_row="skip")
-                    .directory / "manifest.json").read_text())
+    m = json.loads(
+        (
+            prepare(CRITEO, [str(d) for d in days], 1000, split, mapping=mapping, on_bad_row="skip").directory
+            / "manifest.json"
+        ).read_text()
+    )
     assert (m["rows"]["train"], m["rows_skipped"]) == (3999, 1)
     assert m["skipped_examples"][0]["file"] == "day_1.txt" and m["skipped_examples"][0]["line"] == 10
 
@@ -138,10 +154,17 @@ def test_a_list_of_raw_files_resolves_against_the_config_and_is_checked(tmp_path
     (tmp_path / "d0.txt").write_text(base_row() + "\n")
     (tmp_path / "v.txt").write_text(base_row() + "\n")
     (tmp_path / "t.txt").write_text(base_row() + "\n")
-    (tmp_path / "c.yaml").write_text(yaml.safe_dump({
-        "data": {"raw_path": ["d0.txt", "d1.txt"], "split": {"by": "files", "validation_path": "v.txt",
-                                                            "test_path": "t.txt"}},
-        "model": {"name": "dlrm"}}))
+    (tmp_path / "c.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "data": {
+                    "raw_path": ["d0.txt", "d1.txt"],
+                    "split": {"by": "files", "validation_path": "v.txt", "test_path": "t.txt"},
+                },
+                "model": {"name": "dlrm"},
+            }
+        )
+    )
     cfg = load_config(tmp_path / "c.yaml")
     assert cfg.data.raw_path == [str(tmp_path / "d0.txt"), str(tmp_path / "d1.txt")]
     with pytest.raises(ConfigError, match=r"data.raw_path: file .*d1.txt does not exist"):

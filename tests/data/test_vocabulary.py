@@ -2,7 +2,6 @@ import json
 
 import numpy as np
 import pyarrow.parquet as pq
-import pytest
 
 from recsys_dist.data.convert import VOCABULARY_FILE, prepare
 from recsys_dist.data.criteo import CRITEO, prepare_criteo
@@ -70,10 +69,12 @@ def test_min_count_and_table_cap(tmp_path, cache_dir):
 
 
 def test_scoring_reuses_the_training_vocabulary(tmp_path, cache_dir):
-    train = prepare_criteo(write(tmp_path, [base_row(cats=cats("0000000a"))] * 4), 100,
-                           split=(1.0, 0.0, 0.0), mapping="vocabulary")
+    train = prepare_criteo(
+        write(tmp_path, [base_row(cats=cats("0000000a"))] * 4), 100, split=(1.0, 0.0, 0.0), mapping="vocabulary"
+    )
     new = write(tmp_path, [base_row(cats=cats("0000000b")), base_row(cats=cats("0000000a"))], "new.txt")
-    scored = prepare(CRITEO, new, 100, split=(1.0, 0.0, 0.0), mapping="vocabulary",
-                     vocabulary=train.directory / VOCABULARY_FILE)
+    scored = prepare(
+        CRITEO, new, 100, split=(1.0, 0.0, 0.0), mapping="vocabulary", vocabulary=train.directory / VOCABULARY_FILE
+    )
     assert pq.read_table(scored.files["train"]).column("C1").to_pylist() == [OOV_ID, 2]
     assert scored.num_embeddings == train.num_embeddings

@@ -11,6 +11,8 @@ So the reference is one unsharded model trained on the mean of the per-rank loss
 
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -28,7 +30,7 @@ from recsys_dist.state import gather_full_state_dict, load_full_state_dict
 
 # name, rows, dim, pooling, max ids per example (0 allows empty bags)
 TABLES = [("t0", 1000, 8, PoolingType.SUM, 3), ("t1", 50, 8, PoolingType.MEAN, 4), ("t2", 31, 12, PoolingType.SUM, 1)]
-import os
+
 B, NUM_DENSE, EMB_LR, DENSE_LR, EPS = 4, 4, 0.1, 0.1, 1e-8
 STEPS = int(os.environ.get("EQ_STEPS", 3))
 
@@ -48,8 +50,10 @@ class Tiny(nn.Module):
 
 
 def configs(shared_feature: bool = False):
-    out = [EmbeddingBagConfig(name=n, embedding_dim=d, num_embeddings=r, feature_names=[f"f_{n}"], pooling=p)
-           for n, r, d, p, _ in TABLES]
+    out = [
+        EmbeddingBagConfig(name=n, embedding_dim=d, num_embeddings=r, feature_names=[f"f_{n}"], pooling=p)
+        for n, r, d, p, _ in TABLES
+    ]
     return out
 
 
@@ -58,11 +62,21 @@ def global_batch(step: int, world_size: int) -> list[CTRBatch]:
     batches = []
     for _ in range(world_size):
         lengths = torch.cat([torch.randint(0 if h > 1 else 1, h + 1, (B,), generator=g) for *_, h in TABLES])
-        values = torch.cat([torch.randint(0, rows, (int(l),), generator=g)
-                            for l, rows in zip(lengths.tolist(), [t[1] for t in TABLES for _ in range(B)])])
+        values = torch.cat(
+            [
+                torch.randint(0, rows, (int(l),), generator=g)
+                for l, rows in zip(lengths.tolist(), [t[1] for t in TABLES for _ in range(B)])
+            ]
+        )
         kjt = KeyedJaggedTensor(keys=[f"f_{t[0]}" for t in TABLES], values=values, lengths=lengths.int(), stride=B)
-        batches.append(CTRBatch(dense_features=torch.randn(B, NUM_DENSE, generator=g), sparse_features=kjt,
-                                labels=torch.randint(0, 2, (B,), generator=g).float(), weights=torch.ones(B)))
+        batches.append(
+            CTRBatch(
+                dense_features=torch.randn(B, NUM_DENSE, generator=g),
+                sparse_features=kjt,
+                labels=torch.randint(0, 2, (B,), generator=g).float(),
+                weights=torch.ones(B),
+            )
+        )
     return batches
 
 
@@ -116,8 +130,10 @@ def check(rank: int, world_size: int, sharding_type: str, optimizer: str, device
     device = torch.device("cuda", rank) if device_type == "cuda" else torch.device("cpu")
     model.model.bottom.to(device)
     model.model.over.to(device)
-    planner = EmbeddingShardingPlanner(topology=Topology(world_size=world_size, compute_device=device_type,
-                                                         local_world_size=world_size), constraints=cons)
+    planner = EmbeddingShardingPlanner(
+        topology=Topology(world_size=world_size, compute_device=device_type, local_world_size=world_size),
+        constraints=cons,
+    )
     plan = planner.collective_plan(model, sharders(), dist.group.WORLD)
     dmp = DistributedModelParallel(model, device=device, plan=plan, sharders=sharders())
     planned = {ps.sharding_type for mp in plan.plan.values() for ps in mp.values()}
@@ -182,14 +198,17 @@ def shared_feature_forward(rank: int, world_size: int, sharding_types: list[str]
     """One feature feeding two tables: both lookups come back, equal to unsharded."""
     import recsys_dist
 
-    tables = [EmbeddingBagConfig(name="a", embedding_dim=8, num_embeddings=100, feature_names=["f"]),
-              EmbeddingBagConfig(name="b", embedding_dim=4, num_embeddings=50, feature_names=["f"])]
+    tables = [
+        EmbeddingBagConfig(name="a", embedding_dim=8, num_embeddings=100, feature_names=["f"]),
+        EmbeddingBagConfig(name="b", embedding_dim=4, num_embeddings=50, feature_names=["f"]),
+    ]
     out = {}
     for st in sharding_types:
         torch.manual_seed(0)
         ref = EmbeddingBagCollection(tables=tables, device=torch.device("cpu"))
-        dmp = recsys_dist.shard(EmbeddingBagCollection(tables=tables, device=torch.device("meta")),
-                                {"sharding_types": [st]})
+        dmp = recsys_dist.shard(
+            EmbeddingBagCollection(tables=tables, device=torch.device("meta")), {"sharding_types": [st]}
+        )
         load_full_state_dict(dmp.state_dict(), ref.state_dict())
         kjt = KeyedJaggedTensor(keys=["f"], values=torch.tensor([1, 2, 3, 40, 7]), lengths=torch.tensor([2, 0, 3]))
         got, want = dmp(kjt).to_dict(), ref(kjt).to_dict()
@@ -204,8 +223,9 @@ def init_is_sharding_independent(rank: int, world_size: int, sharding_types: lis
 
     out = {}
     for st in sharding_types:
-        dmp = recsys_dist.shard(EmbeddingBagCollection(tables=configs(), device=torch.device("meta")),
-                                {"sharding_types": [st]})
+        dmp = recsys_dist.shard(
+            EmbeddingBagCollection(tables=configs(), device=torch.device("meta")), {"sharding_types": [st]}
+        )
         init_tables(dmp.state_dict(), configs(), seed=7, scales={n: 0.1 for n, *_ in TABLES})
         out[st] = gather_full_state_dict(dmp.state_dict())
     return out
@@ -213,10 +233,18 @@ def init_is_sharding_independent(rank: int, world_size: int, sharding_types: lis
 
 def criteo_batch(g: torch.Generator, B: int) -> CTRBatch:
     """A random one-hot batch in the quickstart's layout (13 dense, C1..C26 ids < 10,000)."""
-    kjt = KeyedJaggedTensor(keys=[f"C{i}" for i in range(1, 27)], values=torch.randint(0, 10000, (26 * B,), generator=g),
-                            lengths=torch.ones(26 * B, dtype=torch.int32), stride=B)
-    return CTRBatch(dense_features=torch.rand(B, 13, generator=g), sparse_features=kjt,
-                    labels=torch.randint(0, 2, (B,), generator=g).float(), weights=torch.ones(B))
+    kjt = KeyedJaggedTensor(
+        keys=[f"C{i}" for i in range(1, 27)],
+        values=torch.randint(0, 10000, (26 * B,), generator=g),
+        lengths=torch.ones(26 * B, dtype=torch.int32),
+        stride=B,
+    )
+    return CTRBatch(
+        dense_features=torch.rand(B, 13, generator=g),
+        sparse_features=kjt,
+        labels=torch.randint(0, 2, (B,), generator=g).float(),
+        weights=torch.ones(B),
+    )
 
 
 def models_sharded_vs_unsharded(rank: int, world_size: int, names: list[str]) -> dict:
@@ -258,8 +286,9 @@ def one_rank_without_ddp(rank: int, world_size: int, steps: int) -> dict:
     from recsys_dist.trainer import build_model, shard_model
     from tests.conftest import QUICKSTART
 
-    cfg = load_config(QUICKSTART, ["model.name=deepfm", "distributed.nproc_per_node=1",
-                                   "distributed.cpu_threads_per_rank=3"])
+    cfg = load_config(
+        QUICKSTART, ["model.name=deepfm", "distributed.nproc_per_node=1", "distributed.cpu_threads_per_rank=3"]
+    )
     ctx = init_distributed(cfg)
     threads = torch.get_num_threads()
     ours, opt_ours, _ = shard_model(cfg, ctx)
@@ -269,11 +298,18 @@ def one_rank_without_ddp(rank: int, world_size: int, steps: int) -> dict:
     ddp = DistributedModelParallel(model, device=ctx.device, plan=plan, sharders=sharding.sharders())
     load_full_state_dict(ddp.state_dict(), gather_full_state_dict(ours.state_dict()))
     t = cfg.train
-    opt_ddp = build_optimizer(ddp, t.embedding_optimizer, t.embedding_lr, t.dense_optimizer, t.dense_lr,
-                              t.dense_grad_clip_norm, t.embedding_weight_decay)
+    opt_ddp = build_optimizer(
+        ddp,
+        t.embedding_optimizer,
+        t.embedding_lr,
+        t.dense_optimizer,
+        t.dense_lr,
+        t.dense_grad_clip_norm,
+        t.embedding_weight_decay,
+    )
     losses = {"ours": [], "ddp": []}
     g = torch.Generator().manual_seed(5)
-    for step in range(steps):
+    for _ in range(steps):
         batch = criteo_batch(g, 16)
         for name, dmp, opt in (("ours", ours, opt_ours), ("ddp", ddp, opt_ddp)):
             loss = dmp(batch)[0]
@@ -281,8 +317,15 @@ def one_rank_without_ddp(rank: int, world_size: int, steps: int) -> dict:
             opt.step()
             opt.zero_grad()
             losses[name].append(loss.item())
-    dense = {n: (p.detach() - dict(ddp.named_parameters())[n].detach()).abs().max().item()
-             for n, p in ours.named_parameters() if "embedding_bags" not in n}
-    return {"wrapped": [type(m._dmp_wrapped_module).__name__ for m in (ours, ddp)],
-            "is_ddp": isinstance(ours._dmp_wrapped_module, DistributedDataParallel),
-            "losses": losses, "dense_diff": max(dense.values()), "threads": threads}
+    dense = {
+        n: (p.detach() - dict(ddp.named_parameters())[n].detach()).abs().max().item()
+        for n, p in ours.named_parameters()
+        if "embedding_bags" not in n
+    }
+    return {
+        "wrapped": [type(m._dmp_wrapped_module).__name__ for m in (ours, ddp)],
+        "is_ddp": isinstance(ours._dmp_wrapped_module, DistributedDataParallel),
+        "losses": losses,
+        "dense_diff": max(dense.values()),
+        "threads": threads,
+    }

@@ -54,9 +54,16 @@ def check_metrics(rank: int, world_size: int, cases: list[dict]) -> list[dict]:
 
         acc = StreamingBinaryMetrics(case.get("buckets", 1 << 16))
         for i in range(0, len(lg), 97):
-            acc.update(lg[i:i + 97], lb[i:i + 97], w[i:i + 97])
+            acc.update(lg[i : i + 97], lb[i : i + 97], w[i : i + 97])
         local_n = acc.compute()["num_examples"]
         merged = acc.merge()
-        out.append({"exact": exact, "streaming": merged.compute(), "local_n": local_n,
-                    "local_n_after_merge": acc.compute()["num_examples"], "gathered_n": int(all_lb.numel())})
+        out.append(
+            {
+                "exact": exact,
+                "streaming": merged.compute(),
+                "local_n": local_n,
+                "local_n_after_merge": acc.compute()["num_examples"],
+                "gathered_n": int(all_lb.numel()),
+            }
+        )
     return out

@@ -19,8 +19,11 @@ def resharded_state(rank: int, world_size: int, overrides: list[str], checkpoint
     cfg = load_config(QUICKSTART, overrides)
     ctx = init_distributed(cfg)
     dmp, optimizer, _ = shard_model(cfg, ctx)
-    state = {"model": dmp.state_dict(), "optimizer": canonical_optimizer_state(optimizer.state_dict()),
-             "rng": torch.get_rng_state()}
+    state = {
+        "model": dmp.state_dict(),
+        "optimizer": canonical_optimizer_state(optimizer.state_dict()),
+        "rng": torch.get_rng_state(),
+    }
     load_checkpoint(checkpoint, state)
     flat = {f"model.{k}": v for k, v in state["model"].items()}
     flat.update({f"optimizer.{p}.{n}": v for p, entries in state["optimizer"].items() for n, v in entries.items()})

@@ -19,8 +19,7 @@ def _cases(world_size: int) -> list[dict]:
     uneven = {1: [2500], 2: [1700, 800], 3: [1400, 1001, 99]}[world_size]
     last_empty = uneven[:-1] + [0] if world_size > 1 else [600]
     return [
-        {"seed": 10 + world_size, "counts": uneven, "pad": [7 * (r + 1) for r in range(world_size)],
-         "ties": False},
+        {"seed": 10 + world_size, "counts": uneven, "pad": [7 * (r + 1) for r in range(world_size)], "ties": False},
         {"seed": 20 + world_size, "counts": last_empty, "pad": [3] * (world_size - 1) + [64], "ties": True},
         {"seed": 30 + world_size, "counts": uneven, "pad": [1] * world_size, "ties": True, "buckets": 64},
     ]
@@ -36,10 +35,15 @@ def _reference(case: dict) -> dict:
         m = groups == g
         if 0 < labels[m].sum() < m.sum():
             num, den = num + m.sum() * roc_auc_score(labels[m], x[m]), den + m.sum()
-    return {"auc": roc_auc_score(labels, x), "logloss": log_loss(labels, p),
-            "ne": log_loss(labels, p) / -(c * np.log(c) + (1 - c) * np.log(1 - c)),
-            "calibration": p.mean() / c, "accuracy": accuracy_score(labels, p > 0.5),
-            "num_examples": labels.size, "gauc": num / den}
+    return {
+        "auc": roc_auc_score(labels, x),
+        "logloss": log_loss(labels, p),
+        "ne": log_loss(labels, p) / -(c * np.log(c) + (1 - c) * np.log(1 - c)),
+        "calibration": p.mean() / c,
+        "accuracy": accuracy_score(labels, p > 0.5),
+        "num_examples": labels.size,
+        "gauc": num / den,
+    }
 
 
 @pytest.mark.slow

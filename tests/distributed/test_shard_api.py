@@ -7,16 +7,20 @@ from tests.distributed import equivalence
 
 @pytest.mark.slow
 def test_shard_brings_your_own_model():
-    results = run_ranks(equivalence.shard_api_forward, 2,
-                        {"sharding_types": ["row_wise"], "per_table": {"t2": {"sharding_types": ["table_wise"]}}})
+    results = run_ranks(
+        equivalence.shard_api_forward,
+        2,
+        {"sharding_types": ["row_wise"], "per_table": {"t2": {"sharding_types": ["table_wise"]}}},
+    )
     for r in results:
         assert r["types"] == ["row_wise", "table_wise"]
         assert r["max_diff"] <= 1e-6
 
 
 def test_shard_rejects_bad_config_before_planning():
-    import recsys_dist
     from pydantic import ValidationError
+
+    import recsys_dist
 
     with pytest.raises(ValidationError, match="sharding_types"):
         recsys_dist.shard(None, {"sharding_types": ["diagonal"]})

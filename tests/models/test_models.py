@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from recsys_dist.config import load_config
 from recsys_dist.data.criteo import DENSE_NAMES, SPARSE_NAMES
@@ -10,17 +11,24 @@ from recsys_dist.models import build_model, embedding_configs
 from recsys_dist.testing import run_ranks
 from tests.conftest import QUICKSTART
 from tests.distributed import equivalence
-from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 MODELS = ["dlrm", "dlrm_dcnv2", "dcnv2", "deepfm", "wide_deep", "xdeepfm"]
 
 
 def batch(B=6):
     g = torch.Generator().manual_seed(0)
-    kjt = KeyedJaggedTensor(keys=SPARSE_NAMES, values=torch.randint(0, 100, (26 * B,), generator=g),
-                            lengths=torch.ones(26 * B, dtype=torch.int32), stride=B)
-    return CTRBatch(dense_features=torch.rand(B, len(DENSE_NAMES), generator=g), sparse_features=kjt,
-                    labels=torch.randint(0, 2, (B,), generator=g).float(), weights=torch.ones(B))
+    kjt = KeyedJaggedTensor(
+        keys=SPARSE_NAMES,
+        values=torch.randint(0, 100, (26 * B,), generator=g),
+        lengths=torch.ones(26 * B, dtype=torch.int32),
+        stride=B,
+    )
+    return CTRBatch(
+        dense_features=torch.rand(B, len(DENSE_NAMES), generator=g),
+        sparse_features=kjt,
+        labels=torch.randint(0, 2, (B,), generator=g).float(),
+        weights=torch.ones(B),
+    )
 
 
 @pytest.mark.parametrize("name", MODELS)
@@ -40,8 +48,9 @@ def test_bf16_mixed_runs_the_matmuls_in_bf16_and_keeps_float32_state(name):
     extra = ["model.dcn_low_rank_dim=8"] if name == "dlrm_dcnv2" else []
     models = {}
     for precision in ("fp32", "bf16-mixed"):
-        cfg = load_config(QUICKSTART, [f"model.name={name}", "data.num_embeddings=100", f"train.precision={precision}",
-                                       *extra])
+        cfg = load_config(
+            QUICKSTART, [f"model.name={name}", "data.num_embeddings=100", f"train.precision={precision}", *extra]
+        )
         torch.manual_seed(0)
         models[precision] = build_model(cfg, torch.device("cpu"), tables_device=torch.device("cpu"))
     ref, mixed = models["fp32"], models["bf16-mixed"]
@@ -111,8 +120,16 @@ def test_every_model_sharded_equals_unsharded():
 
 @pytest.mark.parametrize("norm,activation,dropout", [("batch", "gelu", 0.2), ("layer", "silu", 0.0)])
 def test_dense_tower_options(norm, activation, dropout):
-    cfg = load_config(QUICKSTART, ["model.name=dcnv2", "data.num_embeddings=100", f"model.norm={norm}",
-                                   f"model.activation={activation}", f"model.dropout={dropout}"])
+    cfg = load_config(
+        QUICKSTART,
+        [
+            "model.name=dcnv2",
+            "data.num_embeddings=100",
+            f"model.norm={norm}",
+            f"model.activation={activation}",
+            f"model.dropout={dropout}",
+        ],
+    )
     model = build_model(cfg, torch.device("cpu"), tables_device=torch.device("cpu"))
     kinds = {type(m).__name__ for m in model.modules()}
     assert ("BatchNorm1d" if norm == "batch" else "LayerNorm") in kinds
@@ -127,7 +144,12 @@ def test_mlp_init_std(name):
     task = build_model(cfg, torch.device("cpu"))
     first = next(m for n, m in task.named_modules() if isinstance(m, torch.nn.Linear) and m.out_features == 512)
     assert first.weight.std().item() == pytest.approx(1e-4, rel=0.05)
-    default = build_model(load_config(QUICKSTART, [f"model.name={name}", "model.deep_layer_sizes=[512]"]),
-                          torch.device("cpu"))
-    assert next(m for m in default.modules() if isinstance(m, torch.nn.Linear) and m.out_features == 512
-                ).weight.std().item() > 1e-2
+    default = build_model(
+        load_config(QUICKSTART, [f"model.name={name}", "model.deep_layer_sizes=[512]"]), torch.device("cpu")
+    )
+    assert (
+        next(m for m in default.modules() if isinstance(m, torch.nn.Linear) and m.out_features == 512)
+        .weight.std()
+        .item()
+        > 1e-2
+    )

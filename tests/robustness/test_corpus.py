@@ -15,8 +15,9 @@ import yaml
 from recsys_dist import cli
 from tests.conftest import QUICKSTART, ROOT, base_row
 
-CORPUS = [case for path in sorted(Path(__file__).parent.glob("corpus*.yaml"))
-          for case in yaml.safe_load(path.read_text())]
+CORPUS = [
+    case for path in sorted(Path(__file__).parent.glob("corpus*.yaml")) for case in yaml.safe_load(path.read_text())
+]
 PLACES = {"quickstart": str(QUICKSTART), "mlperf": str(ROOT / "configs" / "mlperf_dlrmv2.yaml")}
 COLUMNS = ["label"] + [f"I{i}" for i in range(1, 14)] + [f"C{i}" for i in range(1, 27)]
 
@@ -58,8 +59,14 @@ def test_case(case, tmp_path, monkeypatch, capsys):
     argv = [a.format(tmp=tmp_path, **PLACES) for a in case["argv"]]
     env = {"RECSYS_DIST_CACHE": str(tmp_path / "cache"), **(case.get("env") or {})}
     if case.get("spawn"):
-        r = subprocess.run([sys.executable, "-m", "recsys_dist.cli", *argv], cwd=ROOT, env={**os.environ, **env},
-                           capture_output=True, text=True, timeout=case["timeout"])
+        r = subprocess.run(
+            [sys.executable, "-m", "recsys_dist.cli", *argv],
+            cwd=ROOT,
+            env={**os.environ, **env},
+            capture_output=True,
+            text=True,
+            timeout=case["timeout"],
+        )
         code, out, err = r.returncode, r.stdout, r.stderr
     else:
         for k, v in env.items():
