@@ -1,4 +1,4 @@
-"""Our trainer against peers and against the hardware, as one table of ratios (issue 8).
+"""Our trainer against peers and against the hardware, as one table of ratios.
 
     .venv/bin/python benchmarks/run.py [--quick] [--deepctr-python /tmp/dctr/bin/python] [--device auto|cpu|cuda]
     recsys-dist bench [--quick] [--model mlperf] ...     (the same, from a source checkout)
