@@ -30,12 +30,24 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from pydantic import Field
 from torch.distributed._shard.sharded_tensor import ShardedTensor
 from torch.distributed.checkpoint import CheckpointException, FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 
+from recsys_dist.config.base import Section
 from recsys_dist.distributed import DistContext
 from recsys_dist.faults import maybe_fault
+
+
+class CheckpointConfig(Section):
+    """The ``checkpoint:`` section."""
+
+    enabled: bool = Field(True, description="Save sharded checkpoints (torch.distributed.checkpoint).")
+    every_n_steps: int | None = Field(
+        None, gt=0, description="Also save every N training steps (None = only at the end)."
+    )
+    keep: int = Field(2, gt=0, description="Keep the newest N complete checkpoints; older ones are deleted.")
 
 
 class CheckpointError(RuntimeError):
@@ -209,11 +221,13 @@ def read_meta(path: Path) -> dict:
         raise CheckpointError(f"checkpoint {path}: meta.json is not valid JSON ({err})") from None
 
 
-def check_compatible(path: Path, meta: dict, config: dict, tables: bool = True) -> None:
+def check_compatible(path: Path, meta: dict, config: dict, tables: bool = True, sizes: list[int] | None = None) -> None:
     """Refuse a checkpoint written by a model config other than ``config`` (a resolved
     config dict): the model section, the table sizes (unless ``tables`` is False: sizes
-    that come from a vocabulary are only known once the data is converted) and the
-    optimizers must match; sharding, world size, batch size and schedule may differ.
+    that come from a vocabulary are only known once the data is converted; ``sizes``, the
+    sizes the data preparation decided, are compared with the checkpoint's when both are
+    known), the pooling of each feature and the optimizers must match; sharding, world
+    size, batch size and schedule may differ.
 
     Raises:
         CheckpointError: naming each differing key, old -> new.
@@ -222,12 +236,16 @@ def check_compatible(path: Path, meta: dict, config: dict, tables: bool = True) 
     diffs = []
     for section, keys in (
         ("model", None),
-        ("data", ("num_embeddings",) if tables else ()),
+        ("data", (("num_embeddings",) if tables else ()) + ("pooling", "feature_pooling")),
         ("train", ("embedding_optimizer", "dense_optimizer")),
     ):
         old, new = saved.get(section, {}), config.get(section, {})
         names = list(new) if keys is None else keys
+        # A key the checkpoint's config lacks was added since it was written: nothing to compare.
+        names = [k for k in names if k in old or section == "model"]
         diffs += [f"{section}.{k} {old.get(k)!r} -> {new.get(k)!r}" for k in names if old.get(k) != new.get(k)]
+    if sizes is not None and meta.get("num_embeddings") not in (None, list(sizes)):
+        diffs.append(f"table sizes {meta['num_embeddings']} -> {list(sizes)}")
     if diffs:
         raise CheckpointError(f"checkpoint {path} was written by a different config: {', '.join(diffs)}")
 

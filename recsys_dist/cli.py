@@ -19,7 +19,8 @@ import time
 import warnings
 from pathlib import Path
 
-from recsys_dist.config import ConfigError, check_before_launch, load_config, save_config
+from recsys_dist.config import ConfigError, load_config, save_config
+from recsys_dist.preflight import check_before_launch
 
 
 def _quiet_third_party() -> None:
@@ -127,7 +128,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         from recsys_dist.data.criteo import DataError
 
         rows = ", ".join(f"{k} {v}" for k, v in prepared.rows.items())
-        from recsys_dist.config import describe_raw_path
+        from recsys_dist.data.config import describe_raw_path
 
         raise DataError(
             f"{describe_raw_path(d.raw_path)}: the training split is empty ({rows} rows); give more rows or change "
@@ -281,9 +282,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def cmd_preprocess(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.overrides)
-    from recsys_dist.config import raw_paths
+    from recsys_dist.data.config import raw_paths
 
-    missing = [r for r in raw_paths(cfg) if not Path(r).is_file()]
+    missing = [r for r in raw_paths(cfg.data) if not Path(r).is_file()]
     if cfg.data.raw_path is None or missing:
         raise ConfigError(f"data.raw_path: {missing[0] if missing else None} is not a file")
     from recsys_dist.data import prepare_from_config
@@ -291,7 +292,7 @@ def cmd_preprocess(args: argparse.Namespace) -> int:
     prepared = prepare_from_config(cfg, progress=not args.quiet)
     manifest = json.loads((prepared.directory / "manifest.json").read_text())
     rows = ", ".join(f"{k} {v:,}" for k, v in prepared.rows.items())
-    from recsys_dist.config import describe_raw_path
+    from recsys_dist.data.config import describe_raw_path
 
     print(
         f"recsys-dist: {describe_raw_path(manifest['source'])} -> {prepared.directory}\n  rows: {rows}; "

@@ -5,11 +5,28 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Literal
 
 import torch
 import torch.distributed as dist
+from pydantic import Field
 
-from recsys_dist.config import RunConfig
+from recsys_dist.config.base import Section
+
+
+class DistributedConfig(Section):
+    """The ``distributed:`` section: ranks, device, restarts, CPU threads."""
+
+    nproc_per_node: int = Field(1, gt=0, description="Ranks to launch on this node (ignored under torchrun).")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto = cuda when available, else cpu.")
+    max_restarts: int = Field(0, ge=0, description="Elastic agent restarts of the whole worker group.")
+    cpu_threads_per_rank: int | None = Field(
+        None,
+        gt=0,
+        description="CPU only: intra-op threads of each rank (torch.set_num_threads). None = this "
+        "machine's cores divided among the ranks on it. 1 is safer when other jobs share the cores (an "
+        "OpenMP barrier waits for a descheduled thread).",
+    )
 
 
 @dataclass(frozen=True)
@@ -59,7 +76,7 @@ def resolve_device(name: str, local_rank: int = 0) -> torch.device:
     return torch.device(f"cuda:{local_rank}") if name == "cuda" else torch.device("cpu")
 
 
-def init_distributed(cfg: RunConfig, timeout_s: float = 600.0) -> DistContext:
+def init_distributed(cfg: DistributedConfig, timeout_s: float = 600.0) -> DistContext:
     """Create the default process group (gloo on CPU, nccl on CUDA).
 
     Under a launcher the rank and world size come from its environment; otherwise a
@@ -67,18 +84,19 @@ def init_distributed(cfg: RunConfig, timeout_s: float = 600.0) -> DistContext:
     ``distributed.cpu_threads_per_rank`` intra-op threads, by default an equal share of
     this machine's cores.
     """
+    cfg = getattr(cfg, "distributed", cfg)  # the section, or a whole RunConfig
     if under_launcher():
         rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         local_rank = int(os.environ.get("LOCAL_RANK", 0))
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     else:
         rank, world, local_rank, local_world = 0, 1, 0, 1
-    device = resolve_device(cfg.distributed.device, local_rank)
+    device = resolve_device(cfg.device, local_rank)
     backend = "nccl" if device.type == "cuda" else "gloo"
     if device.type == "cuda":
         torch.cuda.set_device(device)
     else:
-        torch.set_num_threads(cfg.distributed.cpu_threads_per_rank or max(1, (os.cpu_count() or 1) // local_world))
+        torch.set_num_threads(cfg.cpu_threads_per_rank or max(1, (os.cpu_count() or 1) // local_world))
     if not dist.is_initialized():
         if under_launcher():
             dist.init_process_group(

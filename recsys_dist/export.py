@@ -64,7 +64,10 @@ def load_model(path: str | Path) -> tuple[RunConfig, CTRTask, str]:
             f"{path}: no model.safetensors and no complete checkpoint (run, checkpoint or export dir)"
         )
     meta = read_meta(ckpt)
-    cfg = config_from_dict(meta["config"], f"{ckpt}/meta.json")
+    tree = meta["config"]
+    if "num_embeddings" in meta:  # the sizes the data preparation decided (vocabulary mapping)
+        tree = {**tree, "data": {**tree["data"], "num_embeddings": meta["num_embeddings"]}}
+    cfg = config_from_dict(tree, f"{ckpt}/meta.json")
     model = _unsharded(cfg)
     state = {"model": model.state_dict()}
     try:

@@ -11,8 +11,6 @@ from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
 
-from recsys_dist.config import RunConfig
-
 # torchrec optimizer classes map to FBGEMM's EmbOptimType when the tables are sharded:
 # RowWiseAdagrad -> EXACT_ROWWISE_ADAGRAD, Adagrad -> EXACT_ADAGRAD, SGD -> EXACT_SGD, Adam -> ADAM.
 EMBEDDING_OPTIMIZERS = {
@@ -37,7 +35,7 @@ DENSE_OPTIMIZERS = {
 }
 
 
-def fuse_embedding_optimizer(model: nn.Module, cfg: RunConfig) -> None:
+def fuse_embedding_optimizer(model: nn.Module, cfg) -> None:
     """Mark the parameters of every EmbeddingBagCollection in ``model`` for
     ``train.embedding_optimizer``, applied in backward.
 

@@ -14,7 +14,7 @@ import torch
 from torchrec.distributed.planner.types import PlannerError
 
 from recsys_dist import sharding
-from recsys_dist.config import RunConfig
+from recsys_dist.config import RunConfig  # noqa: F401 - the annotations
 from recsys_dist.models import build_model, embedding_configs
 from recsys_dist.optim import fuse_embedding_optimizer
 
@@ -97,7 +97,7 @@ def dry_run(cfg: RunConfig, world_size: int, local_world_size: int, device: str)
     """
     model = build_model(cfg, torch.device("meta"))
     fuse_embedding_optimizer(model, cfg)
-    tables = embedding_configs(cfg)
+    tables = sharding.model_tables(model)
     planner = sharding.make_planner(cfg, tables, world_size, local_world_size, device)
     try:
         plan = planner.plan(model, sharding.sharders())

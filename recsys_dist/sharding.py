@@ -9,9 +9,11 @@ so the planner (and our tests) can use every type on CPU.
 from __future__ import annotations
 
 import os
+from typing import Literal
 
 import torch
 import torch.distributed as dist
+from pydantic import Field, model_validator
 from torch import nn
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.model_parallel import DataParallelWrapper
@@ -20,7 +22,95 @@ from torchrec.distributed.planner.storage_reservations import HeuristicalStorage
 from torchrec.distributed.types import CacheParams, ModuleSharder, ShardingPlan, ShardingType
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
-from recsys_dist.config import SHARDING_TYPES, RunConfig, ShardingConfig
+from recsys_dist.config.base import Section as _Section
+
+SHARDING_TYPES = (
+    "data_parallel",
+    "table_wise",
+    "row_wise",
+    "column_wise",
+    "table_row_wise",
+    "table_column_wise",
+)
+ShardingTypeName = Literal[
+    "data_parallel", "table_wise", "row_wise", "column_wise", "table_row_wise", "table_column_wise"
+]
+ComputeKernelName = Literal["dense", "fused", "fused_uvm", "fused_uvm_caching"]
+CUDA_ONLY_KERNELS = ("fused_uvm", "fused_uvm_caching")
+
+
+class TableConstraint(_Section):
+    sharding_types: list[ShardingTypeName] = Field(
+        default_factory=list, description="Sharding types the planner may choose for this table."
+    )
+    compute_kernels: list[ComputeKernelName] = Field(
+        default_factory=list, description="Compute kernels the planner may choose for this table."
+    )
+
+
+class FixedPlacement(_Section):
+    sharding_type: ShardingTypeName = Field(description="How this table is sharded.")
+    ranks: list[int] | None = Field(
+        None,
+        description="table_wise: one rank; column_wise: the rank of each column shard (may repeat); "
+        "row_wise / data_parallel: ignored (all ranks); table_row_wise: the ranks of one node.",
+    )
+    compute_kernel: ComputeKernelName | None = Field(
+        None, description="None = dense for data_parallel, fused otherwise."
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> FixedPlacement:
+        if self.sharding_type == "table_column_wise":
+            raise ValueError(
+                "table_column_wise is not available in a fixed plan; use column_wise with ranks on one node"
+            )
+        if self.sharding_type in ("table_wise", "column_wise", "table_row_wise") and not self.ranks:
+            raise ValueError(f"{self.sharding_type} needs ranks, e.g. ranks: [0]")
+        if self.sharding_type == "table_wise" and len(self.ranks or []) != 1:
+            raise ValueError(f"table_wise needs exactly one rank, got {self.ranks}")
+        if any(r < 0 for r in self.ranks or []):
+            raise ValueError(f"ranks must be >= 0, got {self.ranks}")
+        return self
+
+
+class ShardingConfig(_Section):
+    sharding_types: list[ShardingTypeName] = Field(
+        default_factory=list,
+        description="Sharding types allowed for every table (empty = all six).",
+    )
+    compute_kernels: list[ComputeKernelName] = Field(
+        default_factory=lambda: ["fused", "dense"],
+        description="Kernels allowed for every table: dense (data_parallel only), fused (FBGEMM "
+        "table-batched, weights in device memory), and on CUDA fused_uvm (weights in host "
+        "memory) and fused_uvm_caching (host memory with a device cache).",
+    )
+    planner_batch_size: int | None = Field(
+        None, gt=0, description="Per-rank batch size the planner's cost model assumes (None = train.batch_size)."
+    )
+    cache_load_factor: float | None = Field(
+        None, gt=0, le=1, description="fused_uvm_caching: fraction of each table's rows cached on device."
+    )
+    per_table: dict[str, TableConstraint] = Field(
+        default_factory=dict, description="Overrides by table name (t_<feature>, w_<feature> for first-order tables)."
+    )
+    storage_reservation: float = Field(
+        0.15, ge=0, lt=1, description="Fraction of each rank's memory the planner keeps free."
+    )
+    fixed_plan: dict[str, FixedPlacement] | None = Field(
+        None,
+        description="Place every table by hand instead of planning (table -> sharding_type, ranks). "
+        "`recsys-dist train --plan RUN_DIR/plan.json` fills it from an earlier run.",
+    )
+    hbm_gb: float | None = Field(None, gt=0, description="Device memory per rank in GB (None = TorchRec's 32 GB).")
+    ddr_gb: float | None = Field(None, gt=0, description="Host memory per rank in GB (None = TorchRec's 128 GB).")
+    intra_node_bandwidth_gbps: float | None = Field(
+        None, gt=0, description="Bandwidth between ranks of one node in GB/s (None = TorchRec's 600)."
+    )
+    inter_node_bandwidth_gbps: float | None = Field(
+        None, gt=0, description="Bandwidth between nodes per rank in GB/s (None = TorchRec's 12.5)."
+    )
+
 
 ALL_TYPES = [ShardingType(t).value for t in SHARDING_TYPES]
 
@@ -44,14 +134,24 @@ class OneRankDense(DataParallelWrapper):
         dmp._dmp_wrapped_module = dmp._dmp_wrapped_module.to(device)
 
 
+def model_tables(model: nn.Module) -> list[EmbeddingBagConfig]:
+    """The configs of every table in the EmbeddingBagCollections of ``model``, in module order."""
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+    return [t for m in model.modules() if isinstance(m, EmbeddingBagCollection) for t in m.embedding_bag_configs()]
+
+
 def sharders() -> list[ModuleSharder[nn.Module]]:
     return [EmbeddingBagCollectionSharderAllTypes()]
 
 
-def constraints(cfg: RunConfig, tables: list[EmbeddingBagConfig]) -> dict[str, ParameterConstraints]:
-    """Per-table planner constraints from the ``sharding`` section (per_table wins) and
-    ``data.multi_hot_sizes`` (pooling factors)."""
-    return table_constraints(cfg.sharding, [t.name for t in tables], cfg.data.multi_hot_sizes)
+def constraints(cfg, tables: list[EmbeddingBagConfig]) -> dict[str, ParameterConstraints]:
+    """Per-table planner constraints of a run config: its ``sharding`` section (per_table wins)
+    and ``data.multi_hot_sizes`` (pooling factors of the ``t_`` tables and their first-order twins)."""
+    hot = cfg.data.multi_hot_sizes
+    by_feature = dict(zip([t.feature_names[0] for t in tables if t.name.startswith("t_")], hot)) if hot else {}
+    sizes = [by_feature.get(t.feature_names[0], 1) for t in tables] if hot else None
+    return table_constraints(cfg.sharding, [t.name for t in tables], sizes)
 
 
 def table_constraints(
@@ -81,10 +181,9 @@ def table_constraints(
     return out
 
 
-def make_topology(
-    cfg: RunConfig | ShardingConfig, world_size: int, local_world_size: int, compute_device: str
-) -> Topology:
-    s = cfg.sharding if isinstance(cfg, RunConfig) else cfg
+def make_topology(cfg, world_size: int, local_world_size: int, compute_device: str) -> Topology:
+    """TorchRec's Topology for a ``sharding`` section (or a run config holding one)."""
+    s = getattr(cfg, "sharding", cfg)
     gb = 1024**3
     kwargs = {}
     if s.hbm_gb:
@@ -100,7 +199,7 @@ def make_topology(
 
 
 def make_planner(
-    cfg: RunConfig,
+    cfg,
     tables: list[EmbeddingBagConfig],
     world_size: int,
     local_world_size: int,
@@ -215,7 +314,7 @@ def load_plan_file(path: str) -> dict:
 
 
 def collective_plan(
-    cfg: RunConfig,
+    cfg,
     model: nn.Module,
     tables: list[EmbeddingBagConfig],
     device: torch.device,

@@ -37,11 +37,13 @@ from recsys_dist.data.loader import ParquetBatchLoader
 from recsys_dist.distributed import DistContext, broadcast_result, init_distributed
 from recsys_dist.faults import maybe_fault
 from recsys_dist.metrics import StreamingBinaryMetrics, binary_metrics, gather_predictions
-from recsys_dist.models import build_model, embedding_configs
+from recsys_dist.models import build_model, feature_spec
 from recsys_dist.models.build import table_sizes
 from recsys_dist.observe import TimedTrainPipeline, TraceWriter
 from recsys_dist.optim import build_optimizer, fuse_embedding_optimizer, init_lazy_state
 from recsys_dist.schedule import LRSchedule
+from recsys_dist.sharding import model_tables
+from recsys_dist.spec import FeatureSpec
 from recsys_dist.state import init_tables
 
 log = logging.getLogger("recsys_dist")
@@ -49,18 +51,20 @@ log = logging.getLogger("recsys_dist")
 
 @dataclass
 class Loaders:
+    """The three splits' loaders, and the table sizes the data preparation decided."""
+
     train: ParquetBatchLoader
     validation: ParquetBatchLoader
     test: ParquetBatchLoader
+    num_embeddings: list[int]
 
 
 def make_loaders(cfg: RunConfig, ctx: DistContext) -> Loaders:
     """Convert the raw data once (rank 0) and open every split on every rank."""
     d = cfg.data
     prepared = broadcast_result(ctx, lambda: prepare_from_config(cfg))
-    if d.categorical_mapping == "vocabulary":  # the tables are as large as the vocabulary built on train
-        d.num_embeddings = list(prepared.num_embeddings)
-    sizes = table_sizes(cfg)
+    # Under vocabulary mapping the tables are as large as the vocabulary built on train.
+    sizes = list(prepared.num_embeddings) if d.categorical_mapping == "vocabulary" else table_sizes(cfg)
     dense_names, sparse_names = feature_names(cfg)
     common = dict(
         rank=ctx.rank,
@@ -85,14 +89,23 @@ def make_loaders(cfg: RunConfig, ctx: DistContext) -> Loaders:
         ),
         validation=ParquetBatchLoader(prepared.paths("validation"), eval_bs, remainder="pad", **common),
         test=ParquetBatchLoader(prepared.paths("test"), eval_bs, remainder="pad", **common),
+        num_embeddings=sizes,
     )
 
 
-def shard_model(cfg: RunConfig, ctx: DistContext) -> tuple[DistributedModelParallel, CombinedOptimizer, str]:
-    """Build on meta, fuse the embedding optimizer into backward, plan, wrap in DMP."""
-    model = build_model(cfg, ctx.device)
+def shard_model(
+    cfg: RunConfig, ctx: DistContext, spec: FeatureSpec | None = None
+) -> tuple[DistributedModelParallel, CombinedOptimizer, str]:
+    """Build on meta, fuse the embedding optimizer into backward, plan, wrap in DMP.
+
+    ``spec``: the run's FeatureSpec (default: one made from the config, with the configured
+    table sizes). Every EmbeddingBagCollection table of the built model is planned and
+    initialised, whether the spec or the model's own code made it.
+    """
+    spec = spec or feature_spec(cfg, device=ctx.device)
+    model = build_model(cfg, spec.on(torch.device("meta"), ctx.device))
     fuse_embedding_optimizer(model, cfg)
-    tables = embedding_configs(cfg)
+    tables = model_tables(model)
     plan = sharding.collective_plan(cfg, model, tables, ctx.device, dist.group.WORLD)
     dmp = DistributedModelParallel(
         model,
@@ -222,13 +235,12 @@ def train(cfg: RunConfig, run_dir: Path, profile_dir: Path | None = None, resume
         loaders.test.num_rows,
         len(loaders.train),
     )
-    dmp, optimizer, plan_text = shard_model(cfg, ctx)
+    spec = feature_spec(cfg, loaders.num_embeddings, ctx.device)
+    dmp, optimizer, plan_text = shard_model(cfg, ctx, spec)
     log.info("sharded: %s", ", ".join(sorted({r["sharding_type"] for r in sharding.plan_summary(dmp.plan)})))
     if ctx.is_main:
         (run_dir / "plan.txt").write_text(plan_text + "\n")
-        (run_dir / "plan.json").write_text(
-            json.dumps(sharding.plan_summary(dmp.plan, embedding_configs(cfg)), indent=2)
-        )
+        (run_dir / "plan.json").write_text(json.dumps(sharding.plan_summary(dmp.plan, spec.all_tables()), indent=2))
     loop = _Loop(
         cfg,
         ctx,
@@ -324,13 +336,14 @@ class _Loop:
             "world_size": self.ctx.world_size,
             "plan": sharding.plan_summary(self.dmp.plan),
             "config": self.cfg.to_dict(),
+            "num_embeddings": self.loaders.num_embeddings,
         }
         return save_checkpoint(self.ctx, self.run_dir, self.step, self.state(), meta, self.cfg.checkpoint.keep)
 
     def restore(self, path: Path) -> None:
         """Continue from a checkpoint: weights, optimizer state, RNG and the loader position."""
         meta = read_meta(path)
-        check_compatible(path, meta, self.cfg.to_dict())
+        check_compatible(path, meta, self.cfg.to_dict(), sizes=self.loaders.num_embeddings)
         init_lazy_state(self.optimizer, self.dmp.fused_optimizer)
         state = self.state()
         load_checkpoint(path, state)  # in place: model shards and optimizer state are views

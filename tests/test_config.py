@@ -3,7 +3,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from recsys_dist.config import ConfigError, check_before_launch, load_config, parse_overrides
+from recsys_dist.config import ConfigError, load_config, parse_overrides
+from recsys_dist.preflight import check_before_launch
 from tests.conftest import QUICKSTART, ROOT
 
 
@@ -184,7 +185,7 @@ def test_a_key_given_twice_is_an_error(tmp_path):
 
 
 def test_yaml_numbers_are_decimal_and_merge_keys_work(tmp_path):
-    from recsys_dist.config import _yaml
+    from recsys_dist.config.loader import yaml_load as _yaml
 
     got = _yaml("a: 1e-3\nb: .5e3\nc: 010\nd: 1:04\ne: 0b11\nf: 1_000\ng: -.5\nh: 0x10\n")
     assert got == {"a": 1e-3, "b": 500.0, "c": 10, "d": "1:04", "e": "0b11", "f": 1000, "g": -0.5, "h": "0x10"}

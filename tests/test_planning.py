@@ -79,6 +79,6 @@ def test_column_shards_must_be_multiples_of_4():
     with pytest.raises(ValueError, match=r"t_C1: 16 columns over 3 shards gives width 5.33.*use \[1, 2, 4\] shards"):
         fixed_sharding_plan(model, fixed.sharding.fixed_plan, 3, 3, "cpu")
     with pytest.raises(Exception, match="model.embedding_dim: 6 is not a multiple of 4.*use 4 or 8"):
-        from recsys_dist.config import check_before_launch
+        from recsys_dist.preflight import check_before_launch
 
         check_before_launch(load_config(QUICKSTART, ["model.embedding_dim=6", "model.dense_arch_layer_sizes=[6]"]))

@@ -4,27 +4,46 @@ Parquet -> rank-sharded KJT batches (``loader``)."""
 from __future__ import annotations
 
 
-def raw_format(name: str, schema=None):
-    """The format object for ``data.format`` (``criteo_tsv``, ``avazu_csv``, or ``schema`` with
-    its ``data.schema`` section)."""
-    if name == "avazu_csv":
-        from recsys_dist.data.avazu import AVAZU
-
-        return AVAZU
-    if name == "schema":
-        from recsys_dist.data.schema import SchemaFormat
-
-        if schema is None:
-            raise ValueError("data.format 'schema' needs a data.schema section")
-        return SchemaFormat(schema)
+def _criteo(schema):
     from recsys_dist.data.criteo import CRITEO
 
     return CRITEO
 
 
+def _avazu(schema):
+    from recsys_dist.data.avazu import AVAZU
+
+    return AVAZU
+
+
+def _schema(schema):
+    from recsys_dist.data.schema import SchemaFormat
+
+    if schema is None:
+        raise ValueError("data.format 'schema' needs a data.schema section")
+    return SchemaFormat(schema)
+
+
+# data.format -> a function of the data.schema section giving the format object.
+FORMATS = {"criteo_tsv": _criteo, "avazu_csv": _avazu, "schema": _schema}
+
+
+def raw_format(name: str, schema=None):
+    """The format object for ``data.format`` (``criteo_tsv``, ``avazu_csv``, or ``schema`` with
+    its ``data.schema`` section).
+
+    Raises:
+        ValueError: an unknown format name.
+    """
+    if name not in FORMATS:
+        raise ValueError(f"data.format: unknown format {name!r}; known: {', '.join(FORMATS)}")
+    return FORMATS[name](schema)
+
+
 def feature_names(cfg) -> tuple[list[str], list[str]]:
-    """(dense, categorical) feature names of a run config's data format, in model order."""
-    fmt = raw_format(cfg.data.format, cfg.data.schema)
+    """(dense, categorical) feature names of a ``data`` section's format (or a run config's), in model order."""
+    d = getattr(cfg, "data", cfg)
+    fmt = raw_format(d.format, d.schema)
     return list(fmt.dense_names), list(fmt.sparse_names)
 
 
@@ -36,7 +55,7 @@ def prepare_from_config(cfg, progress: bool = False):
     """
     from recsys_dist.data.convert import prepare
 
-    d = cfg.data
+    d = getattr(cfg, "data", cfg)
     return prepare(
         raw_format(d.format, d.schema),
         d.raw_path,
@@ -66,19 +85,19 @@ def prepare_for_scoring(cfg, data):
     from pathlib import Path
 
     from recsys_dist.data.convert import VOCABULARY_FILE, prepare
-    from recsys_dist.data.criteo import DataError
+    from recsys_dist.data.errors import DataError
 
-    d = cfg.data
+    d = getattr(cfg, "data", cfg)
     vocabulary = None
     if d.categorical_mapping == "vocabulary":
-        from recsys_dist.config import raw_paths
+        from recsys_dist.data.config import raw_paths
 
-        if d.raw_path is None or not all(Path(r).is_file() for r in raw_paths(cfg)):
+        if d.raw_path is None or not all(Path(r).is_file() for r in raw_paths(d)):
             raise DataError(
                 f"{data}: the model maps categories with a vocabulary built on its training data, "
                 f"and that data ({d.raw_path}) is not there to rebuild it"
             )
-        vocabulary = prepare_from_config(cfg).directory / VOCABULARY_FILE
+        vocabulary = prepare_from_config(d).directory / VOCABULARY_FILE
     fmt = raw_format(d.format, d.schema)
     if d.format == "criteo_tsv" and Path(data).is_file():
         from recsys_dist.data.criteo import NUM_DENSE, NUM_SPARSE, CriteoFormat, first_line_fields

@@ -25,7 +25,8 @@ import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from recsys_dist.data import mapping as mp
-from recsys_dist.data.criteo import LINE_COLUMN, TRANSFORM_VERSION, DataError
+from recsys_dist.data.criteo import CRITEO, LINE_COLUMN, TRANSFORM_VERSION
+from recsys_dist.data.errors import DataError
 from recsys_dist.data.prefetch import prefetched
 from recsys_dist.data.splits import SPLITS, Split, position_assign, random_assign, time_assign
 from recsys_dist.data.workers import OrderedPool, WorkerDied
@@ -691,4 +692,22 @@ def _warn_one_class(fmt, raw: Path, n: int, label: int) -> None:
     log.warning(
         f"{raw}: all {n} training rows have label {label} ({rule}); the model will only see one class. "
         "Check the label column and the split."
+    )
+
+
+def prepare_criteo(
+    raw_path,
+    num_embeddings,
+    split=(0.8, 0.1, 0.1),
+    num_rows=None,
+    cache_dir=None,
+    row_group_size: int = 65536,
+    on_bad_row: str = "error",
+    progress: bool = False,
+    **kw,
+):
+    """Convert a Criteo TSV file to train/validation/test Parquet once, then reuse it
+    (see :func:`recsys_dist.data.convert.prepare`)."""
+    return prepare(
+        CRITEO, raw_path, num_embeddings, split, num_rows, cache_dir, row_group_size, on_bad_row, progress, **kw
     )

@@ -25,6 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
+from recsys_dist.data.errors import DataError
 from recsys_dist.data.mapping import SparseKeys, hash_ids
 
 NUM_DENSE = 13
@@ -43,10 +44,6 @@ for _i, _c in enumerate(b"0123456789abcdef"):
     _HEX[_c] = _i
 for _i, _c in enumerate(b"ABCDEF"):
     _HEX[_c] = 10 + _i
-
-
-class DataError(ValueError):
-    """Raw or converted data is malformed; the message names file, row and column."""
 
 
 def read_error(path, err: Exception) -> DataError:
@@ -665,23 +662,3 @@ def first_line_fields(path: str) -> int:
     """Tab-separated fields on the first line of a (gzip / bz2 detected) file; 0 if empty."""
     line = read_head(path, 1 << 16).split(b"\n", 1)[0]
     return line.count(b"\t") + 1 if line else 0
-
-
-def prepare_criteo(
-    raw_path,
-    num_embeddings,
-    split=(0.8, 0.1, 0.1),
-    num_rows=None,
-    cache_dir=None,
-    row_group_size: int = 65536,
-    on_bad_row: str = "error",
-    progress: bool = False,
-    **kw,
-):
-    """Convert a Criteo TSV file to train/validation/test Parquet once, then reuse it
-    (see :func:`recsys_dist.data.convert.prepare`)."""
-    from recsys_dist.data.convert import prepare
-
-    return prepare(
-        CRITEO, raw_path, num_embeddings, split, num_rows, cache_dir, row_group_size, on_bad_row, progress, **kw
-    )

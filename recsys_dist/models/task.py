@@ -5,17 +5,19 @@ from __future__ import annotations
 import contextlib
 
 import torch
-import torch.nn.functional as F
 from torch import nn
+
+from recsys_dist.models.losses import bce
 
 
 class CTRTask(nn.Module):
     """Wraps a model ``f(dense [B, D], kjt) -> logits [B, 1]`` with the training loss.
 
     ``forward(batch)`` returns ``(loss, (loss, logits, labels, weights))``: the shape
-    TorchRec's train pipelines expect. The loss is the weighted mean of binary
-    cross-entropy with logits; rows with weight 0 (padding) contribute nothing, and a
-    batch of padding only gives loss 0 with zero gradients.
+    TorchRec's train pipelines expect. The loss is ``loss_fn(logits, labels, weights,
+    **loss_args)`` (``recsys_dist.models.losses``; default binary cross-entropy, the weighted
+    mean over rows); rows with weight 0 (padding) contribute nothing, and a batch of padding
+    only gives loss 0 with zero gradients. Logits ``[B, 1]`` are squeezed to ``[B]``.
 
     ``bf16_device``: a device type ("cpu", "cuda"); the model's forward then runs under
     ``torch.autocast`` with bfloat16 (mixed precision: matmuls in bfloat16, parameters and
@@ -24,15 +26,37 @@ class CTRTask(nn.Module):
     float32 either way.
     """
 
-    def __init__(self, model: nn.Module, bf16_device: str | None = None) -> None:
+    def __init__(
+        self, model: nn.Module, bf16_device: str | None = None, loss_fn=None, loss_args: dict | None = None
+    ) -> None:
         super().__init__()
         self.model, self.bf16_device = model, bf16_device
+        # A child module without sharded tables: TrainPipelineSparseDist's fx trace treats it
+        # as a leaf, so the loss function may use Python control flow on tensors.
+        self.loss = Loss(loss_fn or bce, loss_args)
 
     def forward(self, batch):
         mixed = self.bf16_device is not None
         with torch.autocast(self.bf16_device, dtype=torch.bfloat16) if mixed else contextlib.nullcontext():
             logits = self.model(batch.dense_features, batch.sparse_features)
-        logits = logits.squeeze(-1).float()
-        per_example = F.binary_cross_entropy_with_logits(logits, batch.labels, reduction="none")
-        loss = (per_example * batch.weights).sum() / batch.weights.sum().clamp(min=1.0)
+        logits = _one_task(logits).float()
+        loss = self.loss(logits, batch.labels, batch.weights)
         return loss, (loss.detach(), logits.detach(), batch.labels, batch.weights)
+
+
+class Loss(nn.Module):
+    """``fn(logits, labels, weights, **args) -> scalar`` as a module (no parameters, no state)."""
+
+    def __init__(self, fn, args: dict | None = None) -> None:
+        super().__init__()
+        self.fn, self.args = fn, dict(args or {})
+
+    def forward(self, logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        return self.fn(logits, labels, weights, **self.args)
+
+
+@torch.fx.wrap
+def _one_task(logits: torch.Tensor) -> torch.Tensor:
+    # [B, 1] -> [B]; [B] and [B, T] (several tasks) stay. A leaf for torch.fx: the pipeline's
+    # trace cannot read a shape.
+    return logits.squeeze(-1) if logits.dim() == 2 and logits.shape[1] == 1 else logits

@@ -10,10 +10,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from recsys_dist import cli
-from recsys_dist.config import SchemaConfig
 from recsys_dist.data.avazu import AVAZU
-from recsys_dist.data.convert import prepare
-from recsys_dist.data.criteo import CRITEO, DataError, count_rows, parse_ints, prepare_criteo, read_chunks
+from recsys_dist.data.config import SchemaConfig
+from recsys_dist.data.convert import prepare, prepare_criteo
+from recsys_dist.data.criteo import CRITEO, DataError, count_rows, parse_ints, read_chunks
 from recsys_dist.data.schema import SchemaFormat
 from tests.conftest import QUICKSTART, base_row
 from tests.data.test_avazu import HEADER, ROW

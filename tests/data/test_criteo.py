@@ -5,7 +5,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from recsys_dist.data.criteo import DataError, parse_hex_ids, prepare_criteo, transform_dense
+from recsys_dist.data.convert import prepare_criteo
+from recsys_dist.data.criteo import DataError, parse_hex_ids, transform_dense
 from tests.conftest import base_row
 
 

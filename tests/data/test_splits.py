@@ -4,11 +4,12 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from recsys_dist.config import ConfigError, check_before_launch, config_from_dict, load_config
+from recsys_dist.config import ConfigError, config_from_dict, load_config
 from recsys_dist.data.avazu import AVAZU
-from recsys_dist.data.convert import prepare
-from recsys_dist.data.criteo import CRITEO, DataError, prepare_criteo
+from recsys_dist.data.convert import prepare, prepare_criteo
+from recsys_dist.data.criteo import CRITEO, DataError
 from recsys_dist.data.splits import Split, random_assign
+from recsys_dist.preflight import check_before_launch
 from tests.conftest import ROOT, base_row
 from tests.data.test_avazu import HEADER, ROW
 

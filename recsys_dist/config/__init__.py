@@ -1,0 +1,37 @@
+"""The typed run config: one tree of sections, loaded strictly from YAML plus dotted overrides.
+
+Every section is a pydantic model with ``extra="forbid"`` owned by its component
+(``DataConfig`` in ``recsys_dist.data.config``, ``ModelConfig`` and the per-model classes in
+``recsys_dist.models``, ``TrainConfig``, ``DistributedConfig``, ``ShardingConfig``,
+``CheckpointConfig``, ``EvalConfig``). An unknown key, a wrong type or an impossible value is
+a :class:`ConfigError` naming the dotted key, the value given and what is allowed; all
+problems are reported together, before any process is spawned.
+
+``recsys_dist.config.base`` (the error and the section base) imports nothing of the package,
+so components can define their sections on it; the loader and ``RunConfig`` load lazily here.
+"""
+
+from recsys_dist.config.base import ConfigError, Section
+
+__all__ = [
+    "ConfigError",
+    "RunConfig",
+    "Section",
+    "config_from_dict",
+    "load_config",
+    "migrate",
+    "parse_overrides",
+    "save_config",
+]
+
+
+def __getattr__(name: str):
+    if name == "RunConfig":
+        from recsys_dist.config.run import RunConfig
+
+        return RunConfig
+    if name in __all__:
+        from recsys_dist.config import loader
+
+        return getattr(loader, name)
+    raise AttributeError(f"module 'recsys_dist.config' has no attribute {name!r}")

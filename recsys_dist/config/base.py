@@ -1,0 +1,70 @@
+"""What every config section shares: strict validation, int64 bounds, and the error type.
+
+A section is a pydantic model with ``extra="forbid"``: an unknown key, a wrong type or an
+impossible value is reported with its dotted key. Components define their own section
+(``recsys_dist.data.config.DataConfig``, ``recsys_dist.sharding.ShardingConfig``, ...) on
+top of :class:`Section`; ``recsys_dist.config.run.RunConfig`` composes them.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Strict, field_validator
+
+
+class ConfigError(ValueError):
+    """A config file or override is invalid; the message lists every problem found."""
+
+
+# A YAML list may fill a tuple field (strict mode wants a tuple), but its items stay strict.
+StrictFloat = Annotated[float, Strict()]
+
+
+def _too_big(value) -> bool:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return not -(2**63) <= value < 2**63
+    if isinstance(value, (list, tuple)):  # not into mappings: a section checks its own keys
+        return any(_too_big(v) for v in value)
+    return False
+
+
+class Section(BaseModel):
+    """Base of every config section: unknown keys, inf / nan and loose types are errors."""
+
+    model_config = ConfigDict(extra="forbid", validate_default=True, allow_inf_nan=False, strict=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _fits_int64(cls, value):
+        # torch takes sizes and seeds as int64: a larger int would pass here and fail deep in torch.
+        if _too_big(value):
+            raise ValueError("an integer here must lie within int64 (|x| < 2^63)")
+        return value
+
+
+def is_import_path(name: str) -> bool:
+    """True for ``"package.module:attribute"``, the form that names a user's object in YAML."""
+    return ":" in name
+
+
+def import_object(path: str, key: str) -> Any:
+    """The object named ``"package.module:attribute"`` (attribute may be dotted).
+
+    Raises:
+        ValueError: the module cannot be imported or has no such attribute; the message
+            names the config ``key`` and says to check PYTHONPATH.
+    """
+    module_name, _, attr = path.partition(":")
+    if not module_name or not attr:
+        raise ValueError(f"{key}: {path!r} is not an import path; write 'package.module:Name'")
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ImportError as err:
+        raise ValueError(f"{key}: cannot import module {module_name!r} ({err}); is its folder on PYTHONPATH?") from None
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ValueError(f"{key}: module {module_name!r} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    return obj

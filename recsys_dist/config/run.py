@@ -1,0 +1,59 @@
+"""``RunConfig``: the whole run, one section per component, validated together.
+
+Each section belongs to the component that uses it; this module only composes them and
+dispatches ``model:`` to the class of the chosen ``model.name``. Checks that need two
+sections live in ``recsys_dist.preflight`` (the one module that sees every section).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field, SerializeAsAny, field_validator, model_validator
+
+from recsys_dist.checkpoint import CheckpointConfig
+from recsys_dist.config.base import Section
+from recsys_dist.data.config import DataConfig
+from recsys_dist.distributed import DistributedConfig
+from recsys_dist.metrics import EvalConfig
+from recsys_dist.models.config import ModelConfig
+from recsys_dist.models.registry import model_config_class
+from recsys_dist.sharding import ShardingConfig
+from recsys_dist.train_config import TrainConfig
+
+
+class RunConfig(Section):
+    """A run: ``data``, ``model``, ``train``, ``distributed``, ``sharding``, ``checkpoint``, ``eval``.
+
+    Build it with :func:`recsys_dist.load_config` (YAML plus dotted overrides) or
+    :func:`recsys_dist.config.config_from_dict`; both raise ``ConfigError`` listing every
+    problem. ``model`` is an instance of the chosen model's own config class.
+    """
+
+    data: DataConfig
+    model: SerializeAsAny[ModelConfig] = Field(default_factory=lambda: model_config_class("dlrm")())
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    distributed: DistributedConfig = Field(default_factory=DistributedConfig)
+    sharding: ShardingConfig = Field(default_factory=ShardingConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+
+    @field_validator("model", mode="before")
+    @classmethod
+    def _model_class(cls, value: Any) -> Any:
+        if isinstance(value, ModelConfig) or not isinstance(value, dict):
+            return value
+        return model_config_class(value.get("name", "dlrm")).model_validate(value)
+
+    @model_validator(mode="after")
+    def _cross_sections(self) -> RunConfig:
+        from recsys_dist.preflight import section_problems
+
+        problems = section_problems(self)
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every key with its resolved value, as plain JSON types (what config.yaml holds)."""
+        return self.model_dump(mode="json")

@@ -1,0 +1,284 @@
+"""The ``data:`` section: raw format, splits, categorical mapping, table sizes, pooling, loader.
+
+Owned by ``recsys_dist.data``; composed into ``RunConfig`` by ``recsys_dist.config.run``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import ConfigDict, Field, model_validator
+
+from recsys_dist.config.base import Section as _Section
+from recsys_dist.config.base import StrictFloat as _F
+
+Pooling = Literal["sum", "mean"]
+
+
+class SchemaConfig(_Section):
+    """Columns of a CSV / TSV / Parquet file for ``data.format: schema`` (see docs/data.md)."""
+
+    label: str = Field(description="Label column: 0/1, or any number with label_threshold.")
+    label_threshold: float | None = Field(
+        None,
+        description="label = 1 if the label column >= this, else 0 (e.g. 4.0 for ratings); "
+        "None = the column must hold 0 or 1.",
+    )
+    dense: list[str] = Field(default_factory=list, description="Numeric feature columns (empty -> 0).")
+    dense_transform: Literal["log1p", "none"] = Field(
+        "log1p", description="Dense values as log1p(max(x, 0)) (log1p) or unchanged (none), as float32."
+    )
+    categorical: list[str] = Field(default_factory=list, description="One-value categorical columns (any text).")
+    multi_hot: list[str] = Field(
+        default_factory=list,
+        description='List columns: text split on schema.separator ("a|b|c"), or a '
+        "Parquet list column; each becomes a variable-length bag (list<int64>).",
+    )
+    separator: str = Field("|", min_length=1, description="Separator of the elements of a multi_hot text field.")
+    file_type: Literal["auto", "csv", "parquet"] = Field(
+        "auto", description="auto: Parquet if the file name ends in .parquet or .pq, else delimited text."
+    )
+    delimiter: str = Field(",", min_length=1, max_length=1, description="Field delimiter of text files (\\t for TSV).")
+    header: bool = Field(True, description="The text file's first line names the columns.")
+    columns: list[str] | None = Field(
+        None, description="Names of every field in order (needed when header is false; replaces the header's names)."
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> SchemaConfig:
+        features = [*self.dense, *self.categorical, *self.multi_hot]
+        dup = sorted({c for c in features if features.count(c) > 1})
+        if dup:
+            raise ValueError(f"data.schema: columns {dup} are listed more than once in dense / categorical / multi_hot")
+        if self.label in features:
+            raise ValueError(f"data.schema.label: {self.label!r} is also a feature column")
+        if not self.categorical and not self.multi_hot:
+            raise ValueError(
+                "data.schema: needs at least one categorical or multi_hot column (one embedding table each)"
+            )
+        if not self.header and not self.columns:
+            raise ValueError("data.schema.columns: must name every field when data.schema.header is false")
+        return self
+
+
+class SplitConfig(_Section):
+    """How rows are split into train / validation / test (``recsys_dist.data.splits``)."""
+
+    by: Literal["position", "random", "time", "files"] = Field(
+        "position",
+        description="position: fractions of rows in file order; random: each row by a seeded hash "
+        "of its index; time: by split.column against split.thresholds; files: raw_path is train, "
+        "split.validation_path and split.test_path the other splits.",
+    )
+    fractions: tuple[_F, _F, _F] = Field(
+        (0.8, 0.1, 0.1), strict=False, description="position / random: train, validation, test fractions (sum 1)."
+    )
+    seed: int = Field(0, ge=0, description="random: seed of the row assignment.")
+    column: str | None = Field(None, description="time: numeric raw column, e.g. Avazu hour (YYMMDDHH).")
+    thresholds: tuple[_F, _F] | None = Field(
+        None,
+        strict=False,
+        description="time: [validation_start, test_start]: value < first is train, < second validation, the rest test.",
+    )
+    validation_path: str | None = Field(None, description="files: raw validation file (relative to the config file).")
+    test_path: str | None = Field(None, description="files: raw test file (relative to the config file).")
+
+    @model_validator(mode="after")
+    def _check(self) -> SplitConfig:
+        f = self.fractions
+        if any(x < 0 for x in f) or abs(sum(f) - 1.0) > 1e-6:
+            raise ValueError(f"fractions must be three non-negative numbers summing to 1, got {list(f)}")
+        if f[0] <= 0:
+            raise ValueError("the train fraction (fractions[0]) must be > 0")
+        if self.by == "time":
+            if not self.column or self.thresholds is None:
+                raise ValueError("by time needs column and thresholds [validation_start, test_start]")
+            if self.thresholds[0] > self.thresholds[1]:
+                raise ValueError(f"thresholds must be ascending, got {list(self.thresholds)}")
+        if self.by == "files" and not (self.validation_path and self.test_path):
+            raise ValueError("by files needs validation_path and test_path")
+        for keys, by in ((("column", "thresholds"), "time"), (("validation_path", "test_path"), "files")):
+            if self.by != by and any(getattr(self, k) is not None for k in keys):
+                raise ValueError(f"{' and '.join(keys)} only apply to by: {by}, not by: {self.by}")
+        return self
+
+
+class DataConfig(_Section):
+    format: Literal["criteo_tsv", "avazu_csv", "schema"] = Field(
+        "criteo_tsv",
+        description="Raw input format. criteo_tsv: label, I1..I13, C1..C26 tab-separated, "
+        "empty field = missing (Criteo Kaggle / 1TB layout); avazu_csv: Avazu train.csv "
+        "(23 categorical features, no dense); schema: any CSV / TSV / Parquet described by data.schema.",
+    )
+    schema_: SchemaConfig | None = Field(
+        None,
+        alias="schema",
+        description="Columns of the raw file for format: schema (label, dense, categorical, "
+        "multi_hot with a separator).",
+    )
+    raw_path: str | list[str] | None = Field(
+        None,
+        description="Raw labelled data file (relative to the config file); required to train. Under "
+        "split.by: files it is the training data, and may be a list of files (e.g. Criteo 1TB's day_0 .. "
+        "day_22): each is then converted in its own process, to its own Parquet file.",
+    )
+    cache_dir: str | None = Field(
+        None,
+        description="Where converted Parquet splits are cached. Default: $RECSYS_DIST_CACHE or ~/.cache/recsys_dist.",
+    )
+    num_rows: int | None = Field(
+        None,
+        gt=0,
+        description="Read only the first N rows of raw_path (of each file under split.by: files; None = all).",
+    )
+    split: SplitConfig = Field(
+        default_factory=SplitConfig,
+        description="Train / validation / test split. Three fractions [0.8, 0.1, 0.1] are short for "
+        "{by: position, fractions: [...]} (file order).",
+    )
+    categorical_mapping: Literal["hash", "vocabulary"] = Field(
+        "hash",
+        description="hash: id = 1 + key mod (num_embeddings - 1), stateless; vocabulary: the values "
+        "seen >= data.min_count times in the training split get ids 2.., every other value the "
+        "out-of-vocabulary id 1; the table size is then the vocabulary's (recorded in the manifest). "
+        "0 is a missing value in both.",
+    )
+    min_count: int = Field(
+        1, ge=1, description="vocabulary: keep a value seen at least this often in the training split."
+    )
+    num_embeddings: int | list[int] = Field(
+        100_000,
+        description="Rows per categorical table (one int for all, or one per feature of data.format). "
+        "Row 0 is reserved for a missing value. hash: a present value maps to 1 + (key mod "
+        "(num_embeddings - 1)); vocabulary: the largest table allowed (the most frequent values are kept).",
+    )
+    remainder: Literal["pad", "drop"] = Field(
+        "pad",
+        description="Training rows left over after the last full global batch: pad with "
+        "zero-weight rows (never counted in loss or metrics) or drop them. "
+        "Evaluation always pads, so every example is evaluated exactly once.",
+    )
+    on_bad_row: Literal["error", "skip"] = Field(
+        "error",
+        description="A malformed raw row stops the conversion naming file, line and column "
+        "(error), or is left out and counted in the manifest (skip).",
+    )
+    row_group_size: int = Field(
+        65536,
+        gt=0,
+        le=2**24,
+        description="Rows per Parquet row group of the converted files (the unit the "
+        "loader reads, and assigns to ranks under rank_reads: row_groups). Changing it converts again.",
+    )
+    shuffle: bool = Field(True, description="Shuffle training rows each epoch (seeded).")
+    shuffle_buffer_rows: int = Field(
+        1 << 20,
+        gt=0,
+        description="Rows read and shuffled together; bounds the loader's memory "
+        "(row groups are also reordered each epoch when a split spans several windows).",
+    )
+    prefetch: int = Field(2, ge=0, description="Batches prepared ahead by a background thread (0 = off).")
+    rank_reads: Literal["global_batch", "row_groups"] = Field(
+        "global_batch",
+        description="global_batch: every rank reads the whole stream and keeps its block of "
+        "each global batch (global batches independent of the world size; reads grow with it). row_groups: "
+        "each rank reads only its share of the row groups (balanced by rows), so reads per rank shrink, but "
+        "the global batches then depend on the world size; ranks with fewer rows pad (or, under "
+        "remainder: drop, all ranks stop at the smallest share).",
+    )
+    pooling: Pooling = Field(
+        "sum", description="How every table pools a bag of ids (multi-hot): sum or mean; mean of an empty bag is 0."
+    )
+    feature_pooling: dict[str, Pooling] = Field(
+        default_factory=dict,
+        description="Pooling of single features, overriding data.pooling (e.g. {genres: mean}); the feature's "
+        "first-order table, if the model has one, pools the same way.",
+    )
+    multi_hot_sizes: list[int] | None = Field(
+        None,
+        description="Typical ids per example for each categorical feature, given to the planner as pooling "
+        "factors (e.g. MLPerf DLRMv2's multi-hot sizes). Planning only: multi-hot training data comes from "
+        "data.schema.multi_hot columns, whose bags may have any length.",
+    )
+
+    model_config = ConfigDict(
+        extra="forbid",
+        validate_default=True,
+        allow_inf_nan=False,
+        strict=True,
+        validate_by_name=True,
+        validate_by_alias=True,
+        serialize_by_alias=True,
+    )
+
+    @property
+    def schema(self) -> SchemaConfig | None:
+        """``data.schema`` (stored as ``schema_``: pydantic reserves the name)."""
+        return self.schema_
+
+    @model_validator(mode="before")
+    @classmethod
+    def _split_shorthand(cls, data: Any) -> Any:
+        if isinstance(data, dict) and isinstance(data.get("split"), (list, tuple)):
+            data = {**data, "split": {"fractions": data["split"]}}
+        return data
+
+    @model_validator(mode="after")
+    def _check(self) -> DataConfig:
+        from recsys_dist.data import raw_format
+
+        if (self.format == "schema") != (self.schema_ is not None):
+            raise ValueError(
+                "data.schema: required with format: schema, and only used by it"
+                if self.format == "schema"
+                else f"data.schema: only used with format: schema, not {self.format}"
+            )
+        if isinstance(self.raw_path, list) and (self.split.by != "files" or not self.raw_path):
+            raise ValueError(
+                "data.raw_path: a list of files is the training data of split.by: files "
+                f"(split.by is {self.split.by}); give one file"
+                if self.raw_path
+                else "data.raw_path: an empty list; give the raw data file(s)"
+            )
+        fmt = raw_format(self.format, self.schema_)
+        n_features = len(fmt.sparse_names)
+        if self.split.by == "time" and self.format != "schema" and self.split.column not in fmt.raw_columns:
+            raise ValueError(
+                f"data.split.column: {self.split.column!r} is not a raw column of {self.format} "
+                f"({', '.join(fmt.raw_columns)})"
+            )
+        sizes = self.num_embeddings if isinstance(self.num_embeddings, list) else [self.num_embeddings]
+        if isinstance(self.num_embeddings, list) and len(sizes) != n_features:
+            raise ValueError(
+                f"data.num_embeddings: expected one int or a list of {n_features} ({self.format} "
+                f"features), got a list of {len(sizes)}"
+            )
+        if self.multi_hot_sizes is not None and (
+            len(self.multi_hot_sizes) != n_features or any(h <= 0 for h in self.multi_hot_sizes)
+        ):
+            raise ValueError(f"data.multi_hot_sizes: expected {n_features} positive ints, got {self.multi_hot_sizes}")
+        unknown = sorted(set(self.feature_pooling) - set(fmt.sparse_names))
+        if unknown:
+            raise ValueError(
+                f"data.feature_pooling: {unknown} are not categorical features of {self.format} "
+                f"({', '.join(fmt.sparse_names)})"
+            )
+        if any(n < 2 for n in sizes):
+            raise ValueError(
+                f"data.num_embeddings must be >= 2 (row 0 is reserved for missing values), got {self.num_embeddings}"
+            )
+        return self
+
+
+def raw_paths(d: DataConfig) -> list[str]:
+    """``data.raw_path`` as a list (empty when not set)."""
+    r = d.raw_path
+    return [] if r is None else list(r) if isinstance(r, list) else [r]
+
+
+def describe_raw_path(raw: str | list[str] | None) -> str:
+    """``data.raw_path`` for a message: the file, or "N training files (first .. last)"."""
+    if isinstance(raw, list) and len(raw) > 1:
+        return f"{len(raw)} training files ({Path(raw[0]).name} .. {Path(raw[-1]).name})"
+    return str(raw[0] if isinstance(raw, list) else raw)

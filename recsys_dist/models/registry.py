@@ -1,0 +1,180 @@
+"""The model registry: the six shipped models and any a user adds by name or import path.
+
+A model is a builder ``build(spec: FeatureSpec, cfg: <its ModelConfig>) -> nn.Module`` whose
+module's ``forward(dense: Tensor[B, num_dense] float32, sparse: KeyedJaggedTensor)`` returns
+logits ``Tensor[B]``, ``Tensor[B, 1]`` or ``Tensor[B, num_tasks]``. The shipped models live one
+family per file in ``recsys_dist/models/zoo/`` and register on import; every module there is
+imported the first time the registry is read, so a new model is one new file.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import pkgutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import Field, model_validator
+
+from recsys_dist.config.base import import_object, is_import_path
+from recsys_dist.models.config import ModelConfig
+
+
+class FactoryModelConfig(ModelConfig):
+    """A model built by a factory ``fn(spec: FeatureSpec, **model.args) -> nn.Module``: named by
+    import path in YAML, or registered with ``register_model(name)`` (no config class)."""
+
+    args: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of the model factory.")
+
+    @model_validator(mode="after")
+    def _check_args(self) -> FactoryModelConfig:
+        factory = model_factory(self.name)
+        try:
+            params = inspect.signature(factory).parameters
+        except (TypeError, ValueError):  # a builtin or C callable: nothing to check
+            return self
+        names = list(params)
+        if not names:
+            raise ValueError(f"model.name: {self.name} takes no arguments; it must take the FeatureSpec first")
+        takes_kwargs = any(p.kind is p.VAR_KEYWORD for p in params.values())
+        rest = {n: p for n, p in list(params.items())[1:] if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+        unknown = [k for k in self.args if k not in rest and not takes_kwargs]
+        missing = [n for n, p in rest.items() if p.default is p.empty and n not in self.args]
+        problems = [f"model.args.{k}: {self.name} takes no argument {k!r} (it takes {sorted(rest)})" for k in unknown]
+        problems += [f"model.args.{k}: required by {self.name}, missing" for k in missing]
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+
+def model_factory(name: str):
+    """The factory behind a :class:`FactoryModelConfig` name (registered name or import path)."""
+    if is_import_path(name):
+        factory = import_object(name, "model.name")
+        if not callable(factory):
+            raise ValueError(f"model.name: {name} is not callable; name a model class or factory function")
+        return factory
+    return get_model(name).factory
+
+
+def model_config_class(name: Any) -> type[ModelConfig]:
+    """The config class that validates a ``model:`` section with this ``name``.
+
+    Raises:
+        ValueError: an unknown name; the message lists the registered ones.
+    """
+    if not isinstance(name, str):
+        raise ValueError(f"model.name: expected a model name or 'package.module:factory', got {name!r}")
+    if is_import_path(name):
+        return FactoryModelConfig
+    try:
+        return get_model(name).config
+    except KeyError:
+        raise ValueError(
+            f"model.name: unknown model {name!r}; registered: {', '.join(model_names())}, or give an import "
+            "path 'package.module:factory'"
+        ) from None
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A registered model.
+
+    Attributes:
+        name: the ``model.name`` that selects it.
+        config: its config class (a :class:`ModelConfig` subclass whose ``name`` is this name).
+        build: ``build(spec, cfg) -> nn.Module``.
+        factory: for a model registered as ``factory(spec, **model.args)``, that factory.
+        needs_dense: refuse data without dense features (DLRM's bottom MLP).
+        first_order_tables: the model also reads one width-4 table ``w_<feature>`` per feature
+            (``spec.first_order_tables``), in the same EmbeddingBagCollection.
+    """
+
+    name: str
+    config: type[ModelConfig]
+    build: Callable
+    factory: Callable | None = None
+    needs_dense: bool = False
+    first_order_tables: bool = False
+
+
+_MODELS: dict[str, ModelSpec] = {}
+_loaded = False
+
+
+def register_model(
+    name: str,
+    config: type[ModelConfig] | None = None,
+    *,
+    needs_dense: bool = False,
+    first_order_tables: bool = False,
+):
+    """Decorator that makes a model selectable as ``model.name: <name>``.
+
+    With ``config`` (a :class:`ModelConfig` subclass), the decorated function is
+    ``build(spec, cfg) -> nn.Module`` and ``model:`` keys validate against ``config``.
+    Without it, the function (or class) is a factory ``factory(spec, **model.args)`` and
+    ``model.args`` is checked against its signature.
+
+    Example::
+
+        @recsys_dist.register_model("my_tower")
+        def my_tower(spec, hidden: int = 64):
+            return MyTower(spec, hidden)
+
+    Raises:
+        ValueError: the name is taken, or is an import path.
+    """
+    if ":" in name:
+        raise ValueError(f"register_model: {name!r} contains ':'; import paths need no registration")
+
+    def wrap(fn):
+        _load_builtin()
+        if name in _MODELS:
+            raise ValueError(f"register_model: model {name!r} is registered already")
+        if config is None:
+            _MODELS[name] = ModelSpec(
+                name,
+                FactoryModelConfig,
+                lambda spec, cfg: fn(spec, **cfg.args),
+                factory=fn,
+                needs_dense=needs_dense,
+                first_order_tables=first_order_tables,
+            )
+        else:
+            _MODELS[name] = ModelSpec(name, config, fn, None, needs_dense, first_order_tables)
+        return fn
+
+    return wrap
+
+
+def _load_builtin() -> None:
+    global _loaded
+    if _loaded:
+        return
+    _loaded = True
+    from recsys_dist.models import zoo
+
+    for info in pkgutil.iter_modules(zoo.__path__):
+        importlib.import_module(f"{zoo.__name__}.{info.name}")
+
+
+def get_model(name: str) -> ModelSpec:
+    """The registered model ``name``, or for an import path a spec around that factory.
+
+    Raises:
+        KeyError: no model of that name is registered.
+    """
+    _load_builtin()
+    if is_import_path(name):
+        factory = model_factory(name)
+        return ModelSpec(name, FactoryModelConfig, lambda spec, cfg: factory(spec, **cfg.args), factory)
+    return _MODELS[name]
+
+
+def model_names() -> list[str]:
+    """Every registered model name, sorted."""
+    _load_builtin()
+    return sorted(_MODELS)

@@ -1,0 +1,79 @@
+"""DLRM and DLRM-DCNv2 (MLPerf DLRMv2), TorchRec's own modules over one EmbeddingBagCollection.
+
+- ``dlrm``: Naumov et al., 2019 (arXiv:1906.00091). Bottom MLP on the dense features,
+  pairwise dot products of the bottom output and the F pooled embeddings, top MLP.
+- ``dlrm_dcnv2``: the dot interaction replaced by a low-rank DCN-v2 cross network (Wang et
+  al., 2021, arXiv:2008.13535, eq. 2 with ``W = U V^T``):
+  ``x_{l+1} = x_0 * (U_l (V_l^T x_l) + b_l) + x_l`` over the concatenated vectors.
+
+Input: dense float32 ``[B, num_dense]``, a KJT of F features; output logits ``[B, 1]``.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+from torchrec.models.dlrm import DLRM, DLRM_DCN
+from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+from recsys_dist.models.config import ModelConfig
+from recsys_dist.models.registry import register_model
+from recsys_dist.spec import FeatureSpec
+
+
+class DLRMConfig(ModelConfig):
+    """``model.name: dlrm``."""
+
+    name: Literal["dlrm"] = "dlrm"
+    dense_arch_layer_sizes: list[int] = Field(
+        [64, 16], description="Bottom MLP sizes; the last must equal model.embedding_dim (dot interaction)."
+    )
+    over_arch_layer_sizes: list[int] = Field([64, 32, 1], description="Top MLP sizes; the last must be 1 (one logit).")
+
+    @model_validator(mode="after")
+    def _check(self):
+        for key in ("dense_arch_layer_sizes", "over_arch_layer_sizes"):
+            sizes = getattr(self, key)
+            if not sizes or any(s <= 0 for s in sizes):
+                raise ValueError(f"model.{key} must be a non-empty list of positive ints, got {sizes}")
+        if self.over_arch_layer_sizes[-1] != 1:
+            raise ValueError(
+                f"model.over_arch_layer_sizes[-1] must be 1 (one logit), got {self.over_arch_layer_sizes[-1]}"
+            )
+        if self.name == "dlrm" and self.dense_arch_layer_sizes[-1] != self.embedding_dim:
+            raise ValueError(
+                f"model.dense_arch_layer_sizes[-1] ({self.dense_arch_layer_sizes[-1]}) must equal "
+                f"model.embedding_dim ({self.embedding_dim}) for dlrm's dot interaction"
+            )
+        return self
+
+
+class DLRMDCNConfig(DLRMConfig):
+    """``model.name: dlrm_dcnv2``."""
+
+    name: Literal["dlrm_dcnv2"] = "dlrm_dcnv2"
+    dcn_num_layers: int = Field(3, gt=0, description="Cross layers.")
+    dcn_low_rank_dim: int = Field(512, gt=0, description="Rank of each cross layer's weight.")
+
+
+def _common(spec: FeatureSpec, cfg: DLRMConfig) -> dict:
+    return dict(
+        embedding_bag_collection=EmbeddingBagCollection(tables=spec.all_tables(), device=spec.embedding_device),
+        dense_in_features=spec.num_dense,
+        dense_arch_layer_sizes=cfg.dense_arch_layer_sizes,
+        over_arch_layer_sizes=cfg.over_arch_layer_sizes,
+        dense_device=spec.device,
+    )
+
+
+@register_model("dlrm", DLRMConfig, needs_dense=True)
+def build_dlrm(spec: FeatureSpec, cfg: DLRMConfig) -> DLRM:
+    """TorchRec's ``DLRM`` over the spec's tables."""
+    return DLRM(**_common(spec, cfg))
+
+
+@register_model("dlrm_dcnv2", DLRMDCNConfig, needs_dense=True)
+def build_dlrm_dcnv2(spec: FeatureSpec, cfg: DLRMDCNConfig) -> DLRM_DCN:
+    """TorchRec's ``DLRM_DCN`` (MLPerf DLRMv2) over the spec's tables."""
+    return DLRM_DCN(dcn_num_layers=cfg.dcn_num_layers, dcn_low_rank_dim=cfg.dcn_low_rank_dim, **_common(spec, cfg))

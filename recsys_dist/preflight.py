@@ -1,0 +1,143 @@
+"""Checks across config sections, and checks of the machine and files before any rank starts.
+
+The one module that sees every section: :func:`section_problems` runs inside ``RunConfig``
+validation (so ``load_config`` reports them with every other problem);
+:func:`check_before_launch` adds what needs the filesystem or the device.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from recsys_dist.config.base import ConfigError
+from recsys_dist.data import feature_names
+from recsys_dist.data.config import raw_paths
+from recsys_dist.models.registry import get_model
+from recsys_dist.sharding import CUDA_ONLY_KERNELS
+
+
+def section_problems(cfg) -> list[str]:
+    """Problems that involve two sections (each as "dotted.key: what is wrong; the fix").
+
+    ``cfg`` is a ``RunConfig`` whose sections are each valid on their own.
+    """
+    problems = []
+    dense, sparse = feature_names(cfg)
+    spec = get_model(cfg.model.name)
+    if spec.needs_dense and not dense:
+        problems.append(
+            f"model.name: {cfg.model.name} needs dense features and {cfg.data.format} has none; "
+            "use dcnv2, deepfm or wide_deep"
+        )
+    g = cfg.eval.group_feature
+    if g is not None:
+        multi_hot = set(cfg.data.schema.multi_hot) if cfg.data.schema else set()
+        if g not in sparse:
+            problems.append(f"eval.group_feature: {g!r} is not a categorical feature; valid: {', '.join(sparse)}")
+        elif g in multi_hot:
+            problems.append(f"eval.group_feature: {g!r} is multi-hot; GAUC groups by one id per row")
+        if cfg.eval.auc_buckets:
+            problems.append(
+                "eval.group_feature: GAUC needs every prediction; it cannot be combined with eval.auc_buckets"
+            )
+    return problems
+
+
+def table_names(cfg) -> list[str]:
+    """Every table of the configured model: ``t_<feature>``, then ``w_<feature>`` for models
+    registered with first-order tables."""
+    sparse = feature_names(cfg)[1]
+    first = get_model(cfg.model.name).first_order_tables
+    return [f"t_{n}" for n in sparse] + ([f"w_{n}" for n in sparse] if first else [])
+
+
+def uvm_kernels(cfg) -> list[tuple[str, str]]:
+    """(config key, kernel) for every CUDA-only compute kernel the config allows."""
+    found = [("sharding.compute_kernels", k) for k in cfg.sharding.compute_kernels if k in CUDA_ONLY_KERNELS]
+    for name, t in cfg.sharding.per_table.items():
+        found += [
+            (f"sharding.per_table.{name}.compute_kernels", k) for k in t.compute_kernels if k in CUDA_ONLY_KERNELS
+        ]
+    return found
+
+
+def check_before_launch(cfg, world_size: int | None = None) -> None:
+    """Checks that need the filesystem or the machine, run before any rank is spawned.
+
+    ``world_size`` is the job's size when known (under torchrun), else nproc_per_node.
+
+    Raises:
+        ConfigError: the data file is missing, or the device asked for is absent.
+    """
+    problems = []
+    if cfg.data.raw_path is None:
+        problems.append("  data.raw_path: not set; training needs a raw data file")
+    for raw in raw_paths(cfg.data):
+        if Path(raw).is_dir():
+            problems.append(f"  data.raw_path: {raw} is a directory; give the raw data file")
+        elif not Path(raw).is_file():
+            problems.append(f"  data.raw_path: file {raw} does not exist (fix the path in the config)")
+    for key in ("validation_path", "test_path"):
+        p = getattr(cfg.data.split, key)
+        if p is not None and not Path(p).is_file():
+            problems.append(f"  data.split.{key}: file {p} does not exist (fix the path in the config)")
+    problems += [f"  {p}" for p in section_problems(cfg)]
+    tables = table_names(cfg)
+    unknown = sorted(set(cfg.sharding.per_table) - set(tables))
+    if unknown:
+        problems.append(f"  sharding.per_table: unknown tables {unknown}; the tables are {tables[0]} .. {tables[-1]}")
+    if cfg.eval.group_feature and cfg.eval.auc_buckets:
+        problems.append(
+            "  eval.group_feature: GAUC needs every prediction; it cannot be combined with eval.auc_buckets"
+        )
+    fixed = cfg.sharding.fixed_plan
+    world = world_size if world_size is not None else cfg.distributed.nproc_per_node
+    if fixed is not None:
+        missing = [t for t in tables if t not in fixed]
+        extra = sorted(set(fixed) - set(tables))
+        if missing or extra:
+            problems.append(
+                f"  sharding.fixed_plan: must place exactly the model's tables {tables[0]} .. {tables[-1]} "
+                f"(missing {missing}, unknown {extra})"
+            )
+        for name, fp in fixed.items():
+            if any(r >= world for r in fp.ranks or []):
+                problems.append(f"  sharding.fixed_plan.{name}.ranks: {fp.ranks} but the job has {world} rank(s)")
+    if cfg.sharding.sharding_types == ["table_wise"] and world > len(tables) and fixed is None:
+        problems.append(
+            f"  distributed.nproc_per_node: {world} ranks but only {len(tables)} tables and "
+            "sharding_types [table_wise]; allow row_wise or column_wise, or use fewer ranks"
+        )
+    only_dp = cfg.sharding.sharding_types == ["data_parallel"] and not cfg.sharding.per_table and fixed is None
+    if cfg.model.embedding_dim % 4 and not only_dp:
+        low = cfg.model.embedding_dim - cfg.model.embedding_dim % 4
+        problems.append(
+            f"  model.embedding_dim: {cfg.model.embedding_dim} is not a multiple of 4, which FBGEMM's fused "
+            f"kernel needs for every local shard; use {low or 4} or {low + 4} (or sharding_types: [data_parallel])"
+        )
+    for key, types, kernels in [("sharding", cfg.sharding.sharding_types, cfg.sharding.compute_kernels)] + [
+        (
+            f"sharding.per_table.{n}",
+            t.sharding_types or cfg.sharding.sharding_types,
+            t.compute_kernels or cfg.sharding.compute_kernels,
+        )
+        for n, t in cfg.sharding.per_table.items()
+    ]:
+        if types == ["data_parallel"] and kernels and "dense" not in kernels:
+            problems.append(f"  {key}.compute_kernels: data_parallel tables need the dense kernel; add dense")
+        if types and "data_parallel" not in types and kernels == ["dense"]:
+            problems.append(f"  {key}.compute_kernels: only data_parallel uses the dense kernel; add fused")
+    import torch
+
+    cuda = torch.cuda.is_available()
+    if cfg.distributed.device == "cuda" and not cuda:
+        problems.append("  distributed.device: 'cuda' asked for but no CUDA device is visible (use auto or cpu)")
+    if cfg.distributed.device == "cpu" or not cuda:
+        if cfg.train.embedding_optimizer == "adam" and cfg.sharding.sharding_types != ["data_parallel"]:
+            problems.append(
+                "  train.embedding_optimizer: FBGEMM's CPU kernels have no Adam for sharded tables; use "
+                "exact_rowwise_adagrad, exact_adagrad or exact_sgd on CPU (or sharding.sharding_types: [data_parallel])"
+            )
+        problems += [f"  {key}: {k} needs a CUDA device; use fused on CPU" for key, k in uvm_kernels(cfg)]
+    if problems:
+        raise ConfigError("invalid config:\n" + "\n".join(problems))

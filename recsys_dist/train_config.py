@@ -1,0 +1,87 @@
+"""The ``train:`` section (owned by ``recsys_dist.trainer``): kept apart from the trainer so
+that the config schema imports no training code."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from recsys_dist.config.base import Section as _Section
+
+
+class TrainConfig(_Section):
+    """The ``train:`` section: batches, epochs, optimizers, schedule, loss, precision, logging."""
+
+    batch_size: int = Field(128, gt=0, le=2**24, description="Examples per rank per step.")
+    epochs: int = Field(1, gt=0, description="Passes over the training split.")
+    max_steps: int | None = Field(None, gt=0, description="Stop after this many steps (None = no cap).")
+    seed: int = Field(0, ge=0, description="Seed for weights and shuffling.")
+    embedding_optimizer: Literal["exact_rowwise_adagrad", "exact_adagrad", "exact_sgd", "adam"] = Field(
+        "exact_rowwise_adagrad",
+        description="Fused (in backward) FBGEMM optimizer of the embedding tables.",
+    )
+    embedding_lr: float = Field(0.05, gt=0, description="Learning rate of the embedding optimizer.")
+    dense_optimizer: Literal["sgd", "adagrad", "adam", "adamw"] = Field(
+        "adagrad", description="Optimizer of the dense (data-parallel) parameters."
+    )
+    dense_lr: float = Field(0.05, gt=0, description="Learning rate of the dense optimizer.")
+    warmup_steps: int = Field(0, ge=0, description="Linear learning-rate warmup over N steps (0 = none).")
+    decay_start_step: int | None = Field(
+        None, ge=0, description="Start of the polynomial (squared) learning-rate decay, as in MLPerf DLRMv2."
+    )
+    decay_steps: int = Field(0, ge=0, description="Length of the decay in steps (0 = no decay).")
+    embedding_weight_decay: float = Field(
+        0.0, ge=0, description="L2 regularisation of the embedding rows, applied by the fused optimizer."
+    )
+    precision: Literal["fp32", "bf16-mixed"] = Field(
+        "fp32",
+        description="bf16-mixed: the model's forward runs under torch.autocast(bfloat16), so the dense "
+        "tower's matmuls run in bfloat16; weights, their gradients, optimizer state, embedding tables, "
+        "logits and the loss stay float32.",
+    )
+    dense_grad_clip_norm: float | None = Field(
+        None, gt=0, description="Clip the dense tower's gradient to this global L2 norm (None = off)."
+    )
+    log_every_n_steps: int = Field(20, gt=0, description="Write a train line to metrics.jsonl every N steps.")
+    deterministic: bool = Field(False, description="torch.use_deterministic_algorithms for exact reruns.")
+    timing_every_n_steps: int | None = Field(
+        50,
+        gt=0,
+        description="Profile one step in N for the data / input_dist / forward / backward / "
+        "optimizer breakdown written on train lines (None = off).",
+    )
+    progress_bar: bool = Field(True, description="tqdm progress bar on rank 0 (false = quiet).")
+    loss: str = Field(
+        "bce",
+        description="Training loss: bce (binary cross-entropy), focal (Lin et al., 2017), mse, a name given to "
+        "recsys_dist.register_loss, or an import path 'package.module:fn' with fn(logits, labels, weights) -> "
+        "scalar (docs/api.md).",
+    )
+    loss_args: dict[str, Any] = Field(
+        default_factory=dict, description="Keyword arguments of the loss, e.g. {gamma: 2.0} for focal."
+    )
+
+    @model_validator(mode="after")
+    def _check_loss(self) -> TrainConfig:
+        from recsys_dist.models.losses import get_loss
+
+        fn = get_loss(self.loss)
+        try:
+            params = list(inspect.signature(fn).parameters.values())
+        except (TypeError, ValueError):
+            return self
+        if len(params) < 3 and not any(p.kind is p.VAR_POSITIONAL for p in params):
+            raise ValueError(f"train.loss: {self.loss} must take (logits, labels, weights), it takes {len(params)}")
+        rest = {p.name: p for p in params[3:] if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+        takes_kwargs = any(p.kind is p.VAR_KEYWORD for p in params)
+        unknown = [k for k in self.loss_args if k not in rest and not takes_kwargs]
+        missing = [n for n, p in rest.items() if p.default is p.empty and n not in self.loss_args]
+        problems = [
+            f"train.loss_args.{k}: {self.loss} takes no argument {k!r} (it takes {sorted(rest)})" for k in unknown
+        ]
+        problems += [f"train.loss_args.{k}: required by {self.loss}, missing" for k in missing]
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
