@@ -134,13 +134,6 @@ class OneRankDense(DataParallelWrapper):
         dmp._dmp_wrapped_module = dmp._dmp_wrapped_module.to(device)
 
 
-def model_tables(model: nn.Module) -> list[EmbeddingBagConfig]:
-    """The configs of every table in the EmbeddingBagCollections of ``model``, in module order."""
-    from torchrec.modules.embedding_modules import EmbeddingBagCollection
-
-    return [t for m in model.modules() if isinstance(m, EmbeddingBagCollection) for t in m.embedding_bag_configs()]
-
-
 def sharders() -> list[ModuleSharder[nn.Module]]:
     return [EmbeddingBagCollectionSharderAllTypes()]
 
@@ -366,57 +359,307 @@ def plan_summary(plan: ShardingPlan, tables: list[EmbeddingBagConfig] | None = N
     return rows
 
 
+# ShardingConfig keys that only steer the planner: a fixed plan leaves them without effect.
+PLANNER_KEYS = (
+    "sharding_types",
+    "compute_kernels",
+    "planner_batch_size",
+    "cache_load_factor",
+    "per_table",
+    "storage_reservation",
+    "hbm_gb",
+    "ddr_gb",
+    "intra_node_bandwidth_gbps",
+    "inter_node_bandwidth_gbps",
+)
+DEFAULT_PLANNER_BATCH_SIZE = 512
+
+
+def model_tables(model: nn.Module) -> list[EmbeddingBagConfig]:
+    """The EmbeddingBagConfigs of every EmbeddingBagCollection in ``model``, in module order.
+
+    Raises:
+        ValueError: two collections hold tables of the same name (names key the plan).
+    """
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+    tables = [t for m in model.modules() if isinstance(m, EmbeddingBagCollection) for t in m.embedding_bag_configs()]
+    names = [t.name for t in tables]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise ValueError(f"tables {dup} appear in more than one EmbeddingBagCollection; table names must be unique")
+    return tables
+
+
+def check_shard_config(s: ShardingConfig, names: list[str], device_type: str, batch_size: int | None) -> int:
+    """Refuse every key of ``s`` that :func:`shard` could not honour for tables ``names``;
+    returns the planner's batch size (0 under a fixed plan). Needs no process group: a fixed plan's ranks are checked
+    against the world size by :func:`fixed_sharding_plan`.
+
+    Raises:
+        ValueError: naming the key (``sharding.<key>``) and why.
+    """
+    default = ShardingConfig()
+    if s.fixed_plan is not None:
+        ignored = [k for k in PLANNER_KEYS if getattr(s, k) != getattr(default, k)]
+        if ignored:
+            raise ValueError(
+                f"sharding.{', sharding.'.join(ignored)}: planner settings, without effect under "
+                "sharding.fixed_plan; remove them or the fixed_plan"
+            )
+        if batch_size is not None:
+            raise ValueError("batch_size: the planner's cost estimate, without effect under sharding.fixed_plan")
+        missing = [n for n in names if n not in s.fixed_plan]
+        unknown = sorted(set(s.fixed_plan) - set(names))
+        if missing or unknown:
+            raise ValueError(
+                f"sharding.fixed_plan: must place exactly the model's tables {names} (missing {missing}, "
+                f"unknown {unknown})"
+            )
+        for name, fp in s.fixed_plan.items():
+            if device_type != "cuda" and fp.compute_kernel in CUDA_ONLY_KERNELS:
+                raise ValueError(
+                    f"sharding.fixed_plan.{name}.compute_kernel: {fp.compute_kernel} needs a CUDA device "
+                    f"(this is {device_type}); use fused"
+                )
+        return 0
+    unknown = [n for n in s.per_table if n not in names]
+    if unknown:
+        raise ValueError(f"sharding.per_table: unknown tables {sorted(unknown)}; the model's tables are {names}")
+    kernels = [("sharding.compute_kernels", k) for k in s.compute_kernels] + [
+        (f"sharding.per_table.{n}.compute_kernels", k) for n, t in s.per_table.items() for k in t.compute_kernels
+    ]
+    if device_type != "cuda":
+        cuda_only = sorted({key for key, k in kernels if k in CUDA_ONLY_KERNELS})
+        if cuda_only:
+            raise ValueError(
+                f"{', '.join(cuda_only)}: fused_uvm / fused_uvm_caching need a CUDA device (this is "
+                f"{device_type}); use fused"
+            )
+        if s.hbm_gb is not None:
+            raise ValueError(
+                f"sharding.hbm_gb: device memory, which the planner counts on CUDA only (this is "
+                f"{device_type}); use sharding.ddr_gb"
+            )
+    if s.cache_load_factor is not None and not any(k == "fused_uvm_caching" for _, k in kernels):
+        raise ValueError(
+            "sharding.cache_load_factor: only used by the fused_uvm_caching kernel, which no "
+            "sharding.compute_kernels / sharding.per_table.*.compute_kernels allows"
+        )
+    if batch_size is not None and s.planner_batch_size is not None and batch_size != s.planner_batch_size:
+        raise ValueError(
+            f"sharding.planner_batch_size: {s.planner_batch_size} but batch_size={batch_size} was passed; "
+            "give one of them"
+        )
+    return batch_size or s.planner_batch_size or DEFAULT_PLANNER_BATCH_SIZE
+
+
+def id_limits(tables: list[EmbeddingBagConfig]) -> dict[str, tuple[int, str]]:
+    """Feature name -> (rows of the smallest table it feeds, that table's name)."""
+    out: dict[str, tuple[int, str]] = {}
+    for t in tables:
+        for f in t.feature_names:
+            if f not in out or t.num_embeddings < out[f][0]:
+                out[f] = (t.num_embeddings, t.name)
+    return out
+
+
+def check_kjt_ids(kjt, limits: dict[str, tuple[int, str]]) -> None:
+    """Refuse a KeyedJaggedTensor holding an id outside ``[0, num_embeddings)`` of its table.
+
+    One comparison over all values against each value's feature's limit, and one host sync.
+    Features of no table are not checked.
+
+    Raises:
+        ValueError: names the feature, the first bad id, the table and its size.
+    """
+    keys = kjt.keys()
+    if not keys or not any(k in limits for k in keys):
+        return
+    lengths = kjt.length_per_key()
+    total = sum(lengths)
+    values = kjt.values()[:total]
+    if total == 0:
+        return
+    dev = values.device
+    repeats = torch.tensor(lengths, device=dev)
+    big = torch.iinfo(torch.int64).max
+    per_key = torch.tensor([limits[k][0] if k in limits else big for k in keys], device=dev)
+    bad = (values < 0) | (values >= torch.repeat_interleave(per_key, repeats, output_size=total))
+    if not all(k in limits for k in keys):  # features of no table: not checked
+        bad &= torch.repeat_interleave(
+            torch.tensor([k in limits for k in keys], device=dev), repeats, output_size=total
+        )
+    if not bool(bad.any()):
+        return
+    i = int(torch.nonzero(bad)[0])
+    k, start = 0, 0
+    while start + lengths[k] <= i:
+        start += lengths[k]
+        k += 1
+    rows, table = limits[keys[k]]
+    raise ValueError(
+        f"feature {keys[k]!r}: id {int(values[i])} is out of range for table {table!r} of {rows} rows "
+        f"(ids must lie in [0, {rows - 1}]); {int(bad.sum())} id(s) of this batch are out of range"
+    )
+
+
+def _kjts(args: tuple, kwargs: dict) -> list:
+    """The KeyedJaggedTensors among a call's arguments: the arguments themselves, and the
+    ``sparse_features`` attribute of a batch object."""
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    found = []
+    for a in (*args, *kwargs.values()):
+        if isinstance(a, KeyedJaggedTensor):
+            found.append(a)
+        elif isinstance(getattr(a, "sparse_features", None), KeyedJaggedTensor):
+            found.append(a.sparse_features)
+    return found
+
+
+def ids_check_hook(tables: list[EmbeddingBagConfig]):
+    """A forward pre-hook (``with_kwargs=True``) running :func:`check_kjt_ids` on every KJT
+    passed to the module, directly or as a batch's ``sparse_features``."""
+    limits = id_limits(tables)
+
+    def hook(module, args, kwargs):
+        for kjt in _kjts(args, kwargs):
+            check_kjt_ids(kjt, limits)
+
+    return hook
+
+
 def shard(
     model: nn.Module,
     sharding: ShardingConfig | dict | None = None,
     *,
     device: torch.device | None = None,
-    batch_size: int = 512,
+    batch_size: int | None = None,
     pg: dist.ProcessGroup | None = None,
+    seed: int = 0,
+    init_tables: bool = True,
+    check_ids: bool = True,
 ):
     """Shard any ``nn.Module`` holding TorchRec EmbeddingBagCollections; returns a DMP.
 
-    Plans with ``EmbeddingShardingPlanner`` on the process group (every sharding type is
-    allowed on CPU too), then wraps the model in ``DistributedModelParallel``: tables are
-    sharded, everything else is data-parallel (DDP). Build the model on ``meta`` so no
-    table memory is allocated before sharding, and call ``apply_optimizer_in_backward``
-    on the tables first to choose their fused optimizer (default: SGD, lr 0.01).
+    Places the tables as ``sharding.fixed_plan`` says, or else plans with
+    ``EmbeddingShardingPlanner`` on the process group (every sharding type is allowed on CPU
+    too; rank 0 plans and broadcasts), then wraps the model in ``DistributedModelParallel``:
+    tables are sharded, everything else is data-parallel (DDP). Build the model on ``meta``
+    so no table memory is allocated before sharding, and call ``apply_optimizer_in_backward``
+    on the tables first to choose their fused optimizer (default: SGD, lr 0.01). Every rank
+    of ``pg`` must call this with the same arguments.
+
+    Every key of ``sharding`` takes effect or is refused: ``sharding_types``,
+    ``compute_kernels`` and ``per_table`` constrain the planner; ``storage_reservation``
+    goes to it; ``hbm_gb`` (CUDA only), ``ddr_gb`` and the two bandwidths go to its
+    topology (as in the trainer); ``cache_load_factor`` goes to tables that may use
+    ``fused_uvm_caching``; ``planner_batch_size`` is the planner's batch size, like the
+    ``batch_size`` argument. With ``fixed_plan`` no planner runs, so these keys and
+    ``batch_size`` are refused there. (``pooling`` is a property of each table: set it
+    in the model's ``EmbeddingBagConfig``.)
 
     Args:
-        model: e.g. a model with an ``EmbeddingBagCollection`` submodule.
+        model: e.g. a model with an ``EmbeddingBagCollection`` submodule. Table names must
+            be unique across its collections.
         sharding: the ``sharding:`` config section (a ShardingConfig or a plain dict),
-            e.g. ``{"sharding_types": ["row_wise"]}``. None = planner's choice.
+            e.g. ``{"sharding_types": ["row_wise"]}`` or ``{"fixed_plan": {"t_user":
+            {"sharding_type": "table_wise", "ranks": [1]}, ...}}``. None = planner's choice.
         device: compute device (default: cuda:LOCAL_RANK when available, else cpu).
-        batch_size: per-rank batch size the planner assumes for its cost estimates.
+        batch_size: per-rank batch size the planner assumes for its cost estimates
+            (default: ``sharding.planner_batch_size``, else 512; giving both, different, is
+            an error).
         pg: process group (default: the world; it must already be initialised).
+        seed: seed of the initial table weights (see ``init_tables``).
+        init_tables: initialise every table as the trainer does
+            (``recsys_dist.state.init_tables``): uniform(-m, m) with m the table's
+            ``weight_init_max`` (TorchRec's default sqrt(1 / num_embeddings) when unset), drawn
+            per (seed, table index in module order, row chunk), so the weights are the same at
+            every world size and sharding, and equal the trainer's for the same tables and
+            seed. False keeps TorchRec's per-shard initialisation (which depends on the
+            sharding), e.g. when you load your own weights next.
+        check_ids: register a forward pre-hook on the returned DMP that refuses ids outside
+            ``[0, num_embeddings)`` of their table (without it, FBGEMM's bounds check reads
+            row 0 for such an id and only logs). It sees a KeyedJaggedTensor passed to the DMP directly
+            (``dmp(kjt)``, ``dmp(dense, kjt)``, as keyword too) or as a batch's
+            ``.sparse_features`` (``dmp(batch)``, as TrainPipelineSparseDist calls it; the
+            pipeline traces ``dmp.module``, which the hook is not on). A KJT nested deeper, or
+            ids your model changes (e.g. hashes) before its tables, are not seen: pass False
+            then. Cost per call: one comparison over the ids and one host sync. Under
+            TrainPipelineSparseDist the batch's input all-to-all has already started when the
+            hook raises; the error is raised on the rank holding the bad id only, so treat it
+            as fatal for the job.
 
     Returns:
         ``torchrec.distributed.DistributedModelParallel``; its ``.plan`` is the plan used.
+        Calls take what the model takes, e.g. a KJT of B examples.
 
     Raises:
-        ValueError: bad sharding config (pydantic validation), or unknown table names.
+        pydantic.ValidationError: a bad ``sharding`` section (a ValueError too).
+        ValueError: before any collective, naming the key: ``per_table`` or ``fixed_plan``
+            names a table the model lacks (the message lists the model's tables), a
+            ``fixed_plan`` misses a table or uses a rank >= the world size, a key without
+            effect (see above), a CUDA-only kernel or ``hbm_gb`` on another device, a model
+            without EmbeddingBagCollection or with duplicate table names, a table whose
+            ``weight_init_min`` is not ``-weight_init_max`` or with its own ``init_fn`` while
+            ``init_tables`` is on; after planning, column shards that are not multiples of 4
+            wide. From the returned DMP's calls (``check_ids``): an id out of range, naming
+            the feature, the id and the table's size.
     """
     from torchrec.distributed import DistributedModelParallel
-    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+    from recsys_dist import state
 
     s = sharding if isinstance(sharding, ShardingConfig) else ShardingConfig.model_validate(sharding or {})
-    pg = pg or dist.group.WORLD
     if device is None:
         device = (
             torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}")
             if torch.cuda.is_available()
             else torch.device("cpu")
         )
-    names = [
-        t.name for m in model.modules() if isinstance(m, EmbeddingBagCollection) for t in m.embedding_bag_configs()
-    ]
+    tables = model_tables(model)
+    if not tables:
+        raise ValueError(f"{type(model).__name__} holds no EmbeddingBagCollection: nothing to shard")
+    names = [t.name for t in tables]
+    planner_batch = check_shard_config(s, names, device.type, batch_size)
+    if init_tables:
+        _check_init_range(tables)
+    pg = pg or dist.group.WORLD
     world = dist.get_world_size(pg)
-    planner = EmbeddingShardingPlanner(
-        topology=make_topology(s, world, int(os.environ.get("LOCAL_WORLD_SIZE", world)), device.type),
-        batch_size=batch_size,
-        constraints=table_constraints(s, names),
-        storage_reservation=HeuristicalStorageReservation(percentage=s.storage_reservation),
-    )
-    plan = planner.collective_plan(model, sharders(), pg)
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    if s.fixed_plan is not None:
+        plan = fixed_sharding_plan(model, s.fixed_plan, world, local, device.type)
+    else:
+        planner = EmbeddingShardingPlanner(
+            topology=make_topology(s, world, local, device.type),
+            batch_size=planner_batch,
+            constraints=table_constraints(s, names),
+            storage_reservation=HeuristicalStorageReservation(percentage=s.storage_reservation),
+        )
+        plan = planner.collective_plan(model, sharders(), pg)
     check_column_shards(plan)
-    return DistributedModelParallel(model, device=device, plan=plan, sharders=sharders())
+    dmp = DistributedModelParallel(model, device=device, plan=plan, sharders=sharders())
+    if init_tables:
+        state.init_tables(dmp.state_dict(), tables, seed, {t.name: t.get_weight_init_max() for t in tables})
+    if check_ids:
+        dmp.register_forward_pre_hook(ids_check_hook(tables), with_kwargs=True)
+    return dmp
+
+
+def _check_init_range(tables: list[EmbeddingBagConfig]) -> None:
+    import functools
+
+    for t in tables:
+        lo, hi = t.get_weight_init_min(), t.get_weight_init_max()
+        default_fn = (
+            isinstance(t.init_fn, functools.partial)
+            and t.init_fn.func is torch.nn.init.uniform_
+            and t.init_fn.keywords == {"a": lo, "b": hi}
+        )
+        if lo != -hi or not default_fn:
+            raise ValueError(
+                f"table {t.name}: init_tables draws uniform(-weight_init_max, weight_init_max), but the "
+                f"table asks for {'its own init_fn' if lo == -hi else f'[{lo:g}, {hi:g}]'}; pass "
+                "init_tables=False to keep TorchRec's initialisation"
+            )

@@ -329,3 +329,153 @@ def one_rank_without_ddp(rank: int, world_size: int, steps: int) -> dict:
         "dense_diff": max(dense.values()),
         "threads": threads,
     }
+
+
+# A fixed plan for the three tables at world size 2: t0's 8 columns as two shards of 4.
+FIXED_PLAN = {
+    "t0": {"sharding_type": "column_wise", "ranks": [1, 0]},
+    "t1": {"sharding_type": "table_wise", "ranks": [1]},
+    "t2": {"sharding_type": "data_parallel"},
+}
+INIT_SEED = 3
+
+
+def _error(fn) -> str | None:
+    """``"TypeName: message"`` of the ValueError ``fn()`` raises, or None."""
+    try:
+        fn()
+    except ValueError as err:
+        return f"{type(err).__name__}: {err}"
+    return None
+
+
+def _tables(dmp) -> dict:
+    return {k: v for k, v in gather_full_state_dict(dmp.state_dict()).items() if "embedding_bags" in k}
+
+
+def shard_api_checks(rank: int, world_size: int) -> dict:
+    """One spawn, several checks of ``recsys_dist.shard`` at this world size.
+
+    Every size: the full tables right after ``shard(..., seed=INIT_SEED)`` (row_wise).
+    Size 1: TorchRec's own init (init_tables=False); out-of-range ids refused on each call
+    path, and under TrainPipelineSparseDist. Size 2: FIXED_PLAN honoured (plan, tables,
+    forward), a rank outside the job refused, and the trainer's initial tables for the
+    quickstart equal shard()'s.
+    """
+    import recsys_dist
+    from recsys_dist.sharding import plan_summary
+
+    def meta_ebc():
+        return EmbeddingBagCollection(tables=configs(), device=torch.device("meta"))
+
+    out: dict = {}
+    dmp = recsys_dist.shard(meta_ebc(), {"sharding_types": ["row_wise"]}, seed=INIT_SEED)
+    out["tables"] = _tables(dmp)
+    if world_size == 1:
+        torchrec_init = recsys_dist.shard(meta_ebc(), {"sharding_types": ["row_wise"]}, init_tables=False)
+        out["torchrec_init"] = _tables(torchrec_init)
+        out.update(_id_checks(dmp))
+    if world_size == 2:
+        torch.manual_seed(0)
+        ref = Tiny(EmbeddingBagCollection(tables=configs(), device=torch.device("cpu")))
+        fixed = recsys_dist.shard(Tiny(meta_ebc()), {"fixed_plan": FIXED_PLAN}, seed=INIT_SEED)
+        out["fixed_plan"] = {r["table"]: (r["sharding_type"], r["ranks"]) for r in plan_summary(fixed.plan)}
+        out["fixed_tables"] = {k.removeprefix("sparse_arch."): v for k, v in _tables(fixed).items()}
+        load_full_state_dict(fixed.state_dict(), ref.state_dict())
+        batch = global_batch(0, world_size)[rank]
+        got = fixed(batch.dense_features, batch.sparse_features)
+        out["fixed_max_diff"] = (got - ref(batch.dense_features, batch.sparse_features)).abs().max().item()
+        far = {**FIXED_PLAN, "t1": {"sharding_type": "table_wise", "ranks": [2]}}
+        out["rank_outside"] = _error(lambda: recsys_dist.shard(Tiny(meta_ebc()), {"fixed_plan": far}))
+        out["trainer_vs_shard"] = _trainer_vs_shard()
+    return out
+
+
+def _trainer_vs_shard() -> dict:
+    """The quickstart model: the trainer's initial tables minus shard()'s, per table."""
+    import recsys_dist
+    from recsys_dist.config import load_config
+    from recsys_dist.distributed import init_distributed
+    from recsys_dist.models import build_model
+    from recsys_dist.optim import fuse_embedding_optimizer
+    from recsys_dist.trainer import shard_model
+    from tests.conftest import QUICKSTART
+
+    cfg = load_config(QUICKSTART, [f"train.seed={INIT_SEED}"])
+    ctx = init_distributed(cfg)
+    trainer, _, _ = shard_model(cfg, ctx)
+    model = build_model(cfg, ctx.device)
+    fuse_embedding_optimizer(model, cfg)
+    ours = recsys_dist.shard(model, cfg.sharding, device=ctx.device, seed=cfg.train.seed)
+    want, got = _tables(trainer), _tables(ours)
+    assert sorted(want) == sorted(got) and len(want) == 26, (sorted(want), sorted(got))
+    return {k: (got[k] - want[k]).abs().max().item() for k in want}
+
+
+def _id_checks(ebc_dmp) -> dict:
+    """Out-of-range ids through a bare EBC (``dmp(kjt)``), a model called with a keyword KJT,
+    a CTRTask called with a batch, check_ids=False, a feature feeding two tables, and
+    TrainPipelineSparseDist."""
+    import recsys_dist
+
+    def kjt(bad_key: str, bad_id: int) -> KeyedJaggedTensor:
+        ids = {"f_t0": [5, 999], "f_t1": [7], "f_t2": [30]}
+        ids[bad_key] = [*ids[bad_key], bad_id]
+        return KeyedJaggedTensor(
+            keys=list(ids),
+            values=torch.tensor([i for v in ids.values() for i in v]),
+            lengths=torch.tensor([len(ids["f_t0"]), 0, 0, len(ids["f_t1"]), len(ids["f_t2"]), 0]),
+        )
+
+    out = {
+        "ebc_ok": _error(lambda: ebc_dmp(kjt("f_t0", 0))),
+        "ebc_too_big": _error(lambda: ebc_dmp(kjt("f_t1", 50))),
+        "ebc_negative": _error(lambda: ebc_dmp(kjt("f_t0", -1))),
+    }
+    meta = torch.device("meta")
+    tiny = recsys_dist.shard(Tiny(EmbeddingBagCollection(tables=configs(), device=meta)))
+    out["keyword"] = _error(lambda: tiny(torch.zeros(2, NUM_DENSE), kjt=kjt("f_t2", 31)))
+    unchecked = recsys_dist.shard(EmbeddingBagCollection(tables=configs(), device=meta), check_ids=False)
+    out["unchecked"] = _error(lambda: unchecked(kjt("f_t1", 50)))
+    shared = [
+        EmbeddingBagConfig(name="a", embedding_dim=8, num_embeddings=100, feature_names=["f"]),
+        EmbeddingBagConfig(name="b", embedding_dim=4, num_embeddings=50, feature_names=["f"]),
+    ]
+    two = recsys_dist.shard(EmbeddingBagCollection(tables=shared, device=meta))
+    out["shared"] = _error(
+        lambda: two(KeyedJaggedTensor(keys=["f"], values=torch.tensor([1, 70]), lengths=torch.tensor([1, 1])))
+    )
+    out["pipeline"] = _pipeline_with_bad_batch()
+    return out
+
+
+def _pipeline_with_bad_batch() -> dict:
+    """TrainPipelineSparseDist over a shard()ed CTRTask: two good batches train, the third
+    (an id of f_t1 = 50 rows) is refused."""
+    from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
+
+    import recsys_dist
+
+    model = CTRTask(Tiny(EmbeddingBagCollection(tables=configs(), device=torch.device("meta"))))
+    dmp = recsys_dist.shard(model, {"sharding_types": ["table_wise", "data_parallel"]})
+    dense = [p for n, p in dmp.named_parameters() if "embedding_bags" not in n]
+    pipe = TrainPipelineSparseDist(dmp, torch.optim.SGD(dense, lr=0.1), torch.device("cpu"))
+    batches = [global_batch(step, 1)[0] for step in range(4)]
+    sf = batches[2].sparse_features
+    values = sf.values().clone()
+    first_t1 = sum(sf.length_per_key()[:1])
+    values[first_t1] = 50  # f_t1's first id
+    assert sf.length_per_key()[1] > 0
+    batches[2] = CTRBatch(
+        dense_features=batches[2].dense_features,
+        sparse_features=KeyedJaggedTensor(keys=sf.keys(), values=values, lengths=sf.lengths(), stride=B),
+        labels=batches[2].labels,
+        weights=batches[2].weights,
+    )
+    it, losses = iter(batches), []
+    try:
+        for _ in range(4):
+            losses.append(pipe.progress(it)[0].item())
+    except ValueError as err:
+        return {"losses": losses, "error": str(err)}
+    return {"losses": losses, "error": None}
