@@ -1,30 +1,69 @@
 """recsys_dist: embedding-parallel training of recommendation and CTR models on TorchRec.
 
-Map of the package:
+The public API (``recsys_dist.<name>``; docs/api.md), loaded lazily so that
+``import recsys_dist`` stays cheap:
 
-- ``config``      the typed run config (YAML + dotted overrides), validated up front
-- ``data``        Criteo TSV -> Parquet conversion; Parquet -> rank-sharded KJT batches
-- ``models``      models over EmbeddingBagCollection and the CTR task wrapper
-- ``sharding``    sharders (every sharding type, CPU included), planner, plan summaries
-- ``distributed`` the one place the process group is created
-- ``trainer``     the pipelined training loop (TrainPipelineSparseDist) and evaluation
-- ``metrics``     exact global AUC / logloss / NE over all ranks
-- ``checkpoint``  sharded, atomic torch.distributed.checkpoint saves
-- ``cli``         the ``recsys-dist`` command
-- ``shard``       ``recsys_dist.shard(model, sharding_config)``: bring your own model
+- config: :func:`load_config`, :class:`RunConfig`, :class:`ConfigError`
+- training: :class:`Trainer` (``fit``, ``evaluate``, ``predict``, ``save_checkpoint``,
+  ``close``), :func:`launch` (start N ranks from a script or notebook)
+- models: :class:`FeatureSpec`, :func:`register_model`, :func:`register_loss`,
+  :func:`build_model`, :func:`feature_spec`
+- sharding: :func:`shard` (plan and wrap your own model in DistributedModelParallel)
+- data: :func:`prepare` (raw files -> cached Parquet splits), :class:`ParquetBatchLoader`,
+  :class:`CTRBatch`
+- metrics: :func:`binary_metrics`, :class:`StreamingBinaryMetrics`, :func:`gather_predictions`
+- checkpoints: :func:`save_checkpoint`, :func:`load_checkpoint`, :func:`latest_checkpoint`,
+  :func:`load_model` (an unsharded model from a run, checkpoint or export)
+
+Package map: ``config/`` (loader, RunConfig), ``data/`` (formats, conversion, loader),
+``models/`` (registry, zoo, losses, task), ``spec`` (FeatureSpec), ``sharding`` / ``planning``
+(sharders, planner, dry run), ``distributed`` / ``launch`` (process group, elastic launch),
+``trainer`` (the training loop), ``metrics``, ``checkpoint``, ``export``, ``report``, ``cli``.
 """
 
-from recsys_dist._versions import check_versions
+from recsys_dist.versions import check_versions
 
 check_versions()
 
 __version__ = "0.1.0"
 
+# public name -> module that defines it
+_API = {
+    "load_config": "recsys_dist.config",
+    "RunConfig": "recsys_dist.config",
+    "ConfigError": "recsys_dist.config",
+    "Trainer": "recsys_dist.trainer",
+    "launch": "recsys_dist.launch",
+    "FeatureSpec": "recsys_dist.spec",
+    "register_model": "recsys_dist.models",
+    "register_loss": "recsys_dist.models",
+    "build_model": "recsys_dist.models",
+    "feature_spec": "recsys_dist.models",
+    "shard": "recsys_dist.sharding",
+    "prepare": "recsys_dist.data",
+    "ParquetBatchLoader": "recsys_dist.data.loader",
+    "CTRBatch": "recsys_dist.data.loader",
+    "binary_metrics": "recsys_dist.metrics",
+    "StreamingBinaryMetrics": "recsys_dist.metrics",
+    "gather_predictions": "recsys_dist.metrics",
+    "save_checkpoint": "recsys_dist.checkpoint",
+    "load_checkpoint": "recsys_dist.checkpoint",
+    "latest_checkpoint": "recsys_dist.checkpoint",
+    "load_model": "recsys_dist.export",
+}
 
-def __getattr__(name):
-    # torch and torchrec load only when the sharding API is used, not on `import recsys_dist`.
-    if name == "shard":
-        from recsys_dist.sharding import shard
+__all__ = sorted(_API) + ["__version__"]
 
-        return shard
+
+def __getattr__(name: str):
+    if name in _API:
+        import importlib
+
+        module = importlib.import_module(_API[name])
+        attr = "prepare_from_config" if name == "prepare" else name
+        return getattr(module, attr)
     raise AttributeError(f"module 'recsys_dist' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return __all__

@@ -7,14 +7,14 @@ import sys
 
 import pytest
 
-from recsys_dist.testing import _free_port
+from recsys_dist.testing import free_port
 from tests.conftest import QUICKSTART, ROOT
 from tests.test_quickstart import check_run_dir
 
 
 @pytest.mark.slow
 def test_two_nodes_one_process_each(tmp_path):
-    port = _free_port()
+    port = free_port()
     run_dir = tmp_path / "run"
     env = dict(os.environ, RECSYS_DIST_CACHE=str(tmp_path / "cache"))
     cmd = [

@@ -1,6 +1,6 @@
 import pytest
 
-from recsys_dist import _versions
+from recsys_dist import versions as _versions
 
 
 def test_supported_set_is_installed():

@@ -52,7 +52,7 @@ def mlp(
 # Leaves for torch.fx: TrainPipelineSparseDist traces the model, and these read the
 # KeyedTensor's keys and shapes, which a trace cannot see.
 @torch.fx.wrap
-def _embeddings(kt: KeyedTensor, keys: list[str]) -> torch.Tensor:
+def pooled_embeddings(kt: KeyedTensor, keys: list[str]) -> torch.Tensor:
     """[B, F, E] pooled embeddings of ``keys`` in that order, every table of width E: a view of
     the EBC's output when its columns are in that order already (the usual case), else one
     gather (26 slices stacked, and their 26-way backward, cost 0.3 ms a step at batch 512 on
@@ -62,10 +62,8 @@ def _embeddings(kt: KeyedTensor, keys: list[str]) -> torch.Tensor:
 
 
 @torch.fx.wrap
-def _embeddings_and_first_order(
-    kt: KeyedTensor, deep: list[str], first: list[str]
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """([B, F, E] pooled embeddings of the ``deep`` keys in order, as :func:`_embeddings`; [B]
+def pooled_and_first_order(kt: KeyedTensor, deep: list[str], first: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+    """([B, F, E] pooled embeddings of the ``deep`` keys in order, as :func:`pooled_embeddings`; [B]
     sum over the ``first`` keys of each per-id weight). A first-order weight is the mean of
     its table's 4 columns (FBGEMM needs widths that are multiples of 4); a mean, not a sum:
     the 4 columns get the same gradient, and a sum would move 4x faster than the configured
@@ -143,7 +141,7 @@ class DCNv2(nn.Module):
             self.cross.to(device)
 
     def forward(self, dense: torch.Tensor, kjt: KeyedJaggedTensor) -> torch.Tensor:
-        x0 = torch.cat([dense, _embeddings(self.sparse_arch(kjt), self.features).flatten(1)], dim=1)
+        x0 = torch.cat([dense, pooled_embeddings(self.sparse_arch(kjt), self.features).flatten(1)], dim=1)
         if self.structure == "stacked":
             return self.head(self.deep(self.cross(x0)))
         return self.head(torch.cat([self.cross(x0), self.deep(x0)], dim=1))
@@ -154,7 +152,7 @@ class _LinearPlusDeep(nn.Module):
     one weight per id (first-order tables), and a deep MLP over [dense, e_1..e_F].
 
     ``ebc`` holds, per feature ``f``, its embedding table (width E) and its first-order table
-    ``w_<f>`` (width 4, see :func:`_embeddings_and_first_order`): one collection, so a
+    ``w_<f>`` (width 4, see :func:`pooled_and_first_order`): one collection, so a
     sharded model runs one input_dist and one output_dist per step, not two (DeepFM on 2 CPU
     ranks: 1.4-1.7x the samples/s of two collections, docs/benchmarks.md).
     ``split(kjt)`` -> ([B, F, E] embeddings, [B] first-order sum); ``linear(dense, first)``
@@ -202,7 +200,7 @@ class _LinearPlusDeep(nn.Module):
         )
 
     def split(self, kjt: KeyedJaggedTensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return _embeddings_and_first_order(self.sparse_arch(kjt), self._deep_keys, self._first_keys)
+        return pooled_and_first_order(self.sparse_arch(kjt), self._deep_keys, self._first_keys)
 
     def linear(self, dense: torch.Tensor, first_order: torch.Tensor) -> torch.Tensor:
         return self.dense_linear(dense).squeeze(1) + first_order

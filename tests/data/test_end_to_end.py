@@ -36,10 +36,13 @@ def test_movielens_multi_hot_with_vocabulary_trains_and_scores(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     val = final(run_dir, "validation")
     assert val["num_examples"] == 2075 and 0.68 < val["auc"] < 0.9  # 2 ranks x 64: 0.744
-    # The tables are the vocabularies' sizes, and the saved config says so.
+    # The tables are the vocabularies' sizes, recorded with the checkpoint; the config is
+    # saved as written (the largest size allowed), never changed by the data preparation.
     manifest = json.loads(next((tmp_path / "cache").glob("schema-*/manifest.json")).read_text())
     saved = yaml.safe_load((run_dir / "config.yaml").read_text())
-    assert saved["data"]["num_embeddings"] == manifest["num_embeddings"] == [135, 4235, 22]
+    meta = json.loads(next((run_dir / "checkpoints").glob("step_*/meta.json")).read_text())
+    assert meta["num_embeddings"] == manifest["num_embeddings"] == [135, 4235, 22]
+    assert saved["data"]["num_embeddings"] == 10000
     # Scoring raw rows reuses the training vocabulary.
     r = run_cli(
         ["evaluate", str(run_dir), "--data", str(ROOT / "datasets/movielens/ratings_genres_first20000.csv")], tmp_path

@@ -81,7 +81,7 @@ def test_embeddings_and_first_order_are_read_by_key_in_any_column_layout():
     rank): the split reads them by key, as a view when they are in order, else by gather."""
     from torchrec.sparse.jagged_tensor import KeyedTensor
 
-    from recsys_dist.models.ctr import _embeddings, _embeddings_and_first_order
+    from recsys_dist.models.ctr import pooled_and_first_order, pooled_embeddings
 
     B, E = 5, 8
     deep, first = [f"f{i}@t_f{i}" for i in range(3)], [f"f{i}@w_f{i}" for i in range(3)]
@@ -91,11 +91,11 @@ def test_embeddings_and_first_order_are_read_by_key_in_any_column_layout():
     layouts = [deep + first, first[::-1] + deep, [deep[2], first[0], deep[0], first[2], deep[1], first[1]]]
     for keys in layouts:
         kt = KeyedTensor.from_tensor_list(keys, [cols[k] for k in keys])
-        v, w = _embeddings_and_first_order(kt, deep, first)
+        v, w = pooled_and_first_order(kt, deep, first)
         assert torch.equal(v, want_v) and torch.allclose(w, want_first), keys
-        assert torch.equal(_embeddings(kt, deep), want_v)
+        assert torch.equal(pooled_embeddings(kt, deep), want_v)
     in_order = KeyedTensor.from_tensor_list(deep + first, [cols[k] for k in deep + first])
-    assert _embeddings_and_first_order(in_order, deep, first)[0]._base is in_order.values()  # a view, no copy
+    assert pooled_and_first_order(in_order, deep, first)[0]._base is in_order.values()  # a view, no copy
 
 
 def test_deepfm_family_needs_a_first_order_table_per_feature():
