@@ -250,8 +250,9 @@ def check_compatible(path: Path, meta: dict, config: dict, tables: bool = True, 
         raise CheckpointError(f"checkpoint {path} was written by a different config: {', '.join(diffs)}")
 
 
-# Checkpoints written before 2026-11-30 hold the first-order tables of DeepFM, Wide & Deep
-# and xDeepFM in a collection of their own, ``first_order``; they now share ``sparse_arch``.
+# Checkpoints written before docs/design/0001-first-order-tables-in-one-collection.md hold the
+# first-order tables of DeepFM, Wide & Deep and xDeepFM in a collection of their own,
+# ``first_order``; they now share ``sparse_arch``.
 _FIRST_ORDER_NOW, _FIRST_ORDER_BEFORE = ".sparse_arch.embedding_bags.w_", ".first_order.embedding_bags.w_"
 
 

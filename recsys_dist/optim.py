@@ -75,8 +75,8 @@ def build_optimizer(
     dp_tables = {n: p for n, p in params.items() if ".embedding_bags." in n}
     dense = {n: p for n, p in params.items() if n not in dp_tables}
     dense_cls = DENSE_OPTIMIZERS[dense_optimizer]
-    # torch's fused CPU kernel updates each tensor in one pass: the quickstart's dense Adagrad
-    # step took 46 instead of 114 us (benchmarks/run.py, docs/benchmarks.md).
+    # On CPU torch's fused kernel updates each tensor in one pass instead of its single-tensor
+    # path's several ops per tensor (docs/design/0010-trainer-epoch-start-and-fused-dense-optimizer.md).
     on_cpu = all(p.device.type == "cpu" for p in dense.values())
     fused = {"fused": True} if on_cpu and dense and dense_optimizer in ("adagrad", "adam", "adamw") else {}
     dense_opt = KeyedOptimizerWrapper(dense, lambda ps: dense_cls(ps, lr=dense_lr, **fused))

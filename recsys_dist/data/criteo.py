@@ -585,7 +585,8 @@ def read_chunks(
 
     The file (gzip / bz2 detected) is read block by block and cut at line ends, and each
     block is parsed on all cores; only one block is in memory at a time. (pyarrow's own
-    streaming reader reads ahead without bound: a 240 MB file held 215 MB of blocks.)
+    streaming reader reads ahead without bound, so its memory grows with the file; see
+    docs/design/0008-bounded-memory-conversion-and-batch-layout-loader.md.)
     Everything is kept as text so a bad value is reported with its line and column.
     With ``skipped`` (a list), bad lines (wrong field count, blank, not UTF-8: see
     :func:`parse_block`) are appended to it as ``(line or None, reason)`` and left out

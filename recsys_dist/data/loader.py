@@ -429,7 +429,7 @@ class ParquetBatchLoader:
                 return col[rows].reshape(nb, B)
             if col.dtype not in scratch:
                 scratch[col.dtype] = np.empty(len(idx), col.dtype)
-            # mode="wrap": idx is valid, and the default "raise" copies through a buffer (1.5x slower)
+            # mode="wrap": idx is valid, and the default "raise" copies through an extra buffer
             return np.take(col, idx, out=scratch[col.dtype], mode="wrap").reshape(nb, B)
 
         labels = gather(cols.labels).astype(np.float32)  # a copy: the buffer is reused, Arrow's is read-only

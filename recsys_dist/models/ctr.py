@@ -55,8 +55,8 @@ def mlp(
 def pooled_embeddings(kt: KeyedTensor, keys: list[str]) -> torch.Tensor:
     """[B, F, E] pooled embeddings of ``keys`` in that order, every table of width E: a view of
     the EBC's output when its columns are in that order already (the usual case), else one
-    gather (26 slices stacked, and their 26-way backward, cost 0.3 ms a step at batch 512 on
-    2 CPU cores)."""
+    gather, a copy forward and a scatter backward every step, which the view avoids (see
+    docs/design/0006-per-step-overhead-tried-and-not-kept.md)."""
     (v,) = _groups(kt, keys)
     return v.reshape(v.shape[0], len(keys), -1)
 
@@ -153,8 +153,8 @@ class _LinearPlusDeep(nn.Module):
 
     ``ebc`` holds, per feature ``f``, its embedding table (width E) and its first-order table
     ``w_<f>`` (width 4, see :func:`pooled_and_first_order`): one collection, so a
-    sharded model runs one input_dist and one output_dist per step, not two (DeepFM on 2 CPU
-    ranks: 1.4-1.7x the samples/s of two collections, docs/benchmarks.md).
+    sharded model runs one input_dist and one output_dist per step, not two
+    (docs/design/0001-first-order-tables-in-one-collection.md).
     ``split(kjt)`` -> ([B, F, E] embeddings, [B] first-order sum); ``linear(dense, first)``
     -> [B]; ``deep_logit(dense, v)`` -> [B, 1].
 
