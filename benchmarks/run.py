@@ -91,32 +91,18 @@ def load(spec: dict, name: str):
     return load_config(ROOT / "configs" / CONFIG_FILES[name], overrides(spec, name))
 
 
-def trainer_epoch(cfg, ctx, run_dir: Path):
+def trainer_epoch(cfg, run_dir: Path):
     """(``epoch()`` -> global samples/s of one more epoch of our trainer, steps per epoch)."""
-    from recsys_dist.observe import TraceWriter
-    from recsys_dist.trainer import MetricsWriter, _Loop, make_loaders, shard_model
+    from recsys_dist.trainer import Trainer
 
-    run_dir.mkdir(parents=True, exist_ok=True)
-    loaders = make_loaders(cfg, ctx)
-    dmp, optimizer, _ = shard_model(cfg, ctx)
-    loop = _Loop(
-        cfg,
-        ctx,
-        dmp,
-        optimizer,
-        loaders,
-        MetricsWriter(run_dir / "metrics.jsonl", ctx.is_main),
-        TraceWriter(None, ctx.rank),
-        run_dir,
-    )
+    trainer = Trainer(cfg, run_dir)  # on the group run_ranks made, which it leaves open
 
     def epoch() -> float:
-        rows, secs = loop.rows_trained, loop.train_seconds
-        loop.run_epoch()
-        loop.epoch += 1
-        return (loop.rows_trained - rows) / (loop.train_seconds - secs)
+        rows, secs = trainer.rows_trained, trainer.train_seconds
+        trainer.train_epoch()
+        return (trainer.rows_trained - rows) / (trainer.train_seconds - secs)
 
-    return epoch, len(loaders.train)
+    return epoch, len(trainer.loaders.train)
 
 
 def deepfm_one_rank(rank: int, world: int, spec: dict) -> float:
@@ -125,12 +111,9 @@ def deepfm_one_rank(rank: int, world: int, spec: dict) -> float:
     sharding only adds all-to-alls); ``spec["rows_per_table"]`` sets the table size."""
     warnings.filterwarnings("ignore")
     logging.disable(logging.WARNING)
-    from recsys_dist.distributed import init_distributed
-
     one = {**spec, "world": 1, "batch": spec["batch"] * spec["world"]}
     cfg = load(one, "deepfm")
-    ctx = init_distributed(cfg)
-    epoch, _ = trainer_epoch(cfg, ctx, Path(spec["tmp"]) / f"deepfm_one_rank_{spec.get('rows_per_table')}")
+    epoch, _ = trainer_epoch(cfg, Path(spec["tmp"]) / f"deepfm_one_rank_{spec.get('rows_per_table')}")
     return max(epoch() for _ in range(spec["reps"]))
 
 
@@ -198,7 +181,7 @@ def measure(rank: int, world: int, spec: dict) -> dict:
     sizes = table_sizes(cfg)
     lr = cfg.train.embedding_lr
     run = {}
-    ours, steps = trainer_epoch(cfg, ctx, Path(spec["tmp"]) / name)
+    ours, steps = trainer_epoch(cfg, Path(spec["tmp"]) / name)
     run["ours"] = ours
     batches = baselines.memory_batches(train_path, rank, world, B, dense, sparse, steps)
 
@@ -230,7 +213,7 @@ def measure(rank: int, world: int, spec: dict) -> dict:
             )
         )
         if spec["deepfm"]:
-            run["ours_deepfm"], _ = trainer_epoch(load(spec, "deepfm"), ctx, Path(spec["tmp"]) / "deepfm")
+            run["ours_deepfm"], _ = trainer_epoch(load(spec, "deepfm"), Path(spec["tmp"]) / "deepfm")
     from recsys_dist.data.loader import CTRBatch
 
     ours_batches = [

@@ -33,7 +33,6 @@ _API = {
     "RunConfig": "recsys_dist.config",
     "ConfigError": "recsys_dist.config",
     "Trainer": "recsys_dist.trainer",
-    "launch": "recsys_dist.launch",
     "FeatureSpec": "recsys_dist.spec",
     "register_model": "recsys_dist.models",
     "register_loss": "recsys_dist.models",
@@ -52,7 +51,12 @@ _API = {
     "load_model": "recsys_dist.export",
 }
 
-__all__ = sorted(_API) + ["__version__"]
+__all__ = sorted([*_API, "launch"]) + ["__version__"]
+
+# Bound now, not looked up lazily: importing the submodule ``recsys_dist.launch`` (the CLI does)
+# sets the package attribute of that name to the module, and the function must win. The module
+# is light; torch loads when ``launch`` is called.
+from recsys_dist.launch import launch  # noqa: E402, F401
 
 
 def __getattr__(name: str):

@@ -10,16 +10,15 @@ recsys-dist bench [--quick]     (benchmarks/run.py: ratios vs peers and the hard
 from __future__ import annotations
 
 import argparse
-import errno
 import json
 import logging
 import os
 import sys
-import time
 import warnings
 from pathlib import Path
 
-from recsys_dist.config import ConfigError, load_config, save_config
+from recsys_dist import run_dir as run_dirs
+from recsys_dist.config import ConfigError, load_config
 from recsys_dist.preflight import check_before_launch
 
 
@@ -30,13 +29,6 @@ def _quiet_third_party() -> None:
     warnings.filterwarnings("ignore", category=DeprecationWarning)
     for name in ("torch.fx._symbolic_trace", "torchrec", "torch.distributed", "fbgemm_gpu"):
         logging.getLogger(name).setLevel(logging.ERROR)
-
-
-def _default_run_dir(config_path: str) -> Path:
-    stem = Path(config_path).stem
-    run_id = os.environ.get("TORCHELASTIC_RUN_ID")
-    suffix = run_id if run_id and run_id != "none" else time.strftime("%Y%m%d-%H%M%S")
-    return Path("runs") / f"{stem}-{suffix}"
 
 
 def _print_summary(summary: dict) -> None:
@@ -63,8 +55,58 @@ def _print_summary(summary: dict) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    """``recsys-dist train``: check the config and the run directory, then train in this process
+    (one rank, or one of torchrun's ranks) or start ``distributed.nproc_per_node`` ranks."""
     from recsys_dist.distributed import under_launcher
 
+    cfg = load_config(args.config, _train_overrides(args))
+    check_before_launch(cfg, int(os.environ["WORLD_SIZE"]) if under_launcher() else None)
+    _quiet_third_party()
+    worker = args.worker or under_launcher()
+    run_dir = Path(args.run_dir) if args.run_dir else run_dirs.default_run_dir(args.config)
+    resume = _resolve_resume(args, run_dir)
+    if not worker and not args.resume:
+        run_dirs.check_unused(run_dir)
+    if resume is not None:
+        run_dirs.check_resumable(cfg, resume)
+    if worker:
+        return _train_worker(args, cfg, run_dir, resume)
+    # A resumed run's config.yaml is replaced only once there is something to train, so a
+    # no-op resume with other overrides leaves the file that matches the checkpoints.
+    run_dirs.write_config(cfg, run_dir, write=resume is None)
+    train_rows = _prepare_data(cfg)  # before any rank exists, so bad input is reported once and early
+    if resume is not None:
+        from recsys_dist.data.loader import steps_per_epoch
+
+        n = cfg.distributed.nproc_per_node
+        total = run_dirs.total_steps(cfg, steps_per_epoch(train_rows, cfg.train.batch_size, n, cfg.data.remainder))
+        step = run_dirs.checkpoint_step(resume)
+        if step >= total:
+            print(
+                f"recsys-dist: {resume} is already at step {step}, and this config trains {total} steps in all; "
+                "nothing to train (raise train.epochs or train.max_steps to continue)"
+            )
+            return 0
+        run_dirs.write_config(cfg, run_dir)
+    if cfg.distributed.nproc_per_node == 1:
+        from recsys_dist.trainer import Trainer
+
+        with Trainer(cfg, run_dir, resume=resume, profile_dir=run_dir / "profile" if args.profile else None) as trainer:
+            summary = trainer.fit()
+    else:
+        summary = _launch_ranks(args, cfg, run_dir, resume)
+        if summary is None:
+            return 1
+    _print_summary(summary)
+    return 0
+
+
+def _train_overrides(args: argparse.Namespace) -> list[str]:
+    """The dotted overrides, plus ``--plan FILE`` as ``sharding.fixed_plan``.
+
+    Raises:
+        ConfigError: the plan file cannot be read.
+    """
     overrides = list(args.overrides)
     if args.plan:
         from recsys_dist.sharding import load_plan_file
@@ -74,118 +116,92 @@ def cmd_train(args: argparse.Namespace) -> int:
         except ValueError as err:
             raise ConfigError(str(err)) from None
         overrides.append(f"sharding.fixed_plan={json.dumps(fixed)}")
-    cfg = load_config(args.config, overrides)
-    check_before_launch(cfg, int(os.environ["WORLD_SIZE"]) if under_launcher() else None)
-    _quiet_third_party()
-
-    run_dir = Path(args.run_dir) if args.run_dir else _default_run_dir(args.config)
-    resume = _resolve_resume(args, run_dir)
-    if not (args.worker or under_launcher()) and not args.resume:
-        used = [n for n in ("metrics.jsonl", "checkpoints") if (run_dir / n).exists()]
-        if used:
-            raise ConfigError(
-                f"--run-dir {run_dir} already holds a run ({', '.join(used)}); continue it with "
-                "--resume auto, or give a new --run-dir (runs are never mixed or overwritten)"
-            )
-    if resume is not None:
-        from recsys_dist.checkpoint import check_compatible, read_meta
-
-        check_compatible(resume, read_meta(resume), cfg.to_dict(), tables=cfg.data.categorical_mapping == "hash")
-    if args.worker or under_launcher():
-        from torch.distributed.elastic.multiprocessing.errors import record
-
-        from recsys_dist.checkpoint import latest_checkpoint
-        from recsys_dist.trainer import train
-
-        if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)) > 0:
-            # The elastic agent restarted the group after a failure: continue from the newest
-            # complete checkpoint of this run, if one was written.
-            resume = latest_checkpoint(run_dir) or resume
-        try:
-            summary = record(train)(cfg, run_dir, run_dir / "profile" if args.profile else None, resume)
-        except _user_errors() as err:
-            # Recorded for the launcher's report already; a traceback would only bury the message.
-            print(f"recsys-dist [rank {os.environ.get('RANK', 0)}]: {err}", file=sys.stderr)
-            sys.stderr.flush()
-            os._exit(1)
-        if summary and not args.worker and int(os.environ.get("RANK", 0)) == 0:
-            _print_summary(summary)
-        # Everything is written and the process group is gone. Leave without interpreter
-        # finalisation: a native thread torn down there aborted a finished worker with
-        # SIGABRT ("terminate called without an active exception") in about 1 run in 40.
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
-    # A resumed run's config.yaml is replaced only once there is something to train, so a
-    # no-op resume with other overrides leaves the file that matches the checkpoints.
-    _write_run_config(cfg, run_dir, resume is None)
-    # Convert the data here, before any rank exists, so bad input is reported once and early.
-    from recsys_dist.data import prepare_from_config
-
-    d = cfg.data
-    prepared = prepare_from_config(cfg, progress=sys.stderr.isatty())
-    if prepared.rows["train"] == 0:
-        from recsys_dist.data.criteo import DataError
-
-        rows = ", ".join(f"{k} {v}" for k, v in prepared.rows.items())
-        from recsys_dist.data.config import describe_raw_path
-
-        raise DataError(
-            f"{describe_raw_path(d.raw_path)}: the training split is empty ({rows} rows); give more rows or change "
-            "data.split"
-        )
-    if resume is not None:
-        from recsys_dist.checkpoint import read_meta
-        from recsys_dist.data.loader import steps_per_epoch
-
-        n = cfg.distributed.nproc_per_node
-        total = cfg.train.epochs * steps_per_epoch(prepared.rows["train"], cfg.train.batch_size, n, d.remainder)
-        total = min(total, cfg.train.max_steps or total)
-        step = read_meta(resume)["step"]
-        if step >= total:
-            print(
-                f"recsys-dist: {resume} is already at step {step}, and this config trains {total} steps in all; "
-                "nothing to train (raise train.epochs or train.max_steps to continue)"
-            )
-            return 0
-        _write_run_config(cfg, run_dir, True)
-    if cfg.distributed.nproc_per_node == 1:
-        from recsys_dist.trainer import train
-
-        summary = train(cfg, run_dir, run_dir / "profile" if args.profile else None, resume)
-    else:
-        from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-
-        from recsys_dist.launch import launch_workers
-
-        try:
-            extra = (["--profile"] if args.profile else []) + (["--resume", str(resume)] if resume else [])
-            launch_workers(run_dir, cfg.distributed.nproc_per_node, cfg.distributed.max_restarts, extra)
-        except ChildFailedError as err:
-            rank, first = err.get_first_failure()
-            print(f"recsys-dist: training failed on rank {rank}:\n{_failure_text(first)}", file=sys.stderr)
-            return 1
-        summary = json.loads((run_dir / "summary.json").read_text())
-    _print_summary(summary)
-    return 0
+    return overrides
 
 
-def _write_run_config(cfg, run_dir: Path, write: bool) -> None:
-    """Create ``run_dir`` and, if ``write``, its config.yaml (what the ranks read).
+def _resolve_resume(args: argparse.Namespace, run_dir: Path) -> Path | None:
+    """``--resume auto|PATH`` -> a complete checkpoint directory (or None).
 
     Raises:
-        ConfigError: the directory cannot be created or written.
+        ConfigError: ``--resume auto`` without ``--run-dir``.
+        CheckpointError: PATH is not a complete checkpoint (``run_dir.resolve_resume``).
     """
+    if args.resume == "auto" and not args.run_dir:
+        raise ConfigError("--resume auto continues a run: give its directory with --run-dir")
+    path = run_dirs.resolve_resume(args.resume, run_dir)
+    if args.resume == "auto" and path is None:
+        # Lets one job script serve the first submission and every requeue.
+        print(
+            f"recsys-dist: --resume auto: no complete checkpoint in {run_dir / 'checkpoints'} yet; "
+            "starting from scratch",
+            file=sys.stderr,
+        )
+    return path
+
+
+def _prepare_data(cfg) -> int:
+    """Convert the raw data (cached); returns the training split's rows.
+
+    Raises:
+        DataError: bad input, or an empty training split.
+    """
+    from recsys_dist.data import prepare_from_config
+    from recsys_dist.data.config import describe_raw_path
+    from recsys_dist.data.criteo import DataError
+
+    prepared = prepare_from_config(cfg, progress=sys.stderr.isatty())
+    if prepared.rows["train"] == 0:
+        rows = ", ".join(f"{k} {v}" for k, v in prepared.rows.items())
+        raise DataError(
+            f"{describe_raw_path(cfg.data.raw_path)}: the training split is empty ({rows} rows); give more rows or "
+            "change data.split"
+        )
+    return prepared.rows["train"]
+
+
+def _train_worker(args: argparse.Namespace, cfg, run_dir: Path, resume: Path | None) -> int:
+    """One rank under a launcher (``launch_workers``' hidden ``--worker``, or torchrun)."""
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    from recsys_dist.checkpoint import latest_checkpoint
+    from recsys_dist.trainer import train
+
+    if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)) > 0:
+        # The elastic agent restarted the group after a failure: continue from the newest
+        # complete checkpoint of this run, if one was written.
+        resume = latest_checkpoint(run_dir) or resume
     try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        if write:
-            save_config(cfg, run_dir / "config.yaml")
-        elif not os.access(run_dir, os.W_OK):
-            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
-    except OSError as err:
-        raise ConfigError(
-            f"--run-dir {run_dir}: cannot write there ({err.strerror}); choose a writable directory"
-        ) from None
+        summary = record(train)(cfg, run_dir, run_dir / "profile" if args.profile else None, resume)
+    except _user_errors() as err:
+        # Recorded for the launcher's report already; a traceback would only bury the message.
+        print(f"recsys-dist [rank {os.environ.get('RANK', 0)}]: {err}", file=sys.stderr)
+        sys.stderr.flush()
+        os._exit(1)
+    if summary and not args.worker and int(os.environ.get("RANK", 0)) == 0:
+        _print_summary(summary)
+    # Everything is written and the process group is gone. Leave without interpreter
+    # finalisation: a native thread torn down there aborted a finished worker with
+    # SIGABRT ("terminate called without an active exception") in about 1 run in 40.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def _launch_ranks(args: argparse.Namespace, cfg, run_dir: Path, resume: Path | None) -> dict | None:
+    """Start ``distributed.nproc_per_node`` ranks of ``recsys-dist train``; the run's summary,
+    or None after printing the first failing rank's error."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    from recsys_dist.launch import failure_message, launch_workers
+
+    try:
+        extra = (["--profile"] if args.profile else []) + (["--resume", str(resume)] if resume else [])
+        launch_workers(run_dir, cfg.distributed.nproc_per_node, cfg.distributed.max_restarts, extra)
+    except ChildFailedError as err:
+        rank, first = err.get_first_failure()
+        print(f"recsys-dist: training failed on rank {rank}:\n{failure_message(first)}", file=sys.stderr)
+        return None
+    return run_dirs.read_summary(run_dir)
 
 
 def _user_errors() -> tuple:
@@ -203,45 +219,6 @@ def run() -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
-
-
-def _resolve_resume(args: argparse.Namespace, run_dir: Path) -> Path | None:
-    """``--resume auto|PATH`` -> a complete checkpoint directory (or None)."""
-    from recsys_dist.checkpoint import CheckpointError, latest_checkpoint, read_meta
-
-    if not args.resume:
-        return None
-    if args.resume == "auto":
-        if not args.run_dir:
-            raise ConfigError("--resume auto continues a run: give its directory with --run-dir")
-        path = latest_checkpoint(run_dir)
-        if path is None:
-            # Lets one job script serve the first submission and every requeue.
-            print(
-                f"recsys-dist: --resume auto: no complete checkpoint in {run_dir / 'checkpoints'} yet; "
-                "starting from scratch",
-                file=sys.stderr,
-            )
-        return path
-    path = Path(args.resume)
-    if path.is_file():
-        raise CheckpointError(f"--resume {path} is a file; give a checkpoint directory (step_N) or a run directory")
-    if (path / "checkpoints").is_dir():  # a run directory: its newest complete checkpoint
-        found = latest_checkpoint(path)
-        if found is None:
-            raise CheckpointError(f"--resume {path}: this run directory has no complete checkpoint")
-        path = found
-    read_meta(path)  # raises CheckpointError naming what is wrong
-    return path
-
-
-def _failure_text(failure) -> str:
-    msg = failure.message
-    if isinstance(msg, dict):
-        msg = msg.get("message", msg)
-        if isinstance(msg, dict):
-            msg = msg.get("message", str(msg))
-    return str(msg)
 
 
 def cmd_plan(args: argparse.Namespace) -> int:

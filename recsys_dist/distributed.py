@@ -79,8 +79,9 @@ def resolve_device(name: str, local_rank: int = 0) -> torch.device:
 def init_distributed(cfg: DistributedConfig, timeout_s: float = 600.0) -> DistContext:
     """Create the default process group (gloo on CPU, nccl on CUDA).
 
-    Under a launcher the rank and world size come from its environment; otherwise a
-    single-rank group is made in-process. On CPU each rank runs
+    Under a launcher the rank and world size come from its environment; when a group
+    already exists (made by the caller) it is used as it is, its rank and size read from it;
+    otherwise a single-rank group is made in-process. On CPU each rank runs
     ``distributed.cpu_threads_per_rank`` intra-op threads, by default an equal share of
     this machine's cores.
     """
@@ -88,6 +89,10 @@ def init_distributed(cfg: DistributedConfig, timeout_s: float = 600.0) -> DistCo
     if under_launcher():
         rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         local_rank = int(os.environ.get("LOCAL_RANK", 0))
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    elif dist.is_initialized():
+        rank, world = dist.get_rank(), dist.get_world_size()
+        local_rank = int(os.environ.get("LOCAL_RANK", rank))
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     else:
         rank, world, local_rank, local_world = 0, 1, 0, 1

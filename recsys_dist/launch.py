@@ -1,10 +1,148 @@
-"""Start the worker group with torch.distributed's elastic launcher (torchrun's code)."""
+"""Starting ranks: :func:`launch` runs a Python function on N local ranks (the library's
+way), :func:`launch_workers` runs ``recsys-dist train`` on them (the command line's way).
+Both go through torch.distributed's elastic launcher, the code ``torchrun`` runs.
+
+``recsys_dist.launch`` is the function :func:`launch` (the package binds it on import), so
+reach this module's other names with ``from recsys_dist.launch import ...``.
+"""
 
 from __future__ import annotations
 
+import logging
 import os
+import pickle
 import sys
+import uuid
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+
+
+class RankFailedError(RuntimeError):
+    """A rank started by :func:`launch` failed.
+
+    Attributes:
+        rank: the first rank that failed (global rank).
+        message: its error, ``"ExceptionType: text"``, or the signal that ended it.
+        traceback: its traceback as text ("" when the process died without one).
+    """
+
+    def __init__(self, rank: int, message: str, traceback: str = "") -> None:
+        text = f"rank {rank} failed: {message}"
+        if traceback:
+            text += f"\n\nrank {rank}'s traceback:\n{traceback.rstrip()}"
+        super().__init__(text)
+        self.rank, self.message, self.traceback = rank, message, traceback
+
+
+def launch(fn: Callable[..., Any], nproc: int, *args: Any, max_restarts: int = 0) -> list[Any]:
+    """Run ``fn(*args)`` on ``nproc`` local ranks and return each rank's return value.
+
+    The ranks are new processes started by torch.distributed's elastic launcher
+    (``elastic_launch``, standalone rendezvous on a free port, ``spawn`` start method), with
+    the environment of a torchrun worker (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
+    ``MASTER_ADDR``, ...), so a :class:`recsys_dist.Trainer` built inside ``fn`` joins them
+    into one process group::
+
+        # my_job.py
+        import recsys_dist
+        from recsys_dist.config import load_config
+
+        def job(config_path, run_dir):
+            with recsys_dist.Trainer(load_config(config_path), run_dir) as trainer:
+                return trainer.fit()
+
+        if __name__ == "__main__":
+            summaries = recsys_dist.launch(job, 2, "configs/criteo_quickstart.yaml", "runs/mine")
+
+    ``fn`` must be importable by name in a new process, as with multiprocessing's spawn: a
+    function defined at the top level of a module (or of the script, whose launching code
+    sits under ``if __name__ == "__main__":``), not a lambda, a nested function or a
+    function typed into a notebook or the interactive interpreter (put it in a ``.py``
+    file and import it). ``args`` and the return values must pickle.
+
+    Args:
+        fn: the function every rank runs.
+        nproc: the number of ranks (>= 1).
+        *args: passed to ``fn`` on every rank.
+        max_restarts: restarts of the whole group after a rank fails.
+
+    Returns:
+        ``[rank 0's return value, rank 1's, ...]``.
+
+    Raises:
+        RankFailedError: a rank raised or died; names the rank, its error and traceback.
+        TypeError: ``fn`` or ``args`` cannot be sent to a new process.
+        ValueError: ``nproc`` < 1.
+    """
+    if not isinstance(nproc, int) or nproc < 1:
+        raise ValueError(f"nproc must be an integer >= 1, got {nproc!r}")
+    _check_spawnable(fn, args)
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    config = LaunchConfig(
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=nproc,
+        run_id=str(uuid.uuid4()),
+        rdzv_backend="c10d",  # torchrun --standalone: a c10d store on a free local port
+        rdzv_endpoint="localhost:0",
+        max_restarts=max_restarts,
+        start_method="spawn",
+    )
+    # The agent logs each failure with its traceback, which RankFailedError carries anyway.
+    agent_log = logging.getLogger("torch.distributed.elastic")
+    level = agent_log.level
+    agent_log.setLevel(logging.CRITICAL)
+    try:
+        results = elastic_launch(config, fn)(*args)
+    except ChildFailedError as err:
+        rank, failure = err.get_first_failure()
+        raise RankFailedError(rank, failure_message(failure), _failure_traceback(failure)) from None
+    finally:
+        agent_log.setLevel(level)
+    return [results[r] for r in range(nproc)]
+
+
+def _check_spawnable(fn: Callable, args: tuple) -> None:
+    """Refuse, in this process, what a spawned rank could not unpickle."""
+    main = sys.modules.get("__main__")
+    name = getattr(fn, "__qualname__", repr(fn))
+    if getattr(fn, "__module__", None) == "__main__" and not getattr(main, "__file__", None):
+        raise TypeError(
+            f"launch: {name} is defined in an interactive session (a notebook or the REPL), which a new "
+            "process cannot import; define it in a .py file and import it from there"
+        )
+    try:
+        pickle.dumps(fn)
+    except Exception as err:  # noqa: BLE001 - any pickling failure means the same thing
+        raise TypeError(
+            f"launch: {name} cannot be sent to a new process ({err}); give a function defined at the top "
+            "level of a module, not a lambda or a nested function"
+        ) from None
+    try:
+        pickle.dumps(args)
+    except Exception as err:  # noqa: BLE001
+        raise TypeError(f"launch: the arguments for {name} cannot be pickled ({err})") from None
+
+
+def failure_message(failure) -> str:
+    """The error text of an elastic ``ProcessFailure``: ``"ExceptionType: text"`` when the
+    rank recorded its exception, else what the launcher knows (e.g. the signal)."""
+    msg = failure.message
+    if isinstance(msg, dict):
+        msg = msg.get("message", msg)
+        if isinstance(msg, dict):
+            msg = msg.get("message", str(msg))
+    return str(msg)
+
+
+def _failure_traceback(failure) -> str:
+    msg = failure.message
+    if isinstance(msg, dict):
+        return str(msg.get("extraInfo", {}).get("py_callstack", ""))
+    return ""
 
 
 def launch_workers(run_dir: Path, nproc_per_node: int, max_restarts: int, extra_args: list[str] = ()) -> None:
@@ -36,8 +174,6 @@ def launch_workers(run_dir: Path, nproc_per_node: int, max_restarts: int, extra_
         ]
     )
     # The launcher's own INFO lines would drown the summary.
-    import logging
-
     logging.getLogger("torch.distributed.elastic").setLevel(logging.WARNING)
     sys.stdout.flush()
     run(args)

@@ -1,9 +1,12 @@
 """The training job one rank runs: data, sharded model, pipelined loop, evaluation.
 
-Hybrid parallelism: embedding tables are sharded by TorchRec's planner and
-DistributedModelParallel (DMP); the dense tower is data-parallel (DDP inside DMP).
-``TrainPipelineSparseDist`` overlaps the input_dist all-to-all of batch i+1 with the
-forward/backward of batch i.
+:class:`Trainer` is the public entry point (``recsys_dist.Trainer``); :func:`train` is the
+command line's one call over it. Hybrid parallelism: embedding tables are sharded by
+TorchRec's planner and DistributedModelParallel (DMP); the dense tower is data-parallel
+(DDP inside DMP). ``TrainPipelineSparseDist`` overlaps the input_dist all-to-all of batch
+i+1 with the forward/backward of batch i. Evaluation lives in ``recsys_dist.evaluation``,
+``metrics.jsonl`` in ``recsys_dist.metrics_writer``, run-directory rules in
+``recsys_dist.run_dir``.
 """
 
 from __future__ import annotations
@@ -12,31 +15,34 @@ import json
 import logging
 import math
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from torch import nn
 from torchrec.distributed import DistributedModelParallel
 from torchrec.optim.keyed import CombinedOptimizer
 from tqdm import tqdm
 
+from recsys_dist import run_dir as run_dirs
 from recsys_dist import sharding
 from recsys_dist.checkpoint import (
     canonical_optimizer_state,
     check_compatible,
+    latest_checkpoint,
     load_checkpoint,
     read_meta,
     save_checkpoint,
     set_optimizer_steps,
 )
-from recsys_dist.config import RunConfig, save_config
+from recsys_dist.config import ConfigError, RunConfig
 from recsys_dist.data import feature_names, prepare_from_config
 from recsys_dist.data.loader import ParquetBatchLoader
-from recsys_dist.distributed import DistContext, broadcast_result, init_distributed
+from recsys_dist.distributed import DistContext, broadcast_result, init_distributed, under_launcher
+from recsys_dist.evaluation import evaluate, in_row_order, predict
 from recsys_dist.faults import maybe_fault
-from recsys_dist.metrics import StreamingBinaryMetrics, binary_metrics, gather_predictions
+from recsys_dist.metrics_writer import MetricsWriter, finite_or_none
 from recsys_dist.models import build_model, feature_spec
 from recsys_dist.models.build import table_sizes
 from recsys_dist.observe import TimedTrainPipeline, TraceWriter
@@ -128,348 +134,493 @@ def shard_model(
     return dmp, optimizer, str(plan)
 
 
-@torch.no_grad()
-def evaluate(
-    dmp: nn.Module,
-    loader: ParquetBatchLoader,
-    device: torch.device,
-    auc_buckets: int | None = None,
-    group_feature: str | None = None,
-) -> dict:
-    """Metrics over every rank's predictions on one split (padding excluded).
+class Trainer:
+    """One rank's training job: data, sharded model, pipelined loop, evaluation, checkpoints.
 
-    ``auc_buckets`` None: exact, gathers every prediction; N: streaming histogram metrics in
-    memory independent of the split's size (``auc_error_bound`` is reported).
-    ``group_feature``: a one-hot categorical key whose ids group rows for GAUC. Every rank
-    must call this, since both paths end in a collective.
+    Every rank of the job builds one ``Trainer`` with the same config and run directory and
+    calls the same methods in the same order (most of them are collective)::
+
+        with Trainer(cfg, "runs/my_run") as trainer:
+            summary = trainer.fit()  # train, validate each epoch, score test, save
+            test = trainer.evaluate("test")
+            preds = trainer.predict("test")
+
+    The process group: when none exists, the Trainer creates it
+    (``recsys_dist.distributed.init_distributed``: the launcher's ranks under torchrun or
+    :func:`recsys_dist.launch`, else one rank in this process) and :meth:`close` destroys it;
+    an existing group (made by the caller) is used as it is and left to its owner.
+
+    Args:
+        cfg: the resolved run config (``recsys_dist.config.load_config``).
+        run_dir: the run directory; created if missing (rank 0 writes ``config.yaml``,
+            ``plan.txt`` / ``plan.json``, ``metrics.jsonl``, ``summary.json`` and
+            ``checkpoints/`` there). A directory that already holds a run is not refused
+            here, unlike ``recsys-dist train``; ``recsys_dist.run_dir.check_unused`` does it.
+        resume: None; ``"auto"`` (the newest complete checkpoint of ``run_dir``, or a fresh
+            start when there is none yet); a checkpoint directory; or a run directory (its
+            newest complete checkpoint). Any world size or plan may have written it.
+        profile_dir: write a torch.profiler trace of steps 5-7 per rank there.
+
+    Attributes:
+        cfg: the config. run_dir: the run directory (``Path``).
+        epoch: the epoch being (or last) trained, from 0.
+        total_steps: steps the run trains in all (``train.epochs`` x steps per epoch, capped
+            by ``train.max_steps``); :meth:`fit` stops there.
+        rows_trained, train_seconds: real (unpadded) rows over all ranks and seconds spent
+            training (evaluation excluded), so far; they continue across a resume.
+        spec: the ``FeatureSpec`` (features, tables and their sizes) the data preparation decided.
+        resumed_from, resumed_at_step: the checkpoint resumed from and its step, or None.
+
+    Raises:
+        ConfigError: ``distributed.nproc_per_node`` > 1 in a single process with neither a
+            launcher nor a process group (it would train one rank only); the run directory
+            cannot be written.
+        CheckpointError: ``resume`` is not a complete checkpoint, or one written by another
+            model config.
+        DataError: the data cannot be converted or read.
     """
-    was_training = dmp.training
-    dmp.eval()
-    stream = StreamingBinaryMetrics(auc_buckets, device=device) if auc_buckets else None
-    logits, labels, weights, groups = [], [], [], []
-    for batch in loader:
-        if group_feature:
-            groups.append(batch.sparse_features[group_feature].values())
-        _, (_, lg, lb, w) = dmp(batch.to(device))
-        if stream is not None:
-            stream.update(lg, lb, w)
-        else:
-            logits.append(lg), labels.append(lb), weights.append(w)
-    dmp.train(was_training)
-    if stream is not None:
-        return stream.merge().compute()
-    if not logits:
-        return {}
-    if group_feature:
-        lg, lb, g = gather_predictions(
-            torch.cat(logits), torch.cat(labels), torch.cat(weights), groups=torch.cat(groups).to(device)
+
+    def __init__(
+        self,
+        cfg: RunConfig,
+        run_dir: str | Path,
+        *,
+        resume: str | Path | None = None,
+        profile_dir: str | Path | None = None,
+    ) -> None:
+        require_ranks(cfg)
+        self.cfg, self.run_dir = cfg, Path(run_dir)
+        self._owns_group = not dist.is_initialized()
+        self._closed = self._failed = False
+        self._bar = self._writer = self._tracer = None
+        self._ctx = init_distributed(cfg)
+        try:
+            self._setup(resume, Path(profile_dir) if profile_dir is not None else None)
+        except BaseException:
+            self._failed = True
+            self.close()
+            raise
+
+    def _setup(self, resume: str | Path | None, profile_dir: Path | None) -> None:
+        cfg, ctx = self.cfg, self._ctx
+        torch.manual_seed(cfg.train.seed)
+        if cfg.train.deterministic:
+            torch.use_deterministic_algorithms(True)
+        checkpoint = run_dirs.resolve_resume(resume, self.run_dir, flag="resume")
+        if resume == "auto" and checkpoint is None:
+            log.warning("resume='auto': no complete checkpoint in %s yet; starting from scratch", self.run_dir)
+        self._loaders = make_loaders(cfg, ctx)  # first: it may set data.num_embeddings (vocabulary sizes)
+        self.total_steps = run_dirs.total_steps(cfg, len(self._loaders.train))
+        # A resumed run replaces config.yaml only when there is something left to train.
+        done = checkpoint is not None and run_dirs.checkpoint_step(checkpoint) >= self.total_steps
+        broadcast_result(ctx, lambda: run_dirs.write_config(cfg, self.run_dir, write=not done))
+        log.info(
+            "data ready: %d train / %d validation / %d test rows, %d steps per epoch",
+            self._loaders.train.num_rows,
+            self._loaders.validation.num_rows,
+            self._loaders.test.num_rows,
+            len(self._loaders.train),
         )
-        return binary_metrics(lg, lb, groups=g)
-    all_logits, all_labels = gather_predictions(torch.cat(logits), torch.cat(labels), torch.cat(weights))
-    return binary_metrics(all_logits, all_labels)
-
-
-class MetricsWriter:
-    """Rank 0 appends one JSON object per line to ``metrics.jsonl``, and mirrors every
-    number to TensorBoard (``RUN_DIR/tensorboard``) when the ``tensorboard`` package is
-    installed (``pip install recsys_dist[tensorboard]``)."""
-
-    def __init__(self, path: Path, enabled: bool) -> None:
-        self.path, self.enabled = path, enabled
-        self.tb = None
-        if enabled:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-
-                self.tb = SummaryWriter(str(path.parent / "tensorboard"))
-            except ImportError:
-                pass
-
-    def truncate_after(self, step: int) -> None:
-        """Drop lines past ``step``: a resumed run writes them again, each step exactly once."""
-        if self.enabled and self.path.is_file():
-            keep = [ln for ln in self.path.read_text().splitlines() if ln and json.loads(ln)["step"] <= step]
-            self.path.write_text("".join(ln + "\n" for ln in keep))
-
-    def write(self, **record) -> None:
-        if not self.enabled:
-            return
-        record = finite_or_none(record)
-        with self.path.open("a") as f:
-            f.write(json.dumps(record) + "\n")
-        if self.tb is not None:
-            for key, value in record.items():
-                if isinstance(value, (int, float)) and key not in ("step", "epoch"):
-                    self.tb.add_scalar(f"{record['split']}/{key}", value, record["step"])
-            self.tb.flush()
-
-
-def finite_or_none(tree):
-    """NaN / inf -> None, so the files stay strict JSON (AUC is undefined on one class)."""
-    if isinstance(tree, dict):
-        return {k: finite_or_none(v) for k, v in tree.items()}
-    if isinstance(tree, float) and not math.isfinite(tree):
-        return None
-    return tree
-
-
-def train(cfg: RunConfig, run_dir: Path, profile_dir: Path | None = None, resume: Path | None = None) -> dict:
-    """Train and evaluate as configured; returns the summary (also in summary.json).
-
-    ``profile_dir``: write a torch.profiler trace of a few steps per rank there.
-    ``resume``: a checkpoint directory to continue from (any world size or plan).
-    """
-    ctx = init_distributed(cfg)
-    torch.manual_seed(cfg.train.seed)
-    if cfg.train.deterministic:
-        torch.use_deterministic_algorithms(True)
-    run_dir = Path(run_dir)
-    loaders = make_loaders(cfg, ctx)  # first: it may set data.num_embeddings (vocabulary sizes)
-    if ctx.is_main:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        save_config(cfg, run_dir / "config.yaml")
-    log.info(
-        "data ready: %d train / %d validation / %d test rows, %d steps per epoch",
-        loaders.train.num_rows,
-        loaders.validation.num_rows,
-        loaders.test.num_rows,
-        len(loaders.train),
-    )
-    spec = feature_spec(cfg, loaders.num_embeddings, ctx.device)
-    dmp, optimizer, plan_text = shard_model(cfg, ctx, spec)
-    log.info("sharded: %s", ", ".join(sorted({r["sharding_type"] for r in sharding.plan_summary(dmp.plan)})))
-    if ctx.is_main:
-        (run_dir / "plan.txt").write_text(plan_text + "\n")
-        (run_dir / "plan.json").write_text(json.dumps(sharding.plan_summary(dmp.plan, spec.all_tables()), indent=2))
-    loop = _Loop(
-        cfg,
-        ctx,
-        dmp,
-        optimizer,
-        loaders,
-        MetricsWriter(run_dir / "metrics.jsonl", ctx.is_main),
-        TraceWriter(profile_dir, ctx.rank),
-        run_dir,
-    )
-    resumed_at = None
-    if resume is not None:
-        loop.restore(Path(resume))
-        resumed_at = loop.step
-        if loop.done():  # the checkpoint is the end of this run: report it, change nothing
-            log.warning("checkpoint %s is already at the last step (%d); nothing to train", resume, loop.step)
-            summary_path = run_dir / "summary.json"
-            done = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
-            dist.barrier()
-            dist.destroy_process_group()
-            return {**done, "already_complete": True}
-    last_val = loop.run()
-    test = evaluate(dmp, loaders.test, ctx.device, cfg.eval.auc_buckets, cfg.eval.group_feature)
-    loop.writer.write(split="test", step=loop.step, epoch=loop.epoch, **test)
-    summary = {
-        "run_dir": str(run_dir),
-        "world_size": ctx.world_size,
-        "steps": loop.step,
-        "rows_trained": loop.rows_trained,
-        "train_seconds": round(loop.train_seconds, 3),
-        "samples_per_s": round(loop.rows_trained / loop.train_seconds, 1) if loop.train_seconds > 0 else None,
-        "resumed_at_step": resumed_at,
-        "validation": {k: last_val.get(k) for k in ("auc", "logloss", "ne")},
-        "test": {k: test.get(k) for k in ("auc", "logloss", "ne")},
-    }
-    if cfg.checkpoint.enabled:
-        summary["checkpoint"] = str(loop.save())
-    if ctx.is_main:
-        (run_dir / "summary.json").write_text(json.dumps(finite_or_none(summary), indent=2))
-    # Every rank leaves its last collective before any rank tears down gloo; a rank that
-    # exited while a peer still had work queued made the peer abort (seen 1 run in 8).
-    dist.barrier()
-    dist.destroy_process_group()
-    return finite_or_none(summary)
-
-
-class _Loop:
-    """The epoch / step loop around ``TrainPipelineSparseDist.progress`` and its logging."""
-
-    def __init__(self, cfg, ctx, dmp, optimizer, loaders, writer, tracer, run_dir) -> None:
-        self.cfg, self.ctx, self.dmp, self.optimizer, self.loaders = cfg, ctx, dmp, optimizer, loaders
-        self.writer, self.tracer = writer, tracer
-        self.pipe = None
+        self.spec = feature_spec(cfg, self._loaders.num_embeddings, ctx.device)
+        self._model, self._optimizer, plan_text = shard_model(cfg, ctx, self.spec)
+        log.info(
+            "sharded: %s", ", ".join(sorted({r["sharding_type"] for r in sharding.plan_summary(self._model.plan)}))
+        )
+        if ctx.is_main:
+            (self.run_dir / "plan.txt").write_text(plan_text + "\n")
+            (self.run_dir / "plan.json").write_text(
+                json.dumps(sharding.plan_summary(self._model.plan, self.spec.all_tables()), indent=2)
+            )
+        self._writer = MetricsWriter(self.run_dir / "metrics.jsonl", ctx.is_main)
+        self._tracer = TraceWriter(profile_dir, ctx.rank)
         t = cfg.train
-        self.schedule = LRSchedule(t.warmup_steps, t.decay_start_step, t.decay_steps)
-        self.base_lrs = [g["lr"] for g in optimizer.param_groups]
-        self.run_dir = run_dir
-        self.step = self.epoch = self.rows_trained = 0
-        self.first_epoch = self.in_epoch = 0
+        self._schedule = LRSchedule(t.warmup_steps, t.decay_start_step, t.decay_steps)
+        self._base_lrs = [g["lr"] for g in self._optimizer.param_groups]
+        self._pipe = None
+        self._step = self.epoch = self.rows_trained = 0
+        self._next_epoch = self._first_epoch = self._in_epoch = 0
         self.train_seconds = 0.0
-        self.losses: list = []
-        self.real_rows: list = []
-        self.early_batches = None  # the next epoch's batches, opened during this epoch's validation
-        self.t0 = time.perf_counter()
-        total = cfg.train.epochs * len(loaders.train)
-        self.total_steps = min(total, cfg.train.max_steps) if cfg.train.max_steps else total
-        self.bar = tqdm(
+        self._losses: list = []
+        self._real_rows: list = []
+        self._early_batches = None  # the next epoch's batches, opened during this epoch's validation
+        self._t0 = time.perf_counter()
+        self._bar = tqdm(
             total=self.total_steps,
             desc="train",
             unit="step",
             dynamic_ncols=True,
             leave=False,
-            disable=not (ctx.is_main and cfg.train.progress_bar),
+            disable=not (ctx.is_main and t.progress_bar),
         )
+        self.resumed_from = checkpoint
+        self.resumed_at_step = None
+        if checkpoint is not None:
+            self._restore(checkpoint)
+            self.resumed_at_step = self._step
 
-    def done(self) -> bool:
-        return self.step >= self.total_steps
+    # ------------------------------------------------------------------ what users read
 
-    def state(self) -> dict:
+    @property
+    def model(self) -> DistributedModelParallel:
+        """The sharded model (TorchRec ``DistributedModelParallel``). Its forward takes a
+        ``CTRBatch`` and returns ``(loss, (loss, logits [B], labels [B], weights [B]))``."""
+        return self._model
+
+    @property
+    def optimizer(self) -> CombinedOptimizer:
+        """The dense optimizer and the fused embedding optimizer, as one ``CombinedOptimizer``."""
+        return self._optimizer
+
+    @property
+    def ctx(self) -> DistContext:
+        """This rank's place in the job: rank, world size, device, backend."""
+        return self._ctx
+
+    @property
+    def loaders(self) -> Loaders:
+        """This rank's ``train`` (shuffled), ``validation`` and ``test`` loaders."""
+        return self._loaders
+
+    @property
+    def step(self) -> int:
+        """Optimizer steps taken so far (global: the same on every rank)."""
+        return self._step
+
+    # ------------------------------------------------------------------ the job
+
+    def fit(self) -> dict:
+        """Train ``train.epochs`` epochs (capped by ``train.max_steps``), scoring the
+        validation split after each one (and every ``eval.every_n_steps``), then score the
+        test split, save the final checkpoint (when ``checkpoint.enabled``) and write
+        ``summary.json``. Collective: every rank must call it.
+
+        Returns:
+            The summary, as in ``summary.json``: ``run_dir``, ``world_size``, ``steps``,
+            ``rows_trained``, ``train_seconds``, ``samples_per_s``, ``resumed_at_step``,
+            ``validation`` and ``test`` (``auc``, ``logloss``, ``ne``; None where undefined),
+            and ``checkpoint`` (its path). When the checkpoint resumed from is already at the
+            last step nothing is trained or written: the run's ``summary.json`` plus
+            ``already_complete: True``.
+
+        Raises:
+            FloatingPointError: the training loss became non-finite (names the step, the
+                first non-finite parameter and the last good checkpoint).
+            CheckpointError: a checkpoint could not be written (on every rank).
+        """
+        with self._collective():
+            if self.resumed_from is not None and self._done():  # report it, change nothing
+                log.warning(
+                    "checkpoint %s is already at the last step (%d); nothing to train", self.resumed_from, self._step
+                )
+                return {**run_dirs.read_summary(self.run_dir), "already_complete": True}
+            last_val: dict = {}
+            while self._next_epoch < self.cfg.train.epochs and not self._done():
+                last_val = self.train_epoch() or last_val
+            self._tracer.close()
+            self._bar.close()
+            test = self.evaluate("test")
+            self._writer.write(split="test", step=self._step, epoch=self.epoch, **test)
+            summary = {
+                "run_dir": str(self.run_dir),
+                "world_size": self._ctx.world_size,
+                "steps": self._step,
+                "rows_trained": self.rows_trained,
+                "train_seconds": round(self.train_seconds, 3),
+                "samples_per_s": round(self.rows_trained / self.train_seconds, 1) if self.train_seconds > 0 else None,
+                "resumed_at_step": self.resumed_at_step,
+                "validation": {k: last_val.get(k) for k in ("auc", "logloss", "ne")},
+                "test": {k: test.get(k) for k in ("auc", "logloss", "ne")},
+            }
+            if self.cfg.checkpoint.enabled:
+                summary["checkpoint"] = str(self.save_checkpoint())
+            summary = finite_or_none(summary)
+            if self._ctx.is_main:
+                (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+            return summary
+
+    def train_epoch(self) -> dict:
+        """Train the next epoch (its rest, when resumed mid-epoch; nothing past
+        ``total_steps``), then score the validation split. Collective.
+
+        Returns:
+            The validation metrics (as :meth:`evaluate`), also written to ``metrics.jsonl``.
+        """
+        with self._collective():
+            self.epoch = self._next_epoch
+            metrics = self._run_epoch()
+            self._next_epoch += 1
+            return metrics
+
+    def evaluate(self, split: str | ParquetBatchLoader = "validation") -> dict:
+        """Global metrics of the model on ``"validation"``, ``"test"`` or ``"train"`` (every
+        row once, unshuffled), or on a loader of this rank's share of other data. Collective:
+        every rank must call it; every rank gets the same dict. Writes nothing.
+
+        Returns:
+            ``auc``, ``logloss``, ``ne``, ``calibration``, ``accuracy``, ``num_examples``
+            (floats; NaN where undefined, e.g. AUC on one class), plus ``gauc`` with
+            ``eval.group_feature`` and ``auc_error_bound`` with ``eval.auc_buckets``;
+            ``{}`` for an empty split.
+
+        Raises:
+            ValueError: an unknown split name.
+        """
+        with self._collective():
+            c = self.cfg.eval
+            return evaluate(self._model, self._loader(split), self._ctx.device, c.auc_buckets, c.group_feature)
+
+    def predict(self, split: str | ParquetBatchLoader = "test") -> dict[str, torch.Tensor]:
+        """Per-row predictions on a split (``"validation"``, ``"test"``, ``"train"``) or on an
+        unshuffled loader, gathered in the files' row order onto every rank. Collective.
+
+        Returns:
+            ``{"logit", "probability", "label"}``: float32 CPU tensors of shape [N], N = the
+            split's rows, identical on every rank (O(N) memory per rank).
+
+        Raises:
+            ValueError: an unknown split name, or a shuffled loader.
+        """
+        with self._collective():
+            return predict(self._model, self._loader(split), self._ctx.device)
+
+    def save_checkpoint(self) -> Path:
+        """Write a sharded checkpoint of the current step (weights, optimizer state, RNG,
+        loader position, plan and config) to ``run_dir/checkpoints/step_N``, atomically,
+        keeping the newest ``checkpoint.keep``. Collective.
+
+        Returns:
+            The checkpoint directory.
+
+        Raises:
+            CheckpointError: on every rank, when any rank cannot write; the previous
+                checkpoint is left as it was.
+        """
+        with self._collective():
+            meta = {
+                "step": self._step,
+                "epoch": self.epoch,
+                "batches_in_epoch": self._in_epoch,
+                "rows_trained": self.rows_trained,
+                "train_seconds": self.train_seconds,
+                "world_size": self._ctx.world_size,
+                "plan": sharding.plan_summary(self._model.plan),
+                "config": self.cfg.to_dict(),
+                "num_embeddings": self._loaders.num_embeddings,
+            }
+            return save_checkpoint(self._ctx, self.run_dir, self._step, self._state(), meta, self.cfg.checkpoint.keep)
+
+    def close(self) -> None:
+        """Release the Trainer: destroy the process group if this Trainer created it, after a
+        barrier, so no rank tears gloo down while a peer still has work queued. Idempotent.
+
+        After an error on this rank there is no barrier (a peer may be stuck in a
+        collective): a one-rank group is destroyed, a larger one is left to the end of the
+        process (the launcher ends the peers).
+        """
+        if self._closed:
+            return
+        self._closed = True
+        for part in (self._bar, self._tracer, self._writer):
+            if part is not None:
+                part.close()
+        if not self._owns_group or not dist.is_initialized():
+            return
+        if not self._failed:
+            # Every rank leaves its last collective before any rank tears down gloo; a rank that
+            # exited while a peer still had work queued made the peer abort.
+            dist.barrier()
+        if not self._failed or self._ctx.world_size == 1:
+            dist.destroy_process_group()
+
+    def __enter__(self) -> Trainer:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None:
+            self._failed = True
+        self.close()
+
+    # ------------------------------------------------------------------ internals
+
+    @contextmanager
+    def _collective(self):
+        if self._closed:
+            raise RuntimeError("this Trainer is closed")
+        try:
+            yield
+        except BaseException:
+            self._failed = True
+            raise
+
+    def _loader(self, split: str | ParquetBatchLoader) -> ParquetBatchLoader:
+        if isinstance(split, ParquetBatchLoader):
+            return split
+        if split in ("validation", "test"):
+            return getattr(self._loaders, split)
+        if split == "train":
+            return in_row_order(self._loaders.train)
+        raise ValueError(f"split must be 'train', 'validation', 'test' or a ParquetBatchLoader, got {split!r}")
+
+    def _done(self) -> bool:
+        return self._step >= self.total_steps
+
+    def _state(self) -> dict:
         return {
-            "model": self.dmp.state_dict(),
-            "optimizer": canonical_optimizer_state(self.optimizer.state_dict()),
+            "model": self._model.state_dict(),
+            "optimizer": canonical_optimizer_state(self._optimizer.state_dict()),
             "rng": torch.get_rng_state(),
         }
 
-    def save(self) -> Path:
-        meta = {
-            "step": self.step,
-            "epoch": self.epoch,
-            "batches_in_epoch": self.in_epoch,
-            "rows_trained": self.rows_trained,
-            "train_seconds": self.train_seconds,
-            "world_size": self.ctx.world_size,
-            "plan": sharding.plan_summary(self.dmp.plan),
-            "config": self.cfg.to_dict(),
-            "num_embeddings": self.loaders.num_embeddings,
-        }
-        return save_checkpoint(self.ctx, self.run_dir, self.step, self.state(), meta, self.cfg.checkpoint.keep)
-
-    def restore(self, path: Path) -> None:
+    def _restore(self, path: Path) -> None:
         """Continue from a checkpoint: weights, optimizer state, RNG and the loader position."""
         meta = read_meta(path)
-        check_compatible(path, meta, self.cfg.to_dict(), sizes=self.loaders.num_embeddings)
-        init_lazy_state(self.optimizer, self.dmp.fused_optimizer)
-        state = self.state()
+        check_compatible(path, meta, self.cfg.to_dict(), sizes=self._loaders.num_embeddings)
+        init_lazy_state(self._optimizer, self._model.fused_optimizer)
+        state = self._state()
         load_checkpoint(path, state)  # in place: model shards and optimizer state are views
-        set_optimizer_steps(self.optimizer, meta["step"])
+        set_optimizer_steps(self._optimizer, meta["step"])
         torch.set_rng_state(state["rng"])
-        self.step, self.rows_trained = meta["step"], meta["rows_trained"]
+        self._step, self.rows_trained = meta["step"], meta["rows_trained"]
         self.train_seconds = meta["train_seconds"]
-        self.first_epoch, self.in_epoch = meta["epoch"], meta["batches_in_epoch"]
-        if self.in_epoch >= len(self.loaders.train):
-            self.first_epoch, self.in_epoch = self.first_epoch + 1, 0
-        self.writer.truncate_after(self.step)
-        self.bar.update(self.step)
-        log.info("resumed from %s at step %d (epoch %d, batch %d)", path, self.step, self.first_epoch, self.in_epoch)
+        self._next_epoch, self._in_epoch = meta["epoch"], meta["batches_in_epoch"]
+        if self._in_epoch >= len(self._loaders.train):
+            self._next_epoch, self._in_epoch = self._next_epoch + 1, 0
+        self.epoch = self._first_epoch = self._next_epoch
+        self._writer.truncate_after(self._step)
+        self._bar.update(self._step)
+        log.info("resumed from %s at step %d (epoch %d, batch %d)", path, self._step, self._next_epoch, self._in_epoch)
 
-    def run(self) -> dict:
-        last_val: dict = {}
-        for epoch in range(self.first_epoch, self.cfg.train.epochs):
-            if self.done():
-                break
-            self.epoch = epoch
-            last_val = self.run_epoch() or last_val
-        self.tracer.close()
-        self.bar.close()
-        return last_val
-
-    def run_epoch(self) -> dict:
-        cfg, ctx = self.cfg, self.ctx
+    def _run_epoch(self) -> dict:
+        cfg, ctx = self.cfg, self._ctx
         # Sampling counts global steps, so timed steps do not restart with each epoch.
-        every = cfg.train.timing_every_n_steps
-        pipe = self.pipe = TimedTrainPipeline(
-            self.dmp, self.optimizer, ctx.device, execute_all_batches=True, every_n=every
+        pipe = self._pipe = TimedTrainPipeline(
+            self._model,
+            self._optimizer,
+            ctx.device,
+            execute_all_batches=True,
+            every_n=cfg.train.timing_every_n_steps,
         )
-        pipe.steps_done = self.step
-        self.loaders.train.set_epoch(self.epoch)
-        start, self.in_epoch = (self.in_epoch, self.in_epoch) if self.epoch == self.first_epoch else (0, 0)
-        early, self.early_batches = self.early_batches, None
-        batches = early if early is not None and start == 0 else self.loaders.train.iter_from(start)
-        self.t0 = time.perf_counter()
-        while not self.done():
-            self.tracer.before(self.step + 1)
+        pipe.steps_done = self._step
+        self._loaders.train.set_epoch(self.epoch)
+        # The first epoch after a resume continues at the checkpoint's batch; later ones start at 0.
+        start, self._in_epoch = (self._in_epoch, self._in_epoch) if self.epoch == self._first_epoch else (0, 0)
+        early, self._early_batches = self._early_batches, None
+        batches = early if early is not None and start == 0 else self._loaders.train.iter_from(start)
+        self._t0 = time.perf_counter()
+        while not self._done():
+            self._tracer.before(self._step + 1)
             try:
-                if self.schedule.active:
-                    self.schedule.apply(self.optimizer, self.base_lrs, self.step)
+                if self._schedule.active:
+                    self._schedule.apply(self._optimizer, self._base_lrs, self._step)
                     # FBGEMM takes a new rate at its optimizer's step(), which only sets the
                     # rate; calling it now makes this step's fused update use it.
-                    self.dmp.fused_optimizer.step()
+                    self._model.fused_optimizer.step()
                 out = pipe.progress(batches)
             except StopIteration:
                 break
-            self.step += 1
-            self.in_epoch += 1
-            maybe_fault("step", self.step, self.ctx.rank)
-            self.tracer.after(self.step)
-            self.losses.append(out[0].detach())
-            self.real_rows.append(out[3].sum())
-            self.bar.update(1)
-            if self.step % cfg.train.log_every_n_steps == 0:
-                self.log_train()
-            if cfg.eval.every_n_steps and self.step % cfg.eval.every_n_steps == 0:
+            self._step += 1
+            self._in_epoch += 1
+            maybe_fault("step", self._step, ctx.rank)
+            self._tracer.after(self._step)
+            self._losses.append(out[0].detach())
+            self._real_rows.append(out[3].sum())
+            self._bar.update(1)
+            if self._step % cfg.train.log_every_n_steps == 0:
+                self._log_train()
+            if cfg.eval.every_n_steps and self._step % cfg.eval.every_n_steps == 0:
                 pipe.detach()  # the pipeline rewrote forward; eval needs the plain one
-                self.validate()
-                self.t0 = time.perf_counter()
+                self._validate()
+                self._t0 = time.perf_counter()
             every = cfg.checkpoint.every_n_steps
-            if cfg.checkpoint.enabled and every and self.step % every == 0 and not self.done():
-                if self.losses:  # close the logging window here, so a resumed run logs the same lines
-                    self.log_train()
-                self.save()
-                self.t0 = time.perf_counter()
-        if self.losses:
-            self.log_train()
+            if cfg.checkpoint.enabled and every and self._step % every == 0 and not self._done():
+                if self._losses:  # close the logging window here, so a resumed run logs the same lines
+                    self._log_train()
+                self.save_checkpoint()
+                self._t0 = time.perf_counter()
+        if self._losses:
+            self._log_train()
         pipe.detach()
-        if self.epoch + 1 < cfg.train.epochs and not self.done():
+        if self.epoch + 1 < cfg.train.epochs and not self._done():
             # The loader's prefetch thread starts on opening: the next epoch's first window
             # (40-150 ms) is read while this epoch's validation runs.
-            self.loaders.train.set_epoch(self.epoch + 1)
-            self.early_batches = self.loaders.train.iter_from(0)
-        return self.validate()
+            self._loaders.train.set_epoch(self.epoch + 1)
+            self._early_batches = self._loaders.train.iter_from(0)
+        return self._validate()
 
-    def validate(self) -> dict:
-        metrics = evaluate(
-            self.dmp, self.loaders.validation, self.ctx.device, self.cfg.eval.auc_buckets, self.cfg.eval.group_feature
-        )
-        self.writer.write(split="validation", step=self.step, epoch=self.epoch, **metrics)
+    def _validate(self) -> dict:
+        metrics = self.evaluate("validation")
+        self._writer.write(split="validation", step=self._step, epoch=self.epoch, **metrics)
         if metrics.get("auc") is not None:
-            self.bar.set_postfix_str(f"val AUC {metrics['auc']:.4f}", refresh=False)
+            self._bar.set_postfix_str(f"val AUC {metrics['auc']:.4f}", refresh=False)
         return metrics
 
-    def diverged(self) -> None:
+    def _diverged(self) -> None:
         """Stop with the first bad step of this window, the first non-finite parameter and
         the last good checkpoint (checkpoints are only written after a finite window)."""
-        local = torch.stack(self.losses).float()
+        local = torch.stack(self._losses).float()
         bad = torch.nonzero(~torch.isfinite(local)).flatten()
-        first = self.step - len(local) + 1 + (int(bad[0]) if len(bad) else 0)
-        param = next((n for n, p in self.dmp.named_parameters() if not torch.isfinite(p).all()), None)
-        from recsys_dist.checkpoint import latest_checkpoint
-
+        first = self._step - len(local) + 1 + (int(bad[0]) if len(bad) else 0)
+        param = next((n for n, p in self._model.named_parameters() if not torch.isfinite(p).all()), None)
         good = latest_checkpoint(self.run_dir)
         raise FloatingPointError(
-            f"non-finite training loss at step {first} (steps {self.step - len(local) + 1}-{self.step} checked "
+            f"non-finite training loss at step {first} (steps {self._step - len(local) + 1}-{self._step} checked "
             f"together); first non-finite parameter: {param or 'none (the loss itself overflowed)'}; "
             f"last good checkpoint: {good or 'none'}. Lower train.embedding_lr / train.dense_lr"
             + (", then continue with --resume auto." if good else " and start again.")
         )
 
-    def log_train(self) -> None:
+    def _log_train(self) -> None:
         """Global mean loss and samples/s since the last train line; one all_reduce."""
-        elapsed = time.perf_counter() - self.t0
-        stats = torch.stack([torch.stack(self.losses).float().mean(), torch.stack(self.real_rows).float().sum()]).cpu()
-        if self.ctx.world_size > 1:
+        elapsed = time.perf_counter() - self._t0
+        stats = torch.stack(
+            [torch.stack(self._losses).float().mean(), torch.stack(self._real_rows).float().sum()]
+        ).cpu()
+        if self._ctx.world_size > 1:
             dist.all_reduce(stats)
-        loss, rows = float(stats[0]) / self.ctx.world_size, int(stats[1])
+        loss, rows = float(stats[0]) / self._ctx.world_size, int(stats[1])
         if not math.isfinite(loss):  # identical on every rank (all-reduced), so all stop here
-            self.diverged()
+            self._diverged()
         sps = round(rows / elapsed, 1) if elapsed > 0 else None
-        lr = {"lr_scale": round(self.schedule.scale(self.step - 1), 6)} if self.schedule.active else {}
-        self.writer.write(
+        lr = {"lr_scale": round(self._schedule.scale(self._step - 1), 6)} if self._schedule.active else {}
+        self._writer.write(
             split="train",
-            step=self.step,
+            step=self._step,
             epoch=self.epoch,
             loss=loss,
             samples_per_s=sps,
             **lr,
-            **(self.pipe.pop_times() if self.pipe else {}),
+            **(self._pipe.pop_times() if self._pipe else {}),
         )
-        self.bar.set_postfix(loss=f"{loss:.4f}", samples_per_s=sps, refresh=False)
+        self._bar.set_postfix(loss=f"{loss:.4f}", samples_per_s=sps, refresh=False)
         self.train_seconds += elapsed
         self.rows_trained += rows
-        self.losses, self.real_rows = [], []
-        self.t0 = time.perf_counter()
+        self._losses, self._real_rows = [], []
+        self._t0 = time.perf_counter()
+
+
+def require_ranks(cfg: RunConfig) -> None:
+    """Refuse to train one rank of a job configured for several: a single process with
+    neither a launcher nor a process group and ``distributed.nproc_per_node`` > 1.
+
+    Raises:
+        ConfigError: saying how to start the ranks.
+    """
+    n = cfg.distributed.nproc_per_node
+    if n > 1 and not dist.is_initialized() and not under_launcher():
+        raise ConfigError(
+            f"distributed.nproc_per_node is {n}, but this is a single process with no launcher and no "
+            f"process group: the Trainer would train only one rank of {n}. Start {n} ranks instead: "
+            f"recsys_dist.launch(fn, {n}) with fn a module-level function that builds and fits the Trainer, "
+            f"torchrun --nproc_per_node={n} your_script.py, or recsys-dist train --config CONFIG; "
+            "or set distributed.nproc_per_node=1 to train on one rank"
+        )
+
+
+def train(cfg: RunConfig, run_dir: Path, profile_dir: Path | None = None, resume: Path | None = None) -> dict:
+    """Train and evaluate as configured; returns the summary (also in summary.json).
+
+    :meth:`Trainer.fit` in a ``with`` block: the process group is destroyed at the end if
+    this call created it. ``profile_dir`` and ``resume`` as for :class:`Trainer`.
+    """
+    with Trainer(cfg, run_dir, resume=resume, profile_dir=profile_dir) as trainer:
+        return trainer.fit()

@@ -2,7 +2,7 @@ import json
 import sys
 import types
 
-from recsys_dist.trainer import MetricsWriter
+from recsys_dist.metrics_writer import MetricsWriter
 
 
 def test_jsonl_nan_to_null_and_tensorboard_mirror(tmp_path, monkeypatch):

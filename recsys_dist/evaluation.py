@@ -1,0 +1,133 @@
+"""Scoring a sharded model on one split: global metrics, and per-row predictions in row order.
+
+Both functions are collective: every rank calls them with its own loader of the same split
+(the loaders yield the same number of batches on every rank), and every rank gets the result.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from recsys_dist.data.loader import ParquetBatchLoader, partition_row_groups
+from recsys_dist.metrics import StreamingBinaryMetrics, binary_metrics, gather_predictions
+
+
+@torch.no_grad()
+def evaluate(
+    dmp: nn.Module,
+    loader: ParquetBatchLoader,
+    device: torch.device,
+    auc_buckets: int | None = None,
+    group_feature: str | None = None,
+) -> dict:
+    """Metrics over every rank's predictions on one split (padding excluded).
+
+    ``auc_buckets`` None: exact, gathers every prediction; N: streaming histogram metrics in
+    memory independent of the split's size (``auc_error_bound`` is reported).
+    ``group_feature``: a one-hot categorical key whose ids group rows for GAUC. Every rank
+    must call this, since both paths end in a collective.
+
+    Returns:
+        ``recsys_dist.metrics.binary_metrics``'s dict (``auc``, ``logloss``, ``ne``,
+        ``calibration``, ``accuracy``, ``num_examples``, ...); ``{}`` when the split is empty.
+    """
+    was_training = dmp.training
+    dmp.eval()
+    stream = StreamingBinaryMetrics(auc_buckets, device=device) if auc_buckets else None
+    logits, labels, weights, groups = [], [], [], []
+    for batch in loader:
+        if group_feature:
+            groups.append(batch.sparse_features[group_feature].values())
+        _, (_, lg, lb, w) = dmp(batch.to(device))
+        if stream is not None:
+            stream.update(lg, lb, w)
+        else:
+            logits.append(lg), labels.append(lb), weights.append(w)
+    dmp.train(was_training)
+    if stream is not None:
+        return stream.merge().compute()
+    if not logits:
+        return {}
+    if group_feature:
+        lg, lb, g = gather_predictions(
+            torch.cat(logits), torch.cat(labels), torch.cat(weights), groups=torch.cat(groups).to(device)
+        )
+        return binary_metrics(lg, lb, groups=g)
+    all_logits, all_labels = gather_predictions(torch.cat(logits), torch.cat(labels), torch.cat(weights))
+    return binary_metrics(all_logits, all_labels)
+
+
+def in_row_order(loader: ParquetBatchLoader) -> ParquetBatchLoader:
+    """A loader of the same files, rank and batch size that yields every row once, in file
+    order: unshuffled, the remainder padded. ``loader`` itself when it already does."""
+    if not loader.shuffle and loader.remainder == "pad":
+        return loader
+    return ParquetBatchLoader(
+        loader.files,
+        loader.batch_size,
+        loader.rank,
+        loader.world_size,
+        loader.dense_names,
+        loader.keys,
+        num_embeddings=loader.num_embeddings,
+        shuffle_buffer_rows=loader.buffer_rows,
+        prefetch=loader.prefetch,
+        pin_memory=loader.pin_memory,
+        rank_reads=loader.rank_reads,
+    )
+
+
+@torch.no_grad()
+def predict(dmp: nn.Module, loader: ParquetBatchLoader, device: torch.device) -> dict[str, torch.Tensor]:
+    """Every row's logit, probability and label, in the row order of the loader's files,
+    identical on every rank (one all_gather; O(rows) memory on every rank).
+
+    Every rank must call this with its loader of the same files (same batch size, its own
+    rank). Padding rows are dropped.
+
+    Returns:
+        ``{"logit", "probability", "label"}``: float32 CPU tensors of shape [N], N = the rows
+        of the files (fewer with ``remainder="drop"``: the last partial global batch's rows
+        are missing); ``probability = sigmoid(logit)``.
+
+    Raises:
+        ValueError: the loader shuffles (its order changes every epoch; see
+            :func:`in_row_order`), or reads row groups per rank and drops the remainder.
+    """
+    if loader.shuffle:
+        raise ValueError("predict needs an unshuffled loader (row order); pass in_row_order(loader)")
+    if loader.rank_reads == "row_groups" and loader.remainder == "drop":
+        raise ValueError("predict with rank_reads='row_groups' needs remainder='pad'; pass in_row_order(loader)")
+    was_training = dmp.training
+    dmp.eval()
+    batches = []
+    for batch in loader:
+        _, (_, lg, lb, w) = dmp(batch.to(device))
+        batches.append(torch.stack([lg.float().reshape(-1), lb.float().reshape(-1), w.float().reshape(-1)]))
+    dmp.train(was_training)
+    B = loader.batch_size
+    local = torch.stack(batches, dim=1) if batches else torch.zeros(3, 0, B, device=device)  # [3, steps, B]
+    world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    parts = [local]
+    if world > 1 and local.numel():  # every rank yields the same number of batches: the shapes agree
+        parts = [torch.empty_like(local) for _ in range(world)]
+        dist.all_gather(parts, local.contiguous())
+    parts = [p.cpu() for p in parts]
+    if loader.rank_reads == "row_groups":
+        # Rank r's real rows are its own row groups, in file order: put the groups back in order.
+        sizes = [n for *_, n in loader.row_groups]
+        chunks = {}
+        for r, owned in enumerate(partition_row_groups(sizes, world)):
+            flat = parts[r].reshape(3, -1)
+            real = flat[:, flat[2] > 0]
+            for group, piece in zip(owned, real.split([sizes[g] for g in owned], dim=1)):
+                chunks[group] = piece
+        rows = torch.cat([chunks[g] for g in sorted(chunks)], dim=1) if chunks else torch.zeros(3, 0)
+    else:
+        # Global batch g is rows [g*B*W, (g+1)*B*W) of the stream; rank r holds the r-th block of B.
+        flat = torch.stack(parts, dim=2).reshape(3, -1)  # [3, steps, W, B] -> stream order
+        rows = flat[:, flat[2] > 0]
+    logit, label = rows[0].contiguous(), rows[1].contiguous()
+    return {"logit": logit, "probability": torch.sigmoid(logit), "label": label}

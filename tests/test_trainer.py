@@ -1,0 +1,144 @@
+"""The library API: ``recsys_dist.Trainer`` in a user's function, run on 2 ranks by
+``recsys_dist.launch``, gives the numbers ``recsys-dist train`` gives for the same config."""
+
+import json
+
+import pytest
+
+import recsys_dist
+from recsys_dist.config import ConfigError, load_config
+from recsys_dist.launch import RankFailedError
+from tests.conftest import QUICKSTART
+from tests.test_quickstart import read_metrics, run_cli
+
+TOY = ["data.num_rows=2000", "train.max_steps=12", "train.log_every_n_steps=4", "train.progress_bar=false"]
+LAUNCHER_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "TORCHELASTIC_RUN_ID")
+
+
+def user_job(config: str, overrides: list, run_dir: str) -> dict:
+    """What a user's script runs on every rank: build, fit, evaluate, predict, save."""
+    import torch.distributed as dist
+
+    with recsys_dist.Trainer(load_config(config, overrides), run_dir) as trainer:
+        summary = trainer.fit()
+        out = {
+            "rank": trainer.ctx.rank,
+            "world_size": trainer.ctx.world_size,
+            "step": trainer.step,
+            "summary": summary,
+            "test": trainer.evaluate("test"),
+            "validation": trainer.evaluate(),
+            "predict_test": {k: v.tolist() for k, v in trainer.predict("test").items()},
+            "predict_train_labels": trainer.predict("train")["label"].tolist(),
+            "checkpoint": str(trainer.save_checkpoint()),
+            "group_open_inside": dist.is_initialized(),
+        }
+    out["group_open_after"] = dist.is_initialized()
+    trainer.close()  # idempotent
+    return out
+
+
+def failing_job(bad_rank: int) -> int:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")  # the launcher's environment (env:// rendezvous)
+    rank = dist.get_rank()
+    if rank == bad_rank:
+        raise ValueError(f"rank {rank} refuses")
+    dist.destroy_process_group()
+    return rank * 10
+
+
+@pytest.mark.slow
+def test_trainer_under_launch_matches_the_cli(tmp_path, monkeypatch):
+    import pyarrow.parquet as pq
+    import torch
+
+    from recsys_dist.export import load_model, score
+    from recsys_dist.metrics import binary_metrics
+
+    monkeypatch.setenv("RECSYS_DIST_CACHE", str(tmp_path / "cache"))  # the ranks inherit it
+    cli_dir, lib_dir = tmp_path / "cli", tmp_path / "lib"
+    r = run_cli(["train", "--config", str(QUICKSTART), "--run-dir", str(cli_dir), *TOY], tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+
+    results = recsys_dist.launch(user_job, 2, str(QUICKSTART), TOY, str(lib_dir))
+    assert [o["rank"] for o in results] == [0, 1] and all(o["world_size"] == 2 for o in results)
+    ours, other = results
+    # The Trainer made the process group and closed it; it was open while training.
+    assert all(o["group_open_inside"] and not o["group_open_after"] for o in results)
+
+    # Same config, same world size: the same numbers, to the last bit.
+    cli_summary = json.loads((cli_dir / "summary.json").read_text())
+    lib_summary = json.loads((lib_dir / "summary.json").read_text())
+    assert lib_summary == ours["summary"]  # rank 0 writes it; each rank times its own steps
+    clock = ("train_seconds", "samples_per_s")
+    assert {k: v for k, v in other["summary"].items() if k not in clock} == {
+        k: v for k, v in lib_summary.items() if k not in clock
+    }
+    assert lib_summary.keys() == cli_summary.keys()
+    for key in ("world_size", "steps", "rows_trained", "resumed_at_step", "validation", "test"):
+        assert lib_summary[key] == cli_summary[key], key
+    assert lib_summary["steps"] == ours["step"] == 12 and lib_summary["validation"]["auc"] > 0.5
+    cli_lines, lib_lines = read_metrics(cli_dir), read_metrics(lib_dir)
+    assert [m.keys() for m in lib_lines] == [m.keys() for m in cli_lines]
+    timing = {"samples_per_s"} | {k for m in cli_lines for k in m if k.startswith("time_")}
+    for a, b in zip(cli_lines, lib_lines):
+        assert {k: v for k, v in a.items() if k not in timing} == {k: v for k, v in b.items() if k not in timing}
+    assert sorted(p.name for p in lib_dir.iterdir()) == sorted(p.name for p in cli_dir.iterdir())
+
+    # evaluate() after fit() scores what fit() reported, on every rank.
+    for o in results:
+        assert {k: o["test"][k] for k in ("auc", "logloss", "ne")} == cli_summary["test"]
+        assert {k: o["validation"][k] for k in ("auc", "logloss", "ne")} == cli_summary["validation"]
+        assert o["test"]["num_examples"] == 200
+
+    # predict(): every test row once, in file order, the same on both ranks; the unsharded
+    # model loaded from the saved checkpoint scores the same rows alike.
+    assert ours["predict_test"] == other["predict_test"]
+    pred = {k: torch.tensor(v) for k, v in ours["predict_test"].items()}
+    (test_parquet,) = (tmp_path / "cache").glob("criteo-*/test.parquet")
+    (train_parquet,) = (tmp_path / "cache").glob("criteo-*/train.parquet")
+    assert pred["label"].tolist() == pq.read_table(test_parquet).column("label").to_pylist()
+    assert ours["predict_train_labels"] == pq.read_table(train_parquet).column("label").to_pylist()
+    assert torch.allclose(pred["probability"], torch.sigmoid(pred["logit"]))
+    assert binary_metrics(pred["logit"], pred["label"])["auc"] == pytest.approx(ours["test"]["auc"], abs=1e-9)
+    assert ours["checkpoint"] == other["checkpoint"] == lib_summary["checkpoint"]
+    assert (lib_dir / "checkpoints" / "latest").read_text().strip() == "step_00000012"
+    cfg, model, _ = load_model(ours["checkpoint"])
+    unsharded = score(cfg, model, test_parquet)
+    assert torch.allclose(pred["logit"], torch.from_numpy(unsharded["logit"]), atol=1e-5)
+
+    # A rank's exception comes back naming the rank, with its traceback.
+    with pytest.raises(RankFailedError) as err:
+        recsys_dist.launch(failing_job, 2, 1)
+    assert err.value.rank == 1 and "rank 1 failed: ValueError: rank 1 refuses" in str(err.value)
+    assert "failing_job" in err.value.traceback
+    assert recsys_dist.launch(failing_job, 2, -1) == [0, 10]
+
+
+def test_trainer_refuses_to_train_one_rank_of_several(tmp_path, monkeypatch):
+    import torch.distributed as dist
+
+    for name in LAUNCHER_ENV:
+        monkeypatch.delenv(name, raising=False)
+    cfg = load_config(QUICKSTART)  # distributed.nproc_per_node: 2
+    with pytest.raises(ConfigError) as err:
+        recsys_dist.Trainer(cfg, tmp_path / "run")
+    msg = str(err.value)
+    assert "distributed.nproc_per_node is 2" in msg and "train only one rank of 2" in msg
+    assert "recsys_dist.launch(fn, 2)" in msg and "torchrun --nproc_per_node=2" in msg
+    assert "recsys-dist train" in msg and "distributed.nproc_per_node=1" in msg
+    assert not dist.is_initialized() and not (tmp_path / "run").exists()
+
+
+def test_launch_is_the_function_and_refuses_what_cannot_be_spawned():
+    from recsys_dist.launch import launch, launch_workers  # noqa: F401 (the submodule, imported)
+
+    assert recsys_dist.launch is launch and callable(recsys_dist.launch)
+    with pytest.raises(TypeError, match="not a lambda or a nested function"):
+        launch(lambda: 1, 2)
+    with pytest.raises(TypeError, match="arguments for .* cannot be pickled"):
+        launch(user_job, 2, lambda: 1)
+    with pytest.raises(ValueError, match="nproc must be an integer >= 1"):
+        launch(user_job, 0)
