@@ -185,13 +185,13 @@ def test_a_key_given_twice_is_an_error(tmp_path):
 
 
 def test_yaml_numbers_are_decimal_and_merge_keys_work(tmp_path):
-    from recsys_dist.config.loader import yaml_load as _yaml
+    from recsys_dist.config.loader import yaml_load
 
-    got = _yaml("a: 1e-3\nb: .5e3\nc: 010\nd: 1:04\ne: 0b11\nf: 1_000\ng: -.5\nh: 0x10\n")
+    got = yaml_load("a: 1e-3\nb: .5e3\nc: 010\nd: 1:04\ne: 0b11\nf: 1_000\ng: -.5\nh: 0x10\n")
     assert got == {"a": 1e-3, "b": 500.0, "c": 10, "d": "1:04", "e": "0b11", "f": 1000, "g": -0.5, "h": "0x10"}
     text = "d: &d {batch_size: 64}\neval:\n  <<: *d\n"
-    assert _yaml(text)["eval"] == {"batch_size": 64}
-    assert _yaml("base: &b {x: 1, y: 2}\nt:\n  <<: *b\n  y: 3\n")["t"] == {"x": 1, "y": 3}  # own keys win
+    assert yaml_load(text)["eval"] == {"batch_size": 64}
+    assert yaml_load("base: &b {x: 1, y: 2}\nt:\n  <<: *b\n  y: 3\n")["t"] == {"x": 1, "y": 3}  # own keys win
     for bad in ("? [a, b]\n: 1\n", "train: {[1]: 2}\n"):
         (tmp_path / "c.yaml").write_text(bad)
         with pytest.raises(ConfigError, match="a key must be a plain name"):
