@@ -18,7 +18,9 @@ The public API (``recsys_dist.<name>``; docs/api.md), loaded lazily so that
 Package map: ``config/`` (loader, RunConfig), ``data/`` (formats, conversion, loader),
 ``models/`` (registry, zoo, losses, task), ``spec`` (FeatureSpec), ``sharding`` / ``planning``
 (sharders, planner, dry run), ``distributed`` / ``launch`` (process group, elastic launch),
-``trainer`` (the training loop), ``metrics``, ``checkpoint``, ``export``, ``report``, ``cli``.
+``trainer`` (the training loop), ``evaluation`` (global metrics, row-ordered predictions),
+``metrics_writer`` (metrics.jsonl), ``run_dir`` (the run directory's rules, CLI and Trainer),
+``metrics``, ``checkpoint``, ``export``, ``report``, ``cli``.
 """
 
 from recsys_dist.versions import check_versions
