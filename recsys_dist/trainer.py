@@ -209,7 +209,7 @@ class Trainer:
         checkpoint = run_dirs.resolve_resume(resume, self.run_dir, flag="resume")
         if resume == "auto" and checkpoint is None:
             log.warning("resume='auto': no complete checkpoint in %s yet; starting from scratch", self.run_dir)
-        self._loaders = make_loaders(cfg, ctx)  # first: it may set data.num_embeddings (vocabulary sizes)
+        self._loaders = make_loaders(cfg, ctx)  # converts the data; decides the table sizes
         self.total_steps = run_dirs.total_steps(cfg, len(self._loaders.train))
         # A resumed run replaces config.yaml only when there is something left to train.
         done = checkpoint is not None and run_dirs.checkpoint_step(checkpoint) >= self.total_steps
