@@ -35,7 +35,12 @@ class SchemaConfig(_Section):
         description='List columns: text split on schema.separator ("a|b|c"), or a '
         "Parquet list column; each becomes a variable-length bag (list<int64>).",
     )
-    separator: str = Field("|", min_length=1, description="Separator of the elements of a multi_hot text field.")
+    separator: str = Field(
+        "|",
+        min_length=1,
+        description="Separator of the elements of a multi_hot text field (the conversion warns when almost no "
+        "value holds it but many hold another of , ; | space /).",
+    )
     file_type: Literal["auto", "csv", "parquet"] = Field(
         "auto", description="auto: Parquet if the file name ends in .parquet or .pq, else delimited text."
     )

@@ -5,16 +5,27 @@ Format-independent: a format object (``criteo.CRITEO``, ``avazu.AVAZU``,
 labels, dense columns and categorical keys; this module assigns rows to splits
 (``splits.Split``), maps keys to ids (``mapping``: hash, or a vocabulary counted over the
 training rows in a first pass), writes full-size row groups and writes the manifest last.
+
+A cache entry (one directory per raw file and conversion settings) is converted by one process
+at a time: an exclusive ``fcntl.flock`` on ``<entry>.lock`` beside the entry's directory is
+held while the entry is checked, converted or rebuilt, so a second process converting the same
+data waits and then reuses the result. Every file is written under a name of its own process
+and renamed into place; ``manifest.json`` (renamed into place last) records each file's size
+and checksum, checked whenever the entry is opened (see :func:`_open_entry`).
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import logging
 import os
+import secrets
 import sys
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,6 +43,22 @@ from recsys_dist.data.splits import SPLITS, Split, position_assign, random_assig
 from recsys_dist.data.workers import OrderedPool, WorkerDied
 
 VOCABULARY_FILE = "vocabulary.parquet"
+MANIFEST_FILE = "manifest.json"
+# Checked entries of this process and the processes it starts (a training run's ranks): the
+# entry's path and a signature of its files' stat (size, mtime, ctime, inode). See _open_entry.
+CHECKED_ENV = "RECSYS_DIST_CHECKED_CACHE"
+OOV_WARN_RATE = 0.5  # warn when more of a feature's validation / test values are out of vocabulary
+# Separators a multi-hot text column may use instead of the configured one (see _separator_warnings).
+SEPARATOR_CANDIDATES = (",", ";", "|", " ", "/")
+
+try:  # a fast checksum when xxhash is installed, else BLAKE2b (both stream the file)
+    import xxhash
+
+    _HASHERS = {"xxh3_64": xxhash.xxh3_64}
+except ImportError:  # pragma: no cover - depends on the environment
+    _HASHERS = {}
+_HASHERS["blake2b"] = lambda: hashlib.blake2b(digest_size=16)
+CHECKSUM = next(iter(_HASHERS))
 
 
 class _StderrHandler(logging.StreamHandler):
@@ -266,12 +293,26 @@ class _SplitWriter:
 class _Totals:
     """What a conversion pass adds up besides the rows it writes: the training split's dense
     statistics (count, sum, sum of squares of the transformed values) and label counts, the
-    missing count per dense column over all rows, and the rows kept (``seen``)."""
+    missing count per dense column over all rows, the rows kept (``seen``), under vocabulary
+    mapping the present and out-of-vocabulary ids per split and feature (``ids``), and per
+    multi-hot text column how many values contain each separator candidate (``separators``)."""
 
-    def __init__(self, num_dense: int) -> None:
+    def __init__(self, num_dense: int, num_sparse: int = 0, multi_hot: list | tuple = ()) -> None:
         self.stats, self.missing = np.zeros((3, num_dense)), np.zeros(num_dense)
         self.labels = np.zeros(2)  # training rows, and of them label 1
         self.seen, self.n_skipped, self.examples = 0, 0, []
+        self.ids = np.zeros((3, 2, num_sparse))  # split, (present ids, OOV ids), feature
+        self.multi_hot = list(multi_hot)  # (column, configured separator)
+        # per column: {"values": non-empty values, separator: values containing it}, an example each
+        self.separators: list[dict] = [{} for _ in self.multi_hot]
+        self.separator_examples: list[dict] = [{} for _ in self.multi_hot]
+
+    @classmethod
+    def of(cls, transform: _Transform) -> _Totals:
+        fmt = transform.fmt
+        spec = getattr(fmt, "spec", None)
+        multi_hot = [(n, spec.separator) for n in spec.multi_hot] if spec is not None else []
+        return cls(len(fmt.dense_names), len(fmt.sparse_names) if transform.vocabs is not None else 0, multi_hot)
 
     def add_train(self, part: pa.RecordBatch) -> None:
         """Count rows of the training split (label, then the dense columns, as written)."""
@@ -282,6 +323,35 @@ class _Totals:
             d = np.stack([part.column(1 + j).to_numpy() for j in range(k)], axis=1).astype(np.float64)
             self.stats += [np.full(k, len(d)), d.sum(0), (d**2).sum(0)]
 
+    def add_part(self, k: int, part: pa.RecordBatch) -> None:
+        """Count rows of split ``k`` as written (the training statistics, and the ids)."""
+        if k == 0:
+            self.add_train(part)
+        first = 1 + len(self.missing)
+        for j in range(self.ids.shape[2]):
+            col = part.column(first + j)
+            if pa.types.is_list(col.type):
+                col = pc.list_flatten(col)
+            ids = col.to_numpy(zero_copy_only=False)
+            self.ids[k, 0, j] += np.count_nonzero(ids != mp.MISSING_ID)
+            self.ids[k, 1, j] += np.count_nonzero(ids == mp.OOV_ID)
+
+    def add_raw(self, batch: pa.RecordBatch) -> None:
+        """Count the separators in the raw multi-hot text columns of ``batch``."""
+        for j, (name, sep) in enumerate(self.multi_hot):
+            col = batch.column(name)
+            if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)):
+                continue  # a Parquet list column: no separator
+            text = pc.utf8_trim_whitespace(pc.fill_null(col, ""))
+            counts, examples = self.separators[j], self.separator_examples[j]
+            counts["values"] = counts.get("values", 0) + (pc.sum(pc.not_equal(text, "")).as_py() or 0)
+            for c in dict.fromkeys((sep, *SEPARATOR_CANDIDATES)):
+                has = pc.match_substring(text, c)
+                n = pc.sum(has).as_py() or 0
+                counts[c] = counts.get(c, 0) + n
+                if n and c not in examples:
+                    examples[c] = text.filter(has)[0].as_py()
+
     def add(self, other: _Totals) -> None:
         self.stats += other.stats
         self.missing += other.missing
@@ -289,15 +359,23 @@ class _Totals:
         self.seen += other.seen
         self.n_skipped += other.n_skipped
         self.examples = (self.examples + other.examples)[:20]
+        self.ids += other.ids
+        for mine, theirs in zip(self.separators, other.separators):
+            for c, n in theirs.items():
+                mine[c] = mine.get(c, 0) + n
+        for mine, theirs in zip(self.separator_examples, other.separator_examples):
+            for c, v in theirs.items():
+                mine.setdefault(c, v)
 
 
 def _convert(readers: list[_Reader], writers: dict, transform: _Transform, bar=None) -> _Totals:
     """Rows of ``readers`` to the split writers they belong to (``writers[split]``)."""
-    t = _Totals(len(transform.fmt.dense_names))
+    t = _Totals.of(transform)
     for reader in readers:
         for batch, first in reader.batches():
             where = reader.assign(batch, first)
             out_batch, block_missing = transform(batch, reader.path, first)
+            t.add_raw(batch)
             if bar is not None:
                 bar.update(min(batch.nbytes, max(bar.total - bar.n, 0)))
             t.missing += block_missing
@@ -310,8 +388,7 @@ def _convert(readers: list[_Reader], writers: dict, transform: _Transform, bar=N
                 else:
                     continue
                 writers[s].add(part)
-                if k == 0:
-                    t.add_train(part)
+                t.add_part(k, part)
             t.seen += batch.num_rows
     return t
 
@@ -341,21 +418,27 @@ class _SourceJob:
 
 
 def _convert_in_workers(
-    readers: list[_Reader], out: Path, transform: _Transform, schema: pa.Schema, row_group_size: int, progress: bool
+    readers: list[_Reader],
+    out: Path,
+    transform: _Transform,
+    schema: pa.Schema,
+    row_group_size: int,
+    progress: bool,
+    token: str,
 ) -> tuple[_Totals, dict, dict, dict]:
     """Several raw files, each all one split (``split.by: files`` with several training files):
     each file is converted in a worker process to its own Parquet file, ``<split>.parquet``
     when the split has one file, else ``<split>-00000.parquet``, ... in the order given.
     Returns the totals, rows and file names per split, and the temporary paths (renamed by
-    the caller once everything is written)."""
+    the caller once everything is written; ``token`` makes them this process's own)."""
     per_split = {s: [r for r in readers if SPLITS[r.fixed] == s] for s in SPLITS}
     names = {
         s: [f"{s}.parquet"] if len(rs) == 1 else [f"{s}-{i:05d}.parquet" for i in range(len(rs))]
         for s, rs in per_split.items()
     }
-    tmp = {s: [out / f".{n}.tmp" for n in names[s]] for s in SPLITS}
+    tmp = {s: [out / f".{n}.{token}.tmp" for n in names[s]] for s in SPLITS}
     jobs = [(r.path, r.fixed, str(tmp[s][i])) for s in SPLITS for i, r in enumerate(per_split[s])]
-    totals, rows = _Totals(len(transform.fmt.dense_names)), dict.fromkeys(SPLITS, 0)
+    totals, rows = _Totals.of(transform), dict.fromkeys(SPLITS, 0)
     bar = tqdm(total=len(jobs), unit="file", desc=f"convert {len(jobs)} files", disable=not progress)
     try:
         with OrderedPool(
@@ -381,13 +464,12 @@ def _unlink(tmp: dict) -> None:
 
 
 def _recut(
-    tmp: dict, out: Path, schema: pa.Schema, bounds: np.ndarray, row_group_size: int, num_dense: int
+    tmp: dict, schema: pa.Schema, bounds: np.ndarray, row_group_size: int, totals: _Totals
 ) -> tuple[dict, _Totals]:
     """Rewrite the position splits in ``tmp`` (train, validation, test: consecutive runs of
-    the kept rows) at ``bounds``; returns the rows per split and the training split's totals
-    (dense statistics and label counts, as the conversion pass counts them)."""
-    writers = {s: _SplitWriter(out / f".{s}.parquet.recut", schema, row_group_size) for s in SPLITS}
-    totals = _Totals(num_dense)
+    the kept rows) at ``bounds``; returns the rows per split and ``totals`` (empty) with the
+    counts of the rows as written (training statistics and label counts, ids per split)."""
+    writers = {s: _SplitWriter(tmp[s].with_name(tmp[s].name + ".recut.tmp"), schema, row_group_size) for s in SPLITS}
     pos = 0
     try:
         for s in SPLITS:
@@ -400,8 +482,7 @@ def _recut(
                         continue
                     part = batch.slice(a - lo, b - a)
                     writers[target].add(part)
-                    if k == 0:
-                        totals.add_train(part)
+                    totals.add_part(k, part)
         for w in writers.values():
             w.close()
     except BaseException:
@@ -484,8 +565,14 @@ def prepare(
     that changes the output, so changing any of them converts again. ``on_bad_row="skip"``
     leaves out rows with a wrong field count or a rejected value and records them (rows
     read = rows written + rows skipped) in the manifest; ``"error"`` stops at the first.
-    ``progress`` shows a tqdm bar. Files are written under a temporary name and renamed, and
-    ``manifest.json`` is written last, so an interrupted conversion is never reused.
+    ``progress`` shows a tqdm bar. Files are written under a temporary name of this process
+    and renamed, and ``manifest.json`` is written last, so an interrupted conversion is never
+    reused. One process at a time converts or checks an entry (a lock file beside it): a
+    second one converting the same data waits, then reuses the result. A cached entry is
+    checked when opened (every file there, sizes and checksums as the manifest records them);
+    a damaged or incomplete one is named in a warning and converted again. Warnings of the
+    conversion (one-class labels, an empty test split, high out-of-vocabulary rates, a
+    multi-hot separator that looks wrong) are stored in the manifest and repeated on reuse.
 
     Returns:
         :class:`PreparedData`; ``num_embeddings`` is the table size per feature to train with.
@@ -511,8 +598,7 @@ def prepare(
         p = Path(path)
         if not p.is_file():
             raise DataError(f"{p}: {'is a directory, not a file' if p.is_dir() else 'file does not exist'}")
-    dense_names, sparse_names = list(fmt.dense_names), list(fmt.sparse_names)
-    num_dense = len(dense_names)
+    sparse_names = list(fmt.sparse_names)
     sizes = list(num_embeddings) if isinstance(num_embeddings, (list, tuple)) else [num_embeddings] * len(sparse_names)
     if len(sizes) != len(sparse_names):
         raise ValueError(f"num_embeddings: {len(sizes)} sizes for {len(sparse_names)} features of {fmt.name}")
@@ -529,11 +615,48 @@ def prepare(
         out
         / f"{prefix}-{_fingerprint(raws, sizes, num_rows, split, on_bad_row, fmt, mapping, min_count, vocab_path, row_group_size)}"
     )
-    manifest_path = out / "manifest.json"
-    if manifest_path.is_file():
-        m = json.loads(manifest_path.read_text())
-        return _manifest_result(out, m)
+    with _entry_lock(out, raws):
+        m = _open_entry(out, raw, warn_one_class)
+        if m is None:
+            m = _build(
+                fmt,
+                raws,
+                sources,
+                out,
+                sizes,
+                split,
+                num_rows,
+                on_bad_row,
+                mapping,
+                min_count,
+                vocab_path,
+                row_group_size,
+                progress,
+                warn_one_class,
+            )
+    return _manifest_result(out, m)
 
+
+def _build(
+    fmt,
+    raws: list[Path],
+    sources: list,
+    out: Path,
+    sizes: list[int],
+    split: Split,
+    num_rows: int | None,
+    on_bad_row: str,
+    mapping: str,
+    min_count: int,
+    vocab_path: Path | None,
+    row_group_size: int,
+    progress: bool,
+    warn_one_class: bool,
+) -> dict:
+    """Convert into the cache entry ``out`` (its lock held; see :func:`prepare` for the
+    arguments); returns the manifest, written last."""
+    raw = raws[0]
+    dense_names, sparse_names = list(fmt.dense_names), list(fmt.sparse_names)
     bounds = None
     skipped: list | None = [] if on_bad_row == "skip" else None
     if split.by == "position":
@@ -552,6 +675,9 @@ def prepare(
     readers = [_Reader(fmt, path, split, fixed, num_rows, bounds, skipped) for path, fixed in sources]
     total_bytes = sum(Path(p).stat().st_size for p, _ in sources)
     out.mkdir(parents=True, exist_ok=True)
+    for stale in out.glob(".*.tmp"):  # left by a conversion that was killed (the lock is ours now)
+        stale.unlink(missing_ok=True)
+    token = f"{os.getpid()}-{secrets.token_hex(4)}"  # this process's temporary file names
 
     vocabs: list[mp.Vocabulary] | None = None
     distinct = None
@@ -582,10 +708,10 @@ def prepare(
     transform = _Transform(fmt, sizes, vocabs, schema)
     train_files = [path for path, fixed in sources if fixed == 0]
     if len(train_files) > 1:  # several training files: one worker process per file
-        totals, rows, files, tmp = _convert_in_workers(readers, out, transform, schema, row_group_size, progress)
+        totals, rows, files, tmp = _convert_in_workers(readers, out, transform, schema, row_group_size, progress, token)
         skipped_count, examples = totals.n_skipped, totals.examples
     else:
-        tmp = {s: out / f".{s}.parquet.tmp" for s in SPLITS}
+        tmp = {s: out / f".{s}.parquet.{token}.tmp" for s in SPLITS}
         writers = {s: _SplitWriter(tmp[s], schema, row_group_size) for s in SPLITS}
         bar = tqdm(total=total_bytes, unit="B", unit_scale=True, desc=f"convert {raw.name}", disable=not progress)
         try:
@@ -614,8 +740,9 @@ def prepare(
         # last split. The splits are consecutive runs of the kept rows, so cut them again.
         bounds = _position_bounds(split.fractions, seen)
         try:
-            rows, recut = _recut(tmp, out, schema, bounds, row_group_size, num_dense)
-            stats, train_labels = recut.stats, recut.labels
+            template = _Totals.of(transform)
+            rows, recut = _recut(tmp, schema, bounds, row_group_size, template)
+            stats, train_labels, totals.ids = recut.stats, recut.labels, recut.ids
         except BaseException:
             for t in tmp.values():
                 t.unlink(missing_ok=True)
@@ -626,7 +753,9 @@ def prepare(
     transforms = dict(fmt.transforms)
     mapping_info: dict = {"kind": mapping, "missing_id": mp.MISSING_ID}
     if vocabs is not None:
-        mp.save_vocabularies(out / VOCABULARY_FILE, sparse_names, vocabs)
+        vocab_tmp = out / f".{VOCABULARY_FILE}.{token}.tmp"
+        mp.save_vocabularies(vocab_tmp, sparse_names, vocabs)
+        os.replace(vocab_tmp, out / VOCABULARY_FILE)
         transforms["sparse"] = (
             f"id = 2 + rank of the value's key ({transforms.get('key', 'see mapping')}) among "
             f"the training split's keys seen >= {min_count} times, by count then key; "
@@ -641,9 +770,18 @@ def prepare(
         )
         if distinct is not None:
             mapping_info["distinct_train_values"] = dict(zip(sparse_names, distinct))
+        # Per split and feature: the fraction of present values (not missing) that are out of vocabulary.
+        mapping_info["oov_rate"] = {
+            s: {
+                n: float(totals.ids[k, 1, j] / totals.ids[k, 0, j]) if totals.ids[k, 0, j] else None
+                for j, n in enumerate(sparse_names)
+            }
+            for k, s in enumerate(SPLITS)
+        }
     split_info = split.describe()
     if bounds is not None:
         split_info["row_bounds"] = bounds.tolist()
+    warnings = _conversion_warnings(fmt, raw, split, rows, train_labels, totals, mapping_info, vocab_path)
     manifest = {
         "source": str(raw.resolve()) if len(raws) == 1 else [str(r.resolve()) for r in raws],
         "format": fmt.name,
@@ -670,14 +808,96 @@ def prepare(
             }
             for j, n in enumerate(dense_names)
         },
+        "warnings": warnings,
     }
-    manifest_path.write_text(json.dumps(manifest, indent=2))
-    if warn_one_class and train_labels[0] and train_labels[1] in (0, train_labels[0]):
-        _warn_one_class(fmt, raw, int(train_labels[0]), int(train_labels[1] > 0))
-    return _manifest_result(out, manifest)
+    manifest["integrity"] = _integrity(out, _entry_files(manifest))
+    _write_manifest(out, manifest)
+    _mark_checked(out, _signature(out, _entry_files(manifest)))
+    _emit_warnings(manifest, warn_one_class)
+    return manifest
 
 
-def _warn_one_class(fmt, raw: Path, n: int, label: int) -> None:
+# ------------------------------------------------------------------------- warnings
+
+
+def _conversion_warnings(
+    fmt, raw: Path, split: Split, rows: dict, train_labels, totals: _Totals, mapping_info: dict, vocab_path
+) -> list[dict]:
+    """What a conversion warns about, as ``{"kind", "message"}`` entries: stored in the
+    manifest, so a cached conversion that is reused repeats them (:func:`_emit_warnings`)."""
+    out = []
+    if train_labels[0] and train_labels[1] in (0, train_labels[0]):
+        out.append(
+            {
+                "kind": "one_class",
+                "message": _one_class_message(fmt, raw, int(train_labels[0]), int(train_labels[1] > 0)),
+            }
+        )
+    wants_test = split.by in ("time", "files") or split.fractions[2] > 0
+    if rows["test"] == 0 and rows["train"] and wants_test:
+        if split.by == "time":
+            hint = (
+                f"no value of {split.column} is >= data.split.thresholds[1] ({split.thresholds[1]:g}); "
+                "lower the threshold"
+            )
+        elif split.by == "files":
+            hint = f"the test file {split.test_path} holds no rows"
+        else:
+            hint = "give more rows or a larger test fraction in data.split"
+        out.append(
+            {
+                "kind": "empty_test",
+                "message": f"{raw}: the test split is empty (train {rows['train']}, validation "
+                f"{rows['validation']}, test 0 rows), so no test metrics will be reported: {hint}",
+            }
+        )
+    rates = mapping_info.get("oov_rate")
+    if rates and vocab_path is None:
+        for s in ("validation", "test"):
+            high = {n: r for n, r in rates[s].items() if r is not None and r > OOV_WARN_RATE}
+            if high:
+                listed = ", ".join(f"{n} {r:.0%}" for n, r in high.items())
+                out.append(
+                    {
+                        "kind": "oov_rate",
+                        "message": f"{raw}: in the {s} split, most values of {listed} are out of "
+                        f"vocabulary (not seen >= {mapping_info['min_count']} times in the training split): "
+                        f"they all share the out-of-vocabulary id {mp.OOV_ID}, so the model cannot tell them "
+                        "apart. Check that data.split leaves such values in the training rows, lower "
+                        "data.min_count, or use data.categorical_mapping: hash (rates per feature: "
+                        "categorical_mapping.oov_rate in manifest.json)",
+                    }
+                )
+    out += _separator_warnings(raw, totals)
+    return out
+
+
+def _separator_warnings(raw: Path, totals: _Totals) -> list[dict]:
+    """A multi-hot text column in which almost no value holds the configured separator but
+    many hold another common one: every combination would silently be one token."""
+    out = []
+    for (name, sep), counts, examples in zip(totals.multi_hot, totals.separators, totals.separator_examples):
+        n = counts.get("values", 0)
+        if not n or counts.get(sep, 0) > 0.01 * n:
+            continue
+        found = [(counts.get(c, 0), c) for c in SEPARATOR_CANDIDATES if c != sep and counts.get(c, 0) >= 0.2 * n]
+        if not found:
+            continue
+        # A space is the weakest sign (values may be phrases): any other candidate first.
+        best = max(found, key=lambda nc: (nc[1] != " ", nc[0]))[1]
+        out.append(
+            {
+                "kind": "separator",
+                "message": f"{raw}: multi-hot column {name}: {counts.get(sep, 0)} of {n} values contain the "
+                f"separator {sep!r} (data.schema.separator), but {counts[best]} contain {best!r} (e.g. "
+                f"{examples[best]!r}), so each whole value is one token; if {best!r} separates the "
+                f"elements, set data.schema.separator: {best!r}",
+            }
+        )
+    return out
+
+
+def _one_class_message(fmt, raw: Path, n: int, label: int) -> str:
     """Every training row has the same label: say which column and threshold made it so."""
     column = getattr(fmt, "label_column", "label")
     spec = getattr(fmt, "spec", None)
@@ -689,10 +909,211 @@ def _warn_one_class(fmt, raw: Path, n: int, label: int) -> None:
         )
     else:
         rule = f"label = the {column} column"
-    log.warning(
+    return (
         f"{raw}: all {n} training rows have label {label} ({rule}); the model will only see one class. "
         "Check the label column and the split."
     )
+
+
+def _emit_warnings(manifest: dict, warn_one_class: bool) -> None:
+    for w in manifest.get("warnings", []):
+        if w.get("kind") != "one_class" or warn_one_class:
+            log.warning(w["message"])
+
+
+# ------------------------------------------------------------------------- the cache entry
+
+
+@contextmanager
+def _entry_lock(out: Path, raws: list[Path]):
+    """Hold the cache entry ``out`` alone: an exclusive ``flock`` on ``<out>.lock`` beside it
+    (created if need be, never removed: removing a lock file races with its next user). A
+    second process waits here until the first has converted, then reuses its result. The
+    lock goes with the process (the kernel drops it when the process dies, however it dies).
+
+    A cache directory where the lock file cannot be created (read only) is used without the
+    lock when the entry is complete already."""
+    lock_path = out.parent / f"{out.name}.lock"
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError as err:
+        if (out / MANIFEST_FILE).is_file():
+            yield
+            return
+        raise DataError(
+            f"{lock_path}: cannot create the cache entry's lock file ({err.strerror}); data.cache_dir "
+            "(or $RECSYS_DIST_CACHE) must be a writable directory"
+        ) from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            what = raws[0] if len(raws) == 1 else f"{len(raws)} files"
+            log.warning(
+                f"another process is converting {what} into {out} (it holds {lock_path}); waiting for it to finish"
+            )
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _entry_files(m: dict) -> list[str]:
+    """The data files of a manifest's entry: every split file, and the vocabulary if any."""
+    names = m.get("files") or {s: [f"{s}.parquet"] for s in SPLITS}
+    vocab = (m.get("categorical_mapping") or {}).get("file")
+    return [n for s in SPLITS for n in names[s]] + ([vocab] if vocab else [])
+
+
+def _checksums(paths: list[Path], algorithm: str) -> list[str]:
+    """The checksum of each file, read in 8 MB pieces (files in parallel: hashing releases the GIL)."""
+
+    def one(path: Path) -> str:
+        h = _HASHERS[algorithm]()
+        with open(path, "rb") as f:
+            while chunk := f.read(8 << 20):
+                h.update(chunk)
+        return h.hexdigest()
+
+    if len(paths) <= 1:
+        return [one(p) for p in paths]
+    with ThreadPoolExecutor(min(len(paths), os.cpu_count() or 1)) as pool:
+        return list(pool.map(one, paths))
+
+
+def _integrity(out: Path, names: list[str]) -> dict:
+    """The manifest's ``integrity`` entry: size and checksum of each file of the entry."""
+    sums = _checksums([out / n for n in names], CHECKSUM)
+    return {
+        "algorithm": CHECKSUM,
+        "files": {n: {"size": (out / n).stat().st_size, "checksum": c} for n, c in zip(names, sums)},
+    }
+
+
+def _write_manifest(out: Path, manifest: dict) -> None:
+    """Write ``manifest.json`` under a name of this process and rename it into place (a
+    reader sees the old manifest or the new one, never half of one)."""
+    tmp = out / f".{MANIFEST_FILE}.{os.getpid()}-{secrets.token_hex(4)}.tmp"
+    tmp.write_text(json.dumps(manifest, indent=2))
+    os.replace(tmp, out / MANIFEST_FILE)
+
+
+def _signature(out: Path, names: list[str]) -> str:
+    """The stat (size, mtime, ctime, inode) of the entry's files and manifest, hashed with the
+    entry's path: a file written or replaced since changes it."""
+    h = hashlib.blake2b(str(out.resolve()).encode(), digest_size=12)
+    for n in [*names, MANIFEST_FILE]:
+        st = (out / n).stat()
+        h.update(f"{n}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}:{st.st_ino};".encode())
+    return h.hexdigest()
+
+
+def _checked_before(signature: str) -> bool:
+    return signature in os.environ.get(CHECKED_ENV, "").split(",")
+
+
+def _mark_checked(out: Path, signature: str) -> None:
+    """Record in the environment (inherited by the ranks this process starts) that the entry,
+    as its files are now, was checked and its warnings shown."""
+    seen = [s for s in os.environ.get(CHECKED_ENV, "").split(",") if s and s != signature]
+    os.environ[CHECKED_ENV] = ",".join([*seen[-31:], signature])
+
+
+def _check_entry(out: Path, m: dict, names: list[str], full: bool) -> tuple[str, str] | None:
+    """``(file, what is wrong)`` for the first missing or damaged file of the entry, or None.
+    Sizes are always compared with the manifest's; checksums when ``full``."""
+    for n in names:
+        if not (out / n).is_file():
+            return n, "the file is missing"
+    integrity = m.get("integrity")
+    if integrity is None:  # a manifest from before checksums were recorded: see _open_entry
+        return None
+    for n in names:
+        want = integrity["files"].get(n, {}).get("size")
+        got = (out / n).stat().st_size
+        if want != got:
+            return (
+                n,
+                f"{got:,} bytes where the manifest records {want:,}" if want is not None else "not in the manifest",
+            )
+    algorithm = integrity.get("algorithm")
+    if full and algorithm in _HASHERS:
+        for n, c in zip(names, _checksums([out / n for n in names], algorithm)):
+            if c != integrity["files"][n].get("checksum"):
+                return n, f"its {algorithm} checksum differs from the one recorded when it was written"
+    return None
+
+
+def _check_legacy(out: Path, m: dict, names: list[str]) -> tuple[str, str] | None:
+    """An entry whose manifest predates checksums: each Parquet file must open and hold the
+    rows the manifest records; if so, its sizes and checksums are recorded now."""
+    rows = dict.fromkeys(SPLITS, 0)
+    files = m.get("files") or {s: [f"{s}.parquet"] for s in SPLITS}
+    for s in SPLITS:
+        for n in files[s]:
+            try:
+                rows[s] += pq.read_metadata(out / n).num_rows
+            except (OSError, pa.ArrowException) as err:
+                return n, f"cannot be read as Parquet ({err})"
+    if rows != m["rows"]:
+        return MANIFEST_FILE, f"the files hold {rows} rows where the manifest records {m['rows']}"
+    try:
+        _write_manifest(out, {**m, "integrity": _integrity(out, names)})
+    except OSError:
+        pass  # a read-only cache: checked now, recorded another time
+    return None
+
+
+def _open_entry(out: Path, raw: Path, warn_one_class: bool) -> dict | None:
+    """The manifest of the cache entry ``out`` if the entry is complete and intact, else None
+    (no entry, or a damaged one, whose files are then removed so that it is converted again).
+
+    Every file must be there with the size the manifest records. Its checksum is compared too,
+    unless this process or the one that started it (a training run's launcher) checked the
+    entry already and no file was written since (the files' stat, ``CHECKED_ENV``): so the
+    process that opens the cache before any rank starts reads every file once, and the ranks
+    after it only compare sizes. A checked entry's warnings are shown again (they were shown by
+    the conversion that wrote it)."""
+    path = out / MANIFEST_FILE
+    if not path.is_file():
+        return None
+    try:
+        m = json.loads(path.read_text())
+        names = _entry_files(m)
+        m["rows"], m["num_embeddings"]  # noqa: B018 - present in every manifest
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        _discard(out, [], MANIFEST_FILE, f"not a readable manifest ({err})", raw)
+        return None
+    problem = _check_entry(out, m, names, full=False)
+    if problem is None:
+        signature = _signature(out, names)
+        if not _checked_before(signature):
+            problem = _check_entry(out, m, names, full=True)
+            if problem is None and "integrity" not in m:
+                problem = _check_legacy(out, m, names)
+                signature = _signature(out, names) if problem is None else signature
+            if problem is None:
+                _emit_warnings(m, warn_one_class)
+                _mark_checked(out, signature)
+    if problem is not None:
+        _discard(out, names, *problem, raw)
+        return None
+    return m
+
+
+def _discard(out: Path, names: list[str], name: str, why: str, raw: Path) -> None:
+    """Remove a damaged entry's manifest (first: the entry is incomplete from then on) and
+    files, saying which file was damaged; it is then converted again."""
+    log.warning(f"{out / name}: {why}; the cached conversion in {out} is damaged: converting {raw} again")
+    try:
+        for n in [MANIFEST_FILE, *names]:
+            (out / n).unlink(missing_ok=True)
+    except OSError as err:
+        raise DataError(
+            f"{out / name}: {why}, so the cached conversion in {out} is damaged, and it cannot be removed "
+            f"({err.strerror}): delete {out} and run again"
+        ) from None
 
 
 def prepare_criteo(

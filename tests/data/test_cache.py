@@ -1,0 +1,196 @@
+"""The conversion cache: a damaged or incomplete entry is found when opened and converted again,
+two processes converting the same data convert it once, and a reused entry repeats the
+warnings of its conversion."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pyarrow.parquet as pq
+import pytest
+
+from recsys_dist import cli
+from recsys_dist.data import convert
+from recsys_dist.data.convert import prepare_criteo
+from tests.conftest import CRITEO_SAMPLE, QUICKSTART, ROOT
+
+
+@pytest.fixture
+def raw(tmp_path):
+    p = tmp_path / "raw.txt"
+    p.write_text("".join(CRITEO_SAMPLE.read_text().splitlines(keepends=True)[:300]))
+    return p
+
+
+@pytest.fixture
+def new_process(monkeypatch):
+    """Open the cache as a new process would (none of this process's checks remembered)."""
+
+    def forget():
+        monkeypatch.delenv("RECSYS_DIST_CHECKED_CACHE", raising=False)  # convert.CHECKED_ENV, as documented
+
+    forget()
+    return forget
+
+
+def tables(p) -> dict:
+    return {s: pq.read_table(p.files[s]) for s in ("train", "validation", "test")}
+
+
+def test_damaged_cached_file_is_named_and_converted_again(raw, cache_dir, new_process, capsys):
+    """Zero bytes written into the middle of a cached file (same size): reading it failed
+    mid-epoch with 'Unexpected end of stream' naming no file; now the next prepare names the
+    file and converts again."""
+    p = prepare_criteo(raw, 1000)
+    before = tables(p)
+    f = p.files["train"]
+    data = bytearray(f.read_bytes())
+    data[len(data) // 3 : len(data) // 3 + 2000] = bytes(2000)
+    f.write_bytes(bytes(data))
+    capsys.readouterr()
+    new_process()
+    again = prepare_criteo(raw, 1000)
+    err = capsys.readouterr().err
+    assert f"{f}: its " in err and "checksum differs" in err and f"converting {raw} again" in err
+    assert again.directory == p.directory
+    assert all(tables(again)[s].equals(before[s]) for s in before)
+
+
+def test_missing_or_truncated_split_file_is_converted_again(raw, cache_dir, new_process, capsys):
+    p = prepare_criteo(raw, 1000)
+    before = tables(p)
+    p.files["test"].unlink()
+    new_process()
+    again = prepare_criteo(raw, 1000)
+    assert f"{p.files['test']}: the file is missing" in capsys.readouterr().err
+    assert tables(again)["test"].equals(before["test"])
+    v = p.files["validation"]
+    size = v.stat().st_size
+    v.write_bytes(v.read_bytes()[:-10])
+    new_process()
+    again = prepare_criteo(raw, 1000)
+    assert f"{v}: {size - 10:,} bytes where the manifest records {size:,}" in capsys.readouterr().err
+    assert tables(again)["validation"].equals(before["validation"])
+
+
+def test_damage_is_reported_by_preprocess_and_the_entry_rebuilt(tmp_path, cache_dir, capsys):
+    """Through the CLI: the run that follows the damage converts again and succeeds."""
+    argv = ["preprocess", "--config", str(QUICKSTART), "data.num_rows=400"]
+    assert cli.main(argv) == 0
+    manifest = next(cache_dir.glob("criteo-*/manifest.json"))
+    m = json.loads(manifest.read_text())
+    assert m["integrity"]["algorithm"] == convert.CHECKSUM
+    assert set(m["integrity"]["files"]) == {"train.parquet", "validation.parquet", "test.parquet"}
+    f = manifest.parent / "train.parquet"
+    data = bytearray(f.read_bytes())
+    data[100:400] = bytes(300)
+    f.write_bytes(bytes(data))
+    capsys.readouterr()
+    os.environ.pop("RECSYS_DIST_CHECKED_CACHE", None)  # a new `recsys-dist` process
+    assert cli.main(argv) == 0
+    out, err = capsys.readouterr()
+    assert f"{f}: its " in err and "checksum differs" in err and "train 320, validation 40, test 40" in out
+    assert pq.read_table(f).num_rows == 320
+
+
+def test_a_checked_entry_is_not_read_again_by_the_ranks_it_starts(raw, cache_dir, new_process, monkeypatch):
+    """The process that opens the cache before the ranks start reads every file; a rank (which
+    inherits its environment) only compares sizes, unless a file was written since."""
+    p = prepare_criteo(raw, 1000)  # the conversion checksums what it wrote
+    calls = []
+    real = convert._checksums
+    monkeypatch.setattr(convert, "_checksums", lambda paths, alg: calls.append(len(paths)) or real(paths, alg))
+    prepare_criteo(raw, 1000)
+    assert calls == []  # a rank after the launcher's check
+    new_process()
+    prepare_criteo(raw, 1000)
+    assert calls == [3]  # a new process reads every file
+    f = p.files["test"]
+    f.write_bytes(f.read_bytes())  # written since: read again
+    prepare_criteo(raw, 1000)
+    assert calls == [3, 3]
+
+
+def test_a_manifest_from_before_checksums_is_checked_and_completed(raw, cache_dir, new_process, capsys):
+    p = prepare_criteo(raw, 1000)
+    path = p.directory / "manifest.json"
+    m = json.loads(path.read_text())
+    del m["integrity"]
+    path.write_text(json.dumps(m))
+    new_process()
+    prepare_criteo(raw, 1000)
+    assert "integrity" in json.loads(path.read_text()) and "damaged" not in capsys.readouterr().err
+    path.write_text(json.dumps(m))
+    p.files["train"].write_bytes(b"not parquet")
+    new_process()
+    again = prepare_criteo(raw, 1000)
+    assert f"{p.files['train']}: cannot be read as Parquet" in capsys.readouterr().err
+    assert pq.read_table(again.files["train"]).num_rows == 240
+
+
+_RACE = textwrap.dedent(
+    """
+    import json, os, sys, time
+    from pathlib import Path
+    from recsys_dist.data import convert
+
+    real, calls = convert._convert, []
+
+    def slow(*args, **kw):  # a conversion long enough for the other process to arrive meanwhile
+        calls.append(1)
+        time.sleep(2)
+        return real(*args, **kw)
+
+    convert._convert = slow
+    ready = Path(sys.argv[2])
+    (ready / str(os.getpid())).touch()
+    while len(list(ready.iterdir())) < 2:  # both processes start converting together
+        time.sleep(0.01)
+    p = convert.prepare_criteo(sys.argv[1], 1000, cache_dir=sys.argv[3])
+    print(json.dumps({"converted": len(calls), "dir": str(p.directory), "rows": p.rows}))
+    """
+)
+
+
+@pytest.mark.slow
+def test_two_processes_converting_the_same_file_convert_it_once(raw, tmp_path):
+    """Two `preprocess` / `train` runs of one raw file at once: the slower one died with
+    FileNotFoundError on the shared temporary name; now it waits for the first and reuses its
+    result."""
+    ready = tmp_path / "ready"
+    ready.mkdir()
+    cache = tmp_path / "cache"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("RECSYS_DIST_CHECKED_CACHE", None)
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _RACE, str(raw), str(ready), str(cache)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    results = [p.communicate(timeout=120) for p in procs]
+    for p, (_, err) in zip(procs, results):
+        assert p.returncode == 0, err
+    got = [json.loads(out.strip().splitlines()[-1]) for out, _ in results]
+    assert sorted(g["converted"] for g in got) == [0, 1]
+    assert got[0]["dir"] == got[1]["dir"] and got[0]["rows"] == got[1]["rows"] == {
+        "train": 240,
+        "validation": 30,
+        "test": 30,
+    }
+    assert "waiting for it to finish" in "".join(err for _, err in results)
+    entry = cache / os.path.basename(got[0]["dir"])
+    assert sorted(f.name for f in entry.iterdir()) == [
+        "manifest.json",
+        "test.parquet",
+        "train.parquet",
+        "validation.parquet",
+    ]  # no temporary file left
+    assert (cache / f"{entry.name}.lock").is_file()
+    assert pq.read_table(entry / "train.parquet").num_rows == 240
