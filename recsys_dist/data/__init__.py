@@ -4,10 +4,10 @@ Parquet -> rank-sharded KJT batches (``loader``)."""
 from __future__ import annotations
 
 
-def _criteo(schema):
-    from recsys_dist.data.criteo import CRITEO
+def _criteo(schema, short_lines: str = "error"):
+    from recsys_dist.data.criteo import CRITEO, CriteoFormat
 
-    return CRITEO
+    return CRITEO if short_lines == "error" else CriteoFormat(short_lines=short_lines)
 
 
 def _avazu(schema):
@@ -28,16 +28,23 @@ def _schema(schema):
 FORMATS = {"criteo_tsv": _criteo, "avazu_csv": _avazu, "schema": _schema}
 
 
-def raw_format(name: str, schema=None):
+def raw_format(name: str, schema=None, short_lines: str = "error"):
     """The format object for ``data.format`` (``criteo_tsv``, ``avazu_csv``, or ``schema`` with
-    its ``data.schema`` section).
+    its ``data.schema`` section); ``short_lines``: ``data.short_lines`` (criteo_tsv only).
 
     Raises:
         ValueError: an unknown format name.
     """
     if name not in FORMATS:
         raise ValueError(f"data.format: unknown format {name!r}; known: {', '.join(FORMATS)}")
+    if name == "criteo_tsv":
+        return _criteo(schema, short_lines)
     return FORMATS[name](schema)
+
+
+def _format_of(d):
+    """The format object of a ``data`` section."""
+    return raw_format(d.format, d.schema, getattr(d, "short_lines", "error"))
 
 
 def feature_names(cfg) -> tuple[list[str], list[str]]:
@@ -57,7 +64,7 @@ def prepare_from_config(cfg, progress: bool = False):
 
     d = getattr(cfg, "data", cfg)
     return prepare(
-        raw_format(d.format, d.schema),
+        _format_of(d),
         d.raw_path,
         d.num_embeddings,
         d.split,
@@ -98,12 +105,13 @@ def prepare_for_scoring(cfg, data):
                 f"and that data ({d.raw_path}) is not there to rebuild it"
             )
         vocabulary = prepare_from_config(d).directory / VOCABULARY_FILE
-    fmt = raw_format(d.format, d.schema)
+    fmt = _format_of(d)
     if d.format == "criteo_tsv" and Path(data).is_file():
         from recsys_dist.data.criteo import NUM_DENSE, NUM_SPARSE, CriteoFormat, first_line_fields
 
         if first_line_fields(data) == NUM_DENSE + NUM_SPARSE:
-            fmt = CriteoFormat(labelled=False)  # Kaggle's test.txt: predict only, labels unknown
+            # Kaggle's test.txt: predict only, labels unknown
+            fmt = CriteoFormat(labelled=False, short_lines=fmt.short_lines)
     return prepare(
         fmt,
         data,

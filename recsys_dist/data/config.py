@@ -169,6 +169,12 @@ class DataConfig(_Section):
         description="A malformed raw row stops the conversion naming file, line and column "
         "(error), or is left out and counted in the manifest (skip).",
     )
+    short_lines: Literal["error", "pad"] = Field(
+        "error",
+        description="criteo_tsv: a line with fewer than 40 fields (an export that leaves out trailing empty "
+        "fields, e.g. 37-39) is a bad line (error: see on_bad_row), or is read with its absent trailing "
+        "fields as missing values (pad).",
+    )
     row_group_size: int = Field(
         65536,
         gt=0,
@@ -233,6 +239,8 @@ class DataConfig(_Section):
     def _check(self) -> DataConfig:
         from recsys_dist.data import raw_format
 
+        if self.short_lines == "pad" and self.format != "criteo_tsv":
+            raise ValueError(f"data.short_lines: pad only applies to format: criteo_tsv, not {self.format}")
         if (self.format == "schema") != (self.schema_ is not None):
             raise ValueError(
                 "data.schema: required with format: schema, and only used by it"

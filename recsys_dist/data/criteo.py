@@ -10,6 +10,10 @@ a missing value. Transforms (the same for every split):
   int64 (vocabulary mapping: ``recsys_dist.data.mapping``); empty -> 0 (row 0 of every
   table is reserved for "missing"). Ids are therefore always in ``[0, num_embeddings)``.
 
+Lines that leave out trailing empty fields (37-39 fields where 40 are due, as some exports
+write them) are bad lines, or with ``short_lines="pad"`` (``data.short_lines: pad``) read
+as if the absent trailing fields were empty: missing values.
+
 Splits: ``recsys_dist.data.splits``. Memory: one pyarrow block (``BLOCK_BYTES`` of
 text) is in flight at a time, whatever the file size.
 """
@@ -209,6 +213,12 @@ def bad_row_mask(batch: pa.RecordBatch) -> tuple[np.ndarray, list[str]]:
     return bad, [r or "invalid value" for r in reason[bad]]
 
 
+_SHORT_HINT = (
+    "if this file's lines leave out trailing empty fields, set data.short_lines: pad to read the absent "
+    "fields as missing values"
+)
+
+
 class _BadRows:
     """Collects rows with the wrong number of fields (pyarrow calls it per bad row)."""
 
@@ -222,18 +232,19 @@ class _BadRows:
 
     def describe(self, row) -> str:
         """What is wrong with a Criteo row of the wrong field count, with a hint."""
+        short = f"; {_SHORT_HINT}" if row.actual_columns < row.expected_columns else ""
         if not self.labelled:
             hint = (
                 " (an unlabelled Criteo row has 39 tab-separated fields: I1..I13, C1..C26, as in the "
-                "first line of this file)"
+                f"first line of this file{short})"
             )
         elif row.actual_columns == NUM_DENSE + NUM_SPARSE:
             hint = (
                 " (the label column seems missing; Kaggle's test.txt has this 39-field layout "
-                "and cannot be used for training; `recsys-dist predict` scores it)"
+                f"and cannot be used for training; `recsys-dist predict` scores it{short})"
             )
         else:
-            hint = " (a Criteo row has 40 tab-separated fields: label, I1..I13, C1..C26)"
+            hint = f" (a Criteo row has 40 tab-separated fields: label, I1..I13, C1..C26{short})"
         return f"expected {row.expected_columns} fields, got {row.actual_columns}{hint}"
 
 
@@ -470,10 +481,42 @@ def _original(removed: list[int], i: int) -> int:
     return i
 
 
+def pad_short_lines(chunk: bytes, fields: int) -> bytes:
+    """``chunk`` with a tab appended to each non-blank line of fewer than ``fields``
+    tab-separated fields for every absent field (before a ``\r\n`` line end), so the absent
+    trailing fields read as empty. Lines with enough fields, blank lines and line numbers are
+    unchanged."""
+    arr = np.frombuffer(chunk, dtype=np.uint8)
+    ends = np.flatnonzero(arr == 10)
+    if not chunk.endswith(b"\n"):
+        ends = np.append(ends, len(chunk))
+    starts = np.concatenate([[0], ends[:-1] + 1])
+    tabs = np.diff(np.concatenate([[0], np.searchsorted(np.flatnonzero(arr == 9), ends)]))
+    content_end = ends - ((ends > starts) & (arr[np.maximum(ends - 1, 0)] == 13))  # before a \r
+    short = np.flatnonzero((tabs < fields - 1) & (content_end > starts))
+    if not short.size:
+        return chunk
+    pieces, prev = [], 0
+    for i in short:
+        e = int(content_end[i])
+        pieces += [chunk[prev:e], b"\t" * int(fields - 1 - tabs[i])]
+        prev = e
+    pieces.append(chunk[prev:])
+    return b"".join(pieces)
+
+
 def _parse_chunk(
-    chunk: bytes, path: str, first_line: int, use_threads: bool, skipped: list | None = None, labelled: bool = True
+    chunk: bytes,
+    path: str,
+    first_line: int,
+    use_threads: bool,
+    skipped: list | None = None,
+    labelled: bool = True,
+    short_lines: str = "error",
 ) -> pa.Table:
     columns = COLUMNS if labelled else COLUMNS[1:]
+    if short_lines == "pad":
+        chunk = pad_short_lines(chunk, len(columns))
     # The label and the integer columns are parsed by pyarrow's CSV reader (on all cores, no
     # text columns to convert later). Its integers are a superset of ours (_INT): it also
     # reads hex ("0x10") and 19 digits. So a block with an "x" anywhere, with a value of 10^18
@@ -579,7 +622,11 @@ def _first_lines(block: bytes, n: int) -> bytes:
 
 
 def read_chunks(
-    path: str, skipped: list | None = None, labelled: bool = True, max_rows: int | None = None
+    path: str,
+    skipped: list | None = None,
+    labelled: bool = True,
+    max_rows: int | None = None,
+    short_lines: str = "error",
 ) -> Iterator[tuple[int, pa.Table]]:
     """``(first line number, table of text columns)`` per ~``BLOCK_BYTES`` of the file.
 
@@ -592,11 +639,14 @@ def read_chunks(
     :func:`parse_block`) are appended to it as ``(line or None, reason)`` and left out
     instead of raising. ``labelled=False`` reads the 39-field layout of Kaggle's test.txt
     and adds a placeholder label "0". ``max_rows``: read only the first that many lines (bad
-    lines after them are never looked at).
+    lines after them are never looked at). ``short_lines="pad"``: a line with fewer fields than
+    the layout's reads its absent trailing fields as empty (:func:`pad_short_lines`).
     """
     line = 1
     for chunk in line_blocks(path, max_rows):
-        table = _parse_chunk(chunk, path, line, use_threads=True, skipped=skipped, labelled=labelled)
+        table = _parse_chunk(
+            chunk, path, line, use_threads=True, skipped=skipped, labelled=labelled, short_lines=short_lines
+        )
         yield line, table
         line += chunk.count(b"\n")
 
@@ -619,11 +669,17 @@ class CriteoFormat:
     """Criteo TSV (Kaggle DAC / 1TB click logs): label, I1..I13, C1..C26; see module doc.
 
     ``labelled=False``: Kaggle's unlabelled test.txt (I1..I13, C1..C26), for scoring only.
+    ``short_lines``: ``"error"`` (a line of fewer fields is a bad line) or ``"pad"`` (its absent
+    trailing fields are missing values).
     """
 
-    def __init__(self, labelled: bool = True) -> None:
-        self.labelled = labelled
+    def __init__(self, labelled: bool = True, short_lines: str = "error") -> None:
+        if short_lines not in ("error", "pad"):
+            raise ValueError(f"short_lines must be 'error' or 'pad', got {short_lines!r}")
+        self.labelled, self.short_lines = labelled, short_lines
         self.name = "criteo_tsv" if labelled else "criteo_tsv_unlabelled"
+        # The cache key: the format's name, and the padding only when on (older entries stay valid).
+        self.fingerprint = self.name + (":short_lines=pad" if short_lines == "pad" else "")
 
     raw_columns = COLUMNS
     label_column = "label"
@@ -641,7 +697,7 @@ class CriteoFormat:
         return count_rows(path)
 
     def read_chunks(self, path: str, skipped: list | None = None, max_rows: int | None = None):
-        return read_chunks(path, skipped, self.labelled, max_rows)
+        return read_chunks(path, skipped, self.labelled, max_rows, self.short_lines)
 
     @staticmethod
     def bad_row_mask(batch: pa.RecordBatch):

@@ -9,6 +9,8 @@ from recsys_dist.data.convert import prepare_criteo
 from recsys_dist.data.criteo import DataError, parse_hex_ids, transform_dense
 from tests.conftest import base_row
 
+CATS = [f"{i:08x}" for i in range(1, 27)]
+
 
 def write(tmp_path, rows, name="raw.txt"):
     p = tmp_path / name
@@ -124,3 +126,47 @@ def test_skip_bad_rows_counts_them(tmp_path, cache_dir):
     assert stats["mean"] == pytest.approx(np.log1p(5), rel=1e-6) and stats["missing_fraction"] == 0.0
     with pytest.raises(DataError, match="line 4: expected 40 fields, got 39"):
         prepare_criteo(tmp_path / "raw.txt", 100, split=(1.0, 0.0, 0.0))
+
+
+def _short(row: str, fields: int) -> str:
+    """``row`` with its trailing fields left out, as some exports write rows whose last fields are empty."""
+    return "\t".join(row.split("\t")[:fields])
+
+
+def test_lines_without_trailing_empty_fields_name_the_short_lines_option(tmp_path, cache_dir):
+    """37-39 fields instead of 40 were refused with no hint."""
+    for fields in (37, 38, 39):
+        rows = [base_row(), _short(base_row(cats=CATS[:-3] + ["", "", ""]), fields), base_row()]
+        with pytest.raises(DataError, match=rf"line 2: expected 40 fields, got {fields}.*data.short_lines: pad"):
+            prepare_criteo(write(tmp_path, rows), 100)
+
+
+def test_short_lines_pad_reads_the_absent_fields_as_missing(tmp_path, cache_dir):
+    from recsys_dist.data.convert import prepare
+    from recsys_dist.data.criteo import CriteoFormat
+
+    empty_tail = [base_row(label=str(i % 2), cats=CATS[: 26 - i % 4] + [""] * (i % 4)) for i in range(20)]
+    short = [_short(r, 40 - i % 4) for i, r in enumerate(empty_tail)]  # 40, 39, 38, 37 fields
+    short[5] = short[5] + "\r"  # a CRLF line end: the tabs go before the \r
+    padded = prepare(CriteoFormat(short_lines="pad"), write(tmp_path, short, "short.txt"), 100)
+    full = prepare_criteo(write(tmp_path, empty_tail, "full.txt"), 100)
+    assert padded.directory != full.directory and padded.rows == full.rows
+    for s in ("train", "validation", "test"):
+        assert pq.read_table(padded.files[s]).equals(pq.read_table(full.files[s]))
+    assert pq.read_table(padded.files["train"]).column("C26").to_pylist()[:4] == [1 + 0x1A % 99, 0, 0, 0]
+    # Blank lines and lines of 41 fields are still bad lines under pad.
+    with pytest.raises(DataError, match="line 2: blank line"):
+        prepare(CriteoFormat(short_lines="pad"), write(tmp_path, [base_row(), "", base_row()], "b.txt"), 100)
+    with pytest.raises(DataError, match="line 2: expected 40 fields, got 41"):
+        prepare(CriteoFormat(short_lines="pad"), write(tmp_path, [base_row(), base_row() + "\t1"], "l.txt"), 100)
+
+
+def test_short_lines_is_a_data_option_of_criteo_only(tmp_path, cache_dir):
+    from recsys_dist.config import ConfigError, config_from_dict
+    from recsys_dist.data import prepare_from_config
+
+    raw = write(tmp_path, [base_row(), _short(base_row(cats=CATS[:-1] + [""]), 39)] * 5)
+    cfg = config_from_dict({"data": {"raw_path": str(raw), "short_lines": "pad", "num_embeddings": 100}})
+    assert prepare_from_config(cfg).rows == {"train": 8, "validation": 1, "test": 1}
+    with pytest.raises(ConfigError, match="data.short_lines: pad only applies to format: criteo_tsv, not avazu_csv"):
+        config_from_dict({"data": {"format": "avazu_csv", "short_lines": "pad"}, "model": {"name": "deepfm"}})

@@ -23,20 +23,23 @@ COLUMNS = ["label"] + [f"I{i}" for i in range(1, 14)] + [f"C{i}" for i in range(
 
 
 def _row(spec: str) -> str:
-    """``base`` plus edits: ``COL=VALUE``, ``-label`` (drop the label), ``+VALUE`` (append)."""
+    """``base`` plus edits: ``COL=VALUE``, ``-label`` (drop the label), ``+VALUE`` (append),
+    ``<N`` (keep the first N fields: a line without its trailing fields)."""
     words = spec.split()
     assert words[0] == "base", spec
     fields = base_row().split("\t")
-    extra, drop = [], False
+    extra, drop, keep = [], False, None
     for w in words[1:]:
         if w == "-label":
             drop = True
         elif w.startswith("+"):
             extra.append(w[1:])
+        elif w.startswith("<"):
+            keep = int(w[1:])
         else:
             col, value = w.split("=", 1)
             fields[COLUMNS.index(col)] = value
-    return "\t".join((fields[1:] if drop else fields) + extra)
+    return "\t".join(((fields[1:] if drop else fields) + extra)[:keep])
 
 
 def _write_files(case: dict, tmp: Path) -> None:
