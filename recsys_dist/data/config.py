@@ -41,6 +41,13 @@ class SchemaConfig(_Section):
         description="Separator of the elements of a multi_hot text field (the conversion warns when almost no "
         "value holds it but many hold another of , ; | space /).",
     )
+    hex_categorical: list[str] = Field(
+        default_factory=list,
+        description="Categorical / multi_hot columns whose values are hex numbers of at most 8 digits, as "
+        "Criteo's C1..C26: the key is the unsigned 32-bit value, as format: criteo_tsv reads it (so the same "
+        "rows give the same ids by either route), not a hash of the text; a value that is not hex is a bad "
+        "value (file, line, column).",
+    )
     file_type: Literal["auto", "csv", "parquet"] = Field(
         "auto", description="auto: Parquet if the file name ends in .parquet or .pq, else delimited text."
     )
@@ -58,6 +65,12 @@ class SchemaConfig(_Section):
             raise ValueError(f"data.schema: columns {dup} are listed more than once in dense / categorical / multi_hot")
         if self.label in features:
             raise ValueError(f"data.schema.label: {self.label!r} is also a feature column")
+        not_categorical = [c for c in self.hex_categorical if c not in [*self.categorical, *self.multi_hot]]
+        if not_categorical:
+            raise ValueError(
+                f"data.schema.hex_categorical: {not_categorical} are not categorical or multi_hot columns "
+                f"(categorical: {self.categorical}, multi_hot: {self.multi_hot})"
+            )
         if not self.categorical and not self.multi_hot:
             raise ValueError(
                 "data.schema: needs at least one categorical or multi_hot column (one embedding table each)"

@@ -1,8 +1,10 @@
 """Categorical value -> table row: hash-modulo (stateless) or a training-split vocabulary.
 
 Every format first turns a categorical value into a 64-bit key: Criteo's 8 hex digits are
-the key itself (a uint32), any other value is the first 8 bytes (little-endian) of the
-BLAKE2b hash of its UTF-8 text. Then, for a table of ``n`` rows:
+the key itself (a uint32; so are the values of a ``data.schema.hex_categorical`` column), any
+other value is BLAKE2b with an 8-byte digest (``hashlib.blake2b(text, digest_size=8)``, not
+the first 8 bytes of the 64-byte BLAKE2b, which differ) of its UTF-8 text, read as a
+little-endian uint64. Then, for a table of ``n`` rows:
 
 - ``hash``: id = ``1 + key mod (n - 1)``;
 - ``vocabulary``: id = ``2 + rank`` of the key among the training split's keys seen at

@@ -8,7 +8,10 @@ Parquet file). Transforms:
 - ``dense``: numbers (empty -> 0) as float32, ``log1p(max(x, 0))`` or unchanged
   (``dense_transform: none``); a value that is not a finite number is an error.
 - ``categorical``: one value per row, as text (Parquet numbers are written as text), hashed
-  or looked up in the vocabulary (``recsys_dist.data.mapping``); empty -> 0.
+  or looked up in the vocabulary (``recsys_dist.data.mapping``); empty -> 0. The key of a
+  value is the BLAKE2b-64 hash of its text, or, for a column listed in ``hex_categorical``,
+  the value read as a hex number (at most 8 digits, Criteo's C1..C26), as ``criteo_tsv``
+  reads it: the same rows then get the same ids by either route.
 - ``multi_hot``: a text list split on ``separator`` (``"a|b|c"``), or a Parquet list column;
   each element mapped like a categorical value; empty elements are dropped, an empty field
   is an empty bag. Stored as ``list<int64>``.
@@ -29,10 +32,11 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
-from recsys_dist.data.criteo import DataError, count_rows, line_blocks, parse_block, read_head
+from recsys_dist.data.criteo import DataError, count_rows, line_blocks, parse_block, parse_hex_keys, read_head
 from recsys_dist.data.mapping import SparseKeys, text_keys
 
 _NUMBER = r"^[-+]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?$"
+_HEX = r"^[0-9a-fA-F]{1,8}$"  # a hex_categorical value (after trimming spaces), as Criteo's C1..C26
 
 
 def _is_parquet(spec, path: str) -> bool:
@@ -107,9 +111,11 @@ class SchemaFormat:
         self.label_column = spec.label
         self.dense_names = list(spec.dense)
         self.sparse_names = list(spec.categorical) + list(spec.multi_hot)
-        self.fingerprint = "schema:" + json.dumps(
-            spec.model_dump(mode="json") if hasattr(spec, "model_dump") else vars(spec), sort_keys=True
-        )
+        key = dict(spec.model_dump(mode="json") if hasattr(spec, "model_dump") else vars(spec))
+        if not key.get("hex_categorical"):
+            key.pop("hex_categorical", None)  # the key of conversions from before the option
+        self.fingerprint = "schema:" + json.dumps(key, sort_keys=True)
+        self.hex = set(getattr(spec, "hex_categorical", None) or [])
         label = (
             f"1 if {spec.label} >= {spec.label_threshold} else 0"
             if spec.label_threshold is not None
@@ -118,10 +124,11 @@ class SchemaFormat:
         self.transforms = {
             "label": f"{label} as float32",
             "dense": ("log1p(max(x, 0))" if spec.dense_transform == "log1p" else "x") + " as float32; empty -> 0",
-            "sparse": "id = 1 + blake2b64(utf8 value) mod (num_embeddings - 1) as int64; empty -> 0",
+            "sparse": "id = 1 + key mod (num_embeddings - 1) as int64; empty -> 0",
             "multi_hot": f"split on {spec.separator!r}, empty elements dropped, each element mapped like a "
             "categorical value; list<int64>",
-            "key": "blake2b64 of the value's UTF-8 text",
+            "key": "BLAKE2b with an 8-byte digest of the value's UTF-8 text, read as a little-endian uint64"
+            + (f"; columns {sorted(self.hex)}: the hex value as an unsigned 32-bit integer" if self.hex else ""),
         }
         self.raw_columns: list[str] | None = None
 
@@ -260,7 +267,35 @@ class SchemaFormat:
             for i in np.flatnonzero(new)[:10]:
                 reason[i] = f"column {name}: '{col[int(i)].as_py()}'"
             bad |= ~ok
+        for name in [n for n in [*s.categorical, *s.multi_hot] if n in self.hex]:
+            col_bad = self._hex_bad_rows(name, batch.column(name))
+            for i in np.flatnonzero(col_bad & ~bad)[:10]:
+                reason[i] = f"column {name}: '{batch.column(name)[int(i)].as_py()}' is not hex"
+            bad |= col_bad
         return bad, [r or "invalid value" for r in reason[bad]]
+
+    def _elements(self, col: pa.Array) -> tuple[pa.Array, np.ndarray]:
+        """A multi-hot column's elements (text, spaces trimmed, empty ones kept) and the row of each."""
+        lists = col if pa.types.is_list(col.type) else pc.split_pattern(pc.fill_null(col, ""), self.spec.separator)
+        flat = pc.utf8_trim_whitespace(pc.fill_null(pc.list_flatten(lists), ""))
+        return flat, pc.list_parent_indices(lists).to_numpy(zero_copy_only=False)
+
+    def _hex_bad_rows(self, name: str, col: pa.Array) -> np.ndarray:
+        """bool [N]: rows of a hex_categorical column with a value (element) that is not hex."""
+        if name in self.spec.multi_hot:
+            flat, parent = self._elements(col)
+            ok = pc.or_(pc.equal(flat, ""), pc.match_substring_regex(flat, _HEX)).to_numpy(zero_copy_only=False)
+            bad = np.zeros(len(col), dtype=bool)
+            bad[parent[~ok]] = True
+            return bad
+        text = pc.utf8_trim_whitespace(pc.fill_null(col, ""))
+        return ~pc.or_(pc.equal(text, ""), pc.match_substring_regex(text, _HEX)).to_numpy(zero_copy_only=False)
+
+    def _keys(self, name: str, values: pa.Array, where: str, first_line: int) -> tuple[np.ndarray, np.ndarray]:
+        """(uint64 keys, present) of a column's values: hex numbers for hex_categorical, else text hashes."""
+        if name in self.hex:
+            return parse_hex_keys(pc.utf8_trim_whitespace(pc.fill_null(values, "")), where, first_line)
+        return text_keys(values)
 
     # ---------------------------------------------------------------- transforming
 
@@ -290,14 +325,20 @@ class SchemaFormat:
                 )
             x = np.nan_to_num(x, nan=0.0)
             dense.append((np.log1p(np.maximum(x, 0.0)) if s.dense_transform == "log1p" else x).astype(np.float32))
-        sparse = [SparseKeys(*text_keys(batch.column(n))) for n in s.categorical]
+        for n in [c for c in [*s.categorical, *s.multi_hot] if c in self.hex]:
+            bad = self._hex_bad_rows(n, batch.column(n))
+            if bad.any():
+                i = int(np.flatnonzero(bad)[0])
+                raise DataError(
+                    f"{path}, {'row' if _is_parquet(s, path) else 'line'} {first_line + i}, column {n}: "
+                    f"'{batch.column(n)[i].as_py()}' is not a hex number of at most 8 digits "
+                    "(data.schema.hex_categorical)"
+                )
+        sparse = [SparseKeys(*self._keys(n, batch.column(n), f"{path}, column {n}", first_line)) for n in s.categorical]
         for n in s.multi_hot:
-            col = batch.column(n)
-            lists = col if pa.types.is_list(col.type) else pc.split_pattern(pc.fill_null(col, ""), s.separator)
-            flat = pc.utf8_trim_whitespace(pc.fill_null(pc.list_flatten(lists), ""))
-            parent = pc.list_parent_indices(lists).to_numpy(zero_copy_only=False)
+            flat, parent = self._elements(batch.column(n))
             keep = pc.not_equal(flat, "").to_numpy(zero_copy_only=False)
-            keys, _ = text_keys(flat.filter(pa.array(keep)))
+            keys, _ = self._keys(n, flat.filter(pa.array(keep)), f"{path}, column {n}", first_line)
             lengths = np.bincount(parent[keep], minlength=batch.num_rows).astype(np.int32)
             sparse.append(SparseKeys(keys, None, lengths))
         return labels, dense, sparse

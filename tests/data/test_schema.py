@@ -150,3 +150,68 @@ def test_schema_config_is_checked():
 
     assert feature_names(cfg) == ([], ["a", "g"])
     assert config_from_dict(cfg.to_dict()).data.schema == cfg.data.schema  # the saved config reloads
+
+
+CRITEO_I = [f"I{i}" for i in range(1, 14)]
+CRITEO_C = [f"C{i}" for i in range(1, 27)]
+
+
+@pytest.mark.parametrize("mapping", ["hash", "vocabulary"])
+def test_kaggle_csv_with_hex_categorical_gives_the_criteo_ids(tmp_path, cache_dir, mapping):
+    """The same 200 Criteo rows as Kaggle's CSV (Id, Label, I1.., C1..; a header; CRLF) through
+    format: schema gave other ids than the TSV (a hash of the text, not the hex value)."""
+    from recsys_dist.data.convert import prepare_criteo
+    from tests.conftest import CRITEO_SAMPLE
+
+    lines = CRITEO_SAMPLE.read_text().splitlines()[:200]
+    tsv = tmp_path / "r.txt"
+    tsv.write_text("\n".join(lines) + "\n")
+    csv = tmp_path / "r.csv"
+    header = ",".join(["Id", "Label", *CRITEO_I, *CRITEO_C])
+    csv.write_bytes(
+        (
+            header + "\r\n" + "".join(f"{10000000 + k},{line.replace(chr(9), ',')}\r\n" for k, line in enumerate(lines))
+        ).encode()
+    )
+    spec = SchemaConfig(label="Label", dense=CRITEO_I, categorical=CRITEO_C, hex_categorical=CRITEO_C)
+    a = prepare_criteo(tsv, 1000, mapping=mapping)
+    b = prepare(SchemaFormat(spec), csv, 1000, mapping=mapping)
+    assert a.rows == b.rows == {"train": 160, "validation": 20, "test": 20}
+    assert a.num_embeddings == b.num_embeddings
+    for s in ("train", "validation", "test"):
+        ta, tb = pq.read_table(a.files[s]), pq.read_table(b.files[s])
+        for c in CRITEO_C:
+            assert ta.column(c).equals(tb.column(c)), (s, c)
+        assert ta.equals(tb)  # labels and dense values too
+    text_hashed = prepare(SchemaFormat(spec.model_copy(update={"hex_categorical": []})), csv, 1000)
+    assert pq.read_table(text_hashed.files["train"]).column("C1") != pq.read_table(a.files["train"]).column("C1")
+
+
+def test_hex_categorical_bad_values_and_multi_hot(tmp_path, cache_dir):
+    spec = SchemaConfig(label="y", categorical=["c"], multi_hot=["m"], hex_categorical=["c", "m"])
+    raw = tmp_path / "r.csv"
+    raw.write_text("y,c,m\n1,0000000a,a|ff\n0, 0B ,\n1,zz,1\n0,1,1|x1\n")
+    with pytest.raises(DataError, match=r"r.csv, line 4, column c: 'zz' is not a hex number of at most 8 digits"):
+        prepare(SchemaFormat(spec), raw, 100, split=(1.0, 0.0, 0.0))
+    p = prepare(SchemaFormat(spec), raw, 100, split=(1.0, 0.0, 0.0), on_bad_row="skip")
+    m = json.loads((p.directory / "manifest.json").read_text())
+    assert m["rows_written"] == 2 and m["rows_skipped"] == 2
+    assert [e["reason"] for e in m["skipped_examples"]] == ["column c: 'zz' is not hex", "column m: '1|x1' is not hex"]
+    t = pq.read_table(p.files["train"])
+    assert t.column("c").to_pylist() == [1 + 10 % 99, 1 + 11 % 99]  # " 0B " trimmed, read as hex
+    assert t.column("m").to_pylist() == [[1 + 10 % 99, 1 + 255 % 99], []]
+    with pytest.raises(ConfigError, match=r"data.schema.hex_categorical: \['y'\] are not categorical or multi_hot"):
+        config_from_dict(
+            {"data": {"format": "schema", "schema": {"label": "y", "categorical": ["c"], "hex_categorical": ["y"]}}}
+        )
+
+
+def test_text_key_is_blake2b_with_an_8_byte_digest():
+    """docs/data.md said "the first 8 bytes of the BLAKE2b hash"; the key is BLAKE2b with an
+    8-byte digest (a different hash), read little-endian."""
+    import hashlib
+
+    keys, present = text_keys(pa.array(["Drama", ""]))
+    assert keys[0] == int.from_bytes(hashlib.blake2b(b"Drama", digest_size=8).digest(), "little")
+    assert keys[0] != int.from_bytes(hashlib.blake2b(b"Drama").digest()[:8], "little")
+    assert present.tolist() == [True, False]
