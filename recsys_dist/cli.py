@@ -284,8 +284,8 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     if Path(args.out).exists() and not Path(args.out).is_dir():
         raise ConfigError(f"--out {args.out} is a file; give a directory (it is created if missing)")
-    out = export(args.model, args.out)
-    print(f"recsys-dist: exported {args.model} to {out}/model.safetensors and {out}/config.yaml")
+    written = export(args.model, args.out)
+    print(f"recsys-dist: exported {args.model} to {args.out}: {', '.join(p.name for p in written)}")
     return 0
 
 
@@ -293,26 +293,44 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     _quiet_third_party()
     import torch
 
-    from recsys_dist.export import load_model, score
+    from recsys_dist.export import load, score
     from recsys_dist.metrics import binary_metrics
 
-    cfg, model, source = load_model(args.model)
-    scores = score(cfg, model, args.data)
+    m = load(args.model)
+    scores = score(m.cfg, m.model, args.data, preprocessing=m.preprocessing)
     if not scores["labelled"]:
         from recsys_dist.data.criteo import DataError
 
         raise DataError(
-            f"{args.data}: no label column (39 fields: Kaggle's test layout), so there is nothing to "
-            "evaluate against; `recsys-dist predict` scores it"
+            f"{args.data}: no label column (Criteo's 39-field test layout, or no data.schema.label column), so "
+            "there is nothing to evaluate against; `recsys-dist predict` scores it"
         )
-    m = binary_metrics(torch.from_numpy(scores["logit"]), torch.from_numpy(scores["label"]))
-    print(json.dumps({"model": source, "data": str(args.data), **m}))
+    metrics = binary_metrics(torch.from_numpy(scores["logit"]), torch.from_numpy(scores["label"]))
+    print(json.dumps({"model": m.source, "data": str(args.data), **metrics}))
     return 0
+
+
+def _keep_columns(text: str | None) -> list[str]:
+    from recsys_dist.export import OUTPUT_COLUMNS
+
+    if not text:
+        return []
+    names = [c.strip() for c in text.split(",")]
+    bad = [c for c in names if not c] or [c for c in names if names.count(c) > 1]
+    if bad:
+        raise ConfigError(f"--keep-columns {text!r}: an empty or repeated column name; give names like id,user")
+    taken = [c for c in names if c in OUTPUT_COLUMNS]
+    if taken:
+        raise ConfigError(
+            f"--keep-columns: {', '.join(taken)} is an output column already ({', '.join(OUTPUT_COLUMNS)}); "
+            "the label is written as 'label'"
+        )
+    return names
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
     _quiet_third_party()
-    from recsys_dist.export import load_model, score, write_predictions
+    from recsys_dist.export import load, score, write_predictions
 
     out = Path(args.out)
     if out.is_dir() or not out.parent.is_dir():
@@ -320,10 +338,11 @@ def cmd_predict(args: argparse.Namespace) -> int:
             f"--out {out}: {'is a directory' if out.is_dir() else f'folder {out.parent} does not exist'}; "
             "give a file path such as preds.parquet in an existing folder"
         )
-    cfg, model, source = load_model(args.model)
-    scores = score(cfg, model, args.data)
+    keep = _keep_columns(args.keep_columns)
+    m = load(args.model)
+    scores = score(m.cfg, m.model, args.data, preprocessing=m.preprocessing, keep_columns=keep)
     write_predictions(scores, args.out)
-    print(f"recsys-dist: {len(scores['logit'])} predictions from {source} -> {args.out}")
+    print(f"recsys-dist: {len(scores['logit'])} predictions from {m.source} -> {args.out}")
     return 0
 
 
@@ -399,7 +418,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. data.on_bad_row=skip")
     p.set_defaults(func=cmd_preprocess)
 
-    p = sub.add_parser("export", help="write an unsharded model (safetensors + config) from a run")
+    p = sub.add_parser(
+        "export", help="write a self-contained unsharded model (weights, config, preprocessing) from a run"
+    )
     p.add_argument("model", help="run directory (newest checkpoint) or checkpoint directory")
     p.add_argument("--out", required=True, help="output directory")
     p.set_defaults(func=cmd_export)
@@ -412,11 +433,17 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument(
             "--data",
             required=True,
-            help="raw file in the model's data format (.gz ok; predict also takes Kaggle's "
-            "unlabelled test.txt) or a converted Parquet file",
+            help="raw file in the model's data format (.gz ok; predict also takes files without the label "
+            "column) or a converted split (a Parquet file listed by the manifest.json beside it)",
         )
         if name == "predict":
             p.add_argument("--out", required=True, help="output file: Parquet, or CSV when it ends in .csv")
+            p.add_argument(
+                "--keep-columns",
+                default=None,
+                metavar="A,B",
+                help="raw input columns to copy into the output (e.g. ids), by name",
+            )
         p.set_defaults(func=cmd_evaluate if name == "evaluate" else cmd_predict)
 
     p = sub.add_parser(

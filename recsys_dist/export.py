@@ -1,14 +1,22 @@
 """Unsharded models from sharded checkpoints: export, evaluate and predict in one process.
 
-``recsys-dist export RUN_DIR --out DIR`` writes ``DIR/model.safetensors`` (every weight as a
-full tensor; safetensors never unpickles) and ``DIR/config.yaml`` (the resolved run config
-that rebuilds the model). ``evaluate`` and ``predict`` accept a run directory (its newest
-checkpoint), a checkpoint directory written at any world size and sharding, or an export.
+``recsys-dist export RUN_DIR --out DIR`` writes a self-contained model directory:
+
+- ``model.safetensors``: every weight as a full tensor (safetensors never unpickles);
+- ``config.yaml``: the resolved run config that rebuilds the model (table sizes as trained);
+- ``preprocessing.json`` (and ``vocabulary.parquet`` under vocabulary mapping): how raw rows
+  become ids and dense values, as the training conversion made them, and the versions that
+  wrote the export (``recsys_dist.data.scoring``). Scoring an export reads nothing else: the
+  training data may change, move or be deleted.
+
+``evaluate`` and ``predict`` accept a run directory (its newest checkpoint), a checkpoint
+directory written at any world size and sharding, or an export.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -30,24 +38,54 @@ from recsys_dist.checkpoint import (
     read_meta,
 )
 from recsys_dist.config import RunConfig, config_from_dict, save_config
-from recsys_dist.data import feature_names, prepare_for_scoring
+from recsys_dist.data import feature_names
+from recsys_dist.data.errors import DataError
 from recsys_dist.data.loader import ParquetBatchLoader
+from recsys_dist.data.scoring import (
+    MANIFEST_FILE,
+    UNLABELLED_FORMATS,
+    Preprocessing,
+    check_conversion,
+    converted_manifest,
+    for_checkpoint,
+    prepare_for_scoring,
+    read_raw_columns,
+    scoring_format,
+)
 from recsys_dist.models import CTRTask, build_model
 from recsys_dist.models.build import table_sizes
 
 MODEL_FILE = "model.safetensors"
+# Columns every predictions file has (--keep-columns may not reuse these names).
+OUTPUT_COLUMNS = ("row", "label", "logit", "probability")
+
+
+@dataclass
+class LoadedModel:
+    """A model ready to score: its config, the unsharded CPU model in eval mode, a
+    description of where it came from, and its preprocessing record (None when loaded
+    without one, by :func:`load_model`)."""
+
+    cfg: RunConfig
+    model: CTRTask
+    source: str
+    preprocessing: Preprocessing | None
 
 
 def _unsharded(cfg: RunConfig) -> CTRTask:
     return build_model(cfg, torch.device("cpu"), tables_device=torch.device("cpu"))
 
 
-def load_model(path: str | Path) -> tuple[RunConfig, CTRTask, str]:
-    """(config, unsharded CPU model in eval mode, description of the source) from a run
-    directory, a checkpoint directory or an export directory.
+def load(path: str | Path, preprocessing: bool = True) -> LoadedModel:
+    """The model at ``path``: a run directory (its newest complete checkpoint), a checkpoint
+    directory or an export directory. With ``preprocessing``, also its preprocessing record:
+    an export's own; a checkpoint's pinned one, or (first use) the one found in the
+    conversion cache and pinned then (``recsys_dist.data.scoring.for_checkpoint``).
 
     Raises:
         CheckpointError: nothing loadable at ``path``, or weights that do not fit the config.
+        DataError: the preprocessing record cannot be found or does not match (a
+            vocabulary-mapped checkpoint whose training data changed, a damaged export).
     """
     path = Path(path)
     if (path / MODEL_FILE).is_file():
@@ -57,7 +95,8 @@ def load_model(path: str | Path) -> tuple[RunConfig, CTRTask, str]:
             model.load_state_dict(load_file(str(path / MODEL_FILE)), strict=True)
         except RuntimeError as err:
             raise CheckpointError(f"{path / MODEL_FILE} does not fit its config.yaml: {str(err)[:800]}") from None
-        return cfg, model.eval(), f"export {path}"
+        prep = _export_preprocessing(path, cfg) if preprocessing else None
+        return LoadedModel(cfg, model.eval(), f"export {path}", prep)
     ckpt = path if is_complete(path) else latest_checkpoint(path)
     if ckpt is None:
         raise CheckpointError(
@@ -77,36 +116,122 @@ def load_model(path: str | Path) -> tuple[RunConfig, CTRTask, str]:
     except (Exception, CheckpointException) as err:  # noqa: BLE001 - DCP's own exception types vary by failure
         raise CheckpointError(f"checkpoint {ckpt} cannot be read: {str(err)[:800]}") from None
     model.load_state_dict(state["model"])
-    return cfg, model.eval(), f"checkpoint {ckpt} (step {meta['step']}, saved on {meta['world_size']} rank(s))"
+    try:
+        prep = for_checkpoint(ckpt, meta) if preprocessing else None
+    except DataError as err:  # about the checkpoint, not the rows to score
+        raise CheckpointError(str(err)) from None
+    source = f"checkpoint {ckpt} (step {meta['step']}, saved on {meta['world_size']} rank(s))"
+    return LoadedModel(cfg, model.eval(), source, prep)
 
 
-def export(path: str | Path, out: str | Path) -> Path:
-    """Write ``out/model.safetensors`` and ``out/config.yaml`` from a run or checkpoint."""
-    cfg, model, _ = load_model(path)
+def _export_preprocessing(path: Path, cfg: RunConfig) -> Preprocessing:
+    prep = Preprocessing.load(path)
+    if prep is None:  # an export written before exports carried their preprocessing record
+        if cfg.data.categorical_mapping == "vocabulary":
+            raise DataError(
+                f"export {path} maps categories through a training vocabulary but holds none (it was written "
+                "before exports carried preprocessing.json and vocabulary.parquet); export its run or checkpoint "
+                "again with `recsys-dist export`"
+            )
+        prep = Preprocessing.describe(cfg, table_sizes(cfg))
+    if prep.num_embeddings != table_sizes(cfg):
+        raise DataError(
+            f"export {path}: preprocessing.json's table sizes {prep.num_embeddings} differ from config.yaml's "
+            f"{table_sizes(cfg)}; export the model again"
+        )
+    return prep
+
+
+def load_model(path: str | Path) -> tuple[RunConfig, CTRTask, str]:
+    """(config, unsharded CPU model in eval mode, description of the source) from a run
+    directory, a checkpoint directory or an export directory (weights only: see :func:`load`
+    for the preprocessing record that scoring raw rows needs).
+
+    Raises:
+        CheckpointError: nothing loadable at ``path``, or weights that do not fit the config.
+    """
+    m = load(path, preprocessing=False)
+    return m.cfg, m.model, m.source
+
+
+def export(path: str | Path, out: str | Path) -> list[Path]:
+    """Write a self-contained export of a run, checkpoint or export into ``out``:
+    ``model.safetensors``, ``config.yaml``, ``preprocessing.json`` (and ``vocabulary.parquet``).
+    Returns the paths written.
+
+    Raises:
+        CheckpointError: nothing loadable at ``path``.
+        DataError: a vocabulary-mapped checkpoint whose vocabulary cannot be found as it was.
+    """
+    m = load(path)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(out / MODEL_FILE))
-    save_config(cfg, out / "config.yaml")
-    return out
+    save_file({k: v.contiguous() for k, v in m.model.state_dict().items()}, str(out / MODEL_FILE))
+    save_config(m.cfg, out / "config.yaml")
+    return [out / MODEL_FILE, out / "config.yaml", *m.preprocessing.save(out)]
 
 
 @torch.no_grad()
-def score(cfg: RunConfig, model: CTRTask, data: str | Path, batch_size: int = 4096) -> dict[str, np.ndarray]:
+def score(
+    cfg: RunConfig,
+    model: CTRTask,
+    data: str | Path,
+    batch_size: int = 4096,
+    preprocessing: Preprocessing | None = None,
+    keep_columns: list[str] | tuple = (),
+) -> dict[str, np.ndarray]:
     """Logits and labels for every row of ``data``: a raw file in the model's data format
-    (gzip ok) converted with its own table sizes, or a Parquet file in the converted layout.
+    (gzip ok), converted with the model's preprocessing record, or a converted split (a
+    Parquet file that a ``manifest.json`` beside it lists) made with the same settings.
+    ``preprocessing``: the record :func:`load` returns with the model (``LoadedModel``); it
+    may be left out for a hash-mapped model (made from ``cfg``), never for a vocabulary-mapped
+    one, whose training vocabulary is never rebuilt.
 
     Returns arrays ``logit`` (float32 [N]) and ``label`` (float32 [N], NaN for a file
-    without labels: Kaggle's 39-field test layout), in file order, and ``labelled`` (bool).
+    without labels: Criteo's 39-field test layout, a schema file without its label column),
+    in file order, ``labelled`` (bool), and ``columns`` (``keep_columns`` of the raw file).
+
+    Raises:
+        DataError: a missing or malformed file, a converted split made with other settings
+            (table sizes, vocabulary, transforms), a Parquet file of a format that has no raw
+            Parquet, ``keep_columns`` absent or asked of a converted split.
     """
+    prep = preprocessing
+    if prep is None:
+        if cfg.data.categorical_mapping == "vocabulary":
+            raise ValueError(
+                "score: a vocabulary-mapped model needs its preprocessing record (the training vocabulary): "
+                "load it with recsys_dist.export.load and pass preprocessing=loaded.preprocessing"
+            )
+        prep = Preprocessing.describe(cfg, table_sizes(cfg))
     data = Path(data)
-    labelled = True
-    if data.suffix == ".parquet":
+    if not data.is_file():
+        raise DataError(f"{data}: {'is a directory, not a file' if data.is_dir() else 'file does not exist'}")
+    manifest = converted_manifest(data)
+    columns = {}
+    if manifest is not None:
+        check_conversion(manifest, data.parent, prep, f"{data} (a converted split: {data.parent / MANIFEST_FILE})")
+        if keep_columns:
+            raise DataError(
+                f"--keep-columns: {data} is a converted split (listed in {data.parent / MANIFEST_FILE}); it holds "
+                "ids, not the raw columns. Give the raw file to keep its columns"
+            )
         parquet = data
     else:
-        prepared = prepare_for_scoring(cfg, data)
+        if cfg.data.format != "schema" and _is_parquet_file(data):
+            raise DataError(
+                f"{data} is a Parquet file but not a converted split (no {MANIFEST_FILE} beside it lists it), and "
+                f"{cfg.data.format} raw data is text. Give the raw file, or a converted split where "
+                "`recsys-dist preprocess` wrote it (beside its manifest.json)"
+            )
+        fmt = scoring_format(cfg.data, data)
+        prepared = prepare_for_scoring(cfg, data, prep.vocabulary, fmt)
         parquet = prepared.files["train"]
-        manifest = json.loads((prepared.directory / "manifest.json").read_text())
-        labelled = manifest["format"] != "criteo_tsv_unlabelled"
+        manifest = json.loads((prepared.directory / MANIFEST_FILE).read_text())
+        check_conversion(manifest, prepared.directory, prep, f"{data} (converted to {prepared.directory})")
+        if keep_columns:
+            columns = read_raw_columns(fmt, data, list(keep_columns))
+    labelled = manifest["format"] not in UNLABELLED_FORMATS
     dense_names, sparse_names = feature_names(cfg)
     loader = ParquetBatchLoader(
         str(parquet), batch_size, 0, 1, dense_names, sparse_names, num_embeddings=table_sizes(cfg)
@@ -117,20 +242,33 @@ def score(cfg: RunConfig, model: CTRTask, data: str | Path, batch_size: int = 40
         keep = w > 0
         logits.append(lg[keep]), labels.append(lb[keep])
     label = torch.cat(labels).numpy()
+    for name, col in columns.items():
+        if len(col) != len(label):
+            raise DataError(
+                f"--keep-columns: {data} gave {len(col)} values of column {name} for {len(label)} scored rows"
+            )
     return {
         "logit": torch.cat(logits).numpy(),
         "label": label if labelled else np.full_like(label, np.nan),
         "labelled": labelled,
+        "columns": columns,
     }
 
 
+def _is_parquet_file(path: Path) -> bool:
+    with open(path, "rb") as f:
+        return f.read(4) == b"PAR1"
+
+
 def write_predictions(scores: dict[str, np.ndarray], out: str | Path) -> None:
-    """Columns ``row`` (int64, 0-based file order), ``label`` (null when the input had none),
-    ``logit``, ``probability``: CSV when ``out`` ends in ``.csv``, else Parquet."""
+    """Columns ``row`` (int64, 0-based file order), the kept raw columns (``scores["columns"]``,
+    if any), ``label`` (null when the input had none), ``logit``, ``probability``: CSV when
+    ``out`` ends in ``.csv``, else Parquet."""
     logit = scores["logit"]
     table = pa.table(
         {
             "row": np.arange(len(logit), dtype=np.int64),
+            **scores.get("columns", {}),
             "label": pa.array(scores["label"], mask=np.isnan(scores["label"])),
             "logit": logit,
             "probability": (1.0 / (1.0 + np.exp(-logit.astype(np.float64)))).astype(np.float32),

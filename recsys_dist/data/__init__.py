@@ -78,49 +78,18 @@ def prepare_from_config(cfg, progress: bool = False):
     )
 
 
-def prepare_for_scoring(cfg, data):
-    """Convert a raw file of the config's format, all rows as one split (``files["train"]``),
-    with the mapping the model was trained with: the same table sizes, and under vocabulary
-    mapping the training data's vocabulary (converting the training data first if its
-    conversion is not cached; ``data.raw_path`` must then exist). A Criteo file whose first
-    line has 39 fields is read as Kaggle's unlabelled test layout (format
-    ``criteo_tsv_unlabelled`` in its manifest; its labels are placeholders).
+def prepare_for_scoring(cfg, data, vocabulary=None):
+    """Convert a raw file of the config's format, all rows as one split (``files["train"]``,
+    in file order), with the mapping the model was trained with: the same table sizes, and
+    under vocabulary mapping ``vocabulary``, the model's own ``vocabulary.parquet`` (an
+    export's, or the one pinned beside a checkpoint: ``recsys_dist.export.load`` finds it).
+    The training data is never read. A file without its label (Criteo: 39 fields, Kaggle's
+    test layout; schema: no ``data.schema.label`` column) is converted with placeholder
+    labels, its manifest's format ``criteo_tsv_unlabelled`` / ``schema_unlabelled``.
 
     Raises:
-        DataError: malformed input, or (vocabulary) the training data cannot be found.
+        DataError: malformed input, or a vocabulary-mapped model and no ``vocabulary``.
     """
-    from pathlib import Path
+    from recsys_dist.data.scoring import prepare_for_scoring as prepare
 
-    from recsys_dist.data.convert import VOCABULARY_FILE, prepare
-    from recsys_dist.data.errors import DataError
-
-    d = getattr(cfg, "data", cfg)
-    vocabulary = None
-    if d.categorical_mapping == "vocabulary":
-        from recsys_dist.data.config import raw_paths
-
-        if d.raw_path is None or not all(Path(r).is_file() for r in raw_paths(d)):
-            raise DataError(
-                f"{data}: the model maps categories with a vocabulary built on its training data, "
-                f"and that data ({d.raw_path}) is not there to rebuild it"
-            )
-        vocabulary = prepare_from_config(d).directory / VOCABULARY_FILE
-    fmt = _format_of(d)
-    if d.format == "criteo_tsv" and Path(data).is_file():
-        from recsys_dist.data.criteo import NUM_DENSE, NUM_SPARSE, CriteoFormat, first_line_fields
-
-        if first_line_fields(data) == NUM_DENSE + NUM_SPARSE:
-            # Kaggle's test.txt: predict only, labels unknown
-            fmt = CriteoFormat(labelled=False, short_lines=fmt.short_lines)
-    return prepare(
-        fmt,
-        data,
-        d.num_embeddings,
-        (1.0, 0.0, 0.0),
-        cache_dir=d.cache_dir,
-        row_group_size=d.row_group_size,
-        mapping=d.categorical_mapping,
-        min_count=d.min_count,
-        vocabulary=vocabulary,
-        warn_one_class=False,
-    )  # scoring: one class is no problem
+    return prepare(cfg, data, vocabulary)

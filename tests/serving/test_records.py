@@ -1,0 +1,71 @@
+"""The pieces scoring is built from, without training: converted-split recognition, the
+preprocessing record, and a vocabulary-mapped model that is never given a vocabulary."""
+
+import json
+
+import numpy as np
+import pytest
+
+from recsys_dist.data import mapping as mp
+from recsys_dist.data.errors import DataError
+from recsys_dist.data.scoring import Preprocessing, converted_manifest, prepare_for_scoring
+from tests.conftest import ROOT
+
+MANIFEST = {"format": "schema", "rows": {"train": 1, "validation": 0, "test": 0}, "num_embeddings": [10]}
+
+
+@pytest.mark.parametrize(
+    "files, listed",
+    [
+        ({"train": ["train.parquet"], "validation": ["validation.parquet"], "test": ["data.parquet"]}, True),
+        ({"train": ["train-00000.parquet", "train-00001.parquet"], "test": ["test.parquet"]}, False),
+        ({"train": [{"name": "data.parquet", "size": 1, "checksum": "x"}]}, True),
+        (None, False),  # before "files": train / validation / test.parquet only
+    ],
+)
+def test_a_converted_split_is_the_file_its_manifest_lists(tmp_path, files, listed):
+    (tmp_path / "data.parquet").write_bytes(b"PAR1")
+    assert converted_manifest(tmp_path / "data.parquet") is None  # no manifest: raw data
+    (tmp_path / "manifest.json").write_text(json.dumps({**MANIFEST, **({"files": files} if files else {})}))
+    assert (converted_manifest(tmp_path / "data.parquet") is not None) == listed
+    # A manifest.json of something else beside raw data does not make it converted.
+    (tmp_path / "manifest.json").write_text(json.dumps({"files": files or {}, "owner": "someone"}))
+    assert converted_manifest(tmp_path / "data.parquet") is None
+
+
+def _movielens():
+    from recsys_dist.config import load_config
+
+    return load_config(ROOT / "configs" / "movielens_deepfm.yaml")
+
+
+def test_record_round_trip_and_a_changed_vocabulary_is_refused(tmp_path):
+    cfg = _movielens()
+    conversion = tmp_path / "conversion"
+    conversion.mkdir()
+    vocabs = [mp.Vocabulary(np.array([5, 9], np.uint64), np.array([3, 2]), np.array([1, 4])) for _ in range(3)]
+    mp.save_vocabularies(conversion / "vocabulary.parquet", ["userId", "movieId", "genres"], vocabs)
+    manifest = {"transforms": {"dense": "x"}, "source": "ratings.csv", "rows": {"train": 3}}
+    (conversion / "manifest.json").write_text(json.dumps(manifest))
+    record = Preprocessing.describe(cfg, [4, 4, 4], conversion, manifest)
+    assert record.vocabulary == conversion / "vocabulary.parquet"
+    out = tmp_path / "export"
+    out.mkdir()
+    record.save(out)
+    loaded = Preprocessing.load(out)
+    assert loaded.record == json.loads(json.dumps(record.record)) and loaded.vocabulary == out / "vocabulary.parquet"
+    assert loaded.record["categorical_mapping"]["kind"] == "vocabulary" and loaded.record["written_by"]["torch"]
+    vocabs[1].ids[:] = [2, 3]  # one id moved
+    mp.save_vocabularies(out / "vocabulary.parquet", ["userId", "movieId", "genres"], vocabs)
+    with pytest.raises(DataError, match="differs from the vocabulary"):
+        Preprocessing.load(out)
+    (out / "vocabulary.parquet").unlink()
+    with pytest.raises(DataError, match="vocabulary.parquet: missing"):
+        Preprocessing.load(out)
+
+
+def test_a_vocabulary_model_is_never_scored_by_rebuilding_its_vocabulary(tmp_path):
+    rows = tmp_path / "rows.csv"
+    rows.write_text("userId,movieId,rating,timestamp,genres\n1,31,2.5,1,Drama\n")
+    with pytest.raises(DataError, match="maps categories through its training vocabulary, and none was given"):
+        prepare_for_scoring(_movielens(), rows)
