@@ -284,7 +284,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     if Path(args.out).exists() and not Path(args.out).is_dir():
         raise ConfigError(f"--out {args.out} is a file; give a directory (it is created if missing)")
-    written = export(args.model, args.out)
+    written = export(args.model, args.out, args.format)
     print(f"recsys-dist: exported {args.model} to {args.out}: {', '.join(p.name for p in written)}")
     return 0
 
@@ -423,6 +423,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("model", help="run directory (newest checkpoint) or checkpoint directory")
     p.add_argument("--out", required=True, help="output directory")
+    p.add_argument(
+        "--format",
+        choices=["safetensors", "torchscript"],
+        default="safetensors",
+        help="torchscript: also model.torchscript.pt + serving.json, loadable with torch alone (docs/serving.md)",
+    )
     p.set_defaults(func=cmd_export)
     for name, helptext in (
         ("evaluate", "AUC / logloss / NE of a model on a data file"),

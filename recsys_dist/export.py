@@ -9,6 +9,9 @@
   wrote the export (``recsys_dist.data.scoring``). Scoring an export reads nothing else: the
   training data may change, move or be deleted.
 
+``--format torchscript`` adds ``model.torchscript.pt`` and ``serving.json``, the model as a
+TorchScript module loadable with torch alone (``recsys_dist.serving``, docs/serving.md).
+
 ``evaluate`` and ``predict`` accept a run directory (its newest checkpoint), a checkpoint
 directory written at any world size and sharding, or an export.
 """
@@ -56,6 +59,7 @@ from recsys_dist.models import CTRTask, build_model
 from recsys_dist.models.build import table_sizes
 
 MODEL_FILE = "model.safetensors"
+FORMATS = ("safetensors", "torchscript")
 # Columns every predictions file has (--keep-columns may not reuse these names).
 OUTPUT_COLUMNS = ("row", "label", "logit", "probability")
 
@@ -154,21 +158,36 @@ def load_model(path: str | Path) -> tuple[RunConfig, CTRTask, str]:
     return m.cfg, m.model, m.source
 
 
-def export(path: str | Path, out: str | Path) -> list[Path]:
+def export(path: str | Path, out: str | Path, format: str = "safetensors") -> list[Path]:
     """Write a self-contained export of a run, checkpoint or export into ``out``:
-    ``model.safetensors``, ``config.yaml``, ``preprocessing.json`` (and ``vocabulary.parquet``).
+    ``model.safetensors``, ``config.yaml``, ``preprocessing.json`` (and ``vocabulary.parquet``);
+    with ``format="torchscript"`` also ``model.torchscript.pt`` and ``serving.json``.
     Returns the paths written.
 
     Raises:
-        CheckpointError: nothing loadable at ``path``.
+        CheckpointError: nothing loadable at ``path``; ``serving.ExportError``: the model
+            cannot be written as TorchScript (nothing is written then).
         DataError: a vocabulary-mapped checkpoint whose vocabulary cannot be found as it was.
     """
+    if format not in FORMATS:
+        raise ValueError(f"format must be one of {FORMATS}, got {format!r}")
     m = load(path)
+    artefact = None
+    if format == "torchscript":  # first: a model that cannot be traced leaves nothing behind
+        from recsys_dist.serving import serving_spec, to_torchscript
+
+        artefact = to_torchscript(m.cfg, m.model, table_sizes(m.cfg))
+        spec = serving_spec(m.cfg, table_sizes(m.cfg), m.preprocessing.record["written_by"])
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     save_file({k: v.contiguous() for k, v in m.model.state_dict().items()}, str(out / MODEL_FILE))
     save_config(m.cfg, out / "config.yaml")
-    return [out / MODEL_FILE, out / "config.yaml", *m.preprocessing.save(out)]
+    written = [out / MODEL_FILE, out / "config.yaml", *m.preprocessing.save(out)]
+    if artefact is not None:
+        from recsys_dist.serving import save_artefact
+
+        written += save_artefact(artefact, spec, out)
+    return written
 
 
 @torch.no_grad()
