@@ -100,7 +100,7 @@ class PreparedData:
         return [str(p) for p in f] if isinstance(f, list) else [str(f)]
 
 
-def _fingerprint(
+def cache_key(
     raws: list[Path],
     sizes: list[int],
     num_rows: int | None,
@@ -112,6 +112,8 @@ def _fingerprint(
     vocabulary: Path | None,
     row_group_size: int = 65536,
 ) -> str:
+    """The name of a conversion's cache entry: a digest of the raw files (path, size, mtime)
+    and every option that changes the converted output. Computing it converts nothing."""
     files = [[str(r.resolve()), r.stat().st_size, r.stat().st_mtime_ns] for r in raws]
     fmt_key = getattr(fmt, "fingerprint", fmt.name)
     key = json.dumps(
@@ -613,7 +615,7 @@ def prepare(
     prefix = "criteo" if fmt.name == "criteo_tsv" else fmt.name
     out = (
         out
-        / f"{prefix}-{_fingerprint(raws, sizes, num_rows, split, on_bad_row, fmt, mapping, min_count, vocab_path, row_group_size)}"
+        / f"{prefix}-{cache_key(raws, sizes, num_rows, split, on_bad_row, fmt, mapping, min_count, vocab_path, row_group_size)}"
     )
     with _entry_lock(out, raws):
         m = _open_entry(out, raw, warn_one_class)

@@ -245,7 +245,7 @@ def training_conversion(d) -> Path | None:
         return None
     fmt = _format(d)
     # The entry's key as `prepare` computes it (convert.py keeps it private; see the report).
-    key = convert._fingerprint(
+    key = convert.cache_key(
         raws,
         _sizes(d),
         d.num_rows,
