@@ -63,6 +63,7 @@ class Loaders:
     validation: ParquetBatchLoader
     test: ParquetBatchLoader
     num_embeddings: list[int]
+    conversion: Path | None = None  # the cache entry the splits were converted into
 
 
 def make_loaders(cfg: RunConfig, ctx: DistContext) -> Loaders:
@@ -96,6 +97,7 @@ def make_loaders(cfg: RunConfig, ctx: DistContext) -> Loaders:
         validation=ParquetBatchLoader(prepared.paths("validation"), eval_bs, remainder="pad", **common),
         test=ParquetBatchLoader(prepared.paths("test"), eval_bs, remainder="pad", **common),
         num_embeddings=sizes,
+        conversion=prepared.directory,
     )
 
 
@@ -407,7 +409,22 @@ class Trainer:
                 "config": self.cfg.to_dict(),
                 "num_embeddings": self._loaders.num_embeddings,
             }
-            return save_checkpoint(self._ctx, self.run_dir, self._step, self._state(), meta, self.cfg.checkpoint.keep)
+            path = save_checkpoint(self._ctx, self.run_dir, self._step, self._state(), meta, self.cfg.checkpoint.keep)
+            if self._ctx.is_main:
+                self._pin_preprocessing(path)
+            return path
+
+    def _pin_preprocessing(self, path: Path) -> None:
+        # How inputs are mapped (vocabulary, sizes, transforms) travels with the checkpoint,
+        # so export and predict never read the training data again (recsys_dist.data.scoring).
+        from recsys_dist.data.scoring import MANIFEST_FILE, Preprocessing
+
+        conversion = self._loaders.conversion
+        manifest = json.loads((conversion / MANIFEST_FILE).read_text()) if conversion is not None else None
+        try:
+            Preprocessing.describe(self.cfg, self._loaders.num_embeddings, conversion, manifest).save(path)
+        except OSError as err:  # the checkpoint is complete without it; scoring falls back to the cache
+            log.warning("could not write the preprocessing record into %s (%s)", path, err)
 
     def close(self) -> None:
         """Release the Trainer: destroy the process group if this Trainer created it, after a

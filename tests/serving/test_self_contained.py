@@ -14,6 +14,9 @@ pytestmark = pytest.mark.slow
 
 def test_predictions_survive_changes_to_the_training_file(movielens_run, tmp_path):
     tmp, run, train, rows = movielens_run
+    # The trainer pins the record beside every checkpoint it writes, before anything scores it.
+    ckpt = next((run / "checkpoints").glob("step_*"))
+    assert (ckpt / "preprocessing.json").is_file() and (ckpt / "vocabulary.parquet").is_file()
     export = tmp_path / "export"
     r = cli(["export", run, "--out", export], tmp)
 
