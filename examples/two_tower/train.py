@@ -10,9 +10,9 @@ checkpoint, for the retrieval evaluation).
 
 Evaluation protocol (the same for the model and the baselines):
 - positives: a test user's held-out ratings >= 4 (test rows with label 1); a user counts when
-  they have at least one. A positive movie absent from the training split (its id is the
-  out-of-vocabulary id 0) can be found by no method and stays in the denominator as a miss.
-- candidates: every movie of the training split's vocabulary, minus the movies the user rated
+  they have at least one. A positive movie absent from the training split (it maps to the
+  out-of-vocabulary id) can be found by no method and stays in the denominator as a miss.
+- candidates (the corpus): every movie of the training split, minus the movies the user rated
   in the training split (those are known, and never test positives: each (user, movie) pair
   is one row of the file, in one split).
 - recall@10 of a user: positives among their top 10 / their positives; averaged over users.
@@ -21,12 +21,20 @@ Evaluation protocol (the same for the model and the baselines):
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+T0 = time.perf_counter()
+# TorchRec's and torch.distributed's deprecation notices, in this process and in the ranks
+# (a spawned rank imports this file again).
+for category in (FutureWarning, UserWarning, DeprecationWarning):
+    warnings.filterwarnings("ignore", category=category)
 
 HERE = Path(__file__).resolve().parent
 CONFIG = HERE / "config.yaml"
@@ -34,9 +42,10 @@ CONFIG = HERE / "config.yaml"
 # spawned rank starts with its parent's sys.path.
 sys.path.insert(0, str(HERE))
 
-import recsys_dist  # noqa: E402
 import torch  # noqa: E402
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor  # noqa: E402
+
+import recsys_dist  # noqa: E402
 
 K = 10
 
@@ -73,19 +82,14 @@ def read_split(prepared, split: str, sparse_names: list[str], sizes: list[int]) 
     return Split(cat["userId"], cat["movieId"], cat["len"], cat["genres"], cat["label"])
 
 
-def item_features(train: Split, num_items: int) -> tuple[np.ndarray, np.ndarray]:
-    """Each movie's genres bag (a movie's genres are the same on every row), for ids
-    0..num_items-1: (lengths [num_items], values). Id 0 gets an empty bag."""
+def item_features(train: Split, corpus: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each corpus movie's genres bag, from its first training row (a movie's genres are the
+    same on every row): (lengths [len(corpus)], values concatenated)."""
     offsets = np.concatenate([[0], np.cumsum(train.genre_lengths)])
-    first_row = np.full(num_items, -1)
-    first_row[train.item[::-1]] = np.arange(len(train.item))[::-1]  # first row of each movie
-    lengths, values = np.zeros(num_items, dtype=np.int64), []
-    for i in range(1, num_items):
-        r = first_row[i]
-        if r >= 0:
-            lengths[i] = train.genre_lengths[r]
-            values.append(train.genres[offsets[r] : offsets[r + 1]])
-    return lengths, np.concatenate(values) if values else np.zeros(0, dtype=np.int64)
+    _, first_row = np.unique(train.item, return_index=True)  # np.unique sorts: corpus order
+    assert np.array_equal(np.unique(train.item), corpus)
+    values = [train.genres[offsets[r] : offsets[r + 1]] for r in first_row]
+    return train.genre_lengths[first_row], np.concatenate(values)
 
 
 def kjt(sparse_names: list[str], n: int, ids: dict[str, tuple[np.ndarray, np.ndarray]]) -> KeyedJaggedTensor:
@@ -99,28 +103,27 @@ def kjt(sparse_names: list[str], n: int, ids: dict[str, tuple[np.ndarray, np.nda
     return KeyedJaggedTensor.from_lengths_sync(sparse_names, torch.cat(values), torch.cat(lengths))
 
 
-def top_k(scores: torch.Tensor, seen: torch.Tensor, k: int = K) -> torch.Tensor:
-    """int64 [U, k]: the k best candidates per row of ``scores`` [U, I] (float), ignoring
-    column 0 (the out-of-vocabulary id) and each row's ``seen`` columns (bool [U, I]); ties go
-    to the lower id."""
+def top_k(scores: torch.Tensor, seen: torch.Tensor, corpus: np.ndarray, k: int = K) -> np.ndarray:
+    """int64 [U, k]: the ids of the k best corpus movies per user, by ``scores`` [U, C]
+    (float, one column per ``corpus`` id, ascending), leaving out each user's ``seen`` columns
+    (bool [U, C]); ties go to the lower id."""
     s = scores.double().masked_fill(seen, float("-inf"))
-    s[:, 0] = float("-inf")
-    order = torch.sort(-s, dim=1, stable=True).indices
-    return order[:, :k]
+    order = torch.sort(-s, dim=1, stable=True).indices[:, :k]
+    return corpus[order.numpy()]
 
 
-def recall(top: torch.Tensor, positives: list[np.ndarray]) -> np.ndarray:
-    """float [U]: |top[u] & positives[u]| / |positives[u]| (positives: one id per held-out
-    positive row, 0 for a movie the training split never had, which no top list holds)."""
-    return np.array([np.isin(p, t.numpy()).sum() / len(p) for t, p in zip(top, positives)])
+def recall(top: np.ndarray, positives: list[np.ndarray]) -> np.ndarray:
+    """float [U]: the share of user u's held-out positives (one id per positive row; a movie
+    the training split never had is no corpus id, so never in a top list) in ``top[u]``."""
+    return np.array([np.isin(p, t).sum() / len(p) for t, p in zip(top, positives)])
 
 
-def job(config: str, overrides: list[str], run_dir: str):
-    """Every rank: train, checkpoint, and score the test rows with the sharded model."""
+def job(config: str, overrides: list[str], run_dir: str, split: str):
+    """Every rank: train, checkpoint, and score ``split``'s rows with the sharded model."""
     cfg = recsys_dist.load_config(config, overrides)
     with recsys_dist.Trainer(cfg, run_dir) as trainer:
         summary = trainer.fit()  # writes the final checkpoint
-        logits = trainer.predict("test")["logit"]  # pair scores <u, v> / temperature, row order
+        logits = trainer.predict(split)["logit"]  # pair scores <u, v> / temperature, row order
     return summary, logits
 
 
@@ -130,9 +133,9 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--nproc", type=int, default=2)
     p.add_argument("--run-dir", default=None)
     p.add_argument("--no-logq", action="store_true", help="train without the logQ correction")
+    p.add_argument("--split", default="test", choices=["test", "validation"], help="held-out split to rank for")
     p.add_argument("overrides", nargs="*", help="config overrides, e.g. train.epochs=3")
     a = p.parse_args(argv)
-    t0 = time.perf_counter()
     run_dir = Path(a.run_dir or f"runs/two_tower-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
     overrides = [f"distributed.nproc_per_node={a.nproc}", *a.overrides]
@@ -142,35 +145,32 @@ def main(argv: list[str] | None = None) -> dict:
     prepared = recsys_dist.prepare(cfg)
     spec = recsys_dist.feature_spec(cfg, prepared.num_embeddings)
     names, sizes = spec.sparse_names, spec.num_embeddings
-    train, test = (read_split(prepared, s, names, sizes) for s in ("train", "test"))
+    train, test = (read_split(prepared, s, names, sizes) for s in ("train", a.split))
     num_items = sizes[names.index("movieId")]
-    counts = np.bincount(train.item, minlength=num_items)  # training ratings per movie
+    counts = np.bincount(train.item, minlength=num_items)  # training ratings per movie id
+    corpus = np.unique(train.item)  # every movie of the training split, ascending ids
     if not a.no_logq:
         np.save(run_dir / "item_counts.npy", counts)
         overrides.append(f"model.args.item_counts={run_dir / 'item_counts.npy'}")
 
-    summary, ranks_logits = recsys_dist.launch(job, a.nproc, str(CONFIG), overrides, str(run_dir))[0]
+    summary, ranks_logits = recsys_dist.launch(job, a.nproc, str(CONFIG), overrides, str(run_dir), a.split)[0]
 
     # The unsharded model, from the checkpoint the ranks wrote.
     _, task, _ = recsys_dist.load_model(run_dir)
     model = task.model
     users = np.unique(test.user[test.label == 1])
     positives = [test.item[(test.user == u) & (test.label == 1)] for u in users]
-    seen = torch.zeros(len(users), num_items, dtype=torch.bool)
-    row_of = {u: i for i, u in enumerate(users)}
-    for u, i in zip(train.user, train.item):
-        if u in row_of:
-            seen[row_of[u], i] = True
-    genre_lengths, genre_values = item_features(train, num_items)
+    seen = torch.zeros(len(users), len(corpus), dtype=torch.bool)  # [U, C]: rated in training
+    in_users = np.isin(train.user, users)
+    seen[np.searchsorted(users, train.user[in_users]), np.searchsorted(corpus, train.item[in_users])] = True
+    genre_lengths, genre_values = item_features(train, corpus)
     with torch.no_grad():
-        corpus = np.arange(num_items)
-        ones_i, ones_u = np.ones(num_items, dtype=np.int64), np.ones(len(users), dtype=np.int64)
-        items = kjt(names, num_items, {"movieId": (ones_i, corpus), "genres": (genre_lengths, genre_values)})
-        item_vecs = model.item_vectors(items)  # [I, D]
+        ones_c, ones_u = np.ones(len(corpus), dtype=np.int64), np.ones(len(users), dtype=np.int64)
+        items = kjt(names, len(corpus), {"movieId": (ones_c, corpus), "genres": (genre_lengths, genre_values)})
+        item_vecs = model.item_vectors(items)  # [C, D]
         user_vecs = model.user_vectors(kjt(names, len(users), {"userId": (ones_u, users)}))  # [U, D]
-        scores = user_vecs @ item_vecs.T  # [U, I]; the temperature does not change a ranking
+        scores = user_vecs @ item_vecs.T  # [U, C]; the temperature does not change a ranking
         # The same pair scores two ways: the sharded model on the ranks, this unsharded copy.
-        test_offsets = np.concatenate([[0], np.cumsum(test.genre_lengths)])
         pairs = model(
             torch.zeros(len(test.user), 0),
             kjt(
@@ -179,45 +179,55 @@ def main(argv: list[str] | None = None) -> dict:
                 {
                     "userId": (np.ones(len(test.user), dtype=np.int64), test.user),
                     "movieId": (np.ones(len(test.item), dtype=np.int64), test.item),
-                    "genres": (test.genre_lengths, test.genres[: test_offsets[-1]]),
+                    "genres": (test.genre_lengths, test.genres),
                 },
             ),
         )
     pair_diff = float((pairs - ranks_logits).abs().max())
 
-    model_top = top_k(scores, seen)
-    popular = torch.as_tensor(counts, dtype=torch.float64).expand(len(users), -1)
-    liked = torch.as_tensor(np.bincount(train.item[train.label == 1], minlength=num_items), dtype=torch.float64)
-    pop_top, liked_top = top_k(popular, seen), top_k(liked.expand(len(users), -1), seen)
-    result = {
-        "run_dir": str(run_dir),
-        "users": len(users),
-        "items": num_items - 1,
-        "positives": int(sum(len(p) for p in positives)),
-        "recall_model": float(recall(model_top, positives).mean()),
-        "recall_popular": float(recall(pop_top, positives).mean()),
-        "recall_popular_liked": float(recall(liked_top, positives).mean()),
-        "pair_score_max_diff": pair_diff,
-        "test_auc": summary["test"]["auc"],
-        "seconds": round(time.perf_counter() - t0, 1),
-        # for checks (tests/test_examples.py)
-        "user_ids": users,
-        "positives_per_user": positives,
-        "seen": seen,
-        "user_vectors": user_vecs,
-        "item_vectors": item_vecs,
-        "model_top": model_top,
+    rated = torch.as_tensor(counts[corpus], dtype=torch.float64)  # most popular: training ratings
+    liked = torch.as_tensor(np.bincount(train.item[train.label == 1], minlength=num_items)[corpus], dtype=torch.float64)
+    tops = {
+        "two-tower": top_k(scores, seen, corpus),
+        "most popular (train ratings)": top_k(rated.expand(len(users), -1), seen, corpus),
+        "most popular (train ratings>=4)": top_k(liked.expand(len(users), -1), seen, corpus),
     }
-    print(
-        f"two-tower retrieval on MovieLens ({result['users']} test users, {result['items']} movies ranked, "
-        f"{result['positives']} held-out positives; {a.nproc} ranks, {result['seconds']} s)\n"
-        f"  recall@{K}  two-tower                      {result['recall_model']:.4f}\n"
-        f"  recall@{K}  most popular (train ratings)    {result['recall_popular']:.4f}\n"
-        f"  recall@{K}  most popular (train ratings>=4) {result['recall_popular_liked']:.4f}\n"
-        f"  test pair AUC (liked vs not) {result['test_auc']:.4f}; sharded vs unsharded pair scores: "
-        f"max |diff| {pair_diff:.2e}\n"
-        f"  run directory: {run_dir}"
-    )
+    per_user = {name: recall(top, positives) for name, top in tops.items()}
+    result = {
+        "split": a.split,
+        "k": K,
+        "users": len(users),
+        "items": len(corpus),
+        "positives": int(sum(len(p) for p in positives)),
+        "recall": {name: float(r.mean()) for name, r in per_user.items()},
+        "pair_score_max_diff": pair_diff,
+        "trainer_test_auc": summary["test"]["auc"],
+        "seconds": round(time.perf_counter() - T0, 1),
+        "nproc": a.nproc,
+        "run_dir": str(run_dir),
+        # per user, for checking by hand (tests/test_examples.py does)
+        "per_user": [
+            {
+                "user": int(u),
+                "positives": positives[i].tolist(),
+                "recall": {name: float(r[i]) for name, r in per_user.items()},
+                "top": {name: top[i].tolist() for name, top in tops.items()},
+            }
+            for i, u in enumerate(users)
+        ],
+    }
+    (run_dir / "retrieval.json").write_text(json.dumps(result, indent=1))
+    lines = [
+        f"two-tower retrieval on MovieLens, {a.split} split: {result['users']} users, {result['items']} movies "
+        f"ranked, {result['positives']} held-out positives ({a.nproc} ranks, {result['seconds']} s)"
+    ]
+    lines += [f"  recall@{K}  {name:<32} {r:.4f}" for name, r in result["recall"].items()]
+    lines += [
+        f"  the Trainer's test AUC (pair scores, liked vs not): {result['trainer_test_auc']:.4f}",
+        f"  pair scores, sharded model on the ranks vs unsharded checkpoint: max |diff| {pair_diff:.1e}",
+        f"  run directory: {run_dir} (per-user lists in retrieval.json)",
+    ]
+    print("\n".join(lines))
     return result
 
 
