@@ -24,6 +24,11 @@ class CTRTask(nn.Module):
     gradients float32). The type is fixed here, not read from the batch, because
     TrainPipelineSparseDist traces this forward with torch.fx. Logits and the loss are
     float32 either way.
+
+    Attributes:
+        model: the wrapped model (what the model factory built), e.g. to call methods of
+            your own on the model that ``recsys_dist.load_model`` returns.
+        loss: the loss, as a module.
     """
 
     def __init__(
