@@ -55,7 +55,7 @@ class Split:
     """One converted split, every row, in file order: ids as the model sees them."""
 
     user: np.ndarray  # int64 [N] userId ids
-    item: np.ndarray  # int64 [N] movieId ids (0: not in the training vocabulary)
+    item: np.ndarray  # int64 [N] movieId ids (the out-of-vocabulary id for a movie train lacks)
     genre_lengths: np.ndarray  # int64 [N] genres per row
     genres: np.ndarray  # int64 [sum(genre_lengths)] genres ids
     label: np.ndarray  # float32 [N] 1 = rating >= 4
@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> dict:
     prepared = recsys_dist.prepare(cfg)
     spec = recsys_dist.feature_spec(cfg, prepared.num_embeddings)
     names, sizes = spec.sparse_names, spec.num_embeddings
-    train, test = (read_split(prepared, s, names, sizes) for s in ("train", a.split))
+    train, held = (read_split(prepared, s, names, sizes) for s in ("train", a.split))
     num_items = sizes[names.index("movieId")]
     counts = np.bincount(train.item, minlength=num_items)  # training ratings per movie id
     corpus = np.unique(train.item)  # every movie of the training split, ascending ids
@@ -158,8 +158,8 @@ def main(argv: list[str] | None = None) -> dict:
     # The unsharded model, from the checkpoint the ranks wrote.
     _, task, _ = recsys_dist.load_model(run_dir)
     model = task.model
-    users = np.unique(test.user[test.label == 1])
-    positives = [test.item[(test.user == u) & (test.label == 1)] for u in users]
+    users = np.unique(held.user[held.label == 1])
+    positives = [held.item[(held.user == u) & (held.label == 1)] for u in users]
     seen = torch.zeros(len(users), len(corpus), dtype=torch.bool)  # [U, C]: rated in training
     in_users = np.isin(train.user, users)
     seen[np.searchsorted(users, train.user[in_users]), np.searchsorted(corpus, train.item[in_users])] = True
@@ -172,18 +172,20 @@ def main(argv: list[str] | None = None) -> dict:
         scores = user_vecs @ item_vecs.T  # [U, C]; the temperature does not change a ranking
         # The same pair scores two ways: the sharded model on the ranks, this unsharded copy.
         pairs = model(
-            torch.zeros(len(test.user), 0),
+            torch.zeros(len(held.user), 0),
             kjt(
                 names,
-                len(test.user),
+                len(held.user),
                 {
-                    "userId": (np.ones(len(test.user), dtype=np.int64), test.user),
-                    "movieId": (np.ones(len(test.item), dtype=np.int64), test.item),
-                    "genres": (test.genre_lengths, test.genres),
+                    "userId": (np.ones(len(held.user), dtype=np.int64), held.user),
+                    "movieId": (np.ones(len(held.item), dtype=np.int64), held.item),
+                    "genres": (held.genre_lengths, held.genres),
                 },
             ),
         )
     pair_diff = float((pairs - ranks_logits).abs().max())
+    if not pair_diff < 1e-3:  # the checkpoint is not the model the ranks trained: no numbers from it
+        raise SystemExit(f"the unsharded model from the checkpoint scores pairs {pair_diff} away from the ranks' model")
 
     rated = torch.as_tensor(counts[corpus], dtype=torch.float64)  # most popular: training ratings
     liked = torch.as_tensor(np.bincount(train.item[train.label == 1], minlength=num_items)[corpus], dtype=torch.float64)
