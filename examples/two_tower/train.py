@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 import time
 import warnings
@@ -31,10 +32,12 @@ from pathlib import Path
 import numpy as np
 
 T0 = time.perf_counter()
-# TorchRec's and torch.distributed's deprecation notices, in this process and in the ranks
-# (a spawned rank imports this file again).
+# TorchRec's, torch.fx's and torch.distributed's notices about their internals, in this
+# process and in the ranks (a spawned rank imports this file again), as recsys-dist does.
 for category in (FutureWarning, UserWarning, DeprecationWarning):
     warnings.filterwarnings("ignore", category=category)
+for name in ("torch.fx._symbolic_trace", "torchrec", "torch.distributed", "fbgemm_gpu"):
+    logging.getLogger(name).setLevel(logging.ERROR)
 
 HERE = Path(__file__).resolve().parent
 CONFIG = HERE / "config.yaml"
