@@ -14,7 +14,9 @@ import json
 import logging
 import os
 import sys
+import time
 import warnings
+from contextlib import contextmanager
 from pathlib import Path
 
 from recsys_dist import run_dir as run_dirs
@@ -74,7 +76,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     # A resumed run's config.yaml is replaced only once there is something to train, so a
     # no-op resume with other overrides leaves the file that matches the checkpoints.
     run_dirs.write_config(cfg, run_dir, write=resume is None)
+    t_data = time.perf_counter()
     train_rows = _prepare_data(cfg)  # before any rank exists, so bad input is reported once and early
+    t_data = time.perf_counter() - t_data
     if resume is not None:
         from recsys_dist.data.loader import steps_per_epoch
 
@@ -88,17 +92,38 @@ def cmd_train(args: argparse.Namespace) -> int:
             )
             return 0
         run_dirs.write_config(cfg, run_dir)
-    if cfg.distributed.nproc_per_node == 1:
-        from recsys_dist.trainer import Trainer
+    with _run_clock(t_data):
+        if cfg.distributed.nproc_per_node == 1:
+            from recsys_dist.trainer import Trainer
 
-        with Trainer(cfg, run_dir, resume=resume, profile_dir=run_dir / "profile" if args.profile else None) as trainer:
-            summary = trainer.fit()
-    else:
-        summary = _launch_ranks(args, cfg, run_dir, resume)
+            profile = run_dir / "profile" if args.profile else None
+            with Trainer(cfg, run_dir, resume=resume, profile_dir=profile) as trainer:
+                summary = trainer.fit()
+        else:
+            summary = _launch_ranks(args, cfg, run_dir, resume)
         if summary is None:
             return 1
     _print_summary(summary)
     return 0
+
+
+@contextmanager
+def _run_clock(data_seconds: float):
+    """The ranks' wall-time split (summary.json) starts at this command's start and counts its
+    data preparation: both travel in the environment, which the ranks inherit."""
+    from recsys_dist.observe import EARLIER_PHASES_ENV, RUN_START_ENV, process_start_time
+
+    saved = {k: os.environ.get(k) for k in (RUN_START_ENV, EARLIER_PHASES_ENV)}
+    os.environ[RUN_START_ENV] = repr(process_start_time())
+    os.environ[EARLIER_PHASES_ENV] = json.dumps({"data": data_seconds})
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def _train_overrides(args: argparse.Namespace) -> list[str]:

@@ -1,4 +1,4 @@
-"""Run observability: sampled step-time breakdown, torch.profiler traces.
+"""Run observability: sampled step-time breakdown, the run's wall-time split, torch.profiler traces.
 
 :class:`TimedTrainPipeline` is TorchRec's ``TrainPipelineSparseDist`` with a stopwatch
 around its own stages on one step in ``every_n`` (others run untouched):
@@ -10,11 +10,20 @@ around its own stages on one step in ``every_n`` (others run untouched):
 - ``time_optimizer_ms``: the dense optimizer step
 
 On CUDA the sampled step synchronises the device around each stage so the times are real.
+
+:class:`PhaseClock` splits a run's wall time into exclusive phases (``WALL_PHASES``): the
+Trainer runs each part of the job inside ``clock.phase(name)``; a phase entered inside
+another is taken out of the outer one (validation inside an epoch counts as ``eval``, not
+``train``), and what no phase covers is ``other``, so the parts add up to the wall time.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -76,6 +85,87 @@ class TimedTrainPipeline(TrainPipelineSparseDist):
         """The breakdown of the last sampled step, once (then empty until the next one)."""
         last, self.last = self.last, {}
         return last
+
+
+# The wall-time split of summary.json, in the order of a run (docs/run_directory.md).
+WALL_PHASES = ("startup", "data", "plan", "tables", "train", "eval", "checkpoint", "other")
+# Set by ``recsys-dist train`` for the ranks it starts: when the command started (Unix time)
+# and the seconds of its own phases before the ranks existed (JSON, e.g. {"data": 3.2}).
+RUN_START_ENV, EARLIER_PHASES_ENV = "RECSYS_DIST_RUN_START", "RECSYS_DIST_EARLIER_PHASES"
+
+
+def process_start_time() -> float:
+    """This process's start as Unix time (Linux: /proc; elsewhere the first call of this)."""
+    try:
+        with open("/proc/self/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22: starttime, clock ticks after boot
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        return time.time() - uptime + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        global _FIRST_CALL
+        _FIRST_CALL = _FIRST_CALL or time.time()
+        return _FIRST_CALL
+
+
+_FIRST_CALL: float | None = None
+
+
+class PhaseClock:
+    """Exclusive wall-time phases of one run, from ``start`` (Unix time) on.
+
+    ``phase(name)`` is a context manager; phases nest, and the inner one's time is not the
+    outer one's. :meth:`split` -> ``{phase: seconds}`` over ``WALL_PHASES`` plus
+    ``wall_seconds``; ``other`` is the wall time no phase covered. ``earlier``: seconds of
+    phases spent before this process existed (the launcher's data preparation).
+    """
+
+    def __init__(self, start: float, earlier: dict[str, float] | None = None) -> None:
+        now = time.perf_counter()
+        self._start = now - max(0.0, time.time() - start)  # the start on perf_counter's scale
+        self.seconds: dict[str, float] = dict.fromkeys(WALL_PHASES, 0.0)
+        for k, v in (earlier or {}).items():
+            self.seconds[k] += v
+        self.seconds["startup"] += max(0.0, now - self._start - sum(self.seconds.values()))
+        self._stack: list[str] = []
+        self._mark = now
+
+    @classmethod
+    def for_run(cls, first_in_process: bool) -> PhaseClock:
+        """The clock of a Trainer: from ``$RECSYS_DIST_RUN_START`` (the command's start) when set,
+        else from this process's start for its first Trainer, else from now."""
+        start = os.environ.get(RUN_START_ENV)
+        earlier = json.loads(os.environ.get(EARLIER_PHASES_ENV) or "{}")
+        if start:
+            return cls(float(start), earlier)
+        return cls(process_start_time() if first_in_process else time.time())
+
+    def _switch(self) -> None:
+        now = time.perf_counter()
+        if self._stack:
+            self.seconds[self._stack[-1]] += now - self._mark
+        self._mark = now
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        if name not in self.seconds:
+            raise ValueError(f"unknown phase {name!r}; one of {WALL_PHASES}")
+        self._switch()
+        self._stack.append(name)
+        try:
+            yield
+        finally:
+            self._switch()
+            self._stack.pop()
+
+    def split(self) -> dict:
+        """``{"wall_seconds": s, "wall_split": {phase: s, ..., "other": s}}``, rounded to ms;
+        the parts add up to ``wall_seconds`` (to rounding)."""
+        self._switch()
+        wall = time.perf_counter() - self._start
+        parts = {k: v for k, v in self.seconds.items() if k != "other"}
+        parts["other"] = max(0.0, wall - sum(parts.values()))
+        return {"wall_seconds": round(wall, 3), "wall_split": {k: round(v, 3) for k, v in parts.items()}}
 
 
 class TraceWriter:

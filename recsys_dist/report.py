@@ -200,6 +200,9 @@ def report(run_dir: str | Path, *, plots: bool = True, out_dir: str | Path | Non
         total = sum(v for v in means.values() if v is not None)
         parts = [f"{k[5:-3]} {_num(v, 2)} ms ({v / total:.0%})" for k, v in means.items() if v is not None and total]
         lines.append("  mean step time: " + ", ".join(parts))
+    wall = _wall_split((run.summary or {}).get("wall_split"), (run.summary or {}).get("wall_seconds"))
+    if wall:
+        lines.append(wall)
     if run.plan:
         types = Counter(e.get("sharding_type", "?") for e in run.plan)
         per_rank = _plan_per_rank(run.plan)
@@ -220,6 +223,14 @@ def report(run_dir: str | Path, *, plots: bool = True, out_dir: str | Path | Non
         written = write_plots(run, Path(out_dir) if out_dir else run.path)
         lines.append(f"  plots: {', '.join(str(p) for p in written) if written else 'none (no data to plot)'}")
     return "\n".join(lines)
+
+
+def _wall_split(split, wall) -> str | None:
+    """summary.json's wall-time split as one line: ``wall 187.0 s: startup 12.1 s (6%), ...``."""
+    if not isinstance(split, dict) or not isinstance(wall, (int, float)) or wall <= 0:
+        return None
+    parts = [f"{k} {v:.1f} s ({v / wall:.0%})" for k, v in split.items() if isinstance(v, (int, float))]
+    return f"  wall time {wall:.1f} s: " + ", ".join(parts)
 
 
 def _mean(values: list) -> float | None:

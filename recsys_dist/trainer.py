@@ -15,7 +15,7 @@ import json
 import logging
 import math
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,7 +45,7 @@ from recsys_dist.faults import maybe_fault
 from recsys_dist.metrics_writer import MetricsWriter, finite_or_none
 from recsys_dist.models import build_model, feature_spec
 from recsys_dist.models.build import table_sizes
-from recsys_dist.observe import TimedTrainPipeline, TraceWriter
+from recsys_dist.observe import PhaseClock, TimedTrainPipeline, TraceWriter
 from recsys_dist.optim import build_optimizer, fuse_embedding_optimizer, init_lazy_state
 from recsys_dist.schedule import LRSchedule
 from recsys_dist.sharding import model_tables
@@ -53,6 +53,7 @@ from recsys_dist.spec import FeatureSpec
 from recsys_dist.state import init_tables
 
 log = logging.getLogger("recsys_dist")
+_TRAINERS_MADE = 0  # a process's first Trainer counts its startup from the process's start
 
 
 @dataclass
@@ -102,19 +103,30 @@ def make_loaders(cfg: RunConfig, ctx: DistContext) -> Loaders:
 
 
 def shard_model(
-    cfg: RunConfig, ctx: DistContext, spec: FeatureSpec | None = None
+    cfg: RunConfig, ctx: DistContext, spec: FeatureSpec | None = None, clock: PhaseClock | None = None
 ) -> tuple[DistributedModelParallel, CombinedOptimizer, str]:
     """Build on meta, fuse the embedding optimizer into backward, plan, wrap in DMP.
 
     ``spec``: the run's FeatureSpec (default: one made from the config, with the configured
     table sizes). Every EmbeddingBagCollection table of the built model is planned and
-    initialised, whether the spec or the model's own code made it.
+    initialised, whether the spec or the model's own code made it. ``clock``: the planning
+    counts as its ``plan`` phase, sharding and initialising the tables as ``tables``.
     """
+
+    def phase(name: str):
+        return clock.phase(name) if clock is not None else nullcontext()
+
     spec = spec or feature_spec(cfg, device=ctx.device)
-    model = build_model(cfg, spec.on(torch.device("meta"), ctx.device))
-    fuse_embedding_optimizer(model, cfg)
-    tables = model_tables(model)
-    plan = sharding.collective_plan(cfg, model, tables, ctx.device, dist.group.WORLD)
+    with phase("plan"):
+        model = build_model(cfg, spec.on(torch.device("meta"), ctx.device))
+        fuse_embedding_optimizer(model, cfg)
+        tables = model_tables(model)
+        plan = sharding.collective_plan(cfg, model, tables, ctx.device, dist.group.WORLD)
+    with phase("tables"):
+        return _wrap_and_init(cfg, ctx, model, tables, plan)
+
+
+def _wrap_and_init(cfg: RunConfig, ctx: DistContext, model, tables, plan):
     dmp = DistributedModelParallel(
         model,
         device=ctx.device,
@@ -196,6 +208,10 @@ class Trainer:
         self._closed = self._failed = False
         self._bar = self._writer = self._tracer = None
         self._ctx = init_distributed(cfg)
+        # Wall-time split for summary.json: everything up to here (imports, the process group) is startup.
+        global _TRAINERS_MADE
+        self._clock = PhaseClock.for_run(first_in_process=_TRAINERS_MADE == 0)
+        _TRAINERS_MADE += 1
         try:
             self._setup(resume, Path(profile_dir) if profile_dir is not None else None)
         except BaseException:
@@ -211,7 +227,8 @@ class Trainer:
         checkpoint = run_dirs.resolve_resume(resume, self.run_dir, flag="resume")
         if resume == "auto" and checkpoint is None:
             log.warning("resume='auto': no complete checkpoint in %s yet; starting from scratch", self.run_dir)
-        self._loaders = make_loaders(cfg, ctx)  # converts the data; decides the table sizes
+        with self._clock.phase("data"):
+            self._loaders = make_loaders(cfg, ctx)  # converts the data; decides the table sizes
         self.total_steps = run_dirs.total_steps(cfg, len(self._loaders.train))
         # A resumed run replaces config.yaml only when there is something left to train.
         done = checkpoint is not None and run_dirs.checkpoint_step(checkpoint) >= self.total_steps
@@ -224,7 +241,7 @@ class Trainer:
             len(self._loaders.train),
         )
         self.spec = feature_spec(cfg, self._loaders.num_embeddings, ctx.device)
-        self._model, self._optimizer, plan_text = shard_model(cfg, ctx, self.spec)
+        self._model, self._optimizer, plan_text = shard_model(cfg, ctx, self.spec, self._clock)
         log.info(
             "sharded: %s", ", ".join(sorted({r["sharding_type"] for r in sharding.plan_summary(self._model.plan)}))
         )
@@ -257,7 +274,8 @@ class Trainer:
         self.resumed_from = checkpoint
         self.resumed_at_step = None
         if checkpoint is not None:
-            self._restore(checkpoint)
+            with self._clock.phase("checkpoint"):
+                self._restore(checkpoint)
             self.resumed_at_step = self._step
 
     # ------------------------------------------------------------------ what users read
@@ -335,6 +353,7 @@ class Trainer:
             }
             if self.cfg.checkpoint.enabled:
                 summary["checkpoint"] = str(self.save_checkpoint())
+            summary.update(self._clock.split())  # wall_seconds, wall_split: from the run's start to here
             summary = finite_or_none(summary)
             if self._ctx.is_main:
                 (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
@@ -347,7 +366,7 @@ class Trainer:
         Returns:
             The validation metrics (as :meth:`evaluate`), also written to ``metrics.jsonl``.
         """
-        with self._collective():
+        with self._collective(), self._clock.phase("train"):  # its validation counts as eval
             self.epoch = self._next_epoch
             metrics = self._run_epoch()
             self._next_epoch += 1
@@ -367,7 +386,7 @@ class Trainer:
         Raises:
             ValueError: an unknown split name.
         """
-        with self._collective():
+        with self._collective(), self._clock.phase("eval"):
             c = self.cfg.eval
             return evaluate(self._model, self._loader(split), self._ctx.device, c.auc_buckets, c.group_feature)
 
@@ -382,7 +401,7 @@ class Trainer:
         Raises:
             ValueError: an unknown split name, or a shuffled loader.
         """
-        with self._collective():
+        with self._collective(), self._clock.phase("eval"):
             return predict(self._model, self._loader(split), self._ctx.device)
 
     def save_checkpoint(self) -> Path:
@@ -397,7 +416,7 @@ class Trainer:
             CheckpointError: on every rank, when any rank cannot write; the previous
                 checkpoint is left as it was.
         """
-        with self._collective():
+        with self._collective(), self._clock.phase("checkpoint"):
             meta = {
                 "step": self._step,
                 "epoch": self.epoch,

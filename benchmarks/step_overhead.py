@@ -1,0 +1,159 @@
+"""Per-step overhead of our trainer against the hand-written TorchRec loop, at small per-rank batches.
+
+    .venv/bin/python benchmarks/step_overhead.py [--batch 128] [--rows 100000] [--copies 20]
+        [--reps 6] [--world 2] [--profile DIR] [--set data.prefetch=0 ...]
+
+In one spawn of ``--world`` gloo ranks (1 intra-op thread each), interleaved in ABBA order over
+``--reps`` rounds, one epoch each:
+
+- ``ours``: our Trainer end to end (Parquet -> loader -> pipeline, logging; validation excluded
+  from the time, as ``benchmarks/run.py`` item 1);
+- ``pipe``: our sharded model in a plain ``TrainPipelineSparseDist`` on in-memory batches
+  (what the model costs, without loader or trainer loop);
+- ``hand``: the hand-written DMP + TrainPipelineSparseDist loop of ``benchmarks/baselines.py``
+  on in-memory batches.
+
+Prints samples/s per round, the medians, and the paired ratios ours/hand, pipe/hand. With
+``--profile DIR``: one extra epoch of ``ours`` and of ``hand`` under cProfile per rank, written
+to ``DIR/{ours,hand}_rank{r}.prof`` (after the timed rounds, so they do not disturb them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks.run import SAMPLE, load, trainer_epoch  # noqa: E402
+
+
+def measure(rank: int, world: int, spec: dict) -> dict:
+    """run_ranks target: the three contenders, interleaved."""
+    warnings.filterwarnings("ignore")
+    logging.disable(logging.WARNING)
+    import cProfile
+
+    import torch
+    import torch.distributed as dist
+    from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
+
+    from benchmarks import baselines
+    from recsys_dist.config import load_config
+    from recsys_dist.data import feature_names, prepare_from_config
+    from recsys_dist.data.loader import CTRBatch
+    from recsys_dist.distributed import init_distributed
+    from recsys_dist.models.build import table_sizes
+    from recsys_dist.trainer import shard_model
+
+    cfg = load_config(ROOT / "configs" / "criteo_quickstart.yaml", spec["overrides"])
+    ctx = init_distributed(cfg)
+    dev, B, m = ctx.device, spec["batch"], cfg.model
+    train_path = str(prepare_from_config(cfg).files["train"])
+    dense, sparse = feature_names(cfg)
+    ours, steps = trainer_epoch(cfg, Path(spec["tmp"]) / "ours")
+    batches = baselines.memory_batches(train_path, rank, world, B, dense, sparse, steps)
+    lr = cfg.train.embedding_lr
+    hand_step = baselines.handwritten_torchrec(
+        batches, table_sizes(cfg), m.embedding_dim, m.dense_arch_layer_sizes, m.over_arch_layer_sizes,
+        "table_wise", lr, dev,
+    )
+    dmp, opt, _ = shard_model(cfg, ctx)
+    ours_batches = [
+        CTRBatch(b.dense_features, b.sparse_features, b.labels, torch.ones_like(b.labels)) for b in batches
+    ]
+    pipe_step = baselines.pipeline_stepper(TrainPipelineSparseDist(dmp, opt, dev), ours_batches)
+    for _ in range(3):
+        hand_step()
+        pipe_step()
+
+    def rate(step):
+        return lambda: steps * B * world / baselines.timed_steps(step, steps)
+
+    run = {"ours": ours, "pipe": rate(pipe_step), "hand": rate(hand_step)}
+    names = list(run)
+    res: dict = {k: [] for k in names}
+    cpu: dict = {k: [] for k in names}  # this rank's CPU ms per step, every thread of the process
+    for r in range(spec["reps"]):
+        for k in names if r % 2 == 0 else names[::-1]:
+            c0 = time.process_time()
+            res[k].append(run[k]())
+            cpu[k].append((time.process_time() - c0) * 1e3 / steps)
+    every = [None] * world
+    dist.all_gather_object(every, cpu)
+    if spec.get("profile"):
+        out = Path(spec["profile"])
+        out.mkdir(parents=True, exist_ok=True)
+        for k in ("ours", "hand"):
+            prof = cProfile.Profile()
+            prof.enable()
+            run[k]()
+            prof.disable()
+            prof.dump_stats(str(out / f"{k}_rank{rank}.prof"))
+    return {"rounds": res, "cpu_ms": every, "steps": steps, "threads": torch.get_num_threads()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--batch", type=int, default=128)
+    p.add_argument("--rows", type=int, default=100_000, help="rows per table")
+    p.add_argument("--copies", type=int, default=20, help="times the Criteo sample is repeated")
+    p.add_argument("--reps", type=int, default=6)
+    p.add_argument("--world", type=int, default=2)
+    p.add_argument("--profile", default=None, help="directory for cProfile dumps per rank")
+    p.add_argument("--set", action="append", default=[], help="extra config override for our trainer")
+    args = p.parse_args(argv)
+    from recsys_dist.testing import run_ranks
+
+    with tempfile.TemporaryDirectory() as tmp:
+        raw = Path(tmp) / "criteo_repeated.txt"
+        block = SAMPLE.read_bytes()
+        with open(raw, "wb") as f:
+            for _ in range(args.copies):
+                f.write(block)
+        spec = {
+            "raw": str(raw),
+            "cache": str(Path(tmp) / "cache"),
+            "tmp": tmp,
+            "batch": args.batch,
+            "reps": args.reps,
+            "world": args.world,
+            "device": "cpu",
+            "rows_per_table": args.rows,
+            "profile": args.profile,
+        }
+        from benchmarks.run import overrides
+
+        spec["overrides"] = overrides(spec, "dlrm") + [f"train.epochs={args.reps + 2}", *args.set]
+        res = run_ranks(measure, args.world, spec, timeout_s=3600)[0]
+    rounds = res["rounds"]
+    med = {k: statistics.median(v) for k, v in rounds.items()}
+
+    def paired(a: str, b: str) -> float:
+        return statistics.median(x / y for x, y in zip(rounds[a], rounds[b]))
+
+    print(
+        f"{args.world} ranks x batch {args.batch}, 26 tables x {args.rows:,} x 16, {res['steps']} steps/epoch, "
+        f"{res['threads']} thread(s)/rank, {args.reps} ABBA rounds; load {os.getloadavg()[0]:.2f}"
+    )
+    for k, v in rounds.items():
+        print(f"  {k:5s} median {med[k]:>9,.0f}  rounds " + " / ".join(f"{x:,.0f}" for x in v))
+    for r, c in enumerate(res["cpu_ms"]):
+        print(f"  rank {r} CPU ms/step (median): " + ", ".join(f"{k} {statistics.median(v):.3f}" for k, v in c.items()))
+    print(f"  ours/hand {paired('ours', 'hand'):.3f}   pipe/hand {paired('pipe', 'hand'):.3f}")
+    print(json.dumps({"median": med, "ours/hand": paired("ours", "hand"), "pipe/hand": paired("pipe", "hand")}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
