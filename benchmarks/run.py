@@ -12,7 +12,8 @@ recsys_dist (split 98/1/1 %).
 
 1. framework overhead: our trainer end to end (Parquet -> loader -> TimedTrainPipeline,
    logging, per-epoch validation excluded from the time) vs a minimal hand-written
-   TorchRec loop (DMP + TrainPipelineSparseDist) on in-memory batches of the same data;
+   TorchRec loop (DMP + TrainPipelineSparseDist) on in-memory batches of the same data; on
+   CPU also at 2 ranks x batch 128 with 100,000-row tables, where per-step costs show;
 2. vs a plain-PyTorch DLRM (nn.EmbeddingBag with sparse gradients, Adagrad, DDP);
 3. our DeepFM vs DeepCTR-Torch's (its own venv; "skipped" with the command when absent) at
    10^4, 10^5 and 10^6 rows per table (quick: the first two);
@@ -54,6 +55,7 @@ DEEPCTR_VENV = (
     "scikit-learn pyarrow requests"
 )
 DEFAULT_ROWS_PER_TABLE = 10_000  # the quickstart configs' data.num_embeddings
+SMALL_BATCH, SMALL_ROWS = 128, 100_000  # item 1's second configuration (issue 22)
 MLPERF_H200_SAMPLES_PER_S = 1.9e6  # MLPerf Training DLRM-DCNv2, per GPU of an 8 x H200 system
 
 
@@ -91,8 +93,8 @@ def load(spec: dict, name: str):
     return load_config(ROOT / "configs" / CONFIG_FILES[name], overrides(spec, name))
 
 
-def trainer_epoch(cfg, run_dir: Path):
-    """(``epoch()`` -> global samples/s of one more epoch of our trainer, steps per epoch)."""
+def trainer_epoch(cfg, run_dir: Path, with_trainer: bool = False):
+    """(``epoch()`` -> global samples/s of one more epoch of our trainer, steps per epoch[, the Trainer])."""
     from recsys_dist.trainer import Trainer
 
     trainer = Trainer(cfg, run_dir)  # on the group run_ranks made, which it leaves open
@@ -102,7 +104,7 @@ def trainer_epoch(cfg, run_dir: Path):
         trainer.train_epoch()
         return (trainer.rows_trained - rows) / (trainer.train_seconds - secs)
 
-    return epoch, len(trainer.loaders.train)
+    return (epoch, len(trainer.loaders.train)) + ((trainer,) if with_trainer else ())
 
 
 def deepfm_one_rank(rank: int, world: int, spec: dict) -> float:
@@ -206,6 +208,26 @@ def measure(rank: int, world: int, spec: dict) -> dict:
             exact_adagrad=cfg.train.embedding_optimizer == "exact_adagrad",
         )
     )
+    if name == "dlrm" and spec.get("small"):
+        # Item 1 again at a small per-rank batch and larger tables, where per-step costs show.
+        small = {**spec, **spec["small"]}
+        scfg = load(small, name)
+        run["ours_small"], ssteps = trainer_epoch(scfg, Path(spec["tmp"]) / "small")
+        spath = str(prepare_from_config(scfg).files["train"])  # ids hashed into the larger tables
+        sbatches = baselines.memory_batches(spath, rank, world, small["batch"], dense, sparse, ssteps)
+        step = baselines.handwritten_torchrec(
+            sbatches,
+            table_sizes(scfg),
+            m.embedding_dim,
+            m.dense_arch_layer_sizes,
+            m.over_arch_layer_sizes,
+            sharding,
+            lr,
+            dev,
+        )
+        for _ in range(3):
+            step()
+        run["handwritten_small"] = lambda: ssteps * small["batch"] * world / baselines.timed_steps(step, ssteps)
     if name == "dlrm":
         run["plain"] = rate(
             baselines.plain_pytorch(
@@ -331,6 +353,8 @@ def main(argv: list[str] | None = None) -> int:
         "model": model,
         "max_rows": args.mlperf_max_rows,
         "deepfm": model == "dlrm" and "3" not in skip,
+        # Item 1's second line (CPU DLRM, 2 ranks): a small per-rank batch and 10^5-row tables.
+        "small": {"batch": SMALL_BATCH, "rows_per_table": SMALL_ROWS} if model == "dlrm" and world == 2 else None,
     }
     with tempfile.TemporaryDirectory() as tmp:
         raw = Path(tmp) / "criteo_repeated.txt"
@@ -426,6 +450,19 @@ def print_table(spec, cfg, res, theirs, grow, train_rows, copies, args, hardware
         0.95,
         paired("ours", "handwritten"),
     )
+    if "ours_small" in med:
+        small = spec["small"]
+        line(
+            "1",
+            f"framework overhead, batch {small['batch']}, {small['rows_per_table']:,} rows",
+            f"as above at {W} ranks x batch {small['batch']} ({small['batch'] * W} global), 26 tables x "
+            f"{small['rows_per_table']:,} rows: per-step costs weigh most at small batches",
+            med["ours_small"],
+            med["handwritten_small"],
+            "samples/s",
+            0.95,
+            paired("ours_small", "handwritten_small"),
+        )
     if "plain" in med:
         line(
             "2",

@@ -24,6 +24,7 @@ import argparse
 import json
 import logging
 import os
+import resource
 import statistics
 import sys
 import tempfile
@@ -35,7 +36,56 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.run import SAMPLE, load, trainer_epoch  # noqa: E402
+from benchmarks.run import SAMPLE, trainer_epoch  # noqa: E402
+
+
+def swapped_loader(trainer, path: str, epoch):
+    """``epoch`` run with the train loader built by the ``ParquetBatchLoader`` of ``path``."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("baseline_loader", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    ours = trainer.loaders.train
+    theirs = mod.ParquetBatchLoader(
+        ours.files,
+        ours.batch_size,
+        ours.rank,
+        ours.world_size,
+        ours.dense_names,
+        ours.keys,
+        shuffle=ours.shuffle,
+        seed=ours.seed,
+        remainder=ours.remainder,
+        num_embeddings=ours.num_embeddings,
+        shuffle_buffer_rows=ours.buffer_rows,
+        prefetch=ours.prefetch,
+        pin_memory=ours.pin_memory,
+        rank_reads=ours.rank_reads,
+    )
+
+    def use(loader):
+        # The next epoch's batches, opened during the last validation, came from the loader of the
+        # last epoch: both contenders open theirs here instead, just before their epoch.
+        trainer.loaders.train = loader
+        early = trainer._early_batches
+        if early is not None:
+            early.close()
+            loader.set_epoch(trainer._next_epoch)
+            trainer._early_batches = loader.iter_from(0)
+
+    def run_ours() -> float:
+        use(ours)
+        return epoch()
+
+    def run_theirs() -> float:
+        use(theirs)
+        try:
+            return epoch()
+        finally:
+            trainer.loaders.train = ours
+
+    return run_ours, run_theirs
 
 
 def measure(rank: int, world: int, spec: dict) -> dict:
@@ -61,17 +111,21 @@ def measure(rank: int, world: int, spec: dict) -> dict:
     dev, B, m = ctx.device, spec["batch"], cfg.model
     train_path = str(prepare_from_config(cfg).files["train"])
     dense, sparse = feature_names(cfg)
-    ours, steps = trainer_epoch(cfg, Path(spec["tmp"]) / "ours")
+    ours, steps, trainer = trainer_epoch(cfg, Path(spec["tmp"]) / "ours", with_trainer=True)
     batches = baselines.memory_batches(train_path, rank, world, B, dense, sparse, steps)
     lr = cfg.train.embedding_lr
     hand_step = baselines.handwritten_torchrec(
-        batches, table_sizes(cfg), m.embedding_dim, m.dense_arch_layer_sizes, m.over_arch_layer_sizes,
-        "table_wise", lr, dev,
+        batches,
+        table_sizes(cfg),
+        m.embedding_dim,
+        m.dense_arch_layer_sizes,
+        m.over_arch_layer_sizes,
+        "table_wise",
+        lr,
+        dev,
     )
     dmp, opt, _ = shard_model(cfg, ctx)
-    ours_batches = [
-        CTRBatch(b.dense_features, b.sparse_features, b.labels, torch.ones_like(b.labels)) for b in batches
-    ]
+    ours_batches = [CTRBatch(b.dense_features, b.sparse_features, b.labels, torch.ones_like(b.labels)) for b in batches]
     pipe_step = baselines.pipeline_stepper(TrainPipelineSparseDist(dmp, opt, dev), ours_batches)
     for _ in range(3):
         hand_step()
@@ -81,16 +135,21 @@ def measure(rank: int, world: int, spec: dict) -> dict:
         return lambda: steps * B * world / baselines.timed_steps(step, steps)
 
     run = {"ours": ours, "pipe": rate(pipe_step), "hand": rate(hand_step)}
+    if spec.get("baseline_loader"):  # ours again, with the train loader of another checkout
+        run["ours"], run["ours_base"] = swapped_loader(trainer, spec["baseline_loader"], ours)
     names = list(run)
     res: dict = {k: [] for k in names}
     cpu: dict = {k: [] for k in names}  # this rank's CPU ms per step, every thread of the process
+    switches: dict = {k: [] for k in names}  # this rank's context switches per step
     for r in range(spec["reps"]):
         for k in names if r % 2 == 0 else names[::-1]:
-            c0 = time.process_time()
+            c0, u0 = time.process_time(), resource.getrusage(resource.RUSAGE_SELF)
             res[k].append(run[k]())
+            u1 = resource.getrusage(resource.RUSAGE_SELF)
             cpu[k].append((time.process_time() - c0) * 1e3 / steps)
+            switches[k].append((u1.ru_nvcsw + u1.ru_nivcsw - u0.ru_nvcsw - u0.ru_nivcsw) / steps)
     every = [None] * world
-    dist.all_gather_object(every, cpu)
+    dist.all_gather_object(every, {"cpu": cpu, "switches": switches})
     if spec.get("profile"):
         out = Path(spec["profile"])
         out.mkdir(parents=True, exist_ok=True)
@@ -111,6 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reps", type=int, default=6)
     p.add_argument("--world", type=int, default=2)
     p.add_argument("--profile", default=None, help="directory for cProfile dumps per rank")
+    p.add_argument("--baseline-loader", default=None, help="loader.py of another checkout: ours with it too")
     p.add_argument("--set", action="append", default=[], help="extra config override for our trainer")
     args = p.parse_args(argv)
     from recsys_dist.testing import run_ranks
@@ -131,10 +191,11 @@ def main(argv: list[str] | None = None) -> int:
             "device": "cpu",
             "rows_per_table": args.rows,
             "profile": args.profile,
+            "baseline_loader": args.baseline_loader,
         }
         from benchmarks.run import overrides
 
-        spec["overrides"] = overrides(spec, "dlrm") + [f"train.epochs={args.reps + 2}", *args.set]
+        spec["overrides"] = overrides(spec, "dlrm") + [f"train.epochs={2 * args.reps + 3}", *args.set]
         res = run_ranks(measure, args.world, spec, timeout_s=3600)[0]
     rounds = res["rounds"]
     med = {k: statistics.median(v) for k, v in rounds.items()}
@@ -149,8 +210,15 @@ def main(argv: list[str] | None = None) -> int:
     for k, v in rounds.items():
         print(f"  {k:5s} median {med[k]:>9,.0f}  rounds " + " / ".join(f"{x:,.0f}" for x in v))
     for r, c in enumerate(res["cpu_ms"]):
-        print(f"  rank {r} CPU ms/step (median): " + ", ".join(f"{k} {statistics.median(v):.3f}" for k, v in c.items()))
+        for what in ("cpu", "switches"):
+            unit = "CPU ms/step" if what == "cpu" else "context switches/step"
+            print(
+                f"  rank {r} {unit} (median): "
+                + ", ".join(f"{k} {statistics.median(v):.3f}" for k, v in c[what].items())
+            )
     print(f"  ours/hand {paired('ours', 'hand'):.3f}   pipe/hand {paired('pipe', 'hand'):.3f}")
+    if "ours_base" in rounds:
+        print(f"  ours_base/hand {paired('ours_base', 'hand'):.3f}   ours/ours_base {paired('ours', 'ours_base'):.3f}")
     print(json.dumps({"median": med, "ours/hand": paired("ours", "hand"), "pipe/hand": paired("pipe", "hand")}))
     return 0
 

@@ -559,7 +559,7 @@ class Trainer:
             maybe_fault("step", self._step, ctx.rank)
             self._tracer.after(self._step)
             self._losses.append(out[0].detach())
-            self._real_rows.append(out[3].sum())
+            self._real_rows.append(out[3])  # the weights [B]; summed once per log line, not per step
             self._bar.update(1)
             if self._step % cfg.train.log_every_n_steps == 0:
                 self._log_train()
@@ -608,9 +608,7 @@ class Trainer:
     def _log_train(self) -> None:
         """Global mean loss and samples/s since the last train line; one all_reduce."""
         elapsed = time.perf_counter() - self._t0
-        stats = torch.stack(
-            [torch.stack(self._losses).float().mean(), torch.stack(self._real_rows).float().sum()]
-        ).cpu()
+        stats = torch.stack([torch.stack(self._losses).float().mean(), torch.cat(self._real_rows).float().sum()]).cpu()
         if self._ctx.world_size > 1:
             dist.all_reduce(stats)
         loss, rows = float(stats[0]) / self._ctx.world_size, int(stats[1])

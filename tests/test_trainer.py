@@ -2,6 +2,7 @@
 ``recsys_dist.launch``, gives the numbers ``recsys-dist train`` gives for the same config."""
 
 import json
+import time
 
 import pytest
 
@@ -59,7 +60,9 @@ def test_trainer_under_launch_matches_the_cli(tmp_path, monkeypatch):
 
     monkeypatch.setenv("RECSYS_DIST_CACHE", str(tmp_path / "cache"))  # the ranks inherit it
     cli_dir, lib_dir = tmp_path / "cli", tmp_path / "lib"
+    started = time.time()
     r = run_cli(["train", "--config", str(QUICKSTART), "--run-dir", str(cli_dir), *TOY], tmp_path)
+    outside = time.time() - started
     assert r.returncode == 0, r.stderr[-3000:]
 
     results = recsys_dist.launch(user_job, 2, str(QUICKSTART), TOY, str(lib_dir))
@@ -72,7 +75,7 @@ def test_trainer_under_launch_matches_the_cli(tmp_path, monkeypatch):
     cli_summary = json.loads((cli_dir / "summary.json").read_text())
     lib_summary = json.loads((lib_dir / "summary.json").read_text())
     assert lib_summary == ours["summary"]  # rank 0 writes it; each rank times its own steps
-    clock = ("train_seconds", "samples_per_s")
+    clock = ("train_seconds", "samples_per_s", "wall_seconds", "wall_split")
     assert {k: v for k, v in other["summary"].items() if k not in clock} == {
         k: v for k, v in lib_summary.items() if k not in clock
     }
@@ -80,6 +83,16 @@ def test_trainer_under_launch_matches_the_cli(tmp_path, monkeypatch):
     for key in ("world_size", "steps", "rows_trained", "resumed_at_step", "validation", "test"):
         assert lib_summary[key] == cli_summary[key], key
     assert lib_summary["steps"] == ours["step"] == 12 and lib_summary["validation"]["auc"] > 0.5
+    # The wall-time split: every phase, the parts add up to the wall time (within 5%, here to
+    # rounding), and the CLI run's wall time is the command's, as timed from outside it.
+    for s in (cli_summary, lib_summary):
+        split = s["wall_split"]
+        assert list(split) == ["startup", "data", "plan", "tables", "train", "eval", "checkpoint", "other"]
+        assert all(v >= 0 for v in split.values()) and min(split["startup"], split["train"], split["eval"]) > 0
+        assert sum(split.values()) == pytest.approx(s["wall_seconds"], rel=0.05, abs=0.01)
+        assert split["checkpoint"] > 0 and split["other"] < 0.05 * s["wall_seconds"]
+    assert 0.8 * outside < cli_summary["wall_seconds"] <= outside
+    assert cli_summary["wall_split"]["data"] > 0  # the command's data preparation, before the ranks existed
     cli_lines, lib_lines = read_metrics(cli_dir), read_metrics(lib_dir)
     assert [m.keys() for m in lib_lines] == [m.keys() for m in cli_lines]
     timing = {"samples_per_s"} | {k for m in cli_lines for k in m if k.startswith("time_")}

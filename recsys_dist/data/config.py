@@ -202,7 +202,12 @@ class DataConfig(_Section):
         description="Rows read and shuffled together; bounds the loader's memory "
         "(row groups are also reordered each epoch when a split spans several windows).",
     )
-    prefetch: int = Field(2, ge=0, description="Batches prepared ahead by a background thread (0 = off).")
+    prefetch: int = Field(
+        2,
+        ge=0,
+        description="Batches prepared ahead by background threads, handed over in blocks of up to 64 "
+        "(0 = off: read and gather in the training thread).",
+    )
     rank_reads: Literal["global_batch", "row_groups"] = Field(
         "global_batch",
         description="global_batch: every rank reads the whole stream and keeps its block of "
