@@ -318,7 +318,8 @@ class Trainer:
             The summary, as in ``summary.json``: ``run_dir``, ``world_size``, ``steps``,
             ``rows_trained``, ``train_seconds``, ``samples_per_s``, ``resumed_at_step``,
             ``validation`` and ``test`` (``auc``, ``logloss``, ``ne``; None where undefined),
-            and ``checkpoint`` (its path). When the checkpoint resumed from is already at the
+            ``checkpoint`` (its path), ``wall_seconds`` and ``wall_split`` (seconds per
+            phase of this rank's wall time, adding up to it: ``recsys_dist.observe.PhaseClock``). When the checkpoint resumed from is already at the
             last step nothing is trained or written: the run's ``summary.json`` plus
             ``already_complete: True``.
 
