@@ -252,3 +252,35 @@ def test_row_groups_mode_is_seeded_and_resumable(tmp_path):
     (small,) = write_files(tmp_path / "small", [5])  # row groups of 4 and 1 rows: rank 1 owns 1 row
     with pytest.raises(DataError, match=r"fewest rows a rank owns \(1, data.rank_reads: row_groups\)"):
         ParquetBatchLoader(small, 4, 0, 2, DENSE, SPARSE, remainder="drop", rank_reads="row_groups")
+
+
+@pytest.mark.parametrize("multi_hot", [False, True])
+def test_blocks_of_any_size_give_the_same_batches(tmp_path, monkeypatch, multi_hot):
+    """The background thread hands over blocks of up to BLOCK_BATCHES batches: the batches
+    (values, lengths, dense, labels, weights, padding) do not depend on the block size, nor on
+    prefetch (in the calling thread) or resuming mid-epoch."""
+    import recsys_dist.data.loader as loader_mod
+
+    paths = write_files(tmp_path, [23, 14], multi_hot=multi_hot)
+
+    def batches(block: int, prefetch: int, start: int = 0) -> list:
+        monkeypatch.setattr(loader_mod, "BLOCK_BATCHES", block)
+        out = []
+        for rank in range(2):
+            loader = ParquetBatchLoader(
+                paths, 3, rank, 2, DENSE, SPARSE, shuffle=True, seed=1, shuffle_buffer_rows=16, prefetch=prefetch
+            )
+            loader.set_epoch(1)
+            for b in loader.iter_from(start):
+                kjt = b.sparse_features
+                out.append(
+                    [kjt.values().tolist(), kjt.lengths().tolist(), b.dense_features.tolist()]
+                    + [b.labels.tolist(), b.weights.tolist()]
+                )
+        return out
+
+    reference = batches(64, 0)
+    assert len(reference) == 2 * 7 and reference[-1][4] != [1.0, 1.0, 1.0]  # 37 rows: the last batch pads
+    for block, prefetch in ((1, 2), (2, 2), (3, 0), (64, 2), (64, 200)):
+        assert batches(block, prefetch) == reference, (block, prefetch)
+    assert batches(2, 2, start=3) == reference[3:7] + reference[7 + 3 :]
