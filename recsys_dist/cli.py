@@ -226,7 +226,11 @@ def _train_worker(args: argparse.Namespace, cfg, run_dir: Path, resume: Path | N
         summary = record(train)(cfg, run_dir, run_dir / "profile" if args.profile else None, resume)
     except _user_errors() as err:
         # Recorded for the launcher's report already; a traceback would only bury the message.
-        print(f"recsys-dist [rank {os.environ.get('RANK', 0)}]: {err}", file=sys.stderr)
+        # An error every rank raised together (a full disk, a read-only file system) is
+        # printed once: by our launcher (--worker), else by rank 0.
+        rank = int(os.environ.get("RANK", 0))
+        if not (getattr(err, "every_rank", False) and (args.worker or rank != 0)):
+            print(f"recsys-dist [rank {rank}]: {err}", file=sys.stderr)
         sys.stderr.flush()
         os._exit(1)
     if summary and not args.worker and int(os.environ.get("RANK", 0)) == 0:

@@ -8,7 +8,8 @@ instead of dying: the other ranks must still exit promptly), ``disk_full`` (the 
 writer of that step raises ``OSError(ENOSPC)``, as a full disk would), ``metrics_full``
 (rank 0's ``metrics.jsonl`` line of that step is cut short and the write raises
 ``OSError(ENOSPC)``: give RANK 0), ``read_only`` (that line's write raises ``OSError(EROFS)``,
-as a file system remounted read-only would: give RANK 0).
+as a file system remounted read-only would: give RANK 0). ``delay:SECONDS`` makes every rank sleep that long after every step, on every
+attempt (a live run slow enough for a test to signal its launcher).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import errno
 import os
 import signal
+import time
 from collections.abc import Callable
 
 
@@ -25,6 +27,9 @@ def maybe_fault(point: str, step: int, rank: int, partial: Callable[[], object] 
     ``partial``: for ``metrics_full``, writes the part of the line that reaches the disk.
     """
     spec = os.environ.get("RECSYS_DIST_FAULT")
+    if spec and spec.startswith("delay:") and point == "step":
+        time.sleep(float(spec.split(":")[1]))  # every step, every attempt: time to act on a live run
+        return
     if not spec or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)) > 0:
         return
     parts = spec.split(":")

@@ -139,7 +139,9 @@ class MetricsWriter:
         if problem:
             if not self.enabled:
                 error = OSError(problem, os.strerror(problem) if problem > 0 else "write failed", str(self.path))
-            raise MetricsError(self._cannot_write(error, record.get("step")))
+            err = MetricsError(self._cannot_write(error, record.get("step")))
+            err.every_rank = self.world_size > 1  # the same error on every rank: reported once
+            raise err
         if self.tb is not None:
             for key, value in record.items():
                 if isinstance(value, (int, float)) and key not in ("step", "epoch"):
