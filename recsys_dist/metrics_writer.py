@@ -98,7 +98,7 @@ class MetricsWriter:
         """
         if not self.enabled or not self.path.is_file():
             return
-        keep = [r for r in read_metrics(self.path) if r["step"] <= step]
+        keep = [r for r in read_metrics(self.path) if r["step"] <= step] if step > 0 else []
         tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")
         try:
             tmp.write_text("".join(json.dumps(r) + "\n" for r in keep))

@@ -159,6 +159,9 @@ class Trainer:
             ``plan.txt`` / ``plan.json``, ``metrics.jsonl``, ``summary.json`` and
             ``checkpoints/`` there). A directory that already holds a run is not refused
             here, unlike ``recsys-dist train``; ``recsys_dist.run_dir.check_unused`` does it.
+            Rank 0 holds the directory's lock (``RUN_DIR/.lock``) until :meth:`close`, unless
+            the launcher that started it holds it; ``metrics.jsonl`` is cut to the step the
+            run continues from (emptied when it starts from scratch).
         resume: None; ``"auto"`` (the newest complete checkpoint of ``run_dir``, or a fresh
             start when there is none yet); a checkpoint directory; or a run directory (its
             newest complete checkpoint). Any world size or plan may have written it.
@@ -177,7 +180,8 @@ class Trainer:
     Raises:
         ConfigError: ``distributed.nproc_per_node`` > 1 in a single process with neither a
             launcher nor a process group (it would train one rank only); the run directory
-            cannot be written.
+            cannot be written; another live run holds it (``recsys_dist.run_dir.RunDirLocked``).
+        MetricsError: ``metrics.jsonl`` cannot be written (every rank raises it together).
         CheckpointError: ``resume`` is not a complete checkpoint, or one written by another
             model config.
         DataError: the data cannot be converted or read.
