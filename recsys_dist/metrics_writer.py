@@ -30,6 +30,8 @@ class MetricsError(RuntimeError):
     damaged line that is not the last one. Raised on every rank at once when written by
     :meth:`MetricsWriter.write` with ``world_size`` > 1."""
 
+    every_rank = True  # raised on every rank together: the command line reports it once
+
 
 def read_metrics(path: str | Path) -> list[dict]:
     """The lines of a ``metrics.jsonl`` file, parsed, in file order.
@@ -133,15 +135,14 @@ class MetricsWriter:
             import torch
             import torch.distributed as dist
 
-            flag = torch.tensor([problem], dtype=torch.int64)
+            nccl = dist.get_backend() == "nccl"
+            flag = torch.tensor([problem], dtype=torch.int64, device="cuda" if nccl else "cpu")
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)  # errno >= 0; any failure wins
             problem = int(flag[0])
         if problem:
             if not self.enabled:
                 error = OSError(problem, os.strerror(problem) if problem > 0 else "write failed", str(self.path))
-            err = MetricsError(self._cannot_write(error, record.get("step")))
-            err.every_rank = self.world_size > 1  # the same error on every rank: reported once
-            raise err
+            raise MetricsError(self._cannot_write(error, record.get("step")))
         if self.tb is not None:
             for key, value in record.items():
                 if isinstance(value, (int, float)) and key not in ("step", "epoch"):

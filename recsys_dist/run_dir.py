@@ -51,6 +51,8 @@ LOCK_ENV = "RECSYS_DIST_RUN_LOCK"
 class RunDirLocked(ConfigError):
     """Another live process holds the run directory's lock (another run is writing there)."""
 
+    every_rank = True  # under torchrun every rank raises it (rank 0 took the lock): reported once
+
 
 class RunDirLock:
     """An exclusive ``flock`` on ``RUN_DIR/.lock``; :meth:`release` (or the end of the

@@ -112,7 +112,7 @@ def test_restart_before_the_first_checkpoint_and_a_full_disk(reference):
 def test_ranks_never_outlive_their_launcher(reference, tmp_path):
     tmp, want = reference
     run = tmp / "launcher_killed"
-    env = dict(os.environ, RECSYS_DIST_CACHE=str(tmp / "cache"), RECSYS_DIST_FAULT="delay:0.3")
+    env = dict(os.environ, RECSYS_DIST_CACHE=str(tmp / "cache"), RECSYS_DIST_FAULT="delay:1.0")
     cmd = [*command(run), *TOY2]
 
     # SIGKILL of the launcher: no rank survives it by more than 10 s (they used to be
