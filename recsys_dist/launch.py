@@ -61,6 +61,9 @@ def launch(fn: Callable[..., Any], nproc: int, *args: Any, max_restarts: int = 0
     function typed into a notebook or the interactive interpreter (put it in a ``.py``
     file and import it). ``args`` and the return values must pickle.
 
+    The ranks end with this process, however it ends (SIGKILL included: Linux's
+    ``PR_SET_PDEATHSIG`` and a parent watch, ``recsys_dist.distributed.die_with_launcher``).
+
     Args:
         fn: the function every rank runs.
         nproc: the number of ranks (>= 1).
