@@ -65,7 +65,7 @@ def gone_within(pids_of, seconds: float) -> list[int]:
 def wait_for_step(run_dir: Path, step: int, proc, timeout: float = 300) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert proc.poll() is None, f"exited {proc.returncode} before step {step}"
         try:
             if any(s >= step for _, s in keys(run_dir)):
                 return
@@ -117,22 +117,27 @@ def test_ranks_never_outlive_their_launcher(reference, tmp_path):
 
     # SIGKILL of the launcher: no rank survives it by more than 10 s (they used to be
     # re-parented to PID 1 and train on, pruning checkpoints beside the operator's resume).
-    launcher = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # Output to files, not pipes: a rank that outlived the launcher would hold a pipe open.
+    log = open(tmp_path / "killed.log", "w+")
+    launcher = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=log, text=True)
     wait_for_step(run, 6, launcher)
     ranks = [p for p in processes_naming(str(run)) if p != launcher.pid]
     assert len(ranks) == 2, ranks
     launcher.kill()
-    launcher.communicate()
+    launcher.wait()
     assert gone_within(lambda: [p for p in processes_naming(str(run)) if p in ranks], 10) == []
     assert not (run / "summary.json").exists()
 
     # SIGTERM: exit 143 with one line, no traceback; the ranks are stopped too.
-    launcher = subprocess.Popen(
-        [*cmd, "--resume", "auto"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-    wait_for_step(run, 14, launcher)
-    launcher.send_signal(signal.SIGTERM)
-    _, err = launcher.communicate(timeout=120)
+    err_path = tmp_path / "terminated.err"
+    with open(err_path, "w") as err_file:
+        launcher = subprocess.Popen(
+            [*cmd, "--resume", "auto"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=err_file, text=True
+        )
+        wait_for_step(run, 14, launcher)
+        launcher.send_signal(signal.SIGTERM)
+        launcher.wait(timeout=120)
+    err = err_path.read_text()
     assert launcher.returncode == 143, err[-3000:]
     assert "recsys-dist: stopped by SIGTERM" in err and "Traceback" not in err and "SignalException" not in err
     assert gone_within(lambda: processes_naming(str(run)), 10) == []
@@ -146,15 +151,17 @@ def test_ranks_never_outlive_their_launcher(reference, tmp_path):
     pids = tmp_path / "pids"
     pids.mkdir()
     script = f"import recsys_dist\nfrom tests.robustness.test_run_faults_ranks import sleeper\nrecsys_dist.launch(sleeper, 2, {str(pids)!r})\n"
-    launcher = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    launcher = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, stderr=log)
     deadline = time.monotonic() + 300
     while len(list(pids.iterdir())) < 2 and time.monotonic() < deadline:
-        assert launcher.poll() is None, launcher.communicate()[1][-3000:]
+        assert launcher.poll() is None, log.read()[-3000:]
         time.sleep(0.2)
     ranks = [int(p.name) for p in pids.iterdir()]
+    assert len(ranks) == 2
     launcher.kill()
-    launcher.communicate()
+    launcher.wait()
     assert gone_within(lambda: [p for p in ranks if _alive(p)], 10) == []
+    log.close()
 
 
 def sleeper(pid_dir: str) -> None:
