@@ -172,6 +172,8 @@ def test_faults_then_resume_auto_leave_the_uninterrupted_lines(reference, tmp_pa
     with (full / "metrics.jsonl").open("a") as f:
         f.write('{"split": "train", "step": 6, "ep')
     assert train(full, "--resume", "auto") == 0
+    err = capsys.readouterr().err
+    assert "dropped the incomplete last line 3" in err and "Traceback" not in err
     assert lines(full) == want
 
     # A read-only file system under metrics.jsonl: the same, with EROFS.
