@@ -155,6 +155,8 @@ def reference(tmp_path_factory):
     return tmp / "ref", tmp / "cache"
 
 
+@pytest.mark.slow  # seven short trainings
+@pytest.mark.timeout(900)
 def test_faults_then_resume_auto_leave_the_uninterrupted_lines(reference, tmp_path, monkeypatch, capsys):
     ref, cache = reference
     monkeypatch.setenv("RECSYS_DIST_CACHE", str(cache))

@@ -1,7 +1,7 @@
-"""Faults on 2 ranks (issue 21): a rank killed while the first checkpoint is written, a full
-disk under metrics.jsonl, the launcher SIGKILLed or SIGTERMed (its ranks must not outlive
-it), for ``recsys-dist train`` and ``recsys_dist.launch``. After each, ``--resume auto``
-leaves the uninterrupted run's lines (timings aside). Slow: each run spawns 2 ranks.
+"""Faults on 2 ranks (issue 21): a rank killed while the first checkpoint is written, the
+launcher SIGKILLed or SIGTERMed (its ranks must not outlive it), for ``recsys-dist train``
+and ``recsys_dist.launch``. After each, ``--resume auto`` leaves the uninterrupted run's
+lines (timings aside). Slow: each run spawns 2 ranks.
 """
 
 import os
@@ -85,26 +85,16 @@ def reference(tmp_path_factory):
 
 @pytest.mark.slow
 @pytest.mark.timeout(1500)
-def test_restart_before_the_first_checkpoint_and_a_full_disk(reference):
+def test_a_rank_killed_while_the_first_checkpoint_is_written(reference):
     tmp, want = reference
     # Rank 1 dies while the first checkpoint (step 4) is written: the elastic restart has no
     # checkpoint and starts from scratch; step 2's and 4's lines are written once, not twice.
+    # (A full disk or a read-only file system under metrics.jsonl on 2 ranks: corpus
+    # read_only_file_system_under_metrics_mid_run; with the resume: test_run_faults.py.)
     killed = tmp / "killed_mid_first_save"
     r = train(tmp, killed, "distributed.max_restarts=1", env={"RECSYS_DIST_FAULT": "save:4:1"})
     assert r.returncode == 0, r.stderr[-3000:]
     assert lines(killed) == want
-
-    # The disk fills under metrics.jsonl at step 10: every rank stops together, one message
-    # (not one per rank), no partial line; --resume auto continues from step 8.
-    full = tmp / "full"
-    r = train(tmp, full, env={"RECSYS_DIST_FAULT": "metrics_full:10:0"})
-    assert r.returncode == 1
-    assert r.stderr.count("could not be written at step 10 ([Errno 28] No space left on device") == 1, r.stderr
-    assert "Traceback" not in r.stderr and "step_00000008" in r.stderr
-    assert keys(full)[-1] == ("train", 8)
-    r = train(tmp, full, "--resume", "auto")
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert lines(full) == want
 
 
 @pytest.mark.slow
