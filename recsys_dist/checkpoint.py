@@ -147,11 +147,13 @@ def _on_all_ranks(ctx: DistContext, stage, step: int, root: Path, tmp: Path) -> 
         shutil.rmtree(tmp, ignore_errors=True)  # give the space of the partial save back
     latest = latest_checkpoint(root.parent)
     rank, what = failed[0]
-    raise CheckpointError(
+    err = CheckpointError(
         f"checkpoint at step {step} could not be written under {root} (rank {rank}: {what}). "
         f"The previous checkpoint is intact: {latest or 'none was written yet'}. Free disk space or make "
         f"the run directory writable, then continue with --resume auto --run-dir {root.parent}."
     )
+    err.every_rank = True  # the same error on every rank: reported once (recsys_dist.cli)
+    raise err
 
 
 def _describe(err: BaseException) -> str:

@@ -13,10 +13,11 @@ import argparse
 import json
 import logging
 import os
+import signal
 import sys
 import time
 import warnings
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 from recsys_dist import run_dir as run_dirs
@@ -66,13 +67,29 @@ def cmd_train(args: argparse.Namespace) -> int:
     _quiet_third_party()
     worker = args.worker or under_launcher()
     run_dir = Path(args.run_dir) if args.run_dir else run_dirs.default_run_dir(args.config)
-    resume = _resolve_resume(args, run_dir)
-    if not worker and not args.resume:
-        run_dirs.check_unused(run_dir)
-    if resume is not None:
-        run_dirs.check_resumable(cfg, resume)
     if worker:
+        from recsys_dist.distributed import die_with_launcher
+
+        die_with_launcher()  # a rank never outlives its launcher
+        resume = _resolve_resume(args, run_dir)
+        if resume is not None:
+            run_dirs.check_resumable(cfg, resume)
+        # Under torchrun (no launcher of ours) the Trainer's rank 0 takes the run directory.
         return _train_worker(args, cfg, run_dir, resume)
+    # One run per directory: held until this process ends, however it ends (the ranks it
+    # starts see that their launcher holds it).
+    with run_dirs.lock_run_dir(run_dir) or nullcontext():
+        resume = _resolve_resume(args, run_dir)
+        if not args.resume:
+            run_dirs.check_unused(run_dir)
+        if resume is not None:
+            run_dirs.check_resumable(cfg, resume)
+        return _launch_run(args, cfg, run_dir, resume)
+
+
+def _launch_run(args: argparse.Namespace, cfg, run_dir: Path, resume: Path | None) -> int:
+    """The launcher's part of ``recsys-dist train``: convert the data, then train here (one
+    rank) or start the ranks; exit code."""
     # A resumed run's config.yaml is replaced only once there is something to train, so a
     # no-op resume with other overrides leaves the file that matches the checkpoints.
     run_dirs.write_config(cfg, run_dir, write=resume is None)
@@ -92,17 +109,26 @@ def cmd_train(args: argparse.Namespace) -> int:
             )
             return 0
         run_dirs.write_config(cfg, run_dir)
-    with _run_clock(t_data):
-        if cfg.distributed.nproc_per_node == 1:
-            from recsys_dist.trainer import Trainer
+    try:
+        with _run_clock(t_data):
+            if cfg.distributed.nproc_per_node == 1:
+                from recsys_dist.trainer import Trainer
 
-            profile = run_dir / "profile" if args.profile else None
-            with Trainer(cfg, run_dir, resume=resume, profile_dir=profile) as trainer:
-                summary = trainer.fit()
-        else:
-            summary = _launch_ranks(args, cfg, run_dir, resume)
-        if summary is None:
-            return 1
+                with _signals_stop():
+                    profile = run_dir / "profile" if args.profile else None
+                    with Trainer(cfg, run_dir, resume=resume, profile_dir=profile) as trainer:
+                        summary = trainer.fit()
+            else:
+                summary = _launch_ranks(args, cfg, run_dir, resume)
+                if summary is None:
+                    return 1
+    except Stopped as stop:
+        print(
+            f"recsys-dist: stopped by {signal.Signals(stop.signum).name}; every rank was stopped. Continue with "
+            f"--resume auto --run-dir {run_dir} (from its newest complete checkpoint)",
+            file=sys.stderr,
+        )
+        return 128 + stop.signum
     _print_summary(summary)
     return 0
 
@@ -124,6 +150,30 @@ def _run_clock(data_seconds: float):
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+class Stopped(BaseException):
+    """SIGTERM / SIGINT / SIGHUP reached the launcher (a BaseException, as KeyboardInterrupt is,
+    so no ``except Exception`` on the way swallows it)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextmanager
+def _signals_stop():
+    """SIGTERM / SIGINT / SIGHUP raise :class:`Stopped` here (the one-rank run in this process)."""
+
+    def stop(signum, frame):
+        raise Stopped(signum)
+
+    old = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
 
 
 def _train_overrides(args: argparse.Namespace) -> list[str]:
@@ -199,7 +249,11 @@ def _train_worker(args: argparse.Namespace, cfg, run_dir: Path, resume: Path | N
         summary = record(train)(cfg, run_dir, run_dir / "profile" if args.profile else None, resume)
     except _user_errors() as err:
         # Recorded for the launcher's report already; a traceback would only bury the message.
-        print(f"recsys-dist [rank {os.environ.get('RANK', 0)}]: {err}", file=sys.stderr)
+        # An error every rank raised together (a full disk, a read-only file system) is
+        # printed once: by our launcher (--worker), else by rank 0.
+        rank = int(os.environ.get("RANK", 0))
+        if not (getattr(err, "every_rank", False) and (args.worker or rank != 0)):
+            print(f"recsys-dist [rank {rank}]: {err}", file=sys.stderr)
         sys.stderr.flush()
         os._exit(1)
     if summary and not args.worker and int(os.environ.get("RANK", 0)) == 0:
@@ -215,13 +269,20 @@ def _train_worker(args: argparse.Namespace, cfg, run_dir: Path, resume: Path | N
 def _launch_ranks(args: argparse.Namespace, cfg, run_dir: Path, resume: Path | None) -> dict | None:
     """Start ``distributed.nproc_per_node`` ranks of ``recsys-dist train``; the run's summary,
     or None after printing the first failing rank's error."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
     from recsys_dist.launch import failure_message, launch_workers
 
+    # The elastic agent's own handlers turn SIGTERM / SIGINT / SIGHUP into SignalException
+    # once the ranks run; it stops them (SIGTERM, then SIGKILL) before raising it.
+    logging.getLogger("torch.distributed.elastic.agent.server.api").setLevel(logging.ERROR)
     try:
         extra = (["--profile"] if args.profile else []) + (["--resume", str(resume)] if resume else [])
-        launch_workers(run_dir, cfg.distributed.nproc_per_node, cfg.distributed.max_restarts, extra)
+        with _signals_stop():
+            launch_workers(run_dir, cfg.distributed.nproc_per_node, cfg.distributed.max_restarts, extra)
+    except SignalException as err:
+        raise Stopped(int(err.sigval)) from None
     except ChildFailedError as err:
         rank, first = err.get_first_failure()
         print(f"recsys-dist: training failed on rank {rank}:\n{failure_message(first)}", file=sys.stderr)
@@ -232,8 +293,9 @@ def _launch_ranks(args: argparse.Namespace, cfg, run_dir: Path, resume: Path | N
 def _user_errors() -> tuple:
     from recsys_dist.checkpoint import CheckpointError
     from recsys_dist.data.criteo import DataError
+    from recsys_dist.metrics_writer import MetricsError
 
-    return (ConfigError, DataError, CheckpointError, FloatingPointError)
+    return (ConfigError, DataError, CheckpointError, MetricsError, FloatingPointError)
 
 
 def run() -> None:

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 import os
+import signal
+import sys
+import threading
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Literal
@@ -50,6 +55,56 @@ def under_launcher() -> bool:
     return "TORCHELASTIC_RUN_ID" in os.environ or ("RANK" in os.environ and "WORLD_SIZE" in os.environ)
 
 
+def die_with_launcher() -> None:
+    """Under an elastic agent (``recsys-dist train``, :func:`recsys_dist.launch`, torchrun):
+    make this rank end when the agent's process dies, even by SIGKILL, instead of training on
+    for nobody (writing metrics, pruning checkpoints beside an operator's ``--resume``).
+
+    Linux: ``prctl(PR_SET_PDEATHSIG, SIGKILL)`` (the kernel kills this process when its
+    parent, the agent, exits). Everywhere: a daemon thread that checks once a second whether
+    the parent process changed (``os.getppid()``: orphans are re-parented) and then ends
+    this process; it also covers the parent dying before ``prctl`` took effect. Idempotent;
+    does nothing outside an elastic agent (``$TORCHELASTIC_RUN_ID`` unset).
+    """
+    global _watching
+    if _watching or "TORCHELASTIC_RUN_ID" not in os.environ:
+        return
+    _watching = True
+    parent = os.getppid()
+    launcher = int(os.environ.get(LAUNCHER_PID_ENV) or parent)
+    if launcher != parent and not _alive(launcher):  # the launcher died before we got here
+        os.kill(os.getpid(), signal.SIGKILL)
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
+        except (OSError, AttributeError):
+            pass
+
+    def watch() -> None:
+        while True:
+            if os.getppid() != parent:  # the launcher is gone
+                os.kill(os.getpid(), signal.SIGKILL)
+            time.sleep(1.0)
+
+    threading.Thread(target=watch, name="recsys_dist-launcher-watch", daemon=True).start()
+
+
+_watching = False
+LAUNCHER_PID_ENV = "RECSYS_DIST_LAUNCHER_PID"  # set by recsys_dist.launch and recsys-dist train
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def _attempt_store(rank: int, world: int, timeout_s: float) -> dist.Store:
     """The launcher's TCPStore, with keys prefixed by the restart attempt.
 
@@ -86,6 +141,7 @@ def init_distributed(cfg: DistributedConfig, timeout_s: float = 600.0) -> DistCo
     this machine's cores.
     """
     cfg = getattr(cfg, "distributed", cfg)  # the section, or a whole RunConfig
+    die_with_launcher()
     if under_launcher():
         rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         local_rank = int(os.environ.get("LOCAL_RANK", 0))
@@ -117,13 +173,24 @@ def init_distributed(cfg: DistributedConfig, timeout_s: float = 600.0) -> DistCo
     return DistContext(rank, world, local_rank, local_world, device, backend)
 
 
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever ``sys.stderr`` is now (a handler bound to the stream of its creation
+    broke when a caller, e.g. a test harness, later replaced and closed that stream)."""
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:
+        pass
+
+
 def _setup_logging(rank: int) -> None:
     """``recsys_dist`` log lines carry the rank; level from $RECSYS_DIST_LOG (default WARNING)."""
-    import logging
-
     logger = logging.getLogger("recsys_dist")
     if not logger.handlers:
-        handler = logging.StreamHandler()
+        handler = _StderrHandler()
         handler.setFormatter(logging.Formatter(f"%(asctime)s [rank {rank}] %(levelname)s %(name)s: %(message)s"))
         logger.addHandler(handler)
         logger.propagate = False

@@ -5,7 +5,11 @@ reaches POINT at global step STEP, on the first attempt only (an elastic restart
 clean). Points: ``step`` (right after a training step), ``save`` (a checkpoint's shards are
 written but the checkpoint is not yet complete), ``raise`` (raise RuntimeError after a step
 instead of dying: the other ranks must still exit promptly), ``disk_full`` (the checkpoint
-writer of that step raises ``OSError(ENOSPC)``, as a full disk would).
+writer of that step raises ``OSError(ENOSPC)``, as a full disk would), ``metrics_full``
+(rank 0's ``metrics.jsonl`` line of that step is cut short and the write raises
+``OSError(ENOSPC)``: give RANK 0), ``read_only`` (that line's write raises ``OSError(EROFS)``,
+as a file system remounted read-only would: give RANK 0). ``delay:SECONDS`` makes every rank sleep that long after every step, on every
+attempt (a live run slow enough for a test to signal its launcher).
 """
 
 from __future__ import annotations
@@ -13,10 +17,19 @@ from __future__ import annotations
 import errno
 import os
 import signal
+import time
+from collections.abc import Callable
 
 
-def maybe_fault(point: str, step: int, rank: int) -> None:
+def maybe_fault(point: str, step: int, rank: int, partial: Callable[[], object] | None = None) -> None:
+    """Inject the fault named by ``$RECSYS_DIST_FAULT`` if it is ``point`` at ``step`` on ``rank``.
+
+    ``partial``: for ``metrics_full``, writes the part of the line that reaches the disk.
+    """
     spec = os.environ.get("RECSYS_DIST_FAULT")
+    if spec and spec.startswith("delay:") and point == "step":
+        time.sleep(float(spec.split(":")[1]))  # every step, every attempt: time to act on a live run
+        return
     if not spec or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)) > 0:
         return
     parts = spec.split(":")
@@ -27,4 +40,10 @@ def maybe_fault(point: str, step: int, rank: int) -> None:
             raise RuntimeError(f"injected failure on rank {rank} at step {step}")
         if point == "disk_full":
             raise OSError(errno.ENOSPC, "No space left on device (injected)")
+        if point == "metrics_full":
+            if partial is not None:
+                partial()
+            raise OSError(errno.ENOSPC, "No space left on device (injected)")
+        if point == "read_only":
+            raise OSError(errno.EROFS, "Read-only file system (injected)")
         os.kill(os.getpid(), signal.SIGKILL)

@@ -61,6 +61,9 @@ def launch(fn: Callable[..., Any], nproc: int, *args: Any, max_restarts: int = 0
     function typed into a notebook or the interactive interpreter (put it in a ``.py``
     file and import it). ``args`` and the return values must pickle.
 
+    The ranks end with this process, however it ends (SIGKILL included: Linux's
+    ``PR_SET_PDEATHSIG`` and a parent watch, ``recsys_dist.distributed.die_with_launcher``).
+
     Args:
         fn: the function every rank runs.
         nproc: the number of ranks (>= 1).
@@ -95,14 +98,26 @@ def launch(fn: Callable[..., Any], nproc: int, *args: Any, max_restarts: int = 0
     agent_log = logging.getLogger("torch.distributed.elastic")
     level = agent_log.level
     agent_log.setLevel(logging.CRITICAL)
+    from recsys_dist.distributed import LAUNCHER_PID_ENV
+
+    os.environ[LAUNCHER_PID_ENV] = str(os.getpid())  # the ranks die with this process
     try:
-        results = elastic_launch(config, fn)(*args)
+        results = elastic_launch(config, rank_main)(fn, *args)
     except ChildFailedError as err:
         rank, failure = err.get_first_failure()
         raise RankFailedError(rank, failure_message(failure), _failure_traceback(failure)) from None
     finally:
         agent_log.setLevel(level)
     return [results[r] for r in range(nproc)]
+
+
+def rank_main(fn: Callable[..., Any], *args: Any) -> Any:
+    """What every rank of :func:`launch` runs: ``fn(*args)``, in a process that ends when the
+    launcher's does (``recsys_dist.distributed.die_with_launcher``)."""
+    from recsys_dist.distributed import die_with_launcher
+
+    die_with_launcher()
+    return fn(*args)
 
 
 def _check_spawnable(fn: Callable, args: tuple) -> None:
@@ -173,6 +188,9 @@ def launch_workers(run_dir: Path, nproc_per_node: int, max_restarts: int, extra_
             *extra_args,
         ]
     )
+    from recsys_dist.distributed import LAUNCHER_PID_ENV
+
+    os.environ[LAUNCHER_PID_ENV] = str(os.getpid())  # the ranks die with this process
     # The launcher's own INFO lines would drown the summary.
     logging.getLogger("torch.distributed.elastic").setLevel(logging.WARNING)
     sys.stdout.flush()

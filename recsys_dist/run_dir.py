@@ -8,6 +8,9 @@ A run directory holds one run (the README's table: ``config.yaml``, ``plan.txt``
 - ``resume`` is ``"auto"`` (the newest complete checkpoint of the run directory, or none
   yet) or a path: a checkpoint directory, or a run directory meaning its newest complete
   checkpoint (:func:`resolve_resume`);
+- one run writes a directory at a time: the process that starts the run holds an exclusive
+  lock on ``RUN_DIR/.lock`` for the run's life (:func:`lock_run_dir`), so a second run, fresh
+  or ``--resume``, is refused at once, naming the holder;
 - ``config.yaml`` is the resolved config; a resumed run replaces it only once there is
   something left to train, so a no-op resume leaves the file that matches the checkpoints
   (:func:`write_config`, :func:`total_steps`).
@@ -18,8 +21,11 @@ No function here needs torch or a process group.
 from __future__ import annotations
 
 import errno
+import fcntl
 import json
 import os
+import socket
+import sys
 import time
 from pathlib import Path
 
@@ -35,6 +41,115 @@ def default_run_dir(config_path: str | Path) -> Path:
     run_id = os.environ.get("TORCHELASTIC_RUN_ID")
     suffix = run_id if run_id and run_id != "none" else time.strftime("%Y%m%d-%H%M%S")
     return Path("runs") / f"{stem}-{suffix}"
+
+
+LOCK_FILE = ".lock"
+# Set for the ranks a launcher starts: the run directory whose lock that launcher holds.
+LOCK_ENV = "RECSYS_DIST_RUN_LOCK"
+
+
+class RunDirLocked(ConfigError):
+    """Another live process holds the run directory's lock (another run is writing there)."""
+
+    every_rank = True  # under torchrun every rank raises it (rank 0 took the lock): reported once
+
+
+class RunDirLock:
+    """An exclusive ``flock`` on ``RUN_DIR/.lock``; :meth:`release` (or the end of the
+    process, however it ends) gives it back."""
+
+    def __init__(self, run_dir: Path, fd: int) -> None:
+        self.run_dir, self._fd = run_dir, fd
+        self._env_before = os.environ.get(LOCK_ENV)
+        os.environ[LOCK_ENV] = str(run_dir)  # ranks started from here inherit it
+
+    def release(self) -> None:
+        """Give the lock back. Idempotent."""
+        if self._fd is None:
+            return
+        os.close(self._fd)  # closing the only descriptor drops the flock
+        self._fd = None
+        if self._env_before is None:
+            os.environ.pop(LOCK_ENV, None)
+        else:
+            os.environ[LOCK_ENV] = self._env_before
+
+    def __enter__(self) -> RunDirLock:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def lock_run_dir(run_dir: str | Path, wait_s: float = 0.0) -> RunDirLock | None:
+    """Take the run directory for this run: an exclusive ``fcntl.flock`` on ``RUN_DIR/.lock``
+    (the directory is created if missing), with this process's pid, host and command
+    written into the file so that a refused run can name the holder.
+
+    The kernel drops a flock when its holder dies, however it dies (SIGKILL, power-off of a
+    local disk's host), so a ``.lock`` left by a dead run never blocks anyone: it is simply
+    taken over. On a network file system flock is only as good as its lock service (NFSv4:
+    yes; some FUSE mounts: no).
+
+    Args:
+        run_dir: the run directory.
+        wait_s: how long to wait for a holder that is going away (an elastic restart's
+            previous rank 0), in seconds; 0 = refuse at once.
+
+    Returns:
+        The lock, or None when a launcher of this process holds it already (``$RECSYS_DIST_RUN_LOCK``
+        names this directory: the ranks of ``recsys-dist train`` or of a locked ``launch``).
+
+    Raises:
+        RunDirLocked: another live process holds it (naming its pid, host and command).
+        ConfigError: the directory or its lock file cannot be created.
+    """
+    run_dir = Path(run_dir).absolute()
+    if os.environ.get(LOCK_ENV) == str(run_dir):
+        return None
+    path = run_dir / LOCK_FILE
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError as err:
+        raise ConfigError(
+            f"--run-dir {run_dir}: cannot write there ({err.strerror}); choose a writable directory"
+        ) from None
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if time.monotonic() < deadline:
+                time.sleep(0.2)
+                continue
+            holder = _holder(fd)
+            os.close(fd)
+            raise RunDirLocked(
+                f"--run-dir {run_dir} is in use by another run ({holder}, holding {path}); two runs never write "
+                "one directory. Wait for it to finish or stop it, or give another --run-dir"
+            ) from None
+    info = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    info["command"] = " ".join(sys.argv)[:500]
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, (json.dumps(info) + "\n").encode(), 0)
+    except OSError:
+        pass  # the lock holds without its description
+    return RunDirLock(run_dir, fd)
+
+
+def _holder(fd: int) -> str:
+    try:
+        info = json.loads(os.pread(fd, 4096, 0).decode() or "{}")
+    except (OSError, ValueError):
+        info = {}
+    if not info.get("pid"):
+        return "a process that has not written its name yet"
+    return (
+        f"pid {info['pid']} on {info.get('host', '?')}, started {info.get('started', '?')}: {info.get('command', '?')}"
+    )
 
 
 def check_unused(run_dir: Path) -> None:

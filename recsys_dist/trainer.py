@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import time
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
@@ -170,6 +171,9 @@ class Trainer:
             ``plan.txt`` / ``plan.json``, ``metrics.jsonl``, ``summary.json`` and
             ``checkpoints/`` there). A directory that already holds a run is not refused
             here, unlike ``recsys-dist train``; ``recsys_dist.run_dir.check_unused`` does it.
+            Rank 0 holds the directory's lock (``RUN_DIR/.lock``) until :meth:`close`, unless
+            the launcher that started it holds it; ``metrics.jsonl`` is cut to the step the
+            run continues from (emptied when it starts from scratch).
         resume: None; ``"auto"`` (the newest complete checkpoint of ``run_dir``, or a fresh
             start when there is none yet); a checkpoint directory; or a run directory (its
             newest complete checkpoint). Any world size or plan may have written it.
@@ -188,7 +192,8 @@ class Trainer:
     Raises:
         ConfigError: ``distributed.nproc_per_node`` > 1 in a single process with neither a
             launcher nor a process group (it would train one rank only); the run directory
-            cannot be written.
+            cannot be written; another live run holds it (``recsys_dist.run_dir.RunDirLocked``).
+        MetricsError: ``metrics.jsonl`` cannot be written (every rank raises it together).
         CheckpointError: ``resume`` is not a complete checkpoint, or one written by another
             model config.
         DataError: the data cannot be converted or read.
@@ -206,7 +211,7 @@ class Trainer:
         self.cfg, self.run_dir = cfg, Path(run_dir)
         self._owns_group = not dist.is_initialized()
         self._closed = self._failed = False
-        self._bar = self._writer = self._tracer = None
+        self._bar = self._writer = self._tracer = self._lock = None
         self._ctx = init_distributed(cfg)
         # Wall-time split for summary.json: everything up to here (imports, the process group) is startup.
         global _TRAINERS_MADE
@@ -221,6 +226,7 @@ class Trainer:
 
     def _setup(self, resume: str | Path | None, profile_dir: Path | None) -> None:
         cfg, ctx = self.cfg, self._ctx
+        self._take_run_dir()
         torch.manual_seed(cfg.train.seed)
         if cfg.train.deterministic:
             torch.use_deterministic_algorithms(True)
@@ -250,7 +256,7 @@ class Trainer:
             (self.run_dir / "plan.json").write_text(
                 json.dumps(sharding.plan_summary(self._model.plan, self.spec.all_tables()), indent=2)
             )
-        self._writer = MetricsWriter(self.run_dir / "metrics.jsonl", ctx.is_main)
+        self._writer = MetricsWriter(self.run_dir / "metrics.jsonl", ctx.is_main, ctx.world_size)
         self._tracer = TraceWriter(profile_dir, ctx.rank)
         t = cfg.train
         self._schedule = LRSchedule(t.warmup_steps, t.decay_start_step, t.decay_steps)
@@ -277,6 +283,9 @@ class Trainer:
             with self._clock.phase("checkpoint"):
                 self._restore(checkpoint)
             self.resumed_at_step = self._step
+        # Lines past the step this run starts from (all of them when it starts from scratch)
+        # are written again: each (split, step) once, whatever restarted the run.
+        broadcast_result(ctx, lambda: self._writer.start(self._step))
 
     # ------------------------------------------------------------------ what users read
 
@@ -460,6 +469,8 @@ class Trainer:
         for part in (self._bar, self._tracer, self._writer):
             if part is not None:
                 part.close()
+        if self._lock is not None:
+            self._lock.release()
         if not self._owns_group or not dist.is_initialized():
             return
         if not self._failed:
@@ -488,6 +499,17 @@ class Trainer:
         except BaseException:
             self._failed = True
             raise
+
+    def _take_run_dir(self) -> None:
+        """Rank 0 holds the run directory's lock until :meth:`close` (unless the launcher that
+        started this process holds it); every rank raises if another run holds it."""
+        # An elastic restart's new rank 0 may start while the previous one is still exiting.
+        wait = 30.0 if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)) > 0 else 0.0
+
+        def take() -> None:
+            self._lock = run_dirs.lock_run_dir(self.run_dir, wait_s=wait)
+
+        broadcast_result(self._ctx, take)
 
     def _loader(self, split: str | ParquetBatchLoader) -> ParquetBatchLoader:
         if isinstance(split, ParquetBatchLoader):
@@ -523,7 +545,6 @@ class Trainer:
         if self._in_epoch >= len(self._loaders.train):
             self._next_epoch, self._in_epoch = self._next_epoch + 1, 0
         self.epoch = self._first_epoch = self._next_epoch
-        self._writer.truncate_after(self._step)
         self._bar.update(self._step)
         log.info("resumed from %s at step %d (epoch %d, batch %d)", path, self._step, self._next_epoch, self._in_epoch)
 
