@@ -152,7 +152,7 @@ class SchemaFormat:
                 "each mapped like a categorical value; list<int64>"
             )
         self.raw_columns: list[str] | None = None
-        self._history = _History(history.max_length) if history else None
+        self._history = UserHistory(history.max_length) if history else None
 
     # ---------------------------------------------------------------- reading
 
@@ -419,7 +419,7 @@ class SchemaFormat:
         return pa.schema(fields)
 
 
-class _History:
+class UserHistory:
     """Streaming user histories: per user, the last N item keys of rows strictly earlier in time.
 
     Memory: per user at most N committed keys plus the keys of that user's rows at the

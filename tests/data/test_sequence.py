@@ -12,7 +12,7 @@ from recsys_dist.data.config import SchemaConfig
 from recsys_dist.data.convert import prepare
 from recsys_dist.data.criteo import DataError
 from recsys_dist.data.mapping import hash_ids, text_keys
-from recsys_dist.data.schema import SchemaFormat, _History
+from recsys_dist.data.schema import SchemaFormat, UserHistory
 
 N = 1000
 
@@ -97,7 +97,7 @@ def test_history_state_stays_flat_when_the_log_grows():
     h = SchemaConfig(label="c", categorical=["i"], history={"user": "u", "item": "i", "time": "t", "max_length": 8})
 
     def peak(batches: int) -> int:
-        state = _History(8)
+        state = UserHistory(8)
         rng = np.random.default_rng(0)
         users = rng.integers(0, 200, 1000).astype(np.uint64)
         tracemalloc.start()
