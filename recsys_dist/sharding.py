@@ -214,6 +214,8 @@ def check_covered(model: nn.Module, module_sharders: list[ModuleSharder[nn.Modul
 
     covered = tuple(s.module_type for s in (module_sharders or sharders()))
     embedding_like = (nn.Embedding, nn.EmbeddingBag, EmbeddingBagCollectionInterface, EmbeddingCollectionInterface)
+    if type(model) in covered:  # a collection passed on its own
+        return
     inside: list[str] = []
     for path, module in model.named_modules():
         if any(path.startswith(p + ".") for p in inside):

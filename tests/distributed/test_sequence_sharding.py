@@ -70,6 +70,8 @@ def test_collections_and_their_own_tables_are_covered():
         tables=[EmbeddingConfig(name="s", embedding_dim=4, num_embeddings=10, feature_names=["g"])]
     )
     sharding.check_covered(m)  # their nn.EmbeddingBag / nn.Embedding children come with them
+    sharding.check_covered(m.ebc)  # a collection on its own, too
+    sharding.check_covered(m.ec)
     tables = sharding.model_tables(m)
     assert [t.name for t in tables] == ["a", "s"]
     assert sharding.unpooled_names(tables) == {"s"}
