@@ -72,7 +72,7 @@ class SchemaConfig(_Section):
     history: HistoryConfig | None = Field(
         None,
         description="Derive a user-history sequence feature from the log: per row, the items the same user "
-        "interacted with strictly before it by the time column (docs/data.md#user-history-sequences).",
+        "interacted with strictly before it by the time column (docs/data.md, 'Sequence features and user histories').",
     )
     hex_categorical: list[str] = Field(
         default_factory=list,

@@ -20,7 +20,7 @@ Parquet file). Transforms:
   separator), oldest first, truncated to its most recent ``max_length`` elements; a plain value
   is a list of one, an empty field an empty sequence. Stored as ``list<int64>``.
 - ``history``: a derived sequence: per row, the items of the same user's rows whose time is
-  strictly smaller, the most recent ``max_length`` of them (docs/data.md#user-history-sequences).
+  strictly smaller, the most recent ``max_length`` of them (docs/data.md, 'Sequence features and user histories').
 
 CSV is read in blocks cut at line ends (``criteo.line_blocks``), so a quoted field may hold
 the delimiter but not a line break.
