@@ -1,7 +1,7 @@
 """DIN (with the derived user history) vs DeepFM (without it) on the shipped MovieLens sample:
 3 seeds each on the same split, then test AUC per seed and a paired bootstrap 95% interval
 of the mean (over seeds) AUC difference on the test rows. Results:
-benchmarks/results/2026-12-01-sequence-multitask.md.
+benchmarks/results/sequence_din_cpu2core_20261201.md.
 
 Run from the repository root: python benchmarks/sequence_side_by_side.py OUT_DIR
 (trains 6 runs of 2 CPU ranks, then predicts each run's test split).
