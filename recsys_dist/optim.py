@@ -36,16 +36,17 @@ DENSE_OPTIMIZERS = {
 
 
 def fuse_embedding_optimizer(model: nn.Module, cfg) -> None:
-    """Mark the parameters of every EmbeddingBagCollection in ``model`` for
+    """Mark the parameters of every EmbeddingBagCollection and EmbeddingCollection in ``model`` for
     ``train.embedding_optimizer``, applied in backward.
 
     Must run before sharding: the sharder reads the mark to build FBGEMM's fused kernel,
     and the planner uses it to count optimizer state in its memory estimate.
     """
-    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 
     cls, kwargs = EMBEDDING_OPTIMIZERS[cfg.train.embedding_optimizer]
-    params = [p for m in model.modules() if isinstance(m, EmbeddingBagCollection) for p in m.parameters()]
+    collections = (EmbeddingBagCollection, EmbeddingCollection)
+    params = [p for m in model.modules() if isinstance(m, collections) for p in m.parameters()]
     if cfg.train.embedding_weight_decay:
         kwargs = {**kwargs, "weight_decay": cfg.train.embedding_weight_decay}
     apply_optimizer_in_backward(cls, params, {"lr": cfg.train.embedding_lr, **kwargs})
@@ -72,7 +73,8 @@ def build_optimizer(
     updates every row whose moments are non-zero.
     """
     params = dict(in_backward_optimizer_filter(dmp.named_parameters()))
-    dp_tables = {n: p for n, p in params.items() if ".embedding_bags." in n}
+    # Replicated EmbeddingBagCollection / EmbeddingCollection tables.
+    dp_tables = {n: p for n, p in params.items() if ".embedding_bags." in n or ".embeddings." in n}
     dense = {n: p for n, p in params.items() if n not in dp_tables}
     dense_cls = DENSE_OPTIMIZERS[dense_optimizer]
     # On CPU torch's fused kernel updates each tensor in one pass instead of its single-tensor

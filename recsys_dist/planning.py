@@ -93,10 +93,18 @@ def dry_run(cfg: RunConfig, world_size: int, local_world_size: int, device: str)
 
     Raises:
         PlanError: the planner found no placement that fits; names the largest tables,
-            the memory they need against what the topology has, and what to change.
+            the memory they need against what the topology has, and what to change; or
+            the model holds an embedding module no sharder covers
+            (``recsys_dist.sharding.check_covered``).
+        ValueError: ``sharding.per_table`` names an unknown table, or the allowed types leave
+            an EmbeddingCollection table none.
     """
     model = build_model(cfg, torch.device("meta"))
     fuse_embedding_optimizer(model, cfg)
+    try:
+        sharding.check_covered(model)
+    except ValueError as err:
+        raise PlanError(str(err)) from None
     tables = sharding.model_tables(model)
     planner = sharding.make_planner(cfg, tables, world_size, local_world_size, device)
     try:

@@ -4,6 +4,12 @@ TorchRec's ``EmbeddingBagCollectionSharder`` reports only data_parallel, table_w
 column_wise and table_column_wise on CPU, although row_wise and table_row_wise train
 correctly over gloo. :class:`EmbeddingBagCollectionSharderAllTypes` reports them all,
 so the planner (and our tests) can use every type on CPU.
+
+Unpooled (sequence) tables live in ``EmbeddingCollection`` modules and are sharded by
+TorchRec's ``EmbeddingCollectionSharder``, which offers data_parallel, table_wise,
+column_wise and row_wise (:data:`SEQUENCE_SHARDING_TYPES`) on every device. Any other
+embedding module (``nn.Embedding``, ``nn.EmbeddingBag``, a managed-collision collection) is
+refused at plan time by :func:`check_covered`: DMP would otherwise replicate it silently.
 """
 
 from __future__ import annotations
@@ -15,12 +21,13 @@ import torch
 import torch.distributed as dist
 from pydantic import Field, model_validator
 from torch import nn
+from torchrec.distributed.embedding import EmbeddingCollectionSharder
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.model_parallel import DataParallelWrapper
 from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
 from torchrec.distributed.planner.storage_reservations import HeuristicalStorageReservation
 from torchrec.distributed.types import CacheParams, ModuleSharder, ShardingPlan, ShardingType
-from torchrec.modules.embedding_configs import EmbeddingBagConfig
+from torchrec.modules.embedding_configs import BaseEmbeddingConfig, EmbeddingBagConfig, EmbeddingConfig
 
 from recsys_dist.config.base import Section as _Section
 
@@ -134,8 +141,98 @@ class OneRankDense(DataParallelWrapper):
         dmp._dmp_wrapped_module = dmp._dmp_wrapped_module.to(device)
 
 
+# The sharding types TorchRec's EmbeddingCollectionSharder offers (on every device).
+SEQUENCE_SHARDING_TYPES = ("data_parallel", "table_wise", "row_wise", "column_wise")
+
+
 def sharders() -> list[ModuleSharder[nn.Module]]:
-    return [EmbeddingBagCollectionSharderAllTypes()]
+    """The sharders of every run: EmbeddingBagCollection (all six types) and EmbeddingCollection
+    (:data:`SEQUENCE_SHARDING_TYPES`)."""
+    return [EmbeddingBagCollectionSharderAllTypes(), EmbeddingCollectionSharder()]
+
+
+def fix_replicated_sequence_tables(dmp: nn.Module) -> int:
+    """Make data-parallel EmbeddingCollection tables on CPU return one row per id.
+
+    TorchRec runs replicated (data_parallel) EmbeddingCollection tables through FBGEMM's
+    ``DenseTableBatchedEmbeddingBagsCodegen`` with ``PoolingMode.NONE``; FBGEMM-CPU 1.8
+    ignores the mode and sum-pools (``[B, T*E]`` instead of ``[ids, E]``), so the sharded
+    module fails in its output (or, with matching sizes, is silently wrong). This replaces the
+    forward of each such CPU lookup (in place, once) by a plain-torch gather from the same
+    ``weights`` parameter: the gradient is dense, DDP averages it, and the replicated-table
+    optimizer steps it, as for data-parallel EmbeddingBagCollection tables. CUDA lookups and
+    every other sharding type are left as they are. Returns how many lookups were changed.
+    """
+    import types
+
+    from fbgemm_gpu.split_table_batched_embeddings_ops_common import PoolingMode
+    from torchrec.distributed.batched_embedding_kernel import BatchedDenseEmbedding
+
+    # Sharded collections keep their lookups in a plain list, outside modules().
+    found = [m for owner in dmp.modules() for lookup in getattr(owner, "_lookups", []) for m in lookup.modules()]
+    changed = 0
+    for module in found:
+        emb = getattr(module, "_emb_module", None)
+        if (
+            isinstance(module, BatchedDenseEmbedding)
+            and emb is not None
+            and emb.weights.device.type == "cpu"
+            and emb.pooling_mode == PoolingMode.NONE
+            and not getattr(module, "_recsys_dist_unpooled", False)
+        ):
+            module.forward = types.MethodType(_unpooled_dense_forward, module)
+            module._recsys_dist_unpooled = True
+            changed += 1
+    return changed
+
+
+def _unpooled_dense_forward(self, features) -> torch.Tensor:
+    """[sum of lengths, E]: each id's row of its feature's table (features in the lookup's order)."""
+    weights, bounds = self._emb_module.weights, self._emb_module.weights_physical_offsets
+    tables = [
+        weights[bounds[t] : bounds[t + 1]].view(rows, cols)
+        for t, (rows, cols) in enumerate(zip(self._local_rows, self._local_cols))
+    ]
+    per_key = features.values().split(features.length_per_key())
+    rows = [torch.nn.functional.embedding(ids.long(), tables[t]) for ids, t in zip(per_key, self._feature_table_map)]
+    return torch.cat(rows) if rows else weights.new_zeros(0, self._local_cols[0] if self._local_cols else 0)
+
+
+def check_covered(model: nn.Module, module_sharders: list[ModuleSharder[nn.Module]] | None = None) -> None:
+    """Refuse a model holding an embedding module that no sharder covers.
+
+    DistributedModelParallel shards only modules whose exact type a sharder names; any
+    other module goes into data-parallel (DDP) as it is, so an ``nn.Embedding`` table would
+    be materialised in full on every rank and all-reduced every step. The children of a
+    covered collection (its own ``nn.EmbeddingBag`` / ``nn.Embedding`` tables) are covered
+    with it.
+
+    Raises:
+        ValueError: names the module's path and type, and what to use instead.
+    """
+    from torchrec.modules.embedding_modules import EmbeddingBagCollectionInterface, EmbeddingCollectionInterface
+
+    covered = tuple(s.module_type for s in (module_sharders or sharders()))
+    embedding_like = (nn.Embedding, nn.EmbeddingBag, EmbeddingBagCollectionInterface, EmbeddingCollectionInterface)
+    if type(model) in covered:  # a collection passed on its own
+        return
+    inside: list[str] = []
+    for path, module in model.named_modules():
+        if any(path.startswith(p + ".") for p in inside):
+            continue
+        if type(module) in covered:
+            inside.append(path)
+            continue
+        torchrec_embedding = (
+            type(module).__module__.startswith("torchrec.modules") and "Embedding" in type(module).__name__
+        )
+        if isinstance(module, embedding_like) or torchrec_embedding:
+            raise ValueError(
+                f"{path or type(model).__name__} is a {type(module).__module__}.{type(module).__name__}, which no "
+                "sharder covers: it would be replicated in full on every rank. Put pooled tables in a "
+                "torchrec EmbeddingBagCollection and per-position (sequence) tables in a torchrec "
+                "EmbeddingCollection; a small dense lookup (e.g. positions) can be an nn.Parameter indexed directly"
+            )
 
 
 def constraints(cfg, tables: list[EmbeddingBagConfig]) -> dict[str, ParameterConstraints]:
@@ -144,16 +241,27 @@ def constraints(cfg, tables: list[EmbeddingBagConfig]) -> dict[str, ParameterCon
     hot = cfg.data.multi_hot_sizes
     by_feature = dict(zip([t.feature_names[0] for t in tables if t.name.startswith("t_")], hot)) if hot else {}
     sizes = [by_feature.get(t.feature_names[0], 1) for t in tables] if hot else None
-    return table_constraints(cfg.sharding, [t.name for t in tables], sizes)
+    return table_constraints(cfg.sharding, [t.name for t in tables], sizes, unpooled_names(tables))
+
+
+def unpooled_names(tables: list[BaseEmbeddingConfig]) -> set[str]:
+    """Names of the EmbeddingCollection (unpooled, ``EmbeddingConfig``) tables among ``tables``."""
+    return {t.name for t in tables if isinstance(t, EmbeddingConfig)}
 
 
 def table_constraints(
-    s: ShardingConfig, names: list[str], multi_hot_sizes: list[int] | None = None
+    s: ShardingConfig,
+    names: list[str],
+    multi_hot_sizes: list[int] | None = None,
+    unpooled: set[str] | frozenset[str] = frozenset(),
 ) -> dict[str, ParameterConstraints]:
-    """Planner constraints for tables ``names`` from a ``sharding`` config section.
+    """Planner constraints for tables ``names`` from a ``sharding`` config section. Tables in
+    ``unpooled`` (EmbeddingCollection tables) get the allowed types that TorchRec's
+    EmbeddingCollectionSharder offers (:data:`SEQUENCE_SHARDING_TYPES`).
 
     Raises:
-        ValueError: ``sharding.per_table`` names a table the model does not have.
+        ValueError: ``sharding.per_table`` names a table the model does not have; the allowed
+            types leave an unpooled table none its sharder offers.
     """
     unknown = sorted(set(s.per_table) - set(names))
     if unknown:
@@ -163,6 +271,20 @@ def table_constraints(
     for i, name in enumerate(names):
         override = s.per_table.get(name)
         types = (override and override.sharding_types) or s.sharding_types or list(ALL_TYPES)
+        if name in unpooled:
+            key = (
+                f"sharding.per_table.{name}.sharding_types"
+                if override and override.sharding_types
+                else ("sharding.sharding_types")
+            )
+            allowed = [t for t in types if t in SEQUENCE_SHARDING_TYPES]
+            if not allowed:
+                raise ValueError(
+                    f"{key}: {list(types)} leaves the EmbeddingCollection table {name} no sharding type; "
+                    f"TorchRec shards unpooled tables {list(SEQUENCE_SHARDING_TYPES)} only: add one of them "
+                    f"(e.g. sharding.per_table.{name}.sharding_types: [row_wise])"
+                )
+            types = allowed
         kernels = (override and override.compute_kernels) or s.compute_kernels
         cache = CacheParams(load_factor=s.cache_load_factor) if s.cache_load_factor else None
         out[name] = ParameterConstraints(
@@ -216,17 +338,25 @@ def fixed_sharding_plan(
         ValueError: a rank outside the job, or table_row_wise ranks spanning two nodes.
     """
     from torchrec.distributed import sharding_plan as sp
-    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 
-    sharder = EmbeddingBagCollectionSharderAllTypes()
     plan = {}
     for path, module in model.named_modules():
-        if not isinstance(module, EmbeddingBagCollection):
+        if isinstance(module, EmbeddingBagCollection):
+            sharder, configs = EmbeddingBagCollectionSharderAllTypes(), module.embedding_bag_configs()
+        elif isinstance(module, EmbeddingCollection):
+            sharder, configs = EmbeddingCollectionSharder(), module.embedding_configs()
+        else:
             continue
         per_table = {}
-        for t in module.embedding_bag_configs():
+        for t in configs:
             fp = fixed[t.name]
             ranks = list(fp.ranks or [])
+            if isinstance(module, EmbeddingCollection) and fp.sharding_type not in SEQUENCE_SHARDING_TYPES:
+                raise ValueError(
+                    f"sharding.fixed_plan.{t.name}.sharding_type: {fp.sharding_type}, but {t.name} is an "
+                    f"EmbeddingCollection table, which TorchRec shards {list(SEQUENCE_SHARDING_TYPES)} only"
+                )
             if any(r >= world_size for r in ranks):
                 raise ValueError(f"sharding.fixed_plan.{t.name}.ranks: {ranks} but the job has {world_size} rank(s)")
             kernel = fp.compute_kernel or ("dense" if fp.sharding_type == "data_parallel" else "fused")
@@ -313,7 +443,12 @@ def collective_plan(
     device: torch.device,
     pg: dist.ProcessGroup,
 ) -> ShardingPlan:
-    """The fixed plan from the config, or a planner's plan made on rank 0 and broadcast."""
+    """The fixed plan from the config, or a planner's plan made on rank 0 and broadcast.
+
+    Raises:
+        ValueError: the model holds an embedding module no sharder covers (:func:`check_covered`).
+    """
+    check_covered(model)
     world = dist.get_world_size(pg)
     local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     if cfg.sharding.fixed_plan is not None:
@@ -375,15 +510,21 @@ PLANNER_KEYS = (
 DEFAULT_PLANNER_BATCH_SIZE = 512
 
 
-def model_tables(model: nn.Module) -> list[EmbeddingBagConfig]:
-    """The EmbeddingBagConfigs of every EmbeddingBagCollection in ``model``, in module order.
+def model_tables(model: nn.Module) -> list[BaseEmbeddingConfig]:
+    """The tables of every EmbeddingBagCollection (``EmbeddingBagConfig``) and
+    EmbeddingCollection (``EmbeddingConfig``) in ``model``, in module order.
 
     Raises:
         ValueError: two collections hold tables of the same name (names key the plan).
     """
-    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 
-    tables = [t for m in model.modules() if isinstance(m, EmbeddingBagCollection) for t in m.embedding_bag_configs()]
+    tables: list[BaseEmbeddingConfig] = []
+    for m in model.modules():
+        if isinstance(m, EmbeddingBagCollection):
+            tables += m.embedding_bag_configs()
+        elif isinstance(m, EmbeddingCollection):
+            tables += m.embedding_configs()
     names = [t.name for t in tables]
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
@@ -541,7 +682,8 @@ def shard(
     init_tables: bool = True,
     check_ids: bool = True,
 ):
-    """Shard any ``nn.Module`` holding TorchRec EmbeddingBagCollections; returns a DMP.
+    """Shard any ``nn.Module`` holding TorchRec EmbeddingBagCollections (pooled tables) and
+    EmbeddingCollections (unpooled, per-position tables); returns a DMP.
 
     Places the tables as ``sharding.fixed_plan`` says, or else plans with
     ``EmbeddingShardingPlanner`` on the process group (every sharding type is allowed on CPU
@@ -601,7 +743,9 @@ def shard(
             names a table the model lacks (the message lists the model's tables), a
             ``fixed_plan`` misses a table or uses a rank >= the world size, a key without
             effect (see above), a CUDA-only kernel or ``hbm_gb`` on another device, a model
-            without EmbeddingBagCollection or with duplicate table names, a table whose
+            without EmbeddingBagCollection / EmbeddingCollection, one holding another embedding
+            module (``nn.Embedding``, ``nn.EmbeddingBag``, ...: :func:`check_covered`), or with
+            duplicate table names, an EmbeddingCollection table allowed no type its sharder offers, a table whose
             ``weight_init_min`` is not ``-weight_init_max`` or with its own ``init_fn`` while
             ``init_tables`` is on; after planning, column shards that are not multiples of 4
             wide. From the returned DMP's calls (``check_ids``): an id out of range, naming
@@ -618,9 +762,12 @@ def shard(
             if torch.cuda.is_available()
             else torch.device("cpu")
         )
+    check_covered(model)
     tables = model_tables(model)
     if not tables:
-        raise ValueError(f"{type(model).__name__} holds no EmbeddingBagCollection: nothing to shard")
+        raise ValueError(
+            f"{type(model).__name__} holds no EmbeddingBagCollection or EmbeddingCollection: nothing to shard"
+        )
     names = [t.name for t in tables]
     planner_batch = check_shard_config(s, names, device.type, batch_size)
     if init_tables:
@@ -634,12 +781,13 @@ def shard(
         planner = EmbeddingShardingPlanner(
             topology=make_topology(s, world, local, device.type),
             batch_size=planner_batch,
-            constraints=table_constraints(s, names),
+            constraints=table_constraints(s, names, unpooled=unpooled_names(tables)),
             storage_reservation=HeuristicalStorageReservation(percentage=s.storage_reservation),
         )
         plan = planner.collective_plan(model, sharders(), pg)
     check_column_shards(plan)
     dmp = DistributedModelParallel(model, device=device, plan=plan, sharders=sharders())
+    fix_replicated_sequence_tables(dmp)
     if init_tables:
         state.init_tables(dmp.state_dict(), tables, seed, {t.name: t.get_weight_init_max() for t in tables})
     if check_ids:

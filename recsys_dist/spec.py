@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass, field
 
 import torch
-from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
+from torchrec.modules.embedding_configs import BaseEmbeddingConfig, EmbeddingBagConfig, EmbeddingConfig, PoolingType
 
 # FBGEMM's fused kernel needs widths that are multiples of 4, so a per-id scalar weight
 # (first-order / wide part) is stored as 4 columns that the model averages.
@@ -40,6 +40,15 @@ class FeatureSpec:
         tasks: label names; a model returns one logit per task (``[B]`` / ``[B, 1]`` for one).
         first_order_tables: width-4 tables ``w_<feature>`` for models registered with
             ``first_order_tables=True`` (DeepFM family); empty otherwise.
+        sequence_names: sequence (unpooled) feature names, also keys of the ``sparse``
+            KeyedJaggedTensor: per example an ordered list of ids, oldest first, at most the
+            column's ``max_length`` (``data.schema.sequence``); may be empty. Empty when the
+            data has no sequence feature, so a model that ignores them works as before.
+        sequence_tables: one ``torchrec.EmbeddingConfig`` per sequence feature, in
+            ``sequence_names`` order, named ``s_<feature>``, width ``model.embedding_dim``;
+            build them into a ``torchrec.EmbeddingCollection``, whose output is one
+            ``JaggedTensor`` per feature (``[sum of lengths, E]`` values, one row per position).
+            The sharders shard them data_parallel, table_wise, row_wise or column_wise.
     """
 
     dense_names: list[str]
@@ -49,6 +58,8 @@ class FeatureSpec:
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     tasks: list[str] = field(default_factory=lambda: ["label"])
     first_order_tables: list[EmbeddingBagConfig] = field(default_factory=list)
+    sequence_names: list[str] = field(default_factory=list)
+    sequence_tables: list[EmbeddingConfig] = field(default_factory=list)
 
     @property
     def num_dense(self) -> int:
@@ -66,12 +77,44 @@ class FeatureSpec:
         return self.tables[0].embedding_dim
 
     def all_tables(self) -> list[EmbeddingBagConfig]:
-        """Every table the library plans and initialises: ``tables`` then ``first_order_tables``."""
+        """Every pooled table: ``tables`` then ``first_order_tables`` (one EmbeddingBagCollection
+        takes them all). ``sequence_tables`` are not among them: they need an EmbeddingCollection."""
         return [*self.tables, *self.first_order_tables]
+
+    def planned_tables(self) -> list[BaseEmbeddingConfig]:
+        """Every table of the run: :meth:`all_tables`, then ``sequence_tables``."""
+        return [*self.all_tables(), *self.sequence_tables]
 
     def on(self, embedding_device: torch.device, device: torch.device | None = None) -> FeatureSpec:
         """The same spec with other devices (e.g. ``cpu`` tables for an unsharded model)."""
         return dataclasses.replace(self, embedding_device=embedding_device, device=device or self.device)
+
+
+def make_sequence_tables(
+    names: list[str], num_embeddings: list[int], embedding_dim: int, *, init_scale: float | None = 0.05
+) -> list[EmbeddingConfig]:
+    """One ``EmbeddingConfig`` (unpooled) per sequence feature, ``s_<feature>``, initialised
+    like :func:`make_tables`.
+
+    Raises:
+        ValueError: the sizes do not match the features.
+    """
+    if len(num_embeddings) != len(names):
+        raise ValueError(f"{len(num_embeddings)} table sizes for {len(names)} sequence features")
+    out = []
+    for name, rows in zip(names, num_embeddings):
+        s = init_scale if init_scale is not None else math.sqrt(1.0 / rows)
+        out.append(
+            EmbeddingConfig(
+                name=f"s_{name}",
+                embedding_dim=embedding_dim,
+                num_embeddings=rows,
+                feature_names=[name],
+                weight_init_min=-s,
+                weight_init_max=s,
+            )
+        )
+    return out
 
 
 def make_tables(

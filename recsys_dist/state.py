@@ -100,11 +100,12 @@ def init_tables(sharded: dict, tables: list, seed: int, scales: dict[str, float]
 
     Args:
         sharded: ``dmp.state_dict()``.
-        tables: the EmbeddingBagConfigs, in model order (their index is part of the seed).
+        tables: the EmbeddingBagConfigs / EmbeddingConfigs, in model order (their index is part of the seed).
         scales: table name -> scale.
     """
     for index, t in enumerate(tables):
-        key = next((k for k in sharded if k.endswith(f"embedding_bags.{t.name}.weight")), None)
+        ends = (f"embedding_bags.{t.name}.weight", f"embeddings.{t.name}.weight")  # EBC / EC tables
+        key = next((k for k in sharded if k.endswith(ends)), None)
         if key is None:
             continue
         value = sharded[key]

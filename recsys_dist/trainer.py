@@ -135,6 +135,7 @@ def _wrap_and_init(cfg: RunConfig, ctx: DistContext, model, tables, plan):
         sharders=sharding.sharders(),
         data_parallel_wrapper=sharding.OneRankDense() if ctx.world_size == 1 else None,
     )
+    sharding.fix_replicated_sequence_tables(dmp)
     init_tables(dmp.state_dict(), tables, cfg.train.seed, {t.name: t.weight_init_max for t in tables})
     t = cfg.train
     optimizer = build_optimizer(
@@ -254,7 +255,7 @@ class Trainer:
         if ctx.is_main:
             (self.run_dir / "plan.txt").write_text(plan_text + "\n")
             (self.run_dir / "plan.json").write_text(
-                json.dumps(sharding.plan_summary(self._model.plan, self.spec.all_tables()), indent=2)
+                json.dumps(sharding.plan_summary(self._model.plan, self.spec.planned_tables()), indent=2)
             )
         self._writer = MetricsWriter(self.run_dir / "metrics.jsonl", ctx.is_main, ctx.world_size)
         self._tracer = TraceWriter(profile_dir, ctx.rank)

@@ -48,10 +48,18 @@ def _format_of(d):
 
 
 def feature_names(cfg) -> tuple[list[str], list[str]]:
-    """(dense, categorical) feature names of a ``data`` section's format (or a run config's), in model order."""
+    """(dense, categorical) feature names of a ``data`` section's format (or a run config's), in
+    model order: the keys of the loader's KeyedJaggedTensor, sequence features (:func:`sequence_names`) last."""
     d = getattr(cfg, "data", cfg)
     fmt = raw_format(d.format, d.schema)
     return list(fmt.dense_names), list(fmt.sparse_names)
+
+
+def sequence_names(cfg) -> list[str]:
+    """The sequence (unpooled) features among ``feature_names(cfg)[1]``: ``data.schema.sequence``
+    columns, then ``data.schema.history.name``; empty for formats without them."""
+    d = getattr(cfg, "data", cfg)
+    return list(getattr(raw_format(d.format, d.schema), "sequence_names", []))
 
 
 def prepare_from_config(cfg, progress: bool = False):

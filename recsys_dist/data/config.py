@@ -16,6 +16,28 @@ from recsys_dist.config.base import StrictFloat as _F
 Pooling = Literal["sum", "mean"]
 
 
+class SequenceColumn(_Section):
+    """One ``data.schema.sequence`` column: an ordered list, oldest first."""
+
+    max_length: int = Field(gt=0, description="Keep the most recent (last) N elements of each row's list.")
+    separator: str = Field("|", min_length=1, description='Separator of the elements of a text field ("a|b|c").')
+
+
+class HistoryConfig(_Section):
+    """``data.schema.history``: a user-history sequence derived from an interaction log."""
+
+    name: str = Field("history", description="Name of the derived sequence feature (not a column of the file).")
+    user: str = Field(description="User column: rows of the same value share a history.")
+    item: str = Field(
+        description="Item column: the ids that make up the history (hashed / looked up like a categorical)."
+    )
+    time: str = Field(
+        description="Time column (numbers). A row's history holds the items of the same user's rows with a "
+        "strictly smaller time, the most recent last; rows of one user must come in non-decreasing time order."
+    )
+    max_length: int = Field(gt=0, description="Keep the N most recent items of each history.")
+
+
 class SchemaConfig(_Section):
     """Columns of a CSV / TSV / Parquet file for ``data.format: schema`` (see docs/data.md)."""
 
@@ -41,6 +63,17 @@ class SchemaConfig(_Section):
         description="Separator of the elements of a multi_hot text field (the conversion warns when almost no "
         "value holds it but many hold another of , ; | space /).",
     )
+    sequence: dict[str, SequenceColumn] = Field(
+        default_factory=dict,
+        description="Sequence columns (column -> {max_length, separator}): an ordered list (text split on the "
+        "column's separator, or a Parquet list column), oldest first, truncated to its most recent max_length "
+        "elements; each element mapped like a categorical value; one embedding per position (EmbeddingCollection).",
+    )
+    history: HistoryConfig | None = Field(
+        None,
+        description="Derive a user-history sequence feature from the log: per row, the items the same user "
+        "interacted with strictly before it by the time column (docs/data.md, 'Sequence features and user histories').",
+    )
     hex_categorical: list[str] = Field(
         default_factory=list,
         description="Categorical / multi_hot columns whose values are hex numbers of at most 8 digits, as "
@@ -59,10 +92,21 @@ class SchemaConfig(_Section):
 
     @model_validator(mode="after")
     def _check(self) -> SchemaConfig:
-        features = [*self.dense, *self.categorical, *self.multi_hot]
+        features = [*self.dense, *self.categorical, *self.multi_hot, *self.sequence]
+        if self.history is not None:
+            features.append(self.history.name)
         dup = sorted({c for c in features if features.count(c) > 1})
         if dup:
-            raise ValueError(f"data.schema: columns {dup} are listed more than once in dense / categorical / multi_hot")
+            raise ValueError(
+                f"data.schema: columns {dup} are listed more than once in dense / categorical / multi_hot / "
+                "sequence / history.name"
+            )
+        not_text = [c for c in self.hex_categorical if c in self.sequence]
+        if not_text:
+            raise ValueError(
+                f"data.schema.hex_categorical: {not_text} are sequence columns; hex keys are for "
+                "categorical and multi_hot columns"
+            )
         if self.label in features:
             raise ValueError(f"data.schema.label: {self.label!r} is also a feature column")
         not_categorical = [c for c in self.hex_categorical if c not in [*self.categorical, *self.multi_hot]]
@@ -294,6 +338,12 @@ class DataConfig(_Section):
             raise ValueError(
                 f"data.feature_pooling: {unknown} are not categorical features of {self.format} "
                 f"({', '.join(fmt.sparse_names)})"
+            )
+        unpooled = sorted(set(self.feature_pooling) & set(getattr(fmt, "sequence_names", [])))
+        if unpooled:
+            raise ValueError(
+                f"data.feature_pooling: {unpooled} are sequence features, which are not pooled (one embedding "
+                "per position); remove them"
             )
         if any(n < 2 for n in sizes):
             raise ValueError(

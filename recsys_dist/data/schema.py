@@ -16,6 +16,12 @@ Parquet file). Transforms:
   each element mapped like a categorical value; empty elements are dropped, an empty field
   is an empty bag. Stored as ``list<int64>``.
 
+- ``sequence``: an ordered list like a multi-hot column (split on the column's own
+  separator), oldest first, truncated to its most recent ``max_length`` elements; a plain value
+  is a list of one, an empty field an empty sequence. Stored as ``list<int64>``.
+- ``history``: a derived sequence: per row, the items of the same user's rows whose time is
+  strictly smaller, the most recent ``max_length`` of them (docs/data.md, 'Sequence features and user histories').
+
 CSV is read in blocks cut at line ends (``criteo.line_blocks``), so a quoted field may hold
 the delimiter but not a line break.
 """
@@ -24,6 +30,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections import deque
 from collections.abc import Iterator
 
 import numpy as np
@@ -110,10 +117,13 @@ class SchemaFormat:
         self.spec = spec
         self.label_column = spec.label
         self.dense_names = list(spec.dense)
-        self.sparse_names = list(spec.categorical) + list(spec.multi_hot)
+        history = getattr(spec, "history", None)
+        self.sequence_names = list(getattr(spec, "sequence", None) or {}) + ([history.name] if history else [])
+        self.sparse_names = list(spec.categorical) + list(spec.multi_hot) + self.sequence_names
         key = dict(spec.model_dump(mode="json") if hasattr(spec, "model_dump") else vars(spec))
-        if not key.get("hex_categorical"):
-            key.pop("hex_categorical", None)  # the key of conversions from before the option
+        for option in ("hex_categorical", "sequence", "history"):
+            if not key.get(option):
+                key.pop(option, None)  # the key of conversions from before the option
         self.fingerprint = "schema:" + json.dumps(key, sort_keys=True)
         self.hex = set(getattr(spec, "hex_categorical", None) or [])
         label = (
@@ -130,7 +140,19 @@ class SchemaFormat:
             "key": "BLAKE2b with an 8-byte digest of the value's UTF-8 text, read as a little-endian uint64"
             + (f"; columns {sorted(self.hex)}: the hex value as an unsigned 32-bit integer" if self.hex else ""),
         }
+        if self.sequence_names:
+            self.transforms["sequence"] = (
+                "split on the column's separator, empty elements dropped, the last max_length kept, each element "
+                "mapped like a categorical value; list<int64>, oldest first"
+            )
+        if history:
+            self.transforms["history"] = (
+                f"{history.name}: the {history.item} values of the same {history.user}'s earlier rows (time "
+                f"{history.time} strictly smaller; ties excluded), the last {history.max_length}, oldest first, "
+                "each mapped like a categorical value; list<int64>"
+            )
         self.raw_columns: list[str] | None = None
+        self._history = UserHistory(history.max_length) if history else None
 
     # ---------------------------------------------------------------- reading
 
@@ -159,7 +181,9 @@ class SchemaFormat:
 
     def _check_columns(self, path: str, names: list[str], where: str) -> None:
         s = self.spec
-        needed = [s.label, *s.dense, *s.categorical, *s.multi_hot]
+        needed = [s.label, *s.dense, *s.categorical, *s.multi_hot, *(getattr(s, "sequence", None) or {})]
+        if getattr(s, "history", None) is not None:
+            needed += [c for c in (s.history.user, s.history.item, s.history.time) if c not in needed]
         missing = [c for c in needed if c not in names]
         if missing:
             raise DataError(f"{path}: columns {missing} named in data.schema are not in the file ({where}: {names})")
@@ -220,7 +244,7 @@ class SchemaFormat:
             for name, col in zip(batch.schema.names, batch.columns):
                 if pa.types.is_list(col.type) or pa.types.is_large_list(col.type):
                     cols[name] = _to_text(col, pa.list_(pa.string()), path, name, row)
-                elif name in self.spec.multi_hot or name in self.spec.categorical:
+                elif name in self.spec.multi_hot or name in self.spec.categorical or name in self._text_columns():
                     cols[name] = _to_text(col, pa.string(), path, name, row)
                 else:
                     cols[name] = col
@@ -274,9 +298,18 @@ class SchemaFormat:
             bad |= col_bad
         return bad, [r or "invalid value" for r in reason[bad]]
 
-    def _elements(self, col: pa.Array) -> tuple[pa.Array, np.ndarray]:
+    def _text_columns(self) -> set[str]:
+        """Sequence and history (user, item) columns, read as text."""
+        s = self.spec
+        out = set(getattr(s, "sequence", None) or {})
+        if getattr(s, "history", None) is not None:
+            out |= {s.history.user, s.history.item}
+        return out
+
+    def _elements(self, col: pa.Array, separator: str | None = None) -> tuple[pa.Array, np.ndarray]:
         """A multi-hot column's elements (text, spaces trimmed, empty ones kept) and the row of each."""
-        lists = col if pa.types.is_list(col.type) else pc.split_pattern(pc.fill_null(col, ""), self.spec.separator)
+        sep = separator or self.spec.separator
+        lists = col if pa.types.is_list(col.type) else pc.split_pattern(pc.fill_null(col, ""), sep)
         flat = pc.utf8_trim_whitespace(pc.fill_null(pc.list_flatten(lists), ""))
         return flat, pc.list_parent_indices(lists).to_numpy(zero_copy_only=False)
 
@@ -341,11 +374,88 @@ class SchemaFormat:
             keys, _ = self._keys(n, flat.filter(pa.array(keep)), f"{path}, column {n}", first_line)
             lengths = np.bincount(parent[keep], minlength=batch.num_rows).astype(np.int32)
             sparse.append(SparseKeys(keys, None, lengths))
+        for n, seq in (getattr(s, "sequence", None) or {}).items():
+            sparse.append(self._sequence(batch.column(n), seq, f"{path}, column {n}", first_line))
+        if self._history is not None:
+            sparse.append(self._derive_history(batch, path, first_line))
         return labels, dense, sparse
+
+    def _sequence(self, col: pa.Array, seq, where: str, first_line: int) -> SparseKeys:
+        """A sequence column's keys: non-empty elements, the last ``max_length`` of each row."""
+        flat, parent = self._elements(col, seq.separator)
+        keep = pc.not_equal(flat, "").to_numpy(zero_copy_only=False)
+        parent = parent[keep]
+        counts = np.bincount(parent, minlength=len(col))
+        # position from the end of its row: keep the row's last max_length elements
+        ends = np.cumsum(counts)
+        from_end = ends[parent] - 1 - np.arange(len(parent))
+        recent = from_end < seq.max_length
+        keys, _ = self._keys("", flat.filter(pa.array(keep)).filter(pa.array(recent)), where, first_line)
+        lengths = np.minimum(counts, seq.max_length).astype(np.int32)
+        return SparseKeys(keys, None, lengths)
+
+    def _derive_history(self, batch: pa.RecordBatch, path: str, first_line: int) -> SparseKeys:
+        h = self.spec.history
+        times = _floats(batch.column(h.time), f"{path}, column {h.time}", first_line)
+        bad = ~np.isfinite(times)
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise DataError(
+                f"{path}, {'row' if _is_parquet(self.spec, path) else 'line'} {first_line + i}, column {h.time}: "
+                f"'{batch.column(h.time)[i].as_py()}' is not a number (data.schema.history.time needs a time on "
+                "every row)"
+            )
+        users, _ = text_keys(pc.utf8_trim_whitespace(pc.fill_null(batch.column(h.user), "")))
+        items, present = text_keys(pc.utf8_trim_whitespace(pc.fill_null(batch.column(h.item), "")))
+        keys, lengths = self._history.rows(path, first_line, users, items, present, times, h, self.spec)
+        return SparseKeys(keys, None, lengths)
 
     def output_schema(self) -> pa.Schema:
         fields = [pa.field("label", pa.float32())]
         fields += [pa.field(n, pa.float32()) for n in self.dense_names]
         fields += [pa.field(n, pa.int64()) for n in self.spec.categorical]
         fields += [pa.field(n, pa.list_(pa.int64())) for n in self.spec.multi_hot]
+        fields += [pa.field(n, pa.list_(pa.int64())) for n in self.sequence_names]
         return pa.schema(fields)
+
+
+class UserHistory:
+    """Streaming user histories: per user, the last N item keys of rows strictly earlier in time.
+
+    Memory: per user at most N committed keys plus the keys of that user's rows at the
+    current (latest) time, whatever the length of the log. Rows of one user must come in
+    non-decreasing time order; rows of one user with equal times (ties) do not see each
+    other: an event enters the history once a strictly later time of that user is seen.
+    """
+
+    def __init__(self, max_length: int) -> None:
+        self.max_length = max_length
+        self.state: dict[int, tuple[deque, float, list]] = {}
+        self._last: tuple[str, int] | None = None
+
+    def rows(self, path, first_line, users, items, present, times, h, spec) -> tuple[np.ndarray, np.ndarray]:
+        # A new pass over the file (the vocabulary count, then the conversion) starts afresh.
+        if self._last is None or self._last[0] != path or first_line <= self._last[1]:
+            self.state = {}
+        self._last = (path, first_line)
+        out: list[int] = []
+        lengths = np.zeros(len(users), np.int32)
+        n = self.max_length
+        for i, (u, t) in enumerate(zip(users.tolist(), times.tolist())):
+            committed, at, pending = self.state.get(u) or (deque(maxlen=n), -np.inf, [])
+            if t < at:
+                raise DataError(
+                    f"{path}, {'row' if _is_parquet(spec, path) else 'line'} {first_line + i}, column {h.time}: "
+                    f"{t:g} is earlier than {at:g} of an earlier row of the same {h.user}; data.schema.history "
+                    f"needs each user's rows in non-decreasing {h.time} order (sort the log by {h.user}, {h.time} "
+                    "or by time)"
+                )
+            if t > at:  # the events at the previous time are now strictly earlier
+                committed.extend(pending)
+                pending, at = [], t
+            out.extend(committed)
+            lengths[i] = len(committed)
+            if present[i]:
+                pending.append(int(items[i]))
+            self.state[u] = (committed, at, pending)
+        return np.array(out, dtype=np.uint64), lengths

@@ -5,11 +5,11 @@ from __future__ import annotations
 import torch
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
-from recsys_dist.data import feature_names
+from recsys_dist.data import feature_names, sequence_names
 from recsys_dist.models.losses import get_loss
 from recsys_dist.models.registry import get_model
 from recsys_dist.models.task import CTRTask
-from recsys_dist.spec import FIRST_ORDER_DIM, FeatureSpec, make_tables
+from recsys_dist.spec import FIRST_ORDER_DIM, FeatureSpec, make_sequence_tables, make_tables
 
 
 def table_sizes(cfg) -> list[int]:
@@ -28,9 +28,15 @@ def feature_spec(
 ) -> FeatureSpec:
     """The :class:`FeatureSpec` of a run config: its format's features, ``num_embeddings`` rows
     per table (default: as configured), ``model.embedding_dim`` / ``embedding_init_scale``,
-    ``data.pooling`` / ``data.feature_pooling``; first-order tables when the model has them."""
-    dense, sparse = feature_names(cfg)
-    sizes = list(num_embeddings) if num_embeddings is not None else table_sizes(cfg)
+    ``data.pooling`` / ``data.feature_pooling``; first-order tables when the model has them.
+    Sequence features (``data.schema.sequence`` / ``history``) get ``s_<feature>`` EmbeddingConfigs
+    in ``sequence_tables`` and are not among ``sparse_names``."""
+    dense, keys = feature_names(cfg)
+    all_sizes = list(num_embeddings) if num_embeddings is not None else table_sizes(cfg)
+    seq = sequence_names(cfg)
+    sparse = [k for k in keys if k not in seq]
+    sizes = [n for k, n in zip(keys, all_sizes) if k not in seq]
+    seq_sizes = [n for k, n in zip(keys, all_sizes) if k in seq]
     m, d = cfg.model, cfg.data
     pooling = dict(default_pooling=d.pooling, pooling=d.feature_pooling, init_scale=m.embedding_init_scale)
     first = []
@@ -43,12 +49,15 @@ def feature_spec(
         embedding_device=embedding_device or torch.device("meta"),
         device=device or torch.device("cpu"),
         first_order_tables=first,
+        sequence_names=seq,
+        sequence_tables=make_sequence_tables(seq, seq_sizes, m.embedding_dim, init_scale=m.embedding_init_scale),
     )
 
 
 def embedding_configs(cfg, num_embeddings: list[int] | None = None) -> list[EmbeddingBagConfig]:
-    """Every table of the configured model (``t_<feature>``, then ``w_<feature>`` first-order)."""
-    return feature_spec(cfg, num_embeddings).all_tables()
+    """Every table of the configured model (``t_<feature>``, ``w_<feature>`` first-order, then
+    ``s_<feature>`` sequence tables)."""
+    return feature_spec(cfg, num_embeddings).planned_tables()
 
 
 def build_model(cfg, spec: FeatureSpec | torch.device, tables_device: torch.device | None = None, loss=None) -> CTRTask:

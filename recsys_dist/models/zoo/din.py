@@ -1,0 +1,55 @@
+"""DIN (Zhou et al., 2018, arXiv:1706.06978): target attention over the user's history.
+
+The module and its equations are ``recsys_dist.models.sequence.DIN``. Pooled tables in one
+EmbeddingBagCollection, sequence tables in one EmbeddingCollection: both sharded.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
+
+from recsys_dist.models.registry import register_model
+from recsys_dist.models.sequence import DIN
+from recsys_dist.models.zoo.mlp_options import DeepModelConfig
+from recsys_dist.spec import FeatureSpec
+
+
+class DINConfig(DeepModelConfig):
+    """``model.name: din``."""
+
+    name: Literal["din"] = "din"
+    target_feature: str = Field(description="The categorical feature of the item being scored (e.g. movieId).")
+    attention_sizes: list[int] = Field([64, 16], description="Hidden sizes of the attention unit's MLP.")
+
+    @model_validator(mode="after")
+    def _check_attention(self):
+        if not self.attention_sizes or any(s <= 0 for s in self.attention_sizes):
+            raise ValueError(
+                f"model.attention_sizes must be a non-empty list of positive ints, got {self.attention_sizes}"
+            )
+        return self
+
+
+@register_model("din", DINConfig)
+def build_din(spec: FeatureSpec, cfg: DINConfig) -> DIN:
+    """``DIN`` over the spec's pooled tables and its sequence tables.
+
+    Raises:
+        ValueError: no sequence feature, or ``target_feature`` is not a categorical feature.
+    """
+    return DIN(
+        EmbeddingBagCollection(tables=spec.all_tables(), device=spec.embedding_device),
+        EmbeddingCollection(tables=spec.sequence_tables, device=spec.embedding_device),
+        spec.num_dense,
+        spec.sparse_names,
+        spec.sequence_names,
+        cfg.target_feature,
+        cfg.embedding_dim,
+        cfg.deep_layer_sizes,
+        cfg.attention_sizes,
+        device=spec.device,
+        **cfg.mlp_kwargs(),
+    )
