@@ -335,6 +335,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
                     "ddr_gb": report.ddr_gb,
                     "cost_ms": report.cost_ms,
                     "imbalance": report.imbalance,
+                    "ledger": report.ledger.to_dict() if report.ledger else None,
                 },
                 indent=2,
             )

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import torch
 from torchrec.distributed.planner.types import PlannerError
 
+from recsys_dist import ledger as ledgers
 from recsys_dist import sharding
 from recsys_dist.config import RunConfig  # noqa: F401 - the annotations
 from recsys_dist.models import build_model, embedding_configs
@@ -44,6 +45,7 @@ class PlanReport:
     hbm_gb: list[float] = field(default_factory=list)
     ddr_gb: list[float] = field(default_factory=list)
     cost_ms: list[float] = field(default_factory=list)
+    ledger: ledgers.Ledger | None = None
 
     @property
     def imbalance(self) -> float:
@@ -64,6 +66,13 @@ class PlanReport:
             f"total HBM {sum(self.hbm_gb):.2f} GiB, DDR {sum(self.ddr_gb):.2f} GiB; "
             f"max/mean cost imbalance {self.imbalance:.3f}"
         )
+        if self.ledger is not None:
+            pool = sorted({v for v in self.ledger.pooling.values()})
+            lines += [
+                "",
+                self.ledger.text(),
+                f"(ids per example assumed: {', '.join(f'{p:g}' for p in pool)}; see recsys_dist/ledger.py)",
+            ]
         return "\n".join(lines)
 
 
@@ -100,6 +109,7 @@ def dry_run(cfg: RunConfig, world_size: int, local_world_size: int, device: str)
             an EmbeddingCollection table none.
     """
     model = build_model(cfg, torch.device("meta"))
+    dense_bytes = ledgers.dense_parameter_bytes(model)
     fuse_embedding_optimizer(model, cfg)
     try:
         sharding.check_covered(model)
@@ -108,7 +118,7 @@ def dry_run(cfg: RunConfig, world_size: int, local_world_size: int, device: str)
     tables = sharding.model_tables(model)
     planner = sharding.make_planner(cfg, tables, world_size, local_world_size, device)
     try:
-        plan = planner.plan(model, sharding.sharders())
+        plan = planner.plan(model, sharding.sharders(cfg.sharding.comms, device))
     except PlannerError as err:
         raise PlanError(_explain(cfg, planner, world_size, device, err)) from None
     try:
@@ -119,8 +129,30 @@ def dry_run(cfg: RunConfig, world_size: int, local_world_size: int, device: str)
         TablePlacement(r["table"], r["sharding_type"], r["compute_kernel"], r["ranks"] or list(range(world_size)))
         for r in sharding.plan_summary(plan)
     ]
+    comms = cfg.sharding.comms
+    problems = sharding.comms_problems(comms, device)
+    if problems:
+        raise PlanError("; ".join(problems))
+    ledger = ledgers.predict(
+        plan,
+        tables,
+        world_size,
+        cfg.sharding.planner_batch_size or cfg.train.batch_size,
+        dense_bytes,
+        ledgers.pooling_from_config(cfg, tables),
+        comms.forward,
+        comms.backward,
+        local_world_size,
+    )
     report = PlanReport(
-        world_size, local_world_size, device, placements, [0.0] * world_size, [0.0] * world_size, [0.0] * world_size
+        world_size,
+        local_world_size,
+        device,
+        placements,
+        [0.0] * world_size,
+        [0.0] * world_size,
+        [0.0] * world_size,
+        ledger,
     )
     for option in planner._best_plan or []:  # the planner keeps the chosen options only here
         for shard in option.shards:

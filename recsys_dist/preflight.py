@@ -13,7 +13,8 @@ from recsys_dist.config.base import ConfigError
 from recsys_dist.data import feature_names
 from recsys_dist.data.config import raw_paths
 from recsys_dist.models.registry import get_model
-from recsys_dist.sharding import CUDA_ONLY_KERNELS
+from recsys_dist.sharding import CUDA_ONLY_KERNELS, comms_problems
+from recsys_dist.train_pipeline import pipeline_problems
 
 
 def section_problems(cfg) -> list[str]:
@@ -139,5 +140,7 @@ def check_before_launch(cfg, world_size: int | None = None) -> None:
                 "exact_rowwise_adagrad, exact_adagrad or exact_sgd on CPU (or sharding.sharding_types: [data_parallel])"
             )
         problems += [f"  {key}: {k} needs a CUDA device; use fused on CPU" for key, k in uvm_kernels(cfg)]
+        problems += [f"  {p}" for p in comms_problems(cfg.sharding.comms, "cpu")]
+        problems += [f"  {p}" for p in pipeline_problems(cfg.train.pipeline, "cpu")]
     if problems:
         raise ConfigError("invalid config:\n" + "\n".join(problems))

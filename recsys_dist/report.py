@@ -24,7 +24,7 @@ EVAL_KEYS = ("auc", "logloss", "ne", "calibration", "accuracy")
 TIME_KEYS = ("time_data_ms", "time_forward_ms", "time_backward_ms", "time_optimizer_ms")
 
 
-SPLIT_NAMES = ("train", "validation", "test")
+SPLIT_NAMES = ("train", "validation", "test", "ledger")
 
 
 class RunDirError(Exception):
@@ -215,6 +215,9 @@ def report(run_dir: str | Path, *, plots: bool = True, out_dir: str | Path | Non
             f"  plan: {len(run.plan)} tables ({', '.join(f'{t} {n}' for t, n in sorted(types.items()))}); "
             f"tables per rank: {', '.join(f'r{r} {sum(c.values())}' for r, c in per_rank.items())}"
         )
+    ledger = run.final("ledger")
+    if isinstance(ledger.get("per_rank"), list) and ledger["per_rank"]:
+        lines.append(_ledger_line(ledger))
     if run.missing:
         lines.append(f"  missing: {', '.join(run.missing)} (run unfinished or interrupted?)")
     if run.bad_lines:
@@ -231,6 +234,20 @@ def _wall_split(split, wall) -> str | None:
         return None
     parts = [f"{k} {v:.1f} s ({v / wall:.0%})" for k, v in split.items() if isinstance(v, (int, float))]
     return f"  wall time {wall:.1f} s: " + ", ".join(parts)
+
+
+def _ledger_line(ledger: dict) -> str:
+    """The busiest rank's bytes per step by phase, from the metrics.jsonl ledger line."""
+
+    def sent(row: dict, phase: str) -> float:
+        v = row.get(phase, {}).get("sent", 0) if isinstance(row.get(phase), dict) else 0
+        return v if isinstance(v, (int, float)) else 0
+
+    phases = ("input_dist", "output_dist_forward", "output_dist_backward", "allreduce")
+    top = max(ledger["per_rank"], key=lambda row: sum(sent(row, p) for p in phases))
+    parts = ", ".join(f"{p} {sent(top, p) / 1024:.1f}" for p in phases)
+    precision = f"{ledger.get('forward_precision', '?')}/{ledger.get('backward_precision', '?')}"
+    return f"  wire KiB sent per step (ledger, busiest rank r{top.get('rank', '?')}, output_dist {precision}): {parts}"
 
 
 def _mean(values: list) -> float | None:

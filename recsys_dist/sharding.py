@@ -81,6 +81,18 @@ class FixedPlacement(_Section):
         return self
 
 
+Precision = Literal["fp32", "fp16", "bf16"]
+
+
+class CommsConfig(_Section):
+    """``sharding.comms``: element type of output_dist's pooled embeddings on the wire
+    (TorchRec's QCommsConfig, encoded and decoded by FBGEMM's quantized-comm codecs around
+    the all-to-all and the reduce-scatter; the lookup itself stays fp32)."""
+
+    forward: Precision = Field("fp32", description="Pooled embeddings in output_dist's forward: fp32, fp16 or bf16.")
+    backward: Precision = Field("fp32", description="Their gradients in output_dist's backward: fp32, fp16 or bf16.")
+
+
 class ShardingConfig(_Section):
     sharding_types: list[ShardingTypeName] = Field(
         default_factory=list,
@@ -117,6 +129,11 @@ class ShardingConfig(_Section):
     inter_node_bandwidth_gbps: float | None = Field(
         None, gt=0, description="Bandwidth between nodes per rank in GB/s (None = TorchRec's 12.5)."
     )
+    comms: CommsConfig = Field(
+        default_factory=CommsConfig,
+        description="Quantized output_dist: fp16 / bf16 halve the bytes of the pooled embeddings "
+        "(forward) and their gradients (backward); bf16 needs CUDA (NCCL), gloo carries fp16 only.",
+    )
 
 
 ALL_TYPES = [ShardingType(t).value for t in SHARDING_TYPES]
@@ -143,12 +160,6 @@ class OneRankDense(DataParallelWrapper):
 
 # The sharding types TorchRec's EmbeddingCollectionSharder offers (on every device).
 SEQUENCE_SHARDING_TYPES = ("data_parallel", "table_wise", "row_wise", "column_wise")
-
-
-def sharders() -> list[ModuleSharder[nn.Module]]:
-    """The sharders of every run: EmbeddingBagCollection (all six types) and EmbeddingCollection
-    (:data:`SEQUENCE_SHARDING_TYPES`)."""
-    return [EmbeddingBagCollectionSharderAllTypes(), EmbeddingCollectionSharder()]
 
 
 def fix_replicated_sequence_tables(dmp: nn.Module) -> int:
@@ -233,6 +244,51 @@ def check_covered(model: nn.Module, module_sharders: list[ModuleSharder[nn.Modul
                 "torchrec EmbeddingBagCollection and per-position (sequence) tables in a torchrec "
                 "EmbeddingCollection; a small dense lookup (e.g. positions) can be an nn.Parameter indexed directly"
             )
+
+
+def comms_problems(comms: CommsConfig, device_type: str) -> list[str]:
+    """Why ``sharding.comms`` cannot run on ``device_type`` (empty when it can).
+
+    TorchRec's ``get_qcomm_codecs_registry`` does not carry bf16 over gloo: on CPU it
+    replaces bf16 by fp16 with a log warning. Refusing it here keeps the config honest."""
+    if device_type == "cuda":
+        return []
+    return [
+        f"sharding.comms.{key}: bf16 comms need CUDA (NCCL); TorchRec's gloo/CPU codecs carry fp32 and "
+        "fp16 only (they would silently send fp16); use fp16 on CPU"
+        for key in ("forward", "backward")
+        if getattr(comms, key) == "bf16"
+    ]
+
+
+def qcomm_codecs_registry(comms: CommsConfig | None, device_type: str):
+    """TorchRec's qcomm codec registry for ``sharding.comms`` (None for fp32 both ways).
+
+    Raises:
+        ValueError: a precision the device's codecs cannot carry (see :func:`comms_problems`).
+    """
+    if comms is None or (comms.forward, comms.backward) == ("fp32", "fp32"):
+        return None
+    problems = comms_problems(comms, device_type)
+    if problems:
+        raise ValueError("; ".join(problems))
+    from torchrec.distributed.fbgemm_qcomm_codec import CommType, QCommsConfig, get_qcomm_codecs_registry
+
+    return get_qcomm_codecs_registry(
+        QCommsConfig(forward_precision=CommType(comms.forward), backward_precision=CommType(comms.backward)),
+        device=torch.device(device_type),
+    )
+
+
+def sharders(comms: CommsConfig | None = None, device_type: str = "cpu") -> list[ModuleSharder[nn.Module]]:
+    """The sharders of every run: EmbeddingBagCollection (all six types) and EmbeddingCollection
+    (:data:`SEQUENCE_SHARDING_TYPES`), with quantized output_dist codecs when ``comms`` asks
+    for them."""
+    registry = qcomm_codecs_registry(comms, device_type)
+    return [
+        EmbeddingBagCollectionSharderAllTypes(qcomm_codecs_registry=registry),
+        EmbeddingCollectionSharder(qcomm_codecs_registry=registry),
+    ]
 
 
 def constraints(cfg, tables: list[EmbeddingBagConfig]) -> dict[str, ParameterConstraints]:
@@ -456,7 +512,7 @@ def collective_plan(
         check_column_shards(plan)
         return plan
     planner = make_planner(cfg, tables, world, local, device.type)
-    plan = planner.collective_plan(model, sharders(), pg)
+    plan = planner.collective_plan(model, sharders(cfg.sharding.comms, device.type), pg)
     check_column_shards(plan)
     return plan
 
@@ -770,6 +826,9 @@ def shard(
         )
     names = [t.name for t in tables]
     planner_batch = check_shard_config(s, names, device.type, batch_size)
+    problems = comms_problems(s.comms, device.type)
+    if problems:
+        raise ValueError("; ".join(problems))
     if init_tables:
         _check_init_range(tables)
     pg = pg or dist.group.WORLD
@@ -784,9 +843,9 @@ def shard(
             constraints=table_constraints(s, names, unpooled=unpooled_names(tables)),
             storage_reservation=HeuristicalStorageReservation(percentage=s.storage_reservation),
         )
-        plan = planner.collective_plan(model, sharders(), pg)
+        plan = planner.collective_plan(model, sharders(s.comms, device.type), pg)
     check_column_shards(plan)
-    dmp = DistributedModelParallel(model, device=device, plan=plan, sharders=sharders())
+    dmp = DistributedModelParallel(model, device=device, plan=plan, sharders=sharders(s.comms, device.type))
     fix_replicated_sequence_tables(dmp)
     if init_tables:
         state.init_tables(dmp.state_dict(), tables, seed, {t.name: t.get_weight_init_max() for t in tables})

@@ -1,0 +1,189 @@
+"""Counting (and optionally delaying) the bytes of a real run at torch.distributed's collectives.
+
+:class:`CommCounter` replaces ``torch.distributed``'s collectives (the names TorchRec's
+``comm_ops`` and ``dist_data`` call at run time) with counting wrappers while it is
+entered, and hooks every ``DistributedDataParallel`` inside a model (the dense tower and the
+data_parallel tables) to count its gradient all-reduce, which DDP issues from C++. Each byte
+is booked to a phase of :mod:`recsys_dist.ledger` by the TorchRec frame that issued the call:
+``dist_data`` (the KJT all-to-all) -> ``input_dist``; ``comm_ops`` -> ``output_dist_forward``,
+or ``output_dist_backward`` from an autograd ``backward``; DDP -> ``allreduce``; anything
+else (metrics, checkpoints) -> ``other``. The counting rules are the ledger's.
+
+Off the training path: the trainer never uses it. Tests (``tests/distributed/test_ledger.py``)
+compare its counts with :func:`recsys_dist.ledger.predict`; the overlap benchmark uses
+``delay_ms`` to add a fixed latency to every collective (a stand-in for a network,
+labelled as such in its results): an asynchronous collective's ``wait()`` returns no sooner
+than ``delay_ms`` after it was issued, so compute can hide it; a synchronous one sleeps.
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+import time
+
+import torch.distributed as dist
+from torch import nn
+
+from recsys_dist.ledger import PHASES
+
+_PATCHED = (
+    "all_to_all_single",
+    "reduce_scatter_tensor",
+    "reduce_scatter",
+    "all_gather_into_tensor",
+    "all_gather",
+    "all_reduce",
+)
+
+
+def _phase() -> tuple[str, str]:
+    """(phase, label) of the collective being issued, from the nearest TorchRec frame."""
+    f = sys._getframe(2)
+    while f is not None:
+        path = f.f_code.co_filename
+        if "ddp_comm_hooks" in path:
+            return "allreduce", "ddp"
+        if "torchrec" in path and path.endswith("comm_ops.py"):
+            return ("output_dist_backward" if f.f_code.co_name == "backward" else "output_dist_forward"), ""
+        if "torchrec" in path and path.endswith("dist_data.py"):
+            label = f.f_locals.get("label")
+            return "input_dist", str(label) if label is not None else "splits"
+        f = f.f_back
+    return "other", ""
+
+
+class _DelayedWork:
+    """A ``dist.Work`` whose ``wait()`` returns no sooner than ``ready`` (perf_counter seconds)."""
+
+    def __init__(self, work, ready: float) -> None:
+        self._work, self._ready = work, ready
+
+    def wait(self, *args, **kwargs):
+        out = self._work.wait(*args, **kwargs)
+        left = self._ready - time.perf_counter()
+        if left > 0:
+            time.sleep(left)
+        return out
+
+    def __getattr__(self, name):
+        return getattr(self._work, name)
+
+
+class CommCounter:
+    """Bytes per phase at the collectives while entered (see the module doc).
+
+    Args:
+        model: hook the DDP modules inside it (DMP: dense tower and data_parallel tables)
+            so their all-reduce is counted; None counts the Python-level collectives only.
+            Hooks stay on the model after exit and only count while a counter is entered.
+        delay_ms: added latency per collective (0 = none).
+
+    Attributes:
+        counts: phase -> {"sent", "received"} bytes since entry or :meth:`reset`.
+        calls: (phase, op, label, sent, received) per collective, in order.
+    """
+
+    _active: CommCounter | None = None
+
+    def __init__(self, model=None, delay_ms: float = 0.0) -> None:
+        self.delay_s = delay_ms / 1000
+        self._model = model
+        self._saved: dict = {}
+        self.reset()
+
+    def reset(self) -> None:
+        self.counts = {p: {"sent": 0, "received": 0} for p in (*PHASES, "other")}
+        self.calls: list[tuple] = []
+
+    def book(self, phase: str, op: str, label: str, sent: int, received: int) -> None:
+        self.counts[phase]["sent"] += sent
+        self.counts[phase]["received"] += received
+        self.calls.append((phase, op, label, sent, received))
+
+    def __enter__(self) -> CommCounter:
+        if CommCounter._active is not None:
+            raise RuntimeError("a CommCounter is already counting")
+        CommCounter._active = self
+        for name in _PATCHED:
+            original = getattr(dist, name)
+            self._saved[name] = original
+            setattr(dist, name, self._wrap(name, original))
+        if self._model is not None:
+            _hook_ddp(self._model)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for name, fn in self._saved.items():
+            setattr(dist, name, fn)
+        self._saved = {}
+        CommCounter._active = None
+
+    def _wrap(self, name: str, fn):
+        sig = inspect.signature(fn)
+
+        def counted(*args, **kwargs):
+            a = sig.bind(*args, **kwargs).arguments
+            group = a.get("group")
+            world, rank = dist.get_world_size(group), dist.get_rank(group)
+            sent, received = _bytes(name, a, world, rank)
+            phase, label = _phase()
+            self.book(phase, name, label, sent, received)
+            issued = time.perf_counter()
+            out = fn(*args, **kwargs)
+            if self.delay_s:
+                if a.get("async_op") and out is not None:
+                    return _DelayedWork(out, issued + self.delay_s)
+                time.sleep(self.delay_s)
+            return out
+
+        return counted
+
+
+def _nbytes(t) -> int:
+    return t.numel() * t.element_size()
+
+
+def _bytes(op: str, a: dict, world: int, rank: int) -> tuple[int, int]:
+    if op == "all_to_all_single":
+        out, inp = a["output"], a["input"]
+        in_splits, out_splits = a.get("input_split_sizes"), a.get("output_split_sizes")
+        row_in = _nbytes(inp) // max(inp.shape[0], 1) if inp.dim() else inp.element_size()
+        row_out = _nbytes(out) // max(out.shape[0], 1) if out.dim() else out.element_size()
+        own_in = in_splits[rank] if in_splits else inp.shape[0] // world
+        own_out = out_splits[rank] if out_splits else out.shape[0] // world
+        return _nbytes(inp) - own_in * row_in, _nbytes(out) - own_out * row_out
+    if op == "reduce_scatter_tensor":
+        return _nbytes(a["input"]) - _nbytes(a["output"]), _nbytes(a["output"]) * (world - 1)
+    if op == "reduce_scatter":
+        chunks = a["input_list"]
+        return sum(_nbytes(c) for i, c in enumerate(chunks) if i != rank), _nbytes(a["output"]) * (world - 1)
+    if op == "all_gather_into_tensor":
+        return _nbytes(a["input_tensor"]) * (world - 1), _nbytes(a["output_tensor"]) - _nbytes(a["input_tensor"])
+    if op == "all_gather":
+        chunks = a["tensor_list"]
+        return _nbytes(a["tensor"]) * (world - 1), sum(_nbytes(c) for i, c in enumerate(chunks) if i != rank)
+    if op == "all_reduce":
+        return _nbytes(a["tensor"]), _nbytes(a["tensor"])
+    raise ValueError(op)
+
+
+def _ddp_count_hook(process_group, bucket):
+    # DDP's own all-reduce, issued through torch.distributed.all_reduce, so that the
+    # patched function counts it (as ``allreduce``: the caller is a ddp_comm_hooks frame).
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    return allreduce_hook(process_group, bucket)
+
+
+def _hook_ddp(model) -> None:
+    from torch.nn.parallel import DistributedDataParallel
+
+    # TorchRec keeps each data_parallel table group's DDP in a plain list (``_lookups``), out
+    # of ``modules()``.
+    found = list(model.modules())
+    found += [lk for m in found for lk in (getattr(m, "_lookups", None) or []) if isinstance(m, nn.Module)]
+    for m in found:
+        if isinstance(m, DistributedDataParallel) and not getattr(m, "_recsys_counted", False):
+            m.register_comm_hook(m.process_group, _ddp_count_hook)
+            m._recsys_counted = True

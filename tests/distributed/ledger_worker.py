@@ -1,0 +1,112 @@
+"""One rank's side of the ledger test: predicted bytes vs bytes counted at the collectives.
+
+A 4-table model (60 rows each; widths 8, 8, 8, 4; pooling factors 3, 2, 1, 2) is sharded
+by fixed plans, trained one step under :class:`recsys_dist.comm_counter.CommCounter`, and the
+counts per phase are returned with :func:`recsys_dist.ledger.predict`'s. Row-wise ids are
+drawn so that each row block receives ids in proportion to its rows (the ledger's assumption).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
+from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
+
+from recsys_dist import ledger
+from recsys_dist.comm_counter import CommCounter
+
+# name, rows, dim, ids per example
+TABLES = [("a", 60, 8, 3), ("b", 60, 8, 2), ("c", 60, 8, 1), ("d", 60, 4, 2)]
+B, NUM_DENSE = 6, 3
+
+
+class Tiny(nn.Module):
+    def __init__(self, ebc: EmbeddingBagCollection) -> None:
+        super().__init__()
+        self.sparse_arch = ebc
+        self.bottom = nn.Linear(NUM_DENSE, 4)
+        self.over = nn.Linear(4 + sum(t[2] for t in TABLES), 1)
+
+    def forward(self, dense, kjt):
+        kt = self.sparse_arch(kjt).to_dict()
+        return self.over(torch.cat([self.bottom(dense)] + [kt[f"f_{t[0]}"] for t in TABLES], dim=1))
+
+
+def plans(world: int) -> dict[str, dict]:
+    """Fixed plans by name: each sharding type for every table, and one of each type."""
+    last = world - 1
+    return {
+        "table_wise": {n: {"sharding_type": "table_wise", "ranks": [i % world]} for i, (n, *_) in enumerate(TABLES)},
+        "row_wise": {n: {"sharding_type": "row_wise"} for n, *_ in TABLES},
+        "column_wise": {
+            "a": {"sharding_type": "column_wise", "ranks": [0, last]},
+            "b": {"sharding_type": "column_wise", "ranks": [last, 1]},
+            "c": {"sharding_type": "column_wise", "ranks": [1, 1]},  # two shards on one rank
+            "d": {"sharding_type": "column_wise", "ranks": [0]},
+        },
+        "data_parallel": {n: {"sharding_type": "data_parallel"} for n, *_ in TABLES},
+        "mixed": {
+            "a": {"sharding_type": "table_wise", "ranks": [last]},
+            "b": {"sharding_type": "row_wise"},
+            "c": {"sharding_type": "column_wise", "ranks": [0, last]},
+            "d": {"sharding_type": "data_parallel"},
+        },
+    }
+
+
+def batch(rank: int, world: int, step: int):
+    g = torch.Generator().manual_seed(100 * step + rank)
+    lengths, values = [], []
+    for _, rows, _, p in TABLES:
+        lengths.append(torch.full((B,), p, dtype=torch.int32))
+        # id j goes to row block j % world: every block of a row_wise table gets its share
+        block = rows // world
+        j = torch.arange(B * p)
+        values.append((j % world) * block + torch.randint(0, block, (B * p,), generator=g))
+    kjt = KeyedJaggedTensor(keys=[f"f_{t[0]}" for t in TABLES], values=torch.cat(values), lengths=torch.cat(lengths))
+    return torch.randn(B, NUM_DENSE, generator=g), kjt
+
+
+def count(rank: int, world: int, precisions=(("fp32", "fp32"),)) -> dict:
+    """{(plan name, fwd, bwd): {"predicted": per-phase, "counted": per-phase}} for this rank."""
+    import recsys_dist
+
+    out = {}
+    for name, fixed in plans(world).items():
+        for fwd, bwd in precisions:
+            cfgs = [
+                EmbeddingBagConfig(name=n, embedding_dim=d, num_embeddings=r, feature_names=[f"f_{n}"])
+                for n, r, d, _ in TABLES
+            ]
+            torch.manual_seed(0)
+            model = Tiny(EmbeddingBagCollection(tables=cfgs, device=torch.device("meta")))
+            apply_optimizer_in_backward(torch.optim.SGD, model.sparse_arch.parameters(), {"lr": 0.1})
+            sharding = {"fixed_plan": fixed}
+            if (fwd, bwd) != ("fp32", "fp32"):
+                sharding["comms"] = {"forward": fwd, "backward": bwd}
+            dmp = recsys_dist.shard(model, sharding)
+            predicted = ledger.predict(
+                dmp.plan,
+                cfgs,
+                world,
+                B,
+                ledger.dense_parameter_bytes(dmp),
+                {f"f_{n}": p for n, _, _, p in TABLES},
+                fwd,
+                bwd,
+            )
+            dense_opt = torch.optim.SGD([p for n, p in dmp.named_parameters() if "sparse_arch" not in n], lr=0.1)
+            with CommCounter(dmp) as counter:
+                for step in range(2):
+                    counter.reset()
+                    dense, kjt = batch(rank, world, step)
+                    dmp(dense, kjt).sum().backward()
+                    dense_opt.step()
+                    dense_opt.zero_grad()
+            out[(name, fwd, bwd)] = {
+                "predicted": predicted.per_rank()[rank],
+                "counted": {k: v for k, v in counter.counts.items()},
+                "calls": counter.calls,  # for a failing case's message
+            }
+    return out
