@@ -53,6 +53,14 @@ class TrainConfig(_Section):
         "optimizer breakdown written on train lines (None = off).",
     )
     progress_bar: bool = Field(True, description="tqdm progress bar on rank 0 (false = quiet).")
+    pipeline: Literal["base", "sparse_dist", "semi_sync", "fused_sparse_dist"] = Field(
+        "sparse_dist",
+        description="TorchRec training pipeline: sparse_dist (TrainPipelineSparseDist: input_dist of batch "
+        "i+1 overlaps batch i), base (TrainPipelineBase: no overlap), semi_sync (TrainPipelineSemiSync: "
+        "batch i+1's embedding lookup runs before batch i's update, so it reads tables one update "
+        "stale; CUDA only), fused_sparse_dist (TrainPipelineFusedSparseDist; CUDA only). See "
+        "recsys_dist/train_pipeline.py.",
+    )
     loss: str = Field(
         "bce",
         description="Training loss: bce (binary cross-entropy), focal (Lin et al., 2017), mse, a name given to "

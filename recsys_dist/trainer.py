@@ -43,15 +43,17 @@ from recsys_dist.data.loader import ParquetBatchLoader
 from recsys_dist.distributed import DistContext, broadcast_result, init_distributed, under_launcher
 from recsys_dist.evaluation import evaluate, in_row_order, predict
 from recsys_dist.faults import maybe_fault
+from recsys_dist.ledger import run_ledger
 from recsys_dist.metrics_writer import MetricsWriter, finite_or_none
 from recsys_dist.models import build_model, feature_spec
 from recsys_dist.models.build import table_sizes
-from recsys_dist.observe import PhaseClock, TimedTrainPipeline, TraceWriter
+from recsys_dist.observe import PhaseClock, TraceWriter
 from recsys_dist.optim import build_optimizer, fuse_embedding_optimizer, init_lazy_state
 from recsys_dist.schedule import LRSchedule
 from recsys_dist.sharding import model_tables
 from recsys_dist.spec import FeatureSpec
 from recsys_dist.state import init_tables
+from recsys_dist.train_pipeline import RESTART_AT_CHECKPOINT, make_pipeline
 
 log = logging.getLogger("recsys_dist")
 _TRAINERS_MADE = 0  # a process's first Trainer counts its startup from the process's start
@@ -132,7 +134,7 @@ def _wrap_and_init(cfg: RunConfig, ctx: DistContext, model, tables, plan):
         model,
         device=ctx.device,
         plan=plan,
-        sharders=sharding.sharders(),
+        sharders=sharding.sharders(cfg.sharding.comms, ctx.device.type),
         data_parallel_wrapper=sharding.OneRankDense() if ctx.world_size == 1 else None,
     )
     sharding.fix_replicated_sequence_tables(dmp)
@@ -287,6 +289,9 @@ class Trainer:
         # Lines past the step this run starts from (all of them when it starts from scratch)
         # are written again: each (split, step) once, whatever restarted the run.
         broadcast_result(ctx, lambda: self._writer.start(self._step))
+        # The bytes one step moves (recsys_dist.ledger), once per (re)start.
+        ledger = run_ledger(cfg, self._model, ctx.world_size).to_dict()
+        self._writer.write(split="ledger", step=self._step, epoch=self.epoch, **ledger)
 
     # ------------------------------------------------------------------ what users read
 
@@ -551,15 +556,7 @@ class Trainer:
 
     def _run_epoch(self) -> dict:
         cfg, ctx = self.cfg, self._ctx
-        # Sampling counts global steps, so timed steps do not restart with each epoch.
-        pipe = self._pipe = TimedTrainPipeline(
-            self._model,
-            self._optimizer,
-            ctx.device,
-            execute_all_batches=True,
-            every_n=cfg.train.timing_every_n_steps,
-        )
-        pipe.steps_done = self._step
+        pipe = self._pipe = self._new_pipeline()
         self._loaders.train.set_epoch(self.epoch)
         # The first epoch after a resume continues at the checkpoint's batch; later ones start at 0.
         start, self._in_epoch = (self._in_epoch, self._in_epoch) if self.epoch == self._first_epoch else (0, 0)
@@ -595,6 +592,10 @@ class Trainer:
                 if self._losses:  # close the logging window here, so a resumed run logs the same lines
                     self._log_train()
                 self.save_checkpoint()
+                if cfg.train.pipeline in RESTART_AT_CHECKPOINT:  # see recsys_dist.train_pipeline
+                    pipe.detach()
+                    pipe = self._pipe = self._new_pipeline()
+                    batches = self._loaders.train.iter_from(self._in_epoch)
                 self._t0 = time.perf_counter()
         if self._losses:
             self._log_train()
@@ -605,6 +606,13 @@ class Trainer:
             self._loaders.train.set_epoch(self.epoch + 1)
             self._early_batches = self._loaders.train.iter_from(0)
         return self._validate()
+
+    def _new_pipeline(self):
+        # Sampling counts global steps, so timed steps do not restart with each epoch.
+        t = self.cfg.train
+        pipe = make_pipeline(t.pipeline, self._model, self._optimizer, self._ctx.device, t.timing_every_n_steps)
+        pipe.steps_done = self._step
+        return pipe
 
     def _validate(self) -> dict:
         metrics = self.evaluate("validation")

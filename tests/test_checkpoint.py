@@ -289,3 +289,20 @@ def test_checkpoint_of_the_older_first_order_layout_loads(tmp_path):
     for k in tables:
         assert torch.equal(state["optimizer"][k]["momentum1"], moments[k]["momentum1"]), k
     assert torch.equal(state["rng"], rng)
+
+
+@pytest.mark.slow
+def test_base_pipeline_matches_sparse_dist_and_resumes_exactly(tmp_path):
+    # train.pipeline=base (TrainPipelineBase) computes what sparse_dist does (both synchronous),
+    # and resumes exactly like it.
+    base = [*WS[2], "sharding.sharding_types=[table_wise]", "train.pipeline=base"]
+    ref, sd = tmp_path / "ref", tmp_path / "sd"
+    assert train(tmp_path, ref, *base).returncode == 0
+    assert train(tmp_path, sd, *WS[2], "sharding.sharding_types=[table_wise]").returncode == 0
+    assert_same_losses(ref, sd, 0.0)
+    run = tmp_path / "resumed"
+    r = train(tmp_path, run, *base, "train.max_steps=10", "checkpoint.every_n_steps=4")
+    assert r.returncode == 0, r.stderr[-2000:]
+    r = train(tmp_path, run, "--resume", "auto", *base)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert_same_losses(ref, run, 0.0)
