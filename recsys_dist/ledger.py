@@ -33,9 +33,10 @@ Assumptions of the prediction: every rank has the same batch size ``B``; every e
 ``P`` ids of a feature (its pooling factor: 1 for one-hot features, ``data.multi_hot_sizes``
 for MLPerf-style fixed bags, else as given); under row_wise, ids spread over the row blocks
 in proportion to their rows (the counted bytes equal the prediction when they do, e.g. for
-uniformly drawn ids in expectation). Unweighted KJTs (no per-id weights). table_row_wise and
-table_column_wise are modelled within one node (as row_wise / column_wise over the node's
-ranks) and are not checked by the counting test.
+uniformly drawn ids in expectation). Unweighted KJTs (no per-id weights). table_row_wise
+across several nodes (its intra-node reduce-scatter and cross-node all-to-all) is modelled
+from TorchRec's TwRwPooledEmbeddingDist and not checked by the counting test, which runs on
+one node (where table_row_wise is checked); table_column_wise is modelled as column_wise.
 """
 
 from __future__ import annotations
@@ -258,12 +259,7 @@ def predict(
                             led.add(d, "output_dist_backward", name, 0, bwd)
                 if st in _ROW_LIKE:
                     ranks = sorted({d for d, *_ in shards})
-                    n = len(ranks)
-                    # reduce-scatter forward, all-gather backward, over the shards' ranks
-                    for r in ranks:
-                        fwd, bwd = (n - 1) * B * t.embedding_dim * ef, (n - 1) * B * t.embedding_dim * eb
-                        led.add(r, "output_dist_forward", name, fwd, fwd)
-                        led.add(r, "output_dist_backward", name, bwd, bwd)
+                    _row_output_dist(led, name, ranks, W, B * t.embedding_dim, ef, eb, st, local_world_size)
     for _ in sorted(groups):
         for r in range(W):
             b = SPLITS_PER_PEER * SPLIT_BYTES * (W - 1)
@@ -272,6 +268,34 @@ def predict(
         for r in range(W):
             led.add(r, "allreduce", "dense", dense_bytes, dense_bytes)
     return led
+
+
+def _row_output_dist(
+    led: Ledger, name: str, ranks: list[int], W: int, chunk: int, ef: int, eb: int, st: str, local: int | None
+) -> None:
+    """output_dist of one row-sharded feature whose pooled output is [B, D] per rank (``chunk`` = B x D).
+
+    row_wise: a reduce-scatter over all ranks forward, an all-gather backward. table_row_wise
+    (TorchRec's TwRwPooledEmbeddingDist): a reduce-scatter over the node's L ranks of the
+    partial sums for the N nodes' local-rank peers (N x B x D each), then an all-to-all across
+    nodes (each node rank sends B x D to its peer on every other node); backward the reverse.
+    On one node both are the same reduce-scatter."""
+    if st == "row_wise" or not local or local >= W:
+        n = len(ranks)
+        for r in ranks:
+            led.add(r, "output_dist_forward", name, (n - 1) * chunk * ef, (n - 1) * chunk * ef)
+            led.add(r, "output_dist_backward", name, (n - 1) * chunk * eb, (n - 1) * chunk * eb)
+        return
+    nodes, L = W // local, len(ranks)
+    node = ranks[0] // local
+    for r in ranks:
+        rs_f, rs_b = (L - 1) * nodes * chunk * ef, (L - 1) * nodes * chunk * eb
+        led.add(r, "output_dist_forward", name, rs_f + (nodes - 1) * chunk * ef, rs_f)
+        led.add(r, "output_dist_backward", name, rs_b, rs_b + (nodes - 1) * chunk * eb)
+    for r in range(W):
+        if r // local != node:
+            led.add(r, "output_dist_forward", name, 0, chunk * ef)
+            led.add(r, "output_dist_backward", name, chunk * eb, 0)
 
 
 def pooling_from_config(cfg, tables: Iterable) -> dict[str, float]:

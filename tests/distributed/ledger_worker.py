@@ -46,6 +46,7 @@ def plans(world: int) -> dict[str, dict]:
             "d": {"sharding_type": "column_wise", "ranks": [0]},
         },
         "data_parallel": {n: {"sharding_type": "data_parallel"} for n, *_ in TABLES},
+        "table_row_wise": {n: {"sharding_type": "table_row_wise", "ranks": list(range(world))} for n, *_ in TABLES},
         "mixed": {
             "a": {"sharding_type": "table_wise", "ranks": [last]},
             "b": {"sharding_type": "row_wise"},

@@ -2,7 +2,7 @@
 of a real step (recsys_dist.comm_counter), per rank and phase, exactly.
 
 One spawn per world size runs table-wise, row-wise, column-wise (two shards on one rank
-too), data-parallel and a mixed plan, each with fp32 and fp16 output_dist comms
+too), data-parallel, table-row-wise (one node) and a mixed plan, each with fp32 and fp16 output_dist comms
 (sharding.comms), and checks that fp16 halves output_dist's bytes.
 """
 

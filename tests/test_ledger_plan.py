@@ -1,0 +1,58 @@
+"""The bytes ledger of a dry-run plan, and the config checks of sharding.comms and train.pipeline
+(no processes; the counted-vs-predicted check is tests/distributed/test_ledger.py)."""
+
+import pytest
+
+from recsys_dist.config import ConfigError, load_config
+from recsys_dist.ledger import PHASES
+from recsys_dist.planning import dry_run
+from recsys_dist.preflight import check_before_launch
+from tests.conftest import QUICKSTART
+
+
+def test_dry_run_ledger_balances_and_fp16_halves_output_dist():
+    reports = {}
+    for prec in ("fp32", "fp16"):
+        cfg = load_config(
+            QUICKSTART,
+            [
+                f"sharding.comms.forward={prec}",
+                f"sharding.comms.backward={prec}",
+                "train.batch_size=64",
+                # one type, so the planner (whose cost model sees the comms precision) places alike
+                "sharding.sharding_types=[row_wise]",
+            ],
+        )
+        reports[prec] = dry_run(cfg, 3, 3, "cpu")
+    led = reports["fp32"].ledger
+    assert led.batch_size == 64 and led.world_size == 3
+    rows = led.per_rank()
+    # every byte sent by one rank is received by another
+    for phase in ("input_dist", "output_dist_forward", "output_dist_backward"):
+        assert sum(r[phase]["sent"] for r in rows) == pytest.approx(sum(r[phase]["received"] for r in rows))
+    assert sum(led.totals()[p] for p in ("input_dist", "output_dist_forward")) > 0
+    half = reports["fp16"].ledger.totals()
+    for phase in PHASES:
+        want = led.totals()[phase] / (2 if phase.startswith("output_dist") else 1)
+        assert half[phase] == pytest.approx(want), phase
+    assert "bytes per step on the wire" in reports["fp32"].text()
+
+
+@pytest.mark.parametrize(
+    "override, words",
+    [
+        ("sharding.comms.forward=bf16", "sharding.comms.forward: bf16 comms need CUDA"),
+        ("sharding.comms.backward=bf16", "sharding.comms.backward: bf16 comms need CUDA"),
+        ("train.pipeline=semi_sync", "train.pipeline: semi_sync needs CUDA"),
+        ("train.pipeline=fused_sparse_dist", "train.pipeline: fused_sparse_dist needs CUDA"),
+    ],
+)
+def test_cpu_refuses_what_it_cannot_run_before_any_rank_starts(override, words):
+    cfg = load_config(QUICKSTART, [override, "distributed.device=cpu"])
+    with pytest.raises(ConfigError, match=words):
+        check_before_launch(cfg)
+
+
+def test_cpu_accepts_fp16_comms_and_base_pipeline():
+    cfg = load_config(QUICKSTART, ["sharding.comms.forward=fp16", "train.pipeline=base", "distributed.device=cpu"])
+    check_before_launch(cfg)
