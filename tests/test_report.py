@@ -240,3 +240,40 @@ def test_hand_damaged_run_files_are_clear_errors_or_skipped_lines(tmp_path):
     (tmp_path / "summary.json").write_text("[1, 2]")
     with pytest.raises(RunDirError, match="summary.json holds a list, not the JSON dict"):
         load_run(tmp_path)
+
+
+def test_report_shows_the_ledger_line(tmp_path):
+    run = tmp_path / "run"
+    make_run(run)
+    zero = {"sent": 0, "received": 0}
+    ledger = {
+        "split": "ledger",
+        "step": 0,
+        "epoch": 0,
+        "forward_precision": "fp16",
+        "backward_precision": "fp32",
+        "per_rank": [
+            {
+                "rank": 0,
+                "input_dist": {"sent": 2048, "received": 2048},
+                "output_dist_forward": zero,
+                "output_dist_backward": zero,
+                "allreduce": zero,
+            },
+            {
+                "rank": 1,
+                "input_dist": {"sent": 1024, "received": 4096},
+                "output_dist_forward": {"sent": 4096, "received": 0},
+                "output_dist_backward": zero,
+                "allreduce": {"sent": 512, "received": 512},
+            },
+        ],
+    }
+    with (run / "metrics.jsonl").open("a") as f:
+        f.write(json.dumps(ledger) + "\n")
+    text = rpt.report(run, plots=False)
+    assert (
+        "wire KiB sent per step (ledger, busiest rank r1, output_dist fp16/fp32): input_dist 1.0, "
+        "output_dist_forward 4.0, output_dist_backward 0.0, allreduce 0.5" in text
+    )
+    assert "unreadable" not in text

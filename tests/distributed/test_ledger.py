@@ -16,6 +16,7 @@ PRECISIONS = [("fp32", "fp32"), ("fp16", "fp16"), ("fp16", "fp32")]
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)  # 18 sharded models in one spawn; about 4 minutes on a loaded 2-core machine
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_predicted_bytes_equal_counted_bytes(world_size):
     results = run_ranks(ledger_worker.count, world_size, PRECISIONS, timeout_s=900)
