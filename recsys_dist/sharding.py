@@ -755,7 +755,8 @@ def shard(
     topology (as in the trainer); ``cache_load_factor`` goes to tables that may use
     ``fused_uvm_caching``; ``planner_batch_size`` is the planner's batch size, like the
     ``batch_size`` argument. With ``fixed_plan`` no planner runs, so these keys and
-    ``batch_size`` are refused there. (``pooling`` is a property of each table: set it
+    ``batch_size`` are refused there. ``comms`` (fp16 / bf16 output_dist) goes to the
+    sharders in either case; bf16 is refused off CUDA. (``pooling`` is a property of each table: set it
     in the model's ``EmbeddingBagConfig``.)
 
     Args:
