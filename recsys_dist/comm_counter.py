@@ -53,21 +53,37 @@ def _phase() -> tuple[str, str]:
     return "other", ""
 
 
-class _DelayedWork:
-    """A ``dist.Work`` whose ``wait()`` returns no sooner than ``ready`` (perf_counter seconds)."""
+class _DelayedWork(dist.Work):
+    """A ``dist.Work`` whose ``wait()`` returns no sooner than ``ready`` (perf_counter seconds).
+
+    A ``dist.Work`` subclass, not a proxy: TorchRec only waits on what ``isinstance(...,
+    dist.Work)`` (a proxy made it read the splits before they arrived)."""
 
     def __init__(self, work, ready: float) -> None:
+        super().__init__()
         self._work, self._ready = work, ready
 
-    def wait(self, *args, **kwargs):
-        out = self._work.wait(*args, **kwargs)
+    def wait(self, timeout=None) -> bool:
+        out = self._work.wait() if timeout is None else self._work.wait(timeout)
         left = self._ready - time.perf_counter()
         if left > 0:
             time.sleep(left)
         return out
 
-    def __getattr__(self, name):
-        return getattr(self._work, name)
+    def is_completed(self) -> bool:
+        return self._work.is_completed() and time.perf_counter() >= self._ready
+
+    def is_success(self) -> bool:
+        return self._work.is_success()
+
+    def exception(self):
+        return self._work.exception()
+
+    def get_future(self):
+        return self._work.get_future()
+
+    def synchronize(self) -> None:
+        self.wait()
 
 
 class CommCounter:

@@ -111,3 +111,18 @@ def count(rank: int, world: int, precisions=(("fp32", "fp32"),)) -> dict:
                 "calls": counter.calls,  # for a failing case's message
             }
     return out
+
+
+def delayed_all_to_all(rank: int, world: int, delay_ms: float) -> tuple[bool, list[float], float]:
+    """An async all-to-all under CommCounter(delay_ms): (is a dist.Work, output, seconds wait() took)."""
+    import time
+
+    import torch.distributed as dist
+
+    out, inp = torch.empty(2 * world), torch.arange(2.0 * world) + 10 * rank
+    with CommCounter(delay_ms=delay_ms):
+        work = dist.all_to_all_single(out, inp, async_op=True)
+        t0 = time.perf_counter()
+        work.wait()
+        waited = time.perf_counter() - t0
+    return isinstance(work, dist.Work), out.tolist(), waited

@@ -49,3 +49,12 @@ def test_predicted_bytes_equal_counted_bytes(world_size):
         for p in ("table_wise", "row_wise", "column_wise")
     )
     assert by_plan["data_parallel"]["allreduce"]["sent"] > by_plan["table_wise"]["allreduce"]["sent"]
+
+
+@pytest.mark.slow
+def test_injected_delay_keeps_collectives_correct():
+    # TorchRec waits only on a dist.Work: a delayed collective must stay one, with its data.
+    results = run_ranks(ledger_worker.delayed_all_to_all, 2, 200.0, timeout_s=120)
+    for rank, (is_work, out, _waited) in enumerate(results):
+        assert is_work
+        assert out == [2.0 * rank, 2.0 * rank + 1, 10 + 2.0 * rank, 11 + 2.0 * rank]
