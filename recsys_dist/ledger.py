@@ -33,7 +33,9 @@ Assumptions of the prediction: every rank has the same batch size ``B``; every e
 ``P`` ids of a feature (its pooling factor: 1 for one-hot features, ``data.multi_hot_sizes``
 for MLPerf-style fixed bags, else as given); under row_wise, ids spread over the row blocks
 in proportion to their rows (the counted bytes equal the prediction when they do, e.g. for
-uniformly drawn ids in expectation). Unweighted KJTs (no per-id weights). table_row_wise
+uniformly drawn ids in expectation). Unweighted KJTs (no per-id weights). Only
+EmbeddingBagCollection tables are modelled: EmbeddingCollection (sequence) tables are listed
+as not counted. table_row_wise
 across several nodes (its intra-node reduce-scatter and cross-node all-to-all) is modelled
 from TorchRec's TwRwPooledEmbeddingDist and not checked by the counting test, which runs on
 one node (where table_row_wise is checked); table_column_wise is modelled as column_wise.
@@ -79,6 +81,7 @@ class Ledger:
     forward_precision: str = "fp32"
     backward_precision: str = "fp32"
     flows: list[Flow] = field(default_factory=list)
+    unmodelled: list[str] = field(default_factory=list)  # tables left out (EmbeddingCollection)
 
     def add(self, rank: int, phase: str, table: str, sent: float = 0, received: float = 0) -> None:
         if sent or received:
@@ -120,6 +123,7 @@ class Ledger:
             ],
             "per_table": {t: {p: _num(v) for p, v in row.items()} for t, row in self.per_table().items()},
             "totals": {p: _num(v) for p, v in self.totals().items()},
+            "unmodelled_tables": self.unmodelled,
         }
 
     def text(self, max_tables: int = 40) -> str:
@@ -150,6 +154,8 @@ class Ledger:
             lines.append(f"... {len(tables) - max_tables} more tables")
         t = self.totals()
         lines.append(f"{'total':<16}" + "".join(f"{human(t[p]):>13}" for p in PHASES))
+        if self.unmodelled:
+            lines.append(f"not counted (EmbeddingCollection sequence tables): {', '.join(self.unmodelled)}")
         return "\n".join(lines)
 
 
@@ -213,8 +219,11 @@ def predict(
     for p in (forward_precision, backward_precision):
         if p not in PRECISION_BYTES:
             raise ValueError(f"precision {p!r}: one of {sorted(PRECISION_BYTES)}")
+    from torchrec.modules.embedding_configs import EmbeddingBagConfig
+
     pooling = dict(pooling or {})
-    by_name = {t.name: t for t in tables}
+    # EmbeddingCollection tables (EmbeddingConfig) are not modelled; predict lists them.
+    by_name = {t.name: t for t in tables if isinstance(t, EmbeddingBagConfig)}
     for t in by_name.values():
         for f in t.feature_names:
             pooling.setdefault(f, 1.0)
@@ -226,7 +235,10 @@ def predict(
     groups: set[tuple[str, str]] = set()
     for path, module_plan in plan.plan.items():
         for name, ps in module_plan.items():  # type: ignore[union-attr]
-            t = by_name[name]
+            t = by_name.get(name)
+            if t is None:  # an EmbeddingCollection (sequence) table: not modelled
+                led.unmodelled.append(name)
+                continue
             st = ps.sharding_type
             if st == "data_parallel":
                 for r in range(W):
