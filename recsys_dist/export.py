@@ -44,6 +44,7 @@ from recsys_dist.config import RunConfig, config_from_dict, save_config
 from recsys_dist.data import feature_names
 from recsys_dist.data.errors import DataError
 from recsys_dist.data.loader import ParquetBatchLoader
+from recsys_dist.data.mapping import loader_id_bounds
 from recsys_dist.data.scoring import (
     MANIFEST_FILE,
     UNLABELLED_FORMATS,
@@ -253,7 +254,13 @@ def score(
     labelled = manifest["format"] not in UNLABELLED_FORMATS
     dense_names, sparse_names = feature_names(cfg)
     loader = ParquetBatchLoader(
-        str(parquet), batch_size, 0, 1, dense_names, sparse_names, num_embeddings=table_sizes(cfg)
+        str(parquet),
+        batch_size,
+        0,
+        1,
+        dense_names,
+        sparse_names,
+        num_embeddings=loader_id_bounds(cfg, table_sizes(cfg)),
     )
     logits, labels = [], []
     for batch in loader:
