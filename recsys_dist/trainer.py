@@ -39,6 +39,7 @@ from recsys_dist.checkpoint import (
 from recsys_dist.config import ConfigError, RunConfig
 from recsys_dist.data import feature_names, prepare_from_config
 from recsys_dist.data.loader import ParquetBatchLoader
+from recsys_dist.data.mapping import loader_id_bounds
 from recsys_dist.distributed import DistContext, broadcast_result, init_distributed, under_launcher
 from recsys_dist.evaluation import evaluate, in_row_order, predict
 from recsys_dist.faults import maybe_fault

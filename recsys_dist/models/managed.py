@@ -172,14 +172,15 @@ class ManagedRemap(nn.Module):
 
     ``forward(kjt)``: values int64 raw ids in ``[0, 2^63 - 1)``; returns the same keys,
     lengths and weights with values int64 rows in ``[0, num_embeddings)``. In training mode
-    it first records the global batch's ids (one ``all_gather`` over ``group`` when the job
-    has several ranks: a collective, every rank must call it) and may run an eviction round.
+    it first records the global batch's ids (one ``all_gather`` when the job has several ranks
+    and ``gather``: a collective, every rank must call it) and may run an eviction round.
     It also counts lookups and default-row lookups for :func:`managed_metrics`.
     """
 
-    def __init__(self, modules: dict[str, ReplicatedMCH]) -> None:
+    def __init__(self, modules: dict[str, ReplicatedMCH], gather: bool = True) -> None:
         super().__init__()
         self.mch = nn.ModuleDict(modules)
+        self.gather = gather  # False: record only this process's ids (a reference model, one process)
         # [train lookups, train default, eval lookups, eval default] per feature, this rank, since last read
         self.register_buffer("_lookups", torch.zeros(len(modules), 4, dtype=torch.int64), persistent=False)
 
@@ -189,7 +190,8 @@ class ManagedRemap(nn.Module):
         parts = list(torch.split(kjt.values(), lengths))
         names = list(self.mch.keys())
         if self.training:
-            glob = _gather_per_key([parts[keys.index(f)] for f in names])
+            mine = [parts[keys.index(f)] for f in names]
+            glob = _gather_per_key(mine) if self.gather else mine
             for f, g in zip(names, glob):
                 self.mch[f].record(g)
         for i, f in enumerate(names):
