@@ -194,6 +194,10 @@ def report(run_dir: str | Path, *, plots: bool = True, out_dir: str | Path | Non
     train = run.split("train")
     if train:
         lines.append(f"  last train loss {_num(train[-1].get('loss'))} at step {_num(train[-1].get('step'))}")
+    managed = _managed_rows(run)
+    if managed:
+        lines.append("  managed-collision tables (occupancy and evictions at the end; default-row share of lookups):")
+        lines.append(_table(managed, indent="    "))
     tkeys = _time_keys(train)
     if tkeys:
         means = {k: _mean([r.get(k) for r in train]) for k in tkeys}
@@ -231,6 +235,20 @@ def _wall_split(split, wall) -> str | None:
         return None
     parts = [f"{k} {v:.1f} s ({v / wall:.0%})" for k, v in split.items() if isinstance(v, (int, float))]
     return f"  wall time {wall:.1f} s: " + ", ".join(parts)
+
+
+def _managed_rows(run: Run) -> list[list[str]]:
+    """Per managed feature: occupancy, rows used, evictions, and the default-row share of the
+    last train window, validation and test lookups (``managed`` in metrics.jsonl)."""
+    last = {s: run.final(s).get("managed") or {} for s in ("train", "validation", "test")}
+    end = last["test"] or last["validation"] or last["train"]
+    if not end:
+        return []
+    rows = [["feature", "occupancy", "rows used", "evictions", "default: train", "validation", "test"]]
+    for f, st in end.items():
+        share = [_num((last[s].get(f) or {}).get("default_share")) for s in ("train", "validation", "test")]
+        rows.append([f, _num(st.get("occupancy")), _num(st.get("rows_used")), _num(st.get("evictions")), *share])
+    return rows
 
 
 def _mean(values: list) -> float | None:

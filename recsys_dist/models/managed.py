@@ -170,7 +170,8 @@ class ManagedRemap(nn.Module):
     """Raw-id KeyedJaggedTensor -> row-id KeyedJaggedTensor, one :class:`ReplicatedMCH` per
     managed feature (keys not managed pass through unchanged).
 
-    ``forward(kjt)``: values int64 raw ids in ``[0, 2^63 - 1)``; returns the same keys,
+    ``forward(kjt, weights=None)``: values int64 raw ids in ``[0, 2^63 - 1)``, ``weights``
+    float [B] row weights (0 = padding: not recorded, not counted); returns the same keys,
     lengths and weights with values int64 rows in ``[0, num_embeddings)``. In training mode
     it first records the global batch's ids (one ``all_gather`` when the job has several ranks
     and ``gather``: a collective, every rank must call it) and may run an eviction round.
@@ -184,13 +185,20 @@ class ManagedRemap(nn.Module):
         # [train lookups, train default, eval lookups, eval default] per feature, this rank, since last read
         self.register_buffer("_lookups", torch.zeros(len(modules), 4, dtype=torch.int64), persistent=False)
 
-    def forward(self, kjt: KeyedJaggedTensor) -> KeyedJaggedTensor:
+    def forward(self, kjt: KeyedJaggedTensor, weights: torch.Tensor | None = None) -> KeyedJaggedTensor:
         keys = kjt.keys()
         lengths = kjt.length_per_key()
         parts = list(torch.split(kjt.values(), lengths))
+        # Padding rows (weight 0) are neither recorded nor counted: they repeat a real row, and
+        # where they fall depends on the world size.
+        real = [None] * len(keys)
+        if weights is not None:
+            per_key = kjt.lengths().view(len(keys), -1) if keys else kjt.lengths()
+            keep = weights > 0
+            real = [torch.repeat_interleave(keep, per_key[j].long()) for j in range(len(keys))]
         names = list(self.mch.keys())
         if self.training:
-            mine = [parts[keys.index(f)] for f in names]
+            mine = [_real(parts[keys.index(f)], real[keys.index(f)]) for f in names]
             glob = _gather_per_key(mine) if self.gather else mine
             for f, g in zip(names, glob):
                 self.mch[f].record(g)
@@ -200,8 +208,9 @@ class ManagedRemap(nn.Module):
             j = keys.index(f)
             rows = self.mch[f].remap_values(parts[j])
             col = 0 if self.training else 2
-            self._lookups[i, col] += rows.numel()
-            self._lookups[i, col + 1] += int((rows == self.mch[f]._zch_size - 1).sum())
+            counted = _real(rows, real[j])
+            self._lookups[i, col] += counted.numel()
+            self._lookups[i, col + 1] += int((counted == self.mch[f]._zch_size - 1).sum())
             parts[j] = rows
         return KeyedJaggedTensor(
             keys=keys,
@@ -221,6 +230,10 @@ class ManagedRemap(nn.Module):
         if reduce and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             dist.all_reduce(out)
         return out
+
+
+def _real(values: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    return values if mask is None else values[mask]
 
 
 def _gather_per_key(parts: list[torch.Tensor]) -> list[torch.Tensor]:

@@ -53,7 +53,7 @@ class CTRTask(nn.Module):
     def forward(self, batch):
         mixed = self.bf16_device is not None
         with torch.autocast(self.bf16_device, dtype=torch.bfloat16) if mixed else contextlib.nullcontext():
-            sparse = batch.sparse_features if self.remap is None else self.remap(batch.sparse_features)
+            sparse = batch.sparse_features if self.remap is None else self.remap(batch.sparse_features, batch.weights)
             logits = self.model(batch.dense_features, sparse)
         logits = _one_task(logits).float()
         loss = self.loss(logits, batch.labels, batch.weights)
