@@ -198,6 +198,9 @@ def report(run_dir: str | Path, *, plots: bool = True, out_dir: str | Path | Non
     if managed:
         lines.append("  managed-collision tables (occupancy and evictions at the end; default-row share of lookups):")
         lines.append(_table(managed, indent="    "))
+        remap_ms = _mean([r.get("managed_remap_ms_per_step") for r in train])
+        if remap_ms is not None:
+            lines.append(f"    remapping {_num(remap_ms, 2)} ms per step (in the forward time; all_gather included)")
     tkeys = _time_keys(train)
     if tkeys:
         means = {k: _mean([r.get(k) for r in train]) for k in tkeys}

@@ -34,6 +34,8 @@ eviction round.
 
 from __future__ import annotations
 
+import time
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -182,10 +184,19 @@ class ManagedRemap(nn.Module):
         super().__init__()
         self.mch = nn.ModuleDict(modules)
         self.gather = gather  # False: record only this process's ids (a reference model, one process)
+        self.train_seconds, self.train_calls = 0.0, 0  # remapping time in training (incl. all_gather)
         # [train lookups, train default, eval lookups, eval default] per feature, this rank, since last read
         self.register_buffer("_lookups", torch.zeros(len(modules), 4, dtype=torch.int64), persistent=False)
 
     def forward(self, kjt: KeyedJaggedTensor, weights: torch.Tensor | None = None) -> KeyedJaggedTensor:
+        t0 = time.perf_counter()
+        out = self._remap(kjt, weights)
+        if self.training:
+            self.train_seconds += time.perf_counter() - t0
+            self.train_calls += 1
+        return out
+
+    def _remap(self, kjt: KeyedJaggedTensor, weights: torch.Tensor | None) -> KeyedJaggedTensor:
         keys = kjt.keys()
         lengths = kjt.length_per_key()
         parts = list(torch.split(kjt.values(), lengths))
@@ -293,15 +304,22 @@ def find_remap(model: nn.Module) -> ManagedRemap | None:
 
 def managed_metrics(model: nn.Module, split: str = "train") -> dict:
     """``{"managed": {feature: {occupancy, rows_used, evictions, admissions, default_share}}}``
-    for a model with managed tables (``{}`` otherwise). ``default_share``: the fraction of
+    for a model with managed tables (``{}`` otherwise), and for ``train`` also
+    ``managed_remap_ms_per_step`` (rank 0's wall time of the remapping per step since the
+    last call, the all_gather included: part of the forward time). ``default_share``: the fraction of
     this split's lookups since the last call that read the default row (all ranks). A
     collective when the job has several ranks: every rank must call it."""
     remap = find_remap(model)
     if remap is None:
         return {}
     counts = remap.read_lookups(split)
+    extra = {}
+    if split == "train" and remap.train_calls:
+        # This rank's remapping time per training step (history, all_gather, round, lookup).
+        extra["managed_remap_ms_per_step"] = round(1000 * remap.train_seconds / remap.train_calls, 3)
+        remap.train_seconds, remap.train_calls = 0.0, 0
     out = {}
     for i, (f, m) in enumerate(remap.mch.items()):
         looked, default = int(counts[i, 0]), int(counts[i, 1])
         out[f] = {**m.stats(), "default_share": round(default / looked, 6) if looked else None}
-    return {"managed": out}
+    return {"managed": out, **extra}
