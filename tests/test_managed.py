@@ -64,6 +64,8 @@ def test_managed_resume_reshard_export(tmp_path):
     out = tmp_path / "export"
     r = run_cli(["export", str(ref), "--out", str(out)], tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
+    r = run_cli(["export", str(ref), "--out", str(tmp_path / "ts"), "--format", "torchscript"], tmp_path)
+    assert r.returncode != 0 and "managed-collision" in r.stderr, r.stderr[-2000:]
     raw = tmp_path / "test_rows.txt"
     lines = (ROOT / "datasets/criteo_kaggle/dac_train_first10000.txt").read_text().splitlines()[1800:2000]
     raw.write_text("\n".join(lines) + "\n")
