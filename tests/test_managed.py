@@ -3,7 +3,7 @@ resharding 2 -> 3 and 2 -> 1 ranks mid-interval, export and predict with the tra
 id -> row state, config errors.
 
 Tables of 50 rows for up to 1,600 distinct training ids per feature, so ids are evicted;
-eviction every 3 steps, so the step-7 checkpoint holds a pending history.
+eviction every 3 steps, so the step-8 checkpoint holds a pending history (2 steps since the round at step 6).
 """
 
 import json
@@ -44,7 +44,7 @@ def test_managed_resume_reshard_export(tmp_path):
         *WS[2],
         *MANAGED,
         "sharding.sharding_types=[table_wise]",
-        "train.max_steps=7",
+        "train.max_steps=8",
     )
     assert r.returncode == 0, r.stderr[-3000:]
     for name in ("same", "ws1_dp", "ws3_rw"):
