@@ -9,6 +9,10 @@ managed tables' test default-row share (ids without a row). Runs on 1 rank with 
 global batch (equal to their 2-rank runs within 1e-5, README), to spare a shared machine.
 
     .venv/bin/python benchmarks/managed_quality.py [--seeds 0 1 2] [--boot 1000] [--data movielens avazu]
+        [--variants managed hashmod vocabulary] [--out DIR] [--train-only]
+
+With ``--out DIR`` runs and predictions stay in DIR and are reused by a later call, so the
+variants can train in separate processes (``--train-only``) and be compared at the end.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -53,47 +58,66 @@ def test_split(config: Path) -> Path:
     return Path(manifest).parent / "test.parquet"
 
 
+def _row(rd: Path, seed: int) -> dict:
+    summary = json.loads((rd / "summary.json").read_text())
+    lines = [json.loads(x) for x in (rd / "metrics.jsonl").read_text().splitlines()]
+    test_line = next(m for m in lines if m["split"] == "test")
+    remap = [m["managed_remap_ms_per_step"] for m in lines if "managed_remap_ms_per_step" in m]
+    return {
+        "seed": seed,
+        "test_auc": test_line["auc"],
+        "samples_per_s": summary.get("samples_per_s"),
+        "remap_ms_per_step": round(sum(remap) / len(remap), 2) if remap else None,
+        "default_share": {f: v["default_share"] for f, v in test_line.get("managed", {}).items()},
+    }
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--boot", type=int, default=1000)
     p.add_argument("--data", nargs="+", default=list(VARIANTS))
+    p.add_argument("--variants", nargs="+", default=["managed", "hashmod", "vocabulary"])
+    p.add_argument("--out", help="keep runs and predictions here; runs already there are reused")
+    p.add_argument("--train-only", action="store_true", help="train and predict, no comparison")
     args = p.parse_args()
     report = {}
     with tempfile.TemporaryDirectory() as tmp:
+        tmp = args.out or tmp
         for data in args.data:
             preds: dict[str, list[np.ndarray]] = {}
             labels = None
             rows = {}
             for variant, name in VARIANTS[data].items():
+                if variant not in args.variants:
+                    continue
                 config = ROOT / "configs" / name
-                test = test_split(config)
+                test = None
                 for seed in args.seeds:
                     rd = Path(tmp) / f"{data}-{variant}-{seed}"
+                    out = Path(tmp) / f"{data}-{variant}-{seed}.parquet"
+                    if out.is_file() and (rd / "summary.json").is_file():
+                        rows.setdefault(variant, []).append(_row(rd, seed))
+                        preds.setdefault(variant, []).append(pq.read_table(out).column("logit").to_numpy())
+                        labels = pq.read_table(out).column("label").to_numpy()
+                        continue
+                    test = test or test_split(config)
+                    shutil.rmtree(rd, ignore_errors=True)
                     run(
                         ["train", "--config", str(config), "--run-dir", str(rd), f"train.seed={seed}"]
                         + ["distributed.nproc_per_node=1", f"train.batch_size={GLOBAL_BATCH[data]}"]
                         + ["train.progress_bar=false", "checkpoint.enabled=true"]
                     )
-                    summary = json.loads((rd / "summary.json").read_text())
-                    lines = [json.loads(x) for x in (rd / "metrics.jsonl").read_text().splitlines()]
-                    test_line = next(m for m in lines if m["split"] == "test")
-                    out = Path(tmp) / f"{data}-{variant}-{seed}.parquet"
                     run(["predict", str(rd), "--data", str(test), "--out", str(out)])
                     t = pq.read_table(out)
                     y = t.column("label").to_numpy()
                     labels = y if labels is None else labels
                     assert np.array_equal(labels, y), "variants scored different rows"
                     preds.setdefault(variant, []).append(t.column("logit").to_numpy())
-                    rows.setdefault(variant, []).append(
-                        {
-                            "seed": seed,
-                            "test_auc": test_line["auc"],
-                            "samples_per_s": summary.get("samples_per_s"),
-                            "default_share": {f: v["default_share"] for f, v in test_line.get("managed", {}).items()},
-                        }
-                    )
+                    rows.setdefault(variant, []).append(_row(rd, seed))
                     print(data, variant, rows[variant][-1], flush=True)
+            if args.train_only:
+                continue
             rng = np.random.default_rng(0)
             n = len(labels)
             boots = {"managed-hashmod": [], "managed-vocabulary": []}
