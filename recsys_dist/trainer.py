@@ -47,7 +47,6 @@ from recsys_dist.metrics_writer import MetricsWriter, finite_or_none
 from recsys_dist.models import build_model, feature_spec
 from recsys_dist.models.build import table_sizes
 from recsys_dist.models.managed import managed_metrics
-from recsys_dist.data.mapping import loader_id_bounds
 from recsys_dist.observe import PhaseClock, TimedTrainPipeline, TraceWriter
 from recsys_dist.optim import build_optimizer, fuse_embedding_optimizer, init_lazy_state
 from recsys_dist.schedule import LRSchedule
