@@ -394,7 +394,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
             "there is nothing to evaluate against; `recsys-dist predict` scores it"
         )
     metrics = binary_metrics(torch.from_numpy(scores["logit"]), torch.from_numpy(scores["label"]))
-    print(json.dumps({"model": m.source, "data": str(args.data), **metrics}))
+    print(json.dumps({"model": m.source, "data": str(args.data), **metrics, **scores.get("managed", {})}))
     return 0
 
 
@@ -431,6 +431,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
     scores = score(m.cfg, m.model, args.data, preprocessing=m.preprocessing, keep_columns=keep)
     write_predictions(scores, args.out)
     print(f"recsys-dist: {len(scores['logit'])} predictions from {m.source} -> {args.out}")
+    for f, st in scores.get("managed", {}).get("managed", {}).items():  # ids without a row are counted, never silent
+        print(f"  managed {f}: {st['default_share'] or 0:.2%} of lookups read the default row (id not in the table)")
     return 0
 
 

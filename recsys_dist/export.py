@@ -44,6 +44,7 @@ from recsys_dist.config import RunConfig, config_from_dict, save_config
 from recsys_dist.data import feature_names
 from recsys_dist.data.errors import DataError
 from recsys_dist.data.loader import ParquetBatchLoader
+from recsys_dist.data.mapping import loader_id_bounds
 from recsys_dist.data.scoring import (
     MANIFEST_FILE,
     UNLABELLED_FORMATS,
@@ -57,6 +58,7 @@ from recsys_dist.data.scoring import (
 )
 from recsys_dist.models import CTRTask, build_model
 from recsys_dist.models.build import table_sizes
+from recsys_dist.models.managed import managed_metrics
 
 MODEL_FILE = "model.safetensors"
 FORMATS = ("safetensors", "torchscript")
@@ -208,7 +210,9 @@ def score(
 
     Returns arrays ``logit`` (float32 [N]) and ``label`` (float32 [N], NaN for a file
     without labels: Criteo's 39-field test layout, a schema file without its label column),
-    in file order, ``labelled`` (bool), and ``columns`` (``keep_columns`` of the raw file).
+    in file order, ``labelled`` (bool), ``columns`` (``keep_columns`` of the raw file), and
+    ``managed`` (managed-collision models: per feature the share of lookups that read the
+    default row, see ``recsys_dist.models.managed.managed_metrics``; else ``{}``).
 
     Raises:
         DataError: a missing or malformed file, a converted split made with other settings
@@ -253,7 +257,13 @@ def score(
     labelled = manifest["format"] not in UNLABELLED_FORMATS
     dense_names, sparse_names = feature_names(cfg)
     loader = ParquetBatchLoader(
-        str(parquet), batch_size, 0, 1, dense_names, sparse_names, num_embeddings=table_sizes(cfg)
+        str(parquet),
+        batch_size,
+        0,
+        1,
+        dense_names,
+        sparse_names,
+        num_embeddings=loader_id_bounds(cfg, table_sizes(cfg)),
     )
     logits, labels = [], []
     for batch in loader:
@@ -271,6 +281,7 @@ def score(
         "label": label if labelled else np.full_like(label, np.nan),
         "labelled": labelled,
         "columns": columns,
+        "managed": managed_metrics(model, "score"),
     }
 
 

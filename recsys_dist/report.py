@@ -194,6 +194,13 @@ def report(run_dir: str | Path, *, plots: bool = True, out_dir: str | Path | Non
     train = run.split("train")
     if train:
         lines.append(f"  last train loss {_num(train[-1].get('loss'))} at step {_num(train[-1].get('step'))}")
+    managed = _managed_rows(run)
+    if managed:
+        lines.append("  managed-collision tables (occupancy and evictions at the end; default-row share of lookups):")
+        lines.append(_table(managed, indent="    "))
+        remap_ms = _mean([r.get("managed_remap_ms_per_step") for r in train])
+        if remap_ms is not None:
+            lines.append(f"    remapping {_num(remap_ms, 2)} ms per step (in the forward time; all_gather included)")
     tkeys = _time_keys(train)
     if tkeys:
         means = {k: _mean([r.get(k) for r in train]) for k in tkeys}
@@ -248,6 +255,20 @@ def _ledger_line(ledger: dict) -> str:
     parts = ", ".join(f"{p} {sent(top, p) / 1024:.1f}" for p in phases)
     precision = f"{ledger.get('forward_precision', '?')}/{ledger.get('backward_precision', '?')}"
     return f"  wire KiB sent per step (ledger, busiest rank r{top.get('rank', '?')}, output_dist {precision}): {parts}"
+
+
+def _managed_rows(run: Run) -> list[list[str]]:
+    """Per managed feature: occupancy, rows used, evictions, and the default-row share of the
+    last train window, validation and test lookups (``managed`` in metrics.jsonl)."""
+    last = {s: run.final(s).get("managed") or {} for s in ("train", "validation", "test")}
+    end = last["test"] or last["validation"] or last["train"]
+    if not end:
+        return []
+    rows = [["feature", "occupancy", "rows used", "evictions", "default: train", "validation", "test"]]
+    for f, st in end.items():
+        share = [_num((last[s].get(f) or {}).get("default_share")) for s in ("train", "validation", "test")]
+        rows.append([f, _num(st.get("occupancy")), _num(st.get("rows_used")), _num(st.get("evictions")), *share])
+    return rows
 
 
 def _mean(values: list) -> float | None:

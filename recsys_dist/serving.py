@@ -289,10 +289,17 @@ def to_torchscript(cfg, task: nn.Module, sizes: list[int]) -> torch.jit.ScriptMo
 
     Raises:
         ExportError: the model cannot be traced, the trace holds operators other than aten /
-            prim (a torchrec or fbgemm kernel), or it disagrees with the model.
+            prim (a torchrec or fbgemm kernel), or it disagrees with the model; a model with
+            managed-collision tables (its raw-id -> row state is not part of the trace).
     """
     from recsys_dist.data import feature_names
 
+    if getattr(task, "remap", None) is not None:
+        raise ExportError(
+            "export --format torchscript: the model has managed-collision tables (data.categorical_mapping: "
+            "managed), whose raw-id -> row mapping the TorchScript model would leave out; use the default "
+            "safetensors export, which carries it (docs/managed_collision.md)"
+        )
     dense_names, sparse_names = feature_names(cfg)
     task = task.eval()
     name = cfg.model.name

@@ -40,6 +40,7 @@ from recsys_dist.checkpoint import (
 from recsys_dist.config import ConfigError, RunConfig
 from recsys_dist.data import feature_names, prepare_from_config
 from recsys_dist.data.loader import ParquetBatchLoader
+from recsys_dist.data.mapping import loader_id_bounds
 from recsys_dist.distributed import DistContext, broadcast_result, init_distributed, under_launcher
 from recsys_dist.evaluation import evaluate, in_row_order, predict
 from recsys_dist.faults import maybe_fault
@@ -47,6 +48,7 @@ from recsys_dist.ledger import run_ledger
 from recsys_dist.metrics_writer import MetricsWriter, finite_or_none
 from recsys_dist.models import build_model, feature_spec
 from recsys_dist.models.build import table_sizes
+from recsys_dist.models.managed import managed_metrics
 from recsys_dist.observe import PhaseClock, TraceWriter
 from recsys_dist.optim import build_optimizer, fuse_embedding_optimizer, init_lazy_state
 from recsys_dist.schedule import LRSchedule
@@ -82,7 +84,7 @@ def make_loaders(cfg: RunConfig, ctx: DistContext) -> Loaders:
         world_size=ctx.world_size,
         dense_names=dense_names,
         sparse_names=sparse_names,
-        num_embeddings=sizes,
+        num_embeddings=loader_id_bounds(cfg, sizes),
         pin_memory=ctx.device.type == "cuda",
         shuffle_buffer_rows=d.shuffle_buffer_rows,
         prefetch=d.prefetch,
@@ -355,7 +357,8 @@ class Trainer:
             self._tracer.close()
             self._bar.close()
             test = self.evaluate("test")
-            self._writer.write(split="test", step=self._step, epoch=self.epoch, **test)
+            managed = managed_metrics(self._model, "test")
+            self._writer.write(split="test", step=self._step, epoch=self.epoch, **test, **managed)
             summary = {
                 "run_dir": str(self.run_dir),
                 "world_size": self._ctx.world_size,
@@ -616,7 +619,8 @@ class Trainer:
 
     def _validate(self) -> dict:
         metrics = self.evaluate("validation")
-        self._writer.write(split="validation", step=self._step, epoch=self.epoch, **metrics)
+        managed = managed_metrics(self._model, "validation")
+        self._writer.write(split="validation", step=self._step, epoch=self.epoch, **metrics, **managed)
         if metrics.get("auc") is not None:
             self._bar.set_postfix_str(f"val AUC {metrics['auc']:.4f}", refresh=False)
         return metrics
@@ -655,6 +659,7 @@ class Trainer:
             samples_per_s=sps,
             **lr,
             **(self._pipe.pop_times() if self._pipe else {}),
+            **managed_metrics(self._model, "train"),
         )
         self._bar.set_postfix(loss=f"{loss:.4f}", samples_per_s=sps, refresh=False)
         self.train_seconds += elapsed

@@ -166,6 +166,42 @@ class SplitConfig(_Section):
         return self
 
 
+class ManagedConfig(_Section):
+    """``data.managed``: TorchRec's MCH managed-collision module per table (docs/managed_collision.md)."""
+
+    eviction: Literal["lfu", "lru", "distance_lfu", "ttl"] = Field(
+        "lfu",
+        description="Which ids keep their rows when the table is full: lfu (most counted), lru (most recently "
+        "seen), distance_lfu (counts decayed by age). ttl is MPZCH's and refused: FBGEMM's CPU "
+        "zero_collision_hash kernel only runs read-only (no training on CPU).",
+    )
+    eviction_interval: int | None = Field(
+        None,
+        gt=0,
+        description="Training steps between admission / eviction rounds (required): ids seen since the last "
+        "round are counted and the best of them take rows; until then a new id reads the default row.",
+    )
+    admission_min_count: int = Field(
+        1,
+        ge=1,
+        description="An id seen fewer times than this within one eviction interval is not admitted and keeps "
+        "the default row (1 = every id may be admitted).",
+    )
+    decay_exponent: _F = Field(1.0, gt=0, description="lru / distance_lfu: age decay exponent (TorchRec's).")
+
+    @model_validator(mode="after")
+    def _check(self) -> ManagedConfig:
+        if self.eviction == "ttl":
+            raise ValueError(
+                "data.managed.eviction: ttl needs TorchRec's MPZCH (HashZchManagedCollisionModule), whose "
+                "FBGEMM CPU kernel (zero_collision_hash) only runs read-only, so it cannot train on CPU; use "
+                "lfu, lru or distance_lfu"
+            )
+        if self.eviction_interval is None:
+            raise ValueError("data.managed.eviction_interval: required (steps between eviction rounds), e.g. 1")
+        return self
+
+
 class DataConfig(_Section):
     format: Literal["criteo_tsv", "avazu_csv", "schema"] = Field(
         "criteo_tsv",
@@ -199,12 +235,19 @@ class DataConfig(_Section):
         description="Train / validation / test split. Three fractions [0.8, 0.1, 0.1] are short for "
         "{by: position, fractions: [...]} (file order).",
     )
-    categorical_mapping: Literal["hash", "vocabulary"] = Field(
+    categorical_mapping: Literal["hash", "vocabulary", "managed"] = Field(
         "hash",
         description="hash: id = 1 + key mod (num_embeddings - 1), stateless; vocabulary: the values "
         "seen >= data.min_count times in the training split get ids 2.., every other value the "
         "out-of-vocabulary id 1; the table size is then the vocabulary's (recorded in the manifest). "
-        "0 is a missing value in both.",
+        "0 is a missing value in both. managed: the loader feeds the 63-bit key itself (1 + key mod "
+        "(2^63 - 2), missing = 0) and a managed-collision module (TorchRec MCH, data.managed) maps it to "
+        "one of num_embeddings rows while training (docs/managed_collision.md).",
+    )
+    managed: ManagedConfig | None = Field(
+        None,
+        description="categorical_mapping: managed: eviction policy, interval and admission threshold of "
+        "the managed-collision tables (required with managed, and only used by it).",
     )
     min_count: int = Field(
         1, ge=1, description="vocabulary: keep a value seen at least this often in the training split."
@@ -344,6 +387,17 @@ class DataConfig(_Section):
             raise ValueError(
                 f"data.feature_pooling: {unpooled} are sequence features, which are not pooled (one embedding "
                 "per position); remove them"
+            )
+        if (self.categorical_mapping == "managed") != (self.managed is not None):
+            raise ValueError(
+                "data.managed: required with categorical_mapping: managed (at least eviction_interval)"
+                if self.managed is None
+                else f"data.managed: only used with categorical_mapping: managed, not {self.categorical_mapping}"
+            )
+        if self.categorical_mapping == "managed" and any(n > 2**62 for n in sizes):
+            raise ValueError(
+                f"data.num_embeddings: a managed table's rows (zch_size) must be below the 63-bit id space, "
+                f"got {self.num_embeddings}"
             )
         if any(n < 2 for n in sizes):
             raise ValueError(

@@ -235,8 +235,9 @@ def _is_number(v) -> bool:
 class _Transform:
     """One block of text columns -> (output record batch, missing count per dense column)."""
 
-    def __init__(self, fmt, sizes: list[int], vocabs, schema: pa.Schema) -> None:
+    def __init__(self, fmt, sizes: list[int], vocabs, schema: pa.Schema, managed: bool = False) -> None:
         self.fmt, self.sizes, self.vocabs, self.schema = fmt, sizes, vocabs, schema
+        self.managed = managed  # raw 63-bit keys for a managed-collision module, no table-size reduction
 
     def __call__(self, batch: pa.RecordBatch, path: str, first: int) -> tuple[pa.RecordBatch, np.ndarray]:
         missing = np.zeros(len(self.fmt.dense_names))
@@ -250,7 +251,12 @@ class _Transform:
         labels, dense, sparse = self.fmt.parse_batch(batch, path, first + 1)
         ids = []
         for j, sk in enumerate(sparse):
-            got = self.vocabs[j].lookup(sk.keys) if self.vocabs is not None else mp.hash_ids(sk.keys, self.sizes[j])
+            if self.managed:
+                got = mp.managed_ids(sk.keys)
+            elif self.vocabs is not None:
+                got = self.vocabs[j].lookup(sk.keys)
+            else:
+                got = mp.hash_ids(sk.keys, self.sizes[j])
             ids.append(mp.to_arrow(got, sk))
         out = pa.RecordBatch.from_arrays(
             [pa.array(labels, pa.float32())] + [pa.array(d, pa.float32()) for d in dense] + ids, schema=self.schema
@@ -606,8 +612,8 @@ def prepare(
         raise ValueError(f"num_embeddings: {len(sizes)} sizes for {len(sparse_names)} features of {fmt.name}")
     if on_bad_row not in ("error", "skip"):
         raise ValueError(f"on_bad_row must be 'error' or 'skip', got {on_bad_row!r}")
-    if mapping not in ("hash", "vocabulary"):
-        raise ValueError(f"mapping must be 'hash' or 'vocabulary', got {mapping!r}")
+    if mapping not in ("hash", "vocabulary", "managed"):
+        raise ValueError(f"mapping must be 'hash', 'vocabulary' or 'managed', got {mapping!r}")
     vocab_path = Path(vocabulary) if vocabulary is not None else None
     if vocab_path is not None and not vocab_path.is_file():
         raise DataError(f"{vocab_path}: vocabulary file does not exist")
@@ -707,7 +713,7 @@ def _build(
 
     schema = fmt.output_schema()
 
-    transform = _Transform(fmt, sizes, vocabs, schema)
+    transform = _Transform(fmt, sizes, vocabs, schema, managed=mapping == "managed")
     train_files = [path for path, fixed in sources if fixed == 0]
     if len(train_files) > 1:  # several training files: one worker process per file
         totals, rows, files, tmp = _convert_in_workers(readers, out, transform, schema, row_group_size, progress, token)

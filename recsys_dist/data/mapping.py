@@ -11,7 +11,11 @@ little-endian uint64. Then, for a table of ``n`` rows:
   least ``min_count`` times (rank by count, descending, then key), keeping at most ``n - 2``;
   every other key is out of vocabulary, id ``OOV_ID`` = 1.
 
-A missing value (empty field) is id ``MISSING_ID`` = 0 in both. Ids therefore always lie in
+- ``managed``: id = ``1 + key mod (2^63 - 2)``, the key itself in TorchRec's int64 id space
+  (``2^63 - 1`` is its managed-collision module's empty-slot marker); never reduced to the
+  table size: the managed-collision module maps it to a row while training.
+
+A missing value (empty field) is id ``MISSING_ID`` = 0 in all three. Ids therefore always lie in
 ``[0, table size)``. Keys of text values can collide (64 bits: about 3e-6 for 10 million
 distinct values of one feature), which only merges two values.
 """
@@ -67,6 +71,21 @@ def text_keys(col: pa.Array) -> tuple[np.ndarray, np.ndarray]:
 def hash_ids(keys: np.ndarray, num_embeddings: int) -> np.ndarray:
     """uint64 keys -> int64 ids ``1 + key mod (num_embeddings - 1)`` (never 0)."""
     return (1 + keys % np.uint64(num_embeddings - 1)).astype(np.int64)
+
+
+MANAGED_ID_SPACE = 2**63 - 1  # managed ids lie in [0, MANAGED_ID_SPACE)
+
+
+def managed_ids(keys: np.ndarray) -> np.ndarray:
+    """uint64 keys -> int64 raw ids ``1 + key mod (2^63 - 2)`` in ``[1, 2^63 - 1)`` (never 0)."""
+    return (1 + keys % np.uint64(MANAGED_ID_SPACE - 1)).astype(np.int64)
+
+
+def loader_id_bounds(cfg, sizes: list[int]) -> list[int]:
+    """Per feature, the bound a loader checks ids against: the table size, or under
+    ``data.categorical_mapping: managed`` the raw id space (rows come from the managed module)."""
+    d = getattr(cfg, "data", cfg)
+    return [MANAGED_ID_SPACE] * len(sizes) if d.categorical_mapping == "managed" else list(sizes)
 
 
 def to_arrow(ids: np.ndarray, sk: SparseKeys) -> pa.Array:

@@ -146,6 +146,11 @@ class Preprocessing:
         mapping: dict = {"kind": kind, "missing_id": mp.MISSING_ID}
         if kind == "hash":
             mapping["rule"] = "id = 1 + key mod (num_embeddings - 1); a missing value -> 0"
+        elif kind == "managed":
+            mapping["rule"] = (
+                "raw id = 1 + key mod (2^63 - 2); a missing value -> 0; the model's managed-collision state "
+                "(in its weights) maps raw ids to rows, an id without a row -> row num_embeddings - 1"
+            )
         else:
             if conversion is None:
                 raise ValueError("a vocabulary-mapped model's record needs its training conversion")

@@ -7,6 +7,7 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
 from recsys_dist.data import feature_names, sequence_names
 from recsys_dist.models.losses import get_loss
+from recsys_dist.models.managed import build_remap
 from recsys_dist.models.registry import get_model
 from recsys_dist.models.task import CTRTask
 from recsys_dist.spec import FIRST_ORDER_DIM, FeatureSpec, make_sequence_tables, make_tables
@@ -82,4 +83,7 @@ def build_model(cfg, spec: FeatureSpec | torch.device, tables_device: torch.devi
         raise ValueError(f"model.name: {cfg.model.name} returned {type(model).__name__}, not a torch.nn.Module")
     t = cfg.train
     bf16 = spec.device.type if t.precision == "bf16-mixed" else None
-    return CTRTask(model, bf16, loss or get_loss(t.loss), dict(t.loss_args) if loss is None else {})
+    remap = None
+    if cfg.data.categorical_mapping == "managed":
+        remap = build_remap(cfg, spec.sparse_names, spec.num_embeddings, spec.device)
+    return CTRTask(model, bf16, loss or get_loss(t.loss), dict(t.loss_args) if loss is None else {}, remap=remap)

@@ -19,6 +19,9 @@ class CTRTask(nn.Module):
     mean over rows); rows with weight 0 (padding) contribute nothing, and a batch of padding
     only gives loss 0 with zero gradients. Logits ``[B, 1]`` are squeezed to ``[B]``.
 
+    ``remap``: a :class:`recsys_dist.models.managed.ManagedRemap` that maps the batch's raw ids
+    to table rows first (``data.categorical_mapping: managed``), or None.
+
     ``bf16_device``: a device type ("cpu", "cuda"); the model's forward then runs under
     ``torch.autocast`` with bfloat16 (mixed precision: matmuls in bfloat16, parameters and
     gradients float32). The type is fixed here, not read from the batch, because
@@ -32,10 +35,17 @@ class CTRTask(nn.Module):
     """
 
     def __init__(
-        self, model: nn.Module, bf16_device: str | None = None, loss_fn=None, loss_args: dict | None = None
+        self,
+        model: nn.Module,
+        bf16_device: str | None = None,
+        loss_fn=None,
+        loss_args: dict | None = None,
+        remap: nn.Module | None = None,
     ) -> None:
         super().__init__()
         self.model, self.bf16_device = model, bf16_device
+        # Managed-collision tables (recsys_dist.models.managed): raw ids -> rows before the model.
+        self.remap = remap
         # A child module without sharded tables: TrainPipelineSparseDist's fx trace treats it
         # as a leaf, so the loss function may use Python control flow on tensors.
         self.loss = Loss(loss_fn or bce, loss_args)
@@ -43,7 +53,8 @@ class CTRTask(nn.Module):
     def forward(self, batch):
         mixed = self.bf16_device is not None
         with torch.autocast(self.bf16_device, dtype=torch.bfloat16) if mixed else contextlib.nullcontext():
-            logits = self.model(batch.dense_features, batch.sparse_features)
+            sparse = batch.sparse_features if self.remap is None else self.remap(batch.sparse_features, batch.weights)
+            logits = self.model(batch.dense_features, sparse)
         logits = _one_task(logits).float()
         loss = self.loss(logits, batch.labels, batch.weights)
         return loss, (loss.detach(), logits.detach(), batch.labels, batch.weights)

@@ -1,0 +1,325 @@
+"""Managed-collision tables: TorchRec's MCH module, its state replicated and kept equal on every rank.
+
+Under ``data.categorical_mapping: managed`` the loader feeds raw 63-bit ids and
+:class:`ManagedRemap` maps each feature's ids to rows of its ``num_embeddings``-row tables
+(``t_<feature>``, and ``w_<feature>`` when the model has first-order tables) before the model
+sees the KeyedJaggedTensor. Each feature has one TorchRec ``MCHManagedCollisionModule``
+(``torchrec.modules.mc_modules``; eviction ``LFU_EvictionPolicy``, ``LRU_EvictionPolicy`` or
+``DistanceLFU_EvictionPolicy``): row ``num_embeddings - 1`` is the default row that every id
+without a row reads; the other rows belong to admitted ids.
+
+Why not TorchRec's sharded ``ManagedCollisionEmbeddingBagCollection``: it runs on gloo/CPU
+(row-wise only, with ``buckets = world size``), but each rank then manages its own slice of
+the id space with ``num_embeddings / world size`` rows and its own default row, so the
+remapping depends on the world size, a checkpoint cannot be resharded to another world size
+without moving ids between ranks, and table-wise / column-wise sharding are refused
+(``ManagedCollisionCollectionSharder.sharding_types`` is row-wise only). Here the id -> row
+state (sorted raw ids, row per id, counts / last access, the pending history) is replicated:
+each training step all-gathers the ids of the global batch once, and every rank applies the
+same TorchRec update to the same history, so every rank holds the same state, equal to that
+of one process training on the global batch. The embedding rows themselves stay in the
+ordinary EmbeddingBagCollection, sharded by any plan (table-, row-, column-wise, data
+parallel), checkpointed and resharded like every other table; the replicated state is plain
+tensors in the model's state dict, so a checkpoint loads at any world size.
+
+Eviction: an evicted id's row is handed to the admitted id as it is (weights and optimizer
+state), as TorchRec's unsharded ``ManagedCollisionEmbeddingBagCollection`` does (its
+``evict`` is a no-op); rows are not reinitialised.
+
+Costs: 24-32 bytes per row per feature on every rank (raw id, row, count / last access),
+the history (8-16 bytes per id value of ``eviction_interval`` global batches), one
+all_gather of the step's ids (8 bytes per id value per rank) and a sort per feature per
+eviction round.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torchrec.modules.mc_modules import (
+    DistanceLFU_EvictionPolicy,
+    LFU_EvictionPolicy,
+    LRU_EvictionPolicy,
+    MCHManagedCollisionModule,
+)
+from torchrec.sparse.jagged_tensor import JaggedTensor, KeyedJaggedTensor
+
+MANAGED_ID_SPACE = 2**63 - 1  # raw ids lie in [0, 2^63 - 1); 2^63 - 1 marks an empty slot
+
+
+def _policy(eviction: str, decay_exponent: float, admission_min_count: int):
+    threshold = None
+    if admission_min_count > 1:
+        k = admission_min_count
+
+        def threshold(counts: torch.Tensor):  # TorchRec's threshold_filtering_func contract
+            return counts >= k, k - 1
+
+    if eviction == "lfu":
+        return LFU_EvictionPolicy(threshold_filtering_func=threshold)
+    if eviction == "lru":
+        return LRU_EvictionPolicy(decay_exponent=decay_exponent, threshold_filtering_func=threshold)
+    if eviction == "distance_lfu":
+        return DistanceLFU_EvictionPolicy(decay_exponent=decay_exponent, threshold_filtering_func=threshold)
+    raise ValueError(f"data.managed.eviction: {eviction!r} is not lfu, lru or distance_lfu")
+
+
+class ReplicatedMCH(MCHManagedCollisionModule):
+    """TorchRec's ``MCHManagedCollisionModule`` whose history is a persistent buffer fed with
+    the global batch's ids, so its state is the same on every rank and survives a checkpoint.
+
+    Args:
+        zch_size: rows of the feature's tables; row ``zch_size - 1`` is the default row.
+        eviction / decay_exponent / admission_min_count / eviction_interval: ``data.managed``.
+        history_capacity: id values the history holds (``eviction_interval`` global batches of
+            one-hot ids); when a step's ids would not fit, the eviction round runs early
+            (the same on every world size, since the global batch is).
+    """
+
+    def __init__(
+        self,
+        zch_size: int,
+        eviction: str,
+        eviction_interval: int,
+        admission_min_count: int = 1,
+        decay_exponent: float = 1.0,
+        history_capacity: int = 1 << 16,
+        device: torch.device | None = None,
+        name: str | None = None,
+    ) -> None:
+        super().__init__(
+            zch_size=zch_size,
+            device=device or torch.device("cpu"),
+            eviction_policy=_policy(eviction, decay_exponent, admission_min_count),
+            eviction_interval=eviction_interval,
+            input_hash_size=MANAGED_ID_SPACE,
+            name=name,
+        )
+        cap = max(int(history_capacity), 1)
+        dev = self.device
+        # The pending history, persistent (TorchRec keeps it in non-persistent lazily sized
+        # buffers, so a checkpoint between two rounds would lose it).
+        self.register_buffer("_hist_ids", torch.zeros(cap, dtype=torch.int64, device=dev))
+        self.register_buffer("_hist_iter", torch.zeros(cap, dtype=torch.int64, device=dev))
+        # [history length, iteration of the last round, evictions so far, admissions so far]
+        self.register_buffer("_counters", torch.zeros(4, dtype=torch.int64, device=dev))
+        self._input_history_buffer_size = cap
+
+    # TorchRec reads these two while coalescing; they alias the persistent buffers.
+    def _bind_history(self, n: int) -> None:
+        self._history_accumulator = self._hist_ids
+        self._history_metadata = {
+            m.metadata_name: self._hist_iter for m in self._eviction_policy.metadata_info if m.is_history_metadata
+        }
+        self._current_history_buffer_offset = n
+
+    @torch.no_grad()
+    def record(self, global_ids: torch.Tensor) -> None:
+        """Training step: count ``global_ids`` (int64 [N], the global batch's ids of this
+        feature, in rank order) and run an eviction round every ``eviction_interval`` steps."""
+        it = int(self._current_iter_tensor.item()) + 1
+        self._current_iter_tensor.fill_(it)
+        self._current_iter = it
+        n, last = int(self._counters[0]), int(self._counters[1])
+        cap = self._hist_ids.numel()
+        k = 0
+        while k < global_ids.numel():  # normally once; more when a step's ids overflow the history
+            if n == cap:
+                self._round(n)
+                n = 0
+            take = min(cap - n, global_ids.numel() - k)
+            self._hist_ids[n : n + take] = global_ids[k : k + take]
+            self._hist_iter[n : n + take] = it
+            n, k = n + take, k + take
+        if it - last >= self._eviction_interval:
+            self._round(n)
+            n, last = 0, it
+        self._counters[0], self._counters[1] = n, last
+
+    def _round(self, n: int) -> None:
+        if n == 0:
+            return
+        before = int(self.open_slots())
+        self._bind_history(n)
+        self._coalesce_history()
+        replaced = self.evict()  # consume TorchRec's pending evicted rows (counted, not reset)
+        filled = before - int(self.open_slots())
+        got = 0 if replaced is None else int(replaced.numel())
+        self._counters[2] += got - filled
+        self._counters[3] += got
+
+    def remap_values(self, values: torch.Tensor) -> torch.Tensor:
+        """int64 raw ids [N] -> int64 rows [N] in ``[0, zch_size)`` (``zch_size - 1``: no row)."""
+        jt = JaggedTensor(values=values, lengths=torch.ones_like(values, dtype=torch.int32))
+        return self.remap({"f": jt})["f"].values()
+
+    def stats(self) -> dict:
+        """Occupancy (admitted ids / usable rows), evictions and admissions so far."""
+        usable = self._zch_size - 1
+        used = usable - int(self.open_slots())
+        return {
+            "occupancy": round(used / usable, 6) if usable else None,
+            "rows_used": used,
+            "evictions": int(self._counters[2]),
+            "admissions": int(self._counters[3]),
+        }
+
+
+class ManagedRemap(nn.Module):
+    """Raw-id KeyedJaggedTensor -> row-id KeyedJaggedTensor, one :class:`ReplicatedMCH` per
+    managed feature (keys not managed pass through unchanged).
+
+    ``forward(kjt, weights=None)``: values int64 raw ids in ``[0, 2^63 - 1)``, ``weights``
+    float [B] row weights (0 = padding: not recorded, not counted); returns the same keys,
+    lengths and weights with values int64 rows in ``[0, num_embeddings)``. In training mode
+    it first records the global batch's ids (one ``all_gather`` when the job has several ranks
+    and ``gather``: a collective, every rank must call it) and may run an eviction round.
+    It also counts lookups and default-row lookups for :func:`managed_metrics`.
+    """
+
+    def __init__(self, modules: dict[str, ReplicatedMCH], gather: bool = True) -> None:
+        super().__init__()
+        self.mch = nn.ModuleDict(modules)
+        self.gather = gather  # False: record only this process's ids (a reference model, one process)
+        self.train_seconds, self.train_calls = 0.0, 0  # remapping time in training (incl. all_gather)
+        # [train lookups, train default, eval lookups, eval default] per feature, this rank, since last read
+        self.register_buffer("_lookups", torch.zeros(len(modules), 4, dtype=torch.int64), persistent=False)
+
+    def forward(self, kjt: KeyedJaggedTensor, weights: torch.Tensor | None = None) -> KeyedJaggedTensor:
+        t0 = time.perf_counter()
+        out = self._remap(kjt, weights)
+        if self.training:
+            self.train_seconds += time.perf_counter() - t0
+            self.train_calls += 1
+        return out
+
+    def _remap(self, kjt: KeyedJaggedTensor, weights: torch.Tensor | None) -> KeyedJaggedTensor:
+        keys = kjt.keys()
+        lengths = kjt.length_per_key()
+        parts = list(torch.split(kjt.values(), lengths))
+        # Padding rows (weight 0) are neither recorded nor counted: they repeat a real row, and
+        # where they fall depends on the world size.
+        real = [None] * len(keys)
+        if weights is not None:
+            per_key = kjt.lengths().view(len(keys), -1) if keys else kjt.lengths()
+            keep = weights > 0
+            real = [torch.repeat_interleave(keep, per_key[j].long()) for j in range(len(keys))]
+        names = list(self.mch.keys())
+        if self.training:
+            mine = [_real(parts[keys.index(f)], real[keys.index(f)]) for f in names]
+            glob = _gather_per_key(mine) if self.gather else mine
+            for f, g in zip(names, glob):
+                self.mch[f].record(g)
+        for i, f in enumerate(names):
+            if f not in keys:
+                continue
+            j = keys.index(f)
+            rows = self.mch[f].remap_values(parts[j])
+            col = 0 if self.training else 2
+            counted = _real(rows, real[j])
+            self._lookups[i, col] += counted.numel()
+            self._lookups[i, col + 1] += int((counted == self.mch[f]._zch_size - 1).sum())
+            parts[j] = rows
+        return KeyedJaggedTensor(
+            keys=keys,
+            values=torch.cat(parts) if parts else kjt.values(),
+            lengths=kjt.lengths(),
+            weights=kjt.weights_or_none(),
+            stride=kjt.stride(),
+        )
+
+    def read_lookups(self, split: str = "train", reduce: bool = True) -> torch.Tensor:
+        """[features, 2] (lookups, default-row lookups) of ``split`` (train, or any
+        evaluation) since the last read, summed over ranks when ``reduce`` (a collective);
+        then reset."""
+        cols = slice(0, 2) if split == "train" else slice(2, 4)
+        out = self._lookups[:, cols].clone()
+        self._lookups[:, cols] = 0
+        if reduce and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(out)
+        return out
+
+
+def _real(values: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    return values if mask is None else values[mask]
+
+
+def _gather_per_key(parts: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Per feature, the ids of every rank concatenated in rank order (the global batch's)."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return parts
+    ws = dist.get_world_size()
+    sizes = torch.tensor([p.numel() for p in parts], dtype=torch.int64)
+    all_sizes = [torch.zeros_like(sizes) for _ in range(ws)]
+    dist.all_gather(all_sizes, sizes)
+    totals = [int(s.sum()) for s in all_sizes]
+    width = max(totals)
+    flat = torch.cat(parts) if parts else torch.zeros(0, dtype=torch.int64)
+    buf = torch.zeros(width, dtype=torch.int64)
+    buf[: flat.numel()] = flat
+    bufs = [torch.empty_like(buf) for _ in range(ws)]
+    dist.all_gather(bufs, buf)
+    out: list[list[torch.Tensor]] = [[] for _ in parts]
+    for r in range(ws):
+        pieces = torch.split(bufs[r][: totals[r]], all_sizes[r].tolist())
+        for i, p in enumerate(pieces):
+            out[i].append(p)
+    return [torch.cat(o) for o in out]
+
+
+def build_remap(cfg, sparse_names: list[str], sizes: list[int], device: torch.device | None = None) -> ManagedRemap:
+    """The :class:`ManagedRemap` of a run config under ``data.categorical_mapping: managed``:
+    one module per feature, ``num_embeddings`` rows each; the history holds
+    ``eviction_interval`` global batches (``train.batch_size`` x ranks: the process group's, else
+    ``distributed.nproc_per_node``) of ``data.multi_hot_sizes`` (default one) ids per feature.
+    A checkpoint resumes at another world size when the global batch stays the same."""
+    m = cfg.data.managed
+    ranks = dist.get_world_size() if dist.is_available() and dist.is_initialized() else cfg.distributed.nproc_per_node
+    global_batch = cfg.train.batch_size * ranks
+    hot = cfg.data.multi_hot_sizes or [1] * len(sparse_names)
+    return ManagedRemap(
+        {
+            f: ReplicatedMCH(
+                zch_size=n,
+                eviction=m.eviction,
+                eviction_interval=m.eviction_interval,
+                admission_min_count=m.admission_min_count,
+                decay_exponent=m.decay_exponent,
+                history_capacity=m.eviction_interval * global_batch * h,
+                device=device,
+                name=f,
+            )
+            for f, n, h in zip(sparse_names, sizes, hot)
+        }
+    )
+
+
+def find_remap(model: nn.Module) -> ManagedRemap | None:
+    """The model's :class:`ManagedRemap`, or None."""
+    return next((m for m in model.modules() if isinstance(m, ManagedRemap)), None)
+
+
+def managed_metrics(model: nn.Module, split: str = "train") -> dict:
+    """``{"managed": {feature: {occupancy, rows_used, evictions, admissions, default_share}}}``
+    for a model with managed tables (``{}`` otherwise), and for ``train`` also
+    ``managed_remap_ms_per_step`` (rank 0's wall time of the remapping per step since the
+    last call, the all_gather included: part of the forward time). ``default_share``: the fraction of
+    this split's lookups since the last call that read the default row (all ranks). A
+    collective when the job has several ranks: every rank must call it."""
+    remap = find_remap(model)
+    if remap is None:
+        return {}
+    counts = remap.read_lookups(split)
+    extra = {}
+    if split == "train" and remap.train_calls:
+        # This rank's remapping time per training step (history, all_gather, round, lookup).
+        extra["managed_remap_ms_per_step"] = round(1000 * remap.train_seconds / remap.train_calls, 3)
+        remap.train_seconds, remap.train_calls = 0.0, 0
+    out = {}
+    for i, (f, m) in enumerate(remap.mch.items()):
+        looked, default = int(counts[i, 0]), int(counts[i, 1])
+        out[f] = {**m.stats(), "default_share": round(default / looked, 6) if looked else None}
+    return {"managed": out, **extra}

@@ -1,0 +1,167 @@
+"""Managed-collision tables end to end (data.categorical_mapping: managed): exact resume,
+resharding 2 -> 3 and 2 -> 1 ranks mid-interval, export and predict with the trained
+id -> row state, config errors.
+
+Tables of 50 rows for up to 1,600 distinct training ids per feature, so ids are evicted;
+eviction every 3 steps, so the step-8 checkpoint holds a pending history (2 steps since the round at step 6).
+"""
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from recsys_dist.config import ConfigError, load_config
+from tests.conftest import QUICKSTART, ROOT
+from tests.test_checkpoint import WS, assert_same_losses, train
+from tests.test_quickstart import read_metrics, run_cli
+
+MANAGED = [
+    "data.categorical_mapping=managed",
+    "data.managed={eviction: lfu, eviction_interval: 3, admission_min_count: 2}",
+    "data.num_embeddings=50",
+    "train.epochs=1",  # 16 steps of global batch 96
+]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)  # 5 short training runs, an export and 2 scorings (about 3 min idle)
+def test_managed_resume_reshard_export(tmp_path):
+    ref = tmp_path / "ref"
+    r = train(tmp_path, ref, *WS[2], *MANAGED, "sharding.sharding_types=[table_wise]")
+    assert r.returncode == 0, r.stderr[-3000:]
+    train_lines = [m for m in read_metrics(ref) if m["split"] == "train"]
+    last = train_lines[-1]["managed"]
+    assert set(last) == {f"C{i}" for i in range(1, 27)}
+    assert any(v["evictions"] > 0 for v in last.values()), last
+    assert all(0 <= v["default_share"] <= 1 for v in last.values())
+
+    part = tmp_path / "part"
+    r = train(
+        tmp_path,
+        part,
+        *WS[2],
+        *MANAGED,
+        "sharding.sharding_types=[table_wise]",
+        "train.max_steps=8",
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    for name in ("same", "ws1_dp", "ws3_rw"):
+        shutil.copytree(part, tmp_path / name)
+    cases = {
+        "same": (WS[2], "table_wise", 0.0),
+        "ws1_dp": (WS[1], "data_parallel", 1e-5),
+        "ws3_rw": (WS[3], "row_wise", 1e-5),
+    }
+    for name, (ws, st, tol) in cases.items():
+        r = train(tmp_path, tmp_path / name, "--resume", "auto", *ws, *MANAGED, f"sharding.sharding_types=[{st}]")
+        assert r.returncode == 0, r.stderr[-3000:]
+        assert_same_losses(ref, tmp_path / name, tol)
+
+    # Export, then evaluate the test split's raw rows: the exported id -> row state maps ids as
+    # the run's own (sharded) test evaluation did, and counts the default-row lookups.
+    out = tmp_path / "export"
+    r = run_cli(["export", str(ref), "--out", str(out)], tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    r = run_cli(["export", str(ref), "--out", str(tmp_path / "ts"), "--format", "torchscript"], tmp_path)
+    assert r.returncode != 0 and "managed-collision" in r.stderr, r.stderr[-2000:]
+    raw = tmp_path / "test_rows.txt"
+    lines = (ROOT / "datasets/criteo_kaggle/dac_train_first10000.txt").read_text().splitlines()[1800:2000]
+    raw.write_text("\n".join(lines) + "\n")
+    want = next(m for m in read_metrics(ref) if m["split"] == "test")
+    for model in (ref, out):
+        r = run_cli(["evaluate", str(model), "--data", str(raw)], tmp_path)
+        assert r.returncode == 0, r.stderr[-3000:]
+        got = json.loads(r.stdout.strip().splitlines()[-1])
+        assert got["num_examples"] == want["num_examples"] == 200
+        assert got["auc"] == pytest.approx(want["auc"], abs=1e-6)
+        assert got["logloss"] == pytest.approx(want["logloss"], abs=1e-5)
+        for f, st in got["managed"].items():
+            assert st["default_share"] == pytest.approx(want["managed"][f]["default_share"], abs=1e-6), f
+
+
+def test_managed_config_errors():
+    def errors(*overrides):
+        with pytest.raises(ConfigError) as e:
+            load_config(QUICKSTART, list(overrides))
+        return str(e.value)
+
+    assert "data.managed: required" in errors("data.categorical_mapping=managed")
+    assert "eviction_interval: required" in errors("data.categorical_mapping=managed", "data.managed={eviction: lru}")
+    assert "ttl" in errors("data.categorical_mapping=managed", "data.managed={eviction: ttl, eviction_interval: 1}")
+    assert "only used with categorical_mapping: managed" in errors("data.managed={eviction_interval: 1}")
+    assert "63-bit" in errors(*MANAGED[:2], "data.num_embeddings=9223372036854775807")
+    cfg = load_config(QUICKSTART, MANAGED)
+    assert cfg.data.managed.eviction_interval == 3 and cfg.data.managed.admission_min_count == 2
+
+
+def test_managed_ids_are_the_raw_key():
+    from recsys_dist.data.mapping import MANAGED_ID_SPACE, managed_ids
+
+    keys = np.array([0, 1, 2**63 - 2, 2**63 - 1, 2**64 - 1], dtype=np.uint64)
+    ids = managed_ids(keys)
+    assert ids.dtype == np.int64 and (ids >= 1).all() and (ids < MANAGED_ID_SPACE).all()
+    assert ids.tolist()[:2] == [1, 2]  # never reduced to a table size
+
+
+def _kjt(values, lengths=None):
+    import torch
+    from torchrec import KeyedJaggedTensor
+
+    v = torch.tensor(values, dtype=torch.int64)
+    lengths = (
+        torch.ones(len(values), dtype=torch.int32) if lengths is None else torch.tensor(lengths, dtype=torch.int32)
+    )
+    return KeyedJaggedTensor(keys=["f"], values=v, lengths=lengths, stride=int(lengths.numel()))
+
+
+def _remap(**kw):
+    from recsys_dist.models.managed import ManagedRemap, ReplicatedMCH
+
+    args = {"zch_size": 4, "eviction": "lfu", "eviction_interval": 1, "history_capacity": 16, **kw}
+    return ManagedRemap({"f": ReplicatedMCH(**args)})
+
+
+def test_managed_module_admits_evicts_and_counts():
+    import torch
+
+    r = _remap()
+    big = 1 << 50
+    out = r(_kjt([big + 1, big + 1, big + 2, big + 3]))
+    rows = out.values().tolist()
+    assert rows[0] == rows[1] and len(set(rows)) == 3 and 3 not in rows  # 3 rows of 4 (row 3: default)
+    out = r(_kjt([big + 4, big + 4, big + 4, big + 1]))  # big+4 (3 times) beats big+2 / big+3 (once)
+    assert out.values()[0] != 3  # admitted on its first step (interval 1), evicting big+2 or big+3
+    st = r.mch["f"].stats()
+    assert st["rows_used"] == 3 and st["evictions"] == 1 and st["admissions"] == 4
+    r.eval()
+    got = r(_kjt([big + 99, big + 1]), torch.tensor([1.0, 1.0])).values().tolist()
+    assert got[0] == 3 and got[1] == rows[0]  # unseen id -> default row; nothing recorded in eval
+    counts = r.read_lookups("score", reduce=False)
+    assert counts.tolist() == [[2, 1]]
+    # padding rows (weight 0) are neither recorded nor counted
+    r.train()
+    before = int(r.mch["f"]._counters[3])
+    r(_kjt([big + 7, big + 8]), torch.tensor([1.0, 0.0]))
+    assert int(r.mch["f"]._counters[3]) - before <= 1
+    assert r.read_lookups("train", reduce=False)[0, 0] == 8 + 2 - 1  # 4 + 4 + 1 counted lookups
+
+
+def test_managed_state_round_trip_resumes_exactly():
+    """A state dict taken mid-interval (pending history) loads into a fresh module that then
+    maps and evicts exactly as the uninterrupted one."""
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    steps = [((torch.randint(0, 30, (12,), generator=g) ** 2) + (1 << 40)).tolist() for _ in range(9)]
+    a = _remap(zch_size=6, eviction="lru", eviction_interval=3, history_capacity=36)
+    for s in steps[:4]:
+        a(_kjt(s))
+    b = _remap(zch_size=6, eviction="lru", eviction_interval=3, history_capacity=36)
+    b.load_state_dict(a.state_dict())
+    for s in steps[4:]:
+        ra, rb = a(_kjt(s)).values(), b(_kjt(s)).values()
+        assert torch.equal(ra, rb)
+    for k, v in a.state_dict().items():
+        assert torch.equal(v, b.state_dict()[k]), k
