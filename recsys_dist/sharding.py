@@ -180,7 +180,15 @@ def fix_replicated_sequence_tables(dmp: nn.Module) -> int:
     from torchrec.distributed.batched_embedding_kernel import BatchedDenseEmbedding
 
     # Sharded collections keep their lookups in a plain list, outside modules().
-    found = [m for owner in dmp.modules() for lookup in getattr(owner, "_lookups", []) for m in lookup.modules()]
+    # (Other modules, e.g. TorchRec's managed-collision modules, use the name for a tensor.)
+    found = [
+        m
+        for owner in dmp.modules()
+        if isinstance(getattr(owner, "_lookups", None), (list, nn.ModuleList))
+        for lookup in owner._lookups
+        if isinstance(lookup, nn.Module)
+        for m in lookup.modules()
+    ]
     changed = 0
     for module in found:
         emb = getattr(module, "_emb_module", None)
