@@ -55,6 +55,13 @@ def _print_summary(summary: dict) -> None:
         f"  test        AUC {fmt(t['auc'])}  logloss {fmt(t['logloss'])}\n"
         f"  run directory: {summary['run_dir']}"
     )
+    best = summary.get("best")
+    if best:
+        print(
+            f"  best validation {best['metric']} {fmt(best['value'])} at step {best['step']}"
+            + (" (stopped early)" if best["early_stopped"] else "")
+            + (f": {best['checkpoint']} (`best`)" if best.get("checkpoint") else "")
+        )
 
 
 def cmd_train(args: argparse.Namespace) -> int:

@@ -361,7 +361,7 @@ def constraints(
     (table_row_wise: over ``local_world_size`` ranks), see :func:`leaves_rank_empty`.
 
     Raises:
-        ValueError: such a table is left no other sharding type (:func:`small_table_problems`).
+        ConfigError: such a table is left no other sharding type (:func:`small_table_problems`).
     """
     hot = cfg.data.multi_hot_sizes
     by_feature = dict(zip([t.feature_names[0] for t in tables if t.name.startswith("t_")], hot)) if hot else {}
@@ -372,7 +372,7 @@ def constraints(
         rows = {t.name: t.num_embeddings for t in tables}
         problems = small_table_problems(cfg.sharding, rows, world_size, local)
         if problems:
-            raise ValueError("; ".join(problems))
+            raise ConfigError("invalid config:\n" + "\n".join(f"  {p}" for p in problems))
         for name, c in out.items():
             bad = row_wise_types(rows[name], world_size, local)
             if bad:

@@ -682,6 +682,7 @@ class Trainer:
         with checkpoint.keep_best, save a new best checkpoint."""
         if self._last_val is not None and self._last_val[0] == self._step:
             return self._last_val[1]
+        maybe_fault("eval", self._step, self._ctx.rank)
         metrics = self.evaluate("validation")
         self._last_val = (self._step, metrics)
         managed = managed_metrics(self._model, "validation")
