@@ -26,7 +26,9 @@ def check_scales(ls):
                 assert scale == 1.0  # exactly: a batch without padding is left as it was
 
 
-@pytest.mark.parametrize("n,ws,bs,remainder", [(10, 3, 2, "pad"), (11, 2, 4, "pad"), (7, 1, 3, "pad"), (23, 3, 3, "drop")])
+@pytest.mark.parametrize(
+    "n,ws,bs,remainder", [(10, 3, 2, "pad"), (11, 2, 4, "pad"), (7, 1, 3, "pad"), (23, 3, 3, "drop")]
+)
 def test_loss_scale_from_the_global_real_rows(tmp_path, n, ws, bs, remainder):
     check_scales(loaders(make_parquet(tmp_path, n), ws, bs, remainder=remainder))
 
@@ -36,9 +38,7 @@ def test_loss_scale_when_each_rank_reads_its_row_groups(tmp_path, ws, bs):
     from recsys_dist.data.loader import ParquetBatchLoader
 
     paths = write_files(tmp_path, [9, 5, 3])
-    ls = [
-        ParquetBatchLoader(paths, bs, r, ws, ["I1"], ["C1"], rank_reads="row_groups", prefetch=0) for r in range(ws)
-    ]
+    ls = [ParquetBatchLoader(paths, bs, r, ws, ["I1"], ["C1"], rank_reads="row_groups", prefetch=0) for r in range(ws)]
     check_scales(ls)
 
 
@@ -53,7 +53,9 @@ class Linear(torch.nn.Module):
 
 def batch(dense, labels, weights, scale=None):
     b = len(labels)
-    kjt = KeyedJaggedTensor(keys=["f"], values=torch.zeros(b, dtype=torch.long), lengths=torch.ones(b, dtype=torch.int32))
+    kjt = KeyedJaggedTensor(
+        keys=["f"], values=torch.zeros(b, dtype=torch.long), lengths=torch.ones(b, dtype=torch.int32)
+    )
     return CTRBatch(dense, kjt, labels, weights, None if scale is None else torch.tensor(scale))
 
 

@@ -43,7 +43,9 @@ def test_padded_last_batch_is_world_size_exact(tmp_path):
                         split,
                         key,
                     )
-            assert b["summary"]["rows_trained"] == a["summary"]["rows_trained"] == (1600 if remainder == "pad" else 1536)
+            assert (
+                b["summary"]["rows_trained"] == a["summary"]["rows_trained"] == (1600 if remainder == "pad" else 1536)
+            )
             wa, wb = a["weights"], b["weights"]
             assert sorted(wa) == sorted(wb)
             for name in wa:
