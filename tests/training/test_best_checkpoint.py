@@ -86,7 +86,7 @@ def test_overfitting_run_keeps_and_scores_its_best_checkpoint(tmp_path):
     )  # keep: 1 deletes every other checkpoint, never the best
 
     # The converted test and validation splits of the run (manifest-recognised Parquet).
-    cache = next((tmp_path / "cache").glob("schema-*"))
+    cache = next((tmp_path / "cache").glob("schema-*/test.parquet")).parent
     outs = {}
     for name, model in (("best", ["best", "--run-dir", ref]), ("dir", [best_dir]), ("latest", [ref])):
         out = tmp_path / f"{name}.parquet"

@@ -41,6 +41,7 @@ def train(tmp_path, run_dir, *extra, env=None):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_validation_once_per_step_and_kept_across_a_resume(tmp_path):
     ref = tmp_path / "ref"
     r = train(tmp_path, ref)
