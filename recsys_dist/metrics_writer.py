@@ -89,8 +89,8 @@ class MetricsWriter:
 
                 # A resumed run writes the steps after its checkpoint again: TensorBoard drops
                 # the old events from purge_step on, so each step shows once.
-                purge = None if resume_step is None else resume_step + 1
-                self.tb = SummaryWriter(str(self.path.parent / "tensorboard"), purge_step=purge)
+                purge = {} if resume_step is None else {"purge_step": resume_step + 1}
+                self.tb = SummaryWriter(str(self.path.parent / "tensorboard"), **purge)
             except ImportError:
                 pass
 

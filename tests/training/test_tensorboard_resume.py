@@ -47,7 +47,7 @@ def test_resume_purges_tensorboard_events_after_the_checkpoint(tmp_path, monkeyp
     run = tmp_path / "run"
     with Trainer(cfg, run) as trainer:
         trainer.fit()
-    assert FakeWriter.made[-1] == (str(run / "tensorboard"), {"purge_step": None})
+    assert FakeWriter.made[-1] == (str(run / "tensorboard"), {})
     with Trainer(cfg, run, resume=run / "checkpoints" / "step_00000002") as trainer:
         assert trainer.step == 2
     assert FakeWriter.made[-1] == (str(run / "tensorboard"), {"purge_step": 3})
