@@ -4,6 +4,8 @@ Layout of a run directory's ``checkpoints/``::
 
     step_00000120/      one DCP checkpoint: every rank's shards, .metadata, meta.json
     latest              text file naming the newest complete checkpoint; written last
+    best                (checkpoint.keep_best) text file naming the best-validation checkpoint,
+                        which ``checkpoint.keep`` never deletes
 
 A checkpoint is written into ``step_N.tmp`` and renamed by rank 0 once every rank has
 finished, and ``latest`` is replaced (write + rename) only after that, so a crash mid-save
@@ -47,17 +49,28 @@ class CheckpointConfig(Section):
     every_n_steps: int | None = Field(
         None, gt=0, description="Also save every N training steps (None = only at the end)."
     )
-    keep: int = Field(2, gt=0, description="Keep the newest N complete checkpoints; older ones are deleted.")
+    keep: int = Field(
+        2, gt=0, description="Keep the newest N complete checkpoints; older ones are deleted (except the best)."
+    )
+    keep_best: bool = Field(
+        False,
+        description="Save a checkpoint at every validation that improves on the best so far (the metric of "
+        "train.early_stopping, else AUC) and keep the best one as checkpoints/best, never deleted by `keep`; "
+        "`best` then names it for --resume, export, evaluate and predict.",
+    )
 
 
 class CheckpointError(RuntimeError):
     """A checkpoint is missing, incomplete, or does not fit the model; the message says which."""
 
 
-def save_checkpoint(ctx: DistContext, run_dir: Path, step: int, state: dict, meta: dict, keep: int = 2) -> Path:
+def save_checkpoint(
+    ctx: DistContext, run_dir: Path, step: int, state: dict, meta: dict, keep: int = 2, best: bool = False
+) -> Path:
     """Save ``state`` (nested dict of tensors / ShardedTensors) as checkpoint ``step``.
 
-    Every rank must call this (it is collective). Keeps the newest ``keep`` checkpoints.
+    Every rank must call this (it is collective). Keeps the newest ``keep`` checkpoints and
+    the one ``checkpoints/best`` names; ``best``: this one becomes ``checkpoints/best``.
     Returns the final checkpoint directory.
 
     Raises:
@@ -85,11 +98,14 @@ def save_checkpoint(ctx: DistContext, run_dir: Path, step: int, state: dict, met
             (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
             shutil.rmtree(final, ignore_errors=True)
             tmp.rename(final)
-            marker = root / "latest.tmp"
-            marker.write_text(final.name + "\n")
-            marker.rename(root / "latest")
+            for name in ("latest", "best") if best else ("latest",):
+                marker = root / f"{name}.tmp"
+                marker.write_text(final.name + "\n")
+                marker.rename(root / name)
+            kept = _marked(root, "best")
             for old in sorted(p for p in root.glob("step_*") if p.is_dir() and not p.name.endswith(".tmp"))[:-keep]:
-                shutil.rmtree(old, ignore_errors=True)
+                if old.name != kept:
+                    shutil.rmtree(old, ignore_errors=True)
 
     def write() -> None:
         try:
@@ -198,6 +214,46 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
             return path
     done = sorted(p for p in root.glob("step_*") if is_complete(p))
     return done[-1] if done else None
+
+
+def _marked(root: Path, name: str) -> str | None:
+    marker = root / name
+    return marker.read_text().strip() if marker.is_file() else None
+
+
+def best_checkpoint(run_dir: Path) -> Path | None:
+    """The checkpoint ``checkpoints/best`` names (``checkpoint.keep_best``), if complete; else None."""
+    root = Path(run_dir) / "checkpoints"
+    name = _marked(root, "best")
+    return root / name if name and is_complete(root / name) else None
+
+
+def named_checkpoint(ref: str | Path, run_dir: Path | None = None) -> Path:
+    """``best`` or ``latest`` of ``run_dir``, a marker file ``RUN/checkpoints/best|latest``, a
+    run directory (its newest complete checkpoint) or a checkpoint directory -> the checkpoint.
+
+    Raises:
+        CheckpointError: no such checkpoint (naming what is missing and how to get it).
+    """
+    if str(ref) in ("best", "latest"):
+        if run_dir is None:
+            raise CheckpointError(f"{ref!s}: give the run directory it belongs to (--run-dir)")
+        ref, run_dir = str(ref), Path(run_dir)
+        found = best_checkpoint(run_dir) if ref == "best" else latest_checkpoint(run_dir)
+        if found is None:
+            hint = " (it is kept with checkpoint.keep_best: true)" if ref == "best" else ""
+            raise CheckpointError(f"{run_dir}: no complete {ref} checkpoint{hint}")
+        return found
+    path = Path(ref)
+    if path.is_file() and path.name in ("best", "latest") and path.parent.name == "checkpoints":
+        return named_checkpoint(path.name, path.parent.parent)
+    if (path / "checkpoints").is_dir():
+        found = latest_checkpoint(path)
+        if found is None:
+            raise CheckpointError(f"{path}: this run directory has no complete checkpoint")
+        return found
+    read_meta(path)  # raises CheckpointError naming what is wrong
+    return path
 
 
 def is_complete(path: Path) -> bool:

@@ -55,6 +55,13 @@ def _print_summary(summary: dict) -> None:
         f"  test        AUC {fmt(t['auc'])}  logloss {fmt(t['logloss'])}\n"
         f"  run directory: {summary['run_dir']}"
     )
+    best = summary.get("best")
+    if best:
+        print(
+            f"  best validation {best['metric']} {fmt(best['value'])} at step {best['step']}"
+            + (" (stopped early)" if best["early_stopped"] else "")
+            + (f": {best['checkpoint']} (`best`)" if best.get("checkpoint") else "")
+        )
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -201,8 +208,8 @@ def _resolve_resume(args: argparse.Namespace, run_dir: Path) -> Path | None:
         ConfigError: ``--resume auto`` without ``--run-dir``.
         CheckpointError: PATH is not a complete checkpoint (``run_dir.resolve_resume``).
     """
-    if args.resume == "auto" and not args.run_dir:
-        raise ConfigError("--resume auto continues a run: give its directory with --run-dir")
+    if args.resume in ("auto", "best", "latest") and not args.run_dir:
+        raise ConfigError(f"--resume {args.resume} continues a run: give its directory with --run-dir")
     path = run_dirs.resolve_resume(args.resume, run_dir)
     if args.resume == "auto" and path is None:
         # Lets one job script serve the first submission and every requeue.
@@ -366,13 +373,32 @@ def cmd_preprocess(args: argparse.Namespace) -> int:
     return 0
 
 
+def _model_path(args: argparse.Namespace) -> Path:
+    """The MODEL argument of export / evaluate / predict: ``best`` or ``latest`` of
+    ``--run-dir``, or a path as given.
+
+    Raises:
+        ConfigError: ``best`` / ``latest`` without ``--run-dir``, or ``--run-dir`` with a path.
+        CheckpointError: the run has no such checkpoint.
+    """
+    if args.model in ("best", "latest"):
+        if not args.run_dir:
+            raise ConfigError(f"MODEL {args.model} names a checkpoint of a run: give the run with --run-dir")
+        from recsys_dist.checkpoint import named_checkpoint
+
+        return named_checkpoint(args.model, Path(args.run_dir))
+    if args.run_dir:
+        raise ConfigError(f"--run-dir goes with MODEL best or latest; {args.model} is a path already")
+    return Path(args.model)
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     _quiet_third_party()
     from recsys_dist.export import export
 
     if Path(args.out).exists() and not Path(args.out).is_dir():
         raise ConfigError(f"--out {args.out} is a file; give a directory (it is created if missing)")
-    written = export(args.model, args.out, args.format)
+    written = export(_model_path(args), args.out, args.format)
     print(f"recsys-dist: exported {args.model} to {args.out}: {', '.join(p.name for p in written)}")
     return 0
 
@@ -384,7 +410,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from recsys_dist.export import load, score
     from recsys_dist.metrics import binary_metrics
 
-    m = load(args.model)
+    m = load(_model_path(args))
     scores = score(m.cfg, m.model, args.data, preprocessing=m.preprocessing)
     if not scores["labelled"]:
         from recsys_dist.data.criteo import DataError
@@ -427,7 +453,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
             "give a file path such as preds.parquet in an existing folder"
         )
     keep = _keep_columns(args.keep_columns)
-    m = load(args.model)
+    m = load(_model_path(args))
     scores = score(m.cfg, m.model, args.data, preprocessing=m.preprocessing, keep_columns=keep)
     write_predictions(scores, args.out)
     print(f"recsys-dist: {len(scores['logit'])} predictions from {m.source} -> {args.out}")
@@ -483,8 +509,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--resume",
         default=None,
-        metavar="auto|PATH",
-        help="continue from a checkpoint: auto = newest complete one in --run-dir",
+        metavar="auto|latest|best|PATH",
+        help="continue from a checkpoint: auto = newest complete one in --run-dir (or a fresh start); "
+        "latest / best = the newest / best-validation (checkpoint.keep_best) one of --run-dir",
     )
     p.add_argument("--plan", default=None, help="reuse a placement: the plan.json of an earlier run")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -511,7 +538,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "export", help="write a self-contained unsharded model (weights, config, preprocessing) from a run"
     )
-    p.add_argument("model", help="run directory (newest checkpoint) or checkpoint directory")
+    p.add_argument(
+        "model", help="run directory (newest checkpoint), checkpoint directory, or best / latest with --run-dir"
+    )
+    p.add_argument("--run-dir", default=None, help="the run whose best / latest checkpoint MODEL names")
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument(
         "--format",
@@ -525,7 +555,8 @@ def build_parser() -> argparse.ArgumentParser:
         ("predict", "write per-row predictions of a model to Parquet"),
     ):
         p = sub.add_parser(name, help=helptext)
-        p.add_argument("model", help="run, checkpoint or export directory")
+        p.add_argument("model", help="run, checkpoint or export directory, or best / latest with --run-dir")
+        p.add_argument("--run-dir", default=None, help="the run whose best / latest checkpoint MODEL names")
         p.add_argument(
             "--data",
             required=True,

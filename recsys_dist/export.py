@@ -13,7 +13,8 @@
 TorchScript module loadable with torch alone (``recsys_dist.serving``, docs/serving.md).
 
 ``evaluate`` and ``predict`` accept a run directory (its newest checkpoint), a checkpoint
-directory written at any world size and sharding, or an export.
+directory written at any world size and sharding, a ``RUN/checkpoints/best`` or ``latest``
+marker (``best``/``latest`` with ``--run-dir`` on the command line), or an export.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from recsys_dist.checkpoint import (
     in_saved_layout,
     is_complete,
     latest_checkpoint,
+    named_checkpoint,
     read_meta,
 )
 from recsys_dist.config import RunConfig, config_from_dict, save_config
@@ -103,6 +105,8 @@ def load(path: str | Path, preprocessing: bool = True) -> LoadedModel:
             raise CheckpointError(f"{path / MODEL_FILE} does not fit its config.yaml: {str(err)[:800]}") from None
         prep = _export_preprocessing(path, cfg) if preprocessing else None
         return LoadedModel(cfg, model.eval(), f"export {path}", prep)
+    if path.is_file() and path.name in ("best", "latest") and path.parent.name == "checkpoints":
+        path = named_checkpoint(path)  # the marker file of checkpoint.keep_best / the newest one
     ckpt = path if is_complete(path) else latest_checkpoint(path)
     if ckpt is None:
         raise CheckpointError(

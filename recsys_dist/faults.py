@@ -8,7 +8,8 @@ instead of dying: the other ranks must still exit promptly), ``disk_full`` (the 
 writer of that step raises ``OSError(ENOSPC)``, as a full disk would), ``metrics_full``
 (rank 0's ``metrics.jsonl`` line of that step is cut short and the write raises
 ``OSError(ENOSPC)``: give RANK 0), ``read_only`` (that line's write raises ``OSError(EROFS)``,
-as a file system remounted read-only would: give RANK 0). ``delay:SECONDS`` makes every rank sleep that long after every step, on every
+as a file system remounted read-only would: give RANK 0), ``eval`` (a validation of step
+STEP is starting). ``delay:SECONDS`` makes every rank sleep that long after every step, on every
 attempt (a live run slow enough for a test to signal its launcher).
 """
 

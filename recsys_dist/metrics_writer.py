@@ -76,16 +76,21 @@ class MetricsWriter:
         world_size: the ranks that call :meth:`write` together. With more than one,
             :meth:`write` is collective: when rank 0 cannot write, every rank raises
             :class:`MetricsError` (no rank is left waiting in the next collective).
+        resume_step: the step of the checkpoint a resumed run starts from: TensorBoard events
+            after it are purged (``SummaryWriter(purge_step=resume_step + 1)``).
     """
 
-    def __init__(self, path: Path, enabled: bool, world_size: int = 1) -> None:
+    def __init__(self, path: Path, enabled: bool, world_size: int = 1, resume_step: int | None = None) -> None:
         self.path, self.enabled, self.world_size = Path(path), enabled, world_size
         self.tb = None
         if enabled:
             try:
                 from torch.utils.tensorboard import SummaryWriter
 
-                self.tb = SummaryWriter(str(self.path.parent / "tensorboard"))
+                # A resumed run writes the steps after its checkpoint again: TensorBoard drops
+                # the old events from purge_step on, so each step shows once.
+                purge = {} if resume_step is None else {"purge_step": resume_step + 1}
+                self.tb = SummaryWriter(str(self.path.parent / "tensorboard"), **purge)
             except ImportError:
                 pass
 

@@ -13,7 +13,7 @@ from recsys_dist.config.base import ConfigError
 from recsys_dist.data import feature_names
 from recsys_dist.data.config import raw_paths
 from recsys_dist.models.registry import get_model
-from recsys_dist.sharding import CUDA_ONLY_KERNELS, comms_problems
+from recsys_dist.sharding import CUDA_ONLY_KERNELS, comms_problems, small_table_problems
 from recsys_dist.train_pipeline import pipeline_problems
 
 
@@ -41,6 +41,11 @@ def section_problems(cfg) -> list[str]:
             problems.append(
                 "eval.group_feature: GAUC needs every prediction; it cannot be combined with eval.auc_buckets"
             )
+    if cfg.checkpoint.keep_best and not cfg.checkpoint.enabled:
+        problems.append(
+            "checkpoint.keep_best: keeps a checkpoint, but checkpoint.enabled is false; enable checkpoints or "
+            "remove keep_best"
+        )
     return problems
 
 
@@ -109,6 +114,12 @@ def check_before_launch(cfg, world_size: int | None = None) -> None:
             f"  distributed.nproc_per_node: {world} ranks but only {len(tables)} tables and "
             "sharding_types [table_wise]; allow row_wise or column_wise, or use fewer ranks"
         )
+    if cfg.data.categorical_mapping == "hash":  # vocabulary sizes are known once converted (checked then)
+        from recsys_dist.models.build import table_sizes
+
+        rows = table_sizes(cfg)
+        sizes = dict(zip(tables, rows + rows))  # t_<feature>, then w_<feature> of the same size
+        problems += [f"  {p}" for p in small_table_problems(cfg.sharding, sizes, world)]
     only_dp = cfg.sharding.sharding_types == ["data_parallel"] and not cfg.sharding.per_table and fixed is None
     if cfg.model.embedding_dim % 4 and not only_dp:
         low = cfg.model.embedding_dim - cfg.model.embedding_dim % 4

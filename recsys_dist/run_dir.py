@@ -6,7 +6,8 @@ A run directory holds one run (the README's table: ``config.yaml``, ``plan.txt``
 - a directory that already holds a run (``metrics.jsonl`` or ``checkpoints/``) is refused
   unless the run is resumed, so two runs are never mixed (:func:`check_unused`);
 - ``resume`` is ``"auto"`` (the newest complete checkpoint of the run directory, or none
-  yet) or a path: a checkpoint directory, or a run directory meaning its newest complete
+  yet), ``"latest"`` / ``"best"`` (the run directory's newest / best-validation checkpoint,
+  which must exist) or a path: a checkpoint directory, or a run directory meaning its newest complete
   checkpoint (:func:`resolve_resume`);
 - one run writes a directory at a time: the process that starts the run holds an exclusive
   lock on ``RUN_DIR/.lock`` for the run's life (:func:`lock_run_dir`), so a second run, fresh
@@ -172,7 +173,8 @@ def resolve_resume(resume: str | Path | None, run_dir: Path, flag: str = "--resu
     Args:
         resume: None; ``"auto"``: the newest complete checkpoint in ``run_dir`` (None when
             there is none yet, so one job script serves the first submission and every
-            requeue); a checkpoint directory (``step_N``); or a run directory, meaning its
+            requeue); ``"latest"`` or ``"best"`` (``checkpoint.keep_best``) of ``run_dir``,
+            which must exist; a checkpoint directory (``step_N``); or a run directory, meaning its
             newest complete checkpoint.
         run_dir: the run's directory (for ``"auto"``).
         flag: how messages name the option (``--resume`` on the command line).
@@ -181,12 +183,14 @@ def resolve_resume(resume: str | Path | None, run_dir: Path, flag: str = "--resu
         CheckpointError: the path is a file, does not exist, is an incomplete checkpoint,
             or is a run directory without a complete checkpoint.
     """
-    from recsys_dist.checkpoint import CheckpointError, latest_checkpoint, read_meta
+    from recsys_dist.checkpoint import CheckpointError, latest_checkpoint, named_checkpoint, read_meta
 
     if not resume:
         return None
     if resume == "auto":
         return latest_checkpoint(Path(run_dir))
+    if resume in ("best", "latest"):
+        return named_checkpoint(resume, run_dir)
     path = Path(resume)
     if path.is_file():
         raise CheckpointError(f"{flag} {path} is a file; give a checkpoint directory (step_N) or a run directory")

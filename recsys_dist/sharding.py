@@ -29,6 +29,7 @@ from torchrec.distributed.planner.storage_reservations import HeuristicalStorage
 from torchrec.distributed.types import CacheParams, ModuleSharder, ShardingPlan, ShardingType
 from torchrec.modules.embedding_configs import BaseEmbeddingConfig, EmbeddingBagConfig, EmbeddingConfig
 
+from recsys_dist.config.base import ConfigError
 from recsys_dist.config.base import Section as _Section
 
 SHARDING_TYPES = (
@@ -299,13 +300,92 @@ def sharders(comms: CommsConfig | None = None, device_type: str = "cpu") -> list
     ]
 
 
-def constraints(cfg, tables: list[EmbeddingBagConfig]) -> dict[str, ParameterConstraints]:
+def leaves_rank_empty(rows: int, ranks: int) -> bool:
+    """Whether row-wise sharding of ``rows`` rows over ``ranks`` ranks gives some rank no row.
+
+    TorchRec cuts ``ceil(rows / ranks)``-row blocks (``_calculate_rw_shard_sizes_and_offsets``:
+    5 rows on 4 ranks are 2, 2, 1, 0), and FBGEMM's fused kernel fails on a rank whose shard
+    of a table is empty; so such a table must not be sharded row-wise."""
+    return ranks > 1 and (ranks - 1) * -(-rows // ranks) >= rows
+
+
+def row_wise_types(rows: int, world_size: int, local_world_size: int) -> list[str]:
+    """The row-sharded types (row_wise, table_row_wise) that would leave a rank without a row
+    of a ``rows``-row table (see :func:`leaves_rank_empty`)."""
+    out = []
+    if leaves_rank_empty(rows, world_size):
+        out.append("row_wise")
+    if leaves_rank_empty(rows, local_world_size):
+        out.append("table_row_wise")
+    return out
+
+
+def small_table_problems(
+    s: ShardingConfig, sizes: dict[str, int], world_size: int, local_world_size: int | None = None
+) -> list[str]:
+    """Tables too small to be sharded row-wise over the job's ranks that the config leaves no
+    other sharding type (or places row-wise in a fixed plan), one message per table naming the fix.
+
+    ``sizes``: table name -> rows."""
+    local = local_world_size or world_size
+    problems = []
+    for name, rows in sizes.items():
+        bad = row_wise_types(rows, world_size, local)
+        if not bad:
+            continue
+        if s.fixed_plan is not None:
+            fp = s.fixed_plan.get(name)
+            if fp is not None and fp.sharding_type in bad:
+                problems.append(
+                    f"sharding.fixed_plan.{name}: {fp.sharding_type} over {world_size if fp.sharding_type == 'row_wise' else local} "
+                    f"ranks leaves a rank without a row of this {rows}-row table, which FBGEMM cannot run; "
+                    "place it table_wise or data_parallel"
+                )
+            continue
+        override = s.per_table.get(name)
+        key = (
+            f"sharding.per_table.{name}.sharding_types"
+            if override and override.sharding_types
+            else ("sharding.sharding_types")
+        )
+        types = (override and override.sharding_types) or s.sharding_types or list(ALL_TYPES)
+        if not [t for t in types if t not in bad]:
+            problems.append(
+                f"{key}: {types} leaves table {name} ({rows} rows) only {' / '.join(bad)}, which over "
+                f"{world_size} ranks gives a rank no row of it (FBGEMM cannot run that); allow table_wise or "
+                f"data_parallel for it (sharding.per_table.{name}.sharding_types: [table_wise]), give it at least "
+                f"{world_size} rows, or use fewer ranks"
+            )
+    return problems
+
+
+def constraints(
+    cfg, tables: list[EmbeddingBagConfig], world_size: int | None = None, local_world_size: int | None = None
+) -> dict[str, ParameterConstraints]:
     """Per-table planner constraints of a run config: its ``sharding`` section (per_table wins)
-    and ``data.multi_hot_sizes`` (pooling factors of the ``t_`` tables and their first-order twins)."""
+    and ``data.multi_hot_sizes`` (pooling factors of the ``t_`` tables and their first-order twins).
+
+    With ``world_size``, a table too small to give every rank a row is not offered row_wise
+    (table_row_wise: over ``local_world_size`` ranks), see :func:`leaves_rank_empty`.
+
+    Raises:
+        ConfigError: such a table is left no other sharding type (:func:`small_table_problems`).
+    """
     hot = cfg.data.multi_hot_sizes
     by_feature = dict(zip([t.feature_names[0] for t in tables if t.name.startswith("t_")], hot)) if hot else {}
     sizes = [by_feature.get(t.feature_names[0], 1) for t in tables] if hot else None
-    return table_constraints(cfg.sharding, [t.name for t in tables], sizes, unpooled_names(tables))
+    out = table_constraints(cfg.sharding, [t.name for t in tables], sizes, unpooled_names(tables))
+    if world_size is not None:
+        local = local_world_size or world_size
+        rows = {t.name: t.num_embeddings for t in tables}
+        problems = small_table_problems(cfg.sharding, rows, world_size, local)
+        if problems:
+            raise ConfigError("invalid config:\n" + "\n".join(f"  {p}" for p in problems))
+        for name, c in out.items():
+            bad = row_wise_types(rows[name], world_size, local)
+            if bad:
+                c.sharding_types = [t for t in c.sharding_types if t not in bad]
+    return out
 
 
 def unpooled_names(tables: list[BaseEmbeddingConfig]) -> set[str]:
@@ -388,7 +468,7 @@ def make_planner(
     return EmbeddingShardingPlanner(
         topology=make_topology(cfg, world_size, local_world_size, compute_device),
         batch_size=batch_size or cfg.sharding.planner_batch_size or cfg.train.batch_size,
-        constraints=constraints(cfg, tables),
+        constraints=constraints(cfg, tables, world_size, local_world_size),
         storage_reservation=HeuristicalStorageReservation(percentage=cfg.sharding.storage_reservation),
     )
 
@@ -429,6 +509,12 @@ def fixed_sharding_plan(
             elif fp.sharding_type == "table_wise":
                 gen = sp.table_wise(rank=ranks[0], compute_kernel=kernel)
             elif fp.sharding_type == "row_wise":
+                if leaves_rank_empty(t.num_embeddings, world_size):
+                    raise ValueError(
+                        f"sharding.fixed_plan.{t.name}: row_wise over {world_size} ranks leaves a rank without a "
+                        f"row of this {t.num_embeddings}-row table, which FBGEMM cannot run; place it table_wise "
+                        "or data_parallel"
+                    )
                 gen = sp.row_wise(compute_kernel=kernel)
             elif fp.sharding_type == "column_wise":
                 width = t.embedding_dim / len(ranks)
@@ -515,6 +601,10 @@ def collective_plan(
     check_covered(model)
     world = dist.get_world_size(pg)
     local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    # Every rank checks (same tables, same answer) before rank 0 plans, so none waits alone.
+    problems = small_table_problems(cfg.sharding, {t.name: t.num_embeddings for t in tables}, world, local)
+    if problems:
+        raise ConfigError("invalid config:\n" + "\n".join(f"  {p}" for p in problems))
     if cfg.sharding.fixed_plan is not None:
         plan = fixed_sharding_plan(model, cfg.sharding.fixed_plan, world, local, device.type)
         check_column_shards(plan)

@@ -11,6 +11,18 @@ from pydantic import Field, model_validator
 from recsys_dist.config.base import Section as _Section
 
 
+class EarlyStoppingConfig(_Section):
+    """``train.early_stopping``: stop when the validation metric stops improving."""
+
+    metric: Literal["auc", "logloss", "ne"] = Field(
+        "auc", description="Validation metric watched: auc (higher is better), logloss or ne (lower is better)."
+    )
+    patience: int = Field(3, gt=0, description="Stop after this many validations in a row without an improvement.")
+    min_delta: float = Field(
+        0.0, ge=0, description="An improvement is a change in the better direction larger than this."
+    )
+
+
 class TrainConfig(_Section):
     """The ``train:`` section: batches, epochs, optimizers, schedule, loss, precision, logging."""
 
@@ -69,6 +81,11 @@ class TrainConfig(_Section):
     )
     loss_args: dict[str, Any] = Field(
         default_factory=dict, description="Keyword arguments of the loss, e.g. {gamma: 2.0} for focal."
+    )
+    early_stopping: EarlyStoppingConfig | None = Field(
+        None,
+        description="Stop training when the validation metric (scored after every epoch and every "
+        "eval.every_n_steps) has not improved for `patience` validations; None = train every epoch.",
     )
 
     @model_validator(mode="after")

@@ -42,6 +42,7 @@ from recsys_dist.data import feature_names, prepare_from_config
 from recsys_dist.data.loader import ParquetBatchLoader
 from recsys_dist.data.mapping import loader_id_bounds
 from recsys_dist.distributed import DistContext, broadcast_result, init_distributed, under_launcher
+from recsys_dist.early_stopping import BestTracker
 from recsys_dist.evaluation import evaluate, in_row_order, predict
 from recsys_dist.faults import maybe_fault
 from recsys_dist.ledger import run_ledger
@@ -193,6 +194,8 @@ class Trainer:
             training (evaluation excluded), so far; they continue across a resume.
         spec: the ``FeatureSpec`` (features, tables and their sizes) the data preparation decided.
         resumed_from, resumed_at_step: the checkpoint resumed from and its step, or None.
+        best: the ``recsys_dist.early_stopping.BestTracker`` of ``train.early_stopping`` /
+            ``checkpoint.keep_best`` (best validation value and step, early stop), or None.
 
     Raises:
         ConfigError: ``distributed.nproc_per_node`` > 1 in a single process with neither a
@@ -261,7 +264,8 @@ class Trainer:
             (self.run_dir / "plan.json").write_text(
                 json.dumps(sharding.plan_summary(self._model.plan, self.spec.planned_tables()), indent=2)
             )
-        self._writer = MetricsWriter(self.run_dir / "metrics.jsonl", ctx.is_main, ctx.world_size)
+        resume_step = run_dirs.checkpoint_step(checkpoint) if checkpoint is not None else None
+        self._writer = MetricsWriter(self.run_dir / "metrics.jsonl", ctx.is_main, ctx.world_size, resume_step)
         self._tracer = TraceWriter(profile_dir, ctx.rank)
         t = cfg.train
         self._schedule = LRSchedule(t.warmup_steps, t.decay_start_step, t.decay_steps)
@@ -273,6 +277,16 @@ class Trainer:
         self._losses: list = []
         self._real_rows: list = []
         self._early_batches = None  # the next epoch's batches, opened during this epoch's validation
+        self._last_val: tuple[int, dict] | None = None  # (step, metrics) of the latest validation
+        self._saved_step: int | None = None  # the step of the checkpoint written last
+        es = t.early_stopping
+        self.best = (
+            BestTracker(es.metric, es.patience, es.min_delta)
+            if es is not None
+            else BestTracker("auc")
+            if cfg.checkpoint.keep_best
+            else None
+        )
         self._t0 = time.perf_counter()
         self._bar = tqdm(
             total=self.total_steps,
@@ -326,17 +340,21 @@ class Trainer:
     # ------------------------------------------------------------------ the job
 
     def fit(self) -> dict:
-        """Train ``train.epochs`` epochs (capped by ``train.max_steps``), scoring the
-        validation split after each one (and every ``eval.every_n_steps``), then score the
-        test split, save the final checkpoint (when ``checkpoint.enabled``) and write
-        ``summary.json``. Collective: every rank must call it.
+        """Train ``train.epochs`` epochs (capped by ``train.max_steps``, and stopped early by
+        ``train.early_stopping``), scoring the validation split after each one (and every
+        ``eval.every_n_steps``; once at a step that is both), then score the test split, save
+        the final checkpoint (when ``checkpoint.enabled``) and write ``summary.json``.
+        Collective: every rank must call it.
 
         Returns:
             The summary, as in ``summary.json``: ``run_dir``, ``world_size``, ``steps``,
             ``rows_trained``, ``train_seconds``, ``samples_per_s``, ``resumed_at_step``,
             ``validation`` and ``test`` (``auc``, ``logloss``, ``ne``; None where undefined),
             ``checkpoint`` (its path), ``wall_seconds`` and ``wall_split`` (seconds per
-            phase of this rank's wall time, adding up to it: ``recsys_dist.observe.PhaseClock``). When the checkpoint resumed from is already at the
+            phase of this rank's wall time, adding up to it: ``recsys_dist.observe.PhaseClock``);
+            with early stopping or ``checkpoint.keep_best``, ``best`` (``metric``, ``value``,
+            ``step``, ``early_stopped``, and ``checkpoint``: the best one kept, or None). When
+            the checkpoint resumed from is already at the
             last step nothing is trained or written: the run's ``summary.json`` plus
             ``already_complete: True``.
 
@@ -372,6 +390,17 @@ class Trainer:
             }
             if self.cfg.checkpoint.enabled:
                 summary["checkpoint"] = str(self.save_checkpoint())
+            if self.best is not None:
+                from recsys_dist.checkpoint import best_checkpoint
+
+                kept = best_checkpoint(self.run_dir) if self.cfg.checkpoint.keep_best else None
+                summary["best"] = {
+                    "metric": self.best.metric,
+                    "value": self.best.best,
+                    "step": self.best.best_step,
+                    "early_stopped": self.best.stopped,
+                    "checkpoint": str(kept) if kept else None,
+                }
             summary.update(self._clock.split())  # wall_seconds, wall_split: from the run's start to here
             summary = finite_or_none(summary)
             if self._ctx.is_main:
@@ -423,10 +452,11 @@ class Trainer:
         with self._collective(), self._clock.phase("eval"):
             return predict(self._model, self._loader(split), self._ctx.device)
 
-    def save_checkpoint(self) -> Path:
+    def save_checkpoint(self, best: bool = False) -> Path:
         """Write a sharded checkpoint of the current step (weights, optimizer state, RNG,
-        loader position, plan and config) to ``run_dir/checkpoints/step_N``, atomically,
-        keeping the newest ``checkpoint.keep``. Collective.
+        loader position, early-stopping state, plan and config) to
+        ``run_dir/checkpoints/step_N``, atomically, keeping the newest ``checkpoint.keep`` and
+        the best one. ``best``: mark this one ``checkpoints/best``. Collective.
 
         Returns:
             The checkpoint directory.
@@ -446,8 +476,11 @@ class Trainer:
                 "plan": sharding.plan_summary(self._model.plan),
                 "config": self.cfg.to_dict(),
                 "num_embeddings": self._loaders.num_embeddings,
+                "early_stopping": self.best.state() if self.best is not None else None,
             }
-            path = save_checkpoint(self._ctx, self.run_dir, self._step, self._state(), meta, self.cfg.checkpoint.keep)
+            c = self.cfg.checkpoint
+            path = save_checkpoint(self._ctx, self.run_dir, self._step, self._state(), meta, c.keep, best=best)
+            self._saved_step = self._step
             if self._ctx.is_main:
                 self._pin_preprocessing(path)
             return path
@@ -530,7 +563,7 @@ class Trainer:
         raise ValueError(f"split must be 'train', 'validation', 'test' or a ParquetBatchLoader, got {split!r}")
 
     def _done(self) -> bool:
-        return self._step >= self.total_steps
+        return self._step >= self.total_steps or (self.best is not None and self.best.stopped)
 
     def _state(self) -> dict:
         return {
@@ -550,6 +583,8 @@ class Trainer:
         torch.set_rng_state(state["rng"])
         self._step, self.rows_trained = meta["step"], meta["rows_trained"]
         self.train_seconds = meta["train_seconds"]
+        if self.best is not None:
+            self.best.load(meta.get("early_stopping"))
         self._next_epoch, self._in_epoch = meta["epoch"], meta["batches_in_epoch"]
         if self._in_epoch >= len(self._loaders.train):
             self._next_epoch, self._in_epoch = self._next_epoch + 1, 0
@@ -586,19 +621,22 @@ class Trainer:
             self._bar.update(1)
             if self._step % cfg.train.log_every_n_steps == 0:
                 self._log_train()
+            if self._in_epoch >= len(self._loaders.train) or self._done():
+                # The epoch's (or run's) last step: validated, then checkpointed, after the loop.
+                continue
             if cfg.eval.every_n_steps and self._step % cfg.eval.every_n_steps == 0:
                 pipe.detach()  # the pipeline rewrote forward; eval needs the plain one
                 self._validate()
+                if self._done():  # early stopping: every rank decides alike (global metrics)
+                    break
                 self._t0 = time.perf_counter()
-            every = cfg.checkpoint.every_n_steps
-            if cfg.checkpoint.enabled and every and self._step % every == 0 and not self._done():
-                if self._losses:  # close the logging window here, so a resumed run logs the same lines
-                    self._log_train()
-                self.save_checkpoint()
-                if cfg.train.pipeline in RESTART_AT_CHECKPOINT:  # see recsys_dist.train_pipeline
-                    pipe.detach()
-                    pipe = self._pipe = self._new_pipeline()
-                    batches = self._loaders.train.iter_from(self._in_epoch)
+            if self._checkpoint_due():
+                self._save_in_window()
+            if self._saved_step == self._step and cfg.train.pipeline in RESTART_AT_CHECKPOINT:
+                # A checkpoint (by cadence or a new best) mid-epoch: see recsys_dist.train_pipeline.
+                pipe.detach()
+                pipe = self._pipe = self._new_pipeline()
+                batches = self._loaders.train.iter_from(self._in_epoch)
                 self._t0 = time.perf_counter()
         if self._losses:
             self._log_train()
@@ -608,7 +646,28 @@ class Trainer:
             # (40-150 ms) is read while this epoch's validation runs.
             self._loaders.train.set_epoch(self.epoch + 1)
             self._early_batches = self._loaders.train.iter_from(0)
-        return self._validate()
+        metrics = self._validate()
+        # After the validation, so that a run resumed from it (which starts the next epoch)
+        # keeps the epoch's validation line and early-stopping state.
+        if self._checkpoint_due():
+            self._save_in_window()
+        return metrics
+
+    def _checkpoint_due(self) -> bool:
+        every = self.cfg.checkpoint.every_n_steps
+        return (
+            self.cfg.checkpoint.enabled
+            and bool(every)
+            and self._step % every == 0
+            and not self._done()
+            and self._saved_step != self._step
+        )
+
+    def _save_in_window(self, best: bool = False) -> None:
+        if self._losses:  # close the logging window here, so a resumed run logs the same lines
+            self._log_train()
+        self.save_checkpoint(best=best)
+        self._t0 = time.perf_counter()
 
     def _new_pipeline(self):
         # Sampling counts global steps, so timed steps do not restart with each epoch.
@@ -618,11 +677,31 @@ class Trainer:
         return pipe
 
     def _validate(self) -> dict:
+        """Score the validation split once per step (a step both an epoch's end and a multiple
+        of eval.every_n_steps is scored once), log it, update the best / early stopping and,
+        with checkpoint.keep_best, save a new best checkpoint."""
+        if self._last_val is not None and self._last_val[0] == self._step:
+            return self._last_val[1]
+        maybe_fault("eval", self._step, self._ctx.rank)
         metrics = self.evaluate("validation")
+        self._last_val = (self._step, metrics)
         managed = managed_metrics(self._model, "validation")
         self._writer.write(split="validation", step=self._step, epoch=self.epoch, **metrics, **managed)
         if metrics.get("auc") is not None:
             self._bar.set_postfix_str(f"val AUC {metrics['auc']:.4f}", refresh=False)
+        if self.best is not None:
+            improved = self.best.update(metrics, self._step)
+            if self.best.stopped:
+                log.info(
+                    "early stopping at step %d: validation %s has not improved for %d validations (best %.6g at step %s)",
+                    self._step,
+                    self.best.metric,
+                    self.best.bad,
+                    self.best.best if self.best.best is not None else float("nan"),
+                    self.best.best_step,
+                )
+            if improved and self.cfg.checkpoint.enabled and self.cfg.checkpoint.keep_best:
+                self._save_in_window(best=True)
         return metrics
 
     def _diverged(self) -> None:

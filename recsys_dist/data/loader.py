@@ -68,9 +68,15 @@ class CTRBatch(Batch):
         sparse_features: KJT with int64 values, keys = the categorical feature names.
         labels: float32 [B] in {0, 1}.
         weights: float32 [B]; 1 for real rows, 0 for padding.
+        loss_scale: float32 scalar, ``real rows here x world size / real rows of the global
+            batch`` (1 for a batch without padding), or None (then 1). The training loss, a
+            weighted mean over this rank's rows, is multiplied by it, so that after DDP's
+            averaging over ranks the step's loss and gradients are the mean over the real rows
+            of the whole global batch (``recsys_dist.models.task.CTRTask``).
     """
 
     weights: torch.Tensor = None  # type: ignore[assignment]
+    loss_scale: torch.Tensor | None = None
 
     def to(self, device: torch.device, non_blocking: bool = False) -> CTRBatch:
         return CTRBatch(
@@ -78,11 +84,16 @@ class CTRBatch(Batch):
             sparse_features=self.sparse_features.to(device=device, non_blocking=non_blocking),
             labels=self.labels.to(device=device, non_blocking=non_blocking),
             weights=self.weights.to(device=device, non_blocking=non_blocking),
+            loss_scale=None
+            if self.loss_scale is None
+            else self.loss_scale.to(device=device, non_blocking=non_blocking),
         )
 
     def record_stream(self, stream: torch.Stream) -> None:
         super().record_stream(stream)
         self.weights.record_stream(stream)
+        if self.loss_scale is not None:
+            self.loss_scale.record_stream(stream)
 
     def pin_memory(self) -> CTRBatch:
         return CTRBatch(
@@ -90,6 +101,7 @@ class CTRBatch(Batch):
             sparse_features=self.sparse_features.pin_memory(),
             labels=self.labels.pin_memory(),
             weights=self.weights.pin_memory(),
+            loss_scale=None if self.loss_scale is None else self.loss_scale.pin_memory(),
         )
 
 
@@ -249,10 +261,17 @@ class ParquetBatchLoader:
             owned = partition_row_groups(sizes, world_size)
             rows = [sum(sizes[i] for i in o) for o in owned]
             self._groups, self._split = owned[rank], (1, 0)
+            self._share_rows = rows
             self._len = min(rows) // batch_size if remainder == "drop" else max(-(-n // batch_size) for n in rows)
         else:
             self._groups, self._split = list(range(len(self.row_groups))), (world_size, rank)
+            self._share_rows = []
             self._len = steps_per_epoch(self.num_rows, batch_size, world_size, remainder)
+        # Leading batches of an epoch in which no rank holds padding (their loss_scale is 1).
+        if rank_reads == "row_groups":
+            self._unpadded_steps = min(min(rows) // batch_size, self._len) if rows else 0
+        else:
+            self._unpadded_steps = min(self.num_rows // (batch_size * world_size), self._len)
         # Full batches share these (read-only): every one-hot bag has length 1, every row weight 1.
         self._ones_lengths = torch.ones(batch_size * len(self.keys), dtype=torch.int32)
         self._ones_weights = torch.ones(batch_size, dtype=torch.float32)
@@ -271,6 +290,29 @@ class ParquetBatchLoader:
     def __len__(self) -> int:
         """Batches per epoch, the same on every rank."""
         return self._len
+
+    def real_rows(self, step: int, rank: int | None = None) -> int:
+        """Real (unpadded) rows of batch ``step`` of an epoch on ``rank`` (default: this rank),
+        or summed over every rank when ``rank`` is -1. Computed from the row counts alone (the
+        stream's layout is fixed), so no rank needs to ask another."""
+        B = self.batch_size
+        if rank == -1:
+            return sum(self.real_rows(step, r) for r in range(self.world_size))
+        rank = self.rank if rank is None else rank
+        if self.rank_reads == "row_groups":
+            stream = self._share_rows[rank]
+            end = min(self._len * B, stream) if self.remainder == "drop" else stream
+            return max(0, min(B, end - step * B))
+        W = self.world_size
+        end = min(self._len * B * W, self.num_rows) if self.remainder == "drop" else self.num_rows
+        return max(0, min(B, end - step * B * W - rank * B))
+
+    def loss_scale(self, step: int) -> float:
+        """``real_rows(step) x world_size / real_rows(step, -1)``: the factor that turns this rank's
+        mean loss over its real rows into its share of the global batch's mean (see ``CTRBatch``);
+        exactly 1.0 for a batch without padding on any rank."""
+        total = self.real_rows(step, -1)
+        return self.real_rows(step) * self.world_size / total if total else 0.0
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -514,12 +556,26 @@ class ParquetBatchLoader:
         if self.prefetch > 0:
             # Whole blocks cross threads: a batch-by-batch hand-over woke a thread every step.
             blocks = prefetched(blocks, -(-self.prefetch // BLOCK_BATCHES), "recsys_dist-blocks")
-        return self._cut_all(blocks)
+        return self._cut_all(blocks, start)
 
-    def _cut_all(self, blocks: Iterator[tuple]) -> Iterator[CTRBatch]:
+    def _cut_all(self, blocks: Iterator[tuple], start: int) -> Iterator[CTRBatch]:
+        # Every batch carries its loss_scale: one shared tensor while no rank pads, then per batch.
+        one = torch.ones((), dtype=torch.float32)
+        if self.pin_memory:
+            one = one.pin_memory()
+        step = start
         try:
             for block in blocks:
-                yield from self._cut(block)
+                for batch in self._cut(block):
+                    if step >= self._unpadded_steps:
+                        scale = self.loss_scale(step)
+                        batch.loss_scale = one if scale == 1.0 else torch.tensor(scale, dtype=torch.float32)
+                        if self.pin_memory and scale != 1.0:
+                            batch.loss_scale = batch.loss_scale.pin_memory()
+                    else:
+                        batch.loss_scale = one
+                    step += 1
+                    yield batch
         finally:
             close = getattr(blocks, "close", None)
             if close is not None:  # stops the producer thread when the consumer stops early

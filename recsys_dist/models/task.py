@@ -22,6 +22,12 @@ class CTRTask(nn.Module):
     ``remap``: a :class:`recsys_dist.models.managed.ManagedRemap` that maps the batch's raw ids
     to table rows first (``data.categorical_mapping: managed``), or None.
 
+    The loss is then multiplied by ``batch.loss_scale`` (when set): this rank's real rows x
+    world size / the global batch's real rows. DDP averages the dense gradients over ranks and
+    TorchRec's output_dist averages the pooled-embedding gradients the same way, so the step
+    follows the mean over the real rows of the whole global batch at any world size, also for
+    a last batch that is padding on some ranks (a full batch has scale 1 on every rank).
+
     ``bf16_device``: a device type ("cpu", "cuda"); the model's forward then runs under
     ``torch.autocast`` with bfloat16 (mixed precision: matmuls in bfloat16, parameters and
     gradients float32). The type is fixed here, not read from the batch, because
@@ -56,7 +62,7 @@ class CTRTask(nn.Module):
             sparse = batch.sparse_features if self.remap is None else self.remap(batch.sparse_features, batch.weights)
             logits = self.model(batch.dense_features, sparse)
         logits = _one_task(logits).float()
-        loss = self.loss(logits, batch.labels, batch.weights)
+        loss = _scaled(self.loss(logits, batch.labels, batch.weights), batch.loss_scale)
         return loss, (loss.detach(), logits.detach(), batch.labels, batch.weights)
 
 
@@ -69,6 +75,12 @@ class Loss(nn.Module):
 
     def forward(self, logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         return self.fn(logits, labels, weights, **self.args)
+
+
+@torch.fx.wrap
+def _scaled(loss: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+    # A leaf for torch.fx: batches made outside the loader carry no scale (None).
+    return loss if scale is None else loss * scale
 
 
 @torch.fx.wrap

@@ -1,0 +1,76 @@
+"""The best validation score so far, for ``train.early_stopping`` and ``checkpoint.keep_best``.
+
+Every rank holds an identical :class:`BestTracker`: validation metrics are global (the same
+on every rank), so every rank reaches the same decision at the same step without a
+collective. Its state goes into each checkpoint's ``meta.json``, so a resumed run stops
+where the uninterrupted one would.
+"""
+
+from __future__ import annotations
+
+import math
+
+HIGHER_IS_BETTER = {"auc": True, "logloss": False, "ne": False}
+
+
+class BestTracker:
+    """Best value of one validation metric, the validations since it improved, and the stop.
+
+    Args:
+        metric: ``auc`` (higher is better), ``logloss`` or ``ne`` (lower is better).
+        patience: stop after this many validations in a row without an improvement (None:
+            never stop, only track the best).
+        min_delta: an improvement is a change in the better direction larger than this.
+
+    Attributes:
+        best: the best value so far (None before the first finite one); best_step: its step.
+        bad: validations since the last improvement. stopped: patience ran out.
+    """
+
+    def __init__(self, metric: str, patience: int | None = None, min_delta: float = 0.0) -> None:
+        if metric not in HIGHER_IS_BETTER:
+            raise ValueError(f"metric must be one of {sorted(HIGHER_IS_BETTER)}, got {metric!r}")
+        self.metric, self.patience, self.min_delta = metric, patience, min_delta
+        self.best: float | None = None
+        self.best_step: int | None = None
+        self.bad = 0
+        self.stopped = False
+
+    def update(self, metrics: dict, step: int) -> bool:
+        """Record the validation ``metrics`` of ``step``; True when they are a new best.
+
+        A missing or non-finite value (e.g. AUC of a one-class split) is no improvement."""
+        value = metrics.get(self.metric)
+        better = False
+        if value is not None and math.isfinite(value):
+            if self.best is None:
+                better = True
+            else:
+                gain = value - self.best if HIGHER_IS_BETTER[self.metric] else self.best - value
+                better = gain > self.min_delta
+        if better:
+            self.best, self.best_step, self.bad = float(value), step, 0
+        else:
+            self.bad += 1
+            if self.patience is not None and self.bad >= self.patience:
+                self.stopped = True
+        return better
+
+    def state(self) -> dict:
+        """JSON-ready state (for ``meta.json``)."""
+        return {
+            "metric": self.metric,
+            "best": self.best,
+            "best_step": self.best_step,
+            "bad": self.bad,
+            "stopped": self.stopped,
+        }
+
+    def load(self, state: dict | None) -> None:
+        """Continue from :meth:`state` of a checkpoint (a checkpoint without one: a fresh start).
+        A checkpoint that tracked another metric starts the tracking afresh."""
+        if not state or state.get("metric") != self.metric:
+            return
+        self.best, self.best_step, self.bad = state["best"], state["best_step"], int(state["bad"])
+        # Decided by this run's patience: a resume with a larger one continues training.
+        self.stopped = self.patience is not None and self.bad >= self.patience

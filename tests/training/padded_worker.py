@@ -1,0 +1,45 @@
+"""One rank of the padded-last-batch check (run via run_ranks): train the quickstart twice,
+``data.remainder: pad`` then ``drop``, on 800 training rows with a global batch of 96 (the
+last global batch holds 32 real rows: on 2 and 3 ranks some ranks hold only padding)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from recsys_dist.config import load_config
+from recsys_dist.state import gather_full_state_dict
+from recsys_dist.trainer import Trainer
+
+ROOT = Path(__file__).resolve().parents[2]
+GLOBAL_BATCH = 96
+OVERRIDES = [
+    "data.num_rows=1000",
+    "data.num_embeddings=1000",
+    "train.epochs=2",
+    "train.log_every_n_steps=1",
+    "train.progress_bar=false",
+    "train.deterministic=true",
+    "train.timing_every_n_steps=null",
+    "checkpoint.enabled=false",
+]
+
+
+def train_pad_and_drop(rank: int, world_size: int, cache: str, out: str) -> dict:
+    os.environ["RECSYS_DIST_CACHE"] = cache
+    results = {}
+    for remainder in ("pad", "drop"):
+        cfg = load_config(
+            ROOT / "configs" / "criteo_quickstart.yaml",
+            [
+                *OVERRIDES,
+                f"data.remainder={remainder}",
+                f"distributed.nproc_per_node={world_size}",
+                f"train.batch_size={GLOBAL_BATCH // world_size}",
+            ],
+        )
+        with Trainer(cfg, Path(out) / f"{remainder}-{world_size}") as trainer:
+            summary = trainer.fit()
+            weights = gather_full_state_dict(trainer.model.state_dict())
+        results[remainder] = {"summary": summary, "weights": weights if rank == 0 else None}
+    return results

@@ -1,0 +1,75 @@
+"""Issue 17 item 4: a table too small to give every rank a row is never sharded row-wise.
+
+TorchRec cuts row-wise shards of ceil(rows / ranks) rows, so 4 rows on 3 ranks are 2, 2, 0 and
+FBGEMM fails on the empty shard (before: ~140 traceback lines). The planner is not offered
+row_wise for such a table; a config that leaves it nothing else is refused before any rank
+starts, naming the table and the fix.
+"""
+
+import json
+
+import pytest
+
+from recsys_dist.config import ConfigError, load_config
+from recsys_dist.sharding import constraints, leaves_rank_empty
+from tests.conftest import QUICKSTART
+from tests.test_quickstart import run_cli
+
+
+def test_which_row_wise_shardings_leave_a_rank_empty():
+    assert leaves_rank_empty(4, 3) and leaves_rank_empty(2, 3) and leaves_rank_empty(5, 4)
+    assert not leaves_rank_empty(1000, 3) and not leaves_rank_empty(3, 3) and not leaves_rank_empty(2, 1)
+    assert not leaves_rank_empty(7, 3)  # 3, 3, 1
+
+
+def test_small_tables_are_not_offered_row_wise():
+    from recsys_dist.models.build import embedding_configs
+
+    cfg = load_config(QUICKSTART, ["data.num_embeddings=4", "sharding.sharding_types=[row_wise,table_wise]"])
+    tables = embedding_configs(cfg)
+    assert {tuple(c.sharding_types) for c in constraints(cfg, tables).values()} == {("row_wise", "table_wise")}
+    assert {tuple(c.sharding_types) for c in constraints(cfg, tables, 3).values()} == {("table_wise",)}
+    assert {tuple(c.sharding_types) for c in constraints(cfg, tables, 2).values()} == {("row_wise", "table_wise")}
+    only_rw = load_config(QUICKSTART, ["data.num_embeddings=4", "sharding.sharding_types=[row_wise]"])
+    with pytest.raises(ConfigError, match="t_C1 .4 rows.*per_table.t_C1.sharding_types"):
+        constraints(only_rw, tables, 3)
+
+
+def test_row_wise_only_on_too_few_rows_is_refused_before_start(tmp_path):
+    r = run_cli(
+        [
+            "train",
+            "--config",
+            str(QUICKSTART),
+            "--run-dir",
+            str(tmp_path / "run"),
+            "data.num_embeddings=2",
+            "distributed.nproc_per_node=3",
+            "sharding.sharding_types=[row_wise]",
+        ],
+        tmp_path,
+    )
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert "sharding.sharding_types" in r.stderr and "t_C1 (2 rows)" in r.stderr and "table_wise" in r.stderr
+    assert "Traceback" not in r.stderr and not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_plan_never_places_a_small_table_row_wise(tmp_path):
+    r = run_cli(
+        [
+            "plan",
+            "--config",
+            str(QUICKSTART),
+            "--world-size",
+            "3",
+            "--device",
+            "cpu",
+            "--json",
+            "data.num_embeddings=4",
+            "sharding.sharding_types=[row_wise,table_wise]",
+        ],
+        tmp_path,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    types = {p["sharding_type"] for p in json.loads(r.stdout)["placements"]}
+    assert types == {"table_wise"}
