@@ -10,7 +10,7 @@ pipeline that issues early can hide it), a synchronous one sleeps delay_ms. It a
 the collectives TorchRec issues from Python (input_dist's splits, lengths and ids
 all-to-alls, output_dist's all-to-all / reduce-scatter and their backward); DDP's gradient
 all-reduce (issued from C++) is not delayed. semi_sync and fused_sparse_dist do not run on
-CPU (recsys_dist/train_pipeline.py says why). Results: benchmarks/results/2026-12-01-overlap-delay.md.
+CPU (recsys_dist/train_pipeline.py says why). Results: benchmarks/results/overlap_delay_cpu2core_20261201.md.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ and logloss per seed, and a paired bootstrap over the test rows of the differenc
 Each run trains configs/criteo_quickstart.yaml on 2 CPU ranks (gloo), table-wise tables so
 that every pooled embedding crosses output_dist, once per precision and seed; both runs of a
 seed start from the same weights and see the same batches. Results:
-benchmarks/results/2026-12-01-qcomms.md.
+benchmarks/results/qcomms_cpu2core_20261201.md.
 """
 
 from __future__ import annotations
