@@ -522,7 +522,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", required=True, help="YAML run config")
     p.add_argument("--world-size", type=int, required=True, help="total ranks")
     p.add_argument("--local-world-size", type=int, default=None, help="ranks per node (default: min(world, 8))")
-    p.add_argument("--device", choices=["cpu", "cuda"], default="cuda", help="compute device of every rank")
+    p.add_argument(
+        "--device",
+        choices=["cpu", "cuda"],
+        default="cuda",
+        help="compute device of every rank (default cuda: plan the cluster you will run on, from any machine)",
+    )
     p.add_argument("--hbm-gb", type=float, default=None, help="device memory per rank (sets sharding.hbm_gb)")
     p.add_argument("--ddr-gb", type=float, default=None, help="host memory per rank (sets sharding.ddr_gb)")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
