@@ -51,9 +51,8 @@ def _print_summary(summary: dict) -> None:
         f"{summary['world_size']} rank{'s' if summary['world_size'] != 1 else ''}, {summary['samples_per_s']} samples/s"
         + (f" (resumed at step {resumed})" if resumed is not None else "")
         + "\n"
-        f"  validation  AUC {fmt(v['auc'])}  logloss {fmt(v['logloss'])}\n"
-        f"  test        AUC {fmt(t['auc'])}  logloss {fmt(t['logloss'])}\n"
-        f"  run directory: {summary['run_dir']}"
+        + _split_lines(v, t, fmt)
+        + f"  run directory: {summary['run_dir']}"
     )
     best = summary.get("best")
     if best:
@@ -62,6 +61,24 @@ def _print_summary(summary: dict) -> None:
             + (" (stopped early)" if best["early_stopped"] else "")
             + (f": {best['checkpoint']} (`best`)" if best.get("checkpoint") else "")
         )
+
+
+def _split_lines(v: dict, t: dict, fmt) -> str:
+    """The validation and test lines: AUC / logloss, or per task (several tasks) its metrics."""
+    task_keys = [k for k in v if "/" in k] or [k for k in t if "/" in k]
+    if not task_keys:
+        return (
+            f"  validation  AUC {fmt(v['auc'])}  logloss {fmt(v['logloss'])}\n"
+            f"  test        AUC {fmt(t['auc'])}  logloss {fmt(t['logloss'])}\n"
+        )
+    names = list(dict.fromkeys(k.split("/")[0] for k in task_keys))
+    shown = {"auc": "AUC", "logloss": "logloss", "rmse": "RMSE", "mae": "MAE"}
+    lines = ""
+    for split, m in (("validation", v), ("test", t)):
+        for name in names:
+            parts = [f"{label} {fmt(m.get(f'{name}/{k}'))}" for k, label in shown.items() if f"{name}/{k}" in m]
+            lines += f"  {split:<11} {name}: {'  '.join(parts)}\n"
+    return lines
 
 
 def cmd_train(args: argparse.Namespace) -> int:

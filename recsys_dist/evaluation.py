@@ -11,7 +11,7 @@ import torch.distributed as dist
 from torch import nn
 
 from recsys_dist.data.loader import ParquetBatchLoader, partition_row_groups
-from recsys_dist.metrics import StreamingBinaryMetrics, binary_metrics, gather_predictions
+from recsys_dist.metrics import StreamingBinaryMetrics, binary_metrics, gather_predictions, gather_rows, task_metrics
 
 
 @torch.no_grad()
@@ -21,6 +21,7 @@ def evaluate(
     device: torch.device,
     auc_buckets: int | None = None,
     group_feature: str | None = None,
+    tasks: tuple[list[str], list[str]] | None = None,
 ) -> dict:
     """Metrics over every rank's predictions on one split (padding excluded).
 
@@ -28,6 +29,10 @@ def evaluate(
     memory independent of the split's size (``auc_error_bound`` is reported).
     ``group_feature``: a one-hot categorical key whose ids group rows for GAUC. Every rank
     must call this, since both paths end in a collective.
+    ``tasks``: (names, kinds) of several tasks (``recsys_dist.data.tasks``); the metrics are
+    then those of :func:`recsys_dist.metrics.task_metrics` per task, keys ``<task>/<metric>``
+    (``like/auc``, ``rating/rmse``), plus ``num_examples``. A loader with sample weights
+    (``weight_column``) gives weighted metrics (one task: unprefixed keys). Exact path only.
 
     Returns:
         ``recsys_dist.metrics.binary_metrics``'s dict (``auc``, ``logloss``, ``ne``,
@@ -37,6 +42,10 @@ def evaluate(
     dmp.eval()
     stream = StreamingBinaryMetrics(auc_buckets, device=device) if auc_buckets else None
     logits, labels, weights, groups = [], [], [], []
+    if tasks is not None or loader.weight_column:
+        names, kinds = tasks or (["label"], ["binary"])
+    else:
+        names = kinds = None
     for batch in loader:
         if group_feature:
             groups.append(batch.sparse_features[group_feature].values())
@@ -50,6 +59,20 @@ def evaluate(
         return stream.merge().compute()
     if not logits:
         return {}
+    if kinds is not None:  # several tasks, or sample weights: weighted metrics per task
+        lg, lb, w = torch.cat(logits), torch.cat(labels), torch.cat(weights)
+        lg, lb = lg.reshape(len(w), -1), lb.reshape(len(w), -1)
+        # Padding has weight 0; so has a row of sample weight 0, which would weigh nothing anyway.
+        rows = gather_rows(torch.cat([lg.float(), lb.float(), w.float().unsqueeze(1)], dim=1), w > 0)
+        T = lg.shape[1]
+        if len(kinds) == 1:
+            return task_metrics(rows[:, 0], rows[:, 1], rows[:, 2], kinds[0])
+        out: dict = {"num_examples": len(rows)}
+        for t, (name, kind) in enumerate(zip(names, kinds)):
+            for key, value in task_metrics(rows[:, t], rows[:, T + t], rows[:, 2 * T], kind).items():
+                if key != "num_examples":
+                    out[f"{name}/{key}"] = value
+        return out
     if group_feature:
         lg, lb, g = gather_predictions(
             torch.cat(logits), torch.cat(labels), torch.cat(weights), groups=torch.cat(groups).to(device)
@@ -76,6 +99,8 @@ def in_row_order(loader: ParquetBatchLoader) -> ParquetBatchLoader:
         prefetch=loader.prefetch,
         pin_memory=loader.pin_memory,
         rank_reads=loader.rank_reads,
+        label_columns=loader.label_columns,
+        weight_column=loader.weight_column,
     )
 
 
@@ -88,7 +113,8 @@ def predict(dmp: nn.Module, loader: ParquetBatchLoader, device: torch.device) ->
     rank). Padding rows are dropped.
 
     Returns:
-        ``{"logit", "probability", "label"}``: float32 CPU tensors of shape [N], N = the rows
+        ``{"logit", "probability", "label"}``: float32 CPU tensors of shape [N] ([N, T] with
+        several tasks, a column per task; every row, whatever its sample weight), N = the rows
         of the files (fewer with ``remainder="drop"``: the last partial global batch's rows
         are missing); ``probability = sigmoid(logit)``.
 
@@ -100,15 +126,19 @@ def predict(dmp: nn.Module, loader: ParquetBatchLoader, device: torch.device) ->
         raise ValueError("predict needs an unshuffled loader (row order); pass in_row_order(loader)")
     if loader.rank_reads == "row_groups" and loader.remainder == "drop":
         raise ValueError("predict with rank_reads='row_groups' needs remainder='pad'; pass in_row_order(loader)")
+    if loader.weight_column:  # every row, whatever its sample weight: only padding has weight 0
+        loader = _unweighted(loader)
     was_training = dmp.training
     dmp.eval()
     batches = []
+    T = len(loader.label_columns)
     for batch in loader:
         _, (_, lg, lb, w) = dmp(batch.to(device))
-        batches.append(torch.stack([lg.float().reshape(-1), lb.float().reshape(-1), w.float().reshape(-1)]))
+        # [2T + 1, B]: the logits, the labels (a row per task), the weights
+        batches.append(torch.cat([lg.float().reshape(-1, T).T, lb.float().reshape(-1, T).T, w.float().reshape(1, -1)]))
     dmp.train(was_training)
-    B = loader.batch_size
-    local = torch.stack(batches, dim=1) if batches else torch.zeros(3, 0, B, device=device)  # [3, steps, B]
+    B, C = loader.batch_size, 2 * T + 1
+    local = torch.stack(batches, dim=1) if batches else torch.zeros(C, 0, B, device=device)  # [C, steps, B]
     world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
     parts = [local]
     if world > 1 and local.numel():  # every rank yields the same number of batches: the shapes agree
@@ -120,14 +150,35 @@ def predict(dmp: nn.Module, loader: ParquetBatchLoader, device: torch.device) ->
         sizes = [n for *_, n in loader.row_groups]
         chunks = {}
         for r, owned in enumerate(partition_row_groups(sizes, world)):
-            flat = parts[r].reshape(3, -1)
-            real = flat[:, flat[2] > 0]
+            flat = parts[r].reshape(C, -1)
+            real = flat[:, flat[-1] > 0]
             for group, piece in zip(owned, real.split([sizes[g] for g in owned], dim=1)):
                 chunks[group] = piece
-        rows = torch.cat([chunks[g] for g in sorted(chunks)], dim=1) if chunks else torch.zeros(3, 0)
+        rows = torch.cat([chunks[g] for g in sorted(chunks)], dim=1) if chunks else torch.zeros(C, 0)
     else:
         # Global batch g is rows [g*B*W, (g+1)*B*W) of the stream; rank r holds the r-th block of B.
-        flat = torch.stack(parts, dim=2).reshape(3, -1)  # [3, steps, W, B] -> stream order
-        rows = flat[:, flat[2] > 0]
-    logit, label = rows[0].contiguous(), rows[1].contiguous()
+        flat = torch.stack(parts, dim=2).reshape(C, -1)  # [C, steps, W, B] -> stream order
+        rows = flat[:, flat[-1] > 0]
+    if T == 1:
+        logit, label = rows[0].contiguous(), rows[1].contiguous()
+    else:  # [N, T]
+        logit, label = rows[:T].T.contiguous(), rows[T : 2 * T].T.contiguous()
     return {"logit": logit, "probability": torch.sigmoid(logit), "label": label}
+
+
+def _unweighted(loader: ParquetBatchLoader) -> ParquetBatchLoader:
+    return ParquetBatchLoader(
+        loader.files,
+        loader.batch_size,
+        loader.rank,
+        loader.world_size,
+        loader.dense_names,
+        loader.keys,
+        remainder=loader.remainder,
+        num_embeddings=loader.num_embeddings,
+        shuffle_buffer_rows=loader.buffer_rows,
+        prefetch=loader.prefetch,
+        pin_memory=loader.pin_memory,
+        rank_reads=loader.rank_reads,
+        label_columns=loader.label_columns,
+    )

@@ -43,7 +43,7 @@ from recsys_dist.checkpoint import (
     read_meta,
 )
 from recsys_dist.config import RunConfig, config_from_dict, save_config
-from recsys_dist.data import feature_names
+from recsys_dist.data import feature_names, label_columns, tasks
 from recsys_dist.data.errors import DataError
 from recsys_dist.data.loader import ParquetBatchLoader
 from recsys_dist.data.mapping import loader_id_bounds
@@ -214,9 +214,11 @@ def score(
 
     Returns arrays ``logit`` (float32 [N]) and ``label`` (float32 [N], NaN for a file
     without labels: Criteo's 39-field test layout, a schema file without its label column),
-    in file order, ``labelled`` (bool), ``columns`` (``keep_columns`` of the raw file), and
+    in file order, ``labelled`` (bool), ``columns`` (``keep_columns`` of the raw file),
     ``managed`` (managed-collision models: per feature the share of lookups that read the
-    default row, see ``recsys_dist.models.managed.managed_metrics``; else ``{}``).
+    default row, see ``recsys_dist.models.managed.managed_metrics``; else ``{}``), and
+    ``tasks`` / ``kinds``: the task names and kinds; with several tasks ``logit`` and
+    ``label`` are [N, T], a column per task.
 
     Raises:
         DataError: a missing or malformed file, a converted split made with other settings
@@ -260,6 +262,7 @@ def score(
             columns = read_raw_columns(fmt, data, list(keep_columns))
     labelled = manifest["format"] not in UNLABELLED_FORMATS
     dense_names, sparse_names = feature_names(cfg)
+    names, kinds = tasks(cfg)
     loader = ParquetBatchLoader(
         str(parquet),
         batch_size,
@@ -268,6 +271,7 @@ def score(
         dense_names,
         sparse_names,
         num_embeddings=loader_id_bounds(cfg, table_sizes(cfg)),
+        label_columns=label_columns(cfg)[0],  # no sample weights: every row is scored
     )
     logits, labels = [], []
     for batch in loader:
@@ -286,6 +290,8 @@ def score(
         "labelled": labelled,
         "columns": columns,
         "managed": managed_metrics(model, "score"),
+        "tasks": names,
+        "kinds": kinds,
     }
 
 
@@ -299,15 +305,25 @@ def write_predictions(scores: dict[str, np.ndarray], out: str | Path) -> None:
     if any), ``label`` (null when the input had none), ``logit``, ``probability``: CSV when
     ``out`` ends in ``.csv``, else Parquet."""
     logit = scores["logit"]
-    table = pa.table(
-        {
-            "row": np.arange(len(logit), dtype=np.int64),
-            **scores.get("columns", {}),
-            "label": pa.array(scores["label"], mask=np.isnan(scores["label"])),
-            "logit": logit,
-            "probability": (1.0 / (1.0 + np.exp(-logit.astype(np.float64)))).astype(np.float32),
-        }
-    )
+    if logit.ndim == 2:  # several tasks: label:<task>, logit:<task>, and probability:<task> (binary)
+        cols: dict = {"row": np.arange(len(logit), dtype=np.int64), **scores.get("columns", {})}
+        for t, (name, kind) in enumerate(zip(scores["tasks"], scores["kinds"])):
+            y = scores["label"][:, t]
+            cols[f"label:{name}"] = pa.array(y, mask=np.isnan(y))
+            cols[f"logit:{name}"] = logit[:, t]
+            if kind == "binary":
+                cols[f"probability:{name}"] = (1.0 / (1.0 + np.exp(-logit[:, t].astype(np.float64)))).astype(np.float32)
+        table = pa.table(cols)
+    else:
+        table = pa.table(
+            {
+                "row": np.arange(len(logit), dtype=np.int64),
+                **scores.get("columns", {}),
+                "label": pa.array(scores["label"], mask=np.isnan(scores["label"])),
+                "logit": logit,
+                "probability": (1.0 / (1.0 + np.exp(-logit.astype(np.float64)))).astype(np.float32),
+            }
+        )
     if str(out).lower().endswith(".csv"):
         import pyarrow.csv as pacsv
 

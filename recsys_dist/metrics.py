@@ -178,6 +178,66 @@ def binary_metrics(
     return out
 
 
+def weighted_auc(scores: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> float:
+    """Weighted ROC AUC of scores [N] against 0/1 labels [N] with row weights [N] >= 0: the
+    weighted Mann-Whitney U, ties counting 1/2 (``sklearn.metrics.roc_auc_score`` with
+    ``sample_weight``). NaN when either class has zero weight."""
+    s, y, w = scores.double().flatten(), labels.double().flatten(), weights.double().flatten()
+    order = torch.argsort(s)
+    s, y, w = s[order], y[order], w[order]
+    _, group = torch.unique_consecutive(s, return_inverse=True)  # one group per distinct score
+    n = int(group.max()) + 1 if group.numel() else 0
+    pos = torch.zeros(n, dtype=torch.float64).scatter_add_(0, group, w * y)
+    neg = torch.zeros(n, dtype=torch.float64).scatter_add_(0, group, w * (1 - y))
+    P, N = float(pos.sum()), float(neg.sum())
+    if P <= 0 or N <= 0:
+        return float("nan")
+    below = torch.cumsum(neg, 0) - neg  # negative weight strictly below each score
+    return float((pos * (below + 0.5 * neg)).sum()) / (P * N)
+
+
+def task_metrics(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor, kind: str) -> dict[str, float]:
+    """Exact metrics of one task over gathered rows, each row weighted by ``weights`` [N] (the
+    sample weight; 1 without ``data.schema.weight``). ``logits``, ``labels``: float [N].
+
+    binary: ``auc`` (:func:`weighted_auc`), ``logloss`` (weighted mean), ``ne`` (logloss over
+    the entropy of the weighted mean label), ``calibration`` (sum w p / sum w y),
+    ``accuracy`` (weighted); regression: ``rmse`` = sqrt(sum w (f - y)^2 / sum w) and ``mae``
+    = sum w |f - y| / sum w, with f the raw output (the logit). Plus ``num_examples`` (rows)
+    and ``weight_sum``. NaN where undefined (no weight).
+    """
+    x, y, w = logits.double().flatten(), labels.double().flatten(), weights.double().flatten()
+    W = float(w.sum())
+    nan = float("nan")
+    out: dict[str, float] = {}
+    if kind == "regression":
+        out["rmse"] = math.sqrt(float((w * (x - y) ** 2).sum()) / W) if W > 0 else nan
+        out["mae"] = float((w * (x - y).abs()).sum()) / W if W > 0 else nan
+    else:
+        p = torch.sigmoid(x)
+        ll = float((w * F.binary_cross_entropy_with_logits(x, y, reduction="none")).sum()) / W if W > 0 else nan
+        ctr = float((w * y).sum()) / W if W > 0 else nan
+        out["auc"] = weighted_auc(x, y, w)
+        out["logloss"] = ll
+        out["ne"] = ll / base_entropy(ctr) if W > 0 else nan
+        out["calibration"] = float((w * p).sum()) / float((w * y).sum()) if float((w * y).sum()) > 0 else nan
+        out["accuracy"] = float((w * ((p > 0.5).double() == y).double()).sum()) / W if W > 0 else nan
+    out["num_examples"] = int(y.numel())
+    out["weight_sum"] = W
+    return out
+
+
+def gather_rows(rows: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """All ranks' rows ``rows[keep]`` (float [N, C] -> float64 [M, C] on CPU), concatenated in rank
+    order, identical on every rank (``all_gather_object``; O(M) memory on every rank)."""
+    local = rows[keep].double().cpu()
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        parts: list = [None] * dist.get_world_size()
+        dist.all_gather_object(parts, local)
+        local = torch.cat(parts, dim=0)
+    return local
+
+
 def gather_predictions(
     logits: torch.Tensor,
     labels: torch.Tensor,

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from recsys_dist.config.base import ConfigError
-from recsys_dist.data import feature_names
+from recsys_dist.data import feature_names, tasks
 from recsys_dist.data.config import raw_paths
 from recsys_dist.models.registry import get_model
 from recsys_dist.sharding import CUDA_ONLY_KERNELS, comms_problems, small_table_problems
@@ -30,6 +30,32 @@ def section_problems(cfg) -> list[str]:
             f"model.name: {cfg.model.name} needs dense features and {cfg.data.format} has none; "
             "use dcnv2, deepfm or wide_deep"
         )
+    names, kinds = tasks(cfg)
+    t = cfg.train
+    named = list(t.loss) if isinstance(t.loss, dict) else []
+    for key, keys in (("train.loss", named), ("train.loss_weights", list(t.loss_weights))):
+        problems += [
+            f"{key}.{k}: no task {k!r}; the tasks (data.schema.labels) are {names}" for k in keys if k not in names
+        ]
+    for task, kind, (loss, _, _) in zip(names, kinds, t.task_losses(names, kinds)):
+        if kind == "regression" and loss in ("bce", "focal"):
+            problems.append(
+                f"train.loss{'.' + task if named else ''}: {loss} needs 0/1 labels and task {task!r} is a regression; "
+                "use mse (the default for regression tasks)"
+            )
+    if len(names) > 1 and not spec.multi_task:
+        problems.append(
+            f"model.name: {cfg.model.name} gives one logit per row and data.schema.labels has {len(names)} tasks; "
+            "use a multi-task model (mmoe)"
+        )
+    if len(names) > 1 and cfg.eval.auc_buckets:
+        problems.append(
+            "eval.auc_buckets: streaming metrics are for one task; several tasks are scored exactly (remove it)"
+        )
+    if len(names) > 1 and cfg.eval.group_feature is not None:
+        problems.append("eval.group_feature: GAUC is for one binary task; remove it with data.schema.labels")
+    if cfg.data.schema is not None and cfg.data.schema.weight and cfg.eval.auc_buckets:
+        problems.append("eval.auc_buckets: streaming metrics are unweighted; with data.schema.weight remove it")
     g = cfg.eval.group_feature
     if g is not None:
         multi_hot = set(cfg.data.schema.multi_hot) if cfg.data.schema else set()

@@ -73,14 +73,22 @@ class TrainConfig(_Section):
         "stale; CUDA only), fused_sparse_dist (TrainPipelineFusedSparseDist; CUDA only). See "
         "recsys_dist/train_pipeline.py.",
     )
-    loss: str = Field(
+    loss: str | dict[str, str] = Field(
         "bce",
         description="Training loss: bce (binary cross-entropy), focal (Lin et al., 2017), mse, a name given to "
         "recsys_dist.register_loss, or an import path 'package.module:fn' with fn(logits, labels, weights) -> "
-        "scalar (docs/api.md).",
+        "scalar (docs/api.md). With several tasks (data.schema.labels): one loss for every task, or "
+        "{task: loss}; a task not named (or the default) gets bce if binary, mse if regression.",
     )
     loss_args: dict[str, Any] = Field(
-        default_factory=dict, description="Keyword arguments of the loss, e.g. {gamma: 2.0} for focal."
+        default_factory=dict,
+        description="Keyword arguments of the loss, e.g. {gamma: 2.0} for focal; with a loss per task, "
+        "{task: {argument: value}}.",
+    )
+    loss_weights: dict[str, float] = Field(
+        default_factory=dict,
+        description="Several tasks: the weight w_t of each task's loss in the total sum_t w_t * loss_t "
+        "(task -> number >= 0; a task not named weighs 1).",
     )
     early_stopping: EarlyStoppingConfig | None = Field(
         None,
@@ -90,23 +98,56 @@ class TrainConfig(_Section):
 
     @model_validator(mode="after")
     def _check_loss(self) -> TrainConfig:
-        from recsys_dist.models.losses import get_loss
-
-        fn = get_loss(self.loss)
-        try:
-            params = list(inspect.signature(fn).parameters.values())
-        except (TypeError, ValueError):
-            return self
-        if len(params) < 3 and not any(p.kind is p.VAR_POSITIONAL for p in params):
-            raise ValueError(f"train.loss: {self.loss} must take (logits, labels, weights), it takes {len(params)}")
-        rest = {p.name: p for p in params[3:] if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
-        takes_kwargs = any(p.kind is p.VAR_KEYWORD for p in params)
-        unknown = [k for k in self.loss_args if k not in rest and not takes_kwargs]
-        missing = [n for n, p in rest.items() if p.default is p.empty and n not in self.loss_args]
-        problems = [
-            f"train.loss_args.{k}: {self.loss} takes no argument {k!r} (it takes {sorted(rest)})" for k in unknown
-        ]
-        problems += [f"train.loss_args.{k}: required by {self.loss}, missing" for k in missing]
+        problems = []
+        if isinstance(self.loss, dict):
+            extra = [k for k in self.loss_args if k not in self.loss]
+            problems += [f"train.loss_args.{k}: not a task of train.loss ({sorted(self.loss)})" for k in extra]
+            for task, name in self.loss.items():
+                args = self.loss_args.get(task, {})
+                if not isinstance(args, dict):
+                    problems.append(f"train.loss_args.{task}: must be a mapping of arguments of {name}")
+                    continue
+                problems += _loss_problems(name, args, f"train.loss.{task}", f"train.loss_args.{task}")
+        else:
+            problems += _loss_problems(self.loss, self.loss_args, "train.loss", "train.loss_args")
+        problems += [f"train.loss_weights.{k}: {w} must be >= 0" for k, w in self.loss_weights.items() if w < 0]
         if problems:
             raise ValueError("; ".join(problems))
         return self
+
+    def task_losses(self, tasks: list[str], kinds: list[str]) -> list[tuple[str, dict, float]]:
+        """(loss name, loss arguments, loss weight) per task, in task order (one task: ``train.loss``)."""
+        explicit = "loss" in self.model_fields_set
+        out = []
+        for task, kind in zip(tasks, kinds):
+            if isinstance(self.loss, dict):
+                name = self.loss.get(task) or ("bce" if kind == "binary" else "mse")
+                args = dict(self.loss_args.get(task, {}))
+            elif explicit or len(tasks) == 1:
+                name, args = self.loss, dict(self.loss_args)
+            else:
+                name, args = ("bce" if kind == "binary" else "mse"), {}
+            out.append((name, args, float(self.loss_weights.get(task, 1.0))))
+        return out
+
+
+def _loss_problems(name: str, args: dict, key: str, args_key: str) -> list[str]:
+    from recsys_dist.models.losses import get_loss
+
+    try:
+        fn = get_loss(name)
+    except ValueError as err:
+        return [str(err).replace("train.loss", key, 1)]
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return []
+    if len(params) < 3 and not any(p.kind is p.VAR_POSITIONAL for p in params):
+        return [f"{key}: {name} must take (logits, labels, weights), it takes {len(params)}"]
+    rest = {p.name: p for p in params[3:] if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    takes_kwargs = any(p.kind is p.VAR_KEYWORD for p in params)
+    unknown = [k for k in args if k not in rest and not takes_kwargs]
+    missing = [n for n, p in rest.items() if p.default is p.empty and n not in args]
+    problems = [f"{args_key}.{k}: {name} takes no argument {k!r} (it takes {sorted(rest)})" for k in unknown]
+    problems += [f"{args_key}.{k}: required by {name}, missing" for k in missing]
+    return problems

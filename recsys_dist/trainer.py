@@ -38,7 +38,7 @@ from recsys_dist.checkpoint import (
     set_optimizer_steps,
 )
 from recsys_dist.config import ConfigError, RunConfig
-from recsys_dist.data import feature_names, prepare_from_config
+from recsys_dist.data import feature_names, label_columns, prepare_from_config, tasks
 from recsys_dist.data.loader import ParquetBatchLoader
 from recsys_dist.data.mapping import loader_id_bounds
 from recsys_dist.distributed import DistContext, broadcast_result, init_distributed, under_launcher
@@ -80,7 +80,10 @@ def make_loaders(cfg: RunConfig, ctx: DistContext) -> Loaders:
     # Under vocabulary mapping the tables are as large as the vocabulary built on train.
     sizes = list(prepared.num_embeddings) if d.categorical_mapping == "vocabulary" else table_sizes(cfg)
     dense_names, sparse_names = feature_names(cfg)
+    label_cols, weight_col = label_columns(cfg)
     common = dict(
+        label_columns=label_cols,
+        weight_column=weight_col,
         rank=ctx.rank,
         world_size=ctx.world_size,
         dense_names=dense_names,
@@ -385,8 +388,8 @@ class Trainer:
                 "train_seconds": round(self.train_seconds, 3),
                 "samples_per_s": round(self.rows_trained / self.train_seconds, 1) if self.train_seconds > 0 else None,
                 "resumed_at_step": self.resumed_at_step,
-                "validation": {k: last_val.get(k) for k in ("auc", "logloss", "ne")},
-                "test": {k: test.get(k) for k in ("auc", "logloss", "ne")},
+                "validation": _summary_metrics(last_val),
+                "test": _summary_metrics(test),
             }
             if self.cfg.checkpoint.enabled:
                 summary["checkpoint"] = str(self.save_checkpoint())
@@ -429,14 +432,25 @@ class Trainer:
             ``auc``, ``logloss``, ``ne``, ``calibration``, ``accuracy``, ``num_examples``
             (floats; NaN where undefined, e.g. AUC on one class), plus ``gauc`` with
             ``eval.group_feature`` and ``auc_error_bound`` with ``eval.auc_buckets``;
-            ``{}`` for an empty split.
+            ``{}`` for an empty split. Several tasks (``data.schema.labels``): per task
+            ``<task>/auc``, ``<task>/logloss``, ``<task>/ne``, ``<task>/calibration``,
+            ``<task>/accuracy`` (binary) or ``<task>/rmse``, ``<task>/mae`` (regression), and
+            ``<task>/weight_sum``; weighted by the sample weights (``data.schema.weight``).
 
         Raises:
             ValueError: an unknown split name.
         """
         with self._collective(), self._clock.phase("eval"):
             c = self.cfg.eval
-            return evaluate(self._model, self._loader(split), self._ctx.device, c.auc_buckets, c.group_feature)
+            names, kinds = tasks(self.cfg)
+            return evaluate(
+                self._model,
+                self._loader(split),
+                self._ctx.device,
+                c.auc_buckets,
+                c.group_feature,
+                tasks=(names, kinds) if len(names) > 1 else None,
+            )
 
     def predict(self, split: str | ParquetBatchLoader = "test") -> dict[str, torch.Tensor]:
         """Per-row predictions on a split (``"validation"``, ``"test"``, ``"train"``) or on an
@@ -773,3 +787,11 @@ def train(cfg: RunConfig, run_dir: Path, profile_dir: Path | None = None, resume
     """
     with Trainer(cfg, run_dir, resume=resume, profile_dir=profile_dir) as trainer:
         return trainer.fit()
+
+
+def _summary_metrics(metrics: dict) -> dict:
+    """The summary's metrics of a split: auc, logloss, ne (None where absent); with several
+    tasks also every ``<task>/<metric>``."""
+    out = {k: metrics.get(k) for k in ("auc", "logloss", "ne")}
+    out.update({k: v for k, v in metrics.items() if "/" in k})
+    return out

@@ -62,6 +62,22 @@ def sequence_names(cfg) -> list[str]:
     return list(getattr(raw_format(d.format, d.schema), "sequence_names", []))
 
 
+def tasks(cfg) -> tuple[list[str], list[str]]:
+    """(task names, kinds ``binary`` / ``regression``) of a ``data`` section (or a run config's), in
+    the order of the label columns: ``(["label"], ["binary"])`` unless ``data.schema.labels`` is set."""
+    d = getattr(cfg, "data", cfg)
+    fmt = raw_format(d.format, d.schema)
+    return list(getattr(fmt, "task_names", ["label"])), list(getattr(fmt, "task_kinds", ["binary"]))
+
+
+def label_columns(cfg) -> tuple[list[str], str | None]:
+    """(label columns, sample-weight column or None) of the converted Parquet, as the loader reads
+    them: ``["label"]`` for one task, ``["label:<task>", ...]`` for ``data.schema.labels``."""
+    d = getattr(cfg, "data", cfg)
+    fmt = raw_format(d.format, d.schema)
+    return list(getattr(fmt, "label_columns", ["label"])), getattr(fmt, "weight_column", None)
+
+
 def prepare_from_config(cfg, progress: bool = False):
     """Convert (or reuse) the Parquet splits described by a run config's ``data`` section.
 

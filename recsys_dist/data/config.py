@@ -38,10 +38,43 @@ class HistoryConfig(_Section):
     max_length: int = Field(gt=0, description="Keep the N most recent items of each history.")
 
 
+class TaskLabel(_Section):
+    """One ``data.schema.labels`` task: its column, and how the column becomes the label."""
+
+    column: str = Field(description="The raw column the task's label is read from.")
+    kind: Literal["binary", "regression"] = Field(
+        "binary",
+        description="binary: the label is 0/1 (the column holds 0/1, or 1 if column >= threshold); "
+        "regression: the column's value as float32 (a finite number).",
+    )
+    threshold: float | None = Field(
+        None, description="binary only: label = 1 if the column >= this, else 0 (e.g. 4.0 for ratings)."
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> TaskLabel:
+        if self.kind == "regression" and self.threshold is not None:
+            raise ValueError("threshold: only binary tasks take a threshold (a regression label is the value itself)")
+        return self
+
+
 class SchemaConfig(_Section):
     """Columns of a CSV / TSV / Parquet file for ``data.format: schema`` (see docs/data.md)."""
 
-    label: str = Field(description="Label column: 0/1, or any number with label_threshold.")
+    label: str | None = Field(
+        None, description="Label column of the one binary task: 0/1, or any number with label_threshold."
+    )
+    labels: dict[str, TaskLabel] = Field(
+        default_factory=dict,
+        description="Several tasks (name -> {column, kind: binary|regression, threshold}), in order; instead of "
+        "label. The converted Parquet holds one float32 column 'label:<name>' per task (docs/data.md, 'Multi-task "
+        "labels and sample weights').",
+    )
+    weight: str | None = Field(
+        None,
+        description="Sample-weight column: a finite number >= 0 per row (float32); it multiplies each row's "
+        "loss and metric terms. None = every row weighs 1.",
+    )
     label_threshold: float | None = Field(
         None,
         description="label = 1 if the label column >= this, else 0 (e.g. 4.0 for ratings); "
@@ -107,8 +140,19 @@ class SchemaConfig(_Section):
                 f"data.schema.hex_categorical: {not_text} are sequence columns; hex keys are for "
                 "categorical and multi_hot columns"
             )
-        if self.label in features:
+        if (self.label is None) == (not self.labels):
+            raise ValueError("data.schema: set either label (one binary task) or labels (several tasks), not both")
+        if self.label is not None and self.label in features:
             raise ValueError(f"data.schema.label: {self.label!r} is also a feature column")
+        for name, task in self.labels.items():
+            if task.column in features:
+                raise ValueError(f"data.schema.labels.{name}.column: {task.column!r} is also a feature column")
+            if not name or not name.replace("_", "").isalnum():
+                raise ValueError(f"data.schema.labels: task name {name!r} must be letters, digits and '_'")
+        if self.label_threshold is not None and self.label is None:
+            raise ValueError("data.schema.label_threshold: goes with label; with labels set each task's threshold")
+        if self.weight is not None and (self.weight in features or self.weight in self.label_columns()):
+            raise ValueError(f"data.schema.weight: {self.weight!r} is also a feature or label column")
         not_categorical = [c for c in self.hex_categorical if c not in [*self.categorical, *self.multi_hot]]
         if not_categorical:
             raise ValueError(
@@ -122,6 +166,18 @@ class SchemaConfig(_Section):
         if not self.header and not self.columns:
             raise ValueError("data.schema.columns: must name every field when data.schema.header is false")
         return self
+
+    def label_columns(self) -> list[str]:
+        """The raw columns the labels are read from, in task order."""
+        return [self.label] if self.label is not None else [t.column for t in self.labels.values()]
+
+    def task_names(self) -> list[str]:
+        """Task names in order: ``["label"]`` for the one-task ``label`` form."""
+        return ["label"] if self.label is not None else list(self.labels)
+
+    def task_kinds(self) -> list[str]:
+        """``binary`` / ``regression`` per task, in order."""
+        return ["binary"] if self.label is not None else [t.kind for t in self.labels.values()]
 
 
 class SplitConfig(_Section):

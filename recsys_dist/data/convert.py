@@ -258,8 +258,16 @@ class _Transform:
             else:
                 got = mp.hash_ids(sk.keys, self.sizes[j])
             ids.append(mp.to_arrow(got, sk))
+        label_cols = [labels] if labels.ndim == 1 else list(labels.T)
+        weights = []
+        if getattr(self.fmt, "weight_column", None):
+            weights = [pa.array(self.fmt.weights(batch, path, first + 1), pa.float32())]
         out = pa.RecordBatch.from_arrays(
-            [pa.array(labels, pa.float32())] + [pa.array(d, pa.float32()) for d in dense] + ids, schema=self.schema
+            [pa.array(y, pa.float32()) for y in label_cols]
+            + [pa.array(d, pa.float32()) for d in dense]
+            + ids
+            + weights,
+            schema=self.schema,
         )
         return out, missing
 
@@ -307,7 +315,8 @@ class _Totals:
 
     def __init__(self, num_dense: int, num_sparse: int = 0, multi_hot: list | tuple = ()) -> None:
         self.stats, self.missing = np.zeros((3, num_dense)), np.zeros(num_dense)
-        self.labels = np.zeros(2)  # training rows, and of them label 1
+        self.labels = np.zeros(2)  # training rows, and of them label 1 (the first task's label)
+        self.num_labels = 1
         self.seen, self.n_skipped, self.examples = 0, 0, []
         self.ids = np.zeros((3, 2, num_sparse))  # split, (present ids, OOV ids), feature
         self.multi_hot = list(multi_hot)  # (column, configured separator)
@@ -320,7 +329,9 @@ class _Totals:
         fmt = transform.fmt
         spec = getattr(fmt, "spec", None)
         multi_hot = [(n, spec.separator) for n in spec.multi_hot] if spec is not None else []
-        return cls(len(fmt.dense_names), len(fmt.sparse_names) if transform.vocabs is not None else 0, multi_hot)
+        out = cls(len(fmt.dense_names), len(fmt.sparse_names) if transform.vocabs is not None else 0, multi_hot)
+        out.num_labels = len(getattr(fmt, "label_columns", None) or ["label"])  # dense columns follow the labels
+        return out
 
     def add_train(self, part: pa.RecordBatch) -> None:
         """Count rows of the training split (label, then the dense columns, as written)."""
@@ -328,14 +339,14 @@ class _Totals:
         self.labels += [len(y), y.sum()]
         k = len(self.missing)
         if k:
-            d = np.stack([part.column(1 + j).to_numpy() for j in range(k)], axis=1).astype(np.float64)
+            d = np.stack([part.column(self.num_labels + j).to_numpy() for j in range(k)], axis=1).astype(np.float64)
             self.stats += [np.full(k, len(d)), d.sum(0), (d**2).sum(0)]
 
     def add_part(self, k: int, part: pa.RecordBatch) -> None:
         """Count rows of split ``k`` as written (the training statistics, and the ids)."""
         if k == 0:
             self.add_train(part)
-        first = 1 + len(self.missing)
+        first = self.num_labels + len(self.missing)
         for j in range(self.ids.shape[2]):
             col = part.column(first + j)
             if pa.types.is_list(col.type):
@@ -801,6 +812,9 @@ def _build(
         "dense": dense_names,
         "sparse": sparse_names,
         "schema": {f.name: str(f.type) for f in schema},
+        # task -> binary | regression, in the order of the label columns; the sample-weight column
+        "tasks": dict(zip(getattr(fmt, "task_names", ["label"]), getattr(fmt, "task_kinds", ["binary"]))),
+        "weight": getattr(fmt, "weight_column", None),
         "transforms": transforms,
         "split": split_info,
         "rows_written": seen,

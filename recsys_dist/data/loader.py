@@ -66,8 +66,10 @@ class CTRBatch(Batch):
     Attributes:
         dense_features: float32 [B, num_dense].
         sparse_features: KJT with int64 values, keys = the categorical feature names.
-        labels: float32 [B] in {0, 1}.
-        weights: float32 [B]; 1 for real rows, 0 for padding.
+        labels: float32 [B] in {0, 1}; [B, T] with several tasks (``data.schema.labels``, in
+            task order; a regression task's column holds its target value).
+        weights: float32 [B]; the row's sample weight (1 without ``data.schema.weight``) for
+            real rows, 0 for padding.
         loss_scale: float32 scalar, ``real rows here x world size / real rows of the global
             batch`` (1 for a batch without padding), or None (then 1). The training loss, a
             weighted mean over this rank's rows, is multiplied by it, so that after DDP's
@@ -128,14 +130,15 @@ class _Cols:
     """Columns of a set of rows, one numpy array per column (reading a window from Arrow is
     one copy per column), so a whole window is gathered into batch layout in one pass per column.
 
-    ``labels`` float32 [n]; ``dense`` float32 [n, D] (row-major: gathering a row is one read);
+    ``labels`` float32 [n] (or [n, T], several tasks); ``weights`` float32 [n] sample weights or
+    None (all 1); ``dense`` float32 [n, D] (row-major: gathering a row is one read);
     ``ids`` one entry per sparse
     feature in key order: int64 or int32 [n] (one-hot; int32 when the ids fit, see
     ``ParquetBatchLoader._read``) or (lengths int64 [n], values int64) (multi-hot).
     """
 
-    def __init__(self, labels: np.ndarray, dense: list, ids: list) -> None:
-        self.labels, self.dense, self.ids = labels, dense, ids
+    def __init__(self, labels: np.ndarray, dense: list, ids: list, weights: np.ndarray | None = None) -> None:
+        self.labels, self.dense, self.ids, self.weights = labels, dense, ids, weights
         self._offsets = {j: np.concatenate([[0], np.cumsum(c[0])]) for j, c in enumerate(ids) if isinstance(c, tuple)}
 
     def __len__(self) -> int:
@@ -154,6 +157,7 @@ class _Cols:
             self.labels[idx],
             self.dense[idx],
             [self._bags(j, idx) if isinstance(c, tuple) else c[idx] for j, c in enumerate(self.ids)],
+            None if self.weights is None else self.weights[idx],
         )
 
     @staticmethod
@@ -166,14 +170,15 @@ class _Cols:
             else cat([p.ids[j] for p in parts])
             for j, c in enumerate(first.ids)
         ]
-        return _Cols(cat([p.labels for p in parts]), cat([p.dense for p in parts]), ids)
+        weights = None if first.weights is None else cat([p.weights for p in parts])
+        return _Cols(cat([p.labels for p in parts]), cat([p.dense for p in parts]), ids, weights)
 
 
 class ParquetBatchLoader:
     """Batches of one Parquet split (one or several files) for one rank.
 
     Args:
-        path: Parquet file or files with ``label`` (float), dense float and sparse int64
+        path: Parquet file or files with the label column(s) (float), dense float and sparse int64
             (one-hot) or list<int64> (multi-hot) columns; all files must share one schema.
         batch_size: rows per batch on this rank.
         rank, world_size: this rank and the number of ranks.
@@ -190,6 +195,10 @@ class ParquetBatchLoader:
         rank_reads: ``"global_batch"`` (every rank reads the whole stream and keeps its block
             of each global batch) or ``"row_groups"`` (each rank reads only its own row groups;
             see the module docstring).
+        label_columns: the label columns, in task order: ``["label"]`` (one task; labels
+            [B]) or the conversion's ``label:<task>`` columns (labels [B, T]).
+        weight_column: a float32 column of sample weights (>= 0) that the batch weights carry
+            (times 0 for padding); None = every real row weighs 1.
 
     Raises:
         DataError: a missing file or column, files with different schemas, no rows with
@@ -215,6 +224,8 @@ class ParquetBatchLoader:
         prefetch: int = 2,
         pin_memory: bool = False,
         rank_reads: str = "global_batch",
+        label_columns: Sequence[str] = ("label",),
+        weight_column: str | None = None,
     ) -> None:
         if remainder not in ("pad", "drop"):
             raise ValueError(f"remainder must be 'pad' or 'drop', got {remainder!r}")
@@ -224,7 +235,8 @@ class ParquetBatchLoader:
             [str(path)] if isinstance(path, (str, bytes)) or hasattr(path, "__fspath__") else [str(p) for p in path]
         )
         self.dense_names, self.keys = list(dense_names), list(sparse_names)
-        self.columns = ["label", *dense_names, *sparse_names]
+        self.label_columns, self.weight_column = list(label_columns), weight_column
+        self.columns = [*self.label_columns, *dense_names, *sparse_names, *([weight_column] if weight_column else [])]
         self.row_groups: list[tuple[int, int, int]] = []  # (file index, row group, rows)
         schema = None
         for i, f in enumerate(self.files):
@@ -377,7 +389,22 @@ class ParquetBatchLoader:
                 o += len(p)
             return out
 
-        labels = joined(chunks("label", np.float32), np.empty(n, np.float32))
+        if self.label_columns == ["label"]:
+            labels = joined(chunks("label", np.float32), np.empty(n, np.float32))
+        else:
+            labels = np.empty((n, len(self.label_columns)), np.float32)
+            for k, name in enumerate(self.label_columns):
+                joined(chunks(name, np.float32), labels[:, k])
+        weights = None
+        if self.weight_column:
+            weights = joined(chunks(self.weight_column, np.float32), np.empty(n, np.float32))
+            bad = ~(weights >= 0) | ~np.isfinite(weights)
+            if bad.any():
+                row = int(np.flatnonzero(bad)[0])
+                raise DataError(
+                    f"{where}, row {first_row + row}, column {self.weight_column}: {weights[row]} is not a finite "
+                    "weight >= 0"
+                )
         dense = np.empty((n, len(self.dense_names)), np.float32)
         for d, name in enumerate(self.dense_names):
             joined(chunks(name, np.float32), dense[:, d])
@@ -407,7 +434,7 @@ class ParquetBatchLoader:
             else:  # joining the row groups' chunks and narrowing to int32 is one pass
                 fits = _INT32.min <= lo and hi <= _INT32.max
                 ids.append(joined(parts, np.empty(n, np.int32 if fits else np.int64)))
-        return _Cols(labels, dense, ids)
+        return _Cols(labels, dense, ids, weights)
 
     def _own_windows(self, start_step: int) -> Iterator[tuple[_Cols, np.ndarray]]:
         """Per window: its columns and this rank's rows of it in stream order (indices into
@@ -483,7 +510,11 @@ class ParquetBatchLoader:
             # mode="wrap": idx is valid, and the default "raise" copies through an extra buffer
             return np.take(col, idx, out=scratch[col.dtype], mode="wrap").reshape(nb, B)
 
-        labels = gather(cols.labels).astype(np.float32)  # a copy: the buffer is reused, Arrow's is read-only
+        if cols.labels.ndim == 1:
+            labels = gather(cols.labels).astype(np.float32)  # a copy: the buffer is reused, Arrow's is read-only
+        else:  # several tasks: [nb, B, T]
+            T = cols.labels.shape[1]
+            labels = (cols.labels[rows] if contiguous else np.take(cols.labels, idx, axis=0)).reshape(nb, B, T).copy()
         D = cols.dense.shape[1]
         dense = (cols.dense[rows] if contiguous else np.take(cols.dense, idx, axis=0, mode="wrap")).reshape(nb, B, D)
         onehot = np.empty((nb, self._n_onehot, B), np.int64)
@@ -496,10 +527,13 @@ class ParquetBatchLoader:
             else:
                 onehot[:, k, :] = gather(c)  # widens int32 ids (see _read)
                 k += 1
-        weights = None
+        weights = None  # [nb, B]; None: every row weighs 1 (the shared ones)
+        if cols.weights is not None:
+            weights = torch.from_numpy(gather(cols.weights).astype(np.float32))
         if n_real is not None:
-            weights = torch.zeros(B, dtype=torch.float32)
-            weights[:n_real] = 1.0
+            if weights is None:
+                weights = torch.ones(1, B, dtype=torch.float32)
+            weights[:, n_real:] = 0.0
         if bags:  # multi-hot: each batch's values and lengths joined here, off the training thread
             sparse: torch.Tensor | list = []
             for b in range(nb):
@@ -534,14 +568,17 @@ class ParquetBatchLoader:
                     keys=self.keys, values=values, lengths=lengths, stride=self.batch_size
                 ),
                 labels=labels[b],
-                weights=self._ones_weights if weights is None else weights,
+                weights=self._ones_weights if weights is None else weights[b],
             )
 
     def _empty_row(self) -> _Cols:
         ids = [
             (np.zeros(1, np.int64), np.zeros(0, np.int64)) if m else np.zeros(1, np.int64) for m in self.list_features
         ]
-        return _Cols(np.zeros(1, np.float32), np.zeros((1, len(self.dense_names)), np.float32), ids)
+        T = len(self.label_columns)
+        labels = np.zeros(1, np.float32) if self.label_columns == ["label"] else np.zeros((1, T), np.float32)
+        weights = np.zeros(1, np.float32) if self.weight_column else None
+        return _Cols(labels, np.zeros((1, len(self.dense_names)), np.float32), ids, weights)
 
     # ------------------------------------------------------------------ iteration
 

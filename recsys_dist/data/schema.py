@@ -115,24 +115,38 @@ class SchemaFormat:
 
     def __init__(self, spec) -> None:
         self.spec = spec
-        self.label_column = spec.label
+        self.label_column = spec.label_columns()[0]
+        self.task_names, self.task_kinds = spec.task_names(), spec.task_kinds()
+        # (task, raw column, kind, threshold) per task; the one-task ``label`` form is task "label"
+        self.tasks = (
+            [("label", spec.label, "binary", spec.label_threshold)]
+            if spec.label is not None
+            else [(n, t.column, t.kind, t.threshold) for n, t in spec.labels.items()]
+        )
+        # Parquet columns of the labels: "label" for the one-task form, else "label:<task>"
+        self.label_columns = ["label"] if spec.label is not None else [f"label:{n}" for n in spec.labels]
+        self.weight_column = "weight" if spec.weight is not None else None
         self.dense_names = list(spec.dense)
         history = getattr(spec, "history", None)
         self.sequence_names = list(getattr(spec, "sequence", None) or {}) + ([history.name] if history else [])
         self.sparse_names = list(spec.categorical) + list(spec.multi_hot) + self.sequence_names
         key = dict(spec.model_dump(mode="json") if hasattr(spec, "model_dump") else vars(spec))
-        for option in ("hex_categorical", "sequence", "history"):
+        for option in ("hex_categorical", "sequence", "history", "labels", "weight"):
             if not key.get(option):
                 key.pop(option, None)  # the key of conversions from before the option
         self.fingerprint = "schema:" + json.dumps(key, sort_keys=True)
         self.hex = set(getattr(spec, "hex_categorical", None) or [])
-        label = (
-            f"1 if {spec.label} >= {spec.label_threshold} else 0"
-            if spec.label_threshold is not None
-            else f"{spec.label} (0 or 1)"
-        )
+
+        def rule(column, kind, threshold):
+            if kind == "regression":
+                return f"{column} (a finite number)"
+            return f"1 if {column} >= {threshold} else 0" if threshold is not None else f"{column} (0 or 1)"
+
         self.transforms = {
-            "label": f"{label} as float32",
+            "label": "; ".join(
+                (f"{c}: " if c != "label" else "") + f"{rule(col, k, th)} as float32"
+                for c, (_, col, k, th) in zip(self.label_columns, self.tasks)
+            ),
             "dense": ("log1p(max(x, 0))" if spec.dense_transform == "log1p" else "x") + " as float32; empty -> 0",
             "sparse": "id = 1 + key mod (num_embeddings - 1) as int64; empty -> 0",
             "multi_hot": f"split on {spec.separator!r}, empty elements dropped, each element mapped like a "
@@ -140,6 +154,8 @@ class SchemaFormat:
             "key": "BLAKE2b with an 8-byte digest of the value's UTF-8 text, read as a little-endian uint64"
             + (f"; columns {sorted(self.hex)}: the hex value as an unsigned 32-bit integer" if self.hex else ""),
         }
+        if spec.weight is not None:
+            self.transforms["weight"] = f"weight: {spec.weight} as float32 (a finite number >= 0)"
         if self.sequence_names:
             self.transforms["sequence"] = (
                 "split on the column's separator, empty elements dropped, the last max_length kept, each element "
@@ -181,7 +197,14 @@ class SchemaFormat:
 
     def _check_columns(self, path: str, names: list[str], where: str) -> None:
         s = self.spec
-        needed = [s.label, *s.dense, *s.categorical, *s.multi_hot, *(getattr(s, "sequence", None) or {})]
+        needed = [
+            *s.label_columns(),
+            *([s.weight] if s.weight else []),
+            *s.dense,
+            *s.categorical,
+            *s.multi_hot,
+            *(getattr(s, "sequence", None) or {}),
+        ]
         if getattr(s, "history", None) is not None:
             needed += [c for c in (s.history.user, s.history.item, s.history.time) if c not in needed]
         missing = [c for c in needed if c not in names]
@@ -254,34 +277,63 @@ class SchemaFormat:
     # ---------------------------------------------------------------- checking
 
     def _labels(self, batch: pa.RecordBatch, where: str, first_line: int) -> np.ndarray:
+        """float32 [N] (one task) or [N, T] (``data.schema.labels``). Raises DataError naming
+        the line and column of a value that is not a label."""
+        out = []
+        for _, column, kind, threshold in self.tasks:
+            x = _floats(batch.column(column), f"{where}, column {column}", first_line)
+            numeric = kind == "regression" or threshold is not None
+            bad = ~np.isfinite(x) if numeric else ~np.isin(x, (0.0, 1.0))
+            if bad.any():
+                i = int(np.flatnonzero(bad)[0])
+                want = (
+                    ("a number" if np.isnan(x[i]) else "a finite number")
+                    if numeric
+                    else "0 or 1 (or set a threshold: data.schema.label_threshold / labels.<task>.threshold)"
+                )
+                raise DataError(
+                    f"{where}, line {first_line + i}, column {column}: '{batch.column(column)[i].as_py()}' is not {want}"
+                )
+            out.append((x >= threshold if threshold is not None else x).astype(np.float32))
+        return out[0] if self.spec.label is not None else np.stack(out, axis=1)
+
+    def weights(self, batch: pa.RecordBatch, path: str, first_row: int) -> np.ndarray:
+        """The sample weights, float32 [N]. Raises DataError naming the file, line (row for
+        Parquet) and column of a weight that is empty, not a number, negative or not finite."""
         s = self.spec
-        x = _floats(batch.column(s.label), f"{where}, column {s.label}", first_line)
-        bad = ~np.isfinite(x) if s.label_threshold is not None else ~np.isin(x, (0.0, 1.0))
+        first_line = first_row + (1 if s.header and not _is_parquet(s, path) else 0)
+        x = _floats(batch.column(s.weight), f"{path}, column {s.weight}", first_line)
+        bad = ~np.isfinite(x) | (x < 0)
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
-            want = (
-                ("a number" if np.isnan(x[i]) else "a finite number")
-                if s.label_threshold is not None
-                else "0 or 1 (or set data.schema.label_threshold)"
-            )
             raise DataError(
-                f"{where}, line {first_line + i}, column {s.label}: '{batch.column(s.label)[i].as_py()}' is not {want}"
+                f"{path}, {'row' if _is_parquet(s, path) else 'line'} {first_line + i}, column {s.weight}: "
+                f"'{batch.column(s.weight)[i].as_py()}' is not a finite number >= 0 (data.schema.weight: the "
+                "sample weight of every row)"
             )
-        return (x >= s.label_threshold if s.label_threshold is not None else x).astype(np.float32)
+        return x.astype(np.float32)
 
     def bad_row_mask(self, batch: pa.RecordBatch) -> tuple[np.ndarray, list[str]]:
         """Rows whose label or a dense value the transforms reject, and why (first reason per row)."""
         bad = np.zeros(batch.num_rows, dtype=bool)
         reason = np.full(batch.num_rows, None, dtype=object)
         s = self.spec
-        label_pattern = _NUMBER if s.label_threshold is not None else r"^[01](\.0*)?$"
-        for name, pattern, empty_ok in [(s.label, label_pattern, False)] + [(n, _NUMBER, True) for n in s.dense]:
+        checks = [
+            (col, _NUMBER if kind == "regression" or th is not None else r"^[01](\.0*)?$", False)
+            for _, col, kind, th in self.tasks
+        ]
+        binary01 = {col for _, col, kind, th in self.tasks if kind == "binary" and th is None}
+        if s.weight is not None:
+            checks.append((s.weight, r"^\+?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?$", False))
+        for name, pattern, empty_ok in checks + [(n, _NUMBER, True) for n in s.dense]:
             col = batch.column(name)
             if not pa.types.is_string(col.type):  # typed Parquet column
                 x = pc.cast(col, pa.float64()).to_numpy(zero_copy_only=False)
                 ok = np.isfinite(x) | (empty_ok & col.is_null().to_numpy(zero_copy_only=False))
-                if name == s.label and s.label_threshold is None:
+                if name in binary01:
                     ok &= np.isin(x, (0.0, 1.0))
+                if name == s.weight:
+                    ok &= x >= 0
             else:
                 text = pc.utf8_trim_whitespace(pc.fill_null(col, ""))
                 ok = pc.match_substring_regex(text, pattern).to_numpy(zero_copy_only=False)
@@ -411,11 +463,14 @@ class SchemaFormat:
         return SparseKeys(keys, None, lengths)
 
     def output_schema(self) -> pa.Schema:
-        fields = [pa.field("label", pa.float32())]
+        """Label column(s) first, then dense, categorical, multi-hot, sequence, and ``weight`` last."""
+        fields = [pa.field(c, pa.float32()) for c in self.label_columns]
         fields += [pa.field(n, pa.float32()) for n in self.dense_names]
         fields += [pa.field(n, pa.int64()) for n in self.spec.categorical]
         fields += [pa.field(n, pa.list_(pa.int64())) for n in self.spec.multi_hot]
         fields += [pa.field(n, pa.list_(pa.int64())) for n in self.sequence_names]
+        if self.weight_column:
+            fields.append(pa.field(self.weight_column, pa.float32()))
         return pa.schema(fields)
 
 

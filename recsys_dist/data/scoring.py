@@ -434,10 +434,14 @@ class UnlabelledSchemaFormat(SchemaFormat):
         self.raw_columns = names
 
     def _labels(self, batch: pa.RecordBatch, where: str, first_line: int) -> np.ndarray:
+        if self.spec.label is None:  # several tasks: [N, T] placeholders
+            return np.zeros((batch.num_rows, len(self.tasks)), np.float32)
         return np.zeros(batch.num_rows, np.float32)
 
     def bad_row_mask(self, batch: pa.RecordBatch):
-        labelled = batch.append_column(self.spec.label, pa.array(np.full(batch.num_rows, "0")))
+        labelled = batch
+        for column in self.spec.label_columns():
+            labelled = labelled.append_column(column, pa.array(np.full(batch.num_rows, "0")))
         return super().bad_row_mask(labelled)
 
 
@@ -484,7 +488,7 @@ def scoring_format(d, data: Path):
             return _format(d, labelled=False)  # Kaggle's test.txt: predict only, labels unknown
     elif d.format == "schema":
         names = _schema_columns(d.schema, data)
-        if names is not None and d.schema.label not in names:
+        if names is not None and d.schema.label_columns()[0] not in names:
             return UnlabelledSchemaFormat(d.schema)
     return fmt
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
-from recsys_dist.data import feature_names, sequence_names
+from recsys_dist.data import feature_names, sequence_names, tasks
 from recsys_dist.models.losses import get_loss
 from recsys_dist.models.managed import build_remap
 from recsys_dist.models.registry import get_model
@@ -50,6 +50,7 @@ def feature_spec(
         embedding_device=embedding_device or torch.device("meta"),
         device=device or torch.device("cpu"),
         first_order_tables=first,
+        tasks=tasks(cfg)[0],
         sequence_names=seq,
         sequence_tables=make_sequence_tables(seq, seq_sizes, m.embedding_dim, init_scale=m.embedding_init_scale),
     )
@@ -86,4 +87,11 @@ def build_model(cfg, spec: FeatureSpec | torch.device, tables_device: torch.devi
     remap = None
     if cfg.data.categorical_mapping == "managed":
         remap = build_remap(cfg, spec.sparse_names, spec.num_embeddings, spec.device)
+    names, kinds = tasks(cfg)
+    if len(names) > 1:  # several tasks: a loss (and weight) per task
+        per_task = [
+            (n, loss or get_loss(name), args if loss is None else {}, w)
+            for n, (name, args, w) in zip(names, t.task_losses(names, kinds))
+        ]
+        return CTRTask(model, bf16, tasks=per_task, remap=remap)
     return CTRTask(model, bf16, loss or get_loss(t.loss), dict(t.loss_args) if loss is None else {}, remap=remap)

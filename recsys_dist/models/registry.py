@@ -90,6 +90,8 @@ class ModelSpec:
         needs_dense: refuse data without dense features (DLRM's bottom MLP).
         first_order_tables: the model also reads one width-4 table ``w_<feature>`` per feature
             (``spec.first_order_tables``), in the same EmbeddingBagCollection.
+        multi_task: the model gives one logit per task (``[B, len(spec.tasks)]``); a model
+            registered with a config class and without it is refused for several tasks.
     """
 
     name: str
@@ -98,6 +100,7 @@ class ModelSpec:
     factory: Callable | None = None
     needs_dense: bool = False
     first_order_tables: bool = False
+    multi_task: bool = False
 
 
 _MODELS: dict[str, ModelSpec] = {}
@@ -110,6 +113,7 @@ def register_model(
     *,
     needs_dense: bool = False,
     first_order_tables: bool = False,
+    multi_task: bool = False,
 ):
     """Decorator that makes a model selectable as ``model.name: <name>``.
 
@@ -142,9 +146,10 @@ def register_model(
                 factory=fn,
                 needs_dense=needs_dense,
                 first_order_tables=first_order_tables,
+                multi_task=True,  # a factory's output width is its own business: checked at run time
             )
         else:
-            _MODELS[name] = ModelSpec(name, config, fn, None, needs_dense, first_order_tables)
+            _MODELS[name] = ModelSpec(name, config, fn, None, needs_dense, first_order_tables, multi_task)
         return fn
 
     return wrap
@@ -170,7 +175,9 @@ def get_model(name: str) -> ModelSpec:
     _load_builtin()
     if is_import_path(name):
         factory = model_factory(name)
-        return ModelSpec(name, FactoryModelConfig, lambda spec, cfg: factory(spec, **cfg.args), factory)
+        return ModelSpec(
+            name, FactoryModelConfig, lambda spec, cfg: factory(spec, **cfg.args), factory, multi_task=True
+        )
     return _MODELS[name]
 
 

@@ -1,4 +1,5 @@
-"""Binary CTR task: logits from a model, weighted log loss, outputs for metrics."""
+"""The task wrapper: logits from a model, the weighted training loss (one task, or a weighted
+sum over several), outputs for metrics."""
 
 from __future__ import annotations
 
@@ -34,6 +35,12 @@ class CTRTask(nn.Module):
     TrainPipelineSparseDist traces this forward with torch.fx. Logits and the loss are
     float32 either way.
 
+    ``tasks`` (several tasks, ``data.schema.labels``): ``[(name, loss_fn, loss_args,
+    weight), ...]`` in label-column order; the model then returns logits ``[B, T]``, labels
+    are ``[B, T]``, and the loss is ``sum_t weight_t * loss_fn_t(logits[:, t], labels[:, t],
+    weights, **loss_args_t)``, each term the weighted mean over real rows. A model output
+    of another width raises ValueError at the first batch.
+
     Attributes:
         model: the wrapped model (what the model factory built), e.g. to call methods of
             your own on the model that ``recsys_dist.load_model`` returns.
@@ -47,14 +54,16 @@ class CTRTask(nn.Module):
         loss_fn=None,
         loss_args: dict | None = None,
         remap: nn.Module | None = None,
+        tasks: list[tuple] | None = None,
     ) -> None:
         super().__init__()
         self.model, self.bf16_device = model, bf16_device
         # Managed-collision tables (recsys_dist.models.managed): raw ids -> rows before the model.
         self.remap = remap
+        self.task_names = [t[0] for t in tasks] if tasks else ["label"]
         # A child module without sharded tables: TrainPipelineSparseDist's fx trace treats it
         # as a leaf, so the loss function may use Python control flow on tensors.
-        self.loss = Loss(loss_fn or bce, loss_args)
+        self.loss = MultiTaskLoss(tasks) if tasks and len(tasks) > 1 else Loss(loss_fn or bce, loss_args)
 
     def forward(self, batch):
         mixed = self.bf16_device is not None
@@ -75,6 +84,32 @@ class Loss(nn.Module):
 
     def forward(self, logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         return self.fn(logits, labels, weights, **self.args)
+
+
+class MultiTaskLoss(nn.Module):
+    """``sum_t w_t * fn_t(logits[:, t], labels[:, t], weights, **args_t)`` over the tasks
+    ``[(name, fn, args, w), ...]``; logits and labels ``[B, T]``, weights ``[B]``.
+
+    Raises:
+        ValueError: logits that are not ``[B, T]`` (a model with one output per row).
+    """
+
+    def __init__(self, tasks: list[tuple]) -> None:
+        super().__init__()
+        self.names = [t[0] for t in tasks]
+        self.losses = nn.ModuleList(Loss(fn, args) for _, fn, args, _ in tasks)
+        self.task_weights = [float(t[3]) for t in tasks]
+
+    def forward(self, logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        if logits.dim() != 2 or logits.shape[1] != len(self.names):
+            raise ValueError(
+                f"the model returned logits of shape {tuple(logits.shape)}; with the tasks {self.names} it must "
+                f"return [B, {len(self.names)}] (one logit per task, in data.schema.labels order)"
+            )
+        total = logits.new_zeros(())
+        for t, (fn, w) in enumerate(zip(self.losses, self.task_weights)):
+            total = total + w * fn(logits[:, t], labels[:, t], weights)
+        return total
 
 
 @torch.fx.wrap
