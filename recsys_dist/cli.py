@@ -44,7 +44,7 @@ def _print_summary(summary: dict) -> None:
             f"({summary.get('steps')} steps); nothing was trained or changed"
         )
         return
-    v, t = summary["validation"], summary["test"]
+    v, t = summary["validation"] or {}, summary["test"] or {}
     resumed = summary.get("resumed_at_step")
     print(
         f"\nrecsys-dist: trained {summary['rows_trained']} samples in {summary['steps']} steps on "
@@ -425,7 +425,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     import torch
 
     from recsys_dist.export import load, score
-    from recsys_dist.metrics import binary_metrics
+    from recsys_dist.metrics import binary_metrics, task_metrics
 
     m = load(_model_path(args))
     scores = score(m.cfg, m.model, args.data, preprocessing=m.preprocessing)
@@ -436,7 +436,14 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
             f"{args.data}: no label column (Criteo's 39-field test layout, or no data.schema.label column), so "
             "there is nothing to evaluate against; `recsys-dist predict` scores it"
         )
-    metrics = binary_metrics(torch.from_numpy(scores["logit"]), torch.from_numpy(scores["label"]))
+    logit, label = torch.from_numpy(scores["logit"]), torch.from_numpy(scores["label"])
+    if logit.dim() == 2:  # several tasks: <task>/<metric>, unweighted (every row of the file counts 1)
+        metrics = {"num_examples": len(logit)}
+        for t, (name, kind) in enumerate(zip(scores["tasks"], scores["kinds"])):
+            got = task_metrics(logit[:, t], label[:, t], torch.ones(len(logit)), kind)
+            metrics.update({f"{name}/{k}": v for k, v in got.items() if k not in ("num_examples", "weight_sum")})
+    else:
+        metrics = binary_metrics(logit, label)
     print(json.dumps({"model": m.source, "data": str(args.data), **metrics, **scores.get("managed", {})}))
     return 0
 

@@ -186,10 +186,21 @@ def report(run_dir: str | Path, *, plots: bool = True, out_dir: str | Path | Non
         f"  steps {_num(h['steps'])}  rows trained {_num(h['rows'])}  "
         f"samples/s {_num(h['samples_per_s'], 1)}  ranks {_num(h['world_size'])}"
     )
-    rows = [["split", "step", "AUC", "logloss", "NE", "calibration", "accuracy", "examples"]]
-    for split in ("validation", "test"):
-        f = run.final(split)
-        rows.append([split, _num(f.get("step")), *(_num(f.get(k)) for k in EVAL_KEYS), _num(f.get("num_examples"))])
+    finals = {split: run.final(split) for split in ("validation", "test")}
+    tasks = list(dict.fromkeys(k.split("/")[0] for f in finals.values() for k in f if "/" in k))
+    if not tasks:
+        rows = [["split", "step", "AUC", "logloss", "NE", "calibration", "accuracy", "examples"]]
+        for split, f in finals.items():
+            rows.append([split, _num(f.get("step")), *(_num(f.get(k)) for k in EVAL_KEYS), _num(f.get("num_examples"))])
+    else:  # several tasks: a row per split and task; RMSE / MAE for regression tasks
+        rows = [["split", "task", "step", "AUC", "logloss", "NE", "calibration", "RMSE", "MAE", "examples"]]
+        for split, f in finals.items():
+            for task in tasks:
+                keys = ("auc", "logloss", "ne", "calibration", "rmse", "mae")
+                rows.append(
+                    [split, task, _num(f.get("step")), *(_num(f.get(f"{task}/{k}")) for k in keys)]
+                    + [_num(f.get("num_examples"))]
+                )
     lines.append(_table(rows))
     train = run.split("train")
     if train:
@@ -317,7 +328,9 @@ def write_plots(run: Run, out_dir: Path) -> list[Path]:
         save(fig, "loss.png")
     if val or test:
         fig = Figure(figsize=(10, 4))
+        first = next((k.split("/")[0] + "/" for r in val + ([test] if test else []) for k in r if "/" in k), "")
         for i, (key, label) in enumerate((("auc", "AUC"), ("logloss", "logloss (nats)"))):
+            key, label = first + key, (first + label if first else label)  # several tasks: the first's
             ax = fig.add_subplot(1, 2, i + 1)
             vx, vy = _xy(val, key)
             if vx:

@@ -792,6 +792,5 @@ def train(cfg: RunConfig, run_dir: Path, profile_dir: Path | None = None, resume
 def _summary_metrics(metrics: dict) -> dict:
     """The summary's metrics of a split: auc, logloss, ne (None where absent); with several
     tasks also every ``<task>/<metric>``."""
-    out = {k: metrics.get(k) for k in ("auc", "logloss", "ne")}
-    out.update({k: v for k, v in metrics.items() if "/" in k})
-    return out
+    per_task = {k: v for k, v in metrics.items() if "/" in k}
+    return per_task or {k: metrics.get(k) for k in ("auc", "logloss", "ne")}

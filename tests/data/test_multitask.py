@@ -94,9 +94,7 @@ def test_config_errors_name_the_key():
     with pytest.raises(ConfigError, match=r"model\.name: dcnv2 gives one logit"):
         config_from_dict(_cfg(model={"name": "dcnv2"}))
     with pytest.raises(ConfigError, match="either label"):
-        config_from_dict(
-            _cfg(data={"schema": {"label": "rating", "labels": LABELS, "categorical": ["user"]}})
-        )
+        config_from_dict(_cfg(data={"schema": {"label": "rating", "labels": LABELS, "categorical": ["user"]}}))
     cfg = config_from_dict(_cfg(train={"loss_weights": {"score": 0.5}}))
     assert cfg.train.task_losses(["like", "score"], ["binary", "regression"]) == [
         ("bce", {}, 1.0),
