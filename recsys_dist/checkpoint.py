@@ -284,7 +284,8 @@ def check_compatible(path: Path, meta: dict, config: dict, tables: bool = True, 
     config dict): the model section, the table sizes (unless ``tables`` is False: sizes
     that come from a vocabulary are only known once the data is converted; ``sizes``, the
     sizes the data preparation decided, are compared with the checkpoint's when both are
-    known), the pooling of each feature and the optimizers must match; sharding, world
+    known), the pooling of each feature, the optimizers and the tasks (names, order, kinds
+    of ``data.schema.labels``) must match; sharding, world
     size, batch size and schedule may differ.
 
     Raises:
@@ -302,10 +303,19 @@ def check_compatible(path: Path, meta: dict, config: dict, tables: bool = True, 
         # A key the checkpoint's config lacks was added since it was written: nothing to compare.
         names = [k for k in names if k in old or section == "model"]
         diffs += [f"{section}.{k} {old.get(k)!r} -> {new.get(k)!r}" for k in names if old.get(k) != new.get(k)]
+    if _tasks(saved) != _tasks(config):  # the output columns' meaning: names, order and kinds
+        diffs.append(f"tasks (data.schema.labels) {_tasks(saved)} -> {_tasks(config)}")
     if sizes is not None and meta.get("num_embeddings") not in (None, list(sizes)):
         diffs.append(f"table sizes {meta['num_embeddings']} -> {list(sizes)}")
     if diffs:
         raise CheckpointError(f"checkpoint {path} was written by a different config: {', '.join(diffs)}")
+
+
+def _tasks(config: dict) -> list[str]:
+    """``name:kind`` per task of a resolved config dict (``label:binary`` for the one-task form)."""
+    schema = (config.get("data") or {}).get("schema") or {}
+    labels = schema.get("labels") or {}
+    return [f"{n}:{(t or {}).get('kind', 'binary')}" for n, t in labels.items()] or ["label:binary"]
 
 
 # Checkpoints written before docs/design/0001-first-order-tables-in-one-collection.md hold the

@@ -136,3 +136,16 @@ def test_weighted_task_metrics_match_sklearn(seed):
     r = task_metrics(t(x), t(target), t(w), "regression")
     assert r["rmse"] == pytest.approx(np.sqrt(mean_squared_error(target, x, sample_weight=w)), rel=1e-12)
     assert r["mae"] == pytest.approx(mean_absolute_error(target, x, sample_weight=w), rel=1e-12)
+
+
+def test_resume_refuses_other_tasks(tmp_path):
+    from recsys_dist.checkpoint import CheckpointError, check_compatible
+
+    one = {"data": {"schema": {"label": "rating"}}}
+    two = {"data": {"schema": {"labels": LABELS}}}
+    swapped = {"data": {"schema": {"labels": dict(reversed(list(LABELS.items())))}}}
+    check_compatible(tmp_path, {"config": two}, two, tables=False)
+    check_compatible(tmp_path, {"config": {}}, one, tables=False)  # before data.schema.labels: one task
+    for old, new in ((one, two), (two, swapped)):
+        with pytest.raises(CheckpointError, match=r"tasks \(data.schema.labels\)"):
+            check_compatible(tmp_path, {"config": old}, new, tables=False)
