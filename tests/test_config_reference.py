@@ -25,6 +25,6 @@ def test_reference_covers_every_section_and_model():
     assert (
         "| `compute_kernels` | `list[dense \\| fused \\| fused_uvm \\| fused_uvm_caching]` | `[fused, dense]` |" in text
     )
-    assert "| `label` | `str` | required |" in text
+    assert "| `column` | `str` | required |" in text  # data.schema.labels.<name>
     assert "| `batch_size` | `int` (> 0, <= 16777216) | `128` |" in text
     assert "| `args` | `dict[str, any]` | `{}` |" in text
