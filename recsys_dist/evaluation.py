@@ -65,7 +65,7 @@ def evaluate(
         # Padding has weight 0; so has a row of sample weight 0, which would weigh nothing anyway.
         rows = gather_rows(torch.cat([lg.float(), lb.float(), w.float().unsqueeze(1)], dim=1), w > 0)
         T = lg.shape[1]
-        if len(kinds) == 1:
+        if names == ["label"]:  # the one-task form with sample weights: the keys of one task
             return task_metrics(rows[:, 0], rows[:, 1], rows[:, 2], kinds[0])
         out: dict = {"num_examples": len(rows)}
         for t, (name, kind) in enumerate(zip(names, kinds)):

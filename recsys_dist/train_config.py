@@ -123,7 +123,7 @@ class TrainConfig(_Section):
             if isinstance(self.loss, dict):
                 name = self.loss.get(task) or ("bce" if kind == "binary" else "mse")
                 args = dict(self.loss_args.get(task, {}))
-            elif explicit or len(tasks) == 1:
+            elif explicit or kind == "binary":
                 name, args = self.loss, dict(self.loss_args)
             else:
                 name, args = ("bce" if kind == "binary" else "mse"), {}

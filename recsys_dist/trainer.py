@@ -449,7 +449,7 @@ class Trainer:
                 self._ctx.device,
                 c.auc_buckets,
                 c.group_feature,
-                tasks=(names, kinds) if len(names) > 1 else None,
+                tasks=(names, kinds) if names != ["label"] else None,
             )
 
     def predict(self, split: str | ParquetBatchLoader = "test") -> dict[str, torch.Tensor]:

@@ -196,7 +196,7 @@ class ParquetBatchLoader:
             of each global batch) or ``"row_groups"`` (each rank reads only its own row groups;
             see the module docstring).
         label_columns: the label columns, in task order: ``["label"]`` (one task; labels
-            [B]) or the conversion's ``label:<task>`` columns (labels [B, T]).
+            [B]) or the conversion's ``label:<task>`` columns (labels [B, T]; [B] for one).
         weight_column: a float32 column of sample weights (>= 0) that the batch weights carry
             (times 0 for padding); None = every real row weighs 1.
 
@@ -389,8 +389,8 @@ class ParquetBatchLoader:
                 o += len(p)
             return out
 
-        if self.label_columns == ["label"]:
-            labels = joined(chunks("label", np.float32), np.empty(n, np.float32))
+        if len(self.label_columns) == 1:
+            labels = joined(chunks(self.label_columns[0], np.float32), np.empty(n, np.float32))
         else:
             labels = np.empty((n, len(self.label_columns)), np.float32)
             for k, name in enumerate(self.label_columns):
@@ -576,7 +576,7 @@ class ParquetBatchLoader:
             (np.zeros(1, np.int64), np.zeros(0, np.int64)) if m else np.zeros(1, np.int64) for m in self.list_features
         ]
         T = len(self.label_columns)
-        labels = np.zeros(1, np.float32) if self.label_columns == ["label"] else np.zeros((1, T), np.float32)
+        labels = np.zeros(1, np.float32) if T == 1 else np.zeros((1, T), np.float32)
         weights = np.zeros(1, np.float32) if self.weight_column else None
         return _Cols(labels, np.zeros((1, len(self.dense_names)), np.float32), ids, weights)
 

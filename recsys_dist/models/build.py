@@ -88,7 +88,7 @@ def build_model(cfg, spec: FeatureSpec | torch.device, tables_device: torch.devi
     if cfg.data.categorical_mapping == "managed":
         remap = build_remap(cfg, spec.sparse_names, spec.num_embeddings, spec.device)
     names, kinds = tasks(cfg)
-    if len(names) > 1:  # several tasks: a loss (and weight) per task
+    if names != ["label"]:  # data.schema.labels: a loss (and weight) per task
         per_task = [
             (n, loss or get_loss(name), args if loss is None else {}, w)
             for n, (name, args, w) in zip(names, t.task_losses(names, kinds))

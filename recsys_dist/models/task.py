@@ -63,7 +63,12 @@ class CTRTask(nn.Module):
         self.task_names = [t[0] for t in tasks] if tasks else ["label"]
         # A child module without sharded tables: TrainPipelineSparseDist's fx trace treats it
         # as a leaf, so the loss function may use Python control flow on tensors.
-        self.loss = MultiTaskLoss(tasks) if tasks and len(tasks) > 1 else Loss(loss_fn or bce, loss_args)
+        if tasks and len(tasks) > 1:
+            self.loss = MultiTaskLoss(tasks)
+        elif tasks:  # one task named in data.schema.labels: its loss (a weight does not matter alone)
+            self.loss = Loss(tasks[0][1], tasks[0][2])
+        else:
+            self.loss = Loss(loss_fn or bce, loss_args)
 
     def forward(self, batch):
         mixed = self.bf16_device is not None
