@@ -736,7 +736,9 @@ class Trainer:
     def _log_train(self) -> None:
         """Global mean loss and samples/s since the last train line; one all_reduce."""
         elapsed = time.perf_counter() - self._t0
-        stats = torch.stack([torch.stack(self._losses).float().mean(), (torch.cat(self._real_rows) > 0).float().sum()]  # rows, not their sample weights).cpu()
+        # rows with weight > 0, not the sum of their sample weights
+        real = (torch.cat(self._real_rows) > 0).float().sum()
+        stats = torch.stack([torch.stack(self._losses).float().mean(), real]).cpu()
         if self._ctx.world_size > 1:
             dist.all_reduce(stats)
         loss, rows = float(stats[0]) / self._ctx.world_size, int(stats[1])
