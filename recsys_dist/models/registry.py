@@ -90,6 +90,10 @@ class ModelSpec:
         needs_dense: refuse data without dense features (DLRM's bottom MLP).
         first_order_tables: the model also reads one width-4 table ``w_<feature>`` per feature
             (``spec.first_order_tables``), in the same EmbeddingBagCollection.
+        sequences: whether the model reads sequence features (``spec.sequence_names``). False:
+            a config with ``data.schema.sequence`` / ``history`` is refused (they would be
+            dropped). None (not declared; import-path models and ``register_model`` without
+            the flag): not checked.
     """
 
     name: str
@@ -98,6 +102,7 @@ class ModelSpec:
     factory: Callable | None = None
     needs_dense: bool = False
     first_order_tables: bool = False
+    sequences: bool | None = None
 
 
 _MODELS: dict[str, ModelSpec] = {}
@@ -110,6 +115,7 @@ def register_model(
     *,
     needs_dense: bool = False,
     first_order_tables: bool = False,
+    sequences: bool | None = None,
 ):
     """Decorator that makes a model selectable as ``model.name: <name>``.
 
@@ -142,9 +148,10 @@ def register_model(
                 factory=fn,
                 needs_dense=needs_dense,
                 first_order_tables=first_order_tables,
+                sequences=sequences,
             )
         else:
-            _MODELS[name] = ModelSpec(name, config, fn, None, needs_dense, first_order_tables)
+            _MODELS[name] = ModelSpec(name, config, fn, None, needs_dense, first_order_tables, sequences)
         return fn
 
     return wrap
