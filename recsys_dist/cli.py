@@ -97,7 +97,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         die_with_launcher()  # a rank never outlives its launcher
         resume = _resolve_resume(args, run_dir)
         if resume is not None:
-            run_dirs.check_resumable(cfg, resume)
+            run_dirs.check_resumable(cfg, resume, int(os.environ["WORLD_SIZE"]) if under_launcher() else None)
         # Under torchrun (no launcher of ours) the Trainer's rank 0 takes the run directory.
         return _train_worker(args, cfg, run_dir, resume)
     # One run per directory: held until this process ends, however it ends (the ranks it

@@ -8,7 +8,10 @@ where the uninterrupted one would.
 
 from __future__ import annotations
 
+import logging
 import math
+
+log = logging.getLogger("recsys_dist")
 
 HIGHER_IS_BETTER = {"auc": True, "logloss": False, "ne": False}
 
@@ -35,19 +38,30 @@ class BestTracker:
         self.best_step: int | None = None
         self.bad = 0
         self.stopped = False
+        self._warned = False
 
     def update(self, metrics: dict, step: int) -> bool:
         """Record the validation ``metrics`` of ``step``; True when they are a new best.
 
-        A missing or non-finite value (e.g. AUC of a one-class split) is no improvement."""
+        A missing or non-finite value (e.g. AUC of a one-class or empty validation split) is
+        undefined: neither an improvement nor a validation without one (it does not count
+        towards ``patience``); the first is logged as a warning."""
         value = metrics.get(self.metric)
-        better = False
-        if value is not None and math.isfinite(value):
-            if self.best is None:
-                better = True
-            else:
-                gain = value - self.best if HIGHER_IS_BETTER[self.metric] else self.best - value
-                better = gain > self.min_delta
+        if value is None or not math.isfinite(value):
+            if not self._warned:
+                self._warned = True
+                log.warning(
+                    "validation %s is undefined at step %d (e.g. a one-class or empty validation split); "
+                    "it neither improves nor counts towards early-stopping patience",
+                    self.metric,
+                    step,
+                )
+            return False
+        if self.best is None:
+            better = True
+        else:
+            gain = value - self.best if HIGHER_IS_BETTER[self.metric] else self.best - value
+            better = gain > self.min_delta
         if better:
             self.best, self.best_step, self.bad = float(value), step, 0
         else:

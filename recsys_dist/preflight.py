@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from recsys_dist.config.base import ConfigError
-from recsys_dist.data import feature_names, tasks
+from recsys_dist.data import feature_names, sequence_names, tasks
 from recsys_dist.data.config import raw_paths
 from recsys_dist.models.registry import get_model
 from recsys_dist.sharding import CUDA_ONLY_KERNELS, comms_problems, small_table_problems
@@ -67,6 +67,15 @@ def section_problems(cfg) -> list[str]:
             problems.append(
                 "eval.group_feature: GAUC needs every prediction; it cannot be combined with eval.auc_buckets"
             )
+    seq = sequence_names(cfg)
+    if seq and spec.sequences is False:
+        keys = [f"data.schema.sequence.{n}" for n in cfg.data.schema.sequence] if cfg.data.schema else []
+        if cfg.data.schema is not None and cfg.data.schema.history is not None:
+            keys.append("data.schema.history")
+        problems.append(
+            f"model.name: {cfg.model.name} reads no sequence features, so {', '.join(keys or seq)} would be "
+            "dropped; use a model that reads them (din) or remove them from data.schema"
+        )
     if cfg.checkpoint.keep_best and not cfg.checkpoint.enabled:
         problems.append(
             "checkpoint.keep_best: keeps a checkpoint, but checkpoint.enabled is false; enable checkpoints or "
@@ -76,11 +85,12 @@ def section_problems(cfg) -> list[str]:
 
 
 def table_names(cfg) -> list[str]:
-    """Every table of the configured model: ``t_<feature>``, then ``w_<feature>`` for models
-    registered with first-order tables."""
-    sparse = feature_names(cfg)[1]
-    first = get_model(cfg.model.name).first_order_tables
-    return [f"t_{n}" for n in sparse] + ([f"w_{n}" for n in sparse] if first else [])
+    """Every table of the configured model, named as the model names them
+    (``models.build.embedding_configs``): ``t_<feature>``, ``w_<feature>`` for models registered
+    with first-order tables, then ``s_<feature>`` for sequence features."""
+    from recsys_dist.models.build import embedding_configs
+
+    return [t.name for t in embedding_configs(cfg)]
 
 
 def uvm_kernels(cfg) -> list[tuple[str, str]]:
@@ -141,10 +151,9 @@ def check_before_launch(cfg, world_size: int | None = None) -> None:
             "sharding_types [table_wise]; allow row_wise or column_wise, or use fewer ranks"
         )
     if cfg.data.categorical_mapping == "hash":  # vocabulary sizes are known once converted (checked then)
-        from recsys_dist.models.build import table_sizes
+        from recsys_dist.models.build import embedding_configs
 
-        rows = table_sizes(cfg)
-        sizes = dict(zip(tables, rows + rows))  # t_<feature>, then w_<feature> of the same size
+        sizes = {t.name: t.num_embeddings for t in embedding_configs(cfg)}
         problems += [f"  {p}" for p in small_table_problems(cfg.sharding, sizes, world)]
     only_dp = cfg.sharding.sharding_types == ["data_parallel"] and not cfg.sharding.per_table and fixed is None
     if cfg.model.embedding_dim % 4 and not only_dp:

@@ -203,18 +203,26 @@ def resolve_resume(resume: str | Path | None, run_dir: Path, flag: str = "--resu
     return path
 
 
-def check_resumable(cfg: RunConfig, checkpoint: Path) -> None:
+def check_resumable(cfg: RunConfig, checkpoint: Path, world_size: int | None = None) -> None:
     """Refuse a checkpoint written by another model config (before any rank starts).
 
     Table sizes are compared only when they come from the config (hash mapping); sizes
-    from a vocabulary are known once the data is converted.
+    from a vocabulary are known once the data is converted. ``world_size``: the resumed
+    job's ranks (default ``distributed.nproc_per_node``), for the global batch that managed
+    tables keep.
 
     Raises:
         CheckpointError: naming each differing key, old -> new.
     """
     from recsys_dist.checkpoint import check_compatible, read_meta
 
-    check_compatible(checkpoint, read_meta(checkpoint), cfg.to_dict(), tables=cfg.data.categorical_mapping == "hash")
+    check_compatible(
+        checkpoint,
+        read_meta(checkpoint),
+        cfg.to_dict(),
+        tables=cfg.data.categorical_mapping == "hash",
+        world_size=world_size if world_size is not None else cfg.distributed.nproc_per_node,
+    )
 
 
 def checkpoint_step(checkpoint: Path) -> int:

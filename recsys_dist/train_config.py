@@ -17,7 +17,12 @@ class EarlyStoppingConfig(_Section):
     metric: Literal["auc", "logloss", "ne"] = Field(
         "auc", description="Validation metric watched: auc (higher is better), logloss or ne (lower is better)."
     )
-    patience: int = Field(3, gt=0, description="Stop after this many validations in a row without an improvement.")
+    patience: int = Field(
+        3,
+        gt=0,
+        description="Stop after this many validations in a row without an improvement. A validation whose "
+        "metric is undefined (null AUC of a one-class or empty split) neither improves nor counts.",
+    )
     min_delta: float = Field(
         0.0, ge=0, description="An improvement is a change in the better direction larger than this."
     )

@@ -589,7 +589,9 @@ class Trainer:
     def _restore(self, path: Path) -> None:
         """Continue from a checkpoint: weights, optimizer state, RNG and the loader position."""
         meta = read_meta(path)
-        check_compatible(path, meta, self.cfg.to_dict(), sizes=self._loaders.num_embeddings)
+        check_compatible(
+            path, meta, self.cfg.to_dict(), sizes=self._loaders.num_embeddings, world_size=self._ctx.world_size
+        )
         init_lazy_state(self._optimizer, self._model.fused_optimizer)
         state = self._state()
         load_checkpoint(path, state)  # in place: model shards and optimizer state are views

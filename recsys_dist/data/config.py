@@ -450,6 +450,15 @@ class DataConfig(_Section):
                 if self.managed is None
                 else f"data.managed: only used with categorical_mapping: managed, not {self.categorical_mapping}"
             )
+        seq = list(getattr(fmt, "sequence_names", []))
+        if self.categorical_mapping == "managed" and seq:
+            keys = [f"data.schema.sequence.{n}" for n in self.schema_.sequence] if self.schema_ else []
+            if self.schema_ is not None and self.schema_.history is not None:
+                keys.append("data.schema.history")
+            raise ValueError(
+                f"data.categorical_mapping: managed tables for sequence features are not supported yet "
+                f"({', '.join(keys or seq)}); use categorical_mapping: hash or vocabulary, or drop the sequence features"
+            )
         if self.categorical_mapping == "managed" and any(n > 2**62 for n in sizes):
             raise ValueError(
                 f"data.num_embeddings: a managed table's rows (zch_size) must be below the 63-bit id space, "

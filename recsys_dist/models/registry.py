@@ -92,6 +92,10 @@ class ModelSpec:
             (``spec.first_order_tables``), in the same EmbeddingBagCollection.
         multi_task: the model gives one logit per task (``[B, len(spec.tasks)]``); a model
             registered with a config class and without it is refused for several tasks.
+        sequences: whether the model reads sequence features (``spec.sequence_names``). False:
+            a config with ``data.schema.sequence`` / ``history`` is refused (they would be
+            dropped). None (not declared; import-path models and ``register_model`` without
+            the flag): not checked.
     """
 
     name: str
@@ -101,6 +105,7 @@ class ModelSpec:
     needs_dense: bool = False
     first_order_tables: bool = False
     multi_task: bool = False
+    sequences: bool | None = None
 
 
 _MODELS: dict[str, ModelSpec] = {}
@@ -114,6 +119,7 @@ def register_model(
     needs_dense: bool = False,
     first_order_tables: bool = False,
     multi_task: bool = False,
+    sequences: bool | None = None,
 ):
     """Decorator that makes a model selectable as ``model.name: <name>``.
 
@@ -147,9 +153,10 @@ def register_model(
                 needs_dense=needs_dense,
                 first_order_tables=first_order_tables,
                 multi_task=True,  # a factory's output width is its own business: checked at run time
+                sequences=sequences,
             )
         else:
-            _MODELS[name] = ModelSpec(name, config, fn, None, needs_dense, first_order_tables, multi_task)
+            _MODELS[name] = ModelSpec(name, config, fn, None, needs_dense, first_order_tables, multi_task, sequences)
         return fn
 
     return wrap

@@ -27,8 +27,8 @@ class DCNv2Config(DeepModelConfig):
     cross_low_rank_dim: int | None = Field(None, gt=0, description="Rank of each cross layer's weight (None = full).")
 
 
-@register_model("dcnv2", DCNv2Config)
-def build_dcnv2(spec: FeatureSpec, cfg: DCNv2Config) -> DCNv2:
+@register_model("dcnv2", DCNv2Config, sequences=False)
+def build_dcnv2(spec: FeatureSpec, cfg: DCNv2Config, sequences=False) -> DCNv2:
     """``DCNv2`` over one EmbeddingBagCollection of the spec's tables."""
     ebc = EmbeddingBagCollection(tables=spec.all_tables(), device=spec.embedding_device)
     return DCNv2(

@@ -33,8 +33,8 @@ class DINConfig(DeepModelConfig):
         return self
 
 
-@register_model("din", DINConfig)
-def build_din(spec: FeatureSpec, cfg: DINConfig) -> DIN:
+@register_model("din", DINConfig, sequences=True)
+def build_din(spec: FeatureSpec, cfg: DINConfig, sequences=True) -> DIN:
     """``DIN`` over the spec's pooled tables and its sequence tables.
 
     Raises:

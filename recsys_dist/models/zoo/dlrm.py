@@ -67,13 +67,13 @@ def _common(spec: FeatureSpec, cfg: DLRMConfig) -> dict:
     )
 
 
-@register_model("dlrm", DLRMConfig, needs_dense=True)
+@register_model("dlrm", DLRMConfig, needs_dense=True, sequences=False)
 def build_dlrm(spec: FeatureSpec, cfg: DLRMConfig) -> DLRM:
     """TorchRec's ``DLRM`` over the spec's tables."""
     return DLRM(**_common(spec, cfg))
 
 
-@register_model("dlrm_dcnv2", DLRMDCNConfig, needs_dense=True)
+@register_model("dlrm_dcnv2", DLRMDCNConfig, needs_dense=True, sequences=False)
 def build_dlrm_dcnv2(spec: FeatureSpec, cfg: DLRMDCNConfig) -> DLRM_DCN:
     """TorchRec's ``DLRM_DCN`` (MLPerf DLRMv2) over the spec's tables."""
     return DLRM_DCN(dcn_num_layers=cfg.dcn_num_layers, dcn_low_rank_dim=cfg.dcn_low_rank_dim, **_common(spec, cfg))

@@ -53,19 +53,19 @@ def _args(spec: FeatureSpec, cfg: DeepModelConfig) -> tuple:
     return (_ebc(spec), spec.num_dense, spec.sparse_names, cfg.embedding_dim, cfg.deep_layer_sizes)
 
 
-@register_model("deepfm", DeepFMConfig, first_order_tables=True)
+@register_model("deepfm", DeepFMConfig, first_order_tables=True, sequences=False)
 def build_deepfm(spec: FeatureSpec, cfg: DeepFMConfig) -> DeepFM:
     """``DeepFM`` over the spec's tables and first-order tables."""
     return DeepFM(*_args(spec, cfg), device=spec.device, **cfg.mlp_kwargs())
 
 
-@register_model("wide_deep", WideDeepConfig, first_order_tables=True)
+@register_model("wide_deep", WideDeepConfig, first_order_tables=True, sequences=False)
 def build_wide_deep(spec: FeatureSpec, cfg: WideDeepConfig) -> WideDeep:
     """``WideDeep`` over the spec's tables and first-order tables."""
     return WideDeep(*_args(spec, cfg), device=spec.device, **cfg.mlp_kwargs())
 
 
-@register_model("xdeepfm", XDeepFMConfig, first_order_tables=True)
+@register_model("xdeepfm", XDeepFMConfig, first_order_tables=True, sequences=False)
 def build_xdeepfm(spec: FeatureSpec, cfg: XDeepFMConfig) -> XDeepFM:
     """``XDeepFM`` over the spec's tables and first-order tables."""
     return XDeepFM(*_args(spec, cfg), cfg.cin_layer_sizes, device=spec.device, **cfg.mlp_kwargs())

@@ -95,7 +95,7 @@ class MMoEConfig(DeepModelConfig):
         return self
 
 
-@register_model("mmoe", MMoEConfig, multi_task=True)
+@register_model("mmoe", MMoEConfig, multi_task=True, sequences=False)
 def build_mmoe(spec: FeatureSpec, cfg: MMoEConfig) -> MMoE:
     """``MMoE`` over the spec's pooled tables, one gate and tower per task of ``spec.tasks``."""
     return MMoE(
