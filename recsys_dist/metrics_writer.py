@@ -117,6 +117,13 @@ class MetricsWriter:
             dropped = "every line" if step == 0 else f"the lines after step {step}"
             log.info("%s: kept %d line(s), dropped %s (written again by this run)", self.path, len(keep), dropped)
 
+    def last(self, split: str) -> dict | None:
+        """The newest line of ``split`` in the file (rank 0; None when there is none)."""
+        if not self.enabled or not self.path.is_file():
+            return None
+        found = [r for r in read_metrics(self.path) if r.get("split") == split]
+        return found[-1] if found else None
+
     def truncate_after(self, step: int) -> None:
         """The same as :meth:`start` (its former name)."""
         self.start(step)

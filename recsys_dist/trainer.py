@@ -308,9 +308,17 @@ class Trainer:
         # Lines past the step this run starts from (all of them when it starts from scratch)
         # are written again: each (split, step) once, whatever restarted the run.
         broadcast_result(ctx, lambda: self._writer.start(self._step))
-        # The bytes one step moves (recsys_dist.ledger), once per (re)start.
-        ledger = run_ledger(cfg, self._model, ctx.world_size).to_dict()
-        self._writer.write(split="ledger", step=self._step, epoch=self.epoch, **ledger)
+        # The bytes one step moves (recsys_dist.ledger): written when it differs from the
+        # run's last ledger line (a first start, or a resume on another plan or world size),
+        # so a resumed run leaves the same lines as an uninterrupted one.
+        ledger = json.loads(json.dumps(finite_or_none(run_ledger(cfg, self._model, ctx.world_size).to_dict())))
+
+        def ledger_changed() -> bool:
+            last = self._writer.last("ledger")
+            return last is None or {k: last.get(k) for k in ledger} != ledger
+
+        if broadcast_result(ctx, ledger_changed):
+            self._writer.write(split="ledger", step=self._step, epoch=self.epoch, **ledger)
 
     # ------------------------------------------------------------------ what users read
 
