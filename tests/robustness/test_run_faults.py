@@ -161,7 +161,8 @@ def test_faults_then_resume_auto_leave_the_uninterrupted_lines(reference, tmp_pa
     ref, cache = reference
     monkeypatch.setenv("RECSYS_DIST_CACHE", str(cache))
     want = lines(ref)
-    assert keys(ref) == [("train", s) for s in (2, 4, 6, 8)] + [("validation", 8), ("test", 8)]
+    # The ledger (bytes per step) once, at the start: a resume on the same plan adds none.
+    assert keys(ref) == [("ledger", 0)] + [("train", s) for s in (2, 4, 6, 8)] + [("validation", 8), ("test", 8)]
 
     # No checkpoint yet (checkpoints off): --resume auto starts from scratch, and the old
     # lines go instead of being followed by a second copy (steps 2, 4, ..., 2, 4, ...).
@@ -178,12 +179,12 @@ def test_faults_then_resume_auto_leave_the_uninterrupted_lines(reference, tmp_pa
     err = capsys.readouterr().err
     assert "could not be written at step 6 ([Errno 28] No space left on device" in err
     assert "step_00000004" in err and "--resume auto" in err and "Traceback" not in err
-    assert keys(full) == [("train", 2), ("train", 4)]
+    assert keys(full) == [("ledger", 0), ("train", 2), ("train", 4)]
     with (full / "metrics.jsonl").open("a") as f:
         f.write('{"split": "train", "step": 6, "ep')
     assert train(full, "--resume", "auto") == 0
     err = capsys.readouterr().err
-    assert "dropped the incomplete last line 3" in err and "Traceback" not in err
+    assert "dropped the incomplete last line 4" in err and "Traceback" not in err
     assert lines(full) == want
 
     # A read-only file system under metrics.jsonl: the same, with EROFS.
