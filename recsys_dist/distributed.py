@@ -17,6 +17,7 @@ import torch.distributed as dist
 from pydantic import Field
 
 from recsys_dist.config.base import Section
+from recsys_dist.stderr_log import StderrHandler
 
 
 class DistributedConfig(Section):
@@ -173,24 +174,11 @@ def init_distributed(cfg: DistributedConfig, timeout_s: float = 600.0) -> DistCo
     return DistContext(rank, world, local_rank, local_world, device, backend)
 
 
-class _StderrHandler(logging.StreamHandler):
-    """Writes to whatever ``sys.stderr`` is now (a handler bound to the stream of its creation
-    broke when a caller, e.g. a test harness, later replaced and closed that stream)."""
-
-    @property
-    def stream(self):
-        return sys.stderr
-
-    @stream.setter
-    def stream(self, value) -> None:
-        pass
-
-
 def _setup_logging(rank: int) -> None:
     """``recsys_dist`` log lines carry the rank; level from $RECSYS_DIST_LOG (default WARNING)."""
     logger = logging.getLogger("recsys_dist")
     if not logger.handlers:
-        handler = _StderrHandler()
+        handler = StderrHandler()
         handler.setFormatter(logging.Formatter(f"%(asctime)s [rank {rank}] %(levelname)s %(name)s: %(message)s"))
         logger.addHandler(handler)
         logger.propagate = False

@@ -87,21 +87,7 @@ def in_row_order(loader: ParquetBatchLoader) -> ParquetBatchLoader:
     order: unshuffled, the remainder padded. ``loader`` itself when it already does."""
     if not loader.shuffle and loader.remainder == "pad":
         return loader
-    return ParquetBatchLoader(
-        loader.files,
-        loader.batch_size,
-        loader.rank,
-        loader.world_size,
-        loader.dense_names,
-        loader.keys,
-        num_embeddings=loader.num_embeddings,
-        shuffle_buffer_rows=loader.buffer_rows,
-        prefetch=loader.prefetch,
-        pin_memory=loader.pin_memory,
-        rank_reads=loader.rank_reads,
-        label_columns=loader.label_columns,
-        weight_column=loader.weight_column,
-    )
+    return loader.reopen(shuffle=False, remainder="pad")
 
 
 @torch.no_grad()
@@ -167,18 +153,4 @@ def predict(dmp: nn.Module, loader: ParquetBatchLoader, device: torch.device) ->
 
 
 def _unweighted(loader: ParquetBatchLoader) -> ParquetBatchLoader:
-    return ParquetBatchLoader(
-        loader.files,
-        loader.batch_size,
-        loader.rank,
-        loader.world_size,
-        loader.dense_names,
-        loader.keys,
-        remainder=loader.remainder,
-        num_embeddings=loader.num_embeddings,
-        shuffle_buffer_rows=loader.buffer_rows,
-        prefetch=loader.prefetch,
-        pin_memory=loader.pin_memory,
-        rank_reads=loader.rank_reads,
-        label_columns=loader.label_columns,
-    )
+    return loader.reopen(weight_column=None)

@@ -22,7 +22,6 @@ import json
 import logging
 import os
 import secrets
-import sys
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -41,6 +40,7 @@ from recsys_dist.data.errors import DataError
 from recsys_dist.data.prefetch import prefetched
 from recsys_dist.data.splits import SPLITS, Split, position_assign, random_assign, time_assign
 from recsys_dist.data.workers import OrderedPool, WorkerDied
+from recsys_dist.stderr_log import StderrHandler
 
 VOCABULARY_FILE = "vocabulary.parquet"
 MANIFEST_FILE = "manifest.json"
@@ -61,22 +61,10 @@ _HASHERS["blake2b"] = lambda: hashlib.blake2b(digest_size=16)
 CHECKSUM = next(iter(_HASHERS))
 
 
-class _StderrHandler(logging.StreamHandler):
-    """Writes to the current ``sys.stderr`` (not the one at creation, which tests replace)."""
-
-    @property
-    def stream(self):
-        return sys.stderr
-
-    @stream.setter
-    def stream(self, value) -> None:
-        pass
-
-
 # Data warnings go to stderr whatever the root logger's level (the planner sets it to ERROR).
 log = logging.getLogger("recsys_dist.data")
 if not log.handlers:
-    _handler = _StderrHandler()
+    _handler = StderrHandler()
     _handler.setFormatter(logging.Formatter("recsys-dist: warning: %(message)s"))
     log.addHandler(_handler)
     log.setLevel(logging.WARNING)

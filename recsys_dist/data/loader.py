@@ -299,6 +299,29 @@ class ParquetBatchLoader:
             )
             raise DataError(f"{self.path}: {what} and data.remainder is 'drop'; use 'pad' or a smaller batch")
 
+    def reopen(self, **changes) -> ParquetBatchLoader:
+        """A new loader of the same files, batch size, rank and columns, with ``changes`` to
+        the constructor's keyword arguments (e.g. ``shuffle=False``, ``weight_column=None``)."""
+        kwargs = dict(
+            shuffle=self.shuffle,
+            seed=self.seed,
+            remainder=self.remainder,
+            num_embeddings=self.num_embeddings,
+            shuffle_buffer_rows=self.buffer_rows,
+            prefetch=self.prefetch,
+            pin_memory=self.pin_memory,
+            rank_reads=self.rank_reads,
+            label_columns=self.label_columns,
+            weight_column=self.weight_column,
+        )
+        unknown = sorted(set(changes) - set(kwargs))
+        if unknown:
+            raise TypeError(f"reopen: unknown options {unknown}; options are {sorted(kwargs)}")
+        kwargs.update(changes)
+        return type(self)(
+            self.files, self.batch_size, self.rank, self.world_size, self.dense_names, self.keys, **kwargs
+        )
+
     def __len__(self) -> int:
         """Batches per epoch, the same on every rank."""
         return self._len

@@ -284,3 +284,16 @@ def test_blocks_of_any_size_give_the_same_batches(tmp_path, monkeypatch, multi_h
     for block, prefetch in ((1, 2), (2, 2), (3, 0), (64, 2), (64, 200)):
         assert batches(block, prefetch) == reference, (block, prefetch)
     assert batches(2, 2, start=3) == reference[3:7] + reference[7 + 3 :]
+
+
+def test_reopen_keeps_every_setting_but_the_changed_ones(tmp_path):
+    p = make_parquet(tmp_path, 10)
+    (l,) = loaders(p, 1, 3, remainder="drop", shuffle=True, seed=5)
+    same = l.reopen()
+    assert [b.dense_features[:, 0].tolist() for b in same] == [b.dense_features[:, 0].tolist() for b in l]
+    ordered = l.reopen(shuffle=False, remainder="pad")
+    assert len(ordered) == 4 and not ordered.shuffle and ordered.seed == 5
+    real = [x for b in ordered for x, w in zip(b.dense_features[:, 0].tolist(), b.weights.tolist()) if w > 0]
+    assert real == list(range(10))  # file order, every row once; the padding rows weigh 0
+    with pytest.raises(TypeError, match="unknown options"):
+        l.reopen(shufle=False)
