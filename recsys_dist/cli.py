@@ -395,17 +395,35 @@ def _model_path(args: argparse.Namespace) -> Path:
     ``--run-dir``, or a path as given.
 
     Raises:
-        ConfigError: ``best`` / ``latest`` without ``--run-dir``, or ``--run-dir`` with a path.
+        ConfigError: ``best`` / ``latest`` without ``--run-dir``, or ``--run-dir`` with a path;
+            a ``--run-dir`` that does not exist or holds no ``checkpoints/``; a MODEL path that
+            does not exist.
         CheckpointError: the run has no such checkpoint.
     """
     if args.model in ("best", "latest"):
         if not args.run_dir:
             raise ConfigError(f"MODEL {args.model} names a checkpoint of a run: give the run with --run-dir")
+        run_dir = Path(args.run_dir)
+        if not run_dir.is_dir():
+            raise ConfigError(
+                f"--run-dir {run_dir}: {'is a file' if run_dir.exists() else 'does not exist'}; give the directory "
+                "of a training run (runs/<config>-<time>, or the --run-dir it was trained with)"
+            )
+        if not (run_dir / "checkpoints").is_dir():
+            raise ConfigError(
+                f"--run-dir {run_dir}: has no checkpoints/ folder, so no {args.model} checkpoint (not a run "
+                "directory, or a run trained with checkpoint.enabled: false, or one that has not yet saved one)"
+            )
         from recsys_dist.checkpoint import named_checkpoint
 
-        return named_checkpoint(args.model, Path(args.run_dir))
+        return named_checkpoint(args.model, run_dir)
     if args.run_dir:
         raise ConfigError(f"--run-dir goes with MODEL best or latest; {args.model} is a path already")
+    if not Path(args.model).exists():
+        raise ConfigError(
+            f"MODEL {args.model}: does not exist; give a run, checkpoint or export directory, or best / latest "
+            "with --run-dir RUN"
+        )
     return Path(args.model)
 
 
