@@ -39,10 +39,7 @@ def _print_summary(summary: dict) -> None:
         return "n/a" if x is None else f"{x:.4f}"
 
     if summary.get("already_complete"):
-        print(
-            f"\nrecsys-dist: the run in {summary.get('run_dir')} is already complete "
-            f"({summary.get('steps')} steps); nothing was trained or changed"
-        )
+        print("\n" + run_dirs.nothing_to_train(summary["run_dir"], summary["resumed_from"], summary["steps"]))
         return
     v, t = summary["validation"] or {}, summary["test"] or {}
     resumed = summary.get("resumed_at_step")
@@ -127,10 +124,7 @@ def _launch_run(args: argparse.Namespace, cfg, run_dir: Path, resume: Path | Non
         total = run_dirs.total_steps(cfg, steps_per_epoch(train_rows, cfg.train.batch_size, n, cfg.data.remainder))
         step = run_dirs.checkpoint_step(resume)
         if step >= total:
-            print(
-                f"recsys-dist: {resume} is already at step {step}, and this config trains {total} steps in all; "
-                "nothing to train (raise train.epochs or train.max_steps to continue)"
-            )
+            print(run_dirs.nothing_to_train(run_dir, resume, step, total))
             return 0
         run_dirs.write_config(cfg, run_dir)
     try:
