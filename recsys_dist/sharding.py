@@ -416,7 +416,9 @@ def unpooled_type_problems(s: ShardingConfig, unpooled: list[str] | set[str]) ->
         types = (override and override.sharding_types) or s.sharding_types or list(ALL_TYPES)
         if not any(t in SEQUENCE_SHARDING_TYPES for t in types):
             key = (
-                f"sharding.per_table.{name}.sharding_types" if override and override.sharding_types else "sharding.sharding_types"
+                f"sharding.per_table.{name}.sharding_types"
+                if override and override.sharding_types
+                else "sharding.sharding_types"
             )
             problems.append(
                 f"{key}: {list(types)} leaves the EmbeddingCollection (sequence) table {name} no sharding type; "
