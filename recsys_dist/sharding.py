@@ -9,7 +9,8 @@ Unpooled (sequence) tables live in ``EmbeddingCollection`` modules and are shard
 TorchRec's ``EmbeddingCollectionSharder``, which offers data_parallel, table_wise,
 column_wise and row_wise (:data:`SEQUENCE_SHARDING_TYPES`) on every device. Any other
 embedding module (``nn.Embedding``, ``nn.EmbeddingBag``, a managed-collision collection) is
-refused at plan time by :func:`check_covered`: DMP would otherwise replicate it silently.
+refused by :func:`check_covered` (before any rank starts: ``preflight.coverage_problems``; and at
+plan time): DMP would otherwise replicate it silently.
 """
 
 from __future__ import annotations
