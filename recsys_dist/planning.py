@@ -147,6 +147,7 @@ def dry_run(cfg: RunConfig, world_size: int, local_world_size: int, device: str)
         comms.forward,
         comms.backward,
         local_world_size,
+        ledgers.managed_features(model),
     )
     report = PlanReport(
         world_size,
