@@ -76,7 +76,8 @@ def section_problems(cfg) -> list[str]:
             f"model.name: {cfg.model.name} reads no sequence features, so {', '.join(keys or seq)} would be "
             "dropped; use a model that reads them (din) or remove them from data.schema"
         )
-    problems += unpooled_type_problems(cfg.sharding, [f"s_{n}" for n in seq])  # models.build names them so
+    # s_<feature>: how models.build names the sequence tables (EmbeddingCollection)
+    problems += unpooled_type_problems(cfg.sharding, [f"s_{n}" for n in seq])
     if cfg.checkpoint.keep_best and not cfg.checkpoint.enabled:
         problems.append(
             "checkpoint.keep_best: keeps a checkpoint, but checkpoint.enabled is false; enable checkpoints or "
