@@ -39,10 +39,7 @@ def _print_summary(summary: dict) -> None:
         return "n/a" if x is None else f"{x:.4f}"
 
     if summary.get("already_complete"):
-        print(
-            f"\nrecsys-dist: the run in {summary.get('run_dir')} is already complete "
-            f"({summary.get('steps')} steps); nothing was trained or changed"
-        )
+        print("\n" + run_dirs.nothing_to_train(summary["run_dir"], summary["resumed_from"], summary["steps"]))
         return
     v, t = summary["validation"] or {}, summary["test"] or {}
     resumed = summary.get("resumed_at_step")
@@ -127,10 +124,7 @@ def _launch_run(args: argparse.Namespace, cfg, run_dir: Path, resume: Path | Non
         total = run_dirs.total_steps(cfg, steps_per_epoch(train_rows, cfg.train.batch_size, n, cfg.data.remainder))
         step = run_dirs.checkpoint_step(resume)
         if step >= total:
-            print(
-                f"recsys-dist: {resume} is already at step {step}, and this config trains {total} steps in all; "
-                "nothing to train (raise train.epochs or train.max_steps to continue)"
-            )
+            print(run_dirs.nothing_to_train(run_dir, resume, step, total))
             return 0
         run_dirs.write_config(cfg, run_dir)
     try:
@@ -395,17 +389,35 @@ def _model_path(args: argparse.Namespace) -> Path:
     ``--run-dir``, or a path as given.
 
     Raises:
-        ConfigError: ``best`` / ``latest`` without ``--run-dir``, or ``--run-dir`` with a path.
+        ConfigError: ``best`` / ``latest`` without ``--run-dir``, or ``--run-dir`` with a path;
+            a ``--run-dir`` that does not exist or holds no ``checkpoints/``; a MODEL path that
+            does not exist.
         CheckpointError: the run has no such checkpoint.
     """
     if args.model in ("best", "latest"):
         if not args.run_dir:
             raise ConfigError(f"MODEL {args.model} names a checkpoint of a run: give the run with --run-dir")
+        run_dir = Path(args.run_dir)
+        if not run_dir.is_dir():
+            raise ConfigError(
+                f"--run-dir {run_dir}: {'is a file' if run_dir.exists() else 'does not exist'}; give the directory "
+                "of a training run (runs/<config>-<time>, or the --run-dir it was trained with)"
+            )
+        if not (run_dir / "checkpoints").is_dir():
+            raise ConfigError(
+                f"--run-dir {run_dir}: has no checkpoints/ folder, so no {args.model} checkpoint (not a run "
+                "directory, or a run trained with checkpoint.enabled: false, or one that has not yet saved one)"
+            )
         from recsys_dist.checkpoint import named_checkpoint
 
-        return named_checkpoint(args.model, Path(args.run_dir))
+        return named_checkpoint(args.model, run_dir)
     if args.run_dir:
         raise ConfigError(f"--run-dir goes with MODEL best or latest; {args.model} is a path already")
+    if not Path(args.model).exists():
+        raise ConfigError(
+            f"MODEL {args.model}: does not exist; give a run, checkpoint or export directory, or best / latest "
+            "with --run-dir RUN"
+        )
     return Path(args.model)
 
 

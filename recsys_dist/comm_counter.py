@@ -6,8 +6,9 @@ entered, and hooks every ``DistributedDataParallel`` inside a model (the dense t
 data_parallel tables) to count its gradient all-reduce, which DDP issues from C++. Each byte
 is booked to a phase of :mod:`recsys_dist.ledger` by the TorchRec frame that issued the call:
 ``dist_data`` (the KJT all-to-all) -> ``input_dist``; ``comm_ops`` -> ``output_dist_forward``,
-or ``output_dist_backward`` from an autograd ``backward``; DDP -> ``allreduce``; anything
-else (metrics, checkpoints) -> ``other``. The counting rules are the ledger's.
+or ``output_dist_backward`` from an autograd ``backward``; DDP -> ``allreduce``; the
+managed-collision tables' id all_gathers (``recsys_dist.models.managed``) ->
+``managed_all_gather``; anything else (metrics, checkpoints) -> ``other``. The counting rules are the ledger's.
 
 Off the training path: the trainer never uses it. Tests (``tests/distributed/test_ledger.py``)
 compare its counts with :func:`recsys_dist.ledger.predict`; the overlap benchmark uses
@@ -44,6 +45,8 @@ def _phase() -> tuple[str, str]:
         path = f.f_code.co_filename
         if "ddp_comm_hooks" in path:
             return "allreduce", "ddp"
+        if f.f_code.co_name == "_gather_per_key" and path.endswith("managed.py"):  # recsys_dist.models.managed
+            return "managed_all_gather", "managed"
         if "torchrec" in path and path.endswith("comm_ops.py"):
             return ("output_dist_backward" if f.f_code.co_name == "backward" else "output_dist_forward"), ""
         if "torchrec" in path and path.endswith("dist_data.py"):

@@ -21,6 +21,10 @@ input_dist and one output_dist per collection and sharding type):
   or the all-gather that is a reduce-scatter's backward).
 - ``allreduce``: DDP's gradient all-reduce of the dense parameters, and of each
   data_parallel table (whole table, every step), as fp32 payload.
+- ``managed_all_gather``: under managed-collision tables (``recsys_dist.models.managed``),
+  the replicated MCH state's two all_gathers every training step: the id count per managed
+  feature (int64 each), then the step's ids of every managed feature (int64, ``B x P`` per
+  feature), so every rank records the global batch's ids (table ``managed``).
 
 Counting rules (the same on both sides): in an all-to-all, a rank sends the chunks it
 addresses to other ranks and receives the chunks others address to it (its own chunk is a
@@ -48,7 +52,7 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
-PHASES = ("input_dist", "output_dist_forward", "output_dist_backward", "allreduce")
+PHASES = ("input_dist", "output_dist_forward", "output_dist_backward", "allreduce", "managed_all_gather")
 PRECISION_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 ID_BYTES = 8  # KJT values: the loader hands int64 ids to the model
 LENGTH_BYTES = 4  # KJT lengths: int32
@@ -96,7 +100,7 @@ class Ledger:
         return out
 
     def per_table(self) -> dict[str, dict[str, float]]:
-        """For each table (and ``dense``, ``splits``): phase -> bytes sent per step, summed over ranks."""
+        """For each table (and ``dense``, ``splits``, ``managed``): phase -> bytes sent per step, summed over ranks."""
         out: dict[str, dict[str, float]] = {}
         for f in self.flows:
             row = out.setdefault(f.table, {p: 0 for p in PHASES})
@@ -127,13 +131,20 @@ class Ledger:
         }
 
     def text(self, max_tables: int = 40) -> str:
+        t = self.totals()
+        # The managed-collision column only where there are managed tables.
+        phases = [p for p in PHASES if p != "managed_all_gather" or t[p]]
+        managed = len(phases) == len(PHASES)
         lines = [
             f"bytes per step on the wire (per-rank batch {self.batch_size}, output_dist forward "
-            f"{self.forward_precision} / backward {self.backward_precision}; allreduce = fp32 payload)",
+            f"{self.forward_precision} / backward {self.backward_precision}; allreduce = fp32 payload"
+            + ("; mc gather = managed-collision ids all_gather, sent" if managed else "")
+            + ")",
             "",
             f"{'rank':<6}"
             + "".join(f"{h:>13}" for h in ("in sent", "in recv", "out-fwd sent", "out-fwd recv", "out-bwd sent"))
-            + f"{'out-bwd recv':>13}{'allreduce':>13}",
+            + f"{'out-bwd recv':>13}{'allreduce':>13}"
+            + (f"{'mc gather':>13}" if managed else ""),
         ]
         for r, row in enumerate(self.per_rank()):
             cells = [
@@ -144,16 +155,20 @@ class Ledger:
                 row["output_dist_backward"]["sent"],
                 row["output_dist_backward"]["received"],
                 row["allreduce"]["sent"],
-            ]
+            ] + ([row["managed_all_gather"]["sent"]] if managed else [])
             lines.append(f"{r:<6}" + "".join(f"{human(c):>13}" for c in cells))
-        lines += ["", f"{'table':<16}{'input_dist':>13}{'out-fwd':>13}{'out-bwd':>13}{'allreduce':>13}  (all ranks)"]
+        lines += [
+            "",
+            f"{'table':<16}{'input_dist':>13}{'out-fwd':>13}{'out-bwd':>13}{'allreduce':>13}"
+            + (f"{'mc gather':>13}" if managed else "")
+            + "  (all ranks)",
+        ]
         tables = sorted(self.per_table().items(), key=lambda kv: -sum(kv[1].values()))
         for name, row in tables[:max_tables]:
-            lines.append(f"{name:<16}" + "".join(f"{human(row[p]):>13}" for p in PHASES))
+            lines.append(f"{name:<16}" + "".join(f"{human(row[p]):>13}" for p in phases))
         if len(tables) > max_tables:
             lines.append(f"... {len(tables) - max_tables} more tables")
-        t = self.totals()
-        lines.append(f"{'total':<16}" + "".join(f"{human(t[p]):>13}" for p in PHASES))
+        lines.append(f"{'total':<16}" + "".join(f"{human(t[p]):>13}" for p in phases))
         if self.unmodelled:
             lines.append(f"not counted (EmbeddingCollection sequence tables): {', '.join(self.unmodelled)}")
         return "\n".join(lines)
@@ -199,6 +214,7 @@ def predict(
     forward_precision: str = "fp32",
     backward_precision: str = "fp32",
     local_world_size: int | None = None,
+    managed_features: Iterable[str] = (),
 ) -> Ledger:
     """The per-step ledger of a sharding plan (see the module doc for what is counted).
 
@@ -212,6 +228,8 @@ def predict(
         forward_precision, backward_precision: element type of output_dist's pooled
             embeddings and of their gradients: fp32, fp16 or bf16 (``sharding.comms``).
         local_world_size: ranks per node (default: all in one node).
+        managed_features: the features of managed-collision tables (:func:`managed_features`),
+            whose ids every rank all-gathers each step (``managed_all_gather``).
 
     Raises:
         ValueError: a sharding type the ledger does not know, or an unknown precision.
@@ -279,7 +297,23 @@ def predict(
     if dense_bytes:
         for r in range(W):
             led.add(r, "allreduce", "dense", dense_bytes, dense_bytes)
+    managed = list(managed_features)
+    if managed:
+        # recsys_dist.models.managed: all_gather of the id count per feature, then of the ids
+        # (every rank's buffer is as long as the longest, which is B x sum(P) when batches are equal).
+        chunk = ID_BYTES * (len(managed) + sum(B * pooling.get(f, 1.0) for f in managed))
+        for r in range(W):
+            led.add(r, "managed_all_gather", "managed", (W - 1) * chunk, (W - 1) * chunk)
     return led
+
+
+def managed_features(model: nn.Module) -> list[str]:
+    """The features of ``model``'s managed-collision tables (its ``ManagedRemap``), in the
+    order it gathers them; empty without managed tables. A plain, meta or DMP-wrapped model."""
+    from recsys_dist.models.managed import find_remap
+
+    remap = find_remap(model)
+    return list(remap.mch.keys()) if remap is not None else []
 
 
 def _row_output_dist(
@@ -324,7 +358,8 @@ def pooling_from_config(cfg, tables: Iterable) -> dict[str, float]:
 
 def run_ledger(cfg, dmp, world_size: int, local_world_size: int | None = None) -> Ledger:
     """The ledger of a sharded run: ``dmp``'s plan and tables, ``train.batch_size``,
-    ``sharding.comms`` and the pooling factors of :func:`pooling_from_config`."""
+    ``sharding.comms``, the pooling factors of :func:`pooling_from_config` and the managed-collision
+    features of :func:`managed_features`."""
     from torchrec.distributed.embeddingbag import ShardedEmbeddingBagCollection
 
     tables = [
@@ -341,4 +376,5 @@ def run_ledger(cfg, dmp, world_size: int, local_world_size: int | None = None) -
         comms.forward,
         comms.backward,
         local_world_size,
+        managed_features(dmp),
     )

@@ -15,7 +15,7 @@ from torchrec.distributed.planner.types import PlannerError
 
 from recsys_dist import ledger as ledgers
 from recsys_dist import sharding
-from recsys_dist.config import RunConfig  # noqa: F401 - the annotations
+from recsys_dist.config import ConfigError, RunConfig  # noqa: F401 - RunConfig: the annotations
 from recsys_dist.models import build_model, embedding_configs
 from recsys_dist.optim import fuse_embedding_optimizer
 
@@ -102,21 +102,25 @@ def dry_run(cfg: RunConfig, world_size: int, local_world_size: int, device: str)
 
     Raises:
         PlanError: the planner found no placement that fits; names the largest tables,
-            the memory they need against what the topology has, and what to change; or
-            the model holds an embedding module no sharder covers
-            (``recsys_dist.sharding.check_covered``).
-        ValueError: ``sharding.per_table`` names an unknown table, or the allowed types leave
-            an EmbeddingCollection table none.
+            the memory they need against what the topology has, and what to change.
+        ConfigError: the model holds an embedding module no sharder covers
+            (``recsys_dist.sharding.check_covered``); ``sharding.per_table`` names an unknown
+            table, or the allowed types leave an EmbeddingCollection table none.
     """
     model = build_model(cfg, torch.device("meta"))
     dense_bytes = ledgers.dense_parameter_bytes(model)
     fuse_embedding_optimizer(model, cfg)
     try:
         sharding.check_covered(model)
-    except ValueError as err:
-        raise PlanError(str(err)) from None
+    except ValueError as err:  # the model's, as recsys-dist train reports it (preflight.coverage_problems)
+        raise ConfigError(f"invalid config:\n  model.name: {cfg.model.name}: {err}") from None
     tables = sharding.model_tables(model)
-    planner = sharding.make_planner(cfg, tables, world_size, local_world_size, device)
+    try:
+        planner = sharding.make_planner(cfg, tables, world_size, local_world_size, device)
+    except ConfigError:
+        raise
+    except ValueError as err:  # a sharding key the model's tables refuse: a config error, not a crash
+        raise ConfigError(f"invalid config:\n  {err}") from None
     try:
         plan = planner.plan(model, sharding.sharders(cfg.sharding.comms, device))
     except PlannerError as err:
@@ -143,6 +147,7 @@ def dry_run(cfg: RunConfig, world_size: int, local_world_size: int, device: str)
         comms.forward,
         comms.backward,
         local_world_size,
+        ledgers.managed_features(model),
     )
     report = PlanReport(
         world_size,

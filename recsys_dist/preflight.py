@@ -13,7 +13,7 @@ from recsys_dist.config.base import ConfigError
 from recsys_dist.data import feature_names, sequence_names, tasks
 from recsys_dist.data.config import raw_paths
 from recsys_dist.models.registry import get_model
-from recsys_dist.sharding import CUDA_ONLY_KERNELS, comms_problems, small_table_problems
+from recsys_dist.sharding import CUDA_ONLY_KERNELS, comms_problems, small_table_problems, unpooled_type_problems
 from recsys_dist.train_pipeline import pipeline_problems
 
 
@@ -76,6 +76,8 @@ def section_problems(cfg) -> list[str]:
             f"model.name: {cfg.model.name} reads no sequence features, so {', '.join(keys or seq)} would be "
             "dropped; use a model that reads them (din) or remove them from data.schema"
         )
+    # s_<feature>: how models.build names the sequence tables (EmbeddingCollection)
+    problems += unpooled_type_problems(cfg.sharding, [f"s_{n}" for n in seq])
     if cfg.checkpoint.keep_best and not cfg.checkpoint.enabled:
         problems.append(
             "checkpoint.keep_best: keeps a checkpoint, but checkpoint.enabled is false; enable checkpoints or "
@@ -91,6 +93,31 @@ def table_names(cfg) -> list[str]:
     from recsys_dist.models.build import embedding_configs
 
     return [t.name for t in embedding_configs(cfg)]
+
+
+def coverage_problems(cfg) -> list[str]:
+    """Embedding modules of the configured model that no sharder covers (``sharding.check_covered``:
+    a plain ``nn.Embedding`` / ``nn.EmbeddingBag`` would be replicated in full on every rank),
+    found by building the model with its tables on the meta device, as the ranks do. A model
+    that fails to build here is left to the ranks, which build it on their own device and
+    report that failure."""
+    import torch
+
+    from recsys_dist.models.build import feature_spec
+    from recsys_dist.sharding import check_covered
+
+    try:
+        spec = feature_spec(cfg, device=torch.device("cpu"), embedding_device=torch.device("meta"))
+        model = get_model(cfg.model.name).build(spec, cfg.model)
+    except Exception:  # noqa: BLE001 - not this check's to report (see the docstring)
+        return []
+    if not isinstance(model, torch.nn.Module):
+        return []
+    try:
+        check_covered(model)
+    except ValueError as err:
+        return [f"model.name: {cfg.model.name}: {err}"]
+    return []
 
 
 def uvm_kernels(cfg) -> list[tuple[str, str]]:
@@ -109,7 +136,8 @@ def check_before_launch(cfg, world_size: int | None = None) -> None:
     ``world_size`` is the job's size when known (under torchrun), else nproc_per_node.
 
     Raises:
-        ConfigError: the data file is missing, or the device asked for is absent.
+        ConfigError: the data file is missing, the device asked for is absent, the model holds
+            an embedding module no sharder covers (:func:`coverage_problems`), ...
     """
     problems = []
     if cfg.data.raw_path is None:
@@ -124,6 +152,7 @@ def check_before_launch(cfg, world_size: int | None = None) -> None:
         if p is not None and not Path(p).is_file():
             problems.append(f"  data.split.{key}: file {p} does not exist (fix the path in the config)")
     problems += [f"  {p}" for p in section_problems(cfg)]
+    problems += [f"  {p}" for p in coverage_problems(cfg)]
     tables = table_names(cfg)
     unknown = sorted(set(cfg.sharding.per_table) - set(tables))
     if unknown:

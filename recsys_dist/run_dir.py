@@ -232,6 +232,40 @@ def checkpoint_step(checkpoint: Path) -> int:
     return int(read_meta(checkpoint)["step"])
 
 
+def nothing_to_train(run_dir: Path, checkpoint: Path, step: int, total: int | None = None) -> str:
+    """What a resume that has nothing left to train says, in the user's terms: the ``--run-dir``
+    given (not the directory the checkpoint's run was first trained in, which ``summary.json``
+    records and which differs once a run directory is copied or moved), and the checkpoint
+    only when it lies outside that directory. ``total``: the steps the config trains (None:
+    ``step`` is the last)."""
+    run_dir, checkpoint = Path(run_dir), Path(checkpoint)
+    limit = f"this config trains {total} steps in all" if total is not None else "that is this config's last step"
+    inside = run_dir.resolve() in checkpoint.resolve().parents
+    where = (
+        f"the run in {run_dir} is already at step {step} (checkpoint {checkpoint.name})"
+        if inside
+        else f"checkpoint {checkpoint} (--resume) is already at step {step}"
+    )
+    return (
+        f"recsys-dist: nothing to train: {where}, and {limit}; nothing in {run_dir} was trained or changed "
+        "(raise train.epochs or train.max_steps to continue)"
+    )
+
+
+def noop_summary(run_dir: Path, checkpoint: Path, step: int) -> dict:
+    """The summary of a resume with nothing left to train: ``summary.json`` of ``run_dir`` (if
+    any) with ``run_dir`` the directory given (``summary.json`` names the one the run was first
+    trained in), ``steps`` the checkpoint's step, ``resumed_from`` its path and
+    ``already_complete: True``."""
+    return {
+        **read_summary(run_dir),
+        "run_dir": str(run_dir),
+        "steps": step,
+        "resumed_from": str(checkpoint),
+        "already_complete": True,
+    }
+
+
 def total_steps(cfg: RunConfig, steps_per_epoch: int) -> int:
     """Steps the run trains in all: ``train.epochs`` epochs, capped by ``train.max_steps``."""
     total = cfg.train.epochs * steps_per_epoch

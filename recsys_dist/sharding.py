@@ -9,7 +9,8 @@ Unpooled (sequence) tables live in ``EmbeddingCollection`` modules and are shard
 TorchRec's ``EmbeddingCollectionSharder``, which offers data_parallel, table_wise,
 column_wise and row_wise (:data:`SEQUENCE_SHARDING_TYPES`) on every device. Any other
 embedding module (``nn.Embedding``, ``nn.EmbeddingBag``, a managed-collision collection) is
-refused at plan time by :func:`check_covered`: DMP would otherwise replicate it silently.
+refused by :func:`check_covered` (before any rank starts: ``preflight.coverage_problems``; and at
+plan time): DMP would otherwise replicate it silently.
 """
 
 from __future__ import annotations
@@ -393,6 +394,41 @@ def unpooled_names(tables: list[BaseEmbeddingConfig]) -> set[str]:
     return {t.name for t in tables if isinstance(t, EmbeddingConfig)}
 
 
+def unpooled_type_problems(s: ShardingConfig, unpooled: list[str] | set[str]) -> list[str]:
+    """Why the ``sharding`` section cannot place the EmbeddingCollection (unpooled) tables
+    ``unpooled`` (empty when it can): a table whose allowed types (``per_table``, else
+    ``sharding_types``; empty = all) or ``fixed_plan`` placement include none that TorchRec's
+    EmbeddingCollectionSharder offers (:data:`SEQUENCE_SHARDING_TYPES`). Each problem is
+    "dotted.key: what is wrong; the fix"."""
+    problems = []
+    for name in sorted(unpooled):
+        fixed = (s.fixed_plan or {}).get(name)
+        if fixed is not None:
+            if fixed.sharding_type not in SEQUENCE_SHARDING_TYPES:
+                problems.append(
+                    f"sharding.fixed_plan.{name}.sharding_type: {fixed.sharding_type}, but {name} is an "
+                    f"EmbeddingCollection (sequence) table, which TorchRec shards {list(SEQUENCE_SHARDING_TYPES)} "
+                    "only; use one of them"
+                )
+            continue
+        if s.fixed_plan is not None:  # the fixed plan must place every table: checked with the model's tables
+            continue
+        override = s.per_table.get(name)
+        types = (override and override.sharding_types) or s.sharding_types or list(ALL_TYPES)
+        if not any(t in SEQUENCE_SHARDING_TYPES for t in types):
+            key = (
+                f"sharding.per_table.{name}.sharding_types"
+                if override and override.sharding_types
+                else "sharding.sharding_types"
+            )
+            problems.append(
+                f"{key}: {list(types)} leaves the EmbeddingCollection (sequence) table {name} no sharding type; "
+                f"TorchRec shards unpooled tables {list(SEQUENCE_SHARDING_TYPES)} only: add one of them "
+                f"(e.g. sharding.per_table.{name}.sharding_types: [row_wise])"
+            )
+    return problems
+
+
 def table_constraints(
     s: ShardingConfig,
     names: list[str],
@@ -416,19 +452,10 @@ def table_constraints(
         override = s.per_table.get(name)
         types = (override and override.sharding_types) or s.sharding_types or list(ALL_TYPES)
         if name in unpooled:
-            key = (
-                f"sharding.per_table.{name}.sharding_types"
-                if override and override.sharding_types
-                else ("sharding.sharding_types")
-            )
-            allowed = [t for t in types if t in SEQUENCE_SHARDING_TYPES]
-            if not allowed:
-                raise ValueError(
-                    f"{key}: {list(types)} leaves the EmbeddingCollection table {name} no sharding type; "
-                    f"TorchRec shards unpooled tables {list(SEQUENCE_SHARDING_TYPES)} only: add one of them "
-                    f"(e.g. sharding.per_table.{name}.sharding_types: [row_wise])"
-                )
-            types = allowed
+            problems = unpooled_type_problems(s.model_copy(update={"fixed_plan": None}), [name])
+            if problems:
+                raise ValueError(problems[0])
+            types = [t for t in types if t in SEQUENCE_SHARDING_TYPES]
         kernels = (override and override.compute_kernels) or s.compute_kernels
         cache = CacheParams(load_factor=s.cache_load_factor) if s.cache_load_factor else None
         out[name] = ParameterConstraints(

@@ -366,7 +366,8 @@ class Trainer:
             with early stopping or ``checkpoint.keep_best``, ``best`` (``metric``, ``value``,
             ``step``, ``early_stopped``, and ``checkpoint``: the best one kept, or None). When
             the checkpoint resumed from is already at the
-            last step nothing is trained or written: the run's ``summary.json`` plus
+            last step nothing is trained or written: the run's ``summary.json`` (if any) with
+            ``run_dir`` this Trainer's, ``steps`` the checkpoint's, ``resumed_from`` its path and
             ``already_complete: True``.
 
         Raises:
@@ -379,7 +380,7 @@ class Trainer:
                 log.warning(
                     "checkpoint %s is already at the last step (%d); nothing to train", self.resumed_from, self._step
                 )
-                return {**run_dirs.read_summary(self.run_dir), "already_complete": True}
+                return run_dirs.noop_summary(self.run_dir, self.resumed_from, self._step)
             last_val: dict = {}
             while self._next_epoch < self.cfg.train.epochs and not self._done():
                 last_val = self.train_epoch() or last_val

@@ -202,7 +202,7 @@ def test_resuming_a_finished_run_changes_nothing(small_run):
     before = [(f.read_text(), f.stat().st_mtime_ns) for f in files]
     r = train(tmp, run, *WS[1], "train.max_steps=4", "train.epochs=1", "--resume", "auto")
     assert r.returncode == 0, r.stderr[-2000:]
-    assert "already at step 4, and this config trains 4 steps in all; nothing to train" in r.stdout
+    assert f"nothing to train: the run in {run} is already at step 4 (checkpoint step_00000004)" in r.stdout
     assert [(f.read_text(), f.stat().st_mtime_ns) for f in files] == before  # config.yaml not even rewritten
 
 

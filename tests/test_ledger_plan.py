@@ -7,7 +7,7 @@ from recsys_dist.config import ConfigError, load_config
 from recsys_dist.ledger import PHASES
 from recsys_dist.planning import dry_run
 from recsys_dist.preflight import check_before_launch
-from tests.conftest import QUICKSTART
+from tests.conftest import QUICKSTART, ROOT
 
 
 def test_dry_run_ledger_balances_and_fp16_halves_output_dist():
@@ -56,3 +56,17 @@ def test_cpu_refuses_what_it_cannot_run_before_any_rank_starts(override, words):
 def test_cpu_accepts_fp16_comms_and_base_pipeline():
     cfg = load_config(QUICKSTART, ["sharding.comms.forward=fp16", "train.pipeline=base", "distributed.device=cpu"])
     check_before_launch(cfg)
+
+
+def test_managed_tables_all_gathers_are_in_the_ledger():
+    # configs/movielens_managed.yaml: 3 managed features (userId, movieId, genres), one id each
+    # assumed; per rank and step: the 3 counts, then B x 3 ids, int64, to each of the W - 1 peers.
+    cfg = load_config(ROOT / "configs" / "movielens_managed.yaml", ["train.batch_size=64"])
+    report = dry_run(cfg, 3, 3, "cpu")
+    want = 8 * (3 + 64 * 3) * 2
+    for row in report.ledger.per_rank():
+        assert row["managed_all_gather"] == {"sent": want, "received": want}
+    assert report.ledger.per_table()["managed"]["managed_all_gather"] == 3 * want
+    assert "mc gather" in report.text()
+    hashed = dry_run(load_config(QUICKSTART), 3, 3, "cpu").ledger
+    assert hashed.totals()["managed_all_gather"] == 0 and "mc gather" not in hashed.text()

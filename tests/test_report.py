@@ -276,4 +276,10 @@ def test_report_shows_the_ledger_line(tmp_path):
         "wire KiB sent per step (ledger, busiest rank r1, output_dist fp16/fp32): input_dist 1.0, "
         "output_dist_forward 4.0, output_dist_backward 0.0, allreduce 0.5" in text
     )
-    assert "unreadable" not in text
+    assert "unreadable" not in text and "managed_all_gather" not in text
+    # managed-collision tables: their all_gathers are shown when the ledger has them
+    ledger["per_rank"][1]["managed_all_gather"] = {"sent": 3072, "received": 3072}
+    ledger["step"] = 5
+    with (run / "metrics.jsonl").open("a") as f:
+        f.write(json.dumps(ledger) + "\n")
+    assert "allreduce 0.5, managed_all_gather 3.0" in rpt.report(run, plots=False)

@@ -243,7 +243,12 @@ class ManagedConfig(_Section):
         description="An id seen fewer times than this within one eviction interval is not admitted and keeps "
         "the default row (1 = every id may be admitted).",
     )
-    decay_exponent: _F = Field(1.0, gt=0, description="lru / distance_lfu: age decay exponent (TorchRec's).")
+    decay_exponent: _F = Field(
+        1.0,
+        gt=0,
+        description="lru / distance_lfu: age decay exponent (TorchRec's); lfu has no decay, so another value "
+        "than 1.0 is an error there.",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> ManagedConfig:
@@ -255,6 +260,13 @@ class ManagedConfig(_Section):
             )
         if self.eviction_interval is None:
             raise ValueError("data.managed.eviction_interval: required (steps between eviction rounds), e.g. 1")
+        # TorchRec's LFU_EvictionPolicy takes no decay; the key would be silently unused.
+        if self.eviction == "lfu" and self.decay_exponent != 1.0:
+            raise ValueError(
+                f"data.managed.decay_exponent: {self.decay_exponent} is only used by eviction lru and distance_lfu "
+                "(age decay); lfu ranks ids by their plain count: remove decay_exponent, or use eviction: "
+                "distance_lfu"
+            )
         return self
 
 
@@ -306,7 +318,10 @@ class DataConfig(_Section):
         "the managed-collision tables (required with managed, and only used by it).",
     )
     min_count: int = Field(
-        1, ge=1, description="vocabulary: keep a value seen at least this often in the training split."
+        1,
+        ge=1,
+        description="vocabulary: keep a value seen at least this often in the training split (another value "
+        "than 1 is an error under hash or managed mapping, which keep no vocabulary).",
     )
     num_embeddings: int | list[int] = Field(
         100_000,
@@ -449,6 +464,17 @@ class DataConfig(_Section):
                 "data.managed: required with categorical_mapping: managed (at least eviction_interval)"
                 if self.managed is None
                 else f"data.managed: only used with categorical_mapping: managed, not {self.categorical_mapping}"
+            )
+        if self.categorical_mapping != "vocabulary" and self.min_count != 1:
+            hint = (
+                "; managed tables admit an id seen often enough with data.managed.admission_min_count"
+                if self.categorical_mapping == "managed"
+                else ""
+            )
+            raise ValueError(
+                f"data.min_count: {self.min_count} is only used with categorical_mapping: vocabulary (a value seen "
+                f"fewer times gets the out-of-vocabulary id), not {self.categorical_mapping}, which keeps no "
+                f"vocabulary: remove min_count, or use categorical_mapping: vocabulary{hint}"
             )
         seq = list(getattr(fmt, "sequence_names", []))
         if self.categorical_mapping == "managed" and seq:

@@ -4,6 +4,8 @@ A 4-table model (60 rows each; widths 8, 8, 8, 4; pooling factors 3, 2, 1, 2) is
 by fixed plans, trained one step under :class:`recsys_dist.comm_counter.CommCounter`, and the
 counts per phase are returned with :func:`recsys_dist.ledger.predict`'s. Row-wise ids are
 drawn so that each row block receives ids in proportion to its rows (the ledger's assumption).
+One more case puts managed-collision tables (``recsys_dist.models.managed``) in front of the
+table-wise plan, so their per-step id all_gathers are counted too.
 """
 
 from __future__ import annotations
@@ -70,47 +72,66 @@ def batch(rank: int, world: int, step: int):
 
 
 def count(rank: int, world: int, precisions=(("fp32", "fp32"),)) -> dict:
-    """{(plan name, fwd, bwd): {"predicted": per-phase, "counted": per-phase}} for this rank."""
-    import recsys_dist
-
+    """{(plan name, fwd, bwd): {"predicted": per-phase, "counted": per-phase}} for this rank;
+    plus ("table_wise+managed", "fp32", "fp32"): the table_wise plan behind managed-collision tables
+    (not row_wise: remapped ids no longer spread over row blocks as drawn, the row_wise assumption)."""
     out = {}
     for name, fixed in plans(world).items():
         for fwd, bwd in precisions:
-            cfgs = [
-                EmbeddingBagConfig(name=n, embedding_dim=d, num_embeddings=r, feature_names=[f"f_{n}"])
-                for n, r, d, _ in TABLES
-            ]
-            torch.manual_seed(0)
-            model = Tiny(EmbeddingBagCollection(tables=cfgs, device=torch.device("meta")))
-            apply_optimizer_in_backward(torch.optim.SGD, model.sparse_arch.parameters(), {"lr": 0.1})
-            sharding = {"fixed_plan": fixed}
-            if (fwd, bwd) != ("fp32", "fp32"):
-                sharding["comms"] = {"forward": fwd, "backward": bwd}
-            dmp = recsys_dist.shard(model, sharding)
-            predicted = ledger.predict(
-                dmp.plan,
-                cfgs,
-                world,
-                B,
-                ledger.dense_parameter_bytes(dmp),
-                {f"f_{n}": p for n, _, _, p in TABLES},
-                fwd,
-                bwd,
-            )
-            dense_opt = torch.optim.SGD([p for n, p in dmp.named_parameters() if "sparse_arch" not in n], lr=0.1)
-            with CommCounter(dmp) as counter:
-                for step in range(2):
-                    counter.reset()
-                    dense, kjt = batch(rank, world, step)
-                    dmp(dense, kjt).sum().backward()
-                    dense_opt.step()
-                    dense_opt.zero_grad()
-            out[(name, fwd, bwd)] = {
-                "predicted": predicted.per_rank()[rank],
-                "counted": {k: v for k, v in counter.counts.items()},
-                "calls": counter.calls,  # for a failing case's message
-            }
+            out[(name, fwd, bwd)] = _count_one(rank, world, fixed, fwd, bwd)
+    out[("table_wise+managed", "fp32", "fp32")] = _count_one(
+        rank, world, plans(world)["table_wise"], "fp32", "fp32", True
+    )
     return out
+
+
+def _count_one(rank: int, world: int, fixed: dict, fwd: str, bwd: str, managed: bool = False) -> dict:
+    import recsys_dist
+    from recsys_dist.models.managed import ManagedRemap, ReplicatedMCH
+
+    cfgs = [
+        EmbeddingBagConfig(name=n, embedding_dim=d, num_embeddings=r, feature_names=[f"f_{n}"]) for n, r, d, _ in TABLES
+    ]
+    torch.manual_seed(0)
+    model = Tiny(EmbeddingBagCollection(tables=cfgs, device=torch.device("meta")))
+    apply_optimizer_in_backward(torch.optim.SGD, model.sparse_arch.parameters(), {"lr": 0.1})
+    sharding = {"fixed_plan": fixed}
+    if (fwd, bwd) != ("fp32", "fp32"):
+        sharding["comms"] = {"forward": fwd, "backward": bwd}
+    dmp = recsys_dist.shard(model, sharding)
+    # Managed-collision tables as the trainer has them: the replicated MCH state remaps the raw
+    # ids (all_gathering every rank's ids each step) before the sharded model sees them.
+    remap = (
+        ManagedRemap({f"f_{n}": ReplicatedMCH(r, "lfu", 1, history_capacity=4096) for n, r, _, _ in TABLES})
+        if managed
+        else None
+    )
+    predicted = ledger.predict(
+        dmp.plan,
+        cfgs,
+        world,
+        B,
+        ledger.dense_parameter_bytes(dmp),
+        {f"f_{n}": p for n, _, _, p in TABLES},
+        fwd,
+        bwd,
+        managed_features=ledger.managed_features(remap) if remap is not None else (),
+    )
+    dense_opt = torch.optim.SGD([p for n, p in dmp.named_parameters() if "sparse_arch" not in n], lr=0.1)
+    with CommCounter(dmp) as counter:
+        for step in range(2):
+            counter.reset()
+            dense, kjt = batch(rank, world, step)
+            if remap is not None:
+                kjt = remap(kjt)
+            dmp(dense, kjt).sum().backward()
+            dense_opt.step()
+            dense_opt.zero_grad()
+    return {
+        "predicted": predicted.per_rank()[rank],
+        "counted": {k: v for k, v in counter.counts.items()},
+        "calls": counter.calls,  # for a failing case's message
+    }
 
 
 def delayed_all_to_all(rank: int, world: int, delay_ms: float) -> tuple[bool, list[float], float]:

@@ -3,7 +3,8 @@ of a real step (recsys_dist.comm_counter), per rank and phase, exactly.
 
 One spawn per world size runs table-wise, row-wise, column-wise (two shards on one rank
 too), data-parallel, table-row-wise (one node) and a mixed plan, each with fp32 and fp16 output_dist comms
-(sharding.comms), and checks that fp16 halves output_dist's bytes.
+(sharding.comms), and checks that fp16 halves output_dist's bytes; and the table-wise plan behind
+managed-collision tables (their per-step id all_gathers, managed_all_gather).
 """
 
 import pytest
@@ -22,7 +23,9 @@ def test_predicted_bytes_equal_counted_bytes(world_size):
     results = run_ranks(ledger_worker.count, world_size, PRECISIONS, timeout_s=900)
     failures = []
     for rank, per_case in enumerate(results):
-        assert set(per_case) == {(p, f, b) for p in ledger_worker.plans(world_size) for f, b in PRECISIONS}
+        assert set(per_case) == {(p, f, b) for p in ledger_worker.plans(world_size) for f, b in PRECISIONS} | {
+            ("table_wise+managed", "fp32", "fp32")
+        }
         for case, d in per_case.items():
             pred, counted = d["predicted"], d["counted"]
             for phase in PHASES:
@@ -49,6 +52,10 @@ def test_predicted_bytes_equal_counted_bytes(world_size):
         for p in ("table_wise", "row_wise", "column_wise")
     )
     assert by_plan["data_parallel"]["allreduce"]["sent"] > by_plan["table_wise"]["allreduce"]["sent"]
+    # managed tables add their all_gathers and change nothing else on the wire
+    managed = results[0][("table_wise+managed", "fp32", "fp32")]["counted"]
+    assert managed["managed_all_gather"]["sent"] > 0 and by_plan["table_wise"]["managed_all_gather"]["sent"] == 0
+    assert all(managed[p] == by_plan["table_wise"][p] for p in PHASES if p != "managed_all_gather")
 
 
 @pytest.mark.slow
