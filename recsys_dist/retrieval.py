@@ -29,10 +29,14 @@ in chunks of ``USER_CHUNK`` users: meant for corpora of up to about a million it
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -355,3 +359,47 @@ def retrieval_problems(cfg) -> list[str]:
             f"{loss!r} takes none: use train.loss: in_batch_softmax"
         )
     return problems
+
+
+ITEM_IDS_FILE, ITEM_EMBEDDINGS_FILE, ITEM_KEYS_FILE = "item_ids.npy", "item_embeddings.npy", "item_keys.npy"
+
+
+@torch.no_grad()
+def export_item_embeddings(cfg, model: nn.Module, conversion: Path, out: Path) -> list[Path]:
+    """Write the item tower's output for every corpus item (module docstring) of the training
+    conversion ``conversion`` (a conversion-cache directory with ``manifest.json``), for a
+    nearest-neighbour index, into ``out`` (docs/models.md):
+
+    - ``item_ids.npy``: int64 [C], the model's ids of ``model.item_id``, ascending;
+    - ``item_embeddings.npy``: float32 [C, output_dim], unit rows; a user's scores are
+      ``item_embeddings @ u`` (inner product = cosine; the temperature changes no ranking);
+    - ``item_keys.npy`` (vocabulary mapping only): uint64 [C], each item's 64-bit key (the
+      BLAKE2b key of its raw value, ``recsys_dist.data.mapping``), from ``vocabulary.parquet``.
+
+    Raises:
+        FileNotFoundError: the conversion or a split of it is gone (run ``recsys-dist preprocess``).
+    """
+    manifest_path = Path(conversion) / "manifest.json"
+    if not manifest_path.is_file():
+        raise FileNotFoundError(
+            f"{conversion}: the training conversion is gone; item embeddings need the data's item corpus: "
+            "run `recsys-dist preprocess --config CONFIG` with the run's config, then export again"
+        )
+    files = json.loads(manifest_path.read_text())["files"]
+    paths = {s: [str(Path(conversion) / f) for f in files[s]] for s in SPLITS}
+    _, sparse = feature_names(cfg)
+    sizes = [t.num_embeddings for t in retrieval_model(model).sparse_arch.embedding_bag_configs()]
+    data = read_retrieval_data(cfg, paths, sizes)
+    vectors = embed(model, "item_vectors", sparse, data.corpus, 4096, torch.device("cpu"))
+    out.mkdir(parents=True, exist_ok=True)
+    np.save(out / ITEM_IDS_FILE, data.corpus.ids.astype(np.int64))
+    np.save(out / ITEM_EMBEDDINGS_FILE, vectors.numpy().astype(np.float32))
+    written = [out / ITEM_IDS_FILE, out / ITEM_EMBEDDINGS_FILE]
+    vocab = Path(conversion) / "vocabulary.parquet"
+    if cfg.data.categorical_mapping == "vocabulary" and vocab.is_file():
+        t = pq.read_table(vocab)
+        mine = t.filter(pc.equal(t["feature"], cfg.model.item_id))
+        key_of = dict(zip(mine["id"].to_numpy().tolist(), mine["key"].to_numpy().tolist()))
+        np.save(out / ITEM_KEYS_FILE, np.array([key_of[int(i)] for i in data.corpus.ids], dtype=np.uint64))
+        written.append(out / ITEM_KEYS_FILE)
+    return written
