@@ -282,7 +282,13 @@ def _retrieval_rows(finals: dict) -> list[list[str]]:
         for k in ks:
             keys = (f"recall@{k}", f"ndcg@{k}", f"popular_recall@{k}", f"popular_ndcg@{k}")
             rows.append(
-                [split, str(k), *(_num(f.get(key)) for key in keys), _num(f.get("retrieval_users")), _num(f.get("corpus_items"))]
+                [
+                    split,
+                    str(k),
+                    *(_num(f.get(key)) for key in keys),
+                    _num(f.get("retrieval_users")),
+                    _num(f.get("corpus_items")),
+                ]
             )
     return rows
 

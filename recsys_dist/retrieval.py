@@ -139,7 +139,9 @@ def read_rows(files: list[str], cfg, num_embeddings: list[int]) -> Rows:
             parts[k].append((lengths[real], jt.values()[torch.repeat_interleave(real, lengths)].long()))
         lab.append(batch.labels.reshape(len(real), -1)[real, 0])
     ids = {
-        k: (torch.cat([p[0] for p in v]).numpy(), torch.cat([p[1] for p in v]).numpy()) if v else (np.zeros(0, np.int64),) * 2
+        k: (torch.cat([p[0] for p in v]).numpy(), torch.cat([p[1] for p in v]).numpy())
+        if v
+        else (np.zeros(0, np.int64),) * 2
         for k, v in parts.items()
     }
     return Rows(ids, torch.cat(lab).float().numpy() if lab else np.zeros(0, np.float32))
@@ -158,7 +160,9 @@ def read_retrieval_data(cfg, paths: dict[str, list[str]], num_embeddings: list[i
     user_key, item_key = m.user_features[0], m.item_id
     for key in (user_key, item_key):
         if any(np.any(r.ids[key][0] > 1) for r in rows.values()):
-            raise ValueError(f"model: {key!r} has rows with several ids; the user and item ids must be one-hot features")
+            raise ValueError(
+                f"model: {key!r} has rows with several ids; the user and item ids must be one-hot features"
+            )
     items = {s: r.one_hot(item_key) for s, r in rows.items()}
     users = {s: r.one_hot(user_key) for s, r in rows.items()}
     num_items = num_embeddings[sparse.index(item_key)]

@@ -53,8 +53,8 @@ from recsys_dist.models.build import table_sizes
 from recsys_dist.models.managed import managed_metrics
 from recsys_dist.models.registry import get_model
 from recsys_dist.observe import PhaseClock, TraceWriter
-from recsys_dist.retrieval import read_retrieval_data, retrieval_metrics
 from recsys_dist.optim import build_optimizer, fuse_embedding_optimizer, init_lazy_state
+from recsys_dist.retrieval import read_retrieval_data, retrieval_metrics
 from recsys_dist.schedule import LRSchedule
 from recsys_dist.sharding import model_tables
 from recsys_dist.spec import FeatureSpec

@@ -52,7 +52,9 @@ def test_in_batch_softmax_matches_a_loop_with_logq_repeats_and_padding(positives
 
 def test_in_batch_softmax_of_padding_only_is_zero_with_zero_gradients():
     scores = torch.randn(4, 4, requires_grad=True)
-    loss = in_batch_softmax(scores[:, 0], torch.ones(4), torch.zeros(4), scores, torch.tensor([1, 1, 1, 1]), torch.zeros(4))
+    loss = in_batch_softmax(
+        scores[:, 0], torch.ones(4), torch.zeros(4), scores, torch.tensor([1, 1, 1, 1]), torch.zeros(4)
+    )
     loss.backward()
     assert float(loss) == 0 and torch.equal(scores.grad, torch.zeros(4, 4))
 
@@ -93,7 +95,9 @@ def test_two_tower_outputs_through_ctr_task_and_counts_give_logq():
     spec = dataclasses.replace(spec, id_counts={"movieId": counts})
     task = build_model(cfg, spec)
     m = task.model
-    assert torch.allclose(m.log_q.log_q, torch.log(torch.tensor(np.maximum(counts, 1) / counts.sum(), dtype=torch.float32)))
+    assert torch.allclose(
+        m.log_q.log_q, torch.log(torch.tensor(np.maximum(counts, 1) / counts.sum(), dtype=torch.float32))
+    )
     # 3 rows: users 2, 3, 4; movies 5, 6, 6; genres [1, 2], [3], []
     kjt = KeyedJaggedTensor.from_lengths_sync(
         ["userId", "movieId", "genres"],
@@ -110,7 +114,9 @@ def test_two_tower_outputs_through_ctr_task_and_counts_give_logq():
     # CTRTask: logits for the metrics, the other entries into the loss.
     labels, weights = torch.tensor([1.0, 0.0, 1.0]), torch.tensor([1.0, 1.0, 0.0])
     loss, (_, logits, _, _) = task(CTRBatch(torch.zeros(3, 0), kjt, labels, weights))
-    want = in_batch_softmax(out["logits"], labels, weights, out["candidate_scores"], out["candidate_ids"], out["candidate_log_q"])
+    want = in_batch_softmax(
+        out["logits"], labels, weights, out["candidate_scores"], out["candidate_ids"], out["candidate_log_q"]
+    )
     assert torch.allclose(logits, out["logits"]) and torch.allclose(loss, want)
 
 

@@ -43,6 +43,7 @@ def test_movielens_two_tower_trains_resumes_exports_and_recall_matches_brute_for
     import torch
 
     from recsys_dist.export import load_model
+    from recsys_dist.report import report
     from recsys_dist.retrieval import make_kjt, read_retrieval_data
 
     full = tmp_path / "full"
@@ -56,6 +57,8 @@ def test_movielens_two_tower_trains_resumes_exports_and_recall_matches_brute_for
     assert all(0 <= test[k] <= 1 for k in ("recall@10", "ndcg@10", "popular_recall@10", "popular_ndcg@10"))
     lines = [json.loads(line) for line in (full / "metrics.jsonl").read_text().splitlines()]
     assert any(m["split"] == "validation" and "recall@10" in m for m in lines)
+    text = report(full, plots=False)
+    assert "popular recall" in text and f"{test['recall@10']:.4f}" in text
 
     resumed = tmp_path / "resumed"
     r = run_cli(

@@ -97,7 +97,9 @@ class TwoTower(nn.Module):
 
         def tower(n: int) -> nn.Sequential:
             hidden = mlp(n * embedding_dim, tower_sizes, device=device)
-            return nn.Sequential(hidden, nn.Linear(tower_sizes[-1] if tower_sizes else n * embedding_dim, output_dim, device=device))
+            return nn.Sequential(
+                hidden, nn.Linear(tower_sizes[-1] if tower_sizes else n * embedding_dim, output_dim, device=device)
+            )
 
         self.user_tower, self.item_tower = tower(len(self.user_features)), tower(len(self.item_features))
         self.log_q = LogQ(log_q)
@@ -142,7 +144,8 @@ class TwoTowerConfig(ModelConfig):
     output_dim: int = Field(32, gt=0, description="Width of the towers' L2-normalised outputs.")
     temperature: float = Field(0.1, gt=0, description="Divides the cosine similarity of the two towers (tau).")
     logq_correction: bool = Field(
-        True, description="Subtract log q_j (the item's share of the training rows) from in-batch scores (Yi et al. eq. 3)."
+        True,
+        description="Subtract log q_j (the item's share of the training rows) from in-batch scores (Yi et al. eq. 3).",
     )
 
     @model_validator(mode="after")
