@@ -349,6 +349,13 @@ def retrieval_problems(cfg) -> list[str]:
             problems.append(f"{key}: {unknown} are not categorical features; they are {sparse}")
     if not items:
         problems.append("model.item_features: no feature left for the item tower; name some")
+    elif m.item_id not in items:
+        problems.append(f"model.item_id: {m.item_id!r} is not an item-tower feature; the item features are {items}")
+    if cfg.data.categorical_mapping == "managed":
+        problems.append(
+            f"data.categorical_mapping: {cfg.model.name} needs table ids (the item corpus and its logQ counts are "
+            "per table row), and managed ids are raw 63-bit keys; use vocabulary or hash"
+        )
     for key, f in (("model.user_features", m.user_features[0]), ("model.item_id", m.item_id)):
         if f in multi_hot:
             problems.append(f"{key}: {f!r} is multi-hot; the user (first user feature) and the item id must be one-hot")

@@ -129,5 +129,7 @@ def test_two_tower_config_problems():
         load_config(CONFIG, ["model.item_id=genres"])
     with pytest.raises(Exception, match="eval.retrieval_k"):
         load_config(ROOT / "configs" / "movielens_deepfm.yaml", ["eval.retrieval_k=[10]"])
+    with pytest.raises(Exception, match="data.categorical_mapping"):
+        load_config(CONFIG, ["data.categorical_mapping=managed", "data.managed.eviction_interval=10"])
     with pytest.raises(Exception, match="candidate_scores"):
         load_config(CONFIG, ["train.loss_args.candidate_scores=1"])
