@@ -49,6 +49,7 @@ def _print_summary(summary: dict) -> None:
         + (f" (resumed at step {resumed})" if resumed is not None else "")
         + "\n"
         + _split_lines(v, t, fmt)
+        + _retrieval_lines(v, t, fmt)
         + f"  run directory: {summary['run_dir']}"
     )
     best = summary.get("best")
@@ -58,6 +59,19 @@ def _print_summary(summary: dict) -> None:
             + (" (stopped early)" if best["early_stopped"] else "")
             + (f": {best['checkpoint']} (`best`)" if best.get("checkpoint") else "")
         )
+
+
+def _retrieval_lines(v: dict, t: dict, fmt) -> str:
+    """recall@K / NDCG@K of a retrieval model (and the most-popular baseline's), per split."""
+    ks = sorted({int(k.split("@")[1]) for k in [*v, *t] if k.startswith("recall@")})
+    lines = ""
+    for split, m in (("validation", v), ("test", t)):
+        for k in ks:
+            lines += (
+                f"  {split:<11} recall@{k} {fmt(m.get(f'recall@{k}'))}  NDCG@{k} {fmt(m.get(f'ndcg@{k}'))}  "
+                f"(most popular: recall@{k} {fmt(m.get(f'popular_recall@{k}'))}  NDCG@{k} {fmt(m.get(f'popular_ndcg@{k}'))})\n"
+            )
+    return lines
 
 
 def _split_lines(v: dict, t: dict, fmt) -> str:

@@ -61,6 +61,8 @@ from recsys_dist.data.scoring import (
 from recsys_dist.models import CTRTask, build_model
 from recsys_dist.models.build import table_sizes
 from recsys_dist.models.managed import managed_metrics
+from recsys_dist.models.registry import get_model
+from recsys_dist.retrieval import export_item_embeddings
 
 MODEL_FILE = "model.safetensors"
 FORMATS = ("safetensors", "torchscript")
@@ -167,7 +169,8 @@ def load_model(path: str | Path) -> tuple[RunConfig, CTRTask, str]:
 def export(path: str | Path, out: str | Path, format: str = "safetensors") -> list[Path]:
     """Write a self-contained export of a run, checkpoint or export into ``out``:
     ``model.safetensors``, ``config.yaml``, ``preprocessing.json`` (and ``vocabulary.parquet``);
-    with ``format="torchscript"`` also ``model.torchscript.pt`` and ``serving.json``.
+    for a retrieval model (``two_tower``) also ``item_ids.npy`` and ``item_embeddings.npy``
+    (``recsys_dist.retrieval.export_item_embeddings``); with ``format="torchscript"`` also ``model.torchscript.pt`` and ``serving.json``.
     Returns the paths written.
 
     Raises:
@@ -189,6 +192,14 @@ def export(path: str | Path, out: str | Path, format: str = "safetensors") -> li
     save_file({k: v.contiguous() for k, v in m.model.state_dict().items()}, str(out / MODEL_FILE))
     save_config(m.cfg, out / "config.yaml")
     written = [out / MODEL_FILE, out / "config.yaml", *m.preprocessing.save(out)]
+    if get_model(m.cfg.model.name).retrieval:  # two_tower: the item corpus's embeddings, for an ANN index
+        conversion = (m.preprocessing.record.get("training_conversion") or {}).get("directory")
+        if conversion is None:
+            raise DataError(
+                f"{path}: no training conversion is recorded, and the item embeddings need the data's item corpus; "
+                "export the run's checkpoint (not an export written without it)"
+            )
+        written += export_item_embeddings(m.cfg, m.model, Path(conversion), out)
     if artefact is not None:
         from recsys_dist.serving import save_artefact
 

@@ -13,6 +13,7 @@ from recsys_dist.config.base import ConfigError
 from recsys_dist.data import feature_names, sequence_names, tasks
 from recsys_dist.data.config import raw_paths
 from recsys_dist.models.registry import get_model
+from recsys_dist.retrieval import retrieval_problems
 from recsys_dist.sharding import CUDA_ONLY_KERNELS, comms_problems, small_table_problems, unpooled_type_problems
 from recsys_dist.train_pipeline import pipeline_problems
 
@@ -78,6 +79,10 @@ def section_problems(cfg) -> list[str]:
         )
     # s_<feature>: how models.build names the sequence tables (EmbeddingCollection)
     problems += unpooled_type_problems(cfg.sharding, [f"s_{n}" for n in seq])
+    if spec.retrieval:
+        problems += retrieval_problems(cfg)
+    elif cfg.eval.retrieval_k is not None:
+        problems.append(f"eval.retrieval_k: {cfg.model.name} is not a retrieval model (two_tower); remove it")
     if cfg.checkpoint.keep_best and not cfg.checkpoint.enabled:
         problems.append(
             "checkpoint.keep_best: keeps a checkpoint, but checkpoint.enabled is false; enable checkpoints or "

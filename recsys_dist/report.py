@@ -202,6 +202,10 @@ def report(run_dir: str | Path, *, plots: bool = True, out_dir: str | Path | Non
                     + [_num(f.get("num_examples"))]
                 )
     lines.append(_table(rows))
+    retrieval = _retrieval_rows(finals)
+    if retrieval:
+        lines.append("  retrieval over the item corpus (model vs most popular; recsys_dist.retrieval):")
+        lines.append(_table(retrieval, indent="    "))
     train = run.split("train")
     if train:
         lines.append(f"  last train loss {_num(train[-1].get('loss'))} at step {_num(train[-1].get('step'))}")
@@ -268,6 +272,27 @@ def _ledger_line(ledger: dict) -> str:
     parts = ", ".join(f"{p} {sent(top, p) / 1024:.1f}" for p in phases)
     precision = f"{ledger.get('forward_precision', '?')}/{ledger.get('backward_precision', '?')}"
     return f"  wire KiB sent per step (ledger, busiest rank r{top.get('rank', '?')}, output_dist {precision}): {parts}"
+
+
+def _retrieval_rows(finals: dict) -> list[list[str]]:
+    """Rows of recall@K / NDCG@K per split and K (retrieval models), or [] when there are none."""
+    ks = sorted({int(k.split("@")[1]) for f in finals.values() for k in f if k.startswith("recall@")})
+    if not ks:
+        return []
+    rows = [["split", "K", "recall", "NDCG", "popular recall", "popular NDCG", "users", "items"]]
+    for split, f in finals.items():
+        for k in ks:
+            keys = (f"recall@{k}", f"ndcg@{k}", f"popular_recall@{k}", f"popular_ndcg@{k}")
+            rows.append(
+                [
+                    split,
+                    str(k),
+                    *(_num(f.get(key)) for key in keys),
+                    _num(f.get("retrieval_users")),
+                    _num(f.get("corpus_items")),
+                ]
+            )
+    return rows
 
 
 def _managed_rows(run: Run) -> list[list[str]]:

@@ -49,6 +49,10 @@ class FeatureSpec:
             build them into a ``torchrec.EmbeddingCollection``, whose output is one
             ``JaggedTensor`` per feature (``[sum of lengths, E]`` values, one row per position).
             The sharders shard them data_parallel, table_wise, row_wise or column_wise.
+        id_counts: ``{feature: int64 [num_embeddings]}``, rows of the training split holding
+            each id of that feature; set by the Trainer for retrieval models (the item feature:
+            the logQ correction's sampling probabilities, ``recsys_dist.retrieval``), empty
+            otherwise and for models built outside training (export, scoring).
     """
 
     dense_names: list[str]
@@ -60,6 +64,7 @@ class FeatureSpec:
     first_order_tables: list[EmbeddingBagConfig] = field(default_factory=list)
     sequence_names: list[str] = field(default_factory=list)
     sequence_tables: list[EmbeddingConfig] = field(default_factory=list)
+    id_counts: dict = field(default_factory=dict)
 
     @property
     def num_dense(self) -> int:

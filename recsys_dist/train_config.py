@@ -149,10 +149,18 @@ def _loss_problems(name: str, args: dict, key: str, args_key: str) -> list[str]:
         return []
     if len(params) < 3 and not any(p.kind is p.VAR_POSITIONAL for p in params):
         return [f"{key}: {name} must take (logits, labels, weights), it takes {len(params)}"]
-    rest = {p.name: p for p in params[3:] if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    given = set(getattr(fn, "model_outputs", ()))  # the model's outputs, not loss_args
+    problems = [
+        f"{args_key}.{k}: {name} reads {k!r} from the model's output, not from config" for k in args if k in given
+    ]
+    rest = {
+        p.name: p for p in params[3:] if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in given
+    }
     takes_kwargs = any(p.kind is p.VAR_KEYWORD for p in params)
     unknown = [k for k in args if k not in rest and not takes_kwargs]
     missing = [n for n, p in rest.items() if p.default is p.empty and n not in args]
-    problems = [f"{args_key}.{k}: {name} takes no argument {k!r} (it takes {sorted(rest)})" for k in unknown]
+    problems += [
+        f"{args_key}.{k}: {name} takes no argument {k!r} (it takes {sorted(rest)})" for k in unknown if k not in given
+    ]
     problems += [f"{args_key}.{k}: required by {name}, missing" for k in missing]
     return problems

@@ -11,6 +11,7 @@ i+1 with the forward/backward of batch i. Evaluation lives in ``recsys_dist.eval
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -50,8 +51,10 @@ from recsys_dist.metrics_writer import MetricsWriter, finite_or_none
 from recsys_dist.models import build_model, feature_spec
 from recsys_dist.models.build import table_sizes
 from recsys_dist.models.managed import managed_metrics
+from recsys_dist.models.registry import get_model
 from recsys_dist.observe import PhaseClock, TraceWriter
 from recsys_dist.optim import build_optimizer, fuse_embedding_optimizer, init_lazy_state
+from recsys_dist.retrieval import read_retrieval_data, retrieval_metrics
 from recsys_dist.schedule import LRSchedule
 from recsys_dist.sharding import model_tables
 from recsys_dist.spec import FeatureSpec
@@ -258,6 +261,14 @@ class Trainer:
             len(self._loaders.train),
         )
         self.spec = feature_spec(cfg, self._loaders.num_embeddings, ctx.device)
+        # A retrieval model (two_tower): the item corpus and evaluated users, read once on rank
+        # 0; the training split's item counts go to the model (logQ correction).
+        self._retrieval = None
+        if get_model(cfg.model.name).retrieval:
+            loaders, sizes = self._loaders, self._loaders.num_embeddings
+            paths = {s: [str(f) for f in getattr(loaders, s).files] for s in ("train", "validation", "test")}
+            self._retrieval = broadcast_result(ctx, lambda: read_retrieval_data(cfg, paths, sizes))
+            self.spec = dataclasses.replace(self.spec, id_counts={cfg.model.item_id: self._retrieval.train_counts})
         self._model, self._optimizer, plan_text = shard_model(cfg, ctx, self.spec, self._clock)
         log.info(
             "sharded: %s", ", ".join(sorted({r["sharding_type"] for r in sharding.plan_summary(self._model.plan)}))
@@ -445,6 +456,10 @@ class Trainer:
             ``<task>/auc``, ``<task>/logloss``, ``<task>/ne``, ``<task>/calibration``,
             ``<task>/accuracy`` (binary) or ``<task>/rmse``, ``<task>/mae`` (regression), and
             ``<task>/weight_sum``; weighted by the sample weights (``data.schema.weight``).
+            A retrieval model (``two_tower``) on ``"validation"`` / ``"test"`` also gets
+            ``recall@K``, ``ndcg@K``, ``popular_recall@K``, ``popular_ndcg@K`` (K of
+            ``eval.retrieval_k``), ``retrieval_users`` and ``corpus_items``
+            (``recsys_dist.retrieval``).
 
         Raises:
             ValueError: an unknown split name.
@@ -452,7 +467,7 @@ class Trainer:
         with self._collective(), self._clock.phase("eval"):
             c = self.cfg.eval
             names, kinds = tasks(self.cfg)
-            return evaluate(
+            metrics = evaluate(
                 self._model,
                 self._loader(split),
                 self._ctx.device,
@@ -460,6 +475,12 @@ class Trainer:
                 c.group_feature,
                 tasks=(names, kinds) if names != ["label"] else None,
             )
+            if self._retrieval is not None and split in ("validation", "test"):
+                bs = c.batch_size or self.cfg.train.batch_size
+                metrics.update(
+                    retrieval_metrics(self._model, self._retrieval, split, c.retrieval_k, bs, self._ctx.device)
+                )
+            return metrics
 
     def predict(self, split: str | ParquetBatchLoader = "test") -> dict[str, torch.Tensor]:
         """Per-row predictions on a split (``"validation"``, ``"test"``, ``"train"``) or on an
@@ -804,6 +825,7 @@ def train(cfg: RunConfig, run_dir: Path, profile_dir: Path | None = None, resume
 
 def _summary_metrics(metrics: dict) -> dict:
     """The summary's metrics of a split: auc, logloss, ne (None where absent); with several
-    tasks also every ``<task>/<metric>``."""
+    tasks also every ``<task>/<metric>``; for a retrieval model also its ``recall@K`` etc."""
     per_task = {k: v for k, v in metrics.items() if "/" in k}
-    return per_task or {k: metrics.get(k) for k in ("auc", "logloss", "ne")}
+    retrieval = {k: v for k, v in metrics.items() if "@" in k or k in ("retrieval_users", "corpus_items")}
+    return {**(per_task or {k: metrics.get(k) for k in ("auc", "logloss", "ne")}), **retrieval}

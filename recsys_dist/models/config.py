@@ -19,7 +19,7 @@ class ModelConfig(Section):
 
     name: str = Field(
         "dlrm",
-        description="A registered model (dlrm, dlrm_dcnv2, dcnv2, deepfm, wide_deep, xdeepfm; see docs/models.md) "
+        description="A registered model (dlrm, dlrm_dcnv2, dcnv2, deepfm, wide_deep, xdeepfm, din, mmoe, two_tower; see docs/models.md) "
         "or the import path of a model factory, 'package.module:factory' (see docs/api.md).",
     )
     embedding_dim: int = Field(16, gt=0, description="Embedding dimension of every table t_<feature>.")

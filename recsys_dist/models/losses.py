@@ -23,8 +23,12 @@ LossFn = Callable[..., torch.Tensor]
 _LOSSES: dict[str, LossFn] = {}
 
 
-def register_loss(name: str):
+def register_loss(name: str, model_outputs: tuple[str, ...] = ()):
     """Decorator that makes ``fn(logits, labels, weights, **kwargs)`` selectable as ``train.loss: <name>``.
+
+    ``model_outputs``: keyword arguments of ``fn`` that the model gives (the entries besides
+    ``logits`` of a model that returns a dict, ``recsys_dist.models.task.CTRTask``), not
+    ``train.loss_args``; kept as ``fn.model_outputs``.
 
     Raises:
         ValueError: the name is taken or contains ':'.
@@ -33,6 +37,8 @@ def register_loss(name: str):
     def wrap(fn: LossFn) -> LossFn:
         if ":" in name or name in _LOSSES:
             raise ValueError(f"register_loss: {name!r} is registered already or contains ':'")
+        if model_outputs:
+            fn.model_outputs = tuple(model_outputs)
         _LOSSES[name] = fn
         return fn
 
@@ -96,3 +102,40 @@ def focal(
 def mse(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     """Squared error of the raw output against the label, weighted mean over rows (regression)."""
     return _weighted_mean((logits - labels).pow(2), weights)
+
+
+@register_loss("in_batch_softmax", model_outputs=("candidate_scores", "candidate_ids", "candidate_log_q"))
+def in_batch_softmax(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    weights: torch.Tensor,
+    candidate_scores: torch.Tensor,
+    candidate_ids: torch.Tensor,
+    candidate_log_q: torch.Tensor,
+    positives_only: bool = False,
+) -> torch.Tensor:
+    """Sampled softmax over in-batch negatives with the logQ correction (Yi et al., 2019,
+    "Sampling-Bias-Corrected Neural Modeling for Large Corpus Item Recommendations", RecSys,
+    eq. 3 and 4). For a model that returns, besides ``logits``, these extras (``CTRTask``):
+
+    - ``candidate_scores``: float32 ``[B, B]``, ``s(x_i, y_j)``: row i's query against row j's item;
+    - ``candidate_ids``: int64 ``[B]``, row j's item id (a repeat of row i's item elsewhere in
+      the batch is the same item, not a negative: masked);
+    - ``candidate_log_q``: float32 ``[B]``, ``log q_j``, the log of the probability that item j
+      is in a batch (zeros: no correction).
+
+    With ``s^c_ij = s_ij - log q_j`` (eq. 3), the loss is the weighted mean over rows of
+    ``-r_i log( exp(s^c_ii) / sum_j exp(s^c_ij) )`` (eq. 4), j over the batch's real rows
+    (padding rows, weight 0, are neither queries nor candidates). ``r_i`` is 1 for every
+    interaction, or the 0/1 label with ``positives_only=True``. A scalar; 0 for a batch
+    without positives. ``logits`` is not read (it is the pair score ``s_ii``, for metrics).
+    """
+    scores = candidate_scores.float() - candidate_log_q.float().unsqueeze(0)  # eq. 3, per column j
+    # Masked: accidental hits, and padding columns. The diagonal never is, so every row keeps
+    # one finite score (a padding row, weight 0, then adds 0 and a zero gradient, never NaN).
+    masked = (candidate_ids.unsqueeze(0) == candidate_ids.unsqueeze(1)) | (weights <= 0).unsqueeze(0)
+    masked.fill_diagonal_(False)
+    scores = scores.masked_fill(masked, float("-inf"))
+    log_p = scores.diagonal() - torch.logsumexp(scores, dim=1)  # [B], eq. 4's log P_B(y_i | x_i)
+    w = weights * labels if positives_only else weights
+    return -(log_p * w).sum() / w.sum().clamp(min=1.0)

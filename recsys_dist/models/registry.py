@@ -96,6 +96,11 @@ class ModelSpec:
             a config with ``data.schema.sequence`` / ``history`` is refused (they would be
             dropped). None (not declared; import-path models and ``register_model`` without
             the flag): not checked.
+        retrieval: a retrieval model (``recsys_dist.retrieval``): its config has
+            ``user_features``, ``item_features`` and ``item_id``, its module ``user_vectors(kjt)``
+            and ``item_vectors(kjt)`` (float32 ``[B, D]``; a pair scores their dot product).
+            The Trainer then gives it the training split's item counts (``spec.id_counts``) and
+            scores recall@K / NDCG@K over the whole item corpus on validation and test.
     """
 
     name: str
@@ -106,6 +111,7 @@ class ModelSpec:
     first_order_tables: bool = False
     multi_task: bool = False
     sequences: bool | None = None
+    retrieval: bool = False
 
 
 _MODELS: dict[str, ModelSpec] = {}
@@ -120,11 +126,14 @@ def register_model(
     first_order_tables: bool = False,
     multi_task: bool = False,
     sequences: bool | None = None,
+    retrieval: bool = False,
 ):
     """Decorator that makes a model selectable as ``model.name: <name>``.
 
     With ``config`` (a :class:`ModelConfig` subclass), the decorated function is
     ``build(spec, cfg) -> nn.Module`` and ``model:`` keys validate against ``config``.
+    ``retrieval``: see :class:`ModelSpec` (only with ``config``).
+
     Without it, the function (or class) is a factory ``factory(spec, **model.args)`` and
     ``model.args`` is checked against its signature.
 
@@ -156,7 +165,9 @@ def register_model(
                 sequences=sequences,
             )
         else:
-            _MODELS[name] = ModelSpec(name, config, fn, None, needs_dense, first_order_tables, multi_task, sequences)
+            _MODELS[name] = ModelSpec(
+                name, config, fn, None, needs_dense, first_order_tables, multi_task, sequences, retrieval
+            )
         return fn
 
     return wrap

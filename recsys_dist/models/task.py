@@ -15,7 +15,15 @@ class CTRTask(nn.Module):
     """Wraps a model ``f(dense [B, D], kjt) -> logits [B, 1]`` with the training loss.
 
     ``forward(batch)`` returns ``(loss, (loss, logits, labels, weights))``: the shape
-    TorchRec's train pipelines expect. The loss is ``loss_fn(logits, labels, weights,
+    TorchRec's train pipelines expect.
+
+    A model may also return a dict ``{"logits": ..., name: tensor, ...}``: ``logits`` is what
+    the metrics and ``predict`` read, and every other entry is passed to the loss function as
+    a keyword argument (``loss_fn(logits, labels, weights, **extras, **loss_args)``), for a
+    loss that needs more than one score per row, e.g. the ``[B, B]`` candidate scores of an
+    in-batch sampled softmax (``recsys_dist.models.losses.in_batch_softmax``, the
+    ``two_tower`` model). A loss that does not take an entry raises TypeError at the first
+    batch. The loss is ``loss_fn(logits, labels, weights,
     **loss_args)`` (``recsys_dist.models.losses``; default binary cross-entropy, the weighted
     mean over rows); rows with weight 0 (padding) contribute nothing, and a batch of padding
     only gives loss 0 with zero gradients. Logits ``[B, 1]`` are squeezed to ``[B]``.
@@ -74,21 +82,25 @@ class CTRTask(nn.Module):
         mixed = self.bf16_device is not None
         with torch.autocast(self.bf16_device, dtype=torch.bfloat16) if mixed else contextlib.nullcontext():
             sparse = batch.sparse_features if self.remap is None else self.remap(batch.sparse_features, batch.weights)
-            logits = self.model(batch.dense_features, sparse)
-        logits = _one_task(logits).float()
-        loss = _scaled(self.loss(logits, batch.labels, batch.weights), batch.loss_scale)
+            out = self.model(batch.dense_features, sparse)
+        # A dict (logits and the loss's other inputs) is a Python dict of proxies under the
+        # pipeline's fx trace too, so this branch is decided at trace time.
+        extras = {k: v for k, v in out.items() if k != "logits"} if isinstance(out, dict) else {}
+        logits = _one_task(out["logits"] if isinstance(out, dict) else out).float()
+        loss = _scaled(self.loss(logits, batch.labels, batch.weights, **extras), batch.loss_scale)
         return loss, (loss.detach(), logits.detach(), batch.labels, batch.weights)
 
 
 class Loss(nn.Module):
-    """``fn(logits, labels, weights, **args) -> scalar`` as a module (no parameters, no state)."""
+    """``fn(logits, labels, weights, **extras, **args) -> scalar`` as a module (no parameters,
+    no state); ``extras``: the model's outputs besides ``logits`` (see :class:`CTRTask`)."""
 
     def __init__(self, fn, args: dict | None = None) -> None:
         super().__init__()
         self.fn, self.args = fn, dict(args or {})
 
-    def forward(self, logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        return self.fn(logits, labels, weights, **self.args)
+    def forward(self, logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor, **extras) -> torch.Tensor:
+        return self.fn(logits, labels, weights, **extras, **self.args)
 
 
 class MultiTaskLoss(nn.Module):
@@ -105,7 +117,7 @@ class MultiTaskLoss(nn.Module):
         self.losses = nn.ModuleList(Loss(fn, args) for _, fn, args, _ in tasks)
         self.task_weights = [float(t[3]) for t in tasks]
 
-    def forward(self, logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    def forward(self, logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor, **extras) -> torch.Tensor:
         if logits.dim() != 2 or logits.shape[1] != len(self.names):
             raise ValueError(
                 f"the model returned logits of shape {tuple(logits.shape)}; with the tasks {self.names} it must "
@@ -113,7 +125,7 @@ class MultiTaskLoss(nn.Module):
             )
         total = logits.new_zeros(())
         for t, (fn, w) in enumerate(zip(self.losses, self.task_weights)):
-            total = total + w * fn(logits[:, t], labels[:, t], weights)
+            total = total + w * fn(logits[:, t], labels[:, t], weights, **extras)
         return total
 
 

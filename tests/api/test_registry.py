@@ -113,7 +113,9 @@ def test_loss_config_is_checked():
     assert load_config(QUICKSTART, ["train.loss=focal", "train.loss_args={gamma: 1.5}"]).train.loss == "focal"
     with pytest.raises(ConfigError, match=r"train\.loss_args\.beta: focal takes no argument 'beta'"):
         load_config(QUICKSTART, ["train.loss=focal", "train.loss_args={beta: 1}"])
-    with pytest.raises(ConfigError, match=r"train.loss: unknown loss 'hinge'; registered: bce, focal, mse"):
+    with pytest.raises(
+        ConfigError, match=r"train.loss: unknown loss 'hinge'; registered: bce, focal, in_batch_softmax, mse"
+    ):
         load_config(QUICKSTART, ["train.loss=hinge"])
 
 
