@@ -42,7 +42,15 @@ def main(out: Path, kinds: list[str]) -> None:
             if not (run / "summary.json").exists():
                 t0 = time.perf_counter()
                 subprocess.run(
-                    [*cli, "train", *RUNS[kind], "--run-dir", str(run), "train.progress_bar=false", f"train.seed={seed}"],
+                    [
+                        *cli,
+                        "train",
+                        *RUNS[kind],
+                        "--run-dir",
+                        str(run),
+                        "train.progress_bar=false",
+                        f"train.seed={seed}",
+                    ],
                     check=True,
                     capture_output=True,
                 )
