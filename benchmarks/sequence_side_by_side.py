@@ -2,7 +2,7 @@
 sample: 3 seeds each on the same split, then test AUC per seed, and for each sequence model a
 paired bootstrap 95% interval of the mean (over seeds) AUC difference to DeepFM on the test rows,
 and the wall time of each run. Results: benchmarks/results/sequence_din_cpu2core_20261201.md
-(DIN), benchmarks/results/sequence_bst_cpu2core_20261202.md (BST, DIN and DeepFM).
+(DIN), benchmarks/results/sequence_bst_cpu2core_20261201.md (BST, DIN and DeepFM).
 
 Run from the repository root: python benchmarks/sequence_side_by_side.py OUT_DIR [MODEL ...]
 (MODEL among bst, din, deepfm; default all three). Trains 3 runs of 2 CPU ranks per model,
