@@ -130,7 +130,7 @@ class BST(nn.Module):
 
     ``E_k = x_k + p_{pos(k)}``, ``pos = 0`` for the target and ``n - j + 1`` for ``h_j`` (recency:
     1 = the most recent event), capped at ``max_positions - 1``. The paper's position is the
-    bucketed time difference ``t(v_A) - t(v_j)``; the data carry no per-event time, so the rank
+    bucketed time difference ``t(v_A) - t(h_j)``; the data carry no per-event time, so the rank
     in time stands for it.
 
     Then ``num_blocks`` post-norm transformer encoder layers (eq. 1-5):
@@ -142,6 +142,12 @@ class BST(nn.Module):
     F_j]``: the target's position (which attended to the history) and the mean over the real
     history positions (0 for an empty history). Then ``logit = MLP([dense, e_1..e_F, (F_0,
     mean F_j) per sequence])``, with ``e_1..e_F`` the pooled embeddings of every sparse feature.
+
+    ``forward(dense [B, num_dense] float32, kjt)`` returns logits [B, 1].
+
+    Raises:
+        ValueError: no sequence feature, ``target_feature`` not a categorical feature, or
+            ``num_heads`` not dividing ``embedding_dim``.
     """
 
     def __init__(
