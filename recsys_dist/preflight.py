@@ -75,7 +75,7 @@ def section_problems(cfg) -> list[str]:
             keys.append("data.schema.history")
         problems.append(
             f"model.name: {cfg.model.name} reads no sequence features, so {', '.join(keys or seq)} would be "
-            "dropped; use a model that reads them (din) or remove them from data.schema"
+            "dropped; use a model that reads them (din, bst) or remove them from data.schema"
         )
     # s_<feature>: how models.build names the sequence tables (EmbeddingCollection)
     problems += unpooled_type_problems(cfg.sharding, [f"s_{n}" for n in seq])

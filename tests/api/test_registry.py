@@ -38,7 +38,9 @@ def test_switching_model_on_the_command_line_leaves_out_the_files_options_of_the
 
 
 def test_unknown_model_name_lists_the_registered_ones():
-    with pytest.raises(ConfigError, match=r"model\.name: unknown model 'dlrn'; registered: dcnv2, deepfm, din, dlrm"):
+    with pytest.raises(
+        ConfigError, match=r"model\.name: unknown model 'dlrn'; registered: bst, dcnv2, deepfm, din, dlrm"
+    ):
         load_config(QUICKSTART, ["model.name=dlrn"])
 
 

@@ -1,6 +1,10 @@
-"""configs/movielens_din.yaml end to end: trains on 2 ranks with the history's
-EmbeddingCollection table sharded, resumes on 1 rank (twice the per-rank batch) to the same
-result as the uninterrupted run, and predicts."""
+"""configs/movielens_bst.yaml and movielens_din.yaml end to end. BST: trains on 2 ranks with the
+history's EmbeddingCollection table sharded, resumes on 1 rank (twice the per-rank batch) to the
+same result as the uninterrupted run, and predicts. Both runs set the transformer's dropout to 0:
+on another number of ranks the resumed run draws other dropout masks (each rank draws for its
+own rows), so with dropout it continues correctly but not bit for bit. DIN:
+trains on 2 ranks with the table sharded (its checkpoint and resume path is BST's: the same
+EmbeddingCollection and dense parameters)."""
 
 import json
 
@@ -9,26 +13,39 @@ import pytest
 from tests.conftest import ROOT
 from tests.test_quickstart import run_cli
 
+BST = ROOT / "configs" / "movielens_bst.yaml"
 DIN = ROOT / "configs" / "movielens_din.yaml"
-COMMON = ["train.progress_bar=false", "train.max_steps=40", "checkpoint.every_n_steps=20", "checkpoint.keep=2"]
+COMMON = [
+    "train.progress_bar=false",
+    "train.max_steps=40",
+    "checkpoint.every_n_steps=20",
+    "checkpoint.keep=2",
+    "model.transformer_dropout=0",
+]
+
+
+def trains_sharded(config, run_dir, tmp_path, *extra) -> dict:
+    """Train on 2 ranks; check the history table is sharded and the test AUC; return summary.json."""
+    r = run_cli(["train", "--config", str(config), "--run-dir", str(run_dir), *extra], tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    plan = {p["table"]: p for p in json.loads((run_dir / "plan.json").read_text())}
+    assert "s_history" in plan and plan["s_history"]["sharding_type"] != "data_parallel"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert 0.6 < summary["test"]["auc"] < 1, (config.name, summary["test"])
+    return summary
 
 
 @pytest.mark.slow
-def test_movielens_din_trains_sharded_resumes_resharded_and_predicts(tmp_path):
+def test_movielens_bst_and_din_train_sharded_bst_resumes_resharded_and_predicts(tmp_path):
     full = tmp_path / "full"
-    r = run_cli(["train", "--config", str(DIN), "--run-dir", str(full), *COMMON], tmp_path)
-    assert r.returncode == 0, r.stderr[-3000:]
-    plan = {p["table"]: p for p in json.loads((full / "plan.json").read_text())}
-    assert "s_history" in plan and plan["s_history"]["sharding_type"] != "data_parallel"
-    want = json.loads((full / "summary.json").read_text())
-    assert 0.6 < want["test"]["auc"] < 1
+    want = trains_sharded(BST, full, tmp_path, *COMMON)
 
     resumed = tmp_path / "resumed"
     r = run_cli(
         [
             "train",
             "--config",
-            str(DIN),
+            str(BST),
             "--run-dir",
             str(resumed),
             "--resume",
@@ -41,11 +58,19 @@ def test_movielens_din_trains_sharded_resumes_resharded_and_predicts(tmp_path):
     )
     assert r.returncode == 0, r.stderr[-3000:]
     got = json.loads((resumed / "summary.json").read_text())
+    # 1 rank x 128 rows sums the gradients in another order than 2 x 64: the transformer's
+    # softmax and LayerNorm carry that rounding to the predictions, and one swapped pair of the
+    # ~960,000 test pairs moves AUC by 1e-6, so AUC is compared at 1e-5 (10 pairs), logloss at 1e-6
     for split in ("validation", "test"):
-        for k in ("auc", "logloss"):
-            assert got[split][k] == pytest.approx(want[split][k], abs=1e-6), (split, k)
+        assert got[split]["auc"] == pytest.approx(want[split]["auc"], abs=1e-5), split
+        assert got[split]["logloss"] == pytest.approx(want[split]["logloss"], abs=1e-6), split
 
     (manifest,) = (tmp_path / "cache").glob("*/manifest.json")
     preds = tmp_path / "preds.parquet"
     p = run_cli(["predict", str(full), "--data", str(manifest.parent / "test.parquet"), "--out", str(preds)], tmp_path)
     assert p.returncode == 0, p.stderr[-2000:]
+
+    # DIN on the same conversion (one cache entry): trains sharded; 30 steps, no checkpoints
+    trains_sharded(
+        DIN, tmp_path / "din", tmp_path, "train.progress_bar=false", "train.max_steps=30", "checkpoint.enabled=false"
+    )
