@@ -98,9 +98,15 @@ def cmd_train(args: argparse.Namespace) -> int:
     from recsys_dist.distributed import under_launcher
 
     cfg = load_config(args.config, _train_overrides(args))
+    worker = args.worker or under_launcher()
+    if not worker and cfg.distributed.nproc_per_node > 1 and start_method(cfg) == "fork":
+        # The ranks fork from this process, and an OpenMP pool started here would hang
+        # theirs: this process computes on one thread (set before any tensor work).
+        import torch
+
+        torch.set_num_threads(1)
     check_before_launch(cfg, int(os.environ["WORLD_SIZE"]) if under_launcher() else None)
     _quiet_third_party()
-    worker = args.worker or under_launcher()
     run_dir = Path(args.run_dir) if args.run_dir else run_dirs.default_run_dir(args.config)
     if worker:
         from recsys_dist.distributed import die_with_launcher
@@ -287,15 +293,15 @@ def _train_worker(args: argparse.Namespace, cfg, run_dir: Path, resume: Path | N
         if not (getattr(err, "every_rank", False) and (args.worker or rank != 0)):
             print(f"recsys-dist [rank {rank}]: {err}", file=sys.stderr)
         sys.stderr.flush()
-        os._exit(1)
+        return 1
     if summary and not args.worker and int(os.environ.get("RANK", 0)) == 0:
         _print_summary(summary)
-    # Everything is written and the process group is gone. Leave without interpreter
-    # finalisation: a native thread torn down there aborted a finished worker with
-    # SIGABRT ("terminate called without an active exception") in about 1 run in 40.
+    # Everything is written and the process group is gone. The callers (``run``, the
+    # launcher's ``cli_rank``) leave without interpreter finalisation: a native thread torn
+    # down there aborted a finished worker with SIGABRT in about 1 run in 40.
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)
+    return 0
 
 
 def _launch_ranks(args: argparse.Namespace, cfg, run_dir: Path, resume: Path | None) -> dict | None:
@@ -304,7 +310,7 @@ def _launch_ranks(args: argparse.Namespace, cfg, run_dir: Path, resume: Path | N
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-    from recsys_dist.launch import failure_message, launch_workers
+    from recsys_dist.launch import failure_message, first_failure, launch_workers
 
     # The elastic agent's own handlers turn SIGTERM / SIGINT / SIGHUP into SignalException
     # once the ranks run; it stops them (SIGTERM, then SIGKILL) before raising it.
@@ -312,14 +318,36 @@ def _launch_ranks(args: argparse.Namespace, cfg, run_dir: Path, resume: Path | N
     try:
         extra = (["--profile"] if args.profile else []) + (["--resume", str(resume)] if resume else [])
         with _signals_stop():
-            launch_workers(run_dir, cfg.distributed.nproc_per_node, cfg.distributed.max_restarts, extra)
+            launch_workers(
+                run_dir, cfg.distributed.nproc_per_node, cfg.distributed.max_restarts, extra, start_method(cfg)
+            )
     except SignalException as err:
         raise Stopped(int(err.sigval)) from None
     except ChildFailedError as err:
-        rank, first = err.get_first_failure()
+        rank, first = first_failure(err)
         print(f"recsys-dist: training failed on rank {rank}:\n{failure_message(first)}", file=sys.stderr)
         return None
     return run_dirs.read_summary(run_dir)
+
+
+def start_method(cfg) -> str:
+    """How ``recsys-dist train`` starts its ranks: ``distributed.start_method``, where ``auto``
+    is ``fork`` on CPU and ``spawn`` on CUDA.
+
+    Raises:
+        ConfigError: ``fork`` with a CUDA device (CUDA does not survive a fork).
+    """
+    from recsys_dist.distributed import resolve_device
+
+    cuda = resolve_device(cfg.distributed.device).type == "cuda"
+    method = cfg.distributed.start_method
+    if method == "auto":
+        return "spawn" if cuda else "fork"
+    if method == "fork" and cuda:
+        raise ConfigError(
+            "distributed.start_method: fork cannot start CUDA ranks (CUDA does not survive a fork); use spawn or auto"
+        )
+    return method
 
 
 def _user_errors() -> tuple:

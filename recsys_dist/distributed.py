@@ -26,6 +26,12 @@ class DistributedConfig(Section):
     nproc_per_node: int = Field(1, gt=0, description="Ranks to launch on this node (ignored under torchrun).")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto = cuda when available, else cpu.")
     max_restarts: int = Field(0, ge=0, description="Elastic agent restarts of the whole worker group.")
+    start_method: Literal["auto", "fork", "spawn"] = Field(
+        "auto",
+        description="How `recsys-dist train` starts its ranks on this node. fork: they inherit the launcher's "
+        "imports (torch and torchrec: about 6 CPU-seconds per rank); spawn: fresh interpreters. auto = fork "
+        "on CPU, spawn on CUDA (CUDA does not survive a fork; fork with CUDA is an error).",
+    )
     cpu_threads_per_rank: int | None = Field(
         None,
         gt=0,

@@ -160,38 +160,96 @@ def _failure_traceback(failure) -> str:
     return ""
 
 
-def launch_workers(run_dir: Path, nproc_per_node: int, max_restarts: int, extra_args: list[str] = ()) -> None:
-    """Run ``recsys-dist train`` on ``nproc_per_node`` local ranks via ``torch.distributed.run``.
+def launch_workers(
+    run_dir: Path, nproc_per_node: int, max_restarts: int, extra_args: list[str] = (), start_method: str = "spawn"
+) -> None:
+    """Run ``recsys-dist train`` on ``nproc_per_node`` local ranks through torch.distributed's
+    elastic launcher (``elastic_launch``, torchrun's agent, standalone c10d rendezvous).
 
-    The workers read the resolved ``run_dir/config.yaml``. Raises
-    ``torch.distributed.elastic.multiprocessing.errors.ChildFailedError`` when a rank fails
-    (after ``max_restarts`` restarts of the whole group); its message carries the first
-    failing rank's traceback.
+    The workers read the resolved ``run_dir/config.yaml``. ``start_method``: ``"fork"`` (CPU:
+    the ranks inherit this process's imports, about 6 CPU-seconds of torch and torchrec per
+    rank) or ``"spawn"`` (fresh interpreters; CUDA does not survive a fork). Forking is safe
+    here because this process never ran a multi-threaded OpenMP region (``cmd_train`` keeps
+    it at one intra-op thread) and holds no process group; each forked rank restores the
+    default signal handlers before it starts.
+
+    Raises ``torch.distributed.elastic.multiprocessing.errors.ChildFailedError`` when a rank
+    fails (after ``max_restarts`` restarts of the whole group); it names the first failing
+    rank and carries its error.
     """
-    from torch.distributed.run import get_args_parser, run
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    # torchrun would force OMP_NUM_THREADS=1 with a warning; give each rank its share.
-    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc_per_node)))
-    args = get_args_parser().parse_args(
-        [
-            "--standalone",
-            f"--nproc_per_node={nproc_per_node}",
-            f"--max_restarts={max_restarts}",
-            "--module",
-            "recsys_dist.cli",
-            "train",
-            "--config",
-            str(run_dir / "config.yaml"),
-            "--run-dir",
-            str(run_dir),
-            "--worker",
-            *extra_args,
-        ]
+    config = LaunchConfig(
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=nproc_per_node,
+        run_id=str(uuid.uuid4()),
+        rdzv_backend="c10d",  # torchrun --standalone: a c10d store on a free local port
+        rdzv_endpoint="localhost:0",
+        max_restarts=max_restarts,
+        start_method=start_method,
     )
     from recsys_dist.distributed import LAUNCHER_PID_ENV
 
     os.environ[LAUNCHER_PID_ENV] = str(os.getpid())  # the ranks die with this process
     # The launcher's own INFO lines would drown the summary.
     logging.getLogger("torch.distributed.elastic").setLevel(logging.WARNING)
+    # It logs a failed rank with the launcher's traceback; the caller reports the rank's error.
+    logging.getLogger("torch.distributed.elastic.multiprocessing.api").setLevel(logging.CRITICAL)
+    argv = ["train", "--config", str(run_dir / "config.yaml"), "--run-dir", str(run_dir), "--worker", *extra_args]
     sys.stdout.flush()
-    run(args)
+    sys.stderr.flush()
+    elastic_launch(config, cli_rank)(argv)
+
+
+def cli_rank(argv: list[str]) -> int:
+    """What every rank of :func:`launch_workers` runs: ``recsys-dist <argv>`` in this process.
+
+    A failed rank leaves with its exit code (the agent reports it with the error the rank
+    recorded); a finished one returns 0 to the agent."""
+    import signal
+
+    # A forked rank inherits the launcher's handlers (the agent's SIGTERM -> SignalException).
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    import traceback
+
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    from recsys_dist.cli import main
+
+    try:
+        code = record(main)(argv)  # an exception is recorded (error.json) for the launcher
+    except BaseException:  # noqa: BLE001 - leave now, so this rank is the one the launcher sees fail first
+        traceback.print_exc()
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if code:
+        os._exit(code)
+    return 0
+
+
+def first_failure(err) -> tuple[int, Any]:
+    """The rank that failed first in a ``ChildFailedError`` of :func:`launch_workers`, and its
+    ``ProcessFailure``: of every rank that recorded an error (``error.json`` beside the
+    reported one), the earliest written. The agent reports the first rank it saw exit,
+    which may be a peer that failed only because the first one's connections closed."""
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    rank, failure = err.get_first_failure()
+    path = Path(failure.error_file) if failure.error_file else None
+    if path is None or not path.parent.parent.is_dir():
+        return rank, failure
+    written = [
+        (p.stat().st_mtime_ns, int(p.parent.name), p)
+        for p in path.parent.parent.glob("*/error.json")
+        if p.parent.name.isdigit()
+    ]
+    if not written:
+        return rank, failure
+    _, first, file = min(written)
+    if first == failure.local_rank:
+        return rank, failure
+    return rank - failure.local_rank + first, ProcessFailure(first, -1, 1, str(file))
