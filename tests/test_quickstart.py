@@ -201,12 +201,13 @@ def test_world_size_1_and_2_give_the_same_numbers(tmp_path):
     """Same global batch (64) on 1 rank and on 2 ranks x 32, row-wise vs unsharded tables.
 
     Embedding init depends on (seed, table, row) only (recsys_dist.state.init_tables), so
-    both runs start from the same model; tolerance 1e-5 (float32 reduction order)."""
+    both runs start from the same model; tolerance 1e-5 (float32 reduction order). The 2-rank
+    run spawns its ranks (the CUDA way) instead of forking them (the CPU default)."""
     common = [*FAST, "train.deterministic=true", "checkpoint.enabled=false"]
     runs = {}
     for name, extra in {
         "ws1": ["distributed.nproc_per_node=1", "train.batch_size=64"],
-        "ws2": ["sharding.sharding_types=[row_wise]"],
+        "ws2": ["sharding.sharding_types=[row_wise]", "distributed.start_method=spawn"],
     }.items():
         r = run_cli(
             ["train", "--config", str(QUICKSTART), "--run-dir", str(tmp_path / name), *common, *extra], tmp_path
