@@ -83,3 +83,11 @@ def test_decay_exponent_with_lfu_is_refused():
         load_config(QUICKSTART, ["data.categorical_mapping=managed", managed % "lfu"])
     for policy in ("lru", "distance_lfu"):
         load_config(QUICKSTART, ["data.categorical_mapping=managed", managed % policy])
+
+
+def test_ranks_fork_on_cpu_spawn_on_cuda_and_fork_with_cuda_is_refused():
+    assert cli.start_method(load_config(QUICKSTART, ["distributed.device=cpu"])) == "fork"
+    assert cli.start_method(load_config(QUICKSTART, ["distributed.device=cuda"])) == "spawn"
+    assert cli.start_method(load_config(QUICKSTART, ["distributed.start_method=spawn"])) == "spawn"
+    with pytest.raises(ConfigError, match="distributed.start_method: fork cannot start CUDA ranks"):
+        cli.start_method(load_config(QUICKSTART, ["distributed.device=cuda", "distributed.start_method=fork"]))
