@@ -330,9 +330,12 @@ def _launch_ranks(args: argparse.Namespace, cfg, run_dir: Path, resume: Path | N
     return run_dirs.read_summary(run_dir)
 
 
+_ENTRY_POINT = False  # set by run(): this process is the recsys-dist command
+
+
 def start_method(cfg) -> str:
     """How ``recsys-dist train`` starts its ranks: ``distributed.start_method``, where ``auto``
-    is ``fork`` on CPU and ``spawn`` on CUDA.
+    is ``fork`` on CPU when this process is the ``recsys-dist`` command, else ``spawn``.
 
     Raises:
         ConfigError: ``fork`` with a CUDA device (CUDA does not survive a fork).
@@ -342,7 +345,9 @@ def start_method(cfg) -> str:
     cuda = resolve_device(cfg.distributed.device).type == "cuda"
     method = cfg.distributed.start_method
     if method == "auto":
-        return "spawn" if cuda else "fork"
+        # Only a process that `recsys-dist` itself started is known to hold no OpenMP pool
+        # (see cmd_train); called from other Python code, main() spawns.
+        return "fork" if _ENTRY_POINT and not cuda else "spawn"
     if method == "fork" and cuda:
         raise ConfigError(
             "distributed.start_method: fork cannot start CUDA ranks (CUDA does not survive a fork); use spawn or auto"
@@ -362,6 +367,8 @@ def run() -> None:
     """Console entry point: ``main()``, then leave without interpreter finalisation, which
     aborted ~1 run in 5 with SIGABRT when a native (pyarrow / torch) thread was still being
     torn down after an error had already been reported."""
+    global _ENTRY_POINT
+    _ENTRY_POINT = True
     code = main()
     sys.stdout.flush()
     sys.stderr.flush()

@@ -30,7 +30,9 @@ class DistributedConfig(Section):
         "auto",
         description="How `recsys-dist train` starts its ranks on this node. fork: they inherit the launcher's "
         "imports (torch and torchrec: about 6 CPU-seconds per rank); spawn: fresh interpreters. auto = fork "
-        "on CPU, spawn on CUDA (CUDA does not survive a fork; fork with CUDA is an error).",
+        "on CPU when train runs as the recsys-dist command (a fresh process), otherwise spawn (CUDA does not "
+        "survive a fork: fork with CUDA is an error; a process that already computed may hold an OpenMP pool "
+        "whose copy hangs a forked rank).",
     )
     cpu_threads_per_rank: int | None = Field(
         None,

@@ -24,10 +24,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(rank: int, world_size: int, port: int, fn: Callable, args: tuple, queue, backend: str) -> None:
+def _worker(
+    rank: int, world_size: int, port: int, fn: Callable, args: tuple, queue, backend: str, env: dict | None
+) -> None:
     import torch
     import torch.distributed as dist
 
+    if env is not None:  # a forkserver's child starts with the server's environment
+        os.environ.clear()
+        os.environ.update(env)
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
@@ -62,23 +67,29 @@ def run_ranks(
 ) -> list:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` new ranks (gloo, or nccl on GPUs).
 
-    ``start_method``: ``"fork"`` or ``"spawn"``; by default ``fork`` for gloo (the ranks
-    inherit this process's imports: importing torchrec costs a new process ~6 CPU-seconds)
-    and ``spawn`` for nccl (CUDA does not survive a fork). A forked rank sets one intra-op
-    thread before any work, since an OpenMP pool copied by fork hangs on first use; this
-    process must not be inside a collective or hold a process group when it forks.
+    ``start_method``: ``"forkserver"`` (default for gloo) forks the ranks from one clean
+    server process started on first use, which has imported torch, torchrec and recsys_dist
+    once (a new interpreter spends ~6 CPU-seconds on them) and is reused by later calls of
+    this process; the ranks get this process's current environment. ``"spawn"`` (default
+    for nccl) starts fresh interpreters. Plain ``fork`` is not offered: a copy of an OpenMP
+    pool this process used hangs a rank that computes on more than one thread.
 
     ``fn`` must be importable (defined at module level); its return value must pickle.
     Returns the results in rank order. Raises RuntimeError with the first failing rank's
     traceback, or on timeout.
     """
     if start_method is None:
-        start_method = "spawn" if backend == "nccl" else "fork"
+        start_method = "spawn" if backend == "nccl" else "forkserver"
+    if start_method not in ("forkserver", "spawn"):
+        raise ValueError(f"run_ranks: start_method must be 'forkserver' or 'spawn', got {start_method!r}")
     ctx = mp.get_context(start_method)
+    if start_method == "forkserver":
+        ctx.set_forkserver_preload(["torch", "torchrec", "torchrec.distributed", "recsys_dist.trainer"])
+    env = dict(os.environ) if start_method == "forkserver" else None
     queue = ctx.Queue()
     port = free_port()
     procs = [
-        ctx.Process(target=_worker, args=(r, world_size, port, fn, args, queue, backend), daemon=True)
+        ctx.Process(target=_worker, args=(r, world_size, port, fn, args, queue, backend, env), daemon=True)
         for r in range(world_size)
     ]
     for p in procs:

@@ -85,7 +85,9 @@ def test_decay_exponent_with_lfu_is_refused():
         load_config(QUICKSTART, ["data.categorical_mapping=managed", managed % policy])
 
 
-def test_ranks_fork_on_cpu_spawn_on_cuda_and_fork_with_cuda_is_refused():
+def test_ranks_fork_on_cpu_spawn_on_cuda_and_fork_with_cuda_is_refused(monkeypatch):
+    assert cli.start_method(load_config(QUICKSTART, ["distributed.device=cpu"])) == "spawn"  # main() from Python
+    monkeypatch.setattr(cli, "_ENTRY_POINT", True)  # the recsys-dist command
     assert cli.start_method(load_config(QUICKSTART, ["distributed.device=cpu"])) == "fork"
     assert cli.start_method(load_config(QUICKSTART, ["distributed.device=cuda"])) == "spawn"
     assert cli.start_method(load_config(QUICKSTART, ["distributed.start_method=spawn"])) == "spawn"
