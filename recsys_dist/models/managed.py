@@ -477,8 +477,9 @@ def _gather_per_key(parts: list[torch.Tensor]) -> list[torch.Tensor]:
 
 
 def build_remap(cfg, sparse_names: list[str], sizes: list[int], device: torch.device | None = None) -> ManagedRemap:
-    """The :class:`ManagedRemap` of a run config under ``data.categorical_mapping: managed``:
-    one module per feature, ``num_embeddings`` rows each; the history holds
+    """The :class:`ManagedRemap` of a run config's managed features (``data.categorical_mapping:
+    managed``: every feature; else ``data.managed.features``): one module per managed feature of
+    ``sparse_names``, ``num_embeddings`` (``sizes``) rows each; the history holds
     ``eviction_interval`` global batches (``train.batch_size`` x ranks: the process group's, else
     ``distributed.nproc_per_node``) of ``data.multi_hot_sizes`` (default one) ids per feature.
     A checkpoint resumes at another world size when the global batch stays the same."""
@@ -486,6 +487,7 @@ def build_remap(cfg, sparse_names: list[str], sizes: list[int], device: torch.de
     ranks = dist.get_world_size() if dist.is_available() and dist.is_initialized() else cfg.distributed.nproc_per_node
     global_batch = cfg.train.batch_size * ranks
     hot = cfg.data.multi_hot_sizes or [1] * len(sparse_names)
+    managed = set(cfg.data.managed_features())
     return ManagedRemap(
         {
             f: ReplicatedMCH(
@@ -499,6 +501,7 @@ def build_remap(cfg, sparse_names: list[str], sizes: list[int], device: torch.de
                 name=f,
             )
             for f, n, h in zip(sparse_names, sizes, hot)
+            if f in managed
         }
     )
 
