@@ -205,6 +205,7 @@ class ManagedRemap(nn.Module):
             for m in mods
         )
         self._key_index: dict[tuple, list[int]] = {}
+        self._bufs: dict[str, list[torch.Tensor]] | None = None
 
     def forward(self, kjt: KeyedJaggedTensor, weights: torch.Tensor | None = None) -> KeyedJaggedTensor:
         t0 = time.perf_counter()
@@ -213,6 +214,22 @@ class ManagedRemap(nn.Module):
             self.train_seconds += time.perf_counter() - t0
             self.train_calls += 1
         return out
+
+    def _buffers_of(self, mods: list[ReplicatedMCH]) -> dict[str, list[torch.Tensor]]:
+        """The modules' state tensors by name, in feature order (cached: reading a buffer
+        through ``nn.Module.__getattr__`` per feature per step costs more than the step's
+        tensor work on small tables; refreshed when a buffer object changes, e.g. ``.to``)."""
+        cached = getattr(self, "_bufs", None)
+        if (
+            cached is None
+            or any(cached["_mch_sorted_raw_ids"][i] is not m._mch_sorted_raw_ids for i, m in enumerate(mods))
+            or any(cached["_hist_ids"][i] is not m._hist_ids for i, m in enumerate(mods))
+        ):
+            names = ["_mch_sorted_raw_ids", "_mch_remapped_ids_mapping", "_hist_ids", "_hist_iter", "_counters"]
+            names += ["_current_iter_tensor"] + (["_mch_counts"] if self._batched_round else [])
+            cached = {n: [getattr(m, n) for m in mods] for n in names}
+            self._bufs = cached
+        return cached
 
     def _positions(self, keys: list[str]) -> list[int]:
         """Per managed feature, its index in ``keys`` (-1: absent); cached per key list."""
@@ -235,11 +252,12 @@ class ManagedRemap(nn.Module):
             keep = per_row if values.numel() == lengths.numel() else per_row[_row_of_value(lengths, values.numel())]
         keeps = list(torch.split(keep, kjt.length_per_key())) if keep is not None else [None] * len(keys)
         mods = list(self.mch.values())
+        bufs = self._buffers_of(mods)
         if self.training:
             mine = [_real(parts[j], keeps[j]) if j >= 0 else _EMPTY for j in pos]
             glob = _gather_per_key(mine) if self.gather else mine
             if self._batched_round:
-                _record_all(mods, glob)
+                _record_all(mods, bufs, glob)
             else:
                 for m, g in zip(mods, glob):
                     m.record(g)
@@ -248,8 +266,8 @@ class ManagedRemap(nn.Module):
             sel = [mods[i] for i in present]
             queries = [parts[pos[i]] for i in present]
             rows, miss = batched_lookup(
-                [m._mch_sorted_raw_ids for m in sel],
-                [m._mch_remapped_ids_mapping for m in sel],
+                [bufs["_mch_sorted_raw_ids"][i] for i in present],
+                [bufs["_mch_remapped_ids_mapping"][i] for i in present],
                 queries,
                 [m._zch_size - 1 for m in sel],
             )
@@ -347,25 +365,29 @@ def _lex_order(keys: torch.Tensor, segments: torch.Tensor, descending: bool = Fa
 
 
 @torch.no_grad()
-def batched_lfu_round(mods: list[ReplicatedMCH], hists: list[torch.Tensor], k: int) -> None:
+def batched_lfu_round(
+    tsizes: list[int], state: dict[str, list[torch.Tensor]], hists: list[torch.Tensor], k: int
+) -> None:
     """One lfu round (TorchRec's ``MCHManagedCollisionModule._coalesce_history`` with
     ``LFU_EvictionPolicy`` and the ``counts >= k`` admission filter) of several features at
     once, updating their sorted raw ids, rows and counts in place and their eviction /
-    admission counters. ``hists``: per feature, the pending history (int64, non-empty).
+    admission counters. ``tsizes``: per feature, its rows (zch_size); ``state``: per feature its
+    ``ReplicatedMCH`` tensors ``_mch_sorted_raw_ids``, ``_mch_remapped_ids_mapping``,
+    ``_mch_counts`` and ``_counters``; ``hists``: per feature, the pending history (int64,
+    non-empty).
 
     Same result as the per-feature TorchRec round, step for step: per feature the distinct
     ids by count (descending, ties by ascending id), the table's counts updated, the last
     (default) slot pinned at the highest count, table and new ids ranked by count (stable:
     table entries before new ids, each in order), the best ``rows`` kept, the i-th evicted
     slot given to the i-th admitted id, the table re-sorted by raw id."""
-    f_all = len(mods)
-    tsizes = [m._zch_size for m in mods]
+    f_all = len(tsizes)
     tf = _segment_ids(tsizes)
     tstart = torch.tensor([0] + tsizes[:-1], dtype=torch.int64).cumsum(0)
     tsz = torch.tensor(tsizes, dtype=torch.int64)
-    ids = torch.cat([m._mch_sorted_raw_ids for m in mods])
-    rows = torch.cat([m._mch_remapped_ids_mapping for m in mods])
-    counts = torch.cat([m._mch_counts for m in mods])
+    ids = torch.cat(state["_mch_sorted_raw_ids"])
+    rows = torch.cat(state["_mch_remapped_ids_mapping"])
+    counts = torch.cat(state["_mch_counts"])
     # distinct ids and counts per feature (torch.unique per feature: ascending ids)
     h = torch.cat(hists)
     hf = _segment_ids([x.numel() for x in hists])
@@ -409,44 +431,48 @@ def batched_lfu_round(mods: list[ReplicatedMCH], hists: list[torch.Tensor], k: i
     # re-sort each table by raw id
     o = _lex_order(ids, tf)
     ids, rows, counts = ids[o], rows[o], counts[o]
-    torch._foreach_copy_([m._mch_sorted_raw_ids for m in mods], list(torch.split(ids, tsizes)))
-    torch._foreach_copy_([m._mch_remapped_ids_mapping for m in mods], list(torch.split(rows, tsizes)))
-    torch._foreach_copy_([m._mch_counts for m in mods], list(torch.split(counts, tsizes)))
+    torch._foreach_copy_(state["_mch_sorted_raw_ids"], list(torch.split(ids, tsizes)))
+    torch._foreach_copy_(state["_mch_remapped_ids_mapping"], list(torch.split(rows, tsizes)))
+    torch._foreach_copy_(state["_mch_counts"], list(torch.split(counts, tsizes)))
     got = torch.bincount(tf[evicted], minlength=f_all)
     filled = torch.bincount(tf[evicted][was_empty], minlength=f_all)
-    for m, g, fl in zip(mods, got.tolist(), filled.tolist()):
-        m._counters[2] += g - fl
-        m._counters[3] += g
+    # [evictions, admissions] per feature, added to _counters[2:4]
+    torch._foreach_add_([c[2:] for c in state["_counters"]], list(torch.stack([got - filled, got], 1).unbind(0)))
 
 
-def _record_all(mods: list[ReplicatedMCH], glob: list[torch.Tensor]) -> None:
+def _record_all(mods: list[ReplicatedMCH], bufs: dict[str, list[torch.Tensor]], glob: list[torch.Tensor]) -> None:
     """:meth:`ReplicatedMCH.record` of every feature, with one batched lfu round for all
-    features due (per feature through TorchRec when a step's ids overflow a history)."""
-    ctr = torch.stack([m._counters for m in mods]).tolist()
-    it = int(mods[0]._current_iter_tensor.item()) + 1
-    fits = all(c[0] + g.numel() <= m._hist_ids.numel() for m, g, c in zip(mods, glob, ctr))
-    same = all(int(m._current_iter_tensor.item()) + 1 == it for m in mods)
-    if not (fits and same):
+    features due (per feature through TorchRec when a step's ids overflow a history).
+    ``bufs``: the modules' state tensors by name (:meth:`ManagedRemap._buffers_of`)."""
+    ctr = torch.stack(bufs["_counters"]).tolist()
+    iters = torch.stack(bufs["_current_iter_tensor"]).view(-1).tolist()
+    it = int(iters[0]) + 1
+    hist, hist_iter = bufs["_hist_ids"], bufs["_hist_iter"]
+    fits = all(c[0] + g.numel() <= h.numel() for h, g, c in zip(hist, glob, ctr))
+    if not (fits and all(i + 1 == it for i in iters)):
         for m, g in zip(mods, glob):
             m.record(g)
         return
     due, hists = [], []
-    torch._foreach_add_([m._current_iter_tensor for m in mods], 1)
-    for m, g, c in zip(mods, glob, ctr):
-        m._current_iter = it
+    torch._foreach_add_(bufs["_current_iter_tensor"], 1)
+    for i, (m, g, c) in enumerate(zip(mods, glob, ctr)):
         n = c[0]
-        m._hist_ids[n : n + g.numel()] = g
-        m._hist_iter[n : n + g.numel()] = it
+        hist[i][n : n + g.numel()] = g
+        hist_iter[i][n : n + g.numel()] = it
         c[0] = n + g.numel()
         if it - c[1] >= m._eviction_interval:
             if c[0]:
-                due.append(m)
-                hists.append(m._hist_ids[: c[0]])
+                due.append(i)
+                hists.append(hist[i][: c[0]])
             c[0], c[1] = 0, it
     if due:
-        batched_lfu_round(due, hists, mods[0].admission_min_count)
+        sub = {
+            k: [bufs[k][i] for i in due] for k in ("_mch_sorted_raw_ids", "_mch_remapped_ids_mapping", "_mch_counts")
+        }
+        sub["_counters"] = [bufs["_counters"][i] for i in due]
+        batched_lfu_round([mods[i]._zch_size for i in due], sub, hists, mods[0].admission_min_count)
     new = torch.tensor([c[:2] for c in ctr], dtype=torch.int64)
-    torch._foreach_copy_([m._counters[:2] for m in mods], list(new.unbind(0)))
+    torch._foreach_copy_([c[:2] for c in bufs["_counters"]], list(new.unbind(0)))
 
 
 def _real(values: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
