@@ -55,7 +55,9 @@ def main() -> None:
     p.add_argument("--code", action="append", type=Path, help="checkout to run managed with (default: this one)")
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--out", help="keep the run directories here")
-    p.add_argument("overrides", nargs="*", help="config overrides for every run, e.g. data.managed.eviction_interval=10")
+    p.add_argument(
+        "overrides", nargs="*", help="config overrides for every run, e.g. data.managed.eviction_interval=10"
+    )
     args = p.parse_args()
     codes = [c.resolve() for c in (args.code or [ROOT])]
     rows = []
@@ -64,7 +66,9 @@ def main() -> None:
         for rep in range(args.repeats):
             runs = [(codes[0], "avazu_hashmod.yaml")] + [(c, "avazu_managed.yaml") for c in codes]
             for i, (code, config) in enumerate(runs):
-                extra = [o for o in args.overrides if config == "avazu_managed.yaml" or not o.startswith("data.managed")]
+                extra = [
+                    o for o in args.overrides if config == "avazu_managed.yaml" or not o.startswith("data.managed")
+                ]
                 rows.append(train(code, config, out / f"{rep}-{i}-{config.removesuffix('.yaml')}", extra))
                 print(json.dumps(rows[-1]), flush=True)
     base = [r["samples_per_s"] for r in rows if r["config"] == "avazu_hashmod.yaml"]
