@@ -28,8 +28,10 @@ state), as TorchRec's unsharded ``ManagedCollisionEmbeddingBagCollection`` does 
 
 Costs: 24-32 bytes per row per feature on every rank (raw id, row, count / last access),
 the history (8-16 bytes per id value of ``eviction_interval`` global batches), one
-all_gather of the step's ids (8 bytes per id value per rank) and a sort per feature per
-eviction round.
+all_gather of the step's ids of all features (8 bytes per id value per rank) and, per step,
+one batched lookup and (lfu) one batched eviction round for all features together
+(:func:`batched_lookup`, :func:`batched_lfu_round`: the same state as TorchRec's per-feature
+calls, which cost more in per-call overhead than the work on small tables).
 """
 
 from __future__ import annotations
