@@ -332,7 +332,8 @@ def check_compatible(
             diffs.append(f"data.schema.{k} {o!r} -> {n!r}")
     if sizes is not None and meta.get("num_embeddings") not in (None, list(sizes)):
         diffs.append(f"table sizes {meta['num_embeddings']} -> {list(sizes)}")
-    if new_data.get("categorical_mapping") == "managed" and world_size is not None and "world_size" in meta:
+    managed_now = new_data.get("categorical_mapping") == "managed" or (new_data.get("managed") or {}).get("features")
+    if managed_now and world_size is not None and "world_size" in meta:
         old_b, new_b = saved.get("train", {}).get("batch_size"), config.get("train", {}).get("batch_size")
         if old_b is not None and new_b is not None and old_b * meta["world_size"] != new_b * world_size:
             diffs.append(

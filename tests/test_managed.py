@@ -165,3 +165,134 @@ def test_managed_state_round_trip_resumes_exactly():
         assert torch.equal(ra, rb)
     for k, v in a.state_dict().items():
         assert torch.equal(v, b.state_dict()[k]), k
+
+
+@pytest.mark.parametrize("interval,admission", [(1, 1), (2, 2), (3, 1)])
+def test_batched_managed_step_matches_torchrec_per_feature(interval, admission):
+    """The batched step (one lookup and one lfu round for all features) against TorchRec's
+    per-feature MCH rounds and ``_mch_remap``: same rows, same state, same counts, step for
+    step; features of different sizes, multi-hot bags, padding rows, a history that overflows."""
+    import torch
+    from torchrec import KeyedJaggedTensor
+
+    from recsys_dist.models.managed import ManagedRemap, ReplicatedMCH
+
+    sizes = {"a": 2, "b": 7, "c": 41, "d": 3}
+    cap = 40  # some steps do not fit: their round runs early (per feature, through TorchRec)
+
+    def remap():
+        return ManagedRemap(
+            {
+                f: ReplicatedMCH(
+                    zch_size=n,
+                    eviction="lfu",
+                    eviction_interval=interval,
+                    admission_min_count=admission,
+                    history_capacity=cap,
+                )
+                for f, n in sizes.items()
+            }
+        )
+
+    fast, slow = remap(), remap()
+    slow._batched_round = False
+    assert fast._batched_round
+    g = torch.Generator().manual_seed(0)
+    for step in range(25):
+        b = 8
+        lengths = torch.randint(0, 3, (len(sizes) * b,), generator=g, dtype=torch.int32)
+        per_key = lengths.view(len(sizes), b).sum(1).tolist()
+        values = torch.cat(
+            [
+                (torch.randint(0, 4 * n + 3, (k,), generator=g) ** 2) // (4 * n + 3) + (1 << 45)
+                for n, k in zip(sizes.values(), per_key)
+            ]
+        )
+        kjt = KeyedJaggedTensor(keys=list(sizes), values=values, lengths=lengths, stride=b)
+        weights = (torch.rand(b, generator=g) > 0.2).float()
+        if step % 7 == 6:
+            fast.eval(), slow.eval()
+        else:
+            fast.train(), slow.train()
+        got = fast(kjt, weights).values()
+        assert torch.equal(got, slow(kjt, weights).values()), step
+        # TorchRec's own lookup (_mch_remap) with the state after this step's round
+        parts = torch.split(values, per_key)
+        want = torch.cat([slow.mch[f].remap_values(p) for f, p in zip(sizes, parts)])
+        assert torch.equal(got, want), step
+        for k, v in slow.state_dict().items():
+            assert torch.equal(fast.state_dict()[k], v), (step, k)
+    for split in ("train", "score"):
+        assert torch.equal(fast.read_lookups(split, reduce=False), slow.read_lookups(split, reduce=False))
+    assert any(m.stats()["evictions"] > 0 for m in fast.mch.values())
+
+
+def test_managed_for_some_features(tmp_path, cache_dir):
+    """data.managed.features: managed tables for C1 and C2, hash-mod (or the vocabulary) for
+    the rest: the converter writes raw 63-bit ids only for those two, the model remaps only
+    them, and options a feature's mapping does not use are errors."""
+    import pyarrow.parquet as pq
+    import torch
+
+    from recsys_dist.data import feature_names, prepare_from_config
+    from recsys_dist.data.loader import ParquetBatchLoader
+    from recsys_dist.data.mapping import MANAGED_ID_SPACE, hash_ids, loader_id_bounds, managed_ids
+    from recsys_dist.models.build import build_model, table_sizes
+    from recsys_dist.models.managed import find_remap
+    from tests.conftest import base_row
+
+    def errors(*overrides):
+        with pytest.raises(ConfigError) as e:
+            load_config(QUICKSTART, list(overrides))
+        return str(e.value)
+
+    some = "data.managed={eviction: lfu, eviction_interval: 1, features: [C1, C2]}"
+    assert "not used with categorical_mapping: managed" in errors("data.categorical_mapping=managed", some)
+    assert "only used with categorical_mapping: managed, or with data.managed.features" in errors(
+        "data.managed={eviction_interval: 1}"
+    )
+    assert "not categorical features of criteo_tsv: ['C99']" in errors(
+        "data.managed={eviction_interval: 1, features: [C1, C99]}"
+    )
+    assert "listed twice: ['C1']" in errors("data.managed={eviction_interval: 1, features: [C1, C1]}")
+
+    raw = tmp_path / "raw.txt"
+    rows = [base_row(str(i % 2), cats=[f"{(i * 7 + j) % 5 + 1:08x}" for j in range(26)]) for i in range(40)]
+    raw.write_text("\n".join(rows) + "\n")
+    for mapping in ("hash", "vocabulary"):
+        cfg = load_config(
+            QUICKSTART,
+            [f"data.raw_path={raw}", f"data.categorical_mapping={mapping}", some, "data.num_embeddings=50"]
+            + ["distributed.nproc_per_node=1", "train.batch_size=8"],
+        )
+        assert cfg.data.managed_features() == ["C1", "C2"]
+        prepared = prepare_from_config(cfg)
+        t = pq.read_table(prepared.paths("train")[0])
+        keys = np.array([(i * 7) % 5 + 1 for i in range(32)], dtype=np.uint64)  # C1's keys (hex = key)
+        assert t.column("C1").to_pylist() == managed_ids(keys).tolist()
+        c3 = np.array(t.column("C3").to_pylist())
+        if mapping == "hash":
+            assert (
+                c3.min() >= 1
+                and c3.max() < 50
+                and set(c3.tolist()) <= set(hash_ids(np.arange(1, 6, dtype=np.uint64), 50).tolist())
+            )
+            sizes = table_sizes(cfg)
+        else:
+            assert c3.min() >= 1 and c3.max() < 7  # 5 values: ids 2..6
+            sizes = list(prepared.num_embeddings)
+            assert sizes[:2] == [50, 50] and sizes[2] == 7  # managed features keep their configured rows
+        bounds = loader_id_bounds(cfg, sizes)
+        assert bounds[:2] == [MANAGED_ID_SPACE] * 2 and bounds[2:] == sizes[2:]
+        model = build_model(cfg, torch.device("cpu"), tables_device=torch.device("cpu"))
+        remap = find_remap(model)
+        assert list(remap.mch) == ["C1", "C2"]
+        dense, sparse = feature_names(cfg)
+        loader = ParquetBatchLoader(prepared.paths("train")[0], 8, 0, 1, dense, sparse, num_embeddings=bounds)
+        batch = next(iter(loader))
+        loss, _ = model(batch)
+        assert torch.isfinite(loss)
+        mapped = remap(batch.sparse_features, batch.weights).to_dict()
+        raw_kjt = batch.sparse_features.to_dict()
+        assert mapped["C1"].values().max() < 50  # remapped to rows
+        assert torch.equal(mapped["C3"].values(), raw_kjt["C3"].values())  # passed through

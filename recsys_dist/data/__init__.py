@@ -99,6 +99,7 @@ def prepare_from_config(cfg, progress: bool = False):
         mapping=d.categorical_mapping,
         min_count=d.min_count,
         row_group_size=d.row_group_size,
+        managed=d.managed_mask(),
     )
 
 

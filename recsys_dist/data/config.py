@@ -249,6 +249,12 @@ class ManagedConfig(_Section):
         description="lru / distance_lfu: age decay exponent (TorchRec's); lfu has no decay, so another value "
         "than 1.0 is an error there.",
     )
+    features: list[str] | None = Field(
+        None,
+        description="Managed tables for these categorical features only, the others mapped by "
+        "data.categorical_mapping (hash or vocabulary; required there to use data.managed). Not used with "
+        "categorical_mapping: managed, where every feature is managed.",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> ManagedConfig:
@@ -459,11 +465,12 @@ class DataConfig(_Section):
                 f"data.feature_pooling: {unpooled} are sequence features, which are not pooled (one embedding "
                 "per position); remove them"
             )
-        if (self.categorical_mapping == "managed") != (self.managed is not None):
+        if self.categorical_mapping == "managed" and self.managed is None:
+            raise ValueError("data.managed: required with categorical_mapping: managed (at least eviction_interval)")
+        if self.categorical_mapping == "managed" and self.managed.features is not None:
             raise ValueError(
-                "data.managed: required with categorical_mapping: managed (at least eviction_interval)"
-                if self.managed is None
-                else f"data.managed: only used with categorical_mapping: managed, not {self.categorical_mapping}"
+                "data.managed.features: not used with categorical_mapping: managed (every feature is managed); "
+                "remove it, or set categorical_mapping: hash or vocabulary for the features not listed"
             )
         if self.categorical_mapping != "vocabulary" and self.min_count != 1:
             hint = (
@@ -476,16 +483,38 @@ class DataConfig(_Section):
                 f"fewer times gets the out-of-vocabulary id), not {self.categorical_mapping}, which keeps no "
                 f"vocabulary: remove min_count, or use categorical_mapping: vocabulary{hint}"
             )
+        if self.categorical_mapping != "managed" and self.managed is not None and not self.managed.features:
+            raise ValueError(
+                f"data.managed: only used with categorical_mapping: managed, or with data.managed.features "
+                f"(managed tables for some features, {self.categorical_mapping} for the rest); not with "
+                f"categorical_mapping: {self.categorical_mapping} alone"
+            )
+        if self.managed is not None and self.managed.features:
+            listed = self.managed.features
+            twice = sorted({f for f in listed if listed.count(f) > 1})
+            unknown = [f for f in listed if f not in fmt.sparse_names and f not in getattr(fmt, "sequence_names", [])]
+            if twice or unknown:
+                raise ValueError(
+                    f"data.managed.features: {'listed twice: ' + str(twice) if twice else ''}"
+                    f"{'; ' if twice and unknown else ''}"
+                    f"{'not categorical features of ' + self.format + ': ' + str(unknown) if unknown else ''} "
+                    f"(features: {', '.join(fmt.sparse_names)})"
+                )
         seq = list(getattr(fmt, "sequence_names", []))
-        if self.categorical_mapping == "managed" and seq:
+        listed = (self.managed.features or []) if self.managed is not None else []
+        managed_seq = seq if self.categorical_mapping == "managed" else [f for f in listed if f in seq]
+        if managed_seq:
             keys = [f"data.schema.sequence.{n}" for n in self.schema_.sequence] if self.schema_ else []
             if self.schema_ is not None and self.schema_.history is not None:
                 keys.append("data.schema.history")
+            if self.categorical_mapping != "managed":
+                keys = [f"data.managed.features: {', '.join(managed_seq)}"]
             raise ValueError(
                 f"data.categorical_mapping: managed tables for sequence features are not supported yet "
                 f"({', '.join(keys or seq)}); use categorical_mapping: hash or vocabulary, or drop the sequence features"
             )
-        if self.categorical_mapping == "managed" and any(n > 2**62 for n in sizes):
+        managed_sizes = [n for n, m in zip(sizes * n_features if len(sizes) == 1 else sizes, self.managed_mask()) if m]
+        if any(n > 2**62 for n in managed_sizes):
             raise ValueError(
                 f"data.num_embeddings: a managed table's rows (zch_size) must be below the 63-bit id space, "
                 f"got {self.num_embeddings}"
@@ -495,6 +524,27 @@ class DataConfig(_Section):
                 f"data.num_embeddings must be >= 2 (row 0 is reserved for missing values), got {self.num_embeddings}"
             )
         return self
+
+    def managed_mask(self) -> list[bool]:
+        """Per categorical feature of ``data.format`` (in its order): True where a managed-collision
+        module maps its ids (``categorical_mapping: managed``: all; else those in
+        ``data.managed.features``)."""
+        from recsys_dist.data import raw_format
+
+        names = raw_format(self.format, self.schema_).sparse_names
+        if self.categorical_mapping == "managed":
+            return [True] * len(names)
+        listed = set(self.managed.features or []) if self.managed is not None else set()
+        return [n in listed for n in names]
+
+    def managed_features(self) -> list[str]:
+        """Names of the categorical features with managed-collision tables (see :meth:`managed_mask`)."""
+        if self.categorical_mapping != "managed" and (self.managed is None or not self.managed.features):
+            return []
+        from recsys_dist.data import raw_format
+
+        names = raw_format(self.format, self.schema_).sparse_names
+        return [n for n, m in zip(names, self.managed_mask()) if m]
 
 
 def raw_paths(d: DataConfig) -> list[str]:

@@ -99,6 +99,7 @@ def cache_key(
     min_count: int,
     vocabulary: Path | None,
     row_group_size: int = 65536,
+    managed: list[bool] | None = None,
 ) -> str:
     """The name of a conversion's cache entry: a digest of the raw files (path, size, mtime)
     and every option that changes the converted output. Computing it converts nothing."""
@@ -112,6 +113,7 @@ def cache_key(
         + ([mapping, min_count] if mapping != "hash" else [])
         + ([str(vocabulary.resolve()), vocabulary.stat().st_mtime_ns] if vocabulary else [])
         + ([row_group_size] if row_group_size != 65536 else [])
+        + ([["managed", managed]] if managed and any(managed) and mapping != "managed" else [])
     )
     return hashlib.sha256(key.encode()).hexdigest()[:16]
 
@@ -223,9 +225,9 @@ def _is_number(v) -> bool:
 class _Transform:
     """One block of text columns -> (output record batch, missing count per dense column)."""
 
-    def __init__(self, fmt, sizes: list[int], vocabs, schema: pa.Schema, managed: bool = False) -> None:
+    def __init__(self, fmt, sizes: list[int], vocabs, schema: pa.Schema, managed: list[bool]) -> None:
         self.fmt, self.sizes, self.vocabs, self.schema = fmt, sizes, vocabs, schema
-        self.managed = managed  # raw 63-bit keys for a managed-collision module, no table-size reduction
+        self.managed = managed  # per feature: raw 63-bit keys for a managed-collision module, no reduction
 
     def __call__(self, batch: pa.RecordBatch, path: str, first: int) -> tuple[pa.RecordBatch, np.ndarray]:
         missing = np.zeros(len(self.fmt.dense_names))
@@ -239,7 +241,7 @@ class _Transform:
         labels, dense, sparse = self.fmt.parse_batch(batch, path, first + 1)
         ids = []
         for j, sk in enumerate(sparse):
-            if self.managed:
+            if self.managed[j]:
                 got = mp.managed_ids(sk.keys)
             elif self.vocabs is not None:
                 got = self.vocabs[j].lookup(sk.keys)
@@ -550,6 +552,7 @@ def prepare(
     min_count: int = 1,
     vocabulary: str | os.PathLike | None = None,
     warn_one_class: bool = True,
+    managed: list[bool] | None = None,
 ) -> PreparedData:
     """Convert raw data of format ``fmt`` to train/validation/test Parquet once, then reuse it.
 
@@ -613,6 +616,9 @@ def prepare(
         raise ValueError(f"on_bad_row must be 'error' or 'skip', got {on_bad_row!r}")
     if mapping not in ("hash", "vocabulary", "managed"):
         raise ValueError(f"mapping must be 'hash', 'vocabulary' or 'managed', got {mapping!r}")
+    managed = [True] * len(sparse_names) if mapping == "managed" else list(managed or [False] * len(sparse_names))
+    if len(managed) != len(sparse_names):
+        raise ValueError(f"managed: {len(managed)} flags for {len(sparse_names)} features of {fmt.name}")
     vocab_path = Path(vocabulary) if vocabulary is not None else None
     if vocab_path is not None and not vocab_path.is_file():
         raise DataError(f"{vocab_path}: vocabulary file does not exist")
@@ -620,7 +626,7 @@ def prepare(
     prefix = "criteo" if fmt.name == "criteo_tsv" else fmt.name
     out = (
         out
-        / f"{prefix}-{cache_key(raws, sizes, num_rows, split, on_bad_row, fmt, mapping, min_count, vocab_path, row_group_size)}"
+        / f"{prefix}-{cache_key(raws, sizes, num_rows, split, on_bad_row, fmt, mapping, min_count, vocab_path, row_group_size, managed)}"
     )
     with _entry_lock(out, raws):
         m = _open_entry(out, raw, warn_one_class)
@@ -640,6 +646,7 @@ def prepare(
                 row_group_size,
                 progress,
                 warn_one_class,
+                managed,
             )
     return _manifest_result(out, m)
 
@@ -659,6 +666,7 @@ def _build(
     row_group_size: int,
     progress: bool,
     warn_one_class: bool,
+    managed: list[bool],
 ) -> dict:
     """Convert into the cache entry ``out`` (its lock held; see :func:`prepare` for the
     arguments); returns the manifest, written last."""
@@ -708,11 +716,12 @@ def _build(
             distinct = [c.distinct() for c in counters]
             vocabs = [c.build(min_count, n) for c, n in zip(counters, sizes)]
             del counters
-        sizes = [v.size for v in vocabs]
+        # a managed feature keeps its configured rows (the managed module's zch_size)
+        sizes = [n if m else v.size for v, n, m in zip(vocabs, sizes, managed)]
 
     schema = fmt.output_schema()
 
-    transform = _Transform(fmt, sizes, vocabs, schema, managed=mapping == "managed")
+    transform = _Transform(fmt, sizes, vocabs, schema, managed)
     train_files = [path for path, fixed in sources if fixed == 0]
     if len(train_files) > 1:  # several training files: one worker process per file
         totals, rows, files, tmp = _convert_in_workers(readers, out, transform, schema, row_group_size, progress, token)
@@ -759,6 +768,8 @@ def _build(
             os.replace(t, out / name)
     transforms = dict(fmt.transforms)
     mapping_info: dict = {"kind": mapping, "missing_id": mp.MISSING_ID}
+    if mapping != "managed" and any(managed):
+        mapping_info["managed"] = [n for n, m in zip(sparse_names, managed) if m]  # raw 63-bit ids
     if vocabs is not None:
         vocab_tmp = out / f".{VOCABULARY_FILE}.{token}.tmp"
         mp.save_vocabularies(vocab_tmp, sparse_names, vocabs)

@@ -82,10 +82,11 @@ def managed_ids(keys: np.ndarray) -> np.ndarray:
 
 
 def loader_id_bounds(cfg, sizes: list[int]) -> list[int]:
-    """Per feature, the bound a loader checks ids against: the table size, or under
-    ``data.categorical_mapping: managed`` the raw id space (rows come from the managed module)."""
+    """Per feature, the bound a loader checks ids against: the table size, or for a feature with
+    a managed-collision table (``data.categorical_mapping: managed``, ``data.managed.features``)
+    the raw id space (rows come from the managed module)."""
     d = getattr(cfg, "data", cfg)
-    return [MANAGED_ID_SPACE] * len(sizes) if d.categorical_mapping == "managed" else list(sizes)
+    return [MANAGED_ID_SPACE if m else n for n, m in zip(sizes, d.managed_mask())]
 
 
 def to_arrow(ids: np.ndarray, sk: SparseKeys) -> pa.Array:

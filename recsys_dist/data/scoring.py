@@ -520,6 +520,7 @@ def prepare_for_scoring(cfg, data, vocabulary: Path | None = None, fmt=None):
         min_count=d.min_count,
         vocabulary=vocabulary if d.categorical_mapping == "vocabulary" else None,
         warn_one_class=False,  # scoring: one class is no problem
+        managed=d.managed_mask(),
     )
 
 

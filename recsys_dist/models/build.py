@@ -85,7 +85,7 @@ def build_model(cfg, spec: FeatureSpec | torch.device, tables_device: torch.devi
     t = cfg.train
     bf16 = spec.device.type if t.precision == "bf16-mixed" else None
     remap = None
-    if cfg.data.categorical_mapping == "managed":
+    if cfg.data.managed_features():
         remap = build_remap(cfg, spec.sparse_names, spec.num_embeddings, spec.device)
     names, kinds = tasks(cfg)
     if names != ["label"]:  # data.schema.labels: a loss (and weight) per task

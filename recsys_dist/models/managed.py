@@ -28,8 +28,10 @@ state), as TorchRec's unsharded ``ManagedCollisionEmbeddingBagCollection`` does 
 
 Costs: 24-32 bytes per row per feature on every rank (raw id, row, count / last access),
 the history (8-16 bytes per id value of ``eviction_interval`` global batches), one
-all_gather of the step's ids (8 bytes per id value per rank) and a sort per feature per
-eviction round.
+all_gather of the step's ids of all features (8 bytes per id value per rank) and, per step,
+one batched lookup and (lfu) one batched eviction round for all features together
+(:func:`batched_lookup`, :func:`batched_lfu_round`: the same state as TorchRec's per-feature
+calls, which cost more in per-call overhead than the work on small tables).
 """
 
 from __future__ import annotations
@@ -98,6 +100,7 @@ class ReplicatedMCH(MCHManagedCollisionModule):
             input_hash_size=MANAGED_ID_SPACE,
             name=name,
         )
+        self.admission_min_count = int(admission_min_count)
         cap = max(int(history_capacity), 1)
         dev = self.device
         # The pending history, persistent (TorchRec keeps it in non-persistent lazily sized
@@ -175,9 +178,16 @@ class ManagedRemap(nn.Module):
     ``forward(kjt, weights=None)``: values int64 raw ids in ``[0, 2^63 - 1)``, ``weights``
     float [B] row weights (0 = padding: not recorded, not counted); returns the same keys,
     lengths and weights with values int64 rows in ``[0, num_embeddings)``. In training mode
-    it first records the global batch's ids (one ``all_gather`` when the job has several ranks
-    and ``gather``: a collective, every rank must call it) and may run an eviction round.
+    it first records the global batch's ids (one ``all_gather`` of sizes and one of ids, for
+    all features together, when the job has several ranks and ``gather``: collectives, every
+    rank must call them) and may run an eviction round.
     It also counts lookups and default-row lookups for :func:`managed_metrics`.
+
+    Every step works on all managed features at once (a handful of torch operations on the
+    features' concatenated ids, not a Python loop of TorchRec calls per feature): the lookup
+    is :func:`batched_lookup`, and the lfu round :func:`batched_lfu_round`, which gives the
+    same state as TorchRec's per-feature ``_coalesce_history`` (``tests/test_managed.py``
+    checks it against TorchRec). lru and distance_lfu rounds run through TorchRec per feature.
     """
 
     def __init__(self, modules: dict[str, ReplicatedMCH], gather: bool = True) -> None:
@@ -187,6 +197,17 @@ class ManagedRemap(nn.Module):
         self.train_seconds, self.train_calls = 0.0, 0  # remapping time in training (incl. all_gather)
         # [train lookups, train default, eval lookups, eval default] per feature, this rank, since last read
         self.register_buffer("_lookups", torch.zeros(len(modules), 4, dtype=torch.int64), persistent=False)
+        mods = list(modules.values())
+        self._sizes = [m._zch_size for m in mods]
+        # The lfu round of every feature as one batched operation (same interval and threshold).
+        self._batched_round = bool(mods) and all(
+            type(m._eviction_policy) is LFU_EvictionPolicy
+            and m._eviction_interval == mods[0]._eviction_interval
+            and m.admission_min_count == mods[0].admission_min_count
+            for m in mods
+        )
+        self._key_index: dict[tuple, list[int]] = {}
+        self._bufs: dict[str, list[torch.Tensor]] | None = None
 
     def forward(self, kjt: KeyedJaggedTensor, weights: torch.Tensor | None = None) -> KeyedJaggedTensor:
         t0 = time.perf_counter()
@@ -196,36 +217,77 @@ class ManagedRemap(nn.Module):
             self.train_calls += 1
         return out
 
+    def _buffers_of(self, mods: list[ReplicatedMCH]) -> dict[str, list[torch.Tensor]]:
+        """The modules' state tensors by name, in feature order (cached: reading a buffer
+        through ``nn.Module.__getattr__`` per feature per step costs more than the step's
+        tensor work on small tables; refreshed when a buffer object changes, e.g. ``.to``)."""
+        cached = getattr(self, "_bufs", None)
+        if (
+            cached is None
+            or any(cached["_mch_sorted_raw_ids"][i] is not m._mch_sorted_raw_ids for i, m in enumerate(mods))
+            or any(cached["_hist_ids"][i] is not m._hist_ids for i, m in enumerate(mods))
+        ):
+            names = ["_mch_sorted_raw_ids", "_mch_remapped_ids_mapping", "_hist_ids", "_hist_iter", "_counters"]
+            names += ["_current_iter_tensor"] + (["_mch_counts"] if self._batched_round else [])
+            cached = {n: [getattr(m, n) for m in mods] for n in names}
+            self._bufs = cached
+        return cached
+
+    def _positions(self, keys: list[str]) -> list[int]:
+        """Per managed feature, its index in ``keys`` (-1: absent); cached per key list."""
+        t = tuple(keys)
+        if t not in self._key_index:
+            self._key_index[t] = [keys.index(f) if f in keys else -1 for f in self.mch]
+        return self._key_index[t]
+
     def _remap(self, kjt: KeyedJaggedTensor, weights: torch.Tensor | None) -> KeyedJaggedTensor:
         keys = kjt.keys()
-        lengths = kjt.length_per_key()
-        parts = list(torch.split(kjt.values(), lengths))
+        values = kjt.values()
+        parts = list(torch.split(values, kjt.length_per_key()))
+        pos = self._positions(keys)
         # Padding rows (weight 0) are neither recorded nor counted: they repeat a real row, and
         # where they fall depends on the world size.
-        real = [None] * len(keys)
-        if weights is not None:
-            per_key = kjt.lengths().view(len(keys), -1) if keys else kjt.lengths()
-            keep = weights > 0
-            real = [torch.repeat_interleave(keep, per_key[j].long()) for j in range(len(keys))]
-        names = list(self.mch.keys())
+        keep = None
+        if weights is not None and keys and not bool((weights > 0).all()):
+            per_row = (weights > 0).repeat(len(keys))
+            lengths = kjt.lengths()
+            keep = per_row if values.numel() == lengths.numel() else per_row[_row_of_value(lengths, values.numel())]
+        keeps = list(torch.split(keep, kjt.length_per_key())) if keep is not None else [None] * len(keys)
+        mods = list(self.mch.values())
+        bufs = self._buffers_of(mods)
         if self.training:
-            mine = [_real(parts[keys.index(f)], real[keys.index(f)]) for f in names]
+            mine = [_real(parts[j], keeps[j]) if j >= 0 else _EMPTY for j in pos]
             glob = _gather_per_key(mine) if self.gather else mine
-            for f, g in zip(names, glob):
-                self.mch[f].record(g)
-        for i, f in enumerate(names):
-            if f not in keys:
-                continue
-            j = keys.index(f)
-            rows = self.mch[f].remap_values(parts[j])
+            if self._batched_round:
+                _record_all(mods, bufs, glob)
+            else:
+                for m, g in zip(mods, glob):
+                    m.record(g)
+        present = [i for i, j in enumerate(pos) if j >= 0]
+        if present:
+            sel = [mods[i] for i in present]
+            queries = [parts[pos[i]] for i in present]
+            rows, miss = batched_lookup(
+                [bufs["_mch_sorted_raw_ids"][i] for i in present],
+                [bufs["_mch_remapped_ids_mapping"][i] for i in present],
+                queries,
+                [m._zch_size - 1 for m in sel],
+            )
+            sizes = [q.numel() for q in queries]
+            if keep is not None:  # count real rows only
+                k = torch.cat([keeps[pos[i]] for i in present])
+                looked, default = _segment_sums(k, sizes), _segment_sums(miss & k, sizes)
+            else:
+                looked, default = torch.tensor(sizes, dtype=torch.int64), _segment_sums(miss, sizes)
             col = 0 if self.training else 2
-            counted = _real(rows, real[j])
-            self._lookups[i, col] += counted.numel()
-            self._lookups[i, col + 1] += int((counted == self.mch[f]._zch_size - 1).sum())
-            parts[j] = rows
+            idx = torch.tensor(present, dtype=torch.int64)
+            self._lookups[idx, col] += looked
+            self._lookups[idx, col + 1] += default
+            for r, i in zip(rows, present):
+                parts[pos[i]] = r
         return KeyedJaggedTensor(
             keys=keys,
-            values=torch.cat(parts) if parts else kjt.values(),
+            values=torch.cat(parts) if parts else values,
             lengths=kjt.lengths(),
             weights=kjt.weights_or_none(),
             stride=kjt.stride(),
@@ -241,6 +303,178 @@ class ManagedRemap(nn.Module):
         if reduce and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             dist.all_reduce(out)
         return out
+
+
+_EMPTY = torch.zeros(0, dtype=torch.int64)
+_MAX = torch.iinfo(torch.int64).max
+
+
+def _row_of_value(lengths: torch.Tensor, n: int) -> torch.Tensor:
+    """int64 [n]: the bag (index into ``lengths``) of each value."""
+    return torch.repeat_interleave(torch.arange(lengths.numel()), lengths.long(), output_size=n)
+
+
+def _segment_ids(sizes: list[int]) -> torch.Tensor:
+    """int64 [sum(sizes)]: for each element of a concatenation of segments, its segment."""
+    return torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes), output_size=sum(sizes))
+
+
+def _segment_sums(x: torch.Tensor, sizes: list[int]) -> torch.Tensor:
+    """int64 [len(sizes)]: the sum of a bool / int tensor over each of its consecutive segments."""
+    c = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(x.long(), 0)])
+    ends = torch.tensor(sizes, dtype=torch.int64).cumsum(0)
+    return c[ends] - c[ends - torch.tensor(sizes, dtype=torch.int64)]
+
+
+def _pad(parts: list[torch.Tensor], value: int) -> torch.Tensor:
+    """int64 [len(parts), longest]: the parts as rows, padded with ``value`` (exact for int64,
+    unlike ``pad_sequence``'s float padding value)."""
+    sizes = torch.tensor([p.numel() for p in parts])
+    out = torch.full((len(parts), int(sizes.max()) if parts else 0), value, dtype=torch.int64)
+    out[torch.arange(out.shape[1]).unsqueeze(0) < sizes.unsqueeze(1)] = torch.cat(parts)
+    return out
+
+
+def batched_lookup(
+    tables: list[torch.Tensor], mappings: list[torch.Tensor], queries: list[torch.Tensor], defaults: list[int]
+) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """TorchRec's ``_mch_remap`` for several features at once.
+
+    Args:
+        tables: per feature, its MCH ``_mch_sorted_raw_ids`` (int64 [rows], ascending, the last
+            one ``2^63 - 1``).
+        mappings: per feature, ``_mch_remapped_ids_mapping`` (int64 [rows]).
+        queries: per feature, raw ids (int64 [n_f], below ``2^63 - 1``).
+        defaults: per feature, the default row.
+    Returns:
+        per feature the rows (int64 [n_f]), and a bool [sum n_f] (concatenated in feature
+        order): True where the id has no row (it reads the default row).
+    """
+    t = _pad(tables, _MAX)  # padding past a table's last (2^63 - 1) entry changes no search
+    q = _pad(queries, 0)
+    idx = torch.searchsorted(t, q)
+    hit = torch.gather(t, 1, idx) == q
+    rows = torch.where(hit, torch.gather(_pad(mappings, 0), 1, idx), torch.tensor(defaults).unsqueeze(1))
+    sizes = [x.numel() for x in queries]
+    valid = torch.arange(q.shape[1]).unsqueeze(0) < torch.tensor(sizes).unsqueeze(1)
+    return list(torch.split(rows[valid], sizes)), ~hit[valid]
+
+
+def _lex_order(keys: torch.Tensor, segments: torch.Tensor, descending: bool = False) -> torch.Tensor:
+    """The stable order by (segment ascending, key), ties kept in input order."""
+    o = torch.argsort(keys, descending=descending, stable=True)
+    return o[torch.argsort(segments[o], stable=True)]
+
+
+@torch.no_grad()
+def batched_lfu_round(
+    tsizes: list[int], state: dict[str, list[torch.Tensor]], hists: list[torch.Tensor], k: int
+) -> None:
+    """One lfu round (TorchRec's ``MCHManagedCollisionModule._coalesce_history`` with
+    ``LFU_EvictionPolicy`` and the ``counts >= k`` admission filter) of several features at
+    once, updating their sorted raw ids, rows and counts in place and their eviction /
+    admission counters. ``tsizes``: per feature, its rows (zch_size); ``state``: per feature its
+    ``ReplicatedMCH`` tensors ``_mch_sorted_raw_ids``, ``_mch_remapped_ids_mapping``,
+    ``_mch_counts`` and ``_counters``; ``hists``: per feature, the pending history (int64,
+    non-empty).
+
+    Same result as the per-feature TorchRec round, step for step: per feature the distinct
+    ids by count (descending, ties by ascending id), the table's counts updated, the last
+    (default) slot pinned at the highest count, table and new ids ranked by count (stable:
+    table entries before new ids, each in order), the best ``rows`` kept, the i-th evicted
+    slot given to the i-th admitted id, the table re-sorted by raw id."""
+    f_all = len(tsizes)
+    tf = _segment_ids(tsizes)
+    tstart = torch.tensor([0] + tsizes[:-1], dtype=torch.int64).cumsum(0)
+    tsz = torch.tensor(tsizes, dtype=torch.int64)
+    ids = torch.cat(state["_mch_sorted_raw_ids"])
+    rows = torch.cat(state["_mch_remapped_ids_mapping"])
+    counts = torch.cat(state["_mch_counts"])
+    # distinct ids and counts per feature (torch.unique per feature: ascending ids)
+    h = torch.cat(hists)
+    hf = _segment_ids([x.numel() for x in hists])
+    o = _lex_order(h, hf)
+    hs, hfs = h[o], hf[o]
+    first = torch.ones_like(hs, dtype=torch.bool)
+    first[1:] = (hs[1:] != hs[:-1]) | (hfs[1:] != hfs[:-1])
+    starts = torch.nonzero(first).squeeze(1)
+    uid, uf = hs[starts], hfs[starts]
+    ucnt = torch.diff(starts, append=torch.tensor([hs.numel()]))
+    if k > 1:  # admission: ids seen fewer than k times in the window are dropped
+        m = ucnt >= k
+        uid, uf, ucnt = uid[m], uf[m], ucnt[m]
+    # by count, descending, per feature
+    o = _lex_order(ucnt, uf, descending=True)
+    qid, qf, qcnt = uid[o], uf[o], ucnt[o]
+    # ids that already hold a row: add their counts
+    qn = torch.bincount(qf, minlength=f_all)
+    qrank = torch.arange(qid.numel()) - (torch.cumsum(qn, 0) - qn)[qf]
+    qpad = torch.zeros(f_all, int(qn.max()) if qid.numel() else 0, dtype=torch.int64)
+    qpad[qf, qrank] = qid
+    tpad = _pad(list(torch.split(ids, tsizes)), _MAX)
+    at = torch.searchsorted(tpad, qpad)[qf, qrank]
+    hit = tpad[qf, at] == qid
+    counts[tstart[qf[hit]] + at[hit]] += qcnt[hit]
+    nid, nf, ncnt = qid[~hit], qf[~hit], qcnt[~hit]
+    counts[tstart + tsz - 1] = _MAX  # the default slot is never evicted
+    # rank table slots and new ids per feature; the best zch_size keep / take a slot
+    nn_ = torch.bincount(nf, minlength=f_all)
+    mf = torch.cat([tf, nf])
+    o = _lex_order(torch.cat([counts, ncnt]), mf, descending=True)
+    gsize = tsz + nn_
+    r = torch.arange(o.numel()) - (torch.cumsum(gsize, 0) - gsize)[mf[o]]
+    top = r < tsz[mf[o]]
+    is_new = o >= counts.numel()
+    admitted = o[top & is_new] - counts.numel()
+    evicted = o[~top & ~is_new]
+    was_empty = ids[evicted] == _MAX
+    ids[evicted] = nid[admitted]
+    counts[evicted] = ncnt[admitted]
+    # re-sort each table by raw id
+    o = _lex_order(ids, tf)
+    ids, rows, counts = ids[o], rows[o], counts[o]
+    torch._foreach_copy_(state["_mch_sorted_raw_ids"], list(torch.split(ids, tsizes)))
+    torch._foreach_copy_(state["_mch_remapped_ids_mapping"], list(torch.split(rows, tsizes)))
+    torch._foreach_copy_(state["_mch_counts"], list(torch.split(counts, tsizes)))
+    got = torch.bincount(tf[evicted], minlength=f_all)
+    filled = torch.bincount(tf[evicted][was_empty], minlength=f_all)
+    # [evictions, admissions] per feature, added to _counters[2:4]
+    torch._foreach_add_([c[2:] for c in state["_counters"]], list(torch.stack([got - filled, got], 1).unbind(0)))
+
+
+def _record_all(mods: list[ReplicatedMCH], bufs: dict[str, list[torch.Tensor]], glob: list[torch.Tensor]) -> None:
+    """:meth:`ReplicatedMCH.record` of every feature, with one batched lfu round for all
+    features due (per feature through TorchRec when a step's ids overflow a history).
+    ``bufs``: the modules' state tensors by name (:meth:`ManagedRemap._buffers_of`)."""
+    ctr = torch.stack(bufs["_counters"]).tolist()
+    iters = torch.stack(bufs["_current_iter_tensor"]).view(-1).tolist()
+    it = int(iters[0]) + 1
+    hist, hist_iter = bufs["_hist_ids"], bufs["_hist_iter"]
+    fits = all(c[0] + g.numel() <= h.numel() for h, g, c in zip(hist, glob, ctr))
+    if not (fits and all(i + 1 == it for i in iters)):
+        for m, g in zip(mods, glob):
+            m.record(g)
+        return
+    due, hists = [], []
+    torch._foreach_add_(bufs["_current_iter_tensor"], 1)
+    for i, (m, g, c) in enumerate(zip(mods, glob, ctr)):
+        n = c[0]
+        hist[i][n : n + g.numel()] = g
+        hist_iter[i][n : n + g.numel()] = it
+        c[0] = n + g.numel()
+        if it - c[1] >= m._eviction_interval:
+            if c[0]:
+                due.append(i)
+                hists.append(hist[i][: c[0]])
+            c[0], c[1] = 0, it
+    if due:
+        sub = {
+            k: [bufs[k][i] for i in due] for k in ("_mch_sorted_raw_ids", "_mch_remapped_ids_mapping", "_mch_counts")
+        }
+        sub["_counters"] = [bufs["_counters"][i] for i in due]
+        batched_lfu_round([mods[i]._zch_size for i in due], sub, hists, mods[0].admission_min_count)
+    new = torch.tensor([c[:2] for c in ctr], dtype=torch.int64)
+    torch._foreach_copy_([c[:2] for c in bufs["_counters"]], list(new.unbind(0)))
 
 
 def _real(values: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -271,8 +505,9 @@ def _gather_per_key(parts: list[torch.Tensor]) -> list[torch.Tensor]:
 
 
 def build_remap(cfg, sparse_names: list[str], sizes: list[int], device: torch.device | None = None) -> ManagedRemap:
-    """The :class:`ManagedRemap` of a run config under ``data.categorical_mapping: managed``:
-    one module per feature, ``num_embeddings`` rows each; the history holds
+    """The :class:`ManagedRemap` of a run config's managed features (``data.categorical_mapping:
+    managed``: every feature; else ``data.managed.features``): one module per managed feature of
+    ``sparse_names``, ``num_embeddings`` (``sizes``) rows each; the history holds
     ``eviction_interval`` global batches (``train.batch_size`` x ranks: the process group's, else
     ``distributed.nproc_per_node``) of ``data.multi_hot_sizes`` (default one) ids per feature.
     A checkpoint resumes at another world size when the global batch stays the same."""
@@ -280,6 +515,7 @@ def build_remap(cfg, sparse_names: list[str], sizes: list[int], device: torch.de
     ranks = dist.get_world_size() if dist.is_available() and dist.is_initialized() else cfg.distributed.nproc_per_node
     global_batch = cfg.train.batch_size * ranks
     hot = cfg.data.multi_hot_sizes or [1] * len(sparse_names)
+    managed = set(cfg.data.managed_features())
     return ManagedRemap(
         {
             f: ReplicatedMCH(
@@ -293,6 +529,7 @@ def build_remap(cfg, sparse_names: list[str], sizes: list[int], device: torch.de
                 name=f,
             )
             for f, n, h in zip(sparse_names, sizes, hot)
+            if f in managed
         }
     )
 

@@ -1,0 +1,87 @@
+"""Samples/s of managed-collision tables vs hash-mod at the same table sizes (issue 19 item 6).
+
+Trains the shipped Avazu twins (configs/avazu_hashmod.yaml, configs/avazu_managed.yaml: the
+same DeepFM, the same table sizes, 2 CPU ranks, one epoch of 113 steps) back to back and
+reports each run's samples/s (summary.json), the managed remapping's ms per step (rank 0,
+all_gather included; ``managed_remap_ms_per_step`` in metrics.jsonl) and test AUC. With
+``--code DIR`` (repeatable) the managed run is made with each checkout's code (e.g. before
+and after a change; the same test AUC shows the same remapping), the hash-mod run with the
+first. Runs alternate within each repeat, so slow phases of a shared machine hit both.
+
+    .venv/bin/python benchmarks/managed_speed.py [--code DIR ...] [--repeats 1] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def train(code: Path, config: str, run_dir: Path, extra: list[str]) -> dict:
+    t0 = time.time()
+    r = subprocess.run(
+        [sys.executable, "-m", "recsys_dist.cli", "train", "--config", str(code / "configs" / config)]
+        + ["--run-dir", str(run_dir), "train.progress_bar=false", "checkpoint.enabled=false", *extra],
+        cwd=code,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(code)},
+    )
+    if r.returncode:
+        raise SystemExit(f"{config} ({code}) failed:\n{r.stderr[-3000:]}")
+    summary = json.loads((run_dir / "summary.json").read_text())
+    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    remap = [m["managed_remap_ms_per_step"] for m in lines if "managed_remap_ms_per_step" in m]
+    return {
+        "config": config,
+        "code": str(code),
+        "samples_per_s": summary["samples_per_s"],
+        "remap_ms_per_step": round(sum(remap) / len(remap), 2) if remap else None,
+        "test_auc": round(summary["test"]["auc"], 6),
+        "wall_s": round(time.time() - t0, 1),
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--code", action="append", type=Path, help="checkout to run managed with (default: this one)")
+    p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--out", help="keep the run directories here")
+    p.add_argument(
+        "overrides", nargs="*", help="config overrides for every run, e.g. data.managed.eviction_interval=10"
+    )
+    args = p.parse_args()
+    codes = [c.resolve() for c in (args.code or [ROOT])]
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(args.out or tmp)
+        for rep in range(args.repeats):
+            runs = [(codes[0], "avazu_hashmod.yaml")] + [(c, "avazu_managed.yaml") for c in codes]
+            for i, (code, config) in enumerate(runs):
+                extra = [
+                    o for o in args.overrides if config == "avazu_managed.yaml" or not o.startswith("data.managed")
+                ]
+                rows.append(train(code, config, out / f"{rep}-{i}-{config.removesuffix('.yaml')}", extra))
+                print(json.dumps(rows[-1]), flush=True)
+    base = [r["samples_per_s"] for r in rows if r["config"] == "avazu_hashmod.yaml"]
+    hashmod = sum(base) / len(base)
+    print("| config | code | samples/s | vs hash-mod (mean) | remap ms/step | test AUC |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for r in rows:
+        ratio = r["samples_per_s"] / hashmod
+        print(
+            f"| {r['config']} | {r['code']} | {r['samples_per_s']} | {ratio:.2f}x | "
+            f"{r['remap_ms_per_step'] if r['remap_ms_per_step'] is not None else '-'} | {r['test_auc']:.4f} |"
+        )
+
+
+if __name__ == "__main__":
+    main()
