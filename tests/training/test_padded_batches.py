@@ -10,7 +10,8 @@ Sample weights (issue 18): the same spawn also trains the two-task MMoE config w
 column of uneven weights at 1, 2 and 3 ranks: every step's loss and per-task losses
 (``loss/like``, ``loss/rating``) and the test metrics must be those of 1 rank (1e-5), i.e. the
 loss is ``sum w_i l_i / sum w_i`` over the whole global batch. Before the fix each rank's loss
-was scaled by its real-row share, not its weight share, and the losses differed by up to ~0.3.
+was scaled by its real-row share, not its weight share: the 2-rank losses differed from 1
+rank by up to 0.044 (2.4e-7 after).
 """
 
 import json
