@@ -117,7 +117,9 @@ def check_weighted_scales(ls):
     return per_rank
 
 
-@pytest.mark.parametrize(("ws", "bs", "remainder", "shuffle"), [(2, 3, "pad", True), (3, 2, "pad", False), (3, 2, "drop", True)])
+@pytest.mark.parametrize(
+    ("ws", "bs", "remainder", "shuffle"), [(2, 3, "pad", True), (3, 2, "pad", False), (3, 2, "drop", True)]
+)
 def test_weighted_loss_scale_is_the_global_weight_share(tmp_path, ws, bs, remainder, shuffle):
     from recsys_dist.data.loader import ParquetBatchLoader
 
