@@ -392,8 +392,8 @@ class ParquetBatchLoader:
             )
             view.epoch = self.epoch
             streams.append(view._weight_sums(start))
-        for _ in range(start, len(self)):
-            yield sum(next(s) for s in streams)
+        # The views are made (and the epoch read) now, not at the first batch.
+        return (sum(next(s) for s in streams) for _ in range(start, len(self)))
 
     def _weight_sums(self, start: int) -> Iterator[float]:
         """Per batch of this loader's own rows from ``start`` on: the sum of their weights
@@ -677,16 +677,17 @@ class ParquetBatchLoader:
         if self.prefetch > 0:
             # Whole blocks cross threads: a batch-by-batch hand-over woke a thread every step.
             blocks = prefetched(blocks, -(-self.prefetch // BLOCK_BATCHES), "recsys_dist-blocks")
-        return self._cut_all(blocks, start)
+        weighted = self.global_weights(start) if self.weight_column and self.world_size > 1 else None
+        return self._cut_all(blocks, start, weighted)
 
-    def _cut_all(self, blocks: Iterator[tuple], start: int) -> Iterator[CTRBatch]:
+    def _cut_all(self, blocks: Iterator[tuple], start: int, weighted: Iterator[float] | None) -> Iterator[CTRBatch]:
         # Every batch carries its loss_scale: one shared tensor while no rank pads, then per batch;
-        # with sample weights on several ranks, this rank's weight share of each global batch.
+        # with sample weights on several ranks (``weighted``: the global batches' weight sums),
+        # this rank's weight share of each global batch.
         one = torch.ones((), dtype=torch.float32)
         if self.pin_memory:
             one = one.pin_memory()
         step = start
-        weighted = self.global_weights(start) if self.weight_column and self.world_size > 1 else None
         try:
             for block in blocks:
                 for batch in self._cut(block):
