@@ -319,7 +319,12 @@ def _launch_ranks(args: argparse.Namespace, cfg, run_dir: Path, resume: Path | N
         extra = (["--profile"] if args.profile else []) + (["--resume", str(resume)] if resume else [])
         with _signals_stop():
             launch_workers(
-                run_dir, cfg.distributed.nproc_per_node, cfg.distributed.max_restarts, extra, start_method(cfg)
+                cli_rank,
+                run_dir,
+                cfg.distributed.nproc_per_node,
+                cfg.distributed.max_restarts,
+                extra,
+                start_method(cfg),
             )
     except SignalException as err:
         raise Stopped(int(err.sigval)) from None
@@ -353,6 +358,33 @@ def start_method(cfg) -> str:
             "distributed.start_method: fork cannot start CUDA ranks (CUDA does not survive a fork); use spawn or auto"
         )
     return method
+
+
+def cli_rank(argv: list[str]) -> int:
+    """What every rank of ``recsys_dist.launch.launch_workers`` runs: ``recsys-dist <argv>`` in this process.
+
+    A failed rank leaves with its exit code (the agent reports it with the error the rank
+    recorded); a finished one returns 0 to the agent."""
+    import signal
+
+    # A forked rank inherits the launcher's handlers (the agent's SIGTERM -> SignalException).
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    import traceback
+
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    try:
+        code = record(main)(argv)  # an exception is recorded (error.json) for the launcher
+    except BaseException:  # noqa: BLE001 - leave now, so this rank is the one the launcher sees fail first
+        traceback.print_exc()
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if code:
+        os._exit(code)
+    return 0
 
 
 def _user_errors() -> tuple:

@@ -161,9 +161,15 @@ def _failure_traceback(failure) -> str:
 
 
 def launch_workers(
-    run_dir: Path, nproc_per_node: int, max_restarts: int, extra_args: list[str] = (), start_method: str = "spawn"
+    entry: Callable[[list[str]], int],
+    run_dir: Path,
+    nproc_per_node: int,
+    max_restarts: int,
+    extra_args: list[str] = (),
+    start_method: str = "spawn",
 ) -> None:
-    """Run ``recsys-dist train`` on ``nproc_per_node`` local ranks through torch.distributed's
+    """Run ``entry(["train", ..., "--worker"])`` (``recsys-dist train``'s rank,
+    ``recsys_dist.cli.cli_rank``) on ``nproc_per_node`` local ranks through torch.distributed's
     elastic launcher (``elastic_launch``, torchrun's agent, standalone c10d rendezvous).
 
     The workers read the resolved ``run_dir/config.yaml``. ``start_method``: ``"fork"`` (CPU:
@@ -199,36 +205,7 @@ def launch_workers(
     argv = ["train", "--config", str(run_dir / "config.yaml"), "--run-dir", str(run_dir), "--worker", *extra_args]
     sys.stdout.flush()
     sys.stderr.flush()
-    elastic_launch(config, cli_rank)(argv)
-
-
-def cli_rank(argv: list[str]) -> int:
-    """What every rank of :func:`launch_workers` runs: ``recsys-dist <argv>`` in this process.
-
-    A failed rank leaves with its exit code (the agent reports it with the error the rank
-    recorded); a finished one returns 0 to the agent."""
-    import signal
-
-    # A forked rank inherits the launcher's handlers (the agent's SIGTERM -> SignalException).
-    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
-        signal.signal(sig, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    import traceback
-
-    from torch.distributed.elastic.multiprocessing.errors import record
-
-    from recsys_dist.cli import main
-
-    try:
-        code = record(main)(argv)  # an exception is recorded (error.json) for the launcher
-    except BaseException:  # noqa: BLE001 - leave now, so this rank is the one the launcher sees fail first
-        traceback.print_exc()
-        code = 1
-    sys.stdout.flush()
-    sys.stderr.flush()
-    if code:
-        os._exit(code)
-    return 0
+    elastic_launch(config, entry)(argv)
 
 
 def first_failure(err) -> tuple[int, Any]:

@@ -208,7 +208,13 @@ def report(run_dir: str | Path, *, plots: bool = True, out_dir: str | Path | Non
         lines.append(_table(retrieval, indent="    "))
     train = run.split("train")
     if train:
-        lines.append(f"  last train loss {_num(train[-1].get('loss'))} at step {_num(train[-1].get('step'))}")
+        last = train[-1]
+        per_task = "".join(f", {k[5:]} {_num(v)}" for k, v in last.items() if k.startswith("loss/"))
+        lines.append(
+            f"  last train loss {_num(last.get('loss'))}"
+            + (f" (per task before loss_weights: {per_task[2:]})" if per_task else "")
+            + f" at step {_num(last.get('step'))}"
+        )
     managed = _managed_rows(run)
     if managed:
         lines.append("  managed-collision tables (occupancy and evictions at the end; default-row share of lookups):")
@@ -322,7 +328,7 @@ def _xy(records: list[dict], key: str) -> tuple[list, list]:
 def write_plots(run: Run, out_dir: Path) -> list[Path]:
     """Write the PNGs for which ``run`` has data; returns the paths written.
 
-    ``loss.png`` (train loss vs step), ``validation.png`` (validation AUC and logloss vs
+    ``loss.png`` (train loss vs step; with several tasks also each ``loss/<task>``), ``validation.png`` (validation AUC and logloss vs
     step, final test values as markers), ``throughput.png`` (samples/s vs step),
     ``step_time.png`` (mean ms per phase from train-line ``time_*_ms`` keys, stacked; only
     when present), ``plan.png`` (tables per rank by sharding type; only with plan.json).
@@ -349,8 +355,13 @@ def write_plots(run: Run, out_dir: Path) -> list[Path]:
     if x:
         fig = Figure(figsize=(7, 4))
         ax = fig.add_subplot()
-        ax.plot(x, y, marker="." if len(x) < 50 else None)
-        ax.set(title=f"training loss - {run.path.name}", xlabel="step", ylabel="loss (mean BCE, nats)")
+        ax.plot(x, y, marker="." if len(x) < 50 else None, label="loss")
+        task_keys = list(dict.fromkeys(k for r in train for k in r if k.startswith("loss/")))
+        for key in task_keys:  # several tasks: each task's own loss (before train.loss_weights)
+            ax.plot(*_xy(train, key), label=key)
+        if task_keys:
+            ax.legend()
+        ax.set(title=f"training loss - {run.path.name}", xlabel="step", ylabel="loss (weighted mean, per row)")
         ax.grid(alpha=0.3)
         save(fig, "loss.png")
     if val or test:

@@ -754,6 +754,7 @@ class Trainer:
         """Stop with the first bad step of this window, the first non-finite parameter and
         the last good checkpoint (checkpoints are only written after a finite window)."""
         local = torch.stack(self._losses).float()
+        local = local.reshape(len(local), -1)[:, 0]  # the total (several tasks: [1 + T] a step)
         bad = torch.nonzero(~torch.isfinite(local)).flatten()
         first = self._step - len(local) + 1 + (int(bad[0]) if len(bad) else 0)
         param = next((n for n, p in self._model.named_parameters() if not torch.isfinite(p).all()), None)
@@ -770,12 +771,18 @@ class Trainer:
         elapsed = time.perf_counter() - self._t0
         # rows with weight > 0, not the sum of their sample weights
         real = (torch.cat(self._real_rows) > 0).float().sum()
-        stats = torch.stack([torch.stack(self._losses).float().mean(), real]).cpu()
+        # Each step's logged loss: a scalar, or [1 + T] with several tasks (total, then per task).
+        means = torch.stack(self._losses).float().mean(dim=0).reshape(-1)
+        stats = torch.cat([means, real.reshape(1)]).cpu()
         if self._ctx.world_size > 1:
             dist.all_reduce(stats)
-        loss, rows = float(stats[0]) / self._ctx.world_size, int(stats[1])
+        loss, rows = float(stats[0]) / self._ctx.world_size, int(stats[-1])
         if not math.isfinite(loss):  # identical on every rank (all-reduced), so all stop here
             self._diverged()
+        per_task = {}
+        if len(means) > 1:
+            names, _ = tasks(self.cfg)
+            per_task = {f"loss/{n}": float(v) / self._ctx.world_size for n, v in zip(names, stats[1:-1])}
         sps = round(rows / elapsed, 1) if elapsed > 0 else None
         lr = {"lr_scale": round(self._schedule.scale(self._step - 1), 6)} if self._schedule.active else {}
         self._writer.write(
@@ -783,6 +790,7 @@ class Trainer:
             step=self._step,
             epoch=self.epoch,
             loss=loss,
+            **per_task,
             samples_per_s=sps,
             **lr,
             **(self._pipe.pop_times() if self._pipe else {}),

@@ -283,3 +283,17 @@ def test_report_shows_the_ledger_line(tmp_path):
     with (run / "metrics.jsonl").open("a") as f:
         f.write(json.dumps(ledger) + "\n")
     assert "allreduce 0.5, managed_all_gather 3.0" in rpt.report(run, plots=False)
+
+
+def test_report_shows_each_tasks_train_loss(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    lines = [
+        {"split": "train", "step": s, "epoch": 0, "loss": 0.9 - s / 100, "loss/like": 0.6, "loss/rating": 3.0 - s / 10}
+        for s in (5, 10)
+    ]
+    lines.append({"split": "test", "step": 10, "epoch": 0, "like/auc": 0.74, "rating/rmse": 0.95, "num_examples": 9})
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    text = rpt.report(run, out_dir=tmp_path / "plots")
+    assert "last train loss 0.8000 (per task before loss_weights: like 0.6000, rating 2.0000) at step 10" in text
+    assert (tmp_path / "plots" / "loss.png").read_bytes()[:8] == PNG_MAGIC

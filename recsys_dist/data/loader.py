@@ -70,11 +70,12 @@ class CTRBatch(Batch):
             task order; a regression task's column holds its target value).
         weights: float32 [B]; the row's sample weight (1 without ``data.schema.weight``) for
             real rows, 0 for padding.
-        loss_scale: float32 scalar, ``real rows here x world size / real rows of the global
-            batch`` (1 for a batch without padding), or None (then 1). The training loss, a
-            weighted mean over this rank's rows, is multiplied by it, so that after DDP's
-            averaging over ranks the step's loss and gradients are the mean over the real rows
-            of the whole global batch (``recsys_dist.models.task.CTRTask``).
+        loss_scale: float32 scalar, ``weight here x world size / weight of the global batch``
+            (weight: the sum of ``weights``, i.e. the real rows without ``data.schema.weight``;
+            1 for a batch without padding and without sample weights), or None (then 1). The
+            training loss, a weighted mean over this rank's rows, is multiplied by it, so that
+            after DDP's averaging over ranks the step's loss and gradients are the weighted
+            mean over the rows of the whole global batch (``recsys_dist.models.task.CTRTask``).
     """
 
     weights: torch.Tensor = None  # type: ignore[assignment]
@@ -349,6 +350,66 @@ class ParquetBatchLoader:
         total = self.real_rows(step, -1)
         return self.real_rows(step) * self.world_size / total if total else 0.0
 
+    def global_weights(self, start: int = 0) -> Iterator[float]:
+        """The sample-weight sum of each global batch of this epoch (every rank's rows of
+        batch ``step``, padding 0), from batch ``start`` to the epoch's end; float64 sums in
+        stream order, so the same at any world size where the global batches are.
+
+        No rank asks another: the rows of every rank's block of a batch are fixed by the seeds
+        and the row counts, so this loader reads the weight column alone of the other ranks'
+        rows too (``global_batch``: the stream once as one rank with batch ``B x W``;
+        ``row_groups``: each rank's share). That is one float32 column, about 4 bytes a row,
+        read once more per epoch; an all_reduce of the sum per step would instead put a
+        blocking collective in every step.
+
+        Raises:
+            ValueError: the loader has no ``weight_column``.
+        """
+        if not self.weight_column:
+            raise ValueError("global_weights: the loader has no weight_column")
+        W = self.world_size
+        if self.rank_reads == "global_batch":
+            views = [(self.batch_size * W, 0, 1)]
+        else:
+            views = [(self.batch_size, r, W) for r in range(W)]
+        streams = []
+        for batch_size, rank, world_size in views:
+            view = type(self)(
+                self.files,
+                batch_size,
+                rank,
+                world_size,
+                [],
+                [],
+                shuffle=self.shuffle,
+                seed=self.seed,
+                remainder=self.remainder,
+                shuffle_buffer_rows=self.buffer_rows,
+                prefetch=0,
+                rank_reads=self.rank_reads,
+                label_columns=[],
+                weight_column=self.weight_column,
+            )
+            view.epoch = self.epoch
+            streams.append(view._weight_sums(start))
+        # The views are made (and the epoch read) now, not at the first batch.
+        return (sum(next(s) for s in streams) for _ in range(start, len(self)))
+
+    def _weight_sums(self, start: int) -> Iterator[float]:
+        """Per batch of this loader's own rows from ``start`` on: the sum of their weights
+        (float64), 0 for batches past the data."""
+        B, carry, made = self.batch_size, np.zeros(0, np.float32), start
+        for cols, idx in self._own_windows(start):
+            w = np.concatenate([carry, cols.weights[idx]])
+            full = len(w) - len(w) % B
+            for lo in range(0, full, B):
+                yield float(w[lo : lo + B].sum(dtype=np.float64))
+            made += full // B
+            carry = w[full:]
+        while made < len(self):
+            yield float(carry.sum(dtype=np.float64))
+            carry, made = carry[:0], made + 1
+
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
@@ -616,10 +677,13 @@ class ParquetBatchLoader:
         if self.prefetch > 0:
             # Whole blocks cross threads: a batch-by-batch hand-over woke a thread every step.
             blocks = prefetched(blocks, -(-self.prefetch // BLOCK_BATCHES), "recsys_dist-blocks")
-        return self._cut_all(blocks, start)
+        weighted = self.global_weights(start) if self.weight_column and self.world_size > 1 else None
+        return self._cut_all(blocks, start, weighted)
 
-    def _cut_all(self, blocks: Iterator[tuple], start: int) -> Iterator[CTRBatch]:
-        # Every batch carries its loss_scale: one shared tensor while no rank pads, then per batch.
+    def _cut_all(self, blocks: Iterator[tuple], start: int, weighted: Iterator[float] | None) -> Iterator[CTRBatch]:
+        # Every batch carries its loss_scale: one shared tensor while no rank pads, then per batch;
+        # with sample weights on several ranks (``weighted``: the global batches' weight sums),
+        # this rank's weight share of each global batch.
         one = torch.ones((), dtype=torch.float32)
         if self.pin_memory:
             one = one.pin_memory()
@@ -627,7 +691,15 @@ class ParquetBatchLoader:
         try:
             for block in blocks:
                 for batch in self._cut(block):
-                    if step >= self._unpadded_steps:
+                    if weighted is not None:
+                        total = next(weighted)
+                        # The float32 sum the loss divides by (losses.py), so that it cancels.
+                        here = float(batch.weights.sum())
+                        scale = here * self.world_size / total if total > 0 else 0.0
+                        batch.loss_scale = torch.tensor(scale, dtype=torch.float32)
+                        if self.pin_memory:
+                            batch.loss_scale = batch.loss_scale.pin_memory()
+                    elif step >= self._unpadded_steps:
                         scale = self.loss_scale(step)
                         batch.loss_scale = one if scale == 1.0 else torch.tensor(scale, dtype=torch.float32)
                         if self.pin_memory and scale != 1.0:

@@ -5,7 +5,9 @@ A loss is ``fn(logits, labels, weights, **train.loss_args) -> Tensor[]`` (a scal
 - ``logits``: float32 ``[B]`` (one task) or ``[B, T]``; the model's raw outputs.
 - ``labels``: float32 ``[B]`` (``[B, T]`` with several tasks): 0/1 for binary losses.
 - ``weights``: float32 ``[B]``, 0 for padding rows, which must not contribute. Divide by
-  ``weights.sum().clamp(min=1)`` so that a batch of padding gives 0 with zero gradients.
+  ``weighted_sum_or_one(weights)`` (``weights.sum()``, or 1 for a batch of padding only, which
+  then gives 0 with zero gradients): the trainer's ``loss_scale`` assumes exactly this
+  denominator when it turns each rank's weighted mean into the global batch's.
 
 The function runs inside the model's forward, which TrainPipelineSparseDist traces with
 torch.fx: it may use tensor operations freely, but no Python control flow on tensor values
@@ -70,10 +72,17 @@ def get_loss(name: str) -> LossFn:
     return _LOSSES[name]
 
 
+def weighted_sum_or_one(weights: torch.Tensor) -> torch.Tensor:
+    """``weights.sum()``, or 1 where it is 0 (a batch of padding only): the denominator of a
+    loss's weighted mean. Not ``clamp(min=1)``: sample weights below 1 are exact too."""
+    total = weights.sum()
+    return torch.where(total > 0, total, torch.ones_like(total))
+
+
 def _weighted_mean(per_example: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     if per_example.dim() > 1:  # [B, T]: every task of a row shares the row's weight
         per_example = per_example.mean(dim=1)
-    return (per_example * weights).sum() / weights.sum().clamp(min=1.0)
+    return (per_example * weights).sum() / weighted_sum_or_one(weights)
 
 
 @register_loss("bce")

@@ -15,7 +15,9 @@ class CTRTask(nn.Module):
     """Wraps a model ``f(dense [B, D], kjt) -> logits [B, 1]`` with the training loss.
 
     ``forward(batch)`` returns ``(loss, (loss, logits, labels, weights))``: the shape
-    TorchRec's train pipelines expect.
+    TorchRec's train pipelines expect (with several tasks the second, detached ``loss`` is
+    float32 ``[1 + T]``: the loss, then each task's own loss before ``loss_weights``, all
+    scaled alike; the trainer logs them as ``loss/<task>``).
 
     A model may also return a dict ``{"logits": ..., name: tensor, ...}``: ``logits`` is what
     the metrics and ``predict`` read, and every other entry is passed to the loss function as
@@ -31,11 +33,13 @@ class CTRTask(nn.Module):
     ``remap``: a :class:`recsys_dist.models.managed.ManagedRemap` that maps the batch's raw ids
     to table rows first (``data.categorical_mapping: managed``), or None.
 
-    The loss is then multiplied by ``batch.loss_scale`` (when set): this rank's real rows x
-    world size / the global batch's real rows. DDP averages the dense gradients over ranks and
-    TorchRec's output_dist averages the pooled-embedding gradients the same way, so the step
-    follows the mean over the real rows of the whole global batch at any world size, also for
-    a last batch that is padding on some ranks (a full batch has scale 1 on every rank).
+    The loss is then multiplied by ``batch.loss_scale`` (when set): this rank's weight x world
+    size / the global batch's weight (weight = the sum of the batch's ``weights``: its real
+    rows, or their sample weights with ``data.schema.weight``). DDP averages the dense
+    gradients over ranks and TorchRec's output_dist averages the pooled-embedding gradients
+    the same way, so the step follows the weighted mean over the rows of the whole global
+    batch, ``sum_i w_i l_i / sum_i w_i`` over every rank's rows, at any world size, also for a
+    last batch that is padding on some ranks (a full batch of weight-1 rows has scale 1).
 
     ``bf16_device``: a device type ("cpu", "cuda"); the model's forward then runs under
     ``torch.autocast`` with bfloat16 (mixed precision: matmuls in bfloat16, parameters and
@@ -71,8 +75,9 @@ class CTRTask(nn.Module):
         self.task_names = [t[0] for t in tasks] if tasks else ["label"]
         # A child module without sharded tables: TrainPipelineSparseDist's fx trace treats it
         # as a leaf, so the loss function may use Python control flow on tensors.
-        if tasks and len(tasks) > 1:
-            self.loss = MultiTaskLoss(tasks)
+        self.multi_task = bool(tasks and len(tasks) > 1)
+        if self.multi_task:
+            self.loss = MultiTaskLoss(tasks, with_terms=True)
         elif tasks:  # one task named in data.schema.labels: its loss (a weight does not matter alone)
             self.loss = Loss(tasks[0][1], tasks[0][2])
         else:
@@ -88,7 +93,10 @@ class CTRTask(nn.Module):
         extras = {k: v for k, v in out.items() if k != "logits"} if isinstance(out, dict) else {}
         logits = _one_task(out["logits"] if isinstance(out, dict) else out).float()
         loss = _scaled(self.loss(logits, batch.labels, batch.weights, **extras), batch.loss_scale)
-        return loss, (loss.detach(), logits.detach(), batch.labels, batch.weights)
+        logged = loss.detach()
+        if self.multi_task:  # [1 + T]: the total, then the tasks' own losses (for the log)
+            loss = loss[0]
+        return loss, (logged, logits.detach(), batch.labels, batch.weights)
 
 
 class Loss(nn.Module):
@@ -107,13 +115,16 @@ class MultiTaskLoss(nn.Module):
     """``sum_t w_t * fn_t(logits[:, t], labels[:, t], weights, **args_t)`` over the tasks
     ``[(name, fn, args, w), ...]``; logits and labels ``[B, T]``, weights ``[B]``.
 
+    ``with_terms``: return float32 ``[1 + T]`` instead of the scalar: the total, then each
+    ``fn_t(...)`` (before its weight ``w_t``).
+
     Raises:
         ValueError: logits that are not ``[B, T]`` (a model with one output per row).
     """
 
-    def __init__(self, tasks: list[tuple]) -> None:
+    def __init__(self, tasks: list[tuple], with_terms: bool = False) -> None:
         super().__init__()
-        self.names = [t[0] for t in tasks]
+        self.names, self.with_terms = [t[0] for t in tasks], with_terms
         self.losses = nn.ModuleList(Loss(fn, args) for _, fn, args, _ in tasks)
         self.task_weights = [float(t[3]) for t in tasks]
 
@@ -123,10 +134,11 @@ class MultiTaskLoss(nn.Module):
                 f"the model returned logits of shape {tuple(logits.shape)}; with the tasks {self.names} it must "
                 f"return [B, {len(self.names)}] (one logit per task, in data.schema.labels order)"
             )
-        total = logits.new_zeros(())
+        total, terms = logits.new_zeros(()), []
         for t, (fn, w) in enumerate(zip(self.losses, self.task_weights)):
-            total = total + w * fn(logits[:, t], labels[:, t], weights, **extras)
-        return total
+            terms.append(fn(logits[:, t], labels[:, t], weights, **extras))
+            total = total + w * terms[-1]
+        return torch.stack([total, *terms]) if self.with_terms else total
 
 
 @torch.fx.wrap

@@ -4,8 +4,8 @@ import torch
 
 
 def sharded_vs_unsharded(rank: int, world_size: int, config: str) -> float:
-    """MMoE through the trainer's sharding path (row-wise and table-wise tables): the same
-    [B, T] logits as the unsharded model with the same weights."""
+    """A multi-task model (MMoE, PLE) through the trainer's sharding path (row-wise and
+    table-wise tables): the same [B, T] logits as the unsharded model with the same weights."""
     from recsys_dist.config import load_config
     from recsys_dist.distributed import init_distributed
     from recsys_dist.models import build_model
@@ -32,3 +32,9 @@ def sharded_vs_unsharded(rank: int, world_size: int, config: str) -> float:
     got, want = dmp(batch)[1][1], ref(batch)[1][1]
     assert got.shape == want.shape == (8, 2)
     return (got - want).abs().max().item()
+
+
+def both_models(rank: int, world_size: int, *configs: str) -> list[float]:
+    """``sharded_vs_unsharded`` for each config in one process group (one spawn for several
+    models). The process group is created once and reused (``init_distributed`` keeps it)."""
+    return [sharded_vs_unsharded(rank, world_size, c) for c in configs]

@@ -51,9 +51,13 @@ def test_mmoe_follows_the_equations_and_gives_a_logit_per_task():
 
 
 @pytest.mark.slow
-def test_mmoe_sharded_equals_unsharded():
+def test_mmoe_and_ple_sharded_equal_unsharded_on_3_ranks():
+    # 3 ranks (a row-wise table splits 3 ways); 2 ranks and training at 1/2/3 ranks are
+    # covered by tests/models/test_multitask_cli.py and tests/training/test_padded_batches.py.
     from recsys_dist.testing import run_ranks
     from tests.models import mmoe_worker
+    from tests.models.test_ple import CONFIG as PLE_CONFIG
 
-    for diff in run_ranks(mmoe_worker.sharded_vs_unsharded, 2, str(CONFIG)):
-        assert diff <= 1e-5, diff
+    for diffs in run_ranks(mmoe_worker.both_models, 3, str(CONFIG), str(PLE_CONFIG)):
+        for diff in diffs:
+            assert diff <= 1e-5, diffs

@@ -1,0 +1,132 @@
+"""MMoE and PLE (two tasks) vs two single-task models on the shipped MovieLens sample: 3 seeds
+each on the same split, then per variant the test metrics per seed and a paired bootstrap 95%
+interval of the mean (over seeds) difference to the single-task models on the test rows
+(like AUC, rating RMSE). Results: benchmarks/results/multitask_ple_cpu2core_20261202.md.
+
+Run from the repository root: python benchmarks/multitask_side_by_side.py OUT_DIR
+(trains up to 18 runs of 2 CPU ranks, then predicts each run's test split; a run directory
+with a summary.json is reused).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import yaml
+from sklearn.metrics import roc_auc_score
+
+MMOE, PLE = Path("configs/movielens_multitask.yaml"), Path("configs/movielens_ple.yaml")
+LIKE = {"like": {"column": "rating", "kind": "binary", "threshold": 4.0}}
+RATING = {"rating": {"column": "rating", "kind": "regression"}}
+VARIANTS = {  # name: (config, data.schema.labels or None (both tasks), rating loss weight)
+    "single_like": (MMOE, LIKE, None),
+    "single_rating": (MMOE, RATING, None),
+    "mmoe_w0.1": (MMOE, None, 0.1),
+    "mmoe_w1": (MMOE, None, 1.0),
+    "ple_w0.1": (PLE, None, 0.1),
+    "ple_w1": (PLE, None, 1.0),
+}
+SEEDS = (0, 1, 2)
+
+
+def config(out: Path, name: str) -> Path:
+    """The variant's config file: the shipped one with an absolute raw_path, its labels and loss weights."""
+    base, labels, w = VARIANTS[name]
+    cfg = yaml.safe_load(base.read_text())
+    cfg["data"]["raw_path"] = str((base.parent / cfg["data"]["raw_path"]).resolve())
+    if labels is not None:
+        (task,) = labels
+        cfg["data"]["schema"]["labels"] = labels
+        cfg["train"]["loss"] = {task: cfg["train"]["loss"][task]}
+        cfg["train"]["loss_weights"] = {task: 1.0}
+    else:
+        cfg["train"]["loss_weights"]["rating"] = w
+    path = out / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return path
+
+
+def test_split(raw: str, tasks: list[str]) -> Path:
+    """The converted test split of ``raw`` with these tasks, from the conversion cache."""
+    cache = Path(os.environ.get("RECSYS_DIST_CACHE", Path.home() / ".cache/recsys_dist"))
+    for manifest in sorted(cache.glob("schema-*/manifest.json")):
+        m = json.loads(manifest.read_text())
+        if m.get("source") == raw and list(m.get("tasks") or {}) == tasks and not m.get("weight"):
+            return manifest.parent / "test.parquet"
+    raise FileNotFoundError(f"no converted test split of {raw} with tasks {tasks} under {cache}")
+
+
+def column(t: dict, kind: str, task: str) -> np.ndarray:
+    return np.array(t[f"{kind}:{task}"] if f"{kind}:{task}" in t else t[kind], dtype=np.float64)
+
+
+def main(out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    cli = [sys.executable, "-m", "recsys_dist.cli"]
+    preds, seconds = {}, {}
+    for name in VARIANTS:
+        cfg = config(out, name)
+        raw = yaml.safe_load(cfg.read_text())["data"]["raw_path"]
+        tasks = list(yaml.safe_load(cfg.read_text())["data"]["schema"]["labels"])
+        for seed in SEEDS:
+            run = out / f"{name}_s{seed}"
+            if not (run / "summary.json").exists():
+                t0 = time.perf_counter()
+                args = ["train", "--config", str(cfg), "--run-dir", str(run), "train.progress_bar=false"]
+                subprocess.run([*cli, *args, f"train.seed={seed}"], check=True, capture_output=True)
+                seconds[name, seed] = time.perf_counter() - t0
+            path = run / "test_preds.parquet"
+            if not path.exists():
+                subprocess.run(
+                    [*cli, "predict", str(run), "--data", str(test_split(raw, tasks)), "--out", str(path)],
+                    check=True,
+                    capture_output=True,
+                )
+            t = pq.read_table(path).to_pydict()
+            for task in tasks:
+                kind = "probability" if task == "like" else "logit"
+                preds[name, task, seed] = (column(t, "label", task), column(t, kind, task))
+    y = {task: preds[f"single_{task}", task, 0][0] for task in ("like", "rating")}
+    for (name, task, seed), (lab, _) in preds.items():
+        assert np.array_equal(lab, y[task]), f"{name} seed {seed}: other test rows than the single-task runs"
+
+    def metric(task, p, idx=slice(None)):
+        if task == "like":
+            return roc_auc_score(y[task][idx], p[idx])
+        return float(np.sqrt(np.mean((p[idx] - y[task][idx]) ** 2)))
+
+    rng = np.random.default_rng(0)
+    boots = [rng.integers(0, len(y["like"]), len(y["like"])) for _ in range(1000)]
+    for task, label in (("like", "AUC"), ("rating", "RMSE")):
+        ref = f"single_{task}"
+        for name in VARIANTS:
+            if (name, task, 0) not in preds:
+                continue
+            per_seed = [metric(task, preds[name, task, s][1]) for s in SEEDS]
+            line = f"{task} {label} {name}: " + " ".join(f"{v:.4f}" for v in per_seed)
+            line += f"  mean {np.mean(per_seed):.4f}"
+            if name != ref:
+                diff = np.mean([per_seed[i] - metric(task, preds[ref, task, s][1]) for i, s in enumerate(SEEDS)])
+                d = [
+                    np.mean(
+                        [
+                            metric(task, preds[name, task, s][1], i) - metric(task, preds[ref, task, s][1], i)
+                            for s in SEEDS
+                        ]
+                    )
+                    for i in boots
+                ]
+                line += f"  - single: {diff:+.4f} [{np.percentile(d, 2.5):+.4f}, {np.percentile(d, 97.5):+.4f}]"
+            print(line, flush=True)
+    print("wall seconds per new run:", {f"{k}_s{s}": round(v, 1) for (k, s), v in seconds.items()})
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))
