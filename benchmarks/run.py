@@ -323,6 +323,9 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="times the Criteo sample is repeated (default 5 quick / 20 full; CUDA 20 / 100)",
     )
+    parser.add_argument(
+        "--rows", type=positive_int, default=None, help="use only the first N rows of the Criteo sample (tests)"
+    )
     parser.add_argument("--skip", default="", help="comma-separated items to skip: 3,5")
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore")
@@ -359,6 +362,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         raw = Path(tmp) / "criteo_repeated.txt"
         block = SAMPLE.read_bytes()
+        if args.rows is not None:
+            block = b"".join(block.splitlines(keepends=True)[: args.rows])
         with open(raw, "wb") as f:
             for _ in range(copies):
                 f.write(block)

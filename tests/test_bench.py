@@ -149,6 +149,8 @@ def test_mlperf_path_runs_on_cpu(capsys):
                 "256",
                 "--copies",
                 "1",
+                "--rows",
+                "2000",
                 "--reps",
                 "1",
                 "--skip",
