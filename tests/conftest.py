@@ -21,6 +21,17 @@ def base_row(label="0", dense=None, cats=None) -> str:
     return "\t".join([label, *dense, *cats])
 
 
+def pytest_configure(config):
+    import os
+
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        import torch
+
+        # Test files run side by side (make test: pytest-xdist): one intra-op thread per
+        # worker, or the workers' OpenMP pools fight over the cores.
+        torch.set_num_threads(1)
+
+
 def pytest_collection_modifyitems(config, items):
     import torch
 
