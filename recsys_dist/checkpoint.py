@@ -363,6 +363,12 @@ def _tasks(config: dict) -> list[str]:
 _FIRST_ORDER_NOW, _FIRST_ORDER_BEFORE = ".sparse_arch.embedding_bags.w_", ".first_order.embedding_bags.w_"
 
 
+def checkpoint_keys(path: Path) -> set[str]:
+    """The flattened names of every entry saved in the checkpoint at ``path``
+    (``"model.<fqn>"``, ``"optimizer.<...>"``, ``"rng.rank_<r>"``)."""
+    return set(SafeReader(path).read_metadata().state_dict_metadata)
+
+
 def in_saved_layout(state: dict, path: Path) -> dict:
     """``state`` (``{"model": ..., "optimizer": ..., ...}``) re-keyed to the layout of the
     checkpoint at ``path`` when that is the older one; the values are the same objects, so

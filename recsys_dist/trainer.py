@@ -32,6 +32,7 @@ from recsys_dist import sharding
 from recsys_dist.checkpoint import (
     canonical_optimizer_state,
     check_compatible,
+    checkpoint_keys,
     latest_checkpoint,
     load_checkpoint,
     read_meta,
@@ -613,7 +614,9 @@ class Trainer:
         return {
             "model": self._model.state_dict(),
             "optimizer": canonical_optimizer_state(self._optimizer.state_dict()),
-            "rng": torch.get_rng_state(),
+            # One per rank: the ranks draw different dropout masks (a single "rng" entry would be
+            # saved once, by one rank, and handed to every rank on resume).
+            "rng": {f"rank_{self._ctx.rank}": torch.get_rng_state()},
         }
 
     def _restore(self, path: Path) -> None:
@@ -624,9 +627,18 @@ class Trainer:
         )
         init_lazy_state(self._optimizer, self._model.fused_optimizer)
         state = self._state()
+        saved = checkpoint_keys(path)
+        if meta.get("world_size") != self._ctx.world_size or f"rng.rank_{self._ctx.rank}" not in saved:
+            # On another world size no rank's random stream continues; a checkpoint from before
+            # per-rank states holds one "rng" (what every rank then got).
+            state["rng"] = torch.get_rng_state() if "rng" in saved else None
+        if state["rng"] is None:
+            del state["rng"]
         load_checkpoint(path, state)  # in place: model shards and optimizer state are views
         set_optimizer_steps(self._optimizer, meta["step"])
-        torch.set_rng_state(state["rng"])
+        if "rng" in state:
+            rng = state["rng"]
+            torch.set_rng_state(rng[f"rank_{self._ctx.rank}"] if isinstance(rng, dict) else rng)
         self._step, self.rows_trained = meta["step"], meta["rows_trained"]
         self.train_seconds = meta["train_seconds"]
         if self.best is not None:
