@@ -15,9 +15,9 @@ MOVIELENS = ROOT / "datasets" / "movielens" / "ratings_genres_first20000.csv"
 ONE_RANK = ["distributed.nproc_per_node=1", "train.progress_bar=false", "checkpoint.enabled=true"]
 
 
-def cli(args, tmp, check=True, inprocess=None):
+def cli(args, tmp, check=True):
     """``recsys-dist ARGS`` (tests.cli.run_cli), conversions cached under ``tmp/cache``."""
-    r = run_cli(args, tmp, inprocess=inprocess)
+    r = run_cli(args, tmp)
     if check:
         assert r.returncode == 0, r.stderr[-3000:]
     return r
