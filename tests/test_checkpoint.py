@@ -11,8 +11,9 @@ import shutil
 
 import pytest
 
+from tests.cli import run_cli
 from tests.conftest import QUICKSTART, ROOT
-from tests.test_quickstart import read_metrics, run_cli
+from tests.test_quickstart import read_metrics
 
 # 1,600 train rows; global batch 96 drops the remainder so every world size (1, 2, 3) sees
 # identical global batches: 16 steps per epoch, 32 in all.
@@ -31,9 +32,10 @@ WS = {
 }
 
 
-def train(tmp_path, run_dir, *extra, env=None):
-    r = run_cli(["train", "--config", str(QUICKSTART), "--run-dir", str(run_dir), *BASE, *extra], tmp_path, env=env)
-    return r
+def train(tmp_path, run_dir, *extra, env=None, inprocess=None):
+    """``inprocess=True``: the run is refused before it trains (see tests.cli.run_cli)."""
+    args = ["train", "--config", str(QUICKSTART), "--run-dir", str(run_dir), *BASE, *extra]
+    return run_cli(args, tmp_path, env=env, inprocess=inprocess)
 
 
 def losses(run_dir):
@@ -136,6 +138,7 @@ def test_checkpoint_from_another_model_config_is_refused(small_run):
         str(run / "checkpoints" / "step_00000004"),
         "model.embedding_dim=8",
         "model.dense_arch_layer_sizes=[32,8]",
+        inprocess=True,
     )
     assert r.returncode == 1
     assert "written by a different config: model.embedding_dim 16 -> 8" in r.stderr
@@ -146,9 +149,9 @@ def test_truncated_or_missing_checkpoint_is_refused(small_run, tmp_path):
     broken = tmp_path / "broken"
     shutil.copytree(run / "checkpoints" / "step_00000004", broken)
     (broken / ".metadata").unlink()
-    r = train(tmp, tmp_path / "x", *WS[1], "--resume", str(broken))
+    r = train(tmp, tmp_path / "x", *WS[1], "--resume", str(broken), inprocess=True)
     assert r.returncode == 1 and "is incomplete: .metadata missing" in r.stderr
-    r = train(tmp, tmp_path / "y", *WS[1], "--resume", str(tmp_path / "nope"))
+    r = train(tmp, tmp_path / "y", *WS[1], "--resume", str(tmp_path / "nope"), inprocess=True)
     assert r.returncode == 1 and "does not exist" in r.stderr
     r = train(tmp, tmp_path / "z", *WS[1], "--resume", "auto", "train.max_steps=1", "checkpoint.enabled=false")
     assert r.returncode == 0 and "no complete checkpoint" in r.stderr and "starting from scratch" in r.stderr

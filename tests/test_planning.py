@@ -1,13 +1,12 @@
 """Dry-run planning: no process group, no GPU, any world size."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 
 from recsys_dist.config import load_config
 from recsys_dist.planning import PlanError, dry_run
+from tests.cli import run_cli
 from tests.conftest import QUICKSTART, ROOT
 
 MLPERF = ROOT / "configs" / "mlperf_dlrmv2.yaml"
@@ -50,20 +49,12 @@ def test_unknown_table_in_per_table_is_an_error():
 
 
 def test_plan_cli_64_gpus_json_and_failure_exit_code():
-    cmd = [sys.executable, "-m", "recsys_dist.cli", "plan", "--config", str(MLPERF)]
-    r = subprocess.run(
-        cmd + ["--world-size", "64", "--local-world-size", "8", "--hbm-gb", "80", "--json"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=ROOT,
-    )
+    cmd = ["plan", "--config", str(MLPERF)]
+    r = run_cli(cmd + ["--world-size", "64", "--local-world-size", "8", "--hbm-gb", "80", "--json"], timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     out = json.loads(r.stdout)
     assert len(out["hbm_gb"]) == 64 and len(out["placements"]) == 26
-    r = subprocess.run(
-        cmd + ["--world-size", "1", "--hbm-gb", "80"], capture_output=True, text=True, timeout=300, cwd=ROOT
-    )
+    r = run_cli(cmd + ["--world-size", "1", "--hbm-gb", "80"], timeout=300)
     assert r.returncode == 1 and "no sharding plan fits" in r.stderr
 
 

@@ -2,21 +2,14 @@
 
 import json
 import math
-import os
-import subprocess
 import sys
 
 import pytest
 
+from tests.cli import run_cli
 from tests.conftest import QUICKSTART, ROOT
 
 FAST = ["data.num_rows=2000", "train.log_every_n_steps=5"]
-
-
-def run_cli(args, tmp_path, launcher=(), env=None):
-    env = dict(os.environ, RECSYS_DIST_CACHE=str(tmp_path / "cache"), **(env or {}))
-    cmd = [*launcher, "-m", "recsys_dist.cli", *args] if launcher else [sys.executable, "-m", "recsys_dist.cli", *args]
-    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
 
 
 def read_metrics(run_dir):
@@ -79,7 +72,8 @@ def test_quickstart_world_size_2(tmp_path):
     # The 2-rank sharded checkpoint, evaluated unsharded in one process, scores the test split
     # exactly as the sharded run did.
     (test_parquet,) = (tmp_path / "cache").glob("criteo-*/test.parquet")
-    ev = run_cli(["evaluate", str(run_dir), "--data", str(test_parquet)], tmp_path)
+    # (a fresh `python -m recsys_dist.cli evaluate`: that path stays covered)
+    ev = run_cli(["evaluate", str(run_dir), "--data", str(test_parquet)], tmp_path, inprocess=False)
     assert ev.returncode == 0, ev.stderr[-2000:]
     got = json.loads(ev.stdout.strip().splitlines()[-1])
     (want,) = [m for m in lines if m["split"] == "test"]
@@ -116,6 +110,7 @@ def test_bad_config_fails_before_any_rank_starts(tmp_path):
             "distributed.nproc_per_node=0",
         ],
         tmp_path,
+        inprocess=True,
     )
     assert r.returncode == 2
     assert "train.batch_size" in r.stderr and "distributed.nproc_per_node" in r.stderr
@@ -125,7 +120,7 @@ def test_bad_config_fails_before_any_rank_starts(tmp_path):
 def test_unwritable_run_dir_is_a_clear_error(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("x")
-    r = run_cli(["train", "--config", str(QUICKSTART), "--run-dir", str(blocker / "run")], tmp_path)
+    r = run_cli(["train", "--config", str(QUICKSTART), "--run-dir", str(blocker / "run")], tmp_path, inprocess=True)
     assert r.returncode == 2 and "cannot write there" in r.stderr
 
 
@@ -135,7 +130,9 @@ def test_bad_data_is_reported_before_any_rank_starts(tmp_path):
     bad = tmp_path / "bad.txt"
     bad.write_text("\n".join(lines) + "\n")
     r = run_cli(
-        ["train", "--config", str(QUICKSTART), "--run-dir", str(tmp_path / "run"), f"data.raw_path={bad}"], tmp_path
+        ["train", "--config", str(QUICKSTART), "--run-dir", str(tmp_path / "run"), f"data.raw_path={bad}"],
+        tmp_path,
+        inprocess=True,
     )
     assert r.returncode == 1
     assert "bad.txt, line 13, column label: 2 is not 0 or 1" in r.stderr
@@ -272,5 +269,7 @@ def test_avazu_trains_on_two_ranks(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     test = [m for m in read_metrics(run_dir) if m["split"] == "test"][0]
     assert 0.5 < test["auc"] <= 1 and test["num_examples"] == 300
-    r = run_cli(["train", "--config", str(ROOT / "configs" / "avazu_deepfm.yaml"), "model.name=dlrm"], tmp_path)
+    r = run_cli(
+        ["train", "--config", str(ROOT / "configs" / "avazu_deepfm.yaml"), "model.name=dlrm"], tmp_path, inprocess=True
+    )
     assert r.returncode == 2 and "dlrm needs dense features" in r.stderr

@@ -2,8 +2,8 @@ import pytest
 import torch
 
 from recsys_dist.schedule import LRSchedule
+from tests.cli import run_cli
 from tests.conftest import QUICKSTART
-from tests.test_quickstart import run_cli
 
 
 def test_warmup_then_polynomial_decay_then_hold():

@@ -2,11 +2,11 @@
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.cli import run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "examples" / "custom_model" / "config.yaml"
@@ -14,15 +14,9 @@ SAMPLE = ROOT / "datasets" / "criteo_kaggle" / "dac_train_first10000.txt"
 
 
 def cli(args, tmp_path):
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "examples" / "custom_model"), str(ROOT)])}
-    env["RECSYS_DIST_CACHE"] = str(tmp_path / "cache")
-    r = subprocess.run(
-        [sys.executable, "-m", "recsys_dist.cli", *map(str, args)],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-    )
+    """``recsys-dist ARGS`` run from ``tmp_path``, the example's model importable."""
+    env = {"PYTHONPATH": os.pathsep.join([str(ROOT / "examples" / "custom_model"), str(ROOT)])}
+    r = run_cli(args, tmp_path, cwd=tmp_path, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     return r
 

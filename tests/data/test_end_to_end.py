@@ -1,24 +1,15 @@
 """Vocabulary mapping and a schema-described multi-hot dataset through the real CLI (1 rank)."""
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 import yaml
 
+from tests.cli import run_cli
 from tests.conftest import QUICKSTART, ROOT
 
 MOVIELENS = ROOT / "configs" / "movielens_deepfm.yaml"
 ONE_RANK = ["distributed.nproc_per_node=1", "train.progress_bar=false", "checkpoint.enabled=true"]
-
-
-def run_cli(args, tmp_path):
-    env = dict(os.environ, RECSYS_DIST_CACHE=str(tmp_path / "cache"))
-    return subprocess.run(
-        [sys.executable, "-m", "recsys_dist.cli", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
-    )
 
 
 def final(run_dir, split):

@@ -10,8 +10,8 @@ import json
 
 import pytest
 
+from tests.cli import run_cli
 from tests.conftest import ROOT
-from tests.test_quickstart import run_cli
 
 BST = ROOT / "configs" / "movielens_bst.yaml"
 DIN = ROOT / "configs" / "movielens_din.yaml"

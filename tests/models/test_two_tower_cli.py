@@ -9,8 +9,8 @@ import json
 import numpy as np
 import pytest
 
+from tests.cli import run_cli
 from tests.conftest import ROOT
-from tests.test_quickstart import run_cli
 
 TWO_TOWER = ROOT / "configs" / "movielens_two_tower.yaml"
 COMMON = [

@@ -7,8 +7,8 @@ import pytest
 
 from recsys_dist.data.criteo import DataError
 from recsys_dist.data.loader import ParquetBatchLoader
+from tests.cli import run_cli
 from tests.conftest import QUICKSTART
-from tests.test_quickstart import run_cli
 
 
 @pytest.mark.slow

@@ -1,9 +1,6 @@
 """Small trained runs shared by the serving tests (each trained once per session, 1 rank)."""
 
 import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pyarrow as pa
@@ -11,6 +8,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
+from tests.cli import run_cli
 from tests.conftest import QUICKSTART, ROOT
 
 MOVIELENS = ROOT / "datasets" / "movielens" / "ratings_genres_first20000.csv"
@@ -18,16 +16,8 @@ ONE_RANK = ["distributed.nproc_per_node=1", "train.progress_bar=false", "checkpo
 
 
 def cli(args, tmp, check=True):
-    """``recsys-dist ARGS`` in a fresh process, conversions cached under ``tmp/cache``."""
-    env = dict(os.environ, RECSYS_DIST_CACHE=str(tmp / "cache"))
-    r = subprocess.run(
-        [sys.executable, "-m", "recsys_dist.cli", *map(str, args)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    """``recsys-dist ARGS`` (tests.cli.run_cli), conversions cached under ``tmp/cache``."""
+    r = run_cli(args, tmp)
     if check:
         assert r.returncode == 0, r.stderr[-3000:]
     return r

@@ -17,8 +17,8 @@ import pytest
 
 from recsys_dist.config import ConfigError, load_config
 from recsys_dist.early_stopping import BestTracker
+from tests.cli import run_cli
 from tests.conftest import QUICKSTART, ROOT
-from tests.test_quickstart import run_cli
 
 MOVIELENS = ROOT / "configs" / "movielens_deepfm.yaml"
 RUN = [

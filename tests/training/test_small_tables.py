@@ -12,8 +12,8 @@ import pytest
 
 from recsys_dist.config import ConfigError, load_config
 from recsys_dist.sharding import constraints, leaves_rank_empty
+from tests.cli import run_cli
 from tests.conftest import QUICKSTART
-from tests.test_quickstart import run_cli
 
 
 def test_which_row_wise_shardings_leave_a_rank_empty():
@@ -48,6 +48,7 @@ def test_row_wise_only_on_too_few_rows_is_refused_before_start(tmp_path):
             "sharding.sharding_types=[row_wise]",
         ],
         tmp_path,
+        inprocess=True,
     )
     assert r.returncode == 2, r.stderr[-2000:]
     assert "sharding.sharding_types" in r.stderr and "t_C1 (2 rows)" in r.stderr and "table_wise" in r.stderr

@@ -8,8 +8,8 @@ import json
 
 import pytest
 
+from tests.cli import run_cli
 from tests.conftest import QUICKSTART
-from tests.test_quickstart import run_cli
 
 BASE = [
     "data.num_rows=1000",

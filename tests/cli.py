@@ -1,0 +1,144 @@
+"""``recsys-dist ARGS`` for the tests: in this process where nothing trains, else a fresh one.
+
+A fresh ``python -m recsys_dist.cli`` imports torch and TorchRec first: ~6 CPU-seconds before
+it does anything. The commands that do not train (evaluate, predict, export, report, compare,
+plan, preprocess) therefore run here, through ``recsys_dist.cli.main``, with the process state
+they see or change (environment, working directory, ``sys.path``, logger levels, signal
+handlers, warning filters, torch's thread count) set up as a fresh process would have it and
+put back afterwards. ``train`` runs in a subprocess, unless the caller passes
+``inprocess=True`` because the run must stop before any rank or training step (a config or
+data error). ``inprocess=False`` keeps any command in a subprocess, so that the
+``python -m recsys_dist.cli`` path of each command stays covered somewhere.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import signal
+import subprocess
+import sys
+import traceback
+import warnings
+from contextlib import redirect_stderr, redirect_stdout
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Commands that never start a rank or train a step.
+IN_PROCESS = {"evaluate", "predict", "export", "report", "compare", "plan", "preprocess"}
+# Loggers the CLI sets to ERROR (cli._quiet_third_party, cmd_plan, _launch_ranks).
+QUIETED = (
+    "torch.fx._symbolic_trace",
+    "torchrec",
+    "torch.distributed",
+    "fbgemm_gpu",
+    "torch.distributed.elastic.agent.server.api",
+)
+SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+def run_cli(
+    args,
+    tmp=None,
+    *,
+    cwd=ROOT,
+    env: dict | None = None,
+    timeout: float = 600,
+    inprocess: bool | None = None,
+    launcher=(),
+) -> subprocess.CompletedProcess:
+    """``recsys-dist ARGS``: its exit code, stdout and stderr (text).
+
+    Args:
+        args: the command line after ``recsys-dist`` (items are passed through ``str``).
+        tmp: conversions are cached under ``tmp/cache`` (``RECSYS_DIST_CACHE``) when given.
+        cwd: the working directory of the command (default the repository root).
+        env: environment variables set for the command (a value None unsets one).
+        timeout: seconds a subprocess may run (``subprocess.TimeoutExpired`` after that).
+        inprocess: True runs the command in this process (a ``train`` that must fail before
+            any rank starts), False in a subprocess; None (default): in this process for the
+            commands of ``IN_PROCESS`` without a launcher, else in a subprocess.
+        launcher: the command that runs ``-m recsys_dist.cli`` (e.g. torchrun and its
+            options); default this Python. Implies a subprocess.
+    """
+    args = [str(a) for a in args]
+    overrides = {"RECSYS_DIST_CACHE": str(Path(tmp) / "cache")} if tmp is not None else {}
+    overrides.update({k: (None if v is None else str(v)) for k, v in (env or {}).items()})
+    if inprocess is None:
+        inprocess = not launcher and bool(args) and args[0] in IN_PROCESS
+    if inprocess and launcher:
+        raise ValueError("a launcher starts a subprocess; it cannot run in this process")
+    if inprocess:
+        return _in_process(args, Path(cwd), overrides)
+    full_env = {k: v for k, v in {**os.environ, **overrides}.items() if v is not None}
+    cmd = [*(launcher or [sys.executable]), "-m", "recsys_dist.cli", *args]
+    return subprocess.run(cmd, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout)
+
+
+def _in_process(args: list[str], cwd: Path, overrides: dict) -> subprocess.CompletedProcess:
+    from recsys_dist import cli
+
+    saved_env, saved_cwd, saved_path = dict(os.environ), os.getcwd(), list(sys.path)
+    saved_levels = {
+        name: lg.level for name, lg in logging.Logger.manager.loggerDict.items() if isinstance(lg, logging.Logger)
+    }
+    saved_root = logging.getLogger().level
+    saved_signals = {sig: signal.getsignal(sig) for sig in SIGNALS}
+    threads = sys.modules["torch"].get_num_threads() if "torch" in sys.modules else None
+    out, err = io.StringIO(), io.StringIO()
+    try:
+        for k, v in overrides.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        if overrides.get("PYTHONPATH"):  # what the subprocess would import from
+            sys.path[:0] = [p for p in overrides["PYTHONPATH"].split(os.pathsep) if p and p not in sys.path]
+        os.chdir(cwd)
+        with warnings.catch_warnings(), redirect_stdout(out), redirect_stderr(err):
+            _fresh_interpreter_warnings()
+            try:
+                code = cli.main(args)
+            except SystemExit as exit_:  # argparse: 2 on a usage error, 0 after --help
+                code = exit_.code
+                if code is not None and not isinstance(code, int):
+                    print(code, file=sys.stderr)
+                    code = 1
+                code = code or 0
+            except Exception:  # what the interpreter prints and exits with
+                traceback.print_exc()
+                code = 1
+    finally:
+        os.chdir(saved_cwd)
+        sys.path[:] = saved_path
+        os.environ.clear()
+        os.environ.update(saved_env)
+        for name, lg in list(logging.Logger.manager.loggerDict.items()):
+            if isinstance(lg, logging.Logger):
+                if name in saved_levels:
+                    lg.setLevel(saved_levels[name])
+                elif name in QUIETED:
+                    lg.setLevel(logging.NOTSET)
+        logging.getLogger().setLevel(saved_root)
+        for sig, handler in saved_signals.items():
+            if handler is not None:
+                signal.signal(sig, handler)
+        if threads is not None:
+            sys.modules["torch"].set_num_threads(threads)
+    return subprocess.CompletedProcess(["recsys-dist", *args], code, out.getvalue(), err.getvalue())
+
+
+def _fresh_interpreter_warnings() -> None:
+    """Warning filters and output as in a new ``python``: pytest's filterwarnings and its
+    recording do not apply to what the command prints."""
+    warnings.resetwarnings()
+    for category in (ResourceWarning, ImportWarning, PendingDeprecationWarning, DeprecationWarning):
+        warnings.simplefilter("ignore", category)
+    warnings.filterwarnings("default", category=DeprecationWarning, module="__main__")
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
+
+    warnings.showwarning = show

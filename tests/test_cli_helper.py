@@ -1,0 +1,36 @@
+"""tests.cli.run_cli in this process: what a fresh process would print and exit with, and the
+pytest process left as it was."""
+
+import logging
+import os
+import signal
+
+from tests.cli import run_cli
+from tests.conftest import QUICKSTART
+
+
+def test_in_process_command_gives_output_and_exit_code_and_restores_the_process(tmp_path):
+    import recsys_dist.cli  # noqa: F401  (its first import sets torch's own variables)
+
+    env, cwd, root = dict(os.environ), os.getcwd(), logging.getLogger().level
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    r = run_cli(
+        ["plan", "--config", QUICKSTART, "--world-size", "2", "--device", "cpu", "--json"],
+        tmp_path,
+        cwd=tmp_path,
+        env={"RECSYS_DIST_LOG": "INFO"},
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert '"placements"' in r.stdout
+    # cmd_plan sets the root logger to ERROR; _quiet_third_party sets TorchRec's.
+    assert logging.getLogger().level == root and logging.getLogger("torchrec").level == logging.NOTSET
+    assert dict(os.environ) == env and os.getcwd() == cwd
+    assert {sig: signal.getsignal(sig) for sig in handlers} == handlers
+
+    r = run_cli(["evaluate"], tmp_path)  # argparse exits 2
+    assert r.returncode == 2 and "the following arguments are required" in r.stderr
+    r = run_cli(["plan", "--config", tmp_path / "missing.yaml", "--world-size", "2"], tmp_path)
+    assert r.returncode == 2 and "missing.yaml" in r.stderr and "Traceback" not in r.stderr
+    # A train refused before any rank starts, in this process when asked.
+    r = run_cli(["train", "--config", QUICKSTART, "train.batch_size=0"], tmp_path, inprocess=True)
+    assert r.returncode == 2 and "train.batch_size" in r.stderr
