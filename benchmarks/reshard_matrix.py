@@ -132,7 +132,39 @@ def one(name: str, config: str, extra: list[str], out: Path) -> dict:
     return res
 
 
+def table(results: list[dict]) -> str:
+    """Markdown: per config the largest metric difference to the uninterrupted run per world size."""
+    head = "| config | resume ws2 | resume ws1 | resume ws3 | export / predict | wall s (train ws2, resume ws2/1/3, export, predict) |"
+    lines = [head, "| --- | --- | --- | --- | --- | --- |"]
+    for r in results:
+        if "error" in r:
+            lines.append(f"| {r['config']} | error: {r['error'].splitlines()[0]} | | | | |")
+            continue
+        cells = []
+        for ws in ("2", "1", "3"):
+            diff = r["diff"][ws]
+            worst = max(diff, key=lambda k: -1.0 if math.isnan(diff[k]) else diff[k])
+            nan = [k for k, v in diff.items() if math.isnan(v)]
+            cell = f"{diff[worst]:.1e} ({worst})" if diff[worst] else f"0 (all {len(diff)} equal)"
+            cells.append(cell + (f"; missing {nan}" if nan else ""))
+        p = r["predict"]
+        ok = f"ok: {p['rows']} rows, {', '.join(p['columns'])}; export vs checkpoint {p['export_vs_checkpoint']:.1e}"
+        if "item_embeddings" in r:
+            e = r["item_embeddings"]
+            ok += f"; item_embeddings {e['shape']}, finite {e['finite']}, max abs(norm-1) {e['max_abs(norm-1)']:.1e}"
+        w = r["wall"]
+        walls = ", ".join(
+            f"{w[k]:.0f}" for k in ("train_ws2", "resume_ws2", "resume_ws1", "resume_ws3", "export", "predict")
+        )
+        lines.append(f"| {r['config']} | {cells[0]} | {cells[1]} | {cells[2]} | {ok} | {walls} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
+    if sys.argv[1] == "--table":  # python benchmarks/reshard_matrix.py --table OUT_DIR
+        rows = [json.loads(x) for x in (Path(sys.argv[2]) / "results.jsonl").read_text().splitlines()]
+        print(table(rows))
+        return
     out = Path(sys.argv[1])
     for name in sys.argv[2:] or list(CONFIGS):
         try:
