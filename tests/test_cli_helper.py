@@ -12,7 +12,8 @@ from tests.conftest import QUICKSTART
 def test_in_process_command_gives_output_and_exit_code_and_restores_the_process(tmp_path):
     import recsys_dist.cli  # noqa: F401  (its first import sets torch's own variables)
 
-    env, cwd, root = dict(os.environ), os.getcwd(), logging.getLogger().level
+    env, cwd = dict(os.environ), os.getcwd()
+    root, torchrec_level = logging.getLogger().level, logging.getLogger("torchrec").level
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
     r = run_cli(
         ["plan", "--config", QUICKSTART, "--world-size", "2", "--device", "cpu", "--json"],
@@ -23,7 +24,7 @@ def test_in_process_command_gives_output_and_exit_code_and_restores_the_process(
     assert r.returncode == 0, r.stderr[-2000:]
     assert '"placements"' in r.stdout
     # cmd_plan sets the root logger to ERROR; _quiet_third_party sets TorchRec's.
-    assert logging.getLogger().level == root and logging.getLogger("torchrec").level == logging.NOTSET
+    assert logging.getLogger().level == root and logging.getLogger("torchrec").level == torchrec_level
     assert dict(os.environ) == env and os.getcwd() == cwd
     assert {sig: signal.getsignal(sig) for sig in handlers} == handlers
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import torch
-
 
 def resharded_state(rank: int, world_size: int, overrides: list[str], checkpoint: str, cache: str):
     import os
@@ -22,8 +20,7 @@ def resharded_state(rank: int, world_size: int, overrides: list[str], checkpoint
     state = {
         "model": dmp.state_dict(),
         "optimizer": canonical_optimizer_state(optimizer.state_dict()),
-        "rng": torch.get_rng_state(),
-    }
+    }  # the RNG states (rng.rank_<r>) are restored only on the same world size
     load_checkpoint(checkpoint, state)
     flat = {f"model.{k}": v for k, v in state["model"].items()}
     flat.update({f"optimizer.{p}.{n}": v for p, entries in state["optimizer"].items() for n, v in entries.items()})
