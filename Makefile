@@ -33,10 +33,10 @@ lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-# Test files run in parallel (pytest-xdist), one file per worker at a time; at most 4 workers.
+# Tests run in parallel (pytest-xdist, idle workers take queued tests from busy ones); at most 4 workers.
 TEST_WORKERS ?= auto
 test: lint
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --maxprocesses 4 --dist loadfile $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --maxprocesses 4 --dist worksteal $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache
