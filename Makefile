@@ -33,10 +33,11 @@ lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-# Tests run in parallel (pytest-xdist, idle workers take queued tests from busy ones); at most 4 workers.
-TEST_WORKERS ?= auto
+# Test files run in parallel (pytest-xdist, one file per worker at a time). 3 workers: on
+# 2 cores, 2 leave a core idle while ranks start and wait on collectives.
+TEST_WORKERS ?= 3
 test: lint
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --maxprocesses 4 --dist worksteal $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache
