@@ -82,18 +82,9 @@ def launch(fn: Callable[..., Any], nproc: int, *args: Any, max_restarts: int = 0
         raise ValueError(f"nproc must be an integer >= 1, got {nproc!r}")
     _check_spawnable(fn, args)
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+    from torch.distributed.launcher.api import elastic_launch
 
-    config = LaunchConfig(
-        min_nodes=1,
-        max_nodes=1,
-        nproc_per_node=nproc,
-        run_id=str(uuid.uuid4()),
-        rdzv_backend="c10d",  # torchrun --standalone: a c10d store on a free local port
-        rdzv_endpoint="localhost:0",
-        max_restarts=max_restarts,
-        start_method="spawn",
-    )
+    config = _standalone(nproc, max_restarts, "spawn")
     # The agent logs each failure with its traceback, which RankFailedError carries anyway.
     agent_log = logging.getLogger("torch.distributed.elastic")
     level = agent_log.level
@@ -109,6 +100,23 @@ def launch(fn: Callable[..., Any], nproc: int, *args: Any, max_restarts: int = 0
     finally:
         agent_log.setLevel(level)
     return [results[r] for r in range(nproc)]
+
+
+def _standalone(nproc: int, max_restarts: int, start_method: str):
+    """The elastic agent's config for ``nproc`` ranks on this machine alone (torchrun
+    ``--standalone``: a c10d rendezvous store on a free local port)."""
+    from torch.distributed.launcher.api import LaunchConfig
+
+    return LaunchConfig(
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=nproc,
+        run_id=str(uuid.uuid4()),
+        rdzv_backend="c10d",
+        rdzv_endpoint="localhost:0",
+        max_restarts=max_restarts,
+        start_method=start_method,
+    )
 
 
 def rank_main(fn: Callable[..., Any], *args: Any) -> Any:
@@ -183,18 +191,9 @@ def launch_workers(
     fails (after ``max_restarts`` restarts of the whole group); it names the first failing
     rank and carries its error.
     """
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+    from torch.distributed.launcher.api import elastic_launch
 
-    config = LaunchConfig(
-        min_nodes=1,
-        max_nodes=1,
-        nproc_per_node=nproc_per_node,
-        run_id=str(uuid.uuid4()),
-        rdzv_backend="c10d",  # torchrun --standalone: a c10d store on a free local port
-        rdzv_endpoint="localhost:0",
-        max_restarts=max_restarts,
-        start_method=start_method,
-    )
+    config = _standalone(nproc_per_node, max_restarts, start_method)
     from recsys_dist.distributed import LAUNCHER_PID_ENV
 
     os.environ[LAUNCHER_PID_ENV] = str(os.getpid())  # the ranks die with this process
