@@ -21,6 +21,21 @@ def base_row(label="0", dense=None, cats=None) -> str:
     return "\t".join([label, *dense, *cats])
 
 
+@pytest.fixture(autouse=True)
+def _logging_as_it_was():
+    """Undo what a test that runs CLI or benchmark code in this process did to logging (the
+    root level set by `plan`, logging.disable in benchmarks/run.py): tests share a process."""
+    import logging
+
+    names = [None, "recsys_dist", "torchrec", "torch.distributed", "torch.distributed.elastic"]
+    levels = {n: logging.getLogger(n).level for n in names}
+    disabled = logging.root.manager.disable
+    yield
+    logging.disable(disabled)
+    for n, level in levels.items():
+        logging.getLogger(n).setLevel(level)
+
+
 def pytest_configure(config):
     import os
 
