@@ -105,7 +105,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         import torch
 
         torch.set_num_threads(1)
-    check_before_launch(cfg, int(os.environ["WORLD_SIZE"]) if under_launcher() else None)
+    job_size = int(os.environ["WORLD_SIZE"]) if under_launcher() else None  # torchrun's, else nproc_per_node
+    check_before_launch(cfg, job_size)
     _quiet_third_party()
     run_dir = Path(args.run_dir) if args.run_dir else run_dirs.default_run_dir(args.config)
     if worker:
@@ -114,7 +115,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         die_with_launcher()  # a rank never outlives its launcher
         resume = _resolve_resume(args, run_dir)
         if resume is not None:
-            run_dirs.check_resumable(cfg, resume, int(os.environ["WORLD_SIZE"]) if under_launcher() else None)
+            run_dirs.check_resumable(cfg, resume, job_size)
         # Under torchrun (no launcher of ours) the Trainer's rank 0 takes the run directory.
         return _train_worker(args, cfg, run_dir, resume)
     # One run per directory: held until this process ends, however it ends (the ranks it

@@ -626,19 +626,16 @@ class Trainer:
             path, meta, self.cfg.to_dict(), sizes=self._loaders.num_embeddings, world_size=self._ctx.world_size
         )
         init_lazy_state(self._optimizer, self._model.fused_optimizer)
-        state = self._state()
-        saved = checkpoint_keys(path)
-        if meta.get("world_size") != self._ctx.world_size or f"rng.rank_{self._ctx.rank}" not in saved:
-            # On another world size no rank's random stream continues; a checkpoint from before
-            # per-rank states holds one "rng" (what every rank then got).
-            state["rng"] = torch.get_rng_state() if "rng" in saved else None
-        if state["rng"] is None:
+        state, saved = self._state(), checkpoint_keys(path)
+        if "rng" in saved:  # written before per-rank states: one state, which every rank gets
+            state["rng"] = torch.get_rng_state()
+        elif meta.get("world_size") != self._ctx.world_size:  # no rank's random stream continues
             del state["rng"]
         load_checkpoint(path, state)  # in place: model shards and optimizer state are views
         set_optimizer_steps(self._optimizer, meta["step"])
         if "rng" in state:
             rng = state["rng"]
-            torch.set_rng_state(rng[f"rank_{self._ctx.rank}"] if isinstance(rng, dict) else rng)
+            torch.set_rng_state(rng if isinstance(rng, torch.Tensor) else rng[f"rank_{self._ctx.rank}"])
         self._step, self.rows_trained = meta["step"], meta["rows_trained"]
         self.train_seconds = meta["train_seconds"]
         if self.best is not None:
