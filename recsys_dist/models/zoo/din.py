@@ -34,7 +34,7 @@ class DINConfig(DeepModelConfig):
 
 
 @register_model("din", DINConfig, sequences=True)
-def build_din(spec: FeatureSpec, cfg: DINConfig, sequences=True) -> DIN:
+def build_din(spec: FeatureSpec, cfg: DINConfig) -> DIN:
     """``DIN`` over the spec's pooled tables and its sequence tables.
 
     Raises:
