@@ -14,6 +14,7 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection, Embedding
 from torchrec.sparse.jagged_tensor import JaggedTensor, KeyedJaggedTensor
 
 from recsys_dist.models.ctr import mlp, pooled_embeddings
+from recsys_dist.spec import FeatureSpec
 
 
 # Leaves for torch.fx (TrainPipelineSparseDist traces the model): they read a dict, keys and
@@ -40,7 +41,79 @@ def padded_sequence(out: dict[str, JaggedTensor], key: str) -> tuple[torch.Tenso
     return values, mask
 
 
-class DIN(nn.Module):
+class TargetSequenceModel(nn.Module):
+    """Shared by DIN and BST: pooled tables in ``ebc`` (one of them ``target_feature``), sequence
+    tables in ``ec``; ``forward(dense [B, num_dense] float32, kjt)`` -> logits [B, 1] =
+    ``deep([dense, e_1..e_F, summary of each sequence])``, with each sequence's summary
+    ``summarise(i, values [B, L, E], mask [B, L], target [B, E])`` (the subclass's) and ``deep``
+    (the subclass builds it with :meth:`head`, after its own layers: the init order, and so a
+    seeded model's weights, follow the modules' order).
+
+    Raises:
+        ValueError: no sequence feature, or ``target_feature`` not a categorical feature.
+    """
+
+    def __init__(
+        self,
+        ebc: EmbeddingBagCollection,
+        ec: EmbeddingCollection,
+        features: list[str],
+        sequences: list[str],
+        target_feature: str,
+    ) -> None:
+        super().__init__()
+        if target_feature not in features:
+            raise ValueError(f"model.target_feature: {target_feature!r} is not a categorical feature ({features})")
+        if not sequences:
+            raise ValueError(
+                f"{type(self).__name__} needs a sequence feature (data.schema.sequence or data.schema.history)"
+            )
+        self.sparse_arch, self.seq_arch = ebc, ec
+        self.features, self.sequences, self.target = features, sequences, target_feature
+        self._target_index = features.index(target_feature)
+
+    @classmethod
+    def from_spec(cls, spec: FeatureSpec, cfg, *args, **kwargs):
+        """``cls`` over ``spec``'s pooled tables (one EmbeddingBagCollection) and sequence tables
+        (one EmbeddingCollection), with ``cfg``'s ``target_feature``, ``embedding_dim``,
+        ``deep_layer_sizes`` and MLP options; ``args``/``kwargs``: the model's own."""
+        return cls(
+            EmbeddingBagCollection(tables=spec.all_tables(), device=spec.embedding_device),
+            EmbeddingCollection(tables=spec.sequence_tables, device=spec.embedding_device),
+            spec.num_dense,
+            spec.sparse_names,
+            spec.sequence_names,
+            cfg.target_feature,
+            cfg.embedding_dim,
+            cfg.deep_layer_sizes,
+            *args,
+            device=spec.device,
+            **kwargs,
+            **cfg.mlp_kwargs(),
+        )
+
+    @staticmethod
+    def head(d: int, deep_layer_sizes: list[int], device: torch.device | None, **mlp_options) -> nn.Sequential:
+        """The deep MLP over ``d`` inputs, then a linear layer to one logit."""
+        return nn.Sequential(
+            mlp(d, deep_layer_sizes, device=device, **mlp_options), nn.Linear(deep_layer_sizes[-1], 1, device=device)
+        )
+
+    def summarise(self, i: int, values: torch.Tensor, mask: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def forward(self, dense: torch.Tensor, kjt: KeyedJaggedTensor) -> torch.Tensor:
+        v = pooled(self.sparse_arch(kjt), self.features)  # [B, F, E]
+        target = v[:, self._target_index, :]
+        out = self.seq_arch(kjt)
+        parts = [dense, v.flatten(1)]
+        for i, name in enumerate(self.sequences):
+            values, mask = padded_sequence(out, name)
+            parts.append(self.summarise(i, values, mask, target))
+        return self.deep(torch.cat(parts, dim=1))
+
+
+class DIN(TargetSequenceModel):
     """Deep Interest Network (Zhou et al., 2018, KDD, arXiv:1706.06978), eq. 3 and Fig. 2.
 
     For each sequence feature with positions ``e_1..e_L`` [B, L, E] and the target item's
@@ -69,14 +142,7 @@ class DIN(nn.Module):
         device: torch.device | None = None,
         **mlp_options,
     ) -> None:
-        super().__init__()
-        if target_feature not in features:
-            raise ValueError(f"model.target_feature: {target_feature!r} is not a categorical feature ({features})")
-        if not sequences:
-            raise ValueError("DIN needs a sequence feature (data.schema.sequence or data.schema.history)")
-        self.sparse_arch, self.seq_arch = ebc, ec
-        self.features, self.sequences, self.target = features, sequences, target_feature
-        self._target_index = features.index(target_feature)
+        super().__init__(ebc, ec, features, sequences, target_feature)
         self.attention = nn.ModuleList(
             nn.Sequential(
                 mlp(
@@ -87,9 +153,7 @@ class DIN(nn.Module):
             for _ in sequences
         )
         d = num_dense + (len(features) + len(sequences)) * embedding_dim
-        self.deep = nn.Sequential(
-            mlp(d, deep_layer_sizes, device=device, **mlp_options), nn.Linear(deep_layer_sizes[-1], 1, device=device)
-        )
+        self.deep = self.head(d, deep_layer_sizes, device, **mlp_options)
 
     def interest(self, att: nn.Module, values: torch.Tensor, mask: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """[B, E]: ``sum_j w_j e_j`` over real positions (eq. 3)."""
@@ -97,15 +161,8 @@ class DIN(nn.Module):
         w = att(torch.cat([values, t, values - t, values * t], dim=-1)).squeeze(-1) * mask  # [B, L]
         return (w.unsqueeze(-1) * values).sum(dim=1)
 
-    def forward(self, dense: torch.Tensor, kjt: KeyedJaggedTensor) -> torch.Tensor:
-        v = pooled(self.sparse_arch(kjt), self.features)  # [B, F, E]
-        target = v[:, self._target_index, :]
-        out = self.seq_arch(kjt)
-        parts = [dense, v.flatten(1)]
-        for att, name in zip(self.attention, self.sequences):
-            values, mask = padded_sequence(out, name)
-            parts.append(self.interest(att, values, mask, target))
-        return self.deep(torch.cat(parts, dim=1))
+    def summarise(self, i: int, values: torch.Tensor, mask: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return self.interest(self.attention[i], values, mask, target)
 
 
 @torch.fx.wrap
@@ -120,7 +177,7 @@ def recency(mask: torch.Tensor, max_positions: int) -> tuple[torch.Tensor, torch
     return pos, torch.cat([first, mask], dim=1) == 0
 
 
-class BST(nn.Module):
+class BST(TargetSequenceModel):
     """Behavior Sequence Transformer (Chen et al., 2019, DLP-KDD, arXiv:1905.06874), Fig. 1.
 
     For each sequence feature with positions ``h_1..h_L`` [B, L, E] (oldest first) and the target
@@ -169,16 +226,9 @@ class BST(nn.Module):
         device: torch.device | None = None,
         **mlp_options,
     ) -> None:
-        super().__init__()
-        if target_feature not in features:
-            raise ValueError(f"model.target_feature: {target_feature!r} is not a categorical feature ({features})")
-        if not sequences:
-            raise ValueError("BST needs a sequence feature (data.schema.sequence or data.schema.history)")
+        super().__init__(ebc, ec, features, sequences, target_feature)
         if embedding_dim % num_heads:
             raise ValueError(f"model.num_heads: {num_heads} does not divide model.embedding_dim {embedding_dim}")
-        self.sparse_arch, self.seq_arch = ebc, ec
-        self.features, self.sequences, self.target = features, sequences, target_feature
-        self._target_index = features.index(target_feature)
         self.max_positions = max_positions
         self.positions = nn.ParameterList(
             nn.Parameter(torch.empty(max_positions, embedding_dim, device=device).uniform_(-1, 1) * position_init_scale)
@@ -202,9 +252,7 @@ class BST(nn.Module):
             for _ in sequences
         )
         d = num_dense + (len(features) + 2 * len(sequences)) * embedding_dim
-        self.deep = nn.Sequential(
-            mlp(d, deep_layer_sizes, device=device, **mlp_options), nn.Linear(deep_layer_sizes[-1], 1, device=device)
-        )
+        self.deep = self.head(d, deep_layer_sizes, device, **mlp_options)
 
     def encode(
         self,
@@ -222,12 +270,5 @@ class BST(nn.Module):
         hist = (out[:, 1:, :] * mask.unsqueeze(-1)).sum(dim=1) / mask.sum(dim=1, keepdim=True).clamp(min=1)
         return torch.cat([out[:, 0, :], hist], dim=1)
 
-    def forward(self, dense: torch.Tensor, kjt: KeyedJaggedTensor) -> torch.Tensor:
-        v = pooled(self.sparse_arch(kjt), self.features)  # [B, F, E]
-        target = v[:, self._target_index, :]
-        out = self.seq_arch(kjt)
-        parts = [dense, v.flatten(1)]
-        for blocks, positions, name in zip(self.transformers, self.positions, self.sequences):
-            values, mask = padded_sequence(out, name)
-            parts.append(self.encode(blocks, positions, values, mask, target))
-        return self.deep(torch.cat(parts, dim=1))
+    def summarise(self, i: int, values: torch.Tensor, mask: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return self.encode(self.transformers[i], self.positions[i], values, mask, target)

@@ -9,7 +9,6 @@ from __future__ import annotations
 from typing import Literal
 
 from pydantic import Field, model_validator
-from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 
 from recsys_dist.models.registry import register_model
 from recsys_dist.models.sequence import BST
@@ -52,21 +51,13 @@ def build_bst(spec: FeatureSpec, cfg: BSTConfig) -> BST:
     Raises:
         ValueError: no sequence feature, or ``target_feature`` is not a categorical feature.
     """
-    return BST(
-        EmbeddingBagCollection(tables=spec.all_tables(), device=spec.embedding_device),
-        EmbeddingCollection(tables=spec.sequence_tables, device=spec.embedding_device),
-        spec.num_dense,
-        spec.sparse_names,
-        spec.sequence_names,
-        cfg.target_feature,
-        cfg.embedding_dim,
-        cfg.deep_layer_sizes,
+    return BST.from_spec(
+        spec,
+        cfg,
         num_heads=cfg.num_heads,
         ffn_size=cfg.ffn_size,
         num_blocks=cfg.num_blocks,
         transformer_dropout=cfg.transformer_dropout,
         max_positions=cfg.max_positions,
         position_init_scale=cfg.embedding_init_scale or 0.05,
-        device=spec.device,
-        **cfg.mlp_kwargs(),
     )

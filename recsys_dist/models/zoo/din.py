@@ -9,7 +9,6 @@ from __future__ import annotations
 from typing import Literal
 
 from pydantic import Field, model_validator
-from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 
 from recsys_dist.models.registry import register_model
 from recsys_dist.models.sequence import DIN
@@ -40,16 +39,4 @@ def build_din(spec: FeatureSpec, cfg: DINConfig) -> DIN:
     Raises:
         ValueError: no sequence feature, or ``target_feature`` is not a categorical feature.
     """
-    return DIN(
-        EmbeddingBagCollection(tables=spec.all_tables(), device=spec.embedding_device),
-        EmbeddingCollection(tables=spec.sequence_tables, device=spec.embedding_device),
-        spec.num_dense,
-        spec.sparse_names,
-        spec.sequence_names,
-        cfg.target_feature,
-        cfg.embedding_dim,
-        cfg.deep_layer_sizes,
-        cfg.attention_sizes,
-        device=spec.device,
-        **cfg.mlp_kwargs(),
-    )
+    return DIN.from_spec(spec, cfg, cfg.attention_sizes)
