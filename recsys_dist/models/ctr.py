@@ -49,6 +49,15 @@ def mlp(
     return nn.Sequential(*layers)
 
 
+def mlp_head(in_features: int, sizes: list[int], device: torch.device | None = None, **mlp_options) -> nn.Sequential:
+    """:func:`mlp` over ``sizes`` (none: no hidden layer), then a linear layer to one output:
+    ``[B, in_features] -> [B, 1]``. Child 0 is the MLP, child 1 the output layer."""
+    return nn.Sequential(
+        mlp(in_features, sizes, device=device, **mlp_options),
+        nn.Linear(sizes[-1] if sizes else in_features, 1, device=device),
+    )
+
+
 # Leaves for torch.fx: TrainPipelineSparseDist traces the model, and these read the
 # KeyedTensor's keys and shapes, which a trace cannot see.
 @torch.fx.wrap
@@ -195,9 +204,7 @@ class _LinearPlusDeep(nn.Module):
         if mlp_options.get("init_std") is not None:
             nn.init.normal_(self.dense_linear.weight, 0.0, mlp_options["init_std"])
         d = num_dense + len(features) * embedding_dim
-        self.deep = nn.Sequential(
-            mlp(d, deep_layer_sizes, device=device, **mlp_options), nn.Linear(deep_layer_sizes[-1], 1, device=device)
-        )
+        self.deep = mlp_head(d, deep_layer_sizes, device=device, **mlp_options)
 
     def split(self, kjt: KeyedJaggedTensor) -> tuple[torch.Tensor, torch.Tensor]:
         return pooled_and_first_order(self.sparse_arch(kjt), self._deep_keys, self._first_keys)

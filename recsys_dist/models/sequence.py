@@ -13,7 +13,7 @@ from torch import nn
 from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 from torchrec.sparse.jagged_tensor import JaggedTensor, KeyedJaggedTensor
 
-from recsys_dist.models.ctr import mlp, pooled_embeddings
+from recsys_dist.models.ctr import mlp_head, pooled_embeddings
 from recsys_dist.spec import FeatureSpec
 
 
@@ -46,8 +46,8 @@ class TargetSequenceModel(nn.Module):
     tables in ``ec``; ``forward(dense [B, num_dense] float32, kjt)`` -> logits [B, 1] =
     ``deep([dense, e_1..e_F, summary of each sequence])``, with each sequence's summary
     ``summarise(i, values [B, L, E], mask [B, L], target [B, E])`` (the subclass's) and ``deep``
-    (the subclass builds it with :meth:`head`, after its own layers: the init order, and so a
-    seeded model's weights, follow the modules' order).
+    (the subclass builds it, ``recsys_dist.models.ctr.mlp_head``, after its own layers: the init
+    order, and so a seeded model's weights, follow the modules' order).
 
     Raises:
         ValueError: no sequence feature, or ``target_feature`` not a categorical feature.
@@ -90,13 +90,6 @@ class TargetSequenceModel(nn.Module):
             device=spec.device,
             **kwargs,
             **cfg.mlp_kwargs(),
-        )
-
-    @staticmethod
-    def head(d: int, deep_layer_sizes: list[int], device: torch.device | None, **mlp_options) -> nn.Sequential:
-        """The deep MLP over ``d`` inputs, then a linear layer to one logit."""
-        return nn.Sequential(
-            mlp(d, deep_layer_sizes, device=device, **mlp_options), nn.Linear(deep_layer_sizes[-1], 1, device=device)
         )
 
     def summarise(self, i: int, values: torch.Tensor, mask: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -144,16 +137,13 @@ class DIN(TargetSequenceModel):
     ) -> None:
         super().__init__(ebc, ec, features, sequences, target_feature)
         self.attention = nn.ModuleList(
-            nn.Sequential(
-                mlp(
-                    4 * embedding_dim, attention_sizes, device=device, activation=mlp_options.get("activation", "relu")
-                ),
-                nn.Linear(attention_sizes[-1], 1, device=device),
+            mlp_head(
+                4 * embedding_dim, attention_sizes, device=device, activation=mlp_options.get("activation", "relu")
             )
             for _ in sequences
         )
         d = num_dense + (len(features) + len(sequences)) * embedding_dim
-        self.deep = self.head(d, deep_layer_sizes, device, **mlp_options)
+        self.deep = mlp_head(d, deep_layer_sizes, device=device, **mlp_options)
 
     def interest(self, att: nn.Module, values: torch.Tensor, mask: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """[B, E]: ``sum_j w_j e_j`` over real positions (eq. 3)."""
@@ -252,7 +242,7 @@ class BST(TargetSequenceModel):
             for _ in sequences
         )
         d = num_dense + (len(features) + 2 * len(sequences)) * embedding_dim
-        self.deep = self.head(d, deep_layer_sizes, device, **mlp_options)
+        self.deep = mlp_head(d, deep_layer_sizes, device=device, **mlp_options)
 
     def encode(
         self,

@@ -24,7 +24,7 @@ from torch import nn
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from recsys_dist.models.ctr import mlp, pooled_embeddings
+from recsys_dist.models.ctr import mlp, mlp_head, pooled_embeddings
 from recsys_dist.models.registry import register_model
 from recsys_dist.models.zoo.mlp_options import DeepModelConfig
 from recsys_dist.spec import FeatureSpec
@@ -63,11 +63,7 @@ class MMoE(nn.Module):
         self.experts = nn.ModuleList(mlp(d, expert_sizes, device=device, **mlp_options) for _ in range(num_experts))
         self.gates = nn.ModuleList(nn.Linear(d, num_experts, device=device) for _ in range(num_tasks))
         self.towers = nn.ModuleList(
-            nn.Sequential(
-                mlp(expert_sizes[-1], tower_sizes, device=device, **mlp_options) if tower_sizes else nn.Identity(),
-                nn.Linear(tower_sizes[-1] if tower_sizes else expert_sizes[-1], 1, device=device),
-            )
-            for _ in range(num_tasks)
+            mlp_head(expert_sizes[-1], tower_sizes, device=device, **mlp_options) for _ in range(num_tasks)
         )
 
     def forward(self, dense: torch.Tensor, kjt: KeyedJaggedTensor) -> torch.Tensor:

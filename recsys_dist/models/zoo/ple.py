@@ -37,7 +37,7 @@ from torch import nn
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from recsys_dist.models.ctr import mlp, pooled_embeddings
+from recsys_dist.models.ctr import mlp, mlp_head, pooled_embeddings
 from recsys_dist.models.registry import register_model
 from recsys_dist.models.zoo.mlp_options import DeepModelConfig
 from recsys_dist.spec import FeatureSpec
@@ -139,13 +139,7 @@ class PLE(nn.Module):
             )
             for j in range(num_levels)
         )
-        self.towers = nn.ModuleList(
-            nn.Sequential(
-                mlp(h, tower_sizes, device=device, **mlp_options) if tower_sizes else nn.Identity(),
-                nn.Linear(tower_sizes[-1] if tower_sizes else h, 1, device=device),
-            )
-            for _ in range(num_tasks)
-        )
+        self.towers = nn.ModuleList(mlp_head(h, tower_sizes, device=device, **mlp_options) for _ in range(num_tasks))
 
     def forward(self, dense: torch.Tensor, kjt: KeyedJaggedTensor) -> torch.Tensor:
         x = torch.cat([dense, _pooled(self.sparse_arch(kjt), self.features).flatten(1)], dim=1)
