@@ -38,6 +38,13 @@ def _pooled(kt, keys: list[str]) -> torch.Tensor:
     return pooled_embeddings(kt, keys)
 
 
+def mix(gate: nn.Linear, x: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
+    """``softmax(gate(x))^T experts``: x [B, d] and the n experts' outputs [B, n, H] -> [B, H]
+    (eq. 5-6; PLE's eq. 2-3)."""
+    w = torch.softmax(gate(x), dim=1)  # [B, n]
+    return (w.unsqueeze(2) * experts).sum(dim=1)
+
+
 class MMoE(nn.Module):
     """The MMoE network of the module docstring over one EmbeddingBagCollection.
 
@@ -69,12 +76,7 @@ class MMoE(nn.Module):
     def forward(self, dense: torch.Tensor, kjt: KeyedJaggedTensor) -> torch.Tensor:
         x = torch.cat([dense, _pooled(self.sparse_arch(kjt), self.features).flatten(1)], dim=1)
         experts = torch.stack([f(x) for f in self.experts], dim=1)  # [B, n, H]
-        out = []
-        for gate, tower in zip(self.gates, self.towers):
-            g = torch.softmax(gate(x), dim=1)  # [B, n]  (eq. 6)
-            mixed = (g.unsqueeze(2) * experts).sum(dim=1)  # [B, H]  (eq. 5)
-            out.append(tower(mixed))  # [B, 1]  (eq. 7)
-        return torch.cat(out, dim=1)
+        return torch.cat([tower(mix(gate, x, experts)) for gate, tower in zip(self.gates, self.towers)], dim=1)  # eq. 7
 
 
 class MMoEConfig(DeepModelConfig):

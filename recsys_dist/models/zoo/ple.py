@@ -40,6 +40,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from recsys_dist.models.ctr import mlp, mlp_head, pooled_embeddings
 from recsys_dist.models.registry import register_model
 from recsys_dist.models.zoo.mlp_options import DeepModelConfig
+from recsys_dist.models.zoo.mmoe import mix
 from recsys_dist.spec import FeatureSpec
 
 
@@ -49,12 +50,6 @@ from recsys_dist.spec import FeatureSpec
 def _pooled(kt, keys: list[str]) -> torch.Tensor:
     """[B, F, E] pooled embeddings of ``keys`` (``recsys_dist.models.ctr.pooled_embeddings``)."""
     return pooled_embeddings(kt, keys)
-
-
-def _mix(gate: nn.Linear, x: torch.Tensor, experts: list[torch.Tensor]) -> torch.Tensor:
-    """``softmax(gate(x))^T [experts]``: [B, d] and n experts of [B, H] -> [B, H] (eq. 2-3)."""
-    w = torch.softmax(gate(x), dim=1)  # [B, n]
-    return (w.unsqueeze(2) * torch.stack(experts, dim=1)).sum(dim=1)
 
 
 class CGCLevel(nn.Module):
@@ -96,9 +91,9 @@ class CGCLevel(nn.Module):
         shared_in = inputs[-1]
         shared = [e(shared_in) for e in self.shared_experts]
         own = [[e(x) for e in experts] for x, experts in zip(inputs, self.task_experts)]
-        out = [_mix(gate, x, o + shared) for gate, x, o in zip(self.task_gates, inputs, own)]
+        out = [mix(gate, x, torch.stack(o + shared, dim=1)) for gate, x, o in zip(self.task_gates, inputs, own)]
         if self.shared_gate is not None:
-            out.append(_mix(self.shared_gate, shared_in, [e for o in own for e in o] + shared))
+            out.append(mix(self.shared_gate, shared_in, torch.stack([e for o in own for e in o] + shared, dim=1)))
         return out
 
 
