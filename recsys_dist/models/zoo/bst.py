@@ -12,15 +12,14 @@ from pydantic import Field, model_validator
 
 from recsys_dist.models.registry import register_model
 from recsys_dist.models.sequence import BST
-from recsys_dist.models.zoo.mlp_options import DeepModelConfig
+from recsys_dist.models.zoo.mlp_options import TargetSequenceConfig
 from recsys_dist.spec import FeatureSpec
 
 
-class BSTConfig(DeepModelConfig):
+class BSTConfig(TargetSequenceConfig):
     """``model.name: bst``."""
 
     name: Literal["bst"] = "bst"
-    target_feature: str = Field(description="The categorical feature of the item being scored (e.g. movieId).")
     num_heads: int = Field(2, gt=0, description="Attention heads of each transformer layer; must divide embedding_dim.")
     ffn_size: int = Field(64, gt=0, description="Hidden size of each transformer layer's feed-forward network.")
     num_blocks: int = Field(1, gt=0, description="Transformer encoder layers, stacked (the paper's best is 1).")

@@ -12,23 +12,19 @@ from pydantic import Field, model_validator
 
 from recsys_dist.models.registry import register_model
 from recsys_dist.models.sequence import DIN
-from recsys_dist.models.zoo.mlp_options import DeepModelConfig
+from recsys_dist.models.zoo.mlp_options import TargetSequenceConfig, check_sizes
 from recsys_dist.spec import FeatureSpec
 
 
-class DINConfig(DeepModelConfig):
+class DINConfig(TargetSequenceConfig):
     """``model.name: din``."""
 
     name: Literal["din"] = "din"
-    target_feature: str = Field(description="The categorical feature of the item being scored (e.g. movieId).")
     attention_sizes: list[int] = Field([64, 16], description="Hidden sizes of the attention unit's MLP.")
 
     @model_validator(mode="after")
     def _check_attention(self):
-        if not self.attention_sizes or any(s <= 0 for s in self.attention_sizes):
-            raise ValueError(
-                f"model.attention_sizes must be a non-empty list of positive ints, got {self.attention_sizes}"
-            )
+        check_sizes("attention_sizes", self.attention_sizes)
         return self
 
 

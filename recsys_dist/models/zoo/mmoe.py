@@ -19,14 +19,14 @@ from __future__ import annotations
 from typing import Literal
 
 import torch
-from pydantic import Field, model_validator
+from pydantic import Field
 from torch import nn
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from recsys_dist.models.ctr import mlp, mlp_head, pooled_embeddings
 from recsys_dist.models.registry import register_model
-from recsys_dist.models.zoo.mlp_options import DeepModelConfig
+from recsys_dist.models.zoo.mlp_options import TowersConfig
 from recsys_dist.spec import FeatureSpec
 
 
@@ -79,18 +79,11 @@ class MMoE(nn.Module):
         return torch.cat([tower(mix(gate, x, experts)) for gate, tower in zip(self.gates, self.towers)], dim=1)  # eq. 7
 
 
-class MMoEConfig(DeepModelConfig):
+class MMoEConfig(TowersConfig):
     """``model.name: mmoe`` (``deep_layer_sizes`` are each expert's hidden sizes)."""
 
     name: Literal["mmoe"] = "mmoe"
     num_experts: int = Field(4, gt=0, description="Experts shared by every task (n in eq. 5).")
-    tower_sizes: list[int] = Field([32], description="Hidden sizes of each task's tower h^k ([] = a linear head).")
-
-    @model_validator(mode="after")
-    def _check_towers(self):
-        if any(s <= 0 for s in self.tower_sizes):
-            raise ValueError(f"model.tower_sizes must be positive ints, got {self.tower_sizes}")
-        return self
 
 
 @register_model("mmoe", MMoEConfig, multi_task=True, sequences=False)

@@ -32,14 +32,14 @@ from __future__ import annotations
 from typing import Literal
 
 import torch
-from pydantic import Field, model_validator
+from pydantic import Field
 from torch import nn
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from recsys_dist.models.ctr import mlp, mlp_head, pooled_embeddings
 from recsys_dist.models.registry import register_model
-from recsys_dist.models.zoo.mlp_options import DeepModelConfig
+from recsys_dist.models.zoo.mlp_options import TowersConfig
 from recsys_dist.models.zoo.mmoe import mix
 from recsys_dist.spec import FeatureSpec
 
@@ -144,20 +144,13 @@ class PLE(nn.Module):
         return torch.cat([tower(g_k) for tower, g_k in zip(self.towers, g)], dim=1)  # eq. 5
 
 
-class PLEConfig(DeepModelConfig):
+class PLEConfig(TowersConfig):
     """``model.name: ple`` (``deep_layer_sizes`` are each expert's hidden sizes)."""
 
     name: Literal["ple"] = "ple"
     num_levels: int = Field(2, gt=0, description="Extraction levels N (1 = CGC alone).")
     num_task_experts: int = Field(2, gt=0, description="Experts of each task's own, per level (m_k).")
     num_shared_experts: int = Field(2, gt=0, description="Experts shared by every task, per level (m_s).")
-    tower_sizes: list[int] = Field([32], description="Hidden sizes of each task's tower t^k ([] = a linear head).")
-
-    @model_validator(mode="after")
-    def _check_towers(self):
-        if any(s <= 0 for s in self.tower_sizes):
-            raise ValueError(f"model.tower_sizes must be positive ints, got {self.tower_sizes}")
-        return self
 
 
 @register_model("ple", PLEConfig, multi_task=True, sequences=False)
