@@ -13,18 +13,15 @@ from torch import nn
 from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 from torchrec.sparse.jagged_tensor import JaggedTensor, KeyedJaggedTensor
 
-from recsys_dist.models.ctr import mlp_head, pooled_embeddings
+# ctr.pooled_embeddings, called through its module: torch.fx.wrap makes it a leaf of the
+# pipeline's trace by patching that name in ctr's namespace, which a name imported here would miss.
+from recsys_dist.models import ctr
+from recsys_dist.models.ctr import mlp_head
 from recsys_dist.spec import FeatureSpec
 
 
 # Leaves for torch.fx (TrainPipelineSparseDist traces the model): they read a dict, keys and
-# shapes. torch.fx.wrap applies to names of the module that calls it, hence the local twin.
-@torch.fx.wrap
-def pooled(kt, keys: list[str]) -> torch.Tensor:
-    """[B, F, E] pooled embeddings of ``keys`` (``recsys_dist.models.ctr.pooled_embeddings``)."""
-    return pooled_embeddings(kt, keys)
-
-
+# shapes.
 @torch.fx.wrap
 def padded_sequence(out: dict[str, JaggedTensor], key: str) -> tuple[torch.Tensor, torch.Tensor]:
     """(values [B, L, E] zero-padded after each sequence's end, mask [B, L] float 1/0) of one
@@ -96,7 +93,7 @@ class TargetSequenceModel(nn.Module):
         raise NotImplementedError
 
     def forward(self, dense: torch.Tensor, kjt: KeyedJaggedTensor) -> torch.Tensor:
-        v = pooled(self.sparse_arch(kjt), self.features)  # [B, F, E]
+        v = ctr.pooled_embeddings(self.sparse_arch(kjt), self.features)  # [B, F, E]
         target = v[:, self._target_index, :]
         out = self.seq_arch(kjt)
         parts = [dense, v.flatten(1)]

@@ -24,18 +24,13 @@ from torch import nn
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from recsys_dist.models.ctr import mlp, mlp_head, pooled_embeddings
+# ctr.pooled_embeddings, called through its module: torch.fx.wrap makes it a leaf of the
+# pipeline's trace by patching that name in ctr's namespace, which a name imported here would miss.
+from recsys_dist.models import ctr
+from recsys_dist.models.ctr import mlp, mlp_head
 from recsys_dist.models.registry import register_model
 from recsys_dist.models.zoo.mlp_options import TowersConfig
 from recsys_dist.spec import FeatureSpec
-
-
-# torch.fx.wrap applies to names of the calling module: this module's own leaf (the pipeline's
-# trace cannot read the KeyedTensor's layout).
-@torch.fx.wrap
-def _pooled(kt, keys: list[str]) -> torch.Tensor:
-    """[B, F, E] pooled embeddings of ``keys`` (``recsys_dist.models.ctr.pooled_embeddings``)."""
-    return pooled_embeddings(kt, keys)
 
 
 def mix(gate: nn.Linear, x: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
@@ -74,7 +69,7 @@ class MMoE(nn.Module):
         )
 
     def forward(self, dense: torch.Tensor, kjt: KeyedJaggedTensor) -> torch.Tensor:
-        x = torch.cat([dense, _pooled(self.sparse_arch(kjt), self.features).flatten(1)], dim=1)
+        x = torch.cat([dense, ctr.pooled_embeddings(self.sparse_arch(kjt), self.features).flatten(1)], dim=1)
         experts = torch.stack([f(x) for f in self.experts], dim=1)  # [B, n, H]
         return torch.cat([tower(mix(gate, x, experts)) for gate, tower in zip(self.gates, self.towers)], dim=1)  # eq. 7
 

@@ -37,19 +37,14 @@ from torch import nn
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from recsys_dist.models.ctr import mlp, mlp_head, pooled_embeddings
+# ctr.pooled_embeddings, called through its module: torch.fx.wrap makes it a leaf of the
+# pipeline's trace by patching that name in ctr's namespace, which a name imported here would miss.
+from recsys_dist.models import ctr
+from recsys_dist.models.ctr import mlp, mlp_head
 from recsys_dist.models.registry import register_model
 from recsys_dist.models.zoo.mlp_options import TowersConfig
 from recsys_dist.models.zoo.mmoe import mix
 from recsys_dist.spec import FeatureSpec
-
-
-# torch.fx.wrap applies to names of the calling module: this module's own leaf (the pipeline's
-# trace cannot read the KeyedTensor's layout).
-@torch.fx.wrap
-def _pooled(kt, keys: list[str]) -> torch.Tensor:
-    """[B, F, E] pooled embeddings of ``keys`` (``recsys_dist.models.ctr.pooled_embeddings``)."""
-    return pooled_embeddings(kt, keys)
 
 
 class CGCLevel(nn.Module):
@@ -137,7 +132,7 @@ class PLE(nn.Module):
         self.towers = nn.ModuleList(mlp_head(h, tower_sizes, device=device, **mlp_options) for _ in range(num_tasks))
 
     def forward(self, dense: torch.Tensor, kjt: KeyedJaggedTensor) -> torch.Tensor:
-        x = torch.cat([dense, _pooled(self.sparse_arch(kjt), self.features).flatten(1)], dim=1)
+        x = torch.cat([dense, ctr.pooled_embeddings(self.sparse_arch(kjt), self.features).flatten(1)], dim=1)
         g = [x] * (self.num_tasks + 1)  # g^{k,0} = g^{s,0} = x
         for level in self.levels:
             g = level(g)
