@@ -66,7 +66,7 @@ class TargetSequenceModel(nn.Module):
                 f"{type(self).__name__} needs a sequence feature (data.schema.sequence or data.schema.history)"
             )
         self.sparse_arch, self.seq_arch = ebc, ec
-        self.features, self.sequences, self.target = features, sequences, target_feature
+        self.features, self.sequences = features, sequences
         self._target_index = features.index(target_feature)
 
     @classmethod
