@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -31,7 +29,15 @@ import pyarrow.parquet as pq
 from sklearn.metrics import roc_auc_score
 
 ROOT = Path(__file__).resolve().parents[1]
-CLI = [sys.executable, "-m", "recsys_dist.cli"]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+from benchmarks.side_by_side import (  # noqa: E402
+    converted_test_split,
+    paired_bootstrap,
+    recsys_dist,
+    remap_ms_per_step,
+)
+
 VARIANTS = {
     "movielens": {
         "managed": "movielens_managed.yaml",
@@ -43,31 +49,15 @@ VARIANTS = {
 GLOBAL_BATCH = {"movielens": 128, "avazu": 64}
 
 
-def run(args: list[str]) -> str:
-    r = subprocess.run(
-        CLI + args, cwd=ROOT, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}
-    )
-    if r.returncode:
-        raise SystemExit(f"{' '.join(args)} failed:\n{r.stderr[-3000:]}")
-    return r.stdout
-
-
-def test_split(config: Path) -> Path:
-    out = run(["preprocess", "--config", str(config)])
-    manifest = next(line.split("manifest:")[1].strip() for line in out.splitlines() if "manifest:" in line)
-    return Path(manifest).parent / "test.parquet"
-
-
 def _row(rd: Path, seed: int) -> dict:
     summary = json.loads((rd / "summary.json").read_text())
     lines = [json.loads(x) for x in (rd / "metrics.jsonl").read_text().splitlines()]
     test_line = next(m for m in lines if m["split"] == "test")
-    remap = [m["managed_remap_ms_per_step"] for m in lines if "managed_remap_ms_per_step" in m]
     return {
         "seed": seed,
         "test_auc": test_line["auc"],
         "samples_per_s": summary.get("samples_per_s"),
-        "remap_ms_per_step": round(sum(remap) / len(remap), 2) if remap else None,
+        "remap_ms_per_step": remap_ms_per_step(rd),
         "default_share": {f: v["default_share"] for f, v in test_line.get("managed", {}).items()},
     }
 
@@ -96,53 +86,38 @@ def main() -> None:
                 for seed in args.seeds:
                     rd = Path(tmp) / f"{data}-{variant}-{seed}"
                     out = Path(tmp) / f"{data}-{variant}-{seed}.parquet"
-                    if out.is_file() and (rd / "summary.json").is_file():
-                        rows.setdefault(variant, []).append(_row(rd, seed))
-                        preds.setdefault(variant, []).append(pq.read_table(out).column("logit").to_numpy())
-                        labels = pq.read_table(out).column("label").to_numpy()
-                        continue
-                    test = test or test_split(config)
-                    shutil.rmtree(rd, ignore_errors=True)
-                    run(
-                        ["train", "--config", str(config), "--run-dir", str(rd), f"train.seed={seed}"]
-                        + ["distributed.nproc_per_node=1", f"train.batch_size={GLOBAL_BATCH[data]}"]
-                        + ["train.progress_bar=false", "checkpoint.enabled=true"]
-                    )
-                    run(["predict", str(rd), "--data", str(test), "--out", str(out)])
+                    reused = out.is_file() and (rd / "summary.json").is_file()
+                    if not reused:
+                        test = test or converted_test_split(config)
+                        shutil.rmtree(rd, ignore_errors=True)
+                        recsys_dist(
+                            *["train", "--config", config, "--run-dir", rd, f"train.seed={seed}"],
+                            *["distributed.nproc_per_node=1", f"train.batch_size={GLOBAL_BATCH[data]}"],
+                            *["train.progress_bar=false", "checkpoint.enabled=true"],
+                        )
+                        recsys_dist("predict", rd, "--data", test, "--out", out)
                     t = pq.read_table(out)
                     y = t.column("label").to_numpy()
                     labels = y if labels is None else labels
                     assert np.array_equal(labels, y), "variants scored different rows"
                     preds.setdefault(variant, []).append(t.column("logit").to_numpy())
                     rows.setdefault(variant, []).append(_row(rd, seed))
-                    print(data, variant, rows[variant][-1], flush=True)
+                    if not reused:
+                        print(data, variant, rows[variant][-1], flush=True)
             if args.train_only:
                 continue
-            rng = np.random.default_rng(0)
-            n = len(labels)
-            boots = {"managed-hashmod": [], "managed-vocabulary": []}
-            for _ in range(args.boot):
-                idx = rng.integers(0, n, n)
-                if labels[idx].min() == labels[idx].max():
-                    continue
-                auc = {v: [roc_auc_score(labels[idx], s[idx]) for s in preds[v]] for v in preds}
-                for pair in boots:
-                    a, b = pair.split("-")
-                    boots[pair].append(float(np.mean(np.array(auc[a]) - np.array(auc[b]))))
             point = {v: [roc_auc_score(labels, s) for s in preds[v]] for v in preds}
+            diff = {}
+            for pair in ("managed-hashmod", "managed-vocabulary"):
+                a, b = pair.split("-")
+                if a in preds and b in preds:
+                    mean, ci95 = paired_bootstrap(labels, preds[a], preds[b], roc_auc_score, n=args.boot)
+                    diff[pair] = {"mean": mean, "ci95": ci95}
             report[data] = {
                 "runs": rows,
                 "auc_mean": {v: float(np.mean(a)) for v, a in point.items()},
-                "diff": {
-                    pair: {
-                        "mean": float(
-                            np.mean(np.array(point[pair.split("-")[0]]) - np.array(point[pair.split("-")[1]]))
-                        ),
-                        "ci95": [float(np.percentile(d, 2.5)), float(np.percentile(d, 97.5))],
-                    }
-                    for pair, d in boots.items()
-                },
-                "test_rows": n,
+                "diff": diff,
+                "test_rows": len(labels),
             }
             print(json.dumps(report[data], indent=1), flush=True)
     print(json.dumps(report))

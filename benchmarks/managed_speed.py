@@ -15,38 +15,30 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+from benchmarks.side_by_side import recsys_dist, remap_ms_per_step  # noqa: E402
 
 
 def train(code: Path, config: str, run_dir: Path, extra: list[str]) -> dict:
-    t0 = time.time()
-    r = subprocess.run(
-        [sys.executable, "-m", "recsys_dist.cli", "train", "--config", str(code / "configs" / config)]
-        + ["--run-dir", str(run_dir), "train.progress_bar=false", "checkpoint.enabled=false", *extra],
-        cwd=code,
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(code)},
+    _, wall = recsys_dist(
+        *["train", "--config", code / "configs" / config, "--run-dir", run_dir],
+        *["train.progress_bar=false", "checkpoint.enabled=false", *extra],
+        code=code,
     )
-    if r.returncode:
-        raise SystemExit(f"{config} ({code}) failed:\n{r.stderr[-3000:]}")
     summary = json.loads((run_dir / "summary.json").read_text())
-    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    remap = [m["managed_remap_ms_per_step"] for m in lines if "managed_remap_ms_per_step" in m]
     return {
         "config": config,
         "code": str(code),
         "samples_per_s": summary["samples_per_s"],
-        "remap_ms_per_step": round(sum(remap) / len(remap), 2) if remap else None,
+        "remap_ms_per_step": remap_ms_per_step(run_dir),
         "test_auc": round(summary["test"]["auc"], 6),
-        "wall_s": round(time.time() - t0, 1),
+        "wall_s": round(wall, 1),
     }
 
 

@@ -10,11 +10,7 @@ with a summary.json is reused).
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +18,12 @@ import pyarrow.parquet as pq
 import yaml
 from sklearn.metrics import roc_auc_score
 
-MMOE, PLE = Path("configs/movielens_multitask.yaml"), Path("configs/movielens_ple.yaml")
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+from benchmarks.side_by_side import converted_test_split, paired_bootstrap, recsys_dist  # noqa: E402
+
+MMOE, PLE = ROOT / "configs/movielens_multitask.yaml", ROOT / "configs/movielens_ple.yaml"
 LIKE = {"like": {"column": "rating", "kind": "binary", "threshold": 4.0}}
 RATING = {"rating": {"column": "rating", "kind": "regression"}}
 VARIANTS = {  # name: (config, data.schema.labels or None (both tasks), rating loss weight)
@@ -53,42 +54,27 @@ def config(out: Path, name: str) -> Path:
     return path
 
 
-def test_split(raw: str, tasks: list[str]) -> Path:
-    """The converted test split of ``raw`` with these tasks, from the conversion cache."""
-    cache = Path(os.environ.get("RECSYS_DIST_CACHE", Path.home() / ".cache/recsys_dist"))
-    for manifest in sorted(cache.glob("schema-*/manifest.json")):
-        m = json.loads(manifest.read_text())
-        if m.get("source") == raw and list(m.get("tasks") or {}) == tasks and not m.get("weight"):
-            return manifest.parent / "test.parquet"
-    raise FileNotFoundError(f"no converted test split of {raw} with tasks {tasks} under {cache}")
-
-
 def column(t: dict, kind: str, task: str) -> np.ndarray:
     return np.array(t[f"{kind}:{task}"] if f"{kind}:{task}" in t else t[kind], dtype=np.float64)
 
 
 def main(out: Path) -> None:
+    out = out.resolve()  # the commands run from the repository root
     out.mkdir(parents=True, exist_ok=True)
-    cli = [sys.executable, "-m", "recsys_dist.cli"]
     preds, seconds = {}, {}
     for name in VARIANTS:
         cfg = config(out, name)
-        raw = yaml.safe_load(cfg.read_text())["data"]["raw_path"]
         tasks = list(yaml.safe_load(cfg.read_text())["data"]["schema"]["labels"])
+        test = None
         for seed in SEEDS:
             run = out / f"{name}_s{seed}"
             if not (run / "summary.json").exists():
-                t0 = time.perf_counter()
-                args = ["train", "--config", str(cfg), "--run-dir", str(run), "train.progress_bar=false"]
-                subprocess.run([*cli, *args, f"train.seed={seed}"], check=True, capture_output=True)
-                seconds[name, seed] = time.perf_counter() - t0
+                args = ["train", "--config", cfg, "--run-dir", run, "train.progress_bar=false", f"train.seed={seed}"]
+                _, seconds[name, seed] = recsys_dist(*args)
             path = run / "test_preds.parquet"
             if not path.exists():
-                subprocess.run(
-                    [*cli, "predict", str(run), "--data", str(test_split(raw, tasks)), "--out", str(path)],
-                    check=True,
-                    capture_output=True,
-                )
+                test = test or converted_test_split(cfg)
+                recsys_dist("predict", run, "--data", test, "--out", path)
             t = pq.read_table(path).to_pydict()
             for task in tasks:
                 kind = "probability" if task == "like" else "logit"
@@ -97,33 +83,22 @@ def main(out: Path) -> None:
     for (name, task, seed), (lab, _) in preds.items():
         assert np.array_equal(lab, y[task]), f"{name} seed {seed}: other test rows than the single-task runs"
 
-    def metric(task, p, idx=slice(None)):
-        if task == "like":
-            return roc_auc_score(y[task][idx], p[idx])
-        return float(np.sqrt(np.mean((p[idx] - y[task][idx]) ** 2)))
+    def rmse(label, p):
+        return float(np.sqrt(np.mean((p - label) ** 2)))
 
-    rng = np.random.default_rng(0)
-    boots = [rng.integers(0, len(y["like"]), len(y["like"])) for _ in range(1000)]
-    for task, label in (("like", "AUC"), ("rating", "RMSE")):
+    for task, label, metric in (("like", "AUC", roc_auc_score), ("rating", "RMSE", rmse)):
         ref = f"single_{task}"
         for name in VARIANTS:
             if (name, task, 0) not in preds:
                 continue
-            per_seed = [metric(task, preds[name, task, s][1]) for s in SEEDS]
+            scores = [preds[name, task, s][1] for s in SEEDS]
+            per_seed = [metric(y[task], p) for p in scores]
             line = f"{task} {label} {name}: " + " ".join(f"{v:.4f}" for v in per_seed)
             line += f"  mean {np.mean(per_seed):.4f}"
             if name != ref:
-                diff = np.mean([per_seed[i] - metric(task, preds[ref, task, s][1]) for i, s in enumerate(SEEDS)])
-                d = [
-                    np.mean(
-                        [
-                            metric(task, preds[name, task, s][1], i) - metric(task, preds[ref, task, s][1], i)
-                            for s in SEEDS
-                        ]
-                    )
-                    for i in boots
-                ]
-                line += f"  - single: {diff:+.4f} [{np.percentile(d, 2.5):+.4f}, {np.percentile(d, 97.5):+.4f}]"
+                refs = [preds[ref, task, s][1] for s in SEEDS]
+                diff, (lo, hi) = paired_bootstrap(y[task], scores, refs, metric)
+                line += f"  - single: {diff:+.4f} [{lo:+.4f}, {hi:+.4f}]"
             print(line, flush=True)
     print("wall seconds per new run:", {f"{k}_s{s}": round(v, 1) for (k, s), v in seconds.items()})
 

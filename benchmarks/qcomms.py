@@ -13,9 +13,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+from benchmarks import side_by_side  # noqa: E402
 
 
 def job(config: str, run_dir: str, overrides: list[str]) -> dict:
@@ -45,20 +51,13 @@ def metrics(logit: np.ndarray, label: np.ndarray) -> tuple[float, float]:
 
 def paired_bootstrap(a: dict, b: dict, n: int = 1000, seed: int = 0) -> dict:
     """95% CI of metric(b) - metric(a) over test rows resampled with replacement (same rows for both)."""
-    rng = np.random.default_rng(seed)
-    label = a["label"]
-    rows = len(label)
-    d_auc, d_ll = [], []
-    for _ in range(n):
-        i = rng.integers(0, rows, rows)
-        if label[i].min() == label[i].max():
-            continue
-        auc_a, ll_a = metrics(a["logit"][i], label[i])
-        auc_b, ll_b = metrics(b["logit"][i], label[i])
-        d_auc.append(auc_b - auc_a)
-        d_ll.append(ll_b - ll_a)
-    q = lambda v: [float(np.percentile(v, 2.5)), float(np.percentile(v, 97.5))]  # noqa: E731
-    return {"auc_diff_ci95": q(d_auc), "logloss_diff_ci95": q(d_ll)}
+    out = {}
+    for i, name in enumerate(("auc", "logloss")):
+        _, ci95 = side_by_side.paired_bootstrap(
+            a["label"], [b["logit"]], [a["logit"]], lambda y, logit, i=i: metrics(logit, y)[i], n=n, seed=seed
+        )
+        out[f"{name}_diff_ci95"] = ci95
+    return out
 
 
 def main() -> None:

@@ -14,13 +14,16 @@ from __future__ import annotations
 import json
 import math
 import shutil
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+from benchmarks.side_by_side import recsys_dist  # noqa: E402
 
 CONFIGS = {  # name: (config, extra overrides)
     "movielens_din": ("configs/movielens_din.yaml", []),
@@ -37,12 +40,9 @@ DATA = "datasets/movielens/ratings_genres_first20000_by_time.csv"
 
 
 def cli(*args: str) -> float:
-    """Run ``recsys-dist ARGS``; the wall seconds. Raises on a non-zero exit (log shown)."""
-    t = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "recsys_dist.cli", *args], capture_output=True, text=True)
-    if proc.returncode:
-        raise RuntimeError(f"recsys-dist {' '.join(args)} -> exit {proc.returncode}\n{proc.stderr[-3000:]}")
-    return time.perf_counter() - t
+    """Run ``recsys-dist ARGS`` (from the repository root); the wall seconds. Raises
+    RuntimeError on a non-zero exit (log shown)."""
+    return recsys_dist(*args)[1]
 
 
 def metrics(run: Path) -> dict[str, float]:
@@ -165,7 +165,7 @@ def main() -> None:
         rows = [json.loads(x) for x in (Path(sys.argv[2]) / "results.jsonl").read_text().splitlines()]
         print(table(rows))
         return
-    out = Path(sys.argv[1])
+    out = Path(sys.argv[1]).resolve()  # the commands run from the repository root
     for name in sys.argv[2:] or list(CONFIGS):
         try:
             res = one(name, *CONFIGS[name], out)

@@ -14,6 +14,7 @@ data error). ``inprocess=False`` keeps any command in a subprocess, so that the
 from __future__ import annotations
 
 import io
+import json
 import logging
 import os
 import signal
@@ -142,3 +143,15 @@ def _fresh_interpreter_warnings() -> None:
         sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
 
     warnings.showwarning = show
+
+
+def run_train(config, run_dir, *overrides, tmp=None, **kw) -> subprocess.CompletedProcess:
+    """``recsys-dist train --config CONFIG --run-dir RUN_DIR OVERRIDES...`` through ``run_cli``
+    (``tmp`` and the keywords as there: ``env``, ``inprocess``, ``launcher``, ``timeout``, ``cwd``)."""
+    return run_cli(["train", "--config", config, "--run-dir", run_dir, *overrides], tmp, **kw)
+
+
+def read_metrics(run_dir, split: str | None = None) -> list[dict]:
+    """The records of ``RUN_DIR/metrics.jsonl`` in order; with ``split`` only that split's."""
+    rows = [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
+    return rows if split is None else [m for m in rows if m["split"] == split]

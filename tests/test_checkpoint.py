@@ -11,9 +11,8 @@ import shutil
 
 import pytest
 
-from tests.cli import run_cli
+from tests.cli import read_metrics, run_cli, run_train
 from tests.conftest import QUICKSTART, ROOT
-from tests.test_quickstart import read_metrics
 
 # 1,600 train rows; global batch 96 drops the remainder so every world size (1, 2, 3) sees
 # identical global batches: 16 steps per epoch, 32 in all.
@@ -34,8 +33,7 @@ WS = {
 
 def train(tmp_path, run_dir, *extra, env=None, inprocess=None):
     """``inprocess=True``: the run is refused before it trains (see tests.cli.run_cli)."""
-    args = ["train", "--config", str(QUICKSTART), "--run-dir", str(run_dir), *BASE, *extra]
-    return run_cli(args, tmp_path, env=env, inprocess=inprocess)
+    return run_train(QUICKSTART, run_dir, *BASE, *extra, tmp=tmp_path, env=env, inprocess=inprocess)
 
 
 def losses(run_dir):

@@ -9,9 +9,8 @@ import pytest
 from sklearn.metrics import roc_auc_score
 
 from recsys_dist.config import ConfigError, load_config
-from tests.cli import run_cli
+from tests.cli import read_metrics, run_cli
 from tests.conftest import QUICKSTART, ROOT
-from tests.test_quickstart import read_metrics
 
 MOVIELENS = ROOT / "configs" / "movielens_deepfm.yaml"
 

@@ -13,10 +13,9 @@ import numpy as np
 import pytest
 
 from recsys_dist.config import ConfigError, load_config
-from tests.cli import run_cli
+from tests.cli import read_metrics, run_cli
 from tests.conftest import QUICKSTART, ROOT
 from tests.test_checkpoint import WS, assert_same_losses, train
-from tests.test_quickstart import read_metrics
 
 MANAGED = [
     "data.categorical_mapping=managed",

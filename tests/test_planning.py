@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from recsys_dist.config import load_config
+from recsys_dist.config import ConfigError, load_config
 from recsys_dist.planning import PlanError, dry_run
 from tests.cli import run_cli
 from tests.conftest import QUICKSTART, ROOT
@@ -69,7 +69,7 @@ def test_column_shards_must_be_multiples_of_4():
     fixed = load_config(QUICKSTART, ["sharding.fixed_plan={t_C1: {sharding_type: column_wise, ranks: [0, 1, 2]}}"])
     with pytest.raises(ValueError, match=r"t_C1: 16 columns over 3 shards gives width 5.33.*use \[1, 2, 4\] shards"):
         fixed_sharding_plan(model, fixed.sharding.fixed_plan, 3, 3, "cpu")
-    with pytest.raises(Exception, match="model.embedding_dim: 6 is not a multiple of 4.*use 4 or 8"):
+    with pytest.raises(ConfigError, match="model.embedding_dim: 6 is not a multiple of 4.*use 4 or 8"):
         from recsys_dist.preflight import check_before_launch
 
         check_before_launch(load_config(QUICKSTART, ["model.embedding_dim=6", "model.dense_arch_layer_sizes=[6]"]))

@@ -6,14 +6,10 @@ import sys
 
 import pytest
 
-from tests.cli import run_cli
+from tests.cli import read_metrics, run_cli, run_train
 from tests.conftest import QUICKSTART, ROOT
 
 FAST = ["data.num_rows=2000", "train.log_every_n_steps=5"]
-
-
-def read_metrics(run_dir):
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 def check_run_dir(run_dir, world_size):
@@ -42,20 +38,15 @@ def check_run_dir(run_dir, world_size):
 def test_quickstart_world_size_2(tmp_path):
     """One spawn, many checks: outputs, mid-epoch eval, step timing, profiler trace, report."""
     run_dir = tmp_path / "run"
-    r = run_cli(
-        [
-            "train",
-            "--config",
-            str(QUICKSTART),
-            "--run-dir",
-            str(run_dir),
-            "--profile",
-            *FAST,
-            "eval.every_n_steps=10",
-            "train.timing_every_n_steps=10",
-            "eval.group_feature=C6",
-        ],
-        tmp_path,
+    r = run_train(
+        QUICKSTART,
+        run_dir,
+        "--profile",
+        *FAST,
+        "eval.every_n_steps=10",
+        "train.timing_every_n_steps=10",
+        "eval.group_feature=C6",
+        tmp=tmp_path,
     )
     assert r.returncode == 0, r.stderr[-3000:]
     assert "validation  AUC" in r.stdout and str(run_dir) in r.stdout
@@ -89,28 +80,14 @@ def test_quickstart_world_size_2(tmp_path):
 def test_under_torchrun_uses_its_ranks(tmp_path):
     run_dir = tmp_path / "run"
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
-    r = run_cli(
-        ["train", "--config", str(QUICKSTART), "--run-dir", str(run_dir), *FAST, "distributed.nproc_per_node=1"],
-        tmp_path,
-        launcher=torchrun,
-    )
+    r = run_train(QUICKSTART, run_dir, *FAST, "distributed.nproc_per_node=1", tmp=tmp_path, launcher=torchrun)
     assert r.returncode == 0, r.stderr[-3000:]
     check_run_dir(run_dir, 2)
 
 
 def test_bad_config_fails_before_any_rank_starts(tmp_path):
-    r = run_cli(
-        [
-            "train",
-            "--config",
-            str(QUICKSTART),
-            "--run-dir",
-            str(tmp_path / "run"),
-            "train.batch_size=0",
-            "distributed.nproc_per_node=0",
-        ],
-        tmp_path,
-        inprocess=True,
+    r = run_train(
+        QUICKSTART, tmp_path / "run", "train.batch_size=0", "distributed.nproc_per_node=0", tmp=tmp_path, inprocess=True
     )
     assert r.returncode == 2
     assert "train.batch_size" in r.stderr and "distributed.nproc_per_node" in r.stderr
@@ -120,7 +97,7 @@ def test_bad_config_fails_before_any_rank_starts(tmp_path):
 def test_unwritable_run_dir_is_a_clear_error(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("x")
-    r = run_cli(["train", "--config", str(QUICKSTART), "--run-dir", str(blocker / "run")], tmp_path, inprocess=True)
+    r = run_train(QUICKSTART, blocker / "run", tmp=tmp_path, inprocess=True)
     assert r.returncode == 2 and "cannot write there" in r.stderr
 
 
@@ -129,11 +106,7 @@ def test_bad_data_is_reported_before_any_rank_starts(tmp_path):
     lines[12] = "2" + lines[12][1:]
     bad = tmp_path / "bad.txt"
     bad.write_text("\n".join(lines) + "\n")
-    r = run_cli(
-        ["train", "--config", str(QUICKSTART), "--run-dir", str(tmp_path / "run"), f"data.raw_path={bad}"],
-        tmp_path,
-        inprocess=True,
-    )
+    r = run_train(QUICKSTART, tmp_path / "run", f"data.raw_path={bad}", tmp=tmp_path, inprocess=True)
     assert r.returncode == 1
     assert "bad.txt, line 13, column label: 2 is not 0 or 1" in r.stderr
     assert "Traceback" not in r.stderr and "[rank" not in r.stderr
@@ -147,18 +120,7 @@ def test_gzip_input_streaming_auc_and_undefined_auc_is_null(tmp_path):
     gz = tmp_path / "small.txt.gz"
     gz.write_bytes(gzip.compress(b"".join(lines[:10])))
     run_dir = tmp_path / "run"
-    r = run_cli(
-        [
-            "train",
-            "--config",
-            str(QUICKSTART),
-            "--run-dir",
-            str(run_dir),
-            f"data.raw_path={gz}",
-            "eval.auc_buckets=1024",
-        ],
-        tmp_path,
-    )
+    r = run_train(QUICKSTART, run_dir, f"data.raw_path={gz}", "eval.auc_buckets=1024", tmp=tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["rows_trained"] == 8  # all 10 rows read: 8 / 1 / 1
@@ -183,7 +145,7 @@ def test_fixed_plan_file_places_tables_and_round_trips(tmp_path):
     plan = tmp_path / "plan.json"
     plan.write_text(json.dumps(rows))
     run_dir = tmp_path / "run"
-    r = run_cli(["train", "--config", str(QUICKSTART), "--run-dir", str(run_dir), "--plan", str(plan), *FAST], tmp_path)
+    r = run_train(QUICKSTART, run_dir, "--plan", str(plan), *FAST, tmp=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     key = lambda row: row["table"]  # noqa: E731
     got = sorted(json.loads((run_dir / "plan.json").read_text()), key=key)
@@ -202,20 +164,11 @@ def test_preprocess_command(tmp_path):
 @pytest.mark.slow
 def test_avazu_trains_on_two_ranks(tmp_path):
     run_dir = tmp_path / "run"
-    r = run_cli(
-        [
-            "train",
-            "--config",
-            str(ROOT / "configs" / "avazu_deepfm.yaml"),
-            "--run-dir",
-            str(run_dir),
-            "data.num_rows=3000",
-            "train.progress_bar=false",
-        ],
-        tmp_path,
+    r = run_train(
+        ROOT / "configs" / "avazu_deepfm.yaml", run_dir, "data.num_rows=3000", "train.progress_bar=false", tmp=tmp_path
     )
     assert r.returncode == 0, r.stderr[-2000:]
-    test = [m for m in read_metrics(run_dir) if m["split"] == "test"][0]
+    (test,) = read_metrics(run_dir, "test")
     assert 0.5 < test["auc"] <= 1 and test["num_examples"] == 300
     r = run_cli(
         ["train", "--config", str(ROOT / "configs" / "avazu_deepfm.yaml"), "model.name=dlrm"], tmp_path, inprocess=True

@@ -9,9 +9,8 @@ import pytest
 import recsys_dist
 from recsys_dist.config import ConfigError, load_config
 from recsys_dist.launch import RankFailedError
-from tests.cli import run_cli
+from tests.cli import read_metrics, run_cli
 from tests.conftest import QUICKSTART
-from tests.test_quickstart import read_metrics
 
 TOY = ["data.num_rows=2000", "train.max_steps=12", "train.log_every_n_steps=4", "train.progress_bar=false"]
 LAUNCHER_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "TORCHELASTIC_RUN_ID")

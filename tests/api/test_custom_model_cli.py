@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli import run_cli
+from tests.cli import read_metrics, run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "examples" / "custom_model" / "config.yaml"
@@ -22,7 +22,7 @@ def cli(args, tmp_path):
 
 
 def last(run_dir, split):
-    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    lines = read_metrics(run_dir)
     return [x for x in lines if x["split"] == split][-1]
 
 

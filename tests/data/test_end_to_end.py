@@ -5,7 +5,7 @@ import json
 import pytest
 import yaml
 
-from tests.cli import run_cli
+from tests.cli import read_metrics, run_cli, run_train
 from tests.conftest import QUICKSTART, ROOT
 
 MOVIELENS = ROOT / "configs" / "movielens_deepfm.yaml"
@@ -13,17 +13,13 @@ ONE_RANK = ["distributed.nproc_per_node=1", "train.progress_bar=false", "checkpo
 
 
 def final(run_dir, split):
-    return [
-        json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if json.loads(x)["split"] == split
-    ][-1]
+    return read_metrics(run_dir, split)[-1]
 
 
 @pytest.mark.slow
 def test_movielens_multi_hot_with_vocabulary_trains_and_scores(tmp_path):
     run_dir = tmp_path / "run"
-    r = run_cli(
-        ["train", "--config", str(MOVIELENS), "--run-dir", str(run_dir), *ONE_RANK, "train.batch_size=128"], tmp_path
-    )
+    r = run_train(MOVIELENS, run_dir, *ONE_RANK, "train.batch_size=128", tmp=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     val = final(run_dir, "validation")
     assert val["num_examples"] == 2075 and 0.68 < val["auc"] < 0.9  # 2 ranks x 64: 0.744
@@ -45,19 +41,14 @@ def test_movielens_multi_hot_with_vocabulary_trains_and_scores(tmp_path):
 @pytest.mark.slow
 def test_criteo_quickstart_with_vocabulary(tmp_path):
     run_dir = tmp_path / "run"
-    r = run_cli(
-        [
-            "train",
-            "--config",
-            str(QUICKSTART),
-            "--run-dir",
-            str(run_dir),
-            *ONE_RANK,
-            "train.batch_size=64",
-            "data.categorical_mapping=vocabulary",
-            "data.min_count=2",
-        ],
-        tmp_path,
+    r = run_train(
+        QUICKSTART,
+        run_dir,
+        *ONE_RANK,
+        "train.batch_size=64",
+        "data.categorical_mapping=vocabulary",
+        "data.min_count=2",
+        tmp=tmp_path,
     )
     assert r.returncode == 0, r.stderr[-3000:]
     # Same rows and model as the hashed quickstart (0.7228 / 0.7574); 2 ranks x 32 gave 0.7148 / 0.7501.

@@ -258,26 +258,33 @@ MODEL_OVERRIDES = {
 }
 
 
-def models_sharded_vs_unsharded(rank: int, world_size: int, names: list[str]) -> dict:
-    """Each zoo model through the trainer's sharding path: same logits as unsharded."""
-    from recsys_dist.config import load_config
+def sharded_and_unsharded(cfg, batch: CTRBatch) -> tuple:
+    """The model of ``cfg`` through the trainer's sharding path (``shard_model``) and unsharded
+    with the same weights (copied from the sharded one), both in eval mode on ``batch``:
+    (sharded output, unsharded output), each CTRTask's (loss, (loss, logits, labels))."""
     from recsys_dist.distributed import init_distributed
     from recsys_dist.models import build_model
     from recsys_dist.trainer import shard_model
+
+    ctx = init_distributed(cfg)
+    torch.manual_seed(0)
+    ref = build_model(cfg, torch.device("cpu"), tables_device=torch.device("cpu"))
+    dmp, _, _ = shard_model(cfg, ctx)
+    load_full_state_dict(dmp.state_dict(), ref.state_dict())
+    dmp.eval(), ref.eval()
+    return dmp(batch), ref(batch)
+
+
+def models_sharded_vs_unsharded(rank: int, world_size: int, names: list[str]) -> dict:
+    """Each zoo model through the trainer's sharding path: same logits as unsharded."""
+    from recsys_dist.config import load_config
     from tests.conftest import QUICKSTART
 
     out = {}
     for name in names:
         extra = MODEL_OVERRIDES.get(name, [])
         cfg = load_config(QUICKSTART, [f"model.name={name}", "sharding.sharding_types=[row_wise, table_wise]", *extra])
-        ctx = init_distributed(cfg)
-        torch.manual_seed(0)
-        ref = build_model(cfg, torch.device("cpu"), tables_device=torch.device("cpu"))
-        dmp, _, _ = shard_model(cfg, ctx)
-        load_full_state_dict(dmp.state_dict(), ref.state_dict())
-        batch = criteo_batch(torch.Generator().manual_seed(5), 8)
-        dmp.eval(), ref.eval()
-        got, want = dmp(batch), ref(batch)
+        got, want = sharded_and_unsharded(cfg, criteo_batch(torch.Generator().manual_seed(5), 8))
         # the logits, and the loss (two_tower's reads [B, B] candidate scores besides them)
         out[name] = max((got[1][1] - want[1][1]).abs().max().item(), (got[0] - want[0]).abs().item())
     return out

@@ -7,7 +7,7 @@ import json
 import pyarrow.parquet as pq
 import pytest
 
-from tests.cli import run_cli
+from tests.cli import read_metrics, run_cli
 from tests.conftest import ROOT
 
 CONFIG = ROOT / "configs" / "movielens_multitask.yaml"
@@ -15,7 +15,7 @@ COMMON = ["train.progress_bar=false", "train.max_steps=30", "checkpoint.every_n_
 
 
 def _losses(run):
-    lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    lines = read_metrics(run)
     return [(r["step"], r["loss"]) for r in lines if r.get("split") == "train"]
 
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from recsys_dist.config import load_config
+from recsys_dist.config import ConfigError, load_config
 from recsys_dist.data.loader import CTRBatch
 from recsys_dist.models import build_model
 from recsys_dist.models.build import feature_spec
@@ -123,13 +123,13 @@ def test_two_tower_outputs_through_ctr_task_and_counts_give_logq():
 def test_two_tower_config_problems():
     ok = load_config(CONFIG, [])
     assert section_problems(ok) == []
-    with pytest.raises(Exception, match="train.loss"):
+    with pytest.raises(ConfigError, match="train.loss"):
         load_config(CONFIG, ["train.loss=bce"])
-    with pytest.raises(Exception, match="model.item_id"):
+    with pytest.raises(ConfigError, match="model.item_id"):
         load_config(CONFIG, ["model.item_id=genres"])
-    with pytest.raises(Exception, match="eval.retrieval_k"):
+    with pytest.raises(ConfigError, match="eval.retrieval_k"):
         load_config(ROOT / "configs" / "movielens_deepfm.yaml", ["eval.retrieval_k=[10]"])
-    with pytest.raises(Exception, match="data.categorical_mapping"):
+    with pytest.raises(ConfigError, match="data.categorical_mapping"):
         load_config(CONFIG, ["data.categorical_mapping=managed", "data.managed.eviction_interval=10"])
-    with pytest.raises(Exception, match="candidate_scores"):
+    with pytest.raises(ConfigError, match="candidate_scores"):
         load_config(CONFIG, ["train.loss_args.candidate_scores=1"])

@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 
-from tests.cli import run_cli
+from tests.cli import read_metrics, run_cli
 from tests.conftest import ROOT
 
 TWO_TOWER = ROOT / "configs" / "movielens_two_tower.yaml"
@@ -55,7 +55,7 @@ def test_movielens_two_tower_trains_resumes_exports_and_recall_matches_brute_for
     test = want["test"]
     assert test["corpus_items"] > 4000 and test["retrieval_users"] > 100
     assert all(0 <= test[k] <= 1 for k in ("recall@10", "ndcg@10", "popular_recall@10", "popular_ndcg@10"))
-    lines = [json.loads(line) for line in (full / "metrics.jsonl").read_text().splitlines()]
+    lines = read_metrics(full)
     assert any(m["split"] == "validation" and "recall@10" in m for m in lines)
     text = report(full, plots=False)
     assert "popular recall" in text and f"{test['recall@10']:.4f}" in text

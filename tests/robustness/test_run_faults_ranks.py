@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.cli import run_train
 from tests.conftest import QUICKSTART, ROOT
 from tests.robustness.test_run_faults import keys, lines
 
@@ -33,9 +34,7 @@ def command(run_dir):
 
 
 def train(tmp, run_dir, *extra, env=None):
-    env = dict(os.environ, RECSYS_DIST_CACHE=str(tmp / "cache"), **(env or {}))
-    cmd = [*command(run_dir), *TOY2, *extra]
-    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    return run_train(QUICKSTART, run_dir, *TOY2, *extra, tmp=tmp, env=env, inprocess=False)
 
 
 def processes_naming(text: str) -> list[int]:

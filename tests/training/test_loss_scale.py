@@ -11,19 +11,40 @@ from recsys_dist.models.task import CTRTask
 from tests.data.test_loader import loaders, make_parquet, write_files
 
 
-def check_scales(ls):
+def add_weights(paths, seed=0):
+    """A float32 'w' column of uneven weights (some 0, some below 1) in each file."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(seed)
+    for p in paths:
+        t = pq.read_table(p)
+        w = rng.choice([0.0, 0.25, 0.5, 1.0, 3.0, 7.5], size=t.num_rows).astype(np.float32)
+        meta = pq.ParquetFile(p).metadata
+        rg = meta.row_group(0).num_rows if meta.num_row_groups else None
+        pq.write_table(t.append_column("w", pa.array(w, pa.float32())), p, row_group_size=rg)
+
+
+def check_scales(ls, weighted=False):
+    """Every rank's scale is its weight x W / the global batch's weight, with the global
+    weight read from every rank's batches (an independent count). Without sample weights
+    (weight 1 per real row, 0 per padding row) also the loaders' real-row counts, and a
+    batch without padding keeps exactly 1."""
     W = len(ls)
     per_rank = [list(l.iter_from(0)) for l in ls]
     for step in range(len(ls[0])):
-        real = [float(per_rank[r][step].weights.sum()) for r in range(W)]
-        total = sum(real)
+        here = [float(per_rank[r][step].weights.sum()) for r in range(W)]
+        total = sum(here)
         for r in range(W):
-            assert ls[r].real_rows(step) == real[r]
-            assert ls[r].real_rows(step, -1) == total
             scale = float(per_rank[r][step].loss_scale)
-            assert scale == pytest.approx(real[r] * W / total)
-            if total == W * ls[r].batch_size:
-                assert scale == 1.0  # exactly: a batch without padding is left as it was
+            want = here[r] * W / total if total > 0 else 0.0
+            assert scale == pytest.approx(want, rel=1e-6, abs=1e-7), (step, r)
+            if not weighted:
+                assert ls[r].real_rows(step) == here[r]
+                assert ls[r].real_rows(step, -1) == total
+                if total == W * ls[r].batch_size:
+                    assert scale == 1.0  # exactly: a batch without padding is left as it was
 
 
 @pytest.mark.parametrize(
@@ -33,13 +54,17 @@ def test_loss_scale_from_the_global_real_rows(tmp_path, n, ws, bs, remainder):
     check_scales(loaders(make_parquet(tmp_path, n), ws, bs, remainder=remainder))
 
 
+@pytest.mark.parametrize("weighted", [False, True])
 @pytest.mark.parametrize("ws,bs", [(2, 3), (3, 2)])
-def test_loss_scale_when_each_rank_reads_its_row_groups(tmp_path, ws, bs):
+def test_loss_scale_when_each_rank_reads_its_row_groups(tmp_path, ws, bs, weighted):
     from recsys_dist.data.loader import ParquetBatchLoader
 
     paths = write_files(tmp_path, [9, 5, 3])
-    ls = [ParquetBatchLoader(paths, bs, r, ws, ["I1"], ["C1"], rank_reads="row_groups", prefetch=0) for r in range(ws)]
-    check_scales(ls)
+    kw = dict(rank_reads="row_groups", prefetch=0)
+    if weighted:
+        add_weights(paths, seed=1)
+        kw.update(weight_column="w", shuffle=True)
+    check_scales([ParquetBatchLoader(paths, bs, r, ws, ["I1"], ["C1"], **kw) for r in range(ws)], weighted)
 
 
 class Linear(torch.nn.Module):
@@ -59,62 +84,42 @@ def batch(dense, labels, weights, scale=None):
     return CTRBatch(dense, kjt, labels, weights, None if scale is None else torch.tensor(scale))
 
 
-def test_rank_means_scaled_then_averaged_are_the_global_mean():
-    # A global batch of 8 rows on 2 ranks, 4 each, with 3 real rows on rank 0 and 1 on rank 1:
-    # the average of the two ranks' scaled losses (and gradients, as DDP averages them) must be
-    # the mean over the 4 real rows, as one rank holding the whole batch computes it.
+def ranks_and_one(dense, labels, weights, world_size):
+    """CTRTask's loss and weight gradient on each of ``world_size`` equal slices of a global
+    batch, every slice scaled by its share of the global weight (as the loader scales it),
+    and on the whole batch in one rank. Returns (losses, grads, task, reference loss); the
+    task's gradient is the whole batch's."""
     torch.manual_seed(0)
     task = CTRTask(Linear())
-    dense, labels = torch.randn(8, 2), (torch.rand(8) > 0.5).float()
-    weights = torch.tensor([1.0, 1, 1, 0, 1, 0, 0, 0])
-    total = 4
+    total, n = float(weights.sum()), len(labels) // world_size
     losses, grads = [], []
-    for r in range(2):
-        s = slice(4 * r, 4 * r + 4)
+    for r in range(world_size):
+        s = slice(n * r, n * r + n)
         task.zero_grad()
-        loss, _ = task(batch(dense[s], labels[s], weights[s], float(weights[s].sum()) * 2 / total))
+        loss, _ = task(batch(dense[s], labels[s], weights[s], float(weights[s].sum()) * world_size / total))
         loss.backward()
         losses.append(loss.detach())
         grads.append(task.model.w.weight.grad.clone())
     task.zero_grad()
     ref, _ = task(batch(dense, labels, weights))  # one rank, the whole global batch
     ref.backward()
+    return losses, grads, task, ref
+
+
+def test_rank_means_scaled_then_averaged_are_the_global_mean():
+    # A global batch of 8 rows on 2 ranks, 4 each, with 3 real rows on rank 0 and 1 on rank 1:
+    # the average of the two ranks' scaled losses (and gradients, as DDP averages them) must be
+    # the mean over the 4 real rows, as one rank holding the whole batch computes it.
+    torch.manual_seed(0)
+    dense, labels = torch.randn(8, 2), (torch.rand(8) > 0.5).float()
+    weights = torch.tensor([1.0, 1, 1, 0, 1, 0, 0, 0])
+    losses, grads, task, ref = ranks_and_one(dense, labels, weights, 2)
     assert ref.item() == pytest.approx(bce(task.model.w(dense).squeeze(-1), labels, weights).item())
     assert (losses[0] + losses[1]).item() / 2 == pytest.approx(ref.item(), abs=1e-7)  # DDP averages
     torch.testing.assert_close((grads[0] + grads[1]) / 2, task.model.w.weight.grad)
 
 
 # ---- sample weights (data.schema.weight): the scale is the rank's share of the global weight
-
-
-def add_weights(paths, seed=0):
-    """A float32 'w' column of uneven weights (some 0, some below 1) in each file."""
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    rng = np.random.default_rng(seed)
-    for p in paths:
-        t = pq.read_table(p)
-        w = rng.choice([0.0, 0.25, 0.5, 1.0, 3.0, 7.5], size=t.num_rows).astype(np.float32)
-        meta = pq.ParquetFile(p).metadata
-        rg = meta.row_group(0).num_rows if meta.num_row_groups else None
-        pq.write_table(t.append_column("w", pa.array(w, pa.float32())), p, row_group_size=rg)
-
-
-def check_weighted_scales(ls):
-    """Every rank's scale is its weight x W / the global batch's weight, with the global
-    weight read from every rank's batches (an independent count)."""
-    W = len(ls)
-    per_rank = [list(l.iter_from(0)) for l in ls]
-    for step in range(len(ls[0])):
-        here = [float(per_rank[r][step].weights.sum()) for r in range(W)]
-        total = sum(here)
-        for r in range(W):
-            want = here[r] * W / total if total > 0 else 0.0
-            got = 1.0 if W == 1 else float(per_rank[r][step].loss_scale)  # 1 rank: the mean is global
-            assert got == pytest.approx(want, rel=1e-6, abs=1e-7), (step, r)
-    return per_rank
 
 
 @pytest.mark.parametrize(
@@ -129,7 +134,7 @@ def test_weighted_loss_scale_is_the_global_weight_share(tmp_path, ws, bs, remain
     ls = [ParquetBatchLoader(paths, bs, r, ws, ["I1"], ["C1"], **kw) for r in range(ws)]
     for l in ls:
         l.set_epoch(1)
-    check_weighted_scales(ls)
+    check_scales(ls, weighted=True)
     # the global weights do not depend on the world size: one rank with the global batch
     one = ParquetBatchLoader(paths, bs * ws, 0, 1, ["I1"], ["C1"], **kw)
     one.set_epoch(1)
@@ -138,40 +143,13 @@ def test_weighted_loss_scale_is_the_global_weight_share(tmp_path, ws, bs, remain
     assert list(ls[1].global_weights(2)) == pytest.approx(want[2:], rel=1e-7)
 
 
-@pytest.mark.parametrize("ws,bs", [(2, 3), (3, 2)])
-def test_weighted_loss_scale_when_each_rank_reads_its_row_groups(tmp_path, ws, bs):
-    from recsys_dist.data.loader import ParquetBatchLoader
-
-    paths = write_files(tmp_path, [9, 5, 3])
-    add_weights(paths, seed=1)
-    ls = [
-        ParquetBatchLoader(
-            paths, bs, r, ws, ["I1"], ["C1"], rank_reads="row_groups", prefetch=0, weight_column="w", shuffle=True
-        )
-        for r in range(ws)
-    ]
-    check_weighted_scales(ls)
-
-
 def test_weighted_rank_means_scaled_then_averaged_are_the_global_weighted_mean():
     # Sample weights below 1 and uneven across ranks: 3 ranks' scaled losses (and gradients,
     # averaged as DDP does) are sum w_i l_i / sum w_i over the 12 rows, as one rank computes it.
     torch.manual_seed(0)
-    task = CTRTask(Linear())
     dense, labels = torch.randn(12, 2), (torch.rand(12) > 0.5).float()
     weights = torch.tensor([0.1, 0.2, 0.3, 0.0, 3.0, 0.5, 0.0, 0.0, 0.0, 0.0, 0.05, 0.0])
-    total = float(weights.sum())
-    losses, grads = [], []
-    for r in range(3):
-        s = slice(4 * r, 4 * r + 4)
-        task.zero_grad()
-        loss, _ = task(batch(dense[s], labels[s], weights[s], float(weights[s].sum()) * 3 / total))
-        loss.backward()
-        losses.append(loss.detach())
-        grads.append(task.model.w.weight.grad.clone())
-    task.zero_grad()
-    ref, _ = task(batch(dense, labels, weights))
-    ref.backward()
+    losses, grads, task, ref = ranks_and_one(dense, labels, weights, 3)
     per_row = torch.nn.functional.binary_cross_entropy_with_logits(
         task.model.w(dense).squeeze(-1), labels, reduction="none"
     )

@@ -14,18 +14,16 @@ was scaled by its real-row share, not its weight share: the 2-rank losses differ
 rank by up to 0.044 (2.4e-7 after).
 """
 
-import json
-
 import pytest
 import torch
 
 from recsys_dist.testing import run_ranks
+from tests.cli import read_metrics
 from tests.training.padded_worker import train_pad_and_drop, write_weighted_ratings
 
 
 def step_losses(run_dir, key="loss"):
-    lines = [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return {m["step"]: m[key] for m in lines if m["split"] == "train"}
+    return {m["step"]: m[key] for m in read_metrics(run_dir, "train")}
 
 
 @pytest.mark.slow

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from tests.cli import run_cli
+from tests.cli import run_train
 from tests.conftest import QUICKSTART
 
 BASE = [
@@ -39,7 +39,7 @@ def lines(run_dir):
 
 
 def train(tmp_path, run_dir, *extra, env=None):
-    return run_cli(["train", "--config", str(QUICKSTART), "--run-dir", str(run_dir), *BASE, *extra], tmp_path, env=env)
+    return run_train(QUICKSTART, run_dir, *BASE, *extra, tmp=tmp_path, env=env)
 
 
 @pytest.mark.slow
