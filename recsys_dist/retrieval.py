@@ -43,7 +43,7 @@ from torch import nn
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from recsys_dist.data import feature_names, label_columns
-from recsys_dist.data.loader import ParquetBatchLoader
+from recsys_dist.data.loader import ParquetBatchLoader, take_bags
 from recsys_dist.data.mapping import MISSING_ID, OOV_ID, loader_id_bounds
 from recsys_dist.models.losses import get_loss
 
@@ -67,15 +67,6 @@ class Rows:
         has = lengths > 0
         out[has] = values[np.concatenate([[0], np.cumsum(lengths)[:-1]])[has]]
         return out
-
-    def bags(self, name: str, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Feature ``name`` of the rows ``rows`` (int64 indices): (lengths, values concatenated)."""
-        lengths, values = self.ids[name]
-        starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
-        sel = lengths[rows]
-        if sel.sum() == 0:
-            return sel, np.zeros(0, dtype=np.int64)
-        return sel, np.concatenate([values[s : s + n] for s, n in zip(starts[rows], sel)])
 
 
 @dataclass
@@ -205,27 +196,21 @@ def read_retrieval_data(cfg, paths: dict[str, list[str]], num_embeddings: list[i
             positives.append(p)
             seen.append(sn)
         idx = np.asarray(firsts, dtype=np.int64)
-        bags = _bags_from({s: r}, np.zeros(len(idx), dtype=np.int64), idx, list(m.user_features), [s])
+        bags = {f: take_bags(*r.ids[f], idx) for f in m.user_features}
         out[s] = EvalUsers(Entities(np.asarray(eval_users, dtype=np.int64), bags), positives, seen)
     return RetrievalData(sparse, corpus, train_counts, out)
 
 
-def _bags_from(rows: dict, split_idx: np.ndarray, row_idx: np.ndarray, features: list[str], names=SPLITS) -> dict:
-    """Per feature, the bags of rows ``(split names[split_idx[i]], row_idx[i])``, in that order."""
+def _bags_from(rows: dict, split_idx: np.ndarray, row_idx: np.ndarray, features: list[str]) -> dict:
+    """Per feature, the bags of rows ``(SPLITS[split_idx[i]], row_idx[i])``, in that order."""
+    # Gathered split by split, then put back in the order asked: entry j of the grouped
+    # arrays is position grouped[j].
+    grouped = np.concatenate([np.flatnonzero(split_idx == i) for i in range(len(SPLITS))])
+    back = np.argsort(grouped)
     out = {}
     for f in features:
-        lengths = np.zeros(len(row_idx), dtype=np.int64)
-        values: list[np.ndarray] = [np.zeros(0, np.int64)] * len(row_idx)
-        for i, s in enumerate(names):
-            at = np.flatnonzero(split_idx == i)
-            if len(at) == 0:
-                continue
-            starts = np.concatenate([[0], np.cumsum(rows[s].ids[f][0])[:-1]])
-            for j in at:
-                n = rows[s].ids[f][0][row_idx[j]]
-                lengths[j] = n
-                values[j] = rows[s].ids[f][1][starts[row_idx[j]] : starts[row_idx[j]] + n]
-        out[f] = (lengths, np.concatenate(values) if len(values) else np.zeros(0, np.int64))
+        parts = [take_bags(*rows[s].ids[f], row_idx[split_idx == i]) for i, s in enumerate(SPLITS)]
+        out[f] = take_bags(np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]), back)
     return out
 
 
@@ -236,12 +221,9 @@ def make_kjt(sparse_names: list[str], entities: Entities, rows: np.ndarray) -> K
     n = len(rows)
     for key in sparse_names:
         if key in entities.bags:
-            ln, vals = entities.bags[key]
-            starts = np.concatenate([[0], np.cumsum(ln)[:-1]])
-            sel = ln[rows]
-            v = [vals[s : s + k] for s, k in zip(starts[rows], sel)]
+            sel, vals = take_bags(*entities.bags[key], rows)
             lengths.append(torch.as_tensor(sel, dtype=torch.int32))
-            values.append(torch.as_tensor(np.concatenate(v) if v else np.zeros(0, np.int64), dtype=torch.int64))
+            values.append(torch.as_tensor(vals, dtype=torch.int64))
         else:
             lengths.append(torch.zeros(n, dtype=torch.int32))
             values.append(torch.zeros(0, dtype=torch.int64))

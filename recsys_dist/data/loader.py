@@ -127,6 +127,20 @@ def partition_row_groups(sizes: Sequence[int], world_size: int) -> list[list[int
     return [sorted(o) for o in owned]
 
 
+def take_bags(
+    lengths: np.ndarray, values: np.ndarray, idx: np.ndarray, offsets: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """The bags of rows ``idx`` (int64, any order, repeats allowed) of a jagged feature
+    ``(lengths int [N], values [sum(lengths)])``: ``(lengths[idx], their values concatenated)``,
+    without a Python loop. ``offsets`` (``[0, cumsum(lengths)]``) may be passed when cached."""
+    if offsets is None:
+        offsets = np.concatenate([[0], np.cumsum(lengths)])
+    sel = lengths[idx]
+    starts = np.repeat(offsets[idx], sel)
+    within = np.arange(sel.sum()) - np.repeat(np.cumsum(sel) - sel, sel)
+    return sel, values[starts + within]
+
+
 class _Cols:
     """Columns of a set of rows, one numpy array per column (reading a window from Arrow is
     one copy per column), so a whole window is gathered into batch layout in one pass per column.
@@ -147,11 +161,7 @@ class _Cols:
 
     def _bags(self, j: int, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Multi-hot feature ``j`` of rows ``idx``: (lengths [len(idx)], their values concatenated)."""
-        lengths, values = self.ids[j]
-        sel = lengths[idx]
-        starts = np.repeat(self._offsets[j][idx], sel)
-        within = np.arange(sel.sum()) - np.repeat(np.cumsum(sel) - sel, sel)
-        return sel, values[starts + within]
+        return take_bags(*self.ids[j], idx, self._offsets[j])
 
     def take(self, idx: np.ndarray) -> _Cols:
         return _Cols(
