@@ -181,9 +181,11 @@ def read_retrieval_data(cfg, paths: dict[str, list[str]], num_embeddings: list[i
     for s in ("validation", "test"):
         r, us, its = rows[s], users[s], items[s]
         pos_rows = np.flatnonzero(r.labels >= 0.5)
+        pos_rows = pos_rows[np.argsort(us[pos_rows], kind="stable")]  # by user, then row
+        pos_users, starts = np.unique(us[pos_rows], return_index=True)
+        split_users, first_row = np.unique(us, return_index=True)
         eval_users, firsts, positives, seen = [], [], [], []
-        for u in np.unique(us[pos_rows]):
-            mine = pos_rows[us[pos_rows] == u]
+        for u, mine in zip(pos_users, np.split(pos_rows, starts[1:])):
             sn = seen_of(int(u))
             p = its[mine]
             in_corpus = np.isin(p, corpus_ids)
@@ -192,7 +194,7 @@ def read_retrieval_data(cfg, paths: dict[str, list[str]], num_embeddings: list[i
             if len(p) == 0:
                 continue
             eval_users.append(u)
-            firsts.append(np.flatnonzero(us == u)[0])
+            firsts.append(first_row[np.searchsorted(split_users, u)])
             positives.append(p)
             seen.append(sn)
         idx = np.asarray(firsts, dtype=np.int64)
