@@ -276,30 +276,43 @@ def embed(
     return local[:n].cpu()
 
 
+def _cells(lists: list[np.ndarray], corpus: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    """(row, column) indices of every corpus id of ``lists[i]`` (row i), ids outside ``corpus``
+    (ascending) dropped."""
+    row = np.repeat(np.arange(len(lists)), [len(x) for x in lists])
+    ids = np.concatenate(lists) if lists else np.zeros(0, np.int64)
+    keep = np.isin(ids, corpus)
+    return torch.as_tensor(row[keep]), torch.as_tensor(np.searchsorted(corpus, ids[keep]))
+
+
 def rank_metrics(
-    scores: torch.Tensor, corpus: np.ndarray, positives: list[np.ndarray], seen: list[np.ndarray], ks
+    scores, corpus: np.ndarray, positives: list[np.ndarray], seen: list[np.ndarray], ks
 ) -> dict[str, float]:
     """``recall@K`` and ``ndcg@K`` (module docstring) of ``scores`` float [U, C] (a column per
-    ``corpus`` id, ascending), users' ``positives`` and ``seen`` items, for each K in ``ks``;
-    means over the U users (NaN for none)."""
+    ``corpus`` id, ascending; or a function ``(lo, hi) -> [hi - lo, C]`` of a block of users, so
+    that the whole [U, C] is never held), users' ``positives`` and ``seen`` items, for each K in
+    ``ks``; means over the U users (NaN for none)."""
     ks = sorted(set(ks))
     kmax = min(max(ks), len(corpus))
-    sums = {f"{name}@{k}": 0.0 for k in ks for name in ("recall", "ndcg")}
+    per_user: dict[str, list[np.ndarray]] = {f"{name}@{k}": [] for k in ks for name in ("recall", "ndcg")}
     discount = 1.0 / np.log2(np.arange(2, max(ks) + 2))
+    idcg = np.array([discount[:n].sum() for n in range(len(discount) + 1)])  # IDCG of n positives in the top
     for lo in range(0, len(positives), USER_CHUNK):
-        s = scores[lo : lo + USER_CHUNK].double().clone()
-        for i, sn in enumerate(seen[lo : lo + USER_CHUNK]):
-            cols = np.searchsorted(corpus, sn[np.isin(sn, corpus)])
-            s[i, torch.as_tensor(cols, dtype=torch.long)] = float("-inf")
-        top = torch.sort(-s, dim=1, stable=True).indices[:, :kmax].numpy()  # stable: ties to the lower id
-        for i, p in enumerate(positives[lo : lo + USER_CHUNK]):
-            hit = np.isin(corpus[top[i]], p)
-            for k in ks:
-                h = hit[:k]
-                sums[f"recall@{k}"] += h.sum() / len(p)
-                sums[f"ndcg@{k}"] += (h * discount[: len(h)]).sum() / discount[: min(k, len(p))].sum()
+        hi = min(lo + USER_CHUNK, len(positives))
+        block = scores(lo, hi) if callable(scores) else scores[lo:hi]
+        s = block.double().index_put(_cells(seen[lo:hi], corpus), torch.tensor(float("-inf"), dtype=torch.float64))
+        top = torch.sort(-s, dim=1, stable=True).indices[:, :kmax]  # stable: ties to the lower id
+        is_positive = torch.zeros(s.shape, dtype=torch.bool)
+        is_positive[_cells(positives[lo:hi], corpus)] = True
+        hit = is_positive.gather(1, top).numpy()  # [users, kmax]
+        num_pos = np.array([len(p) for p in positives[lo:hi]])
+        for k in ks:
+            h = hit[:, :k]
+            per_user[f"recall@{k}"].append(h.sum(axis=1) / num_pos)
+            per_user[f"ndcg@{k}"].append((h * discount[: h.shape[1]]).sum(axis=1) / idcg[np.minimum(k, num_pos)])
     n = len(positives)
-    return {key: (v / n if n else float("nan")) for key, v in sums.items()}
+    # cumsum adds in user order, one at a time: the same float mean as a running sum in a loop
+    return {key: (float(np.cumsum(np.concatenate(v))[-1]) / n if n else float("nan")) for key, v in per_user.items()}
 
 
 def retrieval_metrics(
@@ -310,10 +323,10 @@ def retrieval_metrics(
     (every rank calls it and gets the same dict)."""
     users = data.splits[split]
     ks = list(ks or DEFAULT_K)
-    items = embed(model, "item_vectors", data.sparse_names, data.corpus, batch_size, device)  # [C, D]
-    u = embed(model, "user_vectors", data.sparse_names, users.users, batch_size, device)  # [U, D]
+    items = embed(model, "item_vectors", data.sparse_names, data.corpus, batch_size, device).double().T  # [D, C]
+    u = embed(model, "user_vectors", data.sparse_names, users.users, batch_size, device).double()  # [U, D]
     corpus = data.corpus.ids
-    out = rank_metrics(u.double() @ items.double().T, corpus, users.positives, users.seen, ks)
+    out = rank_metrics(lambda lo, hi: u[lo:hi] @ items, corpus, users.positives, users.seen, ks)
     popular = torch.as_tensor(data.train_counts[corpus], dtype=torch.float64).expand(len(users.positives), -1)
     out.update({f"popular_{k}": v for k, v in rank_metrics(popular, corpus, users.positives, users.seen, ks).items()})
     out.update(retrieval_users=len(users.positives), corpus_items=len(corpus))
