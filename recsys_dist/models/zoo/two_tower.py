@@ -104,19 +104,24 @@ class TwoTower(nn.Module):
         self.user_tower, self.item_tower = tower(len(self.user_features)), tower(len(self.item_features))
         self.log_q = LogQ(log_q)
 
+    def _user(self, kt) -> torch.Tensor:
+        return F.normalize(self.user_tower(_pooled(kt, self.user_features)), dim=1)
+
+    def _item(self, kt) -> torch.Tensor:
+        return F.normalize(self.item_tower(_pooled(kt, self.item_features)), dim=1)
+
     def user_vectors(self, kjt: KeyedJaggedTensor) -> torch.Tensor:
         """float32 [B, output_dim], unit norm: the user tower on the user features of ``kjt``
         (a KJT with every feature of the EmbeddingBagCollection; the item ones may be empty)."""
-        return F.normalize(self.user_tower(_pooled(self.sparse_arch(kjt), self.user_features)), dim=1)
+        return self._user(self.sparse_arch(kjt))
 
     def item_vectors(self, kjt: KeyedJaggedTensor) -> torch.Tensor:
         """float32 [B, output_dim], unit norm: the item tower on the item features of ``kjt``."""
-        return F.normalize(self.item_tower(_pooled(self.sparse_arch(kjt), self.item_features)), dim=1)
+        return self._item(self.sparse_arch(kjt))
 
     def forward(self, dense: torch.Tensor, kjt: KeyedJaggedTensor) -> dict[str, torch.Tensor]:
         kt = self.sparse_arch(kjt)  # one lookup (one input_dist / output_dist) serves both towers
-        u = F.normalize(self.user_tower(_pooled(kt, self.user_features)), dim=1)
-        v = F.normalize(self.item_tower(_pooled(kt, self.item_features)), dim=1)
+        u, v = self._user(kt), self._item(kt)
         ids = _one_hot_ids(kjt, self.item_id)
         # A dict literal (not a leaf's output): under the pipeline's fx trace each entry is its own node.
         return {
@@ -171,8 +176,8 @@ class TwoTowerConfig(ModelConfig):
 def log_q_of(counts: torch.Tensor) -> torch.Tensor:
     """float32 ``log q``: ``log(count / total)`` per id, with a count of 0 read as 1 (an id never
     in training is never an in-batch candidate either; this keeps the log finite)."""
-    c = torch.as_tensor(counts, dtype=torch.float64).clamp(min=1)
-    return (c / torch.as_tensor(counts, dtype=torch.float64).sum().clamp(min=1)).log().float()
+    c = torch.as_tensor(counts, dtype=torch.float64)
+    return (c.clamp(min=1) / c.sum().clamp(min=1)).log().float()
 
 
 @register_model("two_tower", TwoTowerConfig, sequences=False, retrieval=True)
