@@ -30,7 +30,7 @@ import math
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from pydantic import Field, model_validator
+from pydantic import Field, PositiveInt
 
 from recsys_dist.config.base import Section
 
@@ -56,18 +56,12 @@ class EvalConfig(Section):
     every_n_steps: int | None = Field(
         None, gt=0, description="Also evaluate on validation every N training steps (None = epoch ends only)."
     )
-    retrieval_k: list[int] | None = Field(
+    retrieval_k: list[PositiveInt] | None = Field(
         None,
         min_length=1,
         description="Retrieval models (two_tower): the K of recall@K and NDCG@K over the item corpus "
         "(None = [10, 50]); see recsys_dist.retrieval. Not for other models.",
     )
-
-    @model_validator(mode="after")
-    def _check_k(self):
-        if self.retrieval_k is not None and any(k <= 0 for k in self.retrieval_k):
-            raise ValueError(f"eval.retrieval_k must be positive ints, got {self.retrieval_k}")
-        return self
 
 
 DEFAULT_NUM_BUCKETS = 1 << 16

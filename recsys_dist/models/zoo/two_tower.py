@@ -32,7 +32,7 @@ from typing import Literal
 
 import torch
 import torch.nn.functional as F
-from pydantic import Field, model_validator
+from pydantic import Field, PositiveInt, model_validator
 from torch import nn
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
@@ -145,7 +145,9 @@ class TwoTowerConfig(ModelConfig):
     item_id: str = Field(
         description="The one-hot feature that names the item (one of item_features): the corpus, logQ, accidental hits."
     )
-    tower_sizes: list[int] = Field([64], description="Hidden sizes of each tower's MLP ([] = one linear layer).")
+    tower_sizes: list[PositiveInt] = Field(
+        [64], description="Hidden sizes of each tower's MLP ([] = one linear layer)."
+    )
     output_dim: int = Field(32, gt=0, description="Width of the towers' L2-normalised outputs.")
     temperature: float = Field(0.1, gt=0, description="Divides the cosine similarity of the two towers (tau).")
     logq_correction: bool = Field(
@@ -155,8 +157,6 @@ class TwoTowerConfig(ModelConfig):
 
     @model_validator(mode="after")
     def _check_features(self):
-        if any(s <= 0 for s in self.tower_sizes):
-            raise ValueError(f"model.tower_sizes must be positive ints, got {self.tower_sizes}")
         both = sorted(set(self.user_features) & set(self.item_features or []))
         if both:
             raise ValueError(f"model.item_features: {both} are user features too; a feature belongs to one tower")
