@@ -35,8 +35,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -44,7 +42,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from recsys_dist.data import feature_names, label_columns
 from recsys_dist.data.loader import ParquetBatchLoader, take_bags
-from recsys_dist.data.mapping import MISSING_ID, OOV_ID, loader_id_bounds
+from recsys_dist.data.mapping import MISSING_ID, OOV_ID, load_vocabularies, loader_id_bounds
 from recsys_dist.models.losses import get_loss
 
 DEFAULT_K = (10, 50)
@@ -405,9 +403,9 @@ def export_item_embeddings(cfg, model: nn.Module, conversion: Path, out: Path) -
     written = [out / ITEM_IDS_FILE, out / ITEM_EMBEDDINGS_FILE]
     vocab = Path(conversion) / "vocabulary.parquet"
     if cfg.data.categorical_mapping == "vocabulary" and vocab.is_file():
-        t = pq.read_table(vocab)
-        mine = t.filter(pc.equal(t["feature"], cfg.model.item_id))
-        key_of = dict(zip(mine["id"].to_numpy().tolist(), mine["key"].to_numpy().tolist()))
-        np.save(out / ITEM_KEYS_FILE, np.array([key_of[int(i)] for i in data.corpus.ids], dtype=np.uint64))
+        (v,) = load_vocabularies(vocab, [cfg.model.item_id])
+        key_of = np.zeros(v.size, dtype=np.uint64)  # by id; corpus ids are vocabulary ids (2 .. size - 1)
+        key_of[v.ids] = v.keys
+        np.save(out / ITEM_KEYS_FILE, key_of[data.corpus.ids])
         written.append(out / ITEM_KEYS_FILE)
     return written
