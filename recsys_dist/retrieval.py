@@ -232,14 +232,10 @@ def make_kjt(sparse_names: list[str], entities: Entities, rows: np.ndarray) -> K
 
 def retrieval_model(model: nn.Module) -> nn.Module:
     """The retrieval model inside a DistributedModelParallel, a DDP wrapper or a ``CTRTask``."""
-    while not hasattr(model, "item_vectors"):
-        if hasattr(model, "model") and isinstance(model.model, nn.Module):
-            model = model.model
-        elif hasattr(model, "module"):
-            model = model.module
-        else:
-            raise ValueError(f"{type(model).__name__} holds no retrieval model (item_vectors / user_vectors)")
-    return model
+    found = next((m for m in model.modules() if hasattr(m, "item_vectors")), None)
+    if found is None:
+        raise ValueError(f"{type(model).__name__} holds no retrieval model (item_vectors / user_vectors)")
+    return found
 
 
 @torch.no_grad()
