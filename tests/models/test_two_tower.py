@@ -62,9 +62,10 @@ def test_in_batch_softmax_of_padding_only_is_zero_with_zero_gradients():
 def brute_force(scores, corpus, positives, seen, k):
     recalls, ndcgs = [], []
     for s_u, p, sn in zip(scores, positives, seen):
-        cand = sorted((-float(s_u[j]), int(c)) for j, c in enumerate(corpus) if c not in set(sn.tolist()))
+        seen_set, pos_set = set(sn.tolist()), set(p.tolist())
+        cand = sorted((-float(s_u[j]), int(c)) for j, c in enumerate(corpus) if c not in seen_set)
         top = [c for _, c in cand[:k]]
-        hits = [c in set(p.tolist()) for c in top]
+        hits = [c in pos_set for c in top]
         recalls.append(sum(hits) / len(p))
         idcg = sum(1 / np.log2(r + 2) for r in range(min(k, len(p))))
         ndcgs.append(sum(h / np.log2(r + 2) for r, h in enumerate(hits)) / idcg)

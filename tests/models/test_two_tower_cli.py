@@ -11,6 +11,7 @@ import pytest
 
 from tests.cli import read_metrics, run_cli
 from tests.conftest import ROOT
+from tests.models.test_two_tower import brute_force
 
 TWO_TOWER = ROOT / "configs" / "movielens_two_tower.yaml"
 COMMON = [
@@ -22,20 +23,6 @@ COMMON = [
     "eval.retrieval_k=[10]",
 ]
 KEYS = ("auc", "logloss", "recall@10", "ndcg@10", "popular_recall@10")
-
-
-def brute_force(user_vecs, item_vecs, corpus, positives, seen, k=10):
-    """recall@k, ndcg@k by a plain loop: sort each user's unseen corpus items by score."""
-    recalls, ndcgs = [], []
-    for u, p, s in zip(user_vecs, positives, seen):
-        scores = item_vecs @ u
-        cand = [(-float(scores[j]), int(corpus[j])) for j in range(len(corpus)) if corpus[j] not in s]
-        top = [i for _, i in sorted(cand)[:k]]
-        hits = [i in set(p.tolist()) for i in top]
-        recalls.append(sum(hits) / len(p))
-        dcg = sum(h / np.log2(r + 2) for r, h in enumerate(hits))
-        ndcgs.append(dcg / sum(1 / np.log2(r + 2) for r in range(min(k, len(p)))))
-    return float(np.mean(recalls)), float(np.mean(ndcgs))
 
 
 @pytest.mark.slow
@@ -99,6 +86,7 @@ def test_movielens_two_tower_trains_resumes_exports_and_recall_matches_brute_for
     users = data.splits["test"]
     with torch.no_grad():
         u = task.model.user_vectors(make_kjt(data.sparse_names, users.users, np.arange(len(users.users.ids))))
-    recall, ndcg = brute_force(u.double().numpy(), vecs.astype(np.float64), ids, users.positives, users.seen)
+    scores = u.double().numpy() @ vecs.astype(np.float64).T  # [users, corpus]
+    recall, ndcg = brute_force(scores, ids, users.positives, users.seen, 10)
     assert recall == pytest.approx(test["recall@10"], abs=1e-6)
     assert ndcg == pytest.approx(test["ndcg@10"], abs=1e-6)
