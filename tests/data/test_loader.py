@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from recsys_dist.data.criteo import DataError
-from recsys_dist.data.loader import ParquetBatchLoader
+from recsys_dist.data.loader import ParquetBatchLoader, take_bags
 
 DENSE, SPARSE = ["I1", "I2"], ["C1", "C2", "C3"]
 
@@ -297,3 +297,15 @@ def test_reopen_keeps_every_setting_but_the_changed_ones(tmp_path):
     assert real == list(range(10))  # file order, every row once; the padding rows weigh 0
     with pytest.raises(TypeError, match="unknown options"):
         l.reopen(shufle=False)
+
+
+def test_take_bags_matches_slicing_with_empty_bags_repeats_and_any_order():
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(0, 4, size=50)  # zeros: empty bags
+    values = rng.integers(0, 1000, size=int(lengths.sum()))
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    for idx in (rng.integers(0, 50, size=80), np.arange(50)[::-1], np.zeros(0, np.int64)):
+        got_lengths, got_values = take_bags(lengths, values, idx)
+        want = [values[starts[i] : starts[i] + lengths[i]] for i in idx]
+        assert np.array_equal(got_lengths, lengths[idx])
+        assert np.array_equal(got_values, np.concatenate(want) if want else np.zeros(0, np.int64))
