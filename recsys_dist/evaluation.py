@@ -84,10 +84,11 @@ def evaluate(
 
 def in_row_order(loader: ParquetBatchLoader) -> ParquetBatchLoader:
     """A loader of the same files, rank and batch size that yields every row once, in file
-    order: unshuffled, the remainder padded. ``loader`` itself when it already does."""
+    order: unshuffled, the remainder padded, without loss_scale (evaluation applies none).
+    ``loader`` itself when it already yields every row in order."""
     if not loader.shuffle and loader.remainder == "pad":
         return loader
-    return loader.reopen(shuffle=False, remainder="pad")
+    return loader.reopen(shuffle=False, remainder="pad", scale_losses=False)
 
 
 @torch.no_grad()

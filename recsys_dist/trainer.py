@@ -108,8 +108,11 @@ def make_loaders(cfg: RunConfig, ctx: DistContext) -> Loaders:
             remainder=d.remainder,
             **common,
         ),
-        validation=ParquetBatchLoader(prepared.paths("validation"), eval_bs, remainder="pad", **common),
-        test=ParquetBatchLoader(prepared.paths("test"), eval_bs, remainder="pad", **common),
+        # Evaluation applies no loss_scale (and a weighted one would re-read every rank's weights).
+        validation=ParquetBatchLoader(
+            prepared.paths("validation"), eval_bs, remainder="pad", scale_losses=False, **common
+        ),
+        test=ParquetBatchLoader(prepared.paths("test"), eval_bs, remainder="pad", scale_losses=False, **common),
         num_embeddings=sizes,
         conversion=prepared.directory,
     )

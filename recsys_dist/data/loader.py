@@ -210,6 +210,9 @@ class ParquetBatchLoader:
             [B]) or the conversion's ``label:<task>`` columns (labels [B, T]; [B] for one).
         weight_column: a float32 column of sample weights (>= 0) that the batch weights carry
             (times 0 for padding); None = every real row weighs 1.
+        scale_losses: the batches carry ``loss_scale`` (a training loader); False: it is None
+            (an evaluation loader: nothing applies it, and a weighted loader on several ranks
+            then skips reading the other ranks' weights, :meth:`global_weights`).
 
     Raises:
         DataError: a missing file or column, files with different schemas, no rows with
@@ -237,6 +240,7 @@ class ParquetBatchLoader:
         rank_reads: str = "global_batch",
         label_columns: Sequence[str] = ("label",),
         weight_column: str | None = None,
+        scale_losses: bool = True,
     ) -> None:
         if remainder not in ("pad", "drop"):
             raise ValueError(f"remainder must be 'pad' or 'drop', got {remainder!r}")
@@ -277,6 +281,7 @@ class ParquetBatchLoader:
         self.shuffle, self.seed, self.remainder = shuffle, seed, remainder
         self.num_embeddings, self.buffer_rows, self.prefetch = num_embeddings, shuffle_buffer_rows, prefetch
         self.pin_memory, self.rank_reads = pin_memory, rank_reads
+        self.scale_losses = scale_losses
         self.epoch = 0
         # The stream this rank reads: row-group indices, and (ranks, rank) sharing each batch of it.
         sizes = [n for *_, n in self.row_groups]
@@ -324,6 +329,7 @@ class ParquetBatchLoader:
             rank_reads=self.rank_reads,
             label_columns=self.label_columns,
             weight_column=self.weight_column,
+            scale_losses=self.scale_losses,
         )
         unknown = sorted(set(changes) - set(kwargs))
         if unknown:
@@ -684,31 +690,44 @@ class ParquetBatchLoader:
         With ``prefetch`` the background threads start now, so opening the iterator early
         overlaps its first read with other work."""
         blocks = self._blocks(start)
+        if self.scale_losses and self.weight_column and self.world_size > 1:
+            # The global weights are read (and the scales worked out) with the blocks: in the
+            # prefetch thread, not the training thread.
+            blocks = self._weighted_scales(blocks, self.global_weights(start))
         if self.prefetch > 0:
             # Whole blocks cross threads: a batch-by-batch hand-over woke a thread every step.
             blocks = prefetched(blocks, -(-self.prefetch // BLOCK_BATCHES), "recsys_dist-blocks")
-        weighted = self.global_weights(start) if self.weight_column and self.world_size > 1 else None
-        return self._cut_all(blocks, start, weighted)
+        return self._cut_all(blocks, start)
 
-    def _cut_all(self, blocks: Iterator[tuple], start: int, weighted: Iterator[float] | None) -> Iterator[CTRBatch]:
-        # Every batch carries its loss_scale: one shared tensor while no rank pads, then per batch;
-        # with sample weights on several ranks (``weighted``: the global batches' weight sums),
-        # this rank's weight share of each global batch.
+    def _weighted_scales(self, blocks: Iterator[tuple], totals: Iterator[float]) -> Iterator[tuple]:
+        """Each block with its batches' loss_scale (float32 [nb]): this rank's weight share of
+        each global batch, ``weight here x world size / total`` (``totals``: the global
+        batches' weight sums, :meth:`global_weights`; 0 where the total is 0)."""
+        W = self.world_size
+        for block in blocks:
+            scales = []
+            for w in block[3]:  # per batch, the float32 sum the loss divides by (losses.py), so that it cancels
+                total = next(totals)
+                scales.append(float(w.sum()) * W / total if total > 0 else 0.0)
+            t = torch.tensor(scales, dtype=torch.float32)
+            yield (*block, t.pin_memory() if self.pin_memory else t)
+
+    def _cut_all(self, blocks: Iterator[tuple], start: int) -> Iterator[CTRBatch]:
+        # Every batch carries its loss_scale (unless ``scale_losses`` is off): one shared tensor
+        # while no rank pads, then per batch; with sample weights on several ranks, the block's
+        # fifth entry (:meth:`_weighted_scales`).
         one = torch.ones((), dtype=torch.float32)
         if self.pin_memory:
             one = one.pin_memory()
         step = start
         try:
             for block in blocks:
-                for batch in self._cut(block):
-                    if weighted is not None:
-                        total = next(weighted)
-                        # The float32 sum the loss divides by (losses.py), so that it cancels.
-                        here = float(batch.weights.sum())
-                        scale = here * self.world_size / total if total > 0 else 0.0
-                        batch.loss_scale = torch.tensor(scale, dtype=torch.float32)
-                        if self.pin_memory:
-                            batch.loss_scale = batch.loss_scale.pin_memory()
+                scales = block[4] if len(block) > 4 else None
+                for b, batch in enumerate(self._cut(block[:4])):
+                    if not self.scale_losses:
+                        pass  # None: an evaluation loader
+                    elif scales is not None:
+                        batch.loss_scale = scales[b]
                     elif step >= self._unpadded_steps:
                         scale = self.loss_scale(step)
                         batch.loss_scale = one if scale == 1.0 else torch.tensor(scale, dtype=torch.float32)

@@ -243,6 +243,7 @@ class ManagedRemap(nn.Module):
     def _remap(self, kjt: KeyedJaggedTensor, weights: torch.Tensor | None) -> KeyedJaggedTensor:
         keys = kjt.keys()
         values = kjt.values()
+        dev = values.device
         parts = list(torch.split(values, kjt.length_per_key()))
         pos = self._positions(keys)
         # Padding rows (weight 0) are neither recorded nor counted: they repeat a real row, and
@@ -256,7 +257,7 @@ class ManagedRemap(nn.Module):
         mods = list(self.mch.values())
         bufs = self._buffers_of(mods)
         if self.training:
-            mine = [_real(parts[j], keeps[j]) if j >= 0 else _EMPTY for j in pos]
+            mine = [_real(parts[j], keeps[j]) if j >= 0 else values.new_zeros(0) for j in pos]
             glob = _gather_per_key(mine) if self.gather else mine
             if self._batched_round:
                 _record_all(mods, bufs, glob)
@@ -278,11 +279,12 @@ class ManagedRemap(nn.Module):
                 k = torch.cat([keeps[pos[i]] for i in present])
                 looked, default = _segment_sums(k, sizes), _segment_sums(miss & k, sizes)
             else:
-                looked, default = torch.tensor(sizes, dtype=torch.int64), _segment_sums(miss, sizes)
+                looked, default = torch.tensor(sizes, dtype=torch.int64, device=dev), _segment_sums(miss, sizes)
             col = 0 if self.training else 2
-            idx = torch.tensor(present, dtype=torch.int64)
-            self._lookups[idx, col] += looked
-            self._lookups[idx, col + 1] += default
+            at = self._lookups.device
+            idx = torch.tensor(present, dtype=torch.int64, device=at)
+            self._lookups[idx, col] += looked.to(at)
+            self._lookups[idx, col + 1] += default.to(at)
             for r, i in zip(rows, present):
                 parts[pos[i]] = r
         return KeyedJaggedTensor(
@@ -305,33 +307,36 @@ class ManagedRemap(nn.Module):
         return out
 
 
-_EMPTY = torch.zeros(0, dtype=torch.int64)
 _MAX = torch.iinfo(torch.int64).max
 
 
 def _row_of_value(lengths: torch.Tensor, n: int) -> torch.Tensor:
     """int64 [n]: the bag (index into ``lengths``) of each value."""
-    return torch.repeat_interleave(torch.arange(lengths.numel()), lengths.long(), output_size=n)
+    return torch.repeat_interleave(torch.arange(lengths.numel(), device=lengths.device), lengths.long(), output_size=n)
 
 
-def _segment_ids(sizes: list[int]) -> torch.Tensor:
+def _segment_ids(sizes: list[int], device: torch.device) -> torch.Tensor:
     """int64 [sum(sizes)]: for each element of a concatenation of segments, its segment."""
-    return torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes), output_size=sum(sizes))
+    n = torch.tensor(sizes, dtype=torch.int64, device=device)
+    return torch.repeat_interleave(torch.arange(len(sizes), device=device), n, output_size=sum(sizes))
 
 
 def _segment_sums(x: torch.Tensor, sizes: list[int]) -> torch.Tensor:
     """int64 [len(sizes)]: the sum of a bool / int tensor over each of its consecutive segments."""
-    c = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(x.long(), 0)])
-    ends = torch.tensor(sizes, dtype=torch.int64).cumsum(0)
-    return c[ends] - c[ends - torch.tensor(sizes, dtype=torch.int64)]
+    c = torch.cat([x.new_zeros(1, dtype=torch.int64), torch.cumsum(x.long(), 0)])
+    n = torch.tensor(sizes, dtype=torch.int64, device=x.device)
+    ends = n.cumsum(0)
+    return c[ends] - c[ends - n]
 
 
 def _pad(parts: list[torch.Tensor], value: int) -> torch.Tensor:
     """int64 [len(parts), longest]: the parts as rows, padded with ``value`` (exact for int64,
     unlike ``pad_sequence``'s float padding value)."""
-    sizes = torch.tensor([p.numel() for p in parts])
-    out = torch.full((len(parts), int(sizes.max()) if parts else 0), value, dtype=torch.int64)
-    out[torch.arange(out.shape[1]).unsqueeze(0) < sizes.unsqueeze(1)] = torch.cat(parts)
+    n = [p.numel() for p in parts]
+    dev = parts[0].device if parts else None
+    sizes = torch.tensor(n, device=dev)
+    out = torch.full((len(parts), max(n, default=0)), value, dtype=torch.int64, device=dev)
+    out[torch.arange(out.shape[1], device=dev).unsqueeze(0) < sizes.unsqueeze(1)] = torch.cat(parts)
     return out
 
 
@@ -354,9 +359,10 @@ def batched_lookup(
     q = _pad(queries, 0)
     idx = torch.searchsorted(t, q)
     hit = torch.gather(t, 1, idx) == q
-    rows = torch.where(hit, torch.gather(_pad(mappings, 0), 1, idx), torch.tensor(defaults).unsqueeze(1))
+    dev = q.device
+    rows = torch.where(hit, torch.gather(_pad(mappings, 0), 1, idx), torch.tensor(defaults, device=dev).unsqueeze(1))
     sizes = [x.numel() for x in queries]
-    valid = torch.arange(q.shape[1]).unsqueeze(0) < torch.tensor(sizes).unsqueeze(1)
+    valid = torch.arange(q.shape[1], device=dev).unsqueeze(0) < torch.tensor(sizes, device=dev).unsqueeze(1)
     return list(torch.split(rows[valid], sizes)), ~hit[valid]
 
 
@@ -384,22 +390,23 @@ def batched_lfu_round(
     table entries before new ids, each in order), the best ``rows`` kept, the i-th evicted
     slot given to the i-th admitted id, the table re-sorted by raw id."""
     f_all = len(tsizes)
-    tf = _segment_ids(tsizes)
-    tstart = torch.tensor([0] + tsizes[:-1], dtype=torch.int64).cumsum(0)
-    tsz = torch.tensor(tsizes, dtype=torch.int64)
+    dev = state["_mch_sorted_raw_ids"][0].device
+    tf = _segment_ids(tsizes, dev)
+    tstart = torch.tensor([0] + tsizes[:-1], dtype=torch.int64, device=dev).cumsum(0)
+    tsz = torch.tensor(tsizes, dtype=torch.int64, device=dev)
     ids = torch.cat(state["_mch_sorted_raw_ids"])
     rows = torch.cat(state["_mch_remapped_ids_mapping"])
     counts = torch.cat(state["_mch_counts"])
     # distinct ids and counts per feature (torch.unique per feature: ascending ids)
     h = torch.cat(hists)
-    hf = _segment_ids([x.numel() for x in hists])
+    hf = _segment_ids([x.numel() for x in hists], dev)
     o = _lex_order(h, hf)
     hs, hfs = h[o], hf[o]
     first = torch.ones_like(hs, dtype=torch.bool)
     first[1:] = (hs[1:] != hs[:-1]) | (hfs[1:] != hfs[:-1])
     starts = torch.nonzero(first).squeeze(1)
     uid, uf = hs[starts], hfs[starts]
-    ucnt = torch.diff(starts, append=torch.tensor([hs.numel()]))
+    ucnt = torch.diff(starts, append=torch.tensor([hs.numel()], device=dev))
     if k > 1:  # admission: ids seen fewer than k times in the window are dropped
         m = ucnt >= k
         uid, uf, ucnt = uid[m], uf[m], ucnt[m]
@@ -408,8 +415,8 @@ def batched_lfu_round(
     qid, qf, qcnt = uid[o], uf[o], ucnt[o]
     # ids that already hold a row: add their counts
     qn = torch.bincount(qf, minlength=f_all)
-    qrank = torch.arange(qid.numel()) - (torch.cumsum(qn, 0) - qn)[qf]
-    qpad = torch.zeros(f_all, int(qn.max()) if qid.numel() else 0, dtype=torch.int64)
+    qrank = torch.arange(qid.numel(), device=dev) - (torch.cumsum(qn, 0) - qn)[qf]
+    qpad = torch.zeros(f_all, int(qn.max()) if qid.numel() else 0, dtype=torch.int64, device=dev)
     qpad[qf, qrank] = qid
     tpad = _pad(list(torch.split(ids, tsizes)), _MAX)
     at = torch.searchsorted(tpad, qpad)[qf, qrank]
@@ -422,7 +429,7 @@ def batched_lfu_round(
     mf = torch.cat([tf, nf])
     o = _lex_order(torch.cat([counts, ncnt]), mf, descending=True)
     gsize = tsz + nn_
-    r = torch.arange(o.numel()) - (torch.cumsum(gsize, 0) - gsize)[mf[o]]
+    r = torch.arange(o.numel(), device=dev) - (torch.cumsum(gsize, 0) - gsize)[mf[o]]
     top = r < tsz[mf[o]]
     is_new = o >= counts.numel()
     admitted = o[top & is_new] - counts.numel()
@@ -473,7 +480,7 @@ def _record_all(mods: list[ReplicatedMCH], bufs: dict[str, list[torch.Tensor]], 
         }
         sub["_counters"] = [bufs["_counters"][i] for i in due]
         batched_lfu_round([mods[i]._zch_size for i in due], sub, hists, mods[0].admission_min_count)
-    new = torch.tensor([c[:2] for c in ctr], dtype=torch.int64)
+    new = torch.tensor([c[:2] for c in ctr], dtype=torch.int64, device=bufs["_counters"][0].device)
     torch._foreach_copy_([c[:2] for c in bufs["_counters"]], list(new.unbind(0)))
 
 
@@ -486,13 +493,14 @@ def _gather_per_key(parts: list[torch.Tensor]) -> list[torch.Tensor]:
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return parts
     ws = dist.get_world_size()
-    sizes = torch.tensor([p.numel() for p in parts], dtype=torch.int64)
+    dev = parts[0].device if parts else None  # the ids' device: NCCL gathers CUDA tensors only
+    sizes = torch.tensor([p.numel() for p in parts], dtype=torch.int64, device=dev)
     all_sizes = [torch.zeros_like(sizes) for _ in range(ws)]
     dist.all_gather(all_sizes, sizes)
     totals = [int(s.sum()) for s in all_sizes]
     width = max(totals)
     flat = torch.cat(parts) if parts else torch.zeros(0, dtype=torch.int64)
-    buf = torch.zeros(width, dtype=torch.int64)
+    buf = torch.zeros(width, dtype=torch.int64, device=flat.device)
     buf[: flat.numel()] = flat
     bufs = [torch.empty_like(buf) for _ in range(ws)]
     dist.all_gather(bufs, buf)

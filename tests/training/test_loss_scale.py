@@ -143,6 +143,27 @@ def test_weighted_loss_scale_is_the_global_weight_share(tmp_path, ws, bs, remain
     assert list(ls[1].global_weights(2)) == pytest.approx(want[2:], rel=1e-7)
 
 
+def test_an_evaluation_loader_carries_no_loss_scale_and_reads_no_other_ranks_weights(tmp_path, monkeypatch):
+    from recsys_dist.data.loader import ParquetBatchLoader
+
+    paths = write_files(tmp_path, [9, 5, 3])
+    add_weights(paths)
+    train = ParquetBatchLoader(paths, 2, 1, 3, ["I1"], ["C1"], weight_column="w", prefetch=2)
+    ev = train.reopen(scale_losses=False)
+    assert not ev.scale_losses and train.reopen().scale_losses
+
+    def no_read(*a, **k):
+        raise AssertionError("an evaluation loader read the other ranks' weights")
+
+    monkeypatch.setattr(ev, "global_weights", no_read)
+    got, want = list(ev), list(train)
+    assert all(b.loss_scale is None for b in got)
+    assert any(float(b.loss_scale) != 1.0 for b in want)
+    for g, w in zip(got, want, strict=True):  # the same batches otherwise
+        assert torch.equal(g.dense_features, w.dense_features) and torch.equal(g.weights, w.weights)
+        assert torch.equal(g.sparse_features.values(), w.sparse_features.values())
+
+
 def test_weighted_rank_means_scaled_then_averaged_are_the_global_weighted_mean():
     # Sample weights below 1 and uneven across ranks: 3 ranks' scaled losses (and gradients,
     # averaged as DDP does) are sum w_i l_i / sum w_i over the 12 rows, as one rank computes it.
