@@ -147,4 +147,4 @@ def in_batch_softmax(
     scores = scores.masked_fill(masked, float("-inf"))
     log_p = scores.diagonal() - torch.logsumexp(scores, dim=1)  # [B], eq. 4's log P_B(y_i | x_i)
     w = weights * labels if positives_only else weights
-    return -(log_p * w).sum() / w.sum().clamp(min=1.0)
+    return -(log_p * w).sum() / weighted_sum_or_one(w)

@@ -134,3 +134,14 @@ def test_two_tower_config_problems():
         load_config(CONFIG, ["data.categorical_mapping=managed", "data.managed.eviction_interval=10"])
     with pytest.raises(ConfigError, match="candidate_scores"):
         load_config(CONFIG, ["train.loss_args.candidate_scores=1"])
+
+
+def test_in_batch_softmax_is_a_weighted_mean_also_below_one():
+    """Sample weights that sum below 1 (0.1 each) give the same mean as weights of 1."""
+    g = torch.Generator().manual_seed(0)
+    scores, ids = torch.randn(4, 4, generator=g), torch.arange(4)
+    labels, log_q = torch.ones(4), torch.zeros(4)
+    args = dict(candidate_scores=scores, candidate_ids=ids, candidate_log_q=log_q)
+    ones = in_batch_softmax(scores.diagonal(), labels, torch.ones(4), **args)
+    quarter = in_batch_softmax(scores.diagonal(), labels, torch.full((4,), 0.1), **args)
+    assert torch.allclose(ones, quarter, atol=1e-6), (ones, quarter)
