@@ -16,6 +16,9 @@ from typing import Any
 
 import torch.multiprocessing as mp
 
+# What the forkserver of run_ranks (and of the tests' `recsys-dist train` runs) imports once.
+FORKSERVER_PRELOAD = ["torch", "torchrec", "torchrec.distributed", "recsys_dist.trainer", "recsys_dist.cli"]
+
 
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago (the OS picks it)."""
@@ -84,7 +87,7 @@ def run_ranks(
         raise ValueError(f"run_ranks: start_method must be 'forkserver' or 'spawn', got {start_method!r}")
     ctx = mp.get_context(start_method)
     if start_method == "forkserver":
-        ctx.set_forkserver_preload(["torch", "torchrec", "torchrec.distributed", "recsys_dist.trainer"])
+        ctx.set_forkserver_preload(FORKSERVER_PRELOAD)
     env = dict(os.environ) if start_method == "forkserver" else None
     queue = ctx.Queue()
     port = free_port()

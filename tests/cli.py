@@ -1,14 +1,20 @@
-"""``recsys-dist ARGS`` for the tests: in this process where nothing trains, else a fresh one.
+"""``recsys-dist ARGS`` for the tests: in this process where nothing trains, else in a child
+that starts as a fresh ``recsys-dist`` process would, without paying for its imports.
 
 A fresh ``python -m recsys_dist.cli`` imports torch and TorchRec first: ~6 CPU-seconds before
 it does anything. The commands that do not train (evaluate, predict, export, report, compare,
 plan, preprocess) therefore run here, through ``recsys_dist.cli.main``, with the process state
 they see or change (environment, working directory, ``sys.path``, logger levels, signal
 handlers, warning filters, torch's thread count) set up as a fresh process would have it and
-put back afterwards. ``train`` runs in a subprocess, unless the caller passes
-``inprocess=True`` because the run must stop before any rank or training step (a config or
-data error). ``inprocess=False`` keeps any command in a subprocess, so that the
-``python -m recsys_dist.cli`` path of each command stays covered somewhere.
+put back afterwards. ``train`` runs in a child forked from a forkserver (a clean process that
+imported torch, TorchRec and recsys_dist once, the server ``recsys_dist.testing.run_ranks``
+uses): the child takes the command's environment, working directory and ``sys.path``, writes
+stdout and stderr to files, and runs the console entry point's path (``cli.run``: ranks forked
+on CPU, exit without interpreter finalisation), so it is the ``recsys-dist`` process minus
+its imports. ``inprocess=True`` runs a ``train`` here instead, when the run must stop before
+any rank or training step (a config or data error); ``inprocess=False`` keeps any command in
+a real subprocess, so that the ``python -m recsys_dist.cli`` path of each command stays
+covered somewhere.
 """
 
 from __future__ import annotations
@@ -16,10 +22,12 @@ from __future__ import annotations
 import io
 import json
 import logging
+import multiprocessing as mp
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import traceback
 import warnings
 from contextlib import redirect_stderr, redirect_stdout
@@ -57,16 +65,18 @@ def run_cli(
         tmp: conversions are cached under ``tmp/cache`` (``RECSYS_DIST_CACHE``) when given.
         cwd: the working directory of the command (default the repository root).
         env: environment variables set for the command (a value None unsets one).
-        timeout: seconds a subprocess may run (``subprocess.TimeoutExpired`` after that).
+        timeout: seconds a subprocess or child may run (``subprocess.TimeoutExpired`` after that).
         inprocess: True runs the command in this process (a ``train`` that must fail before
             any rank starts), False in a subprocess; None (default): in this process for the
-            commands of ``IN_PROCESS`` without a launcher, else in a subprocess.
+            commands of ``IN_PROCESS`` without a launcher, ``train`` in a forkserver's child,
+            anything else in a subprocess.
         launcher: the command that runs ``-m recsys_dist.cli`` (e.g. torchrun and its
             options); default this Python. Implies a subprocess.
     """
     args = [str(a) for a in args]
     overrides = {"RECSYS_DIST_CACHE": str(Path(tmp) / "cache")} if tmp is not None else {}
     overrides.update({k: (None if v is None else str(v)) for k, v in (env or {}).items()})
+    forked = inprocess is None and not launcher and bool(args) and args[0] == "train"
     if inprocess is None:
         inprocess = not launcher and bool(args) and args[0] in IN_PROCESS
     if inprocess and launcher:
@@ -74,6 +84,8 @@ def run_cli(
     if inprocess:
         return _in_process(args, Path(cwd), overrides)
     full_env = {k: v for k, v in {**os.environ, **overrides}.items() if v is not None}
+    if forked:
+        return _forked(args, Path(cwd), full_env, timeout)
     cmd = [*(launcher or [sys.executable]), "-m", "recsys_dist.cli", *args]
     return subprocess.run(cmd, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout)
 
@@ -129,6 +141,52 @@ def _in_process(args: list[str], cwd: Path, overrides: dict) -> subprocess.Compl
         if threads is not None:
             sys.modules["torch"].set_num_threads(threads)
     return subprocess.CompletedProcess(["recsys-dist", *args], code, out.getvalue(), err.getvalue())
+
+
+def _forked(args: list[str], cwd: Path, env: dict, timeout: float) -> subprocess.CompletedProcess:
+    from recsys_dist.testing import FORKSERVER_PRELOAD
+
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(FORKSERVER_PRELOAD)
+    with tempfile.TemporaryDirectory(prefix="recsys_dist_cli_") as d:
+        out, err = Path(d) / "stdout", Path(d) / "stderr"
+        # Not a daemon: a daemonic process may not start the ranks.
+        child = ctx.Process(target=_child, args=(args, str(cwd), env, str(out), str(err)), daemon=False)
+        child.start()
+        child.join(timeout)
+        if child.is_alive():  # its ranks die with it (die_with_launcher)
+            child.kill()
+            child.join()
+            raise subprocess.TimeoutExpired(["recsys-dist", *args], timeout)
+        text = [p.read_text(errors="replace") if p.exists() else "" for p in (out, err)]
+        return subprocess.CompletedProcess(["recsys-dist", *args], child.exitcode, *text)
+
+
+def _child(args: list[str], cwd: str, env: dict, out: str, err: str) -> None:
+    """The forkserver's child: ``recsys-dist ARGS`` as the console entry point runs it."""
+    os.environ.clear()  # a forkserver's child starts with the server's environment
+    os.environ.update(env)
+    if env.get("PYTHONPATH"):
+        sys.path[:0] = [p for p in env["PYTHONPATH"].split(os.pathsep) if p and p not in sys.path]
+    os.chdir(cwd)
+    for path, fd in ((out, 1), (err, 2)):
+        f = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(f, fd)
+        os.close(f)
+    sys.argv = [str(ROOT / "recsys_dist" / "cli.py"), *args]
+    from recsys_dist import cli
+
+    cli._ENTRY_POINT = True  # what cli.run() sets: ranks forked on CPU
+    try:
+        code = cli.main(args)
+    except SystemExit as exit_:
+        code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
+    except BaseException:  # noqa: BLE001 - what the interpreter prints and exits with
+        traceback.print_exc()
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _fresh_interpreter_warnings() -> None:

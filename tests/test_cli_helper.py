@@ -1,5 +1,5 @@
-"""tests.cli.run_cli in this process: what a fresh process would print and exit with, and the
-pytest process left as it was."""
+"""tests.cli.run_cli in this process (what a fresh process would print and exit with, and the
+pytest process left as it was) and in a forkserver's child (``train``)."""
 
 import logging
 import os
@@ -35,3 +35,21 @@ def test_in_process_command_gives_output_and_exit_code_and_restores_the_process(
     # A train refused before any rank starts, in this process when asked.
     r = run_cli(["train", "--config", QUICKSTART, "train.batch_size=0"], tmp_path, inprocess=True)
     assert r.returncode == 2 and "train.batch_size" in r.stderr
+
+
+def test_train_runs_in_a_forkserver_child_with_the_commands_environment(tmp_path):
+    import subprocess
+
+    import pytest
+
+    # Refused in the child: the exit code and the message come back.
+    r = run_cli(["train", "--config", QUICKSTART, "train.batch_size=0"], tmp_path)
+    assert r.returncode == 2 and "train.batch_size" in r.stderr and "Traceback" not in r.stderr
+    # The working directory (a relative run directory) and the environment (the cache) are the command's.
+    short = ["data.num_rows=1000", "train.max_steps=2", "train.progress_bar=false", "checkpoint.enabled=false"]
+    r = run_cli(["train", "--config", QUICKSTART, "--run-dir", "rel", *short], tmp_path, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "trained" in r.stdout and (tmp_path / "rel" / "summary.json").exists()
+    assert list((tmp_path / "cache").glob("*/manifest.json"))
+    with pytest.raises(subprocess.TimeoutExpired):
+        run_cli(["train", "--config", QUICKSTART, "--run-dir", tmp_path / "slow", *short], tmp_path, timeout=0.2)

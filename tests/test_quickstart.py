@@ -47,6 +47,7 @@ def test_quickstart_world_size_2(tmp_path):
         "train.timing_every_n_steps=10",
         "eval.group_feature=C6",
         tmp=tmp_path,
+        inprocess=False,  # the real `python -m recsys_dist.cli train` (tests.cli forks the others)
     )
     assert r.returncode == 0, r.stderr[-3000:]
     assert "validation  AUC" in r.stdout and str(run_dir) in r.stdout
