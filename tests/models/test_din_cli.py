@@ -2,7 +2,8 @@
 history's EmbeddingCollection table sharded, resumes on 1 rank (twice the per-rank batch) to the
 same result as the uninterrupted run, and predicts. Both runs set the transformer's dropout to 0:
 on another number of ranks the resumed run draws other dropout masks (each rank draws for its
-own rows), so with dropout it continues correctly but not bit for bit. DIN:
+own rows), so with dropout it continues correctly but not bit for bit; on the same number of
+ranks a run with dropout resumes bit for bit. DIN:
 trains on 2 ranks with the table sharded (its checkpoint and resume path is BST's: the same
 EmbeddingCollection and dense parameters)."""
 
@@ -64,6 +65,19 @@ def test_movielens_bst_and_din_train_sharded_bst_resumes_resharded_and_predicts(
     for split in ("validation", "test"):
         assert got[split]["auc"] == pytest.approx(want[split]["auc"], abs=1e-5), split
         assert got[split]["logloss"] == pytest.approx(want[split]["logloss"], abs=1e-6), split
+
+    # The same world size with dropout on: each rank gets its own RNG stream back, so the resumed
+    # run draws the masks the uninterrupted one drew and ends bit for bit where it ended (with
+    # one stream saved for all ranks, rank 1 drew rank 0's masks: 2.2e-3 NE off).
+    dropout = [*COMMON[:-1], "model.transformer_dropout=0.1"]
+    want = trains_sharded(BST, tmp_path / "full_dropout", tmp_path, *dropout)
+    step20 = tmp_path / "full_dropout" / "checkpoints" / "step_00000020"
+    resumed = tmp_path / "resumed_dropout"
+    r = run_cli(["train", "--config", BST, "--run-dir", resumed, "--resume", step20, *dropout], tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads((resumed / "summary.json").read_text())
+    for split in ("validation", "test"):
+        assert (got[split]["auc"], got[split]["logloss"]) == (want[split]["auc"], want[split]["logloss"]), split
 
     (manifest,) = (tmp_path / "cache").glob("*/manifest.json")
     preds = tmp_path / "preds.parquet"
