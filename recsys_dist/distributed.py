@@ -114,24 +114,35 @@ def _alive(pid: int) -> bool:
     return True
 
 
+_STORE: dist.Store | None = None  # this process's connection to the launcher's store
+_GROUPS_MADE = 0  # process groups this process has made from it
+
+
 def _attempt_store(rank: int, world: int, timeout_s: float) -> dist.Store:
-    """The launcher's TCPStore, with keys prefixed by the restart attempt.
+    """The launcher's TCPStore, with keys prefixed by the restart attempt and the group.
 
     After an elastic restart the agent's store still holds the previous attempt's gloo
     addresses under the same keys, and the new ranks connect to dead ports (seen with
     torch 2.13: "Gloo connectFullMesh failed ... Connection refused"). A per-attempt prefix
-    keeps the attempts apart. Without an agent store (e.g. Slurm), rank 0 hosts the store.
+    keeps the attempts apart. Likewise a second process group in the same ranks (a second
+    Trainer after the first one closed its group) read the first group's keys and hung in
+    its first collective: each group made in this process gets its own prefix (every rank
+    makes its groups in the same order, so the numbers agree). Without an agent store (e.g.
+    Slurm), rank 0 hosts the store, once per process.
     """
-    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
-    store = dist.TCPStore(
-        os.environ["MASTER_ADDR"],
-        int(os.environ["MASTER_PORT"]),
-        world,
-        is_master=(not agent and rank == 0),
-        timeout=timedelta(seconds=timeout_s),
-    )
+    global _STORE, _GROUPS_MADE
+    if _STORE is None:
+        agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+        _STORE = dist.TCPStore(
+            os.environ["MASTER_ADDR"],
+            int(os.environ["MASTER_PORT"]),
+            world,
+            is_master=(not agent and rank == 0),
+            timeout=timedelta(seconds=timeout_s),
+        )
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    return dist.PrefixStore(f"recsys_dist/attempt_{attempt}", store)
+    _GROUPS_MADE += 1
+    return dist.PrefixStore(f"recsys_dist/attempt_{attempt}/group_{_GROUPS_MADE}", _STORE)
 
 
 def resolve_device(name: str, local_rank: int = 0) -> torch.device:
