@@ -396,13 +396,14 @@ def _user_errors() -> tuple:
     return (ConfigError, DataError, CheckpointError, MetricsError, FloatingPointError)
 
 
-def run() -> None:
-    """Console entry point: ``main()``, then leave without interpreter finalisation, which
-    aborted ~1 run in 5 with SIGABRT when a native (pyarrow / torch) thread was still being
-    torn down after an error had already been reported."""
+def run(argv: list[str] | None = None) -> None:
+    """Console entry point: ``main(argv)`` (default: the command line), then leave without
+    interpreter finalisation, which aborted ~1 run in 5 with SIGABRT when a native (pyarrow /
+    torch) thread was still being torn down after an error had already been reported. Never
+    returns; a usage error leaves through argparse's ``SystemExit``."""
     global _ENTRY_POINT
     _ENTRY_POINT = True
-    code = main()
+    code = main(argv)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

@@ -176,10 +176,9 @@ def _child(args: list[str], cwd: str, env: dict, out: str, err: str) -> None:
     sys.argv = [str(ROOT / "recsys_dist" / "cli.py"), *args]
     from recsys_dist import cli
 
-    cli._ENTRY_POINT = True  # what cli.run() sets: ranks forked on CPU
     try:
-        code = cli.main(args)
-    except SystemExit as exit_:
+        cli.run(args)  # ranks forked on CPU, as for the console command; leaves with os._exit
+    except SystemExit as exit_:  # argparse
         code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
     except BaseException:  # noqa: BLE001 - what the interpreter prints and exits with
         traceback.print_exc()
