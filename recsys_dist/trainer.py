@@ -179,7 +179,9 @@ class Trainer:
     The process group: when none exists, the Trainer creates it
     (``recsys_dist.distributed.init_distributed``: the launcher's ranks under torchrun or
     :func:`recsys_dist.launch`, else one rank in this process) and :meth:`close` destroys it;
-    an existing group (made by the caller) is used as it is and left to its owner.
+    an existing group (made by the caller) is used as it is and left to its owner. A Trainer
+    whose group was destroyed under it (its owner closed first) raises ``RuntimeError`` from
+    its collective methods.
 
     Args:
         cfg: the resolved run config (``recsys_dist.config.load_config``).
@@ -231,6 +233,7 @@ class Trainer:
         self._closed = self._failed = False
         self._bar = self._writer = self._tracer = self._lock = None
         self._ctx = init_distributed(cfg)
+        self._group = dist.group.WORLD  # the group this Trainer trains on (it may outlive it)
         # Wall-time split for summary.json: everything up to here (imports, the process group) is startup.
         global _TRAINERS_MADE
         self._clock = PhaseClock.for_run(first_in_process=_TRAINERS_MADE == 0)
@@ -561,8 +564,8 @@ class Trainer:
                 part.close()
         if self._lock is not None:
             self._lock.release()
-        if not self._owns_group or not dist.is_initialized():
-            return
+        if not self._owns_group or not dist.is_initialized() or dist.group.WORLD is not self._group:
+            return  # not ours, or already destroyed (a group made since then belongs to someone else)
         if not self._failed:
             # Every rank leaves its last collective before any rank tears down gloo; a rank that
             # exited while a peer still had work queued made the peer abort.
@@ -584,6 +587,14 @@ class Trainer:
     def _collective(self):
         if self._closed:
             raise RuntimeError("this Trainer is closed")
+        if not dist.is_initialized() or dist.group.WORLD is not self._group:
+            # Its owner (the Trainer that made it, closed first, or the caller) destroyed it;
+            # torch would only say that no default process group exists.
+            raise RuntimeError(
+                "the process group this Trainer was built on has been destroyed (by closing the "
+                "Trainer that created it, or by torch.distributed.destroy_process_group()); close "
+                "this Trainer and build a new one, or close Trainers in the reverse order of creation"
+            )
         try:
             yield
         except BaseException:

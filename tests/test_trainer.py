@@ -154,6 +154,33 @@ def test_trainer_refuses_to_train_one_rank_of_several(tmp_path, monkeypatch):
     assert not dist.is_initialized() and not (tmp_path / "run").exists()
 
 
+def test_trainer_whose_group_was_destroyed_under_it(tmp_path, monkeypatch, cache_dir):
+    """Two Trainers alive in one process: the second uses the first one's group. Closing the
+    owner first destroys it; the other then says so (torch only said no group exists), and an
+    owner's close never destroys a group made after its own was destroyed."""
+    import torch.distributed as dist
+
+    for name in LAUNCHER_ENV:
+        monkeypatch.delenv(name, raising=False)
+    cfg = load_config(QUICKSTART, [*TOY, "distributed.nproc_per_node=1", "checkpoint.enabled=false"])
+    owner = recsys_dist.Trainer(cfg, tmp_path / "a")
+    user = recsys_dist.Trainer(cfg, tmp_path / "b")
+    owner.close()
+    with pytest.raises(RuntimeError, match="process group this Trainer was built on has been destroyed"):
+        user.evaluate()
+    user.close()
+    assert not dist.is_initialized()
+
+    first = recsys_dist.Trainer(cfg, tmp_path / "c")
+    dist.destroy_process_group()  # the caller's doing
+    second = recsys_dist.Trainer(cfg, tmp_path / "d")  # makes and owns a new group
+    first.close()
+    assert dist.is_initialized()  # the new group is left to its owner
+    assert second.evaluate()["num_examples"] == 200
+    second.close()
+    assert not dist.is_initialized()
+
+
 def test_launch_is_the_function_and_refuses_what_cannot_be_spawned():
     from recsys_dist.launch import launch, launch_workers  # noqa: F401 (the submodule, imported)
 
