@@ -116,6 +116,10 @@ def _alive(pid: int) -> bool:
 
 _STORE: dist.Store | None = None  # this process's connection to the launcher's store
 _GROUPS_MADE = 0  # process groups this process has made from it
+_GROUP_STORE: dist.Store | None = None  # the keys of the last group made here
+_GROUP = None  # that group (failures are recorded only for it, never for a caller's group)
+_FAILURES = 0  # Trainers that failed on that group in this process and left it open
+REUSE_WAIT_S = 60.0  # how long a new Trainer waits for every rank to report the same failure
 
 
 def _attempt_store(rank: int, world: int, timeout_s: float) -> dist.Store:
@@ -130,7 +134,7 @@ def _attempt_store(rank: int, world: int, timeout_s: float) -> dist.Store:
     makes its groups in the same order, so the numbers agree). Without an agent store (e.g.
     Slurm), rank 0 hosts the store, once per process.
     """
-    global _STORE, _GROUPS_MADE
+    global _STORE, _GROUPS_MADE, _GROUP_STORE, _FAILURES
     if _STORE is None:
         agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
         _STORE = dist.TCPStore(
@@ -142,7 +146,47 @@ def _attempt_store(rank: int, world: int, timeout_s: float) -> dist.Store:
         )
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     _GROUPS_MADE += 1
-    return dist.PrefixStore(f"recsys_dist/attempt_{attempt}/group_{_GROUPS_MADE}", _STORE)
+    _GROUP_STORE = dist.PrefixStore(f"recsys_dist/attempt_{attempt}/group_{_GROUPS_MADE}", _STORE)
+    _FAILURES = 0
+    return _GROUP_STORE
+
+
+def note_failure(rank: int) -> None:
+    """Record in the launcher's store that a Trainer failed on this rank and left the group
+    open (a peer may be inside a collective, so it is neither synchronised nor destroyed)."""
+    global _FAILURES
+    if _GROUP is None or dist.group.WORLD is not _GROUP:
+        return
+    _FAILURES += 1
+    if _GROUP_STORE is not None:
+        _GROUP_STORE.set(f"failed_{_FAILURES}/rank_{rank}", "1")
+
+
+def check_reusable(rank: int, world: int) -> bool:
+    """Before a new Trainer trains on the existing group: True when a failed Trainer left it
+    open and every rank reported that same failure (all ranks stopped alike, none is inside a
+    collective: the group can be used, and the new Trainer takes it over); False when no
+    failure is on record (a group the caller made, or one in use).
+
+    Raises:
+        RuntimeError: a failure on this rank that not every rank reported within
+            ``REUSE_WAIT_S`` seconds: the other ranks may still wait in a collective the failed
+            Trainer never joined, and a new Trainer on this group would wait with them.
+    """
+    if not _FAILURES or _GROUP_STORE is None or dist.group.WORLD is not _GROUP:
+        return False
+    keys = [f"failed_{_FAILURES}/rank_{r}" for r in range(world)]
+    try:
+        _GROUP_STORE.wait(keys, timedelta(seconds=REUSE_WAIT_S))
+    except (RuntimeError, dist.DistError):  # the store's timeout
+        missing = [r for r, k in enumerate(keys) if not _GROUP_STORE.check([k])]
+        raise RuntimeError(
+            f"rank {rank}: a Trainer failed on this rank and left its process group open, but rank(s) "
+            f"{missing} did not fail within {REUSE_WAIT_S:g} s; they may be waiting in a collective, so a "
+            "new Trainer on this group would wait with them. Let the exception end the function that "
+            "runs on every rank (the launcher then stops the ranks and reports it), or fail every rank alike."
+        ) from None
+    return True
 
 
 def resolve_device(name: str, local_rank: int = 0) -> torch.device:
@@ -160,6 +204,7 @@ def init_distributed(cfg: DistributedConfig, timeout_s: float = 600.0) -> DistCo
     ``distributed.cpu_threads_per_rank`` intra-op threads, by default an equal share of
     this machine's cores.
     """
+    global _GROUP
     cfg = getattr(cfg, "distributed", cfg)  # the section, or a whole RunConfig
     die_with_launcher()
     if under_launcher():
@@ -187,6 +232,7 @@ def init_distributed(cfg: DistributedConfig, timeout_s: float = 600.0) -> DistCo
                 world_size=world,
                 timeout=timedelta(seconds=timeout_s),
             )
+            _GROUP = dist.group.WORLD
         else:
             dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
     _setup_logging(rank)

@@ -43,7 +43,14 @@ from recsys_dist.config import ConfigError, RunConfig
 from recsys_dist.data import feature_names, label_columns, prepare_from_config, tasks
 from recsys_dist.data.loader import ParquetBatchLoader
 from recsys_dist.data.mapping import loader_id_bounds
-from recsys_dist.distributed import DistContext, broadcast_result, init_distributed, under_launcher
+from recsys_dist.distributed import (
+    DistContext,
+    broadcast_result,
+    check_reusable,
+    init_distributed,
+    note_failure,
+    under_launcher,
+)
 from recsys_dist.early_stopping import BestTracker
 from recsys_dist.evaluation import evaluate, in_row_order, predict
 from recsys_dist.faults import maybe_fault
@@ -234,6 +241,8 @@ class Trainer:
         self._bar = self._writer = self._tracer = self._lock = None
         self._ctx = init_distributed(cfg)
         self._group = dist.group.WORLD  # the group this Trainer trains on (it may outlive it)
+        if not self._owns_group and check_reusable(self._ctx.rank, self._ctx.world_size):
+            self._owns_group = True  # left open by a Trainer that failed on every rank: now ours to close
         # Wall-time split for summary.json: everything up to here (imports, the process group) is startup.
         global _TRAINERS_MADE
         self._clock = PhaseClock.for_run(first_in_process=_TRAINERS_MADE == 0)
@@ -564,8 +573,12 @@ class Trainer:
                 part.close()
         if self._lock is not None:
             self._lock.release()
-        if not self._owns_group or not dist.is_initialized() or dist.group.WORLD is not self._group:
-            return  # not ours, or already destroyed (a group made since then belongs to someone else)
+        if not dist.is_initialized() or dist.group.WORLD is not self._group:
+            return  # already destroyed (a group made since then belongs to someone else)
+        if self._failed and self._ctx.world_size > 1:
+            note_failure(self._ctx.rank)  # what a next Trainer in these ranks checks (check_reusable)
+        if not self._owns_group:
+            return
         if not self._failed:
             # Every rank leaves its last collective before any rank tears down gloo; a rank that
             # exited while a peer still had work queued made the peer abort.

@@ -40,7 +40,34 @@ def user_job(config: str, overrides: list, run_dir: str) -> dict:
     # new group read the closed group's addresses from the launcher's store).
     with recsys_dist.Trainer(load_config(config, overrides), run_dir + "_again") as again:
         out["again"] = again.fit()
+    # A Trainer that fails on every rank leaves its group open (a peer could be inside a
+    # collective); every rank reported the failure, so the next Trainer uses and closes it.
+    try:
+        with recsys_dist.Trainer(load_config(config, overrides), run_dir + "_failed"):
+            raise KeyError("the user's code fails on every rank")
+    except KeyError:
+        out["open_after_failure"] = dist.is_initialized()
+    with recsys_dist.Trainer(load_config(config, overrides), run_dir + "_after_failure") as after:
+        out["after_failure"] = after.fit()
+    out["open_at_end"] = dist.is_initialized()
     return out
+
+
+def one_rank_fails_then_retries(config: str, overrides: list, run_dir: str) -> None:
+    """Rank 1's Trainer fails and the user catches it; rank 0 finished and waits in close()."""
+    import torch.distributed as dist
+
+    import recsys_dist.distributed
+
+    recsys_dist.distributed.REUSE_WAIT_S = 3.0
+    try:
+        with recsys_dist.Trainer(load_config(config, overrides), run_dir) as trainer:
+            trainer.fit()
+            if dist.get_rank() == 1:
+                raise KeyError("the user's code fails on rank 1 only")
+    except KeyError:
+        pass
+    recsys_dist.Trainer(load_config(config, overrides), run_dir + "_retry")  # raises on rank 1
 
 
 def failing_job(bad_rank: int) -> int:
@@ -127,9 +154,12 @@ def test_trainer_under_launch_matches_the_cli(tmp_path, monkeypatch):
     unsharded = score(cfg, model, test_parquet)
     assert torch.allclose(pred["logit"], torch.from_numpy(unsharded["logit"]), atol=1e-5)
 
-    # The second Trainer of the same ranks and config: the same numbers.
-    assert all(o["again"]["validation"] == o["summary"]["validation"] for o in results)
-    assert all(o["again"]["test"] == o["summary"]["test"] for o in results)
+    # The second Trainer of the same ranks and config, and one after a failure on every rank:
+    # the same numbers; the group stays open after the failure and is closed at the end.
+    for key in ("again", "after_failure"):
+        assert all(o[key]["validation"] == o["summary"]["validation"] for o in results), key
+        assert all(o[key]["test"] == o["summary"]["test"] for o in results), key
+    assert all(o["open_after_failure"] and not o["open_at_end"] for o in results)
 
     # A rank's exception comes back naming the rank, with its traceback.
     with pytest.raises(RankFailedError) as err:
@@ -137,6 +167,12 @@ def test_trainer_under_launch_matches_the_cli(tmp_path, monkeypatch):
     assert err.value.rank == 1 and "rank 1 failed: ValueError: rank 1 refuses" in str(err.value)
     assert "failing_job" in err.value.traceback
     assert recsys_dist.launch(failing_job, 2, -1) == [0, 10]
+
+    # A failure caught on one rank only, then a new Trainer: rank 1 raises within
+    # REUSE_WAIT_S (rank 0 still waits in close()) instead of both waiting on each other.
+    with pytest.raises(RankFailedError) as err:
+        recsys_dist.launch(one_rank_fails_then_retries, 2, str(QUICKSTART), TOY, str(tmp_path / "one_failed"))
+    assert err.value.rank == 1 and "rank(s) [0] did not fail within 3 s" in str(err.value)
 
 
 def test_trainer_refuses_to_train_one_rank_of_several(tmp_path, monkeypatch):
