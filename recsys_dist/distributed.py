@@ -117,10 +117,21 @@ def _alive(pid: int) -> bool:
 
 _STORE: dist.Store | None = None  # this process's connection to the launcher's store
 _GROUPS_MADE = 0  # process groups this process has made from it
-_GROUP_STORE: dist.Store | None = None  # the keys of the last group made here
-_GROUP = None  # that group (failures are recorded only for it, never for a caller's group)
-_FAILURES = 0  # Trainers that failed on that group in this process and left it open
 REUSE_WAIT_S = 60.0  # how long a new Trainer waits for every rank to report the same failure
+
+
+@dataclass
+class _MadeGroup:
+    """The last process group :func:`init_distributed` made under a launcher, its keys in the
+    launcher's store, and the Trainers that failed on it here and left it open. Failures are
+    recorded only for this group, never for one the caller made."""
+
+    group: object
+    store: dist.Store
+    failures: int = 0
+
+
+_MADE: _MadeGroup | None = None
 
 
 def _attempt_store(rank: int, world: int, timeout_s: float) -> dist.Store:
@@ -135,7 +146,7 @@ def _attempt_store(rank: int, world: int, timeout_s: float) -> dist.Store:
     makes its groups in the same order, so the numbers agree). Without an agent store (e.g.
     Slurm), rank 0 hosts the store, once per process.
     """
-    global _STORE, _GROUPS_MADE, _GROUP_STORE, _FAILURES
+    global _STORE, _GROUPS_MADE
     if _STORE is None:
         agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
         _STORE = dist.TCPStore(
@@ -147,20 +158,20 @@ def _attempt_store(rank: int, world: int, timeout_s: float) -> dist.Store:
         )
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     _GROUPS_MADE += 1
-    _GROUP_STORE = dist.PrefixStore(f"recsys_dist/attempt_{attempt}/group_{_GROUPS_MADE}", _STORE)
-    _FAILURES = 0
-    return _GROUP_STORE
+    return dist.PrefixStore(f"recsys_dist/attempt_{attempt}/group_{_GROUPS_MADE}", _STORE)
+
+
+def _current_made_group() -> _MadeGroup | None:
+    return _MADE if _MADE is not None and dist.is_initialized() and dist.group.WORLD is _MADE.group else None
 
 
 def note_failure(rank: int) -> None:
     """Record in the launcher's store that a Trainer failed on this rank and left the group
     open (a peer may be inside a collective, so it is neither synchronised nor destroyed)."""
-    global _FAILURES
-    if _GROUP is None or dist.group.WORLD is not _GROUP:
-        return
-    _FAILURES += 1
-    if _GROUP_STORE is not None:
-        _GROUP_STORE.set(f"failed_{_FAILURES}/rank_{rank}", "1")
+    made = _current_made_group()
+    if made is not None:
+        made.failures += 1
+        made.store.set(f"failed_{made.failures}/rank_{rank}", "1")
 
 
 def check_reusable(rank: int, world: int) -> bool:
@@ -174,13 +185,14 @@ def check_reusable(rank: int, world: int) -> bool:
             ``REUSE_WAIT_S`` seconds: the other ranks may still wait in a collective the failed
             Trainer never joined, and a new Trainer on this group would wait with them.
     """
-    if not _FAILURES or _GROUP_STORE is None or dist.group.WORLD is not _GROUP:
+    made = _current_made_group()
+    if made is None or not made.failures:
         return False
-    keys = [f"failed_{_FAILURES}/rank_{r}" for r in range(world)]
+    keys = [f"failed_{made.failures}/rank_{r}" for r in range(world)]
     try:
-        _GROUP_STORE.wait(keys, timedelta(seconds=REUSE_WAIT_S))
+        made.store.wait(keys, timedelta(seconds=REUSE_WAIT_S))
     except (RuntimeError, dist.DistError):  # the store's timeout
-        missing = [r for r, k in enumerate(keys) if not _GROUP_STORE.check([k])]
+        missing = [r for r, k in enumerate(keys) if not made.store.check([k])]
         raise RuntimeError(
             f"rank {rank}: a Trainer failed on this rank and left its process group open, but rank(s) "
             f"{missing} did not fail within {REUSE_WAIT_S:g} s; they may be waiting in a collective, so a "
@@ -205,7 +217,7 @@ def init_distributed(cfg: DistributedConfig, timeout_s: float = 600.0) -> DistCo
     ``distributed.cpu_threads_per_rank`` intra-op threads, by default an equal share of
     this machine's cores.
     """
-    global _GROUP
+    global _MADE
     cfg = getattr(cfg, "distributed", cfg)  # the section, or a whole RunConfig
     die_with_launcher()
     if under_launcher():
@@ -226,14 +238,11 @@ def init_distributed(cfg: DistributedConfig, timeout_s: float = 600.0) -> DistCo
         torch.set_num_threads(cfg.cpu_threads_per_rank or max(1, (os.cpu_count() or 1) // local_world))
     if not dist.is_initialized():
         if under_launcher():
+            store = _attempt_store(rank, world, timeout_s)
             dist.init_process_group(
-                backend,
-                store=_attempt_store(rank, world, timeout_s),
-                rank=rank,
-                world_size=world,
-                timeout=timedelta(seconds=timeout_s),
+                backend, store=store, rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s)
             )
-            _GROUP = dist.group.WORLD
+            _MADE = _MadeGroup(dist.group.WORLD, store)
         else:
             dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
     _setup_logging(rank)
