@@ -107,22 +107,11 @@ def _in_process(args: list[str], cwd: Path, overrides: dict) -> subprocess.Compl
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-        if overrides.get("PYTHONPATH"):  # what the subprocess would import from
-            sys.path[:0] = [p for p in overrides["PYTHONPATH"].split(os.pathsep) if p and p not in sys.path]
+        _import_from(overrides.get("PYTHONPATH"))
         os.chdir(cwd)
         with warnings.catch_warnings(), redirect_stdout(out), redirect_stderr(err):
             _fresh_interpreter_warnings()
-            try:
-                code = cli.main(args)
-            except SystemExit as exit_:  # argparse: 2 on a usage error, 0 after --help
-                code = exit_.code
-                if code is not None and not isinstance(code, int):
-                    print(code, file=sys.stderr)
-                    code = 1
-                code = code or 0
-            except Exception:  # what the interpreter prints and exits with
-                traceback.print_exc()
-                code = 1
+            code = _exit_code(cli.main, args)
     finally:
         os.chdir(saved_cwd)
         sys.path[:] = saved_path
@@ -166,8 +155,7 @@ def _child(args: list[str], cwd: str, env: dict, out: str, err: str) -> None:
     """The forkserver's child: ``recsys-dist ARGS`` as the console entry point runs it."""
     os.environ.clear()  # a forkserver's child starts with the server's environment
     os.environ.update(env)
-    if env.get("PYTHONPATH"):
-        sys.path[:0] = [p for p in env["PYTHONPATH"].split(os.pathsep) if p and p not in sys.path]
+    _import_from(env.get("PYTHONPATH"))
     os.chdir(cwd)
     for path, fd in ((out, 1), (err, 2)):
         f = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -176,16 +164,33 @@ def _child(args: list[str], cwd: str, env: dict, out: str, err: str) -> None:
     sys.argv = [str(ROOT / "recsys_dist" / "cli.py"), *args]
     from recsys_dist import cli
 
-    try:
-        cli.run(args)  # ranks forked on CPU, as for the console command; leaves with os._exit
-    except SystemExit as exit_:  # argparse
-        code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
-    except BaseException:  # noqa: BLE001 - what the interpreter prints and exits with
-        traceback.print_exc()
-        code = 1
+    # cli.run: ranks forked on CPU, as for the console command; it leaves with os._exit
+    code = _exit_code(cli.run, args)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def _import_from(pythonpath: str | None) -> None:
+    """Put ``$PYTHONPATH``'s entries first on ``sys.path``, as a new interpreter would."""
+    if pythonpath:
+        sys.path[:0] = [p for p in pythonpath.split(os.pathsep) if p and p not in sys.path]
+
+
+def _exit_code(command, args: list[str]) -> int:
+    """``command(args)``'s exit status as the interpreter would give it: its return value, a
+    ``SystemExit``'s code (argparse: 2 on a usage error, 0 after --help; a message is printed,
+    status 1), or 1 after printing the traceback of an exception."""
+    try:
+        return command(args) or 0
+    except SystemExit as exit_:
+        if exit_.code is not None and not isinstance(exit_.code, int):
+            print(exit_.code, file=sys.stderr)
+            return 1
+        return exit_.code or 0
+    except Exception:
+        traceback.print_exc()
+        return 1
 
 
 def _fresh_interpreter_warnings() -> None:
