@@ -13,7 +13,7 @@ pipeline that issues early can hide it), a synchronous one sleeps delay_ms. It a
 the collectives TorchRec issues from Python (input_dist's splits, lengths and ids
 all-to-alls, output_dist's all-to-all / reduce-scatter and their backward); DDP's gradient
 all-reduce (issued from C++) is not delayed. semi_sync and fused_sparse_dist do not run on
-CPU (recsys_dist/train_pipeline.py says why). Results: benchmarks/results/overlap_delay_cpu2core_20261201.md.
+CPU (recsys_dist/train_pipeline.py says why). Results: benchmarks/results/overlap_delay_cpu2core_20261202.md.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def overrides_for(pipeline: str, prec: str, steps: int) -> list[str]:
 
 def job(config: str, out: str, delays: list[float], steps: int, reps: int) -> list[dict]:
     """Every (delay, pipeline, comms) run ``reps`` times on this rank, in ABC..CBA order, each a
-    fresh Trainer on the one process group this launch made."""
+    fresh Trainer (which makes and closes its own process group) in the ranks of one launch."""
     import warnings
 
     import recsys_dist
