@@ -712,6 +712,15 @@ class ParquetBatchLoader:
             t = torch.tensor(scales, dtype=torch.float32)
             yield (*block, t.pin_memory() if self.pin_memory else t)
 
+    def _row_scale(self, step: int, one: torch.Tensor) -> torch.Tensor:
+        """Batch ``step``'s loss_scale from row counts (no sample weights): the shared ``one``
+        while no rank pads, else :meth:`loss_scale` as a float32 scalar."""
+        scale = self.loss_scale(step) if step >= self._unpadded_steps else 1.0
+        if scale == 1.0:
+            return one
+        t = torch.tensor(scale, dtype=torch.float32)
+        return t.pin_memory() if self.pin_memory else t
+
     def _cut_all(self, blocks: Iterator[tuple], start: int) -> Iterator[CTRBatch]:
         # Every batch carries its loss_scale (unless ``scale_losses`` is off): one shared tensor
         # while no rank pads, then per batch; with sample weights on several ranks, the block's
@@ -724,17 +733,8 @@ class ParquetBatchLoader:
             for block in blocks:
                 scales = block[4] if len(block) > 4 else None
                 for b, batch in enumerate(self._cut(block[:4])):
-                    if not self.scale_losses:
-                        pass  # None: an evaluation loader
-                    elif scales is not None:
-                        batch.loss_scale = scales[b]
-                    elif step >= self._unpadded_steps:
-                        scale = self.loss_scale(step)
-                        batch.loss_scale = one if scale == 1.0 else torch.tensor(scale, dtype=torch.float32)
-                        if self.pin_memory and scale != 1.0:
-                            batch.loss_scale = batch.loss_scale.pin_memory()
-                    else:
-                        batch.loss_scale = one
+                    if self.scale_losses:  # else None: an evaluation loader
+                        batch.loss_scale = scales[b] if scales is not None else self._row_scale(step, one)
                     step += 1
                     yield batch
         finally:
