@@ -13,16 +13,23 @@ managed-collision tables' id all_gathers (``recsys_dist.models.managed``) ->
 Off the training path: the trainer never uses it. Tests (``tests/distributed/test_ledger.py``)
 compare its counts with :func:`recsys_dist.ledger.predict`; the overlap benchmark uses
 ``delay_ms`` to add a fixed latency to every collective (a stand-in for a network,
-labelled as such in its results): an asynchronous collective's ``wait()`` returns no sooner
-than ``delay_ms`` after it was issued, so compute can hide it; a synchronous one sleeps.
+labelled as such in its results): every collective's result arrives ``delay_ms`` after the
+backend delivered it (the last rank's data had arrived), as over a link with that latency. An
+asynchronous collective's ``wait()`` (and its ``get_future()``, which DDP's all-reduce hook
+waits on) completes ``delay_ms`` after the backend completed it, so compute between issue
+and wait can hide it; a synchronous one sleeps ``delay_ms`` after it returns. Counting from
+completion rather than from issue matters: ranks arrive at a collective at different times,
+and a delay counted from a rank's own issue is absorbed by its wait for a later rank.
 """
 
 from __future__ import annotations
 
 import inspect
 import sys
+import threading
 import time
 
+import torch
 import torch.distributed as dist
 from torch import nn
 
@@ -57,24 +64,35 @@ def _phase() -> tuple[str, str]:
 
 
 class _DelayedWork(dist.Work):
-    """A ``dist.Work`` whose ``wait()`` returns no sooner than ``ready`` (perf_counter seconds).
+    """A ``dist.Work`` that completes ``delay`` seconds after ``work`` completed.
 
+    The completion time is taken in the backend's thread (a callback on the work's future),
+    so a ``wait()`` that comes late, after compute, waits only for what is left of the delay.
     A ``dist.Work`` subclass, not a proxy: TorchRec only waits on what ``isinstance(...,
     dist.Work)`` (a proxy made it read the splits before they arrived)."""
 
-    def __init__(self, work, ready: float) -> None:
+    def __init__(self, work, delay: float) -> None:
         super().__init__()
-        self._work, self._ready = work, ready
+        self._work, self._delay = work, delay
+        self._done_at: float | None = None
+        work.get_future().add_done_callback(self._mark)
+
+    def _mark(self, _fut) -> None:
+        self._done_at = time.perf_counter()
+
+    def _ready(self) -> float:
+        # the callback may not have run yet when wait() returns: then it completed just now
+        return (self._done_at or time.perf_counter()) + self._delay
 
     def wait(self, timeout=None) -> bool:
         out = self._work.wait() if timeout is None else self._work.wait(timeout)
-        left = self._ready - time.perf_counter()
+        left = self._ready() - time.perf_counter()
         if left > 0:
             time.sleep(left)
         return out
 
     def is_completed(self) -> bool:
-        return self._work.is_completed() and time.perf_counter() >= self._ready
+        return self._work.is_completed() and self._done_at is not None and time.perf_counter() >= self._ready()
 
     def is_success(self) -> bool:
         return self._work.is_success()
@@ -83,7 +101,20 @@ class _DelayedWork(dist.Work):
         return self._work.exception()
 
     def get_future(self):
-        return self._work.get_future()
+        """A future set ``delay`` after the backend's (DDP's comm hook waits on this one)."""
+        delayed = torch.futures.Future()
+
+        def later(fut) -> None:
+            def fire() -> None:
+                try:
+                    delayed.set_result(fut.value())
+                except Exception as err:  # noqa: BLE001 - the backend's error, passed on
+                    delayed.set_exception(err)
+
+            threading.Timer(self._delay, fire).start()
+
+        self._work.get_future().add_done_callback(later)
+        return delayed
 
     def synchronize(self) -> None:
         self.wait()
@@ -148,11 +179,10 @@ class CommCounter:
             sent, received = _bytes(name, a, world, rank)
             phase, label = _phase()
             self.book(phase, name, label, sent, received)
-            issued = time.perf_counter()
             out = fn(*args, **kwargs)
             if self.delay_s:
                 if a.get("async_op") and out is not None:
-                    return _DelayedWork(out, issued + self.delay_s)
+                    return _DelayedWork(out, self.delay_s)
                 time.sleep(self.delay_s)
             return out
 

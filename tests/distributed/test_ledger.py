@@ -62,6 +62,11 @@ def test_predicted_bytes_equal_counted_bytes(world_size):
 def test_injected_delay_keeps_collectives_correct():
     # TorchRec waits only on a dist.Work: a delayed collective must stay one, with its data.
     results = run_ranks(ledger_worker.delayed_all_to_all, 2, 200.0, timeout_s=120)
-    for rank, (is_work, out, _waited) in enumerate(results):
-        assert is_work
-        assert out == [2.0 * rank, 2.0 * rank + 1, 10 + 2.0 * rank, 11 + 2.0 * rank]
+    for rank, got in enumerate(results):
+        assert got["is_work"]
+        assert got["out"] == got["futured"] == [2.0 * rank, 2.0 * rank + 1, 10 + 2.0 * rank, 11 + 2.0 * rank]
+    # The delay counts from when the data arrived (rank 1 came 0.3 s late), not from rank 0's
+    # own issue, where the wait for the late rank would absorb it; futures (DDP's hook) too.
+    first = results[0]
+    assert first["waited_late"] >= first["late_s"] + 0.2 - 0.02
+    assert all(got["waited_future"] >= 0.2 - 0.005 for got in results)
