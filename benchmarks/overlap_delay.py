@@ -24,14 +24,18 @@ packet fits tbf's bucket), brings lo up and puts a qdisc at its root:
 - netem, if the kernel has it (``--shaper auto|netem``): ``netem delay Xms rate Rmbit``; the
   delay is then on the wire (each packet, one way, ACKs included), set per run by rank 0 with
   ``tc qdisc change``, and CommCounter adds none;
-- else (``--shaper auto|tbf``) ``tbf rate Rmbit burst B latency 100ms`` with
-  B = max(10 MTU, 1 ms at R) bytes (the tokens of 1 ms or ten full packets; 100 ms of queue
-  before tbf drops, a drop shows in the stats): the cap is on the wire, the latency stays
-  CommCounter's in-collective delay.
+- else (``--shaper auto|tbf``) ``tbf rate Rmbit burst B limit L`` with B = max(10 MTU, 1 ms
+  at R) bytes (the tokens of 1 ms, at least ten full packets) and L = max(1 MiB, 100 ms at R)
+  bytes of queue before tbf drops (a drop shows in the stats and is warned about): the cap is
+  on the wire, the latency stays CommCounter's in-collective delay.
 
 The ranks use GLOO_SOCKET_IFNAME=lo and the launcher's rendezvous store on localhost, and lo is
 the only interface in the namespace, so every byte between the ranks (store, gloo, DDP's
-all-reduce included) crosses the capped loopback. The script prints the commands it ran,
+all-reduce included) crosses the capped loopback. Both directions pass the one qdisc of lo, so
+R caps the two ranks' traffic together (R/2 each way while both send). At world size 2
+the quickstart's plan (``recsys-dist plan``, table_wise, batch 32/rank) puts ~330 KiB of payload
+a step on lo (input_dist 10, output_dist 52 forward + 52 backward, DDP all-reduce 216), about
+2.8/R seconds a step with R in Mbit/s (R = 200: ~14 ms). The script prints the commands it ran,
 per run the bytes the qdisc carried, and ``tc -s qdisc show dev lo`` after the last run. If
 unshare, ip or tc is missing, or the kernel refuses the namespace or the qdisc, it exits with
 the reason (no run without the cap). semi_sync and fused_sparse_dist do not run on CPU
@@ -56,7 +60,7 @@ CASES = [("base", "fp32"), ("sparse_dist", "fp32"), ("sparse_dist", "fp16")]
 
 INSIDE_ENV = "RECSYS_DIST_OVERLAP_NETNS"  # set on the re-executed script inside the namespace
 LO_MTU = 1500  # bytes; lo's own 65536 would exceed a small tbf bucket (tbf drops such packets)
-TBF_LATENCY_MS = 100  # how long a packet may queue in tbf before it is dropped
+TBF_MIN_LIMIT = 1 << 20  # bytes tbf queues at least before it drops (TCP's window on lo fills it)
 SBIN = "/usr/sbin:/sbin"  # where ip and tc live when an unprivileged PATH lacks them
 
 
@@ -70,6 +74,12 @@ def tbf_burst_bytes(rate_mbit: float) -> int:
     return max(10 * LO_MTU, int(rate_mbit * 1e6 / 8 / 1000))
 
 
+def tbf_limit_bytes(rate_mbit: float) -> int:
+    """tbf's queue: 100 ms at ``rate_mbit`` Mbit/s, at least 1 MiB (a drop on lo costs a TCP
+    retransmit, far more than the cap)."""
+    return max(TBF_MIN_LIMIT, int(rate_mbit * 1e6 / 8 / 10))
+
+
 LINK_COMMANDS = [["ip", "link", "set", "lo", "mtu", str(LO_MTU)], ["ip", "link", "set", "lo", "up"]]
 
 
@@ -80,7 +90,7 @@ def qdisc_command(rate_mbit: float, shaper: str, delay_ms: float = 0.0) -> list[
         raise ValueError(f"rate_mbit must be > 0, got {rate_mbit}")
     if shaper == "tbf":
         qdisc = ["tbf", "rate", f"{rate_mbit:g}mbit", "burst", str(tbf_burst_bytes(rate_mbit))]
-        qdisc += ["latency", f"{TBF_LATENCY_MS}ms"]
+        qdisc += ["limit", str(tbf_limit_bytes(rate_mbit))]
     elif shaper == "netem":
         qdisc = netem_args(rate_mbit, delay_ms)
     else:
@@ -97,7 +107,8 @@ def netem_change(rate_mbit: float, delay_ms: float) -> list[str]:
     return ["tc", "qdisc", "change", "dev", "lo", "root", *netem_args(rate_mbit, delay_ms)]
 
 
-def _run(cmd: list[str]) -> subprocess.CompletedProcess:
+def run_cmd(cmd: list[str]) -> subprocess.CompletedProcess:
+    """Run ``cmd`` (its first word looked up by :func:`tool`) and capture its output."""
     path = tool(cmd[0]) or cmd[0]
     return subprocess.run([path, *cmd[1:]], capture_output=True, text=True, check=False)
 
@@ -105,7 +116,7 @@ def _run(cmd: list[str]) -> subprocess.CompletedProcess:
 def qdisc_stats() -> tuple[str, dict]:
     """``tc -s qdisc show dev lo``: its text and the root qdisc's counters
     {"bytes", "packets", "dropped", "overlimits"} (overlimits: packets that had to wait)."""
-    text = _run(["tc", "-s", "qdisc", "show", "dev", "lo"]).stdout
+    text = run_cmd(["tc", "-s", "qdisc", "show", "dev", "lo"]).stdout
     m = re.search(r"Sent (\d+) bytes (\d+) pkt \(dropped (\d+), overlimits (\d+)", text)
     keys = ("bytes", "packets", "dropped", "overlimits")
     return text, dict(zip(keys, map(int, m.groups()))) if m else {}
@@ -159,7 +170,7 @@ def reexec_in_netns(argv: list[str], rate_mbit: float) -> int:
 
 def interfaces() -> list[str]:
     """The network interfaces this process sees (``ip -o link show``)."""
-    out = _run(["ip", "-o", "link", "show"]).stdout
+    out = run_cmd(["ip", "-o", "link", "show"]).stdout
     return [line.split(":")[1].strip().split("@")[0] for line in out.splitlines() if line.count(":") >= 2]
 
 
@@ -178,14 +189,14 @@ def setup_netns(rate_mbit: float, shaper: str, delays: list[float]) -> str:
             "so it is not in a network namespace of its own (--netns re-executes the script under unshare)"
         )
     for cmd in LINK_COMMANDS:
-        _check(cmd)
+        check_cmd(cmd)
     for kind in ("netem", "tbf") if shaper == "auto" else (shaper,):
         cmd = qdisc_command(rate_mbit, kind, delays[0])
-        done = _run(cmd)
+        done = run_cmd(cmd)
         if shaper == "auto" and kind == "netem" and done.returncode and "unknown" in done.stderr.lower():
             print(f"netns: netem unavailable (`{shlex.join(cmd)}`: {done.stderr.strip()})", flush=True)
             continue
-        _check(cmd, done)
+        check_cmd(cmd, done)
         chosen = kind
         break
     if chosen == "netem":
@@ -201,10 +212,10 @@ def setup_netns(rate_mbit: float, shaper: str, delays: list[float]) -> str:
     return chosen
 
 
-def _check(cmd: list[str], done: subprocess.CompletedProcess | None = None, quiet: bool = False) -> None:
+def check_cmd(cmd: list[str], done: subprocess.CompletedProcess | None = None, quiet: bool = False) -> None:
     """Print ``cmd`` (unless ``quiet``), run it (unless ``done`` holds its result); exit when
     it failed."""
-    done = done or _run(cmd)
+    done = done or run_cmd(cmd)
     if not quiet:
         print(f"netns: {shlex.join(cmd)}", flush=True)
     if done.returncode:
@@ -253,7 +264,7 @@ def job(config: str, out: str, delays: list[float], steps: int, reps: int, net: 
             with recsys_dist.Trainer(cfg, run_dir) as trainer:
                 if wire_delay:
                     if dist.get_rank() == 0:
-                        _check(netem_change(net["rate_mbit"], delay), quiet=True)
+                        check_cmd(netem_change(net["rate_mbit"], delay), quiet=True)
                     dist.barrier()
                 before = qdisc_stats()[1] if net else {}
                 with CommCounter(trainer.model, delay_ms=0.0 if wire_delay else delay) as counter:

@@ -1,0 +1,131 @@
+"""benchmarks/overlap_delay.py --netns without training: the tc commands it builds, its
+refusals (no unshare, a kernel that refuses the namespace, shaping outside a namespace of its
+own, options without --netns), and one real unprivileged namespace whose capped loopback
+carries a TCP transfer (skipped, with the reason, where the kernel refuses it)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from benchmarks import overlap_delay as od
+from tests.conftest import ROOT
+
+
+def test_tc_commands():
+    assert od.LINK_COMMANDS == [["ip", "link", "set", "lo", "mtu", "1500"], ["ip", "link", "set", "lo", "up"]]
+    # 100 Mbit/s: 1 ms of tokens is 12.5 KB < ten 1500-byte packets; 100 ms of queue 1.25 MB.
+    assert od.qdisc_command(100, "tbf") == [
+        *"tc qdisc add dev lo root tbf rate 100mbit burst 15000 limit 1250000".split(),
+    ]
+    # 1 Gbit/s: 1 ms of tokens is 125 KB; 8 Mbit/s: the 1 MiB floor of the queue.
+    assert od.qdisc_command(1000, "tbf")[-4:] == ["burst", "125000", "limit", "12500000"]
+    assert od.qdisc_command(8, "tbf")[-4:] == ["burst", "15000", "limit", str(1 << 20)]
+    assert od.qdisc_command(250, "netem", 2) == [
+        *"tc qdisc add dev lo root netem delay 2ms rate 250mbit limit 100000".split(),
+    ]
+    assert od.netem_change(250, 0.5) == [
+        *"tc qdisc change dev lo root netem delay 0.5ms rate 250mbit limit 100000".split(),
+    ]
+    with pytest.raises(ValueError, match="rate_mbit"):
+        od.qdisc_command(0, "tbf")
+    with pytest.raises(ValueError, match="shaper"):
+        od.qdisc_command(100, "htb")
+
+
+def test_options_need_netns_and_a_rate(capsys):
+    for argv in (["--netns"], ["--netns", "--rate-mbit", "0"], ["--rate-mbit", "100"], ["--shaper", "tbf"]):
+        with pytest.raises(SystemExit) as info:
+            od.parse_args(argv)
+        assert info.value.code == 2, argv
+    err = capsys.readouterr().err
+    assert "--netns needs --rate-mbit" in err and "apply only with --netns" in err
+    args = od.parse_args(["--netns", "--rate-mbit", "50", "--delays", "0", "2"])
+    assert (args.netns, args.rate_mbit, args.shaper, args.delays) == (True, 50.0, "auto", [0.0, 2.0])
+    assert od.parse_args([]).netns is False  # the in-collective mode as before
+
+
+def _which_but(monkeypatch, name: str, path: str | None) -> None:
+    real = shutil.which
+    monkeypatch.setattr(od.shutil, "which", lambda cmd, **kw: path if cmd == name else real(cmd, **kw))
+    monkeypatch.delenv(od.INSIDE_ENV, raising=False)
+
+
+def test_refuses_without_unshare(monkeypatch):
+    _which_but(monkeypatch, "unshare", None)
+    with pytest.raises(SystemExit) as info:
+        od.main(["--netns", "--rate-mbit", "100", "--delays", "0"])
+    msg = str(info.value.code)
+    assert "unshare not found" in msg and "run without --netns" in msg, msg
+
+
+def test_refuses_when_the_namespace_is_refused(monkeypatch):
+    false = shutil.which("false")
+    if false is None:
+        pytest.skip("no `false` command")
+    _which_but(monkeypatch, "unshare", false)  # an unshare that fails, as a kernel without user namespaces makes it
+    with pytest.raises(SystemExit) as info:
+        od.main(["--netns", "--rate-mbit", "100", "--delays", "0"])
+    msg = str(info.value.code)
+    assert "refused an unprivileged user+network namespace" in msg and "no run without the cap" in msg, msg
+
+
+def test_never_shapes_the_machines_own_interfaces(monkeypatch):
+    if od.tool("ip") is None:
+        pytest.skip("no ip command")
+    if od.interfaces() == ["lo"]:
+        pytest.skip("this process already sees lo alone")
+    ran = []
+    real_run = od.run_cmd
+    monkeypatch.setattr(od, "run_cmd", lambda cmd: ran.append(cmd) or real_run(cmd))
+    with pytest.raises(SystemExit, match="refusing to shape"):
+        od.setup_netns(100, "auto", [0.0])
+    assert ran == [["ip", "-o", "link", "show"]]  # looked, changed nothing
+
+
+SEND = 200_000
+CHILD = f"""
+import json, socket, threading
+from benchmarks import overlap_delay as od
+shaper = od.setup_netns(8, "tbf", [0.0])
+srv = socket.create_server(("127.0.0.1", 0))
+got = []
+def receive():
+    conn, _ = srv.accept()
+    n = 0
+    while chunk := conn.recv(65536):
+        n += len(chunk)
+    got.append(n)
+t = threading.Thread(target=receive)
+t.start()
+with socket.create_connection(srv.getsockname()) as s:
+    s.sendall(b"x" * {SEND})
+t.join()
+print(json.dumps({{"shaper": shaper, "received": got[0], "interfaces": od.interfaces(), **od.qdisc_stats()[1]}}))
+"""
+
+
+def test_real_namespace_caps_its_loopback():
+    """The benchmark's own setup in a real ``unshare --user --map-root-user --net``: lo alone,
+    the tbf command printed, and the qdisc counts the bytes of a TCP transfer over 127.0.0.1
+    and held packets back (overlimits) without dropping any."""
+    missing = [n for n in ("unshare", "ip", "tc") if od.tool(n) is None]
+    if missing:
+        pytest.skip(f"{missing} not installed")
+    problem = od.probe_netns(8)
+    if problem:
+        pytest.skip(f"the kernel refuses an unprivileged namespace with tbf here: {problem}")
+    cmd = [od.tool("unshare"), "--user", "--map-root-user", "--net", "--", sys.executable, "-c", CHILD]
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=env, cwd=ROOT, check=False)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert "netns: tc qdisc add dev lo root tbf rate 8mbit burst 15000 limit 1048576" in lines, lines
+    stats = json.loads(lines[-1])
+    assert stats["shaper"] == "tbf" and stats["interfaces"] == ["lo"] and stats["received"] == SEND
+    assert stats["bytes"] > SEND and stats["overlimits"] > 0 and stats["dropped"] == 0, stats
