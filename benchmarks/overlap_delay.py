@@ -9,11 +9,13 @@ All runs share one launch of 2 ranks (a fresh Trainer each), in alternating orde
 rounds; it prints each run, then medians and paired ratios per delay.
 
 The delay, by default, is injected inside the collectives by
-recsys_dist.comm_counter.CommCounter(delay_ms=...): an asynchronous collective's wait() returns
-no sooner than delay_ms after it was issued (so a pipeline that issues early can hide it), a
-synchronous one sleeps delay_ms. It applies to the collectives TorchRec issues from Python
-(input_dist's splits, lengths and ids all-to-alls, output_dist's all-to-all / reduce-scatter and
-their backward); DDP's gradient all-reduce (issued from C++) is not delayed.
+recsys_dist.comm_counter.CommCounter(delay_ms=...): a collective's result arrives delay_ms after
+the backend delivered it, as over a link with that latency. An asynchronous collective's wait()
+(and its future) completes delay_ms after the backend completed it, so compute between issue and
+wait can hide it (what a pipeline that issues early gains); a synchronous one sleeps delay_ms
+after it returns. It applies to the collectives TorchRec issues (input_dist's splits, lengths
+and ids all-to-alls, output_dist's all-to-all / reduce-scatter and their backward) and to DDP's
+gradient all-reduce (through the future its comm hook waits on).
 
 --netns --rate-mbit R re-executes the script under ``unshare --user --map-root-user --net``: a
 new user and network namespace, unprivileged, that holds only its own loopback and goes away
