@@ -6,7 +6,9 @@ with a bandwidth cap in a network namespace of the benchmark's own.
     PYTHONPATH=. .venv/bin/python benchmarks/overlap_delay.py --netns --rate-mbit 200 --delays 0 2 --reps 5
 
 All runs share one launch of 2 ranks (a fresh Trainer each), in alternating order over the
-rounds; it prints each run, then medians and paired ratios per delay.
+rounds; it prints each run, then medians and paired ratios per delay, with sparse_dist's stage
+times and, for every run, the exposed communication per phase (ms per step the training thread
+was blocked in collectives: recsys_dist.comm_counter.CommCounter.exposed).
 
 The delay, by default, is injected inside the collectives by
 recsys_dist.comm_counter.CommCounter(delay_ms=...): a collective's result arrives delay_ms after
@@ -283,6 +285,8 @@ def job(config: str, out: str, delays: list[float], steps: int, reps: int, net: 
                 "comms": prec,
                 "samples_per_s": summary["samples_per_s"],
                 "mean_ms": {k: round(statistics.mean(t.get(k, 0) for t in times), 2) for k in keys},
+                # ms per step this rank was blocked in collectives (CommCounter.exposed)
+                "exposed_ms": {k: round(v * 1e3 / steps, 2) for k, v in counter.exposed.items() if v},
             }
             if net:
                 row["delay_via"] = "netem" if wire_delay else "collectives"
@@ -352,6 +356,10 @@ def main(argv: list[str] | None = None) -> None:
             keys = sorted({k for m in ms for k in m})
             line = f"  {p}/{c} mean ms: " + ", ".join(
                 f"{k[5:]} {statistics.median(m.get(k, 0) for m in ms):.2f}" for k in keys
+            )
+            exp = [r["exposed_ms"] for r in got]
+            line += "; exposed comm ms/step: " + ", ".join(
+                f"{k} {statistics.median(e.get(k, 0) for e in exp):.2f}" for k in sorted({k for e in exp for k in e})
             )
             if net:
                 kb = statistics.median(r["lo"]["bytes"] for r in got) / args.steps / 1000

@@ -67,15 +67,19 @@ class _DelayedWork(dist.Work):
     """A ``dist.Work`` that completes ``delay`` seconds after ``work`` completed.
 
     The completion time is taken in the backend's thread (a callback on the work's future),
-    so a ``wait()`` that comes late, after compute, waits only for what is left of the delay.
+    so a ``wait()`` that comes late, after compute, waits only for what is left of the delay
+    (a work without a future counts it from the end of its ``wait()``).
     A ``dist.Work`` subclass, not a proxy: TorchRec only waits on what ``isinstance(...,
     dist.Work)`` (a proxy made it read the splits before they arrived)."""
 
-    def __init__(self, work, delay: float) -> None:
+    def __init__(self, work, delay: float, on_wait=None) -> None:
         super().__init__()
-        self._work, self._delay = work, delay
+        self._work, self._delay, self._on_wait = work, delay, on_wait
         self._done_at: float | None = None
-        work.get_future().add_done_callback(self._mark)
+        try:
+            work.get_future().add_done_callback(self._mark)
+        except RuntimeError:  # "Work::getFuture not implemented" (some gloo works): counted from wait()
+            pass
 
     def _mark(self, _fut) -> None:
         self._done_at = time.perf_counter()
@@ -85,10 +89,13 @@ class _DelayedWork(dist.Work):
         return (self._done_at or time.perf_counter()) + self._delay
 
     def wait(self, timeout=None) -> bool:
+        t0 = time.perf_counter()
         out = self._work.wait() if timeout is None else self._work.wait(timeout)
         left = self._ready() - time.perf_counter()
         if left > 0:
             time.sleep(left)
+        if self._on_wait is not None:
+            self._on_wait(time.perf_counter() - t0)
         return out
 
     def is_completed(self) -> bool:
@@ -132,6 +139,11 @@ class CommCounter:
     Attributes:
         counts: phase -> {"sent", "received"} bytes since entry or :meth:`reset`.
         calls: (phase, op, label, sent, received) per collective, in order.
+        exposed: phase -> seconds the calling thread was blocked by training collectives:
+            inside an asynchronous one's ``wait()`` or a synchronous call (the communication
+            compute did not hide). With a ``model``, only while it is in training mode
+            (evaluation's collectives are left out). DDP's all-reduce is waited on in C++ and
+            is not in it.
     """
 
     _active: CommCounter | None = None
@@ -145,6 +157,7 @@ class CommCounter:
     def reset(self) -> None:
         self.counts = {p: {"sent": 0, "received": 0} for p in (*PHASES, "other")}
         self.calls: list[tuple] = []
+        self.exposed = {p: 0.0 for p in (*PHASES, "other")}
 
     def book(self, phase: str, op: str, label: str, sent: int, received: int) -> None:
         self.counts[phase]["sent"] += sent
@@ -169,6 +182,12 @@ class CommCounter:
         self._saved = {}
         CommCounter._active = None
 
+    def _exposer(self, phase: str):
+        def add(seconds: float) -> None:
+            self.exposed[phase] += seconds
+
+        return add
+
     def _wrap(self, name: str, fn):
         sig = inspect.signature(fn)
 
@@ -179,11 +198,15 @@ class CommCounter:
             sent, received = _bytes(name, a, world, rank)
             phase, label = _phase()
             self.book(phase, name, label, sent, received)
+            training = self._model is None or self._model.training  # evaluation puts the model in eval()
+            t0 = time.perf_counter()
             out = fn(*args, **kwargs)
+            if a.get("async_op") and out is not None:
+                return _DelayedWork(out, self.delay_s, self._exposer(phase) if training else None)
             if self.delay_s:
-                if a.get("async_op") and out is not None:
-                    return _DelayedWork(out, self.delay_s)
                 time.sleep(self.delay_s)
+            if training:
+                self.exposed[phase] += time.perf_counter() - t0
             return out
 
         return counted

@@ -136,8 +136,9 @@ def _count_one(rank: int, world: int, fixed: dict, fwd: str, bwd: str, managed: 
 
 def delayed_all_to_all(rank: int, world: int, delay_ms: float) -> dict:
     """Async all-to-alls under CommCounter(delay_ms): whether the work is a dist.Work, the
-    output, and the seconds rank 0 spent from issue to the end of ``wait()`` when rank 1 came
-    ``late_s`` late, and in the work's ``get_future().wait()``."""
+    output, the seconds rank 0 spent from issue to the end of ``wait()`` when rank 1 came
+    ``late_s`` late, in the work's ``get_future().wait()``, and in both ``wait()`` calls
+    (``waited``) beside what the counter booked as exposed."""
     import time
 
     import torch.distributed as dist
@@ -145,15 +146,20 @@ def delayed_all_to_all(rank: int, world: int, delay_ms: float) -> dict:
     late_s = 0.3
     out, inp = torch.empty(2 * world), torch.arange(2.0 * world) + 10 * rank
     futured = torch.empty(2 * world)
-    with CommCounter(delay_ms=delay_ms):
+    with CommCounter(delay_ms=delay_ms) as counter:
         work = dist.all_to_all_single(out, inp, async_op=True)
+        t0 = time.perf_counter()
         work.wait()
+        waited = time.perf_counter() - t0
         dist.barrier()
         if rank == 1:
             time.sleep(late_s)
         t0 = time.perf_counter()
-        dist.all_to_all_single(torch.empty(2 * world), inp, async_op=True).wait()
-        late = time.perf_counter() - t0
+        late_work = dist.all_to_all_single(torch.empty(2 * world), inp, async_op=True)
+        t1 = time.perf_counter()
+        late_work.wait()
+        late, waited = time.perf_counter() - t0, waited + time.perf_counter() - t1
+        exposed = counter.exposed["other"]
         dist.barrier()
         t0 = time.perf_counter()
         dist.all_to_all_single(futured, inp, async_op=True).get_future().wait()
@@ -165,4 +171,6 @@ def delayed_all_to_all(rank: int, world: int, delay_ms: float) -> dict:
         "late_s": late_s,
         "waited_late": late,
         "waited_future": future,
+        "waited": waited,
+        "exposed": exposed,
     }

@@ -70,3 +70,6 @@ def test_injected_delay_keeps_collectives_correct():
     first = results[0]
     assert first["waited_late"] >= first["late_s"] + 0.2 - 0.02
     assert all(got["waited_future"] >= 0.2 - 0.005 for got in results)
+    # exposed: the time inside wait(), booked to the phase (no TorchRec frame here: "other")
+    for got in results:
+        assert got["waited"] - 0.01 <= got["exposed"] <= got["waited"] + 1e-6
