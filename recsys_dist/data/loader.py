@@ -42,6 +42,7 @@ KJT layout of a batch (keys C1..C26, B rows; multi-hot list columns give variabl
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -139,6 +140,16 @@ def take_bags(
     starts = np.repeat(offsets[idx], sel)
     within = np.arange(sel.sum()) - np.repeat(np.cumsum(sel) - sel, sel)
     return sel, values[starts + within]
+
+
+def _batch_sums(carry: np.ndarray, weights: np.ndarray, size: int, out: list | deque) -> np.ndarray:
+    """Appends to ``out`` the float64 sum of each full run of ``size`` rows of ``carry`` then
+    ``weights`` (float32, stream order); returns the rows left over (fewer than ``size``).
+    The one summation of global weights, so every path that makes them gets the same bits."""
+    w = np.concatenate([carry, weights])
+    full = len(w) - len(w) % size
+    out.extend(float(w[lo : lo + size].sum(dtype=np.float64)) for lo in range(0, full, size))
+    return w[full:]
 
 
 class _Cols:
@@ -376,7 +387,9 @@ class ParquetBatchLoader:
         rows too (``global_batch``: the stream once as one rank with batch ``B x W``;
         ``row_groups``: each rank's share). That is one float32 column, about 4 bytes a row,
         read once more per epoch; an all_reduce of the sum per step would instead put a
-        blocking collective in every step.
+        blocking collective in every step. Iterating a ``global_batch`` loader does not call
+        this: its own pass reads every row of each window anyway, and sums the weights of the
+        whole global batches there (:meth:`_own_windows`), to the same bits.
 
         Raises:
             ValueError: the loader has no ``weight_column``.
@@ -414,14 +427,12 @@ class ParquetBatchLoader:
     def _weight_sums(self, start: int) -> Iterator[float]:
         """Per batch of this loader's own rows from ``start`` on: the sum of their weights
         (float64), 0 for batches past the data."""
-        B, carry, made = self.batch_size, np.zeros(0, np.float32), start
+        carry, made, sums = np.zeros(0, np.float32), start, []
         for cols, idx in self._own_windows(start):
-            w = np.concatenate([carry, cols.weights[idx]])
-            full = len(w) - len(w) % B
-            for lo in range(0, full, B):
-                yield float(w[lo : lo + B].sum(dtype=np.float64))
-            made += full // B
-            carry = w[full:]
+            carry = _batch_sums(carry, cols.weights[idx], self.batch_size, sums)
+            made += len(sums)
+            yield from sums
+            sums.clear()
         while made < len(self):
             yield float(carry.sum(dtype=np.float64))
             carry, made = carry[:0], made + 1
@@ -536,15 +547,21 @@ class ParquetBatchLoader:
                 ids.append(joined(parts, np.empty(n, np.int32 if fits else np.int64)))
         return _Cols(labels, dense, ids, weights)
 
-    def _own_windows(self, start_step: int) -> Iterator[tuple[_Cols, np.ndarray]]:
+    def _own_windows(self, start_step: int, sums: deque | None = None) -> Iterator[tuple[_Cols, np.ndarray]]:
         """Per window: its columns and this rank's rows of it in stream order (indices into
-        the window), from batch ``start_step`` on."""
+        the window), from batch ``start_step`` on.
+
+        ``sums`` (``global_batch`` with a weight column): appended, as each window is read, the
+        weight sums of the global batches it completes, and at the end those of the batches
+        past the data; :meth:`global_weights` without a second read: the window holds every
+        rank's rows, and the same summation gives the same bits."""
         B, (W, r) = self.batch_size, self._split
         stream_rows = sum(self.row_groups[i][2] for i in self._groups)
         end = min(len(self) * B * W, stream_rows) if self.remainder == "drop" else stream_rows
         skip_until = start_step * B * W
         pos = 0
         handles: dict = {}
+        carry, made = np.zeros(0, np.float32), start_step  # weights of a global batch split by windows
         for w, groups in enumerate(self._windows()):
             n = sum(self.row_groups[i][2] for i in groups)
             lo, hi = max(pos, skip_until), min(pos + n, end)
@@ -552,22 +569,29 @@ class ParquetBatchLoader:
                 cols = self._read(groups, pos, handles)
                 positions = np.arange(lo, hi)
                 mine = positions[(positions // B) % W == r] if W > 1 else positions
-                if self.shuffle:
-                    idx = np.random.default_rng(self._seed(w)).permutation(n)[mine - pos]
-                else:
-                    idx = mine - pos
+                perm = np.random.default_rng(self._seed(w)).permutation(n) if self.shuffle else None
+                idx = mine - pos if perm is None else perm[mine - pos]
+                if sums is not None:
+                    every = positions - pos if perm is None else perm[positions - pos]
+                    before = len(sums)
+                    carry = _batch_sums(carry, cols.weights[every], B * W, sums)
+                    made += len(sums) - before
                 if len(idx):
                     yield cols, idx
             pos += n
             if pos >= end:
                 break
+        while sums is not None and made < len(self):  # the last, partial global batch; then none
+            sums.append(float(carry.sum(dtype=np.float64)))
+            carry, made = carry[:0], made + 1
 
-    def _blocks(self, start_step: int) -> Iterator[tuple]:
-        """This epoch's batches from ``start_step`` on, gathered in blocks (see :meth:`_gather`)."""
+    def _blocks(self, start_step: int, sums: deque | None = None) -> Iterator[tuple]:
+        """This epoch's batches from ``start_step`` on, gathered in blocks (see :meth:`_gather`);
+        ``sums``: see :meth:`_own_windows`."""
         B = self.batch_size
         carry: _Cols | None = None  # rows (< B) of a batch that continues in the next window
         made = start_step
-        windows = self._own_windows(start_step)
+        windows = self._own_windows(start_step, sums)
         if self.prefetch > 0:  # read the next window (pyarrow, GIL released) while this one is cut
             windows = prefetched(windows, 1, "recsys_dist-windows")
         for cols, idx in windows:
@@ -689,28 +713,51 @@ class ParquetBatchLoader:
         """This epoch's batches from batch ``start`` on: the exact stream a resumed run needs.
         With ``prefetch`` the background threads start now, so opening the iterator early
         overlaps its first read with other work."""
-        blocks = self._blocks(start)
         if self.scale_losses and self.weight_column and self.world_size > 1:
-            # The global weights are read (and the scales worked out) with the blocks: in the
-            # prefetch thread, not the training thread.
-            blocks = self._weighted_scales(blocks, self.global_weights(start))
+            # The scales are worked out with the blocks: in the prefetch thread, not the
+            # training thread. Under global_batch this rank's own reads hold every row of the
+            # global batches, so their weight sums come from them; under row_groups the other
+            # ranks' weights are read (global_weights).
+            if self.rank_reads == "global_batch":
+                sums: deque = deque()
+                blocks = self._weighted_scales(self._blocks(start, sums), sums)
+            else:
+                blocks = self._weighted_scales(self._blocks(start), self.global_weights(start))
+        else:
+            blocks = self._blocks(start)
         if self.prefetch > 0:
             # Whole blocks cross threads: a batch-by-batch hand-over woke a thread every step.
             blocks = prefetched(blocks, -(-self.prefetch // BLOCK_BATCHES), "recsys_dist-blocks")
         return self._cut_all(blocks, start)
 
-    def _weighted_scales(self, blocks: Iterator[tuple], totals: Iterator[float]) -> Iterator[tuple]:
+    def _weighted_scales(self, blocks: Iterator[tuple], totals: Iterator[float] | deque) -> Iterator[tuple]:
         """Each block with its batches' loss_scale (float32 [nb]): this rank's weight share of
         each global batch, ``weight here x world size / total`` (``totals``: the global
-        batches' weight sums, :meth:`global_weights`; 0 where the total is 0)."""
+        batches' weight sums in order, :meth:`global_weights`, or a deque that reading the
+        blocks fills, :meth:`_own_windows`; 0 where the total is 0).
+
+        With a deque, a block whose last global batch goes on into the next window (other
+        ranks' rows there) waits until the next block, which comes only after that window
+        is read: at most one block more in memory."""
         W = self.world_size
-        for block in blocks:
+        take = totals.popleft if isinstance(totals, deque) else totals.__next__
+
+        def scaled(block: tuple) -> tuple:
             scales = []
             for w in block[3]:  # per batch, the float32 sum the loss divides by (losses.py), so that it cancels
-                total = next(totals)
+                total = take()
                 scales.append(float(w.sum()) * W / total if total > 0 else 0.0)
             t = torch.tensor(scales, dtype=torch.float32)
-            yield (*block, t.pin_memory() if self.pin_memory else t)
+            return (*block, t.pin_memory() if self.pin_memory else t)
+
+        held: list[tuple] = []
+        for block in blocks:
+            held.append(block)
+            if isinstance(totals, deque) and len(totals) < sum(len(b[3]) for b in held):
+                continue
+            yield from map(scaled, held)
+            held.clear()
+        yield from map(scaled, held)  # the stream is read to its end: every sum is there
 
     def _row_scale(self, step: int, one: torch.Tensor) -> torch.Tensor:
         """Batch ``step``'s loss_scale from row counts (no sample weights): the shared ``one``

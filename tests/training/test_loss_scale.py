@@ -177,3 +177,44 @@ def test_weighted_rank_means_scaled_then_averaged_are_the_global_weighted_mean()
     assert ref.item() == pytest.approx(((per_row * weights).sum() / weights.sum()).item(), rel=1e-6)
     assert sum(losses).item() / 3 == pytest.approx(ref.item(), rel=1e-6)
     torch.testing.assert_close(sum(grads) / 3, task.model.w.weight.grad)
+
+
+@pytest.mark.parametrize("prefetch", [0, 2])
+@pytest.mark.parametrize(("ws", "remainder", "shuffle"), [(1, "pad", True), (2, "pad", True), (3, "drop", False)])
+def test_global_batch_weights_come_from_the_ranks_own_reads(tmp_path, monkeypatch, ws, remainder, shuffle, prefetch):
+    # Under rank_reads global_batch a rank reads every row of each window anyway: the global
+    # weight sums come from that pass (no window read twice), bit-identical to global_weights
+    # (its own read of the stream as one rank with batch B x W), and so are the loss scales;
+    # several windows (global batches split between two), from step 0 and from a resumed step.
+    from collections import deque
+
+    from recsys_dist.data.loader import ParquetBatchLoader
+
+    paths = write_files(tmp_path, [9, 5, 3, 7])
+    add_weights(paths, seed=2)
+    kw = dict(weight_column="w", remainder=remainder, shuffle=shuffle, shuffle_buffer_rows=5, prefetch=prefetch)
+    ls = [ParquetBatchLoader(paths, 2, r, ws, ["I1"], ["C1"], **kw) for r in range(ws)]
+    reads = []
+    real_read = ParquetBatchLoader._read
+    monkeypatch.setattr(ParquetBatchLoader, "_read", lambda self, *a: reads.append(a[0]) or real_read(self, *a))
+    for start in (0, 2):
+        for l in ls:
+            l.set_epoch(1)
+            totals = list(l.global_weights(start))
+            sums = deque()
+            for _ in l._own_windows(start, sums):
+                pass
+            assert list(sums) == totals  # exactly, float64
+            ev = l.reopen(scale_losses=False)  # reads its own rows only
+            ev.set_epoch(1)
+            reads.clear()
+            list(ev.iter_from(start))
+            own = list(reads)
+            reads.clear()
+            got = list(l.iter_from(start))
+            assert reads == own  # the rank's own pass only: no second read for the weights
+            assert len(got) == len(totals) == len(l) - start
+            for b, total in zip(got, totals):
+                share = float(b.weights.sum()) * ws / total if total > 0 else 0.0
+                want = torch.tensor(share if ws > 1 else (1.0 if total > 0 else 0.0), dtype=torch.float32)
+                assert torch.equal(b.loss_scale, want)
