@@ -522,9 +522,10 @@ def _train_keys(sk: mp.SparseKeys, train: np.ndarray) -> np.ndarray:
     return sk.keys[np.repeat(train, sk.lengths)]
 
 
-def _count_vocabularies(fmt, readers: list[_Reader], bar) -> list[mp.VocabularyCounter]:
-    """Pass 1: count each feature's keys over the training rows."""
-    counters = [mp.VocabularyCounter() for _ in fmt.sparse_names]
+def _count_vocabularies(fmt, readers: list[_Reader], bar, managed: list[bool]) -> list[mp.VocabularyCounter | None]:
+    """Pass 1: count each feature's keys over the training rows; None for a managed feature
+    (``managed``: it takes raw keys, and a vocabulary of them would go unused)."""
+    counters = [None if m else mp.VocabularyCounter() for m in managed]
     for reader, batch, first in ((r, b, f) for r in readers for b, f in r.batches()):
         bar.update(batch.nbytes)
         train = reader.assign(batch, first) == 0
@@ -534,7 +535,8 @@ def _count_vocabularies(fmt, readers: list[_Reader], bar) -> list[mp.VocabularyC
             continue
         _, _, sparse = fmt.parse_batch(batch, reader.path, first + 1)
         for c, sk in zip(counters, sparse):
-            c.add(_train_keys(sk, train))
+            if c is not None:
+                c.add(_train_keys(sk, train))
     return counters
 
 
@@ -712,9 +714,10 @@ def _build(
                 disable=not progress,
                 desc=f"count {raw.name}",
             ) as bar:
-                counters = _count_vocabularies(fmt, first_pass, bar)
-            distinct = [c.distinct() for c in counters]
-            vocabs = [c.build(min_count, n) for c, n in zip(counters, sizes)]
+                counters = _count_vocabularies(fmt, first_pass, bar, managed)
+            distinct = [None if c is None else c.distinct() for c in counters]
+            # a managed feature: an empty vocabulary, never looked up (_Transform) nor saved
+            vocabs = [mp.Vocabulary.empty() if c is None else c.build(min_count, n) for c, n in zip(counters, sizes)]
             del counters
         # a managed feature keeps its configured rows (the managed module's zch_size)
         sizes = [n if m else v.size for v, n, m in zip(vocabs, sizes, managed)]
@@ -771,8 +774,11 @@ def _build(
     if mapping != "managed" and any(managed):
         mapping_info["managed"] = [n for n, m in zip(sparse_names, managed) if m]  # raw 63-bit ids
     if vocabs is not None:
+        # The vocabulary features (data.managed.features take raw keys): the file, sizes,
+        # counts and OOV rates describe only them.
+        vocab_features = [(j, n) for j, (n, m) in enumerate(zip(sparse_names, managed)) if not m]
         vocab_tmp = out / f".{VOCABULARY_FILE}.{token}.tmp"
-        mp.save_vocabularies(vocab_tmp, sparse_names, vocabs)
+        mp.save_vocabularies(vocab_tmp, [n for _, n in vocab_features], [vocabs[j] for j, _ in vocab_features])
         os.replace(vocab_tmp, out / VOCABULARY_FILE)
         transforms["sparse"] = (
             f"id = 2 + rank of the value's key ({transforms.get('key', 'see mapping')}) among "
@@ -784,15 +790,15 @@ def _build(
             min_count=min_count,
             file=VOCABULARY_FILE,
             source=str(vocab_path.resolve()) if vocab_path else "training split",
-            vocabulary_size=dict(zip(sparse_names, sizes)),
+            vocabulary_size={n: sizes[j] for j, n in vocab_features},
         )
         if distinct is not None:
-            mapping_info["distinct_train_values"] = dict(zip(sparse_names, distinct))
+            mapping_info["distinct_train_values"] = {n: distinct[j] for j, n in vocab_features}
         # Per split and feature: the fraction of present values (not missing) that are out of vocabulary.
         mapping_info["oov_rate"] = {
             s: {
                 n: float(totals.ids[k, 1, j] / totals.ids[k, 0, j]) if totals.ids[k, 0, j] else None
-                for j, n in enumerate(sparse_names)
+                for j, n in vocab_features
             }
             for k, s in enumerate(SPLITS)
         }

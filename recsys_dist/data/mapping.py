@@ -112,6 +112,11 @@ class Vocabulary:
         order = np.argsort(keys, kind="stable")
         self.keys, self.ids, self.counts = keys[order], ids[order], counts[order]
 
+    @classmethod
+    def empty(cls) -> Vocabulary:
+        """No keys: every value is out of vocabulary (size 2)."""
+        return cls(np.zeros(0, np.uint64), np.zeros(0, np.int64), np.zeros(0, np.int64))
+
     @property
     def size(self) -> int:
         """Table rows: missing + OOV + one per kept key."""

@@ -78,3 +78,46 @@ def test_scoring_reuses_the_training_vocabulary(tmp_path, cache_dir):
     )
     assert pq.read_table(scored.files["train"]).column("C1").to_pylist() == [OOV_ID, 2]
     assert scored.num_embeddings == train.num_embeddings
+
+
+def test_managed_features_get_no_vocabulary(tmp_path, cache_dir, monkeypatch):
+    """data.managed.features under vocabulary mapping: the managed features take raw 63-bit
+    keys, so the conversion counts no vocabulary for them and writes none; the other
+    features' vocabularies, ids and table sizes are those of a conversion without managed
+    features, the managed ones keep their configured rows, and scoring with the file agrees."""
+    from recsys_dist.data import mapping as mp
+
+    rows = [base_row(label=str(i % 2), cats=[f"{(i * 7 + j) % 5 + 1:08x}" for j in range(26)]) for i in range(40)]
+    raw = write(tmp_path, rows)
+    managed = [True, True] + [False] * 24
+    made = []
+    real_init = mp.VocabularyCounter.__init__
+    monkeypatch.setattr(mp.VocabularyCounter, "__init__", lambda self: made.append(1) or real_init(self))
+    some = prepare_criteo(raw, 50, mapping="vocabulary", managed=managed)
+    assert len(made) == 24  # one counter per vocabulary feature, none for C1, C2
+    plain = prepare_criteo(raw, 50, mapping="vocabulary")
+    assert some.num_embeddings[:2] == [50, 50] and some.num_embeddings[2:] == plain.num_embeddings[2:]
+    vocab, plain_vocab = (pq.read_table(p.directory / VOCABULARY_FILE).to_pylist() for p in (some, plain))
+    assert vocab == [r for r in plain_vocab if r["feature"] not in ("C1", "C2")]
+    for s in ("train", "validation", "test"):
+        a, b = pq.read_table(some.files[s]), pq.read_table(plain.files[s])
+        assert a.drop(["C1", "C2"]).equals(b.drop(["C1", "C2"]))
+    keys = np.array([(i * 7) % 5 + 1 for i in range(32)], np.uint64)  # C1's training keys (hex = key)
+    assert pq.read_table(some.files["train"]).column("C1").to_pylist() == mp.managed_ids(keys).tolist()
+    m = json.loads((some.directory / "manifest.json").read_text())["categorical_mapping"]
+    assert m["managed"] == ["C1", "C2"]
+    for field in ("vocabulary_size", "distinct_train_values"):
+        assert list(m[field]) == [f"C{j}" for j in range(3, 27)]
+    assert all(list(rates) == [f"C{j}" for j in range(3, 27)] for rates in m["oov_rate"].values())
+    scored = prepare(
+        CRITEO,
+        raw,
+        50,
+        split=(1.0, 0.0, 0.0),
+        mapping="vocabulary",
+        vocabulary=some.directory / VOCABULARY_FILE,
+        managed=managed,
+    )
+    assert scored.num_embeddings == some.num_embeddings
+    t = pq.read_table(scored.files["train"]).slice(0, 32)  # the training rows, as converted for training
+    assert t.drop(["label"]).equals(pq.read_table(some.files["train"]).drop(["label"]))
