@@ -347,7 +347,13 @@ def retrieval_problems(cfg) -> list[str]:
             f"data.categorical_mapping: {cfg.model.name} needs table ids (the item corpus and its logQ counts are "
             "per table row), and managed ids are raw 63-bit keys; use vocabulary or hash"
         )
+    per_feature = cfg.data.managed.features if cfg.data.managed is not None else None
     for key, f in (("model.user_features", m.user_features[0]), ("model.item_id", m.item_id)):
+        if per_feature and f in per_feature:
+            problems.append(
+                f"data.managed.features: {f!r} ({key}) is managed, so it carries raw 63-bit keys, while "
+                f"{cfg.model.name}'s evaluation and item export need its table ids; leave it out of data.managed.features"
+            )
         if f in multi_hot:
             problems.append(f"{key}: {f!r} is multi-hot; the user (first user feature) and the item id must be one-hot")
     loss = cfg.train.loss

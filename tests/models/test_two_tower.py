@@ -134,6 +134,13 @@ def test_two_tower_config_problems():
         load_config(CONFIG, ["data.categorical_mapping=managed", "data.managed.eviction_interval=10"])
     with pytest.raises(ConfigError, match="candidate_scores"):
         load_config(CONFIG, ["train.loss_args.candidate_scores=1"])
+    # per-feature managed tables: the item id (or the user) would reach evaluation as raw keys
+    managed = ["data.managed.eviction_interval=10", "data.managed.features=[movieId]"]
+    with pytest.raises(ConfigError, match=r"data.managed.features: 'movieId' \(model.item_id\) is managed"):
+        load_config(CONFIG, managed)
+    other = [f for f in load_config(CONFIG, []).model.item_features if f != "movieId"]
+    if other:  # a managed item feature besides the id is fine
+        assert section_problems(load_config(CONFIG, [managed[0], f"data.managed.features=[{other[0]}]"])) == []
 
 
 def test_in_batch_softmax_is_a_weighted_mean_also_below_one():
