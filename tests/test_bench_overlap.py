@@ -129,3 +129,13 @@ def test_real_namespace_caps_its_loopback():
     stats = json.loads(lines[-1])
     assert stats["shaper"] == "tbf" and stats["interfaces"] == ["lo"] and stats["received"] == SEND
     assert stats["bytes"] > SEND and stats["overlimits"] > 0 and stats["dropped"] == 0, stats
+
+
+def test_steady_rate_leaves_out_the_first_window():
+    # windows of 10 steps x 64 rows; the first (the pipeline's fill and trace) is slow
+    lines = [{"split": "ledger"}] + [
+        {"split": "train", "step": s, "samples_per_s": r} for s, r in ((10, 100.0), (20, 2000.0), (30, 1000.0))
+    ]
+    assert od.steady_rate(lines, 64) == round(1280 / (640 / 2000 + 640 / 1000), 1)
+    with pytest.raises(SystemExit, match="raise --steps"):
+        od.steady_rate(lines[:2], 64)
