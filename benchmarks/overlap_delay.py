@@ -275,6 +275,7 @@ def job(config: str, out: str, delays: list[float], steps: int, reps: int, net: 
                 before = qdisc_stats()[1] if net else {}
                 with CommCounter(trainer.model, delay_ms=0.0 if wire_delay else delay) as counter:
                     summary = trainer.fit()
+                world = dist.get_world_size()  # the Trainer's group, closed when it exits
                 after = qdisc_stats()[1] if net else {}
             lines = [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines()]
             times = [{k: v for k, v in r.items() if k.startswith("time_")} for r in lines if r.get("split") == "train"]
@@ -285,7 +286,7 @@ def job(config: str, out: str, delays: list[float], steps: int, reps: int, net: 
                 "delay_ms": delay,
                 "pipeline": pipeline,
                 "comms": prec,
-                "samples_per_s": steady_rate(lines, cfg.train.batch_size * dist.get_world_size()),
+                "samples_per_s": steady_rate(lines, cfg.train.batch_size * world),
                 "samples_per_s_all": summary["samples_per_s"],
                 "mean_ms": {k: round(statistics.mean(t.get(k, 0) for t in times), 2) for k in keys},
                 # ms per step this rank was blocked in collectives (CommCounter.exposed)
