@@ -88,6 +88,33 @@ def swapped_loader(trainer, path: str, epoch):
     return run_ours, run_theirs
 
 
+def thread_cpu() -> dict[str, float]:
+    """CPU seconds so far of this process's threads, grouped: ``train`` (the calling thread),
+    ``loader`` (Python threads named recsys_dist-*), ``other`` (gloo's and every other thread).
+    Linux /proc; empty elsewhere."""
+    import threading
+
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    me = threading.get_native_id()
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {"train": 0.0, "loader": 0.0, "other": 0.0}
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return {}
+    for tid in tasks:
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:  # the thread ended
+            continue
+        secs = (int(fields[11]) + int(fields[12])) / tick  # utime + stime
+        name = names.get(int(tid), "")
+        group = "train" if int(tid) == me else "loader" if name.startswith("recsys_dist-") else "other"
+        out[group] += secs
+    return out
+
+
 def measure(rank: int, world: int, spec: dict) -> dict:
     """run_ranks target: the three contenders, interleaved."""
     warnings.filterwarnings("ignore")
@@ -141,15 +168,17 @@ def measure(rank: int, world: int, spec: dict) -> dict:
     res: dict = {k: [] for k in names}
     cpu: dict = {k: [] for k in names}  # this rank's CPU ms per step, every thread of the process
     switches: dict = {k: [] for k in names}  # this rank's context switches per step
+    threads: dict = {k: [] for k in names}  # CPU ms per step by thread group (thread_cpu)
     for r in range(spec["reps"]):
         for k in names if r % 2 == 0 else names[::-1]:
-            c0, u0 = time.process_time(), resource.getrusage(resource.RUSAGE_SELF)
+            c0, u0, t0 = time.process_time(), resource.getrusage(resource.RUSAGE_SELF), thread_cpu()
             res[k].append(run[k]())
-            u1 = resource.getrusage(resource.RUSAGE_SELF)
+            u1, t1 = resource.getrusage(resource.RUSAGE_SELF), thread_cpu()
+            threads[k].append({g: (t1[g] - t0.get(g, 0.0)) * 1e3 / steps for g in t1})
             cpu[k].append((time.process_time() - c0) * 1e3 / steps)
             switches[k].append((u1.ru_nvcsw + u1.ru_nivcsw - u0.ru_nvcsw - u0.ru_nivcsw) / steps)
     every = [None] * world
-    dist.all_gather_object(every, {"cpu": cpu, "switches": switches})
+    dist.all_gather_object(every, {"cpu": cpu, "switches": switches, "threads": threads})
     if spec.get("profile"):
         out = Path(spec["profile"])
         out.mkdir(parents=True, exist_ok=True)
@@ -216,6 +245,15 @@ def main(argv: list[str] | None = None) -> int:
                 f"  rank {r} {unit} (median): "
                 + ", ".join(f"{k} {statistics.median(v):.3f}" for k, v in c[what].items())
             )
+    for r, c in enumerate(res["cpu_ms"]):
+        print(
+            f"  rank {r} CPU ms/step by thread (median; train / loader / other incl. gloo): "
+            + ", ".join(
+                f"{k} " + " / ".join(f"{statistics.median(t[g] for t in v):.2f}" for g in ("train", "loader", "other"))
+                for k, v in c["threads"].items()
+                if v and v[0]
+            )
+        )
     print(f"  ours/hand {paired('ours', 'hand'):.3f}   pipe/hand {paired('pipe', 'hand'):.3f}")
     if "ours_base" in rounds:
         print(f"  ours_base/hand {paired('ours_base', 'hand'):.3f}   ours/ours_base {paired('ours', 'ours_base'):.3f}")
