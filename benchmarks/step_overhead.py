@@ -4,7 +4,8 @@
         [--reps 6] [--world 2] [--profile DIR] [--set data.prefetch=0 ...]
 
 In one spawn of ``--world`` gloo ranks (1 intra-op thread each), interleaved in ABBA order over
-``--reps`` rounds, one epoch each:
+``--reps`` rounds, one epoch each (``--prefetch-ab N`` adds ``ours_pN``: ours with
+``data.prefetch=N``, the same Trainer, to A/B the loader's background threads in one run):
 
 - ``ours``: our Trainer end to end (Parquet -> loader -> pipeline, logging; validation excluded
   from the time, as ``benchmarks/run.py`` item 1);
@@ -90,8 +91,10 @@ def swapped_loader(trainer, path: str, epoch):
 
 def thread_cpu() -> dict[str, float]:
     """CPU seconds so far of this process's threads, grouped: ``train`` (the calling thread),
-    ``loader`` (Python threads named recsys_dist-*), ``other`` (gloo's and every other thread).
-    Linux /proc; empty elsewhere."""
+    ``loader`` (Python threads named recsys_dist-*), ``other`` (gloo's, pyarrow's and every
+    other thread). Linux /proc; empty elsewhere. A thread that ends between two calls drops out
+    of the difference (our loader's threads, opened during the previous epoch's validation and
+    done with the epoch): the process total (``CPU ms/step``) still counts it."""
     import threading
 
     names = {t.native_id: t.name for t in threading.enumerate()}
@@ -113,6 +116,26 @@ def thread_cpu() -> dict[str, float]:
         group = "train" if int(tid) == me else "loader" if name.startswith("recsys_dist-") else "other"
         out[group] += secs
     return out
+
+
+def with_prefetch(trainer, prefetch: int, epoch):
+    """``epoch`` run with the train loader's ``data.prefetch`` set to ``prefetch`` for it."""
+    loader = trainer.loaders.train
+
+    def run() -> float:
+        saved = loader.prefetch
+        loader.prefetch = prefetch
+        early = trainer._early_batches  # opened with the other setting during the last validation
+        if early is not None:
+            early.close()
+            loader.set_epoch(trainer._next_epoch)
+            trainer._early_batches = loader.iter_from(0)
+        try:
+            return epoch()
+        finally:
+            loader.prefetch = saved
+
+    return run
 
 
 def measure(rank: int, world: int, spec: dict) -> dict:
@@ -162,6 +185,8 @@ def measure(rank: int, world: int, spec: dict) -> dict:
         return lambda: steps * B * world / baselines.timed_steps(step, steps)
 
     run = {"ours": ours, "pipe": rate(pipe_step), "hand": rate(hand_step)}
+    if spec.get("prefetch_ab") is not None:  # ours again, with another data.prefetch
+        run[f"ours_p{spec['prefetch_ab']}"] = with_prefetch(trainer, spec["prefetch_ab"], ours)
     if spec.get("baseline_loader"):  # ours again, with the train loader of another checkout
         run["ours"], run["ours_base"] = swapped_loader(trainer, spec["baseline_loader"], ours)
     names = list(run)
@@ -200,6 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--world", type=int, default=2)
     p.add_argument("--profile", default=None, help="directory for cProfile dumps per rank")
     p.add_argument("--baseline-loader", default=None, help="loader.py of another checkout: ours with it too")
+    p.add_argument("--prefetch-ab", type=int, default=None, help="ours also with this data.prefetch (ours_pN)")
     p.add_argument("--set", action="append", default=[], help="extra config override for our trainer")
     args = p.parse_args(argv)
     from recsys_dist.testing import run_ranks
@@ -221,6 +247,7 @@ def main(argv: list[str] | None = None) -> int:
             "rows_per_table": args.rows,
             "profile": args.profile,
             "baseline_loader": args.baseline_loader,
+            "prefetch_ab": args.prefetch_ab,
         }
         from benchmarks.run import overrides
 
@@ -255,6 +282,9 @@ def main(argv: list[str] | None = None) -> int:
             )
         )
     print(f"  ours/hand {paired('ours', 'hand'):.3f}   pipe/hand {paired('pipe', 'hand'):.3f}")
+    for k in rounds:
+        if k.startswith("ours_p"):
+            print(f"  {k}/hand {paired(k, 'hand'):.3f}   {k}/ours {paired(k, 'ours'):.3f}")
     if "ours_base" in rounds:
         print(f"  ours_base/hand {paired('ours_base', 'hand'):.3f}   ours/ours_base {paired('ours', 'ours_base'):.3f}")
     print(json.dumps({"median": med, "ours/hand": paired("ours", "hand"), "pipe/hand": paired("pipe", "hand")}))
