@@ -187,12 +187,15 @@ def human(n: float) -> str:
 
 def dense_parameter_bytes(model: nn.Module) -> int:
     """fp32 bytes of the gradients DDP all-reduces for the dense part of ``model`` (every
-    parameter that needs a gradient outside its EmbeddingBagCollections), on a plain,
-    meta or DMP-wrapped model."""
+    parameter that needs a gradient outside its EmbeddingBagCollections and
+    EmbeddingCollections, sharded or not), on a plain, meta or DMP-wrapped model."""
+    from torchrec.distributed.embedding import ShardedEmbeddingCollection
     from torchrec.distributed.embeddingbag import ShardedEmbeddingBagCollection
-    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 
-    skip = (EmbeddingBagCollection, ShardedEmbeddingBagCollection)
+    # The tables are not DDP's: model-parallel ones are updated by their fused optimizer, and
+    # an EmbeddingCollection's tables are left out of the ledger altogether (``unmodelled``).
+    skip = (EmbeddingBagCollection, ShardedEmbeddingBagCollection, EmbeddingCollection, ShardedEmbeddingCollection)
 
     def walk(m: nn.Module) -> int:
         if isinstance(m, skip):

@@ -277,7 +277,10 @@ def _ledger_line(ledger: dict) -> str:
     top = max(ledger["per_rank"], key=lambda row: sum(sent(row, p) for p in phases))
     parts = ", ".join(f"{p} {sent(top, p) / 1024:.1f}" for p in phases)
     precision = f"{ledger.get('forward_precision', '?')}/{ledger.get('backward_precision', '?')}"
-    return f"  wire KiB sent per step (ledger, busiest rank r{top.get('rank', '?')}, output_dist {precision}): {parts}"
+    line = f"  wire KiB sent per step (ledger, busiest rank r{top.get('rank', '?')}, output_dist {precision}): {parts}"
+    if ledger.get("unmodelled_tables"):
+        line += f"; not counted: the EmbeddingCollection tables {', '.join(ledger['unmodelled_tables'])}"
+    return line
 
 
 def _retrieval_rows(finals: dict) -> list[list[str]]:

@@ -70,3 +70,28 @@ def test_managed_tables_all_gathers_are_in_the_ledger():
     assert "mc gather" in report.text()
     hashed = dry_run(load_config(QUICKSTART), 3, 3, "cpu").ledger
     assert hashed.totals()["managed_all_gather"] == 0 and "mc gather" not in hashed.text()
+
+
+def test_dense_bytes_leave_out_sequence_tables():
+    """DIN's EmbeddingCollection (the history table) is not DDP's: it must not be counted as
+    dense all-reduce bytes (it was, whole in the plan and as the rank's shard in a run)."""
+    import torch
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
+
+    from recsys_dist.ledger import dense_parameter_bytes
+    from recsys_dist.models.build import build_model
+
+    cfg = load_config(ROOT / "configs" / "movielens_din.yaml")
+    model = build_model(cfg, torch.device("meta"))
+    assert any(isinstance(m, EmbeddingCollection) for m in model.modules())
+    tables = {
+        id(p)
+        for m in model.modules()
+        if isinstance(m, (EmbeddingBagCollection, EmbeddingCollection))
+        for p in m.parameters()
+    }
+    want = sum(p.numel() * 4 for p in model.parameters() if p.requires_grad and id(p) not in tables)
+    assert dense_parameter_bytes(model) == want
+    led = dry_run(cfg, 2, 2, "cpu").ledger
+    # 87,432 B: what DDP all-reduced per rank and step in a 2-rank run (counted by CommCounter)
+    assert [r["allreduce"]["sent"] for r in led.per_rank()] == [87_432, 87_432] and want <= 87_432

@@ -88,3 +88,9 @@ def test_movielens_bst_and_din_train_sharded_bst_resumes_resharded_and_predicts(
     trains_sharded(
         DIN, tmp_path / "din", tmp_path, "train.progress_bar=false", "train.max_steps=30", "checkpoint.enabled=false"
     )
+    # its ledger: the dense all-reduce is DDP's (87,432 B a rank and step, counted at the
+    # collectives), not the history table's shard; the table itself is named as not counted
+    lines = [json.loads(ln) for ln in (tmp_path / "din" / "metrics.jsonl").read_text().splitlines()]
+    (ledger,) = [ln for ln in lines if ln.get("split") == "ledger"]
+    assert [r["allreduce"]["sent"] for r in ledger["per_rank"]] == [87_432, 87_432]
+    assert ledger["unmodelled_tables"] == ["s_history"]
