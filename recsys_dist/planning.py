@@ -18,6 +18,7 @@ from recsys_dist import sharding
 from recsys_dist.config import ConfigError, RunConfig  # noqa: F401 - RunConfig: the annotations
 from recsys_dist.models import build_model, embedding_configs
 from recsys_dist.optim import fuse_embedding_optimizer
+from recsys_dist.train_pipeline import pipeline_problems
 
 GB = 1024**3  # sizes are reported in GiB, as TorchRec's planner counts them
 # Optimizer state per row, in units of embedding_dim floats (rowwise keeps one float per row).
@@ -103,10 +104,16 @@ def dry_run(cfg: RunConfig, world_size: int, local_world_size: int, device: str)
     Raises:
         PlanError: the planner found no placement that fits; names the largest tables,
             the memory they need against what the topology has, and what to change.
-        ConfigError: the model holds an embedding module no sharder covers
+        ConfigError: ``sharding.comms`` or ``train.pipeline`` cannot run on ``device``; the
+            model holds an embedding module no sharder covers
             (``recsys_dist.sharding.check_covered``); ``sharding.per_table`` names an unknown
             table, or the allowed types leave an EmbeddingCollection table none.
     """
+    # What cannot run on this device is refused as recsys-dist train refuses it (before the
+    # sharders, which would fail deep inside on a comms precision the device cannot carry).
+    problems = sharding.comms_problems(cfg.sharding.comms, device) + pipeline_problems(cfg.train.pipeline, device)
+    if problems:
+        raise ConfigError("invalid config:\n" + "\n".join(f"  {p}" for p in problems))
     model = build_model(cfg, torch.device("meta"))
     dense_bytes = ledgers.dense_parameter_bytes(model)
     fuse_embedding_optimizer(model, cfg)
@@ -134,9 +141,6 @@ def dry_run(cfg: RunConfig, world_size: int, local_world_size: int, device: str)
         for r in sharding.plan_summary(plan)
     ]
     comms = cfg.sharding.comms
-    problems = sharding.comms_problems(comms, device)
-    if problems:
-        raise PlanError("; ".join(problems))
     ledger = ledgers.predict(
         plan,
         tables,

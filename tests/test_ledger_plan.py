@@ -95,3 +95,14 @@ def test_dense_bytes_leave_out_sequence_tables():
     led = dry_run(cfg, 2, 2, "cpu").ledger
     # 87,432 B: what DDP all-reduced per rank and step in a 2-rank run (counted by CommCounter)
     assert [r["allreduce"]["sent"] for r in led.per_rank()] == [87_432, 87_432] and want <= 87_432
+
+
+def test_plan_refuses_what_the_device_cannot_run():
+    """bf16 comms and semi_sync on CPU: a config error, as recsys-dist train gives (bf16 crashed
+    inside the sharders' codec registry)."""
+    cfg = load_config(QUICKSTART, ["sharding.comms.forward=bf16", "train.pipeline=semi_sync"])
+    with pytest.raises(ConfigError) as err:
+        dry_run(cfg, 2, 2, "cpu")
+    assert "sharding.comms.forward: bf16 comms need CUDA" in str(err.value)
+    assert "train.pipeline: semi_sync needs CUDA" in str(err.value)
+    assert dry_run(cfg, 2, 2, "cuda").ledger is not None  # on CUDA both run
