@@ -8,8 +8,8 @@ with a bandwidth cap in a network namespace of the benchmark's own.
 All runs share one launch of 2 ranks (a fresh Trainer each), in alternating order over the
 rounds; it prints each run, then medians and paired ratios per delay of the steady-state
 samples/s (after the first logged window of 10 steps, which holds sparse_dist's one-time
-trace and rewrite of the model; ``samples_per_s_all`` in each row counts the whole run), with sparse_dist's stage
-times and, for every run, the exposed communication per phase (ms per step the training thread
+trace and rewrite of the model; ``samples_per_s_all`` in each row counts the whole run), with the stage
+times (base's forward holds its input_dist) and, for every run, the exposed communication per phase (ms per step the training thread
 was blocked in collectives: recsys_dist.comm_counter.CommCounter.exposed).
 
 The delay, by default, is injected inside the collectives by

@@ -9,6 +9,10 @@ around its own stages on one step in ``every_n`` (others run untouched):
 - ``time_backward_ms``: backward, including the fused embedding update
 - ``time_optimizer_ms``: the dense optimizer step
 
+``train.pipeline: base`` (:class:`recsys_dist.train_pipeline.BasePipeline`) has the same
+timer without ``time_input_dist_ms``: it distributes a batch inside the model's forward, so
+its ``time_forward_ms`` holds input_dist too.
+
 On CUDA the sampled step synchronises the device around each stage so the times are real.
 
 :class:`PhaseClock` splits a run's wall time into exclusive phases (``WALL_PHASES``): the
@@ -31,16 +35,16 @@ from torch.profiler import ProfilerActivity, profile
 from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
 
 
-class TimedTrainPipeline(TrainPipelineSparseDist):
-    """``TrainPipelineSparseDist`` whose stages are timed on sampled steps (see module doc)."""
+class StageTimer:
+    """A TorchRec pipeline mixin: stages timed on one step in ``every_n`` (others untouched).
 
-    def __init__(self, *args, every_n: int | None = None, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
+    The subclass calls :meth:`_timed` around its stages; :meth:`progress` opens a sampled step;
+    :meth:`pop_times` hands its breakdown (ms per stage) over once."""
+
+    def _init_timer(self, every_n: int | None) -> None:
         self.every_n, self.steps_done = every_n, 0
         self._times: dict[str, float] | None = None
         self.last: dict[str, float] = {}
-        forward = self._model_fwd
-        self._model_fwd = lambda batch: self._timed("time_forward_ms", forward, batch)
 
     def _timed(self, key: str, fn, *args):
         if self._times is None:
@@ -54,21 +58,6 @@ class TimedTrainPipeline(TrainPipelineSparseDist):
             torch.cuda.synchronize(self._device)
         self._times[key] = self._times.get(key, 0.0) + (time.perf_counter() - t0) * 1000
         return out
-
-    def _next_batch(self, dataloader_iter):
-        return self._timed("time_data_ms", super()._next_batch, dataloader_iter)
-
-    def start_sparse_data_dist(self, *args, **kwargs):
-        return self._timed("time_input_dist_ms", super().start_sparse_data_dist, *args, **kwargs)
-
-    def wait_sparse_data_dist(self, *args, **kwargs):
-        return self._timed("time_input_dist_ms", super().wait_sparse_data_dist, *args, **kwargs)
-
-    def _backward(self, losses):
-        return self._timed("time_backward_ms", super()._backward, losses)
-
-    def _optimizer_step(self):
-        return self._timed("time_optimizer_ms", super()._optimizer_step)
 
     def progress(self, dataloader_iter):
         self.steps_done += 1
@@ -85,6 +74,31 @@ class TimedTrainPipeline(TrainPipelineSparseDist):
         """The breakdown of the last sampled step, once (then empty until the next one)."""
         last, self.last = self.last, {}
         return last
+
+
+class TimedTrainPipeline(StageTimer, TrainPipelineSparseDist):
+    """``TrainPipelineSparseDist`` whose stages are timed on sampled steps (see module doc)."""
+
+    def __init__(self, *args, every_n: int | None = None, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._init_timer(every_n)
+        forward = self._model_fwd
+        self._model_fwd = lambda batch: self._timed("time_forward_ms", forward, batch)
+
+    def _next_batch(self, dataloader_iter):
+        return self._timed("time_data_ms", super()._next_batch, dataloader_iter)
+
+    def start_sparse_data_dist(self, *args, **kwargs):
+        return self._timed("time_input_dist_ms", super().start_sparse_data_dist, *args, **kwargs)
+
+    def wait_sparse_data_dist(self, *args, **kwargs):
+        return self._timed("time_input_dist_ms", super().wait_sparse_data_dist, *args, **kwargs)
+
+    def _backward(self, losses):
+        return self._timed("time_backward_ms", super()._backward, losses)
+
+    def _optimizer_step(self):
+        return self._timed("time_optimizer_ms", super()._optimizer_step)
 
 
 # The wall-time split of summary.json, in the order of a run (docs/run_directory.md).

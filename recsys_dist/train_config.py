@@ -67,7 +67,8 @@ class TrainConfig(_Section):
         50,
         gt=0,
         description="Profile one step in N for the data / input_dist / forward / backward / "
-        "optimizer breakdown written on train lines (None = off).",
+        "optimizer breakdown written on train lines (None = off). train.pipeline base: no input_dist "
+        "part (its forward distributes the batch); semi_sync and fused_sparse_dist: no breakdown.",
     )
     progress_bar: bool = Field(True, description="tqdm progress bar on rank 0 (false = quiet).")
     pipeline: Literal["base", "sparse_dist", "semi_sync", "fused_sparse_dist"] = Field(

@@ -4,6 +4,7 @@
   issued before the forward/backward of batch i, so it can overlap them. Stage times are
   sampled (:class:`recsys_dist.observe.TimedTrainPipeline`).
 - ``base``: ``TrainPipelineBase``; no pipelining: each step loads, distributes, computes.
+  Stage times as sparse_dist's, its forward holding input_dist (no ``time_input_dist_ms``).
 - ``semi_sync``: ``TrainPipelineSemiSync``; the embedding lookup (input_dist, lookup,
   output_dist) of batch i+1 runs right after the forward of batch i, before batch i's
   backward updates the tables. So batch i+1's pooled embeddings are read from the tables as
@@ -21,6 +22,7 @@ semi_sync and fused_sparse_dist need CUDA; on CPU the config check refuses them,
 
 from __future__ import annotations
 
+import time
 from typing import Literal
 
 import torch
@@ -30,7 +32,7 @@ from torchrec.distributed.train_pipeline.train_pipelines import (
     TrainPipelineSemiSync,
 )
 
-from recsys_dist.observe import TimedTrainPipeline
+from recsys_dist.observe import StageTimer, TimedTrainPipeline
 
 PipelineName = Literal["base", "sparse_dist", "semi_sync", "fused_sparse_dist"]
 PIPELINES = ("base", "sparse_dist", "semi_sync", "fused_sparse_dist")
@@ -71,11 +73,61 @@ class _Untimed:
         return {}
 
 
-class BasePipeline(_Untimed, TrainPipelineBase):
-    """``TrainPipelineBase``; it does not rewrite the model's forward, so ``detach`` has nothing to undo."""
+class BasePipeline(StageTimer, TrainPipelineBase):
+    """``TrainPipelineBase`` with the stage timer of sampled steps (:mod:`recsys_dist.observe`):
+    data, forward (input_dist, lookup, output_dist and the dense forward, one call here),
+    backward, optimizer. It does not rewrite the model's forward; ``detach`` removes the
+    forward hooks that time it (the next step puts them back)."""
+
+    def __init__(self, model: torch.nn.Module, optimizer, device: torch.device, every_n: int | None = None) -> None:
+        super().__init__(model, optimizer, device)
+        self._init_timer(every_n)
+        self._optimizer = _TimedStep(optimizer, self)
+        self._t_forward = 0.0
+        self._hooks: list = []
+
+    def progress(self, dataloader_iter):
+        if not self._hooks:  # first step, or the first after a detach (a validation mid-epoch)
+            m = self._model
+            self._hooks = [
+                m.register_forward_pre_hook(self._forward_starts),
+                m.register_forward_hook(self._forward_ends),
+            ]
+        return super().progress(dataloader_iter)
+
+    def _forward_starts(self, *_) -> None:
+        if self._times is not None:
+            self._t_forward = time.perf_counter()
+
+    def _forward_ends(self, *_) -> None:
+        if self._times is not None:
+            ms = (time.perf_counter() - self._t_forward) * 1000
+            self._times["time_forward_ms"] = self._times.get("time_forward_ms", 0.0) + ms
+
+    def _next_batch(self, dataloader_iter):
+        return self._timed("time_data_ms", super()._next_batch, dataloader_iter)
+
+    def _backward(self, losses):
+        return self._timed("time_backward_ms", super()._backward, losses)
 
     def detach(self) -> torch.nn.Module:
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = []
         return self._model
+
+
+class _TimedStep:
+    """The optimizer as ``TrainPipelineBase`` calls it, its ``step`` timed on sampled steps."""
+
+    def __init__(self, optimizer, pipe: BasePipeline) -> None:
+        self._inner, self._pipe = optimizer, pipe
+
+    def step(self, *args, **kwargs):
+        return self._pipe._timed("time_optimizer_ms", self._inner.step, *args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
 
 
 class SemiSyncPipeline(_Untimed, TrainPipelineSemiSync):
@@ -98,7 +150,7 @@ def make_pipeline(name: str, model: torch.nn.Module, optimizer, device: torch.de
     if name == "sparse_dist":
         return TimedTrainPipeline(model, optimizer, device, execute_all_batches=True, every_n=every_n)
     if name == "base":
-        return BasePipeline(model, optimizer, device)
+        return BasePipeline(model, optimizer, device, every_n)
     if name == "semi_sync":
         return SemiSyncPipeline(model, optimizer, device, execute_all_batches=True, start_batch=0)
     if name == "fused_sparse_dist":

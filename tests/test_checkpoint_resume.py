@@ -1,6 +1,8 @@
 """Resume and resharding checks that need several trainings each (split from
 test_checkpoint.py so that the two files run on different test workers)."""
 
+import json
+
 import pytest
 
 from tests.conftest import QUICKSTART
@@ -99,9 +101,15 @@ def test_checkpoint_of_the_older_first_order_layout_loads(tmp_path):
 def test_base_pipeline_matches_sparse_dist_and_resumes_exactly(tmp_path):
     # train.pipeline=base (TrainPipelineBase) computes what sparse_dist does (both synchronous),
     # and resumes exactly like it.
-    base = [*WS[2], "sharding.sharding_types=[table_wise]", "train.pipeline=base"]
+    base = [*WS[2], "sharding.sharding_types=[table_wise]", "train.pipeline=base", "train.timing_every_n_steps=2"]
     ref, sd = tmp_path / "ref", tmp_path / "sd"
     assert train(tmp_path, ref, *base).returncode == 0
+    # base has the stage timer too (its forward holds input_dist)
+    lines = [json.loads(ln) for ln in (ref / "metrics.jsonl").read_text().splitlines()]
+    timed = [ln for ln in lines if ln.get("split") == "train" and "time_forward_ms" in ln]
+    assert timed, "no stage times on base's train lines"
+    assert {"time_data_ms", "time_forward_ms", "time_backward_ms", "time_optimizer_ms"} <= set(timed[0])
+    assert "time_input_dist_ms" not in timed[0] and all(ln["time_forward_ms"] > 0 for ln in timed)
     assert train(tmp_path, sd, *WS[2], "sharding.sharding_types=[table_wise]").returncode == 0
     assert_same_losses(ref, sd, 0.0)
     run = tmp_path / "resumed"
