@@ -45,8 +45,8 @@ a step on lo (input_dist 10, output_dist 52 forward + 52 backward, DDP all-reduc
 per run the bytes the qdisc carried, and ``tc -s qdisc show dev lo`` after the last run. If
 unshare, ip or tc is missing, or the kernel refuses the namespace or the qdisc, it exits with
 the reason (no run without the cap). semi_sync and fused_sparse_dist do not run on CPU
-(recsys_dist/train_pipeline.py says why). Results: benchmarks/results/overlap_delay_cpu2core_20261202.md
-(in-collective delay, no cap).
+(recsys_dist/train_pipeline.py says why). Results:
+benchmarks/results/overlap_delay_steady_cpu2core_20261202.md.
 """
 
 from __future__ import annotations
@@ -316,12 +316,12 @@ def steady_rate(lines: list[dict], global_batch: int) -> float:
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--delays", type=float, nargs="+", default=[0.0, 2.0])
-    ap.add_argument("--steps", type=int, default=200)
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
+    ap.add_argument("--delays", type=float, nargs="+", default=[0.0, 2.0], help="ms added to every collective")
+    ap.add_argument("--steps", type=int, default=200, help="training steps of each run")
     ap.add_argument("--reps", type=int, default=1, help="rounds, alternating the order of the runs")
-    ap.add_argument("--out", default="/tmp/overlap")
-    ap.add_argument("--config", default="configs/criteo_quickstart.yaml")
+    ap.add_argument("--out", default="/tmp/overlap", help="run directories and overlap.json")
+    ap.add_argument("--config", default="configs/criteo_quickstart.yaml", help="the model and data (2 ranks)")
     ap.add_argument("--netns", action="store_true", help="run the ranks in a network namespace of their own")
     ap.add_argument("--rate-mbit", type=float, help="--netns: the loopback's bandwidth cap, Mbit/s")
     ap.add_argument(
