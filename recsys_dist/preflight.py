@@ -135,6 +135,17 @@ def uvm_kernels(cfg) -> list[tuple[str, str]]:
     return found
 
 
+def _every_table_data_parallel(cfg) -> bool:
+    """Whether the config places every table data_parallel (by fixed_plan, or by
+    sharding_types with per_table overrides that allow nothing else)."""
+    s = cfg.sharding
+    if s.fixed_plan is not None:
+        return bool(s.fixed_plan) and all(fp.sharding_type == "data_parallel" for fp in s.fixed_plan.values())
+    if s.sharding_types != ["data_parallel"]:
+        return False
+    return all(t.sharding_types in ([], None, ["data_parallel"]) for t in s.per_table.values())
+
+
 def check_before_launch(cfg, world_size: int | None = None) -> None:
     """Checks that need the filesystem or the machine, run before any rank is spawned.
 
@@ -190,6 +201,12 @@ def check_before_launch(cfg, world_size: int | None = None) -> None:
         sizes = {t.name: t.num_embeddings for t in embedding_configs(cfg)}
         problems += [f"  {p}" for p in small_table_problems(cfg.sharding, sizes, world)]
     only_dp = cfg.sharding.sharding_types == ["data_parallel"] and not cfg.sharding.per_table and fixed is None
+    comms = cfg.sharding.comms
+    if (comms.forward, comms.backward) != ("fp32", "fp32") and _every_table_data_parallel(cfg):
+        problems.append(
+            "  sharding.comms: every table is data_parallel, which has no output_dist to quantize (its "
+            "gradients go through DDP's fp32 all-reduce); remove sharding.comms or allow a sharded type"
+        )
     if cfg.model.embedding_dim % 4 and not only_dp:
         low = cfg.model.embedding_dim - cfg.model.embedding_dim % 4
         problems.append(

@@ -106,3 +106,19 @@ def test_plan_refuses_what_the_device_cannot_run():
     assert "sharding.comms.forward: bf16 comms need CUDA" in str(err.value)
     assert "train.pipeline: semi_sync needs CUDA" in str(err.value)
     assert dry_run(cfg, 2, 2, "cuda").ledger is not None  # on CUDA both run
+
+
+@pytest.mark.parametrize("how", ["sharding_types", "fixed_plan"])
+def test_comms_refused_when_every_table_is_data_parallel(how):
+    # data_parallel tables have no output_dist: sharding.comms would be silently ignored
+    from recsys_dist.preflight import table_names
+
+    if how == "sharding_types":
+        placed = ["sharding.sharding_types=[data_parallel]", "sharding.compute_kernels=[dense]"]
+    else:
+        tables = table_names(load_config(QUICKSTART))
+        placed = ["sharding.fixed_plan={" + ", ".join(f"{t}: {{sharding_type: data_parallel}}" for t in tables) + "}"]
+    cfg = load_config(QUICKSTART, ["sharding.comms.forward=fp16", "distributed.device=cpu", *placed])
+    with pytest.raises(ConfigError, match="sharding.comms: every table is data_parallel"):
+        check_before_launch(cfg)
+    check_before_launch(load_config(QUICKSTART, ["distributed.device=cpu", *placed]))  # fine without comms
