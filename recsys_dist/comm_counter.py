@@ -82,16 +82,28 @@ class _DelayedWork(dist.Work):
             pass
 
     def _mark(self, _fut) -> None:
-        self._done_at = time.perf_counter()
+        if self._done_at is None:  # wait() may have stamped it already (the callback ran late)
+            self._done_at = time.perf_counter()
 
     def _ready(self) -> float:
         # the callback may not have run yet when wait() returns: then it completed just now
         return (self._done_at or time.perf_counter()) + self._delay
 
     def wait(self, timeout=None) -> bool:
+        """As ``dist.Work.wait``; ``timeout`` (a ``timedelta``) covers the delay too: a result
+        due after it raises ``RuntimeError``, as a collective that timed out does."""
         t0 = time.perf_counter()
         out = self._work.wait() if timeout is None else self._work.wait(timeout)
+        if self._done_at is None:  # no future, or its callback has not run yet: completed now
+            self._done_at = time.perf_counter()
         left = self._ready() - time.perf_counter()
+        # timedelta(0) is torch's kNoTimeout
+        if timeout is not None and timeout.total_seconds() > 0 and t0 + timeout.total_seconds() < self._ready():
+            time.sleep(max(0.0, t0 + timeout.total_seconds() - time.perf_counter()))
+            raise RuntimeError(
+                f"CommCounter: collective timed out after {timeout} (the injected delay of "
+                f"{self._delay * 1000:g} ms was still running)"
+            )
         if left > 0:
             time.sleep(left)
         if self._on_wait is not None:
@@ -100,6 +112,10 @@ class _DelayedWork(dist.Work):
 
     def is_completed(self) -> bool:
         return self._work.is_completed() and self._done_at is not None and time.perf_counter() >= self._ready()
+
+    def result(self):
+        """The backend work's output tensors (after :meth:`wait`)."""
+        return self._work.result()
 
     def is_success(self) -> bool:
         return self._work.is_success()

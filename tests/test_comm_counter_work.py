@@ -1,0 +1,54 @@
+"""CommCounter's delayed work (recsys_dist.comm_counter._DelayedWork is reached through the
+public wrapper only in a process group; here a stand-in backend work drives it in-process)."""
+
+import datetime
+
+import pytest
+import torch
+
+from recsys_dist import comm_counter
+
+
+class _Work:
+    """A finished backend work; ``futures`` False is a gloo work without getFuture."""
+
+    def __init__(self, futures: bool) -> None:
+        self.futures = futures
+        self.out = [torch.ones(2)]
+
+    def get_future(self):
+        if not self.futures:
+            raise RuntimeError("Work::getFuture not implemented")
+        fut = torch.futures.Future()
+        fut.set_result(self.out)
+        return fut
+
+    def wait(self, timeout=None) -> bool:
+        return True
+
+    def is_completed(self) -> bool:
+        return True
+
+    def result(self):
+        return self.out
+
+
+def _delayed(futures: bool, delay: float):
+    return comm_counter._DelayedWork(_Work(futures), delay)
+
+
+@pytest.mark.parametrize("futures", [True, False])
+def test_a_waited_work_is_completed_and_has_its_result(futures):
+    work = _delayed(futures, 0.0)
+    assert work.wait()
+    # a work without a future was never marked done: is_completed() stayed False (a poller hung)
+    assert work.is_completed()
+    assert work.result()[0].tolist() == [1.0, 1.0]
+
+
+def test_wait_timeout_covers_the_injected_delay():
+    work = _delayed(True, 30.0)
+    with pytest.raises(RuntimeError, match="timed out"):
+        work.wait(timeout=datetime.timedelta(milliseconds=10))
+    # timedelta(0) is torch's "no timeout"
+    assert _delayed(True, 0.0).wait(timeout=datetime.timedelta(0))
