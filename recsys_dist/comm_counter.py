@@ -152,6 +152,10 @@ class CommCounter:
             Hooks stay on the model after exit and only count while a counter is entered.
         delay_ms: added latency per collective (0 = none).
 
+    Raises:
+        ValueError: ``delay_ms`` negative, NaN or infinite. ``RuntimeError`` on entry while
+            another counter is entered (counters do not nest).
+
     Attributes:
         counts: phase -> {"sent", "received"} bytes since entry or :meth:`reset`.
         calls: (phase, op, label, sent, received) per collective, in order.
@@ -165,6 +169,10 @@ class CommCounter:
     _active: CommCounter | None = None
 
     def __init__(self, model=None, delay_ms: float = 0.0) -> None:
+        # a negative or NaN delay made time.sleep raise at the first synchronous collective,
+        # deep in a rank; an infinite one left DDP's all-reduce future unset (a hang)
+        if not (0 <= delay_ms < float("inf")):
+            raise ValueError(f"delay_ms must be a finite number >= 0, got {delay_ms}")
         self.delay_s = delay_ms / 1000
         self._model = model
         self._saved: dict = {}

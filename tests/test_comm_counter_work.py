@@ -52,3 +52,9 @@ def test_wait_timeout_covers_the_injected_delay():
         work.wait(timeout=datetime.timedelta(milliseconds=10))
     # timedelta(0) is torch's "no timeout"
     assert _delayed(True, 0.0).wait(timeout=datetime.timedelta(0))
+
+
+@pytest.mark.parametrize("delay_ms", [-2.0, float("nan"), float("inf")])
+def test_bad_delay_is_refused(delay_ms):
+    with pytest.raises(ValueError, match="delay_ms must be a finite number >= 0"):
+        comm_counter.CommCounter(delay_ms=delay_ms)
