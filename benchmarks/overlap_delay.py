@@ -335,6 +335,16 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         ap.error("--netns needs --rate-mbit R with R > 0 (the loopback's bandwidth cap, Mbit/s)")
     if not args.netns and (args.rate_mbit is not None or args.shaper is not None):
         ap.error("--rate-mbit and --shaper apply only with --netns")
+    # refused here, before any rank starts: a bad value otherwise failed in the ranks after
+    # the runs (too few log lines, no rounds to take a median of) or deep in a collective
+    if any(not (0 <= d < float("inf")) for d in args.delays):
+        ap.error(f"--delays must be finite numbers >= 0 (ms), got {args.delays}")
+    if len(set(args.delays)) != len(args.delays):
+        ap.error(f"--delays has a repeated value ({args.delays}); the runs of one delay share a run directory")
+    if args.steps < 20:
+        ap.error(f"--steps must be >= 20 (two logged windows of 10 steps; the first is left out), got {args.steps}")
+    if args.reps < 1:
+        ap.error(f"--reps must be >= 1, got {args.reps}")
     args.shaper = args.shaper or "auto"
     return args
 

@@ -50,6 +50,23 @@ def test_options_need_netns_and_a_rate(capsys):
     assert od.parse_args([]).netns is False  # the in-collective mode as before
 
 
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["--delays", "-2"], "--delays must be finite numbers >= 0"),
+        (["--delays", "nan"], "--delays must be finite numbers >= 0"),
+        (["--delays", "inf"], "--delays must be finite numbers >= 0"),
+        (["--delays", "2", "2.0"], "--delays has a repeated value"),
+        (["--steps", "5"], "--steps must be >= 20"),
+        (["--reps", "0"], "--reps must be >= 1"),
+    ],
+)
+def test_bad_arguments_are_refused_before_any_rank_starts(argv, words, capsys):
+    with pytest.raises(SystemExit) as info:
+        od.parse_args(argv)
+    assert info.value.code == 2 and words in capsys.readouterr().err
+
+
 def _which_but(monkeypatch, name: str, path: str | None) -> None:
     real = shutil.which
     monkeypatch.setattr(od.shutil, "which", lambda cmd, **kw: path if cmd == name else real(cmd, **kw))
