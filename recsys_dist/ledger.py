@@ -35,7 +35,8 @@ moves ``2 (W - 1) / W`` of it each way). A world of one rank moves nothing.
 
 Assumptions of the prediction: every rank has the same batch size ``B``; every example has
 ``P`` ids of a feature (its pooling factor: 1 for one-hot features, ``data.multi_hot_sizes``
-for MLPerf-style fixed bags, else as given); under row_wise, ids spread over the row blocks
+for MLPerf-style fixed bags, else as given; a ``data.schema.multi_hot`` feature without
+``data.multi_hot_sizes`` is counted as 1 and listed in ``unsized_multi_hot``); under row_wise, ids spread over the row blocks
 in proportion to their rows (the counted bytes equal the prediction when they do, e.g. for
 uniformly drawn ids in expectation). Unweighted KJTs (no per-id weights). Only
 EmbeddingBagCollection tables are modelled: EmbeddingCollection (sequence) tables are listed
@@ -86,6 +87,8 @@ class Ledger:
     backward_precision: str = "fp32"
     flows: list[Flow] = field(default_factory=list)
     unmodelled: list[str] = field(default_factory=list)  # tables left out (EmbeddingCollection)
+    # multi-hot features whose bags vary and whose size nobody gave: P = 1 is a guess
+    unsized_multi_hot: list[str] = field(default_factory=list)
 
     def add(self, rank: int, phase: str, table: str, sent: float = 0, received: float = 0) -> None:
         if sent or received:
@@ -128,6 +131,7 @@ class Ledger:
             "per_table": {t: {p: _num(v) for p, v in row.items()} for t, row in self.per_table().items()},
             "totals": {p: _num(v) for p, v in self.totals().items()},
             "unmodelled_tables": self.unmodelled,
+            "unsized_multi_hot": self.unsized_multi_hot,
         }
 
     def text(self, max_tables: int = 40) -> str:
@@ -171,6 +175,12 @@ class Ledger:
         lines.append(f"{'total':<16}" + "".join(f"{human(t[p]):>13}" for p in phases))
         if self.unmodelled:
             lines.append(f"not counted (EmbeddingCollection sequence tables): {', '.join(self.unmodelled)}")
+        if self.unsized_multi_hot:
+            lines.append(
+                f"multi-hot features counted as 1 id per example (their bags vary and data.multi_hot_sizes "
+                f"is not set; set it to their typical bag length for their real bytes): "
+                f"{', '.join(self.unsized_multi_hot)}"
+            )
         return "\n".join(lines)
 
 
@@ -359,6 +369,15 @@ def pooling_from_config(cfg, tables: Iterable) -> dict[str, float]:
     return out
 
 
+def unsized_multi_hot(cfg) -> list[str]:
+    """The ``data.schema.multi_hot`` features whose ids per example :func:`pooling_from_config`
+    takes to be 1 because ``data.multi_hot_sizes`` is not set (their bags may hold any number)."""
+    schema = cfg.data.schema
+    if cfg.data.multi_hot_sizes or schema is None:
+        return []
+    return list(schema.multi_hot)
+
+
 def run_ledger(cfg, dmp, world_size: int, local_world_size: int | None = None) -> Ledger:
     """The ledger of a sharded run: ``dmp``'s plan and tables, ``train.batch_size``,
     ``sharding.comms``, the pooling factors of :func:`pooling_from_config` and the managed-collision
@@ -369,7 +388,7 @@ def run_ledger(cfg, dmp, world_size: int, local_world_size: int | None = None) -
         t for m in dmp.modules() if isinstance(m, ShardedEmbeddingBagCollection) for t in m._embedding_bag_configs
     ]
     comms = cfg.sharding.comms
-    return predict(
+    led = predict(
         dmp.plan,
         tables,
         world_size,
@@ -381,3 +400,5 @@ def run_ledger(cfg, dmp, world_size: int, local_world_size: int | None = None) -
         local_world_size,
         managed_features(dmp),
     )
+    led.unsized_multi_hot = unsized_multi_hot(cfg)
+    return led

@@ -153,6 +153,7 @@ def dry_run(cfg: RunConfig, world_size: int, local_world_size: int, device: str)
         local_world_size,
         ledgers.managed_features(model),
     )
+    ledger.unsized_multi_hot = ledgers.unsized_multi_hot(cfg)
     report = PlanReport(
         world_size,
         local_world_size,

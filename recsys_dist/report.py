@@ -280,6 +280,9 @@ def _ledger_line(ledger: dict) -> str:
     line = f"  wire KiB sent per step (ledger, busiest rank r{top.get('rank', '?')}, output_dist {precision}): {parts}"
     if ledger.get("unmodelled_tables"):
         line += f"; not counted: the EmbeddingCollection tables {', '.join(ledger['unmodelled_tables'])}"
+    unsized = ledger.get("unsized_multi_hot")
+    if isinstance(unsized, list) and unsized:  # recsys_dist.ledger: their bags counted as 1 id
+        line += f" (multi-hot {', '.join(map(str, unsized))} counted as 1 id per example)"
     return line
 
 

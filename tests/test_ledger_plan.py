@@ -122,3 +122,17 @@ def test_comms_refused_when_every_table_is_data_parallel(how):
     with pytest.raises(ConfigError, match="sharding.comms: every table is data_parallel"):
         check_before_launch(cfg)
     check_before_launch(load_config(QUICKSTART, ["distributed.device=cpu", *placed]))  # fine without comms
+
+
+def test_unsized_multi_hot_features_are_flagged_not_silently_one_hot():
+    # MovieLens genres bags hold 2.67 ids on average (ratings_genres_first20000.csv); without
+    # data.multi_hot_sizes the ledger counts 1, which the plan and metrics.jsonl must say.
+    cfg = load_config(ROOT / "configs" / "movielens_deepfm.yaml")
+    led = dry_run(cfg, 2, 2, "cpu").ledger
+    assert led.unsized_multi_hot == ["genres"] and led.to_dict()["unsized_multi_hot"] == ["genres"]
+    assert "multi-hot features counted as 1 id per example" in led.text() and "genres" in led.text()
+    sized = dry_run(
+        load_config(ROOT / "configs" / "movielens_deepfm.yaml", ["data.multi_hot_sizes=[1,1,3]"]), 2, 2, "cpu"
+    )
+    assert sized.ledger.unsized_multi_hot == [] and sized.ledger.pooling["genres"] == 3.0
+    assert dry_run(load_config(QUICKSTART), 2, 2, "cpu").ledger.unsized_multi_hot == []

@@ -283,6 +283,11 @@ def test_report_shows_the_ledger_line(tmp_path):
     with (run / "metrics.jsonl").open("a") as f:
         f.write(json.dumps(ledger) + "\n")
     assert "allreduce 0.5, managed_all_gather 3.0" in rpt.report(run, plots=False)
+    # multi-hot features whose bag size the ledger did not know are named (counted as 1 id)
+    ledger["unsized_multi_hot"], ledger["step"] = ["genres"], 6
+    with (run / "metrics.jsonl").open("a") as f:
+        f.write(json.dumps(ledger) + "\n")
+    assert "(multi-hot genres counted as 1 id per example)" in rpt.report(run, plots=False)
 
 
 def test_report_shows_each_tasks_train_loss(tmp_path):
