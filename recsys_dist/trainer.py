@@ -67,7 +67,7 @@ from recsys_dist.schedule import LRSchedule
 from recsys_dist.sharding import model_tables
 from recsys_dist.spec import FeatureSpec
 from recsys_dist.state import init_tables
-from recsys_dist.train_pipeline import RESTART_AT_CHECKPOINT, make_pipeline
+from recsys_dist.train_pipeline import RESTART_AT_CHECKPOINT, make_pipeline, pipeline_problems
 
 log = logging.getLogger("recsys_dist")
 _TRAINERS_MADE = 0  # a process's first Trainer counts its startup from the process's start
@@ -218,7 +218,8 @@ class Trainer:
 
     Raises:
         ConfigError: ``distributed.nproc_per_node`` > 1 in a single process with neither a
-            launcher nor a process group (it would train one rank only); the run directory
+            launcher nor a process group (it would train one rank only); ``train.pipeline``
+            cannot run on the device (semi_sync, fused_sparse_dist off CUDA); the run directory
             cannot be written; another live run holds it (``recsys_dist.run_dir.RunDirLocked``).
         MetricsError: ``metrics.jsonl`` cannot be written (every rank raises it together).
         CheckpointError: ``resume`` is not a complete checkpoint, or one written by another
@@ -256,6 +257,11 @@ class Trainer:
 
     def _setup(self, resume: str | Path | None, profile_dir: Path | None) -> None:
         cfg, ctx = self.cfg, self._ctx
+        # Before the run directory is taken: a pipeline this device cannot run was refused only
+        # at fit(), after config.yaml, the plan and the ledger line had been written there.
+        problems = pipeline_problems(cfg.train.pipeline, ctx.device.type)
+        if problems:
+            raise ConfigError("invalid config:\n  " + "\n  ".join(problems))
         self._take_run_dir()
         torch.manual_seed(cfg.train.seed)
         if cfg.train.deterministic:

@@ -190,6 +190,21 @@ def test_trainer_refuses_to_train_one_rank_of_several(tmp_path, monkeypatch):
     assert not dist.is_initialized() and not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize("pipeline", ["semi_sync", "fused_sparse_dist"])
+def test_trainer_refuses_a_cuda_pipeline_on_cpu_before_touching_the_run_dir(tmp_path, monkeypatch, pipeline):
+    # it was refused only at fit(), after config.yaml, plan and the ledger line were written
+    import torch.distributed as dist
+
+    for name in LAUNCHER_ENV:
+        monkeypatch.delenv(name, raising=False)
+    cfg = load_config(
+        QUICKSTART, ["distributed.nproc_per_node=1", "distributed.device=cpu", f"train.pipeline={pipeline}"]
+    )
+    with pytest.raises(ConfigError, match=f"train.pipeline: {pipeline} needs CUDA"):
+        recsys_dist.Trainer(cfg, tmp_path / "run")
+    assert not dist.is_initialized() and not (tmp_path / "run").exists()
+
+
 def test_trainer_whose_group_was_destroyed_under_it(tmp_path, monkeypatch, cache_dir):
     """Two Trainers alive in one process: the second uses the first one's group. Closing the
     owner first destroys it; the other then says so (torch only said no group exists), and an
