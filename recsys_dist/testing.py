@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import pickle
 import socket
+import time
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -101,11 +102,28 @@ def run_ranks(
     try:
         import queue as queue_mod
 
+        deadline = time.monotonic() + timeout_s
+        dead_since: float | None = None
         while len(results) < world_size:
             try:
-                rank, status, value = queue.get(timeout=timeout_s)
+                rank, status, value = queue.get(timeout=min(1.0, max(0.01, deadline - time.monotonic())))
             except queue_mod.Empty:
-                raise RuntimeError(f"run_ranks: no result within {timeout_s}s (a rank hung or died)") from None
+                # A rank that died without reporting (killed, or failed before _worker ran, e.g.
+                # a __main__ without its guard under spawn) used to cost the whole timeout.
+                # Its last words may still be in the pipe: give them a few seconds.
+                dead = [
+                    (r, p.exitcode) for r, p in enumerate(procs) if r not in results and p.exitcode not in (None, 0)
+                ]
+                if dead:
+                    dead_since = dead_since or time.monotonic()
+                    if time.monotonic() - dead_since > 5:
+                        raise RuntimeError(
+                            f"run_ranks: rank(s) {[r for r, _ in dead]} died without a result "
+                            f"(exit codes {[c for _, c in dead]}); see their stderr above"
+                        ) from None
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"run_ranks: no result within {timeout_s}s (a rank hung or died)") from None
+                continue
             if status == "err":
                 raise RuntimeError(f"rank {rank} failed:\n{value}")
             results[rank] = pickle.loads(value)
