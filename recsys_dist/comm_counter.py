@@ -197,7 +197,12 @@ class CommCounter:
             self._saved[name] = original
             setattr(dist, name, self._wrap(name, original))
         if self._model is not None:
-            _hook_ddp(self._model)
+            try:
+                _hook_ddp(self._model)
+            except BaseException:
+                # e.g. a DDP that already has a comm hook: leave nothing patched or entered
+                self.__exit__(None, None, None)
+                raise
         return self
 
     def __exit__(self, *exc) -> None:

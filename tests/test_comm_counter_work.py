@@ -58,3 +58,19 @@ def test_wait_timeout_covers_the_injected_delay():
 def test_bad_delay_is_refused(delay_ms):
     with pytest.raises(ValueError, match="delay_ms must be a finite number >= 0"):
         comm_counter.CommCounter(delay_ms=delay_ms)
+
+
+def test_a_failed_entry_leaves_nothing_patched_or_entered():
+    import torch.distributed as dist
+
+    class Broken(torch.nn.Module):
+        def modules(self):  # as a DDP whose comm hook cannot be registered
+            raise RuntimeError("register_comm_hook can only be called once")
+
+    original = dist.all_reduce
+    with pytest.raises(RuntimeError, match="only be called once"):
+        with comm_counter.CommCounter(Broken()):
+            pass
+    assert dist.all_reduce is original and comm_counter.CommCounter._active is None
+    with comm_counter.CommCounter():  # a later counter is not refused as "already counting"
+        pass
