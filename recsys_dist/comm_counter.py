@@ -283,7 +283,8 @@ def _hook_ddp(model) -> None:
     # TorchRec keeps each data_parallel table group's DDP in a plain list (``_lookups``), out
     # of ``modules()``.
     found = list(model.modules())
-    found += [lk for m in found for lk in (getattr(m, "_lookups", None) or []) if isinstance(m, nn.Module)]
+    # only TorchRec's lists: recsys_dist.models.managed keeps a ``_lookups`` tensor (counts)
+    found += [lk for m in found if isinstance(getattr(m, "_lookups", None), (list, nn.ModuleList)) for lk in m._lookups]
     for m in found:
         if isinstance(m, DistributedDataParallel) and not getattr(m, "_recsys_counted", False):
             m.register_comm_hook(m.process_group, _ddp_count_hook)

@@ -74,3 +74,14 @@ def test_a_failed_entry_leaves_nothing_patched_or_entered():
     assert dist.all_reduce is original and comm_counter.CommCounter._active is None
     with comm_counter.CommCounter():  # a later counter is not refused as "already counting"
         pass
+
+
+def test_a_model_with_managed_tables_can_be_counted():
+    # ManagedRemap keeps a ``_lookups`` tensor buffer; entering failed on its truth value
+    # ("Boolean value of Tensor with more than one value is ambiguous")
+    from recsys_dist.models.managed import ManagedRemap, ReplicatedMCH
+
+    model = torch.nn.Sequential(ManagedRemap({"f": ReplicatedMCH(10, "lfu", 1, history_capacity=16)}))
+    with comm_counter.CommCounter(model) as counter:
+        pass
+    assert counter.counts["other"] == {"sent": 0, "received": 0}
