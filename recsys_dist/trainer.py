@@ -43,6 +43,7 @@ from recsys_dist.config import ConfigError, RunConfig
 from recsys_dist.data import feature_names, label_columns, prepare_from_config, tasks
 from recsys_dist.data.loader import ParquetBatchLoader
 from recsys_dist.data.mapping import loader_id_bounds
+from recsys_dist.data.prefetch import auto_prefetch
 from recsys_dist.distributed import (
     DistContext,
     broadcast_result,
@@ -102,7 +103,9 @@ def make_loaders(cfg: RunConfig, ctx: DistContext) -> Loaders:
         num_embeddings=loader_id_bounds(cfg, sizes),
         pin_memory=ctx.device.type == "cuda",
         shuffle_buffer_rows=d.shuffle_buffer_rows,
-        prefetch=d.prefetch,
+        prefetch=d.prefetch
+        if d.prefetch is not None
+        else auto_prefetch(ctx.device.type, ctx.local_world_size, torch.get_num_threads()),
         rank_reads=d.rank_reads,
     )
     eval_bs = cfg.eval.batch_size or cfg.train.batch_size

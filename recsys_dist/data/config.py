@@ -366,11 +366,13 @@ class DataConfig(_Section):
         description="Rows read and shuffled together; bounds the loader's memory "
         "(row groups are also reordered each epoch when a split spans several windows).",
     )
-    prefetch: int = Field(
-        2,
+    prefetch: int | None = Field(
+        None,
         ge=0,
         description="Batches prepared ahead by background threads, handed over in blocks of up to 64 "
-        "(0 = off: read and gather in the training thread).",
+        "(0 = off: read and gather in the training thread). null (default): 2 on CUDA or when the node "
+        "has more cores than its ranks' intra-op threads, else 0 (ranks that take every core lose more "
+        "CPU to the loader's threads than they gain).",
     )
     rank_reads: Literal["global_batch", "row_groups"] = Field(
         "global_batch",

@@ -3,6 +3,7 @@ loader windows, loader batches)."""
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 import weakref
@@ -10,6 +11,21 @@ from collections.abc import Iterator
 from typing import TypeVar
 
 T = TypeVar("T")
+
+AUTO_PREFETCH = 2  # data.prefetch when the node has a core to spare for the loader's threads
+
+
+def auto_prefetch(device_type: str, local_world_size: int, threads_per_rank: int, cpus: int | None = None) -> int:
+    """``data.prefetch: null``: :data:`AUTO_PREFETCH` batches made ahead in background threads
+    on CUDA (the training thread mostly waits for the device) or when the node has more cores
+    than its ranks' intra-op threads (``cpus``, default ``os.cpu_count()``); else 0, everything in
+    the training thread. Where the ranks' threads already take every core, the loader's threads
+    cost more CPU than they hide: 2 ranks x 1 thread on 2 cores, 1.5 ms CPU a step more with
+    prefetch 2 than with 0 at batch 128 (benchmarks/results/step_overhead_ab_cpu2core_20261202.md).
+    """
+    cpus = cpus or os.cpu_count() or 1
+    spare = cpus > local_world_size * max(1, threads_per_rank)
+    return AUTO_PREFETCH if device_type == "cuda" or spare else 0
 
 
 def prefetched(items: Iterator[T], depth: int, name: str = "recsys_dist-prefetch") -> Iterator[T]:

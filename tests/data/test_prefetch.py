@@ -45,3 +45,13 @@ def test_an_unstarted_iterator_that_is_dropped_releases_its_thread():
     while any(t.name == "t-dropped" for t in threading.enumerate()) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not any(t.name == "t-dropped" for t in threading.enumerate())
+
+
+def test_auto_prefetch_only_with_a_core_to_spare():
+    from recsys_dist.data.prefetch import AUTO_PREFETCH, auto_prefetch
+
+    assert auto_prefetch("cpu", 2, 1, cpus=2) == 0  # 2 ranks x 1 thread take both cores
+    assert auto_prefetch("cpu", 1, 1, cpus=2) == AUTO_PREFETCH
+    assert auto_prefetch("cpu", 2, 4, cpus=8) == 0
+    assert auto_prefetch("cpu", 2, 3, cpus=8) == AUTO_PREFETCH
+    assert auto_prefetch("cuda", 8, 16, cpus=8) == AUTO_PREFETCH  # the training thread waits on the GPU
