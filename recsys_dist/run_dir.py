@@ -59,9 +59,17 @@ class RunDirLock:
     """An exclusive ``flock`` on ``RUN_DIR/.lock``; :meth:`release` (or the end of the
     process, however it ends) gives it back."""
 
+    # The locks this process holds, oldest first, and $RECSYS_DIST_RUN_LOCK from before the
+    # first: locks may be released in any order (two Trainers closed owner first), so the
+    # variable names the newest lock still held, never one already given back.
+    _held: list[RunDirLock] = []
+    _env_outside: str | None = None
+
     def __init__(self, run_dir: Path, fd: int) -> None:
         self.run_dir, self._fd = run_dir, fd
-        self._env_before = os.environ.get(LOCK_ENV)
+        if not RunDirLock._held:
+            RunDirLock._env_outside = os.environ.get(LOCK_ENV)
+        RunDirLock._held.append(self)
         os.environ[LOCK_ENV] = str(run_dir)  # ranks started from here inherit it
 
     def release(self) -> None:
@@ -70,10 +78,12 @@ class RunDirLock:
             return
         os.close(self._fd)  # closing the only descriptor drops the flock
         self._fd = None
-        if self._env_before is None:
+        RunDirLock._held.remove(self)
+        env = str(RunDirLock._held[-1].run_dir) if RunDirLock._held else RunDirLock._env_outside
+        if env is None:
             os.environ.pop(LOCK_ENV, None)
         else:
-            os.environ[LOCK_ENV] = self._env_before
+            os.environ[LOCK_ENV] = env
 
     def __enter__(self) -> RunDirLock:
         return self

@@ -2,6 +2,7 @@
 ``recsys_dist.launch``, gives the numbers ``recsys-dist train`` gives for the same config."""
 
 import json
+import os
 import time
 
 import pytest
@@ -217,6 +218,7 @@ def test_trainer_whose_group_was_destroyed_under_it(tmp_path, monkeypatch, cache
     owner = recsys_dist.Trainer(cfg, tmp_path / "a")
     user = recsys_dist.Trainer(cfg, tmp_path / "b")
     owner.close()
+    assert os.environ.get("RECSYS_DIST_RUN_LOCK") == str((tmp_path / "b").absolute())  # the lock still held
     with pytest.raises(RuntimeError, match="process group this Trainer was built on has been destroyed"):
         user.evaluate()
     user.close()
@@ -230,6 +232,9 @@ def test_trainer_whose_group_was_destroyed_under_it(tmp_path, monkeypatch, cache
     assert second.evaluate()["num_examples"] == 200
     second.close()
     assert not dist.is_initialized()
+    # closed out of order, the Trainers left no lock named in the environment (a later run in
+    # one of these directories would have skipped taking its lock)
+    assert "RECSYS_DIST_RUN_LOCK" not in os.environ
 
 
 def test_launch_is_the_function_and_refuses_what_cannot_be_spawned():
