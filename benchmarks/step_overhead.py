@@ -92,7 +92,7 @@ def swapped_loader(trainer, path: str, epoch):
 def thread_cpu() -> dict[str, float]:
     """CPU seconds so far of this process's threads, grouped: ``train`` (the calling thread),
     ``loader`` (Python threads named recsys_dist-*), ``other`` (gloo's, pyarrow's and every
-    other thread). Linux /proc; empty elsewhere. A thread that ends between two calls drops out
+    other thread; ``gloo``: the part of ``other`` in gloo's threads). Linux /proc; empty elsewhere. A thread that ends between two calls drops out
     of the difference (our loader's threads, opened during the previous epoch's validation and
     done with the epoch): the process total (``CPU ms/step``) still counts it."""
     import threading
@@ -100,7 +100,7 @@ def thread_cpu() -> dict[str, float]:
     names = {t.native_id: t.name for t in threading.enumerate()}
     me = threading.get_native_id()
     tick = os.sysconf("SC_CLK_TCK")
-    out = {"train": 0.0, "loader": 0.0, "other": 0.0}
+    out = {"train": 0.0, "loader": 0.0, "other": 0.0, "gloo": 0.0}
     try:
         tasks = os.listdir("/proc/self/task")
     except OSError:
@@ -108,13 +108,16 @@ def thread_cpu() -> dict[str, float]:
     for tid in tasks:
         try:
             with open(f"/proc/self/task/{tid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:  # the thread ended
+                comm, fields = f.read().split(" (", 1)[1].rsplit(")", 1)
+                fields = fields.split()
+        except (OSError, IndexError):  # the thread ended
             continue
         secs = (int(fields[11]) + int(fields[12])) / tick  # utime + stime
         name = names.get(int(tid), "")
         group = "train" if int(tid) == me else "loader" if name.startswith("recsys_dist-") else "other"
         out[group] += secs
+        if group == "other" and "gloo" in comm:
+            out["gloo"] += secs
     return out
 
 
@@ -274,9 +277,10 @@ def main(argv: list[str] | None = None) -> int:
             )
     for r, c in enumerate(res["cpu_ms"]):
         print(
-            f"  rank {r} CPU ms/step by thread (median; train / loader / other incl. gloo): "
+            f"  rank {r} CPU ms/step by thread (median; train / loader / other incl. gloo / of which gloo): "
             + ", ".join(
-                f"{k} " + " / ".join(f"{statistics.median(t[g] for t in v):.2f}" for g in ("train", "loader", "other"))
+                f"{k} "
+                + " / ".join(f"{statistics.median(t[g] for t in v):.2f}" for g in ("train", "loader", "other", "gloo"))
                 for k, v in c["threads"].items()
                 if v and v[0]
             )
