@@ -124,7 +124,10 @@ class _DelayedWork(dist.Work):
         return self._work.exception()
 
     def get_future(self):
-        """A future set ``delay`` after the backend's (DDP's comm hook waits on this one)."""
+        """A future set ``delay`` after the backend's (DDP's comm hook waits on this one); the
+        backend's own without a delay (no timer thread per call when only counting)."""
+        if not self._delay:
+            return self._work.get_future()
         delayed = torch.futures.Future()
 
         def later(fut) -> None:

@@ -46,17 +46,21 @@ class StageTimer:
         self._times: dict[str, float] | None = None
         self.last: dict[str, float] = {}
 
+    def _now(self) -> float:
+        """perf_counter seconds, after the device's queued work (on CUDA), so stage times are real."""
+        if self._device.type == "cuda":
+            torch.cuda.synchronize(self._device)
+        return time.perf_counter()
+
+    def _add(self, key: str, since: float) -> None:
+        self._times[key] = self._times.get(key, 0.0) + (self._now() - since) * 1000
+
     def _timed(self, key: str, fn, *args):
         if self._times is None:
             return fn(*args)
-        cuda = self._device.type == "cuda"
-        if cuda:
-            torch.cuda.synchronize(self._device)
-        t0 = time.perf_counter()
+        t0 = self._now()
         out = fn(*args)
-        if cuda:
-            torch.cuda.synchronize(self._device)
-        self._times[key] = self._times.get(key, 0.0) + (time.perf_counter() - t0) * 1000
+        self._add(key, t0)
         return out
 
     def progress(self, dataloader_iter):

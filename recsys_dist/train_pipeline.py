@@ -22,7 +22,6 @@ semi_sync and fused_sparse_dist need CUDA; on CPU the config check refuses them,
 
 from __future__ import annotations
 
-import time
 from typing import Literal
 
 import torch
@@ -97,12 +96,11 @@ class BasePipeline(StageTimer, TrainPipelineBase):
 
     def _forward_starts(self, *_) -> None:
         if self._times is not None:
-            self._t_forward = time.perf_counter()
+            self._t_forward = self._now()
 
     def _forward_ends(self, *_) -> None:
         if self._times is not None:
-            ms = (time.perf_counter() - self._t_forward) * 1000
-            self._times["time_forward_ms"] = self._times.get("time_forward_ms", 0.0) + ms
+            self._add("time_forward_ms", self._t_forward)
 
     def _next_batch(self, dataloader_iter):
         return self._timed("time_data_ms", super()._next_batch, dataloader_iter)
