@@ -200,9 +200,9 @@ def check_before_launch(cfg, world_size: int | None = None) -> None:
 
         sizes = {t.name: t.num_embeddings for t in embedding_configs(cfg)}
         problems += [f"  {p}" for p in small_table_problems(cfg.sharding, sizes, world)]
-    only_dp = cfg.sharding.sharding_types == ["data_parallel"] and not cfg.sharding.per_table and fixed is None
+    only_dp = _every_table_data_parallel(cfg)
     comms = cfg.sharding.comms
-    if (comms.forward, comms.backward) != ("fp32", "fp32") and _every_table_data_parallel(cfg):
+    if (comms.forward, comms.backward) != ("fp32", "fp32") and only_dp:
         problems.append(
             "  sharding.comms: every table is data_parallel, which has no output_dist to quantize (its "
             "gradients go through DDP's fp32 all-reduce); remove sharding.comms or allow a sharded type"
