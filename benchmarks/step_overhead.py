@@ -65,28 +65,7 @@ def swapped_loader(trainer, path: str, epoch):
         rank_reads=ours.rank_reads,
     )
 
-    def use(loader):
-        # The next epoch's batches, opened during the last validation, came from the loader of the
-        # last epoch: both contenders open theirs here instead, just before their epoch.
-        trainer.loaders.train = loader
-        early = trainer._early_batches
-        if early is not None:
-            early.close()
-            loader.set_epoch(trainer._next_epoch)
-            trainer._early_batches = loader.iter_from(0)
-
-    def run_ours() -> float:
-        use(ours)
-        return epoch()
-
-    def run_theirs() -> float:
-        use(theirs)
-        try:
-            return epoch()
-        finally:
-            trainer.loaders.train = ours
-
-    return run_ours, run_theirs
+    return with_loader(trainer, ours, ours.prefetch, epoch), with_loader(trainer, theirs, ours.prefetch, epoch)
 
 
 def thread_cpu() -> dict[str, float]:
@@ -121,14 +100,17 @@ def thread_cpu() -> dict[str, float]:
     return out
 
 
-def with_prefetch(trainer, prefetch: int, epoch):
-    """``epoch`` run with the train loader's ``data.prefetch`` set to ``prefetch`` for it."""
-    loader = trainer.loaders.train
+def with_loader(trainer, loader, prefetch: int, epoch):
+    """``epoch`` run with ``loader`` as the train loader, its ``data.prefetch`` set to ``prefetch``.
+
+    The next epoch's batches are opened during the last epoch's validation, by whichever loader
+    and setting ran then (and iter_from decides its threads when it opens): each contender
+    opens its own here, just before its epoch, so none runs on another's iterator."""
 
     def run() -> float:
-        saved = loader.prefetch
-        loader.prefetch = prefetch
-        early = trainer._early_batches  # opened with the other setting during the last validation
+        saved, before = loader.prefetch, trainer.loaders.train
+        trainer.loaders.train, loader.prefetch = loader, prefetch
+        early = trainer._early_batches
         if early is not None:
             early.close()
             loader.set_epoch(trainer._next_epoch)
@@ -136,7 +118,7 @@ def with_prefetch(trainer, prefetch: int, epoch):
         try:
             return epoch()
         finally:
-            loader.prefetch = saved
+            trainer.loaders.train, loader.prefetch = before, saved
 
     return run
 
@@ -189,7 +171,9 @@ def measure(rank: int, world: int, spec: dict) -> dict:
 
     run = {"ours": ours, "pipe": rate(pipe_step), "hand": rate(hand_step)}
     if spec.get("prefetch_ab") is not None:  # ours again, with another data.prefetch
-        run[f"ours_p{spec['prefetch_ab']}"] = with_prefetch(trainer, spec["prefetch_ab"], ours)
+        train = trainer.loaders.train
+        run["ours"] = with_loader(trainer, train, train.prefetch, ours)
+        run[f"ours_p{spec['prefetch_ab']}"] = with_loader(trainer, train, spec["prefetch_ab"], ours)
     if spec.get("baseline_loader"):  # ours again, with the train loader of another checkout
         run["ours"], run["ours_base"] = swapped_loader(trainer, spec["baseline_loader"], ours)
     names = list(run)
