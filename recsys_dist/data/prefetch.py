@@ -20,8 +20,8 @@ def auto_prefetch(device_type: str, local_world_size: int, threads_per_rank: int
     on CUDA (the training thread mostly waits for the device) or when the node has more cores
     than its ranks' intra-op threads (``cpus``, default ``os.cpu_count()``); else 0, everything in
     the training thread. Where the ranks' threads already take every core, the loader's threads
-    cost more CPU than they hide: 2 ranks x 1 thread on 2 cores, 1.5 ms CPU a step more with
-    prefetch 2 than with 0 at batch 128 in one paired 8-round A/B
+    cost more CPU than they hide: 2 ranks x 1 thread on 2 cores, 1.0-1.8 ms CPU a step more
+    with prefetch 2 than with 0 at batch 128 in two paired 8-round A/Bs
     (benchmarks/results/step_overhead_ab_cpu2core_20261202.md).
     """
     cpus = cpus or os.cpu_count() or 1
