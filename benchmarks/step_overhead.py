@@ -1,11 +1,13 @@
 """Per-step overhead of our trainer against the hand-written TorchRec loop, at small per-rank batches.
 
     .venv/bin/python benchmarks/step_overhead.py [--batch 128] [--rows 100000] [--copies 20]
-        [--reps 6] [--world 2] [--profile DIR] [--set data.prefetch=0 ...]
+        [--reps 6] [--world 2] [--profile DIR] [--pool-ab] [--stages] [--set data.prefetch=0 ...]
 
 In one spawn of ``--world`` gloo ranks (1 intra-op thread each), interleaved in ABBA order over
 ``--reps`` rounds, one epoch each (``--prefetch-ab N`` adds ``ours_pN``: ours with
-``data.prefetch=N``, the same Trainer, to A/B the loader's background threads in one run):
+``data.prefetch=N``, the same Trainer, to A/B the loader's background threads in one run;
+``--pool-ab`` adds ``ours_mimalloc``: ours with its Parquet windows decoded into pyarrow's
+default pool, see ``recsys_dist/data/parquet_io.py``):
 
 - ``ours``: our Trainer end to end (Parquet -> loader -> pipeline, logging; validation excluded
   from the time, as ``benchmarks/run.py`` item 1);
@@ -17,6 +19,8 @@ In one spawn of ``--world`` gloo ranks (1 intra-op thread each), interleaved in 
 Prints samples/s per round, the medians, and the paired ratios ours/hand, pipe/hand. With
 ``--profile DIR``: one extra epoch of ``ours`` and of ``hand`` under cProfile per rank, written
 to ``DIR/{ours,hand}_rank{r}.prof`` (after the timed rounds, so they do not disturb them).
+With ``--stages``: each contender's seconds per epoch in TorchRec's pipeline stages and in our
+loader's window reads (``read_cpu``: the CPU of the whole process meanwhile), medians per rank.
 """
 
 from __future__ import annotations
@@ -123,6 +127,64 @@ def with_loader(trainer, loader, prefetch: int, epoch):
     return run
 
 
+def with_env(name: str, value: str, epoch):
+    """``epoch`` run with the environment variable ``name`` set to ``value`` (restored after)."""
+
+    def run() -> float:
+        saved = os.environ.get(name)
+        os.environ[name] = value
+        try:
+            return epoch()
+        finally:
+            if saved is None:
+                del os.environ[name]
+            else:
+                os.environ[name] = saved
+
+    return run
+
+
+# What ``--stages`` times in every contender's epoch: TorchRec's pipeline stages and our
+# loader's window read (``read``; ``read_cpu``: the CPU of every thread of the process meanwhile).
+STAGES = (
+    "progress",
+    "fill_pipeline",
+    "_next_batch",
+    "start_sparse_data_dist",
+    "wait_sparse_data_dist",
+    "_backward",
+    "_optimizer_step",
+)
+
+
+def stage_clock() -> dict[str, float]:
+    """Wrap the :data:`STAGES` and the loader's ``_read`` with accumulators (seconds); returns them."""
+    from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
+
+    from recsys_dist.data.loader import ParquetBatchLoader
+
+    acc: dict[str, float] = {}
+
+    def wrap(cls, name: str, key: str, cpu: bool = False) -> None:
+        inner = getattr(cls, name)
+
+        def timed(*args, **kwargs):
+            t, c = time.perf_counter(), time.process_time()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                acc[key] = acc.get(key, 0.0) + time.perf_counter() - t
+                if cpu:
+                    acc[key + "_cpu"] = acc.get(key + "_cpu", 0.0) + time.process_time() - c
+
+        setattr(cls, name, timed)
+
+    for name in STAGES:
+        wrap(TrainPipelineSparseDist, name, name.strip("_"))
+    wrap(ParquetBatchLoader, "_read", "read", cpu=True)
+    return acc
+
+
 def measure(rank: int, world: int, spec: dict) -> dict:
     """run_ranks target: the three contenders, interleaved."""
     warnings.filterwarnings("ignore")
@@ -176,7 +238,15 @@ def measure(rank: int, world: int, spec: dict) -> dict:
         run[f"ours_p{spec['prefetch_ab']}"] = with_loader(trainer, train, spec["prefetch_ab"], ours)
     if spec.get("baseline_loader"):  # ours again, with the train loader of another checkout
         run["ours"], run["ours_base"] = swapped_loader(trainer, spec["baseline_loader"], ours)
+    if spec.get("pool_ab"):  # ours again, its windows decoded into pyarrow's default pool
+        train = trainer.loaders.train
+        run["ours"] = with_loader(trainer, train, train.prefetch, ours)
+        run["ours_mimalloc"] = with_env(
+            "ARROW_DEFAULT_MEMORY_POOL", "mimalloc", with_loader(trainer, train, train.prefetch, ours)
+        )
+    acc = stage_clock() if spec.get("stages") else None
     names = list(run)
+    stages: dict = {k: [] for k in names}  # --stages: seconds per epoch by stage
     res: dict = {k: [] for k in names}
     cpu: dict = {k: [] for k in names}  # this rank's CPU ms per step, every thread of the process
     switches: dict = {k: [] for k in names}  # this rank's context switches per step
@@ -184,13 +254,17 @@ def measure(rank: int, world: int, spec: dict) -> dict:
     for r in range(spec["reps"]):
         for k in names if r % 2 == 0 else names[::-1]:
             c0, u0, t0 = time.process_time(), resource.getrusage(resource.RUSAGE_SELF), thread_cpu()
+            if acc is not None:
+                acc.clear()
             res[k].append(run[k]())
+            if acc is not None:
+                stages[k].append(dict(acc))
             u1, t1 = resource.getrusage(resource.RUSAGE_SELF), thread_cpu()
             threads[k].append({g: (t1[g] - t0.get(g, 0.0)) * 1e3 / steps for g in t1})
             cpu[k].append((time.process_time() - c0) * 1e3 / steps)
             switches[k].append((u1.ru_nvcsw + u1.ru_nivcsw - u0.ru_nvcsw - u0.ru_nivcsw) / steps)
     every = [None] * world
-    dist.all_gather_object(every, {"cpu": cpu, "switches": switches, "threads": threads})
+    dist.all_gather_object(every, {"cpu": cpu, "switches": switches, "threads": threads, "stages": stages})
     if spec.get("profile"):
         out = Path(spec["profile"])
         out.mkdir(parents=True, exist_ok=True)
@@ -213,6 +287,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile", default=None, help="directory for cProfile dumps per rank")
     p.add_argument("--baseline-loader", default=None, help="loader.py of another checkout: ours with it too")
     p.add_argument("--prefetch-ab", type=int, default=None, help="ours also with this data.prefetch (ours_pN)")
+    p.add_argument("--pool-ab", action="store_true", help="ours also with windows decoded into pyarrow's default pool")
+    p.add_argument("--stages", action="store_true", help="seconds per epoch by pipeline stage and loader read")
     p.add_argument("--set", action="append", default=[], help="extra config override for our trainer")
     args = p.parse_args(argv)
     from recsys_dist.testing import run_ranks
@@ -235,6 +311,8 @@ def main(argv: list[str] | None = None) -> int:
             "profile": args.profile,
             "baseline_loader": args.baseline_loader,
             "prefetch_ab": args.prefetch_ab,
+            "pool_ab": args.pool_ab,
+            "stages": args.stages,
         }
         from benchmarks.run import overrides
 
@@ -269,10 +347,22 @@ def main(argv: list[str] | None = None) -> int:
                 if v and v[0]
             )
         )
+    for r, c in enumerate(res["cpu_ms"]):
+        for k, v in c["stages"].items():
+            if v:
+                keys = sorted({key for epoch in v for key in epoch})
+                print(
+                    f"  rank {r} {k} s/epoch (median): "
+                    + ", ".join(f"{key} {statistics.median(e.get(key, 0.0) for e in v):.3f}" for key in keys)
+                )
     print(f"  ours/hand {paired('ours', 'hand'):.3f}   pipe/hand {paired('pipe', 'hand'):.3f}")
     for k in rounds:
         if k.startswith("ours_p"):
             print(f"  {k}/hand {paired(k, 'hand'):.3f}   {k}/ours {paired(k, 'ours'):.3f}")
+    if "ours_mimalloc" in rounds:
+        print(
+            f"  ours_mimalloc/hand {paired('ours_mimalloc', 'hand'):.3f}   ours/ours_mimalloc {paired('ours', 'ours_mimalloc'):.3f}"
+        )
     if "ours_base" in rounds:
         print(f"  ours_base/hand {paired('ours_base', 'hand'):.3f}   ours/ours_base {paired('ours', 'ours_base'):.3f}")
     print(json.dumps({"median": med, "ours/hand": paired("ours", "hand"), "pipe/hand": paired("pipe", "hand")}))

@@ -32,7 +32,8 @@ contiguous run, its lengths a shared tensor of ones. Outputs are identical to th
 gather this replaced. With ``prefetch`` on, reading and gathering run in background threads
 and hand over whole blocks, so the training thread only cuts views (tens of microseconds a
 batch) and no thread wakes up per step: at small batches on ranks that share cores, a
-per-batch hand-over cost more than the batch itself.
+per-batch hand-over cost more than the batch itself. Windows decode into pyarrow's system
+pool (:mod:`recsys_dist.data.parquet_io` says why).
 
 KJT layout of a batch (keys C1..C26, B rows; multi-hot list columns give variable lengths)::
 
@@ -54,6 +55,7 @@ from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from recsys_dist.data.criteo import DataError
+from recsys_dist.data.parquet_io import open_parquet
 from recsys_dist.data.prefetch import prefetched
 
 _INT32 = np.iinfo(np.int32)
@@ -483,7 +485,7 @@ class ParquetBatchLoader:
             while k + len(run) < len(groups) and self.row_groups[groups[k + len(run)]][0] == f:
                 run.append(self.row_groups[groups[k + len(run)]][1])
             if f not in handles:  # opening a Parquet file costs more than reading a row group
-                handles[f] = pq.ParquetFile(self.files[f])
+                handles[f] = open_parquet(self.files[f])  # decodes into the system pool: see parquet_io
             tables.append(handles[f].read_row_groups(run, columns=self.columns))
             k += len(run)
         t = pa.concat_tables(tables)
@@ -528,9 +530,11 @@ class ParquetBatchLoader:
         ids = []
         for j, (name, is_list) in enumerate(zip(self.keys, self.list_features)):
             if is_list:
-                col = t.column(name).combine_chunks()
-                lengths = col.value_lengths().fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
-                parts = [col.flatten().to_numpy(zero_copy_only=False).astype(np.int64)]
+                # Chunk by chunk (combine_chunks would copy the lists into the default pool).
+                pieces = t.column(name).chunks
+                lengths = [c.value_lengths().fill_null(0).to_numpy(zero_copy_only=False) for c in pieces]
+                lengths = joined(lengths, np.empty(n, np.int64))
+                parts = [c.flatten().to_numpy(zero_copy_only=False).astype(np.int64, copy=False) for c in pieces]
             else:
                 parts = chunks(name, np.int64)
             sized = [p for p in parts if p.size]
@@ -541,7 +545,7 @@ class ParquetBatchLoader:
                     f"[{lo}, {hi}] (convert again with the table size in the config)"
                 )
             if is_list:
-                ids.append((lengths, parts[0]))
+                ids.append((lengths, parts[0] if len(parts) == 1 else np.concatenate([np.zeros(0, np.int64), *parts])))
             else:  # joining the row groups' chunks and narrowing to int32 is one pass
                 fits = _INT32.min <= lo and hi <= _INT32.max
                 ids.append(joined(parts, np.empty(n, np.int32 if fits else np.int64)))
