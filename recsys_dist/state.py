@@ -76,18 +76,30 @@ def gather_full_state_dict(sharded: dict) -> dict:
 ROWS_PER_CHUNK = 1 << 16
 
 
-def _chunked_uniform(seed: int, table_index: int, rows: slice, cols: slice, dim: int, scale: float) -> torch.Tensor:
-    """Rows ``rows`` / columns ``cols`` of a table whose row chunk ``c`` is drawn from a
-    generator seeded by (seed, table_index, c): the values never depend on the sharding."""
-    parts = []
-    first, last = rows.start // ROWS_PER_CHUNK, (rows.stop - 1) // ROWS_PER_CHUNK
+def _chunk_generator(seed: int, table_index: int, chunk: int) -> torch.Generator:
+    return torch.Generator().manual_seed(((seed * 1_000_003 + table_index) * 1_000_033 + chunk) % (1 << 62))
+
+
+def _fill_uniform(out: torch.Tensor, seed: int, table_index: int, r0: int, c0: int, dim: int, scale: float) -> None:
+    """Fill ``out`` (rows ``r0...``, columns ``c0...`` of a table of width ``dim``) with the
+    table's values there: row chunk ``c`` is drawn, uniform(-scale, scale) in float32, from a
+    generator seeded by (seed, table_index, c), so the values never depend on the sharding.
+
+    A chunk the shard holds whole (every column, float32 on CPU) is drawn straight into it;
+    others through one chunk-sized buffer, so memory never holds a second copy of the shard."""
+    rows, cols = out.shape
+    first, last = r0 // ROWS_PER_CHUNK, (r0 + rows - 1) // ROWS_PER_CHUNK
+    whole_width = c0 == 0 and cols == dim and out.dtype == torch.float32 and out.device.type == "cpu"
     for c in range(first, last + 1):
-        g = torch.Generator().manual_seed(((seed * 1_000_003 + table_index) * 1_000_033 + c) % (1 << 62))
-        chunk = torch.empty(ROWS_PER_CHUNK, dim).uniform_(-scale, scale, generator=g)
-        lo = max(rows.start - c * ROWS_PER_CHUNK, 0)
-        hi = min(rows.stop - c * ROWS_PER_CHUNK, ROWS_PER_CHUNK)
-        parts.append(chunk[lo:hi, cols])
-    return torch.cat(parts)
+        lo = max(r0 - c * ROWS_PER_CHUNK, 0)
+        hi = min(r0 + rows - c * ROWS_PER_CHUNK, ROWS_PER_CHUNK)
+        dst = out[c * ROWS_PER_CHUNK + lo - r0 : c * ROWS_PER_CHUNK + hi - r0]
+        g = _chunk_generator(seed, table_index, c)
+        if whole_width and lo == 0 and hi == ROWS_PER_CHUNK and dst.is_contiguous():
+            dst.uniform_(-scale, scale, generator=g)  # the same draws, in the same order, as a fresh chunk
+        else:
+            chunk = torch.empty(ROWS_PER_CHUNK, dim).uniform_(-scale, scale, generator=g)
+            dst.copy_(chunk[lo:hi, c0 : c0 + cols])
 
 
 @torch.no_grad()
@@ -118,8 +130,4 @@ def init_tables(sharded: dict, tables: list, seed: int, scales: dict[str, float]
             rows, cols = local.shape
             if rows == 0:
                 continue
-            local.copy_(
-                _chunked_uniform(
-                    seed, index, slice(r0, r0 + rows), slice(c0, c0 + cols), t.embedding_dim, scales[t.name]
-                )
-            )
+            _fill_uniform(local, seed, index, r0, c0, t.embedding_dim, scales[t.name])

@@ -204,3 +204,31 @@ def test_shard_refuses_out_of_range_ids(shard_ranks):
     pipe = r["pipeline"]
     assert len(pipe["losses"]) == 2, pipe
     assert pipe["error"].startswith("feature 'f_t1': id 50 is out of range for table 't1' of 50 rows"), pipe
+
+
+@pytest.mark.parametrize(
+    "r0,rows,c0,cols,dim,dtype",
+    [
+        (0, 200_000, 0, 32, 32, torch.float32),  # whole chunks, drawn in place, then a partial one
+        (70_000, 100_000, 0, 16, 16, torch.float32),  # a row-wise shard starting mid-chunk
+        (5, 7, 0, 8, 8, torch.float32),
+        (0, 131_072, 8, 8, 32, torch.float32),  # a column-wise shard
+        (1_000, 140_000, 0, 16, 16, torch.float16),  # fp16 weights: drawn in float32, then cast
+    ],
+)
+def test_table_init_is_the_chunk_draws_whatever_the_shard(r0, rows, c0, cols, dim, dtype):
+    """init_tables' values of a shard = the rows / columns of full float32 chunks drawn from
+    (seed, table, chunk), as a plain reference computes them; bit for bit."""
+    from recsys_dist import state
+
+    R, seed, table, scale = state.ROWS_PER_CHUNK, 7, 3, 0.05
+    chunks = []
+    for c in range(r0 // R, (r0 + rows - 1) // R + 1):
+        g = torch.Generator().manual_seed(((seed * 1_000_003 + table) * 1_000_033 + c) % (1 << 62))
+        chunks.append(torch.empty(R, dim).uniform_(-scale, scale, generator=g))
+    full = torch.cat(chunks)
+    start = r0 - (r0 // R) * R
+    want = full[start : start + rows, c0 : c0 + cols].to(dtype)
+    got = torch.empty(rows, cols, dtype=dtype)
+    state._fill_uniform(got, seed, table, r0, c0, dim, scale)
+    assert torch.equal(got, want)
