@@ -1,3 +1,7 @@
+import os
+import threading
+import time
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -48,7 +52,7 @@ def test_a_pool_named_in_the_environment_is_respected(tmp_path, track, monkeypat
     default, system = track()
     monkeypatch.setenv("ARROW_DEFAULT_MEMORY_POOL", "mimalloc")
     assert read_pool().max_memory() == default.max_memory()
-    open_parquet(path).read()
+    open_parquet(path).read_row_groups([0], ["label", "I1", "C1"])
     assert default.max_memory() > 0 and system.max_memory() == 0
 
 
@@ -130,3 +134,38 @@ def test_errors_name_the_file_and_row_that_hold_the_bad_value(tmp_path, shuffle)
     pq.write_table(bad.set_column(1, "I1", pa.array(dense)), paths[1], row_group_size=4)
     with pytest.raises(DataError, match=r"bags1.parquet, row 9, column I1: inf is not finite"):
         list(ParquetBatchLoader(paths, 3, 0, 1, ["I1"], ["C1", "C2"], **kw))
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs a FIFO")
+def test_opening_a_file_changes_no_process_wide_pool(tmp_path, monkeypatch):
+    """While a loader thread opens a file (here held in open() on a FIFO, as a slow file
+    system would), other threads keep their default pool, and a ``pa.set_memory_pool`` made
+    meanwhile stands (swapping the default for the open undid it)."""
+    monkeypatch.delenv("ARROW_DEFAULT_MEMORY_POOL", raising=False)
+    before = pa.default_memory_pool()
+    fifo = str(tmp_path / "slow.parquet")
+    os.mkfifo(fifo)
+    errors: list = []
+    opener = threading.Thread(
+        target=lambda: errors.append(pytest.raises((OSError, pa.ArrowInvalid), open_parquet, fifo)), daemon=True
+    )
+    opener.start()
+    mine = pa.proxy_memory_pool(before)
+    _ALIVE.append(mine)
+    try:
+        time.sleep(0.3)  # the opener waits in open() until a writer opens the FIFO
+        assert pa.default_memory_pool().backend_name == before.backend_name
+        pa.set_memory_pool(mine)
+        for _ in range(200):  # let it go: it reads an empty file and fails
+            try:
+                os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+                break
+            except OSError:  # no reader yet
+                time.sleep(0.05)
+        opener.join(10)
+        assert errors and not opener.is_alive()
+        arr = pa.array(list(range(1000)), pa.int64())  # allocated by pyarrow (not a view of numpy)
+        assert mine.bytes_allocated() >= 8000  # still the default pool
+        del arr
+    finally:
+        pa.set_memory_pool(before)
