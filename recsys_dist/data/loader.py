@@ -229,7 +229,7 @@ class ParquetBatchLoader:
 
     Raises:
         DataError: a missing file or column, files with different schemas, no rows with
-            ``drop``; while iterating, an id out of range or a non-finite dense value,
+            ``drop``; while iterating, an id out of range or null or a non-finite dense value,
             naming the file, row (0-based, in that file) and column.
         ValueError: an unknown ``remainder`` or ``rank_reads``.
     """
@@ -476,7 +476,7 @@ class ParquetBatchLoader:
     def _read(self, groups: list[int], first_row: int, handles: dict) -> _Cols:
         """The window's columns as numpy arrays, each joined from its row groups' chunks in one
         copy. One-hot ids whose values fit are narrowed to int32 in that copy: gathering them is
-        about twice as fast, and batches widen them back to int64. Raises DataError for an id
+        about twice as fast, and batches widen them back to int64. Raises DataError for a null id, an id
         out of range, a non-finite dense value or a bad weight, naming the file and row (0-based,
         in that file) that hold it; ``first_row`` (the window's stream position) is not used."""
         tables, k = [], 0
@@ -542,9 +542,18 @@ class ParquetBatchLoader:
                 pieces = t.column(name).chunks
                 lengths = [c.value_lengths().fill_null(0).to_numpy(zero_copy_only=False) for c in pieces]
                 lengths = joined(lengths, np.empty(n, np.int64))
-                parts = [c.flatten().to_numpy(zero_copy_only=False).astype(np.int64, copy=False) for c in pieces]
+                arrays = [c.flatten() for c in pieces]  # the ids; a null list's slots hold none
             else:
-                parts = chunks(name, np.int64)
+                arrays = t.column(name).chunks
+            if any(a.null_count for a in arrays):  # to_numpy would make it a float NaN, then a garbage id
+                first = int(
+                    np.flatnonzero(np.concatenate([a.is_null().to_numpy(zero_copy_only=False) for a in arrays]))[0]
+                )
+                row = int(np.searchsorted(np.cumsum(lengths), first, side="right")) if is_list else first
+                raise DataError(
+                    f"{where(row)}, column {name}: a null id (every id must be set; convert the data again)"
+                )
+            parts = [a.to_numpy(zero_copy_only=False).astype(np.int64, copy=False) for a in arrays]
             sized = [p for p in parts if p.size]
             lo, hi = (min(int(p.min()) for p in sized), max(int(p.max()) for p in sized)) if sized else (0, 0)
             if self.num_embeddings is not None and sized and (lo < 0 or hi >= self.num_embeddings[j]):

@@ -169,3 +169,22 @@ def test_opening_a_file_changes_no_process_wide_pool(tmp_path, monkeypatch):
         del arr
     finally:
         pa.set_memory_pool(before)
+
+
+@pytest.mark.parametrize("column", ["C1", "C2"])
+def test_a_null_id_is_an_error_naming_file_row_and_column(tmp_path, column):
+    """A null id (one-hot, or an item of a multi-hot list) stops the read: it was read as a
+    float NaN and cast to -2**63, an id without a bound check and a bogus one with it."""
+    paths = bag_files(tmp_path, pa.int64())
+    t = pq.read_table(paths[0])
+    if column == "C1":
+        t = t.set_column(2, "C1", pa.array([None if i == 5 else 1 for i in range(13)], pa.int64()))
+    else:
+        c2 = t.column("C2").to_pylist()
+        c2[5] = [1, None]
+        t = t.set_column(3, "C2", pa.array(c2, pa.list_(pa.int64())))
+    pq.write_table(t, paths[0], row_group_size=4)
+    for bounds in (None, [7, 50]):
+        loader = ParquetBatchLoader(paths, 3, 0, 1, ["I1"], ["C1", "C2"], num_embeddings=bounds)
+        with pytest.raises(DataError, match=rf"bags0.parquet, row 5, column {column}: a null id"):
+            list(loader)
