@@ -18,6 +18,7 @@ from collections.abc import Sequence
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from pyarrow import fs
 
 
 def read_pool() -> pa.MemoryPool:
@@ -45,8 +46,8 @@ class PooledParquetFile:
 
     def __init__(self, path: str, pool: pa.MemoryPool) -> None:
         self.reader = pq.ParquetReader(memory_pool=pool)
-        # The file's raw reads (pre-buffered column chunks) come from the pool too.
-        self.reader.open(pa.OSFile(str(path), memory_pool=pool), pre_buffer=True)  # as pq.ParquetFile in pyarrow 26
+        # Opened as pq.ParquetFile opens a local path (pyarrow 26), so that only the decoding moves.
+        self.reader.open(fs.LocalFileSystem().open_input_file(str(path)), pre_buffer=True)
         self._leaves: dict[str, list[int]] = {}  # top-level column -> its leaf columns (a list: one)
         for i, column_path in enumerate(self.reader.column_paths):
             self._leaves.setdefault(column_path[0], []).append(i)
