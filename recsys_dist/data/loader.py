@@ -229,7 +229,7 @@ class ParquetBatchLoader:
 
     Raises:
         DataError: a missing file or column, files with different schemas, no rows with
-            ``drop``; while iterating, an id out of range or null or a non-finite dense value,
+            ``drop``; while iterating, an id out of range or null, a non-finite label or dense value,
             naming the file, row (0-based, in that file) and column.
         ValueError: an unknown ``remainder`` or ``rank_reads``.
     """
@@ -477,7 +477,7 @@ class ParquetBatchLoader:
         """The window's columns as numpy arrays, each joined from its row groups' chunks in one
         copy. One-hot ids whose values fit are narrowed to int32 in that copy: gathering them is
         about twice as fast, and batches widen them back to int64. Raises DataError for a null id, an id
-        out of range, a non-finite dense value or a bad weight, naming the file and row (0-based,
+        out of range, a non-finite label or dense value or a bad weight, naming the file and row (0-based,
         in that file) that hold it; ``first_row`` (the window's stream position) is not used."""
         tables, k = [], 0
         while k < len(groups):  # one read per run of row groups from the same file
@@ -519,6 +519,13 @@ class ParquetBatchLoader:
             labels = np.empty((n, len(self.label_columns)), np.float32)
             for k, name in enumerate(self.label_columns):
                 joined(chunks(name, np.float32), labels[:, k])
+        bad = ~np.isfinite(labels)  # a null reads as NaN: the loss and the metrics would be NaN
+        if bad.any():
+            row, *task = map(int, np.argwhere(bad)[0])
+            raise DataError(
+                f"{where(row)}, column {self.label_columns[task[0] if task else 0]}: label "
+                f"{labels[(row, *task)]} is not finite (null or NaN)"
+            )
         weights = None
         if self.weight_column:
             weights = joined(chunks(self.weight_column, np.float32), np.empty(n, np.float32))

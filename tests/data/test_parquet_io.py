@@ -188,3 +188,29 @@ def test_a_null_id_is_an_error_naming_file_row_and_column(tmp_path, column):
         loader = ParquetBatchLoader(paths, 3, 0, 1, ["I1"], ["C1", "C2"], num_embeddings=bounds)
         with pytest.raises(DataError, match=rf"bags0.parquet, row 5, column {column}: a null id"):
             list(loader)
+
+
+@pytest.mark.parametrize("tasks", [1, 2])
+def test_a_null_or_nan_label_is_an_error_naming_file_row_and_column(tmp_path, tasks):
+    """A label read as NaN (null or NaN) made a NaN loss and NaN metrics without a word."""
+    paths = bag_files(tmp_path, pa.int64())
+    t = pq.read_table(paths[1])
+    labels = [None if i == 3 else 1.0 for i in range(11)]
+    t = t.append_column("label:b", pa.array(labels, pa.float32()))
+    t = t.append_column("label:a", pa.array([float("nan") if i == 7 else 0.0 for i in range(11)], pa.float32()))
+    pq.write_table(t, paths[1], row_group_size=4)
+    t0 = pq.read_table(paths[0])
+    for name in ("label:b", "label:a"):
+        t0 = t0.append_column(name, pa.array(np.zeros(13, np.float32)))
+    pq.write_table(t0, paths[0], row_group_size=4)
+    columns, match = (
+        (["label:a"], r"bags1.parquet, row 7, column label:a: label nan")
+        if tasks == 1
+        else (
+            ["label:a", "label:b"],
+            r"bags1.parquet, row 3, column label:b: label nan",
+        )
+    )
+    loader = ParquetBatchLoader(paths, 3, 0, 1, ["I1"], ["C1", "C2"], label_columns=columns)
+    with pytest.raises(DataError, match=match):
+        list(loader)
