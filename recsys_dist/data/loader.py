@@ -229,8 +229,8 @@ class ParquetBatchLoader:
 
     Raises:
         DataError: a missing file or column, files with different schemas, no rows with
-            ``drop``; while iterating, an id out of range or a non-finite dense value,
-            naming the file, row and column.
+            ``drop``; while iterating, an id out of range or null, a non-finite label or dense value,
+            naming the file, row (0-based, in that file) and column.
         ValueError: an unknown ``remainder`` or ``rank_reads``.
     """
 
@@ -476,8 +476,9 @@ class ParquetBatchLoader:
     def _read(self, groups: list[int], first_row: int, handles: dict) -> _Cols:
         """The window's columns as numpy arrays, each joined from its row groups' chunks in one
         copy. One-hot ids whose values fit are narrowed to int32 in that copy: gathering them is
-        about twice as fast, and batches widen them back to int64. Raises DataError for an id
-        out of range or a non-finite dense value."""
+        about twice as fast, and batches widen them back to int64. Raises DataError for a null id, an id
+        out of range, a non-finite label or dense value or a bad weight, naming the file and row (0-based,
+        in that file) that hold it; ``first_row`` (the window's stream position) is not used."""
         tables, k = [], 0
         while k < len(groups):  # one read per run of row groups from the same file
             f = self.row_groups[groups[k]][0]
@@ -489,8 +490,18 @@ class ParquetBatchLoader:
             tables.append(handles[f].read_row_groups(run, columns=self.columns))
             k += len(run)
         t = pa.concat_tables(tables)
-        where = f"{self.files[self.row_groups[groups[0]][0]]}"
         n = t.num_rows
+
+        def where(row: int) -> str:
+            """``file, row R`` of the window's row ``row``: a window spans row groups of several
+            files, in this epoch's order, so its rows are not the rows of its first file."""
+            for i in groups:
+                f, g, rows = self.row_groups[i]
+                if row < rows:
+                    before = sum(m for f2, g2, m in self.row_groups if f2 == f and g2 < g)
+                    return f"{self.files[f]}, row {before + row}"
+                row -= rows
+            raise AssertionError("row past the window")
 
         def chunks(name: str, dtype) -> list[np.ndarray]:  # zero-copy views when Arrow's type is dtype
             return [c.to_numpy(zero_copy_only=False).astype(dtype, copy=False) for c in t.column(name).chunks]
@@ -508,6 +519,13 @@ class ParquetBatchLoader:
             labels = np.empty((n, len(self.label_columns)), np.float32)
             for k, name in enumerate(self.label_columns):
                 joined(chunks(name, np.float32), labels[:, k])
+        bad = ~np.isfinite(labels)  # a null reads as NaN: the loss and the metrics would be NaN
+        if bad.any():
+            row, *task = map(int, np.argwhere(bad)[0])
+            raise DataError(
+                f"{where(row)}, column {self.label_columns[task[0] if task else 0]}: label "
+                f"{labels[(row, *task)]} is not finite (null or NaN)"
+            )
         weights = None
         if self.weight_column:
             weights = joined(chunks(self.weight_column, np.float32), np.empty(n, np.float32))
@@ -515,8 +533,7 @@ class ParquetBatchLoader:
             if bad.any():
                 row = int(np.flatnonzero(bad)[0])
                 raise DataError(
-                    f"{where}, row {first_row + row}, column {self.weight_column}: {weights[row]} is not a finite "
-                    "weight >= 0"
+                    f"{where(row)}, column {self.weight_column}: {weights[row]} is not a finite weight >= 0"
                 )
         dense = np.empty((n, len(self.dense_names)), np.float32)
         for d, name in enumerate(self.dense_names):
@@ -524,9 +541,7 @@ class ParquetBatchLoader:
         bad = ~np.isfinite(dense)
         if bad.any():
             row, col = map(int, np.argwhere(bad)[0])  # the first bad value in row order
-            raise DataError(
-                f"{where}, row {first_row + row}, column {self.dense_names[col]}: {dense[row, col]} is not finite"
-            )
+            raise DataError(f"{where(row)}, column {self.dense_names[col]}: {dense[row, col]} is not finite")
         ids = []
         for j, (name, is_list) in enumerate(zip(self.keys, self.list_features)):
             if is_list:
@@ -534,15 +549,28 @@ class ParquetBatchLoader:
                 pieces = t.column(name).chunks
                 lengths = [c.value_lengths().fill_null(0).to_numpy(zero_copy_only=False) for c in pieces]
                 lengths = joined(lengths, np.empty(n, np.int64))
-                parts = [c.flatten().to_numpy(zero_copy_only=False).astype(np.int64, copy=False) for c in pieces]
+                arrays = [c.flatten() for c in pieces]  # the ids; a null list's slots hold none
             else:
-                parts = chunks(name, np.int64)
+                arrays = t.column(name).chunks
+            if any(a.null_count for a in arrays):  # to_numpy would make it a float NaN, then a garbage id
+                first = int(
+                    np.flatnonzero(np.concatenate([a.is_null().to_numpy(zero_copy_only=False) for a in arrays]))[0]
+                )
+                row = int(np.searchsorted(np.cumsum(lengths), first, side="right")) if is_list else first
+                raise DataError(
+                    f"{where(row)}, column {name}: a null id (every id must be set; convert the data again)"
+                )
+            parts = [a.to_numpy(zero_copy_only=False).astype(np.int64, copy=False) for a in arrays]
             sized = [p for p in parts if p.size]
             lo, hi = (min(int(p.min()) for p in sized), max(int(p.max()) for p in sized)) if sized else (0, 0)
             if self.num_embeddings is not None and sized and (lo < 0 or hi >= self.num_embeddings[j]):
+                flat = np.concatenate(parts)
+                first = int(np.flatnonzero((flat < 0) | (flat >= self.num_embeddings[j]))[0])
+                row = int(np.searchsorted(np.cumsum(lengths), first, side="right")) if is_list else first
                 raise DataError(
-                    f"{where}, column {name}: ids must lie in [0, {self.num_embeddings[j]}), found "
-                    f"[{lo}, {hi}] (convert again with the table size in the config)"
+                    f"{where(row)}, column {name}: ids must lie in [0, {self.num_embeddings[j]}), found "
+                    f"{flat[first]} (this window's ids span [{lo}, {hi}]; convert again with the table size "
+                    "in the config)"
                 )
             if is_list:
                 ids.append((lengths, parts[0] if len(parts) == 1 else np.concatenate([np.zeros(0, np.int64), *parts])))

@@ -14,12 +14,11 @@ it names.
 from __future__ import annotations
 
 import os
-import threading
+from collections.abc import Sequence
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-
-_SWAP = threading.Lock()  # the default pool is process-wide: one swap at a time
+from pyarrow import fs
 
 
 def read_pool() -> pa.MemoryPool:
@@ -27,22 +26,51 @@ def read_pool() -> pa.MemoryPool:
     return pa.default_memory_pool() if os.environ.get("ARROW_DEFAULT_MEMORY_POOL") else pa.system_memory_pool()
 
 
-def open_parquet(path: str) -> pq.ParquetFile:
-    """``pq.ParquetFile(path)`` whose reads allocate from :func:`read_pool`.
+class PooledParquetFile:
+    """A Parquet file whose row-group reads allocate from one pool (``pq.ParquetFile`` takes
+    none: it builds its reader on the default pool of the moment).
 
-    ``ParquetFile`` takes no pool; its reader keeps the default pool of the moment it is
-    built, so the default is swapped for that moment only (allocations of other threads in
-    that moment go to the system pool too, which frees them alike).
+    Built on ``pq.ParquetReader(memory_pool=...)``, the reader ``pq.ParquetFile`` wraps, so no
+    process-wide setting changes: swapping the default pool while a file opened showed the
+    system pool to every other thread meanwhile, and undid a ``pa.set_memory_pool`` that
+    another thread made then.
+
+    Args:
+        path: a local Parquet file.
+        pool: the pool its reads decode into (held by pointer: it must outlive the reads'
+            buffers, as pyarrow's own pools do).
 
     Raises:
         OSError, pyarrow.ArrowInvalid: as ``pq.ParquetFile`` (missing or not Parquet).
     """
-    if os.environ.get("ARROW_DEFAULT_MEMORY_POOL"):
-        return pq.ParquetFile(path)
-    with _SWAP:
-        before = pa.default_memory_pool()
-        pa.set_memory_pool(read_pool())
-        try:
-            return pq.ParquetFile(path)
-        finally:
-            pa.set_memory_pool(before)
+
+    def __init__(self, path: str, pool: pa.MemoryPool) -> None:
+        self.reader = pq.ParquetReader(memory_pool=pool)
+        # Opened as pq.ParquetFile opens a local path (pyarrow 26), so that only the decoding moves.
+        self.reader.open(fs.LocalFileSystem().open_input_file(str(path)), pre_buffer=True)
+        self._leaves: dict[str, list[int]] = {}  # top-level column -> its leaf columns (a list: one)
+        for i, column_path in enumerate(self.reader.column_paths):
+            self._leaves.setdefault(column_path[0], []).append(i)
+
+    @property
+    def metadata(self) -> pq.FileMetaData:
+        return self.reader.metadata
+
+    def read_row_groups(self, row_groups: Sequence[int], columns: Sequence[str]) -> pa.Table:
+        """As ``pq.ParquetFile.read_row_groups(row_groups, columns=columns)`` (top-level
+        columns; pyarrow's threads decode them).
+
+        Raises:
+            KeyError: a column the file does not have.
+        """
+        leaves = [i for name in columns for i in self._leaves[name]]
+        return self.reader.read_row_groups(list(row_groups), column_indices=leaves, use_threads=True)
+
+
+def open_parquet(path: str) -> PooledParquetFile:
+    """``path`` opened for reads that allocate from :func:`read_pool` (see :class:`PooledParquetFile`).
+
+    Raises:
+        OSError, pyarrow.ArrowInvalid: as ``pq.ParquetFile`` (missing or not Parquet).
+    """
+    return PooledParquetFile(path, read_pool())
