@@ -207,6 +207,12 @@ def check_before_launch(cfg, world_size: int | None = None) -> None:
             "  sharding.comms: every table is data_parallel, which has no output_dist to quantize (its "
             "gradients go through DDP's fp32 all-reduce); remove sharding.comms or allow a sharded type"
         )
+    elif (comms.forward, comms.backward) != ("fp32", "fp32") and world == 1:
+        # Measured: a 1-rank run with fp16 comms gives the fp32 run's numbers to the last bit.
+        problems.append(
+            "  sharding.comms: a job of 1 rank sends nothing between ranks (its output_dist stays in the "
+            "process), so there is nothing to quantize; remove sharding.comms or run on more ranks"
+        )
     if cfg.model.embedding_dim % 4 and not only_dp:
         low = cfg.model.embedding_dim - cfg.model.embedding_dim % 4
         problems.append(

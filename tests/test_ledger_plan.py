@@ -136,3 +136,16 @@ def test_unsized_multi_hot_features_are_flagged_not_silently_one_hot():
     )
     assert sized.ledger.unsized_multi_hot == [] and sized.ledger.pooling["genres"] == 3.0
     assert dry_run(load_config(QUICKSTART), 2, 2, "cpu").ledger.unsized_multi_hot == []
+
+
+def test_comms_refused_on_one_rank():
+    # Measured: 1 rank with fp16 comms trains to the fp32 run's numbers to the last bit (no
+    # all-to-all leaves the process), so sharding.comms there would be silently ignored.
+    cfg = load_config(
+        QUICKSTART, ["sharding.comms.forward=fp16", "distributed.device=cpu", "distributed.nproc_per_node=1"]
+    )
+    with pytest.raises(ConfigError, match="sharding.comms: a job of 1 rank sends nothing between ranks"):
+        check_before_launch(cfg)
+    check_before_launch(cfg, world_size=2)  # torchrun's job of 2 ranks (1 a node): fine
+    with pytest.raises(ConfigError, match="a job of 1 rank"):
+        check_before_launch(load_config(QUICKSTART, ["sharding.comms.backward=fp16", "distributed.device=cpu"]), 1)
