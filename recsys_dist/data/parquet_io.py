@@ -5,7 +5,7 @@ development machine (``benchmarks/results/step_overhead_pool_cpu2core_20261202.m
 window of 196,000 Criteo rows decoded in 0.06-0.16 s the first time, but in 0.3-1.3 s (0.7-1.0 s
 of CPU in pyarrow's threads, no disk reads, no more page faults) once other work had run in
 the process between two epochs, e.g. another model's steps; with the system pool (glibc
-malloc) it stayed at 0.06-0.19 s. That was a serial stall at every epoch's first batch.
+malloc) it stayed at 0.06-0.19 s. That was a serial stall at the first batch of each such epoch.
 
 ``ARROW_DEFAULT_MEMORY_POOL``, when set, is respected: the files then decode into the pool
 it names.
