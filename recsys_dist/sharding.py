@@ -26,6 +26,7 @@ from torchrec.distributed.embedding import EmbeddingCollectionSharder
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.model_parallel import DataParallelWrapper
 from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
+from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
 from torchrec.distributed.planner.storage_reservations import HeuristicalStorageReservation
 from torchrec.distributed.types import CacheParams, ModuleSharder, ShardingPlan, ShardingType
 from torchrec.modules.embedding_configs import BaseEmbeddingConfig, EmbeddingBagConfig, EmbeddingConfig
@@ -484,6 +485,37 @@ def make_topology(cfg, world_size: int, local_world_size: int, compute_device: s
     return Topology(world_size=world_size, local_world_size=local_world_size, compute_device=compute_device, **kwargs)
 
 
+class OrderedEnumerator(EmbeddingEnumerator):
+    """TorchRec's enumerator with each table's sharding types and compute kernels in the
+    sharder's order. TorchRec intersects them as Python sets, whose order follows the process's
+    string-hash seed, and the planner keeps the first of options that tie on cost: two equal
+    runs of the 2-rank quickstart were planned row_wise in one and table_row_wise in the other."""
+
+    def _filter_sharding_types(self, name: str, allowed_sharding_types: list[str], *args, **kwargs) -> list[str]:
+        found = super()._filter_sharding_types(name, allowed_sharding_types, *args, **kwargs)
+        return sorted(found, key=_order(allowed_sharding_types))
+
+    def _filter_compute_kernels(self, name: str, allowed_compute_kernels: list[str], *args, **kwargs) -> list[str]:
+        found = super()._filter_compute_kernels(name, allowed_compute_kernels, *args, **kwargs)
+        return sorted(found, key=_order(allowed_compute_kernels))
+
+
+def _order(allowed: list[str]):
+    """Sort key: the position in ``allowed``, then the name (for anything not in it)."""
+    return lambda x: (allowed.index(x) if x in allowed else len(allowed), x)
+
+
+def planner(topology: Topology, batch_size: int, constraints: dict, reservation: float) -> EmbeddingShardingPlanner:
+    """TorchRec's planner with :class:`OrderedEnumerator`: the same inputs give the same plan in every process."""
+    return EmbeddingShardingPlanner(
+        topology=topology,
+        batch_size=batch_size,
+        constraints=constraints,
+        storage_reservation=HeuristicalStorageReservation(percentage=reservation),
+        enumerator=OrderedEnumerator(topology=topology, batch_size=batch_size, constraints=constraints),
+    )
+
+
 def make_planner(
     cfg,
     tables: list[EmbeddingBagConfig],
@@ -492,11 +524,11 @@ def make_planner(
     compute_device: str,
     batch_size: int | None = None,
 ) -> EmbeddingShardingPlanner:
-    return EmbeddingShardingPlanner(
-        topology=make_topology(cfg, world_size, local_world_size, compute_device),
-        batch_size=batch_size or cfg.sharding.planner_batch_size or cfg.train.batch_size,
-        constraints=constraints(cfg, tables, world_size, local_world_size),
-        storage_reservation=HeuristicalStorageReservation(percentage=cfg.sharding.storage_reservation),
+    return planner(
+        make_topology(cfg, world_size, local_world_size, compute_device),
+        batch_size or cfg.sharding.planner_batch_size or cfg.train.batch_size,
+        constraints(cfg, tables, world_size, local_world_size),
+        cfg.sharding.storage_reservation,
     )
 
 
@@ -963,13 +995,12 @@ def shard(
     if s.fixed_plan is not None:
         plan = fixed_sharding_plan(model, s.fixed_plan, world, local, device.type)
     else:
-        planner = EmbeddingShardingPlanner(
-            topology=make_topology(s, world, local, device.type),
-            batch_size=planner_batch,
-            constraints=table_constraints(s, names, unpooled=unpooled_names(tables)),
-            storage_reservation=HeuristicalStorageReservation(percentage=s.storage_reservation),
-        )
-        plan = planner.collective_plan(model, sharders(s.comms, device.type), pg)
+        plan = planner(
+            make_topology(s, world, local, device.type),
+            planner_batch,
+            table_constraints(s, names, unpooled=unpooled_names(tables)),
+            s.storage_reservation,
+        ).collective_plan(model, sharders(s.comms, device.type), pg)
     check_column_shards(plan)
     dmp = DistributedModelParallel(model, device=device, plan=plan, sharders=sharders(s.comms, device.type))
     fix_replicated_sequence_tables(dmp)

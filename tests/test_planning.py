@@ -73,3 +73,23 @@ def test_column_shards_must_be_multiples_of_4():
         from recsys_dist.preflight import check_before_launch
 
         check_before_launch(load_config(QUICKSTART, ["model.embedding_dim=6", "model.dense_arch_layer_sizes=[6]"]))
+
+
+def test_the_plan_does_not_depend_on_the_string_hash_seed(monkeypatch):
+    """TorchRec's enumerator intersects sharding types as sets (order: the process's hash seed)
+    and the planner keeps the first of tied options: equal runs of the 2-rank quickstart were
+    planned row_wise or table_row_wise. Ours keeps the sharder's order, whatever the sets give."""
+    from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
+
+    def scrambled(parent, reverse: bool):
+        return lambda *a, **k: parent(*a, **k)[:: -1 if reverse else 1]
+
+    plans = []
+    for reverse in (False, True):  # two set orders
+        for name in ("_filter_sharding_types", "_filter_compute_kernels"):
+            monkeypatch.setattr(EmbeddingEnumerator, name, scrambled(getattr(EmbeddingEnumerator, name), reverse))
+        report = dry_run(load_config(QUICKSTART), 2, 2, "cpu")
+        plans.append(sorted((p.table, p.sharding_type, p.compute_kernel) for p in report.placements))
+        monkeypatch.undo()
+    assert plans[0] == plans[1]
+    assert {t for _, t, _ in plans[0]} == {"row_wise"}  # the first of the tie in the sharder's order

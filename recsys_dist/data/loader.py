@@ -154,6 +154,26 @@ def _batch_sums(carry: np.ndarray, weights: np.ndarray, size: int, out: list | d
     return w[full:]
 
 
+def _check_types(path: str, schema: pa.Schema, sparse: set[str]) -> None:
+    """Sparse columns must hold integers (or lists of them), the others numbers: a float id
+    would be truncated to an integer silently, a string fail deep in numpy.
+
+    Raises:
+        DataError: naming the file, the column, its type and the fix.
+    """
+    for field in schema:
+        t = field.type
+        if field.name in sparse:
+            item = t.value_type if pa.types.is_list(t) or pa.types.is_large_list(t) else t
+            if not pa.types.is_integer(item):
+                raise DataError(
+                    f"{path}, column {field.name}: a sparse feature's ids must be integers (or lists of "
+                    f"integers), found {t}; map the values to integer ids first (recsys-dist preprocess does)"
+                )
+        elif not (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)):
+            raise DataError(f"{path}, column {field.name}: must be numeric, found {t}; convert it to numbers first")
+
+
 class _Cols:
     """Columns of a set of rows, one numpy array per column (reading a window from Arrow is
     one copy per column), so a whole window is gathered into batch layout in one pass per column.
@@ -277,6 +297,7 @@ class ParquetBatchLoader:
             if missing:
                 raise DataError(f"{f}: missing columns {missing}")
             picked = pa.schema([file_schema.field(c) for c in self.columns])
+            _check_types(f, picked, set(self.keys))
             if schema is not None and not picked.equals(schema):
                 raise DataError(f"{f}: schema differs from {self.files[0]}: {picked} vs {schema}")
             schema = picked

@@ -214,3 +214,26 @@ def test_a_null_or_nan_label_is_an_error_naming_file_row_and_column(tmp_path, ta
     loader = ParquetBatchLoader(paths, 3, 0, 1, ["I1"], ["C1", "C2"], label_columns=columns)
     with pytest.raises(DataError, match=match):
         list(loader)
+
+
+@pytest.mark.parametrize(
+    "column, values, words",
+    [
+        ("C1", pa.array([1.7, 2.2] * 4), "C1: a sparse feature's ids must be integers .* found double"),
+        ("C2", pa.array(["a", "b"] * 4), "C2: a sparse feature's ids must be integers .* found string"),
+        ("I1", pa.array(["x", "y"] * 4), "I1: must be numeric, found string"),
+        ("label", pa.array(["1", "0"] * 4), "label: must be numeric, found string"),
+    ],
+)
+def test_columns_of_the_wrong_type_are_refused_naming_file_and_column(tmp_path, column, values, words):
+    # A float id column was truncated to integer ids silently (exit 0); strings failed in numpy.
+    import pyarrow.parquet as pq
+
+    from recsys_dist.data.criteo import DataError
+
+    path = write_files(tmp_path, [8])[0]
+    table = pq.read_table(path)
+    table = table.set_column(table.schema.get_field_index(column), column, values)
+    pq.write_table(table, path)
+    with pytest.raises(DataError, match=f"{path}, column {words}"):
+        ParquetBatchLoader(path, 4, 0, 1, DENSE, SPARSE)
