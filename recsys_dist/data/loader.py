@@ -545,7 +545,7 @@ class ParquetBatchLoader:
             row, *task = map(int, np.argwhere(bad)[0])
             raise DataError(
                 f"{where(row)}, column {self.label_columns[task[0] if task else 0]}: label "
-                f"{labels[(row, *task)]} is not finite (null or NaN)"
+                f"{labels[(row, *task)]} is not finite (null or NaN); drop the row or give it a label"
             )
         weights = None
         if self.weight_column:
@@ -562,7 +562,10 @@ class ParquetBatchLoader:
         bad = ~np.isfinite(dense)
         if bad.any():
             row, col = map(int, np.argwhere(bad)[0])  # the first bad value in row order
-            raise DataError(f"{where(row)}, column {self.dense_names[col]}: {dense[row, col]} is not finite")
+            raise DataError(
+                f"{where(row)}, column {self.dense_names[col]}: {dense[row, col]} is not finite (a null reads as "
+                "nan); fill or drop it (recsys-dist preprocess fills missing dense values)"
+            )
         ids = []
         for j, (name, is_list) in enumerate(zip(self.keys, self.list_features)):
             if is_list:
@@ -579,7 +582,8 @@ class ParquetBatchLoader:
                 )
                 row = int(np.searchsorted(np.cumsum(lengths), first, side="right")) if is_list else first
                 raise DataError(
-                    f"{where(row)}, column {name}: a null id (every id must be set; convert the data again)"
+                    f"{where(row)}, column {name}: a null id (every id must be set: give missing values an id "
+                    "of their own, as recsys-dist preprocess does with 0)"
                 )
             parts = [a.to_numpy(zero_copy_only=False).astype(np.int64, copy=False) for a in arrays]
             sized = [p for p in parts if p.size]
