@@ -215,3 +215,16 @@ def test_text_key_is_blake2b_with_an_8_byte_digest():
     assert keys[0] == int.from_bytes(hashlib.blake2b(b"Drama", digest_size=8).digest(), "little")
     assert keys[0] != int.from_bytes(hashlib.blake2b(b"Drama").digest()[:8], "little")
     assert present.tolist() == [True, False]
+
+
+def test_a_null_label_says_missing_and_how_to_skip(tmp_path, cache_dir):
+    # It said "'None' is not 0 or 1 (or set a threshold ...)": no threshold helps a null.
+    import pyarrow as pa
+
+    raw = tmp_path / "raw.parquet"
+    pq.write_table(pa.table({"label": pa.array([1.0, None, 0.0]), "user": pa.array(["a", "b", "c"])}), raw)
+    fmt = SchemaFormat(SchemaConfig(label="label", categorical=["user"]))
+    with pytest.raises(DataError, match=r"raw.parquet, line 2, column label: the label is missing \(null\); drop"):
+        prepare(fmt, raw, 100)
+    p = prepare(fmt, raw, 100, split=(1.0, 0.0, 0.0), on_bad_row="skip")
+    assert json.loads((p.directory / "manifest.json").read_text())["rows_skipped"] == 1
