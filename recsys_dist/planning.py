@@ -111,7 +111,9 @@ def dry_run(cfg: RunConfig, world_size: int, local_world_size: int, device: str)
     """
     # What cannot run on this device is refused as recsys-dist train refuses it (before the
     # sharders, which would fail deep inside on a comms precision the device cannot carry).
-    problems = sharding.comms_problems(cfg.sharding.comms, device) + pipeline_problems(cfg.train.pipeline, device)
+    problems = sharding.comms_problems(cfg.sharding.comms, device, world_size) + pipeline_problems(
+        cfg.train.pipeline, device
+    )
     if problems:
         raise ConfigError("invalid config:\n" + "\n".join(f"  {p}" for p in problems))
     model = build_model(cfg, torch.device("meta"))

@@ -207,12 +207,6 @@ def check_before_launch(cfg, world_size: int | None = None) -> None:
             "  sharding.comms: every table is data_parallel, which has no output_dist to quantize (its "
             "gradients go through DDP's fp32 all-reduce); remove sharding.comms or allow a sharded type"
         )
-    elif (comms.forward, comms.backward) != ("fp32", "fp32") and world == 1:
-        # Measured: a 1-rank run with fp16 comms gives the fp32 run's numbers to the last bit.
-        problems.append(
-            "  sharding.comms: a job of 1 rank sends nothing between ranks (its output_dist stays in the "
-            "process), so there is nothing to quantize; remove sharding.comms or run on more ranks"
-        )
     if cfg.model.embedding_dim % 4 and not only_dp:
         low = cfg.model.embedding_dim - cfg.model.embedding_dim % 4
         problems.append(
@@ -236,14 +230,15 @@ def check_before_launch(cfg, world_size: int | None = None) -> None:
     cuda = torch.cuda.is_available()
     if cfg.distributed.device == "cuda" and not cuda:
         problems.append("  distributed.device: 'cuda' asked for but no CUDA device is visible (use auto or cpu)")
-    if cfg.distributed.device == "cpu" or not cuda:
+    cpu = cfg.distributed.device == "cpu" or not cuda
+    problems += [f"  {p}" for p in comms_problems(comms, "cpu" if cpu else "cuda", world)]
+    if cpu:
         if cfg.train.embedding_optimizer == "adam" and cfg.sharding.sharding_types != ["data_parallel"]:
             problems.append(
                 "  train.embedding_optimizer: FBGEMM's CPU kernels have no Adam for sharded tables; use "
                 "exact_rowwise_adagrad, exact_adagrad or exact_sgd on CPU (or sharding.sharding_types: [data_parallel])"
             )
         problems += [f"  {key}: {k} needs a CUDA device; use fused on CPU" for key, k in uvm_kernels(cfg)]
-        problems += [f"  {p}" for p in comms_problems(cfg.sharding.comms, "cpu")]
         problems += [f"  {p}" for p in pipeline_problems(cfg.train.pipeline, "cpu")]
     if problems:
         raise ConfigError("invalid config:\n" + "\n".join(problems))

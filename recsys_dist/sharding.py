@@ -257,14 +257,23 @@ def check_covered(model: nn.Module, module_sharders: list[ModuleSharder[nn.Modul
             )
 
 
-def comms_problems(comms: CommsConfig, device_type: str) -> list[str]:
-    """Why ``sharding.comms`` cannot run on ``device_type`` (empty when it can).
+def comms_problems(comms: CommsConfig, device_type: str, world_size: int | None = None) -> list[str]:
+    """Why ``sharding.comms`` cannot run on ``device_type`` in a job of ``world_size`` ranks
+    (when known; empty when it can).
 
     TorchRec's ``get_qcomm_codecs_registry`` does not carry bf16 over gloo: on CPU it
-    replaces bf16 by fp16 with a log warning. Refusing it here keeps the config honest."""
+    replaces bf16 by fp16 with a log warning. A job of 1 rank sends nothing between ranks:
+    measured, fp16 comms there give the fp32 run's numbers to the last bit. Refusing both
+    keeps the config honest."""
+    problems = []
+    if world_size == 1 and (comms.forward, comms.backward) != ("fp32", "fp32"):
+        problems.append(
+            "sharding.comms: a job of 1 rank sends nothing between ranks (its output_dist stays in the "
+            "process), so there is nothing to quantize; remove sharding.comms or run on more ranks"
+        )
     if device_type == "cuda":
-        return []
-    return [
+        return problems
+    return problems + [
         f"sharding.comms.{key}: bf16 comms need CUDA (NCCL); TorchRec's gloo/CPU codecs carry fp32 and "
         "fp16 only (they would silently send fp16); use fp16 on CPU"
         for key in ("forward", "backward")
@@ -984,13 +993,13 @@ def shard(
         )
     names = [t.name for t in tables]
     planner_batch = check_shard_config(s, names, device.type, batch_size)
-    problems = comms_problems(s.comms, device.type)
+    pg = pg or dist.group.WORLD
+    world = dist.get_world_size(pg)
+    problems = comms_problems(s.comms, device.type, world)
     if problems:
         raise ValueError("; ".join(problems))
     if init_tables:
         _check_init_range(tables)
-    pg = pg or dist.group.WORLD
-    world = dist.get_world_size(pg)
     local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     if s.fixed_plan is not None:
         plan = fixed_sharding_plan(model, s.fixed_plan, world, local, device.type)

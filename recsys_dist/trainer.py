@@ -263,6 +263,7 @@ class Trainer:
         # Before the run directory is taken: a pipeline this device cannot run was refused only
         # at fit(), after config.yaml, the plan and the ledger line had been written there.
         problems = pipeline_problems(cfg.train.pipeline, ctx.device.type)
+        problems += sharding.comms_problems(cfg.sharding.comms, ctx.device.type, ctx.world_size)
         if problems:
             raise ConfigError("invalid config:\n  " + "\n  ".join(problems))
         self._take_run_dir()

@@ -149,3 +149,18 @@ def test_comms_refused_on_one_rank():
     check_before_launch(cfg, world_size=2)  # torchrun's job of 2 ranks (1 a node): fine
     with pytest.raises(ConfigError, match="a job of 1 rank"):
         check_before_launch(load_config(QUICKSTART, ["sharding.comms.backward=fp16", "distributed.device=cpu"]), 1)
+    # The library's paths refuse it too: the plan dry run and a Trainer (before it takes its run directory).
+    with pytest.raises(ConfigError, match="a job of 1 rank"):
+        dry_run(cfg, 1, 1, "cpu")
+    assert dry_run(cfg, 2, 2, "cpu").ledger is not None
+
+
+def test_a_one_rank_trainer_refuses_comms_before_taking_its_run_directory(tmp_path):
+    from recsys_dist import Trainer
+
+    cfg = load_config(
+        QUICKSTART, ["sharding.comms.forward=fp16", "distributed.device=cpu", "distributed.nproc_per_node=1"]
+    )
+    with pytest.raises(ConfigError, match="sharding.comms: a job of 1 rank"):
+        Trainer(cfg, tmp_path / "run")
+    assert not (tmp_path / "run").exists()
