@@ -993,13 +993,13 @@ def shard(
         )
     names = [t.name for t in tables]
     planner_batch = check_shard_config(s, names, device.type, batch_size)
+    if init_tables:
+        _check_init_range(tables)
     pg = pg or dist.group.WORLD
     world = dist.get_world_size(pg)
     problems = comms_problems(s.comms, device.type, world)
     if problems:
         raise ValueError("; ".join(problems))
-    if init_tables:
-        _check_init_range(tables)
     local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     if s.fixed_plan is not None:
         plan = fixed_sharding_plan(model, s.fixed_plan, world, local, device.type)
