@@ -494,12 +494,12 @@ class ParquetBatchLoader:
             windows = cut([self._groups[i] for i in perm.tolist()])
         return windows
 
-    def _read(self, groups: list[int], first_row: int, handles: dict) -> _Cols:
+    def _read(self, groups: list[int], handles: dict) -> _Cols:
         """The window's columns as numpy arrays, each joined from its row groups' chunks in one
         copy. One-hot ids whose values fit are narrowed to int32 in that copy: gathering them is
         about twice as fast, and batches widen them back to int64. Raises DataError for a null id, an id
         out of range, a non-finite label or dense value or a bad weight, naming the file and row (0-based,
-        in that file) that hold it; ``first_row`` (the window's stream position) is not used."""
+        in that file) that hold it."""
         tables, k = [], 0
         while k < len(groups):  # one read per run of row groups from the same file
             f = self.row_groups[groups[k]][0]
@@ -623,7 +623,7 @@ class ParquetBatchLoader:
             n = sum(self.row_groups[i][2] for i in groups)
             lo, hi = max(pos, skip_until), min(pos + n, end)
             if hi > lo:
-                cols = self._read(groups, pos, handles)
+                cols = self._read(groups, handles)
                 positions = np.arange(lo, hi)
                 mine = positions[(positions // B) % W == r] if W > 1 else positions
                 perm = np.random.default_rng(self._seed(w)).permutation(n) if self.shuffle else None

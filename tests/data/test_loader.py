@@ -192,9 +192,9 @@ def test_row_groups_mode_reads_own_groups_equal_steps_every_row_once(tmp_path, w
     read = {}
     orig = ParquetBatchLoader._read
 
-    def spy(self, groups, first_row, handles):
+    def spy(self, groups, handles):
         read.setdefault(self.rank, []).extend(groups)
-        return orig(self, groups, first_row, handles)
+        return orig(self, groups, handles)
 
     monkeypatch.setattr(ParquetBatchLoader, "_read", spy)
     bs = 3

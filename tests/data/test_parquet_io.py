@@ -113,7 +113,7 @@ def test_sliced_chunks_of_a_list_column(tmp_path):
             t = pq.read_table(path, columns=columns)
             return t.set_column(t.schema.get_field_index("C2"), "C2", pa.chunked_array(chunks))
 
-    lengths, values = loader._read([0], 0, {0: Handle()}).ids[1]
+    lengths, values = loader._read([0], {0: Handle()}).ids[1]
     assert lengths.tolist() == [1, 0, 0, 2, 1, 0] and values.tolist() == [1, 2, 3, 4]
 
 
