@@ -154,6 +154,10 @@ def _batch_sums(carry: np.ndarray, weights: np.ndarray, size: int, out: list | d
     return w[full:]
 
 
+def _is_list(t: pa.DataType) -> bool:
+    return pa.types.is_list(t) or pa.types.is_large_list(t)
+
+
 def _check_types(path: str, schema: pa.Schema, sparse: set[str]) -> None:
     """Sparse columns must hold integers (or lists of them), the others numbers: a float id
     would be truncated to an integer silently, a string fail deep in numpy.
@@ -164,7 +168,7 @@ def _check_types(path: str, schema: pa.Schema, sparse: set[str]) -> None:
     for field in schema:
         t = field.type
         if field.name in sparse:
-            item = t.value_type if pa.types.is_list(t) or pa.types.is_large_list(t) else t
+            item = t.value_type if _is_list(t) else t
             if not pa.types.is_integer(item):
                 raise DataError(
                     f"{path}, column {field.name}: a sparse feature's ids must be integers (or lists of "
@@ -302,14 +306,7 @@ class ParquetBatchLoader:
                 raise DataError(f"{f}: schema differs from {self.files[0]}: {picked} vs {schema}")
             schema = picked
             self.row_groups += [(i, g, meta.row_group(g).num_rows) for g in range(meta.num_row_groups)]
-        self.list_features = (
-            [
-                pa.types.is_list(schema.field(n).type) or pa.types.is_large_list(schema.field(n).type)
-                for n in sparse_names
-            ]
-            if schema is not None
-            else [False] * len(sparse_names)
-        )
+        self.list_features = [schema is not None and _is_list(schema.field(n).type) for n in sparse_names]
         self.num_rows = sum(n for *_, n in self.row_groups)
         self.path, self.batch_size, self.rank, self.world_size = self.files[0], batch_size, rank, world_size
         self.shuffle, self.seed, self.remainder = shuffle, seed, remainder
