@@ -22,7 +22,8 @@ def auto_prefetch(device_type: str, local_world_size: int, threads_per_rank: int
     the training thread. Where the ranks' threads already take every core, the loader's threads
     cost more CPU than they hide: 2 ranks x 1 thread on 2 cores, 1.0-1.8 ms CPU a step more
     with prefetch 2 than with 0 at batch 128 in two paired 8-round A/Bs
-    (benchmarks/results/step_overhead_ab_cpu2core_20261202.md).
+    (benchmarks/results/step_overhead_ab_cpu2core_20261202.md; a size not separated from the
+    A/Bs' block-of-epochs effect, see its caveat).
     """
     cpus = cpus or os.cpu_count() or 1
     spare = cpus > local_world_size * max(1, threads_per_rank)
