@@ -29,8 +29,18 @@ def free_port() -> int:
 
 
 def _worker(
-    rank: int, world_size: int, port: int, fn: Callable, args: tuple, queue, backend: str, env: dict | None
+    rank: int,
+    world_size: int,
+    port: int,
+    fn: Callable,
+    args: tuple,
+    queue,
+    backend: str,
+    env: dict | None,
+    pg_timeout_s: float | None = None,
 ) -> None:
+    from datetime import timedelta
+
     import torch
     import torch.distributed as dist
 
@@ -49,7 +59,8 @@ def _worker(
     try:
         if backend == "nccl":
             torch.cuda.set_device(rank)
-        dist.init_process_group(backend, rank=rank, world_size=world_size)
+        timeout = None if pg_timeout_s is None else timedelta(seconds=pg_timeout_s)
+        dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timeout)
         result = fn(rank, world_size, *args)
         # Plain pickle copies tensor data; torch's multiprocessing pickler would pass shared
         # memory handles that die with this process.
@@ -68,6 +79,7 @@ def run_ranks(
     timeout_s: float = 300.0,
     backend: str = "gloo",
     start_method: str | None = None,
+    pg_timeout_s: float | None = None,
 ) -> list:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` new ranks (gloo, or nccl on GPUs).
 
@@ -77,6 +89,10 @@ def run_ranks(
     this process; the ranks get this process's current environment. ``"spawn"`` (default
     for nccl) starts fresh interpreters. Plain ``fork`` is not offered: a copy of an OpenMP
     pool this process used hangs a rank that computes on more than one thread.
+
+    ``pg_timeout_s``: the process group's timeout (None: torch's default, 30 min for gloo).
+    A short one makes ranks that wait in different collectives raise there, naming the
+    collective in the traceback, instead of waiting for ``timeout_s``.
 
     ``fn`` must be importable (defined at module level); its return value must pickle.
     Returns the results in rank order. Raises RuntimeError with the first failing rank's
@@ -93,7 +109,9 @@ def run_ranks(
     queue = ctx.Queue()
     port = free_port()
     procs = [
-        ctx.Process(target=_worker, args=(r, world_size, port, fn, args, queue, backend, env), daemon=True)
+        ctx.Process(
+            target=_worker, args=(r, world_size, port, fn, args, queue, backend, env, pg_timeout_s), daemon=True
+        )
         for r in range(world_size)
     ]
     for p in procs:

@@ -25,15 +25,19 @@ from recsys_dist.spec import FeatureSpec
 @torch.fx.wrap
 def padded_sequence(out: dict[str, JaggedTensor], key: str) -> tuple[torch.Tensor, torch.Tensor]:
     """(values [B, L, E] zero-padded after each sequence's end, mask [B, L] float 1/0) of one
-    feature of an EmbeddingCollection's output; L = the batch's longest sequence (0 when all
-    are empty)."""
+    feature of an EmbeddingCollection's output; L = the batch's longest sequence, at least 1.
+
+    The values always come from ``jt.values()`` through ``to_padded_dense``, also when every
+    sequence of the batch is empty (a rank's share of a padded last batch, or a batch of
+    first events): the sharded EmbeddingCollection's output_dist then gets its (empty)
+    gradient in backward and runs its backward all-to-all like every other rank. Zeros made
+    apart from the graph would skip that collective on this rank only, and the ranks would
+    wait in different collectives until the process group's timeout. A padded position of
+    mask 0 adds nothing: L = 1 for empty sequences gives the same summaries as L = 0."""
     jt = out[key]
     lengths = jt.lengths()
-    longest = int(lengths.max()) if lengths.numel() else 0
-    if longest:
-        values = jt.to_padded_dense(desired_length=longest)
-    else:  # every sequence of the batch is empty
-        values = jt.values().new_zeros(lengths.numel(), 0, jt.values().shape[-1])
+    longest = max(int(lengths.max()), 1) if lengths.numel() else 1
+    values = jt.to_padded_dense(desired_length=longest)
     mask = (torch.arange(longest, device=lengths.device)[None, :] < lengths[:, None]).to(values.dtype)
     return values, mask
 
