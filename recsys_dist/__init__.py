@@ -70,9 +70,9 @@ if TYPE_CHECKING:
     # tests/api/test_typing.py keeps the two lists equal. ("X as X": an explicit re-export.)
     from recsys_dist.callbacks import Callback as Callback
     from recsys_dist.checkpoint import latest_checkpoint as latest_checkpoint
-    from recsys_dist.config import ConfigError as ConfigError
-    from recsys_dist.config import RunConfig as RunConfig
-    from recsys_dist.config import load_config as load_config
+    from recsys_dist.config.base import ConfigError as ConfigError
+    from recsys_dist.config.loader import load_config as load_config
+    from recsys_dist.config.run import RunConfig as RunConfig
     from recsys_dist.data import prepare_from_config as _prepare_from_config
     from recsys_dist.data.loader import CTRBatch as CTRBatch
     from recsys_dist.data.loader import ParquetBatchLoader as ParquetBatchLoader
@@ -93,14 +93,16 @@ if TYPE_CHECKING:
     prepare = _prepare_from_config
 
 
-def __getattr__(name: str) -> object:
-    if name in _API:
-        import importlib
+if not TYPE_CHECKING:  # hidden from type checkers, so that a name not in the API is an error there
 
-        module = importlib.import_module(_API[name])
-        attr = "prepare_from_config" if name == "prepare" else name
-        return getattr(module, attr)
-    raise AttributeError(f"module 'recsys_dist' has no attribute {name!r}")
+    def __getattr__(name: str) -> object:
+        if name in _API:
+            import importlib
+
+            module = importlib.import_module(_API[name])
+            attr = "prepare_from_config" if name == "prepare" else name
+            return getattr(module, attr)
+        raise AttributeError(f"module 'recsys_dist' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
@@ -14,6 +15,9 @@ from recsys_dist.models.registry import get_model
 from recsys_dist.models.task import CTRTask
 from recsys_dist.spec import FIRST_ORDER_DIM, FeatureSpec, make_sequence_tables, make_tables
 
+if TYPE_CHECKING:
+    from recsys_dist.config.run import RunConfig
+
 
 def table_sizes(cfg) -> list[int]:
     """Rows per ``t_<feature>`` table as configured (``data.num_embeddings``). Under vocabulary
@@ -24,7 +28,7 @@ def table_sizes(cfg) -> list[int]:
 
 
 def feature_spec(
-    cfg,
+    cfg: RunConfig,
     num_embeddings: list[int] | None = None,
     device: torch.device | None = None,
     embedding_device: torch.device | None = None,
