@@ -101,6 +101,21 @@ def test_a_model_optimizer_and_scheduler_from_python_train_as_named_in_the_confi
     )
     assert halved == sgd_named
 
+    # Resumed mid-run, a momentum optimizer's state and a step-dependent schedule continue:
+    # steps 7-12 from the step-6 checkpoint equal the uninterrupted run's.
+    def parts():
+        return dict(
+            model=lambda spec: DotTower(spec, hidden=32),
+            dense_optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9),
+            lr_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0 / (1 + step)),
+        )
+
+    every_6 = ["checkpoint.enabled=true", "checkpoint.every_n_steps=6"]
+    whole = fit(every_6, "whole", **parts())
+    resumed = fit(every_6, "resumed", resume=tmp_path / "whole" / "checkpoints" / "step_00000006", **parts())
+    assert resumed == whole[6:]
+    assert whole != halved
+
 
 def sgd_at(lr):
     return lambda params: torch.optim.SGD(params, lr=lr)
