@@ -263,6 +263,8 @@ class Trainer:
             launcher nor a process group (it would train one rank only); ``train.pipeline``
             cannot run on the device (semi_sync, fused_sparse_dist off CUDA); the run directory
             cannot be written; another live run holds it (``recsys_dist.run_dir.RunDirLocked``).
+        TypeError: ``model`` / ``dense_optimizer`` / ``lr_scheduler`` not callable, or a
+            callback that is not a :class:`recsys_dist.callbacks.Callback`.
         MetricsError: ``metrics.jsonl`` cannot be written (every rank raises it together).
         CheckpointError: ``resume`` is not a complete checkpoint, or one written by another
             model config.
