@@ -112,7 +112,13 @@ def load_checkpoint(
         CheckpointError: no complete checkpoint at ``path``; one that is damaged; or one that
             lacks an entry of this model / optimizer or holds it in another shape (naming it).
     """
-    found = ckpt.named_checkpoint(Path(path))
+    where = Path(path)
+    if where.is_dir() and not (where / "checkpoints").is_dir() and not (where / ".metadata").exists():
+        raise ckpt.CheckpointError(
+            f"{where}: no complete checkpoint there (neither a checkpoint directory nor a run directory "
+            "with checkpoints/); save_checkpoint(run_dir, ...) writes run_dir/checkpoints/step_N"
+        )
+    found = ckpt.named_checkpoint(where)
     meta = ckpt.read_meta(found)
     ctx = _context(model)
     saved = ckpt.checkpoint_keys(found)
