@@ -18,7 +18,9 @@ $(VENV)/.installed: pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet $(TORCH) $(FBGEMM)
-	$(PY) -m pip install --quiet -e '.[test]'
+	@# compat: a plain path in site-packages, which mypy and pyright follow (they do not run the
+	@# import hook of the default editable install, and would see no recsys_dist).
+	$(PY) -m pip install --quiet -e '.[test]' --config-settings editable_mode=compat
 	@# Last, and without its declared deps: torchrec's metadata names the CUDA build fbgemm-gpu.
 	$(PY) -m pip install --quiet --no-deps $(TORCHREC)
 	$(PY) -c "import recsys_dist, torchrec; print('recsys_dist environment ready')"

@@ -5,15 +5,16 @@ The public API (``recsys_dist.<name>``; docs/api.md), loaded lazily so that
 
 - config: :func:`load_config`, :class:`RunConfig`, :class:`ConfigError`
 - training: :class:`Trainer` (``fit``, ``evaluate``, ``predict``, ``save_checkpoint``,
-  ``close``), :func:`launch` (start N ranks from a script or notebook)
+  ``close``), :class:`Callback` (the Trainer's step / validation hooks), :func:`launch` (start N ranks from a script or notebook)
 - models: :class:`FeatureSpec`, :func:`register_model`, :func:`register_loss`,
   :func:`build_model`, :func:`feature_spec`
 - sharding: :func:`shard` (plan and wrap your own model in DistributedModelParallel)
 - data: :func:`prepare` (raw files -> cached Parquet splits), :class:`ParquetBatchLoader`,
   :class:`CTRBatch`
 - metrics: :func:`binary_metrics`, :class:`StreamingBinaryMetrics`, :func:`gather_predictions`
-- checkpoints: :func:`save_checkpoint`, :func:`load_checkpoint`, :func:`latest_checkpoint`,
-  :func:`load_model` (an unsharded model from a run, checkpoint or export)
+- checkpoints: :func:`save_checkpoint`, :func:`load_checkpoint` (your own loop's model and
+  optimizers, ``recsys_dist.loop_checkpoint``), :func:`latest_checkpoint`, :func:`load_model`
+  (an unsharded model from a run, checkpoint or export)
 
 Package map: ``config/`` (loader, RunConfig), ``data/`` (formats, conversion, loader),
 ``models/`` (registry, zoo, losses, task), ``spec`` (FeatureSpec), ``sharding`` / ``planning``
@@ -22,6 +23,8 @@ Package map: ``config/`` (loader, RunConfig), ``data/`` (formats, conversion, lo
 ``metrics_writer`` (metrics.jsonl), ``run_dir`` (the run directory's rules, CLI and Trainer),
 ``metrics``, ``checkpoint``, ``export``, ``report``, ``cli``.
 """
+
+from typing import TYPE_CHECKING
 
 from recsys_dist.versions import check_versions
 
@@ -35,6 +38,7 @@ _API = {
     "RunConfig": "recsys_dist.config",
     "ConfigError": "recsys_dist.config",
     "Trainer": "recsys_dist.trainer",
+    "Callback": "recsys_dist.callbacks",
     "FeatureSpec": "recsys_dist.spec",
     "register_model": "recsys_dist.models",
     "register_loss": "recsys_dist.models",
@@ -47,8 +51,8 @@ _API = {
     "binary_metrics": "recsys_dist.metrics",
     "StreamingBinaryMetrics": "recsys_dist.metrics",
     "gather_predictions": "recsys_dist.metrics",
-    "save_checkpoint": "recsys_dist.checkpoint",
-    "load_checkpoint": "recsys_dist.checkpoint",
+    "save_checkpoint": "recsys_dist.loop_checkpoint",
+    "load_checkpoint": "recsys_dist.loop_checkpoint",
     "latest_checkpoint": "recsys_dist.checkpoint",
     "load_model": "recsys_dist.export",
 }
@@ -60,15 +64,45 @@ __all__ = sorted([*_API, "launch"]) + ["__version__"]
 # is light; torch loads when ``launch`` is called.
 from recsys_dist.launch import launch  # noqa: E402, F401
 
+if TYPE_CHECKING:
+    # What type checkers see: the names of _API with their real types (mypy and pyright do not
+    # look through a module-level __getattr__). At run time they load lazily, below;
+    # tests/api/test_typing.py keeps the two lists equal. ("X as X": an explicit re-export.)
+    from recsys_dist.callbacks import Callback as Callback
+    from recsys_dist.checkpoint import latest_checkpoint as latest_checkpoint
+    from recsys_dist.config.base import ConfigError as ConfigError
+    from recsys_dist.config.loader import load_config as load_config
+    from recsys_dist.config.run import RunConfig as RunConfig
+    from recsys_dist.data import prepare_from_config as _prepare_from_config
+    from recsys_dist.data.loader import CTRBatch as CTRBatch
+    from recsys_dist.data.loader import ParquetBatchLoader as ParquetBatchLoader
+    from recsys_dist.export import load_model as load_model
+    from recsys_dist.loop_checkpoint import load_checkpoint as load_checkpoint
+    from recsys_dist.loop_checkpoint import save_checkpoint as save_checkpoint
+    from recsys_dist.metrics import StreamingBinaryMetrics as StreamingBinaryMetrics
+    from recsys_dist.metrics import binary_metrics as binary_metrics
+    from recsys_dist.metrics import gather_predictions as gather_predictions
+    from recsys_dist.models import build_model as build_model
+    from recsys_dist.models import feature_spec as feature_spec
+    from recsys_dist.models import register_loss as register_loss
+    from recsys_dist.models import register_model as register_model
+    from recsys_dist.sharding import shard as shard
+    from recsys_dist.spec import FeatureSpec as FeatureSpec
+    from recsys_dist.trainer import Trainer as Trainer
 
-def __getattr__(name: str):
-    if name in _API:
-        import importlib
+    prepare = _prepare_from_config
 
-        module = importlib.import_module(_API[name])
-        attr = "prepare_from_config" if name == "prepare" else name
-        return getattr(module, attr)
-    raise AttributeError(f"module 'recsys_dist' has no attribute {name!r}")
+
+if not TYPE_CHECKING:  # hidden from type checkers, so that a name not in the API is an error there
+
+    def __getattr__(name: str) -> object:
+        if name in _API:
+            import importlib
+
+            module = importlib.import_module(_API[name])
+            attr = "prepare_from_config" if name == "prepare" else name
+            return getattr(module, attr)
+        raise AttributeError(f"module 'recsys_dist' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:

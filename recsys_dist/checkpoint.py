@@ -200,7 +200,7 @@ def _global_bytes(ctx: DistContext, state: dict) -> int:
     return total
 
 
-def latest_checkpoint(run_dir: Path) -> Path | None:
+def latest_checkpoint(run_dir: str | os.PathLike[str]) -> Path | None:
     """The newest complete checkpoint of a run directory, or None.
 
     Uses ``checkpoints/latest``; if that names a missing directory (deleted by hand), falls

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 from torchrec.optim import optimizers as trec_optim
@@ -60,6 +62,7 @@ def build_optimizer(
     dense_lr: float,
     dense_grad_clip_norm: float | None = None,
     embedding_weight_decay: float = 0.0,
+    dense_factory: Callable[[list[nn.Parameter]], torch.optim.Optimizer] | None = None,
 ) -> CombinedOptimizer:
     """All optimizers of a DistributedModelParallel as one KeyedOptimizer.
 
@@ -67,7 +70,9 @@ def build_optimizer(
     - data-parallel tables: their parameters are replicated and DDP-averaged, and TorchRec
       does not fuse an optimizer into them; they get the same algorithm as the fused tables
       (torchrec's RowWiseAdagrad / Adagrad / SGD / Adam), stepped after backward;
-    - everything else (the dense tower): ``dense_optimizer``.
+    - everything else (the dense tower): ``dense_optimizer`` at ``dense_lr``, or
+      ``dense_factory(params)`` when given (``Trainer(dense_optimizer=...)``; then
+      ``dense_optimizer`` and ``dense_lr`` are not used).
 
     Note: FBGEMM's Adam updates only rows present in the batch; the data-parallel Adam
     updates every row whose moments are non-zero.
@@ -81,7 +86,8 @@ def build_optimizer(
     # path's several ops per tensor (docs/design/0010-trainer-epoch-start-and-fused-dense-optimizer.md).
     on_cpu = all(p.device.type == "cpu" for p in dense.values())
     fused = {"fused": True} if on_cpu and dense and dense_optimizer in ("adagrad", "adam", "adamw") else {}
-    dense_opt = KeyedOptimizerWrapper(dense, lambda ps: dense_cls(ps, lr=dense_lr, **fused))
+    make = dense_factory or (lambda ps: dense_cls(ps, lr=dense_lr, **fused))
+    dense_opt = KeyedOptimizerWrapper(dense, lambda ps: _checked(make(list(ps))))
     if dense_grad_clip_norm:
         dense_opt = GradientClippingOptimizer(
             dense_opt, max_gradient=dense_grad_clip_norm, clipping=GradientClipping.NORM
@@ -93,6 +99,21 @@ def build_optimizer(
             kwargs = {**kwargs, "weight_decay": embedding_weight_decay}
         optimizers.append(KeyedOptimizerWrapper(dp_tables, lambda ps: emb_cls(ps, lr=embedding_lr, **kwargs)))
     return CombinedOptimizer(optimizers)
+
+
+def _checked(opt: object) -> torch.optim.Optimizer:
+    if not isinstance(opt, torch.optim.Optimizer):
+        raise TypeError(f"the dense optimizer factory returned {type(opt).__name__}, not a torch.optim.Optimizer")
+    return opt
+
+
+def dense_torch_optimizer(optimizer: CombinedOptimizer) -> torch.optim.Optimizer:
+    """The torch optimizer of the dense parameters inside :func:`build_optimizer`'s result (the
+    one an LR scheduler drives)."""
+    inner = optimizer.optimizers[1][1]
+    while not isinstance(inner, KeyedOptimizerWrapper):  # GradientClippingOptimizer wraps it
+        inner = inner._optimizer
+    return inner._optimizer
 
 
 def init_lazy_state(optimizer: CombinedOptimizer, fused: object = None) -> None:

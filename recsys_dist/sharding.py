@@ -16,7 +16,7 @@ plan time): DMP would otherwise replicate it silently.
 from __future__ import annotations
 
 import os
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 import torch.distributed as dist
@@ -33,6 +33,9 @@ from torchrec.modules.embedding_configs import BaseEmbeddingConfig, EmbeddingBag
 
 from recsys_dist.config.base import ConfigError
 from recsys_dist.config.base import Section as _Section
+
+if TYPE_CHECKING:
+    from torchrec.distributed import DistributedModelParallel
 
 SHARDING_TYPES = (
     "data_parallel",
@@ -903,7 +906,7 @@ def shard(
     seed: int = 0,
     init_tables: bool = True,
     check_ids: bool = True,
-):
+) -> DistributedModelParallel:
     """Shard any ``nn.Module`` holding TorchRec EmbeddingBagCollections (pooled tables) and
     EmbeddingCollections (unpooled, per-position tables); returns a DMP.
 

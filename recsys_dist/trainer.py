@@ -17,18 +17,22 @@ import logging
 import math
 import os
 import time
+import warnings
+from collections.abc import Callable, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch import nn
 from torchrec.distributed import DistributedModelParallel
 from torchrec.optim.keyed import CombinedOptimizer
 from tqdm import tqdm
 
 from recsys_dist import run_dir as run_dirs
 from recsys_dist import sharding
+from recsys_dist.callbacks import Callback
 from recsys_dist.checkpoint import (
     canonical_optimizer_state,
     check_compatible,
@@ -62,7 +66,7 @@ from recsys_dist.models.build import table_sizes
 from recsys_dist.models.managed import managed_metrics
 from recsys_dist.models.registry import get_model
 from recsys_dist.observe import PhaseClock, TraceWriter
-from recsys_dist.optim import build_optimizer, fuse_embedding_optimizer, init_lazy_state
+from recsys_dist.optim import build_optimizer, dense_torch_optimizer, fuse_embedding_optimizer, init_lazy_state
 from recsys_dist.retrieval import read_retrieval_data, retrieval_metrics
 from recsys_dist.schedule import LRSchedule
 from recsys_dist.sharding import model_tables
@@ -71,6 +75,11 @@ from recsys_dist.state import init_tables
 from recsys_dist.train_pipeline import RESTART_AT_CHECKPOINT, make_pipeline, pipeline_problems
 
 log = logging.getLogger("recsys_dist")
+# Trainer(model=...): the run's FeatureSpec -> the model; Trainer(dense_optimizer=...): the dense
+# parameters -> their optimizer; Trainer(lr_scheduler=...): that optimizer -> its scheduler.
+ModelFactory = Callable[[FeatureSpec], nn.Module]
+DenseOptimizerFactory = Callable[[list[nn.Parameter]], torch.optim.Optimizer]
+LRSchedulerFactory = Callable[[torch.optim.Optimizer], torch.optim.lr_scheduler.LRScheduler]
 _TRAINERS_MADE = 0  # a process's first Trainer counts its startup from the process's start
 
 
@@ -129,7 +138,12 @@ def make_loaders(cfg: RunConfig, ctx: DistContext) -> Loaders:
 
 
 def shard_model(
-    cfg: RunConfig, ctx: DistContext, spec: FeatureSpec | None = None, clock: PhaseClock | None = None
+    cfg: RunConfig,
+    ctx: DistContext,
+    spec: FeatureSpec | None = None,
+    clock: PhaseClock | None = None,
+    module: nn.Module | ModelFactory | None = None,
+    dense_factory: DenseOptimizerFactory | None = None,
 ) -> tuple[DistributedModelParallel, CombinedOptimizer, str]:
     """Build on meta, fuse the embedding optimizer into backward, plan, wrap in DMP.
 
@@ -137,6 +151,7 @@ def shard_model(
     table sizes). Every EmbeddingBagCollection table of the built model is planned and
     initialised, whether the spec or the model's own code made it. ``clock``: the planning
     counts as its ``plan`` phase, sharding and initialising the tables as ``tables``.
+    ``module`` / ``dense_factory``: ``Trainer(model=..., dense_optimizer=...)``.
     """
 
     def phase(name: str):
@@ -144,15 +159,15 @@ def shard_model(
 
     spec = spec or feature_spec(cfg, device=ctx.device)
     with phase("plan"):
-        model = build_model(cfg, spec.on(torch.device("meta"), ctx.device))
+        model = build_model(cfg, spec.on(torch.device("meta"), ctx.device), module=module)
         fuse_embedding_optimizer(model, cfg)
         tables = model_tables(model)
         plan = sharding.collective_plan(cfg, model, tables, ctx.device, dist.group.WORLD)
     with phase("tables"):
-        return _wrap_and_init(cfg, ctx, model, tables, plan)
+        return _wrap_and_init(cfg, ctx, model, tables, plan, dense_factory)
 
 
-def _wrap_and_init(cfg: RunConfig, ctx: DistContext, model, tables, plan):
+def _wrap_and_init(cfg: RunConfig, ctx: DistContext, model, tables, plan, dense_factory=None):
     dmp = DistributedModelParallel(
         model,
         device=ctx.device,
@@ -171,6 +186,7 @@ def _wrap_and_init(cfg: RunConfig, ctx: DistContext, model, tables, plan):
         t.dense_lr,
         t.dense_grad_clip_norm,
         t.embedding_weight_decay,
+        dense_factory=dense_factory,
     )
     return dmp, optimizer, str(plan)
 
@@ -206,6 +222,25 @@ class Trainer:
             start when there is none yet); a checkpoint directory; or a run directory (its
             newest complete checkpoint). Any world size or plan may have written it.
         profile_dir: write a torch.profiler trace of steps 5-7 per rank there.
+        model: the model as an ``nn.Module`` (tables in EmbeddingBagCollections /
+            EmbeddingCollections, built on ``meta``: ``spec.embedding_device``), or a factory
+            ``spec -> nn.Module`` called with the run's ``FeatureSpec`` (the table sizes the data
+            preparation decided), instead of ``model.name``; the contract of a model named in
+            YAML (docs/api.md). ``model.embedding_dim`` / ``embedding_init_scale`` still shape
+            ``spec.tables``; no other ``model.*`` key may be set. (A run trained so has no
+            ``model.name`` to rebuild its model from: ``load_model`` / ``recsys-dist export``
+            do not apply; score it with :meth:`predict`.)
+        dense_optimizer: a factory ``params -> torch.optim.Optimizer`` for the dense (non-table)
+            parameters, e.g. ``lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9)``, instead of
+            ``train.dense_optimizer`` / ``dense_lr`` (which may then not be set). The tables keep
+            ``train.embedding_optimizer``; ``train.dense_grad_clip_norm`` still clips.
+        lr_scheduler: a factory ``optimizer -> torch.optim.lr_scheduler.LRScheduler`` over the
+            dense optimizer, stepped after every training step, instead of
+            ``train.warmup_steps`` / ``decay_start_step`` / ``decay_steps`` (which may then not
+            be set). Its state must follow from the step count alone (LambdaLR, StepLR,
+            CosineAnnealingLR, ...): a resumed run steps it to the checkpoint's step again.
+        callbacks: :class:`recsys_dist.callbacks.Callback` objects, called on every rank at each
+            step's end and each validation's end.
 
     Attributes:
         cfg: the config. run_dir: the run directory (``Path``).
@@ -220,10 +255,16 @@ class Trainer:
             ``checkpoint.keep_best`` (best validation value and step, early stop), or None.
 
     Raises:
-        ConfigError: ``distributed.nproc_per_node`` > 1 in a single process with neither a
+        ConfigError: an option given both in the config and as an argument (``model`` with a
+            ``model.*`` key other than ``embedding_dim`` / ``embedding_init_scale``;
+            ``dense_optimizer`` with ``train.dense_optimizer`` / ``dense_lr``; ``lr_scheduler``
+            with ``train.warmup_steps`` / ``decay_start_step`` / ``decay_steps``), naming both;
+            ``distributed.nproc_per_node`` > 1 in a single process with neither a
             launcher nor a process group (it would train one rank only); ``train.pipeline``
             cannot run on the device (semi_sync, fused_sparse_dist off CUDA); the run directory
             cannot be written; another live run holds it (``recsys_dist.run_dir.RunDirLocked``).
+        TypeError: ``model`` / ``dense_optimizer`` / ``lr_scheduler`` not callable, or a
+            callback that is not a :class:`recsys_dist.callbacks.Callback`.
         MetricsError: ``metrics.jsonl`` cannot be written (every rank raises it together).
         CheckpointError: ``resume`` is not a complete checkpoint, or one written by another
             model config.
@@ -237,9 +278,17 @@ class Trainer:
         *,
         resume: str | Path | None = None,
         profile_dir: str | Path | None = None,
+        model: nn.Module | ModelFactory | None = None,
+        dense_optimizer: DenseOptimizerFactory | None = None,
+        lr_scheduler: LRSchedulerFactory | None = None,
+        callbacks: Sequence[Callback] = (),
     ) -> None:
+        check_given_once(cfg, model, dense_optimizer, lr_scheduler, callbacks)
         require_ranks(cfg)
         self.cfg, self.run_dir = cfg, Path(run_dir)
+        self._user_model, self._dense_factory, self._scheduler_factory = model, dense_optimizer, lr_scheduler
+        self._callbacks = list(callbacks)
+        self._lr_scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
         self._owns_group = not dist.is_initialized()
         self._closed = self._failed = False
         self._bar = self._writer = self._tracer = self._lock = None
@@ -295,7 +344,11 @@ class Trainer:
             paths = {s: [str(f) for f in getattr(loaders, s).files] for s in ("train", "validation", "test")}
             self._retrieval = broadcast_result(ctx, lambda: read_retrieval_data(cfg, paths, sizes))
             self.spec = dataclasses.replace(self.spec, id_counts={cfg.model.item_id: self._retrieval.train_counts})
-        self._model, self._optimizer, plan_text = shard_model(cfg, ctx, self.spec, self._clock)
+        self._model, self._optimizer, plan_text = shard_model(
+            cfg, ctx, self.spec, self._clock, self._user_model, self._dense_factory
+        )
+        if self._scheduler_factory is not None:
+            self._lr_scheduler = self._scheduler_factory(dense_torch_optimizer(self._optimizer))
         log.info(
             "sharded: %s", ", ".join(sorted({r["sharding_type"] for r in sharding.plan_summary(self._model.plan)}))
         )
@@ -341,6 +394,7 @@ class Trainer:
         if checkpoint is not None:
             with self._clock.phase("checkpoint"):
                 self._restore(checkpoint)
+                self._replay_lr_scheduler()
             self.resumed_at_step = self._step
         # Lines past the step this run starts from (all of them when it starts from scratch)
         # are written again: each (split, step) once, whatever restarted the run.
@@ -684,6 +738,15 @@ class Trainer:
         self._bar.update(self._step)
         log.info("resumed from %s at step %d (epoch %d, batch %d)", path, self._step, self._next_epoch, self._in_epoch)
 
+    def _replay_lr_scheduler(self) -> None:
+        """Bring a user LR scheduler to the resumed step (its state follows from the step count)."""
+        if self._lr_scheduler is None:
+            return
+        with warnings.catch_warnings():  # "lr_scheduler.step() before optimizer.step()": intended here
+            warnings.simplefilter("ignore", UserWarning)
+            for _ in range(self._step):
+                self._lr_scheduler.step()
+
     def _run_epoch(self) -> dict:
         cfg, ctx = self.cfg, self._ctx
         pipe = self._pipe = self._new_pipeline()
@@ -709,6 +772,10 @@ class Trainer:
             maybe_fault("step", self._step, ctx.rank)
             self._tracer.after(self._step)
             self._losses.append(out[0].detach())
+            if self._lr_scheduler is not None:
+                self._lr_scheduler.step()
+            for callback in self._callbacks:
+                callback.on_step_end(self, self._step, out[0].detach())
             self._real_rows.append(out[3])  # the weights [B]; summed once per log line, not per step
             self._bar.update(1)
             if self._step % cfg.train.log_every_n_steps == 0:
@@ -777,6 +844,8 @@ class Trainer:
         maybe_fault("eval", self._step, self._ctx.rank)
         metrics = self.evaluate("validation")
         self._last_val = (self._step, metrics)
+        for callback in self._callbacks:
+            callback.on_validation_end(self, self._step, metrics)
         managed = managed_metrics(self._model, "validation")
         self._writer.write(split="validation", step=self._step, epoch=self.epoch, **metrics, **managed)
         if metrics.get("auc") is not None:
@@ -847,6 +916,43 @@ class Trainer:
         self.rows_trained += rows
         self._losses, self._real_rows = [], []
         self._t0 = time.perf_counter()
+
+
+def check_given_once(cfg: RunConfig, model, dense_optimizer, lr_scheduler, callbacks: Sequence) -> None:
+    """Refuse an option given both in the config and as a Trainer argument (one of the two would
+    be ignored), and callbacks that are not :class:`Callback` objects.
+
+    Raises:
+        ConfigError: naming the config keys and the argument.
+        TypeError: a callback that is not a Callback.
+    """
+    problems = []
+    for arg, given, section, keys in (
+        ("model", model, cfg.model, None),
+        ("dense_optimizer", dense_optimizer, cfg.train, ("dense_optimizer", "dense_lr")),
+        ("lr_scheduler", lr_scheduler, cfg.train, ("warmup_steps", "decay_start_step", "decay_steps")),
+    ):
+        if given is None:
+            continue
+        if not callable(given):
+            raise TypeError(f"Trainer({arg}=...) must be callable, got {type(given).__name__}")
+        prefix = "model" if section is cfg.model else "train"
+        both = sorted(
+            k
+            for k in section.model_fields_set
+            if (k not in ("embedding_dim", "embedding_init_scale") if keys is None else k in keys)
+        )
+        if both:
+            problems.append(
+                f"{', '.join(f'{prefix}.{k}' for k in both)} in the config and Trainer({arg}=...) both choose the "
+                f"{'model' if keys is None else arg.replace('_', ' ')}; remove {'them' if len(both) > 1 else 'it'} "
+                f"from the config or leave out {arg}="
+            )
+    if problems:
+        raise ConfigError("an option is given twice:\n  " + "\n  ".join(problems))
+    for cb in callbacks:
+        if not isinstance(cb, Callback):
+            raise TypeError(f"callbacks must be recsys_dist.Callback objects, got {type(cb).__name__}")
 
 
 def require_ranks(cfg: RunConfig) -> None:

@@ -97,7 +97,7 @@ class TwoTower(nn.Module):
     def __init__(
         self,
         spec,
-        user_features: list[str] = ("userId",),
+        user_features: tuple[str, ...] | list[str] = ("userId",),
         item_id: str = "movieId",
         hidden: int = 64,
         out_dim: int = 32,

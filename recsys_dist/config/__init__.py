@@ -11,7 +11,17 @@ problems are reported together, before any process is spawned.
 so components can define their sections on it; the loader and ``RunConfig`` load lazily here.
 """
 
+from typing import TYPE_CHECKING
+
 from recsys_dist.config.base import ConfigError, Section
+
+if TYPE_CHECKING:  # what type checkers see of the lazy names below
+    from recsys_dist.config.loader import config_from_dict as config_from_dict
+    from recsys_dist.config.loader import load_config as load_config
+    from recsys_dist.config.loader import migrate as migrate
+    from recsys_dist.config.loader import parse_overrides as parse_overrides
+    from recsys_dist.config.loader import save_config as save_config
+    from recsys_dist.config.run import RunConfig as RunConfig
 
 __all__ = [
     "ConfigError",
@@ -25,7 +35,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> object:
     if name == "RunConfig":
         from recsys_dist.config.run import RunConfig
 

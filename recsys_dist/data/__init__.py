@@ -3,6 +3,13 @@ Parquet -> rank-sharded KJT batches (``loader``)."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # annotations only: this package stays light to import
+    from recsys_dist.config.run import RunConfig
+    from recsys_dist.data.config import DataConfig
+    from recsys_dist.data.convert import PreparedData
+
 
 def _criteo(schema, short_lines: str = "error"):
     from recsys_dist.data.criteo import CRITEO, CriteoFormat
@@ -78,7 +85,7 @@ def label_columns(cfg) -> tuple[list[str], str | None]:
     return list(getattr(fmt, "label_columns", ["label"])), getattr(fmt, "weight_column", None)
 
 
-def prepare_from_config(cfg, progress: bool = False):
+def prepare_from_config(cfg: RunConfig | DataConfig, progress: bool = False) -> PreparedData:
     """Convert (or reuse) the Parquet splits described by a run config's ``data`` section.
 
     Returns ``PreparedData``; its ``num_embeddings`` are the table sizes to train with

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
 import torch
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
@@ -11,6 +14,9 @@ from recsys_dist.models.managed import build_remap
 from recsys_dist.models.registry import get_model
 from recsys_dist.models.task import CTRTask
 from recsys_dist.spec import FIRST_ORDER_DIM, FeatureSpec, make_sequence_tables, make_tables
+
+if TYPE_CHECKING:
+    from recsys_dist.config.run import RunConfig
 
 
 def table_sizes(cfg) -> list[int]:
@@ -22,7 +28,7 @@ def table_sizes(cfg) -> list[int]:
 
 
 def feature_spec(
-    cfg,
+    cfg: RunConfig,
     num_embeddings: list[int] | None = None,
     device: torch.device | None = None,
     embedding_device: torch.device | None = None,
@@ -62,7 +68,13 @@ def embedding_configs(cfg, num_embeddings: list[int] | None = None) -> list[Embe
     return feature_spec(cfg, num_embeddings).planned_tables()
 
 
-def build_model(cfg, spec: FeatureSpec | torch.device, tables_device: torch.device | None = None, loss=None) -> CTRTask:
+def build_model(
+    cfg,
+    spec: FeatureSpec | torch.device,
+    tables_device: torch.device | None = None,
+    loss=None,
+    module: torch.nn.Module | Callable[[FeatureSpec], torch.nn.Module] | None = None,
+) -> CTRTask:
     """The model ``model.name`` names, built over ``spec``, wrapped with the training loss.
 
     Args:
@@ -70,6 +82,8 @@ def build_model(cfg, spec: FeatureSpec | torch.device, tables_device: torch.devi
         spec: the run's :class:`FeatureSpec`; or a device, for a spec made from the config
             alone (configured table sizes; tables on ``tables_device``, default ``meta``).
         loss: a loss function overriding ``train.loss`` (same signature, docs/api.md).
+        module: the model itself, or a factory ``spec -> nn.Module``, instead of the one
+            ``model.name`` names (``Trainer(model=...)``).
 
     Returns:
         :class:`CTRTask`: ``forward(batch) -> (loss, (loss, logits, labels, weights))``.
@@ -79,9 +93,14 @@ def build_model(cfg, spec: FeatureSpec | torch.device, tables_device: torch.devi
     """
     if isinstance(spec, torch.device):
         spec = feature_spec(cfg, device=spec, embedding_device=tables_device)
-    model = get_model(cfg.model.name).build(spec, cfg.model)
+    if module is None:
+        model = get_model(cfg.model.name).build(spec, cfg.model)
+        source = f"model.name: {cfg.model.name}"
+    else:
+        model = module if isinstance(module, torch.nn.Module) else module(spec)
+        source = f"the model factory {getattr(module, '__qualname__', module)!r}"
     if not isinstance(model, torch.nn.Module):
-        raise ValueError(f"model.name: {cfg.model.name} returned {type(model).__name__}, not a torch.nn.Module")
+        raise ValueError(f"{source} returned {type(model).__name__}, not a torch.nn.Module")
     t = cfg.train
     bf16 = spec.device.type if t.precision == "bf16-mixed" else None
     remap = None

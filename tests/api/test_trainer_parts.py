@@ -1,0 +1,143 @@
+"""``Trainer(model=..., dense_optimizer=..., lr_scheduler=..., callbacks=...)``: a model, a dense
+optimizer and an LR scheduler given from Python train exactly as the same ones named in the
+config; an option given both ways is refused; callbacks see every step."""
+
+import os
+
+import pytest
+import torch
+import yaml
+
+import recsys_dist
+from recsys_dist.config import ConfigError, load_config
+from tests.cli import read_metrics
+from tests.conftest import QUICKSTART
+
+ROOT = QUICKSTART.parents[1]
+LAUNCHER_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "TORCHELASTIC_RUN_ID")
+TOY = [
+    "data.num_rows=2000",
+    "train.max_steps=12",
+    "train.log_every_n_steps=1",
+    "train.progress_bar=false",
+    "distributed.nproc_per_node=1",
+    "checkpoint.enabled=false",
+]
+NAMED = ["model.name=my_model:DotTower", "model.args={hidden: 32}"]
+
+
+@pytest.fixture
+def base_config(tmp_path, monkeypatch, cache_dir):
+    """The quickstart's data and training, without a model or a dense optimizer chosen (the
+    quickstart names dlrm, adagrad and dense_lr)."""
+    for name in LAUNCHER_ENV:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.syspath_prepend(str(ROOT / "examples" / "custom_model"))
+    tree = yaml.safe_load(QUICKSTART.read_text())
+    tree["data"]["raw_path"] = str((QUICKSTART.parent / tree["data"]["raw_path"]).resolve())
+    tree["model"] = {"embedding_dim": 16, "embedding_init_scale": 0.1}
+    del tree["train"]["dense_optimizer"], tree["train"]["dense_lr"]
+    path = tmp_path / "base.yaml"
+    path.write_text(yaml.safe_dump(tree))
+    return path
+
+
+def losses(run_dir) -> list[float]:
+    return [m["loss"] for m in read_metrics(run_dir, "train")]
+
+
+class Recorder(recsys_dist.Callback):
+    def __init__(self) -> None:
+        self.steps: list[int] = []
+        self.losses: list[float] = []
+        self.validations: list[tuple[int, float]] = []
+
+    def on_step_end(self, trainer, step, loss):
+        assert trainer.step == step
+        self.steps.append(step)
+        self.losses.append(float(loss))
+
+    def on_validation_end(self, trainer, step, metrics):
+        self.validations.append((step, metrics["auc"]))
+
+
+@pytest.mark.slow
+def test_a_model_optimizer_and_scheduler_from_python_train_as_named_in_the_config(tmp_path, base_config):
+    from my_model import DotTower
+
+    def fit(overrides, name, **parts):
+        cfg = load_config(base_config, [*TOY, *overrides])
+        with recsys_dist.Trainer(cfg, tmp_path / name, **parts) as trainer:
+            trainer.fit()
+        return losses(tmp_path / name)
+
+    named = fit(NAMED, "named")
+    assert len(named) == 12
+    # A factory spec -> module, called with the run's FeatureSpec.
+    recorder = Recorder()
+    factory = fit([], "factory", model=lambda spec: DotTower(spec, hidden=32), callbacks=[recorder])
+    assert factory == named
+    assert recorder.steps == list(range(1, 13))
+    assert recorder.losses == pytest.approx(named, abs=1e-6)  # one rank, no padding: the logged loss
+    assert [s for s, _ in recorder.validations] == [12]
+    # An already built module (tables on meta, as spec.embedding_device says).
+    cfg = load_config(base_config, TOY)
+    torch.manual_seed(cfg.train.seed)  # the Trainer seeds before it builds; a module built here is seeded here
+    built = fit([], "built", model=DotTower(recsys_dist.feature_spec(cfg), hidden=32))
+    assert built == named
+
+    # A dense optimizer factory: the same as train.dense_optimizer=sgd at that rate, and not the default.
+    sgd_named = fit([*NAMED, "train.dense_optimizer=sgd", "train.dense_lr=0.05"], "sgd_named")
+    sgd = fit([], "sgd", model=lambda spec: DotTower(spec, hidden=32), dense_optimizer=sgd_at(0.05))
+    assert sgd == sgd_named
+    assert sgd[1:] != named[1:]
+    # An LR scheduler over it: half of 0.1 from the first step is 0.05.
+    halved = fit(
+        [],
+        "halved",
+        model=lambda spec: DotTower(spec, hidden=32),
+        dense_optimizer=sgd_at(0.1),
+        lr_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 0.5),
+    )
+    assert halved == sgd_named
+
+    # Resumed mid-run, a momentum optimizer's state and a step-dependent schedule continue:
+    # steps 7-12 from the step-6 checkpoint equal the uninterrupted run's.
+    def parts():
+        return dict(
+            model=lambda spec: DotTower(spec, hidden=32),
+            dense_optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9),
+            lr_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0 / (1 + step)),
+        )
+
+    every_6 = ["checkpoint.enabled=true", "checkpoint.every_n_steps=6"]
+    whole = fit(every_6, "whole", **parts())
+    resumed = fit(every_6, "resumed", resume=tmp_path / "whole" / "checkpoints" / "step_00000006", **parts())
+    assert resumed == whole[6:]
+    assert whole != halved
+
+
+def sgd_at(lr):
+    return lambda params: torch.optim.SGD(params, lr=lr)
+
+
+def test_an_option_given_in_the_config_and_as_an_argument_is_refused(tmp_path, base_config):
+    import torch.distributed as dist
+
+    module = lambda spec: torch.nn.Linear(1, 1)  # noqa: E731 - never called
+    with pytest.raises(ConfigError, match=r"model.args, model.name in the config and Trainer\(model=...\)"):
+        recsys_dist.Trainer(load_config(base_config, [*TOY, *NAMED]), tmp_path / "a", model=module)
+    with pytest.raises(ConfigError, match=r"train.dense_lr in the config and Trainer\(dense_optimizer=...\)"):
+        recsys_dist.Trainer(
+            load_config(base_config, [*TOY, "train.dense_lr=0.1"]), tmp_path / "b", dense_optimizer=sgd_at(0.1)
+        )
+    with pytest.raises(ConfigError, match=r"train.warmup_steps in the config and Trainer\(lr_scheduler=...\)"):
+        recsys_dist.Trainer(
+            load_config(base_config, [*TOY, "train.warmup_steps=3"]), tmp_path / "c", lr_scheduler=lambda o: None
+        )
+    with pytest.raises(TypeError, match="callbacks must be recsys_dist.Callback objects, got function"):
+        recsys_dist.Trainer(load_config(base_config, TOY), tmp_path / "d", callbacks=[lambda *a: None])
+    # model.embedding_dim / embedding_init_scale size the spec's tables: not a conflict (refused
+    # here only for the callback above).
+    assert not dist.is_initialized() and not any((tmp_path / n).exists() for n in "abcd")
+    assert os.environ.get("RECSYS_DIST_RUN_LOCK") is None
