@@ -320,7 +320,7 @@ def resume_position(meta: dict, steps_per_epoch: int, new_data: bool) -> tuple[i
     checkpoint was at an epoch's end), at the checkpoint's step.
     """
     if not new_data:
-        return int(meta["epoch"]), int(meta.get("step_offset", 0))
+        return int(meta.get("epoch", 0)), int(meta.get("step_offset", 0))
     finished = meta["batches_in_epoch"] >= meta.get("steps_per_epoch", float("inf"))
     epoch = int(meta["epoch"]) + int(finished)
     return epoch, int(meta["step"]) - epoch * steps_per_epoch
