@@ -573,8 +573,8 @@ def load_checkpoint(path: Path, state: dict, verify: bool = True) -> None:
 
     The target's sharding may differ from the one saved (resharding); so may the layout, from
     the older one of :func:`in_saved_layout`. Collective when a process group exists: with
-    ``verify`` (default) rank 0 checks the files' checksums first (:func:`verify_checkpoint`)
-    and every rank takes its verdict.
+    ``verify`` (default) rank 0 checks the files' checksums first (:func:`verify_checkpoint`;
+    a directory without ``checksums.json`` is not checked) and every rank takes its verdict.
 
     Raises:
         CheckpointDamaged: a file differs from what was written (on every rank), naming it.
@@ -583,7 +583,9 @@ def load_checkpoint(path: Path, state: dict, verify: bool = True) -> None:
     if verify:
         verdict: list = [None]
         multi = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-        if not multi or dist.get_rank() == 0:
+        # A directory without checksums.json (written before them, or by dcp.save itself) is
+        # loaded as it is; rank 0 alone decides, so every rank takes the same branch.
+        if (not multi or dist.get_rank() == 0) and (Path(path) / CHECKSUMS_FILE).is_file():
             try:
                 intact_checkpoint(path)
             except CheckpointError as err:

@@ -644,8 +644,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--resume",
         default=None,
         metavar="auto|latest|best|PATH",
-        help="continue from a checkpoint: auto = newest complete one in --run-dir (or a fresh start); "
-        "latest / best = the newest / best-validation (checkpoint.keep_best) one of --run-dir",
+        help="continue from a checkpoint: auto = newest intact one in --run-dir (skipping a damaged one, saying "
+        "so; a fresh start when there is none); latest / best = the newest / best-validation "
+        "(checkpoint.keep_best) one of --run-dir; a damaged one named is refused",
     )
     p.add_argument(
         "--resume-on-new-data",
