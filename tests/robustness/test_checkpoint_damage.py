@@ -100,7 +100,7 @@ def test_damaged_checkpoint_is_named_and_auto_resumes_from_the_newest_intact_one
     assert losses(run) == losses(ref)
 
 
-@pytest.mark.slow  # two short trainings (one rank)
+@pytest.mark.slow  # two short trainings (one rank, then two)
 def test_resume_on_changed_training_data_is_refused_unless_asked(tmp_path):
     lines = CRITEO_SAMPLE.open().readlines()
     raw = tmp_path / "raw.txt"
@@ -131,8 +131,10 @@ def test_resume_on_changed_training_data_is_refused_unless_asked(tmp_path):
         assert part in r.stderr, (part, r.stderr)
     assert max(losses(run)) == 5  # nothing trained or written
 
-    # With the flag: epoch 0 starts again from its first batch over the new rows (10 steps an
-    # epoch) at step 6, and the run ends after 2 epochs, at step 5 + 2 x 10 = 25.
+    # With the flag (on 2 ranks, the same global batch: the flag reaches the ranks): epoch 0
+    # starts again from its first batch over the new rows (10 steps an epoch) at step 6, and
+    # the run ends after 2 epochs, at step 5 + 2 x 10 = 25.
+    data += ["distributed.nproc_per_node=2", "train.batch_size=48"]
     r = train(tmp_path, run, *data, "--resume", "auto", "--resume-on-new-data")
     assert r.returncode == 0, r.stderr[-2000:]
     summary = json.loads((run / "summary.json").read_text())
