@@ -304,8 +304,8 @@ def check_same_data(checkpoint: Path, meta: dict, identity: dict | None, allow: 
     raise DataChanged(
         f"checkpoint {checkpoint} was trained on other data: it was trained on {show(saved)}; the data now gives "
         f"{show(identity)}. Resuming would continue its epoch on other rows and mix two datasets in one run. "
-        f"Restore the data it was trained on, train into a new --run-dir, or resume on the new data with {flag} "
-        "(the interrupted epoch then starts again from its first batch, over the new data)"
+        f"Restore the data it was trained on, train into a new --run-dir, or resume on the new data with {flag}; "
+        "the interrupted epoch then starts again from its first batch, over the new data"
     )
 
 

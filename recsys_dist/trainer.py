@@ -298,7 +298,7 @@ class Trainer:
             ctx, lambda: run_dirs.data_identity(conversion, cfg.data.raw_path) if conversion is not None else None
         )
         meta = read_meta(checkpoint) if checkpoint is not None else None
-        flag = "resume_on_new_data=True (recsys-dist train --resume-on-new-data)"
+        flag = "resume_on_new_data=True (on the command line --resume-on-new-data)"
         self._new_data = meta is not None and run_dirs.check_same_data(
             checkpoint, meta, self._data, self._resume_on_new_data, flag
         )
