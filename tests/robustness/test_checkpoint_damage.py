@@ -13,7 +13,7 @@ import pytest
 from tests.cli import read_metrics, run_cli, run_train
 from tests.conftest import CRITEO_SAMPLE, QUICKSTART
 
-# 1,600 train rows, global batch 96 (remainder dropped): 16 steps an epoch, 32 in all; one rank.
+# 1,600 train rows, global batch 96 (remainder dropped): 16 steps an epoch; one rank.
 BASE = [
     "data.num_rows=2000",
     "data.remainder=drop",
@@ -48,10 +48,10 @@ def zeros_inside(path, size=64 << 10):
 @pytest.mark.slow  # four short trainings (one rank)
 def test_damaged_checkpoint_is_named_and_auto_resumes_from_the_newest_intact_one(tmp_path):
     ref = tmp_path / "ref"
-    r = train(tmp_path, ref)
+    r = train(tmp_path, ref, "train.epochs=1")  # 16 steps
     assert r.returncode == 0, r.stderr[-2000:]
     run = tmp_path / "run"
-    r = train(tmp_path, run, "train.max_steps=10")
+    r = train(tmp_path, run, "train.epochs=1", "train.max_steps=10")
     assert r.returncode == 0, r.stderr[-2000:]
     ckpts = run / "checkpoints"
     assert sorted(p.name for p in ckpts.iterdir()) == ["latest", "step_00000008", "step_00000010"]
@@ -60,11 +60,11 @@ def test_damaged_checkpoint_is_named_and_auto_resumes_from_the_newest_intact_one
 
     # Named explicitly (latest, the path): refused before anything runs, naming the file and step 8.
     for ref_arg in ("latest", str(ckpts / "step_00000010")):
-        r = train(tmp_path, run, "--resume", ref_arg, inprocess=True)
+        r = train(tmp_path, run, "train.epochs=1", "--resume", ref_arg, inprocess=True)
         assert r.returncode == 1, r.stderr[-2000:]
         assert f"{shard}: its CRC-32 differs" in r.stderr and str(ckpts / "step_00000008") in r.stderr
     # auto: falls back to step 8, saying so, and continues as an uninterrupted run would.
-    r = train(tmp_path, run, "--resume", "auto")
+    r = train(tmp_path, run, "train.epochs=1", "--resume", "auto")
     assert r.returncode == 0, r.stderr[-2000:]
     assert f"{shard}: its CRC-32 differs" in r.stderr
     assert f"falling back to the newest intact checkpoint, {ckpts / 'step_00000008'}" in r.stderr
@@ -72,7 +72,7 @@ def test_damaged_checkpoint_is_named_and_auto_resumes_from_the_newest_intact_one
     assert json.loads((run / "summary.json").read_text())["resumed_at_step"] == 8
 
     # The finished run's newest checkpoint damaged: export, evaluate and predict refuse, naming the file.
-    final = ckpts / "step_00000032"
+    final = ckpts / "step_00000016"
     shard = max(final.glob("*.distcp"), key=lambda p: p.stat().st_size)
     zeros_inside(shard)
     raw = tmp_path / "rows.txt"
@@ -85,18 +85,18 @@ def test_damaged_checkpoint_is_named_and_auto_resumes_from_the_newest_intact_one
     ):
         r = run_cli(cmd, tmp_path)
         assert r.returncode == 1, (cmd, r.stdout, r.stderr[-2000:])
-        assert f"{shard}: its CRC-32 differs" in r.stderr and str(ckpts / "step_00000028") in r.stderr, cmd
+        assert f"{shard}: its CRC-32 differs" in r.stderr and str(ckpts / "step_00000012") in r.stderr, cmd
         assert "Traceback" not in r.stderr
     assert not (tmp_path / "export").exists() and not (tmp_path / "p.parquet").exists()
 
     # A garbled meta.json (the shard repaired by hand first): named, and auto names the checkpoint
-    # it falls back to (step 28), then trains steps 29-32 as the uninterrupted run did.
-    shutil.copy(ref / "checkpoints" / "step_00000032" / shard.name, shard)
-    (final / "meta.json").write_text('{"step": 32, "epo')
-    r = train(tmp_path, run, "--resume", "auto")
+    # it falls back to (step 12), then trains steps 13-16 as the uninterrupted run did.
+    shutil.copy(ref / "checkpoints" / "step_00000016" / shard.name, shard)
+    (final / "meta.json").write_text('{"step": 16, "epo')
+    r = train(tmp_path, run, "train.epochs=1", "--resume", "auto")
     assert r.returncode == 0, r.stderr[-2000:]
     assert f"{final / 'meta.json'}: not valid JSON" in r.stderr
-    assert f"falling back to the newest intact checkpoint, {ckpts / 'step_00000028'}" in r.stderr
+    assert f"falling back to the newest intact checkpoint, {ckpts / 'step_00000012'}" in r.stderr
     assert losses(run) == losses(ref)
 
 
