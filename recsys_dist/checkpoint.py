@@ -2,14 +2,18 @@
 
 Layout of a run directory's ``checkpoints/``::
 
-    step_00000120/      one DCP checkpoint: every rank's shards, .metadata, meta.json
+    step_00000120/      one DCP checkpoint: every rank's shards, .metadata, meta.json,
+                        checksums.json (size and CRC-32 of each of those files)
     latest              text file naming the newest complete checkpoint; written last
     best                (checkpoint.keep_best) text file naming the best-validation checkpoint,
                         which ``checkpoint.keep`` never deletes
 
 A checkpoint is written into ``step_N.tmp`` and renamed by rank 0 once every rank has
 finished, and ``latest`` is replaced (write + rename) only after that, so a crash mid-save
-never leaves a half-written checkpoint as the newest one.
+never leaves a half-written checkpoint as the newest one. Each rank checksums the shard
+files it wrote; rank 0 writes every file's size and CRC-32 into ``checksums.json`` before
+the rename, and :func:`verify_checkpoint` compares them before anything is loaded (a shard
+overwritten in place, same size, is found; a damaged checkpoint is named, never loaded).
 
 What is saved: the model's sharded state dict (embedding shards, dense weights), the
 optimizers' state (the fused embedding optimizer's per-row state as sharded tensors, the
@@ -22,11 +26,15 @@ with their global offsets, so a checkpoint loads onto any world size or sharding
 from __future__ import annotations
 
 import errno
+import hashlib
 import io
 import json
 import os
 import pickle
 import shutil
+import sys
+import zlib
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -64,6 +72,17 @@ class CheckpointError(RuntimeError):
     """A checkpoint is missing, incomplete, or does not fit the model; the message says which."""
 
 
+class CheckpointDamaged(CheckpointError):
+    """A file of a checkpoint is missing, unreadable, or differs from the size / checksum
+    recorded when it was written. ``path``: the checkpoint; ``file``: the damaged file."""
+
+
+CHECKSUMS_FILE = "checksums.json"
+# Set (and inherited by the ranks a launcher starts) once a checkpoint has been verified: the
+# stat signature of its files, so the ranks do not read every shard again (see verify_checkpoint).
+VERIFIED_ENV = "RECSYS_DIST_VERIFIED_CHECKPOINT"
+
+
 def save_checkpoint(
     ctx: DistContext, run_dir: Path, step: int, state: dict, meta: dict, keep: int = 2, best: bool = False
 ) -> Path:
@@ -93,9 +112,14 @@ def save_checkpoint(
                     errno.ENOSPC, f"about {need / 2**20:.1f} MiB needed, {free / 2**20:.1f} MiB free", str(root)
                 )
 
+    sums: dict = {}
+
     def finish() -> None:
         if ctx.is_main:
             (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
+            files = {n: v for part in gathered for n, v in part.items()}
+            files["meta.json"] = _file_sum(tmp / "meta.json")
+            (tmp / CHECKSUMS_FILE).write_text(json.dumps({"algorithm": "crc32", "files": files}, indent=1))
             shutil.rmtree(final, ignore_errors=True)
             tmp.rename(final)
             for name in ("latest", "best") if best else ("latest",):
@@ -114,11 +138,169 @@ def save_checkpoint(
             # DCP has gathered every rank's failure and raised on all ranks; report the first.
             rank, (exc, _) = next(iter(err.failures.items()))
             raise _RankFailure(rank, _describe(exc)) from None
+        sums.update(_own_sums(tmp, ctx.rank))  # the files this rank wrote, while they are in its page cache
         maybe_fault("save", step, ctx.rank)
 
+    gathered: list = [sums]
     for stage in (prepare, write, finish):
+        if stage is finish and ctx.world_size > 1:
+            gathered = [None] * ctx.world_size
+            dist.all_gather_object(gathered, sums)
         _on_all_ranks(ctx, stage, step, root, tmp)
     return final
+
+
+def _file_sum(path: Path) -> dict:
+    """``{"size", "crc32"}`` of a file, read in 8 MiB pieces (CRC-32: ~2 GB/s, for damage, not tampering)."""
+    crc, size = 0, 0
+    with open(path, "rb") as f:
+        while chunk := f.read(8 << 20):
+            crc, size = zlib.crc32(chunk, crc), size + len(chunk)
+    return {"size": size, "crc32": f"{crc:08x}"}
+
+
+def _own_sums(directory: Path, rank: int) -> dict:
+    """Sizes and checksums of the files rank ``rank`` wrote into a DCP checkpoint directory:
+    its shards ``__<rank>_<n>.distcp`` and, rank 0, the ``.metadata`` index."""
+    names = sorted(p.name for p in directory.iterdir() if p.name.startswith(f"__{rank}_") and p.suffix == ".distcp")
+    if rank == 0:
+        names.append(".metadata")
+    return {n: _file_sum(directory / n) for n in names}
+
+
+def _signature(path: Path) -> str:
+    """The checkpoint's path and the stat (size, mtime, ctime, inode) of its files: a file
+    written or replaced since changes it."""
+    parts = [str(Path(path).resolve())]
+    for f in sorted(Path(path).iterdir()):
+        st = f.stat()
+        parts.append(f"{f.name}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}:{st.st_ino}")
+    return hashlib.blake2b(";".join(parts).encode(), digest_size=12).hexdigest()
+
+
+def verify_checkpoint(path: Path) -> None:
+    """Check a complete checkpoint's files against ``checksums.json`` (sizes, then CRC-32s)
+    and that its ``meta.json`` parses. Reads every file once: about 0.5 s per GB.
+
+    A checkpoint from before checksums were recorded has only ``meta.json`` checked. Once a
+    checkpoint passed, the stat signature of its files is kept in ``$RECSYS_DIST_VERIFIED_CHECKPOINT``
+    (inherited by the ranks a launcher starts), and an unchanged checkpoint is not read again.
+
+    Raises:
+        CheckpointDamaged: naming the checkpoint, the first damaged file and what is wrong.
+        CheckpointError: the checkpoint does not exist or is incomplete.
+    """
+    path = Path(path)
+
+    def damaged(name: str, what: str) -> CheckpointDamaged:
+        err = CheckpointDamaged(f"checkpoint {path} is damaged: {path / name}: {what}")
+        err.path, err.file = path, path / name
+        return err
+
+    if not path.is_dir() or not is_complete(path):
+        read_meta(path)  # raises CheckpointError: missing or incomplete
+    signature = _signature(path)
+    if os.environ.get(VERIFIED_ENV) == signature:
+        return
+    try:
+        json.loads((path / "meta.json").read_text())
+    except (ValueError, OSError) as err:
+        raise damaged("meta.json", f"not valid JSON ({err})") from None
+    listed = path / CHECKSUMS_FILE
+    if listed.exists():
+        try:
+            files = json.loads(listed.read_text())["files"]
+            assert isinstance(files, dict)
+        except (ValueError, OSError, KeyError, TypeError, AssertionError) as err:
+            raise damaged(CHECKSUMS_FILE, f"unreadable ({type(err).__name__}: {err})") from None
+        for name, want in files.items():
+            if not (path / name).is_file():
+                raise damaged(name, "the file is missing")
+            size = (path / name).stat().st_size
+            if size != want.get("size"):
+                raise damaged(name, f"{size:,} bytes where {want.get('size'):,} were written")
+        for name, want in files.items():
+            try:
+                got = _file_sum(path / name)
+            except OSError as err:
+                raise damaged(name, _describe(err)) from None
+            if got["crc32"] != want.get("crc32"):
+                raise damaged(name, "its CRC-32 differs from the one recorded when it was written (overwritten)")
+    os.environ[VERIFIED_ENV] = signature
+
+
+def intact_checkpoint(path: Path) -> Path:
+    """``path`` itself after :func:`verify_checkpoint`; a damaged one is refused naming the
+    file and the newest intact checkpoint beside it to use instead.
+
+    Raises:
+        CheckpointDamaged: ``path`` is damaged.
+    """
+    try:
+        verify_checkpoint(path)
+    except CheckpointDamaged as err:
+        older = _newest_intact(Path(path).parent.parent, skip=Path(path).name)
+        err.args = (
+            f"{err}. "
+            + (
+                f"The newest intact checkpoint is {older}: use that one (train --resume auto falls back to it)"
+                if older
+                else "No other intact checkpoint is left; start again"
+            ),
+        )
+        raise
+    return path
+
+
+def _candidates(run_dir: Path) -> list[Path]:
+    """The complete checkpoints of a run directory, newest first: the one ``latest`` names, then the others."""
+    root = Path(run_dir) / "checkpoints"
+    done = sorted((p for p in root.glob("step_*") if is_complete(p)), reverse=True)
+    marked = _marked(root, "latest")
+    first = [p for p in done if p.name == marked]
+    return first + [p for p in done if p.name != marked]
+
+
+def _newest_intact(run_dir: Path, skip: str | None = None) -> Path | None:
+    for p in _candidates(run_dir):
+        if p.name == skip:
+            continue
+        try:
+            verify_checkpoint(p)
+            return p
+        except CheckpointError:
+            continue
+    return None
+
+
+def newest_intact_checkpoint(run_dir: Path, warn: Callable[[str], None] | None = None) -> Path | None:
+    """The newest complete checkpoint of a run directory whose files verify
+    (:func:`verify_checkpoint`), or None when there is no complete checkpoint. Each damaged
+    newer one is reported through ``warn`` (default: stderr), naming its damaged file and the
+    checkpoint used instead.
+
+    Raises:
+        CheckpointDamaged: every complete checkpoint is damaged (the newest one's file named).
+    """
+    warn = warn or (lambda text: print(f"recsys-dist: warning: {text}", file=sys.stderr))
+    problems = []
+    for p in _candidates(run_dir):
+        try:
+            verify_checkpoint(p)
+        except CheckpointDamaged as err:
+            problems.append(err)
+            continue
+        for err in problems:
+            warn(f"{err}; falling back to the newest intact checkpoint, {p}")
+        return p
+    if problems:
+        err = problems[0]
+        err.args = (
+            f"{err}; no intact checkpoint is left in {Path(run_dir) / 'checkpoints'} "
+            f"({len(problems)} damaged). Move checkpoints/ away to start again",
+        )
+        raise err
+    return None
 
 
 class _Writer(FileSystemWriter):
@@ -276,7 +458,9 @@ def read_meta(path: Path) -> dict:
     try:
         return json.loads((path / "meta.json").read_text())
     except ValueError as err:
-        raise CheckpointError(f"checkpoint {path}: meta.json is not valid JSON ({err})") from None
+        damaged = CheckpointDamaged(f"checkpoint {path} is damaged: {path / 'meta.json'}: not valid JSON ({err})")
+        damaged.path, damaged.file = path, path / "meta.json"
+        raise damaged from None
 
 
 def check_compatible(
@@ -384,13 +568,32 @@ def in_saved_layout(state: dict, path: Path) -> dict:
     }
 
 
-def load_checkpoint(path: Path, state: dict) -> None:
+def load_checkpoint(path: Path, state: dict, verify: bool = True) -> None:
     """Load a checkpoint in place into ``state`` (the live model / optimizer state dicts).
 
     The target's sharding may differ from the one saved (resharding); so may the layout, from
-    the older one of :func:`in_saved_layout`. Raises CheckpointError naming the entries that
-    the checkpoint lacks or that differ in shape.
+    the older one of :func:`in_saved_layout`. Collective when a process group exists: with
+    ``verify`` (default) rank 0 checks the files' checksums first (:func:`verify_checkpoint`;
+    a directory without ``checksums.json`` is not checked) and every rank takes its verdict.
+
+    Raises:
+        CheckpointDamaged: a file differs from what was written (on every rank), naming it.
+        CheckpointError: naming the entries that the checkpoint lacks or that differ in shape.
     """
+    if verify:
+        verdict: list = [None]
+        multi = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+        # A directory without checksums.json (written before them, or by dcp.save itself) is
+        # loaded as it is; rank 0 alone decides, so every rank takes the same branch.
+        if (not multi or dist.get_rank() == 0) and (Path(path) / CHECKSUMS_FILE).is_file():
+            try:
+                intact_checkpoint(path)
+            except CheckpointError as err:
+                verdict[0] = err
+        if multi:
+            dist.broadcast_object_list(verdict, src=0)
+        if verdict[0] is not None:
+            raise verdict[0]
     try:
         target = in_saved_layout(state, path)
         dcp.load(target, storage_reader=SafeReader(path), planner=SafeLoadPlanner())

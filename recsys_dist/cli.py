@@ -98,6 +98,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     from recsys_dist.distributed import under_launcher
 
     cfg = load_config(args.config, _train_overrides(args))
+    if args.resume_on_new_data and not args.resume:
+        raise ConfigError("--resume-on-new-data goes with --resume (it allows resuming a checkpoint on other data)")
     worker = args.worker or under_launcher()
     if not worker and cfg.distributed.nproc_per_node > 1 and start_method(cfg) == "fork":
         # The ranks fork from this process, and an OpenMP pool started here would hang
@@ -113,11 +115,13 @@ def cmd_train(args: argparse.Namespace) -> int:
         from recsys_dist.distributed import die_with_launcher
 
         die_with_launcher()  # a rank never outlives its launcher
-        resume = _resolve_resume(args, run_dir)
-        if resume is not None:
+        # The checksums are verified once: by our launcher (inherited), else by the Trainer's
+        # rank 0, which also makes --resume auto's fallback past a damaged checkpoint.
+        resume = _resolve_resume(args, run_dir, verify=False)
+        if resume is not None and args.resume != "auto":
             run_dirs.check_resumable(cfg, resume, job_size)
         # Under torchrun (no launcher of ours) the Trainer's rank 0 takes the run directory.
-        return _train_worker(args, cfg, run_dir, resume)
+        return _train_worker(args, cfg, run_dir, "auto" if args.resume == "auto" else resume)
     # One run per directory: held until this process ends, however it ends (the ranks it
     # starts see that their launcher holds it).
     with run_dirs.lock_run_dir(run_dir) or nullcontext():
@@ -136,13 +140,18 @@ def _launch_run(args: argparse.Namespace, cfg, run_dir: Path, resume: Path | Non
     # no-op resume with other overrides leaves the file that matches the checkpoints.
     run_dirs.write_config(cfg, run_dir, write=resume is None)
     t_data = time.perf_counter()
-    train_rows = _prepare_data(cfg)  # before any rank exists, so bad input is reported once and early
+    prepared = _prepare_data(cfg)  # before any rank exists, so bad input is reported once and early
     t_data = time.perf_counter() - t_data
     if resume is not None:
+        from recsys_dist.checkpoint import read_meta
         from recsys_dist.data.loader import steps_per_epoch
 
         n = cfg.distributed.nproc_per_node
-        total = run_dirs.total_steps(cfg, steps_per_epoch(train_rows, cfg.train.batch_size, n, cfg.data.remainder))
+        per_epoch = steps_per_epoch(prepared.rows["train"], cfg.train.batch_size, n, cfg.data.remainder)
+        meta = read_meta(resume)
+        identity = run_dirs.data_identity(prepared.directory, cfg.data.raw_path)
+        new_data = run_dirs.check_same_data(resume, meta, identity, args.resume_on_new_data, "--resume-on-new-data")
+        total = run_dirs.total_steps(cfg, per_epoch, run_dirs.resume_position(meta, per_epoch, new_data)[1])
         step = run_dirs.checkpoint_step(resume)
         if step >= total:
             print(run_dirs.nothing_to_train(run_dir, resume, step, total))
@@ -155,7 +164,9 @@ def _launch_run(args: argparse.Namespace, cfg, run_dir: Path, resume: Path | Non
 
                 with _signals_stop():
                     profile = run_dir / "profile" if args.profile else None
-                    with Trainer(cfg, run_dir, resume=resume, profile_dir=profile) as trainer:
+                    with Trainer(
+                        cfg, run_dir, resume=resume, profile_dir=profile, resume_on_new_data=args.resume_on_new_data
+                    ) as trainer:
                         summary = trainer.fit()
             else:
                 summary = _launch_ranks(args, cfg, run_dir, resume)
@@ -233,17 +244,18 @@ def _train_overrides(args: argparse.Namespace) -> list[str]:
     return overrides
 
 
-def _resolve_resume(args: argparse.Namespace, run_dir: Path) -> Path | None:
-    """``--resume auto|PATH`` -> a complete checkpoint directory (or None).
+def _resolve_resume(args: argparse.Namespace, run_dir: Path, verify: bool = True) -> Path | None:
+    """``--resume auto|PATH`` -> a complete checkpoint directory (or None); with ``verify``
+    one whose files match their checksums (``auto`` falls back past damaged ones, saying so).
 
     Raises:
         ConfigError: ``--resume auto`` without ``--run-dir``.
-        CheckpointError: PATH is not a complete checkpoint (``run_dir.resolve_resume``).
+        CheckpointError: PATH is not a complete checkpoint, or is damaged (``run_dir.resolve_resume``).
     """
     if args.resume in ("auto", "best", "latest") and not args.run_dir:
         raise ConfigError(f"--resume {args.resume} continues a run: give its directory with --run-dir")
-    path = run_dirs.resolve_resume(args.resume, run_dir)
-    if args.resume == "auto" and path is None:
+    path = run_dirs.resolve_resume(args.resume, run_dir, verify=verify)
+    if args.resume == "auto" and path is None and verify:
         # Lets one job script serve the first submission and every requeue.
         print(
             f"recsys-dist: --resume auto: no complete checkpoint in {run_dir / 'checkpoints'} yet; "
@@ -253,8 +265,8 @@ def _resolve_resume(args: argparse.Namespace, run_dir: Path) -> Path | None:
     return path
 
 
-def _prepare_data(cfg) -> int:
-    """Convert the raw data (cached); returns the training split's rows.
+def _prepare_data(cfg):
+    """Convert the raw data (cached); returns the ``PreparedData``.
 
     Raises:
         DataError: bad input, or an empty training split.
@@ -270,10 +282,10 @@ def _prepare_data(cfg) -> int:
             f"{describe_raw_path(cfg.data.raw_path)}: the training split is empty ({rows} rows); give more rows or "
             "change data.split"
         )
-    return prepared.rows["train"]
+    return prepared
 
 
-def _train_worker(args: argparse.Namespace, cfg, run_dir: Path, resume: Path | None) -> int:
+def _train_worker(args: argparse.Namespace, cfg, run_dir: Path, resume: Path | str | None) -> int:
     """One rank under a launcher (``launch_workers``' hidden ``--worker``, or torchrun)."""
     from torch.distributed.elastic.multiprocessing.errors import record
 
@@ -282,10 +294,12 @@ def _train_worker(args: argparse.Namespace, cfg, run_dir: Path, resume: Path | N
 
     if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)) > 0:
         # The elastic agent restarted the group after a failure: continue from the newest
-        # complete checkpoint of this run, if one was written.
-        resume = latest_checkpoint(run_dir) or resume
+        # intact checkpoint of this run, if one was written.
+        resume = "auto" if latest_checkpoint(run_dir) is not None else resume
     try:
-        summary = record(train)(cfg, run_dir, run_dir / "profile" if args.profile else None, resume)
+        summary = record(train)(
+            cfg, run_dir, run_dir / "profile" if args.profile else None, resume, args.resume_on_new_data
+        )
     except _user_errors() as err:
         # Recorded for the launcher's report already; a traceback would only bury the message.
         # An error every rank raised together (a full disk, a read-only file system) is
@@ -318,6 +332,7 @@ def _launch_ranks(args: argparse.Namespace, cfg, run_dir: Path, resume: Path | N
     logging.getLogger("torch.distributed.elastic.agent.server.api").setLevel(logging.ERROR)
     try:
         extra = (["--profile"] if args.profile else []) + (["--resume", str(resume)] if resume else [])
+        extra += ["--resume-on-new-data"] if args.resume_on_new_data else []
         with _signals_stop():
             launch_workers(
                 cli_rank,
@@ -629,8 +644,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--resume",
         default=None,
         metavar="auto|latest|best|PATH",
-        help="continue from a checkpoint: auto = newest complete one in --run-dir (or a fresh start); "
-        "latest / best = the newest / best-validation (checkpoint.keep_best) one of --run-dir",
+        help="continue from a checkpoint: auto = newest intact one in --run-dir (skipping a damaged one, saying "
+        "so; a fresh start when there is none); latest / best = the newest / best-validation "
+        "(checkpoint.keep_best) one of --run-dir; a damaged one named is refused",
+    )
+    p.add_argument(
+        "--resume-on-new-data",
+        action="store_true",
+        help="resume although the training data differs from the checkpoint's (refused otherwise); the "
+        "interrupted epoch starts again from its first batch over the new data",
     )
     p.add_argument("--plan", default=None, help="reuse a placement: the plan.json of an earlier run")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)

@@ -37,6 +37,7 @@ from recsys_dist.checkpoint import (
     SafeLoadPlanner,
     SafeReader,
     in_saved_layout,
+    intact_checkpoint,
     is_complete,
     latest_checkpoint,
     named_checkpoint,
@@ -93,7 +94,9 @@ def load(path: str | Path, preprocessing: bool = True) -> LoadedModel:
     conversion cache and pinned then (``recsys_dist.data.scoring.for_checkpoint``).
 
     Raises:
-        CheckpointError: nothing loadable at ``path``, or weights that do not fit the config.
+        CheckpointError: nothing loadable at ``path``, or weights that do not fit the config;
+            ``CheckpointDamaged`` when a file of the checkpoint differs from its recorded
+            checksum (naming the file and an intact checkpoint beside it).
         DataError: the preprocessing record cannot be found or does not match (a
             vocabulary-mapped checkpoint whose training data changed, a damaged export).
     """
@@ -114,6 +117,7 @@ def load(path: str | Path, preprocessing: bool = True) -> LoadedModel:
         raise CheckpointError(
             f"{path}: no model.safetensors and no complete checkpoint (run, checkpoint or export dir)"
         )
+    intact_checkpoint(ckpt)  # a damaged file is named, never loaded
     meta = read_meta(ckpt)
     tree = meta["config"]
     if "num_embeddings" in meta:  # the sizes the data preparation decided (vocabulary mapping)

@@ -28,6 +28,7 @@ import os
 import socket
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from recsys_dist.config import ConfigError, RunConfig, save_config
@@ -177,30 +178,52 @@ def check_unused(run_dir: Path) -> None:
         )
 
 
-def resolve_resume(resume: str | Path | None, run_dir: Path, flag: str = "--resume") -> Path | None:
+def resolve_resume(
+    resume: str | Path | None,
+    run_dir: Path,
+    flag: str = "--resume",
+    verify: bool = True,
+    warn: Callable[[str], None] | None = None,
+) -> Path | None:
     """``resume`` -> a complete checkpoint directory, or None (nothing to resume from).
 
     Args:
-        resume: None; ``"auto"``: the newest complete checkpoint in ``run_dir`` (None when
-            there is none yet, so one job script serves the first submission and every
-            requeue); ``"latest"`` or ``"best"`` (``checkpoint.keep_best``) of ``run_dir``,
+        resume: None; ``"auto"``: the newest complete checkpoint in ``run_dir`` whose files
+            are intact (None when there is none yet, so one job script serves the first
+            submission and every requeue; a damaged newer one is skipped, saying so through
+            ``warn``); ``"latest"`` or ``"best"`` (``checkpoint.keep_best``) of ``run_dir``,
             which must exist; a checkpoint directory (``step_N``); or a run directory, meaning its
             newest complete checkpoint.
         run_dir: the run's directory (for ``"auto"``).
         flag: how messages name the option (``--resume`` on the command line).
+        verify: check the checkpoint's files against their checksums
+            (``recsys_dist.checkpoint.verify_checkpoint``): ``auto`` falls back to an older
+            intact checkpoint, every other form refuses a damaged one.
+        warn: where ``auto``'s fallback is reported (default: stderr).
 
     Raises:
         CheckpointError: the path is a file, does not exist, is an incomplete checkpoint,
             or is a run directory without a complete checkpoint.
+        CheckpointDamaged: the checkpoint named (``latest``, ``best``, a path) is damaged,
+            or, for ``auto``, every checkpoint is: naming the damaged file (and an intact
+            checkpoint to use instead, if any).
     """
-    from recsys_dist.checkpoint import CheckpointError, latest_checkpoint, named_checkpoint, read_meta
+    from recsys_dist.checkpoint import (
+        CheckpointError,
+        intact_checkpoint,
+        latest_checkpoint,
+        named_checkpoint,
+        newest_intact_checkpoint,
+        read_meta,
+    )
 
     if not resume:
         return None
     if resume == "auto":
-        return latest_checkpoint(Path(run_dir))
+        return newest_intact_checkpoint(Path(run_dir), warn) if verify else latest_checkpoint(Path(run_dir))
     if resume in ("best", "latest"):
-        return named_checkpoint(resume, run_dir)
+        path = named_checkpoint(resume, run_dir)
+        return intact_checkpoint(path) if verify else path
     path = Path(resume)
     if path.is_file():
         raise CheckpointError(f"{flag} {path} is a file; give a checkpoint directory (step_N) or a run directory")
@@ -210,7 +233,7 @@ def resolve_resume(resume: str | Path | None, run_dir: Path, flag: str = "--resu
             raise CheckpointError(f"{flag} {path}: this run directory has no complete checkpoint")
         path = found
     read_meta(path)  # raises CheckpointError naming what is wrong
-    return path
+    return intact_checkpoint(path) if verify else path
 
 
 def check_resumable(cfg: RunConfig, checkpoint: Path, world_size: int | None = None) -> None:
@@ -233,6 +256,74 @@ def check_resumable(cfg: RunConfig, checkpoint: Path, world_size: int | None = N
         tables=cfg.data.categorical_mapping == "hash",
         world_size=world_size if world_size is not None else cfg.distributed.nproc_per_node,
     )
+
+
+class DataChanged(ConfigError):
+    """A checkpoint was trained on other training data than the config gives now."""
+
+    every_rank = True  # every rank of a Trainer raises it together: reported once
+
+
+def data_identity(prepared_dir: Path, raw_path) -> dict | None:
+    """The training data's identity a checkpoint records (``meta.json`` ``data``): the
+    conversion's training split (``recsys_dist.data.convert.train_identity``) and the raw
+    file(s) it came from (for messages); None when the entry records no checksums."""
+    from recsys_dist.data.config import describe_raw_path
+    from recsys_dist.data.convert import train_identity
+
+    found = train_identity(Path(prepared_dir))
+    return {**found, "raw": describe_raw_path(raw_path)} if found is not None else None
+
+
+def check_same_data(checkpoint: Path, meta: dict, identity: dict | None, allow: bool, flag: str) -> bool:
+    """Whether a resume continues on other training data than ``checkpoint`` was trained on.
+
+    Checkpoints from before data identities were recorded, and identities made with another
+    checksum algorithm, cannot be compared: False.
+
+    Args:
+        identity: :func:`data_identity` of the data the resumed run would train on.
+        allow: resume on other data (``--resume-on-new-data``): then True is returned.
+        flag: how the message names that option.
+
+    Raises:
+        DataChanged: the training split differs and ``allow`` is False: naming both splits
+            (raw file, rows, fingerprint, cache entry) and ``flag``.
+    """
+    saved = meta.get("data")
+    if not saved or not identity or saved.get("algorithm") != identity.get("algorithm"):
+        return False
+    if saved["fingerprint"] == identity["fingerprint"]:
+        return False
+    if allow:
+        return True
+
+    def show(d: dict) -> str:
+        return f"{d['rows']:,} training rows of {d['raw']} (fingerprint {d['fingerprint']}, cache entry {d['entry']})"
+
+    raise DataChanged(
+        f"checkpoint {checkpoint} was trained on other data: it was trained on {show(saved)}; the data now gives "
+        f"{show(identity)}. Resuming would continue its epoch on other rows and mix two datasets in one run. "
+        f"Restore the data it was trained on, train into a new --run-dir, or resume on the new data with {flag}; "
+        "the interrupted epoch then starts again from its first batch, over the new data"
+    )
+
+
+def resume_position(meta: dict, steps_per_epoch: int, new_data: bool) -> tuple[int, int]:
+    """``(epoch, offset)`` a resumed run continues with: the epoch it starts in, and the
+    global step at which epoch 0 would have started had every epoch been ``steps_per_epoch``
+    steps (0 for a run on one dataset), so that the run ends after ``train.epochs`` epochs at
+    step ``offset + epochs * steps_per_epoch``.
+
+    On new data the checkpoint's position within its epoch means nothing (another row set,
+    another order): that epoch starts again from its first batch (the next one when the
+    checkpoint was at an epoch's end), at the checkpoint's step.
+    """
+    if not new_data:
+        return int(meta.get("epoch", 0)), int(meta.get("step_offset", 0))
+    finished = meta["batches_in_epoch"] >= meta.get("steps_per_epoch", float("inf"))
+    epoch = int(meta["epoch"]) + int(finished)
+    return epoch, int(meta["step"]) - epoch * steps_per_epoch
 
 
 def checkpoint_step(checkpoint: Path) -> int:
@@ -276,9 +367,10 @@ def noop_summary(run_dir: Path, checkpoint: Path, step: int) -> dict:
     }
 
 
-def total_steps(cfg: RunConfig, steps_per_epoch: int) -> int:
-    """Steps the run trains in all: ``train.epochs`` epochs, capped by ``train.max_steps``."""
-    total = cfg.train.epochs * steps_per_epoch
+def total_steps(cfg: RunConfig, steps_per_epoch: int, offset: int = 0) -> int:
+    """Steps the run trains in all: ``train.epochs`` epochs, capped by ``train.max_steps``;
+    ``offset``: see :func:`resume_position` (a run resumed on new data)."""
+    total = offset + cfg.train.epochs * steps_per_epoch
     return min(total, cfg.train.max_steps) if cfg.train.max_steps else total
 
 

@@ -218,9 +218,11 @@ class Trainer:
             Rank 0 holds the directory's lock (``RUN_DIR/.lock``) until :meth:`close`, unless
             the launcher that started it holds it; ``metrics.jsonl`` is cut to the step the
             run continues from (emptied when it starts from scratch).
-        resume: None; ``"auto"`` (the newest complete checkpoint of ``run_dir``, or a fresh
-            start when there is none yet); a checkpoint directory; or a run directory (its
-            newest complete checkpoint). Any world size or plan may have written it.
+        resume: None; ``"auto"`` (the newest complete checkpoint of ``run_dir`` whose files
+            match their checksums, a damaged newer one skipped with a warning naming its file;
+            a fresh start when there is none yet); ``"latest"`` / ``"best"`` of ``run_dir``; a
+            checkpoint directory; or a run directory (its newest complete checkpoint). Any world
+            size or plan may have written it.
         profile_dir: write a torch.profiler trace of steps 5-7 per rank there.
         model: the model as an ``nn.Module`` (tables in EmbeddingBagCollections /
             EmbeddingCollections, built on ``meta``: ``spec.embedding_device``), or a factory
@@ -241,6 +243,11 @@ class Trainer:
             CosineAnnealingLR, ...): a resumed run steps it to the checkpoint's step again.
         callbacks: :class:`recsys_dist.callbacks.Callback` objects, called on every rank at each
             step's end and each validation's end.
+        resume_on_new_data: resume although the training split differs from the one the
+            checkpoint was trained on (its fingerprint, ``meta.json`` ``data``); refused
+            otherwise. The checkpoint's epoch then starts again from its first batch over
+            the new data (the next epoch when it had ended), steps continuing from the
+            checkpoint's, and the run ends after ``train.epochs`` epochs.
 
     Attributes:
         cfg: the config. run_dir: the run directory (``Path``).
@@ -267,7 +274,10 @@ class Trainer:
             callback that is not a :class:`recsys_dist.callbacks.Callback`.
         MetricsError: ``metrics.jsonl`` cannot be written (every rank raises it together).
         CheckpointError: ``resume`` is not a complete checkpoint, or one written by another
-            model config.
+            model config; ``CheckpointDamaged``: a file of it differs from its checksum
+            (``"auto"`` falls back to the newest intact one instead, with a warning).
+        DataChanged (a ``ConfigError``): ``resume`` was trained on another training split
+            and ``resume_on_new_data`` is False.
         DataError: the data cannot be converted or read.
     """
 
@@ -282,6 +292,7 @@ class Trainer:
         dense_optimizer: DenseOptimizerFactory | None = None,
         lr_scheduler: LRSchedulerFactory | None = None,
         callbacks: Sequence[Callback] = (),
+        resume_on_new_data: bool = False,
     ) -> None:
         check_given_once(cfg, model, dense_optimizer, lr_scheduler, callbacks)
         require_ranks(cfg)
@@ -289,6 +300,7 @@ class Trainer:
         self._user_model, self._dense_factory, self._scheduler_factory = model, dense_optimizer, lr_scheduler
         self._callbacks = list(callbacks)
         self._lr_scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
+        self._resume_on_new_data = resume_on_new_data
         self._owns_group = not dist.is_initialized()
         self._closed = self._failed = False
         self._bar = self._writer = self._tracer = self._lock = None
@@ -319,12 +331,31 @@ class Trainer:
         torch.manual_seed(cfg.train.seed)
         if cfg.train.deterministic:
             torch.use_deterministic_algorithms(True)
-        checkpoint = run_dirs.resolve_resume(resume, self.run_dir, flag="resume")
+        # Rank 0 checks the checkpoint's checksums (auto: falls back past a damaged one) and
+        # every rank takes its answer, so no two ranks load different checkpoints.
+        checkpoint = broadcast_result(
+            ctx, lambda: run_dirs.resolve_resume(resume, self.run_dir, flag="resume", warn=log.warning)
+        )
         if resume == "auto" and checkpoint is None:
             log.warning("resume='auto': no complete checkpoint in %s yet; starting from scratch", self.run_dir)
         with self._clock.phase("data"):
             self._loaders = make_loaders(cfg, ctx)  # converts the data; decides the table sizes
-        self.total_steps = run_dirs.total_steps(cfg, len(self._loaders.train))
+        # The training split's identity, recorded in each checkpoint; a resume on another one
+        # is refused unless resume_on_new_data (then its epoch starts again: resume_position).
+        conversion = self._loaders.conversion
+        self._data = broadcast_result(
+            ctx, lambda: run_dirs.data_identity(conversion, cfg.data.raw_path) if conversion is not None else None
+        )
+        meta = read_meta(checkpoint) if checkpoint is not None else None
+        flag = "resume_on_new_data=True (on the command line --resume-on-new-data)"
+        self._new_data = meta is not None and run_dirs.check_same_data(
+            checkpoint, meta, self._data, self._resume_on_new_data, flag
+        )
+        per_epoch = len(self._loaders.train)
+        self._resume_epoch, self._step_offset = (
+            run_dirs.resume_position(meta, per_epoch, self._new_data) if meta is not None else (0, 0)
+        )
+        self.total_steps = run_dirs.total_steps(cfg, per_epoch, self._step_offset)
         # A resumed run replaces config.yaml only when there is something left to train.
         done = checkpoint is not None and run_dirs.checkpoint_step(checkpoint) >= self.total_steps
         broadcast_result(ctx, lambda: run_dirs.write_config(cfg, self.run_dir, write=not done))
@@ -601,6 +632,10 @@ class Trainer:
                 "config": self.cfg.to_dict(),
                 "num_embeddings": self._loaders.num_embeddings,
                 "early_stopping": self.best.state() if self.best is not None else None,
+                # The training data (recsys_dist.run_dir.check_same_data) and where its epochs start.
+                "data": self._data,
+                "steps_per_epoch": len(self._loaders.train),
+                "step_offset": self._step_offset,
             }
             c = self.cfg.checkpoint
             path = save_checkpoint(self._ctx, self.run_dir, self._step, self._state(), meta, c.keep, best=best)
@@ -722,7 +757,7 @@ class Trainer:
             state["rng"] = torch.get_rng_state()
         elif meta.get("world_size") != self._ctx.world_size:  # no rank's random stream continues
             del state["rng"]
-        load_checkpoint(path, state)  # in place: model shards and optimizer state are views
+        load_checkpoint(path, state, verify=False)  # verified in _setup; in place: the state dicts are views
         set_optimizer_steps(self._optimizer, meta["step"])
         if "rng" in state:
             rng = state["rng"]
@@ -732,6 +767,15 @@ class Trainer:
         if self.best is not None:
             self.best.load(meta.get("early_stopping"))
         self._next_epoch, self._in_epoch = meta["epoch"], meta["batches_in_epoch"]
+        if self._new_data:
+            log.warning(
+                "resuming %s on other training data (%s, was %s): epoch %d starts again from its first batch",
+                path,
+                self._data,
+                meta.get("data"),
+                self._resume_epoch,
+            )
+            self._next_epoch, self._in_epoch = self._resume_epoch, 0
         if self._in_epoch >= len(self._loaders.train):
             self._next_epoch, self._in_epoch = self._next_epoch + 1, 0
         self.epoch = self._first_epoch = self._next_epoch
@@ -973,13 +1017,21 @@ def require_ranks(cfg: RunConfig) -> None:
         )
 
 
-def train(cfg: RunConfig, run_dir: Path, profile_dir: Path | None = None, resume: Path | None = None) -> dict:
+def train(
+    cfg: RunConfig,
+    run_dir: Path,
+    profile_dir: Path | None = None,
+    resume: Path | str | None = None,
+    resume_on_new_data: bool = False,
+) -> dict:
     """Train and evaluate as configured; returns the summary (also in summary.json).
 
     :meth:`Trainer.fit` in a ``with`` block: the process group is destroyed at the end if
-    this call created it. ``profile_dir`` and ``resume`` as for :class:`Trainer`.
+    this call created it. ``profile_dir``, ``resume`` and ``resume_on_new_data`` as for :class:`Trainer`.
     """
-    with Trainer(cfg, run_dir, resume=resume, profile_dir=profile_dir) as trainer:
+    with Trainer(
+        cfg, run_dir, resume=resume, profile_dir=profile_dir, resume_on_new_data=resume_on_new_data
+    ) as trainer:
         return trainer.fit()
 
 

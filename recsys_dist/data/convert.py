@@ -1018,6 +1018,30 @@ def _integrity(out: Path, names: list[str]) -> dict:
     }
 
 
+def train_identity(directory: Path) -> dict | None:
+    """What a checkpoint records of the training split it was trained on: ``fingerprint``
+    (16 hex digits over the size and checksum of each training file, as the entry's manifest
+    records them: the content, whatever the raw file's name, date or cache directory),
+    ``rows``, ``algorithm`` (the checksum's) and ``entry`` (the cache entry's name); None
+    for an entry whose manifest holds no checksums.
+    """
+    m = json.loads((Path(directory) / MANIFEST_FILE).read_text())
+    names = (m.get("files") or {}).get("train") or ["train.parquet"]
+    integrity = m.get("integrity") or {}
+    files = integrity.get("files") or {}
+    if not names or any(n not in files for n in names):
+        return None
+    h = hashlib.blake2b(digest_size=8)
+    for n in names:
+        h.update(f"{files[n]['size']}:{files[n]['checksum']};".encode())
+    return {
+        "fingerprint": h.hexdigest(),
+        "rows": int(m["rows"]["train"]),
+        "algorithm": integrity.get("algorithm"),
+        "entry": Path(directory).name,
+    }
+
+
 def _write_manifest(out: Path, manifest: dict) -> None:
     """Write ``manifest.json`` under a name of this process and rename it into place (a
     reader sees the old manifest or the new one, never half of one)."""

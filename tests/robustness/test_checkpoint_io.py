@@ -2,6 +2,7 @@
 on one process: clear errors, the previous checkpoint intact, nothing unpickled."""
 
 import errno
+import json
 import pickle
 import shutil
 
@@ -73,17 +74,129 @@ class _Boom:
 def test_tampered_metadata_is_never_unpickled(run, capsys):
     path = run / "checkpoints" / "step_00000004"
     (path / ".metadata").write_bytes(pickle.dumps(_Boom()))
-    with pytest.raises(ck.CheckpointError, match=r"refusing to load builtins.print"):
+    # The checksums find it first; without them (a checkpoint from before checksums) the
+    # unpickler still refuses it.
+    with pytest.raises(ck.CheckpointDamaged, match=r"step_00000004/.metadata: "):
         ck.load_checkpoint(path, _state(0.0))
+    with pytest.raises(ck.CheckpointError, match=r"refusing to load builtins.print"):
+        ck.load_checkpoint(path, _state(0.0), verify=False)
     assert "pwned" not in capsys.readouterr().out
     (path / ".metadata").write_bytes(b"\x80\x04garbage")
     with pytest.raises(ck.CheckpointError, match="not a readable DCP metadata file"):
-        ck.load_checkpoint(path, _state(0.0))
+        ck.load_checkpoint(path, _state(0.0), verify=False)
 
 
 def test_truncated_shard_is_reported_as_damage_naming_an_older_checkpoint(run):
     ck.save_checkpoint(CTX, run, 8, _state(2.0), {"step": 8})
     shard = next((run / "checkpoints" / "step_00000008").glob("*.distcp"))
     shard.write_bytes(shard.read_bytes()[:100])
-    with pytest.raises(ck.CheckpointError, match=r"step_00000008 is damaged: .*--resume .*step_00000004"):
+    with pytest.raises(
+        ck.CheckpointError,
+        match=r"step_00000008 is damaged: .*distcp: 100 bytes .*intact checkpoint is .*step_00000004",
+    ):
         ck.load_checkpoint(run / "checkpoints" / "step_00000008", _state(0.0))
+
+
+def _zeros_inside(path, size=64 << 10, at=512):
+    """Overwrite ``size`` bytes of ``path`` with zeros in place: the file keeps its size."""
+    before = path.stat().st_size
+    with open(path, "r+b") as f:
+        f.seek(at)
+        f.write(b"\0" * size)
+    assert path.stat().st_size == before
+
+
+def test_a_shard_overwritten_in_place_is_named_and_auto_falls_back(tmp_path, monkeypatch):
+    monkeypatch.setenv(ck.VERIFIED_ENV, "")  # what verification records is undone after the test
+    from recsys_dist import run_dir as run_dirs
+
+    def big(value):  # a shard of 256 KiB, so that 64 KiB of zeros land inside it
+        return {"model": {"w": torch.full((256, 256), value)}, "rng": torch.get_rng_state()}
+
+    for step in (4, 8):
+        ck.save_checkpoint(CTX, tmp_path, step, big(float(step)), {"step": step}, keep=3)
+    root = tmp_path / "checkpoints"
+    old, new = root / "step_00000004", root / "step_00000008"
+    listed = json.loads((new / ck.CHECKSUMS_FILE).read_text())["files"]
+    assert {".metadata", "meta.json"} < set(listed) and any(n.endswith(".distcp") for n in listed)
+    shard = max(new.glob("*.distcp"), key=lambda p: p.stat().st_size)
+    _zeros_inside(shard)
+
+    with pytest.raises(ck.CheckpointDamaged, match=rf"{shard}: its CRC-32 differs") as e:
+        ck.load_checkpoint(new, big(0.0))
+    assert str(old) in str(e.value)  # the intact one to use instead
+    for ref in ("latest", str(new), str(tmp_path)):  # named explicitly (a run directory too): refused
+        with pytest.raises(ck.CheckpointDamaged, match=rf"{shard}: .*newest intact checkpoint is {old}"):
+            run_dirs.resolve_resume(ref, tmp_path)
+    warned = []
+    assert run_dirs.resolve_resume("auto", tmp_path, warn=warned.append) == old  # auto falls back, saying so
+    assert (
+        len(warned) == 1
+        and str(shard) in warned[0]
+        and f"falling back to the newest intact checkpoint, {old}" in warned[0]
+    )
+    state = big(0.0)
+    ck.load_checkpoint(old, state)
+    assert torch.equal(state["model"]["w"], torch.full((256, 256), 4.0))
+
+    # A garbled meta.json: named, and auto names the checkpoint it falls back to.
+    shutil.rmtree(new)
+    ck.save_checkpoint(CTX, tmp_path, 8, big(8.0), {"step": 8}, keep=3)
+    (new / "meta.json").write_text('{"step": 8, "epo')
+    warned.clear()
+    assert run_dirs.resolve_resume("auto", tmp_path, warn=warned.append) == old
+    assert f"{new / 'meta.json'}: not valid JSON" in warned[0] and str(old) in warned[0]
+    # Every checkpoint damaged: auto does not start from scratch silently.
+    _zeros_inside(next(old.glob("*.distcp")))
+    with pytest.raises(ck.CheckpointDamaged, match=r"no intact checkpoint is left .*\(2 damaged\)"):
+        run_dirs.resolve_resume("auto", tmp_path)
+    # A checkpoint from before checksums: only meta.json is checked.
+    (old / ck.CHECKSUMS_FILE).unlink()
+    ck.verify_checkpoint(old)
+
+
+def _two_rank_damage(rank, world_size, run):
+    import torch.distributed as dist
+
+    from recsys_dist import run_dir as run_dirs
+    from recsys_dist.distributed import broadcast_result
+
+    ctx = DistContext(rank, world_size, rank, world_size, torch.device("cpu"), "gloo")
+
+    def state(value):  # one entry per rank, so that each rank writes a shard file of its own
+        return {
+            "model": {"w": torch.full((64, 4), value)},
+            "own": {f"rank_{rank}": torch.full((128, 256), value + rank)},
+        }
+
+    for step in (4, 8):
+        ck.save_checkpoint(ctx, run, step, state(float(step)), {"step": step}, keep=3)
+    new = run / "checkpoints" / "step_00000008"
+    listed = sorted(json.loads((new / ck.CHECKSUMS_FILE).read_text())["files"])
+    dist.barrier()
+    if rank == 1:  # the shard rank 1 wrote, checksummed by rank 1
+        _zeros_inside(new / "__1_0.distcp", at=1024)
+    dist.barrier()
+    out = {"listed": listed}
+    try:  # every rank takes rank 0's verdict: all raise, none waits in a collective
+        ck.load_checkpoint(new, state(0.0))
+    except ck.CheckpointDamaged as err:
+        out["error"] = str(err)
+    out["auto"] = broadcast_result(ctx, lambda: run_dirs.resolve_resume("auto", run, warn=lambda text: None))
+    loaded = state(0.0)
+    ck.load_checkpoint(out["auto"], loaded)
+    out["own"] = float(loaded["own"][f"rank_{rank}"][0, 0])
+    return out
+
+
+@pytest.mark.slow  # 2 ranks
+def test_damage_on_one_rank_is_seen_by_every_rank(tmp_path):
+    from recsys_dist.testing import run_ranks
+
+    results = run_ranks(_two_rank_damage, 2, tmp_path, timeout_s=120)
+    shard = tmp_path / "checkpoints" / "step_00000008" / "__1_0.distcp"
+    for rank, got in enumerate(results):
+        assert {"__0_0.distcp", "__1_0.distcp", ".metadata", "meta.json"} <= set(got["listed"])
+        assert f"{shard}: its CRC-32 differs" in got["error"], got
+        assert got["auto"] == tmp_path / "checkpoints" / "step_00000004"
+        assert got["own"] == 4.0 + rank
