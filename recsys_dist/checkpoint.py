@@ -470,6 +470,7 @@ def check_compatible(
     tables: bool = True,
     sizes: list[int] | None = None,
     world_size: int | None = None,
+    user_model: bool = False,
 ) -> None:
     """Refuse a checkpoint written by a model config other than ``config`` (a resolved
     config dict): the model section, the table sizes (unless ``tables`` is False: sizes
@@ -482,11 +483,18 @@ def check_compatible(
     (``train.batch_size`` x ``world_size``, the ranks of the resumed run, when given) must
     not: the replicated managed-collision history is sized by it.
 
+    ``user_model``: the resuming Trainer was given its model (``Trainer(model=...)``); a
+    checkpoint of such a model resumes only into one, and one of ``model.name`` only into that.
+
     Raises:
         CheckpointError: naming each differing key, old -> new.
     """
     saved = meta.get("config", {})
     diffs = []
+    if bool(meta.get("user_model")) != user_model:
+        where = ("Trainer(model=...)", "the config's model.name")
+        old, new = where if meta.get("user_model") else where[::-1]
+        diffs.append(f"model {old} -> {new} (its model.* keys name no model of the run that wrote it)")
     for section, keys in (
         ("model", None),
         ("data", (("num_embeddings",) if tables else ()) + ("pooling", "feature_pooling", "categorical_mapping")),

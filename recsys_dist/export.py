@@ -119,6 +119,17 @@ def load(path: str | Path, preprocessing: bool = True) -> LoadedModel:
         )
     intact_checkpoint(ckpt)  # a damaged file is named, never loaded
     meta = read_meta(ckpt)
+    if meta.get("own_loop"):
+        raise CheckpointError(
+            f"checkpoint {ckpt} was written by recsys_dist.save_checkpoint in a loop of your own: it holds no "
+            "config to rebuild the model from; load it into your module with recsys_dist.load_checkpoint"
+        )
+    if meta.get("user_model"):
+        raise CheckpointError(
+            f"checkpoint {ckpt} holds a model given to Trainer(model=...): its config names no model to rebuild "
+            "it from (model.name would build another one); score it with Trainer.predict, in a Trainer given the "
+            "same model= and resume= this run"
+        )
     tree = meta["config"]
     if "num_embeddings" in meta:  # the sizes the data preparation decided (vocabulary mapping)
         tree = {**tree, "data": {**tree["data"], "num_embeddings": meta["num_embeddings"]}}

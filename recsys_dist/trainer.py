@@ -637,6 +637,8 @@ class Trainer:
                 "steps_per_epoch": len(self._loaders.train),
                 "step_offset": self._step_offset,
             }
+            if self._user_model is not None:  # config.model names no model: export/load_model refuse it
+                meta["user_model"] = True
             c = self.cfg.checkpoint
             path = save_checkpoint(self._ctx, self.run_dir, self._step, self._state(), meta, c.keep, best=best)
             self._saved_step = self._step
@@ -749,7 +751,12 @@ class Trainer:
         """Continue from a checkpoint: weights, optimizer state, RNG and the loader position."""
         meta = read_meta(path)
         check_compatible(
-            path, meta, self.cfg.to_dict(), sizes=self._loaders.num_embeddings, world_size=self._ctx.world_size
+            path,
+            meta,
+            self.cfg.to_dict(),
+            sizes=self._loaders.num_embeddings,
+            world_size=self._ctx.world_size,
+            user_model=self._user_model is not None,
         )
         init_lazy_state(self._optimizer, self._model.fused_optimizer)
         state, saved = self._state(), checkpoint_keys(path)

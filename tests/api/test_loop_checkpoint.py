@@ -43,6 +43,12 @@ def test_a_model_and_its_adam_state_come_back(tmp_path):
         m(x).sum().backward()
         o.step()
     assert all(torch.equal(a, b) for a, b in zip(model.parameters(), fresh.parameters()))
+    # It holds no config: export / load_model refuse it by name (not a KeyError deep inside).
+    from recsys_dist.checkpoint import CheckpointError
+    from recsys_dist.export import load
+
+    with pytest.raises(CheckpointError, match="loop of your own"):
+        load(path)
 
 
 def test_bad_arguments_are_refused(tmp_path):

@@ -115,6 +115,15 @@ def test_a_model_optimizer_and_scheduler_from_python_train_as_named_in_the_confi
     resumed = fit(every_6, "resumed", resume=tmp_path / "whole" / "checkpoints" / "step_00000006", **parts())
     assert resumed == whole[6:]
     assert whole != halved
+    # Its config names no model (model.name is dlrm's default): export and load_model would rebuild
+    # another model, so they refuse, and so does a resume into the config's model.
+    from recsys_dist.checkpoint import CheckpointError
+    from recsys_dist.export import load
+
+    with pytest.raises(CheckpointError, match=r"holds a model given to Trainer\(model=...\)"):
+        load(tmp_path / "whole")
+    with pytest.raises(CheckpointError, match=r"model Trainer\(model=...\) -> the config's model.name"):
+        fit([*NAMED, *every_6], "named_resumed", resume=tmp_path / "whole" / "checkpoints" / "step_00000006")
 
 
 def sgd_at(lr):
