@@ -1107,9 +1107,11 @@ def _open_entry(out: Path, raw: Path, warn_one_class: bool) -> dict | None:
         return None
     try:
         m = json.loads(path.read_text())
+        if not isinstance(m, dict):  # JSON, but not the object a conversion writes
+            raise ValueError(f"a JSON {type(m).__name__}, not an object")
         names = _entry_files(m)
         m["rows"], m["num_embeddings"]  # noqa: B018 - present in every manifest
-    except (OSError, ValueError, KeyError, TypeError) as err:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
         _discard(out, [], MANIFEST_FILE, f"not a readable manifest ({err})", raw)
         return None
     problem = _check_entry(out, m, names, full=False)
