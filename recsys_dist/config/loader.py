@@ -130,8 +130,23 @@ def yaml_load(text: str):
     return yaml.load(text, Loader=_YamlLoader)  # noqa: S506 - a SafeLoader subclass
 
 
+class _Replace(dict):
+    """A mapping given whole on the command line (``model.args={}``, ``x={a: 1}``): it replaces
+    the file's mapping at that key instead of being merged into it."""
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
 def parse_overrides(overrides: list[str]) -> dict:
-    """Turn ``["a.b=1", "c=[1,2]"]`` into a nested dict; values are parsed as YAML."""
+    """Turn ``["a.b=1", "c=[1,2]"]`` into a nested dict; values are parsed as YAML.
+
+    A mapping value (``model.args={}``, ``train.early_stopping={metric: auc}``) replaces the
+    file's mapping at that key when merged by :func:`load_config`; dotted keys
+    (``model.args.hidden=8``) change one entry and keep the rest."""
     tree: dict = {}
     for item in overrides:
         key, sep, raw = item.partition("=")
@@ -146,14 +161,16 @@ def parse_overrides(overrides: list[str]) -> dict:
                 f"override '{item}': the value is not valid YAML ({getattr(err, 'problem', err)}); "
                 f"if it is text, quote it, e.g. {key}='\"{raw}\"'"
             ) from None
-        _set_dotted(tree, key.strip(), value)
+        _set_dotted(tree, key.strip(), _Replace(value) if isinstance(value, dict) else value)
     return tree
 
 
 def _merge(base: dict, extra: dict) -> dict:
     out = dict(base)
     for key, value in extra.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
+        if isinstance(value, _Replace):
+            out[key] = _plain(value)
+        elif isinstance(value, dict) and isinstance(out.get(key), dict):
             out[key] = _merge(out[key], value)
         else:
             out[key] = value

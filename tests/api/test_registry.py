@@ -55,6 +55,18 @@ def test_import_path_model_args_are_checked_against_the_factory(example_on_path)
         load_config(QUICKSTART, ["model.name=my_model:Nope"])
 
 
+def test_a_mapping_on_the_command_line_replaces_the_files(example_on_path):
+    """model.args={} was merged into the file's {hidden: 64} (a no-op); now a mapping given
+    whole replaces the file's, and a dotted key changes one entry."""
+    cfg = ROOT / "examples" / "custom_model" / "config.yaml"
+    assert load_config(cfg).model.args == {"hidden": 64}
+    assert load_config(cfg, ["model.args={}"]).model.args == {}
+    assert load_config(cfg, ["model.args.hidden=8"]).model.args == {"hidden": 8}
+    assert load_config(cfg, ["model.args={}", "model.args.hidden=8"]).model.args == {"hidden": 8}
+    early = load_config(QUICKSTART, ["train.early_stopping={metric: logloss, patience: 3}"]).train.early_stopping
+    assert (early.metric, early.patience) == ("logloss", 3)
+
+
 def test_import_path_model_trains_like_a_shipped_one_without_sharding(example_on_path):
     from recsys_dist.data.loader import CTRBatch
     from recsys_dist.models import build_model, feature_spec
