@@ -415,7 +415,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         overrides.append(f"sharding.hbm_gb={args.hbm_gb}")
     if args.ddr_gb is not None:
         overrides.append(f"sharding.ddr_gb={args.ddr_gb}")
-    cfg = load_config(args.config, overrides)
+    cfg = load_config(args.config, overrides, check_files=False)  # planning reads no data
     if args.local_world_size > args.world_size or args.world_size % args.local_world_size:
         raise ConfigError(f"--local-world-size {args.local_world_size} must divide --world-size {args.world_size}")
     _quiet_third_party()

@@ -7,11 +7,9 @@ validation (so ``load_config`` reports them with every other problem);
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from recsys_dist.config.base import ConfigError
 from recsys_dist.data import feature_names, sequence_names, tasks
-from recsys_dist.data.config import raw_paths
+from recsys_dist.data.config import missing_data_files
 from recsys_dist.models.registry import get_model
 from recsys_dist.retrieval import retrieval_problems
 from recsys_dist.sharding import CUDA_ONLY_KERNELS, comms_problems, small_table_problems, unpooled_type_problems
@@ -158,15 +156,7 @@ def check_before_launch(cfg, world_size: int | None = None) -> None:
     problems = []
     if cfg.data.raw_path is None:
         problems.append("  data.raw_path: not set; training needs a raw data file")
-    for raw in raw_paths(cfg.data):
-        if Path(raw).is_dir():
-            problems.append(f"  data.raw_path: {raw} is a directory; give the raw data file")
-        elif not Path(raw).is_file():
-            problems.append(f"  data.raw_path: file {raw} does not exist (fix the path in the config)")
-    for key in ("validation_path", "test_path"):
-        p = getattr(cfg.data.split, key)
-        if p is not None and not Path(p).is_file():
-            problems.append(f"  data.split.{key}: file {p} does not exist (fix the path in the config)")
+    problems += [f"  {p}" for p in missing_data_files(cfg.data)]  # also for a config not from load_config
     problems += [f"  {p}" for p in section_problems(cfg)]
     problems += [f"  {p}" for p in coverage_problems(cfg)]
     tables = table_names(cfg)

@@ -23,6 +23,7 @@ from pydantic import ValidationError
 
 from recsys_dist.config.base import ConfigError
 from recsys_dist.config.run import RunConfig
+from recsys_dist.data.config import missing_data_files
 
 # Config keys holding filesystem paths; resolved against the config file's directory.
 PATH_KEYS = ("data.raw_path", "data.cache_dir", "data.split.validation_path", "data.split.test_path")
@@ -239,17 +240,22 @@ def config_from_dict(tree: dict, source: str = "<dict>", overridden: frozenset =
         raise ConfigError(_format_errors(err, tree, source, overridden)) from None
 
 
-def load_config(path: str | os.PathLike, overrides: list[str] | None = None) -> RunConfig:
+def load_config(path: str | os.PathLike, overrides: list[str] | None = None, *, check_files: bool = True) -> RunConfig:
     """Load a YAML run config, apply dotted ``key=value`` overrides and validate it.
 
     Args:
         path: YAML file. Loaded with a ``yaml.SafeLoader`` (no object construction) that reads
             ``1e-3`` as a number and refuses a key given twice.
         overrides: e.g. ``["train.batch_size=64", "sharding.sharding_types=[row_wise]"]``.
+        check_files: the data files the config names (``data.raw_path``,
+            ``data.split.validation_path`` / ``test_path``) must exist, as ``recsys-dist
+            train`` requires; False for a config only planned (``recsys-dist plan``), whose
+            data may live elsewhere. An unset ``data.raw_path`` is not checked here.
 
     Raises:
         ConfigError: the file is missing or not a mapping, or any key is unknown,
-            mistyped or out of range; every problem is listed in one message.
+            mistyped or out of range (every problem listed in one message); or a data file
+            it names does not exist (naming the key and the file).
     """
     path = Path(path)
     if not path.is_file():
@@ -272,7 +278,12 @@ def load_config(path: str | os.PathLike, overrides: list[str] | None = None) -> 
     _resolve_paths(extra, Path.cwd())
     keys = frozenset(o.partition("=")[0].strip() for o in overrides or [])
     tree = _switch_model(tree, extra.get("model"))
-    return config_from_dict(_merge(tree, extra), str(path), keys)
+    cfg = config_from_dict(_merge(tree, extra), str(path), keys)
+    if check_files:
+        problems = missing_data_files(cfg.data)
+        if problems:
+            raise ConfigError(f"invalid config {path}:\n" + "\n".join(f"  {p}" for p in problems))
+    return cfg
 
 
 def _switch_model(tree: dict, override: Any) -> dict:

@@ -555,6 +555,22 @@ def raw_paths(d: DataConfig) -> list[str]:
     return [] if r is None else list(r) if isinstance(r, list) else [r]
 
 
+def missing_data_files(d: DataConfig) -> list[str]:
+    """``key: what is wrong`` for each data file the config names that is not a file
+    (``data.raw_path``, ``data.split.validation_path`` / ``test_path``); empty when all are."""
+    problems = []
+    for raw in raw_paths(d):
+        if Path(raw).is_dir():
+            problems.append(f"data.raw_path: {raw} is a directory; give the raw data file")
+        elif not Path(raw).is_file():
+            problems.append(f"data.raw_path: file {raw} does not exist (fix the path in the config)")
+    for key in ("validation_path", "test_path"):
+        p = getattr(d.split, key)
+        if p is not None and not Path(p).is_file():
+            problems.append(f"data.split.{key}: file {p} does not exist (fix the path in the config)")
+    return problems
+
+
 def describe_raw_path(raw: str | list[str] | None) -> str:
     """``data.raw_path`` for a message: the file, or "N training files (first .. last)"."""
     if isinstance(raw, list) and len(raw) > 1:
