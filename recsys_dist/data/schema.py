@@ -209,7 +209,15 @@ class SchemaFormat:
             needed += [c for c in (s.history.user, s.history.item, s.history.time) if c not in needed]
         missing = [c for c in needed if c not in names]
         if missing:
-            raise DataError(f"{path}: columns {missing} named in data.schema are not in the file ({where}: {names})")
+            hint = (
+                "; if the file has no header line, set data.schema.header: false and name its fields in "
+                "data.schema.columns"
+                if where == "header" and not s.columns
+                else ""
+            )
+            raise DataError(
+                f"{path}: columns {missing} named in data.schema are not in the file ({where}: {names}){hint}"
+            )
         self.raw_columns = names
 
     def count_rows(self, path: str | os.PathLike) -> int:
