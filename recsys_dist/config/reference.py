@@ -225,7 +225,7 @@ def _model_sections() -> list:
         own(FactoryModelConfig),
         intro="A model factory named by import path (or registered with `recsys_dist.register_model` "
         "without a config class) is called as `factory(spec, **model.args)`; `model.args` is checked "
-        "against its signature. The [common keys](#model), and:",
+        "against its signature (names, and values against the annotations). The [common keys](#model), and:",
     )
     return out
 
