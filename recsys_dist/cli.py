@@ -311,11 +311,13 @@ def _launch_ranks(args: argparse.Namespace, cfg, run_dir: Path, resume: Path | N
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
+    from recsys_dist import rank_failure
     from recsys_dist.launch import failure_message, first_failure, launch_workers
 
     # The elastic agent's own handlers turn SIGTERM / SIGINT / SIGHUP into SignalException
     # once the ranks run; it stops them (SIGTERM, then SIGKILL) before raising it.
     logging.getLogger("torch.distributed.elastic.agent.server.api").setLevel(logging.ERROR)
+    oom_before = rank_failure.oom_kills()
     try:
         extra = (["--profile"] if args.profile else []) + (["--resume", str(resume)] if resume else [])
         with _signals_stop():
@@ -331,7 +333,16 @@ def _launch_ranks(args: argparse.Namespace, cfg, run_dir: Path, resume: Path | N
         raise Stopped(int(err.sigval)) from None
     except ChildFailedError as err:
         rank, first = first_failure(err)
-        print(f"recsys-dist: training failed on rank {rank}:\n{failure_message(first)}", file=sys.stderr)
+        text = rank_failure.describe(
+            rank,
+            first,
+            failure_message(first),
+            oom_file=rank_failure.oom_rose(oom_before, rank_failure.oom_kills()),
+            cfg=cfg,
+            run_dir=run_dir,
+            resume_command=rank_failure.resume_command(args, run_dir),
+        )
+        print(text, file=sys.stderr)
         return None
     return run_dirs.read_summary(run_dir)
 
@@ -361,6 +372,9 @@ def start_method(cfg) -> str:
     return method
 
 
+LOST_PEER_GRACE_S = 5.0  # how long a rank that lost its peer waits before it exits (cli_rank)
+
+
 def cli_rank(argv: list[str]) -> int:
     """What every rank of ``recsys_dist.launch.launch_workers`` runs: ``recsys-dist <argv>`` in this process.
 
@@ -376,10 +390,24 @@ def cli_rank(argv: list[str]) -> int:
 
     from torch.distributed.elastic.multiprocessing.errors import record
 
+    from recsys_dist.rank_failure import lost_peer
+
     try:
         code = record(main)(argv)  # an exception is recorded (error.json) for the launcher
-    except BaseException:  # noqa: BLE001 - leave now, so this rank is the one the launcher sees fail first
-        traceback.print_exc()
+    except BaseException as err:  # noqa: BLE001 - leave now, so this rank is the one the launcher sees fail first
+        if lost_peer(err):  # the effect of another rank's end, which the launcher reports: one line
+            # Wait for the launcher to see that rank's end first (it stops this one meanwhile):
+            # the elastic agent reports one failed rank, whichever it finds first, and a rank
+            # killed by a signal records no error, so this rank's error would hide the cause.
+            time.sleep(LOST_PEER_GRACE_S)
+            first_line = str(err).splitlines()[0] if str(err) else ""
+            rank = os.environ.get("RANK", "?")
+            print(
+                f"recsys-dist: rank {rank} stopped: it lost its connection to another rank ({first_line})",
+                file=sys.stderr,
+            )
+        else:
+            traceback.print_exc()
         code = 1
     sys.stdout.flush()
     sys.stderr.flush()
