@@ -106,7 +106,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
         torch.set_num_threads(1)
     job_size = int(os.environ["WORLD_SIZE"]) if under_launcher() else None  # torchrun's, else nproc_per_node
-    check_before_launch(cfg, job_size)
+    check_before_launch(cfg, job_size, memory=not args.worker)  # our ranks: the launcher checked
     _quiet_third_party()
     run_dir = Path(args.run_dir) if args.run_dir else run_dirs.default_run_dir(args.config)
     if worker:

@@ -144,10 +144,12 @@ def _every_table_data_parallel(cfg) -> bool:
     return all(t.sharding_types in ([], None, ["data_parallel"]) for t in s.per_table.values())
 
 
-def check_before_launch(cfg, world_size: int | None = None) -> None:
+def check_before_launch(cfg, world_size: int | None = None, memory: bool = True) -> None:
     """Checks that need the filesystem or the machine, run before any rank is spawned.
 
     ``world_size`` is the job's size when known (under torchrun), else nproc_per_node.
+    ``memory``: check that one batch fits in the machine's memory
+    (``recsys_dist.batch_memory``); off in a rank, whose peers are allocating meanwhile.
 
     Raises:
         ConfigError: the data file is missing, the device asked for is absent, the model holds
@@ -230,5 +232,9 @@ def check_before_launch(cfg, world_size: int | None = None) -> None:
             )
         problems += [f"  {key}: {k} needs a CUDA device; use fused on CPU" for key, k in uvm_kernels(cfg)]
         problems += [f"  {p}" for p in pipeline_problems(cfg.train.pipeline, "cpu")]
+    from recsys_dist.batch_memory import batch_memory_problems, local_rank_count
+
+    if memory:
+        problems += [f"  {p}" for p in batch_memory_problems(cfg, local_rank_count(cfg))]
     if problems:
         raise ConfigError("invalid config:\n" + "\n".join(problems))
