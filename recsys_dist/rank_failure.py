@@ -115,8 +115,9 @@ def describe(
         )
     else:
         why = ""
+    verb = "was killed by" if sig in (signal.SIGKILL, signal.SIGTERM, signal.SIGINT, signal.SIGHUP) else "died of"
     return (
-        f"recsys-dist: rank {rank} was killed by {name} (signal {sig}){why}.\n"
+        f"recsys-dist: rank {rank} {verb} {name} (signal {sig}){why}.\n"
         f"The other ranks were stopped. {_continue(run_dir, resume_command)}"
     )
 

@@ -38,6 +38,20 @@ def test_a_sigkilled_rank_is_named_not_the_peer_that_lost_it(tmp_path):
     assert rank == 1 and failure.exitcode == -signal.SIGKILL
 
 
+def test_a_rank_dead_of_another_signal_is_named_not_the_peer_that_lost_it(tmp_path):
+    """A signal other than SIGKILL is named as what the rank died of, with no OOM guess, and
+    the survivor's error.json (a lost connection) does not take its place."""
+    dead = ProcessFailure(1, 101, -signal.SIGSEGV, str(tmp_path / "1" / "error.json"))
+    _failures(tmp_path)  # rank 0's error.json: Connection reset by peer
+    rank, failure = first_failure(ChildFailedError("train", {1: dead}))
+    assert rank == 1 and failure.exitcode == -signal.SIGSEGV
+    cfg = load_config(QUICKSTART)
+    text = rank_failure.describe(
+        1, failure, "Signal 11", oom_file=None, cfg=cfg, run_dir=tmp_path, resume_command=["x"]
+    )
+    assert text.startswith("recsys-dist: rank 1 died of SIGSEGV (signal 11).") and "out-of-memory" not in text
+
+
 def test_the_message_names_the_signal_the_oom_killer_and_the_command_to_continue(tmp_path):
     cfg = load_config(QUICKSTART)
     run = tmp_path / "run"
