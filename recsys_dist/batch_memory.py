@@ -22,8 +22,8 @@ GIB = 1 << 30
 
 def available_memory() -> tuple[int, str] | None:
     """``(bytes, where)``: the memory this machine (or this process's cgroup, if less) can
-    still give, from ``/proc/meminfo``'s MemAvailable and the cgroup v2 ``memory.max`` minus
-    ``memory.current``; None when neither can be read (not Linux)."""
+    still give, from ``/proc/meminfo``'s MemAvailable and the cgroup's limit less its use
+    (:func:`cgroup_memory_dir`); None when neither can be read (not Linux)."""
     found = []
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
@@ -31,16 +31,41 @@ def available_memory() -> tuple[int, str] | None:
                 found.append((int(line.split()[1]) * 1024, "MemAvailable in /proc/meminfo"))
     except (OSError, ValueError, IndexError):
         pass
-    try:
-        rel = next(x for x in Path("/proc/self/cgroup").read_text().splitlines() if x.startswith("0::"))[3:]
-        cg = Path("/sys/fs/cgroup") / rel.lstrip("/")
-        limit = (cg / "memory.max").read_text().strip()
-        if limit != "max":
-            free = int(limit) - int((cg / "memory.current").read_text())
-            found.append((max(free, 0), f"the cgroup's memory.max less memory.current ({cg})"))
-    except (OSError, StopIteration, ValueError):
-        pass
+    cg = cgroup_memory_dir()
+    if cg is not None:
+        v2 = (cg / "memory.max").is_file()
+        try:
+            limit = (cg / ("memory.max" if v2 else "memory.limit_in_bytes")).read_text().strip()
+            used = int((cg / ("memory.current" if v2 else "memory.usage_in_bytes")).read_text())
+            if limit != "max" and int(limit) < 1 << 60:  # v1 writes "no limit" as a huge number
+                found.append(
+                    (max(int(limit) - used, 0), f"the memory limit of this process's cgroup ({cg}) less its use")
+                )
+        except (OSError, ValueError):
+            pass
     return min(found) if found else None
+
+
+def cgroup_memory_dir() -> Path | None:
+    """The directory of this process's memory cgroup: v2 (``memory.max``, ``memory.events``)
+    or v1 (``memory.limit_in_bytes``, ``memory.oom_control``), at its path from
+    ``/proc/self/cgroup`` under the mount, or the mount itself (a container's own cgroup); None
+    when there is none."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, controllers, rel = parts
+        if controllers in ("", "memory") or "memory" in controllers.split(","):
+            mount = Path("/sys/fs/cgroup") / ("memory" if controllers else "")
+            for d in (mount / rel.lstrip("/"), mount):
+                if (d / "memory.max").is_file() or (d / "memory.limit_in_bytes").is_file():
+                    return d
+    return None
 
 
 def bytes_per_example(cfg, training: bool) -> int:

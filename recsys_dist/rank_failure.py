@@ -28,16 +28,20 @@ def lost_peer(err: BaseException) -> bool:
 
 
 def oom_kills() -> dict[str, int]:
-    """The kernel's out-of-memory kill counters readable here: this process's cgroup (v2
-    ``memory.events``, ``oom_kill``) and the machine's (``/proc/vmstat``, ``oom_kill``).
+    """The kernel's out-of-memory kill counters readable here: this process's cgroup's (v2
+    ``memory.events``, v1 ``memory.oom_control``: ``oom_kill``) and the machine's
+    (``/proc/vmstat``, ``oom_kill``).
     Compared before and after a run, a rise says the OOM killer killed a process meanwhile."""
+    from recsys_dist.batch_memory import cgroup_memory_dir
+
     found = {}
-    try:
-        line = next(x for x in Path("/proc/self/cgroup").read_text().splitlines() if x.startswith("0::"))
-        events = Path("/sys/fs/cgroup") / line[3:].lstrip("/") / "memory.events"
-        found[str(events)] = _counter(events.read_text(), "oom_kill")
-    except (OSError, StopIteration, ValueError):
-        pass
+    cg = cgroup_memory_dir()
+    for name in ("memory.events", "memory.oom_control"):  # cgroup v2, v1
+        try:
+            found[str(cg / name)] = _counter((cg / name).read_text(), "oom_kill")
+            break
+        except (OSError, TypeError, ValueError):
+            pass
     try:
         found["/proc/vmstat"] = _counter(Path("/proc/vmstat").read_text(), "oom_kill")
     except (OSError, ValueError):

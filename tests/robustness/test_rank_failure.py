@@ -99,3 +99,28 @@ def test_a_rank_that_lost_its_peer_prints_one_line_not_its_traceback():
         + LOST.removeprefix("RuntimeError: ")
         + ")"
     ]
+
+
+def test_cgroup_v1_and_v2_counters_and_limits(tmp_path, monkeypatch):
+    """A container's memory cgroup: its OOM kill count and its limit less its use (v1 files
+    here, v2 beside), read before the machine's MemAvailable is trusted."""
+    from recsys_dist import batch_memory
+
+    v1, v2 = tmp_path / "v1", tmp_path / "v2"
+    v1.mkdir()
+    v2.mkdir()
+    (v1 / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 3\n")
+    (v1 / "memory.limit_in_bytes").write_text(str(1 << 30))
+    (v1 / "memory.usage_in_bytes").write_text(str(1 << 28))
+    (v2 / "memory.events").write_text("low 0\nhigh 0\nmax 2\noom 1\noom_kill 1\n")
+    (v2 / "memory.max").write_text("max\n")
+    (v2 / "memory.current").write_text("5\n")
+    monkeypatch.setattr(batch_memory, "cgroup_memory_dir", lambda: v1)
+    assert rank_failure.oom_kills()[str(v1 / "memory.oom_control")] == 3
+    assert batch_memory.available_memory() == (
+        (1 << 30) - (1 << 28),
+        f"the memory limit of this process's cgroup ({v1}) less its use",
+    ) or batch_memory.available_memory()[0] < (1 << 30) - (1 << 28)
+    monkeypatch.setattr(batch_memory, "cgroup_memory_dir", lambda: v2)
+    assert rank_failure.oom_kills()[str(v2 / "memory.events")] == 1
+    assert "cgroup" not in (batch_memory.available_memory() or (0, ""))[1]  # no limit: MemAvailable
