@@ -117,10 +117,8 @@ def test_cgroup_v1_and_v2_counters_and_limits(tmp_path, monkeypatch):
     (v2 / "memory.current").write_text("5\n")
     monkeypatch.setattr(batch_memory, "cgroup_memory_dir", lambda: v1)
     assert rank_failure.oom_kills()[str(v1 / "memory.oom_control")] == 3
-    assert batch_memory.available_memory() == (
-        (1 << 30) - (1 << 28),
-        f"the memory limit of this process's cgroup ({v1}) less its use",
-    ) or batch_memory.available_memory()[0] < (1 << 30) - (1 << 28)
+    free, where = batch_memory.available_memory()  # the cgroup's 768 MiB, unless MemAvailable is less
+    assert free <= 3 << 28 and (free < 3 << 28 or where.startswith(f"the memory limit of this process's cgroup ({v1})"))
     monkeypatch.setattr(batch_memory, "cgroup_memory_dir", lambda: v2)
     assert rank_failure.oom_kills()[str(v2 / "memory.events")] == 1
     assert "cgroup" not in (batch_memory.available_memory() or (0, ""))[1]  # no limit: MemAvailable
