@@ -108,7 +108,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
         torch.set_num_threads(1)
     job_size = int(os.environ["WORLD_SIZE"]) if under_launcher() else None  # torchrun's, else nproc_per_node
-    check_before_launch(cfg, job_size)
+    check_before_launch(cfg, job_size, memory=not args.worker)  # our ranks: the launcher checked
     _quiet_third_party()
     run_dir = Path(args.run_dir) if args.run_dir else run_dirs.default_run_dir(args.config)
     if worker:
@@ -325,11 +325,13 @@ def _launch_ranks(args: argparse.Namespace, cfg, run_dir: Path, resume: Path | N
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
+    from recsys_dist import rank_failure
     from recsys_dist.launch import failure_message, first_failure, launch_workers
 
     # The elastic agent's own handlers turn SIGTERM / SIGINT / SIGHUP into SignalException
     # once the ranks run; it stops them (SIGTERM, then SIGKILL) before raising it.
     logging.getLogger("torch.distributed.elastic.agent.server.api").setLevel(logging.ERROR)
+    oom_before = rank_failure.oom_kills()
     try:
         extra = (["--profile"] if args.profile else []) + (["--resume", str(resume)] if resume else [])
         extra += ["--resume-on-new-data"] if args.resume_on_new_data else []
@@ -346,7 +348,16 @@ def _launch_ranks(args: argparse.Namespace, cfg, run_dir: Path, resume: Path | N
         raise Stopped(int(err.sigval)) from None
     except ChildFailedError as err:
         rank, first = first_failure(err)
-        print(f"recsys-dist: training failed on rank {rank}:\n{failure_message(first)}", file=sys.stderr)
+        text = rank_failure.describe(
+            rank,
+            first,
+            failure_message(first),
+            oom_file=rank_failure.oom_rose(oom_before, rank_failure.oom_kills()),
+            cfg=cfg,
+            run_dir=run_dir,
+            resume_command=rank_failure.resume_command(args, run_dir),
+        )
+        print(text, file=sys.stderr)
         return None
     return run_dirs.read_summary(run_dir)
 
@@ -376,6 +387,9 @@ def start_method(cfg) -> str:
     return method
 
 
+LOST_PEER_GRACE_S = 5.0  # how long a rank that lost its peer waits before it exits (cli_rank)
+
+
 def cli_rank(argv: list[str]) -> int:
     """What every rank of ``recsys_dist.launch.launch_workers`` runs: ``recsys-dist <argv>`` in this process.
 
@@ -391,10 +405,24 @@ def cli_rank(argv: list[str]) -> int:
 
     from torch.distributed.elastic.multiprocessing.errors import record
 
+    from recsys_dist.rank_failure import lost_peer
+
     try:
         code = record(main)(argv)  # an exception is recorded (error.json) for the launcher
-    except BaseException:  # noqa: BLE001 - leave now, so this rank is the one the launcher sees fail first
-        traceback.print_exc()
+    except BaseException as err:  # noqa: BLE001 - leave now, so this rank is the one the launcher sees fail first
+        if lost_peer(err):  # the effect of another rank's end, which the launcher reports: one line
+            # Wait for the launcher to see that rank's end first (it stops this one meanwhile):
+            # the elastic agent reports one failed rank, whichever it finds first, and a rank
+            # killed by a signal records no error, so this rank's error would hide the cause.
+            time.sleep(LOST_PEER_GRACE_S)
+            first_line = str(err).splitlines()[0] if str(err) else ""
+            rank = os.environ.get("RANK", "?")
+            print(
+                f"recsys-dist: rank {rank} stopped: it lost its connection to another rank ({first_line})",
+                file=sys.stderr,
+            )
+        else:
+            traceback.print_exc()
         code = 1
     sys.stdout.flush()
     sys.stderr.flush()
@@ -430,7 +458,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         overrides.append(f"sharding.hbm_gb={args.hbm_gb}")
     if args.ddr_gb is not None:
         overrides.append(f"sharding.ddr_gb={args.ddr_gb}")
-    cfg = load_config(args.config, overrides)
+    cfg = load_config(args.config, overrides, check_files=False)  # planning reads no data
     if args.local_world_size > args.world_size or args.world_size % args.local_world_size:
         raise ConfigError(f"--local-world-size {args.local_world_size} must divide --world-size {args.world_size}")
     _quiet_third_party()

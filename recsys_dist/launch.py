@@ -201,6 +201,9 @@ def launch_workers(
     logging.getLogger("torch.distributed.elastic").setLevel(logging.WARNING)
     # It logs a failed rank with the launcher's traceback; the caller reports the rank's error.
     logging.getLogger("torch.distributed.elastic.multiprocessing.api").setLevel(logging.CRITICAL)
+    # "Terminating process N via signal SIGTERM": the other ranks being stopped after a failure,
+    # which the caller's message says.
+    logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)
     argv = ["train", "--config", str(run_dir / "config.yaml"), "--run-dir", str(run_dir), "--worker", *extra_args]
     sys.stdout.flush()
     sys.stderr.flush()
@@ -211,9 +214,16 @@ def first_failure(err) -> tuple[int, Any]:
     """The rank that failed first in a ``ChildFailedError`` of :func:`launch_workers`, and its
     ``ProcessFailure``: of every rank that recorded an error (``error.json`` beside the
     reported one), the earliest written. The agent reports the first rank it saw exit,
-    which may be a peer that failed only because the first one's connections closed."""
+    which may be a peer that failed only because the first one's connections closed. A rank
+    that SIGKILL ended (which records no error) comes before all of them: its peers' errors are
+    its effect (``recsys_dist.rank_failure.first_killed``)."""
     from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
+    from recsys_dist.rank_failure import first_killed
+
+    killed = first_killed(err.failures)
+    if killed is not None:
+        return killed
     rank, failure = err.get_first_failure()
     path = Path(failure.error_file) if failure.error_file else None
     if path is None or not path.parent.parent.is_dir():

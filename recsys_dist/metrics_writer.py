@@ -162,22 +162,30 @@ class MetricsWriter:
             self.tb.flush()
 
     def _append(self, line: str, step: int) -> None:
-        """Write ``line`` whole or not at all: a short write is cut off again."""
-        with self.path.open("a") as f:
-            size = f.tell()
+        """Write ``line`` whole or not at all: a short write is cut off again.
+
+        Written with ``os.write`` on an unbuffered descriptor: a buffered file would keep the
+        unwritten rest of the line in its buffer, and its ``truncate`` flushes that buffer
+        first, which fails again on a full disk and leaves the torn line in the file."""
+        data = line.encode()
+        rank = 0 if self.enabled else -1
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+        try:
+            size = os.fstat(fd).st_size
             try:
-                maybe_fault(
-                    "metrics_full", step, 0 if self.enabled else -1, partial=lambda: (f.write(line[:17]), f.flush())
-                )
-                maybe_fault("read_only", step, 0 if self.enabled else -1)
-                f.write(line)
-                f.flush()
+                maybe_fault("metrics_full", step, rank, partial=lambda: os.write(fd, data[:17]))
+                maybe_fault("read_only", step, rank)
+                view = memoryview(data)
+                while view:  # a short write (the disk filled mid-line) returns how much went
+                    view = view[os.write(fd, view) :]
             except OSError:
                 try:
-                    f.truncate(size)  # shrinking needs no free space
+                    os.ftruncate(fd, size)  # shrinking needs no free space
                 except OSError:
                     pass  # then read_metrics drops the torn last line
                 raise
+        finally:
+            os.close(fd)
 
     def _cannot_write(self, err: BaseException, step) -> str:
         from recsys_dist.checkpoint import latest_checkpoint

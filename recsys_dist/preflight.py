@@ -7,11 +7,9 @@ validation (so ``load_config`` reports them with every other problem);
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from recsys_dist.config.base import ConfigError
 from recsys_dist.data import feature_names, sequence_names, tasks
-from recsys_dist.data.config import raw_paths
+from recsys_dist.data.config import missing_data_files
 from recsys_dist.models.registry import get_model
 from recsys_dist.retrieval import retrieval_problems
 from recsys_dist.sharding import CUDA_ONLY_KERNELS, comms_problems, small_table_problems, unpooled_type_problems
@@ -146,10 +144,12 @@ def _every_table_data_parallel(cfg) -> bool:
     return all(t.sharding_types in ([], None, ["data_parallel"]) for t in s.per_table.values())
 
 
-def check_before_launch(cfg, world_size: int | None = None) -> None:
+def check_before_launch(cfg, world_size: int | None = None, memory: bool = True) -> None:
     """Checks that need the filesystem or the machine, run before any rank is spawned.
 
     ``world_size`` is the job's size when known (under torchrun), else nproc_per_node.
+    ``memory``: check that one batch fits in the machine's memory
+    (``recsys_dist.batch_memory``); off in a rank, whose peers are allocating meanwhile.
 
     Raises:
         ConfigError: the data file is missing, the device asked for is absent, the model holds
@@ -158,15 +158,7 @@ def check_before_launch(cfg, world_size: int | None = None) -> None:
     problems = []
     if cfg.data.raw_path is None:
         problems.append("  data.raw_path: not set; training needs a raw data file")
-    for raw in raw_paths(cfg.data):
-        if Path(raw).is_dir():
-            problems.append(f"  data.raw_path: {raw} is a directory; give the raw data file")
-        elif not Path(raw).is_file():
-            problems.append(f"  data.raw_path: file {raw} does not exist (fix the path in the config)")
-    for key in ("validation_path", "test_path"):
-        p = getattr(cfg.data.split, key)
-        if p is not None and not Path(p).is_file():
-            problems.append(f"  data.split.{key}: file {p} does not exist (fix the path in the config)")
+    problems += [f"  {p}" for p in missing_data_files(cfg.data)]  # also for a config not from load_config
     problems += [f"  {p}" for p in section_problems(cfg)]
     problems += [f"  {p}" for p in coverage_problems(cfg)]
     tables = table_names(cfg)
@@ -240,5 +232,9 @@ def check_before_launch(cfg, world_size: int | None = None) -> None:
             )
         problems += [f"  {key}: {k} needs a CUDA device; use fused on CPU" for key, k in uvm_kernels(cfg)]
         problems += [f"  {p}" for p in pipeline_problems(cfg.train.pipeline, "cpu")]
+    from recsys_dist.batch_memory import batch_memory_problems, local_rank_count
+
+    if memory:
+        problems += [f"  {p}" for p in batch_memory_problems(cfg, local_rank_count(cfg))]
     if problems:
         raise ConfigError("invalid config:\n" + "\n".join(problems))

@@ -110,7 +110,8 @@ def test_elastic_restart_after_sigkill_and_crash_mid_save(tmp_path):
     # Rank 1 dies after writing its shards of the step-6 checkpoint, before it is complete.
     crash = tmp_path / "crash"
     r = train(tmp_path, crash, *WS[2], "checkpoint.every_n_steps=3", env={"RECSYS_DIST_FAULT": "save:6:1"})
-    assert r.returncode == 1 and "training failed on rank" in r.stderr
+    assert r.returncode == 1 and "rank 1 was killed by SIGKILL (signal 9)" in r.stderr
+    assert "Continue from the newest checkpoint (" in r.stderr and "step_00000003) with:" in r.stderr
     assert (crash / "checkpoints" / "latest").read_text().strip() == "step_00000003"
     r = train(tmp_path, crash, "--resume", "auto", *WS[2], "checkpoint.every_n_steps=3")
     assert r.returncode == 0, r.stderr[-2000:]

@@ -91,7 +91,13 @@ def test_cross_field_errors_name_keys():
 
 
 def test_missing_data_file_and_config(tmp_path):
-    cfg = load_config(QUICKSTART, [f"data.raw_path={tmp_path}/nope.txt"])
+    """load_config accepted a data file that does not exist (only the CLI's preflight refused
+    it): now both refuse it, naming the key; `plan` (which reads no data) still loads it."""
+    with pytest.raises(ConfigError, match="data.raw_path: file .*nope.txt does not exist"):
+        load_config(QUICKSTART, [f"data.raw_path={tmp_path}/nope.txt"])
+    with pytest.raises(ConfigError, match="data.raw_path: .* is a directory"):
+        load_config(QUICKSTART, [f"data.raw_path={tmp_path}"])
+    cfg = load_config(QUICKSTART, [f"data.raw_path={tmp_path}/nope.txt"], check_files=False)
     with pytest.raises(ConfigError, match="data.raw_path: file .*nope.txt does not exist"):
         check_before_launch(cfg)
     with pytest.raises(ConfigError, match="does not exist"):

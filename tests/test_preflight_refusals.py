@@ -93,3 +93,33 @@ def test_ranks_fork_on_cpu_spawn_on_cuda_and_fork_with_cuda_is_refused(monkeypat
     assert cli.start_method(load_config(QUICKSTART, ["distributed.start_method=spawn"])) == "spawn"
     with pytest.raises(ConfigError, match="distributed.start_method: fork cannot start CUDA ranks"):
         cli.start_method(load_config(QUICKSTART, ["distributed.device=cuda", "distributed.start_method=fork"]))
+
+
+def test_a_batch_that_cannot_fit_in_memory_is_refused_before_launch(tmp_path, capsys, monkeypatch):
+    """train.batch_size=16777216 started the ranks, which the out-of-memory killer ended
+    ("Signal 9"); now the batch's tensors are estimated against the memory available first."""
+    from recsys_dist import batch_memory
+
+    huge = load_config(QUICKSTART, ["train.batch_size=16777216", "distributed.device=cpu"])
+    # 26 features x 16 dims, MLPs [64, 16] and [64, 32, 1]: inputs 372 bytes, then
+    # 4 x (16 x 26 + 177) = 2,372 bytes of embeddings and activations, twice with gradients.
+    assert batch_memory.bytes_per_example(huge, training=True) == 372 + 2 * 2372
+    assert batch_memory.bytes_per_example(huge, training=False) == 372 + 2372
+    gib = 1 << 30
+    (problem,) = batch_memory.batch_memory_problems(huge, 2, (100 * gib, "MemAvailable"))
+    assert problem.startswith("train.batch_size: 16,777,216 examples per rank need at least 159.9 GiB")
+    assert "100.0 GiB available (MemAvailable)" in problem
+    assert batch_memory.batch_memory_problems(huge, 2, (200 * gib, "MemAvailable")) == []
+    ev = load_config(QUICKSTART, ["eval.batch_size=16777216", "distributed.device=cpu"])
+    (problem,) = batch_memory.batch_memory_problems(ev, 2, (10 * gib, "MemAvailable"))
+    assert problem.startswith("eval.batch_size: 16,777,216") and "85.8 GiB" in problem
+    assert batch_memory.batch_memory_problems(load_config(QUICKSTART), 2, (gib, "MemAvailable")) == []
+    real = batch_memory.available_memory()
+    assert real is None or real[0] >= 0
+    # Before launch, and from the command line: exit 2 naming the key.
+    monkeypatch.setattr(batch_memory, "available_memory", lambda: (100 * gib, "MemAvailable in /proc/meminfo"))
+    with pytest.raises(ConfigError, match=r"train.batch_size: 16,777,216 examples per rank need at least 159.9 GiB"):
+        check_before_launch(huge)
+    argv = ["train", "--config", str(QUICKSTART), "--run-dir", str(tmp_path / "run"), "train.batch_size=16777216"]
+    assert cli.main([*argv, "distributed.device=cpu"]) == 2
+    assert "train.batch_size: 16,777,216 examples per rank need at least" in capsys.readouterr().err

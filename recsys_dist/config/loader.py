@@ -23,6 +23,7 @@ from pydantic import ValidationError
 
 from recsys_dist.config.base import ConfigError
 from recsys_dist.config.run import RunConfig
+from recsys_dist.data.config import missing_data_files
 
 # Config keys holding filesystem paths; resolved against the config file's directory.
 PATH_KEYS = ("data.raw_path", "data.cache_dir", "data.split.validation_path", "data.split.test_path")
@@ -130,8 +131,23 @@ def yaml_load(text: str):
     return yaml.load(text, Loader=_YamlLoader)  # noqa: S506 - a SafeLoader subclass
 
 
+class _Replace(dict):
+    """A mapping given whole on the command line (``model.args={}``, ``x={a: 1}``): it replaces
+    the file's mapping at that key instead of being merged into it."""
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
 def parse_overrides(overrides: list[str]) -> dict:
-    """Turn ``["a.b=1", "c=[1,2]"]`` into a nested dict; values are parsed as YAML."""
+    """Turn ``["a.b=1", "c=[1,2]"]`` into a nested dict; values are parsed as YAML.
+
+    A mapping value (``model.args={}``, ``train.early_stopping={metric: auc}``) replaces the
+    file's mapping at that key when merged by :func:`load_config`; dotted keys
+    (``model.args.hidden=8``) change one entry and keep the rest."""
     tree: dict = {}
     for item in overrides:
         key, sep, raw = item.partition("=")
@@ -146,14 +162,16 @@ def parse_overrides(overrides: list[str]) -> dict:
                 f"override '{item}': the value is not valid YAML ({getattr(err, 'problem', err)}); "
                 f"if it is text, quote it, e.g. {key}='\"{raw}\"'"
             ) from None
-        _set_dotted(tree, key.strip(), value)
+        _set_dotted(tree, key.strip(), _Replace(value) if isinstance(value, dict) else value)
     return tree
 
 
 def _merge(base: dict, extra: dict) -> dict:
     out = dict(base)
     for key, value in extra.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
+        if isinstance(value, _Replace):
+            out[key] = _plain(value)
+        elif isinstance(value, dict) and isinstance(out.get(key), dict):
             out[key] = _merge(out[key], value)
         else:
             out[key] = value
@@ -222,17 +240,22 @@ def config_from_dict(tree: dict, source: str = "<dict>", overridden: frozenset =
         raise ConfigError(_format_errors(err, tree, source, overridden)) from None
 
 
-def load_config(path: str | os.PathLike, overrides: list[str] | None = None) -> RunConfig:
+def load_config(path: str | os.PathLike, overrides: list[str] | None = None, *, check_files: bool = True) -> RunConfig:
     """Load a YAML run config, apply dotted ``key=value`` overrides and validate it.
 
     Args:
         path: YAML file. Loaded with a ``yaml.SafeLoader`` (no object construction) that reads
             ``1e-3`` as a number and refuses a key given twice.
         overrides: e.g. ``["train.batch_size=64", "sharding.sharding_types=[row_wise]"]``.
+        check_files: the data files the config names (``data.raw_path``,
+            ``data.split.validation_path`` / ``test_path``) must exist, as ``recsys-dist
+            train`` requires; False for a config only planned (``recsys-dist plan``), whose
+            data may live elsewhere. An unset ``data.raw_path`` is not checked here.
 
     Raises:
         ConfigError: the file is missing or not a mapping, or any key is unknown,
-            mistyped or out of range; every problem is listed in one message.
+            mistyped or out of range (every problem listed in one message); or a data file
+            it names does not exist (naming the key and the file).
     """
     path = Path(path)
     if not path.is_file():
@@ -255,7 +278,12 @@ def load_config(path: str | os.PathLike, overrides: list[str] | None = None) -> 
     _resolve_paths(extra, Path.cwd())
     keys = frozenset(o.partition("=")[0].strip() for o in overrides or [])
     tree = _switch_model(tree, extra.get("model"))
-    return config_from_dict(_merge(tree, extra), str(path), keys)
+    cfg = config_from_dict(_merge(tree, extra), str(path), keys)
+    if check_files:
+        problems = missing_data_files(cfg.data)
+        if problems:
+            raise ConfigError(f"invalid config {path}:\n" + "\n".join(f"  {p}" for p in problems))
+    return cfg
 
 
 def _switch_model(tree: dict, override: Any) -> dict:

@@ -225,7 +225,7 @@ def _model_sections() -> list:
         own(FactoryModelConfig),
         intro="A model factory named by import path (or registered with `recsys_dist.register_model` "
         "without a config class) is called as `factory(spec, **model.args)`; `model.args` is checked "
-        "against its signature. The [common keys](#model), and:",
+        "against its signature (names, and values against the annotations). The [common keys](#model), and:",
     )
     return out
 
@@ -248,7 +248,12 @@ def config_reference() -> str:
         "",
         "Every key of the run config (`recsys_dist.config.RunConfig`), section by section. A YAML "
         "file sets them as nested mappings, the command line as dotted overrides "
-        "(`train.batch_size=64`). An unknown key, a wrong type or an impossible value is an error "
+        "(`train.batch_size=64`), applied in order on top of the file: a dotted key changes that one "
+        "value and keeps the rest of its section (`model.args.hidden=8`), while a value given whole "
+        "replaces the file's value, a mapping as much as a list (`model.args={}` empties the file's "
+        "`model.args`; `model.args={hidden: 8}` leaves no other entry). Values are YAML; a relative "
+        "path given on the command line is resolved against the current directory, one in a file "
+        "against that file's directory. An unknown key, a wrong type or an impossible value is an error "
         "naming the key. Defaults are written as YAML values; `null` is what the descriptions call None.",
         "",
         *(f"{'  ' * (level - 2)}- {_link(key)}" for level, key, _ in sections),

@@ -120,7 +120,10 @@ class SchemaConfig(_Section):
     delimiter: str = Field(",", min_length=1, max_length=1, description="Field delimiter of text files (\\t for TSV).")
     header: bool = Field(True, description="The text file's first line names the columns.")
     columns: list[str] | None = Field(
-        None, description="Names of every field in order (needed when header is false; replaces the header's names)."
+        None,
+        description="Names of every field in order (needed when header is false; replaces the header's names). "
+        "With columns, header must be given (false or true) for a text file, so that a headerless file's first "
+        "row is never read as a header. A Parquet file's columns are named by its schema.",
     )
 
     @model_validator(mode="after")
@@ -431,6 +434,20 @@ class DataConfig(_Section):
                 if self.format == "schema"
                 else f"data.schema: only used with format: schema, not {self.format}"
             )
+        s = self.schema_
+        if s is not None and s.columns and "header" not in s.model_fields_set:
+            files = [*raw_paths(self), *(p for p in (self.split.validation_path, self.split.test_path) if p)]
+            parquet = s.file_type == "parquet" or (
+                s.file_type == "auto" and bool(files) and all(str(p).endswith((".parquet", ".pq")) for p in files)
+            )
+            if not parquet:
+                # Under the default header: true, a headerless file's first row would be read as
+                # its header and lost, silently: the file must say which it is.
+                raise ValueError(
+                    "data.schema.header: must be given with data.schema.columns: false (the file has no "
+                    "header line: every line is a row, its fields named by columns) or true (the first line "
+                    "is a header line, skipped, its names replaced by columns)"
+                )
         if isinstance(self.raw_path, list) and (self.split.by != "files" or not self.raw_path):
             raise ValueError(
                 "data.raw_path: a list of files is the training data of split.by: files "
@@ -553,6 +570,22 @@ def raw_paths(d: DataConfig) -> list[str]:
     """``data.raw_path`` as a list (empty when not set)."""
     r = d.raw_path
     return [] if r is None else list(r) if isinstance(r, list) else [r]
+
+
+def missing_data_files(d: DataConfig) -> list[str]:
+    """``key: what is wrong`` for each data file the config names that is not a file
+    (``data.raw_path``, ``data.split.validation_path`` / ``test_path``); empty when all are."""
+    problems = []
+    for raw in raw_paths(d):
+        if Path(raw).is_dir():
+            problems.append(f"data.raw_path: {raw} is a directory; give the raw data file")
+        elif not Path(raw).is_file():
+            problems.append(f"data.raw_path: file {raw} does not exist (fix the path in the config)")
+    for key in ("validation_path", "test_path"):
+        p = getattr(d.split, key)
+        if p is not None and not Path(p).is_file():
+            problems.append(f"data.split.{key}: file {p} does not exist (fix the path in the config)")
+    return problems
 
 
 def describe_raw_path(raw: str | list[str] | None) -> str:

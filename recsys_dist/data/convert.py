@@ -510,6 +510,19 @@ def _position_bounds(fractions, total: int) -> np.ndarray:
     return bounds
 
 
+def _first_bad_row(readers: list[_Reader], transform: _Transform) -> str | None:
+    """The error the first bad row gives under ``on_bad_row: error`` (file, line, column and
+    why), read again without skipping; for the message when every row was skipped."""
+    for r in readers:
+        strict = _Reader(r.fmt, r.path, r.split, r.fixed, r.cap, r.bounds, None)
+        try:
+            for batch, first in strict.batches():
+                transform(batch, strict.path, first)
+        except DataError as err:
+            return str(err)
+    return None
+
+
 def _rows_skipped(skipped: list, readers: list[_Reader]) -> int:
     """Rows left out: ``skipped`` holds every bad line and up to 20 examples of rejected values
     per block, so the values are counted by the readers instead."""
@@ -750,9 +763,12 @@ def _build(
     if seen == 0:
         for t in _flat(tmp):
             t.unlink(missing_ok=True)
+        if not skipped_count:
+            raise DataError(f"{raw}: no rows could be read (the file holds no rows)")
+        first = _first_bad_row(readers, transform)
         raise DataError(
-            f"{raw}: no rows could be read"
-            + (" (every row was skipped as bad)" if skipped else " (the file holds no rows)")
+            f"{raw}: no rows could be read: every row ({skipped_count:,}) was skipped as bad (data.on_bad_row: "
+            f"skip). The first error, as data.on_bad_row: error reports it: {first or 'none found on reading again'}"
         )
     if bounds is not None and seen != bounds[-1]:
         # Rows were skipped: the bounds (from the line count) would take them all out of the
@@ -1131,9 +1147,11 @@ def _open_entry(out: Path, raw: Path, warn_one_class: bool) -> dict | None:
         return None
     try:
         m = json.loads(path.read_text())
+        if not isinstance(m, dict):  # JSON, but not the object a conversion writes
+            raise ValueError(f"a JSON {type(m).__name__}, not an object")
         names = _entry_files(m)
         m["rows"], m["num_embeddings"]  # noqa: B018 - present in every manifest
-    except (OSError, ValueError, KeyError, TypeError) as err:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
         _discard(out, [], MANIFEST_FILE, f"not a readable manifest ({err})", raw)
         return None
     problem = _check_entry(out, m, names, full=False)

@@ -209,7 +209,15 @@ class SchemaFormat:
             needed += [c for c in (s.history.user, s.history.item, s.history.time) if c not in needed]
         missing = [c for c in needed if c not in names]
         if missing:
-            raise DataError(f"{path}: columns {missing} named in data.schema are not in the file ({where}: {names})")
+            hint = (
+                "; if the file has no header line, set data.schema.header: false and name its fields in "
+                "data.schema.columns"
+                if where == "header" and not s.columns
+                else ""
+            )
+            raise DataError(
+                f"{path}: columns {missing} named in data.schema are not in the file ({where}: {names}){hint}"
+            )
         self.raw_columns = names
 
     def count_rows(self, path: str | os.PathLike) -> int:
@@ -479,6 +487,12 @@ class SchemaFormat:
         return pa.schema(fields)
 
 
+def _exact(t: float) -> str:
+    """A time as written: integers as integers (``978300760``, not ``9.783e+08``), others in
+    the shortest form that reads back as the same float."""
+    return str(int(t)) if t.is_integer() else repr(t)
+
+
 class UserHistory:
     """Streaming user histories: per user, the last N item keys of rows strictly earlier in time.
 
@@ -506,7 +520,7 @@ class UserHistory:
             if t < at:
                 raise DataError(
                     f"{path}, {'row' if _is_parquet(spec, path) else 'line'} {first_line + i}, column {h.time}: "
-                    f"{t:g} is earlier than {at:g} of an earlier row of the same {h.user}; data.schema.history "
+                    f"{_exact(t)} is earlier than {_exact(at)} of an earlier row of the same {h.user}; data.schema.history "
                     f"needs each user's rows in non-decreasing {h.time} order (sort the log by {h.user}, {h.time} "
                     "or by time)"
                 )

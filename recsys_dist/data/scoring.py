@@ -307,8 +307,13 @@ def for_checkpoint(ckpt: Path, meta: dict) -> Preprocessing:
             "training, or the cache was cleared)"
         )
     else:
-        manifest = json.loads((entry / MANIFEST_FILE).read_text())
-        if manifest.get("num_embeddings") != sizes:
+        try:
+            manifest = json.loads((entry / MANIFEST_FILE).read_text())
+        except ValueError:
+            manifest = None
+        if not isinstance(manifest, dict):  # JSON but not an object, or not JSON
+            problem = f"{entry / MANIFEST_FILE} is not a conversion's manifest (a JSON object)"
+        elif manifest.get("num_embeddings") != sizes:
             problem = (
                 f"the cached conversion of {raw} as it is now ({entry}) has vocabulary sizes "
                 f"{manifest.get('num_embeddings')}, the checkpoint {sizes} (the file changed since training)"

@@ -44,9 +44,45 @@ class FactoryModelConfig(ModelConfig):
         missing = [n for n, p in rest.items() if p.default is p.empty and n not in self.args]
         problems = [f"model.args.{k}: {self.name} takes no argument {k!r} (it takes {sorted(rest)})" for k in unknown]
         problems += [f"model.args.{k}: required by {self.name}, missing" for k in missing]
+        problems += _type_problems(self.name, factory, self.args, rest)
         if problems:
             raise ValueError("; ".join(problems))
         return self
+
+
+def _type_problems(name: str, factory, args: dict, params: dict) -> list[str]:
+    """``model.args`` values checked against the factory's annotations (pydantic's lax
+    conversion: ``8`` is fine for a float, ``"8"`` for an int, a list for a tuple; the
+    converted value replaces the given one), so a wrong type is a config error before any
+    rank starts, not a traceback from every rank. Annotations that cannot be resolved or
+    checked (a name imported only for type checkers, an arbitrary class) are not checked."""
+    from pydantic import ConfigDict, TypeAdapter, ValidationError
+
+    try:
+        resolved = inspect.signature(factory, eval_str=True).parameters
+    except Exception:  # noqa: BLE001 - an annotation that does not evaluate: check none
+        return []
+    problems = []
+    for key, value in args.items():
+        p = resolved.get(key)
+        if key not in params or p is None or p.annotation is p.empty or isinstance(p.annotation, str):
+            continue
+        try:
+            adapter = TypeAdapter(p.annotation, config=ConfigDict(arbitrary_types_allowed=True))
+        except Exception:  # noqa: BLE001 - pydantic cannot check this type
+            try:
+                adapter = TypeAdapter(p.annotation)
+            except Exception:  # noqa: BLE001
+                continue
+        try:
+            args[key] = adapter.validate_python(value)
+        except ValidationError as err:
+            why = err.errors()[0]["msg"] if err.errors() else str(err)
+            shown = getattr(p.annotation, "__name__", None) or str(p.annotation).replace("typing.", "")
+            problems.append(
+                f"model.args.{key}: {name} takes {key}: {shown}; got {value!r} ({type(value).__name__}): {why}"
+            )
+    return problems
 
 
 def model_factory(name: str):

@@ -55,6 +55,34 @@ def test_import_path_model_args_are_checked_against_the_factory(example_on_path)
         load_config(QUICKSTART, ["model.name=my_model:Nope"])
 
 
+def test_model_args_types_are_checked_before_launch(example_on_path, tmp_path):
+    """model.args={hidden: wide} passed load_config and failed on every rank (a traceback from
+    each, exit 1); now the factory's annotations are checked when the config loads (exit 2)."""
+    from recsys_dist import cli
+
+    with pytest.raises(ConfigError, match=r"model\.args\.hidden: my_model:DotTower takes hidden: int; got 'wide'"):
+        load_config(QUICKSTART, ["model.name=my_model:DotTower", "model.args={hidden: wide}"])
+    with pytest.raises(ConfigError, match=r"model\.args\.hidden: .* got 8\.5 \(float\)"):
+        load_config(QUICKSTART, ["model.name=my_model:DotTower", "model.args={hidden: 8.5}"])
+    assert load_config(QUICKSTART, ["model.name=my_model:DotTower", "model.args={hidden: '8'}"]).model.args == {
+        "hidden": 8
+    }
+    argv = ["train", "--config", EXAMPLE / "config.yaml", "--run-dir", tmp_path / "run", "model.args.hidden=[64]"]
+    assert cli.main([str(a) for a in argv]) == 2
+
+
+def test_a_mapping_on_the_command_line_replaces_the_files(example_on_path):
+    """model.args={} was merged into the file's {hidden: 64} (a no-op); now a mapping given
+    whole replaces the file's, and a dotted key changes one entry."""
+    cfg = ROOT / "examples" / "custom_model" / "config.yaml"
+    assert load_config(cfg).model.args == {"hidden": 64}
+    assert load_config(cfg, ["model.args={}"]).model.args == {}
+    assert load_config(cfg, ["model.args.hidden=8"]).model.args == {"hidden": 8}
+    assert load_config(cfg, ["model.args={}", "model.args.hidden=8"]).model.args == {"hidden": 8}
+    early = load_config(QUICKSTART, ["train.early_stopping={metric: logloss, patience: 3}"]).train.early_stopping
+    assert (early.metric, early.patience) == ("logloss", 3)
+
+
 def test_import_path_model_trains_like_a_shipped_one_without_sharding(example_on_path):
     from recsys_dist.data.loader import CTRBatch
     from recsys_dist.models import build_model, feature_spec

@@ -95,6 +95,21 @@ def test_damage_is_reported_by_preprocess_and_the_entry_rebuilt(tmp_path, cache_
     assert pq.read_table(f).num_rows == 320
 
 
+@pytest.mark.parametrize("text", ["[1, 2]", '"train.parquet"', '{"rows": 1, "categorical_mapping": [1]}'])
+def test_a_manifest_that_is_json_but_not_a_conversions_object_is_named(raw, cache_dir, new_process, capsys, text):
+    """A manifest.json that is JSON but not an object (or holds a list where an object goes)
+    stopped prepare with a bare AttributeError; now it is named and the entry converted again."""
+    p = prepare_criteo(raw, 1000)
+    before = tables(p)
+    path = p.directory / "manifest.json"
+    path.write_text(text)
+    capsys.readouterr()
+    new_process()
+    again = prepare_criteo(raw, 1000)
+    assert f"{path}: not a readable manifest" in capsys.readouterr().err
+    assert all(tables(again)[s].equals(before[s]) for s in before)
+
+
 def test_a_checked_entry_is_not_read_again_by_the_ranks_it_starts(raw, cache_dir, new_process, monkeypatch):
     """The process that opens the cache before the ranks start reads every file; a rank (which
     inherits its environment) only compares sizes, unless a file was written since."""

@@ -102,6 +102,28 @@ def test_headerless_tsv_and_parquet_give_the_same_rows(tmp_path, cache_dir):
     assert got[0].column("item").to_pylist() == ids(["17", "18"], 100)
 
 
+def test_columns_need_an_explicit_header_for_text_files_only():
+    """columns with the default header: true read a headerless file's first row as its header
+    (one row lost, silently): a text file must now say header: true or false; a Parquet file,
+    whose columns its schema names and which has no header line, needs neither."""
+
+    def data(raw, **schema):
+        s = {"label": "click", "categorical": ["item"], "columns": ["click", "item"], **schema}
+        return {"data": {"format": "schema", "raw_path": raw, "schema": s}, "model": {"name": "deepfm"}}
+
+    several = data(["r.parquet", "r.csv"])
+    several["data"]["split"] = {"by": "files", "validation_path": "v.parquet", "test_path": "t.parquet"}
+    for tree in (data("r.csv"), data("r.tsv"), several):
+        with pytest.raises(ConfigError, match=r"data.schema.header: must be given with data.schema.columns: false"):
+            config_from_dict(tree)
+    assert not config_from_dict(data("r.csv", header=False)).data.schema_.header
+    assert config_from_dict(data("r.csv", header=True)).data.schema_.header
+    config_from_dict(data("r.parquet"))
+    config_from_dict(data("r.data", file_type="parquet"))
+    with pytest.raises(ConfigError, match=r"data.schema.header: must be given"):
+        config_from_dict(data("r.parquet", file_type="csv"))
+
+
 def test_bad_values_name_file_line_and_column(tmp_path, cache_dir):
     raw = tmp_path / "r.csv"
     raw.write_text(CSV.replace("u2,2.0,,", "u2,2.0,abc,"))

@@ -85,6 +85,11 @@ def test_history_bad_input(tmp_path, cache_dir):
     hist = {"user": "user", "item": "item", "time": "ts", "max_length": 3}
     with pytest.raises(DataError, match=r"line 3, column ts: 9 is earlier than 10 .* non-decreasing ts order"):
         convert(tmp_path, "click,user,item,ts\n1,a,m1,10\n1,a,m2,9\n", history=hist)
+    # Unix times (and fractions) exactly as written: this said "9.783e+08 is earlier than 9.783e+08"
+    with pytest.raises(DataError, match=r"line 3, column ts: 978300759 is earlier than 978300760 "):
+        convert(tmp_path, "click,user,item,ts\n1,a,m1,978300760\n1,a,m2,978300759\n", history=hist)
+    with pytest.raises(DataError, match=r"line 3, column ts: 1234567.25 is earlier than 1234567.5 "):
+        convert(tmp_path, "click,user,item,ts\n1,a,m1,1234567.5\n1,a,m2,1234567.25\n", history=hist)
     with pytest.raises(DataError, match=r"line 2, column ts: '' is not a number"):
         convert(tmp_path, "click,user,item,ts\n1,a,m1,\n", history=hist)
     with pytest.raises(DataError, match=r"columns \['ts'\] named in data.schema are not in the file"):

@@ -88,10 +88,12 @@ def test_split_config_forms_and_checks(tmp_path):
     cfg_file.write_text(
         yaml.safe_dump({"data": {**data, "split": {"by": "files", "validation_path": "v.txt", "test_path": "t.txt"}}})
     )
-    cfg = load_config(cfg_file)
+    cfg = load_config(cfg_file, check_files=False)
     assert cfg.data.split.validation_path == str(tmp_path / "v.txt")
     with pytest.raises(ConfigError, match=r"data.split.validation_path: file .*v.txt does not exist"):
         check_before_launch(cfg)
+    with pytest.raises(ConfigError, match=r"data.split.validation_path: file .*v.txt does not exist"):
+        load_config(cfg_file)
 
 
 @pytest.mark.parametrize("mapping", ["hash", "vocabulary"])
@@ -166,10 +168,12 @@ def test_a_list_of_raw_files_resolves_against_the_config_and_is_checked(tmp_path
             }
         )
     )
-    cfg = load_config(tmp_path / "c.yaml")
+    cfg = load_config(tmp_path / "c.yaml", check_files=False)
     assert cfg.data.raw_path == [str(tmp_path / "d0.txt"), str(tmp_path / "d1.txt")]
     with pytest.raises(ConfigError, match=r"data.raw_path: file .*d1.txt does not exist"):
         check_before_launch(cfg)
+    with pytest.raises(ConfigError, match=r"data.raw_path: file .*d1.txt does not exist"):
+        load_config(tmp_path / "c.yaml")
 
 
 def test_a_training_file_listed_twice_is_warned_about(tmp_path, cache_dir, capsys):

@@ -98,6 +98,28 @@ def test_a_rank_killed_while_the_first_checkpoint_is_written(reference):
 
 @pytest.mark.slow
 @pytest.mark.timeout(1500)
+def test_a_rank_killed_without_restarts_is_named_and_the_run_continues(reference):
+    """Rank 1 SIGKILLed at step 6 with no restarts: the launcher printed 'training failed on
+    rank 1: Signal 9 (SIGKILL) received by PID ...' (or the survivor's lost connection, with its
+    traceback) and no way on. Now: a few lines naming the rank, the signal, the OOM killer as
+    the likely cause, the newest checkpoint and the command that continues from it, which
+    then finishes with the uninterrupted run's lines."""
+    tmp, want = reference
+    run = tmp / "killed_no_restarts"
+    r = train(tmp, run, env={"RECSYS_DIST_FAULT": "step:6:1"})
+    assert r.returncode == 1, r.stderr[-3000:]
+    err = r.stderr
+    assert "recsys-dist: rank 1 was killed by SIGKILL (signal 9)" in err and "out-of-memory killer" in err, err
+    assert f"Continue from the newest checkpoint ({run / 'checkpoints' / 'step_00000004'})" in err, err
+    assert f"--run-dir {run} --resume auto" in err and "Traceback" not in err, err
+    assert len(err.strip().splitlines()) <= 6, err
+    r = train(tmp, run, "--resume", "auto")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert lines(run) == want
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
 def test_ranks_never_outlive_their_launcher(reference, tmp_path):
     tmp, want = reference
     run = tmp / "launcher_killed"

@@ -69,3 +69,21 @@ def test_a_vocabulary_model_is_never_scored_by_rebuilding_its_vocabulary(tmp_pat
     rows.write_text("userId,movieId,rating,timestamp,genres\n1,31,2.5,1,Drama\n")
     with pytest.raises(DataError, match="maps categories through its training vocabulary, and none was given"):
         prepare_for_scoring(_movielens(), rows)
+
+
+def test_a_cached_manifest_that_is_not_an_object_is_named_for_a_checkpoint(tmp_path, monkeypatch):
+    """A vocabulary checkpoint with nothing pinned looks up its training conversion: a
+    manifest.json there that is JSON but not an object gave a bare AttributeError."""
+    from recsys_dist.data import scoring
+
+    cfg = _movielens()
+    entry = tmp_path / "entry"
+    entry.mkdir()
+    (entry / "manifest.json").write_text("[1, 2]")
+    monkeypatch.setattr(scoring, "training_conversion", lambda d: entry)
+    ckpt = tmp_path / "step_00000004"
+    ckpt.mkdir()
+    meta = {"config": cfg.to_dict(), "num_embeddings": [10] * 4}
+    (ckpt / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(DataError, match=r"entry/manifest.json is not a conversion's manifest \(a JSON object\)"):
+        scoring.for_checkpoint(ckpt, meta)
