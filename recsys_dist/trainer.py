@@ -32,7 +32,6 @@ from tqdm import tqdm
 
 from recsys_dist import run_dir as run_dirs
 from recsys_dist import sharding
-from recsys_dist.callbacks import Callback
 from recsys_dist.checkpoint import (
     canonical_optimizer_state,
     check_compatible,
@@ -81,6 +80,24 @@ ModelFactory = Callable[[FeatureSpec], nn.Module]
 DenseOptimizerFactory = Callable[[list[nn.Parameter]], torch.optim.Optimizer]
 LRSchedulerFactory = Callable[[torch.optim.Optimizer], torch.optim.lr_scheduler.LRScheduler]
 _TRAINERS_MADE = 0  # a process's first Trainer counts its startup from the process's start
+
+
+class Callback:
+    """Hooks the :class:`Trainer` calls (``Trainer(callbacks=[...])``: subclass it and override what you need) on every rank, in the order of its
+    ``callbacks`` list. They run inside the training loop: a collective in one must run on every
+    rank (the Trainer calls each hook on every rank at the same point); an exception stops the run."""
+
+    def on_step_end(self, trainer: Trainer, step: int, loss: torch.Tensor) -> None:
+        """After optimizer step ``step`` (global, from 1; ``trainer.step`` equals it).
+
+        ``loss``: this rank's training loss of the step, detached, times the batch's
+        ``loss_scale`` (float32 scalar; ``[1 + T]`` with several tasks: the total, then each
+        task's). Reading its value (``float(loss)``) waits for the step to finish; the
+        global mean is in ``metrics.jsonl`` every ``train.log_every_n_steps``."""
+
+    def on_validation_end(self, trainer: Trainer, step: int, metrics: dict[str, float]) -> None:
+        """After each validation (every epoch's end and every ``eval.every_n_steps``), with the
+        global metrics written to ``metrics.jsonl`` (the same dict on every rank)."""
 
 
 @dataclass
@@ -241,7 +258,7 @@ class Trainer:
             ``train.warmup_steps`` / ``decay_start_step`` / ``decay_steps`` (which may then not
             be set). Its state must follow from the step count alone (LambdaLR, StepLR,
             CosineAnnealingLR, ...): a resumed run steps it to the checkpoint's step again.
-        callbacks: :class:`recsys_dist.callbacks.Callback` objects, called on every rank at each
+        callbacks: :class:`Callback` objects, called on every rank at each
             step's end and each validation's end.
         resume_on_new_data: resume although the training split differs from the one the
             checkpoint was trained on (its fingerprint, ``meta.json`` ``data``); refused
@@ -271,7 +288,7 @@ class Trainer:
             cannot run on the device (semi_sync, fused_sparse_dist off CUDA); the run directory
             cannot be written; another live run holds it (``recsys_dist.run_dir.RunDirLocked``).
         TypeError: ``model`` / ``dense_optimizer`` / ``lr_scheduler`` not callable, or a
-            callback that is not a :class:`recsys_dist.callbacks.Callback`.
+            callback that is not a :class:`Callback`.
         MetricsError: ``metrics.jsonl`` cannot be written (every rank raises it together).
         CheckpointError: ``resume`` is not a complete checkpoint, or one written by another
             model config; ``CheckpointDamaged``: a file of it differs from its checksum

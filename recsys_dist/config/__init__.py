@@ -8,20 +8,11 @@ a :class:`ConfigError` naming the dotted key, the value given and what is allowe
 problems are reported together, before any process is spawned.
 
 ``recsys_dist.config.base`` (the error and the section base) imports nothing of the package,
-so components can define their sections on it; the loader and ``RunConfig`` load lazily here.
+so components can define their sections on it; the loader and ``RunConfig`` load lazily here
+(type checkers read ``__init__.pyi``).
 """
 
-from typing import TYPE_CHECKING
-
 from recsys_dist.config.base import ConfigError, Section
-
-if TYPE_CHECKING:  # what type checkers see of the lazy names below
-    from recsys_dist.config.loader import config_from_dict as config_from_dict
-    from recsys_dist.config.loader import load_config as load_config
-    from recsys_dist.config.loader import migrate as migrate
-    from recsys_dist.config.loader import parse_overrides as parse_overrides
-    from recsys_dist.config.loader import save_config as save_config
-    from recsys_dist.config.run import RunConfig as RunConfig
 
 __all__ = [
     "ConfigError",
