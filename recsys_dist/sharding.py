@@ -11,6 +11,10 @@ column_wise and row_wise (:data:`SEQUENCE_SHARDING_TYPES`) on every device. Any 
 embedding module (``nn.Embedding``, ``nn.EmbeddingBag``, a managed-collision collection) is
 refused by :func:`check_covered` (before any rank starts: ``preflight.coverage_problems``; and at
 plan time): DMP would otherwise replicate it silently.
+
+Both sharders build the sharded collections of :mod:`recsys_dist.key_order`, whose outputs
+keep the unsharded module's key order (TorchRec's come back ordered by sharding type and rank),
+so a model reading ``kt.values()`` by position computes the same sharded and unsharded.
 """
 
 from __future__ import annotations
@@ -22,8 +26,6 @@ import torch
 import torch.distributed as dist
 from pydantic import Field, model_validator
 from torch import nn
-from torchrec.distributed.embedding import EmbeddingCollectionSharder
-from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.model_parallel import DataParallelWrapper
 from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
 from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
@@ -33,6 +35,7 @@ from torchrec.modules.embedding_configs import BaseEmbeddingConfig, EmbeddingBag
 
 from recsys_dist.config.base import ConfigError
 from recsys_dist.config.base import Section as _Section
+from recsys_dist.key_order import OrderedEmbeddingBagCollectionSharder, OrderedEmbeddingCollectionSharder
 
 SHARDING_TYPES = (
     "data_parallel",
@@ -142,8 +145,9 @@ class ShardingConfig(_Section):
 ALL_TYPES = [ShardingType(t).value for t in SHARDING_TYPES]
 
 
-class EmbeddingBagCollectionSharderAllTypes(EmbeddingBagCollectionSharder):
-    """EBC sharder offering every sharding type on every device, CPU included."""
+class EmbeddingBagCollectionSharderAllTypes(OrderedEmbeddingBagCollectionSharder):
+    """EBC sharder offering every sharding type on every device, CPU included; its pooled
+    KeyedTensor has the unsharded module's key order (:mod:`recsys_dist.key_order`)."""
 
     def sharding_types(self, compute_device_type: str) -> list[str]:
         return list(ALL_TYPES)
@@ -307,7 +311,7 @@ def sharders(comms: CommsConfig | None = None, device_type: str = "cpu") -> list
     registry = qcomm_codecs_registry(comms, device_type)
     return [
         EmbeddingBagCollectionSharderAllTypes(qcomm_codecs_registry=registry),
-        EmbeddingCollectionSharder(qcomm_codecs_registry=registry),
+        OrderedEmbeddingCollectionSharder(qcomm_codecs_registry=registry),
     ]
 
 
@@ -557,7 +561,7 @@ def fixed_sharding_plan(
         if isinstance(module, EmbeddingBagCollection):
             sharder, configs = EmbeddingBagCollectionSharderAllTypes(), module.embedding_bag_configs()
         elif isinstance(module, EmbeddingCollection):
-            sharder, configs = EmbeddingCollectionSharder(), module.embedding_configs()
+            sharder, configs = OrderedEmbeddingCollectionSharder(), module.embedding_configs()
         else:
             continue
         per_table = {}

@@ -1,0 +1,159 @@
+"""Sharded embedding collections whose outputs keep the unsharded module's key order.
+
+TorchRec's ``ShardedEmbeddingBagCollection`` concatenates its pooled ``KeyedTensor`` one
+sharding after another (grouped by sharding type, then by rank): table-wise on 2 ranks, an
+unsharded ``user, item, tags`` comes back as ``user, tags, item``, and mixed sharding types
+reorder it too. ``ShardedEmbeddingCollection`` builds its ``Dict[str, JaggedTensor]`` in the
+same per-sharding order. Keys travel with their columns, so ``kt["user"]`` and
+``kt.to_dict()`` are right either way, but a model that reads ``kt.values()`` (or the dict's
+values) by position would train on one column order and be exported, evaluated and served
+(unsharded) with another: a different model, with no error. The sharded modules here put
+their output back in the unsharded module's key order: one ``index_select`` over the pooled
+columns ``[B, sum of dims]`` (a copy; nothing when the orders already agree), and a reordered
+dict for sequences (no copy). TorchRec 1.8 has no option for this (its
+``sharded_module_order_overwrite`` orders sharding types, not tables).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import torch
+from torchrec.distributed.embedding import EmbeddingCollectionSharder, ShardedEmbeddingCollection
+from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder, ShardedEmbeddingBagCollection
+from torchrec.modules.embedding_modules import get_embedding_names_by_table
+from torchrec.sparse.jagged_tensor import KeyedTensor
+
+
+def _check_same_keys(module: str, sharded: list[str], unsharded: list[str]) -> None:
+    if sorted(sharded) != sorted(unsharded):
+        raise RuntimeError(
+            f"sharded {module} returns keys {sharded}, the unsharded one {unsharded}: cannot put the sharded "
+            "output in the unsharded order (a TorchRec version recsys_dist does not know?)"
+        )
+
+
+def _permute_pooled(kt: KeyedTensor, keys: list[str], dims: list[int], columns: torch.Tensor) -> KeyedTensor:
+    """``kt`` [B, sum of dims] with its columns taken in the order ``columns`` (keys ``keys``)."""
+    values = kt.values()
+    return KeyedTensor(
+        keys=keys, length_per_key=dims, values=values.index_select(1, columns.to(values.device)), key_dim=1
+    )
+
+
+class OrderedShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
+    """A ``ShardedEmbeddingBagCollection`` whose pooled ``KeyedTensor`` has the unsharded
+    module's keys in the unsharded order: ``keys()``, ``length_per_key()`` and the columns of
+    ``values()`` (float32 ``[B, sum of dims]``) are those of ``EmbeddingBagCollection.forward``
+    on the same ids and weights, whatever the sharding plan.
+
+    Raises:
+        RuntimeError: at construction, when the sharded and unsharded keys differ as sets.
+    """
+
+    def __init__(self, module, *args, **kwargs) -> None:
+        super().__init__(module, *args, **kwargs)
+        configs = module.embedding_bag_configs()
+        self._unsharded_keys = [n for names in get_embedding_names_by_table(configs) for n in names]
+        self._unsharded_dims = [c.embedding_dim for c in configs for _ in c.feature_names]
+        self._column_order: tuple[tuple[str, ...], torch.Tensor | None] | None = None
+
+    def _columns(self) -> torch.Tensor | None:
+        """Column index taking the sharded output to the unsharded order (None: already in it).
+        Recomputed when the sharded order changes (``update_shards``)."""
+        names = tuple(self._embedding_names)
+        if self._column_order is None or self._column_order[0] != names:
+            _check_same_keys("EmbeddingBagCollection", list(names), self._unsharded_keys)
+            starts, at = {}, 0
+            for name, dim in zip(names, self._embedding_dims):
+                starts[name] = (at, dim)
+                at += dim
+            columns = [c for k in self._unsharded_keys for c in range(starts[k][0], starts[k][0] + starts[k][1])]
+            index = None if columns == list(range(at)) else torch.tensor(columns, device=self._device)
+            self._column_order = (names, index)
+        return self._column_order[1]
+
+    def _in_unsharded_order(self, awaitable):
+        # After TorchRec's own callbacks (mean pooling), which expect the sharded order.
+        columns = self._columns()
+        if columns is not None:
+            awaitable.callbacks.append(
+                partial(_permute_pooled, keys=self._unsharded_keys, dims=self._unsharded_dims, columns=columns)
+            )
+        return awaitable
+
+    def output_dist(self, ctx, output):
+        return self._in_unsharded_order(super().output_dist(ctx, output))
+
+    def compute_and_output_dist(self, ctx, input):
+        return self._in_unsharded_order(super().compute_and_output_dist(ctx, input))
+
+
+def _reorder_dict(d: dict, keys: list[str]) -> dict:
+    return {k: d[k] for k in keys}
+
+
+class OrderedShardedEmbeddingCollection(ShardedEmbeddingCollection):
+    """A ``ShardedEmbeddingCollection`` whose ``Dict[str, JaggedTensor]`` lists its keys in the
+    unsharded ``EmbeddingCollection``'s order (table by table, feature by feature).
+
+    Raises:
+        RuntimeError: at construction, when the sharded and unsharded keys differ as sets.
+    """
+
+    def __init__(self, module, *args, **kwargs) -> None:
+        super().__init__(module, *args, **kwargs)
+        self._unsharded_keys = [n for names in module.embedding_names_by_table() for n in names]
+
+    def _in_unsharded_order(self, awaitable):
+        sharded = [n for names in self._embedding_names_per_sharding for n in names]
+        if sharded != self._unsharded_keys:
+            _check_same_keys("EmbeddingCollection", sharded, self._unsharded_keys)
+            awaitable.callbacks.append(partial(_reorder_dict, keys=self._unsharded_keys))
+        return awaitable
+
+    def output_dist(self, ctx, output):
+        return self._in_unsharded_order(super().output_dist(ctx, output))
+
+    def compute_and_output_dist(self, ctx, input):
+        return self._in_unsharded_order(super().compute_and_output_dist(ctx, input))
+
+
+class OrderedEmbeddingBagCollectionSharder(EmbeddingBagCollectionSharder):
+    """TorchRec's EmbeddingBagCollection sharder, building :class:`OrderedShardedEmbeddingBagCollection`."""
+
+    def shard(self, module, params, env, device=None, module_fqn=None) -> OrderedShardedEmbeddingBagCollection:
+        return OrderedShardedEmbeddingBagCollection(
+            module=module,
+            table_name_to_parameter_sharding=params,
+            env=env,
+            fused_params=self.fused_params,
+            device=device,
+            qcomm_codecs_registry=self.qcomm_codecs_registry,
+            module_fqn=module_fqn,
+            sharded_module_order_overwrite=self._sharded_module_order_overwrite,
+        )
+
+    @property
+    def sharded_module_type(self):
+        return OrderedShardedEmbeddingBagCollection
+
+
+class OrderedEmbeddingCollectionSharder(EmbeddingCollectionSharder):
+    """TorchRec's EmbeddingCollection sharder, building :class:`OrderedShardedEmbeddingCollection`."""
+
+    def shard(self, module, params, env, device=None, module_fqn=None) -> OrderedShardedEmbeddingCollection:
+        return OrderedShardedEmbeddingCollection(
+            module,
+            params,
+            env,
+            self.fused_params,
+            device,
+            qcomm_codecs_registry=self.qcomm_codecs_registry,
+            use_index_dedup=self._use_index_dedup,
+            module_fqn=module_fqn,
+        )
+
+    @property
+    def sharded_module_type(self):
+        return OrderedShardedEmbeddingCollection
