@@ -150,7 +150,8 @@ def forward_and_step(rank: int, world_size: int) -> dict:
 
 class PositionalTower(nn.Module):
     """``factory(spec)``: one EmbeddingBagCollection over every sparse feature, table widths
-    cycling 4, 8, 12; logits [B] = MLP([dense, kt.values()]) with ``kt.values()`` read by position."""
+    cycling 4, 8, 12; logits [B] = MLP([dense, kt.values()]) with ``kt.values()`` read by
+    position, plus <kt["C1"], kt.to_dict()["C4"]> read by name (both in the traced forward)."""
 
     def __init__(self, spec, hidden: int = 16) -> None:
         super().__init__()
@@ -162,7 +163,9 @@ class PositionalTower(nn.Module):
         )
 
     def forward(self, dense: torch.Tensor, sparse: KeyedJaggedTensor) -> torch.Tensor:
-        return self.mlp(torch.cat([dense, self.ebc(sparse).values()], dim=1)).squeeze(-1)
+        kt = self.ebc(sparse)
+        by_name = (kt["C1"] * kt.to_dict()["C4"]).sum(dim=1)
+        return self.mlp(torch.cat([dense, kt.values()], dim=1)).squeeze(-1) + by_name
 
 
 def train_and_predict(rank: int, world_size: int, cache: str, config: str, run_dir: str) -> dict:
@@ -178,4 +181,6 @@ def train_and_predict(rank: int, world_size: int, cache: str, config: str, run_d
             "logit": pred["logit"].tolist(),
             "test": trainer.evaluate("test"),
             "checkpoint": str(trainer.save_checkpoint()),
+            # TrainPipelineSparseDist traced the forward and pipelined the collection.
+            "pipelined": [type(m).__name__ for m in trainer._pipe._pipelined_modules],
         }

@@ -68,7 +68,8 @@ def test_positional_model_exports_evaluates_and_predicts_as_trained(tmp_path):
     the checkpoint (``load_model``: what ``recsys-dist evaluate`` / ``predict`` load), from a
     safetensors export, and as the TorchScript export run by docs/serving.md's example with
     torch alone. Before the fix the export scored a test AUC of 0.28 for a trained 0.76 (issue
-    30); here the unsharded logits were off by up to several units."""
+    30); here the unsharded logits were 1.5 off. The forward also reads two keys by name,
+    which TrainPipelineSparseDist's fx trace must accept, the collection still pipelined."""
     import json
     import subprocess
     import sys
@@ -85,6 +86,7 @@ def test_positional_model_exports_evaluates_and_predicts_as_trained(tmp_path):
         key_order_worker.train_and_predict, 2, str(tmp_path / "cache"), str(config), str(run), timeout_s=600
     )
     assert ours["logit"] == other["logit"]
+    assert [n.endswith("ShardedEmbeddingBagCollection") for n in ours["pipelined"]] == [True]
     trained = np.array(ours["logit"], np.float32)
     test = converted_test_split(tmp_path, "criteo")
     assert len(trained) == 300 and ours["test"]["auc"] > 0.55, ours["test"]
