@@ -24,7 +24,7 @@ from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder, Sha
 from torchrec.distributed.types import ShardingType
 from torchrec.modules.embedding_configs import PoolingType
 from torchrec.modules.embedding_modules import get_embedding_names_by_table
-from torchrec.sparse.jagged_tensor import KeyedTensor
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
 
 def _check_same_keys(module: str, sharded: list[str], unsharded: list[str]) -> None:
@@ -49,12 +49,19 @@ class OrderedShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
     ``values()`` (float32 ``[B, sum of dims]``) are those of ``EmbeddingBagCollection.forward``
     on the same ids and weights, whatever the sharding plan.
 
-    Also corrects TorchRec's mean pooling of row-wise tables (see :func:`_fix_mean_divisor`).
+    Also corrects TorchRec 1.8's mean pooling of row-wise tables. Such a table is looked up
+    with sum pooling on each rank and the partial sums reduce-scattered; when one is
+    mean-pooled, TorchRec divides the whole pooled output by a per-feature divisor that is 1
+    only for row-wise sum features: the bags of every other sharding type (table_wise,
+    column_wise, data_parallel), which their kernels had already pooled, were divided by their
+    length too (a sum bag of 3 ids came back as a third of its sum, a mean bag divided twice;
+    0.28 off for one table of a planner's row_wise + data_parallel plan), silently. Here the
+    divisor is per embedding (:func:`_mean_divisor`): the id count for a mean-pooled row-wise
+    table's bags, 1 for every other column, also when one feature feeds both kinds of table.
+    (Variable-batch KJTs, which recsys_dist does not make, keep TorchRec's divisor.)
 
     Raises:
         RuntimeError: at construction, when the sharded and unsharded keys differ as sets.
-        ValueError: at construction, a feature feeding both a mean-pooled row-wise table and
-            another table (TorchRec divides per feature, not per table).
     """
 
     def __init__(self, module, table_name_to_parameter_sharding, *args, **kwargs) -> None:
@@ -64,7 +71,8 @@ class OrderedShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
         self._unsharded_dims = [c.embedding_dim for c in configs for _ in c.feature_names]
         self._column_order: tuple[tuple[str, ...], torch.Tensor | None] | None = None
         types = {c.name: table_name_to_parameter_sharding[c.name].sharding_type for c in configs}
-        _fix_mean_divisor(self, configs, types)
+        self._row_wise_mean = _row_wise_mean(configs, types) if self._has_mean_pooling_callback else None
+        self._mean_plan: tuple[tuple[str, ...], list[str], list[bool], torch.Tensor] | None = None
 
     def _columns(self) -> torch.Tensor | None:
         """Column index taking the sharded output to the unsharded order (None: already in it).
@@ -80,6 +88,26 @@ class OrderedShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
             index = None if columns == list(range(at)) else torch.tensor(columns, device=self._device)
             self._column_order = (names, index)
         return self._column_order[1]
+
+    def input_dist(self, ctx, features):
+        # Our divisor replaces TorchRec's (made in super().input_dist) for a fixed-batch KJT;
+        # computed first: a pipeline may free the KJT's storage inside input_dist.
+        divisor = None
+        if self._row_wise_mean is not None and isinstance(features, KeyedJaggedTensor):
+            if not features.variable_stride_per_key():
+                divisor = self._divisor(features)
+        awaitable = super().input_dist(ctx, features)
+        if divisor is not None:
+            ctx.divisor = divisor
+        return awaitable
+
+    def _divisor(self, features: KeyedJaggedTensor) -> torch.Tensor:
+        names = tuple(self._embedding_names)
+        if self._mean_plan is None or self._mean_plan[0] != names:
+            info = [self._row_wise_mean[n] for n in names]
+            dims = torch.tensor(self._embedding_dims, device=self._device)
+            self._mean_plan = (names, [f for f, _ in info], [m for _, m in info], dims)
+        return _mean_divisor(features, *self._mean_plan[1:])
 
     def _in_unsharded_order(self, awaitable):
         # After TorchRec's own callbacks (mean pooling), which expect the sharded order.
@@ -97,35 +125,35 @@ class OrderedShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
         return self._in_unsharded_order(super().compute_and_output_dist(ctx, input))
 
 
-def _fix_mean_divisor(sharded: ShardedEmbeddingBagCollection, configs, types: dict[str, str]) -> None:
-    """Divide only the mean-pooled row-wise features by their bag lengths.
+def _row_wise_mean(configs, types: dict[str, str]) -> dict[str, tuple[str, bool]]:
+    """Embedding name -> (its feature, whether it is a mean-pooled row-wise table's)."""
+    row_wise = (ShardingType.ROW_WISE.value, ShardingType.TABLE_ROW_WISE.value)
+    out = {}
+    for c, names in zip(configs, get_embedding_names_by_table(configs)):
+        mean = c.pooling == PoolingType.MEAN and types[c.name] in row_wise
+        out.update({name: (feature, mean) for feature, name in zip(c.feature_names, names)})
+    return out
 
-    A row-wise (or table_row_wise) table is looked up with sum pooling on each rank and the
-    partial sums are reduce-scattered; when one of them is mean-pooled, TorchRec divides the
-    whole pooled output by a per-feature divisor, built from ``_pooling_type_to_rs_features``:
-    bag lengths, except 1 for the row-wise sum features. The features of every other sharding
-    type (table_wise, column_wise, data_parallel), whose kernels already pooled them, are
-    divided too: a sum-pooled bag of 3 ids comes back as a third of its sum, a mean-pooled one
-    divided twice, silently (measured: 0.28 off for one table of a planner's row_wise +
-    data_parallel plan). Listing every feature other than the row-wise mean ones as a "sum"
-    feature makes their divisor 1."""
-    mean = PoolingType.MEAN.value
-    rs = sharded._pooling_type_to_rs_features
-    mean_rs = set(rs.get(mean, []))
-    if not mean_rs:
-        return
-    row_wise = {ShardingType.ROW_WISE.value, ShardingType.TABLE_ROW_WISE.value}
-    for c in configs:
-        if c.pooling.value != mean or types[c.name] not in row_wise:
-            shared = mean_rs.intersection(c.feature_names)
-            if shared:
-                raise ValueError(
-                    f"feature(s) {sorted(shared)} feed a mean-pooled row_wise table and table {c.name} "
-                    f"({types[c.name]}, {c.pooling.value} pooling): TorchRec's row-wise mean divides per feature, "
-                    f"which would divide {c.name}'s output too; shard {c.name} row_wise with mean pooling as well, "
-                    "or shard the mean-pooled table another way"
-                )
-    rs[PoolingType.SUM.value] = list(dict.fromkeys(f for c in configs for f in c.feature_names if f not in mean_rs))
+
+def _mean_divisor(
+    features: KeyedJaggedTensor, feature_of: list[str], mean: list[bool], dims: torch.Tensor
+) -> torch.Tensor:
+    """[B, sum of dims], float32: per column, the bag's id count (its weight sum for a weighted
+    KJT; 1 for an empty bag) for a mean-pooled row-wise table's embedding, 1 elsewhere; the
+    columns in the sharded output's order (``feature_of``, ``mean``, ``dims`` per embedding)."""
+    keys, batch = features.keys(), features.stride()
+    weights = features.weights_or_none()
+    lengths = (
+        features.lengths()
+        if weights is None
+        else torch.ops.fbgemm.segment_sum_csr(1, features.offsets().int(), weights)
+    )
+    per_key = lengths.view(len(keys), batch).float()
+    per_key = torch.where(per_key == 0, torch.ones_like(per_key), per_key)
+    index = {k: i for i, k in enumerate(keys)}
+    ones = torch.ones(batch, device=per_key.device)
+    per_embedding = torch.stack([per_key[index[f]] if m else ones for f, m in zip(feature_of, mean)], dim=1)
+    return torch.repeat_interleave(per_embedding, dims.to(per_key.device), dim=1, output_size=int(dims.sum()))
 
 
 def _reorder_dict(d: dict, keys: list[str]) -> dict:

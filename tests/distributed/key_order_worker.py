@@ -18,15 +18,18 @@ from torchrec.optim.optimizers import in_backward_optimizer_filter
 # columns across table boundaries.
 POOLED = [("user", 1000, 8, PoolingType.SUM), ("item", 500, 16, PoolingType.MEAN), ("tags", 50, 4, PoolingType.MEAN)]
 POOLED.append(("city", 31, 12, PoolingType.SUM))
+# A second table of feature "tags", sum-pooled (keys tags@t_tags, tags@t_tags_sum).
+SHARED = EmbeddingBagConfig(name="t_tags_sum", embedding_dim=4, num_embeddings=50, feature_names=["tags"])
 SEQUENCE = [("hist", 97, 8), ("clicks", 40, 8)]
 B, NUM_DENSE, LR = 6, 3, 0.1
 
 
 def pooled_tables() -> list[EmbeddingBagConfig]:
-    return [
+    tables = [
         EmbeddingBagConfig(name=f"t_{n}", embedding_dim=d, num_embeddings=r, feature_names=[n], pooling=p)
         for n, r, d, p in POOLED
     ]
+    return tables[:3] + [dataclasses.replace(SHARED)] + tables[3:]
 
 
 def sequence_tables() -> list[EmbeddingConfig]:
@@ -36,14 +39,14 @@ def sequence_tables() -> list[EmbeddingConfig]:
 
 
 class ReadsByPosition(nn.Module):
-    """Logits [B] from ``kt.values()`` ([B, 40], read by position) and the sequence dict's
+    """Logits [B] from ``kt.values()`` ([B, 44], read by position) and the sequence dict's
     values in iteration order (each feature's embeddings summed per example)."""
 
     def __init__(self, device: torch.device) -> None:
         super().__init__()
         self.ebc = EmbeddingBagCollection(tables=pooled_tables(), device=device)
         self.ec = EmbeddingCollection(tables=sequence_tables(), device=device)
-        width = NUM_DENSE + sum(t[2] for t in POOLED) + sum(t[2] for t in SEQUENCE)
+        width = NUM_DENSE + sum(t.embedding_dim for t in pooled_tables()) + sum(t[2] for t in SEQUENCE)
         self.top = nn.Linear(width, 1)
 
     def forward(self, dense: torch.Tensor, sparse: KeyedJaggedTensor):
@@ -82,8 +85,10 @@ def plans(world_size: int) -> dict[str, dict | None]:
             for i, (n, *_) in enumerate(SEQUENCE)
         }
     )
+    reverse["t_tags_sum"] = {"sharding_type": "table_wise", "ranks": [0]}
     mixed = {
         "t_user": {"sharding_type": "row_wise"},
+        "t_tags_sum": {"sharding_type": "table_wise", "ranks": [last]},
         "t_item": {"sharding_type": "column_wise", "ranks": [last, 0]},
         "t_tags": {"sharding_type": "data_parallel"},
         "t_city": {"sharding_type": "table_wise", "ranks": [0]},
@@ -95,14 +100,23 @@ def plans(world_size: int) -> dict[str, dict | None]:
         "t_user": {"sharding_type": "data_parallel"},
         "t_item": {"sharding_type": "row_wise"},
         "t_tags": {"sharding_type": "table_wise", "ranks": [last]},
+        "t_tags_sum": {"sharding_type": "row_wise"},
         "t_city": {"sharding_type": "column_wise", "ranks": [0]},
         "s_hist": {"sharding_type": "table_wise", "ranks": [0]},
         "s_clicks": {"sharding_type": "row_wise"},
+    }
+    # One feature feeding a mean-pooled row-wise table and a sum-pooled table-wise one.
+    shared = {
+        **row_wise_mean,
+        "t_item": {"sharding_type": "table_wise", "ranks": [0]},
+        "t_tags": {"sharding_type": "row_wise"},
+        "t_tags_sum": {"sharding_type": "table_wise", "ranks": [last]},
     }
     return {
         "reverse": {"fixed_plan": reverse},
         "mixed": {"fixed_plan": mixed},
         "row_wise_mean": {"fixed_plan": row_wise_mean},
+        "shared_feature": {"fixed_plan": shared},
         "planner": None,
     }
 
