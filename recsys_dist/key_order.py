@@ -12,6 +12,10 @@ their output back in the unsharded module's key order: one ``index_select`` over
 columns ``[B, sum of dims]`` (a copy; nothing when the orders already agree), and a reordered
 dict for sequences (no copy). TorchRec 1.8 has no option for this (its
 ``sharded_module_order_overwrite`` orders sharding types, not tables).
+
+The pooled collection also replaces TorchRec's divisor for mean-pooled row-wise tables, which
+divided the bags of every other sharding type too (see
+:class:`OrderedShardedEmbeddingBagCollection`).
 """
 
 from __future__ import annotations
@@ -55,7 +59,7 @@ class OrderedShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
     only for row-wise sum features: the bags of every other sharding type (table_wise,
     column_wise, data_parallel), which their kernels had already pooled, were divided by their
     length too (a sum bag of 3 ids came back as a third of its sum, a mean bag divided twice;
-    0.28 off for one table of a planner's row_wise + data_parallel plan), silently. Here the
+    0.29 off for one table of a planner's row_wise + data_parallel plan), silently. Here the
     divisor is per embedding (:func:`_mean_divisor`): the id count for a mean-pooled row-wise
     table's bags, 1 for every other column, also when one feature feeds both kinds of table.
     (Variable-batch KJTs, which recsys_dist does not make, keep TorchRec's divisor.)
