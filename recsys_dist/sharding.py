@@ -962,7 +962,10 @@ def shard(
 
     Returns:
         ``torchrec.distributed.DistributedModelParallel``; its ``.plan`` is the plan used.
-        Calls take what the model takes, e.g. a KJT of B examples.
+        Calls take what the model takes, e.g. a KJT of B examples. Inside it, each
+        EmbeddingBagCollection returns its pooled KeyedTensor, and each EmbeddingCollection its
+        dict, in the unsharded module's key order (:mod:`recsys_dist.key_order`), so the model
+        computes what it computes unsharded, also when it reads ``kt.values()`` by position.
 
     Raises:
         pydantic.ValidationError: a bad ``sharding`` section (a ValueError too).
