@@ -11,6 +11,10 @@ column_wise and row_wise (:data:`SEQUENCE_SHARDING_TYPES`) on every device. Any 
 embedding module (``nn.Embedding``, ``nn.EmbeddingBag``, a managed-collision collection) is
 refused by :func:`check_covered` (before any rank starts: ``preflight.coverage_problems``; and at
 plan time): DMP would otherwise replicate it silently.
+
+Both sharders build the sharded collections of :mod:`recsys_dist.key_order`, whose outputs
+keep the unsharded module's key order (TorchRec's come back ordered by sharding type and rank),
+so a model reading ``kt.values()`` by position computes the same sharded and unsharded.
 """
 
 from __future__ import annotations
@@ -22,8 +26,6 @@ import torch
 import torch.distributed as dist
 from pydantic import Field, model_validator
 from torch import nn
-from torchrec.distributed.embedding import EmbeddingCollectionSharder
-from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.model_parallel import DataParallelWrapper
 from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
 from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
@@ -33,6 +35,7 @@ from torchrec.modules.embedding_configs import BaseEmbeddingConfig, EmbeddingBag
 
 from recsys_dist.config.base import ConfigError
 from recsys_dist.config.base import Section as _Section
+from recsys_dist.key_order import OrderedEmbeddingBagCollectionSharder, OrderedEmbeddingCollectionSharder
 
 if TYPE_CHECKING:
     from torchrec.distributed import DistributedModelParallel
@@ -145,8 +148,9 @@ class ShardingConfig(_Section):
 ALL_TYPES = [ShardingType(t).value for t in SHARDING_TYPES]
 
 
-class EmbeddingBagCollectionSharderAllTypes(EmbeddingBagCollectionSharder):
-    """EBC sharder offering every sharding type on every device, CPU included."""
+class EmbeddingBagCollectionSharderAllTypes(OrderedEmbeddingBagCollectionSharder):
+    """EBC sharder offering every sharding type on every device, CPU included; its pooled
+    KeyedTensor has the unsharded module's key order (:mod:`recsys_dist.key_order`)."""
 
     def sharding_types(self, compute_device_type: str) -> list[str]:
         return list(ALL_TYPES)
@@ -310,7 +314,7 @@ def sharders(comms: CommsConfig | None = None, device_type: str = "cpu") -> list
     registry = qcomm_codecs_registry(comms, device_type)
     return [
         EmbeddingBagCollectionSharderAllTypes(qcomm_codecs_registry=registry),
-        EmbeddingCollectionSharder(qcomm_codecs_registry=registry),
+        OrderedEmbeddingCollectionSharder(qcomm_codecs_registry=registry),
     ]
 
 
@@ -560,7 +564,7 @@ def fixed_sharding_plan(
         if isinstance(module, EmbeddingBagCollection):
             sharder, configs = EmbeddingBagCollectionSharderAllTypes(), module.embedding_bag_configs()
         elif isinstance(module, EmbeddingCollection):
-            sharder, configs = EmbeddingCollectionSharder(), module.embedding_configs()
+            sharder, configs = OrderedEmbeddingCollectionSharder(), module.embedding_configs()
         else:
             continue
         per_table = {}
@@ -961,7 +965,10 @@ def shard(
 
     Returns:
         ``torchrec.distributed.DistributedModelParallel``; its ``.plan`` is the plan used.
-        Calls take what the model takes, e.g. a KJT of B examples.
+        Calls take what the model takes, e.g. a KJT of B examples. Inside it, each
+        EmbeddingBagCollection returns its pooled KeyedTensor, and each EmbeddingCollection its
+        dict, in the unsharded module's key order (:mod:`recsys_dist.key_order`), so the model
+        computes what it computes unsharded, also when it reads ``kt.values()`` by position.
 
     Raises:
         pydantic.ValidationError: a bad ``sharding`` section (a ValueError too).

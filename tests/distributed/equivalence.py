@@ -43,7 +43,7 @@ class Tiny(nn.Module):
         self.over = nn.Linear(8 + sum(t[2] for t in TABLES), 1)
 
     def forward(self, dense, kjt):
-        # Index by feature: a sharded EBC may order its KeyedTensor's columns differently.
+        # By feature (positional reads are tests/distributed/test_key_order.py's).
         kt = self.sparse_arch(kjt).to_dict()
         pooled = torch.cat([kt[f"f_{t[0]}"] for t in TABLES], dim=1)
         return self.over(torch.cat([torch.relu(self.bottom(dense)), pooled], dim=1))
