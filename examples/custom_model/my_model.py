@@ -17,8 +17,8 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
 
-# TrainPipelineSparseDist traces forward with torch.fx: reading a KeyedTensor's keys, or
-# iterating over a list of tensors, must happen inside a function the trace treats as a leaf.
+# TrainPipelineSparseDist traces forward with torch.fx; reads by key (kt[k], kt.to_dict()[k])
+# trace as they are (docs/api.md). One leaf here keeps the F reads and the stack one graph node.
 @torch.fx.wrap
 def pooled(kt: KeyedTensor, keys: list[str]) -> torch.Tensor:
     """[B, F, E] pooled embeddings of ``keys``, in that order."""
