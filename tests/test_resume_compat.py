@@ -53,4 +53,4 @@ def test_resume_refuses_changed_sequence_features():
     din = ROOT / "configs" / "movielens_din.yaml"
     old = load_config(din)
     msg = refusal(old, load_config(din, ["data.schema.history.max_length=5"]))
-    assert "data.schema.history" in msg and "'max_length': 20" in msg and "'max_length': 5" in msg
+    assert "data.schema.history" in msg and "'max_length': 50" in msg and "'max_length': 5" in msg

@@ -20,7 +20,7 @@ COMMON = [
     "train.progress_bar=false",
     "train.max_steps=40",
     "checkpoint.every_n_steps=20",
-    "checkpoint.keep=2",
+    "checkpoint.keep=3",  # step 20 stays beside the templates' keep_best checkpoint of step 25 and the last
     "model.transformer_dropout=0",
 ]
 
@@ -86,7 +86,13 @@ def test_movielens_bst_and_din_train_sharded_bst_resumes_resharded_and_predicts(
 
     # DIN on the same conversion (one cache entry): trains sharded; 30 steps, no checkpoints
     trains_sharded(
-        DIN, tmp_path / "din", tmp_path, "train.progress_bar=false", "train.max_steps=30", "checkpoint.enabled=false"
+        DIN,
+        tmp_path / "din",
+        tmp_path,
+        "train.progress_bar=false",
+        "train.max_steps=30",
+        "checkpoint.enabled=false",
+        "checkpoint.keep_best=false",
     )
     # its ledger: the dense all-reduce is DDP's (87,432 B a rank and step, counted at the
     # collectives), not the history table's shard; the table itself is named as not counted
