@@ -24,7 +24,7 @@ from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backwa
 
 from recsys_dist.data.loader import CTRBatch
 from recsys_dist.models.task import CTRTask
-from recsys_dist.optim import EMBEDDING_OPTIMIZERS, build_optimizer
+from recsys_dist.optim import EMBEDDING_OPTIMIZERS, build_optimizer, fused_weight_decay
 from recsys_dist.sharding import sharders
 from recsys_dist.state import gather_full_state_dict, load_full_state_dict
 
@@ -134,7 +134,6 @@ def check(
 
     ``weight_decay``: ``train.embedding_weight_decay`` (build_optimizer's, and the fused kwargs
     of recsys_dist.optim.fused_weight_decay). ``tables_out``: filled with the final full tables."""
-    from recsys_dist.optim import fused_weight_decay
 
     torch.manual_seed(0)
     ref = CTRTask(Tiny(EmbeddingBagCollection(tables=configs(), device=torch.device("cpu"))))
@@ -221,7 +220,23 @@ def weight_decay_checks(rank: int, world_size: int, cases: list[tuple[str, str]]
         out["row_wise_on_cpu"] = _error(
             lambda: check(rank, world_size, "row_wise", "exact_rowwise_adagrad", weight_decay=WEIGHT_DECAY)
         )
+    out["fbgemm_args"] = _fused_decay_args(device_type)
     return out
+
+
+def _fused_decay_args(device_type: str) -> list[tuple[float, int]]:
+    """(weight_decay, weight_decay_mode) of every FBGEMM kernel of a row_wise EBC marked with
+    fuse_embedding_optimizer's kwargs for exact_rowwise_adagrad (what the CUDA kernel reads)."""
+    import recsys_dist
+
+    ebc = EmbeddingBagCollection(tables=configs(), device=torch.device("meta"))
+    cls, kwargs = EMBEDDING_OPTIMIZERS["exact_rowwise_adagrad"]
+    kwargs = {"lr": EMB_LR, **kwargs, **fused_weight_decay("exact_rowwise_adagrad", WEIGHT_DECAY)}
+    apply_optimizer_in_backward(cls, ebc.parameters(), kwargs)
+    device = torch.device("cuda", torch.cuda.current_device()) if device_type == "cuda" else torch.device("cpu")
+    dmp = recsys_dist.shard(ebc, {"sharding_types": ["row_wise"]}, device=device)
+    kernels = [e._emb_module for lookup in dmp._dmp_wrapped_module._lookups for e in lookup._emb_modules]
+    return [(k.optimizer_args.weight_decay, k.optimizer_args.weight_decay_mode) for k in kernels]
 
 
 def shard_api_forward(rank: int, world_size: int, sharding: dict) -> dict:

@@ -29,6 +29,8 @@ def test_weight_decay_matches_reference(world_size):
             assert effect > 1e-3, (rank, case, effect)  # the decay did something
         refusal = out["row_wise_on_cpu"]
         assert refusal and "train.embedding_weight_decay" in refusal and "CPU fused kernel" in refusal, refusal
+        # What the CUDA kernel reads: without weight_decay_mode L2 (1) it ignores weight_decay.
+        assert out["fbgemm_args"] and set(out["fbgemm_args"]) == {(equivalence.WEIGHT_DECAY, 1)}, out
 
 
 def test_weight_decay_refusals():
