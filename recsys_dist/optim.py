@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+from fbgemm_gpu.tbe.config import WeightDecayMode
 from torch import nn
 from torchrec.optim import optimizers as trec_optim
 from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
@@ -29,6 +30,15 @@ REPLICATED_TABLE_OPTIMIZERS = {
     "exact_sgd": (torch.optim.SGD, {}),
     "adam": (torch.optim.Adam, {"eps": 1e-8}),
 }
+# How each embedding optimizer decays (train.embedding_weight_decay), always on the rows a
+# step looks up only (lazy, as FBGEMM's sparse update). FBGEMM's CUDA kernels: EXACT_ROWWISE_ADAGRAD
+# applies weight_decay only with a weight_decay_mode (default NONE = ignored); L2 adds decay * w
+# to the row's gradient before Adagrad, as torch.optim.Adagrad's weight_decay. ADAM always
+# subtracts lr * decay * w (decoupled, as torch.optim.AdamW). EXACT_ADAGRAD and EXACT_SGD have
+# no weight decay: refused. FBGEMM's CPU kernels ignore weight decay in every mode (measured,
+# fbgemm-gpu-cpu 1.8): refused for sharded tables on CPU (check_fused_weight_decay).
+# Data-parallel tables get the same lazy decay here (_lazy_weight_decay).
+EMBEDDING_WEIGHT_DECAY = {"exact_rowwise_adagrad": "l2", "adam": "decoupled"}
 DENSE_OPTIMIZERS = {
     "sgd": torch.optim.SGD,
     "adagrad": torch.optim.Adagrad,
@@ -49,9 +59,48 @@ def fuse_embedding_optimizer(model: nn.Module, cfg) -> None:
     cls, kwargs = EMBEDDING_OPTIMIZERS[cfg.train.embedding_optimizer]
     collections = (EmbeddingBagCollection, EmbeddingCollection)
     params = [p for m in model.modules() if isinstance(m, collections) for p in m.parameters()]
-    if cfg.train.embedding_weight_decay:
-        kwargs = {**kwargs, "weight_decay": cfg.train.embedding_weight_decay}
+    kwargs = {**kwargs, **fused_weight_decay(cfg.train.embedding_optimizer, cfg.train.embedding_weight_decay)}
     apply_optimizer_in_backward(cls, params, {"lr": cfg.train.embedding_lr, **kwargs})
+
+
+def check_embedding_weight_decay(embedding_optimizer: str, weight_decay: float) -> None:
+    """Raise ValueError (naming ``train.embedding_weight_decay``) when ``embedding_optimizer``
+    cannot decay and ``weight_decay`` is not 0: FBGEMM would silently ignore it."""
+    if weight_decay and embedding_optimizer not in EMBEDDING_WEIGHT_DECAY:
+        raise ValueError(
+            f"train.embedding_weight_decay: {weight_decay} is not applied by train.embedding_optimizer "
+            f"{embedding_optimizer} (FBGEMM's {embedding_optimizer} kernel has no weight decay); use "
+            f"{' or '.join(EMBEDDING_WEIGHT_DECAY)}, or set train.embedding_weight_decay: 0"
+        )
+
+
+def check_fused_weight_decay(dmp: nn.Module, weight_decay: float) -> None:
+    """Raise ValueError (naming ``train.embedding_weight_decay``) when ``weight_decay`` is not 0
+    and the DistributedModelParallel ``dmp`` has a table on FBGEMM's CPU fused kernel, whose
+    update ignores weight decay (only data-parallel tables decay on CPU)."""
+    plan = getattr(getattr(dmp, "plan", None), "plan", {})
+    sharded = sorted(
+        {t for per_module in plan.values() for t, ps in per_module.items() if ps.sharding_type != "data_parallel"}
+    )
+    if weight_decay and sharded and getattr(dmp, "device", torch.device("cpu")).type == "cpu":
+        raise ValueError(
+            f"train.embedding_weight_decay: {weight_decay} would be ignored: FBGEMM's CPU fused kernel has no "
+            f"weight decay, and tables {sharded[:5]}{' ...' if len(sharded) > 5 else ''} are sharded; set "
+            "train.embedding_weight_decay: 0, or sharding.sharding_types: [data_parallel], or train on CUDA"
+        )
+
+
+def fused_weight_decay(embedding_optimizer: str, weight_decay: float) -> dict:
+    """The FBGEMM (TBE) keyword arguments that make its fused ``embedding_optimizer`` decay the
+    looked-up rows by ``weight_decay`` ({} for 0). Raises ValueError as
+    :func:`check_embedding_weight_decay`."""
+    check_embedding_weight_decay(embedding_optimizer, weight_decay)
+    if not weight_decay:
+        return {}
+    if embedding_optimizer == "exact_rowwise_adagrad":
+        # Without a mode FBGEMM's rowwise Adagrad reads weight_decay and applies nothing.
+        return {"weight_decay": weight_decay, "weight_decay_mode": WeightDecayMode.L2}
+    return {"weight_decay": weight_decay}  # ADAM: decoupled, whatever the mode
 
 
 def build_optimizer(
@@ -74,9 +123,16 @@ def build_optimizer(
       ``dense_factory(params)`` when given (``Trainer(dense_optimizer=...)``; then
       ``dense_optimizer`` and ``dense_lr`` are not used).
 
+    ``embedding_weight_decay`` decays the rows a step looks up, as FBGEMM does (see
+    :data:`EMBEDDING_WEIGHT_DECAY`); on data-parallel tables "looked up" is "non-zero
+    gradient row". Raises ValueError for an ``embedding_optimizer`` that cannot decay, and
+    for sharded tables on CPU (:func:`check_fused_weight_decay`).
+
     Note: FBGEMM's Adam updates only rows present in the batch; the data-parallel Adam
     updates every row whose moments are non-zero.
     """
+    check_embedding_weight_decay(embedding_optimizer, embedding_weight_decay)
+    check_fused_weight_decay(dmp, embedding_weight_decay)
     params = dict(in_backward_optimizer_filter(dmp.named_parameters()))
     # Replicated EmbeddingBagCollection / EmbeddingCollection tables.
     dp_tables = {n: p for n, p in params.items() if ".embedding_bags." in n or ".embeddings." in n}
@@ -96,9 +152,38 @@ def build_optimizer(
     if dp_tables:
         emb_cls, kwargs = REPLICATED_TABLE_OPTIMIZERS[embedding_optimizer]
         if embedding_weight_decay:
-            kwargs = {**kwargs, "weight_decay": embedding_weight_decay}
+            decoupled = EMBEDDING_WEIGHT_DECAY[embedding_optimizer] == "decoupled"
+            emb_cls = _lazy_weight_decay(emb_cls, embedding_weight_decay, decoupled)
         optimizers.append(KeyedOptimizerWrapper(dp_tables, lambda ps: emb_cls(ps, lr=embedding_lr, **kwargs)))
     return CombinedOptimizer(optimizers)
+
+
+def _lazy_weight_decay(cls: type, weight_decay: float, decoupled: bool) -> type:
+    """``cls`` (a torch optimizer of 2-D tables) that first decays the rows with a non-zero
+    gradient: L2 (``grad += weight_decay * w``) or decoupled (``w *= 1 - lr * weight_decay``).
+
+    torch's own weight_decay would decay every row every step; FBGEMM decays only the rows a
+    step looks up, and data-parallel tables must train like sharded ones.
+    """
+
+    class LazyWeightDecay(cls):
+        @torch.no_grad()
+        def step(self, closure=None):
+            for group in self.param_groups:
+                for p in group["params"]:
+                    if p.grad is None:
+                        continue
+                    if p.grad.is_sparse or p.dim() != 2:
+                        raise ValueError("train.embedding_weight_decay needs dense 2-D gradients of the tables")
+                    rows = p.grad.ne(0).any(dim=1, keepdim=True).to(p.dtype)
+                    if decoupled:
+                        p.mul_(1 - group["lr"] * weight_decay * rows)
+                    else:
+                        p.grad.add_(p * rows, alpha=weight_decay)
+            return super().step(closure)
+
+    LazyWeightDecay.__name__ = LazyWeightDecay.__qualname__ = f"LazyWeightDecay{cls.__name__}"
+    return LazyWeightDecay
 
 
 def _checked(opt: object) -> torch.optim.Optimizer:
@@ -123,8 +208,8 @@ def init_lazy_state(optimizer: CombinedOptimizer, fused: object = None) -> None:
 
     Uses TorchRec's ``KeyedOptimizer.init_state`` (one step with zero gradients) on each
     sub-optimizer whose parameters lack state, ``fused`` (``dmp.fused_optimizer``, whose
-    state FBGEMM creates up front) left out. That step leaves the weights as they are except
-    under weight decay, and a restore loads the weights after it anyway.
+    state FBGEMM creates up front) left out. That step leaves the weights as they are (its
+    gradients are zero, so no row is decayed), and a restore loads the weights after it anyway.
     """
     for _, opt in optimizer.optimizers:
         if opt is fused:

@@ -230,6 +230,12 @@ def check_before_launch(cfg, world_size: int | None = None, memory: bool = True)
                 "  train.embedding_optimizer: FBGEMM's CPU kernels have no Adam for sharded tables; use "
                 "exact_rowwise_adagrad, exact_adagrad or exact_sgd on CPU (or sharding.sharding_types: [data_parallel])"
             )
+        if cfg.train.embedding_weight_decay and not only_dp:
+            problems.append(
+                f"  train.embedding_weight_decay: {cfg.train.embedding_weight_decay} would be ignored: FBGEMM's "
+                "CPU fused kernel has no weight decay for sharded tables; set it to 0, or train on CUDA (or "
+                "sharding.sharding_types: [data_parallel])"
+            )
         problems += [f"  {key}: {k} needs a CUDA device; use fused on CPU" for key, k in uvm_kernels(cfg)]
         problems += [f"  {p}" for p in pipeline_problems(cfg.train.pipeline, "cpu")]
     from recsys_dist.batch_memory import batch_memory_problems, local_rank_count

@@ -50,7 +50,14 @@ class TrainConfig(_Section):
     )
     decay_steps: int = Field(0, ge=0, description="Length of the decay in steps (0 = no decay).")
     embedding_weight_decay: float = Field(
-        0.0, ge=0, description="L2 regularisation of the embedding rows, applied by the fused optimizer."
+        0.0,
+        ge=0,
+        description="Weight decay of the embedding rows, applied by the embedding optimizer to the rows a step "
+        "looks up only (lazy, as FBGEMM's sparse update: a row absent from a batch is not decayed). "
+        "exact_rowwise_adagrad: L2, decay * w added to the row's gradient before the Adagrad step (as "
+        "torch.optim.Adagrad's weight_decay); adam: decoupled, w -= lr * decay * w (as torch.optim.AdamW). "
+        "exact_adagrad and exact_sgd have no weight decay in FBGEMM, and FBGEMM's CPU fused kernel none for "
+        "sharded tables: a value > 0 is refused there; on CPU only data_parallel tables decay.",
     )
     precision: Literal["fp32", "bf16-mixed"] = Field(
         "fp32",
@@ -101,6 +108,17 @@ class TrainConfig(_Section):
         description="Stop training when the validation metric (scored after every epoch and every "
         "eval.every_n_steps) has not improved for `patience` validations; None = train every epoch.",
     )
+
+    @model_validator(mode="after")
+    def _check_weight_decay(self) -> TrainConfig:
+        if self.embedding_weight_decay and self.embedding_optimizer in ("exact_adagrad", "exact_sgd"):
+            # FBGEMM's kernels for these have no weight decay: it would be silently ignored.
+            raise ValueError(
+                f"train.embedding_weight_decay: {self.embedding_weight_decay} is not applied by "
+                f"train.embedding_optimizer {self.embedding_optimizer} (FBGEMM's kernel has no weight decay); "
+                "use exact_rowwise_adagrad or adam, or set train.embedding_weight_decay: 0"
+            )
+        return self
 
     @model_validator(mode="after")
     def _check_loss(self) -> TrainConfig:

@@ -24,7 +24,7 @@ from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backwa
 
 from recsys_dist.data.loader import CTRBatch
 from recsys_dist.models.task import CTRTask
-from recsys_dist.optim import EMBEDDING_OPTIMIZERS, build_optimizer
+from recsys_dist.optim import EMBEDDING_OPTIMIZERS, build_optimizer, fused_weight_decay
 from recsys_dist.sharding import sharders
 from recsys_dist.state import gather_full_state_dict, load_full_state_dict
 
@@ -80,8 +80,17 @@ def global_batch(step: int, world_size: int) -> list[CTRBatch]:
     return batches
 
 
-def reference_embedding_step(weight, grad, state, optimizer, lazy=True):
-    """One optimizer step on a full table in plain torch; ``state`` is a dict kept across steps."""
+def reference_embedding_step(weight, grad, state, optimizer, lazy=True, weight_decay=0.0):
+    """One optimizer step on a full table in plain torch; ``state`` is a dict kept across steps.
+
+    ``weight_decay`` decays only the rows of the batch (non-zero gradient), as FBGEMM does:
+    L2 (added to the gradient) for row-wise Adagrad, decoupled (AdamW) for Adam."""
+    touched = (grad != 0).any(dim=1)
+    if weight_decay and optimizer == "adam":
+        weight[touched] -= EMB_LR * weight_decay * weight[touched]
+    elif weight_decay:
+        grad = grad.clone()
+        grad[touched] += weight_decay * weight[touched]
     if optimizer == "exact_sgd":
         weight -= EMB_LR * grad
     elif optimizer == "exact_rowwise_adagrad":
@@ -112,8 +121,19 @@ def check_all(rank: int, world_size: int, cases: list[tuple[str, str]], device_t
     return {case: check(rank, world_size, *case, device_type=device_type) for case in cases}
 
 
-def check(rank: int, world_size: int, sharding_type: str, optimizer: str, device_type: str = "cpu") -> dict:
-    """Train 3 steps sharded and unsharded; return the largest absolute differences."""
+def check(
+    rank: int,
+    world_size: int,
+    sharding_type: str,
+    optimizer: str,
+    device_type: str = "cpu",
+    weight_decay: float = 0.0,
+    tables_out: dict | None = None,
+) -> dict:
+    """Train 3 steps sharded and unsharded; return the largest absolute differences.
+
+    ``weight_decay``: ``train.embedding_weight_decay`` (build_optimizer's, and the fused kwargs
+    of recsys_dist.optim.fused_weight_decay). ``tables_out``: filled with the final full tables."""
 
     torch.manual_seed(0)
     ref = CTRTask(Tiny(EmbeddingBagCollection(tables=configs(), device=torch.device("cpu"))))
@@ -124,6 +144,7 @@ def check(rank: int, world_size: int, sharding_type: str, optimizer: str, device
 
     model = CTRTask(Tiny(EmbeddingBagCollection(tables=configs(), device=torch.device("meta"))))
     cls, kwargs = EMBEDDING_OPTIMIZERS[optimizer]
+    kwargs = {**kwargs, **fused_weight_decay(optimizer, weight_decay)}
     apply_optimizer_in_backward(cls, model.model.sparse_arch.parameters(), {"lr": EMB_LR, **kwargs})
     kernel = "dense" if sharding_type == "data_parallel" else "fused"
     cons = {n: ParameterConstraints(sharding_types=[sharding_type], compute_kernels=[kernel]) for n, *_ in TABLES}
@@ -139,7 +160,7 @@ def check(rank: int, world_size: int, sharding_type: str, optimizer: str, device
     planned = {ps.sharding_type for mp in plan.plan.values() for ps in mp.values()}
     assert planned == {sharding_type}, f"asked for {sharding_type}, planner chose {planned}"
     load_full_state_dict(dmp.state_dict(), full)
-    dense_opt = build_optimizer(dmp, optimizer, EMB_LR, "adagrad", DENSE_LR)
+    dense_opt = build_optimizer(dmp, optimizer, EMB_LR, "adagrad", DENSE_LR, embedding_weight_decay=weight_decay)
 
     ref_emb = {n: p for n, p in ref.named_parameters() if "sparse_arch" in n}
     ref_dense = [p for n, p in ref.named_parameters() if "sparse_arch" not in n]
@@ -166,7 +187,8 @@ def check(rank: int, world_size: int, sharding_type: str, optimizer: str, device
         ref_dense_opt.step()
         with torch.no_grad():
             for n, p in ref_emb.items():
-                reference_embedding_step(p, p.grad, ref_state[n], optimizer, lazy=sharding_type != "data_parallel")
+                lazy = sharding_type != "data_parallel"
+                reference_embedding_step(p, p.grad, ref_state[n], optimizer, lazy, weight_decay)
         diffs["logits"] = max(diffs["logits"], (logits.detach() - ref_logits[rank].detach()).abs().max().item())
         diffs["loss"] = max(diffs["loss"], abs(loss.item() - ref_losses[rank].item()))
 
@@ -175,7 +197,46 @@ def check(rank: int, world_size: int, sharding_type: str, optimizer: str, device
     for name, t in want.items():
         diffs[name] = (got[name] - t).abs().max().item()
         assert got[name].shape == t.shape, (name, got[name].shape, t.shape)
+    if tables_out is not None:
+        tables_out.update({k: v for k, v in got.items() if "sparse_arch" in k})
     return diffs
+
+
+WEIGHT_DECAY = 0.5
+
+
+def weight_decay_checks(rank: int, world_size: int, cases: list[tuple[str, str]], device_type: str = "cpu") -> dict:
+    """``train.embedding_weight_decay`` per (sharding_type, optimizer) case: ``check``'s
+    differences to the decayed reference, and ``effect``, the largest change of a table
+    against the same run without decay (0 if the decay were ignored). On CPU also the
+    refusal of row_wise (FBGEMM's CPU fused kernel ignores weight decay)."""
+    out: dict = {}
+    for case in cases:
+        decayed, plain = {}, {}
+        diffs = check(rank, world_size, *case, device_type, weight_decay=WEIGHT_DECAY, tables_out=decayed)
+        check(rank, world_size, *case, device_type, tables_out=plain)
+        out[case] = {"diffs": diffs, "effect": max((decayed[k] - plain[k]).abs().max().item() for k in plain)}
+    if device_type == "cpu":
+        out["row_wise_on_cpu"] = _error(
+            lambda: check(rank, world_size, "row_wise", "exact_rowwise_adagrad", weight_decay=WEIGHT_DECAY)
+        )
+    out["fbgemm_args"] = _fused_decay_args(device_type)
+    return out
+
+
+def _fused_decay_args(device_type: str) -> list[tuple[float, int]]:
+    """(weight_decay, weight_decay_mode) of every FBGEMM kernel of a row_wise EBC marked with
+    fuse_embedding_optimizer's kwargs for exact_rowwise_adagrad (what the CUDA kernel reads)."""
+    import recsys_dist
+
+    ebc = EmbeddingBagCollection(tables=configs(), device=torch.device("meta"))
+    cls, kwargs = EMBEDDING_OPTIMIZERS["exact_rowwise_adagrad"]
+    kwargs = {"lr": EMB_LR, **kwargs, **fused_weight_decay("exact_rowwise_adagrad", WEIGHT_DECAY)}
+    apply_optimizer_in_backward(cls, ebc.parameters(), kwargs)
+    device = torch.device("cuda", torch.cuda.current_device()) if device_type == "cuda" else torch.device("cpu")
+    dmp = recsys_dist.shard(ebc, {"sharding_types": ["row_wise"]}, device=device)
+    kernels = [e._emb_module for lookup in dmp._dmp_wrapped_module._lookups for e in lookup._emb_modules]
+    return [(k.optimizer_args.weight_decay, k.optimizer_args.weight_decay_mode) for k in kernels]
 
 
 def shard_api_forward(rank: int, world_size: int, sharding: dict) -> dict:
