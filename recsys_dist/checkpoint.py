@@ -492,9 +492,9 @@ def check_compatible(
     saved = meta.get("config", {})
     diffs = []
     if bool(meta.get("user_model")) != user_model:
-        where = ("Trainer(model=...)", "the config's model.name")
+        where = ("given to Trainer(model=...)", "named by the config's model.name")
         old, new = where if meta.get("user_model") else where[::-1]
-        diffs.append(f"model {old} -> {new} (its model.* keys name no model of the run that wrote it)")
+        diffs.append(f"model {old} -> {new} (a model given in Python resumes only into a Trainer given it)")
     for section, keys in (
         ("model", None),
         ("data", (("num_embeddings",) if tables else ()) + ("pooling", "feature_pooling", "categorical_mapping")),

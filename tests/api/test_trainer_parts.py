@@ -122,7 +122,9 @@ def test_a_model_optimizer_and_scheduler_from_python_train_as_named_in_the_confi
 
     with pytest.raises(CheckpointError, match=r"holds a model given to Trainer\(model=...\)"):
         load(tmp_path / "whole")
-    with pytest.raises(CheckpointError, match=r"model Trainer\(model=...\) -> the config's model.name"):
+    with pytest.raises(
+        CheckpointError, match=r"model given to Trainer\(model=...\) -> named by the config's model.name"
+    ):
         fit([*NAMED, *every_6], "named_resumed", resume=tmp_path / "whole" / "checkpoints" / "step_00000006")
 
 
