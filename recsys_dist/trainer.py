@@ -852,7 +852,7 @@ class Trainer:
                 # The epoch's (or run's) last step: validated, then checkpointed, after the loop.
                 continue
             if cfg.eval.every_n_steps and self._step % cfg.eval.every_n_steps == 0:
-                pipe.detach()  # the pipeline rewrote forward; eval needs the plain one
+                pipe.detach()  # the pipeline rewrote forward; eval needs the plain one (progress re-attaches)
                 self._validate()
                 if self._done():  # early stopping: every rank decides alike (global metrics)
                     break
