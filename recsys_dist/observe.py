@@ -89,6 +89,19 @@ class TimedTrainPipeline(StageTimer, TrainPipelineSparseDist):
         forward = self._model_fwd
         self._model_fwd = lambda batch: self._timed("time_forward_ms", forward, batch)
 
+    def attach(self, model: torch.nn.Module | None = None, sparse_dist: bool = False) -> None:
+        """Rewrite the model's forward again after :meth:`detach` (``progress`` calls this),
+        keeping the in-flight batches' input_dist.
+
+        TorchRec's default (``sparse_dist=True``) starts input_dist again for ``batches[0]``,
+        whose input_dist already ran before the detach: that replaces its module context with
+        a fresh one the forward then reads, and leaves that splits all-to-all unwaited. A
+        sharded EmbeddingCollection's output_dist takes its all-to-all sizes from that
+        context, so after a mid-epoch validation the next step failed on 2 ranks
+        (gloo ``in->size == out->size``); an EmbeddingBagCollection's pooled output_dist
+        does not read it."""
+        super().attach(model, sparse_dist=sparse_dist)
+
     def _next_batch(self, dataloader_iter):
         return self._timed("time_data_ms", super()._next_batch, dataloader_iter)
 

@@ -593,6 +593,7 @@ class Trainer:
             ValueError: an unknown split name.
         """
         with self._collective(), self._clock.phase("eval"):
+            self._detach_pipeline()
             c = self.cfg.eval
             names, kinds = tasks(self.cfg)
             metrics = evaluate(
@@ -622,6 +623,7 @@ class Trainer:
             ValueError: an unknown split name, or a shuffled loader.
         """
         with self._collective(), self._clock.phase("eval"):
+            self._detach_pipeline()
             return predict(self._model, self._loader(split), self._ctx.device)
 
     def save_checkpoint(self, best: bool = False) -> Path:
@@ -852,8 +854,7 @@ class Trainer:
                 # The epoch's (or run's) last step: validated, then checkpointed, after the loop.
                 continue
             if cfg.eval.every_n_steps and self._step % cfg.eval.every_n_steps == 0:
-                pipe.detach()  # the pipeline rewrote forward; eval needs the plain one
-                self._validate()
+                self._validate()  # detaches the pipeline (evaluate); its next progress re-attaches
                 if self._done():  # early stopping: every rank decides alike (global metrics)
                     break
                 self._t0 = time.perf_counter()
@@ -895,6 +896,12 @@ class Trainer:
             self._log_train()
         self.save_checkpoint(best=best)
         self._t0 = time.perf_counter()
+
+    def _detach_pipeline(self) -> None:
+        # Scoring needs the plain forward; inside the loop (a validation, or a callback's
+        # evaluate / predict) the pipeline has rewritten it. Its next progress re-attaches.
+        if self._pipe is not None:
+            self._pipe.detach()
 
     def _new_pipeline(self):
         # Sampling counts global steps, so timed steps do not restart with each epoch.
