@@ -389,18 +389,23 @@ def latest_checkpoint(run_dir: str | os.PathLike[str]) -> Path | None:
     back to the newest ``step_*`` directory holding both ``.metadata`` and ``meta.json``.
     """
     root = Path(run_dir) / "checkpoints"
-    marker = root / "latest"
-    if marker.is_file():
-        path = root / marker.read_text().strip()
-        if is_complete(path):
-            return path
+    name = _marked(root, "latest")
+    if name and is_complete(root / name):
+        return root / name
     done = sorted(p for p in root.glob("step_*") if is_complete(p))
     return done[-1] if done else None
 
 
 def _marked(root: Path, name: str) -> str | None:
+    """The checkpoint name the marker ``root/name`` holds; None when it is absent or damaged
+    (not UTF-8, not one plain ``step_N`` name), so that callers fall back to the newest
+    complete ``step_*`` directory instead of raising."""
     marker = root / name
-    return marker.read_text().strip() if marker.is_file() else None
+    try:
+        text = marker.read_bytes().decode().strip() if marker.is_file() else ""
+    except (OSError, UnicodeDecodeError):
+        return None
+    return text if text.startswith("step_") and Path(text).name == text else None
 
 
 def best_checkpoint(run_dir: Path) -> Path | None:

@@ -200,3 +200,27 @@ def test_damage_on_one_rank_is_seen_by_every_rank(tmp_path):
         assert f"{shard}: its CRC-32 differs" in got["error"], got
         assert got["auto"] == tmp_path / "checkpoints" / "step_00000004"
         assert got["own"] == 4.0 + rank
+
+
+def test_a_garbled_latest_or_best_marker_falls_back_to_the_newest_checkpoint(tmp_path, monkeypatch):
+    monkeypatch.setenv(ck.VERIFIED_ENV, "")
+    from recsys_dist import run_dir as run_dirs
+
+    for step in (4, 8):
+        ck.save_checkpoint(CTX, tmp_path, step, _state(float(step)), {"step": step}, keep=3, best=step == 4)
+    root = tmp_path / "checkpoints"
+    new = root / "step_00000008"
+    # Bytes that are not UTF-8 (was a UnicodeDecodeError traceback from evaluate / train --resume),
+    # and a marker naming something outside checkpoints/.
+    for garbage in (b"\xff\xfe\x00garbage", b"../../elsewhere\n", b""):
+        (root / "latest").write_bytes(garbage)
+        assert ck.latest_checkpoint(tmp_path) == new
+        assert ck.named_checkpoint("latest", tmp_path) == new
+        assert run_dirs.resolve_resume("auto", tmp_path) == new
+        (root / "best").write_bytes(garbage)
+        assert ck.best_checkpoint(tmp_path) is None
+        with pytest.raises(ck.CheckpointError, match="no complete best checkpoint"):
+            ck.named_checkpoint("best", tmp_path)
+    # A save still works and rewrites the markers.
+    ck.save_checkpoint(CTX, tmp_path, 12, _state(12.0), {"step": 12}, keep=3, best=True)
+    assert ck.named_checkpoint("best", tmp_path) == ck.latest_checkpoint(tmp_path) == root / "step_00000012"
