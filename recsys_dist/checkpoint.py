@@ -116,7 +116,9 @@ def save_checkpoint(
 
     def finish() -> None:
         if ctx.is_main:
-            (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
+            # meta.json says a checksums.json belongs to it, so that losing that file is damage
+            # too (not taken for a checkpoint from before checksums, which is loaded unchecked).
+            (tmp / "meta.json").write_text(json.dumps({**meta, "checksums": CHECKSUMS_FILE}, indent=2))
             files = {n: v for part in gathered for n, v in part.items()}
             files["meta.json"] = _file_sum(tmp / "meta.json")
             (tmp / CHECKSUMS_FILE).write_text(json.dumps({"algorithm": "crc32", "files": files}, indent=1))
@@ -203,10 +205,12 @@ def verify_checkpoint(path: Path) -> None:
     if os.environ.get(VERIFIED_ENV) == signature:
         return
     try:
-        json.loads((path / "meta.json").read_text())
+        meta = json.loads((path / "meta.json").read_text())
     except (ValueError, OSError) as err:
         raise damaged("meta.json", f"not valid JSON ({err})") from None
     listed = path / CHECKSUMS_FILE
+    if not listed.exists() and isinstance(meta, dict) and meta.get("checksums") == CHECKSUMS_FILE:
+        raise damaged(CHECKSUMS_FILE, "the file is missing (meta.json says the checkpoint was written with it)")
     if listed.exists():
         try:
             files = json.loads(listed.read_text())["files"]
@@ -598,7 +602,7 @@ def load_checkpoint(path: Path, state: dict, verify: bool = True) -> None:
         multi = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
         # A directory without checksums.json (written before them, or by dcp.save itself) is
         # loaded as it is; rank 0 alone decides, so every rank takes the same branch.
-        if (not multi or dist.get_rank() == 0) and (Path(path) / CHECKSUMS_FILE).is_file():
+        if (not multi or dist.get_rank() == 0) and _checksummed(Path(path)):
             try:
                 intact_checkpoint(path)
             except CheckpointError as err:
@@ -646,6 +650,16 @@ def load_checkpoint(path: Path, state: dict, verify: bool = True) -> None:
             f"checkpoint {path} does not fit this model/optimizer: {detail}. A checkpoint resumes only "
             "the same model config (tables, dims, optimizers); sharding and world size may differ."
         ) from None
+
+
+def _checksummed(path: Path) -> bool:
+    """Whether a checkpoint directory has, or was written with, a ``checksums.json``."""
+    if (path / CHECKSUMS_FILE).is_file():
+        return True
+    try:
+        return json.loads((path / "meta.json").read_text()).get("checksums") == CHECKSUMS_FILE
+    except (OSError, ValueError, AttributeError):
+        return (path / "meta.json").is_file()  # a garbled meta.json: verification names it
 
 
 def _is_damage(err: BaseException) -> bool:

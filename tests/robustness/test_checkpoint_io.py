@@ -150,8 +150,9 @@ def test_a_shard_overwritten_in_place_is_named_and_auto_falls_back(tmp_path, mon
     _zeros_inside(next(old.glob("*.distcp")))
     with pytest.raises(ck.CheckpointDamaged, match=r"no intact checkpoint is left .*\(2 damaged\)"):
         run_dirs.resolve_resume("auto", tmp_path)
-    # A checkpoint from before checksums: only meta.json is checked.
+    # A checkpoint from before checksums (meta.json does not name them): only meta.json is checked.
     (old / ck.CHECKSUMS_FILE).unlink()
+    (old / "meta.json").write_text(json.dumps({"step": 4}))
     ck.verify_checkpoint(old)
 
 
@@ -224,3 +225,31 @@ def test_a_garbled_latest_or_best_marker_falls_back_to_the_newest_checkpoint(tmp
     # A save still works and rewrites the markers.
     ck.save_checkpoint(CTX, tmp_path, 12, _state(12.0), {"step": 12}, keep=3, best=True)
     assert ck.named_checkpoint("best", tmp_path) == ck.latest_checkpoint(tmp_path) == root / "step_00000012"
+
+
+def test_a_lost_checksums_file_is_damage_not_an_old_checkpoint(tmp_path, monkeypatch):
+    monkeypatch.setenv(ck.VERIFIED_ENV, "")
+    from recsys_dist import run_dir as run_dirs
+
+    def big(value):
+        return {"model": {"w": torch.full((256, 256), value)}, "rng": torch.get_rng_state()}
+
+    for step in (4, 8):
+        ck.save_checkpoint(CTX, tmp_path, step, big(float(step)), {"step": step}, keep=3)
+    root = tmp_path / "checkpoints"
+    old, new = root / "step_00000004", root / "step_00000008"
+    # checksums.json gone and a shard overwritten: was loaded unchecked (as a checkpoint from
+    # before checksums), giving zeros for the overwritten weights with no message.
+    (new / ck.CHECKSUMS_FILE).unlink()
+    _zeros_inside(max(new.glob("*.distcp"), key=lambda p: p.stat().st_size))
+    with pytest.raises(ck.CheckpointDamaged, match=rf"{new / ck.CHECKSUMS_FILE}: the file is missing .*{old}"):
+        ck.load_checkpoint(new, big(0.0))
+    assert run_dirs.resolve_resume("auto", tmp_path, warn=lambda text: None) == old
+    # A checkpoint from before checksums (its meta.json does not name them) still loads.
+    meta = json.loads((old / "meta.json").read_text())
+    assert meta.pop("checksums") == ck.CHECKSUMS_FILE and meta == {"step": 4}
+    (old / "meta.json").write_text(json.dumps(meta))
+    (old / ck.CHECKSUMS_FILE).unlink()
+    state = big(0.0)
+    ck.load_checkpoint(old, state)
+    assert torch.equal(state["model"]["w"], torch.full((256, 256), 4.0))
