@@ -369,8 +369,11 @@ class Trainer:
             checkpoint, meta, self._data, self._resume_on_new_data, flag
         )
         per_epoch = len(self._loaders.train)
+        self._global_batch = cfg.train.batch_size * ctx.world_size  # a checkpoint's position is in its own
         self._resume_epoch, self._step_offset = (
-            run_dirs.resume_position(meta, per_epoch, self._new_data) if meta is not None else (0, 0)
+            run_dirs.resume_position(meta, per_epoch, self._new_data, self._global_batch)
+            if meta is not None
+            else (0, 0)
         )
         self.total_steps = run_dirs.total_steps(cfg, per_epoch, self._step_offset)
         # A resumed run replaces config.yaml only when there is something left to train.
@@ -790,7 +793,7 @@ class Trainer:
         self.train_seconds = meta["train_seconds"]
         if self.best is not None:
             self.best.load(meta.get("early_stopping"))
-        self._next_epoch, self._in_epoch = meta["epoch"], meta["batches_in_epoch"]
+        self._next_epoch, self._in_epoch = run_dirs.resume_batch(meta, self._global_batch)
         if self._new_data:
             log.warning(
                 "resuming %s on other training data (%s, was %s): epoch %d starts again from its first batch",
