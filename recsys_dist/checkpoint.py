@@ -58,7 +58,10 @@ class CheckpointConfig(Section):
         None, gt=0, description="Also save every N training steps (None = only at the end)."
     )
     keep: int = Field(
-        2, gt=0, description="Keep the newest N complete checkpoints; older ones are deleted (except the best)."
+        2,
+        gt=0,
+        description="Keep the newest N complete checkpoints; older ones are deleted (except the best). After a "
+        "resume from an older checkpoint, the later steps of the run it left are neither counted nor deleted.",
     )
     keep_best: bool = Field(
         False,
@@ -129,7 +132,11 @@ def save_checkpoint(
                 marker.write_text(final.name + "\n")
                 marker.rename(root / name)
             kept = _marked(root, "best")
-            for old in sorted(p for p in root.glob("step_*") if p.is_dir() and not p.name.endswith(".tmp"))[:-keep]:
+            # The newest `keep` up to this step. A resume from an older checkpoint leaves later
+            # steps of the run it abandoned: counted as newer, they had this checkpoint, just
+            # named by `latest`, deleted at once (and auto then took the abandoned run's).
+            done = sorted(p for p in root.glob("step_*") if p.is_dir() and not p.name.endswith(".tmp"))
+            for old in [p for p in done if p.name <= final.name][:-keep]:
                 if old.name != kept:
                     shutil.rmtree(old, ignore_errors=True)
 

@@ -253,3 +253,29 @@ def test_a_lost_checksums_file_is_damage_not_an_old_checkpoint(tmp_path, monkeyp
     state = big(0.0)
     ck.load_checkpoint(old, state)
     assert torch.equal(state["model"]["w"], torch.full((256, 256), 4.0))
+
+
+def test_a_save_after_resuming_an_older_checkpoint_keeps_itself(tmp_path):
+    # A run at step 12 (keep=3), resumed from step 4 (--resume PATH, best, or auto past damaged
+    # ones), saves step 6: it counted 8 and 12 as newer and deleted itself, `latest` naming it.
+    for step in (4, 8, 12):
+        ck.save_checkpoint(CTX, tmp_path, step, _state(float(step)), {"step": step}, keep=3)
+    ck.save_checkpoint(CTX, tmp_path, 6, _state(6.0), {"step": 6}, keep=2)
+    root = tmp_path / "checkpoints"
+    assert ck.latest_checkpoint(tmp_path) == root / "step_00000006"
+    assert sorted(p.name for p in root.glob("step_*")) == [
+        "step_00000004",
+        "step_00000006",
+        "step_00000008",
+        "step_00000012",
+    ]
+    ck.save_checkpoint(CTX, tmp_path, 7, _state(7.0), {"step": 7}, keep=2)  # the newest 2 up to step 7
+    assert sorted(p.name for p in root.glob("step_*")) == [
+        "step_00000006",
+        "step_00000007",
+        "step_00000008",
+        "step_00000012",
+    ]
+    state = _state(0.0)
+    ck.load_checkpoint(ck.latest_checkpoint(tmp_path), state)
+    assert torch.equal(state["model"]["w"], torch.full((64, 4), 7.0))
