@@ -288,7 +288,8 @@ class Trainer:
             cannot run on the device (semi_sync, fused_sparse_dist off CUDA); the run directory
             cannot be written; another live run holds it (``recsys_dist.run_dir.RunDirLocked``).
         TypeError: ``model`` / ``dense_optimizer`` / ``lr_scheduler`` not callable, or a
-            callback that is not a :class:`Callback`.
+            callback that is not a :class:`Callback`; ``lr_scheduler`` made no step-count
+            ``LRScheduler`` (None, a ``ReduceLROnPlateau``), found before the first step.
         MetricsError: ``metrics.jsonl`` cannot be written (every rank raises it together).
         CheckpointError: ``resume`` is not a complete checkpoint, or one written by another
             model config; ``CheckpointDamaged``: a file of it differs from its checksum
@@ -399,7 +400,7 @@ class Trainer:
             cfg, ctx, self.spec, self._clock, self._user_model, self._dense_factory
         )
         if self._scheduler_factory is not None:
-            self._lr_scheduler = self._scheduler_factory(dense_torch_optimizer(self._optimizer))
+            self._lr_scheduler = check_lr_scheduler(self._scheduler_factory(dense_torch_optimizer(self._optimizer)))
         log.info(
             "sharded: %s", ", ".join(sorted({r["sharding_type"] for r in sharding.plan_summary(self._model.plan)}))
         )
@@ -1024,6 +1025,31 @@ def check_given_once(cfg: RunConfig, model, dense_optimizer, lr_scheduler, callb
     for cb in callbacks:
         if not isinstance(cb, Callback):
             raise TypeError(f"callbacks must be recsys_dist.Callback objects, got {type(cb).__name__}")
+
+
+def check_lr_scheduler(scheduler):
+    """What ``Trainer(lr_scheduler=...)`` made, if the Trainer can step it: a step-count
+    ``LRScheduler`` (stepped with no argument after every step, that count replayed on resume).
+
+    Raises:
+        TypeError: not an ``LRScheduler`` (e.g. None), or a ``ReduceLROnPlateau`` (it steps
+            on a metric: it failed at the first step, after the data and sharding).
+    """
+    from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
+
+    if isinstance(scheduler, ReduceLROnPlateau):
+        raise TypeError(
+            "Trainer(lr_scheduler=...) made a ReduceLROnPlateau, which steps on a validation metric; the "
+            "Trainer steps its scheduler after every training step with no argument (and replays that count on "
+            "resume). Use a step-count schedule (LambdaLR, StepLR, CosineAnnealingLR, ...), or lower the rate "
+            "yourself in a Callback's on_validation_end"
+        )
+    if not isinstance(scheduler, LRScheduler):
+        raise TypeError(
+            "Trainer(lr_scheduler=...) must return a torch.optim.lr_scheduler.LRScheduler over the optimizer it "
+            f"is given, got {type(scheduler).__name__}"
+        )
+    return scheduler
 
 
 def require_ranks(cfg: RunConfig) -> None:
