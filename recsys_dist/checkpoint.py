@@ -31,6 +31,7 @@ import io
 import json
 import os
 import pickle
+import resource
 import shutil
 import sys
 import zlib
@@ -368,8 +369,20 @@ def _on_all_ranks(ctx: DistContext, stage, step: int, root: Path, tmp: Path) -> 
 def _describe(err: BaseException) -> str:
     if isinstance(err, OSError) and err.errno is not None:
         where = f": {err.filename}" if err.filename else ""
-        return f"[Errno {err.errno}] {err.strerror or os.strerror(err.errno)}{where}"
-    return f"{type(err).__name__}: {str(err)[:500]}"
+        text = f"[Errno {err.errno}] {err.strerror or os.strerror(err.errno)}{where}"
+    else:
+        text = f"{type(err).__name__}: {str(err)[:500]}"
+    # torch's writer reports a write cut short (EFBIG under `ulimit -f`, as Python ignores
+    # SIGXFSZ) only as "unexpected pos A vs B"; say what it means.
+    if (isinstance(err, OSError) and err.errno == errno.EFBIG) or "unexpected pos" in str(err):
+        limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+        text += (
+            f" -- a write was cut short: the process may write files of at most {limit:,} bytes (ulimit -f); "
+            "raise that limit"
+            if limit != resource.RLIM_INFINITY
+            else " -- a write was cut short (disk full?)"
+        )
+    return text
 
 
 def _global_bytes(ctx: DistContext, state: dict) -> int:

@@ -279,3 +279,18 @@ def test_a_save_after_resuming_an_older_checkpoint_keeps_itself(tmp_path):
     state = _state(0.0)
     ck.load_checkpoint(ck.latest_checkpoint(tmp_path), state)
     assert torch.equal(state["model"]["w"], torch.full((64, 4), 7.0))
+
+
+def test_a_file_size_limit_is_named_and_keeps_the_previous_checkpoint(run):
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, hard))  # `ulimit -f 64`: the 256 KiB shard fails
+    try:
+        with pytest.raises(ck.CheckpointError) as e:
+            ck.save_checkpoint(CTX, run, 8, {"model": {"w": torch.full((256, 256), 2.0)}}, {"step": 8})
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    # Was only torch's "RuntimeError: [enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598".
+    assert "files of at most 65,536 bytes (ulimit -f)" in str(e.value), str(e.value)
+    _assert_previous_intact(run, str(e.value))
