@@ -31,6 +31,7 @@ import io
 import json
 import os
 import pickle
+import resource
 import shutil
 import sys
 import zlib
@@ -58,7 +59,10 @@ class CheckpointConfig(Section):
         None, gt=0, description="Also save every N training steps (None = only at the end)."
     )
     keep: int = Field(
-        2, gt=0, description="Keep the newest N complete checkpoints; older ones are deleted (except the best)."
+        2,
+        gt=0,
+        description="Keep the newest N complete checkpoints; older ones are deleted (except the best). After a "
+        "resume from an older checkpoint, the later steps of the run it left are neither counted nor deleted.",
     )
     keep_best: bool = Field(
         False,
@@ -116,7 +120,9 @@ def save_checkpoint(
 
     def finish() -> None:
         if ctx.is_main:
-            (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
+            # meta.json says a checksums.json belongs to it, so that losing that file is damage
+            # too (not taken for a checkpoint from before checksums, which is loaded unchecked).
+            (tmp / "meta.json").write_text(json.dumps({**meta, "checksums": CHECKSUMS_FILE}, indent=2))
             files = {n: v for part in gathered for n, v in part.items()}
             files["meta.json"] = _file_sum(tmp / "meta.json")
             (tmp / CHECKSUMS_FILE).write_text(json.dumps({"algorithm": "crc32", "files": files}, indent=1))
@@ -127,7 +133,11 @@ def save_checkpoint(
                 marker.write_text(final.name + "\n")
                 marker.rename(root / name)
             kept = _marked(root, "best")
-            for old in sorted(p for p in root.glob("step_*") if p.is_dir() and not p.name.endswith(".tmp"))[:-keep]:
+            # The newest `keep` up to this step. A resume from an older checkpoint leaves later
+            # steps of the run it abandoned: counted as newer, they had this checkpoint, just
+            # named by `latest`, deleted at once (and auto then took the abandoned run's).
+            done = sorted(p for p in root.glob("step_*") if p.is_dir() and not p.name.endswith(".tmp"))
+            for old in [p for p in done if p.name <= final.name][:-keep]:
                 if old.name != kept:
                     shutil.rmtree(old, ignore_errors=True)
 
@@ -203,10 +213,12 @@ def verify_checkpoint(path: Path) -> None:
     if os.environ.get(VERIFIED_ENV) == signature:
         return
     try:
-        json.loads((path / "meta.json").read_text())
+        meta = json.loads((path / "meta.json").read_text())
     except (ValueError, OSError) as err:
         raise damaged("meta.json", f"not valid JSON ({err})") from None
     listed = path / CHECKSUMS_FILE
+    if not listed.exists() and isinstance(meta, dict) and meta.get("checksums") == CHECKSUMS_FILE:
+        raise damaged(CHECKSUMS_FILE, "the file is missing (meta.json says the checkpoint was written with it)")
     if listed.exists():
         try:
             files = json.loads(listed.read_text())["files"]
@@ -357,8 +369,20 @@ def _on_all_ranks(ctx: DistContext, stage, step: int, root: Path, tmp: Path) -> 
 def _describe(err: BaseException) -> str:
     if isinstance(err, OSError) and err.errno is not None:
         where = f": {err.filename}" if err.filename else ""
-        return f"[Errno {err.errno}] {err.strerror or os.strerror(err.errno)}{where}"
-    return f"{type(err).__name__}: {str(err)[:500]}"
+        text = f"[Errno {err.errno}] {err.strerror or os.strerror(err.errno)}{where}"
+    else:
+        text = f"{type(err).__name__}: {str(err)[:500]}"
+    # torch's writer reports a write cut short (EFBIG under `ulimit -f`, as Python ignores
+    # SIGXFSZ) only as "unexpected pos A vs B"; say what it means.
+    if (isinstance(err, OSError) and err.errno == errno.EFBIG) or "unexpected pos" in str(err):
+        limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+        text += (
+            f" -- a write was cut short: the process may write files of at most {limit:,} bytes (ulimit -f); "
+            "raise that limit"
+            if limit != resource.RLIM_INFINITY
+            else " -- a write was cut short (disk full?)"
+        )
+    return text
 
 
 def _global_bytes(ctx: DistContext, state: dict) -> int:
@@ -389,18 +413,23 @@ def latest_checkpoint(run_dir: str | os.PathLike[str]) -> Path | None:
     back to the newest ``step_*`` directory holding both ``.metadata`` and ``meta.json``.
     """
     root = Path(run_dir) / "checkpoints"
-    marker = root / "latest"
-    if marker.is_file():
-        path = root / marker.read_text().strip()
-        if is_complete(path):
-            return path
+    name = _marked(root, "latest")
+    if name and is_complete(root / name):
+        return root / name
     done = sorted(p for p in root.glob("step_*") if is_complete(p))
     return done[-1] if done else None
 
 
 def _marked(root: Path, name: str) -> str | None:
+    """The checkpoint name the marker ``root/name`` holds; None when it is absent or damaged
+    (not UTF-8, not one plain ``step_N`` name), so that callers fall back to the newest
+    complete ``step_*`` directory instead of raising."""
     marker = root / name
-    return marker.read_text().strip() if marker.is_file() else None
+    try:
+        text = marker.read_bytes().decode().strip() if marker.is_file() else ""
+    except (OSError, UnicodeDecodeError):
+        return None
+    return text if text.startswith("step_") and Path(text).name == text else None
 
 
 def best_checkpoint(run_dir: Path) -> Path | None:
@@ -593,7 +622,7 @@ def load_checkpoint(path: Path, state: dict, verify: bool = True) -> None:
         multi = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
         # A directory without checksums.json (written before them, or by dcp.save itself) is
         # loaded as it is; rank 0 alone decides, so every rank takes the same branch.
-        if (not multi or dist.get_rank() == 0) and (Path(path) / CHECKSUMS_FILE).is_file():
+        if (not multi or dist.get_rank() == 0) and _checksummed(Path(path)):
             try:
                 intact_checkpoint(path)
             except CheckpointError as err:
@@ -641,6 +670,16 @@ def load_checkpoint(path: Path, state: dict, verify: bool = True) -> None:
             f"checkpoint {path} does not fit this model/optimizer: {detail}. A checkpoint resumes only "
             "the same model config (tables, dims, optimizers); sharding and world size may differ."
         ) from None
+
+
+def _checksummed(path: Path) -> bool:
+    """Whether a checkpoint directory has, or was written with, a ``checksums.json``."""
+    if (path / CHECKSUMS_FILE).is_file():
+        return True
+    try:
+        return json.loads((path / "meta.json").read_text()).get("checksums") == CHECKSUMS_FILE
+    except (OSError, ValueError, AttributeError):
+        return (path / "meta.json").is_file()  # a garbled meta.json: verification names it
 
 
 def _is_damage(err: BaseException) -> bool:

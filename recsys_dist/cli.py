@@ -151,7 +151,8 @@ def _launch_run(args: argparse.Namespace, cfg, run_dir: Path, resume: Path | Non
         meta = read_meta(resume)
         identity = run_dirs.data_identity(prepared.directory, cfg.data.raw_path)
         new_data = run_dirs.check_same_data(resume, meta, identity, args.resume_on_new_data, "--resume-on-new-data")
-        total = run_dirs.total_steps(cfg, per_epoch, run_dirs.resume_position(meta, per_epoch, new_data)[1])
+        offset = run_dirs.resume_position(meta, per_epoch, new_data, cfg.train.batch_size * n)[1]
+        total = run_dirs.total_steps(cfg, per_epoch, offset)
         step = run_dirs.checkpoint_step(resume)
         if step >= total:
             print(run_dirs.nothing_to_train(run_dir, resume, step, total))

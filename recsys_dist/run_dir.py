@@ -309,7 +309,35 @@ def check_same_data(checkpoint: Path, meta: dict, identity: dict | None, allow: 
     )
 
 
-def resume_position(meta: dict, steps_per_epoch: int, new_data: bool) -> tuple[int, int]:
+def _saved_global_batch(meta: dict) -> int | None:
+    try:
+        return int(meta["config"]["train"]["batch_size"]) * int(meta["world_size"])
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def resume_batch(meta: dict, global_batch: int | None) -> tuple[int, int]:
+    """``(epoch, batch)`` a resumed run (on the same data) continues at: the checkpoint's, or,
+    when the global batch (``train.batch_size`` x ranks) differs from the checkpoint's, the
+    batch that holds its position in rows, rounded down (a part of one batch is trained
+    again, no row is skipped), and the next epoch when the checkpoint's had ended.
+
+    Its ``batches_in_epoch`` counts batches of its own global batch: read as batches of
+    another size, a resume on twice the ranks skipped the rest of the epoch (or, as the
+    run's last epoch, trained nothing more, exit 0), on half the ranks trained half of it twice.
+    """
+    epoch, done = int(meta.get("epoch", 0)), int(meta.get("batches_in_epoch", 0))
+    old = _saved_global_batch(meta)
+    if global_batch is None or old is None or old == global_batch:
+        return epoch, done
+    if done >= meta.get("steps_per_epoch", float("inf")):
+        return epoch + 1, 0
+    return epoch, done * old // global_batch
+
+
+def resume_position(
+    meta: dict, steps_per_epoch: int, new_data: bool, global_batch: int | None = None
+) -> tuple[int, int]:
     """``(epoch, offset)`` a resumed run continues with: the epoch it starts in, and the
     global step at which epoch 0 would have started had every epoch been ``steps_per_epoch``
     steps (0 for a run on one dataset), so that the run ends after ``train.epochs`` epochs at
@@ -320,7 +348,11 @@ def resume_position(meta: dict, steps_per_epoch: int, new_data: bool) -> tuple[i
     checkpoint was at an epoch's end), at the checkpoint's step.
     """
     if not new_data:
-        return int(meta.get("epoch", 0)), int(meta.get("step_offset", 0))
+        old = _saved_global_batch(meta)
+        if global_batch is None or old is None or old == global_batch:
+            return int(meta.get("epoch", 0)), int(meta.get("step_offset", 0))
+        epoch, batch = resume_batch(meta, global_batch)  # counted in batches of another size
+        return epoch, int(meta["step"]) - epoch * steps_per_epoch - batch
     finished = meta["batches_in_epoch"] >= meta.get("steps_per_epoch", float("inf"))
     epoch = int(meta["epoch"]) + int(finished)
     return epoch, int(meta["step"]) - epoch * steps_per_epoch

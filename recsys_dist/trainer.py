@@ -288,7 +288,8 @@ class Trainer:
             cannot run on the device (semi_sync, fused_sparse_dist off CUDA); the run directory
             cannot be written; another live run holds it (``recsys_dist.run_dir.RunDirLocked``).
         TypeError: ``model`` / ``dense_optimizer`` / ``lr_scheduler`` not callable, or a
-            callback that is not a :class:`Callback`.
+            callback that is not a :class:`Callback`; ``lr_scheduler`` made no step-count
+            ``LRScheduler`` (None, a ``ReduceLROnPlateau``), found before the first step.
         MetricsError: ``metrics.jsonl`` cannot be written (every rank raises it together).
         CheckpointError: ``resume`` is not a complete checkpoint, or one written by another
             model config; ``CheckpointDamaged``: a file of it differs from its checksum
@@ -369,8 +370,11 @@ class Trainer:
             checkpoint, meta, self._data, self._resume_on_new_data, flag
         )
         per_epoch = len(self._loaders.train)
+        self._global_batch = cfg.train.batch_size * ctx.world_size  # a checkpoint's position is in its own
         self._resume_epoch, self._step_offset = (
-            run_dirs.resume_position(meta, per_epoch, self._new_data) if meta is not None else (0, 0)
+            run_dirs.resume_position(meta, per_epoch, self._new_data, self._global_batch)
+            if meta is not None
+            else (0, 0)
         )
         self.total_steps = run_dirs.total_steps(cfg, per_epoch, self._step_offset)
         # A resumed run replaces config.yaml only when there is something left to train.
@@ -396,7 +400,7 @@ class Trainer:
             cfg, ctx, self.spec, self._clock, self._user_model, self._dense_factory
         )
         if self._scheduler_factory is not None:
-            self._lr_scheduler = self._scheduler_factory(dense_torch_optimizer(self._optimizer))
+            self._lr_scheduler = check_lr_scheduler(self._scheduler_factory(dense_torch_optimizer(self._optimizer)))
         log.info(
             "sharded: %s", ", ".join(sorted({r["sharding_type"] for r in sharding.plan_summary(self._model.plan)}))
         )
@@ -792,7 +796,7 @@ class Trainer:
         self.train_seconds = meta["train_seconds"]
         if self.best is not None:
             self.best.load(meta.get("early_stopping"))
-        self._next_epoch, self._in_epoch = meta["epoch"], meta["batches_in_epoch"]
+        self._next_epoch, self._in_epoch = run_dirs.resume_batch(meta, self._global_batch)
         if self._new_data:
             log.warning(
                 "resuming %s on other training data (%s, was %s): epoch %d starts again from its first batch",
@@ -1028,6 +1032,31 @@ def check_given_once(cfg: RunConfig, model, dense_optimizer, lr_scheduler, callb
     for cb in callbacks:
         if not isinstance(cb, Callback):
             raise TypeError(f"callbacks must be recsys_dist.Callback objects, got {type(cb).__name__}")
+
+
+def check_lr_scheduler(scheduler):
+    """What ``Trainer(lr_scheduler=...)`` made, if the Trainer can step it: a step-count
+    ``LRScheduler`` (stepped with no argument after every step, that count replayed on resume).
+
+    Raises:
+        TypeError: not an ``LRScheduler`` (e.g. None), or a ``ReduceLROnPlateau`` (it steps
+            on a metric: it failed at the first step, after the data and sharding).
+    """
+    from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
+
+    if isinstance(scheduler, ReduceLROnPlateau):
+        raise TypeError(
+            "Trainer(lr_scheduler=...) made a ReduceLROnPlateau, which steps on a validation metric; the "
+            "Trainer steps its scheduler after every training step with no argument (and replays that count on "
+            "resume). Use a step-count schedule (LambdaLR, StepLR, CosineAnnealingLR, ...), or lower the rate "
+            "yourself in a Callback's on_validation_end"
+        )
+    if not isinstance(scheduler, LRScheduler):
+        raise TypeError(
+            "Trainer(lr_scheduler=...) must return a torch.optim.lr_scheduler.LRScheduler over the optimizer it "
+            f"is given, got {type(scheduler).__name__}"
+        )
+    return scheduler
 
 
 def require_ranks(cfg: RunConfig) -> None:

@@ -193,7 +193,27 @@ class SchemaFormat:
                 f"{path}, line 1 (the header line): {err} (is this a delimited text file? "
                 f"data.schema.delimiter is {s.delimiter!r})"
             ) from None
-        return list(s.columns) if s.columns else [str(v).strip() for v in names.values()]
+        found = [str(v).strip() for v in names.values()]
+        if not s.columns:
+            return found
+        columns = self._columns()
+        # columns rename the header line's fields by position: a name that the header line has
+        # at another position is a column list written for another order of the same fields
+        # (another export of the data), which would swap features silently.
+        moved = [(c, found.index(c)) for i, c in enumerate(columns) if c in found and found.index(c) != i]
+        if moved:
+            name, at = moved[0]
+            raise DataError(
+                f"{path}, line 1 (the header line): data.schema.columns {columns} rename the header's fields by "
+                f"position, but put {name!r} at position {columns.index(name) + 1}, where the header line has it "
+                f"at position {at + 1} ({found}): the fields would be read under other names. List the columns in "
+                "the header's order, or remove data.schema.columns to read the fields by the header's names"
+            )
+        return list(s.columns)
+
+    def _columns(self) -> list[str]:
+        """The fields ``data.schema.columns`` names in a file of this format, in order."""
+        return list(self.spec.columns or [])
 
     def _check_columns(self, path: str, names: list[str], where: str) -> None:
         s = self.spec

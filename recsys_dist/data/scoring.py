@@ -431,6 +431,9 @@ class UnlabelledSchemaFormat(SchemaFormat):
         names = super()._header(path)
         return [c for c in names if c != self.spec.label] if self.spec.columns else names
 
+    def _columns(self) -> list[str]:
+        return [c for c in super()._columns() if c != self.spec.label]
+
     def _check_columns(self, path: str, names: list[str], where: str) -> None:
         s = self.spec
         missing = [c for c in (*s.dense, *s.categorical, *s.multi_hot) if c not in names]

@@ -152,3 +152,18 @@ def test_an_option_given_in_the_config_and_as_an_argument_is_refused(tmp_path, b
     # here only for the callback above).
     assert not dist.is_initialized() and not any((tmp_path / n).exists() for n in "abcd")
     assert os.environ.get("RECSYS_DIST_RUN_LOCK") is None
+
+
+def test_a_scheduler_the_trainer_cannot_step_is_refused_before_training(tmp_path, base_config):
+    # ReduceLROnPlateau steps on a metric: was a TypeError from its step() at the first step.
+    plateau = lambda opt: torch.optim.lr_scheduler.ReduceLROnPlateau(opt)  # noqa: E731
+    for i, (factory, match) in enumerate(((plateau, "made a ReduceLROnPlateau"), (lambda opt: None, "got NoneType"))):
+        with pytest.raises(TypeError, match=match):
+            with recsys_dist.Trainer(
+                load_config(base_config, [*TOY, *NAMED]),
+                tmp_path / str(i),
+                dense_optimizer=sgd_at(0.1),
+                lr_scheduler=factory,
+            ) as trainer:
+                trainer.fit()
+        assert not (tmp_path / str(i) / "metrics.jsonl").exists() or not read_metrics(tmp_path / str(i), "train")

@@ -250,3 +250,20 @@ def test_a_null_label_says_missing_and_how_to_skip(tmp_path, cache_dir):
         prepare(fmt, raw, 100)
     p = prepare(fmt, raw, 100, split=(1.0, 0.0, 0.0), on_bad_row="skip")
     assert json.loads((p.directory / "manifest.json").read_text())["rows_skipped"] == 1
+
+
+def test_columns_that_reorder_the_header_names_are_refused(tmp_path, cache_dir):
+    """columns rename a header line's fields by position: a list written for another order of the
+    same fields (another export) swapped user and item silently."""
+    raw = tmp_path / "r.csv"
+    raw.write_text("click,user,item\n1,u1,i1\n0,u2,i2\n")
+
+    def read(columns, categorical=("user", "item")):
+        spec = SchemaConfig(label="click", categorical=list(categorical), header=True, columns=columns)
+        return pq.read_table(prepare(SchemaFormat(spec), raw, 100, split=(1.0, 0.0, 0.0)).files["train"])
+
+    with pytest.raises(DataError, match=r"r.csv, line 1 \(the header line\): .* put 'item' at position 2, where"):
+        read(["click", "item", "user"])
+    assert read(["click", "user", "item"]).column("user").to_pylist() == ids(["u1", "u2"], 100)
+    renamed = read(["click", "u", "i"], ("u", "i"))  # a rename that moves no header name: by position
+    assert renamed.column("u").to_pylist() == ids(["u1", "u2"], 100)

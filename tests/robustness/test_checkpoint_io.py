@@ -150,8 +150,9 @@ def test_a_shard_overwritten_in_place_is_named_and_auto_falls_back(tmp_path, mon
     _zeros_inside(next(old.glob("*.distcp")))
     with pytest.raises(ck.CheckpointDamaged, match=r"no intact checkpoint is left .*\(2 damaged\)"):
         run_dirs.resolve_resume("auto", tmp_path)
-    # A checkpoint from before checksums: only meta.json is checked.
+    # A checkpoint from before checksums (meta.json does not name them): only meta.json is checked.
     (old / ck.CHECKSUMS_FILE).unlink()
+    (old / "meta.json").write_text(json.dumps({"step": 4}))
     ck.verify_checkpoint(old)
 
 
@@ -200,3 +201,96 @@ def test_damage_on_one_rank_is_seen_by_every_rank(tmp_path):
         assert f"{shard}: its CRC-32 differs" in got["error"], got
         assert got["auto"] == tmp_path / "checkpoints" / "step_00000004"
         assert got["own"] == 4.0 + rank
+
+
+def test_a_garbled_latest_or_best_marker_falls_back_to_the_newest_checkpoint(tmp_path, monkeypatch):
+    monkeypatch.setenv(ck.VERIFIED_ENV, "")
+    from recsys_dist import run_dir as run_dirs
+
+    for step in (4, 8):
+        ck.save_checkpoint(CTX, tmp_path, step, _state(float(step)), {"step": step}, keep=3, best=step == 4)
+    root = tmp_path / "checkpoints"
+    new = root / "step_00000008"
+    # Bytes that are not UTF-8 (was a UnicodeDecodeError traceback from evaluate / train --resume),
+    # and a marker naming something outside checkpoints/.
+    for garbage in (b"\xff\xfe\x00garbage", b"../../elsewhere\n", b""):
+        (root / "latest").write_bytes(garbage)
+        assert ck.latest_checkpoint(tmp_path) == new
+        assert ck.named_checkpoint("latest", tmp_path) == new
+        assert run_dirs.resolve_resume("auto", tmp_path) == new
+        (root / "best").write_bytes(garbage)
+        assert ck.best_checkpoint(tmp_path) is None
+        with pytest.raises(ck.CheckpointError, match="no complete best checkpoint"):
+            ck.named_checkpoint("best", tmp_path)
+    # A save still works and rewrites the markers.
+    ck.save_checkpoint(CTX, tmp_path, 12, _state(12.0), {"step": 12}, keep=3, best=True)
+    assert ck.named_checkpoint("best", tmp_path) == ck.latest_checkpoint(tmp_path) == root / "step_00000012"
+
+
+def test_a_lost_checksums_file_is_damage_not_an_old_checkpoint(tmp_path, monkeypatch):
+    monkeypatch.setenv(ck.VERIFIED_ENV, "")
+    from recsys_dist import run_dir as run_dirs
+
+    def big(value):
+        return {"model": {"w": torch.full((256, 256), value)}, "rng": torch.get_rng_state()}
+
+    for step in (4, 8):
+        ck.save_checkpoint(CTX, tmp_path, step, big(float(step)), {"step": step}, keep=3)
+    root = tmp_path / "checkpoints"
+    old, new = root / "step_00000004", root / "step_00000008"
+    # checksums.json gone and a shard overwritten: was loaded unchecked (as a checkpoint from
+    # before checksums), giving zeros for the overwritten weights with no message.
+    (new / ck.CHECKSUMS_FILE).unlink()
+    _zeros_inside(max(new.glob("*.distcp"), key=lambda p: p.stat().st_size))
+    with pytest.raises(ck.CheckpointDamaged, match=rf"{new / ck.CHECKSUMS_FILE}: the file is missing .*{old}"):
+        ck.load_checkpoint(new, big(0.0))
+    assert run_dirs.resolve_resume("auto", tmp_path, warn=lambda text: None) == old
+    # A checkpoint from before checksums (its meta.json does not name them) still loads.
+    meta = json.loads((old / "meta.json").read_text())
+    assert meta.pop("checksums") == ck.CHECKSUMS_FILE and meta == {"step": 4}
+    (old / "meta.json").write_text(json.dumps(meta))
+    (old / ck.CHECKSUMS_FILE).unlink()
+    state = big(0.0)
+    ck.load_checkpoint(old, state)
+    assert torch.equal(state["model"]["w"], torch.full((256, 256), 4.0))
+
+
+def test_a_save_after_resuming_an_older_checkpoint_keeps_itself(tmp_path):
+    # A run at step 12 (keep=3), resumed from step 4 (--resume PATH, best, or auto past damaged
+    # ones), saves step 6: it counted 8 and 12 as newer and deleted itself, `latest` naming it.
+    for step in (4, 8, 12):
+        ck.save_checkpoint(CTX, tmp_path, step, _state(float(step)), {"step": step}, keep=3)
+    ck.save_checkpoint(CTX, tmp_path, 6, _state(6.0), {"step": 6}, keep=2)
+    root = tmp_path / "checkpoints"
+    assert ck.latest_checkpoint(tmp_path) == root / "step_00000006"
+    assert sorted(p.name for p in root.glob("step_*")) == [
+        "step_00000004",
+        "step_00000006",
+        "step_00000008",
+        "step_00000012",
+    ]
+    ck.save_checkpoint(CTX, tmp_path, 7, _state(7.0), {"step": 7}, keep=2)  # the newest 2 up to step 7
+    assert sorted(p.name for p in root.glob("step_*")) == [
+        "step_00000006",
+        "step_00000007",
+        "step_00000008",
+        "step_00000012",
+    ]
+    state = _state(0.0)
+    ck.load_checkpoint(ck.latest_checkpoint(tmp_path), state)
+    assert torch.equal(state["model"]["w"], torch.full((64, 4), 7.0))
+
+
+def test_a_file_size_limit_is_named_and_keeps_the_previous_checkpoint(run):
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, hard))  # `ulimit -f 64`: the 256 KiB shard fails
+    try:
+        with pytest.raises(ck.CheckpointError) as e:
+            ck.save_checkpoint(CTX, run, 8, {"model": {"w": torch.full((256, 256), 2.0)}}, {"step": 8})
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    # Was only torch's "RuntimeError: [enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598".
+    assert "files of at most 65,536 bytes (ulimit -f)" in str(e.value), str(e.value)
+    _assert_previous_intact(run, str(e.value))
