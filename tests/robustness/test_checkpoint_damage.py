@@ -10,21 +10,12 @@ import shutil
 
 import pytest
 
+from tests import test_checkpoint as checkpoint_runs
 from tests.cli import read_metrics, run_cli, run_train
 from tests.conftest import CRITEO_SAMPLE, QUICKSTART
 
 # 1,600 train rows, global batch 96 (remainder dropped): 16 steps an epoch; one rank.
-BASE = [
-    "data.num_rows=2000",
-    "data.remainder=drop",
-    "train.epochs=2",
-    "train.log_every_n_steps=2",
-    "train.progress_bar=false",
-    "train.deterministic=true",
-    "distributed.nproc_per_node=1",
-    "train.batch_size=96",
-    "checkpoint.every_n_steps=4",
-]
+BASE = [*checkpoint_runs.BASE, *checkpoint_runs.WS[1], "checkpoint.every_n_steps=4"]
 
 
 def train(tmp, run_dir, *extra, inprocess=None):
