@@ -411,6 +411,8 @@ def cli_rank(argv: list[str]) -> int:
     try:
         code = record(main)(argv)  # an exception is recorded (error.json) for the launcher
     except BaseException as err:  # noqa: BLE001 - leave now, so this rank is the one the launcher sees fail first
+        if isinstance(err, KeyboardInterrupt):  # the launcher's SIGINT, passed on: it says so in one line
+            os._exit(130)
         if lost_peer(err):  # the effect of another rank's end, which the launcher reports: one line
             # Wait for the launcher to see that rank's end first (it stops this one meanwhile):
             # the elastic agent reports one failed rank, whichever it finds first, and a rank

@@ -153,6 +153,21 @@ def test_ranks_never_outlive_their_launcher(reference, tmp_path):
     assert "recsys-dist: stopped by SIGTERM" in err and "Traceback" not in err and "SignalException" not in err
     assert gone_within(lambda: processes_naming(str(run)), 10) == []
 
+    # SIGINT to the launcher alone (not a terminal's Ctrl-C to the group): exit 130 with one
+    # line; the ranks it passes the signal on to leave without their KeyboardInterrupt traceback.
+    with open(err_path, "w") as err_file:
+        launcher = subprocess.Popen(
+            [*cmd, "--resume", "auto"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=err_file, text=True
+        )
+        wait_for_step(run, 18, launcher)
+        launcher.send_signal(signal.SIGINT)
+        launcher.wait(timeout=120)
+    err = err_path.read_text()
+    assert launcher.returncode == 130, err[-3000:]
+    assert "recsys-dist: stopped by SIGINT" in err and "Traceback" not in err, err[-3000:]
+    assert len(err.strip().splitlines()) <= 2, err[-3000:]
+    assert gone_within(lambda: processes_naming(str(run)), 10) == []
+
     # Then --resume auto finishes the run: each line once, as in the uninterrupted run.
     r = train(tmp, run, "--resume", "auto")
     assert r.returncode == 0, r.stderr[-3000:]
