@@ -20,6 +20,7 @@ marker (``best``/``latest`` with ``--run-dir`` on the command line), or an expor
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -169,6 +170,14 @@ def _export_preprocessing(path: Path, cfg: RunConfig) -> Preprocessing:
     return prep
 
 
+def _chmod_as_umask(path: Path) -> None:
+    """Give ``path`` the mode a plain ``open`` would (safetensors writes 0600), so that an
+    export's weights are as readable as its other files."""
+    umask = os.umask(0)
+    os.umask(umask)
+    path.chmod(0o666 & ~umask)
+
+
 def load_model(path: str | Path) -> tuple[RunConfig, CTRTask, str]:
     """(config, unsharded CPU model in eval mode, description of the source) from a run
     directory, a checkpoint directory or an export directory (weights only: see :func:`load`
@@ -205,6 +214,7 @@ def export(path: str | Path, out: str | Path, format: str = "safetensors") -> li
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     save_file({k: v.contiguous() for k, v in m.model.state_dict().items()}, str(out / MODEL_FILE))
+    _chmod_as_umask(out / MODEL_FILE)
     save_config(m.cfg, out / "config.yaml")
     written = [out / MODEL_FILE, out / "config.yaml", *m.preprocessing.save(out)]
     if get_model(m.cfg.model.name).retrieval:  # two_tower: the item corpus's embeddings, for an ANN index

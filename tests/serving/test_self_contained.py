@@ -19,6 +19,8 @@ def test_predictions_survive_changes_to_the_training_file(movielens_run, tmp_pat
     assert (ckpt / "preprocessing.json").is_file() and (ckpt / "vocabulary.parquet").is_file()
     export = tmp_path / "export"
     r = cli(["export", run, "--out", export], tmp)
+    # The weights are as readable as the export's other files (safetensors wrote them 0600).
+    assert (export / "model.safetensors").stat().st_mode & 0o777 == (export / "config.yaml").stat().st_mode & 0o777
 
     def scores(model, name):
         cli(["predict", model, "--data", rows, "--out", tmp_path / f"{name}.parquet"], tmp)
