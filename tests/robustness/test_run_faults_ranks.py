@@ -139,34 +139,28 @@ def test_ranks_never_outlive_their_launcher(reference, tmp_path):
     assert gone_within(lambda: [p for p in processes_naming(str(run)) if p in ranks], 10) == []
     assert not (run / "summary.json").exists()
 
-    # SIGTERM: exit 143 with one line, no traceback; the ranks are stopped too.
-    err_path = tmp_path / "terminated.err"
-    with open(err_path, "w") as err_file:
-        launcher = subprocess.Popen(
-            [*cmd, "--resume", "auto"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=err_file, text=True
-        )
-        wait_for_step(run, 14, launcher)
-        launcher.send_signal(signal.SIGTERM)
-        launcher.wait(timeout=120)
-    err = err_path.read_text()
-    assert launcher.returncode == 143, err[-3000:]
-    assert "recsys-dist: stopped by SIGTERM" in err and "Traceback" not in err and "SignalException" not in err
-    assert gone_within(lambda: processes_naming(str(run)), 10) == []
+    def resume_then_signal(step: int, sig: signal.Signals) -> str:
+        """Resume the run, send ``sig`` to the launcher at ``step``: its stderr, once every process ended."""
+        err_path = tmp_path / f"{sig.name}.err"
+        with open(err_path, "w") as err_file:
+            launcher = subprocess.Popen(
+                [*cmd, "--resume", "auto"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=err_file, text=True
+            )
+            wait_for_step(run, step, launcher)
+            launcher.send_signal(sig)
+            launcher.wait(timeout=120)
+        err = err_path.read_text()
+        assert launcher.returncode == 128 + sig, err[-3000:]
+        assert f"recsys-dist: stopped by {sig.name}" in err and "Traceback" not in err, err[-3000:]
+        assert gone_within(lambda: processes_naming(str(run)), 10) == []
+        return err
 
+    # SIGTERM: exit 143 with one line, no traceback; the ranks are stopped too.
+    assert "SignalException" not in resume_then_signal(14, signal.SIGTERM)
     # SIGINT to the launcher alone (not a terminal's Ctrl-C to the group): exit 130 with one
     # line; the ranks it passes the signal on to leave without their KeyboardInterrupt traceback.
-    with open(err_path, "w") as err_file:
-        launcher = subprocess.Popen(
-            [*cmd, "--resume", "auto"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=err_file, text=True
-        )
-        wait_for_step(run, 18, launcher)
-        launcher.send_signal(signal.SIGINT)
-        launcher.wait(timeout=120)
-    err = err_path.read_text()
-    assert launcher.returncode == 130, err[-3000:]
-    assert "recsys-dist: stopped by SIGINT" in err and "Traceback" not in err, err[-3000:]
+    err = resume_then_signal(18, signal.SIGINT)
     assert len(err.strip().splitlines()) <= 2, err[-3000:]
-    assert gone_within(lambda: processes_naming(str(run)), 10) == []
 
     # Then --resume auto finishes the run: each line once, as in the uninterrupted run.
     r = train(tmp, run, "--resume", "auto")
