@@ -65,7 +65,7 @@ def ours(config: Path, name: str, seeds: list[int], tmp: str) -> list[dict]:
         cmd = [
             sys.executable,
             "-m",
-            "recsys_dist.cli",
+            "recsys_dist.cli.main",
             "train",
             "--config",
             str(config),
@@ -94,7 +94,7 @@ def main() -> None:
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
     from recsys_dist.config import load_config
-    from recsys_dist.data import feature_names, prepare_from_config
+    from recsys_dist.data.resolve import feature_names, prepare_from_config
     from recsys_dist.models.build import table_sizes
 
     print(

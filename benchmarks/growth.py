@@ -2,7 +2,7 @@
 
 One rank, one intra-op thread. The model: torchrec's DLRM with ``TABLES`` tables
 of N rows x dim 16 (MLPs 13-64-16 / 64-32-1, as the quickstart), row-wise Adagrad fused
-into backward, sharded by ``recsys_dist.sharding.shard`` (table_wise), trained with
+into backward, sharded by ``recsys_dist.distributed.sharding.shard`` (table_wise), trained with
 TrainPipelineSparseDist on synthetic batches: ids uniform in [0, N) (the worst case for
 caches), dense features N(0, 1), labels 0/1. Each point builds a fresh model; the peak RSS
 of the point is read from /proc/self/status (VmHWM) after resetting it
@@ -70,7 +70,7 @@ def point(rows: int, batch: int, device: torch.device, seconds: float, mlperf: b
     from torchrec.optim.optimizers import in_backward_optimizer_filter
     from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
 
-    from recsys_dist.sharding import shard
+    from recsys_dist.distributed.sharding import shard
 
     gc.collect()
     base = _rss_mb("VmRSS")

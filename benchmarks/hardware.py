@@ -47,7 +47,7 @@ def embedding_bytes_per_sample(cfg) -> int:
 
 def linear_shapes(cfg) -> list[tuple[int, int]]:
     """(in, out) of every Linear layer of the dense part of a dlrm / dlrm_dcnv2 model."""
-    from recsys_dist.data import feature_names
+    from recsys_dist.data.resolve import feature_names
 
     m = cfg.model
     dense, sparse = feature_names(cfg)
@@ -62,7 +62,7 @@ def linear_shapes(cfg) -> list[tuple[int, int]]:
 
 def flops_per_sample(cfg) -> int:
     """Training FLOPs per sample (forward + backward = 3x forward) of the dense part."""
-    from recsys_dist.data import feature_names
+    from recsys_dist.data.resolve import feature_names
 
     m = cfg.model
     f, d = len(feature_names(cfg)[1]), m.embedding_dim

@@ -42,7 +42,7 @@ def main() -> None:
                 cmd = [
                     sys.executable,
                     "-m",
-                    "recsys_dist.cli",
+                    "recsys_dist.cli.main",
                     "train",
                     "--config",
                     str(ROOT / "configs" / config),

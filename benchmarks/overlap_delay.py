@@ -10,10 +10,10 @@ rounds; it prints each run, then medians and paired ratios per delay of the stea
 samples/s (after the first logged window of 10 steps, which holds sparse_dist's one-time
 trace and rewrite of the model; ``samples_per_s_all`` in each row counts the whole run), with the stage
 times (base's forward holds its input_dist) and, for every run, the exposed communication per phase (ms per step the training thread
-was blocked in collectives: recsys_dist.comm_counter.CommCounter.exposed).
+was blocked in collectives: recsys_dist.distributed.comm_counter.CommCounter.exposed).
 
 The delay, by default, is injected inside the collectives by
-recsys_dist.comm_counter.CommCounter(delay_ms=...): a collective's result arrives delay_ms after
+recsys_dist.distributed.comm_counter.CommCounter(delay_ms=...): a collective's result arrives delay_ms after
 the backend delivered it, as over a link with that latency. An asynchronous collective's wait()
 (and its future) completes delay_ms after the backend completed it, so compute between issue and
 wait can hide it (what a pipeline that issues early gains); a synchronous one sleeps delay_ms
@@ -45,7 +45,7 @@ a step on lo (input_dist 10, output_dist 52 forward + 52 backward, DDP all-reduc
 per run the bytes the qdisc carried, and ``tc -s qdisc show dev lo`` after the last run. If
 unshare, ip or tc is missing, or the kernel refuses the namespace or the qdisc, it exits with
 the reason (no run without the cap). semi_sync and fused_sparse_dist do not run on CPU
-(recsys_dist/train_pipeline.py says why). Results:
+(recsys_dist/train/pipelines.py says why). Results:
 benchmarks/results/overlap_delay_steady_cpu2core_20261202.md.
 """
 
@@ -256,8 +256,8 @@ def job(config: str, out: str, delays: list[float], steps: int, reps: int, net: 
     import torch.distributed as dist
 
     import recsys_dist
-    from recsys_dist.comm_counter import CommCounter
     from recsys_dist.config import load_config
+    from recsys_dist.distributed.comm_counter import CommCounter
 
     warnings.filterwarnings("ignore")
     wire_delay = net is not None and net["shaper"] == "netem"

@@ -95,7 +95,7 @@ def load(spec: dict, name: str):
 
 def trainer_epoch(cfg, run_dir: Path, with_trainer: bool = False):
     """(``epoch()`` -> global samples/s of one more epoch of our trainer, steps per epoch[, the Trainer])."""
-    from recsys_dist.trainer import Trainer
+    from recsys_dist.train.trainer import Trainer
 
     trainer = Trainer(cfg, run_dir)  # on the group run_ranks made, which it leaves open
 
@@ -128,7 +128,7 @@ DEEPCTR_SWEEP = {10**4: 100_000, 10**5: 20_480, 10**6: 5_120}
 def deepctr_sweep(spec: dict, quick: bool, python: str) -> list[dict]:
     """Item 3: our DeepFM (one rank, every core) vs DeepCTR-Torch's at each table size of
     ``DEEPCTR_SWEEP`` (quick: the first two), same Parquet rows and ids on both sides."""
-    from recsys_dist.data import prepare_from_config
+    from recsys_dist.data.resolve import prepare_from_config
     from recsys_dist.testing import run_ranks
 
     out = []
@@ -169,10 +169,10 @@ def measure(rank: int, world: int, spec: dict) -> dict:
     from torchrec.distributed.train_pipeline import TrainPipelineBase, TrainPipelineSparseDist
 
     from benchmarks import baselines, hardware
-    from recsys_dist.data import feature_names, prepare_from_config
-    from recsys_dist.distributed import init_distributed
+    from recsys_dist.data.resolve import feature_names, prepare_from_config
+    from recsys_dist.distributed.env import init_distributed
     from recsys_dist.models.build import table_sizes
-    from recsys_dist.trainer import shard_model
+    from recsys_dist.train.trainer import shard_model
 
     name = spec["model"]
     cfg = load(spec, name)
@@ -272,7 +272,7 @@ def measure(rank: int, world: int, spec: dict) -> dict:
 
 def deepctr(python: str, spec: dict, cfg, train_path: str, rows: int, threads: int) -> dict | None:
     from benchmarks.baselines import DEEPCTR_WORKER
-    from recsys_dist.data import feature_names
+    from recsys_dist.data.resolve import feature_names
     from recsys_dist.models.build import table_sizes
 
     if not Path(python).is_file():
@@ -296,7 +296,7 @@ def deepctr(python: str, spec: dict, cfg, train_path: str, rows: int, threads: i
 
 
 def main(argv: list[str] | None = None) -> int:
-    from recsys_dist.cli import positive_int
+    from recsys_dist.cli.main import positive_int
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="smaller data and sweeps: under 3 minutes on 2 cores")
@@ -334,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from benchmarks import growth, hardware
-    from recsys_dist.data import prepare_from_config
+    from recsys_dist.data.resolve import prepare_from_config
     from recsys_dist.testing import run_ranks
 
     cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())

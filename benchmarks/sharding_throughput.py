@@ -31,8 +31,8 @@ def _measure(rank: int, world_size: int, steps: int, warmup: int) -> dict:
     from torchrec.distributed.train_pipeline import TrainPipelineBase, TrainPipelineSparseDist
 
     from recsys_dist.config import load_config
-    from recsys_dist.distributed import init_distributed
-    from recsys_dist.trainer import make_loaders, shard_model
+    from recsys_dist.distributed.env import init_distributed
+    from recsys_dist.train.trainer import make_loaders, shard_model
 
     results = {}
     configs = [(t, "sparse_dist") for t in TYPES] + [("table_wise", "base"), ("row_wise", "base")]

@@ -27,7 +27,7 @@ def recsys_dist(*args, code: Path = ROOT) -> tuple[str, float]:
     end of stderr on a non-zero exit."""
     t0 = time.perf_counter()
     r = subprocess.run(
-        [sys.executable, "-m", "recsys_dist.cli", *map(str, args)],
+        [sys.executable, "-m", "recsys_dist.cli.main", *map(str, args)],
         cwd=code,
         capture_output=True,
         text=True,

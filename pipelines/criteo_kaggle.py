@@ -23,7 +23,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def cli(*args: str) -> str:
-    r = subprocess.run([sys.executable, "-m", "recsys_dist.cli", *args], cwd=ROOT, text=True, stdout=subprocess.PIPE)
+    r = subprocess.run(
+        [sys.executable, "-m", "recsys_dist.cli.main", *args], cwd=ROOT, text=True, stdout=subprocess.PIPE
+    )
     if r.returncode:
         sys.exit(r.returncode)
     return r.stdout

@@ -13,7 +13,7 @@ The public API (``recsys_dist.<name>``; docs/api.md), loaded lazily so that
   :class:`CTRBatch`
 - metrics: :func:`binary_metrics`, :class:`StreamingBinaryMetrics`, :func:`gather_predictions`
 - checkpoints: :func:`save_checkpoint`, :func:`load_checkpoint` (your own loop's model and
-  optimizers, ``recsys_dist.loop_checkpoint``), :func:`latest_checkpoint`, :func:`load_model`
+  optimizers, ``recsys_dist.checkpoint.loop``), :func:`latest_checkpoint`, :func:`load_model`
   (an unsharded model from a run, checkpoint or export)
 
 Package map: ``config/`` (loader, RunConfig), ``data/`` (formats, conversion, loader),
@@ -34,35 +34,35 @@ __version__ = "0.1.0"
 # (mypy and pyright do not look through a module-level __getattr__); tests/api/test_typing.py
 # keeps its names equal to these.
 _API = {
-    "load_config": "recsys_dist.config",
-    "RunConfig": "recsys_dist.config",
-    "ConfigError": "recsys_dist.config",
-    "Trainer": "recsys_dist.trainer",
-    "Callback": "recsys_dist.trainer",
-    "FeatureSpec": "recsys_dist.spec",
-    "register_model": "recsys_dist.models",
-    "register_loss": "recsys_dist.models",
-    "build_model": "recsys_dist.models",
-    "feature_spec": "recsys_dist.models",
-    "shard": "recsys_dist.sharding",
-    "prepare": "recsys_dist.data",
+    "load_config": "recsys_dist.config.loader",
+    "RunConfig": "recsys_dist.config.run",
+    "ConfigError": "recsys_dist.config.base",
+    "Trainer": "recsys_dist.train.trainer",
+    "Callback": "recsys_dist.train.trainer",
+    "FeatureSpec": "recsys_dist.data.spec",
+    "register_model": "recsys_dist.models.registry",
+    "register_loss": "recsys_dist.models.losses",
+    "build_model": "recsys_dist.models.build",
+    "feature_spec": "recsys_dist.models.build",
+    "shard": "recsys_dist.distributed.sharding",
+    "prepare": "recsys_dist.data.resolve",
     "ParquetBatchLoader": "recsys_dist.data.loader",
     "CTRBatch": "recsys_dist.data.loader",
-    "binary_metrics": "recsys_dist.metrics",
-    "StreamingBinaryMetrics": "recsys_dist.metrics",
-    "gather_predictions": "recsys_dist.metrics",
-    "save_checkpoint": "recsys_dist.loop_checkpoint",
-    "load_checkpoint": "recsys_dist.loop_checkpoint",
-    "latest_checkpoint": "recsys_dist.checkpoint",
-    "load_model": "recsys_dist.export",
+    "binary_metrics": "recsys_dist.train.metrics",
+    "StreamingBinaryMetrics": "recsys_dist.train.metrics",
+    "gather_predictions": "recsys_dist.train.metrics",
+    "save_checkpoint": "recsys_dist.checkpoint.loop",
+    "load_checkpoint": "recsys_dist.checkpoint.loop",
+    "latest_checkpoint": "recsys_dist.checkpoint.dcp",
+    "load_model": "recsys_dist.serve.export",
 }
 
 __all__ = sorted([*_API, "launch"]) + ["__version__"]
 
-# Bound now, not looked up lazily: importing the submodule ``recsys_dist.launch`` (the CLI does)
+# Bound now, not looked up lazily: importing the submodule ``recsys_dist.train.launch`` (the CLI does)
 # sets the package attribute of that name to the module, and the function must win. The module
 # is light; torch loads when ``launch`` is called.
-from recsys_dist.launch import launch  # noqa: E402, F401
+from recsys_dist.train.launch import launch  # noqa: E402, F401
 
 
 def __getattr__(name: str) -> object:

@@ -1,9 +1,9 @@
 """``recsys-dist ARGS`` for the tests: in this process where nothing trains, else in a child
 that starts as a fresh ``recsys-dist`` process would, without paying for its imports.
 
-A fresh ``python -m recsys_dist.cli`` imports torch and TorchRec first: ~6 CPU-seconds before
+A fresh ``python -m recsys_dist.cli.main`` imports torch and TorchRec first: ~6 CPU-seconds before
 it does anything. The commands that do not train (evaluate, predict, export, report, compare,
-plan, preprocess) therefore run here, through ``recsys_dist.cli.main``, with the process state
+plan, preprocess) therefore run here, through ``recsys_dist.cli.main.main``, with the process state
 they see or change (environment, working directory, ``sys.path``, logger levels, signal
 handlers, warning filters, torch's thread count) set up as a fresh process would have it and
 put back afterwards. ``train`` runs in a child forked from a forkserver (a clean process that
@@ -13,7 +13,7 @@ stdout and stderr to files, and runs the console entry point's path (``cli.run``
 on CPU, exit without interpreter finalisation), so it is the ``recsys-dist`` process minus
 its imports. ``inprocess=True`` runs a ``train`` here instead, when the run must stop before
 any rank or training step (a config or data error); ``inprocess=False`` keeps any command in
-a real subprocess, so that the ``python -m recsys_dist.cli`` path of each command stays
+a real subprocess, so that the ``python -m recsys_dist.cli.main`` path of each command stays
 covered somewhere.
 """
 
@@ -70,7 +70,7 @@ def run_cli(
             any rank starts), False in a subprocess; None (default): in this process for the
             commands of ``IN_PROCESS`` without a launcher, ``train`` in a forkserver's child,
             anything else in a subprocess.
-        launcher: the command that runs ``-m recsys_dist.cli`` (e.g. torchrun and its
+        launcher: the command that runs ``-m recsys_dist.cli.main`` (e.g. torchrun and its
             options); default this Python. Implies a subprocess.
     """
     args = [str(a) for a in args]
@@ -86,12 +86,12 @@ def run_cli(
     full_env = {k: v for k, v in {**os.environ, **overrides}.items() if v is not None}
     if forked:
         return _forked(args, Path(cwd), full_env, timeout)
-    cmd = [*(launcher or [sys.executable]), "-m", "recsys_dist.cli", *args]
+    cmd = [*(launcher or [sys.executable]), "-m", "recsys_dist.cli.main", *args]
     return subprocess.run(cmd, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout)
 
 
 def _in_process(args: list[str], cwd: Path, overrides: dict) -> subprocess.CompletedProcess:
-    from recsys_dist import cli
+    from recsys_dist.cli import main as cli
 
     saved_env, saved_cwd, saved_path = dict(os.environ), os.getcwd(), list(sys.path)
     saved_levels = {
@@ -162,7 +162,7 @@ def _child(args: list[str], cwd: str, env: dict, out: str, err: str) -> None:
         os.dup2(f, fd)
         os.close(f)
     sys.argv = [str(ROOT / "recsys_dist" / "cli.py"), *args]
-    from recsys_dist import cli
+    from recsys_dist.cli import main as cli
 
     # cli.run: ranks forked on CPU, as for the console command; it leaves with os._exit
     code = _exit_code(cli.run, args)

@@ -59,7 +59,7 @@ def test_plain_dlrm_matches_torchrec_dlrm_shapes():
 
 
 def test_bench_subcommand_parses():
-    from recsys_dist.cli import build_parser, cmd_bench
+    from recsys_dist.cli.main import build_parser, cmd_bench
 
     args = build_parser().parse_args(["bench", "--quick", "--skip", "3,5", "--model", "mlperf", "--batch", "64"])
     assert args.func is cmd_bench and args.quick and args.skip == "3,5"

@@ -60,7 +60,7 @@ def test_checkpoint_of_the_older_first_order_layout_loads(tmp_path):
     import torch
     import torch.distributed.checkpoint as dcp
 
-    from recsys_dist.checkpoint import load_checkpoint
+    from recsys_dist.checkpoint.dcp import load_checkpoint
     from recsys_dist.config import load_config
     from recsys_dist.models import build_model
 

@@ -1,4 +1,4 @@
-"""CommCounter's delayed work (recsys_dist.comm_counter._DelayedWork is reached through the
+"""CommCounter's delayed work (recsys_dist.distributed.comm_counter._DelayedWork is reached through the
 public wrapper only in a process group; here a stand-in backend work drives it in-process)."""
 
 import datetime
@@ -6,7 +6,7 @@ import datetime
 import pytest
 import torch
 
-from recsys_dist import comm_counter
+from recsys_dist.distributed import comm_counter
 
 
 class _Work:

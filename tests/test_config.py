@@ -4,7 +4,7 @@ import pytest
 import yaml
 
 from recsys_dist.config import ConfigError, load_config, parse_overrides
-from recsys_dist.preflight import check_before_launch
+from recsys_dist.train.preflight import check_before_launch
 from tests.conftest import QUICKSTART, ROOT
 
 

@@ -4,7 +4,7 @@ that reads none, per_table naming of sequence tables."""
 import pytest
 
 from recsys_dist.config import ConfigError, load_config
-from recsys_dist.preflight import check_before_launch, table_names
+from recsys_dist.train.preflight import check_before_launch, table_names
 from tests.conftest import ROOT
 
 DIN = ROOT / "configs" / "movielens_din.yaml"

@@ -4,9 +4,9 @@
 import pytest
 
 from recsys_dist.config import ConfigError, load_config
-from recsys_dist.ledger import PHASES
-from recsys_dist.planning import dry_run
-from recsys_dist.preflight import check_before_launch
+from recsys_dist.distributed.dry_run import dry_run
+from recsys_dist.distributed.ledger import PHASES
+from recsys_dist.train.preflight import check_before_launch
 from tests.conftest import QUICKSTART, ROOT
 
 
@@ -78,7 +78,7 @@ def test_dense_bytes_leave_out_sequence_tables():
     import torch
     from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 
-    from recsys_dist.ledger import dense_parameter_bytes
+    from recsys_dist.distributed.ledger import dense_parameter_bytes
     from recsys_dist.models.build import build_model
 
     cfg = load_config(ROOT / "configs" / "movielens_din.yaml")
@@ -111,7 +111,7 @@ def test_plan_refuses_what_the_device_cannot_run():
 @pytest.mark.parametrize("how", ["sharding_types", "fixed_plan"])
 def test_comms_refused_when_every_table_is_data_parallel(how):
     # data_parallel tables have no output_dist: sharding.comms would be silently ignored
-    from recsys_dist.preflight import table_names
+    from recsys_dist.train.preflight import table_names
 
     if how == "sharding_types":
         placed = ["sharding.sharding_types=[data_parallel]", "sharding.compute_kernels=[dense]"]

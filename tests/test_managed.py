@@ -234,9 +234,9 @@ def test_managed_for_some_features(tmp_path, cache_dir):
     import pyarrow.parquet as pq
     import torch
 
-    from recsys_dist.data import feature_names, prepare_from_config
     from recsys_dist.data.loader import ParquetBatchLoader
     from recsys_dist.data.mapping import MANAGED_ID_SPACE, hash_ids, loader_id_bounds, managed_ids
+    from recsys_dist.data.resolve import feature_names, prepare_from_config
     from recsys_dist.models.build import build_model, table_sizes
     from recsys_dist.models.managed import find_remap
     from tests.conftest import base_row

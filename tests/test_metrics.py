@@ -5,7 +5,7 @@ import pytest
 import torch
 from sklearn.metrics import accuracy_score, log_loss, roc_auc_score
 
-from recsys_dist.metrics import (
+from recsys_dist.train.metrics import (
     StreamingBinaryMetrics,
     auc,
     binary_metrics,
@@ -172,7 +172,7 @@ def test_predictions_are_written_as_csv_or_parquet_by_the_file_name(tmp_path):
     import pyarrow.csv as pacsv
     import pyarrow.parquet as pq
 
-    from recsys_dist.export import write_predictions
+    from recsys_dist.serve.export import write_predictions
 
     scores = {"logit": np.array([0.0, 2.0], np.float32), "label": np.array([1.0, np.nan])}
     write_predictions(scores, tmp_path / "p.csv")

@@ -2,7 +2,7 @@ import json
 import sys
 import types
 
-from recsys_dist.metrics_writer import MetricsWriter
+from recsys_dist.train.metrics_writer import MetricsWriter
 
 
 def test_jsonl_nan_to_null_and_tensorboard_mirror(tmp_path, monkeypatch):
@@ -35,7 +35,7 @@ def test_jsonl_nan_to_null_and_tensorboard_mirror(tmp_path, monkeypatch):
 
 _FULL_DISK = """
 import resource, signal, sys
-from recsys_dist.metrics_writer import MetricsError, MetricsWriter
+from recsys_dist.train.metrics_writer import MetricsError, MetricsWriter
 
 w = MetricsWriter(sys.argv[1], enabled=True)
 w.write(split="train", step=2, epoch=0, loss=0.5)

@@ -27,7 +27,7 @@ def test_two_nodes_one_process_each(tmp_path):
         f"--rdzv-endpoint=127.0.0.1:{port}",
         "--rdzv-id=multinode-test",
         "-m",
-        "recsys_dist.cli",
+        "recsys_dist.cli.main",
         "train",
         "--config",
         str(QUICKSTART),

@@ -5,8 +5,8 @@ differs once a run directory is copied or moved). In-process; the checkpoint is 
 
 import json
 
-from recsys_dist import cli
-from recsys_dist import run_dir as run_dirs
+from recsys_dist.checkpoint import run_dir as run_dirs
+from recsys_dist.cli import main as cli
 from recsys_dist.config import load_config
 from tests.conftest import QUICKSTART
 

@@ -1,5 +1,5 @@
 """train.pipeline semi_sync and fused_sparse_dist (CUDA only; refused on CPU, see
-recsys_dist/train_pipeline.py): each trains, evaluates, checkpoints and resumes exactly.
+recsys_dist/train/pipelines.py): each trains, evaluates, checkpoints and resumes exactly.
 
 Not run on the CPU development machine (no GPU there): written to the CPU resume test's
 pattern (tests/test_checkpoint.py), unverified until a CUDA machine runs it.

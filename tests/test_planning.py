@@ -5,7 +5,7 @@ import json
 import pytest
 
 from recsys_dist.config import ConfigError, load_config
-from recsys_dist.planning import PlanError, dry_run
+from recsys_dist.distributed.dry_run import PlanError, dry_run
 from tests.cli import run_cli
 from tests.conftest import QUICKSTART, ROOT
 
@@ -61,8 +61,8 @@ def test_plan_cli_64_gpus_json_and_failure_exit_code():
 def test_column_shards_must_be_multiples_of_4():
     import torch
 
+    from recsys_dist.distributed.sharding import fixed_sharding_plan
     from recsys_dist.models import build_model
-    from recsys_dist.sharding import fixed_sharding_plan
 
     cfg = load_config(QUICKSTART)
     model = build_model(cfg, torch.device("meta"))
@@ -70,7 +70,7 @@ def test_column_shards_must_be_multiples_of_4():
     with pytest.raises(ValueError, match=r"t_C1: 16 columns over 3 shards gives width 5.33.*use \[1, 2, 4\] shards"):
         fixed_sharding_plan(model, fixed.sharding.fixed_plan, 3, 3, "cpu")
     with pytest.raises(ConfigError, match="model.embedding_dim: 6 is not a multiple of 4.*use 4 or 8"):
-        from recsys_dist.preflight import check_before_launch
+        from recsys_dist.train.preflight import check_before_launch
 
         check_before_launch(load_config(QUICKSTART, ["model.embedding_dim=6", "model.dense_arch_layer_sizes=[6]"]))
 

@@ -7,9 +7,9 @@ import torch
 from torch import nn
 from torchrec import EmbeddingBagCollection
 
-from recsys_dist import cli
+from recsys_dist.cli import main as cli
 from recsys_dist.config import ConfigError, load_config
-from recsys_dist.preflight import check_before_launch
+from recsys_dist.train.preflight import check_before_launch
 from tests.conftest import QUICKSTART, ROOT
 
 DIN = ROOT / "configs" / "movielens_din.yaml"
@@ -98,7 +98,7 @@ def test_ranks_fork_on_cpu_spawn_on_cuda_and_fork_with_cuda_is_refused(monkeypat
 def test_a_batch_that_cannot_fit_in_memory_is_refused_before_launch(tmp_path, capsys, monkeypatch):
     """train.batch_size=16777216 started the ranks, which the out-of-memory killer ended
     ("Signal 9"); now the batch's tensors are estimated against the memory available first."""
-    from recsys_dist import batch_memory
+    from recsys_dist.train import batch_memory
 
     huge = load_config(QUICKSTART, ["train.batch_size=16777216", "distributed.device=cpu"])
     # 26 features x 16 dims, MLPs [64, 16] and [64, 32, 1]: inputs 372 bytes, then

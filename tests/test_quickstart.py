@@ -47,7 +47,7 @@ def test_quickstart_world_size_2(tmp_path):
         "train.timing_every_n_steps=10",
         "eval.group_feature=C6",
         tmp=tmp_path,
-        inprocess=False,  # the real `python -m recsys_dist.cli train` (tests.cli forks the others)
+        inprocess=False,  # the real `python -m recsys_dist.cli.main train` (tests.cli forks the others)
     )
     assert r.returncode == 0, r.stderr[-3000:]
     assert "validation  AUC" in r.stdout and str(run_dir) in r.stdout
@@ -64,7 +64,7 @@ def test_quickstart_world_size_2(tmp_path):
     # The 2-rank sharded checkpoint, evaluated unsharded in one process, scores the test split
     # exactly as the sharded run did.
     (test_parquet,) = (tmp_path / "cache").glob("criteo-*/test.parquet")
-    # (a fresh `python -m recsys_dist.cli evaluate`: that path stays covered)
+    # (a fresh `python -m recsys_dist.cli.main evaluate`: that path stays covered)
     ev = run_cli(["evaluate", str(run_dir), "--data", str(test_parquet)], tmp_path, inprocess=False)
     assert ev.returncode == 0, ev.stderr[-2000:]
     got = json.loads(ev.stdout.strip().splitlines()[-1])

@@ -12,7 +12,7 @@ from tests.test_quickstart import FAST
 def test_world_size_1_and_2_give_the_same_numbers(tmp_path):
     """Same global batch (64) on 1 rank and on 2 ranks x 32, row-wise vs unsharded tables.
 
-    Embedding init depends on (seed, table, row) only (recsys_dist.state.init_tables), so
+    Embedding init depends on (seed, table, row) only (recsys_dist.distributed.tables.init_tables), so
     both runs start from the same model; tolerance 1e-5 (float32 reduction order). The 2-rank
     run spawns its ranks (the CUDA way) instead of forking them (the CPU default)."""
     common = [*FAST, "train.deterministic=true", "checkpoint.enabled=false"]

@@ -1,4 +1,4 @@
-"""recsys_dist.report on synthetic run directories written here (no training)."""
+"""recsys_dist.cli.report on synthetic run directories written here (no training)."""
 
 import argparse
 import json
@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from recsys_dist import report as rpt
+from recsys_dist.cli import report as rpt
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -214,8 +214,8 @@ def test_step_time_stacked_area_for_many_points(tmp_path):
 
 
 def test_recsys_dist_cli_runs_report_and_compare(tmp_path, capsys):
-    """Through recsys_dist.cli.main, once cli.build_parser calls report.register_subcommands."""
-    from recsys_dist import cli
+    """Through recsys_dist.cli.main.main, once cli.build_parser calls report.register_subcommands."""
+    from recsys_dist.cli import main as cli
 
     run = make_run(tmp_path / "run")
     try:
@@ -230,7 +230,7 @@ def test_recsys_dist_cli_runs_report_and_compare(tmp_path, capsys):
 
 
 def test_hand_damaged_run_files_are_clear_errors_or_skipped_lines(tmp_path):
-    from recsys_dist.report import RunDirError, load_run
+    from recsys_dist.cli.report import RunDirError, load_run
 
     (tmp_path / "metrics.jsonl").write_text(
         '{"split": "train", "step": 1, "loss": 0.5}\n{"split": "train", "step": "abc", "loss": "x"}\n'

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from recsys_dist.checkpoint import CheckpointError, check_compatible
+from recsys_dist.checkpoint.dcp import CheckpointError, check_compatible
 from recsys_dist.config import load_config
 from tests.conftest import QUICKSTART, ROOT
 

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from recsys_dist.schedule import LRSchedule
+from recsys_dist.train.schedule import LRSchedule
 from tests.cli import run_cli
 from tests.conftest import QUICKSTART
 
@@ -46,8 +46,8 @@ def test_schedule_reaches_the_fused_embedding_update(tmp_path):
         assert run_cli(["export", str(run), "--out", str(run / "export")], tmp_path).returncode == 0
         moved[name] = load_file(str(run / "export" / "model.safetensors"))
     from recsys_dist.config import load_config
+    from recsys_dist.distributed.tables import init_tables
     from recsys_dist.models import build_model, embedding_configs
-    from recsys_dist.state import init_tables
 
     cfg = load_config(QUICKSTART, ["data.num_rows=1000"])
     init = build_model(cfg, torch.device("cpu"), tables_device=torch.device("cpu")).state_dict()

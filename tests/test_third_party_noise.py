@@ -4,7 +4,7 @@
 import logging
 import warnings
 
-from recsys_dist.distributed import quiet_third_party_noise
+from recsys_dist.distributed.env import quiet_third_party_noise
 
 
 def test_third_party_noise_is_hidden_and_a_users_warnings_are_not():
@@ -16,9 +16,13 @@ def test_third_party_noise_is_hidden_and_a_users_warnings_are_not():
         quiet_third_party_noise()
         warn("`broadcast_buffers` is deprecated.", FutureWarning, "torchrec.distributed.model_parallel")
         warn("`all_gather_into_tensor` is deprecated.", FutureWarning, "torch.distributed.c10d_logger")
-        warn("HeuristicalStorageReservation is known to cause issues", FutureWarning, "recsys_dist.sharding")
         warn(
-            "Please use DTensor instead and we are deprecating ShardedTensor.", FutureWarning, "recsys_dist.checkpoint"
+            "HeuristicalStorageReservation is known to cause issues", FutureWarning, "recsys_dist.distributed.sharding"
+        )
+        warn(
+            "Please use DTensor instead and we are deprecating ShardedTensor.",
+            FutureWarning,
+            "recsys_dist.checkpoint.dcp",
         )
         warn("my own deprecation", FutureWarning, "my_model")
         warn("a TorchRec UserWarning is still shown", UserWarning, "torchrec.modules")

@@ -9,7 +9,7 @@ import pytest
 
 import recsys_dist
 from recsys_dist.config import ConfigError, load_config
-from recsys_dist.launch import RankFailedError
+from recsys_dist.train.launch import RankFailedError
 from tests.cli import read_metrics, run_cli
 from tests.conftest import QUICKSTART
 
@@ -58,9 +58,9 @@ def one_rank_fails_then_retries(config: str, overrides: list, run_dir: str) -> N
     """Rank 1's Trainer fails and the user catches it; rank 0 finished and waits in close()."""
     import torch.distributed as dist
 
-    import recsys_dist.distributed
+    import recsys_dist.distributed.env
 
-    recsys_dist.distributed.REUSE_WAIT_S = 3.0
+    recsys_dist.distributed.env.REUSE_WAIT_S = 3.0
     try:
         with recsys_dist.Trainer(load_config(config, overrides), run_dir) as trainer:
             trainer.fit()
@@ -87,8 +87,8 @@ def test_trainer_under_launch_matches_the_cli(tmp_path, monkeypatch):
     import pyarrow.parquet as pq
     import torch
 
-    from recsys_dist.export import load_model, score
-    from recsys_dist.metrics import binary_metrics
+    from recsys_dist.serve.export import load_model, score
+    from recsys_dist.train.metrics import binary_metrics
 
     monkeypatch.setenv("RECSYS_DIST_CACHE", str(tmp_path / "cache"))  # the ranks inherit it
     cli_dir, lib_dir = tmp_path / "cli", tmp_path / "lib"
@@ -238,7 +238,7 @@ def test_trainer_whose_group_was_destroyed_under_it(tmp_path, monkeypatch, cache
 
 
 def test_launch_is_the_function_and_refuses_what_cannot_be_spawned():
-    from recsys_dist.launch import launch, launch_workers  # noqa: F401 (the submodule, imported)
+    from recsys_dist.train.launch import launch, launch_workers  # noqa: F401 (the submodule, imported)
 
     assert recsys_dist.launch is launch and callable(recsys_dist.launch)
     with pytest.raises(TypeError, match="not a lambda or a nested function"):

@@ -6,7 +6,7 @@ whole movie corpus for every test user and print recall@10 next to a most-popula
 Only recsys_dist's public API: ``load_config``, ``prepare`` and ``feature_spec`` (the converted
 splits and table sizes), ``launch`` (the ranks), ``Trainer`` (fit, checkpoint, predict on the
 sharded model), ``load_model`` (the unsharded model back from the checkpoint), and
-``recsys_dist.retrieval``'s ``read_rows`` (a split's ids), ``embed`` (a tower over users or
+``recsys_dist.models.retrieval``'s ``read_rows`` (a split's ids), ``embed`` (a tower over users or
 items), ``make_kjt`` and ``rank_metrics`` (recall@K), for the retrieval evaluation.
 
 Evaluation protocol (the same for the model and the baselines):
@@ -49,7 +49,7 @@ import torch  # noqa: E402
 
 import recsys_dist  # noqa: E402
 from recsys_dist.data.loader import take_bags  # noqa: E402
-from recsys_dist.retrieval import Entities, embed, make_kjt, rank_metrics, read_rows  # noqa: E402
+from recsys_dist.models.retrieval import Entities, embed, make_kjt, rank_metrics, read_rows  # noqa: E402
 
 K = 10
 

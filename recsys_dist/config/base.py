@@ -2,7 +2,7 @@
 
 A section is a pydantic model with ``extra="forbid"``: an unknown key, a wrong type or an
 impossible value is reported with its dotted key. Components define their own section
-(``recsys_dist.data.config.DataConfig``, ``recsys_dist.sharding.ShardingConfig``, ...) on
+(``recsys_dist.data.config.DataConfig``, ``recsys_dist.distributed.sharding.ShardingConfig``, ...) on
 top of :class:`Section`; ``recsys_dist.config.run.RunConfig`` composes them.
 """
 
@@ -13,10 +13,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Strict, field_validator
 
-
-class ConfigError(ValueError):
-    """A config file or override is invalid; the message lists every problem found."""
-
+from recsys_dist.errors import ConfigError  # noqa: F401 (raised here; defined in errors)
 
 # A YAML list may fill a tuple field (strict mode wants a tuple), but its items stay strict.
 StrictFloat = Annotated[float, Strict()]

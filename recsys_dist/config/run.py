@@ -2,7 +2,7 @@
 
 Each section belongs to the component that uses it; this module only composes them and
 dispatches ``model:`` to the class of the chosen ``model.name``. Checks that need two
-sections live in ``recsys_dist.preflight`` (the one module that sees every section).
+sections live in ``recsys_dist.train.preflight`` (the one module that sees every section).
 """
 
 from __future__ import annotations
@@ -11,15 +11,15 @@ from typing import Any
 
 from pydantic import Field, SerializeAsAny, field_validator, model_validator
 
-from recsys_dist.checkpoint import CheckpointConfig
+from recsys_dist.checkpoint.dcp import CheckpointConfig
 from recsys_dist.config.base import Section
 from recsys_dist.data.config import DataConfig
-from recsys_dist.distributed import DistributedConfig
-from recsys_dist.metrics import EvalConfig
+from recsys_dist.distributed.env import DistributedConfig
+from recsys_dist.distributed.sharding import ShardingConfig
 from recsys_dist.models.config import ModelConfig
 from recsys_dist.models.registry import model_config_class
-from recsys_dist.sharding import ShardingConfig
-from recsys_dist.train_config import TrainConfig
+from recsys_dist.train.config import TrainConfig
+from recsys_dist.train.metrics import EvalConfig
 
 
 class RunConfig(Section):
@@ -47,7 +47,7 @@ class RunConfig(Section):
 
     @model_validator(mode="after")
     def _cross_sections(self) -> RunConfig:
-        from recsys_dist.preflight import section_problems
+        from recsys_dist.train.preflight import section_problems
 
         problems = section_problems(self)
         if problems:

@@ -424,7 +424,7 @@ class DataConfig(_Section):
 
     @model_validator(mode="after")
     def _check(self) -> DataConfig:
-        from recsys_dist.data import raw_format
+        from recsys_dist.data.resolve import raw_format
 
         if self.short_lines == "pad" and self.format != "criteo_tsv":
             raise ValueError(f"data.short_lines: pad only applies to format: criteo_tsv, not {self.format}")
@@ -548,7 +548,7 @@ class DataConfig(_Section):
         """Per categorical feature of ``data.format`` (in its order): True where a managed-collision
         module maps its ids (``categorical_mapping: managed``: all; else those in
         ``data.managed.features``)."""
-        from recsys_dist.data import raw_format
+        from recsys_dist.data.resolve import raw_format
 
         names = raw_format(self.format, self.schema_).sparse_names
         if self.categorical_mapping == "managed":
@@ -560,7 +560,7 @@ class DataConfig(_Section):
         """Names of the categorical features with managed-collision tables (see :meth:`managed_mask`)."""
         if self.categorical_mapping != "managed" and (self.managed is None or not self.managed.features):
             return []
-        from recsys_dist.data import raw_format
+        from recsys_dist.data.resolve import raw_format
 
         names = raw_format(self.format, self.schema_).sparse_names
         return [n for n, m in zip(names, self.managed_mask()) if m]

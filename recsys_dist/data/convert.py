@@ -36,11 +36,11 @@ from tqdm import tqdm
 
 from recsys_dist.data import mapping as mp
 from recsys_dist.data.criteo import CRITEO, LINE_COLUMN, TRANSFORM_VERSION
-from recsys_dist.data.errors import DataError
 from recsys_dist.data.prefetch import prefetched
 from recsys_dist.data.splits import SPLITS, Split, position_assign, random_assign, time_assign
 from recsys_dist.data.workers import OrderedPool, WorkerDied
-from recsys_dist.stderr_log import StderrHandler
+from recsys_dist.distributed.stderr_log import StderrHandler
+from recsys_dist.errors import DataError
 
 VOCABULARY_FILE = "vocabulary.parquet"
 MANIFEST_FILE = "manifest.json"

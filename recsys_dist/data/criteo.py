@@ -29,8 +29,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
-from recsys_dist.data.errors import DataError
 from recsys_dist.data.mapping import SparseKeys, hash_ids
+from recsys_dist.errors import DataError
 
 NUM_DENSE = 13
 NUM_SPARSE = 26

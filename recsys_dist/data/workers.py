@@ -24,11 +24,9 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from recsys_dist.errors import WorkerDied  # noqa: F401 (raised here; defined in errors)
+
 _HEADER = struct.Struct("<Q")
-
-
-class WorkerDied(RuntimeError):
-    """A worker process ended without answering (killed, out of memory)."""
 
 
 def _send(stream, obj) -> None:

@@ -8,12 +8,12 @@ from typing import TYPE_CHECKING
 import torch
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
-from recsys_dist.data import feature_names, sequence_names, tasks
+from recsys_dist.data.resolve import feature_names, sequence_names, tasks
+from recsys_dist.data.spec import FIRST_ORDER_DIM, FeatureSpec, make_sequence_tables, make_tables
 from recsys_dist.models.losses import get_loss
 from recsys_dist.models.managed import build_remap
 from recsys_dist.models.registry import get_model
 from recsys_dist.models.task import CTRTask
-from recsys_dist.spec import FIRST_ORDER_DIM, FeatureSpec, make_sequence_tables, make_tables
 
 if TYPE_CHECKING:
     from recsys_dist.config.run import RunConfig

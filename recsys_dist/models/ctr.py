@@ -4,7 +4,7 @@ Every model is a plain ``nn.Module`` with ``forward(dense [B, D_dense] float32, 
 logits [B, 1]``; its tables live in ``EmbeddingBagCollection`` submodules, so
 DistributedModelParallel shards them like DLRM's. ``F`` = number of sparse features,
 ``E`` = embedding_dim; pooled embeddings are read by feature name (the sharded EBC's output
-has the unsharded key order, recsys_dist.key_order, but a name says which column is which).
+has the unsharded key order, recsys_dist.distributed.key_order, but a name says which column is which).
 """
 
 from __future__ import annotations

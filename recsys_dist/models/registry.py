@@ -132,7 +132,7 @@ class ModelSpec:
             a config with ``data.schema.sequence`` / ``history`` is refused (they would be
             dropped). None (not declared; import-path models and ``register_model`` without
             the flag): not checked.
-        retrieval: a retrieval model (``recsys_dist.retrieval``): its config has
+        retrieval: a retrieval model (``recsys_dist.models.retrieval``): its config has
             ``user_features``, ``item_features`` and ``item_id``, its module ``user_vectors(kjt)``
             and ``item_vectors(kjt)`` (float32 ``[B, D]``; a pair scores their dot product).
             The Trainer then gives it the training split's item counts (``spec.id_counts``) and

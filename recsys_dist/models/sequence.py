@@ -13,11 +13,12 @@ from torch import nn
 from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 from torchrec.sparse.jagged_tensor import JaggedTensor, KeyedJaggedTensor
 
+from recsys_dist.data.spec import FeatureSpec
+
 # ctr.pooled_embeddings, called through its module: torch.fx.wrap makes it a leaf of the
 # pipeline's trace by patching that name in ctr's namespace, which a name imported here would miss.
 from recsys_dist.models import ctr
 from recsys_dist.models.ctr import mlp_head
-from recsys_dist.spec import FeatureSpec
 
 
 # Leaves for torch.fx (TrainPipelineSparseDist traces the model): they read a dict, keys and

@@ -58,7 +58,7 @@ def test_import_path_model_args_are_checked_against_the_factory(example_on_path)
 def test_model_args_types_are_checked_before_launch(example_on_path, tmp_path):
     """model.args={hidden: wide} passed load_config and failed on every rank (a traceback from
     each, exit 1); now the factory's annotations are checked when the config loads (exit 2)."""
-    from recsys_dist import cli
+    from recsys_dist.cli import main as cli
 
     with pytest.raises(ConfigError, match=r"model\.args\.hidden: my_model:DotTower takes hidden: int; got 'wide'"):
         load_config(QUICKSTART, ["model.name=my_model:DotTower", "model.args={hidden: wide}"])
@@ -169,7 +169,7 @@ def test_pooling_belongs_to_the_feature_and_old_keys_migrate(tmp_path):
 
 
 def test_resume_refuses_other_pooling():
-    from recsys_dist.checkpoint import CheckpointError, check_compatible
+    from recsys_dist.checkpoint.dcp import CheckpointError, check_compatible
 
     saved = load_config(MOVIELENS).to_dict()
     now = load_config(MOVIELENS, ["data.feature_pooling={genres: sum}"]).to_dict()

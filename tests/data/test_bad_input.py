@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from recsys_dist import cli
+from recsys_dist.cli import main as cli
 from recsys_dist.data.avazu import AVAZU
 from recsys_dist.data.config import SchemaConfig
 from recsys_dist.data.convert import prepare, prepare_criteo

@@ -11,7 +11,7 @@ import textwrap
 import pyarrow.parquet as pq
 import pytest
 
-from recsys_dist import cli
+from recsys_dist.cli import main as cli
 from recsys_dist.data import convert
 from recsys_dist.data.convert import prepare_criteo
 from tests.conftest import CRITEO_SAMPLE, QUICKSTART, ROOT

@@ -62,7 +62,7 @@ def test_row_group_size_from_the_config(tmp_path):
     import pyarrow.parquet as pq
 
     from recsys_dist.config import load_config
-    from recsys_dist.data import prepare_from_config
+    from recsys_dist.data.resolve import prepare_from_config
     from tests.conftest import QUICKSTART
 
     cfg = load_config(QUICKSTART, ["data.row_group_size=1000", f"data.cache_dir={tmp_path}"])

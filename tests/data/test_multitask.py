@@ -15,9 +15,9 @@ from recsys_dist.data.convert import prepare
 from recsys_dist.data.criteo import DataError
 from recsys_dist.data.loader import ParquetBatchLoader
 from recsys_dist.data.schema import SchemaFormat
-from recsys_dist.metrics import task_metrics, weighted_auc
 from recsys_dist.models.losses import bce, mse
 from recsys_dist.models.task import MultiTaskLoss
+from recsys_dist.train.metrics import task_metrics, weighted_auc
 
 LABELS = {"like": {"column": "rating", "threshold": 4.0}, "score": {"column": "rating", "kind": "regression"}}
 SPEC = SchemaConfig(labels=LABELS, weight="w", categorical=["user"])
@@ -139,7 +139,7 @@ def test_weighted_task_metrics_match_sklearn(seed):
 
 
 def test_resume_refuses_other_tasks(tmp_path):
-    from recsys_dist.checkpoint import CheckpointError, check_compatible
+    from recsys_dist.checkpoint.dcp import CheckpointError, check_compatible
 
     one = {"data": {"schema": {"label": "rating"}}}
     two = {"data": {"schema": {"labels": LABELS}}}

@@ -168,7 +168,7 @@ def test_schema_config_is_checked():
             "model": {"name": "deepfm"},
         }
     )
-    from recsys_dist.data import feature_names
+    from recsys_dist.data.resolve import feature_names
 
     assert feature_names(cfg) == ([], ["a", "g"])
     assert config_from_dict(cfg.to_dict()).data.schema == cfg.data.schema  # the saved config reloads

@@ -9,7 +9,7 @@ from recsys_dist.data.avazu import AVAZU
 from recsys_dist.data.convert import prepare, prepare_criteo
 from recsys_dist.data.criteo import CRITEO, DataError
 from recsys_dist.data.splits import Split, random_assign
-from recsys_dist.preflight import check_before_launch
+from recsys_dist.train.preflight import check_before_launch
 from tests.conftest import ROOT, base_row
 from tests.data.test_avazu import HEADER, ROW
 

@@ -23,10 +23,10 @@ from torchrec.modules.embedding_configs import PoolingType
 from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 
 from recsys_dist.data.loader import CTRBatch
+from recsys_dist.distributed.optim import EMBEDDING_OPTIMIZERS, build_optimizer, fused_weight_decay
+from recsys_dist.distributed.sharding import sharders
+from recsys_dist.distributed.tables import gather_full_state_dict, load_full_state_dict
 from recsys_dist.models.task import CTRTask
-from recsys_dist.optim import EMBEDDING_OPTIMIZERS, build_optimizer, fused_weight_decay
-from recsys_dist.sharding import sharders
-from recsys_dist.state import gather_full_state_dict, load_full_state_dict
 
 # name, rows, dim, pooling, max ids per example (0 allows empty bags)
 TABLES = [("t0", 1000, 8, PoolingType.SUM, 3), ("t1", 50, 8, PoolingType.MEAN, 4), ("t2", 31, 12, PoolingType.SUM, 1)]
@@ -133,7 +133,7 @@ def check(
     """Train 3 steps sharded and unsharded; return the largest absolute differences.
 
     ``weight_decay``: ``train.embedding_weight_decay`` (build_optimizer's, and the fused kwargs
-    of recsys_dist.optim.fused_weight_decay). ``tables_out``: filled with the final full tables."""
+    of recsys_dist.distributed.optim.fused_weight_decay). ``tables_out``: filled with the final full tables."""
 
     torch.manual_seed(0)
     ref = CTRTask(Tiny(EmbeddingBagCollection(tables=configs(), device=torch.device("cpu"))))
@@ -278,9 +278,9 @@ def shared_feature_forward(rank: int, world_size: int, sharding_types: list[str]
 
 
 def init_is_sharding_independent(rank: int, world_size: int, sharding_types: list[str]) -> dict:
-    """recsys_dist.state.init_tables gives the same full tables whatever the sharding."""
+    """recsys_dist.distributed.tables.init_tables gives the same full tables whatever the sharding."""
     import recsys_dist
-    from recsys_dist.state import init_tables
+    from recsys_dist.distributed.tables import init_tables
 
     out = {}
     for st in sharding_types:
@@ -323,9 +323,9 @@ def sharded_and_unsharded(cfg, batch: CTRBatch) -> tuple:
     """The model of ``cfg`` through the trainer's sharding path (``shard_model``) and unsharded
     with the same weights (copied from the sharded one), both in eval mode on ``batch``:
     (sharded output, unsharded output), each CTRTask's (loss, (loss, logits, labels))."""
-    from recsys_dist.distributed import init_distributed
+    from recsys_dist.distributed.env import init_distributed
     from recsys_dist.models import build_model
-    from recsys_dist.trainer import shard_model
+    from recsys_dist.train.trainer import shard_model
 
     ctx = init_distributed(cfg)
     torch.manual_seed(0)
@@ -358,12 +358,12 @@ def one_rank_without_ddp(rank: int, world_size: int, steps: int) -> dict:
     from torch.nn.parallel import DistributedDataParallel
     from torchrec.distributed import DistributedModelParallel
 
-    from recsys_dist import sharding
     from recsys_dist.config import load_config
-    from recsys_dist.distributed import init_distributed
+    from recsys_dist.distributed import sharding
+    from recsys_dist.distributed.env import init_distributed
+    from recsys_dist.distributed.optim import build_optimizer, fuse_embedding_optimizer
     from recsys_dist.models.build import embedding_configs
-    from recsys_dist.optim import build_optimizer, fuse_embedding_optimizer
-    from recsys_dist.trainer import build_model, shard_model
+    from recsys_dist.train.trainer import build_model, shard_model
     from tests.conftest import QUICKSTART
 
     cfg = load_config(
@@ -443,7 +443,7 @@ def shard_api_checks(rank: int, world_size: int) -> dict:
     quickstart equal shard()'s.
     """
     import recsys_dist
-    from recsys_dist.sharding import plan_summary
+    from recsys_dist.distributed.sharding import plan_summary
 
     def meta_ebc():
         return EmbeddingBagCollection(tables=configs(), device=torch.device("meta"))
@@ -475,10 +475,10 @@ def _trainer_vs_shard() -> dict:
     """The quickstart model: the trainer's initial tables minus shard()'s, per table."""
     import recsys_dist
     from recsys_dist.config import load_config
-    from recsys_dist.distributed import init_distributed
+    from recsys_dist.distributed.env import init_distributed
+    from recsys_dist.distributed.optim import fuse_embedding_optimizer
     from recsys_dist.models import build_model
-    from recsys_dist.optim import fuse_embedding_optimizer
-    from recsys_dist.trainer import shard_model
+    from recsys_dist.train.trainer import shard_model
     from tests.conftest import QUICKSTART
 
     cfg = load_config(QUICKSTART, [f"train.seed={INIT_SEED}"])

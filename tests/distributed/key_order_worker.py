@@ -125,7 +125,7 @@ def forward_and_step(rank: int, world_size: int) -> dict:
     """Per plan: the sharded module's keys, logits and one SGD step (every rank on the same
     batch, so the averaged gradients equal one rank's) against the unsharded module."""
     import recsys_dist
-    from recsys_dist.state import gather_full_state_dict, load_full_state_dict
+    from recsys_dist.distributed.tables import gather_full_state_dict, load_full_state_dict
 
     out = {}
     for name, sharding in plans(world_size).items():
@@ -185,7 +185,7 @@ class PositionalTower(nn.Module):
 def train_and_predict(rank: int, world_size: int, cache: str, config: str, run_dir: str) -> dict:
     """Fit, then Trainer.predict("test") and Trainer.evaluate("test") (sharded), and a checkpoint."""
     from recsys_dist.config import load_config
-    from recsys_dist.trainer import Trainer
+    from recsys_dist.train.trainer import Trainer
 
     os.environ["RECSYS_DIST_CACHE"] = cache
     with Trainer(load_config(config), Path(run_dir)) as trainer:

@@ -1,8 +1,8 @@
 """One rank's side of the ledger test: predicted bytes vs bytes counted at the collectives.
 
 A 4-table model (60 rows each; widths 8, 8, 8, 4; pooling factors 3, 2, 1, 2) is sharded
-by fixed plans, trained one step under :class:`recsys_dist.comm_counter.CommCounter`, and the
-counts per phase are returned with :func:`recsys_dist.ledger.predict`'s. Row-wise ids are
+by fixed plans, trained one step under :class:`recsys_dist.distributed.comm_counter.CommCounter`, and the
+counts per phase are returned with :func:`recsys_dist.distributed.ledger.predict`'s. Row-wise ids are
 drawn so that each row block receives ids in proportion to its rows (the ledger's assumption).
 One more case puts managed-collision tables (``recsys_dist.models.managed``) in front of the
 table-wise plan, so their per-step id all_gathers are counted too.
@@ -15,8 +15,8 @@ from torch import nn
 from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
 from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 
-from recsys_dist import ledger
-from recsys_dist.comm_counter import CommCounter
+from recsys_dist.distributed import ledger
+from recsys_dist.distributed.comm_counter import CommCounter
 
 # name, rows, dim, ids per example
 TABLES = [("a", 60, 8, 3), ("b", 60, 8, 2), ("c", 60, 8, 1), ("d", 60, 4, 2)]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from recsys_dist.metrics import StreamingBinaryMetrics, binary_metrics, gather_predictions
+from recsys_dist.train.metrics import StreamingBinaryMetrics, binary_metrics, gather_predictions
 
 PAD_LOGIT = 50.0
 

@@ -7,11 +7,11 @@ def resharded_state(rank: int, world_size: int, overrides: list[str], checkpoint
     import os
 
     os.environ["RECSYS_DIST_CACHE"] = cache
-    from recsys_dist.checkpoint import canonical_optimizer_state, load_checkpoint
+    from recsys_dist.checkpoint.dcp import canonical_optimizer_state, load_checkpoint
     from recsys_dist.config import load_config
-    from recsys_dist.distributed import init_distributed
-    from recsys_dist.state import gather_full_state_dict
-    from recsys_dist.trainer import shard_model
+    from recsys_dist.distributed.env import init_distributed
+    from recsys_dist.distributed.tables import gather_full_state_dict
+    from recsys_dist.train.trainer import shard_model
     from tests.conftest import QUICKSTART
 
     cfg = load_config(QUICKSTART, overrides)

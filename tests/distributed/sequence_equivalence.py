@@ -19,10 +19,10 @@ from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterCons
 from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 
 from recsys_dist.data.loader import CTRBatch
+from recsys_dist.distributed.optim import EMBEDDING_OPTIMIZERS, build_optimizer
+from recsys_dist.distributed.sharding import fix_replicated_sequence_tables, sharders
+from recsys_dist.distributed.tables import gather_full_state_dict, load_full_state_dict
 from recsys_dist.models.task import CTRTask
-from recsys_dist.optim import EMBEDDING_OPTIMIZERS, build_optimizer
-from recsys_dist.sharding import fix_replicated_sequence_tables, sharders
-from recsys_dist.state import gather_full_state_dict, load_full_state_dict
 from tests.distributed.equivalence import DENSE_LR, EMB_LR, STEPS, reference_embedding_step
 
 # name, feature, rows, dim, max ids per example (0 allows empty sequences). 997 rows split

@@ -77,7 +77,7 @@ def test_positional_model_exports_evaluates_and_predicts_as_trained(tmp_path):
 
     import numpy as np
 
-    from recsys_dist.export import load, score
+    from recsys_dist.serve.export import load, score
     from tests.serving.conftest import cli, converted_test_split, logits
     from tests.serving.test_torchscript import _docs_example
 

@@ -1,5 +1,5 @@
-"""The bytes ledger: predicted from the plan (recsys_dist.ledger) == counted at the collectives
-of a real step (recsys_dist.comm_counter), per rank and phase, exactly.
+"""The bytes ledger: predicted from the plan (recsys_dist.distributed.ledger) == counted at the collectives
+of a real step (recsys_dist.distributed.comm_counter), per rank and phase, exactly.
 
 One spawn per world size runs table-wise, row-wise, column-wise (two shards on one rank
 too), data-parallel, table-row-wise (one node) and a mixed plan, each with fp32 and fp16 output_dist comms
@@ -9,7 +9,7 @@ managed-collision tables (their per-step id all_gathers, managed_all_gather).
 
 import pytest
 
-from recsys_dist.ledger import PHASES
+from recsys_dist.distributed.ledger import PHASES
 from recsys_dist.testing import run_ranks
 from tests.distributed import ledger_worker
 

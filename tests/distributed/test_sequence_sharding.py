@@ -17,7 +17,7 @@ import torch
 from torch import nn
 from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, EmbeddingCollection, EmbeddingConfig
 
-from recsys_dist import sharding
+from recsys_dist.distributed import sharding
 from recsys_dist.testing import run_ranks
 from tests.distributed import sequence_equivalence
 

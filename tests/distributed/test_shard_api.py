@@ -170,7 +170,7 @@ def test_shard_refuses_an_init_range_init_tables_would_ignore():
 def test_shard_initial_tables_do_not_depend_on_the_world_size(shard_ranks):
     from torchrec import EmbeddingBagCollection
 
-    from recsys_dist.state import init_tables
+    from recsys_dist.distributed.tables import init_tables
 
     # What the trainer's init_tables gives for these tables and seed, on one unsharded collection.
     tables = equivalence.configs()
@@ -219,7 +219,7 @@ def test_shard_refuses_out_of_range_ids(shard_ranks):
 def test_table_init_is_the_chunk_draws_whatever_the_shard(r0, rows, c0, cols, dim, dtype):
     """init_tables' values of a shard = the rows / columns of full float32 chunks drawn from
     (seed, table, chunk), as a plain reference computes them; bit for bit."""
-    from recsys_dist import state
+    from recsys_dist.distributed import tables as state
 
     R, seed, table, scale = state.ROWS_PER_CHUNK, 7, 3, 0.05
     chunks = []

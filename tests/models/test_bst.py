@@ -9,9 +9,9 @@ from torch.nn import functional as F
 from torchrec import KeyedJaggedTensor
 
 from recsys_dist.config import ConfigError, load_config
+from recsys_dist.data.spec import FeatureSpec, make_sequence_tables, make_tables
 from recsys_dist.models.registry import get_model
 from recsys_dist.models.zoo.bst import BSTConfig
-from recsys_dist.spec import FeatureSpec, make_sequence_tables, make_tables
 from tests.conftest import ROOT
 
 E, HEADS = 8, 2

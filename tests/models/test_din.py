@@ -3,9 +3,9 @@
 import torch
 from torchrec import KeyedJaggedTensor
 
+from recsys_dist.data.spec import FeatureSpec, make_sequence_tables, make_tables
 from recsys_dist.models.registry import get_model
 from recsys_dist.models.zoo.din import DINConfig
-from recsys_dist.spec import FeatureSpec, make_sequence_tables, make_tables
 
 
 def spec():

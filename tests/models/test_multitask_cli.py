@@ -68,7 +68,7 @@ def test_movielens_multitask_two_ranks_equal_one_resumes_and_predicts(tmp_path):
 
     preds = tmp_path / "preds.parquet"
     raw = ROOT / "datasets" / "movielens" / "ratings_genres_first20000.csv"
-    # a fresh `python -m recsys_dist.cli predict`: that path stays covered
+    # a fresh `python -m recsys_dist.cli.main predict`: that path stays covered
     p = run_cli(["predict", str(two), "--data", str(raw), "--out", str(preds)], tmp_path, inprocess=False)
     assert p.returncode == 0, p.stderr[-2000:]
     t = pq.read_table(preds)

@@ -14,8 +14,8 @@ from recsys_dist.data.loader import CTRBatch
 from recsys_dist.models import build_model
 from recsys_dist.models.build import feature_spec
 from recsys_dist.models.losses import in_batch_softmax
-from recsys_dist.preflight import section_problems
-from recsys_dist.retrieval import rank_metrics
+from recsys_dist.models.retrieval import rank_metrics
+from recsys_dist.train.preflight import section_problems
 from tests.conftest import ROOT
 
 CONFIG = ROOT / "configs" / "movielens_two_tower.yaml"

@@ -29,9 +29,9 @@ KEYS = ("auc", "logloss", "recall@10", "ndcg@10", "popular_recall@10")
 def test_movielens_two_tower_trains_resumes_exports_and_recall_matches_brute_force(tmp_path, monkeypatch):
     import torch
 
-    from recsys_dist.export import export, load_model
-    from recsys_dist.report import report
-    from recsys_dist.retrieval import make_kjt, read_retrieval_data
+    from recsys_dist.cli.report import report
+    from recsys_dist.models.retrieval import make_kjt, read_retrieval_data
+    from recsys_dist.serve.export import export, load_model
 
     full = tmp_path / "full"
     r = run_cli(["train", "--config", str(TWO_TOWER), "--run-dir", str(full), *COMMON], tmp_path)

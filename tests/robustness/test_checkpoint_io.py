@@ -9,8 +9,8 @@ import shutil
 import pytest
 import torch
 
-from recsys_dist import checkpoint as ck
-from recsys_dist.distributed import DistContext
+from recsys_dist.checkpoint import dcp as ck
+from recsys_dist.distributed.env import DistContext
 
 CTX = DistContext(rank=0, world_size=1, local_rank=0, local_world_size=1, device=torch.device("cpu"), backend="gloo")
 
@@ -108,7 +108,7 @@ def _zeros_inside(path, size=64 << 10, at=512):
 
 def test_a_shard_overwritten_in_place_is_named_and_auto_falls_back(tmp_path, monkeypatch):
     monkeypatch.setenv(ck.VERIFIED_ENV, "")  # what verification records is undone after the test
-    from recsys_dist import run_dir as run_dirs
+    from recsys_dist.checkpoint import run_dir as run_dirs
 
     def big(value):  # a shard of 256 KiB, so that 64 KiB of zeros land inside it
         return {"model": {"w": torch.full((256, 256), value)}, "rng": torch.get_rng_state()}
@@ -159,8 +159,8 @@ def test_a_shard_overwritten_in_place_is_named_and_auto_falls_back(tmp_path, mon
 def _two_rank_damage(rank, world_size, run):
     import torch.distributed as dist
 
-    from recsys_dist import run_dir as run_dirs
-    from recsys_dist.distributed import broadcast_result
+    from recsys_dist.checkpoint import run_dir as run_dirs
+    from recsys_dist.distributed.env import broadcast_result
 
     ctx = DistContext(rank, world_size, rank, world_size, torch.device("cpu"), "gloo")
 
@@ -205,7 +205,7 @@ def test_damage_on_one_rank_is_seen_by_every_rank(tmp_path):
 
 def test_a_garbled_latest_or_best_marker_falls_back_to_the_newest_checkpoint(tmp_path, monkeypatch):
     monkeypatch.setenv(ck.VERIFIED_ENV, "")
-    from recsys_dist import run_dir as run_dirs
+    from recsys_dist.checkpoint import run_dir as run_dirs
 
     for step in (4, 8):
         ck.save_checkpoint(CTX, tmp_path, step, _state(float(step)), {"step": step}, keep=3, best=step == 4)
@@ -229,7 +229,7 @@ def test_a_garbled_latest_or_best_marker_falls_back_to_the_newest_checkpoint(tmp
 
 def test_a_lost_checksums_file_is_damage_not_an_old_checkpoint(tmp_path, monkeypatch):
     monkeypatch.setenv(ck.VERIFIED_ENV, "")
-    from recsys_dist import run_dir as run_dirs
+    from recsys_dist.checkpoint import run_dir as run_dirs
 
     def big(value):
         return {"model": {"w": torch.full((256, 256), value)}, "rng": torch.get_rng_state()}

@@ -1,6 +1,6 @@
 """Runs every case of ``corpus*.yaml`` (the format is described at the top of corpus.yaml): the command, its exit code and message, under a timeout.
 
-Cases that stop before any rank is spawned run in-process through ``recsys_dist.cli.main``
+Cases that stop before any rank is spawned run in-process through ``recsys_dist.cli.main.main``
 (fast); ``spawn: true`` cases run the real command in a subprocess and are marked slow.
 """
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from recsys_dist import cli
+from recsys_dist.cli import main as cli
 from tests.conftest import QUICKSTART, ROOT, base_row
 
 CORPUS = [
@@ -63,7 +63,7 @@ def test_case(case, tmp_path, monkeypatch, capsys):
     env = {"RECSYS_DIST_CACHE": str(tmp_path / "cache"), **(case.get("env") or {})}
     if case.get("spawn"):
         r = subprocess.run(
-            [sys.executable, "-m", "recsys_dist.cli", *argv],
+            [sys.executable, "-m", "recsys_dist.cli.main", *argv],
             cwd=ROOT,
             env={**os.environ, **env},
             capture_output=True,

@@ -10,7 +10,7 @@ from tests.conftest import ROOT
 # the peak left by earlier tests would hide any growth).
 EVAL = """
 import json, resource, sys, torch
-from recsys_dist.metrics import StreamingBinaryMetrics
+from recsys_dist.train.metrics import StreamingBinaryMetrics
 rows, chunk = int(sys.argv[1]), 1_000_000
 g = torch.Generator().manual_seed(0)
 m = StreamingBinaryMetrics()

@@ -1,4 +1,4 @@
-"""The launcher's report of a failed rank (recsys_dist.rank_failure), without starting ranks:
+"""The launcher's report of a failed rank (recsys_dist.train.rank_failure), without starting ranks:
 a SIGKILLed rank is named before the peers that only lost their connection to it, the
 signal and the out-of-memory killer are named, and the command to continue is printed."""
 
@@ -10,9 +10,9 @@ from types import SimpleNamespace
 
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
-from recsys_dist import rank_failure
 from recsys_dist.config import load_config
-from recsys_dist.launch import first_failure
+from recsys_dist.train import rank_failure
+from recsys_dist.train.launch import first_failure
 from tests.conftest import QUICKSTART, ROOT
 
 LOST = "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:23464: Connection reset by peer."
@@ -77,7 +77,7 @@ def test_the_message_names_the_signal_the_oom_killer_and_the_command_to_continue
 
 
 _SURVIVOR = """
-import recsys_dist.cli as cli
+import recsys_dist.cli.main as cli
 def main(argv):
     raise RuntimeError(%r)
 cli.main = main
@@ -104,7 +104,7 @@ def test_a_rank_that_lost_its_peer_prints_one_line_not_its_traceback():
 def test_cgroup_v1_and_v2_counters_and_limits(tmp_path, monkeypatch):
     """A container's memory cgroup: its OOM kill count and its limit less its use (v1 files
     here, v2 beside), read before the machine's MemAvailable is trusted."""
-    from recsys_dist import batch_memory
+    from recsys_dist.train import batch_memory
 
     v1, v2 = tmp_path / "v1", tmp_path / "v2"
     v1.mkdir()

@@ -14,9 +14,9 @@ import sys
 
 import pytest
 
-from recsys_dist import cli
-from recsys_dist.metrics_writer import MetricsError, MetricsWriter, read_metrics
-from recsys_dist.run_dir import RunDirLocked, lock_run_dir
+from recsys_dist.checkpoint.run_dir import RunDirLocked, lock_run_dir
+from recsys_dist.cli import main as cli
+from recsys_dist.train.metrics_writer import MetricsError, MetricsWriter, read_metrics
 from tests.conftest import QUICKSTART, ROOT
 
 TOY = [
@@ -99,7 +99,7 @@ def test_a_write_that_fails_mid_line_leaves_no_partial_line(tmp_path, monkeypatc
 
 def _hold_lock(run_dir):
     """Another process (another run) holding run_dir's lock until killed."""
-    code = f"from recsys_dist.run_dir import lock_run_dir; lock = lock_run_dir({str(run_dir)!r}); print('held', flush=True); import time; time.sleep(600)"
+    code = f"from recsys_dist.checkpoint.run_dir import lock_run_dir; lock = lock_run_dir({str(run_dir)!r}); print('held', flush=True); import time; time.sleep(600)"
     p = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, text=True)
     assert p.stdout.readline().strip() == "held"
     return p
@@ -130,7 +130,11 @@ def test_one_run_per_directory_and_a_dead_holder_leaves_no_lock(tmp_path, capsys
     with lock_run_dir(run) as lock:
         assert json.loads((run / ".lock").read_text())["pid"] == os.getpid()
         other = subprocess.run(
-            [sys.executable, "-c", f"from recsys_dist.run_dir import lock_run_dir; lock_run_dir({str(run)!r})"],
+            [
+                sys.executable,
+                "-c",
+                f"from recsys_dist.checkpoint.run_dir import lock_run_dir; lock_run_dir({str(run)!r})",
+            ],
             cwd=ROOT,
             env={k: v for k, v in os.environ.items() if k != "RECSYS_DIST_RUN_LOCK"},
             capture_output=True,

@@ -30,7 +30,16 @@ TOY2 = [
 
 
 def command(run_dir):
-    return [sys.executable, "-m", "recsys_dist.cli", "train", "--config", str(QUICKSTART), "--run-dir", str(run_dir)]
+    return [
+        sys.executable,
+        "-m",
+        "recsys_dist.cli.main",
+        "train",
+        "--config",
+        str(QUICKSTART),
+        "--run-dir",
+        str(run_dir),
+    ]
 
 
 def train(tmp, run_dir, *extra, env=None):

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from recsys_dist.data import mapping as mp
-from recsys_dist.data.errors import DataError
-from recsys_dist.data.scoring import Preprocessing, converted_manifest, prepare_for_scoring
+from recsys_dist.errors import DataError
+from recsys_dist.serve.scoring import Preprocessing, converted_manifest, prepare_for_scoring
 from tests.conftest import ROOT
 
 MANIFEST = {"format": "schema", "rows": {"train": 1, "validation": 0, "test": 0}, "num_embeddings": [10]}
@@ -74,7 +74,7 @@ def test_a_vocabulary_model_is_never_scored_by_rebuilding_its_vocabulary(tmp_pat
 def test_a_cached_manifest_that_is_not_an_object_is_named_for_a_checkpoint(tmp_path, monkeypatch):
     """A vocabulary checkpoint with nothing pinned looks up its training conversion: a
     manifest.json there that is JSON but not an object gave a bare AttributeError."""
-    from recsys_dist.data import scoring
+    from recsys_dist.serve import scoring
 
     cfg = _movielens()
     entry = tmp_path / "entry"

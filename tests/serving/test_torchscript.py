@@ -52,7 +52,7 @@ def build(name, *extra):
 
 def test_every_shipped_model_exports_and_loads_with_torch_alone(tmp_path):
     from recsys_dist.models.build import table_sizes
-    from recsys_dist.serving import example_inputs, reference_logits, to_torchscript
+    from recsys_dist.serve.torchscript import example_inputs, reference_logits, to_torchscript
 
     paths = []
     for name in [*CONFIGS, "deepfm-bf16"]:
@@ -73,20 +73,20 @@ def test_every_shipped_model_exports_and_loads_with_torch_alone(tmp_path):
 
 
 def _num_dense(cfg):
-    from recsys_dist.data import feature_names
+    from recsys_dist.data.resolve import feature_names
 
     return len(feature_names(cfg)[0])
 
 
 def _sparse(cfg):
-    from recsys_dist.data import feature_names
+    from recsys_dist.data.resolve import feature_names
 
     return feature_names(cfg)[1]
 
 
 def test_artefact_checks_its_inputs():
     from recsys_dist.models.build import table_sizes
-    from recsys_dist.serving import example_inputs, to_torchscript
+    from recsys_dist.serve.torchscript import example_inputs, to_torchscript
 
     cfg, task = build("dlrm")
     artefact = to_torchscript(cfg, task, table_sizes(cfg))
@@ -140,7 +140,7 @@ class _Branches(nn.Module):
 def test_a_model_that_cannot_be_traced_is_refused_with_the_reason(module, reason):
     from recsys_dist.models import CTRTask, feature_spec
     from recsys_dist.models.build import table_sizes
-    from recsys_dist.serving import ExportError, to_torchscript
+    from recsys_dist.serve.torchscript import ExportError, to_torchscript
 
     cfg, _ = build("dlrm")
     spec = feature_spec(cfg, device=torch.device("cpu"), embedding_device=torch.device("cpu"))

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from recsys_dist.config import load_config
-from recsys_dist.trainer import Trainer
+from recsys_dist.train.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[2]
 GLOBAL_BATCH = 64

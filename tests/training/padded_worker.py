@@ -10,8 +10,8 @@ import os
 from pathlib import Path
 
 from recsys_dist.config import load_config
-from recsys_dist.state import gather_full_state_dict
-from recsys_dist.trainer import Trainer
+from recsys_dist.distributed.tables import gather_full_state_dict
+from recsys_dist.train.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[2]
 GLOBAL_BATCH = 96

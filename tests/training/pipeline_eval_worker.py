@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 
 from recsys_dist.config import load_config
-from recsys_dist.trainer import Callback, Trainer
+from recsys_dist.train.trainer import Callback, Trainer
 from tests.cli import read_metrics
 
 ROOT = Path(__file__).resolve().parents[2]

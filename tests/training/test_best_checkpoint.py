@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from recsys_dist.config import ConfigError, load_config
-from recsys_dist.early_stopping import BestTracker
+from recsys_dist.train.early_stopping import BestTracker
 from tests.cli import run_cli
 from tests.conftest import QUICKSTART, ROOT
 
@@ -72,7 +72,7 @@ def lines(run_dir):
     out = []
     for ln in (run_dir / "metrics.jsonl").read_text().splitlines():
         m = json.loads(ln)
-        if m["split"] == "ledger":  # written once per (re)start by design (recsys_dist.ledger)
+        if m["split"] == "ledger":  # written once per (re)start by design (recsys_dist.distributed.ledger)
             continue
         out.append({k: v for k, v in m.items() if k in NOT_TIMINGS})
     return out

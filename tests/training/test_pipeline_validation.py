@@ -4,7 +4,7 @@ reference; both pipelines are synchronous, so bit for bit). Before the fix the f
 after the validation of step 10 failed with gloo ``alltoall.cc:30 in->size == out->size``:
 TorchRec's ``attach`` (which ``progress`` calls after ``detach``) started the in-flight
 batch's input_dist again, giving it a fresh module context, from which the EmbeddingCollection's
-output_dist read its all-to-all sizes (recsys_dist.observe.TimedTrainPipeline.attach).
+output_dist read its all-to-all sizes (recsys_dist.train.observe.TimedTrainPipeline.attach).
 
 A callback's ``trainer.evaluate`` between validations scores as base does. Before the fix it
 ran the forward the pipeline had rewritten: a shape error with DIN/BST (the training batch's

@@ -11,7 +11,7 @@ import json
 import pytest
 
 from recsys_dist.config import ConfigError, load_config
-from recsys_dist.sharding import constraints, leaves_rank_empty
+from recsys_dist.distributed.sharding import constraints, leaves_rank_empty
 from tests.cli import run_cli
 from tests.conftest import QUICKSTART
 

@@ -9,7 +9,7 @@ import sys
 import types
 
 from recsys_dist.config import load_config
-from recsys_dist.trainer import Trainer
+from recsys_dist.train.trainer import Trainer
 from tests.conftest import QUICKSTART
 
 

@@ -32,7 +32,7 @@ def lines(run_dir):
     out = []
     for ln in (run_dir / "metrics.jsonl").read_text().splitlines():
         m = json.loads(ln)
-        if m["split"] == "ledger":  # written once per (re)start by design (recsys_dist.ledger)
+        if m["split"] == "ledger":  # written once per (re)start by design (recsys_dist.distributed.ledger)
             continue
         out.append({k: v for k, v in m.items() if k not in TIMINGS})
     return out

@@ -10,10 +10,10 @@ from typing import Literal
 from pydantic import Field
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
+from recsys_dist.data.spec import FeatureSpec
 from recsys_dist.models.ctr import DCNv2
 from recsys_dist.models.registry import register_model
 from recsys_dist.models.zoo.mlp_options import DeepModelConfig
-from recsys_dist.spec import FeatureSpec
 
 
 class DCNv2Config(DeepModelConfig):

@@ -10,10 +10,10 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from recsys_dist.data.spec import FeatureSpec
 from recsys_dist.models.registry import register_model
 from recsys_dist.models.sequence import DIN
 from recsys_dist.models.zoo.mlp_options import TargetSequenceConfig, check_sizes
-from recsys_dist.spec import FeatureSpec
 
 
 class DINConfig(TargetSequenceConfig):

@@ -17,9 +17,9 @@ from pydantic import Field, model_validator
 from torchrec.models.dlrm import DLRM, DLRM_DCN
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
+from recsys_dist.data.spec import FeatureSpec
 from recsys_dist.models.config import ModelConfig
 from recsys_dist.models.registry import register_model
-from recsys_dist.spec import FeatureSpec
 
 
 class DLRMConfig(ModelConfig):

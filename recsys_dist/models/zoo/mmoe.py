@@ -24,13 +24,14 @@ from torch import nn
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from recsys_dist.data.spec import FeatureSpec
+
 # ctr.pooled_embeddings, called through its module: torch.fx.wrap makes it a leaf of the
 # pipeline's trace by patching that name in ctr's namespace, which a name imported here would miss.
 from recsys_dist.models import ctr
 from recsys_dist.models.ctr import mlp, mlp_head
 from recsys_dist.models.registry import register_model
 from recsys_dist.models.zoo.mlp_options import TowersConfig
-from recsys_dist.spec import FeatureSpec
 
 
 def mix(gate: nn.Linear, x: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:

@@ -22,7 +22,7 @@ trains without it).
 Output: ``{"logits": s(x_i, y_i) [B], "candidate_scores": s(x_i, y_j) [B, B],
 "candidate_ids": item ids [B], "candidate_log_q": log q [B]}``: ``logits`` (the pair score) is
 what evaluation, ``predict`` and the AUC read; the rest is the loss's input (``CTRTask``).
-Retrieval (recall@K / NDCG@K over the item corpus, ``recsys_dist.retrieval``) embeds users and
+Retrieval (recall@K / NDCG@K over the item corpus, ``recsys_dist.models.retrieval``) embeds users and
 items separately with :meth:`TwoTower.user_vectors` and :meth:`TwoTower.item_vectors`.
 """
 
@@ -37,10 +37,10 @@ from torch import nn
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from recsys_dist.data.spec import FeatureSpec
 from recsys_dist.models.config import ModelConfig
 from recsys_dist.models.ctr import mlp, pooled_embeddings
 from recsys_dist.models.registry import register_model
-from recsys_dist.spec import FeatureSpec
 
 
 # Leaves for torch.fx (TrainPipelineSparseDist traces forward and cannot read a KeyedTensor's

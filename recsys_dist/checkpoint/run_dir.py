@@ -1,0 +1,422 @@
+"""The run directory's policy, shared by the ``recsys-dist train`` command and :class:`Trainer`.
+
+A run directory holds one run (the README's table: ``config.yaml``, ``plan.txt`` /
+``plan.json``, ``metrics.jsonl``, ``summary.json``, ``checkpoints/``). The rules:
+
+- a directory that already holds a run (``metrics.jsonl`` or ``checkpoints/``) is refused
+  unless the run is resumed, so two runs are never mixed (:func:`check_unused`);
+- ``resume`` is ``"auto"`` (the newest complete checkpoint of the run directory, or none
+  yet), ``"latest"`` / ``"best"`` (the run directory's newest / best-validation checkpoint,
+  which must exist) or a path: a checkpoint directory, or a run directory meaning its newest complete
+  checkpoint (:func:`resolve_resume`);
+- one run writes a directory at a time: the process that starts the run holds an exclusive
+  lock on ``RUN_DIR/.lock`` for the run's life (:func:`lock_run_dir`), so a second run, fresh
+  or ``--resume``, is refused at once, naming the holder;
+- ``config.yaml`` is the resolved config; a resumed run replaces it only once there is
+  something left to train, so a no-op resume leaves the file that matches the checkpoints
+  (:func:`write_config`, :func:`total_steps`).
+
+No function here needs torch or a process group.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import socket
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from recsys_dist.config.base import ConfigError
+from recsys_dist.config.loader import save_config
+from recsys_dist.config.run import RunConfig
+from recsys_dist.errors import DataChanged, RunDirLocked  # noqa: F401 (raised here; defined in errors)
+
+RUN_FILES = ("metrics.jsonl", "checkpoints")  # their presence means the directory holds a run
+
+
+def default_run_dir(config_path: str | Path) -> Path:
+    """``runs/<config stem>-<time>``; under torchrun ``runs/<config stem>-<run id>``, the same
+    on every rank (``$TORCHELASTIC_RUN_ID``)."""
+    stem = Path(config_path).stem
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID")
+    suffix = run_id if run_id and run_id != "none" else time.strftime("%Y%m%d-%H%M%S")
+    return Path("runs") / f"{stem}-{suffix}"
+
+
+LOCK_FILE = ".lock"
+# Set for the ranks a launcher starts: the run directory whose lock that launcher holds.
+LOCK_ENV = "RECSYS_DIST_RUN_LOCK"
+
+
+class RunDirLock:
+    """An exclusive ``flock`` on ``RUN_DIR/.lock``; :meth:`release` (or the end of the
+    process, however it ends) gives it back."""
+
+    # The locks this process holds, oldest first, and $RECSYS_DIST_RUN_LOCK from before the
+    # first: locks may be released in any order (two Trainers closed owner first), so the
+    # variable names the newest lock still held, never one already given back.
+    _held: list[RunDirLock] = []
+    _env_outside: str | None = None
+
+    def __init__(self, run_dir: Path, fd: int) -> None:
+        self.run_dir, self._fd = run_dir, fd
+        if not RunDirLock._held:
+            RunDirLock._env_outside = os.environ.get(LOCK_ENV)
+        RunDirLock._held.append(self)
+        os.environ[LOCK_ENV] = str(run_dir)  # ranks started from here inherit it
+
+    def release(self) -> None:
+        """Give the lock back. Idempotent."""
+        if self._fd is None:
+            return
+        os.close(self._fd)  # closing the only descriptor drops the flock
+        self._fd = None
+        RunDirLock._held.remove(self)
+        env = str(RunDirLock._held[-1].run_dir) if RunDirLock._held else RunDirLock._env_outside
+        if env is None:
+            os.environ.pop(LOCK_ENV, None)
+        else:
+            os.environ[LOCK_ENV] = env
+
+    def __enter__(self) -> RunDirLock:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def lock_run_dir(run_dir: str | Path, wait_s: float = 0.0) -> RunDirLock | None:
+    """Take the run directory for this run: an exclusive ``fcntl.flock`` on ``RUN_DIR/.lock``
+    (the directory is created if missing), with this process's pid, host and command
+    written into the file so that a refused run can name the holder.
+
+    The kernel drops a flock when its holder dies, however it dies (SIGKILL, power-off of a
+    local disk's host), so a ``.lock`` left by a dead run never blocks anyone: it is simply
+    taken over. On a network file system flock is only as good as its lock service (NFSv4:
+    yes; some FUSE mounts: no).
+
+    Args:
+        run_dir: the run directory.
+        wait_s: how long to wait for a holder that is going away (an elastic restart's
+            previous rank 0), in seconds; 0 = refuse at once.
+
+    Returns:
+        The lock, or None when a launcher of this process holds it already (``$RECSYS_DIST_RUN_LOCK``
+        names this directory: the ranks of ``recsys-dist train`` or of a locked ``launch``).
+
+    Raises:
+        RunDirLocked: another live process holds it (naming its pid, host and command).
+        ConfigError: the directory or its lock file cannot be created.
+    """
+    run_dir = Path(run_dir).absolute()
+    if os.environ.get(LOCK_ENV) == str(run_dir):
+        return None
+    path = run_dir / LOCK_FILE
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError as err:
+        raise ConfigError(
+            f"--run-dir {run_dir}: cannot write there ({err.strerror}); choose a writable directory"
+        ) from None
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if time.monotonic() < deadline:
+                time.sleep(0.2)
+                continue
+            holder = _holder(fd)
+            os.close(fd)
+            raise RunDirLocked(
+                f"--run-dir {run_dir} is in use by another run ({holder}, holding {path}); two runs never write "
+                "one directory. Wait for it to finish or stop it, or give another --run-dir"
+            ) from None
+    info = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    info["command"] = " ".join(sys.argv)[:500]
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, (json.dumps(info) + "\n").encode(), 0)
+    except OSError:
+        pass  # the lock holds without its description
+    return RunDirLock(run_dir, fd)
+
+
+def _holder(fd: int) -> str:
+    try:
+        info = json.loads(os.pread(fd, 4096, 0).decode() or "{}")
+    except (OSError, ValueError):
+        info = {}
+    if not info.get("pid"):
+        return "a process that has not written its name yet"
+    return (
+        f"pid {info['pid']} on {info.get('host', '?')}, started {info.get('started', '?')}: {info.get('command', '?')}"
+    )
+
+
+def check_unused(run_dir: Path) -> None:
+    """Refuse a directory that already holds a run.
+
+    Raises:
+        ConfigError: ``run_dir`` holds ``metrics.jsonl`` or ``checkpoints/``.
+    """
+    used = [n for n in RUN_FILES if (Path(run_dir) / n).exists()]
+    if used:
+        raise ConfigError(
+            f"--run-dir {run_dir} already holds a run ({', '.join(used)}); continue it with "
+            "--resume auto, or give a new --run-dir (runs are never mixed or overwritten)"
+        )
+
+
+def resolve_resume(
+    resume: str | Path | None,
+    run_dir: Path,
+    flag: str = "--resume",
+    verify: bool = True,
+    warn: Callable[[str], None] | None = None,
+) -> Path | None:
+    """``resume`` -> a complete checkpoint directory, or None (nothing to resume from).
+
+    Args:
+        resume: None; ``"auto"``: the newest complete checkpoint in ``run_dir`` whose files
+            are intact (None when there is none yet, so one job script serves the first
+            submission and every requeue; a damaged newer one is skipped, saying so through
+            ``warn``); ``"latest"`` or ``"best"`` (``checkpoint.keep_best``) of ``run_dir``,
+            which must exist; a checkpoint directory (``step_N``); or a run directory, meaning its
+            newest complete checkpoint.
+        run_dir: the run's directory (for ``"auto"``).
+        flag: how messages name the option (``--resume`` on the command line).
+        verify: check the checkpoint's files against their checksums
+            (``recsys_dist.checkpoint.dcp.verify_checkpoint``): ``auto`` falls back to an older
+            intact checkpoint, every other form refuses a damaged one.
+        warn: where ``auto``'s fallback is reported (default: stderr).
+
+    Raises:
+        CheckpointError: the path is a file, does not exist, is an incomplete checkpoint,
+            or is a run directory without a complete checkpoint.
+        CheckpointDamaged: the checkpoint named (``latest``, ``best``, a path) is damaged,
+            or, for ``auto``, every checkpoint is: naming the damaged file (and an intact
+            checkpoint to use instead, if any).
+    """
+    from recsys_dist.checkpoint.dcp import (
+        CheckpointError,
+        intact_checkpoint,
+        latest_checkpoint,
+        named_checkpoint,
+        newest_intact_checkpoint,
+        read_meta,
+    )
+
+    if not resume:
+        return None
+    if resume == "auto":
+        return newest_intact_checkpoint(Path(run_dir), warn) if verify else latest_checkpoint(Path(run_dir))
+    if resume in ("best", "latest"):
+        path = named_checkpoint(resume, run_dir)
+        return intact_checkpoint(path) if verify else path
+    path = Path(resume)
+    if path.is_file():
+        raise CheckpointError(f"{flag} {path} is a file; give a checkpoint directory (step_N) or a run directory")
+    if (path / "checkpoints").is_dir():  # a run directory: its newest complete checkpoint
+        found = latest_checkpoint(path)
+        if found is None:
+            raise CheckpointError(f"{flag} {path}: this run directory has no complete checkpoint")
+        path = found
+    read_meta(path)  # raises CheckpointError naming what is wrong
+    return intact_checkpoint(path) if verify else path
+
+
+def check_resumable(cfg: RunConfig, checkpoint: Path, world_size: int | None = None) -> None:
+    """Refuse a checkpoint written by another model config (before any rank starts).
+
+    Table sizes are compared only when they come from the config (hash mapping); sizes
+    from a vocabulary are known once the data is converted. ``world_size``: the resumed
+    job's ranks (default ``distributed.nproc_per_node``), for the global batch that managed
+    tables keep.
+
+    Raises:
+        CheckpointError: naming each differing key, old -> new.
+    """
+    from recsys_dist.checkpoint.dcp import check_compatible, read_meta
+
+    check_compatible(
+        checkpoint,
+        read_meta(checkpoint),
+        cfg.to_dict(),
+        tables=cfg.data.categorical_mapping == "hash",
+        world_size=world_size if world_size is not None else cfg.distributed.nproc_per_node,
+    )
+
+
+def data_identity(prepared_dir: Path, raw_path) -> dict | None:
+    """The training data's identity a checkpoint records (``meta.json`` ``data``): the
+    conversion's training split (``recsys_dist.data.convert.train_identity``) and the raw
+    file(s) it came from (for messages); None when the entry records no checksums."""
+    from recsys_dist.data.config import describe_raw_path
+    from recsys_dist.data.convert import train_identity
+
+    found = train_identity(Path(prepared_dir))
+    return {**found, "raw": describe_raw_path(raw_path)} if found is not None else None
+
+
+def check_same_data(checkpoint: Path, meta: dict, identity: dict | None, allow: bool, flag: str) -> bool:
+    """Whether a resume continues on other training data than ``checkpoint`` was trained on.
+
+    Checkpoints from before data identities were recorded, and identities made with another
+    checksum algorithm, cannot be compared: False.
+
+    Args:
+        identity: :func:`data_identity` of the data the resumed run would train on.
+        allow: resume on other data (``--resume-on-new-data``): then True is returned.
+        flag: how the message names that option.
+
+    Raises:
+        DataChanged: the training split differs and ``allow`` is False: naming both splits
+            (raw file, rows, fingerprint, cache entry) and ``flag``.
+    """
+    saved = meta.get("data")
+    if not saved or not identity or saved.get("algorithm") != identity.get("algorithm"):
+        return False
+    if saved["fingerprint"] == identity["fingerprint"]:
+        return False
+    if allow:
+        return True
+
+    def show(d: dict) -> str:
+        return f"{d['rows']:,} training rows of {d['raw']} (fingerprint {d['fingerprint']}, cache entry {d['entry']})"
+
+    raise DataChanged(
+        f"checkpoint {checkpoint} was trained on other data: it was trained on {show(saved)}; the data now gives "
+        f"{show(identity)}. Resuming would continue its epoch on other rows and mix two datasets in one run. "
+        f"Restore the data it was trained on, train into a new --run-dir, or resume on the new data with {flag}; "
+        "the interrupted epoch then starts again from its first batch, over the new data"
+    )
+
+
+def _saved_global_batch(meta: dict) -> int | None:
+    try:
+        return int(meta["config"]["train"]["batch_size"]) * int(meta["world_size"])
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def resume_batch(meta: dict, global_batch: int | None) -> tuple[int, int]:
+    """``(epoch, batch)`` a resumed run (on the same data) continues at: the checkpoint's, or,
+    when the global batch (``train.batch_size`` x ranks) differs from the checkpoint's, the
+    batch that holds its position in rows, rounded down (a part of one batch is trained
+    again, no row is skipped), and the next epoch when the checkpoint's had ended.
+
+    Its ``batches_in_epoch`` counts batches of its own global batch: read as batches of
+    another size, a resume on twice the ranks skipped the rest of the epoch (or, as the
+    run's last epoch, trained nothing more, exit 0), on half the ranks trained half of it twice.
+    """
+    epoch, done = int(meta.get("epoch", 0)), int(meta.get("batches_in_epoch", 0))
+    old = _saved_global_batch(meta)
+    if global_batch is None or old is None or old == global_batch:
+        return epoch, done
+    if done >= meta.get("steps_per_epoch", float("inf")):
+        return epoch + 1, 0
+    return epoch, done * old // global_batch
+
+
+def resume_position(
+    meta: dict, steps_per_epoch: int, new_data: bool, global_batch: int | None = None
+) -> tuple[int, int]:
+    """``(epoch, offset)`` a resumed run continues with: the epoch it starts in, and the
+    global step at which epoch 0 would have started had every epoch been ``steps_per_epoch``
+    steps (0 for a run on one dataset), so that the run ends after ``train.epochs`` epochs at
+    step ``offset + epochs * steps_per_epoch``.
+
+    On new data the checkpoint's position within its epoch means nothing (another row set,
+    another order): that epoch starts again from its first batch (the next one when the
+    checkpoint was at an epoch's end), at the checkpoint's step.
+    """
+    if not new_data:
+        old = _saved_global_batch(meta)
+        if global_batch is None or old is None or old == global_batch:
+            return int(meta.get("epoch", 0)), int(meta.get("step_offset", 0))
+        epoch, batch = resume_batch(meta, global_batch)  # counted in batches of another size
+        return epoch, int(meta["step"]) - epoch * steps_per_epoch - batch
+    finished = meta["batches_in_epoch"] >= meta.get("steps_per_epoch", float("inf"))
+    epoch = int(meta["epoch"]) + int(finished)
+    return epoch, int(meta["step"]) - epoch * steps_per_epoch
+
+
+def checkpoint_step(checkpoint: Path) -> int:
+    """The step a complete checkpoint was written at (from its ``meta.json``)."""
+    from recsys_dist.checkpoint.dcp import read_meta
+
+    return int(read_meta(checkpoint)["step"])
+
+
+def nothing_to_train(run_dir: Path, checkpoint: Path, step: int, total: int | None = None) -> str:
+    """What a resume that has nothing left to train says, in the user's terms: the ``--run-dir``
+    given (not the directory the checkpoint's run was first trained in, which ``summary.json``
+    records and which differs once a run directory is copied or moved), and the checkpoint
+    only when it lies outside that directory. ``total``: the steps the config trains (None:
+    ``step`` is the last)."""
+    run_dir, checkpoint = Path(run_dir), Path(checkpoint)
+    limit = f"this config trains {total} steps in all" if total is not None else "that is this config's last step"
+    inside = run_dir.resolve() in checkpoint.resolve().parents
+    where = (
+        f"the run in {run_dir} is already at step {step} (checkpoint {checkpoint.name})"
+        if inside
+        else f"checkpoint {checkpoint} (--resume) is already at step {step}"
+    )
+    return (
+        f"recsys-dist: nothing to train: {where}, and {limit}; nothing in {run_dir} was trained or changed "
+        "(raise train.epochs or train.max_steps to continue)"
+    )
+
+
+def noop_summary(run_dir: Path, checkpoint: Path, step: int) -> dict:
+    """The summary of a resume with nothing left to train: ``summary.json`` of ``run_dir`` (if
+    any) with ``run_dir`` the directory given (``summary.json`` names the one the run was first
+    trained in), ``steps`` the checkpoint's step, ``resumed_from`` its path and
+    ``already_complete: True``."""
+    return {
+        **read_summary(run_dir),
+        "run_dir": str(run_dir),
+        "steps": step,
+        "resumed_from": str(checkpoint),
+        "already_complete": True,
+    }
+
+
+def total_steps(cfg: RunConfig, steps_per_epoch: int, offset: int = 0) -> int:
+    """Steps the run trains in all: ``train.epochs`` epochs, capped by ``train.max_steps``;
+    ``offset``: see :func:`resume_position` (a run resumed on new data)."""
+    total = offset + cfg.train.epochs * steps_per_epoch
+    return min(total, cfg.train.max_steps) if cfg.train.max_steps else total
+
+
+def write_config(cfg: RunConfig, run_dir: Path, write: bool = True) -> None:
+    """Create ``run_dir`` and, if ``write``, its ``config.yaml`` (what launched ranks read).
+
+    Raises:
+        ConfigError: the directory cannot be created or written.
+    """
+    run_dir = Path(run_dir)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        if write:
+            save_config(cfg, run_dir / "config.yaml")
+        elif not os.access(run_dir, os.W_OK):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
+    except OSError as err:
+        raise ConfigError(
+            f"--run-dir {run_dir}: cannot write there ({err.strerror}); choose a writable directory"
+        ) from None
+
+
+def read_summary(run_dir: Path) -> dict:
+    """``summary.json`` of a finished run, or ``{}`` when there is none."""
+    path = Path(run_dir) / "summary.json"
+    return json.loads(path.read_text()) if path.is_file() else {}

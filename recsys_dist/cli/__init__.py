@@ -1,0 +1,1 @@
+"""The ``recsys-dist`` command line (``main``) and its ``report`` / ``compare`` commands."""

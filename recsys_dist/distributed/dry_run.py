@@ -1,0 +1,204 @@
+"""Dry-run planning: the sharding plan for any cluster, on a laptop, with no process group.
+
+``recsys-dist plan --config X.yaml --world-size 64 --local-world-size 8 --device cuda --hbm-gb 80``
+builds the model on ``meta`` (no table memory), runs TorchRec's ``EmbeddingShardingPlanner``
+for the given topology and prints the plan, per-rank memory and the planner's cost estimate.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+from torchrec.distributed.planner.types import PlannerError
+
+from recsys_dist.config.base import ConfigError
+from recsys_dist.config.run import RunConfig  # noqa: F401 - RunConfig: the annotations
+from recsys_dist.distributed import ledger as ledgers
+from recsys_dist.distributed import sharding
+from recsys_dist.distributed.optim import fuse_embedding_optimizer
+from recsys_dist.errors import PlanError  # noqa: F401 (raised here; defined in errors)
+from recsys_dist.models.build import build_model, embedding_configs
+from recsys_dist.train.pipelines import pipeline_problems
+
+GB = 1024**3  # sizes are reported in GiB, as TorchRec's planner counts them
+# Optimizer state per row, in units of embedding_dim floats (rowwise keeps one float per row).
+_STATE_FLOATS = {"exact_rowwise_adagrad": None, "exact_adagrad": 1, "exact_sgd": 0, "adam": 2}
+
+
+@dataclass
+class TablePlacement:
+    table: str
+    sharding_type: str
+    compute_kernel: str
+    ranks: list[int]
+
+
+@dataclass
+class PlanReport:
+    world_size: int
+    local_world_size: int
+    device: str
+    placements: list[TablePlacement]
+    hbm_gb: list[float] = field(default_factory=list)
+    ddr_gb: list[float] = field(default_factory=list)
+    cost_ms: list[float] = field(default_factory=list)
+    ledger: ledgers.Ledger | None = None
+
+    @property
+    def imbalance(self) -> float:
+        """max / mean of the per-rank estimated cost (1.0 = perfectly balanced)."""
+        mean = sum(self.cost_ms) / len(self.cost_ms) if self.cost_ms else 0.0
+        return max(self.cost_ms) / mean if mean > 0 else 1.0
+
+    def text(self) -> str:
+        lines = [f"plan for {self.world_size} ranks ({self.local_world_size} per node), device {self.device}", ""]
+        lines.append(f"{'table':<8} {'sharding type':<18} {'kernel':<18} ranks")
+        for p in self.placements:
+            lines.append(f"{p.table:<8} {p.sharding_type:<18} {p.compute_kernel:<18} {_ranges(p.ranks)}")
+        lines += ["", f"{'rank':<6} {'HBM GiB':>9} {'DDR GiB':>9} {'est. cost ms':>13}"]
+        for r in range(self.world_size):
+            lines.append(f"{r:<6} {self.hbm_gb[r]:>9.3f} {self.ddr_gb[r]:>9.3f} {self.cost_ms[r]:>13.3f}")
+        lines.append("")
+        lines.append(
+            f"total HBM {sum(self.hbm_gb):.2f} GiB, DDR {sum(self.ddr_gb):.2f} GiB; "
+            f"max/mean cost imbalance {self.imbalance:.3f}"
+        )
+        if self.ledger is not None:
+            pool = sorted({v for v in self.ledger.pooling.values()})
+            lines += [
+                "",
+                self.ledger.text(),
+                f"(ids per example assumed: {', '.join(f'{p:g}' for p in pool)}; see recsys_dist/distributed/ledger.py)",
+            ]
+        return "\n".join(lines)
+
+
+def _ranges(ranks: list[int]) -> str:
+    out, start = [], None
+    for i, r in enumerate(ranks):
+        if start is None:
+            start = r
+        if i + 1 == len(ranks) or ranks[i + 1] != r + 1:
+            out.append(f"{start}" if start == r else f"{start}-{r}")
+            start = None
+    return ",".join(out)
+
+
+def table_bytes(cfg: RunConfig) -> dict[str, int]:
+    """fp32 weights plus optimizer state of each table, in bytes."""
+    state = _STATE_FLOATS[cfg.train.embedding_optimizer]
+    out = {}
+    for t in embedding_configs(cfg):
+        per_row = t.embedding_dim * 4 + (4 if state is None else state * t.embedding_dim * 4)
+        out[t.name] = t.num_embeddings * per_row
+    return out
+
+
+def dry_run(cfg: RunConfig, world_size: int, local_world_size: int, device: str) -> PlanReport:
+    """Plan ``cfg``'s model for a topology without any process group.
+
+    Raises:
+        PlanError: the planner found no placement that fits; names the largest tables,
+            the memory they need against what the topology has, and what to change.
+        ConfigError: ``sharding.comms`` or ``train.pipeline`` cannot run on ``device``; the
+            model holds an embedding module no sharder covers
+            (``recsys_dist.distributed.sharding.check_covered``); ``sharding.per_table`` names an unknown
+            table, or the allowed types leave an EmbeddingCollection table none.
+    """
+    # What cannot run on this device is refused as recsys-dist train refuses it (before the
+    # sharders, which would fail deep inside on a comms precision the device cannot carry).
+    problems = sharding.comms_problems(cfg.sharding.comms, device, world_size) + pipeline_problems(
+        cfg.train.pipeline, device
+    )
+    if problems:
+        raise ConfigError("invalid config:\n" + "\n".join(f"  {p}" for p in problems))
+    model = build_model(cfg, torch.device("meta"))
+    dense_bytes = ledgers.dense_parameter_bytes(model)
+    fuse_embedding_optimizer(model, cfg)
+    try:
+        sharding.check_covered(model)
+    except ValueError as err:  # the model's, as recsys-dist train reports it (preflight.coverage_problems)
+        raise ConfigError(f"invalid config:\n  model.name: {cfg.model.name}: {err}") from None
+    tables = sharding.model_tables(model)
+    try:
+        planner = sharding.make_planner(cfg, tables, world_size, local_world_size, device)
+    except ConfigError:
+        raise
+    except ValueError as err:  # a sharding key the model's tables refuse: a config error, not a crash
+        raise ConfigError(f"invalid config:\n  {err}") from None
+    try:
+        plan = planner.plan(model, sharding.sharders(cfg.sharding.comms, device))
+    except PlannerError as err:
+        raise PlanError(_explain(cfg, planner, world_size, device, err)) from None
+    try:
+        sharding.check_column_shards(plan)
+    except ValueError as err:
+        raise PlanError(str(err)) from None
+    placements = [
+        TablePlacement(r["table"], r["sharding_type"], r["compute_kernel"], r["ranks"] or list(range(world_size)))
+        for r in sharding.plan_summary(plan)
+    ]
+    comms = cfg.sharding.comms
+    ledger = ledgers.predict(
+        plan,
+        tables,
+        world_size,
+        cfg.sharding.planner_batch_size or cfg.train.batch_size,
+        dense_bytes,
+        ledgers.pooling_from_config(cfg, tables),
+        comms.forward,
+        comms.backward,
+        local_world_size,
+        ledgers.managed_features(model),
+    )
+    ledger.unsized_multi_hot = ledgers.unsized_multi_hot(cfg)
+    report = PlanReport(
+        world_size,
+        local_world_size,
+        device,
+        placements,
+        [0.0] * world_size,
+        [0.0] * world_size,
+        [0.0] * world_size,
+        ledger,
+    )
+    for option in planner._best_plan or []:  # the planner keeps the chosen options only here
+        for shard in option.shards:
+            if shard.rank is None:
+                continue
+            report.hbm_gb[shard.rank] += shard.storage.hbm / GB
+            report.ddr_gb[shard.rank] += shard.storage.ddr / GB
+            report.cost_ms[shard.rank] += shard.perf.total
+    return report
+
+
+def _explain(cfg: RunConfig, planner, world_size: int, device: str, err: PlannerError) -> str:
+    topo = planner._topology
+    cap_key = "hbm" if device == "cuda" else "ddr"
+    per_rank = getattr(topo.devices[0].storage, cap_key)
+    usable = per_rank * (1 - cfg.sharding.storage_reservation)
+    sizes = table_bytes(cfg)
+    total = sum(sizes.values())
+    big = sorted(sizes.items(), key=lambda kv: -kv[1])
+    too_big = [(n, b) for n, b in big if b > usable]
+    listed = too_big or big[:5]
+    names = ", ".join(f"{n} ({b / GB:.1f} GiB)" for n, b in listed)
+    need_ranks = math.ceil(total / usable) if usable > 0 else 0
+    mem = (
+        f"{cap_key.upper()} {per_rank / GB:.0f} GiB per rank, {usable / GB:.1f} GiB usable after the "
+        f"{cfg.sharding.storage_reservation:.0%} reservation"
+    )
+    fixes = [f"use at least {need_ranks} ranks (--world-size)"]
+    if device == "cuda":
+        fixes.append("allow sharding.compute_kernels: [fused, dense, fused_uvm_caching] to keep rows in host memory")
+    fixes.append("or shrink data.num_embeddings of the largest tables")
+    header = "tables that do not fit on one rank" if too_big else "largest tables"
+    return (
+        f"no sharding plan fits {world_size} rank(s) with {mem}: the tables need "
+        f"{total / GB:.1f} GiB (fp32 weights + {cfg.train.embedding_optimizer} state) against "
+        f"{world_size * usable / GB:.1f} GiB in all.\n"
+        f"  {header}: {names}\n"
+        f"  fix: " + "; ".join(fixes) + f"\n  (planner: {str(err).splitlines()[0][:300]})"
+    )

@@ -1,0 +1,76 @@
+"""Every error type of recsys_dist, in one place (each is raised by the module named in its docstring).
+
+Errors that a user can fix carry a message naming the file, row, column or config key and the
+fix. ``every_rank = True`` marks an error that every rank raises together, so the command line
+reports it once.
+"""
+
+
+class ConfigError(ValueError):
+    """A config file or override is invalid; the message lists every problem found."""
+
+
+class DataError(ValueError):
+    """Raw or converted data is malformed; the message names file, row and column."""
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint is missing, incomplete, or does not fit the model; the message says which."""
+
+
+class CheckpointDamaged(CheckpointError):
+    """A file of a checkpoint is missing, unreadable, or differs from the size / checksum
+    recorded when it was written. ``path``: the checkpoint; ``file``: the damaged file."""
+
+
+class ExportError(CheckpointError):
+    """The model cannot be written as a plain-torch artefact (the message says why)."""
+
+
+class RunDirLocked(ConfigError):
+    """Another live process holds the run directory's lock (another run is writing there)."""
+
+    every_rank = True  # under torchrun every rank raises it (rank 0 took the lock): reported once
+
+
+class DataChanged(ConfigError):
+    """A checkpoint was trained on other training data than the config gives now."""
+
+    every_rank = True  # every rank of a Trainer raises it together: reported once
+
+
+class RunDirError(Exception):
+    """A run directory or one of its required files is missing or unreadable."""
+
+
+class PlanError(RuntimeError):
+    """The tables do not fit the topology; the message names them and what to change."""
+
+
+class RankFailedError(RuntimeError):
+    """A rank started by :func:`launch` failed.
+
+    Attributes:
+        rank: the first rank that failed (global rank).
+        message: its error, ``"ExceptionType: text"``, or the signal that ended it.
+        traceback: its traceback as text ("" when the process died without one).
+    """
+
+    def __init__(self, rank: int, message: str, traceback: str = "") -> None:
+        text = f"rank {rank} failed: {message}"
+        if traceback:
+            text += f"\n\nrank {rank}'s traceback:\n{traceback.rstrip()}"
+        super().__init__(text)
+        self.rank, self.message, self.traceback = rank, message, traceback
+
+
+class MetricsError(RuntimeError):
+    """``metrics.jsonl`` cannot be written (disk full, read-only file system) or holds a
+    damaged line that is not the last one. Raised on every rank at once when written by
+    :meth:`MetricsWriter.write` with ``world_size`` > 1."""
+
+    every_rank = True  # raised on every rank together: the command line reports it once
+
+
+class WorkerDied(RuntimeError):
+    """A worker process ended without answering (killed, out of memory)."""

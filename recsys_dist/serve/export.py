@@ -1,0 +1,369 @@
+"""Unsharded models from sharded checkpoints: export, evaluate and predict in one process.
+
+``recsys-dist export RUN_DIR --out DIR`` writes a self-contained model directory:
+
+- ``model.safetensors``: every weight as a full tensor (safetensors never unpickles);
+- ``config.yaml``: the resolved run config that rebuilds the model (table sizes as trained);
+- ``preprocessing.json`` (and ``vocabulary.parquet`` under vocabulary mapping): how raw rows
+  become ids and dense values, as the training conversion made them, and the versions that
+  wrote the export (``recsys_dist.serve.scoring``). Scoring an export reads nothing else: the
+  training data may change, move or be deleted.
+
+``--format torchscript`` adds ``model.torchscript.pt`` and ``serving.json``, the model as a
+TorchScript module loadable with torch alone (``recsys_dist.serve.torchscript``, docs/serving.md).
+
+``evaluate`` and ``predict`` accept a run directory (its newest checkpoint), a checkpoint
+directory written at any world size and sharding, a ``RUN/checkpoints/best`` or ``latest``
+marker (``best``/``latest`` with ``--run-dir`` on the command line), or an export.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+import torch.distributed.checkpoint as dcp
+import yaml
+from safetensors.torch import load_file, save_file
+from torch.distributed.checkpoint import CheckpointException
+
+from recsys_dist.checkpoint.dcp import (
+    CheckpointError,
+    SafeLoadPlanner,
+    SafeReader,
+    in_saved_layout,
+    intact_checkpoint,
+    is_complete,
+    latest_checkpoint,
+    named_checkpoint,
+    read_meta,
+)
+from recsys_dist.config.loader import config_from_dict, save_config
+from recsys_dist.config.run import RunConfig
+from recsys_dist.data.loader import ParquetBatchLoader
+from recsys_dist.data.mapping import loader_id_bounds
+from recsys_dist.data.resolve import feature_names, label_columns, tasks
+from recsys_dist.errors import DataError
+from recsys_dist.models.build import build_model, table_sizes
+from recsys_dist.models.managed import managed_metrics
+from recsys_dist.models.registry import get_model
+from recsys_dist.models.retrieval import export_item_embeddings
+from recsys_dist.models.task import CTRTask
+from recsys_dist.serve.scoring import (
+    MANIFEST_FILE,
+    UNLABELLED_FORMATS,
+    Preprocessing,
+    check_conversion,
+    converted_manifest,
+    for_checkpoint,
+    prepare_for_scoring,
+    read_raw_columns,
+    scoring_format,
+)
+
+MODEL_FILE = "model.safetensors"
+FORMATS = ("safetensors", "torchscript")
+# Columns every predictions file has (--keep-columns may not reuse these names).
+OUTPUT_COLUMNS = ("row", "label", "logit", "probability")
+
+
+@dataclass
+class LoadedModel:
+    """A model ready to score: its config, the unsharded CPU model in eval mode, a
+    description of where it came from, and its preprocessing record (None when loaded
+    without one, by :func:`load_model`)."""
+
+    cfg: RunConfig
+    model: CTRTask
+    source: str
+    preprocessing: Preprocessing | None
+
+
+def _unsharded(cfg: RunConfig) -> CTRTask:
+    return build_model(cfg, torch.device("cpu"), tables_device=torch.device("cpu"))
+
+
+def load(path: str | Path, preprocessing: bool = True) -> LoadedModel:
+    """The model at ``path``: a run directory (its newest complete checkpoint), a checkpoint
+    directory or an export directory. With ``preprocessing``, also its preprocessing record:
+    an export's own; a checkpoint's pinned one, or (first use) the one found in the
+    conversion cache and pinned then (``recsys_dist.serve.scoring.for_checkpoint``).
+
+    Raises:
+        CheckpointError: nothing loadable at ``path``, or weights that do not fit the config;
+            ``CheckpointDamaged`` when a file of the checkpoint differs from its recorded
+            checksum (naming the file and an intact checkpoint beside it).
+        DataError: the preprocessing record cannot be found or does not match (a
+            vocabulary-mapped checkpoint whose training data changed, a damaged export).
+    """
+    path = Path(path)
+    if (path / MODEL_FILE).is_file():
+        cfg = config_from_dict(yaml.safe_load((path / "config.yaml").read_text()), str(path / "config.yaml"))
+        model = _unsharded(cfg)
+        try:
+            model.load_state_dict(load_file(str(path / MODEL_FILE)), strict=True)
+        except RuntimeError as err:
+            raise CheckpointError(f"{path / MODEL_FILE} does not fit its config.yaml: {str(err)[:800]}") from None
+        prep = _export_preprocessing(path, cfg) if preprocessing else None
+        return LoadedModel(cfg, model.eval(), f"export {path}", prep)
+    if path.is_file() and path.name in ("best", "latest") and path.parent.name == "checkpoints":
+        path = named_checkpoint(path)  # the marker file of checkpoint.keep_best / the newest one
+    ckpt = path if is_complete(path) else latest_checkpoint(path)
+    if ckpt is None:
+        raise CheckpointError(
+            f"{path}: no model.safetensors and no complete checkpoint (run, checkpoint or export dir)"
+        )
+    intact_checkpoint(ckpt)  # a damaged file is named, never loaded
+    meta = read_meta(ckpt)
+    if meta.get("own_loop"):
+        raise CheckpointError(
+            f"checkpoint {ckpt} was written by recsys_dist.save_checkpoint in a loop of your own: it holds no "
+            "config to rebuild the model from; load it into your module with recsys_dist.load_checkpoint"
+        )
+    if meta.get("user_model"):
+        raise CheckpointError(
+            f"checkpoint {ckpt} holds a model given to Trainer(model=...): its config names no model to rebuild "
+            "it from (model.name would build another one); score it with Trainer.predict, in a Trainer given the "
+            "same model= and resume= this run"
+        )
+    tree = meta["config"]
+    if "num_embeddings" in meta:  # the sizes the data preparation decided (vocabulary mapping)
+        tree = {**tree, "data": {**tree["data"], "num_embeddings": meta["num_embeddings"]}}
+    cfg = config_from_dict(tree, f"{ckpt}/meta.json")
+    model = _unsharded(cfg)
+    state = {"model": model.state_dict()}
+    try:
+        dcp.load(in_saved_layout(state, ckpt), storage_reader=SafeReader(ckpt), planner=SafeLoadPlanner(), no_dist=True)
+    except CheckpointError:
+        raise
+    except (Exception, CheckpointException) as err:  # noqa: BLE001 - DCP's own exception types vary by failure
+        raise CheckpointError(f"checkpoint {ckpt} cannot be read: {str(err)[:800]}") from None
+    model.load_state_dict(state["model"])
+    try:
+        prep = for_checkpoint(ckpt, meta) if preprocessing else None
+    except DataError as err:  # about the checkpoint, not the rows to score
+        raise CheckpointError(str(err)) from None
+    source = f"checkpoint {ckpt} (step {meta['step']}, saved on {meta['world_size']} rank(s))"
+    return LoadedModel(cfg, model.eval(), source, prep)
+
+
+def _export_preprocessing(path: Path, cfg: RunConfig) -> Preprocessing:
+    prep = Preprocessing.load(path)
+    if prep is None:  # an export written before exports carried their preprocessing record
+        if cfg.data.categorical_mapping == "vocabulary":
+            raise DataError(
+                f"export {path} maps categories through a training vocabulary but holds none (it was written "
+                "before exports carried preprocessing.json and vocabulary.parquet); export its run or checkpoint "
+                "again with `recsys-dist export`"
+            )
+        prep = Preprocessing.describe(cfg, table_sizes(cfg))
+    if prep.num_embeddings != table_sizes(cfg):
+        raise DataError(
+            f"export {path}: preprocessing.json's table sizes {prep.num_embeddings} differ from config.yaml's "
+            f"{table_sizes(cfg)}; export the model again"
+        )
+    return prep
+
+
+def _chmod_as_umask(path: Path) -> None:
+    """Give ``path`` the mode a plain ``open`` would (safetensors writes 0600), so that an
+    export's weights are as readable as its other files."""
+    umask = os.umask(0)
+    os.umask(umask)
+    path.chmod(0o666 & ~umask)
+
+
+def load_model(path: str | Path) -> tuple[RunConfig, CTRTask, str]:
+    """(config, unsharded CPU model in eval mode, description of the source) from a run
+    directory, a checkpoint directory or an export directory (weights only: see :func:`load`
+    for the preprocessing record that scoring raw rows needs).
+
+    Raises:
+        CheckpointError: nothing loadable at ``path``, or weights that do not fit the config.
+    """
+    m = load(path, preprocessing=False)
+    return m.cfg, m.model, m.source
+
+
+def export(path: str | Path, out: str | Path, format: str = "safetensors") -> list[Path]:
+    """Write a self-contained export of a run, checkpoint or export into ``out``:
+    ``model.safetensors``, ``config.yaml``, ``preprocessing.json`` (and ``vocabulary.parquet``);
+    for a retrieval model (``two_tower``) also ``item_ids.npy`` and ``item_embeddings.npy``
+    (``recsys_dist.models.retrieval.export_item_embeddings``); with ``format="torchscript"`` also ``model.torchscript.pt`` and ``serving.json``.
+    Returns the paths written.
+
+    Raises:
+        CheckpointError: nothing loadable at ``path``; ``serving.ExportError``: the model
+            cannot be written as TorchScript (nothing is written then).
+        DataError: a vocabulary-mapped checkpoint whose vocabulary cannot be found as it was.
+    """
+    if format not in FORMATS:
+        raise ValueError(f"format must be one of {FORMATS}, got {format!r}")
+    m = load(path)
+    artefact = None
+    if format == "torchscript":  # first: a model that cannot be traced leaves nothing behind
+        from recsys_dist.serve.torchscript import serving_spec, to_torchscript
+
+        artefact = to_torchscript(m.cfg, m.model, table_sizes(m.cfg))
+        spec = serving_spec(m.cfg, table_sizes(m.cfg), m.preprocessing.record["written_by"])
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in m.model.state_dict().items()}, str(out / MODEL_FILE))
+    _chmod_as_umask(out / MODEL_FILE)
+    save_config(m.cfg, out / "config.yaml")
+    written = [out / MODEL_FILE, out / "config.yaml", *m.preprocessing.save(out)]
+    if get_model(m.cfg.model.name).retrieval:  # two_tower: the item corpus's embeddings, for an ANN index
+        conversion = (m.preprocessing.record.get("training_conversion") or {}).get("directory")
+        if conversion is None:
+            raise DataError(
+                f"{path}: no training conversion is recorded, and the item embeddings need the data's item corpus; "
+                "export the run's checkpoint (not an export written without it)"
+            )
+        written += export_item_embeddings(m.cfg, m.model, Path(conversion), out)
+    if artefact is not None:
+        from recsys_dist.serve.torchscript import save_artefact
+
+        written += save_artefact(artefact, spec, out)
+    return written
+
+
+@torch.no_grad()
+def score(
+    cfg: RunConfig,
+    model: CTRTask,
+    data: str | Path,
+    batch_size: int = 4096,
+    preprocessing: Preprocessing | None = None,
+    keep_columns: list[str] | tuple = (),
+) -> dict[str, np.ndarray]:
+    """Logits and labels for every row of ``data``: a raw file in the model's data format
+    (gzip ok), converted with the model's preprocessing record, or a converted split (a
+    Parquet file that a ``manifest.json`` beside it lists) made with the same settings.
+    ``preprocessing``: the record :func:`load` returns with the model (``LoadedModel``); it
+    may be left out for a hash-mapped model (made from ``cfg``), never for a vocabulary-mapped
+    one, whose training vocabulary is never rebuilt.
+
+    Returns arrays ``logit`` (float32 [N]) and ``label`` (float32 [N], NaN for a file
+    without labels: Criteo's 39-field test layout, a schema file without its label column),
+    in file order, ``labelled`` (bool), ``columns`` (``keep_columns`` of the raw file),
+    ``managed`` (managed-collision models: per feature the share of lookups that read the
+    default row, see ``recsys_dist.models.managed.managed_metrics``; else ``{}``), and
+    ``tasks`` / ``kinds``: the task names and kinds; with several tasks ``logit`` and
+    ``label`` are [N, T], a column per task.
+
+    Raises:
+        DataError: a missing or malformed file, a converted split made with other settings
+            (table sizes, vocabulary, transforms), a Parquet file of a format that has no raw
+            Parquet, ``keep_columns`` absent or asked of a converted split.
+    """
+    prep = preprocessing
+    if prep is None:
+        if cfg.data.categorical_mapping == "vocabulary":
+            raise ValueError(
+                "score: a vocabulary-mapped model needs its preprocessing record (the training vocabulary): "
+                "load it with recsys_dist.serve.export.load and pass preprocessing=loaded.preprocessing"
+            )
+        prep = Preprocessing.describe(cfg, table_sizes(cfg))
+    data = Path(data)
+    if not data.is_file():
+        raise DataError(f"{data}: {'is a directory, not a file' if data.is_dir() else 'file does not exist'}")
+    manifest = converted_manifest(data)
+    columns = {}
+    if manifest is not None:
+        check_conversion(manifest, data.parent, prep, f"{data} (a converted split: {data.parent / MANIFEST_FILE})")
+        if keep_columns:
+            raise DataError(
+                f"--keep-columns: {data} is a converted split (listed in {data.parent / MANIFEST_FILE}); it holds "
+                "ids, not the raw columns. Give the raw file to keep its columns"
+            )
+        parquet = data
+    else:
+        if cfg.data.format != "schema" and _is_parquet_file(data):
+            raise DataError(
+                f"{data} is a Parquet file but not a converted split (no {MANIFEST_FILE} beside it lists it), and "
+                f"{cfg.data.format} raw data is text. Give the raw file, or a converted split where "
+                "`recsys-dist preprocess` wrote it (beside its manifest.json)"
+            )
+        fmt = scoring_format(cfg.data, data)
+        prepared = prepare_for_scoring(cfg, data, prep.vocabulary, fmt)
+        parquet = prepared.files["train"]
+        manifest = json.loads((prepared.directory / MANIFEST_FILE).read_text())
+        check_conversion(manifest, prepared.directory, prep, f"{data} (converted to {prepared.directory})")
+        if keep_columns:
+            columns = read_raw_columns(fmt, data, list(keep_columns))
+    labelled = manifest["format"] not in UNLABELLED_FORMATS
+    dense_names, sparse_names = feature_names(cfg)
+    names, kinds = tasks(cfg)
+    loader = ParquetBatchLoader(
+        str(parquet),
+        batch_size,
+        0,
+        1,
+        dense_names,
+        sparse_names,
+        num_embeddings=loader_id_bounds(cfg, table_sizes(cfg)),
+        label_columns=label_columns(cfg)[0],  # no sample weights: every row is scored
+    )
+    logits, labels = [], []
+    for batch in loader:
+        _, (_, lg, lb, w) = model(batch)
+        keep = w > 0
+        logits.append(lg[keep]), labels.append(lb[keep])
+    label = torch.cat(labels).numpy()
+    for name, col in columns.items():
+        if len(col) != len(label):
+            raise DataError(
+                f"--keep-columns: {data} gave {len(col)} values of column {name} for {len(label)} scored rows"
+            )
+    return {
+        "logit": torch.cat(logits).numpy(),
+        "label": label if labelled else np.full_like(label, np.nan),
+        "labelled": labelled,
+        "columns": columns,
+        "managed": managed_metrics(model, "score"),
+        "tasks": names,
+        "kinds": kinds,
+    }
+
+
+def _is_parquet_file(path: Path) -> bool:
+    with open(path, "rb") as f:
+        return f.read(4) == b"PAR1"
+
+
+def write_predictions(scores: dict[str, np.ndarray], out: str | Path) -> None:
+    """Columns ``row`` (int64, 0-based file order), the kept raw columns (``scores["columns"]``,
+    if any), ``label`` (null when the input had none), ``logit``, ``probability``: CSV when
+    ``out`` ends in ``.csv``, else Parquet."""
+    logit = scores["logit"]
+    if logit.ndim == 2:  # several tasks: label:<task>, logit:<task>, and probability:<task> (binary)
+        cols: dict = {"row": np.arange(len(logit), dtype=np.int64), **scores.get("columns", {})}
+        for t, (name, kind) in enumerate(zip(scores["tasks"], scores["kinds"])):
+            y = scores["label"][:, t]
+            cols[f"label:{name}"] = pa.array(y, mask=np.isnan(y))
+            cols[f"logit:{name}"] = logit[:, t]
+            if kind == "binary":
+                cols[f"probability:{name}"] = (1.0 / (1.0 + np.exp(-logit[:, t].astype(np.float64)))).astype(np.float32)
+        table = pa.table(cols)
+    else:
+        table = pa.table(
+            {
+                "row": np.arange(len(logit), dtype=np.int64),
+                **scores.get("columns", {}),
+                "label": pa.array(scores["label"], mask=np.isnan(scores["label"])),
+                "logit": logit,
+                "probability": (1.0 / (1.0 + np.exp(-logit.astype(np.float64)))).astype(np.float32),
+            }
+        )
+    if str(out).lower().endswith(".csv"):
+        import pyarrow.csv as pacsv
+
+        pacsv.write_csv(table, str(out))
+    else:
+        pq.write_table(table, str(out))

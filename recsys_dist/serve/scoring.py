@@ -1,0 +1,559 @@
+"""What scoring needs besides the weights, and how new rows are turned into model inputs.
+
+A model maps raw rows to ids and dense values exactly as its training conversion did: the
+format and its transforms, the table sizes, the hash rule, and under
+``data.categorical_mapping: vocabulary`` the training split's vocabulary. All of it is
+recorded in ``preprocessing.json`` (:class:`Preprocessing`), with the vocabulary beside it in
+``vocabulary.parquet``, in every export; scoring reads only those files and the rows to
+score, never the training data.
+
+A checkpoint does not hold these files when written. The first time one is scored or
+exported (:func:`for_checkpoint`), its training conversion is looked up in the conversion
+cache: the entry of ``data.raw_path`` as it is now, accepted only if it was written before
+the checkpoint and has the checkpoint's table sizes; its record is then pinned next to the
+checkpoint, so later changes to the training file no longer matter. If the entry is gone or
+the file changed since, scoring refuses (rebuilding the vocabulary from other data would
+silently give other ids).
+
+Input files: a Parquet file is a converted split only when a ``manifest.json`` in its
+directory lists it (:func:`converted_manifest`), never by its name; its conversion must then
+match the model's (:func:`check_conversion`). Anything else is raw data in the model's
+format, converted with the model's own record (:func:`prepare_for_scoring`). A raw file
+without the label column (Criteo's 39-field test layout, or a schema file lacking
+``data.schema.label``) is scored with placeholder labels and reported as unlabelled.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import secrets
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pacsv
+
+from recsys_dist.data import mapping as mp
+from recsys_dist.data.schema import SchemaFormat
+from recsys_dist.errors import DataError
+
+PREPROCESSING_FILE = "preprocessing.json"
+VOCABULARY_FILE = "vocabulary.parquet"  # the name the conversion gives it too (convert.VOCABULARY_FILE)
+MANIFEST_FILE = "manifest.json"
+UNLABELLED_FORMATS = ("criteo_tsv_unlabelled", "schema_unlabelled")
+RECORD_VERSION = 1
+# Transform texts that must agree between the model's record and a converted split it scores:
+# the dense transform and the multi-hot separator. (The label may differ: an unlabelled file
+# has a placeholder. The mapping is compared by its kind, table sizes and vocabulary digest,
+# the rest of the code's transforms by TRANSFORM_VERSION.)
+_COMPARED_TRANSFORMS = ("dense", "multi_hot")
+
+
+def _format(d, labelled: bool = True):
+    """The format object of a ``data`` section (``data.short_lines`` included)."""
+    from recsys_dist.data.resolve import raw_format
+
+    short_lines = getattr(d, "short_lines", "error")
+    if d.format == "criteo_tsv" and not labelled:
+        from recsys_dist.data.criteo import CriteoFormat
+
+        return CriteoFormat(labelled=False, short_lines=short_lines)
+    return raw_format(d.format, d.schema, short_lines)
+
+
+def _reads_parquet(spec, path: Path) -> bool:
+    """Whether a schema format reads ``path`` as Parquet (``file_type``, or auto by its name)."""
+    return spec.file_type == "parquet" or (spec.file_type == "auto" and str(path).endswith((".parquet", ".pq")))
+
+
+def written_by() -> dict:
+    """Versions of what wrote an export: recsys_dist, torch, fbgemm-gpu, torchrec, pyarrow, numpy, Python."""
+    import recsys_dist
+    from recsys_dist.versions import installed_versions
+
+    return {
+        "recsys_dist": recsys_dist.__version__,
+        **installed_versions(),
+        "pyarrow": pa.__version__,
+        "numpy": np.__version__,
+        "python": ".".join(map(str, sys.version_info[:3])),
+    }
+
+
+def vocabulary_digest(path: Path, names: list[str]) -> str:
+    """SHA-256 of the vocabularies of ``names`` in a ``vocabulary.parquet``: per feature its
+    name, then its (key, id) pairs sorted by key; independent of how the file was written."""
+    h = hashlib.sha256()
+    for name, v in zip(names, mp.load_vocabularies(Path(path), names)):
+        h.update(name.encode() + b"\0" + np.int64(len(v.keys)).tobytes())
+        h.update(np.ascontiguousarray(v.keys, dtype=np.uint64).tobytes())
+        h.update(np.ascontiguousarray(v.ids, dtype=np.int64).tobytes())
+    return h.hexdigest()
+
+
+def _sizes(d) -> list[int]:
+    from recsys_dist.data.resolve import feature_names
+
+    n = d.num_embeddings
+    return list(n) if isinstance(n, list) else [n] * len(feature_names(d)[1])
+
+
+def _file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+@dataclass
+class Preprocessing:
+    """The record of how a model's inputs are made (``preprocessing.json``) and the directory
+    holding its vocabulary file (under vocabulary mapping)."""
+
+    record: dict
+    directory: Path | None = None
+
+    @property
+    def vocabulary(self) -> Path | None:
+        """The vocabulary file (vocabulary mapping), else None."""
+        if self.record["categorical_mapping"]["kind"] != "vocabulary":
+            return None
+        return Path(self.directory) / self.record["categorical_mapping"]["file"]
+
+    @property
+    def num_embeddings(self) -> list[int]:
+        return list(self.record["num_embeddings"])
+
+    @classmethod
+    def describe(
+        cls, cfg, num_embeddings: list[int], conversion: Path | None = None, manifest: dict | None = None
+    ) -> Preprocessing:
+        """The record of a model trained with ``cfg`` and tables of ``num_embeddings`` rows;
+        under vocabulary mapping from its training conversion (``conversion``, a cache entry
+        with its ``manifest``), whose vocabulary file it then refers to."""
+        from recsys_dist.data.criteo import TRANSFORM_VERSION
+        from recsys_dist.data.resolve import feature_names
+
+        d = getattr(cfg, "data", cfg)
+        dense, sparse = feature_names(d)
+        transforms = dict(manifest["transforms"]) if manifest else dict(_format(d).transforms)
+        kind = d.categorical_mapping
+        mapping: dict = {"kind": kind, "missing_id": mp.MISSING_ID}
+        if kind == "hash":
+            mapping["rule"] = "id = 1 + key mod (num_embeddings - 1); a missing value -> 0"
+        elif kind == "managed":
+            mapping["rule"] = (
+                "raw id = 1 + key mod (2^63 - 2); a missing value -> 0; the model's managed-collision state "
+                "(in its weights) maps raw ids to rows, an id without a row -> row num_embeddings - 1"
+            )
+        else:
+            if conversion is None:
+                raise ValueError("a vocabulary-mapped model's record needs its training conversion")
+            mapping.update(
+                oov_id=mp.OOV_ID,
+                min_count=d.min_count,
+                rule=f"id = the key's id in {VOCABULARY_FILE} (feature, key, id); other keys -> {mp.OOV_ID} (OOV); "
+                f"a missing value -> {mp.MISSING_ID}",
+                file=VOCABULARY_FILE,
+                digest=vocabulary_digest(Path(conversion) / VOCABULARY_FILE, sparse),
+            )
+        record = {
+            "record_version": RECORD_VERSION,
+            "format": d.format,
+            "schema": d.schema.model_dump(mode="json", by_alias=True) if d.schema is not None else None,
+            "dense": dense,
+            "sparse": sparse,
+            "num_embeddings": [int(n) for n in num_embeddings],
+            "categorical_mapping": mapping,
+            "transforms": transforms,
+            "transform_version": TRANSFORM_VERSION,
+            "training_conversion": None
+            if manifest is None
+            else {
+                "directory": str(conversion),
+                "source": manifest.get("source"),
+                "rows": manifest.get("rows"),
+                "manifest_sha256": _file_sha256(Path(conversion) / MANIFEST_FILE),
+            },
+            "written_by": written_by(),
+        }
+        return cls(record, Path(conversion) if conversion is not None else None)
+
+    def save(self, out: Path) -> list[Path]:
+        """Write ``out/preprocessing.json`` (and ``out/vocabulary.parquet``), each under a
+        temporary name renamed into place, the JSON last. Returns the paths written."""
+        out = Path(out)
+        token = secrets.token_hex(4)
+        written = []
+        vocab = self.vocabulary
+        if vocab is not None:
+            target = out / VOCABULARY_FILE
+            if vocab.resolve() != target.resolve():
+                tmp = out / f".{VOCABULARY_FILE}.{token}.tmp"
+                tmp.write_bytes(vocab.read_bytes())
+                os.replace(tmp, target)
+            written.append(target)
+        tmp = out / f".{PREPROCESSING_FILE}.{token}.tmp"
+        tmp.write_text(json.dumps(self.record, indent=2) + "\n")
+        os.replace(tmp, out / PREPROCESSING_FILE)
+        return [out / PREPROCESSING_FILE, *written]
+
+    @classmethod
+    def load(cls, directory: Path) -> Preprocessing | None:
+        """The record in ``directory`` (None if it holds none), its vocabulary checked against
+        the recorded digest.
+
+        Raises:
+            DataError: the record is unreadable, or the vocabulary file is missing or differs.
+        """
+        directory = Path(directory)
+        path = directory / PREPROCESSING_FILE
+        if not path.is_file():
+            return None
+        try:
+            record = json.loads(path.read_text())
+            record["num_embeddings"], record["categorical_mapping"]["kind"]  # noqa: B018 - required keys
+        except (ValueError, KeyError, TypeError) as err:
+            raise DataError(f"{path}: not a valid preprocessing record ({err}); export the model again") from None
+        p = cls(record, directory)
+        vocab = p.vocabulary
+        if vocab is not None:
+            if not vocab.is_file():
+                raise DataError(f"{vocab}: missing; {path} maps categories through it (export the model again)")
+            if vocabulary_digest(vocab, record["sparse"]) != record["categorical_mapping"]["digest"]:
+                raise DataError(
+                    f"{vocab}: differs from the vocabulary {path} records (digest mismatch): the file was "
+                    "changed or replaced; export the model again"
+                )
+        return p
+
+
+# ---------------------------------------------------------------- checkpoints
+
+
+def training_conversion(d) -> Path | None:
+    """The conversion-cache entry of the ``data`` section's training data as the files are
+    now (the entry ``prepare`` would reuse), or None when it is not cached or a file is gone.
+    Nothing is converted or read besides the files' sizes and times."""
+    from recsys_dist.data import convert
+    from recsys_dist.data.config import raw_paths
+    from recsys_dist.data.splits import Split
+
+    raws = [Path(p) for p in raw_paths(d)]
+    split = Split.of(d.split)
+    if not raws or not all(Path(p).is_file() for p, _ in split.sources([str(r) for r in raws])):
+        return None
+    fmt = _format(d)
+    # The entry's key as `prepare` computes it (convert.py keeps it private; see the report).
+    key = convert.cache_key(
+        raws,
+        _sizes(d),
+        d.num_rows,
+        split,
+        d.on_bad_row,
+        fmt,
+        d.categorical_mapping,
+        d.min_count,
+        None,
+        d.row_group_size,
+    )
+    prefix = "criteo" if fmt.name == "criteo_tsv" else fmt.name
+    entry = (Path(d.cache_dir) if d.cache_dir else convert.default_cache_dir()) / f"{prefix}-{key}"
+    return entry if (entry / MANIFEST_FILE).is_file() else None
+
+
+def for_checkpoint(ckpt: Path, meta: dict) -> Preprocessing:
+    """The preprocessing record of a checkpoint: the one pinned beside it, else (hash
+    mapping) made from its config, else (vocabulary) from its training conversion if that is
+    still cached unchanged, then pinned beside the checkpoint (when writable).
+
+    Raises:
+        DataError: a vocabulary-mapped checkpoint whose vocabulary can no longer be found as
+            it was (training data changed, moved or deleted, or the cache cleared).
+    """
+    from recsys_dist.config.loader import config_from_dict
+    from recsys_dist.data.config import describe_raw_path
+
+    ckpt = Path(ckpt)
+    cfg = config_from_dict(meta["config"], f"{ckpt}/meta.json")  # as trained: the configured sizes
+    d = cfg.data
+    sizes = list(meta.get("num_embeddings") or _sizes(d))
+    pinned = Preprocessing.load(ckpt)
+    if pinned is not None:
+        if pinned.num_embeddings != sizes:
+            raise DataError(
+                f"{ckpt / PREPROCESSING_FILE}: table sizes {pinned.num_embeddings} differ from the checkpoint's "
+                f"{sizes}; delete {PREPROCESSING_FILE} and {VOCABULARY_FILE} there"
+            )
+        return pinned
+    if d.categorical_mapping == "hash":
+        return Preprocessing.describe(cfg, sizes)
+    raw = describe_raw_path(d.raw_path)
+    entry = training_conversion(d)
+    problem = None
+    if entry is None:
+        from recsys_dist.data.config import raw_paths
+
+        gone = [p for p in raw_paths(d) if not Path(p).is_file()]
+        problem = (
+            f"the training data {gone[0]} is gone"
+            if gone
+            else f"the conversion cache holds no conversion of {raw} as the file is now (it changed since "
+            "training, or the cache was cleared)"
+        )
+    else:
+        try:
+            manifest = json.loads((entry / MANIFEST_FILE).read_text())
+        except ValueError:
+            manifest = None
+        if not isinstance(manifest, dict):  # JSON but not an object, or not JSON
+            problem = f"{entry / MANIFEST_FILE} is not a conversion's manifest (a JSON object)"
+        elif manifest.get("num_embeddings") != sizes:
+            problem = (
+                f"the cached conversion of {raw} as it is now ({entry}) has vocabulary sizes "
+                f"{manifest.get('num_embeddings')}, the checkpoint {sizes} (the file changed since training)"
+            )
+        elif (entry / MANIFEST_FILE).stat().st_mtime > (ckpt / "meta.json").stat().st_mtime:
+            problem = (
+                f"the cached conversion of {raw} as it is now ({entry}) was made after this checkpoint was "
+                "written (the file changed since training and was converted again)"
+            )
+        elif not (entry / VOCABULARY_FILE).is_file():
+            problem = f"{entry / VOCABULARY_FILE} is missing"
+    if problem:
+        raise DataError(
+            f"checkpoint {ckpt} maps categories through a vocabulary built on its training data and holds no "
+            f"copy of it ({PREPROCESSING_FILE}, {VOCABULARY_FILE}), and {problem}. Rebuilding it from other data "
+            "would give other ids, so it is not scored. Restore the training data as it was when this checkpoint "
+            "was trained (and its cached conversion), then `recsys-dist export` it once: the export carries the "
+            "vocabulary from then on. Or train again."
+        )
+    found = Preprocessing.describe(cfg, sizes, entry, manifest)
+    try:  # pin it: from now on this checkpoint no longer depends on the training data
+        found.save(ckpt)
+        found.directory = ckpt
+    except OSError:
+        pass
+    return found
+
+
+# ---------------------------------------------------------------- input files
+
+
+def _listed(manifest: dict, name: str) -> bool:
+    """Whether a conversion manifest's file list names ``name``."""
+    files = manifest.get("files")
+    if files is None:  # manifests before "files": one file per split
+        return name in ("train.parquet", "validation.parquet", "test.parquet")
+    for entries in files.values():
+        for e in entries if isinstance(entries, list) else [entries]:
+            listed = next((e[k] for k in ("name", "file", "path") if k in e), None) if isinstance(e, dict) else e
+            if listed is not None and Path(str(listed)).name == name:
+                return True
+    return False
+
+
+def converted_manifest(path: Path) -> dict | None:
+    """The conversion manifest of ``path`` if it is a converted split (a conversion's
+    ``manifest.json`` in its directory lists it by name), else None."""
+    path = Path(path)
+    m = path.parent / MANIFEST_FILE
+    if not m.is_file():
+        return None
+    try:
+        manifest = json.loads(m.read_text())
+    except ValueError:
+        return None
+    if not isinstance(manifest, dict) or not {"format", "rows", "num_embeddings"} <= manifest.keys():
+        return None  # not a conversion's manifest
+    return manifest if _listed(manifest, path.name) else None
+
+
+def check_conversion(manifest: dict, entry: Path, prep: Preprocessing, what: str) -> None:
+    """Refuse a conversion (``entry`` with ``manifest``) that made ids or dense values other
+    than the model's record says: format, features, table sizes, mapping, vocabulary, transforms.
+
+    Raises:
+        DataError: naming ``what`` and each difference.
+    """
+    from recsys_dist.data.criteo import TRANSFORM_VERSION
+
+    r = prep.record
+    diffs = []
+    if r.get("transform_version", TRANSFORM_VERSION) != TRANSFORM_VERSION:
+        raise DataError(
+            f"the model's preprocessing.json was written with transform version {r['transform_version']}; this "
+            f"recsys_dist converts with version {TRANSFORM_VERSION}, which gives other inputs. Score it with the "
+            f"recsys_dist that wrote it ({r.get('written_by', {}).get('recsys_dist')}), or retrain"
+        )
+    fmt = manifest.get("format")
+    if fmt not in (r["format"], f"{r['format']}_unlabelled"):
+        diffs.append(f"format {fmt} (the model's: {r['format']})")
+    for key in ("dense", "sparse", "num_embeddings"):
+        if key in manifest and list(manifest[key]) != list(r[key]):
+            diffs.append(f"{key} {manifest[key]} (the model's: {r[key]})")
+    kind = (manifest.get("categorical_mapping") or {}).get("kind", "hash")
+    if kind != r["categorical_mapping"]["kind"]:
+        diffs.append(f"categorical mapping {kind} (the model's: {r['categorical_mapping']['kind']})")
+    elif kind == "vocabulary":
+        vocab = Path(entry) / VOCABULARY_FILE
+        if not vocab.is_file() or vocabulary_digest(vocab, r["sparse"]) != r["categorical_mapping"]["digest"]:
+            diffs.append("another vocabulary (not the one the model was trained with)")
+    t = manifest.get("transforms") or {}
+    for key in _COMPARED_TRANSFORMS:
+        if key in t and key in r["transforms"] and t[key] != r["transforms"][key]:
+            diffs.append(f"{key} transform {t[key]!r} (the model's: {r['transforms'][key]!r})")
+    if diffs:
+        raise DataError(
+            f"{what} was converted with other settings than the model: {'; '.join(diffs)}. Its ids or values "
+            "would not mean what the model learnt; score the raw file instead (it is converted with the model's "
+            "own settings)"
+        )
+
+
+class UnlabelledSchemaFormat(SchemaFormat):
+    """``data.format: schema`` for a file without the ``data.schema.label`` column: scoring
+    only; every label is a placeholder 0 (reported as missing). With ``data.schema.columns``,
+    the file's fields are those columns without the label, in the same order."""
+
+    def __init__(self, spec) -> None:
+        super().__init__(spec)
+        self.name = "schema_unlabelled"
+        self.fingerprint = "schema_unlabelled:" + self.fingerprint
+        self.transforms = {**self.transforms, "label": "no label column: a placeholder 0"}
+
+    def _header(self, path: str) -> list[str]:
+        names = super()._header(path)
+        return [c for c in names if c != self.spec.label] if self.spec.columns else names
+
+    def _columns(self) -> list[str]:
+        return [c for c in super()._columns() if c != self.spec.label]
+
+    def _check_columns(self, path: str, names: list[str], where: str) -> None:
+        s = self.spec
+        missing = [c for c in (*s.dense, *s.categorical, *s.multi_hot) if c not in names]
+        if missing:
+            raise DataError(f"{path}: columns {missing} named in data.schema are not in the file ({where}: {names})")
+        self.raw_columns = names
+
+    def _labels(self, batch: pa.RecordBatch, where: str, first_line: int) -> np.ndarray:
+        if self.spec.label is None:  # several tasks: [N, T] placeholders
+            return np.zeros((batch.num_rows, len(self.tasks)), np.float32)
+        return np.zeros(batch.num_rows, np.float32)
+
+    def bad_row_mask(self, batch: pa.RecordBatch):
+        labelled = batch
+        for column in self.spec.label_columns():
+            labelled = labelled.append_column(column, pa.array(np.full(batch.num_rows, "0")))
+        return super().bad_row_mask(labelled)
+
+
+def _schema_columns(spec, path: Path) -> list[str] | None:
+    """The column names of a raw schema-format file as its reader sees them: the Parquet
+    schema, the header line, or (no header) ``columns`` cut to the first line's field count."""
+    if _reads_parquet(spec, path):
+        import pyarrow.parquet as pq
+
+        try:
+            return list(pq.ParquetFile(str(path)).schema_arrow.names)
+        except (OSError, pa.ArrowException):
+            return None  # the conversion reports it
+    from recsys_dist.data.criteo import read_head
+
+    first = read_head(str(path), 1 << 16).split(b"\n", 1)[0]
+    if not first.strip():
+        return None
+    try:
+        row = pacsv.read_csv(
+            pa.py_buffer(first + b"\n"),
+            read_options=pacsv.ReadOptions(autogenerate_column_names=True),
+            parse_options=pacsv.ParseOptions(delimiter=spec.delimiter),
+            convert_options=pacsv.ConvertOptions(strings_can_be_null=False),
+        ).to_pylist()[0]
+    except pa.ArrowInvalid:
+        return None
+    if spec.header and not spec.columns:
+        return [str(v).strip() for v in row.values()]
+    cols = list(spec.columns)
+    if len(row) == len(cols) - 1 and spec.label in cols:  # every field but the label
+        return [c for c in cols if c != spec.label]
+    return cols
+
+
+def scoring_format(d, data: Path):
+    """The format object that reads ``data`` for scoring: the model's, or its unlabelled
+    variant when the file has no label (Criteo: 39 fields; schema: no label column)."""
+    fmt = _format(d)
+    if d.format == "criteo_tsv":
+        from recsys_dist.data.criteo import NUM_DENSE, NUM_SPARSE, first_line_fields
+
+        if first_line_fields(str(data)) == NUM_DENSE + NUM_SPARSE:
+            return _format(d, labelled=False)  # Kaggle's test.txt: predict only, labels unknown
+    elif d.format == "schema":
+        names = _schema_columns(d.schema, data)
+        if names is not None and d.schema.label_columns()[0] not in names:
+            return UnlabelledSchemaFormat(d.schema)
+    return fmt
+
+
+def prepare_for_scoring(cfg, data, vocabulary: Path | None = None, fmt=None):
+    """Convert a raw file of the model's format, every row as one split (``files["train"]``,
+    in file order), with the model's mapping: its table sizes, and under vocabulary mapping
+    ``vocabulary`` (the model's own ``vocabulary.parquet``). The training data is never read.
+
+    Raises:
+        DataError: malformed input, or a vocabulary-mapped model without ``vocabulary``.
+    """
+    from recsys_dist.data.convert import prepare
+
+    d = getattr(cfg, "data", cfg)
+    if d.categorical_mapping == "vocabulary" and vocabulary is None:
+        raise DataError(
+            f"{data}: the model maps categories through its training vocabulary, and none was given; load the model "
+            "with recsys_dist.serve.export.load (its export or checkpoint carries the vocabulary)"
+        )
+    return prepare(
+        fmt or scoring_format(d, Path(data)),
+        data,
+        d.num_embeddings,
+        (1.0, 0.0, 0.0),
+        cache_dir=d.cache_dir,
+        row_group_size=d.row_group_size,
+        mapping=d.categorical_mapping,
+        min_count=d.min_count,
+        vocabulary=vocabulary if d.categorical_mapping == "vocabulary" else None,
+        warn_one_class=False,  # scoring: one class is no problem
+        managed=d.managed_mask(),
+    )
+
+
+def read_raw_columns(fmt, path: Path, names: list[str]) -> dict[str, pa.Array]:
+    """Columns ``names`` of a raw file, every row in file order, as the format reads them
+    (text for CSV / TSV, the stored type for Parquet).
+
+    Raises:
+        DataError: a column that is not in the file (naming the file and its columns).
+    """
+    from recsys_dist.data.criteo import LINE_COLUMN
+
+    parts: dict[str, list] = {n: [] for n in names}
+    seen = None
+    for _, table in fmt.read_chunks(str(path)):
+        if seen is None:
+            seen = [c for c in table.column_names if c != LINE_COLUMN]
+            if fmt.name == "criteo_tsv_unlabelled":
+                seen = [c for c in seen if c != "label"]  # the placeholder
+            missing = [n for n in names if n not in seen]
+            if missing:
+                raise DataError(
+                    f"--keep-columns: {', '.join(missing)} {'is not a column' if len(missing) == 1 else 'are not columns'}"
+                    f" of {path} (its columns: {', '.join(seen)})"
+                )
+        for n in names:
+            parts[n].extend(table.column(n).chunks)
+    return {n: pa.chunked_array(parts[n]).combine_chunks() if parts[n] else pa.array([], pa.string()) for n in names}

@@ -1,0 +1,185 @@
+"""The ``train:`` section (owned by ``recsys_dist.train.trainer``): kept apart from the trainer so
+that the config schema imports no training code."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from recsys_dist.config.base import Section as _Section
+
+
+class EarlyStoppingConfig(_Section):
+    """``train.early_stopping``: stop when the validation metric stops improving."""
+
+    metric: Literal["auc", "logloss", "ne"] = Field(
+        "auc", description="Validation metric watched: auc (higher is better), logloss or ne (lower is better)."
+    )
+    patience: int = Field(
+        3,
+        gt=0,
+        description="Stop after this many validations in a row without an improvement. A validation whose "
+        "metric is undefined (null AUC of a one-class or empty split) neither improves nor counts.",
+    )
+    min_delta: float = Field(
+        0.0, ge=0, description="An improvement is a change in the better direction larger than this."
+    )
+
+
+class TrainConfig(_Section):
+    """The ``train:`` section: batches, epochs, optimizers, schedule, loss, precision, logging."""
+
+    batch_size: int = Field(128, gt=0, le=2**24, description="Examples per rank per step.")
+    epochs: int = Field(1, gt=0, description="Passes over the training split.")
+    max_steps: int | None = Field(None, gt=0, description="Stop after this many steps (None = no cap).")
+    seed: int = Field(0, ge=0, description="Seed for weights and shuffling.")
+    embedding_optimizer: Literal["exact_rowwise_adagrad", "exact_adagrad", "exact_sgd", "adam"] = Field(
+        "exact_rowwise_adagrad",
+        description="Fused (in backward) FBGEMM optimizer of the embedding tables.",
+    )
+    embedding_lr: float = Field(0.05, gt=0, description="Learning rate of the embedding optimizer.")
+    dense_optimizer: Literal["sgd", "adagrad", "adam", "adamw"] = Field(
+        "adagrad", description="Optimizer of the dense (data-parallel) parameters."
+    )
+    dense_lr: float = Field(0.05, gt=0, description="Learning rate of the dense optimizer.")
+    warmup_steps: int = Field(0, ge=0, description="Linear learning-rate warmup over N steps (0 = none).")
+    decay_start_step: int | None = Field(
+        None, ge=0, description="Start of the polynomial (squared) learning-rate decay, as in MLPerf DLRMv2."
+    )
+    decay_steps: int = Field(0, ge=0, description="Length of the decay in steps (0 = no decay).")
+    embedding_weight_decay: float = Field(
+        0.0,
+        ge=0,
+        description="Weight decay of the embedding rows, applied by the embedding optimizer to the rows a step "
+        "looks up only (lazy, as FBGEMM's sparse update: a row absent from a batch is not decayed). "
+        "exact_rowwise_adagrad: L2, decay * w added to the row's gradient before the Adagrad step (as "
+        "torch.optim.Adagrad's weight_decay); adam: decoupled, w -= lr * decay * w (as torch.optim.AdamW). "
+        "exact_adagrad and exact_sgd have no weight decay in FBGEMM, and FBGEMM's CPU fused kernel none for "
+        "sharded tables: a value > 0 is refused there; on CPU only data_parallel tables decay.",
+    )
+    precision: Literal["fp32", "bf16-mixed"] = Field(
+        "fp32",
+        description="bf16-mixed: the model's forward runs under torch.autocast(bfloat16), so the dense "
+        "tower's matmuls run in bfloat16; weights, their gradients, optimizer state, embedding tables, "
+        "logits and the loss stay float32.",
+    )
+    dense_grad_clip_norm: float | None = Field(
+        None, gt=0, description="Clip the dense tower's gradient to this global L2 norm (None = off)."
+    )
+    log_every_n_steps: int = Field(20, gt=0, description="Write a train line to metrics.jsonl every N steps.")
+    deterministic: bool = Field(False, description="torch.use_deterministic_algorithms for exact reruns.")
+    timing_every_n_steps: int | None = Field(
+        50,
+        gt=0,
+        description="Profile one step in N for the data / input_dist / forward / backward / "
+        "optimizer breakdown written on train lines (None = off). train.pipeline base: no input_dist "
+        "part (its forward distributes the batch); semi_sync and fused_sparse_dist: no breakdown.",
+    )
+    progress_bar: bool = Field(True, description="tqdm progress bar on rank 0 (false = quiet).")
+    pipeline: Literal["base", "sparse_dist", "semi_sync", "fused_sparse_dist"] = Field(
+        "sparse_dist",
+        description="TorchRec training pipeline: sparse_dist (TrainPipelineSparseDist: input_dist of batch "
+        "i+1 overlaps batch i), base (TrainPipelineBase: no overlap), semi_sync (TrainPipelineSemiSync: "
+        "batch i+1's embedding lookup runs before batch i's update, so it reads tables one update "
+        "stale; CUDA only), fused_sparse_dist (TrainPipelineFusedSparseDist; CUDA only). See "
+        "recsys_dist/train/pipelines.py.",
+    )
+    loss: str | dict[str, str] = Field(
+        "bce",
+        description="Training loss: bce (binary cross-entropy), focal (Lin et al., 2017), mse, a name given to "
+        "recsys_dist.register_loss, or an import path 'package.module:fn' with fn(logits, labels, weights) -> "
+        "scalar (docs/api.md). With several tasks (data.schema.labels): one loss for every task, or "
+        "{task: loss}; a task not named (or the default) gets bce if binary, mse if regression.",
+    )
+    loss_args: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Keyword arguments of the loss, e.g. {gamma: 2.0} for focal; with a loss per task, "
+        "{task: {argument: value}}.",
+    )
+    loss_weights: dict[str, float] = Field(
+        default_factory=dict,
+        description="Several tasks: the weight w_t of each task's loss in the total sum_t w_t * loss_t "
+        "(task -> number >= 0; a task not named weighs 1).",
+    )
+    early_stopping: EarlyStoppingConfig | None = Field(
+        None,
+        description="Stop training when the validation metric (scored after every epoch and every "
+        "eval.every_n_steps) has not improved for `patience` validations; None = train every epoch.",
+    )
+
+    @model_validator(mode="after")
+    def _check_weight_decay(self) -> TrainConfig:
+        if self.embedding_weight_decay and self.embedding_optimizer in ("exact_adagrad", "exact_sgd"):
+            # FBGEMM's kernels for these have no weight decay: it would be silently ignored.
+            raise ValueError(
+                f"train.embedding_weight_decay: {self.embedding_weight_decay} is not applied by "
+                f"train.embedding_optimizer {self.embedding_optimizer} (FBGEMM's kernel has no weight decay); "
+                "use exact_rowwise_adagrad or adam, or set train.embedding_weight_decay: 0"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _check_loss(self) -> TrainConfig:
+        problems = []
+        if isinstance(self.loss, dict):
+            extra = [k for k in self.loss_args if k not in self.loss]
+            problems += [f"train.loss_args.{k}: not a task of train.loss ({sorted(self.loss)})" for k in extra]
+            for task, name in self.loss.items():
+                args = self.loss_args.get(task, {})
+                if not isinstance(args, dict):
+                    problems.append(f"train.loss_args.{task}: must be a mapping of arguments of {name}")
+                    continue
+                problems += _loss_problems(name, args, f"train.loss.{task}", f"train.loss_args.{task}")
+        else:
+            problems += _loss_problems(self.loss, self.loss_args, "train.loss", "train.loss_args")
+        problems += [f"train.loss_weights.{k}: {w} must be >= 0" for k, w in self.loss_weights.items() if w < 0]
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    def task_losses(self, tasks: list[str], kinds: list[str]) -> list[tuple[str, dict, float]]:
+        """(loss name, loss arguments, loss weight) per task, in task order (one task: ``train.loss``)."""
+        explicit = "loss" in self.model_fields_set
+        out = []
+        for task, kind in zip(tasks, kinds):
+            if isinstance(self.loss, dict):
+                name = self.loss.get(task) or ("bce" if kind == "binary" else "mse")
+                args = dict(self.loss_args.get(task, {}))
+            elif explicit or kind == "binary":
+                name, args = self.loss, dict(self.loss_args)
+            else:
+                name, args = ("bce" if kind == "binary" else "mse"), {}
+            out.append((name, args, float(self.loss_weights.get(task, 1.0))))
+        return out
+
+
+def _loss_problems(name: str, args: dict, key: str, args_key: str) -> list[str]:
+    from recsys_dist.models.losses import get_loss
+
+    try:
+        fn = get_loss(name)
+    except ValueError as err:
+        return [str(err).replace("train.loss", key, 1)]
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return []
+    if len(params) < 3 and not any(p.kind is p.VAR_POSITIONAL for p in params):
+        return [f"{key}: {name} must take (logits, labels, weights), it takes {len(params)}"]
+    given = set(getattr(fn, "model_outputs", ()))  # the model's outputs, not loss_args
+    problems = [
+        f"{args_key}.{k}: {name} reads {k!r} from the model's output, not from config" for k in args if k in given
+    ]
+    rest = {
+        p.name: p for p in params[3:] if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in given
+    }
+    takes_kwargs = any(p.kind is p.VAR_KEYWORD for p in params)
+    unknown = [k for k in args if k not in rest and not takes_kwargs]
+    missing = [n for n, p in rest.items() if p.default is p.empty and n not in args]
+    problems += [
+        f"{args_key}.{k}: {name} takes no argument {k!r} (it takes {sorted(rest)})" for k in unknown if k not in given
+    ]
+    problems += [f"{args_key}.{k}: required by {name}, missing" for k in missing]
+    return problems

@@ -1,0 +1,226 @@
+"""Starting ranks: :func:`launch` runs a Python function on N local ranks (the library's
+way), :func:`launch_workers` runs ``recsys-dist train`` on them (the command line's way).
+Both go through torch.distributed's elastic launcher, the code ``torchrun`` runs.
+
+``recsys_dist.train.launch`` is the function :func:`launch` (the package binds it on import), so
+reach this module's other names with ``from recsys_dist.train.launch import ...``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import sys
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from recsys_dist.errors import RankFailedError  # noqa: F401 (raised here; defined in errors)
+
+
+def launch(fn: Callable[..., Any], nproc: int, *args: Any, max_restarts: int = 0) -> list[Any]:
+    """Run ``fn(*args)`` on ``nproc`` local ranks and return each rank's return value.
+
+    The ranks are new processes started by torch.distributed's elastic launcher
+    (``elastic_launch``, standalone rendezvous on a free port, ``spawn`` start method), with
+    the environment of a torchrun worker (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
+    ``MASTER_ADDR``, ...), so a :class:`recsys_dist.Trainer` built inside ``fn`` joins them
+    into one process group::
+
+        # my_job.py
+        import recsys_dist
+        from recsys_dist.config import load_config
+
+        def job(config_path, run_dir):
+            with recsys_dist.Trainer(load_config(config_path), run_dir) as trainer:
+                return trainer.fit()
+
+        if __name__ == "__main__":
+            summaries = recsys_dist.launch(job, 2, "configs/criteo_quickstart.yaml", "runs/mine")
+
+    ``fn`` must be importable by name in a new process, as with multiprocessing's spawn: a
+    function defined at the top level of a module (or of the script, whose launching code
+    sits under ``if __name__ == "__main__":``), not a lambda, a nested function or a
+    function typed into a notebook or the interactive interpreter (put it in a ``.py``
+    file and import it). ``args`` and the return values must pickle.
+
+    The ranks end with this process, however it ends (SIGKILL included: Linux's
+    ``PR_SET_PDEATHSIG`` and a parent watch, ``recsys_dist.distributed.env.die_with_launcher``).
+
+    Args:
+        fn: the function every rank runs.
+        nproc: the number of ranks (>= 1).
+        *args: passed to ``fn`` on every rank.
+        max_restarts: restarts of the whole group after a rank fails.
+
+    Returns:
+        ``[rank 0's return value, rank 1's, ...]``.
+
+    Raises:
+        RankFailedError: a rank raised or died; names the rank, its error and traceback.
+        TypeError: ``fn`` or ``args`` cannot be sent to a new process.
+        ValueError: ``nproc`` < 1.
+    """
+    if not isinstance(nproc, int) or nproc < 1:
+        raise ValueError(f"nproc must be an integer >= 1, got {nproc!r}")
+    _check_spawnable(fn, args)
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import elastic_launch
+
+    config = _standalone(nproc, max_restarts, "spawn")
+    # The agent logs each failure with its traceback, which RankFailedError carries anyway.
+    agent_log = logging.getLogger("torch.distributed.elastic")
+    level = agent_log.level
+    agent_log.setLevel(logging.CRITICAL)
+    from recsys_dist.distributed.env import LAUNCHER_PID_ENV
+
+    os.environ[LAUNCHER_PID_ENV] = str(os.getpid())  # the ranks die with this process
+    try:
+        results = elastic_launch(config, rank_main)(fn, *args)
+    except ChildFailedError as err:
+        rank, failure = err.get_first_failure()
+        raise RankFailedError(rank, failure_message(failure), _failure_traceback(failure)) from None
+    finally:
+        agent_log.setLevel(level)
+    return [results[r] for r in range(nproc)]
+
+
+def _standalone(nproc: int, max_restarts: int, start_method: str):
+    """The elastic agent's config for ``nproc`` ranks on this machine alone (torchrun
+    ``--standalone``: a c10d rendezvous store on a free local port)."""
+    from torch.distributed.launcher.api import LaunchConfig
+
+    return LaunchConfig(
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=nproc,
+        run_id=str(uuid.uuid4()),
+        rdzv_backend="c10d",
+        rdzv_endpoint="localhost:0",
+        max_restarts=max_restarts,
+        start_method=start_method,
+    )
+
+
+def rank_main(fn: Callable[..., Any], *args: Any) -> Any:
+    """What every rank of :func:`launch` runs: ``fn(*args)``, in a process that ends when the
+    launcher's does (``recsys_dist.distributed.env.die_with_launcher``)."""
+    from recsys_dist.distributed.env import die_with_launcher
+
+    die_with_launcher()
+    return fn(*args)
+
+
+def _check_spawnable(fn: Callable, args: tuple) -> None:
+    """Refuse, in this process, what a spawned rank could not unpickle."""
+    main = sys.modules.get("__main__")
+    name = getattr(fn, "__qualname__", repr(fn))
+    if getattr(fn, "__module__", None) == "__main__" and not getattr(main, "__file__", None):
+        raise TypeError(
+            f"launch: {name} is defined in an interactive session (a notebook or the REPL), which a new "
+            "process cannot import; define it in a .py file and import it from there"
+        )
+    try:
+        pickle.dumps(fn)
+    except Exception as err:  # noqa: BLE001 - any pickling failure means the same thing
+        raise TypeError(
+            f"launch: {name} cannot be sent to a new process ({err}); give a function defined at the top "
+            "level of a module, not a lambda or a nested function"
+        ) from None
+    try:
+        pickle.dumps(args)
+    except Exception as err:  # noqa: BLE001
+        raise TypeError(f"launch: the arguments for {name} cannot be pickled ({err})") from None
+
+
+def failure_message(failure) -> str:
+    """The error text of an elastic ``ProcessFailure``: ``"ExceptionType: text"`` when the
+    rank recorded its exception, else what the launcher knows (e.g. the signal)."""
+    msg = failure.message
+    if isinstance(msg, dict):
+        msg = msg.get("message", msg)
+        if isinstance(msg, dict):
+            msg = msg.get("message", str(msg))
+    return str(msg)
+
+
+def _failure_traceback(failure) -> str:
+    msg = failure.message
+    if isinstance(msg, dict):
+        return str(msg.get("extraInfo", {}).get("py_callstack", ""))
+    return ""
+
+
+def launch_workers(
+    entry: Callable[[list[str]], int],
+    run_dir: Path,
+    nproc_per_node: int,
+    max_restarts: int,
+    extra_args: list[str] = (),
+    start_method: str = "spawn",
+) -> None:
+    """Run ``entry(["train", ..., "--worker"])`` (``recsys-dist train``'s rank,
+    ``recsys_dist.cli.main.cli_rank``) on ``nproc_per_node`` local ranks through torch.distributed's
+    elastic launcher (``elastic_launch``, torchrun's agent, standalone c10d rendezvous).
+
+    The workers read the resolved ``run_dir/config.yaml``. ``start_method``: ``"fork"`` (CPU:
+    the ranks inherit this process's imports, about 6 CPU-seconds of torch and torchrec per
+    rank) or ``"spawn"`` (fresh interpreters; CUDA does not survive a fork). Forking is safe
+    here because this process never ran a multi-threaded OpenMP region (``cmd_train`` keeps
+    it at one intra-op thread) and holds no process group; each forked rank restores the
+    default signal handlers before it starts.
+
+    Raises ``torch.distributed.elastic.multiprocessing.errors.ChildFailedError`` when a rank
+    fails (after ``max_restarts`` restarts of the whole group); it names the first failing
+    rank and carries its error.
+    """
+    from torch.distributed.launcher.api import elastic_launch
+
+    config = _standalone(nproc_per_node, max_restarts, start_method)
+    from recsys_dist.distributed.env import LAUNCHER_PID_ENV
+
+    os.environ[LAUNCHER_PID_ENV] = str(os.getpid())  # the ranks die with this process
+    # The launcher's own INFO lines would drown the summary.
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.WARNING)
+    # It logs a failed rank with the launcher's traceback; the caller reports the rank's error.
+    logging.getLogger("torch.distributed.elastic.multiprocessing.api").setLevel(logging.CRITICAL)
+    # "Terminating process N via signal SIGTERM": the other ranks being stopped after a failure,
+    # which the caller's message says.
+    logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)
+    argv = ["train", "--config", str(run_dir / "config.yaml"), "--run-dir", str(run_dir), "--worker", *extra_args]
+    sys.stdout.flush()
+    sys.stderr.flush()
+    elastic_launch(config, entry)(argv)
+
+
+def first_failure(err) -> tuple[int, Any]:
+    """The rank that failed first in a ``ChildFailedError`` of :func:`launch_workers`, and its
+    ``ProcessFailure``: of every rank that recorded an error (``error.json`` beside the
+    reported one), the earliest written. The agent reports the first rank it saw exit,
+    which may be a peer that failed only because the first one's connections closed. A rank
+    that SIGKILL ended (which records no error) comes before all of them: its peers' errors are
+    its effect (``recsys_dist.train.rank_failure.first_killed``)."""
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    from recsys_dist.train.rank_failure import first_killed
+
+    killed = first_killed(err.failures)
+    if killed is not None:
+        return killed
+    rank, failure = err.get_first_failure()
+    path = Path(failure.error_file) if failure.error_file else None
+    if path is None or not path.parent.parent.is_dir():
+        return rank, failure
+    written = [
+        (p.stat().st_mtime_ns, int(p.parent.name), p)
+        for p in path.parent.parent.glob("*/error.json")
+        if p.parent.name.isdigit()
+    ]
+    if not written:
+        return rank, failure
+    _, first, file = min(written)
+    if first == failure.local_rank:
+        return rank, failure
+    return rank - failure.local_rank + first, ProcessFailure(first, -1, 1, str(file))

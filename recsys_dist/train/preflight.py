@@ -1,0 +1,251 @@
+"""Checks across config sections, and checks of the machine and files before any rank starts.
+
+The one module that sees every section: :func:`section_problems` runs inside ``RunConfig``
+validation (so ``load_config`` reports them with every other problem);
+:func:`check_before_launch` adds what needs the filesystem or the device.
+"""
+
+from __future__ import annotations
+
+from recsys_dist.config.base import ConfigError
+from recsys_dist.data.config import missing_data_files
+from recsys_dist.data.resolve import feature_names, sequence_names, tasks
+from recsys_dist.distributed.sharding import (
+    CUDA_ONLY_KERNELS,
+    comms_problems,
+    small_table_problems,
+    unpooled_type_problems,
+)
+from recsys_dist.models.registry import get_model
+from recsys_dist.models.retrieval import retrieval_problems
+from recsys_dist.train.pipelines import pipeline_problems
+
+
+def section_problems(cfg) -> list[str]:
+    """Problems that involve two sections (each as "dotted.key: what is wrong; the fix").
+
+    ``cfg`` is a ``RunConfig`` whose sections are each valid on their own.
+    """
+    problems = []
+    dense, sparse = feature_names(cfg)
+    spec = get_model(cfg.model.name)
+    if spec.needs_dense and not dense:
+        problems.append(
+            f"model.name: {cfg.model.name} needs dense features and {cfg.data.format} has none; "
+            "use dcnv2, deepfm or wide_deep"
+        )
+    names, kinds = tasks(cfg)
+    t = cfg.train
+    named = list(t.loss) if isinstance(t.loss, dict) else []
+    for key, keys in (("train.loss", named), ("train.loss_weights", list(t.loss_weights))):
+        problems += [
+            f"{key}.{k}: no task {k!r}; the tasks (data.schema.labels) are {names}" for k in keys if k not in names
+        ]
+    for task, kind, (loss, _, _) in zip(names, kinds, t.task_losses(names, kinds)):
+        if kind == "regression" and loss in ("bce", "focal"):
+            problems.append(
+                f"train.loss{'.' + task if named else ''}: {loss} needs 0/1 labels and task {task!r} is a regression; "
+                "use mse (the default for regression tasks)"
+            )
+    if len(names) > 1 and not spec.multi_task:
+        problems.append(
+            f"model.name: {cfg.model.name} gives one logit per row and data.schema.labels has {len(names)} tasks; "
+            "use a multi-task model (mmoe)"
+        )
+    if len(names) > 1 and cfg.eval.auc_buckets:
+        problems.append(
+            "eval.auc_buckets: streaming metrics are for one task; several tasks are scored exactly (remove it)"
+        )
+    if len(names) > 1 and cfg.eval.group_feature is not None:
+        problems.append("eval.group_feature: GAUC is for one binary task; remove it with data.schema.labels")
+    if cfg.data.schema is not None and cfg.data.schema.weight and cfg.eval.auc_buckets:
+        problems.append("eval.auc_buckets: streaming metrics are unweighted; with data.schema.weight remove it")
+    g = cfg.eval.group_feature
+    if g is not None:
+        multi_hot = set(cfg.data.schema.multi_hot) if cfg.data.schema else set()
+        if g not in sparse:
+            problems.append(f"eval.group_feature: {g!r} is not a categorical feature; valid: {', '.join(sparse)}")
+        elif g in multi_hot:
+            problems.append(f"eval.group_feature: {g!r} is multi-hot; GAUC groups by one id per row")
+        if cfg.eval.auc_buckets:
+            problems.append(
+                "eval.group_feature: GAUC needs every prediction; it cannot be combined with eval.auc_buckets"
+            )
+    seq = sequence_names(cfg)
+    if seq and spec.sequences is False:
+        keys = [f"data.schema.sequence.{n}" for n in cfg.data.schema.sequence] if cfg.data.schema else []
+        if cfg.data.schema is not None and cfg.data.schema.history is not None:
+            keys.append("data.schema.history")
+        problems.append(
+            f"model.name: {cfg.model.name} reads no sequence features, so {', '.join(keys or seq)} would be "
+            "dropped; use a model that reads them (din, bst) or remove them from data.schema"
+        )
+    # s_<feature>: how models.build names the sequence tables (EmbeddingCollection)
+    problems += unpooled_type_problems(cfg.sharding, [f"s_{n}" for n in seq])
+    if spec.retrieval:
+        problems += retrieval_problems(cfg)
+    elif cfg.eval.retrieval_k is not None:
+        problems.append(f"eval.retrieval_k: {cfg.model.name} is not a retrieval model (two_tower); remove it")
+    if cfg.checkpoint.keep_best and not cfg.checkpoint.enabled:
+        problems.append(
+            "checkpoint.keep_best: keeps a checkpoint, but checkpoint.enabled is false; enable checkpoints or "
+            "remove keep_best"
+        )
+    return problems
+
+
+def table_names(cfg) -> list[str]:
+    """Every table of the configured model, named as the model names them
+    (``models.build.embedding_configs``): ``t_<feature>``, ``w_<feature>`` for models registered
+    with first-order tables, then ``s_<feature>`` for sequence features."""
+    from recsys_dist.models.build import embedding_configs
+
+    return [t.name for t in embedding_configs(cfg)]
+
+
+def coverage_problems(cfg) -> list[str]:
+    """Embedding modules of the configured model that no sharder covers (``sharding.check_covered``:
+    a plain ``nn.Embedding`` / ``nn.EmbeddingBag`` would be replicated in full on every rank),
+    found by building the model with its tables on the meta device, as the ranks do. A model
+    that fails to build here is left to the ranks, which build it on their own device and
+    report that failure."""
+    import torch
+
+    from recsys_dist.distributed.sharding import check_covered
+    from recsys_dist.models.build import feature_spec
+
+    try:
+        spec = feature_spec(cfg, device=torch.device("cpu"), embedding_device=torch.device("meta"))
+        model = get_model(cfg.model.name).build(spec, cfg.model)
+    except Exception:  # noqa: BLE001 - not this check's to report (see the docstring)
+        return []
+    if not isinstance(model, torch.nn.Module):
+        return []
+    try:
+        check_covered(model)
+    except ValueError as err:
+        return [f"model.name: {cfg.model.name}: {err}"]
+    return []
+
+
+def uvm_kernels(cfg) -> list[tuple[str, str]]:
+    """(config key, kernel) for every CUDA-only compute kernel the config allows."""
+    found = [("sharding.compute_kernels", k) for k in cfg.sharding.compute_kernels if k in CUDA_ONLY_KERNELS]
+    for name, t in cfg.sharding.per_table.items():
+        found += [
+            (f"sharding.per_table.{name}.compute_kernels", k) for k in t.compute_kernels if k in CUDA_ONLY_KERNELS
+        ]
+    return found
+
+
+def _every_table_data_parallel(cfg) -> bool:
+    """Whether the config places every table data_parallel (by fixed_plan, or by
+    sharding_types with per_table overrides that allow nothing else)."""
+    s = cfg.sharding
+    if s.fixed_plan is not None:
+        return bool(s.fixed_plan) and all(fp.sharding_type == "data_parallel" for fp in s.fixed_plan.values())
+    if s.sharding_types != ["data_parallel"]:
+        return False
+    return all(t.sharding_types in ([], None, ["data_parallel"]) for t in s.per_table.values())
+
+
+def check_before_launch(cfg, world_size: int | None = None, memory: bool = True) -> None:
+    """Checks that need the filesystem or the machine, run before any rank is spawned.
+
+    ``world_size`` is the job's size when known (under torchrun), else nproc_per_node.
+    ``memory``: check that one batch fits in the machine's memory
+    (``recsys_dist.train.batch_memory``); off in a rank, whose peers are allocating meanwhile.
+
+    Raises:
+        ConfigError: the data file is missing, the device asked for is absent, the model holds
+            an embedding module no sharder covers (:func:`coverage_problems`), ...
+    """
+    problems = []
+    if cfg.data.raw_path is None:
+        problems.append("  data.raw_path: not set; training needs a raw data file")
+    problems += [f"  {p}" for p in missing_data_files(cfg.data)]  # also for a config not from load_config
+    problems += [f"  {p}" for p in section_problems(cfg)]
+    problems += [f"  {p}" for p in coverage_problems(cfg)]
+    tables = table_names(cfg)
+    unknown = sorted(set(cfg.sharding.per_table) - set(tables))
+    if unknown:
+        problems.append(f"  sharding.per_table: unknown tables {unknown}; the tables are {tables[0]} .. {tables[-1]}")
+    if cfg.eval.group_feature and cfg.eval.auc_buckets:
+        problems.append(
+            "  eval.group_feature: GAUC needs every prediction; it cannot be combined with eval.auc_buckets"
+        )
+    fixed = cfg.sharding.fixed_plan
+    world = world_size if world_size is not None else cfg.distributed.nproc_per_node
+    if fixed is not None:
+        missing = [t for t in tables if t not in fixed]
+        extra = sorted(set(fixed) - set(tables))
+        if missing or extra:
+            problems.append(
+                f"  sharding.fixed_plan: must place exactly the model's tables {tables[0]} .. {tables[-1]} "
+                f"(missing {missing}, unknown {extra})"
+            )
+        for name, fp in fixed.items():
+            if any(r >= world for r in fp.ranks or []):
+                problems.append(f"  sharding.fixed_plan.{name}.ranks: {fp.ranks} but the job has {world} rank(s)")
+    if cfg.sharding.sharding_types == ["table_wise"] and world > len(tables) and fixed is None:
+        problems.append(
+            f"  distributed.nproc_per_node: {world} ranks but only {len(tables)} tables and "
+            "sharding_types [table_wise]; allow row_wise or column_wise, or use fewer ranks"
+        )
+    if cfg.data.categorical_mapping == "hash":  # vocabulary sizes are known once converted (checked then)
+        from recsys_dist.models.build import embedding_configs
+
+        sizes = {t.name: t.num_embeddings for t in embedding_configs(cfg)}
+        problems += [f"  {p}" for p in small_table_problems(cfg.sharding, sizes, world)]
+    only_dp = _every_table_data_parallel(cfg)
+    comms = cfg.sharding.comms
+    if (comms.forward, comms.backward) != ("fp32", "fp32") and only_dp:
+        problems.append(
+            "  sharding.comms: every table is data_parallel, which has no output_dist to quantize (its "
+            "gradients go through DDP's fp32 all-reduce); remove sharding.comms or allow a sharded type"
+        )
+    if cfg.model.embedding_dim % 4 and not only_dp:
+        low = cfg.model.embedding_dim - cfg.model.embedding_dim % 4
+        problems.append(
+            f"  model.embedding_dim: {cfg.model.embedding_dim} is not a multiple of 4, which FBGEMM's fused "
+            f"kernel needs for every local shard; use {low or 4} or {low + 4} (or sharding_types: [data_parallel])"
+        )
+    for key, types, kernels in [("sharding", cfg.sharding.sharding_types, cfg.sharding.compute_kernels)] + [
+        (
+            f"sharding.per_table.{n}",
+            t.sharding_types or cfg.sharding.sharding_types,
+            t.compute_kernels or cfg.sharding.compute_kernels,
+        )
+        for n, t in cfg.sharding.per_table.items()
+    ]:
+        if types == ["data_parallel"] and kernels and "dense" not in kernels:
+            problems.append(f"  {key}.compute_kernels: data_parallel tables need the dense kernel; add dense")
+        if types and "data_parallel" not in types and kernels == ["dense"]:
+            problems.append(f"  {key}.compute_kernels: only data_parallel uses the dense kernel; add fused")
+    import torch
+
+    cuda = torch.cuda.is_available()
+    if cfg.distributed.device == "cuda" and not cuda:
+        problems.append("  distributed.device: 'cuda' asked for but no CUDA device is visible (use auto or cpu)")
+    cpu = cfg.distributed.device == "cpu" or not cuda
+    problems += [f"  {p}" for p in comms_problems(comms, "cpu" if cpu else "cuda", world)]
+    if cpu:
+        if cfg.train.embedding_optimizer == "adam" and cfg.sharding.sharding_types != ["data_parallel"]:
+            problems.append(
+                "  train.embedding_optimizer: FBGEMM's CPU kernels have no Adam for sharded tables; use "
+                "exact_rowwise_adagrad, exact_adagrad or exact_sgd on CPU (or sharding.sharding_types: [data_parallel])"
+            )
+        if cfg.train.embedding_weight_decay and not only_dp:
+            problems.append(
+                f"  train.embedding_weight_decay: {cfg.train.embedding_weight_decay} would be ignored: FBGEMM's "
+                "CPU fused kernel has no weight decay for sharded tables; set it to 0, or train on CUDA (or "
+                "sharding.sharding_types: [data_parallel])"
+            )
+        problems += [f"  {key}: {k} needs a CUDA device; use fused on CPU" for key, k in uvm_kernels(cfg)]
+        problems += [f"  {p}" for p in pipeline_problems(cfg.train.pipeline, "cpu")]
+    from recsys_dist.train.batch_memory import batch_memory_problems, local_rank_count
+
+    if memory:
+        problems += [f"  {p}" for p in batch_memory_problems(cfg, local_rank_count(cfg))]
+    if problems:
+        raise ConfigError("invalid config:\n" + "\n".join(problems))
