@@ -9,7 +9,7 @@ import torch
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
 from recsys_dist.data.resolve import feature_names, sequence_names, tasks
-from recsys_dist.data.spec import FIRST_ORDER_DIM, FeatureSpec, make_sequence_tables, make_tables
+from recsys_dist.data.spec import FeatureSpec, make_sequence_tables, make_tables
 from recsys_dist.models.losses import get_loss
 from recsys_dist.models.managed import build_remap
 from recsys_dist.models.registry import get_model
@@ -35,7 +35,8 @@ def feature_spec(
 ) -> FeatureSpec:
     """The :class:`FeatureSpec` of a run config: its format's features, ``num_embeddings`` rows
     per table (default: as configured), ``model.embedding_dim`` / ``embedding_init_scale``,
-    ``data.pooling`` / ``data.feature_pooling``; first-order tables when the model has them.
+    ``data.pooling`` / ``data.feature_pooling``; then the model's ``on_features`` hook (DeepFM's
+    first-order tables).
     Sequence features (``data.schema.sequence`` / ``history``) get ``s_<feature>`` EmbeddingConfigs
     in ``sequence_tables`` and are not among ``sparse_names``."""
     dense, keys = feature_names(cfg)
@@ -46,20 +47,18 @@ def feature_spec(
     seq_sizes = [n for k, n in zip(keys, all_sizes) if k in seq]
     m, d = cfg.model, cfg.data
     pooling = dict(default_pooling=d.pooling, pooling=d.feature_pooling, init_scale=m.embedding_init_scale)
-    first = []
-    if get_model(m.name).first_order_tables:
-        first = make_tables(sparse, sizes, FIRST_ORDER_DIM, prefix="w_", **pooling)
-    return FeatureSpec(
+    spec = FeatureSpec(
         dense_names=dense,
         sparse_names=sparse,
         tables=make_tables(sparse, sizes, m.embedding_dim, **pooling),
         embedding_device=embedding_device or torch.device("meta"),
         device=device or torch.device("cpu"),
-        first_order_tables=first,
         tasks=tasks(cfg)[0],
         sequence_names=seq,
         sequence_tables=make_sequence_tables(seq, seq_sizes, m.embedding_dim, init_scale=m.embedding_init_scale),
     )
+    add_tables = get_model(m.name).on_features  # the model's own tables (DeepFM's first-order ones)
+    return add_tables(spec) if add_tables is not None else spec
 
 
 def embedding_configs(cfg, num_embeddings: list[int] | None = None) -> list[EmbeddingBagConfig]:

@@ -12,13 +12,14 @@ from __future__ import annotations
 import importlib
 import inspect
 import pkgutil
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from pydantic import Field, model_validator
 
 from recsys_dist.config.base import import_object, is_import_path
+from recsys_dist.models.checks import one_task
 from recsys_dist.models.config import ModelConfig
 
 
@@ -114,40 +115,53 @@ def model_config_class(name: Any) -> type[ModelConfig]:
         ) from None
 
 
+Check = Callable[[Any], "list[str]"]
+"""``check(cfg: RunConfig) -> list[str]``: a model's own cross-section problems, each
+"dotted.key: what is wrong; the fix" (``recsys_dist.train.preflight.section_problems``)."""
+
+
 @dataclass(frozen=True)
 class ModelSpec:
-    """A registered model.
+    """A registered model: what builds it and the hooks the core calls (never flags to branch on).
 
     Attributes:
         name: the ``model.name`` that selects it.
         config: its config class (a :class:`ModelConfig` subclass whose ``name`` is this name).
         build: ``build(spec, cfg) -> nn.Module``.
         factory: for a model registered as ``factory(spec, **model.args)``, that factory.
-        needs_dense: refuse data without dense features (DLRM's bottom MLP).
-        first_order_tables: the model also reads one width-4 table ``w_<feature>`` per feature
-            (``spec.first_order_tables``), in the same EmbeddingBagCollection.
-        multi_task: the model gives one logit per task (``[B, len(spec.tasks)]``); a model
-            registered with a config class and without it is refused for several tasks.
-        sequences: whether the model reads sequence features (``spec.sequence_names``). False:
-            a config with ``data.schema.sequence`` / ``history`` is refused (they would be
-            dropped). None (not declared; import-path models and ``register_model`` without
-            the flag): not checked.
-        retrieval: a retrieval model (``recsys_dist.models.retrieval``): its config has
-            ``user_features``, ``item_features`` and ``item_id``, its module ``user_vectors(kjt)``
-            and ``item_vectors(kjt)`` (float32 ``[B, D]``; a pair scores their dot product).
-            The Trainer then gives it the training split's item counts (``spec.id_counts``) and
-            scores recall@K / NDCG@K over the whole item corpus on validation and test.
+        checks: ``check(cfg) -> list[str]`` each, run by preflight on every config naming the
+            model (``recsys_dist.models.checks`` holds the shipped ones: dense features needed,
+            one task only, no sequence features).
+        on_features: ``on_features(spec) -> FeatureSpec``: the tables the model adds to the
+            data's (DeepFM's first-order ``w_<feature>``, ``recsys_dist.models.ctr``); every
+            FeatureSpec of the model goes through it (training, planning, export).
+        read_data: ``read_data(cfg, paths, num_embeddings) -> data``: what the model reads from
+            the converted splits (``paths``: ``{split: [file, ...]}``), once, on rank 0, before
+            sharding; the Trainer sends ``data`` (picklable) to every rank.
+        on_data: ``on_data(spec, data) -> FeatureSpec``: the spec the model is built over, given
+            ``data`` (two_tower: the item counts of its logQ correction, ``spec.id_counts``).
+        evaluator: ``evaluator(model, data, split, cfg, device) -> dict[str, float]``: metrics
+            added to ``Trainer.evaluate``'s (two_tower: recall@K / NDCG@K over the item corpus,
+            ``recsys_dist.models.retrieval``). Collective: every rank calls it.
+        export_extras: ``export_extras(cfg, model, record, path, out) -> list[Path]``: files
+            ``recsys_dist.serve.export.export`` adds to an export in ``out`` (``record``: the
+            preprocessing record; ``path``: what was exported, for messages).
     """
 
     name: str
     config: type[ModelConfig]
     build: Callable
     factory: Callable | None = None
-    needs_dense: bool = False
-    first_order_tables: bool = False
-    multi_task: bool = False
-    sequences: bool | None = None
-    retrieval: bool = False
+    checks: tuple[Check, ...] = ()
+    on_features: Callable | None = None
+    read_data: Callable | None = None
+    on_data: Callable | None = None
+    evaluator: Callable | None = None
+    export_extras: Callable | None = None
+
+    def problems(self, cfg) -> list[str]:
+        """Every problem of ``cfg`` (a ``RunConfig``) that this model's checks find, in order."""
+        return [p for check in self.checks for p in check(cfg)]
 
 
 _MODELS: dict[str, ModelSpec] = {}
@@ -158,20 +172,25 @@ def register_model(
     name: str,
     config: type[ModelConfig] | None = None,
     *,
-    needs_dense: bool = False,
-    first_order_tables: bool = False,
-    multi_task: bool = False,
-    sequences: bool | None = None,
-    retrieval: bool = False,
+    checks: Sequence[Check] | None = None,
+    on_features: Callable | None = None,
+    read_data: Callable | None = None,
+    on_data: Callable | None = None,
+    evaluator: Callable | None = None,
+    export_extras: Callable | None = None,
 ):
     """Decorator that makes a model selectable as ``model.name: <name>``.
 
     With ``config`` (a :class:`ModelConfig` subclass), the decorated function is
     ``build(spec, cfg) -> nn.Module`` and ``model:`` keys validate against ``config``.
-    ``retrieval``: see :class:`ModelSpec` (only with ``config``).
 
     Without it, the function (or class) is a factory ``factory(spec, **model.args)`` and
     ``model.args`` is checked against its signature.
+
+    ``checks`` (default: ``(checks.one_task,)`` with a config class, since a model with typed
+    options states its output width; none for a factory, whose width is checked at run time)
+    and the hooks ``on_features``, ``read_data``, ``on_data``, ``evaluator``,
+    ``export_extras``: see :class:`ModelSpec`.
 
     Example::
 
@@ -184,6 +203,16 @@ def register_model(
     """
     if ":" in name:
         raise ValueError(f"register_model: {name!r} contains ':'; import paths need no registration")
+    if checks is None:
+        checks = (one_task,) if config is not None else ()
+    hooks = dict(
+        checks=tuple(checks),
+        on_features=on_features,
+        read_data=read_data,
+        on_data=on_data,
+        evaluator=evaluator,
+        export_extras=export_extras,
+    )
 
     def wrap(fn):
         _load_builtin()
@@ -191,19 +220,10 @@ def register_model(
             raise ValueError(f"register_model: model {name!r} is registered already")
         if config is None:
             _MODELS[name] = ModelSpec(
-                name,
-                FactoryModelConfig,
-                lambda spec, cfg: fn(spec, **cfg.args),
-                factory=fn,
-                needs_dense=needs_dense,
-                first_order_tables=first_order_tables,
-                multi_task=True,  # a factory's output width is its own business: checked at run time
-                sequences=sequences,
+                name, FactoryModelConfig, lambda spec, cfg: fn(spec, **cfg.args), factory=fn, **hooks
             )
         else:
-            _MODELS[name] = ModelSpec(
-                name, config, fn, None, needs_dense, first_order_tables, multi_task, sequences, retrieval
-            )
+            _MODELS[name] = ModelSpec(name, config, fn, None, **hooks)
         return fn
 
     return wrap
@@ -229,9 +249,7 @@ def get_model(name: str) -> ModelSpec:
     _load_builtin()
     if is_import_path(name):
         factory = model_factory(name)
-        return ModelSpec(
-            name, FactoryModelConfig, lambda spec, cfg: factory(spec, **cfg.args), factory, multi_task=True
-        )
+        return ModelSpec(name, FactoryModelConfig, lambda spec, cfg: factory(spec, **cfg.args), factory)
     return _MODELS[name]
 
 

@@ -1,10 +1,11 @@
 """Retrieval evaluation of a two-tower model: recall@K and NDCG@K over the whole item corpus.
 
-For a model registered with ``retrieval=True`` (``two_tower``; ``recsys_dist.models.registry``),
-the Trainer reads the converted splits once (:func:`read_retrieval_data`, rank 0, sent to every
-rank) and, on the validation and test splits, :func:`retrieval_metrics` runs the (sharded)
-item tower over every item of the corpus and the user tower over every evaluated user, and
-ranks the corpus for each user:
+A retrieval model (``two_tower``, ``recsys_dist.models.zoo.two_tower``) registers the hooks at
+the end of this module (``recsys_dist.models.registry.ModelSpec``): the Trainer reads the
+converted splits once through it (:func:`read_retrieval_data`, rank 0, sent to every rank) and,
+on the validation and test splits, :func:`retrieval_metrics` runs the (sharded) item tower over
+every item of the corpus and the user tower over every evaluated user, and ranks the corpus for
+each user:
 
 - corpus: every distinct id of ``model.item_id`` in the three splits, except the missing-value
   id 0 and, under ``data.categorical_mapping: vocabulary``, the out-of-vocabulary id 1 (it
@@ -29,6 +30,7 @@ in chunks of ``USER_CHUNK`` users: meant for corpora of up to about a million it
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from dataclasses import dataclass, field
@@ -43,6 +45,8 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from recsys_dist.data.loader import ParquetBatchLoader, take_bags
 from recsys_dist.data.mapping import MISSING_ID, OOV_ID, load_vocabularies, loader_id_bounds
 from recsys_dist.data.resolve import feature_names, label_columns
+from recsys_dist.data.spec import FeatureSpec
+from recsys_dist.errors import DataError
 from recsys_dist.models.losses import get_loss
 
 DEFAULT_K = (10, 50)
@@ -95,12 +99,14 @@ class RetrievalData:
         corpus: the items (item-tower features per corpus id; ``corpus.ids`` ascending).
         train_counts: int64 [num_items]: training rows per item id (logQ, most-popular baseline).
         splits: ``{"validation": EvalUsers, "test": EvalUsers}``.
+        item_id: the feature whose ids are the items (``model.item_id``).
     """
 
     sparse_names: list[str]
     corpus: Entities
     train_counts: np.ndarray
     splits: dict[str, EvalUsers]
+    item_id: str = ""
 
 
 def read_rows(files: list[str], cfg, num_embeddings: list[int]) -> Rows:
@@ -198,7 +204,7 @@ def read_retrieval_data(cfg, paths: dict[str, list[str]], num_embeddings: list[i
         idx = np.asarray(firsts, dtype=np.int64)
         bags = {f: take_bags(*r.ids[f], idx) for f in m.user_features}
         out[s] = EvalUsers(Entities(np.asarray(eval_users, dtype=np.int64), bags), positives, seen)
-    return RetrievalData(sparse, corpus, train_counts, out)
+    return RetrievalData(sparse, corpus, train_counts, out, item_key)
 
 
 def _bags_from(rows: dict, split_idx: np.ndarray, row_idx: np.ndarray, features: list[str]) -> dict:
@@ -411,3 +417,46 @@ def export_item_embeddings(cfg, model: nn.Module, conversion: Path, out: Path) -
         np.save(out / ITEM_KEYS_FILE, key_of[data.corpus.ids])
         written.append(out / ITEM_KEYS_FILE)
     return written
+
+
+# The hooks a retrieval model registers (``register_model(..., **RETRIEVAL_HOOKS)``).
+
+
+def with_item_counts(spec: FeatureSpec, data: RetrievalData) -> FeatureSpec:
+    """``spec`` with the training split's rows per item id (``spec.id_counts[item_id]``, int64
+    [num_items]): the logQ correction's sampling probabilities."""
+    return dataclasses.replace(spec, id_counts={data.item_id: data.train_counts})
+
+
+def evaluate_retrieval(model: nn.Module, data: RetrievalData, split, cfg, device) -> dict[str, float]:
+    """:func:`retrieval_metrics` on ``"validation"`` / ``"test"`` (K of ``eval.retrieval_k``,
+    batches of ``eval.batch_size`` or ``train.batch_size``); ``{}`` on any other split or loader.
+    Collective."""
+    if not isinstance(split, str) or split not in ("validation", "test"):
+        return {}
+    bs = cfg.eval.batch_size or cfg.train.batch_size
+    return retrieval_metrics(model, data, split, cfg.eval.retrieval_k, bs, device)
+
+
+def export_items(cfg, model: nn.Module, record: dict, path, out: Path) -> list[Path]:
+    """:func:`export_item_embeddings` of the training conversion ``record`` names (the export's
+    preprocessing record).
+
+    Raises:
+        DataError: the record names no training conversion (an export written without one).
+    """
+    conversion = (record.get("training_conversion") or {}).get("directory")
+    if conversion is None:
+        raise DataError(
+            f"{path}: no training conversion is recorded, and the item embeddings need the data's item corpus; "
+            "export the run's checkpoint (not an export written without it)"
+        )
+    return export_item_embeddings(cfg, model, Path(conversion), out)
+
+
+RETRIEVAL_HOOKS = dict(
+    read_data=read_retrieval_data,
+    on_data=with_item_counts,
+    evaluator=evaluate_retrieval,
+    export_extras=export_items,
+)

@@ -53,7 +53,6 @@ from recsys_dist.errors import DataError
 from recsys_dist.models.build import build_model, table_sizes
 from recsys_dist.models.managed import managed_metrics
 from recsys_dist.models.registry import get_model
-from recsys_dist.models.retrieval import export_item_embeddings
 from recsys_dist.models.task import CTRTask
 from recsys_dist.serve.scoring import (
     MANIFEST_FILE,
@@ -194,8 +193,8 @@ def load_model(path: str | Path) -> tuple[RunConfig, CTRTask, str]:
 def export(path: str | Path, out: str | Path, format: str = "safetensors") -> list[Path]:
     """Write a self-contained export of a run, checkpoint or export into ``out``:
     ``model.safetensors``, ``config.yaml``, ``preprocessing.json`` (and ``vocabulary.parquet``);
-    for a retrieval model (``two_tower``) also ``item_ids.npy`` and ``item_embeddings.npy``
-    (``recsys_dist.models.retrieval.export_item_embeddings``); with ``format="torchscript"`` also ``model.torchscript.pt`` and ``serving.json``.
+    the model's ``export_extras`` hook's files (``two_tower``: ``item_ids.npy`` and
+    ``item_embeddings.npy``, ``recsys_dist.models.retrieval.export_item_embeddings``); with ``format="torchscript"`` also ``model.torchscript.pt`` and ``serving.json``.
     Returns the paths written.
 
     Raises:
@@ -218,14 +217,9 @@ def export(path: str | Path, out: str | Path, format: str = "safetensors") -> li
     _chmod_as_umask(out / MODEL_FILE)
     save_config(m.cfg, out / "config.yaml")
     written = [out / MODEL_FILE, out / "config.yaml", *m.preprocessing.save(out)]
-    if get_model(m.cfg.model.name).retrieval:  # two_tower: the item corpus's embeddings, for an ANN index
-        conversion = (m.preprocessing.record.get("training_conversion") or {}).get("directory")
-        if conversion is None:
-            raise DataError(
-                f"{path}: no training conversion is recorded, and the item embeddings need the data's item corpus; "
-                "export the run's checkpoint (not an export written without it)"
-            )
-        written += export_item_embeddings(m.cfg, m.model, Path(conversion), out)
+    extras = get_model(m.cfg.model.name).export_extras  # two_tower: the item embeddings, for an ANN index
+    if extras is not None:
+        written += extras(m.cfg, m.model, m.preprocessing.record, path, out)
     if artefact is not None:
         from recsys_dist.serve.torchscript import save_artefact
 

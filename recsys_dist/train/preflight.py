@@ -17,7 +17,6 @@ from recsys_dist.distributed.sharding import (
     unpooled_type_problems,
 )
 from recsys_dist.models.registry import get_model
-from recsys_dist.models.retrieval import retrieval_problems
 from recsys_dist.train.pipelines import pipeline_problems
 
 
@@ -27,13 +26,9 @@ def section_problems(cfg) -> list[str]:
     ``cfg`` is a ``RunConfig`` whose sections are each valid on their own.
     """
     problems = []
-    dense, sparse = feature_names(cfg)
+    _, sparse = feature_names(cfg)
     spec = get_model(cfg.model.name)
-    if spec.needs_dense and not dense:
-        problems.append(
-            f"model.name: {cfg.model.name} needs dense features and {cfg.data.format} has none; "
-            "use dcnv2, deepfm or wide_deep"
-        )
+    problems += spec.problems(cfg)  # the model's own (registered checks: dense needed, one task, ...)
     names, kinds = tasks(cfg)
     t = cfg.train
     named = list(t.loss) if isinstance(t.loss, dict) else []
@@ -47,11 +42,6 @@ def section_problems(cfg) -> list[str]:
                 f"train.loss{'.' + task if named else ''}: {loss} needs 0/1 labels and task {task!r} is a regression; "
                 "use mse (the default for regression tasks)"
             )
-    if len(names) > 1 and not spec.multi_task:
-        problems.append(
-            f"model.name: {cfg.model.name} gives one logit per row and data.schema.labels has {len(names)} tasks; "
-            "use a multi-task model (mmoe)"
-        )
     if len(names) > 1 and cfg.eval.auc_buckets:
         problems.append(
             "eval.auc_buckets: streaming metrics are for one task; several tasks are scored exactly (remove it)"
@@ -72,19 +62,9 @@ def section_problems(cfg) -> list[str]:
                 "eval.group_feature: GAUC needs every prediction; it cannot be combined with eval.auc_buckets"
             )
     seq = sequence_names(cfg)
-    if seq and spec.sequences is False:
-        keys = [f"data.schema.sequence.{n}" for n in cfg.data.schema.sequence] if cfg.data.schema else []
-        if cfg.data.schema is not None and cfg.data.schema.history is not None:
-            keys.append("data.schema.history")
-        problems.append(
-            f"model.name: {cfg.model.name} reads no sequence features, so {', '.join(keys or seq)} would be "
-            "dropped; use a model that reads them (din, bst) or remove them from data.schema"
-        )
     # s_<feature>: how models.build names the sequence tables (EmbeddingCollection)
     problems += unpooled_type_problems(cfg.sharding, [f"s_{n}" for n in seq])
-    if spec.retrieval:
-        problems += retrieval_problems(cfg)
-    elif cfg.eval.retrieval_k is not None:
+    if spec.evaluator is None and cfg.eval.retrieval_k is not None:
         problems.append(f"eval.retrieval_k: {cfg.model.name} is not a retrieval model (two_tower); remove it")
     if cfg.checkpoint.keep_best and not cfg.checkpoint.enabled:
         problems.append(

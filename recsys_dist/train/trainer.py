@@ -11,7 +11,6 @@ i+1 with the forward/backward of batch i. Evaluation lives in ``recsys_dist.trai
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import math
@@ -70,7 +69,6 @@ from recsys_dist.faults import maybe_fault
 from recsys_dist.models.build import build_model, feature_spec, table_sizes
 from recsys_dist.models.managed import managed_metrics
 from recsys_dist.models.registry import get_model
-from recsys_dist.models.retrieval import read_retrieval_data, retrieval_metrics
 from recsys_dist.train.early_stopping import BestTracker
 from recsys_dist.train.evaluation import evaluate, in_row_order, predict
 from recsys_dist.train.metrics_writer import MetricsWriter, finite_or_none
@@ -393,14 +391,16 @@ class Trainer:
             len(self._loaders.train),
         )
         self.spec = feature_spec(cfg, self._loaders.num_embeddings, ctx.device)
-        # A retrieval model (two_tower): the item corpus and evaluated users, read once on rank
-        # 0; the training split's item counts go to the model (logQ correction).
-        self._retrieval = None
-        if get_model(cfg.model.name).retrieval:
-            loaders, sizes = self._loaders, self._loaders.num_embeddings
+        # The model's own data (two_tower: the item corpus and evaluated users), read once on
+        # rank 0, then its FeatureSpec given that data (two_tower: the logQ item counts).
+        self._model_hooks = get_model(cfg.model.name)
+        self._model_data = None
+        if self._model_hooks.read_data is not None:
+            loaders, sizes, read = self._loaders, self._loaders.num_embeddings, self._model_hooks.read_data
             paths = {s: [str(f) for f in getattr(loaders, s).files] for s in ("train", "validation", "test")}
-            self._retrieval = broadcast_result(ctx, lambda: read_retrieval_data(cfg, paths, sizes))
-            self.spec = dataclasses.replace(self.spec, id_counts={cfg.model.item_id: self._retrieval.train_counts})
+            self._model_data = broadcast_result(ctx, lambda: read(cfg, paths, sizes))
+        if self._model_hooks.on_data is not None:
+            self.spec = self._model_hooks.on_data(self.spec, self._model_data)
         self._model, self._optimizer, plan_text = shard_model(
             cfg, ctx, self.spec, self._clock, self._user_model, self._dense_factory
         )
@@ -593,10 +593,10 @@ class Trainer:
             ``<task>/auc``, ``<task>/logloss``, ``<task>/ne``, ``<task>/calibration``,
             ``<task>/accuracy`` (binary) or ``<task>/rmse``, ``<task>/mae`` (regression), and
             ``<task>/weight_sum``; weighted by the sample weights (``data.schema.weight``).
-            A retrieval model (``two_tower``) on ``"validation"`` / ``"test"`` also gets
-            ``recall@K``, ``ndcg@K``, ``popular_recall@K``, ``popular_ndcg@K`` (K of
-            ``eval.retrieval_k``), ``retrieval_users`` and ``corpus_items``
-            (``recsys_dist.models.retrieval``).
+            Plus the model's ``evaluator`` hook's metrics (``ModelSpec``): a retrieval model
+            (``two_tower``) on ``"validation"`` / ``"test"`` also gets ``recall@K``, ``ndcg@K``,
+            ``popular_recall@K``, ``popular_ndcg@K`` (K of ``eval.retrieval_k``),
+            ``retrieval_users`` and ``corpus_items`` (``recsys_dist.models.retrieval``).
 
         Raises:
             ValueError: an unknown split name.
@@ -613,10 +613,9 @@ class Trainer:
                 c.group_feature,
                 tasks=(names, kinds) if names != ["label"] else None,
             )
-            if self._retrieval is not None and split in ("validation", "test"):
-                bs = c.batch_size or self.cfg.train.batch_size
+            if self._model_hooks.evaluator is not None:  # the model's own (two_tower: recall@K, ...)
                 metrics.update(
-                    retrieval_metrics(self._model, self._retrieval, split, c.retrieval_k, bs, self._ctx.device)
+                    self._model_hooks.evaluator(self._model, self._model_data, split, self.cfg, self._ctx.device)
                 )
             return metrics
 

@@ -120,6 +120,43 @@ def test_register_model_by_name(monkeypatch):
         registry.register_model("dlrm")(tiny)
 
 
+def test_a_registered_model_brings_its_own_checks(monkeypatch):
+    from recsys_dist.models import registry
+    from recsys_dist.models.checks import needs_dense
+
+    monkeypatch.setattr(registry, "_MODELS", dict(registry._MODELS))
+
+    def no_avazu(cfg):
+        return [f"data.format: {cfg.model.name} refuses {cfg.data.format}"] if "avazu" in cfg.data.format else []
+
+    @registry.register_model("dense_only_test_model", checks=(needs_dense, no_avazu))
+    def tiny(spec):
+        return torch.nn.Linear(spec.num_dense, 1)
+
+    load_config(QUICKSTART, ["model.name=dense_only_test_model"])  # criteo: dense features, not avazu
+    with pytest.raises(ConfigError) as err:
+        load_config(ROOT / "configs" / "avazu_deepfm.yaml", ["model.name=dense_only_test_model"])
+    assert "dense_only_test_model needs dense features and avazu_csv has none" in str(err.value)
+    assert "data.format: dense_only_test_model refuses avazu_csv" in str(err.value)
+
+
+def test_the_core_calls_model_hooks_and_never_names_retrieval():
+    """ModelSpec carries functions, not capability flags: the trainer, preflight and export call
+    the hooks and neither import the retrieval plugin nor branch on a model kind."""
+    import dataclasses
+
+    from recsys_dist.models.registry import ModelSpec, get_model
+
+    assert not [f.name for f in dataclasses.fields(ModelSpec) if f.type in (bool, "bool", "bool | None")]
+    for rel in ("train/trainer.py", "train/preflight.py", "serve/export.py", "models/build.py"):
+        text = (ROOT / "recsys_dist" / rel).read_text()
+        assert "models.retrieval import" not in text and ".retrieval:" not in text, rel
+        assert ".first_order_tables:" not in text and ".needs_dense" not in text, rel
+    two_tower = get_model("two_tower")
+    assert None not in (two_tower.read_data, two_tower.on_data, two_tower.evaluator, two_tower.export_extras)
+    assert get_model("deepfm").on_features is not None and get_model("dlrm").on_features is None
+
+
 def test_losses_by_name_and_path(example_on_path):
     from recsys_dist.models.losses import bce, focal, get_loss, mse
 

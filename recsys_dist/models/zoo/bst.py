@@ -42,7 +42,7 @@ class BSTConfig(TargetSequenceConfig):
         return self
 
 
-@register_model("bst", BSTConfig, sequences=True)
+@register_model("bst", BSTConfig)
 def build_bst(spec: FeatureSpec, cfg: BSTConfig) -> BST:
     """``BST`` over the spec's pooled tables and its sequence tables; the positional embeddings
     start uniform in ``[-embedding_init_scale, embedding_init_scale]`` (0.05 when None).

@@ -11,6 +11,7 @@ from pydantic import Field
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from recsys_dist.data.spec import FeatureSpec
+from recsys_dist.models.checks import no_sequences, one_task
 from recsys_dist.models.ctr import DCNv2
 from recsys_dist.models.registry import register_model
 from recsys_dist.models.zoo.mlp_options import DeepModelConfig
@@ -27,8 +28,8 @@ class DCNv2Config(DeepModelConfig):
     cross_low_rank_dim: int | None = Field(None, gt=0, description="Rank of each cross layer's weight (None = full).")
 
 
-@register_model("dcnv2", DCNv2Config, sequences=False)
-def build_dcnv2(spec: FeatureSpec, cfg: DCNv2Config, sequences=False) -> DCNv2:
+@register_model("dcnv2", DCNv2Config, checks=(one_task, no_sequences))
+def build_dcnv2(spec: FeatureSpec, cfg: DCNv2Config, checks=(one_task, no_sequences)) -> DCNv2:
     """``DCNv2`` over one EmbeddingBagCollection of the spec's tables."""
     ebc = EmbeddingBagCollection(tables=spec.all_tables(), device=spec.embedding_device)
     return DCNv2(

@@ -28,7 +28,7 @@ class DINConfig(TargetSequenceConfig):
         return self
 
 
-@register_model("din", DINConfig, sequences=True)
+@register_model("din", DINConfig)
 def build_din(spec: FeatureSpec, cfg: DINConfig) -> DIN:
     """``DIN`` over the spec's pooled tables and its sequence tables.
 

@@ -18,6 +18,7 @@ from torchrec.models.dlrm import DLRM, DLRM_DCN
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from recsys_dist.data.spec import FeatureSpec
+from recsys_dist.models.checks import needs_dense, no_sequences, one_task
 from recsys_dist.models.config import ModelConfig
 from recsys_dist.models.registry import register_model
 
@@ -67,13 +68,13 @@ def _common(spec: FeatureSpec, cfg: DLRMConfig) -> dict:
     )
 
 
-@register_model("dlrm", DLRMConfig, needs_dense=True, sequences=False)
+@register_model("dlrm", DLRMConfig, checks=(needs_dense, one_task, no_sequences))
 def build_dlrm(spec: FeatureSpec, cfg: DLRMConfig) -> DLRM:
     """TorchRec's ``DLRM`` over the spec's tables."""
     return DLRM(**_common(spec, cfg))
 
 
-@register_model("dlrm_dcnv2", DLRMDCNConfig, needs_dense=True, sequences=False)
+@register_model("dlrm_dcnv2", DLRMDCNConfig, checks=(needs_dense, one_task, no_sequences))
 def build_dlrm_dcnv2(spec: FeatureSpec, cfg: DLRMDCNConfig) -> DLRM_DCN:
     """TorchRec's ``DLRM_DCN`` (MLPerf DLRMv2) over the spec's tables."""
     return DLRM_DCN(dcn_num_layers=cfg.dcn_num_layers, dcn_low_rank_dim=cfg.dcn_low_rank_dim, **_common(spec, cfg))

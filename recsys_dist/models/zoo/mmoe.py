@@ -29,6 +29,7 @@ from recsys_dist.data.spec import FeatureSpec
 # ctr.pooled_embeddings, called through its module: torch.fx.wrap makes it a leaf of the
 # pipeline's trace by patching that name in ctr's namespace, which a name imported here would miss.
 from recsys_dist.models import ctr
+from recsys_dist.models.checks import no_sequences
 from recsys_dist.models.ctr import mlp, mlp_head
 from recsys_dist.models.registry import register_model
 from recsys_dist.models.zoo.mlp_options import TowersConfig
@@ -82,7 +83,7 @@ class MMoEConfig(TowersConfig):
     num_experts: int = Field(4, gt=0, description="Experts shared by every task (n in eq. 5).")
 
 
-@register_model("mmoe", MMoEConfig, multi_task=True, sequences=False)
+@register_model("mmoe", MMoEConfig, checks=(no_sequences,))
 def build_mmoe(spec: FeatureSpec, cfg: MMoEConfig) -> MMoE:
     """``MMoE`` over the spec's pooled tables, one gate and tower per task of ``spec.tasks``."""
     return MMoE(

@@ -42,6 +42,7 @@ from recsys_dist.data.spec import FeatureSpec
 # ctr.pooled_embeddings, called through its module: torch.fx.wrap makes it a leaf of the
 # pipeline's trace by patching that name in ctr's namespace, which a name imported here would miss.
 from recsys_dist.models import ctr
+from recsys_dist.models.checks import no_sequences
 from recsys_dist.models.ctr import mlp, mlp_head
 from recsys_dist.models.registry import register_model
 from recsys_dist.models.zoo.mlp_options import TowersConfig
@@ -149,7 +150,7 @@ class PLEConfig(TowersConfig):
     num_shared_experts: int = Field(2, gt=0, description="Experts shared by every task, per level (m_s).")
 
 
-@register_model("ple", PLEConfig, multi_task=True, sequences=False)
+@register_model("ple", PLEConfig, checks=(no_sequences,))
 def build_ple(spec: FeatureSpec, cfg: PLEConfig) -> PLE:
     """``PLE`` over the spec's pooled tables, one set of experts, gate and tower per task of ``spec.tasks``."""
     return PLE(

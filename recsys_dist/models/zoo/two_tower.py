@@ -38,9 +38,11 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from recsys_dist.data.spec import FeatureSpec
+from recsys_dist.models.checks import no_sequences, one_task
 from recsys_dist.models.config import ModelConfig
 from recsys_dist.models.ctr import mlp, pooled_embeddings
 from recsys_dist.models.registry import register_model
+from recsys_dist.models.retrieval import RETRIEVAL_HOOKS, retrieval_problems
 
 
 # Leaves for torch.fx (TrainPipelineSparseDist traces forward and cannot read a KeyedTensor's
@@ -180,7 +182,7 @@ def log_q_of(counts: torch.Tensor) -> torch.Tensor:
     return (c.clamp(min=1) / c.sum().clamp(min=1)).log().float()
 
 
-@register_model("two_tower", TwoTowerConfig, sequences=False, retrieval=True)
+@register_model("two_tower", TwoTowerConfig, checks=(one_task, no_sequences, retrieval_problems), **RETRIEVAL_HOOKS)
 def build_two_tower(spec: FeatureSpec, cfg: TwoTowerConfig) -> TwoTower:
     """``TwoTower`` over the spec's tables; ``log q`` from ``spec.id_counts[item_id]`` when
     ``logq_correction`` and the counts are there (a model built for scoring has none: its
