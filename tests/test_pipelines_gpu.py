@@ -7,6 +7,7 @@ pattern (tests/test_checkpoint.py), unverified until a CUDA machine runs it.
 
 import pytest
 
+from recsys_dist.train.pipelines import PIPELINES
 from tests.test_checkpoint import assert_same_losses, train
 
 GPU = ["distributed.nproc_per_node=1", "distributed.device=cuda", "train.batch_size=96"]
@@ -15,7 +16,7 @@ GPU = ["distributed.nproc_per_node=1", "distributed.device=cuda", "train.batch_s
 @pytest.mark.gpu
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("pipeline", ["semi_sync", "fused_sparse_dist"])
+@pytest.mark.parametrize("pipeline", [n for n, p in PIPELINES.items() if p.cuda_only])
 def test_cuda_pipeline_trains_and_resumes_exactly(tmp_path, pipeline):
     # semi_sync restarts its pipeline at every checkpoint (its early lookups would otherwise
     # differ after a resume), so the reference checkpoints at the same steps, and the first

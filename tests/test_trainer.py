@@ -10,6 +10,7 @@ import pytest
 import recsys_dist
 from recsys_dist.config import ConfigError, load_config
 from recsys_dist.train.launch import RankFailedError
+from recsys_dist.train.pipelines import PIPELINES
 from tests.cli import read_metrics, run_cli
 from tests.conftest import QUICKSTART
 
@@ -191,7 +192,7 @@ def test_trainer_refuses_to_train_one_rank_of_several(tmp_path, monkeypatch):
     assert not dist.is_initialized() and not (tmp_path / "run").exists()
 
 
-@pytest.mark.parametrize("pipeline", ["semi_sync", "fused_sparse_dist"])
+@pytest.mark.parametrize("pipeline", [n for n, p in PIPELINES.items() if p.cuda_only])
 def test_trainer_refuses_a_cuda_pipeline_on_cpu_before_touching_the_run_dir(tmp_path, monkeypatch, pipeline):
     # it was refused only at fit(), after config.yaml, plan and the ledger line were written
     import torch.distributed as dist

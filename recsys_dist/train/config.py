@@ -10,6 +10,10 @@ from pydantic import Field, model_validator
 
 from recsys_dist.config.base import Section as _Section
 
+# train.pipeline's names; recsys_dist.train.pipelines.PIPELINES holds one factory per name
+# (torch lives there, not in a section config; tests/training/test_pipeline_registry.py checks the two agree).
+PipelineName = Literal["base", "sparse_dist", "semi_sync", "fused_sparse_dist"]
+
 
 class EarlyStoppingConfig(_Section):
     """``train.early_stopping``: stop when the validation metric stops improving."""
@@ -78,7 +82,7 @@ class TrainConfig(_Section):
         "part (its forward distributes the batch); semi_sync and fused_sparse_dist: no breakdown.",
     )
     progress_bar: bool = Field(True, description="tqdm progress bar on rank 0 (false = quiet).")
-    pipeline: Literal["base", "sparse_dist", "semi_sync", "fused_sparse_dist"] = Field(
+    pipeline: PipelineName = Field(
         "sparse_dist",
         description="TorchRec training pipeline: sparse_dist (TrainPipelineSparseDist: input_dist of batch "
         "i+1 overlaps batch i), base (TrainPipelineBase: no overlap), semi_sync (TrainPipelineSemiSync: "

@@ -17,12 +17,18 @@
   output_dist run on a side stream during batch i's optimizer step.
 
 semi_sync and fused_sparse_dist need CUDA; on CPU the config check refuses them, saying why
-(:data:`CPU_REFUSED`).
+(their :class:`PipelineFactory`'s ``why_cuda``).
+
+:data:`PIPELINES` is the one registry of names: ``train.pipeline``'s Literal
+(``recsys_dist.train.config.PipelineName``, a section config that cannot import torch) must name
+the same set (a test checks it).
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import torch
 from torchrec.distributed.train_pipeline.train_pipelines import (
@@ -31,34 +37,68 @@ from torchrec.distributed.train_pipeline.train_pipelines import (
     TrainPipelineSemiSync,
 )
 
+from recsys_dist.train.config import PipelineName
 from recsys_dist.train.observe import StageTimer, TimedTrainPipeline
 
-PipelineName = Literal["base", "sparse_dist", "semi_sync", "fused_sparse_dist"]
-PIPELINES = ("base", "sparse_dist", "semi_sync", "fused_sparse_dist")
+
+class TrainPipeline(Protocol):
+    """What the Trainer uses of a training pipeline.
+
+    Attributes:
+        steps_done: steps run so far (global: the Trainer sets it on a new pipeline, so that
+            timing samples the same steps after a restart).
+    """
+
+    steps_done: int
+
+    def progress(self, dataloader_iter: Iterator) -> Any:
+        """Run one step on the next batch of ``dataloader_iter``; its output (loss, ...).
+
+        Raises:
+            StopIteration: the iterator and the pipeline's queue are both empty.
+        """
+
+    def detach(self) -> torch.nn.Module:
+        """Give the model its plain forward back (before scoring); the next ``progress``
+        re-attaches. Returns the model."""
+
+    def pop_times(self) -> dict[str, float]:
+        """Stage times (ms, ``time_<stage>_ms``) of the sampled steps since the last call; {}
+        for a pipeline without a breakdown."""
+
 
 # Why a pipeline cannot run on CPU, as measured with torchrec 1.8.0 on torch 2.13 CPU.
 _RECORD = (
     "records the batch / the looked-up features on torch.cpu.current_stream(), which "
     "Tensor.record_stream refuses on CPU (RuntimeError: unknown parameter type) at the first step"
 )
-CPU_REFUSED = {
-    "semi_sync": "TrainPipelineSemiSync " + _RECORD + "; and its EmbeddingPipelinedForward takes the "
-    "device to be cuda when there is no side stream (runtime_forwards.py: stream.device if stream else "
-    "cuda), so it calls torch.cuda.current_stream() (Torch not compiled with CUDA enabled). Use "
-    "sparse_dist or base on CPU",
-    "fused_sparse_dist": "TrainPipelineFusedSparseDist.start_embedding_lookup " + _RECORD + ". Use "
-    "sparse_dist or base on CPU",
-}
 
-# Pipelines whose queued batches hold state computed before the step's update (semi_sync's
-# early lookups): they restart at a checkpoint so that a resumed run computes the same.
-RESTART_AT_CHECKPOINT = ("semi_sync",)
+
+@dataclass(frozen=True)
+class PipelineFactory:
+    """A ``train.pipeline`` choice.
+
+    Attributes:
+        make: ``make(model, optimizer, device, every_n) -> TrainPipeline`` over a DMP and its
+            optimizer (``every_n``: ``train.timing_every_n_steps``).
+        cuda_only: refused on any other device (by the config check, with ``why_cuda``).
+        why_cuda: why it cannot run on CPU (the config error's reason and fix).
+        restart_at_checkpoint: its queued batches hold state computed before the step's update
+            (semi_sync's early lookups): the Trainer restarts it at a checkpoint, so that a
+            resumed run computes the same.
+    """
+
+    make: Callable[..., TrainPipeline]
+    cuda_only: bool = False
+    why_cuda: str = ""
+    restart_at_checkpoint: bool = False
 
 
 def pipeline_problems(name: str, device_type: str) -> list[str]:
     """Why ``train.pipeline: name`` cannot run on ``device_type`` (empty when it can)."""
-    if device_type != "cuda" and name in CPU_REFUSED:
-        return [f"train.pipeline: {name} needs CUDA: {CPU_REFUSED[name]}"]
+    factory = PIPELINES.get(name)
+    if device_type != "cuda" and factory is not None and factory.cuda_only:
+        return [f"train.pipeline: {name} needs CUDA: {factory.why_cuda}"]
     return []
 
 
@@ -136,21 +176,41 @@ class FusedSparseDistPipeline(_Untimed, TrainPipelineFusedSparseDist):
     """``TrainPipelineFusedSparseDist`` (CUDA)."""
 
 
-def make_pipeline(name: str, model: torch.nn.Module, optimizer, device: torch.device, every_n: int | None = None):
-    """The pipeline ``train.pipeline`` names, over a DMP and its optimizer.
+PIPELINES: dict[PipelineName, PipelineFactory] = {
+    "base": PipelineFactory(lambda model, opt, device, every_n: BasePipeline(model, opt, device, every_n)),
+    "sparse_dist": PipelineFactory(
+        lambda model, opt, device, every_n: TimedTrainPipeline(
+            model, opt, device, execute_all_batches=True, every_n=every_n
+        )
+    ),
+    "semi_sync": PipelineFactory(
+        lambda model, opt, device, _: SemiSyncPipeline(model, opt, device, execute_all_batches=True, start_batch=0),
+        cuda_only=True,
+        why_cuda="TrainPipelineSemiSync " + _RECORD + "; and its EmbeddingPipelinedForward takes the "
+        "device to be cuda when there is no side stream (runtime_forwards.py: stream.device if stream else "
+        "cuda), so it calls torch.cuda.current_stream() (Torch not compiled with CUDA enabled). Use "
+        "sparse_dist or base on CPU",
+        restart_at_checkpoint=True,
+    ),
+    "fused_sparse_dist": PipelineFactory(
+        lambda model, opt, device, _: FusedSparseDistPipeline(model, opt, device, execute_all_batches=True),
+        cuda_only=True,
+        why_cuda="TrainPipelineFusedSparseDist.start_embedding_lookup " + _RECORD + ". Use sparse_dist or base on CPU",
+    ),
+}
+
+
+def make_pipeline(
+    name: str, model: torch.nn.Module, optimizer, device: torch.device, every_n: int | None = None
+) -> TrainPipeline:
+    """The pipeline ``train.pipeline`` names (:data:`PIPELINES`), over a DMP and its optimizer.
 
     Raises:
-        ValueError: an unknown name, or one that cannot run on ``device`` (see :data:`CPU_REFUSED`).
+        ValueError: an unknown name, or one that cannot run on ``device`` (``cuda_only``).
     """
+    if name not in PIPELINES:
+        raise ValueError(f"train.pipeline: unknown pipeline {name!r}; one of {', '.join(PIPELINES)}")
     problems = pipeline_problems(name, device.type)
     if problems:
         raise ValueError(problems[0])
-    if name == "sparse_dist":
-        return TimedTrainPipeline(model, optimizer, device, execute_all_batches=True, every_n=every_n)
-    if name == "base":
-        return BasePipeline(model, optimizer, device, every_n)
-    if name == "semi_sync":
-        return SemiSyncPipeline(model, optimizer, device, execute_all_batches=True, start_batch=0)
-    if name == "fused_sparse_dist":
-        return FusedSparseDistPipeline(model, optimizer, device, execute_all_batches=True)
-    raise ValueError(f"train.pipeline: unknown pipeline {name!r}; one of {', '.join(PIPELINES)}")
+    return PIPELINES[name].make(model, optimizer, device, every_n)

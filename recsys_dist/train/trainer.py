@@ -73,7 +73,7 @@ from recsys_dist.train.early_stopping import BestTracker
 from recsys_dist.train.evaluation import evaluate, in_row_order, predict
 from recsys_dist.train.metrics_writer import MetricsWriter, finite_or_none
 from recsys_dist.train.observe import PhaseClock, TraceWriter
-from recsys_dist.train.pipelines import RESTART_AT_CHECKPOINT, make_pipeline, pipeline_problems
+from recsys_dist.train.pipelines import PIPELINES, TrainPipeline, make_pipeline, pipeline_problems
 from recsys_dist.train.schedule import LRSchedule
 
 log = logging.getLogger("recsys_dist")
@@ -420,7 +420,7 @@ class Trainer:
         t = cfg.train
         self._schedule = LRSchedule(t.warmup_steps, t.decay_start_step, t.decay_steps)
         self._base_lrs = [g["lr"] for g in self._optimizer.param_groups]
-        self._pipe = None
+        self._pipe: TrainPipeline | None = None
         self._step = self.epoch = self.rows_trained = 0
         self._next_epoch = self._first_epoch = self._in_epoch = 0
         self.train_seconds = 0.0
@@ -868,7 +868,7 @@ class Trainer:
                 self._t0 = time.perf_counter()
             if self._checkpoint_due():
                 self._save_in_window()
-            if self._saved_step == self._step and cfg.train.pipeline in RESTART_AT_CHECKPOINT:
+            if self._saved_step == self._step and PIPELINES[cfg.train.pipeline].restart_at_checkpoint:
                 # A checkpoint (by cadence or a new best) mid-epoch: see recsys_dist.train.pipelines.
                 pipe.detach()
                 pipe = self._pipe = self._new_pipeline()
@@ -911,7 +911,7 @@ class Trainer:
         if self._pipe is not None:
             self._pipe.detach()
 
-    def _new_pipeline(self):
+    def _new_pipeline(self) -> TrainPipeline:
         # Sampling counts global steps, so timed steps do not restart with each epoch.
         t = self.cfg.train
         pipe = make_pipeline(t.pipeline, self._model, self._optimizer, self._ctx.device, t.timing_every_n_steps)
