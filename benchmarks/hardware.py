@@ -33,7 +33,7 @@ STATE_FLOATS = {
 
 def embedding_bytes_per_sample(cfg) -> int:
     """Bytes of embedding rows, optimizer state and pooled vectors moved per training sample."""
-    from recsys_dist.models import embedding_configs
+    from recsys_dist.models.build import embedding_configs
 
     hot = cfg.data.multi_hot_sizes
     state = STATE_FLOATS[cfg.train.embedding_optimizer]

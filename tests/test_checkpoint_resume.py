@@ -62,7 +62,7 @@ def test_checkpoint_of_the_older_first_order_layout_loads(tmp_path):
 
     from recsys_dist.checkpoint.dcp import load_checkpoint
     from recsys_dist.config import load_config
-    from recsys_dist.models import build_model
+    from recsys_dist.models.build import build_model
 
     cfg = load_config(QUICKSTART, ["model.name=deepfm", "data.num_embeddings=50"])
     cpu = torch.device("cpu")

@@ -138,7 +138,7 @@ def test_fixed_plan_validation():
 def test_pooling_default_and_per_table():
     from torchrec.modules.embedding_configs import PoolingType
 
-    from recsys_dist.models import embedding_configs
+    from recsys_dist.models.build import embedding_configs
 
     cfg = load_config(QUICKSTART, ["sharding.pooling=mean", "sharding.per_table={t_C3: {pooling: sum}}"])
     pools = {t.name: t.pooling for t in embedding_configs(cfg)}

@@ -62,7 +62,7 @@ def test_column_shards_must_be_multiples_of_4():
     import torch
 
     from recsys_dist.distributed.sharding import fixed_sharding_plan
-    from recsys_dist.models import build_model
+    from recsys_dist.models.build import build_model
 
     cfg = load_config(QUICKSTART)
     model = build_model(cfg, torch.device("meta"))

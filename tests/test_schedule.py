@@ -47,7 +47,7 @@ def test_schedule_reaches_the_fused_embedding_update(tmp_path):
         moved[name] = load_file(str(run / "export" / "model.safetensors"))
     from recsys_dist.config import load_config
     from recsys_dist.distributed.tables import init_tables
-    from recsys_dist.models import build_model, embedding_configs
+    from recsys_dist.models.build import build_model, embedding_configs
 
     cfg = load_config(QUICKSTART, ["data.num_rows=1000"])
     init = build_model(cfg, torch.device("cpu"), tables_device=torch.device("cpu")).state_dict()

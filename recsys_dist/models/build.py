@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import torch
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
@@ -15,9 +14,6 @@ from recsys_dist.models.managed import build_remap
 from recsys_dist.models.registry import get_model
 from recsys_dist.models.task import CTRTask
 
-if TYPE_CHECKING:
-    from recsys_dist.config.run import RunConfig
-
 
 def table_sizes(cfg) -> list[int]:
     """Rows per ``t_<feature>`` table as configured (``data.num_embeddings``). Under vocabulary
@@ -28,12 +24,13 @@ def table_sizes(cfg) -> list[int]:
 
 
 def feature_spec(
-    cfg: RunConfig,
+    cfg,
     num_embeddings: list[int] | None = None,
     device: torch.device | None = None,
     embedding_device: torch.device | None = None,
 ) -> FeatureSpec:
-    """The :class:`FeatureSpec` of a run config: its format's features, ``num_embeddings`` rows
+    """The :class:`FeatureSpec` of a run config (``RunConfig``; not imported here: config.run
+    imports preflight, which builds models): its format's features, ``num_embeddings`` rows
     per table (default: as configured), ``model.embedding_dim`` / ``embedding_init_scale``,
     ``data.pooling`` / ``data.feature_pooling``; then the model's ``on_features`` hook (DeepFM's
     first-order tables).

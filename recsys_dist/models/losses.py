@@ -21,6 +21,8 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from recsys_dist.config.base import import_object, is_import_path
+
 LossFn = Callable[..., torch.Tensor]
 _LOSSES: dict[str, LossFn] = {}
 
@@ -58,8 +60,6 @@ def get_loss(name: str) -> LossFn:
     Raises:
         ValueError: unknown name, or an import path that does not resolve to a callable.
     """
-    from recsys_dist.config.base import import_object, is_import_path
-
     if is_import_path(name):
         fn = import_object(name, "train.loss")
         if not callable(fn):

@@ -16,9 +16,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import Field, model_validator
+from pydantic import ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
 from recsys_dist.config.base import import_object, is_import_path
+from recsys_dist.models import zoo
 from recsys_dist.models.checks import one_task
 from recsys_dist.models.config import ModelConfig
 
@@ -57,8 +58,6 @@ def _type_problems(name: str, factory, args: dict, params: dict) -> list[str]:
     converted value replaces the given one), so a wrong type is a config error before any
     rank starts, not a traceback from every rank. Annotations that cannot be resolved or
     checked (a name imported only for type checkers, an arbitrary class) are not checked."""
-    from pydantic import ConfigDict, TypeAdapter, ValidationError
-
     try:
         resolved = inspect.signature(factory, eval_str=True).parameters
     except Exception:  # noqa: BLE001 - an annotation that does not evaluate: check none
@@ -234,8 +233,6 @@ def _load_builtin() -> None:
     if _loaded:
         return
     _loaded = True
-    from recsys_dist.models import zoo
-
     for info in pkgutil.iter_modules(zoo.__path__):
         importlib.import_module(f"{zoo.__name__}.{info.name}")
 

@@ -85,7 +85,7 @@ def test_a_mapping_on_the_command_line_replaces_the_files(example_on_path):
 
 def test_import_path_model_trains_like_a_shipped_one_without_sharding(example_on_path):
     from recsys_dist.data.loader import CTRBatch
-    from recsys_dist.models import build_model, feature_spec
+    from recsys_dist.models.build import build_model, feature_spec
 
     cfg = load_config(QUICKSTART, ["model.name=my_model:DotTower", "train.loss=my_model:focal_loss"])
     spec = feature_spec(cfg, [50] * 26, embedding_device=torch.device("cpu"))

@@ -324,7 +324,7 @@ def sharded_and_unsharded(cfg, batch: CTRBatch) -> tuple:
     with the same weights (copied from the sharded one), both in eval mode on ``batch``:
     (sharded output, unsharded output), each CTRTask's (loss, (loss, logits, labels))."""
     from recsys_dist.distributed.env import init_distributed
-    from recsys_dist.models import build_model
+    from recsys_dist.models.build import build_model
     from recsys_dist.train.trainer import shard_model
 
     ctx = init_distributed(cfg)
@@ -477,7 +477,7 @@ def _trainer_vs_shard() -> dict:
     from recsys_dist.config import load_config
     from recsys_dist.distributed.env import init_distributed
     from recsys_dist.distributed.optim import fuse_embedding_optimizer
-    from recsys_dist.models import build_model
+    from recsys_dist.models.build import build_model
     from recsys_dist.train.trainer import shard_model
     from tests.conftest import QUICKSTART
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from recsys_dist.config import load_config
-from recsys_dist.models import build_model
+from recsys_dist.models.build import build_model
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "movielens_multitask.yaml"
 

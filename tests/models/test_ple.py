@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from recsys_dist.config import ConfigError, load_config
-from recsys_dist.models import build_model
+from recsys_dist.models.build import build_model
 from tests.models.test_mmoe import _batch
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "movielens_ple.yaml"

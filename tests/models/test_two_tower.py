@@ -11,8 +11,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from recsys_dist.config import ConfigError, load_config
 from recsys_dist.data.loader import CTRBatch
-from recsys_dist.models import build_model
-from recsys_dist.models.build import feature_spec
+from recsys_dist.models.build import build_model, feature_spec
 from recsys_dist.models.losses import in_batch_softmax
 from recsys_dist.models.retrieval import rank_metrics
 from recsys_dist.train.preflight import section_problems

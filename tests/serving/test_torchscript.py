@@ -42,7 +42,7 @@ print("foreign modules:", bad)
 
 def build(name, *extra):
     from recsys_dist.config import load_config
-    from recsys_dist.models import build_model
+    from recsys_dist.models.build import build_model
 
     path, overrides = CONFIGS[name]
     cfg = load_config(ROOT / path, ["data.num_embeddings=50", *overrides, *extra])
@@ -138,8 +138,8 @@ class _Branches(nn.Module):
     ],
 )
 def test_a_model_that_cannot_be_traced_is_refused_with_the_reason(module, reason):
-    from recsys_dist.models import CTRTask, feature_spec
-    from recsys_dist.models.build import table_sizes
+    from recsys_dist.models.build import feature_spec, table_sizes
+    from recsys_dist.models.task import CTRTask
     from recsys_dist.serve.torchscript import ExportError, to_torchscript
 
     cfg, _ = build("dlrm")
