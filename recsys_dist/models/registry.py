@@ -132,7 +132,7 @@ class ModelSpec:
             model (``recsys_dist.models.checks`` holds the shipped ones: dense features needed,
             one task only, no sequence features).
         on_features: ``on_features(spec) -> FeatureSpec``: the tables the model adds to the
-            data's (DeepFM's first-order ``w_<feature>``, ``recsys_dist.models.ctr``); every
+            data's (DeepFM's first-order ``w_<feature>``, ``recsys_dist.models.zoo.fm``); every
             FeatureSpec of the model goes through it (training, planning, export).
         read_data: ``read_data(cfg, paths, num_embeddings) -> data``: what the model reads from
             the converted splits (``paths``: ``{split: [file, ...]}``), once, on rank 0, before

@@ -81,7 +81,7 @@ def test_embeddings_and_first_order_are_read_by_key_in_any_column_layout():
     rank): the split reads them by key, as a view when they are in order, else by gather."""
     from torchrec.sparse.jagged_tensor import KeyedTensor
 
-    from recsys_dist.models.ctr import pooled_and_first_order, pooled_embeddings
+    from recsys_dist.models.layers import pooled_and_first_order, pooled_embeddings
 
     B, E = 5, 8
     deep, first = [f"f{i}@t_f{i}" for i in range(3)], [f"f{i}@w_f{i}" for i in range(3)]
@@ -102,7 +102,7 @@ def test_deepfm_family_needs_a_first_order_table_per_feature():
     from torchrec.modules.embedding_configs import EmbeddingBagConfig
     from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
-    from recsys_dist.models.ctr import DeepFM
+    from recsys_dist.models.zoo.fm import DeepFM
 
     tables = [EmbeddingBagConfig(name=f"t_{f}", embedding_dim=8, num_embeddings=10, feature_names=[f]) for f in "ab"]
     tables.append(EmbeddingBagConfig(name="w_a", embedding_dim=4, num_embeddings=10, feature_names=["a"]))

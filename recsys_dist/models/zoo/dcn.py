@@ -1,20 +1,63 @@
 """DCN-V2 (Wang et al., 2021, arXiv:2008.13535): a cross network beside or before a deep MLP.
 
-The module and its equations are ``recsys_dist.models.ctr.DCNv2``.
+The module and its equations: :class:`DCNv2`.
 """
 
 from __future__ import annotations
 
 from typing import Literal
 
+import torch
 from pydantic import Field
+from torch import nn
+from torchrec.modules.crossnet import CrossNet, LowRankCrossNet
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from recsys_dist.data.spec import FeatureSpec
+from recsys_dist.models import layers
 from recsys_dist.models.checks import no_sequences, one_task
-from recsys_dist.models.ctr import DCNv2
 from recsys_dist.models.registry import register_model
 from recsys_dist.models.zoo.mlp_options import DeepModelConfig
+
+
+class DCNv2(nn.Module):
+    """DCN-V2 (Wang et al., 2021, "DCN V2: Improved Deep & Cross Network", arXiv:2008.13535).
+
+    ``x0 = [dense, e_1, ..., e_F]`` of width ``d = D_dense + F*E``. Cross layer (eq. 1):
+    ``x_{l+1} = x0 * (W_l x_l + b_l) + x_l``; low-rank (eq. 2) uses ``W_l = U_l V_l^T`` with
+    rank ``low_rank``. ``stacked``: logit = w^T MLP(Cross(x0)); ``parallel``: logit =
+    w^T [Cross(x0), MLP(x0)].
+    """
+
+    def __init__(
+        self,
+        ebc: EmbeddingBagCollection,
+        num_dense: int,
+        features: list[str],
+        embedding_dim: int,
+        deep_layer_sizes: list[int],
+        num_cross_layers: int,
+        low_rank: int | None = None,
+        structure: str = "parallel",
+        device: torch.device | None = None,
+        **mlp_options,
+    ) -> None:
+        super().__init__()
+        self.sparse_arch, self.features, self.structure = ebc, features, structure
+        d = num_dense + len(features) * embedding_dim
+        self.cross = LowRankCrossNet(d, num_cross_layers, low_rank) if low_rank else CrossNet(d, num_cross_layers)
+        self.deep = layers.mlp(d, deep_layer_sizes, device=device, **mlp_options)
+        head_in = deep_layer_sizes[-1] + (d if structure == "parallel" else 0)
+        self.head = nn.Linear(head_in, 1, device=device)
+        if device is not None:
+            self.cross.to(device)
+
+    def forward(self, dense: torch.Tensor, kjt: KeyedJaggedTensor) -> torch.Tensor:
+        x0 = torch.cat([dense, layers.pooled_embeddings(self.sparse_arch(kjt), self.features).flatten(1)], dim=1)
+        if self.structure == "stacked":
+            return self.head(self.deep(self.cross(x0)))
+        return self.head(torch.cat([self.cross(x0), self.deep(x0)], dim=1))
 
 
 class DCNv2Config(DeepModelConfig):
@@ -29,7 +72,7 @@ class DCNv2Config(DeepModelConfig):
 
 
 @register_model("dcnv2", DCNv2Config, checks=(one_task, no_sequences))
-def build_dcnv2(spec: FeatureSpec, cfg: DCNv2Config, checks=(one_task, no_sequences)) -> DCNv2:
+def build_dcnv2(spec: FeatureSpec, cfg: DCNv2Config) -> DCNv2:
     """``DCNv2`` over one EmbeddingBagCollection of the spec's tables."""
     ebc = EmbeddingBagCollection(tables=spec.all_tables(), device=spec.embedding_device)
     return DCNv2(

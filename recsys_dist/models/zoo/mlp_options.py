@@ -39,7 +39,7 @@ class DeepModelConfig(ModelConfig):
         return self
 
     def mlp_kwargs(self) -> dict:
-        """The keyword arguments every deep-MLP module of ``recsys_dist.models.ctr`` takes."""
+        """The keyword arguments every deep-MLP module of ``recsys_dist.models.zoo`` takes (``recsys_dist.models.layers.mlp``)."""
         return dict(dropout=self.dropout, norm=self.norm, activation=self.activation, init_std=self.mlp_init_std)
 
 

@@ -26,11 +26,11 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from recsys_dist.data.spec import FeatureSpec
 
-# ctr.pooled_embeddings, called through its module: torch.fx.wrap makes it a leaf of the
-# pipeline's trace by patching that name in ctr's namespace, which a name imported here would miss.
-from recsys_dist.models import ctr
+# layers.pooled_embeddings, called through its module: torch.fx.wrap makes it a leaf of the
+# pipeline's trace by patching that name in layers' namespace, which a name imported here would miss.
+from recsys_dist.models import layers
 from recsys_dist.models.checks import no_sequences
-from recsys_dist.models.ctr import mlp, mlp_head
+from recsys_dist.models.layers import mlp, mlp_head
 from recsys_dist.models.registry import register_model
 from recsys_dist.models.zoo.mlp_options import TowersConfig
 
@@ -71,7 +71,7 @@ class MMoE(nn.Module):
         )
 
     def forward(self, dense: torch.Tensor, kjt: KeyedJaggedTensor) -> torch.Tensor:
-        x = torch.cat([dense, ctr.pooled_embeddings(self.sparse_arch(kjt), self.features).flatten(1)], dim=1)
+        x = torch.cat([dense, layers.pooled_embeddings(self.sparse_arch(kjt), self.features).flatten(1)], dim=1)
         experts = torch.stack([f(x) for f in self.experts], dim=1)  # [B, n, H]
         return torch.cat([tower(mix(gate, x, experts)) for gate, tower in zip(self.gates, self.towers)], dim=1)  # eq. 7
 

@@ -39,11 +39,11 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from recsys_dist.data.spec import FeatureSpec
 
-# ctr.pooled_embeddings, called through its module: torch.fx.wrap makes it a leaf of the
-# pipeline's trace by patching that name in ctr's namespace, which a name imported here would miss.
-from recsys_dist.models import ctr
+# layers.pooled_embeddings, called through its module: torch.fx.wrap makes it a leaf of the
+# pipeline's trace by patching that name in layers' namespace, which a name imported here would miss.
+from recsys_dist.models import layers
 from recsys_dist.models.checks import no_sequences
-from recsys_dist.models.ctr import mlp, mlp_head
+from recsys_dist.models.layers import mlp, mlp_head
 from recsys_dist.models.registry import register_model
 from recsys_dist.models.zoo.mlp_options import TowersConfig
 from recsys_dist.models.zoo.mmoe import mix
@@ -134,7 +134,7 @@ class PLE(nn.Module):
         self.towers = nn.ModuleList(mlp_head(h, tower_sizes, device=device, **mlp_options) for _ in range(num_tasks))
 
     def forward(self, dense: torch.Tensor, kjt: KeyedJaggedTensor) -> torch.Tensor:
-        x = torch.cat([dense, ctr.pooled_embeddings(self.sparse_arch(kjt), self.features).flatten(1)], dim=1)
+        x = torch.cat([dense, layers.pooled_embeddings(self.sparse_arch(kjt), self.features).flatten(1)], dim=1)
         g = [x] * (self.num_tasks + 1)  # g^{k,0} = g^{s,0} = x
         for level in self.levels:
             g = level(g)

@@ -40,7 +40,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from recsys_dist.data.spec import FeatureSpec
 from recsys_dist.models.checks import no_sequences, one_task
 from recsys_dist.models.config import ModelConfig
-from recsys_dist.models.ctr import mlp, pooled_embeddings
+from recsys_dist.models.layers import mlp, pooled_embeddings
 from recsys_dist.models.registry import register_model
 from recsys_dist.models.retrieval import RETRIEVAL_HOOKS, retrieval_problems
 
