@@ -1,4 +1,4 @@
-"""The model registry: the six shipped models and any a user adds by name or import path.
+"""The model registry: the shipped models and any a user adds by name or import path.
 
 A model is a builder ``build(spec: FeatureSpec, cfg: <its ModelConfig>) -> nn.Module`` whose
 module's ``forward(dense: Tensor[B, num_dense] float32, sparse: KeyedJaggedTensor)`` returns
@@ -114,7 +114,7 @@ def model_config_class(name: Any) -> type[ModelConfig]:
         ) from None
 
 
-Check = Callable[[Any], "list[str]"]
+Check = Callable[[Any], list[str]]
 """``check(cfg: RunConfig) -> list[str]``: a model's own cross-section problems, each
 "dotted.key: what is wrong; the fix" (``recsys_dist.train.preflight.section_problems``)."""
 
