@@ -236,7 +236,7 @@ def _train_overrides(args: argparse.Namespace) -> list[str]:
     """
     overrides = list(args.overrides)
     if args.plan:
-        from recsys_dist.distributed.sharding import load_plan_file
+        from recsys_dist.distributed.plan_io import load_plan_file
 
         try:
             fixed = load_plan_file(args.plan)
@@ -468,9 +468,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
     _quiet_third_party()
     logging.getLogger().setLevel(logging.ERROR)  # the planner logs through the root logger
     from recsys_dist.distributed.dry_run import PlanError, dry_run
+    from recsys_dist.train.pipelines import pipeline_problems
 
     try:
-        report = dry_run(cfg, args.world_size, args.local_world_size, args.device)
+        pipeline = pipeline_problems(cfg.train.pipeline, args.device)
+        report = dry_run(cfg, args.world_size, args.local_world_size, args.device, pipeline)
     except PlanError as err:
         print(f"recsys-dist plan: {err}", file=sys.stderr)
         return 1
