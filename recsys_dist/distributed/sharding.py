@@ -45,13 +45,9 @@ def shard(
     the tables first to choose their fused optimizer (default: SGD, lr 0.01). Every rank of
     ``pg`` must call this with the same arguments.
 
-    Every key of ``sharding`` takes effect or is refused: ``sharding_types``,
-    ``compute_kernels`` and ``per_table`` constrain the planner; ``storage_reservation``,
-    ``hbm_gb`` (CUDA only), ``ddr_gb`` and the two bandwidths go to it and its topology;
-    ``cache_load_factor`` goes to tables that may use ``fused_uvm_caching``;
-    ``planner_batch_size`` is the planner's batch size, like ``batch_size``. With
-    ``fixed_plan`` no planner runs, so these keys and ``batch_size`` are refused there.
-    ``comms`` (fp16 / bf16 output_dist) goes to the sharders; bf16 is refused off CUDA.
+    Every key of ``sharding`` takes effect or is refused: the planner's keys (refused, with
+    ``batch_size``, under ``fixed_plan``: no planner runs) go to it, its constraints and its
+    topology (``hbm_gb`` on CUDA only); ``comms`` goes to the sharders (bf16 on CUDA only).
 
     Args:
         model: e.g. a model with an ``EmbeddingBagCollection`` submodule; table names unique.
