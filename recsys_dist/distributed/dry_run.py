@@ -105,7 +105,8 @@ def dry_run(
 ) -> PlanReport:
     """Plan ``cfg``'s model for a topology without any process group: the same
     :func:`recsys_dist.distributed.plan.plan` as the Trainer's, on a simulated world (so a
-    ``sharding.fixed_plan`` is honoured as in training). ``problems``: the caller's own
+    ``sharding.fixed_plan`` is honoured as in training; no planner runs then, so the memory per
+    rank is its fp32 weights, without optimizer state, and the cost 0). ``problems``: the caller's own
     refusals of this config on ``device`` (the CLI passes ``train.pipeline``'s), reported with
     ``sharding.comms``'s.
 

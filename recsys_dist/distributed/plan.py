@@ -27,7 +27,7 @@ from recsys_dist.config.base import ConfigError
 from recsys_dist.config.run import RunConfig
 from recsys_dist.distributed.config import SEQUENCE_SHARDING_TYPES, ShardingConfig
 from recsys_dist.distributed.fixed_plan import fixed_sharding_plan
-from recsys_dist.distributed.rules import plan_problems, row_wise_types
+from recsys_dist.distributed.rules import fixed_plan_problems, per_table_problems, plan_problems, row_wise_types
 from recsys_dist.distributed.sharders import check_covered, model_tables, sharders, unpooled_names
 
 GB = 1024**3
@@ -176,6 +176,38 @@ def check_column_shards(sharding_plan: ShardingPlan) -> None:
                 )
 
 
+def checked_tables(
+    model: nn.Module, s: ShardingConfig, world: World | None = None, config_error: bool = False
+) -> list[BaseEmbeddingConfig]:
+    """The tables of ``model`` once it and ``s`` pass what planning checks first:
+    :func:`check_covered`, at least one table, and the rules of :func:`rules.plan_problems`
+    (without ``world``: only those needing no world, so ``shard()`` refuses them before it
+    asks the process group anything).
+
+    Raises:
+        ConfigError: (``config_error``) the rules' problems, one per line; else ValueError,
+            the problems joined by "; ".
+        ValueError: an uncovered embedding module, no tables, duplicate table names.
+    """
+    check_covered(model)
+    tables = model_tables(model)
+    if not tables:
+        raise ValueError(
+            f"{type(model).__name__} holds no EmbeddingBagCollection or EmbeddingCollection: nothing to shard"
+        )
+    names = [t.name for t in tables]
+    if world is None:
+        problems = per_table_problems(s, names) + fixed_plan_problems(s, names)
+    else:
+        rows = {t.name: t.num_embeddings for t in tables}
+        problems = plan_problems(s, rows, unpooled_names(tables), world.size, world.local_size, world.device_type)
+    if problems and config_error:
+        raise ConfigError("invalid config:\n" + "\n".join(f"  {p}" for p in problems))
+    if problems:
+        raise ValueError("; ".join(problems))
+    return tables
+
+
 def plan(
     model: nn.Module,
     s: ShardingConfig,
@@ -188,9 +220,10 @@ def plan(
 ) -> ShardingPlan:
     """Place the tables of ``model`` (EmbeddingBagCollections and EmbeddingCollections) on ``world``.
 
-    In order: :func:`check_covered`; the rules of :func:`rules.plan_problems` (comms on this
-    device, ``per_table`` / ``fixed_plan`` naming the model's tables and ranks inside the job,
-    sequence tables, small tables vs row-wise); then ``s.fixed_plan`` as it says
+    In order: :func:`checked_tables` (:func:`check_covered`, then the rules of
+    :func:`rules.plan_problems`: comms on this device, ``per_table`` / ``fixed_plan`` naming
+    the model's tables and ranks inside the job, sequence tables, small tables vs row-wise);
+    then ``s.fixed_plan`` as it says
     (:func:`fixed_sharding_plan`), or TorchRec's planner over :func:`table_constraints` and
     :func:`make_topology` (``batch_size``: per-rank batch of its cost model; ``pooling``: ids
     per example by table; ``stats``: extra planner stats hooks); then :func:`check_column_shards`.
@@ -202,18 +235,7 @@ def plan(
             table_row_wise ranks over two nodes, column shards not multiples of 4.
         torchrec PlannerError: no placement fits the topology (planner only).
     """
-    check_covered(model)
-    tables = model_tables(model)
-    if not tables:
-        raise ValueError(
-            f"{type(model).__name__} holds no EmbeddingBagCollection or EmbeddingCollection: nothing to shard"
-        )
-    rows = {t.name: t.num_embeddings for t in tables}
-    problems = plan_problems(s, rows, unpooled_names(tables), world.size, world.local_size, world.device_type)
-    if problems and config_error:
-        raise ConfigError("invalid config:\n" + "\n".join(f"  {p}" for p in problems))
-    if problems:
-        raise ValueError("; ".join(problems))
+    tables = checked_tables(model, s, world, config_error)
     if s.fixed_plan is not None:
         out = fixed_sharding_plan(model, s.fixed_plan, world.size, world.local_size, world.device_type)
     else:

@@ -19,8 +19,8 @@ from recsys_dist.distributed.config import (
     ShardingConfig,
 )
 from recsys_dist.distributed.ids import ids_check_hook
-from recsys_dist.distributed.plan import World, plan
-from recsys_dist.distributed.sharders import fix_replicated_sequence_tables, model_tables, sharders
+from recsys_dist.distributed.plan import World, checked_tables, plan
+from recsys_dist.distributed.sharders import fix_replicated_sequence_tables, sharders
 
 
 def shard(
@@ -91,8 +91,8 @@ def shard(
     """
     s = sharding if isinstance(sharding, ShardingConfig) else ShardingConfig.model_validate(sharding or {})
     device = device or _default_device()
+    tables = checked_tables(model, s)  # before the process group is asked anything
     planner_batch = check_shard_config(s, device.type, batch_size)
-    tables = model_tables(model)
     if init_tables:
         _check_init_range(tables)
     sharding_plan = plan(model, s, World.of_group(pg or dist.group.WORLD, device.type), planner_batch)
