@@ -23,6 +23,7 @@ from pathlib import Path
 from recsys_dist.checkpoint import run_dir as run_dirs
 from recsys_dist.config.base import ConfigError
 from recsys_dist.config.loader import load_config
+from recsys_dist.train.pipelines import pipeline_problems
 from recsys_dist.train.preflight import check_before_launch
 
 
@@ -468,7 +469,6 @@ def cmd_plan(args: argparse.Namespace) -> int:
     _quiet_third_party()
     logging.getLogger().setLevel(logging.ERROR)  # the planner logs through the root logger
     from recsys_dist.distributed.dry_run import PlanError, dry_run
-    from recsys_dist.train.pipelines import pipeline_problems
 
     try:
         pipeline = pipeline_problems(cfg.train.pipeline, args.device)
