@@ -61,7 +61,7 @@ def test_plan_cli_64_gpus_json_and_failure_exit_code():
 def test_column_shards_must_be_multiples_of_4():
     import torch
 
-    from recsys_dist.distributed.sharding import fixed_sharding_plan
+    from recsys_dist.distributed.fixed_plan import fixed_sharding_plan
     from recsys_dist.models.build import build_model
 
     cfg = load_config(QUICKSTART)

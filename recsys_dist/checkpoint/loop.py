@@ -84,7 +84,7 @@ def save_checkpoint(
     ctx = _context(model)
     meta = {"step": step, "world_size": ctx.world_size, "extra": extra_json, "own_loop": True}
     if getattr(model, "plan", None) is not None:
-        from recsys_dist.distributed.sharding import plan_summary
+        from recsys_dist.distributed.plan_io import plan_summary
 
         meta["plan"] = plan_summary(model.plan)  # type: ignore[arg-type]
     state = _state(model, optimizer, ctx)

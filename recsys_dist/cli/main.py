@@ -23,6 +23,7 @@ from pathlib import Path
 from recsys_dist.checkpoint import run_dir as run_dirs
 from recsys_dist.config.base import ConfigError
 from recsys_dist.config.loader import load_config
+from recsys_dist.train.pipelines import pipeline_problems
 from recsys_dist.train.preflight import check_before_launch
 
 
@@ -236,7 +237,7 @@ def _train_overrides(args: argparse.Namespace) -> list[str]:
     """
     overrides = list(args.overrides)
     if args.plan:
-        from recsys_dist.distributed.sharding import load_plan_file
+        from recsys_dist.distributed.plan_io import load_plan_file
 
         try:
             fixed = load_plan_file(args.plan)
@@ -470,7 +471,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from recsys_dist.distributed.dry_run import PlanError, dry_run
 
     try:
-        report = dry_run(cfg, args.world_size, args.local_world_size, args.device)
+        pipeline = pipeline_problems(cfg.train.pipeline, args.device)
+        report = dry_run(cfg, args.world_size, args.local_world_size, args.device, pipeline)
     except PlanError as err:
         print(f"recsys-dist plan: {err}", file=sys.stderr)
         return 1

@@ -2,7 +2,7 @@
 
 A section is a pydantic model with ``extra="forbid"``: an unknown key, a wrong type or an
 impossible value is reported with its dotted key. Components define their own section
-(``recsys_dist.data.config.DataConfig``, ``recsys_dist.distributed.sharding.ShardingConfig``, ...) on
+(``recsys_dist.data.config.DataConfig``, ``recsys_dist.distributed.config.ShardingConfig``, ...) on
 top of :class:`Section`; ``recsys_dist.config.run.RunConfig`` composes them.
 """
 

@@ -32,6 +32,8 @@ import time
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+from torch.nn.parallel import DistributedDataParallel
 
 from recsys_dist.distributed.ledger import PHASES
 
@@ -275,14 +277,10 @@ def _bytes(op: str, a: dict, world: int, rank: int) -> tuple[int, int]:
 def _ddp_count_hook(process_group, bucket):
     # DDP's own all-reduce, issued through torch.distributed.all_reduce, so that the
     # patched function counts it (as ``allreduce``: the caller is a ddp_comm_hooks frame).
-    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
-
     return allreduce_hook(process_group, bucket)
 
 
 def _hook_ddp(model) -> None:
-    from torch.nn.parallel import DistributedDataParallel
-
     # TorchRec keeps each data_parallel table group's DDP in a plain list (``_lookups``), out
     # of ``modules()``.
     found = list(model.modules())

@@ -12,15 +12,18 @@ from dataclasses import dataclass, field
 
 import torch
 from torchrec.distributed.planner.types import PlannerError
+from torchrec.distributed.types import ShardingPlan
 
 from recsys_dist.config.base import ConfigError
-from recsys_dist.config.run import RunConfig  # noqa: F401 - RunConfig: the annotations
+from recsys_dist.config.run import RunConfig
 from recsys_dist.distributed import ledger as ledgers
-from recsys_dist.distributed import sharding
 from recsys_dist.distributed.optim import fuse_embedding_optimizer
-from recsys_dist.errors import PlanError  # noqa: F401 (raised here; defined in errors)
+from recsys_dist.distributed.plan import ChosenOptions, World, make_topology, run_plan
+from recsys_dist.distributed.plan_io import plan_summary
+from recsys_dist.distributed.rules import comms_problems
+from recsys_dist.distributed.sharders import check_covered, model_tables
+from recsys_dist.errors import PlanError
 from recsys_dist.models.build import build_model, embedding_configs
-from recsys_dist.train.pipelines import pipeline_problems
 
 GB = 1024**3  # sizes are reported in GiB, as TorchRec's planner counts them
 # Optimizer state per row, in units of embedding_dim floats (rowwise keeps one float per row).
@@ -45,6 +48,7 @@ class PlanReport:
     ddr_gb: list[float] = field(default_factory=list)
     cost_ms: list[float] = field(default_factory=list)
     ledger: ledgers.Ledger | None = None
+    plan: ShardingPlan | None = None  # the plan described (what the Trainer's path gives on such a world)
 
     @property
     def imbalance(self) -> float:
@@ -96,50 +100,73 @@ def table_bytes(cfg: RunConfig) -> dict[str, int]:
     return out
 
 
-def dry_run(cfg: RunConfig, world_size: int, local_world_size: int, device: str) -> PlanReport:
-    """Plan ``cfg``'s model for a topology without any process group.
+def dry_run(
+    cfg: RunConfig, world_size: int, local_world_size: int, device: str, problems: list[str] | None = None
+) -> PlanReport:
+    """Plan ``cfg``'s model for a topology without any process group: the same
+    :func:`recsys_dist.distributed.plan.plan` as the Trainer's, on a simulated world (so a
+    ``sharding.fixed_plan`` is honoured as in training; no planner runs then, so the memory per
+    rank is its fp32 weights, without optimizer state, and the cost 0). ``problems``: the caller's own
+    refusals of this config on ``device`` (the CLI passes ``train.pipeline``'s), reported with
+    ``sharding.comms``'s.
 
     Raises:
-        PlanError: the planner found no placement that fits; names the largest tables,
-            the memory they need against what the topology has, and what to change.
-        ConfigError: ``sharding.comms`` or ``train.pipeline`` cannot run on ``device``; the
-            model holds an embedding module no sharder covers
-            (``recsys_dist.distributed.sharding.check_covered``); ``sharding.per_table`` names an unknown
-            table, or the allowed types leave an EmbeddingCollection table none.
+        PlanError: the planner found no placement that fits (names the largest tables, the
+            memory they need against what the topology has, and what to change), or the
+            placement has column shards FBGEMM cannot run.
+        ConfigError: ``problems``, or ``sharding.comms`` cannot run on ``device``; the model
+            holds an embedding module no sharder covers; the rules of
+            ``recsys_dist.distributed.rules.plan_problems`` (``per_table`` naming an unknown
+            table, a fixed plan not placing exactly the tables, ...).
     """
-    # What cannot run on this device is refused as recsys-dist train refuses it (before the
-    # sharders, which would fail deep inside on a comms precision the device cannot carry).
-    problems = sharding.comms_problems(cfg.sharding.comms, device, world_size) + pipeline_problems(
-        cfg.train.pipeline, device
-    )
+    # Before building anything: refused as recsys-dist train refuses it.
+    problems = list(problems or []) + comms_problems(cfg.sharding.comms, device, world_size)
     if problems:
         raise ConfigError("invalid config:\n" + "\n".join(f"  {p}" for p in problems))
     model = build_model(cfg, torch.device("meta"))
     dense_bytes = ledgers.dense_parameter_bytes(model)
     fuse_embedding_optimizer(model, cfg)
     try:
-        sharding.check_covered(model)
+        check_covered(model)
     except ValueError as err:  # the model's, as recsys-dist train reports it (preflight.coverage_problems)
         raise ConfigError(f"invalid config:\n  model.name: {cfg.model.name}: {err}") from None
-    tables = sharding.model_tables(model)
+    chosen = ChosenOptions()
     try:
-        planner = sharding.make_planner(cfg, tables, world_size, local_world_size, device)
+        plan = run_plan(cfg, model, World(world_size, local_world_size, device), stats=[chosen])
+    except PlannerError as err:
+        raise PlanError(_explain(cfg, world_size, local_world_size, device, err)) from None
     except ConfigError:
         raise
-    except ValueError as err:  # a sharding key the model's tables refuse: a config error, not a crash
-        raise ConfigError(f"invalid config:\n  {err}") from None
-    try:
-        plan = planner.plan(model, sharding.sharders(cfg.sharding.comms, device))
-    except PlannerError as err:
-        raise PlanError(_explain(cfg, planner, world_size, device, err)) from None
-    try:
-        sharding.check_column_shards(plan)
-    except ValueError as err:
+    except ValueError as err:  # a placement FBGEMM cannot run (column shard widths, ...)
         raise PlanError(str(err)) from None
+    tables = model_tables(model)
+    summary = plan_summary(plan, tables)
     placements = [
         TablePlacement(r["table"], r["sharding_type"], r["compute_kernel"], r["ranks"] or list(range(world_size)))
-        for r in sharding.plan_summary(plan)
+        for r in summary
     ]
+    zeros = [0.0] * world_size
+    ledger = _ledger(cfg, model, plan, tables, world_size, local_world_size, dense_bytes)
+    report = PlanReport(
+        world_size, local_world_size, device, placements, list(zeros), list(zeros), list(zeros), ledger, plan
+    )
+    if cfg.sharding.fixed_plan is not None:  # no planner: the weights each rank holds
+        memory = report.hbm_gb if device == "cuda" else report.ddr_gb
+        for row in summary:
+            for rank, size in row["rank_bytes"].items():
+                memory[int(rank)] += size / GB
+    for option in chosen.options:
+        for shard in option.shards:
+            if shard.rank is None:
+                continue
+            report.hbm_gb[shard.rank] += shard.storage.hbm / GB
+            report.ddr_gb[shard.rank] += shard.storage.ddr / GB
+            report.cost_ms[shard.rank] += shard.perf.total
+    return report
+
+
+def _ledger(cfg: RunConfig, model, plan, tables, world_size: int, local_world_size: int, dense_bytes: int):
+    """The bytes ledger of the plan (``recsys_dist.distributed.ledger.predict``)."""
     comms = cfg.sharding.comms
     ledger = ledgers.predict(
         plan,
@@ -154,28 +181,11 @@ def dry_run(cfg: RunConfig, world_size: int, local_world_size: int, device: str)
         ledgers.managed_features(model),
     )
     ledger.unsized_multi_hot = ledgers.unsized_multi_hot(cfg)
-    report = PlanReport(
-        world_size,
-        local_world_size,
-        device,
-        placements,
-        [0.0] * world_size,
-        [0.0] * world_size,
-        [0.0] * world_size,
-        ledger,
-    )
-    for option in planner._best_plan or []:  # the planner keeps the chosen options only here
-        for shard in option.shards:
-            if shard.rank is None:
-                continue
-            report.hbm_gb[shard.rank] += shard.storage.hbm / GB
-            report.ddr_gb[shard.rank] += shard.storage.ddr / GB
-            report.cost_ms[shard.rank] += shard.perf.total
-    return report
+    return ledger
 
 
-def _explain(cfg: RunConfig, planner, world_size: int, device: str, err: PlannerError) -> str:
-    topo = planner._topology
+def _explain(cfg: RunConfig, world_size: int, local_world_size: int, device: str, err: PlannerError) -> str:
+    topo = make_topology(cfg.sharding, world_size, local_world_size, device)
     cap_key = "hbm" if device == "cuda" else "ddr"
     per_rank = getattr(topo.devices[0].storage, cap_key)
     usable = per_rank * (1 - cfg.sharding.storage_reservation)

@@ -11,37 +11,12 @@ import time
 import warnings
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Literal
 
 import torch
 import torch.distributed as dist
-from pydantic import Field
 
-from recsys_dist.config.base import Section
+from recsys_dist.distributed.config import DistributedConfig
 from recsys_dist.distributed.stderr_log import StderrHandler
-
-
-class DistributedConfig(Section):
-    """The ``distributed:`` section: ranks, device, restarts, CPU threads."""
-
-    nproc_per_node: int = Field(1, gt=0, description="Ranks to launch on this node (ignored under torchrun).")
-    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto = cuda when available, else cpu.")
-    max_restarts: int = Field(0, ge=0, description="Elastic agent restarts of the whole worker group.")
-    start_method: Literal["auto", "fork", "spawn"] = Field(
-        "auto",
-        description="How `recsys-dist train` starts its ranks on this node. fork: they inherit the launcher's "
-        "imports (torch and torchrec: about 6 CPU-seconds per rank); spawn: fresh interpreters. auto = fork "
-        "on CPU when train runs as the recsys-dist command (a fresh process), otherwise spawn (CUDA does not "
-        "survive a fork: fork with CUDA is an error; a process that already computed may hold an OpenMP pool "
-        "whose copy hangs a forked rank).",
-    )
-    cpu_threads_per_rank: int | None = Field(
-        None,
-        gt=0,
-        description="CPU only: intra-op threads of each rank (torch.set_num_threads). None = this "
-        "machine's cores divided among the ranks on it. 1 is safer when other jobs share the cores (an "
-        "OpenMP barrier waits for a descheduled thread).",
-    )
 
 
 @dataclass(frozen=True)

@@ -52,6 +52,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from torch import nn
+from torchrec.distributed.embedding import ShardedEmbeddingCollection
+from torchrec.distributed.embeddingbag import ShardedEmbeddingBagCollection
+from torchrec.modules.embedding_configs import EmbeddingBagConfig
+from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
+
+from recsys_dist.distributed.config import SHARDING_TYPES
+from recsys_dist.models.managed import find_remap
 
 PHASES = ("input_dist", "output_dist_forward", "output_dist_backward", "allreduce", "managed_all_gather")
 PRECISION_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
@@ -60,7 +67,7 @@ LENGTH_BYTES = 4  # KJT lengths: int32
 SPLITS_PER_PEER = 3  # the splits all-to-all: counts of lengths, of values, and the batch size
 SPLIT_BYTES = 8  # int64
 _ROW_LIKE = ("row_wise", "table_row_wise")
-_SHARDED_TYPES = ("table_wise", "column_wise", "table_column_wise", "row_wise", "table_row_wise")
+_SHARDED_TYPES = tuple(t for t in SHARDING_TYPES if t != "data_parallel")
 
 
 @dataclass
@@ -199,10 +206,6 @@ def dense_parameter_bytes(model: nn.Module) -> int:
     """fp32 bytes of the gradients DDP all-reduces for the dense part of ``model`` (every
     parameter that needs a gradient outside its EmbeddingBagCollections and
     EmbeddingCollections, sharded or not), on a plain, meta or DMP-wrapped model."""
-    from torchrec.distributed.embedding import ShardedEmbeddingCollection
-    from torchrec.distributed.embeddingbag import ShardedEmbeddingBagCollection
-    from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
-
     # The tables are not DDP's: model-parallel ones are updated by their fused optimizer, and
     # an EmbeddingCollection's tables are left out of the ledger altogether (``unmodelled``).
     skip = (EmbeddingBagCollection, ShardedEmbeddingBagCollection, EmbeddingCollection, ShardedEmbeddingCollection)
@@ -250,8 +253,6 @@ def predict(
     for p in (forward_precision, backward_precision):
         if p not in PRECISION_BYTES:
             raise ValueError(f"precision {p!r}: one of {sorted(PRECISION_BYTES)}")
-    from torchrec.modules.embedding_configs import EmbeddingBagConfig
-
     pooling = dict(pooling or {})
     # EmbeddingCollection tables (EmbeddingConfig) are not modelled; predict lists them.
     by_name = {t.name: t for t in tables if isinstance(t, EmbeddingBagConfig)}
@@ -280,29 +281,7 @@ def predict(
                 raise ValueError(f"table {name}: sharding type {st} is not in the ledger")
             groups.add((path, st))
             shards = [(s.placement.rank(), s.shard_sizes[0], s.shard_sizes[1]) for s in ps.sharding_spec.shards]
-            for f in t.feature_names:
-                ids = B * pooling[f]
-                for d, rows, width in shards:
-                    if st in _ROW_LIKE:
-                        per_src = B * LENGTH_BYTES + ids * rows / t.num_embeddings * ID_BYTES
-                    else:
-                        per_src = B * LENGTH_BYTES + ids * ID_BYTES
-                    for r in range(W):
-                        if r != d:
-                            led.add(r, "input_dist", name, per_src, 0)
-                            led.add(d, "input_dist", name, 0, per_src)
-                    if st in _ROW_LIKE:
-                        continue
-                    fwd, bwd = B * width * ef, B * width * eb
-                    for r in range(W):
-                        if r != d:
-                            led.add(d, "output_dist_forward", name, fwd, 0)
-                            led.add(r, "output_dist_forward", name, 0, fwd)
-                            led.add(r, "output_dist_backward", name, bwd, 0)
-                            led.add(d, "output_dist_backward", name, 0, bwd)
-                if st in _ROW_LIKE:
-                    ranks = sorted({d for d, *_ in shards})
-                    _row_output_dist(led, name, ranks, W, B * t.embedding_dim, ef, eb, st, local_world_size)
+            _sharded_table(led, t, st, shards, pooling, ef, eb, local_world_size)
     for _ in sorted(groups):
         for r in range(W):
             b = SPLITS_PER_PEER * SPLIT_BYTES * (W - 1)
@@ -320,11 +299,40 @@ def predict(
     return led
 
 
+def _sharded_table(
+    led: Ledger, t, st: str, shards: list[tuple[int, int, int]], pooling: dict, ef: int, eb: int, local: int | None
+) -> None:
+    """input_dist and output_dist of one sharded table ``t`` of type ``st``; ``shards``:
+    (rank, rows, width) of each shard."""
+    W, B, name = led.world_size, led.batch_size, t.name
+    for f in t.feature_names:
+        ids = B * pooling[f]
+        for d, rows, width in shards:
+            if st in _ROW_LIKE:
+                per_src = B * LENGTH_BYTES + ids * rows / t.num_embeddings * ID_BYTES
+            else:
+                per_src = B * LENGTH_BYTES + ids * ID_BYTES
+            for r in range(W):
+                if r != d:
+                    led.add(r, "input_dist", name, per_src, 0)
+                    led.add(d, "input_dist", name, 0, per_src)
+            if st in _ROW_LIKE:
+                continue
+            fwd, bwd = B * width * ef, B * width * eb
+            for r in range(W):
+                if r != d:
+                    led.add(d, "output_dist_forward", name, fwd, 0)
+                    led.add(r, "output_dist_forward", name, 0, fwd)
+                    led.add(r, "output_dist_backward", name, bwd, 0)
+                    led.add(d, "output_dist_backward", name, 0, bwd)
+        if st in _ROW_LIKE:
+            ranks = sorted({d for d, *_ in shards})
+            _row_output_dist(led, name, ranks, W, B * t.embedding_dim, ef, eb, st, local)
+
+
 def managed_features(model: nn.Module) -> list[str]:
     """The features of ``model``'s managed-collision tables (its ``ManagedRemap``), in the
     order it gathers them; empty without managed tables. A plain, meta or DMP-wrapped model."""
-    from recsys_dist.models.managed import find_remap
-
     remap = find_remap(model)
     return list(remap.mch.keys()) if remap is not None else []
 
@@ -382,8 +390,6 @@ def run_ledger(cfg, dmp, world_size: int, local_world_size: int | None = None) -
     """The ledger of a sharded run: ``dmp``'s plan and tables, ``train.batch_size``,
     ``sharding.comms``, the pooling factors of :func:`pooling_from_config` and the managed-collision
     features of :func:`managed_features`."""
-    from torchrec.distributed.embeddingbag import ShardedEmbeddingBagCollection
-
     tables = [
         t for m in dmp.modules() if isinstance(m, ShardedEmbeddingBagCollection) for t in m._embedding_bag_configs
     ]

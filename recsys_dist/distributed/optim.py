@@ -7,6 +7,7 @@ from collections.abc import Callable
 import torch
 from fbgemm_gpu.tbe.config import WeightDecayMode
 from torch import nn
+from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 from torchrec.optim import optimizers as trec_optim
 from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 from torchrec.optim.clipping import GradientClipping, GradientClippingOptimizer
@@ -54,8 +55,6 @@ def fuse_embedding_optimizer(model: nn.Module, cfg) -> None:
     Must run before sharding: the sharder reads the mark to build FBGEMM's fused kernel,
     and the planner uses it to count optimizer state in its memory estimate.
     """
-    from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
-
     cls, kwargs = EMBEDDING_OPTIMIZERS[cfg.train.embedding_optimizer]
     collections = (EmbeddingBagCollection, EmbeddingCollection)
     params = [p for m in model.modules() if isinstance(m, collections) for p in m.parameters()]

@@ -10,9 +10,11 @@ from __future__ import annotations
 from recsys_dist.config.base import ConfigError
 from recsys_dist.data.config import missing_data_files
 from recsys_dist.data.resolve import feature_names, sequence_names, tasks
-from recsys_dist.distributed.sharding import (
-    CUDA_ONLY_KERNELS,
+from recsys_dist.distributed.config import CUDA_ONLY_KERNELS
+from recsys_dist.distributed.rules import (
     comms_problems,
+    fixed_plan_problems,
+    per_table_problems,
     small_table_problems,
     unpooled_type_problems,
 )
@@ -91,7 +93,7 @@ def coverage_problems(cfg) -> list[str]:
     report that failure."""
     import torch
 
-    from recsys_dist.distributed.sharding import check_covered
+    from recsys_dist.distributed.sharders import check_covered
     from recsys_dist.models.build import feature_spec
 
     try:
@@ -147,26 +149,14 @@ def check_before_launch(cfg, world_size: int | None = None, memory: bool = True)
     problems += [f"  {p}" for p in section_problems(cfg)]
     problems += [f"  {p}" for p in coverage_problems(cfg)]
     tables = table_names(cfg)
-    unknown = sorted(set(cfg.sharding.per_table) - set(tables))
-    if unknown:
-        problems.append(f"  sharding.per_table: unknown tables {unknown}; the tables are {tables[0]} .. {tables[-1]}")
+    problems += [f"  {p}" for p in per_table_problems(cfg.sharding, tables)]
     if cfg.eval.group_feature and cfg.eval.auc_buckets:
         problems.append(
             "  eval.group_feature: GAUC needs every prediction; it cannot be combined with eval.auc_buckets"
         )
     fixed = cfg.sharding.fixed_plan
     world = world_size if world_size is not None else cfg.distributed.nproc_per_node
-    if fixed is not None:
-        missing = [t for t in tables if t not in fixed]
-        extra = sorted(set(fixed) - set(tables))
-        if missing or extra:
-            problems.append(
-                f"  sharding.fixed_plan: must place exactly the model's tables {tables[0]} .. {tables[-1]} "
-                f"(missing {missing}, unknown {extra})"
-            )
-        for name, fp in fixed.items():
-            if any(r >= world for r in fp.ranks or []):
-                problems.append(f"  sharding.fixed_plan.{name}.ranks: {fp.ranks} but the job has {world} rank(s)")
+    problems += [f"  {p}" for p in fixed_plan_problems(cfg.sharding, tables, world)]
     if cfg.sharding.sharding_types == ["table_wise"] and world > len(tables) and fixed is None:
         problems.append(
             f"  distributed.nproc_per_node: {world} ranks but only {len(tables)} tables and "

@@ -47,7 +47,6 @@ from recsys_dist.data.mapping import loader_id_bounds
 from recsys_dist.data.prefetch import auto_prefetch
 from recsys_dist.data.resolve import feature_names, label_columns, prepare_from_config, tasks
 from recsys_dist.data.spec import FeatureSpec
-from recsys_dist.distributed import sharding
 from recsys_dist.distributed.env import (
     DistContext,
     broadcast_result,
@@ -63,7 +62,10 @@ from recsys_dist.distributed.optim import (
     fuse_embedding_optimizer,
     init_lazy_state,
 )
-from recsys_dist.distributed.sharding import model_tables
+from recsys_dist.distributed.plan import World, run_plan
+from recsys_dist.distributed.plan_io import plan_summary
+from recsys_dist.distributed.rules import comms_problems
+from recsys_dist.distributed.sharders import OneRankDense, fix_replicated_sequence_tables, model_tables, sharders
 from recsys_dist.distributed.tables import init_tables
 from recsys_dist.faults import maybe_fault
 from recsys_dist.models.build import build_model, feature_spec, table_sizes
@@ -182,7 +184,7 @@ def shard_model(
         model = build_model(cfg, spec.on(torch.device("meta"), ctx.device), module=module)
         fuse_embedding_optimizer(model, cfg)
         tables = model_tables(model)
-        plan = sharding.collective_plan(cfg, model, tables, ctx.device, dist.group.WORLD)
+        plan = run_plan(cfg, model, World(ctx.world_size, ctx.local_world_size, ctx.device.type, dist.group.WORLD))
     with phase("tables"):
         return _wrap_and_init(cfg, ctx, model, tables, plan, dense_factory)
 
@@ -192,10 +194,10 @@ def _wrap_and_init(cfg: RunConfig, ctx: DistContext, model, tables, plan, dense_
         model,
         device=ctx.device,
         plan=plan,
-        sharders=sharding.sharders(cfg.sharding.comms, ctx.device.type),
-        data_parallel_wrapper=sharding.OneRankDense() if ctx.world_size == 1 else None,
+        sharders=sharders(cfg.sharding.comms, ctx.device.type),
+        data_parallel_wrapper=OneRankDense() if ctx.world_size == 1 else None,
     )
-    sharding.fix_replicated_sequence_tables(dmp)
+    fix_replicated_sequence_tables(dmp)
     init_tables(dmp.state_dict(), tables, cfg.train.seed, {t.name: t.weight_init_max for t in tables})
     t = cfg.train
     optimizer = build_optimizer(
@@ -345,7 +347,7 @@ class Trainer:
         # Before the run directory is taken: a pipeline this device cannot run was refused only
         # at fit(), after config.yaml, the plan and the ledger line had been written there.
         problems = pipeline_problems(cfg.train.pipeline, ctx.device.type)
-        problems += sharding.comms_problems(cfg.sharding.comms, ctx.device.type, ctx.world_size)
+        problems += comms_problems(cfg.sharding.comms, ctx.device.type, ctx.world_size)
         if problems:
             raise ConfigError("invalid config:\n  " + "\n  ".join(problems))
         self._take_run_dir()
@@ -407,12 +409,12 @@ class Trainer:
         if self._scheduler_factory is not None:
             self._lr_scheduler = check_lr_scheduler(self._scheduler_factory(dense_torch_optimizer(self._optimizer)))
         log.info(
-            "sharded: %s", ", ".join(sorted({r["sharding_type"] for r in sharding.plan_summary(self._model.plan)}))
+            "sharded: %s", ", ".join(sorted({r["sharding_type"] for r in plan_summary(self._model.plan)}))
         )
         if ctx.is_main:
             (self.run_dir / "plan.txt").write_text(plan_text + "\n")
             (self.run_dir / "plan.json").write_text(
-                json.dumps(sharding.plan_summary(self._model.plan, self.spec.planned_tables()), indent=2)
+                json.dumps(plan_summary(self._model.plan, self.spec.planned_tables()), indent=2)
             )
         resume_step = run_dirs.checkpoint_step(checkpoint) if checkpoint is not None else None
         self._writer = MetricsWriter(self.run_dir / "metrics.jsonl", ctx.is_main, ctx.world_size, resume_step)
@@ -655,7 +657,7 @@ class Trainer:
                 "rows_trained": self.rows_trained,
                 "train_seconds": self.train_seconds,
                 "world_size": self._ctx.world_size,
-                "plan": sharding.plan_summary(self._model.plan),
+                "plan": plan_summary(self._model.plan),
                 "config": self.cfg.to_dict(),
                 "num_embeddings": self._loaders.num_embeddings,
                 "early_stopping": self.best.state() if self.best is not None else None,

@@ -24,7 +24,7 @@ from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backwa
 
 from recsys_dist.data.loader import CTRBatch
 from recsys_dist.distributed.optim import EMBEDDING_OPTIMIZERS, build_optimizer, fused_weight_decay
-from recsys_dist.distributed.sharding import sharders
+from recsys_dist.distributed.sharders import sharders
 from recsys_dist.distributed.tables import gather_full_state_dict, load_full_state_dict
 from recsys_dist.models.task import CTRTask
 
@@ -359,10 +359,9 @@ def one_rank_without_ddp(rank: int, world_size: int, steps: int) -> dict:
     from torchrec.distributed import DistributedModelParallel
 
     from recsys_dist.config import load_config
-    from recsys_dist.distributed import sharding
     from recsys_dist.distributed.env import init_distributed
     from recsys_dist.distributed.optim import build_optimizer, fuse_embedding_optimizer
-    from recsys_dist.models.build import embedding_configs
+    from recsys_dist.distributed.plan import World, run_plan
     from recsys_dist.train.trainer import build_model, shard_model
     from tests.conftest import QUICKSTART
 
@@ -374,8 +373,10 @@ def one_rank_without_ddp(rank: int, world_size: int, steps: int) -> dict:
     ours, opt_ours, _ = shard_model(cfg, ctx)
     model = build_model(cfg, ctx.device)
     fuse_embedding_optimizer(model, cfg)
-    plan = sharding.collective_plan(cfg, model, embedding_configs(cfg), ctx.device, torch.distributed.group.WORLD)
-    ddp = DistributedModelParallel(model, device=ctx.device, plan=plan, sharders=sharding.sharders())
+    plan = run_plan(
+        cfg, model, World(ctx.world_size, ctx.local_world_size, ctx.device.type, torch.distributed.group.WORLD)
+    )
+    ddp = DistributedModelParallel(model, device=ctx.device, plan=plan, sharders=sharders())
     load_full_state_dict(ddp.state_dict(), gather_full_state_dict(ours.state_dict()))
     t = cfg.train
     opt_ddp = build_optimizer(
@@ -443,7 +444,7 @@ def shard_api_checks(rank: int, world_size: int) -> dict:
     quickstart equal shard()'s.
     """
     import recsys_dist
-    from recsys_dist.distributed.sharding import plan_summary
+    from recsys_dist.distributed.plan_io import plan_summary
 
     def meta_ebc():
         return EmbeddingBagCollection(tables=configs(), device=torch.device("meta"))

@@ -16,7 +16,7 @@ from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backwa
 
 from recsys_dist.data.loader import CTRBatch
 from recsys_dist.distributed.optim import EMBEDDING_OPTIMIZERS, build_optimizer
-from recsys_dist.distributed.sharding import sharders
+from recsys_dist.distributed.sharders import sharders
 from recsys_dist.distributed.tables import gather_full_state_dict, load_full_state_dict
 from recsys_dist.models.managed import ManagedRemap, ReplicatedMCH, find_remap
 from recsys_dist.models.task import CTRTask

@@ -20,7 +20,7 @@ from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backwa
 
 from recsys_dist.data.loader import CTRBatch
 from recsys_dist.distributed.optim import EMBEDDING_OPTIMIZERS, build_optimizer
-from recsys_dist.distributed.sharding import fix_replicated_sequence_tables, sharders
+from recsys_dist.distributed.sharders import fix_replicated_sequence_tables, sharders
 from recsys_dist.distributed.tables import gather_full_state_dict, load_full_state_dict
 from recsys_dist.models.task import CTRTask
 from tests.distributed.equivalence import DENSE_LR, EMB_LR, STEPS, reference_embedding_step

@@ -17,11 +17,14 @@ import torch
 from torch import nn
 from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, EmbeddingCollection, EmbeddingConfig
 
-from recsys_dist.distributed import sharding
+from recsys_dist.distributed.config import SEQUENCE_SHARDING_TYPES, ShardingConfig
+from recsys_dist.distributed.plan import World, plan, table_constraints
+from recsys_dist.distributed.sharders import check_covered, model_tables, unpooled_names
+from recsys_dist.distributed.sharding import shard
 from recsys_dist.testing import run_ranks
 from tests.distributed import sequence_equivalence
 
-TYPES = ["data_parallel", "table_wise", "row_wise", "column_wise"]
+TYPES = SEQUENCE_SHARDING_TYPES
 TOL = {"exact_sgd": 1e-6, "exact_rowwise_adagrad": 1e-5}
 CASES = [(t, o) for t in TYPES for o in TOL]
 
@@ -51,14 +54,14 @@ class WithPlainEmbedding(nn.Module):
 
 def test_uncovered_embedding_module_is_an_error_at_plan_time():
     with pytest.raises(ValueError, match=r"tower\.1 is a torch\.nn\.modules\.sparse\.Embedding, which no sharder"):
-        sharding.check_covered(WithPlainEmbedding())
+        check_covered(WithPlainEmbedding())
     # refused before any process group is needed
     with pytest.raises(ValueError, match="which no sharder covers"):
-        sharding.shard(WithPlainEmbedding())
+        shard(WithPlainEmbedding())
     bag = nn.Module()
     bag.lookup = nn.EmbeddingBag(10, 4)
     with pytest.raises(ValueError, match="lookup is a torch.nn.modules.sparse.EmbeddingBag"):
-        sharding.check_covered(bag)
+        check_covered(bag)
 
 
 def test_collections_and_their_own_tables_are_covered():
@@ -69,28 +72,33 @@ def test_collections_and_their_own_tables_are_covered():
     m.ec = EmbeddingCollection(
         tables=[EmbeddingConfig(name="s", embedding_dim=4, num_embeddings=10, feature_names=["g"])]
     )
-    sharding.check_covered(m)  # their nn.EmbeddingBag / nn.Embedding children come with them
-    sharding.check_covered(m.ebc)  # a collection on its own, too
-    sharding.check_covered(m.ec)
-    tables = sharding.model_tables(m)
+    check_covered(m)  # their nn.EmbeddingBag / nn.Embedding children come with them
+    check_covered(m.ebc)  # a collection on its own, too
+    check_covered(m.ec)
+    tables = model_tables(m)
     assert [t.name for t in tables] == ["a", "s"]
-    assert sharding.unpooled_names(tables) == {"s"}
+    assert unpooled_names(tables) == {"s"}
 
 
 def test_unpooled_tables_get_only_the_types_their_sharder_offers():
-    cons = sharding.table_constraints(sharding.ShardingConfig(), ["a", "s"], unpooled={"s"})
-    assert len(cons["a"].sharding_types) == 6
-    assert sorted(cons["s"].sharding_types) == sorted(sharding.SEQUENCE_SHARDING_TYPES)
-    only_twrw = sharding.ShardingConfig(sharding_types=["table_row_wise"])
-    with pytest.raises(
-        ValueError, match=r"sharding.sharding_types: \['table_row_wise'\] leaves the EmbeddingCollection"
-    ):
-        sharding.table_constraints(only_twrw, ["a", "s"], unpooled={"s"})
-    fixed = sharding.ShardingConfig(fixed_plan={"s": {"sharding_type": "table_row_wise", "ranks": [0]}}).fixed_plan
     m = nn.Module()
+    m.ebc = EmbeddingBagCollection(
+        tables=[EmbeddingBagConfig(name="a", embedding_dim=4, num_embeddings=10, feature_names=["f"])],
+        device=torch.device("meta"),
+    )
     m.ec = EmbeddingCollection(
         tables=[EmbeddingConfig(name="s", embedding_dim=4, num_embeddings=10, feature_names=["g"])],
         device=torch.device("meta"),
     )
+    cons = table_constraints(ShardingConfig(), model_tables(m))
+    assert len(cons["a"].sharding_types) == 6
+    assert sorted(cons["s"].sharding_types) == sorted(SEQUENCE_SHARDING_TYPES)
+    world = World(2, 2, "cpu")  # the planning path, on a simulated world
+    only_twrw = ShardingConfig(sharding_types=["table_row_wise"])
+    with pytest.raises(
+        ValueError, match=r"sharding.sharding_types: \['table_row_wise'\] leaves the EmbeddingCollection"
+    ):
+        plan(m, only_twrw, world, 8)
+    fixed = {"a": {"sharding_type": "table_wise", "ranks": [0]}, "s": {"sharding_type": "table_row_wise", "ranks": [0]}}
     with pytest.raises(ValueError, match="sharding.fixed_plan.s.sharding_type: table_row_wise"):
-        sharding.fixed_sharding_plan(m, fixed, 2, 2, "cpu")
+        plan(m, ShardingConfig(fixed_plan=fixed), world, 0)

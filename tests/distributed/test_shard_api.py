@@ -1,6 +1,7 @@
 import pytest
 import torch
 
+from recsys_dist.distributed.config import SHARDING_TYPES
 from recsys_dist.testing import run_ranks
 from tests.distributed import equivalence
 
@@ -37,7 +38,7 @@ def test_one_feature_feeding_two_tables():
 
 @pytest.mark.slow
 def test_embedding_init_does_not_depend_on_sharding():
-    types = ["data_parallel", "table_wise", "row_wise", "column_wise", "table_row_wise", "table_column_wise"]
+    types = list(SHARDING_TYPES)
     results = run_ranks(equivalence.init_is_sharding_independent, 2, types)
     (single,) = run_ranks(equivalence.init_is_sharding_independent, 1, ["table_wise"])
     want = single["table_wise"]

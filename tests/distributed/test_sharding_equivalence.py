@@ -9,10 +9,11 @@ dense weight after the last step, must match the reference within 1e-6 absolute
 
 import pytest
 
+from recsys_dist.distributed.config import SHARDING_TYPES
 from recsys_dist.testing import run_ranks
 from tests.distributed import equivalence
 
-TYPES = ["data_parallel", "table_wise", "row_wise", "column_wise", "table_row_wise", "table_column_wise"]
+TYPES = SHARDING_TYPES
 # FBGEMM's CPU kernels have no Adam; Adam is covered on replicated (data-parallel) tables.
 CASES = [(t, o) for t in TYPES for o in ("exact_sgd", "exact_rowwise_adagrad", "exact_adagrad")]
 CASES.append(("data_parallel", "adam"))

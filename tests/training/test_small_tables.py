@@ -11,7 +11,8 @@ import json
 import pytest
 
 from recsys_dist.config import ConfigError, load_config
-from recsys_dist.distributed.sharding import constraints, leaves_rank_empty
+from recsys_dist.distributed.plan import World, plan, table_constraints
+from recsys_dist.distributed.rules import leaves_rank_empty
 from tests.cli import run_cli
 from tests.conftest import QUICKSTART
 
@@ -23,16 +24,20 @@ def test_which_row_wise_shardings_leave_a_rank_empty():
 
 
 def test_small_tables_are_not_offered_row_wise():
-    from recsys_dist.models.build import embedding_configs
+    import torch
+
+    from recsys_dist.models.build import build_model, embedding_configs
 
     cfg = load_config(QUICKSTART, ["data.num_embeddings=4", "sharding.sharding_types=[row_wise,table_wise]"])
-    tables = embedding_configs(cfg)
-    assert {tuple(c.sharding_types) for c in constraints(cfg, tables).values()} == {("row_wise", "table_wise")}
-    assert {tuple(c.sharding_types) for c in constraints(cfg, tables, 3).values()} == {("table_wise",)}
-    assert {tuple(c.sharding_types) for c in constraints(cfg, tables, 2).values()} == {("row_wise", "table_wise")}
+    tables, s = embedding_configs(cfg), cfg.sharding
+    assert {tuple(c.sharding_types) for c in table_constraints(s, tables).values()} == {("row_wise", "table_wise")}
+    three, two = World(3, 3, "cpu"), World(2, 2, "cpu")
+    assert {tuple(c.sharding_types) for c in table_constraints(s, tables, three).values()} == {("table_wise",)}
+    assert {tuple(c.sharding_types) for c in table_constraints(s, tables, two).values()} == {("row_wise", "table_wise")}
     only_rw = load_config(QUICKSTART, ["data.num_embeddings=4", "sharding.sharding_types=[row_wise]"])
+    model = build_model(only_rw, torch.device("meta"))
     with pytest.raises(ConfigError, match="t_C1 .4 rows.*per_table.t_C1.sharding_types"):
-        constraints(only_rw, tables, 3)
+        plan(model, only_rw.sharding, three, 64, config_error=True)
 
 
 def test_row_wise_only_on_too_few_rows_is_refused_before_start(tmp_path):

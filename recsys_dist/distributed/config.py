@@ -1,0 +1,166 @@
+"""The ``sharding:`` and ``distributed:`` config sections, and the names of the sharding types.
+
+Schema only: pydantic, typing and ``config.base``, so loading a config loads no torch
+(``tests/distributed/test_one_plan.py`` checks it). The rules these sections obey together
+with a model or a world live in :mod:`recsys_dist.distributed.rules`.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, get_args
+
+from pydantic import Field, model_validator
+
+from recsys_dist.config.base import Section
+
+# The one list of sharding type names (TorchRec's ShardingType values); every other list is derived.
+ShardingType = Literal["data_parallel", "table_wise", "row_wise", "column_wise", "table_row_wise", "table_column_wise"]
+SHARDING_TYPES: tuple[ShardingType, ...] = get_args(ShardingType)
+# The sharding types TorchRec's EmbeddingCollectionSharder offers (on every device).
+SEQUENCE_SHARDING_TYPES: tuple[ShardingType, ...] = ("data_parallel", "table_wise", "row_wise", "column_wise")
+# Types that need the ranks of a fixed placement (table_wise: exactly one).
+RANKED_TYPES: tuple[ShardingType, ...] = ("table_wise", "column_wise", "table_row_wise")
+
+ComputeKernelName = Literal["dense", "fused", "fused_uvm", "fused_uvm_caching"]
+CUDA_ONLY_KERNELS = ("fused_uvm", "fused_uvm_caching")
+Precision = Literal["fp32", "fp16", "bf16"]
+
+# ShardingConfig keys that only steer the planner: a fixed plan leaves them without effect.
+PLANNER_KEYS = (
+    "sharding_types",
+    "compute_kernels",
+    "planner_batch_size",
+    "cache_load_factor",
+    "per_table",
+    "storage_reservation",
+    "hbm_gb",
+    "ddr_gb",
+    "intra_node_bandwidth_gbps",
+    "inter_node_bandwidth_gbps",
+)
+DEFAULT_PLANNER_BATCH_SIZE = 512
+
+
+class TableConstraint(Section):
+    sharding_types: list[ShardingType] = Field(
+        default_factory=list, description="Sharding types the planner may choose for this table."
+    )
+    compute_kernels: list[ComputeKernelName] = Field(
+        default_factory=list, description="Compute kernels the planner may choose for this table."
+    )
+
+
+class FixedPlacement(Section):
+    sharding_type: ShardingType = Field(description="How this table is sharded.")
+    ranks: list[int] | None = Field(
+        None,
+        description="table_wise: one rank; column_wise: the rank of each column shard (may repeat); "
+        "row_wise / data_parallel: ignored (all ranks); table_row_wise: the ranks of one node.",
+    )
+    compute_kernel: ComputeKernelName | None = Field(
+        None, description="None = dense for data_parallel, fused otherwise."
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> FixedPlacement:
+        if self.sharding_type == "table_column_wise":
+            raise ValueError(
+                "table_column_wise is not available in a fixed plan; use column_wise with ranks on one node"
+            )
+        if self.sharding_type in RANKED_TYPES and not self.ranks:
+            raise ValueError(f"{self.sharding_type} needs ranks, e.g. ranks: [0]")
+        if self.sharding_type == "table_wise" and len(self.ranks or []) != 1:
+            raise ValueError(f"table_wise needs exactly one rank, got {self.ranks}")
+        if any(r < 0 for r in self.ranks or []):
+            raise ValueError(f"ranks must be >= 0, got {self.ranks}")
+        return self
+
+
+class CommsConfig(Section):
+    """``sharding.comms``: element type of output_dist's pooled embeddings on the wire
+    (TorchRec's QCommsConfig, encoded and decoded by FBGEMM's quantized-comm codecs around
+    the all-to-all and the reduce-scatter; the lookup itself stays fp32)."""
+
+    forward: Precision = Field("fp32", description="Pooled embeddings in output_dist's forward: fp32, fp16 or bf16.")
+    backward: Precision = Field("fp32", description="Their gradients in output_dist's backward: fp32, fp16 or bf16.")
+
+
+class ShardingConfig(Section):
+    sharding_types: list[ShardingType] = Field(
+        default_factory=list,
+        description="Sharding types allowed for every table (empty = all six).",
+    )
+    compute_kernels: list[ComputeKernelName] = Field(
+        default_factory=lambda: ["fused", "dense"],
+        description="Kernels allowed for every table: dense (data_parallel only), fused (FBGEMM "
+        "table-batched, weights in device memory), and on CUDA fused_uvm (weights in host "
+        "memory) and fused_uvm_caching (host memory with a device cache).",
+    )
+    planner_batch_size: int | None = Field(
+        None, gt=0, description="Per-rank batch size the planner's cost model assumes (None = train.batch_size)."
+    )
+    cache_load_factor: float | None = Field(
+        None, gt=0, le=1, description="fused_uvm_caching: fraction of each table's rows cached on device."
+    )
+    per_table: dict[str, TableConstraint] = Field(
+        default_factory=dict, description="Overrides by table name (t_<feature>, w_<feature> for first-order tables)."
+    )
+    storage_reservation: float = Field(
+        0.15, ge=0, lt=1, description="Fraction of each rank's memory the planner keeps free."
+    )
+    fixed_plan: dict[str, FixedPlacement] | None = Field(
+        None,
+        description="Place every table by hand instead of planning (table -> sharding_type, ranks). "
+        "`recsys-dist train --plan RUN_DIR/plan.json` fills it from an earlier run.",
+    )
+    hbm_gb: float | None = Field(None, gt=0, description="Device memory per rank in GB (None = TorchRec's 32 GB).")
+    ddr_gb: float | None = Field(None, gt=0, description="Host memory per rank in GB (None = TorchRec's 128 GB).")
+    intra_node_bandwidth_gbps: float | None = Field(
+        None, gt=0, description="Bandwidth between ranks of one node in GB/s (None = TorchRec's 600)."
+    )
+    inter_node_bandwidth_gbps: float | None = Field(
+        None, gt=0, description="Bandwidth between nodes per rank in GB/s (None = TorchRec's 12.5)."
+    )
+    comms: CommsConfig = Field(
+        default_factory=CommsConfig,
+        description="Quantized output_dist: fp16 / bf16 halve the bytes of the pooled embeddings "
+        "(forward) and their gradients (backward); bf16 needs CUDA (NCCL), gloo carries fp16 only.",
+    )
+
+    def allowed_types(self, table: str) -> list[ShardingType]:
+        """The sharding types the planner may choose for ``table``: its ``per_table`` override,
+        else ``sharding_types``, else all six."""
+        override = self.per_table.get(table)
+        return list((override and override.sharding_types) or self.sharding_types or SHARDING_TYPES)
+
+    def types_key(self, table: str) -> str:
+        """The dotted key that sets :meth:`allowed_types` of ``table`` (for messages)."""
+        override = self.per_table.get(table)
+        return (
+            f"sharding.per_table.{table}.sharding_types"
+            if override and override.sharding_types
+            else "sharding.sharding_types"
+        )
+
+
+class DistributedConfig(Section):
+    """The ``distributed:`` section: ranks, device, restarts, CPU threads."""
+
+    nproc_per_node: int = Field(1, gt=0, description="Ranks to launch on this node (ignored under torchrun).")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto = cuda when available, else cpu.")
+    max_restarts: int = Field(0, ge=0, description="Elastic agent restarts of the whole worker group.")
+    start_method: Literal["auto", "fork", "spawn"] = Field(
+        "auto",
+        description="How `recsys-dist train` starts its ranks on this node. fork: they inherit the launcher's "
+        "imports (torch and torchrec: about 6 CPU-seconds per rank); spawn: fresh interpreters. auto = fork "
+        "on CPU when train runs as the recsys-dist command (a fresh process), otherwise spawn (CUDA does not "
+        "survive a fork: fork with CUDA is an error; a process that already computed may hold an OpenMP pool "
+        "whose copy hangs a forked rank).",
+    )
+    cpu_threads_per_rank: int | None = Field(
+        None,
+        gt=0,
+        description="CPU only: intra-op threads of each rank (torch.set_num_threads). None = this "
+        "machine's cores divided among the ranks on it. 1 is safer when other jobs share the cores (an "
+        "OpenMP barrier waits for a descheduled thread).",
+    )

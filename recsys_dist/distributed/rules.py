@@ -1,0 +1,171 @@
+"""The rules a ``sharding`` section obeys with a model's tables, a world and a device.
+
+Each rule is written once, here, and called by ``train.preflight`` (before any rank starts)
+and by :func:`recsys_dist.distributed.plan.plan` (every planning path: the Trainer,
+``shard()``, the dry run). Each returns its problems as "dotted.key: what is wrong; the fix"
+(empty when there is none). Torch-free: configs and plain names only.
+"""
+
+from __future__ import annotations
+
+from recsys_dist.distributed.config import SEQUENCE_SHARDING_TYPES, CommsConfig, ShardingConfig
+
+
+def table_list(names: list[str]) -> str:
+    """``names`` for a message: all of them when few, else the first and the last."""
+    return str(list(names)) if len(names) <= 8 else f"{names[0]} .. {names[-1]}"
+
+
+def per_table_problems(s: ShardingConfig, names: list[str]) -> list[str]:
+    """``sharding.per_table`` naming a table the model lacks (``names``: the model's tables)."""
+    unknown = sorted(set(s.per_table) - set(names))
+    if not unknown:
+        return []
+    return [f"sharding.per_table: unknown tables {unknown}; the model's tables are {table_list(names)}"]
+
+
+def fixed_plan_problems(s: ShardingConfig, names: list[str], world_size: int | None = None) -> list[str]:
+    """A ``sharding.fixed_plan`` that does not place exactly the tables ``names``, or (with
+    ``world_size``) that places one on a rank outside the job."""
+    if s.fixed_plan is None:
+        return []
+    problems = []
+    missing = [n for n in names if n not in s.fixed_plan]
+    unknown = sorted(set(s.fixed_plan) - set(names))
+    if missing or unknown:
+        problems.append(
+            f"sharding.fixed_plan: must place exactly the model's tables {table_list(names)} (missing {missing}, "
+            f"unknown {unknown})"
+        )
+    if world_size is not None:
+        problems += [
+            f"sharding.fixed_plan.{name}.ranks: {fp.ranks} but the job has {world_size} rank(s)"
+            for name, fp in s.fixed_plan.items()
+            if any(r >= world_size for r in fp.ranks or [])
+        ]
+    return problems
+
+
+def leaves_rank_empty(rows: int, ranks: int) -> bool:
+    """Whether row-wise sharding of ``rows`` rows over ``ranks`` ranks gives some rank no row.
+
+    TorchRec cuts ``ceil(rows / ranks)``-row blocks (``_calculate_rw_shard_sizes_and_offsets``:
+    5 rows on 4 ranks are 2, 2, 1, 0), and FBGEMM's fused kernel fails on a rank whose shard
+    of a table is empty; so such a table must not be sharded row-wise."""
+    return ranks > 1 and (ranks - 1) * -(-rows // ranks) >= rows
+
+
+def row_wise_types(rows: int, world_size: int, local_world_size: int) -> list[str]:
+    """The row-sharded types (row_wise, table_row_wise) that would leave a rank without a row
+    of a ``rows``-row table (see :func:`leaves_rank_empty`)."""
+    out = []
+    if leaves_rank_empty(rows, world_size):
+        out.append("row_wise")
+    if leaves_rank_empty(rows, local_world_size):
+        out.append("table_row_wise")
+    return out
+
+
+def small_table_problems(
+    s: ShardingConfig, sizes: dict[str, int], world_size: int, local_world_size: int | None = None
+) -> list[str]:
+    """Tables too small to be sharded row-wise over the job's ranks that the config leaves no
+    other sharding type (or places row-wise in a fixed plan), one message per table naming the fix.
+
+    ``sizes``: table name -> rows."""
+    local = local_world_size or world_size
+    problems = []
+    for name, rows in sizes.items():
+        bad = row_wise_types(rows, world_size, local)
+        if not bad:
+            continue
+        if s.fixed_plan is not None:
+            fp = s.fixed_plan.get(name)
+            if fp is not None and fp.sharding_type in bad:
+                over = world_size if fp.sharding_type == "row_wise" else local
+                problems.append(
+                    f"sharding.fixed_plan.{name}: {fp.sharding_type} over {over} ranks leaves a rank without a row "
+                    f"of this {rows}-row table, which FBGEMM cannot run; place it table_wise or data_parallel"
+                )
+            continue
+        types = s.allowed_types(name)
+        if not [t for t in types if t not in bad]:
+            problems.append(
+                f"{s.types_key(name)}: {types} leaves table {name} ({rows} rows) only {' / '.join(bad)}, which over "
+                f"{world_size} ranks gives a rank no row of it (FBGEMM cannot run that); allow table_wise or "
+                f"data_parallel for it (sharding.per_table.{name}.sharding_types: [table_wise]), give it at least "
+                f"{world_size} rows, or use fewer ranks"
+            )
+    return problems
+
+
+def unpooled_type_problems(s: ShardingConfig, unpooled: list[str] | set[str]) -> list[str]:
+    """Why the ``sharding`` section cannot place the EmbeddingCollection (unpooled) tables
+    ``unpooled``: a table whose allowed types (``per_table``, else ``sharding_types``; empty =
+    all) or ``fixed_plan`` placement include none that TorchRec's EmbeddingCollectionSharder
+    offers (:data:`SEQUENCE_SHARDING_TYPES`)."""
+    problems = []
+    for name in sorted(unpooled):
+        fixed = (s.fixed_plan or {}).get(name)
+        if fixed is not None:
+            if fixed.sharding_type not in SEQUENCE_SHARDING_TYPES:
+                problems.append(
+                    f"sharding.fixed_plan.{name}.sharding_type: {fixed.sharding_type}, but {name} is an "
+                    f"EmbeddingCollection (sequence) table, which TorchRec shards {list(SEQUENCE_SHARDING_TYPES)} "
+                    "only; use one of them"
+                )
+            continue
+        if s.fixed_plan is not None:  # the fixed plan must place every table: checked with the model's tables
+            continue
+        types = s.allowed_types(name)
+        if not any(t in SEQUENCE_SHARDING_TYPES for t in types):
+            problems.append(
+                f"{s.types_key(name)}: {types} leaves the EmbeddingCollection (sequence) table {name} no sharding "
+                f"type; TorchRec shards unpooled tables {list(SEQUENCE_SHARDING_TYPES)} only: add one of them "
+                f"(e.g. sharding.per_table.{name}.sharding_types: [row_wise])"
+            )
+    return problems
+
+
+def comms_problems(comms: CommsConfig, device_type: str, world_size: int | None = None) -> list[str]:
+    """Why ``sharding.comms`` cannot run on ``device_type`` in a job of ``world_size`` ranks
+    (when known).
+
+    TorchRec's ``get_qcomm_codecs_registry`` does not carry bf16 over gloo: on CPU it
+    replaces bf16 by fp16 with a log warning. A job of 1 rank sends nothing between ranks:
+    measured, fp16 comms there give the fp32 run's numbers to the last bit. Refusing both
+    keeps the config honest."""
+    problems = []
+    if world_size == 1 and (comms.forward, comms.backward) != ("fp32", "fp32"):
+        problems.append(
+            "sharding.comms: a job of 1 rank sends nothing between ranks (its output_dist stays in the "
+            "process), so there is nothing to quantize; remove sharding.comms or run on more ranks"
+        )
+    if device_type == "cuda":
+        return problems
+    return problems + [
+        f"sharding.comms.{key}: bf16 comms need CUDA (NCCL); TorchRec's gloo/CPU codecs carry fp32 and "
+        "fp16 only (they would silently send fp16); use fp16 on CPU"
+        for key in ("forward", "backward")
+        if getattr(comms, key) == "bf16"
+    ]
+
+
+def plan_problems(
+    s: ShardingConfig,
+    rows: dict[str, int],
+    unpooled: set[str],
+    world_size: int,
+    local_world_size: int,
+    device_type: str,
+) -> list[str]:
+    """Every rule above for a model's tables (``rows``: name -> rows, in module order;
+    ``unpooled``: its EmbeddingCollection tables) on a world: what planning checks first."""
+    names = list(rows)
+    return (
+        comms_problems(s.comms, device_type, world_size)
+        + per_table_problems(s, names)
+        + fixed_plan_problems(s, names, world_size)
+        + unpooled_type_problems(s, unpooled)
+        + small_table_problems(s, rows, world_size, local_world_size)
+    )
