@@ -478,7 +478,7 @@ class DataConfig(_Section):
                 f"data.feature_pooling: {unknown} are not categorical features of {self.format} "
                 f"({', '.join(fmt.sparse_names)})"
             )
-        unpooled = sorted(set(self.feature_pooling) & set(getattr(fmt, "sequence_names", [])))
+        unpooled = sorted(set(self.feature_pooling) & set(fmt.sequence_names))
         if unpooled:
             raise ValueError(
                 f"data.feature_pooling: {unpooled} are sequence features, which are not pooled (one embedding "
@@ -511,7 +511,7 @@ class DataConfig(_Section):
         if self.managed is not None and self.managed.features:
             listed = self.managed.features
             twice = sorted({f for f in listed if listed.count(f) > 1})
-            unknown = [f for f in listed if f not in fmt.sparse_names and f not in getattr(fmt, "sequence_names", [])]
+            unknown = [f for f in listed if f not in fmt.sparse_names and f not in fmt.sequence_names]
             if twice or unknown:
                 raise ValueError(
                     f"data.managed.features: {'listed twice: ' + str(twice) if twice else ''}"
@@ -519,7 +519,7 @@ class DataConfig(_Section):
                     f"{'not categorical features of ' + self.format + ': ' + str(unknown) if unknown else ''} "
                     f"(features: {', '.join(fmt.sparse_names)})"
                 )
-        seq = list(getattr(fmt, "sequence_names", []))
+        seq = list(fmt.sequence_names)
         listed = (self.managed.features or []) if self.managed is not None else []
         managed_seq = seq if self.categorical_mapping == "managed" else [f for f in listed if f in seq]
         if managed_seq:

@@ -35,9 +35,10 @@ import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from recsys_dist.data import mapping as mp
-from recsys_dist.data.criteo import CRITEO, LINE_COLUMN, TRANSFORM_VERSION
+from recsys_dist.data.formats.criteo import CRITEO, TRANSFORM_VERSION
 from recsys_dist.data.prefetch import prefetched
 from recsys_dist.data.splits import SPLITS, Split, position_assign, random_assign, time_assign
+from recsys_dist.data.text import LINE_COLUMN
 from recsys_dist.data.workers import OrderedPool, WorkerDied
 from recsys_dist.distributed.stderr_log import StderrHandler
 from recsys_dist.errors import DataError
@@ -104,7 +105,7 @@ def cache_key(
     """The name of a conversion's cache entry: a digest of the raw files (path, size, mtime)
     and every option that changes the converted output. Computing it converts nothing."""
     files = [[str(r.resolve()), r.stat().st_size, r.stat().st_mtime_ns] for r in raws]
-    fmt_key = getattr(fmt, "fingerprint", fmt.name)
+    fmt_key = fmt.fingerprint
     key = json.dumps(
         (files[0] if len(files) == 1 else [files])
         + [sizes, num_rows, split.fingerprint(), TRANSFORM_VERSION]
@@ -250,7 +251,7 @@ class _Transform:
             ids.append(mp.to_arrow(got, sk))
         label_cols = [labels] if labels.ndim == 1 else list(labels.T)
         weights = []
-        if getattr(self.fmt, "weight_column", None):
+        if self.fmt.weight_column:
             weights = [pa.array(self.fmt.weights(batch, path, first + 1), pa.float32())]
         out = pa.RecordBatch.from_arrays(
             [pa.array(y, pa.float32()) for y in label_cols]
@@ -317,10 +318,10 @@ class _Totals:
     @classmethod
     def of(cls, transform: _Transform) -> _Totals:
         fmt = transform.fmt
-        spec = getattr(fmt, "spec", None)
+        spec = fmt.spec
         multi_hot = [(n, spec.separator) for n in spec.multi_hot] if spec is not None else []
         out = cls(len(fmt.dense_names), len(fmt.sparse_names) if transform.vocabs is not None else 0, multi_hot)
-        out.num_labels = len(getattr(fmt, "label_columns", None) or ["label"])  # dense columns follow the labels
+        out.num_labels = len(fmt.label_columns)  # dense columns follow the labels
         return out
 
     def add_train(self, part: pa.RecordBatch) -> None:
@@ -834,8 +835,8 @@ def _build(
         "sparse": sparse_names,
         "schema": {f.name: str(f.type) for f in schema},
         # task -> binary | regression, in the order of the label columns; the sample-weight column
-        "tasks": dict(zip(getattr(fmt, "task_names", ["label"]), getattr(fmt, "task_kinds", ["binary"]))),
-        "weight": getattr(fmt, "weight_column", None),
+        "tasks": dict(zip(fmt.task_names, fmt.task_kinds)),
+        "weight": fmt.weight_column,
         "transforms": transforms,
         "split": split_info,
         "rows_written": seen,
@@ -942,8 +943,8 @@ def _separator_warnings(raw: Path, totals: _Totals) -> list[dict]:
 
 def _one_class_message(fmt, raw: Path, n: int, label: int) -> str:
     """Every training row has the same label: say which column and threshold made it so."""
-    column = getattr(fmt, "label_column", "label")
-    spec = getattr(fmt, "spec", None)
+    column = fmt.label_column
+    spec = fmt.spec
     threshold = getattr(spec, "label_threshold", None)
     if threshold is not None:
         rule = (

@@ -54,9 +54,9 @@ import torch
 from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from recsys_dist.data.criteo import DataError
 from recsys_dist.data.parquet_io import open_parquet
 from recsys_dist.data.prefetch import prefetched
+from recsys_dist.errors import DataError
 
 _INT32 = np.iinfo(np.int32)
 BLOCK_BATCHES = 64  # batches gathered at once and handed over together (memory: blocks, not windows)

@@ -8,7 +8,7 @@ import pytest
 
 from recsys_dist.data.config import SchemaConfig
 from recsys_dist.data.convert import prepare, prepare_criteo
-from recsys_dist.data.schema import SchemaFormat
+from recsys_dist.data.formats.schema import SchemaFormat
 from recsys_dist.data.splits import Split
 from tests.conftest import base_row
 
