@@ -14,7 +14,7 @@ from recsys_dist.data.formats.base import FORMATS, RawFormat
 if TYPE_CHECKING:  # annotations only: this package stays light to import
     from recsys_dist.config.run import RunConfig
     from recsys_dist.data.config import DataConfig
-    from recsys_dist.data.convert import PreparedData
+    from recsys_dist.data.convert.manifest import PreparedData
 
 
 def raw_format(name: str, schema=None, short_lines: str = "error") -> RawFormat:

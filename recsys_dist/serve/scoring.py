@@ -40,7 +40,7 @@ from recsys_dist.data import mapping as mp
 from recsys_dist.errors import DataError
 
 PREPROCESSING_FILE = "preprocessing.json"
-VOCABULARY_FILE = "vocabulary.parquet"  # the name the conversion gives it too (convert.VOCABULARY_FILE)
+VOCABULARY_FILE = "vocabulary.parquet"  # the name the conversion gives it too (convert.manifest.VOCABULARY_FILE)
 MANIFEST_FILE = "manifest.json"
 UNLABELLED_FORMATS = ("criteo_tsv_unlabelled", "schema_unlabelled")
 RECORD_VERSION = 1
@@ -228,8 +228,8 @@ def training_conversion(d) -> Path | None:
     """The conversion-cache entry of the ``data`` section's training data as the files are
     now (the entry ``prepare`` would reuse), or None when it is not cached or a file is gone.
     Nothing is converted or read besides the files' sizes and times."""
-    from recsys_dist.data import convert
     from recsys_dist.data.config import raw_paths
+    from recsys_dist.data.convert.cache import cache_key, default_cache_dir
     from recsys_dist.data.splits import Split
 
     raws = [Path(p) for p in raw_paths(d)]
@@ -237,8 +237,8 @@ def training_conversion(d) -> Path | None:
     if not raws or not all(Path(p).is_file() for p, _ in split.sources([str(r) for r in raws])):
         return None
     fmt = _format(d)
-    # The entry's key as `prepare` computes it (convert.py keeps it private; see the report).
-    key = convert.cache_key(
+    # The entry's key as `prepare` computes it (convert/cache.py).
+    key = cache_key(
         raws,
         _sizes(d),
         d.num_rows,
@@ -251,7 +251,7 @@ def training_conversion(d) -> Path | None:
         d.row_group_size,
     )
     prefix = "criteo" if fmt.name == "criteo_tsv" else fmt.name
-    entry = (Path(d.cache_dir) if d.cache_dir else convert.default_cache_dir()) / f"{prefix}-{key}"
+    entry = (Path(d.cache_dir) if d.cache_dir else default_cache_dir()) / f"{prefix}-{key}"
     return entry if (entry / MANIFEST_FILE).is_file() else None
 
 

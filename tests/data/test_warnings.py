@@ -20,7 +20,7 @@ def new_process(monkeypatch):
     """Open the cache as a new process would (none of this process's checks remembered)."""
 
     def forget():
-        monkeypatch.delenv("RECSYS_DIST_CHECKED_CACHE", raising=False)  # convert.CHECKED_ENV, as documented
+        monkeypatch.delenv("RECSYS_DIST_CHECKED_CACHE", raising=False)  # convert.cache.CHECKED_ENV, as documented
 
     forget()
     return forget
