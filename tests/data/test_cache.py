@@ -151,14 +151,14 @@ _RACE = textwrap.dedent(
     from recsys_dist.data import convert
     from recsys_dist.data.convert import passes
 
-    real, calls = passes._convert, []
+    real, calls = passes.convert_rows, []
 
     def slow(*args, **kw):  # a conversion long enough for the other process to arrive meanwhile
         calls.append(1)
         time.sleep(2)
         return real(*args, **kw)
 
-    passes._convert = slow
+    passes.convert_rows = slow
     ready = Path(sys.argv[2])
     (ready / str(os.getpid())).touch()
     while len(list(ready.iterdir())) < 2:  # both processes start converting together

@@ -11,7 +11,7 @@ at a time: an exclusive ``fcntl.flock`` on ``<entry>.lock`` beside the entry's d
 held while the entry is checked, converted or rebuilt, so a second process converting the same
 data waits and then reuses the result. Every file is written under a name of its own process
 and renamed into place; ``manifest.json`` (renamed into place last) records each file's size
-and checksum, checked whenever the entry is opened (see ``cache._open_entry``).
+and checksum, checked whenever the entry is opened (see ``cache.open_entry``).
 
 Modules: ``passes`` (reading, transforming, counting), ``writer`` (split files), ``parallel``
 (one worker process per file), ``cache`` (entry key, lock, integrity), ``manifest``.
@@ -30,37 +30,37 @@ from tqdm import tqdm
 from recsys_dist.data import mapping as mp
 from recsys_dist.data.convert import passes
 from recsys_dist.data.convert.cache import (
-    _entry_lock,
-    _integrity,
-    _mark_checked,
-    _open_entry,
-    _signature,
     cache_key,
     default_cache_dir,
+    entry_lock,
+    entry_signature,
+    file_integrity,
+    mark_checked,
+    open_entry,
 )
 from recsys_dist.data.convert.manifest import (
     VOCABULARY_FILE,
     PreparedData,
-    _conversion_warnings,
-    _emit_warnings,
-    _entry_files,
-    _manifest_result,
-    _write_manifest,
+    conversion_warnings,
     dense_stats,
     describe_mapping,
+    emit_warnings,
+    entry_files,
     log,
+    manifest_result,
+    write_manifest,
 )
-from recsys_dist.data.convert.parallel import _convert_in_workers
+from recsys_dist.data.convert.parallel import convert_in_workers
 from recsys_dist.data.convert.passes import (
-    _count_vocabularies,
-    _first_bad_row,
-    _position_bounds,
-    _Reader,
-    _rows_skipped,
-    _Totals,
-    _Transform,
+    Reader,
+    Totals,
+    Transform,
+    count_vocabularies,
+    first_bad_row,
+    position_bounds,
+    rows_skipped,
 )
-from recsys_dist.data.convert.writer import _flat, _recut, _SplitWriter
+from recsys_dist.data.convert.writer import SplitWriter, flat_paths, recut_splits
 from recsys_dist.data.formats.base import RawFormat
 from recsys_dist.data.formats.criteo import CRITEO
 from recsys_dist.data.splits import SPLITS, Split
@@ -126,8 +126,8 @@ def prepare(
         raws, sizes, num_rows, split, on_bad_row, fmt, mapping, min_count, vocab_path, row_group_size, managed
     )
     out = (Path(cache_dir) if cache_dir else default_cache_dir()) / f"{prefix}-{key}"
-    with _entry_lock(out, raws):
-        m = _open_entry(out, raws[0], warn_one_class)
+    with entry_lock(out, raws):
+        m = open_entry(out, raws[0], warn_one_class)
         if m is None:
             m = _Conversion(
                 fmt,
@@ -146,7 +146,7 @@ def prepare(
                 warn_one_class,
                 managed,
             ).build()
-    return _manifest_result(out, m)
+    return manifest_result(out, m)
 
 
 def _check_options(fmt, num_embeddings, on_bad_row: str, mapping: str, managed, vocabulary):
@@ -227,24 +227,22 @@ class _Conversion:
         fmt, raw = self.fmt, self.raws[0]
         skipped: list | None = [] if self.on_bad_row == "skip" else None
         bounds = self._bounds(skipped)
-        readers = [
-            _Reader(fmt, path, self.split, fixed, self.num_rows, bounds, skipped) for path, fixed in self.sources
-        ]
+        readers = [Reader(fmt, path, self.split, fixed, self.num_rows, bounds, skipped) for path, fixed in self.sources]
         self.out.mkdir(parents=True, exist_ok=True)
         for stale in self.out.glob(".*.tmp"):  # left by a conversion that was killed (the lock is ours now)
             stale.unlink(missing_ok=True)
         token = f"{os.getpid()}-{secrets.token_hex(4)}"  # this process's temporary file names
         vocabs, distinct = self._vocabularies(readers, bounds, skipped)
         schema = fmt.output_schema()
-        transform = _Transform(fmt, self.sizes, vocabs, schema, self.managed)
+        transform = Transform(fmt, self.sizes, vocabs, schema, self.managed)
         totals, rows, files, tmp, skipped_count, examples = self._write(readers, transform, schema, token, skipped)
         stats, train_labels = totals.stats, totals.labels
         if totals.seen == 0:
-            for t in _flat(tmp):
+            for t in flat_paths(tmp):
                 t.unlink(missing_ok=True)
             if not skipped_count:
                 raise DataError(f"{raw}: no rows could be read (the file holds no rows)")
-            first = _first_bad_row(readers, transform)
+            first = first_bad_row(readers, transform)
             raise DataError(
                 f"{raw}: no rows could be read: every row ({skipped_count:,}) was skipped as bad (data.on_bad_row: "
                 f"skip). The first error, as data.on_bad_row: error reports it: {first or 'none found on reading again'}"
@@ -252,9 +250,9 @@ class _Conversion:
         if bounds is not None and totals.seen != bounds[-1]:
             # Rows were skipped: the bounds (from the line count) would take them all out of the
             # last split. The splits are consecutive runs of the kept rows, so cut them again.
-            bounds = _position_bounds(self.split.fractions, totals.seen)
+            bounds = position_bounds(self.split.fractions, totals.seen)
             try:
-                rows, recut = _recut(tmp, schema, bounds, self.row_group_size, _Totals.of(transform))
+                rows, recut = recut_splits(tmp, schema, bounds, self.row_group_size, Totals.of(transform))
                 stats, train_labels, totals.ids = recut.stats, recut.labels, recut.ids
             except BaseException:
                 for t in tmp.values():
@@ -280,11 +278,11 @@ class _Conversion:
             # The fractions apply to the rows kept, and the vocabulary is counted over the
             # training rows before anything is written: count the kept rows first (one more
             # parse of the file). Under hash mapping the splits are cut again at the end instead.
-            counter = _Reader(fmt, str(raw), self.split, None, num_rows, np.array([0, total, total, total]), [])
+            counter = Reader(fmt, str(raw), self.split, None, num_rows, np.array([0, total, total, total]), [])
             total = sum(batch.num_rows for batch, _ in counter.batches())
-        return _position_bounds(self.split.fractions, total)
+        return position_bounds(self.split.fractions, total)
 
-    def _vocabularies(self, readers: list[_Reader], bounds, skipped: list | None) -> tuple[list | None, list | None]:
+    def _vocabularies(self, readers: list[Reader], bounds, skipped: list | None) -> tuple[list | None, list | None]:
         """(vocabulary per feature or None, distinct training values per feature or None);
         under vocabulary mapping ``sizes`` become the vocabulary sizes."""
         if self.mapping != "vocabulary":
@@ -294,7 +292,7 @@ class _Conversion:
             vocabs = mp.load_vocabularies(self.vocab_path, list(self.fmt.sparse_names))
         else:
             first_pass = [
-                _Reader(
+                Reader(
                     self.fmt, r.path, self.split, r.fixed, self.num_rows, bounds, [] if skipped is not None else None
                 )
                 for r in readers
@@ -307,9 +305,9 @@ class _Conversion:
                 disable=not self.progress,
                 desc=f"count {self.raws[0].name}",
             ) as bar:
-                counters = _count_vocabularies(self.fmt, first_pass, bar, self.managed)
+                counters = count_vocabularies(self.fmt, first_pass, bar, self.managed)
             distinct = [None if c is None else c.distinct() for c in counters]
-            # a managed feature: an empty vocabulary, never looked up (_Transform) nor saved
+            # a managed feature: an empty vocabulary, never looked up (Transform) nor saved
             vocabs = [
                 mp.Vocabulary.empty() if c is None else c.build(self.min_count, n) for c, n in zip(counters, self.sizes)
             ]
@@ -318,22 +316,22 @@ class _Conversion:
         self.sizes = [n if m else v.size for v, n, m in zip(vocabs, self.sizes, self.managed)]
         return vocabs, distinct
 
-    def _write(self, readers: list[_Reader], transform: _Transform, schema, token: str, skipped: list | None):
+    def _write(self, readers: list[Reader], transform: Transform, schema, token: str, skipped: list | None):
         """Convert every row into temporary split files: (totals, rows per split, file names per
         split, temporary paths per split, rows skipped, examples of skipped rows)."""
         train_files = [path for path, fixed in self.sources if fixed == 0]
         if len(train_files) > 1:  # several training files: one worker process per file
-            totals, rows, files, tmp = _convert_in_workers(
+            totals, rows, files, tmp = convert_in_workers(
                 readers, self.out, transform, schema, self.row_group_size, self.progress, token
             )
             return totals, rows, files, tmp, totals.n_skipped, totals.examples
         tmp = {s: self.out / f".{s}.parquet.{token}.tmp" for s in SPLITS}
-        writers = {s: _SplitWriter(tmp[s], schema, self.row_group_size) for s in SPLITS}
+        writers = {s: SplitWriter(tmp[s], schema, self.row_group_size) for s in SPLITS}
         total_bytes = sum(Path(p).stat().st_size for p, _ in self.sources)
         name = self.raws[0].name
         bar = tqdm(total=total_bytes, unit="B", unit_scale=True, desc=f"convert {name}", disable=not self.progress)
         try:
-            totals = passes._convert(readers, writers, transform, bar)
+            totals = passes.convert_rows(readers, writers, transform, bar)
         except BaseException:
             for w in writers.values():
                 w.discard()
@@ -344,9 +342,9 @@ class _Conversion:
         rows = {s: w.rows for s, w in writers.items()}
         files = {s: [f"{s}.parquet"] for s in SPLITS}
         examples = [{"line": ln, "reason": why} for ln, why in (skipped or [])[:20]]
-        return totals, rows, files, tmp, _rows_skipped(skipped or [], readers), examples
+        return totals, rows, files, tmp, rows_skipped(skipped or [], readers), examples
 
-    def _finish(self, schema, bounds, vocabs, distinct, totals: _Totals, written: tuple, token: str) -> dict:
+    def _finish(self, schema, bounds, vocabs, distinct, totals: Totals, written: tuple, token: str) -> dict:
         """Save the vocabulary, then write the manifest (last); returns it."""
         fmt, raw, out, sizes = self.fmt, self.raws[0], self.out, self.sizes
         rows, files, stats, train_labels, skipped_count, examples = written
@@ -373,7 +371,7 @@ class _Conversion:
         split_info = self.split.describe()
         if bounds is not None:
             split_info["row_bounds"] = bounds.tolist()
-        warnings = _conversion_warnings(fmt, raw, self.split, rows, train_labels, totals, mapping_info, self.vocab_path)
+        warnings = conversion_warnings(fmt, raw, self.split, rows, train_labels, totals, mapping_info, self.vocab_path)
         manifest = {
             "source": str(raw.resolve()) if len(self.raws) == 1 else [str(r.resolve()) for r in self.raws],
             "format": fmt.name,
@@ -396,10 +394,10 @@ class _Conversion:
             "dense_stats_train": dense_stats(list(fmt.dense_names), stats, totals.missing, totals.seen),
             "warnings": warnings,
         }
-        manifest["integrity"] = _integrity(out, _entry_files(manifest))
-        _write_manifest(out, manifest)
-        _mark_checked(out, _signature(out, _entry_files(manifest)))
-        _emit_warnings(manifest, self.warn_one_class)
+        manifest["integrity"] = file_integrity(out, entry_files(manifest))
+        write_manifest(out, manifest)
+        mark_checked(out, entry_signature(out, entry_files(manifest)))
+        emit_warnings(manifest, self.warn_one_class)
         return manifest
 
 

@@ -15,13 +15,13 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from recsys_dist.data.convert.manifest import MANIFEST_FILE, _emit_warnings, _entry_files, _write_manifest, log
+from recsys_dist.data.convert.manifest import MANIFEST_FILE, emit_warnings, entry_files, log, write_manifest
 from recsys_dist.data.formats.criteo import TRANSFORM_VERSION
 from recsys_dist.data.splits import SPLITS, Split
 from recsys_dist.errors import DataError
 
 # Checked entries of this process and the processes it starts (a training run's ranks): the
-# entry's path and a signature of its files' stat (size, mtime, ctime, inode). See _open_entry.
+# entry's path and a signature of its files' stat (size, mtime, ctime, inode). See open_entry.
 CHECKED_ENV = "RECSYS_DIST_CHECKED_CACHE"
 
 try:  # a fast checksum when xxhash is installed, else BLAKE2b (both stream the file)
@@ -69,7 +69,7 @@ def default_cache_dir() -> Path:
 
 
 @contextmanager
-def _entry_lock(out: Path, raws: list[Path]):
+def entry_lock(out: Path, raws: list[Path]):
     """Hold the cache entry ``out`` alone: an exclusive ``flock`` on ``<out>.lock`` beside it
     (created if need be, never removed: removing a lock file races with its next user). A
     second process waits here until the first has converted, then reuses its result. The
@@ -119,7 +119,7 @@ def _checksums(paths: list[Path], algorithm: str) -> list[str]:
         return list(pool.map(one, paths))
 
 
-def _integrity(out: Path, names: list[str]) -> dict:
+def file_integrity(out: Path, names: list[str]) -> dict:
     """The manifest's ``integrity`` entry: size and checksum of each file of the entry."""
     sums = _checksums([out / n for n in names], CHECKSUM)
     return {
@@ -128,7 +128,7 @@ def _integrity(out: Path, names: list[str]) -> dict:
     }
 
 
-def _signature(out: Path, names: list[str]) -> str:
+def entry_signature(out: Path, names: list[str]) -> str:
     """The stat (size, mtime, ctime, inode) of the entry's files and manifest, hashed with the
     entry's path: a file written or replaced since changes it."""
     h = hashlib.blake2b(str(out.resolve()).encode(), digest_size=12)
@@ -142,7 +142,7 @@ def _checked_before(signature: str) -> bool:
     return signature in os.environ.get(CHECKED_ENV, "").split(",")
 
 
-def _mark_checked(out: Path, signature: str) -> None:
+def mark_checked(out: Path, signature: str) -> None:
     """Record in the environment (inherited by the ranks this process starts) that the entry,
     as its files are now, was checked and its warnings shown."""
     seen = [s for s in os.environ.get(CHECKED_ENV, "").split(",") if s and s != signature]
@@ -156,7 +156,7 @@ def _check_entry(out: Path, m: dict, names: list[str], full: bool) -> tuple[str,
         if not (out / n).is_file():
             return n, "the file is missing"
     integrity = m.get("integrity")
-    if integrity is None:  # a manifest from before checksums were recorded: see _open_entry
+    if integrity is None:  # a manifest from before checksums were recorded: see open_entry
         return None
     for n in names:
         want = integrity["files"].get(n, {}).get("size")
@@ -188,13 +188,13 @@ def _check_legacy(out: Path, m: dict, names: list[str]) -> tuple[str, str] | Non
     if rows != m["rows"]:
         return MANIFEST_FILE, f"the files hold {rows} rows where the manifest records {m['rows']}"
     try:
-        _write_manifest(out, {**m, "integrity": _integrity(out, names)})
+        write_manifest(out, {**m, "integrity": file_integrity(out, names)})
     except OSError:
         pass  # a read-only cache: checked now, recorded another time
     return None
 
 
-def _open_entry(out: Path, raw: Path, warn_one_class: bool) -> dict | None:
+def open_entry(out: Path, raw: Path, warn_one_class: bool) -> dict | None:
     """The manifest of the cache entry ``out`` if the entry is complete and intact, else None
     (no entry, or a damaged one, whose files are then removed so that it is converted again).
 
@@ -211,22 +211,22 @@ def _open_entry(out: Path, raw: Path, warn_one_class: bool) -> dict | None:
         m = json.loads(path.read_text())
         if not isinstance(m, dict):  # JSON, but not the object a conversion writes
             raise ValueError(f"a JSON {type(m).__name__}, not an object")
-        names = _entry_files(m)
+        names = entry_files(m)
         m["rows"], m["num_embeddings"]  # noqa: B018 - present in every manifest
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
         _discard(out, [], MANIFEST_FILE, f"not a readable manifest ({err})", raw)
         return None
     problem = _check_entry(out, m, names, full=False)
     if problem is None:
-        signature = _signature(out, names)
+        signature = entry_signature(out, names)
         if not _checked_before(signature):
             problem = _check_entry(out, m, names, full=True)
             if problem is None and "integrity" not in m:
                 problem = _check_legacy(out, m, names)
-                signature = _signature(out, names) if problem is None else signature
+                signature = entry_signature(out, names) if problem is None else signature
             if problem is None:
-                _emit_warnings(m, warn_one_class)
-                _mark_checked(out, signature)
+                emit_warnings(m, warn_one_class)
+                mark_checked(out, signature)
     if problem is not None:
         _discard(out, names, *problem, raw)
         return None

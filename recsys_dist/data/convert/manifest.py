@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from recsys_dist.data import mapping as mp
-from recsys_dist.data.convert.passes import SEPARATOR_CANDIDATES, _Totals
+from recsys_dist.data.convert.passes import SEPARATOR_CANDIDATES, Totals
 from recsys_dist.data.splits import SPLITS, Split
 from recsys_dist.distributed.stderr_log import StderrHandler
 
@@ -50,7 +50,7 @@ class PreparedData:
         return [str(p) for p in f] if isinstance(f, list) else [str(f)]
 
 
-def _manifest_result(out: Path, m: dict) -> PreparedData:
+def manifest_result(out: Path, m: dict) -> PreparedData:
     names = m.get("files") or {s: [f"{s}.parquet"] for s in SPLITS}  # manifests before "files": one each
     files = {s: out / names[s][0] if len(names[s]) == 1 else [out / n for n in names[s]] for s in SPLITS}
     return PreparedData(out, files, m["rows"], m["num_embeddings"])
@@ -109,11 +109,11 @@ def dense_stats(dense_names: list[str], stats: np.ndarray, missing: np.ndarray, 
 # ------------------------------------------------------------------------- warnings
 
 
-def _conversion_warnings(
-    fmt, raw: Path, split: Split, rows: dict, train_labels, totals: _Totals, mapping_info: dict, vocab_path
+def conversion_warnings(
+    fmt, raw: Path, split: Split, rows: dict, train_labels, totals: Totals, mapping_info: dict, vocab_path
 ) -> list[dict]:
     """What a conversion warns about, as ``{"kind", "message"}`` entries: stored in the
-    manifest, so a cached conversion that is reused repeats them (:func:`_emit_warnings`)."""
+    manifest, so a cached conversion that is reused repeats them (:func:`emit_warnings`)."""
     out = []
     if train_labels[0] and train_labels[1] in (0, train_labels[0]):
         out.append(
@@ -161,7 +161,7 @@ def _conversion_warnings(
     return out
 
 
-def _separator_warnings(raw: Path, totals: _Totals) -> list[dict]:
+def _separator_warnings(raw: Path, totals: Totals) -> list[dict]:
     """A multi-hot text column in which almost no value holds the configured separator but
     many hold another common one: every combination would silently be one token."""
     out = []
@@ -204,13 +204,13 @@ def _one_class_message(fmt, raw: Path, n: int, label: int) -> str:
     )
 
 
-def _emit_warnings(manifest: dict, warn_one_class: bool) -> None:
+def emit_warnings(manifest: dict, warn_one_class: bool) -> None:
     for w in manifest.get("warnings", []):
         if w.get("kind") != "one_class" or warn_one_class:
             log.warning(w["message"])
 
 
-def _entry_files(m: dict) -> list[str]:
+def entry_files(m: dict) -> list[str]:
     """The data files of a manifest's entry: every split file, and the vocabulary if any."""
     names = m.get("files") or {s: [f"{s}.parquet"] for s in SPLITS}
     vocab = (m.get("categorical_mapping") or {}).get("file")
@@ -241,7 +241,7 @@ def train_identity(directory: Path) -> dict | None:
     }
 
 
-def _write_manifest(out: Path, manifest: dict) -> None:
+def write_manifest(out: Path, manifest: dict) -> None:
     """Write ``manifest.json`` under a name of this process and rename it into place (a
     reader sees the old manifest or the new one, never half of one)."""
     tmp = out / f".{MANIFEST_FILE}.{os.getpid()}-{secrets.token_hex(4)}.tmp"

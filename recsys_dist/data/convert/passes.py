@@ -1,6 +1,6 @@
-"""The reading passes of a conversion: raw rows with their split (:class:`_Reader`), a block's
-transform into output columns (:class:`_Transform`), what a pass adds up (:class:`_Totals`),
-the conversion pass (:func:`_convert`) and the vocabulary-counting pass."""
+"""The reading passes of a conversion: raw rows with their split (:class:`Reader`), a block's
+transform into output columns (:class:`Transform`), what a pass adds up (:class:`Totals`),
+the conversion pass (:func:`convert_rows`) and the vocabulary-counting pass."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from recsys_dist.errors import DataError
 SEPARATOR_CANDIDATES = (",", ";", "|", " ", "/")
 
 
-class _Reader:
+class Reader:
     """Record batches of one raw file, bad rows left out under ``skip``, with their split.
 
     ``cap`` bounds the raw rows read. A batch comes with the index of its first row among
@@ -110,7 +110,7 @@ def _is_number(v) -> bool:
         return False
 
 
-class _Transform:
+class Transform:
     """One block of text columns -> (output record batch, missing count per dense column)."""
 
     def __init__(self, fmt, sizes: list[int], vocabs, schema: pa.Schema, managed: list[bool]) -> None:
@@ -150,7 +150,7 @@ class _Transform:
         return out, missing
 
 
-class _Totals:
+class Totals:
     """What a conversion pass adds up besides the rows it writes: the training split's dense
     statistics (count, sum, sum of squares of the transformed values) and label counts, the
     missing count per dense column over all rows, the rows kept (``seen``), under vocabulary
@@ -169,7 +169,7 @@ class _Totals:
         self.separator_examples: list[dict] = [{} for _ in self.multi_hot]
 
     @classmethod
-    def of(cls, transform: _Transform) -> _Totals:
+    def of(cls, transform: Transform) -> Totals:
         fmt = transform.fmt
         spec = fmt.spec
         multi_hot = [(n, spec.separator) for n in spec.multi_hot] if spec is not None else []
@@ -215,7 +215,7 @@ class _Totals:
                 if n and c not in examples:
                     examples[c] = text.filter(has)[0].as_py()
 
-    def add(self, other: _Totals) -> None:
+    def add(self, other: Totals) -> None:
         self.stats += other.stats
         self.missing += other.missing
         self.labels += other.labels
@@ -231,9 +231,9 @@ class _Totals:
                 mine.setdefault(c, v)
 
 
-def _convert(readers: list[_Reader], writers: dict, transform: _Transform, bar=None) -> _Totals:
+def convert_rows(readers: list[Reader], writers: dict, transform: Transform, bar=None) -> Totals:
     """Rows of ``readers`` to the split writers they belong to (``writers[split]``)."""
-    t = _Totals.of(transform)
+    t = Totals.of(transform)
     for reader in readers:
         for batch, first in reader.batches():
             where = reader.assign(batch, first)
@@ -256,18 +256,18 @@ def _convert(readers: list[_Reader], writers: dict, transform: _Transform, bar=N
     return t
 
 
-def _position_bounds(fractions, total: int) -> np.ndarray:
+def position_bounds(fractions, total: int) -> np.ndarray:
     """Row bounds [0, train end, validation end, total] of a position split of ``total`` rows."""
     bounds = np.floor(np.cumsum([0.0, *fractions]) * total + 1e-9).astype(int)
     bounds[-1] = total
     return bounds
 
 
-def _first_bad_row(readers: list[_Reader], transform: _Transform) -> str | None:
+def first_bad_row(readers: list[Reader], transform: Transform) -> str | None:
     """The error the first bad row gives under ``on_bad_row: error`` (file, line, column and
     why), read again without skipping; for the message when every row was skipped."""
     for r in readers:
-        strict = _Reader(r.fmt, r.path, r.split, r.fixed, r.cap, r.bounds, None)
+        strict = Reader(r.fmt, r.path, r.split, r.fixed, r.cap, r.bounds, None)
         try:
             for batch, first in strict.batches():
                 transform(batch, strict.path, first)
@@ -276,7 +276,7 @@ def _first_bad_row(readers: list[_Reader], transform: _Transform) -> str | None:
     return None
 
 
-def _rows_skipped(skipped: list, readers: list[_Reader]) -> int:
+def rows_skipped(skipped: list, readers: list[Reader]) -> int:
     """Rows left out: ``skipped`` holds every bad line and up to 20 examples of rejected values
     per block, so the values are counted by the readers instead."""
     return len(skipped) - sum(r.n_examples for r in readers) + sum(r.n_bad_values for r in readers)
@@ -288,7 +288,7 @@ def _train_keys(sk: mp.SparseKeys, train: np.ndarray) -> np.ndarray:
     return sk.keys[np.repeat(train, sk.lengths)]
 
 
-def _count_vocabularies(fmt, readers: list[_Reader], bar, managed: list[bool]) -> list[mp.VocabularyCounter | None]:
+def count_vocabularies(fmt, readers: list[Reader], bar, managed: list[bool]) -> list[mp.VocabularyCounter | None]:
     """Pass 1: count each feature's keys over the training rows; None for a managed feature
     (``managed``: it takes raw keys, and a vocabulary of them would go unused)."""
     counters = [None if m else mp.VocabularyCounter() for m in managed]

@@ -10,11 +10,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from recsys_dist.data.convert.passes import _Totals
+from recsys_dist.data.convert.passes import Totals
 from recsys_dist.data.splits import SPLITS
 
 
-class _SplitWriter:
+class SplitWriter:
     """One split's Parquet file, written in whole row groups: batches wait until a full row
     group is there (writing each batch as it comes would give 65,536 + 3,712 + 65,536 + ...)."""
 
@@ -48,22 +48,22 @@ class _SplitWriter:
         self.path.unlink(missing_ok=True)
 
 
-def _flat(tmp: dict) -> list[Path]:
+def flat_paths(tmp: dict) -> list[Path]:
     return [t for v in tmp.values() for t in (v if isinstance(v, list) else [v])]
 
 
-def _unlink(tmp: dict) -> None:
-    for t in _flat(tmp):
+def unlink_all(tmp: dict) -> None:
+    for t in flat_paths(tmp):
         t.unlink(missing_ok=True)
 
 
-def _recut(
-    tmp: dict, schema: pa.Schema, bounds: np.ndarray, row_group_size: int, totals: _Totals
-) -> tuple[dict, _Totals]:
+def recut_splits(
+    tmp: dict, schema: pa.Schema, bounds: np.ndarray, row_group_size: int, totals: Totals
+) -> tuple[dict, Totals]:
     """Rewrite the position splits in ``tmp`` (train, validation, test: consecutive runs of
     the kept rows) at ``bounds``; returns the rows per split and ``totals`` (empty) with the
     counts of the rows as written (training statistics and label counts, ids per split)."""
-    writers = {s: _SplitWriter(tmp[s].with_name(tmp[s].name + ".recut.tmp"), schema, row_group_size) for s in SPLITS}
+    writers = {s: SplitWriter(tmp[s].with_name(tmp[s].name + ".recut.tmp"), schema, row_group_size) for s in SPLITS}
     pos = 0
     try:
         for s in SPLITS:
