@@ -88,20 +88,3 @@ def prepare_from_config(cfg: RunConfig | DataConfig, progress: bool = False) -> 
         row_group_size=d.row_group_size,
         managed=d.managed_mask(),
     )
-
-
-def prepare_for_scoring(cfg, data, vocabulary=None):
-    """Convert a raw file of the config's format, all rows as one split (``files["train"]``,
-    in file order), with the mapping the model was trained with: the same table sizes, and
-    under vocabulary mapping ``vocabulary``, the model's own ``vocabulary.parquet`` (an
-    export's, or the one pinned beside a checkpoint: ``recsys_dist.serve.export.load`` finds it).
-    The training data is never read. A file without its label (Criteo: 39 fields, Kaggle's
-    test layout; schema: no ``data.schema.label`` column) is converted with placeholder
-    labels, its manifest's format ``criteo_tsv_unlabelled`` / ``schema_unlabelled``.
-
-    Raises:
-        DataError: malformed input, or a vocabulary-mapped model and no ``vocabulary``.
-    """
-    from recsys_dist.serve.scoring import prepare_for_scoring as prepare
-
-    return prepare(cfg, data, vocabulary)
