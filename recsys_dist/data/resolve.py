@@ -1,5 +1,6 @@
-"""Data: raw files -> Parquet (``convert`` with the ``criteo`` / ``avazu`` / ``schema`` formats),
-Parquet -> rank-sharded KJT batches (``loader``)."""
+"""A ``data`` section resolved: its format object (:func:`raw_format`, a lookup in the format
+registry ``formats.base.FORMATS``), the feature names, tasks and label columns the format gives,
+and its conversion (:func:`prepare_from_config`)."""
 
 from __future__ import annotations
 
@@ -9,12 +10,12 @@ from typing import TYPE_CHECKING
 import recsys_dist.data.formats.avazu  # noqa: F401
 import recsys_dist.data.formats.criteo  # noqa: F401
 import recsys_dist.data.formats.schema  # noqa: F401
+from recsys_dist.data.convert import prepare
+from recsys_dist.data.convert.manifest import PreparedData
 from recsys_dist.data.formats.base import FORMATS, RawFormat
 
-if TYPE_CHECKING:  # annotations only: this package stays light to import
-    from recsys_dist.config.run import RunConfig
+if TYPE_CHECKING:  # annotation only: DataConfig's validator calls raw_format (a runtime import would cycle)
     from recsys_dist.data.config import DataConfig
-    from recsys_dist.data.convert.manifest import PreparedData
 
 
 def raw_format(name: str, schema=None, short_lines: str = "error") -> RawFormat:
@@ -65,14 +66,12 @@ def label_columns(cfg) -> tuple[list[str], str | None]:
     return list(fmt.label_columns), fmt.weight_column
 
 
-def prepare_from_config(cfg: RunConfig | DataConfig, progress: bool = False) -> PreparedData:
-    """Convert (or reuse) the Parquet splits described by a run config's ``data`` section.
+def prepare_from_config(cfg: DataConfig, progress: bool = False) -> PreparedData:
+    """Convert (or reuse) the Parquet splits described by a ``data`` section (or a run config's).
 
     Returns ``PreparedData``; its ``num_embeddings`` are the table sizes to train with
     (from the vocabulary under ``data.categorical_mapping: vocabulary``).
     """
-    from recsys_dist.data.convert import prepare
-
     d = getattr(cfg, "data", cfg)
     return prepare(
         _format_of(d),
