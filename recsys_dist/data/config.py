@@ -554,8 +554,7 @@ class DataConfig(_Section):
 
     def managed_mask(self) -> list[bool]:
         """Per categorical feature of ``data.format`` (in its order): True where a managed-collision
-        module maps its ids (``categorical_mapping: managed``: all; else those in
-        ``data.managed.features``)."""
+        module maps its ids (``categorical_mapping: managed``: all; else ``data.managed.features``)."""
         return [m for _, m in self._managed()]
 
     def managed_features(self) -> list[str]:
