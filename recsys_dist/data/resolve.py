@@ -14,7 +14,8 @@ from recsys_dist.data.convert import prepare
 from recsys_dist.data.convert.manifest import PreparedData
 from recsys_dist.data.formats.base import FORMATS, RawFormat
 
-if TYPE_CHECKING:  # annotation only: DataConfig's validator calls raw_format (a runtime import would cycle)
+if TYPE_CHECKING:  # annotations only: DataConfig's validator calls raw_format, run imports data.config (cycles)
+    from recsys_dist.config.run import RunConfig
     from recsys_dist.data.config import DataConfig
 
 
@@ -66,7 +67,7 @@ def label_columns(cfg) -> tuple[list[str], str | None]:
     return list(fmt.label_columns), fmt.weight_column
 
 
-def prepare_from_config(cfg: DataConfig, progress: bool = False) -> PreparedData:
+def prepare_from_config(cfg: RunConfig | DataConfig, progress: bool = False) -> PreparedData:
     """Convert (or reuse) the Parquet splits described by a ``data`` section (or a run config's).
 
     Returns ``PreparedData``; its ``num_embeddings`` are the table sizes to train with
