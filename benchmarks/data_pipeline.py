@@ -44,7 +44,7 @@ STEPS = {
     """,
     "pyarrow_csv": """
         import pyarrow as pa, pyarrow.csv as pacsv
-        from recsys_dist.data.criteo import COLUMNS
+        from recsys_dist.data.formats.criteo import COLUMNS
         t_start = time.perf_counter()
         t = pacsv.read_csv(RAW, read_options=pacsv.ReadOptions(column_names=COLUMNS),
                            parse_options=pacsv.ParseOptions(delimiter="\\t", quote_char=False))
@@ -57,7 +57,7 @@ STEPS = {
         out = {"rows": ROWS}
     """,
     "load": """
-        from recsys_dist.data.criteo import DENSE_NAMES, SPARSE_NAMES
+        from recsys_dist.data.formats.criteo import DENSE_NAMES, SPARSE_NAMES
         from recsys_dist.data.loader import ParquetBatchLoader
         loader = ParquetBatchLoader(PARQUET, 4096, 0, 1, DENSE_NAMES, SPARSE_NAMES, shuffle=True,
                                     shuffle_buffer_rows=1 << 16)
@@ -69,7 +69,7 @@ STEPS = {
     """,
     "speed": """
         import pyarrow.parquet as pq
-        from recsys_dist.data.criteo import COLUMNS, DENSE_NAMES, SPARSE_NAMES
+        from recsys_dist.data.formats.criteo import COLUMNS, DENSE_NAMES, SPARSE_NAMES
         from recsys_dist.data.loader import ParquetBatchLoader
 
         def scan(epoch):

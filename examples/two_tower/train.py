@@ -48,7 +48,7 @@ sys.path.insert(0, str(HERE))
 import torch  # noqa: E402
 
 import recsys_dist  # noqa: E402
-from recsys_dist.data.loader import take_bags  # noqa: E402
+from recsys_dist.data.loader.columns import take_bags  # noqa: E402
 from recsys_dist.models.retrieval import Entities, embed, make_kjt, rank_metrics, read_rows  # noqa: E402
 
 K = 10

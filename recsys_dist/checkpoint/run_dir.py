@@ -257,10 +257,10 @@ def check_resumable(cfg: RunConfig, checkpoint: Path, world_size: int | None = N
 
 def data_identity(prepared_dir: Path, raw_path) -> dict | None:
     """The training data's identity a checkpoint records (``meta.json`` ``data``): the
-    conversion's training split (``recsys_dist.data.convert.train_identity``) and the raw
+    conversion's training split (``recsys_dist.data.convert.manifest.train_identity``) and the raw
     file(s) it came from (for messages); None when the entry records no checksums."""
     from recsys_dist.data.config import describe_raw_path
-    from recsys_dist.data.convert import train_identity
+    from recsys_dist.data.convert.manifest import train_identity
 
     found = train_identity(Path(prepared_dir))
     return {**found, "raw": describe_raw_path(raw_path)} if found is not None else None

@@ -275,8 +275,8 @@ def _prepare_data(cfg):
         DataError: bad input, or an empty training split.
     """
     from recsys_dist.data.config import describe_raw_path
-    from recsys_dist.data.criteo import DataError
     from recsys_dist.data.resolve import prepare_from_config
+    from recsys_dist.errors import DataError
 
     prepared = prepare_from_config(cfg, progress=sys.stderr.isatty())
     if prepared.rows["train"] == 0:
@@ -438,7 +438,7 @@ def cli_rank(argv: list[str]) -> int:
 
 def _user_errors() -> tuple:
     from recsys_dist.checkpoint.dcp import CheckpointError
-    from recsys_dist.data.criteo import DataError
+    from recsys_dist.errors import DataError
     from recsys_dist.train.metrics_writer import MetricsError
 
     return (ConfigError, DataError, CheckpointError, MetricsError, FloatingPointError)
@@ -574,7 +574,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     m = load(_model_path(args))
     scores = score(m.cfg, m.model, args.data, preprocessing=m.preprocessing)
     if not scores["labelled"]:
-        from recsys_dist.data.criteo import DataError
+        from recsys_dist.errors import DataError
 
         raise DataError(
             f"{args.data}: no label column (Criteo's 39-field test layout, or no data.schema.label column), so "
@@ -802,7 +802,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except _user_errors() as err:
-        from recsys_dist.data.criteo import DataError
+        from recsys_dist.errors import DataError
 
         prefix = (
             "bad input data: "

@@ -424,8 +424,14 @@ class DataConfig(_Section):
 
     @model_validator(mode="after")
     def _check(self) -> DataConfig:
-        from recsys_dist.data.resolve import raw_format
+        from recsys_dist.data.resolve import raw_format  # lazy: a section config loads no format (pyarrow)
 
+        self._check_layout()
+        fmt = raw_format(self.format, self.schema_)
+        self._check_mapping(fmt, self._check_features(fmt))
+        return self
+
+    def _check_layout(self) -> None:
         if self.short_lines == "pad" and self.format != "criteo_tsv":
             raise ValueError(f"data.short_lines: pad only applies to format: criteo_tsv, not {self.format}")
         if (self.format == "schema") != (self.schema_ is not None):
@@ -441,8 +447,7 @@ class DataConfig(_Section):
                 s.file_type == "auto" and bool(files) and all(str(p).endswith((".parquet", ".pq")) for p in files)
             )
             if not parquet:
-                # Under the default header: true, a headerless file's first row would be read as
-                # its header and lost, silently: the file must say which it is.
+                # Under the default header: true a headerless file's first row would be lost as its header.
                 raise ValueError(
                     "data.schema.header: must be given with data.schema.columns: false (the file has no "
                     "header line: every line is a row, its fields named by columns) or true (the first line "
@@ -455,7 +460,8 @@ class DataConfig(_Section):
                 if self.raw_path
                 else "data.raw_path: an empty list; give the raw data file(s)"
             )
-        fmt = raw_format(self.format, self.schema_)
+
+    def _check_features(self, fmt) -> list[int]:
         n_features = len(fmt.sparse_names)
         if self.split.by == "time" and self.format != "schema" and self.split.column not in fmt.raw_columns:
             raise ValueError(
@@ -478,12 +484,15 @@ class DataConfig(_Section):
                 f"data.feature_pooling: {unknown} are not categorical features of {self.format} "
                 f"({', '.join(fmt.sparse_names)})"
             )
-        unpooled = sorted(set(self.feature_pooling) & set(getattr(fmt, "sequence_names", [])))
+        unpooled = sorted(set(self.feature_pooling) & set(fmt.sequence_names))
         if unpooled:
             raise ValueError(
                 f"data.feature_pooling: {unpooled} are sequence features, which are not pooled (one embedding "
                 "per position); remove them"
             )
+        return sizes
+
+    def _check_mapping(self, fmt, sizes: list[int]) -> None:
         if self.categorical_mapping == "managed" and self.managed is None:
             raise ValueError("data.managed: required with categorical_mapping: managed (at least eviction_interval)")
         if self.categorical_mapping == "managed" and self.managed.features is not None:
@@ -511,7 +520,7 @@ class DataConfig(_Section):
         if self.managed is not None and self.managed.features:
             listed = self.managed.features
             twice = sorted({f for f in listed if listed.count(f) > 1})
-            unknown = [f for f in listed if f not in fmt.sparse_names and f not in getattr(fmt, "sequence_names", [])]
+            unknown = [f for f in listed if f not in fmt.sparse_names and f not in fmt.sequence_names]
             if twice or unknown:
                 raise ValueError(
                     f"data.managed.features: {'listed twice: ' + str(twice) if twice else ''}"
@@ -519,7 +528,7 @@ class DataConfig(_Section):
                     f"{'not categorical features of ' + self.format + ': ' + str(unknown) if unknown else ''} "
                     f"(features: {', '.join(fmt.sparse_names)})"
                 )
-        seq = list(getattr(fmt, "sequence_names", []))
+        seq = list(fmt.sequence_names)
         listed = (self.managed.features or []) if self.managed is not None else []
         managed_seq = seq if self.categorical_mapping == "managed" else [f for f in listed if f in seq]
         if managed_seq:
@@ -532,8 +541,8 @@ class DataConfig(_Section):
                 f"data.categorical_mapping: managed tables for sequence features are not supported yet "
                 f"({', '.join(keys or seq)}); use categorical_mapping: hash or vocabulary, or drop the sequence features"
             )
-        managed_sizes = [n for n, m in zip(sizes * n_features if len(sizes) == 1 else sizes, self.managed_mask()) if m]
-        if any(n > 2**62 for n in managed_sizes):
+        every = sizes * len(fmt.sparse_names) if len(sizes) == 1 else sizes
+        if any(n > 2**62 for n, m in zip(every, self.managed_mask()) if m):
             raise ValueError(
                 f"data.num_embeddings: a managed table's rows (zch_size) must be below the 63-bit id space, "
                 f"got {self.num_embeddings}"
@@ -542,28 +551,24 @@ class DataConfig(_Section):
             raise ValueError(
                 f"data.num_embeddings must be >= 2 (row 0 is reserved for missing values), got {self.num_embeddings}"
             )
-        return self
 
     def managed_mask(self) -> list[bool]:
         """Per categorical feature of ``data.format`` (in its order): True where a managed-collision
-        module maps its ids (``categorical_mapping: managed``: all; else those in
-        ``data.managed.features``)."""
-        from recsys_dist.data.resolve import raw_format
-
-        names = raw_format(self.format, self.schema_).sparse_names
-        if self.categorical_mapping == "managed":
-            return [True] * len(names)
-        listed = set(self.managed.features or []) if self.managed is not None else set()
-        return [n in listed for n in names]
+        module maps its ids (``categorical_mapping: managed``: all; else ``data.managed.features``)."""
+        return [m for _, m in self._managed()]
 
     def managed_features(self) -> list[str]:
         """Names of the categorical features with managed-collision tables (see :meth:`managed_mask`)."""
         if self.categorical_mapping != "managed" and (self.managed is None or not self.managed.features):
             return []
-        from recsys_dist.data.resolve import raw_format
+        return [n for n, m in self._managed() if m]
 
+    def _managed(self) -> list[tuple[str, bool]]:
+        from recsys_dist.data.resolve import raw_format  # lazy: a section config loads no format (pyarrow)
+
+        listed = set(self.managed.features or []) if self.managed is not None else set()
         names = raw_format(self.format, self.schema_).sparse_names
-        return [n for n, m in zip(names, self.managed_mask()) if m]
+        return [(n, self.categorical_mapping == "managed" or n in listed) for n in names]
 
 
 def raw_paths(d: DataConfig) -> list[str]:

@@ -1,41 +1,25 @@
-"""Data: raw files -> Parquet (``convert`` with the ``criteo`` / ``avazu`` / ``schema`` formats),
-Parquet -> rank-sharded KJT batches (``loader``)."""
+"""A ``data`` section resolved: its format object (:func:`raw_format`, a lookup in the format
+registry ``formats.base.FORMATS``), the feature names, tasks and label columns the format gives,
+and its conversion (:func:`prepare_from_config`)."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # annotations only: this package stays light to import
+# The format modules register themselves in FORMATS when imported.
+import recsys_dist.data.formats.avazu  # noqa: F401
+import recsys_dist.data.formats.criteo  # noqa: F401
+import recsys_dist.data.formats.schema  # noqa: F401
+from recsys_dist.data.convert import prepare
+from recsys_dist.data.convert.manifest import PreparedData
+from recsys_dist.data.formats.base import FORMATS, RawFormat
+
+if TYPE_CHECKING:  # annotations only: DataConfig's validator calls raw_format, run imports data.config (cycles)
     from recsys_dist.config.run import RunConfig
     from recsys_dist.data.config import DataConfig
-    from recsys_dist.data.convert import PreparedData
 
 
-def _criteo(schema, short_lines: str = "error"):
-    from recsys_dist.data.criteo import CRITEO, CriteoFormat
-
-    return CRITEO if short_lines == "error" else CriteoFormat(short_lines=short_lines)
-
-
-def _avazu(schema):
-    from recsys_dist.data.avazu import AVAZU
-
-    return AVAZU
-
-
-def _schema(schema):
-    from recsys_dist.data.schema import SchemaFormat
-
-    if schema is None:
-        raise ValueError("data.format 'schema' needs a data.schema section")
-    return SchemaFormat(schema)
-
-
-# data.format -> a function of the data.schema section giving the format object.
-FORMATS = {"criteo_tsv": _criteo, "avazu_csv": _avazu, "schema": _schema}
-
-
-def raw_format(name: str, schema=None, short_lines: str = "error"):
+def raw_format(name: str, schema=None, short_lines: str = "error") -> RawFormat:
     """The format object for ``data.format`` (``criteo_tsv``, ``avazu_csv``, or ``schema`` with
     its ``data.schema`` section); ``short_lines``: ``data.short_lines`` (criteo_tsv only).
 
@@ -44,9 +28,7 @@ def raw_format(name: str, schema=None, short_lines: str = "error"):
     """
     if name not in FORMATS:
         raise ValueError(f"data.format: unknown format {name!r}; known: {', '.join(FORMATS)}")
-    if name == "criteo_tsv":
-        return _criteo(schema, short_lines)
-    return FORMATS[name](schema)
+    return FORMATS[name](schema, short_lines)
 
 
 def _format_of(d):
@@ -66,7 +48,7 @@ def sequence_names(cfg) -> list[str]:
     """The sequence (unpooled) features among ``feature_names(cfg)[1]``: ``data.schema.sequence``
     columns, then ``data.schema.history.name``; empty for formats without them."""
     d = getattr(cfg, "data", cfg)
-    return list(getattr(raw_format(d.format, d.schema), "sequence_names", []))
+    return list(raw_format(d.format, d.schema).sequence_names)
 
 
 def tasks(cfg) -> tuple[list[str], list[str]]:
@@ -74,7 +56,7 @@ def tasks(cfg) -> tuple[list[str], list[str]]:
     the order of the label columns: ``(["label"], ["binary"])`` unless ``data.schema.labels`` is set."""
     d = getattr(cfg, "data", cfg)
     fmt = raw_format(d.format, d.schema)
-    return list(getattr(fmt, "task_names", ["label"])), list(getattr(fmt, "task_kinds", ["binary"]))
+    return list(fmt.task_names), list(fmt.task_kinds)
 
 
 def label_columns(cfg) -> tuple[list[str], str | None]:
@@ -82,17 +64,15 @@ def label_columns(cfg) -> tuple[list[str], str | None]:
     them: ``["label"]`` for one task, ``["label:<task>", ...]`` for ``data.schema.labels``."""
     d = getattr(cfg, "data", cfg)
     fmt = raw_format(d.format, d.schema)
-    return list(getattr(fmt, "label_columns", ["label"])), getattr(fmt, "weight_column", None)
+    return list(fmt.label_columns), fmt.weight_column
 
 
 def prepare_from_config(cfg: RunConfig | DataConfig, progress: bool = False) -> PreparedData:
-    """Convert (or reuse) the Parquet splits described by a run config's ``data`` section.
+    """Convert (or reuse) the Parquet splits described by a ``data`` section (or a run config's).
 
     Returns ``PreparedData``; its ``num_embeddings`` are the table sizes to train with
     (from the vocabulary under ``data.categorical_mapping: vocabulary``).
     """
-    from recsys_dist.data.convert import prepare
-
     d = getattr(cfg, "data", cfg)
     return prepare(
         _format_of(d),
@@ -108,20 +88,3 @@ def prepare_from_config(cfg: RunConfig | DataConfig, progress: bool = False) -> 
         row_group_size=d.row_group_size,
         managed=d.managed_mask(),
     )
-
-
-def prepare_for_scoring(cfg, data, vocabulary=None):
-    """Convert a raw file of the config's format, all rows as one split (``files["train"]``,
-    in file order), with the mapping the model was trained with: the same table sizes, and
-    under vocabulary mapping ``vocabulary``, the model's own ``vocabulary.parquet`` (an
-    export's, or the one pinned beside a checkpoint: ``recsys_dist.serve.export.load`` finds it).
-    The training data is never read. A file without its label (Criteo: 39 fields, Kaggle's
-    test layout; schema: no ``data.schema.label`` column) is converted with placeholder
-    labels, its manifest's format ``criteo_tsv_unlabelled`` / ``schema_unlabelled``.
-
-    Raises:
-        DataError: malformed input, or a vocabulary-mapped model and no ``vocabulary``.
-    """
-    from recsys_dist.serve.scoring import prepare_for_scoring as prepare
-
-    return prepare(cfg, data, vocabulary)

@@ -1,7 +1,7 @@
 """Worker processes that apply one function to a stream of items, results in input order.
 
 Used by conversion to convert several raw files at once, one file per worker (see
-``convert._convert_in_workers``); a worker returns small summaries, never the data. The workers are plain
+``convert.parallel.convert_in_workers``); a worker returns small summaries, never the data. The workers are plain
 ``python -m recsys_dist.data.workers`` subprocesses talking pickle frames over their
 stdin / stdout, not ``multiprocessing``: its spawn start re-runs the caller's main script in
 every worker (an unguarded script or a notebook would convert, or train, again in each), and

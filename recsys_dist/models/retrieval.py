@@ -42,7 +42,8 @@ import torch.distributed as dist
 from torch import nn
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from recsys_dist.data.loader import ParquetBatchLoader, take_bags
+from recsys_dist.data.loader import ParquetBatchLoader
+from recsys_dist.data.loader.columns import take_bags
 from recsys_dist.data.mapping import MISSING_ID, OOV_ID, load_vocabularies, loader_id_bounds
 from recsys_dist.data.resolve import feature_names, label_columns
 from recsys_dist.data.spec import FeatureSpec

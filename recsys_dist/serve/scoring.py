@@ -35,14 +35,12 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.csv as pacsv
 
 from recsys_dist.data import mapping as mp
-from recsys_dist.data.schema import SchemaFormat
 from recsys_dist.errors import DataError
 
 PREPROCESSING_FILE = "preprocessing.json"
-VOCABULARY_FILE = "vocabulary.parquet"  # the name the conversion gives it too (convert.VOCABULARY_FILE)
+VOCABULARY_FILE = "vocabulary.parquet"  # the name the conversion gives it too (convert.manifest.VOCABULARY_FILE)
 MANIFEST_FILE = "manifest.json"
 UNLABELLED_FORMATS = ("criteo_tsv_unlabelled", "schema_unlabelled")
 RECORD_VERSION = 1
@@ -53,21 +51,11 @@ RECORD_VERSION = 1
 _COMPARED_TRANSFORMS = ("dense", "multi_hot")
 
 
-def _format(d, labelled: bool = True):
+def _format(d):
     """The format object of a ``data`` section (``data.short_lines`` included)."""
     from recsys_dist.data.resolve import raw_format
 
-    short_lines = getattr(d, "short_lines", "error")
-    if d.format == "criteo_tsv" and not labelled:
-        from recsys_dist.data.criteo import CriteoFormat
-
-        return CriteoFormat(labelled=False, short_lines=short_lines)
-    return raw_format(d.format, d.schema, short_lines)
-
-
-def _reads_parquet(spec, path: Path) -> bool:
-    """Whether a schema format reads ``path`` as Parquet (``file_type``, or auto by its name)."""
-    return spec.file_type == "parquet" or (spec.file_type == "auto" and str(path).endswith((".parquet", ".pq")))
+    return raw_format(d.format, d.schema, getattr(d, "short_lines", "error"))
 
 
 def written_by() -> dict:
@@ -136,7 +124,7 @@ class Preprocessing:
         """The record of a model trained with ``cfg`` and tables of ``num_embeddings`` rows;
         under vocabulary mapping from its training conversion (``conversion``, a cache entry
         with its ``manifest``), whose vocabulary file it then refers to."""
-        from recsys_dist.data.criteo import TRANSFORM_VERSION
+        from recsys_dist.data.formats.criteo import TRANSFORM_VERSION
         from recsys_dist.data.resolve import feature_names
 
         d = getattr(cfg, "data", cfg)
@@ -240,8 +228,8 @@ def training_conversion(d) -> Path | None:
     """The conversion-cache entry of the ``data`` section's training data as the files are
     now (the entry ``prepare`` would reuse), or None when it is not cached or a file is gone.
     Nothing is converted or read besides the files' sizes and times."""
-    from recsys_dist.data import convert
     from recsys_dist.data.config import raw_paths
+    from recsys_dist.data.convert.cache import cache_key, default_cache_dir
     from recsys_dist.data.splits import Split
 
     raws = [Path(p) for p in raw_paths(d)]
@@ -249,8 +237,8 @@ def training_conversion(d) -> Path | None:
     if not raws or not all(Path(p).is_file() for p, _ in split.sources([str(r) for r in raws])):
         return None
     fmt = _format(d)
-    # The entry's key as `prepare` computes it (convert.py keeps it private; see the report).
-    key = convert.cache_key(
+    # The entry's key as `prepare` computes it (convert/cache.py).
+    key = cache_key(
         raws,
         _sizes(d),
         d.num_rows,
@@ -263,7 +251,7 @@ def training_conversion(d) -> Path | None:
         d.row_group_size,
     )
     prefix = "criteo" if fmt.name == "criteo_tsv" else fmt.name
-    entry = (Path(d.cache_dir) if d.cache_dir else convert.default_cache_dir()) / f"{prefix}-{key}"
+    entry = (Path(d.cache_dir) if d.cache_dir else default_cache_dir()) / f"{prefix}-{key}"
     return entry if (entry / MANIFEST_FILE).is_file() else None
 
 
@@ -381,7 +369,7 @@ def check_conversion(manifest: dict, entry: Path, prep: Preprocessing, what: str
     Raises:
         DataError: naming ``what`` and each difference.
     """
-    from recsys_dist.data.criteo import TRANSFORM_VERSION
+    from recsys_dist.data.formats.criteo import TRANSFORM_VERSION
 
     r = prep.record
     diffs = []
@@ -416,89 +404,11 @@ def check_conversion(manifest: dict, entry: Path, prep: Preprocessing, what: str
         )
 
 
-class UnlabelledSchemaFormat(SchemaFormat):
-    """``data.format: schema`` for a file without the ``data.schema.label`` column: scoring
-    only; every label is a placeholder 0 (reported as missing). With ``data.schema.columns``,
-    the file's fields are those columns without the label, in the same order."""
-
-    def __init__(self, spec) -> None:
-        super().__init__(spec)
-        self.name = "schema_unlabelled"
-        self.fingerprint = "schema_unlabelled:" + self.fingerprint
-        self.transforms = {**self.transforms, "label": "no label column: a placeholder 0"}
-
-    def _header(self, path: str) -> list[str]:
-        names = super()._header(path)
-        return [c for c in names if c != self.spec.label] if self.spec.columns else names
-
-    def _columns(self) -> list[str]:
-        return [c for c in super()._columns() if c != self.spec.label]
-
-    def _check_columns(self, path: str, names: list[str], where: str) -> None:
-        s = self.spec
-        missing = [c for c in (*s.dense, *s.categorical, *s.multi_hot) if c not in names]
-        if missing:
-            raise DataError(f"{path}: columns {missing} named in data.schema are not in the file ({where}: {names})")
-        self.raw_columns = names
-
-    def _labels(self, batch: pa.RecordBatch, where: str, first_line: int) -> np.ndarray:
-        if self.spec.label is None:  # several tasks: [N, T] placeholders
-            return np.zeros((batch.num_rows, len(self.tasks)), np.float32)
-        return np.zeros(batch.num_rows, np.float32)
-
-    def bad_row_mask(self, batch: pa.RecordBatch):
-        labelled = batch
-        for column in self.spec.label_columns():
-            labelled = labelled.append_column(column, pa.array(np.full(batch.num_rows, "0")))
-        return super().bad_row_mask(labelled)
-
-
-def _schema_columns(spec, path: Path) -> list[str] | None:
-    """The column names of a raw schema-format file as its reader sees them: the Parquet
-    schema, the header line, or (no header) ``columns`` cut to the first line's field count."""
-    if _reads_parquet(spec, path):
-        import pyarrow.parquet as pq
-
-        try:
-            return list(pq.ParquetFile(str(path)).schema_arrow.names)
-        except (OSError, pa.ArrowException):
-            return None  # the conversion reports it
-    from recsys_dist.data.criteo import read_head
-
-    first = read_head(str(path), 1 << 16).split(b"\n", 1)[0]
-    if not first.strip():
-        return None
-    try:
-        row = pacsv.read_csv(
-            pa.py_buffer(first + b"\n"),
-            read_options=pacsv.ReadOptions(autogenerate_column_names=True),
-            parse_options=pacsv.ParseOptions(delimiter=spec.delimiter),
-            convert_options=pacsv.ConvertOptions(strings_can_be_null=False),
-        ).to_pylist()[0]
-    except pa.ArrowInvalid:
-        return None
-    if spec.header and not spec.columns:
-        return [str(v).strip() for v in row.values()]
-    cols = list(spec.columns)
-    if len(row) == len(cols) - 1 and spec.label in cols:  # every field but the label
-        return [c for c in cols if c != spec.label]
-    return cols
-
-
 def scoring_format(d, data: Path):
     """The format object that reads ``data`` for scoring: the model's, or its unlabelled
     variant when the file has no label (Criteo: 39 fields; schema: no label column)."""
     fmt = _format(d)
-    if d.format == "criteo_tsv":
-        from recsys_dist.data.criteo import NUM_DENSE, NUM_SPARSE, first_line_fields
-
-        if first_line_fields(str(data)) == NUM_DENSE + NUM_SPARSE:
-            return _format(d, labelled=False)  # Kaggle's test.txt: predict only, labels unknown
-    elif d.format == "schema":
-        names = _schema_columns(d.schema, data)
-        if names is not None and d.schema.label_columns()[0] not in names:
-            return UnlabelledSchemaFormat(d.schema)
-    return fmt
+    return fmt.unlabelled(data) or fmt
 
 
 def prepare_for_scoring(cfg, data, vocabulary: Path | None = None, fmt=None):
@@ -539,7 +449,7 @@ def read_raw_columns(fmt, path: Path, names: list[str]) -> dict[str, pa.Array]:
     Raises:
         DataError: a column that is not in the file (naming the file and its columns).
     """
-    from recsys_dist.data.criteo import LINE_COLUMN
+    from recsys_dist.data.text import LINE_COLUMN
 
     parts: dict[str, list] = {n: [] for n in names}
     seen = None

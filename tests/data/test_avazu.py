@@ -4,9 +4,9 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from recsys_dist.data.avazu import AVAZU, SPARSE_NAMES, hash_ids
 from recsys_dist.data.convert import prepare
-from recsys_dist.data.criteo import DataError
+from recsys_dist.data.formats.avazu import AVAZU, SPARSE_NAMES, hash_ids
+from recsys_dist.errors import DataError
 from tests.conftest import ROOT
 
 SAMPLE = ROOT / "datasets" / "avazu" / "avazu_train_first8999.csv"

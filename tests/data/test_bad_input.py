@@ -10,11 +10,13 @@ import pyarrow.parquet as pq
 import pytest
 
 from recsys_dist.cli import main as cli
-from recsys_dist.data.avazu import AVAZU
 from recsys_dist.data.config import SchemaConfig
 from recsys_dist.data.convert import prepare, prepare_criteo
-from recsys_dist.data.criteo import CRITEO, DataError, count_rows, parse_ints, read_chunks
-from recsys_dist.data.schema import SchemaFormat
+from recsys_dist.data.formats.avazu import AVAZU
+from recsys_dist.data.formats.criteo import CRITEO, read_chunks
+from recsys_dist.data.formats.schema import SchemaFormat
+from recsys_dist.data.text import count_rows, parse_ints
+from recsys_dist.errors import DataError
 from tests.conftest import QUICKSTART, base_row
 from tests.data.test_avazu import HEADER, ROW
 

@@ -12,8 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from recsys_dist.cli import main as cli
-from recsys_dist.data import convert
-from recsys_dist.data.convert import prepare_criteo
+from recsys_dist.data.convert import cache, prepare_criteo
 from tests.conftest import CRITEO_SAMPLE, QUICKSTART, ROOT
 
 
@@ -29,7 +28,7 @@ def new_process(monkeypatch):
     """Open the cache as a new process would (none of this process's checks remembered)."""
 
     def forget():
-        monkeypatch.delenv("RECSYS_DIST_CHECKED_CACHE", raising=False)  # convert.CHECKED_ENV, as documented
+        monkeypatch.delenv("RECSYS_DIST_CHECKED_CACHE", raising=False)  # convert.cache.CHECKED_ENV, as documented
 
     forget()
     return forget
@@ -81,7 +80,7 @@ def test_damage_is_reported_by_preprocess_and_the_entry_rebuilt(tmp_path, cache_
     assert cli.main(argv) == 0
     manifest = next(cache_dir.glob("criteo-*/manifest.json"))
     m = json.loads(manifest.read_text())
-    assert m["integrity"]["algorithm"] == convert.CHECKSUM
+    assert m["integrity"]["algorithm"] == cache.CHECKSUM
     assert set(m["integrity"]["files"]) == {"train.parquet", "validation.parquet", "test.parquet"}
     f = manifest.parent / "train.parquet"
     data = bytearray(f.read_bytes())
@@ -115,8 +114,8 @@ def test_a_checked_entry_is_not_read_again_by_the_ranks_it_starts(raw, cache_dir
     inherits its environment) only compares sizes, unless a file was written since."""
     p = prepare_criteo(raw, 1000)  # the conversion checksums what it wrote
     calls = []
-    real = convert._checksums
-    monkeypatch.setattr(convert, "_checksums", lambda paths, alg: calls.append(len(paths)) or real(paths, alg))
+    real = cache._checksums
+    monkeypatch.setattr(cache, "_checksums", lambda paths, alg: calls.append(len(paths)) or real(paths, alg))
     prepare_criteo(raw, 1000)
     assert calls == []  # a rank after the launcher's check
     new_process()
@@ -150,15 +149,16 @@ _RACE = textwrap.dedent(
     import json, os, sys, time
     from pathlib import Path
     from recsys_dist.data import convert
+    from recsys_dist.data.convert import passes
 
-    real, calls = convert._convert, []
+    real, calls = passes.convert_rows, []
 
     def slow(*args, **kw):  # a conversion long enough for the other process to arrive meanwhile
         calls.append(1)
         time.sleep(2)
         return real(*args, **kw)
 
-    convert._convert = slow
+    passes.convert_rows = slow
     ready = Path(sys.argv[2])
     (ready / str(os.getpid())).touch()
     while len(list(ready.iterdir())) < 2:  # both processes start converting together

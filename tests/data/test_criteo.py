@@ -6,7 +6,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from recsys_dist.data.convert import prepare_criteo
-from recsys_dist.data.criteo import DataError, parse_hex_ids, transform_dense
+from recsys_dist.data.formats.criteo import parse_hex_ids, transform_dense
+from recsys_dist.errors import DataError
 from tests.conftest import base_row
 
 CATS = [f"{i:08x}" for i in range(1, 27)]
@@ -143,7 +144,7 @@ def test_lines_without_trailing_empty_fields_name_the_short_lines_option(tmp_pat
 
 def test_short_lines_pad_reads_the_absent_fields_as_missing(tmp_path, cache_dir):
     from recsys_dist.data.convert import prepare
-    from recsys_dist.data.criteo import CriteoFormat
+    from recsys_dist.data.formats.criteo import CriteoFormat
 
     empty_tail = [base_row(label=str(i % 2), cats=CATS[: 26 - i % 4] + [""] * (i % 4)) for i in range(20)]
     short = [_short(r, 40 - i % 4) for i, r in enumerate(empty_tail)]  # 40, 39, 38, 37 fields

@@ -4,8 +4,9 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from recsys_dist.data.criteo import DataError
-from recsys_dist.data.loader import ParquetBatchLoader, take_bags
+from recsys_dist.data.loader import ParquetBatchLoader
+from recsys_dist.data.loader.columns import take_bags
+from recsys_dist.errors import DataError
 
 DENSE, SPARSE = ["I1", "I2"], ["C1", "C2", "C3"]
 

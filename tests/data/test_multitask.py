@@ -12,9 +12,9 @@ from sklearn.metrics import log_loss, mean_absolute_error, mean_squared_error, r
 from recsys_dist.config import ConfigError, config_from_dict
 from recsys_dist.data.config import SchemaConfig
 from recsys_dist.data.convert import prepare
-from recsys_dist.data.criteo import DataError
+from recsys_dist.data.formats.schema import SchemaFormat
 from recsys_dist.data.loader import ParquetBatchLoader
-from recsys_dist.data.schema import SchemaFormat
+from recsys_dist.errors import DataError
 from recsys_dist.models.losses import bce, mse
 from recsys_dist.models.task import MultiTaskLoss
 from recsys_dist.train.metrics import task_metrics, weighted_auc

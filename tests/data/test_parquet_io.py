@@ -8,9 +8,9 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from recsys_dist.data.criteo import DataError
 from recsys_dist.data.loader import ParquetBatchLoader
 from recsys_dist.data.parquet_io import open_parquet, read_pool
+from recsys_dist.errors import DataError
 from tests.data.test_loader import DENSE, SPARSE, write_files
 
 _ALIVE: list = []  # Arrow keeps raw pointers to pools: the test's pools must outlive every buffer
@@ -229,7 +229,7 @@ def test_columns_of_the_wrong_type_are_refused_naming_file_and_column(tmp_path, 
     # A float id column was truncated to integer ids silently (exit 0); strings failed in numpy.
     import pyarrow.parquet as pq
 
-    from recsys_dist.data.criteo import DataError
+    from recsys_dist.errors import DataError
 
     path = write_files(tmp_path, [8])[0]
     table = pq.read_table(path)

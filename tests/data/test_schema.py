@@ -9,10 +9,10 @@ import torch
 from recsys_dist.config import ConfigError, config_from_dict
 from recsys_dist.data.config import SchemaConfig
 from recsys_dist.data.convert import prepare
-from recsys_dist.data.criteo import DataError
+from recsys_dist.data.formats.schema import SchemaFormat
 from recsys_dist.data.loader import ParquetBatchLoader
 from recsys_dist.data.mapping import hash_ids, text_keys
-from recsys_dist.data.schema import SchemaFormat
+from recsys_dist.errors import DataError
 
 SPEC = SchemaConfig(label="rating", label_threshold=4.0, dense=["age"], categorical=["user"], multi_hot=["tags"])
 CSV = """user,rating,age,tags,ignored

@@ -10,9 +10,9 @@ import pytest
 
 from recsys_dist.data.config import SchemaConfig
 from recsys_dist.data.convert import prepare
-from recsys_dist.data.criteo import DataError
+from recsys_dist.data.formats.schema import SchemaFormat, UserHistory
 from recsys_dist.data.mapping import hash_ids, text_keys
-from recsys_dist.data.schema import SchemaFormat, UserHistory
+from recsys_dist.errors import DataError
 
 N = 1000
 

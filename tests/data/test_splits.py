@@ -5,10 +5,11 @@ import pytest
 import yaml
 
 from recsys_dist.config import ConfigError, config_from_dict, load_config
-from recsys_dist.data.avazu import AVAZU
 from recsys_dist.data.convert import prepare, prepare_criteo
-from recsys_dist.data.criteo import CRITEO, DataError
+from recsys_dist.data.formats.avazu import AVAZU
+from recsys_dist.data.formats.criteo import CRITEO
 from recsys_dist.data.splits import Split, random_assign
+from recsys_dist.errors import DataError
 from recsys_dist.train.preflight import check_before_launch
 from tests.conftest import ROOT, base_row
 from tests.data.test_avazu import HEADER, ROW
@@ -56,8 +57,6 @@ def test_time_split_by_avazu_hour(tmp_path, cache_dir):
     assert p.rows == {"train": 2, "validation": 2, "test": 2}  # < 22nd 00h, < 23rd 00h, the rest
     bad = tmp_path / "b.csv"
     bad.write_text(HEADER + "\n" + ROW + "\n" + ROW.replace(",14102314,", ",later,") + "\n")
-    from recsys_dist.data.criteo import DataError
-
     with pytest.raises(DataError, match=r"b.csv, data row 2, column hour: 'later'"):
         prepare(AVAZU, bad, 1000, split=Split(by="time", column="hour", thresholds=(1, 2)))
 

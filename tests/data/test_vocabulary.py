@@ -3,8 +3,9 @@ import json
 import numpy as np
 import pyarrow.parquet as pq
 
-from recsys_dist.data.convert import VOCABULARY_FILE, prepare, prepare_criteo
-from recsys_dist.data.criteo import CRITEO
+from recsys_dist.data.convert import prepare, prepare_criteo
+from recsys_dist.data.convert.manifest import VOCABULARY_FILE
+from recsys_dist.data.formats.criteo import CRITEO
 from recsys_dist.data.mapping import OOV_ID, VocabularyCounter
 from tests.conftest import base_row
 

@@ -8,7 +8,7 @@ import pytest
 
 from recsys_dist.data.config import SchemaConfig
 from recsys_dist.data.convert import prepare, prepare_criteo
-from recsys_dist.data.schema import SchemaFormat
+from recsys_dist.data.formats.schema import SchemaFormat
 from recsys_dist.data.splits import Split
 from tests.conftest import base_row
 
@@ -20,7 +20,7 @@ def new_process(monkeypatch):
     """Open the cache as a new process would (none of this process's checks remembered)."""
 
     def forget():
-        monkeypatch.delenv("RECSYS_DIST_CHECKED_CACHE", raising=False)  # convert.CHECKED_ENV, as documented
+        monkeypatch.delenv("RECSYS_DIST_CHECKED_CACHE", raising=False)  # convert.cache.CHECKED_ENV, as documented
 
     forget()
     return forget

@@ -5,8 +5,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from recsys_dist.data.criteo import DataError
 from recsys_dist.data.loader import ParquetBatchLoader
+from recsys_dist.errors import DataError
 from tests.cli import run_cli
 from tests.conftest import QUICKSTART
 

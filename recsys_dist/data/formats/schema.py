@@ -22,7 +22,7 @@ Parquet file). Transforms:
 - ``history``: a derived sequence: per row, the items of the same user's rows whose time is
   strictly smaller, the most recent ``max_length`` of them (docs/data.md, 'Sequence features and user histories').
 
-CSV is read in blocks cut at line ends (``criteo.line_blocks``), so a quoted field may hold
+CSV is read in blocks cut at line ends (``recsys_dist.data.text.line_blocks``), so a quoted field may hold
 the delimiter but not a line break.
 """
 
@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import json
 import os
-from collections import deque
 from collections.abc import Iterator
 
 import numpy as np
@@ -39,15 +38,14 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
-from recsys_dist.data.criteo import DataError, count_rows, line_blocks, parse_block, parse_hex_keys, read_head
+from recsys_dist.data.formats.base import register_format
+from recsys_dist.data.formats.history import UserHistory, is_parquet
 from recsys_dist.data.mapping import SparseKeys, text_keys
+from recsys_dist.data.text import count_rows, line_blocks, parse_block, parse_hex_keys, read_head
+from recsys_dist.errors import DataError
 
 _NUMBER = r"^[-+]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?$"
 _HEX = r"^[0-9a-fA-F]{1,8}$"  # a hex_categorical value (after trimming spaces), as Criteo's C1..C26
-
-
-def _is_parquet(spec, path: str) -> bool:
-    return spec.file_type == "parquet" or (spec.file_type == "auto" and str(path).endswith((".parquet", ".pq")))
 
 
 def _missing(col: pa.Array) -> np.ndarray:
@@ -241,7 +239,7 @@ class SchemaFormat:
         self.raw_columns = names
 
     def count_rows(self, path: str | os.PathLike) -> int:
-        if _is_parquet(self.spec, str(path)):
+        if is_parquet(self.spec, str(path)):
             return _parquet_file(str(path)).metadata.num_rows
         n = count_rows(path)
         return max(n - 1, 0) if self.spec.header else n
@@ -252,7 +250,7 @@ class SchemaFormat:
         """``(first line, table of text columns)`` per block; Parquet row groups are read as
         they are and numbers turned into text, lists into lists of text. ``max_rows``: text
         files stop after that many lines past the header (Parquet: cut by the caller)."""
-        if _is_parquet(self.spec, path):
+        if is_parquet(self.spec, path):
             yield from self._parquet_chunks(path)
             return
         names = self._header(path)
@@ -334,13 +332,13 @@ class SchemaFormat:
         """The sample weights, float32 [N]. Raises DataError naming the file, line (row for
         Parquet) and column of a weight that is empty, not a number, negative or not finite."""
         s = self.spec
-        first_line = first_row + (1 if s.header and not _is_parquet(s, path) else 0)
+        first_line = first_row + (1 if s.header and not is_parquet(s, path) else 0)
         x = _floats(batch.column(s.weight), f"{path}, column {s.weight}", first_line)
         bad = ~np.isfinite(x) | (x < 0)
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
             raise DataError(
-                f"{path}, {'row' if _is_parquet(s, path) else 'line'} {first_line + i}, column {s.weight}: "
+                f"{path}, {'row' if is_parquet(s, path) else 'line'} {first_line + i}, column {s.weight}: "
                 f"'{batch.column(s.weight)[i].as_py()}' is not a finite number >= 0 (data.schema.weight: the "
                 "sample weight of every row)"
             )
@@ -426,7 +424,7 @@ class SchemaFormat:
                 file, line (row for Parquet) and column.
         """
         s = self.spec
-        first_line = first_row + (1 if s.header and not _is_parquet(s, path) else 0)
+        first_line = first_row + (1 if s.header and not is_parquet(s, path) else 0)
         labels = self._labels(batch, path, first_line)
         dense = []
         for n in s.dense:
@@ -435,7 +433,7 @@ class SchemaFormat:
             bad = ~np.isfinite(x) & ~_missing(col)  # NaN / inf written in the file (empty is missing: 0)
             if bad.any():
                 i = int(np.flatnonzero(bad)[0])
-                parquet = _is_parquet(s, path)
+                parquet = is_parquet(s, path)
                 raise DataError(
                     f"{path}, {'row' if parquet else 'line'} {first_line + i}, column {n}: "
                     f"'{col[i].as_py()}' is not a finite number (a missing value is "
@@ -448,7 +446,7 @@ class SchemaFormat:
             if bad.any():
                 i = int(np.flatnonzero(bad)[0])
                 raise DataError(
-                    f"{path}, {'row' if _is_parquet(s, path) else 'line'} {first_line + i}, column {n}: "
+                    f"{path}, {'row' if is_parquet(s, path) else 'line'} {first_line + i}, column {n}: "
                     f"'{batch.column(n)[i].as_py()}' is not a hex number of at most 8 digits "
                     "(data.schema.hex_categorical)"
                 )
@@ -486,7 +484,7 @@ class SchemaFormat:
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
             raise DataError(
-                f"{path}, {'row' if _is_parquet(self.spec, path) else 'line'} {first_line + i}, column {h.time}: "
+                f"{path}, {'row' if is_parquet(self.spec, path) else 'line'} {first_line + i}, column {h.time}: "
                 f"'{batch.column(h.time)[i].as_py()}' is not a number (data.schema.history.time needs a time on "
                 "every row)"
             )
@@ -494,6 +492,13 @@ class SchemaFormat:
         items, present = text_keys(pc.utf8_trim_whitespace(pc.fill_null(batch.column(h.item), "")))
         keys, lengths = self._history.rows(path, first_line, users, items, present, times, h, self.spec)
         return SparseKeys(keys, None, lengths)
+
+    def unlabelled(self, path: str | os.PathLike) -> SchemaFormat | None:
+        """:class:`UnlabelledSchemaFormat` when the file has no ``data.schema.label`` column."""
+        names = _file_columns(self.spec, str(path))
+        if names is None or self.spec.label_columns()[0] in names:
+            return None
+        return UnlabelledSchemaFormat(self.spec)
 
     def output_schema(self) -> pa.Schema:
         """Label column(s) first, then dense, categorical, multi-hot, sequence, and ``weight`` last."""
@@ -507,49 +512,77 @@ class SchemaFormat:
         return pa.schema(fields)
 
 
-def _exact(t: float) -> str:
-    """A time as written: integers as integers (``978300760``, not ``9.783e+08``), others in
-    the shortest form that reads back as the same float."""
-    return str(int(t)) if t.is_integer() else repr(t)
+class UnlabelledSchemaFormat(SchemaFormat):
+    """``data.format: schema`` for a file without the ``data.schema.label`` column: scoring
+    only; every label is a placeholder 0 (reported as missing). With ``data.schema.columns``,
+    the file's fields are those columns without the label, in the same order."""
+
+    def __init__(self, spec) -> None:
+        super().__init__(spec)
+        self.name = "schema_unlabelled"
+        self.fingerprint = "schema_unlabelled:" + self.fingerprint
+        self.transforms = {**self.transforms, "label": "no label column: a placeholder 0"}
+
+    def _header(self, path: str) -> list[str]:
+        names = super()._header(path)
+        return [c for c in names if c != self.spec.label] if self.spec.columns else names
+
+    def _columns(self) -> list[str]:
+        return [c for c in super()._columns() if c != self.spec.label]
+
+    def _check_columns(self, path: str, names: list[str], where: str) -> None:
+        s = self.spec
+        missing = [c for c in (*s.dense, *s.categorical, *s.multi_hot) if c not in names]
+        if missing:
+            raise DataError(f"{path}: columns {missing} named in data.schema are not in the file ({where}: {names})")
+        self.raw_columns = names
+
+    def _labels(self, batch: pa.RecordBatch, where: str, first_line: int) -> np.ndarray:
+        if self.spec.label is None:  # several tasks: [N, T] placeholders
+            return np.zeros((batch.num_rows, len(self.tasks)), np.float32)
+        return np.zeros(batch.num_rows, np.float32)
+
+    def bad_row_mask(self, batch: pa.RecordBatch):
+        labelled = batch
+        for column in self.spec.label_columns():
+            labelled = labelled.append_column(column, pa.array(np.full(batch.num_rows, "0")))
+        return super().bad_row_mask(labelled)
+
+    def unlabelled(self, path: str | os.PathLike) -> None:
+        return None
 
 
-class UserHistory:
-    """Streaming user histories: per user, the last N item keys of rows strictly earlier in time.
+def _file_columns(spec, path: str) -> list[str] | None:
+    """The column names of a raw schema-format file as its reader sees them: the Parquet
+    schema, the header line, or (no header) ``columns`` cut to the first line's field count;
+    None when they cannot be told (the conversion then reports the problem)."""
+    if is_parquet(spec, path):
+        try:
+            return list(pq.ParquetFile(path).schema_arrow.names)
+        except (OSError, pa.ArrowException):
+            return None
+    first = read_head(path, 1 << 16).split(b"\n", 1)[0]
+    if not first.strip():
+        return None
+    try:
+        row = pacsv.read_csv(
+            pa.py_buffer(first + b"\n"),
+            read_options=pacsv.ReadOptions(autogenerate_column_names=True),
+            parse_options=pacsv.ParseOptions(delimiter=spec.delimiter),
+            convert_options=pacsv.ConvertOptions(strings_can_be_null=False),
+        ).to_pylist()[0]
+    except pa.ArrowInvalid:
+        return None
+    if spec.header and not spec.columns:
+        return [str(v).strip() for v in row.values()]
+    cols = list(spec.columns)
+    if len(row) == len(cols) - 1 and spec.label in cols:  # every field but the label
+        return [c for c in cols if c != spec.label]
+    return cols
 
-    Memory: per user at most N committed keys plus the keys of that user's rows at the
-    current (latest) time, whatever the length of the log. Rows of one user must come in
-    non-decreasing time order; rows of one user with equal times (ties) do not see each
-    other: an event enters the history once a strictly later time of that user is seen.
-    """
 
-    def __init__(self, max_length: int) -> None:
-        self.max_length = max_length
-        self.state: dict[int, tuple[deque, float, list]] = {}
-        self._last: tuple[str, int] | None = None
-
-    def rows(self, path, first_line, users, items, present, times, h, spec) -> tuple[np.ndarray, np.ndarray]:
-        # A new pass over the file (the vocabulary count, then the conversion) starts afresh.
-        if self._last is None or self._last[0] != path or first_line <= self._last[1]:
-            self.state = {}
-        self._last = (path, first_line)
-        out: list[int] = []
-        lengths = np.zeros(len(users), np.int32)
-        n = self.max_length
-        for i, (u, t) in enumerate(zip(users.tolist(), times.tolist())):
-            committed, at, pending = self.state.get(u) or (deque(maxlen=n), -np.inf, [])
-            if t < at:
-                raise DataError(
-                    f"{path}, {'row' if _is_parquet(spec, path) else 'line'} {first_line + i}, column {h.time}: "
-                    f"{_exact(t)} is earlier than {_exact(at)} of an earlier row of the same {h.user}; data.schema.history "
-                    f"needs each user's rows in non-decreasing {h.time} order (sort the log by {h.user}, {h.time} "
-                    "or by time)"
-                )
-            if t > at:  # the events at the previous time are now strictly earlier
-                committed.extend(pending)
-                pending, at = [], t
-            out.extend(committed)
-            lengths[i] = len(committed)
-            if present[i]:
-                pending.append(int(items[i]))
-            self.state[u] = (committed, at, pending)
-        return np.array(out, dtype=np.uint64), lengths
+@register_format("schema")
+def _schema(schema, short_lines: str = "error") -> SchemaFormat:
+    if schema is None:
+        raise ValueError("data.format 'schema' needs a data.schema section")
+    return SchemaFormat(schema)

@@ -54,11 +54,13 @@ import torch
 from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from recsys_dist.data.criteo import DataError
-from recsys_dist.data.parquet_io import open_parquet
+from recsys_dist.data.loader.columns import Columns
+from recsys_dist.data.loader.gather import gather_block
+from recsys_dist.data.loader.stream import check_types, is_list_type, read_window
+from recsys_dist.data.loader.weights import batch_sums, weighted_scales
 from recsys_dist.data.prefetch import prefetched
+from recsys_dist.errors import DataError
 
-_INT32 = np.iinfo(np.int32)
 BLOCK_BATCHES = 64  # batches gathered at once and handed over together (memory: blocks, not windows)
 
 
@@ -130,98 +132,6 @@ def partition_row_groups(sizes: Sequence[int], world_size: int) -> list[list[int
     return [sorted(o) for o in owned]
 
 
-def take_bags(
-    lengths: np.ndarray, values: np.ndarray, idx: np.ndarray, offsets: np.ndarray | None = None
-) -> tuple[np.ndarray, np.ndarray]:
-    """The bags of rows ``idx`` (int64, any order, repeats allowed) of a jagged feature
-    ``(lengths int [N], values [sum(lengths)])``: ``(lengths[idx], their values concatenated)``,
-    without a Python loop. ``offsets`` (``[0, cumsum(lengths)]``) may be passed when cached."""
-    if offsets is None:
-        offsets = np.concatenate([[0], np.cumsum(lengths)])
-    sel = lengths[idx]
-    starts = np.repeat(offsets[idx], sel)
-    within = np.arange(sel.sum()) - np.repeat(np.cumsum(sel) - sel, sel)
-    return sel, values[starts + within]
-
-
-def _batch_sums(carry: np.ndarray, weights: np.ndarray, size: int, out: list | deque) -> np.ndarray:
-    """Appends to ``out`` the float64 sum of each full run of ``size`` rows of ``carry`` then
-    ``weights`` (float32, stream order); returns the rows left over (fewer than ``size``).
-    The one summation of global weights, so every path that makes them gets the same bits."""
-    w = np.concatenate([carry, weights])
-    full = len(w) - len(w) % size
-    out.extend(float(w[lo : lo + size].sum(dtype=np.float64)) for lo in range(0, full, size))
-    return w[full:]
-
-
-def _is_list(t: pa.DataType) -> bool:
-    return pa.types.is_list(t) or pa.types.is_large_list(t)
-
-
-def _check_types(path: str, schema: pa.Schema, sparse: set[str]) -> None:
-    """Sparse columns must hold integers (or lists of them), the others numbers: a float id
-    would be truncated to an integer silently, a string fail deep in numpy.
-
-    Raises:
-        DataError: naming the file, the column, its type and the fix.
-    """
-    for field in schema:
-        t = field.type
-        if field.name in sparse:
-            item = t.value_type if _is_list(t) else t
-            if not pa.types.is_integer(item):
-                raise DataError(
-                    f"{path}, column {field.name}: a sparse feature's ids must be integers (or lists of "
-                    f"integers), found {t}; map the values to integer ids first (recsys-dist preprocess does)"
-                )
-        elif not (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)):
-            raise DataError(f"{path}, column {field.name}: must be numeric, found {t}; convert it to numbers first")
-
-
-class _Cols:
-    """Columns of a set of rows, one numpy array per column (reading a window from Arrow is
-    one copy per column), so a whole window is gathered into batch layout in one pass per column.
-
-    ``labels`` float32 [n] (or [n, T], several tasks); ``weights`` float32 [n] sample weights or
-    None (all 1); ``dense`` float32 [n, D] (row-major: gathering a row is one read);
-    ``ids`` one entry per sparse
-    feature in key order: int64 or int32 [n] (one-hot; int32 when the ids fit, see
-    ``ParquetBatchLoader._read``) or (lengths int64 [n], values int64) (multi-hot).
-    """
-
-    def __init__(self, labels: np.ndarray, dense: list, ids: list, weights: np.ndarray | None = None) -> None:
-        self.labels, self.dense, self.ids, self.weights = labels, dense, ids, weights
-        self._offsets = {j: np.concatenate([[0], np.cumsum(c[0])]) for j, c in enumerate(ids) if isinstance(c, tuple)}
-
-    def __len__(self) -> int:
-        return len(self.labels)
-
-    def _bags(self, j: int, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Multi-hot feature ``j`` of rows ``idx``: (lengths [len(idx)], their values concatenated)."""
-        return take_bags(*self.ids[j], idx, self._offsets[j])
-
-    def take(self, idx: np.ndarray) -> _Cols:
-        return _Cols(
-            self.labels[idx],
-            self.dense[idx],
-            [self._bags(j, idx) if isinstance(c, tuple) else c[idx] for j, c in enumerate(self.ids)],
-            None if self.weights is None else self.weights[idx],
-        )
-
-    @staticmethod
-    def concat(parts: list[_Cols]) -> _Cols:
-        cat = np.concatenate
-        first = parts[0]
-        ids = [
-            (cat([p.ids[j][0] for p in parts]), cat([p.ids[j][1] for p in parts]))
-            if isinstance(c, tuple)
-            else cat([p.ids[j] for p in parts])
-            for j, c in enumerate(first.ids)
-        ]
-        weights = None if first.weights is None else cat([p.weights for p in parts])
-        return _Cols(cat([p.labels for p in parts]), cat([p.dense for p in parts]), ids, weights)
-
-
 class ParquetBatchLoader:
     """Batches of one Parquet split (one or several files) for one rank.
 
@@ -289,7 +199,27 @@ class ParquetBatchLoader:
         self.dense_names, self.keys = list(dense_names), list(sparse_names)
         self.label_columns, self.weight_column = list(label_columns), weight_column
         self.columns = [*self.label_columns, *dense_names, *sparse_names, *([weight_column] if weight_column else [])]
-        self.row_groups: list[tuple[int, int, int]] = []  # (file index, row group, rows)
+        schema = self._open_files()
+        self.list_features = [schema is not None and is_list_type(schema.field(n).type) for n in sparse_names]
+        self.num_rows = sum(n for *_, n in self.row_groups)
+        self.path, self.batch_size, self.rank, self.world_size = self.files[0], batch_size, rank, world_size
+        self.shuffle, self.seed, self.remainder = shuffle, seed, remainder
+        self.num_embeddings, self.buffer_rows, self.prefetch = num_embeddings, shuffle_buffer_rows, prefetch
+        self.pin_memory, self.rank_reads = pin_memory, rank_reads
+        self.scale_losses = scale_losses
+        self.epoch = 0
+        self._plan_stream()
+        # Full batches share these (read-only): every one-hot bag has length 1, every row weight 1.
+        self._ones_lengths = torch.ones(batch_size * len(self.keys), dtype=torch.int32)
+        self._ones_weights = torch.ones(batch_size, dtype=torch.float32)
+        if pin_memory:
+            self._ones_lengths, self._ones_weights = self._ones_lengths.pin_memory(), self._ones_weights.pin_memory()
+        self._n_onehot = sum(not m for m in self.list_features)
+
+    def _open_files(self) -> pa.Schema | None:
+        """Check every file's columns and their types (one schema for all), and list the row
+        groups as ``self.row_groups``: (file index, row group, rows). Returns the columns' schema."""
+        self.row_groups: list[tuple[int, int, int]] = []
         schema = None
         for i, f in enumerate(self.files):
             try:
@@ -301,22 +231,19 @@ class ParquetBatchLoader:
             if missing:
                 raise DataError(f"{f}: missing columns {missing}")
             picked = pa.schema([file_schema.field(c) for c in self.columns])
-            _check_types(f, picked, set(self.keys))
+            check_types(f, picked, set(self.keys))
             if schema is not None and not picked.equals(schema):
                 raise DataError(f"{f}: schema differs from {self.files[0]}: {picked} vs {schema}")
             schema = picked
             self.row_groups += [(i, g, meta.row_group(g).num_rows) for g in range(meta.num_row_groups)]
-        self.list_features = [schema is not None and _is_list(schema.field(n).type) for n in sparse_names]
-        self.num_rows = sum(n for *_, n in self.row_groups)
-        self.path, self.batch_size, self.rank, self.world_size = self.files[0], batch_size, rank, world_size
-        self.shuffle, self.seed, self.remainder = shuffle, seed, remainder
-        self.num_embeddings, self.buffer_rows, self.prefetch = num_embeddings, shuffle_buffer_rows, prefetch
-        self.pin_memory, self.rank_reads = pin_memory, rank_reads
-        self.scale_losses = scale_losses
-        self.epoch = 0
-        # The stream this rank reads: row-group indices, and (ranks, rank) sharing each batch of it.
+        return schema
+
+    def _plan_stream(self) -> None:
+        """The stream this rank reads (row-group indices, and (ranks, rank) sharing each batch of
+        it), the batches per epoch, and the leading batches in which no rank pads."""
+        batch_size, world_size, rank, remainder = self.batch_size, self.world_size, self.rank, self.remainder
         sizes = [n for *_, n in self.row_groups]
-        if rank_reads == "row_groups":
+        if self.rank_reads == "row_groups":
             owned = partition_row_groups(sizes, world_size)
             rows = [sum(sizes[i] for i in o) for o in owned]
             self._groups, self._split = owned[rank], (1, 0)
@@ -327,21 +254,15 @@ class ParquetBatchLoader:
             self._share_rows = []
             self._len = steps_per_epoch(self.num_rows, batch_size, world_size, remainder)
         # Leading batches of an epoch in which no rank holds padding (their loss_scale is 1).
-        if rank_reads == "row_groups":
+        if self.rank_reads == "row_groups":
             self._unpadded_steps = min(min(rows) // batch_size, self._len) if rows else 0
         else:
             self._unpadded_steps = min(self.num_rows // (batch_size * world_size), self._len)
-        # Full batches share these (read-only): every one-hot bag has length 1, every row weight 1.
-        self._ones_lengths = torch.ones(batch_size * len(self.keys), dtype=torch.int32)
-        self._ones_weights = torch.ones(batch_size, dtype=torch.float32)
-        if pin_memory:
-            self._ones_lengths, self._ones_weights = self._ones_lengths.pin_memory(), self._ones_weights.pin_memory()
-        self._n_onehot = sum(not m for m in self.list_features)
         if self._len == 0 and self.num_rows > 0:
             what = (
                 f"the fewest rows a rank owns ({min(rows)}, data.rank_reads: row_groups) are fewer than one "
                 f"batch ({batch_size})"
-                if rank_reads == "row_groups"
+                if self.rank_reads == "row_groups"
                 else f"{self.num_rows} rows are fewer than one global batch ({batch_size} x {world_size} ranks)"
             )
             raise DataError(f"{self.path}: {what} and data.remainder is 'drop'; use 'pad' or a smaller batch")
@@ -449,7 +370,7 @@ class ParquetBatchLoader:
         (float64), 0 for batches past the data."""
         carry, made, sums = np.zeros(0, np.float32), start, []
         for cols, idx in self._own_windows(start):
-            carry = _batch_sums(carry, cols.weights[idx], self.batch_size, sums)
+            carry = batch_sums(carry, cols.weights[idx], self.batch_size, sums)
             made += len(sums)
             yield from sums
             sums.clear()
@@ -491,117 +412,11 @@ class ParquetBatchLoader:
             windows = cut([self._groups[i] for i in perm.tolist()])
         return windows
 
-    def _read(self, groups: list[int], handles: dict) -> _Cols:
-        """The window's columns as numpy arrays, each joined from its row groups' chunks in one
-        copy. One-hot ids whose values fit are narrowed to int32 in that copy: gathering them is
-        about twice as fast, and batches widen them back to int64. Raises DataError for a null id, an id
-        out of range, a non-finite label or dense value or a bad weight, naming the file and row (0-based,
-        in that file) that hold it."""
-        tables, k = [], 0
-        while k < len(groups):  # one read per run of row groups from the same file
-            f = self.row_groups[groups[k]][0]
-            run = [self.row_groups[groups[k]][1]]
-            while k + len(run) < len(groups) and self.row_groups[groups[k + len(run)]][0] == f:
-                run.append(self.row_groups[groups[k + len(run)]][1])
-            if f not in handles:  # opening a Parquet file costs more than reading a row group
-                handles[f] = open_parquet(self.files[f])  # decodes into the system pool: see parquet_io
-            tables.append(handles[f].read_row_groups(run, columns=self.columns))
-            k += len(run)
-        t = pa.concat_tables(tables)
-        n = t.num_rows
+    def _read(self, groups: list[int], handles: dict) -> Columns:
+        """The window of row groups ``groups`` as checked numpy columns (:func:`stream.read_window`)."""
+        return read_window(self, groups, handles)
 
-        def where(row: int) -> str:
-            """``file, row R`` of the window's row ``row``: a window spans row groups of several
-            files, in this epoch's order, so its rows are not the rows of its first file."""
-            for i in groups:
-                f, g, rows = self.row_groups[i]
-                if row < rows:
-                    before = sum(m for f2, g2, m in self.row_groups if f2 == f and g2 < g)
-                    return f"{self.files[f]}, row {before + row}"
-                row -= rows
-            raise AssertionError("row past the window")
-
-        def chunks(name: str, dtype) -> list[np.ndarray]:  # zero-copy views when Arrow's type is dtype
-            return [c.to_numpy(zero_copy_only=False).astype(dtype, copy=False) for c in t.column(name).chunks]
-
-        def joined(parts: list[np.ndarray], out: np.ndarray) -> np.ndarray:  # one copy (and cast) into out
-            o = 0
-            for p in parts:
-                out[o : o + len(p)] = p
-                o += len(p)
-            return out
-
-        if len(self.label_columns) == 1:
-            labels = joined(chunks(self.label_columns[0], np.float32), np.empty(n, np.float32))
-        else:
-            labels = np.empty((n, len(self.label_columns)), np.float32)
-            for k, name in enumerate(self.label_columns):
-                joined(chunks(name, np.float32), labels[:, k])
-        bad = ~np.isfinite(labels)  # a null reads as NaN: the loss and the metrics would be NaN
-        if bad.any():
-            row, *task = map(int, np.argwhere(bad)[0])
-            raise DataError(
-                f"{where(row)}, column {self.label_columns[task[0] if task else 0]}: label "
-                f"{labels[(row, *task)]} is not finite (null or NaN); drop the row or give it a label"
-            )
-        weights = None
-        if self.weight_column:
-            weights = joined(chunks(self.weight_column, np.float32), np.empty(n, np.float32))
-            bad = ~(weights >= 0) | ~np.isfinite(weights)
-            if bad.any():
-                row = int(np.flatnonzero(bad)[0])
-                raise DataError(
-                    f"{where(row)}, column {self.weight_column}: {weights[row]} is not a finite weight >= 0"
-                )
-        dense = np.empty((n, len(self.dense_names)), np.float32)
-        for d, name in enumerate(self.dense_names):
-            joined(chunks(name, np.float32), dense[:, d])
-        bad = ~np.isfinite(dense)
-        if bad.any():
-            row, col = map(int, np.argwhere(bad)[0])  # the first bad value in row order
-            raise DataError(
-                f"{where(row)}, column {self.dense_names[col]}: {dense[row, col]} is not finite (a null reads as "
-                "nan); fill or drop it (recsys-dist preprocess fills missing dense values)"
-            )
-        ids = []
-        for j, (name, is_list) in enumerate(zip(self.keys, self.list_features)):
-            if is_list:
-                # Chunk by chunk (combine_chunks would copy the lists into the default pool).
-                pieces = t.column(name).chunks
-                lengths = [c.value_lengths().fill_null(0).to_numpy(zero_copy_only=False) for c in pieces]
-                lengths = joined(lengths, np.empty(n, np.int64))
-                arrays = [c.flatten() for c in pieces]  # the ids; a null list's slots hold none
-            else:
-                arrays = t.column(name).chunks
-            if any(a.null_count for a in arrays):  # to_numpy would make it a float NaN, then a garbage id
-                first = int(
-                    np.flatnonzero(np.concatenate([a.is_null().to_numpy(zero_copy_only=False) for a in arrays]))[0]
-                )
-                row = int(np.searchsorted(np.cumsum(lengths), first, side="right")) if is_list else first
-                raise DataError(
-                    f"{where(row)}, column {name}: a null id (every id must be set: give missing values an id "
-                    "of their own, as recsys-dist preprocess does with 0)"
-                )
-            parts = [a.to_numpy(zero_copy_only=False).astype(np.int64, copy=False) for a in arrays]
-            sized = [p for p in parts if p.size]
-            lo, hi = (min(int(p.min()) for p in sized), max(int(p.max()) for p in sized)) if sized else (0, 0)
-            if self.num_embeddings is not None and sized and (lo < 0 or hi >= self.num_embeddings[j]):
-                flat = np.concatenate(parts)
-                first = int(np.flatnonzero((flat < 0) | (flat >= self.num_embeddings[j]))[0])
-                row = int(np.searchsorted(np.cumsum(lengths), first, side="right")) if is_list else first
-                raise DataError(
-                    f"{where(row)}, column {name}: ids must lie in [0, {self.num_embeddings[j]}), found "
-                    f"{flat[first]} (this window's ids span [{lo}, {hi}]; convert again with the table size "
-                    "in the config)"
-                )
-            if is_list:
-                ids.append((lengths, parts[0] if len(parts) == 1 else np.concatenate([np.zeros(0, np.int64), *parts])))
-            else:  # joining the row groups' chunks and narrowing to int32 is one pass
-                fits = _INT32.min <= lo and hi <= _INT32.max
-                ids.append(joined(parts, np.empty(n, np.int32 if fits else np.int64)))
-        return _Cols(labels, dense, ids, weights)
-
-    def _own_windows(self, start_step: int, sums: deque | None = None) -> Iterator[tuple[_Cols, np.ndarray]]:
+    def _own_windows(self, start_step: int, sums: deque | None = None) -> Iterator[tuple[Columns, np.ndarray]]:
         """Per window: its columns and this rank's rows of it in stream order (indices into
         the window), from batch ``start_step`` on.
 
@@ -628,7 +443,7 @@ class ParquetBatchLoader:
                 if sums is not None:
                     every = positions - pos if perm is None else perm[positions - pos]
                     before = len(sums)
-                    carry = _batch_sums(carry, cols.weights[every], B * W, sums)
+                    carry = batch_sums(carry, cols.weights[every], B * W, sums)
                     made += len(sums) - before
                 if len(idx):
                     yield cols, idx
@@ -643,7 +458,7 @@ class ParquetBatchLoader:
         """This epoch's batches from ``start_step`` on, gathered in blocks (see :meth:`_gather`);
         ``sums``: see :meth:`_own_windows`."""
         B = self.batch_size
-        carry: _Cols | None = None  # rows (< B) of a batch that continues in the next window
+        carry: Columns | None = None  # rows (< B) of a batch that continues in the next window
         made = start_step
         windows = self._own_windows(start_step, sums)
         if self.prefetch > 0:  # read the next window (pyarrow, GIL released) while this one is cut
@@ -651,7 +466,7 @@ class ParquetBatchLoader:
         for cols, idx in windows:
             if carry is not None:
                 head, idx = idx[: B - len(carry)], idx[B - len(carry) :]
-                carry = _Cols.concat([carry, cols.take(head)])
+                carry = Columns.concat([carry, cols.take(head)])
                 if len(carry) < B:
                     continue
                 yield self._gather(carry, np.arange(B))
@@ -668,71 +483,10 @@ class ParquetBatchLoader:
             yield self._gather(rows, pad, n_real)
             carry, made = None, made + 1
 
-    def _gather(self, cols: _Cols, idx: np.ndarray, n_real: int | None = None) -> tuple:
-        """Rows ``idx`` of ``cols`` (a multiple of B of them), gathered once per column into
-        batch layout: one-hot ids [nb, K1, B], so batch b's values are the contiguous run
-        ``onehot[b]`` (key-major), dense [nb, B, D], labels [nb, B]. ``n_real``: only the first
-        rows are real (a single padded batch). Returns the block :meth:`_cut` makes batches of."""
-        B = self.batch_size
-        nb = len(idx) // B
-        # In file order on one rank the rows are a contiguous range: a slice, no gather.
-        contiguous = idx[-1] - idx[0] == len(idx) - 1 and (len(idx) < 2 or bool(np.all(np.diff(idx) == 1)))
-        rows = slice(int(idx[0]), int(idx[0]) + len(idx)) if contiguous else idx
-        scratch: dict = {}
-
-        def gather(col: np.ndarray) -> np.ndarray:  # [nb, B]; np.take into a reused buffer beats col[idx]
-            if contiguous:
-                return col[rows].reshape(nb, B)
-            if col.dtype not in scratch:
-                scratch[col.dtype] = np.empty(len(idx), col.dtype)
-            # mode="wrap": idx is valid, and the default "raise" copies through an extra buffer
-            return np.take(col, idx, out=scratch[col.dtype], mode="wrap").reshape(nb, B)
-
-        if cols.labels.ndim == 1:
-            labels = gather(cols.labels).astype(np.float32)  # a copy: the buffer is reused, Arrow's is read-only
-        else:  # several tasks: [nb, B, T]
-            T = cols.labels.shape[1]
-            labels = (cols.labels[rows] if contiguous else np.take(cols.labels, idx, axis=0)).reshape(nb, B, T).copy()
-        D = cols.dense.shape[1]
-        dense = (cols.dense[rows] if contiguous else np.take(cols.dense, idx, axis=0, mode="wrap")).reshape(nb, B, D)
-        onehot = np.empty((nb, self._n_onehot, B), np.int64)
-        bags, k = {}, 0
-        for j, c in enumerate(cols.ids):
-            if isinstance(c, tuple):
-                lengths, values = cols._bags(j, idx)
-                ends = np.concatenate([[0], np.cumsum(lengths.reshape(nb, B).sum(axis=1))])
-                bags[j] = (lengths.astype(np.int32).reshape(nb, B), values, ends)
-            else:
-                onehot[:, k, :] = gather(c)  # widens int32 ids (see _read)
-                k += 1
-        weights = None  # [nb, B]; None: every row weighs 1 (the shared ones)
-        if cols.weights is not None:
-            weights = torch.from_numpy(gather(cols.weights).astype(np.float32))
-        if n_real is not None:
-            if weights is None:
-                weights = torch.ones(1, B, dtype=torch.float32)
-            weights[:, n_real:] = 0.0
-        if bags:  # multi-hot: each batch's values and lengths joined here, off the training thread
-            sparse: torch.Tensor | list = []
-            for b in range(nb):
-                vals, lens, k = [], [], 0
-                for j in range(len(cols.ids)):
-                    if j in bags:
-                        bl, bv, ends = bags[j]
-                        vals.append(bv[ends[b] : ends[b + 1]])
-                        lens.append(bl[b])
-                    else:
-                        vals.append(onehot[b, k])
-                        lens.append(self._ones_lengths[:B].numpy())
-                        k += 1
-                sparse.append((torch.from_numpy(np.concatenate(vals)), torch.from_numpy(np.concatenate(lens))))
-        else:
-            sparse = torch.from_numpy(onehot.reshape(nb, -1))
-        block = [torch.from_numpy(dense), torch.from_numpy(labels), sparse, weights]
-        if self.pin_memory:  # once per block, not per batch; a batch is a view of pinned memory
-            pin = lambda t: t.pin_memory() if t is not None else None  # noqa: E731
-            block = [pin(t) if not isinstance(t, list) else [(pin(v), pin(n)) for v, n in t] for t in block]
-        return tuple(block)
+    def _gather(self, cols: Columns, idx: np.ndarray, n_real: int | None = None) -> tuple:
+        """Rows ``idx`` of ``cols`` in batch layout: the block :meth:`_cut` makes batches of
+        (:func:`gather.gather_block`)."""
+        return gather_block(cols, idx, self.batch_size, self._n_onehot, self._ones_lengths, self.pin_memory, n_real)
 
     def _cut(self, block: tuple) -> Iterator[CTRBatch]:
         """The batches of a gathered block, as views of it: the training thread's only per-batch work."""
@@ -749,14 +503,14 @@ class ParquetBatchLoader:
                 weights=self._ones_weights if weights is None else weights[b],
             )
 
-    def _empty_row(self) -> _Cols:
+    def _empty_row(self) -> Columns:
         ids = [
             (np.zeros(1, np.int64), np.zeros(0, np.int64)) if m else np.zeros(1, np.int64) for m in self.list_features
         ]
         T = len(self.label_columns)
         labels = np.zeros(1, np.float32) if T == 1 else np.zeros((1, T), np.float32)
         weights = np.zeros(1, np.float32) if self.weight_column else None
-        return _Cols(labels, np.zeros((1, len(self.dense_names)), np.float32), ids, weights)
+        return Columns(labels, np.zeros((1, len(self.dense_names)), np.float32), ids, weights)
 
     # ------------------------------------------------------------------ iteration
 
@@ -785,33 +539,8 @@ class ParquetBatchLoader:
         return self._cut_all(blocks, start)
 
     def _weighted_scales(self, blocks: Iterator[tuple], totals: Iterator[float] | deque) -> Iterator[tuple]:
-        """Each block with its batches' loss_scale (float32 [nb]): this rank's weight share of
-        each global batch, ``weight here x world size / total`` (``totals``: the global
-        batches' weight sums in order, :meth:`global_weights`, or a deque that reading the
-        blocks fills, :meth:`_own_windows`; 0 where the total is 0).
-
-        With a deque, a block whose last global batch goes on into the next window (other
-        ranks' rows there) waits until the next block, which comes only after that window
-        is read: at most one block more in memory."""
-        W = self.world_size
-        take = totals.popleft if isinstance(totals, deque) else totals.__next__
-
-        def scaled(block: tuple) -> tuple:
-            scales = []
-            for w in block[3]:  # per batch, the float32 sum the loss divides by (losses.py), so that it cancels
-                total = take()
-                scales.append(float(w.sum()) * W / total if total > 0 else 0.0)
-            t = torch.tensor(scales, dtype=torch.float32)
-            return (*block, t.pin_memory() if self.pin_memory else t)
-
-        held: list[tuple] = []
-        for block in blocks:
-            held.append(block)
-            if isinstance(totals, deque) and len(totals) < sum(len(b[3]) for b in held):
-                continue
-            yield from map(scaled, held)
-            held.clear()
-        yield from map(scaled, held)  # the stream is read to its end: every sum is there
+        """Each block with its batches' loss_scale (:func:`weights.weighted_scales`)."""
+        return weighted_scales(blocks, totals, self.world_size, self.pin_memory)
 
     def _row_scale(self, step: int, one: torch.Tensor) -> torch.Tensor:
         """Batch ``step``'s loss_scale from row counts (no sample weights): the shared ``one``

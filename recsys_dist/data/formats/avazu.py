@@ -24,8 +24,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from recsys_dist.data import mapping
-from recsys_dist.data.criteo import DataError, count_rows, line_blocks, parse_block, read_head
+from recsys_dist.data.formats.base import register_format
 from recsys_dist.data.mapping import SparseKeys, text_keys
+from recsys_dist.data.text import count_rows, line_blocks, parse_block, read_head
+from recsys_dist.errors import DataError
 
 RAW_COLUMNS = [
     "id",
@@ -82,11 +84,18 @@ def _hours(hour: pa.Array) -> tuple[np.ndarray, pa.Array]:
 
 
 class AvazuFormat:
-    name = "avazu_csv"
+    """Avazu CTR CSV: id, click, hour, C1 .. C21; see the module doc."""
+
+    name = fingerprint = "avazu_csv"
     raw_columns = RAW_COLUMNS
     label_column = "click"
+    label_columns = ["label"]
+    weight_column = None
+    task_names, task_kinds = ["label"], ["binary"]
     dense_names: list[str] = []
     sparse_names = SPARSE_NAMES
+    sequence_names: list[str] = []
+    spec = None
     transforms = {
         "label": "click as float32",
         "sparse": "id = 1 + blake2b64(utf8 value) mod (num_embeddings - 1) as int64; empty -> 0; "
@@ -167,8 +176,23 @@ class AvazuFormat:
         return labels, [], [SparseKeys(*text_keys(columns[n])) for n in SPARSE_NAMES]
 
     @staticmethod
+    def weights(batch: pa.RecordBatch, path: str, first_row: int) -> np.ndarray:
+        """Never called: ``weight_column`` is None (no sample weights in avazu_csv)."""
+        raise NotImplementedError("avazu_csv has no sample-weight column")
+
+    @staticmethod
     def output_schema() -> pa.Schema:
         return pa.schema([pa.field("label", pa.float32())] + [pa.field(n, pa.int64()) for n in SPARSE_NAMES])
 
+    @staticmethod
+    def unlabelled(path: str | os.PathLike) -> None:
+        """None: Avazu files are scored with their click column."""
+        return None
+
 
 AVAZU = AvazuFormat()
+
+
+@register_format("avazu_csv")
+def _avazu(schema, short_lines: str = "error") -> AvazuFormat:
+    return AVAZU

@@ -1,0 +1,1 @@
+"""Raw input formats: the interface and registry (``base``), and one module per format."""
