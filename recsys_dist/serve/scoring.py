@@ -37,9 +37,26 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
+import recsys_dist
+from recsys_dist.config.loader import config_from_dict
+from recsys_dist.data import convert
 from recsys_dist.data import mapping as mp
+from recsys_dist.data.config import describe_raw_path, raw_paths
+from recsys_dist.data.convert import prepare
+from recsys_dist.data.criteo import (
+    LINE_COLUMN,
+    NUM_DENSE,
+    NUM_SPARSE,
+    TRANSFORM_VERSION,
+    CriteoFormat,
+    first_line_fields,
+    read_head,
+)
+from recsys_dist.data.resolve import feature_names, raw_format
 from recsys_dist.data.schema import SchemaFormat
+from recsys_dist.data.splits import Split
 from recsys_dist.errors import DataError
+from recsys_dist.versions import installed_versions
 
 PREPROCESSING_FILE = "preprocessing.json"
 VOCABULARY_FILE = "vocabulary.parquet"  # the name the conversion gives it too (convert.VOCABULARY_FILE)
@@ -55,12 +72,8 @@ _COMPARED_TRANSFORMS = ("dense", "multi_hot")
 
 def _format(d, labelled: bool = True):
     """The format object of a ``data`` section (``data.short_lines`` included)."""
-    from recsys_dist.data.resolve import raw_format
-
     short_lines = getattr(d, "short_lines", "error")
     if d.format == "criteo_tsv" and not labelled:
-        from recsys_dist.data.criteo import CriteoFormat
-
         return CriteoFormat(labelled=False, short_lines=short_lines)
     return raw_format(d.format, d.schema, short_lines)
 
@@ -72,9 +85,6 @@ def _reads_parquet(spec, path: Path) -> bool:
 
 def written_by() -> dict:
     """Versions of what wrote an export: recsys_dist, torch, fbgemm-gpu, torchrec, pyarrow, numpy, Python."""
-    import recsys_dist
-    from recsys_dist.versions import installed_versions
-
     return {
         "recsys_dist": recsys_dist.__version__,
         **installed_versions(),
@@ -96,7 +106,6 @@ def vocabulary_digest(path: Path, names: list[str]) -> str:
 
 
 def _sizes(d) -> list[int]:
-    from recsys_dist.data.resolve import feature_names
 
     n = d.num_embeddings
     return list(n) if isinstance(n, list) else [n] * len(feature_names(d)[1])
@@ -136,8 +145,6 @@ class Preprocessing:
         """The record of a model trained with ``cfg`` and tables of ``num_embeddings`` rows;
         under vocabulary mapping from its training conversion (``conversion``, a cache entry
         with its ``manifest``), whose vocabulary file it then refers to."""
-        from recsys_dist.data.criteo import TRANSFORM_VERSION
-        from recsys_dist.data.resolve import feature_names
 
         d = getattr(cfg, "data", cfg)
         dense, sparse = feature_names(d)
@@ -240,9 +247,6 @@ def training_conversion(d) -> Path | None:
     """The conversion-cache entry of the ``data`` section's training data as the files are
     now (the entry ``prepare`` would reuse), or None when it is not cached or a file is gone.
     Nothing is converted or read besides the files' sizes and times."""
-    from recsys_dist.data import convert
-    from recsys_dist.data.config import raw_paths
-    from recsys_dist.data.splits import Split
 
     raws = [Path(p) for p in raw_paths(d)]
     split = Split.of(d.split)
@@ -276,9 +280,6 @@ def for_checkpoint(ckpt: Path, meta: dict) -> Preprocessing:
         DataError: a vocabulary-mapped checkpoint whose vocabulary can no longer be found as
             it was (training data changed, moved or deleted, or the cache cleared).
     """
-    from recsys_dist.config.loader import config_from_dict
-    from recsys_dist.data.config import describe_raw_path
-
     ckpt = Path(ckpt)
     cfg = config_from_dict(meta["config"], f"{ckpt}/meta.json")  # as trained: the configured sizes
     d = cfg.data
@@ -297,8 +298,6 @@ def for_checkpoint(ckpt: Path, meta: dict) -> Preprocessing:
     entry = training_conversion(d)
     problem = None
     if entry is None:
-        from recsys_dist.data.config import raw_paths
-
         gone = [p for p in raw_paths(d) if not Path(p).is_file()]
         problem = (
             f"the training data {gone[0]} is gone"
@@ -381,8 +380,6 @@ def check_conversion(manifest: dict, entry: Path, prep: Preprocessing, what: str
     Raises:
         DataError: naming ``what`` and each difference.
     """
-    from recsys_dist.data.criteo import TRANSFORM_VERSION
-
     r = prep.record
     diffs = []
     if r.get("transform_version", TRANSFORM_VERSION) != TRANSFORM_VERSION:
@@ -463,7 +460,6 @@ def _schema_columns(spec, path: Path) -> list[str] | None:
             return list(pq.ParquetFile(str(path)).schema_arrow.names)
         except (OSError, pa.ArrowException):
             return None  # the conversion reports it
-    from recsys_dist.data.criteo import read_head
 
     first = read_head(str(path), 1 << 16).split(b"\n", 1)[0]
     if not first.strip():
@@ -490,8 +486,6 @@ def scoring_format(d, data: Path):
     variant when the file has no label (Criteo: 39 fields; schema: no label column)."""
     fmt = _format(d)
     if d.format == "criteo_tsv":
-        from recsys_dist.data.criteo import NUM_DENSE, NUM_SPARSE, first_line_fields
-
         if first_line_fields(str(data)) == NUM_DENSE + NUM_SPARSE:
             return _format(d, labelled=False)  # Kaggle's test.txt: predict only, labels unknown
     elif d.format == "schema":
@@ -509,8 +503,6 @@ def prepare_for_scoring(cfg, data, vocabulary: Path | None = None, fmt=None):
     Raises:
         DataError: malformed input, or a vocabulary-mapped model without ``vocabulary``.
     """
-    from recsys_dist.data.convert import prepare
-
     d = getattr(cfg, "data", cfg)
     if d.categorical_mapping == "vocabulary" and vocabulary is None:
         raise DataError(
@@ -539,8 +531,6 @@ def read_raw_columns(fmt, path: Path, names: list[str]) -> dict[str, pa.Array]:
     Raises:
         DataError: a column that is not in the file (naming the file and its columns).
     """
-    from recsys_dist.data.criteo import LINE_COLUMN
-
     parts: dict[str, list] = {n: [] for n in names}
     seen = None
     for _, table in fmt.read_chunks(str(path)):

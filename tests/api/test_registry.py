@@ -170,7 +170,8 @@ def test_pooling_belongs_to_the_feature_and_the_0_1_keys_are_refused(tmp_path):
 
 
 def test_resume_refuses_other_pooling():
-    from recsys_dist.checkpoint.dcp import CheckpointError, check_compatible
+    from recsys_dist.checkpoint.compat import check_compatible
+    from recsys_dist.errors import CheckpointError
 
     saved = load_config(MOVIELENS).to_dict()
     now = load_config(MOVIELENS, ["data.feature_pooling={genres: sum}"]).to_dict()
