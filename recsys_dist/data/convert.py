@@ -44,6 +44,9 @@ from recsys_dist.errors import DataError
 
 VOCABULARY_FILE = "vocabulary.parquet"
 MANIFEST_FILE = "manifest.json"
+# The layout of a cache entry and its manifest, part of the entry's key. 1: recsys_dist 0.1.0
+# (keys without the defaults, "files" and "integrity" optional); 2: both always there.
+CACHE_FORMAT = 2
 # Checked entries of this process and the processes it starts (a training run's ranks): the
 # entry's path and a signature of its files' stat (size, mtime, ctime, inode). See _open_entry.
 CHECKED_ENV = "RECSYS_DIST_CHECKED_CACHE"
@@ -104,16 +107,22 @@ def cache_key(
     """The name of a conversion's cache entry: a digest of the raw files (path, size, mtime)
     and every option that changes the converted output. Computing it converts nothing."""
     files = [[str(r.resolve()), r.stat().st_size, r.stat().st_mtime_ns] for r in raws]
-    fmt_key = getattr(fmt, "fingerprint", fmt.name)
     key = json.dumps(
-        (files[0] if len(files) == 1 else [files])
-        + [sizes, num_rows, split.fingerprint(), TRANSFORM_VERSION]
-        + ([on_bad_row] if on_bad_row != "error" else [])
-        + ([fmt_key] if fmt_key != "criteo_tsv" else [])
-        + ([mapping, min_count] if mapping != "hash" else [])
-        + ([str(vocabulary.resolve()), vocabulary.stat().st_mtime_ns] if vocabulary else [])
-        + ([row_group_size] if row_group_size != 65536 else [])
-        + ([["managed", managed]] if managed and any(managed) and mapping != "managed" else [])
+        [
+            CACHE_FORMAT,
+            files,
+            sizes,
+            num_rows,
+            split.fingerprint(),
+            TRANSFORM_VERSION,
+            on_bad_row,
+            getattr(fmt, "fingerprint", fmt.name),
+            mapping,
+            min_count,
+            [str(vocabulary.resolve()), vocabulary.stat().st_mtime_ns] if vocabulary else None,
+            row_group_size,
+            managed if managed and any(managed) and mapping != "managed" else None,
+        ]
     )
     return hashlib.sha256(key.encode()).hexdigest()[:16]
 
@@ -122,8 +131,25 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get("RECSYS_DIST_CACHE", Path.home() / ".cache" / "recsys_dist"))
 
 
+def check_cache_format(m: dict, out: Path) -> None:
+    """Refuse a conversion (cache entry ``out`` with manifest ``m``) of another cache format
+    than :data:`CACHE_FORMAT`.
+
+    Raises:
+        DataError: naming the entry, the format found, the one expected and the fix.
+    """
+    found = m.get("cache_format", 1)
+    if found == CACHE_FORMAT:
+        return
+    who = "a newer" if isinstance(found, int) and found > CACHE_FORMAT else "an older"
+    raise DataError(
+        f"{out}: this conversion was written by {who} recsys_dist (cache format {found!r}; this one reads format "
+        f"{CACHE_FORMAT} only): re-run the conversion: delete {out}"
+    )
+
+
 def _manifest_result(out: Path, m: dict) -> PreparedData:
-    names = m.get("files") or {s: [f"{s}.parquet"] for s in SPLITS}  # manifests before "files": one each
+    names = m["files"]
     files = {s: out / names[s][0] if len(names[s]) == 1 else [out / n for n in names[s]] for s in SPLITS}
     return PreparedData(out, files, m["rows"], m["num_embeddings"])
 
@@ -823,6 +849,7 @@ def _build(
         split_info["row_bounds"] = bounds.tolist()
     warnings = _conversion_warnings(fmt, raw, split, rows, train_labels, totals, mapping_info, vocab_path)
     manifest = {
+        "cache_format": CACHE_FORMAT,
         "source": str(raw.resolve()) if len(raws) == 1 else [str(r.resolve()) for r in raws],
         "format": fmt.name,
         "rows": rows,
@@ -1004,7 +1031,7 @@ def _entry_lock(out: Path, raws: list[Path]):
 
 def _entry_files(m: dict) -> list[str]:
     """The data files of a manifest's entry: every split file, and the vocabulary if any."""
-    names = m.get("files") or {s: [f"{s}.parquet"] for s in SPLITS}
+    names = m["files"]
     vocab = (m.get("categorical_mapping") or {}).get("file")
     return [n for s in SPLITS for n in names[s]] + ([vocab] if vocab else [])
 
@@ -1039,13 +1066,17 @@ def train_identity(directory: Path) -> dict | None:
     (16 hex digits over the size and checksum of each training file, as the entry's manifest
     records them: the content, whatever the raw file's name, date or cache directory),
     ``rows``, ``algorithm`` (the checksum's) and ``entry`` (the cache entry's name); None
-    for an entry whose manifest holds no checksums.
+    for an entry whose manifest lists no training file.
+
+    Raises:
+        DataError: an entry of another cache format (:func:`check_cache_format`).
     """
     m = json.loads((Path(directory) / MANIFEST_FILE).read_text())
-    names = (m.get("files") or {}).get("train") or ["train.parquet"]
-    integrity = m.get("integrity") or {}
-    files = integrity.get("files") or {}
-    if not names or any(n not in files for n in names):
+    check_cache_format(m, Path(directory))
+    names = m["files"]["train"]
+    integrity = m["integrity"]
+    files = integrity["files"]
+    if not names:
         return None
     h = hashlib.blake2b(digest_size=8)
     for n in names:
@@ -1093,9 +1124,7 @@ def _check_entry(out: Path, m: dict, names: list[str], full: bool) -> tuple[str,
     for n in names:
         if not (out / n).is_file():
             return n, "the file is missing"
-    integrity = m.get("integrity")
-    if integrity is None:  # a manifest from before checksums were recorded: see _open_entry
-        return None
+    integrity = m["integrity"]
     for n in names:
         want = integrity["files"].get(n, {}).get("size")
         got = (out / n).stat().st_size
@@ -1109,26 +1138,6 @@ def _check_entry(out: Path, m: dict, names: list[str], full: bool) -> tuple[str,
         for n, c in zip(names, _checksums([out / n for n in names], algorithm)):
             if c != integrity["files"][n].get("checksum"):
                 return n, f"its {algorithm} checksum differs from the one recorded when it was written"
-    return None
-
-
-def _check_legacy(out: Path, m: dict, names: list[str]) -> tuple[str, str] | None:
-    """An entry whose manifest predates checksums: each Parquet file must open and hold the
-    rows the manifest records; if so, its sizes and checksums are recorded now."""
-    rows = dict.fromkeys(SPLITS, 0)
-    files = m.get("files") or {s: [f"{s}.parquet"] for s in SPLITS}
-    for s in SPLITS:
-        for n in files[s]:
-            try:
-                rows[s] += pq.read_metadata(out / n).num_rows
-            except (OSError, pa.ArrowException) as err:
-                return n, f"cannot be read as Parquet ({err})"
-    if rows != m["rows"]:
-        return MANIFEST_FILE, f"the files hold {rows} rows where the manifest records {m['rows']}"
-    try:
-        _write_manifest(out, {**m, "integrity": _integrity(out, names)})
-    except OSError:
-        pass  # a read-only cache: checked now, recorded another time
     return None
 
 
@@ -1149,19 +1158,20 @@ def _open_entry(out: Path, raw: Path, warn_one_class: bool) -> dict | None:
         m = json.loads(path.read_text())
         if not isinstance(m, dict):  # JSON, but not the object a conversion writes
             raise ValueError(f"a JSON {type(m).__name__}, not an object")
-        names = _entry_files(m)
-        m["rows"], m["num_embeddings"]  # noqa: B018 - present in every manifest
+        old = {"format", "rows", "num_embeddings"} <= m.keys() and m.get("cache_format") != CACHE_FORMAT
+        if not old:
+            names = _entry_files(m)
+            m["rows"], m["num_embeddings"], m["integrity"]["files"]  # noqa: B018 - present in every manifest
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
         _discard(out, [], MANIFEST_FILE, f"not a readable manifest ({err})", raw)
         return None
+    if old:  # a conversion of another format: refused, not rebuilt over
+        check_cache_format(m, out)
     problem = _check_entry(out, m, names, full=False)
     if problem is None:
         signature = _signature(out, names)
         if not _checked_before(signature):
             problem = _check_entry(out, m, names, full=True)
-            if problem is None and "integrity" not in m:
-                problem = _check_legacy(out, m, names)
-                signature = _signature(out, names) if problem is None else signature
             if problem is None:
                 _emit_warnings(m, warn_one_class)
                 _mark_checked(out, signature)

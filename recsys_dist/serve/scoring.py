@@ -346,10 +346,7 @@ def for_checkpoint(ckpt: Path, meta: dict) -> Preprocessing:
 
 def _listed(manifest: dict, name: str) -> bool:
     """Whether a conversion manifest's file list names ``name``."""
-    files = manifest.get("files")
-    if files is None:  # manifests before "files": one file per split
-        return name in ("train.parquet", "validation.parquet", "test.parquet")
-    for entries in files.values():
+    for entries in (manifest.get("files") or {}).values():
         for e in entries if isinstance(entries, list) else [entries]:
             listed = next((e[k] for k in ("name", "file", "path") if k in e), None) if isinstance(e, dict) else e
             if listed is not None and Path(str(listed)).name == name:
@@ -359,7 +356,12 @@ def _listed(manifest: dict, name: str) -> bool:
 
 def converted_manifest(path: Path) -> dict | None:
     """The conversion manifest of ``path`` if it is a converted split (a conversion's
-    ``manifest.json`` in its directory lists it by name), else None."""
+    ``manifest.json`` in its directory lists it by name), else None.
+
+    Raises:
+        DataError: the conversion beside ``path`` is of another cache format
+            (``recsys_dist.data.convert.check_cache_format``).
+    """
     path = Path(path)
     m = path.parent / MANIFEST_FILE
     if not m.is_file():
@@ -370,6 +372,7 @@ def converted_manifest(path: Path) -> dict | None:
         return None
     if not isinstance(manifest, dict) or not {"format", "rows", "num_embeddings"} <= manifest.keys():
         return None  # not a conversion's manifest
+    convert.check_cache_format(manifest, path.parent)
     return manifest if _listed(manifest, path.name) else None
 
 
