@@ -38,7 +38,7 @@ from recsys_dist.checkpoint.dcp import (
     save_checkpoint,
     set_optimizer_steps,
 )
-from recsys_dist.checkpoint.meta import latest_checkpoint, read_meta
+from recsys_dist.checkpoint.meta import best_checkpoint, latest_checkpoint, read_meta
 from recsys_dist.config.base import ConfigError
 from recsys_dist.config.run import RunConfig
 from recsys_dist.data.loader import ParquetBatchLoader
@@ -549,8 +549,6 @@ class Trainer:
             if self.cfg.checkpoint.enabled:
                 summary["checkpoint"] = str(self.save_checkpoint())
             if self.best is not None:
-                from recsys_dist.checkpoint.meta import best_checkpoint
-
                 kept = best_checkpoint(self.run_dir) if self.cfg.checkpoint.keep_best else None
                 summary["best"] = {
                     "metric": self.best.metric,
