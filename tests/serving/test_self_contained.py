@@ -7,7 +7,7 @@ import shutil
 import numpy as np
 import pytest
 
-from tests.serving.conftest import cli, logits
+from tests.serving.conftest import cli, converted_test_split, logits
 
 pytestmark = pytest.mark.slow
 
@@ -107,7 +107,7 @@ def test_an_export_without_its_preprocessing_record_is_refused(criteo_run, tmp_p
     export = tmp_path / "export"
     cli(["export", run, "--out", export], tmp)
     (export / "preprocessing.json").unlink()
-    data = next((tmp / "cache").glob("criteo-*/test.parquet"))
+    data = converted_test_split(tmp, "criteo")
     r = cli(["evaluate", export, "--data", data], tmp, check=False)
     assert r.returncode == 1, r.stderr[-2000:]
     assert f"export {export} holds no preprocessing.json: it was written by an older recsys_dist" in r.stderr
