@@ -53,7 +53,7 @@ _API = {
     "gather_predictions": "recsys_dist.train.metrics",
     "save_checkpoint": "recsys_dist.checkpoint.loop",
     "load_checkpoint": "recsys_dist.checkpoint.loop",
-    "latest_checkpoint": "recsys_dist.checkpoint.dcp",
+    "latest_checkpoint": "recsys_dist.checkpoint.meta",
     "load_model": "recsys_dist.serve.export",
 }
 

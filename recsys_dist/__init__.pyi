@@ -6,9 +6,9 @@ from recsys_dist.train.launch import launch as launch
 __version__: str
 __all__: list[str]
 
-from recsys_dist.checkpoint.dcp import latest_checkpoint as latest_checkpoint
 from recsys_dist.checkpoint.loop import load_checkpoint as load_checkpoint
 from recsys_dist.checkpoint.loop import save_checkpoint as save_checkpoint
+from recsys_dist.checkpoint.meta import latest_checkpoint as latest_checkpoint
 from recsys_dist.config.base import ConfigError as ConfigError
 from recsys_dist.config.loader import load_config as load_config
 from recsys_dist.config.run import RunConfig as RunConfig

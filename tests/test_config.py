@@ -140,9 +140,13 @@ def test_pooling_default_and_per_table():
 
     from recsys_dist.models.build import embedding_configs
 
-    cfg = load_config(QUICKSTART, ["sharding.pooling=mean", "sharding.per_table={t_C3: {pooling: sum}}"])
+    cfg = load_config(QUICKSTART, ["data.pooling=mean", "data.feature_pooling={C3: sum}"])
     pools = {t.name: t.pooling for t in embedding_configs(cfg)}
     assert pools["t_C1"] == PoolingType.MEAN and pools["t_C3"] == PoolingType.SUM
+    # The keys of 0.1.0 (sharding.pooling, sharding.per_table.<table>.pooling) are unknown keys now.
+    with pytest.raises(ConfigError, match=r"sharding\.per_table\.t_C3\.pooling: unknown key") as e:
+        load_config(QUICKSTART, ["sharding.pooling=mean", "sharding.per_table={t_C3: {pooling: sum}}"])
+    assert "sharding.pooling: unknown key" in str(e.value)
 
 
 def test_more_ranks_than_tables_with_only_table_wise():

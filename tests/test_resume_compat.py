@@ -5,8 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from recsys_dist.checkpoint.dcp import CheckpointError, check_compatible
+from recsys_dist.checkpoint.compat import check_compatible
 from recsys_dist.config import load_config
+from recsys_dist.errors import CheckpointError
 from tests.conftest import QUICKSTART, ROOT
 
 MANAGED = ["data.categorical_mapping=managed", "data.managed={eviction_interval: 1}"]

@@ -16,9 +16,7 @@ def test_third_party_noise_is_hidden_and_a_users_warnings_are_not():
         quiet_third_party_noise()
         warn("`broadcast_buffers` is deprecated.", FutureWarning, "torchrec.distributed.model_parallel")
         warn("`all_gather_into_tensor` is deprecated.", FutureWarning, "torch.distributed.c10d_logger")
-        warn(
-            "HeuristicalStorageReservation is known to cause issues", FutureWarning, "recsys_dist.distributed.plan"
-        )
+        warn("HeuristicalStorageReservation is known to cause issues", FutureWarning, "recsys_dist.distributed.plan")
         warn(
             "Please use DTensor instead and we are deprecating ShardedTensor.",
             FutureWarning,

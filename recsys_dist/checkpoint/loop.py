@@ -29,7 +29,12 @@ from torch import nn
 from torchrec.optim.keyed import KeyedOptimizer
 
 from recsys_dist.checkpoint import dcp as ckpt
+from recsys_dist.checkpoint.meta import named_checkpoint, read_meta
+from recsys_dist.checkpoint.safe_read import checkpoint_keys
 from recsys_dist.distributed.env import DistContext
+from recsys_dist.distributed.optim import init_lazy_state
+from recsys_dist.distributed.plan_io import plan_summary
+from recsys_dist.errors import CheckpointError
 
 
 @dataclass(frozen=True)
@@ -84,8 +89,6 @@ def save_checkpoint(
     ctx = _context(model)
     meta = {"step": step, "world_size": ctx.world_size, "extra": extra_json, "own_loop": True}
     if getattr(model, "plan", None) is not None:
-        from recsys_dist.distributed.plan_io import plan_summary
-
         meta["plan"] = plan_summary(model.plan)  # type: ignore[arg-type]
     state = _state(model, optimizer, ctx)
     return ckpt.save_checkpoint(ctx, Path(run_dir), step, state, meta, keep=keep)
@@ -114,14 +117,14 @@ def load_checkpoint(
     """
     where = Path(path)
     if where.is_dir() and not (where / "checkpoints").is_dir() and not (where / ".metadata").exists():
-        raise ckpt.CheckpointError(
+        raise CheckpointError(
             f"{where}: no complete checkpoint there (neither a checkpoint directory nor a run directory "
             "with checkpoints/); save_checkpoint(run_dir, ...) writes run_dir/checkpoints/step_N"
         )
-    found = ckpt.named_checkpoint(where)
-    meta = ckpt.read_meta(found)
+    found = named_checkpoint(where)
+    meta = read_meta(found)
     ctx = _context(model)
-    saved = ckpt.checkpoint_keys(found)
+    saved = checkpoint_keys(found)
     _init_optimizer_state(model, optimizer, saved)
     state = _state(model, optimizer, ctx)
     # Entries of the optimizer state that the saved run had not created yet (a step-0 checkpoint
@@ -203,8 +206,6 @@ def _init_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer | N
     if optimizer is None:
         return
     if isinstance(optimizer, KeyedOptimizer):
-        from recsys_dist.distributed.optim import init_lazy_state
-
         if hasattr(optimizer, "optimizers"):
             init_lazy_state(optimizer, getattr(model, "fused_optimizer", None))  # type: ignore[arg-type]
         return

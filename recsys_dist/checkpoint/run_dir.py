@@ -31,10 +31,15 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from recsys_dist.checkpoint.compat import check_compatible
+from recsys_dist.checkpoint.integrity import intact_checkpoint, newest_intact_checkpoint
+from recsys_dist.checkpoint.meta import latest_checkpoint, named_checkpoint, read_meta
 from recsys_dist.config.base import ConfigError
 from recsys_dist.config.loader import save_config
 from recsys_dist.config.run import RunConfig
-from recsys_dist.errors import DataChanged, RunDirLocked  # noqa: F401 (raised here; defined in errors)
+from recsys_dist.data.config import describe_raw_path
+from recsys_dist.data.convert.manifest import train_identity
+from recsys_dist.errors import CheckpointError, DataChanged, RunDirLocked  # noqa: F401 (raised here; defined in errors)
 
 RUN_FILES = ("metrics.jsonl", "checkpoints")  # their presence means the directory holds a run
 
@@ -194,7 +199,7 @@ def resolve_resume(
         run_dir: the run's directory (for ``"auto"``).
         flag: how messages name the option (``--resume`` on the command line).
         verify: check the checkpoint's files against their checksums
-            (``recsys_dist.checkpoint.dcp.verify_checkpoint``): ``auto`` falls back to an older
+            (``recsys_dist.checkpoint.integrity.verify_checkpoint``): ``auto`` falls back to an older
             intact checkpoint, every other form refuses a damaged one.
         warn: where ``auto``'s fallback is reported (default: stderr).
 
@@ -205,15 +210,6 @@ def resolve_resume(
             or, for ``auto``, every checkpoint is: naming the damaged file (and an intact
             checkpoint to use instead, if any).
     """
-    from recsys_dist.checkpoint.dcp import (
-        CheckpointError,
-        intact_checkpoint,
-        latest_checkpoint,
-        named_checkpoint,
-        newest_intact_checkpoint,
-        read_meta,
-    )
-
     if not resume:
         return None
     if resume == "auto":
@@ -244,8 +240,6 @@ def check_resumable(cfg: RunConfig, checkpoint: Path, world_size: int | None = N
     Raises:
         CheckpointError: naming each differing key, old -> new.
     """
-    from recsys_dist.checkpoint.dcp import check_compatible, read_meta
-
     check_compatible(
         checkpoint,
         read_meta(checkpoint),
@@ -259,9 +253,6 @@ def data_identity(prepared_dir: Path, raw_path) -> dict | None:
     """The training data's identity a checkpoint records (``meta.json`` ``data``): the
     conversion's training split (``recsys_dist.data.convert.manifest.train_identity``) and the raw
     file(s) it came from (for messages); None when the entry records no checksums."""
-    from recsys_dist.data.config import describe_raw_path
-    from recsys_dist.data.convert.manifest import train_identity
-
     found = train_identity(Path(prepared_dir))
     return {**found, "raw": describe_raw_path(raw_path)} if found is not None else None
 
@@ -351,8 +342,6 @@ def resume_position(
 
 def checkpoint_step(checkpoint: Path) -> int:
     """The step a complete checkpoint was written at (from its ``meta.json``)."""
-    from recsys_dist.checkpoint.dcp import read_meta
-
     return int(read_meta(checkpoint)["step"])
 
 

@@ -145,7 +145,7 @@ def _launch_run(args: argparse.Namespace, cfg, run_dir: Path, resume: Path | Non
     prepared = _prepare_data(cfg)  # before any rank exists, so bad input is reported once and early
     t_data = time.perf_counter() - t_data
     if resume is not None:
-        from recsys_dist.checkpoint.dcp import read_meta
+        from recsys_dist.checkpoint.meta import read_meta
         from recsys_dist.data.loader import steps_per_epoch
 
         n = cfg.distributed.nproc_per_node
@@ -292,7 +292,7 @@ def _train_worker(args: argparse.Namespace, cfg, run_dir: Path, resume: Path | s
     """One rank under a launcher (``launch_workers``' hidden ``--worker``, or torchrun)."""
     from torch.distributed.elastic.multiprocessing.errors import record
 
-    from recsys_dist.checkpoint.dcp import latest_checkpoint
+    from recsys_dist.checkpoint.meta import latest_checkpoint
     from recsys_dist.train.trainer import train
 
     if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)) > 0:
@@ -540,7 +540,7 @@ def _model_path(args: argparse.Namespace) -> Path:
                 f"--run-dir {run_dir}: has no checkpoints/ folder, so no {args.model} checkpoint (not a run "
                 "directory, or a run trained with checkpoint.enabled: false, or one that has not yet saved one)"
             )
-        from recsys_dist.checkpoint.dcp import named_checkpoint
+        from recsys_dist.checkpoint.meta import named_checkpoint
 
         return named_checkpoint(args.model, run_dir)
     if args.run_dir:

@@ -20,7 +20,6 @@ __all__ = [
     "Section",
     "config_from_dict",
     "load_config",
-    "migrate",
     "parse_overrides",
     "save_config",
 ]

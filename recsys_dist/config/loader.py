@@ -197,45 +197,11 @@ def _format_errors(err: ValidationError, tree: dict, source: str, overridden: fr
     return "\n".join(lines)
 
 
-def migrate(tree: dict, warn: bool = True) -> dict:
-    """Move keys renamed since 0.1.0 to their new place, with a warning naming both.
-
-    ``sharding.pooling`` -> ``data.pooling``; ``sharding.per_table.<table>.pooling`` ->
-    ``data.feature_pooling.<feature>`` (tables are ``t_<feature>`` / ``w_<feature>``).
-    Pooling is a property of a feature's table, and part of the resume check.
-    """
-    sharding = tree.get("sharding")
-    if not isinstance(sharding, dict):
-        return tree
-    tree = {**tree, "sharding": dict(sharding), "data": dict(tree.get("data") or {})}
-    moved = []
-    if "pooling" in sharding:
-        tree["data"].setdefault("pooling", tree["sharding"].pop("pooling"))
-        moved.append("sharding.pooling -> data.pooling")
-    per_table = sharding.get("per_table")
-    if isinstance(per_table, dict):
-        new_per_table = {}
-        for table, t in per_table.items():
-            if isinstance(t, dict) and "pooling" in t and isinstance(table, str):
-                t = dict(t)
-                feature = table[2:] if table[:2] in ("t_", "w_") else table
-                tree["data"].setdefault("feature_pooling", {})
-                tree["data"]["feature_pooling"] = {**tree["data"]["feature_pooling"], feature: t.pop("pooling")}
-                moved.append(f"sharding.per_table.{table}.pooling -> data.feature_pooling.{feature}")
-            if t:
-                new_per_table[table] = t
-        tree["sharding"]["per_table"] = new_per_table
-    if moved and warn:
-        warnings.warn(f"config keys renamed: {'; '.join(moved)}; update the file", FutureWarning, stacklevel=3)
-    return tree
-
-
 def config_from_dict(tree: dict, source: str = "<dict>", overridden: frozenset = frozenset()) -> RunConfig:
     """Validate a nested dict into a :class:`RunConfig`; raises :class:`ConfigError`.
-    ``overridden``: dotted keys set by command-line overrides, named as such in errors.
-    Renamed keys are migrated first (:func:`migrate`)."""
+    ``overridden``: dotted keys set by command-line overrides, named as such in errors."""
     try:
-        return RunConfig.model_validate(migrate(tree))
+        return RunConfig.model_validate(tree)
     except ValidationError as err:
         raise ConfigError(_format_errors(err, tree, source, overridden)) from None
 

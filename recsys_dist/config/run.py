@@ -11,7 +11,7 @@ from typing import Any
 
 from pydantic import Field, SerializeAsAny, field_validator, model_validator
 
-from recsys_dist.checkpoint.dcp import CheckpointConfig
+from recsys_dist.checkpoint.config import CheckpointConfig
 from recsys_dist.config.base import Section
 from recsys_dist.data.config import DataConfig
 from recsys_dist.distributed.config import DistributedConfig, ShardingConfig

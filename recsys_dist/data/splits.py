@@ -72,7 +72,7 @@ class Split:
         return [(paths[0], None)]
 
     def fingerprint(self) -> list:
-        """What changes the conversion (for the cache key); position keeps the old key."""
+        """What changes the conversion (for the cache key)."""
         if self.by == "position":
             return list(self.fractions)
         if self.by == "random":

@@ -33,29 +33,23 @@ import yaml
 from safetensors.torch import load_file, save_file
 from torch.distributed.checkpoint import CheckpointException
 
-from recsys_dist.checkpoint.dcp import (
-    CheckpointError,
-    SafeLoadPlanner,
-    SafeReader,
-    in_saved_layout,
-    intact_checkpoint,
-    is_complete,
-    latest_checkpoint,
-    named_checkpoint,
-    read_meta,
-)
+from recsys_dist.checkpoint.integrity import intact_checkpoint
+from recsys_dist.checkpoint.meta import is_complete, latest_checkpoint, named_checkpoint, read_meta
+from recsys_dist.checkpoint.safe_read import SafeLoadPlanner, SafeReader
 from recsys_dist.config.loader import config_from_dict, save_config
 from recsys_dist.config.run import RunConfig
 from recsys_dist.data.loader import ParquetBatchLoader
 from recsys_dist.data.mapping import loader_id_bounds
 from recsys_dist.data.resolve import feature_names, label_columns, tasks
-from recsys_dist.errors import DataError
+from recsys_dist.errors import CheckpointError, DataError
 from recsys_dist.models.build import build_model, table_sizes
 from recsys_dist.models.managed import managed_metrics
 from recsys_dist.models.registry import get_model
 from recsys_dist.models.task import CTRTask
 from recsys_dist.serve.scoring import (
     MANIFEST_FILE,
+    PREPROCESSING_FILE,
+    RECORD_VERSION,
     UNLABELLED_FORMATS,
     Preprocessing,
     check_conversion,
@@ -65,6 +59,7 @@ from recsys_dist.serve.scoring import (
     read_raw_columns,
     scoring_format,
 )
+from recsys_dist.serve.torchscript import save_artefact, serving_spec, to_torchscript
 
 MODEL_FILE = "model.safetensors"
 FORMATS = ("safetensors", "torchscript")
@@ -138,7 +133,7 @@ def load(path: str | Path, preprocessing: bool = True) -> LoadedModel:
     model = _unsharded(cfg)
     state = {"model": model.state_dict()}
     try:
-        dcp.load(in_saved_layout(state, ckpt), storage_reader=SafeReader(ckpt), planner=SafeLoadPlanner(), no_dist=True)
+        dcp.load(state, storage_reader=SafeReader(ckpt), planner=SafeLoadPlanner(), no_dist=True)
     except CheckpointError:
         raise
     except (Exception, CheckpointException) as err:  # noqa: BLE001 - DCP's own exception types vary by failure
@@ -153,15 +148,19 @@ def load(path: str | Path, preprocessing: bool = True) -> LoadedModel:
 
 
 def _export_preprocessing(path: Path, cfg: RunConfig) -> Preprocessing:
+    """The preprocessing record of the export at ``path``, checked against its config.
+
+    Raises:
+        DataError: the export has none (written by recsys_dist 0.1.0, before exports carried
+            one), or its table sizes differ from ``config.yaml``'s.
+    """
     prep = Preprocessing.load(path)
-    if prep is None:  # an export written before exports carried their preprocessing record
-        if cfg.data.categorical_mapping == "vocabulary":
-            raise DataError(
-                f"export {path} maps categories through a training vocabulary but holds none (it was written "
-                "before exports carried preprocessing.json and vocabulary.parquet); export its run or checkpoint "
-                "again with `recsys-dist export`"
-            )
-        prep = Preprocessing.describe(cfg, table_sizes(cfg))
+    if prep is None:
+        raise DataError(
+            f"export {path} holds no {PREPROCESSING_FILE}: it was written by an older recsys_dist (export without "
+            f"a preprocessing record; this one reads exports of record version {RECORD_VERSION}). Export its run "
+            "or checkpoint again with `recsys-dist export`"
+        )
     if prep.num_embeddings != table_sizes(cfg):
         raise DataError(
             f"export {path}: preprocessing.json's table sizes {prep.num_embeddings} differ from config.yaml's "
@@ -207,8 +206,6 @@ def export(path: str | Path, out: str | Path, format: str = "safetensors") -> li
     m = load(path)
     artefact = None
     if format == "torchscript":  # first: a model that cannot be traced leaves nothing behind
-        from recsys_dist.serve.torchscript import serving_spec, to_torchscript
-
         artefact = to_torchscript(m.cfg, m.model, table_sizes(m.cfg))
         spec = serving_spec(m.cfg, table_sizes(m.cfg), m.preprocessing.record["written_by"])
     out = Path(out)
@@ -221,8 +218,6 @@ def export(path: str | Path, out: str | Path, format: str = "safetensors") -> li
     if extras is not None:
         written += extras(m.cfg, m.model, m.preprocessing.record, path, out)
     if artefact is not None:
-        from recsys_dist.serve.torchscript import save_artefact
-
         written += save_artefact(artefact, spec, out)
     return written
 
@@ -265,32 +260,7 @@ def score(
             )
         prep = Preprocessing.describe(cfg, table_sizes(cfg))
     data = Path(data)
-    if not data.is_file():
-        raise DataError(f"{data}: {'is a directory, not a file' if data.is_dir() else 'file does not exist'}")
-    manifest = converted_manifest(data)
-    columns = {}
-    if manifest is not None:
-        check_conversion(manifest, data.parent, prep, f"{data} (a converted split: {data.parent / MANIFEST_FILE})")
-        if keep_columns:
-            raise DataError(
-                f"--keep-columns: {data} is a converted split (listed in {data.parent / MANIFEST_FILE}); it holds "
-                "ids, not the raw columns. Give the raw file to keep its columns"
-            )
-        parquet = data
-    else:
-        if cfg.data.format != "schema" and _is_parquet_file(data):
-            raise DataError(
-                f"{data} is a Parquet file but not a converted split (no {MANIFEST_FILE} beside it lists it), and "
-                f"{cfg.data.format} raw data is text. Give the raw file, or a converted split where "
-                "`recsys-dist preprocess` wrote it (beside its manifest.json)"
-            )
-        fmt = scoring_format(cfg.data, data)
-        prepared = prepare_for_scoring(cfg, data, prep.vocabulary, fmt)
-        parquet = prepared.files["train"]
-        manifest = json.loads((prepared.directory / MANIFEST_FILE).read_text())
-        check_conversion(manifest, prepared.directory, prep, f"{data} (converted to {prepared.directory})")
-        if keep_columns:
-            columns = read_raw_columns(fmt, data, list(keep_columns))
+    parquet, manifest, columns = _scoring_input(cfg, data, prep, keep_columns)
     labelled = manifest["format"] not in UNLABELLED_FORMATS
     dense_names, sparse_names = feature_names(cfg)
     names, kinds = tasks(cfg)
@@ -324,6 +294,45 @@ def score(
         "tasks": names,
         "kinds": kinds,
     }
+
+
+def _scoring_input(
+    cfg: RunConfig, data: Path, prep: Preprocessing, keep_columns: list[str] | tuple
+) -> tuple[Path, dict, dict[str, np.ndarray]]:
+    """(the converted Parquet file to score, its conversion's manifest, the kept raw columns)
+    for ``data``: a converted split as it is, a raw file converted with ``prep``.
+
+    Raises:
+        DataError: as :func:`score`.
+    """
+    data = Path(data)
+    if not data.is_file():
+        raise DataError(f"{data}: {'is a directory, not a file' if data.is_dir() else 'file does not exist'}")
+    manifest = converted_manifest(data)
+    columns = {}
+    if manifest is not None:
+        check_conversion(manifest, data.parent, prep, f"{data} (a converted split: {data.parent / MANIFEST_FILE})")
+        if keep_columns:
+            raise DataError(
+                f"--keep-columns: {data} is a converted split (listed in {data.parent / MANIFEST_FILE}); it holds "
+                "ids, not the raw columns. Give the raw file to keep its columns"
+            )
+        parquet = data
+    else:
+        if cfg.data.format != "schema" and _is_parquet_file(data):
+            raise DataError(
+                f"{data} is a Parquet file but not a converted split (no {MANIFEST_FILE} beside it lists it), and "
+                f"{cfg.data.format} raw data is text. Give the raw file, or a converted split where "
+                "`recsys-dist preprocess` wrote it (beside its manifest.json)"
+            )
+        fmt = scoring_format(cfg.data, data)
+        prepared = prepare_for_scoring(cfg, data, prep.vocabulary, fmt)
+        parquet = prepared.files["train"]
+        manifest = json.loads((prepared.directory / MANIFEST_FILE).read_text())
+        check_conversion(manifest, prepared.directory, prep, f"{data} (converted to {prepared.directory})")
+        if keep_columns:
+            columns = read_raw_columns(fmt, data, list(keep_columns))
+    return parquet, manifest, columns
 
 
 def _is_parquet_file(path: Path) -> bool:

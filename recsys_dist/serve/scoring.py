@@ -36,8 +36,19 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+import recsys_dist
+from recsys_dist.config.loader import config_from_dict
 from recsys_dist.data import mapping as mp
+from recsys_dist.data.config import describe_raw_path, raw_paths
+from recsys_dist.data.convert import prepare
+from recsys_dist.data.convert.cache import cache_key, default_cache_dir
+from recsys_dist.data.convert.manifest import check_cache_format
+from recsys_dist.data.formats.criteo import TRANSFORM_VERSION
+from recsys_dist.data.resolve import feature_names, raw_format
+from recsys_dist.data.splits import Split
+from recsys_dist.data.text import LINE_COLUMN
 from recsys_dist.errors import DataError
+from recsys_dist.versions import installed_versions
 
 PREPROCESSING_FILE = "preprocessing.json"
 VOCABULARY_FILE = "vocabulary.parquet"  # the name the conversion gives it too (convert.manifest.VOCABULARY_FILE)
@@ -53,16 +64,11 @@ _COMPARED_TRANSFORMS = ("dense", "multi_hot")
 
 def _format(d):
     """The format object of a ``data`` section (``data.short_lines`` included)."""
-    from recsys_dist.data.resolve import raw_format
-
     return raw_format(d.format, d.schema, getattr(d, "short_lines", "error"))
 
 
 def written_by() -> dict:
     """Versions of what wrote an export: recsys_dist, torch, fbgemm-gpu, torchrec, pyarrow, numpy, Python."""
-    import recsys_dist
-    from recsys_dist.versions import installed_versions
-
     return {
         "recsys_dist": recsys_dist.__version__,
         **installed_versions(),
@@ -84,7 +90,6 @@ def vocabulary_digest(path: Path, names: list[str]) -> str:
 
 
 def _sizes(d) -> list[int]:
-    from recsys_dist.data.resolve import feature_names
 
     n = d.num_embeddings
     return list(n) if isinstance(n, list) else [n] * len(feature_names(d)[1])
@@ -124,9 +129,6 @@ class Preprocessing:
         """The record of a model trained with ``cfg`` and tables of ``num_embeddings`` rows;
         under vocabulary mapping from its training conversion (``conversion``, a cache entry
         with its ``manifest``), whose vocabulary file it then refers to."""
-        from recsys_dist.data.formats.criteo import TRANSFORM_VERSION
-        from recsys_dist.data.resolve import feature_names
-
         d = getattr(cfg, "data", cfg)
         dense, sparse = feature_names(d)
         transforms = dict(manifest["transforms"]) if manifest else dict(_format(d).transforms)
@@ -228,10 +230,6 @@ def training_conversion(d) -> Path | None:
     """The conversion-cache entry of the ``data`` section's training data as the files are
     now (the entry ``prepare`` would reuse), or None when it is not cached or a file is gone.
     Nothing is converted or read besides the files' sizes and times."""
-    from recsys_dist.data.config import raw_paths
-    from recsys_dist.data.convert.cache import cache_key, default_cache_dir
-    from recsys_dist.data.splits import Split
-
     raws = [Path(p) for p in raw_paths(d)]
     split = Split.of(d.split)
     if not raws or not all(Path(p).is_file() for p, _ in split.sources([str(r) for r in raws])):
@@ -264,9 +262,6 @@ def for_checkpoint(ckpt: Path, meta: dict) -> Preprocessing:
         DataError: a vocabulary-mapped checkpoint whose vocabulary can no longer be found as
             it was (training data changed, moved or deleted, or the cache cleared).
     """
-    from recsys_dist.config.loader import config_from_dict
-    from recsys_dist.data.config import describe_raw_path
-
     ckpt = Path(ckpt)
     cfg = config_from_dict(meta["config"], f"{ckpt}/meta.json")  # as trained: the configured sizes
     d = cfg.data
@@ -285,8 +280,6 @@ def for_checkpoint(ckpt: Path, meta: dict) -> Preprocessing:
     entry = training_conversion(d)
     problem = None
     if entry is None:
-        from recsys_dist.data.config import raw_paths
-
         gone = [p for p in raw_paths(d) if not Path(p).is_file()]
         problem = (
             f"the training data {gone[0]} is gone"
@@ -335,10 +328,7 @@ def for_checkpoint(ckpt: Path, meta: dict) -> Preprocessing:
 
 def _listed(manifest: dict, name: str) -> bool:
     """Whether a conversion manifest's file list names ``name``."""
-    files = manifest.get("files")
-    if files is None:  # manifests before "files": one file per split
-        return name in ("train.parquet", "validation.parquet", "test.parquet")
-    for entries in files.values():
+    for entries in (manifest.get("files") or {}).values():
         for e in entries if isinstance(entries, list) else [entries]:
             listed = next((e[k] for k in ("name", "file", "path") if k in e), None) if isinstance(e, dict) else e
             if listed is not None and Path(str(listed)).name == name:
@@ -348,7 +338,12 @@ def _listed(manifest: dict, name: str) -> bool:
 
 def converted_manifest(path: Path) -> dict | None:
     """The conversion manifest of ``path`` if it is a converted split (a conversion's
-    ``manifest.json`` in its directory lists it by name), else None."""
+    ``manifest.json`` in its directory lists it by name), else None.
+
+    Raises:
+        DataError: the conversion beside ``path`` is of another cache format
+            (``recsys_dist.data.convert.manifest.check_cache_format``).
+    """
     path = Path(path)
     m = path.parent / MANIFEST_FILE
     if not m.is_file():
@@ -359,6 +354,7 @@ def converted_manifest(path: Path) -> dict | None:
         return None
     if not isinstance(manifest, dict) or not {"format", "rows", "num_embeddings"} <= manifest.keys():
         return None  # not a conversion's manifest
+    check_cache_format(manifest, path.parent)
     return manifest if _listed(manifest, path.name) else None
 
 
@@ -369,8 +365,6 @@ def check_conversion(manifest: dict, entry: Path, prep: Preprocessing, what: str
     Raises:
         DataError: naming ``what`` and each difference.
     """
-    from recsys_dist.data.formats.criteo import TRANSFORM_VERSION
-
     r = prep.record
     diffs = []
     if r.get("transform_version", TRANSFORM_VERSION) != TRANSFORM_VERSION:
@@ -419,8 +413,6 @@ def prepare_for_scoring(cfg, data, vocabulary: Path | None = None, fmt=None):
     Raises:
         DataError: malformed input, or a vocabulary-mapped model without ``vocabulary``.
     """
-    from recsys_dist.data.convert import prepare
-
     d = getattr(cfg, "data", cfg)
     if d.categorical_mapping == "vocabulary" and vocabulary is None:
         raise DataError(
@@ -449,8 +441,6 @@ def read_raw_columns(fmt, path: Path, names: list[str]) -> dict[str, pa.Array]:
     Raises:
         DataError: a column that is not in the file (naming the file and its columns).
     """
-    from recsys_dist.data.text import LINE_COLUMN
-
     parts: dict[str, list] = {n: [] for n in names}
     seen = None
     for _, table in fmt.read_chunks(str(path)):

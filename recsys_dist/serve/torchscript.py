@@ -37,6 +37,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from recsys_dist.data.loader import CTRBatch
+from recsys_dist.data.resolve import feature_names
 from recsys_dist.errors import ExportError  # noqa: F401 (raised here; defined in errors)
 
 SERVING_FILE = "model.torchscript.pt"
@@ -269,8 +271,6 @@ def reference_logits(task: nn.Module, dense, values, lengths, sparse_names) -> t
     """The original model's logits [B] on the same inputs (through a real KJT)."""
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-    from recsys_dist.data.loader import CTRBatch
-
     kjt = KeyedJaggedTensor(keys=list(sparse_names), values=values, lengths=lengths)
     b = dense.shape[0]
     batch = CTRBatch(dense_features=dense, sparse_features=kjt, labels=torch.zeros(b), weights=torch.ones(b))
@@ -288,7 +288,6 @@ def to_torchscript(cfg, task: nn.Module, sizes: list[int]) -> torch.jit.ScriptMo
             prim (a torchrec or fbgemm kernel), or it disagrees with the model; a model with
             managed-collision tables (its raw-id -> row state is not part of the trace).
     """
-    from recsys_dist.data.resolve import feature_names
 
     if getattr(task, "remap", None) is not None:
         raise ExportError(
@@ -325,7 +324,6 @@ def to_torchscript(cfg, task: nn.Module, sizes: list[int]) -> torch.jit.ScriptMo
 def check_artefact(artefact, task: nn.Module, cfg, sizes: list[int]) -> None:
     """Compare ``artefact`` with ``task``'s model on random inputs: batch sizes 1, 3 and 33,
     one-hot and multi-hot bags (empty ones included). Raises ExportError beyond ``TOLERANCE``."""
-    from recsys_dist.data.resolve import feature_names
 
     dense_names, sparse_names = feature_names(cfg)
     for seed, (batch, multi) in enumerate([(1, False), (3, True), (33, True), (33, False)], start=1):
@@ -350,7 +348,6 @@ def check_artefact(artefact, task: nn.Module, cfg, sizes: list[int]) -> None:
 
 def serving_spec(cfg, sizes: list[int], versions: dict) -> dict:
     """The sidecar ``serving.json``: the artefact's exact input contract."""
-    from recsys_dist.data.resolve import feature_names
 
     dense_names, sparse_names = feature_names(cfg)
     d = cfg.data

@@ -181,7 +181,7 @@ class MetricsWriter:
             os.close(fd)
 
     def _cannot_write(self, err: BaseException, step) -> str:
-        from recsys_dist.checkpoint.dcp import latest_checkpoint
+        from recsys_dist.checkpoint.meta import latest_checkpoint
 
         run_dir = self.path.parent
         what = f"[Errno {err.errno}] {err.strerror}" if isinstance(err, OSError) and err.errno else str(err)

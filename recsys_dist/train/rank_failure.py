@@ -127,7 +127,7 @@ def describe(
 
 
 def _continue(run_dir: Path, resume_command: list[str]) -> str:
-    from recsys_dist.checkpoint.dcp import latest_checkpoint
+    from recsys_dist.checkpoint.meta import latest_checkpoint
 
     latest = latest_checkpoint(run_dir)
     where = (

@@ -30,16 +30,14 @@ from torchrec.optim.keyed import CombinedOptimizer
 from tqdm import tqdm
 
 from recsys_dist.checkpoint import run_dir as run_dirs
+from recsys_dist.checkpoint.compat import check_compatible
 from recsys_dist.checkpoint.dcp import (
     canonical_optimizer_state,
-    check_compatible,
-    checkpoint_keys,
-    latest_checkpoint,
     load_checkpoint,
-    read_meta,
     save_checkpoint,
     set_optimizer_steps,
 )
+from recsys_dist.checkpoint.meta import best_checkpoint, latest_checkpoint, read_meta
 from recsys_dist.config.base import ConfigError
 from recsys_dist.config.run import RunConfig
 from recsys_dist.data.loader import ParquetBatchLoader
@@ -408,9 +406,7 @@ class Trainer:
         )
         if self._scheduler_factory is not None:
             self._lr_scheduler = check_lr_scheduler(self._scheduler_factory(dense_torch_optimizer(self._optimizer)))
-        log.info(
-            "sharded: %s", ", ".join(sorted({r["sharding_type"] for r in plan_summary(self._model.plan)}))
-        )
+        log.info("sharded: %s", ", ".join(sorted({r["sharding_type"] for r in plan_summary(self._model.plan)})))
         if ctx.is_main:
             (self.run_dir / "plan.txt").write_text(plan_text + "\n")
             (self.run_dir / "plan.json").write_text(
@@ -553,8 +549,6 @@ class Trainer:
             if self.cfg.checkpoint.enabled:
                 summary["checkpoint"] = str(self.save_checkpoint())
             if self.best is not None:
-                from recsys_dist.checkpoint.dcp import best_checkpoint
-
                 kept = best_checkpoint(self.run_dir) if self.cfg.checkpoint.keep_best else None
                 summary["best"] = {
                     "metric": self.best.metric,
@@ -788,16 +782,13 @@ class Trainer:
             user_model=self._user_model is not None,
         )
         init_lazy_state(self._optimizer, self._model.fused_optimizer)
-        state, saved = self._state(), checkpoint_keys(path)
-        if "rng" in saved:  # written before per-rank states: one state, which every rank gets
-            state["rng"] = torch.get_rng_state()
-        elif meta.get("world_size") != self._ctx.world_size:  # no rank's random stream continues
+        state = self._state()
+        if meta.get("world_size") != self._ctx.world_size:  # no rank's random stream continues
             del state["rng"]
         load_checkpoint(path, state, verify=False)  # verified in _setup; in place: the state dicts are views
         set_optimizer_steps(self._optimizer, meta["step"])
         if "rng" in state:
-            rng = state["rng"]
-            torch.set_rng_state(rng if isinstance(rng, torch.Tensor) else rng[f"rank_{self._ctx.rank}"])
+            torch.set_rng_state(state["rng"][f"rank_{self._ctx.rank}"])
         self._step, self.rows_trained = meta["step"], meta["rows_trained"]
         self.train_seconds = meta["train_seconds"]
         if self.best is not None:

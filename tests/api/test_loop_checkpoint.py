@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 import recsys_dist
-from recsys_dist.checkpoint.dcp import CheckpointError
+from recsys_dist.errors import CheckpointError
 
 
 def trained(steps: int) -> tuple[nn.Module, torch.optim.Optimizer]:
@@ -44,7 +44,7 @@ def test_a_model_and_its_adam_state_come_back(tmp_path):
         o.step()
     assert all(torch.equal(a, b) for a, b in zip(model.parameters(), fresh.parameters()))
     # It holds no config: export / load_model refuse it by name (not a KeyError deep inside).
-    from recsys_dist.checkpoint.dcp import CheckpointError
+    from recsys_dist.errors import CheckpointError
     from recsys_dist.serve.export import load
 
     with pytest.raises(CheckpointError, match="loop of your own"):

@@ -186,7 +186,7 @@ def test_loss_config_is_checked():
         load_config(QUICKSTART, ["train.loss=hinge"])
 
 
-def test_pooling_belongs_to_the_feature_and_old_keys_migrate(tmp_path):
+def test_pooling_belongs_to_the_feature_and_the_0_1_keys_are_refused(tmp_path):
     cfg = load_config(MOVIELENS)
     pooling = {t.name: t.pooling.value for t in __import__("recsys_dist").feature_spec(cfg).all_tables()}
     assert pooling == {"t_userId": "SUM", "t_movieId": "SUM", "t_genres": "MEAN", "w_userId": "SUM"} | {
@@ -198,15 +198,17 @@ def test_pooling_belongs_to_the_feature_and_old_keys_migrate(tmp_path):
     text = text.replace("  feature_pooling:\n    genres: mean ", "  pooling: sum ")
     text = text.replace("  sharding_types: []", "  sharding_types: []\n  per_table:\n    t_genres: {pooling: mean}")
     old.write_text(text)
-    with pytest.warns(FutureWarning, match=r"sharding\.per_table\.t_genres\.pooling -> data\.feature_pooling\.genres"):
-        migrated = load_config(old)
-    assert migrated.data.feature_pooling == {"genres": "mean"} and migrated.sharding.per_table == {}
+    # The key of 0.1.0 (sharding.per_table.<table>.pooling) is no longer moved to
+    # data.feature_pooling: it is an unknown key, named with where it is.
+    with pytest.raises(ConfigError, match=r"sharding\.per_table\.t_genres\.pooling: unknown key"):
+        load_config(old)
     with pytest.raises(ConfigError, match=r"data\.feature_pooling: \['C99'\] are not categorical features"):
         load_config(QUICKSTART, ["data.feature_pooling={C99: mean}"])
 
 
 def test_resume_refuses_other_pooling():
-    from recsys_dist.checkpoint.dcp import CheckpointError, check_compatible
+    from recsys_dist.checkpoint.compat import check_compatible
+    from recsys_dist.errors import CheckpointError
 
     saved = load_config(MOVIELENS).to_dict()
     now = load_config(MOVIELENS, ["data.feature_pooling={genres: sum}"]).to_dict()

@@ -117,7 +117,7 @@ def test_a_model_optimizer_and_scheduler_from_python_train_as_named_in_the_confi
     assert whole != halved
     # Its config names no model (model.name is dlrm's default): export and load_model would rebuild
     # another model, so they refuse, and so does a resume into the config's model.
-    from recsys_dist.checkpoint.dcp import CheckpointError
+    from recsys_dist.errors import CheckpointError
     from recsys_dist.serve.export import load
 
     with pytest.raises(CheckpointError, match=r"holds a model given to Trainer\(model=...\)"):

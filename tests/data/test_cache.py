@@ -4,6 +4,7 @@ warnings of its conversion."""
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -12,7 +13,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from recsys_dist.cli import main as cli
+from recsys_dist.data import convert
 from recsys_dist.data.convert import cache, prepare_criteo
+from recsys_dist.errors import DataError
 from tests.conftest import CRITEO_SAMPLE, QUICKSTART, ROOT
 
 
@@ -127,21 +130,37 @@ def test_a_checked_entry_is_not_read_again_by_the_ranks_it_starts(raw, cache_dir
     assert calls == [3, 3]
 
 
-def test_a_manifest_from_before_checksums_is_checked_and_completed(raw, cache_dir, new_process, capsys):
+def test_a_cache_entry_of_recsys_dist_0_1_is_refused_naming_the_fix(raw, cache_dir, new_process, capsys):
+    """recsys_dist 0.1.0 wrote manifests without cache_format, "integrity" (checksums) or, with
+    one file per split, "files"; they were once checked and completed in place. The cache format
+    is part of the key, so such an entry is never looked up again; one found where a key leads
+    (here: put there by hand) is refused, naming the entry and the fix, and left as it is."""
     p = prepare_criteo(raw, 1000)
     path = p.directory / "manifest.json"
     m = json.loads(path.read_text())
-    del m["integrity"]
-    path.write_text(json.dumps(m))
+    assert m["cache_format"] == convert.CACHE_FORMAT == 2
+    old = {k: v for k, v in m.items() if k not in ("cache_format", "integrity", "files")}
+    path.write_text(json.dumps(old))
     new_process()
-    prepare_criteo(raw, 1000)
-    assert "integrity" in json.loads(path.read_text()) and "damaged" not in capsys.readouterr().err
-    path.write_text(json.dumps(m))
-    p.files["train"].write_bytes(b"not parquet")
-    new_process()
+    with pytest.raises(DataError) as e:
+        prepare_criteo(raw, 1000)
+    assert str(e.value) == (
+        f"{p.directory}: this conversion was written by an older recsys_dist (cache format 1; this one reads "
+        f"format 2 only): re-run the conversion: delete {p.directory}"
+    )
+    assert json.loads(path.read_text()) == old and p.files["train"].is_file()  # nothing rebuilt over it
+    # Deleting it, as the message says, converts again: the same rows.
+    shutil.rmtree(p.directory)
     again = prepare_criteo(raw, 1000)
-    assert f"{p.files['train']}: cannot be read as Parquet" in capsys.readouterr().err
-    assert pq.read_table(again.files["train"]).num_rows == 240
+    assert again.directory == p.directory and pq.read_table(again.files["train"]).num_rows == 240
+
+
+def test_the_cache_key_names_every_option_and_the_format(raw, cache_dir, monkeypatch):
+    """0.1.0 left default options out of the key (so that its first keys stayed valid); now every
+    option is in it, and a new cache format gives new keys (older entries are never reused)."""
+    first = prepare_criteo(raw, 1000).directory.name
+    monkeypatch.setattr(manifest, "CACHE_FORMAT", 3)
+    assert prepare_criteo(raw, 1000).directory.name != first
 
 
 _RACE = textwrap.dedent(

@@ -139,7 +139,8 @@ def test_weighted_task_metrics_match_sklearn(seed):
 
 
 def test_resume_refuses_other_tasks(tmp_path):
-    from recsys_dist.checkpoint.dcp import CheckpointError, check_compatible
+    from recsys_dist.checkpoint.compat import check_compatible
+    from recsys_dist.errors import CheckpointError
 
     one = {"data": {"schema": {"label": "rating"}}}
     two = {"data": {"schema": {"labels": LABELS}}}

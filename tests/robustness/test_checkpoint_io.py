@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from recsys_dist.checkpoint import dcp as ck
+from recsys_dist.checkpoint import integrity, meta
 from recsys_dist.distributed.env import DistContext
 
 CTX = DistContext(rank=0, world_size=1, local_rank=0, local_world_size=1, device=torch.device("cpu"), backend="gloo")
@@ -74,8 +75,7 @@ class _Boom:
 def test_tampered_metadata_is_never_unpickled(run, capsys):
     path = run / "checkpoints" / "step_00000004"
     (path / ".metadata").write_bytes(pickle.dumps(_Boom()))
-    # The checksums find it first; without them (a checkpoint from before checksums) the
-    # unpickler still refuses it.
+    # The checksums find it first; without them (verify=False) the unpickler still refuses it.
     with pytest.raises(ck.CheckpointDamaged, match=r"step_00000004/.metadata: "):
         ck.load_checkpoint(path, _state(0.0))
     with pytest.raises(ck.CheckpointError, match=r"refusing to load builtins.print"):
@@ -107,7 +107,7 @@ def _zeros_inside(path, size=64 << 10, at=512):
 
 
 def test_a_shard_overwritten_in_place_is_named_and_auto_falls_back(tmp_path, monkeypatch):
-    monkeypatch.setenv(ck.VERIFIED_ENV, "")  # what verification records is undone after the test
+    monkeypatch.setenv(integrity.VERIFIED_ENV, "")  # what verification records is undone after the test
     from recsys_dist.checkpoint import run_dir as run_dirs
 
     def big(value):  # a shard of 256 KiB, so that 64 KiB of zeros land inside it
@@ -117,7 +117,7 @@ def test_a_shard_overwritten_in_place_is_named_and_auto_falls_back(tmp_path, mon
         ck.save_checkpoint(CTX, tmp_path, step, big(float(step)), {"step": step}, keep=3)
     root = tmp_path / "checkpoints"
     old, new = root / "step_00000004", root / "step_00000008"
-    listed = json.loads((new / ck.CHECKSUMS_FILE).read_text())["files"]
+    listed = json.loads((new / integrity.CHECKSUMS_FILE).read_text())["files"]
     assert {".metadata", "meta.json"} < set(listed) and any(n.endswith(".distcp") for n in listed)
     shard = max(new.glob("*.distcp"), key=lambda p: p.stat().st_size)
     _zeros_inside(shard)
@@ -150,10 +150,17 @@ def test_a_shard_overwritten_in_place_is_named_and_auto_falls_back(tmp_path, mon
     _zeros_inside(next(old.glob("*.distcp")))
     with pytest.raises(ck.CheckpointDamaged, match=r"no intact checkpoint is left .*\(2 damaged\)"):
         run_dirs.resolve_resume("auto", tmp_path)
-    # A checkpoint from before checksums (meta.json does not name them): only meta.json is checked.
-    (old / ck.CHECKSUMS_FILE).unlink()
+    # A checkpoint of format 1 (recsys_dist 0.1.0: no checkpoint_format, no checksums.json) is
+    # refused, naming it, the format found and expected, and what to do; not taken for damage.
+    (old / integrity.CHECKSUMS_FILE).unlink()
     (old / "meta.json").write_text(json.dumps({"step": 4}))
-    ck.verify_checkpoint(old)
+    with pytest.raises(ck.CheckpointError) as e:
+        integrity.verify_checkpoint(old)
+    assert not isinstance(e.value, ck.CheckpointDamaged)
+    assert str(e.value) == (
+        f"checkpoint {old} was written by an older recsys_dist (checkpoint format 1; this one reads format "
+        f"{meta.CHECKPOINT_FORMAT} only): retrain, or use recsys_dist {meta.FORMAT_1_RELEASE} to evaluate or export it"
+    )
 
 
 def _two_rank_damage(rank, world_size, run):
@@ -173,7 +180,7 @@ def _two_rank_damage(rank, world_size, run):
     for step in (4, 8):
         ck.save_checkpoint(ctx, run, step, state(float(step)), {"step": step}, keep=3)
     new = run / "checkpoints" / "step_00000008"
-    listed = sorted(json.loads((new / ck.CHECKSUMS_FILE).read_text())["files"])
+    listed = sorted(json.loads((new / integrity.CHECKSUMS_FILE).read_text())["files"])
     dist.barrier()
     if rank == 1:  # the shard rank 1 wrote, checksummed by rank 1
         _zeros_inside(new / "__1_0.distcp", at=1024)
@@ -204,7 +211,7 @@ def test_damage_on_one_rank_is_seen_by_every_rank(tmp_path):
 
 
 def test_a_garbled_latest_or_best_marker_falls_back_to_the_newest_checkpoint(tmp_path, monkeypatch):
-    monkeypatch.setenv(ck.VERIFIED_ENV, "")
+    monkeypatch.setenv(integrity.VERIFIED_ENV, "")
     from recsys_dist.checkpoint import run_dir as run_dirs
 
     for step in (4, 8):
@@ -215,20 +222,20 @@ def test_a_garbled_latest_or_best_marker_falls_back_to_the_newest_checkpoint(tmp
     # and a marker naming something outside checkpoints/.
     for garbage in (b"\xff\xfe\x00garbage", b"../../elsewhere\n", b""):
         (root / "latest").write_bytes(garbage)
-        assert ck.latest_checkpoint(tmp_path) == new
-        assert ck.named_checkpoint("latest", tmp_path) == new
+        assert meta.latest_checkpoint(tmp_path) == new
+        assert meta.named_checkpoint("latest", tmp_path) == new
         assert run_dirs.resolve_resume("auto", tmp_path) == new
         (root / "best").write_bytes(garbage)
-        assert ck.best_checkpoint(tmp_path) is None
+        assert meta.best_checkpoint(tmp_path) is None
         with pytest.raises(ck.CheckpointError, match="no complete best checkpoint"):
-            ck.named_checkpoint("best", tmp_path)
+            meta.named_checkpoint("best", tmp_path)
     # A save still works and rewrites the markers.
     ck.save_checkpoint(CTX, tmp_path, 12, _state(12.0), {"step": 12}, keep=3, best=True)
-    assert ck.named_checkpoint("best", tmp_path) == ck.latest_checkpoint(tmp_path) == root / "step_00000012"
+    assert meta.named_checkpoint("best", tmp_path) == meta.latest_checkpoint(tmp_path) == root / "step_00000012"
 
 
 def test_a_lost_checksums_file_is_damage_not_an_old_checkpoint(tmp_path, monkeypatch):
-    monkeypatch.setenv(ck.VERIFIED_ENV, "")
+    monkeypatch.setenv(integrity.VERIFIED_ENV, "")
     from recsys_dist.checkpoint import run_dir as run_dirs
 
     def big(value):
@@ -240,19 +247,24 @@ def test_a_lost_checksums_file_is_damage_not_an_old_checkpoint(tmp_path, monkeyp
     old, new = root / "step_00000004", root / "step_00000008"
     # checksums.json gone and a shard overwritten: was loaded unchecked (as a checkpoint from
     # before checksums), giving zeros for the overwritten weights with no message.
-    (new / ck.CHECKSUMS_FILE).unlink()
+    (new / integrity.CHECKSUMS_FILE).unlink()
     _zeros_inside(max(new.glob("*.distcp"), key=lambda p: p.stat().st_size))
-    with pytest.raises(ck.CheckpointDamaged, match=rf"{new / ck.CHECKSUMS_FILE}: the file is missing .*{old}"):
+    with pytest.raises(ck.CheckpointDamaged, match=rf"{new / integrity.CHECKSUMS_FILE}: the file is missing .*{old}"):
         ck.load_checkpoint(new, big(0.0))
     assert run_dirs.resolve_resume("auto", tmp_path, warn=lambda text: None) == old
-    # A checkpoint from before checksums (its meta.json does not name them) still loads.
-    meta = json.loads((old / "meta.json").read_text())
-    assert meta.pop("checksums") == ck.CHECKSUMS_FILE and meta == {"step": 4}
-    (old / "meta.json").write_text(json.dumps(meta))
-    (old / ck.CHECKSUMS_FILE).unlink()
-    state = big(0.0)
-    ck.load_checkpoint(old, state)
-    assert torch.equal(state["model"]["w"], torch.full((256, 256), 4.0))
+    # meta.json records the format; one without it (format 1, recsys_dist 0.1.0, which wrote
+    # checkpoints without checksums.json) is refused by every reader instead of loaded unchecked.
+    saved = json.loads((old / "meta.json").read_text())
+    assert saved.pop("checkpoint_format") == meta.CHECKPOINT_FORMAT == 2 and saved == {"step": 4}
+    (old / "meta.json").write_text(json.dumps(saved))
+    (old / integrity.CHECKSUMS_FILE).unlink()
+    for read in (lambda: ck.load_checkpoint(old, big(0.0)), lambda: meta.read_meta(old)):
+        with pytest.raises(ck.CheckpointError, match=rf"checkpoint {old} was written by an older recsys_dist "):
+            read()
+    # A newer format is refused too, asking for a newer recsys_dist.
+    (old / "meta.json").write_text(json.dumps({**saved, "checkpoint_format": 3}))
+    with pytest.raises(ck.CheckpointError, match=r"newer recsys_dist \(checkpoint format 3; this one reads format 2\)"):
+        meta.read_meta(old)
 
 
 def test_a_save_after_resuming_an_older_checkpoint_keeps_itself(tmp_path):
@@ -262,7 +274,7 @@ def test_a_save_after_resuming_an_older_checkpoint_keeps_itself(tmp_path):
         ck.save_checkpoint(CTX, tmp_path, step, _state(float(step)), {"step": step}, keep=3)
     ck.save_checkpoint(CTX, tmp_path, 6, _state(6.0), {"step": 6}, keep=2)
     root = tmp_path / "checkpoints"
-    assert ck.latest_checkpoint(tmp_path) == root / "step_00000006"
+    assert meta.latest_checkpoint(tmp_path) == root / "step_00000006"
     assert sorted(p.name for p in root.glob("step_*")) == [
         "step_00000004",
         "step_00000006",
@@ -277,7 +289,7 @@ def test_a_save_after_resuming_an_older_checkpoint_keeps_itself(tmp_path):
         "step_00000012",
     ]
     state = _state(0.0)
-    ck.load_checkpoint(ck.latest_checkpoint(tmp_path), state)
+    ck.load_checkpoint(meta.latest_checkpoint(tmp_path), state)
     assert torch.equal(state["model"]["w"], torch.full((64, 4), 7.0))
 
 

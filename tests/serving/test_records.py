@@ -7,11 +7,17 @@ import numpy as np
 import pytest
 
 from recsys_dist.data import mapping as mp
+from recsys_dist.data.convert import CACHE_FORMAT
 from recsys_dist.errors import DataError
 from recsys_dist.serve.scoring import Preprocessing, converted_manifest, prepare_for_scoring
 from tests.conftest import ROOT
 
-MANIFEST = {"format": "schema", "rows": {"train": 1, "validation": 0, "test": 0}, "num_embeddings": [10]}
+MANIFEST = {
+    "cache_format": CACHE_FORMAT,
+    "format": "schema",
+    "rows": {"train": 1, "validation": 0, "test": 0},
+    "num_embeddings": [10],
+}
 
 
 @pytest.mark.parametrize(
@@ -20,17 +26,33 @@ MANIFEST = {"format": "schema", "rows": {"train": 1, "validation": 0, "test": 0}
         ({"train": ["train.parquet"], "validation": ["validation.parquet"], "test": ["data.parquet"]}, True),
         ({"train": ["train-00000.parquet", "train-00001.parquet"], "test": ["test.parquet"]}, False),
         ({"train": [{"name": "data.parquet", "size": 1, "checksum": "x"}]}, True),
-        (None, False),  # before "files": train / validation / test.parquet only
     ],
 )
 def test_a_converted_split_is_the_file_its_manifest_lists(tmp_path, files, listed):
     (tmp_path / "data.parquet").write_bytes(b"PAR1")
     assert converted_manifest(tmp_path / "data.parquet") is None  # no manifest: raw data
-    (tmp_path / "manifest.json").write_text(json.dumps({**MANIFEST, **({"files": files} if files else {})}))
+    (tmp_path / "manifest.json").write_text(json.dumps({**MANIFEST, "files": files}))
     assert (converted_manifest(tmp_path / "data.parquet") is not None) == listed
     # A manifest.json of something else beside raw data does not make it converted.
     (tmp_path / "manifest.json").write_text(json.dumps({"files": files or {}, "owner": "someone"}))
     assert converted_manifest(tmp_path / "data.parquet") is None
+
+
+@pytest.mark.parametrize("found", [None, 1, 3])
+def test_a_converted_split_of_another_cache_format_is_refused(tmp_path, found):
+    """recsys_dist 0.1.0 wrote manifests without cache_format (and maybe without "files", when
+    the split files were train / validation / test.parquet); such a split is refused, naming the
+    directory, the format found and expected and the fix, instead of being read as it was."""
+    (tmp_path / "train.parquet").write_bytes(b"PAR1")
+    old = {k: v for k, v in MANIFEST.items() if k != "cache_format"} | ({"cache_format": found} if found else {})
+    (tmp_path / "manifest.json").write_text(json.dumps(old))
+    who = "a newer" if found == 3 else "an older"
+    with pytest.raises(DataError) as e:
+        converted_manifest(tmp_path / "train.parquet")
+    assert str(e.value) == (
+        f"{tmp_path}: this conversion was written by {who} recsys_dist (cache format {found or 1}; this one reads "
+        f"format {CACHE_FORMAT} only): re-run the conversion: delete {tmp_path}"
+    )
 
 
 def _movielens():

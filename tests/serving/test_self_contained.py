@@ -7,7 +7,7 @@ import shutil
 import numpy as np
 import pytest
 
-from tests.serving.conftest import cli, logits
+from tests.serving.conftest import cli, converted_test_split, logits
 
 pytestmark = pytest.mark.slow
 
@@ -97,3 +97,20 @@ def test_a_damaged_export_vocabulary_is_refused(movielens_run, tmp_path):
     pq.write_table(vocab.slice(1), export / "vocabulary.parquet")
     r = cli(["predict", export, "--data", rows, "--out", tmp_path / "p.parquet"], tmp, check=False)
     assert r.returncode == 1 and "differs from the vocabulary" in r.stderr and "export the model again" in r.stderr
+
+
+def test_an_export_without_its_preprocessing_record_is_refused(criteo_run, tmp_path):
+    """recsys_dist 0.1.0 wrote exports without preprocessing.json; a hash-mapped one was then
+    scored with a record made up from its config.yaml. Now such an export is refused (exit 1),
+    naming it and the fix, hash mapping included; its run exports again and scores."""
+    tmp, run = criteo_run
+    export = tmp_path / "export"
+    cli(["export", run, "--out", export], tmp)
+    (export / "preprocessing.json").unlink()
+    data = converted_test_split(tmp, "criteo")
+    r = cli(["evaluate", export, "--data", data], tmp, check=False)
+    assert r.returncode == 1, r.stderr[-2000:]
+    assert f"export {export} holds no preprocessing.json: it was written by an older recsys_dist" in r.stderr
+    assert "Export its run or checkpoint again with `recsys-dist export`" in r.stderr
+    cli(["export", run, "--out", export], tmp)
+    assert cli(["evaluate", export, "--data", data], tmp).returncode == 0

@@ -39,6 +39,7 @@ from recsys_dist.data.convert.cache import (
     open_entry,
 )
 from recsys_dist.data.convert.manifest import (
+    CACHE_FORMAT,
     VOCABULARY_FILE,
     PreparedData,
     conversion_warnings,
@@ -373,6 +374,7 @@ class _Conversion:
             split_info["row_bounds"] = bounds.tolist()
         warnings = conversion_warnings(fmt, raw, self.split, rows, train_labels, totals, mapping_info, self.vocab_path)
         manifest = {
+            "cache_format": CACHE_FORMAT,
             "source": str(raw.resolve()) if len(self.raws) == 1 else [str(r.resolve()) for r in self.raws],
             "format": fmt.name,
             "rows": rows,

@@ -12,12 +12,16 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
-import pyarrow as pa
-import pyarrow.parquet as pq
-
-from recsys_dist.data.convert.manifest import MANIFEST_FILE, emit_warnings, entry_files, log, write_manifest
+from recsys_dist.data.convert import manifest
+from recsys_dist.data.convert.manifest import (
+    MANIFEST_FILE,
+    check_cache_format,
+    emit_warnings,
+    entry_files,
+    log,
+)
 from recsys_dist.data.formats.criteo import TRANSFORM_VERSION
-from recsys_dist.data.splits import SPLITS, Split
+from recsys_dist.data.splits import Split
 from recsys_dist.errors import DataError
 
 # Checked entries of this process and the processes it starts (a training run's ranks): the
@@ -50,16 +54,22 @@ def cache_key(
     """The name of a conversion's cache entry: a digest of the raw files (path, size, mtime)
     and every option that changes the converted output. Computing it converts nothing."""
     files = [[str(r.resolve()), r.stat().st_size, r.stat().st_mtime_ns] for r in raws]
-    fmt_key = fmt.fingerprint
     key = json.dumps(
-        (files[0] if len(files) == 1 else [files])
-        + [sizes, num_rows, split.fingerprint(), TRANSFORM_VERSION]
-        + ([on_bad_row] if on_bad_row != "error" else [])
-        + ([fmt_key] if fmt_key != "criteo_tsv" else [])
-        + ([mapping, min_count] if mapping != "hash" else [])
-        + ([str(vocabulary.resolve()), vocabulary.stat().st_mtime_ns] if vocabulary else [])
-        + ([row_group_size] if row_group_size != 65536 else [])
-        + ([["managed", managed]] if managed and any(managed) and mapping != "managed" else [])
+        [
+            manifest.CACHE_FORMAT,
+            files,
+            sizes,
+            num_rows,
+            split.fingerprint(),
+            TRANSFORM_VERSION,
+            on_bad_row,
+            fmt.fingerprint,
+            mapping,
+            min_count,
+            [str(vocabulary.resolve()), vocabulary.stat().st_mtime_ns] if vocabulary else None,
+            row_group_size,
+            managed if managed and any(managed) and mapping != "managed" else None,
+        ]
     )
     return hashlib.sha256(key.encode()).hexdigest()[:16]
 
@@ -155,9 +165,7 @@ def _check_entry(out: Path, m: dict, names: list[str], full: bool) -> tuple[str,
     for n in names:
         if not (out / n).is_file():
             return n, "the file is missing"
-    integrity = m.get("integrity")
-    if integrity is None:  # a manifest from before checksums were recorded: see open_entry
-        return None
+    integrity = m["integrity"]
     for n in names:
         want = integrity["files"].get(n, {}).get("size")
         got = (out / n).stat().st_size
@@ -171,26 +179,6 @@ def _check_entry(out: Path, m: dict, names: list[str], full: bool) -> tuple[str,
         for n, c in zip(names, _checksums([out / n for n in names], algorithm)):
             if c != integrity["files"][n].get("checksum"):
                 return n, f"its {algorithm} checksum differs from the one recorded when it was written"
-    return None
-
-
-def _check_legacy(out: Path, m: dict, names: list[str]) -> tuple[str, str] | None:
-    """An entry whose manifest predates checksums: each Parquet file must open and hold the
-    rows the manifest records; if so, its sizes and checksums are recorded now."""
-    rows = dict.fromkeys(SPLITS, 0)
-    files = m.get("files") or {s: [f"{s}.parquet"] for s in SPLITS}
-    for s in SPLITS:
-        for n in files[s]:
-            try:
-                rows[s] += pq.read_metadata(out / n).num_rows
-            except (OSError, pa.ArrowException) as err:
-                return n, f"cannot be read as Parquet ({err})"
-    if rows != m["rows"]:
-        return MANIFEST_FILE, f"the files hold {rows} rows where the manifest records {m['rows']}"
-    try:
-        write_manifest(out, {**m, "integrity": file_integrity(out, names)})
-    except OSError:
-        pass  # a read-only cache: checked now, recorded another time
     return None
 
 
@@ -211,19 +199,20 @@ def open_entry(out: Path, raw: Path, warn_one_class: bool) -> dict | None:
         m = json.loads(path.read_text())
         if not isinstance(m, dict):  # JSON, but not the object a conversion writes
             raise ValueError(f"a JSON {type(m).__name__}, not an object")
-        names = entry_files(m)
-        m["rows"], m["num_embeddings"]  # noqa: B018 - present in every manifest
+        old = {"format", "rows", "num_embeddings"} <= m.keys() and m.get("cache_format") != manifest.CACHE_FORMAT
+        if not old:
+            names = entry_files(m)
+            m["rows"], m["num_embeddings"], m["integrity"]["files"]  # noqa: B018 - present in every manifest
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
         _discard(out, [], MANIFEST_FILE, f"not a readable manifest ({err})", raw)
         return None
+    if old:  # a conversion of another format: refused, not rebuilt over
+        check_cache_format(m, out)
     problem = _check_entry(out, m, names, full=False)
     if problem is None:
         signature = entry_signature(out, names)
         if not _checked_before(signature):
             problem = _check_entry(out, m, names, full=True)
-            if problem is None and "integrity" not in m:
-                problem = _check_legacy(out, m, names)
-                signature = entry_signature(out, names) if problem is None else signature
             if problem is None:
                 emit_warnings(m, warn_one_class)
                 mark_checked(out, signature)

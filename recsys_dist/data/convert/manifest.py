@@ -17,9 +17,13 @@ from recsys_dist.data import mapping as mp
 from recsys_dist.data.convert.passes import SEPARATOR_CANDIDATES, Totals
 from recsys_dist.data.splits import SPLITS, Split
 from recsys_dist.distributed.stderr_log import StderrHandler
+from recsys_dist.errors import DataError
 
 VOCABULARY_FILE = "vocabulary.parquet"
 MANIFEST_FILE = "manifest.json"
+# The layout of a cache entry and its manifest, part of the entry's key. 1: recsys_dist 0.1.0
+# (keys without the defaults, "files" and "integrity" optional); 2: both always there.
+CACHE_FORMAT = 2
 OOV_WARN_RATE = 0.5  # warn when more of a feature's validation / test values are out of vocabulary
 
 
@@ -50,8 +54,25 @@ class PreparedData:
         return [str(p) for p in f] if isinstance(f, list) else [str(f)]
 
 
+def check_cache_format(m: dict, out: Path) -> None:
+    """Refuse a conversion (cache entry ``out`` with manifest ``m``) of another cache format
+    than :data:`CACHE_FORMAT`.
+
+    Raises:
+        DataError: naming the entry, the format found, the one expected and the fix.
+    """
+    found = m.get("cache_format", 1)
+    if found == CACHE_FORMAT:
+        return
+    who = "a newer" if isinstance(found, int) and found > CACHE_FORMAT else "an older"
+    raise DataError(
+        f"{out}: this conversion was written by {who} recsys_dist (cache format {found!r}; this one reads format "
+        f"{CACHE_FORMAT} only): re-run the conversion: delete {out}"
+    )
+
+
 def manifest_result(out: Path, m: dict) -> PreparedData:
-    names = m.get("files") or {s: [f"{s}.parquet"] for s in SPLITS}  # manifests before "files": one each
+    names = m["files"]
     files = {s: out / names[s][0] if len(names[s]) == 1 else [out / n for n in names[s]] for s in SPLITS}
     return PreparedData(out, files, m["rows"], m["num_embeddings"])
 
@@ -212,7 +233,7 @@ def emit_warnings(manifest: dict, warn_one_class: bool) -> None:
 
 def entry_files(m: dict) -> list[str]:
     """The data files of a manifest's entry: every split file, and the vocabulary if any."""
-    names = m.get("files") or {s: [f"{s}.parquet"] for s in SPLITS}
+    names = m["files"]
     vocab = (m.get("categorical_mapping") or {}).get("file")
     return [n for s in SPLITS for n in names[s]] + ([vocab] if vocab else [])
 
@@ -222,13 +243,17 @@ def train_identity(directory: Path) -> dict | None:
     (16 hex digits over the size and checksum of each training file, as the entry's manifest
     records them: the content, whatever the raw file's name, date or cache directory),
     ``rows``, ``algorithm`` (the checksum's) and ``entry`` (the cache entry's name); None
-    for an entry whose manifest holds no checksums.
+    for an entry whose manifest lists no training file.
+
+    Raises:
+        DataError: an entry of another cache format (:func:`check_cache_format`).
     """
     m = json.loads((Path(directory) / MANIFEST_FILE).read_text())
-    names = (m.get("files") or {}).get("train") or ["train.parquet"]
-    integrity = m.get("integrity") or {}
-    files = integrity.get("files") or {}
-    if not names or any(n not in files for n in names):
+    check_cache_format(m, Path(directory))
+    names = m["files"]["train"]
+    integrity = m["integrity"]
+    files = integrity["files"]
+    if not names:
         return None
     h = hashlib.blake2b(digest_size=8)
     for n in names:
