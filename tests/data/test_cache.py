@@ -14,7 +14,7 @@ import pytest
 
 from recsys_dist.cli import main as cli
 from recsys_dist.data import convert
-from recsys_dist.data.convert import cache, prepare_criteo
+from recsys_dist.data.convert import cache, manifest, prepare_criteo
 from recsys_dist.errors import DataError
 from tests.conftest import CRITEO_SAMPLE, QUICKSTART, ROOT
 
