@@ -18,9 +18,8 @@ import math
 import os
 import time
 import warnings
-from collections.abc import Callable, Sequence
-from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
+from collections.abc import Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -44,10 +43,6 @@ from recsys_dist.checkpoint.dcp import (
 from recsys_dist.config.base import ConfigError
 from recsys_dist.config.run import RunConfig
 from recsys_dist.data.loader import ParquetBatchLoader
-from recsys_dist.data.mapping import loader_id_bounds
-from recsys_dist.data.prefetch import auto_prefetch
-from recsys_dist.data.resolve import feature_names, label_columns, prepare_from_config, tasks
-from recsys_dist.data.spec import FeatureSpec
 from recsys_dist.distributed import sharding
 from recsys_dist.distributed.env import (
     DistContext,
@@ -55,35 +50,35 @@ from recsys_dist.distributed.env import (
     check_reusable,
     init_distributed,
     note_failure,
-    under_launcher,
 )
 from recsys_dist.distributed.ledger import run_ledger
-from recsys_dist.distributed.optim import (
-    build_optimizer,
-    dense_torch_optimizer,
-    fuse_embedding_optimizer,
-    init_lazy_state,
-)
-from recsys_dist.distributed.sharding import model_tables
-from recsys_dist.distributed.tables import init_tables
+from recsys_dist.distributed.optim import dense_torch_optimizer, init_lazy_state
 from recsys_dist.faults import maybe_fault
-from recsys_dist.models.build import build_model, feature_spec, table_sizes
 from recsys_dist.models.managed import managed_metrics
 from recsys_dist.models.registry import get_model
 from recsys_dist.models.retrieval import read_retrieval_data, retrieval_metrics
+from recsys_dist.train.build import (
+    DenseOptimizerFactory,
+    Loaders,
+    LRSchedulerFactory,
+    ModelFactory,
+    check_given_once,
+    check_lr_scheduler,
+    make_loaders,
+    require_ranks,
+    shard_model,
+)
 from recsys_dist.train.early_stopping import BestTracker
 from recsys_dist.train.evaluation import evaluate, in_row_order, predict
+from recsys_dist.train.job import Job, resolve_job
 from recsys_dist.train.metrics_writer import MetricsWriter, finite_or_none
 from recsys_dist.train.observe import PhaseClock, TraceWriter
 from recsys_dist.train.pipelines import RESTART_AT_CHECKPOINT, make_pipeline, pipeline_problems
+from recsys_dist.train.preflight import check_sections
 from recsys_dist.train.schedule import LRSchedule
+from recsys_dist.train.summary import run_summary
 
 log = logging.getLogger("recsys_dist")
-# Trainer(model=...): the run's FeatureSpec -> the model; Trainer(dense_optimizer=...): the dense
-# parameters -> their optimizer; Trainer(lr_scheduler=...): that optimizer -> its scheduler.
-ModelFactory = Callable[[FeatureSpec], nn.Module]
-DenseOptimizerFactory = Callable[[list[nn.Parameter]], torch.optim.Optimizer]
-LRSchedulerFactory = Callable[[torch.optim.Optimizer], torch.optim.lr_scheduler.LRScheduler]
 _TRAINERS_MADE = 0  # a process's first Trainer counts its startup from the process's start
 
 
@@ -105,114 +100,6 @@ class Callback:
         global metrics written to ``metrics.jsonl`` (the same dict on every rank)."""
 
 
-@dataclass
-class Loaders:
-    """The three splits' loaders, and the table sizes the data preparation decided."""
-
-    train: ParquetBatchLoader
-    validation: ParquetBatchLoader
-    test: ParquetBatchLoader
-    num_embeddings: list[int]
-    conversion: Path | None = None  # the cache entry the splits were converted into
-
-
-def make_loaders(cfg: RunConfig, ctx: DistContext) -> Loaders:
-    """Convert the raw data once (rank 0) and open every split on every rank."""
-    d = cfg.data
-    prepared = broadcast_result(ctx, lambda: prepare_from_config(cfg))
-    # Under vocabulary mapping the tables are as large as the vocabulary built on train.
-    sizes = list(prepared.num_embeddings) if d.categorical_mapping == "vocabulary" else table_sizes(cfg)
-    dense_names, sparse_names = feature_names(cfg)
-    label_cols, weight_col = label_columns(cfg)
-    common = dict(
-        label_columns=label_cols,
-        weight_column=weight_col,
-        rank=ctx.rank,
-        world_size=ctx.world_size,
-        dense_names=dense_names,
-        sparse_names=sparse_names,
-        num_embeddings=loader_id_bounds(cfg, sizes),
-        pin_memory=ctx.device.type == "cuda",
-        shuffle_buffer_rows=d.shuffle_buffer_rows,
-        prefetch=d.prefetch
-        if d.prefetch is not None
-        else auto_prefetch(ctx.device.type, ctx.local_world_size, torch.get_num_threads()),
-        rank_reads=d.rank_reads,
-    )
-    eval_bs = cfg.eval.batch_size or cfg.train.batch_size
-    return Loaders(
-        train=ParquetBatchLoader(
-            prepared.paths("train"),
-            cfg.train.batch_size,
-            shuffle=d.shuffle,
-            seed=cfg.train.seed,
-            remainder=d.remainder,
-            **common,
-        ),
-        # Evaluation applies no loss_scale (and a weighted one would re-read every rank's weights).
-        validation=ParquetBatchLoader(
-            prepared.paths("validation"), eval_bs, remainder="pad", scale_losses=False, **common
-        ),
-        test=ParquetBatchLoader(prepared.paths("test"), eval_bs, remainder="pad", scale_losses=False, **common),
-        num_embeddings=sizes,
-        conversion=prepared.directory,
-    )
-
-
-def shard_model(
-    cfg: RunConfig,
-    ctx: DistContext,
-    spec: FeatureSpec | None = None,
-    clock: PhaseClock | None = None,
-    module: nn.Module | ModelFactory | None = None,
-    dense_factory: DenseOptimizerFactory | None = None,
-) -> tuple[DistributedModelParallel, CombinedOptimizer, str]:
-    """Build on meta, fuse the embedding optimizer into backward, plan, wrap in DMP.
-
-    ``spec``: the run's FeatureSpec (default: one made from the config, with the configured
-    table sizes). Every EmbeddingBagCollection table of the built model is planned and
-    initialised, whether the spec or the model's own code made it. ``clock``: the planning
-    counts as its ``plan`` phase, sharding and initialising the tables as ``tables``.
-    ``module`` / ``dense_factory``: ``Trainer(model=..., dense_optimizer=...)``.
-    """
-
-    def phase(name: str):
-        return clock.phase(name) if clock is not None else nullcontext()
-
-    spec = spec or feature_spec(cfg, device=ctx.device)
-    with phase("plan"):
-        model = build_model(cfg, spec.on(torch.device("meta"), ctx.device), module=module)
-        fuse_embedding_optimizer(model, cfg)
-        tables = model_tables(model)
-        plan = sharding.collective_plan(cfg, model, tables, ctx.device, dist.group.WORLD)
-    with phase("tables"):
-        return _wrap_and_init(cfg, ctx, model, tables, plan, dense_factory)
-
-
-def _wrap_and_init(cfg: RunConfig, ctx: DistContext, model, tables, plan, dense_factory=None):
-    dmp = DistributedModelParallel(
-        model,
-        device=ctx.device,
-        plan=plan,
-        sharders=sharding.sharders(cfg.sharding.comms, ctx.device.type),
-        data_parallel_wrapper=sharding.OneRankDense() if ctx.world_size == 1 else None,
-    )
-    sharding.fix_replicated_sequence_tables(dmp)
-    init_tables(dmp.state_dict(), tables, cfg.train.seed, {t.name: t.weight_init_max for t in tables})
-    t = cfg.train
-    optimizer = build_optimizer(
-        dmp,
-        t.embedding_optimizer,
-        t.embedding_lr,
-        t.dense_optimizer,
-        t.dense_lr,
-        t.dense_grad_clip_norm,
-        t.embedding_weight_decay,
-        dense_factory=dense_factory,
-    )
-    return dmp, optimizer, str(plan)
-
-
 class Trainer:
     """One rank's training job: data, sharded model, pipelined loop, evaluation, checkpoints.
 
@@ -232,7 +119,10 @@ class Trainer:
     its collective methods.
 
     Args:
-        cfg: the resolved run config (``recsys_dist.config.load_config``).
+        cfg: the run config (``recsys_dist.config.load_config``), whose cross-section rules
+            the Trainer checks first (``recsys_dist.train.preflight.check_sections``); or a
+            resolved :class:`~recsys_dist.train.job.Job` (``recsys-dist train``'s ranks),
+            checked by whoever resolved it.
         run_dir: the run directory; created if missing (rank 0 writes ``config.yaml``,
             ``plan.txt`` / ``plan.json``, ``metrics.jsonl``, ``summary.json`` and
             ``checkpoints/`` there). A directory that already holds a run is not refused
@@ -306,7 +196,7 @@ class Trainer:
 
     def __init__(
         self,
-        cfg: RunConfig,
+        cfg: RunConfig | Job,
         run_dir: str | Path,
         *,
         resume: str | Path | None = None,
@@ -317,9 +207,16 @@ class Trainer:
         callbacks: Sequence[Callback] = (),
         resume_on_new_data: bool = False,
     ) -> None:
-        check_given_once(cfg, model, dense_optimizer, lr_scheduler, callbacks)
+        if not isinstance(cfg, Job):  # checked once here (recsys-dist train's ranks get a checked Job)
+            cfg = resolve_job(cfg)
+            check_sections(cfg)
+        job, cfg = cfg, cfg.cfg
+        check_given_once(cfg, model, dense_optimizer, lr_scheduler)
+        for cb in callbacks:
+            if not isinstance(cb, Callback):
+                raise TypeError(f"callbacks must be recsys_dist.Callback objects, got {type(cb).__name__}")
         require_ranks(cfg)
-        self.cfg, self.run_dir = cfg, Path(run_dir)
+        self.cfg, self.run_dir, self._job = cfg, Path(run_dir), job
         self._user_model, self._dense_factory, self._scheduler_factory = model, dense_optimizer, lr_scheduler
         self._callbacks = list(callbacks)
         self._lr_scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
@@ -362,7 +259,8 @@ class Trainer:
         if resume == "auto" and checkpoint is None:
             log.warning("resume='auto': no complete checkpoint in %s yet; starting from scratch", self.run_dir)
         with self._clock.phase("data"):
-            self._loaders = make_loaders(cfg, ctx)  # converts the data; decides the table sizes
+            self._loaders = make_loaders(self._job, ctx)  # converts the data; decides the table sizes
+        self._job = self._job.with_data(self._loaders.prepared)
         # The training split's identity, recorded in each checkpoint; a resume on another one
         # is refused unless resume_on_new_data (then its epoch starts again: resume_position).
         conversion = self._loaders.conversion
@@ -392,7 +290,7 @@ class Trainer:
             self._loaders.test.num_rows,
             len(self._loaders.train),
         )
-        self.spec = feature_spec(cfg, self._loaders.num_embeddings, ctx.device)
+        self.spec = self._job.features.on(torch.device("meta"), ctx.device)
         # A retrieval model (two_tower): the item corpus and evaluated users, read once on rank
         # 0; the training split's item counts go to the model (logQ correction).
         self._retrieval = None
@@ -402,7 +300,7 @@ class Trainer:
             self._retrieval = broadcast_result(ctx, lambda: read_retrieval_data(cfg, paths, sizes))
             self.spec = dataclasses.replace(self.spec, id_counts={cfg.model.item_id: self._retrieval.train_counts})
         self._model, self._optimizer, plan_text = shard_model(
-            cfg, ctx, self.spec, self._clock, self._user_model, self._dense_factory
+            self._job, ctx, self.spec, self._clock, self._user_model, self._dense_factory
         )
         if self._scheduler_factory is not None:
             self._lr_scheduler = check_lr_scheduler(self._scheduler_factory(dense_torch_optimizer(self._optimizer)))
@@ -537,32 +435,21 @@ class Trainer:
             test = self.evaluate("test")
             managed = managed_metrics(self._model, "test")
             self._writer.write(split="test", step=self._step, epoch=self.epoch, **test, **managed)
-            summary = {
-                "run_dir": str(self.run_dir),
-                "world_size": self._ctx.world_size,
-                "steps": self._step,
-                "rows_trained": self.rows_trained,
-                "train_seconds": round(self.train_seconds, 3),
-                "samples_per_s": round(self.rows_trained / self.train_seconds, 1) if self.train_seconds > 0 else None,
-                "resumed_at_step": self.resumed_at_step,
-                "validation": _summary_metrics(last_val),
-                "test": _summary_metrics(test),
-            }
-            if self.cfg.checkpoint.enabled:
-                summary["checkpoint"] = str(self.save_checkpoint())
-            if self.best is not None:
-                from recsys_dist.checkpoint.dcp import best_checkpoint
-
-                kept = best_checkpoint(self.run_dir) if self.cfg.checkpoint.keep_best else None
-                summary["best"] = {
-                    "metric": self.best.metric,
-                    "value": self.best.best,
-                    "step": self.best.best_step,
-                    "early_stopped": self.best.stopped,
-                    "checkpoint": str(kept) if kept else None,
-                }
-            summary.update(self._clock.split())  # wall_seconds, wall_split: from the run's start to here
-            summary = finite_or_none(summary)
+            c = self.cfg.checkpoint
+            summary = run_summary(
+                self.run_dir,
+                self._ctx.world_size,
+                self._step,
+                self.rows_trained,
+                self.train_seconds,
+                self.resumed_at_step,
+                last_val,
+                test,
+                self.save_checkpoint() if c.enabled else None,
+                self.best,
+                c.keep_best,
+                self._clock.split(),
+            )
             if self._ctx.is_main:
                 (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
             return summary
@@ -604,7 +491,7 @@ class Trainer:
         with self._collective(), self._clock.phase("eval"):
             self._detach_pipeline()
             c = self.cfg.eval
-            names, kinds = tasks(self.cfg)
+            names, kinds = self._job.tasks
             metrics = evaluate(
                 self._model,
                 self._loader(split),
@@ -677,7 +564,7 @@ class Trainer:
     def _pin_preprocessing(self, path: Path) -> None:
         # How inputs are mapped (vocabulary, sizes, transforms) travels with the checkpoint,
         # so export and predict never read the training data again (recsys_dist.serve.scoring).
-        from recsys_dist.serve.scoring import MANIFEST_FILE, Preprocessing
+        from recsys_dist.serve.scoring import MANIFEST_FILE, Preprocessing  # serve is the layer above
 
         conversion = self._loaders.conversion
         manifest = json.loads((conversion / MANIFEST_FILE).read_text()) if conversion is not None else None
@@ -980,7 +867,7 @@ class Trainer:
             self._diverged()
         per_task = {}
         if len(means) > 1:
-            names, _ = tasks(self.cfg)
+            names, _ = self._job.tasks
             per_task = {f"loss/{n}": float(v) / self._ctx.world_size for n, v in zip(names, stats[1:-1])}
         sps = round(rows / elapsed, 1) if elapsed > 0 else None
         lr = {"lr_scale": round(self._schedule.scale(self._step - 1), 6)} if self._schedule.active else {}
@@ -1002,88 +889,8 @@ class Trainer:
         self._t0 = time.perf_counter()
 
 
-def check_given_once(cfg: RunConfig, model, dense_optimizer, lr_scheduler, callbacks: Sequence) -> None:
-    """Refuse an option given both in the config and as a Trainer argument (one of the two would
-    be ignored), and callbacks that are not :class:`Callback` objects.
-
-    Raises:
-        ConfigError: naming the config keys and the argument.
-        TypeError: a callback that is not a Callback.
-    """
-    problems = []
-    for arg, given, section, keys in (
-        ("model", model, cfg.model, None),
-        ("dense_optimizer", dense_optimizer, cfg.train, ("dense_optimizer", "dense_lr")),
-        ("lr_scheduler", lr_scheduler, cfg.train, ("warmup_steps", "decay_start_step", "decay_steps")),
-    ):
-        if given is None:
-            continue
-        if not callable(given):
-            raise TypeError(f"Trainer({arg}=...) must be callable, got {type(given).__name__}")
-        prefix = "model" if section is cfg.model else "train"
-        both = sorted(
-            k
-            for k in section.model_fields_set
-            if (k not in ("embedding_dim", "embedding_init_scale") if keys is None else k in keys)
-        )
-        if both:
-            problems.append(
-                f"{', '.join(f'{prefix}.{k}' for k in both)} in the config and Trainer({arg}=...) both choose the "
-                f"{'model' if keys is None else arg.replace('_', ' ')}; remove {'them' if len(both) > 1 else 'it'} "
-                f"from the config or leave out {arg}="
-            )
-    if problems:
-        raise ConfigError("an option is given twice:\n  " + "\n  ".join(problems))
-    for cb in callbacks:
-        if not isinstance(cb, Callback):
-            raise TypeError(f"callbacks must be recsys_dist.Callback objects, got {type(cb).__name__}")
-
-
-def check_lr_scheduler(scheduler):
-    """What ``Trainer(lr_scheduler=...)`` made, if the Trainer can step it: a step-count
-    ``LRScheduler`` (stepped with no argument after every step, that count replayed on resume).
-
-    Raises:
-        TypeError: not an ``LRScheduler`` (e.g. None), or a ``ReduceLROnPlateau`` (it steps
-            on a metric: it failed at the first step, after the data and sharding).
-    """
-    from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
-
-    if isinstance(scheduler, ReduceLROnPlateau):
-        raise TypeError(
-            "Trainer(lr_scheduler=...) made a ReduceLROnPlateau, which steps on a validation metric; the "
-            "Trainer steps its scheduler after every training step with no argument (and replays that count on "
-            "resume). Use a step-count schedule (LambdaLR, StepLR, CosineAnnealingLR, ...), or lower the rate "
-            "yourself in a Callback's on_validation_end"
-        )
-    if not isinstance(scheduler, LRScheduler):
-        raise TypeError(
-            "Trainer(lr_scheduler=...) must return a torch.optim.lr_scheduler.LRScheduler over the optimizer it "
-            f"is given, got {type(scheduler).__name__}"
-        )
-    return scheduler
-
-
-def require_ranks(cfg: RunConfig) -> None:
-    """Refuse to train one rank of a job configured for several: a single process with
-    neither a launcher nor a process group and ``distributed.nproc_per_node`` > 1.
-
-    Raises:
-        ConfigError: saying how to start the ranks.
-    """
-    n = cfg.distributed.nproc_per_node
-    if n > 1 and not dist.is_initialized() and not under_launcher():
-        raise ConfigError(
-            f"distributed.nproc_per_node is {n}, but this is a single process with no launcher and no "
-            f"process group: the Trainer would train only one rank of {n}. Start {n} ranks instead: "
-            f"recsys_dist.launch(fn, {n}) with fn a module-level function that builds and fits the Trainer, "
-            f"torchrun --nproc_per_node={n} your_script.py, or recsys-dist train --config CONFIG; "
-            "or set distributed.nproc_per_node=1 to train on one rank"
-        )
-
-
 def train(
-    cfg: RunConfig,
+    cfg: RunConfig | Job,
     run_dir: Path,
     profile_dir: Path | None = None,
     resume: Path | str | None = None,
@@ -1098,11 +905,3 @@ def train(
         cfg, run_dir, resume=resume, profile_dir=profile_dir, resume_on_new_data=resume_on_new_data
     ) as trainer:
         return trainer.fit()
-
-
-def _summary_metrics(metrics: dict) -> dict:
-    """The summary's metrics of a split: auc, logloss, ne (None where absent); with several
-    tasks also every ``<task>/<metric>``; for a retrieval model also its ``recall@K`` etc."""
-    per_task = {k: v for k, v in metrics.items() if "/" in k}
-    retrieval = {k: v for k, v in metrics.items() if "@" in k or k in ("retrieval_users", "corpus_items")}
-    return {**(per_task or {k: metrics.get(k) for k in ("auc", "logloss", "ne")}), **retrieval}
