@@ -20,6 +20,7 @@ from pathlib import Path
 from recsys_dist.cli import train as train_cmd
 from recsys_dist.config.base import ConfigError
 from recsys_dist.config.loader import load_config
+from recsys_dist.train.preflight import check_sections
 
 
 def _quiet_third_party() -> None:
@@ -58,6 +59,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.ddr_gb is not None:
         overrides.append(f"sharding.ddr_gb={args.ddr_gb}")
     cfg = load_config(args.config, overrides, check_files=False)  # planning reads no data
+    check_sections(cfg)  # the cross-section rules (RunConfig checks each section alone)
     if args.local_world_size > args.world_size or args.world_size % args.local_world_size:
         raise ConfigError(f"--local-world-size {args.local_world_size} must divide --world-size {args.world_size}")
     _quiet_third_party()
