@@ -4,6 +4,7 @@ that choose them (a model, a dense optimizer, an LR scheduler)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ from torch import nn
 from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
 from torchrec.distributed import DistributedModelParallel
 from torchrec.optim.keyed import CombinedOptimizer
+from tqdm import tqdm
 
 from recsys_dist.config.base import ConfigError
 from recsys_dist.config.run import RunConfig
@@ -30,6 +32,7 @@ from recsys_dist.distributed.optim import build_optimizer, fuse_embedding_optimi
 from recsys_dist.distributed.sharding import model_tables
 from recsys_dist.distributed.tables import init_tables
 from recsys_dist.models.build import build_model
+from recsys_dist.train.early_stopping import BestTracker
 from recsys_dist.train.job import Job, resolve_job
 from recsys_dist.train.observe import PhaseClock
 
@@ -234,3 +237,22 @@ def require_ranks(cfg: RunConfig) -> None:
             f"torchrun --nproc_per_node={n} your_script.py, or recsys-dist train --config CONFIG; "
             "or set distributed.nproc_per_node=1 to train on one rank"
         )
+
+
+def write_plan(run_dir: Path, plan, spec: FeatureSpec, plan_text: str) -> None:
+    """``plan.txt`` (TorchRec's plan as text) and ``plan.json`` (one row per table shard) of a run."""
+    (run_dir / "plan.txt").write_text(plan_text + "\n")
+    (run_dir / "plan.json").write_text(json.dumps(sharding.plan_summary(plan, spec.planned_tables()), indent=2))
+
+
+def best_tracker(cfg: RunConfig) -> BestTracker | None:
+    """The tracker of ``train.early_stopping`` (or of validation AUC for ``checkpoint.keep_best``)."""
+    es = cfg.train.early_stopping
+    if es is not None:
+        return BestTracker(es.metric, es.patience, es.min_delta)
+    return BestTracker("auc") if cfg.checkpoint.keep_best else None
+
+
+def progress_bar(total: int, show: bool) -> tqdm:
+    """The training progress bar (steps); ``show``: rank 0 with ``train.progress_bar``."""
+    return tqdm(total=total, desc="train", unit="step", dynamic_ncols=True, leave=False, disable=not show)

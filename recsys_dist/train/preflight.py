@@ -188,12 +188,24 @@ def check_before_launch(job: Job | RunConfig, world_size: int | None = None, mem
     problems += [f"  {p}" for p in missing_data_files(cfg.data)]  # also for a config not from load_config
     problems += [f"  {p}" for p in section_problems(job)]
     problems += [f"  {p}" for p in coverage_problems(job)]
+    world = world_size if world_size is not None else job.world.size
+    problems += _table_problems(job, world)
+    problems += _kernel_problems(cfg, world)
+    if memory:
+        problems += [f"  {p}" for p in batch_memory_problems(cfg, local_rank_count(cfg))]
+    if problems:
+        raise ConfigError("invalid config:\n" + "\n".join(problems))
+
+
+def _table_problems(job: Job, world: int) -> list[str]:
+    """The sharding section against the model's tables and the job's ``world`` size."""
+    cfg = job.cfg
+    problems = []
     tables = table_names(job)
     unknown = sorted(set(cfg.sharding.per_table) - set(tables))
     if unknown:
         problems.append(f"  sharding.per_table: unknown tables {unknown}; the tables are {tables[0]} .. {tables[-1]}")
     fixed = cfg.sharding.fixed_plan
-    world = world_size if world_size is not None else job.world.size
     if fixed is not None:
         missing = [t for t in tables if t not in fixed]
         extra = sorted(set(fixed) - set(tables))
@@ -213,6 +225,12 @@ def check_before_launch(job: Job | RunConfig, world_size: int | None = None, mem
     if cfg.data.categorical_mapping == "hash":  # vocabulary sizes are known once converted (checked then)
         sizes = {t.name: t.num_embeddings for t in job.features.planned_tables()}
         problems += [f"  {p}" for p in small_table_problems(cfg.sharding, sizes, world)]
+    return problems
+
+
+def _kernel_problems(cfg: RunConfig, world: int) -> list[str]:
+    """Kernels, comms, optimizers and pipelines against the device they would run on."""
+    problems = []
     only_dp = _every_table_data_parallel(cfg)
     comms = cfg.sharding.comms
     if (comms.forward, comms.backward) != ("fp32", "fp32") and only_dp:
@@ -257,7 +275,4 @@ def check_before_launch(job: Job | RunConfig, world_size: int | None = None, mem
             )
         problems += [f"  {key}: {k} needs a CUDA device; use fused on CPU" for key, k in uvm_kernels(cfg)]
         problems += [f"  {p}" for p in pipeline_problems(cfg.train.pipeline, "cpu")]
-    if memory:
-        problems += [f"  {p}" for p in batch_memory_problems(cfg, local_rank_count(cfg))]
-    if problems:
-        raise ConfigError("invalid config:\n" + "\n".join(problems))
+    return problems

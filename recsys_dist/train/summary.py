@@ -3,12 +3,74 @@ the lines ``recsys-dist train`` prints from it."""
 
 from __future__ import annotations
 
+import json
+import logging
 from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
 
 from recsys_dist.checkpoint import run_dir as run_dirs
 from recsys_dist.checkpoint.dcp import best_checkpoint
+from recsys_dist.config.run import RunConfig
+from recsys_dist.distributed.ledger import run_ledger
 from recsys_dist.train.early_stopping import BestTracker
 from recsys_dist.train.metrics_writer import finite_or_none
+
+log = logging.getLogger("recsys_dist")
+
+
+def train_window(
+    losses: list[torch.Tensor], real_rows: list[torch.Tensor], world_size: int, task_names: list[str]
+) -> tuple[float, dict[str, float], int]:
+    """The global mean loss of a logging window, its per-task means (``loss/<task>``, several
+    tasks) and the rows trained in it over all ranks; one all_reduce.
+
+    ``losses``: each step's loss (a scalar, or ``[1 + T]``: the total, then each task's);
+    ``real_rows``: each step's sample weights ``[B]`` (rows with weight > 0 count)."""
+    real = (torch.cat(real_rows) > 0).float().sum()  # rows, not the sum of their sample weights
+    means = torch.stack(losses).float().mean(dim=0).reshape(-1)
+    stats = torch.cat([means, real.reshape(1)]).cpu()
+    if world_size > 1:
+        dist.all_reduce(stats)
+    per_task = {}
+    if len(means) > 1:
+        per_task = {f"loss/{n}": float(v) / world_size for n, v in zip(task_names, stats[1:-1])}
+    return float(stats[0]) / world_size, per_task, int(stats[-1])
+
+
+def divergence_error(losses: list[torch.Tensor], step: int, model: nn.Module, good: Path | None) -> FloatingPointError:
+    """The error of a window whose loss became non-finite: its first bad step, the first
+    non-finite parameter and ``good``, the last good checkpoint (checkpoints are only written
+    after a finite window)."""
+    local = torch.stack(losses).float()
+    local = local.reshape(len(local), -1)[:, 0]  # the total (several tasks: [1 + T] a step)
+    bad = torch.nonzero(~torch.isfinite(local)).flatten()
+    first = step - len(local) + 1 + (int(bad[0]) if len(bad) else 0)
+    param = next((n for n, p in model.named_parameters() if not torch.isfinite(p).all()), None)
+    return FloatingPointError(
+        f"non-finite training loss at step {first} (steps {step - len(local) + 1}-{step} checked "
+        f"together); first non-finite parameter: {param or 'none (the loss itself overflowed)'}; "
+        f"last good checkpoint: {good or 'none'}. Lower train.embedding_lr / train.dense_lr"
+        + (", then continue with --resume auto." if good else " and start again.")
+    )
+
+
+def log_early_stop(best: BestTracker, step: int) -> None:
+    log.info(
+        "early stopping at step %d: validation %s has not improved for %d validations (best %.6g at step %s)",
+        step,
+        best.metric,
+        best.bad,
+        best.best if best.best is not None else float("nan"),
+        best.best_step,
+    )
+
+
+def ledger_line(cfg: RunConfig, model: nn.Module, world_size: int) -> dict:
+    """The bytes one step moves (``recsys_dist.distributed.ledger``), as plain JSON values."""
+    return json.loads(json.dumps(finite_or_none(run_ledger(cfg, model, world_size).to_dict())))
 
 
 def run_summary(
