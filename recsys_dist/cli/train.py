@@ -14,16 +14,12 @@ from pathlib import Path
 import torch
 
 from recsys_dist.checkpoint import run_dir as run_dirs
-from recsys_dist.checkpoint.dcp import read_meta
 from recsys_dist.config.loader import load_config
-from recsys_dist.data.config import describe_raw_path
-from recsys_dist.data.loader import steps_per_epoch
-from recsys_dist.data.resolve import prepare_from_config
 from recsys_dist.distributed.env import die_with_launcher, resolve_device, under_launcher
 from recsys_dist.distributed.sharding import load_plan_file
-from recsys_dist.errors import ConfigError, DataError
+from recsys_dist.errors import ConfigError
 from recsys_dist.train import rank_failure
-from recsys_dist.train.job import Job, resolve_job
+from recsys_dist.train.job import Job, prepare_data, resolve_job
 from recsys_dist.train.preflight import check_before_launch
 from recsys_dist.train.summary import print_summary
 from recsys_dist.train.trainer import train
@@ -31,6 +27,7 @@ from recsys_dist.train.worker import (
     RankRun,
     Stopped,
     launch_ranks,
+    nothing_to_train,
     quiet_third_party,
     run_clock,
     signals_stop,
@@ -90,19 +87,14 @@ def _launch_run(args: argparse.Namespace, job: Job, run_dir: Path, resume: Path 
     # no-op resume with other overrides leaves the file that matches the checkpoints.
     run_dirs.write_config(cfg, run_dir, write=resume is None)
     t_data = time.perf_counter()
-    job = job.with_data(_prepare_data(cfg))  # before any rank exists: bad input is reported once and early
+    job = job.with_data(
+        prepare_data(cfg, progress=sys.stderr.isatty())
+    )  # before any rank exists: bad input is reported once and early
     t_data = time.perf_counter() - t_data
     if resume is not None:
-        n, prepared = cfg.distributed.nproc_per_node, job.prepared
-        per_epoch = steps_per_epoch(prepared.rows["train"], cfg.train.batch_size, n, cfg.data.remainder)
-        meta = read_meta(resume)
-        identity = run_dirs.data_identity(prepared.directory, cfg.data.raw_path)
-        new_data = run_dirs.check_same_data(resume, meta, identity, args.resume_on_new_data, "--resume-on-new-data")
-        offset = run_dirs.resume_position(meta, per_epoch, new_data, cfg.train.batch_size * n)[1]
-        total = run_dirs.total_steps(cfg, per_epoch, offset)
-        step = run_dirs.checkpoint_step(resume)
-        if step >= total:
-            print(run_dirs.nothing_to_train(run_dir, resume, step, total))
+        done = nothing_to_train(job, resume, run_dir, args.resume_on_new_data)
+        if done:
+            print(done)
             return 0
         run_dirs.write_config(cfg, run_dir)
     run = RankRun(run_dir, args.profile, resume, args.resume_on_new_data)
@@ -179,19 +171,3 @@ def _resolve_resume(args: argparse.Namespace, run_dir: Path, verify: bool = True
             file=sys.stderr,
         )
     return path
-
-
-def _prepare_data(cfg):
-    """Convert the raw data (cached); returns the ``PreparedData``.
-
-    Raises:
-        DataError: bad input, or an empty training split.
-    """
-    prepared = prepare_from_config(cfg, progress=sys.stderr.isatty())
-    if prepared.rows["train"] == 0:
-        rows = ", ".join(f"{k} {v}" for k, v in prepared.rows.items())
-        raise DataError(
-            f"{describe_raw_path(cfg.data.raw_path)}: the training split is empty ({rows} rows); give more rows or "
-            "change data.split"
-        )
-    return prepared

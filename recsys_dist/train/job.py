@@ -15,9 +15,11 @@ from typing import Any
 import torch
 
 from recsys_dist.config.run import RunConfig
+from recsys_dist.data.config import describe_raw_path
 from recsys_dist.data.convert import PreparedData
-from recsys_dist.data.resolve import raw_format
+from recsys_dist.data.resolve import prepare_from_config, raw_format
 from recsys_dist.data.spec import FeatureSpec
+from recsys_dist.errors import DataError
 from recsys_dist.models.build import feature_spec, table_sizes
 from recsys_dist.models.registry import ModelSpec, get_model
 
@@ -104,6 +106,22 @@ def _model(cfg: RunConfig) -> ModelSpec | None:
         return get_model(cfg.model.name)
     except (ValueError, ImportError):
         return None
+
+
+def prepare_data(cfg: RunConfig, progress: bool = False) -> PreparedData:
+    """Convert the raw data (cached); the ``PreparedData``.
+
+    Raises:
+        DataError: bad input, or an empty training split.
+    """
+    prepared = prepare_from_config(cfg, progress=progress)
+    if prepared.rows["train"] == 0:
+        rows = ", ".join(f"{k} {v}" for k, v in prepared.rows.items())
+        raise DataError(
+            f"{describe_raw_path(cfg.data.raw_path)}: the training split is empty ({rows} rows); give more rows or "
+            "change data.split"
+        )
+    return prepared
 
 
 def resolve_job(cfg: RunConfig, prepared: PreparedData | None = None, world_size: int | None = None) -> Job:

@@ -31,7 +31,8 @@ from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, record
 
 from recsys_dist.checkpoint import run_dir as run_dirs
-from recsys_dist.checkpoint.dcp import latest_checkpoint
+from recsys_dist.checkpoint.dcp import latest_checkpoint, read_meta
+from recsys_dist.data.loader import steps_per_epoch
 from recsys_dist.distributed.env import die_with_launcher
 from recsys_dist.errors import CheckpointError, ConfigError, DataError, MetricsError
 from recsys_dist.train import rank_failure
@@ -215,6 +216,24 @@ def launch_ranks(job: Job, run: RankRun, start_method: str, resume_command: list
         print(text, file=sys.stderr)
         return None
     return run_dirs.read_summary(run.run_dir)
+
+
+def nothing_to_train(job: Job, resume: Path, run_dir: Path, resume_on_new_data: bool) -> str | None:
+    """What the launcher says when the checkpoint ``resume`` is already at the run's last step
+    over the converted data ``job.prepared``, or None when there is something left to train.
+
+    Raises:
+        DataChanged: the checkpoint was trained on other data and not ``resume_on_new_data``.
+    """
+    cfg, prepared, n = job.cfg, job.prepared, job.cfg.distributed.nproc_per_node
+    per_epoch = steps_per_epoch(prepared.rows["train"], cfg.train.batch_size, n, cfg.data.remainder)
+    meta = read_meta(resume)
+    identity = run_dirs.data_identity(prepared.directory, cfg.data.raw_path)
+    new_data = run_dirs.check_same_data(resume, meta, identity, resume_on_new_data, "--resume-on-new-data")
+    offset = run_dirs.resume_position(meta, per_epoch, new_data, cfg.train.batch_size * n)[1]
+    total = run_dirs.total_steps(cfg, per_epoch, offset)
+    step = run_dirs.checkpoint_step(resume)
+    return run_dirs.nothing_to_train(run_dir, resume, step, total) if step >= total else None
 
 
 def stopped_message(stop: Stopped, run_dir: Path) -> str:
