@@ -172,7 +172,7 @@ def measure(rank: int, world: int, spec: dict) -> dict:
     from recsys_dist.data.resolve import feature_names, prepare_from_config
     from recsys_dist.distributed.env import init_distributed
     from recsys_dist.models.build import table_sizes
-    from recsys_dist.train.trainer import shard_model
+    from recsys_dist.train.build import shard_model
 
     name = spec["model"]
     cfg = load(spec, name)

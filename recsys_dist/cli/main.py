@@ -284,7 +284,6 @@ def build_parser() -> argparse.ArgumentParser:
         "interrupted epoch starts again from its first batch over the new data",
     )
     p.add_argument("--plan", default=None, help="reuse a placement: the plan.json of an earlier run")
-    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.batch_size=256")
     p.set_defaults(func=train_cmd.cmd_train)
 

@@ -325,7 +325,7 @@ def sharded_and_unsharded(cfg, batch: CTRBatch) -> tuple:
     (sharded output, unsharded output), each CTRTask's (loss, (loss, logits, labels))."""
     from recsys_dist.distributed.env import init_distributed
     from recsys_dist.models import build_model
-    from recsys_dist.train.trainer import shard_model
+    from recsys_dist.train.build import shard_model
 
     ctx = init_distributed(cfg)
     torch.manual_seed(0)
@@ -362,8 +362,8 @@ def one_rank_without_ddp(rank: int, world_size: int, steps: int) -> dict:
     from recsys_dist.distributed import sharding
     from recsys_dist.distributed.env import init_distributed
     from recsys_dist.distributed.optim import build_optimizer, fuse_embedding_optimizer
-    from recsys_dist.models.build import embedding_configs
-    from recsys_dist.train.trainer import build_model, shard_model
+    from recsys_dist.models.build import build_model, embedding_configs
+    from recsys_dist.train.build import shard_model
     from tests.conftest import QUICKSTART
 
     cfg = load_config(
@@ -478,7 +478,7 @@ def _trainer_vs_shard() -> dict:
     from recsys_dist.distributed.env import init_distributed
     from recsys_dist.distributed.optim import fuse_embedding_optimizer
     from recsys_dist.models import build_model
-    from recsys_dist.train.trainer import shard_model
+    from recsys_dist.train.build import shard_model
     from tests.conftest import QUICKSTART
 
     cfg = load_config(QUICKSTART, [f"train.seed={INIT_SEED}"])

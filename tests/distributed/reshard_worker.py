@@ -11,7 +11,7 @@ def resharded_state(rank: int, world_size: int, overrides: list[str], checkpoint
     from recsys_dist.config import load_config
     from recsys_dist.distributed.env import init_distributed
     from recsys_dist.distributed.tables import gather_full_state_dict
-    from recsys_dist.train.trainer import shard_model
+    from recsys_dist.train.build import shard_model
     from tests.conftest import QUICKSTART
 
     cfg = load_config(QUICKSTART, overrides)
