@@ -123,3 +123,19 @@ def test_one_validation_one_preflight_one_model_per_rank(tmp_path):
         assert got["model_meta"] + got["model"] == 1, (rank, got)
         assert got["plan"] == 1, (rank, got)
         assert got["feature_spec"] <= 1, (rank, got)
+
+
+def test_a_spawned_rank_gets_the_job_pickled():
+    """``distributed.start_method: spawn`` pickles the Job to each rank: config, features and
+    world travel; the format object and the model's registry entry are looked up again."""
+    import pickle
+
+    from recsys_dist.config import load_config
+    from recsys_dist.train.job import resolve_job
+
+    job = resolve_job(load_config(QUICKSTART, TINY))
+    back = pickle.loads(pickle.dumps(job))
+    assert back.cfg == job.cfg and back.world == job.world
+    tables = [(t.name, t.num_embeddings, t.embedding_dim) for t in back.features.planned_tables()]
+    assert tables == [(t.name, t.num_embeddings, t.embedding_dim) for t in job.features.planned_tables()]
+    assert back.model is job.model and list(back.fmt.sparse_names) == list(job.fmt.sparse_names)

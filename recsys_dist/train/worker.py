@@ -7,9 +7,10 @@ converts the data, then either trains in its own process or starts
 ranks never parse the command line or validate the config again. Under torchrun (no launcher
 of ours) every process runs ``recsys-dist train`` itself and trains through :func:`train_rank`.
 
-Process exits (docs/design.md): a rank that failed leaves with ``os._exit`` right after
-printing, so that it is the one the elastic agent sees fail first and no interpreter
-finalisation (a native thread torn down there aborted ~1 run in 40) runs after its report.
+Process exits (docs/design/0011-one-resolved-job-and-the-rank-entry.md): a rank that failed
+leaves with ``os._exit`` right after printing, so that it is the one the elastic agent sees
+fail first and no interpreter finalisation (a native thread torn down there aborted ~1 run in
+40) runs after its report.
 """
 
 from __future__ import annotations
