@@ -87,9 +87,8 @@ def _launch_run(args: argparse.Namespace, job: Job, run_dir: Path, resume: Path 
     # no-op resume with other overrides leaves the file that matches the checkpoints.
     run_dirs.write_config(cfg, run_dir, write=resume is None)
     t_data = time.perf_counter()
-    job = job.with_data(
-        prepare_data(cfg, progress=sys.stderr.isatty())
-    )  # before any rank exists: bad input is reported once and early
+    # Before any rank exists, so that bad input is reported once and early.
+    job = job.with_data(prepare_data(cfg, progress=sys.stderr.isatty()))
     t_data = time.perf_counter() - t_data
     if resume is not None:
         done = nothing_to_train(job, resume, run_dir, args.resume_on_new_data)
