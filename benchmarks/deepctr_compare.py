@@ -93,7 +93,7 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", choices=list(PAIRS), default=list(PAIRS))
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
-    from recsys_dist.config import load_config
+    from recsys_dist.config.loader import load_config
     from recsys_dist.data.resolve import feature_names, prepare_from_config
     from recsys_dist.models.build import table_sizes
 

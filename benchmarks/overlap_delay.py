@@ -256,7 +256,7 @@ def job(config: str, out: str, delays: list[float], steps: int, reps: int, net: 
     import torch.distributed as dist
 
     import recsys_dist
-    from recsys_dist.config import load_config
+    from recsys_dist.config.loader import load_config
     from recsys_dist.distributed.comm_counter import CommCounter
 
     warnings.filterwarnings("ignore")

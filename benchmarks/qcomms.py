@@ -26,7 +26,7 @@ from benchmarks import side_by_side  # noqa: E402
 
 def job(config: str, run_dir: str, overrides: list[str]) -> dict:
     import recsys_dist
-    from recsys_dist.config import load_config
+    from recsys_dist.config.loader import load_config
 
     with recsys_dist.Trainer(load_config(config, overrides), run_dir) as trainer:
         summary = trainer.fit()

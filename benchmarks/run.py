@@ -75,7 +75,7 @@ def overrides(spec: dict, model: str) -> list[str]:
         f"train.precision={spec.get('precision', 'fp32')}",
     ]
     if model == "mlperf":
-        from recsys_dist.config import load_config
+        from recsys_dist.config.loader import load_config
 
         sizes = load_config(ROOT / "configs" / "mlperf_dlrmv2.yaml").data.num_embeddings
         capped = [min(n, spec["max_rows"]) for n in sizes]
@@ -88,7 +88,7 @@ CONFIG_FILES = {"dlrm": "criteo_quickstart.yaml", "deepfm": "criteo_deepfm.yaml"
 
 
 def load(spec: dict, name: str):
-    from recsys_dist.config import load_config
+    from recsys_dist.config.loader import load_config
 
     return load_config(ROOT / "configs" / CONFIG_FILES[name], overrides(spec, name))
 
@@ -172,7 +172,7 @@ def measure(rank: int, world: int, spec: dict) -> dict:
     from recsys_dist.data.resolve import feature_names, prepare_from_config
     from recsys_dist.distributed.env import init_distributed
     from recsys_dist.models.build import table_sizes
-    from recsys_dist.train.trainer import shard_model
+    from recsys_dist.train.build import shard_model
 
     name = spec["model"]
     cfg = load(spec, name)

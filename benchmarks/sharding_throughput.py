@@ -30,9 +30,9 @@ def _measure(rank: int, world_size: int, steps: int, warmup: int) -> dict:
     import torch.distributed as dist
     from torchrec.distributed.train_pipeline import TrainPipelineBase, TrainPipelineSparseDist
 
-    from recsys_dist.config import load_config
+    from recsys_dist.config.loader import load_config
     from recsys_dist.distributed.env import init_distributed
-    from recsys_dist.train.trainer import make_loaders, shard_model
+    from recsys_dist.train.build import make_loaders, shard_model
 
     results = {}
     configs = [(t, "sparse_dist") for t in TYPES] + [("table_wise", "base"), ("row_wise", "base")]

@@ -196,12 +196,12 @@ def measure(rank: int, world: int, spec: dict) -> dict:
     from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
 
     from benchmarks import baselines
-    from recsys_dist.config import load_config
+    from recsys_dist.config.loader import load_config
     from recsys_dist.data.loader import CTRBatch
     from recsys_dist.data.resolve import feature_names, prepare_from_config
     from recsys_dist.distributed.env import init_distributed
     from recsys_dist.models.build import table_sizes
-    from recsys_dist.train.trainer import shard_model
+    from recsys_dist.train.build import shard_model
 
     cfg = load_config(ROOT / "configs" / "criteo_quickstart.yaml", spec["overrides"])
     ctx = init_distributed(cfg)

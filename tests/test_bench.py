@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from benchmarks import baselines, growth, hardware
-from recsys_dist.config import load_config
+from recsys_dist.config.loader import load_config
 from tests.conftest import QUICKSTART
 
 

@@ -64,7 +64,7 @@ def test_a_checkpoint_of_recsys_dist_0_1_is_refused_not_remapped(tmp_path):
 
     from recsys_dist.checkpoint.dcp import load_checkpoint
     from recsys_dist.checkpoint.run_dir import resolve_resume
-    from recsys_dist.config import load_config
+    from recsys_dist.config.loader import load_config
     from recsys_dist.errors import CheckpointError
     from recsys_dist.models.build import build_model
     from recsys_dist.serve.export import load

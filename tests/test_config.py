@@ -3,8 +3,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from recsys_dist.config import ConfigError, load_config, parse_overrides
-from recsys_dist.train.preflight import check_before_launch
+from recsys_dist.config import ConfigError
+from recsys_dist.config.loader import load_config, parse_overrides
+from recsys_dist.train.preflight import check_before_launch, check_sections
+from recsys_dist.train.trainer import Trainer
 from tests.conftest import QUICKSTART, ROOT
 
 
@@ -226,3 +228,15 @@ def test_a_config_file_holding_a_scalar_says_so(tmp_path):
         (tmp_path / "c.yaml").write_text(text)
         with pytest.raises(ConfigError, match="must hold a mapping of sections"):
             load_config(tmp_path / "c.yaml")
+
+
+def test_cross_section_problems_come_from_preflight_and_the_trainer(tmp_path):
+    """RunConfig validation checks each section alone (config does not call train/preflight);
+    the cross-section rules run once on the resolved Job: by `recsys-dist train` before any rank,
+    and by the Trainer for a config given to it directly, before it takes the run directory."""
+    cfg = load_config(ROOT / "configs" / "avazu_deepfm.yaml", ["model.name=dlrm"])  # no dense features
+    with pytest.raises(ConfigError, match="model.name: dlrm needs dense features and avazu_csv has none"):
+        check_sections(cfg)
+    with pytest.raises(ConfigError, match="model.name: dlrm needs dense features"):
+        Trainer(cfg, tmp_path / "run")
+    assert not (tmp_path / "run").exists()

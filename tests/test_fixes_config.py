@@ -3,8 +3,9 @@ that reads none, per_table naming of sequence tables."""
 
 import pytest
 
-from recsys_dist.config import ConfigError, load_config
-from recsys_dist.train.preflight import check_before_launch, table_names
+from recsys_dist.config import ConfigError
+from recsys_dist.config.loader import load_config
+from recsys_dist.train.preflight import check_before_launch, check_sections, table_names
 from tests.conftest import ROOT
 
 DIN = ROOT / "configs" / "movielens_din.yaml"
@@ -19,7 +20,7 @@ def test_managed_with_sequence_features_is_refused():
 
 def test_model_without_sequences_refuses_sequence_features():
     with pytest.raises(ConfigError) as e:
-        load_config(DIN, ["model={name: dcnv2}"])
+        check_sections(load_config(DIN, ["model={name: dcnv2}"]))  # preflight's cross-section pass
     msg = str(e.value)
     assert "model.name: dcnv2" in msg and "data.schema.history" in msg
 

@@ -8,7 +8,9 @@ import pyarrow.parquet as pq
 import pytest
 from sklearn.metrics import roc_auc_score
 
-from recsys_dist.config import ConfigError, load_config
+from recsys_dist.config import ConfigError
+from recsys_dist.config.loader import load_config
+from recsys_dist.train.preflight import check_sections
 from tests.cli import read_metrics, run_cli
 from tests.conftest import QUICKSTART, ROOT
 
@@ -17,12 +19,13 @@ MOVIELENS = ROOT / "configs" / "movielens_deepfm.yaml"
 
 def test_group_feature_takes_a_one_hot_schema_column():
     cfg = load_config(MOVIELENS, ["eval.group_feature=userId"])
+    check_sections(cfg)
     assert cfg.eval.group_feature == "userId"
 
 
 def test_unknown_group_feature_lists_the_valid_ones():
     with pytest.raises(ConfigError) as err:
-        load_config(MOVIELENS, ["eval.group_feature=nope"])
+        check_sections(load_config(MOVIELENS, ["eval.group_feature=nope"]))
     msg = str(err.value)
     assert "eval.group_feature" in msg and "'nope'" in msg
     assert "userId" in msg and "movieId" in msg
@@ -30,12 +33,14 @@ def test_unknown_group_feature_lists_the_valid_ones():
 
 def test_multi_hot_group_feature_is_refused():
     with pytest.raises(ConfigError) as err:
-        load_config(MOVIELENS, ["eval.group_feature=genres"])
+        check_sections(load_config(MOVIELENS, ["eval.group_feature=genres"]))
     assert "eval.group_feature" in str(err.value) and "multi-hot" in str(err.value)
 
 
 def test_criteo_group_feature_still_loads():
-    assert load_config(QUICKSTART, ["eval.group_feature=C1"]).eval.group_feature == "C1"
+    cfg = load_config(QUICKSTART, ["eval.group_feature=C1"])
+    check_sections(cfg)
+    assert cfg.eval.group_feature == "C1"
 
 
 def sklearn_gauc(labels: np.ndarray, scores: np.ndarray, groups: np.ndarray) -> tuple[float, int]:

@@ -3,7 +3,8 @@
 
 import pytest
 
-from recsys_dist.config import ConfigError, load_config
+from recsys_dist.config import ConfigError
+from recsys_dist.config.loader import load_config
 from recsys_dist.distributed.dry_run import dry_run
 from recsys_dist.distributed.ledger import PHASES
 from recsys_dist.train.preflight import check_before_launch
@@ -166,7 +167,7 @@ def test_comms_refused_on_one_rank():
 
 
 def test_a_one_rank_trainer_refuses_comms_before_taking_its_run_directory(tmp_path):
-    from recsys_dist import Trainer
+    from recsys_dist.train.trainer import Trainer
 
     cfg = load_config(
         QUICKSTART, ["sharding.comms.forward=fp16", "distributed.device=cpu", "distributed.nproc_per_node=1"]

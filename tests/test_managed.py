@@ -12,7 +12,8 @@ import shutil
 import numpy as np
 import pytest
 
-from recsys_dist.config import ConfigError, load_config
+from recsys_dist.config import ConfigError
+from recsys_dist.config.loader import load_config
 from tests.cli import read_metrics, run_cli
 from tests.conftest import QUICKSTART, ROOT
 from tests.test_checkpoint import WS, assert_same_losses, train

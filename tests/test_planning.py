@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from recsys_dist.config import ConfigError, load_config
+from recsys_dist.config import ConfigError
+from recsys_dist.config.loader import load_config
 from recsys_dist.distributed.dry_run import PlanError, dry_run
 from tests.cli import run_cli
 from tests.conftest import QUICKSTART, ROOT

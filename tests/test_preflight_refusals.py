@@ -8,7 +8,9 @@ from torch import nn
 from torchrec import EmbeddingBagCollection
 
 from recsys_dist.cli import main as cli
-from recsys_dist.config import ConfigError, load_config
+from recsys_dist.cli import train as train_cmd
+from recsys_dist.config import ConfigError
+from recsys_dist.config.loader import load_config
 from recsys_dist.train.preflight import check_before_launch
 from tests.conftest import QUICKSTART, ROOT
 
@@ -65,9 +67,11 @@ def test_plan_refuses_a_type_no_sequence_table_takes(override, key, capsys):
     assert "['data_parallel', 'table_wise', 'row_wise', 'column_wise']" in err and "Traceback" not in err
 
 
-def test_fixed_plan_of_a_sequence_table_is_checked_with_the_config():
+def test_fixed_plan_of_a_sequence_table_is_checked_before_launch():
     with pytest.raises(ConfigError, match=r"sharding\.fixed_plan\.s_history\.sharding_type: table_row_wise"):
-        load_config(DIN, ["sharding.fixed_plan={s_history: {sharding_type: table_row_wise, ranks: [0, 1]}}"])
+        check_before_launch(
+            load_config(DIN, ["sharding.fixed_plan={s_history: {sharding_type: table_row_wise, ranks: [0, 1]}}"])
+        )
 
 
 @pytest.mark.parametrize("mapping", [[], MANAGED], ids=["hash", "managed"])
@@ -86,13 +90,13 @@ def test_decay_exponent_with_lfu_is_refused():
 
 
 def test_ranks_fork_on_cpu_spawn_on_cuda_and_fork_with_cuda_is_refused(monkeypatch):
-    assert cli.start_method(load_config(QUICKSTART, ["distributed.device=cpu"])) == "spawn"  # main() from Python
-    monkeypatch.setattr(cli, "_ENTRY_POINT", True)  # the recsys-dist command
-    assert cli.start_method(load_config(QUICKSTART, ["distributed.device=cpu"])) == "fork"
-    assert cli.start_method(load_config(QUICKSTART, ["distributed.device=cuda"])) == "spawn"
-    assert cli.start_method(load_config(QUICKSTART, ["distributed.start_method=spawn"])) == "spawn"
+    assert train_cmd.start_method(load_config(QUICKSTART, ["distributed.device=cpu"])) == "spawn"  # from Python
+    monkeypatch.setattr(train_cmd, "_ENTRY_POINT", True)  # the recsys-dist command
+    assert train_cmd.start_method(load_config(QUICKSTART, ["distributed.device=cpu"])) == "fork"
+    assert train_cmd.start_method(load_config(QUICKSTART, ["distributed.device=cuda"])) == "spawn"
+    assert train_cmd.start_method(load_config(QUICKSTART, ["distributed.start_method=spawn"])) == "spawn"
     with pytest.raises(ConfigError, match="distributed.start_method: fork cannot start CUDA ranks"):
-        cli.start_method(load_config(QUICKSTART, ["distributed.device=cuda", "distributed.start_method=fork"]))
+        train_cmd.start_method(load_config(QUICKSTART, ["distributed.device=cuda", "distributed.start_method=fork"]))
 
 
 def test_a_batch_that_cannot_fit_in_memory_is_refused_before_launch(tmp_path, capsys, monkeypatch):

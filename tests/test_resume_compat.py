@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from recsys_dist.checkpoint.compat import check_compatible
-from recsys_dist.config import load_config
+from recsys_dist.config.loader import load_config
 from recsys_dist.errors import CheckpointError
 from tests.conftest import QUICKSTART, ROOT
 

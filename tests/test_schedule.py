@@ -45,7 +45,7 @@ def test_schedule_reaches_the_fused_embedding_update(tmp_path):
         assert r.returncode == 0, r.stderr[-2000:]
         assert run_cli(["export", str(run), "--out", str(run / "export")], tmp_path).returncode == 0
         moved[name] = load_file(str(run / "export" / "model.safetensors"))
-    from recsys_dist.config import load_config
+    from recsys_dist.config.loader import load_config
     from recsys_dist.distributed.tables import init_tables
     from recsys_dist.models.build import build_model, embedding_configs
 

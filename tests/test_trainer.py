@@ -8,7 +8,8 @@ import time
 import pytest
 
 import recsys_dist
-from recsys_dist.config import ConfigError, load_config
+from recsys_dist.config import ConfigError
+from recsys_dist.config.loader import load_config
 from recsys_dist.train.launch import RankFailedError
 from recsys_dist.train.pipelines import PIPELINES
 from tests.cli import read_metrics, run_cli

@@ -2,14 +2,16 @@
 
 Each section belongs to the component that uses it; this module only composes them and
 dispatches ``model:`` to the class of the chosen ``model.name``. Checks that need two
-sections live in ``recsys_dist.train.preflight`` (the one module that sees every section).
+sections live in ``recsys_dist.train.preflight`` (the one module that sees every section),
+which runs them once on the resolved run (``recsys_dist.train.job.Job``): the command line
+before any rank starts, the Trainer for a config it is given.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field, SerializeAsAny, field_validator, model_validator
+from pydantic import Field, SerializeAsAny, field_validator
 
 from recsys_dist.checkpoint.config import CheckpointConfig
 from recsys_dist.config.base import Section
@@ -26,7 +28,10 @@ class RunConfig(Section):
 
     Build it with :func:`recsys_dist.load_config` (YAML plus dotted overrides) or
     :func:`recsys_dist.config.config_from_dict`; both raise ``ConfigError`` listing every
-    problem. ``model`` is an instance of the chosen model's own config class.
+    problem of each section. Problems across sections (a loss for a task the data lacks, a
+    model that needs dense features, ...) are reported by
+    ``recsys_dist.train.preflight.check_sections``, which ``recsys-dist train`` and the
+    Trainer run. ``model`` is an instance of the chosen model's own config class.
     """
 
     data: DataConfig
@@ -43,15 +48,6 @@ class RunConfig(Section):
         if isinstance(value, ModelConfig) or not isinstance(value, dict):
             return value
         return model_config_class(value.get("name", "dlrm")).model_validate(value)
-
-    @model_validator(mode="after")
-    def _cross_sections(self) -> RunConfig:
-        from recsys_dist.train.preflight import section_problems
-
-        problems = section_problems(self)
-        if problems:
-            raise ValueError("; ".join(problems))
-        return self
 
     def to_dict(self) -> dict[str, Any]:
         """Every key with its resolved value, as plain JSON types (what config.yaml holds)."""

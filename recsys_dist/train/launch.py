@@ -1,5 +1,5 @@
 """Starting ranks: :func:`launch` runs a Python function on N local ranks (the library's
-way), :func:`launch_workers` runs ``recsys-dist train`` on them (the command line's way).
+way), :func:`launch_workers` runs ``recsys-dist train``'s rank function on them (the command line's way).
 Both go through torch.distributed's elastic launcher, the code ``torchrun`` runs.
 
 ``recsys_dist.train.launch`` is the function :func:`launch` (the package binds it on import), so
@@ -154,22 +154,21 @@ def _failure_traceback(failure) -> str:
 
 
 def launch_workers(
-    entry: Callable[[list[str]], int],
-    run_dir: Path,
+    entry: Callable[..., int],
+    args: tuple,
     nproc_per_node: int,
     max_restarts: int,
-    extra_args: list[str] = (),
     start_method: str = "spawn",
 ) -> None:
-    """Run ``entry(["train", ..., "--worker"])`` (``recsys-dist train``'s rank,
-    ``recsys_dist.cli.main.cli_rank``) on ``nproc_per_node`` local ranks through torch.distributed's
+    """Run ``entry(*args)`` (``recsys-dist train``'s rank, ``recsys_dist.train.worker.rank_main``
+    on the resolved Job) on ``nproc_per_node`` local ranks through torch.distributed's
     elastic launcher (``elastic_launch``, torchrun's agent, standalone c10d rendezvous).
 
-    The workers read the resolved ``run_dir/config.yaml``. ``start_method``: ``"fork"`` (CPU:
-    the ranks inherit this process's imports, about 6 CPU-seconds of torch and torchrec per
-    rank) or ``"spawn"`` (fresh interpreters; CUDA does not survive a fork). Forking is safe
-    here because this process never ran a multi-threaded OpenMP region (``cmd_train`` keeps
-    it at one intra-op thread) and holds no process group; each forked rank restores the
+    ``start_method``: ``"fork"`` (CPU: the ranks inherit this process's imports, about 6
+    CPU-seconds of torch and torchrec per rank, and ``args`` as they are) or ``"spawn"`` (fresh
+    interpreters, ``args`` pickled; CUDA does not survive a fork). Forking is safe here
+    because this process never ran a multi-threaded OpenMP region (``recsys-dist train``
+    keeps it at one intra-op thread) and holds no process group; each forked rank restores the
     default signal handlers before it starts.
 
     Raises ``torch.distributed.elastic.multiprocessing.errors.ChildFailedError`` when a rank
@@ -189,10 +188,9 @@ def launch_workers(
     # "Terminating process N via signal SIGTERM": the other ranks being stopped after a failure,
     # which the caller's message says.
     logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)
-    argv = ["train", "--config", str(run_dir / "config.yaml"), "--run-dir", str(run_dir), "--worker", *extra_args]
     sys.stdout.flush()
     sys.stderr.flush()
-    elastic_launch(config, entry)(argv)
+    elastic_launch(config, entry)(*args)
 
 
 def first_failure(err) -> tuple[int, Any]:

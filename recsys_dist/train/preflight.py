@@ -1,15 +1,18 @@
 """Checks across config sections, and checks of the machine and files before any rank starts.
 
-The one module that sees every section: :func:`section_problems` runs inside ``RunConfig``
-validation (so ``load_config`` reports them with every other problem);
-:func:`check_before_launch` adds what needs the filesystem or the device.
+The one module that sees every section, run once on the resolved :class:`Job`: by the
+launcher (:func:`check_before_launch`, before the run directory is taken and any rank
+starts), or by the Trainer for a config it is given directly (:func:`check_sections`).
+``RunConfig`` validation (``load_config``) checks each section on its own.
 """
 
 from __future__ import annotations
 
+import torch
+
 from recsys_dist.config.base import ConfigError
+from recsys_dist.config.run import RunConfig
 from recsys_dist.data.config import missing_data_files
-from recsys_dist.data.resolve import feature_names, sequence_names, tasks
 from recsys_dist.distributed.config import CUDA_ONLY_KERNELS
 from recsys_dist.distributed.rules import (
     comms_problems,
@@ -18,20 +21,41 @@ from recsys_dist.distributed.rules import (
     small_table_problems,
     unpooled_type_problems,
 )
+from recsys_dist.distributed.sharders import check_covered
 from recsys_dist.models.registry import get_model
+from recsys_dist.train.batch_memory import batch_memory_problems, local_rank_count
+from recsys_dist.train.job import Job, resolve_job
 from recsys_dist.train.pipelines import pipeline_problems
 
 
-def section_problems(cfg) -> list[str]:
+def _job(job: Job | RunConfig, world_size: int | None = None) -> Job:
+    return job if isinstance(job, Job) else resolve_job(job, world_size=world_size)
+
+
+def check_sections(job: Job | RunConfig) -> None:
+    """:func:`section_problems` as one error (what the Trainer runs on a config it is given).
+
+    Raises:
+        ConfigError: "invalid config:" and every problem, one a line.
+    """
+    problems = section_problems(job)
+    if problems:
+        raise ConfigError("invalid config:\n" + "\n".join(f"  {p}" for p in problems))
+
+
+def section_problems(job: Job | RunConfig) -> list[str]:
     """Problems that involve two sections (each as "dotted.key: what is wrong; the fix").
 
-    ``cfg`` is a ``RunConfig`` whose sections are each valid on their own.
+    ``job``: the resolved run (or a ``RunConfig``, resolved here) whose sections are each
+    valid on their own.
     """
+    job = _job(job)
+    cfg, fmt = job.cfg, job.fmt
     problems = []
-    _, sparse = feature_names(cfg)
-    spec = get_model(cfg.model.name)
+    sparse = list(fmt.sparse_names)
+    spec = job.model or get_model(cfg.model.name)
     problems += spec.problems(cfg)  # the model's own (registered checks: dense needed, one task, ...)
-    names, kinds = tasks(cfg)
+    names, kinds = list(fmt.task_names), list(fmt.task_kinds)
     t = cfg.train
     named = list(t.loss) if isinstance(t.loss, dict) else []
     for key, keys in (("train.loss", named), ("train.loss_weights", list(t.loss_weights))):
@@ -63,7 +87,7 @@ def section_problems(cfg) -> list[str]:
             problems.append(
                 "eval.group_feature: GAUC needs every prediction; it cannot be combined with eval.auc_buckets"
             )
-    seq = sequence_names(cfg)
+    seq = list(job.features.sequence_names)
     # s_<feature>: how models.build names the sequence tables (EmbeddingCollection)
     problems += unpooled_type_problems(cfg.sharding, [f"s_{n}" for n in seq])
     if spec.evaluator is None and cfg.eval.retrieval_k is not None:
@@ -76,29 +100,23 @@ def section_problems(cfg) -> list[str]:
     return problems
 
 
-def table_names(cfg) -> list[str]:
+def table_names(job: Job | RunConfig) -> list[str]:
     """Every table of the configured model, named as the model names them
-    (``models.build.embedding_configs``): ``t_<feature>``, ``w_<feature>`` for models registered
+    (``FeatureSpec.planned_tables``): ``t_<feature>``, ``w_<feature>`` for models registered
     with first-order tables, then ``s_<feature>`` for sequence features."""
-    from recsys_dist.models.build import embedding_configs
-
-    return [t.name for t in embedding_configs(cfg)]
+    return [t.name for t in _job(job).features.planned_tables()]
 
 
-def coverage_problems(cfg) -> list[str]:
+def coverage_problems(job: Job | RunConfig) -> list[str]:
     """Embedding modules of the configured model that no sharder covers (``sharding.check_covered``:
     a plain ``nn.Embedding`` / ``nn.EmbeddingBag`` would be replicated in full on every rank),
     found by building the model with its tables on the meta device, as the ranks do. A model
     that fails to build here is left to the ranks, which build it on their own device and
     report that failure."""
-    import torch
-
-    from recsys_dist.distributed.sharders import check_covered
-    from recsys_dist.models.build import feature_spec
-
+    job = _job(job)
+    cfg = job.cfg
     try:
-        spec = feature_spec(cfg, device=torch.device("cpu"), embedding_device=torch.device("meta"))
-        model = get_model(cfg.model.name).build(spec, cfg.model)
+        model = (job.model or get_model(cfg.model.name)).build(job.features, cfg.model)
     except Exception:  # noqa: BLE001 - not this check's to report (see the docstring)
         return []
     if not isinstance(model, torch.nn.Module):
@@ -131,10 +149,12 @@ def _every_table_data_parallel(cfg) -> bool:
     return all(t.sharding_types in ([], None, ["data_parallel"]) for t in s.per_table.values())
 
 
-def check_before_launch(cfg, world_size: int | None = None, memory: bool = True) -> None:
-    """Checks that need the filesystem or the machine, run before any rank is spawned.
+def check_before_launch(job: Job | RunConfig, world_size: int | None = None, memory: bool = True) -> None:
+    """Every check of a run before any rank is spawned: :func:`section_problems`, and those that
+    need the filesystem or the machine; all problems in one error.
 
-    ``world_size`` is the job's size when known (under torchrun), else nproc_per_node.
+    ``job``: the resolved run (a ``RunConfig`` is resolved here). ``world_size`` is the job's
+    size when known (under torchrun), else ``job.world.size``.
     ``memory``: check that one batch fits in the machine's memory
     (``recsys_dist.train.batch_memory``); off in a rank, whose peers are allocating meanwhile.
 
@@ -142,20 +162,30 @@ def check_before_launch(cfg, world_size: int | None = None, memory: bool = True)
         ConfigError: the data file is missing, the device asked for is absent, the model holds
             an embedding module no sharder covers (:func:`coverage_problems`), ...
     """
+    job = _job(job, world_size)
+    cfg = job.cfg
     problems = []
     if cfg.data.raw_path is None:
         problems.append("  data.raw_path: not set; training needs a raw data file")
     problems += [f"  {p}" for p in missing_data_files(cfg.data)]  # also for a config not from load_config
-    problems += [f"  {p}" for p in section_problems(cfg)]
-    problems += [f"  {p}" for p in coverage_problems(cfg)]
-    tables = table_names(cfg)
+    problems += [f"  {p}" for p in section_problems(job)]
+    problems += [f"  {p}" for p in coverage_problems(job)]
+    world = world_size if world_size is not None else job.world.size
+    problems += _table_problems(job, world)
+    problems += _kernel_problems(cfg, world)
+    if memory:
+        problems += [f"  {p}" for p in batch_memory_problems(cfg, local_rank_count(cfg))]
+    if problems:
+        raise ConfigError("invalid config:\n" + "\n".join(problems))
+
+
+def _table_problems(job: Job, world: int) -> list[str]:
+    """The sharding section against the model's tables and the job's ``world`` size."""
+    cfg = job.cfg
+    problems = []
+    tables = table_names(job)
     problems += [f"  {p}" for p in per_table_problems(cfg.sharding, tables)]
-    if cfg.eval.group_feature and cfg.eval.auc_buckets:
-        problems.append(
-            "  eval.group_feature: GAUC needs every prediction; it cannot be combined with eval.auc_buckets"
-        )
     fixed = cfg.sharding.fixed_plan
-    world = world_size if world_size is not None else cfg.distributed.nproc_per_node
     problems += [f"  {p}" for p in fixed_plan_problems(cfg.sharding, tables, world)]
     if cfg.sharding.sharding_types == ["table_wise"] and world > len(tables) and fixed is None:
         problems.append(
@@ -163,10 +193,14 @@ def check_before_launch(cfg, world_size: int | None = None, memory: bool = True)
             "sharding_types [table_wise]; allow row_wise or column_wise, or use fewer ranks"
         )
     if cfg.data.categorical_mapping == "hash":  # vocabulary sizes are known once converted (checked then)
-        from recsys_dist.models.build import embedding_configs
-
-        sizes = {t.name: t.num_embeddings for t in embedding_configs(cfg)}
+        sizes = {t.name: t.num_embeddings for t in job.features.planned_tables()}
         problems += [f"  {p}" for p in small_table_problems(cfg.sharding, sizes, world)]
+    return problems
+
+
+def _kernel_problems(cfg: RunConfig, world: int) -> list[str]:
+    """Kernels, comms, optimizers and pipelines against the device they would run on."""
+    problems = []
     only_dp = _every_table_data_parallel(cfg)
     comms = cfg.sharding.comms
     if (comms.forward, comms.backward) != ("fp32", "fp32") and only_dp:
@@ -192,8 +226,6 @@ def check_before_launch(cfg, world_size: int | None = None, memory: bool = True)
             problems.append(f"  {key}.compute_kernels: data_parallel tables need the dense kernel; add dense")
         if types and "data_parallel" not in types and kernels == ["dense"]:
             problems.append(f"  {key}.compute_kernels: only data_parallel uses the dense kernel; add fused")
-    import torch
-
     cuda = torch.cuda.is_available()
     if cfg.distributed.device == "cuda" and not cuda:
         problems.append("  distributed.device: 'cuda' asked for but no CUDA device is visible (use auto or cpu)")
@@ -213,9 +245,4 @@ def check_before_launch(cfg, world_size: int | None = None, memory: bool = True)
             )
         problems += [f"  {key}: {k} needs a CUDA device; use fused on CPU" for key, k in uvm_kernels(cfg)]
         problems += [f"  {p}" for p in pipeline_problems(cfg.train.pipeline, "cpu")]
-    from recsys_dist.train.batch_memory import batch_memory_problems, local_rank_count
-
-    if memory:
-        problems += [f"  {p}" for p in batch_memory_problems(cfg, local_rank_count(cfg))]
-    if problems:
-        raise ConfigError("invalid config:\n" + "\n".join(problems))
+    return problems

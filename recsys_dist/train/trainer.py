@@ -13,13 +13,8 @@ from __future__ import annotations
 
 import json
 import logging
-import math
-import os
 import time
-import warnings
-from collections.abc import Callable, Sequence
-from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -27,61 +22,50 @@ import torch.distributed as dist
 from torch import nn
 from torchrec.distributed import DistributedModelParallel
 from torchrec.optim.keyed import CombinedOptimizer
-from tqdm import tqdm
 
 from recsys_dist.checkpoint import run_dir as run_dirs
-from recsys_dist.checkpoint.compat import check_compatible
-from recsys_dist.checkpoint.dcp import (
-    canonical_optimizer_state,
-    load_checkpoint,
-    save_checkpoint,
-    set_optimizer_steps,
-)
-from recsys_dist.checkpoint.meta import best_checkpoint, latest_checkpoint, read_meta
+from recsys_dist.checkpoint.dcp import save_checkpoint
+from recsys_dist.checkpoint.meta import read_meta
 from recsys_dist.config.base import ConfigError
 from recsys_dist.config.run import RunConfig
 from recsys_dist.data.loader import ParquetBatchLoader
-from recsys_dist.data.mapping import loader_id_bounds
-from recsys_dist.data.prefetch import auto_prefetch
-from recsys_dist.data.resolve import feature_names, label_columns, prepare_from_config, tasks
-from recsys_dist.data.spec import FeatureSpec
 from recsys_dist.distributed.env import (
     DistContext,
     broadcast_result,
     check_reusable,
     init_distributed,
     note_failure,
-    under_launcher,
 )
-from recsys_dist.distributed.ledger import run_ledger
-from recsys_dist.distributed.optim import (
-    build_optimizer,
-    dense_torch_optimizer,
-    fuse_embedding_optimizer,
-    init_lazy_state,
-)
-from recsys_dist.distributed.plan import World, run_plan
+from recsys_dist.distributed.optim import dense_torch_optimizer
 from recsys_dist.distributed.plan_io import plan_summary
 from recsys_dist.distributed.rules import comms_problems
-from recsys_dist.distributed.sharders import OneRankDense, fix_replicated_sequence_tables, model_tables, sharders
-from recsys_dist.distributed.tables import init_tables
-from recsys_dist.faults import maybe_fault
-from recsys_dist.models.build import build_model, feature_spec, table_sizes
 from recsys_dist.models.managed import managed_metrics
 from recsys_dist.models.registry import get_model
-from recsys_dist.train.early_stopping import BestTracker
-from recsys_dist.train.evaluation import evaluate, in_row_order, predict
-from recsys_dist.train.metrics_writer import MetricsWriter, finite_or_none
+from recsys_dist.train.build import (
+    DenseOptimizerFactory,
+    Loaders,
+    LRSchedulerFactory,
+    ModelFactory,
+    best_tracker,
+    check_given_once,
+    check_lr_scheduler,
+    make_loaders,
+    progress_bar,
+    require_ranks,
+    shard_model,
+    write_plan,
+)
+from recsys_dist.train.evaluation import evaluate, predict
+from recsys_dist.train.job import Job, resolve_job
+from recsys_dist.train.loop import TrainLoop
+from recsys_dist.train.metrics_writer import MetricsWriter
 from recsys_dist.train.observe import PhaseClock, TraceWriter
-from recsys_dist.train.pipelines import PIPELINES, TrainPipeline, make_pipeline, pipeline_problems
+from recsys_dist.train.pipelines import TrainPipeline, pipeline_problems
+from recsys_dist.train.preflight import check_sections
 from recsys_dist.train.schedule import LRSchedule
+from recsys_dist.train.summary import ledger_line, run_summary
 
 log = logging.getLogger("recsys_dist")
-# Trainer(model=...): the run's FeatureSpec -> the model; Trainer(dense_optimizer=...): the dense
-# parameters -> their optimizer; Trainer(lr_scheduler=...): that optimizer -> its scheduler.
-ModelFactory = Callable[[FeatureSpec], nn.Module]
-DenseOptimizerFactory = Callable[[list[nn.Parameter]], torch.optim.Optimizer]
-LRSchedulerFactory = Callable[[torch.optim.Optimizer], torch.optim.lr_scheduler.LRScheduler]
 _TRAINERS_MADE = 0  # a process's first Trainer counts its startup from the process's start
 
 
@@ -103,115 +87,7 @@ class Callback:
         global metrics written to ``metrics.jsonl`` (the same dict on every rank)."""
 
 
-@dataclass
-class Loaders:
-    """The three splits' loaders, and the table sizes the data preparation decided."""
-
-    train: ParquetBatchLoader
-    validation: ParquetBatchLoader
-    test: ParquetBatchLoader
-    num_embeddings: list[int]
-    conversion: Path | None = None  # the cache entry the splits were converted into
-
-
-def make_loaders(cfg: RunConfig, ctx: DistContext) -> Loaders:
-    """Convert the raw data once (rank 0) and open every split on every rank."""
-    d = cfg.data
-    prepared = broadcast_result(ctx, lambda: prepare_from_config(cfg))
-    # Under vocabulary mapping the tables are as large as the vocabulary built on train.
-    sizes = list(prepared.num_embeddings) if d.categorical_mapping == "vocabulary" else table_sizes(cfg)
-    dense_names, sparse_names = feature_names(cfg)
-    label_cols, weight_col = label_columns(cfg)
-    common = dict(
-        label_columns=label_cols,
-        weight_column=weight_col,
-        rank=ctx.rank,
-        world_size=ctx.world_size,
-        dense_names=dense_names,
-        sparse_names=sparse_names,
-        num_embeddings=loader_id_bounds(cfg, sizes),
-        pin_memory=ctx.device.type == "cuda",
-        shuffle_buffer_rows=d.shuffle_buffer_rows,
-        prefetch=d.prefetch
-        if d.prefetch is not None
-        else auto_prefetch(ctx.device.type, ctx.local_world_size, torch.get_num_threads()),
-        rank_reads=d.rank_reads,
-    )
-    eval_bs = cfg.eval.batch_size or cfg.train.batch_size
-    return Loaders(
-        train=ParquetBatchLoader(
-            prepared.paths("train"),
-            cfg.train.batch_size,
-            shuffle=d.shuffle,
-            seed=cfg.train.seed,
-            remainder=d.remainder,
-            **common,
-        ),
-        # Evaluation applies no loss_scale (and a weighted one would re-read every rank's weights).
-        validation=ParquetBatchLoader(
-            prepared.paths("validation"), eval_bs, remainder="pad", scale_losses=False, **common
-        ),
-        test=ParquetBatchLoader(prepared.paths("test"), eval_bs, remainder="pad", scale_losses=False, **common),
-        num_embeddings=sizes,
-        conversion=prepared.directory,
-    )
-
-
-def shard_model(
-    cfg: RunConfig,
-    ctx: DistContext,
-    spec: FeatureSpec | None = None,
-    clock: PhaseClock | None = None,
-    module: nn.Module | ModelFactory | None = None,
-    dense_factory: DenseOptimizerFactory | None = None,
-) -> tuple[DistributedModelParallel, CombinedOptimizer, str]:
-    """Build on meta, fuse the embedding optimizer into backward, plan, wrap in DMP.
-
-    ``spec``: the run's FeatureSpec (default: one made from the config, with the configured
-    table sizes). Every EmbeddingBagCollection table of the built model is planned and
-    initialised, whether the spec or the model's own code made it. ``clock``: the planning
-    counts as its ``plan`` phase, sharding and initialising the tables as ``tables``.
-    ``module`` / ``dense_factory``: ``Trainer(model=..., dense_optimizer=...)``.
-    """
-
-    def phase(name: str):
-        return clock.phase(name) if clock is not None else nullcontext()
-
-    spec = spec or feature_spec(cfg, device=ctx.device)
-    with phase("plan"):
-        model = build_model(cfg, spec.on(torch.device("meta"), ctx.device), module=module)
-        fuse_embedding_optimizer(model, cfg)
-        tables = model_tables(model)
-        plan = run_plan(cfg, model, World(ctx.world_size, ctx.local_world_size, ctx.device.type, dist.group.WORLD))
-    with phase("tables"):
-        return _wrap_and_init(cfg, ctx, model, tables, plan, dense_factory)
-
-
-def _wrap_and_init(cfg: RunConfig, ctx: DistContext, model, tables, plan, dense_factory=None):
-    dmp = DistributedModelParallel(
-        model,
-        device=ctx.device,
-        plan=plan,
-        sharders=sharders(cfg.sharding.comms, ctx.device.type),
-        data_parallel_wrapper=OneRankDense() if ctx.world_size == 1 else None,
-    )
-    fix_replicated_sequence_tables(dmp)
-    init_tables(dmp.state_dict(), tables, cfg.train.seed, {t.name: t.weight_init_max for t in tables})
-    t = cfg.train
-    optimizer = build_optimizer(
-        dmp,
-        t.embedding_optimizer,
-        t.embedding_lr,
-        t.dense_optimizer,
-        t.dense_lr,
-        t.dense_grad_clip_norm,
-        t.embedding_weight_decay,
-        dense_factory=dense_factory,
-    )
-    return dmp, optimizer, str(plan)
-
-
-class Trainer:
+class Trainer(TrainLoop):
     """One rank's training job: data, sharded model, pipelined loop, evaluation, checkpoints.
 
     Every rank of the job builds one ``Trainer`` with the same config and run directory and
@@ -230,7 +106,10 @@ class Trainer:
     its collective methods.
 
     Args:
-        cfg: the resolved run config (``recsys_dist.config.load_config``).
+        cfg: the run config (``recsys_dist.config.load_config``), whose cross-section rules
+            the Trainer checks first (``recsys_dist.train.preflight.check_sections``); or a
+            resolved :class:`~recsys_dist.train.job.Job` (``recsys-dist train``'s ranks),
+            checked by whoever resolved it.
         run_dir: the run directory; created if missing (rank 0 writes ``config.yaml``,
             ``plan.txt`` / ``plan.json``, ``metrics.jsonl``, ``summary.json`` and
             ``checkpoints/`` there). A directory that already holds a run is not refused
@@ -282,7 +161,8 @@ class Trainer:
             ``checkpoint.keep_best`` (best validation value and step, early stop), or None.
 
     Raises:
-        ConfigError: an option given both in the config and as an argument (``model`` with a
+        ConfigError: a problem across config sections (given a ``RunConfig``:
+            ``recsys_dist.train.preflight.check_sections``); an option given both in the config and as an argument (``model`` with a
             ``model.*`` key other than ``embedding_dim`` / ``embedding_init_scale``;
             ``dense_optimizer`` with ``train.dense_optimizer`` / ``dense_lr``; ``lr_scheduler``
             with ``train.warmup_steps`` / ``decay_start_step`` / ``decay_steps``), naming both;
@@ -304,7 +184,7 @@ class Trainer:
 
     def __init__(
         self,
-        cfg: RunConfig,
+        cfg: RunConfig | Job,
         run_dir: str | Path,
         *,
         resume: str | Path | None = None,
@@ -315,9 +195,16 @@ class Trainer:
         callbacks: Sequence[Callback] = (),
         resume_on_new_data: bool = False,
     ) -> None:
-        check_given_once(cfg, model, dense_optimizer, lr_scheduler, callbacks)
+        if not isinstance(cfg, Job):  # checked once here (recsys-dist train's ranks get a checked Job)
+            cfg = resolve_job(cfg)
+            check_sections(cfg)
+        job, cfg = cfg, cfg.cfg
+        check_given_once(cfg, model, dense_optimizer, lr_scheduler)
+        for cb in callbacks:
+            if not isinstance(cb, Callback):
+                raise TypeError(f"callbacks must be recsys_dist.Callback objects, got {type(cb).__name__}")
         require_ranks(cfg)
-        self.cfg, self.run_dir = cfg, Path(run_dir)
+        self.cfg, self.run_dir, self._job = cfg, Path(run_dir), job
         self._user_model, self._dense_factory, self._scheduler_factory = model, dense_optimizer, lr_scheduler
         self._callbacks = list(callbacks)
         self._lr_scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
@@ -359,8 +246,22 @@ class Trainer:
         )
         if resume == "auto" and checkpoint is None:
             log.warning("resume='auto': no complete checkpoint in %s yet; starting from scratch", self.run_dir)
+        self._setup_data(checkpoint)
+        self._setup_model()
+        self._setup_loop(checkpoint, profile_dir)
+        if checkpoint is not None:
+            with self._clock.phase("checkpoint"):
+                self._restore(checkpoint)
+                self._replay_lr_scheduler()
+            self.resumed_at_step = self._step
+        self._start_metrics()
+
+    def _setup_data(self, checkpoint: Path | None) -> None:
+        """The loaders, the training data's identity and where the run starts and ends."""
+        cfg, ctx = self.cfg, self._ctx
         with self._clock.phase("data"):
-            self._loaders = make_loaders(cfg, ctx)  # converts the data; decides the table sizes
+            self._loaders = make_loaders(self._job, ctx)  # converts the data; decides the table sizes
+        self._job = self._job.with_data(self._loaders.prepared)
         # The training split's identity, recorded in each checkpoint; a resume on another one
         # is refused unless resume_on_new_data (then its epoch starts again: resume_position).
         conversion = self._loaders.conversion
@@ -390,7 +291,11 @@ class Trainer:
             self._loaders.test.num_rows,
             len(self._loaders.train),
         )
-        self.spec = feature_spec(cfg, self._loaders.num_embeddings, ctx.device)
+
+    def _setup_model(self) -> None:
+        """The sharded model and its optimizer (and a user LR scheduler); plan.txt / plan.json."""
+        cfg, ctx = self.cfg, self._ctx
+        self.spec = self._job.features.on(torch.device("meta"), ctx.device)
         # The model's own data (two_tower: the item corpus and evaluated users), read once on
         # rank 0, then its FeatureSpec given that data (two_tower: the logQ item counts).
         self._model_hooks = get_model(cfg.model.name)
@@ -402,16 +307,17 @@ class Trainer:
         if self._model_hooks.on_data is not None:
             self.spec = self._model_hooks.on_data(self.spec, self._model_data)
         self._model, self._optimizer, plan_text = shard_model(
-            cfg, ctx, self.spec, self._clock, self._user_model, self._dense_factory
+            self._job, ctx, self.spec, self._clock, self._user_model, self._dense_factory
         )
         if self._scheduler_factory is not None:
             self._lr_scheduler = check_lr_scheduler(self._scheduler_factory(dense_torch_optimizer(self._optimizer)))
         log.info("sharded: %s", ", ".join(sorted({r["sharding_type"] for r in plan_summary(self._model.plan)})))
         if ctx.is_main:
-            (self.run_dir / "plan.txt").write_text(plan_text + "\n")
-            (self.run_dir / "plan.json").write_text(
-                json.dumps(plan_summary(self._model.plan, self.spec.planned_tables()), indent=2)
-            )
+            write_plan(self.run_dir, self._model.plan, self.spec, plan_text)
+
+    def _setup_loop(self, checkpoint: Path | None, profile_dir: Path | None) -> None:
+        """The training loop's state at step 0 (a resume then restores it), its writers and bar."""
+        cfg, ctx = self.cfg, self._ctx
         resume_step = run_dirs.checkpoint_step(checkpoint) if checkpoint is not None else None
         self._writer = MetricsWriter(self.run_dir / "metrics.jsonl", ctx.is_main, ctx.world_size, resume_step)
         self._tracer = TraceWriter(profile_dir, ctx.rank)
@@ -427,37 +333,21 @@ class Trainer:
         self._early_batches = None  # the next epoch's batches, opened during this epoch's validation
         self._last_val: tuple[int, dict] | None = None  # (step, metrics) of the latest validation
         self._saved_step: int | None = None  # the step of the checkpoint written last
-        es = t.early_stopping
-        self.best = (
-            BestTracker(es.metric, es.patience, es.min_delta)
-            if es is not None
-            else BestTracker("auc")
-            if cfg.checkpoint.keep_best
-            else None
-        )
+        self.best = best_tracker(cfg)
         self._t0 = time.perf_counter()
-        self._bar = tqdm(
-            total=self.total_steps,
-            desc="train",
-            unit="step",
-            dynamic_ncols=True,
-            leave=False,
-            disable=not (ctx.is_main and t.progress_bar),
-        )
+        self._bar = progress_bar(self.total_steps, ctx.is_main and t.progress_bar)
         self.resumed_from = checkpoint
         self.resumed_at_step = None
-        if checkpoint is not None:
-            with self._clock.phase("checkpoint"):
-                self._restore(checkpoint)
-                self._replay_lr_scheduler()
-            self.resumed_at_step = self._step
+
+    def _start_metrics(self) -> None:
+        ctx = self._ctx
         # Lines past the step this run starts from (all of them when it starts from scratch)
         # are written again: each (split, step) once, whatever restarted the run.
         broadcast_result(ctx, lambda: self._writer.start(self._step))
         # The bytes one step moves (recsys_dist.distributed.ledger): written when it differs from the
         # run's last ledger line (a first start, or a resume on another plan or world size),
         # so a resumed run leaves the same lines as an uninterrupted one.
-        ledger = json.loads(json.dumps(finite_or_none(run_ledger(cfg, self._model, ctx.world_size).to_dict())))
+        ledger = ledger_line(self.cfg, self._model, ctx.world_size)
 
         def ledger_changed() -> bool:
             last = self._writer.last("ledger")
@@ -535,30 +425,21 @@ class Trainer:
             test = self.evaluate("test")
             managed = managed_metrics(self._model, "test")
             self._writer.write(split="test", step=self._step, epoch=self.epoch, **test, **managed)
-            summary = {
-                "run_dir": str(self.run_dir),
-                "world_size": self._ctx.world_size,
-                "steps": self._step,
-                "rows_trained": self.rows_trained,
-                "train_seconds": round(self.train_seconds, 3),
-                "samples_per_s": round(self.rows_trained / self.train_seconds, 1) if self.train_seconds > 0 else None,
-                "resumed_at_step": self.resumed_at_step,
-                "validation": _summary_metrics(last_val),
-                "test": _summary_metrics(test),
-            }
-            if self.cfg.checkpoint.enabled:
-                summary["checkpoint"] = str(self.save_checkpoint())
-            if self.best is not None:
-                kept = best_checkpoint(self.run_dir) if self.cfg.checkpoint.keep_best else None
-                summary["best"] = {
-                    "metric": self.best.metric,
-                    "value": self.best.best,
-                    "step": self.best.best_step,
-                    "early_stopped": self.best.stopped,
-                    "checkpoint": str(kept) if kept else None,
-                }
-            summary.update(self._clock.split())  # wall_seconds, wall_split: from the run's start to here
-            summary = finite_or_none(summary)
+            c = self.cfg.checkpoint
+            summary = run_summary(
+                self.run_dir,
+                self._ctx.world_size,
+                self._step,
+                self.rows_trained,
+                self.train_seconds,
+                self.resumed_at_step,
+                last_val,
+                test,
+                self.save_checkpoint() if c.enabled else None,
+                self.best,
+                c.keep_best,
+                self._clock.split(),
+            )
             if self._ctx.is_main:
                 (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
             return summary
@@ -600,7 +481,7 @@ class Trainer:
         with self._collective(), self._clock.phase("eval"):
             self._detach_pipeline()
             c = self.cfg.eval
-            names, kinds = tasks(self.cfg)
+            names, kinds = self._job.tasks
             metrics = evaluate(
                 self._model,
                 self._loader(split),
@@ -644,42 +525,13 @@ class Trainer:
                 checkpoint is left as it was.
         """
         with self._collective(), self._clock.phase("checkpoint"):
-            meta = {
-                "step": self._step,
-                "epoch": self.epoch,
-                "batches_in_epoch": self._in_epoch,
-                "rows_trained": self.rows_trained,
-                "train_seconds": self.train_seconds,
-                "world_size": self._ctx.world_size,
-                "plan": plan_summary(self._model.plan),
-                "config": self.cfg.to_dict(),
-                "num_embeddings": self._loaders.num_embeddings,
-                "early_stopping": self.best.state() if self.best is not None else None,
-                # The training data (recsys_dist.checkpoint.run_dir.check_same_data) and where its epochs start.
-                "data": self._data,
-                "steps_per_epoch": len(self._loaders.train),
-                "step_offset": self._step_offset,
-            }
-            if self._user_model is not None:  # config.model names no model: export/load_model refuse it
-                meta["user_model"] = True
+            meta = self._checkpoint_meta()
             c = self.cfg.checkpoint
             path = save_checkpoint(self._ctx, self.run_dir, self._step, self._state(), meta, c.keep, best=best)
             self._saved_step = self._step
             if self._ctx.is_main:
                 self._pin_preprocessing(path)
             return path
-
-    def _pin_preprocessing(self, path: Path) -> None:
-        # How inputs are mapped (vocabulary, sizes, transforms) travels with the checkpoint,
-        # so export and predict never read the training data again (recsys_dist.serve.scoring).
-        from recsys_dist.serve.scoring import MANIFEST_FILE, Preprocessing
-
-        conversion = self._loaders.conversion
-        manifest = json.loads((conversion / MANIFEST_FILE).read_text()) if conversion is not None else None
-        try:
-            Preprocessing.describe(self.cfg, self._loaders.num_embeddings, conversion, manifest).save(path)
-        except OSError as err:  # the checkpoint is complete without it; scoring falls back to the cache
-            log.warning("could not write the preprocessing record into %s (%s)", path, err)
 
     def close(self) -> None:
         """Release the Trainer: destroy the process group if this Trainer created it, after a
@@ -718,364 +570,9 @@ class Trainer:
             self._failed = True
         self.close()
 
-    # ------------------------------------------------------------------ internals
-
-    @contextmanager
-    def _collective(self):
-        if self._closed:
-            raise RuntimeError("this Trainer is closed")
-        if not dist.is_initialized() or dist.group.WORLD is not self._group:
-            # Its owner (the Trainer that made it, closed first, or the caller) destroyed it;
-            # torch would only say that no default process group exists.
-            raise RuntimeError(
-                "the process group this Trainer was built on has been destroyed (by closing the "
-                "Trainer that created it, or by torch.distributed.destroy_process_group()); close "
-                "this Trainer and build a new one, or close Trainers in the reverse order of creation"
-            )
-        try:
-            yield
-        except BaseException:
-            self._failed = True
-            raise
-
-    def _take_run_dir(self) -> None:
-        """Rank 0 holds the run directory's lock until :meth:`close` (unless the launcher that
-        started this process holds it); every rank raises if another run holds it."""
-        # An elastic restart's new rank 0 may start while the previous one is still exiting.
-        wait = 30.0 if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)) > 0 else 0.0
-
-        def take() -> None:
-            self._lock = run_dirs.lock_run_dir(self.run_dir, wait_s=wait)
-
-        broadcast_result(self._ctx, take)
-
-    def _loader(self, split: str | ParquetBatchLoader) -> ParquetBatchLoader:
-        if isinstance(split, ParquetBatchLoader):
-            return split
-        if split in ("validation", "test"):
-            return getattr(self._loaders, split)
-        if split == "train":
-            return in_row_order(self._loaders.train)
-        raise ValueError(f"split must be 'train', 'validation', 'test' or a ParquetBatchLoader, got {split!r}")
-
-    def _done(self) -> bool:
-        return self._step >= self.total_steps or (self.best is not None and self.best.stopped)
-
-    def _state(self) -> dict:
-        return {
-            "model": self._model.state_dict(),
-            "optimizer": canonical_optimizer_state(self._optimizer.state_dict()),
-            # One per rank: the ranks draw different dropout masks (a single "rng" entry would be
-            # saved once, by one rank, and handed to every rank on resume).
-            "rng": {f"rank_{self._ctx.rank}": torch.get_rng_state()},
-        }
-
-    def _restore(self, path: Path) -> None:
-        """Continue from a checkpoint: weights, optimizer state, RNG and the loader position."""
-        meta = read_meta(path)
-        check_compatible(
-            path,
-            meta,
-            self.cfg.to_dict(),
-            sizes=self._loaders.num_embeddings,
-            world_size=self._ctx.world_size,
-            user_model=self._user_model is not None,
-        )
-        init_lazy_state(self._optimizer, self._model.fused_optimizer)
-        state = self._state()
-        if meta.get("world_size") != self._ctx.world_size:  # no rank's random stream continues
-            del state["rng"]
-        load_checkpoint(path, state, verify=False)  # verified in _setup; in place: the state dicts are views
-        set_optimizer_steps(self._optimizer, meta["step"])
-        if "rng" in state:
-            torch.set_rng_state(state["rng"][f"rank_{self._ctx.rank}"])
-        self._step, self.rows_trained = meta["step"], meta["rows_trained"]
-        self.train_seconds = meta["train_seconds"]
-        if self.best is not None:
-            self.best.load(meta.get("early_stopping"))
-        self._next_epoch, self._in_epoch = run_dirs.resume_batch(meta, self._global_batch)
-        if self._new_data:
-            log.warning(
-                "resuming %s on other training data (%s, was %s): epoch %d starts again from its first batch",
-                path,
-                self._data,
-                meta.get("data"),
-                self._resume_epoch,
-            )
-            self._next_epoch, self._in_epoch = self._resume_epoch, 0
-        if self._in_epoch >= len(self._loaders.train):
-            self._next_epoch, self._in_epoch = self._next_epoch + 1, 0
-        self.epoch = self._first_epoch = self._next_epoch
-        self._bar.update(self._step)
-        log.info("resumed from %s at step %d (epoch %d, batch %d)", path, self._step, self._next_epoch, self._in_epoch)
-
-    def _replay_lr_scheduler(self) -> None:
-        """Bring a user LR scheduler to the resumed step (its state follows from the step count)."""
-        if self._lr_scheduler is None:
-            return
-        with warnings.catch_warnings():  # "lr_scheduler.step() before optimizer.step()": intended here
-            warnings.simplefilter("ignore", UserWarning)
-            for _ in range(self._step):
-                self._lr_scheduler.step()
-
-    def _run_epoch(self) -> dict:
-        cfg, ctx = self.cfg, self._ctx
-        pipe = self._pipe = self._new_pipeline()
-        self._loaders.train.set_epoch(self.epoch)
-        # The first epoch after a resume continues at the checkpoint's batch; later ones start at 0.
-        start, self._in_epoch = (self._in_epoch, self._in_epoch) if self.epoch == self._first_epoch else (0, 0)
-        early, self._early_batches = self._early_batches, None
-        batches = early if early is not None and start == 0 else self._loaders.train.iter_from(start)
-        self._t0 = time.perf_counter()
-        while not self._done():
-            self._tracer.before(self._step + 1)
-            try:
-                if self._schedule.active:
-                    self._schedule.apply(self._optimizer, self._base_lrs, self._step)
-                    # FBGEMM takes a new rate at its optimizer's step(), which only sets the
-                    # rate; calling it now makes this step's fused update use it.
-                    self._model.fused_optimizer.step()
-                out = pipe.progress(batches)
-            except StopIteration:
-                break
-            self._step += 1
-            self._in_epoch += 1
-            maybe_fault("step", self._step, ctx.rank)
-            self._tracer.after(self._step)
-            self._losses.append(out[0].detach())
-            if self._lr_scheduler is not None:
-                self._lr_scheduler.step()
-            for callback in self._callbacks:
-                callback.on_step_end(self, self._step, out[0].detach())
-            self._real_rows.append(out[3])  # the weights [B]; summed once per log line, not per step
-            self._bar.update(1)
-            if self._step % cfg.train.log_every_n_steps == 0:
-                self._log_train()
-            if self._in_epoch >= len(self._loaders.train) or self._done():
-                # The epoch's (or run's) last step: validated, then checkpointed, after the loop.
-                continue
-            if cfg.eval.every_n_steps and self._step % cfg.eval.every_n_steps == 0:
-                self._validate()  # detaches the pipeline (evaluate); its next progress re-attaches
-                if self._done():  # early stopping: every rank decides alike (global metrics)
-                    break
-                self._t0 = time.perf_counter()
-            if self._checkpoint_due():
-                self._save_in_window()
-            if self._saved_step == self._step and PIPELINES[cfg.train.pipeline].restart_at_checkpoint:
-                # A checkpoint (by cadence or a new best) mid-epoch: see recsys_dist.train.pipelines.
-                pipe.detach()
-                pipe = self._pipe = self._new_pipeline()
-                batches = self._loaders.train.iter_from(self._in_epoch)
-                self._t0 = time.perf_counter()
-        if self._losses:
-            self._log_train()
-        pipe.detach()
-        if self.epoch + 1 < cfg.train.epochs and not self._done():
-            # The loader's prefetch thread starts on opening: the next epoch's first window
-            # (40-150 ms) is read while this epoch's validation runs.
-            self._loaders.train.set_epoch(self.epoch + 1)
-            self._early_batches = self._loaders.train.iter_from(0)
-        metrics = self._validate()
-        # After the validation, so that a run resumed from it (which starts the next epoch)
-        # keeps the epoch's validation line and early-stopping state.
-        if self._checkpoint_due():
-            self._save_in_window()
-        return metrics
-
-    def _checkpoint_due(self) -> bool:
-        every = self.cfg.checkpoint.every_n_steps
-        return (
-            self.cfg.checkpoint.enabled
-            and bool(every)
-            and self._step % every == 0
-            and not self._done()
-            and self._saved_step != self._step
-        )
-
-    def _save_in_window(self, best: bool = False) -> None:
-        if self._losses:  # close the logging window here, so a resumed run logs the same lines
-            self._log_train()
-        self.save_checkpoint(best=best)
-        self._t0 = time.perf_counter()
-
-    def _detach_pipeline(self) -> None:
-        # Scoring needs the plain forward; inside the loop (a validation, or a callback's
-        # evaluate / predict) the pipeline has rewritten it. Its next progress re-attaches.
-        if self._pipe is not None:
-            self._pipe.detach()
-
-    def _new_pipeline(self) -> TrainPipeline:
-        # Sampling counts global steps, so timed steps do not restart with each epoch.
-        t = self.cfg.train
-        pipe = make_pipeline(t.pipeline, self._model, self._optimizer, self._ctx.device, t.timing_every_n_steps)
-        pipe.steps_done = self._step
-        return pipe
-
-    def _validate(self) -> dict:
-        """Score the validation split once per step (a step both an epoch's end and a multiple
-        of eval.every_n_steps is scored once), log it, update the best / early stopping and,
-        with checkpoint.keep_best, save a new best checkpoint."""
-        if self._last_val is not None and self._last_val[0] == self._step:
-            return self._last_val[1]
-        maybe_fault("eval", self._step, self._ctx.rank)
-        metrics = self.evaluate("validation")
-        self._last_val = (self._step, metrics)
-        for callback in self._callbacks:
-            callback.on_validation_end(self, self._step, metrics)
-        managed = managed_metrics(self._model, "validation")
-        self._writer.write(split="validation", step=self._step, epoch=self.epoch, **metrics, **managed)
-        if metrics.get("auc") is not None:
-            self._bar.set_postfix_str(f"val AUC {metrics['auc']:.4f}", refresh=False)
-        if self.best is not None:
-            improved = self.best.update(metrics, self._step)
-            if self.best.stopped:
-                log.info(
-                    "early stopping at step %d: validation %s has not improved for %d validations (best %.6g at step %s)",
-                    self._step,
-                    self.best.metric,
-                    self.best.bad,
-                    self.best.best if self.best.best is not None else float("nan"),
-                    self.best.best_step,
-                )
-            if improved and self.cfg.checkpoint.enabled and self.cfg.checkpoint.keep_best:
-                self._save_in_window(best=True)
-        return metrics
-
-    def _diverged(self) -> None:
-        """Stop with the first bad step of this window, the first non-finite parameter and
-        the last good checkpoint (checkpoints are only written after a finite window)."""
-        local = torch.stack(self._losses).float()
-        local = local.reshape(len(local), -1)[:, 0]  # the total (several tasks: [1 + T] a step)
-        bad = torch.nonzero(~torch.isfinite(local)).flatten()
-        first = self._step - len(local) + 1 + (int(bad[0]) if len(bad) else 0)
-        param = next((n for n, p in self._model.named_parameters() if not torch.isfinite(p).all()), None)
-        good = latest_checkpoint(self.run_dir)
-        raise FloatingPointError(
-            f"non-finite training loss at step {first} (steps {self._step - len(local) + 1}-{self._step} checked "
-            f"together); first non-finite parameter: {param or 'none (the loss itself overflowed)'}; "
-            f"last good checkpoint: {good or 'none'}. Lower train.embedding_lr / train.dense_lr"
-            + (", then continue with --resume auto." if good else " and start again.")
-        )
-
-    def _log_train(self) -> None:
-        """Global mean loss and samples/s since the last train line; one all_reduce."""
-        elapsed = time.perf_counter() - self._t0
-        # rows with weight > 0, not the sum of their sample weights
-        real = (torch.cat(self._real_rows) > 0).float().sum()
-        # Each step's logged loss: a scalar, or [1 + T] with several tasks (total, then per task).
-        means = torch.stack(self._losses).float().mean(dim=0).reshape(-1)
-        stats = torch.cat([means, real.reshape(1)]).cpu()
-        if self._ctx.world_size > 1:
-            dist.all_reduce(stats)
-        loss, rows = float(stats[0]) / self._ctx.world_size, int(stats[-1])
-        if not math.isfinite(loss):  # identical on every rank (all-reduced), so all stop here
-            self._diverged()
-        per_task = {}
-        if len(means) > 1:
-            names, _ = tasks(self.cfg)
-            per_task = {f"loss/{n}": float(v) / self._ctx.world_size for n, v in zip(names, stats[1:-1])}
-        sps = round(rows / elapsed, 1) if elapsed > 0 else None
-        lr = {"lr_scale": round(self._schedule.scale(self._step - 1), 6)} if self._schedule.active else {}
-        self._writer.write(
-            split="train",
-            step=self._step,
-            epoch=self.epoch,
-            loss=loss,
-            **per_task,
-            samples_per_s=sps,
-            **lr,
-            **(self._pipe.pop_times() if self._pipe else {}),
-            **managed_metrics(self._model, "train"),
-        )
-        self._bar.set_postfix(loss=f"{loss:.4f}", samples_per_s=sps, refresh=False)
-        self.train_seconds += elapsed
-        self.rows_trained += rows
-        self._losses, self._real_rows = [], []
-        self._t0 = time.perf_counter()
-
-
-def check_given_once(cfg: RunConfig, model, dense_optimizer, lr_scheduler, callbacks: Sequence) -> None:
-    """Refuse an option given both in the config and as a Trainer argument (one of the two would
-    be ignored), and callbacks that are not :class:`Callback` objects.
-
-    Raises:
-        ConfigError: naming the config keys and the argument.
-        TypeError: a callback that is not a Callback.
-    """
-    problems = []
-    for arg, given, section, keys in (
-        ("model", model, cfg.model, None),
-        ("dense_optimizer", dense_optimizer, cfg.train, ("dense_optimizer", "dense_lr")),
-        ("lr_scheduler", lr_scheduler, cfg.train, ("warmup_steps", "decay_start_step", "decay_steps")),
-    ):
-        if given is None:
-            continue
-        if not callable(given):
-            raise TypeError(f"Trainer({arg}=...) must be callable, got {type(given).__name__}")
-        prefix = "model" if section is cfg.model else "train"
-        both = sorted(
-            k
-            for k in section.model_fields_set
-            if (k not in ("embedding_dim", "embedding_init_scale") if keys is None else k in keys)
-        )
-        if both:
-            problems.append(
-                f"{', '.join(f'{prefix}.{k}' for k in both)} in the config and Trainer({arg}=...) both choose the "
-                f"{'model' if keys is None else arg.replace('_', ' ')}; remove {'them' if len(both) > 1 else 'it'} "
-                f"from the config or leave out {arg}="
-            )
-    if problems:
-        raise ConfigError("an option is given twice:\n  " + "\n  ".join(problems))
-    for cb in callbacks:
-        if not isinstance(cb, Callback):
-            raise TypeError(f"callbacks must be recsys_dist.Callback objects, got {type(cb).__name__}")
-
-
-def check_lr_scheduler(scheduler):
-    """What ``Trainer(lr_scheduler=...)`` made, if the Trainer can step it: a step-count
-    ``LRScheduler`` (stepped with no argument after every step, that count replayed on resume).
-
-    Raises:
-        TypeError: not an ``LRScheduler`` (e.g. None), or a ``ReduceLROnPlateau`` (it steps
-            on a metric: it failed at the first step, after the data and sharding).
-    """
-    from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
-
-    if isinstance(scheduler, ReduceLROnPlateau):
-        raise TypeError(
-            "Trainer(lr_scheduler=...) made a ReduceLROnPlateau, which steps on a validation metric; the "
-            "Trainer steps its scheduler after every training step with no argument (and replays that count on "
-            "resume). Use a step-count schedule (LambdaLR, StepLR, CosineAnnealingLR, ...), or lower the rate "
-            "yourself in a Callback's on_validation_end"
-        )
-    if not isinstance(scheduler, LRScheduler):
-        raise TypeError(
-            "Trainer(lr_scheduler=...) must return a torch.optim.lr_scheduler.LRScheduler over the optimizer it "
-            f"is given, got {type(scheduler).__name__}"
-        )
-    return scheduler
-
-
-def require_ranks(cfg: RunConfig) -> None:
-    """Refuse to train one rank of a job configured for several: a single process with
-    neither a launcher nor a process group and ``distributed.nproc_per_node`` > 1.
-
-    Raises:
-        ConfigError: saying how to start the ranks.
-    """
-    n = cfg.distributed.nproc_per_node
-    if n > 1 and not dist.is_initialized() and not under_launcher():
-        raise ConfigError(
-            f"distributed.nproc_per_node is {n}, but this is a single process with no launcher and no "
-            f"process group: the Trainer would train only one rank of {n}. Start {n} ranks instead: "
-            f"recsys_dist.launch(fn, {n}) with fn a module-level function that builds and fits the Trainer, "
-            f"torchrun --nproc_per_node={n} your_script.py, or recsys-dist train --config CONFIG; "
-            "or set distributed.nproc_per_node=1 to train on one rank"
-        )
-
 
 def train(
-    cfg: RunConfig,
+    cfg: RunConfig | Job,
     run_dir: Path,
     profile_dir: Path | None = None,
     resume: Path | str | None = None,
@@ -1090,11 +587,3 @@ def train(
         cfg, run_dir, resume=resume, profile_dir=profile_dir, resume_on_new_data=resume_on_new_data
     ) as trainer:
         return trainer.fit()
-
-
-def _summary_metrics(metrics: dict) -> dict:
-    """The summary's metrics of a split: auc, logloss, ne (None where absent); with several
-    tasks also every ``<task>/<metric>``; for a retrieval model also its ``recall@K`` etc."""
-    per_task = {k: v for k, v in metrics.items() if "/" in k}
-    retrieval = {k: v for k, v in metrics.items() if "@" in k or k in ("retrieval_users", "corpus_items")}
-    return {**(per_task or {k: metrics.get(k) for k in ("auc", "logloss", "ne")}), **retrieval}

@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from recsys_dist.config import ConfigError, load_config
+from recsys_dist.config import ConfigError
+from recsys_dist.config.loader import load_config
 from tests.conftest import QUICKSTART
 
 ROOT = Path(__file__).resolve().parents[2]

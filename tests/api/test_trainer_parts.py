@@ -9,7 +9,8 @@ import torch
 import yaml
 
 import recsys_dist
-from recsys_dist.config import ConfigError, load_config
+from recsys_dist.config import ConfigError
+from recsys_dist.config.loader import load_config
 from tests.cli import read_metrics
 from tests.conftest import QUICKSTART
 

@@ -163,7 +163,8 @@ def test_short_lines_pad_reads_the_absent_fields_as_missing(tmp_path, cache_dir)
 
 
 def test_short_lines_is_a_data_option_of_criteo_only(tmp_path, cache_dir):
-    from recsys_dist.config import ConfigError, config_from_dict
+    from recsys_dist.config import ConfigError
+    from recsys_dist.config.loader import config_from_dict
     from recsys_dist.data.resolve import prepare_from_config
 
     raw = write(tmp_path, [base_row(), _short(base_row(cats=CATS[:-1] + [""]), 39)] * 5)

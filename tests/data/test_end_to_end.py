@@ -61,7 +61,7 @@ def test_row_group_size_from_the_config(tmp_path):
 
     import pyarrow.parquet as pq
 
-    from recsys_dist.config import load_config
+    from recsys_dist.config.loader import load_config
     from recsys_dist.data.resolve import prepare_from_config
     from tests.conftest import QUICKSTART
 

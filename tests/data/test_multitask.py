@@ -9,7 +9,8 @@ import torch
 import torch.nn.functional as F
 from sklearn.metrics import log_loss, mean_absolute_error, mean_squared_error, roc_auc_score
 
-from recsys_dist.config import ConfigError, config_from_dict
+from recsys_dist.config import ConfigError
+from recsys_dist.config.loader import config_from_dict
 from recsys_dist.data.config import SchemaConfig
 from recsys_dist.data.convert import prepare
 from recsys_dist.data.formats.schema import SchemaFormat
@@ -18,6 +19,7 @@ from recsys_dist.errors import DataError
 from recsys_dist.models.losses import bce, mse
 from recsys_dist.models.task import MultiTaskLoss
 from recsys_dist.train.metrics import task_metrics, weighted_auc
+from recsys_dist.train.preflight import check_sections
 
 LABELS = {"like": {"column": "rating", "threshold": 4.0}, "score": {"column": "rating", "kind": "regression"}}
 SPEC = SchemaConfig(labels=LABELS, weight="w", categorical=["user"])
@@ -88,14 +90,15 @@ def _cfg(**over):
 
 def test_config_errors_name_the_key():
     with pytest.raises(ConfigError, match=r"train\.loss_weights\.nope: no task 'nope'"):
-        config_from_dict(_cfg(train={"loss_weights": {"nope": 1.0}}))
+        check_sections(config_from_dict(_cfg(train={"loss_weights": {"nope": 1.0}})))
     with pytest.raises(ConfigError, match=r"train\.loss\.score: bce needs 0/1 labels"):
-        config_from_dict(_cfg(train={"loss": {"score": "bce"}}))
+        check_sections(config_from_dict(_cfg(train={"loss": {"score": "bce"}})))
     with pytest.raises(ConfigError, match=r"model\.name: dcnv2 gives one logit"):
-        config_from_dict(_cfg(model={"name": "dcnv2"}))
+        check_sections(config_from_dict(_cfg(model={"name": "dcnv2"})))
     with pytest.raises(ConfigError, match="either label"):
         config_from_dict(_cfg(data={"schema": {"label": "rating", "labels": LABELS, "categorical": ["user"]}}))
     cfg = config_from_dict(_cfg(train={"loss_weights": {"score": 0.5}}))
+    check_sections(cfg)
     assert cfg.train.task_losses(["like", "score"], ["binary", "regression"]) == [
         ("bce", {}, 1.0),
         ("mse", {}, 0.5),

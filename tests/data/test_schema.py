@@ -6,7 +6,8 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from recsys_dist.config import ConfigError, config_from_dict
+from recsys_dist.config import ConfigError
+from recsys_dist.config.loader import config_from_dict
 from recsys_dist.data.config import SchemaConfig
 from recsys_dist.data.convert import prepare
 from recsys_dist.data.formats.schema import SchemaFormat

@@ -4,7 +4,8 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from recsys_dist.config import ConfigError, config_from_dict, load_config
+from recsys_dist.config import ConfigError
+from recsys_dist.config.loader import config_from_dict, load_config
 from recsys_dist.data.convert import prepare, prepare_criteo
 from recsys_dist.data.formats.avazu import AVAZU
 from recsys_dist.data.formats.criteo import CRITEO

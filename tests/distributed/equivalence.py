@@ -325,7 +325,7 @@ def sharded_and_unsharded(cfg, batch: CTRBatch) -> tuple:
     (sharded output, unsharded output), each CTRTask's (loss, (loss, logits, labels))."""
     from recsys_dist.distributed.env import init_distributed
     from recsys_dist.models.build import build_model
-    from recsys_dist.train.trainer import shard_model
+    from recsys_dist.train.build import shard_model
 
     ctx = init_distributed(cfg)
     torch.manual_seed(0)
@@ -338,7 +338,7 @@ def sharded_and_unsharded(cfg, batch: CTRBatch) -> tuple:
 
 def models_sharded_vs_unsharded(rank: int, world_size: int, names: list[str]) -> dict:
     """Each zoo model through the trainer's sharding path: same logits as unsharded."""
-    from recsys_dist.config import load_config
+    from recsys_dist.config.loader import load_config
     from tests.conftest import QUICKSTART
 
     out = {}
@@ -358,11 +358,12 @@ def one_rank_without_ddp(rank: int, world_size: int, steps: int) -> dict:
     from torch.nn.parallel import DistributedDataParallel
     from torchrec.distributed import DistributedModelParallel
 
-    from recsys_dist.config import load_config
+    from recsys_dist.config.loader import load_config
     from recsys_dist.distributed.env import init_distributed
     from recsys_dist.distributed.optim import build_optimizer, fuse_embedding_optimizer
     from recsys_dist.distributed.plan import World, run_plan
-    from recsys_dist.train.trainer import build_model, shard_model
+    from recsys_dist.models.build import build_model
+    from recsys_dist.train.build import shard_model
     from tests.conftest import QUICKSTART
 
     cfg = load_config(
@@ -475,11 +476,11 @@ def shard_api_checks(rank: int, world_size: int) -> dict:
 def _trainer_vs_shard() -> dict:
     """The quickstart model: the trainer's initial tables minus shard()'s, per table."""
     import recsys_dist
-    from recsys_dist.config import load_config
+    from recsys_dist.config.loader import load_config
     from recsys_dist.distributed.env import init_distributed
     from recsys_dist.distributed.optim import fuse_embedding_optimizer
     from recsys_dist.models.build import build_model
-    from recsys_dist.train.trainer import shard_model
+    from recsys_dist.train.build import shard_model
     from tests.conftest import QUICKSTART
 
     cfg = load_config(QUICKSTART, [f"train.seed={INIT_SEED}"])

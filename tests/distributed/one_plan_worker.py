@@ -28,7 +28,7 @@ def library_plans(rank: int, world_size: int, overrides: list[list[str]]) -> lis
     """For each override list: {"trainer": shape of ``shard_model``'s plan, "shard": shape of
     ``recsys_dist.shard``'s plan of the same model and sharding section}."""
     import recsys_dist
-    from recsys_dist.config import load_config
+    from recsys_dist.config.loader import load_config
     from recsys_dist.distributed.env import init_distributed
     from recsys_dist.distributed.optim import fuse_embedding_optimizer
     from recsys_dist.models.build import build_model

@@ -9,7 +9,8 @@ are checked in test_sharding_equivalence_gpu.py.
 
 import pytest
 
-from recsys_dist.config import ConfigError, load_config
+from recsys_dist.config import ConfigError
+from recsys_dist.config.loader import load_config
 from recsys_dist.testing import run_ranks
 from recsys_dist.train.preflight import check_before_launch
 from tests.conftest import QUICKSTART

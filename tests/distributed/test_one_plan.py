@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 
-from recsys_dist.config import load_config
+from recsys_dist.config.loader import load_config
 from recsys_dist.distributed.dry_run import dry_run
 from recsys_dist.testing import run_ranks
 from tests.conftest import QUICKSTART, ROOT

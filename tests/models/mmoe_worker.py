@@ -4,7 +4,7 @@
 def sharded_vs_unsharded(rank: int, world_size: int, config: str) -> float:
     """A multi-task model (MMoE, PLE) through the trainer's sharding path (row-wise and
     table-wise tables): the same [B, T] logits as the unsharded model with the same weights."""
-    from recsys_dist.config import load_config
+    from recsys_dist.config.loader import load_config
     from tests.distributed.equivalence import sharded_and_unsharded
     from tests.models.test_mmoe import _batch
 

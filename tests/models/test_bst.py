@@ -8,7 +8,8 @@ import torch
 from torch.nn import functional as F
 from torchrec import KeyedJaggedTensor
 
-from recsys_dist.config import ConfigError, load_config
+from recsys_dist.config import ConfigError
+from recsys_dist.config.loader import load_config
 from recsys_dist.data.spec import FeatureSpec, make_sequence_tables, make_tables
 from recsys_dist.models.registry import get_model
 from recsys_dist.models.zoo.bst import BSTConfig

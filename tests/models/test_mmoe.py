@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from recsys_dist.config import load_config
+from recsys_dist.config.loader import load_config
 from recsys_dist.models.build import build_model
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "movielens_multitask.yaml"

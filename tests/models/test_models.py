@@ -4,7 +4,7 @@ import pytest
 import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from recsys_dist.config import load_config
+from recsys_dist.config.loader import load_config
 from recsys_dist.data.formats.criteo import DENSE_NAMES, SPARSE_NAMES
 from recsys_dist.data.loader import CTRBatch
 from recsys_dist.models.build import build_model, embedding_configs

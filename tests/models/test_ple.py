@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from recsys_dist.config import ConfigError, load_config
+from recsys_dist.config import ConfigError
+from recsys_dist.config.loader import load_config
 from recsys_dist.models.build import build_model
 from tests.models.test_mmoe import _batch
 

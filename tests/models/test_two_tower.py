@@ -9,12 +9,13 @@ import pytest
 import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from recsys_dist.config import ConfigError, load_config
+from recsys_dist.config import ConfigError
+from recsys_dist.config.loader import load_config
 from recsys_dist.data.loader import CTRBatch
 from recsys_dist.models.build import build_model, feature_spec
 from recsys_dist.models.losses import in_batch_softmax
 from recsys_dist.models.retrieval import rank_metrics
-from recsys_dist.train.preflight import section_problems
+from recsys_dist.train.preflight import check_sections, section_problems
 from tests.conftest import ROOT
 
 CONFIG = ROOT / "configs" / "movielens_two_tower.yaml"
@@ -124,19 +125,19 @@ def test_two_tower_config_problems():
     ok = load_config(CONFIG, [])
     assert section_problems(ok) == []
     with pytest.raises(ConfigError, match="train.loss"):
-        load_config(CONFIG, ["train.loss=bce"])
+        check_sections(load_config(CONFIG, ["train.loss=bce"]))
     with pytest.raises(ConfigError, match="model.item_id"):
-        load_config(CONFIG, ["model.item_id=genres"])
+        check_sections(load_config(CONFIG, ["model.item_id=genres"]))
     with pytest.raises(ConfigError, match="eval.retrieval_k"):
-        load_config(ROOT / "configs" / "movielens_deepfm.yaml", ["eval.retrieval_k=[10]"])
+        check_sections(load_config(ROOT / "configs" / "movielens_deepfm.yaml", ["eval.retrieval_k=[10]"]))
     with pytest.raises(ConfigError, match="data.categorical_mapping"):
-        load_config(CONFIG, ["data.categorical_mapping=managed", "data.managed.eviction_interval=10"])
+        check_sections(load_config(CONFIG, ["data.categorical_mapping=managed", "data.managed.eviction_interval=10"]))
     with pytest.raises(ConfigError, match="candidate_scores"):
-        load_config(CONFIG, ["train.loss_args.candidate_scores=1"])
+        check_sections(load_config(CONFIG, ["train.loss_args.candidate_scores=1"]))
     # per-feature managed tables: the item id (or the user) would reach evaluation as raw keys
     managed = ["data.managed.eviction_interval=10", "data.managed.features=[movieId]"]
     with pytest.raises(ConfigError, match=r"data.managed.features: 'movieId' \(model.item_id\) is managed"):
-        load_config(CONFIG, managed)
+        check_sections(load_config(CONFIG, managed))
     other = [f for f in load_config(CONFIG, []).model.item_features if f != "movieId"]
     if other:  # a managed item feature besides the id is fine
         assert section_problems(load_config(CONFIG, [managed[0], f"data.managed.features=[{other[0]}]"])) == []

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
-from recsys_dist.config import load_config
+from recsys_dist.config.loader import load_config
 from recsys_dist.train import rank_failure
 from recsys_dist.train.launch import first_failure
 from tests.conftest import QUICKSTART, ROOT
@@ -77,12 +77,12 @@ def test_the_message_names_the_signal_the_oom_killer_and_the_command_to_continue
 
 
 _SURVIVOR = """
-import recsys_dist.cli.main as cli
-def main(argv):
+import recsys_dist.train.worker as worker
+def train(job, run):
     raise RuntimeError(%r)
-cli.main = main
-cli.LOST_PEER_GRACE_S = 0.1  # (5 s: the launcher stops it before then, having seen the dead peer)
-cli.cli_rank(["train"])
+worker._rank_code = train
+worker.LOST_PEER_GRACE_S = 0.1  # (5 s: the launcher stops it before then, having seen the dead peer)
+worker.rank_main(None, None)
 """
 
 

@@ -56,7 +56,7 @@ def test_a_converted_split_of_another_cache_format_is_refused(tmp_path, found):
 
 
 def _movielens():
-    from recsys_dist.config import load_config
+    from recsys_dist.config.loader import load_config
 
     return load_config(ROOT / "configs" / "movielens_deepfm.yaml")
 

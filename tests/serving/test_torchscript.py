@@ -41,7 +41,7 @@ print("foreign modules:", bad)
 
 
 def build(name, *extra):
-    from recsys_dist.config import load_config
+    from recsys_dist.config.loader import load_config
     from recsys_dist.models.build import build_model
 
     path, overrides = CONFIGS[name]

@@ -14,7 +14,7 @@ import os
 import sys
 from pathlib import Path
 
-from recsys_dist.config import load_config
+from recsys_dist.config.loader import load_config
 from recsys_dist.train.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[2]

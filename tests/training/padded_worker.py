@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from recsys_dist.config import load_config
+from recsys_dist.config.loader import load_config
 from recsys_dist.distributed.tables import gather_full_state_dict
 from recsys_dist.train.trainer import Trainer
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from recsys_dist.config import load_config
+from recsys_dist.config.loader import load_config
 from recsys_dist.train.trainer import Callback, Trainer
 from tests.cli import read_metrics
 

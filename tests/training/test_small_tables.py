@@ -10,7 +10,8 @@ import json
 
 import pytest
 
-from recsys_dist.config import ConfigError, load_config
+from recsys_dist.config import ConfigError
+from recsys_dist.config.loader import load_config
 from recsys_dist.distributed.plan import World, plan, table_constraints
 from recsys_dist.distributed.rules import leaves_rank_empty
 from tests.cli import run_cli

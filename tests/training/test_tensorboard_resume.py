@@ -8,7 +8,7 @@ tensorboard is optional (and absent from the test environment): a stand-in
 import sys
 import types
 
-from recsys_dist.config import load_config
+from recsys_dist.config.loader import load_config
 from recsys_dist.train.trainer import Trainer
 from tests.conftest import QUICKSTART
 

@@ -1,0 +1,259 @@
+"""What a rank builds from the resolved :class:`~recsys_dist.train.job.Job`: the three splits'
+loaders and the sharded model with its optimizer; and the checks of the Trainer's arguments
+that choose them (a model, a dense optimizer, an LR scheduler)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
+from torchrec.distributed import DistributedModelParallel
+from torchrec.optim.keyed import CombinedOptimizer
+from tqdm import tqdm
+
+from recsys_dist.config.base import ConfigError
+from recsys_dist.config.run import RunConfig
+from recsys_dist.data.convert import PreparedData
+from recsys_dist.data.loader import ParquetBatchLoader
+from recsys_dist.data.mapping import loader_id_bounds
+from recsys_dist.data.prefetch import auto_prefetch
+from recsys_dist.data.resolve import prepare_from_config
+from recsys_dist.data.spec import FeatureSpec
+from recsys_dist.distributed.env import DistContext, broadcast_result, under_launcher
+from recsys_dist.distributed.optim import build_optimizer, fuse_embedding_optimizer
+from recsys_dist.distributed.plan import World, run_plan
+from recsys_dist.distributed.plan_io import plan_summary
+from recsys_dist.distributed.sharders import OneRankDense, fix_replicated_sequence_tables, model_tables, sharders
+from recsys_dist.distributed.tables import init_tables
+from recsys_dist.models.build import build_model
+from recsys_dist.train.early_stopping import BestTracker
+from recsys_dist.train.job import Job, resolve_job
+from recsys_dist.train.observe import PhaseClock
+
+# Trainer(model=...): the run's FeatureSpec -> the model; Trainer(dense_optimizer=...): the dense
+# parameters -> their optimizer; Trainer(lr_scheduler=...): that optimizer -> its scheduler.
+ModelFactory = Callable[[FeatureSpec], nn.Module]
+DenseOptimizerFactory = Callable[[list[nn.Parameter]], torch.optim.Optimizer]
+LRSchedulerFactory = Callable[[torch.optim.Optimizer], torch.optim.lr_scheduler.LRScheduler]
+
+
+def _job(job: Job | RunConfig) -> Job:
+    return job if isinstance(job, Job) else resolve_job(job)
+
+
+@dataclass
+class Loaders:
+    """The three splits' loaders, and the table sizes the data preparation decided."""
+
+    train: ParquetBatchLoader
+    validation: ParquetBatchLoader
+    test: ParquetBatchLoader
+    num_embeddings: list[int]
+    conversion: Path | None = None  # the cache entry the splits were converted into
+    prepared: PreparedData | None = None  # the conversion the splits come from
+
+
+def make_loaders(job: Job | RunConfig, ctx: DistContext) -> Loaders:
+    """Open every split on every rank: the data ``job.prepared`` converted (the launcher's), or
+    converted here once (rank 0) when the job's data is not converted yet.
+
+    ``job``: the resolved run (a ``RunConfig`` is resolved here). ``num_embeddings``: the
+    table sizes the conversion decided (under vocabulary mapping the vocabulary's, built on train).
+    """
+    job = _job(job)
+    cfg, d = job.cfg, job.cfg.data
+    prepared = job.prepared or broadcast_result(ctx, lambda: prepare_from_config(cfg))
+    sizes = job.with_data(prepared).table_sizes
+    dense_names, sparse_names = list(job.fmt.dense_names), list(job.fmt.sparse_names)
+    label_cols, weight_col = job.label_columns
+    common = dict(
+        label_columns=label_cols,
+        weight_column=weight_col,
+        rank=ctx.rank,
+        world_size=ctx.world_size,
+        dense_names=dense_names,
+        sparse_names=sparse_names,
+        num_embeddings=loader_id_bounds(cfg, sizes),
+        pin_memory=ctx.device.type == "cuda",
+        shuffle_buffer_rows=d.shuffle_buffer_rows,
+        prefetch=d.prefetch
+        if d.prefetch is not None
+        else auto_prefetch(ctx.device.type, ctx.local_world_size, torch.get_num_threads()),
+        rank_reads=d.rank_reads,
+    )
+    eval_bs = cfg.eval.batch_size or cfg.train.batch_size
+    return Loaders(
+        train=ParquetBatchLoader(
+            prepared.paths("train"),
+            cfg.train.batch_size,
+            shuffle=d.shuffle,
+            seed=cfg.train.seed,
+            remainder=d.remainder,
+            **common,
+        ),
+        # Evaluation applies no loss_scale (and a weighted one would re-read every rank's weights).
+        validation=ParquetBatchLoader(
+            prepared.paths("validation"), eval_bs, remainder="pad", scale_losses=False, **common
+        ),
+        test=ParquetBatchLoader(prepared.paths("test"), eval_bs, remainder="pad", scale_losses=False, **common),
+        num_embeddings=sizes,
+        conversion=prepared.directory,
+        prepared=prepared,
+    )
+
+
+def shard_model(
+    job: Job | RunConfig,
+    ctx: DistContext,
+    spec: FeatureSpec | None = None,
+    clock: PhaseClock | None = None,
+    module: nn.Module | ModelFactory | None = None,
+    dense_factory: DenseOptimizerFactory | None = None,
+) -> tuple[DistributedModelParallel, CombinedOptimizer, str]:
+    """Build on meta, fuse the embedding optimizer into backward, plan, wrap in DMP.
+
+    ``job``: the resolved run (a ``RunConfig`` is resolved here). ``spec``: the run's
+    FeatureSpec (default ``job.features``, with the rank's device). Every EmbeddingBagCollection table of the built model is planned and
+    initialised, whether the spec or the model's own code made it. ``clock``: the planning
+    counts as its ``plan`` phase, sharding and initialising the tables as ``tables``.
+    ``module`` / ``dense_factory``: ``Trainer(model=..., dense_optimizer=...)``.
+    """
+
+    def phase(name: str):
+        return clock.phase(name) if clock is not None else nullcontext()
+
+    job = _job(job)
+    cfg = job.cfg
+    spec = spec or job.features.on(torch.device("meta"), ctx.device)
+    with phase("plan"):
+        model = build_model(cfg, spec.on(torch.device("meta"), ctx.device), module=module)
+        fuse_embedding_optimizer(model, cfg)
+        tables = model_tables(model)
+        plan = run_plan(cfg, model, World(ctx.world_size, ctx.local_world_size, ctx.device.type, dist.group.WORLD))
+    with phase("tables"):
+        return _wrap_and_init(cfg, ctx, model, tables, plan, dense_factory)
+
+
+def _wrap_and_init(cfg: RunConfig, ctx: DistContext, model, tables, plan, dense_factory=None):
+    dmp = DistributedModelParallel(
+        model,
+        device=ctx.device,
+        plan=plan,
+        sharders=sharders(cfg.sharding.comms, ctx.device.type),
+        data_parallel_wrapper=OneRankDense() if ctx.world_size == 1 else None,
+    )
+    fix_replicated_sequence_tables(dmp)
+    init_tables(dmp.state_dict(), tables, cfg.train.seed, {t.name: t.weight_init_max for t in tables})
+    t = cfg.train
+    optimizer = build_optimizer(
+        dmp,
+        t.embedding_optimizer,
+        t.embedding_lr,
+        t.dense_optimizer,
+        t.dense_lr,
+        t.dense_grad_clip_norm,
+        t.embedding_weight_decay,
+        dense_factory=dense_factory,
+    )
+    return dmp, optimizer, str(plan)
+
+
+def check_given_once(cfg: RunConfig, model, dense_optimizer, lr_scheduler) -> None:
+    """Refuse an option given both in the config and as a Trainer argument (one of the two would
+    be ignored).
+
+    Raises:
+        ConfigError: naming the config keys and the argument.
+        TypeError: an argument that is not callable.
+    """
+    problems = []
+    for arg, given, section, keys in (
+        ("model", model, cfg.model, None),
+        ("dense_optimizer", dense_optimizer, cfg.train, ("dense_optimizer", "dense_lr")),
+        ("lr_scheduler", lr_scheduler, cfg.train, ("warmup_steps", "decay_start_step", "decay_steps")),
+    ):
+        if given is None:
+            continue
+        if not callable(given):
+            raise TypeError(f"Trainer({arg}=...) must be callable, got {type(given).__name__}")
+        prefix = "model" if section is cfg.model else "train"
+        both = sorted(
+            k
+            for k in section.model_fields_set
+            if (k not in ("embedding_dim", "embedding_init_scale") if keys is None else k in keys)
+        )
+        if both:
+            problems.append(
+                f"{', '.join(f'{prefix}.{k}' for k in both)} in the config and Trainer({arg}=...) both choose the "
+                f"{'model' if keys is None else arg.replace('_', ' ')}; remove {'them' if len(both) > 1 else 'it'} "
+                f"from the config or leave out {arg}="
+            )
+    if problems:
+        raise ConfigError("an option is given twice:\n  " + "\n  ".join(problems))
+
+
+def check_lr_scheduler(scheduler):
+    """What ``Trainer(lr_scheduler=...)`` made, if the Trainer can step it: a step-count
+    ``LRScheduler`` (stepped with no argument after every step, that count replayed on resume).
+
+    Raises:
+        TypeError: not an ``LRScheduler`` (e.g. None), or a ``ReduceLROnPlateau`` (it steps
+            on a metric: it failed at the first step, after the data and sharding).
+    """
+    if isinstance(scheduler, ReduceLROnPlateau):
+        raise TypeError(
+            "Trainer(lr_scheduler=...) made a ReduceLROnPlateau, which steps on a validation metric; the "
+            "Trainer steps its scheduler after every training step with no argument (and replays that count on "
+            "resume). Use a step-count schedule (LambdaLR, StepLR, CosineAnnealingLR, ...), or lower the rate "
+            "yourself in a Callback's on_validation_end"
+        )
+    if not isinstance(scheduler, LRScheduler):
+        raise TypeError(
+            "Trainer(lr_scheduler=...) must return a torch.optim.lr_scheduler.LRScheduler over the optimizer it "
+            f"is given, got {type(scheduler).__name__}"
+        )
+    return scheduler
+
+
+def require_ranks(cfg: RunConfig) -> None:
+    """Refuse to train one rank of a job configured for several: a single process with
+    neither a launcher nor a process group and ``distributed.nproc_per_node`` > 1.
+
+    Raises:
+        ConfigError: saying how to start the ranks.
+    """
+    n = cfg.distributed.nproc_per_node
+    if n > 1 and not dist.is_initialized() and not under_launcher():
+        raise ConfigError(
+            f"distributed.nproc_per_node is {n}, but this is a single process with no launcher and no "
+            f"process group: the Trainer would train only one rank of {n}. Start {n} ranks instead: "
+            f"recsys_dist.launch(fn, {n}) with fn a module-level function that builds and fits the Trainer, "
+            f"torchrun --nproc_per_node={n} your_script.py, or recsys-dist train --config CONFIG; "
+            "or set distributed.nproc_per_node=1 to train on one rank"
+        )
+
+
+def write_plan(run_dir: Path, plan, spec: FeatureSpec, plan_text: str) -> None:
+    """``plan.txt`` (TorchRec's plan as text) and ``plan.json`` (one row per table shard) of a run."""
+    (run_dir / "plan.txt").write_text(plan_text + "\n")
+    (run_dir / "plan.json").write_text(json.dumps(plan_summary(plan, spec.planned_tables()), indent=2))
+
+
+def best_tracker(cfg: RunConfig) -> BestTracker | None:
+    """The tracker of ``train.early_stopping`` (or of validation AUC for ``checkpoint.keep_best``)."""
+    es = cfg.train.early_stopping
+    if es is not None:
+        return BestTracker(es.metric, es.patience, es.min_delta)
+    return BestTracker("auc") if cfg.checkpoint.keep_best else None
+
+
+def progress_bar(total: int, show: bool) -> tqdm:
+    """The training progress bar (steps); ``show``: rank 0 with ``train.progress_bar``."""
+    return tqdm(total=total, desc="train", unit="step", dynamic_ncols=True, leave=False, disable=not show)

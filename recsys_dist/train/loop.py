@@ -1,0 +1,325 @@
+"""The Trainer's step loop: epochs of pipelined steps, validation and early stopping, the
+training log, and saving / restoring its state in checkpoints.
+
+:class:`TrainLoop` holds these internals of :class:`recsys_dist.train.trainer.Trainer`, which
+builds the state they use (``_setup``) and calls them from its public methods.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import time
+import warnings
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from recsys_dist.checkpoint import run_dir as run_dirs
+from recsys_dist.checkpoint.compat import check_compatible
+from recsys_dist.checkpoint.dcp import (
+    canonical_optimizer_state,
+    latest_checkpoint,
+    load_checkpoint,
+    set_optimizer_steps,
+)
+from recsys_dist.checkpoint.meta import read_meta
+from recsys_dist.checkpoint.safe_read import checkpoint_keys
+from recsys_dist.data.loader import ParquetBatchLoader
+from recsys_dist.distributed.env import broadcast_result
+from recsys_dist.distributed.optim import init_lazy_state
+from recsys_dist.distributed.plan_io import plan_summary
+from recsys_dist.faults import maybe_fault
+from recsys_dist.models.managed import managed_metrics
+from recsys_dist.train.evaluation import in_row_order
+from recsys_dist.train.pipelines import PIPELINES, TrainPipeline, make_pipeline
+from recsys_dist.train.summary import divergence_error, log_early_stop, train_window
+
+log = logging.getLogger("recsys_dist")
+
+
+class TrainLoop:
+    """The loop and checkpoint internals of a Trainer (a base class of it; not used alone)."""
+
+    @contextmanager
+    def _collective(self):
+        if self._closed:
+            raise RuntimeError("this Trainer is closed")
+        if not dist.is_initialized() or dist.group.WORLD is not self._group:
+            # Its owner (the Trainer that made it, closed first, or the caller) destroyed it;
+            # torch would only say that no default process group exists.
+            raise RuntimeError(
+                "the process group this Trainer was built on has been destroyed (by closing the "
+                "Trainer that created it, or by torch.distributed.destroy_process_group()); close "
+                "this Trainer and build a new one, or close Trainers in the reverse order of creation"
+            )
+        try:
+            yield
+        except BaseException:
+            self._failed = True
+            raise
+
+    def _take_run_dir(self) -> None:
+        """Rank 0 holds the run directory's lock until :meth:`close` (unless the launcher that
+        started this process holds it); every rank raises if another run holds it."""
+        # An elastic restart's new rank 0 may start while the previous one is still exiting.
+        wait = 30.0 if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)) > 0 else 0.0
+
+        def take() -> None:
+            self._lock = run_dirs.lock_run_dir(self.run_dir, wait_s=wait)
+
+        broadcast_result(self._ctx, take)
+
+    def _loader(self, split: str | ParquetBatchLoader) -> ParquetBatchLoader:
+        if isinstance(split, ParquetBatchLoader):
+            return split
+        if split in ("validation", "test"):
+            return getattr(self._loaders, split)
+        if split == "train":
+            return in_row_order(self._loaders.train)
+        raise ValueError(f"split must be 'train', 'validation', 'test' or a ParquetBatchLoader, got {split!r}")
+
+    def _done(self) -> bool:
+        return self._step >= self.total_steps or (self.best is not None and self.best.stopped)
+
+    def _checkpoint_meta(self) -> dict:
+        """What a checkpoint's meta.json records besides its tensors: position, plan, config, data."""
+        meta = {
+            "step": self._step,
+            "epoch": self.epoch,
+            "batches_in_epoch": self._in_epoch,
+            "rows_trained": self.rows_trained,
+            "train_seconds": self.train_seconds,
+            "world_size": self._ctx.world_size,
+            "plan": plan_summary(self._model.plan),
+            "config": self.cfg.to_dict(),
+            "num_embeddings": self._loaders.num_embeddings,
+            "early_stopping": self.best.state() if self.best is not None else None,
+            # The training data (recsys_dist.checkpoint.run_dir.check_same_data) and where its epochs start.
+            "data": self._data,
+            "steps_per_epoch": len(self._loaders.train),
+            "step_offset": self._step_offset,
+        }
+        if self._user_model is not None:  # config.model names no model: export/load_model refuse it
+            meta["user_model"] = True
+        return meta
+
+    def _pin_preprocessing(self, path: Path) -> None:
+        # How inputs are mapped (vocabulary, sizes, transforms) travels with the checkpoint,
+        # so export and predict never read the training data again (recsys_dist.serve.scoring).
+        from recsys_dist.serve.scoring import MANIFEST_FILE, Preprocessing  # serve is the layer above
+
+        conversion = self._loaders.conversion
+        manifest = json.loads((conversion / MANIFEST_FILE).read_text()) if conversion is not None else None
+        try:
+            Preprocessing.describe(self.cfg, self._loaders.num_embeddings, conversion, manifest).save(path)
+        except OSError as err:  # the checkpoint is complete without it; scoring falls back to the cache
+            log.warning("could not write the preprocessing record into %s (%s)", path, err)
+
+    def _state(self) -> dict:
+        return {
+            "model": self._model.state_dict(),
+            "optimizer": canonical_optimizer_state(self._optimizer.state_dict()),
+            # One per rank: the ranks draw different dropout masks (a single "rng" entry would be
+            # saved once, by one rank, and handed to every rank on resume).
+            "rng": {f"rank_{self._ctx.rank}": torch.get_rng_state()},
+        }
+
+    def _restore(self, path: Path) -> None:
+        """Continue from a checkpoint: weights, optimizer state, RNG and the loader position."""
+        meta = read_meta(path)
+        check_compatible(
+            path,
+            meta,
+            self.cfg.to_dict(),
+            sizes=self._loaders.num_embeddings,
+            world_size=self._ctx.world_size,
+            user_model=self._user_model is not None,
+        )
+        init_lazy_state(self._optimizer, self._model.fused_optimizer)
+        state, saved = self._state(), checkpoint_keys(path)
+        if "rng" in saved:  # written before per-rank states: one state, which every rank gets
+            state["rng"] = torch.get_rng_state()
+        elif meta.get("world_size") != self._ctx.world_size:  # no rank's random stream continues
+            del state["rng"]
+        load_checkpoint(path, state, verify=False)  # verified in _setup; in place: the state dicts are views
+        set_optimizer_steps(self._optimizer, meta["step"])
+        if "rng" in state:
+            rng = state["rng"]
+            torch.set_rng_state(rng if isinstance(rng, torch.Tensor) else rng[f"rank_{self._ctx.rank}"])
+        self._step, self.rows_trained = meta["step"], meta["rows_trained"]
+        self.train_seconds = meta["train_seconds"]
+        if self.best is not None:
+            self.best.load(meta.get("early_stopping"))
+        self._next_epoch, self._in_epoch = run_dirs.resume_batch(meta, self._global_batch)
+        if self._new_data:
+            log.warning(
+                "resuming %s on other training data (%s, was %s): epoch %d starts again from its first batch",
+                path,
+                self._data,
+                meta.get("data"),
+                self._resume_epoch,
+            )
+            self._next_epoch, self._in_epoch = self._resume_epoch, 0
+        if self._in_epoch >= len(self._loaders.train):
+            self._next_epoch, self._in_epoch = self._next_epoch + 1, 0
+        self.epoch = self._first_epoch = self._next_epoch
+        self._bar.update(self._step)
+        log.info("resumed from %s at step %d (epoch %d, batch %d)", path, self._step, self._next_epoch, self._in_epoch)
+
+    def _replay_lr_scheduler(self) -> None:
+        """Bring a user LR scheduler to the resumed step (its state follows from the step count)."""
+        if self._lr_scheduler is None:
+            return
+        with warnings.catch_warnings():  # "lr_scheduler.step() before optimizer.step()": intended here
+            warnings.simplefilter("ignore", UserWarning)
+            for _ in range(self._step):
+                self._lr_scheduler.step()
+
+    def _run_epoch(self) -> dict:
+        cfg, ctx = self.cfg, self._ctx
+        pipe = self._pipe = self._new_pipeline()
+        self._loaders.train.set_epoch(self.epoch)
+        # The first epoch after a resume continues at the checkpoint's batch; later ones start at 0.
+        start, self._in_epoch = (self._in_epoch, self._in_epoch) if self.epoch == self._first_epoch else (0, 0)
+        early, self._early_batches = self._early_batches, None
+        batches = early if early is not None and start == 0 else self._loaders.train.iter_from(start)
+        self._t0 = time.perf_counter()
+        while not self._done():
+            self._tracer.before(self._step + 1)
+            try:
+                if self._schedule.active:
+                    self._schedule.apply(self._optimizer, self._base_lrs, self._step)
+                    # FBGEMM takes a new rate at its optimizer's step(), which only sets the
+                    # rate; calling it now makes this step's fused update use it.
+                    self._model.fused_optimizer.step()
+                out = pipe.progress(batches)
+            except StopIteration:
+                break
+            self._step += 1
+            self._in_epoch += 1
+            maybe_fault("step", self._step, ctx.rank)
+            self._tracer.after(self._step)
+            self._losses.append(out[0].detach())
+            if self._lr_scheduler is not None:
+                self._lr_scheduler.step()
+            for callback in self._callbacks:
+                callback.on_step_end(self, self._step, out[0].detach())
+            self._real_rows.append(out[3])  # the weights [B]; summed once per log line, not per step
+            self._bar.update(1)
+            if self._step % cfg.train.log_every_n_steps == 0:
+                self._log_train()
+            if self._in_epoch >= len(self._loaders.train) or self._done():
+                # The epoch's (or run's) last step: validated, then checkpointed, after the loop.
+                continue
+            if cfg.eval.every_n_steps and self._step % cfg.eval.every_n_steps == 0:
+                self._validate()  # detaches the pipeline (evaluate); its next progress re-attaches
+                if self._done():  # early stopping: every rank decides alike (global metrics)
+                    break
+                self._t0 = time.perf_counter()
+            if self._checkpoint_due():
+                self._save_in_window()
+            if self._saved_step == self._step and PIPELINES[cfg.train.pipeline].restart_at_checkpoint:
+                # A checkpoint (by cadence or a new best) mid-epoch: see recsys_dist.train.pipelines.
+                pipe.detach()
+                pipe = self._pipe = self._new_pipeline()
+                batches = self._loaders.train.iter_from(self._in_epoch)
+                self._t0 = time.perf_counter()
+        if self._losses:
+            self._log_train()
+        pipe.detach()
+        if self.epoch + 1 < cfg.train.epochs and not self._done():
+            # The loader's prefetch thread starts on opening: the next epoch's first window
+            # (40-150 ms) is read while this epoch's validation runs.
+            self._loaders.train.set_epoch(self.epoch + 1)
+            self._early_batches = self._loaders.train.iter_from(0)
+        metrics = self._validate()
+        # After the validation, so that a run resumed from it (which starts the next epoch)
+        # keeps the epoch's validation line and early-stopping state.
+        if self._checkpoint_due():
+            self._save_in_window()
+        return metrics
+
+    def _checkpoint_due(self) -> bool:
+        every = self.cfg.checkpoint.every_n_steps
+        return (
+            self.cfg.checkpoint.enabled
+            and bool(every)
+            and self._step % every == 0
+            and not self._done()
+            and self._saved_step != self._step
+        )
+
+    def _save_in_window(self, best: bool = False) -> None:
+        if self._losses:  # close the logging window here, so a resumed run logs the same lines
+            self._log_train()
+        self.save_checkpoint(best=best)
+        self._t0 = time.perf_counter()
+
+    def _detach_pipeline(self) -> None:
+        # Scoring needs the plain forward; inside the loop (a validation, or a callback's
+        # evaluate / predict) the pipeline has rewritten it. Its next progress re-attaches.
+        if self._pipe is not None:
+            self._pipe.detach()
+
+    def _new_pipeline(self) -> TrainPipeline:
+        # Sampling counts global steps, so timed steps do not restart with each epoch.
+        t = self.cfg.train
+        pipe = make_pipeline(t.pipeline, self._model, self._optimizer, self._ctx.device, t.timing_every_n_steps)
+        pipe.steps_done = self._step
+        return pipe
+
+    def _validate(self) -> dict:
+        """Score the validation split once per step (a step both an epoch's end and a multiple
+        of eval.every_n_steps is scored once), log it, update the best / early stopping and,
+        with checkpoint.keep_best, save a new best checkpoint."""
+        if self._last_val is not None and self._last_val[0] == self._step:
+            return self._last_val[1]
+        maybe_fault("eval", self._step, self._ctx.rank)
+        metrics = self.evaluate("validation")
+        self._last_val = (self._step, metrics)
+        for callback in self._callbacks:
+            callback.on_validation_end(self, self._step, metrics)
+        managed = managed_metrics(self._model, "validation")
+        self._writer.write(split="validation", step=self._step, epoch=self.epoch, **metrics, **managed)
+        if metrics.get("auc") is not None:
+            self._bar.set_postfix_str(f"val AUC {metrics['auc']:.4f}", refresh=False)
+        if self.best is not None:
+            improved = self.best.update(metrics, self._step)
+            if self.best.stopped:
+                log_early_stop(self.best, self._step)
+            if improved and self.cfg.checkpoint.enabled and self.cfg.checkpoint.keep_best:
+                self._save_in_window(best=True)
+        return metrics
+
+    def _diverged(self) -> None:
+        raise divergence_error(self._losses, self._step, self._model, latest_checkpoint(self.run_dir))
+
+    def _log_train(self) -> None:
+        """Global mean loss and samples/s since the last train line; one all_reduce."""
+        elapsed = time.perf_counter() - self._t0
+        loss, per_task, rows = train_window(self._losses, self._real_rows, self._ctx.world_size, self._job.tasks[0])
+        if not math.isfinite(loss):  # identical on every rank (all-reduced), so all stop here
+            self._diverged()
+        sps = round(rows / elapsed, 1) if elapsed > 0 else None
+        lr = {"lr_scale": round(self._schedule.scale(self._step - 1), 6)} if self._schedule.active else {}
+        self._writer.write(
+            split="train",
+            step=self._step,
+            epoch=self.epoch,
+            loss=loss,
+            **per_task,
+            samples_per_s=sps,
+            **lr,
+            **(self._pipe.pop_times() if self._pipe else {}),
+            **managed_metrics(self._model, "train"),
+        )
+        self._bar.set_postfix(loss=f"{loss:.4f}", samples_per_s=sps, refresh=False)
+        self.train_seconds += elapsed
+        self.rows_trained += rows
+        self._losses, self._real_rows = [], []
+        self._t0 = time.perf_counter()

@@ -1,0 +1,141 @@
+"""Resolve once, pass down: what one 2-rank ``recsys-dist train`` builds and checks, per process.
+
+The command runs in a ``python -c`` wrapper that first replaces the counted functions with
+ones that append a line ``{"pid", "rank", "what"}`` to a file on every call (a line per call,
+because the ranks leave through ``os._exit``, which skips ``atexit``). The ranks fork from the
+wrapper (``recsys-dist``'s CPU start method), so they run the counting functions too.
+
+Counted: RunConfig validation, preflight (``check_before_launch``) and its cross-section
+pass (``section_problems``), model builds (the registered model's ``build``), ``feature_spec``
+calls, and the planning path. Before the Job (issue 31) the launcher validated the YAML and
+each rank validated it again (3 in all), ``section_problems`` ran 6 times and the model was
+built on meta 5 times.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+
+from tests.cli import ROOT
+
+QUICKSTART = ROOT / "configs" / "criteo_quickstart.yaml"
+TINY = [
+    "data.num_rows=400",
+    "train.max_steps=2",
+    "train.log_every_n_steps=1",
+    "train.progress_bar=false",
+    "checkpoint.enabled=false",
+    "model.embedding_dim=8",
+    "model.dense_arch_layer_sizes=[8]",
+    "model.over_arch_layer_sizes=[8,1]",
+    "distributed.nproc_per_node=2",
+    "distributed.device=cpu",
+]
+
+WRAPPER = r"""
+import json, os, sys
+
+LOG = sys.argv[1]
+
+
+def note(what):
+    with open(LOG, "a") as f:
+        f.write(json.dumps({"pid": os.getpid(), "rank": os.environ.get("RANK"), "what": what}) + "\n")
+
+
+def count(module, name, what):
+    fn = getattr(module, name)
+
+    def counted(*args, **kwargs):
+        note(what)
+        return fn(*args, **kwargs)
+
+    setattr(module, name, counted)
+
+
+# Patched before any module that binds these names at import (the CLI, the trainer) is imported.
+import recsys_dist.models.build as build
+import recsys_dist.distributed.sharding as sharding
+from recsys_dist.config.run import RunConfig
+from recsys_dist.models.registry import get_model
+
+count(build, "feature_spec", "feature_spec")
+validate = RunConfig.model_validate.__func__
+RunConfig.model_validate = classmethod(lambda cls, *a, **k: (note("config"), validate(cls, *a, **k))[1])
+import recsys_dist.train.preflight as preflight
+
+count(preflight, "section_problems", "section_problems")
+count(preflight, "check_before_launch", "preflight")
+try:  # one planning path (distributed/plan.py), else the Trainer's collective_plan
+    import recsys_dist.distributed.plan as planning
+
+    count(planning, "plan", "plan")
+except ImportError:
+    count(sharding, "collective_plan", "plan")
+spec = get_model("dlrm")
+model_build = spec.build
+
+
+def build_counted(features, cfg):
+    note("model_meta" if features.embedding_device.type == "meta" else "model")
+    return model_build(features, cfg)
+
+
+object.__setattr__(spec, "build", build_counted)
+note("launcher")
+from recsys_dist.cli.main import run
+
+run(sys.argv[2:])
+"""
+
+
+def test_one_validation_one_preflight_one_model_per_rank(tmp_path):
+    log = tmp_path / "calls.jsonl"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "RECSYS_DIST_CACHE": str(tmp_path / "cache")}
+    argv = ["train", "--config", str(QUICKSTART), "--run-dir", str(tmp_path / "run"), *TINY]
+    r = subprocess.run(
+        [sys.executable, "-c", WRAPPER, str(log), *argv], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    calls = [json.loads(line) for line in log.read_text().splitlines()]
+    launcher = next(c["pid"] for c in calls if c["what"] == "launcher")
+    per = {}
+    for c in calls:
+        who = "launcher" if c["pid"] == launcher else f"rank {c['rank']}"
+        per.setdefault(who, Counter())[c["what"]] += 1
+    print(json.dumps(per, indent=1, sort_keys=True))  # the measured counts, for the record
+    assert sorted(per) == ["launcher", "rank 0", "rank 1"], per
+    launched = per.pop("launcher")
+    # The launcher: the YAML validated once, preflight once (with its one cross-section pass and
+    # its one model built on meta), no training model, no plan.
+    assert launched["config"] == 1, launched
+    assert launched["preflight"] == 1 and launched["section_problems"] == 1, launched
+    assert launched["model_meta"] + launched["model"] == 1 and launched["plan"] == 0, launched
+    assert launched["feature_spec"] <= 1, launched
+    for rank, got in per.items():
+        # A rank receives the resolved Job: nothing validated or preflighted again, the model
+        # built once (on meta, for the sharder), one planning call.
+        assert got["config"] == 0 and got["preflight"] == 0 and got["section_problems"] == 0, (rank, got)
+        assert got["model_meta"] + got["model"] == 1, (rank, got)
+        assert got["plan"] == 1, (rank, got)
+        assert got["feature_spec"] <= 1, (rank, got)
+
+
+def test_a_spawned_rank_gets_the_job_pickled():
+    """``distributed.start_method: spawn`` pickles the Job to each rank: config, features and
+    world travel; the format object and the model's registry entry are looked up again."""
+    import pickle
+
+    from recsys_dist.config.loader import load_config
+    from recsys_dist.train.job import resolve_job
+
+    job = resolve_job(load_config(QUICKSTART, TINY))
+    back = pickle.loads(pickle.dumps(job))
+    assert back.cfg == job.cfg and back.world == job.world
+    tables = [(t.name, t.num_embeddings, t.embedding_dim) for t in back.features.planned_tables()]
+    assert tables == [(t.name, t.num_embeddings, t.embedding_dim) for t in job.features.planned_tables()]
+    assert back.model is job.model and list(back.fmt.sparse_names) == list(job.fmt.sparse_names)
