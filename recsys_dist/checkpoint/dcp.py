@@ -41,37 +41,13 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from pydantic import Field
 from torch.distributed._shard.sharded_tensor import ShardedTensor
 from torch.distributed.checkpoint import CheckpointException, FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 
-from recsys_dist.config.base import Section
 from recsys_dist.distributed.env import DistContext
 from recsys_dist.errors import CheckpointDamaged, CheckpointError  # noqa: F401 (raised here; defined in errors)
 from recsys_dist.faults import maybe_fault
-
-
-class CheckpointConfig(Section):
-    """The ``checkpoint:`` section."""
-
-    enabled: bool = Field(True, description="Save sharded checkpoints (torch.distributed.checkpoint).")
-    every_n_steps: int | None = Field(
-        None, gt=0, description="Also save every N training steps (None = only at the end)."
-    )
-    keep: int = Field(
-        2,
-        gt=0,
-        description="Keep the newest N complete checkpoints; older ones are deleted (except the best). After a "
-        "resume from an older checkpoint, the later steps of the run it left are neither counted nor deleted.",
-    )
-    keep_best: bool = Field(
-        False,
-        description="Save a checkpoint at every validation that improves on the best so far (the metric of "
-        "train.early_stopping, else AUC) and keep the best one as checkpoints/best, never deleted by `keep`; "
-        "`best` then names it for --resume, export, evaluate and predict.",
-    )
-
 
 CHECKSUMS_FILE = "checksums.json"
 # Set (and inherited by the ranks a launcher starts) once a checkpoint has been verified: the

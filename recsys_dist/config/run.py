@@ -11,15 +11,14 @@ from typing import Any
 
 from pydantic import Field, SerializeAsAny, field_validator, model_validator
 
-from recsys_dist.checkpoint.dcp import CheckpointConfig
+from recsys_dist.checkpoint.config import CheckpointConfig
 from recsys_dist.config.base import Section
 from recsys_dist.data.config import DataConfig
 from recsys_dist.distributed.env import DistributedConfig
 from recsys_dist.distributed.sharding import ShardingConfig
 from recsys_dist.models.config import ModelConfig
 from recsys_dist.models.registry import model_config_class
-from recsys_dist.train.config import TrainConfig
-from recsys_dist.train.metrics import EvalConfig
+from recsys_dist.train.config import EvalConfig, TrainConfig
 
 
 class RunConfig(Section):
