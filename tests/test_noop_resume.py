@@ -7,6 +7,7 @@ import json
 
 from recsys_dist.checkpoint import run_dir as run_dirs
 from recsys_dist.cli import main as cli
+from recsys_dist.cli.summary import print_summary
 from recsys_dist.config import load_config
 from tests.conftest import QUICKSTART
 
@@ -48,6 +49,6 @@ def test_trainer_noop_summary_names_the_run_dir_given(tmp_path, capsys):
     ckpt = _finished_run(moved, tmp_path / "original_run")
     summary = run_dirs.noop_summary(moved, ckpt, 4)
     assert summary["run_dir"] == str(moved) and summary["already_complete"]
-    cli._print_summary(summary)
+    print_summary(summary)
     out = capsys.readouterr().out
     assert f"nothing to train: the run in {moved} is already at step 4" in out and "original_run" not in out

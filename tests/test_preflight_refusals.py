@@ -86,13 +86,15 @@ def test_decay_exponent_with_lfu_is_refused():
 
 
 def test_ranks_fork_on_cpu_spawn_on_cuda_and_fork_with_cuda_is_refused(monkeypatch):
-    assert cli.start_method(load_config(QUICKSTART, ["distributed.device=cpu"])) == "spawn"  # main() from Python
-    monkeypatch.setattr(cli, "_ENTRY_POINT", True)  # the recsys-dist command
-    assert cli.start_method(load_config(QUICKSTART, ["distributed.device=cpu"])) == "fork"
-    assert cli.start_method(load_config(QUICKSTART, ["distributed.device=cuda"])) == "spawn"
-    assert cli.start_method(load_config(QUICKSTART, ["distributed.start_method=spawn"])) == "spawn"
+    from recsys_dist.cli.train import start_method
+
+    assert start_method(load_config(QUICKSTART, ["distributed.device=cpu"])) == "spawn"  # main() from Python
+    monkeypatch.setattr(cli, "ENTRY_POINT", True)  # the recsys-dist command
+    assert start_method(load_config(QUICKSTART, ["distributed.device=cpu"])) == "fork"
+    assert start_method(load_config(QUICKSTART, ["distributed.device=cuda"])) == "spawn"
+    assert start_method(load_config(QUICKSTART, ["distributed.start_method=spawn"])) == "spawn"
     with pytest.raises(ConfigError, match="distributed.start_method: fork cannot start CUDA ranks"):
-        cli.start_method(load_config(QUICKSTART, ["distributed.device=cuda", "distributed.start_method=fork"]))
+        start_method(load_config(QUICKSTART, ["distributed.device=cuda", "distributed.start_method=fork"]))
 
 
 def test_a_batch_that_cannot_fit_in_memory_is_refused_before_launch(tmp_path, capsys, monkeypatch):

@@ -78,11 +78,12 @@ def test_the_message_names_the_signal_the_oom_killer_and_the_command_to_continue
 
 _SURVIVOR = """
 import recsys_dist.cli.main as cli
+import recsys_dist.cli.train as train
 def main(argv):
     raise RuntimeError(%r)
 cli.main = main
-cli.LOST_PEER_GRACE_S = 0.1  # (5 s: the launcher stops it before then, having seen the dead peer)
-cli.cli_rank(["train"])
+train.LOST_PEER_GRACE_S = 0.1  # (5 s: the launcher stops it before then, having seen the dead peer)
+train.cli_rank(["train"])
 """
 
 
