@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # Commands that never start a rank or train a step.
 IN_PROCESS = {"evaluate", "predict", "export", "report", "compare", "plan", "preprocess"}
-# Loggers the CLI sets to ERROR (cli._quiet_third_party, cmd_plan, _launch_ranks).
+# Loggers the CLI sets to ERROR (cli.main.quiet_third_party, cmd_plan, _launch_ranks).
 QUIETED = (
     "torch.fx._symbolic_trace",
     "torchrec",
