@@ -59,10 +59,11 @@ def test_plain_dlrm_matches_torchrec_dlrm_shapes():
 
 
 def test_bench_subcommand_parses():
-    from recsys_dist.cli.main import build_parser, cmd_bench
+    from recsys_dist.cli.bench import cmd_bench
+    from recsys_dist.cli.main import build_parser, command
 
     args = build_parser().parse_args(["bench", "--quick", "--skip", "3,5", "--model", "mlperf", "--batch", "64"])
-    assert args.func is cmd_bench and args.quick and args.skip == "3,5"
+    assert command(args.command) is cmd_bench and args.quick and args.skip == "3,5"
     assert args.model == "mlperf" and args.batch == 64 and args.copies is None
     for bad in (["--batch", "0"], ["--copies", "-1"], ["--reps", "x"]):
         with pytest.raises(SystemExit):  # argparse's error: a 0 must not read as "the default"

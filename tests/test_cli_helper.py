@@ -10,7 +10,7 @@ from tests.conftest import QUICKSTART
 
 
 def test_in_process_command_gives_output_and_exit_code_and_restores_the_process(tmp_path):
-    import recsys_dist.cli.main  # noqa: F401  (its first import sets torch's own variables)
+    import recsys_dist.cli.plan  # noqa: F401  (its first import loads torch, which sets its own variables)
 
     env, cwd = dict(os.environ), os.getcwd()
     root, torchrec_level = logging.getLogger().level, logging.getLogger("torchrec").level

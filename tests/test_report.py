@@ -1,11 +1,11 @@
 """recsys_dist.cli.report on synthetic run directories written here (no training)."""
 
-import argparse
 import json
 import math
 
 import pytest
 
+from recsys_dist.cli import main as cli
 from recsys_dist.cli import report as rpt
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -155,15 +155,12 @@ def test_compare_side_by_side_with_deltas_and_config_diff(tmp_path):
 
 @pytest.mark.parametrize("which", ["dir", "metrics"])
 def test_cli_missing_run_dir_or_metrics_exits_2_naming_it(tmp_path, capsys, which):
-    parser = argparse.ArgumentParser()
-    rpt.register_subcommands(parser.add_subparsers(dest="command", required=True))
     target = tmp_path / "nope"
     if which == "metrics":
         target.mkdir()
     good = make_run(tmp_path / "good")
     for argv in (["report", str(target)], ["compare", str(good), str(target)], ["compare", str(target), str(good)]):
-        args = parser.parse_args(argv)
-        assert args.func(args) == 2
+        assert cli.main(argv) == 2
         err = capsys.readouterr().err
         named = str(target / "metrics.jsonl") if which == "metrics" else f"run directory {target} does not exist"
         assert named in err
@@ -171,9 +168,9 @@ def test_cli_missing_run_dir_or_metrics_exits_2_naming_it(tmp_path, capsys, whic
 
 def test_cli_report_and_compare_exit_0(tmp_path, capsys):
     a, b = make_run(tmp_path / "a"), make_run(tmp_path / "b")
-    assert rpt.main(["report", str(a), "--no-plots"]) == 0
+    assert cli.main(["report", str(a), "--no-plots"]) == 0
     assert "validation" in capsys.readouterr().out
-    assert rpt.main(["compare", str(a), str(b)]) == 0
+    assert cli.main(["compare", str(a), str(b)]) == 0
     assert "config: identical" in capsys.readouterr().out
 
 
@@ -181,7 +178,7 @@ def test_unwritable_plot_dir_exits_1(tmp_path, capsys):
     run = make_run(tmp_path / "run")
     blocker = tmp_path / "file"
     blocker.write_text("x")  # a file where the plot directory should be
-    assert rpt.main(["report", str(run), "--out", str(blocker / "sub")]) == 1
+    assert cli.main(["report", str(run), "--out", str(blocker / "sub")]) == 1
     assert "cannot write plots" in capsys.readouterr().err
 
 
@@ -214,9 +211,7 @@ def test_step_time_stacked_area_for_many_points(tmp_path):
 
 
 def test_recsys_dist_cli_runs_report_and_compare(tmp_path, capsys):
-    """Through recsys_dist.cli.main.main, once cli.build_parser calls report.register_subcommands."""
-    from recsys_dist.cli import main as cli
-
+    """Through recsys_dist.cli.main.main: report and compare are its subcommands."""
     run = make_run(tmp_path / "run")
     try:
         cli.build_parser().parse_args(["report", str(run)])

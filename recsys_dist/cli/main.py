@@ -1,256 +1,29 @@
-"""``recsys-dist`` command line.
+"""``recsys-dist`` command line: the parser, and the dispatch to each command's module.
 
 recsys-dist train --config configs/criteo_quickstart.yaml [--run-dir DIR] [key=value ...]
 recsys-dist plan --config configs/mlperf_dlrmv2.yaml --world-size 64 --local-world-size 8 --hbm-gb 80
 recsys-dist report RUN_DIR          (summary table + PNG plots in RUN_DIR)
 recsys-dist compare RUN_A RUN_B
 recsys-dist bench [--quick]     (benchmarks/run.py: ratios vs peers and the hardware limit)
+
+This module imports no torch: every command's arguments are declared here, and its module
+(``COMMANDS``) is imported only when it runs, so ``--help`` and a usage error answer at once.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import logging
+import importlib
 import os
 import sys
-import warnings
-from pathlib import Path
+from collections.abc import Callable
 
-from recsys_dist.cli import train as train_cmd
-from recsys_dist.config.base import ConfigError
-from recsys_dist.config.loader import load_config
-from recsys_dist.train.preflight import check_sections
+from recsys_dist.errors import CheckpointError, ConfigError, DataError, MetricsError
 
+# Errors a user can fix: printed as one line (exit 2 for a ConfigError, else 1), no traceback.
+USER_ERRORS = (ConfigError, DataError, CheckpointError, MetricsError, FloatingPointError)
 
-def _quiet_third_party() -> None:
-    # TorchRec and torch.fx warn on every run about internals a user cannot act on.
-    warnings.filterwarnings("ignore", category=UserWarning)
-    warnings.filterwarnings("ignore", category=FutureWarning)
-    warnings.filterwarnings("ignore", category=DeprecationWarning)
-    for name in ("torch.fx._symbolic_trace", "torchrec", "torch.distributed", "fbgemm_gpu"):
-        logging.getLogger(name).setLevel(logging.ERROR)
-
-
-def _user_errors() -> tuple:
-    from recsys_dist.checkpoint.dcp import CheckpointError
-    from recsys_dist.errors import DataError
-    from recsys_dist.train.metrics_writer import MetricsError
-
-    return (ConfigError, DataError, CheckpointError, MetricsError, FloatingPointError)
-
-
-def run(argv: list[str] | None = None) -> None:
-    """Console entry point: ``main(argv)`` (default: the command line), then leave without
-    interpreter finalisation, which aborted ~1 run in 5 with SIGABRT when a native (pyarrow /
-    torch) thread was still being torn down after an error had already been reported. Never
-    returns; a usage error leaves through argparse's ``SystemExit``."""
-    train_cmd._ENTRY_POINT = True
-    code = main(argv)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-
-
-def cmd_plan(args: argparse.Namespace) -> int:
-    overrides = list(args.overrides)
-    if args.hbm_gb is not None:
-        overrides.append(f"sharding.hbm_gb={args.hbm_gb}")
-    if args.ddr_gb is not None:
-        overrides.append(f"sharding.ddr_gb={args.ddr_gb}")
-    cfg = load_config(args.config, overrides, check_files=False)  # planning reads no data
-    check_sections(cfg)  # the cross-section rules (RunConfig checks each section alone)
-    if args.local_world_size > args.world_size or args.world_size % args.local_world_size:
-        raise ConfigError(f"--local-world-size {args.local_world_size} must divide --world-size {args.world_size}")
-    _quiet_third_party()
-    logging.getLogger().setLevel(logging.ERROR)  # the planner logs through the root logger
-    from recsys_dist.distributed.dry_run import PlanError, dry_run
-
-    try:
-        report = dry_run(cfg, args.world_size, args.local_world_size, args.device)
-    except PlanError as err:
-        print(f"recsys-dist plan: {err}", file=sys.stderr)
-        return 1
-    if args.json:
-        print(
-            json.dumps(
-                {
-                    "placements": [p.__dict__ for p in report.placements],
-                    "hbm_gb": report.hbm_gb,
-                    "ddr_gb": report.ddr_gb,
-                    "cost_ms": report.cost_ms,
-                    "imbalance": report.imbalance,
-                    "ledger": report.ledger.to_dict() if report.ledger else None,
-                },
-                indent=2,
-            )
-        )
-    else:
-        print(report.text())
-    return 0
-
-
-def cmd_preprocess(args: argparse.Namespace) -> int:
-    cfg = load_config(args.config, args.overrides)
-    from recsys_dist.data.config import raw_paths
-
-    missing = [r for r in raw_paths(cfg.data) if not Path(r).is_file()]
-    if cfg.data.raw_path is None or missing:
-        raise ConfigError(f"data.raw_path: {missing[0] if missing else None} is not a file")
-    from recsys_dist.data.resolve import prepare_from_config
-
-    prepared = prepare_from_config(cfg, progress=not args.quiet)
-    manifest = json.loads((prepared.directory / "manifest.json").read_text())
-    rows = ", ".join(f"{k} {v:,}" for k, v in prepared.rows.items())
-    from recsys_dist.data.config import describe_raw_path
-
-    print(
-        f"recsys-dist: {describe_raw_path(manifest['source'])} -> {prepared.directory}\n  rows: {rows}; "
-        f"skipped {manifest['rows_skipped']:,}\n  manifest: {prepared.directory / 'manifest.json'}"
-    )
-    return 0
-
-
-def _model_path(args: argparse.Namespace) -> Path:
-    """The MODEL argument of export / evaluate / predict: ``best`` or ``latest`` of
-    ``--run-dir``, or a path as given.
-
-    Raises:
-        ConfigError: ``best`` / ``latest`` without ``--run-dir``, or ``--run-dir`` with a path;
-            a ``--run-dir`` that does not exist or holds no ``checkpoints/``; a MODEL path that
-            does not exist.
-        CheckpointError: the run has no such checkpoint.
-    """
-    if args.model in ("best", "latest"):
-        if not args.run_dir:
-            raise ConfigError(f"MODEL {args.model} names a checkpoint of a run: give the run with --run-dir")
-        run_dir = Path(args.run_dir)
-        if not run_dir.is_dir():
-            raise ConfigError(
-                f"--run-dir {run_dir}: {'is a file' if run_dir.exists() else 'does not exist'}; give the directory "
-                "of a training run (runs/<config>-<time>, or the --run-dir it was trained with)"
-            )
-        if not (run_dir / "checkpoints").is_dir():
-            raise ConfigError(
-                f"--run-dir {run_dir}: has no checkpoints/ folder, so no {args.model} checkpoint (not a run "
-                "directory, or a run trained with checkpoint.enabled: false, or one that has not yet saved one)"
-            )
-        from recsys_dist.checkpoint.meta import named_checkpoint
-
-        return named_checkpoint(args.model, run_dir)
-    if args.run_dir:
-        raise ConfigError(f"--run-dir goes with MODEL best or latest; {args.model} is a path already")
-    if not Path(args.model).exists():
-        raise ConfigError(
-            f"MODEL {args.model}: does not exist; give a run, checkpoint or export directory, or best / latest "
-            "with --run-dir RUN"
-        )
-    return Path(args.model)
-
-
-def cmd_export(args: argparse.Namespace) -> int:
-    _quiet_third_party()
-    from recsys_dist.serve.export import export
-
-    if Path(args.out).exists() and not Path(args.out).is_dir():
-        raise ConfigError(f"--out {args.out} is a file; give a directory (it is created if missing)")
-    written = export(_model_path(args), args.out, args.format)
-    print(f"recsys-dist: exported {args.model} to {args.out}: {', '.join(p.name for p in written)}")
-    return 0
-
-
-def cmd_evaluate(args: argparse.Namespace) -> int:
-    _quiet_third_party()
-    import torch
-
-    from recsys_dist.serve.export import load, score
-    from recsys_dist.train.metrics import binary_metrics, task_metrics
-
-    m = load(_model_path(args))
-    scores = score(m.cfg, m.model, args.data, preprocessing=m.preprocessing)
-    if not scores["labelled"]:
-        from recsys_dist.errors import DataError
-
-        raise DataError(
-            f"{args.data}: no label column (Criteo's 39-field test layout, or no data.schema.label column), so "
-            "there is nothing to evaluate against; `recsys-dist predict` scores it"
-        )
-    logit, label = torch.from_numpy(scores["logit"]), torch.from_numpy(scores["label"])
-    if logit.dim() == 2:  # several tasks: <task>/<metric>, unweighted (every row of the file counts 1)
-        metrics = {"num_examples": len(logit)}
-        for t, (name, kind) in enumerate(zip(scores["tasks"], scores["kinds"])):
-            got = task_metrics(logit[:, t], label[:, t], torch.ones(len(logit)), kind)
-            metrics.update({f"{name}/{k}": v for k, v in got.items() if k not in ("num_examples", "weight_sum")})
-    else:
-        metrics = binary_metrics(logit, label)
-    print(json.dumps({"model": m.source, "data": str(args.data), **metrics, **scores.get("managed", {})}))
-    return 0
-
-
-def _keep_columns(text: str | None) -> list[str]:
-    from recsys_dist.serve.export import OUTPUT_COLUMNS
-
-    if not text:
-        return []
-    names = [c.strip() for c in text.split(",")]
-    bad = [c for c in names if not c] or [c for c in names if names.count(c) > 1]
-    if bad:
-        raise ConfigError(f"--keep-columns {text!r}: an empty or repeated column name; give names like id,user")
-    taken = [c for c in names if c in OUTPUT_COLUMNS]
-    if taken:
-        raise ConfigError(
-            f"--keep-columns: {', '.join(taken)} is an output column already ({', '.join(OUTPUT_COLUMNS)}); "
-            "the label is written as 'label'"
-        )
-    return names
-
-
-def cmd_predict(args: argparse.Namespace) -> int:
-    _quiet_third_party()
-    from recsys_dist.serve.export import load, score, write_predictions
-
-    out = Path(args.out)
-    if out.is_dir() or not out.parent.is_dir():
-        raise ConfigError(
-            f"--out {out}: {'is a directory' if out.is_dir() else f'folder {out.parent} does not exist'}; "
-            "give a file path such as preds.parquet in an existing folder"
-        )
-    keep = _keep_columns(args.keep_columns)
-    m = load(_model_path(args))
-    scores = score(m.cfg, m.model, args.data, preprocessing=m.preprocessing, keep_columns=keep)
-    write_predictions(scores, args.out)
-    print(f"recsys-dist: {len(scores['logit'])} predictions from {m.source} -> {args.out}")
-    for f, st in scores.get("managed", {}).get("managed", {}).items():  # ids without a row are counted, never silent
-        print(f"  managed {f}: {st['default_share'] or 0:.2%} of lookups read the default row (id not in the table)")
-    return 0
-
-
-def cmd_bench(args: argparse.Namespace) -> int:
-    """Run benchmarks/run.py of the source checkout this package was imported from."""
-    import subprocess
-
-    script = Path(__file__).resolve().parents[1] / "benchmarks" / "run.py"
-    if not script.is_file():
-        print(
-            f"recsys-dist bench: {script} not found; the benchmarks ship with the source checkout "
-            "(git clone the repository and run it from there)",
-            file=sys.stderr,
-        )
-        return 2
-    cmd = [
-        sys.executable,
-        str(script),
-        "--device",
-        args.device,
-        "--deepctr-python",
-        args.deepctr_python,
-        "--model",
-        args.model,
-    ] + (["--quick"] if args.quick else [])
-    for flag in ("reps", "skip", "mlperf_max_rows", "batch", "copies"):
-        if getattr(args, flag):
-            cmd += ["--" + flag.replace("_", "-"), str(getattr(args, flag))]
-    return subprocess.run(cmd).returncode
+ENTRY_POINT = False  # set by run(): this process is the recsys-dist command (cli.train.start_method)
 
 
 def positive_int(text: str) -> int:
@@ -260,10 +33,11 @@ def positive_int(text: str) -> int:
     return int(text)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="recsys-dist", description="Embedding-parallel CTR training.")
-    sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("train", help="train and evaluate a model from a YAML config")
+def _overrides(p: argparse.ArgumentParser, example: str) -> None:
+    p.add_argument("overrides", nargs="*", help=f"dotted overrides, e.g. {example}")
+
+
+def _train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", required=True, help="YAML run config, e.g. configs/criteo_quickstart.yaml")
     p.add_argument("--run-dir", default=None, help="output directory (default runs/<config>-<time>)")
     p.add_argument(
@@ -284,10 +58,10 @@ def build_parser() -> argparse.ArgumentParser:
         "interrupted epoch starts again from its first batch over the new data",
     )
     p.add_argument("--plan", default=None, help="reuse a placement: the plan.json of an earlier run")
-    p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.batch_size=256")
-    p.set_defaults(func=train_cmd.cmd_train)
+    _overrides(p, "train.batch_size=256")
 
-    p = sub.add_parser("plan", help="dry-run the sharding planner for any cluster (no GPUs needed)")
+
+def _plan_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", required=True, help="YAML run config")
     p.add_argument("--world-size", type=int, required=True, help="total ranks")
     p.add_argument("--local-world-size", type=int, default=None, help="ranks per node (default: min(world, 8))")
@@ -300,22 +74,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hbm-gb", type=float, default=None, help="device memory per rank (sets sharding.hbm_gb)")
     p.add_argument("--ddr-gb", type=float, default=None, help="host memory per rank (sets sharding.ddr_gb)")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
-    p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.batch_size=8192")
-    p.set_defaults(func=cmd_plan)
+    _overrides(p, "train.batch_size=8192")
 
-    p = sub.add_parser("preprocess", help="convert the config's raw data to Parquet splits (cached)")
+
+def _preprocess_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", required=True, help="YAML run config (its data section)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. data.on_bad_row=skip")
-    p.set_defaults(func=cmd_preprocess)
+    _overrides(p, "data.on_bad_row=skip")
 
-    p = sub.add_parser(
-        "export", help="write a self-contained unsharded model (weights, config, preprocessing) from a run"
-    )
-    p.add_argument(
-        "model", help="run directory (newest checkpoint), checkpoint directory, or best / latest with --run-dir"
-    )
+
+def _model_argument(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("model", help=what)
     p.add_argument("--run-dir", default=None, help="the run whose best / latest checkpoint MODEL names")
+
+
+def _export_arguments(p: argparse.ArgumentParser) -> None:
+    _model_argument(p, "run directory (newest checkpoint), checkpoint directory, or best / latest with --run-dir")
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument(
         "--format",
@@ -323,34 +97,30 @@ def build_parser() -> argparse.ArgumentParser:
         default="safetensors",
         help="torchscript: also model.torchscript.pt + serving.json, loadable with torch alone (docs/serving.md)",
     )
-    p.set_defaults(func=cmd_export)
-    for name, helptext in (
-        ("evaluate", "AUC / logloss / NE of a model on a data file"),
-        ("predict", "write per-row predictions of a model to Parquet"),
-    ):
-        p = sub.add_parser(name, help=helptext)
-        p.add_argument("model", help="run, checkpoint or export directory, or best / latest with --run-dir")
-        p.add_argument("--run-dir", default=None, help="the run whose best / latest checkpoint MODEL names")
-        p.add_argument(
-            "--data",
-            required=True,
-            help="raw file in the model's data format (.gz ok; predict also takes files without the label "
-            "column) or a converted split (a Parquet file listed by the manifest.json beside it)",
-        )
-        if name == "predict":
-            p.add_argument("--out", required=True, help="output file: Parquet, or CSV when it ends in .csv")
-            p.add_argument(
-                "--keep-columns",
-                default=None,
-                metavar="A,B",
-                help="raw input columns to copy into the output (e.g. ids), by name",
-            )
-        p.set_defaults(func=cmd_evaluate if name == "evaluate" else cmd_predict)
 
-    p = sub.add_parser(
-        "bench",
-        help="throughput vs peers and the hardware limit, one table of ratios (benchmarks/run.py of a source checkout)",
+
+def _evaluate_arguments(p: argparse.ArgumentParser) -> None:
+    _model_argument(p, "run, checkpoint or export directory, or best / latest with --run-dir")
+    p.add_argument(
+        "--data",
+        required=True,
+        help="raw file in the model's data format (.gz ok; predict also takes files without the label "
+        "column) or a converted split (a Parquet file listed by the manifest.json beside it)",
     )
+
+
+def _predict_arguments(p: argparse.ArgumentParser) -> None:
+    _evaluate_arguments(p)
+    p.add_argument("--out", required=True, help="output file: Parquet, or CSV when it ends in .csv")
+    p.add_argument(
+        "--keep-columns",
+        default=None,
+        metavar="A,B",
+        help="raw input columns to copy into the output (e.g. ids), by name",
+    )
+
+
+def _bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true", help="under 3 minutes on 2 cores")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     p.add_argument(
@@ -369,15 +139,71 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mlperf-max-rows", type=positive_int, default=None, help="rows cap of each MLPerf table")
     p.add_argument("--batch", type=positive_int, default=None, help="per-rank batch")
     p.add_argument("--copies", type=positive_int, default=None, help="times the Criteo sample is repeated")
-    p.set_defaults(func=cmd_bench)
 
-    from recsys_dist.cli import report
 
-    report.register_subcommands(sub)
+def _report_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (holds metrics.jsonl)")
+    p.add_argument("--out", default=None, metavar="DIR", help="write the plots here (default: RUN_DIR)")
+    p.add_argument("--no-plots", action="store_true", help="print the summary only")
+
+
+def _compare_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_a", metavar="RUN_A", help="baseline run directory")
+    p.add_argument("run_b", metavar="RUN_B", help="run directory compared against RUN_A")
+
+
+# command -> (the module defining cmd_<command>, its help line, its arguments).
+COMMANDS: dict[str, tuple[str, str, Callable[[argparse.ArgumentParser], None]]] = {
+    "train": ("recsys_dist.cli.train", "train and evaluate a model from a YAML config", _train_arguments),
+    "plan": ("recsys_dist.cli.plan", "dry-run the sharding planner for any cluster (no GPUs needed)", _plan_arguments),
+    "preprocess": (
+        "recsys_dist.cli.data",
+        "convert the config's raw data to Parquet splits (cached)",
+        _preprocess_arguments,
+    ),
+    "export": (
+        "recsys_dist.cli.inference",
+        "write a self-contained unsharded model (weights, config, preprocessing) from a run",
+        _export_arguments,
+    ),
+    "evaluate": ("recsys_dist.cli.inference", "AUC / logloss / NE of a model on a data file", _evaluate_arguments),
+    "predict": ("recsys_dist.cli.inference", "write per-row predictions of a model to Parquet", _predict_arguments),
+    "bench": (
+        "recsys_dist.cli.bench",
+        "throughput vs peers and the hardware limit, one table of ratios (benchmarks/run.py of a source checkout)",
+        _bench_arguments,
+    ),
+    "report": (
+        "recsys_dist.cli.report",
+        "summarise a run directory and write PNG plots into it",
+        _report_arguments,
+    ),
+    "compare": ("recsys_dist.cli.report", "two run directories side by side, with deltas", _compare_arguments),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Every command's arguments; the parsed namespace's ``command`` names the one to run."""
+    parser = argparse.ArgumentParser(prog="recsys-dist", description="Embedding-parallel CTR training.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, (_, helptext, add_arguments) in COMMANDS.items():
+        add_arguments(sub.add_parser(name, help=helptext))
     return parser
 
 
+def command(name: str) -> Callable[[argparse.Namespace], int]:
+    """The function that runs command ``name`` (``cmd_<name>`` of its module in ``COMMANDS``).
+
+    The one place a command's module is imported: by name, when the command runs, so that
+    torch (which most of them import) loads only after the arguments parsed."""
+    return getattr(importlib.import_module(COMMANDS[name][0]), f"cmd_{name}")
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run ``recsys-dist ARGV``; its exit code: 0, 1 for a failure, 2 for a config error.
+
+    A user error (``USER_ERRORS``) is printed as one line; a usage error leaves through
+    argparse's ``SystemExit`` (2)."""
     parser = build_parser()
     # Dotted overrides may come before or after options (argparse alone accepts one run).
     args, rest = parser.parse_known_args(argv)
@@ -388,16 +214,9 @@ def main(argv: list[str] | None = None) -> int:
         )
     if extra:
         args.overrides = list(args.overrides) + extra
-    if getattr(args, "world_size", None) is not None:
-        if args.world_size <= 0 or (args.local_world_size is not None and args.local_world_size <= 0):
-            print("recsys-dist: --world-size and --local-world-size must be > 0", file=sys.stderr)
-            return 2
-        args.local_world_size = args.local_world_size or min(args.world_size, 8)
     try:
-        return args.func(args)
-    except _user_errors() as err:
-        from recsys_dist.errors import DataError
-
+        return command(args.command)(args)
+    except USER_ERRORS as err:
         prefix = (
             "bad input data: "
             if isinstance(err, DataError)
@@ -409,5 +228,19 @@ def main(argv: list[str] | None = None) -> int:
         return 2 if isinstance(err, ConfigError) else 1
 
 
+def run(argv: list[str] | None = None) -> None:
+    """Console entry point: ``main(argv)`` (default: the command line), then leave without
+    interpreter finalisation, which aborted ~1 run in 5 with SIGABRT when a native (pyarrow /
+    torch) thread was still being torn down after an error had already been reported. Never
+    returns; a usage error leaves through argparse's ``SystemExit``."""
+    global ENTRY_POINT
+    ENTRY_POINT = True
+    code = main(argv)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    run()
+    # Through the module's imported copy, whose ENTRY_POINT the command modules read (not __main__'s).
+    importlib.import_module("recsys_dist.cli.main").run()

@@ -185,25 +185,52 @@ def report(run_dir: str | Path, *, plots: bool = True, out_dir: str | Path | Non
         f"samples/s {_num(h['samples_per_s'], 1)}  ranks {_num(h['world_size'])}"
     )
     finals = {split: run.final(split) for split in ("validation", "test")}
+    lines.append(_table(_metric_rows(finals)))
+    retrieval = _retrieval_rows(finals)
+    if retrieval:
+        lines.append("  retrieval over the item corpus (model vs most popular; recsys_dist.models.retrieval):")
+        lines.append(_table(retrieval, indent="    "))
+    lines += _train_lines(run)
+    wall = _wall_split((run.summary or {}).get("wall_split"), (run.summary or {}).get("wall_seconds"))
+    if wall:
+        lines.append(wall)
+    lines += _plan_lines(run.plan or [])
+    ledger = run.final("ledger")
+    if isinstance(ledger.get("per_rank"), list) and ledger["per_rank"]:
+        lines.append(_ledger_line(ledger))
+    if run.missing:
+        lines.append(f"  missing: {', '.join(run.missing)} (run unfinished or interrupted?)")
+    if run.bad_lines:
+        lines.append(f"  skipped {run.bad_lines} unreadable line(s) of metrics.jsonl")
+    if plots:
+        written = write_plots(run, Path(out_dir) if out_dir else run.path)
+        lines.append(f"  plots: {', '.join(str(p) for p in written) if written else 'none (no data to plot)'}")
+    return "\n".join(lines)
+
+
+def _metric_rows(finals: dict) -> list[list[str]]:
+    """The final validation / test metrics: a row per split, or per split and task (several tasks)."""
     tasks = list(dict.fromkeys(k.split("/")[0] for f in finals.values() for k in f if "/" in k))
     if not tasks:
         rows = [["split", "step", "AUC", "logloss", "NE", "calibration", "accuracy", "examples"]]
         for split, f in finals.items():
             rows.append([split, _num(f.get("step")), *(_num(f.get(k)) for k in EVAL_KEYS), _num(f.get("num_examples"))])
-    else:  # several tasks: a row per split and task; RMSE / MAE for regression tasks
-        rows = [["split", "task", "step", "AUC", "logloss", "NE", "calibration", "RMSE", "MAE", "examples"]]
-        for split, f in finals.items():
-            for task in tasks:
-                keys = ("auc", "logloss", "ne", "calibration", "rmse", "mae")
-                rows.append(
-                    [split, task, _num(f.get("step")), *(_num(f.get(f"{task}/{k}")) for k in keys)]
-                    + [_num(f.get("num_examples"))]
-                )
-    lines.append(_table(rows))
-    retrieval = _retrieval_rows(finals)
-    if retrieval:
-        lines.append("  retrieval over the item corpus (model vs most popular; recsys_dist.models.retrieval):")
-        lines.append(_table(retrieval, indent="    "))
+        return rows
+    # several tasks: a row per split and task; RMSE / MAE for regression tasks
+    rows = [["split", "task", "step", "AUC", "logloss", "NE", "calibration", "RMSE", "MAE", "examples"]]
+    for split, f in finals.items():
+        for task in tasks:
+            keys = ("auc", "logloss", "ne", "calibration", "rmse", "mae")
+            rows.append(
+                [split, task, _num(f.get("step")), *(_num(f.get(f"{task}/{k}")) for k in keys)]
+                + [_num(f.get("num_examples"))]
+            )
+    return rows
+
+
+def _train_lines(run: Run) -> list[str]:
+    """The last train loss, the managed-collision tables, and the mean step time by phase."""
+    lines = []
     train = run.split("train")
     if train:
         last = train[-1]
@@ -226,32 +253,26 @@ def report(run_dir: str | Path, *, plots: bool = True, out_dir: str | Path | Non
         total = sum(v for v in means.values() if v is not None)
         parts = [f"{k[5:-3]} {_num(v, 2)} ms ({v / total:.0%})" for k, v in means.items() if v is not None and total]
         lines.append("  mean step time: " + ", ".join(parts))
-    wall = _wall_split((run.summary or {}).get("wall_split"), (run.summary or {}).get("wall_seconds"))
-    if wall:
-        lines.append(wall)
-    if run.plan:
-        types = Counter(e.get("sharding_type", "?") for e in run.plan)
-        per_rank = _plan_per_rank(run.plan)
-        memory = _plan_bytes_per_rank(run.plan)
-        if memory:
-            lines.append(
-                "  embedding weights per rank (MiB): " + ", ".join(f"r{r} {b / 2**20:.1f}" for r, b in memory.items())
-            )
+    return lines
+
+
+def _plan_lines(plan: list) -> list[str]:
+    """plan.json in two lines: embedding MiB per rank, tables by sharding type and per rank."""
+    if not plan:
+        return []
+    lines = []
+    types = Counter(e.get("sharding_type", "?") for e in plan)
+    per_rank = _plan_per_rank(plan)
+    memory = _plan_bytes_per_rank(plan)
+    if memory:
         lines.append(
-            f"  plan: {len(run.plan)} tables ({', '.join(f'{t} {n}' for t, n in sorted(types.items()))}); "
-            f"tables per rank: {', '.join(f'r{r} {sum(c.values())}' for r, c in per_rank.items())}"
+            "  embedding weights per rank (MiB): " + ", ".join(f"r{r} {b / 2**20:.1f}" for r, b in memory.items())
         )
-    ledger = run.final("ledger")
-    if isinstance(ledger.get("per_rank"), list) and ledger["per_rank"]:
-        lines.append(_ledger_line(ledger))
-    if run.missing:
-        lines.append(f"  missing: {', '.join(run.missing)} (run unfinished or interrupted?)")
-    if run.bad_lines:
-        lines.append(f"  skipped {run.bad_lines} unreadable line(s) of metrics.jsonl")
-    if plots:
-        written = write_plots(run, Path(out_dir) if out_dir else run.path)
-        lines.append(f"  plots: {', '.join(str(p) for p in written) if written else 'none (no data to plot)'}")
-    return "\n".join(lines)
+    lines.append(
+        f"  plan: {len(plan)} tables ({', '.join(f'{t} {n}' for t, n in sorted(types.items()))}); "
+        f"tables per rank: {', '.join(f'r{r} {sum(c.values())}' for r, c in per_rank.items())}"
+    )
+    return lines
 
 
 def _wall_split(split, wall) -> str | None:
@@ -340,113 +361,138 @@ def write_plots(run: Run, out_dir: Path) -> list[Path]:
     Raises:
         OSError: ``out_dir`` cannot be created or written.
     """
+    # matplotlib loads only when plots are drawn (`report --no-plots` and `compare` never draw).
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    train, val, test = run.split("train"), run.split("validation"), run.final("test")
     written: list[Path] = []
 
-    def save(fig, name: str) -> None:
+    def save(fig, name: str, integer_y: bool = False) -> None:
         for ax in fig.axes:
             if ax.get_xlabel() == "step" and not ax.patches:  # bar charts label their own ticks
                 ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+            if integer_y:
+                ax.yaxis.set_major_locator(MaxNLocator(integer=True))
         fig.tight_layout()
         fig.savefig(out_dir / name, dpi=110)  # a Figure renders PNG with Agg without pyplot
         written.append(out_dir / name)
 
-    x, y = _xy(train, "loss")
-    if x:
-        fig = Figure(figsize=(7, 4))
-        ax = fig.add_subplot()
-        ax.plot(x, y, marker="." if len(x) < 50 else None, label="loss")
-        task_keys = list(dict.fromkeys(k for r in train for k in r if k.startswith("loss/")))
-        for key in task_keys:  # several tasks: each task's own loss (before train.loss_weights)
-            ax.plot(*_xy(train, key), label=key)
-        if task_keys:
-            ax.legend()
-        ax.set(title=f"training loss - {run.path.name}", xlabel="step", ylabel="loss (weighted mean, per row)")
-        ax.grid(alpha=0.3)
-        save(fig, "loss.png")
-    if val or test:
-        fig = Figure(figsize=(10, 4))
-        first = next((k.split("/")[0] + "/" for r in val + ([test] if test else []) for k in r if "/" in k), "")
-        for i, (key, label) in enumerate((("auc", "AUC"), ("logloss", "logloss (nats)"))):
-            key, label = first + key, (first + label if first else label)  # several tasks: the first's
-            ax = fig.add_subplot(1, 2, i + 1)
-            vx, vy = _xy(val, key)
-            if vx:
-                ax.plot(vx, vy, marker="o", label="validation")
-            if isinstance(test.get(key), (int, float)):
-                ax.plot([test["step"]], [test[key]], marker="*", markersize=12, linestyle="", label="test (final)")
-            ax.set(title=f"{label} vs step", xlabel="step", ylabel=label)
-            ax.grid(alpha=0.3)
-            ax.legend()
-        save(fig, "validation.png")
-    x, y = _xy(train, "samples_per_s")
-    if x:
-        fig = Figure(figsize=(7, 4))
-        ax = fig.add_subplot()
-        ax.plot(x, y, marker="." if len(x) < 50 else None)
-        ax.set(title="throughput (all ranks, real rows)", xlabel="step", ylabel="samples/s")
-        ax.set_ylim(bottom=0)
-        ax.grid(alpha=0.3)
-        save(fig, "throughput.png")
-    tkeys = _time_keys(train)
-    if tkeys:
-        steps = [r["step"] for r in train if r.get("step") is not None]
-        series = [
-            [r.get(k) if isinstance(r.get(k), (int, float)) else 0.0 for r in train if r.get("step") is not None]
-            for k in tkeys
-        ]
-        fig = Figure(figsize=(8, 4))
-        ax = fig.add_subplot()
-        labels = [k[5:-3] for k in tkeys]
-        if len(steps) <= 60:  # bars stay readable; beyond that a stacked area does
-            pos = list(range(len(steps)))
-            bottom = [0.0] * len(steps)
-            for vals, lab in zip(series, labels):
-                ax.bar(pos, vals, bottom=bottom, label=lab)
-                bottom = [b + v for b, v in zip(bottom, vals)]
-            ticks = pos[:: max(1, len(pos) // 12)]
-            ax.set_xticks(ticks, [str(steps[i]) for i in ticks])
-        else:
-            ax.stackplot(steps, series, labels=labels)
-        ax.set(title="step time breakdown (mean per step over each log interval)", xlabel="step", ylabel="ms")
-        top = max((sum(col) for col in zip(*series)), default=0.0)
-        if top > 0:
-            ax.set_ylim(0, top * 1.3)  # room for the legend above the bars
-        ax.legend(loc="upper center", ncol=min(4, len(labels)))
-        save(fig, "step_time.png")
-    if run.plan:
-        per_rank = _plan_per_rank(run.plan)
-        if per_rank:
-            types = sorted({t for c in per_rank.values() for t in c})
-            ranks = list(per_rank)
-            fig = Figure(figsize=(max(5, 0.5 * len(ranks) + 3), 4))
-            ax = fig.add_subplot()
-            bottom = [0] * len(ranks)
-            for t in types:
-                vals = [per_rank[r][t] for r in ranks]
-                ax.bar([str(r) for r in ranks], vals, bottom=bottom, label=t)
-                bottom = [b + v for b, v in zip(bottom, vals)]
-            ax.set(
-                title=f"tables per rank ({len(run.plan)} tables)",
-                xlabel="rank",
-                ylabel="tables with a shard or replica",
-            )
-            ax.set_ylim(top=max(bottom) * 1.3)  # room for the legend above the bars
-            ax.yaxis.set_major_locator(MaxNLocator(integer=True))
-            ax.legend(ncol=min(3, len(types)), loc="upper center")
-            save(fig, "plan.png")
-        memory = _plan_bytes_per_rank(run.plan)
-        if memory:
-            fig = Figure(figsize=(max(5, 0.5 * len(memory) + 3), 4))
-            ax = fig.add_subplot()
-            ax.bar([str(r) for r in memory], [b / 2**20 for b in memory.values()])
-            ax.set(title="embedding weights per rank (fp32, from the plan)", xlabel="rank", ylabel="MiB")
-            save(fig, "embedding_memory.png")
+    for plot in (_plot_loss, _plot_validation, _plot_throughput, _plot_step_time, _plot_plan):
+        plot(run, Figure, save)
     return written
+
+
+def _plot_loss(run: Run, Figure, save) -> None:
+    train = run.split("train")
+    x, y = _xy(train, "loss")
+    if not x:
+        return
+    fig = Figure(figsize=(7, 4))
+    ax = fig.add_subplot()
+    ax.plot(x, y, marker="." if len(x) < 50 else None, label="loss")
+    task_keys = list(dict.fromkeys(k for r in train for k in r if k.startswith("loss/")))
+    for key in task_keys:  # several tasks: each task's own loss (before train.loss_weights)
+        ax.plot(*_xy(train, key), label=key)
+    if task_keys:
+        ax.legend()
+    ax.set(title=f"training loss - {run.path.name}", xlabel="step", ylabel="loss (weighted mean, per row)")
+    ax.grid(alpha=0.3)
+    save(fig, "loss.png")
+
+
+def _plot_validation(run: Run, Figure, save) -> None:
+    val, test = run.split("validation"), run.final("test")
+    if not (val or test):
+        return
+    fig = Figure(figsize=(10, 4))
+    first = next((k.split("/")[0] + "/" for r in val + ([test] if test else []) for k in r if "/" in k), "")
+    for i, (key, label) in enumerate((("auc", "AUC"), ("logloss", "logloss (nats)"))):
+        key, label = first + key, (first + label if first else label)  # several tasks: the first's
+        ax = fig.add_subplot(1, 2, i + 1)
+        vx, vy = _xy(val, key)
+        if vx:
+            ax.plot(vx, vy, marker="o", label="validation")
+        if isinstance(test.get(key), (int, float)):
+            ax.plot([test["step"]], [test[key]], marker="*", markersize=12, linestyle="", label="test (final)")
+        ax.set(title=f"{label} vs step", xlabel="step", ylabel=label)
+        ax.grid(alpha=0.3)
+        ax.legend()
+    save(fig, "validation.png")
+
+
+def _plot_throughput(run: Run, Figure, save) -> None:
+    x, y = _xy(run.split("train"), "samples_per_s")
+    if not x:
+        return
+    fig = Figure(figsize=(7, 4))
+    ax = fig.add_subplot()
+    ax.plot(x, y, marker="." if len(x) < 50 else None)
+    ax.set(title="throughput (all ranks, real rows)", xlabel="step", ylabel="samples/s")
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    save(fig, "throughput.png")
+
+
+def _plot_step_time(run: Run, Figure, save) -> None:
+    train = run.split("train")
+    tkeys = _time_keys(train)
+    if not tkeys:
+        return
+    steps = [r["step"] for r in train if r.get("step") is not None]
+    series = [
+        [r.get(k) if isinstance(r.get(k), (int, float)) else 0.0 for r in train if r.get("step") is not None]
+        for k in tkeys
+    ]
+    fig = Figure(figsize=(8, 4))
+    ax = fig.add_subplot()
+    labels = [k[5:-3] for k in tkeys]
+    if len(steps) <= 60:  # bars stay readable; beyond that a stacked area does
+        pos = list(range(len(steps)))
+        bottom = [0.0] * len(steps)
+        for vals, lab in zip(series, labels):
+            ax.bar(pos, vals, bottom=bottom, label=lab)
+            bottom = [b + v for b, v in zip(bottom, vals)]
+        ticks = pos[:: max(1, len(pos) // 12)]
+        ax.set_xticks(ticks, [str(steps[i]) for i in ticks])
+    else:
+        ax.stackplot(steps, series, labels=labels)
+    ax.set(title="step time breakdown (mean per step over each log interval)", xlabel="step", ylabel="ms")
+    top = max((sum(col) for col in zip(*series)), default=0.0)
+    if top > 0:
+        ax.set_ylim(0, top * 1.3)  # room for the legend above the bars
+    ax.legend(loc="upper center", ncol=min(4, len(labels)))
+    save(fig, "step_time.png")
+
+
+def _plot_plan(run: Run, Figure, save) -> None:
+    """plan.png (tables per rank by sharding type) and embedding_memory.png, from plan.json."""
+    if not run.plan:
+        return
+    per_rank = _plan_per_rank(run.plan)
+    if per_rank:
+        types = sorted({t for c in per_rank.values() for t in c})
+        ranks = list(per_rank)
+        fig = Figure(figsize=(max(5, 0.5 * len(ranks) + 3), 4))
+        ax = fig.add_subplot()
+        bottom = [0] * len(ranks)
+        for t in types:
+            vals = [per_rank[r][t] for r in ranks]
+            ax.bar([str(r) for r in ranks], vals, bottom=bottom, label=t)
+            bottom = [b + v for b, v in zip(bottom, vals)]
+        ax.set(
+            title=f"tables per rank ({len(run.plan)} tables)", xlabel="rank", ylabel="tables with a shard or replica"
+        )
+        ax.set_ylim(top=max(bottom) * 1.3)  # room for the legend above the bars
+        ax.legend(ncol=min(3, len(types)), loc="upper center")
+        save(fig, "plan.png", integer_y=True)  # whole tables
+    memory = _plan_bytes_per_rank(run.plan)
+    if memory:
+        fig = Figure(figsize=(max(5, 0.5 * len(memory) + 3), 4))
+        ax = fig.add_subplot()
+        ax.bar([str(r) for r in memory], [b / 2**20 for b in memory.values()])
+        ax.set(title="embedding weights per rank (fp32, from the plan)", xlabel="rank", ylabel="MiB")
+        save(fig, "embedding_memory.png")
 
 
 # ---------------------------------------------------------------- compare
@@ -512,7 +558,9 @@ def compare(run_a: str | Path, run_b: str | Path, *, max_config_diffs: int = 30)
 # ---------------------------------------------------------------- command line
 
 
-def _cmd_report(args: argparse.Namespace) -> int:
+def cmd_report(args: argparse.Namespace) -> int:
+    """``recsys-dist report``: exit code 0, 2 for a missing run directory or metrics.jsonl (the
+    message names it), 1 when the plots cannot be written."""
     try:
         print(report(args.run_dir, plots=not args.no_plots, out_dir=args.out))
     except RunDirError as err:
@@ -524,39 +572,11 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_compare(args: argparse.Namespace) -> int:
+def cmd_compare(args: argparse.Namespace) -> int:
+    """``recsys-dist compare``: exit code 0, 2 for a missing run directory or metrics.jsonl."""
     try:
         print(compare(args.run_a, args.run_b))
     except RunDirError as err:
         print(f"recsys-dist compare: {err}", file=sys.stderr)
         return 2
     return 0
-
-
-def register_subcommands(subparsers) -> None:
-    """Add ``report`` and ``compare`` to an argparse subparsers object.
-
-    Each sets ``func`` to a callable(args) -> int exit code: 0 ok, 2 missing run directory
-    or metrics.jsonl (the message names it), 1 plots not writable.
-    """
-    p = subparsers.add_parser("report", help="summarise a run directory and write PNG plots into it")
-    p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (holds metrics.jsonl)")
-    p.add_argument("--out", default=None, metavar="DIR", help="write the plots here (default: RUN_DIR)")
-    p.add_argument("--no-plots", action="store_true", help="print the summary only")
-    p.set_defaults(func=_cmd_report)
-    p = subparsers.add_parser("compare", help="two run directories side by side, with deltas")
-    p.add_argument("run_a", metavar="RUN_A", help="baseline run directory")
-    p.add_argument("run_b", metavar="RUN_B", help="run directory compared against RUN_A")
-    p.set_defaults(func=_cmd_compare)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Stand-alone entry (``python -m recsys_dist.cli.report report RUN_DIR``) until cli.py wires it."""
-    parser = argparse.ArgumentParser(prog="recsys-dist")
-    register_subcommands(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    return args.func(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -14,10 +14,12 @@ from pathlib import Path
 import torch
 
 from recsys_dist.checkpoint import run_dir as run_dirs
+from recsys_dist.cli import main as cli_main
 from recsys_dist.config.loader import load_config
 from recsys_dist.distributed.env import die_with_launcher, resolve_device, under_launcher
 from recsys_dist.distributed.plan_io import load_plan_file
 from recsys_dist.errors import ConfigError
+from recsys_dist.logs import quiet_third_party
 from recsys_dist.train import rank_failure
 from recsys_dist.train.job import Job, prepare_data, resolve_job
 from recsys_dist.train.preflight import check_before_launch
@@ -28,14 +30,11 @@ from recsys_dist.train.worker import (
     Stopped,
     launch_ranks,
     nothing_to_train,
-    quiet_third_party,
     run_clock,
     signals_stop,
     stopped_message,
     train_rank,
 )
-
-_ENTRY_POINT = False  # set by cli.main.run(): this process is the recsys-dist command
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -127,7 +126,7 @@ def start_method(cfg) -> str:
     if method == "auto":
         # Only a process that `recsys-dist` itself started is known to hold no OpenMP pool
         # (see cmd_train); called from other Python code, main() spawns.
-        return "fork" if _ENTRY_POINT and not cuda else "spawn"
+        return "fork" if cli_main.ENTRY_POINT and not cuda else "spawn"
     if method == "fork" and cuda:
         raise ConfigError(
             "distributed.start_method: fork cannot start CUDA ranks (CUDA does not survive a fork); use spawn or auto"

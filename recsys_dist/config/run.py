@@ -19,8 +19,7 @@ from recsys_dist.data.config import DataConfig
 from recsys_dist.distributed.config import DistributedConfig, ShardingConfig
 from recsys_dist.models.config import ModelConfig
 from recsys_dist.models.registry import model_config_class
-from recsys_dist.train.config import TrainConfig
-from recsys_dist.train.metrics import EvalConfig
+from recsys_dist.train.config import EvalConfig, TrainConfig
 
 
 class RunConfig(Section):

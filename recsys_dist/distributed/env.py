@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from recsys_dist.distributed.config import DistributedConfig
-from recsys_dist.distributed.stderr_log import StderrHandler
+from recsys_dist.logs import StderrHandler
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import inspect
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, PositiveInt, model_validator
 
 from recsys_dist.config.base import Section as _Section
 
@@ -187,3 +187,32 @@ def _loss_problems(name: str, args: dict, key: str, args_key: str) -> list[str]:
     ]
     problems += [f"{args_key}.{k}: required by {name}, missing" for k in missing]
     return problems
+
+
+class EvalConfig(_Section):
+    """The ``eval:`` section: how validation and test metrics are computed."""
+
+    group_feature: str | None = Field(
+        None,
+        min_length=1,
+        description="Also report GAUC: AUC per value of this one-hot categorical feature (e.g. C1 for Criteo, "
+        "userId for MovieLens), averaged weighted by rows; exact evaluation only (not with auc_buckets).",
+    )
+    auc_buckets: int | None = Field(
+        None,
+        ge=2,
+        description="None = exact AUC (gathers every prediction); N = streaming histogram "
+        "AUC with N buckets, memory independent of the eval set size (error bound reported).",
+    )
+    batch_size: int | None = Field(
+        None, gt=0, le=2**24, description="Examples per rank per eval step (None = train.batch_size)."
+    )
+    every_n_steps: int | None = Field(
+        None, gt=0, description="Also evaluate on validation every N training steps (None = epoch ends only)."
+    )
+    retrieval_k: list[PositiveInt] | None = Field(
+        None,
+        min_length=1,
+        description="Retrieval models (two_tower): the K of recall@K and NDCG@K over the item corpus "
+        "(None = [10, 50]); see recsys_dist.models.retrieval. Not for other models.",
+    )

@@ -22,7 +22,6 @@ import signal
 import sys
 import time
 import traceback
-import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -37,6 +36,7 @@ from recsys_dist.checkpoint.meta import read_meta
 from recsys_dist.data.loader import steps_per_epoch
 from recsys_dist.distributed.env import die_with_launcher
 from recsys_dist.errors import CheckpointError, ConfigError, DataError, MetricsError
+from recsys_dist.logs import quiet_third_party
 from recsys_dist.train import rank_failure
 from recsys_dist.train.job import Job
 from recsys_dist.train.launch import failure_message, first_failure, launch_workers
@@ -65,15 +65,6 @@ class RankRun:
     resume: Path | str | None = None
     resume_on_new_data: bool = False
     launched: bool = True
-
-
-def quiet_third_party() -> None:
-    """TorchRec and torch.fx warn on every run about internals a user cannot act on."""
-    warnings.filterwarnings("ignore", category=UserWarning)
-    warnings.filterwarnings("ignore", category=FutureWarning)
-    warnings.filterwarnings("ignore", category=DeprecationWarning)
-    for name in ("torch.fx._symbolic_trace", "torchrec", "torch.distributed", "fbgemm_gpu"):
-        logging.getLogger(name).setLevel(logging.ERROR)
 
 
 def train_rank(job: Job, run: RankRun) -> tuple[int, dict | None]:

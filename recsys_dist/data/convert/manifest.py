@@ -16,8 +16,8 @@ import numpy as np
 from recsys_dist.data import mapping as mp
 from recsys_dist.data.convert.passes import SEPARATOR_CANDIDATES, Totals
 from recsys_dist.data.splits import SPLITS, Split
-from recsys_dist.distributed.stderr_log import StderrHandler
 from recsys_dist.errors import DataError
+from recsys_dist.logs import StderrHandler
 
 VOCABULARY_FILE = "vocabulary.parquet"
 MANIFEST_FILE = "manifest.json"

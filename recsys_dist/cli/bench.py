@@ -1,0 +1,35 @@
+"""``recsys-dist bench``: benchmarks/run.py of the source checkout (ratios vs peers and the hardware limit)."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    """Run benchmarks/run.py of the source checkout this package was imported from; its exit
+    code, or 2 when the package was installed without the benchmarks."""
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "run.py"
+    if not script.is_file():
+        print(
+            f"recsys-dist bench: {script} not found; the benchmarks ship with the source checkout "
+            "(git clone the repository and run it from there)",
+            file=sys.stderr,
+        )
+        return 2
+    cmd = [
+        sys.executable,
+        str(script),
+        "--device",
+        args.device,
+        "--deepctr-python",
+        args.deepctr_python,
+        "--model",
+        args.model,
+    ] + (["--quick"] if args.quick else [])
+    for flag in ("reps", "skip", "mlperf_max_rows", "batch", "copies"):
+        if getattr(args, flag):
+            cmd += ["--" + flag.replace("_", "-"), str(getattr(args, flag))]
+    return subprocess.run(cmd).returncode

@@ -1,0 +1,33 @@
+"""``recsys-dist preprocess``: convert a config's raw data to Parquet splits (cached)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from recsys_dist.config.loader import load_config
+from recsys_dist.data.config import describe_raw_path, raw_paths
+from recsys_dist.data.resolve import prepare_from_config
+from recsys_dist.errors import ConfigError
+
+
+def cmd_preprocess(args: argparse.Namespace) -> int:
+    """Convert (or find in the cache) the config's data and print where it went; exit code 0.
+
+    Raises:
+        ConfigError: the config is invalid, or ``data.raw_path`` is not given or not a file.
+        DataError: the raw data is malformed.
+    """
+    cfg = load_config(args.config, args.overrides)
+    missing = [r for r in raw_paths(cfg.data) if not Path(r).is_file()]
+    if cfg.data.raw_path is None or missing:
+        raise ConfigError(f"data.raw_path: {missing[0] if missing else None} is not a file")
+    prepared = prepare_from_config(cfg, progress=not args.quiet)
+    manifest = json.loads((prepared.directory / "manifest.json").read_text())
+    rows = ", ".join(f"{k} {v:,}" for k, v in prepared.rows.items())
+    print(
+        f"recsys-dist: {describe_raw_path(manifest['source'])} -> {prepared.directory}\n  rows: {rows}; "
+        f"skipped {manifest['rows_skipped']:,}\n  manifest: {prepared.directory / 'manifest.json'}"
+    )
+    return 0

@@ -1,0 +1,30 @@
+"""Logging helpers every layer uses: a handler that writes to the current ``sys.stderr``, and
+the filters that hide third-party warnings a user cannot act on."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import warnings
+
+
+class StderrHandler(logging.StreamHandler):
+    """Writes to whatever ``sys.stderr`` is now. A handler bound to the stream of its creation
+    breaks when a caller (a test harness, a notebook) later replaces and closes that stream."""
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:
+        pass
+
+
+def quiet_third_party() -> None:
+    """TorchRec and torch.fx warn on every run about internals a user cannot act on."""
+    warnings.filterwarnings("ignore", category=UserWarning)
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+    for name in ("torch.fx._symbolic_trace", "torchrec", "torch.distributed", "fbgemm_gpu"):
+        logging.getLogger(name).setLevel(logging.ERROR)
