@@ -8,6 +8,7 @@ from torch import nn
 from torchrec import EmbeddingBagCollection
 
 from recsys_dist.cli import main as cli
+from recsys_dist.cli import main as cli_main
 from recsys_dist.cli import train as train_cmd
 from recsys_dist.config import ConfigError
 from recsys_dist.config.loader import load_config
@@ -91,7 +92,7 @@ def test_decay_exponent_with_lfu_is_refused():
 
 def test_ranks_fork_on_cpu_spawn_on_cuda_and_fork_with_cuda_is_refused(monkeypatch):
     assert train_cmd.start_method(load_config(QUICKSTART, ["distributed.device=cpu"])) == "spawn"  # from Python
-    monkeypatch.setattr(train_cmd, "_ENTRY_POINT", True)  # the recsys-dist command
+    monkeypatch.setattr(cli_main, "ENTRY_POINT", True)  # the recsys-dist command
     assert train_cmd.start_method(load_config(QUICKSTART, ["distributed.device=cpu"])) == "fork"
     assert train_cmd.start_method(load_config(QUICKSTART, ["distributed.device=cuda"])) == "spawn"
     assert train_cmd.start_method(load_config(QUICKSTART, ["distributed.start_method=spawn"])) == "spawn"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from recsys_dist.checkpoint.dcp import named_checkpoint
+from recsys_dist.checkpoint.meta import named_checkpoint
 from recsys_dist.errors import ConfigError, DataError
 from recsys_dist.logs import quiet_third_party
 from recsys_dist.serve.export import OUTPUT_COLUMNS, export, load, score, write_predictions

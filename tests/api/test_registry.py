@@ -124,6 +124,7 @@ def test_register_model_by_name(monkeypatch):
 def test_a_registered_model_brings_its_own_checks(monkeypatch):
     from recsys_dist.models import registry
     from recsys_dist.models.checks import needs_dense
+    from recsys_dist.train.preflight import check_sections
 
     monkeypatch.setattr(registry, "_MODELS", dict(registry._MODELS))
 
@@ -134,9 +135,9 @@ def test_a_registered_model_brings_its_own_checks(monkeypatch):
     def tiny(spec):
         return torch.nn.Linear(spec.num_dense, 1)
 
-    load_config(QUICKSTART, ["model.name=dense_only_test_model"])  # criteo: dense features, not avazu
+    check_sections(load_config(QUICKSTART, ["model.name=dense_only_test_model"]))  # criteo: dense, not avazu
     with pytest.raises(ConfigError) as err:
-        load_config(ROOT / "configs" / "avazu_deepfm.yaml", ["model.name=dense_only_test_model"])
+        check_sections(load_config(ROOT / "configs" / "avazu_deepfm.yaml", ["model.name=dense_only_test_model"]))
     assert "dense_only_test_model needs dense features and avazu_csv has none" in str(err.value)
     assert "data.format: dense_only_test_model refuses avazu_csv" in str(err.value)
 
