@@ -24,11 +24,9 @@ Package map: ``config/`` (loader, RunConfig), ``data/`` (formats, conversion, lo
 ``metrics``, ``checkpoint``, ``export``, ``report``, ``cli``.
 """
 
-from recsys_dist.versions import check_versions
+from recsys_dist.versions import __version__, check_versions
 
 check_versions()
-
-__version__ = "0.1.0"
 
 # public name -> module that defines it. Type checkers read __init__.pyi instead of this file
 # (mypy and pyright do not look through a module-level __getattr__); tests/api/test_typing.py
@@ -55,14 +53,10 @@ _API = {
     "load_checkpoint": "recsys_dist.checkpoint.loop",
     "latest_checkpoint": "recsys_dist.checkpoint.meta",
     "load_model": "recsys_dist.serve.export",
+    "launch": "recsys_dist.train.launch",
 }
 
-__all__ = sorted([*_API, "launch"]) + ["__version__"]
-
-# Bound now, not looked up lazily: importing the submodule ``recsys_dist.train.launch`` (the CLI does)
-# sets the package attribute of that name to the module, and the function must win. The module
-# is light; torch loads when ``launch`` is called.
-from recsys_dist.train.launch import launch  # noqa: E402, F401
+__all__ = sorted(_API) + ["__version__"]
 
 
 def __getattr__(name: str) -> object:

@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 from importlib import metadata
 
+__version__ = "0.1.0"  # of recsys_dist (the package root re-exports it)
+
 SUPPORTED = {"torch": "2.13.0", "fbgemm-gpu": "1.8.0", "torchrec": "1.8.0"}
 _FBGEMM_DISTS = ("fbgemm-gpu", "fbgemm-gpu-cpu")
 

@@ -27,11 +27,12 @@ __all__ = [
 
 def __getattr__(name: str) -> object:
     if name == "RunConfig":
+        # lazy API: importing config.base (every section does) must not load the sections
         from recsys_dist.config.run import RunConfig
 
         return RunConfig
     if name in __all__:
-        from recsys_dist.config import loader
+        from recsys_dist.config import loader  # lazy API, as above
 
         return getattr(loader, name)
     raise AttributeError(f"module 'recsys_dist.config' has no attribute {name!r}")

@@ -24,6 +24,7 @@ from pydantic import ValidationError
 from recsys_dist.config.base import ConfigError
 from recsys_dist.config.run import RunConfig
 from recsys_dist.data.config import missing_data_files
+from recsys_dist.models.registry import model_config_class
 
 # Config keys holding filesystem paths; resolved against the config file's directory.
 PATH_KEYS = ("data.raw_path", "data.cache_dir", "data.split.validation_path", "data.split.test_path")
@@ -261,7 +262,6 @@ def _switch_model(tree: dict, override: Any) -> dict:
         return tree
     if override["name"] == model.get("name", "dlrm"):
         return tree
-    from recsys_dist.models.registry import model_config_class
 
     try:
         fields = model_config_class(override["name"]).model_fields

@@ -18,6 +18,10 @@ import annotated_types as at
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
+from recsys_dist.config.run import RunConfig
+from recsys_dist.models.config import ModelConfig
+from recsys_dist.models.registry import FactoryModelConfig, get_model, model_names
+
 REGENERATE = "python -m recsys_dist.config.reference > docs/config.md"
 
 # What stands for the user's key in a section that is a mapping (``sharding.per_table.t_C1``).
@@ -187,8 +191,6 @@ def _section(level: int, key: str, cls: type[BaseModel], fields: list[str] | Non
 
 
 def _model_sections() -> list:
-    from recsys_dist.models.config import ModelConfig
-    from recsys_dist.models.registry import FactoryModelConfig, get_model, model_names
 
     common = ModelConfig.model_fields
     out = _section(
@@ -233,7 +235,6 @@ def _model_sections() -> list:
 def config_reference() -> str:
     """The Markdown of ``docs/config.md``: one table of key | type | default | description per
     config section, nested sections after their parent, and one section per registered model."""
-    from recsys_dist.config.run import RunConfig
 
     sections: list = []
     for name, field in RunConfig.model_fields.items():

@@ -25,205 +25,37 @@ without the label column (Criteo's 39-field test layout, or a schema file lackin
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
-import secrets
-import sys
-from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import pyarrow as pa
 
-import recsys_dist
 from recsys_dist.config.loader import config_from_dict
-from recsys_dist.data import mapping as mp
 from recsys_dist.data.config import describe_raw_path, raw_paths
 from recsys_dist.data.convert import prepare
 from recsys_dist.data.convert.cache import cache_key, default_cache_dir
 from recsys_dist.data.convert.manifest import check_cache_format
 from recsys_dist.data.formats.criteo import TRANSFORM_VERSION
-from recsys_dist.data.resolve import feature_names, raw_format
+from recsys_dist.data.record import (
+    MANIFEST_FILE,
+    PREPROCESSING_FILE,
+    VOCABULARY_FILE,
+    Preprocessing,
+    section_format,
+    table_sizes,
+    vocabulary_digest,
+)
 from recsys_dist.data.splits import Split
 from recsys_dist.data.text import LINE_COLUMN
 from recsys_dist.errors import DataError
-from recsys_dist.versions import installed_versions
 
-PREPROCESSING_FILE = "preprocessing.json"
-VOCABULARY_FILE = "vocabulary.parquet"  # the name the conversion gives it too (convert.manifest.VOCABULARY_FILE)
-MANIFEST_FILE = "manifest.json"
 UNLABELLED_FORMATS = ("criteo_tsv_unlabelled", "schema_unlabelled")
-RECORD_VERSION = 1
+
 # Transform texts that must agree between the model's record and a converted split it scores:
 # the dense transform and the multi-hot separator. (The label may differ: an unlabelled file
 # has a placeholder. The mapping is compared by its kind, table sizes and vocabulary digest,
 # the rest of the code's transforms by TRANSFORM_VERSION.)
 _COMPARED_TRANSFORMS = ("dense", "multi_hot")
-
-
-def _format(d):
-    """The format object of a ``data`` section (``data.short_lines`` included)."""
-    return raw_format(d.format, d.schema, getattr(d, "short_lines", "error"))
-
-
-def written_by() -> dict:
-    """Versions of what wrote an export: recsys_dist, torch, fbgemm-gpu, torchrec, pyarrow, numpy, Python."""
-    return {
-        "recsys_dist": recsys_dist.__version__,
-        **installed_versions(),
-        "pyarrow": pa.__version__,
-        "numpy": np.__version__,
-        "python": ".".join(map(str, sys.version_info[:3])),
-    }
-
-
-def vocabulary_digest(path: Path, names: list[str]) -> str:
-    """SHA-256 of the vocabularies of ``names`` in a ``vocabulary.parquet``: per feature its
-    name, then its (key, id) pairs sorted by key; independent of how the file was written."""
-    h = hashlib.sha256()
-    for name, v in zip(names, mp.load_vocabularies(Path(path), names)):
-        h.update(name.encode() + b"\0" + np.int64(len(v.keys)).tobytes())
-        h.update(np.ascontiguousarray(v.keys, dtype=np.uint64).tobytes())
-        h.update(np.ascontiguousarray(v.ids, dtype=np.int64).tobytes())
-    return h.hexdigest()
-
-
-def _sizes(d) -> list[int]:
-
-    n = d.num_embeddings
-    return list(n) if isinstance(n, list) else [n] * len(feature_names(d)[1])
-
-
-def _file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-@dataclass
-class Preprocessing:
-    """The record of how a model's inputs are made (``preprocessing.json``) and the directory
-    holding its vocabulary file (under vocabulary mapping)."""
-
-    record: dict
-    directory: Path | None = None
-
-    @property
-    def vocabulary(self) -> Path | None:
-        """The vocabulary file (vocabulary mapping), else None."""
-        if self.record["categorical_mapping"]["kind"] != "vocabulary":
-            return None
-        return Path(self.directory) / self.record["categorical_mapping"]["file"]
-
-    @property
-    def num_embeddings(self) -> list[int]:
-        return list(self.record["num_embeddings"])
-
-    @classmethod
-    def describe(
-        cls, cfg, num_embeddings: list[int], conversion: Path | None = None, manifest: dict | None = None
-    ) -> Preprocessing:
-        """The record of a model trained with ``cfg`` and tables of ``num_embeddings`` rows;
-        under vocabulary mapping from its training conversion (``conversion``, a cache entry
-        with its ``manifest``), whose vocabulary file it then refers to."""
-        d = getattr(cfg, "data", cfg)
-        dense, sparse = feature_names(d)
-        transforms = dict(manifest["transforms"]) if manifest else dict(_format(d).transforms)
-        kind = d.categorical_mapping
-        mapping: dict = {"kind": kind, "missing_id": mp.MISSING_ID}
-        if kind == "hash":
-            mapping["rule"] = "id = 1 + key mod (num_embeddings - 1); a missing value -> 0"
-        elif kind == "managed":
-            mapping["rule"] = (
-                "raw id = 1 + key mod (2^63 - 2); a missing value -> 0; the model's managed-collision state "
-                "(in its weights) maps raw ids to rows, an id without a row -> row num_embeddings - 1"
-            )
-        else:
-            if conversion is None:
-                raise ValueError("a vocabulary-mapped model's record needs its training conversion")
-            mapping.update(
-                oov_id=mp.OOV_ID,
-                min_count=d.min_count,
-                rule=f"id = the key's id in {VOCABULARY_FILE} (feature, key, id); other keys -> {mp.OOV_ID} (OOV); "
-                f"a missing value -> {mp.MISSING_ID}",
-                file=VOCABULARY_FILE,
-                digest=vocabulary_digest(Path(conversion) / VOCABULARY_FILE, sparse),
-            )
-        record = {
-            "record_version": RECORD_VERSION,
-            "format": d.format,
-            "schema": d.schema.model_dump(mode="json", by_alias=True) if d.schema is not None else None,
-            "dense": dense,
-            "sparse": sparse,
-            "num_embeddings": [int(n) for n in num_embeddings],
-            "categorical_mapping": mapping,
-            "transforms": transforms,
-            "transform_version": TRANSFORM_VERSION,
-            "training_conversion": None
-            if manifest is None
-            else {
-                "directory": str(conversion),
-                "source": manifest.get("source"),
-                "rows": manifest.get("rows"),
-                "manifest_sha256": _file_sha256(Path(conversion) / MANIFEST_FILE),
-            },
-            "written_by": written_by(),
-        }
-        return cls(record, Path(conversion) if conversion is not None else None)
-
-    def save(self, out: Path) -> list[Path]:
-        """Write ``out/preprocessing.json`` (and ``out/vocabulary.parquet``), each under a
-        temporary name renamed into place, the JSON last. Returns the paths written."""
-        out = Path(out)
-        token = secrets.token_hex(4)
-        written = []
-        vocab = self.vocabulary
-        if vocab is not None:
-            target = out / VOCABULARY_FILE
-            if vocab.resolve() != target.resolve():
-                tmp = out / f".{VOCABULARY_FILE}.{token}.tmp"
-                tmp.write_bytes(vocab.read_bytes())
-                os.replace(tmp, target)
-            written.append(target)
-        tmp = out / f".{PREPROCESSING_FILE}.{token}.tmp"
-        tmp.write_text(json.dumps(self.record, indent=2) + "\n")
-        os.replace(tmp, out / PREPROCESSING_FILE)
-        return [out / PREPROCESSING_FILE, *written]
-
-    @classmethod
-    def load(cls, directory: Path) -> Preprocessing | None:
-        """The record in ``directory`` (None if it holds none), its vocabulary checked against
-        the recorded digest.
-
-        Raises:
-            DataError: the record is unreadable, or the vocabulary file is missing or differs.
-        """
-        directory = Path(directory)
-        path = directory / PREPROCESSING_FILE
-        if not path.is_file():
-            return None
-        try:
-            record = json.loads(path.read_text())
-            record["num_embeddings"], record["categorical_mapping"]["kind"]  # noqa: B018 - required keys
-        except (ValueError, KeyError, TypeError) as err:
-            raise DataError(f"{path}: not a valid preprocessing record ({err}); export the model again") from None
-        p = cls(record, directory)
-        vocab = p.vocabulary
-        if vocab is not None:
-            if not vocab.is_file():
-                raise DataError(f"{vocab}: missing; {path} maps categories through it (export the model again)")
-            if vocabulary_digest(vocab, record["sparse"]) != record["categorical_mapping"]["digest"]:
-                raise DataError(
-                    f"{vocab}: differs from the vocabulary {path} records (digest mismatch): the file was "
-                    "changed or replaced; export the model again"
-                )
-        return p
-
-
-# ---------------------------------------------------------------- checkpoints
 
 
 def training_conversion(d) -> Path | None:
@@ -234,11 +66,11 @@ def training_conversion(d) -> Path | None:
     split = Split.of(d.split)
     if not raws or not all(Path(p).is_file() for p, _ in split.sources([str(r) for r in raws])):
         return None
-    fmt = _format(d)
+    fmt = section_format(d)
     # The entry's key as `prepare` computes it (convert/cache.py).
     key = cache_key(
         raws,
-        _sizes(d),
+        table_sizes(d),
         d.num_rows,
         split,
         d.on_bad_row,
@@ -265,7 +97,7 @@ def for_checkpoint(ckpt: Path, meta: dict) -> Preprocessing:
     ckpt = Path(ckpt)
     cfg = config_from_dict(meta["config"], f"{ckpt}/meta.json")  # as trained: the configured sizes
     d = cfg.data
-    sizes = list(meta.get("num_embeddings") or _sizes(d))
+    sizes = list(meta.get("num_embeddings") or table_sizes(d))
     pinned = Preprocessing.load(ckpt)
     if pinned is not None:
         if pinned.num_embeddings != sizes:
@@ -401,7 +233,7 @@ def check_conversion(manifest: dict, entry: Path, prep: Preprocessing, what: str
 def scoring_format(d, data: Path):
     """The format object that reads ``data`` for scoring: the model's, or its unlabelled
     variant when the file has no label (Criteo: 39 fields; schema: no label column)."""
-    fmt = _format(d)
+    fmt = section_format(d)
     return fmt.unlabelled(data) or fmt
 
 

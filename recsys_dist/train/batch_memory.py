@@ -17,6 +17,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from recsys_dist.data.resolve import feature_names
+from recsys_dist.distributed.env import resolve_device
+
 GIB = 1 << 30
 
 
@@ -70,7 +73,6 @@ def cgroup_memory_dir() -> Path | None:
 
 def bytes_per_example(cfg, training: bool) -> int:
     """The lower bound of the module docstring, in bytes, for one example of ``cfg``'s model."""
-    from recsys_dist.data.resolve import feature_names
 
     dense, sparse = feature_names(cfg)
     d = cfg.data
@@ -93,7 +95,6 @@ def batch_memory_problems(cfg, local_ranks: int, available: tuple[int, str] | No
     """``key: what is wrong`` when one training or evaluation batch of ``local_ranks`` CPU ranks
     needs more memory than this machine has available (:func:`available_memory`); [] when it
     fits, on CUDA (batches live in device memory) or when the memory cannot be read."""
-    from recsys_dist.distributed.env import resolve_device
 
     if resolve_device(cfg.distributed.device).type != "cpu":
         return []

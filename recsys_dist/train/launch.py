@@ -2,8 +2,7 @@
 way), :func:`launch_workers` runs ``recsys-dist train``'s rank function on them (the command line's way).
 Both go through torch.distributed's elastic launcher, the code ``torchrun`` runs.
 
-``recsys_dist.train.launch`` is the function :func:`launch` (the package binds it on import), so
-reach this module's other names with ``from recsys_dist.train.launch import ...``.
+``recsys_dist.launch`` is this module's :func:`launch`.
 """
 
 from __future__ import annotations
@@ -17,7 +16,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from recsys_dist.distributed.env import LAUNCHER_PID_ENV, die_with_launcher
 from recsys_dist.errors import RankFailedError  # noqa: F401 (raised here; defined in errors)
+from recsys_dist.train.rank_failure import first_killed
 
 
 def launch(fn: Callable[..., Any], nproc: int, *args: Any, max_restarts: int = 0) -> list[Any]:
@@ -74,7 +75,6 @@ def launch(fn: Callable[..., Any], nproc: int, *args: Any, max_restarts: int = 0
     agent_log = logging.getLogger("torch.distributed.elastic")
     level = agent_log.level
     agent_log.setLevel(logging.CRITICAL)
-    from recsys_dist.distributed.env import LAUNCHER_PID_ENV
 
     os.environ[LAUNCHER_PID_ENV] = str(os.getpid())  # the ranks die with this process
     try:
@@ -107,7 +107,6 @@ def _standalone(nproc: int, max_restarts: int, start_method: str):
 def rank_main(fn: Callable[..., Any], *args: Any) -> Any:
     """What every rank of :func:`launch` runs: ``fn(*args)``, in a process that ends when the
     launcher's does (``recsys_dist.distributed.env.die_with_launcher``)."""
-    from recsys_dist.distributed.env import die_with_launcher
 
     die_with_launcher()
     return fn(*args)
@@ -178,7 +177,6 @@ def launch_workers(
     from torch.distributed.launcher.api import elastic_launch
 
     config = _standalone(nproc_per_node, max_restarts, start_method)
-    from recsys_dist.distributed.env import LAUNCHER_PID_ENV
 
     os.environ[LAUNCHER_PID_ENV] = str(os.getpid())  # the ranks die with this process
     # The launcher's own INFO lines would drown the summary.
@@ -201,8 +199,6 @@ def first_failure(err) -> tuple[int, Any]:
     that SIGKILL ended (which records no error) comes before all of them: its peers' errors are
     its effect (``recsys_dist.train.rank_failure.first_killed``)."""
     from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
-
-    from recsys_dist.train.rank_failure import first_killed
 
     killed = first_killed(err.failures)
     if killed is not None:

@@ -30,6 +30,7 @@ from recsys_dist.checkpoint.dcp import (
 from recsys_dist.checkpoint.meta import read_meta
 from recsys_dist.checkpoint.safe_read import checkpoint_keys
 from recsys_dist.data.loader import ParquetBatchLoader
+from recsys_dist.data.record import MANIFEST_FILE, Preprocessing
 from recsys_dist.distributed.env import broadcast_result
 from recsys_dist.distributed.optim import init_lazy_state
 from recsys_dist.distributed.plan_io import plan_summary
@@ -110,9 +111,7 @@ class TrainLoop:
 
     def _pin_preprocessing(self, path: Path) -> None:
         # How inputs are mapped (vocabulary, sizes, transforms) travels with the checkpoint,
-        # so export and predict never read the training data again (recsys_dist.serve.scoring).
-        from recsys_dist.serve.scoring import MANIFEST_FILE, Preprocessing  # serve is the layer above
-
+        # so export and predict never read the training data again (recsys_dist.data.record).
         conversion = self._loaders.conversion
         manifest = json.loads((conversion / MANIFEST_FILE).read_text()) if conversion is not None else None
         try:

@@ -20,6 +20,7 @@ import math
 import os
 from pathlib import Path
 
+from recsys_dist.checkpoint.meta import latest_checkpoint
 from recsys_dist.errors import MetricsError  # noqa: F401 (raised here; defined in errors)
 from recsys_dist.faults import maybe_fault
 
@@ -181,7 +182,6 @@ class MetricsWriter:
             os.close(fd)
 
     def _cannot_write(self, err: BaseException, step) -> str:
-        from recsys_dist.checkpoint.meta import latest_checkpoint
 
         run_dir = self.path.parent
         what = f"[Errno {err.errno}] {err.strerror}" if isinstance(err, OSError) and err.errno else str(err)

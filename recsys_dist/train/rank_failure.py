@@ -14,6 +14,9 @@ import shlex
 import signal
 from pathlib import Path
 
+from recsys_dist.checkpoint.meta import latest_checkpoint
+from recsys_dist.train.batch_memory import cgroup_memory_dir
+
 # Errors of a rank whose peer is gone (gloo's TCP pairs, NCCL, the c10d store).
 _LOST_PEER = re.compile(
     r"Connection (reset|closed) by peer|Broken pipe|Socket closed|ECONNRESET|NCCL communicator was aborted"
@@ -32,7 +35,6 @@ def oom_kills() -> dict[str, int]:
     ``memory.events``, v1 ``memory.oom_control``: ``oom_kill``) and the machine's
     (``/proc/vmstat``, ``oom_kill``).
     Compared before and after a run, a rise says the OOM killer killed a process meanwhile."""
-    from recsys_dist.train.batch_memory import cgroup_memory_dir
 
     found = {}
     cg = cgroup_memory_dir()
@@ -127,7 +129,6 @@ def describe(
 
 
 def _continue(run_dir: Path, resume_command: list[str]) -> str:
-    from recsys_dist.checkpoint.meta import latest_checkpoint
 
     latest = latest_checkpoint(run_dir)
     where = (

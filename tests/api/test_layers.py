@@ -3,7 +3,7 @@
 Layers, lowest first; a module imports only modules of its own layer or of lower ones, counting
 every import (function-level ones and ``if TYPE_CHECKING:`` ones too):
 
-    base       errors, faults, versions, config.base
+    base       errors, faults, logs, versions, config.base
     sections   each component's config section (``<package>/config.py``): pydantic and base only
     data       data/
     models     models/
@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PKG = ROOT / "recsys_dist"
 
 LAYERS = ["base", "sections", "data", "models", "config", "distributed", "checkpoint", "train", "serve", "cli", "api"]
-BASE = {"recsys_dist.errors", "recsys_dist.faults", "recsys_dist.versions", "recsys_dist.config.base"}
+BASE = {"recsys_dist.errors", "recsys_dist.faults", "recsys_dist.logs", "recsys_dist.versions", "recsys_dist.config.base"}
 SECTIONS = {f"recsys_dist.{p}.config" for p in ("data", "models", "distributed", "train", "checkpoint")}
 MAX_FUNCTION_LEVEL = 10
 MAX_ROOT_MODULES = 10
