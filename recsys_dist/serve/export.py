@@ -40,6 +40,7 @@ from recsys_dist.config.loader import config_from_dict, save_config
 from recsys_dist.config.run import RunConfig
 from recsys_dist.data.loader import ParquetBatchLoader
 from recsys_dist.data.mapping import loader_id_bounds
+from recsys_dist.data.record import RECORD_VERSION
 from recsys_dist.data.resolve import feature_names, label_columns, tasks
 from recsys_dist.errors import CheckpointError, DataError
 from recsys_dist.models.build import build_model, table_sizes
@@ -49,7 +50,6 @@ from recsys_dist.models.task import CTRTask
 from recsys_dist.serve.scoring import (
     MANIFEST_FILE,
     PREPROCESSING_FILE,
-    RECORD_VERSION,
     UNLABELLED_FORMATS,
     Preprocessing,
     check_conversion,

@@ -25,7 +25,13 @@ ROOT = Path(__file__).resolve().parents[2]
 PKG = ROOT / "recsys_dist"
 
 LAYERS = ["base", "sections", "data", "models", "config", "distributed", "checkpoint", "train", "serve", "cli", "api"]
-BASE = {"recsys_dist.errors", "recsys_dist.faults", "recsys_dist.logs", "recsys_dist.versions", "recsys_dist.config.base"}
+BASE = {
+    "recsys_dist.errors",
+    "recsys_dist.faults",
+    "recsys_dist.logs",
+    "recsys_dist.versions",
+    "recsys_dist.config.base",
+}
 SECTIONS = {f"recsys_dist.{p}.config" for p in ("data", "models", "distributed", "train", "checkpoint")}
 MAX_FUNCTION_LEVEL = 10
 MAX_ROOT_MODULES = 10
@@ -164,3 +170,11 @@ def test_module_and_function_sizes():
                     long.append(f"{f.relative_to(ROOT)}:{node.lineno} {node.name}: {n} lines")
     assert not big, "modules over the limit:\n" + "\n".join(big)
     assert not long, "functions over the limit (or say why in a '# long: ...' comment above):\n" + "\n".join(long)
+
+
+def test_every_module_imports():
+    """Each module imports on its own (a name moved to another module breaks no importer)."""
+    import importlib
+
+    for name in sorted(_modules()):
+        importlib.import_module(name)
