@@ -236,8 +236,8 @@ def test_managed_for_some_features(tmp_path, cache_dir):
     import torch
 
     from recsys_dist.data.loader import ParquetBatchLoader
-    from recsys_dist.data.mapping import MANAGED_ID_SPACE, hash_ids, loader_id_bounds, managed_ids
-    from recsys_dist.data.resolve import feature_names, prepare_from_config
+    from recsys_dist.data.mapping import MANAGED_ID_SPACE, hash_ids, managed_ids
+    from recsys_dist.data.resolve import feature_names, loader_id_bounds, managed_features, prepare_from_config
     from recsys_dist.models.build import build_model, table_sizes
     from recsys_dist.models.managed import find_remap
     from tests.conftest import base_row
@@ -266,7 +266,7 @@ def test_managed_for_some_features(tmp_path, cache_dir):
             [f"data.raw_path={raw}", f"data.categorical_mapping={mapping}", some, "data.num_embeddings=50"]
             + ["distributed.nproc_per_node=1", "train.batch_size=8"],
         )
-        assert cfg.data.managed_features() == ["C1", "C2"]
+        assert managed_features(cfg) == ["C1", "C2"]
         prepared = prepare_from_config(cfg)
         t = pq.read_table(prepared.paths("train")[0])
         keys = np.array([(i * 7) % 5 + 1 for i in range(32)], dtype=np.uint64)  # C1's keys (hex = key)

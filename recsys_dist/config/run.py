@@ -16,6 +16,7 @@ from pydantic import Field, SerializeAsAny, field_validator
 from recsys_dist.checkpoint.config import CheckpointConfig
 from recsys_dist.config.base import Section
 from recsys_dist.data.config import DataConfig
+from recsys_dist.data.resolve import check_data
 from recsys_dist.distributed.config import DistributedConfig, ShardingConfig
 from recsys_dist.models.config import ModelConfig
 from recsys_dist.models.registry import model_config_class
@@ -40,6 +41,14 @@ class RunConfig(Section):
     sharding: ShardingConfig = Field(default_factory=ShardingConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
+
+    @field_validator("data")
+    @classmethod
+    def _data_format(cls, value: DataConfig) -> DataConfig:
+        # The checks that need the format's feature names live in the data layer (a section
+        # config loads no format); errors raised here are located at ``data``, as DataConfig's own.
+        check_data(value)
+        return value
 
     @field_validator("model", mode="before")
     @classmethod

@@ -424,11 +424,9 @@ class DataConfig(_Section):
 
     @model_validator(mode="after")
     def _check(self) -> DataConfig:
-        from recsys_dist.data.resolve import raw_format  # lazy: a section config loads no format (pyarrow)
-
+        # Checks that need the format object (feature names) are the data layer's:
+        # recsys_dist.data.resolve.check_data, run by RunConfig on its data section.
         self._check_layout()
-        fmt = raw_format(self.format, self.schema_)
-        self._check_mapping(fmt, self._check_features(fmt))
         return self
 
     def _check_layout(self) -> None:
@@ -460,115 +458,6 @@ class DataConfig(_Section):
                 if self.raw_path
                 else "data.raw_path: an empty list; give the raw data file(s)"
             )
-
-    def _check_features(self, fmt) -> list[int]:
-        n_features = len(fmt.sparse_names)
-        if self.split.by == "time" and self.format != "schema" and self.split.column not in fmt.raw_columns:
-            raise ValueError(
-                f"data.split.column: {self.split.column!r} is not a raw column of {self.format} "
-                f"({', '.join(fmt.raw_columns)})"
-            )
-        sizes = self.num_embeddings if isinstance(self.num_embeddings, list) else [self.num_embeddings]
-        if isinstance(self.num_embeddings, list) and len(sizes) != n_features:
-            raise ValueError(
-                f"data.num_embeddings: expected one int or a list of {n_features} ({self.format} "
-                f"features), got a list of {len(sizes)}"
-            )
-        if self.multi_hot_sizes is not None and (
-            len(self.multi_hot_sizes) != n_features or any(h <= 0 for h in self.multi_hot_sizes)
-        ):
-            raise ValueError(f"data.multi_hot_sizes: expected {n_features} positive ints, got {self.multi_hot_sizes}")
-        unknown = sorted(set(self.feature_pooling) - set(fmt.sparse_names))
-        if unknown:
-            raise ValueError(
-                f"data.feature_pooling: {unknown} are not categorical features of {self.format} "
-                f"({', '.join(fmt.sparse_names)})"
-            )
-        unpooled = sorted(set(self.feature_pooling) & set(fmt.sequence_names))
-        if unpooled:
-            raise ValueError(
-                f"data.feature_pooling: {unpooled} are sequence features, which are not pooled (one embedding "
-                "per position); remove them"
-            )
-        return sizes
-
-    def _check_mapping(self, fmt, sizes: list[int]) -> None:
-        if self.categorical_mapping == "managed" and self.managed is None:
-            raise ValueError("data.managed: required with categorical_mapping: managed (at least eviction_interval)")
-        if self.categorical_mapping == "managed" and self.managed.features is not None:
-            raise ValueError(
-                "data.managed.features: not used with categorical_mapping: managed (every feature is managed); "
-                "remove it, or set categorical_mapping: hash or vocabulary for the features not listed"
-            )
-        if self.categorical_mapping != "vocabulary" and self.min_count != 1:
-            hint = (
-                "; managed tables admit an id seen often enough with data.managed.admission_min_count"
-                if self.categorical_mapping == "managed"
-                else ""
-            )
-            raise ValueError(
-                f"data.min_count: {self.min_count} is only used with categorical_mapping: vocabulary (a value seen "
-                f"fewer times gets the out-of-vocabulary id), not {self.categorical_mapping}, which keeps no "
-                f"vocabulary: remove min_count, or use categorical_mapping: vocabulary{hint}"
-            )
-        if self.categorical_mapping != "managed" and self.managed is not None and not self.managed.features:
-            raise ValueError(
-                f"data.managed: only used with categorical_mapping: managed, or with data.managed.features "
-                f"(managed tables for some features, {self.categorical_mapping} for the rest); not with "
-                f"categorical_mapping: {self.categorical_mapping} alone"
-            )
-        if self.managed is not None and self.managed.features:
-            listed = self.managed.features
-            twice = sorted({f for f in listed if listed.count(f) > 1})
-            unknown = [f for f in listed if f not in fmt.sparse_names and f not in fmt.sequence_names]
-            if twice or unknown:
-                raise ValueError(
-                    f"data.managed.features: {'listed twice: ' + str(twice) if twice else ''}"
-                    f"{'; ' if twice and unknown else ''}"
-                    f"{'not categorical features of ' + self.format + ': ' + str(unknown) if unknown else ''} "
-                    f"(features: {', '.join(fmt.sparse_names)})"
-                )
-        seq = list(fmt.sequence_names)
-        listed = (self.managed.features or []) if self.managed is not None else []
-        managed_seq = seq if self.categorical_mapping == "managed" else [f for f in listed if f in seq]
-        if managed_seq:
-            keys = [f"data.schema.sequence.{n}" for n in self.schema_.sequence] if self.schema_ else []
-            if self.schema_ is not None and self.schema_.history is not None:
-                keys.append("data.schema.history")
-            if self.categorical_mapping != "managed":
-                keys = [f"data.managed.features: {', '.join(managed_seq)}"]
-            raise ValueError(
-                f"data.categorical_mapping: managed tables for sequence features are not supported yet "
-                f"({', '.join(keys or seq)}); use categorical_mapping: hash or vocabulary, or drop the sequence features"
-            )
-        every = sizes * len(fmt.sparse_names) if len(sizes) == 1 else sizes
-        if any(n > 2**62 for n, m in zip(every, self.managed_mask()) if m):
-            raise ValueError(
-                f"data.num_embeddings: a managed table's rows (zch_size) must be below the 63-bit id space, "
-                f"got {self.num_embeddings}"
-            )
-        if any(n < 2 for n in sizes):
-            raise ValueError(
-                f"data.num_embeddings must be >= 2 (row 0 is reserved for missing values), got {self.num_embeddings}"
-            )
-
-    def managed_mask(self) -> list[bool]:
-        """Per categorical feature of ``data.format`` (in its order): True where a managed-collision
-        module maps its ids (``categorical_mapping: managed``: all; else ``data.managed.features``)."""
-        return [m for _, m in self._managed()]
-
-    def managed_features(self) -> list[str]:
-        """Names of the categorical features with managed-collision tables (see :meth:`managed_mask`)."""
-        if self.categorical_mapping != "managed" and (self.managed is None or not self.managed.features):
-            return []
-        return [n for n, m in self._managed() if m]
-
-    def _managed(self) -> list[tuple[str, bool]]:
-        from recsys_dist.data.resolve import raw_format  # lazy: a section config loads no format (pyarrow)
-
-        listed = set(self.managed.features or []) if self.managed is not None else set()
-        names = raw_format(self.format, self.schema_).sparse_names
-        return [(n, self.categorical_mapping == "managed" or n in listed) for n in names]
 
 
 def raw_paths(d: DataConfig) -> list[str]:

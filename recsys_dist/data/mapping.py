@@ -81,14 +81,6 @@ def managed_ids(keys: np.ndarray) -> np.ndarray:
     return (1 + keys % np.uint64(MANAGED_ID_SPACE - 1)).astype(np.int64)
 
 
-def loader_id_bounds(cfg, sizes: list[int]) -> list[int]:
-    """Per feature, the bound a loader checks ids against: the table size, or for a feature with
-    a managed-collision table (``data.categorical_mapping: managed``, ``data.managed.features``)
-    the raw id space (rows come from the managed module)."""
-    d = getattr(cfg, "data", cfg)
-    return [MANAGED_ID_SPACE if m else n for n, m in zip(sizes, d.managed_mask())]
-
-
 def to_arrow(ids: np.ndarray, sk: SparseKeys) -> pa.Array:
     """Ids of ``sk.keys`` -> int64 column (one-hot, missing = 0) or list<int64> (multi-hot)."""
     if sk.lengths is None:

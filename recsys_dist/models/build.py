@@ -7,7 +7,7 @@ from collections.abc import Callable
 import torch
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
-from recsys_dist.data.resolve import feature_names, sequence_names, tasks
+from recsys_dist.data.resolve import feature_names, managed_features, sequence_names, tasks
 from recsys_dist.data.spec import FeatureSpec, make_sequence_tables, make_tables
 from recsys_dist.models.losses import get_loss
 from recsys_dist.models.managed import build_remap
@@ -100,7 +100,7 @@ def build_model(
     t = cfg.train
     bf16 = spec.device.type if t.precision == "bf16-mixed" else None
     remap = None
-    if cfg.data.managed_features():
+    if managed_features(cfg):
         remap = build_remap(cfg, spec.sparse_names, spec.num_embeddings, spec.device)
     names, kinds = tasks(cfg)
     if names != ["label"]:  # data.schema.labels: a loss (and weight) per task

@@ -49,6 +49,8 @@ from torchrec.modules.mc_modules import (
 )
 from torchrec.sparse.jagged_tensor import JaggedTensor, KeyedJaggedTensor
 
+from recsys_dist.data.resolve import managed_features
+
 MANAGED_ID_SPACE = 2**63 - 1  # raw ids lie in [0, 2^63 - 1); 2^63 - 1 marks an empty slot
 
 
@@ -523,7 +525,7 @@ def build_remap(cfg, sparse_names: list[str], sizes: list[int], device: torch.de
     ranks = dist.get_world_size() if dist.is_available() and dist.is_initialized() else cfg.distributed.nproc_per_node
     global_batch = cfg.train.batch_size * ranks
     hot = cfg.data.multi_hot_sizes or [1] * len(sparse_names)
-    managed = set(cfg.data.managed_features())
+    managed = set(managed_features(cfg))
     return ManagedRemap(
         {
             f: ReplicatedMCH(

@@ -44,8 +44,8 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from recsys_dist.data.loader import ParquetBatchLoader
 from recsys_dist.data.loader.columns import take_bags
-from recsys_dist.data.mapping import MISSING_ID, OOV_ID, load_vocabularies, loader_id_bounds
-from recsys_dist.data.resolve import feature_names, label_columns
+from recsys_dist.data.mapping import MISSING_ID, OOV_ID, load_vocabularies
+from recsys_dist.data.resolve import feature_names, label_columns, loader_id_bounds
 from recsys_dist.data.spec import FeatureSpec
 from recsys_dist.errors import DataError
 from recsys_dist.models.losses import get_loss

@@ -39,9 +39,8 @@ from recsys_dist.checkpoint.safe_read import SafeLoadPlanner, SafeReader
 from recsys_dist.config.loader import config_from_dict, save_config
 from recsys_dist.config.run import RunConfig
 from recsys_dist.data.loader import ParquetBatchLoader
-from recsys_dist.data.mapping import loader_id_bounds
 from recsys_dist.data.record import RECORD_VERSION
-from recsys_dist.data.resolve import feature_names, label_columns, tasks
+from recsys_dist.data.resolve import feature_names, label_columns, loader_id_bounds, tasks
 from recsys_dist.errors import CheckpointError, DataError
 from recsys_dist.models.build import build_model, table_sizes
 from recsys_dist.models.managed import managed_metrics

@@ -45,6 +45,7 @@ from recsys_dist.data.record import (
     table_sizes,
     vocabulary_digest,
 )
+from recsys_dist.data.resolve import managed_mask
 from recsys_dist.data.splits import Split
 from recsys_dist.data.text import LINE_COLUMN
 from recsys_dist.errors import DataError
@@ -262,7 +263,7 @@ def prepare_for_scoring(cfg, data, vocabulary: Path | None = None, fmt=None):
         min_count=d.min_count,
         vocabulary=vocabulary if d.categorical_mapping == "vocabulary" else None,
         warn_one_class=False,  # scoring: one class is no problem
-        managed=d.managed_mask(),
+        managed=managed_mask(d),
     )
 
 

@@ -22,9 +22,8 @@ from recsys_dist.config.base import ConfigError
 from recsys_dist.config.run import RunConfig
 from recsys_dist.data.convert import PreparedData
 from recsys_dist.data.loader import ParquetBatchLoader
-from recsys_dist.data.mapping import loader_id_bounds
 from recsys_dist.data.prefetch import auto_prefetch
-from recsys_dist.data.resolve import prepare_from_config
+from recsys_dist.data.resolve import loader_id_bounds, prepare_from_config
 from recsys_dist.data.spec import FeatureSpec
 from recsys_dist.distributed.env import DistContext, broadcast_result, under_launcher
 from recsys_dist.distributed.optim import build_optimizer, fuse_embedding_optimizer
