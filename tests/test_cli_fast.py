@@ -54,12 +54,6 @@ def test_a_usage_error_answers_without_importing_torch():
     assert "unrecognized arguments: --no-such-flag" in err
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="config.run still imports torch: distributed.env (DistributedConfig) and distributed.sharding "
-    "(ShardingConfig), models/__init__'s re-exports, and models.registry's zoo (model_config_class imports "
-    "every zoo module, which imports torchrec); remove this mark when those sections are torch-free",
-)
 @pytest.mark.parametrize("override", ["train.batch_size=-1", "train.no_such_key=1"])
 def test_a_config_error_answers_without_importing_torch(override):
     result, _, err = _answer("train", "--config", QUICKSTART, override)

@@ -9,7 +9,7 @@ from torchrec import EmbeddingBagCollection
 
 from recsys_dist.cli import main as cli
 from recsys_dist.cli import main as cli_main
-from recsys_dist.cli import train as train_cmd
+from recsys_dist.cli import train_run as train_cmd
 from recsys_dist.config import ConfigError
 from recsys_dist.config.loader import load_config
 from recsys_dist.train.preflight import check_before_launch

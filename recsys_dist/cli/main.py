@@ -23,7 +23,7 @@ from recsys_dist.errors import CheckpointError, ConfigError, DataError, MetricsE
 # Errors a user can fix: printed as one line (exit 2 for a ConfigError, else 1), no traceback.
 USER_ERRORS = (ConfigError, DataError, CheckpointError, MetricsError, FloatingPointError)
 
-ENTRY_POINT = False  # set by run(): this process is the recsys-dist command (cli.train.start_method)
+ENTRY_POINT = False  # set by run(): this process is the recsys-dist command (cli.train_run.start_method)
 
 
 def positive_int(text: str) -> int:

@@ -1,137 +1,28 @@
-"""``recsys-dist train``: parse, resolve the Job once, check it, take the run directory, convert
-the data, then train here (one rank) or start the ranks (``recsys_dist.train.worker``)."""
+"""``recsys-dist train``: load the config, then run (``recsys_dist.cli.train_run``). The config is
+loaded before torch and TorchRec are imported, so that a config error answers in about a second."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
-import time
-from contextlib import nullcontext
-from pathlib import Path
 
-import torch
-
-from recsys_dist.checkpoint import run_dir as run_dirs
-from recsys_dist.cli import main as cli_main
 from recsys_dist.config.loader import load_config
-from recsys_dist.distributed.env import die_with_launcher, resolve_device, under_launcher
 from recsys_dist.distributed.plan_io import load_plan_file
 from recsys_dist.errors import ConfigError
-from recsys_dist.logs import quiet_third_party
-from recsys_dist.train import rank_failure
-from recsys_dist.train.job import Job, prepare_data, resolve_job
-from recsys_dist.train.preflight import check_before_launch
-from recsys_dist.train.summary import print_summary
-from recsys_dist.train.trainer import train
-from recsys_dist.train.worker import (
-    RankRun,
-    Stopped,
-    launch_ranks,
-    nothing_to_train,
-    run_clock,
-    signals_stop,
-    stopped_message,
-    train_rank,
-)
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    """``recsys-dist train``: the launcher, or one of torchrun's ranks (each runs this command)."""
+    """``recsys-dist train``: the launcher, or one of torchrun's ranks (each runs this command).
+
+    Raises:
+        ConfigError: the config, an override or ``--plan`` is invalid, or the flags disagree.
+    """
     cfg = load_config(args.config, _train_overrides(args))
     if args.resume_on_new_data and not args.resume:
         raise ConfigError("--resume-on-new-data goes with --resume (it allows resuming a checkpoint on other data)")
-    torchrun = under_launcher()
-    if not torchrun and cfg.distributed.nproc_per_node > 1 and start_method(cfg) == "fork":
-        # The ranks fork from this process, and an OpenMP pool started here would hang
-        # theirs: this process computes on one thread (set before any tensor work).
-        torch.set_num_threads(1)
-    job = resolve_job(cfg, world_size=int(os.environ["WORLD_SIZE"]) if torchrun else None)
-    check_before_launch(job)  # every problem at once, before the run directory or any rank
-    quiet_third_party()
-    run_dir = Path(args.run_dir) if args.run_dir else run_dirs.default_run_dir(args.config)
-    if torchrun:
-        return _torchrun_rank(args, job, run_dir)
-    # One run per directory: held until this process ends, however it ends (the ranks it
-    # starts see that their launcher holds it).
-    with run_dirs.lock_run_dir(run_dir) or nullcontext():
-        resume = _resolve_resume(args, run_dir)
-        if not args.resume:
-            run_dirs.check_unused(run_dir)
-        if resume is not None:
-            run_dirs.check_resumable(cfg, resume)
-        return _launch_run(args, job, run_dir, resume)
+    from recsys_dist.cli import train_run  # torch and TorchRec: imported once the config is valid
 
-
-def _torchrun_rank(args: argparse.Namespace, job: Job, run_dir: Path) -> int:
-    """One of torchrun's ranks (no launcher of ours): the Trainer's rank 0 takes the run directory."""
-    die_with_launcher()  # a rank never outlives its launcher
-    # The checksums are verified once, by the Trainer's rank 0, which also makes --resume
-    # auto's fallback past a damaged checkpoint.
-    resume = _resolve_resume(args, run_dir, verify=False)
-    if resume is not None and args.resume != "auto":
-        run_dirs.check_resumable(job.cfg, resume, job.world.size)
-    run = RankRun(run_dir, args.profile, "auto" if args.resume == "auto" else resume, args.resume_on_new_data, False)
-    code, summary = train_rank(job, run)
-    if summary and int(os.environ.get("RANK", 0)) == 0:
-        print_summary(summary)
-    return code
-
-
-def _launch_run(args: argparse.Namespace, job: Job, run_dir: Path, resume: Path | None) -> int:
-    """The launcher's part: convert the data, then train here (one rank) or start the ranks; exit code."""
-    cfg = job.cfg
-    # A resumed run's config.yaml is replaced only once there is something to train, so a
-    # no-op resume with other overrides leaves the file that matches the checkpoints.
-    run_dirs.write_config(cfg, run_dir, write=resume is None)
-    t_data = time.perf_counter()
-    # Before any rank exists, so that bad input is reported once and early.
-    job = job.with_data(prepare_data(cfg, progress=sys.stderr.isatty()))
-    t_data = time.perf_counter() - t_data
-    if resume is not None:
-        done = nothing_to_train(job, resume, run_dir, args.resume_on_new_data)
-        if done:
-            print(done)
-            return 0
-        run_dirs.write_config(cfg, run_dir)
-    run = RankRun(run_dir, args.profile, resume, args.resume_on_new_data)
-    try:
-        with run_clock(t_data):
-            if cfg.distributed.nproc_per_node == 1:
-                with signals_stop():
-                    summary = train(
-                        job, run_dir, run_dir / "profile" if args.profile else None, resume, run.resume_on_new_data
-                    )
-            else:
-                summary = launch_ranks(job, run, start_method(cfg), rank_failure.resume_command(args, run_dir))
-                if summary is None:
-                    return 1
-    except Stopped as stop:
-        print(stopped_message(stop, run_dir), file=sys.stderr)
-        return 128 + stop.signum
-    print_summary(summary)
-    return 0
-
-
-def start_method(cfg) -> str:
-    """How ``recsys-dist train`` starts its ranks: ``distributed.start_method``, where ``auto``
-    is ``fork`` on CPU when this process is the ``recsys-dist`` command, else ``spawn``.
-
-    Raises:
-        ConfigError: ``fork`` with a CUDA device (CUDA does not survive a fork).
-    """
-    cuda = resolve_device(cfg.distributed.device).type == "cuda"
-    method = cfg.distributed.start_method
-    if method == "auto":
-        # Only a process that `recsys-dist` itself started is known to hold no OpenMP pool
-        # (see cmd_train); called from other Python code, main() spawns.
-        return "fork" if cli_main.ENTRY_POINT and not cuda else "spawn"
-    if method == "fork" and cuda:
-        raise ConfigError(
-            "distributed.start_method: fork cannot start CUDA ranks (CUDA does not survive a fork); use spawn or auto"
-        )
-    return method
+    return train_run.run_train(args, cfg)
 
 
 def _train_overrides(args: argparse.Namespace) -> list[str]:
@@ -148,24 +39,3 @@ def _train_overrides(args: argparse.Namespace) -> list[str]:
             raise ConfigError(str(err)) from None
         overrides.append(f"sharding.fixed_plan={json.dumps(fixed)}")
     return overrides
-
-
-def _resolve_resume(args: argparse.Namespace, run_dir: Path, verify: bool = True) -> Path | None:
-    """``--resume auto|PATH`` -> a complete checkpoint directory (or None); with ``verify``
-    one whose files match their checksums (``auto`` falls back past damaged ones, saying so).
-
-    Raises:
-        ConfigError: ``--resume auto`` without ``--run-dir``.
-        CheckpointError: PATH is not a complete checkpoint, or is damaged (``run_dir.resolve_resume``).
-    """
-    if args.resume in ("auto", "best", "latest") and not args.run_dir:
-        raise ConfigError(f"--resume {args.resume} continues a run: give its directory with --run-dir")
-    path = run_dirs.resolve_resume(args.resume, run_dir, verify=verify)
-    if args.resume == "auto" and path is None and verify:
-        # Lets one job script serve the first submission and every requeue.
-        print(
-            f"recsys-dist: --resume auto: no complete checkpoint in {run_dir / 'checkpoints'} yet; "
-            "starting from scratch",
-            file=sys.stderr,
-        )
-    return path

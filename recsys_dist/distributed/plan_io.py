@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
-from torchrec.distributed.types import ShardingPlan
-from torchrec.modules.embedding_configs import BaseEmbeddingConfig
+if TYPE_CHECKING:  # annotations only: load_plan_file (recsys-dist train --plan) imports no torch
+    from torchrec.distributed.types import ShardingPlan
+    from torchrec.modules.embedding_configs import BaseEmbeddingConfig
 
 
 def plan_summary(sharding_plan: ShardingPlan, tables: list[BaseEmbeddingConfig] | None = None) -> list[dict]:

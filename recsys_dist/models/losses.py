@@ -21,10 +21,10 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from recsys_dist.config.base import import_object, is_import_path
+from recsys_dist.models.loss_names import REGISTERED_LOSSES, find_loss
 
 LossFn = Callable[..., torch.Tensor]
-_LOSSES: dict[str, LossFn] = {}
+_LOSSES: dict[str, LossFn] = REGISTERED_LOSSES  # shared with the torch-free config check
 
 
 def register_loss(name: str, model_outputs: tuple[str, ...] = ()):
@@ -60,16 +60,7 @@ def get_loss(name: str) -> LossFn:
     Raises:
         ValueError: unknown name, or an import path that does not resolve to a callable.
     """
-    if is_import_path(name):
-        fn = import_object(name, "train.loss")
-        if not callable(fn):
-            raise ValueError(f"train.loss: {name} is not callable")
-        return fn
-    if name not in _LOSSES:
-        raise ValueError(
-            f"train.loss: unknown loss {name!r}; registered: {', '.join(loss_names())}, or 'package.module:fn'"
-        )
-    return _LOSSES[name]
+    return find_loss(name)
 
 
 def weighted_sum_or_one(weights: torch.Tensor) -> torch.Tensor:

@@ -21,7 +21,7 @@ from pydantic import ConfigDict, Field, TypeAdapter, ValidationError, model_vali
 from recsys_dist.config.base import import_object, is_import_path
 from recsys_dist.models import zoo
 from recsys_dist.models.checks import one_task
-from recsys_dist.models.config import ModelConfig
+from recsys_dist.models.config import SHIPPED_MODEL_CONFIGS, ModelConfig
 
 
 class FactoryModelConfig(ModelConfig):
@@ -105,13 +105,17 @@ def model_config_class(name: Any) -> type[ModelConfig]:
         raise ValueError(f"model.name: expected a model name or 'package.module:factory', got {name!r}")
     if is_import_path(name):
         return FactoryModelConfig
-    try:
-        return get_model(name).config
-    except KeyError:
-        raise ValueError(
-            f"model.name: unknown model {name!r}; registered: {', '.join(model_names())}, or give an import "
-            "path 'package.module:factory'"
-        ) from None
+    # Read without loading the zoo (torch): a shipped name from the torch-free table, any other
+    # from _MODELS, which register_model fills only after loading the zoo (so before, it is empty).
+    if name in SHIPPED_MODEL_CONFIGS:
+        return SHIPPED_MODEL_CONFIGS[name]
+    if name in _MODELS:
+        return _MODELS[name].config
+    registered = sorted({*SHIPPED_MODEL_CONFIGS, *_MODELS})
+    raise ValueError(
+        f"model.name: unknown model {name!r}; registered: {', '.join(registered)}, or give an import "
+        "path 'package.module:factory'"
+    )
 
 
 Check = Callable[[Any], list[str]]

@@ -4,11 +4,13 @@ that the config schema imports no training code."""
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from typing import Any, Literal
 
 from pydantic import Field, PositiveInt, model_validator
 
 from recsys_dist.config.base import Section as _Section
+from recsys_dist.models.loss_names import SHIPPED_LOSSES, LossParams, find_loss
 
 # train.pipeline's names; recsys_dist.train.pipelines.PIPELINES holds one factory per name
 # (torch lives there, not in a section config; tests/training/test_pipeline_registry.py checks the two agree).
@@ -159,29 +161,42 @@ class TrainConfig(_Section):
         return out
 
 
-def _loss_problems(name: str, args: dict, key: str, args_key: str) -> list[str]:
-    from recsys_dist.models.losses import get_loss
-
-    try:
-        fn = get_loss(name)
-    except ValueError as err:
-        return [str(err).replace("train.loss", key, 1)]
+def _loss_params(fn: Callable, name: str, key: str) -> LossParams | list[str]:
+    """The keyword parameters of a user's loss ``fn``, from its signature, or its problems."""
     try:
         params = list(inspect.signature(fn).parameters.values())
-    except (TypeError, ValueError):
-        return []
+    except (TypeError, ValueError):  # a builtin or C callable: nothing to check
+        return LossParams(takes_kwargs=True)
     if len(params) < 3 and not any(p.kind is p.VAR_POSITIONAL for p in params):
         return [f"{key}: {name} must take (logits, labels, weights), it takes {len(params)}"]
-    given = set(getattr(fn, "model_outputs", ()))  # the model's outputs, not loss_args
+    given = tuple(getattr(fn, "model_outputs", ()))  # the model's outputs, not loss_args
+    rest = [p for p in params[3:] if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in given]
+    return LossParams(
+        required=tuple(p.name for p in rest if p.default is p.empty),
+        optional=tuple(p.name for p in rest if p.default is not p.empty),
+        model_outputs=given,
+        takes_kwargs=any(p.kind is p.VAR_KEYWORD for p in params),
+    )
+
+
+def _loss_problems(name: str, args: dict, key: str, args_key: str) -> list[str]:
+    # A shipped loss from the torch-free table; only a user's loss (registered, or an import
+    # path, whose module is imported here) is read from its function.
+    found = SHIPPED_LOSSES.get(name)
+    if found is None:
+        try:
+            found = _loss_params(find_loss(name), name, key)
+        except ValueError as err:
+            return [str(err).replace("train.loss", key, 1)]
+        if isinstance(found, list):
+            return found
+    given = set(found.model_outputs)
+    rest = {*found.required, *found.optional}
     problems = [
         f"{args_key}.{k}: {name} reads {k!r} from the model's output, not from config" for k in args if k in given
     ]
-    rest = {
-        p.name: p for p in params[3:] if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in given
-    }
-    takes_kwargs = any(p.kind is p.VAR_KEYWORD for p in params)
-    unknown = [k for k in args if k not in rest and not takes_kwargs]
-    missing = [n for n, p in rest.items() if p.default is p.empty and n not in args]
+    unknown = [k for k in args if k not in rest and not found.takes_kwargs]
+    missing = [n for n in found.required if n not in args]
     problems += [
         f"{args_key}.{k}: {name} takes no argument {k!r} (it takes {sorted(rest)})" for k in unknown if k not in given
     ]

@@ -218,3 +218,32 @@ def test_resume_refuses_other_pooling():
         check_compatible(Path("ckpt"), {"config": saved}, now)
     with pytest.raises(CheckpointError, match=r"table sizes \[1, 2\] -> \[3, 4\]"):
         check_compatible(Path("ckpt"), {"config": saved, "num_embeddings": [1, 2]}, saved, sizes=[3, 4])
+
+
+def test_shipped_model_configs_are_the_registrys_without_the_zoo():
+    from recsys_dist.models.config import SHIPPED_MODEL_CONFIGS
+    from recsys_dist.models.registry import get_model, model_config_class, model_names
+
+    shipped = {n: get_model(n) for n in model_names()}
+    shipped = {n: m.config for n, m in shipped.items() if m.build.__module__.startswith("recsys_dist.models.zoo.")}
+    assert SHIPPED_MODEL_CONFIGS == shipped
+    assert all(model_config_class(n) is cls for n, cls in shipped.items())
+
+
+def test_a_registered_loss_is_checked_by_its_signature():
+    from recsys_dist.models.loss_names import REGISTERED_LOSSES
+    from recsys_dist.models.losses import register_loss
+
+    @register_loss("tiny_test_loss")
+    def tiny(logits, labels, weights, margin: float):
+        return (logits * weights).sum()
+
+    try:
+        cfg = load_config(QUICKSTART, ["train.loss=tiny_test_loss", "train.loss_args={margin: 1.0}"])
+        assert cfg.train.loss == "tiny_test_loss"
+        with pytest.raises(ConfigError, match=r"train\.loss_args\.margin: required by tiny_test_loss, missing"):
+            load_config(QUICKSTART, ["train.loss=tiny_test_loss"])
+        with pytest.raises(ConfigError, match=r"registered: bce, focal, in_batch_softmax, mse, tiny_test_loss"):
+            load_config(QUICKSTART, ["train.loss=hinge"])
+    finally:
+        REGISTERED_LOSSES.pop("tiny_test_loss")

@@ -6,18 +6,15 @@ EmbeddingBagCollection, sequence tables in one EmbeddingCollection: both sharded
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
-from pydantic import Field, model_validator
 from torch import nn
 from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 
 from recsys_dist.data.spec import FeatureSpec
+from recsys_dist.models.config import BSTConfig
 from recsys_dist.models.layers import mlp_head
 from recsys_dist.models.registry import register_model
 from recsys_dist.models.sequence import TargetSequenceModel
-from recsys_dist.models.zoo.mlp_options import TargetSequenceConfig
 
 
 @torch.fx.wrap
@@ -127,32 +124,6 @@ class BST(TargetSequenceModel):
 
     def summarise(self, i: int, values: torch.Tensor, mask: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         return self.encode(self.transformers[i], self.positions[i], values, mask, target)
-
-
-class BSTConfig(TargetSequenceConfig):
-    """``model.name: bst``."""
-
-    name: Literal["bst"] = "bst"
-    num_heads: int = Field(2, gt=0, description="Attention heads of each transformer layer; must divide embedding_dim.")
-    ffn_size: int = Field(64, gt=0, description="Hidden size of each transformer layer's feed-forward network.")
-    num_blocks: int = Field(1, gt=0, description="Transformer encoder layers, stacked (the paper's best is 1).")
-    transformer_dropout: float = Field(
-        0.1, ge=0, lt=1, description="Dropout on the attention weights and on each sublayer's output."
-    )
-    max_positions: int = Field(
-        64,
-        ge=2,
-        description="Rows of the learned positional embedding: the target is position 0, the history's events "
-        "1 (most recent) onwards; older events than max_positions - 1 share the last row.",
-    )
-
-    @model_validator(mode="after")
-    def _check_heads(self):
-        if self.embedding_dim % self.num_heads:
-            raise ValueError(
-                f"model.num_heads: {self.num_heads} does not divide model.embedding_dim {self.embedding_dim}"
-            )
-        return self
 
 
 @register_model("bst", BSTConfig)

@@ -5,10 +5,7 @@ The module and its equations: :class:`DCNv2`.
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
-from pydantic import Field
 from torch import nn
 from torchrec.modules.crossnet import CrossNet, LowRankCrossNet
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
@@ -17,8 +14,8 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from recsys_dist.data.spec import FeatureSpec
 from recsys_dist.models import layers
 from recsys_dist.models.checks import no_sequences, one_task
+from recsys_dist.models.config import DCNv2Config
 from recsys_dist.models.registry import register_model
-from recsys_dist.models.zoo.mlp_options import DeepModelConfig
 
 
 class DCNv2(nn.Module):
@@ -58,17 +55,6 @@ class DCNv2(nn.Module):
         if self.structure == "stacked":
             return self.head(self.deep(self.cross(x0)))
         return self.head(torch.cat([self.cross(x0), self.deep(x0)], dim=1))
-
-
-class DCNv2Config(DeepModelConfig):
-    """``model.name: dcnv2``."""
-
-    name: Literal["dcnv2"] = "dcnv2"
-    dcn_num_layers: int = Field(3, gt=0, description="Cross layers.")
-    dcn_structure: Literal["stacked", "parallel"] = Field(
-        "parallel", description="Cross network then MLP (stacked) or side by side (parallel)."
-    )
-    cross_low_rank_dim: int | None = Field(None, gt=0, description="Rank of each cross layer's weight (None = full).")
 
 
 @register_model("dcnv2", DCNv2Config, checks=(one_task, no_sequences))

@@ -6,18 +6,15 @@ EmbeddingBagCollection, sequence tables in one EmbeddingCollection: both sharded
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
-from pydantic import Field, model_validator
 from torch import nn
 from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 
 from recsys_dist.data.spec import FeatureSpec
+from recsys_dist.models.config import DINConfig
 from recsys_dist.models.layers import mlp_head
 from recsys_dist.models.registry import register_model
 from recsys_dist.models.sequence import TargetSequenceModel
-from recsys_dist.models.zoo.mlp_options import TargetSequenceConfig, check_sizes
 
 
 class DIN(TargetSequenceModel):
@@ -67,18 +64,6 @@ class DIN(TargetSequenceModel):
 
     def summarise(self, i: int, values: torch.Tensor, mask: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         return self.interest(self.attention[i], values, mask, target)
-
-
-class DINConfig(TargetSequenceConfig):
-    """``model.name: din``."""
-
-    name: Literal["din"] = "din"
-    attention_sizes: list[int] = Field([64, 16], description="Hidden sizes of the attention unit's MLP.")
-
-    @model_validator(mode="after")
-    def _check_attention(self):
-        check_sizes("attention_sizes", self.attention_sizes)
-        return self
 
 
 @register_model("din", DINConfig)

@@ -11,51 +11,13 @@ Input: dense float32 ``[B, num_dense]``, a KJT of F features; output logits ``[B
 
 from __future__ import annotations
 
-from typing import Literal
-
-from pydantic import Field, model_validator
 from torchrec.models.dlrm import DLRM, DLRM_DCN
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from recsys_dist.data.spec import FeatureSpec
 from recsys_dist.models.checks import needs_dense, no_sequences, one_task
-from recsys_dist.models.config import ModelConfig
+from recsys_dist.models.config import DLRMConfig, DLRMDCNConfig
 from recsys_dist.models.registry import register_model
-
-
-class DLRMConfig(ModelConfig):
-    """``model.name: dlrm``."""
-
-    name: Literal["dlrm"] = "dlrm"
-    dense_arch_layer_sizes: list[int] = Field(
-        [64, 16], description="Bottom MLP sizes; the last must equal model.embedding_dim (dot interaction)."
-    )
-    over_arch_layer_sizes: list[int] = Field([64, 32, 1], description="Top MLP sizes; the last must be 1 (one logit).")
-
-    @model_validator(mode="after")
-    def _check(self):
-        for key in ("dense_arch_layer_sizes", "over_arch_layer_sizes"):
-            sizes = getattr(self, key)
-            if not sizes or any(s <= 0 for s in sizes):
-                raise ValueError(f"model.{key} must be a non-empty list of positive ints, got {sizes}")
-        if self.over_arch_layer_sizes[-1] != 1:
-            raise ValueError(
-                f"model.over_arch_layer_sizes[-1] must be 1 (one logit), got {self.over_arch_layer_sizes[-1]}"
-            )
-        if self.name == "dlrm" and self.dense_arch_layer_sizes[-1] != self.embedding_dim:
-            raise ValueError(
-                f"model.dense_arch_layer_sizes[-1] ({self.dense_arch_layer_sizes[-1]}) must equal "
-                f"model.embedding_dim ({self.embedding_dim}) for dlrm's dot interaction"
-            )
-        return self
-
-
-class DLRMDCNConfig(DLRMConfig):
-    """``model.name: dlrm_dcnv2``."""
-
-    name: Literal["dlrm_dcnv2"] = "dlrm_dcnv2"
-    dcn_num_layers: int = Field(3, gt=0, description="Cross layers.")
-    dcn_low_rank_dim: int = Field(512, gt=0, description="Rank of each cross layer's weight.")
 
 
 def _common(spec: FeatureSpec, cfg: DLRMConfig) -> dict:

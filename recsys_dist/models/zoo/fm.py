@@ -8,10 +8,8 @@ input_dist and one output_dist serve both.
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal
 
 import torch
-from pydantic import Field, model_validator
 from torch import nn
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection, get_embedding_names_by_table
@@ -20,8 +18,8 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from recsys_dist.data.spec import FIRST_ORDER_DIM, FeatureSpec
 from recsys_dist.models import layers
 from recsys_dist.models.checks import no_sequences, one_task
+from recsys_dist.models.config import DeepFMConfig, DeepModelConfig, WideDeepConfig, XDeepFMConfig
 from recsys_dist.models.registry import register_model
-from recsys_dist.models.zoo.mlp_options import DeepModelConfig
 
 
 class _LinearPlusDeep(nn.Module):
@@ -161,33 +159,6 @@ class XDeepFM(_LinearPlusDeep):
     def forward(self, dense: torch.Tensor, kjt: KeyedJaggedTensor) -> torch.Tensor:
         v, first = self.split(kjt)
         return self.deep_logit(dense, v) + self.cin_out(self.cin(v)) + self.linear(dense, first).unsqueeze(1)
-
-
-class DeepFMConfig(DeepModelConfig):
-    """``model.name: deepfm`` (Guo et al., 2017)."""
-
-    name: Literal["deepfm"] = "deepfm"
-
-
-class WideDeepConfig(DeepModelConfig):
-    """``model.name: wide_deep`` (Cheng et al., 2016)."""
-
-    name: Literal["wide_deep"] = "wide_deep"
-
-
-class XDeepFMConfig(DeepModelConfig):
-    """``model.name: xdeepfm`` (Lian et al., 2018)."""
-
-    name: Literal["xdeepfm"] = "xdeepfm"
-    cin_layer_sizes: list[int] = Field([64, 64], description="Feature maps per CIN layer.")
-
-    @model_validator(mode="after")
-    def _check_cin(self):
-        if not self.cin_layer_sizes or any(s <= 0 for s in self.cin_layer_sizes):
-            raise ValueError(
-                f"model.cin_layer_sizes must be a non-empty list of positive ints, got {self.cin_layer_sizes}"
-            )
-        return self
 
 
 def _ebc(spec: FeatureSpec) -> EmbeddingBagCollection:

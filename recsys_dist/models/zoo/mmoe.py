@@ -16,10 +16,7 @@ Sequence features, if the data has any, are not read.
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
-from pydantic import Field
 from torch import nn
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
@@ -30,9 +27,9 @@ from recsys_dist.data.spec import FeatureSpec
 # pipeline's trace by patching that name in layers' namespace, which a name imported here would miss.
 from recsys_dist.models import layers
 from recsys_dist.models.checks import no_sequences
+from recsys_dist.models.config import MMoEConfig
 from recsys_dist.models.layers import mlp, mlp_head
 from recsys_dist.models.registry import register_model
-from recsys_dist.models.zoo.mlp_options import TowersConfig
 
 
 def mix(gate: nn.Linear, x: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
@@ -74,13 +71,6 @@ class MMoE(nn.Module):
         x = torch.cat([dense, layers.pooled_embeddings(self.sparse_arch(kjt), self.features).flatten(1)], dim=1)
         experts = torch.stack([f(x) for f in self.experts], dim=1)  # [B, n, H]
         return torch.cat([tower(mix(gate, x, experts)) for gate, tower in zip(self.gates, self.towers)], dim=1)  # eq. 7
-
-
-class MMoEConfig(TowersConfig):
-    """``model.name: mmoe`` (``deep_layer_sizes`` are each expert's hidden sizes)."""
-
-    name: Literal["mmoe"] = "mmoe"
-    num_experts: int = Field(4, gt=0, description="Experts shared by every task (n in eq. 5).")
 
 
 @register_model("mmoe", MMoEConfig, checks=(no_sequences,))

@@ -29,10 +29,7 @@ level (all tasks' and the shared ones) into that shared output (``g^{k,0} = g^{s
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
-from pydantic import Field
 from torch import nn
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
@@ -43,9 +40,9 @@ from recsys_dist.data.spec import FeatureSpec
 # pipeline's trace by patching that name in layers' namespace, which a name imported here would miss.
 from recsys_dist.models import layers
 from recsys_dist.models.checks import no_sequences
+from recsys_dist.models.config import PLEConfig
 from recsys_dist.models.layers import mlp, mlp_head
 from recsys_dist.models.registry import register_model
-from recsys_dist.models.zoo.mlp_options import TowersConfig
 from recsys_dist.models.zoo.mmoe import mix
 
 
@@ -139,15 +136,6 @@ class PLE(nn.Module):
         for level in self.levels:
             g = level(g)
         return torch.cat([tower(g_k) for tower, g_k in zip(self.towers, g)], dim=1)  # eq. 5
-
-
-class PLEConfig(TowersConfig):
-    """``model.name: ple`` (``deep_layer_sizes`` are each expert's hidden sizes)."""
-
-    name: Literal["ple"] = "ple"
-    num_levels: int = Field(2, gt=0, description="Extraction levels N (1 = CGC alone).")
-    num_task_experts: int = Field(2, gt=0, description="Experts of each task's own, per level (m_k).")
-    num_shared_experts: int = Field(2, gt=0, description="Experts shared by every task, per level (m_s).")
 
 
 @register_model("ple", PLEConfig, checks=(no_sequences,))

@@ -28,18 +28,15 @@ items separately with :meth:`TwoTower.user_vectors` and :meth:`TwoTower.item_vec
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 import torch.nn.functional as F
-from pydantic import Field, PositiveInt, model_validator
 from torch import nn
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from recsys_dist.data.spec import FeatureSpec
 from recsys_dist.models.checks import no_sequences, one_task
-from recsys_dist.models.config import ModelConfig
+from recsys_dist.models.config import TwoTowerConfig
 from recsys_dist.models.layers import mlp, pooled_embeddings
 from recsys_dist.models.registry import register_model
 from recsys_dist.models.retrieval import RETRIEVAL_HOOKS, retrieval_problems
@@ -132,47 +129,6 @@ class TwoTower(nn.Module):
             "candidate_ids": ids,
             "candidate_log_q": self.log_q(ids),
         }
-
-
-class TwoTowerConfig(ModelConfig):
-    """``model.name: two_tower``."""
-
-    name: Literal["two_tower"] = "two_tower"
-    user_features: list[str] = Field(
-        min_length=1, description="Categorical features of the user tower (the first one names the user)."
-    )
-    item_features: list[str] | None = Field(
-        None, description="Categorical features of the item tower (None = every categorical feature not a user one)."
-    )
-    item_id: str = Field(
-        description="The one-hot feature that names the item (one of item_features): the corpus, logQ, accidental hits."
-    )
-    tower_sizes: list[PositiveInt] = Field(
-        [64], description="Hidden sizes of each tower's MLP ([] = one linear layer)."
-    )
-    output_dim: int = Field(32, gt=0, description="Width of the towers' L2-normalised outputs.")
-    temperature: float = Field(0.1, gt=0, description="Divides the cosine similarity of the two towers (tau).")
-    logq_correction: bool = Field(
-        True,
-        description="Subtract log q_j (the item's share of the training rows) from in-batch scores (Yi et al. eq. 3).",
-    )
-
-    @model_validator(mode="after")
-    def _check_features(self):
-        both = sorted(set(self.user_features) & set(self.item_features or []))
-        if both:
-            raise ValueError(f"model.item_features: {both} are user features too; a feature belongs to one tower")
-        if self.item_features is not None and self.item_id not in self.item_features:
-            raise ValueError(f"model.item_id: {self.item_id!r} must be one of model.item_features {self.item_features}")
-        if self.item_id in self.user_features:
-            raise ValueError(f"model.item_id: {self.item_id!r} is a user feature; name an item feature")
-        return self
-
-    def item_feature_names(self, sparse_names: list[str]) -> list[str]:
-        """``item_features``, or every feature of ``sparse_names`` that is not a user feature."""
-        if self.item_features is not None:
-            return list(self.item_features)
-        return [f for f in sparse_names if f not in self.user_features]
 
 
 def log_q_of(counts: torch.Tensor) -> torch.Tensor:

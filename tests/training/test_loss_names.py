@@ -1,0 +1,37 @@
+"""The torch-free table of the shipped losses (``recsys_dist.models.loss_names``, read by the
+``train.loss`` config check) equals the shipped losses' signatures."""
+
+import inspect
+import subprocess
+import sys
+
+from recsys_dist.models import losses
+from recsys_dist.models.loss_names import SHIPPED_LOSSES, LossParams
+from tests.conftest import ROOT
+
+
+def _params(fn) -> LossParams:
+    params = list(inspect.signature(fn).parameters.values())[3:]
+    given = tuple(getattr(fn, "model_outputs", ()))
+    rest = [p for p in params if p.name not in given]
+    return LossParams(
+        required=tuple(p.name for p in rest if p.default is p.empty),
+        optional=tuple(p.name for p in rest if p.default is not p.empty),
+        model_outputs=given,
+        takes_kwargs=any(p.kind is p.VAR_KEYWORD for p in params),
+    )
+
+
+def test_the_table_equals_the_shipped_losses():
+    shipped = {n: fn for n, fn in losses._LOSSES.items() if fn.__module__ == losses.__name__}
+    assert {n: _params(fn) for n, fn in shipped.items()} == SHIPPED_LOSSES
+
+
+def test_checking_train_loss_imports_no_torch():
+    code = (
+        "import sys; from recsys_dist.train.config import TrainConfig; "
+        "TrainConfig(loss='focal', loss_args={'gamma': 1.0}); "
+        "print('torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
