@@ -21,7 +21,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from recsys_dist.models.loss_names import REGISTERED_LOSSES, find_loss
+from recsys_dist.models.config import REGISTERED_LOSSES, find_loss
 
 LossFn = Callable[..., torch.Tensor]
 _LOSSES: dict[str, LossFn] = REGISTERED_LOSSES  # shared with the torch-free config check

@@ -10,7 +10,7 @@ from typing import Any, Literal
 from pydantic import Field, PositiveInt, model_validator
 
 from recsys_dist.config.base import Section as _Section
-from recsys_dist.models.loss_names import SHIPPED_LOSSES, LossParams, find_loss
+from recsys_dist.models.config import SHIPPED_LOSSES, LossParams, find_loss
 
 # train.pipeline's names; recsys_dist.train.pipelines.PIPELINES holds one factory per name
 # (torch lives there, not in a section config; tests/training/test_pipeline_registry.py checks the two agree).

@@ -231,7 +231,7 @@ def test_shipped_model_configs_are_the_registrys_without_the_zoo():
 
 
 def test_a_registered_loss_is_checked_by_its_signature():
-    from recsys_dist.models.loss_names import REGISTERED_LOSSES
+    from recsys_dist.models.config import REGISTERED_LOSSES
     from recsys_dist.models.losses import register_loss
 
     @register_loss("tiny_test_loss")

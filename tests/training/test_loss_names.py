@@ -1,4 +1,4 @@
-"""The torch-free table of the shipped losses (``recsys_dist.models.loss_names``, read by the
+"""The torch-free table of the shipped losses (``recsys_dist.models.config.SHIPPED_LOSSES``, read by the
 ``train.loss`` config check) equals the shipped losses' signatures."""
 
 import inspect
@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 from recsys_dist.models import losses
-from recsys_dist.models.loss_names import SHIPPED_LOSSES, LossParams
+from recsys_dist.models.config import SHIPPED_LOSSES, LossParams
 from tests.conftest import ROOT
 
 
