@@ -288,7 +288,7 @@ SHIPPED_MODEL_CONFIGS: dict[str, type[ModelConfig]] = _shipped(
     TwoTowerConfig,
 )
 """The shipped models' config classes by ``model.name``: ``recsys_dist.models.registry.model_config_class``
-reads them without importing the zoo (tests/models/test_models.py checks they equal the registry's)."""
+reads them without importing the zoo (tests/api/test_registry.py checks they equal the registry's)."""
 
 
 # The losses train.loss may name (recsys_dist.models.losses holds the functions).
