@@ -15,7 +15,7 @@ import signal
 from pathlib import Path
 
 from recsys_dist.checkpoint.meta import latest_checkpoint
-from recsys_dist.train.batch_memory import cgroup_memory_dir
+from recsys_dist.train import batch_memory
 
 # Errors of a rank whose peer is gone (gloo's TCP pairs, NCCL, the c10d store).
 _LOST_PEER = re.compile(
@@ -37,7 +37,7 @@ def oom_kills() -> dict[str, int]:
     Compared before and after a run, a rise says the OOM killer killed a process meanwhile."""
 
     found = {}
-    cg = cgroup_memory_dir()
+    cg = batch_memory.cgroup_memory_dir()
     for name in ("memory.events", "memory.oom_control"):  # cgroup v2, v1
         try:
             found[str(cg / name)] = _counter((cg / name).read_text(), "oom_kill")
