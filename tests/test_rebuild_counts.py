@@ -7,7 +7,7 @@ wrapper (``recsys-dist``'s CPU start method), so they run the counting functions
 
 Counted: RunConfig validation, preflight (``check_before_launch``) and its cross-section
 pass (``section_problems``), model builds (the registered model's ``build``), ``feature_spec``
-calls, and the planning path. Before the Job (issue 31) the launcher validated the YAML and
+calls, and the planning path. Before the Job the launcher validated the YAML and
 each rank validated it again (3 in all), ``section_problems`` ran 6 times and the model was
 built on meta 5 times.
 """
@@ -59,7 +59,6 @@ def count(module, name, what):
 
 # Patched before any module that binds these names at import (the CLI, the trainer) is imported.
 import recsys_dist.models.build as build
-import recsys_dist.distributed.sharding as sharding
 from recsys_dist.config.run import RunConfig
 from recsys_dist.models.registry import get_model
 
@@ -70,12 +69,9 @@ import recsys_dist.train.preflight as preflight
 
 count(preflight, "section_problems", "section_problems")
 count(preflight, "check_before_launch", "preflight")
-try:  # one planning path (distributed/plan.py), else the Trainer's collective_plan
-    import recsys_dist.distributed.plan as planning
+import recsys_dist.distributed.plan as planning
 
-    count(planning, "plan", "plan")
-except ImportError:
-    count(sharding, "collective_plan", "plan")
+count(planning, "plan", "plan")  # the one planning path (the Trainer's run_plan calls it)
 spec = get_model("dlrm")
 model_build = spec.build
 
