@@ -10,16 +10,18 @@ from recsys_dist.config.loader import load_config
 from recsys_dist.data.config import describe_raw_path, raw_paths
 from recsys_dist.data.resolve import prepare_from_config
 from recsys_dist.errors import ConfigError
+from recsys_dist.train.preflight import check_sections
 
 
 def cmd_preprocess(args: argparse.Namespace) -> int:
     """Convert (or find in the cache) the config's data and print where it went; exit code 0.
 
     Raises:
-        ConfigError: the config is invalid, or ``data.raw_path`` is not given or not a file.
+        ConfigError: the config is invalid (each section, or across sections), or ``data.raw_path`` is not given or not a file.
         DataError: the raw data is malformed.
     """
     cfg = load_config(args.config, args.overrides)
+    check_sections(cfg)  # data prepared for a config that train would refuse helps no one
     missing = [r for r in raw_paths(cfg.data) if not Path(r).is_file()]
     if cfg.data.raw_path is None or missing:
         raise ConfigError(f"data.raw_path: {missing[0] if missing else None} is not a file")
