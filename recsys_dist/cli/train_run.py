@@ -21,7 +21,7 @@ from recsys_dist.errors import ConfigError
 from recsys_dist.logs import quiet_third_party
 from recsys_dist.train import rank_failure
 from recsys_dist.train.job import Job, prepare_data, resolve_job
-from recsys_dist.train.preflight import check_before_launch
+from recsys_dist.train.preflight import check_before_launch, check_converted
 from recsys_dist.train.summary import print_summary
 from recsys_dist.train.trainer import train
 from recsys_dist.train.worker import (
@@ -85,6 +85,7 @@ def _launch_run(args: argparse.Namespace, job: Job, run_dir: Path, resume: Path 
     t_data = time.perf_counter()
     # Before any rank exists, so that bad input is reported once and early.
     job = job.with_data(prepare_data(cfg, progress=sys.stderr.isatty()))
+    check_converted(job)  # table sizes known only now (vocabulary mapping): refused before any rank
     t_data = time.perf_counter() - t_data
     if resume is not None:
         done = nothing_to_train(job, resume, run_dir, args.resume_on_new_data)

@@ -198,6 +198,23 @@ def _table_problems(job: Job, world: int) -> list[str]:
     return problems
 
 
+def check_converted(job: Job) -> None:
+    """The table-size rules once the data is converted: under vocabulary or managed mapping the
+    table sizes are known only then (hash-mapped sizes are checked before, by
+    :func:`check_before_launch`). Run by the launcher before any rank starts.
+
+    Raises:
+        ConfigError: "invalid config:" and each table too small for the sharding types allowed.
+    """
+    cfg = job.cfg
+    if cfg.data.categorical_mapping == "hash":
+        return
+    sizes = {t.name: t.num_embeddings for t in job.features.planned_tables()}
+    problems = small_table_problems(cfg.sharding, sizes, job.world.size)
+    if problems:
+        raise ConfigError("invalid config:\n" + "\n".join(f"  {p}" for p in problems))
+
+
 def _kernel_problems(cfg: RunConfig, world: int) -> list[str]:
     """Kernels, comms, optimizers and pipelines against the device they would run on."""
     problems = []
