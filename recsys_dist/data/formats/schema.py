@@ -176,22 +176,16 @@ class SchemaFormat:
             if not s.columns:
                 raise DataError(f"{path}: data.schema.header is false, so data.schema.columns must name every field")
             return list(s.columns)
-        first = read_head(path, 1 << 16).split(b"\n", 1)[0]
-        if not first.strip():
-            return list(s.columns or [])
         try:
-            names = pacsv.read_csv(
-                pa.py_buffer(first + b"\n"),
-                read_options=pacsv.ReadOptions(autogenerate_column_names=True),
-                parse_options=pacsv.ParseOptions(delimiter=s.delimiter),
-                convert_options=pacsv.ConvertOptions(strings_can_be_null=False),
-            ).to_pylist()[0]
+            names = first_line_fields(path, s.delimiter)
         except pa.ArrowInvalid as err:
             raise DataError(
                 f"{path}, line 1 (the header line): {err} (is this a delimited text file? "
                 f"data.schema.delimiter is {s.delimiter!r})"
             ) from None
-        found = [str(v).strip() for v in names.values()]
+        if names is None:
+            return list(s.columns or [])
+        found = [str(v).strip() for v in names]
         if not s.columns:
             return found
         columns = self._columns()
@@ -552,6 +546,25 @@ class UnlabelledSchemaFormat(SchemaFormat):
         return None
 
 
+def first_line_fields(path: str, delimiter: str) -> list | None:
+    """The fields of a delimited text file's first line, parsed as the reader parses it
+    (quotes included); None when that line is empty.
+
+    Raises:
+        pyarrow.ArrowInvalid: the line is not delimited text.
+    """
+    first = read_head(path, 1 << 16).split(b"\n", 1)[0]
+    if not first.strip():
+        return None
+    row = pacsv.read_csv(
+        pa.py_buffer(first + b"\n"),
+        read_options=pacsv.ReadOptions(autogenerate_column_names=True),
+        parse_options=pacsv.ParseOptions(delimiter=delimiter),
+        convert_options=pacsv.ConvertOptions(strings_can_be_null=False),
+    ).to_pylist()[0]
+    return list(row.values())
+
+
 def _file_columns(spec, path: str) -> list[str] | None:
     """The column names of a raw schema-format file as its reader sees them: the Parquet
     schema, the header line, or (no header) ``columns`` cut to the first line's field count;
@@ -561,20 +574,14 @@ def _file_columns(spec, path: str) -> list[str] | None:
             return list(pq.ParquetFile(path).schema_arrow.names)
         except (OSError, pa.ArrowException):
             return None
-    first = read_head(path, 1 << 16).split(b"\n", 1)[0]
-    if not first.strip():
-        return None
     try:
-        row = pacsv.read_csv(
-            pa.py_buffer(first + b"\n"),
-            read_options=pacsv.ReadOptions(autogenerate_column_names=True),
-            parse_options=pacsv.ParseOptions(delimiter=spec.delimiter),
-            convert_options=pacsv.ConvertOptions(strings_can_be_null=False),
-        ).to_pylist()[0]
+        row = first_line_fields(path, spec.delimiter)
     except pa.ArrowInvalid:
         return None
+    if row is None:
+        return None
     if spec.header and not spec.columns:
-        return [str(v).strip() for v in row.values()]
+        return [str(v).strip() for v in row]
     cols = list(spec.columns)
     if len(row) == len(cols) - 1 and spec.label in cols:  # every field but the label
         return [c for c in cols if c != spec.label]
