@@ -193,9 +193,14 @@ def _table_problems(job: Job, world: int) -> list[str]:
             "sharding_types [table_wise]; allow row_wise or column_wise, or use fewer ranks"
         )
     if cfg.data.categorical_mapping == "hash":  # vocabulary sizes are known once converted (checked then)
-        sizes = {t.name: t.num_embeddings for t in job.features.planned_tables()}
-        problems += [f"  {p}" for p in small_table_problems(cfg.sharding, sizes, world)]
+        problems += [f"  {p}" for p in _size_problems(job, world)]
     return problems
+
+
+def _size_problems(job: Job, world: int) -> list[str]:
+    """Tables of the job's sizes too small for the sharding types allowed over ``world`` ranks."""
+    sizes = {t.name: t.num_embeddings for t in job.features.planned_tables()}
+    return small_table_problems(job.cfg.sharding, sizes, world)
 
 
 def check_converted(job: Job) -> None:
@@ -206,11 +211,9 @@ def check_converted(job: Job) -> None:
     Raises:
         ConfigError: "invalid config:" and each table too small for the sharding types allowed.
     """
-    cfg = job.cfg
-    if cfg.data.categorical_mapping == "hash":
+    if job.cfg.data.categorical_mapping == "hash":
         return
-    sizes = {t.name: t.num_embeddings for t in job.features.planned_tables()}
-    problems = small_table_problems(cfg.sharding, sizes, job.world.size)
+    problems = _size_problems(job, job.world.size)
     if problems:
         raise ConfigError("invalid config:\n" + "\n".join(f"  {p}" for p in problems))
 
