@@ -37,6 +37,7 @@ _API = {
     "ConfigError": "recsys_dist.config.base",
     "Trainer": "recsys_dist.train.trainer",
     "Callback": "recsys_dist.train.trainer",
+    "StreamTrainer": "recsys_dist.train.stream",
     "FeatureSpec": "recsys_dist.data.spec",
     "register_model": "recsys_dist.models.registry",
     "register_loss": "recsys_dist.models.losses",

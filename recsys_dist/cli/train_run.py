@@ -22,8 +22,8 @@ from recsys_dist.logs import quiet_third_party
 from recsys_dist.train import rank_failure
 from recsys_dist.train.job import Job, prepare_data, resolve_job
 from recsys_dist.train.preflight import check_before_launch, check_converted
+from recsys_dist.train.run import train
 from recsys_dist.train.summary import print_summary
-from recsys_dist.train.trainer import train
 from recsys_dist.train.worker import (
     RankRun,
     Stopped,
@@ -83,17 +83,20 @@ def _launch_run(args: argparse.Namespace, job: Job, run_dir: Path, resume: Path 
     # no-op resume with other overrides leaves the file that matches the checkpoints.
     run_dirs.write_config(cfg, run_dir, write=resume is None)
     t_data = time.perf_counter()
-    # Before any rank exists, so that bad input is reported once and early.
-    job = job.with_data(prepare_data(cfg, progress=sys.stderr.isatty()))
-    check_converted(job)  # table sizes known only now (vocabulary mapping): refused before any rank
+    stream = cfg.data.stream is not None  # its partitions are converted by the ranks as they land
+    if not stream:
+        # Before any rank exists, so that bad input is reported once and early.
+        job = job.with_data(prepare_data(cfg, progress=sys.stderr.isatty()))
+        check_converted(job)  # table sizes known only now (vocabulary mapping): refused before any rank
     t_data = time.perf_counter() - t_data
-    if resume is not None:
+    if resume is not None and not stream:
         done = nothing_to_train(job, resume, run_dir, args.resume_on_new_data)
         if done:
             print(done)
             return 0
         run_dirs.write_config(cfg, run_dir)
     run = RankRun(run_dir, args.profile, resume, args.resume_on_new_data)
+    launched_at = time.time()
     try:
         with run_clock(t_data):
             if cfg.distributed.nproc_per_node == 1:
@@ -106,10 +109,24 @@ def _launch_run(args: argparse.Namespace, job: Job, run_dir: Path, resume: Path 
                 if summary is None:
                     return 1
     except Stopped as stop:
-        print(stopped_message(stop, run_dir), file=sys.stderr)
-        return 128 + stop.signum
+        summary = _stream_stopped(run_dir, launched_at) if stream else None
+        if summary is None:
+            print(stopped_message(stop, run_dir), file=sys.stderr)
+            return 128 + stop.signum
+        # A stream's ranks stop on SIGTERM after a checkpoint: a clean end (docs/online.md).
+        print("recsys-dist: SIGTERM: the stream stopped after a checkpoint", file=sys.stderr)
     print_summary(summary)
     return 0
+
+
+def _stream_stopped(run_dir: Path, since: float) -> dict | None:
+    """The summary a stream's ranks wrote when SIGTERM stopped them cleanly (after ``since``),
+    or None."""
+    path = run_dir / "summary.json"
+    if not path.is_file() or path.stat().st_mtime < since:
+        return None
+    summary = run_dirs.read_summary(run_dir)
+    return summary if summary.get("stopped") == "SIGTERM" else None
 
 
 def start_method(cfg) -> str:

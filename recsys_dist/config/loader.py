@@ -27,7 +27,13 @@ from recsys_dist.data.config import missing_data_files
 from recsys_dist.models.registry import model_config_class
 
 # Config keys holding filesystem paths; resolved against the config file's directory.
-PATH_KEYS = ("data.raw_path", "data.cache_dir", "data.split.validation_path", "data.split.test_path")
+PATH_KEYS = (
+    "data.raw_path",
+    "data.stream.path",
+    "data.cache_dir",
+    "data.split.validation_path",
+    "data.split.test_path",
+)
 
 
 def _set_dotted(tree: dict, key: str, value: Any) -> None:

@@ -183,6 +183,36 @@ class SchemaConfig(_Section):
         return ["binary"] if self.label is not None else [t.kind for t in self.labels.values()]
 
 
+class StreamConfig(_Section):
+    """``data.stream``: train continuously on partitions that land in a directory (docs/online.md)."""
+
+    path: str = Field(
+        description="Directory partitions land in (relative to the config file), e.g. written by a job that "
+        "renames each finished file into place (day=.../hour=.../part.txt). Files are taken in name order "
+        "(their path below this directory), each exactly once across restarts."
+    )
+    pattern: str = Field(
+        "**/*",
+        min_length=1,
+        description="Glob (below path) of the partition files, in the format of data.format (e.g. '*.txt', "
+        "'**/*.parquet'). Names starting with '.' or '_' (temporary files, _SUCCESS markers) are never taken.",
+    )
+    poll_seconds: _F = Field(
+        5.0, gt=0, description="Seconds between two looks for a new partition when none is waiting."
+    )
+    stop_after_idle_seconds: _F | None = Field(
+        None,
+        ge=0,
+        description="Stop (final checkpoint, summary) after this many seconds without a new partition; "
+        "None = wait for new data forever (SIGTERM then stops the run cleanly after a checkpoint).",
+    )
+    progressive_validation: bool = Field(
+        True,
+        description="Score each partition before training on it (progressive validation) and write its "
+        "metrics as a validation line naming the partition.",
+    )
+
+
 class SplitConfig(_Section):
     """How rows are split into train / validation / test (``recsys_dist.data.splits``)."""
 
@@ -297,6 +327,11 @@ class DataConfig(_Section):
         description="Raw labelled data file (relative to the config file); required to train. Under "
         "split.by: files it is the training data, and may be a list of files (e.g. Criteo 1TB's day_0 .. "
         "day_22): each is then converted in its own process, to its own Parquet file.",
+    )
+    stream: StreamConfig | None = Field(
+        None,
+        description="Train on partitions as they land in a directory instead of data.raw_path "
+        "(online training, docs/online.md); None = train on data.raw_path.",
     )
     cache_dir: str | None = Field(
         None,
@@ -451,12 +486,38 @@ class DataConfig(_Section):
                     "header line: every line is a row, its fields named by columns) or true (the first line "
                     "is a header line, skipped, its names replaced by columns)"
                 )
+        if self.stream is not None:
+            self._check_stream()
         if isinstance(self.raw_path, list) and (self.split.by != "files" or not self.raw_path):
             raise ValueError(
                 "data.raw_path: a list of files is the training data of split.by: files "
                 f"(split.by is {self.split.by}); give one file"
                 if self.raw_path
                 else "data.raw_path: an empty list; give the raw data file(s)"
+            )
+
+    def _check_stream(self) -> None:
+        if self.raw_path is not None:
+            raise ValueError(
+                "data.raw_path: not used with data.stream (the stream's partitions are the training data); "
+                "remove one of them"
+            )
+        if "split" in self.model_fields_set:
+            raise ValueError(
+                "data.split: not used with data.stream (every partition is trained on; with "
+                "data.stream.progressive_validation each is scored first); remove it"
+            )
+        if self.num_rows is not None:
+            raise ValueError("data.num_rows: not used with data.stream (every row of every partition is trained on)")
+        if self.categorical_mapping == "vocabulary":
+            raise ValueError(
+                "data.categorical_mapping: vocabulary needs the whole training data up front; a stream uses hash "
+                "or managed (new ids get rows as they come: docs/managed_collision.md)"
+            )
+        if self.remainder == "drop":
+            raise ValueError(
+                "data.remainder: drop would leave out each partition's last rows; a stream trains every row "
+                "exactly once (pad)"
             )
 
 

@@ -102,7 +102,7 @@ class TrainLoop:
             "early_stopping": self.best.state() if self.best is not None else None,
             # The training data (recsys_dist.checkpoint.run_dir.check_same_data) and where its epochs start.
             "data": self._data,
-            "steps_per_epoch": len(self._loaders.train),
+            "steps_per_epoch": len(self._loaders.train) if self._loaders.train is not None else None,
             "step_offset": self._step_offset,
         }
         if self._user_model is not None:  # config.model names no model: export/load_model refuse it
@@ -154,6 +154,11 @@ class TrainLoop:
         self.train_seconds = meta["train_seconds"]
         if self.best is not None:
             self.best.load(meta.get("early_stopping"))
+        self._restore_position(path, meta)
+        self._bar.update(self._step)
+
+    def _restore_position(self, path: Path, meta: dict) -> None:
+        """Where the resumed run continues: the checkpoint's epoch and batch."""
         self._next_epoch, self._in_epoch = run_dirs.resume_batch(meta, self._global_batch)
         if self._new_data:
             log.warning(
@@ -167,7 +172,6 @@ class TrainLoop:
         if self._in_epoch >= len(self._loaders.train):
             self._next_epoch, self._in_epoch = self._next_epoch + 1, 0
         self.epoch = self._first_epoch = self._next_epoch
-        self._bar.update(self._step)
         log.info("resumed from %s at step %d (epoch %d, batch %d)", path, self._step, self._next_epoch, self._in_epoch)
 
     def _replay_lr_scheduler(self) -> None:
@@ -180,11 +184,32 @@ class TrainLoop:
                 self._lr_scheduler.step()
 
     def _run_epoch(self) -> dict:
+        cfg = self.cfg
+        # The first epoch after a resume continues at the checkpoint's batch; later ones start at 0.
+        self._train_steps(self._in_epoch if self.epoch == self._first_epoch else 0)
+        if self.epoch + 1 < cfg.train.epochs and not self._done():
+            # The loader's prefetch thread starts on opening: the next epoch's first window
+            # (40-150 ms) is read while this epoch's validation runs.
+            self._loaders.train.set_epoch(self.epoch + 1)
+            self._early_batches = self._loaders.train.iter_from(0)
+        metrics = self._validate()
+        # After the validation, so that a run resumed from it (which starts the next epoch)
+        # keeps the epoch's validation line and early-stopping state.
+        if self._checkpoint_due():
+            self._save_in_window()
+        return metrics
+
+    def _should_stop(self) -> bool:
+        """Whether every rank stops training now (a stream's SIGTERM); checked after each step."""
+        return False
+
+    def _train_steps(self, start: int) -> None:
+        """Train ``self._loaders.train`` (epoch ``self.epoch``) from its batch ``start`` to its
+        end, ``total_steps`` or a stop; checkpoints by cadence on the way."""
         cfg, ctx = self.cfg, self._ctx
         pipe = self._pipe = self._new_pipeline()
         self._loaders.train.set_epoch(self.epoch)
-        # The first epoch after a resume continues at the checkpoint's batch; later ones start at 0.
-        start, self._in_epoch = (self._in_epoch, self._in_epoch) if self.epoch == self._first_epoch else (0, 0)
+        self._in_epoch = start
         early, self._early_batches = self._early_batches, None
         batches = early if early is not None and start == 0 else self._loaders.train.iter_from(start)
         self._t0 = time.perf_counter()
@@ -212,6 +237,8 @@ class TrainLoop:
             self._bar.update(1)
             if self._step % cfg.train.log_every_n_steps == 0:
                 self._log_train()
+            if self._should_stop():
+                break
             if self._in_epoch >= len(self._loaders.train) or self._done():
                 # The epoch's (or run's) last step: validated, then checkpointed, after the loop.
                 continue
@@ -231,17 +258,6 @@ class TrainLoop:
         if self._losses:
             self._log_train()
         pipe.detach()
-        if self.epoch + 1 < cfg.train.epochs and not self._done():
-            # The loader's prefetch thread starts on opening: the next epoch's first window
-            # (40-150 ms) is read while this epoch's validation runs.
-            self._loaders.train.set_epoch(self.epoch + 1)
-            self._early_batches = self._loaders.train.iter_from(0)
-        metrics = self._validate()
-        # After the validation, so that a run resumed from it (which starts the next epoch)
-        # keeps the epoch's validation line and early-stopping state.
-        if self._checkpoint_due():
-            self._save_in_window()
-        return metrics
 
     def _checkpoint_due(self) -> bool:
         every = self.cfg.checkpoint.every_n_steps

@@ -88,10 +88,12 @@ class MetricsWriter:
             except ImportError:
                 pass
 
-    def start(self, step: int) -> None:
+    def start(self, step: int, stale=None) -> None:
         """Keep the lines up to ``step`` (the checkpoint the run continues from; 0 when it
         starts from scratch, which empties the file): the run writes every later line again,
         so each (split, step) appears exactly once. The file is replaced atomically.
+        ``stale``: a predicate on a line of ``step`` itself that the run writes again (a stream's
+        partition scored after the checkpoint of that step was saved).
 
         Raises:
             MetricsError: the file cannot be rewritten, or holds a damaged line that is not
@@ -100,6 +102,8 @@ class MetricsWriter:
         if not self.enabled or not self.path.is_file():
             return
         keep = [r for r in read_metrics(self.path) if r["step"] <= step] if step > 0 else []
+        if stale is not None:  # lines of the checkpoint's own step that it does not account for
+            keep = [r for r in keep if not (r["step"] == step and stale(r))]
         tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")
         try:
             tmp.write_text("".join(json.dumps(r) + "\n" for r in keep))

@@ -8,6 +8,8 @@ starts), or by the Trainer for a config it is given directly (:func:`check_secti
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 from recsys_dist.config.base import ConfigError
@@ -92,10 +94,30 @@ def section_problems(job: Job | RunConfig) -> list[str]:
     problems += unpooled_type_problems(cfg.sharding, [f"s_{n}" for n in seq])
     if spec.evaluator is None and cfg.eval.retrieval_k is not None:
         problems.append(f"eval.retrieval_k: {cfg.model.name} is not a retrieval model (two_tower); remove it")
+    if cfg.data.stream is not None:
+        problems += _stream_problems(cfg, spec)
     if cfg.checkpoint.keep_best and not cfg.checkpoint.enabled:
         problems.append(
             "checkpoint.keep_best: keeps a checkpoint, but checkpoint.enabled is false; enable checkpoints or "
             "remove keep_best"
+        )
+    return problems
+
+
+def _stream_problems(cfg: RunConfig, spec) -> list[str]:
+    """What a run over ``data.stream`` does not use (it has no epochs and no fixed splits)."""
+    t, e = cfg.train, cfg.eval
+    unused = [
+        ("train.epochs", "epochs" in t.model_fields_set, "a stream is one pass over its partitions"),
+        ("train.early_stopping", t.early_stopping is not None, "a stream keeps training as data lands"),
+        ("eval.every_n_steps", e.every_n_steps is not None, "each partition is scored before it is trained on"),
+        ("checkpoint.keep_best", cfg.checkpoint.keep_best, "a stream has no one validation split to rank by"),
+    ]
+    problems = [f"{key}: not used with data.stream ({why}); remove it" for key, given, why in unused if given]
+    if spec.read_data is not None:
+        problems.append(
+            f"model.name: {cfg.model.name} reads its own data from the training splits (an item corpus), which a "
+            "stream does not have; use a CTR model with data.stream"
         )
     return problems
 
@@ -165,8 +187,11 @@ def check_before_launch(job: Job | RunConfig, world_size: int | None = None, mem
     job = _job(job, world_size)
     cfg = job.cfg
     problems = []
-    if cfg.data.raw_path is None:
-        problems.append("  data.raw_path: not set; training needs a raw data file")
+    stream = cfg.data.stream
+    if cfg.data.raw_path is None and stream is None:
+        problems.append("  data.raw_path: not set; training needs a raw data file (or data.stream)")
+    if stream is not None and not Path(stream.path).is_dir():
+        problems.append(f"  data.stream.path: {stream.path} is not a directory (create it, or fix the path)")
     problems += [f"  {p}" for p in missing_data_files(cfg.data)]  # also for a config not from load_config
     problems += [f"  {p}" for p in section_problems(job)]
     problems += [f"  {p}" for p in coverage_problems(job)]

@@ -140,7 +140,7 @@ def print_summary(summary: dict) -> None:
         f"{summary['world_size']} rank{'s' if summary['world_size'] != 1 else ''}, {summary['samples_per_s']} samples/s"
         + (f" (resumed at step {resumed})" if resumed is not None else "")
         + "\n"
-        + _split_lines(v, t, fmt)
+        + (_stream_lines(summary, v, fmt) if "partitions" in summary else _split_lines(v, t, fmt))
         + _retrieval_lines(v, t, fmt)
         + f"  run directory: {summary['run_dir']}"
     )
@@ -151,6 +151,17 @@ def print_summary(summary: dict) -> None:
             + (" (stopped early)" if best["early_stopped"] else "")
             + (f": {best['checkpoint']} (`best`)" if best.get("checkpoint") else "")
         )
+
+
+def _stream_lines(summary: dict, v: dict, fmt) -> str:
+    """A stream run's partitions, quarantined ones, why it stopped, its last progressive validation."""
+    parts, bad = summary["partitions"], summary.get("quarantined") or {}
+    lines = f"  partitions  {len(parts)} trained" + (f" ({parts[0]} .. {parts[-1]})" if parts else "")
+    lines += f", {len(bad)} quarantined: {', '.join(bad)}" if bad else ""
+    lines += f"; stopped: {summary.get('stopped')}\n"
+    if v.get("auc") is not None or v.get("logloss") is not None:
+        lines += f"  last partition before training on it: AUC {fmt(v.get('auc'))}  logloss {fmt(v.get('logloss'))}\n"
+    return lines
 
 
 def _retrieval_lines(v: dict, t: dict, fmt) -> str:

@@ -259,6 +259,11 @@ class Trainer(TrainLoop):
     def _setup_data(self, checkpoint: Path | None) -> None:
         """The loaders, the training data's identity and where the run starts and ends."""
         cfg, ctx = self.cfg, self._ctx
+        if cfg.data.stream is not None:
+            raise ConfigError(
+                "data.stream: a run over landing partitions is a recsys_dist.StreamTrainer (recsys-dist train "
+                "picks it); the Trainer trains epochs over data.raw_path"
+            )
         with self._clock.phase("data"):
             self._loaders = make_loaders(self._job, ctx)  # converts the data; decides the table sizes
         self._job = self._job.with_data(self._loaders.prepared)
@@ -333,6 +338,7 @@ class Trainer(TrainLoop):
         self._early_batches = None  # the next epoch's batches, opened during this epoch's validation
         self._last_val: tuple[int, dict] | None = None  # (step, metrics) of the latest validation
         self._saved_step: int | None = None  # the step of the checkpoint written last
+        self._stale_line = None  # metrics lines of the resumed step to write again (StreamTrainer)
         self.best = best_tracker(cfg)
         self._t0 = time.perf_counter()
         self._bar = progress_bar(self.total_steps, ctx.is_main and t.progress_bar)
@@ -343,7 +349,7 @@ class Trainer(TrainLoop):
         ctx = self._ctx
         # Lines past the step this run starts from (all of them when it starts from scratch)
         # are written again: each (split, step) once, whatever restarted the run.
-        broadcast_result(ctx, lambda: self._writer.start(self._step))
+        broadcast_result(ctx, lambda: self._writer.start(self._step, self._stale_line))
         # The bytes one step moves (recsys_dist.distributed.ledger): written when it differs from the
         # run's last ledger line (a first start, or a resume on another plan or world size),
         # so a resumed run leaves the same lines as an uninterrupted one.
@@ -569,21 +575,3 @@ class Trainer(TrainLoop):
         if exc_type is not None:
             self._failed = True
         self.close()
-
-
-def train(
-    cfg: RunConfig | Job,
-    run_dir: Path,
-    profile_dir: Path | None = None,
-    resume: Path | str | None = None,
-    resume_on_new_data: bool = False,
-) -> dict:
-    """Train and evaluate as configured; returns the summary (also in summary.json).
-
-    :meth:`Trainer.fit` in a ``with`` block: the process group is destroyed at the end if
-    this call created it. ``profile_dir``, ``resume`` and ``resume_on_new_data`` as for :class:`Trainer`.
-    """
-    with Trainer(
-        cfg, run_dir, resume=resume, profile_dir=profile_dir, resume_on_new_data=resume_on_new_data
-    ) as trainer:
-        return trainer.fit()

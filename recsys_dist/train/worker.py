@@ -41,7 +41,7 @@ from recsys_dist.train import rank_failure
 from recsys_dist.train.job import Job
 from recsys_dist.train.launch import failure_message, first_failure, launch_workers
 from recsys_dist.train.observe import EARLIER_PHASES_ENV, RUN_START_ENV, process_start_time
-from recsys_dist.train.trainer import train
+from recsys_dist.train.run import train
 
 # Errors a user can act on: one line (no traceback), exit code 1 (2 for a ConfigError at the top).
 USER_ERRORS = (ConfigError, DataError, CheckpointError, MetricsError, FloatingPointError)
@@ -96,7 +96,14 @@ def train_rank(job: Job, run: RankRun) -> tuple[int, dict | None]:
 def _rank_code(job: Job, run: RankRun) -> int:
     quiet_third_party()  # a spawned rank starts with the default filters
     die_with_launcher()  # a rank never outlives its launcher
-    return train_rank(job, run)[0]
+    code, summary = train_rank(job, run)
+    if summary is not None and summary.get("stopped") == "SIGTERM":
+        # The agent that sent SIGTERM is closing the ranks: a rank that returned would wait for
+        # its "finished" event until the agent's SIGKILL (30 s); this one has saved, and leaves.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+    return code
 
 
 def rank_main(job: Job, run: RankRun) -> int:

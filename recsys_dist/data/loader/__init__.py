@@ -269,7 +269,9 @@ class ParquetBatchLoader:
 
     def reopen(self, **changes) -> ParquetBatchLoader:
         """A new loader of the same files, batch size, rank and columns, with ``changes`` to
-        the constructor's keyword arguments (e.g. ``shuffle=False``, ``weight_column=None``)."""
+        the constructor's keyword arguments (e.g. ``shuffle=False``, ``weight_column=None``)
+        or its ``batch_size``."""
+        batch_size = changes.pop("batch_size", self.batch_size)
         kwargs = dict(
             shuffle=self.shuffle,
             seed=self.seed,
@@ -287,9 +289,7 @@ class ParquetBatchLoader:
         if unknown:
             raise TypeError(f"reopen: unknown options {unknown}; options are {sorted(kwargs)}")
         kwargs.update(changes)
-        return type(self)(
-            self.files, self.batch_size, self.rank, self.world_size, self.dense_names, self.keys, **kwargs
-        )
+        return type(self)(self.files, batch_size, self.rank, self.world_size, self.dense_names, self.keys, **kwargs)
 
     def __len__(self) -> int:
         """Batches per epoch, the same on every rank."""

@@ -1,0 +1,71 @@
+"""Partitions that land in a directory: which are there, and each one converted on its own.
+
+``data.stream`` (docs/online.md) trains on the files that appear under ``stream.path``. A
+file is *landed* once it matches ``stream.pattern`` and its name does not start with ``.``
+or ``_`` (the lake convention: a writer fills ``.part.tmp`` or ``_temporary/...`` and renames
+the finished file into place, atomically; ``_SUCCESS`` markers are not data). Partitions are
+named by their path below ``stream.path`` (``day=3/hour=07/part-0.txt``) and taken in the
+sort order of those names.
+
+Each partition is converted like a batch run's raw file (same format, same mapping, same
+cache), as one split: every row is training data. Hash and managed mapping only: both map a
+value the same way in every partition (a vocabulary would need all the data up front).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from recsys_dist.data.config import DataConfig, StreamConfig
+from recsys_dist.data.convert import PreparedData, prepare
+from recsys_dist.data.resolve import managed_mask, raw_format
+from recsys_dist.errors import DataError
+
+
+def landed(stream: StreamConfig) -> list[str]:
+    """Names (posix paths below ``stream.path``) of the landed partition files, sorted.
+
+    Raises:
+        DataError: ``stream.path`` is not a readable directory.
+    """
+    root = Path(stream.path)
+    if not root.is_dir():
+        raise DataError(f"data.stream.path: {root} is not a directory (it was, when the run started)")
+    names = []
+    for f in root.glob(stream.pattern):
+        rel = f.relative_to(root)
+        if any(part.startswith((".", "_")) for part in rel.parts) or not f.is_file():
+            continue
+        names.append(rel.as_posix())
+    return sorted(names)
+
+
+def convert_partition(d: DataConfig, name: str, progress: bool = False) -> PreparedData:
+    """Convert the partition ``name`` (below ``d.stream.path``) as one training split, cached
+    like any raw file (``data.cache_dir``; keyed by path, size and modification time).
+
+    Returns:
+        ``PreparedData`` whose ``train`` split holds every row of the partition (``validation``
+        and ``test`` are empty).
+
+    Raises:
+        DataError: the partition is malformed (names the file, line and column), unreadable,
+            or vanished.
+    """
+    path = Path(d.stream.path) / name
+    if not path.is_file():
+        raise DataError(f"data.stream: partition {path} vanished before it was read")
+    return prepare(
+        raw_format(d.format, d.schema, d.short_lines),
+        str(path),
+        d.num_embeddings,
+        (1.0, 0.0, 0.0),
+        None,
+        d.cache_dir,
+        on_bad_row=d.on_bad_row,
+        progress=progress,
+        mapping=d.categorical_mapping,
+        row_group_size=d.row_group_size,
+        managed=managed_mask(d),
+        warn_one_class=False,  # a small partition of one class is normal in a stream
+    )

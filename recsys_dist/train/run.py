@@ -1,0 +1,32 @@
+"""The one call that trains a config: a :class:`~recsys_dist.train.trainer.Trainer` over
+``data.raw_path``, or a :class:`~recsys_dist.train.stream.StreamTrainer` over ``data.stream``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from recsys_dist.config.run import RunConfig
+from recsys_dist.train.job import Job
+from recsys_dist.train.stream import StreamTrainer
+from recsys_dist.train.trainer import Trainer
+
+
+def train(
+    cfg: RunConfig | Job,
+    run_dir: Path,
+    profile_dir: Path | None = None,
+    resume: Path | str | None = None,
+    resume_on_new_data: bool = False,
+) -> dict:
+    """Train and evaluate as configured; returns the summary (also in summary.json).
+
+    ``fit()`` of a Trainer (a StreamTrainer when the config has ``data.stream``) in a ``with``
+    block: the process group is destroyed at the end if this call created it. ``profile_dir``,
+    ``resume`` and ``resume_on_new_data`` as for :class:`~recsys_dist.train.trainer.Trainer`.
+    """
+    stream = (cfg.cfg if isinstance(cfg, Job) else cfg).data.stream is not None
+    trainer_class = StreamTrainer if stream else Trainer
+    with trainer_class(
+        cfg, run_dir, resume=resume, profile_dir=profile_dir, resume_on_new_data=resume_on_new_data
+    ) as trainer:
+        return trainer.fit()

@@ -1,0 +1,214 @@
+"""data.stream: partitions landing while 2 ranks train; each row once across a kill, a resume
+and a SIGTERM; progressive validation; quarantine; the config rules."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from recsys_dist.config.base import ConfigError
+from recsys_dist.config.loader import load_config
+from recsys_dist.data.config import StreamConfig
+from recsys_dist.data.stream import landed
+from recsys_dist.train.preflight import check_before_launch
+from tests.cli import read_metrics, run_train
+from tests.conftest import ROOT
+
+CONFIG = ROOT / "configs" / "criteo_online.yaml"
+SAMPLE = ROOT / "datasets" / "criteo_kaggle" / "dac_train_first10000.txt"
+ROWS = 640  # per partition: 10 global batches of 64 on 2 ranks
+NAMES = ["day=0/hour=00/part-0.txt", "day=0/hour=01/part-0.txt", "day=0/hour=02/part-0.txt"]
+BAD = "day=0/hour=01/part-1.txt"  # lands with hour 01: its 3rd line has 12 fields
+TIMING = ("samples_per_s", "seconds")
+
+
+def overrides(landing: Path, **extra) -> list[str]:
+    keys = {
+        "data.stream.path": str(landing),
+        "data.stream.poll_seconds": "0.2",
+        "data.stream.stop_after_idle_seconds": "0",
+        "data.num_embeddings": "2000",
+        "checkpoint.every_n_steps": "4",
+        "train.log_every_n_steps": "3",
+        "train.progress_bar": "false",
+        "train.deterministic": "true",
+        **extra,
+    }
+    return [f"{k}={v}" for k, v in keys.items()]
+
+
+def land(landing: Path, name: str) -> None:
+    """Land one partition as a writer would: a hidden file, then a rename."""
+    lines = SAMPLE.read_bytes().splitlines(keepends=True)
+    if name == BAD:
+        part = lines[5000:5010]
+        part[2] = b"\t".join(part[2].split(b"\t")[:12]) + b"\n"
+    else:
+        i = NAMES.index(name)
+        part = lines[i * ROWS : (i + 1) * ROWS]
+    target = landing / name
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.parent / f".{target.name}.tmp"
+    tmp.write_bytes(b"".join(part))
+    os.replace(tmp, target)
+
+
+def comparable(run_dir: Path) -> list[dict]:
+    """The run's metrics lines without timings, a quarantine error's path below the landing dir."""
+    rows = [{k: v for k, v in r.items() if k not in TIMING} for r in read_metrics(run_dir)]
+    for r in rows:
+        if "error" in r:
+            r["error"] = r["error"][r["error"].index(r["partition"]) :]
+    return rows
+
+
+def wait_for(predicate, proc: subprocess.Popen, what: str, timeout: float = 240) -> None:
+    end = time.monotonic() + timeout
+    while not predicate():
+        assert proc.poll() is None, f"the run ended (code {proc.returncode}) before {what}"
+        assert time.monotonic() < end, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+def partition_done(run_dir: Path, name: str):
+    def done() -> bool:
+        path = run_dir / "metrics.jsonl"
+        return path.is_file() and any(
+            r.get("split") == "partition" and r.get("partition") == name for r in read_metrics(run_dir)
+        )
+
+    return done
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """One uninterrupted run over every partition, all landed before it starts."""
+    tmp = tmp_path_factory.mktemp("stream_ref")
+    landing = tmp / "landing"
+    for name in [*NAMES, BAD]:
+        land(landing, name)
+    run = tmp / "run"
+    r = run_train(CONFIG, run, *overrides(landing), tmp=tmp, env={"RECSYS_DIST_CACHE": str(tmp / "cache")})
+    assert r.returncode == 0, r.stderr[-3000:]
+    return tmp, run
+
+
+@pytest.mark.slow
+def test_uninterrupted_stream_trains_every_row_once_and_scores_each_partition_first(reference):
+    tmp, run = reference
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["partitions"] == NAMES and list(summary["quarantined"]) == [BAD]
+    assert summary["rows_trained"] == 3 * ROWS and summary["steps"] == 30 and summary["stopped"] == "idle"
+    parts = read_metrics(run, "partition")
+    assert [(p["partition"], p["rows"], p["steps"], p["step"]) for p in parts] == [
+        (NAMES[0], ROWS, 10, 10),
+        (NAMES[1], ROWS, 10, 20),
+        (NAMES[2], ROWS, 10, 30),
+    ]
+    # Progressive validation: each partition scored at the step before its first batch.
+    vals = read_metrics(run, "validation")
+    assert [(v["partition"], v["step"], v["num_examples"]) for v in vals] == [
+        (NAMES[0], 0, ROWS),
+        (NAMES[1], 10, ROWS),
+        (NAMES[2], 20, ROWS),
+    ]
+    assert 0.6 < vals[-1]["auc"] < 0.8, vals[-1]
+    (bad,) = read_metrics(run, "quarantine")
+    assert bad["partition"] == BAD and "line 3" in bad["error"] and bad["step"] == 20, bad
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_partitions_landing_a_kill_a_resume_and_sigterm_train_every_row_once(reference, tmp_path):
+    _, ref = reference
+    landing, run = tmp_path / "landing", tmp_path / "run"
+    env = dict(os.environ, RECSYS_DIST_CACHE=str(tmp_path / "cache"), PYTHONPATH=str(ROOT))
+    cmd = [sys.executable, "-m", "recsys_dist.cli.main", "train", "--config", str(CONFIG), "--run-dir", str(run)]
+    land(landing, NAMES[0])
+    # 1. Partitions land while it trains; rank 1 is killed at step 15, inside partition 2.
+    log = open(tmp_path / "first.log", "w+")
+    proc = subprocess.Popen(
+        [*cmd, *overrides(landing, **{"data.stream.stop_after_idle_seconds": "null"})],
+        cwd=ROOT,
+        env={**env, "RECSYS_DIST_FAULT": "step:15:1"},
+        stdout=log,
+        stderr=log,
+    )
+    wait_for(partition_done(run, NAMES[0]), proc, "partition 1")
+    land(landing, NAMES[1])
+    land(landing, BAD)
+    assert proc.wait(timeout=240) == 1, (tmp_path / "first.log").read_text()[-3000:]
+    assert "rank 1 was killed by SIGKILL" in (tmp_path / "first.log").read_text()
+    # 2. A resume inside partition 2 with another global batch is refused (its row order).
+    r = run_train(CONFIG, run, *overrides(landing), "train.batch_size=16", "--resume", "auto", tmp=tmp_path, env=env)
+    assert r.returncode != 0 and "resume with a global batch of 64" in r.stderr, r.stderr[-3000:]
+    # 3. Resumed with no idle stop: partition 3 lands meanwhile; SIGTERM ends it cleanly.
+    log = open(tmp_path / "second.log", "w+")
+    proc = subprocess.Popen(
+        [*cmd, *overrides(landing, **{"data.stream.stop_after_idle_seconds": "null"}), "--resume", "auto"],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=log,
+    )
+    wait_for(partition_done(run, NAMES[1]), proc, "partition 2")
+    land(landing, NAMES[2])
+    wait_for(partition_done(run, NAMES[2]), proc, "partition 3")
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 0, (tmp_path / "second.log").read_text()[-3000:]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["stopped"] == "SIGTERM" and summary["rows_trained"] == 3 * ROWS, summary
+    # Every row once: the same lines, numbers and partitions as the uninterrupted run.
+    assert comparable(run) == comparable(ref)
+    # 4. Nothing new: a resume trains nothing more and stops when idle.
+    r = run_train(CONFIG, run, *overrides(landing), "--resume", "auto", tmp=tmp_path, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert comparable(run) == comparable(ref)
+
+
+def test_landed_takes_finished_files_in_name_order(tmp_path):
+    for name in ["b/2.txt", "a/10.txt", "a/9.txt", ".a/x.txt", "a/.3.txt.tmp", "_SUCCESS", "a/_temporary/1.txt"]:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("x")
+    assert landed(StreamConfig(path=str(tmp_path))) == ["a/10.txt", "a/9.txt", "b/2.txt"]
+    assert landed(StreamConfig(path=str(tmp_path), pattern="b/*.txt")) == ["b/2.txt"]
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        (["data.raw_path=x.txt"], "data.raw_path: not used with data.stream"),
+        (["data.split=[0.5,0.25,0.25]"], "data.split: not used with data.stream"),
+        (["data.categorical_mapping=vocabulary"], "vocabulary needs the whole training data"),
+        (["data.remainder=drop"], "data.remainder: drop would leave out"),
+        (["data.num_rows=100"], "data.num_rows: not used with data.stream"),
+        (["data.stream.poll_seconds=0"], "poll_seconds"),
+    ],
+)
+def test_stream_section_errors(override, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(CONFIG, override)
+
+
+def test_stream_refuses_what_it_does_not_use(tmp_path):
+    cfg = load_config(
+        CONFIG,
+        [
+            f"data.stream.path={tmp_path / 'absent'}",
+            "train.epochs=2",
+            "eval.every_n_steps=5",
+            "train.early_stopping.patience=2",
+        ],
+    )
+    with pytest.raises(ConfigError) as err:
+        check_before_launch(cfg, memory=False)
+    text = str(err.value)
+    for key in ("train.epochs", "eval.every_n_steps", "train.early_stopping", "data.stream.path"):
+        assert f"{key}:" in text, text
