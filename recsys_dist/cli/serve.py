@@ -4,7 +4,9 @@ directory's model, reloading it when it changes (``recsys_dist.serve.http``, doc
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
+import signal
 
 import uvicorn
 
@@ -13,7 +15,7 @@ from recsys_dist.serve.http import ModelHolder, create_app, open_source
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    """Serve until SIGINT / SIGTERM (uvicorn stops cleanly on either); exit code 0.
+    """Serve until SIGINT / SIGTERM, then finish the requests in flight; exit code 0.
 
     Raises:
         ConfigError: DIR is neither an export nor a publish directory.
@@ -28,5 +30,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
         f"http://{args.host}:{args.port} (POST /score, GET /health; reload every {args.reload_seconds:g} s)",
         flush=True,
     )
-    uvicorn.run(create_app(holder), host=args.host, port=args.port, log_level="warning", access_log=False)
+    config = uvicorn.Config(create_app(holder), host=args.host, port=args.port, log_level="warning", access_log=False)
+    server = uvicorn.Server(config)
+
+    def stop(signum, frame) -> None:  # finish the requests in flight, then leave with 0
+        server.should_exit = True
+
+    # Our handlers, not uvicorn's: uvicorn re-raises the signal after its shutdown (exit -15).
+    server.capture_signals = contextlib.nullcontext
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    server.run()
     return 0

@@ -203,7 +203,8 @@ def _rows_message(err: DataError, path: Path, header_lines: int) -> str:
     def row(m: re.Match) -> str:
         return f"rows[{int(m.group(1)) - 1 - header_lines}]"
 
-    return re.sub(r"\bline (\d+)", row, text)
+    text = re.sub(r"\bline (\d+)", row, text)
+    return re.sub(r"^column (\S+), (rows\[\d+\])", r"\2, column \1", text)  # the row first
 
 
 def check_body(body) -> list:
