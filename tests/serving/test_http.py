@@ -21,7 +21,7 @@ from starlette.testclient import TestClient
 
 from recsys_dist.data.formats.criteo import COLUMNS
 from recsys_dist.serve.export import load
-from recsys_dist.serve.http import ModelHolder, create_app, open_source
+from recsys_dist.serve.http import ModelHolder, PublishSource, create_app, open_source
 from recsys_dist.serve.rows import score_rows
 from tests.conftest import CRITEO_SAMPLE, ROOT
 from tests.serving.conftest import cli, predictions
@@ -215,3 +215,28 @@ def test_cli_serves_and_stops_on_sigterm(export_dir, predicted):
             proc.kill()
     assert proc.returncode == 0, err[-2000:]
     assert f"serving version 1 of export {export_dir}" in out
+
+
+def test_publish_source_serves_the_latest_version(export_dir, tmp_path):
+    """The publish adapter (recsys_dist.serve.publish's latest_version / load_published,
+    stood in for here): the served version is the published one, and follows ``latest``."""
+
+    class Api:
+        latest = 4
+        asked = []
+
+        @staticmethod
+        def latest_version(path):
+            return Api.latest
+
+        @staticmethod
+        def load_published(path, version=None):
+            Api.asked.append(version)
+            return load(export_dir), version
+
+    holder = ModelHolder(PublishSource(tmp_path, Api), reload_seconds=0)
+    assert holder.current.version == 4 and not holder.poll()
+    Api.latest = 6
+    assert holder.poll() and holder.current.version == 6 and Api.asked == [4, 6]
+    with TestClient(create_app(holder)) as c:
+        assert c.post("/score", json={"rows": LINES[:2]}).json()["version"] == 6
