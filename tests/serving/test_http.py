@@ -240,3 +240,22 @@ def test_publish_source_serves_the_latest_version(export_dir, tmp_path):
     assert holder.poll() and holder.current.version == 6 and Api.asked == [4, 6]
     with TestClient(create_app(holder)) as c:
         assert c.post("/score", json={"rows": LINES[:2]}).json()["version"] == 6
+
+
+def test_schema_rows_equal_predict(schema_run):
+    """format: schema (trained on Parquet, rows sent as objects of its columns): predict's scores."""
+    tmp, run = schema_run
+    export = tmp / "http_export"
+    cli(["export", run, "--out", export], tmp)
+    lines = (tmp / "data.csv").read_text().splitlines()
+    (tmp / "rows.csv").write_text("\n".join([lines[0], *lines[1:41]]) + "\n")
+    cli(["predict", export, "--data", tmp / "rows.csv", "--out", tmp / "schema_p.parquet"], tmp)
+    want = predictions(tmp / "schema_p.parquet").column("logit").to_numpy()
+    header = lines[0].split(",")
+    rows = [dict(zip(header, line.split(","))) for line in lines[1:41]]
+    rows = [{k: (float(v) if k[0] == "d" else int(v) if k[0] == "c" else v) for k, v in r.items()} for r in rows]
+    with TestClient(create_app(ModelHolder(open_source(export), 0))) as c:
+        got = c.post("/score", json={"rows": rows}).json()
+        np.testing.assert_allclose(got["logits"], want, rtol=0, atol=1e-6)
+        r = c.post("/score", json={"rows": [{**rows[0], "d1": "x"}]})
+        assert r.status_code == 400 and "rows[0]" in r.json()["error"] and "d1" in r.json()["error"], r.text
