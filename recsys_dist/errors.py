@@ -74,3 +74,9 @@ class MetricsError(RuntimeError):
 
 class WorkerDied(RuntimeError):
     """A worker process ended without answering (killed, out of memory)."""
+
+
+class BadRequest(DataError):
+    """A scoring request of ``recsys-dist serve`` is malformed (not JSON, no rows, a row with
+    an unknown column or a value its format rejects); the message names the row and column.
+    Raised by ``recsys_dist.serve.rows``; the server answers it with HTTP 400."""

@@ -4,6 +4,7 @@ recsys-dist train --config configs/criteo_quickstart.yaml [--run-dir DIR] [key=v
 recsys-dist plan --config configs/mlperf_dlrmv2.yaml --world-size 64 --local-world-size 8 --hbm-gb 80
 recsys-dist report RUN_DIR          (summary table + PNG plots in RUN_DIR)
 recsys-dist compare RUN_A RUN_B
+recsys-dist serve EXPORT_OR_PUBLISH_DIR --port 8000   (HTTP scoring, hot reload)
 recsys-dist bench [--quick]     (benchmarks/run.py: ratios vs peers and the hardware limit)
 
 This module imports no torch: every command's arguments are declared here, and its module
@@ -120,6 +121,18 @@ def _predict_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _serve_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("source", metavar="DIR", help="an export directory (recsys-dist export) or a publish directory")
+    p.add_argument("--port", type=int, required=True, help="TCP port to listen on")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
+    p.add_argument(
+        "--reload-seconds",
+        type=float,
+        default=2.0,
+        help="how often DIR is checked for a new model, loaded off the request path (0: never)",
+    )
+
+
 def _bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true", help="under 3 minutes on 2 cores")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
@@ -168,6 +181,11 @@ COMMANDS: dict[str, tuple[str, str, Callable[[argparse.ArgumentParser], None]]] 
     ),
     "evaluate": ("recsys_dist.cli.inference", "AUC / logloss / NE of a model on a data file", _evaluate_arguments),
     "predict": ("recsys_dist.cli.inference", "write per-row predictions of a model to Parquet", _predict_arguments),
+    "serve": (
+        "recsys_dist.cli.serve",
+        "HTTP scoring server (POST /score, GET /health) that reloads the model when DIR changes",
+        _serve_arguments,
+    ),
     "bench": (
         "recsys_dist.cli.bench",
         "throughput vs peers and the hardware limit, one table of ratios (benchmarks/run.py of a source checkout)",

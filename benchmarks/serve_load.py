@@ -1,0 +1,216 @@
+"""Load benchmark of ``recsys-dist serve``: latency (p50 / p99) and rows/s at batch 1, 64 and 512.
+
+Through the real HTTP server (``recsys-dist serve`` in a subprocess, uvicorn) with a keep-alive
+client at concurrency 1 and 4, side by side with in-process calls on the same rows:
+
+- ``score_rows``: the server's own scoring function (JSON rows -> raw file -> predict's
+  conversion -> model), without HTTP;
+- ``forward``: the loaded model's forward alone, on the batch already converted;
+- ``torchscript``: the export's ``model.torchscript.pt`` on the same converted batch (when the
+  export has one: ``recsys-dist export --format torchscript``).
+
+Not a test. Usage:
+
+    PYTHONPATH=$PWD .venv/bin/python benchmarks/serve_load.py EXPORT_DIR [--requests 200] [--out FILE.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import torch
+
+from recsys_dist.data.loader import ParquetBatchLoader
+from recsys_dist.data.resolve import feature_names, label_columns, loader_id_bounds
+from recsys_dist.models.build import table_sizes
+from recsys_dist.serve.export import load
+from recsys_dist.serve.rows import score_rows
+from recsys_dist.serve.scoring import prepare_for_scoring
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLE = ROOT / "datasets" / "criteo_kaggle" / "dac_train_first10000.txt"
+BATCHES = (1, 64, 512)
+
+
+def _stats(latencies: list[float], rows: int, wall: float) -> dict:
+    ms = np.array(latencies) * 1000
+    return {"p50_ms": float(np.percentile(ms, 50)), "p99_ms": float(np.percentile(ms, 99)), "rows_s": rows / wall}
+
+
+def _batches(lines: list[str], n: int, count: int) -> list[list[str]]:
+    """``count`` batches of ``n`` consecutive lines (wrapping around the sample)."""
+    return [[lines[(i * n + j) % len(lines)] for j in range(n)] for i in range(count)]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http_load(url: str, batches: list[list[str]], concurrency: int) -> dict:
+    """POST every batch, ``concurrency`` clients at once; latency per request, rows/s overall."""
+    latencies: list[float] = []
+    todo = list(enumerate(batches))
+    lock = threading.Lock()
+
+    def worker() -> None:
+        with httpx.Client(timeout=120) as c:
+            while True:
+                with lock:
+                    if not todo:
+                        return
+                    _, rows = todo.pop()
+                t = time.perf_counter()
+                r = c.post(f"{url}/score", json={"rows": rows})
+                dt = time.perf_counter() - t
+                assert r.status_code == 200, r.text
+                with lock:
+                    latencies.append(dt)
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=worker) for _ in range(concurrency)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return _stats(latencies, sum(len(b) for b in batches), time.perf_counter() - t0)
+
+
+def timed(fn, reps: int, rows: int) -> dict:
+    fn()  # warm-up
+    latencies = []
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        latencies.append(time.perf_counter() - t)
+    return _stats(latencies, rows * reps, time.perf_counter() - t0)
+
+
+def converted(m, lines: list[str], tmp: Path):
+    """The rows converted as predict converts them: (model batch, (dense, values, lengths) for
+    the TorchScript module)."""
+    raw = tmp / f"rows{len(lines)}.txt"
+    raw.write_text("\n".join(lines) + "\n")
+    cfg = m.cfg.model_copy(update={"data": m.cfg.data.model_copy(update={"cache_dir": str(tmp / "cache")})})
+    vocab = m.preprocessing.vocabulary if m.preprocessing else None
+    parquet = prepare_for_scoring(cfg, raw, vocab).files["train"]
+    dense_names, sparse_names = feature_names(m.cfg)
+    loader = ParquetBatchLoader(
+        str(parquet),
+        len(lines),
+        0,
+        1,
+        dense_names,
+        sparse_names,
+        num_embeddings=loader_id_bounds(m.cfg, table_sizes(m.cfg)),
+        label_columns=label_columns(m.cfg)[0],
+    )
+    batch = next(iter(loader))
+    table = pq.read_table(parquet)
+    dense = torch.from_numpy(np.stack([table[n].to_numpy() for n in dense_names], 1).astype(np.float32))
+    values, lengths = [], []
+    for name in sparse_names:
+        col = table[name].combine_chunks()
+        if str(col.type).startswith("list"):
+            values.append(col.flatten().to_numpy())
+            lengths.append(pc.list_value_length(col).to_numpy())
+        else:
+            values.append(col.to_numpy())
+            lengths.append(np.ones(len(col), np.int64))
+    ts_inputs = (dense, torch.from_numpy(np.concatenate(values)), torch.from_numpy(np.concatenate(lengths)))
+    return batch, ts_inputs
+
+
+def in_process(export: Path, lines: list[str], reps: dict[int, int]) -> dict:
+    m = load(export)
+    ts_path = export / "model.torchscript.pt"
+    ts = torch.jit.load(str(ts_path)) if ts_path.is_file() else None
+    out: dict = {}
+    with tempfile.TemporaryDirectory() as tmp, torch.no_grad():
+        for n in BATCHES:
+            rows = lines[:n]
+            batch, ts_inputs = converted(m, rows, Path(tmp))
+            out[("score_rows", n)] = timed(lambda rows=rows: score_rows(m, rows), reps[n], n)
+            out[("forward", n)] = timed(lambda b=batch: m.model(b), reps[n] * 5, n)
+            if ts is not None:
+                out[("torchscript", n)] = timed(lambda x=ts_inputs: ts(*x), reps[n] * 5, n)
+                logits = m.model(batch)[1][1].numpy()  # the artefact scores the same rows the same
+                assert np.allclose(ts(*ts_inputs).numpy(), logits, atol=1e-5)
+    return out
+
+
+def http_all(export: Path, lines: list[str], reps: dict[int, int], concurrencies: list[int]) -> dict:
+    port = _free_port()
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-m", "recsys_dist.cli.main", "serve", str(export), "--port", str(port)]
+    proc = subprocess.Popen([*cmd, "--reload-seconds", "0"], env=env, cwd=ROOT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        end = time.monotonic() + 180
+        while True:
+            try:
+                if httpx.get(f"{url}/health", timeout=5).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert proc.poll() is None and time.monotonic() < end, "the server did not start"
+            time.sleep(0.2)
+        out = {}
+        for n in BATCHES:
+            http_load(url, _batches(lines, n, 3), 1)  # warm-up
+            for c in concurrencies:
+                out[(f"http c={c}", n)] = http_load(url, _batches(lines, n, reps[n]), c)
+        return out
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def table(results: dict) -> str:
+    ways = list(dict.fromkeys(w for w, _ in results))
+    head = "| route | " + " | ".join(f"batch {n}: p50 / p99 ms, rows/s" for n in BATCHES) + " |"
+    lines = [head, "| --- |" + " ---: |" * len(BATCHES)]
+    for w in ways:
+        cells = []
+        for n in BATCHES:
+            r = results.get((w, n))
+            cells.append("-" if r is None else f"{r['p50_ms']:.2f} / {r['p99_ms']:.2f}, {r['rows_s']:,.0f}")
+        lines.append(f"| {w} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("export", type=Path, help="an export directory of a criteo_tsv model")
+    p.add_argument("--requests", type=int, default=200, help="requests at batch 1 (fewer at larger batches)")
+    p.add_argument("--concurrency", default="1,4", help="HTTP clients at once, e.g. 1,4")
+    p.add_argument("--out", type=Path, default=None, help="also write the table (markdown) here")
+    args = p.parse_args()
+    lines = SAMPLE.read_text().splitlines()[9000:]  # the quickstart's test rows
+    reps = {1: args.requests, 64: max(args.requests // 4, 10), 512: max(args.requests // 10, 10)}
+    results = in_process(args.export, lines, reps)
+    results.update(http_all(args.export, lines, reps, [int(c) for c in args.concurrency.split(",")]))
+    text = table(results)
+    print(text)
+    print(json.dumps({f"{w} b={n}": r for (w, n), r in results.items()}))
+    if args.out:
+        args.out.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

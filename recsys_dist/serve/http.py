@@ -1,0 +1,239 @@
+"""``recsys-dist serve``: an HTTP scoring server (starlette) that reloads its model while serving.
+
+Endpoints (``create_app``):
+
+- ``POST /score`` with ``{"rows": [row, ...]}`` (``recsys_dist.serve.rows``) ->
+  ``{"scores": [...], "logits": [...], "version": V, "model": SOURCE}``; a malformed body or
+  row -> 400 ``{"error": MESSAGE}`` naming the row and column.
+- ``GET /health`` -> ``{"status": "ok", "version": V, "source": SOURCE, "loaded_at": ISO-8601 UTC}``.
+
+The model comes from a source (:func:`open_source`): an export directory (``model.safetensors``)
+or a publish directory (``manifest.json``, ``recsys_dist.serve.publish``). A :class:`ModelHolder`
+keeps the model being served as one reference to an immutable :class:`Served`. Its reload
+thread polls the source every ``reload_seconds``; when the source changed (an export's files
+replaced: another inode, mtime or size; a publish's ``latest`` version) it loads the new model
+completely, off the request path, then swaps the reference. A request reads the reference
+once, so it is scored entirely by one model and answers with that model's version; requests
+in flight when a swap happens finish on the old one. A load that fails (a damaged or half
+written file) is logged as a warning and the old model keeps serving; the same files are not
+tried again until they change.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import os
+import threading
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from recsys_dist.errors import BadRequest, ConfigError
+from recsys_dist.serve.export import MODEL_FILE, LoadedModel, load
+from recsys_dist.serve.rows import check_body, score_rows
+from recsys_dist.serve.scoring import PREPROCESSING_FILE, VOCABULARY_FILE
+
+log = logging.getLogger("recsys_dist.serve")
+
+PUBLISH_MANIFEST = "manifest.json"
+
+
+class ExportSource:
+    """An export directory; its version counts the models loaded from it (1, 2, ...)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.loads = path, 0
+
+    def describe(self) -> str:
+        return f"export {self.path}"
+
+    def token(self):
+        """What identifies the files now: (inode, mtime ns, size) of each file of the export
+        (None for an absent one). Replacing a file by rename changes its inode."""
+        out = []
+        for name in (MODEL_FILE, "config.yaml", PREPROCESSING_FILE, VOCABULARY_FILE):
+            try:
+                st = os.stat(self.path / name)
+                out.append((st.st_ino, st.st_mtime_ns, st.st_size))
+            except FileNotFoundError:
+                out.append(None)
+        return tuple(out)
+
+    def load(self, token) -> tuple[LoadedModel, int]:
+        loaded = load(self.path)
+        self.loads += 1
+        return loaded, self.loads
+
+
+class PublishSource:
+    """A publish directory (``manifest.json`` names the ``latest`` version); its version is
+    the published version number. Reads it through ``recsys_dist.serve.publish``
+    (``latest_version``, ``load_published``)."""
+
+    def __init__(self, path: Path, api) -> None:
+        self.path, self.api = path, api
+
+    def describe(self) -> str:
+        return f"publish {self.path}"
+
+    def token(self):
+        return self.api.latest_version(self.path)
+
+    def load(self, token) -> tuple[LoadedModel, int]:
+        return self.api.load_published(self.path, version=token)
+
+
+def _publish_api():
+    """``recsys_dist.serve.publish``, or None where this install has no publishing module.
+    (Imported by name: the module is built on a branch of its own.)"""
+    try:
+        return importlib.import_module("recsys_dist.serve.publish")
+    except ModuleNotFoundError:
+        return None
+
+
+def open_source(path: str | Path):
+    """The model source at ``path``: :class:`PublishSource` for a directory holding
+    ``manifest.json``, :class:`ExportSource` for one holding ``model.safetensors``.
+
+    Raises:
+        ConfigError: neither, or a publish directory without the publishing module.
+    """
+    path = Path(path)
+    if not path.is_dir():
+        raise ConfigError(
+            f"serve {path}: {'is a file' if path.exists() else 'does not exist'}; give an export directory "
+            "(recsys-dist export RUN --out DIR) or a publish directory"
+        )
+    if (path / PUBLISH_MANIFEST).is_file():
+        api = _publish_api()
+        if api is None:
+            raise ConfigError(f"serve {path}: a publish directory, and this recsys_dist has no publishing module")
+        return PublishSource(path, api)
+    if (path / MODEL_FILE).is_file():
+        return ExportSource(path)
+    raise ConfigError(
+        f"serve {path}: neither an export directory ({MODEL_FILE}) nor a publish directory ({PUBLISH_MANIFEST}); "
+        f"export a run first: recsys-dist export RUN --out {path}"
+    )
+
+
+@dataclass(frozen=True)
+class Served:
+    """One loaded model as served: never changed, only replaced."""
+
+    loaded: LoadedModel
+    version: int
+    token: object
+    loaded_at: str = field(default_factory=lambda: datetime.now(UTC).isoformat(timespec="seconds"))
+
+
+class ModelHolder:
+    """The model being served (``current``) and the thread that reloads it from ``source``.
+
+    The first load happens in the constructor (its errors propagate: nothing to serve).
+    ``poll()`` checks the source once (the reload thread calls it every ``reload_seconds``);
+    ``start()`` / ``stop()`` run and end that thread.
+    """
+
+    def __init__(self, source, reload_seconds: float = 2.0) -> None:
+        self.source, self.reload_seconds = source, reload_seconds
+        token = source.token()
+        loaded, version = source.load(token)
+        self.current = Served(loaded, version, token)
+        self._failed = None  # the token whose load failed: not tried again until the files change
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def poll(self) -> bool:
+        """Load the source's model if it changed since the one served; whether it swapped.
+        A failed load is logged and leaves the served model as it is."""
+        token = self.source.token()
+        if token is None or token == self.current.token or token == self._failed:
+            return False
+        try:
+            loaded, version = self.source.load(token)
+        except Exception as err:  # noqa: BLE001 - any failure keeps the old model serving
+            self._failed = token
+            log.warning(
+                "recsys-dist serve: reloading %s failed, still serving version %d: %s",
+                self.source.describe(),
+                self.current.version,
+                str(err)[:500],
+            )
+            return False
+        self.current = Served(loaded, version, token)  # one reference: requests in flight keep theirs
+        log.warning("recsys-dist serve: now serving version %d of %s", version, self.source.describe())
+        return True
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.reload_seconds):
+            try:
+                self.poll()
+            except Exception as err:  # noqa: BLE001 - the thread must outlive a bad poll (e.g. a stat error)
+                log.warning("recsys-dist serve: checking %s failed: %s", self.source.describe(), err)
+
+    def start(self) -> None:
+        if self._thread is None and self.reload_seconds > 0:
+            self._thread = threading.Thread(target=self._run, name="recsys-serve-reload", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+            self._thread = None
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status)
+
+
+def create_app(holder: ModelHolder) -> Starlette:
+    """The starlette application serving ``holder``'s model (see the module doc); its reload
+    thread runs while the application runs (lifespan)."""
+
+    async def score(request: Request) -> JSONResponse:
+        served = holder.current  # read once: the whole request is scored by this model
+        try:
+            body = json.loads(await request.body())
+        except (ValueError, UnicodeDecodeError) as err:
+            return _error(400, f'the body is not JSON ({err}); send {{"rows": [row, ...]}}')
+        try:
+            rows = check_body(body)
+            out = await run_in_threadpool(score_rows, served.loaded, rows)
+        except BadRequest as err:
+            return _error(400, str(err))
+        return JSONResponse({**out, "version": served.version, "model": served.loaded.source})
+
+    async def health(request: Request) -> JSONResponse:
+        served = holder.current
+        return JSONResponse(
+            {"status": "ok", "version": served.version, "source": served.loaded.source, "loaded_at": served.loaded_at}
+        )
+
+    def lifespan(app):
+        return _Lifespan(holder)
+
+    return Starlette(routes=[Route("/score", score, methods=["POST"]), Route("/health", health)], lifespan=lifespan)
+
+
+class _Lifespan:
+    """Runs the holder's reload thread for as long as the application runs."""
+
+    def __init__(self, holder: ModelHolder) -> None:
+        self.holder = holder
+
+    async def __aenter__(self):
+        self.holder.start()
+
+    async def __aexit__(self, *exc):
+        self.holder.stop()

@@ -1,0 +1,260 @@
+"""JSON rows of a scoring request -> a raw file in the model's format -> scores.
+
+A request's rows are scored through exactly the conversion ``recsys-dist predict`` applies
+to a file (``recsys_dist.serve.export.score``): they are written as a raw file of the model's
+format in a temporary directory (its own conversion cache, removed afterwards), so ids,
+dense transforms and the vocabulary are those of the export by construction, never a
+second implementation of them.
+
+A row is either an object (raw column name -> value) or a raw text line of the format:
+
+- ``criteo_tsv``: columns ``label`` (optional, ignored), ``I1..I13`` (integers), ``C1..C26``
+  (hex text); a line holds 39 tab-separated fields (no label) or 40 (label first).
+- ``avazu_csv``: its raw columns (``id`` and ``click`` optional, ignored); a line as in
+  ``train.csv`` (24 comma-separated fields).
+- ``schema``: the configured columns (label and weight optional, ignored); a multi-hot or
+  sequence value may be a JSON list. Lines need ``data.schema.columns`` (their field order) and
+  a text file type.
+
+A missing column, ``null`` or ``""`` is a missing value. Rows are numbered from 0 in errors
+(``rows[3]``).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+import re
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from recsys_dist.data.formats.avazu import RAW_COLUMNS as AVAZU_COLUMNS
+from recsys_dist.data.formats.criteo import COLUMNS as CRITEO_COLUMNS
+from recsys_dist.data.formats.history import is_parquet
+from recsys_dist.errors import BadRequest, DataError
+from recsys_dist.serve.export import LoadedModel, score
+
+MAX_ROWS = 100_000  # per request: a larger body is refused (HTTP 400) before anything is converted
+
+
+def _sigmoid(logit: np.ndarray) -> np.ndarray:
+    """float32 probabilities as ``recsys-dist predict`` writes them (float64 sigmoid, cast)."""
+    return (1.0 / (1.0 + np.exp(-logit.astype(np.float64)))).astype(np.float32)
+
+
+class RowWriter:
+    """Writes request rows as a raw file of one model's format (``write``), and names which
+    data line of that file is which request row (``header_lines``)."""
+
+    def __init__(self, cfg) -> None:
+        d = cfg.data
+        self.format = d.format
+        s = d.schema
+        self.parquet = d.format == "schema" and is_parquet(s, "rows.csv")
+        self.list_columns: set[str] = set()
+        self.ignored: list[str] = []
+        if d.format == "criteo_tsv":
+            self.columns, self.ignored, self.delimiter = CRITEO_COLUMNS[1:], ["label"], "\t"
+        elif d.format == "avazu_csv":
+            self.columns, self.delimiter = list(AVAZU_COLUMNS), ","
+        else:
+            self.ignored = list(s.label_columns())
+            self.list_columns = {*s.multi_hot, *(s.sequence or {})}
+            history = [s.history.user, s.history.item, s.history.time] if s.history else []
+            cols = [
+                *([s.weight] if s.weight else []),
+                *s.dense,
+                *s.categorical,
+                *s.multi_hot,
+                *(s.sequence or {}),
+                *history,
+            ]
+            self.columns = list(dict.fromkeys(cols))
+            self.delimiter = s.delimiter
+        self.spec = s
+        self.header_lines = 0
+
+    def _known(self) -> str:
+        if self.format == "criteo_tsv":
+            return "label, I1..I13, C1..C26"
+        return ", ".join([*self.ignored, *self.columns])
+
+    def _value(self, i: int, column: str, v) -> str | list[str]:
+        if v is None:
+            return ""
+        if isinstance(v, list) and column in self.list_columns:
+            return [str(self._value(i, column, x)) for x in v]
+        if isinstance(v, bool) or not isinstance(v, (str, int, float)):
+            raise BadRequest(
+                f"rows[{i}], column {column}: {json_type(v)} is not a value (give a string, a number or null"
+                + (", or a list of them" if column in self.list_columns else "")
+                + ")"
+            )
+        if isinstance(v, float) and not math.isfinite(v):
+            raise BadRequest(f"rows[{i}], column {column}: {v} is not a finite number")
+        text = v if isinstance(v, str) else repr(v) if isinstance(v, float) else str(v)
+        if "\n" in text or "\r" in text or (self.format == "criteo_tsv" and "\t" in text):
+            raise BadRequest(f"rows[{i}], column {column}: a value may not hold a line break or a tab")
+        return text
+
+    def _record(self, i: int, row: dict) -> dict:
+        unknown = [c for c in row if c not in self.columns and c not in self.ignored]
+        if unknown:
+            raise BadRequest(
+                f"rows[{i}]: unknown column {unknown[0]!r} for format {self.format} (its columns: {self._known()})"
+            )
+        out = {c: self._value(i, c, row.get(c)) for c in self.columns}
+        if self.format == "avazu_csv":  # no unlabelled layout: placeholders, never read back
+            out["id"], out["click"] = out["id"] or "0", "0"
+        return out
+
+    def write(self, rows: list, directory: Path) -> Path:
+        """Write ``rows`` (all objects, or all text lines) into ``directory``; the file's path.
+
+        Raises:
+            BadRequest: a row that is neither, a mix of both, an unknown column, a value that
+                is not a string / number / null (or list for a list column).
+        """
+        kinds = {type(r) for r in rows}
+        if not kinds <= {dict, str}:
+            i, bad = next((i, r) for i, r in enumerate(rows) if not isinstance(r, (dict, str)))
+            raise BadRequest(
+                f"rows[{i}]: {json_type(bad)}; a row is an object (column -> value) or a raw text line (a string)"
+            )
+        if len(kinds) > 1:
+            raise BadRequest("rows: give every row as an object or every row as a text line, not a mix")
+        if str in kinds:
+            return self._write_lines(rows, directory)
+        records = [self._record(i, r) for i, r in enumerate(rows)]
+        if self.parquet:
+            path = directory / "rows.parquet"
+            types = {c: pa.list_(pa.string()) if c in self.list_columns else pa.string() for c in self.columns}
+            pq.write_table(pa.table({c: pa.array([r[c] for r in records], types[c]) for c in self.columns}), path)
+            return path
+        buf = io.StringIO()
+        w = csv.writer(buf, delimiter=self.delimiter, lineterminator="\n", quoting=csv.QUOTE_MINIMAL)
+        sep = getattr(self.spec, "separator", "|")
+        seq = getattr(self.spec, "sequence", None) or {}
+        columns = self.columns
+        if self.format == "schema" and self.spec.columns:  # the configured field order, label left out
+            columns = [c for c in self.spec.columns if c not in self.ignored]
+        self.header_lines = 0 if self.format == "criteo_tsv" or (self.spec and not self.spec.header) else 1
+        if self.header_lines:
+            w.writerow(columns)
+        for r in records:
+            w.writerow(
+                [
+                    (seq[c].separator if c in seq else sep).join(r.get(c, ""))
+                    if isinstance(r.get(c), list)
+                    else r.get(c, "")
+                    for c in columns
+                ]
+            )
+        path = directory / ("rows.txt" if self.format == "criteo_tsv" else "rows.csv")
+        path.write_text(buf.getvalue())
+        return path
+
+    def _write_lines(self, rows: list[str], directory: Path) -> Path:
+        if self.parquet:
+            raise BadRequest(
+                "rows: this model reads Parquet (data.schema.file_type: parquet), so its rows have no text line; "
+                "give each row as an object of column -> value"
+            )
+        if self.format == "schema" and not self.spec.columns:
+            raise BadRequest(
+                "rows: this model's data.schema names no columns (its files carry a header line), so a text "
+                "line's field order is unknown; give each row as an object of column -> value"
+            )
+        for i, line in enumerate(rows):
+            if "\n" in line.rstrip("\n") or "\r" in line.rstrip("\r\n"):
+                raise BadRequest(f"rows[{i}]: a text line may not hold a line break")
+        text = "\n".join(r.rstrip("\r\n") for r in rows) + "\n"
+        self.header_lines = 0
+        if self.format == "schema" and self.spec.header:
+            fields = next(csv.reader([rows[0]], delimiter=self.delimiter))
+            full = len(fields) == len(self.spec.columns)  # with the label, else without it
+            names = [c for c in self.spec.columns if full or c not in self.ignored]
+            text = self.delimiter.join(names) + "\n" + text
+            self.header_lines = 1
+        path = directory / ("rows.txt" if self.format == "criteo_tsv" else "rows.csv")
+        path.write_text(text)
+        return path
+
+
+def json_type(v) -> str:
+    """The JSON name of a decoded value's type, for messages."""
+    if v is None:
+        return "null"
+    names = {bool: "a boolean", int: "a number", float: "a number", str: "a string", list: "a list", dict: "an object"}
+    return names.get(type(v), type(v).__name__)
+
+
+def _rows_message(err: DataError, path: Path, header_lines: int) -> str:
+    """A conversion error about the temporary file, told about the request's rows: the path
+    dropped, ``line N`` as ``rows[i]``."""
+    text = str(err).replace(f"{path}, ", "").replace(str(path), "rows")
+
+    def row(m: re.Match) -> str:
+        return f"rows[{int(m.group(1)) - 1 - header_lines}]"
+
+    text = re.sub(r"\bline (\d+)", row, text)
+    return re.sub(r"^column (\S+), (rows\[\d+\])", r"\2, column \1", text)  # the row first
+
+
+def check_body(body) -> list:
+    """The ``rows`` list of a decoded request body.
+
+    Raises:
+        BadRequest: not an object with a non-empty ``rows`` list of at most ``MAX_ROWS`` rows.
+    """
+    if not isinstance(body, dict) or "rows" not in body:
+        raise BadRequest(f'the body must be a JSON object {{"rows": [row, ...]}}, got {json_type(body)}')
+    unknown = [k for k in body if k != "rows"]
+    if unknown:
+        raise BadRequest(f'unknown key {unknown[0]!r} in the body; it holds only "rows"')
+    rows = body["rows"]
+    if not isinstance(rows, list) or not rows:
+        raise BadRequest(f'"rows" must be a non-empty list of rows, got {json_type(rows)}')
+    if len(rows) > MAX_ROWS:
+        raise BadRequest(f'"rows": {len(rows)} rows; at most {MAX_ROWS} per request (split the batch)')
+    return rows
+
+
+def score_rows(loaded: LoadedModel, rows: list) -> dict:
+    """Scores of request ``rows`` (see the module doc) by ``loaded``, as ``predict`` scores a file.
+
+    Returns ``{"scores": [...], "logits": [...]}`` (float32 values as floats, one per row in
+    order): probabilities for a binary task (a regression task's score is its prediction, the
+    logit); with several tasks each is an object task name -> list.
+
+    Raises:
+        BadRequest: a malformed row, naming ``rows[i]`` and the column.
+    """
+    writer = RowWriter(loaded.cfg)
+    tmp = Path(tempfile.mkdtemp(prefix="recsys-serve-"))
+    try:
+        path = writer.write(rows, tmp)
+        # Its own conversion cache: one entry per request, removed with it.
+        cfg = loaded.cfg.model_copy(update={"data": loaded.cfg.data.model_copy(update={"cache_dir": str(tmp / "c")})})
+        try:
+            s = score(cfg, loaded.model, path, preprocessing=loaded.preprocessing)
+        except DataError as err:
+            raise BadRequest(_rows_message(err, path, writer.header_lines)) from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    logit = s["logit"]
+    if len(logit) != len(rows):
+        raise BadRequest(f"rows: {len(rows)} rows gave {len(logit)} scores (a text line holding several rows?)")
+    if logit.ndim == 1:
+        return {"scores": _sigmoid(logit).tolist(), "logits": logit.tolist()}
+    scores, logits = {}, {}
+    for t, (name, kind) in enumerate(zip(s["tasks"], s["kinds"])):
+        logits[name] = logit[:, t].tolist()
+        scores[name] = _sigmoid(logit[:, t]).tolist() if kind == "binary" else logits[name]
+    return {"scores": scores, "logits": logits}
