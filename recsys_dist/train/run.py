@@ -3,12 +3,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from recsys_dist.config.run import RunConfig
 from recsys_dist.train.job import Job
 from recsys_dist.train.stream import StreamTrainer
-from recsys_dist.train.trainer import Trainer
+from recsys_dist.train.trainer import Callback, Trainer
 
 
 def train(
@@ -17,16 +18,23 @@ def train(
     profile_dir: Path | None = None,
     resume: Path | str | None = None,
     resume_on_new_data: bool = False,
+    callbacks: Sequence[Callback] = (),
 ) -> dict:
     """Train and evaluate as configured; returns the summary (also in summary.json).
 
     ``fit()`` of a Trainer (a StreamTrainer when the config has ``data.stream``) in a ``with``
     block: the process group is destroyed at the end if this call created it. ``profile_dir``,
-    ``resume`` and ``resume_on_new_data`` as for :class:`~recsys_dist.train.trainer.Trainer`.
+    ``resume``, ``resume_on_new_data`` and ``callbacks`` as for :class:`~recsys_dist.train.trainer.Trainer`
+    (``recsys-dist train`` gives the publishing one of ``publish:``, ``recsys_dist.serve.publish``).
     """
     stream = (cfg.cfg if isinstance(cfg, Job) else cfg).data.stream is not None
     trainer_class = StreamTrainer if stream else Trainer
     with trainer_class(
-        cfg, run_dir, resume=resume, profile_dir=profile_dir, resume_on_new_data=resume_on_new_data
+        cfg,
+        run_dir,
+        resume=resume,
+        profile_dir=profile_dir,
+        resume_on_new_data=resume_on_new_data,
+        callbacks=callbacks,
     ) as trainer:
         return trainer.fit()

@@ -326,6 +326,9 @@ class StreamTrainer(Trainer):
             self._idle_since = time.monotonic()
         if self.cfg.checkpoint.enabled and self._saved_step != self._step:
             self._save_in_window()
+        checkpoint = self._saved_path if self._saved_step == self._step else None
+        for callback in self._callbacks:
+            callback.on_partition_end(self, name, checkpoint)
 
     @contextmanager
     def _sigterm_stops(self):

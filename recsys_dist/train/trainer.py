@@ -86,6 +86,13 @@ class Callback:
         """After each validation (every epoch's end and every ``eval.every_n_steps``), with the
         global metrics written to ``metrics.jsonl`` (the same dict on every rank)."""
 
+    def on_checkpoint(self, trainer: Trainer, step: int, path: Path) -> None:
+        """After the checkpoint of ``step`` was written, complete, to ``path`` (on every rank)."""
+
+    def on_partition_end(self, trainer: Trainer, partition: str, checkpoint: Path | None) -> None:
+        """A :class:`~recsys_dist.train.stream.StreamTrainer` trained every row of ``partition``;
+        ``checkpoint``: the checkpoint saved right after it (None with checkpoints off)."""
+
 
 class Trainer(TrainLoop):
     """One rank's training job: data, sharded model, pipelined loop, evaluation, checkpoints.
@@ -338,6 +345,7 @@ class Trainer(TrainLoop):
         self._early_batches = None  # the next epoch's batches, opened during this epoch's validation
         self._last_val: tuple[int, dict] | None = None  # (step, metrics) of the latest validation
         self._saved_step: int | None = None  # the step of the checkpoint written last
+        self._saved_path: Path | None = None  # and its directory
         self._stale_line = None  # metrics lines of the resumed step to write again (StreamTrainer)
         self.best = best_tracker(cfg)
         self._t0 = time.perf_counter()
@@ -534,10 +542,12 @@ class Trainer(TrainLoop):
             meta = self._checkpoint_meta()
             c = self.cfg.checkpoint
             path = save_checkpoint(self._ctx, self.run_dir, self._step, self._state(), meta, c.keep, best=best)
-            self._saved_step = self._step
+            self._saved_step, self._saved_path = self._step, path
             if self._ctx.is_main:
                 self._pin_preprocessing(path)
-            return path
+        for callback in self._callbacks:
+            callback.on_checkpoint(self, self._step, path)
+        return path
 
     def close(self) -> None:
         """Release the Trainer: destroy the process group if this Trainer created it, after a

@@ -58,6 +58,8 @@ class RankRun:
         resume_on_new_data: ``--resume-on-new-data``.
         launched: started by our launcher (which reports an error every rank raised, and the
             summary), not by torchrun.
+        callbacks: the Trainer's callbacks (``recsys_dist.train.trainer.Callback``; the command
+            line's publishing one), copied into each rank.
     """
 
     run_dir: Path
@@ -65,6 +67,7 @@ class RankRun:
     resume: Path | str | None = None
     resume_on_new_data: bool = False
     launched: bool = True
+    callbacks: tuple = ()
 
 
 def train_rank(job: Job, run: RankRun) -> tuple[int, dict | None]:
@@ -78,7 +81,7 @@ def train_rank(job: Job, run: RankRun) -> tuple[int, dict | None]:
         resume = "auto" if latest_checkpoint(run.run_dir) is not None else resume
     profile = run.run_dir / "profile" if run.profile else None
     try:
-        summary = record(train)(job, run.run_dir, profile, resume, run.resume_on_new_data)
+        summary = record(train)(job, run.run_dir, profile, resume, run.resume_on_new_data, run.callbacks)
     except USER_ERRORS as err:
         # Recorded for the launcher's report already; a traceback would only bury the message.
         rank = int(os.environ.get("RANK", 0))
