@@ -55,6 +55,12 @@ def version_dir(version: int) -> str:
     return f"v{version:06d}"
 
 
+def resolve_publish_dir(cfg: PublishConfig, run_dir: str | Path) -> Path:
+    """Where a run publishes: ``publish.dir``, relative to ``run_dir`` unless absolute;
+    ``RUN_DIR/publish`` when it is None."""
+    return Path(run_dir) / (cfg.dir if cfg.dir is not None else "publish")
+
+
 def _write_json_atomic(path: Path, obj: dict) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     with open(tmp, "w") as f:
