@@ -13,6 +13,7 @@ from recsys_dist.checkpoint.meta import named_checkpoint
 from recsys_dist.errors import ConfigError, DataError
 from recsys_dist.logs import quiet_third_party
 from recsys_dist.serve.export import OUTPUT_COLUMNS, export, load, score, write_predictions
+from recsys_dist.serve.publish import export_from_publish
 from recsys_dist.train.metrics import binary_metrics, task_metrics
 
 
@@ -52,17 +53,25 @@ def model_path(args: argparse.Namespace) -> Path:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    """Write MODEL as a self-contained unsharded export in ``--out``; exit code 0.
+    """Write MODEL (or the folded versions of ``--from-publish DIR``) as a self-contained
+    unsharded export in ``--out``; exit code 0.
 
     Raises:
-        ConfigError: ``--out`` is a file, or MODEL is wrong (:func:`model_path`).
-        CheckpointError: the checkpoint cannot be read or exported.
+        ConfigError: ``--out`` is a file, MODEL and --from-publish both or neither given, or
+            MODEL is wrong (:func:`model_path`).
+        CheckpointError: the checkpoint or publish cannot be read or exported.
     """
     quiet_third_party()
     if Path(args.out).exists() and not Path(args.out).is_dir():
         raise ConfigError(f"--out {args.out} is a file; give a directory (it is created if missing)")
-    written = export(model_path(args), args.out, args.format)
-    print(f"recsys-dist: exported {args.model} to {args.out}: {', '.join(p.name for p in written)}")
+    if (args.model is None) == (args.from_publish is None):
+        raise ConfigError("export: give MODEL (a run, checkpoint or export) or --from-publish DIR, not both")
+    if args.from_publish is not None:
+        written = export_from_publish(args.from_publish, args.out, args.format)
+    else:
+        written = export(model_path(args), args.out, args.format or "safetensors")
+    source = args.model if args.from_publish is None else f"the publish {args.from_publish}"
+    print(f"recsys-dist: exported {source} to {args.out}: {', '.join(p.name for p in written)}")
     return 0
 
 

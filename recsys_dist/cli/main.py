@@ -90,13 +90,23 @@ def _model_argument(p: argparse.ArgumentParser, what: str) -> None:
 
 
 def _export_arguments(p: argparse.ArgumentParser) -> None:
-    _model_argument(p, "run directory (newest checkpoint), checkpoint directory, or best / latest with --run-dir")
+    p.add_argument(
+        "model",
+        nargs="?",  # or --from-publish
+        default=None,
+        help="run directory (newest checkpoint), checkpoint directory, or best / latest with --run-dir",
+    )
+    p.add_argument("--run-dir", default=None, help="the run whose best / latest checkpoint MODEL names")
+    p.add_argument(
+        "--from-publish", default=None, metavar="DIR", help="instead of MODEL: fold the versions published in DIR"
+    )
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument(
         "--format",
         choices=["safetensors", "torchscript"],
-        default="safetensors",
-        help="torchscript: also model.torchscript.pt + serving.json, loadable with torch alone (docs/serving.md)",
+        default=None,
+        help="torchscript: also model.torchscript.pt + serving.json, loadable with torch alone (docs/serving.md); "
+        "default safetensors (--from-publish: the publish's publish.format)",
     )
 
 

@@ -20,11 +20,13 @@ from recsys_dist.data.resolve import check_data
 from recsys_dist.distributed.config import DistributedConfig, ShardingConfig
 from recsys_dist.models.config import ModelConfig
 from recsys_dist.models.registry import model_config_class
+from recsys_dist.serve.config import PublishConfig
 from recsys_dist.train.config import EvalConfig, TrainConfig
 
 
 class RunConfig(Section):
-    """A run: ``data``, ``model``, ``train``, ``distributed``, ``sharding``, ``checkpoint``, ``eval``.
+    """A run: ``data``, ``model``, ``train``, ``distributed``, ``sharding``, ``checkpoint``, ``eval``,
+    ``publish``.
 
     Build it with :func:`recsys_dist.load_config` (YAML plus dotted overrides) or
     :func:`recsys_dist.config.config_from_dict`; both raise ``ConfigError`` listing every
@@ -41,6 +43,7 @@ class RunConfig(Section):
     sharding: ShardingConfig = Field(default_factory=ShardingConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
+    publish: PublishConfig = Field(default_factory=PublishConfig)
 
     @field_validator("data")
     @classmethod

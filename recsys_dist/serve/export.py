@@ -46,6 +46,14 @@ from recsys_dist.models.build import build_model, table_sizes
 from recsys_dist.models.managed import managed_metrics
 from recsys_dist.models.registry import get_model
 from recsys_dist.models.task import CTRTask
+from recsys_dist.serve.quantize import (
+    QUANTIZATION_FILE,
+    QUANTIZE_DTYPES,
+    load_published_state,
+    published_state,
+    quantize_model,
+    quantized_mode,
+)
 from recsys_dist.serve.scoring import (
     MANIFEST_FILE,
     PREPROCESSING_FILE,
@@ -84,7 +92,8 @@ def _unsharded(cfg: RunConfig) -> CTRTask:
 
 def load(path: str | Path, preprocessing: bool = True) -> LoadedModel:
     """The model at ``path``: a run directory (its newest complete checkpoint), a checkpoint
-    directory or an export directory. With ``preprocessing``, also its preprocessing record:
+    directory or an export directory (one with ``quantization.json`` gets TorchRec's quantized
+    embedding modules holding its int8 / int4 rows). With ``preprocessing``, also its preprocessing record:
     an export's own; a checkpoint's pinned one, or (first use) the one found in the
     conversion cache and pinned then (``recsys_dist.serve.scoring.for_checkpoint``).
 
@@ -99,10 +108,14 @@ def load(path: str | Path, preprocessing: bool = True) -> LoadedModel:
     if (path / MODEL_FILE).is_file():
         cfg = config_from_dict(yaml.safe_load((path / "config.yaml").read_text()), str(path / "config.yaml"))
         model = _unsharded(cfg)
-        try:
-            model.load_state_dict(load_file(str(path / MODEL_FILE)), strict=True)
-        except RuntimeError as err:
-            raise CheckpointError(f"{path / MODEL_FILE} does not fit its config.yaml: {str(err)[:800]}") from None
+        mode = _export_quantization(path)
+        if mode != "none":  # int8 / int4 tables as published (recsys_dist.serve.quantize)
+            load_published_state(quantize_model(model, mode), load_file(str(path / MODEL_FILE)), str(path / MODEL_FILE))
+        else:
+            try:
+                model.load_state_dict(load_file(str(path / MODEL_FILE)), strict=True)
+            except RuntimeError as err:
+                raise CheckpointError(f"{path / MODEL_FILE} does not fit its config.yaml: {str(err)[:800]}") from None
         prep = _export_preprocessing(path, cfg) if preprocessing else None
         return LoadedModel(cfg, model.eval(), f"export {path}", prep)
     if path.is_file() and path.name in ("best", "latest") and path.parent.name == "checkpoints":
@@ -144,6 +157,27 @@ def load(path: str | Path, preprocessing: bool = True) -> LoadedModel:
         raise CheckpointError(str(err)) from None
     source = f"checkpoint {ckpt} (step {meta['step']}, saved on {meta['world_size']} rank(s))"
     return LoadedModel(cfg, model.eval(), source, prep)
+
+
+def _export_quantization(path: Path) -> str:
+    """``"none"``, or the mode of the quantized tables of the export at ``path`` (its
+    ``quantization.json``, written by ``recsys_dist.serve.publish`` for a quantized publish).
+
+    Raises:
+        CheckpointError: the file is unreadable or names another mode.
+    """
+    file = path / QUANTIZATION_FILE
+    if not file.is_file():
+        return "none"
+    try:
+        mode = json.loads(file.read_text())["quantize"]
+    except (ValueError, KeyError, TypeError):
+        mode = None
+    if mode not in QUANTIZE_DTYPES:
+        raise CheckpointError(
+            f'{file}: not a quantization record (want {{"quantize": "int8" or "int4"}}); export the model again'
+        )
+    return mode
 
 
 def _export_preprocessing(path: Path, cfg: RunConfig) -> Preprocessing:
@@ -202,20 +236,40 @@ def export(path: str | Path, out: str | Path, format: str = "safetensors") -> li
     """
     if format not in FORMATS:
         raise ValueError(f"format must be one of {FORMATS}, got {format!r}")
-    m = load(path)
+    return write_export(load(path), out, format, path)
+
+
+def write_export(m: LoadedModel, out: str | Path, format: str, source: str | Path) -> list[Path]:
+    """:func:`export` of a loaded model (``source``: where it came from, for messages). A model
+    whose tables are quantized (``recsys_dist.serve.quantize``) is written with its quantized
+    rows, uint8, and ``quantization.json``. Returns the paths written.
+
+    Raises:
+        CheckpointError: torchscript asked of a quantized model; ``serving.ExportError``: the
+            model cannot be written as TorchScript (nothing is written then).
+    """
+    mode = quantized_mode(m.model)
     artefact = None
     if format == "torchscript":  # first: a model that cannot be traced leaves nothing behind
+        if mode != "none":
+            raise CheckpointError(
+                f"{source}: its tables are quantized ({mode}), which TorchScript export does not write; "
+                "export with format safetensors"
+            )
         artefact = to_torchscript(m.cfg, m.model, table_sizes(m.cfg))
         spec = serving_spec(m.cfg, table_sizes(m.cfg), m.preprocessing.record["written_by"])
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.contiguous() for k, v in m.model.state_dict().items()}, str(out / MODEL_FILE))
+    save_file(published_state(m.model), str(out / MODEL_FILE))
     _chmod_as_umask(out / MODEL_FILE)
     save_config(m.cfg, out / "config.yaml")
     written = [out / MODEL_FILE, out / "config.yaml", *m.preprocessing.save(out)]
+    if mode != "none":
+        (out / QUANTIZATION_FILE).write_text(json.dumps({"quantize": mode}) + "\n")
+        written.append(out / QUANTIZATION_FILE)
     extras = get_model(m.cfg.model.name).export_extras  # two_tower: the item embeddings, for an ANN index
     if extras is not None:
-        written += extras(m.cfg, m.model, m.preprocessing.record, path, out)
+        written += extras(m.cfg, m.model, m.preprocessing.record, source, out)
     if artefact is not None:
         written += save_artefact(artefact, spec, out)
     return written

@@ -32,7 +32,7 @@ BASE = {
     "recsys_dist.versions",
     "recsys_dist.config.base",
 }
-SECTIONS = {f"recsys_dist.{p}.config" for p in ("data", "models", "distributed", "train", "checkpoint")}
+SECTIONS = {f"recsys_dist.{p}.config" for p in ("data", "models", "distributed", "train", "checkpoint", "serve")}
 MAX_FUNCTION_LEVEL = 10
 MAX_ROOT_MODULES = 10
 MAX_MODULE_LINES = 600
