@@ -122,7 +122,7 @@ def test_trainer_under_launch_matches_the_cli(tmp_path, monkeypatch):
     # rounding), and the CLI run's wall time is the command's, as timed from outside it.
     for s in (cli_summary, lib_summary):
         split = s["wall_split"]
-        assert list(split) == ["startup", "data", "plan", "tables", "train", "eval", "checkpoint", "other"]
+        assert list(split) == ["startup", "data", "plan", "tables", "train", "eval", "checkpoint", "publish", "other"]
         assert all(v >= 0 for v in split.values()) and min(split["startup"], split["train"], split["eval"]) > 0
         assert sum(split.values()) == pytest.approx(s["wall_seconds"], rel=0.05, abs=0.01)
         assert split["checkpoint"] > 0 and split["other"] < 0.05 * s["wall_seconds"]

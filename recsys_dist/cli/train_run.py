@@ -19,6 +19,7 @@ from recsys_dist.config.run import RunConfig
 from recsys_dist.distributed.env import die_with_launcher, resolve_device, under_launcher
 from recsys_dist.errors import ConfigError
 from recsys_dist.logs import quiet_third_party
+from recsys_dist.serve.publishing import PublishCallback
 from recsys_dist.train import rank_failure
 from recsys_dist.train.job import Job, prepare_data, resolve_job
 from recsys_dist.train.preflight import check_before_launch, check_converted
@@ -69,7 +70,14 @@ def _torchrun_rank(args: argparse.Namespace, job: Job, run_dir: Path) -> int:
     resume = _resolve_resume(args, run_dir, verify=False)
     if resume is not None and args.resume != "auto":
         run_dirs.check_resumable(job.cfg, resume, job.world.size)
-    run = RankRun(run_dir, args.profile, "auto" if args.resume == "auto" else resume, args.resume_on_new_data, False)
+    run = RankRun(
+        run_dir,
+        args.profile,
+        "auto" if args.resume == "auto" else resume,
+        args.resume_on_new_data,
+        False,
+        plugins(job.cfg, run_dir),
+    )
     code, summary = train_rank(job, run)
     if summary and int(os.environ.get("RANK", 0)) == 0:
         print_summary(summary)
@@ -95,15 +103,14 @@ def _launch_run(args: argparse.Namespace, job: Job, run_dir: Path, resume: Path 
             print(done)
             return 0
         run_dirs.write_config(cfg, run_dir)
-    run = RankRun(run_dir, args.profile, resume, args.resume_on_new_data)
+    run = RankRun(run_dir, args.profile, resume, args.resume_on_new_data, callbacks=plugins(cfg, run_dir))
     launched_at = time.time()
     try:
         with run_clock(t_data):
             if cfg.distributed.nproc_per_node == 1:
                 with signals_stop():
-                    summary = train(
-                        job, run_dir, run_dir / "profile" if args.profile else None, resume, run.resume_on_new_data
-                    )
+                    profile = run_dir / "profile" if args.profile else None
+                    summary = train(job, run_dir, profile, resume, run.resume_on_new_data, run.callbacks)
             else:
                 summary = launch_ranks(job, run, start_method(cfg), rank_failure.resume_command(args, run_dir))
                 if summary is None:
@@ -117,6 +124,11 @@ def _launch_run(args: argparse.Namespace, job: Job, run_dir: Path, resume: Path 
         print("recsys-dist: SIGTERM: the stream stopped after a checkpoint", file=sys.stderr)
     print_summary(summary)
     return 0
+
+
+def plugins(cfg: RunConfig, run_dir: Path) -> tuple:
+    """The Trainer callbacks the config asks for: the publisher of ``publish:`` (serve layer)."""
+    return (PublishCallback(cfg.publish, run_dir),) if cfg.publish.enabled else ()
 
 
 def _stream_stopped(run_dir: Path, since: float) -> dict | None:

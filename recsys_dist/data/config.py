@@ -502,7 +502,7 @@ class DataConfig(_Section):
                 "data.raw_path: not used with data.stream (the stream's partitions are the training data); "
                 "remove one of them"
             )
-        if "split" in self.model_fields_set:
+        if self.split != SplitConfig():  # a saved config lists every key at its default
             raise ValueError(
                 "data.split: not used with data.stream (every partition is trained on; with "
                 "data.stream.progressive_validation each is scored first); remove it"

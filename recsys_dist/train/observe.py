@@ -119,7 +119,7 @@ class TimedTrainPipeline(StageTimer, TrainPipelineSparseDist):
 
 
 # The wall-time split of summary.json, in the order of a run (docs/run_directory.md).
-WALL_PHASES = ("startup", "data", "plan", "tables", "train", "eval", "checkpoint", "other")
+WALL_PHASES = ("startup", "data", "plan", "tables", "train", "eval", "checkpoint", "publish", "other")
 # Set by ``recsys-dist train`` for the ranks it starts: when the command started (Unix time)
 # and the seconds of its own phases before the ranks existed (JSON, e.g. {"data": 3.2}).
 RUN_START_ENV, EARLIER_PHASES_ENV = "RECSYS_DIST_RUN_START", "RECSYS_DIST_EARLIER_PHASES"

@@ -96,6 +96,7 @@ def section_problems(job: Job | RunConfig) -> list[str]:
         problems.append(f"eval.retrieval_k: {cfg.model.name} is not a retrieval model (two_tower); remove it")
     if cfg.data.stream is not None:
         problems += _stream_problems(cfg, spec)
+    problems += _publish_problems(cfg)
     if cfg.checkpoint.keep_best and not cfg.checkpoint.enabled:
         problems.append(
             "checkpoint.keep_best: keeps a checkpoint, but checkpoint.enabled is false; enable checkpoints or "
@@ -108,7 +109,7 @@ def _stream_problems(cfg: RunConfig, spec) -> list[str]:
     """What a run over ``data.stream`` does not use (it has no epochs and no fixed splits)."""
     t, e = cfg.train, cfg.eval
     unused = [
-        ("train.epochs", "epochs" in t.model_fields_set, "a stream is one pass over its partitions"),
+        ("train.epochs", t.epochs != 1, "a stream is one pass over its partitions"),
         ("train.early_stopping", t.early_stopping is not None, "a stream keeps training as data lands"),
         ("eval.every_n_steps", e.every_n_steps is not None, "each partition is scored before it is trained on"),
         ("checkpoint.keep_best", cfg.checkpoint.keep_best, "a stream has no one validation split to rank by"),
@@ -120,6 +121,24 @@ def _stream_problems(cfg: RunConfig, spec) -> list[str]:
             "stream does not have; use a CTR model with data.stream"
         )
     return problems
+
+
+def _publish_problems(cfg: RunConfig) -> list[str]:
+    """Publishing reads the run's checkpoints: they must be written where it publishes."""
+    p, c = cfg.publish, cfg.checkpoint
+    if not p.enabled:
+        return []
+    if not c.enabled:
+        return ["publish.enabled: publishes the run's checkpoints, but checkpoint.enabled is false; enable them"]
+    if p.every_partition and cfg.data.stream is None:
+        return ["publish.every_partition: a run over data.raw_path has no partitions; use publish.every_n_steps"]
+    if p.every_n_steps is not None and (c.every_n_steps is None or p.every_n_steps % c.every_n_steps):
+        return [
+            f"publish.every_n_steps: {p.every_n_steps} is not a multiple of checkpoint.every_n_steps "
+            f"({c.every_n_steps}): a version is published from the checkpoint of its step; set "
+            f"checkpoint.every_n_steps to {p.every_n_steps} or a divisor of it"
+        ]
+    return []
 
 
 def table_names(job: Job | RunConfig) -> list[str]:

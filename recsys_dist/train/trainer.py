@@ -210,6 +210,12 @@ class Trainer(TrainLoop):
         for cb in callbacks:
             if not isinstance(cb, Callback):
                 raise TypeError(f"callbacks must be recsys_dist.Callback objects, got {type(cb).__name__}")
+        if cfg.publish.enabled and not any(getattr(cb, "publishes", False) for cb in callbacks):
+            raise ConfigError(
+                "publish.enabled: the Trainer publishes through its callback: pass "
+                "callbacks=[recsys_dist.serve.publishing.PublishCallback(cfg.publish, run_dir)] "
+                "(recsys-dist train adds it), or set publish.enabled: false"
+            )
         require_ranks(cfg)
         self.cfg, self.run_dir, self._job = cfg, Path(run_dir), job
         self._user_model, self._dense_factory, self._scheduler_factory = model, dense_optimizer, lr_scheduler
@@ -392,6 +398,12 @@ class Trainer(TrainLoop):
     def loaders(self) -> Loaders:
         """This rank's ``train`` (shuffled), ``validation`` and ``test`` loaders."""
         return self._loaders
+
+    @property
+    def clock(self) -> PhaseClock:
+        """This rank's wall-time split by phase (``summary.json`` ``wall_split``); a callback
+        times its own work with ``trainer.clock.phase("publish")``."""
+        return self._clock
 
     @property
     def step(self) -> int:

@@ -1,0 +1,58 @@
+"""Publishing while training: the Trainer callback that turns ``publish:`` into versions.
+
+:class:`PublishCallback` is a :class:`~recsys_dist.train.trainer.Callback` (publishing is a
+plug-in of the serve layer; the Trainer only announces its checkpoints and, streaming, its
+partitions). ``recsys-dist train`` adds it when ``publish.enabled``; a Python user adds it to
+``Trainer(callbacks=[...])`` (a Trainer given ``publish.enabled`` without it refuses to start).
+After the checkpoint of every ``publish.every_n_steps`` steps, or after each partition of a
+stream (``publish.every_partition``), rank 0 publishes that checkpoint
+(:class:`recsys_dist.serve.publish.Publisher`: a full version, then deltas) while the other
+ranks wait; an error is raised on every rank.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from recsys_dist.distributed.env import broadcast_result
+from recsys_dist.serve.config import PublishConfig
+from recsys_dist.serve.publish import Publisher, resolve_publish_dir
+from recsys_dist.train.trainer import Callback
+
+
+class PublishCallback(Callback):
+    """Publishes a run's checkpoints as ``publish:`` says (module docstring).
+
+    Args:
+        cfg: the ``publish:`` section (enabled).
+        run_dir: the run directory (``publish.dir`` is relative to it; default ``RUN_DIR/publish``).
+
+    Attributes:
+        dir: the publish directory. publisher: rank 0's ``Publisher`` once it published (None before).
+    """
+
+    publishes = True  # what a Trainer with publish.enabled looks for among its callbacks
+
+    def __init__(self, cfg: PublishConfig, run_dir: str | Path) -> None:
+        self.cfg = cfg
+        self.dir = resolve_publish_dir(cfg, run_dir)
+        self.publisher: Publisher | None = None
+
+    def on_checkpoint(self, trainer, step: int, path: Path) -> None:
+        n = self.cfg.every_n_steps
+        if n is not None and step > 0 and step % n == 0:
+            self._publish(trainer, path)
+
+    def on_partition_end(self, trainer, partition: str, checkpoint: Path | None) -> None:
+        if self.cfg.every_partition and checkpoint is not None:
+            self._publish(trainer, checkpoint)
+
+    def _publish(self, trainer, checkpoint: Path) -> None:
+        def publish() -> Path:
+            if self.publisher is None:
+                # Versions past the step this run started from are trained again: moved aside.
+                self.publisher = Publisher(self.dir, self.cfg, resume_step=trainer.resumed_at_step or 0)
+            return self.publisher.publish(checkpoint)
+
+        with trainer.clock.phase("publish"):
+            broadcast_result(trainer.ctx, publish)
