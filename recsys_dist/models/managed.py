@@ -50,6 +50,14 @@ from torchrec.modules.mc_modules import (
 from torchrec.sparse.jagged_tensor import JaggedTensor, KeyedJaggedTensor
 
 from recsys_dist.data.resolve import managed_features
+from recsys_dist.models.managed_ops import (
+    _row_of_value,
+    _segment_sums,
+    batched_lfu_round,
+    batched_lookup,
+    batched_mark_seen,
+    batched_ttl_expire,
+)
 
 MANAGED_ID_SPACE = 2**63 - 1  # raw ids lie in [0, 2^63 - 1); 2^63 - 1 marks an empty slot
 
@@ -81,6 +89,13 @@ class ReplicatedMCH(MCHManagedCollisionModule):
         history_capacity: id values the history holds (``eviction_interval`` global batches of
             one-hot ids); when a step's ids would not fit, the eviction round runs early
             (the same on every world size, since the global batch is).
+        ttl_steps: ``data.managed.ttl_steps``: at each scheduled round, ids not seen in the
+            last ``ttl_steps`` training steps lose their rows (None: no TTL).
+
+    Persistent state beyond TorchRec's: the history, ``_counters`` (int64 [4]: history
+    length, step of the last round, policy evictions, admissions), ``_totals`` (int64 [2]:
+    TTL evictions, collided lookups, both since training started) and, under a TTL,
+    ``_row_last_seen`` (int64 [zch_size]: per row, the last training step its id was seen).
     """
 
     def __init__(
@@ -93,6 +108,7 @@ class ReplicatedMCH(MCHManagedCollisionModule):
         history_capacity: int = 1 << 16,
         device: torch.device | None = None,
         name: str | None = None,
+        ttl_steps: int | None = None,
     ) -> None:
         super().__init__(
             zch_size=zch_size,
@@ -111,6 +127,12 @@ class ReplicatedMCH(MCHManagedCollisionModule):
         self.register_buffer("_hist_iter", torch.zeros(cap, dtype=torch.int64, device=dev))
         # [history length, iteration of the last round, evictions so far, admissions so far]
         self.register_buffer("_counters", torch.zeros(4, dtype=torch.int64, device=dev))
+        # [TTL evictions, collided: training lookups of real ids that read the default row]
+        self.register_buffer("_totals", torch.zeros(2, dtype=torch.int64, device=dev))
+        self.ttl_steps = None if ttl_steps is None else int(ttl_steps)
+        if self.ttl_steps is not None:
+            # by row, not by slot: the table's re-sorts leave it in place
+            self.register_buffer("_row_last_seen", torch.zeros(zch_size, dtype=torch.int64, device=dev))
         self._input_history_buffer_size = cap
 
     # TorchRec reads these two while coalescing; they alias the persistent buffers.
@@ -141,6 +163,7 @@ class ReplicatedMCH(MCHManagedCollisionModule):
             n, k = n + take, k + take
         if it - last >= self._eviction_interval:
             self._round(n)
+            self.expire(it)
             n, last = 0, it
         self._counters[0], self._counters[1] = n, last
 
@@ -155,6 +178,43 @@ class ReplicatedMCH(MCHManagedCollisionModule):
         got = 0 if replaced is None else int(replaced.numel())
         self._counters[2] += got - filled
         self._counters[3] += got
+        if self.ttl_steps is not None:
+            batched_mark_seen(
+                [self._mch_sorted_raw_ids],
+                [self._mch_remapped_ids_mapping],
+                [self._row_last_seen],
+                [self._hist_ids[:n]],
+                [self._hist_iter[:n]],
+            )
+
+    def metadata_buffers(self) -> list[torch.Tensor]:
+        """The policy's per-slot metadata buffers (``_mch_counts`` and / or ``_mch_last_access_iter``)."""
+        return [
+            getattr(self, "_mch_" + m.metadata_name) for m in self._eviction_policy.metadata_info if m.is_mch_metadata
+        ]
+
+    def expire(self, step: int) -> None:
+        """TTL eviction at a scheduled round of training step ``step`` (no-op without a TTL):
+        :func:`batched_ttl_expire` of this feature."""
+        if self.ttl_steps is None:
+            return
+        batched_ttl_expire(
+            [self._mch_sorted_raw_ids],
+            [self._mch_remapped_ids_mapping],
+            [[b] for b in self.metadata_buffers()],
+            [self._row_last_seen],
+            [self._totals[:1]],
+            step,
+            self.ttl_steps,
+        )
+
+    def counters(self) -> dict[str, int]:
+        """Cumulative since training started (replicated: the same on every rank): ``admitted``
+        (ids given a row), ``evicted`` (ids that lost their row: by the policy or the TTL),
+        ``evicted_ttl`` (by the TTL; part of ``evicted``), ``collided`` (training lookups of
+        real ids, padding excluded, that read the default row, over the global batch)."""
+        c, t = self._counters.tolist(), self._totals.tolist()
+        return {"admitted": c[3], "evicted": c[2] + t[0], "evicted_ttl": t[0], "collided": t[1]}
 
     def remap_values(self, values: torch.Tensor) -> torch.Tensor:
         """int64 raw ids [N] -> int64 rows [N] in ``[0, zch_size)`` (``zch_size - 1``: no row)."""
@@ -206,6 +266,7 @@ class ManagedRemap(nn.Module):
             type(m._eviction_policy) is LFU_EvictionPolicy
             and m._eviction_interval == mods[0]._eviction_interval
             and m.admission_min_count == mods[0].admission_min_count
+            and m.ttl_steps == mods[0].ttl_steps
             for m in mods
         )
         self._key_index: dict[tuple, list[int]] = {}
@@ -230,7 +291,8 @@ class ManagedRemap(nn.Module):
             or any(cached["_hist_ids"][i] is not m._hist_ids for i, m in enumerate(mods))
         ):
             names = ["_mch_sorted_raw_ids", "_mch_remapped_ids_mapping", "_hist_ids", "_hist_iter", "_counters"]
-            names += ["_current_iter_tensor"] + (["_mch_counts"] if self._batched_round else [])
+            names += ["_current_iter_tensor", "_totals"] + (["_mch_counts"] if self._batched_round else [])
+            names += ["_row_last_seen"] if self._batched_round and mods[0].ttl_steps is not None else []
             cached = {n: [getattr(m, n) for m in mods] for n in names}
             self._bufs = cached
         return cached
@@ -266,6 +328,7 @@ class ManagedRemap(nn.Module):
             else:
                 for m, g in zip(mods, glob):
                     m.record(g)
+            _count_collided(mods, bufs, glob)
         present = [i for i, j in enumerate(pos) if j >= 0]
         if present:
             sel = [mods[i] for i in present]
@@ -309,148 +372,6 @@ class ManagedRemap(nn.Module):
         return out
 
 
-_MAX = torch.iinfo(torch.int64).max
-
-
-def _row_of_value(lengths: torch.Tensor, n: int) -> torch.Tensor:
-    """int64 [n]: the bag (index into ``lengths``) of each value."""
-    return torch.repeat_interleave(torch.arange(lengths.numel(), device=lengths.device), lengths.long(), output_size=n)
-
-
-def _segment_ids(sizes: list[int], device: torch.device) -> torch.Tensor:
-    """int64 [sum(sizes)]: for each element of a concatenation of segments, its segment."""
-    n = torch.tensor(sizes, dtype=torch.int64, device=device)
-    return torch.repeat_interleave(torch.arange(len(sizes), device=device), n, output_size=sum(sizes))
-
-
-def _segment_sums(x: torch.Tensor, sizes: list[int]) -> torch.Tensor:
-    """int64 [len(sizes)]: the sum of a bool / int tensor over each of its consecutive segments."""
-    c = torch.cat([x.new_zeros(1, dtype=torch.int64), torch.cumsum(x.long(), 0)])
-    n = torch.tensor(sizes, dtype=torch.int64, device=x.device)
-    ends = n.cumsum(0)
-    return c[ends] - c[ends - n]
-
-
-def _pad(parts: list[torch.Tensor], value: int) -> torch.Tensor:
-    """int64 [len(parts), longest]: the parts as rows, padded with ``value`` (exact for int64,
-    unlike ``pad_sequence``'s float padding value)."""
-    n = [p.numel() for p in parts]
-    dev = parts[0].device if parts else None
-    sizes = torch.tensor(n, device=dev)
-    out = torch.full((len(parts), max(n, default=0)), value, dtype=torch.int64, device=dev)
-    out[torch.arange(out.shape[1], device=dev).unsqueeze(0) < sizes.unsqueeze(1)] = torch.cat(parts)
-    return out
-
-
-def batched_lookup(
-    tables: list[torch.Tensor], mappings: list[torch.Tensor], queries: list[torch.Tensor], defaults: list[int]
-) -> tuple[list[torch.Tensor], torch.Tensor]:
-    """TorchRec's ``_mch_remap`` for several features at once.
-
-    Args:
-        tables: per feature, its MCH ``_mch_sorted_raw_ids`` (int64 [rows], ascending, the last
-            one ``2^63 - 1``).
-        mappings: per feature, ``_mch_remapped_ids_mapping`` (int64 [rows]).
-        queries: per feature, raw ids (int64 [n_f], below ``2^63 - 1``).
-        defaults: per feature, the default row.
-    Returns:
-        per feature the rows (int64 [n_f]), and a bool [sum n_f] (concatenated in feature
-        order): True where the id has no row (it reads the default row).
-    """
-    t = _pad(tables, _MAX)  # padding past a table's last (2^63 - 1) entry changes no search
-    q = _pad(queries, 0)
-    idx = torch.searchsorted(t, q)
-    hit = torch.gather(t, 1, idx) == q
-    dev = q.device
-    rows = torch.where(hit, torch.gather(_pad(mappings, 0), 1, idx), torch.tensor(defaults, device=dev).unsqueeze(1))
-    sizes = [x.numel() for x in queries]
-    valid = torch.arange(q.shape[1], device=dev).unsqueeze(0) < torch.tensor(sizes, device=dev).unsqueeze(1)
-    return list(torch.split(rows[valid], sizes)), ~hit[valid]
-
-
-def _lex_order(keys: torch.Tensor, segments: torch.Tensor, descending: bool = False) -> torch.Tensor:
-    """The stable order by (segment ascending, key), ties kept in input order."""
-    o = torch.argsort(keys, descending=descending, stable=True)
-    return o[torch.argsort(segments[o], stable=True)]
-
-
-@torch.no_grad()
-def batched_lfu_round(
-    tsizes: list[int], state: dict[str, list[torch.Tensor]], hists: list[torch.Tensor], k: int
-) -> None:
-    """One lfu round (TorchRec's ``MCHManagedCollisionModule._coalesce_history`` with
-    ``LFU_EvictionPolicy`` and the ``counts >= k`` admission filter) of several features at
-    once, updating their sorted raw ids, rows and counts in place and their eviction /
-    admission counters. ``tsizes``: per feature, its rows (zch_size); ``state``: per feature its
-    ``ReplicatedMCH`` tensors ``_mch_sorted_raw_ids``, ``_mch_remapped_ids_mapping``,
-    ``_mch_counts`` and ``_counters``; ``hists``: per feature, the pending history (int64,
-    non-empty).
-
-    Same result as the per-feature TorchRec round, step for step: per feature the distinct
-    ids by count (descending, ties by ascending id), the table's counts updated, the last
-    (default) slot pinned at the highest count, table and new ids ranked by count (stable:
-    table entries before new ids, each in order), the best ``rows`` kept, the i-th evicted
-    slot given to the i-th admitted id, the table re-sorted by raw id."""
-    f_all = len(tsizes)
-    dev = state["_mch_sorted_raw_ids"][0].device
-    tf = _segment_ids(tsizes, dev)
-    tstart = torch.tensor([0] + tsizes[:-1], dtype=torch.int64, device=dev).cumsum(0)
-    tsz = torch.tensor(tsizes, dtype=torch.int64, device=dev)
-    ids = torch.cat(state["_mch_sorted_raw_ids"])
-    rows = torch.cat(state["_mch_remapped_ids_mapping"])
-    counts = torch.cat(state["_mch_counts"])
-    # distinct ids and counts per feature (torch.unique per feature: ascending ids)
-    h = torch.cat(hists)
-    hf = _segment_ids([x.numel() for x in hists], dev)
-    o = _lex_order(h, hf)
-    hs, hfs = h[o], hf[o]
-    first = torch.ones_like(hs, dtype=torch.bool)
-    first[1:] = (hs[1:] != hs[:-1]) | (hfs[1:] != hfs[:-1])
-    starts = torch.nonzero(first).squeeze(1)
-    uid, uf = hs[starts], hfs[starts]
-    ucnt = torch.diff(starts, append=torch.tensor([hs.numel()], device=dev))
-    if k > 1:  # admission: ids seen fewer than k times in the window are dropped
-        m = ucnt >= k
-        uid, uf, ucnt = uid[m], uf[m], ucnt[m]
-    # by count, descending, per feature
-    o = _lex_order(ucnt, uf, descending=True)
-    qid, qf, qcnt = uid[o], uf[o], ucnt[o]
-    # ids that already hold a row: add their counts
-    qn = torch.bincount(qf, minlength=f_all)
-    qrank = torch.arange(qid.numel(), device=dev) - (torch.cumsum(qn, 0) - qn)[qf]
-    qpad = torch.zeros(f_all, int(qn.max()) if qid.numel() else 0, dtype=torch.int64, device=dev)
-    qpad[qf, qrank] = qid
-    tpad = _pad(list(torch.split(ids, tsizes)), _MAX)
-    at = torch.searchsorted(tpad, qpad)[qf, qrank]
-    hit = tpad[qf, at] == qid
-    counts[tstart[qf[hit]] + at[hit]] += qcnt[hit]
-    nid, nf, ncnt = qid[~hit], qf[~hit], qcnt[~hit]
-    counts[tstart + tsz - 1] = _MAX  # the default slot is never evicted
-    # rank table slots and new ids per feature; the best zch_size keep / take a slot
-    nn_ = torch.bincount(nf, minlength=f_all)
-    mf = torch.cat([tf, nf])
-    o = _lex_order(torch.cat([counts, ncnt]), mf, descending=True)
-    gsize = tsz + nn_
-    r = torch.arange(o.numel(), device=dev) - (torch.cumsum(gsize, 0) - gsize)[mf[o]]
-    top = r < tsz[mf[o]]
-    is_new = o >= counts.numel()
-    admitted = o[top & is_new] - counts.numel()
-    evicted = o[~top & ~is_new]
-    was_empty = ids[evicted] == _MAX
-    ids[evicted] = nid[admitted]
-    counts[evicted] = ncnt[admitted]
-    # re-sort each table by raw id
-    o = _lex_order(ids, tf)
-    ids, rows, counts = ids[o], rows[o], counts[o]
-    torch._foreach_copy_(state["_mch_sorted_raw_ids"], list(torch.split(ids, tsizes)))
-    torch._foreach_copy_(state["_mch_remapped_ids_mapping"], list(torch.split(rows, tsizes)))
-    torch._foreach_copy_(state["_mch_counts"], list(torch.split(counts, tsizes)))
-    got = torch.bincount(tf[evicted], minlength=f_all)
-    filled = torch.bincount(tf[evicted][was_empty], minlength=f_all)
-    # [evictions, admissions] per feature, added to _counters[2:4]
-    torch._foreach_add_([c[2:] for c in state["_counters"]], list(torch.stack([got - filled, got], 1).unbind(0)))
-
-
 def _record_all(mods: list[ReplicatedMCH], bufs: dict[str, list[torch.Tensor]], glob: list[torch.Tensor]) -> None:
     """:meth:`ReplicatedMCH.record` of every feature, with one batched lfu round for all
     features due (per feature through TorchRec when a step's ids overflow a history).
@@ -464,7 +385,7 @@ def _record_all(mods: list[ReplicatedMCH], bufs: dict[str, list[torch.Tensor]], 
         for m, g in zip(mods, glob):
             m.record(g)
         return
-    due, hists = [], []
+    due, hists, ticks = [], [], []
     torch._foreach_add_(bufs["_current_iter_tensor"], 1)
     for i, (m, g, c) in enumerate(zip(mods, glob, ctr)):
         n = c[0]
@@ -472,18 +393,59 @@ def _record_all(mods: list[ReplicatedMCH], bufs: dict[str, list[torch.Tensor]], 
         hist_iter[i][n : n + g.numel()] = it
         c[0] = n + g.numel()
         if it - c[1] >= m._eviction_interval:
+            ticks.append(i)
             if c[0]:
                 due.append(i)
-                hists.append(hist[i][: c[0]])
+                hists.append((hist[i][: c[0]], hist_iter[i][: c[0]]))
             c[0], c[1] = 0, it
     if due:
         sub = {
             k: [bufs[k][i] for i in due] for k in ("_mch_sorted_raw_ids", "_mch_remapped_ids_mapping", "_mch_counts")
         }
         sub["_counters"] = [bufs["_counters"][i] for i in due]
-        batched_lfu_round([mods[i]._zch_size for i in due], sub, hists, mods[0].admission_min_count)
+        batched_lfu_round([mods[i]._zch_size for i in due], sub, [h for h, _ in hists], mods[0].admission_min_count)
+    if mods[0].ttl_steps is not None:
+        _ttl_all(mods[0].ttl_steps, bufs, due, hists, ticks, it)
     new = torch.tensor([c[:2] for c in ctr], dtype=torch.int64, device=bufs["_counters"][0].device)
     torch._foreach_copy_([c[:2] for c in bufs["_counters"]], list(new.unbind(0)))
+
+
+def _ttl_all(
+    ttl: int, bufs: dict[str, list[torch.Tensor]], due: list[int], hists: list[tuple], ticks: list[int], it: int
+):
+    """The batched lfu step's TTL: last-seen steps of the rounds' (``due``) histories
+    (``hists``: per due feature, ids and steps), then the TTL expiry of the features whose
+    round was scheduled this step (``ticks``, also those with an empty history)."""
+    tables, mappings = bufs["_mch_sorted_raw_ids"], bufs["_mch_remapped_ids_mapping"]
+    if due:
+        batched_mark_seen(
+            [tables[i] for i in due],
+            [mappings[i] for i in due],
+            [bufs["_row_last_seen"][i] for i in due],
+            [h for h, _ in hists],
+            [s for _, s in hists],
+        )
+    batched_ttl_expire(
+        [tables[i] for i in ticks],
+        [mappings[i] for i in ticks],
+        [[bufs["_mch_counts"][i] for i in ticks]],
+        [bufs["_row_last_seen"][i] for i in ticks],
+        [bufs["_totals"][i][:1] for i in ticks],
+        it,
+        ttl,
+    )
+
+
+def _count_collided(mods: list[ReplicatedMCH], bufs: dict[str, list[torch.Tensor]], glob: list[torch.Tensor]) -> None:
+    """Adds to each feature's ``_totals[1]`` its global batch's real ids that read the default
+    row after this step's round: the sum over ranks of their training default-row lookups,
+    counted the same on every rank without a collective (the ids are all-gathered already)."""
+    if not mods:
+        return
+    tables, mappings = bufs["_mch_sorted_raw_ids"], bufs["_mch_remapped_ids_mapping"]
+    _, miss = batched_lookup(tables, mappings, glob, [m._zch_size - 1 for m in mods])
+    got = _segment_sums(miss, [g.numel() for g in glob])
+    torch._foreach_add_([t[1:] for t in bufs["_totals"]], list(got.view(-1, 1).unbind(0)))
 
 
 def _real(values: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -537,6 +499,7 @@ def build_remap(cfg, sparse_names: list[str], sizes: list[int], device: torch.de
                 history_capacity=m.eviction_interval * global_batch * h,
                 device=device,
                 name=f,
+                ttl_steps=m.ttl_steps,
             )
             for f, n, h in zip(sparse_names, sizes, hot)
             if f in managed
@@ -549,11 +512,23 @@ def find_remap(model: nn.Module) -> ManagedRemap | None:
     return next((m for m in model.modules() if isinstance(m, ManagedRemap)), None)
 
 
+def managed_counters(model: nn.Module) -> dict[str, dict[str, int]]:
+    """Per managed feature, its cumulative counters since training started:
+    ``{feature: {"admitted": int, "evicted": int, "evicted_ttl": int, "collided": int}}``
+    (:meth:`ReplicatedMCH.counters`; ``{}`` for a model without managed tables). The counters
+    are persistent buffers, the same on every rank, so this reads local state: not a
+    collective, any rank may call it; a resumed run continues them exactly."""
+    remap = find_remap(model)
+    return {} if remap is None else {f: m.counters() for f, m in remap.mch.items()}
+
+
 def managed_metrics(model: nn.Module, split: str = "train") -> dict:
     """``{"managed": {feature: {occupancy, rows_used, evictions, admissions, default_share}}}``
     for a model with managed tables (``{}`` otherwise), and for ``train`` also
     ``managed_remap_ms_per_step`` (rank 0's wall time of the remapping per step since the
-    last call, the all_gather included: part of the forward time). ``default_share``: the fraction of
+    last call, the all_gather included: part of the forward time) and per feature the
+    cumulative counters of :func:`managed_counters` as ``admitted_total``, ``evicted_total``,
+    ``evicted_ttl_total`` and ``collided_total``. ``default_share``: the fraction of
     this split's lookups since the last call that read the default row (all ranks). A
     collective when the job has several ranks: every rank must call it."""
     remap = find_remap(model)
@@ -569,4 +544,6 @@ def managed_metrics(model: nn.Module, split: str = "train") -> dict:
     for i, (f, m) in enumerate(remap.mch.items()):
         looked, default = int(counts[i, 0]), int(counts[i, 1])
         out[f] = {**m.stats(), "default_share": round(default / looked, 6) if looked else None}
+        if split == "train":
+            out[f].update({f"{k}_total": v for k, v in m.counters().items()})
     return {"managed": out, **extra}
