@@ -31,7 +31,12 @@ the history (8-16 bytes per id value of ``eviction_interval`` global batches), o
 all_gather of the step's ids of all features (8 bytes per id value per rank) and, per step,
 one batched lookup and (lfu) one batched eviction round for all features together
 (:func:`batched_lookup`, :func:`batched_lfu_round`: the same state as TorchRec's per-feature
-calls, which cost more in per-call overhead than the work on small tables).
+calls, which cost more in per-call overhead than the work on small tables; in
+``recsys_dist.models.managed_ops``), and in training one more batched lookup of the global
+batch's ids, for the ``collided`` counter.
+
+TTL (``data.managed.ttl_steps``) and the cumulative counters (:func:`managed_counters`):
+docs/managed_collision.md, "TTL and counters".
 """
 
 from __future__ import annotations
