@@ -3,7 +3,9 @@ resharding 2 -> 3 and 2 -> 1 ranks mid-interval, export and predict with the tra
 id -> row state, config errors.
 
 Tables of 50 rows for up to 1,600 distinct training ids per feature, so ids are evicted;
-eviction every 3 steps, so the step-8 checkpoint holds a pending history (2 steps since the round at step 6).
+eviction every 3 steps, so the step-8 checkpoint holds a pending history (2 steps since the round at step 6);
+a TTL of 4 steps, so ids also expire, and the cumulative counters of every train line must match
+the uninterrupted run's after each resume.
 """
 
 import json
@@ -20,7 +22,7 @@ from tests.test_checkpoint import WS, assert_same_losses, train
 
 MANAGED = [
     "data.categorical_mapping=managed",
-    "data.managed={eviction: lfu, eviction_interval: 3, admission_min_count: 2}",
+    "data.managed={eviction: lfu, eviction_interval: 3, admission_min_count: 2, ttl_steps: 4}",
     "data.num_embeddings=50",
     "train.epochs=1",  # 16 steps of global batch 96
 ]
@@ -36,6 +38,8 @@ def test_managed_resume_reshard_export(tmp_path):
     last = train_lines[-1]["managed"]
     assert set(last) == {f"C{i}" for i in range(1, 27)}
     assert any(v["evictions"] > 0 for v in last.values()), last
+    assert any(v["evicted_ttl_total"] > 0 for v in last.values()), last
+    assert all(v["evicted_total"] == v["evictions"] + v["evicted_ttl_total"] for v in last.values()), last
     assert all(0 <= v["default_share"] <= 1 for v in last.values())
 
     part = tmp_path / "part"
@@ -59,6 +63,9 @@ def test_managed_resume_reshard_export(tmp_path):
         r = train(tmp_path, tmp_path / name, "--resume", "auto", *ws, *MANAGED, f"sharding.sharding_types=[{st}]")
         assert r.returncode == 0, r.stderr[-3000:]
         assert_same_losses(ref, tmp_path / name, tol)
+        # cumulative counters: exactly the uninterrupted run's, on every train line
+        got = _counter_lines(tmp_path / name)
+        assert got == _counter_lines(ref), name
 
     # Export, then evaluate the test split's raw rows: the exported id -> row state maps ids as
     # the run's own (sharded) test evaluation did, and counts the default-row lookups.
@@ -80,6 +87,16 @@ def test_managed_resume_reshard_export(tmp_path):
         assert got["logloss"] == pytest.approx(want["logloss"], abs=1e-5)
         for f, st in got["managed"].items():
             assert st["default_share"] == pytest.approx(want["managed"][f]["default_share"], abs=1e-6), f
+
+
+def _counter_lines(run_dir):
+    """{step: {feature: cumulative counters}} of a run's train lines."""
+    keys = ("admitted_total", "evicted_total", "evicted_ttl_total", "collided_total")
+    return {
+        m["step"]: {f: [v[k] for k in keys] for f, v in m["managed"].items()}
+        for m in read_metrics(run_dir)
+        if m["split"] == "train"
+    }
 
 
 def test_managed_config_errors():
