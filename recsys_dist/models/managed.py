@@ -32,8 +32,8 @@ all_gather of the step's ids of all features (8 bytes per id value per rank) and
 one batched lookup and (lfu) one batched eviction round for all features together
 (:func:`batched_lookup`, :func:`batched_lfu_round`: the same state as TorchRec's per-feature
 calls, which cost more in per-call overhead than the work on small tables; in
-``recsys_dist.models.managed_ops``), and in training one more batched lookup of the global
-batch's ids, for the ``collided`` counter.
+``recsys_dist.models.managed_ops``). In training the lookup is of the global batch's ids (for
+the ``collided`` counter, the same on every rank), this rank's rows being its slice.
 
 TTL (``data.managed.ttl_steps``) and the cumulative counters (:func:`managed_counters`):
 docs/managed_collision.md, "TTL and counters".
@@ -312,7 +312,6 @@ class ManagedRemap(nn.Module):
     def _remap(self, kjt: KeyedJaggedTensor, weights: torch.Tensor | None) -> KeyedJaggedTensor:
         keys = kjt.keys()
         values = kjt.values()
-        dev = values.device
         parts = list(torch.split(values, kjt.length_per_key()))
         pos = self._positions(keys)
         # Padding rows (weight 0) are neither recorded nor counted: they repeat a real row, and
@@ -325,38 +324,31 @@ class ManagedRemap(nn.Module):
         keeps = list(torch.split(keep, kjt.length_per_key())) if keep is not None else [None] * len(keys)
         mods = list(self.mch.values())
         bufs = self._buffers_of(mods)
+        present = [i for i, j in enumerate(pos) if j >= 0]
+        found = None
         if self.training:
             mine = [_real(parts[j], keeps[j]) if j >= 0 else values.new_zeros(0) for j in pos]
-            glob = _gather_per_key(mine) if self.gather else mine
+            glob, offsets = _gather_per_key(mine) if self.gather else (mine, [0] * len(mine))
+            work = None
             if self._batched_round:
-                _record_all(mods, bufs, glob)
+                work = _record_all(mods, bufs, glob)
             else:
                 for m, g in zip(mods, glob):
                     m.record(g)
-            _count_collided(mods, bufs, glob)
-        present = [i for i, j in enumerate(pos) if j >= 0]
-        if present:
-            sel = [mods[i] for i in present]
-            queries = [parts[pos[i]] for i in present]
-            rows, miss = batched_lookup(
-                [bufs["_mch_sorted_raw_ids"][i] for i in present],
-                [bufs["_mch_remapped_ids_mapping"][i] for i in present],
-                queries,
-                [m._zch_size - 1 for m in sel],
-            )
-            sizes = [q.numel() for q in queries]
-            if keep is not None:  # count real rows only
-                k = torch.cat([keeps[pos[i]] for i in present])
-                looked, default = _segment_sums(k, sizes), _segment_sums(miss & k, sizes)
+            found = _count_collided(mods, bufs, glob)
+            if work is not None:
+                _ttl_all(mods[0].ttl_steps, bufs, work, found, [g.numel() for g in glob])
+            if keep is None and len(present) == len(mods):  # no padding: this rank's ids are a slice of glob's
+                rows_g, miss_g = found
+                split = torch.split(miss_g, [g.numel() for g in glob])
+                found = (
+                    [r[o : o + q.numel()] for r, o, q in zip(rows_g, offsets, mine)],
+                    torch.cat([m[o : o + q.numel()] for m, o, q in zip(split, offsets, mine)]),
+                )
             else:
-                looked, default = torch.tensor(sizes, dtype=torch.int64, device=dev), _segment_sums(miss, sizes)
-            col = 0 if self.training else 2
-            at = self._lookups.device
-            idx = torch.tensor(present, dtype=torch.int64, device=at)
-            self._lookups[idx, col] += looked.to(at)
-            self._lookups[idx, col + 1] += default.to(at)
-            for r, i in zip(rows, present):
-                parts[pos[i]] = r
+                found = None
+        if present:
+            self._lookup(parts, pos, present, keep, keeps, bufs, mods, found)
         return KeyedJaggedTensor(
             keys=keys,
             values=torch.cat(parts) if parts else values,
@@ -364,6 +356,33 @@ class ManagedRemap(nn.Module):
             weights=kjt.weights_or_none(),
             stride=kjt.stride(),
         )
+
+    def _lookup(self, parts, pos, present, keep, keeps, bufs, mods, found) -> None:
+        """Replaces ``parts`` (per key, raw ids) of the ``present`` managed features by their
+        rows, and counts lookups / default-row lookups of real ids (``keep``). ``found``:
+        the rows and misses already looked up (training without padding), else None."""
+        queries = [parts[pos[i]] for i in present]
+        if found is None:
+            found = batched_lookup(
+                [bufs["_mch_sorted_raw_ids"][i] for i in present],
+                [bufs["_mch_remapped_ids_mapping"][i] for i in present],
+                queries,
+                [mods[i]._zch_size - 1 for i in present],
+            )
+        rows, miss = found
+        sizes = [q.numel() for q in queries]
+        if keep is not None:  # count real rows only
+            k = torch.cat([keeps[pos[i]] for i in present])
+            looked, default = _segment_sums(k, sizes), _segment_sums(miss & k, sizes)
+        else:
+            looked, default = torch.tensor(sizes, dtype=torch.int64, device=miss.device), _segment_sums(miss, sizes)
+        col = 0 if self.training else 2
+        at = self._lookups.device
+        idx = torch.tensor(present, dtype=torch.int64, device=at)
+        self._lookups[idx, col] += looked.to(at)
+        self._lookups[idx, col + 1] += default.to(at)
+        for r, i in zip(rows, present):
+            parts[pos[i]] = r
 
     def read_lookups(self, split: str = "train", reduce: bool = True) -> torch.Tensor:
         """[features, 2] (lookups, default-row lookups) of ``split`` (train, or any
@@ -377,10 +396,12 @@ class ManagedRemap(nn.Module):
         return out
 
 
-def _record_all(mods: list[ReplicatedMCH], bufs: dict[str, list[torch.Tensor]], glob: list[torch.Tensor]) -> None:
+def _record_all(mods: list[ReplicatedMCH], bufs: dict[str, list[torch.Tensor]], glob: list[torch.Tensor]):
     """:meth:`ReplicatedMCH.record` of every feature, with one batched lfu round for all
-    features due (per feature through TorchRec when a step's ids overflow a history).
-    ``bufs``: the modules' state tensors by name (:meth:`ManagedRemap._buffers_of`)."""
+    features due (per feature through TorchRec when a step's ids overflow a history, TTL
+    included). ``bufs``: the modules' state tensors by name (:meth:`ManagedRemap._buffers_of`).
+    Returns the TTL's work left for :func:`_ttl_all` (under a TTL, when the batched round ran),
+    else None."""
     ctr = torch.stack(bufs["_counters"]).tolist()
     iters = torch.stack(bufs["_current_iter_tensor"]).view(-1).tolist()
     it = int(iters[0]) + 1
@@ -389,8 +410,8 @@ def _record_all(mods: list[ReplicatedMCH], bufs: dict[str, list[torch.Tensor]], 
     if not (fits and all(i + 1 == it for i in iters)):
         for m, g in zip(mods, glob):
             m.record(g)
-        return
-    due, hists, ticks = [], [], []
+        return None
+    due, hists, ticks, fresh = [], [], [], []
     torch._foreach_add_(bufs["_current_iter_tensor"], 1)
     for i, (m, g, c) in enumerate(zip(mods, glob, ctr)):
         n = c[0]
@@ -402,6 +423,7 @@ def _record_all(mods: list[ReplicatedMCH], bufs: dict[str, list[torch.Tensor]], 
             if c[0]:
                 due.append(i)
                 hists.append((hist[i][: c[0]], hist_iter[i][: c[0]]))
+                fresh.append(n == 0)  # the history is this step's ids: glob[i]
             c[0], c[1] = 0, it
     if due:
         sub = {
@@ -409,26 +431,32 @@ def _record_all(mods: list[ReplicatedMCH], bufs: dict[str, list[torch.Tensor]], 
         }
         sub["_counters"] = [bufs["_counters"][i] for i in due]
         batched_lfu_round([mods[i]._zch_size for i in due], sub, [h for h, _ in hists], mods[0].admission_min_count)
-    if mods[0].ttl_steps is not None:
-        _ttl_all(mods[0].ttl_steps, bufs, due, hists, ticks, it)
     new = torch.tensor([c[:2] for c in ctr], dtype=torch.int64, device=bufs["_counters"][0].device)
     torch._foreach_copy_([c[:2] for c in bufs["_counters"]], list(new.unbind(0)))
+    return (due, hists, fresh, ticks, it) if mods[0].ttl_steps is not None else None
 
 
-def _ttl_all(
-    ttl: int, bufs: dict[str, list[torch.Tensor]], due: list[int], hists: list[tuple], ticks: list[int], it: int
-):
-    """The batched lfu step's TTL: last-seen steps of the rounds' (``due``) histories
-    (``hists``: per due feature, ids and steps), then the TTL expiry of the features whose
-    round was scheduled this step (``ticks``, also those with an empty history)."""
+def _ttl_all(ttl: int, bufs: dict[str, list[torch.Tensor]], work: tuple, found: tuple, sizes: list[int]) -> None:
+    """The batched lfu step's TTL (``work`` from :func:`_record_all`): last-seen steps of the
+    rounds' (``due``) histories (``hists``: per due feature, ids and steps), then the TTL expiry
+    of the features whose round was scheduled this step (``ticks``, also those with an empty
+    history). A history that is this step's ids (``fresh``, e.g. every history under
+    eviction_interval 1) reuses the step's lookup of the global batch (``found``, per feature
+    ``sizes`` ids), which the expiry cannot change: those ids were seen now, none expires."""
+    due, hists, fresh, ticks, it = work
     tables, mappings = bufs["_mch_sorted_raw_ids"], bufs["_mch_remapped_ids_mapping"]
-    if due:
+    misses = torch.split(found[1], sizes)
+    for reuse in (True, False):
+        sel = [k for k, f in enumerate(fresh) if f == reuse]
+        if not sel:
+            continue
         batched_mark_seen(
-            [tables[i] for i in due],
-            [mappings[i] for i in due],
-            [bufs["_row_last_seen"][i] for i in due],
-            [h for h, _ in hists],
-            [s for _, s in hists],
+            [tables[due[k]] for k in sel],
+            [mappings[due[k]] for k in sel],
+            [bufs["_row_last_seen"][due[k]] for k in sel],
+            [hists[k][0] for k in sel],
+            [hists[k][1] for k in sel],
+            ([found[0][due[k]] for k in sel], torch.cat([misses[due[k]] for k in sel])) if reuse else None,
         )
     batched_ttl_expire(
         [tables[i] for i in ticks],
@@ -441,26 +469,30 @@ def _ttl_all(
     )
 
 
-def _count_collided(mods: list[ReplicatedMCH], bufs: dict[str, list[torch.Tensor]], glob: list[torch.Tensor]) -> None:
-    """Adds to each feature's ``_totals[1]`` its global batch's real ids that read the default
-    row after this step's round: the sum over ranks of their training default-row lookups,
-    counted the same on every rank without a collective (the ids are all-gathered already)."""
+def _count_collided(mods: list[ReplicatedMCH], bufs: dict[str, list[torch.Tensor]], glob: list[torch.Tensor]):
+    """Looks up the global batch's real ids (``glob``, per feature) after this step's round and
+    adds to each feature's ``_totals[1]`` those that read the default row: the sum over ranks
+    of their training default-row lookups, counted the same on every rank without a
+    collective (the ids are all-gathered already). Returns :func:`batched_lookup`'s rows and
+    misses (None without managed features)."""
     if not mods:
-        return
+        return None
     tables, mappings = bufs["_mch_sorted_raw_ids"], bufs["_mch_remapped_ids_mapping"]
-    _, miss = batched_lookup(tables, mappings, glob, [m._zch_size - 1 for m in mods])
+    rows, miss = batched_lookup(tables, mappings, glob, [m._zch_size - 1 for m in mods])
     got = _segment_sums(miss, [g.numel() for g in glob])
     torch._foreach_add_([t[1:] for t in bufs["_totals"]], list(got.view(-1, 1).unbind(0)))
+    return rows, miss
 
 
 def _real(values: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     return values if mask is None else values[mask]
 
 
-def _gather_per_key(parts: list[torch.Tensor]) -> list[torch.Tensor]:
-    """Per feature, the ids of every rank concatenated in rank order (the global batch's)."""
+def _gather_per_key(parts: list[torch.Tensor]) -> tuple[list[torch.Tensor], list[int]]:
+    """Per feature, the ids of every rank concatenated in rank order (the global batch's),
+    and where this rank's ``parts`` start in them."""
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return parts
+        return parts, [0] * len(parts)
     ws = dist.get_world_size()
     dev = parts[0].device if parts else None  # the ids' device: NCCL gathers CUDA tensors only
     sizes = torch.tensor([p.numel() for p in parts], dtype=torch.int64, device=dev)
@@ -478,7 +510,8 @@ def _gather_per_key(parts: list[torch.Tensor]) -> list[torch.Tensor]:
         pieces = torch.split(bufs[r][: totals[r]], all_sizes[r].tolist())
         for i, p in enumerate(pieces):
             out[i].append(p)
-    return [torch.cat(o) for o in out]
+    offsets = torch.stack(all_sizes[: dist.get_rank()]).sum(0).tolist() if dist.get_rank() else [0] * len(parts)
+    return [torch.cat(o) for o in out], offsets
 
 
 def build_remap(cfg, sparse_names: list[str], sizes: list[int], device: torch.device | None = None) -> ManagedRemap:

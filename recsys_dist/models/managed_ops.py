@@ -163,6 +163,7 @@ def batched_mark_seen(
     last_seen: list[torch.Tensor],
     hists: list[torch.Tensor],
     hist_iters: list[torch.Tensor],
+    found: tuple[list[torch.Tensor], torch.Tensor] | None = None,
 ) -> None:
     """After a round: per feature, every row whose id is in the history gets the last step
     that id was seen (``last_seen[row] = max(last_seen[row], step)``, in place).
@@ -172,13 +173,15 @@ def batched_mark_seen(
         last_seen: per feature, its ``_row_last_seen`` (int64 [rows], a step per row).
         hists / hist_iters: per feature, the round's history: ids (int64 [n_f]) and the
             training step each was seen at (int64 [n_f]).
+        found: the history's :func:`batched_lookup` in the tables after the round, if done
+            already (rows per feature, misses concatenated); None: looked up here.
     Every sighting counts, also one below ``admission_min_count`` of an id that holds a row:
     the id was looked up and read its row, so it is not cold.
     """
     if not tables:
         return
     sizes = [t.numel() for t in tables]
-    rows, miss = batched_lookup(tables, mappings, hists, [0] * len(tables))
+    rows, miss = found or batched_lookup(tables, mappings, hists, [0] * len(tables))
     dev = tables[0].device
     start = torch.tensor([0] + sizes[:-1], dtype=torch.int64, device=dev).cumsum(0)
     flat = torch.cat(last_seen)
