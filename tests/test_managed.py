@@ -3,7 +3,9 @@ resharding 2 -> 3 and 2 -> 1 ranks mid-interval, export and predict with the tra
 id -> row state, config errors.
 
 Tables of 50 rows for up to 1,600 distinct training ids per feature, so ids are evicted;
-eviction every 3 steps, so the step-8 checkpoint holds a pending history (2 steps since the round at step 6).
+eviction every 3 steps, so the step-8 checkpoint holds a pending history (2 steps since the round at step 6);
+a TTL of 4 steps, so ids also expire, and the cumulative counters of every train line must match
+the uninterrupted run's after each resume.
 """
 
 import json
@@ -20,7 +22,7 @@ from tests.test_checkpoint import WS, assert_same_losses, train
 
 MANAGED = [
     "data.categorical_mapping=managed",
-    "data.managed={eviction: lfu, eviction_interval: 3, admission_min_count: 2}",
+    "data.managed={eviction: lfu, eviction_interval: 3, admission_min_count: 2, ttl_steps: 4}",
     "data.num_embeddings=50",
     "train.epochs=1",  # 16 steps of global batch 96
 ]
@@ -36,6 +38,8 @@ def test_managed_resume_reshard_export(tmp_path):
     last = train_lines[-1]["managed"]
     assert set(last) == {f"C{i}" for i in range(1, 27)}
     assert any(v["evictions"] > 0 for v in last.values()), last
+    assert any(v["evicted_ttl_total"] > 0 for v in last.values()), last
+    assert all(v["evicted_total"] == v["evictions"] + v["evicted_ttl_total"] for v in last.values()), last
     assert all(0 <= v["default_share"] <= 1 for v in last.values())
 
     part = tmp_path / "part"
@@ -59,6 +63,9 @@ def test_managed_resume_reshard_export(tmp_path):
         r = train(tmp_path, tmp_path / name, "--resume", "auto", *ws, *MANAGED, f"sharding.sharding_types=[{st}]")
         assert r.returncode == 0, r.stderr[-3000:]
         assert_same_losses(ref, tmp_path / name, tol)
+        # cumulative counters: exactly the uninterrupted run's, on every train line
+        got = _counter_lines(tmp_path / name)
+        assert got == _counter_lines(ref), name
 
     # Export, then evaluate the test split's raw rows: the exported id -> row state maps ids as
     # the run's own (sharded) test evaluation did, and counts the default-row lookups.
@@ -82,6 +89,16 @@ def test_managed_resume_reshard_export(tmp_path):
             assert st["default_share"] == pytest.approx(want["managed"][f]["default_share"], abs=1e-6), f
 
 
+def _counter_lines(run_dir):
+    """{step: {feature: cumulative counters}} of a run's train lines."""
+    keys = ("admitted_total", "evicted_total", "evicted_ttl_total", "collided_total")
+    return {
+        m["step"]: {f: [v[k] for k in keys] for f, v in m["managed"].items()}
+        for m in read_metrics(run_dir)
+        if m["split"] == "train"
+    }
+
+
 def test_managed_config_errors():
     def errors(*overrides):
         with pytest.raises(ConfigError) as e:
@@ -90,7 +107,13 @@ def test_managed_config_errors():
 
     assert "data.managed: required" in errors("data.categorical_mapping=managed")
     assert "eviction_interval: required" in errors("data.categorical_mapping=managed", "data.managed={eviction: lru}")
-    assert "ttl" in errors("data.categorical_mapping=managed", "data.managed={eviction: ttl, eviction_interval: 1}")
+    assert "ttl_steps" in errors(
+        "data.categorical_mapping=managed", "data.managed={eviction: ttl, eviction_interval: 1}"
+    )
+    for bad in (0, -3):
+        msg = errors("data.categorical_mapping=managed", f"data.managed={{eviction_interval: 1, ttl_steps: {bad}}}")
+        assert "data.managed.ttl_steps" in msg and "greater than 0" in msg, msg
+    assert load_config(QUICKSTART, [*MANAGED[:1], "data.managed={eviction: lru, eviction_interval: 1, ttl_steps: 5}"])
     assert "only used with categorical_mapping: managed" in errors("data.managed={eviction_interval: 1}")
     assert "63-bit" in errors(*MANAGED[:2], "data.num_embeddings=9223372036854775807")
     cfg = load_config(QUICKSTART, MANAGED)
@@ -168,11 +191,12 @@ def test_managed_state_round_trip_resumes_exactly():
         assert torch.equal(v, b.state_dict()[k]), k
 
 
-@pytest.mark.parametrize("interval,admission", [(1, 1), (2, 2), (3, 1)])
-def test_batched_managed_step_matches_torchrec_per_feature(interval, admission):
+@pytest.mark.parametrize("interval,admission,ttl", [(1, 1, None), (2, 2, None), (3, 1, None), (1, 1, 2), (2, 2, 5)])
+def test_batched_managed_step_matches_torchrec_per_feature(interval, admission, ttl):
     """The batched step (one lookup and one lfu round for all features) against TorchRec's
     per-feature MCH rounds and ``_mch_remap``: same rows, same state, same counts, step for
-    step; features of different sizes, multi-hot bags, padding rows, a history that overflows."""
+    step; features of different sizes, multi-hot bags, padding rows, a history that overflows;
+    with a TTL, the batched TTL pass against the per-feature one."""
     import torch
     from torchrec import KeyedJaggedTensor
 
@@ -190,6 +214,7 @@ def test_batched_managed_step_matches_torchrec_per_feature(interval, admission):
                     eviction_interval=interval,
                     admission_min_count=admission,
                     history_capacity=cap,
+                    ttl_steps=ttl,
                 )
                 for f, n in sizes.items()
             }
@@ -225,7 +250,10 @@ def test_batched_managed_step_matches_torchrec_per_feature(interval, admission):
             assert torch.equal(fast.state_dict()[k], v), (step, k)
     for split in ("train", "score"):
         assert torch.equal(fast.read_lookups(split, reduce=False), slow.read_lookups(split, reduce=False))
-    assert any(m.stats()["evictions"] > 0 for m in fast.mch.values())
+    assert any(m.counters()["evicted"] > 0 for m in fast.mch.values())  # by the policy or the TTL
+    assert {f: m.counters() for f, m in fast.mch.items()} == {f: m.counters() for f, m in slow.mch.items()}
+    if ttl is not None:
+        assert any(m.counters()["evicted_ttl"] > 0 for m in fast.mch.values())
 
 
 def test_managed_for_some_features(tmp_path, cache_dir):
@@ -297,3 +325,97 @@ def test_managed_for_some_features(tmp_path, cache_dir):
         raw_kjt = batch.sparse_features.to_dict()
         assert mapped["C1"].values().max() < 50  # remapped to rows
         assert torch.equal(mapped["C3"].values(), raw_kjt["C3"].values())  # passed through
+
+
+COLD_A, COLD_B, HOT_C, HOT_D = [(1 << 50) + i for i in range(4)]
+
+
+def _ttl_stream(step: int) -> list[int]:
+    """A and B at steps 1-3 only (A back once at step 7), C and D at every step."""
+    if step <= 3:
+        return [COLD_A, COLD_B, HOT_C, HOT_D]
+    return [COLD_A, HOT_C, HOT_D] if step == 7 else [HOT_C, HOT_D]
+
+
+def _lookup(r, ids):
+    r.eval()
+    rows = r(_kjt(ids)).values().tolist()
+    r.train()
+    return rows
+
+
+@pytest.mark.parametrize("eviction", ["lfu", "lru", "distance_lfu"])
+def test_managed_ttl_evicts_cold_ids_and_counts(eviction):
+    """data.managed.ttl_steps: 3, rounds every 2 steps, 7 usable rows (never full, so the
+    policy evicts nothing): A and B, last seen at step 3, keep their rows at the round of step
+    4 (1 step unseen) and lose them at the round of step 6 (3 steps unseen: 6 - 3 >= 3); C and
+    D keep theirs. Without ttl_steps the same stream keeps A and B. Counters by hand:
+    collided = 4 (step 1: no row before the first round) + 1 (A at step 7, before its round)."""
+    import torch
+
+    from recsys_dist.models.managed import managed_counters, managed_metrics
+
+    default = 7
+    for ttl in (3, None):
+        r = _remap(zch_size=8, eviction=eviction, eviction_interval=2, history_capacity=64, ttl_steps=ttl)
+        seen = []
+        for step in range(1, 9):
+            r(_kjt(_ttl_stream(step)))
+            seen.append(_lookup(r, [COLD_A, COLD_B, HOT_C, HOT_D]))
+        held = seen[1]  # after the first round (step 2): four distinct rows
+        assert default not in held and len(set(held)) == 4
+        assert seen[4] == held  # step 5: A and B unseen for 2 steps, under the TTL of 3
+        c = managed_counters(r)["f"]
+        if ttl is None:
+            assert seen[5] == seen[7] == held
+            assert c == {"admitted": 4, "evicted": 0, "evicted_ttl": 0, "collided": 4}
+            continue
+        assert seen[5] == [default, default, held[2], held[3]]  # step 6: A and B read the default row
+        assert seen[6] == seen[5]  # step 7: A seen again, no round yet
+        assert seen[7][0] != default and seen[7][1:] == seen[5][1:]  # step 8: A re-admitted
+        assert c == {"admitted": 5, "evicted": 2, "evicted_ttl": 2, "collided": 5}
+        assert r.mch["f"].stats()["rows_used"] == 3
+        # the metrics line's cumulative counters; the train default-row lookups (this
+        # process's, from the local lookups) sum to the same collided count
+        assert r.read_lookups("train", reduce=False)[0, 1] == 5
+        got = managed_metrics(torch.nn.Sequential(r), "train")["managed"]["f"]
+        assert {k: got[k] for k in ("admitted_total", "evicted_total", "evicted_ttl_total", "collided_total")} == {
+            "admitted_total": 5,
+            "evicted_total": 2,
+            "evicted_ttl_total": 2,
+            "collided_total": 5,
+        }
+    assert managed_counters(torch.nn.Linear(1, 1)) == {}
+
+
+@pytest.mark.parametrize("eviction", ["lfu", "lru"])
+def test_managed_ttl_state_round_trip(eviction):
+    """A state dict taken at step 5 (mid-interval: a pending history, A and B's rows close to
+    their TTL) loads into a fresh module; both then map, expire and count exactly alike, and
+    padding rows (weight 0) are neither recorded nor counted as collided."""
+    import torch
+
+    def fresh():
+        return _remap(zch_size=8, eviction=eviction, eviction_interval=2, history_capacity=64, ttl_steps=3)
+
+    g = torch.Generator().manual_seed(1)
+    steps = [_ttl_stream(s) + ((torch.randint(0, 6, (3,), generator=g) + (1 << 45)).tolist()) for s in range(1, 13)]
+
+    def pad(s):  # the last row is padding
+        return torch.tensor([1.0] * (len(s) - 1) + [0.0])
+
+    a = fresh()
+    for s in steps[:5]:
+        a(_kjt(s), pad(s))
+    b = fresh()
+    b.load_state_dict(a.state_dict())
+    assert {"mch.f._row_last_seen", "mch.f._totals"} <= set(b.state_dict())
+    for s in steps[5:]:
+        assert torch.equal(a(_kjt(s), pad(s)).values(), b(_kjt(s), pad(s)).values())
+    for k, v in a.state_dict().items():
+        assert torch.equal(v, b.state_dict()[k]), k
+    ca, cb = a.mch["f"].counters(), b.mch["f"].counters()
+    assert ca == cb and ca["evicted_ttl"] >= 2, ca
+    # collided: every real (weight > 0) default-row lookup of the 12 steps, both halves
+    lookups = a.read_lookups("train", reduce=False)[0, 1]
+    assert ca["collided"] == int(lookups) > 0

@@ -262,7 +262,8 @@ class ManagedConfig(_Section):
         "lfu",
         description="Which ids keep their rows when the table is full: lfu (most counted), lru (most recently "
         "seen), distance_lfu (counts decayed by age). ttl is MPZCH's and refused: FBGEMM's CPU "
-        "zero_collision_hash kernel only runs read-only (no training on CPU).",
+        "zero_collision_hash kernel only runs read-only (no training on CPU); for a TTL on any of the "
+        "three, set ttl_steps.",
     )
     eviction_interval: int | None = Field(
         None,
@@ -275,6 +276,13 @@ class ManagedConfig(_Section):
         ge=1,
         description="An id seen fewer times than this within one eviction interval is not admitted and keeps "
         "the default row (1 = every id may be admitted).",
+    )
+    ttl_steps: int | None = Field(
+        None,
+        gt=0,
+        description="TTL eviction with any eviction policy: at each eviction round, an id not seen in the last "
+        "ttl_steps training steps loses its row (later lookups of it read the default row; the row goes "
+        "to the next admitted id). None: ids keep their rows until the policy evicts them.",
     )
     decay_exponent: _F = Field(
         1.0,
@@ -295,7 +303,8 @@ class ManagedConfig(_Section):
             raise ValueError(
                 "data.managed.eviction: ttl needs TorchRec's MPZCH (HashZchManagedCollisionModule), whose "
                 "FBGEMM CPU kernel (zero_collision_hash) only runs read-only, so it cannot train on CPU; use "
-                "lfu, lru or distance_lfu"
+                "lfu, lru or distance_lfu, with data.managed.ttl_steps: N for TTL eviction (an id not seen "
+                "in the last N training steps loses its row)"
             )
         if self.eviction_interval is None:
             raise ValueError("data.managed.eviction_interval: required (steps between eviction rounds), e.g. 1")

@@ -31,7 +31,12 @@ the history (8-16 bytes per id value of ``eviction_interval`` global batches), o
 all_gather of the step's ids of all features (8 bytes per id value per rank) and, per step,
 one batched lookup and (lfu) one batched eviction round for all features together
 (:func:`batched_lookup`, :func:`batched_lfu_round`: the same state as TorchRec's per-feature
-calls, which cost more in per-call overhead than the work on small tables).
+calls, which cost more in per-call overhead than the work on small tables; in
+``recsys_dist.models.managed_ops``). In training the lookup is of the global batch's ids (for
+the ``collided`` counter, the same on every rank), this rank's rows being its slice.
+
+TTL (``data.managed.ttl_steps``) and the cumulative counters (:func:`managed_counters`):
+docs/managed_collision.md, "TTL and counters".
 """
 
 from __future__ import annotations
@@ -50,6 +55,14 @@ from torchrec.modules.mc_modules import (
 from torchrec.sparse.jagged_tensor import JaggedTensor, KeyedJaggedTensor
 
 from recsys_dist.data.resolve import managed_features
+from recsys_dist.models.managed_ops import (
+    _row_of_value,
+    _segment_sums,
+    batched_lfu_round,
+    batched_lookup,
+    batched_mark_seen,
+    batched_ttl_expire,
+)
 
 MANAGED_ID_SPACE = 2**63 - 1  # raw ids lie in [0, 2^63 - 1); 2^63 - 1 marks an empty slot
 
@@ -81,6 +94,13 @@ class ReplicatedMCH(MCHManagedCollisionModule):
         history_capacity: id values the history holds (``eviction_interval`` global batches of
             one-hot ids); when a step's ids would not fit, the eviction round runs early
             (the same on every world size, since the global batch is).
+        ttl_steps: ``data.managed.ttl_steps``: at each scheduled round, ids not seen in the
+            last ``ttl_steps`` training steps lose their rows (None: no TTL).
+
+    Persistent state beyond TorchRec's: the history, ``_counters`` (int64 [4]: history
+    length, step of the last round, policy evictions, admissions), ``_totals`` (int64 [2]:
+    TTL evictions, collided lookups, both since training started) and, under a TTL,
+    ``_row_last_seen`` (int64 [zch_size]: per row, the last training step its id was seen).
     """
 
     def __init__(
@@ -93,6 +113,7 @@ class ReplicatedMCH(MCHManagedCollisionModule):
         history_capacity: int = 1 << 16,
         device: torch.device | None = None,
         name: str | None = None,
+        ttl_steps: int | None = None,
     ) -> None:
         super().__init__(
             zch_size=zch_size,
@@ -111,6 +132,12 @@ class ReplicatedMCH(MCHManagedCollisionModule):
         self.register_buffer("_hist_iter", torch.zeros(cap, dtype=torch.int64, device=dev))
         # [history length, iteration of the last round, evictions so far, admissions so far]
         self.register_buffer("_counters", torch.zeros(4, dtype=torch.int64, device=dev))
+        # [TTL evictions, collided: training lookups of real ids that read the default row]
+        self.register_buffer("_totals", torch.zeros(2, dtype=torch.int64, device=dev))
+        self.ttl_steps = None if ttl_steps is None else int(ttl_steps)
+        if self.ttl_steps is not None:
+            # by row, not by slot: the table's re-sorts leave it in place
+            self.register_buffer("_row_last_seen", torch.zeros(zch_size, dtype=torch.int64, device=dev))
         self._input_history_buffer_size = cap
 
     # TorchRec reads these two while coalescing; they alias the persistent buffers.
@@ -141,6 +168,7 @@ class ReplicatedMCH(MCHManagedCollisionModule):
             n, k = n + take, k + take
         if it - last >= self._eviction_interval:
             self._round(n)
+            self.expire(it)
             n, last = 0, it
         self._counters[0], self._counters[1] = n, last
 
@@ -155,6 +183,43 @@ class ReplicatedMCH(MCHManagedCollisionModule):
         got = 0 if replaced is None else int(replaced.numel())
         self._counters[2] += got - filled
         self._counters[3] += got
+        if self.ttl_steps is not None:
+            batched_mark_seen(
+                [self._mch_sorted_raw_ids],
+                [self._mch_remapped_ids_mapping],
+                [self._row_last_seen],
+                [self._hist_ids[:n]],
+                [self._hist_iter[:n]],
+            )
+
+    def metadata_buffers(self) -> list[torch.Tensor]:
+        """The policy's per-slot metadata buffers (``_mch_counts`` and / or ``_mch_last_access_iter``)."""
+        return [
+            getattr(self, "_mch_" + m.metadata_name) for m in self._eviction_policy.metadata_info if m.is_mch_metadata
+        ]
+
+    def expire(self, step: int) -> None:
+        """TTL eviction at a scheduled round of training step ``step`` (no-op without a TTL):
+        :func:`batched_ttl_expire` of this feature."""
+        if self.ttl_steps is None:
+            return
+        batched_ttl_expire(
+            [self._mch_sorted_raw_ids],
+            [self._mch_remapped_ids_mapping],
+            [[b] for b in self.metadata_buffers()],
+            [self._row_last_seen],
+            [self._totals[:1]],
+            step,
+            self.ttl_steps,
+        )
+
+    def counters(self) -> dict[str, int]:
+        """Cumulative since training started (replicated: the same on every rank): ``admitted``
+        (ids given a row), ``evicted`` (ids that lost their row: by the policy or the TTL),
+        ``evicted_ttl`` (by the TTL; part of ``evicted``), ``collided`` (training lookups of
+        real ids, padding excluded, that read the default row, over the global batch)."""
+        c, t = self._counters.tolist(), self._totals.tolist()
+        return {"admitted": c[3], "evicted": c[2] + t[0], "evicted_ttl": t[0], "collided": t[1]}
 
     def remap_values(self, values: torch.Tensor) -> torch.Tensor:
         """int64 raw ids [N] -> int64 rows [N] in ``[0, zch_size)`` (``zch_size - 1``: no row)."""
@@ -206,6 +271,7 @@ class ManagedRemap(nn.Module):
             type(m._eviction_policy) is LFU_EvictionPolicy
             and m._eviction_interval == mods[0]._eviction_interval
             and m.admission_min_count == mods[0].admission_min_count
+            and m.ttl_steps == mods[0].ttl_steps
             for m in mods
         )
         self._key_index: dict[tuple, list[int]] = {}
@@ -230,7 +296,8 @@ class ManagedRemap(nn.Module):
             or any(cached["_hist_ids"][i] is not m._hist_ids for i, m in enumerate(mods))
         ):
             names = ["_mch_sorted_raw_ids", "_mch_remapped_ids_mapping", "_hist_ids", "_hist_iter", "_counters"]
-            names += ["_current_iter_tensor"] + (["_mch_counts"] if self._batched_round else [])
+            names += ["_current_iter_tensor", "_totals"] + (["_mch_counts"] if self._batched_round else [])
+            names += ["_row_last_seen"] if self._batched_round and mods[0].ttl_steps is not None else []
             cached = {n: [getattr(m, n) for m in mods] for n in names}
             self._bufs = cached
         return cached
@@ -245,7 +312,6 @@ class ManagedRemap(nn.Module):
     def _remap(self, kjt: KeyedJaggedTensor, weights: torch.Tensor | None) -> KeyedJaggedTensor:
         keys = kjt.keys()
         values = kjt.values()
-        dev = values.device
         parts = list(torch.split(values, kjt.length_per_key()))
         pos = self._positions(keys)
         # Padding rows (weight 0) are neither recorded nor counted: they repeat a real row, and
@@ -258,37 +324,31 @@ class ManagedRemap(nn.Module):
         keeps = list(torch.split(keep, kjt.length_per_key())) if keep is not None else [None] * len(keys)
         mods = list(self.mch.values())
         bufs = self._buffers_of(mods)
+        present = [i for i, j in enumerate(pos) if j >= 0]
+        found = None
         if self.training:
             mine = [_real(parts[j], keeps[j]) if j >= 0 else values.new_zeros(0) for j in pos]
-            glob = _gather_per_key(mine) if self.gather else mine
+            glob, offsets = _gather_per_key(mine) if self.gather else (mine, [0] * len(mine))
+            work = None
             if self._batched_round:
-                _record_all(mods, bufs, glob)
+                work = _record_all(mods, bufs, glob)
             else:
                 for m, g in zip(mods, glob):
                     m.record(g)
-        present = [i for i, j in enumerate(pos) if j >= 0]
-        if present:
-            sel = [mods[i] for i in present]
-            queries = [parts[pos[i]] for i in present]
-            rows, miss = batched_lookup(
-                [bufs["_mch_sorted_raw_ids"][i] for i in present],
-                [bufs["_mch_remapped_ids_mapping"][i] for i in present],
-                queries,
-                [m._zch_size - 1 for m in sel],
-            )
-            sizes = [q.numel() for q in queries]
-            if keep is not None:  # count real rows only
-                k = torch.cat([keeps[pos[i]] for i in present])
-                looked, default = _segment_sums(k, sizes), _segment_sums(miss & k, sizes)
+            found = _count_collided(mods, bufs, glob)
+            if work is not None:
+                _ttl_all(mods[0].ttl_steps, bufs, work, found, [g.numel() for g in glob])
+            if keep is None and len(present) == len(mods):  # no padding: this rank's ids are a slice of glob's
+                rows_g, miss_g = found
+                split = torch.split(miss_g, [g.numel() for g in glob])
+                found = (
+                    [r[o : o + q.numel()] for r, o, q in zip(rows_g, offsets, mine)],
+                    torch.cat([m[o : o + q.numel()] for m, o, q in zip(split, offsets, mine)]),
+                )
             else:
-                looked, default = torch.tensor(sizes, dtype=torch.int64, device=dev), _segment_sums(miss, sizes)
-            col = 0 if self.training else 2
-            at = self._lookups.device
-            idx = torch.tensor(present, dtype=torch.int64, device=at)
-            self._lookups[idx, col] += looked.to(at)
-            self._lookups[idx, col + 1] += default.to(at)
-            for r, i in zip(rows, present):
-                parts[pos[i]] = r
+                found = None
+        if present:
+            self._lookup(parts, pos, present, keep, keeps, bufs, mods, found)
         return KeyedJaggedTensor(
             keys=keys,
             values=torch.cat(parts) if parts else values,
@@ -296,6 +356,33 @@ class ManagedRemap(nn.Module):
             weights=kjt.weights_or_none(),
             stride=kjt.stride(),
         )
+
+    def _lookup(self, parts, pos, present, keep, keeps, bufs, mods, found) -> None:
+        """Replaces ``parts`` (per key, raw ids) of the ``present`` managed features by their
+        rows, and counts lookups / default-row lookups of real ids (``keep``). ``found``:
+        the rows and misses already looked up (training without padding), else None."""
+        queries = [parts[pos[i]] for i in present]
+        if found is None:
+            found = batched_lookup(
+                [bufs["_mch_sorted_raw_ids"][i] for i in present],
+                [bufs["_mch_remapped_ids_mapping"][i] for i in present],
+                queries,
+                [mods[i]._zch_size - 1 for i in present],
+            )
+        rows, miss = found
+        sizes = [q.numel() for q in queries]
+        if keep is not None:  # count real rows only
+            k = torch.cat([keeps[pos[i]] for i in present])
+            looked, default = _segment_sums(k, sizes), _segment_sums(miss & k, sizes)
+        else:
+            looked, default = torch.tensor(sizes, dtype=torch.int64, device=miss.device), _segment_sums(miss, sizes)
+        col = 0 if self.training else 2
+        at = self._lookups.device
+        idx = torch.tensor(present, dtype=torch.int64, device=at)
+        self._lookups[idx, col] += looked.to(at)
+        self._lookups[idx, col + 1] += default.to(at)
+        for r, i in zip(rows, present):
+            parts[pos[i]] = r
 
     def read_lookups(self, split: str = "train", reduce: bool = True) -> torch.Tensor:
         """[features, 2] (lookups, default-row lookups) of ``split`` (train, or any
@@ -309,152 +396,12 @@ class ManagedRemap(nn.Module):
         return out
 
 
-_MAX = torch.iinfo(torch.int64).max
-
-
-def _row_of_value(lengths: torch.Tensor, n: int) -> torch.Tensor:
-    """int64 [n]: the bag (index into ``lengths``) of each value."""
-    return torch.repeat_interleave(torch.arange(lengths.numel(), device=lengths.device), lengths.long(), output_size=n)
-
-
-def _segment_ids(sizes: list[int], device: torch.device) -> torch.Tensor:
-    """int64 [sum(sizes)]: for each element of a concatenation of segments, its segment."""
-    n = torch.tensor(sizes, dtype=torch.int64, device=device)
-    return torch.repeat_interleave(torch.arange(len(sizes), device=device), n, output_size=sum(sizes))
-
-
-def _segment_sums(x: torch.Tensor, sizes: list[int]) -> torch.Tensor:
-    """int64 [len(sizes)]: the sum of a bool / int tensor over each of its consecutive segments."""
-    c = torch.cat([x.new_zeros(1, dtype=torch.int64), torch.cumsum(x.long(), 0)])
-    n = torch.tensor(sizes, dtype=torch.int64, device=x.device)
-    ends = n.cumsum(0)
-    return c[ends] - c[ends - n]
-
-
-def _pad(parts: list[torch.Tensor], value: int) -> torch.Tensor:
-    """int64 [len(parts), longest]: the parts as rows, padded with ``value`` (exact for int64,
-    unlike ``pad_sequence``'s float padding value)."""
-    n = [p.numel() for p in parts]
-    dev = parts[0].device if parts else None
-    sizes = torch.tensor(n, device=dev)
-    out = torch.full((len(parts), max(n, default=0)), value, dtype=torch.int64, device=dev)
-    out[torch.arange(out.shape[1], device=dev).unsqueeze(0) < sizes.unsqueeze(1)] = torch.cat(parts)
-    return out
-
-
-def batched_lookup(
-    tables: list[torch.Tensor], mappings: list[torch.Tensor], queries: list[torch.Tensor], defaults: list[int]
-) -> tuple[list[torch.Tensor], torch.Tensor]:
-    """TorchRec's ``_mch_remap`` for several features at once.
-
-    Args:
-        tables: per feature, its MCH ``_mch_sorted_raw_ids`` (int64 [rows], ascending, the last
-            one ``2^63 - 1``).
-        mappings: per feature, ``_mch_remapped_ids_mapping`` (int64 [rows]).
-        queries: per feature, raw ids (int64 [n_f], below ``2^63 - 1``).
-        defaults: per feature, the default row.
-    Returns:
-        per feature the rows (int64 [n_f]), and a bool [sum n_f] (concatenated in feature
-        order): True where the id has no row (it reads the default row).
-    """
-    t = _pad(tables, _MAX)  # padding past a table's last (2^63 - 1) entry changes no search
-    q = _pad(queries, 0)
-    idx = torch.searchsorted(t, q)
-    hit = torch.gather(t, 1, idx) == q
-    dev = q.device
-    rows = torch.where(hit, torch.gather(_pad(mappings, 0), 1, idx), torch.tensor(defaults, device=dev).unsqueeze(1))
-    sizes = [x.numel() for x in queries]
-    valid = torch.arange(q.shape[1], device=dev).unsqueeze(0) < torch.tensor(sizes, device=dev).unsqueeze(1)
-    return list(torch.split(rows[valid], sizes)), ~hit[valid]
-
-
-def _lex_order(keys: torch.Tensor, segments: torch.Tensor, descending: bool = False) -> torch.Tensor:
-    """The stable order by (segment ascending, key), ties kept in input order."""
-    o = torch.argsort(keys, descending=descending, stable=True)
-    return o[torch.argsort(segments[o], stable=True)]
-
-
-@torch.no_grad()
-def batched_lfu_round(
-    tsizes: list[int], state: dict[str, list[torch.Tensor]], hists: list[torch.Tensor], k: int
-) -> None:
-    """One lfu round (TorchRec's ``MCHManagedCollisionModule._coalesce_history`` with
-    ``LFU_EvictionPolicy`` and the ``counts >= k`` admission filter) of several features at
-    once, updating their sorted raw ids, rows and counts in place and their eviction /
-    admission counters. ``tsizes``: per feature, its rows (zch_size); ``state``: per feature its
-    ``ReplicatedMCH`` tensors ``_mch_sorted_raw_ids``, ``_mch_remapped_ids_mapping``,
-    ``_mch_counts`` and ``_counters``; ``hists``: per feature, the pending history (int64,
-    non-empty).
-
-    Same result as the per-feature TorchRec round, step for step: per feature the distinct
-    ids by count (descending, ties by ascending id), the table's counts updated, the last
-    (default) slot pinned at the highest count, table and new ids ranked by count (stable:
-    table entries before new ids, each in order), the best ``rows`` kept, the i-th evicted
-    slot given to the i-th admitted id, the table re-sorted by raw id."""
-    f_all = len(tsizes)
-    dev = state["_mch_sorted_raw_ids"][0].device
-    tf = _segment_ids(tsizes, dev)
-    tstart = torch.tensor([0] + tsizes[:-1], dtype=torch.int64, device=dev).cumsum(0)
-    tsz = torch.tensor(tsizes, dtype=torch.int64, device=dev)
-    ids = torch.cat(state["_mch_sorted_raw_ids"])
-    rows = torch.cat(state["_mch_remapped_ids_mapping"])
-    counts = torch.cat(state["_mch_counts"])
-    # distinct ids and counts per feature (torch.unique per feature: ascending ids)
-    h = torch.cat(hists)
-    hf = _segment_ids([x.numel() for x in hists], dev)
-    o = _lex_order(h, hf)
-    hs, hfs = h[o], hf[o]
-    first = torch.ones_like(hs, dtype=torch.bool)
-    first[1:] = (hs[1:] != hs[:-1]) | (hfs[1:] != hfs[:-1])
-    starts = torch.nonzero(first).squeeze(1)
-    uid, uf = hs[starts], hfs[starts]
-    ucnt = torch.diff(starts, append=torch.tensor([hs.numel()], device=dev))
-    if k > 1:  # admission: ids seen fewer than k times in the window are dropped
-        m = ucnt >= k
-        uid, uf, ucnt = uid[m], uf[m], ucnt[m]
-    # by count, descending, per feature
-    o = _lex_order(ucnt, uf, descending=True)
-    qid, qf, qcnt = uid[o], uf[o], ucnt[o]
-    # ids that already hold a row: add their counts
-    qn = torch.bincount(qf, minlength=f_all)
-    qrank = torch.arange(qid.numel(), device=dev) - (torch.cumsum(qn, 0) - qn)[qf]
-    qpad = torch.zeros(f_all, int(qn.max()) if qid.numel() else 0, dtype=torch.int64, device=dev)
-    qpad[qf, qrank] = qid
-    tpad = _pad(list(torch.split(ids, tsizes)), _MAX)
-    at = torch.searchsorted(tpad, qpad)[qf, qrank]
-    hit = tpad[qf, at] == qid
-    counts[tstart[qf[hit]] + at[hit]] += qcnt[hit]
-    nid, nf, ncnt = qid[~hit], qf[~hit], qcnt[~hit]
-    counts[tstart + tsz - 1] = _MAX  # the default slot is never evicted
-    # rank table slots and new ids per feature; the best zch_size keep / take a slot
-    nn_ = torch.bincount(nf, minlength=f_all)
-    mf = torch.cat([tf, nf])
-    o = _lex_order(torch.cat([counts, ncnt]), mf, descending=True)
-    gsize = tsz + nn_
-    r = torch.arange(o.numel(), device=dev) - (torch.cumsum(gsize, 0) - gsize)[mf[o]]
-    top = r < tsz[mf[o]]
-    is_new = o >= counts.numel()
-    admitted = o[top & is_new] - counts.numel()
-    evicted = o[~top & ~is_new]
-    was_empty = ids[evicted] == _MAX
-    ids[evicted] = nid[admitted]
-    counts[evicted] = ncnt[admitted]
-    # re-sort each table by raw id
-    o = _lex_order(ids, tf)
-    ids, rows, counts = ids[o], rows[o], counts[o]
-    torch._foreach_copy_(state["_mch_sorted_raw_ids"], list(torch.split(ids, tsizes)))
-    torch._foreach_copy_(state["_mch_remapped_ids_mapping"], list(torch.split(rows, tsizes)))
-    torch._foreach_copy_(state["_mch_counts"], list(torch.split(counts, tsizes)))
-    got = torch.bincount(tf[evicted], minlength=f_all)
-    filled = torch.bincount(tf[evicted][was_empty], minlength=f_all)
-    # [evictions, admissions] per feature, added to _counters[2:4]
-    torch._foreach_add_([c[2:] for c in state["_counters"]], list(torch.stack([got - filled, got], 1).unbind(0)))
-
-
-def _record_all(mods: list[ReplicatedMCH], bufs: dict[str, list[torch.Tensor]], glob: list[torch.Tensor]) -> None:
+def _record_all(mods: list[ReplicatedMCH], bufs: dict[str, list[torch.Tensor]], glob: list[torch.Tensor]):
     """:meth:`ReplicatedMCH.record` of every feature, with one batched lfu round for all
-    features due (per feature through TorchRec when a step's ids overflow a history).
-    ``bufs``: the modules' state tensors by name (:meth:`ManagedRemap._buffers_of`)."""
+    features due (per feature through TorchRec when a step's ids overflow a history, TTL
+    included). ``bufs``: the modules' state tensors by name (:meth:`ManagedRemap._buffers_of`).
+    Returns the TTL's work left for :func:`_ttl_all` (under a TTL, when the batched round ran),
+    else None."""
     ctr = torch.stack(bufs["_counters"]).tolist()
     iters = torch.stack(bufs["_current_iter_tensor"]).view(-1).tolist()
     it = int(iters[0]) + 1
@@ -463,8 +410,8 @@ def _record_all(mods: list[ReplicatedMCH], bufs: dict[str, list[torch.Tensor]], 
     if not (fits and all(i + 1 == it for i in iters)):
         for m, g in zip(mods, glob):
             m.record(g)
-        return
-    due, hists = [], []
+        return None
+    due, hists, ticks, fresh = [], [], [], []
     torch._foreach_add_(bufs["_current_iter_tensor"], 1)
     for i, (m, g, c) in enumerate(zip(mods, glob, ctr)):
         n = c[0]
@@ -472,28 +419,80 @@ def _record_all(mods: list[ReplicatedMCH], bufs: dict[str, list[torch.Tensor]], 
         hist_iter[i][n : n + g.numel()] = it
         c[0] = n + g.numel()
         if it - c[1] >= m._eviction_interval:
+            ticks.append(i)
             if c[0]:
                 due.append(i)
-                hists.append(hist[i][: c[0]])
+                hists.append((hist[i][: c[0]], hist_iter[i][: c[0]]))
+                fresh.append(n == 0)  # the history is this step's ids: glob[i]
             c[0], c[1] = 0, it
     if due:
         sub = {
             k: [bufs[k][i] for i in due] for k in ("_mch_sorted_raw_ids", "_mch_remapped_ids_mapping", "_mch_counts")
         }
         sub["_counters"] = [bufs["_counters"][i] for i in due]
-        batched_lfu_round([mods[i]._zch_size for i in due], sub, hists, mods[0].admission_min_count)
+        batched_lfu_round([mods[i]._zch_size for i in due], sub, [h for h, _ in hists], mods[0].admission_min_count)
     new = torch.tensor([c[:2] for c in ctr], dtype=torch.int64, device=bufs["_counters"][0].device)
     torch._foreach_copy_([c[:2] for c in bufs["_counters"]], list(new.unbind(0)))
+    return (due, hists, fresh, ticks, it) if mods[0].ttl_steps is not None else None
+
+
+def _ttl_all(ttl: int, bufs: dict[str, list[torch.Tensor]], work: tuple, found: tuple, sizes: list[int]) -> None:
+    """The batched lfu step's TTL (``work`` from :func:`_record_all`): last-seen steps of the
+    rounds' (``due``) histories (``hists``: per due feature, ids and steps), then the TTL expiry
+    of the features whose round was scheduled this step (``ticks``, also those with an empty
+    history). A history that is this step's ids (``fresh``, e.g. every history under
+    eviction_interval 1) reuses the step's lookup of the global batch (``found``, per feature
+    ``sizes`` ids), which the expiry cannot change: those ids were seen now, none expires."""
+    due, hists, fresh, ticks, it = work
+    tables, mappings = bufs["_mch_sorted_raw_ids"], bufs["_mch_remapped_ids_mapping"]
+    misses = torch.split(found[1], sizes)
+    for reuse in (True, False):
+        sel = [k for k, f in enumerate(fresh) if f == reuse]
+        if not sel:
+            continue
+        batched_mark_seen(
+            [tables[due[k]] for k in sel],
+            [mappings[due[k]] for k in sel],
+            [bufs["_row_last_seen"][due[k]] for k in sel],
+            [hists[k][0] for k in sel],
+            [hists[k][1] for k in sel],
+            ([found[0][due[k]] for k in sel], torch.cat([misses[due[k]] for k in sel])) if reuse else None,
+        )
+    batched_ttl_expire(
+        [tables[i] for i in ticks],
+        [mappings[i] for i in ticks],
+        [[bufs["_mch_counts"][i] for i in ticks]],
+        [bufs["_row_last_seen"][i] for i in ticks],
+        [bufs["_totals"][i][:1] for i in ticks],
+        it,
+        ttl,
+    )
+
+
+def _count_collided(mods: list[ReplicatedMCH], bufs: dict[str, list[torch.Tensor]], glob: list[torch.Tensor]):
+    """Looks up the global batch's real ids (``glob``, per feature) after this step's round and
+    adds to each feature's ``_totals[1]`` those that read the default row: the sum over ranks
+    of their training default-row lookups, counted the same on every rank without a
+    collective (the ids are all-gathered already). Returns :func:`batched_lookup`'s rows and
+    misses (None without managed features)."""
+    if not mods:
+        return None
+    tables, mappings = bufs["_mch_sorted_raw_ids"], bufs["_mch_remapped_ids_mapping"]
+    rows, miss = batched_lookup(tables, mappings, glob, [m._zch_size - 1 for m in mods])
+    got = _segment_sums(miss, [g.numel() for g in glob])
+    torch._foreach_add_([t[1:] for t in bufs["_totals"]], list(got.view(-1, 1).unbind(0)))
+    return rows, miss
 
 
 def _real(values: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     return values if mask is None else values[mask]
 
 
-def _gather_per_key(parts: list[torch.Tensor]) -> list[torch.Tensor]:
-    """Per feature, the ids of every rank concatenated in rank order (the global batch's)."""
+def _gather_per_key(parts: list[torch.Tensor]) -> tuple[list[torch.Tensor], list[int]]:
+    """Per feature, the ids of every rank concatenated in rank order (the global batch's),
+    and where this rank's ``parts`` start in them."""
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return parts
+        return parts, [0] * len(parts)
     ws = dist.get_world_size()
     dev = parts[0].device if parts else None  # the ids' device: NCCL gathers CUDA tensors only
     sizes = torch.tensor([p.numel() for p in parts], dtype=torch.int64, device=dev)
@@ -511,7 +510,8 @@ def _gather_per_key(parts: list[torch.Tensor]) -> list[torch.Tensor]:
         pieces = torch.split(bufs[r][: totals[r]], all_sizes[r].tolist())
         for i, p in enumerate(pieces):
             out[i].append(p)
-    return [torch.cat(o) for o in out]
+    offsets = torch.stack(all_sizes[: dist.get_rank()]).sum(0).tolist() if dist.get_rank() else [0] * len(parts)
+    return [torch.cat(o) for o in out], offsets
 
 
 def build_remap(cfg, sparse_names: list[str], sizes: list[int], device: torch.device | None = None) -> ManagedRemap:
@@ -537,6 +537,7 @@ def build_remap(cfg, sparse_names: list[str], sizes: list[int], device: torch.de
                 history_capacity=m.eviction_interval * global_batch * h,
                 device=device,
                 name=f,
+                ttl_steps=m.ttl_steps,
             )
             for f, n, h in zip(sparse_names, sizes, hot)
             if f in managed
@@ -549,11 +550,23 @@ def find_remap(model: nn.Module) -> ManagedRemap | None:
     return next((m for m in model.modules() if isinstance(m, ManagedRemap)), None)
 
 
+def managed_counters(model: nn.Module) -> dict[str, dict[str, int]]:
+    """Per managed feature, its cumulative counters since training started:
+    ``{feature: {"admitted": int, "evicted": int, "evicted_ttl": int, "collided": int}}``
+    (:meth:`ReplicatedMCH.counters`; ``{}`` for a model without managed tables). The counters
+    are persistent buffers, the same on every rank, so this reads local state: not a
+    collective, any rank may call it; a resumed run continues them exactly."""
+    remap = find_remap(model)
+    return {} if remap is None else {f: m.counters() for f, m in remap.mch.items()}
+
+
 def managed_metrics(model: nn.Module, split: str = "train") -> dict:
     """``{"managed": {feature: {occupancy, rows_used, evictions, admissions, default_share}}}``
     for a model with managed tables (``{}`` otherwise), and for ``train`` also
     ``managed_remap_ms_per_step`` (rank 0's wall time of the remapping per step since the
-    last call, the all_gather included: part of the forward time). ``default_share``: the fraction of
+    last call, the all_gather included: part of the forward time) and per feature the
+    cumulative counters of :func:`managed_counters` as ``admitted_total``, ``evicted_total``,
+    ``evicted_ttl_total`` and ``collided_total``. ``default_share``: the fraction of
     this split's lookups since the last call that read the default row (all ranks). A
     collective when the job has several ranks: every rank must call it."""
     remap = find_remap(model)
@@ -569,4 +582,6 @@ def managed_metrics(model: nn.Module, split: str = "train") -> dict:
     for i, (f, m) in enumerate(remap.mch.items()):
         looked, default = int(counts[i, 0]), int(counts[i, 1])
         out[f] = {**m.stats(), "default_share": round(default / looked, 6) if looked else None}
+        if split == "train":
+            out[f].update({f"{k}_total": v for k, v in m.counters().items()})
     return {"managed": out, **extra}

@@ -18,7 +18,7 @@ from recsys_dist.data.loader import CTRBatch
 from recsys_dist.distributed.optim import EMBEDDING_OPTIMIZERS, build_optimizer
 from recsys_dist.distributed.sharders import sharders
 from recsys_dist.distributed.tables import gather_full_state_dict, load_full_state_dict
-from recsys_dist.models.managed import ManagedRemap, ReplicatedMCH, find_remap
+from recsys_dist.models.managed import ManagedRemap, ReplicatedMCH, find_remap, managed_counters
 from recsys_dist.models.task import CTRTask
 from tests.distributed.equivalence import (
     DENSE_LR,
@@ -34,7 +34,7 @@ STEPS = 7
 BIG = 1 << 40  # raw ids far beyond every table: only the managed module can map them
 
 
-def remap_module(eviction: str, interval: int, admission: int, world_size: int) -> ManagedRemap:
+def remap_module(eviction: str, interval: int, admission: int, world_size: int, ttl: int | None = None) -> ManagedRemap:
     from tests.distributed.equivalence import B
 
     return ManagedRemap(
@@ -46,6 +46,7 @@ def remap_module(eviction: str, interval: int, admission: int, world_size: int) 
                 admission_min_count=admission,
                 history_capacity=interval * B * world_size * hot,
                 name=f"f_{name}",
+                ttl_steps=ttl,
             )
             for name, rows, _, _, hot in TABLES
         }
@@ -89,14 +90,17 @@ def check_all(rank: int, world_size: int, cases: list[tuple]) -> dict:
     return {case: check(rank, world_size, *case) for case in cases}
 
 
-def check(rank: int, world_size: int, sharding_type: str, eviction: str, interval: int, admission: int) -> dict:
+def check(
+    rank: int, world_size: int, sharding_type: str, eviction: str, interval: int, admission: int, ttl: int | None = None
+) -> dict:
     """Train STEPS steps sharded and unsharded; largest differences, remap state equality
-    and eviction counts."""
+    (TTL last-seen steps and cumulative counters included), eviction counts, and this rank's
+    and the reference's cumulative counters (``managed_counters``)."""
     optimizer = "exact_rowwise_adagrad"
     torch.manual_seed(0)
     ref = CTRTask(
         Tiny(EmbeddingBagCollection(tables=_small(), device=torch.device("cpu"))),
-        remap=remap_module(eviction, interval, admission, world_size),
+        remap=remap_module(eviction, interval, admission, world_size, ttl),
     )
     with torch.no_grad():
         for p in ref.model.sparse_arch.parameters():
@@ -105,7 +109,7 @@ def check(rank: int, world_size: int, sharding_type: str, eviction: str, interva
 
     model = CTRTask(
         Tiny(EmbeddingBagCollection(tables=_small(), device=torch.device("meta"))),
-        remap=remap_module(eviction, interval, admission, world_size),
+        remap=remap_module(eviction, interval, admission, world_size, ttl),
     )
     cls, kwargs = EMBEDDING_OPTIMIZERS[optimizer]
     apply_optimizer_in_backward(cls, model.model.sparse_arch.parameters(), {"lr": EMB_LR, **kwargs})
@@ -164,7 +168,8 @@ def check(rank: int, world_size: int, sharding_type: str, eviction: str, interva
         else:
             diffs[name] = (got[name] - t).abs().max().item()
     stats = {f: m.stats() for f, m in find_remap(dmp).mch.items()}
-    return {"diffs": diffs, "remap_equal": remap_equal, "stats": stats}
+    counters = {"rank": managed_counters(dmp), "reference": managed_counters(ref)}
+    return {"diffs": diffs, "remap_equal": remap_equal, "stats": stats, "counters": counters}
 
 
 def _small():

@@ -3,7 +3,9 @@ sizes 1, 2 and 3: table-wise, row-wise, column-wise and data-parallel tables beh
 replicated TorchRec MCH module. Each case trains 7 steps with raw 41-bit ids on tables a
 quarter of the distinct ids (so ids are evicted); logits and loss at every step and every
 weight after the last must match the reference within 1e-6, and the id -> row state
-(sorted raw ids, rows, counts / last access, pending history) must be identical on every rank.
+(sorted raw ids, rows, counts / last access, pending history, TTL last-seen steps, cumulative
+counters) must be identical on every rank. Two cases add a TTL (data.managed.ttl_steps); the
+cumulative counters (managed_counters) must be equal on every rank and to the reference's.
 """
 
 import pytest
@@ -17,6 +19,8 @@ CASES = [
     ("column_wise", "lru", 3, 1),
     ("data_parallel", "distance_lfu", 1, 1),
     ("row_wise", "lfu", 2, 2),  # admission threshold: an id must be seen twice in a window
+    ("table_wise", "lfu", 1, 1, 2),  # TTL: an id unseen for 2 steps loses its row (batched lfu step)
+    ("column_wise", "lru", 2, 1, 3),  # TTL with lru (TorchRec's per-feature round)
 ]
 TOL = 1e-5  # float32 after 7 steps; measured worst case 1.4e-6 (world size 1)
 
@@ -38,3 +42,13 @@ def test_managed_tables_match_unsharded(world_size):
     stats = results[0][CASES[0]]["stats"]
     assert all(s["admissions"] > 0 for s in stats.values()), stats
     assert any(s["evictions"] > 0 for s in stats.values()), stats
+    # Cumulative counters (managed_counters): the same on every rank and equal to the
+    # reference's (one process recording the global batch); the TTL cases evicted by TTL.
+    for case in CASES:
+        ref = results[0][case]["counters"]["reference"]
+        assert all(per_case[case]["counters"]["rank"] == ref for per_case in results), case
+        assert any(c["admitted"] > 0 for c in ref.values()), (case, ref)
+        if case[2] > 1 or case[3] > 1:  # ids wait for their round, or for a second sighting
+            assert any(c["collided"] > 0 for c in ref.values()), (case, ref)
+        ttl_evicted = sum(c["evicted_ttl"] for c in ref.values())
+        assert (ttl_evicted > 0) == (len(case) == 5), (case, ref)
