@@ -39,7 +39,7 @@ from recsys_dist.data.stream import convert_partition, landed
 from recsys_dist.distributed.env import broadcast_result
 from recsys_dist.errors import CheckpointError, DataError
 from recsys_dist.faults import maybe_fault
-from recsys_dist.models.managed import managed_metrics
+from recsys_dist.models.managed import managed_counters, managed_metrics
 from recsys_dist.train.build import Loaders, make_loaders
 from recsys_dist.train.summary import run_summary
 from recsys_dist.train.trainer import Trainer
@@ -188,7 +188,8 @@ class StreamTrainer(Trainer):
                     continue
                 if self.cfg.data.stream.progressive_validation and not self.stream.validated:
                     last_val = self._score_partition()
-                self._train_steps(self._in_epoch)
+                with self._clock.phase("train"):
+                    self._train_steps(self._in_epoch)
                 if self._in_epoch >= len(self._loaders.train):
                     self._finish_partition()
             if self._done() and self._stop_reason is None:
@@ -349,8 +350,13 @@ class StreamTrainer(Trainer):
 
 def _counters(model) -> dict:
     """The managed-collision counters of ``model`` (cumulative; {} without managed tables)."""
-    return {}
+    return managed_counters(model)
 
 
 def _counter_change(before: dict, after: dict) -> dict:
-    return {}
+    """``{"managed": {feature: {admitted, evicted, evicted_ttl, collided}}}``: what a partition
+    added to each cumulative counter ({} without managed tables)."""
+    if not after:
+        return {}
+    change = {f: {k: v - before.get(f, {}).get(k, 0) for k, v in c.items()} for f, c in after.items()}
+    return {"managed": change}
