@@ -1,5 +1,6 @@
 """data.stream: partitions landing while 2 ranks train; each row once across a kill, a resume
-and a SIGTERM; progressive validation; quarantine; the config rules."""
+and a SIGTERM; progressive validation; quarantine; a version published per partition, served
+hot and equal to `predict` on the folded export; managed-collision counters per partition."""
 
 from __future__ import annotations
 
@@ -11,14 +12,20 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+import pyarrow.parquet as pq
 import pytest
+import torch
+from starlette.testclient import TestClient
 
 from recsys_dist.config.base import ConfigError
 from recsys_dist.config.loader import load_config
 from recsys_dist.data.config import StreamConfig
 from recsys_dist.data.stream import landed
+from recsys_dist.serve.http import ModelHolder, create_app, open_source
+from recsys_dist.serve.publish import load_published
 from recsys_dist.train.preflight import check_before_launch
-from tests.cli import read_metrics, run_train
+from tests.cli import read_metrics, run_cli, run_train
 from tests.conftest import ROOT
 
 CONFIG = ROOT / "configs" / "criteo_online.yaml"
@@ -171,6 +178,64 @@ def test_partitions_landing_a_kill_a_resume_and_sigterm_train_every_row_once(ref
     r = run_train(CONFIG, run, *overrides(landing), "--resume", "auto", tmp=tmp_path, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     assert comparable(run) == comparable(ref)
+    check_published(run, ref, landing, tmp_path)
+
+
+def check_published(run: Path, ref: Path, landing: Path, tmp: Path) -> None:
+    """A full version after partition 1, a delta after each of the others (the kill and the
+    resumes change nothing); the fold equals the uninterrupted run's bit for bit; the server's
+    scores of the latest version equal `predict` on the folded export."""
+    manifest = json.loads((run / "publish" / "manifest.json").read_text())
+    assert [(v["version"], v["kind"], v["step"]) for v in manifest["versions"]] == [
+        (1, "full", 10),
+        (2, "delta", 20),
+        (3, "delta", 30),
+    ]
+    model, version = load_published(run / "publish")
+    want, _ = load_published(ref / "publish")
+    assert version == 3
+    for key, value in want.model.state_dict().items():
+        assert torch.equal(model.model.state_dict()[key], value), key
+    out = tmp / "folded"
+    assert run_cli(["export", "--from-publish", str(run / "publish"), "--out", str(out)], tmp).returncode == 0
+    rows = (landing / NAMES[2]).read_text().splitlines()[:50]
+    (tmp / "rows.txt").write_text("\n".join(rows) + "\n")
+    r = run_cli(["predict", str(out), "--data", str(tmp / "rows.txt"), "--out", str(tmp / "p.parquet")], tmp)
+    assert r.returncode == 0, r.stderr[-2000:]
+    predicted = pq.read_table(tmp / "p.parquet")["logit"].to_numpy()
+    with TestClient(create_app(ModelHolder(open_source(run / "publish"), 0))) as c:
+        got = c.post("/score", json={"rows": rows}).json()
+        assert got["version"] == 3 and c.get("/health").json()["version"] == 3
+    np.testing.assert_allclose(got["logits"], predicted, rtol=0, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_managed_stream_counts_admissions_and_ttl_evictions_per_partition(reference, tmp_path):
+    """The partition lines carry what each partition did to the managed tables; ids that go
+    cold are evicted after data.managed.ttl_steps, so rows are handed to new ids."""
+    tmp, _ = reference
+    run = tmp_path / "run"
+    managed = {
+        "data.categorical_mapping": "managed",
+        "data.num_embeddings": "300",
+        "data.managed.eviction_interval": "1",
+        "data.managed.ttl_steps": "4",
+        "publish.enabled": "false",
+        "publish.every_partition": "false",
+    }
+    r = run_train(
+        CONFIG, run, *overrides(tmp / "landing", **managed), tmp=tmp_path, env={"RECSYS_DIST_CACHE": str(tmp / "cache")}
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    parts = read_metrics(run, "partition")
+    assert [p["partition"] for p in parts] == NAMES
+    for p in parts:
+        c3 = p["managed"]["C3"]
+        assert c3["admitted"] > 0 and c3["evicted_ttl"] > 0 and c3["evicted"] >= c3["evicted_ttl"], p
+    # The cumulative counters of the last train line are the partitions' sums.
+    total = read_metrics(run, "train")[-1]["managed"]["C3"]
+    assert total["admitted_total"] == sum(p["managed"]["C3"]["admitted"] for p in parts)
+    assert total["evicted_ttl_total"] == sum(p["managed"]["C3"]["evicted_ttl"] for p in parts)
 
 
 def test_landed_takes_finished_files_in_name_order(tmp_path):
