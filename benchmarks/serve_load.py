@@ -3,8 +3,11 @@
 Through the real HTTP server (``recsys-dist serve`` in a subprocess, uvicorn) with a keep-alive
 client at concurrency 1 and 4, side by side with in-process calls on the same rows:
 
-- ``score_rows``: the server's own scoring function (JSON rows -> raw file -> predict's
-  conversion -> model), without HTTP;
+- ``in-memory``: the server's scoring of a request (``recsys_dist.serve.inmemory``: the rows'
+  raw columns converted in memory by the conversion's own transforms, then the model), without
+  HTTP, rows as text lines and as JSON objects;
+- ``score_rows``: the file route (JSON rows -> raw file -> predict's conversion -> model), which
+  the server used before the in-memory route and still uses for a model that route does not cover;
 - ``forward``: the loaded model's forward alone, on the batch already converted;
 - ``torchscript``: the export's ``model.torchscript.pt`` on the same converted batch (when the
   export has one: ``recsys-dist export --format torchscript``).
@@ -33,10 +36,12 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import torch
 
+from recsys_dist.data.formats.criteo import COLUMNS
 from recsys_dist.data.loader import ParquetBatchLoader
 from recsys_dist.data.resolve import feature_names, label_columns, loader_id_bounds
 from recsys_dist.models.build import table_sizes
 from recsys_dist.serve.export import load
+from recsys_dist.serve.inmemory import row_scorer
 from recsys_dist.serve.rows import score_rows
 from recsys_dist.serve.scoring import prepare_for_scoring
 
@@ -53,6 +58,15 @@ def _stats(latencies: list[float], rows: int, wall: float) -> dict:
 def _batches(lines: list[str], n: int, count: int) -> list[list[str]]:
     """``count`` batches of ``n`` consecutive lines (wrapping around the sample)."""
     return [[lines[(i * n + j) % len(lines)] for j in range(n)] for i in range(count)]
+
+
+def as_objects(lines: list[str]) -> list[dict]:
+    """Raw Criteo lines as JSON objects: integers as numbers, empty fields left out, no label."""
+    out = []
+    for line in lines:
+        fields = zip(COLUMNS[1:], line.split("\t")[1:])
+        out.append({c: int(v) if c[0] == "I" else v for c, v in fields if v != ""})
+    return out
 
 
 def _free_port() -> int:
@@ -141,11 +155,18 @@ def in_process(export: Path, lines: list[str], reps: dict[int, int]) -> dict:
     ts_path = export / "model.torchscript.pt"
     ts = torch.jit.load(str(ts_path)) if ts_path.is_file() else None
     out: dict = {}
+    scorer = row_scorer(m)  # chosen once per model, as the server does
     with tempfile.TemporaryDirectory() as tmp, torch.no_grad():
         for n in BATCHES:
             rows = lines[:n]
             batch, ts_inputs = converted(m, rows, Path(tmp))
-            out[("score_rows", n)] = timed(lambda rows=rows: score_rows(m, rows), reps[n], n)
+            objects = as_objects(rows)
+            assert scorer.kind == "in-memory" and np.allclose(
+                scorer(objects)["logits"], score_rows(m, rows)["logits"], atol=1e-6
+            )
+            out[("in-memory, lines", n)] = timed(lambda rows=rows: scorer(rows), reps[n] * 5, n)
+            out[("in-memory, objects", n)] = timed(lambda rows=objects: scorer(rows), reps[n] * 5, n)
+            out[("score_rows (file route)", n)] = timed(lambda rows=rows: score_rows(m, rows), reps[n], n)
             out[("forward", n)] = timed(lambda b=batch: m.model(b), reps[n] * 5, n)
             if ts is not None:
                 out[("torchscript", n)] = timed(lambda x=ts_inputs: ts(*x), reps[n] * 5, n)
@@ -174,7 +195,9 @@ def http_all(export: Path, lines: list[str], reps: dict[int, int], concurrencies
         for n in BATCHES:
             http_load(url, _batches(lines, n, 3), 1)  # warm-up
             for c in concurrencies:
-                out[(f"http c={c}", n)] = http_load(url, _batches(lines, n, reps[n]), c)
+                out[(f"HTTP, {c} client(s), lines", n)] = http_load(url, _batches(lines, n, reps[n]), c)
+            objects = [as_objects(b) for b in _batches(lines, n, reps[n])]
+            out[("HTTP, 1 client, objects", n)] = http_load(url, objects, 1)
         return out
     finally:
         proc.terminate()

@@ -5,7 +5,8 @@ Endpoints (``create_app``):
 - ``POST /score`` with ``{"rows": [row, ...]}`` (``recsys_dist.serve.rows``) ->
   ``{"scores": [...], "logits": [...], "version": V, "model": SOURCE}``; a malformed body or
   row -> 400 ``{"error": MESSAGE}`` naming the row and column.
-- ``GET /health`` -> ``{"status": "ok", "version": V, "source": SOURCE, "loaded_at": ISO-8601 UTC}``.
+- ``GET /health`` -> ``{"status": "ok", "version": V, "source": SOURCE, "loaded_at": ISO-8601 UTC,
+  "scoring": "in-memory" | "file"}`` (how its requests are converted: ``recsys_dist.serve.inmemory``).
 
 The model comes from a source (:func:`open_source`): an export directory (``model.safetensors``)
 or a publish directory (``manifest.json``, ``recsys_dist.serve.publish``). A :class:`ModelHolder`
@@ -38,7 +39,8 @@ from starlette.routing import Route
 
 from recsys_dist.errors import BadRequest, ConfigError
 from recsys_dist.serve.export import MODEL_FILE, LoadedModel, load
-from recsys_dist.serve.rows import check_body, score_rows
+from recsys_dist.serve.inmemory import row_scorer
+from recsys_dist.serve.rows import check_body
 from recsys_dist.serve.scoring import PREPROCESSING_FILE, VOCABULARY_FILE
 
 log = logging.getLogger("recsys_dist.serve")
@@ -128,12 +130,19 @@ def open_source(path: str | Path):
 
 @dataclass(frozen=True)
 class Served:
-    """One loaded model as served: never changed, only replaced."""
+    """One loaded model as served: never changed, only replaced. ``scorer``: how its requests
+    are scored, chosen once at load (``recsys_dist.serve.inmemory.row_scorer``: in memory, or
+    through files for a model the in-memory route does not cover)."""
 
     loaded: LoadedModel
     version: int
     token: object
     loaded_at: str = field(default_factory=lambda: datetime.now(UTC).isoformat(timespec="seconds"))
+    scorer: object = None
+
+    @classmethod
+    def of(cls, loaded: LoadedModel, version: int, token) -> Served:
+        return cls(loaded, version, token, scorer=row_scorer(loaded))
 
 
 class ModelHolder:
@@ -148,7 +157,7 @@ class ModelHolder:
         self.source, self.reload_seconds = source, reload_seconds
         token = source.token()
         loaded, version = source.load(token)
-        self.current = Served(loaded, version, token)
+        self.current = Served.of(loaded, version, token)
         self._failed = None  # the token whose load failed: not tried again until the files change
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -170,7 +179,7 @@ class ModelHolder:
                 str(err)[:500],
             )
             return False
-        self.current = Served(loaded, version, token)  # one reference: requests in flight keep theirs
+        self.current = Served.of(loaded, version, token)  # one reference: requests in flight keep theirs
         log.warning("recsys-dist serve: now serving version %d of %s", version, self.source.describe())
         return True
 
@@ -209,7 +218,7 @@ def create_app(holder: ModelHolder) -> Starlette:
             return _error(400, f'the body is not JSON ({err}); send {{"rows": [row, ...]}}')
         try:
             rows = check_body(body)
-            out = await run_in_threadpool(score_rows, served.loaded, rows)
+            out = await run_in_threadpool(served.scorer, rows)
         except BadRequest as err:
             return _error(400, str(err))
         return JSONResponse({**out, "version": served.version, "model": served.loaded.source})
@@ -217,7 +226,13 @@ def create_app(holder: ModelHolder) -> Starlette:
     async def health(request: Request) -> JSONResponse:
         served = holder.current
         return JSONResponse(
-            {"status": "ok", "version": served.version, "source": served.loaded.source, "loaded_at": served.loaded_at}
+            {
+                "status": "ok",
+                "version": served.version,
+                "source": served.loaded.source,
+                "loaded_at": served.loaded_at,
+                "scoring": served.scorer.kind,
+            }
         )
 
     def lifespan(app):

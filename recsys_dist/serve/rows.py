@@ -101,6 +101,8 @@ class RowWriter:
         text = v if isinstance(v, str) else repr(v) if isinstance(v, float) else str(v)
         if "\n" in text or "\r" in text or (self.format == "criteo_tsv" and "\t" in text):
             raise BadRequest(f"rows[{i}], column {column}: a value may not hold a line break or a tab")
+        if self.format == "avazu_csv" and "," in text:  # its lines have no quoting: a comma splits the field
+            raise BadRequest(f"rows[{i}], column {column}: a value may not hold a line break or a comma")
         return text
 
     def _record(self, i: int, row: dict) -> dict:
@@ -114,12 +116,12 @@ class RowWriter:
             out["id"], out["click"] = out["id"] or "0", "0"
         return out
 
-    def write(self, rows: list, directory: Path) -> Path:
-        """Write ``rows`` (all objects, or all text lines) into ``directory``; the file's path.
+    @staticmethod
+    def kind(rows: list) -> type:
+        """``dict`` when every row is an object, ``str`` when every row is a text line.
 
         Raises:
-            BadRequest: a row that is neither, a mix of both, an unknown column, a value that
-                is not a string / number / null (or list for a list column).
+            BadRequest: a row that is neither, or a mix of both.
         """
         kinds = {type(r) for r in rows}
         if not kinds <= {dict, str}:
@@ -129,7 +131,24 @@ class RowWriter:
             )
         if len(kinds) > 1:
             raise BadRequest("rows: give every row as an object or every row as a text line, not a mix")
-        if str in kinds:
+        return kinds.pop()
+
+    def joined(self, column: str, value):
+        """A list column's value as one text field, elements joined by the column's separator (a
+        multi-hot or sequence column of a text file); any other value as it is."""
+        if not isinstance(value, list):
+            return value
+        seq = getattr(self.spec, "sequence", None) or {}
+        return (seq[column].separator if column in seq else self.spec.separator).join(value)
+
+    def write(self, rows: list, directory: Path) -> Path:
+        """Write ``rows`` (all objects, or all text lines) into ``directory``; the file's path.
+
+        Raises:
+            BadRequest: a row that is neither, a mix of both, an unknown column, a value that
+                is not a string / number / null (or list for a list column).
+        """
+        if self.kind(rows) is str:
             return self._write_lines(rows, directory)
         records = [self._record(i, r) for i, r in enumerate(rows)]
         if self.parquet:
@@ -137,26 +156,22 @@ class RowWriter:
             types = {c: pa.list_(pa.string()) if c in self.list_columns else pa.string() for c in self.columns}
             pq.write_table(pa.table({c: pa.array([r[c] for r in records], types[c]) for c in self.columns}), path)
             return path
-        buf = io.StringIO()
-        w = csv.writer(buf, delimiter=self.delimiter, lineterminator="\n", quoting=csv.QUOTE_MINIMAL)
-        sep = getattr(self.spec, "separator", "|")
-        seq = getattr(self.spec, "sequence", None) or {}
         columns = self.columns
         if self.format == "schema" and self.spec.columns:  # the configured field order, label left out
             columns = [c for c in self.spec.columns if c not in self.ignored]
         self.header_lines = 0 if self.format == "criteo_tsv" or (self.spec and not self.spec.header) else 1
+        path = directory / ("rows.txt" if self.format == "criteo_tsv" else "rows.csv")
+        if self.format != "schema":  # criteo_tsv and avazu_csv read no quotes: the values as they are
+            lines = [self.delimiter.join(columns)] if self.header_lines else []
+            lines += [self.delimiter.join(r[c] for c in columns) for r in records]
+            path.write_text("\n".join(lines) + "\n")
+            return path
+        buf = io.StringIO()
+        w = csv.writer(buf, delimiter=self.delimiter, lineterminator="\n", quoting=csv.QUOTE_MINIMAL)
         if self.header_lines:
             w.writerow(columns)
         for r in records:
-            w.writerow(
-                [
-                    (seq[c].separator if c in seq else sep).join(r.get(c, ""))
-                    if isinstance(r.get(c), list)
-                    else r.get(c, "")
-                    for c in columns
-                ]
-            )
-        path = directory / ("rows.txt" if self.format == "criteo_tsv" else "rows.csv")
+            w.writerow([self.joined(c, r.get(c, "")) for c in columns])
         path.write_text(buf.getvalue())
         return path
 
@@ -248,13 +263,22 @@ def score_rows(loaded: LoadedModel, rows: list) -> dict:
             raise BadRequest(_rows_message(err, path, writer.header_lines)) from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    logit = s["logit"]
-    if len(logit) != len(rows):
-        raise BadRequest(f"rows: {len(rows)} rows gave {len(logit)} scores (a text line holding several rows?)")
+    return outputs(s["logit"], s["tasks"], s["kinds"], len(rows))
+
+
+def outputs(logit: np.ndarray, names: list[str], kinds: list[str], n_rows: int) -> dict:
+    """The answer's ``scores`` and ``logits`` (see :func:`score_rows`) of float32 logits [N] or
+    [N, T] (tasks ``names`` of ``kinds``) for a request of ``n_rows`` rows.
+
+    Raises:
+        BadRequest: N is not ``n_rows`` (a text line holding several rows).
+    """
+    if len(logit) != n_rows:
+        raise BadRequest(f"rows: {n_rows} rows gave {len(logit)} scores (a text line holding several rows?)")
     if logit.ndim == 1:
         return {"scores": _sigmoid(logit).tolist(), "logits": logit.tolist()}
     scores, logits = {}, {}
-    for t, (name, kind) in enumerate(zip(s["tasks"], s["kinds"])):
+    for t, (name, kind) in enumerate(zip(names, kinds)):
         logits[name] = logit[:, t].tolist()
         scores[name] = _sigmoid(logit[:, t]).tolist() if kind == "binary" else logits[name]
     return {"scores": scores, "logits": logits}
