@@ -56,12 +56,12 @@ from torchrec.sparse.jagged_tensor import JaggedTensor, KeyedJaggedTensor
 
 from recsys_dist.data.resolve import managed_features
 from recsys_dist.models.managed_ops import (
-    _row_of_value,
-    _segment_sums,
     batched_lfu_round,
     batched_lookup,
     batched_mark_seen,
     batched_ttl_expire,
+    row_of_value,
+    segment_sums,
 )
 
 MANAGED_ID_SPACE = 2**63 - 1  # raw ids lie in [0, 2^63 - 1); 2^63 - 1 marks an empty slot
@@ -320,7 +320,7 @@ class ManagedRemap(nn.Module):
         if weights is not None and keys and not bool((weights > 0).all()):
             per_row = (weights > 0).repeat(len(keys))
             lengths = kjt.lengths()
-            keep = per_row if values.numel() == lengths.numel() else per_row[_row_of_value(lengths, values.numel())]
+            keep = per_row if values.numel() == lengths.numel() else per_row[row_of_value(lengths, values.numel())]
         keeps = list(torch.split(keep, kjt.length_per_key())) if keep is not None else [None] * len(keys)
         mods = list(self.mch.values())
         bufs = self._buffers_of(mods)
@@ -373,9 +373,9 @@ class ManagedRemap(nn.Module):
         sizes = [q.numel() for q in queries]
         if keep is not None:  # count real rows only
             k = torch.cat([keeps[pos[i]] for i in present])
-            looked, default = _segment_sums(k, sizes), _segment_sums(miss & k, sizes)
+            looked, default = segment_sums(k, sizes), segment_sums(miss & k, sizes)
         else:
-            looked, default = torch.tensor(sizes, dtype=torch.int64, device=miss.device), _segment_sums(miss, sizes)
+            looked, default = torch.tensor(sizes, dtype=torch.int64, device=miss.device), segment_sums(miss, sizes)
         col = 0 if self.training else 2
         at = self._lookups.device
         idx = torch.tensor(present, dtype=torch.int64, device=at)
@@ -479,7 +479,7 @@ def _count_collided(mods: list[ReplicatedMCH], bufs: dict[str, list[torch.Tensor
         return None
     tables, mappings = bufs["_mch_sorted_raw_ids"], bufs["_mch_remapped_ids_mapping"]
     rows, miss = batched_lookup(tables, mappings, glob, [m._zch_size - 1 for m in mods])
-    got = _segment_sums(miss, [g.numel() for g in glob])
+    got = segment_sums(miss, [g.numel() for g in glob])
     torch._foreach_add_([t[1:] for t in bufs["_totals"]], list(got.view(-1, 1).unbind(0)))
     return rows, miss
 

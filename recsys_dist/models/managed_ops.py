@@ -17,7 +17,7 @@ import torch
 _MAX = torch.iinfo(torch.int64).max
 
 
-def _row_of_value(lengths: torch.Tensor, n: int) -> torch.Tensor:
+def row_of_value(lengths: torch.Tensor, n: int) -> torch.Tensor:
     """int64 [n]: the bag (index into ``lengths``) of each value."""
     return torch.repeat_interleave(torch.arange(lengths.numel(), device=lengths.device), lengths.long(), output_size=n)
 
@@ -28,7 +28,7 @@ def _segment_ids(sizes: list[int], device: torch.device) -> torch.Tensor:
     return torch.repeat_interleave(torch.arange(len(sizes), device=device), n, output_size=sum(sizes))
 
 
-def _segment_sums(x: torch.Tensor, sizes: list[int]) -> torch.Tensor:
+def segment_sums(x: torch.Tensor, sizes: list[int]) -> torch.Tensor:
     """int64 [len(sizes)]: the sum of a bool / int tensor over each of its consecutive segments."""
     c = torch.cat([x.new_zeros(1, dtype=torch.int64), torch.cumsum(x.long(), 0)])
     n = torch.tensor(sizes, dtype=torch.int64, device=x.device)
