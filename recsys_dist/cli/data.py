@@ -22,6 +22,11 @@ def cmd_preprocess(args: argparse.Namespace) -> int:
     """
     cfg = load_config(args.config, args.overrides)
     check_sections(cfg)  # data prepared for a config that train would refuse helps no one
+    if cfg.data.stream is not None:
+        raise ConfigError(
+            "data.stream: a stream's partitions are converted as they land, by `recsys-dist train` "
+            "(docs/online.md); `recsys-dist preprocess` converts a config's data.raw_path"
+        )
     missing = [r for r in raw_paths(cfg.data) if not Path(r).is_file()]
     if cfg.data.raw_path is None or missing:
         raise ConfigError(f"data.raw_path: {missing[0] if missing else None} is not a file")

@@ -18,7 +18,11 @@ from tests.conftest import QUICKSTART, ROOT, base_row
 CORPUS = [
     case for path in sorted(Path(__file__).parent.glob("corpus*.yaml")) for case in yaml.safe_load(path.read_text())
 ]
-PLACES = {"quickstart": str(QUICKSTART), "mlperf": str(ROOT / "configs" / "mlperf_dlrmv2.yaml")}
+PLACES = {
+    "quickstart": str(QUICKSTART),
+    "mlperf": str(ROOT / "configs" / "mlperf_dlrmv2.yaml"),
+    "online": str(ROOT / "configs" / "criteo_online.yaml"),
+}
 COLUMNS = ["label"] + [f"I{i}" for i in range(1, 14)] + [f"C{i}" for i in range(1, 27)]
 
 
