@@ -518,6 +518,11 @@ class DataConfig(_Section):
             )
         if self.num_rows is not None:
             raise ValueError("data.num_rows: not used with data.stream (every row of every partition is trained on)")
+        if self.cache_dir is not None:
+            raise ValueError(
+                "data.cache_dir: not used with data.stream (partitions are converted into RUN_DIR/partitions and "
+                "removed once trained); remove it"
+            )
         if self.categorical_mapping == "vocabulary":
             raise ValueError(
                 "data.categorical_mapping: vocabulary needs the whole training data up front; a stream uses hash "

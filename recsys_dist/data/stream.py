@@ -7,8 +7,10 @@ the finished file into place, atomically; ``_SUCCESS`` markers are not data). Pa
 named by their path below ``stream.path`` (``day=3/hour=07/part-0.txt``) and taken in the
 sort order of those names.
 
-Each partition is converted like a batch run's raw file (same format, same mapping, same
-cache), as one split: every row is training data. Hash and managed mapping only: both map a
+Each partition is converted like a batch run's raw file (same format, same mapping), as one
+split: every row is training data, into the run's own directory (a stream would otherwise
+fill the shared conversion cache without end); the trainer removes a partition's Parquet once
+it has trained it and saved the checkpoint that records it. Hash and managed mapping only: both map a
 value the same way in every partition (a vocabulary would need all the data up front).
 """
 
@@ -40,9 +42,10 @@ def landed(stream: StreamConfig) -> list[str]:
     return sorted(names)
 
 
-def convert_partition(d: DataConfig, name: str, progress: bool = False) -> PreparedData:
-    """Convert the partition ``name`` (below ``d.stream.path``) as one training split, cached
-    like any raw file (``data.cache_dir``; keyed by path, size and modification time).
+def convert_partition(d: DataConfig, name: str, cache_dir: str | Path, progress: bool = False) -> PreparedData:
+    """Convert the partition ``name`` (below ``d.stream.path``) as one training split into
+    ``cache_dir`` (the run's own: ``RUN_DIR/partitions``, emptied of a partition once it is
+    trained; keyed by path, size and modification time like any cache entry).
 
     Returns:
         ``PreparedData`` whose ``train`` split holds every row of the partition (``validation``
@@ -61,7 +64,7 @@ def convert_partition(d: DataConfig, name: str, progress: bool = False) -> Prepa
         d.num_embeddings,
         (1.0, 0.0, 0.0),
         None,
-        d.cache_dir,
+        str(cache_dir),
         on_bad_row=d.on_bad_row,
         progress=progress,
         mapping=d.categorical_mapping,

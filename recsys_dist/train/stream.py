@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 import signal
 import threading
 import time
@@ -45,6 +46,7 @@ from recsys_dist.train.summary import run_summary
 from recsys_dist.train.trainer import Trainer
 
 log = logging.getLogger("recsys_dist")
+PARTITIONS_DIR = "partitions"  # RUN_DIR/partitions: each partition's Parquet until it is trained
 
 
 @dataclass
@@ -264,7 +266,7 @@ class StreamTrainer(Trainer):
 
         def convert():
             try:
-                return "ok", convert_partition(d, name)
+                return "ok", convert_partition(d, name, self.run_dir / PARTITIONS_DIR)
             except DataError as err:
                 return "bad", str(err)
 
@@ -328,6 +330,8 @@ class StreamTrainer(Trainer):
         if self.cfg.checkpoint.enabled and self._saved_step != self._step:
             self._save_in_window()
         checkpoint = self._saved_path if self._saved_step == self._step else None
+        if self._ctx.is_main and checkpoint is not None:  # recorded as trained: never read again
+            shutil.rmtree(self._prepared.directory, ignore_errors=True)
         for callback in self._callbacks:
             callback.on_partition_end(self, name, checkpoint)
 

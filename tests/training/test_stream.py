@@ -127,6 +127,8 @@ def test_uninterrupted_stream_trains_every_row_once_and_scores_each_partition_fi
         (NAMES[2], 20, ROWS),
     ]
     assert 0.6 < vals[-1]["auc"] < 0.8, vals[-1]
+    # Each partition's Parquet is removed once it is trained and checkpointed.
+    assert not list((run / "partitions").rglob("*.parquet"))
     (bad,) = read_metrics(run, "quarantine")
     assert bad["partition"] == BAD and "line 3" in bad["error"] and bad["step"] == 20, bad
 
@@ -254,6 +256,7 @@ def test_landed_takes_finished_files_in_name_order(tmp_path):
         (["data.categorical_mapping=vocabulary"], "vocabulary needs the whole training data"),
         (["data.remainder=drop"], "data.remainder: drop would leave out"),
         (["data.num_rows=100"], "data.num_rows: not used with data.stream"),
+        (["data.cache_dir=/tmp/x"], "data.cache_dir: not used with data.stream"),
         (["data.stream.poll_seconds=0"], "poll_seconds"),
     ],
 )
