@@ -38,6 +38,13 @@ class PublishConfig(Section):
         description="Publish after each partition of a streaming run (data.stream) is trained and checkpointed. "
         "Exactly one of every_n_steps / every_partition when enabled.",
     )
+    full_every: int | None = Field(
+        None,
+        gt=0,
+        description="Compaction: once N deltas follow the last full version, publish a full version instead of "
+        "the next delta, so loading a version folds at most N deltas (docs/serving.md#publishing); None = never "
+        "(one full version, then deltas only).",
+    )
     format: Literal["safetensors", "torchscript"] = Field(
         "safetensors",
         description="What the full version and `recsys-dist export --from-publish` write (the formats of "

@@ -13,7 +13,8 @@ or a publish directory (``manifest.json``, ``recsys_dist.serve.publish``). A :cl
 keeps the model being served as one reference to an immutable :class:`Served`. Its reload
 thread polls the source every ``reload_seconds``; when the source changed (an export's files
 replaced: another inode, mtime or size; a publish's ``latest`` version) it loads the new model
-completely, off the request path, then swaps the reference. A request reads the reference
+completely, off the request path (a publish's: only the new deltas, folded into a copy of the
+served model), then swaps the reference. A request reads the reference
 once, so it is scored entirely by one model and answers with that model's version; requests
 in flight when a swap happens finish on the old one. A load that fails (a damaged or half
 written file) is logged as a warning and the old model keeps serving; the same files are not
@@ -78,10 +79,14 @@ class ExportSource:
 class PublishSource:
     """A publish directory (``manifest.json`` names the ``latest`` version); its version is
     the published version number. Reads it through ``recsys_dist.serve.publish``
-    (``latest_version``, ``load_published``)."""
+    (``latest_version``, ``load_published``, ``apply_versions``): the first load folds the
+    full version and its deltas; a reload applies only the deltas after the version it last
+    loaded, to a copy of that model (a full fold when a new full version started another
+    chain: a compaction, a drop, a quantize change)."""
 
     def __init__(self, path: Path, api) -> None:
         self.path, self.api = path, api
+        self._last: tuple[LoadedModel, int] | None = None  # the model this source last loaded, its version
 
     def describe(self) -> str:
         return f"publish {self.path}"
@@ -90,7 +95,12 @@ class PublishSource:
         return self.api.latest_version(self.path)
 
     def load(self, token) -> tuple[LoadedModel, int]:
-        return self.api.load_published(self.path, version=token)
+        apply = getattr(self.api, "apply_versions", None)  # an api without it (a stand-in) folds whole
+        if self._last is None or apply is None:
+            self._last = self.api.load_published(self.path, version=token)
+        else:
+            self._last = apply(self._last[0], self.path, self._last[1], token)
+        return self._last
 
 
 def _publish_api():

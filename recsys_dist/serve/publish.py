@@ -15,7 +15,10 @@ A publish directory (``publish.dir``, docs/serving.md#publishing)::
 [n, row_bytes] when quantized: ``recsys_dist.serve.quantize``) for the n rows whose stored
 bytes differ from the previous version's; and ``state/K`` for every other tensor of the state
 dict (dense weights, managed-collision buffers) in full. Folding the full version and the
-deltas up to k gives version k's state bit for bit.
+deltas up to k gives version k's state bit for bit. With ``publish.full_every: N`` a full
+version follows every N deltas (compaction: a chain is a full version and at most N deltas). A
+server holding version k of a chain reaches a later version m of the same chain by folding
+only the deltas k+1..m into a copy of its model (:func:`apply_versions`).
 
 Each version is written into ``DIR/.tmp-v00000k-<pid>`` and renamed into place, then
 ``manifest.json`` is replaced (tmp + rename): a reader sees a version only once it is whole.
@@ -23,6 +26,8 @@ Each version is written into ``DIR/.tmp-v00000k-<pid>`` and renamed into place, 
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import hashlib
 import json
 import logging
@@ -202,6 +207,13 @@ def _apply_delta(state: dict[str, torch.Tensor], path: Path) -> None:
         )
 
 
+def _describe(publish_dir: Path, chain: list[dict]) -> str:
+    last = chain[-1]
+    return f"publish {publish_dir} version {last['version']} (step {last['step']}: full v{chain[0]['version']}" + (
+        f" + {len(chain) - 1} delta(s))" if len(chain) > 1 else ")"
+    )
+
+
 def load_published(publish_dir: str | Path, version: int | None = None) -> tuple[LoadedModel, int]:
     """(the model of published ``version``, that version): the full version with the deltas up
     to ``version`` (None: the latest) folded in, as ``serve.export.load`` returns a model (eval
@@ -221,11 +233,42 @@ def load_published(publish_dir: str | Path, version: int | None = None) -> tuple
         for d in dirs[1:]:
             _apply_delta(state, d / DELTA_FILE)
         load_published_state(m.model, state, str(dirs[-1] / DELTA_FILE))
-    last = chain[-1]
-    m.source = f"publish {publish_dir} version {last['version']} (step {last['step']}: full v{chain[0]['version']}" + (
-        f" + {len(chain) - 1} delta(s))" if len(chain) > 1 else ")"
-    )
-    return m, last["version"]
+    m.source = _describe(publish_dir, chain)
+    return m, chain[-1]["version"]
+
+
+def apply_versions(
+    loaded: LoadedModel, publish_dir: str | Path, from_version: int, to_version: int | None = None
+) -> tuple[LoadedModel, int]:
+    """(the model of published ``to_version`` (None: the latest), that version), built from
+    ``loaded``, the model of ``from_version`` of the same directory (as :func:`load_published` or
+    this function returned it): what a server following a publish directory reloads.
+
+    When ``from_version`` is on ``to_version``'s chain (the same full version, no compaction,
+    drop or quantize change since), only the deltas after it are read (checksums checked) and
+    folded into a copy of ``loaded``'s model; otherwise it is :func:`load_published`'s full
+    fold. Either way the state is bit for bit ``load_published(publish_dir, to_version)``'s and
+    ``source`` reads the same. ``loaded`` is never changed (requests may be scoring it); the new
+    model shares its config and preprocessing record. Relies on a version number naming one
+    version for the life of a directory (the Publisher numbers after every version ever published).
+
+    Raises:
+        CheckpointError: as :func:`load_published` (a missing or damaged delta among those read).
+    """
+    publish_dir = Path(publish_dir)
+    chain = _chain(publish_dir, read_manifest(publish_dir), to_version)
+    numbers = [e["version"] for e in chain]
+    if from_version not in numbers:  # another chain since (or an older version): fold it whole
+        return load_published(publish_dir, numbers[-1])
+    dirs = [_checked_version_dir(publish_dir, e) for e in chain[numbers.index(from_version) + 1 :]]
+    if not dirs:
+        return dataclasses.replace(loaded, source=_describe(publish_dir, chain)), numbers[-1]
+    model = copy.deepcopy(loaded.model)  # built off the request path; the served model is untouched
+    state = published_state(model, clone=False)  # the copy's own tensors: deltas land in place
+    for d in dirs:
+        _apply_delta(state, d / DELTA_FILE)
+    load_published_state(model, state, str(dirs[-1] / DELTA_FILE))  # the dense tensors the deltas replaced
+    return dataclasses.replace(loaded, model=model, source=_describe(publish_dir, chain)), numbers[-1]
 
 
 def export_from_publish(publish_dir: str | Path, out: str | Path, format: str | None = None) -> list[Path]:
@@ -267,6 +310,9 @@ def _same_layout(a: dict, b: dict) -> bool:
 class Publisher:
     """Publishes the checkpoints of a run into ``publish_dir`` (module docstring): a full version
     first, then a delta per checkpoint, against the last published state held in memory.
+
+    With ``publish.full_every: N`` every (N+1)-th version of a chain is full again (compaction),
+    so a fresh load folds at most N deltas.
 
     On construction an existing directory is taken up: numbering continues, and versions of a
     step after ``resume_step`` (the step the run resumes from: it will train them again) are
@@ -326,10 +372,22 @@ class Publisher:
             },
         )
 
+    def _compact(self) -> bool:
+        """Whether ``publish.full_every`` deltas follow the last full version (then the next is full)."""
+        n = self.cfg.full_every
+        if n is None:
+            return False
+        since = 0
+        for e in reversed(self._versions):
+            if e["kind"] == "full":
+                break
+            since += 1
+        return since >= n
+
     def publish(self, checkpoint: Path) -> Path:
         """Publish ``checkpoint`` (a checkpoint directory, or a run directory: its newest one) as
-        the next version: full for the first (or after a drop, or when the tables changed shape),
-        a delta afterwards. Returns the version's directory.
+        the next version: full for the first (or after a drop, when the tables changed shape or
+        quantization, or after ``publish.full_every`` deltas), a delta afterwards. Returns the version's directory.
 
         Raises:
             CheckpointError: the checkpoint cannot be loaded (``serve.export.load``).
@@ -345,7 +403,7 @@ class Publisher:
         name = version_dir(number)
         tmp = self.dir / f".tmp-{name}-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
-        full = self._state is None or self._force_full or not _same_layout(self._state, state)
+        full = self._state is None or self._force_full or not _same_layout(self._state, state) or self._compact()
         info = {"format_version": FORMAT_VERSION, "version": number, "kind": "full" if full else "delta"}
         info.update(base=None if full else self.version, step=step, checkpoint=str(ckpt))
         info.update(quantize=self.cfg.quantize, format=self.cfg.format, created=time.time())

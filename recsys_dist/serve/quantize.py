@@ -99,10 +99,14 @@ def _row_views(model: nn.Module) -> dict[str, torch.Tensor]:
     return views
 
 
-def published_state(model: nn.Module) -> dict[str, torch.Tensor]:
+def published_state(model: nn.Module, clone: bool = True) -> dict[str, torch.Tensor]:
     """``model``'s published state (module docstring): its state dict, quantized tables as
-    uint8 [rows, row_bytes] copies of their FBGEMM rows. Tensors are contiguous copies."""
+    uint8 [rows, row_bytes] copies of their FBGEMM rows. Tensors are contiguous copies; with
+    ``clone=False`` they are the model's own storage (writing a table's rows in place changes
+    what the model looks up: how a delta is folded into a model no request is using)."""
     views = _row_views(model)
+    if not clone:
+        return {**{k: v.detach() for k, v in model.state_dict().items() if k not in views}, **views}
     state = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items() if k not in views}
     state.update({k: v.clone().contiguous() for k, v in views.items()})
     return state
