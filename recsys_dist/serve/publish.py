@@ -337,18 +337,27 @@ class Publisher:
         listed = {e["dir"] for e in self._versions}
         orphans = [p.name for p in self.dir.glob("v*") if p.is_dir() and p.name not in listed]
         self._force_full = bool(drop or orphans)
-        for e in drop:
-            self._move_aside(e["dir"], f"its step {e['step']} is after the resumed step {resume_step}")
-            self._dropped.append({"version": e["version"], "step": e["step"]})
         for name in orphans:
             self._move_aside(name, f"not in {MANIFEST} (a publish interrupted before its manifest)")
             if name[1:].isdigit():
                 self._dropped.append({"version": int(name[1:]), "step": None})
-        self._versions = [e for e in self._versions if e not in drop]
-        self.version: int | None = self._versions[-1]["version"] if self._versions else None
+        # Versions past the resumed step stay listed (and served) until the next version replaces
+        # them: the run trains those steps again, and a server must never fall back to an older model.
+        self._pending_drop = drop
+        for e in drop:
+            log.warning(
+                "publish: version %d (step %d) is after the resumed step %s; it stays the latest until the next "
+                "version (a full one) replaces it, then moves to %s/",
+                e["version"],
+                e["step"],
+                resume_step,
+                DROPPED_DIR,
+            )
+        kept = [e for e in self._versions if e not in drop]
+        self.version: int | None = kept[-1]["version"] if kept else None
         numbers = [e["version"] for e in self._versions + self._dropped]
         self._next = max(numbers, default=0) + 1
-        if manifest is not None or self._dropped:
+        if orphans and manifest is not None:
             self._write_manifest()
         self._state: dict | None = None
         if self.version is not None and not self._force_full:
@@ -366,7 +375,7 @@ class Publisher:
             self.dir / MANIFEST,
             {
                 "format_version": FORMAT_VERSION,
-                "latest": self.version,
+                "latest": self._versions[-1]["version"] if self._versions else None,
                 "versions": self._versions,
                 "dropped": self._dropped,
             },
@@ -418,8 +427,12 @@ class Publisher:
         _write_json_atomic(tmp / VERSION_FILE, info)
         os.replace(tmp, self.dir / name)
         entry = {k: info[k] for k in ("version", "kind", "step", "base", "quantize", "format")}
-        self._versions.append({**entry, "dir": name})
+        drop, self._pending_drop = self._pending_drop, []
+        self._versions = [e for e in self._versions if e not in drop] + [{**entry, "dir": name}]
+        self._dropped += [{"version": e["version"], "step": e["step"]} for e in drop]
         self.version, self._next, self._state, self._force_full = number, number + 1, state, False
         self._write_manifest()
+        for e in drop:  # no longer listed: moved aside only now
+            self._move_aside(e["dir"], f"replaced by version {number} (its step {e['step']} was trained again)")
         log.info("publish: version %d (%s, step %d) in %s", number, info["kind"], step, self.dir / name)
         return self.dir / name

@@ -167,13 +167,15 @@ def test_a_resumed_publisher_continues_numbering_and_drops_versions_past_its_ste
     assert p.publish(paths[2]).name == "v000003"
     assert json.loads((d / "v000003" / "version.json").read_text())["kind"] == "delta"
     caplog.set_level("WARNING", logger="recsys_dist")
-    p = Publisher(d, FP32, resume_step=2)  # the run resumes from step 2: versions 2 and 3 go
-    assert p.version == 1 and latest_version(d) == 1
-    assert sorted(x.name.split("-")[0] for x in (d / "dropped").iterdir()) == ["v000002", "v000003"]
-    assert "after the resumed step 2" in caplog.text
-    assert not (d / "v000002").exists()
+    p = Publisher(d, FP32, resume_step=2)  # the run resumes from step 2: versions 2 and 3 go ...
+    assert p.version == 1 and "after the resumed step 2" in caplog.text
+    # ... once a new version replaces them: until then a server keeps the newest (never an older one).
+    assert latest_version(d) == 3 and (d / "v000003").is_dir() and not (d / "dropped").exists()
+    assert load_published(d)[1] == 3
     new = p.publish(paths[1])
     assert new.name == "v000004" and json.loads((new / "version.json").read_text())["kind"] == "full"
+    assert sorted(x.name.split("-")[0] for x in (d / "dropped").iterdir()) == ["v000002", "v000003"]
+    assert not (d / "v000002").exists() and latest_version(d) == 4
     m, v = load_published(d)
     assert v == 4 and all(torch.equal(m.model.state_dict()[k], states[1][k]) for k in states[1])
     assert [e["version"] for e in json.loads((d / "manifest.json").read_text())["versions"]] == [1, 4]
