@@ -22,16 +22,10 @@ queueing). The harness polls files every ``--poll-ms`` ms and ``/health`` every 
 stage's time is late by up to that much. At the end: SIGTERM to both (train checkpoints and
 exits 0). Then p50 / p95 per stage and end to end.
 
-``--publish-mode export`` (for a checkout whose stream loop does not publish yet): the train
-config has no ``publish`` section, and the harness itself runs ``recsys-dist export RUN --out
-DIR`` after each ``partition`` line; the server serves that export directory (reload on its
-files' change). Its ``published`` stage is then an export subprocess (a Python start-up
-included), not the stream loop's publish.
-
 Not a test. Usage:
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/freshness.py [--partitions 8] [--poll-seconds 1]
-        [--publish-mode stream|export] [--out benchmarks/results/freshness_cpu2core_YYYYMMDD.md]
+        [--reload-seconds 0.5] [--out benchmarks/results/freshness_cpu2core_YYYYMMDD.md]
 """
 
 from __future__ import annotations
@@ -83,12 +77,11 @@ def _env() -> dict:
     return {**os.environ, "PYTHONPATH": str(ROOT)}
 
 
-def write_config(work: Path, poll_seconds: float, mode: str) -> Path:
+def write_config(work: Path, poll_seconds: float) -> Path:
     cfg = yaml.safe_load(ONLINE.read_text())
     cfg["data"]["stream"].update(path=str(work / "landing"), poll_seconds=poll_seconds, stop_after_idle_seconds=None)
     cfg["data"]["cache_dir"] = str(work / "cache")
-    if mode == "stream":
-        cfg["publish"] = {"enabled": True, "every_partition": True, "dir": str(work / "publish")}
+    cfg["publish"] = {"enabled": True, "every_partition": True, "dir": str(work / "publish")}
     path = work / "freshness.yaml"
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     return path
@@ -110,6 +103,14 @@ class Watch:
                 return json.loads(line)
         return None
 
+    def step_of(self, version: int) -> int | None:
+        """The training step the manifest records for ``version``."""
+        try:
+            entries = json.loads(self.manifest.read_text())["versions"]
+        except (FileNotFoundError, ValueError, KeyError):
+            return None
+        return next((e.get("step") for e in entries if e.get("version") == version), None)
+
     def latest(self) -> int | None:
         try:
             return json.loads(self.manifest.read_text()).get("latest")
@@ -129,17 +130,6 @@ def wait_for(what: str, fn, poll_s: float, deadline: float, procs: list):
         if time.perf_counter() > deadline:
             raise SystemExit(f"waiting for {what}: no answer in {TIMEOUT_S}s")
         time.sleep(poll_s)
-
-
-def export_once(run_dir: Path, out: Path) -> int:
-    """``--publish-mode export``: export the run's newest checkpoint into ``out`` (via a
-    sibling directory, then file renames, so the server sees whole files)."""
-    tmp = out.with_name(out.name + ".next")
-    subprocess.run(_cli("export", str(run_dir), "--out", str(tmp)), env=_env(), check=True, capture_output=True)
-    out.mkdir(exist_ok=True)
-    for f in sorted(tmp.iterdir(), key=lambda f: f.name == "model.safetensors"):  # the model file last
-        os.replace(f, out / f.name)
-    return 1
 
 
 def score(client: httpx.Client, url: str, rows: list[str]) -> tuple[int, np.ndarray]:
@@ -165,15 +155,11 @@ def measure(i, h, work, watch, client, url, rows, state, args, procs) -> dict:
     h.land(work / "landing", name, state["parts"][i])
     t = {"landed": time.perf_counter()}
     line, t["trained"] = wait_for(f"{name} trained", lambda: watch.partition_line(name), poll, deadline, procs)
-    if args.publish_mode == "export":
-        state["version"] += export_once(work / "run", work / "export")
-        version, t["published"] = state["version"], time.perf_counter()
-    else:
-        old = state["version"]
-        version, t["published"] = wait_for(
-            f"{name} published", lambda: (v := watch.latest()) is not None and v != old and v, poll, deadline, procs
-        )
-        state["version"] = version
+    old = state["version"]
+    version, t["published"] = wait_for(
+        f"{name} published", lambda: (v := watch.latest()) is not None and v != old and v, poll, deadline, procs
+    )
+    state["version"] = version
     _, t["served"] = wait_for(
         f"version {version} served", lambda: (health_version(client, url) or 0) >= version, 2 * poll, deadline, procs
     )
@@ -187,6 +173,7 @@ def measure(i, h, work, watch, client, url, rows, state, args, procs) -> dict:
         "version": version,
         "served_version": v,
         "step": line["step"],
+        "published_step": watch.step_of(version),
         "partition_seconds": line["seconds"],
         "land_s": t["landed"] - t_land0,
         **stages,
@@ -208,12 +195,8 @@ def start(args, work: Path, config: Path):
     deadline = time.perf_counter() + TIMEOUT_S
     name = hourly().partition_name(0)
     wait_for(f"{name} trained", lambda: watch.partition_line(name), 0.1, deadline, [train])
-    if args.publish_mode == "export":
-        export_once(work / "run", work / "export")
-        serve_dir = work / "export"
-    else:
-        wait_for("the first publish", watch.latest, 0.1, deadline, [train])
-        serve_dir = work / "publish"
+    wait_for("the first publish", watch.latest, 0.1, deadline, [train])
+    serve_dir = work / "publish"
     port = _free_port()
     serve = subprocess.Popen(
         _cli("serve", str(serve_dir), "--port", str(port), "--reload-seconds", str(args.reload_seconds)),
@@ -244,7 +227,7 @@ def run(args, work: Path) -> tuple[list[dict], list]:
     n, r = args.partitions, args.rows
     parts = [lines[k * r : (k + 1) * r] for k in range(n + 1)]
     rows = [x.decode().rstrip("\n") for x in lines[(n + 1) * r : (n + 1) * r + 64]]  # never trained on
-    config = write_config(work, args.poll_seconds, args.publish_mode)
+    config = write_config(work, args.poll_seconds)
     h.land(work / "landing", h.partition_name(0), parts[0])
     procs, url, watch = start(args, work, config)
     results = []
@@ -261,10 +244,14 @@ def run(args, work: Path) -> tuple[list[dict], list]:
                 results.append(res)
     finally:
         codes = stop(procs)
-    return results, codes
+    try:
+        summary = json.loads((work / "run" / "summary.json").read_text())
+    except (FileNotFoundError, ValueError):
+        summary = {}
+    return results, codes, summary
 
 
-def report(results: list[dict], codes: list, args, command: str, loads: tuple) -> str:
+def report(results: list[dict], codes: list, summary: dict, args, command: str, loads: tuple) -> str:
     cols = ("pickup", *STAGES, "total")
     for r in results:
         r["pickup"] = r["trained"] - r["partition_seconds"]
@@ -275,12 +262,7 @@ def report(results: list[dict], codes: list, args, command: str, loads: tuple) -
         f"- **Command:** `{command}`",
         f"- **Setup:** `configs/criteo_online.yaml` (DLRM, 2 ranks, partitions of {args.rows:,} rows of the shipped "
         f"Criteo sample), `data.stream.poll_seconds: {args.poll_seconds}`, `stop_after_idle_seconds: null`, "
-        + (
-            "`publish: {enabled: true, every_partition: true}` (safetensors, no quantization); "
-            if args.publish_mode == "stream"
-            else "**no publish section: the harness runs `recsys-dist export` after each partition (publish mode "
-            "`export`)**; "
-        )
+        + "`publish: {enabled: true, every_partition: true}` (safetensors, no quantization); "
         + f"`recsys-dist serve --reload-seconds {args.reload_seconds}`. Partition 0 landed first (the served full "
         f"version); partitions 1-{args.partitions} then one at a time, each after the previous one was scored "
         f"(+{args.gap} s). Harness polls every {args.poll_ms} ms (files) / {2 * args.poll_ms} ms (/health). "
@@ -295,12 +277,14 @@ def report(results: list[dict], codes: list, args, command: str, loads: tuple) -
         "`published` = -> manifest `latest` changes; `served` = -> `/health` version changes; `scored` = -> "
         "`POST /score` of 64 fixed rows answered by that version.",
         "",
-        "| partition | version | step | " + " | ".join(cols) + " | partition line s | max score change | load |",
+        "| partition | version | step (trained, published) | "
+        + " | ".join(cols)
+        + " | partition line s | max score change | load |",
         "| --- | ---: | ---: | " + " | ".join("---:" for _ in cols) + " | ---: | ---: | ---: |",
     ]
     for r in results:
         out.append(
-            f"| {r['partition']} | {r['version']} | {r['step']} | "
+            f"| {r['partition']} | {r['version']} | {r['step']}, {r['published_step']} | "
             + " | ".join(f"{r[c]:.3f}" for c in cols)
             + f" | {r['partition_seconds']:.3f} | {r['max_score_change']:.2e} | {r['load']} |"
         )
@@ -308,6 +292,17 @@ def report(results: list[dict], codes: list, args, command: str, loads: tuple) -
     for q in (50, 95):
         out.append(f"| p{q} | " + " | ".join(f"{np.percentile([r[c] for r in results], q):.3f}" for c in cols) + " |")
     out.append("| mean share of total | " + " | ".join(_share(results, c) for c in cols) + " |")
+    split, n = summary.get("wall_split") or {}, args.partitions + 1
+    if split:
+        out += [
+            "",
+            f"The train run's `summary.json` `wall_split` (rank 0, whole run: {n} partitions, partition 0 included, "
+            "and the idle waits in `other`): "
+            + ", ".join(f"{k} {v:.2f} s" for k, v in split.items())
+            + f"; per partition: checkpoint {split.get('checkpoint', 0) / n:.3f} s, publish "
+            f"{split.get('publish', 0) / n:.3f} s, eval {split.get('eval', 0) / n:.3f} s, train "
+            f"{split.get('train', 0) / n:.3f} s.",
+        ]
     return "\n".join(out) + "\n"
 
 
@@ -323,7 +318,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--reload-seconds", type=float, default=0.5, help="serve --reload-seconds")
     parser.add_argument("--poll-ms", type=float, default=20.0, help="the harness's poll of files")
     parser.add_argument("--gap", type=float, default=1.0, help="seconds between a score and the next landing")
-    parser.add_argument("--publish-mode", choices=("stream", "export"), default="stream")
     parser.add_argument("--keep", default=None, help="work directory to keep (default: a temporary one)")
     parser.add_argument(
         "--out", default=str(ROOT / "benchmarks" / "results" / f"freshness_cpu2core_{datetime.date.today():%Y%m%d}.md")
@@ -336,8 +330,8 @@ def main(argv: list[str] | None = None) -> None:
         work = Path(args.keep or tmp)
         work.mkdir(parents=True, exist_ok=True)
         load0 = round(os.getloadavg()[0], 2)
-        results, codes = run(args, work)
-        text = report(results, codes, args, command, (load0, round(os.getloadavg()[0], 2)))
+        results, codes, summary = run(args, work)
+        text = report(results, codes, summary, args, command, (load0, round(os.getloadavg()[0], 2)))
     Path(args.out).write_text(text)
     print(text)
 
