@@ -12,8 +12,8 @@ the shipped Criteo sample are:
 - **batch**: one file of the same rows, ``data.split: [1, 0, 0]`` (every row trains, no
   validation or test rows), ``train.epochs: 1``.
 
-Every run converts its data cold (a fresh ``data.cache_dir``), as a landing partition always
-is. The three variants alternate (their order rotates each repetition). Reported per run:
+Every run converts its data cold (batch: a fresh ``data.cache_dir``; a stream converts its
+partitions into the run directory), as a landing partition always is. The three variants alternate (their order rotates each repetition). Reported per run:
 ``summary.json`` ``samples_per_s`` / ``train_seconds`` (training steps only, no evaluation),
 ``wall_seconds`` and ``wall_split``, the process's wall time, and the stream's ``partition``
 lines' ``seconds``; then medians and stream / batch ratios. Not a test. Usage:
@@ -86,7 +86,8 @@ def run_once(work: Path, variant: str, cfg: dict, rep: int) -> dict:
     """One ``recsys-dist train`` of ``cfg`` in a fresh run and cache directory."""
     name = f"{variant}_{rep}"
     cfg = json.loads(json.dumps(cfg))
-    cfg["data"]["cache_dir"] = str(work / "cache" / name)
+    if "stream" not in cfg["data"]:  # a stream converts into RUN_DIR/partitions (always cold)
+        cfg["data"]["cache_dir"] = str(work / "cache" / name)
     path = work / f"{name}.yaml"
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     run_dir = work / "runs" / name
@@ -143,7 +144,7 @@ def report(results: list[dict], args, command: str, loads: tuple) -> str:
         f"{args.partitions} partitions of {args.rows:,} rows landed before the start (stream), or one file (batch, "
         "`data.split: [1, 0, 0]`, `train.epochs: 1`). Model and training settings of `configs/criteo_online.yaml` "
         "(DLRM, 2 ranks, global batch 64, checkpoint every 50 steps; the stream also at each partition's end). "
-        "Cold conversion every run (fresh `data.cache_dir`). `stream_pv`: progressive validation on; `stream`: off; "
+        "Cold conversion every run (batch: a fresh `data.cache_dir`; stream: main converts each partition into the run directory). `stream_pv`: progressive validation on; `stream`: off; "
         "`stream_pub`: on, and publishing after each partition (`publish.every_partition`, as criteo_online.yaml; "
         "the others without a `publish` section).",
         f"- **Machine:** {os.cpu_count()} CPU cores ({platform.processor() or platform.machine()}), shared with other "
