@@ -272,6 +272,8 @@ class StreamTrainer(Trainer):
 
         with self._clock.phase("data"):
             kind, value = broadcast_result(ctx, convert)
+            if kind == "ok":  # opening the loaders counts as data, as in a batch run
+                self._loaders = make_loaders(self._job.with_data(value), ctx)
         if kind == "bad":
             log.error("data.stream: partition %s is malformed and was quarantined (%s); training goes on", name, value)
             self.stream.quarantined[name] = value
@@ -281,7 +283,6 @@ class StreamTrainer(Trainer):
             )
             return False
         self._prepared = value
-        self._loaders = make_loaders(self._job.with_data(value), ctx)
         self._part_t0 = time.perf_counter()
         if self._in_epoch == 0:
             self.stream.counters_at_start = _counters(self._model)
