@@ -7,6 +7,8 @@ import logging
 import sys
 import warnings
 
+from tqdm import tqdm
+
 
 class StderrHandler(logging.StreamHandler):
     """Writes to whatever ``sys.stderr`` is now. A handler bound to the stream of its creation
@@ -19,6 +21,17 @@ class StderrHandler(logging.StreamHandler):
     @stream.setter
     def stream(self, value) -> None:
         pass
+
+    def emit(self, record: logging.LogRecord) -> None:
+        # A progress bar holds the last line of stderr: a message written under it would be
+        # glued to the bar. tqdm.write clears the bar, writes, and redraws it.
+        if getattr(tqdm, "_instances", None):
+            try:
+                tqdm.write(self.format(record), file=sys.stderr)
+            except Exception:  # noqa: BLE001 - logging must never raise; report as logging does
+                self.handleError(record)
+            return
+        super().emit(record)
 
 
 def quiet_third_party() -> None:

@@ -13,7 +13,7 @@ from recsys_dist.checkpoint.meta import named_checkpoint
 from recsys_dist.errors import ConfigError, DataError
 from recsys_dist.logs import quiet_third_party
 from recsys_dist.serve.export import OUTPUT_COLUMNS, export, load, score, write_predictions
-from recsys_dist.serve.publish import export_from_publish
+from recsys_dist.serve.publish import export_from_publish, latest_version, read_manifest
 from recsys_dist.train.metrics import binary_metrics, task_metrics
 
 
@@ -67,10 +67,14 @@ def cmd_export(args: argparse.Namespace) -> int:
     if (args.model is None) == (args.from_publish is None):
         raise ConfigError("export: give MODEL (a run, checkpoint or export) or --from-publish DIR, not both")
     if args.from_publish is not None:
-        written = export_from_publish(args.from_publish, args.out, args.format)
+        version = latest_version(args.from_publish)  # read once: a version may land meanwhile
+        written = export_from_publish(args.from_publish, args.out, args.format, version)
     else:
         written = export(model_path(args), args.out, args.format or "safetensors")
-    source = args.model if args.from_publish is None else f"the publish {args.from_publish}"
+    source = args.model
+    if args.from_publish is not None:
+        step = next(v["step"] for v in read_manifest(args.from_publish)["versions"] if v["version"] == version)
+        source = f"version {version} (step {step}) of the publish {args.from_publish}"
     print(f"recsys-dist: exported {source} to {args.out}: {', '.join(p.name for p in written)}")
     return 0
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -145,7 +146,9 @@ def load(path: str | Path, preprocessing: bool = True) -> LoadedModel:
     model = _unsharded(cfg)
     state = {"model": model.state_dict()}
     try:
-        dcp.load(state, storage_reader=SafeReader(ckpt), planner=SafeLoadPlanner(), no_dist=True)
+        with warnings.catch_warnings():  # "torch.distributed is disabled ...": one process, as intended
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            dcp.load(state, storage_reader=SafeReader(ckpt), planner=SafeLoadPlanner(), no_dist=True)
     except CheckpointError:
         raise
     except (Exception, CheckpointException) as err:  # noqa: BLE001 - DCP's own exception types vary by failure

@@ -271,16 +271,18 @@ def apply_versions(
     return dataclasses.replace(loaded, model=model, source=_describe(publish_dir, chain)), numbers[-1]
 
 
-def export_from_publish(publish_dir: str | Path, out: str | Path, format: str | None = None) -> list[Path]:
-    """Write the folded latest version of ``publish_dir`` as a self-contained export into
-    ``out`` (what ``recsys-dist export`` writes; a quantized publish keeps its quantized rows).
-    ``format``: safetensors / torchscript, None = the publish's ``publish.format``. Returns the
-    paths written.
+def export_from_publish(
+    publish_dir: str | Path, out: str | Path, format: str | None = None, version: int | None = None
+) -> list[Path]:
+    """Write the folded ``version`` (default: the latest) of ``publish_dir`` as a self-contained
+    export into ``out`` (what ``recsys-dist export`` writes; a quantized publish keeps its
+    quantized rows). ``format``: safetensors / torchscript, None = the publish's
+    ``publish.format``. Returns the paths written.
 
     Raises:
         CheckpointError: as :func:`load_published`; torchscript asked of a quantized publish.
     """
-    m, version = load_published(publish_dir)
+    m, version = load_published(publish_dir, version)
     if format is None:  # as the publish was configured (its manifest records it per version)
         entry = {e["version"]: e for e in read_manifest(publish_dir)["versions"]}.get(version, {})
         format = entry.get("format", "safetensors")

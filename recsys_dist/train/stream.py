@@ -238,6 +238,7 @@ class StreamTrainer(Trainer):
         if self.stream.current is not None:
             return self.stream.current
         s = self.cfg.data.stream
+        waiting = False
         while True:
             if self._agree_stop():
                 return None
@@ -245,6 +246,9 @@ class StreamTrainer(Trainer):
             if kind == "take":
                 self.stream.current, self.stream.validated, self._in_epoch = name, False, 0
                 return name
+            if kind == "wait" and not waiting:
+                log.info("data.stream: waiting for a new partition in %s (%s)", s.path, s.pattern)
+            waiting = True
             if kind == "idle":
                 log.info("data.stream: no new partition for %ss; stopping", s.stop_after_idle_seconds)
                 self._stop_reason = "idle"
@@ -338,7 +342,9 @@ class StreamTrainer(Trainer):
             self._save_in_window()
         checkpoint = self._saved_path if self._saved_step == self._step else None
         if self._ctx.is_main and checkpoint is not None:  # recorded as trained: never read again
-            shutil.rmtree(self._prepared.directory, ignore_errors=True)
+            entry = self._prepared.directory  # (and its lock file: this run's directory is its own)
+            shutil.rmtree(entry, ignore_errors=True)
+            entry.with_name(f"{entry.name}.lock").unlink(missing_ok=True)
         for callback in self._callbacks:
             callback.on_partition_end(self, name, checkpoint)
 
