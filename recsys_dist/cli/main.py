@@ -141,6 +141,12 @@ def _serve_arguments(p: argparse.ArgumentParser) -> None:
         default=2.0,
         help="how often DIR is checked for a new model, loaded off the request path (0: never)",
     )
+    p.add_argument(
+        "--wait",
+        action="store_true",
+        help="DIR may hold no model yet (a training run's publish dir before its first publish): answer 503 "
+        "until an export or a publish appears there, then serve it",
+    )
 
 
 def _bench_arguments(p: argparse.ArgumentParser) -> None:

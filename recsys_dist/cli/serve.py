@@ -1,44 +1,104 @@
 """``recsys-dist serve DIR --port P``: score JSON rows over HTTP with an export or a publish
-directory's model, reloading it when it changes (``recsys_dist.serve.http``, docs/serving.md)."""
+directory's model, reloading it when it changes (``recsys_dist.serve.http``, docs/serving.md).
+With ``--wait``, DIR may hold no model yet (a training run that has not published): the server
+answers 503 until one appears."""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import logging
 import signal
+import socket
 
 import uvicorn
 
+from recsys_dist.errors import ConfigError
 from recsys_dist.logs import quiet_third_party
 from recsys_dist.serve.http import ModelHolder, create_app, open_source
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host:port`` (port 0: one the system picks), not yet listening
+    (uvicorn listens on it). Bound here, before the model loads, so that a taken port is told
+    at once, as one line.
+
+    Raises:
+        ConfigError: the port is out of range or taken, or the address cannot be bound here.
+    """
+    if not 0 <= port <= 65535:
+        raise ConfigError(f"--port {port}: not a TCP port; give one in 1..65535")
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    # As uvicorn binds: a port left in TIME_WAIT by a stopped server is free again.
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as err:
+        sock.close()
+        if err.errno == errno.EADDRINUSE:
+            raise ConfigError(
+                f"port {port} on {host} is already in use; give another --port, or stop what holds it "
+                f"(ss -ltnp 'sport = :{port}' names it)"
+            ) from None
+        raise ConfigError(
+            f"cannot listen on {host}:{port} ({err.strerror or err}); give another --host or --port"
+        ) from None
+    return sock
+
+
+def startup_line(holder: ModelHolder, url: str, reload_seconds: float) -> str:
+    """The one line printed once the server listens, e.g. ``recsys-dist: serving publish DIR
+    version 6 (in-memory scoring) on http://127.0.0.1:8000 (POST /score, GET /health; reload
+    every 2 s)``, or, while ``--wait`` has no model yet, ``recsys-dist: listening on URL with no
+    model yet, waiting for DIR ...``."""
+    endpoints = f"POST /score, GET /health; reload every {reload_seconds:g} s" if reload_seconds > 0 else "no reload"
+    if holder.current is None:
+        return f"recsys-dist: listening on {url} with {holder.describe()}; 503 until it appears ({endpoints})"
+    return f"recsys-dist: serving {holder.describe()} on {url} ({endpoints})"
+
+
+class _Server(uvicorn.Server):
+    """A uvicorn server that calls ``on_started`` once it listens (not before: a line saying
+    it serves must be true when it is read)."""
+
+    def __init__(self, config: uvicorn.Config, on_started) -> None:
+        super().__init__(config)
+        self.on_started = on_started
+
+    async def startup(self, sockets=None) -> None:
+        await super().startup(sockets=sockets)
+        if self.started:
+            self.on_started()
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """Serve until SIGINT / SIGTERM, then finish the requests in flight; exit code 0.
 
     Raises:
-        ConfigError: DIR is neither an export nor a publish directory.
+        ConfigError: DIR is neither an export nor a publish directory (without ``--wait``),
+            ``--wait`` without reloading, or the port cannot be bound (taken: the message names it).
         CheckpointError / DataError: its model cannot be loaded.
     """
     quiet_third_party()
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
-    holder = ModelHolder(open_source(args.source), reload_seconds=args.reload_seconds)
-    served = holder.current
-    print(
-        f"recsys-dist: serving version {served.version} of {served.loaded.source} on "
-        f"http://{args.host}:{args.port} (POST /score, GET /health; reload every {args.reload_seconds:g} s)",
-        flush=True,
-    )
-    config = uvicorn.Config(create_app(holder), host=args.host, port=args.port, log_level="warning", access_log=False)
-    server = uvicorn.Server(config)
+    if args.wait and args.reload_seconds <= 0:
+        raise ConfigError("--wait needs --reload-seconds > 0: the model is picked up by the reload thread")
+    source = open_source(args.source, wait=args.wait)
+    sock = listening_socket(args.host, args.port)
+    with sock:
+        holder = ModelHolder(source, reload_seconds=args.reload_seconds)
+        host, port = sock.getsockname()[:2]
+        url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+        config = uvicorn.Config(create_app(holder), log_level="warning", access_log=False)
+        server = _Server(config, lambda: print(startup_line(holder, url, args.reload_seconds), flush=True))
 
-    def stop(signum, frame) -> None:  # finish the requests in flight, then leave with 0
-        server.should_exit = True
+        def stop(signum, frame) -> None:  # finish the requests in flight, then leave with 0
+            server.should_exit = True
 
-    # Our handlers, not uvicorn's: uvicorn re-raises the signal after its shutdown (exit -15).
-    server.capture_signals = contextlib.nullcontext
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
-    server.run()
+        # Our handlers, not uvicorn's: uvicorn re-raises the signal after its shutdown (exit -15).
+        server.capture_signals = contextlib.nullcontext
+        signal.signal(signal.SIGTERM, stop)
+        signal.signal(signal.SIGINT, stop)
+        server.run(sockets=[sock])
     return 0

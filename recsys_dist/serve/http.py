@@ -7,6 +7,10 @@ Endpoints (``create_app``):
   row -> 400 ``{"error": MESSAGE}`` naming the row and column.
 - ``GET /health`` -> ``{"status": "ok", "version": V, "source": SOURCE, "loaded_at": ISO-8601 UTC,
   "scoring": "in-memory" | "file"}`` (how its requests are converted: ``recsys_dist.serve.inmemory``).
+- While a waiting source (``serve --wait``, :class:`WaitingSource`) holds no model yet: ``GET
+  /health`` -> 503 ``{"status": "waiting", "source": DIR, "version": null}`` and ``POST /score``
+  -> 503 ``{"error": "no model yet: waiting for DIR to hold ..."}``; the reload thread loads
+  the model as soon as DIR holds an export or a publish, and serves it from then on.
 
 The model comes from a source (:func:`open_source`): an export directory (``model.safetensors``)
 or a publish directory (``manifest.json``, ``recsys_dist.serve.publish``). A :class:`ModelHolder`
@@ -112,19 +116,33 @@ def _publish_api():
         return None
 
 
-def open_source(path: str | Path):
+def _no_model_fix(path: Path) -> str:
+    return (
+        f"export a run first (recsys-dist export RUN --out {path}), or, for the publish directory of a "
+        "training run that has not published yet, add --wait to serve its model once it appears"
+    )
+
+
+def open_source(path: str | Path, wait: bool = False):
     """The model source at ``path``: :class:`PublishSource` for a directory holding
-    ``manifest.json``, :class:`ExportSource` for one holding ``model.safetensors``.
+    ``manifest.json``, :class:`ExportSource` for one holding ``model.safetensors``; with
+    ``wait``, a :class:`WaitingSource` that also accepts a directory holding neither yet (or
+    not existing yet) and becomes one of the two when its model appears.
 
     Raises:
-        ConfigError: neither, or a publish directory without the publishing module.
+        ConfigError: ``path`` is a file; without ``wait``, a directory holding neither (or none
+            at all); a publish directory without the publishing module.
     """
     path = Path(path)
-    if not path.is_dir():
+    if path.exists() and not path.is_dir():
         raise ConfigError(
-            f"serve {path}: {'is a file' if path.exists() else 'does not exist'}; give an export directory "
-            "(recsys-dist export RUN --out DIR) or a publish directory"
+            f"serve {path}: is a file; give an export directory (recsys-dist export RUN --out DIR) or a "
+            "publish directory"
         )
+    if wait:
+        return WaitingSource(path)
+    if not path.is_dir():
+        raise ConfigError(f"serve {path}: does not exist; {_no_model_fix(path)}")
     if (path / PUBLISH_MANIFEST).is_file():
         api = _publish_api()
         if api is None:
@@ -134,8 +152,34 @@ def open_source(path: str | Path):
         return ExportSource(path)
     raise ConfigError(
         f"serve {path}: neither an export directory ({MODEL_FILE}) nor a publish directory ({PUBLISH_MANIFEST}); "
-        f"export a run first: recsys-dist export RUN --out {path}"
+        + _no_model_fix(path)
     )
+
+
+class WaitingSource:
+    """A directory that may hold no model yet (``serve --wait``): ``token()`` is None until it
+    holds ``manifest.json`` or ``model.safetensors``; then the kind is decided once
+    (:func:`open_source`: a manifest makes it a publish directory) and this source reads
+    through that one (``inner``) from then on."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.inner = path, None
+
+    def describe(self) -> str:
+        return self.inner.describe() if self.inner is not None else str(self.path)
+
+    def waiting_for(self) -> str:
+        return f"waiting for {self.path} to hold an export or a publish ({PUBLISH_MANIFEST})"
+
+    def token(self):
+        if self.inner is None:
+            if not ((self.path / PUBLISH_MANIFEST).is_file() or (self.path / MODEL_FILE).is_file()):
+                return None
+            self.inner = open_source(self.path)
+        return self.inner.token()
+
+    def load(self, token) -> tuple[LoadedModel, int]:
+        return self.inner.load(token)
 
 
 @dataclass(frozen=True)
@@ -156,41 +200,54 @@ class Served:
 
 
 class ModelHolder:
-    """The model being served (``current``) and the thread that reloads it from ``source``.
+    """The model being served (``current``: a :class:`Served`, or None while a
+    :class:`WaitingSource` holds no model yet) and the thread that reloads it from ``source``.
 
-    The first load happens in the constructor (its errors propagate: nothing to serve).
-    ``poll()`` checks the source once (the reload thread calls it every ``reload_seconds``);
-    ``start()`` / ``stop()`` run and end that thread.
+    The first load happens in the constructor (its errors propagate: nothing to serve), unless
+    the source is a waiting one with no model yet: then the first ``poll()`` that finds one
+    loads it. ``poll()`` checks the source once (the reload thread calls it every
+    ``reload_seconds``); ``start()`` / ``stop()`` run and end that thread.
     """
 
     def __init__(self, source, reload_seconds: float = 2.0) -> None:
         self.source, self.reload_seconds = source, reload_seconds
+        self.current: Served | None = None
         token = source.token()
-        loaded, version = source.load(token)
-        self.current = Served.of(loaded, version, token)
+        if token is not None or not isinstance(source, WaitingSource):
+            loaded, version = source.load(token)
+            self.current = Served.of(loaded, version, token)
         self._failed = None  # the token whose load failed: not tried again until the files change
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
+    def describe(self) -> str:
+        """What is served, for people: ``"publish DIR version 6 (in-memory scoring)"``, or
+        ``"no model yet, waiting for DIR ..."``."""
+        if self.current is None:
+            return f"no model yet, {self.source.waiting_for()}"
+        return f"{self.source.describe()} version {self.current.version} ({self.current.scorer.kind} scoring)"
+
     def poll(self) -> bool:
         """Load the source's model if it changed since the one served; whether it swapped.
-        A failed load is logged and leaves the served model as it is."""
+        A failed load is logged and leaves the served model (or none, while waiting) as it is."""
         token = self.source.token()
-        if token is None or token == self.current.token or token == self._failed:
+        served = self.current
+        if token is None or (served is not None and token == served.token) or token == self._failed:
             return False
         try:
             loaded, version = self.source.load(token)
         except Exception as err:  # noqa: BLE001 - any failure keeps the old model serving
             self._failed = token
             log.warning(
-                "recsys-dist serve: reloading %s failed, still serving version %d: %s",
+                "recsys-dist serve: %s %s failed, %s: %s",
+                "loading" if served is None else "reloading",
                 self.source.describe(),
-                self.current.version,
+                "still waiting for a model" if served is None else f"still serving version {served.version}",
                 str(err)[:500],
             )
             return False
         self.current = Served.of(loaded, version, token)  # one reference: requests in flight keep theirs
-        log.warning("recsys-dist serve: now serving version %d of %s", version, self.source.describe())
+        log.warning("recsys-dist serve: now serving %s", self.describe())
         return True
 
     def _run(self) -> None:
@@ -222,6 +279,8 @@ def create_app(holder: ModelHolder) -> Starlette:
 
     async def score(request: Request) -> JSONResponse:
         served = holder.current  # read once: the whole request is scored by this model
+        if served is None:
+            return _error(503, f"no model yet: {holder.source.waiting_for()}")
         try:
             body = json.loads(await request.body())
         except (ValueError, UnicodeDecodeError) as err:
@@ -235,6 +294,10 @@ def create_app(holder: ModelHolder) -> Starlette:
 
     async def health(request: Request) -> JSONResponse:
         served = holder.current
+        if served is None:
+            return JSONResponse(
+                {"status": "waiting", "source": holder.source.describe(), "version": None}, status_code=503
+            )
         return JSONResponse(
             {
                 "status": "ok",

@@ -235,7 +235,8 @@ def check_body(body) -> list:
         raise BadRequest(f'unknown key {unknown[0]!r} in the body; it holds only "rows"')
     rows = body["rows"]
     if not isinstance(rows, list) or not rows:
-        raise BadRequest(f'"rows" must be a non-empty list of rows, got {json_type(rows)}')
+        got = "an empty list" if rows == [] else json_type(rows)
+        raise BadRequest(f'"rows" must be a non-empty list of rows, got {got}')
     if len(rows) > MAX_ROWS:
         raise BadRequest(f'"rows": {len(rows)} rows; at most {MAX_ROWS} per request (split the batch)')
     return rows

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from tests.cli import run_cli
-from tests.conftest import QUICKSTART, ROOT
+from tests.conftest import CRITEO_SAMPLE, QUICKSTART, ROOT
 
 MOVIELENS = ROOT / "datasets" / "movielens" / "ratings_genres_first20000.csv"
 ONE_RANK = ["distributed.nproc_per_node=1", "train.progress_bar=false", "checkpoint.enabled=true"]
@@ -115,3 +115,25 @@ def converted_test_split(tmp, prefix):
     ]
     assert len(found) == 1, found
     return found[0]
+
+
+HTTP_LINES = CRITEO_SAMPLE.read_text().splitlines()[5000:5050]  # 50 rows the tiny run never trained on
+
+
+@pytest.fixture(scope="session")
+def export_dir(criteo_run):
+    tmp, run = criteo_run
+    out = tmp / "http_export"
+    if not out.exists():
+        cli(["export", run, "--out", out], tmp)
+    return out
+
+
+@pytest.fixture(scope="session")
+def predicted(export_dir, tmp_path_factory):
+    """``recsys-dist predict`` on the 50 rows as a raw file: (logit, probability) float32 [50]."""
+    tmp = tmp_path_factory.mktemp("http_predict")
+    (tmp / "rows.txt").write_text("\n".join(HTTP_LINES) + "\n")
+    cli(["predict", export_dir, "--data", tmp / "rows.txt", "--out", tmp / "p.parquet"], tmp)
+    t = predictions(tmp / "p.parquet")
+    return t.column("logit").to_numpy(), t.column("probability").to_numpy()

@@ -23,29 +23,9 @@ from recsys_dist.data.formats.criteo import COLUMNS
 from recsys_dist.serve.export import load
 from recsys_dist.serve.http import ModelHolder, PublishSource, create_app, open_source
 from recsys_dist.serve.rows import score_rows
-from tests.conftest import CRITEO_SAMPLE, ROOT
+from tests.conftest import ROOT
+from tests.serving.conftest import HTTP_LINES as LINES
 from tests.serving.conftest import cli, predictions
-
-LINES = CRITEO_SAMPLE.read_text().splitlines()[5000:5050]  # 50 rows the tiny run never trained on
-
-
-@pytest.fixture(scope="module")
-def export_dir(criteo_run):
-    tmp, run = criteo_run
-    out = tmp / "http_export"
-    if not out.exists():
-        cli(["export", run, "--out", out], tmp)
-    return out
-
-
-@pytest.fixture(scope="module")
-def predicted(export_dir, tmp_path_factory):
-    """``recsys-dist predict`` on the 50 rows as a raw file: (logit, probability) float32 [50]."""
-    tmp = tmp_path_factory.mktemp("http_predict")
-    (tmp / "rows.txt").write_text("\n".join(LINES) + "\n")
-    cli(["predict", export_dir, "--data", tmp / "rows.txt", "--out", tmp / "p.parquet"], tmp)
-    t = predictions(tmp / "p.parquet")
-    return t.column("logit").to_numpy(), t.column("probability").to_numpy()
 
 
 def as_object(line: str, label: bool = True) -> dict:
@@ -92,7 +72,7 @@ def test_bad_requests_are_400s_naming_row_and_column(export_dir):
         (b"{not json", "the body is not JSON"),
         (json.dumps([1, 2]).encode(), 'the body must be a JSON object {"rows"'),
         (json.dumps({"row": [good]}).encode(), 'the body must be a JSON object {"rows"'),
-        (json.dumps({"rows": []}).encode(), '"rows" must be a non-empty list'),
+        (json.dumps({"rows": []}).encode(), '"rows" must be a non-empty list of rows, got an empty list'),
         (json.dumps({"rows": [good], "x": 1}).encode(), "unknown key 'x'"),
         (json.dumps({"rows": [good, {**good, "C27": "00"}]}).encode(), "rows[1]: unknown column 'C27'"),
         (json.dumps({"rows": [good, good, {**good, "C3": "zz"}]}).encode(), "rows[2], column C3: 'zz' is not"),
@@ -193,15 +173,8 @@ def test_cli_serves_and_stops_on_sigterm(export_dir, predicted):
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        end = time.monotonic() + 120
-        while True:
-            try:
-                health = json.loads(urllib.request.urlopen(f"{url}/health", timeout=5).read())
-                break
-            except OSError:
-                assert proc.poll() is None, proc.communicate()
-                assert time.monotonic() < end, "server did not start"
-                time.sleep(0.2)
+        line = proc.stdout.readline()  # printed once listening: /health answers at once, no retry
+        health = json.loads(urllib.request.urlopen(f"{url}/health", timeout=5).read())
         assert health["status"] == "ok" and health["version"] == 1
         req = urllib.request.Request(
             f"{url}/score", data=json.dumps({"rows": LINES[:3]}).encode(), headers={"Content-Type": "application/json"}
@@ -214,7 +187,10 @@ def test_cli_serves_and_stops_on_sigterm(export_dir, predicted):
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 0, err[-2000:]
-    assert f"serving version 1 of export {export_dir}" in out
+    assert line == (
+        f"recsys-dist: serving export {export_dir} version 1 (in-memory scoring) on {url} "
+        "(POST /score, GET /health; reload every 2 s)\n"
+    )
 
 
 def test_publish_source_serves_the_latest_version(export_dir, tmp_path):
