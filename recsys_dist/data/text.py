@@ -98,6 +98,9 @@ def parse_hex_keys(col: pa.Array, where: str, first_row: int) -> tuple[np.ndarra
     )
     offsets = np.frombuffer(padded.buffers()[1], dtype=np.int32, count=len(padded) + 1, offset=padded.offset * 4)
     data = np.frombuffer(padded.buffers()[2], dtype=np.uint8)[offsets[0] : offsets[-1]]
+    if data.size != 8 * len(padded):  # a non-ASCII character pads to more than 8 bytes
+        i = int(np.flatnonzero(np.diff(offsets) != 8)[0])
+        raise DataError(f"{where}, line {first_row + i}: '{col[i].as_py()}' is not an 8-digit hex id")
     digits = _HEX[data.reshape(-1, 8)]
     present = lengths > 0
     if (digits == 255).any():  # per-row search only when something is wrong

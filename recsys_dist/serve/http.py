@@ -281,8 +281,13 @@ def create_app(holder: ModelHolder) -> Starlette:
         served = holder.current  # read once: the whole request is scored by this model
         if served is None:
             return _error(503, f"no model yet: {holder.source.waiting_for()}")
+        raw = await request.body()
         try:
-            body = json.loads(await request.body())
+            body = json.loads(raw)
+            if b"\\u" in raw:  # a lone surrogate escape (\ud800) decodes, but is no text a reader can take
+                json.dumps(body, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:  # a ValueError too: first
+            return _error(400, "the body holds a \\u escape of a lone surrogate (e.g. \\ud800), which is not text")
         except (ValueError, UnicodeDecodeError) as err:
             return _error(400, f'the body is not JSON ({err}); send {{"rows": [row, ...]}}')
         try:

@@ -82,6 +82,10 @@ def test_bad_requests_are_400s_naming_row_and_column(export_dir):
         (json.dumps({"rows": [good, LINES[1]]}).encode(), "not a mix"),
         (json.dumps({"rows": [LINES[0], "1\t2"]}).encode(), "rows[1]: expected 40 fields, got 2"),
         (json.dumps({"rows": [3]}).encode(), "rows[0]: a number; a row is an object"),
+        # Non-ASCII in a hex column, and a lone surrogate escape: were 500s (ValueError, UnicodeEncodeError).
+        (json.dumps({"rows": [{**good, "C3": "\u00e9\u00e9\u00e9"}]}).encode(), "rows[0], column C3: 'ééé' is not"),
+        (b'{"rows": [{"C3": "\\ud800"}]}', "a lone surrogate"),
+        (b'{"rows": ["\\ud800"]}', "a lone surrogate"),
     ]
     with TestClient(create_app(ModelHolder(open_source(export_dir), 0))) as c:
         for body, message in cases:
