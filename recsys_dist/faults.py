@@ -9,7 +9,8 @@ writer of that step raises ``OSError(ENOSPC)``, as a full disk would), ``metrics
 (rank 0's ``metrics.jsonl`` line of that step is cut short and the write raises
 ``OSError(ENOSPC)``: give RANK 0), ``read_only`` (that line's write raises ``OSError(EROFS)``,
 as a file system remounted read-only would: give RANK 0), ``eval`` (a validation of step
-STEP is starting), ``scored`` (a stream's partition was scored at step STEP, its line written). ``delay:SECONDS`` makes every rank sleep that long after every step, on every
+STEP is starting), ``scored`` (a stream's partition was scored at step STEP, its line written), ``publish`` (rank 0
+is about to publish the checkpoint of step STEP: give RANK 0). ``delay:SECONDS`` makes every rank sleep that long after every step, on every
 attempt (a live run slow enough for a test to signal its launcher).
 """
 

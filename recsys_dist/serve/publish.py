@@ -366,6 +366,11 @@ class Publisher:
             m, _ = load_published(self.dir, self.version)
             self._state = published_state(m.model)
 
+    @property
+    def step(self) -> int | None:
+        """The training step of the newest published version (None before the first)."""
+        return self._versions[-1]["step"] if self._versions else None
+
     def _move_aside(self, name: str, why: str) -> None:
         target = self.dir / DROPPED_DIR / f"{name}-{int(time.time())}"
         target.parent.mkdir(exist_ok=True)

@@ -15,6 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from recsys_dist.distributed.env import broadcast_result
+from recsys_dist.faults import maybe_fault
 from recsys_dist.serve.config import PublishConfig
 from recsys_dist.serve.publish import Publisher, resolve_publish_dir
 from recsys_dist.train.trainer import Callback
@@ -47,11 +48,24 @@ class PublishCallback(Callback):
         if self.cfg.every_partition and checkpoint is not None:
             self._publish(trainer, checkpoint)
 
-    def _publish(self, trainer, checkpoint: Path) -> None:
-        def publish() -> Path:
+    def on_resume(self, trainer, step: int, checkpoint: Path) -> None:
+        # A run killed (or failing to publish) between a checkpoint and its publish resumes from
+        # that checkpoint: publish it now unless it already was (its last partition's version).
+        n = self.cfg.every_n_steps
+        due = n is not None and step > 0 and step % n == 0
+        stream = getattr(trainer, "stream", None)
+        due = due or (self.cfg.every_partition and stream is not None and stream.current is None and stream.consumed)
+        if due:
+            self._publish(trainer, checkpoint, unless_published=step)
+
+    def _publish(self, trainer, checkpoint: Path, unless_published: int | None = None) -> None:
+        def publish() -> Path | None:
             if self.publisher is None:
                 # Versions past the step this run started from are trained again: moved aside.
                 self.publisher = Publisher(self.dir, self.cfg, resume_step=trainer.resumed_at_step or 0)
+            if unless_published is not None and self.publisher.step == unless_published:
+                return None
+            maybe_fault("publish", trainer.step, trainer.ctx.rank)
             return self.publisher.publish(checkpoint)
 
         with trainer.clock.phase("publish"):

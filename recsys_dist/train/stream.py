@@ -189,6 +189,9 @@ class StreamTrainer(Trainer):
         """
         with self._collective(), self._sigterm_stops():
             last_val: dict = {}
+            if self.resumed_from is not None:
+                for callback in self._callbacks:
+                    callback.on_resume(self, self._step, self.resumed_from)
             self._idle_since = time.monotonic()
             while not self._done() and self._stop_reason is None:
                 name = self._next_partition()

@@ -1,0 +1,46 @@
+"""data.stream and publish under faults found by adversarial testing: each case a run killed
+or fed bad input at one point, then resumed; what must hold afterwards (docs/online.md)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from recsys_dist.serve.export import load
+from recsys_dist.serve.publish import load_published, read_manifest
+from tests.cli import read_metrics, run_train
+from tests.training.test_stream import CONFIG, NAMES, land, overrides
+
+ONE_RANK = ("distributed.nproc_per_node=1", "train.batch_size=64")  # 10 steps a partition
+
+
+def _steps(publish_dir) -> list[tuple[int, str, int]]:
+    return [(v["version"], v["kind"], v["step"]) for v in read_manifest(publish_dir)["versions"]]
+
+
+@pytest.mark.slow
+def test_a_kill_between_the_last_checkpoint_and_its_publish_is_published_on_resume(tmp_path):
+    """Killed right before publishing its last partition: the checkpoint of step 20 is there,
+    its version is not. The resume has nothing left to train; it publishes that checkpoint
+    (before: it stopped idle, exit 0, leaving version 1 of step 10 as the latest), once."""
+    landing, run = tmp_path / "landing", tmp_path / "run"
+    for name in NAMES[:2]:
+        land(landing, name)
+    args = (*overrides(landing), *ONE_RANK)
+    env = {"RECSYS_DIST_CACHE": str(tmp_path / "cache")}
+    killed = run_train(CONFIG, run, *args, tmp=tmp_path, env={**env, "RECSYS_DIST_FAULT": "publish:20:0"})
+    assert killed.returncode != 0
+    assert _steps(run / "publish") == [(1, "full", 10)]
+    for _ in range(2):  # the second resume finds it published: no third version
+        r = run_train(CONFIG, run, *args, "--resume", "auto", tmp=tmp_path, env=env)
+        assert r.returncode == 0, r.stderr[-3000:]
+        assert _steps(run / "publish") == [(1, "full", 10), (2, "delta", 20)]
+    model, version = load_published(run / "publish")
+    want = load(run / "checkpoints" / "step_00000020", preprocessing=False).model.state_dict()
+    have = model.model.state_dict()
+    assert version == 2 and have.keys() == want.keys()
+    assert all(torch.equal(have[k], want[k]) for k in want)
+    assert [p["partition"] for p in read_metrics(run, "partition")] == NAMES[:2]
+    assert json.loads((run / "summary.json").read_text())["partitions"] == NAMES[:2]
