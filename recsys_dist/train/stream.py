@@ -62,6 +62,7 @@ class StreamState:
         batches: global batches of ``current`` trained.
         global_batch: rows per global batch the batches count.
         counters_at_start: the managed-collision counters when ``current`` started.
+        current_file: ``current``'s [rows, bytes] when it was opened (a resume inside it checks them).
     """
 
     consumed: list[str] = field(default_factory=list)
@@ -71,6 +72,7 @@ class StreamState:
     batches: int = 0
     global_batch: int = 0
     counters_at_start: dict = field(default_factory=dict)
+    current_file: list | None = None
 
     @property
     def index(self) -> int:
@@ -279,14 +281,15 @@ class StreamTrainer(Trainer):
 
         def convert():
             try:
-                return "ok", convert_partition(d, name, self.run_dir / PARTITIONS_DIR)
+                prepared = convert_partition(d, name, self.run_dir / PARTITIONS_DIR)
+                return "ok", (prepared, [int(prepared.rows["train"]), (Path(d.stream.path) / name).stat().st_size])
             except DataError as err:
                 return "bad", str(err)
 
         with self._clock.phase("data"):
             kind, value = broadcast_result(ctx, convert)
             if kind == "ok":  # opening the loaders counts as data, as in a batch run
-                self._loaders = make_loaders(self._job.with_data(value), ctx)
+                self._loaders = make_loaders(self._job.with_data(value[0]), ctx)
         if kind == "bad":
             log.error("data.stream: partition %s is malformed and was quarantined (%s); training goes on", name, value)
             self.stream.quarantined[name] = value
@@ -295,16 +298,30 @@ class StreamTrainer(Trainer):
                 split="quarantine", step=self._step, epoch=self.stream.index, partition=name, error=value
             )
             return False
-        self._prepared = value
+        self._prepared, identity = value
+        self._check_unchanged(name, identity)
         self._part_t0 = time.perf_counter()
         if self._in_epoch == 0:
             self.stream.counters_at_start = _counters(self._model)
-        if value.rows["train"] == 0:
+        if self._prepared.rows["train"] == 0:
             log.warning("data.stream: partition %s holds no rows", name)
             self._finish_partition()
             return False
         self.epoch = self.stream.index
         return True
+
+    def _check_unchanged(self, name: str, now: list) -> None:
+        """Refuse to go on inside partition ``name`` when its file changed since the checkpoint
+        stopped in it (another row count or size: the batches done were of other rows)."""
+        s = self.stream
+        if s.current_file is not None and self._in_epoch and list(s.current_file) != now:
+            raise DataError(
+                f"data.stream: partition {name} changed since the checkpoint stopped inside it after "
+                f"{self._in_epoch} global batches: it held {s.current_file[0]} rows ({s.current_file[1]} bytes), "
+                f"now {now[0]} rows ({now[1]} bytes); put its original file back and resume, or resume from a "
+                "checkpoint saved before it (--resume CHECKPOINT_DIR); a landed partition must not change"
+            )
+        s.current_file = now
 
     def _score_partition(self) -> dict:
         """Progressive validation: the model's metrics on the partition before it trains on it."""
@@ -338,7 +355,7 @@ class StreamTrainer(Trainer):
             **_counter_change(s.counters_at_start, _counters(self._model)),
         )
         s.consumed.append(name)
-        s.current, s.validated, self._in_epoch = None, False, 0
+        s.current, s.validated, self._in_epoch, s.current_file = None, False, 0, None
         if self._ctx.is_main:
             self._idle_since = time.monotonic()
         if self.cfg.checkpoint.enabled and self._saved_step != self._step:

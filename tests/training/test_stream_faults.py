@@ -44,3 +44,31 @@ def test_a_kill_between_the_last_checkpoint_and_its_publish_is_published_on_resu
     assert all(torch.equal(have[k], want[k]) for k in want)
     assert [p["partition"] for p in read_metrics(run, "partition")] == NAMES[:2]
     assert json.loads((run / "summary.json").read_text())["partitions"] == NAMES[:2]
+
+
+@pytest.mark.slow
+def test_a_partition_replaced_while_the_run_was_down_inside_it_is_refused(tmp_path):
+    """Killed inside a partition (checkpoint after 4 of its 10 batches), which is then replaced
+    under the same name: the resume used to go on at batch 4 of the new file (its first 4
+    batches never trained, 'rows: 640' claimed, exit 0). Now refused naming both files; with the
+    original back it resumes and trains every row once."""
+    landing, run = tmp_path / "landing", tmp_path / "run"
+    land(landing, NAMES[0])
+    path = landing / NAMES[0]
+    original = path.read_bytes()
+    args = (*overrides(landing), *ONE_RANK)
+    env = {"RECSYS_DIST_CACHE": str(tmp_path / "cache")}
+    killed = run_train(CONFIG, run, *args, tmp=tmp_path, env={**env, "RECSYS_DIST_FAULT": "step:6:0"})
+    assert killed.returncode != 0 and (run / "checkpoints" / "step_00000004").is_dir()
+    path.write_bytes(b"".join(original.splitlines(keepends=True)[:320]))
+    r = run_train(CONFIG, run, *args, "--resume", "auto", tmp=tmp_path, env=env)
+    assert r.returncode == 1, r.stderr[-3000:]
+    assert (
+        f"partition {NAMES[0]} changed since the checkpoint stopped inside it after 4 global batches: it held "
+        f"640 rows ({len(original)} bytes), now 320 rows" in r.stderr
+    )
+    path.write_bytes(original)
+    r = run_train(CONFIG, run, *args, "--resume", "auto", tmp=tmp_path, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["rows_trained"] == 640 and summary["steps"] == 10 and summary["partitions"] == NAMES[:1]
