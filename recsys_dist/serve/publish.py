@@ -99,6 +99,8 @@ def read_manifest(publish_dir: str | Path) -> dict:
     try:
         manifest = json.loads(path.read_text())
         ok = manifest["format_version"] == FORMAT_VERSION and isinstance(manifest["versions"], list)
+        ok = ok and all(_entry_ok(e) for e in manifest["versions"])
+        ok = ok and (manifest.get("latest") is None or type(manifest["latest"]) is int)
     except (ValueError, KeyError, TypeError):
         ok = False
     if not ok:
@@ -107,6 +109,18 @@ def read_manifest(publish_dir: str | Path) -> dict:
             "publish again from the run's checkpoints"
         )
     return manifest
+
+
+def _entry_ok(e) -> bool:
+    """Whether ``e`` is a manifest entry as a publish writes it (a hand edit may break one)."""
+    return (
+        isinstance(e, dict)
+        and type(e.get("version")) is int
+        and e.get("kind") in ("full", "delta")
+        and isinstance(e.get("dir"), str)
+        and (e.get("base") is None or type(e.get("base")) is int)
+        and type(e.get("step")) is int
+    )
 
 
 def latest_version(publish_dir: str | Path) -> int | None:

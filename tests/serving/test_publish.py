@@ -235,3 +235,15 @@ def test_publish_config_is_disabled_by_default_and_strict():
     for publish, message in cases:
         with pytest.raises(ConfigError, match=message):
             _cfg(publish)
+
+
+def test_a_hand_edited_manifest_is_refused_naming_it(tmp_path):
+    """An entry without its kind, one that is not an object, a latest given as text: named as
+    damaged (were KeyError / TypeError tracebacks, or 'no version 3 (published: [1, 2, 3])')."""
+    entry = {"version": 1, "kind": "full", "step": 2, "base": None, "dir": "v000001"}
+    for versions, latest in [([{k: v for k, v in entry.items() if k != "kind"}], 1), ([entry, 5], 1), ([entry], "1")]:
+        (tmp_path / "manifest.json").write_text(
+            json.dumps({"format_version": 1, "latest": latest, "versions": versions})
+        )
+        with pytest.raises(CheckpointError, match="manifest.json: damaged or not a manifest of format_version 1"):
+            load_published(tmp_path)
