@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import fcntl
 import hashlib
 import json
 import logging
@@ -323,6 +324,26 @@ def _same_layout(a: dict, b: dict) -> bool:
     return a.keys() == b.keys() and all(a[k].shape == b[k].shape and a[k].dtype == b[k].dtype for k in a)
 
 
+def _lock(publish_dir: Path):
+    """An exclusive lock on ``DIR/.lock`` for as long as the returned file is open (the process
+    lives: a killed one releases it).
+
+    Raises:
+        CheckpointError: another process holds it (another run publishes into ``publish_dir``).
+    """
+    f = open(publish_dir / ".lock", "a")  # noqa: SIM115 - held open for the publisher's life
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.close()
+        raise CheckpointError(
+            f"{publish_dir}: another process publishes into it now (it holds {publish_dir / '.lock'}); two runs "
+            "may not publish into one directory (each would number, drop and overwrite the other's versions): "
+            "give this run another publish.dir"
+        ) from None
+    return f
+
+
 class Publisher:
     """Publishes the checkpoints of a run into ``publish_dir`` (module docstring): a full version
     first, then a delta per checkpoint, against the last published state held in memory.
@@ -334,16 +355,19 @@ class Publisher:
     step after ``resume_step`` (the step the run resumes from: it will train them again) are
     moved to ``DIR/dropped/`` with a warning, as are versions a killed publish left out of the
     manifest; after such a drop the next version is a full one. ``version``: the newest
-    published version (None before the first).
+    published version (None before the first). ``lock``: hold ``DIR/.lock`` while it lives
+    (``PublishCallback`` does: one run at a time publishes into a directory).
 
     Raises:
-        CheckpointError: an existing directory that cannot be read (as :func:`load_published`).
+        CheckpointError: an existing directory that cannot be read (as :func:`load_published`);
+            with ``lock``, another process holding the directory.
     """
 
-    def __init__(self, publish_dir: Path, cfg: PublishConfig, resume_step: int | None = None):
+    def __init__(self, publish_dir: Path, cfg: PublishConfig, resume_step: int | None = None, lock: bool = False):
         self.dir = Path(publish_dir)
         self.cfg = cfg
         self.dir.mkdir(parents=True, exist_ok=True)
+        self._lock = _lock(self.dir) if lock else None
         for tmp in self.dir.glob(".tmp-*"):  # a publish killed before its rename
             shutil.rmtree(tmp, ignore_errors=True)
         manifest = read_manifest(self.dir) if (self.dir / MANIFEST).is_file() else None
@@ -383,7 +407,7 @@ class Publisher:
     @property
     def step(self) -> int | None:
         """The training step of the newest published version (None before the first)."""
-        return self._versions[-1]["step"] if self._versions else None
+        return next((e["step"] for e in self._versions if e["version"] == self.version), None)
 
     def _move_aside(self, name: str, why: str) -> None:
         target = self.dir / DROPPED_DIR / f"{name}-{int(time.time())}"

@@ -62,7 +62,7 @@ class PublishCallback(Callback):
         def publish() -> Path | None:
             if self.publisher is None:
                 # Versions past the step this run started from are trained again: moved aside.
-                self.publisher = Publisher(self.dir, self.cfg, resume_step=trainer.resumed_at_step or 0)
+                self.publisher = Publisher(self.dir, self.cfg, resume_step=trainer.resumed_at_step or 0, lock=True)
             if unless_published is not None and self.publisher.step == unless_published:
                 return None
             maybe_fault("publish", trainer.step, trainer.ctx.rank)

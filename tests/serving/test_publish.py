@@ -247,3 +247,14 @@ def test_a_hand_edited_manifest_is_refused_naming_it(tmp_path):
         )
         with pytest.raises(CheckpointError, match="manifest.json: damaged or not a manifest of format_version 1"):
             load_published(tmp_path)
+
+
+def test_two_runs_may_not_publish_into_one_directory_at_once(tmp_path):
+    """A second publisher (another run) on a locked directory is refused, naming it; it would
+    have moved the first one's versions aside and overwritten its manifest. The lock goes with
+    its holder."""
+    first = Publisher(tmp_path, FP32, resume_step=0, lock=True)
+    with pytest.raises(CheckpointError, match="another process publishes into it now"):
+        Publisher(tmp_path, FP32, resume_step=0, lock=True)
+    del first
+    Publisher(tmp_path, FP32, resume_step=0, lock=True)
