@@ -36,6 +36,7 @@ import torch.distributed as dist
 from recsys_dist.checkpoint import run_dir as run_dirs
 from recsys_dist.checkpoint.dcp import latest_checkpoint
 from recsys_dist.config.base import ConfigError
+from recsys_dist.data.convert import PreparedData
 from recsys_dist.data.stream import convert_partition, landed
 from recsys_dist.distributed.env import broadcast_result
 from recsys_dist.errors import CheckpointError, DataError
@@ -280,6 +281,9 @@ class StreamTrainer(Trainer):
         ctx, d = self._ctx, self.cfg.data
 
         def convert():
+            path = Path(d.stream.path) / name
+            if path.is_file() and path.stat().st_size == 0:  # the conversion would refuse it as malformed
+                return "ok", (PreparedData(Path(), {}, {"train": 0}), [0, 0])
             try:
                 prepared = convert_partition(d, name, self.run_dir / PARTITIONS_DIR)
                 return "ok", (prepared, [int(prepared.rows["train"]), (Path(d.stream.path) / name).stat().st_size])
@@ -289,7 +293,8 @@ class StreamTrainer(Trainer):
         with self._clock.phase("data"):
             kind, value = broadcast_result(ctx, convert)
             if kind == "ok":  # opening the loaders counts as data, as in a batch run
-                self._loaders = make_loaders(self._job.with_data(value[0]), ctx)
+                empty = Loaders(None, None, None, self._job.table_sizes)  # a 0-byte partition
+                self._loaders = make_loaders(self._job.with_data(value[0]), ctx) if value[1][0] else empty
         if kind == "bad":
             log.error("data.stream: partition %s is malformed and was quarantined (%s); training goes on", name, value)
             self.stream.quarantined[name] = value

@@ -72,3 +72,20 @@ def test_a_partition_replaced_while_the_run_was_down_inside_it_is_refused(tmp_pa
     assert r.returncode == 0, r.stderr[-3000:]
     summary = json.loads((run / "summary.json").read_text())
     assert summary["rows_trained"] == 640 and summary["steps"] == 10 and summary["partitions"] == NAMES[:1]
+
+
+@pytest.mark.slow
+def test_an_empty_partition_is_consumed_with_a_warning_not_quarantined(tmp_path):
+    """docs/online.md: 'An empty partition is consumed with a warning' (it was quarantined as
+    malformed: 'the file holds no rows')."""
+    landing, run = tmp_path / "landing", tmp_path / "run"
+    land(landing, NAMES[0])
+    (landing / NAMES[1]).parent.mkdir(parents=True)
+    (landing / NAMES[1]).write_bytes(b"")
+    r = run_train(CONFIG, run, *overrides(landing), *ONE_RANK, tmp=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert f"partition {NAMES[1]} holds no rows" in r.stderr
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["partitions"] == NAMES[:2] and summary["quarantined"] == {} and summary["rows_trained"] == 640
+    last = read_metrics(run, "partition")[-1]
+    assert (last["partition"], last["rows"], last["steps"], last["step"]) == (NAMES[1], 0, 0, 10)
