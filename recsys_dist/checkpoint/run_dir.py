@@ -238,11 +238,22 @@ def check_resumable(cfg: RunConfig, checkpoint: Path, world_size: int | None = N
     tables keep.
 
     Raises:
-        CheckpointError: naming each differing key, old -> new.
+        CheckpointError: naming each differing key, old -> new; a checkpoint of a run over
+            ``data.stream`` resumed by one over ``data.raw_path``, or the reverse.
     """
+    meta = read_meta(checkpoint)
+    if (meta.get("stream") is not None) != (cfg.data.stream is not None):
+        raise CheckpointError(
+            f"checkpoint {checkpoint} was written by a run over data.stream, not data.raw_path; a run over "
+            "data.raw_path cannot continue it (its stream position would be lost): give the data.stream it was "
+            "trained with, or another --run-dir"
+            if cfg.data.stream is None
+            else f"checkpoint {checkpoint} was written by a run over data.raw_path, not data.stream; a stream run "
+            "starts from scratch or from a stream run's checkpoint"
+        )
     check_compatible(
         checkpoint,
-        read_meta(checkpoint),
+        meta,
         cfg.to_dict(),
         tables=cfg.data.categorical_mapping == "hash",
         world_size=world_size if world_size is not None else cfg.distributed.nproc_per_node,

@@ -8,9 +8,14 @@ import json
 import pytest
 import torch
 
+from recsys_dist.checkpoint import run_dir as run_dirs
+from recsys_dist.checkpoint.meta import CHECKPOINT_FORMAT
+from recsys_dist.config.loader import load_config
+from recsys_dist.errors import CheckpointError
 from recsys_dist.serve.export import load
 from recsys_dist.serve.publish import load_published, read_manifest
 from tests.cli import read_metrics, run_train
+from tests.conftest import QUICKSTART
 from tests.training.test_stream import CONFIG, NAMES, land, overrides
 
 ONE_RANK = ("distributed.nproc_per_node=1", "train.batch_size=64")  # 10 steps a partition
@@ -89,3 +94,20 @@ def test_an_empty_partition_is_consumed_with_a_warning_not_quarantined(tmp_path)
     assert summary["partitions"] == NAMES[:2] and summary["quarantined"] == {} and summary["rows_trained"] == 640
     last = read_metrics(run, "partition")[-1]
     assert (last["partition"], last["rows"], last["steps"], last["step"]) == (NAMES[1], 0, 0, 10)
+
+
+def test_a_stream_checkpoint_is_not_resumed_by_a_batch_run_nor_the_reverse(tmp_path):
+    """Refused before any rank (a batch run resumed a stream's checkpoint at step 10, trained
+    nothing, exit 0, and saved a checkpoint of step 10 without the stream's position over it:
+    the stream run could no longer resume)."""
+    stream_cfg = load_config(CONFIG, [f"data.stream.path={tmp_path}"])
+    batch_cfg = load_config(QUICKSTART)
+    for name, stream in (("s", {"consumed": ["a"], "current": None}), ("b", None)):
+        (tmp_path / name).mkdir()
+        meta = {"step": 10, "checkpoint_format": CHECKPOINT_FORMAT, **({"stream": stream} if stream else {})}
+        (tmp_path / name / "meta.json").write_text(json.dumps(meta))
+        (tmp_path / name / ".metadata").write_bytes(b"")
+    with pytest.raises(CheckpointError, match="written by a run over data.stream, not data.raw_path; a run over"):
+        run_dirs.check_resumable(batch_cfg, tmp_path / "s")
+    with pytest.raises(CheckpointError, match="written by a run over data.raw_path, not data.stream; a stream run"):
+        run_dirs.check_resumable(stream_cfg, tmp_path / "b")
