@@ -99,6 +99,10 @@ class StreamTrainer(Trainer):
     land instead of epochs over ``data.raw_path``. ``recsys-dist train`` uses it when the config
     has ``data.stream``. Every rank builds one and calls :meth:`fit` (collective).
 
+    A callback may also have ``on_resume(trainer, step, checkpoint)``: called after a resume from
+    ``checkpoint`` (of ``step``), before training (``PublishCallback`` publishes that checkpoint
+    when a kill cut its publish short).
+
     Attributes (besides the Trainer's):
         stream: the :class:`StreamState` (partitions consumed, quarantined, the current one).
 
@@ -192,9 +196,9 @@ class StreamTrainer(Trainer):
         """
         with self._collective(), self._sigterm_stops():
             last_val: dict = {}
-            if self.resumed_from is not None:
-                for callback in self._callbacks:
-                    callback.on_resume(self, self._step, self.resumed_from)
+            if self.resumed_from is not None:  # a hook a kill after the checkpoint cut short can catch up
+                for hook in filter(None, (getattr(c, "on_resume", None) for c in self._callbacks)):
+                    hook(self, self._step, self.resumed_from)
             self._idle_since = time.monotonic()
             while not self._done() and self._stop_reason is None:
                 name = self._next_partition()

@@ -93,11 +93,6 @@ class Callback:
         """A :class:`~recsys_dist.train.stream.StreamTrainer` trained every row of ``partition``;
         ``checkpoint``: the checkpoint saved right after it (None with checkpoints off)."""
 
-    def on_resume(self, trainer: Trainer, step: int, checkpoint: Path) -> None:
-        """A :class:`~recsys_dist.train.stream.StreamTrainer` resumed from ``checkpoint`` (of
-        ``step``), before it trains; a hook the run was killed before (after its checkpoint)
-        can catch up here."""
-
 
 class Trainer(TrainLoop):
     """One rank's training job: data, sharded model, pipelined loop, evaluation, checkpoints.
