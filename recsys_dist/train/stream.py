@@ -287,7 +287,7 @@ class StreamTrainer(Trainer):
         def convert():
             path = Path(d.stream.path) / name
             if path.is_file() and path.stat().st_size == 0:  # the conversion would refuse it as malformed
-                return "ok", (PreparedData(Path(), {}, {"train": 0}), [0, 0])
+                return "ok", (PreparedData(None, {}, {"train": 0}), [0, 0])  # no directory: nothing to remove
             try:
                 prepared = convert_partition(d, name, self.run_dir / PARTITIONS_DIR)
                 return "ok", (prepared, [int(prepared.rows["train"]), (Path(d.stream.path) / name).stat().st_size])
@@ -370,8 +370,8 @@ class StreamTrainer(Trainer):
         if self.cfg.checkpoint.enabled and self._saved_step != self._step:
             self._save_in_window()
         checkpoint = self._saved_path if self._saved_step == self._step else None
-        if self._ctx.is_main and checkpoint is not None:  # recorded as trained: never read again
-            entry = self._prepared.directory  # (and its lock file: this run's directory is its own)
+        entry = self._prepared.directory  # (and its lock file: this run's directory is its own)
+        if self._ctx.is_main and checkpoint is not None and entry is not None:  # recorded as trained: never read again
             shutil.rmtree(entry, ignore_errors=True)
             entry.with_name(f"{entry.name}.lock").unlink(missing_ok=True)
         for callback in self._callbacks:

@@ -87,9 +87,10 @@ def test_an_empty_partition_is_consumed_with_a_warning_not_quarantined(tmp_path)
     land(landing, NAMES[0])
     (landing / NAMES[1]).parent.mkdir(parents=True)
     (landing / NAMES[1]).write_bytes(b"")
-    r = run_train(CONFIG, run, *overrides(landing), *ONE_RANK, tmp=tmp_path)
+    (tmp_path / "sentinel").write_text("x")  # in the working directory, which nothing may remove
+    r = run_train(CONFIG, run, *overrides(landing), *ONE_RANK, tmp=tmp_path, cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert f"partition {NAMES[1]} holds no rows" in r.stderr
+    assert f"partition {NAMES[1]} holds no rows" in r.stderr and (tmp_path / "sentinel").is_file()
     summary = json.loads((run / "summary.json").read_text())
     assert summary["partitions"] == NAMES[:2] and summary["quarantined"] == {} and summary["rows_trained"] == 640
     last = read_metrics(run, "partition")[-1]
