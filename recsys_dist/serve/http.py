@@ -117,6 +117,11 @@ def _publish_api():
 
 
 def _no_model_fix(path: Path) -> str:
+    if (path / "checkpoints").is_dir():  # a run directory: its export or its publish directory is served
+        return (
+            f"{path} is a training run's directory: serve its publish directory ({path / 'publish'}, with "
+            f"publish.enabled), or export it first: recsys-dist export {path} --out DIR, then serve DIR"
+        )
     return (
         f"export a run first (recsys-dist export RUN --out {path}), or, for the publish directory of a "
         "training run that has not published yet, add --wait to serve its model once it appears"

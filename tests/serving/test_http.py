@@ -161,6 +161,9 @@ def test_source_errors(tmp_path, export_dir):
         open_source(tmp_path)
     with pytest.raises(Exception, match="does not exist"):
         open_source(tmp_path / "nope")
+    (tmp_path / "run" / "checkpoints").mkdir(parents=True)  # a run directory: not 'export into it'
+    with pytest.raises(Exception, match=r"is a training run's directory: serve its publish directory .*run/publish"):
+        open_source(tmp_path / "run")
 
 
 def _free_port() -> int:
