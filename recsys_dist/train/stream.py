@@ -64,6 +64,7 @@ class StreamState:
         global_batch: rows per global batch the batches count.
         counters_at_start: the managed-collision counters when ``current`` started.
         current_file: ``current``'s [rows, bytes] when it was opened (a resume inside it checks them).
+        path: ``data.stream.path`` (absolute) the names are below.
     """
 
     consumed: list[str] = field(default_factory=list)
@@ -74,6 +75,7 @@ class StreamState:
     global_batch: int = 0
     counters_at_start: dict = field(default_factory=dict)
     current_file: list | None = None
+    path: str | None = None
 
     @property
     def index(self) -> int:
@@ -115,7 +117,8 @@ class StreamTrainer(Trainer):
 
     def _setup_data(self, checkpoint: Path | None) -> None:
         cfg, ctx = self.cfg, self._ctx
-        self.stream = StreamState(global_batch=cfg.train.batch_size * ctx.world_size)
+        path = str(Path(cfg.data.stream.path).resolve())
+        self.stream = StreamState(global_batch=cfg.train.batch_size * ctx.world_size, path=path)
         self._loaders = Loaders(None, None, None, self._job.table_sizes)  # one partition's, once open
         self._data, self._new_data = None, False
         self._global_batch = self.stream.global_batch
@@ -149,7 +152,15 @@ class StreamTrainer(Trainer):
                 f"{self._global_batch}: resume with a global batch of {state.global_batch} (the order of a "
                 "partition's rows depends on it); it may change between partitions"
             )
-        state.global_batch = self._global_batch
+        if self._ctx.is_main and state.path is not None and state.path != self.stream.path:
+            log.warning(
+                "data.stream.path is %s; the checkpoint's run read %s. Partitions are named by their path below it: "
+                "the %d name(s) trained there are not trained again here, whatever their content",
+                self.stream.path,
+                state.path,
+                len(state.consumed),
+            )
+        state.global_batch, state.path = self._global_batch, self.stream.path
         self.stream = state
         self._in_epoch = state.batches
         self.epoch = state.index

@@ -112,3 +112,20 @@ def test_a_stream_checkpoint_is_not_resumed_by_a_batch_run_nor_the_reverse(tmp_p
         run_dirs.check_resumable(batch_cfg, tmp_path / "s")
     with pytest.raises(CheckpointError, match="written by a run over data.raw_path, not data.stream; a stream run"):
         run_dirs.check_resumable(stream_cfg, tmp_path / "b")
+
+
+@pytest.mark.slow
+def test_a_resume_on_another_landing_directory_says_its_trained_names_are_skipped(tmp_path):
+    """Names are the identity of partitions: a resume with another data.stream.path skips a
+    partition of a trained name there (new content or not). It did so without a word."""
+    first, second, run = tmp_path / "a", tmp_path / "b", tmp_path / "run"
+    land(first, NAMES[0])
+    land(second, NAMES[0])
+    env = {"RECSYS_DIST_CACHE": str(tmp_path / "cache")}
+    assert run_train(CONFIG, run, *overrides(first), *ONE_RANK, tmp=tmp_path, env=env).returncode == 0
+    r = run_train(CONFIG, run, *overrides(second), *ONE_RANK, "--resume", "auto", tmp=tmp_path, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert (
+        f"data.stream.path is {second.resolve()}; the checkpoint's run read {first.resolve()}. Partitions are named "
+        "by their path below it: the 1 name(s) trained there are not trained again here" in r.stderr
+    )
