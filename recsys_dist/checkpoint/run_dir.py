@@ -251,6 +251,15 @@ def check_resumable(cfg: RunConfig, checkpoint: Path, world_size: int | None = N
             else f"checkpoint {checkpoint} was written by a run over data.raw_path, not data.stream; a stream run "
             "starts from scratch or from a stream run's checkpoint"
         )
+    stream, ranks = meta.get("stream"), world_size if world_size is not None else cfg.distributed.nproc_per_node
+    if stream and stream.get("current") and stream.get("batches") and cfg.data.stream is not None:
+        old, new = stream.get("global_batch"), cfg.train.batch_size * ranks
+        if old != new:  # the order of a partition's rows is that of its global batches
+            raise ConfigError(
+                f"checkpoint {checkpoint} stopped inside partition {stream['current']} after {stream['batches']} "
+                f"global batches of {old} rows; this run's global batch (train.batch_size x ranks) is {new}: "
+                f"resume with a global batch of {old}; it may change between partitions"
+            )
     check_compatible(
         checkpoint,
         meta,

@@ -49,6 +49,7 @@ from recsys_dist.serve.rows import check_body
 from recsys_dist.serve.scoring import PREPROCESSING_FILE, VOCABULARY_FILE
 
 log = logging.getLogger("recsys_dist.serve")
+MAX_BODY_BYTES = 64 << 20  # a request body past this is refused (413), never read into memory
 
 PUBLISH_MANIFEST = "manifest.json"
 
@@ -278,6 +279,20 @@ def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status)
 
 
+async def _read_body(request: Request) -> bytes | None:
+    """The request's body, or None once it passes ``MAX_BODY_BYTES`` (read no further)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        return None
+    parts, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            return None
+        parts.append(chunk)
+    return b"".join(parts)
+
+
 def create_app(holder: ModelHolder) -> Starlette:
     """The starlette application serving ``holder``'s model (see the module doc); its reload
     thread runs while the application runs (lifespan)."""
@@ -286,7 +301,9 @@ def create_app(holder: ModelHolder) -> Starlette:
         served = holder.current  # read once: the whole request is scored by this model
         if served is None:
             return _error(503, f"no model yet: {holder.source.waiting_for()}")
-        raw = await request.body()
+        raw = await _read_body(request)
+        if raw is None:
+            return _error(413, f"the body is over {MAX_BODY_BYTES >> 20} MiB; send fewer rows per request")
         try:
             body = json.loads(raw)
             if b"\\u" in raw:  # a lone surrogate escape (\ud800) decodes, but is no text a reader can take

@@ -127,7 +127,6 @@ class StreamTrainer(Trainer):
         self._signalled: int | None = None
         self._stop_reason: str | None = None
         self._part_t0 = time.perf_counter()
-        broadcast_result(ctx, lambda: run_dirs.write_config(cfg, self.run_dir))
 
     def _done(self) -> bool:
         return self.total_steps is not None and self._step >= self.total_steps
@@ -173,6 +172,9 @@ class StreamTrainer(Trainer):
         )
 
     def _start_metrics(self) -> None:
+        # config.yaml only once the resume (if any) was accepted: a refused one leaves the
+        # config the checkpoints were trained with.
+        broadcast_result(self._ctx, lambda: run_dirs.write_config(self.cfg, self.run_dir))
         # The checkpoint's own step may hold lines of what came after it (a partition scored or
         # quarantined after it was saved): written again, so dropped here.
         self._stale_line = lambda line: line.get("partition") is not None and not self.stream.accounts_for(line)

@@ -157,7 +157,8 @@ def test_partitions_landing_a_kill_a_resume_and_sigterm_train_every_row_once(ref
     assert "rank 1 was killed by SIGKILL" in (tmp_path / "first.log").read_text()
     # 2. A resume inside partition 2 with another global batch is refused (its row order).
     r = run_train(CONFIG, run, *overrides(landing), "train.batch_size=16", "--resume", "auto", tmp=tmp_path, env=env)
-    assert r.returncode != 0 and "resume with a global batch of 64" in r.stderr, r.stderr[-3000:]
+    assert r.returncode == 2 and "resume with a global batch of 64" in r.stderr, r.stderr[-3000:]
+    assert "[rank" not in r.stderr and "batch_size: 32" in (run / "config.yaml").read_text()  # before any rank
     # 3. Resumed with no idle stop: partition 3 lands meanwhile; SIGTERM ends it cleanly.
     log = open(tmp_path / "second.log", "w+")
     proc = subprocess.Popen(
