@@ -198,6 +198,24 @@ def check_given_once(cfg: RunConfig, model, dense_optimizer, lr_scheduler) -> No
         raise ConfigError("an option is given twice:\n  " + "\n  ".join(problems))
 
 
+def check_callbacks(cfg: RunConfig, callbacks, callback_type: type) -> None:
+    """The Trainer's ``callbacks``: each a ``callback_type`` (``recsys_dist.Callback``), and the
+    publishing one among them when ``publish.enabled``.
+
+    Raises:
+        TypeError: a callback of another type. ConfigError: ``publish.enabled`` without one that publishes.
+    """
+    for cb in callbacks:
+        if not isinstance(cb, callback_type):
+            raise TypeError(f"callbacks must be recsys_dist.Callback objects, got {type(cb).__name__}")
+    if cfg.publish.enabled and not any(getattr(cb, "publishes", False) for cb in callbacks):
+        raise ConfigError(
+            "publish.enabled: the Trainer publishes through its callback: pass "
+            "callbacks=[recsys_dist.serve.publishing.PublishCallback(cfg.publish, run_dir)] "
+            "(recsys-dist train adds it), or set publish.enabled: false"
+        )
+
+
 def check_lr_scheduler(scheduler):
     """What ``Trainer(lr_scheduler=...)`` made, if the Trainer can step it: a step-count
     ``LRScheduler`` (stepped with no argument after every step, that count replayed on resume).

@@ -101,9 +101,9 @@ class StreamTrainer(Trainer):
     land instead of epochs over ``data.raw_path``. ``recsys-dist train`` uses it when the config
     has ``data.stream``. Every rank builds one and calls :meth:`fit` (collective).
 
-    A callback may also have ``on_resume(trainer, step, checkpoint)``: called after a resume from
-    ``checkpoint`` (of ``step``), before training (``PublishCallback`` publishes that checkpoint
-    when a kill cut its publish short).
+    Callbacks also get ``on_partition_end`` after each partition and ``on_resume`` after a
+    resume, before training (``PublishCallback`` publishes the resumed checkpoint when a kill
+    cut its publish short).
 
     Attributes (besides the Trainer's):
         stream: the :class:`StreamState` (partitions consumed, quarantined, the current one).
@@ -182,7 +182,8 @@ class StreamTrainer(Trainer):
 
     def _should_stop(self) -> bool:
         """After a training step: every STOP_CHECK_STEPS steps (the same steps on every rank),
-        whether to stop (:meth:`_agree_stop`); a collective per step cost ~3 % of a small step."""
+        whether to stop (:meth:`_agree_stop`): not every step, which would add a collective to
+        each one."""
         return self._step % STOP_CHECK_STEPS == 0 and self._agree_stop()
 
     def _agree_stop(self) -> bool:
@@ -209,9 +210,9 @@ class StreamTrainer(Trainer):
         """
         with self._collective(), self._sigterm_stops():
             last_val: dict = {}
-            if self.resumed_from is not None:  # a hook a kill after the checkpoint cut short can catch up
-                for hook in filter(None, (getattr(c, "on_resume", None) for c in self._callbacks)):
-                    hook(self, self._step, self.resumed_from)
+            if self.resumed_from is not None:  # work a kill after the checkpoint cut short catches up
+                for callback in self._callbacks:
+                    callback.on_resume(self, self._step, self.resumed_from)
             self._idle_since = time.monotonic()
             while not self._done() and self._stop_reason is None:
                 name = self._next_partition()

@@ -47,6 +47,7 @@ from recsys_dist.train.build import (
     LRSchedulerFactory,
     ModelFactory,
     best_tracker,
+    check_callbacks,
     check_given_once,
     check_lr_scheduler,
     make_loaders,
@@ -89,9 +90,11 @@ class Callback:
     def on_checkpoint(self, trainer: Trainer, step: int, path: Path) -> None:
         """After the checkpoint of ``step`` was written, complete, to ``path`` (on every rank)."""
 
+    def on_resume(self, trainer: Trainer, step: int, checkpoint: Path) -> None:
+        """At ``fit``'s start in a run resumed from ``checkpoint`` (to finish what a kill cut short)."""
+
     def on_partition_end(self, trainer: Trainer, partition: str, checkpoint: Path | None) -> None:
-        """A :class:`~recsys_dist.train.stream.StreamTrainer` trained every row of ``partition``;
-        ``checkpoint``: the checkpoint saved right after it (None with checkpoints off)."""
+        """A ``StreamTrainer`` trained ``partition``, then saved ``checkpoint`` (None: checkpoints off)."""
 
 
 class Trainer(TrainLoop):
@@ -207,15 +210,7 @@ class Trainer(TrainLoop):
             check_sections(cfg)
         job, cfg = cfg, cfg.cfg
         check_given_once(cfg, model, dense_optimizer, lr_scheduler)
-        for cb in callbacks:
-            if not isinstance(cb, Callback):
-                raise TypeError(f"callbacks must be recsys_dist.Callback objects, got {type(cb).__name__}")
-        if cfg.publish.enabled and not any(getattr(cb, "publishes", False) for cb in callbacks):
-            raise ConfigError(
-                "publish.enabled: the Trainer publishes through its callback: pass "
-                "callbacks=[recsys_dist.serve.publishing.PublishCallback(cfg.publish, run_dir)] "
-                "(recsys-dist train adds it), or set publish.enabled: false"
-            )
+        check_callbacks(cfg, callbacks, Callback)
         require_ranks(cfg)
         self.cfg, self.run_dir, self._job = cfg, Path(run_dir), job
         self._user_model, self._dense_factory, self._scheduler_factory = model, dense_optimizer, lr_scheduler
@@ -401,8 +396,7 @@ class Trainer(TrainLoop):
 
     @property
     def clock(self) -> PhaseClock:
-        """This rank's wall-time split by phase (``summary.json`` ``wall_split``); a callback
-        times its own work with ``trainer.clock.phase("publish")``."""
+        """This rank's wall-time split (``wall_split``); ``trainer.clock.phase("publish")`` times a callback's work."""
         return self._clock
 
     @property
@@ -444,6 +438,8 @@ class Trainer(TrainLoop):
                 )
                 return run_dirs.noop_summary(self.run_dir, self.resumed_from, self._step)
             last_val: dict = {}
+            for callback in self._callbacks if self.resumed_from is not None else ():
+                callback.on_resume(self, self._step, self.resumed_from)
             while self._next_epoch < self.cfg.train.epochs and not self._done():
                 last_val = self.train_epoch() or last_val
             self._tracer.close()

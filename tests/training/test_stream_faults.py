@@ -129,3 +129,26 @@ def test_a_resume_on_another_landing_directory_says_its_trained_names_are_skippe
         f"data.stream.path is {second.resolve()}; the checkpoint's run read {first.resolve()}. Partitions are named "
         "by their path below it: the 1 name(s) trained there are not trained again here" in r.stderr
     )
+
+
+@pytest.mark.slow
+def test_a_batch_run_killed_before_a_publish_publishes_that_checkpoint_on_resume(tmp_path):
+    """The same for `publish.every_n_steps` in a run over data.raw_path: killed between the
+    checkpoint of step 8 and its publish, the resume publishes that checkpoint first."""
+    run = tmp_path / "run"
+    args = (
+        "data.num_rows=1000",
+        "train.max_steps=12",
+        "checkpoint.every_n_steps=4",
+        "publish.enabled=true",
+        "publish.every_n_steps=4",
+        "distributed.nproc_per_node=1",
+        "train.batch_size=64",
+        "train.progress_bar=false",
+    )
+    env = {"RECSYS_DIST_CACHE": str(tmp_path / "cache")}
+    killed = run_train(QUICKSTART, run, *args, tmp=tmp_path, env={**env, "RECSYS_DIST_FAULT": "publish:8:0"})
+    assert killed.returncode != 0 and _steps(run / "publish") == [(1, "full", 4)]
+    r = run_train(QUICKSTART, run, *args, "--resume", "auto", tmp=tmp_path, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert _steps(run / "publish") == [(1, "full", 4), (2, "delta", 8), (3, "delta", 12)]
