@@ -38,7 +38,7 @@ from recsys_dist.faults import maybe_fault
 from recsys_dist.models.managed import managed_metrics
 from recsys_dist.train.evaluation import in_row_order
 from recsys_dist.train.pipelines import PIPELINES, TrainPipeline, make_pipeline
-from recsys_dist.train.summary import divergence_error, log_early_stop, train_window
+from recsys_dist.train.summary import divergence_error, log_early_stop, run_summary, train_window
 
 log = logging.getLogger("recsys_dist")
 
@@ -310,6 +310,29 @@ class TrainLoop:
             if improved and self.cfg.checkpoint.enabled and self.cfg.checkpoint.keep_best:
                 self._save_in_window(best=True)
         return metrics
+
+    def _write_summary(self, validation: dict, test: dict, checkpoint: Path | None, **extra) -> dict:
+        """The run's summary (``recsys_dist.train.summary.run_summary`` and ``extra``), written to
+        ``summary.json`` by rank 0; returned on every rank."""
+        c = self.cfg.checkpoint
+        summary = run_summary(
+            self.run_dir,
+            self._ctx.world_size,
+            self._step,
+            self.rows_trained,
+            self.train_seconds,
+            self.resumed_at_step,
+            validation,
+            test,
+            checkpoint,
+            self.best,
+            c.keep_best,
+            self._clock.split(),
+        )
+        summary.update(extra)
+        if self._ctx.is_main:
+            (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        return summary
 
     def _diverged(self) -> None:
         raise divergence_error(self._losses, self._step, self._model, latest_checkpoint(self.run_dir))

@@ -20,7 +20,6 @@ its global batches (docs/online.md).
 
 from __future__ import annotations
 
-import json
 import logging
 import shutil
 import signal
@@ -43,7 +42,6 @@ from recsys_dist.errors import CheckpointError, DataError
 from recsys_dist.faults import maybe_fault
 from recsys_dist.models.managed import managed_counters, managed_metrics
 from recsys_dist.train.build import Loaders, make_loaders
-from recsys_dist.train.summary import run_summary
 from recsys_dist.train.trainer import Trainer
 
 log = logging.getLogger("recsys_dist")
@@ -235,26 +233,10 @@ class StreamTrainer(Trainer):
         path = None
         if c.enabled:
             path = self.save_checkpoint() if self._saved_step != self._step else latest_checkpoint(self.run_dir)
-        summary = run_summary(
-            self.run_dir,
-            self._ctx.world_size,
-            self._step,
-            self.rows_trained,
-            self.train_seconds,
-            self.resumed_at_step,
-            last_val,
-            {},
-            path,
-            None,
-            False,
-            self._clock.split(),
+        s = self.stream
+        return self._write_summary(
+            last_val, {}, path, partitions=list(s.consumed), quarantined=dict(s.quarantined), stopped=self._stop_reason
         )
-        summary.update(
-            partitions=list(self.stream.consumed), quarantined=dict(self.stream.quarantined), stopped=self._stop_reason
-        )
-        if self._ctx.is_main:
-            (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-        return summary
 
     def _next_partition(self) -> str | None:
         """The partition to train next (the one a checkpoint stopped in, else the first new one

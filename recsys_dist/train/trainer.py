@@ -11,7 +11,6 @@ i+1 with the forward/backward of batch i. Evaluation lives in ``recsys_dist.trai
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Sequence
@@ -64,7 +63,7 @@ from recsys_dist.train.observe import PhaseClock, TraceWriter
 from recsys_dist.train.pipelines import TrainPipeline, pipeline_problems
 from recsys_dist.train.preflight import check_sections
 from recsys_dist.train.schedule import LRSchedule
-from recsys_dist.train.summary import ledger_line, run_summary
+from recsys_dist.train.summary import ledger_line
 
 log = logging.getLogger("recsys_dist")
 _TRAINERS_MADE = 0  # a process's first Trainer counts its startup from the process's start
@@ -447,24 +446,8 @@ class Trainer(TrainLoop):
             test = self.evaluate("test")
             managed = managed_metrics(self._model, "test")
             self._writer.write(split="test", step=self._step, epoch=self.epoch, **test, **managed)
-            c = self.cfg.checkpoint
-            summary = run_summary(
-                self.run_dir,
-                self._ctx.world_size,
-                self._step,
-                self.rows_trained,
-                self.train_seconds,
-                self.resumed_at_step,
-                last_val,
-                test,
-                self.save_checkpoint() if c.enabled else None,
-                self.best,
-                c.keep_best,
-                self._clock.split(),
-            )
-            if self._ctx.is_main:
-                (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-            return summary
+            checkpoint = self.save_checkpoint() if self.cfg.checkpoint.enabled else None
+            return self._write_summary(last_val, test, checkpoint)
 
     def train_epoch(self) -> dict:
         """Train the next epoch (its rest, when resumed mid-epoch; nothing past
