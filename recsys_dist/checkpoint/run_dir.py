@@ -229,6 +229,34 @@ def resolve_resume(
     return intact_checkpoint(path) if verify else path
 
 
+def check_stream_resume(checkpoint: Path, meta: dict, stream: bool, global_batch: int) -> None:
+    """Refuse a resume that would lose or repeat rows of a stream (``data.stream``): a stream
+    checkpoint continued by a run over ``data.raw_path`` or the reverse (``stream``: whether the
+    resuming run streams), or another ``global_batch`` inside a partition, whose row order is
+    that of its global batches (it may change between partitions).
+
+    Raises:
+        CheckpointError: the kind of run differs. ConfigError: the global batch differs.
+    """
+    saved = meta.get("stream")
+    if (saved is not None) != stream:
+        raise CheckpointError(
+            f"checkpoint {checkpoint} was written by a run over data.stream, not data.raw_path; a run over "
+            "data.raw_path cannot continue it (its stream position would be lost): give the data.stream it was "
+            "trained with, or another --run-dir"
+            if not stream
+            else f"checkpoint {checkpoint} was written by a run over data.raw_path, not data.stream; a stream run "
+            "starts from scratch or from a stream run's checkpoint"
+        )
+    if saved and saved.get("current") and saved.get("batches") and saved.get("global_batch") != global_batch:
+        raise ConfigError(
+            f"checkpoint {checkpoint} stopped inside partition {saved['current']} after {saved['batches']} "
+            f"global batches of {saved.get('global_batch')} rows; this run's global batch (train.batch_size x ranks) "
+            f"is {global_batch}: resume with a global batch of {saved.get('global_batch')}; it may change between "
+            "partitions"
+        )
+
+
 def check_resumable(cfg: RunConfig, checkpoint: Path, world_size: int | None = None) -> None:
     """Refuse a checkpoint written by another model config (before any rank starts).
 
@@ -242,24 +270,8 @@ def check_resumable(cfg: RunConfig, checkpoint: Path, world_size: int | None = N
             ``data.stream`` resumed by one over ``data.raw_path``, or the reverse.
     """
     meta = read_meta(checkpoint)
-    if (meta.get("stream") is not None) != (cfg.data.stream is not None):
-        raise CheckpointError(
-            f"checkpoint {checkpoint} was written by a run over data.stream, not data.raw_path; a run over "
-            "data.raw_path cannot continue it (its stream position would be lost): give the data.stream it was "
-            "trained with, or another --run-dir"
-            if cfg.data.stream is None
-            else f"checkpoint {checkpoint} was written by a run over data.raw_path, not data.stream; a stream run "
-            "starts from scratch or from a stream run's checkpoint"
-        )
-    stream, ranks = meta.get("stream"), world_size if world_size is not None else cfg.distributed.nproc_per_node
-    if stream and stream.get("current") and stream.get("batches") and cfg.data.stream is not None:
-        old, new = stream.get("global_batch"), cfg.train.batch_size * ranks
-        if old != new:  # the order of a partition's rows is that of its global batches
-            raise ConfigError(
-                f"checkpoint {checkpoint} stopped inside partition {stream['current']} after {stream['batches']} "
-                f"global batches of {old} rows; this run's global batch (train.batch_size x ranks) is {new}: "
-                f"resume with a global batch of {old}; it may change between partitions"
-            )
+    ranks = world_size if world_size is not None else cfg.distributed.nproc_per_node
+    check_stream_resume(checkpoint, meta, cfg.data.stream is not None, cfg.train.batch_size * ranks)
     check_compatible(
         checkpoint,
         meta,

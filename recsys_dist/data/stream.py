@@ -42,7 +42,7 @@ def landed(stream: StreamConfig) -> list[str]:
     return sorted(names)
 
 
-def convert_partition(d: DataConfig, name: str, cache_dir: str | Path, progress: bool = False) -> PreparedData:
+def convert_partition(d: DataConfig, name: str, cache_dir: str | Path) -> PreparedData:
     """Convert the partition ``name`` (below ``d.stream.path``) as one training split into
     ``cache_dir`` (the run's own: ``RUN_DIR/partitions``, emptied of a partition once it is
     trained; keyed by path, size and modification time like any cache entry).
@@ -66,7 +66,6 @@ def convert_partition(d: DataConfig, name: str, cache_dir: str | Path, progress:
         None,
         str(cache_dir),
         on_bad_row=d.on_bad_row,
-        progress=progress,
         mapping=d.categorical_mapping,
         row_group_size=d.row_group_size,
         managed=managed_mask(d),

@@ -131,6 +131,7 @@ class TrainLoop:
     def _restore(self, path: Path) -> None:
         """Continue from a checkpoint: weights, optimizer state, RNG and the loader position."""
         meta = read_meta(path)
+        run_dirs.check_stream_resume(path, meta, self.cfg.data.stream is not None, self._global_batch)
         check_compatible(
             path,
             meta,

@@ -34,11 +34,10 @@ import torch.distributed as dist
 
 from recsys_dist.checkpoint import run_dir as run_dirs
 from recsys_dist.checkpoint.dcp import latest_checkpoint
-from recsys_dist.config.base import ConfigError
 from recsys_dist.data.convert import PreparedData
 from recsys_dist.data.stream import convert_partition, landed
 from recsys_dist.distributed.env import broadcast_result
-from recsys_dist.errors import CheckpointError, DataError
+from recsys_dist.errors import DataError
 from recsys_dist.faults import maybe_fault
 from recsys_dist.models.managed import managed_counters, managed_metrics
 from recsys_dist.train.build import Loaders, make_loaders
@@ -135,20 +134,7 @@ class StreamTrainer(Trainer):
         return {**super()._checkpoint_meta(), "stream": state}
 
     def _restore_position(self, path: Path, meta: dict) -> None:
-        saved = meta.get("stream")
-        if saved is None:
-            raise CheckpointError(
-                f"checkpoint {path} was written by a run over data.raw_path, not data.stream; a stream run "
-                "starts from scratch or from a stream run's checkpoint"
-            )
-        state = StreamState(**saved)
-        if state.current is not None and state.batches and state.global_batch != self._global_batch:
-            raise ConfigError(
-                f"checkpoint {path} stopped inside partition {state.current} after {state.batches} global batches "
-                f"of {state.global_batch} rows; this run's global batch (train.batch_size x ranks) is "
-                f"{self._global_batch}: resume with a global batch of {state.global_batch} (the order of a "
-                "partition's rows depends on it); it may change between partitions"
-            )
+        state = StreamState(**meta["stream"])  # a stream's checkpoint: run_dir.check_stream_resume
         if self._ctx.is_main and state.path is not None and state.path != self.stream.path:
             log.warning(
                 "data.stream.path is %s; the checkpoint's run read %s. Partitions are named by their path below it: "
@@ -307,7 +293,7 @@ class StreamTrainer(Trainer):
         self._check_unchanged(name, identity)
         self._part_t0 = time.perf_counter()
         if self._in_epoch == 0:
-            self.stream.counters_at_start = _counters(self._model)
+            self.stream.counters_at_start = managed_counters(self._model)
         if self._prepared.rows["train"] == 0:
             log.warning("data.stream: partition %s holds no rows", name)
             self._finish_partition()
@@ -357,7 +343,7 @@ class StreamTrainer(Trainer):
             rows=int(self._prepared.rows["train"]),
             steps=len(self._loaders.train) if self._loaders.train is not None else 0,
             seconds=round(time.perf_counter() - self._part_t0, 3),
-            **_counter_change(s.counters_at_start, _counters(self._model)),
+            **_counter_change(s.counters_at_start, managed_counters(self._model)),
         )
         s.consumed.append(name)
         s.current, s.validated, self._in_epoch, s.current_file = None, False, 0, None
@@ -388,11 +374,6 @@ class StreamTrainer(Trainer):
             yield
         finally:
             signal.signal(signal.SIGTERM, old)
-
-
-def _counters(model) -> dict:
-    """The managed-collision counters of ``model`` (cumulative; {} without managed tables)."""
-    return managed_counters(model)
 
 
 def _counter_change(before: dict, after: dict) -> dict:

@@ -9,8 +9,10 @@ import pytest
 
 import recsys_dist
 from recsys_dist.config.base import ConfigError
+from recsys_dist.errors import CheckpointError
 from recsys_dist.serve.publish import latest_version, load_published
 from recsys_dist.serve.publishing import PublishCallback
+from tests.conftest import QUICKSTART
 from tests.training.test_stream import CONFIG, NAMES, ROWS, land, overrides
 
 
@@ -39,6 +41,10 @@ def test_stream_trainer_with_the_publish_callback(tmp_path, monkeypatch):
     model, version = load_published(run / "publish")
     assert version == 2 and model.cfg.data.stream is not None
     assert json.loads((run / "summary.json").read_text())["stopped"] == "idle"
+    # A batch Trainer given the stream's checkpoint refuses it (it would lose the stream position).
+    batch = recsys_dist.load_config(QUICKSTART, ["data.num_rows=500", "distributed.nproc_per_node=1"])
+    with pytest.raises(CheckpointError, match="written by a run over data.stream"):
+        recsys_dist.Trainer(batch, tmp_path / "batch", resume=run / "checkpoints" / "step_00000020")
     # The batch Trainer is not the stream's: it says which class to use.
     with pytest.raises(ConfigError, match="recsys_dist.StreamTrainer"):
         recsys_dist.Trainer(cfg, tmp_path / "other", callbacks=[PublishCallback(cfg.publish, tmp_path / "other")])
