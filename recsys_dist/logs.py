@@ -24,14 +24,13 @@ class StderrHandler(logging.StreamHandler):
 
     def emit(self, record: logging.LogRecord) -> None:
         # A progress bar holds the last line of stderr: a message written under it would be
-        # glued to the bar. tqdm.write clears the bar, writes, and redraws it.
-        if getattr(tqdm, "_instances", None):
-            try:
-                tqdm.write(self.format(record), file=sys.stderr)
-            except Exception:  # noqa: BLE001 - logging must never raise; report as logging does
-                self.handleError(record)
-            return
-        super().emit(record)
+        # glued to the bar. tqdm.write clears any bar, writes, and redraws it (a plain write
+        # when there is none).
+        try:
+            tqdm.write(self.format(record), file=sys.stderr)
+            self.flush()
+        except Exception:  # noqa: BLE001 - logging must never raise; report as logging does
+            self.handleError(record)
 
 
 def quiet_third_party() -> None:
