@@ -29,7 +29,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import fcntl
-import hashlib
 import json
 import logging
 import os
@@ -42,6 +41,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from recsys_dist.checkpoint.meta import is_complete, latest_checkpoint, read_meta
+from recsys_dist.data.record import file_sha256
 from recsys_dist.errors import CheckpointError
 from recsys_dist.serve.config import PublishConfig
 from recsys_dist.serve.export import LoadedModel, load, write_export
@@ -74,14 +74,6 @@ def _write_json_atomic(path: Path, obj: dict) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def read_manifest(publish_dir: str | Path) -> dict:
@@ -186,7 +178,7 @@ def _checked_version_dir(publish_dir: Path, entry: dict) -> Path:
         path = vdir / name
         if not path.is_file():
             raise CheckpointError(f"{path}: missing (version {entry['version']} lists it); {fix}")
-        if _sha256(path) != digest:
+        if file_sha256(path) != digest:
             raise CheckpointError(f"{path}: damaged (its sha256 differs from {info_path}'s); {fix}")
     return vdir
 
@@ -468,7 +460,7 @@ class Publisher:
             tmp.mkdir(parents=True)
             save_file(tensors, str(tmp / DELTA_FILE))
             written, info["rows"] = [tmp / DELTA_FILE], rows
-        info["files"] = {p.relative_to(tmp).as_posix(): _sha256(p) for p in written}
+        info["files"] = {p.relative_to(tmp).as_posix(): file_sha256(p) for p in written}
         _write_json_atomic(tmp / VERSION_FILE, info)
         os.replace(tmp, self.dir / name)
         entry = {k: info[k] for k in ("version", "kind", "step", "base", "quantize", "format")}
