@@ -27,7 +27,6 @@ tried again until they change.
 
 from __future__ import annotations
 
-import importlib
 import json
 import logging
 import os
@@ -43,6 +42,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from recsys_dist.errors import BadRequest, ConfigError
+from recsys_dist.serve import publish
 from recsys_dist.serve.export import MODEL_FILE, LoadedModel, load
 from recsys_dist.serve.inmemory import row_scorer
 from recsys_dist.serve.rows import check_body
@@ -51,7 +51,7 @@ from recsys_dist.serve.scoring import PREPROCESSING_FILE, VOCABULARY_FILE
 log = logging.getLogger("recsys_dist.serve")
 MAX_BODY_BYTES = 64 << 20  # a request body past this is refused (413), never read into memory
 
-PUBLISH_MANIFEST = "manifest.json"
+PUBLISH_MANIFEST = publish.MANIFEST
 
 
 class ExportSource:
@@ -87,9 +87,10 @@ class PublishSource:
     (``latest_version``, ``load_published``, ``apply_versions``): the first load folds the
     full version and its deltas; a reload applies only the deltas after the version it last
     loaded, to a copy of that model (a full fold when a new full version started another
-    chain: a compaction, a drop, a quantize change)."""
+    chain: a compaction, a drop, a quantize change). ``api``: that module, or a stand-in with its
+    ``latest_version`` and ``load_published`` (tests)."""
 
-    def __init__(self, path: Path, api) -> None:
+    def __init__(self, path: Path, api=publish) -> None:
         self.path, self.api = path, api
         self._last: tuple[LoadedModel, int] | None = None  # the model this source last loaded, its version
 
@@ -106,15 +107,6 @@ class PublishSource:
         else:
             self._last = apply(self._last[0], self.path, self._last[1], token)
         return self._last
-
-
-def _publish_api():
-    """``recsys_dist.serve.publish``, or None where this install has no publishing module.
-    (Imported by name: the module is built on a branch of its own.)"""
-    try:
-        return importlib.import_module("recsys_dist.serve.publish")
-    except ModuleNotFoundError:
-        return None
 
 
 def _no_model_fix(path: Path) -> str:
@@ -137,7 +129,7 @@ def open_source(path: str | Path, wait: bool = False):
 
     Raises:
         ConfigError: ``path`` is a file; without ``wait``, a directory holding neither (or none
-            at all); a publish directory without the publishing module.
+            at all).
     """
     path = Path(path)
     if path.exists() and not path.is_dir():
@@ -150,10 +142,7 @@ def open_source(path: str | Path, wait: bool = False):
     if not path.is_dir():
         raise ConfigError(f"serve {path}: does not exist; {_no_model_fix(path)}")
     if (path / PUBLISH_MANIFEST).is_file():
-        api = _publish_api()
-        if api is None:
-            raise ConfigError(f"serve {path}: a publish directory, and this recsys_dist has no publishing module")
-        return PublishSource(path, api)
+        return PublishSource(path)
     if (path / MODEL_FILE).is_file():
         return ExportSource(path)
     raise ConfigError(
