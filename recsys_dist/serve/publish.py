@@ -236,7 +236,7 @@ def load_published(publish_dir: str | Path, version: int | None = None) -> tuple
     dirs = [_checked_version_dir(publish_dir, e) for e in chain]
     m = load(dirs[0])  # the full version is an export (quantized tables, if any, as published)
     if len(chain) > 1:
-        state = published_state(m.model)
+        state = published_state(m.model, clone=False)  # a model of its own, not served yet: fold in place
         for d in dirs[1:]:
             _apply_delta(state, d / DELTA_FILE)
         load_published_state(m.model, state, str(dirs[-1] / DELTA_FILE))
@@ -394,7 +394,7 @@ class Publisher:
         self._state: dict | None = None
         if self.version is not None and not self._force_full:
             m, _ = load_published(self.dir, self.version)
-            self._state = published_state(m.model)
+            self._state = published_state(m.model, clone=False)  # m is this state's only user
 
     @property
     def step(self) -> int | None:
