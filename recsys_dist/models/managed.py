@@ -445,6 +445,8 @@ def _ttl_all(ttl: int, bufs: dict[str, list[torch.Tensor]], work: tuple, found: 
     eviction_interval 1) reuses the step's lookup of the global batch (``found``, per feature
     ``sizes`` ids), which the expiry cannot change: those ids were seen now, none expires."""
     due, hists, fresh, ticks, it = work
+    if not ticks:  # no round this step (due is part of ticks): nothing to mark or expire
+        return
     tables, mappings = bufs["_mch_sorted_raw_ids"], bufs["_mch_remapped_ids_mapping"]
     misses = torch.split(found[1], sizes)
     for reuse in (True, False):
