@@ -299,6 +299,7 @@ class ManagedRemap(nn.Module):
             names += ["_current_iter_tensor", "_totals"] + (["_mch_counts"] if self._batched_round else [])
             names += ["_row_last_seen"] if self._batched_round and mods[0].ttl_steps is not None else []
             cached = {n: [getattr(m, n) for m in mods] for n in names}
+            cached["_collided"] = [t[1:] for t in cached["_totals"]]  # views made once, not per step
             self._bufs = cached
         return cached
 
@@ -444,6 +445,8 @@ def _ttl_all(ttl: int, bufs: dict[str, list[torch.Tensor]], work: tuple, found: 
     eviction_interval 1) reuses the step's lookup of the global batch (``found``, per feature
     ``sizes`` ids), which the expiry cannot change: those ids were seen now, none expires."""
     due, hists, fresh, ticks, it = work
+    if not ticks:  # no round this step (due is part of ticks): nothing to mark or expire
+        return
     tables, mappings = bufs["_mch_sorted_raw_ids"], bufs["_mch_remapped_ids_mapping"]
     misses = torch.split(found[1], sizes)
     for reuse in (True, False):
@@ -480,7 +483,7 @@ def _count_collided(mods: list[ReplicatedMCH], bufs: dict[str, list[torch.Tensor
     tables, mappings = bufs["_mch_sorted_raw_ids"], bufs["_mch_remapped_ids_mapping"]
     rows, miss = batched_lookup(tables, mappings, glob, [m._zch_size - 1 for m in mods])
     got = segment_sums(miss, [g.numel() for g in glob])
-    torch._foreach_add_([t[1:] for t in bufs["_totals"]], list(got.view(-1, 1).unbind(0)))
+    torch._foreach_add_(bufs["_collided"], list(got.view(-1, 1).unbind(0)))
     return rows, miss
 
 
@@ -498,7 +501,8 @@ def _gather_per_key(parts: list[torch.Tensor]) -> tuple[list[torch.Tensor], list
     sizes = torch.tensor([p.numel() for p in parts], dtype=torch.int64, device=dev)
     all_sizes = [torch.zeros_like(sizes) for _ in range(ws)]
     dist.all_gather(all_sizes, sizes)
-    totals = [int(s.sum()) for s in all_sizes]
+    per_rank = torch.stack(all_sizes).tolist()  # one device-to-host read of every rank's sizes
+    totals = [sum(n) for n in per_rank]
     width = max(totals)
     flat = torch.cat(parts) if parts else torch.zeros(0, dtype=torch.int64)
     buf = torch.zeros(width, dtype=torch.int64, device=flat.device)
@@ -507,10 +511,10 @@ def _gather_per_key(parts: list[torch.Tensor]) -> tuple[list[torch.Tensor], list
     dist.all_gather(bufs, buf)
     out: list[list[torch.Tensor]] = [[] for _ in parts]
     for r in range(ws):
-        pieces = torch.split(bufs[r][: totals[r]], all_sizes[r].tolist())
+        pieces = torch.split(bufs[r][: totals[r]], per_rank[r])
         for i, p in enumerate(pieces):
             out[i].append(p)
-    offsets = torch.stack(all_sizes[: dist.get_rank()]).sum(0).tolist() if dist.get_rank() else [0] * len(parts)
+    offsets = [sum(n) for n in zip(*per_rank[: dist.get_rank()])] or [0] * len(parts)
     return [torch.cat(o) for o in out], offsets
 
 
