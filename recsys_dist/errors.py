@@ -5,6 +5,8 @@ fix. ``every_rank = True`` marks an error that every rank raises together, so th
 reports it once.
 """
 
+import errno
+
 
 class ConfigError(ValueError):
     """A config file or override is invalid; the message lists every problem found."""
@@ -37,6 +39,27 @@ class DataChanged(ConfigError):
     """A checkpoint was trained on other training data than the config gives now."""
 
     every_rank = True  # every rank of a Trainer raises it together: reported once
+
+
+class UnsafeFile(OSError):
+    """A file recsys_dist writes in place (a lock, ``metrics.jsonl``) is a symbolic link, a file
+    with other hard links, or not a regular file: refused, so that nothing it points at is
+    written. An ``OSError`` (errno ``ELOOP``), so a write's usual error handling reports it;
+    ``filename``: the path. Raised by ``recsys_dist.files``."""
+
+    def __init__(self, path, what: str) -> None:
+        text = (
+            f"{path} is {what}; recsys_dist writes only plain files of its own there and never through a "
+            f"link, which would overwrite what it points at. Remove it (rm {path}) and run again"
+        )
+        super().__init__(errno.ELOOP, text, str(path))  # what O_NOFOLLOW gives on a link
+        self.what = what
+
+    def __reduce__(self):  # pickled to the other ranks (broadcast_result): rebuilt from its own arguments
+        return type(self), (self.filename, self.what)
+
+    def __str__(self) -> str:
+        return self.strerror
 
 
 class RunDirError(Exception):

@@ -45,6 +45,7 @@ from recsys_dist.checkpoint.safe_read import SafeLoadPlanner, SafeReader
 from recsys_dist.distributed.env import DistContext
 from recsys_dist.errors import CheckpointDamaged, CheckpointError  # noqa: F401 (raised here; defined in errors)
 from recsys_dist.faults import maybe_fault
+from recsys_dist.files import fresh_dir, write_atomic
 
 
 def save_checkpoint(
@@ -68,8 +69,7 @@ def save_checkpoint(
 
     def prepare() -> None:
         if ctx.is_main:
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir(parents=True)
+            fresh_dir(tmp)  # a stale step_N.tmp, or a link planted there, is removed; never written through
             free = shutil.disk_usage(tmp).free
             if free < need * 1.05:
                 raise OSError(
@@ -81,16 +81,14 @@ def save_checkpoint(
     def finish() -> None:
         if ctx.is_main:
             # The format tells a later recsys_dist what it reads (checksums.json always belongs to it).
-            (tmp / "meta.json").write_text(json.dumps({**meta, "checkpoint_format": CHECKPOINT_FORMAT}, indent=2))
+            write_atomic(tmp / "meta.json", json.dumps({**meta, "checkpoint_format": CHECKPOINT_FORMAT}, indent=2))
             files = {n: v for part in gathered for n, v in part.items()}
             files["meta.json"] = file_sum(tmp / "meta.json")
-            (tmp / CHECKSUMS_FILE).write_text(json.dumps({"algorithm": "crc32", "files": files}, indent=1))
+            write_atomic(tmp / CHECKSUMS_FILE, json.dumps({"algorithm": "crc32", "files": files}, indent=1))
             shutil.rmtree(final, ignore_errors=True)
             tmp.rename(final)
             for name in ("latest", "best") if best else ("latest",):
-                marker = root / f"{name}.tmp"
-                marker.write_text(final.name + "\n")
-                marker.rename(root / name)
+                write_atomic(root / name, final.name + "\n")
             kept = marked_name(root, "best")
             # The newest `keep` up to this step. A resume from an older checkpoint leaves later
             # steps of the run it abandoned: counted as newer, they had this checkpoint, just

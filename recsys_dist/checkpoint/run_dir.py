@@ -39,7 +39,8 @@ from recsys_dist.config.loader import save_config
 from recsys_dist.config.run import RunConfig
 from recsys_dist.data.config import describe_raw_path
 from recsys_dist.data.convert.manifest import train_identity
-from recsys_dist.errors import CheckpointError, DataChanged, RunDirLocked  # noqa: F401 (raised here; defined in errors)
+from recsys_dist.errors import CheckpointError, DataChanged, RunDirLocked, UnsafeFile  # noqa: F401 (raised here; defined in errors)
+from recsys_dist.files import open_in_place
 
 RUN_FILES = ("metrics.jsonl", "checkpoints")  # their presence means the directory holds a run
 
@@ -116,7 +117,8 @@ def lock_run_dir(run_dir: str | Path, wait_s: float = 0.0) -> RunDirLock | None:
 
     Raises:
         RunDirLocked: another live process holds it (naming its pid, host and command).
-        ConfigError: the directory or its lock file cannot be created.
+        ConfigError: the directory or its lock file cannot be created, or ``.lock`` is a
+            symbolic link, a hard link or not a regular file (refused: never written through).
     """
     run_dir = Path(run_dir).absolute()
     if os.environ.get(LOCK_ENV) == str(run_dir):
@@ -124,7 +126,9 @@ def lock_run_dir(run_dir: str | Path, wait_s: float = 0.0) -> RunDirLock | None:
     path = run_dir / LOCK_FILE
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        fd = open_in_place(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except UnsafeFile as err:
+        raise ConfigError(f"--run-dir {run_dir}: {err}") from None
     except OSError as err:
         raise ConfigError(
             f"--run-dir {run_dir}: cannot write there ({err.strerror}); choose a writable directory"

@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from recsys_dist.cli.run_metrics import Run, partitions, plan_bytes_per_rank, plan_per_rank, time_keys, xy
+from recsys_dist.files import write_atomic
 
 
 def write_plots(run: Run, out_dir: Path) -> list[Path]:
@@ -38,7 +39,8 @@ def write_plots(run: Run, out_dir: Path) -> list[Path]:
             if integer_y:
                 ax.yaxis.set_major_locator(MaxNLocator(integer=True))
         fig.tight_layout()
-        fig.savefig(out_dir / name, dpi=110)  # a Figure renders PNG with Agg without pyplot
+        # a Figure renders PNG with Agg without pyplot; format: the temporary name ends in .tmp
+        write_atomic(out_dir / name, lambda p: fig.savefig(p, dpi=110, format="png"))
         written.append(out_dir / name)
 
     for plot in (_plot_loss, _plot_validation, _plot_progressive, _plot_throughput, _plot_step_time, _plot_plan):

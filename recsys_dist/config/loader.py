@@ -24,6 +24,7 @@ from pydantic import ValidationError
 from recsys_dist.config.base import ConfigError
 from recsys_dist.config.run import RunConfig
 from recsys_dist.data.config import missing_data_files
+from recsys_dist.files import write_atomic
 from recsys_dist.models.registry import model_config_class
 
 # Config keys holding filesystem paths; resolved against the config file's directory.
@@ -285,5 +286,6 @@ def _switch_model(tree: dict, override: Any) -> dict:
 
 
 def save_config(cfg: RunConfig, path: str | os.PathLike) -> None:
-    """Write the resolved config (absolute paths, every default filled in) as YAML."""
-    Path(path).write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    """Write the resolved config (absolute paths, every default filled in) as YAML, atomically
+    (a symbolic link at ``path`` is replaced, never written through: ``recsys_dist.files``)."""
+    write_atomic(path, yaml.safe_dump(cfg.to_dict(), sort_keys=False))

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import secrets
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +17,7 @@ from recsys_dist.data import mapping as mp
 from recsys_dist.data.formats.criteo import TRANSFORM_VERSION
 from recsys_dist.data.resolve import feature_names, raw_format
 from recsys_dist.errors import DataError
+from recsys_dist.files import write_atomic
 from recsys_dist.versions import __version__, installed_versions
 
 PREPROCESSING_FILE = "preprocessing.json"
@@ -141,21 +140,17 @@ class Preprocessing:
 
     def save(self, out: Path) -> list[Path]:
         """Write ``out/preprocessing.json`` (and ``out/vocabulary.parquet``), each under a
-        temporary name renamed into place, the JSON last. Returns the paths written."""
+        temporary name renamed into place (``recsys_dist.files.write_atomic``), the JSON last.
+        Returns the paths written."""
         out = Path(out)
-        token = secrets.token_hex(4)
         written = []
         vocab = self.vocabulary
         if vocab is not None:
             target = out / VOCABULARY_FILE
-            if vocab.resolve() != target.resolve():
-                tmp = out / f".{VOCABULARY_FILE}.{token}.tmp"
-                tmp.write_bytes(vocab.read_bytes())
-                os.replace(tmp, target)
+            if target.is_symlink() or vocab.resolve() != target.resolve():
+                write_atomic(target, vocab.read_bytes())
             written.append(target)
-        tmp = out / f".{PREPROCESSING_FILE}.{token}.tmp"
-        tmp.write_text(json.dumps(self.record, indent=2) + "\n")
-        os.replace(tmp, out / PREPROCESSING_FILE)
+        write_atomic(out / PREPROCESSING_FILE, json.dumps(self.record, indent=2) + "\n")
         return [out / PREPROCESSING_FILE, *written]
 
     @classmethod

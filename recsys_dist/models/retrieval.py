@@ -48,6 +48,7 @@ from recsys_dist.data.mapping import MISSING_ID, OOV_ID, load_vocabularies
 from recsys_dist.data.resolve import feature_names, label_columns, loader_id_bounds
 from recsys_dist.data.spec import FeatureSpec
 from recsys_dist.errors import DataError
+from recsys_dist.files import write_atomic
 from recsys_dist.models.losses import get_loss
 
 DEFAULT_K = (10, 50)
@@ -407,20 +408,30 @@ def export_item_embeddings(cfg, model: nn.Module, conversion: Path, out: Path) -
     data = read_retrieval_data(cfg, paths, sizes)
     vectors = embed(model, "item_vectors", sparse, data.corpus, 4096, torch.device("cpu"))
     out.mkdir(parents=True, exist_ok=True)
-    np.save(out / ITEM_IDS_FILE, data.corpus.ids.astype(np.int64))
-    np.save(out / ITEM_EMBEDDINGS_FILE, vectors.numpy().astype(np.float32))
+    _save_npy(out / ITEM_IDS_FILE, data.corpus.ids.astype(np.int64))
+    _save_npy(out / ITEM_EMBEDDINGS_FILE, vectors.numpy().astype(np.float32))
     written = [out / ITEM_IDS_FILE, out / ITEM_EMBEDDINGS_FILE]
     vocab = Path(conversion) / "vocabulary.parquet"
     if cfg.data.categorical_mapping == "vocabulary" and vocab.is_file():
         (v,) = load_vocabularies(vocab, [cfg.model.item_id])
         key_of = np.zeros(v.size, dtype=np.uint64)  # by id; corpus ids are vocabulary ids (2 .. size - 1)
         key_of[v.ids] = v.keys
-        np.save(out / ITEM_KEYS_FILE, key_of[data.corpus.ids])
+        _save_npy(out / ITEM_KEYS_FILE, key_of[data.corpus.ids])
         written.append(out / ITEM_KEYS_FILE)
     return written
 
 
 # The hooks a retrieval model registers (``register_model(..., **RETRIEVAL_HOOKS)``).
+
+
+def _save_npy(path: Path, array: np.ndarray) -> None:
+    """``np.save`` through a file object (a path would gain ``.npy`` after the temporary name)."""
+
+    def write(tmp: Path) -> None:
+        with open(tmp, "wb") as f:
+            np.save(f, array)
+
+    write_atomic(path, write)
 
 
 def with_item_counts(spec: FeatureSpec, data: RetrievalData) -> FeatureSpec:

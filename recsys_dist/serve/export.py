@@ -43,6 +43,7 @@ from recsys_dist.data.loader import ParquetBatchLoader
 from recsys_dist.data.record import RECORD_VERSION
 from recsys_dist.data.resolve import feature_names, label_columns, loader_id_bounds, tasks
 from recsys_dist.errors import CheckpointError, DataError
+from recsys_dist.files import write_atomic
 from recsys_dist.models.build import build_model, table_sizes
 from recsys_dist.models.managed import managed_metrics
 from recsys_dist.models.registry import get_model
@@ -263,12 +264,13 @@ def write_export(m: LoadedModel, out: str | Path, format: str, source: str | Pat
         spec = serving_spec(m.cfg, table_sizes(m.cfg), m.preprocessing.record["written_by"])
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    save_file(published_state(m.model), str(out / MODEL_FILE))
+    state = published_state(m.model)
+    write_atomic(out / MODEL_FILE, lambda p: save_file(state, str(p)))
     _chmod_as_umask(out / MODEL_FILE)
     save_config(m.cfg, out / "config.yaml")
     written = [out / MODEL_FILE, out / "config.yaml", *m.preprocessing.save(out)]
     if mode != "none":
-        (out / QUANTIZATION_FILE).write_text(json.dumps({"quantize": mode}) + "\n")
+        write_atomic(out / QUANTIZATION_FILE, json.dumps({"quantize": mode}) + "\n")
         written.append(out / QUANTIZATION_FILE)
     extras = get_model(m.cfg.model.name).export_extras  # two_tower: the item embeddings, for an ANN index
     if extras is not None:

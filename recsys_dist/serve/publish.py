@@ -43,6 +43,7 @@ from safetensors.torch import load_file, save_file
 from recsys_dist.checkpoint.meta import is_complete, latest_checkpoint, read_meta
 from recsys_dist.data.record import file_sha256
 from recsys_dist.errors import CheckpointError
+from recsys_dist.files import fresh_dir, open_in_place, write_atomic
 from recsys_dist.serve.config import PublishConfig
 from recsys_dist.serve.export import LoadedModel, load, write_export
 from recsys_dist.serve.quantize import load_published_state, published_state, quantize_model, table_keys
@@ -68,12 +69,7 @@ def resolve_publish_dir(cfg: PublishConfig, run_dir: str | Path) -> Path:
 
 
 def _write_json_atomic(path: Path, obj: dict) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w") as f:
-        f.write(json.dumps(obj, indent=1) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(obj, indent=1) + "\n")  # a link at path is replaced, never written through
 
 
 def read_manifest(publish_dir: str | Path) -> dict:
@@ -323,7 +319,8 @@ def _lock(publish_dir: Path):
     Raises:
         CheckpointError: another process holds it (another run publishes into ``publish_dir``).
     """
-    f = open(publish_dir / ".lock", "a")  # noqa: SIM115 - held open for the publisher's life
+    fd = open_in_place(publish_dir / ".lock", os.O_WRONLY | os.O_APPEND | os.O_CREAT)  # never through a link
+    f = os.fdopen(fd, "a")  # noqa: SIM115 - held open for the publisher's life
     try:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -448,7 +445,7 @@ class Publisher:
         number = self._next
         name = version_dir(number)
         tmp = self.dir / f".tmp-{name}-{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
+        fresh_dir(tmp)  # new and empty: a link planted at this name is removed, never written through
         full = self._state is None or self._force_full or not _same_layout(self._state, state) or self._compact()
         info = {"format_version": FORMAT_VERSION, "version": number, "kind": "full" if full else "delta"}
         info.update(base=None if full else self.version, step=step, checkpoint=str(ckpt))
@@ -457,7 +454,6 @@ class Publisher:
             written = write_export(m, tmp, self.cfg.format, ckpt)
         else:
             tensors, rows = _delta(self._state, state, set(table_keys(m.model)))
-            tmp.mkdir(parents=True)
             save_file(tensors, str(tmp / DELTA_FILE))
             written, info["rows"] = [tmp / DELTA_FILE], rows
         info["files"] = {p.relative_to(tmp).as_posix(): file_sha256(p) for p in written}

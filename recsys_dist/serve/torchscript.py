@@ -40,6 +40,7 @@ from torch import nn
 from recsys_dist.data.loader import CTRBatch
 from recsys_dist.data.resolve import feature_names
 from recsys_dist.errors import ExportError  # noqa: F401 (raised here; defined in errors)
+from recsys_dist.files import write_atomic
 
 SERVING_FILE = "model.torchscript.pt"
 SERVING_JSON = "serving.json"
@@ -386,6 +387,6 @@ def serving_spec(cfg, sizes: list[int], versions: dict) -> dict:
 def save_artefact(artefact: torch.jit.ScriptModule, spec: dict, out: Path) -> list[Path]:
     """Write ``out/model.torchscript.pt`` and ``out/serving.json``."""
     out = Path(out)
-    artefact.save(str(out / SERVING_FILE))
-    (out / SERVING_JSON).write_text(json.dumps(spec, indent=2) + "\n")
+    write_atomic(out / SERVING_FILE, lambda p: artefact.save(str(p)))
+    write_atomic(out / SERVING_JSON, json.dumps(spec, indent=2) + "\n")
     return [out / SERVING_FILE, out / SERVING_JSON]

@@ -31,6 +31,7 @@ from recsys_dist.distributed.plan import World, run_plan
 from recsys_dist.distributed.plan_io import plan_summary
 from recsys_dist.distributed.sharders import OneRankDense, fix_replicated_sequence_tables, model_tables, sharders
 from recsys_dist.distributed.tables import init_tables
+from recsys_dist.files import write_atomic
 from recsys_dist.models.build import build_model
 from recsys_dist.train.early_stopping import BestTracker
 from recsys_dist.train.job import Job, resolve_job
@@ -259,8 +260,8 @@ def require_ranks(cfg: RunConfig) -> None:
 
 def write_plan(run_dir: Path, plan, spec: FeatureSpec, plan_text: str) -> None:
     """``plan.txt`` (TorchRec's plan as text) and ``plan.json`` (one row per table shard) of a run."""
-    (run_dir / "plan.txt").write_text(plan_text + "\n")
-    (run_dir / "plan.json").write_text(json.dumps(plan_summary(plan, spec.planned_tables()), indent=2))
+    write_atomic(run_dir / "plan.txt", plan_text + "\n")
+    write_atomic(run_dir / "plan.json", json.dumps(plan_summary(plan, spec.planned_tables()), indent=2))
 
 
 def best_tracker(cfg: RunConfig) -> BestTracker | None:

@@ -35,6 +35,7 @@ from recsys_dist.distributed.env import broadcast_result
 from recsys_dist.distributed.optim import init_lazy_state
 from recsys_dist.distributed.plan_io import plan_summary
 from recsys_dist.faults import maybe_fault
+from recsys_dist.files import write_atomic
 from recsys_dist.models.managed import managed_metrics
 from recsys_dist.train.evaluation import in_row_order
 from recsys_dist.train.pipelines import PIPELINES, TrainPipeline, make_pipeline
@@ -332,7 +333,7 @@ class TrainLoop:
         )
         summary.update(extra)
         if self._ctx.is_main:
-            (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+            write_atomic(self.run_dir / "summary.json", json.dumps(summary, indent=2))
         return summary
 
     def _diverged(self) -> None:

@@ -23,6 +23,7 @@ from pathlib import Path
 from recsys_dist.checkpoint.meta import latest_checkpoint
 from recsys_dist.errors import MetricsError  # noqa: F401 (raised here; defined in errors)
 from recsys_dist.faults import maybe_fault
+from recsys_dist.files import open_in_place, write_atomic
 
 log = logging.getLogger("recsys_dist")
 
@@ -99,17 +100,15 @@ class MetricsWriter:
             MetricsError: the file cannot be rewritten, or holds a damaged line that is not
                 the last one.
         """
-        if not self.enabled or not self.path.is_file():
+        if not self.enabled or not (self.path.is_file() or self.path.is_symlink()):
             return
-        keep = [r for r in read_metrics(self.path) if r["step"] <= step] if step > 0 else []
+        # A symbolic link here (even a dangling one) is replaced by a file of its own below.
+        keep = [r for r in read_metrics(self.path) if r["step"] <= step] if step > 0 and self.path.is_file() else []
         if stale is not None:  # lines of the checkpoint's own step that it does not account for
             keep = [r for r in keep if not (r["step"] == step and stale(r))]
-        tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")
         try:
-            tmp.write_text("".join(json.dumps(r) + "\n" for r in keep))
-            os.replace(tmp, self.path)
+            write_atomic(self.path, "".join(json.dumps(r) + "\n" for r in keep))
         except OSError as err:
-            tmp.unlink(missing_ok=True)
             raise MetricsError(self._cannot_write(err, step)) from None
         if keep or step == 0:
             dropped = "every line" if step == 0 else f"the lines after step {step}"
@@ -167,7 +166,7 @@ class MetricsWriter:
         first, which fails again on a full disk and leaves the torn line in the file."""
         data = line.encode()
         rank = 0 if self.enabled else -1
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+        fd = open_in_place(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
         try:
             size = os.fstat(fd).st_size
             try:

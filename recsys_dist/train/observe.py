@@ -34,6 +34,8 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
 
+from recsys_dist.files import write_atomic
+
 
 class StageTimer:
     """A TorchRec pipeline mixin: stages timed on one step in ``every_n`` (others untouched).
@@ -220,5 +222,6 @@ class TraceWriter:
         if self._prof is not None:
             self._prof.__exit__(None, None, None)
             self.out_dir.mkdir(parents=True, exist_ok=True)
-            self._prof.export_chrome_trace(str(self.out_dir / f"trace_rank{self.rank}.json"))
+            prof = self._prof
+            write_atomic(self.out_dir / f"trace_rank{self.rank}.json", lambda p: prof.export_chrome_trace(str(p)))
             self._prof = None

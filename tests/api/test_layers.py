@@ -3,7 +3,7 @@
 Layers, lowest first; a module imports only modules of its own layer or of lower ones, counting
 every import (function-level ones and ``if TYPE_CHECKING:`` ones too):
 
-    base       errors, faults, logs, versions, config.base
+    base       errors, faults, logs, versions, files, config.base
     sections   each component's config section (``<package>/config.py``): pydantic and base only
     data       data/
     models     models/
@@ -30,6 +30,7 @@ BASE = {
     "recsys_dist.faults",
     "recsys_dist.logs",
     "recsys_dist.versions",
+    "recsys_dist.files",
     "recsys_dist.config.base",
 }
 SECTIONS = {f"recsys_dist.{p}.config" for p in ("data", "models", "distributed", "train", "checkpoint", "serve")}

@@ -22,7 +22,8 @@ from recsys_dist.data.convert.manifest import (
 )
 from recsys_dist.data.formats.criteo import TRANSFORM_VERSION
 from recsys_dist.data.splits import Split
-from recsys_dist.errors import DataError
+from recsys_dist.errors import DataError, UnsafeFile
+from recsys_dist.files import open_in_place
 
 # Checked entries of this process and the processes it starts (a training run's ranks): the
 # entry's path and a signature of its files' stat (size, mtime, ctime, inode). See open_entry.
@@ -90,8 +91,10 @@ def entry_lock(out: Path, raws: list[Path]):
     lock_path = out.parent / f"{out.name}.lock"
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o666)
+        fd = open_in_place(lock_path, os.O_RDWR | os.O_CREAT)  # never through a planted link
     except OSError as err:
+        if isinstance(err, UnsafeFile):
+            raise DataError(str(err)) from None
         if (out / MANIFEST_FILE).is_file():
             yield
             return

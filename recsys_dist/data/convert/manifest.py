@@ -6,8 +6,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
-import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,6 +15,7 @@ from recsys_dist.data import mapping as mp
 from recsys_dist.data.convert.passes import SEPARATOR_CANDIDATES, Totals
 from recsys_dist.data.splits import SPLITS, Split
 from recsys_dist.errors import DataError
+from recsys_dist.files import write_atomic
 from recsys_dist.logs import StderrHandler
 
 VOCABULARY_FILE = "vocabulary.parquet"
@@ -267,8 +266,6 @@ def train_identity(directory: Path) -> dict | None:
 
 
 def write_manifest(out: Path, manifest: dict) -> None:
-    """Write ``manifest.json`` under a name of this process and rename it into place (a
-    reader sees the old manifest or the new one, never half of one)."""
-    tmp = out / f".{MANIFEST_FILE}.{os.getpid()}-{secrets.token_hex(4)}.tmp"
-    tmp.write_text(json.dumps(manifest, indent=2))
-    os.replace(tmp, out / MANIFEST_FILE)
+    """Write ``manifest.json`` under a temporary name and rename it into place (a reader sees
+    the old manifest or the new one, never half of one; ``recsys_dist.files.write_atomic``)."""
+    write_atomic(out / MANIFEST_FILE, json.dumps(manifest, indent=2))

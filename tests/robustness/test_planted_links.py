@@ -1,0 +1,197 @@
+"""Symbolic links planted where recsys_dist writes are never written through (issue 40, item 8).
+
+Every file a run, a publish or an export writes goes through ``recsys_dist.files``: whole files
+are written under a new name and renamed over the link (which replaces the link itself), files
+written in place (``.lock``, ``metrics.jsonl``) are opened with ``O_NOFOLLOW`` and a link, a
+hard link or a FIFO there is refused with a message naming the path and the fix. Before, each
+was opened through the link and its target truncated.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import stat
+
+import pytest
+import yaml
+
+import recsys_dist
+from recsys_dist.checkpoint.run_dir import lock_run_dir
+from recsys_dist.cli.report import report
+from recsys_dist.config.base import ConfigError
+from recsys_dist.data.convert.cache import entry_lock
+from recsys_dist.errors import DataError, UnsafeFile
+from recsys_dist.files import fresh_dir, open_in_place, write_atomic
+from recsys_dist.serve.config import PublishConfig
+from recsys_dist.serve.export import export
+from recsys_dist.serve.publish import Publisher, load_published
+from recsys_dist.serve.publishing import PublishCallback
+from tests.conftest import QUICKSTART
+
+VICTIM_TEXT = "the victim's data: never to be overwritten\n"
+
+
+@pytest.fixture
+def victim(tmp_path):
+    v = tmp_path / "outside" / "victim.txt"
+    v.parent.mkdir()
+    v.write_text(VICTIM_TEXT)
+    return v
+
+
+def _plant(path, victim):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.symlink_to(victim)
+
+
+def _plain(path):
+    return stat.S_ISREG(os.lstat(path).st_mode)
+
+
+def test_write_atomic_replaces_a_link_and_leaves_no_temporary_file(tmp_path, victim):
+    d = tmp_path / "d"
+    for name, target in (("link", victim), ("dangling", tmp_path / "nowhere" / "x")):
+        _plant(d / name, target)
+        write_atomic(d / name, "new\n")
+        assert _plain(d / name) and (d / name).read_text() == "new\n"  # rename(2) replaced the link itself
+    write_atomic(d / "bytes", b"\x00\x01")
+    _plant(d / "by_writer", victim)
+    write_atomic(d / "by_writer", lambda p: p.write_bytes(b"written by a path writer"))
+    assert (d / "by_writer").read_bytes() == b"written by a path writer" and _plain(d / "by_writer")
+    assert victim.read_text() == VICTIM_TEXT and not (tmp_path / "nowhere").exists()
+    # A writer that fails leaves the old file and no temporary one.
+    with pytest.raises(RuntimeError, match="boom"):
+        write_atomic(d / "bytes", lambda p: (p.write_bytes(b"half"), (_ for _ in ()).throw(RuntimeError("boom"))))
+    assert (d / "bytes").read_bytes() == b"\x00\x01"
+    assert sorted(p.name for p in d.iterdir()) == ["by_writer", "bytes", "dangling", "link"]
+    # The mode of a plain open: 0666 less the umask.
+    umask = os.umask(0)
+    os.umask(umask)
+    assert stat.S_IMODE(os.stat(d / "link").st_mode) == 0o666 & ~umask
+
+
+def test_open_in_place_refuses_links_hard_links_and_fifos(tmp_path, victim):
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT
+    _plant(tmp_path / "sym", victim)
+    with pytest.raises(UnsafeFile) as e:
+        open_in_place(tmp_path / "sym", flags)
+    message = str(e.value)
+    assert f"{tmp_path / 'sym'} is a symbolic link (to {victim})" in message and f"rm {tmp_path / 'sym'}" in message
+    assert isinstance(e.value, OSError) and e.value.filename == str(tmp_path / "sym")
+    os.link(victim, tmp_path / "hard")
+    with pytest.raises(UnsafeFile, match="hard is a file with 2 hard links"):
+        open_in_place(tmp_path / "hard", flags)
+    os.mkfifo(tmp_path / "fifo")
+    with pytest.raises(UnsafeFile, match="fifo is a FIFO"):  # refused, not blocked waiting for a reader
+        open_in_place(tmp_path / "fifo", flags)
+    assert victim.read_text() == VICTIM_TEXT
+    fd = open_in_place(tmp_path / "plain", flags)  # a new plain file: an ordinary blocking descriptor
+    try:
+        assert os.get_blocking(fd) and os.write(fd, b"x") == 1
+    finally:
+        os.close(fd)
+    # The error crosses ranks (broadcast_result pickles it) unchanged.
+    again = pickle.loads(pickle.dumps(e.value))
+    assert type(again) is UnsafeFile and str(again) == message
+
+
+def test_fresh_dir_removes_a_link_not_its_target(tmp_path, victim):
+    _plant(tmp_path / "step.tmp", victim.parent)
+    fresh_dir(tmp_path / "step.tmp")
+    assert (tmp_path / "step.tmp").is_dir() and not (tmp_path / "step.tmp").is_symlink()
+    assert sorted(p.name for p in victim.parent.iterdir()) == ["victim.txt"]
+
+
+def test_locks_refuse_a_planted_link_naming_it_and_the_fix(tmp_path, victim):
+    run = tmp_path / "run"
+    _plant(run / ".lock", victim)
+    with pytest.raises(
+        ConfigError, match=r"--run-dir .*run: .*run/\.lock is a symbolic link .*\(rm .*run/\.lock\) and run again"
+    ):
+        lock_run_dir(run)
+    publish = tmp_path / "publish"
+    _plant(publish / ".lock", victim)
+    with pytest.raises(UnsafeFile, match=r"publish/\.lock is a symbolic link"):
+        Publisher(publish, PublishConfig(enabled=True, every_n_steps=5), lock=True)
+    cache = tmp_path / "cache"
+    _plant(cache / "entry.lock", victim)
+    with pytest.raises(DataError, match=r"cache/entry\.lock is a symbolic link"), entry_lock(cache / "entry", []):
+        pass
+    assert victim.read_text() == VICTIM_TEXT
+    (run / ".lock").unlink()
+    with lock_run_dir(run):  # the link removed, the run takes its directory
+        assert _plain(run / ".lock")
+
+
+RUN_FILES = [
+    "config.yaml",
+    "plan.txt",
+    "plan.json",
+    "summary.json",
+    "metrics.jsonl",
+    "checkpoints/latest",
+    "checkpoints/best",
+    "checkpoints/latest.tmp",  # the name the marker was written under before its rename
+]
+EXPORT_FILES = ["model.safetensors", "config.yaml", "preprocessing.json"]
+
+
+def test_a_run_publish_export_and_report_write_no_planted_link_target(tmp_path, victim, monkeypatch):
+    monkeypatch.setenv("RECSYS_DIST_CACHE", str(tmp_path / "cache"))
+    run, out = tmp_path / "run", tmp_path / "export"
+    for name in RUN_FILES:
+        _plant(run / name, victim)
+    # The publish dir's manifest: a link to another (empty) manifest, which a publish read and then overwrote.
+    other = victim.parent / "manifest.json"
+    other.write_text(json.dumps({"format_version": 1, "latest": None, "versions": [], "dropped": []}))
+    before = other.read_text()
+    _plant(run / "publish" / "manifest.json", other)
+    for name in EXPORT_FILES:
+        _plant(out / name, victim)
+    for name in ["serving.json", "model.torchscript.pt"]:
+        _plant(tmp_path / "torchscript" / name, victim)
+    _plant(run / "loss.png", victim)
+    cfg = recsys_dist.load_config(
+        QUICKSTART,
+        [
+            "data.num_rows=300",
+            "distributed.nproc_per_node=1",
+            "checkpoint.every_n_steps=3",
+            "checkpoint.keep_best=true",
+            "eval.every_n_steps=3",
+            "publish.enabled=true",
+            "publish.every_n_steps=3",
+        ],
+    )
+    # resume auto: planted metrics.jsonl / checkpoints/ would otherwise read as a run already there
+    with recsys_dist.Trainer(cfg, run, resume="auto", callbacks=[PublishCallback(cfg.publish, run)]) as trainer:
+        summary = trainer.fit()
+    assert victim.read_text() == VICTIM_TEXT and other.read_text() == before
+    export(run, out)
+    export(run, tmp_path / "torchscript", format="torchscript")
+    report(run, plots=True)
+
+    assert victim.read_text() == VICTIM_TEXT and other.read_text() == before
+    for name in [*(n for n in RUN_FILES if not n.endswith(".tmp")), "publish/manifest.json"]:
+        assert _plain(run / name), f"{name} is still a link"
+    assert json.loads((run / "summary.json").read_text())["steps"] == summary["steps"] >= 6
+    assert yaml.safe_load((run / "config.yaml").read_text())["publish"]["every_n_steps"] == 3
+    assert json.loads((run / "plan.json").read_text()) and "\n" in (run / "plan.txt").read_text()
+    lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert {r["split"] for r in lines} >= {"train", "validation", "test"}
+    latest = (run / "checkpoints" / "latest").read_text().strip()
+    assert latest == f"step_{summary['steps']:08d}" and (run / "checkpoints" / latest / "meta.json").is_file()
+    assert (run / "checkpoints" / (run / "checkpoints" / "best").read_text().strip()).is_dir()
+    manifest = json.loads((run / "publish" / "manifest.json").read_text())
+    assert [v["kind"] for v in manifest["versions"]][:2] == ["full", "delta"]
+    assert load_published(run / "publish")[1] == manifest["latest"]
+    for name in EXPORT_FILES:
+        assert _plain(out / name), f"export {name} is still a link"
+    assert json.loads((tmp_path / "torchscript" / "serving.json").read_text())
+    assert _plain(tmp_path / "torchscript" / "model.torchscript.pt")
+    assert _plain(run / "loss.png") and (run / "loss.png").read_bytes()[:4] == b"\x89PNG"
+    # no temporary file left anywhere
+    leftovers = [p for p in tmp_path.rglob(".*.tmp") if "cache" not in p.parts]
+    assert not leftovers, leftovers
