@@ -19,6 +19,10 @@ from recsys_dist.data.coverage import KeySketch, expected_collided_share, hash_s
 from recsys_dist.data.formats.schema import SchemaFormat
 from recsys_dist.data.record import Preprocessing
 from recsys_dist.data.splits import Split
+from tests.cli import run_train
+from tests.conftest import ROOT
+
+MOVIELENS = ROOT / "configs" / "movielens_deepfm.yaml"
 
 # Training rows (t=0): item a x60, b x40, c x30, d x20, e x10 and 40 values seen once: 200
 # values, 45 distinct. A vocabulary of 4 rows keeps a and b (100 values): 50.0% out of it.
@@ -262,3 +266,46 @@ def test_a_conversion_from_before_coverage_reads_as_unknown(tmp_path, capsys, mo
     assert "written by an older recsys_dist" in err
     code, out, _ = main(["plan", "--config", config, "--world-size", "1"], capsys)
     assert code == 0 and out.splitlines()[-2].split() == ["item", "4", "?", "45", "50.0%", "!", "?", "?"]
+
+
+@pytest.mark.slow
+def test_train_prints_the_coverage_once_and_pins_it_with_the_checkpoint(tmp_path):
+    """`train` on a MovieLens template with movieId capped at 1,000 rows: the warning once (not
+    per rank), and the checkpoint's preprocessing.json carries the numbers."""
+    run_dir = tmp_path / "run"
+    r = run_train(
+        MOVIELENS,
+        run_dir,
+        "distributed.nproc_per_node=2",
+        "train.progress_bar=false",
+        "checkpoint.enabled=true",
+        "train.max_steps=4",
+        "data.num_embeddings=[200, 1000, 30]",
+        tmp=tmp_path,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    # 4,233 distinct movies in the 15,961 training rows; the 998 most frequent hold 66.1% of them.
+    assert r.stderr.count("more than 1% of the training values are out of vocabulary") == 1
+    assert (
+        "in 1 of 3 tables, more than 1% of the training values are out of vocabulary and share its row 1, so the "
+        "model cannot tell them apart: movieId 33.9% (33.9% left out by num_embeddings; 998 of 4,233 distinct values "
+        "kept; in vocabulary: 95% at 3,437 rows, 99% at 4,076 rows)" in r.stderr
+    )
+    record = json.loads(next(run_dir.glob("checkpoints/step_*/preprocessing.json")).read_text())
+    movie = record["categorical_mapping"]["coverage"]["movieId"]
+    assert movie["suggested_num_embeddings"] == {"95%": 3437, "99%": 4076} and movie["train_values"] == 15961
+
+
+def test_hash_coverage_of_splits_cut_again_is_marked_inexact(tmp_path, cache_dir):
+    """on_bad_row: skip with a position split under hash: the splits are cut again after the keys
+    were counted, so the counted rows are not exactly the training split's: `exact` says so."""
+    raw = write_raw(tmp_path)
+    lines = raw.read_text().splitlines(True)
+    raw.write_text("".join(lines[:50] + ["1,x\n"] + lines[50:]))  # a short line, skipped
+    fmt = SchemaFormat(SCHEMA)
+    p = prepare(fmt, raw, 100, split=(0.8, 0.1, 0.1), on_bad_row="skip")
+    m = json.loads((p.directory / "manifest.json").read_text())
+    assert m["rows_skipped"] == 1 and m["categorical_mapping"]["coverage"]["item"]["exact"] is False
+    (tmp_path / "clean").mkdir()  # no bad row: nothing cut again, exact
+    clean = prepare(fmt, write_raw(tmp_path / "clean"), 100, split=(0.8, 0.1, 0.1), on_bad_row="skip")
+    assert coverage(clean)["item"]["exact"] is True
