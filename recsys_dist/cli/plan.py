@@ -51,6 +51,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             "cost_ms": report.cost_ms,
             "imbalance": report.imbalance,
             "ledger": report.ledger.to_dict() if report.ledger else None,
+            "coverage": report.coverage,
         }
         print(json.dumps(plan, indent=2))
     else:

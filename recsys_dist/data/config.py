@@ -380,7 +380,10 @@ class DataConfig(_Section):
         100_000,
         description="Rows per categorical table (one int for all, or one per feature of data.format). "
         "Row 0 is reserved for a missing value. hash: a present value maps to 1 + (key mod "
-        "(num_embeddings - 1)); vocabulary: the largest table allowed (the most frequent values are kept).",
+        "(num_embeddings - 1)); vocabulary: the largest table allowed (the most frequent values are kept). "
+        "The conversion counts the share of training values each table gives a row of their own, warns "
+        "about a table that leaves out more than 1% (vocabulary) or shares rows for more than 50% (hash), "
+        "and suggests the size for 95% / 99% (docs/data.md, Coverage of the tables; recsys-dist plan).",
     )
     remainder: Literal["pad", "drop"] = Field(
         "pad",

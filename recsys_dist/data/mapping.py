@@ -103,6 +103,10 @@ class Vocabulary:
     def __init__(self, keys: np.ndarray, ids: np.ndarray, counts: np.ndarray) -> None:
         order = np.argsort(keys, kind="stable")
         self.keys, self.ids, self.counts = keys[order], ids[order], counts[order]
+        # Set by VocabularyCounter.build: the training keys left out (sorted) with their counts,
+        # and min_count, to tell why a value is out of vocabulary (oov_causes). Not saved.
+        self.dropped: tuple[np.ndarray, np.ndarray] | None = None
+        self.min_count = 1
 
     @classmethod
     def empty(cls) -> Vocabulary:
@@ -121,10 +125,25 @@ class Vocabulary:
         pos = np.minimum(np.searchsorted(self.keys, keys), len(self.keys) - 1)
         return np.where(self.keys[pos] == keys, self.ids[pos], OOV_ID).astype(np.int64)
 
+    def oov_causes(self, keys: np.ndarray) -> tuple[int, int]:
+        """Of out-of-vocabulary ``keys`` (uint64 [N]), how many were seen in the training split
+        (``min_count`` times or more: left out by the size cap; fewer: by ``min_count``); the
+        rest were never seen there. (0, 0) without :attr:`dropped` (a loaded vocabulary)."""
+        if self.dropped is None or not len(keys) or not len(self.dropped[0]):
+            return 0, 0
+        dk, dc = self.dropped
+        pos = np.minimum(np.searchsorted(dk, keys), len(dk) - 1)
+        count = np.where(dk[pos] == keys, dc[pos], 0)
+        return int(np.count_nonzero(count >= self.min_count)), int(
+            np.count_nonzero((count > 0) & (count < self.min_count))
+        )
+
 
 class VocabularyCounter:
     """Counts keys of one feature over the training rows, in memory bounded by the number
-    of distinct keys: 16 bytes (key, count) each, plus at most as much again pending a merge."""
+    of distinct keys: 16 bytes (key, count) each, plus at most as much again pending a merge.
+    The vocabulary it builds holds the keys it leaves out with their counts (16 bytes each,
+    while the conversion writes: see :meth:`Vocabulary.oov_causes`)."""
 
     def __init__(self) -> None:
         self.keys = np.zeros(0, np.uint64)
@@ -161,7 +180,11 @@ class VocabularyCounter:
         keep = self.counts >= min_count
         keys, counts = self.keys[keep], self.counts[keep]
         order = np.lexsort((keys, -counts))[: max(max_size - 2, 0)]
-        return Vocabulary(keys[order], np.arange(2, 2 + len(order), dtype=np.int64), counts[order])
+        vocab = Vocabulary(keys[order], np.arange(2, 2 + len(order), dtype=np.int64), counts[order])
+        left_out = np.ones(len(self.keys), bool)  # self.keys are sorted (np.unique)
+        left_out[np.flatnonzero(keep)[order]] = False
+        vocab.dropped, vocab.min_count = (self.keys[left_out], self.counts[left_out]), min_count
+        return vocab
 
 
 def save_vocabularies(path: Path, names: list[str], vocabs: list[Vocabulary]) -> None:

@@ -14,6 +14,7 @@ import numpy as np
 import pyarrow as pa
 
 from recsys_dist.data import mapping as mp
+from recsys_dist.data.convert.manifest import table_coverage
 from recsys_dist.data.formats.criteo import TRANSFORM_VERSION
 from recsys_dist.data.resolve import feature_names, raw_format
 from recsys_dist.errors import DataError
@@ -116,6 +117,10 @@ class Preprocessing:
                 file=VOCABULARY_FILE,
                 digest=vocabulary_digest(Path(conversion) / VOCABULARY_FILE, sparse),
             )
+        if manifest is not None and kind != "managed":
+            # How many training values each table gives a row of its own, as the conversion
+            # counted it (recsys_dist.data.coverage): None where not counted (e.g. a stream).
+            mapping["coverage"] = table_coverage(manifest)
         record = {
             "record_version": RECORD_VERSION,
             "format": d.format,

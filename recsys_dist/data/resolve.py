@@ -7,6 +7,7 @@ Functions taking ``cfg`` accept a ``data`` section or anything with one as ``.da
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 # The format modules register themselves in FORMATS when imported.
@@ -14,10 +15,11 @@ import recsys_dist.data.formats.avazu  # noqa: F401
 import recsys_dist.data.formats.criteo  # noqa: F401
 import recsys_dist.data.formats.schema  # noqa: F401
 from recsys_dist.data.config import DataConfig
-from recsys_dist.data.convert import prepare
-from recsys_dist.data.convert.manifest import PreparedData
+from recsys_dist.data.convert import entry_path, prepare
+from recsys_dist.data.convert.manifest import MANIFEST_FILE, PreparedData
 from recsys_dist.data.formats.base import FORMATS, RawFormat
 from recsys_dist.data.mapping import MANAGED_ID_SPACE
+from recsys_dist.errors import DataError
 
 
 def raw_format(name: str, schema=None, short_lines: str = "error") -> RawFormat:
@@ -89,6 +91,38 @@ def prepare_from_config(cfg: DataConfig | Any, progress: bool = False) -> Prepar
         row_group_size=d.row_group_size,
         managed=managed_mask(d),
     )
+
+
+def cached_conversion(cfg: DataConfig | Any) -> tuple[Path | None, str]:
+    """(the conversion-cache entry :func:`prepare_from_config` would reuse, or None; why None).
+    Nothing is converted or read besides the raw files' sizes and times.
+
+    An entry is None when ``data.raw_path`` is not set or names a missing file, ``data.stream``
+    is set (partitions are converted as they land), or the data is not converted yet."""
+    d = getattr(cfg, "data", cfg)
+    if d.stream is not None:
+        return None, "data.stream: each partition is converted as it lands"
+    if d.raw_path is None:
+        return None, "data.raw_path is not set"
+    try:
+        out = entry_path(
+            _format_of(d),
+            d.raw_path,
+            d.num_embeddings,
+            d.split,
+            d.num_rows,
+            d.cache_dir,
+            d.row_group_size,
+            d.on_bad_row,
+            d.categorical_mapping,
+            d.min_count,
+            managed_mask(d),
+        )
+    except (DataError, ValueError) as err:
+        return None, str(err)
+    if not (out / MANIFEST_FILE).is_file():
+        return None, f"the data is not converted yet (recsys-dist preprocess converts it into {out})"
+    return out, ""
 
 
 def managed_mask(cfg: DataConfig | Any) -> list[bool]:

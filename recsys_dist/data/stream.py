@@ -70,4 +70,5 @@ def convert_partition(d: DataConfig, name: str, cache_dir: str | Path) -> Prepar
         row_group_size=d.row_group_size,
         managed=managed_mask(d),
         warn_one_class=False,  # a small partition of one class is normal in a stream
+        coverage=False,  # a partition's tables are the run's: one partition says little about them
     )

@@ -7,6 +7,7 @@ for the given topology and prints the plan, per-rank memory and the planner's co
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 
@@ -16,6 +17,9 @@ from torchrec.distributed.types import ShardingPlan
 
 from recsys_dist.config.base import ConfigError
 from recsys_dist.config.run import RunConfig
+from recsys_dist.data.convert.manifest import MANIFEST_FILE, table_coverage
+from recsys_dist.data.coverage import WARN_ABOVE, coverage_lines
+from recsys_dist.data.resolve import cached_conversion
 from recsys_dist.distributed import ledger as ledgers
 from recsys_dist.distributed.optim import fuse_embedding_optimizer
 from recsys_dist.distributed.plan import ChosenOptions, World, make_topology, run_plan
@@ -49,6 +53,8 @@ class PlanReport:
     cost_ms: list[float] = field(default_factory=list)
     ledger: ledgers.Ledger | None = None
     plan: ShardingPlan | None = None  # the plan described (what the Trainer's path gives on such a world)
+    # How many training values each table gives a row of its own (plan_coverage), when converted.
+    coverage: dict | None = None
 
     @property
     def imbalance(self) -> float:
@@ -76,7 +82,45 @@ class PlanReport:
                 self.ledger.text(),
                 f"(ids per example assumed: {', '.join(f'{p:g}' for p in pool)}; see recsys_dist/distributed/ledger.py)",
             ]
+        if self.coverage is not None:
+            lines += ["", *_coverage_text(self.coverage)]
         return "\n".join(lines)
+
+
+def plan_coverage(cfg: RunConfig) -> dict:
+    """The plan's ``coverage``: ``conversion`` (the cache entry of the config's training data, or
+    None), ``kind`` (``data.categorical_mapping``), ``tables`` (per table, as the conversion
+    counted it: ``recsys_dist.data.coverage``; None when not known) and ``why`` (not known)."""
+    d = cfg.data
+    out = {"conversion": None, "kind": d.categorical_mapping, "tables": None, "why": ""}
+    if d.categorical_mapping == "managed":
+        out["why"] = "data.categorical_mapping: managed (the managed-collision module gives ids rows while training)"
+        return out
+    entry, out["why"] = cached_conversion(d)
+    if entry is not None:
+        out["conversion"] = str(entry)
+        try:
+            manifest = json.loads((entry / MANIFEST_FILE).read_text())
+        except (OSError, ValueError) as err:
+            out["why"] = f"{entry / MANIFEST_FILE} is unreadable ({err})"
+            return out
+        out["tables"] = table_coverage(manifest) if isinstance(manifest, dict) else None
+        if out["tables"] is None:
+            out["why"] = f"the conversion in {entry} was written before coverage was counted (delete it to count)"
+    return out
+
+
+def _coverage_text(c: dict) -> list[str]:
+    head = "training values with a table row of their own"
+    if c["tables"] is None:
+        return [f"{head}: not known: {c['why']}"]
+    notes = [
+        f"{head} (from {c['conversion']}; ! = more than {WARN_ABOVE[c['kind']]:.0%} without one):",
+        *coverage_lines(c["kind"], c["tables"]),
+    ]
+    if c["kind"] == "hash":
+        notes.append("(hash: ~ = expected under uniform hashing, docs/data.md)")
+    return notes
 
 
 def _ranges(ranks: list[int]) -> str:
@@ -150,6 +194,7 @@ def dry_run(
     report = PlanReport(
         world_size, local_world_size, device, placements, list(zeros), list(zeros), list(zeros), ledger, plan
     )
+    report.coverage = plan_coverage(cfg)
     if cfg.sharding.fixed_plan is not None:  # no planner: the weights each rank holds
         memory = report.hbm_gb if device == "cuda" else report.ddr_gb
         for row in summary:

@@ -264,6 +264,7 @@ def prepare_for_scoring(cfg, data, vocabulary: Path | None = None, fmt=None):
         vocabulary=vocabulary if d.categorical_mapping == "vocabulary" else None,
         warn_one_class=False,  # scoring: one class is no problem
         managed=managed_mask(d),
+        coverage=False,  # the tables' coverage is the training data's (preprocessing.json)
     )
 
 

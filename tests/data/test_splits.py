@@ -130,6 +130,9 @@ def test_several_training_files_convert_in_worker_processes(tmp_path, cache_dir,
     for name, v in m2["dense_stats_train"].items():
         assert m1["dense_stats_train"][name] == pytest.approx(v, rel=1e-9)
     assert m1["num_embeddings"] == m2["num_embeddings"]
+    # The workers' counts of the training values merge into those of one conversion (issue 40 item 9).
+    assert m1["categorical_mapping"]["coverage"] == m2["categorical_mapping"]["coverage"]
+    assert m2["categorical_mapping"]["coverage"]["C3"]["train_values"] > 0
     assert many.paths("train") == [str(p) for p in many.files["train"]]
 
     bad = lines[1500:2500]

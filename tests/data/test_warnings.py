@@ -75,7 +75,11 @@ def test_out_of_vocabulary_rates_in_the_manifest_and_a_warning(tmp_path, cache_d
     assert rates["validation"]["C1"] == 1.0 and rates["validation"]["C2"] == 0.0
     assert rates["test"]["C1"] is None  # the one test value of C1 is missing, not out of vocabulary
     assert rates["train"]["C1"] == 0.0
-    assert "in the validation split, most values of C1 100% are out of vocabulary" in err
+    assert (
+        "in the validation split, most values of C1 100% (100% never in the training split) are out of vocabulary"
+        in err
+    )
+    assert "Check that data.split" in err and "num_embeddings" not in err  # the cap left nothing out
     assert "C2" not in err and "in the test split" not in err
     new_process()
     prepare_criteo(raw, 1000, split=(0.8, 0.1, 0.1), mapping="vocabulary")

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import os
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -62,6 +62,7 @@ from recsys_dist.data.convert.passes import (
     rows_skipped,
 )
 from recsys_dist.data.convert.writer import SplitWriter, flat_paths, recut_splits
+from recsys_dist.data.coverage import hash_coverage, vocabulary_coverage
 from recsys_dist.data.formats.base import RawFormat
 from recsys_dist.data.formats.criteo import CRITEO
 from recsys_dist.data.splits import SPLITS, Split
@@ -83,6 +84,7 @@ def prepare(
     vocabulary: str | os.PathLike | None = None,
     warn_one_class: bool = True,
     managed: list[bool] | None = None,
+    coverage: bool = True,
 ) -> PreparedData:
     """Convert raw data of format ``fmt`` to train/validation/test Parquet once, then reuse it.
 
@@ -100,6 +102,8 @@ def prepare(
         warn_one_class: log a warning when every training row has the same label (e.g. a
             ``label_threshold`` applied to a column that is already 0/1); not an error, since a
             tiny dataset may be one class.
+        coverage: count the share of training values each table gives a row of their own and
+            warn (``recsys_dist.data.coverage``); False for stream partitions and scoring.
 
     The output directory is keyed by the raw file(s) (path, size, mtime) and every argument
     that changes the output, so changing any of them converts again. ``on_bad_row="skip"``
@@ -122,32 +126,54 @@ def prepare(
     """
     split, raws, sources = _check_sources(raw_path, split)
     sizes, managed, vocab_path = _check_options(fmt, num_embeddings, on_bad_row, mapping, managed, vocabulary)
-    prefix = "criteo" if fmt.name == "criteo_tsv" else fmt.name
-    key = cache_key(
-        raws, sizes, num_rows, split, on_bad_row, fmt, mapping, min_count, vocab_path, row_group_size, managed
+    conversion = _Conversion(
+        fmt,
+        raws,
+        sources,
+        cache_dir,
+        sizes,
+        split,
+        num_rows,
+        on_bad_row,
+        mapping,
+        min_count,
+        vocab_path,
+        row_group_size,
+        progress,
+        warn_one_class,
+        managed,
+        coverage,
     )
-    out = (Path(cache_dir) if cache_dir else default_cache_dir()) / f"{prefix}-{key}"
-    with entry_lock(out, raws):
-        m = open_entry(out, raws[0], warn_one_class)
+    with entry_lock(conversion.out, raws):
+        m = open_entry(conversion.out, raws[0], warn_one_class)
         if m is None:
-            m = _Conversion(
-                fmt,
-                raws,
-                sources,
-                out,
-                sizes,
-                split,
-                num_rows,
-                on_bad_row,
-                mapping,
-                min_count,
-                vocab_path,
-                row_group_size,
-                progress,
-                warn_one_class,
-                managed,
-            ).build()
-    return manifest_result(out, m)
+            m = conversion.build()
+    return manifest_result(conversion.out, m)
+
+
+def entry_path(
+    fmt,
+    raw_path: str | os.PathLike | list,
+    num_embeddings: int | list[int],
+    split=(0.8, 0.1, 0.1),
+    num_rows: int | None = None,
+    cache_dir: str | os.PathLike | None = None,
+    row_group_size: int = 65536,
+    on_bad_row: str = "error",
+    mapping: str = "hash",
+    min_count: int = 1,
+    managed: list[bool] | None = None,
+) -> Path:
+    """The cache entry :func:`prepare` with these arguments uses (its directory, which holds
+    ``manifest.json`` once converted); reads nothing but the raw files' size and mtime.
+
+    Raises:
+        DataError, ValueError: as :func:`prepare` for a missing raw file or a bad option.
+    """
+    split, raws, sources = _check_sources(raw_path, split)
+    sizes, managed, _ = _check_options(fmt, num_embeddings, on_bad_row, mapping, managed, None)
+    args = (num_rows, on_bad_row, mapping, min_count, None, row_group_size, False, True, managed)
+    return _Conversion(fmt, raws, sources, cache_dir, sizes, split, *args).out
 
 
 def _check_options(fmt, num_embeddings, on_bad_row: str, mapping: str, managed, vocabulary):
@@ -204,13 +230,14 @@ def _check_sources(raw_path, split) -> tuple[Split, list[Path], list]:
 
 @dataclass
 class _Conversion:
-    """One conversion into the cache entry ``out`` (its lock held); see :func:`prepare` for the
-    fields. ``sizes`` become the vocabulary sizes under vocabulary mapping."""
+    """One conversion into the cache entry ``out`` (named by the raw files and the settings, in
+    ``cache_dir``; its lock held while converting); see :func:`prepare` for the fields. ``sizes``
+    become the vocabulary sizes under vocabulary mapping."""
 
     fmt: RawFormat
     raws: list[Path]
     sources: list
-    out: Path
+    cache_dir: str | os.PathLike | None
     sizes: list[int]
     split: Split
     num_rows: int | None
@@ -222,6 +249,25 @@ class _Conversion:
     progress: bool
     warn_one_class: bool
     managed: list[bool]
+    coverage: bool = True
+    out: Path = field(init=False)
+
+    def __post_init__(self) -> None:
+        prefix = "criteo" if self.fmt.name == "criteo_tsv" else self.fmt.name
+        key = cache_key(
+            self.raws,
+            self.sizes,
+            self.num_rows,
+            self.split,
+            self.on_bad_row,
+            self.fmt,
+            self.mapping,
+            self.min_count,
+            self.vocab_path,
+            self.row_group_size,
+            self.managed,
+        )
+        self.out = (Path(self.cache_dir) if self.cache_dir else default_cache_dir()) / f"{prefix}-{key}"
 
     def build(self) -> dict:
         """Convert; returns the manifest, written last."""
@@ -233,9 +279,9 @@ class _Conversion:
         for stale in self.out.glob(".*.tmp"):  # left by a conversion that was killed (the lock is ours now)
             stale.unlink(missing_ok=True)
         token = f"{os.getpid()}-{secrets.token_hex(4)}"  # this process's temporary file names
-        vocabs, distinct = self._vocabularies(readers, bounds, skipped)
+        vocabs, distinct, coverage = self._vocabularies(readers, bounds, skipped)
         schema = fmt.output_schema()
-        transform = Transform(fmt, self.sizes, vocabs, schema, self.managed)
+        transform = Transform(fmt, self.sizes, vocabs, schema, self.managed, self.coverage)
         totals, rows, files, tmp, skipped_count, examples = self._write(readers, transform, schema, token, skipped)
         stats, train_labels = totals.stats, totals.labels
         if totals.seen == 0:
@@ -255,6 +301,7 @@ class _Conversion:
             try:
                 rows, recut = recut_splits(tmp, schema, bounds, self.row_group_size, Totals.of(transform))
                 stats, train_labels, totals.ids = recut.stats, recut.labels, recut.ids
+                totals.recut = True  # the key counts (sketches, causes) were of the splits first cut
             except BaseException:
                 for t in tmp.values():
                     t.unlink(missing_ok=True)
@@ -263,7 +310,7 @@ class _Conversion:
             for t, name in zip(tmp[s] if isinstance(tmp[s], list) else [tmp[s]], files[s]):
                 os.replace(t, self.out / name)
         written = (rows, files, stats, train_labels, skipped_count, examples)
-        return self._finish(schema, bounds, vocabs, distinct, totals, written, token)
+        return self._finish(schema, bounds, vocabs, (distinct, coverage), totals, written, token)
 
     def _bounds(self, skipped: list | None) -> np.ndarray | None:
         """Row bounds of a position split (None for the other kinds); reads the file once."""
@@ -283,12 +330,13 @@ class _Conversion:
             total = sum(batch.num_rows for batch, _ in counter.batches())
         return position_bounds(self.split.fractions, total)
 
-    def _vocabularies(self, readers: list[Reader], bounds, skipped: list | None) -> tuple[list | None, list | None]:
-        """(vocabulary per feature or None, distinct training values per feature or None);
-        under vocabulary mapping ``sizes`` become the vocabulary sizes."""
+    def _vocabularies(self, readers: list[Reader], bounds, skipped: list | None) -> tuple:
+        """(vocabulary per feature or None, distinct training values per feature or None, the
+        coverage of each feature's table (``coverage.vocabulary_coverage``) or None); under
+        vocabulary mapping ``sizes`` become the vocabulary sizes."""
         if self.mapping != "vocabulary":
-            return None, None
-        distinct = None
+            return None, None, None
+        distinct = coverage = None
         if self.vocab_path is not None:
             vocabs = mp.load_vocabularies(self.vocab_path, list(self.fmt.sparse_names))
         else:
@@ -312,10 +360,14 @@ class _Conversion:
             vocabs = [
                 mp.Vocabulary.empty() if c is None else c.build(self.min_count, n) for c, n in zip(counters, self.sizes)
             ]
+            coverage = [
+                None if c is None else vocabulary_coverage(c.counts, v.counts, self.min_count)
+                for c, v in zip(counters, vocabs)
+            ]
             del counters
         # a managed feature keeps its configured rows (the managed module's zch_size)
         self.sizes = [n if m else v.size for v, n, m in zip(vocabs, self.sizes, self.managed)]
-        return vocabs, distinct
+        return vocabs, distinct, coverage
 
     def _write(self, readers: list[Reader], transform: Transform, schema, token: str, skipped: list | None):
         """Convert every row into temporary split files: (totals, rows per split, file names per
@@ -345,9 +397,11 @@ class _Conversion:
         examples = [{"line": ln, "reason": why} for ln, why in (skipped or [])[:20]]
         return totals, rows, files, tmp, rows_skipped(skipped or [], readers), examples
 
-    def _finish(self, schema, bounds, vocabs, distinct, totals: Totals, written: tuple, token: str) -> dict:
-        """Save the vocabulary, then write the manifest (last); returns it."""
+    def _finish(self, schema, bounds, vocabs, counted: tuple, totals: Totals, written: tuple, token: str) -> dict:
+        """Save the vocabulary, then write the manifest (last); returns it. ``counted``: the
+        counting pass's (distinct values, coverage) per feature, or Nones."""
         fmt, raw, out, sizes = self.fmt, self.raws[0], self.out, self.sizes
+        distinct, coverage = counted
         rows, files, stats, train_labels, skipped_count, examples = written
         sparse_names = list(fmt.sparse_names)
         transforms = dict(fmt.transforms)
@@ -369,10 +423,15 @@ class _Conversion:
                 ids=totals.ids,
             )
         mapping_info = describe_mapping(self.mapping, self.managed, sparse_names, vocabulary, transforms)
+        tables = self._coverage(coverage, totals)
+        if tables is not None:
+            mapping_info["coverage"] = tables
         split_info = self.split.describe()
         if bounds is not None:
             split_info["row_bounds"] = bounds.tolist()
-        warnings = conversion_warnings(fmt, raw, self.split, rows, train_labels, totals, mapping_info, self.vocab_path)
+        warnings = conversion_warnings(
+            fmt, raw, self.split, rows, train_labels, totals, mapping_info, self.vocab_path, self.coverage
+        )
         manifest = {
             "cache_format": CACHE_FORMAT,
             "source": str(raw.resolve()) if len(self.raws) == 1 else [str(r.resolve()) for r in self.raws],
@@ -401,6 +460,21 @@ class _Conversion:
         mark_checked(out, entry_signature(out, entry_files(manifest)))
         emit_warnings(manifest, self.warn_one_class)
         return manifest
+
+    def _coverage(self, counted: list | None, totals: Totals) -> dict | None:
+        """The manifest's ``categorical_mapping.coverage``: per feature with a table of its own
+        (not managed), how many training values it gives a row (``recsys_dist.data.coverage``);
+        None when not counted (a given vocabulary, ``coverage`` off, managed mapping)."""
+        names = list(self.fmt.sparse_names)
+        if counted is not None:
+            return {n: c for n, c in zip(names, counted) if c is not None}
+        if not totals.sketches:
+            return None
+        return {
+            n: hash_coverage(sk, size, exact_rows=not totals.recut)
+            for n, sk, size in zip(names, totals.sketches, self.sizes)
+            if sk is not None
+        }
 
 
 def prepare_criteo(

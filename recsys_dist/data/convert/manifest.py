@@ -13,6 +13,7 @@ import numpy as np
 
 from recsys_dist.data import mapping as mp
 from recsys_dist.data.convert.passes import SEPARATOR_CANDIDATES, Totals
+from recsys_dist.data.coverage import coverage_warning
 from recsys_dist.data.splits import SPLITS, Split
 from recsys_dist.errors import DataError
 from recsys_dist.files import write_atomic
@@ -130,10 +131,19 @@ def dense_stats(dense_names: list[str], stats: np.ndarray, missing: np.ndarray, 
 
 
 def conversion_warnings(
-    fmt, raw: Path, split: Split, rows: dict, train_labels, totals: Totals, mapping_info: dict, vocab_path
+    fmt,
+    raw: Path,
+    split: Split,
+    rows: dict,
+    train_labels,
+    totals: Totals,
+    mapping_info: dict,
+    vocab_path,
+    coverage: bool = True,
 ) -> list[dict]:
     """What a conversion warns about, as ``{"kind", "message"}`` entries: stored in the
-    manifest, so a cached conversion that is reused repeats them (:func:`emit_warnings`)."""
+    manifest, so a cached conversion that is reused repeats them (:func:`emit_warnings`).
+    ``coverage``: warn about tables that give too few training values a row of their own."""
     out = []
     if train_labels[0] and train_labels[1] in (0, train_labels[0]):
         out.append(
@@ -160,24 +170,53 @@ def conversion_warnings(
                 f"{rows['validation']}, test 0 rows), so no test metrics will be reported: {hint}",
             }
         )
-    rates = mapping_info.get("oov_rate")
-    if rates and vocab_path is None:
-        for s in ("validation", "test"):
-            high = {n: r for n, r in rates[s].items() if r is not None and r > OOV_WARN_RATE}
-            if high:
-                listed = ", ".join(f"{n} {r:.0%}" for n, r in high.items())
-                out.append(
-                    {
-                        "kind": "oov_rate",
-                        "message": f"{raw}: in the {s} split, most values of {listed} are out of "
-                        f"vocabulary (not seen >= {mapping_info['min_count']} times in the training split): "
-                        f"they all share the out-of-vocabulary id {mp.OOV_ID}, so the model cannot tell them "
-                        "apart. Check that data.split leaves such values in the training rows, lower "
-                        "data.min_count, or use data.categorical_mapping: hash (rates per feature: "
-                        "categorical_mapping.oov_rate in manifest.json)",
-                    }
-                )
+    tables = mapping_info.get("coverage")
+    if coverage and tables:
+        message = coverage_warning(raw, mapping_info["kind"], tables, mapping_info.get("min_count"))
+        if message is not None:
+            out.append({"kind": "coverage", "message": message})
+    if mapping_info.get("oov_rate") and vocab_path is None:
+        out += _oov_warnings(raw, mapping_info, totals, list(fmt.sparse_names))
     out += _separator_warnings(raw, totals)
+    return out
+
+
+def _oov_warnings(raw: Path, mapping_info: dict, totals: Totals, names: list[str]) -> list[dict]:
+    """Validation / test splits where most of a feature's values are out of vocabulary, with
+    why: never seen in the training split (the split keeps them out), seen there but left out
+    by the size cap (``data.num_embeddings``), or seen fewer than ``data.min_count`` times."""
+    out = []
+    rates, min_count = mapping_info["oov_rate"], mapping_info["min_count"]
+    index = {n: j for j, n in enumerate(names)}
+    for k, s in enumerate(SPLITS[1:], start=1):
+        high = {n: r for n, r in rates[s].items() if r is not None and r > OOV_WARN_RATE}
+        if not high:
+            continue
+        causes, parts = set(), []
+        for n, r in high.items():
+            present = totals.ids[k, 0, index[n]]
+            cut, rare = (totals.causes[k, c, index[n]] / present for c in (0, 1))
+            unseen = max(r - cut - rare, 0.0)
+            why = [(unseen, "never in the training split", "split"), (cut, "left out by the size cap", "cap")]
+            why.append((rare, f"seen fewer than min_count {min_count} times", "min_count"))
+            shown = [f"{x:.0%} {what}" for x, what, _ in why if x > 0]
+            causes |= {c for x, _, c in why if x > 0}
+            parts.append(f"{n} {r:.0%} ({', '.join(shown)})")
+        fixes = {
+            "split": "Check that data.split leaves such values in the training rows (new users / items / days are "
+            "out of vocabulary by nature; data.categorical_mapping: hash gives them rows)",
+            "cap": "Raise data.num_embeddings (the coverage warning and categorical_mapping.coverage suggest sizes)",
+            "min_count": "Lower data.min_count",
+        }
+        out.append(
+            {
+                "kind": "oov_rate",
+                "message": f"{raw}: in the {s} split, most values of {'; '.join(parts)} are out of vocabulary: they "
+                f"all share the out-of-vocabulary id {mp.OOV_ID}, so the model cannot tell them apart. "
+                + ". ".join(f for c, f in fixes.items() if c in causes)
+                + ". Rates per feature: categorical_mapping.oov_rate in manifest.json",
+            }
+        )
     return out
 
 
@@ -228,6 +267,42 @@ def emit_warnings(manifest: dict, warn_one_class: bool) -> None:
     for w in manifest.get("warnings", []):
         if w.get("kind") != "one_class" or warn_one_class:
             log.warning(w["message"])
+    mapping = manifest.get("categorical_mapping") or {}
+    if "coverage" not in mapping:  # written before coverage was counted: what its OOV rates tell
+        tables = table_coverage(manifest)
+        message = coverage_warning(manifest.get("source"), "vocabulary", tables or {}, mapping.get("min_count"))
+        if message is not None:
+            log.warning(
+                f"{message}. (This conversion was written by an older recsys_dist, which did not count the "
+                "sizes to suggest: delete its cache entry to convert again and count them.)"
+            )
+
+
+def table_coverage(manifest: dict) -> dict | None:
+    """Per table, how many of its training values get a row of their own
+    (``categorical_mapping.coverage``, see ``recsys_dist.data.coverage``); for a vocabulary
+    counted by an older recsys_dist, what its manifest knows (the share out of vocabulary, no
+    suggested sizes: None); None when not counted (managed mapping, a stream's partition,
+    scoring, or a hash conversion written before coverage was counted)."""
+    mapping = manifest.get("categorical_mapping") or {}
+    if "coverage" in mapping:
+        return mapping["coverage"]
+    if mapping.get("kind") != "vocabulary" or mapping.get("source") != "training split":
+        return None
+    rates = (mapping.get("oov_rate") or {}).get("train") or {}
+    sizes, distinct = mapping.get("vocabulary_size") or {}, mapping.get("distinct_train_values") or {}
+    return {
+        n: {
+            "table_rows": sizes.get(n),
+            "train_values": None,
+            "distinct": distinct.get(n),
+            "outside_share": r,
+            "cut_by_size": None,
+            "below_min_count": None,
+            "suggested_num_embeddings": None,
+        }
+        for n, r in rates.items()
+    }
 
 
 def entry_files(m: dict) -> list[str]:

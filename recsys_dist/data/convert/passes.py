@@ -11,6 +11,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from recsys_dist.data import mapping as mp
+from recsys_dist.data.coverage import KeySketch
 from recsys_dist.data.prefetch import prefetched
 from recsys_dist.data.splits import SPLITS, Split, position_assign, random_assign, time_assign
 from recsys_dist.data.text import LINE_COLUMN
@@ -111,13 +112,24 @@ def _is_number(v) -> bool:
 
 
 class Transform:
-    """One block of text columns -> (output record batch, missing count per dense column)."""
+    """One block of text columns -> (output record batch, missing count per dense column).
 
-    def __init__(self, fmt, sizes: list[int], vocabs, schema: pa.Schema, managed: list[bool]) -> None:
+    ``coverage``: the conversion pass counts each hash-mapped feature's training keys
+    (:class:`Totals`, ``recsys_dist.data.coverage``)."""
+
+    def __init__(
+        self, fmt, sizes: list[int], vocabs, schema: pa.Schema, managed: list[bool], coverage: bool = False
+    ) -> None:
         self.fmt, self.sizes, self.vocabs, self.schema = fmt, sizes, vocabs, schema
         self.managed = managed  # per feature: raw 63-bit keys for a managed-collision module, no reduction
+        self.coverage = coverage
 
     def __call__(self, batch: pa.RecordBatch, path: str, first: int) -> tuple[pa.RecordBatch, np.ndarray]:
+        return self.apply(batch, path, first)[:2]
+
+    def apply(self, batch: pa.RecordBatch, path: str, first: int) -> tuple:
+        """(output batch, missing count per dense column, the keys per feature (``SparseKeys``),
+        the ids of those keys per feature (int64, before missing values become 0))."""
         missing = np.zeros(len(self.fmt.dense_names))
         for j, n in enumerate(self.fmt.dense_names):
             col = batch.column(n)
@@ -127,7 +139,7 @@ class Transform:
                 else col.null_count
             )
         labels, dense, sparse = self.fmt.parse_batch(batch, path, first + 1)
-        ids = []
+        ids, raw_ids = [], []
         for j, sk in enumerate(sparse):
             if self.managed[j]:
                 got = mp.managed_ids(sk.keys)
@@ -136,6 +148,7 @@ class Transform:
             else:
                 got = mp.hash_ids(sk.keys, self.sizes[j])
             ids.append(mp.to_arrow(got, sk))
+            raw_ids.append(got)
         label_cols = [labels] if labels.ndim == 1 else list(labels.T)
         weights = []
         if self.fmt.weight_column:
@@ -147,15 +160,17 @@ class Transform:
             + weights,
             schema=self.schema,
         )
-        return out, missing
+        return out, missing, sparse, raw_ids
 
 
 class Totals:
     """What a conversion pass adds up besides the rows it writes: the training split's dense
     statistics (count, sum, sum of squares of the transformed values) and label counts, the
     missing count per dense column over all rows, the rows kept (``seen``), under vocabulary
-    mapping the present and out-of-vocabulary ids per split and feature (``ids``), and per
-    multi-hot text column how many values contain each separator candidate (``separators``)."""
+    mapping the present and out-of-vocabulary ids per split and feature (``ids``) and of the
+    out-of-vocabulary ones those the counting pass saw (``causes``), per hash-mapped feature a
+    sketch of its training keys (``sketches``, under ``Transform.coverage``), and per multi-hot
+    text column how many values contain each separator candidate (``separators``)."""
 
     def __init__(self, num_dense: int, num_sparse: int = 0, multi_hot: list | tuple = ()) -> None:
         self.stats, self.missing = np.zeros((3, num_dense)), np.zeros(num_dense)
@@ -163,6 +178,10 @@ class Totals:
         self.num_labels = 1
         self.seen, self.n_skipped, self.examples = 0, 0, []
         self.ids = np.zeros((3, 2, num_sparse))  # split, (present ids, OOV ids), feature
+        # split, (OOV values seen >= min_count times in training: cut by the size cap, seen fewer), feature
+        self.causes = np.zeros((3, 2, num_sparse))
+        self.sketches: list[KeySketch | None] = []
+        self.recut = False  # the splits were cut again after the keys were counted (position split, rows skipped)
         self.multi_hot = list(multi_hot)  # (column, configured separator)
         # per column: {"values": non-empty values, separator: values containing it}, an example each
         self.separators: list[dict] = [{} for _ in self.multi_hot]
@@ -175,7 +194,24 @@ class Totals:
         multi_hot = [(n, spec.separator) for n in spec.multi_hot] if spec is not None else []
         out = cls(len(fmt.dense_names), len(fmt.sparse_names) if transform.vocabs is not None else 0, multi_hot)
         out.num_labels = len(fmt.label_columns)  # dense columns follow the labels
+        if transform.coverage and transform.vocabs is None:
+            out.sketches = [None if m else KeySketch() for m in transform.managed]
         return out
+
+    def add_keys(self, k: int, mask: np.ndarray, sparse: list, ids: list, vocabs) -> None:
+        """Count the keys of the rows of split ``k`` (``mask``, bool [N] over the block's rows):
+        training keys into the sketches; out-of-vocabulary ones by cause (``vocabs``)."""
+        for j, sk in enumerate(sparse):
+            sketch = self.sketches[j] if k == 0 and self.sketches else None
+            vocab = vocabs[j] if vocabs is not None and vocabs[j].dropped is not None else None
+            if sketch is None and vocab is None:
+                continue
+            rows = mask if sk.lengths is None else np.repeat(mask, sk.lengths)
+            values = rows & sk.present if sk.lengths is None else rows
+            if sketch is not None:
+                sketch.add(sk.keys[values])
+            else:
+                self.causes[k, :, j] += vocab.oov_causes(sk.keys[values & (ids[j] == mp.OOV_ID)])
 
     def add_train(self, part: pa.RecordBatch) -> None:
         """Count rows of the training split (label, then the dense columns, as written)."""
@@ -223,6 +259,10 @@ class Totals:
         self.n_skipped += other.n_skipped
         self.examples = (self.examples + other.examples)[:20]
         self.ids += other.ids
+        self.causes += other.causes
+        for mine, theirs in zip(self.sketches, other.sketches):
+            if mine is not None:
+                mine.merge(theirs)
         for mine, theirs in zip(self.separators, other.separators):
             for c, n in theirs.items():
                 mine[c] = mine.get(c, 0) + n
@@ -237,7 +277,7 @@ def convert_rows(readers: list[Reader], writers: dict, transform: Transform, bar
     for reader in readers:
         for batch, first in reader.batches():
             where = reader.assign(batch, first)
-            out_batch, block_missing = transform(batch, reader.path, first)
+            out_batch, block_missing, sparse, ids = transform.apply(batch, reader.path, first)
             t.add_raw(batch)
             if bar is not None:
                 bar.update(min(batch.nbytes, max(bar.total - bar.n, 0)))
@@ -252,6 +292,7 @@ def convert_rows(readers: list[Reader], writers: dict, transform: Transform, bar
                     continue
                 writers[s].add(part)
                 t.add_part(k, part)
+                t.add_keys(k, mask, sparse, ids, transform.vocabs)
             t.seen += batch.num_rows
     return t
 
