@@ -10,7 +10,8 @@ writer of that step raises ``OSError(ENOSPC)``, as a full disk would), ``metrics
 ``OSError(ENOSPC)``: give RANK 0), ``read_only`` (that line's write raises ``OSError(EROFS)``,
 as a file system remounted read-only would: give RANK 0), ``eval`` (a validation of step
 STEP is starting), ``scored`` (a stream's partition was scored at step STEP, its line written), ``publish`` (rank 0
-is about to publish the checkpoint of step STEP: give RANK 0). ``delay:SECONDS`` makes every rank sleep that long after every step, on every
+is about to publish the checkpoint of step STEP: give RANK 0), ``publish_full`` (rank 0's publish of the
+checkpoint of step STEP has written part of its version and raises ``OSError(ENOSPC)``: give RANK 0). ``delay:SECONDS`` makes every rank sleep that long after every step, on every
 attempt (a live run slow enough for a test to signal its launcher).
 """
 
@@ -40,7 +41,7 @@ def maybe_fault(point: str, step: int, rank: int, partial: Callable[[], object] 
     if parts[0] == point and int(parts[1]) == step and rank == (int(parts[2]) if len(parts) > 2 else 1):
         if point == "raise":
             raise RuntimeError(f"injected failure on rank {rank} at step {step}")
-        if point == "disk_full":
+        if point in ("disk_full", "publish_full"):
             raise OSError(errno.ENOSPC, "No space left on device (injected)")
         if point == "metrics_full":
             if partial is not None:

@@ -5,15 +5,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 import torch
 
 from recsys_dist.checkpoint.meta import named_checkpoint
-from recsys_dist.errors import ConfigError, DataError
+from recsys_dist.errors import CheckpointError, ConfigError, DataError
 from recsys_dist.logs import quiet_third_party
 from recsys_dist.serve.export import OUTPUT_COLUMNS, export, load, score, write_predictions
-from recsys_dist.serve.publish import export_from_publish, latest_version, read_manifest
+from recsys_dist.serve.publish import export_from_publish, latest_version, newest_intact, read_manifest
 from recsys_dist.train.metrics import binary_metrics, task_metrics
 
 
@@ -57,8 +58,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     unsharded export in ``--out``; exit code 0.
 
     Raises:
-        ConfigError: ``--out`` is a file, MODEL and --from-publish both or neither given, or
-            MODEL is wrong (:func:`model_path`).
+        ConfigError: ``--out`` is a file, MODEL and --from-publish both or neither given,
+            ``--version`` without --from-publish, or MODEL is wrong (:func:`model_path`).
         CheckpointError: the checkpoint or publish cannot be read or exported.
     """
     quiet_third_party()
@@ -66,9 +67,10 @@ def cmd_export(args: argparse.Namespace) -> int:
         raise ConfigError(f"--out {args.out} is a file; give a directory (it is created if missing)")
     if (args.model is None) == (args.from_publish is None):
         raise ConfigError("export: give MODEL (a run, checkpoint or export) or --from-publish DIR, not both")
+    if args.version is not None and args.from_publish is None:
+        raise ConfigError(f"--version {args.version} picks a version of --from-publish DIR; MODEL has none")
     if args.from_publish is not None:
-        version = latest_version(args.from_publish)  # read once: a version may land meanwhile
-        written = export_from_publish(args.from_publish, args.out, args.format, version)
+        version, written = _export_published(args)
     else:
         written = export(model_path(args), args.out, args.format or "safetensors")
     source = args.model
@@ -77,6 +79,32 @@ def cmd_export(args: argparse.Namespace) -> int:
         source = f"version {version} (step {step}) of the publish {args.from_publish}"
     print(f"recsys-dist: exported {source} to {args.out}: {', '.join(p.name for p in written)}")
     return 0
+
+
+def _export_published(args: argparse.Namespace) -> tuple[int, list[Path]]:
+    """(the version exported, the paths written) for ``--from-publish DIR [--version N]``: N,
+    or the latest; a latest that cannot be loaded (a damaged or missing file, a gap) gives way
+    to the newest intact version, with a warning naming why. A version asked for is never
+    replaced by another.
+
+    Raises:
+        CheckpointError: version N cannot be loaded; no version at all can.
+    """
+    if args.version is not None:
+        return args.version, export_from_publish(args.from_publish, args.out, args.format, args.version)
+    version = latest_version(args.from_publish)  # read once: a version may land meanwhile
+    try:
+        return version, export_from_publish(args.from_publish, args.out, args.format, version)
+    except CheckpointError as err:
+        intact, _ = newest_intact(args.from_publish, below=version)
+        if version is None or intact is None:
+            raise
+        print(
+            f"recsys-dist: warning: version {version}, the latest of {args.from_publish}, cannot be loaded ({err}); "
+            f"exporting version {intact}, the newest intact one (--version N picks one)",
+            file=sys.stderr,
+        )
+        return intact, export_from_publish(args.from_publish, args.out, args.format, intact)
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:

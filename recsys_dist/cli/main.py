@@ -100,6 +100,14 @@ def _export_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--from-publish", default=None, metavar="DIR", help="instead of MODEL: fold the versions published in DIR"
     )
+    p.add_argument(
+        "--version",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="with --from-publish: fold version N (default: the latest; if it cannot be loaded, the newest intact "
+        "one, with a warning)",
+    )
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument(
         "--format",
@@ -140,6 +148,14 @@ def _serve_arguments(p: argparse.ArgumentParser) -> None:
         type=float,
         default=2.0,
         help="how often DIR is checked for a new model, loaded off the request path (0: never)",
+    )
+    p.add_argument(
+        "--version",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="a publish directory's version N only, never reloaded (default: its latest, followed as it changes; "
+        "a latest that cannot be loaded is served at its newest intact version, with a warning)",
     )
     p.add_argument(
         "--wait",

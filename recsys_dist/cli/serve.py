@@ -77,14 +77,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     Raises:
         ConfigError: DIR is neither an export nor a publish directory (without ``--wait``),
-            ``--wait`` without reloading, or the port cannot be bound (taken: the message names it).
+            ``--wait`` without reloading or with ``--version``, ``--version`` of an export, or the
+            port cannot be bound (taken: the message names it).
         CheckpointError / DataError: its model cannot be loaded.
     """
     quiet_third_party()
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     if args.wait and args.reload_seconds <= 0:
         raise ConfigError("--wait needs --reload-seconds > 0: the model is picked up by the reload thread")
-    source = open_source(args.source, wait=args.wait)
+    source = open_source(args.source, wait=args.wait, version=args.version)
     sock = listening_socket(args.host, args.port)
     with sock:
         holder = ModelHolder(source, reload_seconds=args.reload_seconds)

@@ -19,7 +19,7 @@ from recsys_dist.config.run import RunConfig
 from recsys_dist.distributed.env import die_with_launcher, resolve_device, under_launcher
 from recsys_dist.errors import ConfigError
 from recsys_dist.logs import quiet_third_party
-from recsys_dist.serve.publishing import PublishCallback
+from recsys_dist.serve.publishing import PublishCallback, check_publish_dir
 from recsys_dist.train import rank_failure
 from recsys_dist.train.job import Job, prepare_data, resolve_job
 from recsys_dist.train.preflight import check_before_launch, check_converted
@@ -59,6 +59,7 @@ def run_train(args: argparse.Namespace, cfg: RunConfig) -> int:
             run_dirs.check_unused(run_dir)
         if resume is not None:
             run_dirs.check_resumable(cfg, resume)
+        check_publish_dir(cfg.publish, run_dir, resumed=resume is not None)
         return _launch_run(args, job, run_dir, resume)
 
 

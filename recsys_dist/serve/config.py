@@ -45,6 +45,12 @@ class PublishConfig(Section):
         "the next delta, so loading a version folds at most N deltas (docs/serving.md#publishing); None = never "
         "(one full version, then deltas only).",
     )
+    overwrite: bool = Field(
+        False,
+        description="Let a run that starts from scratch (no --resume) publish into a publish.dir that already "
+        "holds another run's versions: its first version, a full one, is numbered after them and replaces them "
+        "(they move to dropped/). False: such a run is refused before it trains, naming the directory.",
+    )
     format: Literal["safetensors", "torchscript"] = Field(
         "safetensors",
         description="What the full version and `recsys-dist export --from-publish` write (the formats of "

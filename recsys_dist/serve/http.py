@@ -6,7 +6,9 @@ Endpoints (``create_app``):
   ``{"scores": [...], "logits": [...], "version": V, "model": SOURCE}``; a malformed body or
   row -> 400 ``{"error": MESSAGE}`` naming the row and column.
 - ``GET /health`` -> ``{"status": "ok", "version": V, "source": SOURCE, "loaded_at": ISO-8601 UTC,
-  "scoring": "in-memory" | "file"}`` (how its requests are converted: ``recsys_dist.serve.inmemory``).
+  "scoring": "in-memory" | "file", "latest": N | null, "stuck": null | {"version", "error", "since"}}``
+  (how its requests are converted: ``recsys_dist.serve.inmemory``; a publish directory's newest
+  version, and why it is not the one served: :attr:`ModelHolder.stuck`).
 - While a waiting source (``serve --wait``, :class:`WaitingSource`) holds no model yet: ``GET
   /health`` -> 503 ``{"status": "waiting", "source": DIR, "version": null}`` and ``POST /score``
   -> 503 ``{"error": "no model yet: waiting for DIR to hold ..."}``; the reload thread loads
@@ -22,7 +24,8 @@ served model), then swaps the reference. A request reads the reference
 once, so it is scored entirely by one model and answers with that model's version; requests
 in flight when a swap happens finish on the old one. A load that fails (a damaged or half
 written file) is logged as a warning and the old model keeps serving; the same files are not
-tried again until they change.
+tried again until they change. A publish directory whose latest version cannot be loaded is
+served at its newest intact version newer than the one served (also at start), with a warning.
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from recsys_dist.errors import BadRequest, ConfigError
+from recsys_dist.errors import BadRequest, CheckpointError, ConfigError
 from recsys_dist.serve import publish
 from recsys_dist.serve.export import MODEL_FILE, LoadedModel, load
 from recsys_dist.serve.inmemory import row_scorer
@@ -88,17 +91,18 @@ class PublishSource:
     full version and its deltas; a reload applies only the deltas after the version it last
     loaded, to a copy of that model (a full fold when a new full version started another
     chain: a compaction, a drop, a quantize change). ``api``: that module, or a stand-in with its
-    ``latest_version`` and ``load_published`` (tests)."""
+    ``latest_version`` and ``load_published`` (tests). ``version``: serve that version only
+    (``serve --version N``), never another."""
 
-    def __init__(self, path: Path, api=publish) -> None:
-        self.path, self.api = path, api
+    def __init__(self, path: Path, api=publish, version: int | None = None) -> None:
+        self.path, self.api, self.pinned = path, api, version
         self._last: tuple[LoadedModel, int] | None = None  # the model this source last loaded, its version
 
     def describe(self) -> str:
         return f"publish {self.path}"
 
     def token(self):
-        return self.api.latest_version(self.path)
+        return self.pinned if self.pinned is not None else self.api.latest_version(self.path)
 
     def load(self, token) -> tuple[LoadedModel, int]:
         apply = getattr(self.api, "apply_versions", None)  # an api without it (a stand-in) folds whole
@@ -107,6 +111,24 @@ class PublishSource:
         else:
             self._last = apply(self._last[0], self.path, self._last[1], token)
         return self._last
+
+    def fallback(self, token, served: int | None) -> tuple[LoadedModel, int] | None:
+        """When ``token`` (the latest version) failed to load: the newest intact version under it
+        and newer than ``served`` (a server never goes back), loaded; None when there is none
+        (or the version is pinned)."""
+        find = getattr(self.api, "newest_intact", None)
+        if self.pinned is not None or find is None:
+            return None
+        version, _ = find(self.path, below=token)
+        if version is None or (served is not None and version <= served):
+            return None
+        return self.load(version)
+
+    def fingerprint(self, token):
+        """The state of ``token``'s files (``publish.chain_files_state``): a failed version is
+        tried again once it changes (repaired)."""
+        state = getattr(self.api, "chain_files_state", None)
+        return state(self.path, token) if state is not None and token is not None else None
 
 
 def _no_model_fix(path: Path) -> str:
@@ -121,16 +143,19 @@ def _no_model_fix(path: Path) -> str:
     )
 
 
-def open_source(path: str | Path, wait: bool = False):
+def open_source(path: str | Path, wait: bool = False, version: int | None = None):
     """The model source at ``path``: :class:`PublishSource` for a directory holding
     ``manifest.json``, :class:`ExportSource` for one holding ``model.safetensors``; with
     ``wait``, a :class:`WaitingSource` that also accepts a directory holding neither yet (or
-    not existing yet) and becomes one of the two when its model appears.
+    not existing yet) and becomes one of the two when its model appears. ``version``: that
+    published version only (a publish directory, not with ``wait``).
 
     Raises:
         ConfigError: ``path`` is a file; without ``wait``, a directory holding neither (or none
-            at all).
+            at all); ``version`` with ``wait`` or for an export directory.
     """
+    if version is not None and wait:
+        raise ConfigError(f"--version {version} serves a version already published; it does not go with --wait")
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise ConfigError(
@@ -142,8 +167,13 @@ def open_source(path: str | Path, wait: bool = False):
     if not path.is_dir():
         raise ConfigError(f"serve {path}: does not exist; {_no_model_fix(path)}")
     if (path / PUBLISH_MANIFEST).is_file():
-        return PublishSource(path)
+        return PublishSource(path, version=version)
     if (path / MODEL_FILE).is_file():
+        if version is not None:
+            raise ConfigError(
+                f"--version {version}: {path} is an export directory (one model); --version picks a version of a "
+                "publish directory"
+            )
         return ExportSource(path)
     raise ConfigError(
         f"serve {path}: neither an export directory ({MODEL_FILE}) nor a publish directory ({PUBLISH_MANIFEST}); "
@@ -176,6 +206,14 @@ class WaitingSource:
     def load(self, token) -> tuple[LoadedModel, int]:
         return self.inner.load(token)
 
+    def fallback(self, token, served: int | None):
+        fallback = getattr(self.inner, "fallback", None)
+        return fallback(token, served) if fallback is not None else None
+
+    def fingerprint(self, token):
+        fingerprint = getattr(self.inner, "fingerprint", None)
+        return fingerprint(token) if fingerprint is not None else None
+
 
 @dataclass(frozen=True)
 class Served:
@@ -200,18 +238,36 @@ class ModelHolder:
 
     The first load happens in the constructor (its errors propagate: nothing to serve), unless
     the source is a waiting one with no model yet: then the first ``poll()`` that finds one
-    loads it. ``poll()`` checks the source once (the reload thread calls it every
-    ``reload_seconds``); ``start()`` / ``stop()`` run and end that thread.
+    loads it. A publish directory whose latest version cannot be loaded (a damaged or missing
+    file, a gap in its chain) is served at its newest intact version instead, with a warning
+    (never one older than the version served). ``poll()`` checks the source once (the reload
+    thread calls it every ``reload_seconds``); ``start()`` / ``stop()`` run and end that thread.
+
+    Attributes:
+        latest: the newest version the source holds as last seen (a publish directory's
+            ``latest``; None for an export directory).
+        stuck: None, or why the source's newest model is not the one served: ``{"version": the
+            version that failed to load (None for an export), "error": its message, "since":
+            ISO-8601 UTC of the first failure}``. A failed version is tried again when its
+            files change (a repair) or a newer one appears.
     """
 
     def __init__(self, source, reload_seconds: float = 2.0) -> None:
         self.source, self.reload_seconds = source, reload_seconds
         self.current: Served | None = None
+        self.latest: int | None = None
+        self.stuck: dict | None = None
+        self._failed = None  # (token, its files' state) whose load failed: not tried again until either changes
         token = source.token()
         if token is not None or not isinstance(source, WaitingSource):
-            loaded, version = source.load(token)
-            self.current = Served.of(loaded, version, token)
-        self._failed = None  # the token whose load failed: not tried again until the files change
+            self.latest = _version(token)
+            try:
+                loaded, version = source.load(token)
+            except CheckpointError as err:  # a damaged latest version: its newest intact one, if any
+                if not self._fall_back(token, err):
+                    raise
+            else:
+                self.current = Served.of(loaded, version, token)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -224,15 +280,20 @@ class ModelHolder:
 
     def poll(self) -> bool:
         """Load the source's model if it changed since the one served; whether it swapped.
-        A failed load is logged and leaves the served model (or none, while waiting) as it is."""
+        A failed load is logged and leaves the served model (or none, while waiting) as it is,
+        or, for a publish directory, moves on to a newer intact version than the one served."""
         token = self.source.token()
         served = self.current
-        if token is None or (served is not None and token == served.token) or token == self._failed:
+        if token is None or (served is not None and token == served.token):
+            return False
+        self.latest = _version(token)
+        if self._failed is not None and self._failed == (token, self._fingerprint(token)):
             return False
         try:
             loaded, version = self.source.load(token)
         except Exception as err:  # noqa: BLE001 - any failure keeps the old model serving
-            self._failed = token
+            if self._fall_back(token, err):
+                return True
             log.warning(
                 "recsys-dist serve: %s %s failed, %s: %s",
                 "loading" if served is None else "reloading",
@@ -242,7 +303,43 @@ class ModelHolder:
             )
             return False
         self.current = Served.of(loaded, version, token)  # one reference: requests in flight keep theirs
+        self._failed = self.stuck = None
         log.warning("recsys-dist serve: now serving %s", self.describe())
+        return True
+
+    def _fingerprint(self, token):
+        fingerprint = getattr(self.source, "fingerprint", None)
+        return fingerprint(token) if fingerprint is not None else None
+
+    def _fall_back(self, token, err: Exception) -> bool:
+        """After ``token`` failed to load with ``err``: note it (``stuck``; not tried again until
+        its files change) and serve the source's newest intact version if it is newer than the
+        one served (a publish directory). Whether it swapped."""
+        self._failed = (token, self._fingerprint(token))
+        since = self.stuck["since"] if self.stuck else datetime.now(UTC).isoformat(timespec="seconds")
+        self.stuck = {"version": _version(token), "error": str(err)[:500], "since": since}
+        fallback = getattr(self.source, "fallback", None)
+        served = self.current
+        try:
+            got = fallback(token, served.version if served else None) if fallback is not None else None
+        except Exception as other:  # noqa: BLE001 - nothing intact newer: keep what is served
+            log.warning(
+                "recsys-dist serve: looking for an intact version of %s failed: %s", self.source.describe(), other
+            )
+            got = None
+        if got is None:
+            return False
+        loaded, version = got
+        self.current = Served.of(loaded, version, version)  # its token is not the latest: that stays failed
+        log.warning(
+            "recsys-dist serve: %s version %s cannot be loaded (%s); now serving version %d, the newest intact one "
+            "(version %s is tried again once its files change, and a newer version is taken when it appears)",
+            self.source.describe(),
+            token,
+            str(err)[:500],
+            version,
+            token,
+        )
         return True
 
     def _run(self) -> None:
@@ -262,6 +359,11 @@ class ModelHolder:
         if self._thread is not None:
             self._thread.join(timeout=10)
             self._thread = None
+
+
+def _version(token) -> int | None:
+    """A publish directory's token is its latest version number; an export's is file stats."""
+    return token if type(token) is int else None
 
 
 def _error(status: int, message: str) -> JSONResponse:
@@ -321,6 +423,8 @@ def create_app(holder: ModelHolder) -> Starlette:
                 "source": served.loaded.source,
                 "loaded_at": served.loaded_at,
                 "scoring": served.scorer.kind,
+                "latest": holder.latest,  # a publish's newest version: a reload may be stuck below it
+                "stuck": holder.stuck,  # why the newest is not served (null: it is)
             }
         )
 

@@ -22,12 +22,15 @@ only the deltas k+1..m into a copy of its model (:func:`apply_versions`).
 
 Each version is written into ``DIR/.tmp-v00000k-<pid>`` and renamed into place, then
 ``manifest.json`` is replaced (tmp + rename): a reader sees a version only once it is whole.
+Reading the manifest and checking a version's files: ``recsys_dist.serve.manifest`` (its public
+names are importable from here too).
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import errno
 import fcntl
 import json
 import logging
@@ -40,19 +43,29 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from recsys_dist.checkpoint.integrity import describe_error
 from recsys_dist.checkpoint.meta import is_complete, latest_checkpoint, read_meta
 from recsys_dist.data.record import file_sha256
 from recsys_dist.errors import CheckpointError
+from recsys_dist.faults import maybe_fault
 from recsys_dist.files import fresh_dir, open_in_place, write_atomic
 from recsys_dist.serve.config import PublishConfig
 from recsys_dist.serve.export import LoadedModel, load, write_export
+from recsys_dist.serve.manifest import (  # noqa: F401 - read_manifest, latest_version, newest_intact: public here too
+    FORMAT_VERSION,
+    MANIFEST,
+    VERSION_FILE,
+    _chain,
+    _checked_version_dir,
+    chain_files_state,
+    latest_version,
+    newest_intact,
+    read_manifest,
+)
 from recsys_dist.serve.quantize import load_published_state, published_state, quantize_model, table_keys
 
 log = logging.getLogger("recsys_dist")
 
-FORMAT_VERSION = 1
-MANIFEST = "manifest.json"
-VERSION_FILE = "version.json"
 DELTA_FILE = "delta.safetensors"
 DROPPED_DIR = "dropped"
 
@@ -69,114 +82,8 @@ def resolve_publish_dir(cfg: PublishConfig, run_dir: str | Path) -> Path:
 
 
 def _write_json_atomic(path: Path, obj: dict) -> None:
-    write_atomic(path, json.dumps(obj, indent=1) + "\n")  # a link at path is replaced, never written through
-
-
-def read_manifest(publish_dir: str | Path) -> dict:
-    """``DIR/manifest.json`` as a dict.
-
-    Raises:
-        CheckpointError: no manifest (not a publish directory, or nothing published yet), or
-            one that is not a manifest of this format.
-    """
-    path = Path(publish_dir) / MANIFEST
-    if not path.is_file():
-        raise CheckpointError(
-            f"{path}: not found, so {publish_dir} holds no published model (not a publish directory, or the run "
-            "has not published yet); give the publish.dir of a run trained with publish.enabled: true"
-        )
-    try:
-        manifest = json.loads(path.read_text())
-        ok = manifest["format_version"] == FORMAT_VERSION and isinstance(manifest["versions"], list)
-        ok = ok and all(_entry_ok(e) for e in manifest["versions"])
-        ok = ok and (manifest.get("latest") is None or type(manifest["latest"]) is int)
-    except (ValueError, KeyError, TypeError):
-        ok = False
-    if not ok:
-        raise CheckpointError(
-            f"{path}: damaged or not a manifest of format_version {FORMAT_VERSION}; delete {publish_dir} and "
-            "publish again from the run's checkpoints"
-        )
-    return manifest
-
-
-def _entry_ok(e) -> bool:
-    """Whether ``e`` is a manifest entry as a publish writes it (a hand edit may break one)."""
-    return (
-        isinstance(e, dict)
-        and type(e.get("version")) is int
-        and e.get("kind") in ("full", "delta")
-        and isinstance(e.get("dir"), str)
-        and (e.get("base") is None or type(e.get("base")) is int)
-        and type(e.get("step")) is int
-    )
-
-
-def latest_version(publish_dir: str | Path) -> int | None:
-    """The newest published version of ``publish_dir`` (reads ``manifest.json`` only), or None
-    when nothing is published there yet (no manifest, or an empty one).
-
-    Raises:
-        CheckpointError: a manifest that cannot be read.
-    """
-    if not (Path(publish_dir) / MANIFEST).is_file():
-        return None
-    return read_manifest(publish_dir).get("latest")
-
-
-def _chain(publish_dir: Path, manifest: dict, version: int | None) -> list[dict]:
-    """The manifest entries to fold for ``version`` (None: the latest): its full version, then
-    each delta up to it.
-
-    Raises:
-        CheckpointError: no such version, or a delta whose base is not the version before it.
-    """
-    entries = {e["version"]: e for e in manifest["versions"]}
-    want = manifest.get("latest") if version is None else version
-    if want not in entries:
-        raise CheckpointError(
-            f"{publish_dir / MANIFEST}: no version {want} (published: {sorted(entries) or 'none'}); ask for one "
-            "of those"
-        )
-    chain = [entries[want]]
-    while chain[-1]["kind"] != "full":
-        base = chain[-1].get("base")
-        if base not in entries or base != chain[-1]["version"] - 1:
-            raise CheckpointError(
-                f"{publish_dir / MANIFEST}: delta version {chain[-1]['version']} builds on version {base}, which is "
-                f"not published there (a gap in the chain); load a version before the gap, or delete {publish_dir} "
-                "and publish again from the run's checkpoints"
-            )
-        chain.append(entries[base])
-    return chain[::-1]
-
-
-def _checked_version_dir(publish_dir: Path, entry: dict) -> Path:
-    """``DIR/v00000k`` of manifest ``entry``, every file checked against its version.json.
-
-    Raises:
-        CheckpointError: the directory or a file is missing, or a file differs from its checksum.
-    """
-    vdir = publish_dir / entry["dir"]
-    fix = (
-        f"load an earlier version (load_published(..., version={entry['version'] - 1})), or delete {publish_dir} "
-        "and publish again from the run's checkpoints"
-    )
-    info_path = vdir / VERSION_FILE
-    if not info_path.is_file():
-        raise CheckpointError(f"{info_path}: missing (version {entry['version']} is listed in {MANIFEST}); {fix}")
-    try:
-        info = json.loads(info_path.read_text())
-        files = dict(info["files"])
-    except (ValueError, KeyError, TypeError):
-        raise CheckpointError(f"{info_path}: damaged (not the JSON a publish writes); {fix}") from None
-    for name, digest in files.items():
-        path = vdir / name
-        if not path.is_file():
-            raise CheckpointError(f"{path}: missing (version {entry['version']} lists it); {fix}")
-        if file_sha256(path) != digest:
-            raise CheckpointError(f"{path}: damaged (its sha256 differs from {info_path}'s); {fix}")
-    return vdir
+    # A link at path is replaced, never written through; an error leaves no temporary behind.
+    write_atomic(path, json.dumps(obj, indent=1) + "\n")
 
 
 def _apply_delta(state: dict[str, torch.Tensor], path: Path) -> None:
@@ -333,6 +240,61 @@ def _lock(publish_dir: Path):
     return f
 
 
+def _remove_leftovers(publish_dir: Path) -> None:
+    """Remove what a publish killed mid-write left: its version's ``.tmp-v00000k-<pid>``
+    directory and a ``.manifest.json.tmp-<pid>`` file (the caller holds the directory)."""
+    for tmp in [*publish_dir.glob(".tmp-*"), *publish_dir.glob(f".{MANIFEST}.*tmp*")]:
+        if tmp.is_dir() and not tmp.is_symlink():
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            tmp.unlink(missing_ok=True)
+        log.warning("publish: removed %s, left by a publish that was interrupted", tmp)
+
+
+def _taken_message(publish_dir: Path, versions: list[dict], orphans: list[str]) -> str:
+    held = f"versions {versions[0]['version']}..{versions[-1]['version']}" if versions else f"{', '.join(orphans)}"
+    return (
+        f"publish.dir {publish_dir} already holds {held} of another run, and this run starts from scratch (it "
+        "resumes no checkpoint): publishing there would number after them and move them to "
+        f"{DROPPED_DIR}/, under a server that may be following them. Give this run its own publish.dir, or "
+        "resume the run that published them (--resume auto --run-dir ITS_RUN_DIR), or set publish.overwrite: "
+        f"true to take the directory over (its versions stay served until this run's first version, a full one "
+        f"numbered after them, replaces them; then they move to {DROPPED_DIR}/)"
+    )
+
+
+def check_new_run(publish_dir: str | Path, cfg: PublishConfig) -> None:
+    """Refuse ``publish_dir`` to a run that starts from scratch when it already holds versions
+    (listed in ``manifest.json``, or left unlisted by a killed publish), unless
+    ``publish.overwrite``: they are another run's, and publishing there would replace them.
+
+    Raises:
+        CheckpointError: such a directory (the message names it and the fixes).
+    """
+    d = Path(publish_dir)
+    if cfg.overwrite or not d.is_dir():
+        return
+    versions = read_manifest(d)["versions"] if (d / MANIFEST).is_file() else []
+    listed = {e["dir"] for e in versions}
+    orphans = sorted(p.name for p in d.glob("v*") if p.is_dir() and p.name not in listed)
+    if versions or orphans:
+        raise CheckpointError(_taken_message(d, versions, orphans))
+
+
+def _write_failed(err: Exception) -> bool:
+    """Whether ``err`` is a write the file system refused (full, read-only, a file-size limit):
+    an OSError, or how safetensors (``SafetensorError``: "I/O error: No space left on device (os
+    error 28)") and torch's TorchScript writer ("unexpected pos", "file write failed") report one."""
+    text = str(err)
+    return isinstance(err, (OSError, SafetensorError)) or (
+        isinstance(err, RuntimeError) and ("unexpected pos" in text or "file write failed" in text)
+    )
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB"
+
+
 class Publisher:
     """Publishes the checkpoints of a run into ``publish_dir`` (module docstring): a full version
     first, then a delta per checkpoint, against the last published state held in memory.
@@ -342,29 +304,44 @@ class Publisher:
 
     On construction an existing directory is taken up: numbering continues, and versions of a
     step after ``resume_step`` (the step the run resumes from: it will train them again) are
-    moved to ``DIR/dropped/`` with a warning, as are versions a killed publish left out of the
-    manifest; after such a drop the next version is a full one. ``version``: the newest
+    moved to ``DIR/dropped/`` with a warning once the next version is published, as are versions
+    a killed publish left out of the manifest; after such a drop the next version is a full one.
+    Likewise when the newest versions cannot be loaded (a damaged or missing file, a gap): the
+    publisher goes on from the newest intact one (:func:`newest_intact`), publishes a full
+    version next and drops the damaged ones once it is published. Numbers always grow (after
+    every version ever published), so a server following the directory never goes back.
+    What a killed publish left (``.tmp-*``) is removed. ``version``: the newest intact
     published version (None before the first). ``lock``: hold ``DIR/.lock`` while it lives
-    (``PublishCallback`` does: one run at a time publishes into a directory).
+    (``PublishCallback`` does: one run at a time publishes into a directory). ``new_run``: the
+    run starts from scratch (resumes no checkpoint): a directory holding versions is refused
+    unless ``publish.overwrite``.
 
     Raises:
-        CheckpointError: an existing directory that cannot be read (as :func:`load_published`);
-            with ``lock``, another process holding the directory.
+        CheckpointError: an existing manifest that cannot be read; with ``lock``, another
+            process holding the directory; with ``new_run``, a directory holding versions.
     """
 
-    def __init__(self, publish_dir: Path, cfg: PublishConfig, resume_step: int | None = None, lock: bool = False):
+    def __init__(
+        self,
+        publish_dir: Path,
+        cfg: PublishConfig,
+        resume_step: int | None = None,
+        lock: bool = False,
+        new_run: bool = False,
+    ):
         self.dir = Path(publish_dir)
         self.cfg = cfg
         self.dir.mkdir(parents=True, exist_ok=True)
         self._lock = _lock(self.dir) if lock else None
-        for tmp in self.dir.glob(".tmp-*"):  # a publish killed before its rename
-            shutil.rmtree(tmp, ignore_errors=True)
+        if new_run:
+            check_new_run(self.dir, cfg)
         manifest = read_manifest(self.dir) if (self.dir / MANIFEST).is_file() else None
         self._versions: list[dict] = list(manifest["versions"]) if manifest else []
         self._dropped: list[dict] = list(manifest.get("dropped", [])) if manifest else []
         drop = [e for e in self._versions if resume_step is not None and e["step"] > resume_step]
         listed = {e["dir"] for e in self._versions}
-        orphans = [p.name for p in self.dir.glob("v*") if p.is_dir() and p.name not in listed]
+        orphans = sorted(p.name for p in self.dir.glob("v*") if p.is_dir() and p.name not in listed)
+        _remove_leftovers(self.dir)
         self._force_full = bool(drop or orphans)
         for name in orphans:
             self._move_aside(name, f"not in {MANIFEST} (a publish interrupted before its manifest)")
@@ -372,7 +349,6 @@ class Publisher:
                 self._dropped.append({"version": int(name[1:]), "step": None})
         # Versions past the resumed step stay listed (and served) until the next version replaces
         # them: the run trains those steps again, and a server must never fall back to an older model.
-        self._pending_drop = drop
         for e in drop:
             log.warning(
                 "publish: version %d (step %d) is after the resumed step %s; it stays the latest until the next "
@@ -382,16 +358,52 @@ class Publisher:
                 resume_step,
                 DROPPED_DIR,
             )
-        kept = [e for e in self._versions if e not in drop]
-        self.version: int | None = kept[-1]["version"] if kept else None
         numbers = [e["version"] for e in self._versions + self._dropped]
         self._next = max(numbers, default=0) + 1
         if orphans and manifest is not None:
             self._write_manifest()
         self._state: dict | None = None
-        if self.version is not None and not self._force_full:
-            m, _ = load_published(self.dir, self.version)
-            self._state = published_state(m.model, clone=False)  # m is this state's only user
+        self.version: int | None = None
+        damaged = self._take_up([e for e in self._versions if e not in drop])
+        self._pending_drop = [e for e in self._versions if e in drop or e in damaged]
+
+    def _take_up(self, kept: list[dict]) -> list[dict]:
+        """Set ``version`` to the newest intact of ``kept`` (and, to publish a delta next, the
+        published state it folds to); return the kept versions newer than it, which cannot be
+        loaded (then the next version is a full one)."""
+        if not kept:
+            return []
+        newest = kept[-1]["version"]
+        failed = None
+        if not self._force_full:
+            try:
+                m, _ = load_published(self.dir, newest)
+                self._state = published_state(m.model, clone=False)  # m is this state's only user
+                self.version = newest
+                return []
+            except CheckpointError as err:
+                failed = str(err)
+        # Checksums only (no model is built): the newest itself too, unless its load just failed.
+        candidates = [e["version"] for e in kept if failed is None or e["version"] != newest]
+        intact, broken = newest_intact(self.dir, among=candidates)
+        if failed is not None:
+            broken[newest] = failed
+        self.version = intact
+        damaged = [e for e in kept if intact is None or e["version"] > intact]
+        if damaged:
+            self._force_full = True
+            base = f"version {intact} (step {self.step}), the newest intact one" if intact else "no intact version"
+            log.warning(
+                "publish: version(s) %s in %s cannot be loaded (%s); publishing goes on from %s: the next version "
+                "is a full one, numbered %d, and the damaged ones move to %s/ once it is published",
+                ", ".join(str(e["version"]) for e in damaged),
+                self.dir,
+                str(broken.get(newest, next(iter(broken.values()), "")))[:500],
+                base,
+                self._next,
+                DROPPED_DIR,
+            )
+        return damaged
 
     @property
     def step(self) -> int | None:
@@ -399,19 +411,23 @@ class Publisher:
         return next((e["step"] for e in self._versions if e["version"] == self.version), None)
 
     def _move_aside(self, name: str, why: str) -> None:
+        if not (self.dir / name).exists():  # a version directory deleted by hand: nothing to move
+            log.warning("publish: %s is no longer listed (%s); it was missing already", self.dir / name, why)
+            return
         target = self.dir / DROPPED_DIR / f"{name}-{int(time.time())}"
         target.parent.mkdir(exist_ok=True)
         os.replace(self.dir / name, target)
         log.warning("publish: moved %s to %s: %s", self.dir / name, target, why)
 
-    def _write_manifest(self) -> None:
+    def _write_manifest(self, versions: list[dict] | None = None, dropped: list[dict] | None = None) -> None:
+        versions = self._versions if versions is None else versions
         _write_json_atomic(
             self.dir / MANIFEST,
             {
                 "format_version": FORMAT_VERSION,
-                "latest": self._versions[-1]["version"] if self._versions else None,
-                "versions": self._versions,
-                "dropped": self._dropped,
+                "latest": versions[-1]["version"] if versions else None,
+                "versions": versions,
+                "dropped": self._dropped if dropped is None else dropped,
             },
         )
 
@@ -433,7 +449,10 @@ class Publisher:
         quantization, or after ``publish.full_every`` deltas), a delta afterwards. Returns the version's directory.
 
         Raises:
-            CheckpointError: the checkpoint cannot be loaded (``serve.export.load``).
+            CheckpointError: the checkpoint cannot be loaded (``serve.export.load``); the version
+                cannot be written (a full disk, too little free space for its estimated size, a
+                read-only directory: the message names the directory, the bytes needed and what
+                is still the latest; nothing of the version is left behind).
         """
         checkpoint = Path(checkpoint)
         ckpt = checkpoint if is_complete(checkpoint) else latest_checkpoint(checkpoint)
@@ -444,28 +463,73 @@ class Publisher:
         state = published_state(m.model)
         number = self._next
         name = version_dir(number)
-        tmp = self.dir / f".tmp-{name}-{os.getpid()}"
-        fresh_dir(tmp)  # new and empty: a link planted at this name is removed, never written through
         full = self._state is None or self._force_full or not _same_layout(self._state, state) or self._compact()
         info = {"format_version": FORMAT_VERSION, "version": number, "kind": "full" if full else "delta"}
         info.update(base=None if full else self.version, step=step, checkpoint=str(ckpt))
         info.update(quantize=self.cfg.quantize, format=self.cfg.format, created=time.time())
-        if full:
-            written = write_export(m, tmp, self.cfg.format, ckpt)
-        else:
-            tensors, rows = _delta(self._state, state, set(table_keys(m.model)))
-            save_file(tensors, str(tmp / DELTA_FILE))
-            written, info["rows"] = [tmp / DELTA_FILE], rows
-        info["files"] = {p.relative_to(tmp).as_posix(): file_sha256(p) for p in written}
-        _write_json_atomic(tmp / VERSION_FILE, info)
-        os.replace(tmp, self.dir / name)
-        entry = {k: info[k] for k in ("version", "kind", "step", "base", "quantize", "format")}
-        drop, self._pending_drop = self._pending_drop, []
-        self._versions = [e for e in self._versions if e not in drop] + [{**entry, "dir": name}]
-        self._dropped += [{"version": e["version"], "step": e["step"]} for e in drop]
+        delta = None if full else _delta(self._state, state, set(table_keys(m.model)))
+        tensors = state if full else delta[0]
+        need = sum(t.numel() * t.element_size() for t in tensors.values()) * (
+            2 if full and self.cfg.format == "torchscript" else 1
+        )
+        try:
+            self._write_version(m, ckpt, info, delta, need)
+            entry = {k: info[k] for k in ("version", "kind", "step", "base", "quantize", "format")}
+            drop = self._pending_drop
+            versions = [e for e in self._versions if e not in drop] + [{**entry, "dir": name}]
+            dropped = self._dropped + [{"version": e["version"], "step": e["step"]} for e in drop]
+            self._write_manifest(versions, dropped)
+        except Exception as err:
+            shutil.rmtree(self.dir / name, ignore_errors=True)  # written, never listed: no reader saw it
+            if not _write_failed(err):
+                raise
+            failure = CheckpointError(self._not_written(number, step, need, err))
+            failure.resumable = True  # the checkpoint is kept: a resume publishes it (PublishCallback)
+            raise failure from None
+        self._versions, self._dropped, self._pending_drop = versions, dropped, []
         self.version, self._next, self._state, self._force_full = number, number + 1, state, False
-        self._write_manifest()
         for e in drop:  # no longer listed: moved aside only now
             self._move_aside(e["dir"], f"replaced by version {number} (its step {e['step']} was trained again)")
         log.info("publish: version %d (%s, step %d) in %s", number, info["kind"], step, self.dir / name)
         return self.dir / name
+
+    def _write_version(self, m: LoadedModel, ckpt: Path, info: dict, delta, need: int) -> None:
+        """Write version ``info["version"]`` into ``DIR/.tmp-v00000k-<pid>``, then rename it into
+        place; on any failure the temporary directory is removed. ``delta``: (tensors, rows per
+        table), None for a full version; ``need``: its estimated bytes.
+
+        Raises:
+            OSError: the disk has less than ``need`` (+5 %) free; OSError / SafetensorError /
+                RuntimeError: the write failed (:func:`_write_failed`).
+        """
+        name = version_dir(info["version"])
+        tmp = self.dir / f".tmp-{name}-{os.getpid()}"
+        fresh_dir(tmp)  # new and empty: a link planted at this name is removed, never written through
+        try:
+            free = shutil.disk_usage(self.dir).free
+            if free < need * 1.05:
+                raise OSError(errno.ENOSPC, "not enough free space for this version", str(self.dir))
+            if delta is None:
+                written = write_export(m, tmp, self.cfg.format, ckpt)
+            else:
+                save_file(delta[0], str(tmp / DELTA_FILE))
+                written, info["rows"] = [tmp / DELTA_FILE], delta[1]
+            maybe_fault("publish_full", info["step"], 0)
+            info["files"] = {p.relative_to(tmp).as_posix(): file_sha256(p) for p in written}
+            _write_json_atomic(tmp / VERSION_FILE, info)
+            os.replace(tmp, self.dir / name)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)  # gone by the rename, or the space of a failed write given back
+
+    def _not_written(self, number: int, step: int, need: int, err: Exception) -> str:
+        try:
+            free = f", {_mib(shutil.disk_usage(self.dir).free)} free there"
+        except OSError:
+            free = ""
+        latest = f"version {self._versions[-1]['version']}" if self._versions else "nothing"
+        return (
+            f"publish: version {number} (the checkpoint of step {step}) could not be written to {self.dir} "
+            f"({describe_error(err)}; it needs about {_mib(need)}{free}). Nothing of it was left there, and "
+            f"{latest} is still the latest published; free space there, or set publish.dir to a directory on "
+            "another disk"
+        )

@@ -14,10 +14,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from recsys_dist.checkpoint.integrity import describe_error
 from recsys_dist.distributed.env import broadcast_result
+from recsys_dist.errors import CheckpointError
 from recsys_dist.faults import maybe_fault
 from recsys_dist.serve.config import PublishConfig
-from recsys_dist.serve.publish import Publisher, resolve_publish_dir
+from recsys_dist.serve.publish import Publisher, check_new_run, resolve_publish_dir
 from recsys_dist.train.trainer import Callback
 
 
@@ -35,7 +37,7 @@ class PublishCallback(Callback):
     publishes = True  # what a Trainer with publish.enabled looks for among its callbacks
 
     def __init__(self, cfg: PublishConfig, run_dir: str | Path) -> None:
-        self.cfg = cfg
+        self.cfg, self.run_dir = cfg, Path(run_dir)
         self.dir = resolve_publish_dir(cfg, run_dir)
         self.publisher: Publisher | None = None
 
@@ -60,13 +62,52 @@ class PublishCallback(Callback):
 
     def _publish(self, trainer, checkpoint: Path, unless_published: int | None = None) -> None:
         def publish() -> Path | None:
-            if self.publisher is None:
-                # Versions past the step this run started from are trained again: moved aside.
-                self.publisher = Publisher(self.dir, self.cfg, resume_step=trainer.resumed_at_step or 0, lock=True)
-            if unless_published is not None and self.publisher.step == unless_published:
-                return None
-            maybe_fault("publish", trainer.step, trainer.ctx.rank)
-            return self.publisher.publish(checkpoint)
+            try:
+                if self.publisher is None:
+                    # Versions past the step this run started from are trained again: moved aside.
+                    # A run from scratch may not take another run's versions (publish.overwrite).
+                    step = trainer.resumed_at_step
+                    self.publisher = Publisher(
+                        self.dir, self.cfg, resume_step=step or 0, lock=True, new_run=step is None
+                    )
+                if unless_published is not None and self.publisher.step == unless_published:
+                    return None
+                maybe_fault("publish", trainer.step, trainer.ctx.rank)
+                return self.publisher.publish(checkpoint)
+            except CheckpointError as err:
+                raise _on_every_rank(err, trainer.ctx.rank, self.run_dir) from None
+            except OSError as err:  # the directory itself (created, locked, cleaned) cannot be written
+                failure = CheckpointError(f"publish: {self.dir} cannot be written ({describe_error(err)})")
+                failure.resumable = True
+                raise _on_every_rank(failure, trainer.ctx.rank, self.run_dir) from None
 
         with trainer.clock.phase("publish"):
             broadcast_result(trainer.ctx, publish)
+
+
+def _on_every_rank(err: CheckpointError, rank: int, run_dir: Path) -> CheckpointError:
+    """``err`` of the publishing rank as every rank raises it: reported once, naming that rank
+    (``origin_rank``: the others do not record it for the launcher) and, for a version that
+    could not be written, how to continue."""
+    text = f"rank {rank} (the rank that publishes): {err}"
+    if getattr(err, "resumable", False):
+        text += (
+            f"; then continue with --resume auto --run-dir {run_dir} (that checkpoint is kept: the resumed run "
+            "publishes it first)"
+        )
+    out = CheckpointError(text)
+    out.every_rank, out.origin_rank = True, rank
+    return out
+
+
+def check_publish_dir(cfg: PublishConfig, run_dir: str | Path, resumed: bool) -> None:
+    """Before a run starts (``recsys-dist train``, before any rank): a run from scratch
+    (``resumed`` False) may not publish into a ``publish.dir`` holding another run's versions
+    unless ``publish.overwrite`` (``recsys_dist.serve.publish.check_new_run``); its Publisher
+    would refuse it at the first publish, after training up to it.
+
+    Raises:
+        CheckpointError: such a directory, named with the fixes.
+    """
+    if cfg.enabled and not resumed:
+        check_new_run(resolve_publish_dir(cfg, run_dir), cfg)

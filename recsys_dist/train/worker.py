@@ -81,7 +81,12 @@ def train_rank(job: Job, run: RankRun) -> tuple[int, dict | None]:
         resume = "auto" if latest_checkpoint(run.run_dir) is not None else resume
     profile = run.run_dir / "profile" if run.profile else None
     try:
-        summary = record(train)(job, run.run_dir, profile, resume, run.resume_on_new_data, run.callbacks)
+        summary = record(_train_or_echo)(job, run.run_dir, profile, resume, run.resume_on_new_data, run.callbacks)
+        if isinstance(summary, BaseException):  # another rank's failure (_train_or_echo)
+            # Let the launcher see that rank's end first (it stops this one meanwhile): it reports
+            # the first rank it sees exit, and this one recorded nothing.
+            time.sleep(LOST_PEER_GRACE_S)
+            raise summary
     except USER_ERRORS as err:
         # Recorded for the launcher's report already; a traceback would only bury the message.
         rank = int(os.environ.get("RANK", 0))
@@ -94,6 +99,18 @@ def train_rank(job: Job, run: RankRun) -> tuple[int, dict | None]:
     sys.stdout.flush()
     sys.stderr.flush()
     return 0, summary
+
+
+def _train_or_echo(*args):
+    """``train(*args)``; an error that another rank raised first and every rank raises with it
+    (its ``origin_rank``, e.g. rank 0's failed publish) is returned here, not raised, so that
+    only the rank that failed records it (error.json) and the launcher names that rank."""
+    try:
+        return train(*args)
+    except USER_ERRORS as err:
+        if getattr(err, "origin_rank", None) not in (None, int(os.environ.get("RANK", 0))):
+            return err
+        raise
 
 
 def _rank_code(job: Job, run: RankRun) -> int:

@@ -6,6 +6,8 @@ steps 2, 4 and 6; every test publishes those checkpoints itself (a Publisher per
 """
 
 import json
+import os
+import re
 import shutil
 
 import numpy as np
@@ -20,6 +22,7 @@ from recsys_dist.serve.config import PublishConfig
 from recsys_dist.serve.export import load, score
 from recsys_dist.serve.publish import Publisher, export_from_publish, latest_version, load_published
 from recsys_dist.serve.quantize import published_state
+from tests.cli import run_cli
 from tests.conftest import QUICKSTART
 from tests.serving.conftest import cli, converted_test_split, logits
 
@@ -258,3 +261,40 @@ def test_two_runs_may_not_publish_into_one_directory_at_once(tmp_path):
         Publisher(tmp_path, FP32, resume_step=0, lock=True)
     del first
     Publisher(tmp_path, FP32, resume_step=0, lock=True)
+
+
+@pytest.mark.slow  # three 2-rank runs (one refused before its ranks start)
+def test_a_full_disk_while_publishing_is_one_message_and_a_resume_publishes_on(tmp_path):
+    """Was: two OSError tracebacks (one per rank), "training failed on rank 1" for rank 0's
+    publish, the version's .tmp directory left on the full disk. And a new run given that
+    publish.dir took it over, moving the versions to dropped/."""
+    run = tmp_path / "run"
+    args = ["train", "--config", QUICKSTART, "--run-dir", run, "train.progress_bar=false", "data.num_rows=2000"]
+    args += ["train.max_steps=6", "checkpoint.every_n_steps=2", "checkpoint.keep=5"]
+    args += ["publish.enabled=true", "publish.every_n_steps=2"]
+    r = run_cli(args, tmp_path, env={"RECSYS_DIST_FAULT": "publish_full:4:0"})
+    err = r.stderr
+    assert r.returncode == 1 and "Traceback" not in err and err.count("could not be written") == 1, err
+    assert "training failed on rank 0:" in err and "rank 0 (the rank that publishes)" in err
+    assert f"version 2 (the checkpoint of step 4) could not be written to {run / 'publish'} ([Errno 28]" in err
+    assert re.search(r"it needs about \d+\.\d MiB, \d+\.\d MiB free there\)", err)
+    assert f"continue with --resume auto --run-dir {run}" in err
+    assert sorted(os.listdir(run / "publish")) == [".lock", "manifest.json", "v000001"]  # no .tmp left
+    r = run_cli([*args, "--resume", "auto"], tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    manifest = json.loads((run / "publish" / "manifest.json").read_text())
+    assert [(e["version"], e["kind"], e["step"]) for e in manifest["versions"]] == [
+        (1, "full", 2),
+        (2, "delta", 4),
+        (3, "delta", 6),
+    ]
+    for version, step in ((2, 4), (3, 6)):
+        want = load(run / "checkpoints" / f"step_{step:08d}", preprocessing=False).model.state_dict()
+        have = load_published(run / "publish", version)[0].model.state_dict()
+        assert all(torch.equal(have[k], want[k]) for k in want), version
+    other = tmp_path / "other"
+    other_args = [*args[:4], other, *args[5:], f"publish.dir={run / 'publish'}"]  # a new run, the same publish.dir
+    r = run_cli(other_args, tmp_path)
+    assert r.returncode != 0 and f"publish.dir {run / 'publish'} already holds versions 1..3 of another run" in r.stderr
+    assert "publish.overwrite: true" in r.stderr and not (other / "checkpoints").exists()
+    assert latest_version(run / "publish") == 3 and not (run / "publish" / "dropped").exists()

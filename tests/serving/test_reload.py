@@ -8,19 +8,27 @@ stay as it was. One 1-rank run of the quickstart's DLRM saves a checkpoint at ea
 the tests publish those checkpoints themselves.
 """
 
+import errno
 import json
 import logging
+import re
+import shutil
+from pathlib import Path
 
 import pytest
 import torch
+from safetensors import SafetensorError
+from starlette.testclient import TestClient
 
+from recsys_dist.cli.main import build_parser
 from recsys_dist.config.loader import config_from_dict
-from recsys_dist.errors import ConfigError
+from recsys_dist.errors import CheckpointError, ConfigError
 from recsys_dist.serve import publish
 from recsys_dist.serve.config import PublishConfig
 from recsys_dist.serve.export import load
-from recsys_dist.serve.http import ModelHolder, PublishSource
+from recsys_dist.serve.http import ModelHolder, PublishSource, create_app, open_source
 from recsys_dist.serve.publish import Publisher, apply_versions, latest_version, load_published
+from recsys_dist.serve.publishing import check_publish_dir
 from recsys_dist.serve.quantize import published_state
 from tests.conftest import QUICKSTART
 from tests.serving.conftest import ONE_RANK, cli
@@ -200,3 +208,169 @@ def test_full_every_config():
         config_from_dict({**base, "publish": {"enabled": True, "every_partition": True, "full_every": 0}}, "c.yaml")
     with pytest.raises(ConfigError, match="publish.full_every is set but publish.enabled is false"):
         config_from_dict({**base, "publish": {"full_every": 3}}, "c.yaml")
+    with pytest.raises(ConfigError, match="publish.overwrite is set but publish.enabled is false"):
+        config_from_dict({**base, "publish": {"overwrite": True}}, "c.yaml")
+    assert default.publish.overwrite is False
+
+
+# ------------------------------------------------------------------ publishing faults (issue 40 item 4)
+
+FOLLOW = PublishConfig(enabled=True, every_partition=True)
+
+
+def _damage(path):
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def _checkpoint_state(path) -> dict:
+    return published_state(load(path, preprocessing=False).model)
+
+
+def _manifest(d) -> list[tuple]:
+    return [(e["version"], e["kind"], e["step"]) for e in json.loads((d / "manifest.json").read_text())["versions"]]
+
+
+@pytest.mark.slow  # the training run of the fixture
+def test_a_resumed_publisher_goes_on_past_a_damaged_or_missing_latest_version(steps, tmp_path, caplog):
+    """Was: the resumed run's Publisher folded the latest version to take it up, and a damaged
+    delta failed every resume for good. Now it goes on from the newest intact version with a
+    full one, numbered after every version, and drops the damaged ones."""
+    d = tmp_path / "pub"
+    p = Publisher(d, FOLLOW)
+    for c in steps[:4]:
+        p.publish(c)  # v1 full, v2..v4 deltas (steps 1..4)
+    _damage(d / "v000004" / "delta.safetensors")
+    caplog.set_level(logging.WARNING, logger="recsys_dist")
+    p = Publisher(d, FOLLOW, resume_step=4, lock=True)
+    assert p.version == 3 and p.step == 3  # on_resume publishes the resumed step again (3 != 4)
+    assert "version(s) 4" in caplog.text and "v000004/delta.safetensors: damaged" in caplog.text
+    assert "numbered 5" in caplog.text
+    assert latest_version(d) == 4  # listed until a version replaces it
+    new = p.publish(steps[3])
+    assert new.name == "v000005" and json.loads((new / "version.json").read_text())["kind"] == "full"
+    assert _manifest(d) == [(1, "full", 1), (2, "delta", 2), (3, "delta", 3), (5, "full", 4)]
+    assert [x.name.split("-")[0] for x in (d / "dropped").iterdir()] == ["v000004"]
+    _assert_equal(_state(load_published(d)[0]), _checkpoint_state(steps[3]), "v5")
+    assert p.publish(steps[4]).name == "v000006"  # and deltas on it again
+    _assert_equal(_state(load_published(d)[0]), _checkpoint_state(steps[4]), "v6")
+    del p
+    # a missing version directory (deleted by hand) is passed over the same way
+    shutil.rmtree(d / "v000006")
+    p = Publisher(d, FOLLOW, resume_step=5)
+    assert p.version == 5 and p.publish(steps[4]).name == "v000007"
+    assert _manifest(d)[-2:] == [(5, "full", 4), (7, "full", 5)]
+
+
+@pytest.mark.slow  # the training run of the fixture
+def test_a_server_serves_the_newest_intact_version_reports_it_and_retries_a_repaired_one(
+    steps, tmp_path, monkeypatch, caplog
+):
+    """Was: a damaged latest version stopped `serve` at start (exit), and a reload that failed
+    was never tried again, even once repaired; /health did not say a reload was stuck."""
+    d = tmp_path / "pub"
+    p = Publisher(d, FOLLOW)
+    for c in steps[:3]:
+        p.publish(c)
+    delta = d / "v000003" / "delta.safetensors"
+    good = delta.read_bytes()
+    _damage(delta)
+    with caplog.at_level(logging.WARNING, logger="recsys_dist.serve"):
+        holder = ModelHolder(PublishSource(d, publish), reload_seconds=0)
+    assert holder.current.version == 2 and "now serving version 2, the newest intact one" in caplog.text
+    _assert_equal(_state(holder.current.loaded), _checkpoint_state(steps[1]), "v2")
+    with TestClient(create_app(holder)) as c:
+        h = c.get("/health").json()
+    assert (h["status"], h["version"], h["latest"], h["stuck"]["version"]) == ("ok", 2, 3, 3)
+    assert "v000003/delta.safetensors: damaged" in h["stuck"]["error"] and h["stuck"]["since"].endswith("+00:00")
+    reads = _Reads(monkeypatch)
+    assert not holder.poll() and reads.take() == (0, [])  # not read again while its files are unchanged
+    delta.write_bytes(good)  # repaired
+    assert holder.poll() and holder.current.version == 3 and holder.stuck is None
+    assert reads.take() == (0, ["v000003"])  # folded onto the served version 2
+    _assert_equal(_state(holder.current.loaded), _checkpoint_state(steps[2]), "v3")
+    p.publish(steps[3])
+    _damage(d / "v000004" / "delta.safetensors")
+    assert not holder.poll() and holder.current.version == 3  # nothing intact newer: never back to 2
+    assert (holder.latest, holder.stuck["version"]) == (4, 4)
+    # serve --version N: that version only, whatever lands; a damaged one is refused
+    pinned = ModelHolder(PublishSource(d, publish, version=2), reload_seconds=0)
+    assert pinned.current.version == 2 and not pinned.poll() and pinned.current.version == 2
+    with pytest.raises(CheckpointError, match="v000004/delta.safetensors: damaged"):
+        ModelHolder(PublishSource(d, publish, version=4), reload_seconds=0)
+    with pytest.raises(ConfigError, match="does not go with --wait"):
+        open_source(d, wait=True, version=2)
+    assert build_parser().parse_args(["serve", str(d), "--port", "0", "--version", "2"]).version == 2
+
+
+@pytest.mark.slow  # the training run of the fixture
+def test_a_publish_that_cannot_be_written_leaves_nothing_behind_and_says_what_it_needs(steps, tmp_path, monkeypatch):
+    """Was: an OSError traceback, the version's .tmp directory left on the full disk."""
+    d = tmp_path / "pub"
+    p = Publisher(d, FOLLOW)
+    p.publish(steps[0])
+    before = sorted(x.name for x in d.iterdir())
+    real = shutil.disk_usage
+    monkeypatch.setattr(publish.shutil, "disk_usage", lambda path: real(path)._replace(free=1000))
+    with pytest.raises(CheckpointError, match=r"version 2 \(the checkpoint of step 2\) could not be written") as e:
+        p.publish(steps[1])
+    assert re.search(r"it needs about \d+\.\d MiB, 0\.0 MiB free there\)", str(e.value))
+    assert f"to {d} ([Errno 28]" in str(e.value) and "version 1 is still the latest" in str(e.value)
+    monkeypatch.setattr(publish.shutil, "disk_usage", real)
+
+    def cut_short(tensors, path):  # a write the full disk cut short, as safetensors reports it
+        Path(path).write_bytes(b"\0" * 1000)
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setattr(publish, "save_file", cut_short)
+    with pytest.raises(CheckpointError, match=r"SafetensorError: .*No space left on device \(os error 28\)"):
+        p.publish(steps[1])
+    monkeypatch.undo()
+    real_json = publish._write_json_atomic
+
+    def manifest_full(path, obj):  # the version is whole and renamed; its manifest cannot be written
+        if path.name == "manifest.json":
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        real_json(path, obj)
+
+    monkeypatch.setattr(publish, "_write_json_atomic", manifest_full)
+    with pytest.raises(CheckpointError, match="No space left on device"):
+        p.publish(steps[1])
+    monkeypatch.undo()
+    assert sorted(x.name for x in d.iterdir()) == before and latest_version(d) == 1
+    assert p.publish(steps[1]).name == "v000002"  # the same publisher goes on once there is space
+    _assert_equal(_state(load_published(d)[0]), _checkpoint_state(steps[1]), "v2")
+    # what a killed publish left is removed when the directory is taken up again
+    (d / ".tmp-v000003-99999").mkdir()
+    (d / ".tmp-v000003-99999" / "delta.safetensors").write_bytes(b"\0" * 10)
+    (d / ".manifest.json.tmp-99999").write_text("{")
+    Publisher(d, FOLLOW, resume_step=2)
+    assert sorted(x.name for x in d.iterdir()) == before + ["v000002"]
+
+
+@pytest.mark.slow  # the training run of the fixture
+def test_a_new_run_refuses_a_publish_dir_holding_versions_unless_overwrite(steps, tmp_path):
+    """Was: a run from scratch took another run's directory and moved its versions to dropped/."""
+    d = tmp_path / "pub"
+    p = Publisher(d, FOLLOW)
+    p.publish(steps[0]), p.publish(steps[1])
+    del p
+    message = rf"publish.dir {d} already holds versions 1..2 of another run.*publish.overwrite: true"
+    with pytest.raises(CheckpointError, match=message):
+        Publisher(d, FOLLOW, resume_step=0, lock=True, new_run=True)
+    with pytest.raises(CheckpointError, match=message):  # recsys-dist train's check, before any rank
+        check_publish_dir(PublishConfig(enabled=True, every_partition=True, dir=str(d)), tmp_path, resumed=False)
+    check_publish_dir(PublishConfig(enabled=True, every_partition=True, dir=str(d)), tmp_path, resumed=True)
+    assert latest_version(d) == 2 and not (d / "dropped").exists()
+    # unlisted versions (a first publish killed before its manifest) count too
+    orphan = tmp_path / "orphan"
+    (orphan / "v000001").mkdir(parents=True)
+    with pytest.raises(CheckpointError, match=rf"publish.dir {orphan} already holds v000001 of another run"):
+        Publisher(orphan, FOLLOW, new_run=True)
+    Publisher(tmp_path / "empty", FOLLOW, new_run=True)  # an empty (or new) directory is fine
+    over = PublishConfig(enabled=True, every_partition=True, overwrite=True)
+    p = Publisher(d, over, resume_step=0, lock=True, new_run=True)
+    assert latest_version(d) == 2  # still served until this run's first version replaces them
+    assert p.publish(steps[2]).name == "v000003" and _manifest(d) == [(3, "full", 3)]
+    assert sorted(x.name.split("-")[0] for x in (d / "dropped").iterdir()) == ["v000001", "v000002"]
