@@ -156,7 +156,10 @@ class TrainLoop:
             rng = state["rng"]
             torch.set_rng_state(rng if isinstance(rng, torch.Tensor) else rng[f"rank_{self._ctx.rank}"])
         self._step, self.rows_trained = meta["step"], meta["rows_trained"]
-        if meta.get("weights_step", self._step) != self._step:
+        self.train_seconds = meta["train_seconds"]
+        if self.best is not None:
+            self.best.load(meta.get("early_stopping"))
+        if meta.get("weights_step", self._step) != self._step and not self._done() and self._ctx.is_main:
             log.warning(
                 "checkpoint %s holds the weights of step %d, the best validation's (train.early_stopping."
                 "restore_best), at step %d's data position: training on continues from those weights",
@@ -164,9 +167,6 @@ class TrainLoop:
                 meta["weights_step"],
                 self._step,
             )
-        self.train_seconds = meta["train_seconds"]
-        if self.best is not None:
-            self.best.load(meta.get("early_stopping"))
         self._restore_position(path, meta)
         self._bar.update(self._step)
 
