@@ -47,8 +47,8 @@ class EarlyStoppingConfig(_Section):
         description="When training ends, put back the weights of the best validation (the test split is "
         "scored, the final checkpoint saved and predict / export read with them; summary.json's weights_step "
         "names their step). With checkpoints on, the best weights are kept as checkpoints/best (as "
-        "checkpoint.keep_best) and read back from it; with checkpoints off, as a copy in memory. false: keep "
-        "the last weights.",
+        "checkpoint.keep_best) and read back from it; with checkpoints off, as a copy in memory (one more copy "
+        "of each rank's table shards and dense weights). false: keep the last weights.",
     )
 
 
