@@ -351,7 +351,8 @@ class Trainer(TrainLoop):
         self._saved_path: Path | None = None  # and its directory
         self._weights_step: int | None = None  # restore_best: the step of the weights held, if not the last
         self._stale_line = None  # metrics lines of the resumed step to write again (StreamTrainer)
-        self.best = best_tracker(cfg, len(self._loaders.train), self._global_batch)
+        per_epoch = len(self._loaders.train) if self._loaders.train is not None else 1  # a stream: no epochs
+        self.best = best_tracker(cfg, per_epoch, self._global_batch)
         es = t.early_stopping  # restore_best without checkpoints: the best weights kept in memory
         self._memory_best = MemoryCopy() if es and es.restore_best and not cfg.checkpoint.enabled else None
         self._t0 = time.perf_counter()
