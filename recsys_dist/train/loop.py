@@ -372,7 +372,9 @@ class TrainLoop:
             source,
             self._step,
         )
-        return b.best_step, b.best_metrics or last_val
+        # Their validation metrics, as scored at that step (a checkpoint of an older recsys_dist
+        # recorded none: scored again).
+        return b.best_step, b.best_metrics or self.evaluate("validation")
 
     def _write_summary(
         self, validation: dict, test: dict, checkpoint: Path | None, weights_step: int | None = None, **extra
