@@ -44,6 +44,7 @@ class FitSummary(TypedDict, total=False):
     wall_split: dict[str, float]  # seconds per phase, adding up to wall_seconds
     checkpoint: str  # the final checkpoint (checkpoint.enabled)
     best: BestSummary  # with train.early_stopping or checkpoint.keep_best
+    weights_step: int  # the step whose weights were scored (the best validation's when restored)
     resumed_from: str  # a resume with nothing left to train: the checkpoint ...
     already_complete: bool  # ... and True (nothing was trained or written)
 
