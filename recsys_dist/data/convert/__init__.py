@@ -58,6 +58,7 @@ from recsys_dist.data.convert.passes import (
     Transform,
     count_vocabularies,
     first_bad_row,
+    in_line_order,
     position_bounds,
     rows_skipped,
 )
@@ -342,7 +343,7 @@ class _Conversion:
             w.close()
         rows = {s: w.rows for s, w in writers.items()}
         files = {s: [f"{s}.parquet"] for s in SPLITS}
-        examples = [{"line": ln, "reason": why} for ln, why in (skipped or [])[:20]]
+        examples = [{"line": ln, "reason": why} for ln, why in in_line_order(skipped or [])[:20]]
         return totals, rows, files, tmp, rows_skipped(skipped or [], readers), examples
 
     def _finish(self, schema, bounds, vocabs, distinct, totals: Totals, written: tuple, token: str) -> dict:
