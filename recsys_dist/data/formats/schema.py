@@ -42,14 +42,7 @@ import pyarrow.parquet as pq
 from recsys_dist.data.formats.base import register_format
 from recsys_dist.data.formats.history import UserHistory, is_parquet
 from recsys_dist.data.mapping import SparseKeys, text_keys
-from recsys_dist.data.text import (
-    count_rows,
-    line_blocks,
-    parse_block,
-    parse_hex_keys,
-    read_head,
-    rows_then_bad_line,
-)
+from recsys_dist.data.text import count_rows, line_blocks, parse_block, parse_hex_keys, read_head, rows_then_bad_line
 from recsys_dist.errors import DataError
 
 _NUMBER = r"^[-+]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?$"
