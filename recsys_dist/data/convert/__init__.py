@@ -66,7 +66,7 @@ from recsys_dist.data.convert.writer import SplitWriter, flat_paths, recut_split
 from recsys_dist.data.formats.base import RawFormat
 from recsys_dist.data.formats.criteo import CRITEO
 from recsys_dist.data.splits import SPLITS, Split
-from recsys_dist.errors import DataError
+from recsys_dist.errors import DataError, NoRows
 
 
 def prepare(
@@ -243,7 +243,7 @@ class _Conversion:
             for t in flat_paths(tmp):
                 t.unlink(missing_ok=True)
             if not skipped_count:
-                raise DataError(f"{raw}: no rows could be read (the file holds no rows)")
+                raise NoRows(f"{raw}: no rows could be read (the file holds no rows)")
             first = first_bad_row(readers, transform)
             raise DataError(
                 f"{raw}: no rows could be read: every row ({skipped_count:,}) was skipped as bad (data.on_bad_row: "
@@ -275,7 +275,7 @@ class _Conversion:
         if num_rows is not None:
             total = min(total, num_rows)
         if total == 0:
-            raise DataError(f"{raw}: the file holds no rows")
+            raise NoRows(f"{raw}: the file holds no rows")
         if skipped is not None and self.mapping == "vocabulary" and self.vocab_path is None:
             # The fractions apply to the rows kept, and the vocabulary is counted over the
             # training rows before anything is written: count the kept rows first (one more
