@@ -214,10 +214,10 @@ class StreamConfig(_Section):
     min_file_age_seconds: _F = Field(
         2.0,
         ge=0,
-        description="A file is taken once its size and modification time have not changed for this many "
-        "seconds (by this machine's clock), so a file still being written in place is not read half-written. "
-        "0: take files at once (a producer that renames each finished file into place). Not waited for "
-        "with data.stream.marker.",
+        description="A file is taken once it has not been modified for this many seconds (its modification "
+        "time against this machine's clock), so a file still being written in place is not read half-written; "
+        "one whose size or modification time changed while it was read is taken again later. 0: take files at "
+        "once (a producer that renames each finished file into place). Not used (an error) with data.stream.marker.",
     )
     marker: str | None = Field(
         None,
@@ -234,6 +234,8 @@ class StreamConfig(_Section):
                 f"marker: {m!r} must be a file name starting with '_' or '.' (e.g. _SUCCESS), which is never "
                 "taken as a partition"
             )
+        if m is not None and "min_file_age_seconds" in self.model_fields_set:
+            raise ValueError("min_file_age_seconds: not used with marker (a file is taken once the marker is there)")
         return self
 
 

@@ -77,6 +77,8 @@ def test_ready_waits_for_the_age_or_the_marker(tmp_path):
     assert ready(marked, "d/p.txt", found["d/p.txt"], now=0) and scan(marked) == found  # the marker is not data
     with pytest.raises(ValueError, match="must be a file name starting with '_' or '.'"):
         StreamConfig(path=str(tmp_path), marker="DONE")
+    with pytest.raises(ValueError, match="min_file_age_seconds: not used with marker"):
+        StreamConfig(path=str(tmp_path), marker="_SUCCESS", min_file_age_seconds=1)
 
 
 def test_a_file_growing_while_it_is_converted_is_not_taken(tmp_path, monkeypatch):
