@@ -97,6 +97,8 @@ def test_a_file_growing_while_it_is_converted_is_not_taken(tmp_path, monkeypatch
     with pytest.raises(FileChanging, match="changed while it was read"):
         convert_partition(cfg, NAMES[0], tmp_path / "parts")
     assert not [p for p in (tmp_path / "parts").iterdir() if p.is_dir()]  # nothing of it kept
+    with pytest.raises(FileChanging, match="vanished"):  # passed over, not quarantined
+        convert_partition(cfg, "day=9/gone.txt", tmp_path / "parts")
 
 
 @pytest.mark.slow
