@@ -5,7 +5,7 @@ them one at a time, in name order. For each partition: rank 0 converts it (a mal
 quarantined: named in the log and in ``metrics.jsonl``, and training goes on), every rank
 opens its share, the model scores it before training on it (progressive validation: a
 ``validation`` line naming the partition), trains on every row once, writes a ``partition``
-line (rows, steps, seconds, the managed-collision counters of that partition) and saves a
+line (rows, rows skipped, steps, seconds, the managed-collision counters of that partition) and saves a
 checkpoint. It stops after ``stop_after_idle_seconds`` without a new partition, at
 ``train.max_steps``, or on SIGTERM (after a checkpoint, exit 0); else it waits forever.
 
@@ -166,8 +166,9 @@ class StreamTrainer(Trainer):
 
         Returns:
             The summary (as :meth:`Trainer.fit`, ``test`` empty) with ``partitions`` (names
-            trained), ``quarantined`` (name -> error) and ``stopped`` (``idle``, ``max_steps``
-            or ``SIGTERM``).
+            trained), ``quarantined`` (name -> error), ``rows_skipped`` and ``skipped`` (bad rows
+            left out under ``data.on_bad_row: skip``: the total, and name -> rows) and
+            ``stopped`` (``idle``, ``max_steps`` or ``SIGTERM``).
         """
         with self._collective(), self._sigterm_stops():
             last_val: dict = {}
