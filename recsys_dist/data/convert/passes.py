@@ -138,7 +138,10 @@ class Transform:
                 if pa.types.is_string(col.type)
                 else col.null_count
             )
-        labels, dense, sparse = self.fmt.parse_batch(batch, path, first + 1)
+        try:
+            labels, dense, sparse = self.fmt.parse_batch(batch, path, first + 1)
+        except DataError as err:
+            raise self._first_bad_row(batch, path, first) or err from None
         ids, raw_ids = [], []
         for j, sk in enumerate(sparse):
             if self.managed[j]:
@@ -161,6 +164,19 @@ class Transform:
             schema=self.schema,
         )
         return out, missing, sparse, raw_ids
+
+    def _first_bad_row(self, batch: pa.RecordBatch, path: str, first: int) -> DataError | None:
+        """The error of the batch's first row with a rejected value: ``parse_batch`` checks
+        column by column, so the error it raised may name a later row (in another column)."""
+        bad, _ = self.fmt.bad_row_mask(batch)
+        if not bad.any():
+            return None
+        i = int(np.flatnonzero(bad)[0])
+        try:
+            self.fmt.parse_batch(batch.slice(i, 1), path, first + i + 1)
+        except DataError as err:
+            return err
+        return None
 
 
 class Totals:
@@ -315,6 +331,12 @@ def first_bad_row(readers: list[Reader], transform: Transform) -> str | None:
         except DataError as err:
             return str(err)
     return None
+
+
+def in_line_order(skipped: list) -> list:
+    """``skipped`` ((line or None, reason) pairs, recorded by kind and block as they were found)
+    sorted by file line, those without a line last: its first entry is the first bad line."""
+    return sorted(skipped, key=lambda s: (s[0] is None, s[0] or 0))
 
 
 def rows_skipped(skipped: list, readers: list[Reader]) -> int:
