@@ -53,16 +53,26 @@ class DataChanged(ConfigError):
 
 class UnsafeFile(OSError):
     """A file recsys_dist writes in place (a lock, ``metrics.jsonl``) is a symbolic link, a file
-    with other hard links, or not a regular file: refused, so that nothing it points at is
-    written. An ``OSError`` (errno ``ELOOP``), so a write's usual error handling reports it;
-    ``filename``: the path. Raised by ``recsys_dist.files``."""
+    with other hard links, or not a regular file, or a file it writes is a directory: refused,
+    so that nothing it points at is written. An ``OSError`` (errno ``ELOOP``; ``EISDIR`` for a
+    directory), so a write's usual error handling reports it; ``filename``: the path; the
+    message names the fix (``rm PATH``, ``rm -r PATH`` for a directory). Raised by
+    ``recsys_dist.files``."""
 
     def __init__(self, path, what: str) -> None:
-        text = (
-            f"{path} is {what}; recsys_dist writes only plain files of its own there and never through a "
-            f"link, which would overwrite what it points at. Remove it (rm {path}) and run again"
-        )
-        super().__init__(errno.ELOOP, text, str(path))  # what O_NOFOLLOW gives on a link
+        if what == "a directory":
+            text = (
+                f"{path} is a directory, where recsys_dist writes a file of that name (it does not create such "
+                f"a directory). Remove it (rm -r {path}) and run again"
+            )
+            code = errno.EISDIR
+        else:
+            text = (
+                f"{path} is {what}; recsys_dist writes only plain files of its own there and never through a "
+                f"link, which would overwrite what it points at. Remove it (rm {path}) and run again"
+            )
+            code = errno.ELOOP  # what O_NOFOLLOW gives on a link
+        super().__init__(code, text, str(path))
         self.what = what
 
     def __reduce__(self):  # pickled to the other ranks (broadcast_result): rebuilt from its own arguments

@@ -11,10 +11,15 @@ version's files) or an export directory goes through this module:
   disk, then renamed over the target (``os.replace``). ``rename(2)`` replaces the directory
   entry itself, so a symbolic link at the target is replaced by the new file and whatever it
   pointed at is never opened; a reader sees the old file or the new one, never half of one.
+  The file gets the mode of a plain ``open`` (0666 less the umask), whatever the writer
+  chose (safetensors writes 0600): a server running as another user reads it.
 - :func:`open_in_place`: a file written where it is (a lock, an appended log), opened with
   ``O_NOFOLLOW``. A symbolic link, a file with another hard link, or anything but a regular
   file is refused with :class:`~recsys_dist.errors.UnsafeFile` (naming the path and the fix).
 - :func:`fresh_dir`: a new empty directory where a stale one (or a link) may be.
+- :func:`refuse_planted`: the check a run makes before it starts: a directory (or, for a file
+  written in place, a link) at a name it will write is refused up front, naming the fix,
+  instead of failing once the run has trained.
 
 Links among the directories above the file (a run directory on another disk, reached through
 a symbolic link) are followed as usual: only the file's own name is never a link.
@@ -44,23 +49,29 @@ def write_atomic(path: str | os.PathLike, data: str | bytes | Callable[[Path], o
     empty regular file in the same directory, named ``.NAME.RANDOM.tmp``. The new file is
     fsynced before the rename and the directory after it. A symbolic link (or any other file)
     at ``path`` is replaced, never written through; the file gets the mode of a plain
-    ``open`` (0666 less the umask) unless the function's writer chose another.
+    ``open`` (0666 less the umask), also when the function's writer chose another (safetensors
+    writes 0600, which a server running as another user could not read).
 
     Returns:
         ``path``.
 
     Raises:
+        UnsafeFile: ``path`` is a directory (errno ``EISDIR``; nothing is written).
         OSError: the directory cannot be written (the temporary file is removed; ``path`` is
-            left as it was); ``IsADirectoryError`` when ``path`` is a directory.
+            left as it was).
     """
     path = Path(path)
+    refuse_planted(path)  # before writing: a directory there would fail only at the rename
     tmp, fd = _new_temp(path)
     try:
+        mode = stat.S_IMODE(os.fstat(fd).st_mode)  # 0666 less the umask, as the kernel applied it
         if callable(data):
             os.close(fd)
             fd = -1
             data(tmp)
             fd = os.open(tmp, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)  # to fsync what the writer wrote
+            if stat.S_IMODE(os.fstat(fd).st_mode) != mode:  # the writer replaced the file with its own
+                os.fchmod(fd, mode)
         else:
             view = memoryview(data.encode() if isinstance(data, str) else data)
             while view:  # os.write may write less than asked (a signal, a pipe-like file system)
@@ -68,7 +79,10 @@ def write_atomic(path: str | os.PathLike, data: str | bytes | Callable[[Path], o
         os.fsync(fd)
         os.close(fd)
         fd = -1
-        os.replace(tmp, path)
+        try:
+            os.replace(tmp, path)
+        except IsADirectoryError:  # a directory made there meanwhile
+            raise UnsafeFile(path, "a directory") from None
     except BaseException:
         if fd >= 0:
             os.close(fd)
@@ -108,6 +122,21 @@ def open_in_place(path: str | os.PathLike, flags: int, mode: int = 0o666) -> int
         raise UnsafeFile(path, what)
     fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
     return fd
+
+
+def refuse_planted(path: str | os.PathLike, in_place: bool = False) -> None:
+    """Refuse what stands at ``path`` where recsys_dist will write a file: a directory (which
+    :func:`write_atomic` cannot replace), and, for a file written in place (``in_place``:
+    :func:`open_in_place`), also a symbolic link or anything but a regular file. Nothing there,
+    a regular file, or (not ``in_place``) a link is fine.
+
+    Raises:
+        UnsafeFile: naming the path, what it is and the fix (``rm -r PATH`` for a directory).
+    """
+    path = Path(path)
+    what = _not_plain(path)
+    if what == "a directory" or (what and in_place):
+        raise UnsafeFile(path, what)
 
 
 def fresh_dir(path: str | os.PathLike) -> Path:

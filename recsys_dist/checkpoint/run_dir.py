@@ -11,7 +11,9 @@ A run directory holds one run (the README's table: ``config.yaml``, ``plan.txt``
   checkpoint (:func:`resolve_resume`);
 - one run writes a directory at a time: the process that starts the run holds an exclusive
   lock on ``RUN_DIR/.lock`` for the run's life (:func:`lock_run_dir`), so a second run, fresh
-  or ``--resume``, is refused at once, naming the holder;
+  or ``--resume``, is refused at once, naming the holder; taking it also refuses a directory
+  planted at the name of a file the run writes (:func:`check_run_files`) and removes the
+  temporary files a killed run left (``.NAME.RANDOM.tmp``, :func:`remove_temporaries`);
 - ``config.yaml`` is the resolved config; a resumed run replaces it only once there is
   something left to train, so a no-op resume leaves the file that matches the checkpoints
   (:func:`write_config`, :func:`total_steps`).
@@ -25,6 +27,7 @@ import errno
 import fcntl
 import json
 import os
+import re
 import socket
 import sys
 import time
@@ -40,9 +43,21 @@ from recsys_dist.config.run import RunConfig
 from recsys_dist.data.config import describe_raw_path
 from recsys_dist.data.convert.manifest import train_identity
 from recsys_dist.errors import CheckpointError, DataChanged, RunDirLocked, UnsafeFile  # noqa: F401 (raised here; defined in errors)
-from recsys_dist.files import open_in_place
+from recsys_dist.files import open_in_place, refuse_planted
 
 RUN_FILES = ("metrics.jsonl", "checkpoints")  # their presence means the directory holds a run
+# The files a run writes (whole, by rename: recsys_dist.files.write_atomic), relative to its directory.
+WRITTEN_FILES = (
+    "config.yaml",
+    "plan.txt",
+    "plan.json",
+    "summary.json",
+    "metrics.jsonl",
+    "checkpoints/latest",
+    "checkpoints/best",
+)
+# recsys_dist.files.write_atomic's temporary name for NAME: .NAME.<8 hex digits>.tmp
+_TEMPORARY = re.compile(r"\..+\.[0-9a-f]{8}\.tmp")
 
 
 def default_run_dir(config_path: str | Path) -> Path:
@@ -115,10 +130,14 @@ def lock_run_dir(run_dir: str | Path, wait_s: float = 0.0) -> RunDirLock | None:
         The lock, or None when a launcher of this process holds it already (``$RECSYS_DIST_RUN_LOCK``
         names this directory: the ranks of ``recsys-dist train`` or of a locked ``launch``).
 
+    Once taken, the directory is checked (:func:`check_run_files`) and the temporary files a
+    killed run left are removed (:func:`remove_temporaries`).
+
     Raises:
         RunDirLocked: another live process holds it (naming its pid, host and command).
-        ConfigError: the directory or its lock file cannot be created, or ``.lock`` is a
-            symbolic link, a hard link or not a regular file (refused: never written through).
+        ConfigError: the directory or its lock file cannot be created, ``.lock`` is a
+            symbolic link, a hard link or not a regular file (refused: never written through),
+            or a directory stands where the run writes a file (:func:`check_run_files`).
     """
     run_dir = Path(run_dir).absolute()
     if os.environ.get(LOCK_ENV) == str(run_dir):
@@ -155,7 +174,53 @@ def lock_run_dir(run_dir: str | Path, wait_s: float = 0.0) -> RunDirLock | None:
         os.pwrite(fd, (json.dumps(info) + "\n").encode(), 0)
     except OSError:
         pass  # the lock holds without its description
-    return RunDirLock(run_dir, fd)
+    lock = RunDirLock(run_dir, fd)
+    try:
+        check_run_files(run_dir)
+    except ConfigError:
+        lock.release()
+        raise
+    remove_temporaries(run_dir)
+    return lock
+
+
+def check_run_files(run_dir: Path) -> None:
+    """Refuse a directory standing where the run writes a file (:data:`WRITTEN_FILES`, e.g. a
+    ``mkdir RUN/summary.json``): checked before the run starts, since the write (by rename)
+    would fail only once the run has trained.
+
+    Raises:
+        ConfigError: naming each such path and the fix (``rm -r PATH``).
+    """
+    problems = []
+    for name in WRITTEN_FILES:
+        try:
+            refuse_planted(Path(run_dir) / name)
+        except UnsafeFile as err:
+            problems.append(str(err))
+    if problems:
+        raise ConfigError(f"--run-dir {run_dir}: " + "; ".join(problems))
+
+
+def remove_temporaries(run_dir: Path) -> list[Path]:
+    """Remove the temporary files (``.NAME.RANDOM.tmp``, :func:`recsys_dist.files.write_atomic`)
+    that a run killed mid-write left in ``run_dir`` and ``run_dir/checkpoints``; the caller
+    holds the run directory's lock, so no live writer owns them. Returns the paths removed."""
+    removed = []
+    for d in (Path(run_dir), Path(run_dir) / "checkpoints"):
+        try:
+            names = os.listdir(d)
+        except OSError:
+            continue
+        for name in names:
+            path = d / name
+            if _TEMPORARY.fullmatch(name) and not path.is_dir():
+                try:
+                    path.unlink()
+                    removed.append(path)
+                except OSError:
+                    pass  # left for the next run: harmless
+    return removed
 
 
 def _holder(fd: int) -> str:

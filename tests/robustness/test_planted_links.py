@@ -9,25 +9,28 @@ was opened through the link and its target truncated.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import pickle
 import stat
 
 import pytest
+import torch
 import yaml
+from safetensors.torch import save_file
 
 import recsys_dist
-from recsys_dist.checkpoint.run_dir import lock_run_dir
+from recsys_dist.checkpoint.run_dir import WRITTEN_FILES, lock_run_dir
 from recsys_dist.cli.report import report
 from recsys_dist.config.base import ConfigError
 from recsys_dist.data.convert.cache import entry_lock
-from recsys_dist.errors import DataError, UnsafeFile
+from recsys_dist.errors import CheckpointError, DataError, UnsafeFile
 from recsys_dist.files import fresh_dir, open_in_place, write_atomic
 from recsys_dist.serve.config import PublishConfig
 from recsys_dist.serve.export import export
 from recsys_dist.serve.publish import Publisher, load_published
-from recsys_dist.serve.publishing import PublishCallback
+from recsys_dist.serve.publishing import PublishCallback, check_publish_dir
 from tests.conftest import QUICKSTART
 
 VICTIM_TEXT = "the victim's data: never to be overwritten\n"
@@ -195,3 +198,77 @@ def test_a_run_publish_export_and_report_write_no_planted_link_target(tmp_path, 
     # no temporary file left anywhere
     leftovers = [p for p in tmp_path.rglob(".*.tmp") if "cache" not in p.parts]
     assert not leftovers, leftovers
+
+
+# ------------------------------------------------------------------ directories planted at file names
+
+
+def test_a_directory_at_a_file_name_is_refused_before_the_run_naming_rm_r(tmp_path):
+    """Was: an IsADirectoryError traceback once the whole run had trained (summary.json,
+    plan.txt), "free disk space" (checkpoints/latest), "cannot write there" (config.yaml), `rm`
+    for a directory (.lock). Now taking the run directory refuses it, naming `rm -r PATH`."""
+    for name in [*WRITTEN_FILES, ".lock"]:
+        run = tmp_path / "runs" / name.replace("/", "_")
+        (run / name).mkdir(parents=True)
+        with pytest.raises(ConfigError) as e:
+            lock_run_dir(run)
+        path = run / name
+        assert f"{path} is a directory" in str(e.value) and f"(rm -r {path})" in str(e.value), name
+        assert "link" not in str(e.value) and "disk" not in str(e.value), name
+        (run / name).rmdir()
+        with lock_run_dir(run):  # the directory removed, the run takes its directory
+            pass
+    # recsys_dist.files names a directory as one (not the temporary file, not as a link)
+    (tmp_path / "summary.json").mkdir()
+    with pytest.raises(UnsafeFile) as e:
+        write_atomic(tmp_path / "summary.json", "{}")
+    assert e.value.errno == errno.EISDIR and e.value.filename == str(tmp_path / "summary.json")
+    assert f"(rm -r {tmp_path / 'summary.json'})" in str(e.value) and ".tmp" not in str(e.value)
+    with pytest.raises(UnsafeFile, match=r"is a directory.*rm -r"):
+        open_in_place(tmp_path / "summary.json", os.O_WRONLY | os.O_CREAT)
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
+def test_a_publish_dir_that_cannot_be_one_is_refused_before_the_run(tmp_path, victim):
+    """Was: told only when the first version was published (after a partition trained), as
+    "[Errno 17] File exists" or a link message from inside the publish."""
+    cfg = PublishConfig(enabled=True, every_partition=True, dir="pub")
+    (tmp_path / "pub").write_text("")
+    with pytest.raises(CheckpointError, match=r"publish.dir .*pub is a file, not a directory"):
+        check_publish_dir(cfg, tmp_path, resumed=False)
+    (tmp_path / "pub").unlink()
+    _plant(tmp_path / "pub" / ".lock", victim)
+    with pytest.raises(CheckpointError, match=r"pub/\.lock is a symbolic link .*\(rm .*pub/\.lock\)"):
+        check_publish_dir(cfg, tmp_path, resumed=True)
+    (tmp_path / "pub" / ".lock").unlink()
+    (tmp_path / "pub" / "manifest.json").mkdir()
+    with pytest.raises(CheckpointError, match=r"pub/manifest\.json is a directory.*rm -r"):
+        check_publish_dir(cfg, tmp_path, resumed=False)
+    (tmp_path / "pub" / "manifest.json").rmdir()
+    check_publish_dir(cfg, tmp_path, resumed=False)
+    assert victim.read_text() == VICTIM_TEXT
+
+
+def test_taking_a_run_dir_removes_the_temporary_files_a_killed_run_left(tmp_path):
+    """Was: `.summary.json.X.tmp`, `checkpoints/.latest.X.tmp` left by a kill stayed for good."""
+    run = tmp_path / "run"
+    left = [run / ".summary.json.0badc0de.tmp", run / "checkpoints" / ".latest.12345678.tmp"]
+    kept = [run / "notes.tmp", run / ".hidden.tmp", run / "checkpoints" / "step_00000004" / ".meta.json.0badc0de.tmp"]
+    for p in left + kept:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text("x")
+    with lock_run_dir(run):
+        assert not any(p.exists() for p in left) and all(p.exists() for p in kept)
+
+
+def test_files_written_by_a_path_writer_get_the_mode_of_a_plain_open(tmp_path):
+    """Was: safetensors writes 0600, so a delta (delta.safetensors) could not be read by a
+    server running as another user, while a full version's files were 0644."""
+    umask = os.umask(0o022)
+    try:
+        save_file({"x": torch.zeros(2)}, str(tmp_path / "plain.safetensors"))
+        assert stat.S_IMODE(os.stat(tmp_path / "plain.safetensors").st_mode) == 0o600  # safetensors' own
+        write_atomic(tmp_path / "w.safetensors", lambda p: save_file({"x": torch.zeros(2)}, str(p)))
+        assert stat.S_IMODE(os.stat(tmp_path / "w.safetensors").st_mode) == 0o644
+    finally:
+        os.umask(umask)
