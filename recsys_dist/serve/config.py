@@ -47,9 +47,10 @@ class PublishConfig(Section):
     )
     overwrite: bool = Field(
         False,
-        description="Let a run that starts from scratch (no --resume) publish into a publish.dir that already "
-        "holds another run's versions: its first version, a full one, is numbered after them and replaces them "
-        "(they move to dropped/). False: such a run is refused before it trains, naming the directory.",
+        description="Let a run publish into a publish.dir that already holds another run's versions (a run from "
+        "scratch finding any versions there; a resumed run finding versions its manifest says another run "
+        "directory published): its first version, a full one, is numbered after them and replaces them (they "
+        "move to dropped/). False: such a run is refused before it trains, naming the directory.",
     )
     format: Literal["safetensors", "torchscript"] = Field(
         "safetensors",

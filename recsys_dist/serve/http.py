@@ -25,7 +25,9 @@ once, so it is scored entirely by one model and answers with that model's versio
 in flight when a swap happens finish on the old one. A load that fails (a damaged or half
 written file) is logged as a warning and the old model keeps serving; the same files are not
 tried again until they change. A publish directory whose latest version cannot be loaded is
-served at its newest intact version newer than the one served (also at start), with a warning.
+served at its newest intact version newer than the one served (also at start), with a warning;
+one whose manifest cannot be read (damaged) keeps its model, and says so once in the log and
+in ``/health``'s ``stuck`` until the manifest is readable again.
 """
 
 from __future__ import annotations
@@ -247,9 +249,10 @@ class ModelHolder:
         latest: the newest version the source holds as last seen (a publish directory's
             ``latest``; None for an export directory).
         stuck: None, or why the source's newest model is not the one served: ``{"version": the
-            version that failed to load (None for an export), "error": its message, "since":
-            ISO-8601 UTC of the first failure}``. A failed version is tried again when its
-            files change (a repair) or a newer one appears.
+            version that failed to load (None for an export, or when the source itself cannot
+            be read: a damaged ``manifest.json``), "error": its message, "since": ISO-8601 UTC
+            of the first failure}``. A failed version is tried again when its files change (a
+            repair) or a newer one appears.
     """
 
     def __init__(self, source, reload_seconds: float = 2.0) -> None:
@@ -258,6 +261,8 @@ class ModelHolder:
         self.latest: int | None = None
         self.stuck: dict | None = None
         self._failed = None  # (token, its files' state) whose load failed: not tried again until either changes
+        self._unreadable: str | None = None  # why the source cannot be read now (logged once)
+        self._stuck_before: dict | None = None  # what stuck said before the source became unreadable
         token = source.token()
         if token is not None or not isinstance(source, WaitingSource):
             self.latest = _version(token)
@@ -281,12 +286,23 @@ class ModelHolder:
     def poll(self) -> bool:
         """Load the source's model if it changed since the one served; whether it swapped.
         A failed load is logged and leaves the served model (or none, while waiting) as it is,
-        or, for a publish directory, moves on to a newer intact version than the one served."""
-        token = self.source.token()
+        or, for a publish directory, moves on to a newer intact version than the one served.
+        A source that cannot be read (a damaged manifest) keeps the served model: said once."""
+        try:
+            token = self.source.token()
+        except Exception as err:  # noqa: BLE001 - whatever the source's failure, what is served stays
+            self._source_unreadable(err)
+            return False
+        if self._unreadable is not None:  # readable again
+            log.warning("recsys-dist serve: %s can be read again", self.source.describe())
+            self._unreadable, self.stuck = None, self._stuck_before
         served = self.current
         if token is None or (served is not None and token == served.token):
             return False
         self.latest = _version(token)
+        if served is not None and type(token) is int and token < served.version:  # e.g. a manifest rebuilt by hand
+            self._older(token, served.version)
+            return False
         if self._failed is not None and self._failed == (token, self._fingerprint(token)):
             return False
         try:
@@ -306,6 +322,38 @@ class ModelHolder:
         self._failed = self.stuck = None
         log.warning("recsys-dist serve: now serving %s", self.describe())
         return True
+
+    def _source_unreadable(self, err: Exception) -> None:
+        """Note that the source cannot be read (``stuck``, version None); logged once per error,
+        not at every reload tick."""
+        text = str(err)[:500]
+        if self._unreadable is None:
+            self._stuck_before = self.stuck
+            self.stuck = {"version": None, "error": text, "since": datetime.now(UTC).isoformat(timespec="seconds")}
+        if text != self._unreadable:
+            served = self.current
+            log.warning(
+                "recsys-dist serve: %s cannot be read, %s (said once; checked again every %g s): %s",
+                self.source.describe(),
+                "still waiting for a model" if served is None else f"still serving version {served.version}",
+                self.reload_seconds,
+                text,
+            )
+            self.stuck = {**self.stuck, "error": text}
+        self._unreadable = text
+
+    def _older(self, token: int, served: int) -> None:
+        """The latest version listed is older than the one served: never loaded (a server never
+        goes back); said once (``stuck``)."""
+        if self._failed == (token, "older"):
+            return
+        self._failed = (token, "older")
+        text = (
+            f"the latest version listed, {token}, is older than version {served}, which is served; a server never "
+            f"goes back (restart it to serve version {token}), and serves the next version published"
+        )
+        self.stuck = {"version": token, "error": text, "since": datetime.now(UTC).isoformat(timespec="seconds")}
+        log.warning("recsys-dist serve: %s: %s", self.source.describe(), text)
 
     def _fingerprint(self, token):
         fingerprint = getattr(self.source, "fingerprint", None)

@@ -1,11 +1,14 @@
 """A publish directory's manifest and version directories, read and checked (the format:
 ``recsys_dist.serve.publish``): which versions it lists, the chain of deltas a version folds,
-whether a version's files match their checksums, and its newest intact version.
+whether a version's files match their checksums, and its newest intact version; the version
+list rebuilt from the version directories when ``manifest.json`` is damaged
+(:func:`rebuilt_entries`), and the run that publishes into a directory (:func:`publishing_run`).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from recsys_dist.data.record import file_sha256
@@ -14,6 +17,20 @@ from recsys_dist.errors import CheckpointError
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 VERSION_FILE = "version.json"
+# How a reader is told to get past a damaged publish: what exists (no "publish again" command does).
+RESUME_FIX = (
+    "resume the run that publishes there (recsys-dist train ... --resume auto --run-dir RUN): it goes on from the "
+    "newest intact version with a full one, numbered after every version"
+)
+
+
+def repair_hint(publish_dir) -> str:
+    """How to rebuild a damaged ``manifest.json`` of ``publish_dir`` (a real call, not a command that does not exist)."""
+    return (
+        f"python -c \"from recsys_dist.serve.publish import repair_manifest; repair_manifest('{publish_dir}')\" "
+        "rebuilds it from the version directories (each v*/version.json), as a resumed run that publishes "
+        "there does by itself"
+    )
 
 
 def read_manifest(publish_dir: str | Path) -> dict:
@@ -38,8 +55,7 @@ def read_manifest(publish_dir: str | Path) -> dict:
         ok = False
     if not ok:
         raise CheckpointError(
-            f"{path}: damaged or not a manifest of format_version {FORMAT_VERSION}; delete {publish_dir} and "
-            "publish again from the run's checkpoints"
+            f"{path}: damaged or not a manifest of format_version {FORMAT_VERSION}; {repair_hint(publish_dir)}"
         )
     return manifest
 
@@ -88,8 +104,8 @@ def _chain(publish_dir: Path, manifest: dict, version: int | None) -> list[dict]
         if base not in entries or base != chain[-1]["version"] - 1:
             raise CheckpointError(
                 f"{publish_dir / MANIFEST}: delta version {chain[-1]['version']} builds on version {base}, which is "
-                f"not published there (a gap in the chain); load a version before the gap, or delete {publish_dir} "
-                "and publish again from the run's checkpoints"
+                f"not published there (a gap in the chain); ask for a version before the gap (--version N of serve "
+                f"or export --from-publish), or {RESUME_FIX}"
             )
         chain.append(entries[base])
     return chain[::-1]
@@ -102,9 +118,12 @@ def _checked_version_dir(publish_dir: Path, entry: dict) -> Path:
         CheckpointError: the directory or a file is missing, or a file differs from its checksum.
     """
     vdir = publish_dir / entry["dir"]
+    earlier = entry["version"] - 1
     fix = (
-        f"load an earlier version (load_published(..., version={entry['version'] - 1})), or delete {publish_dir} "
-        "and publish again from the run's checkpoints"
+        f"ask for an earlier version (--version {earlier} of serve or export --from-publish; version={earlier} of "
+        f"load_published), or {RESUME_FIX}"
+        if earlier >= 1
+        else RESUME_FIX
     )
     info_path = vdir / VERSION_FILE
     if not info_path.is_file():
@@ -186,3 +205,67 @@ def _files(directory: Path) -> list[Path]:
         return sorted(p for p in directory.rglob("*") if p.is_file())
     except OSError:
         return []
+
+
+def _entry_of(vdir: Path) -> tuple[dict, dict]:
+    """(the manifest entry of version directory ``vdir``, its version.json) as its
+    ``version.json`` records them.
+
+    Raises:
+        CheckpointError: no version.json, or one that is not a version of this directory name.
+    """
+    try:
+        info = json.loads((vdir / VERSION_FILE).read_text())
+        entry = {k: info[k] for k in ("version", "kind", "step", "base")}
+        entry.update(quantize=info.get("quantize", "none"), format=info.get("format", "safetensors"), dir=vdir.name)
+    except (OSError, ValueError, KeyError, TypeError):
+        raise CheckpointError(f"{vdir / VERSION_FILE}: missing or not the JSON a publish writes") from None
+    if not _entry_ok(entry) or vdir.name != f"v{entry['version']:06d}":
+        raise CheckpointError(f"{vdir / VERSION_FILE}: does not describe version {vdir.name}")
+    return entry, info
+
+
+def _version_dirs(publish_dir: Path) -> list[Path]:
+    return sorted(p for p in publish_dir.glob("v*") if re.fullmatch(r"v\d+", p.name) and p.is_dir())
+
+
+def rebuilt_entries(publish_dir: str | Path) -> tuple[list[dict], dict[str, str], list[int]]:
+    """What a damaged ``manifest.json`` listed, rebuilt from the directory itself: (the
+    manifest entries of each ``v*`` directory whose ``version.json`` is whole and describes
+    that directory, in version order; for each other ``v*`` directory, why not; the version
+    numbers moved to ``dropped/`` (``v00000k-TIME``), which later versions number after).
+    Only ``version.json`` is read: a version whose files are damaged is listed, as the manifest
+    listed it, and found out as any damaged version is (:func:`newest_intact`, a server's or
+    a Publisher's load), so that the latest version listed never goes back."""
+    publish_dir = Path(publish_dir)
+    entries, bad = [], {}
+    for vdir in _version_dirs(publish_dir):
+        try:
+            entries.append(_entry_of(vdir)[0])
+        except CheckpointError as err:
+            bad[vdir.name] = str(err)
+    dropped = sorted(
+        {int(m.group(1)) for p in (publish_dir / "dropped").glob("v*") if (m := re.match(r"v(\d+)-", p.name))}
+    )
+    return sorted(entries, key=lambda e: e["version"]), bad, dropped
+
+
+def publishing_run(publish_dir: str | Path, manifest: dict | None) -> str | None:
+    """The run directory that publishes into ``publish_dir``: as ``manifest`` records it
+    (``run_dir``), or, for a manifest written before it did (or a damaged one: None), the run
+    of its newest version's checkpoint (``version.json``'s ``checkpoint``: ``RUN/checkpoints/step_N``);
+    None when unknown."""
+    if manifest is not None and manifest.get("run_dir"):
+        return str(manifest["run_dir"])
+    publish_dir = Path(publish_dir)
+    dirs = (
+        [publish_dir / e["dir"] for e in manifest["versions"]] if manifest is not None else _version_dirs(publish_dir)
+    )
+    for vdir in reversed(dirs):
+        try:
+            checkpoint = Path(_entry_of(vdir)[1]["checkpoint"])
+        except (CheckpointError, KeyError, TypeError):
+            continue
+        if checkpoint.parent.name == "checkpoints":
+            return str(checkpoint.parent.parent)
+    return None

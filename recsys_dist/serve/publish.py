@@ -31,7 +31,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import errno
-import fcntl
 import json
 import logging
 import os
@@ -48,26 +47,35 @@ from recsys_dist.checkpoint.meta import is_complete, latest_checkpoint, read_met
 from recsys_dist.data.record import file_sha256
 from recsys_dist.errors import CheckpointError
 from recsys_dist.faults import maybe_fault
-from recsys_dist.files import fresh_dir, open_in_place, write_atomic
+from recsys_dist.files import fresh_dir, write_atomic
 from recsys_dist.serve.config import PublishConfig
 from recsys_dist.serve.export import LoadedModel, load, write_export
 from recsys_dist.serve.manifest import (  # noqa: F401 - read_manifest, latest_version, newest_intact: public here too
     FORMAT_VERSION,
     MANIFEST,
+    RESUME_FIX,
     VERSION_FILE,
     _chain,
     _checked_version_dir,
     chain_files_state,
     latest_version,
     newest_intact,
+    publishing_run,
     read_manifest,
+)
+from recsys_dist.serve.publish_dir import (  # noqa: F401 - check_new_run, check_owner, repair_manifest: public here too
+    DROPPED_DIR,
+    check_new_run,
+    check_owner,
+    lock_dir,
+    read_listing,
+    repair_manifest,
 )
 from recsys_dist.serve.quantize import load_published_state, published_state, quantize_model, table_keys
 
 log = logging.getLogger("recsys_dist")
 
 DELTA_FILE = "delta.safetensors"
-DROPPED_DIR = "dropped"
 
 
 def version_dir(version: int) -> str:
@@ -95,26 +103,22 @@ def _apply_delta(state: dict[str, torch.Tensor], path: Path) -> None:
     try:
         delta = load_file(str(path))
     except (SafetensorError, OSError) as err:
-        raise CheckpointError(
-            f"{path}: cannot be read ({err}); delete the publish directory and publish again"
-        ) from None
+        raise CheckpointError(f"{path}: cannot be read ({err}); {RESUME_FIX}") from None
     covered = set()
     for key, value in delta.items():
         kind, _, name = key.partition("/")
         if name not in state or kind not in ("state", "ids", "rows"):
-            raise CheckpointError(f"{path}: tensor {key} fits no tensor of the model; publish again from the run")
+            raise CheckpointError(f"{path}: tensor {key} fits no tensor of the model; {RESUME_FIX}")
         covered.add(name)
         if kind == "state":
             state[name] = value
         elif kind == "ids":
             rows = delta.get(f"rows/{name}")
             if rows is None or len(rows) != len(value) or rows.shape[1:] != state[name].shape[1:]:
-                raise CheckpointError(f"{path}: the rows of {name} do not fit its ids or table; publish again")
+                raise CheckpointError(f"{path}: the rows of {name} do not fit its ids or table; {RESUME_FIX}")
             state[name][value] = rows
     if covered != set(state):
-        raise CheckpointError(
-            f"{path}: holds nothing for {sorted(set(state) - covered)[:5]}; publish again from the run"
-        )
+        raise CheckpointError(f"{path}: holds nothing for {sorted(set(state) - covered)[:5]}; {RESUME_FIX}")
 
 
 def _describe(publish_dir: Path, chain: list[dict]) -> str:
@@ -219,27 +223,6 @@ def _same_layout(a: dict, b: dict) -> bool:
     return a.keys() == b.keys() and all(a[k].shape == b[k].shape and a[k].dtype == b[k].dtype for k in a)
 
 
-def _lock(publish_dir: Path):
-    """An exclusive lock on ``DIR/.lock`` for as long as the returned file is open (the process
-    lives: a killed one releases it).
-
-    Raises:
-        CheckpointError: another process holds it (another run publishes into ``publish_dir``).
-    """
-    fd = open_in_place(publish_dir / ".lock", os.O_WRONLY | os.O_APPEND | os.O_CREAT)  # never through a link
-    f = os.fdopen(fd, "a")  # noqa: SIM115 - held open for the publisher's life
-    try:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        f.close()
-        raise CheckpointError(
-            f"{publish_dir}: another process publishes into it now (it holds {publish_dir / '.lock'}); two runs "
-            "may not publish into one directory (each would number, drop and overwrite the other's versions): "
-            "give this run another publish.dir"
-        ) from None
-    return f
-
-
 def _remove_leftovers(publish_dir: Path) -> None:
     """Remove what a publish killed mid-write left: its version's ``.tmp-v00000k-<pid>``
     directory and a ``.manifest.json.tmp-<pid>`` file (the caller holds the directory)."""
@@ -249,36 +232,6 @@ def _remove_leftovers(publish_dir: Path) -> None:
         else:
             tmp.unlink(missing_ok=True)
         log.warning("publish: removed %s, left by a publish that was interrupted", tmp)
-
-
-def _taken_message(publish_dir: Path, versions: list[dict], orphans: list[str]) -> str:
-    held = f"versions {versions[0]['version']}..{versions[-1]['version']}" if versions else f"{', '.join(orphans)}"
-    return (
-        f"publish.dir {publish_dir} already holds {held} of another run, and this run starts from scratch (it "
-        "resumes no checkpoint): publishing there would number after them and move them to "
-        f"{DROPPED_DIR}/, under a server that may be following them. Give this run its own publish.dir, or "
-        "resume the run that published them (--resume auto --run-dir ITS_RUN_DIR), or set publish.overwrite: "
-        f"true to take the directory over (its versions stay served until this run's first version, a full one "
-        f"numbered after them, replaces them; then they move to {DROPPED_DIR}/)"
-    )
-
-
-def check_new_run(publish_dir: str | Path, cfg: PublishConfig) -> None:
-    """Refuse ``publish_dir`` to a run that starts from scratch when it already holds versions
-    (listed in ``manifest.json``, or left unlisted by a killed publish), unless
-    ``publish.overwrite``: they are another run's, and publishing there would replace them.
-
-    Raises:
-        CheckpointError: such a directory (the message names it and the fixes).
-    """
-    d = Path(publish_dir)
-    if cfg.overwrite or not d.is_dir():
-        return
-    versions = read_manifest(d)["versions"] if (d / MANIFEST).is_file() else []
-    listed = {e["dir"] for e in versions}
-    orphans = sorted(p.name for p in d.glob("v*") if p.is_dir() and p.name not in listed)
-    if versions or orphans:
-        raise CheckpointError(_taken_message(d, versions, orphans))
 
 
 def _write_failed(err: Exception) -> bool:
@@ -308,17 +261,21 @@ class Publisher:
     a killed publish left out of the manifest; after such a drop the next version is a full one.
     Likewise when the newest versions cannot be loaded (a damaged or missing file, a gap): the
     publisher goes on from the newest intact one (:func:`newest_intact`), publishes a full
-    version next and drops the damaged ones once it is published. Numbers always grow (after
-    every version ever published), so a server following the directory never goes back.
+    version next and drops the damaged ones once it is published; and when ``manifest.json``
+    itself is damaged: it is rebuilt from the version directories (``publish_dir.read_listing``)
+    and the next version is a full one. Numbers always grow (after every version ever
+    published), so a server following the directory never goes back.
     What a killed publish left (``.tmp-*``) is removed. ``version``: the newest intact
     published version (None before the first). ``lock``: hold ``DIR/.lock`` while it lives
     (``PublishCallback`` does: one run at a time publishes into a directory). ``new_run``: the
     run starts from scratch (resumes no checkpoint): a directory holding versions is refused
-    unless ``publish.overwrite``.
+    unless ``publish.overwrite``. ``run_dir``: the run's directory, recorded in the manifest; a
+    resumed run (not ``new_run``) finding another run's versions is refused unless
+    ``publish.overwrite`` (``publish_dir.check_owner``), which takes them over as a new run does.
 
     Raises:
-        CheckpointError: an existing manifest that cannot be read; with ``lock``, another
-            process holding the directory; with ``new_run``, a directory holding versions.
+        CheckpointError: with ``lock``, another process holding the directory; with
+            ``new_run``, a directory holding versions; with ``run_dir``, another run's directory.
     """
 
     def __init__(
@@ -328,39 +285,40 @@ class Publisher:
         resume_step: int | None = None,
         lock: bool = False,
         new_run: bool = False,
+        run_dir: str | Path | None = None,
     ):
         self.dir = Path(publish_dir)
         self.cfg = cfg
         self.dir.mkdir(parents=True, exist_ok=True)
-        self._lock = _lock(self.dir) if lock else None
+        self._lock = lock_dir(self.dir) if lock else None
         if new_run:
             check_new_run(self.dir, cfg)
-        manifest = read_manifest(self.dir) if (self.dir / MANIFEST).is_file() else None
+        manifest, bad = read_listing(self.dir)  # bad: None, or the manifest was rebuilt (why dirs were left out)
+        foreign = not new_run and run_dir is not None and check_owner(self.dir, cfg, run_dir, manifest)
+        self._owner = str(Path(run_dir).resolve()) if run_dir is not None else publishing_run(self.dir, manifest)
         self._versions: list[dict] = list(manifest["versions"]) if manifest else []
         self._dropped: list[dict] = list(manifest.get("dropped", [])) if manifest else []
-        drop = [e for e in self._versions if resume_step is not None and e["step"] > resume_step]
+        self._why: dict[int, str] = {}  # version -> why it moves to dropped/ once the next version is published
+        for e in self._versions:
+            if foreign:
+                self._why[e["version"]] = "another run's version, taken over (publish.overwrite)"
+            elif resume_step is not None and e["step"] > resume_step:
+                self._why[e["version"]] = f"its step {e['step']} was trained again after the resume from {resume_step}"
+        drop = [e for e in self._versions if e["version"] in self._why]
         listed = {e["dir"] for e in self._versions}
         orphans = sorted(p.name for p in self.dir.glob("v*") if p.is_dir() and p.name not in listed)
         _remove_leftovers(self.dir)
-        self._force_full = bool(drop or orphans)
+        self._force_full = bool(drop or orphans or bad is not None)
         for name in orphans:
-            self._move_aside(name, f"not in {MANIFEST} (a publish interrupted before its manifest)")
+            self._move_aside(
+                name, (bad or {}).get(name, f"not in {MANIFEST} (a publish interrupted before its manifest)")
+            )
             if name[1:].isdigit():
                 self._dropped.append({"version": int(name[1:]), "step": None})
-        # Versions past the resumed step stay listed (and served) until the next version replaces
-        # them: the run trains those steps again, and a server must never fall back to an older model.
-        for e in drop:
-            log.warning(
-                "publish: version %d (step %d) is after the resumed step %s; it stays the latest until the next "
-                "version (a full one) replaces it, then moves to %s/",
-                e["version"],
-                e["step"],
-                resume_step,
-                DROPPED_DIR,
-            )
         numbers = [e["version"] for e in self._versions + self._dropped]
         self._next = max(numbers, default=0) + 1
-        if orphans and manifest is not None:
+        self._warn_drop(drop, "are another run's" if foreign else f"are after the resumed step {resume_step}")
+        if (orphans and manifest is not None) or bad is not None:
             self._write_manifest()
         self._state: dict | None = None
         self.version: int | None = None
@@ -403,7 +361,25 @@ class Publisher:
                 self._next,
                 DROPPED_DIR,
             )
+        for e in damaged:
+            self._why.setdefault(e["version"], "it could not be loaded")
         return damaged
+
+    def _warn_drop(self, drop: list[dict], why: str) -> None:
+        """Say which listed versions this run replaces (``why``: "are after the resumed step 4")."""
+        if not drop:
+            return
+        missing = [e["dir"] for e in drop if not (self.dir / e["dir"]).is_dir()]
+        log.warning(
+            "publish: version(s) %s in %s %s; they stay listed (a server keeps what it serves) until this run's "
+            "next version, a full one numbered %d, replaces them, then move to %s/%s",
+            ", ".join(f"{e['version']} (step {e['step']})" for e in drop),
+            self.dir,
+            why,
+            self._next,
+            DROPPED_DIR,
+            f" ({', '.join(missing)}: missing already, so not loadable)" if missing else "",
+        )
 
     @property
     def step(self) -> int | None:
@@ -428,6 +404,7 @@ class Publisher:
                 "latest": versions[-1]["version"] if versions else None,
                 "versions": versions,
                 "dropped": self._dropped if dropped is None else dropped,
+                "run_dir": self._owner,  # whose directory it is (publish_dir.check_owner)
             },
         )
 
@@ -463,7 +440,8 @@ class Publisher:
         state = published_state(m.model)
         number = self._next
         name = version_dir(number)
-        full = self._state is None or self._force_full or not _same_layout(self._state, state) or self._compact()
+        full = self._state is None or self._force_full or self.version != number - 1
+        full = full or not _same_layout(self._state, state) or self._compact()
         info = {"format_version": FORMAT_VERSION, "version": number, "kind": "full" if full else "delta"}
         info.update(base=None if full else self.version, step=step, checkpoint=str(ckpt))
         info.update(quantize=self.cfg.quantize, format=self.cfg.format, created=time.time())
@@ -489,7 +467,7 @@ class Publisher:
         self._versions, self._dropped, self._pending_drop = versions, dropped, []
         self.version, self._next, self._state, self._force_full = number, number + 1, state, False
         for e in drop:  # no longer listed: moved aside only now
-            self._move_aside(e["dir"], f"replaced by version {number} (its step {e['step']} was trained again)")
+            self._move_aside(e["dir"], f"replaced by version {number} ({self._why.get(e['version'], 'damaged')})")
         log.info("publish: version %d (%s, step %d) in %s", number, info["kind"], step, self.dir / name)
         return self.dir / name
 
@@ -512,7 +490,7 @@ class Publisher:
             if delta is None:
                 written = write_export(m, tmp, self.cfg.format, ckpt)
             else:
-                save_file(delta[0], str(tmp / DELTA_FILE))
+                write_atomic(tmp / DELTA_FILE, lambda p: save_file(delta[0], str(p)))  # mode as a plain open's
                 written, info["rows"] = [tmp / DELTA_FILE], delta[1]
             maybe_fault("publish_full", info["step"], 0)
             info["files"] = {p.relative_to(tmp).as_posix(): file_sha256(p) for p in written}
@@ -526,10 +504,13 @@ class Publisher:
             free = f", {_mib(shutil.disk_usage(self.dir).free)} free there"
         except OSError:
             free = ""
-        latest = f"version {self._versions[-1]['version']}" if self._versions else "nothing"
+        latest = (
+            f"version {self._versions[-1]['version']} is still the latest published"
+            if self._versions
+            else "nothing is published there yet"
+        )
         return (
             f"publish: version {number} (the checkpoint of step {step}) could not be written to {self.dir} "
             f"({describe_error(err)}; it needs about {_mib(need)}{free}). Nothing of it was left there, and "
-            f"{latest} is still the latest published; free space there, or set publish.dir to a directory on "
-            "another disk"
+            f"{latest}; free space there, or set publish.dir to a directory on another disk"
         )

@@ -19,7 +19,8 @@ from recsys_dist.distributed.env import broadcast_result
 from recsys_dist.errors import CheckpointError
 from recsys_dist.faults import maybe_fault
 from recsys_dist.serve.config import PublishConfig
-from recsys_dist.serve.publish import Publisher, check_new_run, resolve_publish_dir
+from recsys_dist.serve.publish import Publisher, check_new_run, check_owner, resolve_publish_dir
+from recsys_dist.serve.publish_dir import check_path
 from recsys_dist.train.trainer import Callback
 
 
@@ -65,10 +66,10 @@ class PublishCallback(Callback):
             try:
                 if self.publisher is None:
                     # Versions past the step this run started from are trained again: moved aside.
-                    # A run from scratch may not take another run's versions (publish.overwrite).
+                    # No run takes another run's versions (publish.overwrite): from scratch, or resumed.
                     step = trainer.resumed_at_step
                     self.publisher = Publisher(
-                        self.dir, self.cfg, resume_step=step or 0, lock=True, new_run=step is None
+                        self.dir, self.cfg, resume_step=step or 0, lock=True, new_run=step is None, run_dir=self.run_dir
                     )
                 if unless_published is not None and self.publisher.step == unless_published:
                     return None
@@ -101,13 +102,20 @@ def _on_every_rank(err: CheckpointError, rank: int, run_dir: Path) -> Checkpoint
 
 
 def check_publish_dir(cfg: PublishConfig, run_dir: str | Path, resumed: bool) -> None:
-    """Before a run starts (``recsys-dist train``, before any rank): a run from scratch
-    (``resumed`` False) may not publish into a ``publish.dir`` holding another run's versions
-    unless ``publish.overwrite`` (``recsys_dist.serve.publish.check_new_run``); its Publisher
-    would refuse it at the first publish, after training up to it.
+    """Before a run starts (``recsys-dist train``, before any rank), what its Publisher would
+    refuse at the first publish, after training up to it: a ``publish.dir`` that is a file or
+    holds a planted ``.lock`` / ``manifest.json`` (``publish_dir.check_path``); another run's
+    versions there, for a run from scratch (``resumed`` False: ``publish_dir.check_new_run``)
+    or a resumed one (``publish_dir.check_owner``), unless ``publish.overwrite``.
 
     Raises:
         CheckpointError: such a directory, named with the fixes.
     """
-    if cfg.enabled and not resumed:
-        check_new_run(resolve_publish_dir(cfg, run_dir), cfg)
+    if not cfg.enabled:
+        return
+    d = resolve_publish_dir(cfg, run_dir)
+    check_path(d)
+    if resumed:
+        check_owner(d, cfg, run_dir)
+    else:
+        check_new_run(d, cfg)

@@ -2,13 +2,15 @@
 goes on with a full version numbered after every version (a server following it never goes
 back), and meanwhile `serve` and `export --from-publish` take the newest intact version, with
 a warning, instead of failing. One 1-rank stream run of the online config over 2 partitions,
-then its resume over a third."""
+then its resume over a third; then a damaged manifest.json (rebuilt by the next resume, over a
+fourth partition), and a resume given another run's publish.dir (refused before training)."""
 
 from __future__ import annotations
 
 import json
 import logging
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -25,7 +27,7 @@ from tests.conftest import ROOT
 CONFIG = ROOT / "configs" / "criteo_online.yaml"
 SAMPLE = ROOT / "datasets" / "criteo_kaggle" / "dac_train_first10000.txt"
 ROWS = 320  # per partition: 10 batches of 32 on 1 rank
-NAMES = ["day=0/hour=00/part-0.txt", "day=0/hour=01/part-0.txt", "day=0/hour=02/part-0.txt"]
+NAMES = [f"day=0/hour={h:02d}/part-0.txt" for h in range(4)]
 
 
 def land(landing: Path, i: int) -> None:
@@ -88,6 +90,8 @@ def test_a_damaged_delta_in_its_own_publish_dir_does_not_stop_a_stream_resume(tm
     assert same(load(out).model, load_published(d, 1)[0].model)
     r = run_cli(["export", "--from-publish", d, "--version", "2", "--out", tmp_path / "x"], tmp_path)
     assert r.returncode != 0 and "v000002/delta.safetensors: damaged" in r.stderr  # asked for: not replaced
+    assert "ask for an earlier version (--version 1 of serve or export --from-publish" in r.stderr  # the CLI's
+    assert "publish again" not in r.stderr  # (was: load_published(..., version=1), and a command that does not exist)
     r = run_cli(["export", run, "--version", "2", "--out", tmp_path / "y"], tmp_path)
     assert r.returncode == 2 and "--version 2 picks a version of --from-publish DIR" in r.stderr
 
@@ -101,3 +105,23 @@ def test_a_damaged_delta_in_its_own_publish_dir_does_not_stop_a_stream_resume(tm
     for version, step in ((3, 20), (4, 30)):
         assert same(load_published(d, version)[0].model, load(run / "checkpoints" / f"step_{step:08d}").model)
     assert holder.poll() and holder.current.version == 4 and holder.stuck is None  # forward, 1 -> 4
+
+    # a damaged manifest.json: the server keeps version 4; the resume rebuilds it and goes on
+    (d / "manifest.json").write_text("{")
+    assert not holder.poll() and holder.stuck["version"] is None and holder.current.version == 4
+    land(landing, 3)
+    r = run_train(CONFIG, run, *overrides, "--resume", "auto", tmp=tmp_path, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "manifest.json is damaged; rebuilt from the version directories' version.json" in r.stderr
+    assert versions(d) == [(1, "full", 10), (3, "full", 20), (4, "delta", 30), (5, "full", 40)]
+    assert same(load_published(d, 5)[0].model, load(run / "checkpoints" / f"step_{40:08d}").model)
+    assert holder.poll() and holder.current.version == 5 and holder.stuck is None
+
+    # another run's publish directory given to a resume: refused before anything trains
+    other = tmp_path / "other_publish"
+    shutil.copytree(d, other)
+    manifest = json.loads((other / "manifest.json").read_text())
+    (other / "manifest.json").write_text(json.dumps({**manifest, "run_dir": str(tmp_path / "other_run")}))
+    r = run_train(CONFIG, run, *overrides, "--resume", "auto", f"publish.dir={other}", tmp=tmp_path, env=env)
+    assert r.returncode != 0 and f"publish.dir {other} holds versions 1..5 of another run" in r.stderr
+    assert "Traceback" not in r.stderr and versions(other) == versions(d)

@@ -11,8 +11,10 @@ the tests publish those checkpoints themselves.
 import errno
 import json
 import logging
+import os
 import re
 import shutil
+import stat
 from pathlib import Path
 
 import pytest
@@ -261,6 +263,11 @@ def test_a_resumed_publisher_goes_on_past_a_damaged_or_missing_latest_version(st
     p = Publisher(d, FOLLOW, resume_step=5)
     assert p.version == 5 and p.publish(steps[4]).name == "v000007"
     assert _manifest(d)[-2:] == [(5, "full", 4), (7, "full", 5)]
+    # missing and after the resumed step: not said to stay "the latest" (was: "it stays the latest until ...")
+    shutil.rmtree(d / "v000007")
+    caplog.clear()
+    Publisher(d, FOLLOW, resume_step=4)
+    assert "version(s) 7 (step 5) in" in caplog.text and "(v000007: missing already, so not loadable)" in caplog.text
 
 
 @pytest.mark.slow  # the training run of the fixture
@@ -317,6 +324,8 @@ def test_a_publish_that_cannot_be_written_leaves_nothing_behind_and_says_what_it
         p.publish(steps[1])
     assert re.search(r"it needs about \d+\.\d MiB, 0\.0 MiB free there\)", str(e.value))
     assert f"to {d} ([Errno 28]" in str(e.value) and "version 1 is still the latest" in str(e.value)
+    with pytest.raises(CheckpointError, match=r"Nothing of it was left there, and nothing is published there yet;"):
+        Publisher(tmp_path / "first", FOLLOW).publish(steps[0])  # was: "and nothing is still the latest published"
     monkeypatch.setattr(publish.shutil, "disk_usage", real)
 
     def cut_short(tensors, path):  # a write the full disk cut short, as safetensors reports it
@@ -361,7 +370,8 @@ def test_a_new_run_refuses_a_publish_dir_holding_versions_unless_overwrite(steps
         Publisher(d, FOLLOW, resume_step=0, lock=True, new_run=True)
     with pytest.raises(CheckpointError, match=message):  # recsys-dist train's check, before any rank
         check_publish_dir(PublishConfig(enabled=True, every_partition=True, dir=str(d)), tmp_path, resumed=False)
-    check_publish_dir(PublishConfig(enabled=True, every_partition=True, dir=str(d)), tmp_path, resumed=True)
+    with pytest.raises(CheckpointError, match="of another run"):  # nor a resumed one: they are the fixture run's
+        check_publish_dir(PublishConfig(enabled=True, every_partition=True, dir=str(d)), tmp_path / "r", resumed=True)
     assert latest_version(d) == 2 and not (d / "dropped").exists()
     # unlisted versions (a first publish killed before its manifest) count too
     orphan = tmp_path / "orphan"
@@ -374,3 +384,104 @@ def test_a_new_run_refuses_a_publish_dir_holding_versions_unless_overwrite(steps
     assert latest_version(d) == 2  # still served until this run's first version replaces them
     assert p.publish(steps[2]).name == "v000003" and _manifest(d) == [(3, "full", 3)]
     assert sorted(x.name.split("-")[0] for x in (d / "dropped").iterdir()) == ["v000001", "v000002"]
+
+
+def _modes(d: Path) -> set[int]:
+    return {stat.S_IMODE(p.stat().st_mode) for p in d.rglob("*") if p.is_file() and p.name != ".lock"}
+
+
+@pytest.mark.slow  # the training run of the fixture
+def test_a_damaged_manifest_keeps_the_server_serving_and_a_resume_rebuilds_it(steps, tmp_path, caplog):
+    """Was: a damaged manifest.json in the run's own publish dir stopped every `--resume auto`,
+    advising "delete R/publish and publish again" (no such command; doing it by hand numbered
+    from 1 again: a server followed from version 7 to 2), and a server logged it at every
+    reload tick. Now the resume rebuilds the list from each v*/version.json and goes on with a
+    full version numbered after every version; the server says it once and keeps its model."""
+    run = steps[0].parent.parent
+    d = tmp_path / "pub"
+    p = Publisher(d, FOLLOW, run_dir=run)
+    for c in steps[:4]:
+        p.publish(c)  # v1 full, v2..v4 deltas
+    del p
+    holder = ModelHolder(PublishSource(d, publish), reload_seconds=0)
+    assert holder.current.version == 4
+    (d / "manifest.json").write_text('{"format_version": 1, "lat')  # damaged
+    (d / "v000004" / "version.json").write_text("{")  # and v4 cannot be listed again
+    _damage(d / "v000003" / "delta.safetensors")  # nor v3 loaded
+    with caplog.at_level(logging.WARNING, logger="recsys_dist.serve"):
+        assert not any(holder.poll() for _ in range(3))
+    assert caplog.text.count("cannot be read, still serving version 4") == 1  # once, not every tick
+    assert holder.current.version == 4 and holder.stuck["version"] is None
+    assert "manifest.json: damaged" in holder.stuck["error"] and "repair_manifest" in holder.stuck["error"]
+    assert "publish again" not in holder.stuck["error"]
+    with TestClient(create_app(holder)) as c:
+        h = c.get("/health").json()
+    assert (h["version"], h["stuck"]["version"]) == (4, None) and "manifest.json: damaged" in h["stuck"]["error"]
+    caplog.clear()
+    caplog.set_level(logging.WARNING, logger="recsys_dist")
+    p = Publisher(d, FOLLOW, resume_step=4, lock=True, run_dir=run)  # what the resumed run does
+    assert "manifest.json is damaged; rebuilt from the version directories' version.json" in caplog.text
+    assert "versions 1, 2, 3 listed, v000004 left out" in caplog.text
+    assert p.version == 2 and "version(s) 3 in" in caplog.text  # v3's delta is damaged: goes on from v2
+    assert _manifest(d) == [(1, "full", 1), (2, "delta", 2), (3, "delta", 3)]
+    assert sorted(x.name.split("-")[0] for x in (d / "dropped").iterdir()) == ["manifest.json", "v000004"]
+    assert not holder.poll() and holder.current.version == 4  # readable again, but never back to 3
+    assert holder.stuck["version"] == 3 and "never goes back" in holder.stuck["error"]
+    new = p.publish(steps[3])
+    assert new.name == "v000005" and json.loads((new / "version.json").read_text())["kind"] == "full"
+    assert _manifest(d) == [(1, "full", 1), (2, "delta", 2), (5, "full", 4)]
+    assert "moved" in caplog.text and "replaced by version 5 (it could not be loaded)" in caplog.text
+    assert holder.poll() and holder.current.version == 5 and holder.stuck is None
+    _assert_equal(_state(holder.current.loaded), _checkpoint_state(steps[3]), "v5")
+    assert p.publish(steps[4]).name == "v000006" and _manifest(d)[-1] == (6, "delta", 5)
+    # Every published file, delta or full, has the mode of a plain open (deltas were 0600).
+    umask = os.umask(0)
+    os.umask(umask)
+    assert _modes(d) == {0o666 & ~umask}
+    # repair_manifest does the rebuild by hand (a finished run resumes nothing)
+    del p
+    (d / "manifest.json").write_text("[]")
+    with pytest.raises(CheckpointError, match="repair_manifest"):
+        load_published(d)
+    assert publish.repair_manifest(d) == [1, 2, 5, 6]
+    assert load_published(d)[1] == 6 and json.loads((d / "manifest.json").read_text())["run_dir"] == str(run)
+
+
+@pytest.mark.slow  # the training run of the fixture
+def test_a_resumed_run_refuses_another_runs_publish_dir_unless_overwrite(steps, tmp_path, caplog):
+    """Was: `--resume auto publish.dir=P`, P holding another run's versions, published deltas
+    on top of them (a model neither run trained), silently."""
+    mine, other = tmp_path / "mine", tmp_path / "other"
+    d = tmp_path / "pub"
+    p = Publisher(d, FOLLOW, run_dir=other)
+    p.publish(steps[0]), p.publish(steps[1])
+    del p
+    assert json.loads((d / "manifest.json").read_text())["run_dir"] == str(other.resolve())
+    message = rf"publish.dir {d} holds versions 1..2 of another run \({other}\), and this run \({mine}\) resumes"
+    cfg = PublishConfig(enabled=True, every_partition=True, dir=str(d))
+    with pytest.raises(CheckpointError, match=message):  # recsys-dist train's check, before any rank
+        check_publish_dir(cfg, mine, resumed=True)
+    with pytest.raises(CheckpointError, match=message + r".*publish.overwrite: true"):
+        Publisher(d, FOLLOW, resume_step=2, lock=True, run_dir=mine)
+    check_publish_dir(cfg, other, resumed=True)  # its own run resumes
+    assert Publisher(d, FOLLOW, resume_step=2, run_dir=other).version == 2
+    # a run directory moved along with its publish directory is still the owner
+    moved = tmp_path / "moved"
+    shutil.copytree(d, moved / "publish")
+    check_publish_dir(PublishConfig(enabled=True, every_partition=True), moved, resumed=True)
+    # a manifest from before run_dir was recorded: its newest version's checkpoint names the run
+    m = json.loads((d / "manifest.json").read_text())
+    del m["run_dir"]
+    (d / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(CheckpointError, match=rf"of another run \({steps[0].parent.parent}\)"):
+        check_publish_dir(cfg, mine, resumed=True)
+    # publish.overwrite takes it over: a full version after them, theirs dropped once it is published
+    caplog.set_level(logging.WARNING, logger="recsys_dist")
+    over = PublishConfig(enabled=True, every_partition=True, overwrite=True)
+    p = Publisher(d, over, resume_step=3, lock=True, run_dir=mine)
+    assert "version(s) 1 (step 1), 2 (step 2)" in caplog.text and "are another run's" in caplog.text
+    assert latest_version(d) == 2  # still served until this run's first version
+    new = p.publish(steps[2])
+    assert new.name == "v000003" and _manifest(d) == [(3, "full", 3)]
+    assert json.loads((d / "manifest.json").read_text())["run_dir"] == str(mine.resolve())
+    assert "replaced by version 3 (another run's version, taken over (publish.overwrite))" in caplog.text
