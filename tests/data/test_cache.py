@@ -228,3 +228,24 @@ def test_two_processes_converting_the_same_file_convert_it_once(raw, tmp_path):
     ]  # no temporary file left
     assert (cache / f"{entry.name}.lock").is_file()
     assert pq.read_table(entry / "train.parquet").num_rows == 240
+
+
+@pytest.mark.parametrize("managed", [None, ["C1"]], ids=["vocabulary", "vocabulary_and_managed_C1"])
+def test_scoring_looks_up_the_entry_the_conversion_wrote(raw, cache_dir, managed):
+    """A checkpoint without its preprocessing record finds its training conversion by the
+    entry's name, computed as the conversion computes it. Scoring computed the name itself and
+    left out ``data.managed.features``, so it missed the entry of a vocabulary run with
+    managed features."""
+    from recsys_dist.data.config import DataConfig
+    from recsys_dist.data.resolve import cached_conversion, prepare_from_config
+    from recsys_dist.serve.scoring import training_conversion
+
+    section = {"format": "criteo_tsv", "raw_path": str(raw), "num_embeddings": 1000}
+    section["categorical_mapping"] = "vocabulary"
+    if managed:
+        section["managed"] = {"features": managed, "eviction_interval": 10}
+    d = DataConfig.model_validate(section)
+    prepared = prepare_from_config(d)
+    assert prepared.directory.name.startswith("criteo-")
+    assert cached_conversion(d) == (prepared.directory, "")
+    assert training_conversion(d) == prepared.directory

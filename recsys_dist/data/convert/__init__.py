@@ -253,6 +253,8 @@ class _Conversion:
     out: Path = field(init=False)
 
     def __post_init__(self) -> None:
+        # The one place an entry is named (scoring looks entries up through entry_path). Criteo's keep
+        # the name they had before there were other formats: criteo-<key> (docs/runs.md).
         prefix = "criteo" if self.fmt.name == "criteo_tsv" else self.fmt.name
         key = cache_key(
             self.raws,
