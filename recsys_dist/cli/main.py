@@ -19,11 +19,8 @@ import os
 import sys
 from collections.abc import Callable
 
-from recsys_dist.errors import CheckpointError, ConfigError, DataError, MetricsError, UnsafeFile
+from recsys_dist.errors import USER_ERRORS, ConfigError, DataError
 from recsys_dist.logs import print_apart
-
-# Errors a user can fix: printed as one line (exit 2 for a ConfigError, else 1), no traceback.
-USER_ERRORS = (ConfigError, DataError, CheckpointError, MetricsError, FloatingPointError, UnsafeFile)
 
 ENTRY_POINT = False  # set by run(): this process is the recsys-dist command (cli.train_run.start_method)
 
