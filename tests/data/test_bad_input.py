@@ -11,7 +11,7 @@ import pytest
 
 from recsys_dist.cli import main as cli
 from recsys_dist.data.config import SchemaConfig
-from recsys_dist.data.convert import prepare, prepare_criteo
+from recsys_dist.data.convert import prepare
 from recsys_dist.data.formats.avazu import AVAZU
 from recsys_dist.data.formats.criteo import CRITEO, read_chunks
 from recsys_dist.data.formats.schema import SchemaFormat
@@ -80,8 +80,8 @@ def test_blank_lines_are_bad_lines_in_every_format(tmp_path, cache_dir):
     raw.write_text("\n".join(rows) + "\n")
     assert count_rows(raw) == 302
     with pytest.raises(DataError, match=r"blank.txt, line 101: blank line"):
-        prepare_criteo(raw, 100)
-    p = prepare_criteo(raw, 100, on_bad_row="skip")
+        prepare(CRITEO, raw, 100)
+    p = prepare(CRITEO, raw, 100, on_bad_row="skip")
     m = manifest(p)
     assert m["rows_written"] == 300 and m["rows_skipped"] == 2  # rows read = written + skipped
     # the fractions apply to the rows kept: skipped lines do not all come out of the test split
@@ -126,11 +126,11 @@ def test_num_rows_reads_only_that_many_lines(tmp_path, cache_dir):
     lines[200] = "1\t2"  # line 201, after the cap: never looked at
     raw = tmp_path / "r.txt"
     raw.write_text("\n".join(lines) + "\n")
-    p = prepare_criteo(raw, 100, num_rows=100)
+    p = prepare(CRITEO, raw, 100, num_rows=100)
     assert p.rows == {"train": 80, "validation": 10, "test": 10}
     lines[49] = ""  # line 50, inside the cap: read, and skipped as bad
     raw.write_text("\n".join(lines) + "\n")
-    m = manifest(prepare_criteo(raw, 100, num_rows=100, on_bad_row="skip"))
+    m = manifest(prepare(CRITEO, raw, 100, num_rows=100, on_bad_row="skip"))
     assert (m["rows_written"], m["rows_skipped"]) == (99, 1)
     assert [e["line"] for e in m["skipped_examples"]] == [50]
     av = tmp_path / "a.csv"  # a header line is not a row
@@ -146,7 +146,7 @@ def test_every_skipped_row_is_reported_by_its_file_line(tmp_path, cache_dir):
     rows[8] = base_row(dense=["abc"] + [str(i) for i in range(2, 14)])  # line 9: a bad value
     raw = tmp_path / "r.txt"
     raw.write_text("\n".join(rows) + "\n")
-    m = manifest(prepare_criteo(raw, 100, split=(1.0, 0.0, 0.0), on_bad_row="skip"))
+    m = manifest(prepare(CRITEO, raw, 100, split=(1.0, 0.0, 0.0), on_bad_row="skip"))
     assert [(e["line"], e["reason"]) for e in m["skipped_examples"]] == [
         (3, "blank line"),
         (5, "2 fields, expected 40"),
@@ -162,7 +162,7 @@ def test_every_skipped_row_is_reported_by_its_file_line(tmp_path, cache_dir):
 def test_blank_lines_without_skip_keep_the_split_exact(tmp_path, cache_dir):
     raw = tmp_path / "raw.txt"
     raw.write_text("".join(base_row(label=str(i % 2)) + "\n" for i in range(300)))
-    p = prepare_criteo(raw, 100)
+    p = prepare(CRITEO, raw, 100)
     assert p.rows == {"train": 240, "validation": 30, "test": 30}
     assert manifest(p)["split"]["row_bounds"] == [0, 240, 270, 300]
 
@@ -190,7 +190,7 @@ def test_dense_plus_sign_is_accepted(tmp_path, cache_dir):
     dense = ["+5"] + [str(i) for i in range(2, 14)]
     raw = tmp_path / "raw.txt"
     raw.write_text(base_row() + "\n" + base_row(label="1", dense=dense) + "\n")
-    t = pq.read_table(prepare_criteo(raw, 100, split=(1.0, 0.0, 0.0)).files["train"])
+    t = pq.read_table(prepare(CRITEO, raw, 100, split=(1.0, 0.0, 0.0)).files["train"])
     np.testing.assert_allclose(t.column("I1").to_pylist()[1], np.log1p(5), rtol=1e-6)
 
 
@@ -204,8 +204,8 @@ def test_integer_fast_path_and_text_fallback_agree(tmp_path, cache_dir):
     clean.write_text("\n".join(rows) + "\n")
     rows[30] = rows[30].replace("\t", "\t+", 2).replace("\t+", "\t", 1)  # I2 "+x": text path only
     odd.write_text("\n".join(rows) + "\n")
-    a = prepare_criteo(clean, 100, split=(1.0, 0.0, 0.0))
-    b = prepare_criteo(odd, 100, split=(1.0, 0.0, 0.0))
+    a = prepare(CRITEO, clean, 100, split=(1.0, 0.0, 0.0))
+    b = prepare(CRITEO, odd, 100, split=(1.0, 0.0, 0.0))
     assert pq.read_table(a.files["train"]).equals(pq.read_table(b.files["train"]))
     assert manifest(a)["dense_stats_train"] == manifest(b)["dense_stats_train"]
     # skip: a bad label on the fast path and a bad integer on the fallback are counted alike
@@ -214,11 +214,11 @@ def test_integer_fast_path_and_text_fallback_agree(tmp_path, cache_dir):
         fields[bad_field] = "2" if bad_field == 0 else "x1"
         raw = tmp_path / f"bad{bad_field}.txt"
         raw.write_text("\n".join([rows[1], "\t".join(fields), rows[2]]) + "\n")
-        m = manifest(prepare_criteo(raw, 100, split=(1.0, 0.0, 0.0), on_bad_row="skip"))
+        m = manifest(prepare(CRITEO, raw, 100, split=(1.0, 0.0, 0.0), on_bad_row="skip"))
         assert (m["rows_written"], m["rows_skipped"]) == (2, 1)
         assert why in m["skipped_examples"][0]["reason"]
         with pytest.raises(DataError, match=r"line 2, column label|column I3, line 2"):
-            prepare_criteo(raw, 100, split=(1.0, 0.0, 0.0))
+            prepare(CRITEO, raw, 100, split=(1.0, 0.0, 0.0))
 
 
 # 5c. one definition of an integer whichever path parses the block: a value is accepted
@@ -250,14 +250,14 @@ def test_integer_verdict_does_not_depend_on_the_block(tmp_path, cache_dir, colum
     for name, lines in (("alone", rows), ("with_other", rows[:4] + ["\t".join(other)] + rows[5:])):
         raw = tmp_path / f"{name}.txt"
         raw.write_text("\n".join(lines) + "\n")
-        m = manifest(prepare_criteo(raw, 100, split=(1.0, 0.0, 0.0), on_bad_row="skip"))
+        m = manifest(prepare(CRITEO, raw, 100, split=(1.0, 0.0, 0.0), on_bad_row="skip"))
         skipped_lines = {e["line"] for e in m["skipped_examples"]}
         assert (3 in skipped_lines) == (not ok), (name, m["skipped_examples"])
         if ok and name == "alone":
-            prepare_criteo(raw, 100, split=(1.0, 0.0, 0.0))  # no error
+            prepare(CRITEO, raw, 100, split=(1.0, 0.0, 0.0))  # no error
         elif not ok:
             with pytest.raises(DataError, match="line 3"):
-                prepare_criteo(raw, 100, split=(1.0, 0.0, 0.0))
+                prepare(CRITEO, raw, 100, split=(1.0, 0.0, 0.0))
 
 
 # 6. Avazu: impossible hours, file lines, a byte order mark
@@ -295,8 +295,8 @@ def test_binary_garbage_is_one_clear_message(tmp_path, cache_dir, capsys):
     good = [base_row(label=str(i % 2)).encode() for i in range(10)]
     raw.write_bytes(b"\n".join(good[:4] + [b"0\t\xe9\xff" + good[0][3:]] + good[4:]) + b"\n")
     with pytest.raises(DataError, match=r"garbage.txt, line 5: byte 3 \(0xe9\) is not UTF-8 text"):
-        prepare_criteo(raw, 100)
-    m = manifest(prepare_criteo(raw, 100, split=(1.0, 0.0, 0.0), on_bad_row="skip"))
+        prepare(CRITEO, raw, 100)
+    m = manifest(prepare(CRITEO, raw, 100, split=(1.0, 0.0, 0.0), on_bad_row="skip"))
     assert m["rows_written"] == 10 and m["rows_skipped"] == 1
 
 

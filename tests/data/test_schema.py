@@ -183,7 +183,8 @@ CRITEO_C = [f"C{i}" for i in range(1, 27)]
 def test_kaggle_csv_with_hex_categorical_gives_the_criteo_ids(tmp_path, cache_dir, mapping):
     """The same 200 Criteo rows as Kaggle's CSV (Id, Label, I1.., C1..; a header; CRLF) through
     format: schema gave other ids than the TSV (a hash of the text, not the hex value)."""
-    from recsys_dist.data.convert import prepare_criteo
+    from recsys_dist.data.convert import prepare
+    from recsys_dist.data.formats.criteo import CRITEO
     from tests.conftest import CRITEO_SAMPLE
 
     lines = CRITEO_SAMPLE.read_text().splitlines()[:200]
@@ -197,7 +198,7 @@ def test_kaggle_csv_with_hex_categorical_gives_the_criteo_ids(tmp_path, cache_di
         ).encode()
     )
     spec = SchemaConfig(label="Label", dense=CRITEO_I, categorical=CRITEO_C, hex_categorical=CRITEO_C)
-    a = prepare_criteo(tsv, 1000, mapping=mapping)
+    a = prepare(CRITEO, tsv, 1000, mapping=mapping)
     b = prepare(SchemaFormat(spec), csv, 1000, mapping=mapping)
     assert a.rows == b.rows == {"train": 160, "validation": 20, "test": 20}
     assert a.num_embeddings == b.num_embeddings

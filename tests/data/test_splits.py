@@ -6,7 +6,7 @@ import yaml
 
 from recsys_dist.config import ConfigError
 from recsys_dist.config.loader import config_from_dict, load_config
-from recsys_dist.data.convert import prepare, prepare_criteo
+from recsys_dist.data.convert import prepare
 from recsys_dist.data.formats.avazu import AVAZU
 from recsys_dist.data.formats.criteo import CRITEO
 from recsys_dist.data.splits import Split, random_assign
@@ -34,7 +34,7 @@ def i1(p, s):
 def test_random_split_is_seeded_and_covers_every_row_once(tmp_path, cache_dir):
     raw = criteo_file(tmp_path / "raw.txt", 1000)
     split = Split(by="random", fractions=(0.8, 0.1, 0.1), seed=7)
-    p = prepare_criteo(raw, 100, split=split)
+    p = prepare(CRITEO, raw, 100, split=split)
     parts = {s: i1(p, s) for s in ("train", "validation", "test")}
     assert sorted(sum(parts.values(), [])) == list(range(1000))
     assert all(v == sorted(v) for v in parts.values())  # file order within each split
@@ -46,7 +46,7 @@ def test_random_split_is_seeded_and_covers_every_row_once(tmp_path, cache_dir):
         np.concatenate([random_assign(7, (0.8, 0.1, 0.1), 0, 300), random_assign(7, (0.8, 0.1, 0.1), 300, 700)]), whole
     )
     assert np.flatnonzero(whole == 1).tolist() == parts["validation"]
-    other = prepare_criteo(raw, 100, split=Split(by="random", fractions=(0.8, 0.1, 0.1), seed=8))
+    other = prepare(CRITEO, raw, 100, split=Split(by="random", fractions=(0.8, 0.1, 0.1), seed=8))
     assert i1(other, "validation") != parts["validation"]
 
 
@@ -67,7 +67,7 @@ def test_split_by_files(tmp_path, cache_dir):
         criteo_file(tmp_path / f"{n}.txt", k, first)
         for n, k, first in (("day0", 7, 0), ("day1a", 3, 100), ("day1b", 4, 200))
     )
-    p = prepare_criteo(train, 100, split=Split(by="files", validation_path=str(val), test_path=str(test)))
+    p = prepare(CRITEO, train, 100, split=Split(by="files", validation_path=str(val), test_path=str(test)))
     assert p.rows == {"train": 7, "validation": 3, "test": 4}
     assert i1(p, "validation") == [100, 101, 102] and i1(p, "test") == [200, 201, 202, 203]
 

@@ -7,7 +7,8 @@ import json
 import pytest
 
 from recsys_dist.data.config import SchemaConfig
-from recsys_dist.data.convert import prepare, prepare_criteo
+from recsys_dist.data.convert import prepare
+from recsys_dist.data.formats.criteo import CRITEO
 from recsys_dist.data.formats.schema import SchemaFormat
 from recsys_dist.data.splits import Split
 from tests.conftest import base_row
@@ -69,7 +70,7 @@ def test_out_of_vocabulary_rates_in_the_manifest_and_a_warning(tmp_path, cache_d
     rows += [base_row(cats=["0000000b"] + CATS[1:]), base_row(cats=[""] + CATS[1:])]  # validation, test
     raw = tmp_path / "raw.txt"
     raw.write_text("\n".join(rows) + "\n")
-    p = prepare_criteo(raw, 1000, split=(0.8, 0.1, 0.1), mapping="vocabulary")
+    p = prepare(CRITEO, raw, 1000, split=(0.8, 0.1, 0.1), mapping="vocabulary")
     err = capsys.readouterr().err
     rates = manifest(p)["categorical_mapping"]["oov_rate"]
     assert rates["validation"]["C1"] == 1.0 and rates["validation"]["C2"] == 0.0
@@ -82,7 +83,7 @@ def test_out_of_vocabulary_rates_in_the_manifest_and_a_warning(tmp_path, cache_d
     assert "Check that data.split" in err and "num_embeddings" not in err  # the cap left nothing out
     assert "C2" not in err and "in the test split" not in err
     new_process()
-    prepare_criteo(raw, 1000, split=(0.8, 0.1, 0.1), mapping="vocabulary")
+    prepare(CRITEO, raw, 1000, split=(0.8, 0.1, 0.1), mapping="vocabulary")
     assert capsys.readouterr().err == err
 
 

@@ -64,7 +64,6 @@ from recsys_dist.data.convert.passes import (
 from recsys_dist.data.convert.writer import SplitWriter, flat_paths, recut_splits
 from recsys_dist.data.coverage import hash_coverage, vocabulary_coverage
 from recsys_dist.data.formats.base import RawFormat
-from recsys_dist.data.formats.criteo import CRITEO
 from recsys_dist.data.splits import SPLITS, Split
 from recsys_dist.errors import DataError
 
@@ -477,21 +476,3 @@ class _Conversion:
             for n, sk, size in zip(names, totals.sketches, self.sizes)
             if sk is not None
         }
-
-
-def prepare_criteo(
-    raw_path,
-    num_embeddings,
-    split=(0.8, 0.1, 0.1),
-    num_rows=None,
-    cache_dir=None,
-    row_group_size: int = 65536,
-    on_bad_row: str = "error",
-    progress: bool = False,
-    **kw,
-):
-    """Convert a Criteo TSV file to train/validation/test Parquet once, then reuse it
-    (see :func:`recsys_dist.data.convert.prepare`)."""
-    return prepare(
-        CRITEO, raw_path, num_embeddings, split, num_rows, cache_dir, row_group_size, on_bad_row, progress, **kw
-    )
