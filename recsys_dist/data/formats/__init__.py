@@ -1,1 +1,3 @@
-"""Raw input formats: the interface and registry (``base``), and one module per format."""
+"""Raw input formats: the interface and registry (``base``), and one module per format:
+``criteo`` (Criteo TSV), ``avazu`` (Avazu CSV), ``schema`` (any CSV / TSV / Parquet described by
+``data.schema``; its user histories: ``history``)."""

@@ -35,6 +35,9 @@ batch) and no thread wakes up per step: at small batches on ranks that share cor
 per-batch hand-over cost more than the batch itself. Windows decode into pyarrow's system
 pool (:mod:`recsys_dist.data.parquet_io` says why).
 
+Modules: ``stream`` (a window of row groups read and checked), ``columns`` (its rows as numpy
+columns), ``gather`` (rows into batch layout), ``weights`` (sample-weight sums, loss scales).
+
 KJT layout of a batch (keys C1..C26, B rows; multi-hot list columns give variable lengths)::
 
     values  = [C1 ids of rows 0..B-1, C2 ids of rows 0..B-1, ..., C26 ids of rows 0..B-1]  int64
