@@ -26,6 +26,7 @@ without the label column (Criteo's 39-field test layout, or a schema file lackin
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pyarrow as pa
@@ -44,7 +45,7 @@ from recsys_dist.data.record import (
     table_sizes,
     vocabulary_digest,
 )
-from recsys_dist.data.resolve import cached_conversion, managed_mask
+from recsys_dist.data.resolve import cached_conversion, conversion_spec
 from recsys_dist.data.text import LINE_COLUMN
 from recsys_dist.errors import DataError
 
@@ -231,18 +232,18 @@ def prepare_for_scoring(cfg, data, vocabulary: Path | None = None, fmt=None):
             f"{data}: the model maps categories through its training vocabulary, and none was given; load the model "
             "with recsys_dist.serve.export.load (its export or checkpoint carries the vocabulary)"
         )
-    return prepare(
-        fmt or scoring_format(d, Path(data)),
-        data,
-        d.num_embeddings,
-        (1.0, 0.0, 0.0),
-        cache_dir=d.cache_dir,
-        row_group_size=d.row_group_size,
-        mapping=d.categorical_mapping,
-        min_count=d.min_count,
+    rows = replace(
+        conversion_spec(d),
+        fmt=fmt or scoring_format(d, Path(data)),
+        raw_path=data,
+        split=(1.0, 0.0, 0.0),
+        num_rows=None,  # every row of the file, in file order; a bad one is an error naming it
+        on_bad_row="error",
         vocabulary=vocabulary if d.categorical_mapping == "vocabulary" else None,
+    )
+    return prepare(
+        rows,
         warn_one_class=False,  # scoring: one class is no problem
-        managed=managed_mask(d),
         coverage=False,  # the tables' coverage is the training data's (preprocessing.json)
     )
 
