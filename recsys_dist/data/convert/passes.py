@@ -11,6 +11,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from recsys_dist.data import mapping as mp
+from recsys_dist.data.formats.ids import IdText, id_columns
 from recsys_dist.data.prefetch import prefetched
 from recsys_dist.data.splits import SPLITS, Split, position_assign, random_assign, time_assign
 from recsys_dist.data.text import LINE_COLUMN
@@ -167,6 +168,7 @@ class Totals:
         # per column: {"values": non-empty values, separator: values containing it}, an example each
         self.separators: list[dict] = [{} for _ in self.multi_hot]
         self.separator_examples: list[dict] = [{} for _ in self.multi_hot]
+        self.id_text: IdText | None = None  # the raw file's columns, and its id columns of integers only
 
     @classmethod
     def of(cls, transform: Transform) -> Totals:
@@ -175,6 +177,7 @@ class Totals:
         multi_hot = [(n, spec.separator) for n in spec.multi_hot] if spec is not None else []
         out = cls(len(fmt.dense_names), len(fmt.sparse_names) if transform.vocabs is not None else 0, multi_hot)
         out.num_labels = len(fmt.label_columns)  # dense columns follow the labels
+        out.id_text = IdText(id_columns(fmt.name, spec))
         return out
 
     def add_train(self, part: pa.RecordBatch) -> None:
@@ -200,7 +203,10 @@ class Totals:
             self.ids[k, 1, j] += np.count_nonzero(ids == mp.OOV_ID)
 
     def add_raw(self, batch: pa.RecordBatch) -> None:
-        """Count the separators in the raw multi-hot text columns of ``batch``."""
+        """Count the separators in the raw multi-hot text columns of ``batch``; note its columns
+        and which id columns hold only integers (``id_text``)."""
+        if self.id_text is not None:
+            self.id_text.add(batch)
         for j, (name, sep) in enumerate(self.multi_hot):
             col = batch.column(name)
             if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)):
@@ -223,6 +229,8 @@ class Totals:
         self.n_skipped += other.n_skipped
         self.examples = (self.examples + other.examples)[:20]
         self.ids += other.ids
+        if self.id_text is not None and other.id_text is not None:
+            self.id_text.merge(other.id_text)
         for mine, theirs in zip(self.separators, other.separators):
             for c, n in theirs.items():
                 mine[c] = mine.get(c, 0) + n
