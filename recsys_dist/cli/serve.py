@@ -77,7 +77,8 @@ def limits_of(args: argparse.Namespace) -> Limits:
             keep_alive=args.keep_alive,
         )
     except ValueError as err:
-        raise ConfigError(f"serve --{str(err).split()[0].replace('_', '-')}: {err}; give a positive number") from None
+        name, _, problem = str(err).partition(" ")  # "memory_mb must be > 0, got 0"
+        raise ConfigError(f"serve --{name.replace('_', '-')}: {problem}; give a positive number") from None
 
 
 class _Server(uvicorn.Server):
@@ -105,7 +106,6 @@ def server(holder: ModelHolder, limits: Limits, on_started=lambda: None) -> _Ser
         log_level="warning",
         access_log=False,
     )
-    limit_repeats()  # after uvicorn's logging setup: a flood of one error logs a few lines a minute
     srv = _Server(config, on_started)
     srv.capture_signals = contextlib.nullcontext  # the caller's handlers (cmd_serve: exit code 0)
     return srv
@@ -121,6 +121,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     """
     quiet_third_party()
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    limit_repeats()  # a flood of one error (a bad client, a slowloris) logs a few lines a minute
     if args.wait and args.reload_seconds <= 0:
         raise ConfigError("--wait needs --reload-seconds > 0: the model is picked up by the reload thread")
     limits = limits_of(args)

@@ -4,9 +4,10 @@ Memory: every ``POST /score`` holds, while it is served, an estimate of the memo
 (:func:`body_cost` for its body, read and decoded; :func:`rows_cost` for its rows, converted and
 scored) against one budget (:class:`InFlight`, ``Limits.memory_bytes``). A request whose
 estimate does not fit beside the requests in flight is answered 503 with ``Retry-After``
-at once (its body unread when its ``Content-Length`` already does not fit); one that could never
-fit, even alone, 413. The estimates are measured ones: a 100,000-row Criteo request, 53 MB of
-JSON objects, took ~390 MB (the body, ~200 MB of decoded Python objects, ~130 MB converting).
+at once (when its ``Content-Length`` already does not fit, its body is read and dropped, never
+held); one that could never fit, even alone, 413. The estimates are measured ones: a 100,000-row Criteo request, 53 MB of
+JSON objects, took ~390 MB in one process (the body, ~200 MB of decoded Python objects, ~130 MB
+converting) and ~585 MB each with two at once in the server (estimated: 586 MB).
 
 Connections: ``header_timeout`` for a request's line and headers, ``body_timeout`` for its
 body, ``keep_alive`` idle seconds between requests, ``max_connections`` open at once
@@ -23,7 +24,7 @@ from pathlib import Path
 
 MAX_BODY_BYTES = 64 << 20  # per request at most, whatever the memory
 BODY_FACTOR = 5  # a body's bytes while read and decoded: itself, and ~4x as Python objects (JSON objects)
-ROW_FEATURE_BYTES = 64  # per row and feature while its rows are converted and scored (measured ~53)
+ROW_FEATURE_BYTES = 80  # per row and feature while its rows are converted, scored and answered
 DEFAULT_MEMORY = 2 << 30  # when the memory available cannot be read
 
 
@@ -116,7 +117,7 @@ def rows_cost(n_rows: int, n_features: int) -> int:
 
 class Refused(Exception):
     """A request refused by a limit: HTTP ``status`` with ``message``; ``retry_after`` seconds
-    (a 503); ``close``: the connection is closed after the answer (its body left unread)."""
+    (a 503); ``close``: the connection is closed after the answer (its body not all read)."""
 
     def __init__(self, status: int, message: str, retry_after: int | None = None, close: bool = False) -> None:
         super().__init__(message)
@@ -151,7 +152,7 @@ class Hold:
     def __init__(self, gate: InFlight) -> None:
         self.gate, self.bytes = gate, 0
 
-    def add(self, n: int, what: str, close: bool = False) -> None:
+    def add(self, n: int, what: str) -> None:
         """Hold ``n`` more bytes for ``what`` (e.g. "a 40 MB body").
 
         Raises:
@@ -165,7 +166,6 @@ class Hold:
                     413,
                     f"this request ({what}) would take about {_mb(self.bytes + n)} of memory, more than this server "
                     f"gives all requests in flight ({_mb(g.capacity)}, serve --memory-mb); send fewer rows per request",
-                    close=close,
                 )
             if g.used + n > g.capacity:
                 raise Refused(
@@ -174,7 +174,6 @@ class Hold:
                     f"(serve --memory-mb), and this one ({what}) needs about {_mb(self.bytes + n)}; retry after "
                     f"{g.retry_after} s, or send fewer rows per request",
                     retry_after=g.retry_after,
-                    close=close,
                 )
             g.used += n
             self.bytes += n

@@ -48,12 +48,40 @@ def _too_large(size: int | str, limits: Limits) -> Refused:
         413,
         f"the body ({size}) is over this server's limit of {_mib(limits.max_body_bytes)} per request (set from "
         "its memory, serve --memory-mb); send fewer rows per request",
-        close=True,
     )
 
 
+async def _chunks(request: Request):
+    """The body's chunks as they arrive. Raises ClientDisconnect when the client goes away."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnect()
+        yield message.get("body", b"")
+        if not message.get("more_body", False):
+            return
+
+
+async def _discard(chunks, most: int, deadline: float | None) -> bool:
+    """Read and drop the rest of a refused body, at most ``most`` bytes, until ``deadline``
+    (event loop time): whether it all came. Then the refusal reaches the client and the
+    connection serves its next request; closed with the body unread, the client's next send
+    meets a reset and the answer is lost."""
+    n = 0
+    try:
+        async with asyncio.timeout_at(deadline):
+            async for chunk in chunks:
+                n += len(chunk)
+                if n > most:
+                    return False
+    except (TimeoutError, ClientDisconnect):
+        return False
+    return True
+
+
 async def read_body(request: Request, limits: Limits, hold: Hold) -> bytearray:
-    """The request's body, held against the memory budget as it arrives.
+    """The request's body, held against the memory budget as it arrives; a body refused is
+    read on and dropped (up to ``max_body_bytes`` more), so that the refusal reaches the client.
 
     Raises:
         Refused: 413 over ``max_body_bytes`` or the whole budget, 503 over what is left of it,
@@ -62,21 +90,24 @@ async def read_body(request: Request, limits: Limits, hold: Hold) -> bytearray:
     """
     declared = request.headers.get("content-length", "")
     size = int(declared) if declared.isdigit() else None
-    if size is not None and size > limits.max_body_bytes:
-        raise _too_large(f"{size:,} bytes", limits)
-    held = body_cost(size or 0)
-    if held:
-        hold.add(held, f"a body of {_mib(size)}", close=True)
-    body = bytearray()
+    body, chunks, refused = bytearray(), _chunks(request), None
     try:
-        async with asyncio.timeout(limits.body_timeout):
-            async for chunk in request.stream():
-                body += chunk
-                if len(body) > limits.max_body_bytes:
-                    raise _too_large(f"over {len(body):,} bytes, still arriving", limits)
-                if body_cost(len(body)) > held:  # a body without Content-Length: held as it grows
-                    hold.add(body_cost(len(body)) - held, f"a body of {_mib(len(body))} so far", close=True)
-                    held = body_cost(len(body))
+        async with asyncio.timeout(limits.body_timeout) as timeout:
+            try:
+                if size is not None and size > limits.max_body_bytes:
+                    raise _too_large(f"{size:,} bytes", limits)
+                held = body_cost(size or 0)
+                if held:
+                    hold.add(held, f"a body of {_mib(size)}")
+                async for chunk in chunks:
+                    body += chunk
+                    if len(body) > limits.max_body_bytes:
+                        raise _too_large(f"over {len(body):,} bytes, still arriving", limits)
+                    if body_cost(len(body)) > held:  # a body without Content-Length: held as it grows
+                        hold.add(body_cost(len(body)) - held, f"a body of {_mib(len(body))} so far")
+                        held = body_cost(len(body))
+            except Refused as r:
+                refused = r
     except TimeoutError:
         raise Refused(
             408,
@@ -93,7 +124,11 @@ async def read_body(request: Request, limits: Limits, hold: Hold) -> bytearray:
             declared or "?",
         )
         raise ClientGone from None
-    return body
+    if refused is None:
+        return body
+    del body
+    refused.close = not await _discard(chunks, limits.max_body_bytes, timeout.when())
+    raise refused
 
 
 def decode_body(raw: bytes | bytearray):

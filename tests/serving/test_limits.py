@@ -3,6 +3,7 @@ clients timed out while others are served, a memory budget (503 + Retry-After pa
 bodies that are no rows (deep nesting, huge numbers) as 400s, a client that goes away logged as
 one line, and repeated log lines rate-limited."""
 
+import argparse
 import http.client
 import json
 import logging
@@ -14,7 +15,8 @@ from contextlib import contextmanager
 import pytest
 from starlette.testclient import TestClient
 
-from recsys_dist.cli.serve import listening_socket, server
+from recsys_dist.cli.serve import limits_of, listening_socket, server
+from recsys_dist.errors import ConfigError
 from recsys_dist.serve.connections import RepeatFilter
 from recsys_dist.serve.http import ModelHolder, create_app, open_source
 from recsys_dist.serve.limits import Limits, body_cost
@@ -211,9 +213,9 @@ def test_memory_budget_503_with_retry_after(holder):
     with TestClient(app) as c:
         other = gate.hold()  # a request in flight holding nearly all of the budget
         other.add((1 << 20) - body_cost(len(body)) + 1, "another request")
-        r = c.post("/score", content=body)  # its Content-Length does not fit: refused unread
+        r = c.post("/score", content=body)  # its Content-Length does not fit: refused, its body read and dropped
         assert r.status_code == 503 and r.headers["retry-after"] == "1", r.text
-        assert r.headers["connection"] == "close"
+        assert "connection" not in r.headers  # all of it read: the connection serves on
         assert "the server is at capacity" in r.json()["error"] and "retry after 1 s" in r.json()["error"]
         other.release()
         other.add((1 << 20) - body_cost(len(body)) - 100, "another request")  # the body fits, its rows do not
@@ -271,3 +273,16 @@ def test_repeated_log_lines_are_rate_limited():
         "another kind of line",
         "client late went away (997 more like it were not logged in the last 60 s)",
     ]
+
+
+def test_limit_options():
+    given = dict(memory_mb=100.0, max_connections=None, header_timeout=2.0, body_timeout=3.0, keep_alive=4.0)
+    limits = limits_of(argparse.Namespace(**given))
+    assert limits.memory_bytes == 100 << 20 and limits.max_body_bytes == 20 << 20  # a body: a fifth of the memory
+    assert (limits.header_timeout, limits.body_timeout, limits.keep_alive) == (2.0, 3.0, 4.0)
+    assert 0 < limits.max_connections <= 1000
+    assert limits_of(argparse.Namespace(**{**given, "memory_mb": 1e6})).max_body_bytes == 64 << 20
+    for key, value in [("memory_mb", 0), ("max_connections", -1), ("header_timeout", 0.0)]:
+        option = key.replace("_", "-")
+        with pytest.raises(ConfigError, match=f"serve --{option}: must be > 0, got {value}; give a positive number"):
+            limits_of(argparse.Namespace(**{**given, key: value}))
