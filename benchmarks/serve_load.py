@@ -83,18 +83,6 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def http_fresh(url: str, batches: list[list[str]]) -> dict:
-    """POST every batch on a new connection each (httpx, one client): latency, rows/s."""
-    latencies = []
-    t0 = time.perf_counter()
-    for rows in batches:
-        t = time.perf_counter()
-        r = httpx.post(f"{url}/score", json={"rows": rows}, timeout=120)
-        latencies.append(time.perf_counter() - t)
-        assert r.status_code == 200, r.text
-    return _stats(latencies, sum(len(b) for b in batches), time.perf_counter() - t0)
-
-
 async def _keep_alive_client(port: int, bodies: list[bytes], latencies: list[float]) -> None:
     """One keep-alive connection POSTing ``bodies`` one after another (HTTP/1.1 by hand: the
     request in one write, the answer read by its content-length)."""
@@ -119,6 +107,23 @@ async def _keep_alive_client(port: int, bodies: list[bytes], latencies: list[flo
             assert status == 200, answer[:300]
     finally:
         writer.close()
+
+
+def http_fresh(port: int, batches: list[list[str]]) -> dict:
+    """POST every batch on a connection of its own, one after another: latency (the
+    connection's set-up included), rows/s."""
+    bodies = [json.dumps({"rows": b}).encode() for b in batches]
+    latencies: list[float] = []
+
+    async def run() -> None:
+        for body in bodies:
+            t = time.perf_counter()
+            await _keep_alive_client(port, [body], [])
+            latencies.append(time.perf_counter() - t)
+
+    t0 = time.perf_counter()
+    asyncio.run(run())
+    return _stats(latencies, sum(len(b) for b in batches), time.perf_counter() - t0)
 
 
 def http_keep_alive(port: int, batches: list[list[str]], connections: int) -> dict:
@@ -243,25 +248,21 @@ def start_server(export: Path, nagle: bool = False) -> tuple[subprocess.Popen, i
         time.sleep(0.2)
 
 
-def _keep_alive_rows(port: int, lines: list[str], reps: dict[int, int], connections: list[int], tag: str) -> dict:
+def _http_rows(port: int, lines: list[str], reps: dict[int, int], connections: list[int], tag: str) -> dict:
     out = {}
     for n in BATCHES:
         http_keep_alive(port, _batches(lines, n, 3), 1)  # warm-up
         for c in connections:
             batches = _batches(lines, n, max(reps[n], 2 * c))
             out[(f"{tag}HTTP keep-alive, {c} connection{'s' if c > 1 else ''}", n)] = http_keep_alive(port, batches, c)
+        out[(f"{tag}HTTP, a new connection per request", n)] = http_fresh(port, _batches(lines, n, reps[n]))
     return out
 
 
 def http_all(export: Path, lines: list[str], reps: dict[int, int], connections: list[int]) -> dict:
     proc, port = start_server(export)
     try:
-        out = _keep_alive_rows(port, lines, reps, connections, "")
-        for n in BATCHES:
-            out[("HTTP, a new connection per request", n)] = http_fresh(
-                f"http://127.0.0.1:{port}", _batches(lines, n, reps[n])
-            )
-        return out
+        return _http_rows(port, lines, reps, connections, "")
     finally:
         proc.terminate()
         proc.wait(timeout=30)
@@ -275,7 +276,7 @@ def compare_nagle(export: Path, lines: list[str], reps: dict[int, int], connecti
     try:
         for _ in range(rounds):
             for tag, (_, port) in servers.items():
-                for key, r in _keep_alive_rows(port, lines, reps, connections, tag).items():
+                for key, r in _http_rows(port, lines, reps, connections, tag).items():
                     pooled.setdefault(key, []).append(r)
     finally:
         for proc, _ in servers.values():

@@ -4,7 +4,8 @@ Endpoints (``create_app``):
 
 - ``POST /score`` with ``{"rows": [row, ...]}`` (``recsys_dist.serve.rows``) ->
   ``{"scores": [...], "logits": [...], "version": V, "model": SOURCE}``; a malformed body or
-  row -> 400 ``{"error": MESSAGE}`` naming the row and column.
+  row -> 400 ``{"error": MESSAGE}`` naming the row and column; past the server's limits
+  (``recsys_dist.serve.limits``) 408, 413 or 503 with ``Retry-After`` (``recsys_dist.serve.request``).
 - ``GET /health`` -> ``{"status": "ok", "version": V, "source": SOURCE, "loaded_at": ISO-8601 UTC,
   "scoring": "in-memory" | "file"}`` (how its requests are converted: ``recsys_dist.serve.inmemory``).
 - While a waiting source (``serve --wait``, :class:`WaitingSource`) holds no model yet: ``GET

@@ -5,9 +5,11 @@ Memory: every ``POST /score`` holds, while it is served, an estimate of the memo
 scored) against one budget (:class:`InFlight`, ``Limits.memory_bytes``). A request whose
 estimate does not fit beside the requests in flight is answered 503 with ``Retry-After``
 at once (when its ``Content-Length`` already does not fit, its body is read and dropped, never
-held); one that could never fit, even alone, 413. The estimates are measured ones: a 100,000-row Criteo request, 53 MB of
-JSON objects, took ~390 MB in one process (the body, ~200 MB of decoded Python objects, ~130 MB
-converting) and ~585 MB each with two at once in the server (estimated: 586 MB).
+held); one that could never fit, even alone, 413. The estimates are measured ones, with room for the allocator: a
+100,000-row Criteo request, 53 MB of JSON objects, took ~390 MB in one process (the body, ~200
+MB of decoded Python objects, ~130 MB converting) and up to ~700 MB each with several at once in
+the server; estimated 720 MB (``benchmarks/serve_flood.py``: 8 at once under a 1000 / 2000 MiB
+budget peaked 1014 / 2066 MB above the idle server).
 
 Connections: ``header_timeout`` for a request's line and headers, ``body_timeout`` for its
 body, ``keep_alive`` idle seconds between requests, ``max_connections`` open at once
@@ -23,8 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 MAX_BODY_BYTES = 64 << 20  # per request at most, whatever the memory
-BODY_FACTOR = 5  # a body's bytes while read and decoded: itself, and ~4x as Python objects (JSON objects)
-ROW_FEATURE_BYTES = 80  # per row and feature while its rows are converted, scored and answered
+BODY_FACTOR = 6  # a body's bytes while read and decoded: itself, ~4x as Python objects (JSON objects), allocator slack
+ROW_FEATURE_BYTES = 100  # per row and feature while its rows are converted, scored and answered, allocator slack
 DEFAULT_MEMORY = 2 << 30  # when the memory available cannot be read
 
 

@@ -86,15 +86,17 @@ def test_keep_alive_answers_without_nagle_delay(holder):
         assert _post(conn, LINES[:1])[0] == 200
         (proto,) = srv.server_state.connections  # the one keep-alive connection, as accepted
         assert proto.transport.get_extra_info("socket").getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
-        # With Nagle on, each answer's body waits for the client's delayed ACK: ~40 ms a request.
-        t = time.perf_counter()
+        # With Nagle on, each answer's body waits for the client's delayed ACK: >= 40 ms a request.
+        took = []
         for _ in range(20):
+            t = time.perf_counter()
             conn.request("GET", "/health")
             r = conn.getresponse()
             assert r.status == 200 and json.loads(r.read())["version"] == 1
-        took = time.perf_counter() - t
+            took.append(time.perf_counter() - t)
         assert len(srv.server_state.connections) == 1  # all on the same connection
-        assert took < 20 * 0.040 / 2, f"20 keep-alive requests took {took * 1000:.0f} ms"
+        median = sorted(took)[len(took) // 2]
+        assert median < 0.025, f"keep-alive requests took {median * 1000:.1f} ms (median of 20)"
         conn.close()
 
 
@@ -278,7 +280,7 @@ def test_repeated_log_lines_are_rate_limited():
 def test_limit_options():
     given = dict(memory_mb=100.0, max_connections=None, header_timeout=2.0, body_timeout=3.0, keep_alive=4.0)
     limits = limits_of(argparse.Namespace(**given))
-    assert limits.memory_bytes == 100 << 20 and limits.max_body_bytes == 20 << 20  # a body: a fifth of the memory
+    assert limits.memory_bytes == 100 << 20 and limits.max_body_bytes == (100 << 20) // 6  # a body: its share
     assert (limits.header_timeout, limits.body_timeout, limits.keep_alive) == (2.0, 3.0, 4.0)
     assert 0 < limits.max_connections <= 1000
     assert limits_of(argparse.Namespace(**{**given, "memory_mb": 1e6})).max_body_bytes == 64 << 20
