@@ -57,7 +57,8 @@ def main() -> None:
         port = s.getsockname()[1]
     cmd = [sys.executable, "-m", "recsys_dist.cli.main", "serve", str(args.export), "--port", str(port)]
     cmd += ["--reload-seconds", "0", *shlex.split(args.serve_args)]
-    proc = subprocess.Popen(cmd, env={**os.environ, "PYTHONPATH": args.pythonpath}, stdout=subprocess.PIPE, text=True)
+    env = {**os.environ, "PYTHONPATH": args.pythonpath}  # cwd too: `python -m` puts it first on sys.path
+    proc = subprocess.Popen(cmd, env=env, cwd=args.pythonpath, stdout=subprocess.PIPE, text=True)
     try:
         proc.stdout.readline()  # printed once it listens
         idle = peak = _rss_mb(proc.pid)

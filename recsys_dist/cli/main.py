@@ -156,7 +156,10 @@ def _serve_arguments(p: argparse.ArgumentParser) -> None:
         "past it gets 503 with Retry-After (default: half of the memory available at start)",
     )
     limits.add_argument(
-        "--max-connections", type=int, default=None, help="connections open at once (default 1000); more: 503"
+        "--max-connections",
+        type=int,
+        default=None,
+        help="connections open at once (default 10000, or the open-files limit less 128); more: 503",
     )
     limits.add_argument(
         "--header-timeout",

@@ -120,7 +120,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         CheckpointError / DataError: its model cannot be loaded.
     """
     quiet_third_party()
-    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    # force: an import (fbgemm_gpu) has already logged through the root logger, which set it up
+    logging.basicConfig(level=logging.WARNING, format="%(message)s", force=True)
     limit_repeats()  # a flood of one error (a bad client, a slowloris) logs a few lines a minute
     if args.wait and args.reload_seconds <= 0:
         raise ConfigError("--wait needs --reload-seconds > 0: the model is picked up by the reload thread")

@@ -11,7 +11,8 @@ uvicorn's own it:
   byte of its next request, however slowly they trickle in (uvicorn has no such timeout: a
   client sending a header byte now and then held its connection for ever);
 - answers a connection past ``Limits.max_connections`` open ones 503 with ``Retry-After`` and
-  closes it.
+  closes it (after a second of reading and dropping its request, so that the client reads the
+  503 rather than a reset, while the refused ones are few).
 
 :class:`RepeatFilter` keeps the log readable under a flood: at most ``burst`` lines of one kind
 (logger and message) per ``window`` seconds, then one line saying how many were left out.
@@ -27,7 +28,7 @@ import time
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from recsys_dist.serve.limits import Limits
+from recsys_dist.serve.limits import Limits, open_files_limit
 
 log = logging.getLogger("recsys_dist.serve")
 
@@ -61,23 +62,35 @@ class GuardedH11Protocol(H11Protocol):
     (:func:`guarded_protocol` sets it)."""
 
     limits: Limits = Limits()
+    most_open = 2000  # connections open at most, refused ones lingering included (guarded_protocol)
     _head_timer = None
+    _refused = False
 
     def connection_made(self, transport) -> None:  # type: ignore[override]
         no_delay(transport)
         super().connection_made(transport)
         if len(self.connections) > self.limits.max_connections:
             log.warning(
-                "recsys-dist serve: refused a connection from %s: %d are open (serve --max-connections)",
+                "recsys-dist serve: refused a connection from %s: %d connections are open, the most allowed "
+                "(serve --max-connections)",
                 _peer(self.client),
-                len(self.connections) - 1,
+                self.limits.max_connections,
             )
+            self._refused = True
             transport.write(_busy(self.limits))
-            transport.close()
+            if len(self.connections) < self.most_open and transport.can_write_eof():
+                # Half-close and read on for a moment: closed at once, the client's request would meet
+                # a reset (EPIPE) instead of the 503 it can read.
+                transport.write_eof()
+                self.loop.call_later(min(1.0, self.limits.header_timeout), transport.close)
+            else:
+                transport.close()
             return
         self._arm()
 
     def data_received(self, data: bytes) -> None:
+        if self._refused:
+            return  # a refused connection's request: dropped
         if self._head_timer is None and (self.cycle is None or self.cycle.response_complete):
             self._arm()  # the first byte of a request: its head has header_timeout from now
         before = self.cycle
@@ -117,7 +130,8 @@ def _peer(client) -> str:
 
 def guarded_protocol(limits: Limits) -> type[GuardedH11Protocol]:
     """A :class:`GuardedH11Protocol` class applying ``limits`` (uvicorn's ``http=`` option)."""
-    return type("GuardedH11Protocol", (GuardedH11Protocol,), {"limits": limits})
+    most_open = max(min(2 * limits.max_connections, open_files_limit() - 32), limits.max_connections + 1)
+    return type("GuardedH11Protocol", (GuardedH11Protocol,), {"limits": limits, "most_open": most_open})
 
 
 class RepeatFilter(logging.Filter):

@@ -75,7 +75,7 @@ class Limits:
     header_timeout: float = 10.0
     body_timeout: float = 30.0
     keep_alive: float = 5.0
-    max_connections: int = 1000
+    max_connections: int = 10_000
     retry_after: int = 1
 
     def __post_init__(self) -> None:
@@ -86,7 +86,8 @@ class Limits:
     @classmethod
     def of(cls, memory_mb: float | None = None, max_connections: int | None = None, **seconds) -> Limits:
         """Limits for this machine: ``memory_mb`` (None: half of :func:`available_memory`),
-        ``max_connections`` (None: 1000, or fewer when the open-files limit is lower);
+        ``max_connections`` (None: 10,000, or the open-files limit less 128 when lower: the
+        process must never run out of descriptors, for connections or for loading a model);
         ``seconds``: ``header_timeout``, ``body_timeout``, ``keep_alive``.
 
         Raises:
@@ -101,7 +102,7 @@ class Limits:
         else:
             memory = int(memory_mb * (1 << 20))
         if max_connections is None:
-            max_connections = max(min(1000, open_files_limit() - 64), 1)
+            max_connections = max(min(10_000, open_files_limit() - 128), 1)
         given = {k: v for k, v in seconds.items() if v is not None}
         return cls(memory_bytes=memory, max_connections=max_connections, **given)
 
