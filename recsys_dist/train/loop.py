@@ -213,6 +213,11 @@ class TrainLoop:
         """Whether every rank stops training now (a stream's SIGTERM); checked after each step."""
         return False
 
+    def _keeps_window(self) -> bool:
+        """Whether a stop leaves the logging window open (a stream stopped inside a partition:
+        the checkpoint saves the window, the resumed run continues it); else its line is written."""
+        return False
+
     def _train_steps(self, start: int) -> None:
         """Train ``self._loaders.train`` (epoch ``self.epoch``) from its batch ``start`` to its
         end, ``total_steps`` or a stop; checkpoints by cadence on the way."""
@@ -223,7 +228,8 @@ class TrainLoop:
         self._in_epoch = start
         early, self._early_batches = self._early_batches, None
         batches = early if early is not None and start == 0 else self._loaders.train.iter_from(start)
-        self._t0 = time.perf_counter()
+        # A window a checkpoint carried over (a stream stopped inside it) counts its seconds too.
+        self._t0, self._window_seconds = time.perf_counter() - self._window_seconds, 0.0
         while not self._done():
             self._tracer.before(self._step + 1)
             try:
@@ -266,7 +272,7 @@ class TrainLoop:
                 pipe = self._pipe = self._new_pipeline()
                 batches = self._loaders.train.iter_from(self._in_epoch)
                 self._t0 = time.perf_counter()
-        if self._losses:
+        if self._losses and not self._keeps_window():
             self._log_train()
         pipe.detach()
 

@@ -55,3 +55,5 @@ class StreamSummary(FitSummary, total=False):
     partitions: list[str]  # the partitions trained, in order
     quarantined: dict[str, str]  # partition -> why it was quarantined
     stopped: str | None  # "idle", "max_steps" or "SIGTERM"
+    rows_skipped: int  # bad rows skipped (data.on_bad_row: skip) over every partition
+    skipped: dict[str, int]  # partition -> its bad rows skipped

@@ -178,6 +178,8 @@ def _stream_lines(summary: dict, v: dict, fmt) -> str:
     parts, bad = summary["partitions"], summary.get("quarantined") or {}
     lines = f"  partitions  {len(parts)} trained" + (f" ({parts[0]} .. {parts[-1]})" if parts else "")
     lines += f", {len(bad)} quarantined: {', '.join(bad)}" if bad else ""
+    skipped = summary.get("rows_skipped") or 0
+    lines += f", {skipped} bad row(s) skipped (data.on_bad_row: skip)" if skipped else ""
     lines += f"; stopped: {summary.get('stopped')}\n"
     if v.get("auc") is not None or v.get("logloss") is not None:
         lines += f"  last partition before training on it: AUC {fmt(v.get('auc'))}  logloss {fmt(v.get('logloss'))}\n"

@@ -347,6 +347,7 @@ class Trainer(TrainLoop):
         self.train_seconds = 0.0
         self._losses: list = []
         self._real_rows: list = []
+        self._window_seconds = 0.0  # seconds of the logging window before a resume (a stream's)
         self._early_batches = None  # the next epoch's batches, opened during this epoch's validation
         self._last_val: tuple[int, dict] | None = None  # (step, metrics) of the latest validation
         self._saved_step: int | None = None  # the step of the checkpoint written last
