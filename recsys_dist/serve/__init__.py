@@ -4,5 +4,6 @@ scoring needs besides the weights and how raw rows become model inputs (``scorin
 over HTTP (``http``; one request within the server's limits: ``request``, ``limits``; its
 connections: ``connections``; a request's JSON rows through a raw file: ``rows``, or in memory:
 ``inmemory``), published versions (``publish``: a full export, then deltas; ``manifest``: a
-publish directory read and checked; ``publishing``: the Trainer callback that publishes while
-training), and the ``publish:`` section (``config``). Nothing is re-exported here."""
+publish directory read and checked; ``publish_dir``: whose it is, a damaged manifest rebuilt;
+``publishing``: the Trainer callback that publishes while training), and the ``publish:``
+section (``config``). Nothing is re-exported here."""
