@@ -5,7 +5,8 @@ The public API (``recsys_dist.<name>``; docs/api.md), loaded lazily so that
 
 - config: :func:`load_config`, :class:`RunConfig`, :class:`ConfigError`
 - training: :class:`Trainer` (``fit``, ``evaluate``, ``predict``, ``save_checkpoint``,
-  ``close``), :class:`Callback` (the Trainer's step / validation hooks), :func:`launch` (start N ranks from a script or notebook)
+  ``close``), :class:`Callback` (the Trainer's step / validation hooks), :func:`launch` (start N ranks from a script or notebook),
+  :class:`FitSummary` / :class:`StreamSummary` (what ``fit()`` returns, as type checkers see it)
 - models: :class:`FeatureSpec`, :func:`register_model`, :func:`register_loss`,
   :func:`build_model`, :func:`feature_spec`
 - sharding: :func:`shard` (plan and wrap your own model in DistributedModelParallel)
@@ -38,6 +39,8 @@ _API = {
     "Trainer": "recsys_dist.train.trainer",
     "Callback": "recsys_dist.train.trainer",
     "StreamTrainer": "recsys_dist.train.stream",
+    "FitSummary": "recsys_dist.train.results",
+    "StreamSummary": "recsys_dist.train.results",
     "FeatureSpec": "recsys_dist.data.spec",
     "register_model": "recsys_dist.models.registry",
     "register_loss": "recsys_dist.models.losses",

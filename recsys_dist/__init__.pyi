@@ -25,6 +25,8 @@ from recsys_dist.serve.export import load_model as load_model
 from recsys_dist.train.metrics import StreamingBinaryMetrics as StreamingBinaryMetrics
 from recsys_dist.train.metrics import binary_metrics as binary_metrics
 from recsys_dist.train.metrics import gather_predictions as gather_predictions
+from recsys_dist.train.results import FitSummary as FitSummary
+from recsys_dist.train.results import StreamSummary as StreamSummary
 from recsys_dist.train.stream import StreamTrainer as StreamTrainer
 from recsys_dist.train.trainer import Callback as Callback
 from recsys_dist.train.trainer import Trainer as Trainer

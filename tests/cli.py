@@ -37,12 +37,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # Commands that never start a rank or train a step.
 IN_PROCESS = {"evaluate", "predict", "export", "report", "compare", "plan", "preprocess"}
-# Loggers the CLI sets to ERROR (quiet_third_party, cmd_plan, train.worker.launch_ranks).
+# Loggers the CLI sets to ERROR (recsys_dist.logs.THIRD_PARTY_LOGGERS, cmd_plan, train.worker.launch_ranks).
 QUIETED = (
-    "torch.fx._symbolic_trace",
-    "torchrec",
-    "torch.distributed",
-    "fbgemm_gpu",
+    "torchrec.distributed.planner",
+    "torchrec.distributed.comm",
     "torch.distributed.elastic.agent.server.api",
 )
 SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)

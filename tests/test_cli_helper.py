@@ -13,7 +13,7 @@ def test_in_process_command_gives_output_and_exit_code_and_restores_the_process(
     import recsys_dist.cli.plan  # noqa: F401  (its first import loads torch, which sets its own variables)
 
     env, cwd = dict(os.environ), os.getcwd()
-    root, torchrec_level = logging.getLogger().level, logging.getLogger("torchrec").level
+    root, torchrec_level = logging.getLogger().level, logging.getLogger("torchrec.distributed.planner").level
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
     r = run_cli(
         ["plan", "--config", QUICKSTART, "--world-size", "2", "--device", "cpu", "--json"],
@@ -23,8 +23,10 @@ def test_in_process_command_gives_output_and_exit_code_and_restores_the_process(
     )
     assert r.returncode == 0, r.stderr[-2000:]
     assert '"placements"' in r.stdout
-    # cmd_plan sets the root logger to ERROR; _quiet_third_party sets TorchRec's.
-    assert logging.getLogger().level == root and logging.getLogger("torchrec").level == torchrec_level
+    # cmd_plan sets the root logger to ERROR; quiet_third_party sets TorchRec's planner's.
+    assert (
+        logging.getLogger().level == root and logging.getLogger("torchrec.distributed.planner").level == torchrec_level
+    )
     assert dict(os.environ) == env and os.getcwd() == cwd
     assert {sig: signal.getsignal(sig) for sig in handlers} == handlers
 

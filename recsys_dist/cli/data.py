@@ -10,18 +10,24 @@ from recsys_dist.config.loader import load_config
 from recsys_dist.data.config import describe_raw_path, raw_paths
 from recsys_dist.data.resolve import prepare_from_config
 from recsys_dist.errors import ConfigError
-from recsys_dist.train.preflight import check_sections
+from recsys_dist.train.section_checks import config_problems
 
 
 def cmd_preprocess(args: argparse.Namespace) -> int:
     """Convert (or find in the cache) the config's data and print where it went; exit code 0.
 
     Raises:
-        ConfigError: the config is invalid (each section, or across sections), or ``data.raw_path`` is not given or not a file.
+        ConfigError: the config is invalid (each section, or across sections as far as the data, tasks,
+            evaluation and publishing go: ``recsys_dist.train.section_checks``; the model's own checks are
+            ``train``'s), or ``data.raw_path`` is not given or not a file.
         DataError: the raw data is malformed.
     """
     cfg = load_config(args.config, args.overrides)
-    check_sections(cfg)  # data prepared for a config that train would refuse helps no one
+    # Data prepared for a config that train would refuse helps no one. The checks that need the
+    # model (its registered checks, sharding) are train's: converting data imports no torch.
+    problems = config_problems(cfg)
+    if problems:
+        raise ConfigError("invalid config:\n" + "\n".join(f"  {p}" for p in problems))
     if cfg.data.stream is not None:
         raise ConfigError(
             "data.stream: a stream's partitions are converted as they land, by `recsys-dist train` "

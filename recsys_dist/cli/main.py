@@ -20,6 +20,7 @@ import sys
 from collections.abc import Callable
 
 from recsys_dist.errors import CheckpointError, ConfigError, DataError, MetricsError, UnsafeFile
+from recsys_dist.logs import print_apart
 
 # Errors a user can fix: printed as one line (exit 2 for a ConfigError, else 1), no traceback.
 USER_ERRORS = (ConfigError, DataError, CheckpointError, MetricsError, FloatingPointError, UnsafeFile)
@@ -274,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
             if isinstance(err, FloatingPointError)
             else ""
         )
-        print(f"recsys-dist: {prefix}{err}", file=sys.stderr)
+        print_apart(f"recsys-dist: {prefix}{err}")  # below this process's progress bar, if one is drawn
         return 2 if isinstance(err, ConfigError) else 1
 
 

@@ -18,7 +18,7 @@ from recsys_dist.cli import main as cli_main
 from recsys_dist.config.run import RunConfig
 from recsys_dist.distributed.env import die_with_launcher, resolve_device, under_launcher
 from recsys_dist.errors import ConfigError
-from recsys_dist.logs import quiet_third_party
+from recsys_dist.logs import print_apart, quiet_third_party
 from recsys_dist.serve.publishing import PublishCallback, check_publish_dir
 from recsys_dist.train import rank_failure
 from recsys_dist.train.job import Job, prepare_data, resolve_job
@@ -40,6 +40,7 @@ from recsys_dist.train.worker import (
 def run_train(args: argparse.Namespace, cfg: RunConfig) -> int:
     """``recsys-dist train`` once its config ``cfg`` is loaded (``recsys_dist.cli.train``): the
     launcher, or one of torchrun's ranks (each runs this command)."""
+    quiet_third_party()  # before the checks below build the model
     torchrun = under_launcher()
     if not torchrun and cfg.distributed.nproc_per_node > 1 and start_method(cfg) == "fork":
         # The ranks fork from this process, and an OpenMP pool started here would hang
@@ -47,7 +48,6 @@ def run_train(args: argparse.Namespace, cfg: RunConfig) -> int:
         torch.set_num_threads(1)
     job = resolve_job(cfg, world_size=int(os.environ["WORLD_SIZE"]) if torchrun else None)
     check_before_launch(job)  # every problem at once, before the run directory or any rank
-    quiet_third_party()
     run_dir = Path(args.run_dir) if args.run_dir else run_dirs.default_run_dir(args.config)
     if torchrun:
         return _torchrun_rank(args, job, run_dir)
@@ -118,11 +118,12 @@ def _launch_run(args: argparse.Namespace, job: Job, run_dir: Path, resume: Path 
                     return 1
     except Stopped as stop:
         summary = _stream_stopped(run_dir, launched_at) if stream else None
+        bars = cfg.distributed.nproc_per_node > 1 and cfg.train.progress_bar  # rank 0's, maybe cut off mid-line
         if summary is None:
-            print(stopped_message(stop, run_dir), file=sys.stderr)
+            print_apart(stopped_message(stop, run_dir), other_bar=bars)
             return 128 + stop.signum
         # A stream's ranks stop on SIGTERM after a checkpoint: a clean end (docs/online.md).
-        print("recsys-dist: SIGTERM: the stream stopped after a checkpoint", file=sys.stderr)
+        print_apart("recsys-dist: SIGTERM: the stream stopped after a checkpoint", other_bar=bars)
     print_summary(summary)
     return 0
 

@@ -8,7 +8,6 @@ import signal
 import sys
 import threading
 import time
-import warnings
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -16,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from recsys_dist.distributed.config import DistributedConfig
-from recsys_dist.logs import StderrHandler
+from recsys_dist.logs import StderrHandler, quiet_third_party, set_rank
 
 
 @dataclass(frozen=True)
@@ -224,30 +223,12 @@ def init_distributed(cfg: DistributedConfig, timeout_s: float = 600.0) -> DistCo
     return DistContext(rank, world, local_rank, local_world, device, backend)
 
 
-# Warnings about TorchRec's and torch.distributed's internals that a user of recsys_dist cannot
-# act on (deprecated calls inside TorchRec, its planner's notes on how we build its inputs):
-# (category, module regex, message regex). A user's own warnings are left alone.
-THIRD_PARTY_NOISE = (
-    (FutureWarning, r"torchrec\.|torch\.distributed\.|fbgemm_gpu\.", ""),
-    (FutureWarning, "", r"Please use DTensor instead and we are deprecating ShardedTensor"),
-    (FutureWarning, "", r"HeuristicalStorageReservation is known to cause issues"),
-)
-NOISY_LOGGERS = ("torchrec.distributed.planner", "torchrec.distributed.comm")  # WARNING lines about their inputs
-
-
-def quiet_third_party_noise() -> None:
-    """Hide :data:`THIRD_PARTY_NOISE` and the planner's WARNING log lines in this process
-    (``recsys-dist`` itself hides more: every UserWarning, FutureWarning and DeprecationWarning)."""
-    for category, module, message in THIRD_PARTY_NOISE:
-        warnings.filterwarnings("ignore", message=message, category=category, module=module)
-    for name in NOISY_LOGGERS:
-        logging.getLogger(name).setLevel(logging.ERROR)
-
-
 def _setup_logging(rank: int) -> None:
-    """``recsys_dist`` log lines carry the rank; level from $RECSYS_DIST_LOG (default WARNING).
-    Third-party noise is hidden (:func:`quiet_third_party_noise`)."""
-    quiet_third_party_noise()
+    """``recsys_dist`` log lines carry the rank and are printed by rank 0 (``recsys_dist.logs``);
+    level from $RECSYS_DIST_LOG (default WARNING). Third-party noise is hidden
+    (``recsys_dist.logs.quiet_third_party``)."""
+    quiet_third_party()
+    set_rank(rank)
     logger = logging.getLogger("recsys_dist")
     if not logger.handlers:
         handler = StderrHandler()

@@ -14,14 +14,17 @@ import sys
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, TypeVarTuple
 
 from recsys_dist.distributed.env import LAUNCHER_PID_ENV, die_with_launcher
 from recsys_dist.errors import RankFailedError  # noqa: F401 (raised here; defined in errors)
 from recsys_dist.train.rank_failure import first_killed
 
+T = TypeVar("T")
+Args = TypeVarTuple("Args")
 
-def launch(fn: Callable[..., Any], nproc: int, *args: Any, max_restarts: int = 0) -> list[Any]:
+
+def launch(fn: Callable[[*Args], T], nproc: int, *args: *Args, max_restarts: int = 0) -> list[T]:
     """Run ``fn(*args)`` on ``nproc`` local ranks and return each rank's return value.
 
     The ranks are new processes started by torch.distributed's elastic launcher
@@ -57,7 +60,9 @@ def launch(fn: Callable[..., Any], nproc: int, *args: Any, max_restarts: int = 0
         max_restarts: restarts of the whole group after a rank fails.
 
     Returns:
-        ``[rank 0's return value, rank 1's, ...]``.
+        ``[rank 0's return value, rank 1's, ...]``: for type checkers a ``list[T]`` for an ``fn``
+        that returns ``T`` (a ``Trainer.fit()`` summary: ``list[recsys_dist.FitSummary]``), and
+        ``args`` are checked against ``fn``'s parameters.
 
     Raises:
         RankFailedError: a rank raised or died; names the rank, its error and traceback.

@@ -28,6 +28,7 @@ from recsys_dist.models.registry import get_model
 from recsys_dist.train.batch_memory import batch_memory_problems, local_rank_count
 from recsys_dist.train.job import Job, resolve_job
 from recsys_dist.train.pipelines import pipeline_problems
+from recsys_dist.train.section_checks import config_problems
 
 
 def _job(job: Job | RunConfig, world_size: int | None = None) -> Job:
@@ -54,91 +55,20 @@ def section_problems(job: Job | RunConfig) -> list[str]:
     job = _job(job)
     cfg, fmt = job.cfg, job.fmt
     problems = []
-    sparse = list(fmt.sparse_names)
     spec = job.model or get_model(cfg.model.name)
     problems += spec.problems(cfg)  # the model's own (registered checks: dense needed, one task, ...)
-    names, kinds = list(fmt.task_names), list(fmt.task_kinds)
-    t = cfg.train
-    named = list(t.loss) if isinstance(t.loss, dict) else []
-    for key, keys in (("train.loss", named), ("train.loss_weights", list(t.loss_weights))):
-        problems += [
-            f"{key}.{k}: no task {k!r}; the tasks (data.schema.labels) are {names}" for k in keys if k not in names
-        ]
-    for task, kind, (loss, _, _) in zip(names, kinds, t.task_losses(names, kinds)):
-        if kind == "regression" and loss in ("bce", "focal"):
-            problems.append(
-                f"train.loss{'.' + task if named else ''}: {loss} needs 0/1 labels and task {task!r} is a regression; "
-                "use mse (the default for regression tasks)"
-            )
-    if len(names) > 1 and cfg.eval.auc_buckets:
-        problems.append(
-            "eval.auc_buckets: streaming metrics are for one task; several tasks are scored exactly (remove it)"
-        )
-    if len(names) > 1 and cfg.eval.group_feature is not None:
-        problems.append("eval.group_feature: GAUC is for one binary task; remove it with data.schema.labels")
-    if cfg.data.schema is not None and cfg.data.schema.weight and cfg.eval.auc_buckets:
-        problems.append("eval.auc_buckets: streaming metrics are unweighted; with data.schema.weight remove it")
-    g = cfg.eval.group_feature
-    if g is not None:
-        multi_hot = set(cfg.data.schema.multi_hot) if cfg.data.schema else set()
-        if g not in sparse:
-            problems.append(f"eval.group_feature: {g!r} is not a categorical feature; valid: {', '.join(sparse)}")
-        elif g in multi_hot:
-            problems.append(f"eval.group_feature: {g!r} is multi-hot; GAUC groups by one id per row")
-        if cfg.eval.auc_buckets:
-            problems.append(
-                "eval.group_feature: GAUC needs every prediction; it cannot be combined with eval.auc_buckets"
-            )
+    problems += config_problems(cfg, fmt)  # what the config alone decides (preprocess runs these too)
     seq = list(job.features.sequence_names)
     # s_<feature>: how models.build names the sequence tables (EmbeddingCollection)
     problems += unpooled_type_problems(cfg.sharding, [f"s_{n}" for n in seq])
     if spec.evaluator is None and cfg.eval.retrieval_k is not None:
         problems.append(f"eval.retrieval_k: {cfg.model.name} is not a retrieval model (two_tower); remove it")
-    if cfg.data.stream is not None:
-        problems += _stream_problems(cfg, spec)
-    problems += _publish_problems(cfg)
-    if cfg.checkpoint.keep_best and not cfg.checkpoint.enabled:
-        problems.append(
-            "checkpoint.keep_best: keeps a checkpoint, but checkpoint.enabled is false; enable checkpoints or "
-            "remove keep_best"
-        )
-    return problems
-
-
-def _stream_problems(cfg: RunConfig, spec) -> list[str]:
-    """What a run over ``data.stream`` does not use (it has no epochs and no fixed splits)."""
-    t, e = cfg.train, cfg.eval
-    unused = [
-        ("train.epochs", t.epochs != 1, "a stream is one pass over its partitions"),
-        ("train.early_stopping", t.early_stopping is not None, "a stream keeps training as data lands"),
-        ("eval.every_n_steps", e.every_n_steps is not None, "each partition is scored before it is trained on"),
-        ("checkpoint.keep_best", cfg.checkpoint.keep_best, "a stream has no one validation split to rank by"),
-    ]
-    problems = [f"{key}: not used with data.stream ({why}); remove it" for key, given, why in unused if given]
-    if spec.read_data is not None:
+    if cfg.data.stream is not None and spec.read_data is not None:
         problems.append(
             f"model.name: {cfg.model.name} reads its own data from the training splits (an item corpus), which a "
             "stream does not have; use a CTR model with data.stream"
         )
     return problems
-
-
-def _publish_problems(cfg: RunConfig) -> list[str]:
-    """Publishing reads the run's checkpoints: they must be written where it publishes."""
-    p, c = cfg.publish, cfg.checkpoint
-    if not p.enabled:
-        return []
-    if not c.enabled:
-        return ["publish.enabled: publishes the run's checkpoints, but checkpoint.enabled is false; enable them"]
-    if p.every_partition and cfg.data.stream is None:
-        return ["publish.every_partition: a run over data.raw_path has no partitions; use publish.every_n_steps"]
-    if p.every_n_steps is not None and (c.every_n_steps is None or p.every_n_steps % c.every_n_steps):
-        return [
-            f"publish.every_n_steps: {p.every_n_steps} is not a multiple of checkpoint.every_n_steps "
-            f"({c.every_n_steps}): a version is published from the checkpoint of its step; set "
-            f"checkpoint.every_n_steps to {p.every_n_steps} or a divisor of it"
-        ]
-    return []
 
 
 def table_names(job: Job | RunConfig) -> list[str]:

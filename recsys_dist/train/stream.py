@@ -41,6 +41,7 @@ from recsys_dist.errors import DataError
 from recsys_dist.faults import maybe_fault
 from recsys_dist.models.managed import managed_counters, managed_metrics
 from recsys_dist.train.build import Loaders, make_loaders
+from recsys_dist.train.results import StreamSummary
 from recsys_dist.train.trainer import Trainer
 
 log = logging.getLogger("recsys_dist")
@@ -182,7 +183,7 @@ class StreamTrainer(Trainer):
 
     # ------------------------------------------------------------------ the job
 
-    def fit(self) -> dict:
+    def fit(self) -> StreamSummary:
         """Train on the partitions of ``data.stream`` as they land, until it has been idle for
         ``stop_after_idle_seconds``, ``train.max_steps``, or SIGTERM; then save a checkpoint
         and write ``summary.json``. Collective.

@@ -49,12 +49,14 @@ def divergence_error(losses: list[torch.Tensor], step: int, model: nn.Module, go
     bad = torch.nonzero(~torch.isfinite(local)).flatten()
     first = step - len(local) + 1 + (int(bad[0]) if len(bad) else 0)
     param = next((n for n, p in model.named_parameters() if not torch.isfinite(p).all()), None)
-    return FloatingPointError(
+    err = FloatingPointError(
         f"non-finite training loss at step {first} (steps {step - len(local) + 1}-{step} checked "
         f"together); first non-finite parameter: {param or 'none (the loss itself overflowed)'}; "
         f"last good checkpoint: {good or 'none'}. Lower train.embedding_lr / train.dense_lr"
         + (", then continue with --resume auto." if good else " and start again.")
     )
+    err.every_rank = True  # type: ignore[attr-defined]  # the window's loss is global: every rank raises it
+    return err
 
 
 def log_early_stop(best: BestTracker, step: int) -> None:

@@ -15,6 +15,7 @@ import logging
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Self
 
 import torch
 import torch.distributed as dist
@@ -62,6 +63,7 @@ from recsys_dist.train.metrics_writer import MetricsWriter
 from recsys_dist.train.observe import PhaseClock, TraceWriter
 from recsys_dist.train.pipelines import TrainPipeline, pipeline_problems
 from recsys_dist.train.preflight import check_sections
+from recsys_dist.train.results import FitSummary
 from recsys_dist.train.schedule import LRSchedule
 from recsys_dist.train.summary import ledger_line
 
@@ -406,7 +408,7 @@ class Trainer(TrainLoop):
 
     # ------------------------------------------------------------------ the job
 
-    def fit(self) -> dict:
+    def fit(self) -> FitSummary:
         """Train ``train.epochs`` epochs (capped by ``train.max_steps``, and stopped early by
         ``train.early_stopping``), scoring the validation split after each one (and every
         ``eval.every_n_steps``; once at a step that is both), then score the test split, save
@@ -463,7 +465,7 @@ class Trainer(TrainLoop):
             self._next_epoch += 1
             return metrics
 
-    def evaluate(self, split: str | ParquetBatchLoader = "validation") -> dict:
+    def evaluate(self, split: str | ParquetBatchLoader = "validation") -> dict[str, float]:
         """Global metrics of the model on ``"validation"``, ``"test"`` or ``"train"`` (every
         row once, unshuffled), or on a loader of this rank's share of other data. Collective:
         every rank must call it; every rank gets the same dict. Writes nothing.
@@ -570,7 +572,7 @@ class Trainer(TrainLoop):
         if not self._failed or self._ctx.world_size == 1:
             dist.destroy_process_group()
 
-    def __enter__(self) -> Trainer:
+    def __enter__(self) -> Self:  # a StreamTrainer's is a StreamTrainer
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:

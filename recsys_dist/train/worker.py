@@ -36,7 +36,7 @@ from recsys_dist.checkpoint.meta import read_meta
 from recsys_dist.data.loader import steps_per_epoch
 from recsys_dist.distributed.env import die_with_launcher
 from recsys_dist.errors import CheckpointError, ConfigError, DataError, MetricsError, UnsafeFile
-from recsys_dist.logs import quiet_third_party
+from recsys_dist.logs import print_apart, quiet_third_party, show_warnings_on_main_rank_only, this_rank
 from recsys_dist.train import rank_failure
 from recsys_dist.train.job import Job
 from recsys_dist.train.launch import failure_message, first_failure, launch_workers
@@ -91,7 +91,7 @@ def train_rank(job: Job, run: RankRun) -> tuple[int, dict | None]:
         # Recorded for the launcher's report already; a traceback would only bury the message.
         rank = int(os.environ.get("RANK", 0))
         if not (getattr(err, "every_rank", False) and (run.launched or rank != 0)):
-            print(f"recsys-dist [rank {rank}]: {err}", file=sys.stderr)
+            print_apart(f"recsys-dist [rank {rank}]: {err}", other_bar=rank != 0)
         sys.stderr.flush()
         return 1, None
     # Everything is written and the process group is gone. The callers leave without
@@ -115,6 +115,7 @@ def _train_or_echo(*args):
 
 def _rank_code(job: Job, run: RankRun) -> int:
     quiet_third_party()  # a spawned rank starts with the default filters
+    show_warnings_on_main_rank_only()  # every rank would print the same ones
     die_with_launcher()  # a rank never outlives its launcher
     code, summary = train_rank(job, run)
     if summary is not None and summary.get("stopped") == "SIGTERM":
@@ -147,12 +148,12 @@ def rank_main(job: Job, run: RankRun) -> int:
             time.sleep(LOST_PEER_GRACE_S)
             first_line = str(err).splitlines()[0] if str(err) else ""
             rank = os.environ.get("RANK", "?")
-            print(
+            print_apart(
                 f"recsys-dist: rank {rank} stopped: it lost its connection to another rank ({first_line})",
-                file=sys.stderr,
+                other_bar=rank != "0",
             )
         else:
-            traceback.print_exc()
+            print_apart(traceback.format_exc().rstrip(), other_bar=this_rank() != 0)
         code = 1
     sys.stdout.flush()
     sys.stderr.flush()
@@ -233,7 +234,7 @@ def launch_ranks(job: Job, run: RankRun, start_method: str, resume_command: list
             run_dir=run.run_dir,
             resume_command=resume_command,
         )
-        print(text, file=sys.stderr)
+        print_apart(text, other_bar=cfg.train.progress_bar)  # a killed rank 0 leaves its bar mid-line
         return None
     return run_dirs.read_summary(run.run_dir)
 

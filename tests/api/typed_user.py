@@ -28,12 +28,24 @@ def with_trainer(config: str, run_dir: Path) -> float:
         dense_optimizer=lambda params: torch.optim.SGD(params, lr=0.1),
         callbacks=[PrintLoss()],
     ) as trainer:
-        summary: dict = trainer.fit()
-        test: dict = trainer.evaluate("test")
+        summary: recsys_dist.FitSummary = trainer.fit()
+        test: dict[str, float] = trainer.evaluate("test")
         checkpoint: Path = trainer.save_checkpoint()
         step: int = trainer.step
-    print(summary, names, checkpoint, step)
-    return float(test["auc"])
+    # The summary's keys as docs/api.md and Trainer.fit document them, with their types.
+    test_auc: float | None = summary["test"]["auc"]
+    trained: int = summary["steps"] + summary["rows_trained"]
+    if "best" in summary:
+        best_step: int | None = summary["best"]["step"]
+        print(best_step, summary["best"]["metric"], summary["best"]["early_stopped"])
+    print(summary["run_dir"], summary["wall_split"]["train"], summary.get("checkpoint"), test_auc, trained)
+    print(names, checkpoint, step)
+    return test["auc"]
+
+
+def streamed(config: str, run_dir: str) -> recsys_dist.StreamSummary:
+    with recsys_dist.StreamTrainer(recsys_dist.load_config(config), run_dir, resume="auto") as trainer:
+        return trainer.fit()
 
 
 def own_loop(model: nn.Module, run_dir: str) -> int:
@@ -47,4 +59,8 @@ def own_loop(model: nn.Module, run_dir: str) -> int:
 
 
 def launched() -> list[float]:
+    summaries = recsys_dist.launch(streamed, 2, "configs/criteo_online.yaml", "runs/py_online")
+    partitions: list[str] = summaries[0]["partitions"]
+    stopped: str | None = summaries[0]["stopped"]
+    print(partitions, stopped)
     return recsys_dist.launch(with_trainer, 2, "configs/criteo_quickstart.yaml", Path("runs/typed"))
