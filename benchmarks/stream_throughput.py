@@ -168,6 +168,7 @@ def report(results: list[dict], args, command: str, loads: tuple) -> str:
             + " | ".join(f"{r['split'][k]:.2f}" for k in phases)
             + f" | {ps} | {r['load'][0]}, {r['load'][1]} |"
         )
+    out += _rounds(results)
     out += [
         "",
         "Over the repetitions: medians, stream / batch ratios of the medians, and the median (min - max) of the "
@@ -202,6 +203,39 @@ def report(results: list[dict], args, command: str, loads: tuple) -> str:
     return "\n".join(out) + "\n"
 
 
+def _rounds(results: list[dict]) -> list[str]:
+    """Per repetition (its variants ran back to back, interleaved with the other repetitions'):
+    each stream variant's samples/s over the batch file's, then the median of those ratios."""
+    streams = [v for v in VARIANTS if v != "batch" and any(r["variant"] == v for r in results)]
+    base = {r["rep"]: r["samples_s"] for r in results if r["variant"] == "batch"}
+    if not streams or not base:
+        return []
+    out = [
+        "",
+        "Per round: samples/s of each stream variant / the batch file's in the same round (the variants of a "
+        "round ran back to back; rounds interleave, the order rotating), and the median over the rounds:",
+        "",
+        "| round | batch samples/s | " + " | ".join(f"{v} / batch" for v in streams) + " |",
+        "| ---: | ---: |" + " ---: |" * len(streams),
+    ]
+    ratios: dict[str, list[float]] = {v: [] for v in streams}
+    for rep in sorted(base):
+        row = []
+        for v in streams:
+            got = [r["samples_s"] for r in results if r["variant"] == v and r["rep"] == rep]
+            if got:
+                ratios[v].append(got[0] / base[rep])
+            row.append(f"{got[0] / base[rep]:.3f}" if got else "-")
+        out.append(f"| {rep} | {base[rep]:,.0f} | " + " | ".join(row) + " |")
+    out.append(
+        "| **median** | "
+        + f"{statistics.median(base.values()):,.0f} | "
+        + " | ".join(f"**{statistics.median(ratios[v]):.3f}**" if ratios[v] else "-" for v in streams)
+        + " |"
+    )
+    return out
+
+
 def _paired(results: list[dict], variant: str, key: str) -> str:
     """Median (min - max) over repetitions of ``variant``'s ``key`` / batch's, same repetition."""
     base = {r["rep"]: r[key] for r in results if r["variant"] == "batch"}
@@ -220,6 +254,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--partitions", type=int, default=8)
     parser.add_argument("--rows", type=int, default=1000, help="rows per partition")
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument(
+        "--variants", default=",".join(VARIANTS), help="comma-separated subset of " + ", ".join(VARIANTS)
+    )
     parser.add_argument("--keep", default=None, help="work directory to keep (default: a temporary one)")
     parser.add_argument(
         "--out",
@@ -247,7 +284,7 @@ def main(argv: list[str] | None = None) -> None:
         load_start = round(os.getloadavg()[0], 2)
         results = []
         for rep in range(args.reps):
-            variants = [v for v in VARIANTS if v in configs]
+            variants = [v for v in VARIANTS if v in configs and v in args.variants.split(",")]
             k = rep % len(variants)
             order = variants[k:] + variants[:k]  # alternate who runs first
             for v in order:
