@@ -79,7 +79,9 @@ def _env() -> dict:
 
 def write_config(work: Path, poll_seconds: float) -> Path:
     cfg = yaml.safe_load(ONLINE.read_text())
-    cfg["data"]["stream"].update(path=str(work / "landing"), poll_seconds=poll_seconds, stop_after_idle_seconds=None)
+    # min_file_age_seconds 0: the producer (criteo_hourly.land) renames each finished file into place.
+    stream = dict(path=str(work / "landing"), poll_seconds=poll_seconds, stop_after_idle_seconds=None)
+    cfg["data"]["stream"].update(**stream, min_file_age_seconds=0)
     cfg["publish"] = {"enabled": True, "every_partition": True, "dir": str(work / "publish")}
     path = work / "freshness.yaml"
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))

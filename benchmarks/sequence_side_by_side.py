@@ -1,8 +1,9 @@
 """DIN and BST (with the derived user history) vs DeepFM (without it) on the shipped MovieLens
 sample: 3 seeds each on the same split, then test AUC per seed, and for each sequence model a
 paired bootstrap 95% interval of the mean (over seeds) AUC difference to DeepFM on the test rows,
-and the wall time of each run. Results: benchmarks/results/sequence_time_split_cpu2core_20261202.md
-(time split, early stopping: the templates now); before them, with a random split and 2 fixed
+and the wall time of each run. Results: benchmarks/results/sequence_patience_epoch_cpu2core_20261204.md
+(time split, patience one epoch, best weights restored: the templates now); with a patience of 4
+validations, sequence_time_split_cpu2core_20261202.md; before them, with a random split and 2 fixed
 epochs, benchmarks/results/sequence_din_cpu2core_20261201.md and sequence_bst_cpu2core_20261201.md.
 
 Run from the repository root:

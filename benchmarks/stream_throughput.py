@@ -81,7 +81,10 @@ def make_configs(work: Path, partitions: int, rows: int) -> dict[str, dict]:
             cfg["train"]["epochs"] = 1
         else:
             data["stream"].update(
-                path=str(work / "landing"), stop_after_idle_seconds=0, progressive_validation=variant != "stream"
+                path=str(work / "landing"),
+                stop_after_idle_seconds=0,
+                progressive_validation=variant != "stream",
+                min_file_age_seconds=0,  # landed by rename (criteo_hourly.land)
             )
         if variant != "stream_pub" or "publish" in cfg:  # stream_pub: where criteo_online.yaml publishes
             out[variant] = cfg

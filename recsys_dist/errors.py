@@ -16,6 +16,16 @@ class DataError(ValueError):
     """Raw or converted data is malformed; the message names file, row and column."""
 
 
+class NoRows(DataError):
+    """A raw file holds no data rows: 0 bytes, a header line alone, a Parquet file of 0 rows
+    (``recsys_dist.data.convert``; a stream consumes such a partition with a warning)."""
+
+
+class FileChanging(RuntimeError):
+    """A stream's partition file changed (size or modification time) while it was read: a
+    writer is still at it (``recsys_dist.data.stream``); it is taken again once it stops changing."""
+
+
 class CheckpointError(RuntimeError):
     """A checkpoint is missing, incomplete, or does not fit the model; the message says which."""
 

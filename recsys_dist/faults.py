@@ -4,7 +4,9 @@
 reaches POINT at global step STEP, on the first attempt only (an elastic restart then runs
 clean). Points: ``step`` (right after a training step), ``save`` (a checkpoint's shards are
 written but the checkpoint is not yet complete), ``raise`` (raise RuntimeError after a step
-instead of dying: the other ranks must still exit promptly), ``disk_full`` (the checkpoint
+instead of dying: the other ranks must still exit promptly), ``sigterm`` (SIGTERM to the rank
+after a step instead, and to its launcher, as an operator's would reach it: a stream stops
+cleanly at its next check), ``disk_full`` (the checkpoint
 writer of that step raises ``OSError(ENOSPC)``, as a full disk would), ``metrics_full``
 (rank 0's ``metrics.jsonl`` line of that step is cut short and the write raises
 ``OSError(ENOSPC)``: give RANK 0), ``read_only`` (that line's write raises ``OSError(EROFS)``,
@@ -36,8 +38,8 @@ def maybe_fault(point: str, step: int, rank: int, partial: Callable[[], object] 
     if not spec or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)) > 0:
         return
     parts = spec.split(":")
-    if point == "step" and parts[0] == "raise":
-        point = "raise"
+    if point == "step" and parts[0] in ("raise", "sigterm"):
+        point = parts[0]
     if parts[0] == point and int(parts[1]) == step and rank == (int(parts[2]) if len(parts) > 2 else 1):
         if point == "raise":
             raise RuntimeError(f"injected failure on rank {rank} at step {step}")
@@ -49,4 +51,10 @@ def maybe_fault(point: str, step: int, rank: int, partial: Callable[[], object] 
             raise OSError(errno.ENOSPC, "No space left on device (injected)")
         if point == "read_only":
             raise OSError(errno.EROFS, "Read-only file system (injected)")
+        if point == "sigterm":
+            os.kill(os.getpid(), signal.SIGTERM)  # its handler runs before the rank's next check
+            launcher = os.environ.get("RECSYS_DIST_LAUNCHER_PID")  # (distributed.env.LAUNCHER_PID_ENV)
+            if launcher:  # which stops the ranks as it does for an operator's SIGTERM
+                os.kill(int(launcher), signal.SIGTERM)
+            return
         os.kill(os.getpid(), signal.SIGKILL)

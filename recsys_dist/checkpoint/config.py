@@ -24,5 +24,6 @@ class CheckpointConfig(Section):
         False,
         description="Save a checkpoint at every validation that improves on the best so far (the metric of "
         "train.early_stopping, else AUC) and keep the best one as checkpoints/best, never deleted by `keep`; "
-        "`best` then names it for --resume, export, evaluate and predict.",
+        "`best` then names it for --resume, export, evaluate and predict. train.early_stopping with restore_best "
+        "(its default) keeps it too: the best weights are read back from it when training ends.",
     )

@@ -211,6 +211,32 @@ class StreamConfig(_Section):
         description="Score each partition before training on it (progressive validation) and write its "
         "metrics as a validation line naming the partition.",
     )
+    min_file_age_seconds: _F = Field(
+        2.0,
+        ge=0,
+        description="A file is taken once it has not been modified for this many seconds (its modification "
+        "time against this machine's clock), so a file still being written in place is not read half-written; "
+        "one whose size or modification time changed while it was read is taken again later. 0: take files at "
+        "once (a producer that renames each finished file into place). Not used (an error) with data.stream.marker.",
+    )
+    marker: str | None = Field(
+        None,
+        description="Name of a file the producer writes into a partition's directory once every file there "
+        "is complete (Hadoop / Spark's _SUCCESS): files are taken only from a directory that holds it. "
+        "Starts with '_' or '.' (so it is never taken as data); None: no marker, min_file_age_seconds decides.",
+    )
+
+    @model_validator(mode="after")
+    def _check_marker(self) -> StreamConfig:
+        m = self.marker
+        if m is not None and (not m.startswith(("_", ".")) or "/" in m or m in (".", "..")):
+            raise ValueError(
+                f"marker: {m!r} must be a file name starting with '_' or '.' (e.g. _SUCCESS), which is never "
+                "taken as a partition"
+            )
+        if m is not None and "min_file_age_seconds" in self.model_fields_set:
+            raise ValueError("min_file_age_seconds: not used with marker (a file is taken once the marker is there)")
+        return self
 
 
 class SplitConfig(_Section):

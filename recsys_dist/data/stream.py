@@ -1,4 +1,5 @@
-"""Partitions that land in a directory: which are there, and each one converted on its own.
+"""Partitions that land in a directory: which are there, which are complete, and each one
+converted on its own.
 
 ``data.stream`` (docs/online.md) trains on the files that appear under ``stream.path``. A
 file is *landed* once it matches ``stream.pattern`` and its name does not start with ``.``
@@ -6,6 +7,11 @@ or ``_`` (the lake convention: a writer fills ``.part.tmp`` or ``_temporary/...`
 the finished file into place, atomically; ``_SUCCESS`` markers are not data). Partitions are
 named by their path below ``stream.path`` (``day=3/hour=07/part-0.txt``) and taken in the
 sort order of those names.
+
+A landed file is *ready* (:func:`ready`) once it has stopped changing: its modification time
+is ``stream.min_file_age_seconds`` old, or, with ``stream.marker``, its directory holds the
+marker. A file is known by its size and modification time (:func:`scan`); one that changes
+while it is converted is not taken (:class:`~recsys_dist.errors.FileChanging`).
 
 Each partition is converted like a batch run's raw file (same format, same mapping), as one
 split: every row is training data, into the run's own directory (a stream would otherwise
@@ -16,12 +22,17 @@ value the same way in every partition (a vocabulary would need all the data up f
 
 from __future__ import annotations
 
+import json
+import shutil
+import stat
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from recsys_dist.data.config import DataConfig, StreamConfig
 from recsys_dist.data.convert import PreparedData, prepare
 from recsys_dist.data.resolve import managed_mask, raw_format
-from recsys_dist.errors import DataError
+from recsys_dist.errors import DataError, FileChanging, NoRows
 
 
 def landed(stream: StreamConfig) -> list[str]:
@@ -30,45 +41,138 @@ def landed(stream: StreamConfig) -> list[str]:
     Raises:
         DataError: ``stream.path`` is not a readable directory.
     """
+    return list(scan(stream))
+
+
+def scan(stream: StreamConfig) -> dict[str, list[int]]:
+    """The landed partition files, sorted by name: name -> ``[size in bytes, mtime in ns]``
+    (what a partition is known by; a file gone between the listing and its stat is left out).
+
+    Raises:
+        DataError: ``stream.path`` is not a readable directory.
+    """
     root = Path(stream.path)
     if not root.is_dir():
         raise DataError(f"data.stream.path: {root} is not a directory (it was, when the run started)")
-    names = []
+    found = {}
     for f in root.glob(stream.pattern):
         rel = f.relative_to(root)
-        if any(part.startswith((".", "_")) for part in rel.parts) or not f.is_file():
+        if any(part.startswith((".", "_")) for part in rel.parts):
             continue
-        names.append(rel.as_posix())
-    return sorted(names)
+        try:
+            st = f.stat()
+        except OSError:  # removed (or renamed) since the listing
+            continue
+        if stat.S_ISREG(st.st_mode):
+            found[rel.as_posix()] = [st.st_size, st.st_mtime_ns]
+    return dict(sorted(found.items()))
 
 
-def convert_partition(d: DataConfig, name: str, cache_dir: str | Path) -> PreparedData:
+def ready(stream: StreamConfig, name: str, file_id: list[int], now: float | None = None) -> bool:
+    """Whether the landed file ``name`` (``file_id`` from :func:`scan`) may be taken: with
+    ``stream.marker``, once its directory holds the marker; else once it has not been
+    modified for ``stream.min_file_age_seconds`` (``now``: seconds since the epoch, default the
+    current time; a modification time in the future waits)."""
+    if stream.marker is not None:
+        return (Path(stream.path) / name).parent.joinpath(stream.marker).is_file()
+    now = time.time() if now is None else now
+    return now - file_id[1] / 1e9 >= stream.min_file_age_seconds
+
+
+def not_ready_reason(stream: StreamConfig) -> str:
+    """Why a landed file is not taken yet (for the log)."""
+    if stream.marker is not None:
+        return f"its directory has no {stream.marker} yet (data.stream.marker)"
+    return f"it was modified less than {stream.min_file_age_seconds:g} s ago (data.stream.min_file_age_seconds)"
+
+
+@dataclass
+class Partition:
+    """One partition converted (:func:`convert_partition`).
+
+    Attributes:
+        prepared: the conversion (``train`` holds every row), or None for a file without rows.
+        rows: rows converted. file_id: ``[size, mtime_ns]`` of the file that was read.
+        skipped: bad rows left out (``data.on_bad_row: skip``).
+        first_skipped: the first of them, ``"line N: why"`` (None when none was).
+    """
+
+    prepared: PreparedData | None
+    rows: int
+    file_id: list[int]
+    skipped: int = 0
+    first_skipped: str | None = None
+
+
+def convert_partition(d: DataConfig, name: str, cache_dir: str | Path) -> Partition:
     """Convert the partition ``name`` (below ``d.stream.path``) as one training split into
     ``cache_dir`` (the run's own: ``RUN_DIR/partitions``, emptied of a partition once it is
     trained; keyed by path, size and modification time like any cache entry).
 
-    Returns:
-        ``PreparedData`` whose ``train`` split holds every row of the partition (``validation``
-        and ``test`` are empty).
+    A file without rows (0 bytes, a header line alone, a Parquet file of 0 rows) gives a
+    ``Partition`` of 0 rows and no conversion.
 
     Raises:
-        DataError: the partition is malformed (names the file, line and column), unreadable,
-            or vanished.
+        DataError: the partition is malformed or unreadable (names the file, line and column);
+            its ``file_id`` attribute: the file's ``[size, mtime_ns]``.
+        FileChanging: its size or modification time changed while it was read, or it vanished
+            (nothing is kept).
     """
     path = Path(d.stream.path) / name
-    if not path.is_file():
-        raise DataError(f"data.stream: partition {path} vanished before it was read")
-    return prepare(
-        raw_format(d.format, d.schema, d.short_lines),
-        str(path),
-        d.num_embeddings,
-        (1.0, 0.0, 0.0),
-        None,
-        str(cache_dir),
-        on_bad_row=d.on_bad_row,
-        mapping=d.categorical_mapping,
-        row_group_size=d.row_group_size,
-        managed=managed_mask(d),
-        warn_one_class=False,  # a small partition of one class is normal in a stream
-        coverage=False,  # a partition's tables are the run's: one partition says little about them
-    )
+    before = _file_id(path)
+    prepared = None
+    try:
+        if before[0]:  # a 0-byte file: no conversion (a Parquet reader would call it malformed)
+            prepared = prepare(
+                raw_format(d.format, d.schema, d.short_lines),
+                str(path),
+                d.num_embeddings,
+                (1.0, 0.0, 0.0),
+                None,
+                str(cache_dir),
+                on_bad_row=d.on_bad_row,
+                mapping=d.categorical_mapping,
+                row_group_size=d.row_group_size,
+                managed=managed_mask(d),
+                warn_one_class=False,  # a small partition of one class is normal in a stream
+                coverage=False,  # a partition's tables are the run's: one partition says little about them
+            )
+    except NoRows:
+        _remove_unfinished(Path(cache_dir))
+    except DataError as err:
+        if _file_id(path) != before:  # cut short by a writer still at it, not malformed
+            _remove_unfinished(Path(cache_dir))
+            raise FileChanging(f"data.stream: partition {path} changed while it was read") from None
+        err.file_id = before
+        raise
+    if _file_id(path) != before:
+        if prepared is not None:
+            shutil.rmtree(prepared.directory, ignore_errors=True)
+            prepared.directory.with_name(f"{prepared.directory.name}.lock").unlink(missing_ok=True)
+        raise FileChanging(f"data.stream: partition {path} changed while it was read")
+    if prepared is None:
+        return Partition(None, 0, before)
+    manifest = json.loads((prepared.directory / "manifest.json").read_text())
+    examples = manifest.get("skipped_examples") or []
+    first = f"line {examples[0]['line']}: {examples[0]['reason']}" if examples else None
+    return Partition(prepared, int(prepared.rows["train"]), before, int(manifest.get("rows_skipped") or 0), first)
+
+
+def _file_id(path: Path) -> list[int]:
+    try:
+        st = path.stat()
+    except OSError:
+        raise FileChanging(f"data.stream: partition {path} vanished while it was read") from None
+    return [st.st_size, st.st_mtime_ns]
+
+
+def _remove_unfinished(cache_dir: Path) -> None:
+    """Remove what a conversion that kept nothing left in ``cache_dir`` (the run's own, where one
+    partition is converted at a time): entries without a manifest, lock files without an entry."""
+    if not cache_dir.is_dir():
+        return
+    for entry in cache_dir.iterdir():
+        if entry.is_dir() and not (entry / "manifest.json").is_file():
+            shutil.rmtree(entry, ignore_errors=True)
+        elif entry.name.endswith(".lock") and not cache_dir.joinpath(entry.name[: -len(".lock")]).is_dir():
+            entry.unlink(missing_ok=True)

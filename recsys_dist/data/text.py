@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -147,6 +147,31 @@ class BadRows:
 _SKIP_HINT = "fix or remove it, or set data.on_bad_row: skip to leave such lines out and count them"
 
 
+class BadLine(DataError):
+    """The first bad line of a block (``data.on_bad_row: error``). ``line``: its file line (None
+    when pyarrow did not tell it); ``rows_before``: the block's rows before it (a table of text
+    columns, or None), which :func:`rows_then_bad_line` hands on before raising, so that a
+    rejected value on an earlier line is reported first."""
+
+    def __init__(self, message: str, line: int | None = None, rows_before: pa.Table | None = None) -> None:
+        # Defaults: pickled (from a worker process), it is rebuilt from its message alone.
+        super().__init__(message)
+        self.line, self.rows_before = line, rows_before
+
+
+def rows_then_bad_line(first_line: int, parse: Callable[[], pa.Table]) -> Iterator[tuple[int, pa.Table]]:
+    """``(first_line, parse())``; when ``parse`` raises :class:`BadLine`, first the rows before
+    that line (their values are checked by the caller, which reports an earlier bad value
+    first), then the error. Every format's ``read_chunks`` reads its blocks through this."""
+    try:
+        table = parse()
+    except BadLine as err:
+        if err.rows_before is not None and err.rows_before.num_rows:
+            yield first_line, err.rows_before
+        raise
+    yield first_line, table
+
+
 def _line_starts(chunk: bytes) -> np.ndarray:
     """Byte offset of each line of ``chunk`` (int64 [lines])."""
     arr = np.frombuffer(chunk, dtype=np.uint8)
@@ -267,9 +292,10 @@ def parse_block(
     Every line is a row or a bad line, so rows read = rows parsed + bad lines. Bad lines: a
     line that is not UTF-8 text, a blank line, a quoted field not closed on its line (it would
     swallow the lines after it), a lone carriage return, a wrong field count. Without
-    ``skipped`` the first bad line stops with a :class:`DataError` naming the file and line
-    (and column where there is one); with ``skipped`` (a list) each is appended as ``(file
-    line or None, reason)`` and left out.
+    ``skipped`` the first bad line in file order (whatever its kind) stops with a
+    :class:`BadLine` naming the file and line (and column where there is one); with
+    ``skipped`` (a list) each is appended as ``(file line or None, reason)``, in line order,
+    and left out.
 
     Args:
         first_line: file line number (1-based) of the block's first line.
@@ -282,45 +308,57 @@ def parse_block(
     if header:
         cut = chunk.find(b"\n") + 1 if b"\n" in chunk else len(chunk)
         chunk, first_line = chunk[cut:], first_line + 1
-    block = _Block(chunk, path, first_line, names, delimiter, quote_char, skipped, column_types)
+    # Bad lines of every kind are found first, all of them, then reported: under error the
+    # one of the lowest line (the kinds are found in turn, so the first found may be a later line).
+    found: list = []  # (file line or None, reason, the error's message)
+    block = _Block(chunk, path, first_line, names, delimiter, quote_char, found, column_types)
     block.drop_unreadable()
     parsed = block.parse(use_threads)
-    if parsed is None:
-        return pa.table({n: pa.array([], pa.string()) for n in names})
-    table, bad = parsed
+    table, bad = parsed if parsed is not None else (pa.table({n: pa.array([], pa.string()) for n in names}), BadRows())
     describe = describe or (lambda row: f"expected {row.expected_columns} fields, got {row.actual_columns}")
-    if bad.rows:
-        if bad.rows[0].number is None and use_threads:
-            table, bad = block.read(False)  # a threaded parse does not tell the line: once more on one thread
-        lines = [None if r.number is None else first_line + _original(block.removed, r.number - 1) for r in bad.rows]
-        if skipped is None:
-            raise DataError(f"{path}, {'a line' if lines[0] is None else f'line {lines[0]}'}: {describe(bad.rows[0])}")
-        skipped += [(ln, f"{r.actual_columns} fields, expected {r.expected_columns}") for ln, r in zip(lines, bad.rows)]
-    if skipped is not None and table.num_rows and all(r.number is not None for r in bad.rows):
-        # Under skip, each row's file line, so a value rejected later is reported by its line.
-        lines = _row_lines(_num_lines(block.chunk), first_line, block.removed, [r.number - 1 for r in bad.rows])
-        if len(lines) == table.num_rows:
-            table = table.append_column(LINE_COLUMN, pa.array(lines, pa.int64()))
+    if bad.rows and bad.rows[0].number is None and use_threads:
+        table, bad = block.read(False)  # a threaded parse does not tell the line: once more on one thread
+    for r in bad.rows:
+        ln = None if r.number is None else first_line + _original(block.removed, r.number - 1)
+        why = f"{r.actual_columns} fields, expected {r.expected_columns}"
+        found.append((ln, why, f"{path}, {'a line' if ln is None else f'line {ln}'}: {describe(r)}"))
+    row_lines = None
+    if (skipped is not None or found) and table.num_rows and all(r.number is not None for r in bad.rows):
+        # Each row's file line, so a value rejected later is reported by its line.
+        row_lines = _row_lines(_num_lines(block.chunk), first_line, block.removed, [r.number - 1 for r in bad.rows])
+        row_lines = row_lines if len(row_lines) == table.num_rows else None
+    found.sort(key=lambda f: (f[0] is None, f[0] or 0))
+    if skipped is None and found:
+        line, _, message = found[0]
+        before = None
+        if line is not None and row_lines is not None:
+            before = table.slice(0, int(np.searchsorted(row_lines, line)))
+        raise BadLine(message, line, before)
+    if skipped is not None:
+        skipped += [(ln, why) for ln, why, _ in found]
+        if row_lines is not None:
+            table = table.append_column(LINE_COLUMN, pa.array(row_lines, pa.int64()))
     return table
 
 
 class _Block:
     """The lines of one block as :func:`parse_block` cuts bad lines out of them: ``chunk`` (the
-    lines left) and ``removed`` (indices in the original block of the lines cut out, sorted)."""
+    lines left) and ``removed`` (indices in the original block of the lines cut out, sorted);
+    each line cut out is recorded in ``found`` as (file line, reason, error message)."""
 
-    def __init__(self, chunk, path, first_line, names, delimiter, quote_char, skipped, column_types) -> None:
+    def __init__(self, chunk, path, first_line, names, delimiter, quote_char, found, column_types) -> None:
         self.chunk, self.path, self.first_line, self.names = chunk, path, first_line, names
-        self.delimiter, self.quote_char, self.skipped = delimiter, quote_char, skipped
+        self.delimiter, self.quote_char, self.found = delimiter, quote_char, found
         self.column_types = column_types or {}
         self.removed: list[int] = []
 
     def drop(self, found: list[tuple[int, str]]) -> None:
-        """Report the first bad line, or (skip) record them all and cut them out of the block."""
+        """Record the bad lines ``found`` (indices in the block as it is now) and cut them out."""
         orig = [(_original(self.removed, i), why) for i, why in found]
-        if self.skipped is None:
-            i, why = min(orig)
-            raise DataError(f"{self.path}, line {self.first_line + i}: {why}; {_SKIP_HINT}")
-        self.skipped.extend((self.first_line + i, why) for i, why in orig)
+        self.found.extend(
+            (self.first_line + i, why, f"{self.path}, line {self.first_line + i}: {why}; {_SKIP_HINT}")
+            for i, why in orig
+        )
         chunk = self.chunk
         starts = _line_starts(chunk)
         gone = {i for i, _ in found}

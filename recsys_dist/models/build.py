@@ -28,12 +28,14 @@ def feature_spec(
     num_embeddings: list[int] | None = None,
     device: torch.device | None = None,
     embedding_device: torch.device | None = None,
+    given_model: bool = False,
 ) -> FeatureSpec:
     """The :class:`FeatureSpec` of a run config (``RunConfig``; not imported here: config.run
     imports preflight, which builds models): its format's features, ``num_embeddings`` rows
     per table (default: as configured), ``model.embedding_dim`` / ``embedding_init_scale``,
     ``data.pooling`` / ``data.feature_pooling``; then the model's ``on_features`` hook (DeepFM's
-    first-order tables).
+    first-order tables), unless ``given_model`` (``Trainer(model=...)``: ``model.name`` names
+    no model of the run).
     Sequence features (``data.schema.sequence`` / ``history``) get ``s_<feature>`` EmbeddingConfigs
     in ``sequence_tables`` and are not among ``sparse_names``."""
     dense, keys = feature_names(cfg)
@@ -54,7 +56,7 @@ def feature_spec(
         sequence_names=seq,
         sequence_tables=make_sequence_tables(seq, seq_sizes, m.embedding_dim, init_scale=m.embedding_init_scale),
     )
-    add_tables = get_model(m.name).on_features  # the model's own tables (DeepFM's first-order ones)
+    add_tables = None if given_model else get_model(m.name).on_features  # DeepFM's first-order tables
     return add_tables(spec) if add_tables is not None else spec
 
 

@@ -167,6 +167,14 @@ class ModelSpec:
         return [p for check in self.checks for p in check(cfg)]
 
 
+def _given_elsewhere(spec, cfg):
+    raise TypeError("the model given to Trainer(model=...) is built by the Trainer from that argument")
+
+
+# The model given to ``Trainer(model=...)`` instead of ``model.name``: none of the checks and hooks
+# of the model the config names by default (dlrm needs dense features) apply to it.
+GIVEN_MODEL = ModelSpec("Trainer(model=...)", ModelConfig, _given_elsewhere)
+
 _MODELS: dict[str, ModelSpec] = {}
 _loaded = False
 

@@ -264,12 +264,28 @@ def write_plan(run_dir: Path, plan, spec: FeatureSpec, plan_text: str) -> None:
     write_atomic(run_dir / "plan.json", json.dumps(plan_summary(plan, spec.planned_tables()), indent=2))
 
 
-def best_tracker(cfg: RunConfig) -> BestTracker | None:
-    """The tracker of ``train.early_stopping`` (or of validation AUC for ``checkpoint.keep_best``)."""
+def best_tracker(cfg: RunConfig, steps_per_epoch: int = 1, global_batch: int = 1) -> BestTracker | None:
+    """The tracker of ``train.early_stopping`` (or of validation AUC for ``checkpoint.keep_best``).
+
+    ``steps_per_epoch`` (steps of the training split) and ``global_batch`` (training rows a
+    step over all ranks) turn a patience in epochs or rows into steps."""
     es = cfg.train.early_stopping
     if es is not None:
-        return BestTracker(es.metric, es.patience, es.min_delta)
+        steps = None
+        if es.patience_unit == "epochs":
+            steps = es.patience * max(steps_per_epoch, 1)
+        elif es.patience_unit == "rows":
+            steps = -(-es.patience // max(global_batch, 1))  # ceil: at least this many rows
+        return BestTracker(es.metric, es.patience, es.min_delta, patience_steps=steps)
     return BestTracker("auc") if cfg.checkpoint.keep_best else None
+
+
+def keeps_best(cfg: RunConfig) -> bool:
+    """Whether a run saves a checkpoint at each new best and keeps it as ``checkpoints/best``:
+    ``checkpoint.keep_best``, or early stopping that restores the best weights (they are read
+    back from that checkpoint), with checkpoints on."""
+    es = cfg.train.early_stopping
+    return cfg.checkpoint.enabled and (cfg.checkpoint.keep_best or (es is not None and es.restore_best))
 
 
 def progress_bar(total: int, show: bool) -> tqdm:

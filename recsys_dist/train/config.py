@@ -18,7 +18,8 @@ PipelineName = Literal["base", "sparse_dist", "semi_sync", "fused_sparse_dist"]
 
 
 class EarlyStoppingConfig(_Section):
-    """``train.early_stopping``: stop when the validation metric stops improving."""
+    """``train.early_stopping``: stop when the validation metric stops improving, then score the
+    best validation weights."""
 
     metric: Literal["auc", "logloss", "ne"] = Field(
         "auc", description="Validation metric watched: auc (higher is better), logloss or ne (lower is better)."
@@ -26,11 +27,28 @@ class EarlyStoppingConfig(_Section):
     patience: int = Field(
         3,
         gt=0,
-        description="Stop after this many validations in a row without an improvement. A validation whose "
-        "metric is undefined (null AUC of a one-class or empty split) neither improves nor counts.",
+        description="How long to go on without an improvement, in patience_unit: stop at the validation that "
+        "makes this many validations in a row without one (validations), or that comes this many epochs / "
+        "training rows after the best one (epochs, rows). A validation whose metric is undefined (null AUC of "
+        "a one-class or empty split) neither improves nor stops the run.",
+    )
+    patience_unit: Literal["validations", "epochs", "rows"] = Field(
+        "validations",
+        description="The unit of patience. validations: validations in a row without an improvement (with "
+        "eval.every_n_steps a fixed number of steps, whatever the data size). epochs: epochs of training since "
+        "the best validation (steps per epoch of the training split). rows: training rows since the best "
+        "validation, counted as steps x train.batch_size x ranks.",
     )
     min_delta: float = Field(
         0.0, ge=0, description="An improvement is a change in the better direction larger than this."
+    )
+    restore_best: bool = Field(
+        True,
+        description="When training ends, put back the weights of the best validation (the test split is "
+        "scored, the final checkpoint saved and predict / export read with them; summary.json's weights_step "
+        "names their step). With checkpoints on, the best weights are kept as checkpoints/best (as "
+        "checkpoint.keep_best) and read back from it; with checkpoints off, as a copy in memory (one more copy "
+        "of each rank's table shards and dense weights). false: keep the last weights.",
     )
 
 
@@ -112,7 +130,8 @@ class TrainConfig(_Section):
     early_stopping: EarlyStoppingConfig | None = Field(
         None,
         description="Stop training when the validation metric (scored after every epoch and every "
-        "eval.every_n_steps) has not improved for `patience` validations; None = train every epoch.",
+        "eval.every_n_steps) has not improved for `patience` (validations, epochs or rows), then score the best "
+        "validation weights (restore_best); None = train every epoch and score the last weights.",
     )
 
     @model_validator(mode="after")

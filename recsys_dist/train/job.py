@@ -21,7 +21,7 @@ from recsys_dist.data.resolve import prepare_from_config, raw_format
 from recsys_dist.data.spec import FeatureSpec
 from recsys_dist.errors import DataError
 from recsys_dist.models.build import feature_spec, table_sizes
-from recsys_dist.models.registry import ModelSpec, get_model
+from recsys_dist.models.registry import GIVEN_MODEL, ModelSpec, get_model
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,8 @@ class Job:
             tasks, and the table sizes (as configured until the data is converted, then the
             sizes the conversion decided: :meth:`with_data`).
         model: the registered model ``model.name`` names (None for an import-path model that
-            cannot be loaded here: validation reports it).
+            cannot be loaded here: validation reports it), or ``GIVEN_MODEL`` for the model given
+            to ``Trainer(model=...)`` (no checks, no hooks).
         world: the job's size.
         prepared: the converted data (``PreparedData``), once converted; None before.
     """
@@ -77,17 +78,25 @@ class Job:
         sizes = _sizes(self.cfg, prepared)
         features = self.features
         if sizes != self.table_sizes:
-            features = feature_spec(self.cfg, sizes, torch.device("cpu"), torch.device("meta"))
+            given = self.model is GIVEN_MODEL
+            features = feature_spec(self.cfg, sizes, torch.device("cpu"), torch.device("meta"), given_model=given)
         return dataclasses.replace(self, features=features, prepared=prepared)
+
+    def given_model(self) -> Job:
+        """This job training the model given to ``Trainer(model=...)`` instead of ``model.name``'s."""
+        return dataclasses.replace(self, model=GIVEN_MODEL)
 
     def __reduce__(self):
         # A spawned rank gets the config, features, world and data; the format object and the
         # model's registry entry (which may hold closures) are looked up again there.
-        return (_unpickle_job, (self.cfg, self.features, self.world, self.prepared))
+        given = self.model is GIVEN_MODEL
+        return (_unpickle_job, (self.cfg, self.features, self.world, self.prepared, given))
 
 
-def _unpickle_job(cfg: RunConfig, features: FeatureSpec, world: World, prepared: PreparedData | None) -> Job:
-    return Job(cfg, _format(cfg), features, _model(cfg), world, prepared)
+def _unpickle_job(
+    cfg: RunConfig, features: FeatureSpec, world: World, prepared: PreparedData | None, given: bool = False
+) -> Job:
+    return Job(cfg, _format(cfg), features, GIVEN_MODEL if given else _model(cfg), world, prepared)
 
 
 def _sizes(cfg: RunConfig, prepared: PreparedData) -> list[int]:
@@ -124,13 +133,17 @@ def prepare_data(cfg: RunConfig, progress: bool = False) -> PreparedData:
     return prepared
 
 
-def resolve_job(cfg: RunConfig, prepared: PreparedData | None = None, world_size: int | None = None) -> Job:
+def resolve_job(
+    cfg: RunConfig, prepared: PreparedData | None = None, world_size: int | None = None, given_model: bool = False
+) -> Job:
     """The :class:`Job` of a validated config: its format object, FeatureSpec (tables on
     ``meta``, sized as ``prepared`` decided when the data is converted, else as configured),
-    registered model and world size (``world_size``: torchrun's, else
+    registered model (``given_model``: ``GIVEN_MODEL``, the model given to
+    ``Trainer(model=...)``) and world size (``world_size``: torchrun's, else
     ``distributed.nproc_per_node``)."""
     n = cfg.distributed.nproc_per_node
     sizes = _sizes(cfg, prepared) if prepared is not None else None
-    features = feature_spec(cfg, sizes, torch.device("cpu"), torch.device("meta"))
+    features = feature_spec(cfg, sizes, torch.device("cpu"), torch.device("meta"), given_model=given_model)
     world = World(nproc=n, size=world_size if world_size is not None else n)
-    return Job(cfg, _format(cfg), features, _model(cfg), world, prepared)
+    model = GIVEN_MODEL if given_model else _model(cfg)
+    return Job(cfg, _format(cfg), features, model, world, prepared)

@@ -37,6 +37,8 @@ from recsys_dist.distributed.plan_io import plan_summary
 from recsys_dist.faults import maybe_fault
 from recsys_dist.files import write_atomic
 from recsys_dist.models.managed import managed_metrics
+from recsys_dist.train.best_weights import checkpoint_of_step
+from recsys_dist.train.build import keeps_best
 from recsys_dist.train.evaluation import in_row_order
 from recsys_dist.train.pipelines import PIPELINES, TrainPipeline, make_pipeline
 from recsys_dist.train.summary import divergence_error, log_early_stop, run_summary, train_window
@@ -101,6 +103,8 @@ class TrainLoop:
             "config": self.cfg.to_dict(),
             "num_embeddings": self._loaders.num_embeddings,
             "early_stopping": self.best.state() if self.best is not None else None,
+            # Not the step's own after restore_best put back the best validation's weights.
+            "weights_step": self._step if self._weights_step is None else self._weights_step,
             # The training data (recsys_dist.checkpoint.run_dir.check_same_data) and where its epochs start.
             "data": self._data,
             "steps_per_epoch": len(self._loaders.train) if self._loaders.train is not None else None,
@@ -156,6 +160,14 @@ class TrainLoop:
         self.train_seconds = meta["train_seconds"]
         if self.best is not None:
             self.best.load(meta.get("early_stopping"))
+        if meta.get("weights_step", self._step) != self._step and not self._done() and self._ctx.is_main:
+            log.warning(
+                "checkpoint %s holds the weights of step %d, the best validation's (train.early_stopping."
+                "restore_best), at step %d's data position: training on continues from those weights",
+                path,
+                meta["weights_step"],
+                self._step,
+            )
         self._restore_position(path, meta)
         self._bar.update(self._step)
 
@@ -205,17 +217,24 @@ class TrainLoop:
         """Whether every rank stops training now (a stream's SIGTERM); checked after each step."""
         return False
 
+    def _keeps_window(self) -> bool:
+        """Whether a stop leaves the logging window open (a stream stopped inside a partition:
+        the checkpoint saves the window, the resumed run continues it); else its line is written."""
+        return False
+
     def _train_steps(self, start: int) -> None:
         """Train ``self._loaders.train`` (epoch ``self.epoch``) from its batch ``start`` to its
         end, ``total_steps`` or a stop; checkpoints by cadence on the way."""
         cfg, ctx = self.cfg, self._ctx
         pipe = self._pipe = self._next_pipeline()
         self._pipe_drained = False
+        self._weights_step = None  # trained on: the weights are the step's own again
         self._loaders.train.set_epoch(self.epoch)
         self._in_epoch = start
         early, self._early_batches = self._early_batches, None
         batches = early if early is not None and start == 0 else self._loaders.train.iter_from(start)
-        self._t0 = time.perf_counter()
+        # A window a checkpoint carried over (a stream stopped inside it) counts its seconds too.
+        self._t0, self._window_seconds = time.perf_counter() - self._window_seconds, 0.0
         while not self._done():
             self._tracer.before(self._step + 1)
             try:
@@ -259,7 +278,7 @@ class TrainLoop:
                 pipe = self._pipe = self._new_pipeline()
                 batches = self._loaders.train.iter_from(self._in_epoch)
                 self._t0 = time.perf_counter()
-        if self._losses:
+        if self._losses and not self._keeps_window():
             self._log_train()
         pipe.detach()
 
@@ -305,8 +324,9 @@ class TrainLoop:
 
     def _validate(self) -> dict:
         """Score the validation split once per step (a step both an epoch's end and a multiple
-        of eval.every_n_steps is scored once), log it, update the best / early stopping and,
-        with checkpoint.keep_best, save a new best checkpoint."""
+        of eval.every_n_steps is scored once), log it, update the best / early stopping and keep
+        a new best: a checkpoint (``build.keeps_best``), or a copy in memory (restore_best with
+        checkpoints off)."""
         if self._last_val is not None and self._last_val[0] == self._step:
             return self._last_val[1]
         maybe_fault("eval", self._step, self._ctx.rank)
@@ -322,14 +342,66 @@ class TrainLoop:
             improved = self.best.update(metrics, self._step)
             if self.best.stopped:
                 log_early_stop(self.best, self._step)
-            if improved and self.cfg.checkpoint.enabled and self.cfg.checkpoint.keep_best:
+            if improved and keeps_best(self.cfg):
                 self._save_in_window(best=True)
+            elif improved and self._memory_best is not None:
+                self._memory_best.keep(self._model, self._step)
         return metrics
 
-    def _write_summary(self, validation: dict, test: dict, checkpoint: Path | None, **extra) -> dict:
+    def _restore_best(self, last_val: dict) -> tuple[int, dict]:
+        """At the end of training with ``train.early_stopping.restore_best``: put back the
+        weights (and optimizer state) of the best validation, read from its checkpoint (or, with
+        checkpoints off, from the copy in memory). Collective.
+
+        Returns:
+            The step whose weights the model now holds, and their validation metrics
+            (``last_val`` when the last weights are kept)."""
+        es = self.cfg.train.early_stopping
+        b = self.best
+        if es is None or not es.restore_best or b is None or b.best_step is None or b.best_step == self._step:
+            return self._step, last_val
+        if self._memory_best is not None and self._memory_best.step == b.best_step:
+            self._memory_best.restore(self._model)
+            source = "memory"
+        else:
+            # The run's own, or (resumed from another run's checkpoint) that run's.
+            roots = [self.run_dir / "checkpoints"] + ([self.resumed_from.parent] if self.resumed_from else [])
+            path = broadcast_result(self._ctx, lambda: checkpoint_of_step(roots, b.best_step))
+            if path is None:
+                log.warning(
+                    "train.early_stopping.restore_best: the checkpoint of the best validation (step %d) is in none "
+                    "of %s (deleted?); the test split is scored and the final checkpoint saved with the last "
+                    "weights (step %d)",
+                    b.best_step,
+                    ", ".join(map(str, roots)),
+                    self._step,
+                )
+                return self._step, last_val
+            with self._clock.phase("checkpoint"):
+                init_lazy_state(self._optimizer, self._model.fused_optimizer)
+                state = self._state()
+                del state["rng"]  # the random streams go on from the last step
+                load_checkpoint(path, state)  # verified (checksums) by rank 0 first
+                source = str(path)
+        self._weights_step = b.best_step
+        log.info(
+            "restored the weights of step %d (best validation %s %.6g) from %s; trained to step %d",
+            b.best_step,
+            b.metric,
+            b.best,
+            source,
+            self._step,
+        )
+        # Their validation metrics, as scored at that step (a checkpoint of an older recsys_dist
+        # recorded none: scored again).
+        return b.best_step, b.best_metrics or self.evaluate("validation")
+
+    def _write_summary(
+        self, validation: dict, test: dict, checkpoint: Path | None, weights_step: int | None = None, **extra
+    ) -> dict:
         """The run's summary (``recsys_dist.train.summary.run_summary`` and ``extra``), written to
-        ``summary.json`` by rank 0; returned on every rank."""
-        c = self.cfg.checkpoint
+        ``summary.json`` by rank 0; returned on every rank. ``weights_step``: the step whose
+        weights were scored (default: the last)."""
         summary = run_summary(
             self.run_dir,
             self._ctx.world_size,
@@ -341,8 +413,9 @@ class TrainLoop:
             test,
             checkpoint,
             self.best,
-            c.keep_best,
+            keeps_best(self.cfg),
             self._clock.split(),
+            weights_step=self._step if weights_step is None else weights_step,
         )
         summary.update(extra)
         if self._ctx.is_main:

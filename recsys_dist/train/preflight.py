@@ -62,7 +62,7 @@ def section_problems(job: Job | RunConfig) -> list[str]:
     # s_<feature>: how models.build names the sequence tables (EmbeddingCollection)
     problems += unpooled_type_problems(cfg.sharding, [f"s_{n}" for n in seq])
     if spec.evaluator is None and cfg.eval.retrieval_k is not None:
-        problems.append(f"eval.retrieval_k: {cfg.model.name} is not a retrieval model (two_tower); remove it")
+        problems.append(f"eval.retrieval_k: {spec.name} is not a retrieval model (two_tower); remove it")
     if cfg.data.stream is not None and spec.read_data is not None:
         problems.append(
             f"model.name: {cfg.model.name} reads its own data from the training splits (an item corpus), which a "

@@ -44,6 +44,7 @@ class FitSummary(TypedDict, total=False):
     wall_split: dict[str, float]  # seconds per phase, adding up to wall_seconds
     checkpoint: str  # the final checkpoint (checkpoint.enabled)
     best: BestSummary  # with train.early_stopping or checkpoint.keep_best
+    weights_step: int  # the step whose weights were scored (the best validation's when restored)
     resumed_from: str  # a resume with nothing left to train: the checkpoint ...
     already_complete: bool  # ... and True (nothing was trained or written)
 
@@ -54,3 +55,5 @@ class StreamSummary(FitSummary, total=False):
     partitions: list[str]  # the partitions trained, in order
     quarantined: dict[str, str]  # partition -> why it was quarantined
     stopped: str | None  # "idle", "max_steps" or "SIGTERM"
+    rows_skipped: int  # bad rows skipped (data.on_bad_row: skip) over every partition
+    skipped: dict[str, int]  # partition -> its bad rows skipped

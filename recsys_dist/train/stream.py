@@ -5,17 +5,23 @@ them one at a time, in name order. For each partition: rank 0 converts it (a mal
 quarantined: named in the log and in ``metrics.jsonl``, and training goes on), every rank
 opens its share, the model scores it before training on it (progressive validation: a
 ``validation`` line naming the partition), trains on every row once, writes a ``partition``
-line (rows, steps, seconds, the managed-collision counters of that partition) and saves a
+line (rows, rows skipped, steps, seconds, the managed-collision counters of that partition) and saves a
 checkpoint. It stops after ``stop_after_idle_seconds`` without a new partition, at
 ``train.max_steps``, or on SIGTERM (after a checkpoint, exit 0); else it waits forever.
 
+Landing: a file is taken once it has stopped changing (``data.stream.min_file_age_seconds``,
+or ``data.stream.marker``); one that changes while it is read is taken again later. A trained
+partition whose file changes afterwards is warned about by name, once a run (it is not trained
+again); a quarantined one whose file changes is tried again.
+
 Exactly once: a checkpoint records the partitions consumed, the partition being trained and
-the global batches of it done (``meta.json`` ``stream``), so a resume (``--resume auto``
+the global batches of it done (``meta.json`` ``stream``; quarantines and empty partitions
+since its step beside it, ``recsys_dist.train.stream_state``), so a resume (``--resume auto``
 after a kill anywhere) neither skips nor repeats a row; ``metrics.jsonl`` lines after the
 checkpoint's step, and lines of its own step that it does not account for (a partition
-scored after it was saved), are written again. The global batch (``train.batch_size`` x
-ranks) may change only at a partition boundary: the order of a partition's rows is that of
-its global batches (docs/online.md).
+scored after it was saved), are written again; a SIGTERM inside a logging window carries the
+window over. The global batch (``train.batch_size`` x ranks) may change only at a partition
+boundary: the order of a partition's rows is that of its global batches (docs/online.md).
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ import signal
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -34,63 +40,20 @@ import torch.distributed as dist
 
 from recsys_dist.checkpoint import run_dir as run_dirs
 from recsys_dist.checkpoint.dcp import latest_checkpoint
-from recsys_dist.data.convert import PreparedData
-from recsys_dist.data.stream import convert_partition, landed
+from recsys_dist.data.stream import Partition, convert_partition, not_ready_reason, ready, scan
 from recsys_dist.distributed.env import broadcast_result
-from recsys_dist.errors import DataError
+from recsys_dist.errors import DataError, FileChanging
 from recsys_dist.faults import maybe_fault
 from recsys_dist.models.managed import managed_counters, managed_metrics
 from recsys_dist.train.build import Loaders, make_loaders
 from recsys_dist.train.results import StreamSummary
+from recsys_dist.train.stream_state import StreamState, open_window, record_between, restored_state, resume_window
 from recsys_dist.train.trainer import Trainer
 
 log = logging.getLogger("recsys_dist")
 STOP_CHECK_STEPS = 8  # a SIGTERM stops training within this many steps
 PARTITIONS_DIR = "partitions"  # RUN_DIR/partitions: each partition's Parquet until it is trained
-
-
-@dataclass
-class StreamState:
-    """Where a stream run is (``meta.json`` ``stream`` of each checkpoint).
-
-    Attributes:
-        consumed: partitions trained to their end, in the order taken.
-        quarantined: malformed partitions -> their error.
-        current: the partition being scored / trained, or None between partitions.
-        validated: ``current`` has been scored (its progressive-validation line written).
-        batches: global batches of ``current`` trained.
-        global_batch: rows per global batch the batches count.
-        counters_at_start: the managed-collision counters when ``current`` started.
-        current_file: ``current``'s [rows, bytes] when it was opened (a resume inside it checks them).
-        path: ``data.stream.path`` (absolute) the names are below.
-    """
-
-    consumed: list[str] = field(default_factory=list)
-    quarantined: dict[str, str] = field(default_factory=dict)
-    current: str | None = None
-    validated: bool = False
-    batches: int = 0
-    global_batch: int = 0
-    counters_at_start: dict = field(default_factory=dict)
-    current_file: list | None = None
-    path: str | None = None
-
-    @property
-    def index(self) -> int:
-        """The ordinal of ``current`` among the partitions trained (its ``epoch`` in metrics)."""
-        return len(self.consumed)
-
-    def seen(self, name: str) -> bool:
-        return name in self.quarantined or name in self.consumed
-
-    def accounts_for(self, line: dict) -> bool:
-        """Whether a ``metrics.jsonl`` line naming a partition is this state's doing."""
-        name, split = line.get("partition"), line.get("split")
-        if split == "validation":
-            return name in self.consumed or (name == self.current and self.validated)
-        if split == "quarantine":
-            return name in self.quarantined
-        return name in self.consumed
+__all__ = ["StreamState", "StreamTrainer"]
 
 
 class StreamTrainer(Trainer):
@@ -125,6 +88,9 @@ class StreamTrainer(Trainer):
         self._signalled: int | None = None
         self._stop_reason: str | None = None
         self._part_t0 = time.perf_counter()
+        self._partition: Partition | None = None  # the partition open (its conversion)
+        self._window: dict | None = None  # a logging window a stop leaves open, saved with the checkpoint
+        self._noted: set[tuple[str, str]] = set()  # (what, name) said once in the log (rank 0)
 
     def _done(self) -> bool:
         return self.total_steps is not None and self._step >= self.total_steps
@@ -132,10 +98,16 @@ class StreamTrainer(Trainer):
     def _checkpoint_meta(self) -> dict:
         state = asdict(self.stream)
         state["batches"] = self._in_epoch if self.stream.current is not None else 0
-        return {**super()._checkpoint_meta(), "stream": state}
+        return {**super()._checkpoint_meta(), "stream": state, "window": self._window}
+
+    def _keeps_window(self) -> bool:
+        # Stopped inside a partition: the window goes on after the resume, unless an uninterrupted
+        # run closes it here too (the partition's end, a checkpoint by cadence).
+        inside = self._in_epoch < len(self._loaders.train) and not self._checkpoint_due()
+        return self._stop_reason == "SIGTERM" and inside
 
     def _restore_position(self, path: Path, meta: dict) -> None:
-        state = StreamState(**meta["stream"])  # a stream's checkpoint: run_dir.check_stream_resume
+        state = restored_state(path, meta)  # a stream's checkpoint: run_dir.check_stream_resume
         if self._ctx.is_main and state.path is not None and state.path != self.stream.path:
             log.warning(
                 "data.stream.path is %s; the checkpoint's run read %s. Partitions are named by their path below it: "
@@ -148,6 +120,11 @@ class StreamTrainer(Trainer):
         self.stream = state
         self._in_epoch = state.batches
         self.epoch = state.index
+        if meta.get("window"):  # stopped inside a logging window: it goes on
+            ctx = self._ctx
+            self._losses, self._real_rows, self._window_seconds = resume_window(
+                meta["window"], ctx.rank, ctx.world_size, ctx.device
+            )
         log.info(
             "resumed from %s at step %d: %d partition(s) trained, %s",
             path,
@@ -190,8 +167,9 @@ class StreamTrainer(Trainer):
 
         Returns:
             The summary (as :meth:`Trainer.fit`, ``test`` empty) with ``partitions`` (names
-            trained), ``quarantined`` (name -> error) and ``stopped`` (``idle``, ``max_steps``
-            or ``SIGTERM``).
+            trained), ``quarantined`` (name -> error), ``rows_skipped`` and ``skipped`` (bad rows
+            left out under ``data.on_bad_row: skip``: the total, and name -> rows) and
+            ``stopped`` (``idle``, ``max_steps`` or ``SIGTERM``).
         """
         with self._collective(), self._sigterm_stops():
             last_val: dict = {}
@@ -217,12 +195,26 @@ class StreamTrainer(Trainer):
         self._tracer.close()
         self._bar.close()
         c = self.cfg.checkpoint
+        if self._losses:  # a stop inside a partition: the checkpoint saves the open window
+            seconds = time.perf_counter() - self._t0
+            self._window = open_window(self._losses, self._real_rows, seconds, self._ctx.world_size)
         path = None
         if c.enabled:
             path = self.save_checkpoint() if self._saved_step != self._step else latest_checkpoint(self.run_dir)
+        if self._window is not None:  # trained, though not logged yet: in the summary's numbers
+            self.rows_trained += sum(r["rows"] for r in self._window["ranks"])
+            self.train_seconds += self._window["seconds"]
+            self._losses, self._real_rows, self._window = [], [], None
         s = self.stream
         return self._write_summary(
-            last_val, {}, path, partitions=list(s.consumed), quarantined=dict(s.quarantined), stopped=self._stop_reason
+            last_val,
+            {},
+            path,
+            partitions=list(s.consumed),
+            quarantined=dict(s.quarantined),
+            rows_skipped=sum(s.skipped.values()),
+            skipped=dict(s.skipped),
+            stopped=self._stop_reason,
         )
 
     def _next_partition(self) -> str | None:
@@ -237,6 +229,7 @@ class StreamTrainer(Trainer):
                 return None
             kind, name = broadcast_result(self._ctx, self._look)
             if kind == "take":
+                self.stream.quarantined.pop(name, None)  # a quarantined file that changed: tried again
                 self.stream.current, self.stream.validated, self._in_epoch = name, False, 0
                 return name
             if kind == "wait" and not waiting:
@@ -249,14 +242,24 @@ class StreamTrainer(Trainer):
             time.sleep(s.poll_seconds)
 
     def _look(self) -> tuple[str, str | None]:
-        """Rank 0: ("take", name), ("idle", None) past stop_after_idle_seconds, or ("wait", None)."""
-        s = self.cfg.data.stream
-        new = [n for n in landed(s) if not self.stream.seen(n)]
-        if new:
-            last = self.stream.consumed[-1] if self.stream.consumed else None
-            if last is not None and new[0] < last:
-                log.warning("data.stream: partition %s landed after %s was trained; training it now", new[0], last)
-            return "take", new[0]
+        """Rank 0: ("take", name) for the first partition due (new, or quarantined and changed)
+        once it is ready, ("wait", None) until then or while none is due, or ("idle", None) past
+        stop_after_idle_seconds without one."""
+        s, state = self.cfg.data.stream, self.stream
+        files = scan(s)
+        self._warn_changed(files)
+        due = [n for n, file_id in files.items() if state.due(n, file_id)]
+        if due:
+            name = due[0]  # in name order: a later one waits for it
+            if not ready(s, name, files[name]):
+                self._note("wait", name, f"data.stream: waiting for partition {name}: {not_ready_reason(s)}")
+                return "wait", None
+            last = state.consumed[-1] if state.consumed else None
+            if name in state.quarantined:
+                log.warning("data.stream: quarantined partition %s changed since; trying it again", name)
+            elif last is not None and name < last:
+                log.warning("data.stream: partition %s landed after %s was trained; training it now", name, last)
+            return "take", name
         idle = s.stop_after_idle_seconds
         if idle is not None and time.monotonic() - self._idle_since >= idle:
             return "idle", None
@@ -264,43 +267,101 @@ class StreamTrainer(Trainer):
 
     def _open(self, name: str) -> bool:
         """Convert ``name`` (rank 0) and open every rank's loaders of it; False when it was
-        quarantined or empty (then the stream moves on)."""
-        ctx, d = self._ctx, self.cfg.data
+        quarantined, empty or still changing (then the stream moves on)."""
+        ctx, d, state = self._ctx, self.cfg.data, self.stream
 
         def convert():
-            path = Path(d.stream.path) / name
-            if path.is_file() and path.stat().st_size == 0:  # the conversion would refuse it as malformed
-                return "ok", (PreparedData(None, {}, {"train": 0}), [0, 0])  # no directory: nothing to remove
             try:
-                prepared = convert_partition(d, name, self.run_dir / PARTITIONS_DIR)
-                return "ok", (prepared, [int(prepared.rows["train"]), (Path(d.stream.path) / name).stat().st_size])
+                return "ok", convert_partition(d, name, self.run_dir / PARTITIONS_DIR)
+            except FileChanging as err:
+                return "changing", str(err)
             except DataError as err:
-                return "bad", str(err)
+                return "bad", (str(err), getattr(err, "file_id", None))
 
         with self._clock.phase("data"):
             kind, value = broadcast_result(ctx, convert)
-            if kind == "ok":  # opening the loaders counts as data, as in a batch run
-                empty = Loaders(None, None, None, self._job.table_sizes)  # a 0-byte partition
-                self._loaders = make_loaders(self._job.with_data(value[0]), ctx) if value[1][0] else empty
-        if kind == "bad":
-            log.error("data.stream: partition %s is malformed and was quarantined (%s); training goes on", name, value)
-            self.stream.quarantined[name] = value
-            self.stream.current = None
-            self._writer.write(
-                split="quarantine", step=self._step, epoch=self.stream.index, partition=name, error=value
-            )
+            if kind == "ok" and value.rows:  # opening the loaders counts as data, as in a batch run
+                self._loaders = make_loaders(self._job.with_data(value.prepared), ctx)
+            elif kind == "ok":
+                self._loaders = Loaders(None, None, None, self._job.table_sizes)
+        if kind == "changing":  # a writer is still at it: taken again once it stops changing
+            self._note("changing", name, f"{value}; it is taken once it stops changing")
+            if self._in_epoch == 0 and not state.validated:
+                state.current = None  # back to looking: it is taken once ready again
+            time.sleep(d.stream.poll_seconds)  # (begun, it stays current: tried again, then checked)
             return False
-        self._prepared, identity = value
-        self._check_unchanged(name, identity)
+        if kind == "bad":
+            state.current = None
+            self._quarantine(name, *value)
+            return False
+        self._partition = value
+        self._check_unchanged(name, [value.rows, value.file_id[0]])
+        state.files[name] = value.file_id
         self._part_t0 = time.perf_counter()
         if self._in_epoch == 0:
-            self.stream.counters_at_start = managed_counters(self._model)
-        if self._prepared.rows["train"] == 0:
+            state.counters_at_start = managed_counters(self._model)
+        if value.skipped and ctx.is_main:
+            log.warning(
+                "data.stream: partition %s: %d bad row(s) skipped (data.on_bad_row: skip); the first: %s",
+                name,
+                value.skipped,
+                value.first_skipped,
+            )
+        if value.rows == 0:  # 0 bytes, or a header alone: one rule
             log.warning("data.stream: partition %s holds no rows", name)
             self._finish_partition()
             return False
-        self.epoch = self.stream.index
+        self.epoch = state.index
         return True
+
+    def _quarantine(self, name: str, error: str, file_id: list[int] | None) -> None:
+        """Record ``name`` as malformed (every rank): the log, a ``quarantine`` line, the state
+        (with its file, so a changed file is tried again), kept beside this step's checkpoint."""
+        log.error("data.stream: partition %s is malformed and was quarantined (%s); training goes on", name, error)
+        state = self.stream
+        state.quarantined[name] = error
+        if file_id is not None:
+            state.files[name] = file_id
+        self._writer.write(split="quarantine", step=self._step, epoch=state.index, partition=name, error=error)
+        self._record_between()
+
+    def _record_between(self) -> None:
+        """Keep the state (a quarantine, an empty partition: no training step) with the
+        checkpoint of this step, so a resume does not read those partitions again: beside the
+        one saved (or resumed from) at this step, else in a new one."""
+        if not self.cfg.checkpoint.enabled:
+            return
+        if self._saved_step != self._step:
+            latest = broadcast_result(self._ctx, lambda: latest_checkpoint(self.run_dir))
+            if latest is None or run_dirs.checkpoint_step(latest) != self._step:
+                self._save_in_window()
+                return
+            self._saved_step, self._saved_path = self._step, latest  # resumed from it, nothing trained since
+        if self._ctx.is_main:
+            record_between(self._saved_path, self._step, self.stream)
+
+    def _warn_changed(self, files: dict[str, list[int]]) -> None:
+        """Rank 0: warn, once a run, about each trained partition whose file changed since."""
+        recorded = self.stream.files
+        for name in self.stream.consumed:
+            was, now = recorded.get(name), files.get(name)
+            if was is not None and now is not None and was != now:
+                self._note(
+                    "changed",
+                    name,
+                    f"data.stream: partition {name} changed after it was trained ({was[0]} bytes, modified "
+                    f"{_when(was[1])}; now {now[0]} bytes, modified {_when(now[1])}): it is not trained again "
+                    "(a partition is known by its name); land new data under a new name, and let a producer "
+                    "rename a finished file into place (docs/online.md)",
+                    warn=True,
+                )
+
+    def _note(self, what: str, name: str, message: str, warn: bool = False) -> None:
+        """Log ``message`` once a run for (``what``, ``name``) (rank 0)."""
+        if (what, name) in self._noted or not self._ctx.is_main:
+            return
+        self._noted.add((what, name))
+        (log.warning if warn else log.info)(message)
 
     def _check_unchanged(self, name: str, now: list) -> None:
         """Refuse to go on inside partition ``name`` when its file changed since the checkpoint
@@ -337,26 +398,33 @@ class StreamTrainer(Trainer):
         return metrics
 
     def _finish_partition(self) -> None:
-        s = self.stream
+        s, part = self.stream, self._partition
         name = s.current
         self._writer.write(
             split="partition",
             step=self._step,
             epoch=s.index,
             partition=name,
-            rows=int(self._prepared.rows["train"]),
+            rows=part.rows,
+            skipped=part.skipped,
             steps=len(self._loaders.train) if self._loaders.train is not None else 0,
             seconds=round(time.perf_counter() - self._part_t0, 3),
             **_counter_change(s.counters_at_start, managed_counters(self._model)),
         )
         s.consumed.append(name)
+        if part.skipped:
+            s.skipped[name] = part.skipped
         s.current, s.validated, self._in_epoch, s.current_file = None, False, 0, None
         if self._ctx.is_main:
             self._idle_since = time.monotonic()
-        if self.cfg.checkpoint.enabled and self._saved_step != self._step:
-            self._save_in_window()
-        checkpoint = self._saved_path if self._saved_step == self._step else None
-        entry = self._prepared.directory  # (and its lock file: this run's directory is its own)
+        if part.rows == 0:  # nothing trained: no new checkpoint (the state is kept beside this step's)
+            self._record_between()
+            checkpoint = None
+        else:
+            if self.cfg.checkpoint.enabled and self._saved_step != self._step:
+                self._save_in_window()
+            checkpoint = self._saved_path if self._saved_step == self._step else None
+        entry = part.prepared.directory if part.prepared is not None else None
         if self._ctx.is_main and checkpoint is not None and entry is not None:  # recorded as trained: never read again
             shutil.rmtree(entry, ignore_errors=True)
             entry.with_name(f"{entry.name}.lock").unlink(missing_ok=True)
@@ -378,6 +446,10 @@ class StreamTrainer(Trainer):
             yield
         finally:
             signal.signal(signal.SIGTERM, old)
+
+
+def _when(mtime_ns: int) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(mtime_ns / 1e9))
 
 
 def _counter_change(before: dict, after: dict) -> dict:

@@ -88,14 +88,18 @@ def run_summary(
     best: BestTracker | None,
     keep_best: bool,
     wall: dict,
+    weights_step: int | None = None,
 ) -> dict:
     """The summary of a finished run (``summary.json``; :meth:`Trainer.fit` documents the keys):
     ``checkpoint`` the final one (None: checkpoints off), ``best`` the early-stopping /
-    keep_best tracker, ``wall`` the ``PhaseClock`` split. Non-finite numbers become None."""
+    keep_best tracker, ``keep_best`` whether the best checkpoint is kept, ``wall`` the
+    ``PhaseClock`` split, ``weights_step`` the step whose weights ``validation`` and ``test``
+    (and the final checkpoint) are of (default ``steps``). Non-finite numbers become None."""
     summary = {
         "run_dir": str(run_dir),
         "world_size": world_size,
         "steps": steps,
+        "weights_step": steps if weights_step is None else weights_step,
         "rows_trained": rows_trained,
         "train_seconds": round(train_seconds, 3),
         "samples_per_s": round(rows_trained / train_seconds, 1) if train_seconds > 0 else None,
@@ -153,6 +157,20 @@ def print_summary(summary: dict) -> None:
             + (" (stopped early)" if best["early_stopped"] else "")
             + (f": {best['checkpoint']} (`best`)" if best.get("checkpoint") else "")
         )
+        weights = summary.get("weights_step")
+        if weights is not None:
+            print(f"  {_scored_line(weights, summary['steps'], best.get('step'))}")
+
+
+def _scored_line(weights: int, steps: int, best: int | None) -> str:
+    """Which step's weights the validation and test lines (and the final checkpoint) are of."""
+    if weights != steps:
+        return f"scored: the weights of step {weights}, the best validation's (restored; trained to step {steps})"
+    if best == steps:
+        return f"scored: the weights of step {steps}, the last and the best validation's"
+    return f"scored: the last weights, step {steps}" + (
+        f" (the best validation's are step {best}'s)" if best is not None else ""
+    )
 
 
 def _stream_lines(summary: dict, v: dict, fmt) -> str:
@@ -160,6 +178,8 @@ def _stream_lines(summary: dict, v: dict, fmt) -> str:
     parts, bad = summary["partitions"], summary.get("quarantined") or {}
     lines = f"  partitions  {len(parts)} trained" + (f" ({parts[0]} .. {parts[-1]})" if parts else "")
     lines += f", {len(bad)} quarantined: {', '.join(bad)}" if bad else ""
+    skipped = summary.get("rows_skipped") or 0
+    lines += f", {skipped} bad row(s) skipped (data.on_bad_row: skip)" if skipped else ""
     lines += f"; stopped: {summary.get('stopped')}\n"
     if v.get("auc") is not None or v.get("logloss") is not None:
         lines += f"  last partition before training on it: AUC {fmt(v.get('auc'))}  logloss {fmt(v.get('logloss'))}\n"

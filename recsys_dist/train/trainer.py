@@ -41,6 +41,7 @@ from recsys_dist.distributed.plan_io import plan_summary
 from recsys_dist.distributed.rules import comms_problems
 from recsys_dist.models.managed import managed_metrics
 from recsys_dist.models.registry import get_model
+from recsys_dist.train.best_weights import MemoryCopy
 from recsys_dist.train.build import (
     DenseOptimizerFactory,
     Loaders,
@@ -207,8 +208,10 @@ class Trainer(TrainLoop):
         resume_on_new_data: bool = False,
     ) -> None:
         if not isinstance(cfg, Job):  # checked once here (recsys-dist train's ranks get a checked Job)
-            cfg = resolve_job(cfg)
-            check_sections(cfg)
+            cfg = resolve_job(cfg, given_model=model is not None)
+            check_sections(cfg)  # the checks of the model trained: model.name's, or none for model=
+        elif model is not None:
+            cfg = cfg.given_model()
         job, cfg = cfg, cfg.cfg
         check_given_once(cfg, model, dense_optimizer, lr_scheduler)
         check_callbacks(cfg, callbacks, Callback)
@@ -312,7 +315,7 @@ class Trainer(TrainLoop):
         self.spec = self._job.features.on(torch.device("meta"), ctx.device)
         # The model's own data (two_tower: the item corpus and evaluated users), read once on
         # rank 0, then its FeatureSpec given that data (two_tower: the logQ item counts).
-        self._model_hooks = get_model(cfg.model.name)
+        self._model_hooks = self._job.model or get_model(cfg.model.name)
         self._model_data = None
         if self._model_hooks.read_data is not None:
             loaders, sizes, read = self._loaders, self._loaders.num_embeddings, self._model_hooks.read_data
@@ -345,12 +348,17 @@ class Trainer(TrainLoop):
         self.train_seconds = 0.0
         self._losses: list = []
         self._real_rows: list = []
+        self._window_seconds = 0.0  # seconds of the logging window before a resume (a stream's)
         self._early_batches = None  # the next epoch's batches, opened during this epoch's validation
         self._last_val: tuple[int, dict] | None = None  # (step, metrics) of the latest validation
         self._saved_step: int | None = None  # the step of the checkpoint written last
         self._saved_path: Path | None = None  # and its directory
+        self._weights_step: int | None = None  # restore_best: the step of the weights held, if not the last
         self._stale_line = None  # metrics lines of the resumed step to write again (StreamTrainer)
-        self.best = best_tracker(cfg)
+        per_epoch = len(self._loaders.train) if self._loaders.train is not None else 1  # a stream: no epochs
+        self.best = best_tracker(cfg, per_epoch, self._global_batch)
+        es = t.early_stopping  # restore_best without checkpoints: the best weights kept in memory
+        self._memory_best = MemoryCopy() if es and es.restore_best and not cfg.checkpoint.enabled else None
         self._t0 = time.perf_counter()
         self._bar = progress_bar(self.total_steps, ctx.is_main and t.progress_bar)
         self.resumed_from = checkpoint
@@ -411,12 +419,15 @@ class Trainer(TrainLoop):
     def fit(self) -> FitSummary:
         """Train ``train.epochs`` epochs (capped by ``train.max_steps``, and stopped early by
         ``train.early_stopping``), scoring the validation split after each one (and every
-        ``eval.every_n_steps``; once at a step that is both), then score the test split, save
-        the final checkpoint (when ``checkpoint.enabled``) and write ``summary.json``.
+        ``eval.every_n_steps``; once at a step that is both), put back the best validation
+        weights (``train.early_stopping.restore_best``, the default with early stopping), then
+        score the test split, save the final checkpoint (when ``checkpoint.enabled``; it holds
+        the weights scored, at the last step's position) and write ``summary.json``.
         Collective: every rank must call it.
 
         Returns:
             The summary, as in ``summary.json``: ``run_dir``, ``world_size``, ``steps``,
+            ``weights_step`` (the step whose weights ``validation`` and ``test`` are of),
             ``rows_trained``, ``train_seconds``, ``samples_per_s``, ``resumed_at_step``,
             ``validation`` and ``test`` (``auc``, ``logloss``, ``ne``; None where undefined),
             ``checkpoint`` (its path), ``wall_seconds`` and ``wall_split`` (seconds per
@@ -446,11 +457,12 @@ class Trainer(TrainLoop):
                 last_val = self.train_epoch() or last_val
             self._tracer.close()
             self._bar.close()
+            weights_step, last_val = self._restore_best(last_val)  # train.early_stopping.restore_best
             test = self.evaluate("test")
             managed = managed_metrics(self._model, "test")
             self._writer.write(split="test", step=self._step, epoch=self.epoch, **test, **managed)
             checkpoint = self.save_checkpoint() if self.cfg.checkpoint.enabled else None
-            return self._write_summary(last_val, test, checkpoint)
+            return self._write_summary(last_val, test, checkpoint, weights_step)
 
     def train_epoch(self) -> dict:
         """Train the next epoch (its rest, when resumed mid-epoch; nothing past

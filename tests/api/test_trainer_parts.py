@@ -168,3 +168,37 @@ def test_a_scheduler_the_trainer_cannot_step_is_refused_before_training(tmp_path
             ) as trainer:
                 trainer.fit()
         assert not (tmp_path / str(i) / "metrics.jsonl").exists() or not read_metrics(tmp_path / str(i), "train")
+
+
+class SparseOnlyTower(torch.nn.Module):
+    """A model that reads no dense features: the pooled embeddings, concatenated, to one logit."""
+
+    def __init__(self, spec) -> None:
+        super().__init__()
+        from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+        self.ebc = EmbeddingBagCollection(tables=spec.tables, device=spec.embedding_device)
+        self.top = torch.nn.Linear(len(spec.tables) * spec.embedding_dim, 1, device=spec.device)
+
+    def forward(self, dense, sparse):
+        return self.top(self.ebc(sparse).values()).squeeze(-1)
+
+
+def test_a_given_model_is_checked_as_itself_not_as_the_default_model_name(tmp_path, monkeypatch, cache_dir):
+    # MovieLens has no dense features: model.name's default, dlrm, needs them, so its check
+    # refused every Trainer(model=...) on this data before the given model was considered.
+    for name in LAUNCHER_ENV:
+        monkeypatch.delenv(name, raising=False)
+    movielens = ROOT / "configs" / "movielens_deepfm.yaml"
+    tree = yaml.safe_load(movielens.read_text())
+    tree["data"]["raw_path"] = str((movielens.parent / tree["data"]["raw_path"]).resolve())
+    tree["model"] = {"embedding_dim": 16}
+    path = tmp_path / "no_dense.yaml"
+    path.write_text(yaml.safe_dump(tree))
+    cfg = load_config(path, [*TOY, "train.max_steps=4"])
+    with pytest.raises(ConfigError, match="model.name: dlrm needs dense features"):
+        recsys_dist.Trainer(cfg, tmp_path / "named")  # dlrm itself is still refused
+    with recsys_dist.Trainer(cfg, tmp_path / "given", model=SparseOnlyTower) as trainer:
+        assert trainer.spec.num_dense == 0
+        summary = trainer.fit()
+    assert summary["steps"] == 4 and 0.0 < summary["test"]["logloss"] < 1.0

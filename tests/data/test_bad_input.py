@@ -159,6 +159,44 @@ def test_every_skipped_row_is_reported_by_its_file_line(tmp_path, cache_dir):
     assert [e["line"] for e in m["skipped_examples"]] == [3]
 
 
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {5: "1\t2", 50: ""},  # a wrong field count before a blank line (blank lines were found first)
+        {5: "1\t2", 50: b"\xff\xfe\t1"},  # ... before a line that is not UTF-8 text
+        {5: base_row(dense=["abc"] + [str(i) for i in range(2, 14)]), 50: "1\t2"},  # a bad value before a field count
+        {3: base_row(cats=["ZZZZZZZZ"] + [f"{i:08x}" for i in range(2, 27)]), 5: base_row(dense=["abc"] * 13)},
+    ],
+    ids=["count-blank", "count-utf8", "value-count", "value-value"],
+)
+def test_the_first_bad_line_is_the_one_named(tmp_path, cache_dir, bad):
+    """on_bad_row: error names the first bad line of the file, whatever the kinds of the bad
+    lines (it named a later one: the kinds were looked for in turn, values after the block's
+    field counts, the columns in order); under skip the examples come in line order."""
+    rows = [base_row(label=str(i % 2)).encode() for i in range(200)]
+    for line, text in bad.items():
+        rows[line - 1] = text if isinstance(text, bytes) else text.encode()
+    raw = tmp_path / "r.txt"
+    raw.write_bytes(b"\n".join(rows) + b"\n")
+    first = min(bad)
+    with pytest.raises(DataError, match=rf"r.txt, (column \w+, )?line {first}\b"):
+        prepare_criteo(raw, 100, split=(1.0, 0.0, 0.0))
+    m = manifest(prepare_criteo(raw, 100, split=(1.0, 0.0, 0.0), on_bad_row="skip"))
+    assert m["rows_skipped"] == 2 and [e["line"] for e in m["skipped_examples"]] == sorted(bad)
+
+
+def test_the_first_bad_line_is_the_one_named_in_avazu_and_schema_files(tmp_path, cache_dir):
+    av = tmp_path / "a.csv"
+    av.write_text(HEADER + "\n" + ROW + "\n" + ROW.replace(",1,", ",7,", 1) + "\n\n" + ROW + "\n1,2\n")
+    with pytest.raises(DataError, match=r"a.csv, line 3, column click"):  # line 4 blank, line 6 two fields
+        prepare(AVAZU, av, 100, split=(1.0, 0.0, 0.0))
+    ml = ml_csv(20)
+    ml[3], ml[9] = "1,2,x,3,Drama", "1,2"
+    (tmp_path / "m.csv").write_text("\n".join(ml[:12] + [""] + ml[12:]) + "\n")
+    with pytest.raises(DataError, match=r"m.csv, column rating, line 4: 'x' is not a number"):
+        prepare(SchemaFormat(ML), tmp_path / "m.csv", 100, split=(1.0, 0.0, 0.0))
+
+
 def test_blank_lines_without_skip_keep_the_split_exact(tmp_path, cache_dir):
     raw = tmp_path / "raw.txt"
     raw.write_text("".join(base_row(label=str(i % 2)) + "\n" for i in range(300)))

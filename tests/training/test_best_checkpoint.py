@@ -3,7 +3,7 @@
 The slow test trains MovieLens DeepFM (the shipped config, 2 ranks) for 3 epochs, validating
 every 25 steps: it overfits after the first epoch (validation logloss best at step 125), stops
 after 3 validations without improvement, keeps the best checkpoint although checkpoint.keep is 1,
-and `predict best` / `evaluate best` score it. A run killed mid-way and resumed leaves the same
+scores the test split with its weights (restore_best), and `predict best` / `evaluate best` score it. A run killed mid-way and resumed leaves the same
 metrics lines, early stop and best checkpoint.
 """
 
@@ -113,7 +113,10 @@ def test_overfitting_run_keeps_and_scores_its_best_checkpoint(tmp_path):
         assert r.returncode == 0, r.stderr[-2000:]
         outs[name] = pq.read_table(out).column("logit").to_numpy()
     np.testing.assert_array_equal(outs["best"], outs["dir"])
-    assert not np.allclose(outs["best"], outs["latest"])
+    # restore_best (early stopping's default): the final checkpoint holds the best weights too,
+    # and the summary's test metrics are theirs.
+    np.testing.assert_array_equal(outs["best"], outs["latest"])
+    assert summary["weights_step"] == best["step"] and summary["validation"]["logloss"] == best["logloss"]
     r = cli(tmp_path, "evaluate", "best", "--run-dir", ref, "--data", cache / "validation.parquet")
     assert r.returncode == 0, r.stderr[-2000:]
     assert json.loads(r.stdout.strip().splitlines()[-1])["logloss"] == pytest.approx(best["logloss"], abs=1e-5)

@@ -34,6 +34,8 @@ ROWS = 640  # per partition: 10 global batches of 64 on 2 ranks
 NAMES = ["day=0/hour=00/part-0.txt", "day=0/hour=01/part-0.txt", "day=0/hour=02/part-0.txt"]
 BAD = "day=0/hour=01/part-1.txt"  # lands with hour 01: its 3rd line has 12 fields
 TIMING = ("samples_per_s", "seconds")
+# Checkpoints every 5 steps, train lines every 3: a stop (at a multiple of 8) can fall inside a window.
+EVERY_5 = {"checkpoint.every_n_steps": "5"}
 
 
 def overrides(landing: Path, **extra) -> list[str]:
@@ -102,7 +104,7 @@ def reference(tmp_path_factory):
     for name in [*NAMES, BAD]:
         land(landing, name)
     run = tmp / "run"
-    r = run_train(CONFIG, run, *overrides(landing), tmp=tmp, env={"RECSYS_DIST_CACHE": str(tmp / "cache")})
+    r = run_train(CONFIG, run, *overrides(landing, **EVERY_5), tmp=tmp, env={"RECSYS_DIST_CACHE": str(tmp / "cache")})
     assert r.returncode == 0, r.stderr[-3000:]
     return tmp, run
 
@@ -141,12 +143,14 @@ def test_partitions_landing_a_kill_a_resume_and_sigterm_train_every_row_once(ref
     env = dict(os.environ, RECSYS_DIST_CACHE=str(tmp_path / "cache"), PYTHONPATH=str(ROOT))
     cmd = [sys.executable, "-m", "recsys_dist.cli.main", "train", "--config", str(CONFIG), "--run-dir", str(run)]
     land(landing, NAMES[0])
-    # 1. Partitions land while it trains; rank 1 is killed at step 15, inside partition 2.
+    waits = {"data.stream.stop_after_idle_seconds": "null", **EVERY_5}
+    # 1. Partitions land while it trains; rank 1 is killed at step 17, inside partition 2
+    # (its checkpoint of step 15 is the newest).
     log = open(tmp_path / "first.log", "w+")
     proc = subprocess.Popen(
-        [*cmd, *overrides(landing, **{"data.stream.stop_after_idle_seconds": "null"})],
+        [*cmd, *overrides(landing, **waits)],
         cwd=ROOT,
-        env={**env, "RECSYS_DIST_FAULT": "step:15:1"},
+        env={**env, "RECSYS_DIST_FAULT": "step:17:1"},
         stdout=log,
         stderr=log,
     )
@@ -156,29 +160,42 @@ def test_partitions_landing_a_kill_a_resume_and_sigterm_train_every_row_once(ref
     assert proc.wait(timeout=240) == 1, (tmp_path / "first.log").read_text()[-3000:]
     assert "rank 1 was killed by SIGKILL" in (tmp_path / "first.log").read_text()
     # 2. A resume inside partition 2 with another global batch is refused (its row order).
-    r = run_train(CONFIG, run, *overrides(landing), "train.batch_size=16", "--resume", "auto", tmp=tmp_path, env=env)
+    args = (*overrides(landing, **EVERY_5), "train.batch_size=16", "--resume", "auto")
+    r = run_train(CONFIG, run, *args, tmp=tmp_path, env=env)
     assert r.returncode == 2 and "resume with a global batch of 64" in r.stderr, r.stderr[-3000:]
     assert "[rank" not in r.stderr and "batch_size: 32" in (run / "config.yaml").read_text()  # before any rank
-    # 3. Resumed with no idle stop: partition 3 lands meanwhile; SIGTERM ends it cleanly.
-    log = open(tmp_path / "second.log", "w+")
+    # 3. Resumed, a SIGTERM (to the launcher, as an operator's) after step 16 stops it there,
+    # inside partition 2 and inside a logging window (lines at 15, 18): the window is saved
+    # with the checkpoint and goes on in the next run, not cut into a line of its own.
+    r = run_train(
+        CONFIG,
+        run,
+        *overrides(landing, **waits),
+        "--resume",
+        "auto",
+        tmp=tmp_path,
+        env={**env, "RECSYS_DIST_FAULT": "sigterm:16:0"},
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    summary = json.loads((run / "summary.json").read_text())
+    assert (summary["stopped"], summary["steps"], summary["rows_trained"]) == ("SIGTERM", 16, 16 * 64), summary
+    assert [r["step"] for r in read_metrics(run, "train")][-2:] == [12, 15]  # step 16: still open
+    # 4. Resumed with no idle stop: partition 3 lands meanwhile; SIGTERM while it waits ends it.
+    log = open(tmp_path / "third.log", "w+")
     proc = subprocess.Popen(
-        [*cmd, *overrides(landing, **{"data.stream.stop_after_idle_seconds": "null"}), "--resume", "auto"],
-        cwd=ROOT,
-        env=env,
-        stdout=log,
-        stderr=log,
+        [*cmd, *overrides(landing, **waits), "--resume", "auto"], cwd=ROOT, env=env, stdout=log, stderr=log
     )
     wait_for(partition_done(run, NAMES[1]), proc, "partition 2")
     land(landing, NAMES[2])
     wait_for(partition_done(run, NAMES[2]), proc, "partition 3")
     proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=60) == 0, (tmp_path / "second.log").read_text()[-3000:]
+    assert proc.wait(timeout=60) == 0, (tmp_path / "third.log").read_text()[-3000:]
     summary = json.loads((run / "summary.json").read_text())
     assert summary["stopped"] == "SIGTERM" and summary["rows_trained"] == 3 * ROWS, summary
     # Every row once: the same lines, numbers and partitions as the uninterrupted run.
     assert comparable(run) == comparable(ref)
-    # 4. Nothing new: a resume trains nothing more and stops when idle.
-    r = run_train(CONFIG, run, *overrides(landing), "--resume", "auto", tmp=tmp_path, env=env)
+    # 5. Nothing new: a resume trains nothing more and stops when idle.
+    r = run_train(CONFIG, run, *overrides(landing, **EVERY_5), "--resume", "auto", tmp=tmp_path, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     assert comparable(run) == comparable(ref)
     check_published(run, ref, landing, tmp_path)

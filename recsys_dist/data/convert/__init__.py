@@ -58,6 +58,7 @@ from recsys_dist.data.convert.passes import (
     Transform,
     count_vocabularies,
     first_bad_row,
+    in_line_order,
     position_bounds,
     rows_skipped,
 )
@@ -66,7 +67,7 @@ from recsys_dist.data.coverage import hash_coverage, vocabulary_coverage
 from recsys_dist.data.formats.base import RawFormat
 from recsys_dist.data.formats.criteo import CRITEO
 from recsys_dist.data.splits import SPLITS, Split
-from recsys_dist.errors import DataError
+from recsys_dist.errors import DataError, NoRows
 
 
 def prepare(
@@ -288,7 +289,7 @@ class _Conversion:
             for t in flat_paths(tmp):
                 t.unlink(missing_ok=True)
             if not skipped_count:
-                raise DataError(f"{raw}: no rows could be read (the file holds no rows)")
+                raise NoRows(f"{raw}: no rows could be read (the file holds no rows)")
             first = first_bad_row(readers, transform)
             raise DataError(
                 f"{raw}: no rows could be read: every row ({skipped_count:,}) was skipped as bad (data.on_bad_row: "
@@ -321,7 +322,7 @@ class _Conversion:
         if num_rows is not None:
             total = min(total, num_rows)
         if total == 0:
-            raise DataError(f"{raw}: the file holds no rows")
+            raise NoRows(f"{raw}: the file holds no rows")
         if skipped is not None and self.mapping == "vocabulary" and self.vocab_path is None:
             # The fractions apply to the rows kept, and the vocabulary is counted over the
             # training rows before anything is written: count the kept rows first (one more
@@ -394,7 +395,7 @@ class _Conversion:
             w.close()
         rows = {s: w.rows for s, w in writers.items()}
         files = {s: [f"{s}.parquet"] for s in SPLITS}
-        examples = [{"line": ln, "reason": why} for ln, why in (skipped or [])[:20]]
+        examples = [{"line": ln, "reason": why} for ln, why in in_line_order(skipped or [])[:20]]
         return totals, rows, files, tmp, rows_skipped(skipped or [], readers), examples
 
     def _finish(self, schema, bounds, vocabs, counted: tuple, totals: Totals, written: tuple, token: str) -> dict:
@@ -454,6 +455,10 @@ class _Conversion:
             "skipped_examples": examples,
             "dense_stats_train": dense_stats(list(fmt.dense_names), stats, totals.missing, totals.seen),
             "warnings": warnings,
+            # what a scoring request may send: the raw file's columns (ids.IdText), and the id
+            # columns whose values were all integers (a JSON float maps to the integer's id there)
+            "raw_columns": totals.id_text.raw_columns if totals.id_text else None,
+            "integer_columns": totals.id_text.integer_columns() if totals.id_text else None,
         }
         manifest["integrity"] = file_integrity(out, entry_files(manifest))
         write_manifest(out, manifest)

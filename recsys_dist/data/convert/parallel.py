@@ -8,7 +8,7 @@ from pathlib import Path
 import pyarrow as pa
 from tqdm import tqdm
 
-from recsys_dist.data.convert.passes import Reader, Totals, Transform, convert_rows, rows_skipped
+from recsys_dist.data.convert.passes import Reader, Totals, Transform, convert_rows, in_line_order, rows_skipped
 from recsys_dist.data.convert.writer import SplitWriter, unlink_all
 from recsys_dist.data.splits import SPLITS
 from recsys_dist.data.workers import OrderedPool, WorkerDied
@@ -35,7 +35,9 @@ class SourceJob:
         writer.close()
         if skipped is not None:
             totals.n_skipped = rows_skipped(skipped, [reader])
-            totals.examples = [{"file": Path(path).name, "line": ln, "reason": why} for ln, why in skipped[:20]]
+            totals.examples = [
+                {"file": Path(path).name, "line": ln, "reason": why} for ln, why in in_line_order(skipped)[:20]
+            ]
         return writer.rows, totals
 
 

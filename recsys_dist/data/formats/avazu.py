@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from functools import partial
 
 import numpy as np
 import pyarrow as pa
@@ -26,7 +27,7 @@ import pyarrow.compute as pc
 from recsys_dist.data import mapping
 from recsys_dist.data.formats.base import register_format
 from recsys_dist.data.mapping import SparseKeys, text_keys
-from recsys_dist.data.text import count_rows, line_blocks, parse_block, read_head
+from recsys_dist.data.text import count_rows, line_blocks, parse_block, read_head, rows_then_bad_line
 from recsys_dist.errors import DataError
 
 RAW_COLUMNS = [
@@ -114,7 +115,8 @@ class AvazuFormat:
         header = _has_header(path)
         line, first = 1, True
         for chunk in line_blocks(path, None if max_rows is None else max_rows + header):
-            table = parse_block(
+            parse = partial(
+                parse_block,
                 chunk,
                 path,
                 line,
@@ -127,7 +129,7 @@ class AvazuFormat:
                     f"got {row.actual_columns} (an Avazu row has 24 comma-separated fields)"
                 ),
             )
-            yield line + (first and header), table
+            yield from rows_then_bad_line(line + (first and header), parse)
             first = False
             line += chunk.count(b"\n")
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from functools import partial
 
 import numpy as np
 import pyarrow as pa
@@ -31,6 +32,7 @@ from recsys_dist.data.mapping import SparseKeys, hash_ids
 from recsys_dist.data.text import (
     INT_LIMIT,
     INT_PATTERN,
+    BadLine,
     count_rows,
     line_blocks,
     pad_short_lines,
@@ -38,6 +40,7 @@ from recsys_dist.data.text import (
     parse_hex_keys,
     parse_ints,
     read_head,
+    rows_then_bad_line,
 )
 from recsys_dist.errors import DataError
 
@@ -196,19 +199,27 @@ def _parse_chunk(
         if table is not None and skipped is not None:
             skipped.extend(found)
     if table is None:
-        table = parse_block(
-            chunk,
-            path,
-            first_line,
-            columns,
-            delimiter="\t",
-            skipped=skipped,
-            describe=_describe(labelled),
-            use_threads=use_threads,
-        )
-    if not labelled:  # Kaggle test layout: a placeholder label, reported as missing by score()
-        table = table.add_column(0, "label", pa.array(np.full(table.num_rows, "0")))
-    return table
+        try:
+            table = parse_block(
+                chunk,
+                path,
+                first_line,
+                columns,
+                delimiter="\t",
+                skipped=skipped,
+                describe=_describe(labelled),
+                use_threads=use_threads,
+            )
+        except BadLine as err:  # the rows before it are read first (rows_then_bad_line): labelled alike
+            if not labelled and err.rows_before is not None:
+                err.rows_before = _placeholder_label(err.rows_before)
+            raise
+    return table if labelled else _placeholder_label(table)
+
+
+def _placeholder_label(table: pa.Table) -> pa.Table:
+    """Kaggle's test layout: a placeholder label, reported as missing by score()."""
+    return table.add_column(0, "label", pa.array(np.full(table.num_rows, "0")))
 
 
 def _ints_in_range(table: pa.Table) -> bool:
@@ -245,10 +256,8 @@ def read_chunks(
     """
     line = 1
     for chunk in line_blocks(path, max_rows):
-        table = _parse_chunk(
-            chunk, path, line, use_threads=True, skipped=skipped, labelled=labelled, short_lines=short_lines
-        )
-        yield line, table
+        parse = partial(_parse_chunk, chunk, path, line, True, skipped, labelled, short_lines)
+        yield from rows_then_bad_line(line, parse)
         line += chunk.count(b"\n")
 
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterator
+from functools import partial
 
 import numpy as np
 import pyarrow as pa
@@ -41,7 +42,7 @@ import pyarrow.parquet as pq
 from recsys_dist.data.formats.base import register_format
 from recsys_dist.data.formats.history import UserHistory, is_parquet
 from recsys_dist.data.mapping import SparseKeys, text_keys
-from recsys_dist.data.text import count_rows, line_blocks, parse_block, parse_hex_keys, read_head
+from recsys_dist.data.text import count_rows, line_blocks, parse_block, parse_hex_keys, read_head, rows_then_bad_line
 from recsys_dist.errors import DataError
 
 _NUMBER = r"^[-+]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?$"
@@ -252,7 +253,8 @@ class SchemaFormat:
         line, first = 1, True
         for chunk in line_blocks(path, None if max_rows is None else max_rows + bool(self.spec.header)):
             header = first and self.spec.header
-            table = parse_block(
+            parse = partial(
+                parse_block,
                 chunk,
                 path,
                 line,
@@ -267,7 +269,7 @@ class SchemaFormat:
                     f"{self.spec.delimiter!r})"
                 ),
             )
-            yield line + header, table
+            yield from rows_then_bad_line(line + header, parse)
             line += chunk.count(b"\n")
             first = False
 
