@@ -18,7 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
-from recsys_dist.data.convert import prepare_criteo
+from recsys_dist.data.convert import ConversionSpec, prepare
+from recsys_dist.data.formats.criteo import CRITEO
 
 
 def write_criteo(path: Path, rows: int, distinct: int, seed: int = 0) -> None:
@@ -52,7 +53,9 @@ def main() -> None:
         for r in range(args.rounds):
             for coverage in (True, False) if r % 2 == 0 else (False, True):
                 t, c = time.perf_counter(), time.process_time()  # CPU time: all threads of this process
-                p = prepare_criteo(raw, 100_000, cache_dir=Path(tmp) / f"c{r}{coverage}", coverage=coverage)
+                p = prepare(
+                    ConversionSpec(CRITEO, raw, 100_000, cache_dir=Path(tmp) / f"c{r}{coverage}"), coverage=coverage
+                )
                 wall[coverage].append(time.perf_counter() - t)
                 cpu[coverage].append(time.process_time() - c)
                 if coverage:

@@ -37,9 +37,10 @@ SAMPLE = ROOT / "datasets" / "criteo_kaggle" / "dac_train_first10000.txt"
 
 STEPS = {
     "convert": """
-        from recsys_dist.data.convert import prepare_criteo
+        from recsys_dist.data.convert import ConversionSpec, prepare
+        from recsys_dist.data.formats.criteo import CRITEO
         t_start = time.perf_counter()  # imports are not conversion time (torchrec's take 2 s)
-        p = prepare_criteo(RAW, 100000, cache_dir=TMP + "/cache_" + TAG)
+        p = prepare(ConversionSpec(CRITEO, RAW, 100000, cache_dir=TMP + "/cache_" + TAG))
         out = {"rows": sum(p.rows.values()), "parquet": str(p.files["train"])}
     """,
     "pyarrow_csv": """

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import subprocess
 import sys
@@ -92,6 +93,8 @@ def main() -> None:
     parser.add_argument("--data", nargs="+", choices=["criteo", "avazu"], default=["criteo", "avazu"])
     parser.add_argument("--models", nargs="+", choices=list(PAIRS), default=list(PAIRS))
     args = parser.parse_args()
+    if shutil.which(args.deepctr_python) is None:  # a clear error, not a FileNotFoundError from the first run
+        parser.error(f"--deepctr-python: {args.deepctr_python} is neither an executable file nor a command on PATH")
     sys.path.insert(0, str(ROOT))
     from recsys_dist.config.loader import load_config
     from recsys_dist.data.resolve import feature_names, prepare_from_config

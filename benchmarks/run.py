@@ -270,12 +270,12 @@ def measure(rank: int, world: int, spec: dict) -> dict:
     return out
 
 
-def deepctr(python: str, spec: dict, cfg, train_path: str, rows: int, threads: int) -> dict | None:
+def deepctr(python: str | None, spec: dict, cfg, train_path: str, rows: int, threads: int) -> dict | None:
     from benchmarks.baselines import DEEPCTR_WORKER
     from recsys_dist.data.resolve import feature_names
     from recsys_dist.models.build import table_sizes
 
-    if not Path(python).is_file():
+    if python is None:
         return None
     dense, sparse = feature_names(cfg)
     job = {
@@ -296,14 +296,14 @@ def deepctr(python: str, spec: dict, cfg, train_path: str, rows: int, threads: i
 
 
 def main(argv: list[str] | None = None) -> int:
-    from recsys_dist.cli.main import positive_int
+    from recsys_dist.cli.main import positive_int, python_command
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="smaller data and sweeps: under 3 minutes on 2 cores")
     parser.add_argument(
         "--deepctr-python",
-        default="/tmp/dctr/bin/python",
-        help="python of a venv with deepctr-torch (item 3; skipped when absent)",
+        type=python_command,
+        help="python of a venv with deepctr-torch, a path or a command on PATH (item 3; skipped when not given)",
     )
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     parser.add_argument("--reps", type=positive_int, default=None, help="interleaved rounds (default 3 quick, 5 full)")
@@ -491,7 +491,7 @@ def print_table(spec, cfg, res, theirs, grow, train_rows, copies, args, hardware
                 (
                     "3",
                     "vs DeepCTR-Torch",
-                    f"skipped: no {args.deepctr_python}; make it with: {DEEPCTR_VENV}",
+                    f"skipped: no --deepctr-python given; make a venv with: {DEEPCTR_VENV}",
                     "",
                     "",
                     ">= 5",

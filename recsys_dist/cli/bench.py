@@ -24,12 +24,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         str(script),
         "--device",
         args.device,
-        "--deepctr-python",
-        args.deepctr_python,
         "--model",
         args.model,
     ] + (["--quick"] if args.quick else [])
-    for flag in ("reps", "skip", "mlperf_max_rows", "batch", "copies"):
+    for flag in ("reps", "skip", "mlperf_max_rows", "batch", "copies", "deepctr_python"):
         if getattr(args, flag):
             cmd += ["--" + flag.replace("_", "-"), str(getattr(args, flag))]
     return subprocess.run(cmd).returncode
