@@ -15,7 +15,7 @@ in this run, each in a fresh subprocess (so peak RSS is that step's alone):
    vs only its own row groups (``row_groups``).
 
 The speeds (3, 4) are measured in one process, in ``--repeats`` interleaved rounds (scan,
-shuffled, in file order, global_batch, row_groups, then again), each measure's fastest epoch
+shuffled, in file order, global_batch, row_groups, then the reverse: ABBA), each measure's fastest epoch
 counting: the first epoch pays warm-up, and on a shared machine a busy spell then slows every
 measure of a round alike instead of one of them.
 
