@@ -15,8 +15,8 @@ parts:
    slowly, weighs on every contender alike.
 3. **Statistics** (:func:`median`, :func:`paired_ratio`, :func:`bootstrap_interval`,
    :func:`paired_bootstrap`, :func:`fit_exponent`, :func:`steady_rate`).
-4. **Runs in fresh processes** (:func:`cli`, :func:`train`, :func:`python`,
-   :func:`converted_test_split`, :func:`criteo_sample`).
+4. **Runs in fresh processes** (:func:`cli`, :func:`start_cli`, :func:`train`, :func:`python`,
+   :func:`converted_test_split`, :func:`criteo_sample`, :func:`free_port`).
 5. **The command line and the results writer** (:func:`parser`, :class:`Results`): every bench
    takes ``--smoke`` (tiny sizes: it starts and runs, in seconds to a minute; the numbers mean
    nothing) and ``--record [ITEM]``, which writes its output to
@@ -43,6 +43,7 @@ import os
 import platform
 import shlex
 import shutil
+import socket
 import statistics
 import subprocess
 import sys
@@ -76,11 +77,13 @@ def environment() -> dict:
     return {
         "utc": _utc_now(),
         "machine": {
-            "cpu": _cpu_model(),
+            "cpu": _proc_field("/proc/cpuinfo", "model name") or platform.processor() or "not recorded",
             "arch": platform.machine(),
             "cores": os.cpu_count() or 1,
             "usable_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
-            "memory_gib": _memory_gib(),
+            "memory_gib": round(int(mem.split()[0]) / 2**20, 1)
+            if (mem := _proc_field("/proc/meminfo", "MemTotal"))
+            else None,
             "gpus": _gpus(),
             "load": round(os.getloadavg()[0], 2),
         },
@@ -104,26 +107,13 @@ def _utc_now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M:%S")
 
 
-def _cpu_model() -> str:
+def _proc_field(path: str, prefix: str) -> str | None:
+    """The value after ``prefix...:`` on the first such line of ``path`` (None: no such file or line)."""
     try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
+        with open(path) as f:
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith(prefix)), None)
     except OSError:
-        pass
-    return platform.processor() or "not recorded"
-
-
-def _memory_gib() -> float | None:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemTotal:"):
-                    return round(int(line.split()[1]) / 2**20, 1)
-    except OSError:
-        pass
-    return None
+        return None
 
 
 def _gpus() -> list[str]:
@@ -384,6 +374,21 @@ def cli(*args: Any, code: Path = ROOT, retries: int = 0) -> tuple[str, float]:
     raise RuntimeError(f"recsys-dist {' '.join(map(str, args))} -> exit {r.returncode}\n{r.stderr[-3000:]}")
 
 
+def start_cli(*args: Any, log: Path | None = None, code: Path = ROOT) -> subprocess.Popen:
+    """``recsys-dist ARGS`` started in the background (as :func:`cli`), its stdout and stderr
+    into the file ``log`` (None: this process's)."""
+    out = open(log, "w") if log is not None else None  # noqa: SIM115 - the child holds it
+    cmd = [sys.executable, "-m", "recsys_dist.cli.main", *map(str, args)]
+    return subprocess.Popen(cmd, cwd=code, env=child_env(code), stdout=out, stderr=subprocess.STDOUT if out else None)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (the OS picks it)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def train(config: Path | str, run_dir: Path | str, *overrides: str, code: Path = ROOT, retries: int = 0) -> dict:
     """``recsys-dist train --config CONFIG --run-dir RUN_DIR OVERRIDES`` (progress bar off); the
     run's summary.json with ``wall_s``: the command's wall seconds. Raises as :func:`cli`."""
@@ -527,9 +532,10 @@ class Results:
         with harness.Results(args, argv):
             ...  # print the results
 
-    ``path``: write there instead of the named file (a bench's own ``--out FILE``);
-    ``markdown``: the output is markdown (else it goes into a ``text`` block); ``title``: the
-    file's heading (default the first line of the script's docstring).
+    ``path``: write there instead of the named file (a bench's own ``--out FILE``); ``title``: the
+    file's heading (default the first line of the script's docstring). A bench that composes a
+    markdown report sets :attr:`markdown` to it: the file then holds that report instead of the
+    printed output (:func:`render`).
 
     Raises:
         SystemExit: the results file exists (a new run gets a new file: pass another ITEM), or
@@ -542,10 +548,10 @@ class Results:
         argv: Sequence[str] | None = None,
         *,
         path: Path | None = None,
-        markdown: bool = False,
         title: str | None = None,
     ) -> None:
-        self.env, self.command, self.markdown, self.title = environment(), command_line(argv), markdown, title
+        self.env, self.command, self.title = environment(), command_line(argv), title
+        self.markdown: str | None = None
         self.path = Path(path) if path is not None else None
         if self.path is None and args.record:
             self.path = results_path(args.record, self.env, args.results_dir)
@@ -569,13 +575,14 @@ class Results:
     def __exit__(self, kind, value, tb) -> None:
         self._redirect.__exit__(kind, value, tb)
         if kind is None and self.path is not None:
-            self.write("".join(self._tee.parts))
+            self.write(self.markdown if self.markdown is not None else render("".join(self._tee.parts)))
             print(f"recorded: {self.path}")
 
-    def write(self, output: str) -> Path:
-        """Write the results file: heading, command, environment (start and end), ``output``."""
+    def write(self, body: str) -> Path:
+        """Write the results file: heading, command, environment (start and end), ``body``
+        (markdown)."""
         title = self.title or _doc_title()
-        body = output.rstrip("\n") if self.markdown else render(output)
+        body = body.rstrip("\n")
         lines = [f"# {title}", "", f"- **Command:** `{self.command}`", *describe(self.env, environment())]
         lines += ["", "What the bench measures and how to read it: docs/benchmarks.md.", "", body, ""]
         self.path.parent.mkdir(parents=True, exist_ok=True)

@@ -116,13 +116,14 @@ def main(argv: list[str] | None = None) -> None:
     if args.smoke:
         args.work, extra = args.work / "smoke", harness.SMOKE_TRAIN
     title = "Quantized publish: test AUC / logloss of int8 and int4 embedding rows vs fp32"
-    with harness.Results(args, argv, path=args.out, markdown=True, title=title):
+    with harness.Results(args, argv, path=args.out, title=title) as res:
         results = {}
         for seed in args.seeds:
             run = args.work / f"run_seed{seed}"
             train(run, seed, extra)
             results[seed] = measure(run, args.work / f"seed{seed}")
-        print(report(results))
+        res.markdown = report(results)
+        print(res.markdown)
 
 
 if __name__ == "__main__":
