@@ -74,6 +74,25 @@ def test_bench_subcommand_parses():
             build_parser().parse_args(["bench", *bad])
 
 
+def test_bench_subcommand_runs_this_checkouts_script_with_its_package(monkeypatch):
+    """benchmarks/run.py no longer puts the checkout on sys.path itself: ``recsys-dist bench``
+    passes it in PYTHONPATH, so the script runs the recsys_dist it was started from."""
+    from recsys_dist.cli import bench as bench_cli
+    from recsys_dist.cli.main import build_parser
+
+    seen = {}
+
+    def fake_run(cmd, env=None, **kw):
+        seen.update(cmd=cmd, env=env)
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(bench_cli.subprocess, "run", fake_run)
+    monkeypatch.setenv("PYTHONPATH", "/elsewhere")
+    assert bench_cli.cmd_bench(build_parser().parse_args(["bench", "--quick", "--reps", "2"])) == 0
+    assert seen["cmd"][1] == str(ROOT / "benchmarks" / "run.py") and "--quick" in seen["cmd"]
+    assert seen["env"]["PYTHONPATH"].split(os.pathsep) == [str(ROOT), "/elsewhere"]
+
+
 def test_bench_refuses_unknown_items_and_a_missing_gpu():
     for argv in (["--skip", "9"], ["--skip", "abc"]):
         done = bench("run.py", *argv)
