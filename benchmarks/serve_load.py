@@ -1,7 +1,9 @@
 """Load benchmark of ``recsys-dist serve``: latency (p50 / p99) and rows/s at batch 1, 64 and 512.
 
-Through the real HTTP server (``recsys-dist serve`` in a subprocess, uvicorn) with a keep-alive
-client at concurrency 1 and 4, side by side with in-process calls on the same rows:
+Through the real HTTP server (``recsys-dist serve`` in a subprocess, uvicorn) with keep-alive
+clients: 1 to 64 connections at once (an asyncio client in this process, one request in flight
+per connection, ``--connections``), and a fresh connection per request for comparison; side by
+side with in-process calls on the same rows:
 
 - ``in-memory``: the server's scoring of a request (``recsys_dist.serve.inmemory``: the rows'
   raw columns converted in memory by the conversion's own transforms, then the model), without
@@ -12,21 +14,27 @@ client at concurrency 1 and 4, side by side with in-process calls on the same ro
 - ``torchscript``: the export's ``model.torchscript.pt`` on the same converted batch (when the
   export has one: ``recsys-dist export --format torchscript``).
 
+``--compare-nagle`` runs, instead, two servers of the same export side by side, one as served
+before TCP_NODELAY was set (its listening socket made without ``IPPROTO_TCP``, the protocol's
+``no_delay`` off: Nagle's algorithm on) and one as served now, in interleaved rounds, keep-alive
+HTTP only.
+
 Not a test. Usage:
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/serve_load.py EXPORT_DIR [--requests 200] [--out FILE.md]
+    PYTHONPATH=$PWD .venv/bin/python benchmarks/serve_load.py EXPORT_DIR --compare-nagle --rounds 2
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -75,32 +83,60 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def http_load(url: str, batches: list[list[str]], concurrency: int) -> dict:
-    """POST every batch, ``concurrency`` clients at once; latency per request, rows/s overall."""
-    latencies: list[float] = []
-    todo = list(enumerate(batches))
-    lock = threading.Lock()
+async def _keep_alive_client(port: int, bodies: list[bytes], latencies: list[float]) -> None:
+    """One keep-alive connection POSTing ``bodies`` one after another (HTTP/1.1 by hand: the
+    request in one write, the answer read by its content-length)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)  # asyncio sets TCP_NODELAY here
+    try:
+        for body in bodies:
+            t = time.perf_counter()
+            writer.write(
+                b"POST /score HTTP/1.1\r\nhost: bench\r\ncontent-type: application/json\r\n"
+                + f"content-length: {len(body)}\r\n\r\n".encode()
+                + body
+            )
+            head = await reader.readuntil(b"\r\n\r\n")
+            status = int(head.split(b" ", 2)[1])
+            length = next(
+                int(line.split(b":", 1)[1])
+                for line in head.split(b"\r\n")
+                if line.lower().startswith(b"content-length:")
+            )
+            answer = await reader.readexactly(length)
+            latencies.append(time.perf_counter() - t)
+            assert status == 200, answer[:300]
+    finally:
+        writer.close()
 
-    def worker() -> None:
-        with httpx.Client(timeout=120) as c:
-            while True:
-                with lock:
-                    if not todo:
-                        return
-                    _, rows = todo.pop()
-                t = time.perf_counter()
-                r = c.post(f"{url}/score", json={"rows": rows})
-                dt = time.perf_counter() - t
-                assert r.status_code == 200, r.text
-                with lock:
-                    latencies.append(dt)
+
+def http_fresh(port: int, batches: list[list[str]]) -> dict:
+    """POST every batch on a connection of its own, one after another: latency (the
+    connection's set-up included), rows/s."""
+    bodies = [json.dumps({"rows": b}).encode() for b in batches]
+    latencies: list[float] = []
+
+    async def run() -> None:
+        for body in bodies:
+            t = time.perf_counter()
+            await _keep_alive_client(port, [body], [])
+            latencies.append(time.perf_counter() - t)
 
     t0 = time.perf_counter()
-    threads = [threading.Thread(target=worker) for _ in range(concurrency)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    asyncio.run(run())
+    return _stats(latencies, sum(len(b) for b in batches), time.perf_counter() - t0)
+
+
+def http_keep_alive(port: int, batches: list[list[str]], connections: int) -> dict:
+    """POST every batch over ``connections`` keep-alive connections at once (batches dealt out
+    in turn); latency per request, rows/s overall."""
+    bodies = [json.dumps({"rows": b}).encode() for b in batches]
+    latencies: list[float] = []
+
+    async def run() -> None:
+        await asyncio.gather(*(_keep_alive_client(port, bodies[i::connections], latencies) for i in range(connections)))
+
+    t0 = time.perf_counter()
+    asyncio.run(run())
     return _stats(latencies, sum(len(b) for b in batches), time.perf_counter() - t0)
 
 
@@ -175,33 +211,87 @@ def in_process(export: Path, lines: list[str], reps: dict[int, int]) -> dict:
     return out
 
 
-def http_all(export: Path, lines: list[str], reps: dict[int, int], concurrencies: list[int]) -> dict:
+# A server as served before the fix: its listening socket without IPPROTO_TCP (asyncio then
+# leaves Nagle's algorithm on for accepted connections) and the protocol's own no_delay off.
+NAGLE_ON = """
+import socket, sys
+import recsys_dist.cli.serve as cli_serve
+import recsys_dist.serve.connections as connections
+connections.no_delay = lambda transport: None
+def listening_socket(host, port):
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind((host, port))
+    return s
+cli_serve.listening_socket = listening_socket
+from recsys_dist.cli.main import main
+sys.exit(main())
+"""
+
+
+def start_server(export: Path, nagle: bool = False) -> tuple[subprocess.Popen, int]:
+    """``recsys-dist serve EXPORT`` on a free port (no reload), once it answers /health."""
     port = _free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    cmd = [sys.executable, "-m", "recsys_dist.cli.main", "serve", str(export), "--port", str(port)]
-    proc = subprocess.Popen([*cmd, "--reload-seconds", "0"], env=env, cwd=ROOT)
-    url = f"http://127.0.0.1:{port}"
+    head = [sys.executable, "-c", NAGLE_ON] if nagle else [sys.executable, "-m", "recsys_dist.cli.main"]
+    proc = subprocess.Popen(
+        [*head, "serve", str(export), "--port", str(port), "--reload-seconds", "0"], env=env, cwd=ROOT
+    )
+    end = time.monotonic() + 180
+    while True:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200:
+                return proc, port
+        except httpx.HTTPError:
+            pass
+        assert proc.poll() is None and time.monotonic() < end, "the server did not start"
+        time.sleep(0.2)
+
+
+def _http_rows(port: int, lines: list[str], reps: dict[int, int], connections: list[int], tag: str) -> dict:
+    out = {}
+    for n in BATCHES:
+        http_keep_alive(port, _batches(lines, n, 3), 1)  # warm-up
+        for c in connections:
+            batches = _batches(lines, n, max(reps[n], 2 * c))
+            out[(f"{tag}HTTP keep-alive, {c} connection{'s' if c > 1 else ''}", n)] = http_keep_alive(port, batches, c)
+        out[(f"{tag}HTTP, a new connection per request", n)] = http_fresh(port, _batches(lines, n, reps[n]))
+    return out
+
+
+def http_all(export: Path, lines: list[str], reps: dict[int, int], connections: list[int]) -> dict:
+    proc, port = start_server(export)
     try:
-        end = time.monotonic() + 180
-        while True:
-            try:
-                if httpx.get(f"{url}/health", timeout=5).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert proc.poll() is None and time.monotonic() < end, "the server did not start"
-            time.sleep(0.2)
-        out = {}
-        for n in BATCHES:
-            http_load(url, _batches(lines, n, 3), 1)  # warm-up
-            for c in concurrencies:
-                out[(f"HTTP, {c} client(s), lines", n)] = http_load(url, _batches(lines, n, reps[n]), c)
-            objects = [as_objects(b) for b in _batches(lines, n, reps[n])]
-            out[("HTTP, 1 client, objects", n)] = http_load(url, objects, 1)
-        return out
+        return _http_rows(port, lines, reps, connections, "")
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def compare_nagle(export: Path, lines: list[str], reps: dict[int, int], connections: list[int], rounds: int) -> dict:
+    """Keep-alive rows of a server with Nagle on (before) and one as served now (after), the
+    same export, interleaved rounds; latencies pooled over the rounds per row."""
+    servers = {"before (Nagle on): ": start_server(export, nagle=True), "after: ": start_server(export)}
+    pooled: dict = {}
+    try:
+        for _ in range(rounds):
+            for tag, (_, port) in servers.items():
+                for key, r in _http_rows(port, lines, reps, connections, tag).items():
+                    pooled.setdefault(key, []).append(r)
+    finally:
+        for proc, _ in servers.values():
+            proc.terminate()
+            proc.wait(timeout=30)
+    return {k: _pool(rs) for k, rs in pooled.items()}
+
+
+def _pool(results: list[dict]) -> dict:
+    """Rounds of one row as one: the median of their p50s and the largest p99, rows/s averaged."""
+    return {
+        "p50_ms": float(np.median([r["p50_ms"] for r in results])),
+        "p99_ms": max(r["p99_ms"] for r in results),
+        "rows_s": float(np.mean([r["rows_s"] for r in results])),
+    }
 
 
 def table(results: dict) -> str:
@@ -221,13 +311,19 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("export", type=Path, help="an export directory of a criteo_tsv model")
     p.add_argument("--requests", type=int, default=200, help="requests at batch 1 (fewer at larger batches)")
-    p.add_argument("--concurrency", default="1,4", help="HTTP clients at once, e.g. 1,4")
+    p.add_argument("--connections", default="1,4,16,64", help="keep-alive connections at once, e.g. 1,4,16,64")
+    p.add_argument("--compare-nagle", action="store_true", help="a server with Nagle on vs as served now")
+    p.add_argument("--rounds", type=int, default=2, help="interleaved rounds of --compare-nagle")
     p.add_argument("--out", type=Path, default=None, help="also write the table (markdown) here")
     args = p.parse_args()
     lines = SAMPLE.read_text().splitlines()[9000:]  # the quickstart's test rows
     reps = {1: args.requests, 64: max(args.requests // 4, 10), 512: max(args.requests // 10, 10)}
-    results = in_process(args.export, lines, reps)
-    results.update(http_all(args.export, lines, reps, [int(c) for c in args.concurrency.split(",")]))
+    connections = [int(c) for c in args.connections.split(",")]
+    if args.compare_nagle:
+        results = compare_nagle(args.export, lines, reps, connections, args.rounds)
+    else:
+        results = in_process(args.export, lines, reps)
+        results.update(http_all(args.export, lines, reps, connections))
     text = table(results)
     print(text)
     print(json.dumps({f"{w} b={n}": r for (w, n), r in results.items()}))

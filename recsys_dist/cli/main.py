@@ -164,6 +164,32 @@ def _serve_arguments(p: argparse.ArgumentParser) -> None:
         help="DIR may hold no model yet (a training run's publish dir before its first publish): answer 503 "
         "until an export or a publish appears there, then serve it",
     )
+    limits = p.add_argument_group("limits (docs/serving.md#limits)")
+    limits.add_argument(
+        "--memory-mb",
+        type=float,
+        default=None,
+        help="memory the requests in flight may take together (estimated from their bodies and rows); a request "
+        "past it gets 503 with Retry-After (default: half of the memory available at start)",
+    )
+    limits.add_argument(
+        "--max-connections",
+        type=int,
+        default=None,
+        help="connections open at once (default 10000, or the open-files limit less 128); more: 503",
+    )
+    limits.add_argument(
+        "--header-timeout",
+        type=float,
+        default=10.0,
+        help="seconds for a request's line and headers to arrive, else its connection is closed (default 10)",
+    )
+    limits.add_argument(
+        "--body-timeout", type=float, default=30.0, help="seconds for a request's body to arrive, else 408 (default 30)"
+    )
+    limits.add_argument(
+        "--keep-alive", type=float, default=5.0, help="seconds an idle connection is kept open (default 5)"
+    )
 
 
 def _bench_arguments(p: argparse.ArgumentParser) -> None:

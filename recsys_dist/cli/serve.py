@@ -16,7 +16,9 @@ import uvicorn
 
 from recsys_dist.errors import ConfigError
 from recsys_dist.logs import quiet_third_party
+from recsys_dist.serve.connections import guarded_protocol, limit_repeats
 from recsys_dist.serve.http import ModelHolder, create_app, open_source
+from recsys_dist.serve.limits import Limits
 
 
 def listening_socket(host: str, port: int) -> socket.socket:
@@ -29,7 +31,9 @@ def listening_socket(host: str, port: int) -> socket.socket:
     """
     if not 0 <= port <= 65535:
         raise ConfigError(f"--port {port}: not a TCP port; give one in 1..65535")
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    # IPPROTO_TCP named: asyncio turns Nagle off (TCP_NODELAY) only on sockets whose proto says TCP,
+    # and accepted sockets inherit it; with proto 0 each keep-alive answer waited ~40 ms.
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     # As uvicorn binds: a port left in TIME_WAIT by a stopped server is free again.
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
@@ -58,6 +62,25 @@ def startup_line(holder: ModelHolder, url: str, reload_seconds: float) -> str:
     return f"recsys-dist: serving {holder.describe()} on {url} ({endpoints})"
 
 
+def limits_of(args: argparse.Namespace) -> Limits:
+    """The server's limits from ``serve``'s options (``recsys_dist.serve.limits.Limits.of``).
+
+    Raises:
+        ConfigError: a limit that is not positive, naming the option.
+    """
+    try:
+        return Limits.of(
+            memory_mb=args.memory_mb,
+            max_connections=args.max_connections,
+            header_timeout=args.header_timeout,
+            body_timeout=args.body_timeout,
+            keep_alive=args.keep_alive,
+        )
+    except ValueError as err:
+        name, _, problem = str(err).partition(" ")  # "memory_mb must be > 0, got 0"
+        raise ConfigError(f"serve --{name.replace('_', '-')}: {problem}; give a positive number") from None
+
+
 class _Server(uvicorn.Server):
     """A uvicorn server that calls ``on_started`` once it listens (not before: a line saying
     it serves must be true when it is read)."""
@@ -72,6 +95,22 @@ class _Server(uvicorn.Server):
             self.on_started()
 
 
+def server(holder: ModelHolder, limits: Limits, on_started=lambda: None) -> _Server:
+    """The uvicorn server of ``holder``'s application (h11, ``limits`` applied by
+    ``recsys_dist.serve.connections``), its run started by ``run(sockets=[sock])``."""
+    config = uvicorn.Config(
+        create_app(holder, limits),
+        http=guarded_protocol(limits),
+        timeout_keep_alive=limits.keep_alive,
+        log_config=None,  # its records go where ours go (the root handler), as plain lines
+        log_level="warning",
+        access_log=False,
+    )
+    srv = _Server(config, on_started)
+    srv.capture_signals = contextlib.nullcontext  # the caller's handlers (cmd_serve: exit code 0)
+    return srv
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     """Serve until SIGINT / SIGTERM, then finish the requests in flight; exit code 0.
 
@@ -82,24 +121,25 @@ def cmd_serve(args: argparse.Namespace) -> int:
         CheckpointError / DataError: its model cannot be loaded.
     """
     quiet_third_party()
-    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    # force: an import (fbgemm_gpu) has already logged through the root logger, which set it up
+    logging.basicConfig(level=logging.WARNING, format="%(message)s", force=True)
+    limit_repeats()  # a flood of one error (a bad client, a slowloris) logs a few lines a minute
     if args.wait and args.reload_seconds <= 0:
         raise ConfigError("--wait needs --reload-seconds > 0: the model is picked up by the reload thread")
+    limits = limits_of(args)
     source = open_source(args.source, wait=args.wait, version=args.version)
     sock = listening_socket(args.host, args.port)
     with sock:
         holder = ModelHolder(source, reload_seconds=args.reload_seconds)
         host, port = sock.getsockname()[:2]
         url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
-        config = uvicorn.Config(create_app(holder), log_level="warning", access_log=False)
-        server = _Server(config, lambda: print(startup_line(holder, url, args.reload_seconds), flush=True))
+        srv = server(holder, limits, lambda: print(startup_line(holder, url, args.reload_seconds), flush=True))
 
         def stop(signum, frame) -> None:  # finish the requests in flight, then leave with 0
-            server.should_exit = True
+            srv.should_exit = True
 
         # Our handlers, not uvicorn's: uvicorn re-raises the signal after its shutdown (exit -15).
-        server.capture_signals = contextlib.nullcontext
         signal.signal(signal.SIGTERM, stop)
         signal.signal(signal.SIGINT, stop)
-        server.run(sockets=[sock])
+        srv.run(sockets=[sock])
     return 0

@@ -131,6 +131,10 @@ class Preprocessing:
             "categorical_mapping": mapping,
             "transforms": transforms,
             "transform_version": TRANSFORM_VERSION,
+            # the training file's columns and its id columns of integers only (data.formats.ids):
+            # None when not known (no conversion given, or one from before they were recorded)
+            "raw_columns": manifest.get("raw_columns") if manifest else None,
+            "integer_columns": manifest.get("integer_columns") if manifest else None,
             "training_conversion": None
             if manifest is None
             else {

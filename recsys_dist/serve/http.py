@@ -4,7 +4,8 @@ Endpoints (``create_app``):
 
 - ``POST /score`` with ``{"rows": [row, ...]}`` (``recsys_dist.serve.rows``) ->
   ``{"scores": [...], "logits": [...], "version": V, "model": SOURCE}``; a malformed body or
-  row -> 400 ``{"error": MESSAGE}`` naming the row and column.
+  row -> 400 ``{"error": MESSAGE}`` naming the row and column; past the server's limits
+  (``recsys_dist.serve.limits``) 408, 413 or 503 with ``Retry-After`` (``recsys_dist.serve.request``).
 - ``GET /health`` -> ``{"status": "ok", "version": V, "source": SOURCE, "loaded_at": ISO-8601 UTC,
   "scoring": "in-memory" | "file", "latest": N | null, "stuck": null | {"version", "error", "since"}}``
   (how its requests are converted: ``recsys_dist.serve.inmemory``; a publish directory's newest
@@ -30,7 +31,6 @@ served at its newest intact version newer than the one served (also at start), w
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
@@ -39,20 +39,19 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from starlette.applications import Starlette
-from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from recsys_dist.errors import BadRequest, CheckpointError, ConfigError
+from recsys_dist.errors import CheckpointError, ConfigError
 from recsys_dist.serve import publish
 from recsys_dist.serve.export import MODEL_FILE, LoadedModel, load
 from recsys_dist.serve.inmemory import row_scorer
-from recsys_dist.serve.rows import check_body
+from recsys_dist.serve.limits import InFlight, Limits
+from recsys_dist.serve.request import score_request
 from recsys_dist.serve.scoring import PREPROCESSING_FILE, VOCABULARY_FILE
 
 log = logging.getLogger("recsys_dist.serve")
-MAX_BODY_BYTES = 64 << 20  # a request body past this is refused (413), never read into memory
 
 PUBLISH_MANIFEST = publish.MANIFEST
 
@@ -370,45 +369,19 @@ def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status)
 
 
-async def _read_body(request: Request) -> bytes | None:
-    """The request's body, or None once it passes ``MAX_BODY_BYTES`` (read no further)."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
-        return None
-    parts, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > MAX_BODY_BYTES:
-            return None
-        parts.append(chunk)
-    return b"".join(parts)
-
-
-def create_app(holder: ModelHolder) -> Starlette:
+def create_app(holder: ModelHolder, limits: Limits | None = None) -> Starlette:
     """The starlette application serving ``holder``'s model (see the module doc); its reload
-    thread runs while the application runs (lifespan)."""
+    thread runs while the application runs (lifespan). ``limits``: what it takes on at once
+    (``recsys_dist.serve.limits``; default ``Limits()``), its memory budget kept in
+    ``app.state.in_flight``."""
+    limits = limits or Limits()
+    in_flight = InFlight(limits.memory_bytes, limits.retry_after)
 
-    async def score(request: Request) -> JSONResponse:
+    async def score(request: Request) -> Response:
         served = holder.current  # read once: the whole request is scored by this model
         if served is None:
             return _error(503, f"no model yet: {holder.source.waiting_for()}")
-        raw = await _read_body(request)
-        if raw is None:
-            return _error(413, f"the body is over {MAX_BODY_BYTES >> 20} MiB; send fewer rows per request")
-        try:
-            body = json.loads(raw)
-            if b"\\u" in raw:  # a lone surrogate escape (\ud800) decodes, but is no text a reader can take
-                json.dumps(body, ensure_ascii=False).encode("utf-8")
-        except UnicodeEncodeError:  # a ValueError too: first
-            return _error(400, "the body holds a \\u escape of a lone surrogate (e.g. \\ud800), which is not text")
-        except (ValueError, UnicodeDecodeError) as err:
-            return _error(400, f'the body is not JSON ({err}); send {{"rows": [row, ...]}}')
-        try:
-            rows = check_body(body)
-            out = await run_in_threadpool(served.scorer, rows)
-        except BadRequest as err:
-            return _error(400, str(err))
-        return JSONResponse({**out, "version": served.version, "model": served.loaded.source})
+        return await score_request(request, served, limits, in_flight)
 
     async def health(request: Request) -> JSONResponse:
         served = holder.current
@@ -431,7 +404,9 @@ def create_app(holder: ModelHolder) -> Starlette:
     def lifespan(app):
         return _Lifespan(holder)
 
-    return Starlette(routes=[Route("/score", score, methods=["POST"]), Route("/health", health)], lifespan=lifespan)
+    app = Starlette(routes=[Route("/score", score, methods=["POST"]), Route("/health", health)], lifespan=lifespan)
+    app.state.limits, app.state.in_flight = limits, in_flight
+    return app
 
 
 class _Lifespan:

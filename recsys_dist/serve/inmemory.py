@@ -128,7 +128,7 @@ class InMemoryScorer:
 
     def __init__(self, loaded: LoadedModel) -> None:
         cfg, d = loaded.cfg, loaded.cfg.data
-        self.loaded, self.writer = loaded, RowWriter(cfg)
+        self.loaded, self.writer = loaded, RowWriter(cfg, loaded.preprocessing.record)
         self.fmt = self._format()
         self.managed = managed_mask(d)
         vocab = loaded.preprocessing.vocabulary
@@ -171,7 +171,7 @@ class InMemoryScorer:
     def _table(self, rows: list[dict]) -> pa.Table:
         """The rows' raw columns as text (the file route's values: ``RowWriter._record``)."""
         w = self.writer
-        known = {*w.columns, *w.ignored}
+        known = {*w.columns, *w.ignored, *w.unused}
         if any(not r.keys() <= known for r in rows):
             self._refuse(rows)
         cols = {c: self._column(rows, c) for c in w.columns}

@@ -17,7 +17,14 @@ A row is either an object (raw column name -> value) or a raw text line of the f
   a text file type.
 
 A missing column, ``null`` or ``""`` is a missing value. Rows are numbered from 0 in errors
-(``rows[3]``).
+(``rows[3]``). A column of the training file that the model does not use (its record's
+``raw_columns``, e.g. a timestamp) is accepted and ignored, as ``predict`` ignores it in a file.
+
+An id (a value of a column keyed by its text, ``recsys_dist.data.formats.ids``) is a string, or
+an integer (written as its decimal text); a JSON float only when it is integral, below 2^53, and
+the column's training values were all integers (the record's ``integer_columns``): it then maps
+to the integer's id. Any other float, a boolean, a list (outside a list column) or an object is
+a ``BadRequest`` naming the row and the column.
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ import pyarrow.parquet as pq
 from recsys_dist.data.formats.avazu import RAW_COLUMNS as AVAZU_COLUMNS
 from recsys_dist.data.formats.criteo import COLUMNS as CRITEO_COLUMNS
 from recsys_dist.data.formats.history import is_parquet
+from recsys_dist.data.formats.ids import id_columns
 from recsys_dist.errors import BadRequest, DataError
 from recsys_dist.serve.export import LoadedModel, score
 
@@ -52,7 +60,10 @@ class RowWriter:
     """Writes request rows as a raw file of one model's format (``write``), and names which
     data line of that file is which request row (``header_lines``)."""
 
-    def __init__(self, cfg) -> None:
+    def __init__(self, cfg, record: dict | None = None) -> None:
+        """``record``: the model's preprocessing record (``preprocessing.json``): its
+        ``raw_columns`` and ``integer_columns`` (None: not known, as for a record written
+        before they were kept)."""
         d = cfg.data
         self.format = d.format
         s = d.schema
@@ -79,25 +90,45 @@ class RowWriter:
             self.delimiter = s.delimiter
         self.spec = s
         self.header_lines = 0
+        self.ids = {c.name for c in id_columns(d.format, s)}
+        record = record or {}
+        known = record.get("integer_columns")
+        self.integer_columns = None if known is None else set(known)
+        # columns of the training file the model does not read: accepted, never written
+        self.unused = [c for c in record.get("raw_columns") or [] if c not in self.columns and c not in self.ignored]
 
     def _known(self) -> str:
         if self.format == "criteo_tsv":
             return "label, I1..I13, C1..C26"
-        return ", ".join([*self.ignored, *self.columns])
+        unused = f" (read and ignored: {', '.join(self.unused)})" if self.unused else ""
+        return ", ".join([*self.ignored, *self.columns]) + unused
+
+    def known(self, column: str) -> bool:
+        """Whether a request row may hold ``column`` (used, ignored, or unused by the model)."""
+        return column in self.columns or column in self.ignored or column in self.unused
 
     def _value(self, i: int, column: str, v) -> str | list[str]:
         if v is None:
             return ""
         if isinstance(v, list) and column in self.list_columns:
-            return [str(self._value(i, column, x)) for x in v]
+            return [self._scalar(i, column, x, element=True) for x in v]
+        return self._scalar(i, column, v)
+
+    def _scalar(self, i: int, column: str, v, element: bool = False) -> str:
+        """One value (list element) as the text a raw file would hold."""
+        if v is None:
+            return ""
         if isinstance(v, bool) or not isinstance(v, (str, int, float)):
+            what = "a list element" if element else "a value"
             raise BadRequest(
-                f"rows[{i}], column {column}: {json_type(v)} is not a value (give a string, a number or null"
-                + (", or a list of them" if column in self.list_columns else "")
+                f"rows[{i}], column {column}: {json_type(v)} is not {what} (give a string, a number or null"
+                + (", or a list of them" if column in self.list_columns and not element else "")
                 + ")"
             )
         if isinstance(v, float) and not math.isfinite(v):
             raise BadRequest(f"rows[{i}], column {column}: {v} is not a finite number")
+        if isinstance(v, float) and column in self.ids:
+            v = self._float_id(i, column, v)
         text = v if isinstance(v, str) else repr(v) if isinstance(v, float) else str(v)
         if "\n" in text or "\r" in text or (self.format == "criteo_tsv" and "\t" in text):
             raise BadRequest(f"rows[{i}], column {column}: a value may not hold a line break or a tab")
@@ -105,8 +136,32 @@ class RowWriter:
             raise BadRequest(f"rows[{i}], column {column}: a value may not hold a line break or a comma")
         return text
 
+    def _float_id(self, i: int, column: str, v: float) -> int:
+        """A JSON float sent as an id: the integer it equals, where the column's training ids were
+        all integers (their text is then the integer's); else ``BadRequest``."""
+        where = f"rows[{i}], column {column}: {v!r}"
+        if not v.is_integer():
+            raise BadRequest(f"{where} is not an id; send an id as a string or an integer")
+        if abs(v) > 2**53:
+            raise BadRequest(
+                f"{where} is past 2^53, where a float no longer holds every integer; send the id as an "
+                "integer or a string"
+            )
+        if self.integer_columns is None:
+            raise BadRequest(
+                f"{where} is a float, and this model's preprocessing record does not say whether the column's "
+                "training ids were integers (an export from before recsys_dist recorded it); send the id as an "
+                "integer or a string, as the training data wrote it"
+            )
+        if column not in self.integer_columns:
+            raise BadRequest(
+                f"{where} is a float, and the column's training ids were not all integers, so it names no id for "
+                "sure; send the id as a string, as the training data wrote it"
+            )
+        return int(v)
+
     def _record(self, i: int, row: dict) -> dict:
-        unknown = [c for c in row if c not in self.columns and c not in self.ignored]
+        unknown = [c for c in row if not self.known(c)]
         if unknown:
             raise BadRequest(
                 f"rows[{i}]: unknown column {unknown[0]!r} for format {self.format} (its columns: {self._known()})"
@@ -252,7 +307,7 @@ def score_rows(loaded: LoadedModel, rows: list) -> dict:
     Raises:
         BadRequest: a malformed row, naming ``rows[i]`` and the column.
     """
-    writer = RowWriter(loaded.cfg)
+    writer = RowWriter(loaded.cfg, loaded.preprocessing.record if loaded.preprocessing else None)
     tmp = Path(tempfile.mkdtemp(prefix="recsys-serve-"))
     try:
         path = writer.write(rows, tmp)

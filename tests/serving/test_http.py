@@ -20,9 +20,9 @@ from safetensors.torch import load_file, save_file
 from starlette.testclient import TestClient
 
 from recsys_dist.data.formats.criteo import COLUMNS
-from recsys_dist.serve import http
 from recsys_dist.serve.export import load
 from recsys_dist.serve.http import ModelHolder, PublishSource, create_app, open_source
+from recsys_dist.serve.limits import Limits
 from recsys_dist.serve.rows import score_rows
 from tests.conftest import ROOT
 from tests.serving.conftest import HTTP_LINES as LINES
@@ -245,12 +245,13 @@ def test_schema_rows_equal_predict(schema_run):
         assert r.status_code == 400 and "rows[0]" in r.json()["error"] and "d1" in r.json()["error"], r.text
 
 
-def test_a_body_over_the_limit_is_refused_unread(export_dir, monkeypatch):
-    monkeypatch.setattr(http, "MAX_BODY_BYTES", 2000)
+def test_a_body_over_the_limit_is_refused_unread(export_dir):
     rows = [as_object(line) for line in LINES[:20]]  # ~10 KB of JSON
-    with TestClient(create_app(ModelHolder(open_source(export_dir), 0))) as c:
+    with TestClient(create_app(ModelHolder(open_source(export_dir), 0), Limits(max_body_bytes=2000))) as c:
         r = c.post("/score", json={"rows": rows})
         assert r.status_code == 413 and "send fewer rows per request" in r.json()["error"], r.text
+        assert "over this server's limit of 2,000 bytes per request" in r.json()["error"]
+        assert r.headers["connection"] == "close"
         chunks = (b'{"rows": [' + b",".join(json.dumps(x).encode() for x in rows) + b"]}" for _ in range(1))
         r = c.post("/score", content=chunks)  # streamed, no Content-Length: cut off while reading
         assert r.status_code == 413, r.text

@@ -455,6 +455,10 @@ class _Conversion:
             "skipped_examples": examples,
             "dense_stats_train": dense_stats(list(fmt.dense_names), stats, totals.missing, totals.seen),
             "warnings": warnings,
+            # what a scoring request may send: the raw file's columns (ids.IdText), and the id
+            # columns whose values were all integers (a JSON float maps to the integer's id there)
+            "raw_columns": totals.id_text.raw_columns if totals.id_text else None,
+            "integer_columns": totals.id_text.integer_columns() if totals.id_text else None,
         }
         manifest["integrity"] = file_integrity(out, entry_files(manifest))
         write_manifest(out, manifest)

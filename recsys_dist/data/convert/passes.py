@@ -12,6 +12,7 @@ import pyarrow.compute as pc
 
 from recsys_dist.data import mapping as mp
 from recsys_dist.data.coverage import KeySketch
+from recsys_dist.data.formats.ids import IdText, id_columns
 from recsys_dist.data.prefetch import prefetched
 from recsys_dist.data.splits import SPLITS, Split, position_assign, random_assign, time_assign
 from recsys_dist.data.text import LINE_COLUMN
@@ -202,6 +203,7 @@ class Totals:
         # per column: {"values": non-empty values, separator: values containing it}, an example each
         self.separators: list[dict] = [{} for _ in self.multi_hot]
         self.separator_examples: list[dict] = [{} for _ in self.multi_hot]
+        self.id_text: IdText | None = None  # the raw file's columns, and its id columns of integers only
 
     @classmethod
     def of(cls, transform: Transform) -> Totals:
@@ -212,6 +214,7 @@ class Totals:
         out.num_labels = len(fmt.label_columns)  # dense columns follow the labels
         if transform.coverage and transform.vocabs is None:
             out.sketches = [None if m else KeySketch() for m in transform.managed]
+        out.id_text = IdText(id_columns(fmt.name, spec))
         return out
 
     def add_keys(self, k: int, mask: np.ndarray, sparse: list, ids: list, vocabs) -> None:
@@ -252,7 +255,10 @@ class Totals:
             self.ids[k, 1, j] += np.count_nonzero(ids == mp.OOV_ID)
 
     def add_raw(self, batch: pa.RecordBatch) -> None:
-        """Count the separators in the raw multi-hot text columns of ``batch``."""
+        """Count the separators in the raw multi-hot text columns of ``batch``; note its columns
+        and which id columns hold only integers (``id_text``)."""
+        if self.id_text is not None:
+            self.id_text.add(batch)
         for j, (name, sep) in enumerate(self.multi_hot):
             col = batch.column(name)
             if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)):
@@ -279,6 +285,8 @@ class Totals:
         for mine, theirs in zip(self.sketches, other.sketches):
             if mine is not None:
                 mine.merge(theirs)
+        if self.id_text is not None and other.id_text is not None:
+            self.id_text.merge(other.id_text)
         for mine, theirs in zip(self.separators, other.separators):
             for c, n in theirs.items():
                 mine[c] = mine.get(c, 0) + n
