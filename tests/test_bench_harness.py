@@ -36,7 +36,9 @@ BENCHES = {  # every runnable script of benchmarks/ (a new one must use the harn
     "reshard_matrix.py",
     "run.py",
     "sequence_side_by_side.py",
+    "serve_flood.py",
     "serve_load.py",
+    "serve_slowloris.py",
     "sharding_throughput.py",
     "step_overhead.py",
     "stream_throughput.py",
@@ -227,7 +229,7 @@ def test_every_bench_answers_help_with_the_harness_options():
 
 
 def test_benches_use_the_harness_and_copy_none_of_it():
-    copied = ("def paired", "def paired_bootstrap", "def recsys_dist(", "def timed_steps", "def exponent(")
+    copied = ("def paired", "def paired_bootstrap", "def recsys_dist(", "def _free_port", "def exponent(")
     for path in (ROOT / "benchmarks").glob("*.py"):
         text = path.read_text()
         assert "sys.path.insert" not in text, path.name
