@@ -4,8 +4,8 @@ A bench is a script ``benchmarks/NAME.py``, run from the repository root as
 ``PYTHONPATH=$PWD .venv/bin/python benchmarks/NAME.py [--smoke] [--record [ITEM]] ...``. It imports
 this module as ``harness`` (Python puts a script's folder on ``sys.path``); tests import it as
 ``benchmarks.harness``. The helper modules ``baselines``, ``growth``, ``hardware`` and ``netns``
-import neither this module nor each other, so tests can import them as ``benchmarks.X`` too. Five
-parts:
+import neither this module nor each other, so tests can import them as ``benchmarks.X`` too
+(``ours`` and ``servers`` import it: benches only). Five parts:
 
 1. **The environment record** (:func:`environment`): machine (CPU model, cores, memory, GPUs,
    load), Python / torch / torchrec / fbgemm versions, the git commit, UTC time; and the hardware
@@ -235,6 +235,12 @@ def paired_ratios(a: Sequence[float], b: Sequence[float]) -> list[float]:
 def paired_ratio(a: Sequence[float], b: Sequence[float]) -> float:
     """The median over rounds of ``a / b`` within the round."""
     return median(paired_ratios(a, b))
+
+
+def ratio_interval(a: Sequence[float], b: Sequence[float]) -> str:
+    """``[lo, hi]``: the 95% bootstrap interval of :func:`paired_ratio` (resampling the rounds)."""
+    lo, hi = bootstrap_interval(paired_ratios(a, b))
+    return f"[{lo:.3f}, {hi:.3f}]"
 
 
 def bootstrap_interval(

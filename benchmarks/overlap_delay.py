@@ -209,6 +209,10 @@ def run(args) -> None:
             "fp16/fp32 (sparse_dist)": round(harness.paired_ratio(fp16, sd), 3),
         }
         print(f"delay {delay:g} ms: {med}  {ratio}")
+        print(
+            f"  95% bootstrap intervals of the paired ratios (rounds resampled): sparse_dist/base "
+            f"{harness.ratio_interval(sd, base)}, fp16/fp32 (sparse_dist) {harness.ratio_interval(fp16, sd)}"
+        )
         for p, c in CASES:
             got = [r for r in rows if (r["delay_ms"], r["pipeline"], r["comms"]) == (delay, p, c)]
             ms = [r["mean_ms"] for r in got]

@@ -356,6 +356,10 @@ def report(args, res: dict) -> None:
                     + ", ".join(f"{key} {statistics.median(e.get(key, 0.0) for e in v):.3f}" for key in keys)
                 )
     print(f"  ours/hand {within('ours', 'hand'):.3f}   pipe/hand {within('pipe', 'hand'):.3f}")
+    print(
+        f"  95% bootstrap intervals of the paired ratios (rounds resampled): ours/hand "
+        f"{harness.ratio_interval(rounds['ours'], rounds['hand'])}, pipe/hand {harness.ratio_interval(rounds['pipe'], rounds['hand'])}"
+    )
     for k in rounds:
         if k.startswith("ours_p"):
             print(f"  {k}/hand {within(k, 'hand'):.3f}   {k}/ours {within(k, 'ours'):.3f}")

@@ -96,6 +96,7 @@ def test_bootstrap_interval():
     assert harness.bootstrap_interval(values, n=500) == (lo, hi)  # seeded
     lo_mean, hi_mean = harness.bootstrap_interval(values, stat=lambda x: sum(x) / len(x), n=500)
     assert lo_mean < sum(values) / len(values) < hi_mean
+    assert harness.ratio_interval([2.0, 4.0], [1.0, 2.0]) == "[2.000, 2.000]"
 
 
 def test_paired_bootstrap_of_a_metric_difference():
