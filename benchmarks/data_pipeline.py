@@ -33,9 +33,10 @@ import harness
 
 STEPS = {
     "convert": """
-        from recsys_dist.data.convert import prepare_criteo
+        from recsys_dist.data.convert import ConversionSpec, prepare
+        from recsys_dist.data.formats.criteo import CRITEO
         t_start = time.perf_counter()  # imports are not conversion time (torchrec's take 2 s)
-        p = prepare_criteo(RAW, 100000, cache_dir=TMP + "/cache_" + TAG)
+        p = prepare(ConversionSpec(CRITEO, RAW, 100000, cache_dir=TMP + "/cache_" + TAG))
         out = {"rows": sum(p.rows.values()), "parquet": str(p.files["train"])}
     """,
     "pyarrow_csv": """

@@ -16,6 +16,7 @@ process and its own initialisation. Prints test AUC and logloss, mean over seeds
 from __future__ import annotations
 
 import json
+import shutil
 import statistics
 import tempfile
 from pathlib import Path
@@ -76,6 +77,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--data", nargs="+", choices=["criteo", "avazu"], default=["criteo", "avazu"])
     parser.add_argument("--models", nargs="+", choices=list(PAIRS), default=list(PAIRS))
     args = parser.parse_args(argv)
+    if shutil.which(args.deepctr_python) is None:  # a clear error, not a FileNotFoundError from the first run
+        parser.error(f"--deepctr-python: {args.deepctr_python} is neither an executable file nor a command on PATH")
     extra = []
     if args.smoke:
         args.seeds, args.data, args.models, extra = args.seeds[:1], ["criteo"], ["deepfm"], harness.SMOKE_TRAIN

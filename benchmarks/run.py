@@ -209,13 +209,13 @@ def measure(rank: int, world: int, spec: dict) -> dict:
     return out
 
 
-def deepctr(python: str, spec: dict, cfg, train_path: str, rows: int, threads: int) -> dict | None:
+def deepctr(python: str | None, spec: dict, cfg, train_path: str, rows: int, threads: int) -> dict | None:
     from baselines import DEEPCTR_WORKER
 
     from recsys_dist.data.resolve import feature_names
     from recsys_dist.models.build import table_sizes
 
-    if not Path(python).is_file():
+    if python is None:
         return None
     dense, sparse = feature_names(cfg)
     job = {
@@ -237,7 +237,7 @@ def deepctr(python: str, spec: dict, cfg, train_path: str, rows: int, threads: i
 
 
 def main(argv: list[str] | None = None) -> int:
-    from recsys_dist.cli.main import positive_int
+    from recsys_dist.cli.main import positive_int, python_command
 
     parser = harness.parser(
         __doc__, "bench", "--quick, 1 round, the first 2,000 rows of the sample once, batch 64, items 3 and 5 skipped"
@@ -245,8 +245,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="smaller data and sweeps: under 3 minutes on 2 cores")
     parser.add_argument(
         "--deepctr-python",
-        default="/tmp/dctr/bin/python",
-        help="python of a venv with deepctr-torch (item 3; skipped when absent)",
+        type=python_command,
+        help="python of a venv with deepctr-torch, a path or a command on PATH (item 3; skipped when not given)",
     )
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     parser.add_argument("--reps", type=positive_int, default=None, help="interleaved rounds (default 3 quick, 5 full)")
@@ -439,7 +439,7 @@ def print_table(spec, cfg, res, theirs, grow, train_rows, copies, args) -> None:
                 (
                     "3",
                     "vs DeepCTR-Torch",
-                    f"skipped: no {args.deepctr_python}; make it with: {DEEPCTR_VENV}",
+                    f"skipped: no --deepctr-python given; make a venv with: {DEEPCTR_VENV}",
                     "",
                     "",
                     ">= 5",

@@ -17,12 +17,15 @@ The public API (``recsys_dist.<name>``; docs/api.md), loaded lazily so that
   optimizers, ``recsys_dist.checkpoint.loop``), :func:`latest_checkpoint`, :func:`load_model`
   (an unsharded model from a run, checkpoint or export)
 
-Package map: ``config/`` (loader, RunConfig), ``data/`` (formats, conversion, loader),
-``models/`` (registry, zoo, losses, task), ``spec`` (FeatureSpec), ``sharding`` / ``planning``
-(sharders, planner, dry run), ``distributed`` / ``launch`` (process group, elastic launch),
-``trainer`` (the training loop), ``evaluation`` (global metrics, row-ordered predictions),
-``metrics_writer`` (metrics.jsonl), ``run_dir`` (the run directory's rules, CLI and Trainer),
-``metrics``, ``checkpoint``, ``export``, ``report``, ``cli``.
+Package map, lowest layer first (docs/architecture.md; tests/api/test_layers.py enforces it):
+``errors`` (every error type), ``faults`` (fault injection for the tests), ``logs``, ``versions``
+(the torch / fbgemm-gpu / torchrec lock-step check), ``files`` (writes that never follow a
+planted link); ``data/`` (formats, conversion, loader, FeatureSpec), ``models/`` (registry, zoo,
+losses, task), ``config/`` (loader, RunConfig), ``distributed/`` (process group, planning,
+sharding, the bytes ledger), ``checkpoint/`` (checkpoints, the run directory), ``train/`` (the
+resolved Job, preflight, the Trainer, evaluation, metrics, launch), ``serve/`` (export,
+TorchScript, scoring, HTTP, publishing), ``cli/`` (the ``recsys-dist`` command), ``testing``
+(``run_ranks`` for users' tests). Each package's docstring maps its modules.
 """
 
 from recsys_dist.versions import __version__, check_versions

@@ -113,3 +113,9 @@ class BadRequest(DataError):
     """A scoring request of ``recsys-dist serve`` is malformed (not JSON, no rows, a row with
     an unknown column or a value its format rejects); the message names the row and column.
     Raised by ``recsys_dist.serve.rows``; the server answers it with HTTP 400."""
+
+
+# Errors a user can fix (a bad config, data file or checkpoint, a full disk, a diverged run):
+# the command line and a rank print them as one line, no traceback (exit code 1, or 2 for a
+# ConfigError at the top).
+USER_ERRORS = (ConfigError, DataError, CheckpointError, MetricsError, FloatingPointError, UnsafeFile)

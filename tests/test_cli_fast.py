@@ -59,3 +59,28 @@ def test_a_config_error_answers_without_importing_torch(override):
     result, _, err = _answer("train", "--config", QUICKSTART, override)
     assert result == {"code": 2, "torch": False}
     assert "train." in err and "Traceback" not in err
+
+
+def test_bench_has_no_machine_specific_deepctr_python(tmp_path, monkeypatch, capsys):
+    """``recsys-dist bench --deepctr-python`` defaulted to one machine's venv path; now it has
+    no default (item 3 is skipped and says how to make the venv), takes a path or a command on
+    PATH, refuses one that is neither, and is passed to benchmarks/run.py only when given."""
+    from recsys_dist.cli import bench
+    from recsys_dist.cli.main import build_parser
+
+    ran = []
+    monkeypatch.setattr(bench.subprocess, "run", lambda cmd: ran.append(cmd) or subprocess.CompletedProcess(cmd, 0))
+    assert bench.cmd_bench(build_parser().parse_args(["bench", "--quick"])) == 0
+    assert "--deepctr-python" not in ran[-1]
+    monkeypatch.setenv("PATH", str(tmp_path))
+    python = tmp_path / "dctr-python"
+    python.write_text("#!/bin/sh\n")
+    python.chmod(0o755)
+    for given in (str(python), "dctr-python"):
+        assert bench.cmd_bench(build_parser().parse_args(["bench", "--deepctr-python", given])) == 0
+        assert ran[-1][ran[-1].index("--deepctr-python") + 1] == str(python)
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["bench", "--deepctr-python", str(tmp_path / "no_such_python")])
+    assert (
+        f"{tmp_path / 'no_such_python'} is neither an executable file nor a command on PATH" in capsys.readouterr().err
+    )

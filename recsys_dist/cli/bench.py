@@ -26,12 +26,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         str(script),
         "--device",
         args.device,
-        "--deepctr-python",
-        args.deepctr_python,
         "--model",
         args.model,
     ] + (["--quick"] if args.quick else [])
-    for flag in ("reps", "skip", "mlperf_max_rows", "batch", "copies"):
+    for flag in ("reps", "skip", "mlperf_max_rows", "batch", "copies", "deepctr_python"):
         if getattr(args, flag):
             cmd += ["--" + flag.replace("_", "-"), str(getattr(args, flag))]
     # The script imports this checkout's recsys_dist, whatever else is installed.

@@ -16,14 +16,12 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import shutil
 import sys
 from collections.abc import Callable
 
-from recsys_dist.errors import CheckpointError, ConfigError, DataError, MetricsError, UnsafeFile
+from recsys_dist.errors import USER_ERRORS, ConfigError, DataError
 from recsys_dist.logs import print_apart
-
-# Errors a user can fix: printed as one line (exit 2 for a ConfigError, else 1), no traceback.
-USER_ERRORS = (ConfigError, DataError, CheckpointError, MetricsError, FloatingPointError, UnsafeFile)
 
 ENTRY_POINT = False  # set by run(): this process is the recsys-dist command (cli.train_run.start_method)
 
@@ -33,6 +31,18 @@ def positive_int(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
     return int(text)
+
+
+def python_command(text: str) -> str:
+    """argparse type: a program to run, as a path or a command on PATH; its path (shutil.which).
+    Used for ``--deepctr-python``, which has no default: a machine's venv path is no default."""
+    found = shutil.which(text)
+    if found is None:
+        raise argparse.ArgumentTypeError(
+            f"{text} is neither an executable file nor a command on PATH; give the python of a venv "
+            "with deepctr-torch (docs/benchmarks.md says how to make one)"
+        )
+    return found
 
 
 def _overrides(p: argparse.ArgumentParser, example: str) -> None:
@@ -197,8 +207,9 @@ def _bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     p.add_argument(
         "--deepctr-python",
-        default="/tmp/dctr/bin/python",
-        help="python of a venv with deepctr-torch (skipped when absent)",
+        type=python_command,
+        default=None,
+        help="python of a venv with deepctr-torch, a path or a command on PATH (item 3; skipped when not given)",
     )
     p.add_argument("--reps", type=positive_int, default=None, help="interleaved rounds (default 3 quick, 5 full)")
     p.add_argument("--skip", default="", help="items to leave out, e.g. 3,5")

@@ -7,9 +7,10 @@ Every section is a pydantic model with ``extra="forbid"`` owned by its component
 a :class:`ConfigError` naming the dotted key, the value given and what is allowed; all
 problems are reported together, before any process is spawned.
 
-``recsys_dist.config.base`` (the error and the section base) imports nothing of the package,
-so components can define their sections on it; the loader and ``RunConfig`` load lazily here
-(type checkers read ``__init__.pyi``).
+``base`` (the error and the section base) imports nothing of the package, so components can
+define their sections on it; ``run`` composes them into ``RunConfig``; ``loader`` reads YAML and
+dotted overrides; ``reference`` writes docs/config.md from the sections. The loader and
+``RunConfig`` load lazily here (type checkers read ``__init__.pyi``).
 """
 
 from recsys_dist.config.base import ConfigError, Section

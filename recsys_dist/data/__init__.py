@@ -1,3 +1,7 @@
-"""Data: raw files -> cached Parquet splits (``convert``; the formats in ``formats/``, read through ``text``),
-Parquet -> rank-sharded KJT batches (``loader``), and the run's features (``spec.FeatureSpec``,
-``resolve``). Imports only ``errors`` and ``config.base`` from below; nothing is re-exported here."""
+"""Data: raw files -> cached Parquet splits (``convert``; the formats in ``formats/``, read through
+``text``; rows to splits: ``splits``; keys to table rows: ``mapping``; the tables' coverage:
+``coverage``; worker processes: ``workers``), Parquet -> rank-sharded KJT batches (``loader``,
+reading through ``parquet_io``, ahead of use with ``prefetch``), partitions of a stream
+(``stream``), the run's features (``spec.FeatureSpec``, ``resolve``), the preprocessing record
+scoring reads (``record``) and the ``data:`` section (``config``). Imports only ``errors`` and
+``config.base`` from below; nothing is re-exported here."""

@@ -1,7 +1,7 @@
 """A ``data`` section resolved: its format object (:func:`raw_format`, a lookup in the format
 registry ``formats.base.FORMATS``), the feature names, tasks and label columns the format gives,
 the checks that need them (:func:`check_data`), the managed-collision features
-(:func:`managed_mask`) and its conversion (:func:`prepare_from_config`).
+(:func:`managed_mask`) and its conversion (:func:`conversion_spec`, :func:`prepare_from_config`).
 
 Functions taking ``cfg`` accept a ``data`` section or anything with one as ``.data`` (a run config)."""
 
@@ -17,6 +17,7 @@ import recsys_dist.data.formats.schema  # noqa: F401
 from recsys_dist.data.config import DataConfig
 from recsys_dist.data.convert import entry_path, prepare
 from recsys_dist.data.convert.manifest import MANIFEST_FILE, PreparedData
+from recsys_dist.data.convert.spec import ConversionSpec
 from recsys_dist.data.formats.base import FORMATS, RawFormat
 from recsys_dist.data.mapping import MANAGED_ID_SPACE
 from recsys_dist.errors import DataError
@@ -70,27 +71,33 @@ def label_columns(cfg) -> tuple[list[str], str | None]:
     return list(fmt.label_columns), fmt.weight_column
 
 
+def conversion_spec(cfg: DataConfig | Any) -> ConversionSpec:
+    """The conversion a ``data`` section (or a run config's) describes: its format object, raw
+    files, table sizes, split, row cap, cache directory, bad-row rule and mapping. Built once and
+    passed (``dataclasses.replace`` it for another file: a stream's partition, rows to score)."""
+    d = getattr(cfg, "data", cfg)
+    return ConversionSpec(
+        _format_of(d),
+        d.raw_path,
+        d.num_embeddings,
+        d.split,
+        num_rows=d.num_rows,
+        cache_dir=d.cache_dir,
+        row_group_size=d.row_group_size,
+        on_bad_row=d.on_bad_row,
+        mapping=d.categorical_mapping,
+        min_count=d.min_count,
+        managed=managed_mask(d),
+    )
+
+
 def prepare_from_config(cfg: DataConfig | Any, progress: bool = False) -> PreparedData:
     """Convert (or reuse) the Parquet splits described by a ``data`` section (or a run config's).
 
     Returns ``PreparedData``; its ``num_embeddings`` are the table sizes to train with
     (from the vocabulary under ``data.categorical_mapping: vocabulary``).
     """
-    d = getattr(cfg, "data", cfg)
-    return prepare(
-        _format_of(d),
-        d.raw_path,
-        d.num_embeddings,
-        d.split,
-        d.num_rows,
-        d.cache_dir,
-        on_bad_row=d.on_bad_row,
-        progress=progress,
-        mapping=d.categorical_mapping,
-        min_count=d.min_count,
-        row_group_size=d.row_group_size,
-        managed=managed_mask(d),
-    )
+    return prepare(conversion_spec(cfg), progress=progress)
 
 
 def cached_conversion(cfg: DataConfig | Any) -> tuple[Path | None, str]:
@@ -105,19 +112,7 @@ def cached_conversion(cfg: DataConfig | Any) -> tuple[Path | None, str]:
     if d.raw_path is None:
         return None, "data.raw_path is not set"
     try:
-        out = entry_path(
-            _format_of(d),
-            d.raw_path,
-            d.num_embeddings,
-            d.split,
-            d.num_rows,
-            d.cache_dir,
-            d.row_group_size,
-            d.on_bad_row,
-            d.categorical_mapping,
-            d.min_count,
-            managed_mask(d),
-        )
+        out = entry_path(conversion_spec(d))
     except (DataError, ValueError) as err:
         return None, str(err)
     if not (out / MANIFEST_FILE).is_file():

@@ -26,12 +26,12 @@ import json
 import shutil
 import stat
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from recsys_dist.data.config import DataConfig, StreamConfig
 from recsys_dist.data.convert import PreparedData, prepare
-from recsys_dist.data.resolve import managed_mask, raw_format
+from recsys_dist.data.resolve import conversion_spec
 from recsys_dist.errors import DataError, FileChanging, NoRows
 
 
@@ -123,17 +123,9 @@ def convert_partition(d: DataConfig, name: str, cache_dir: str | Path) -> Partit
     prepared = None
     try:
         if before[0]:  # a 0-byte file: no conversion (a Parquet reader would call it malformed)
+            partition = replace(conversion_spec(d), raw_path=str(path), split=(1.0, 0.0, 0.0), cache_dir=str(cache_dir))
             prepared = prepare(
-                raw_format(d.format, d.schema, d.short_lines),
-                str(path),
-                d.num_embeddings,
-                (1.0, 0.0, 0.0),
-                None,
-                str(cache_dir),
-                on_bad_row=d.on_bad_row,
-                mapping=d.categorical_mapping,
-                row_group_size=d.row_group_size,
-                managed=managed_mask(d),
+                partition,
                 warn_one_class=False,  # a small partition of one class is normal in a stream
                 coverage=False,  # a partition's tables are the run's: one partition says little about them
             )

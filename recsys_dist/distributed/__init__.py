@@ -1,4 +1,8 @@
-"""Distributed: the process group (``env``), TorchRec sharders and the one planning path
-(``sharding``), the plan dry run (``dry_run``), table initialisation and state moves (``tables``),
-the fused embedding optimizer (``optim``), and the bytes on the wire (``ledger``, ``comm_counter``).
-Imports data and models; nothing is re-exported here."""
+"""Distributed: the process group (``env``); planning (``plan``: the one planning path;
+``rules``: what a ``sharding`` section obeys; ``fixed_plan``: tables placed by hand; ``plan_io``:
+a plan as rows and back; ``dry_run``: the plan for any cluster, without one); sharding
+(``sharding``: the public ``shard``; ``sharders``: every sharding type on CPU; ``key_order``:
+outputs in the unsharded key order; ``ids``: ids outside their table refused); table
+initialisation and state moves (``tables``); the fused embedding optimizer (``optim``); the bytes
+on the wire (``ledger``, ``comm_counter``); and the ``sharding:`` / ``distributed:`` sections
+(``config``). Imports data and models; nothing is re-exported here."""

@@ -8,5 +8,10 @@ table ``w_<feature>`` each (their ``on_features`` hook), in the same collection.
 ``torch.device("meta")`` before sharding: no table memory is allocated until
 DistributedModelParallel materialises each rank's shards.
 
+Modules: ``build`` (the configured model), ``registry`` (models by name or import path),
+``config`` (the ``model:`` section), ``checks`` (the shipped models' config checks), ``layers``
+(shared building blocks), ``losses``, ``task`` (the loss wrapper), ``managed`` and
+``managed_ops`` (managed-collision tables), ``sequence`` (DIN and BST's sequence layer),
+``retrieval`` (two-tower evaluation) and ``zoo/`` (the shipped models, one family per file).
 Nothing is re-exported here: import from the defining module (``recsys_dist.models.build``, ...).
 """

@@ -68,7 +68,7 @@ def latest_version(publish_dir: str | Path) -> int | None:
     return read_manifest(publish_dir).get("latest")
 
 
-def _chain(publish_dir: Path, manifest: dict, version: int | None) -> list[dict]:
+def version_chain(publish_dir: Path, manifest: dict, version: int | None) -> list[dict]:
     """The manifest entries to fold for ``version`` (None: the latest): its full version, then
     each delta up to it.
 
@@ -95,7 +95,7 @@ def _chain(publish_dir: Path, manifest: dict, version: int | None) -> list[dict]
     return chain[::-1]
 
 
-def _checked_version_dir(publish_dir: Path, entry: dict) -> Path:
+def checked_version_dir(publish_dir: Path, entry: dict) -> Path:
     """``DIR/v00000k`` of manifest ``entry``, every file checked against its version.json.
 
     Raises:
@@ -142,10 +142,10 @@ def newest_intact(
     broken: dict[int, str] = {}
     for version in sorted((v for v in numbers if below is None or v < below), reverse=True):
         try:
-            for entry in _chain(publish_dir, manifest, version):
+            for entry in version_chain(publish_dir, manifest, version):
                 if entry["dir"] not in checked:
                     try:
-                        _checked_version_dir(publish_dir, entry)
+                        checked_version_dir(publish_dir, entry)
                         checked[entry["dir"]] = None
                     except CheckpointError as err:
                         checked[entry["dir"]] = str(err)
@@ -167,7 +167,9 @@ def chain_files_state(publish_dir: str | Path, version: int) -> tuple:
     paths = [publish_dir / MANIFEST]
     try:
         paths += [
-            p for e in _chain(publish_dir, read_manifest(publish_dir), version) for p in _files(publish_dir / e["dir"])
+            p
+            for e in version_chain(publish_dir, read_manifest(publish_dir), version)
+            for p in _files(publish_dir / e["dir"])
         ]
     except CheckpointError:
         pass  # a gap or a damaged manifest: the manifest's own state tells a repair

@@ -55,12 +55,12 @@ from recsys_dist.serve.manifest import (  # noqa: F401 - read_manifest, latest_v
     FORMAT_VERSION,
     MANIFEST,
     VERSION_FILE,
-    _chain,
-    _checked_version_dir,
     chain_files_state,
+    checked_version_dir,
     latest_version,
     newest_intact,
     read_manifest,
+    version_chain,
 )
 from recsys_dist.serve.quantize import load_published_state, published_state, quantize_model, table_keys
 
@@ -135,8 +135,8 @@ def load_published(publish_dir: str | Path, version: int | None = None) -> tuple
             message names the file and the fix).
     """
     publish_dir = Path(publish_dir)
-    chain = _chain(publish_dir, read_manifest(publish_dir), version)
-    dirs = [_checked_version_dir(publish_dir, e) for e in chain]
+    chain = version_chain(publish_dir, read_manifest(publish_dir), version)
+    dirs = [checked_version_dir(publish_dir, e) for e in chain]
     m = load(dirs[0])  # the full version is an export (quantized tables, if any, as published)
     if len(chain) > 1:
         state = published_state(m.model, clone=False)  # a model of its own, not served yet: fold in place
@@ -166,11 +166,11 @@ def apply_versions(
         CheckpointError: as :func:`load_published` (a missing or damaged delta among those read).
     """
     publish_dir = Path(publish_dir)
-    chain = _chain(publish_dir, read_manifest(publish_dir), to_version)
+    chain = version_chain(publish_dir, read_manifest(publish_dir), to_version)
     numbers = [e["version"] for e in chain]
     if from_version not in numbers:  # another chain since (or an older version): fold it whole
         return load_published(publish_dir, numbers[-1])
-    dirs = [_checked_version_dir(publish_dir, e) for e in chain[numbers.index(from_version) + 1 :]]
+    dirs = [checked_version_dir(publish_dir, e) for e in chain[numbers.index(from_version) + 1 :]]
     if not dirs:
         return dataclasses.replace(loaded, source=_describe(publish_dir, chain)), numbers[-1]
     model = copy.deepcopy(loaded.model)  # built off the request path; the served model is untouched

@@ -26,6 +26,7 @@ without the label column (Criteo's 39-field test layout, or a schema file lackin
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pyarrow as pa
@@ -33,7 +34,6 @@ import pyarrow as pa
 from recsys_dist.config.loader import config_from_dict
 from recsys_dist.data.config import describe_raw_path, raw_paths
 from recsys_dist.data.convert import prepare
-from recsys_dist.data.convert.cache import cache_key, default_cache_dir
 from recsys_dist.data.convert.manifest import check_cache_format
 from recsys_dist.data.formats.criteo import TRANSFORM_VERSION
 from recsys_dist.data.record import (
@@ -45,8 +45,7 @@ from recsys_dist.data.record import (
     table_sizes,
     vocabulary_digest,
 )
-from recsys_dist.data.resolve import managed_mask
-from recsys_dist.data.splits import Split
+from recsys_dist.data.resolve import cached_conversion, conversion_spec
 from recsys_dist.data.text import LINE_COLUMN
 from recsys_dist.errors import DataError
 
@@ -61,29 +60,10 @@ _COMPARED_TRANSFORMS = ("dense", "multi_hot")
 
 def training_conversion(d) -> Path | None:
     """The conversion-cache entry of the ``data`` section's training data as the files are
-    now (the entry ``prepare`` would reuse), or None when it is not cached or a file is gone.
-    Nothing is converted or read besides the files' sizes and times."""
-    raws = [Path(p) for p in raw_paths(d)]
-    split = Split.of(d.split)
-    if not raws or not all(Path(p).is_file() for p, _ in split.sources([str(r) for r in raws])):
-        return None
-    fmt = section_format(d)
-    # The entry's key as `prepare` computes it (convert/cache.py).
-    key = cache_key(
-        raws,
-        table_sizes(d),
-        d.num_rows,
-        split,
-        d.on_bad_row,
-        fmt,
-        d.categorical_mapping,
-        d.min_count,
-        None,
-        d.row_group_size,
-    )
-    prefix = "criteo" if fmt.name == "criteo_tsv" else fmt.name
-    entry = (Path(d.cache_dir) if d.cache_dir else default_cache_dir()) / f"{prefix}-{key}"
-    return entry if (entry / MANIFEST_FILE).is_file() else None
+    now (the entry ``prepare`` would reuse, named as the conversion names it), or None when
+    it is not cached or a file is gone. Nothing is converted or read besides the files'
+    sizes and times."""
+    return cached_conversion(d)[0]
 
 
 def for_checkpoint(ckpt: Path, meta: dict) -> Preprocessing:
@@ -252,18 +232,18 @@ def prepare_for_scoring(cfg, data, vocabulary: Path | None = None, fmt=None):
             f"{data}: the model maps categories through its training vocabulary, and none was given; load the model "
             "with recsys_dist.serve.export.load (its export or checkpoint carries the vocabulary)"
         )
-    return prepare(
-        fmt or scoring_format(d, Path(data)),
-        data,
-        d.num_embeddings,
-        (1.0, 0.0, 0.0),
-        cache_dir=d.cache_dir,
-        row_group_size=d.row_group_size,
-        mapping=d.categorical_mapping,
-        min_count=d.min_count,
+    rows = replace(
+        conversion_spec(d),
+        fmt=fmt or scoring_format(d, Path(data)),
+        raw_path=data,
+        split=(1.0, 0.0, 0.0),
+        num_rows=None,  # every row of the file, in file order; a bad one is an error naming it
+        on_bad_row="error",
         vocabulary=vocabulary if d.categorical_mapping == "vocabulary" else None,
+    )
+    return prepare(
+        rows,
         warn_one_class=False,  # scoring: one class is no problem
-        managed=managed_mask(d),
         coverage=False,  # the tables' coverage is the training data's (preprocessing.json)
     )
 

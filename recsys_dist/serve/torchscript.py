@@ -280,7 +280,7 @@ def reference_logits(task: nn.Module, dense, values, lengths, sparse_names) -> t
 
 @torch.no_grad()
 def to_torchscript(cfg, task: nn.Module, sizes: list[int]) -> torch.jit.ScriptModule:
-    """The model of ``task`` (a :class:`recsys_dist.models.CTRTask`, unsharded, CPU) as a
+    """The model of ``task`` (a :class:`recsys_dist.models.task.CTRTask`, unsharded, CPU) as a
     TorchScript module ``(dense, values, lengths) -> logits [B]``; ``sizes``: rows of each
     sparse feature's table, in feature order.
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -21,7 +21,7 @@ from tqdm import tqdm
 from recsys_dist.config.base import ConfigError
 from recsys_dist.config.run import RunConfig
 from recsys_dist.data.convert import PreparedData
-from recsys_dist.data.loader import ParquetBatchLoader
+from recsys_dist.data.loader import LoaderOptions, ParquetBatchLoader
 from recsys_dist.data.prefetch import auto_prefetch
 from recsys_dist.data.resolve import loader_id_bounds, prepare_from_config
 from recsys_dist.data.spec import FeatureSpec
@@ -73,36 +73,26 @@ def make_loaders(job: Job | RunConfig, ctx: DistContext) -> Loaders:
     sizes = job.with_data(prepared).table_sizes
     dense_names, sparse_names = list(job.fmt.dense_names), list(job.fmt.sparse_names)
     label_cols, weight_col = job.label_columns
-    common = dict(
-        label_columns=label_cols,
-        weight_column=weight_col,
-        rank=ctx.rank,
-        world_size=ctx.world_size,
-        dense_names=dense_names,
-        sparse_names=sparse_names,
+    options = LoaderOptions(
         num_embeddings=loader_id_bounds(cfg, sizes),
-        pin_memory=ctx.device.type == "cuda",
         shuffle_buffer_rows=d.shuffle_buffer_rows,
         prefetch=d.prefetch
         if d.prefetch is not None
         else auto_prefetch(ctx.device.type, ctx.local_world_size, torch.get_num_threads()),
+        pin_memory=ctx.device.type == "cuda",
         rank_reads=d.rank_reads,
+        label_columns=label_cols,
+        weight_column=weight_col,
     )
+    training = replace(options, shuffle=d.shuffle, seed=cfg.train.seed, remainder=d.remainder)
+    # Evaluation applies no loss_scale (and a weighted one would re-read every rank's weights).
+    evaluation = replace(options, remainder="pad", scale_losses=False)
     eval_bs = cfg.eval.batch_size or cfg.train.batch_size
+    at = (ctx.rank, ctx.world_size, dense_names, sparse_names)
     return Loaders(
-        train=ParquetBatchLoader(
-            prepared.paths("train"),
-            cfg.train.batch_size,
-            shuffle=d.shuffle,
-            seed=cfg.train.seed,
-            remainder=d.remainder,
-            **common,
-        ),
-        # Evaluation applies no loss_scale (and a weighted one would re-read every rank's weights).
-        validation=ParquetBatchLoader(
-            prepared.paths("validation"), eval_bs, remainder="pad", scale_losses=False, **common
-        ),
-        test=ParquetBatchLoader(prepared.paths("test"), eval_bs, remainder="pad", scale_losses=False, **common),
+        train=ParquetBatchLoader(prepared.paths("train"), cfg.train.batch_size, *at, training),
+        validation=ParquetBatchLoader(prepared.paths("validation"), eval_bs, *at, evaluation),
+        test=ParquetBatchLoader(prepared.paths("test"), eval_bs, *at, evaluation),
         num_embeddings=sizes,
         conversion=prepared.directory,
         prepared=prepared,

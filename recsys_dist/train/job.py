@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
 from recsys_dist.config.run import RunConfig
 from recsys_dist.data.config import describe_raw_path
 from recsys_dist.data.convert import PreparedData
+from recsys_dist.data.formats.base import RawFormat
 from recsys_dist.data.resolve import prepare_from_config, raw_format
 from recsys_dist.data.spec import FeatureSpec
 from recsys_dist.errors import DataError
@@ -51,7 +51,7 @@ class Job:
     """
 
     cfg: RunConfig
-    fmt: Any
+    fmt: RawFormat
     features: FeatureSpec
     model: ModelSpec | None
     world: World
@@ -65,12 +65,12 @@ class Job:
     @property
     def tasks(self) -> tuple[list[str], list[str]]:
         """(task names, kinds ``binary`` / ``regression``), in label-column order."""
-        return list(self.features.tasks), list(getattr(self.fmt, "task_kinds", ["binary"]))
+        return list(self.features.tasks), list(self.fmt.task_kinds)
 
     @property
     def label_columns(self) -> tuple[list[str], str | None]:
         """(label columns, sample-weight column or None) of the converted Parquet."""
-        return list(getattr(self.fmt, "label_columns", ["label"])), getattr(self.fmt, "weight_column", None)
+        return list(self.fmt.label_columns), self.fmt.weight_column
 
     def with_data(self, prepared: PreparedData) -> Job:
         """This job over converted data: its table sizes are the ones the conversion decided
@@ -105,7 +105,7 @@ def _sizes(cfg: RunConfig, prepared: PreparedData) -> list[int]:
     return table_sizes(cfg)
 
 
-def _format(cfg: RunConfig):
+def _format(cfg: RunConfig) -> RawFormat:
     d = cfg.data
     return raw_format(d.format, d.schema, getattr(d, "short_lines", "error"))
 

@@ -28,7 +28,6 @@ from recsys_dist.checkpoint.dcp import (
     set_optimizer_steps,
 )
 from recsys_dist.checkpoint.meta import read_meta
-from recsys_dist.checkpoint.safe_read import checkpoint_keys
 from recsys_dist.data.loader import ParquetBatchLoader
 from recsys_dist.data.record import MANIFEST_FILE, Preprocessing
 from recsys_dist.distributed.env import broadcast_result
@@ -146,16 +145,13 @@ class TrainLoop:
             user_model=self._user_model is not None,
         )
         init_lazy_state(self._optimizer, self._model.fused_optimizer)
-        state, saved = self._state(), checkpoint_keys(path)
-        if "rng" in saved:  # written before per-rank states: one state, which every rank gets
-            state["rng"] = torch.get_rng_state()
-        elif meta.get("world_size") != self._ctx.world_size:  # no rank's random stream continues
+        state = self._state()
+        if meta.get("world_size") != self._ctx.world_size:  # no rank's random stream continues
             del state["rng"]
         load_checkpoint(path, state, verify=False)  # verified in _setup; in place: the state dicts are views
         set_optimizer_steps(self._optimizer, meta["step"])
         if "rng" in state:
-            rng = state["rng"]
-            torch.set_rng_state(rng if isinstance(rng, torch.Tensor) else rng[f"rank_{self._ctx.rank}"])
+            torch.set_rng_state(state["rng"][f"rank_{self._ctx.rank}"])
         self._step, self.rows_trained = meta["step"], meta["rows_trained"]
         self.train_seconds = meta["train_seconds"]
         if self.best is not None:

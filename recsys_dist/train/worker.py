@@ -35,7 +35,7 @@ from recsys_dist.checkpoint.dcp import latest_checkpoint
 from recsys_dist.checkpoint.meta import read_meta
 from recsys_dist.data.loader import steps_per_epoch
 from recsys_dist.distributed.env import die_with_launcher
-from recsys_dist.errors import CheckpointError, ConfigError, DataError, MetricsError, UnsafeFile
+from recsys_dist.errors import USER_ERRORS
 from recsys_dist.logs import print_apart, quiet_third_party, show_warnings_on_main_rank_only, this_rank
 from recsys_dist.train import rank_failure
 from recsys_dist.train.job import Job
@@ -43,8 +43,6 @@ from recsys_dist.train.launch import failure_message, first_failure, launch_work
 from recsys_dist.train.observe import EARLIER_PHASES_ENV, RUN_START_ENV, process_start_time
 from recsys_dist.train.run import train
 
-# Errors a user can act on: one line (no traceback), exit code 1 (2 for a ConfigError at the top).
-USER_ERRORS = (ConfigError, DataError, CheckpointError, MetricsError, FloatingPointError, UnsafeFile)
 LOST_PEER_GRACE_S = 5.0  # how long a rank that lost its peer waits before it exits (rank_main)
 
 

@@ -41,3 +41,15 @@ def test_public_api_is_complete_and_documented():
     want |= {"ParquetBatchLoader", "binary_metrics", "save_checkpoint", "load_checkpoint", "launch"}
     assert want <= set(recsys_dist.__all__)
     assert (ROOT / "recsys_dist" / "py.typed").is_file()
+
+
+def test_user_errors_are_defined_once_in_errors():
+    """The errors printed as one line are one tuple, ``recsys_dist.errors.USER_ERRORS``: the
+    command line and a rank once kept a copy each, which could drift apart."""
+    defined = [
+        f"{f.relative_to(ROOT)}:{node.lineno}"
+        for f in PKG.rglob("*.py")
+        for node in ast.walk(ast.parse(f.read_text()))
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "USER_ERRORS" for t in node.targets)
+    ]
+    assert len(defined) == 1 and defined[0].startswith("recsys_dist/errors.py:"), defined

@@ -80,3 +80,16 @@ def test_mypy_checks_examples_and_user_code_against_real_types(tmp_path):
     assert '"launch" has incompatible type "Callable[[str], float]"; expected "Callable[[str], str]"' in lines[14]
     assert '"launch" has incompatible type "Callable[[str], float]"; expected "Callable[[int], float]"' in lines[15]
     assert r.returncode == 1
+
+
+def test_the_resolved_job_has_no_untyped_field():
+    """``Job.fmt`` is the ``RawFormat`` protocol (it was ``Any``, read through ``getattr`` with
+    defaults), so a type checker checks every use of the job's format object."""
+    import typing
+
+    from recsys_dist.data.formats.base import RawFormat
+    from recsys_dist.train.job import Job
+
+    hints = typing.get_type_hints(Job)
+    assert hints["fmt"] is RawFormat
+    assert typing.Any not in hints.values(), hints

@@ -4,7 +4,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from recsys_dist.data.convert import prepare
+from recsys_dist.data.convert import ConversionSpec, prepare
 from recsys_dist.data.formats.avazu import AVAZU, SPARSE_NAMES, hash_ids
 from recsys_dist.errors import DataError
 from tests.conftest import ROOT
@@ -29,7 +29,7 @@ def test_header_optional_id_not_parsed_hour_features(tmp_path, cache_dir):
     no_header.write_text(ROW + "\n" + ROW.replace(",1,", ",0,", 1) + "\n")
     got = []
     for path in (with_header, no_header):
-        p = prepare(AVAZU, path, 1000, split=(1.0, 0.0, 0.0))
+        p = prepare(ConversionSpec(AVAZU, path, 1000, split=(1.0, 0.0, 0.0)))
         t = pq.read_table(p.files["train"])
         assert t.num_rows == 2 and t.column("label").to_pylist() == [1.0, 0.0]
         assert t.schema.names == ["label", *SPARSE_NAMES]
@@ -46,18 +46,18 @@ def test_bad_click_and_field_count(tmp_path, cache_dir):
     bad = tmp_path / "bad.csv"
     bad.write_text(HEADER + "\n" + ROW + "\n" + ROW.replace(",1,", ",2,", 1) + "\n")
     with pytest.raises(DataError, match=r"bad.csv, line 3, column click: '2' \(0 or 1 expected\)"):
-        prepare(AVAZU, bad, 1000)
+        prepare(ConversionSpec(AVAZU, bad, 1000))
     short = tmp_path / "short.csv"
     short.write_text(HEADER + "\n" + ROW + "\n" + ROW.rsplit(",", 1)[0] + "\n")
     with pytest.raises(DataError, match="short.csv, line 3: expected 24 fields, got 23"):
-        prepare(AVAZU, short, 1000)
-    p = prepare(AVAZU, short, 1000, split=(1.0, 0.0, 0.0), on_bad_row="skip")
+        prepare(ConversionSpec(AVAZU, short, 1000))
+    p = prepare(ConversionSpec(AVAZU, short, 1000, split=(1.0, 0.0, 0.0), on_bad_row="skip"))
     manifest = json.loads((p.directory / "manifest.json").read_text())
     assert manifest["rows_written"] == 1 and manifest["rows_skipped"] == 1
 
 
 def test_shipped_sample(cache_dir):
-    p = prepare(AVAZU, SAMPLE, 5000)
+    p = prepare(ConversionSpec(AVAZU, SAMPLE, 5000))
     assert p.rows == {"train": 7199, "validation": 900, "test": 900}
     t = pq.read_table(p.files["train"])
     assert 0.15 < np.mean(t.column("label").to_numpy()) < 0.2

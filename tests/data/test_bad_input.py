@@ -11,7 +11,7 @@ import pytest
 
 from recsys_dist.cli import main as cli
 from recsys_dist.data.config import SchemaConfig
-from recsys_dist.data.convert import prepare, prepare_criteo
+from recsys_dist.data.convert import ConversionSpec, prepare
 from recsys_dist.data.formats.avazu import AVAZU
 from recsys_dist.data.formats.criteo import CRITEO, read_chunks
 from recsys_dist.data.formats.schema import SchemaFormat
@@ -47,8 +47,8 @@ def test_unclosed_quote_stops_or_is_counted_never_swallows_lines(tmp_path, cache
     raw = tmp_path / "r.csv"
     raw.write_text("\n".join(lines) + "\n")
     with pytest.raises(DataError, match=r"r.csv, line 83: column genres: a quoted field is not closed"):
-        prepare(SchemaFormat(ML), raw, 100)
-    p = prepare(SchemaFormat(ML), raw, 100, on_bad_row="skip")
+        prepare(ConversionSpec(SchemaFormat(ML), raw, 100))
+    p = prepare(ConversionSpec(SchemaFormat(ML), raw, 100, on_bad_row="skip"))
     m = manifest(p)
     assert m["rows_written"] == 299 and m["rows_skipped"] == 1  # every other line is a row
     assert m["skipped_examples"][0]["line"] == 83
@@ -56,7 +56,7 @@ def test_unclosed_quote_stops_or_is_counted_never_swallows_lines(tmp_path, cache
     lines[82] = '1,2,4.0,1260759144,"Drama|Film ""Noir"""'
     lines[83] = '1,2,4.0,1260759144,Dra"ma'
     raw.write_text("\n".join(lines) + "\n")
-    assert sum(prepare(SchemaFormat(ML), raw, 100).rows.values()) == 300
+    assert sum(prepare(ConversionSpec(SchemaFormat(ML), raw, 100)).rows.values()) == 300
 
 
 # 2. a wrong field count names the line (pyarrow's threaded parse does not know it)
@@ -66,8 +66,8 @@ def test_schema_field_count_names_the_line(tmp_path, cache_dir):
     raw = tmp_path / "r.csv"
     raw.write_text("\n".join(lines) + "\n")
     with pytest.raises(DataError, match=r"r.csv, line 52: expected 5 fields, got 4 \(the columns are"):
-        prepare(SchemaFormat(ML), raw, 100)
-    m = manifest(prepare(SchemaFormat(ML), raw, 100, on_bad_row="skip"))
+        prepare(ConversionSpec(SchemaFormat(ML), raw, 100))
+    m = manifest(prepare(ConversionSpec(SchemaFormat(ML), raw, 100, on_bad_row="skip")))
     assert m["rows_written"] == 299 and m["rows_skipped"] == 1
 
 
@@ -80,8 +80,8 @@ def test_blank_lines_are_bad_lines_in_every_format(tmp_path, cache_dir):
     raw.write_text("\n".join(rows) + "\n")
     assert count_rows(raw) == 302
     with pytest.raises(DataError, match=r"blank.txt, line 101: blank line"):
-        prepare_criteo(raw, 100)
-    p = prepare_criteo(raw, 100, on_bad_row="skip")
+        prepare(ConversionSpec(CRITEO, raw, 100))
+    p = prepare(ConversionSpec(CRITEO, raw, 100, on_bad_row="skip"))
     m = manifest(p)
     assert m["rows_written"] == 300 and m["rows_skipped"] == 2  # rows read = written + skipped
     # the fractions apply to the rows kept: skipped lines do not all come out of the test split
@@ -90,11 +90,11 @@ def test_blank_lines_are_bad_lines_in_every_format(tmp_path, cache_dir):
     av = tmp_path / "a.csv"
     av.write_text(HEADER + "\n" + ROW + "\n\n" + ROW + "\n")
     with pytest.raises(DataError, match=r"a.csv, line 3: blank line"):
-        prepare(AVAZU, av, 100)
+        prepare(ConversionSpec(AVAZU, av, 100))
     ml = tmp_path / "m.csv"
     ml.write_text("\n".join(ml_csv(10)[:5] + [""] + ml_csv(10)[5:]) + "\n")
     with pytest.raises(DataError, match=r"m.csv, line 6: blank line"):
-        prepare(SchemaFormat(ML), ml, 100)
+        prepare(ConversionSpec(SchemaFormat(ML), ml, 100))
 
 
 @pytest.mark.parametrize("mapping", ["hash", "vocabulary"])
@@ -106,8 +106,8 @@ def test_skipped_rows_leave_the_position_split_exact(tmp_path, cache_dir, mappin
     raw, clean = tmp_path / "dirty.txt", tmp_path / "clean.txt"
     raw.write_text("\n".join(lines) + "\n")
     clean.write_text("\n".join(good) + "\n")
-    p = prepare(CRITEO, raw, 100, on_bad_row="skip", mapping=mapping, row_group_size=64)
-    want = prepare(CRITEO, clean, 100, mapping=mapping, row_group_size=64)
+    p = prepare(ConversionSpec(CRITEO, raw, 100, on_bad_row="skip", mapping=mapping, row_group_size=64))
+    want = prepare(ConversionSpec(CRITEO, clean, 100, mapping=mapping, row_group_size=64))
     m, mw = manifest(p), manifest(want)
     assert (m["rows_written"], m["rows_skipped"]) == (300, 30)
     assert p.rows == want.rows == {"train": 240, "validation": 30, "test": 30}
@@ -126,16 +126,16 @@ def test_num_rows_reads_only_that_many_lines(tmp_path, cache_dir):
     lines[200] = "1\t2"  # line 201, after the cap: never looked at
     raw = tmp_path / "r.txt"
     raw.write_text("\n".join(lines) + "\n")
-    p = prepare_criteo(raw, 100, num_rows=100)
+    p = prepare(ConversionSpec(CRITEO, raw, 100, num_rows=100))
     assert p.rows == {"train": 80, "validation": 10, "test": 10}
     lines[49] = ""  # line 50, inside the cap: read, and skipped as bad
     raw.write_text("\n".join(lines) + "\n")
-    m = manifest(prepare_criteo(raw, 100, num_rows=100, on_bad_row="skip"))
+    m = manifest(prepare(ConversionSpec(CRITEO, raw, 100, num_rows=100, on_bad_row="skip")))
     assert (m["rows_written"], m["rows_skipped"]) == (99, 1)
     assert [e["line"] for e in m["skipped_examples"]] == [50]
     av = tmp_path / "a.csv"  # a header line is not a row
     av.write_text(HEADER + "\n" + "\n".join([ROW] * 5 + ["1,2"]) + "\n")
-    assert sum(prepare(AVAZU, av, 100, num_rows=5).rows.values()) == 5
+    assert sum(prepare(ConversionSpec(AVAZU, av, 100, num_rows=5)).rows.values()) == 5
 
 
 def test_every_skipped_row_is_reported_by_its_file_line(tmp_path, cache_dir):
@@ -146,7 +146,7 @@ def test_every_skipped_row_is_reported_by_its_file_line(tmp_path, cache_dir):
     rows[8] = base_row(dense=["abc"] + [str(i) for i in range(2, 14)])  # line 9: a bad value
     raw = tmp_path / "r.txt"
     raw.write_text("\n".join(rows) + "\n")
-    m = manifest(prepare_criteo(raw, 100, split=(1.0, 0.0, 0.0), on_bad_row="skip"))
+    m = manifest(prepare(ConversionSpec(CRITEO, raw, 100, split=(1.0, 0.0, 0.0), on_bad_row="skip")))
     assert [(e["line"], e["reason"]) for e in m["skipped_examples"]] == [
         (3, "blank line"),
         (5, "2 fields, expected 40"),
@@ -155,7 +155,7 @@ def test_every_skipped_row_is_reported_by_its_file_line(tmp_path, cache_dir):
     ]
     av = tmp_path / "a.csv"  # a header: file lines count it
     av.write_text(HEADER + "\n" + ROW + "\n" + ROW.replace("14102314", "14133100") + "\n")
-    m = manifest(prepare(AVAZU, av, 100, split=(1.0, 0.0, 0.0), on_bad_row="skip"))
+    m = manifest(prepare(ConversionSpec(AVAZU, av, 100, split=(1.0, 0.0, 0.0), on_bad_row="skip")))
     assert [e["line"] for e in m["skipped_examples"]] == [3]
 
 
@@ -180,8 +180,8 @@ def test_the_first_bad_line_is_the_one_named(tmp_path, cache_dir, bad):
     raw.write_bytes(b"\n".join(rows) + b"\n")
     first = min(bad)
     with pytest.raises(DataError, match=rf"r.txt, (column \w+, )?line {first}\b"):
-        prepare_criteo(raw, 100, split=(1.0, 0.0, 0.0))
-    m = manifest(prepare_criteo(raw, 100, split=(1.0, 0.0, 0.0), on_bad_row="skip"))
+        prepare(ConversionSpec(CRITEO, raw, 100, split=(1.0, 0.0, 0.0)))
+    m = manifest(prepare(ConversionSpec(CRITEO, raw, 100, split=(1.0, 0.0, 0.0), on_bad_row="skip")))
     assert m["rows_skipped"] == 2 and [e["line"] for e in m["skipped_examples"]] == sorted(bad)
 
 
@@ -189,18 +189,18 @@ def test_the_first_bad_line_is_the_one_named_in_avazu_and_schema_files(tmp_path,
     av = tmp_path / "a.csv"
     av.write_text(HEADER + "\n" + ROW + "\n" + ROW.replace(",1,", ",7,", 1) + "\n\n" + ROW + "\n1,2\n")
     with pytest.raises(DataError, match=r"a.csv, line 3, column click"):  # line 4 blank, line 6 two fields
-        prepare(AVAZU, av, 100, split=(1.0, 0.0, 0.0))
+        prepare(ConversionSpec(AVAZU, av, 100, split=(1.0, 0.0, 0.0)))
     ml = ml_csv(20)
     ml[3], ml[9] = "1,2,x,3,Drama", "1,2"
     (tmp_path / "m.csv").write_text("\n".join(ml[:12] + [""] + ml[12:]) + "\n")
     with pytest.raises(DataError, match=r"m.csv, column rating, line 4: 'x' is not a number"):
-        prepare(SchemaFormat(ML), tmp_path / "m.csv", 100, split=(1.0, 0.0, 0.0))
+        prepare(ConversionSpec(SchemaFormat(ML), tmp_path / "m.csv", 100, split=(1.0, 0.0, 0.0)))
 
 
 def test_blank_lines_without_skip_keep_the_split_exact(tmp_path, cache_dir):
     raw = tmp_path / "raw.txt"
     raw.write_text("".join(base_row(label=str(i % 2)) + "\n" for i in range(300)))
-    p = prepare_criteo(raw, 100)
+    p = prepare(ConversionSpec(CRITEO, raw, 100))
     assert p.rows == {"train": 240, "validation": 30, "test": 30}
     assert manifest(p)["split"]["row_bounds"] == [0, 240, 270, 300]
 
@@ -228,7 +228,7 @@ def test_dense_plus_sign_is_accepted(tmp_path, cache_dir):
     dense = ["+5"] + [str(i) for i in range(2, 14)]
     raw = tmp_path / "raw.txt"
     raw.write_text(base_row() + "\n" + base_row(label="1", dense=dense) + "\n")
-    t = pq.read_table(prepare_criteo(raw, 100, split=(1.0, 0.0, 0.0)).files["train"])
+    t = pq.read_table(prepare(ConversionSpec(CRITEO, raw, 100, split=(1.0, 0.0, 0.0))).files["train"])
     np.testing.assert_allclose(t.column("I1").to_pylist()[1], np.log1p(5), rtol=1e-6)
 
 
@@ -242,8 +242,8 @@ def test_integer_fast_path_and_text_fallback_agree(tmp_path, cache_dir):
     clean.write_text("\n".join(rows) + "\n")
     rows[30] = rows[30].replace("\t", "\t+", 2).replace("\t+", "\t", 1)  # I2 "+x": text path only
     odd.write_text("\n".join(rows) + "\n")
-    a = prepare_criteo(clean, 100, split=(1.0, 0.0, 0.0))
-    b = prepare_criteo(odd, 100, split=(1.0, 0.0, 0.0))
+    a = prepare(ConversionSpec(CRITEO, clean, 100, split=(1.0, 0.0, 0.0)))
+    b = prepare(ConversionSpec(CRITEO, odd, 100, split=(1.0, 0.0, 0.0)))
     assert pq.read_table(a.files["train"]).equals(pq.read_table(b.files["train"]))
     assert manifest(a)["dense_stats_train"] == manifest(b)["dense_stats_train"]
     # skip: a bad label on the fast path and a bad integer on the fallback are counted alike
@@ -252,11 +252,11 @@ def test_integer_fast_path_and_text_fallback_agree(tmp_path, cache_dir):
         fields[bad_field] = "2" if bad_field == 0 else "x1"
         raw = tmp_path / f"bad{bad_field}.txt"
         raw.write_text("\n".join([rows[1], "\t".join(fields), rows[2]]) + "\n")
-        m = manifest(prepare_criteo(raw, 100, split=(1.0, 0.0, 0.0), on_bad_row="skip"))
+        m = manifest(prepare(ConversionSpec(CRITEO, raw, 100, split=(1.0, 0.0, 0.0), on_bad_row="skip")))
         assert (m["rows_written"], m["rows_skipped"]) == (2, 1)
         assert why in m["skipped_examples"][0]["reason"]
         with pytest.raises(DataError, match=r"line 2, column label|column I3, line 2"):
-            prepare_criteo(raw, 100, split=(1.0, 0.0, 0.0))
+            prepare(ConversionSpec(CRITEO, raw, 100, split=(1.0, 0.0, 0.0)))
 
 
 # 5c. one definition of an integer whichever path parses the block: a value is accepted
@@ -288,14 +288,14 @@ def test_integer_verdict_does_not_depend_on_the_block(tmp_path, cache_dir, colum
     for name, lines in (("alone", rows), ("with_other", rows[:4] + ["\t".join(other)] + rows[5:])):
         raw = tmp_path / f"{name}.txt"
         raw.write_text("\n".join(lines) + "\n")
-        m = manifest(prepare_criteo(raw, 100, split=(1.0, 0.0, 0.0), on_bad_row="skip"))
+        m = manifest(prepare(ConversionSpec(CRITEO, raw, 100, split=(1.0, 0.0, 0.0), on_bad_row="skip")))
         skipped_lines = {e["line"] for e in m["skipped_examples"]}
         assert (3 in skipped_lines) == (not ok), (name, m["skipped_examples"])
         if ok and name == "alone":
-            prepare_criteo(raw, 100, split=(1.0, 0.0, 0.0))  # no error
+            prepare(ConversionSpec(CRITEO, raw, 100, split=(1.0, 0.0, 0.0)))  # no error
         elif not ok:
             with pytest.raises(DataError, match="line 3"):
-                prepare_criteo(raw, 100, split=(1.0, 0.0, 0.0))
+                prepare(ConversionSpec(CRITEO, raw, 100, split=(1.0, 0.0, 0.0)))
 
 
 # 6. Avazu: impossible hours, file lines, a byte order mark
@@ -304,20 +304,20 @@ def test_avazu_impossible_hour_names_line_and_column(tmp_path, cache_dir, hour):
     raw = tmp_path / "a.csv"
     raw.write_text(HEADER + "\n" + ROW + "\n" + ROW.replace("14102314", hour) + "\n" + ROW + "\n")
     with pytest.raises(DataError, match=rf"a.csv, line 3, column hour: '{hour}' \(YYMMDDHH"):
-        prepare(AVAZU, raw, 100)
-    m = manifest(prepare(AVAZU, raw, 100, split=(1.0, 0.0, 0.0), on_bad_row="skip"))
+        prepare(ConversionSpec(AVAZU, raw, 100))
+    m = manifest(prepare(ConversionSpec(AVAZU, raw, 100, split=(1.0, 0.0, 0.0), on_bad_row="skip")))
     assert m["rows_written"] == 2 and m["rows_skipped"] == 1
     headerless = tmp_path / "b.csv"
     headerless.write_text(ROW + "\n" + ROW.replace("14102314", hour) + "\n")
     with pytest.raises(DataError, match=r"b.csv, line 2, column hour"):
-        prepare(AVAZU, headerless, 100)
+        prepare(ConversionSpec(AVAZU, headerless, 100))
 
 
 def test_avazu_header_after_byte_order_mark(tmp_path, cache_dir):
     raw = tmp_path / "a.csv"
     raw.write_bytes(b"\xef\xbb\xbf" + (HEADER + "\n" + ROW + "\n" + ROW + "\n").encode())
     assert AVAZU.count_rows(raw) == 2
-    assert prepare(AVAZU, raw, 100, split=(1.0, 0.0, 0.0)).rows["train"] == 2
+    assert prepare(ConversionSpec(AVAZU, raw, 100, split=(1.0, 0.0, 0.0))).rows["train"] == 2
 
 
 # 7. bytes that are not UTF-8 text
@@ -333,8 +333,8 @@ def test_binary_garbage_is_one_clear_message(tmp_path, cache_dir, capsys):
     good = [base_row(label=str(i % 2)).encode() for i in range(10)]
     raw.write_bytes(b"\n".join(good[:4] + [b"0\t\xe9\xff" + good[0][3:]] + good[4:]) + b"\n")
     with pytest.raises(DataError, match=r"garbage.txt, line 5: byte 3 \(0xe9\) is not UTF-8 text"):
-        prepare_criteo(raw, 100)
-    m = manifest(prepare_criteo(raw, 100, split=(1.0, 0.0, 0.0), on_bad_row="skip"))
+        prepare(ConversionSpec(CRITEO, raw, 100))
+    m = manifest(prepare(ConversionSpec(CRITEO, raw, 100, split=(1.0, 0.0, 0.0), on_bad_row="skip")))
     assert m["rows_written"] == 10 and m["rows_skipped"] == 1
 
 
@@ -343,7 +343,7 @@ def test_bad_parquet_names_file_and_column(tmp_path, cache_dir, capsys):
     garbage = tmp_path / "g.parquet"
     garbage.write_bytes(bytes(np.random.default_rng(1).integers(0, 256, 5000, dtype=np.uint8)))
     with pytest.raises(DataError, match=r"g.parquet: cannot read as Parquet \(.*magic bytes"):
-        prepare(SchemaFormat(ML), garbage, 100)
+        prepare(ConversionSpec(SchemaFormat(ML), garbage, 100))
     binary = tmp_path / "b.parquet"
     pq.write_table(
         pa.table(
@@ -357,7 +357,7 @@ def test_bad_parquet_names_file_and_column(tmp_path, cache_dir, capsys):
         binary,
     )
     with pytest.raises(DataError, match=r"b.parquet, row 2, column movieId: b'\\xff\\xfe' is not UTF-8 text"):
-        prepare(SchemaFormat(ML), binary, 100)
+        prepare(ConversionSpec(SchemaFormat(ML), binary, 100))
 
 
 # 9. NaN is refused like inf (empty is the missing value)
@@ -367,19 +367,19 @@ def test_dense_nan_is_refused_like_inf(tmp_path, cache_dir):
     for bad in ("NaN", "nan", "inf", "-Infinity"):
         raw.write_text(f"userId,rating,ts\n1,5.0,3\n2,1.0,{bad}\n3,4.0,\n")
         with pytest.raises(DataError, match=rf"r.csv, line 3, column ts: '{bad}' is not a finite number"):
-            prepare(SchemaFormat(spec), raw, 100)
-        m = manifest(prepare(SchemaFormat(spec), raw, 100, split=(1.0, 0.0, 0.0), on_bad_row="skip"))
+            prepare(ConversionSpec(SchemaFormat(spec), raw, 100))
+        m = manifest(prepare(ConversionSpec(SchemaFormat(spec), raw, 100, split=(1.0, 0.0, 0.0), on_bad_row="skip")))
         assert m["rows_written"] == 2 and m["rows_skipped"] == 1
     raw.write_text("userId,rating,ts\n1,5.0,3\n2,inf,4\n")
     with pytest.raises(DataError, match=r"line 3, column rating: 'inf' is not a finite number"):
-        prepare(SchemaFormat(spec), raw, 100)
+        prepare(ConversionSpec(SchemaFormat(spec), raw, 100))
     par = tmp_path / "r.parquet"
     pq.write_table(
         pa.table({"rating": [5.0, 1.0, 3.0], "userId": ["a", "b", "c"], "ts": [1.0, float("nan"), None]}), par
     )
     with pytest.raises(DataError, match=r"r.parquet, row 2, column ts: 'nan' is not a finite number"):
-        prepare(SchemaFormat(spec), par, 100)
-    m = manifest(prepare(SchemaFormat(spec), par, 100, split=(1.0, 0.0, 0.0), on_bad_row="skip"))
+        prepare(ConversionSpec(SchemaFormat(spec), par, 100))
+    m = manifest(prepare(ConversionSpec(SchemaFormat(spec), par, 100, split=(1.0, 0.0, 0.0), on_bad_row="skip")))
     assert m["rows_written"] == 2 and m["rows_skipped"] == 1  # null is missing, NaN is bad
 
 
@@ -387,10 +387,10 @@ def test_dense_nan_is_refused_like_inf(tmp_path, cache_dir):
 def test_one_class_training_split_warns(tmp_path, cache_dir, capsys):
     raw = tmp_path / "r.csv"
     raw.write_text("userId,movieId,rating,genres\n1,2,1,a\n2,3,0,b\n3,4,1,c\n")
-    p = prepare(SchemaFormat(ML), raw, 100, split=(1.0, 0.0, 0.0))
+    p = prepare(ConversionSpec(SchemaFormat(ML), raw, 100, split=(1.0, 0.0, 0.0)))
     assert p.rows["train"] == 3
     err = capsys.readouterr().err
     assert "all 3 training rows have label 0" in err and "rating >= 4" in err and "remove label_threshold" in err
     raw.write_text("userId,movieId,rating,genres\n1,2,5,a\n2,3,1,b\n")
-    prepare(SchemaFormat(ML), raw, 100, split=(1.0, 0.0, 0.0))
+    prepare(ConversionSpec(SchemaFormat(ML), raw, 100, split=(1.0, 0.0, 0.0)))
     assert "training rows" not in capsys.readouterr().err

@@ -13,7 +13,7 @@ import yaml
 from recsys_dist.cli import main as cli
 from recsys_dist.config.loader import load_config
 from recsys_dist.data.config import SchemaConfig
-from recsys_dist.data.convert import prepare
+from recsys_dist.data.convert import ConversionSpec, prepare
 from recsys_dist.data.convert.manifest import table_coverage
 from recsys_dist.data.coverage import KeySketch, expected_collided_share, hash_size_for, mix64
 from recsys_dist.data.formats.schema import SchemaFormat
@@ -52,7 +52,7 @@ def test_a_vocabulary_cap_is_counted_printed_and_stored(tmp_path, cache_dir, cap
     stored; the validation warning says which values were cut by the cap and which are new."""
     raw = write_raw(tmp_path)
     fmt = SchemaFormat(SCHEMA)
-    p = prepare(fmt, raw, [4, 100], split=SPLIT, mapping="vocabulary")
+    p = prepare(ConversionSpec(fmt, raw, [4, 100], split=SPLIT, mapping="vocabulary"))
     err = capsys.readouterr().err
     item = coverage(p)["item"]
     assert item == {
@@ -81,19 +81,25 @@ def test_a_vocabulary_cap_is_counted_printed_and_stored(tmp_path, cache_dir, cap
     assert "Check that data.split" in err and "Raise data.num_embeddings (the coverage warning" in err
     assert "Lower data.min_count" not in err and "in the test split" not in err
     # The suggested size does what it says: 95% of the training values in vocabulary at 37 rows.
-    p37 = prepare(fmt, raw, [37, 100], split=SPLIT, mapping="vocabulary")
+    p37 = prepare(ConversionSpec(fmt, raw, [37, 100], split=SPLIT, mapping="vocabulary"))
     assert 1 - coverage(p37)["item"]["outside_share"] == 0.95
-    assert 1 - coverage(prepare(fmt, raw, [36, 100], split=SPLIT, mapping="vocabulary"))["item"]["outside_share"] < 0.95
+    assert (
+        1
+        - coverage(prepare(ConversionSpec(fmt, raw, [36, 100], split=SPLIT, mapping="vocabulary")))["item"][
+            "outside_share"
+        ]
+        < 0.95
+    )
     # A cached conversion repeats the warnings in a new process (train prints what preprocess did).
     capsys.readouterr()
     monkeypatch.delenv("RECSYS_DIST_CHECKED_CACHE", raising=False)
-    prepare(fmt, raw, [4, 100], split=SPLIT, mapping="vocabulary")
+    prepare(ConversionSpec(fmt, raw, [4, 100], split=SPLIT, mapping="vocabulary"))
     assert capsys.readouterr().err == err
 
 
 def test_min_count_and_the_cap_are_told_apart(tmp_path, cache_dir, capsys):
     raw = write_raw(tmp_path)
-    p = prepare(SchemaFormat(SCHEMA), raw, [4, 100], split=SPLIT, mapping="vocabulary", min_count=2)
+    p = prepare(ConversionSpec(SchemaFormat(SCHEMA), raw, [4, 100], split=SPLIT, mapping="vocabulary", min_count=2))
     item = coverage(p)["item"]
     # 40 singletons (20%) are below min_count; c, d, e (60 values, 30%) only lost to the cap.
     assert (item["outside_share"], item["cut_by_size"], item["below_min_count"]) == (0.5, 0.3, 0.2)
@@ -112,7 +118,7 @@ def _blake(text: str) -> int:
 def test_hash_collisions_are_counted_exactly_and_sizes_suggested(tmp_path, cache_dir, capsys):
     raw = write_raw(tmp_path)
     n = 40
-    p = prepare(SchemaFormat(SCHEMA), raw, n, split=SPLIT)
+    p = prepare(ConversionSpec(SchemaFormat(SCHEMA), raw, n, split=SPLIT))
     # Independently: each training value's row, and whether another distinct value shares it.
     counts = {it: ITEMS.count(it) for it in dict.fromkeys(ITEMS)}
     rows = {it: 1 + _blake(it) % (n - 1) for it in counts}
@@ -132,7 +138,7 @@ def test_hash_collisions_are_counted_exactly_and_sizes_suggested(tmp_path, cache
         capsys.readouterr().err
     )
     # 45 values on 4 rows.
-    p = prepare(SchemaFormat(SCHEMA), raw, [5, 100], split=SPLIT)
+    p = prepare(ConversionSpec(SchemaFormat(SCHEMA), raw, [5, 100], split=SPLIT))
     share = coverage(p)["item"]["collided_share"]
     assert share > 0.5
     err = capsys.readouterr().err
@@ -145,7 +151,7 @@ def test_hash_collisions_are_counted_exactly_and_sizes_suggested(tmp_path, cache
 
 def test_stream_partitions_and_scoring_count_nothing(tmp_path, cache_dir, capsys):
     raw = write_raw(tmp_path)
-    p = prepare(SchemaFormat(SCHEMA), raw, [5, 100], split=SPLIT, coverage=False)
+    p = prepare(ConversionSpec(SchemaFormat(SCHEMA), raw, [5, 100], split=SPLIT), coverage=False)
     m = json.loads((p.directory / "manifest.json").read_text())
     assert "coverage" not in m["categorical_mapping"] and table_coverage(m) is None
     assert "share their hashed row" not in capsys.readouterr().err
@@ -303,9 +309,9 @@ def test_hash_coverage_of_splits_cut_again_is_marked_inexact(tmp_path, cache_dir
     lines = raw.read_text().splitlines(True)
     raw.write_text("".join(lines[:50] + ["1,x\n"] + lines[50:]))  # a short line, skipped
     fmt = SchemaFormat(SCHEMA)
-    p = prepare(fmt, raw, 100, split=(0.8, 0.1, 0.1), on_bad_row="skip")
+    p = prepare(ConversionSpec(fmt, raw, 100, split=(0.8, 0.1, 0.1), on_bad_row="skip"))
     m = json.loads((p.directory / "manifest.json").read_text())
     assert m["rows_skipped"] == 1 and m["categorical_mapping"]["coverage"]["item"]["exact"] is False
     (tmp_path / "clean").mkdir()  # no bad row: nothing cut again, exact
-    clean = prepare(fmt, write_raw(tmp_path / "clean"), 100, split=(0.8, 0.1, 0.1), on_bad_row="skip")
+    clean = prepare(ConversionSpec(fmt, write_raw(tmp_path / "clean"), 100, split=(0.8, 0.1, 0.1), on_bad_row="skip"))
     assert coverage(clean)["item"]["exact"] is True

@@ -5,8 +5,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from recsys_dist.data.convert import prepare_criteo
-from recsys_dist.data.formats.criteo import parse_hex_ids, transform_dense
+from recsys_dist.data.convert import ConversionSpec, prepare
+from recsys_dist.data.formats.criteo import CRITEO, parse_hex_ids, transform_dense
 from recsys_dist.errors import DataError
 from tests.conftest import base_row
 
@@ -43,7 +43,7 @@ def test_dense_log1p_clamps_negative_and_missing():
 def test_prepare_splits_and_transforms(tmp_path, cache_dir):
     rows = [base_row(label=str(i % 2)) for i in range(20)]
     rows[3] = base_row(dense=["-1"] + [""] * 12, cats=[""] * 25 + ["ffffffff"])
-    p = prepare_criteo(write(tmp_path, rows), 100, split=(0.8, 0.1, 0.1))
+    p = prepare(ConversionSpec(CRITEO, write(tmp_path, rows), 100, split=(0.8, 0.1, 0.1)))
     assert p.rows == {"train": 16, "validation": 2, "test": 2}
     train = pq.read_table(p.files["train"])
     assert train.schema.field("C1").type == pa.int64()
@@ -57,44 +57,44 @@ def test_prepare_splits_and_transforms(tmp_path, cache_dir):
     manifest = json.loads((p.directory / "manifest.json").read_text())
     assert manifest["rows"]["train"] == 16 and "log1p" in manifest["transforms"]["dense"]
     # Second call reuses the cache.
-    assert prepare_criteo(tmp_path / "raw.txt", 100).directory == p.directory
+    assert prepare(ConversionSpec(CRITEO, tmp_path / "raw.txt", 100)).directory == p.directory
 
 
 def test_label_missing_on_one_line(tmp_path, cache_dir):
     rows = [base_row(), base_row()[2:], base_row()]  # line 2 lost its label field
     with pytest.raises(DataError, match="raw.txt, line 2: expected 40 fields, got 39"):
-        prepare_criteo(write(tmp_path, rows), 100)
+        prepare(ConversionSpec(CRITEO, write(tmp_path, rows), 100))
 
 
 def test_kaggle_test_layout_is_explained(tmp_path, cache_dir):
     rows = [base_row()[2:] for _ in range(5)]
     with pytest.raises(DataError, match="label column seems missing"):
-        prepare_criteo(write(tmp_path, rows), 100)
+        prepare(ConversionSpec(CRITEO, write(tmp_path, rows), 100))
 
 
 def test_too_many_fields(tmp_path, cache_dir):
     with pytest.raises(DataError, match="line 2: expected 40 fields, got 41"):
-        prepare_criteo(write(tmp_path, [base_row(), base_row() + "\t1"]), 100)
+        prepare(ConversionSpec(CRITEO, write(tmp_path, [base_row(), base_row() + "\t1"]), 100))
 
 
 def test_non_numeric_dense_names_column(tmp_path, cache_dir):
     dense = ["-3", "-4", "abc"] + [str(i) for i in range(4, 14)]
     with pytest.raises(DataError, match=r"raw.txt, column I3, line 2: 'abc' is not an integer"):
-        prepare_criteo(write(tmp_path, [base_row(), base_row(dense=dense)]), 100)
+        prepare(ConversionSpec(CRITEO, write(tmp_path, [base_row(), base_row(dense=dense)]), 100))
 
 
 def test_empty_and_missing_file(tmp_path, cache_dir):
     (tmp_path / "empty.txt").write_text("")
     with pytest.raises(DataError, match="no rows"):
-        prepare_criteo(tmp_path / "empty.txt", 100)
+        prepare(ConversionSpec(CRITEO, tmp_path / "empty.txt", 100))
     with pytest.raises(DataError, match="does not exist"):
-        prepare_criteo(tmp_path / "nope.txt", 100)
+        prepare(ConversionSpec(CRITEO, tmp_path / "nope.txt", 100))
 
 
 def test_shipped_sample_converts(cache_dir):
     from tests.conftest import CRITEO_SAMPLE
 
-    p = prepare_criteo(CRITEO_SAMPLE, 1000)
+    p = prepare(ConversionSpec(CRITEO, CRITEO_SAMPLE, 1000))
     assert p.rows == {"train": 8000, "validation": 1000, "test": 1000}
     t = pq.read_table(p.files["train"])
     assert sum(t.column("label").to_pylist()) > 0
@@ -108,7 +108,7 @@ def test_gzip_rows_counted_after_decompression(tmp_path, cache_dir):
 
     gz = tmp_path / "raw.txt.gz"
     gz.write_bytes(gzip.compress(("\n".join(base_row(label=str(i % 2)) for i in range(50)) + "\n").encode()))
-    p = prepare_criteo(gz, 100)
+    p = prepare(ConversionSpec(CRITEO, gz, 100))
     assert p.rows == {"train": 40, "validation": 5, "test": 5}
 
 
@@ -117,7 +117,7 @@ def test_skip_bad_rows_counts_them(tmp_path, cache_dir):
     rows.insert(3, base_row()[2:])  # 39 fields
     rows.insert(6, base_row(dense=["abc"] + [str(i) for i in range(2, 14)]))  # bad dense
     rows.insert(9, base_row(cats=["zz"] + [f"{i:08x}" for i in range(2, 27)]))  # bad hex
-    p = prepare_criteo(write(tmp_path, rows), 100, split=(1.0, 0.0, 0.0), on_bad_row="skip")
+    p = prepare(ConversionSpec(CRITEO, write(tmp_path, rows), 100, split=(1.0, 0.0, 0.0), on_bad_row="skip"))
     manifest = json.loads((p.directory / "manifest.json").read_text())
     assert manifest["rows_written"] == 10 and manifest["rows_skipped"] == 3
     assert sum(p.rows.values()) == 10
@@ -126,7 +126,7 @@ def test_skip_bad_rows_counts_them(tmp_path, cache_dir):
     stats = manifest["dense_stats_train"]["I5"]
     assert stats["mean"] == pytest.approx(np.log1p(5), rel=1e-6) and stats["missing_fraction"] == 0.0
     with pytest.raises(DataError, match="line 4: expected 40 fields, got 39"):
-        prepare_criteo(tmp_path / "raw.txt", 100, split=(1.0, 0.0, 0.0))
+        prepare(ConversionSpec(CRITEO, tmp_path / "raw.txt", 100, split=(1.0, 0.0, 0.0)))
 
 
 def _short(row: str, fields: int) -> str:
@@ -139,27 +139,33 @@ def test_lines_without_trailing_empty_fields_name_the_short_lines_option(tmp_pat
     for fields in (37, 38, 39):
         rows = [base_row(), _short(base_row(cats=CATS[:-3] + ["", "", ""]), fields), base_row()]
         with pytest.raises(DataError, match=rf"line 2: expected 40 fields, got {fields}.*data.short_lines: pad"):
-            prepare_criteo(write(tmp_path, rows), 100)
+            prepare(ConversionSpec(CRITEO, write(tmp_path, rows), 100))
 
 
 def test_short_lines_pad_reads_the_absent_fields_as_missing(tmp_path, cache_dir):
-    from recsys_dist.data.convert import prepare
+    from recsys_dist.data.convert import ConversionSpec, prepare
     from recsys_dist.data.formats.criteo import CriteoFormat
 
     empty_tail = [base_row(label=str(i % 2), cats=CATS[: 26 - i % 4] + [""] * (i % 4)) for i in range(20)]
     short = [_short(r, 40 - i % 4) for i, r in enumerate(empty_tail)]  # 40, 39, 38, 37 fields
     short[5] = short[5] + "\r"  # a CRLF line end: the tabs go before the \r
-    padded = prepare(CriteoFormat(short_lines="pad"), write(tmp_path, short, "short.txt"), 100)
-    full = prepare_criteo(write(tmp_path, empty_tail, "full.txt"), 100)
+    padded = prepare(ConversionSpec(CriteoFormat(short_lines="pad"), write(tmp_path, short, "short.txt"), 100))
+    full = prepare(ConversionSpec(CRITEO, write(tmp_path, empty_tail, "full.txt"), 100))
     assert padded.directory != full.directory and padded.rows == full.rows
     for s in ("train", "validation", "test"):
         assert pq.read_table(padded.files[s]).equals(pq.read_table(full.files[s]))
     assert pq.read_table(padded.files["train"]).column("C26").to_pylist()[:4] == [1 + 0x1A % 99, 0, 0, 0]
     # Blank lines and lines of 41 fields are still bad lines under pad.
     with pytest.raises(DataError, match="line 2: blank line"):
-        prepare(CriteoFormat(short_lines="pad"), write(tmp_path, [base_row(), "", base_row()], "b.txt"), 100)
+        prepare(
+            ConversionSpec(CriteoFormat(short_lines="pad"), write(tmp_path, [base_row(), "", base_row()], "b.txt"), 100)
+        )
     with pytest.raises(DataError, match="line 2: expected 40 fields, got 41"):
-        prepare(CriteoFormat(short_lines="pad"), write(tmp_path, [base_row(), base_row() + "\t1"], "l.txt"), 100)
+        prepare(
+            ConversionSpec(
+                CriteoFormat(short_lines="pad"), write(tmp_path, [base_row(), base_row() + "\t1"], "l.txt"), 100
+            )
+        )
 
 
 def test_short_lines_is_a_data_option_of_criteo_only(tmp_path, cache_dir):

@@ -28,3 +28,21 @@ def test_unknown_and_duplicate_format_names_are_errors():
         raw_format("parquet")
     with pytest.raises(ValueError, match="registered twice"):
         register_format("criteo_tsv")(lambda schema, short_lines: None)
+
+
+def test_the_converter_takes_its_format_object_and_names_no_format():
+    """``recsys_dist.data.convert`` converts whatever format object it is given: it imports no
+    concrete format (``prepare_criteo``, kept for tests, imported ``CRITEO`` into it). The one
+    exception, ``TRANSFORM_VERSION`` in the cache key, is a constant of every format's transforms."""
+    import ast
+    from pathlib import Path
+
+    import recsys_dist.data.convert as convert
+
+    concrete = {f"recsys_dist.data.formats.{m}" for m in ("criteo", "avazu", "schema", "history")}
+    found = []
+    for f in Path(convert.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module in concrete:
+                found += [f"{f.name}: {a.name}" for a in node.names if a.name != "TRANSFORM_VERSION"]
+    assert not found, found

@@ -310,3 +310,32 @@ def test_take_bags_matches_slicing_with_empty_bags_repeats_and_any_order():
         want = [values[starts[i] : starts[i] + lengths[i]] for i in idx]
         assert np.array_equal(got_lengths, lengths[idx])
         assert np.array_equal(got_values, np.concatenate(want) if want else np.zeros(0, np.int64))
+
+
+def test_options_built_once_or_given_by_name_read_the_same_rows(tmp_path):
+    """A loader's options are one ``LoaderOptions``, built once and passed (the Trainer builds
+    it from the ``data`` section; the constructor took 17 parameters); its fields given by name
+    still work, over the options or alone, and give the same batches."""
+    import dataclasses
+    import typing
+
+    from recsys_dist.data.loader import LoaderOptions
+    from recsys_dist.data.loader.options import LoaderKeywords
+
+    p = make_parquet(tmp_path, 23)
+    opts = LoaderOptions(shuffle=True, seed=3, remainder="drop", shuffle_buffer_rows=8, num_embeddings=[300] * 3)
+    by_name = ParquetBatchLoader(p, 4, 1, 2, DENSE, SPARSE, **dataclasses.asdict(opts))
+    built = ParquetBatchLoader(p, 4, 1, 2, DENSE, SPARSE, opts)
+    over = ParquetBatchLoader(p, 4, 1, 2, DENSE, SPARSE, dataclasses.replace(opts, seed=0), seed=3)
+    rows = [[b.dense_features[:, 0].tolist() for b in loader] for loader in (by_name, built, over)]
+    assert rows[0] == rows[1] == rows[2] and len(rows[0]) == 2
+    assert sorted(x for r in rows[0] for x in r) != sorted(range(8))  # shuffled: not the first rows
+    assert built.options == opts and built.reopen(seed=4).options == dataclasses.replace(opts, seed=4)
+    with pytest.raises(TypeError, match=r"unknown options \['shufle'\]"):
+        ParquetBatchLoader(p, 4, 0, 1, DENSE, SPARSE, shufle=True)
+    with pytest.raises(ValueError, match="remainder must be 'pad' or 'drop', got 'keep'"):
+        ParquetBatchLoader(p, 4, 0, 1, DENSE, SPARSE, remainder="keep")
+    # The keywords type checkers see are the options' fields, with their types.
+    hints = typing.get_type_hints(LoaderOptions)
+    assert list(hints) == [f.name for f in dataclasses.fields(LoaderOptions)]
+    assert typing.get_type_hints(LoaderKeywords) == hints

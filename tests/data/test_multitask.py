@@ -12,7 +12,7 @@ from sklearn.metrics import log_loss, mean_absolute_error, mean_squared_error, r
 from recsys_dist.config import ConfigError
 from recsys_dist.config.loader import config_from_dict
 from recsys_dist.data.config import SchemaConfig
-from recsys_dist.data.convert import prepare
+from recsys_dist.data.convert import ConversionSpec, prepare
 from recsys_dist.data.formats.schema import SchemaFormat
 from recsys_dist.data.loader import ParquetBatchLoader
 from recsys_dist.errors import DataError
@@ -35,7 +35,7 @@ u4,5,3
 def test_labels_and_weights_converted_and_batched(tmp_path, cache_dir):
     raw = tmp_path / "r.csv"
     raw.write_text(CSV)
-    p = prepare(SchemaFormat(SPEC), raw, 100, split=(1.0, 0.0, 0.0))
+    p = prepare(ConversionSpec(SchemaFormat(SPEC), raw, 100, split=(1.0, 0.0, 0.0)))
     t = pq.read_table(p.files["train"])
     assert t.schema.names == ["label:like", "label:score", "user", "weight"]
     assert t.column("label:like").to_pylist() == [1.0, 0.0, 1.0, 0.0, 1.0]
@@ -73,7 +73,7 @@ def test_bad_weight_names_file_line_and_column(tmp_path, cache_dir, value, why):
     raw = tmp_path / "r.csv"
     raw.write_text(CSV.replace("u2,2.0,0.5", f"u2,2.0,{value}"))
     with pytest.raises(DataError) as err:
-        prepare(SchemaFormat(SPEC), raw, 100, split=(1.0, 0.0, 0.0))
+        prepare(ConversionSpec(SchemaFormat(SPEC), raw, 100, split=(1.0, 0.0, 0.0)))
     msg = str(err.value)
     assert "r.csv" in msg and "line 3" in msg and (" w" in msg or "column w" in msg) and why in msg
 

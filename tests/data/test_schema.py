@@ -9,7 +9,7 @@ import torch
 from recsys_dist.config import ConfigError
 from recsys_dist.config.loader import config_from_dict
 from recsys_dist.data.config import SchemaConfig
-from recsys_dist.data.convert import prepare
+from recsys_dist.data.convert import ConversionSpec, prepare
 from recsys_dist.data.formats.schema import SchemaFormat
 from recsys_dist.data.loader import ParquetBatchLoader
 from recsys_dist.data.mapping import hash_ids, text_keys
@@ -34,7 +34,7 @@ def ids(values, n=1000):
 def test_csv_label_threshold_dense_categorical_and_multi_hot(tmp_path, cache_dir):
     raw = tmp_path / "r.csv"
     raw.write_text(CSV)
-    p = prepare(SchemaFormat(SPEC), raw, 1000, split=(1.0, 0.0, 0.0))
+    p = prepare(ConversionSpec(SchemaFormat(SPEC), raw, 1000, split=(1.0, 0.0, 0.0)))
     t = pq.read_table(p.files["train"])
     assert t.schema.names == ["label", "age", "user", "tags"]
     assert t.schema.field("tags").type == pa.list_(pa.int64())
@@ -55,7 +55,7 @@ def test_multi_hot_bags_in_one_batch_and_mean_of_empty_bag_is_zero(tmp_path, cac
 
     raw = tmp_path / "r.csv"
     raw.write_text(CSV)
-    p = prepare(SchemaFormat(SPEC), raw, 50, split=(1.0, 0.0, 0.0))
+    p = prepare(ConversionSpec(SchemaFormat(SPEC), raw, 50, split=(1.0, 0.0, 0.0)))
     batch = next(
         iter(ParquetBatchLoader(str(p.files["train"]), 4, 0, 1, ["age"], ["user", "tags"], num_embeddings=[50, 50]))
     )
@@ -97,7 +97,10 @@ def test_headerless_tsv_and_parquet_give_the_same_rows(tmp_path, cache_dir):
         ),
         par,
     )
-    got = [pq.read_table(prepare(SchemaFormat(spec), f, 100, split=(1.0, 0.0, 0.0)).files["train"]) for f in (tsv, par)]
+    got = [
+        pq.read_table(prepare(ConversionSpec(SchemaFormat(spec), f, 100, split=(1.0, 0.0, 0.0))).files["train"])
+        for f in (tsv, par)
+    ]
     assert got[0].equals(got[1])
     assert got[0].column("n").to_pylist() == [2.5, -1.0]  # dense_transform: none
     assert got[0].column("item").to_pylist() == ids(["17", "18"], 100)
@@ -129,20 +132,22 @@ def test_bad_values_name_file_line_and_column(tmp_path, cache_dir):
     raw = tmp_path / "r.csv"
     raw.write_text(CSV.replace("u2,2.0,,", "u2,2.0,abc,"))
     with pytest.raises(DataError, match=r"r.csv, column age, line 3: 'abc' is not a number"):
-        prepare(SchemaFormat(SPEC), raw, 100)
+        prepare(ConversionSpec(SchemaFormat(SPEC), raw, 100))
     raw.write_text(CSV.replace("u3,1,", "u3,,"))
     with pytest.raises(DataError, match=r"r.csv, line 5, column rating: '' is not a number"):
-        prepare(SchemaFormat(SPEC), raw, 100)
+        prepare(ConversionSpec(SchemaFormat(SPEC), raw, 100))
     no_threshold = SchemaConfig(label="rating", categorical=["user"])
     with pytest.raises(DataError, match=r"line 2, column rating: '4.5' is not 0 or 1"):
-        prepare(SchemaFormat(no_threshold), tmp_path / "r.csv", 100)
+        prepare(ConversionSpec(SchemaFormat(no_threshold), tmp_path / "r.csv", 100))
     raw.write_text("rating,user,age\n1,a,1\n2,b,2\n0,c,x\n0,d,\n")
     p = prepare(
-        SchemaFormat(SchemaConfig(label="rating", categorical=["user"], dense=["age"])),
-        raw,
-        100,
-        split=(1.0, 0.0, 0.0),
-        on_bad_row="skip",
+        ConversionSpec(
+            SchemaFormat(SchemaConfig(label="rating", categorical=["user"], dense=["age"])),
+            raw,
+            100,
+            split=(1.0, 0.0, 0.0),
+            on_bad_row="skip",
+        )
     )
     m = json.loads((p.directory / "manifest.json").read_text())
     assert m["rows_written"] == 2 and m["rows_skipped"] == 2  # rows read = written + skipped
@@ -150,7 +155,7 @@ def test_bad_values_name_file_line_and_column(tmp_path, cache_dir):
     assert "column age: 'x'" in m["skipped_examples"][1]["reason"]
     missing = SchemaConfig(label="rating", categorical=["user", "movie"])
     with pytest.raises(DataError, match=r"r.csv: columns \['movie'\] named in data.schema are not in the file"):
-        prepare(SchemaFormat(missing), raw, 100)
+        prepare(ConversionSpec(SchemaFormat(missing), raw, 100))
 
 
 def test_schema_config_is_checked():
@@ -183,7 +188,8 @@ CRITEO_C = [f"C{i}" for i in range(1, 27)]
 def test_kaggle_csv_with_hex_categorical_gives_the_criteo_ids(tmp_path, cache_dir, mapping):
     """The same 200 Criteo rows as Kaggle's CSV (Id, Label, I1.., C1..; a header; CRLF) through
     format: schema gave other ids than the TSV (a hash of the text, not the hex value)."""
-    from recsys_dist.data.convert import prepare_criteo
+    from recsys_dist.data.convert import ConversionSpec, prepare
+    from recsys_dist.data.formats.criteo import CRITEO
     from tests.conftest import CRITEO_SAMPLE
 
     lines = CRITEO_SAMPLE.read_text().splitlines()[:200]
@@ -197,8 +203,8 @@ def test_kaggle_csv_with_hex_categorical_gives_the_criteo_ids(tmp_path, cache_di
         ).encode()
     )
     spec = SchemaConfig(label="Label", dense=CRITEO_I, categorical=CRITEO_C, hex_categorical=CRITEO_C)
-    a = prepare_criteo(tsv, 1000, mapping=mapping)
-    b = prepare(SchemaFormat(spec), csv, 1000, mapping=mapping)
+    a = prepare(ConversionSpec(CRITEO, tsv, 1000, mapping=mapping))
+    b = prepare(ConversionSpec(SchemaFormat(spec), csv, 1000, mapping=mapping))
     assert a.rows == b.rows == {"train": 160, "validation": 20, "test": 20}
     assert a.num_embeddings == b.num_embeddings
     for s in ("train", "validation", "test"):
@@ -206,7 +212,7 @@ def test_kaggle_csv_with_hex_categorical_gives_the_criteo_ids(tmp_path, cache_di
         for c in CRITEO_C:
             assert ta.column(c).equals(tb.column(c)), (s, c)
         assert ta.equals(tb)  # labels and dense values too
-    text_hashed = prepare(SchemaFormat(spec.model_copy(update={"hex_categorical": []})), csv, 1000)
+    text_hashed = prepare(ConversionSpec(SchemaFormat(spec.model_copy(update={"hex_categorical": []})), csv, 1000))
     assert pq.read_table(text_hashed.files["train"]).column("C1") != pq.read_table(a.files["train"]).column("C1")
 
 
@@ -215,8 +221,8 @@ def test_hex_categorical_bad_values_and_multi_hot(tmp_path, cache_dir):
     raw = tmp_path / "r.csv"
     raw.write_text("y,c,m\n1,0000000a,a|ff\n0, 0B ,\n1,zz,1\n0,1,1|x1\n")
     with pytest.raises(DataError, match=r"r.csv, line 4, column c: 'zz' is not a hex number of at most 8 digits"):
-        prepare(SchemaFormat(spec), raw, 100, split=(1.0, 0.0, 0.0))
-    p = prepare(SchemaFormat(spec), raw, 100, split=(1.0, 0.0, 0.0), on_bad_row="skip")
+        prepare(ConversionSpec(SchemaFormat(spec), raw, 100, split=(1.0, 0.0, 0.0)))
+    p = prepare(ConversionSpec(SchemaFormat(spec), raw, 100, split=(1.0, 0.0, 0.0), on_bad_row="skip"))
     m = json.loads((p.directory / "manifest.json").read_text())
     assert m["rows_written"] == 2 and m["rows_skipped"] == 2
     assert [e["reason"] for e in m["skipped_examples"]] == ["column c: 'zz' is not hex", "column m: '1|x1' is not hex"]
@@ -248,8 +254,8 @@ def test_a_null_label_says_missing_and_how_to_skip(tmp_path, cache_dir):
     pq.write_table(pa.table({"label": pa.array([1.0, None, 0.0]), "user": pa.array(["a", "b", "c"])}), raw)
     fmt = SchemaFormat(SchemaConfig(label="label", categorical=["user"]))
     with pytest.raises(DataError, match=r"raw.parquet, line 2, column label: the label is missing \(null\); drop"):
-        prepare(fmt, raw, 100)
-    p = prepare(fmt, raw, 100, split=(1.0, 0.0, 0.0), on_bad_row="skip")
+        prepare(ConversionSpec(fmt, raw, 100))
+    p = prepare(ConversionSpec(fmt, raw, 100, split=(1.0, 0.0, 0.0), on_bad_row="skip"))
     assert json.loads((p.directory / "manifest.json").read_text())["rows_skipped"] == 1
 
 
@@ -261,7 +267,9 @@ def test_columns_that_reorder_the_header_names_are_refused(tmp_path, cache_dir):
 
     def read(columns, categorical=("user", "item")):
         spec = SchemaConfig(label="click", categorical=list(categorical), header=True, columns=columns)
-        return pq.read_table(prepare(SchemaFormat(spec), raw, 100, split=(1.0, 0.0, 0.0)).files["train"])
+        return pq.read_table(
+            prepare(ConversionSpec(SchemaFormat(spec), raw, 100, split=(1.0, 0.0, 0.0))).files["train"]
+        )
 
     with pytest.raises(DataError, match=r"r.csv, line 1 \(the header line\): .* put 'item' at position 2, where"):
         read(["click", "item", "user"])

@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from recsys_dist.data.config import SchemaConfig
-from recsys_dist.data.convert import prepare
+from recsys_dist.data.convert import ConversionSpec, prepare
 from recsys_dist.data.formats.schema import SchemaFormat, UserHistory
 from recsys_dist.data.mapping import hash_ids, text_keys
 from recsys_dist.errors import DataError
@@ -28,7 +28,7 @@ def convert(tmp_path, text, **schema):
     raw = tmp_path / "log.csv"
     raw.write_text(text)
     spec = SchemaConfig(label="click", categorical=["item"], **schema)
-    return pq.read_table(prepare(SchemaFormat(spec), raw, N, split=(1.0, 0.0, 0.0)).files["train"])
+    return pq.read_table(prepare(ConversionSpec(SchemaFormat(spec), raw, N, split=(1.0, 0.0, 0.0))).files["train"])
 
 
 def test_sequence_column_keeps_the_most_recent_max_length(tmp_path, cache_dir):

@@ -6,7 +6,7 @@ import yaml
 
 from recsys_dist.config import ConfigError
 from recsys_dist.config.loader import config_from_dict, load_config
-from recsys_dist.data.convert import prepare, prepare_criteo
+from recsys_dist.data.convert import ConversionSpec, prepare
 from recsys_dist.data.formats.avazu import AVAZU
 from recsys_dist.data.formats.criteo import CRITEO
 from recsys_dist.data.splits import Split, random_assign
@@ -34,7 +34,7 @@ def i1(p, s):
 def test_random_split_is_seeded_and_covers_every_row_once(tmp_path, cache_dir):
     raw = criteo_file(tmp_path / "raw.txt", 1000)
     split = Split(by="random", fractions=(0.8, 0.1, 0.1), seed=7)
-    p = prepare_criteo(raw, 100, split=split)
+    p = prepare(ConversionSpec(CRITEO, raw, 100, split=split))
     parts = {s: i1(p, s) for s in ("train", "validation", "test")}
     assert sorted(sum(parts.values(), [])) == list(range(1000))
     assert all(v == sorted(v) for v in parts.values())  # file order within each split
@@ -46,7 +46,7 @@ def test_random_split_is_seeded_and_covers_every_row_once(tmp_path, cache_dir):
         np.concatenate([random_assign(7, (0.8, 0.1, 0.1), 0, 300), random_assign(7, (0.8, 0.1, 0.1), 300, 700)]), whole
     )
     assert np.flatnonzero(whole == 1).tolist() == parts["validation"]
-    other = prepare_criteo(raw, 100, split=Split(by="random", fractions=(0.8, 0.1, 0.1), seed=8))
+    other = prepare(ConversionSpec(CRITEO, raw, 100, split=Split(by="random", fractions=(0.8, 0.1, 0.1), seed=8)))
     assert i1(other, "validation") != parts["validation"]
 
 
@@ -54,12 +54,14 @@ def test_time_split_by_avazu_hour(tmp_path, cache_dir):
     hours = [14102100, 14102100, 14102223, 14102300, 14102200, 14102301]
     raw = tmp_path / "a.csv"
     raw.write_text(HEADER + "\n" + "\n".join(ROW.replace(",14102314,", f",{h},") for h in hours) + "\n")
-    p = prepare(AVAZU, raw, 1000, split=Split(by="time", column="hour", thresholds=(14102200, 14102300)))
+    p = prepare(
+        ConversionSpec(AVAZU, raw, 1000, split=Split(by="time", column="hour", thresholds=(14102200, 14102300)))
+    )
     assert p.rows == {"train": 2, "validation": 2, "test": 2}  # < 22nd 00h, < 23rd 00h, the rest
     bad = tmp_path / "b.csv"
     bad.write_text(HEADER + "\n" + ROW + "\n" + ROW.replace(",14102314,", ",later,") + "\n")
     with pytest.raises(DataError, match=r"b.csv, data row 2, column hour: 'later'"):
-        prepare(AVAZU, bad, 1000, split=Split(by="time", column="hour", thresholds=(1, 2)))
+        prepare(ConversionSpec(AVAZU, bad, 1000, split=Split(by="time", column="hour", thresholds=(1, 2))))
 
 
 def test_split_by_files(tmp_path, cache_dir):
@@ -67,7 +69,9 @@ def test_split_by_files(tmp_path, cache_dir):
         criteo_file(tmp_path / f"{n}.txt", k, first)
         for n, k, first in (("day0", 7, 0), ("day1a", 3, 100), ("day1b", 4, 200))
     )
-    p = prepare_criteo(train, 100, split=Split(by="files", validation_path=str(val), test_path=str(test)))
+    p = prepare(
+        ConversionSpec(CRITEO, train, 100, split=Split(by="files", validation_path=str(val), test_path=str(test)))
+    )
     assert p.rows == {"train": 7, "validation": 3, "test": 4}
     assert i1(p, "validation") == [100, 101, 102] and i1(p, "test") == [200, 201, 202, 203]
 
@@ -113,8 +117,8 @@ def test_several_training_files_convert_in_worker_processes(tmp_path, cache_dir,
     val.write_text("".join(lines[4000:4500]))
     test.write_text("".join(lines[4500:5000]))
     split = Split(by="files", validation_path=str(val), test_path=str(test))
-    many = prepare(CRITEO, [str(d) for d in days], 1000, split, mapping=mapping)
-    one = prepare(CRITEO, str(whole), 1000, split, mapping=mapping)
+    many = prepare(ConversionSpec(CRITEO, [str(d) for d in days], 1000, split, mapping=mapping))
+    one = prepare(ConversionSpec(CRITEO, str(whole), 1000, split, mapping=mapping))
     assert [p.name for p in many.files["train"]] == [
         "train-00000.parquet",
         "train-00001.parquet",
@@ -139,11 +143,13 @@ def test_several_training_files_convert_in_worker_processes(tmp_path, cache_dir,
     bad[9] = bad[9].replace("\t", "\tabc\t", 1).replace("\tabc\t", "\t", 0)  # an extra field on line 10
     days[1].write_text("".join(bad))
     with pytest.raises(DataError, match=r"day_1.txt, line 10: expected 40 fields, got 41"):
-        prepare(CRITEO, [str(d) for d in days], 1000, split, mapping=mapping)
+        prepare(ConversionSpec(CRITEO, [str(d) for d in days], 1000, split, mapping=mapping))
     assert not list(cache_dir.rglob("*.tmp"))  # nothing half-written is left
     m = json.loads(
         (
-            prepare(CRITEO, [str(d) for d in days], 1000, split, mapping=mapping, on_bad_row="skip").directory
+            prepare(
+                ConversionSpec(CRITEO, [str(d) for d in days], 1000, split, mapping=mapping, on_bad_row="skip")
+            ).directory
             / "manifest.json"
         ).read_text()
     )
@@ -183,6 +189,6 @@ def test_a_training_file_listed_twice_is_warned_about(tmp_path, cache_dir, capsy
     for name in ("d.txt", "v.txt", "t.txt"):
         (tmp_path / name).write_text(base_row() + "\n")
     split = Split(by="files", validation_path=str(tmp_path / "v.txt"), test_path=str(tmp_path / "t.txt"))
-    p = prepare(CRITEO, [str(tmp_path / "d.txt"), str(tmp_path / "d.txt")], 100, split)
+    p = prepare(ConversionSpec(CRITEO, [str(tmp_path / "d.txt"), str(tmp_path / "d.txt")], 100, split))
     assert p.rows["train"] == 2
     assert "d.txt more than once" in capsys.readouterr().err

@@ -3,7 +3,7 @@ import json
 import numpy as np
 import pyarrow.parquet as pq
 
-from recsys_dist.data.convert import prepare, prepare_criteo
+from recsys_dist.data.convert import ConversionSpec, prepare
 from recsys_dist.data.convert.manifest import VOCABULARY_FILE
 from recsys_dist.data.formats.criteo import CRITEO
 from recsys_dist.data.mapping import OOV_ID, VocabularyCounter
@@ -40,7 +40,7 @@ def test_category_only_in_test_split_maps_to_oov(tmp_path, cache_dir):
     rows = [base_row(label=str(i % 2), cats=cats("0000000a" if i < 6 else "0000000b")) for i in range(8)]
     rows += [base_row(cats=cats("0000000b")), base_row(cats=cats("aaaaaaaa"))]
     rows[2] = base_row(cats=[""] + CATS[1:])  # a missing value stays 0
-    p = prepare_criteo(write(tmp_path, rows), 1000, mapping="vocabulary")
+    p = prepare(ConversionSpec(CRITEO, write(tmp_path, rows), 1000, mapping="vocabulary"))
     assert p.rows == {"train": 8, "validation": 1, "test": 1}
     train, val, test = (pq.read_table(p.files[s]).column("C1").to_pylist() for s in ("train", "validation", "test"))
     # 0000000a: 5 rows in train -> id 2; 0000000b: 2 rows -> id 3; missing -> 0.
@@ -57,10 +57,10 @@ def test_category_only_in_test_split_maps_to_oov(tmp_path, cache_dir):
 def test_min_count_and_table_cap(tmp_path, cache_dir):
     rows = [base_row(cats=cats(f"{1 + i % 3:08x}" if i < 7 else "00000009")) for i in range(10)]
     raw = write(tmp_path, rows)  # train C1: 1,2,3,1,2,3,1 (counts 3, 2, 2); 9 after train
-    p = prepare_criteo(raw, 1000, split=(0.7, 0.0, 0.3), mapping="vocabulary", min_count=3)
+    p = prepare(ConversionSpec(CRITEO, raw, 1000, split=(0.7, 0.0, 0.3), mapping="vocabulary", min_count=3))
     assert pq.read_table(p.files["train"]).column("C1").to_pylist() == [2, 1, 1, 2, 1, 1, 2]
     assert p.num_embeddings[0] == 3
-    capped = prepare_criteo(raw, 4, split=(0.7, 0.0, 0.3), mapping="vocabulary")  # 2 values fit
+    capped = prepare(ConversionSpec(CRITEO, raw, 4, split=(0.7, 0.0, 0.3), mapping="vocabulary"))  # 2 values fit
     c1 = pq.read_table(capped.files["train"]).column("C1").to_pylist()
     assert c1 == [2, 3, 1, 2, 3, 1, 2] and capped.num_embeddings[0] == 4
     for s in ("train", "test"):  # no id points past its table
@@ -70,12 +70,20 @@ def test_min_count_and_table_cap(tmp_path, cache_dir):
 
 
 def test_scoring_reuses_the_training_vocabulary(tmp_path, cache_dir):
-    train = prepare_criteo(
-        write(tmp_path, [base_row(cats=cats("0000000a"))] * 4), 100, split=(1.0, 0.0, 0.0), mapping="vocabulary"
+    train = prepare(
+        ConversionSpec(
+            CRITEO,
+            write(tmp_path, [base_row(cats=cats("0000000a"))] * 4),
+            100,
+            split=(1.0, 0.0, 0.0),
+            mapping="vocabulary",
+        )
     )
     new = write(tmp_path, [base_row(cats=cats("0000000b")), base_row(cats=cats("0000000a"))], "new.txt")
     scored = prepare(
-        CRITEO, new, 100, split=(1.0, 0.0, 0.0), mapping="vocabulary", vocabulary=train.directory / VOCABULARY_FILE
+        ConversionSpec(
+            CRITEO, new, 100, split=(1.0, 0.0, 0.0), mapping="vocabulary", vocabulary=train.directory / VOCABULARY_FILE
+        )
     )
     assert pq.read_table(scored.files["train"]).column("C1").to_pylist() == [OOV_ID, 2]
     assert scored.num_embeddings == train.num_embeddings
@@ -94,9 +102,9 @@ def test_managed_features_get_no_vocabulary(tmp_path, cache_dir, monkeypatch):
     made = []
     real_init = mp.VocabularyCounter.__init__
     monkeypatch.setattr(mp.VocabularyCounter, "__init__", lambda self: made.append(1) or real_init(self))
-    some = prepare_criteo(raw, 50, mapping="vocabulary", managed=managed)
+    some = prepare(ConversionSpec(CRITEO, raw, 50, mapping="vocabulary", managed=managed))
     assert len(made) == 24  # one counter per vocabulary feature, none for C1, C2
-    plain = prepare_criteo(raw, 50, mapping="vocabulary")
+    plain = prepare(ConversionSpec(CRITEO, raw, 50, mapping="vocabulary"))
     assert some.num_embeddings[:2] == [50, 50] and some.num_embeddings[2:] == plain.num_embeddings[2:]
     vocab, plain_vocab = (pq.read_table(p.directory / VOCABULARY_FILE).to_pylist() for p in (some, plain))
     assert vocab == [r for r in plain_vocab if r["feature"] not in ("C1", "C2")]
@@ -111,13 +119,15 @@ def test_managed_features_get_no_vocabulary(tmp_path, cache_dir, monkeypatch):
         assert list(m[field]) == [f"C{j}" for j in range(3, 27)]
     assert all(list(rates) == [f"C{j}" for j in range(3, 27)] for rates in m["oov_rate"].values())
     scored = prepare(
-        CRITEO,
-        raw,
-        50,
-        split=(1.0, 0.0, 0.0),
-        mapping="vocabulary",
-        vocabulary=some.directory / VOCABULARY_FILE,
-        managed=managed,
+        ConversionSpec(
+            CRITEO,
+            raw,
+            50,
+            split=(1.0, 0.0, 0.0),
+            mapping="vocabulary",
+            vocabulary=some.directory / VOCABULARY_FILE,
+            managed=managed,
+        )
     )
     assert scored.num_embeddings == some.num_embeddings
     t = pq.read_table(scored.files["train"]).slice(0, 32)  # the training rows, as converted for training

@@ -13,8 +13,9 @@ data waits and then reuses the result. Every file is written under a name of its
 and renamed into place; ``manifest.json`` (renamed into place last) records each file's size
 and checksum, checked whenever the entry is opened (see ``cache.open_entry``).
 
-Modules: ``passes`` (reading, transforming, counting), ``writer`` (split files), ``parallel``
-(one worker process per file), ``cache`` (entry key, lock, integrity), ``manifest``.
+Modules: ``spec`` (:class:`ConversionSpec`, what a conversion reads and how), ``passes``
+(reading, transforming, counting), ``writer`` (split files), ``parallel`` (one worker process
+per file), ``cache`` (entry key, lock, integrity), ``manifest``.
 """
 
 from __future__ import annotations
@@ -62,119 +63,90 @@ from recsys_dist.data.convert.passes import (
     position_bounds,
     rows_skipped,
 )
+from recsys_dist.data.convert.spec import ConversionSpec
 from recsys_dist.data.convert.writer import SplitWriter, flat_paths, recut_splits
 from recsys_dist.data.coverage import hash_coverage, vocabulary_coverage
 from recsys_dist.data.formats.base import RawFormat
-from recsys_dist.data.formats.criteo import CRITEO
 from recsys_dist.data.splits import SPLITS, Split
 from recsys_dist.errors import DataError, NoRows
 
 
 def prepare(
-    fmt,
-    raw_path: str | os.PathLike,
-    num_embeddings: int | list[int],
-    split=(0.8, 0.1, 0.1),
-    num_rows: int | None = None,
-    cache_dir: str | os.PathLike | None = None,
-    row_group_size: int = 65536,
-    on_bad_row: str = "error",
-    progress: bool = False,
-    mapping: str = "hash",
-    min_count: int = 1,
-    vocabulary: str | os.PathLike | None = None,
-    warn_one_class: bool = True,
-    managed: list[bool] | None = None,
-    coverage: bool = True,
+    spec: ConversionSpec, *, progress: bool = False, warn_one_class: bool = True, coverage: bool = True
 ) -> PreparedData:
-    """Convert raw data of format ``fmt`` to train/validation/test Parquet once, then reuse it.
+    """Convert the raw data ``spec`` describes to train/validation/test Parquet once, then reuse it.
 
     Args:
-        split: three fractions (position split, file order) or a :class:`splits.Split`
-            (position, random with a seed, a time column, or one file per split).
-        num_embeddings: table rows per categorical feature (one int for all); under
-            ``mapping="vocabulary"`` the largest table allowed (the most frequent values are kept).
-        num_rows: read at most this many rows of each raw file.
-        mapping: ``"hash"`` or ``"vocabulary"`` (see ``recsys_dist.data.mapping``); the
-            vocabulary is built from the training split only (a first pass over its rows).
-        min_count: vocabulary: keep a value seen at least this often in the training rows.
-        vocabulary: vocabulary: apply this ``vocabulary.parquet`` (from an earlier
-            conversion, e.g. the training data when scoring new rows) instead of counting.
+        spec: the raw files, their format and every setting of the output (:class:`ConversionSpec`).
+        progress: show a tqdm bar.
         warn_one_class: log a warning when every training row has the same label (e.g. a
             ``label_threshold`` applied to a column that is already 0/1); not an error, since a
             tiny dataset may be one class.
         coverage: count the share of training values each table gives a row of their own and
             warn (``recsys_dist.data.coverage``); False for stream partitions and scoring.
 
-    The output directory is keyed by the raw file(s) (path, size, mtime) and every argument
-    that changes the output, so changing any of them converts again. ``on_bad_row="skip"``
+    The output directory is keyed by the raw file(s) (path, size, mtime) and every field of
+    ``spec`` that changes the output, so changing any of them converts again. ``on_bad_row="skip"``
     leaves out rows with a wrong field count or a rejected value and records them (rows
     read = rows written + rows skipped) in the manifest; ``"error"`` stops at the first.
-    ``progress`` shows a tqdm bar. Files are written under a temporary name of this process
-    and renamed, and ``manifest.json`` is written last, so an interrupted conversion is never
-    reused. One process at a time converts or checks an entry (a lock file beside it): a
-    second one converting the same data waits, then reuses the result. A cached entry is
-    checked when opened (every file there, sizes and checksums as the manifest records them);
-    a damaged or incomplete one is named in a warning and converted again. Warnings of the
-    conversion (one-class labels, an empty test split, high out-of-vocabulary rates, a
-    multi-hot separator that looks wrong) are stored in the manifest and repeated on reuse.
+    Files are written under a temporary name of this process and renamed, and ``manifest.json``
+    is written last, so an interrupted conversion is never reused. One process at a time
+    converts or checks an entry (a lock file beside it): a second one converting the same data
+    waits, then reuses the result. A cached entry is checked when opened (every file there,
+    sizes and checksums as the manifest records them); a damaged or incomplete one is named in
+    a warning and converted again. Warnings of the conversion (one-class labels, an empty test
+    split, high out-of-vocabulary rates, a multi-hot separator that looks wrong) are stored in
+    the manifest and repeated on reuse.
 
     Returns:
         :class:`PreparedData`; ``num_embeddings`` is the table size per feature to train with.
 
     Raises:
         DataError: malformed input (names the file, line and column), a missing file, or no rows.
+        ValueError: an option of ``spec`` that does not fit its format or is unknown.
     """
-    split, raws, sources = _check_sources(raw_path, split)
-    sizes, managed, vocab_path = _check_options(fmt, num_embeddings, on_bad_row, mapping, managed, vocabulary)
-    conversion = _Conversion(
-        fmt,
-        raws,
-        sources,
-        cache_dir,
-        sizes,
-        split,
-        num_rows,
-        on_bad_row,
-        mapping,
-        min_count,
-        vocab_path,
-        row_group_size,
-        progress,
-        warn_one_class,
-        managed,
-        coverage,
-    )
-    with entry_lock(conversion.out, raws):
-        m = open_entry(conversion.out, raws[0], warn_one_class)
+    conversion = _conversion(spec, progress, warn_one_class, coverage)
+    with entry_lock(conversion.out, conversion.raws):
+        m = open_entry(conversion.out, conversion.raws[0], warn_one_class)
         if m is None:
             m = conversion.build()
     return manifest_result(conversion.out, m)
 
 
-def entry_path(
-    fmt,
-    raw_path: str | os.PathLike | list,
-    num_embeddings: int | list[int],
-    split=(0.8, 0.1, 0.1),
-    num_rows: int | None = None,
-    cache_dir: str | os.PathLike | None = None,
-    row_group_size: int = 65536,
-    on_bad_row: str = "error",
-    mapping: str = "hash",
-    min_count: int = 1,
-    managed: list[bool] | None = None,
-) -> Path:
-    """The cache entry :func:`prepare` with these arguments uses (its directory, which holds
+def entry_path(spec: ConversionSpec) -> Path:
+    """The cache entry :func:`prepare` of ``spec`` uses (its directory, which holds
     ``manifest.json`` once converted); reads nothing but the raw files' size and mtime.
 
     Raises:
         DataError, ValueError: as :func:`prepare` for a missing raw file or a bad option.
     """
-    split, raws, sources = _check_sources(raw_path, split)
-    sizes, managed, _ = _check_options(fmt, num_embeddings, on_bad_row, mapping, managed, None)
-    args = (num_rows, on_bad_row, mapping, min_count, None, row_group_size, False, True, managed)
-    return _Conversion(fmt, raws, sources, cache_dir, sizes, split, *args).out
+    return _conversion(spec, False, True, True).out
+
+
+def _conversion(spec: ConversionSpec, progress: bool, warn_one_class: bool, coverage: bool) -> _Conversion:
+    """The conversion of ``spec`` into its cache entry, every option checked (see :func:`prepare`)."""
+    split, raws, sources = _check_sources(spec.raw_path, spec.split)
+    sizes, managed, vocab_path = _check_options(
+        spec.fmt, spec.num_embeddings, spec.on_bad_row, spec.mapping, spec.managed, spec.vocabulary
+    )
+    return _Conversion(
+        spec.fmt,
+        raws,
+        sources,
+        spec.cache_dir,
+        sizes,
+        split,
+        spec.num_rows,
+        spec.on_bad_row,
+        spec.mapping,
+        spec.min_count,
+        vocab_path,
+        spec.row_group_size,
+        progress,
+        warn_one_class,
+        managed,
+        coverage,
+    )
 
 
 def _check_options(fmt, num_embeddings, on_bad_row: str, mapping: str, managed, vocabulary):
@@ -210,6 +182,8 @@ def _check_sources(raw_path, split) -> tuple[Split, list[Path], list]:
         DataError: a file that does not exist or is a directory.
     """
     split = Split.of(split)
+    if raw_path is None:
+        raw_path = []
     raws = [Path(p) for p in raw_path] if isinstance(raw_path, (list, tuple)) else [Path(raw_path)]
     if not raws:
         raise ValueError("raw_path: no file given")
@@ -232,8 +206,9 @@ def _check_sources(raw_path, split) -> tuple[Split, list[Path], list]:
 @dataclass
 class _Conversion:
     """One conversion into the cache entry ``out`` (named by the raw files and the settings, in
-    ``cache_dir``; its lock held while converting); see :func:`prepare` for the fields. ``sizes``
-    become the vocabulary sizes under vocabulary mapping."""
+    ``cache_dir``; its lock held while converting): a :class:`ConversionSpec` checked (see
+    :func:`_conversion`) and :func:`prepare`'s options. ``sizes`` become the vocabulary sizes
+    under vocabulary mapping."""
 
     fmt: RawFormat
     raws: list[Path]
@@ -254,6 +229,8 @@ class _Conversion:
     out: Path = field(init=False)
 
     def __post_init__(self) -> None:
+        # The one place an entry is named (scoring looks entries up through entry_path). Criteo's keep
+        # the name they had before there were other formats: criteo-<key> (docs/runs.md).
         prefix = "criteo" if self.fmt.name == "criteo_tsv" else self.fmt.name
         key = cache_key(
             self.raws,
@@ -480,21 +457,3 @@ class _Conversion:
             for n, sk, size in zip(names, totals.sketches, self.sizes)
             if sk is not None
         }
-
-
-def prepare_criteo(
-    raw_path,
-    num_embeddings,
-    split=(0.8, 0.1, 0.1),
-    num_rows=None,
-    cache_dir=None,
-    row_group_size: int = 65536,
-    on_bad_row: str = "error",
-    progress: bool = False,
-    **kw,
-):
-    """Convert a Criteo TSV file to train/validation/test Parquet once, then reuse it
-    (see :func:`recsys_dist.data.convert.prepare`)."""
-    return prepare(
-        CRITEO, raw_path, num_embeddings, split, num_rows, cache_dir, row_group_size, on_bad_row, progress, **kw
-    )

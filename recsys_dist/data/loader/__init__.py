@@ -35,6 +35,10 @@ batch) and no thread wakes up per step: at small batches on ranks that share cor
 per-batch hand-over cost more than the batch itself. Windows decode into pyarrow's system
 pool (:mod:`recsys_dist.data.parquet_io` says why).
 
+Modules: ``options`` (:class:`LoaderOptions`, how a loader reads), ``stream`` (a window of row
+groups read and checked), ``columns`` (its rows as numpy columns), ``gather`` (rows into batch
+layout), ``weights`` (sample-weight sums, loss scales).
+
 KJT layout of a batch (keys C1..C26, B rows; multi-hot list columns give variable lengths)::
 
     values  = [C1 ids of rows 0..B-1, C2 ids of rows 0..B-1, ..., C26 ids of rows 0..B-1]  int64
@@ -46,6 +50,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Unpack
 
 import numpy as np
 import pyarrow as pa
@@ -56,6 +61,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from recsys_dist.data.loader.columns import Columns
 from recsys_dist.data.loader.gather import gather_block
+from recsys_dist.data.loader.options import LoaderKeywords, LoaderOptions
 from recsys_dist.data.loader.stream import check_types, is_list_type, read_window
 from recsys_dist.data.loader.weights import batch_sums, weighted_scales
 from recsys_dist.data.prefetch import prefetched
@@ -141,31 +147,17 @@ class ParquetBatchLoader:
         batch_size: rows per batch on this rank.
         rank, world_size: this rank and the number of ranks.
         dense_names, sparse_names: column names, in model order.
-        shuffle: new seeded order each epoch; identical on every rank and every rerun.
-        seed: base seed.
-        remainder: ``"pad"`` or ``"drop"`` (see module docstring).
-        num_embeddings: per sparse feature; an id outside ``[0, n)`` raises DataError.
-        shuffle_buffer_rows: rows read and shuffled together (memory bound).
-        prefetch: 0 = everything in the calling thread; > 0: a background thread gathers rows
-            into blocks of up to ``BLOCK_BATCHES`` batches, ceil(prefetch / BLOCK_BATCHES)
-            blocks ahead, and a second one reads the next window meanwhile.
-        pin_memory: pin batches (for CUDA).
-        rank_reads: ``"global_batch"`` (every rank reads the whole stream and keeps its block
-            of each global batch) or ``"row_groups"`` (each rank reads only its own row groups;
-            see the module docstring).
-        label_columns: the label columns, in task order: ``["label"]`` (one task; labels
-            [B]) or the conversion's ``label:<task>`` columns (labels [B, T]; [B] for one).
-        weight_column: a float32 column of sample weights (>= 0) that the batch weights carry
-            (times 0 for padding); None = every real row weighs 1.
-        scale_losses: the batches carry ``loss_scale`` (a training loader); False: it is None
-            (an evaluation loader: nothing applies it, and a weighted loader on several ranks
-            then skips reading the other ranks' weights, :meth:`global_weights`).
+        options: how it reads (:class:`LoaderOptions`: shuffle, seed, remainder, id bounds, prefetch,
+            label and weight columns, ...); default ``LoaderOptions()``.
+        **changes: :class:`LoaderOptions` fields given by name, applied over ``options``
+            (``ParquetBatchLoader(path, 64, 0, 1, dense, sparse, shuffle=True, seed=1)``).
 
     Raises:
         DataError: a missing file or column, files with different schemas, no rows with
             ``drop``; while iterating, an id out of range or null, a non-finite label or dense value,
             naming the file, row (0-based, in that file) and column.
         ValueError: an unknown ``remainder`` or ``rank_reads``.
+        TypeError: a keyword that is not a :class:`LoaderOptions` field.
     """
 
     def __init__(
@@ -176,43 +168,31 @@ class ParquetBatchLoader:
         world_size: int,
         dense_names: list[str],
         sparse_names: list[str],
-        *,
-        shuffle: bool = False,
-        seed: int = 0,
-        remainder: str = "pad",
-        num_embeddings: list[int] | None = None,
-        shuffle_buffer_rows: int = 1 << 20,
-        prefetch: int = 2,
-        pin_memory: bool = False,
-        rank_reads: str = "global_batch",
-        label_columns: Sequence[str] = ("label",),
-        weight_column: str | None = None,
-        scale_losses: bool = True,
+        options: LoaderOptions | None = None,
+        **changes: Unpack[LoaderKeywords],
     ) -> None:
-        if remainder not in ("pad", "drop"):
-            raise ValueError(f"remainder must be 'pad' or 'drop', got {remainder!r}")
-        if rank_reads not in ("global_batch", "row_groups"):
-            raise ValueError(f"rank_reads must be 'global_batch' or 'row_groups', got {rank_reads!r}")
+        options = (options or LoaderOptions()).changed(**changes)
         self.files = (
             [str(path)] if isinstance(path, (str, bytes)) or hasattr(path, "__fspath__") else [str(p) for p in path]
         )
         self.dense_names, self.keys = list(dense_names), list(sparse_names)
-        self.label_columns, self.weight_column = list(label_columns), weight_column
-        self.columns = [*self.label_columns, *dense_names, *sparse_names, *([weight_column] if weight_column else [])]
+        self.label_columns, self.weight_column = list(options.label_columns), options.weight_column
+        weights = [options.weight_column] if options.weight_column else []
+        self.columns = [*self.label_columns, *dense_names, *sparse_names, *weights]
         schema = self._open_files()
         self.list_features = [schema is not None and is_list_type(schema.field(n).type) for n in sparse_names]
         self.num_rows = sum(n for *_, n in self.row_groups)
         self.path, self.batch_size, self.rank, self.world_size = self.files[0], batch_size, rank, world_size
-        self.shuffle, self.seed, self.remainder = shuffle, seed, remainder
-        self.num_embeddings, self.buffer_rows, self.prefetch = num_embeddings, shuffle_buffer_rows, prefetch
-        self.pin_memory, self.rank_reads = pin_memory, rank_reads
-        self.scale_losses = scale_losses
+        self.shuffle, self.seed, self.remainder = options.shuffle, options.seed, options.remainder
+        self.num_embeddings, self.buffer_rows = options.num_embeddings, options.shuffle_buffer_rows
+        self.prefetch, self.pin_memory, self.rank_reads = options.prefetch, options.pin_memory, options.rank_reads
+        self.scale_losses = options.scale_losses
         self.epoch = 0
         self._plan_stream()
         # Full batches share these (read-only): every one-hot bag has length 1, every row weight 1.
         self._ones_lengths = torch.ones(batch_size * len(self.keys), dtype=torch.int32)
         self._ones_weights = torch.ones(batch_size, dtype=torch.float32)
-        if pin_memory:
+        if self.pin_memory:
             self._ones_lengths, self._ones_weights = self._ones_lengths.pin_memory(), self._ones_weights.pin_memory()
         self._n_onehot = sum(not m for m in self.list_features)
 
@@ -267,12 +247,10 @@ class ParquetBatchLoader:
             )
             raise DataError(f"{self.path}: {what} and data.remainder is 'drop'; use 'pad' or a smaller batch")
 
-    def reopen(self, **changes) -> ParquetBatchLoader:
-        """A new loader of the same files, batch size, rank and columns, with ``changes`` to
-        the constructor's keyword arguments (e.g. ``shuffle=False``, ``weight_column=None``)
-        or its ``batch_size``."""
-        batch_size = changes.pop("batch_size", self.batch_size)
-        kwargs = dict(
+    @property
+    def options(self) -> LoaderOptions:
+        """This loader's :class:`LoaderOptions` (with any attribute changed since it opened)."""
+        return LoaderOptions(
             shuffle=self.shuffle,
             seed=self.seed,
             remainder=self.remainder,
@@ -285,11 +263,18 @@ class ParquetBatchLoader:
             weight_column=self.weight_column,
             scale_losses=self.scale_losses,
         )
-        unknown = sorted(set(changes) - set(kwargs))
-        if unknown:
-            raise TypeError(f"reopen: unknown options {unknown}; options are {sorted(kwargs)}")
-        kwargs.update(changes)
-        return type(self)(self.files, batch_size, self.rank, self.world_size, self.dense_names, self.keys, **kwargs)
+
+    def reopen(self, **changes) -> ParquetBatchLoader:
+        """A new loader of the same files, batch size, rank and columns, with ``changes`` to
+        its :class:`LoaderOptions` (e.g. ``shuffle=False``, ``weight_column=None``) or its
+        ``batch_size``.
+
+        Raises:
+            TypeError: a keyword that is neither ``batch_size`` nor an option.
+        """
+        batch_size = changes.pop("batch_size", self.batch_size)
+        options = self.options.changed(**changes)
+        return type(self)(self.files, batch_size, self.rank, self.world_size, self.dense_names, self.keys, options)
 
     def __len__(self) -> int:
         """Batches per epoch, the same on every rank."""
