@@ -19,7 +19,12 @@ partitions into the run directory), as a landing partition always is. The three 
 lines' ``seconds``; then medians and stream / batch ratios. Not a test. Usage:
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/stream_throughput.py [--partitions 8] [--rows 1000]
-        [--reps 3] [--out benchmarks/results/stream_throughput_cpu2core_YYYYMMDD.md]
+        [--reps 3] [--variants batch,stream,stream_pub] [--before OTHER_CHECKOUT]
+        [--out benchmarks/results/stream_throughput_cpu2core_YYYYMMDD.md]
+
+The report ends each round (a repetition) with every stream variant's samples/s over the batch
+file's of the same round, and their median over the rounds; ``--before`` runs each stream variant
+also with another checkout's ``recsys_dist`` (``VARIANT@before``), in the same rounds.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "datasets" / "criteo_kaggle" / "dac_train_first10000.txt"
 ONLINE = ROOT / "configs" / "criteo_online.yaml"
 VARIANTS = ("batch", "stream_pv", "stream", "stream_pub")
+BEFORE = "@before"  # suffix of a variant run from --before's checkout (the same config)
 
 
 def hourly():
@@ -85,16 +91,17 @@ def make_configs(work: Path, partitions: int, rows: int) -> dict[str, dict]:
     return out
 
 
-def run_once(work: Path, variant: str, cfg: dict, rep: int) -> dict:
-    """One ``recsys-dist train`` of ``cfg`` in a fresh run and cache directory."""
-    name = f"{variant}_{rep}"
+def run_once(work: Path, variant: str, cfg: dict, rep: int, root: Path = ROOT) -> dict:
+    """One ``recsys-dist train`` of ``cfg`` in a fresh run and cache directory, with the
+    ``recsys_dist`` of checkout ``root``."""
+    name = f"{variant}_{rep}".replace(BEFORE, "_before")
     cfg = json.loads(json.dumps(cfg))
     if "stream" not in cfg["data"]:  # a stream converts into RUN_DIR/partitions (always cold)
         cfg["data"]["cache_dir"] = str(work / "cache" / name)
     path = work / f"{name}.yaml"
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     run_dir = work / "runs" / name
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": str(root)}
     load0 = os.getloadavg()[0]
     ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
@@ -171,6 +178,7 @@ def report(results: list[dict], args, command: str, loads: tuple) -> str:
             + " | ".join(f"{r['split'][k]:.2f}" for k in phases)
             + f" | {ps} | {r['load'][0]}, {r['load'][1]} |"
         )
+    out += _rounds(results)
     out += [
         "",
         "Over the repetitions: medians, stream / batch ratios of the medians, and the median (min - max) of the "
@@ -189,7 +197,7 @@ def report(results: list[dict], args, command: str, loads: tuple) -> str:
         r.setdefault("cpu_s", float("nan"))
     b_sps, b_job, b_cpu = (med(results, "batch", k) for k in ("samples_s", "job_s", "cpu_s"))
     b_best, b_job_best = best(results, "batch", "samples_s", max), best(results, "batch", "job_s", min)
-    for v in [v for v in VARIANTS if any(r["variant"] == v for r in results)]:
+    for v in _present(results):
         sps, job, cpu = (med(results, v, k) for k in ("samples_s", "job_s", "cpu_s"))
         sps_best, job_best = best(results, v, "samples_s", max), best(results, v, "job_s", min)
         steps = results[[r["variant"] for r in results].index(v)]["steps"]
@@ -203,6 +211,45 @@ def report(results: list[dict], args, command: str, loads: tuple) -> str:
             + " |"
         )
     return "\n".join(out) + "\n"
+
+
+def _present(results: list[dict]) -> list[str]:
+    """The variants run, in VARIANTS order, each followed by its ``@before`` run."""
+    names = {r["variant"] for r in results}
+    return [x for v in VARIANTS for x in (v, v + BEFORE) if x in names]
+
+
+def _rounds(results: list[dict]) -> list[str]:
+    """Per repetition (its variants ran back to back, interleaved with the other repetitions'):
+    each stream variant's samples/s over the batch file's, then the median of those ratios."""
+    streams = [v for v in _present(results) if v != "batch"]
+    base = {r["rep"]: r["samples_s"] for r in results if r["variant"] == "batch"}
+    if not streams or not base:
+        return []
+    out = [
+        "",
+        "Per round: samples/s of each stream variant / the batch file's in the same round (the variants of a "
+        "round ran back to back; rounds interleave, the order rotating), and the median over the rounds:",
+        "",
+        "| round | batch samples/s | " + " | ".join(f"{v} / batch" for v in streams) + " |",
+        "| ---: | ---: |" + " ---: |" * len(streams),
+    ]
+    ratios: dict[str, list[float]] = {v: [] for v in streams}
+    for rep in sorted(base):
+        row = []
+        for v in streams:
+            got = [r["samples_s"] for r in results if r["variant"] == v and r["rep"] == rep]
+            if got:
+                ratios[v].append(got[0] / base[rep])
+            row.append(f"{got[0] / base[rep]:.3f}" if got else "-")
+        out.append(f"| {rep} | {base[rep]:,.0f} | " + " | ".join(row) + " |")
+    out.append(
+        "| **median** | "
+        + f"{statistics.median(base.values()):,.0f} | "
+        + " | ".join(f"**{statistics.median(ratios[v]):.3f}**" if ratios[v] else "-" for v in streams)
+        + " |"
+    )
+    return out
 
 
 def _paired(results: list[dict], variant: str, key: str) -> str:
@@ -223,6 +270,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--partitions", type=int, default=8)
     parser.add_argument("--rows", type=int, default=1000, help="rows per partition")
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument(
+        "--variants", default=",".join(VARIANTS), help="comma-separated subset of " + ", ".join(VARIANTS)
+    )
+    parser.add_argument(
+        "--before",
+        default=None,
+        help="another checkout (e.g. `git worktree add /tmp/before main`): each stream variant also runs "
+        "with its recsys_dist, as VARIANT@before, in the same rounds",
+    )
     parser.add_argument("--keep", default=None, help="work directory to keep (default: a temporary one)")
     parser.add_argument(
         "--out",
@@ -249,12 +305,15 @@ def main(argv: list[str] | None = None) -> None:
         configs = make_configs(work, args.partitions, args.rows)
         load_start = round(os.getloadavg()[0], 2)
         results = []
+        variants = [v for v in VARIANTS if v in configs and v in args.variants.split(",")]
+        if args.before:  # each stream variant also from the other checkout, interleaved
+            variants += [v + BEFORE for v in variants if v != "batch"]
         for rep in range(args.reps):
-            variants = [v for v in VARIANTS if v in configs]
             k = rep % len(variants)
             order = variants[k:] + variants[:k]  # alternate who runs first
             for v in order:
-                r = run_once(work, v, configs[v], rep)
+                root = Path(args.before) if v.endswith(BEFORE) else ROOT
+                r = run_once(work, v, configs[v.removesuffix(BEFORE)], rep, root)
                 print(json.dumps(r), flush=True)
                 results.append(r)
         text = report(results, args, command, (load_start, round(os.getloadavg()[0], 2)))

@@ -128,6 +128,54 @@ def load(path: str | Path, preprocessing: bool = True) -> LoadedModel:
             f"{path}: no model.safetensors and no complete checkpoint (run, checkpoint or export dir)"
         )
     intact_checkpoint(ckpt)  # a damaged file is named, never loaded
+    meta, cfg = _checkpoint_config(ckpt)
+    model = _unsharded(cfg)
+    state = {"model": model.state_dict()}
+    try:
+        with warnings.catch_warnings():  # "torch.distributed is disabled ...": one process, as intended
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            dcp.load(state, storage_reader=SafeReader(ckpt), planner=SafeLoadPlanner(), no_dist=True)
+    except CheckpointError:
+        raise
+    except (Exception, CheckpointException) as err:  # noqa: BLE001 - DCP's own exception types vary by failure
+        raise CheckpointError(f"checkpoint {ckpt} cannot be read: {str(err)[:800]}") from None
+    model.load_state_dict(state["model"])
+    return _checkpoint_model(ckpt, meta, cfg, model, preprocessing)
+
+
+def with_state(ckpt: Path, state: dict[str, torch.Tensor], model: CTRTask | None = None) -> LoadedModel:
+    """What :func:`load` gives for checkpoint ``ckpt``, its weights taken from ``state`` (the
+    unsharded model state dict as the training ranks hold it:
+    ``recsys_dist.checkpoint.gather.gather_full_state``) instead of its shard files: only its
+    ``meta.json`` and preprocessing record are read. ``model``: an unsharded model of that
+    checkpoint's config to load ``state`` into (a publisher keeps one across versions: building
+    one initialises every table); None builds one.
+
+    Raises:
+        CheckpointError: as :func:`load` (a checkpoint of a user model or an own loop), or
+            ``state`` lacks a tensor of the model or does not fit it.
+    """
+    meta, cfg = _checkpoint_config(ckpt)
+    model = _unsharded(cfg) if model is None else model
+    wanted = model.state_dict()
+    missing = [k for k in wanted if k not in state]
+    if missing:
+        raise CheckpointError(f"the model state for checkpoint {ckpt} lacks {missing[:5]}; publish from the checkpoint")
+    try:
+        model.load_state_dict({k: state[k] for k in wanted}, strict=True)
+    except RuntimeError as err:
+        raise CheckpointError(
+            f"the model state for checkpoint {ckpt} does not fit its config: {str(err)[:800]}"
+        ) from None
+    return _checkpoint_model(ckpt, meta, cfg, model, True)
+
+
+def _checkpoint_config(ckpt: Path) -> tuple[dict, RunConfig]:
+    """(meta.json, the config that rebuilds the model, table sizes as trained) of ``ckpt``.
+
+    Raises:
+        CheckpointError: a checkpoint of an own loop or of a user model (no config to rebuild it).
+    """
     meta = read_meta(ckpt)
     if meta.get("own_loop"):
         raise CheckpointError(
@@ -143,18 +191,10 @@ def load(path: str | Path, preprocessing: bool = True) -> LoadedModel:
     tree = meta["config"]
     if "num_embeddings" in meta:  # the sizes the data preparation decided (vocabulary mapping)
         tree = {**tree, "data": {**tree["data"], "num_embeddings": meta["num_embeddings"]}}
-    cfg = config_from_dict(tree, f"{ckpt}/meta.json")
-    model = _unsharded(cfg)
-    state = {"model": model.state_dict()}
-    try:
-        with warnings.catch_warnings():  # "torch.distributed is disabled ...": one process, as intended
-            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-            dcp.load(state, storage_reader=SafeReader(ckpt), planner=SafeLoadPlanner(), no_dist=True)
-    except CheckpointError:
-        raise
-    except (Exception, CheckpointException) as err:  # noqa: BLE001 - DCP's own exception types vary by failure
-        raise CheckpointError(f"checkpoint {ckpt} cannot be read: {str(err)[:800]}") from None
-    model.load_state_dict(state["model"])
+    return meta, config_from_dict(tree, f"{ckpt}/meta.json")
+
+
+def _checkpoint_model(ckpt: Path, meta: dict, cfg: RunConfig, model: CTRTask, preprocessing: bool) -> LoadedModel:
     try:
         prep = for_checkpoint(ckpt, meta) if preprocessing else None
     except DataError as err:  # about the checkpoint, not the rows to score

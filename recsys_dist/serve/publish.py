@@ -50,7 +50,7 @@ from recsys_dist.errors import CheckpointError
 from recsys_dist.faults import maybe_fault
 from recsys_dist.files import fresh_dir, open_in_place, write_atomic
 from recsys_dist.serve.config import PublishConfig
-from recsys_dist.serve.export import LoadedModel, load, write_export
+from recsys_dist.serve.export import LoadedModel, load, with_state, write_export
 from recsys_dist.serve.manifest import (  # noqa: F401 - read_manifest, latest_version, newest_intact: public here too
     FORMAT_VERSION,
     MANIFEST,
@@ -363,6 +363,7 @@ class Publisher:
         if orphans and manifest is not None:
             self._write_manifest()
         self._state: dict | None = None
+        self._float_model = None  # publish(state=...): the unsharded model the state is loaded into
         self.version: int | None = None
         damaged = self._take_up([e for e in self._versions if e not in drop])
         self._pending_drop = [e for e in self._versions if e in drop or e in damaged]
@@ -443,10 +444,16 @@ class Publisher:
             since += 1
         return since >= n
 
-    def publish(self, checkpoint: Path) -> Path:
+    def publish(self, checkpoint: Path, state: dict[str, torch.Tensor] | None = None) -> Path:
         """Publish ``checkpoint`` (a checkpoint directory, or a run directory: its newest one) as
         the next version: full for the first (or after a drop, when the tables changed shape or
         quantization, or after ``publish.full_every`` deltas), a delta afterwards. Returns the version's directory.
+
+        ``state``: the checkpoint's model weights as the training ranks hold them in memory
+        (unsharded: ``recsys_dist.checkpoint.gather.gather_full_state``, what
+        ``PublishCallback`` passes); then the checkpoint's tensors are not read back (only its
+        ``meta.json`` and preprocessing record), and the unsharded model is built once per
+        Publisher. The version is the same, bit for bit.
 
         Raises:
             CheckpointError: the checkpoint cannot be loaded (``serve.export.load``); the version
@@ -456,10 +463,11 @@ class Publisher:
         """
         checkpoint = Path(checkpoint)
         ckpt = checkpoint if is_complete(checkpoint) else latest_checkpoint(checkpoint)
-        m = load(ckpt if ckpt is not None else checkpoint)
+        m = self._model(ckpt if ckpt is not None else checkpoint, state)
         step = int(read_meta(ckpt)["step"])
-        if self.cfg.quantize != "none":
-            quantize_model(m.model, self.cfg.quantize)
+        if self.cfg.quantize != "none":  # in place: on a copy of the model this Publisher keeps
+            model = copy.deepcopy(m.model) if state is not None else m.model
+            m = dataclasses.replace(m, model=quantize_model(model, self.cfg.quantize))
         state = published_state(m.model)
         number = self._next
         name = version_dir(number)
@@ -492,6 +500,15 @@ class Publisher:
             self._move_aside(e["dir"], f"replaced by version {number} (its step {e['step']} was trained again)")
         log.info("publish: version %d (%s, step %d) in %s", number, info["kind"], step, self.dir / name)
         return self.dir / name
+
+    def _model(self, ckpt: Path, state: dict[str, torch.Tensor] | None) -> LoadedModel:
+        """The float model to publish: ``ckpt`` loaded (``serve.export.load``), or ``state``
+        loaded into this Publisher's unsharded model of ``ckpt``'s config (built on first use)."""
+        if state is None:
+            return load(ckpt)
+        m = with_state(ckpt, state, self._float_model)
+        self._float_model = m.model
+        return m
 
     def _write_version(self, m: LoadedModel, ckpt: Path, info: dict, delta, need: int) -> None:
         """Write version ``info["version"]`` into ``DIR/.tmp-v00000k-<pid>``, then rename it into

@@ -7,13 +7,16 @@ partitions). ``recsys-dist train`` adds it when ``publish.enabled``; a Python us
 After the checkpoint of every ``publish.every_n_steps`` steps, or after each partition of a
 stream (``publish.every_partition``), rank 0 publishes that checkpoint
 (:class:`recsys_dist.serve.publish.Publisher`: a full version, then deltas) while the other
-ranks wait; an error is raised on every rank.
+ranks wait; an error is raised on every rank. The weights published are the model's as the
+ranks hold it in memory, gathered onto rank 0 (``recsys_dist.checkpoint.gather``): equal to the
+checkpoint's, which is not read back.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from recsys_dist.checkpoint.gather import gather_full_state
 from recsys_dist.checkpoint.integrity import describe_error
 from recsys_dist.distributed.env import broadcast_result
 from recsys_dist.errors import CheckpointError
@@ -61,6 +64,11 @@ class PublishCallback(Callback):
             self._publish(trainer, checkpoint, unless_published=step)
 
     def _publish(self, trainer, checkpoint: Path, unless_published: int | None = None) -> None:
+        # The model as the ranks hold it is the checkpoint's (just saved, or just resumed from):
+        # rank 0 publishes it from memory instead of reading the checkpoint back.
+        with trainer.clock.phase("publish"):
+            state = gather_full_state(trainer.model.state_dict())
+
         def publish() -> Path | None:
             try:
                 if self.publisher is None:
@@ -73,7 +81,7 @@ class PublishCallback(Callback):
                 if unless_published is not None and self.publisher.step == unless_published:
                     return None
                 maybe_fault("publish", trainer.step, trainer.ctx.rank)
-                return self.publisher.publish(checkpoint)
+                return self.publisher.publish(checkpoint, state)
             except CheckpointError as err:
                 raise _on_every_rank(err, trainer.ctx.rank, self.run_dir) from None
             except OSError as err:  # the directory itself (created, locked, cleaned) cannot be written

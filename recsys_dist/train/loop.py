@@ -222,7 +222,8 @@ class TrainLoop:
         """Train ``self._loaders.train`` (epoch ``self.epoch``) from its batch ``start`` to its
         end, ``total_steps`` or a stop; checkpoints by cadence on the way."""
         cfg, ctx = self.cfg, self._ctx
-        pipe = self._pipe = self._new_pipeline()
+        pipe = self._pipe = self._next_pipeline()
+        self._pipe_drained = False
         self._weights_step = None  # trained on: the weights are the step's own again
         self._loaders.train.set_epoch(self.epoch)
         self._in_epoch = start
@@ -240,6 +241,7 @@ class TrainLoop:
                     self._model.fused_optimizer.step()
                 out = pipe.progress(batches)
             except StopIteration:
+                self._pipe_drained = True  # nothing in flight: the next epoch / partition may reuse it
                 break
             self._step += 1
             self._in_epoch += 1
@@ -297,6 +299,17 @@ class TrainLoop:
         # evaluate / predict) the pipeline has rewritten it. Its next progress re-attaches.
         if self._pipe is not None:
             self._pipe.detach()
+
+    def _next_pipeline(self) -> TrainPipeline:
+        """The pipeline of the next epoch (or stream partition): the last one when it ran its
+        iterator dry (no batch in flight; reset for a new iterator), so that its set-up (the
+        model's trace) is paid once per run, not per partition; else a new one."""
+        pipe = self._pipe
+        if pipe is None or not self._pipe_drained or not PIPELINES[self.cfg.train.pipeline].reusable:
+            return self._new_pipeline()
+        pipe.reset()
+        pipe.steps_done = self._step
+        return pipe
 
     def _new_pipeline(self) -> TrainPipeline:
         # Sampling counts global steps, so timed steps do not restart with each epoch.

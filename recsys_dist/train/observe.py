@@ -33,6 +33,8 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
+from torchrec.distributed.train_pipeline.runtime_forwards import PipelinedForward
+from torchrec.distributed.train_pipeline.utils import _override_input_dist_forwards
 
 from recsys_dist.files import write_atomic
 
@@ -86,6 +88,8 @@ class TimedTrainPipeline(StageTimer, TrainPipelineSparseDist):
     """``TrainPipelineSparseDist`` whose stages are timed on sampled steps (see module doc)."""
 
     def __init__(self, *args, every_n: int | None = None, **kwargs) -> None:
+        self._traced: tuple | None = None  # (model, pipelined modules, their pipelined forwards)
+        self.traces = 0
         super().__init__(*args, **kwargs)
         self._init_timer(every_n)
         forward = self._model_fwd
@@ -103,6 +107,35 @@ class TimedTrainPipeline(StageTimer, TrainPipelineSparseDist):
         (gloo ``in->size == out->size``); an EmbeddingBagCollection's pooled output_dist
         does not read it."""
         super().attach(model, sparse_dist=sparse_dist)
+
+    def _pipeline_model(self, batch, context, pipelined_forward=PipelinedForward) -> None:
+        """Rewrite the model's forward for pipelining. The first call traces it (torch.fx,
+        TorchRec's ``_rewrite_model``, ~10-30 ms on DLRM); a later one (after a :meth:`detach`: the
+        next partition of a stream, an epoch after a validation) puts the forwards that trace
+        made back, with ``context``, instead of tracing the same model again (``traces`` counts
+        the traces). A model with pipelined postprocs is traced each time (they are modules the
+        rewrite swaps into the model)."""
+        kept = self._traced
+        if kept is None or kept[0] is not self._model:
+            super()._pipeline_model(batch, context, pipelined_forward)
+            self.traces += 1
+            if not self._pipelined_postprocs:
+                self._traced = (
+                    self._model,
+                    list(self._pipelined_modules),
+                    [m.forward for m in self._pipelined_modules],
+                )
+            return
+        _, modules, forwards = kept
+        self._original_forwards = [m.forward for m in modules]  # what detach restores
+        for module, forward in zip(modules, forwards):
+            forward.set_context(context)
+            module.forward = forward
+        self._pipelined_modules, self._pipelined_postprocs = list(modules), []
+        # As TorchRec's own _pipeline_model after its rewrite: input_dist of the first batch, then
+        # the input dists' forwards overridden (fused splits), which detach had restored.
+        self.start_sparse_data_dist(batch, context)
+        self._original_kjt_dist_forwards = _override_input_dist_forwards(self._pipelined_modules)
 
     def _next_batch(self, dataloader_iter):
         return self._timed("time_data_ms", super()._next_batch, dataloader_iter)

@@ -66,6 +66,10 @@ class TrainPipeline(Protocol):
         """Stage times (ms, ``time_<stage>_ms``) of the sampled steps since the last call; {}
         for a pipeline without a breakdown."""
 
+    def reset(self) -> None:
+        """Forget the iterator it ran dry, to take a new one (the Trainer's next epoch or
+        partition, when the factory is ``reusable``)."""
+
 
 # Why a pipeline cannot run on CPU, as measured with torchrec 1.8.0 on torch 2.13 CPU.
 _RECORD = (
@@ -86,12 +90,16 @@ class PipelineFactory:
         restart_at_checkpoint: its queued batches hold state computed before the step's update
             (semi_sync's early lookups): the Trainer restarts it at a checkpoint, so that a
             resumed run computes the same.
+        reusable: once it ran an iterator dry, ``reset()`` readies it for the next one with
+            the same results as a new pipeline: the Trainer keeps it across epochs and stream
+            partitions (sparse_dist then traces the model once per run, not per partition).
     """
 
     make: Callable[..., TrainPipeline]
     cuda_only: bool = False
     why_cuda: str = ""
     restart_at_checkpoint: bool = False
+    reusable: bool = False
 
 
 def pipeline_problems(name: str, device_type: str) -> list[str]:
@@ -177,11 +185,14 @@ class FusedSparseDistPipeline(_Untimed, TrainPipelineFusedSparseDist):
 
 
 PIPELINES: dict[PipelineName, PipelineFactory] = {
-    "base": PipelineFactory(lambda model, opt, device, every_n: BasePipeline(model, opt, device, every_n)),
+    "base": PipelineFactory(
+        lambda model, opt, device, every_n: BasePipeline(model, opt, device, every_n), reusable=True
+    ),
     "sparse_dist": PipelineFactory(
         lambda model, opt, device, every_n: TimedTrainPipeline(
             model, opt, device, execute_all_batches=True, every_n=every_n
-        )
+        ),
+        reusable=True,
     ),
     "semi_sync": PipelineFactory(
         lambda model, opt, device, _: SemiSyncPipeline(model, opt, device, execute_all_batches=True, start_batch=0),

@@ -379,6 +379,9 @@ class StreamTrainer(Trainer):
     def _score_partition(self) -> dict:
         """Progressive validation: the model's metrics on the partition before it trains on it."""
         s = self.stream
+        if self._in_epoch == 0:  # its training batches' reader starts now: the first ones are read while it scores
+            self._loaders.train.set_epoch(self.epoch)
+            self._early_batches = self._loaders.train.iter_from(0)
         eval_bs = self.cfg.eval.batch_size or self.cfg.train.batch_size
         metrics = self.evaluate(
             self._loaders.train.reopen(shuffle=False, remainder="pad", scale_losses=False, batch_size=eval_bs)

@@ -342,6 +342,7 @@ class Trainer(TrainLoop):
         self._schedule = LRSchedule(t.warmup_steps, t.decay_start_step, t.decay_steps)
         self._base_lrs = [g["lr"] for g in self._optimizer.param_groups]
         self._pipe: TrainPipeline | None = None
+        self._pipe_drained = False  # the last epoch's pipeline ran its iterator dry (it may be reused)
         self._step = self.epoch = self.rows_trained = 0
         self._next_epoch = self._first_epoch = self._in_epoch = 0
         self.train_seconds = 0.0
