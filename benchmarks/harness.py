@@ -361,10 +361,10 @@ def last_json(stdout: str) -> Any:
     return json.loads(stdout.strip().splitlines()[-1])
 
 
-def cli(*args: Any, code: Path = ROOT, retries: int = 0) -> tuple[str, float]:
+def cli(*args: Any, code: Path = ROOT, retries: int = 0, env: Mapping[str, str] | None = None) -> tuple[str, float]:
     """``recsys-dist ARGS`` in a fresh process, importing and running from the checkout ``code``
-    (default this one). Returns (stdout, wall seconds of the last try); ``retries`` more tries
-    after a failure.
+    (default this one; ``env``: variables to set over :func:`child_env`'s). Returns (stdout, wall
+    seconds of the last try); ``retries`` more tries after a failure.
 
     Raises:
         RuntimeError: a non-zero exit (of the last try), with the end of its stderr.
@@ -372,7 +372,7 @@ def cli(*args: Any, code: Path = ROOT, retries: int = 0) -> tuple[str, float]:
     cmd = [sys.executable, "-m", "recsys_dist.cli.main", *map(str, args)]
     for attempt in range(retries + 1):
         t0 = time.perf_counter()
-        r = subprocess.run(cmd, cwd=code, capture_output=True, text=True, env=child_env(code))
+        r = subprocess.run(cmd, cwd=code, capture_output=True, text=True, env=child_env(code, env))
         if r.returncode == 0:
             return r.stdout, time.perf_counter() - t0
         if attempt < retries:
