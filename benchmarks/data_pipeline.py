@@ -15,7 +15,7 @@ in this run, each in a fresh subprocess (so peak RSS is that step's alone):
    vs only its own row groups (``row_groups``).
 
 The speeds (3, 4) are measured in one process, in ``--repeats`` interleaved rounds (scan,
-shuffled, in file order, global_batch, row_groups, then again), each measure's fastest epoch
+shuffled, in file order, global_batch, row_groups, then the reverse: ABBA), each measure's fastest epoch
 counting: the first epoch pays warm-up, and on a shared machine a busy spell then slows every
 measure of a round alike instead of one of them.
 
@@ -24,16 +24,12 @@ measure of a round alike instead of one of them.
 
 from __future__ import annotations
 
-import argparse
 import json
-import subprocess
-import sys
 import tempfile
 import textwrap
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-SAMPLE = ROOT / "datasets" / "criteo_kaggle" / "dac_train_first10000.txt"
+import harness
 
 STEPS = {
     "convert": """
@@ -69,6 +65,7 @@ STEPS = {
         out = {"rows": n, "seconds": time.perf_counter() - t0}
     """,
     "speed": """
+        import harness
         import pyarrow.parquet as pq
         from recsys_dist.data.formats.criteo import COLUMNS, DENSE_NAMES, SPARSE_NAMES
         from recsys_dist.data.loader import ParquetBatchLoader
@@ -89,26 +86,31 @@ STEPS = {
                 return sum(int(b.weights.sum()) for b in l)
             return epoch
 
+        def timed(f):
+            epochs = iter(range(REPEATS))
+            def run():
+                t0 = time.perf_counter()
+                n = f(next(epochs))
+                return {"rows": n, "seconds": time.perf_counter() - t0}
+            return run
+
         runs = {"scan": scan, "shuffled": loader(True), "ordered": loader(False),
                 "global_batch": loader(True, 0, 2), "row_groups": loader(True, 0, 2, "row_groups")}
-        out = {k: {"rows": 0, "seconds": float("inf")} for k in runs}
-        for epoch in range(REPEATS):  # interleaved: a busy spell of a shared machine hits every measure alike
-            for k, f in runs.items():
-                t0 = time.perf_counter()
-                n = f(epoch)
-                if time.perf_counter() - t0 < out[k]["seconds"]:  # the fastest epoch counts
-                    out[k] = {"rows": n, "seconds": time.perf_counter() - t0}
+        # interleaved (ABBA): a busy spell of a shared machine hits every measure alike
+        rounds = harness.abba({k: timed(f) for k, f in runs.items()}, REPEATS)
+        out = {k: min(v, key=lambda r: r["seconds"]) for k, v in rounds.items()}  # the fastest epoch counts
     """,
 }
 
 
 def run_step(name: str, **params) -> dict:
+    """Step ``name`` of :data:`STEPS` in a fresh Python (its globals ``params``); its result
+    with ``seconds`` and the process's ``peak_rss_mb``."""
     body = textwrap.dedent(STEPS[name])
     code = "\n".join(
         [
             "import json, resource, sys, time, warnings",
             "warnings.filterwarnings('ignore')",
-            f"sys.path.insert(0, {str(ROOT)!r})",
             *(f"{k} = {v!r}" for k, v in params.items()),
             "t_start = time.perf_counter()",
             body,
@@ -117,19 +119,11 @@ def run_step(name: str, **params) -> dict:
             "print(json.dumps(out))",
         ]
     )
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    return harness.last_json(harness.python(code))
 
 
-def make_input(path: Path, rows: int) -> None:
-    lines = SAMPLE.read_bytes()
-    with open(path, "wb") as f:
-        for _ in range(rows // 10000):
-            f.write(lines)
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser()
+def main(argv: list[str] | None = None) -> None:
+    parser = harness.parser(__doc__, "data_pipeline", "10,000-row 1x input, 1 round")
     parser.add_argument("--rows", type=int, default=200_000, help="size of the 1x input (multiple of 10,000)")
     parser.add_argument("--quick", action="store_true", help="100,000-row 1x input")
     parser.add_argument(
@@ -144,13 +138,21 @@ def main() -> None:
         default=5,
         help="rounds of the loader-speed measures; each measure's fastest epoch counts",
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.rows, args.quick, args.repeats = 10_000, False, 1
+    with harness.Results(args, argv):
+        run(args)
+
+
+def run(args) -> None:
+    """Every step in its own process, then one line per measure."""
     rows = 100_000 if args.quick else args.rows
     with tempfile.TemporaryDirectory() as tmp:
         res = {}
         for tag, n in (("1x", rows), ("10x", 10 * rows)):
             raw = Path(tmp) / f"{tag}.txt"
-            make_input(raw, n)
+            harness.criteo_sample(raw, n // 10_000)
             common = dict(RAW=str(raw), TMP=tmp, TAG=tag, ROWS=n)
             conv = run_step("convert", **common)
             res[tag] = {
@@ -167,7 +169,7 @@ def main() -> None:
     rate = lambda r: r["rows"] / r["seconds"]  # noqa: E731
     consume = args.consume_rate
     if consume is None:
-        found = [json.loads(p.read_text()).get("samples_per_s") for p in (ROOT / "runs").glob("*/summary.json")]
+        found = [json.loads(p.read_text()).get("samples_per_s") for p in (harness.ROOT / "runs").glob("*/summary.json")]
         consume = max((f for f in found if f), default=None)
     print(f"inputs: {rows:,} and {10 * rows:,} real Criteo rows (the shipped sample repeated)")
     print(

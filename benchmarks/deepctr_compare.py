@@ -15,16 +15,14 @@ process and its own initialisation. Prints test AUC and logloss, mean over seeds
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import statistics
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+import harness
+
 # ours (config) -> DeepCTR-Torch model
 PAIRS = {"deepfm": "DeepFM", "wide_deep": "WDL", "dcnv2": "DCN-M", "xdeepfm": "xDeepFM"}
 
@@ -59,43 +57,37 @@ print(json.dumps(out))
 """
 
 
-def ours(config: Path, name: str, seeds: list[int], tmp: str) -> list[dict]:
-    res = []
-    for seed in seeds:
-        run = Path(tmp) / f"{config.stem}-{name}-{seed}"
-        cmd = [
-            sys.executable,
-            "-m",
-            "recsys_dist.cli.main",
-            "train",
-            "--config",
-            str(config),
-            "--run-dir",
-            str(run),
-            f"model.name={name}",
-            f"train.seed={seed}",
-            "checkpoint.enabled=false",
-            "train.progress_bar=false",
-            "model.cin_layer_sizes=[32,32]",
+def ours(config: Path, name: str, seeds: list[int], tmp: str, extra: list[str]) -> list[dict]:
+    """Test metrics of our model ``name`` trained from ``config``, one run per seed (a failed
+    run is tried once more)."""
+    cin = ["model.cin_layer_sizes=[32,32]"] if name == "xdeepfm" else []  # an option no other model takes
+    overrides = [f"model.name={name}", "checkpoint.enabled=false", *cin, *extra]
+    return [
+        harness.train(config, Path(tmp) / f"{config.stem}-{name}-{seed}", f"train.seed={seed}", *overrides, retries=1)[
+            "test"
         ]
-        r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-        if r.returncode:
-            print(f"  (run failed once, retrying: {r.stderr.strip().splitlines()[-1:]})", file=sys.stderr)
-            r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=True)
-        res.append(json.loads((run / "summary.json").read_text())["test"])
-    return res
+        for seed in seeds
+    ]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
+def main(argv: list[str] | None = None) -> None:
+    parser = harness.parser(__doc__, "deepctr_compare", "Criteo, deepfm, the first seed; ours 4 steps")
     parser.add_argument("--deepctr-python", required=True, help="python of an environment with deepctr-torch")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--data", nargs="+", choices=["criteo", "avazu"], default=["criteo", "avazu"])
     parser.add_argument("--models", nargs="+", choices=list(PAIRS), default=list(PAIRS))
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if shutil.which(args.deepctr_python) is None:  # a clear error, not a FileNotFoundError from the first run
         parser.error(f"--deepctr-python: {args.deepctr_python} is neither an executable file nor a command on PATH")
-    sys.path.insert(0, str(ROOT))
+    extra = []
+    if args.smoke:
+        args.seeds, args.data, args.models, extra = args.seeds[:1], ["criteo"], ["deepfm"], harness.SMOKE_TRAIN
+    with harness.Results(args, argv):
+        run(args, extra)
+
+
+def run(args, extra: list[str]) -> None:
+    """Both sides of every (data, model) pair; prints one line each."""
     from recsys_dist.config.loader import load_config
     from recsys_dist.data.resolve import feature_names, prepare_from_config
     from recsys_dist.models.build import table_sizes
@@ -107,7 +99,7 @@ def main() -> None:
         for data, base in (("criteo", "criteo_deepfm.yaml"), ("avazu", "avazu_deepfm.yaml")):
             if data not in args.data:
                 continue
-            config = ROOT / "configs" / base
+            config = harness.CONFIGS / base
             cfg = load_config(config)
             prepared = prepare_from_config(cfg)
             dense, sparse = feature_names(cfg)
@@ -122,15 +114,15 @@ def main() -> None:
                     "seeds": args.seeds,
                     "model": theirs_name,
                 }
-                r = subprocess.run(
-                    [args.deepctr_python, "-c", WORKER, json.dumps(spec)], capture_output=True, text=True
-                )
-                if r.returncode:
-                    print(f"{data:<8}{name:<11} DeepCTR-Torch failed: {r.stderr.strip().splitlines()[-1]}")
-                    continue
-                theirs = list(json.loads(r.stdout.strip().splitlines()[-1]).values())
-                mine = ours(config, name, args.seeds, tmp)
+                mine = ours(config, name, args.seeds, tmp, extra)
                 mean = lambda rows, k: statistics.mean(x[k] for x in rows)  # noqa: E731
+                try:
+                    out = harness.python(WORKER, json.dumps(spec), executable=args.deepctr_python)
+                except RuntimeError as err:
+                    failed = (str(err).strip().splitlines() or ["?"])[-1]
+                    print(f"{data:<8}{name:<11}{mean(mine, 'auc'):>10.4f} DeepCTR-Torch failed: {failed}")
+                    continue
+                theirs = list(harness.last_json(out).values())
                 print(
                     f"{data:<8}{name:<11}{mean(mine, 'auc'):>10.4f}{mean(theirs, 'auc'):>13.4f}"
                     f"{mean(mine, 'auc') - mean(theirs, 'auc'):>+8.4f}{mean(mine, 'logloss'):>14.4f}"

@@ -25,59 +25,41 @@ exits 0). Then p50 / p95 per stage and end to end.
 Not a test. Usage:
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/freshness.py [--partitions 8] [--poll-seconds 1]
-        [--reload-seconds 0.5] [--out benchmarks/results/freshness_cpu2core_YYYYMMDD.md]
+        [--reload-seconds 0.5] [--record ITEM | --out FILE.md]
+
+It always writes its results file: benchmarks/results/freshness_<hw>_<YYYYMMDD>.md unless
+``--record ITEM`` or ``--out FILE`` says otherwise (``--smoke``: only with ``--out``).
 """
 
 from __future__ import annotations
 
-import argparse
-import datetime
-import importlib.util
 import json
 import os
-import platform
 import signal
-import socket
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import httpx
-import numpy as np
-import yaml
+import harness
 
-ROOT = Path(__file__).resolve().parents[1]
-SAMPLE = ROOT / "datasets" / "criteo_kaggle" / "dac_train_first10000.txt"
-ONLINE = ROOT / "configs" / "criteo_online.yaml"
+if TYPE_CHECKING:
+    import httpx
+
+ONLINE = harness.CONFIGS / "criteo_online.yaml"
 STAGES = ("trained", "published", "served", "scored")
 TIMEOUT_S = 180.0
 
 
 def hourly():
     """``pipelines/criteo_hourly.py`` as a module (``land``, ``partition_name``)."""
-    spec = importlib.util.spec_from_file_location("criteo_hourly", ROOT / "pipelines" / "criteo_hourly.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _cli(*args: str) -> list[str]:
-    return [sys.executable, "-m", "recsys_dist.cli.main", *args]
-
-
-def _env() -> dict:
-    return {**os.environ, "PYTHONPATH": str(ROOT)}
+    return harness.load_file(harness.ROOT / "pipelines" / "criteo_hourly.py", "criteo_hourly")
 
 
 def write_config(work: Path, poll_seconds: float) -> Path:
+    import yaml
+
     cfg = yaml.safe_load(ONLINE.read_text())
     # min_file_age_seconds 0: the producer (criteo_hourly.land) renames each finished file into place.
     stream = dict(path=str(work / "landing"), poll_seconds=poll_seconds, stop_after_idle_seconds=None)
@@ -127,13 +109,16 @@ def wait_for(what: str, fn, poll_s: float, deadline: float, procs: list):
             return value, time.perf_counter()
         for p in procs:
             if p.poll() is not None:
-                raise SystemExit(f"waiting for {what}: {p.args[3]} exited with {p.returncode}")
+                raise SystemExit(f"waiting for {what}: recsys-dist {p.args[3]} exited with {p.returncode}")
         if time.perf_counter() > deadline:
             raise SystemExit(f"waiting for {what}: no answer in {TIMEOUT_S}s")
         time.sleep(poll_s)
 
 
-def score(client: httpx.Client, url: str, rows: list[str]) -> tuple[int, np.ndarray]:
+def score(client: httpx.Client, url: str, rows: list[str]):
+    """(version, scores as a float array) of a ``POST /score`` of ``rows``."""
+    import numpy as np
+
     r = client.post(f"{url}/score", json={"rows": rows})
     r.raise_for_status()
     body = r.json()
@@ -141,6 +126,8 @@ def score(client: httpx.Client, url: str, rows: list[str]) -> tuple[int, np.ndar
 
 
 def health_version(client: httpx.Client, url: str) -> int | None:
+    import httpx
+
     try:
         return client.get(f"{url}/health").json()["version"]
     except (httpx.HTTPError, ValueError, KeyError):
@@ -166,7 +153,7 @@ def measure(i, h, work, watch, client, url, rows, state, args, procs) -> dict:
     )
     v, scores = score(client, url, rows)
     t["scored"] = time.perf_counter()
-    changed = float(np.abs(scores - state["scores"]).max())
+    changed = float(abs(scores - state["scores"]).max())
     state["scores"] = scores
     stages = {s: t[s] - t[p] for p, s in zip(("landed", *STAGES), STAGES, strict=False)}
     return {
@@ -186,24 +173,16 @@ def measure(i, h, work, watch, client, url, rows, state, args, procs) -> dict:
 
 def start(args, work: Path, config: Path):
     """Land partition 0, start train, wait for its first model, start serve; (procs, url, serve dir)."""
-    train = subprocess.Popen(
-        _cli("train", "--config", str(config), "--run-dir", str(work / "run")),
-        env=_env(),
-        stdout=open(work / "train.log", "w"),
-        stderr=subprocess.STDOUT,
-    )
+    train = harness.start_cli("train", "--config", config, "--run-dir", work / "run", log=work / "train.log")
     watch = Watch(work / "run", work / "publish")
     deadline = time.perf_counter() + TIMEOUT_S
     name = hourly().partition_name(0)
     wait_for(f"{name} trained", lambda: watch.partition_line(name), 0.1, deadline, [train])
     wait_for("the first publish", watch.latest, 0.1, deadline, [train])
     serve_dir = work / "publish"
-    port = _free_port()
-    serve = subprocess.Popen(
-        _cli("serve", str(serve_dir), "--port", str(port), "--reload-seconds", str(args.reload_seconds)),
-        env=_env(),
-        stdout=open(work / "serve.log", "w"),
-        stderr=subprocess.STDOUT,
+    port = harness.free_port()
+    serve = harness.start_cli(
+        "serve", serve_dir, "--port", port, "--reload-seconds", args.reload_seconds, log=work / "serve.log"
     )
     return [train, serve], f"http://127.0.0.1:{port}", watch
 
@@ -223,8 +202,12 @@ def stop(procs: list) -> list[int | None]:
 
 
 def run(args, work: Path) -> tuple[list[dict], list]:
+    """Land partition 0, start both, measure partitions 1..N, stop both; (rows, exit codes,
+    the train run's summary)."""
+    import httpx
+
     h = hourly()
-    lines = SAMPLE.read_bytes().splitlines(keepends=True)
+    lines = harness.SAMPLE.read_bytes().splitlines(keepends=True)
     n, r = args.partitions, args.rows
     parts = [lines[k * r : (k + 1) * r] for k in range(n + 1)]
     rows = [x.decode().rstrip("\n") for x in lines[(n + 1) * r : (n + 1) * r + 64]]  # never trained on
@@ -252,26 +235,22 @@ def run(args, work: Path) -> tuple[list[dict], list]:
     return results, codes, summary
 
 
-def report(results: list[dict], codes: list, summary: dict, args, command: str, loads: tuple) -> str:
+def report(results: list[dict], codes: list, summary: dict, args) -> str:
+    """The markdown report: setup, a row per partition, p50 / p95 and shares per stage."""
+    import numpy as np
+
     cols = ("pickup", *STAGES, "total")
     for r in results:
         r["pickup"] = r["trained"] - r["partition_seconds"]
     out = [
-        f"# `benchmarks/freshness.py`: landing -> trained -> published -> served, "
-        f"{datetime.date.today().isoformat()}, {os.cpu_count()}-core CPU",
-        "",
-        f"- **Command:** `{command}`",
         f"- **Setup:** `configs/criteo_online.yaml` (DLRM, 2 ranks, partitions of {args.rows:,} rows of the shipped "
         f"Criteo sample), `data.stream.poll_seconds: {args.poll_seconds}`, `stop_after_idle_seconds: null`, "
         + "`publish: {enabled: true, every_partition: true}` (safetensors, no quantization); "
         + f"`recsys-dist serve --reload-seconds {args.reload_seconds}`. Partition 0 landed first (the served full "
         f"version); partitions 1-{args.partitions} then one at a time, each after the previous one was scored "
-        f"(+{args.gap} s). Harness polls every {args.poll_ms} ms (files) / {2 * args.poll_ms} ms (/health). "
-        f"Exit codes after SIGTERM: train {codes[0]}, serve {codes[1]}.",
-        f"- **Machine:** {os.cpu_count()} CPU cores ({platform.machine()}), shared with other jobs: 1-minute load "
-        f"average {loads[0]} at the start, {loads[1]} at the end (per partition below). Train (2 ranks), server "
-        "and harness on the same cores.",
-        f"- **Software:** Python {platform.python_version()}.",
+        f"(+{args.gap} s). The bench polls every {args.poll_ms} ms (files) / {2 * args.poll_ms} ms (/health). "
+        f"Exit codes after SIGTERM: train {codes[0]}, serve {codes[1]}. Train (2 ranks), server and bench on the "
+        "same cores, shared with other jobs (1-minute load per partition below).",
         "",
         "Stages (seconds): `pickup` = landed -> trained minus the partition line's `seconds` (poll wait, "
         "conversion, loader opening); `trained` = landed -> `partition` line (pickup + scoring + training); "
@@ -308,33 +287,34 @@ def report(results: list[dict], codes: list, summary: dict, args, command: str, 
 
 
 def _share(results: list[dict], col: str) -> str:
+    import numpy as np
+
     return f"{100 * np.mean([r[col] for r in results]) / np.mean([r['total'] for r in results]):.0f} %"
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = harness.parser(__doc__, "freshness", "1 partition of 200 rows, 0.2 s polls")
     parser.add_argument("--partitions", type=int, default=8, help="partitions measured (after partition 0)")
     parser.add_argument("--rows", type=int, default=1000, help="rows per partition")
     parser.add_argument("--poll-seconds", type=float, default=1.0, help="data.stream.poll_seconds")
     parser.add_argument("--reload-seconds", type=float, default=0.5, help="serve --reload-seconds")
-    parser.add_argument("--poll-ms", type=float, default=20.0, help="the harness's poll of files")
+    parser.add_argument("--poll-ms", type=float, default=20.0, help="the bench's poll of files")
     parser.add_argument("--gap", type=float, default=1.0, help="seconds between a score and the next landing")
     parser.add_argument("--keep", default=None, help="work directory to keep (default: a temporary one)")
-    parser.add_argument(
-        "--out", default=str(ROOT / "benchmarks" / "results" / f"freshness_cpu2core_{datetime.date.today():%Y%m%d}.md")
-    )
+    parser.add_argument("--out", type=Path, default=None, help="the results file (default: the one --record names)")
     args = parser.parse_args(argv)
-    command = "PYTHONPATH=$PWD .venv/bin/python benchmarks/freshness.py " + " ".join(
-        argv if argv is not None else sys.argv[1:]
-    )
-    with tempfile.TemporaryDirectory(prefix="freshness_") as tmp:
-        work = Path(args.keep or tmp)
-        work.mkdir(parents=True, exist_ok=True)
-        load0 = round(os.getloadavg()[0], 2)
-        results, codes, summary = run(args, work)
-        text = report(results, codes, summary, args, command, (load0, round(os.getloadavg()[0], 2)))
-    Path(args.out).write_text(text)
-    print(text)
+    if args.smoke:
+        args.partitions, args.rows, args.poll_seconds, args.reload_seconds, args.gap = 1, 200, 0.2, 0.2, 0.1
+    elif args.record is None and args.out is None:
+        args.record = "freshness"  # always recorded
+    title = "`benchmarks/freshness.py`: landing -> trained -> published -> served"
+    with harness.Results(args, argv, path=args.out, title=title) as res:
+        with tempfile.TemporaryDirectory(prefix="freshness_") as tmp:
+            work = Path(args.keep or tmp)
+            work.mkdir(parents=True, exist_ok=True)
+            results, codes, summary = run(args, work)
+            res.markdown = report(results, codes, summary, args)
+        print(res.markdown)
 
 
 if __name__ == "__main__":

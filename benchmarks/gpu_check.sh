@@ -7,6 +7,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 OUT=${OUT:-runs/gpu_check}
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # this checkout's recsys_dist, installed or not
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 nvidia-smi -L 2>&1 | tee "$OUT/env.txt"

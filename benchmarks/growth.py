@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import gc
 import itertools
-import math
 import time
 
 import torch
@@ -155,11 +154,3 @@ def sweep(
         "rows": [point(r, fixed_batch, device, seconds, mlperf) for r in rows_list],
         "batch": [point(fixed_rows, b, device, seconds, mlperf) for b in batches],
     }
-
-
-def exponent(xs: list[float], ys: list[float]) -> float:
-    """Least-squares slope of log y on log x: y ~ x^k."""
-    lx, ly = [math.log(x) for x in xs], [math.log(max(y, 1e-9)) for y in ys]
-    mx, my = sum(lx) / len(lx), sum(ly) / len(ly)
-    den = sum((a - mx) ** 2 for a in lx)
-    return sum((a - mx) * (b - my) for a, b in zip(lx, ly)) / den if den else float("nan")

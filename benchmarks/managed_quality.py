@@ -17,26 +17,12 @@ variants can train in separate processes (``--train-only``) and be compared at t
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 
-import numpy as np
-import pyarrow.parquet as pq
-from sklearn.metrics import roc_auc_score
-
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-from benchmarks.side_by_side import (  # noqa: E402
-    converted_test_split,
-    paired_bootstrap,
-    recsys_dist,
-    remap_ms_per_step,
-)
+import harness
 
 VARIANTS = {
     "movielens": {
@@ -50,27 +36,40 @@ GLOBAL_BATCH = {"movielens": 128, "avazu": 64}
 
 
 def _row(rd: Path, seed: int) -> dict:
-    summary = json.loads((rd / "summary.json").read_text())
-    lines = [json.loads(x) for x in (rd / "metrics.jsonl").read_text().splitlines()]
-    test_line = next(m for m in lines if m["split"] == "test")
+    summary = harness.summary(rd)
+    test_line = next(m for m in harness.metrics(rd) if m["split"] == "test")
     return {
         "seed": seed,
         "test_auc": test_line["auc"],
         "samples_per_s": summary.get("samples_per_s"),
-        "remap_ms_per_step": remap_ms_per_step(rd),
+        "remap_ms_per_step": harness.mean_metric(rd, "managed_remap_ms_per_step"),
         "default_share": {f: v["default_share"] for f, v in test_line.get("managed", {}).items()},
     }
 
 
-def main() -> None:
-    p = argparse.ArgumentParser()
+def main(argv: list[str] | None = None) -> None:
+    p = harness.parser(__doc__, "managed_quality", "MovieLens, managed and hash-mod, seed 0, 4 steps, 20 replicates")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--boot", type=int, default=1000)
     p.add_argument("--data", nargs="+", default=list(VARIANTS))
     p.add_argument("--variants", nargs="+", default=["managed", "hashmod", "vocabulary"])
     p.add_argument("--out", help="keep runs and predictions here; runs already there are reused")
     p.add_argument("--train-only", action="store_true", help="train and predict, no comparison")
-    args = p.parse_args()
+    args = p.parse_args(argv)
+    extra = []
+    if args.smoke:
+        args.seeds, args.boot, args.data, args.variants = [0], 20, ["movielens"], ["managed", "hashmod"]
+        extra = harness.SMOKE_TRAIN
+    with harness.Results(args, argv):
+        run(args, extra)
+
+
+def run(args, extra: list[str]) -> None:
+    """Train, predict and compare as the module doc says; prints the report (JSON)."""
+    import numpy as np
+    import pyarrow.parquet as pq
+    from sklearn.metrics import roc_auc_score
+
     report = {}
     with tempfile.TemporaryDirectory() as tmp:
         tmp = args.out or tmp
@@ -81,21 +80,20 @@ def main() -> None:
             for variant, name in VARIANTS[data].items():
                 if variant not in args.variants:
                     continue
-                config = ROOT / "configs" / name
+                config = harness.CONFIGS / name
                 test = None
                 for seed in args.seeds:
                     rd = Path(tmp) / f"{data}-{variant}-{seed}"
                     out = Path(tmp) / f"{data}-{variant}-{seed}.parquet"
                     reused = out.is_file() and (rd / "summary.json").is_file()
                     if not reused:
-                        test = test or converted_test_split(config)
+                        test = test or harness.converted_test_split(config)
                         shutil.rmtree(rd, ignore_errors=True)
-                        recsys_dist(
-                            *["train", "--config", config, "--run-dir", rd, f"train.seed={seed}"],
-                            *["distributed.nproc_per_node=1", f"train.batch_size={GLOBAL_BATCH[data]}"],
-                            *["train.progress_bar=false", "checkpoint.enabled=true"],
+                        harness.train(
+                            *[config, rd, f"train.seed={seed}", "distributed.nproc_per_node=1"],
+                            *[f"train.batch_size={GLOBAL_BATCH[data]}", "checkpoint.enabled=true", *extra],
                         )
-                        recsys_dist("predict", rd, "--data", test, "--out", out)
+                        harness.cli("predict", rd, "--data", test, "--out", out)
                     t = pq.read_table(out)
                     y = t.column("label").to_numpy()
                     labels = y if labels is None else labels
@@ -111,7 +109,7 @@ def main() -> None:
             for pair in ("managed-hashmod", "managed-vocabulary"):
                 a, b = pair.split("-")
                 if a in preds and b in preds:
-                    mean, ci95 = paired_bootstrap(labels, preds[a], preds[b], roc_auc_score, n=args.boot)
+                    mean, ci95 = harness.paired_bootstrap(labels, preds[a], preds[b], roc_auc_score, n=args.boot)
                     diff[pair] = {"mean": mean, "ci95": ci95}
             report[data] = {
                 "runs": rows,

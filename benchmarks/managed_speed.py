@@ -6,58 +6,57 @@ reports each run's samples/s (summary.json), the managed remapping's ms per step
 all_gather included; ``managed_remap_ms_per_step`` in metrics.jsonl) and test AUC. With
 ``--code DIR`` (repeatable) the managed run is made with each checkout's code (e.g. before
 and after a change; the same test AUC shows the same remapping), the hash-mod run with the
-first. Runs alternate within each repeat, so slow phases of a shared machine hit both.
+first. The runs of a repeat go back to back, in ABBA order over the repeats (benchmarks/harness.py),
+so slow phases of a shared machine hit both.
 
     .venv/bin/python benchmarks/managed_speed.py [--code DIR ...] [--repeats 1] [--out DIR]
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-from benchmarks.side_by_side import recsys_dist, remap_ms_per_step  # noqa: E402
+import harness
 
 
 def train(code: Path, config: str, run_dir: Path, extra: list[str]) -> dict:
-    _, wall = recsys_dist(
-        *["train", "--config", code / "configs" / config, "--run-dir", run_dir],
-        *["train.progress_bar=false", "checkpoint.enabled=false", *extra],
-        code=code,
-    )
-    summary = json.loads((run_dir / "summary.json").read_text())
+    summary = harness.train(code / "configs" / config, run_dir, "checkpoint.enabled=false", *extra, code=code)
     return {
         "config": config,
         "code": str(code),
         "samples_per_s": summary["samples_per_s"],
-        "remap_ms_per_step": remap_ms_per_step(run_dir),
+        "remap_ms_per_step": harness.mean_metric(run_dir, "managed_remap_ms_per_step"),
         "test_auc": round(summary["test"]["auc"], 6),
-        "wall_s": round(wall, 1),
+        "wall_s": round(summary["wall_s"], 1),
     }
 
 
-def main() -> None:
-    p = argparse.ArgumentParser()
+def main(argv: list[str] | None = None) -> None:
+    p = harness.parser(__doc__, "managed_speed", "4 steps a run")
     p.add_argument("--code", action="append", type=Path, help="checkout to run managed with (default: this one)")
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--out", help="keep the run directories here")
     p.add_argument(
         "overrides", nargs="*", help="config overrides for every run, e.g. data.managed.eviction_interval=10"
     )
-    args = p.parse_args()
-    codes = [c.resolve() for c in (args.code or [ROOT])]
+    args = p.parse_args(argv)
+    if args.smoke:
+        args.overrides = [*args.overrides, *harness.SMOKE_TRAIN]
+    with harness.Results(args, argv):
+        run(args)
+
+
+def run(args) -> None:
+    """The runs of every repeat, alternating; prints each (JSON) and the table."""
+    codes = [c.resolve() for c in (args.code or [harness.ROOT])]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(args.out or tmp)
         for rep in range(args.repeats):
             runs = [(codes[0], "avazu_hashmod.yaml")] + [(c, "avazu_managed.yaml") for c in codes]
-            for i, (code, config) in enumerate(runs):
+            for i, (code, config) in harness.abba_order(list(enumerate(runs)), rep):
                 extra = [
                     o for o in args.overrides if config == "avazu_managed.yaml" or not o.startswith("data.managed")
                 ]

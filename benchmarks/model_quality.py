@@ -9,15 +9,12 @@ the config of each model in configs/. Prints mean and spread (min-max) per model
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+import harness
+
 CONFIGS = {
     "criteo dlrm": "criteo_quickstart.yaml",
     "criteo dcnv2": "criteo_dcnv2.yaml",
@@ -29,36 +26,32 @@ CONFIGS = {
 }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
+def main(argv: list[str] | None = None) -> None:
+    parser = harness.parser(__doc__, "model_quality", "criteo dlrm only, the first seed, 4 steps")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    args = parser.parse_args()
-    print(f"{'model':<17}{'test AUC mean':>14}{'AUC min-max':>18}{'test logloss mean':>19}   (seeds {args.seeds})")
-    with tempfile.TemporaryDirectory() as tmp:
-        for name, config in CONFIGS.items():
-            aucs, losses = [], []
-            for seed in args.seeds:
-                run = Path(tmp) / f"{name}-{seed}"
-                cmd = [
-                    sys.executable,
-                    "-m",
-                    "recsys_dist.cli.main",
-                    "train",
-                    "--config",
-                    str(ROOT / "configs" / config),
-                    "--run-dir",
-                    str(run),
-                    f"train.seed={seed}",
-                    "checkpoint.enabled=false",
-                    "train.progress_bar=false",
+    args = parser.parse_args(argv)
+    configs, extra = CONFIGS, []
+    if args.smoke:
+        configs, args.seeds, extra = {"criteo dlrm": CONFIGS["criteo dlrm"]}, args.seeds[:1], harness.SMOKE_TRAIN
+    with harness.Results(args, argv):
+        print(f"{'model':<17}{'test AUC mean':>14}{'AUC min-max':>18}{'test logloss mean':>19}   (seeds {args.seeds})")
+        with tempfile.TemporaryDirectory() as tmp:
+            for name, config in configs.items():
+                tests = [
+                    harness.train(
+                        harness.CONFIGS / config,
+                        Path(tmp) / f"{name}-{seed}",
+                        f"train.seed={seed}",
+                        "checkpoint.enabled=false",
+                        *extra,
+                    )["test"]
+                    for seed in args.seeds
                 ]
-                subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True)
-                test = json.loads((run / "summary.json").read_text())["test"]
-                aucs.append(test["auc"]), losses.append(test["logloss"])
-            print(
-                f"{name:<17}{statistics.mean(aucs):>14.4f}{min(aucs):>10.4f}-{max(aucs):.4f}"
-                f"{statistics.mean(losses):>19.4f}"
-            )
+                aucs, losses = [t["auc"] for t in tests], [t["logloss"] for t in tests]
+                print(
+                    f"{name:<17}{statistics.mean(aucs):>14.4f}{min(aucs):>10.4f}-{max(aucs):.4f}"
+                    f"{statistics.mean(losses):>19.4f}"
+                )
 
 
 if __name__ == "__main__":

@@ -3,27 +3,18 @@ each on the same split, then per variant the test metrics per seed and a paired 
 interval of the mean (over seeds) difference to the single-task models on the test rows
 (like AUC, rating RMSE). Results: benchmarks/results/multitask_ple_cpu2core_20261202.md.
 
-Run from the repository root: python benchmarks/multitask_side_by_side.py OUT_DIR
+Run from the repository root: PYTHONPATH=$PWD .venv/bin/python benchmarks/multitask_side_by_side.py OUT_DIR
 (trains up to 18 runs of 2 CPU ranks, then predicts each run's test split; a run directory
 with a summary.json is reused).
 """
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
-import numpy as np
-import pyarrow.parquet as pq
-import yaml
-from sklearn.metrics import roc_auc_score
+import harness
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-from benchmarks.side_by_side import converted_test_split, paired_bootstrap, recsys_dist  # noqa: E402
-
-MMOE, PLE = ROOT / "configs/movielens_multitask.yaml", ROOT / "configs/movielens_ple.yaml"
+MMOE, PLE = harness.CONFIGS / "movielens_multitask.yaml", harness.CONFIGS / "movielens_ple.yaml"
 LIKE = {"like": {"column": "rating", "kind": "binary", "threshold": 4.0}}
 RATING = {"rating": {"column": "rating", "kind": "regression"}}
 VARIANTS = {  # name: (config, data.schema.labels or None (both tasks), rating loss weight)
@@ -39,6 +30,8 @@ SEEDS = (0, 1, 2)
 
 def config(out: Path, name: str) -> Path:
     """The variant's config file: the shipped one with an absolute raw_path, its labels and loss weights."""
+    import yaml
+
     base, labels, w = VARIANTS[name]
     cfg = yaml.safe_load(base.read_text())
     cfg["data"]["raw_path"] = str((base.parent / cfg["data"]["raw_path"]).resolve())
@@ -54,27 +47,45 @@ def config(out: Path, name: str) -> Path:
     return path
 
 
-def column(t: dict, kind: str, task: str) -> np.ndarray:
+def column(t: dict, kind: str, task: str):
+    import numpy as np
+
     return np.array(t[f"{kind}:{task}"] if f"{kind}:{task}" in t else t[kind], dtype=np.float64)
 
 
-def main(out: Path) -> None:
+def main(argv: list[str] | None = None) -> None:
+    p = harness.parser(__doc__, "multitask", "single-task and MMoE (rating weight 1) only, seed 0, 4 steps a run")
+    p.add_argument("out", type=Path, help="run directories (a run with a summary.json is reused)")
+    args = p.parse_args(argv)
+    variants, seeds, extra = list(VARIANTS), SEEDS, []
+    if args.smoke:
+        variants, seeds, extra = ["single_like", "single_rating", "mmoe_w1"], (0,), harness.SMOKE_TRAIN
+    with harness.Results(args, argv):
+        run(args.out, variants, seeds, extra)
+
+
+def run(out: Path, variants: list[str], seeds: tuple, extra: list[str]) -> None:
+    """Train and predict every variant and seed (reusing what is there); print the comparison."""
+    import numpy as np
+    import pyarrow.parquet as pq
+    import yaml
+    from sklearn.metrics import roc_auc_score
+
     out = out.resolve()  # the commands run from the repository root
     out.mkdir(parents=True, exist_ok=True)
     preds, seconds = {}, {}
-    for name in VARIANTS:
+    for name in variants:
         cfg = config(out, name)
         tasks = list(yaml.safe_load(cfg.read_text())["data"]["schema"]["labels"])
         test = None
-        for seed in SEEDS:
-            run = out / f"{name}_s{seed}"
-            if not (run / "summary.json").exists():
-                args = ["train", "--config", cfg, "--run-dir", run, "train.progress_bar=false", f"train.seed={seed}"]
-                _, seconds[name, seed] = recsys_dist(*args)
-            path = run / "test_preds.parquet"
+        for seed in seeds:
+            rd = out / f"{name}_s{seed}"
+            if not (rd / "summary.json").exists():
+                seconds[name, seed] = harness.train(cfg, rd, f"train.seed={seed}", *extra)["wall_s"]
+            path = rd / "test_preds.parquet"
             if not path.exists():
-                test = test or converted_test_split(cfg)
-                recsys_dist("predict", run, "--data", test, "--out", path)
+                test = test or harness.converted_test_split(cfg)
+                harness.cli("predict", rd, "--data", test, "--out", path)
             t = pq.read_table(path).to_pydict()
             for task in tasks:
                 kind = "probability" if task == "like" else "logit"
@@ -88,20 +99,20 @@ def main(out: Path) -> None:
 
     for task, label, metric in (("like", "AUC", roc_auc_score), ("rating", "RMSE", rmse)):
         ref = f"single_{task}"
-        for name in VARIANTS:
+        for name in variants:
             if (name, task, 0) not in preds:
                 continue
-            scores = [preds[name, task, s][1] for s in SEEDS]
+            scores = [preds[name, task, s][1] for s in seeds]
             per_seed = [metric(y[task], p) for p in scores]
             line = f"{task} {label} {name}: " + " ".join(f"{v:.4f}" for v in per_seed)
             line += f"  mean {np.mean(per_seed):.4f}"
             if name != ref:
-                refs = [preds[ref, task, s][1] for s in SEEDS]
-                diff, (lo, hi) = paired_bootstrap(y[task], scores, refs, metric)
+                refs = [preds[ref, task, s][1] for s in seeds]
+                diff, (lo, hi) = harness.paired_bootstrap(y[task], scores, refs, metric)
                 line += f"  - single: {diff:+.4f} [{lo:+.4f}, {hi:+.4f}]"
             print(line, flush=True)
     print("wall seconds per new run:", {f"{k}_s{s}": round(v, 1) for (k, s), v in seconds.items()})
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    main()

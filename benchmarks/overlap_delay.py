@@ -51,181 +51,16 @@ benchmarks/results/overlap_delay_steady_cpu2core_20261202.md.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import re
-import shlex
-import shutil
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
+import harness
+from netns import INSIDE_ENV, check_cmd, netem_change, qdisc_stats, reexec_in_netns, setup_netns
+
 CASES = [("base", "fp32"), ("sparse_dist", "fp32"), ("sparse_dist", "fp16")]
-
-INSIDE_ENV = "RECSYS_DIST_OVERLAP_NETNS"  # set on the re-executed script inside the namespace
-LO_MTU = 1500  # bytes; lo's own 65536 would exceed a small tbf bucket (tbf drops such packets)
-TBF_MIN_LIMIT = 1 << 20  # bytes tbf queues at least before it drops (TCP's window on lo fills it)
-SBIN = "/usr/sbin:/sbin"  # where ip and tc live when an unprivileged PATH lacks them
-
-
-def tool(name: str) -> str | None:
-    """The path of a command on $PATH or in /usr/sbin, /sbin; None when there is none."""
-    return shutil.which(name, path=os.environ.get("PATH", "") + os.pathsep + SBIN)
-
-
-def tbf_burst_bytes(rate_mbit: float) -> int:
-    """tbf's bucket: the tokens of 1 ms at ``rate_mbit`` Mbit/s, at least ten full packets."""
-    return max(10 * LO_MTU, int(rate_mbit * 1e6 / 8 / 1000))
-
-
-def tbf_limit_bytes(rate_mbit: float) -> int:
-    """tbf's queue: 100 ms at ``rate_mbit`` Mbit/s, at least 1 MiB (a drop on lo costs a TCP
-    retransmit, far more than the cap)."""
-    return max(TBF_MIN_LIMIT, int(rate_mbit * 1e6 / 8 / 10))
-
-
-LINK_COMMANDS = [["ip", "link", "set", "lo", "mtu", str(LO_MTU)], ["ip", "link", "set", "lo", "up"]]
-
-
-def qdisc_command(rate_mbit: float, shaper: str, delay_ms: float = 0.0) -> list[str]:
-    """The tc command that shapes lo inside the namespace: ``shaper`` "tbf" (a bandwidth cap
-    of ``rate_mbit`` Mbit/s) or "netem" (``delay_ms`` on every packet, and the cap)."""
-    if rate_mbit <= 0:
-        raise ValueError(f"rate_mbit must be > 0, got {rate_mbit}")
-    if shaper == "tbf":
-        qdisc = ["tbf", "rate", f"{rate_mbit:g}mbit", "burst", str(tbf_burst_bytes(rate_mbit))]
-        qdisc += ["limit", str(tbf_limit_bytes(rate_mbit))]
-    elif shaper == "netem":
-        qdisc = netem_args(rate_mbit, delay_ms)
-    else:
-        raise ValueError(f"shaper must be tbf or netem, got {shaper!r}")
-    return ["tc", "qdisc", "add", "dev", "lo", "root", *qdisc]
-
-
-def netem_args(rate_mbit: float, delay_ms: float) -> list[str]:
-    return ["netem", "delay", f"{delay_ms:g}ms", "rate", f"{rate_mbit:g}mbit", "limit", "100000"]
-
-
-def netem_change(rate_mbit: float, delay_ms: float) -> list[str]:
-    """The command rank 0 runs before each run under netem to set that run's delay."""
-    return ["tc", "qdisc", "change", "dev", "lo", "root", *netem_args(rate_mbit, delay_ms)]
-
-
-def run_cmd(cmd: list[str]) -> subprocess.CompletedProcess:
-    """Run ``cmd`` (its first word looked up by :func:`tool`) and capture its output."""
-    path = tool(cmd[0]) or cmd[0]
-    return subprocess.run([path, *cmd[1:]], capture_output=True, text=True, check=False)
-
-
-def qdisc_stats() -> tuple[str, dict]:
-    """``tc -s qdisc show dev lo``: its text and the root qdisc's counters
-    {"bytes", "packets", "dropped", "overlimits"} (overlimits: packets that had to wait)."""
-    text = run_cmd(["tc", "-s", "qdisc", "show", "dev", "lo"]).stdout
-    m = re.search(r"Sent (\d+) bytes (\d+) pkt \(dropped (\d+), overlimits (\d+)", text)
-    keys = ("bytes", "packets", "dropped", "overlimits")
-    return text, dict(zip(keys, map(int, m.groups()))) if m else {}
-
-
-def probe_netns(rate_mbit: float) -> str | None:
-    """None when an unprivileged user+network namespace with a tbf qdisc on its lo works here,
-    else why not (the tool's error). Cheap: no Python, no torch in the namespace."""
-    cmds = [*LINK_COMMANDS, qdisc_command(rate_mbit, "tbf")]
-    shell = " && ".join(shlex.join([tool(c[0]) or c[0], *c[1:]]) for c in cmds)
-    unshare = tool("unshare") or "unshare"
-    try:
-        done = subprocess.run(
-            [unshare, "--user", "--map-root-user", "--net", "--", "sh", "-c", shell],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired) as err:
-        return str(err)
-    if done.returncode:
-        return (done.stderr or done.stdout).strip() or f"exit status {done.returncode}"
-    return None
-
-
-def reexec_in_netns(argv: list[str], rate_mbit: float) -> int:
-    """Run this script again with ``argv`` in a new user+network namespace; its exit status.
-
-    Raises:
-        SystemExit: unshare, ip or tc missing, or the kernel refuses the namespace or tbf.
-    """
-    missing = [name for name in ("unshare", "ip", "tc") if tool(name) is None]
-    if missing:
-        raise SystemExit(
-            f"overlap_delay.py --netns: {', '.join(missing)} not found on PATH or in {SBIN} (unshare is in "
-            "util-linux, ip and tc in iproute2). Install them, or run without --netns (then the delay is "
-            "inside the collectives and nothing caps the bandwidth)."
-        )
-    problem = probe_netns(rate_mbit)
-    if problem:
-        raise SystemExit(
-            "overlap_delay.py --netns: this machine refused an unprivileged user+network namespace with a "
-            f"tbf qdisc on its loopback ({problem}); no run without the cap. Unprivileged user namespaces "
-            "may be off (sysctl kernel.unprivileged_userns_clone, user.max_user_namespaces) or the kernel "
-            "lacks sch_tbf; run without --netns for the in-collective delay only."
-        )
-    cmd = [tool("unshare"), "--user", "--map-root-user", "--net", "--", sys.executable, os.path.abspath(__file__)]
-    return subprocess.call([*cmd, *argv], env=dict(os.environ, **{INSIDE_ENV: "1"}))
-
-
-def interfaces() -> list[str]:
-    """The network interfaces this process sees (``ip -o link show``)."""
-    out = run_cmd(["ip", "-o", "link", "show"]).stdout
-    return [line.split(":")[1].strip().split("@")[0] for line in out.splitlines() if line.count(":") >= 2]
-
-
-def setup_netns(rate_mbit: float, shaper: str, delays: list[float]) -> str:
-    """Inside the namespace: shape lo, print each command; returns the shaper used ("tbf" or
-    "netem"). ``shaper`` "auto" takes netem when the kernel has it, tbf otherwise.
-
-    Raises:
-        SystemExit: any interface besides lo is visible (not a fresh namespace: the machine's
-            own interfaces are never shaped), or a command fails (no run without the cap).
-    """
-    seen = interfaces()
-    if seen != ["lo"]:
-        raise SystemExit(
-            f"overlap_delay.py: refusing to shape: this process sees the interfaces {seen}, not lo alone, "
-            "so it is not in a network namespace of its own (--netns re-executes the script under unshare)"
-        )
-    for cmd in LINK_COMMANDS:
-        check_cmd(cmd)
-    for kind in ("netem", "tbf") if shaper == "auto" else (shaper,):
-        cmd = qdisc_command(rate_mbit, kind, delays[0])
-        done = run_cmd(cmd)
-        if shaper == "auto" and kind == "netem" and done.returncode and "unknown" in done.stderr.lower():
-            print(f"netns: netem unavailable (`{shlex.join(cmd)}`: {done.stderr.strip()})", flush=True)
-            continue
-        check_cmd(cmd, done)
-        chosen = kind
-        break
-    if chosen == "netem":
-        print(
-            f"netns: latency on the wire (netem delay), bandwidth {rate_mbit:g} Mbit/s; before each run rank 0 runs",
-            flush=True,
-        )
-        for delay in delays:
-            print(f"netns:   {shlex.join(netem_change(rate_mbit, delay))}", flush=True)
-    else:
-        print(f"netns: latency in the collectives (CommCounter), bandwidth {rate_mbit:g} Mbit/s (tbf)", flush=True)
-    os.environ["GLOO_SOCKET_IFNAME"] = "lo"  # the ranks inherit it
-    return chosen
-
-
-def check_cmd(cmd: list[str], done: subprocess.CompletedProcess | None = None, quiet: bool = False) -> None:
-    """Print ``cmd`` (unless ``quiet``), run it (unless ``done`` holds its result); exit when
-    it failed."""
-    done = done or run_cmd(cmd)
-    if not quiet:
-        print(f"netns: {shlex.join(cmd)}", flush=True)
-    if done.returncode:
-        raise SystemExit(f"overlap_delay.py: `{shlex.join(cmd)}` failed: {done.stderr.strip()}; no run without the cap")
 
 
 def overrides_for(pipeline: str, prec: str, steps: int) -> list[str]:
@@ -264,7 +99,7 @@ def job(config: str, out: str, delays: list[float], steps: int, reps: int, net: 
     runs = [(d, p, c) for d in delays for p, c in CASES]
     rows = []
     for rep in range(reps):
-        for delay, pipeline, prec in runs if rep % 2 == 0 else runs[::-1]:
+        for delay, pipeline, prec in harness.abba_order(runs, rep):
             run_dir = Path(out) / f"r{rep}_d{delay:g}_{pipeline}_{prec}"
             cfg = load_config(config, overrides_for(pipeline, prec, steps))
             with recsys_dist.Trainer(cfg, run_dir) as trainer:
@@ -277,7 +112,7 @@ def job(config: str, out: str, delays: list[float], steps: int, reps: int, net: 
                     summary = trainer.fit()
                 world = dist.get_world_size()  # the Trainer's group, closed when it exits
                 after = qdisc_stats()[1] if net else {}
-            lines = [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines()]
+            lines = harness.metrics(run_dir)
             times = [{k: v for k, v in r.items() if k.startswith("time_")} for r in lines if r.get("split") == "train"]
             times = [t for t in times if t]
             keys = sorted({k for t in times for k in t})
@@ -286,7 +121,9 @@ def job(config: str, out: str, delays: list[float], steps: int, reps: int, net: 
                 "delay_ms": delay,
                 "pipeline": pipeline,
                 "comms": prec,
-                "samples_per_s": steady_rate(lines, cfg.train.batch_size * world),
+                # after the first logged window: it holds the pipeline's fill (sparse_dist's fx trace and
+                # rewrite of the model, ~0.6 s on a fresh Trainer's first epoch; base has none)
+                "samples_per_s": harness.steady_rate(lines, cfg.train.batch_size * world),
                 "samples_per_s_all": summary["samples_per_s"],
                 "mean_ms": {k: round(statistics.mean(t.get(k, 0) for t in times), 2) for k in keys},
                 # ms per step this rank was blocked in collectives (CommCounter.exposed)
@@ -300,23 +137,8 @@ def job(config: str, out: str, delays: list[float], steps: int, reps: int, net: 
     return rows
 
 
-def steady_rate(lines: list[dict], global_batch: int) -> float:
-    """Samples/s of a run's training after its first logged window: that window holds the
-    pipeline's fill (sparse_dist's fx trace and rewrite of the model, ~0.6 s on the first epoch
-    of a fresh Trainer; base has none), a one-time cost that is not the overlap measured here.
-    From the train lines' per-window ``samples_per_s`` and step counts."""
-    train = [r for r in lines if r.get("split") == "train" and r.get("samples_per_s")]
-    rows = secs = 0.0
-    for prev, cur in zip(train, train[1:]):
-        n = (cur["step"] - prev["step"]) * global_batch
-        rows, secs = rows + n, secs + n / cur["samples_per_s"]
-    if not secs:
-        raise SystemExit("overlap_delay.py: fewer than two train log lines; raise --steps")
-    return round(rows / secs, 1)
-
-
-def parse_args(argv: list[str]) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
+def parse_args(argv: list[str]):
+    ap = harness.parser(__doc__, "overlap_delay", "delay 0 only, 20 steps, 1 round")
     ap.add_argument("--delays", type=float, nargs="+", default=[0.0, 2.0], help="ms added to every collective")
     ap.add_argument("--steps", type=int, default=200, help="training steps of each run")
     ap.add_argument("--reps", type=int, default=1, help="rounds, alternating the order of the runs")
@@ -346,6 +168,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if args.reps < 1:
         ap.error(f"--reps must be >= 1, got {args.reps}")
     args.shaper = args.shaper or "auto"
+    if args.smoke:
+        args.delays, args.steps, args.reps = [0.0], 20, 1
     return args
 
 
@@ -353,7 +177,13 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
     if args.netns and not os.environ.get(INSIDE_ENV):
-        sys.exit(reexec_in_netns(argv, args.rate_mbit))
+        sys.exit(reexec_in_netns(__file__, argv, args.rate_mbit))
+    with harness.Results(args, argv):
+        run(args)
+
+
+def run(args) -> None:
+    """Shape lo (under --netns), launch the runs, print each and the medians and paired ratios."""
     net = None
     if args.netns:
         net = {"shaper": setup_netns(args.rate_mbit, args.shaper, args.delays), "rate_mbit": args.rate_mbit}
@@ -375,10 +205,14 @@ def main(argv: list[str] | None = None) -> None:
         base, sd, fp16 = (rates(delay, p, c) for p, c in CASES)
         med = {f"{p}/{c}": round(statistics.median(x)) for (p, c), x in zip(CASES, (base, sd, fp16))}
         ratio = {
-            "sparse_dist/base": round(statistics.median(b / a for a, b in zip(base, sd)), 3),
-            "fp16/fp32 (sparse_dist)": round(statistics.median(b / a for a, b in zip(sd, fp16)), 3),
+            "sparse_dist/base": round(harness.paired_ratio(sd, base), 3),
+            "fp16/fp32 (sparse_dist)": round(harness.paired_ratio(fp16, sd), 3),
         }
         print(f"delay {delay:g} ms: {med}  {ratio}")
+        print(
+            f"  95% bootstrap intervals of the paired ratios (rounds resampled): sparse_dist/base "
+            f"{harness.ratio_interval(sd, base)}, fp16/fp32 (sparse_dist) {harness.ratio_interval(fp16, sd)}"
+        )
         for p, c in CASES:
             got = [r for r in rows if (r["delay_ms"], r["pipeline"], r["comms"]) == (delay, p, c)]
             ms = [r["mean_ms"] for r in got]

@@ -16,58 +16,46 @@ and the dense weights), reusing a run already under ``--work``. Then times (medi
 
 from __future__ import annotations
 
-import argparse
-import platform
-import statistics
-import subprocess
-import sys
-import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-from recsys_dist.serve.publish import apply_versions, latest_version, load_published  # noqa: E402
+import harness
 
 
 def train(run: Path, steps: int) -> None:
+    """The quickstart on 1 rank for ``steps`` steps, publishing every step (unless ``run``
+    already has that many versions)."""
+    from recsys_dist.serve.publish import latest_version
+
     if latest_version(run / "publish") == steps:
         return
-    cmd = [
-        sys.executable,
-        "-m",
-        "recsys_dist.cli.main",
-        "train",
-        "--config",
-        str(ROOT / "configs/criteo_quickstart.yaml"),
-    ]
-    cmd += [
-        "--run-dir",
-        str(run),
-        "distributed.nproc_per_node=1",
-        "train.progress_bar=false",
-        f"train.max_steps={steps}",
-    ]
-    cmd += ["checkpoint.every_n_steps=1", "checkpoint.keep=2", "publish.enabled=true", "publish.every_n_steps=1"]
-    subprocess.run(cmd, check=True, cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    harness.train(
+        *[harness.CONFIGS / "criteo_quickstart.yaml", run, "distributed.nproc_per_node=1", f"train.max_steps={steps}"],
+        *["checkpoint.every_n_steps=1", "checkpoint.keep=2", "publish.enabled=true", "publish.every_n_steps=1"],
+    )
 
 
 def timed(fn, repeat: int) -> float:
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    """The median wall seconds of ``repeat`` calls of ``fn()``."""
+    return harness.median(harness.seconds(fn, repeat))
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def main(argv: list[str] | None = None) -> None:
+    ap = harness.parser(__doc__, "publish_reload", "2 deltas, full_every 1, 1 repeat, in WORK/smoke")
     ap.add_argument("--deltas", type=int, default=50)
     ap.add_argument("--full-every", type=int, default=10)
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--work", type=Path, default=Path("/tmp/publish_reload"))
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    if args.smoke:
+        args.deltas, args.full_every, args.repeat, args.work = 2, 1, 1, args.work / "smoke"
+    with harness.Results(args, argv):
+        run_bench(args)
+
+
+def run_bench(args) -> None:
+    """Train (or reuse) the run, time the folds and reloads, print the table."""
+    from recsys_dist.serve.publish import apply_versions, load_published
+
     run = args.work / "run"
     k = args.deltas + 1
     train(run, k)
@@ -83,8 +71,7 @@ def main() -> None:
         f"incremental v{k - 1} -> v{k} (1 delta)": timed(lambda: apply_versions(before, pub, k - 1, k), args.repeat),
         f"incremental v1 -> v{k} ({args.deltas} deltas)": timed(lambda: apply_versions(first, pub, 1, k), args.repeat),
     }
-    print(f"# publish reload, quickstart DLRM, {platform.machine()} {platform.processor() or ''}".rstrip())
-    print(f"median of {args.repeat}; {pub}\n\n| what | seconds |\n| --- | --- |")
+    print(f"publish reload, quickstart DLRM; median of {args.repeat}; {pub}\n\n| what | seconds |\n| --- | --- |")
     for what, s in rows.items():
         print(f"| {what} | {s:.3f} |")
 

@@ -11,17 +11,10 @@ benchmarks/results/qcomms_cpu2core_20261201.md.
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 from pathlib import Path
 
-import numpy as np
-
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-from benchmarks import side_by_side  # noqa: E402
+import harness
 
 
 def job(config: str, run_dir: str, overrides: list[str]) -> dict:
@@ -42,32 +35,43 @@ def job(config: str, run_dir: str, overrides: list[str]) -> dict:
     }
 
 
-def metrics(logit: np.ndarray, label: np.ndarray) -> tuple[float, float]:
+def metrics(logit, label) -> tuple[float, float]:
+    """(AUC, logloss) of float logits against 0/1 labels (numpy arrays of the test rows)."""
+    import numpy as np
     from sklearn.metrics import log_loss, roc_auc_score
 
     p = 1 / (1 + np.exp(-logit.astype(np.float64)))
     return roc_auc_score(label, p), log_loss(label, np.clip(p, 1e-7, 1 - 1e-7))
 
 
-def paired_bootstrap(a: dict, b: dict, n: int = 1000, seed: int = 0) -> dict:
+def diff_intervals(a: dict, b: dict, n: int = 1000, seed: int = 0) -> dict:
     """95% CI of metric(b) - metric(a) over test rows resampled with replacement (same rows for both)."""
     out = {}
     for i, name in enumerate(("auc", "logloss")):
-        _, ci95 = side_by_side.paired_bootstrap(
+        _, ci95 = harness.paired_bootstrap(
             a["label"], [b["logit"]], [a["logit"]], lambda y, logit, i=i: metrics(logit, y)[i], n=n, seed=seed
         )
         out[f"{name}_diff_ci95"] = ci95
     return out
 
 
-def main() -> None:
-    import recsys_dist
-
-    ap = argparse.ArgumentParser()
+def main(argv: list[str] | None = None) -> None:
+    ap = harness.parser(__doc__, "qcomms", "seed 1, 4 steps a run")
     ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     ap.add_argument("--out", default="/tmp/qcomms")
     ap.add_argument("--config", default="configs/criteo_quickstart.yaml")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    extra = []
+    if args.smoke:
+        args.seeds, extra = args.seeds[:1], harness.SMOKE_TRAIN
+    with harness.Results(args, argv):
+        run(args, extra)
+
+
+def run(args, extra: list[str]) -> None:
+    """Both precisions per seed, one launch of 2 ranks each; prints a JSON row per seed."""
+    import recsys_dist
+
     rows = []
     for seed in args.seeds:
         runs = {}
@@ -80,6 +84,7 @@ def main() -> None:
                 "sharding.sharding_types=[table_wise]",
                 "train.progress_bar=false",
                 "checkpoint.enabled=false",
+                *extra,
             ]
             runs[prec] = recsys_dist.launch(job, 2, args.config, str(run_dir), overrides)[0]
         a, b = runs["fp32"], runs["fp16"]
@@ -88,7 +93,7 @@ def main() -> None:
         for prec, r in runs.items():
             auc, ll = metrics(r["logit"], r["label"])
             row[prec] = {"auc": auc, "logloss": ll, "ledger_totals": r["ledger_totals"]}
-        row.update(paired_bootstrap(a, b))
+        row.update(diff_intervals(a, b, n=50 if args.smoke else 1000))
         rows.append(row)
         print(json.dumps(row), flush=True)
     Path(args.out).mkdir(parents=True, exist_ok=True)

@@ -12,41 +12,20 @@ largest |logit - fp32 logit|, and the size of the published weights.
 
 from __future__ import annotations
 
-import argparse
 import json
-import platform
 import shutil
-import subprocess
-import sys
 import time
 from pathlib import Path
 
-import numpy as np
-from sklearn.metrics import log_loss, roc_auc_score
-
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-from recsys_dist.serve.config import PublishConfig  # noqa: E402
-from recsys_dist.serve.export import MODEL_FILE, load, score  # noqa: E402
-from recsys_dist.serve.publish import Publisher, export_from_publish  # noqa: E402
+import harness
 
 MODES = ("none", "int8", "int4")
 
 
-def train(run: Path, seed: int) -> None:
-    if (run / "summary.json").is_file():
-        return
-    cmd = [
-        sys.executable,
-        "-m",
-        "recsys_dist.cli.main",
-        "train",
-        "--config",
-        str(ROOT / "configs/criteo_quickstart.yaml"),
-    ]
-    cmd += ["--run-dir", str(run), f"train.seed={seed}", "train.progress_bar=false"]
-    subprocess.run(cmd, check=True, cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+def train(run: Path, seed: int, extra: list[str]) -> None:
+    """The quickstart with ``seed`` into ``run`` (unless it has a summary.json)."""
+    if not (run / "summary.json").is_file():
+        harness.train(harness.CONFIGS / "criteo_quickstart.yaml", run, f"train.seed={seed}", *extra)
 
 
 def test_split(m) -> Path:
@@ -56,6 +35,15 @@ def test_split(m) -> Path:
 
 
 def measure(run: Path, work: Path) -> dict:
+    """Per mode: test AUC, logloss, logits, rows, export MB, publish + export seconds; the
+    fp32 export vs the checkpoint's own scores."""
+    import numpy as np
+    from sklearn.metrics import log_loss, roc_auc_score
+
+    from recsys_dist.serve.config import PublishConfig
+    from recsys_dist.serve.export import MODEL_FILE, load, score
+    from recsys_dist.serve.publish import Publisher, export_from_publish
+
     out = {}
     for mode in MODES:
         pub, exp = work / f"publish_{mode}", work / f"export_{mode}"
@@ -83,14 +71,11 @@ def measure(run: Path, work: Path) -> dict:
     return out
 
 
-def report(results: dict[int, dict], cmd: str) -> str:
+def report(results: dict[int, dict]) -> str:
+    """The markdown report: setup, a row per seed and variant, the mean changes."""
+    import numpy as np
+
     lines = [
-        "# Quantized publish: test AUC / logloss of int8 and int4 embedding rows vs fp32",
-        "",
-        f"Command: `{cmd}`",
-        f"Machine: {platform.machine()}, {platform.processor() or 'cpu'}, 2 cores shared, torch CPU (gloo), "
-        f"python {platform.python_version()}; {time.strftime('%Y-%m-%d')}.",
-        "",
         "Quickstart DLRM (26 tables x 10,000 rows x dim 16), trained 1 epoch on 2 ranks on the shipped 10,000-row",
         "Criteo sample; its last checkpoint published with `publish.quantize` none / int8 / int4, exported with",
         "`export_from_publish`, loaded with `serve.export.load` and scored on the 1,000-row test split. int8 / int4:",
@@ -121,21 +106,24 @@ def report(results: dict[int, dict], cmd: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> None:
+    ap = harness.parser(__doc__, "quantize_auc", "4 training steps, in WORK/smoke")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0])
     ap.add_argument("--work", type=Path, default=Path("/tmp/quantize_auc"))
-    ap.add_argument("--out", type=Path, default=None)
-    args = ap.parse_args()
-    results = {}
-    for seed in args.seeds:
-        run = args.work / f"run_seed{seed}"
-        train(run, seed)
-        results[seed] = measure(run, args.work / f"seed{seed}")
-    text = report(results, "PYTHONPATH=$PWD .venv/bin/python benchmarks/quantize_auc.py " + " ".join(sys.argv[1:]))
-    print(text)
-    if args.out is not None:
-        args.out.write_text(text)
+    ap.add_argument("--out", type=Path, default=None, help="write the results file here (else --record names it)")
+    args = ap.parse_args(argv)
+    extra = []
+    if args.smoke:
+        args.work, extra = args.work / "smoke", harness.SMOKE_TRAIN
+    title = "Quantized publish: test AUC / logloss of int8 and int4 embedding rows vs fp32"
+    with harness.Results(args, argv, path=args.out, title=title) as res:
+        results = {}
+        for seed in args.seeds:
+            run = args.work / f"run_seed{seed}"
+            train(run, seed, extra)
+            results[seed] = measure(run, args.work / f"seed{seed}")
+        res.markdown = report(results)
+        print(res.markdown)
 
 
 if __name__ == "__main__":

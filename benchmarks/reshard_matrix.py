@@ -5,8 +5,9 @@ difference of every final validation/test metric (summary.json) and of the step-
 (metrics.jsonl) between each resumed run and the uninterrupted 2-rank run, export/predict
 checks and wall times. Results: benchmarks/results/reshard_matrix_cpu2core_20261202.md.
 
-Run from the repository root: python benchmarks/reshard_matrix.py OUT_DIR [NAME ...] (names: CONFIGS)
-(per config 4 trainings, 1 export, 2 predictions; about 2 CPU-minutes each on 2 cores).
+Run from the repository root: PYTHONPATH=$PWD .venv/bin/python benchmarks/reshard_matrix.py OUT_DIR [NAME ...]
+(names: CONFIGS; per config 4 trainings, 1 export, 2 predictions; about 2 CPU-minutes each on 2
+cores); ``--table OUT_DIR`` prints the table of the results already in OUT_DIR.
 """
 
 from __future__ import annotations
@@ -14,16 +15,9 @@ from __future__ import annotations
 import json
 import math
 import shutil
-import sys
 from pathlib import Path
 
-import numpy as np
-import pyarrow.parquet as pq
-
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-from benchmarks.side_by_side import recsys_dist  # noqa: E402
+import harness
 
 CONFIGS = {  # name: (config, extra overrides)
     "movielens_din": ("configs/movielens_din.yaml", []),
@@ -42,11 +36,11 @@ DATA = "datasets/movielens/ratings_genres_first20000_by_time.csv"
 def cli(*args: str) -> float:
     """Run ``recsys-dist ARGS`` (from the repository root); the wall seconds. Raises
     RuntimeError on a non-zero exit (log shown)."""
-    return recsys_dist(*args)[1]
+    return harness.cli(*args)[1]
 
 
-def metrics(run: Path) -> dict[str, float]:
-    """validation/test metrics of summary.json plus the train loss logged at step STEPS."""
+def metrics(run: Path, steps: int = STEPS) -> dict[str, float]:
+    """validation/test metrics of summary.json plus the train loss logged at step ``steps``."""
     summary = json.loads((run / "summary.json").read_text())
     out = {}
     for split in ("validation", "test"):
@@ -59,26 +53,33 @@ def metrics(run: Path) -> dict[str, float]:
                 out[key] = float(value)
     for line in (run / "metrics.jsonl").read_text().splitlines():
         row = json.loads(line)
-        if row.get("split") == "train" and row.get("step") == STEPS:
-            out[f"train.loss@{STEPS}"] = row["loss"]
+        if row.get("split") == "train" and row.get("step") == steps:
+            out[f"train.loss@{steps}"] = row["loss"]
     return out
 
 
-def rewind(ref: Path, dst: Path) -> None:
-    """A copy of the finished run as it stood at the step-MID checkpoint."""
+def rewind(ref: Path, dst: Path, mid: int = MID) -> None:
+    """A copy of the finished run as it stood at the step-``mid`` checkpoint."""
     shutil.copytree(ref, dst)
     root = dst / "checkpoints"
     for p in root.glob("step_*"):
-        if int(p.name.split("_")[1].split(".")[0]) > MID:
+        if int(p.name.split("_")[1].split(".")[0]) > mid:
             shutil.rmtree(p)
-    (root / "latest").write_text(f"step_{MID:08d}")
+    (root / "latest").write_text(f"step_{mid:08d}")
     (dst / "summary.json").unlink()
     lines = (dst / "metrics.jsonl").read_text().splitlines()
-    keep = [x for x in lines if json.loads(x).get("step", 0) <= MID]
+    keep = [x for x in lines if json.loads(x).get("step", 0) <= mid]
     (dst / "metrics.jsonl").write_text("".join(x + "\n" for x in keep))
 
 
-def check_predictions(path: Path) -> tuple[int, list[str], np.ndarray]:
+def check_predictions(path: Path):
+    """(rows, prediction columns, their values [rows, columns] float64) of a predictions file.
+
+    Raises:
+        RuntimeError: no prediction column, or a non-finite value."""
+    import numpy as np
+    import pyarrow.parquet as pq
+
     table = pq.read_table(path)
     keys = ("logit", "probability", "prediction", "score")
     cols = [c for c in table.column_names if any(k in c for k in keys)]
@@ -90,29 +91,32 @@ def check_predictions(path: Path) -> tuple[int, list[str], np.ndarray]:
     return table.num_rows, cols, values
 
 
-def one(name: str, config: str, extra: list[str], out: Path) -> dict:
+def one(name: str, config: str, extra: list[str], out: Path, steps: int = STEPS, mid: int = MID) -> dict:
+    """Train, resume on 2, 1 and 3 ranks, export and predict one config (module doc)."""
+    import numpy as np
+
     base = out / name
     shutil.rmtree(base, ignore_errors=True)
     base.mkdir(parents=True)
-    common = [f"train.max_steps={STEPS}", f"checkpoint.every_n_steps={MID}", "checkpoint.keep=5", *extra]
+    common = [f"train.max_steps={steps}", f"checkpoint.every_n_steps={mid}", "checkpoint.keep=5", *extra]
     res: dict = {"config": name, "overrides": common, "wall": {}, "diff": {}}
     ref = base / "ref_ws2"
     res["wall"]["train_ws2"] = cli(
         "train", "--config", config, "--run-dir", str(ref), *common,
         "distributed.nproc_per_node=2", f"train.batch_size={GLOBAL_BATCH // 2}",
     )  # fmt: skip
-    want = metrics(ref)
+    want = metrics(ref, steps)
     res["ref"] = want
     for ws in (2, 1, 3):
         run = base / f"resume_ws{ws}"
-        rewind(ref, run)
+        rewind(ref, run, mid)
         res["wall"][f"resume_ws{ws}"] = cli(
             "train", "--config", config, "--run-dir", str(run), "--resume", "auto", *common,
             f"distributed.nproc_per_node={ws}", f"train.batch_size={GLOBAL_BATCH // ws}",
         )  # fmt: skip
-        got = metrics(run)
-        summary = json.loads((run / "summary.json").read_text())
-        assert summary["resumed_at_step"] == MID and summary["steps"] == STEPS, summary
+        got = metrics(run, steps)
+        summary = harness.summary(run)
+        assert summary["resumed_at_step"] == mid and summary["steps"] == steps, summary
         res["diff"][ws] = {k: abs(got[k] - v) if k in got else math.nan for k, v in want.items()}
     export = base / "export"
     res["wall"]["export"] = cli("export", str(ref), "--out", str(export))
@@ -160,20 +164,30 @@ def table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
-    if sys.argv[1] == "--table":  # python benchmarks/reshard_matrix.py --table OUT_DIR
-        rows = [json.loads(x) for x in (Path(sys.argv[2]) / "results.jsonl").read_text().splitlines()]
-        print(table(rows))
-        return
-    out = Path(sys.argv[1]).resolve()  # the commands run from the repository root
-    for name in sys.argv[2:] or list(CONFIGS):
-        try:
-            res = one(name, *CONFIGS[name], out)
-        except Exception as exc:  # report and go on with the next config
-            res = {"config": name, "error": str(exc)}
-        print(json.dumps(res, default=str), flush=True)
-        with open(out / "results.jsonl", "a") as f:
-            f.write(json.dumps(res, default=str) + "\n")
+def main(argv: list[str] | None = None) -> None:
+    p = harness.parser(__doc__, "reshard_matrix", "movielens_din only (unless NAMEs are given), 4 steps, resumed at 2")
+    p.add_argument("out", type=Path, help="run directories; results.jsonl is appended to")
+    p.add_argument("names", nargs="*", metavar="NAME", help=f"configs among {', '.join(CONFIGS)} (default: all)")
+    p.add_argument("--table", action="store_true", help="only print the table of OUT/results.jsonl")
+    args = p.parse_args(argv)
+    if unknown := [n for n in args.names if n not in CONFIGS]:
+        p.error(f"unknown config name(s) {unknown}; choose among {list(CONFIGS)}")
+    with harness.Results(args, argv):
+        if args.table:
+            rows = [json.loads(x) for x in (args.out / "results.jsonl").read_text().splitlines()]
+            print(table(rows))
+            return
+        out = args.out.resolve()  # the commands run from the repository root
+        names = args.names or (["movielens_din"] if args.smoke else list(CONFIGS))
+        steps, mid = (4, 2) if args.smoke else (STEPS, MID)
+        for name in names:
+            try:
+                res = one(name, *CONFIGS[name], out, steps, mid)
+            except Exception as exc:  # report and go on with the next config
+                res = {"config": name, "error": str(exc)}
+            print(json.dumps(res, default=str), flush=True)
+            with open(out / "results.jsonl", "a") as f:
+                f.write(json.dumps(res, default=str) + "\n")
 
 
 if __name__ == "__main__":

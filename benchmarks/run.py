@@ -32,24 +32,17 @@ runs that same path (one rank, items 1, 4, 5, 6) on CPU, at sizes set by ``--mlp
 
 from __future__ import annotations
 
-import argparse
 import json
-import logging
 import math
 import os
-import statistics
-import subprocess
 import sys
 import tempfile
 import time
-import warnings
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+import harness
+from ours import load, quiet, trainer_epoch
 
-SAMPLE = ROOT / "datasets" / "criteo_kaggle" / "dac_train_first10000.txt"
 DEEPCTR_VENV = (
     "python3.11 -m venv /tmp/dctr && /tmp/dctr/bin/pip install torch==2.13.0 deepctr-torch "
     "scikit-learn pyarrow requests"
@@ -59,60 +52,11 @@ SMALL_BATCH, SMALL_ROWS = 128, 100_000  # item 1's second configuration (issue 2
 MLPERF_H200_SAMPLES_PER_S = 1.9e6  # MLPerf Training DLRM-DCNv2, per GPU of an 8 x H200 system
 
 
-def overrides(spec: dict, model: str) -> list[str]:
-    """Config overrides shared by every trainer run of the benchmark."""
-    common = [
-        f"data.raw_path={spec['raw']}",
-        f"data.cache_dir={spec['cache']}",
-        "data.split=[0.98,0.01,0.01]",
-        f"train.batch_size={spec['batch']}",
-        f"train.epochs={spec['reps']}",
-        "train.progress_bar=false",
-        "checkpoint.enabled=false",
-        f"distributed.nproc_per_node={spec['world']}",
-        f"distributed.device={spec['device']}",
-        "eval.batch_size=1024",
-        f"train.precision={spec.get('precision', 'fp32')}",
-    ]
-    if model == "mlperf":
-        from recsys_dist.config.loader import load_config
-
-        sizes = load_config(ROOT / "configs" / "mlperf_dlrmv2.yaml").data.num_embeddings
-        capped = [min(n, spec["max_rows"]) for n in sizes]
-        return common + [f"data.num_embeddings={json.dumps(capped)}", "data.multi_hot_sizes=null"]
-    rows = [f"data.num_embeddings={spec['rows_per_table']}"] if spec.get("rows_per_table") else []
-    return common + rows + ["sharding.sharding_types=[table_wise]"]
-
-
-CONFIG_FILES = {"dlrm": "criteo_quickstart.yaml", "deepfm": "criteo_deepfm.yaml", "mlperf": "mlperf_dlrmv2.yaml"}
-
-
-def load(spec: dict, name: str):
-    from recsys_dist.config.loader import load_config
-
-    return load_config(ROOT / "configs" / CONFIG_FILES[name], overrides(spec, name))
-
-
-def trainer_epoch(cfg, run_dir: Path, with_trainer: bool = False):
-    """(``epoch()`` -> global samples/s of one more epoch of our trainer, steps per epoch[, the Trainer])."""
-    from recsys_dist.train.trainer import Trainer
-
-    trainer = Trainer(cfg, run_dir)  # on the group run_ranks made, which it leaves open
-
-    def epoch() -> float:
-        rows, secs = trainer.rows_trained, trainer.train_seconds
-        trainer.train_epoch()
-        return (trainer.rows_trained - rows) / (trainer.train_seconds - secs)
-
-    return (epoch, len(trainer.loaders.train)) + ((trainer,) if with_trainer else ())
-
-
 def deepfm_one_rank(rank: int, world: int, spec: dict) -> float:
     """run_ranks target (1 rank): best epoch samples/s of our DeepFM trainer on one rank with
     every core as intra-op threads and the global batch of the 2-rank run (on a 2-core machine
     sharding only adds all-to-alls); ``spec["rows_per_table"]`` sets the table size."""
-    warnings.filterwarnings("ignore")
-    logging.disable(logging.WARNING)
+    quiet()
     one = {**spec, "world": 1, "batch": spec["batch"] * spec["world"]}
     cfg = load(one, "deepfm")
     epoch, _ = trainer_epoch(cfg, Path(spec["tmp"]) / f"deepfm_one_rank_{spec.get('rows_per_table')}")
@@ -148,8 +92,7 @@ def deepctr_sweep(spec: dict, quick: bool, python: str) -> list[dict]:
         if n == 10**4:  # where the MLP's matmuls are most of our step
             out[-1]["ours_bf16"] = run_ranks(deepfm_one_rank, 1, {**one, "precision": "bf16-mixed"}, timeout_s=1800)[0]
     import torch
-
-    from benchmarks.baselines import mlp_alone
+    from baselines import mlp_alone
 
     m = load(spec, "deepfm").model
     torch.set_num_threads(os.cpu_count() or 1)
@@ -162,13 +105,13 @@ def deepctr_sweep(spec: dict, quick: bool, python: str) -> list[dict]:
 
 def measure(rank: int, world: int, spec: dict) -> dict:
     """run_ranks target: items 1-4 and 6's measurements, interleaved over ``reps`` rounds."""
-    warnings.filterwarnings("ignore")
-    logging.disable(logging.WARNING)
+    quiet()
+    import baselines
+    import hardware
     import torch
     import torch.distributed as dist
     from torchrec.distributed.train_pipeline import TrainPipelineBase, TrainPipelineSparseDist
 
-    from benchmarks import baselines, hardware
     from recsys_dist.data.resolve import feature_names, prepare_from_config
     from recsys_dist.distributed.env import init_distributed
     from recsys_dist.models.build import table_sizes
@@ -250,12 +193,8 @@ def measure(rank: int, world: int, spec: dict) -> dict:
     for kind, cls in (("sparse_dist", TrainPipelineSparseDist), ("base", TrainPipelineBase)):
         dmp, opt, _ = shard_model(cfg, ctx)
         run[f"pipe_{kind}"] = rate(baselines.pipeline_stepper(cls(dmp, opt, dev), ours_batches))
-    res: dict = {k: [] for k in run}
-    names = list(run)
-    for r in range(spec["reps"]):
-        for k in names if r % 2 == 0 else names[::-1]:  # ABBA: drift in the load cancels out
-            res[k].append(run[k]())
-    out = {"rounds": res, "median": {k: statistics.median(v) for k, v in res.items()}}
+    res = harness.abba(run, spec["reps"])  # ABBA: drift in the load cancels out
+    out = {"rounds": res, "median": {k: harness.median(v) for k, v in res.items()}}
     out["steps"] = steps
     out["prefetch"] = trainer.loaders.train.prefetch  # data.prefetch as resolved (null: auto)
     # Item 6: every rank at once, as while training; summed over the ranks.
@@ -271,7 +210,8 @@ def measure(rank: int, world: int, spec: dict) -> dict:
 
 
 def deepctr(python: str | None, spec: dict, cfg, train_path: str, rows: int, threads: int) -> dict | None:
-    from benchmarks.baselines import DEEPCTR_WORKER
+    from baselines import DEEPCTR_WORKER
+
     from recsys_dist.data.resolve import feature_names
     from recsys_dist.models.build import table_sizes
 
@@ -289,16 +229,19 @@ def deepctr(python: str | None, spec: dict, cfg, train_path: str, rows: int, thr
         "rows": rows,
         "threads": threads,
     }
-    r = subprocess.run([python, "-c", DEEPCTR_WORKER, json.dumps(job)], capture_output=True, text=True)
-    if r.returncode:
-        return {"error": (r.stderr.strip().splitlines() or ["?"])[-1]}
-    return {**json.loads(r.stdout.strip().splitlines()[-1]), "threads": threads}
+    try:
+        out = harness.python(DEEPCTR_WORKER, json.dumps(job), executable=python)
+    except RuntimeError as err:
+        return {"error": (str(err).strip().splitlines() or ["?"])[-1]}
+    return {**harness.last_json(out), "threads": threads}
 
 
 def main(argv: list[str] | None = None) -> int:
     from recsys_dist.cli.main import positive_int, python_command
 
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = harness.parser(
+        __doc__, "bench", "--quick, 1 round, the first 2,000 rows of the sample once, batch 64, items 3 and 5 skipped"
+    )
     parser.add_argument("--quick", action="store_true", help="smaller data and sweeps: under 3 minutes on 2 cores")
     parser.add_argument(
         "--deepctr-python",
@@ -329,20 +272,30 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--skip", default="", help="comma-separated items to skip: 3,5")
     args = parser.parse_args(argv)
-    warnings.filterwarnings("ignore")
-    logging.disable(logging.WARNING)
+    skip = {s.strip() for s in args.skip.split(",") if s.strip()}
+    if not skip <= set("123456"):
+        parser.error(f"--skip: comma-separated item numbers 1-6, e.g. 3,5; got {args.skip!r}")
+    if args.smoke:
+        args.quick, args.reps, args.copies = True, 1, 1
+        args.rows, args.batch, skip = args.rows or 2000, args.batch or 64, skip | {"3", "5"}
+    quiet()
     import torch
-
-    from benchmarks import growth, hardware
-    from recsys_dist.data.resolve import prepare_from_config
-    from recsys_dist.testing import run_ranks
 
     cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error(f"--device cuda: torch {torch.__version__} sees no CUDA device")
-    skip = {s.strip() for s in args.skip.split(",") if s.strip()}
-    if not skip <= set("123456"):
-        parser.error(f"--skip: comma-separated item numbers 1-6, e.g. 3,5; got {args.skip!r}")
+    with harness.Results(args, argv):
+        run(args, skip, cuda)
+    return 0
+
+
+def run(args, skip: set[str], cuda: bool) -> None:
+    """Items 1-6 as ``args`` say (module doc); prints the table."""
+    import growth
+
+    from recsys_dist.data.resolve import prepare_from_config
+    from recsys_dist.testing import run_ranks
+
     quick = args.quick
     started = time.perf_counter()
     model = args.model if args.model != "auto" else ("mlperf" if cuda else "dlrm")
@@ -361,13 +314,7 @@ def main(argv: list[str] | None = None) -> int:
         "small": {"batch": SMALL_BATCH, "rows_per_table": SMALL_ROWS} if model == "dlrm" and world == 2 else None,
     }
     with tempfile.TemporaryDirectory() as tmp:
-        raw = Path(tmp) / "criteo_repeated.txt"
-        block = SAMPLE.read_bytes()
-        if args.rows is not None:
-            block = b"".join(block.splitlines(keepends=True)[: args.rows])
-        with open(raw, "wb") as f:
-            for _ in range(copies):
-                f.write(block)
+        raw = harness.criteo_sample(Path(tmp) / "criteo_repeated.txt", copies, args.rows)
         spec.update(raw=str(raw), cache=str(Path(tmp) / "cache"), tmp=tmp)
         cfg = load(spec, spec["model"])
         prepared = prepare_from_config(cfg)
@@ -393,16 +340,17 @@ def main(argv: list[str] | None = None) -> int:
                 timeout_s=1800,
                 backend="nccl" if cuda else "gloo",
             )[0]
-    print_table(spec, cfg, res, theirs, grow, train_rows, copies, args, hardware, growth)
+    print_table(spec, cfg, res, theirs, grow, train_rows, copies, args)
     print(f"\n(benchmark wall time {time.perf_counter() - started:.0f} s)")
-    return 0
 
 
 def _fmt(x: float) -> str:
     return f"{x:,.0f}" if abs(x) >= 100 else f"{x:.3g}"
 
 
-def print_table(spec, cfg, res, theirs, grow, train_rows, copies, args, hardware, growth) -> None:
+def print_table(spec, cfg, res, theirs, grow, train_rows, copies, args) -> None:
+    import growth
+    import hardware
     import torch
 
     B, W, dev = spec["batch"], spec["world"], spec["device"]
@@ -427,12 +375,12 @@ def print_table(spec, cfg, res, theirs, grow, train_rows, copies, args, hardware
 
     rounds, med = res["rounds"], res["median"]
 
-    def paired(a: str, b: str) -> float:
-        return statistics.median(x / y for x, y in zip(rounds[a], rounds[b]))
+    def within(a: str, b: str) -> float:
+        return harness.paired_ratio(rounds[a], rounds[b])
 
     def spread(a: str, b: str) -> str:
-        within = [x / y for x, y in zip(rounds[a], rounds[b])]
-        return f"; rounds {min(within):.2f}-{max(within):.2f}"
+        ratios = harness.paired_ratios(rounds[a], rounds[b])
+        return f"; rounds {min(ratios):.2f}-{max(ratios):.2f}"
 
     def line(item, what, config, a, b, unit, aim=None, ratio=None):
         ratio = ratio if ratio is not None else (a / b if b else float("nan"))
@@ -458,7 +406,7 @@ def print_table(spec, cfg, res, theirs, grow, train_rows, copies, args, hardware
         med["handwritten"],
         "samples/s" + spread("ours", "handwritten"),
         0.95,
-        paired("ours", "handwritten"),
+        within("ours", "handwritten"),
     )
     if "ours_small" in med:
         small = spec["small"]
@@ -471,7 +419,7 @@ def print_table(spec, cfg, res, theirs, grow, train_rows, copies, args, hardware
             med["handwritten_small"],
             "samples/s" + spread("ours_small", "handwritten_small"),
             0.95,
-            paired("ours_small", "handwritten_small"),
+            within("ours_small", "handwritten_small"),
         )
     if "plain" in med:
         line(
@@ -483,7 +431,7 @@ def print_table(spec, cfg, res, theirs, grow, train_rows, copies, args, hardware
             med["plain"],
             "samples/s",
             1.5,
-            paired("ours", "plain"),
+            within("ours", "plain"),
         )
     if "ours_deepfm" in med:
         if not theirs or theirs[0]["theirs"] is None:
@@ -561,16 +509,16 @@ def print_table(spec, cfg, res, theirs, grow, train_rows, copies, args, hardware
         med["pipe_base"],
         "samples/s",
         None,
-        paired("pipe_sparse_dist", "pipe_base"),
+        within("pipe_sparse_dist", "pipe_base"),
     )
     if grow:
         r, b = grow["rows"], grow["batch"]
         for key, pts, xs in (("rows", r, [p["rows"] for p in r]), ("batch", b, [p["batch"] for p in b])):
             # Memory added by the model and its batches: peak RSS over the RSS before the sweep's first point.
             inc = lambda p, pts=pts: max(p["peak_rss_mb"] - pts[0]["base_rss_mb"], 1e-3)  # noqa: E731
-            k_sps = growth.exponent(xs, [p["samples_per_s"] for p in pts])
-            k_mem = growth.exponent(xs, [inc(p) for p in pts])
-            k_last = growth.exponent(xs[-2:], [inc(p) for p in pts[-2:]])
+            k_sps = harness.fit_exponent(xs, [p["samples_per_s"] for p in pts])
+            k_mem = harness.fit_exponent(xs, [inc(p) for p in pts])
+            k_last = harness.fit_exponent(xs[-2:], [inc(p) for p in pts[-2:]])
             first, last = pts[0], pts[-1]
             what = (
                 f"rows per table {xs[0]:.0e} -> {xs[-1]:.0e}, batch {first['batch']}"

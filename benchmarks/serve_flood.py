@@ -14,22 +14,16 @@ commit unpacked with ``git archive COMMIT | tar -x -C DIR``.
 
 from __future__ import annotations
 
-import argparse
 import http.client
 import json
-import os
 import shlex
-import socket
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from serve_load import SAMPLE, as_objects  # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[1]
+import harness
+import servers
 
 
 def _rss_mb(pid: int) -> float:
@@ -42,25 +36,27 @@ def _rss_mb(pid: int) -> float:
     return 0.0
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> None:
+    p = harness.parser(__doc__, "serve_flood", "2 clients of 200 rows")
     p.add_argument("export", type=Path)
     p.add_argument("--clients", type=int, default=8)
     p.add_argument("--rows", type=int, default=100_000)
     p.add_argument("--serve-args", default="", help="more `recsys-dist serve` options, e.g. '--memory-mb 1000'")
-    p.add_argument("--pythonpath", default=str(ROOT), help="where the server's recsys_dist comes from")
-    args = p.parse_args()
-    lines = SAMPLE.read_text().splitlines()
-    body = json.dumps({"rows": as_objects([lines[i % len(lines)] for i in range(args.rows)])}).encode()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    cmd = [sys.executable, "-m", "recsys_dist.cli.main", "serve", str(args.export), "--port", str(port)]
-    cmd += ["--reload-seconds", "0", *shlex.split(args.serve_args)]
-    env = {**os.environ, "PYTHONPATH": args.pythonpath}  # cwd too: `python -m` puts it first on sys.path
-    proc = subprocess.Popen(cmd, env=env, cwd=args.pythonpath, stdout=subprocess.PIPE, text=True)
-    try:
-        proc.stdout.readline()  # printed once it listens
+    p.add_argument("--pythonpath", type=Path, default=harness.ROOT, help="where the server's recsys_dist comes from")
+    args = p.parse_args(argv)
+    if args.smoke:
+        args.clients, args.rows = 2, 200
+    with harness.Results(args, argv):
+        flood(args)
+
+
+def flood(args) -> None:
+    """Start the server, send the requests at once, print the answers and the RSS."""
+    lines = harness.SAMPLE.read_text().splitlines()
+    body = json.dumps({"rows": servers.criteo_objects([lines[i % len(lines)] for i in range(args.rows)])}).encode()
+    serve_args = shlex.split(args.serve_args)
+    quiet = {"stdout": subprocess.DEVNULL}
+    with servers.running(args.export, *serve_args, code=args.pythonpath, **quiet) as (proc, port):
         idle = peak = _rss_mb(proc.pid)
         done = threading.Event()
 
@@ -99,9 +95,6 @@ def main() -> None:
         )
         for a in sorted(answers, key=str):
             print(a)
-    finally:
-        proc.terminate()
-        proc.wait(timeout=60)
 
 
 if __name__ == "__main__":

@@ -27,38 +27,21 @@ Not a test. Usage:
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
-import os
-import socket
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-import httpx
-import numpy as np
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
-import torch
+import harness
+import servers
 
-from recsys_dist.data.formats.criteo import COLUMNS
-from recsys_dist.data.loader import ParquetBatchLoader
-from recsys_dist.data.resolve import feature_names, label_columns, loader_id_bounds
-from recsys_dist.models.build import table_sizes
-from recsys_dist.serve.export import load
-from recsys_dist.serve.inmemory import row_scorer
-from recsys_dist.serve.rows import score_rows
-from recsys_dist.serve.scoring import prepare_for_scoring
-
-ROOT = Path(__file__).resolve().parents[1]
-SAMPLE = ROOT / "datasets" / "criteo_kaggle" / "dac_train_first10000.txt"
 BATCHES = (1, 64, 512)
 
 
 def _stats(latencies: list[float], rows: int, wall: float) -> dict:
+    import numpy as np
+
     ms = np.array(latencies) * 1000
     return {"p50_ms": float(np.percentile(ms, 50)), "p99_ms": float(np.percentile(ms, 99)), "rows_s": rows / wall}
 
@@ -66,21 +49,6 @@ def _stats(latencies: list[float], rows: int, wall: float) -> dict:
 def _batches(lines: list[str], n: int, count: int) -> list[list[str]]:
     """``count`` batches of ``n`` consecutive lines (wrapping around the sample)."""
     return [[lines[(i * n + j) % len(lines)] for j in range(n)] for i in range(count)]
-
-
-def as_objects(lines: list[str]) -> list[dict]:
-    """Raw Criteo lines as JSON objects: integers as numbers, empty fields left out, no label."""
-    out = []
-    for line in lines:
-        fields = zip(COLUMNS[1:], line.split("\t")[1:])
-        out.append({c: int(v) if c[0] == "I" else v for c, v in fields if v != ""})
-    return out
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def _keep_alive_client(port: int, bodies: list[bytes], latencies: list[float]) -> None:
@@ -141,19 +109,26 @@ def http_keep_alive(port: int, batches: list[list[str]], connections: int) -> di
 
 
 def timed(fn, reps: int, rows: int) -> dict:
+    """p50 / p99 ms and rows/s of ``reps`` calls of ``fn`` (after one for warm-up)."""
     fn()  # warm-up
-    latencies = []
     t0 = time.perf_counter()
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        latencies.append(time.perf_counter() - t)
+    latencies = harness.seconds(fn, reps)
     return _stats(latencies, rows * reps, time.perf_counter() - t0)
 
 
 def converted(m, lines: list[str], tmp: Path):
     """The rows converted as predict converts them: (model batch, (dense, values, lengths) for
     the TorchScript module)."""
+    import numpy as np
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+    import torch
+
+    from recsys_dist.data.loader import ParquetBatchLoader
+    from recsys_dist.data.resolve import feature_names, label_columns, loader_id_bounds
+    from recsys_dist.models.build import table_sizes
+    from recsys_dist.serve.scoring import prepare_for_scoring
+
     raw = tmp / f"rows{len(lines)}.txt"
     raw.write_text("\n".join(lines) + "\n")
     cfg = m.cfg.model_copy(update={"data": m.cfg.data.model_copy(update={"cache_dir": str(tmp / "cache")})})
@@ -187,6 +162,14 @@ def converted(m, lines: list[str], tmp: Path):
 
 
 def in_process(export: Path, lines: list[str], reps: dict[int, int]) -> dict:
+    """The in-process rows (module doc) at each batch size."""
+    import numpy as np
+    import torch
+
+    from recsys_dist.serve.export import load
+    from recsys_dist.serve.inmemory import row_scorer
+    from recsys_dist.serve.rows import score_rows
+
     m = load(export)
     ts_path = export / "model.torchscript.pt"
     ts = torch.jit.load(str(ts_path)) if ts_path.is_file() else None
@@ -196,7 +179,7 @@ def in_process(export: Path, lines: list[str], reps: dict[int, int]) -> dict:
         for n in BATCHES:
             rows = lines[:n]
             batch, ts_inputs = converted(m, rows, Path(tmp))
-            objects = as_objects(rows)
+            objects = servers.criteo_objects(rows)
             assert scorer.kind == "in-memory" and np.allclose(
                 scorer(objects)["logits"], score_rows(m, rows)["logits"], atol=1e-6
             )
@@ -229,25 +212,6 @@ sys.exit(main())
 """
 
 
-def start_server(export: Path, nagle: bool = False) -> tuple[subprocess.Popen, int]:
-    """``recsys-dist serve EXPORT`` on a free port (no reload), once it answers /health."""
-    port = _free_port()
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    head = [sys.executable, "-c", NAGLE_ON] if nagle else [sys.executable, "-m", "recsys_dist.cli.main"]
-    proc = subprocess.Popen(
-        [*head, "serve", str(export), "--port", str(port), "--reload-seconds", "0"], env=env, cwd=ROOT
-    )
-    end = time.monotonic() + 180
-    while True:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200:
-                return proc, port
-        except httpx.HTTPError:
-            pass
-        assert proc.poll() is None and time.monotonic() < end, "the server did not start"
-        time.sleep(0.2)
-
-
 def _http_rows(port: int, lines: list[str], reps: dict[int, int], connections: list[int], tag: str) -> dict:
     out = {}
     for n in BATCHES:
@@ -260,37 +224,34 @@ def _http_rows(port: int, lines: list[str], reps: dict[int, int], connections: l
 
 
 def http_all(export: Path, lines: list[str], reps: dict[int, int], connections: list[int]) -> dict:
-    proc, port = start_server(export)
-    try:
+    """The HTTP rows of one server of ``export``."""
+    with servers.running(export) as (_, port):
         return _http_rows(port, lines, reps, connections, "")
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
 
 
 def compare_nagle(export: Path, lines: list[str], reps: dict[int, int], connections: list[int], rounds: int) -> dict:
     """Keep-alive rows of a server with Nagle on (before) and one as served now (after), the
-    same export, interleaved rounds; latencies pooled over the rounds per row."""
-    servers = {"before (Nagle on): ": start_server(export, nagle=True), "after: ": start_server(export)}
+    same export, interleaved rounds (ABBA); latencies pooled over the rounds per row."""
     pooled: dict = {}
-    try:
-        for _ in range(rounds):
-            for tag, (_, port) in servers.items():
-                for key, r in _http_rows(port, lines, reps, connections, tag).items():
+    with servers.running(export, python_code=NAGLE_ON) as (_, before), servers.running(export) as (_, after):
+        ports = {"before (Nagle on): ": before, "after: ": after}
+        rows = {
+            tag: (lambda tag=tag, port=port: _http_rows(port, lines, reps, connections, tag))
+            for tag, port in ports.items()
+        }
+        for rounds_of_one in harness.abba(rows, rounds).values():
+            for got in rounds_of_one:
+                for key, r in got.items():
                     pooled.setdefault(key, []).append(r)
-    finally:
-        for proc, _ in servers.values():
-            proc.terminate()
-            proc.wait(timeout=30)
     return {k: _pool(rs) for k, rs in pooled.items()}
 
 
 def _pool(results: list[dict]) -> dict:
     """Rounds of one row as one: the median of their p50s and the largest p99, rows/s averaged."""
     return {
-        "p50_ms": float(np.median([r["p50_ms"] for r in results])),
+        "p50_ms": harness.median([r["p50_ms"] for r in results]),
         "p99_ms": max(r["p99_ms"] for r in results),
-        "rows_s": float(np.mean([r["rows_s"] for r in results])),
+        "rows_s": sum(r["rows_s"] for r in results) / len(results),
     }
 
 
@@ -307,28 +268,29 @@ def table(results: dict) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> None:
+    p = harness.parser(__doc__, "serve_load", "2 requests a batch size, 1 and 2 connections, 1 round")
     p.add_argument("export", type=Path, help="an export directory of a criteo_tsv model")
     p.add_argument("--requests", type=int, default=200, help="requests at batch 1 (fewer at larger batches)")
     p.add_argument("--connections", default="1,4,16,64", help="keep-alive connections at once, e.g. 1,4,16,64")
     p.add_argument("--compare-nagle", action="store_true", help="a server with Nagle on vs as served now")
     p.add_argument("--rounds", type=int, default=2, help="interleaved rounds of --compare-nagle")
     p.add_argument("--out", type=Path, default=None, help="also write the table (markdown) here")
-    args = p.parse_args()
-    lines = SAMPLE.read_text().splitlines()[9000:]  # the quickstart's test rows
+    args = p.parse_args(argv)
+    lines = harness.SAMPLE.read_text().splitlines()[9000:]  # the quickstart's test rows
     reps = {1: args.requests, 64: max(args.requests // 4, 10), 512: max(args.requests // 10, 10)}
+    if args.smoke:
+        reps, args.connections, args.rounds = dict.fromkeys(BATCHES, 2), "1,2", 1
     connections = [int(c) for c in args.connections.split(",")]
-    if args.compare_nagle:
-        results = compare_nagle(args.export, lines, reps, connections, args.rounds)
-    else:
-        results = in_process(args.export, lines, reps)
-        results.update(http_all(args.export, lines, reps, connections))
-    text = table(results)
-    print(text)
-    print(json.dumps({f"{w} b={n}": r for (w, n), r in results.items()}))
-    if args.out:
-        args.out.write_text(text + "\n")
+    with harness.Results(args, argv, path=args.out) as res:
+        if args.compare_nagle:
+            results = compare_nagle(args.export, lines, reps, connections, args.rounds)
+        else:
+            results = in_process(args.export, lines, reps)
+            results.update(http_all(args.export, lines, reps, connections))
+        res.markdown = table(results)
+        print(res.markdown)
+        print(json.dumps({f"{w} b={n}": r for (w, n), r in results.items()}))
 
 
 if __name__ == "__main__":

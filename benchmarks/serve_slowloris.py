@@ -11,42 +11,40 @@ Not a test (``tests/serving/test_limits.py`` checks the behaviour). Usage:
 
 from __future__ import annotations
 
-import argparse
 import http.client
 import json
-import os
 import shlex
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-SAMPLE = ROOT / "datasets" / "criteo_kaggle" / "dac_train_first10000.txt"
+import harness
+import servers
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> None:
+    p = harness.parser(__doc__, "serve_slowloris", "20 slow connections for 2 s")
     p.add_argument("export", type=Path)
     p.add_argument("--connections", type=int, default=1500)
     p.add_argument("--seconds", type=float, default=12.0)
     p.add_argument("--serve-args", default="", help="more `recsys-dist serve` options")
-    p.add_argument("--pythonpath", default=str(ROOT), help="where the server's recsys_dist comes from")
-    args = p.parse_args()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    cmd = [sys.executable, "-m", "recsys_dist.cli.main", "serve", str(args.export), "--port", str(port)]
-    cmd += ["--reload-seconds", "0", *shlex.split(args.serve_args)]
+    p.add_argument("--pythonpath", type=Path, default=harness.ROOT, help="where the server's recsys_dist comes from")
+    args = p.parse_args(argv)
+    if args.smoke:
+        args.connections, args.seconds = 20, 2.0
+    with harness.Results(args, argv):
+        slowloris(args)
+
+
+def slowloris(args) -> None:
+    """Start the server, hold the slow connections, let the other client post; print what it met."""
     log = tempfile.NamedTemporaryFile("w+", suffix=".log")
-    env = {**os.environ, "PYTHONPATH": args.pythonpath}
-    # cwd: `python -m` puts it first on sys.path, ahead of PYTHONPATH
-    proc = subprocess.Popen(cmd, env=env, cwd=args.pythonpath, stdout=subprocess.PIPE, stderr=log, text=True)
     slow = []
-    try:
-        proc.stdout.readline()  # printed once it listens
+    serve_args = shlex.split(args.serve_args)
+    streams = {"stdout": subprocess.DEVNULL, "stderr": log}  # the server's log: counted at the end
+    with servers.running(args.export, *serve_args, code=args.pythonpath, **streams) as (_, port):
         for _ in range(args.connections):
             try:
                 s = socket.create_connection(("127.0.0.1", port))
@@ -56,7 +54,7 @@ def main() -> None:
             s.setblocking(False)
             s.send(b"POST /score HTTP/1.1\r\nHost: x\r\n")
             slow.append(s)
-        body = json.dumps({"rows": SAMPLE.read_text().splitlines()[:2]})
+        body = json.dumps({"rows": harness.SAMPLE.read_text().splitlines()[:2]})
         answers, t0 = [], time.monotonic()
         while time.monotonic() - t0 < args.seconds:
             for s in slow:
@@ -85,11 +83,8 @@ def main() -> None:
             except OSError:
                 pass
         print(f"slow connections the server still held after {args.seconds:g} s: {still_open}")
-    finally:
         for s in slow:
             s.close()
-        proc.terminate()
-        proc.wait(timeout=60)
     log.seek(0)
     text = log.read()
     print(f"server log: {len(text.splitlines())} lines, {len(text):,} bytes; first lines:")

@@ -10,23 +10,18 @@ spawn of 2 ranks, one after the other; each is timed over ``--steps`` steps afte
 
 from __future__ import annotations
 
-import argparse
 import itertools
-import logging
-import sys
 import time
-import warnings
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+import harness
+from ours import quiet
 
 TYPES = ["data_parallel", "table_wise", "row_wise", "column_wise", "table_row_wise", "table_column_wise"]
 
 
-def _measure(rank: int, world_size: int, steps: int, warmup: int) -> dict:
-    warnings.filterwarnings("ignore")
-    logging.disable(logging.WARNING)
+def _measure(rank: int, world_size: int, steps: int, warmup: int, types: list[str]) -> dict:
+    """run_ranks target: samples/s of each (sharding type, pipeline), one after the other."""
+    quiet()
     import torch.distributed as dist
     from torchrec.distributed.train_pipeline import TrainPipelineBase, TrainPipelineSparseDist
 
@@ -35,10 +30,10 @@ def _measure(rank: int, world_size: int, steps: int, warmup: int) -> dict:
     from recsys_dist.train.build import make_loaders, shard_model
 
     results = {}
-    configs = [(t, "sparse_dist") for t in TYPES] + [("table_wise", "base"), ("row_wise", "base")]
+    configs = [(t, "sparse_dist") for t in types] + [("table_wise", "base"), ("row_wise", "base")]
     for sharding_type, pipeline in configs:
         cfg = load_config(
-            ROOT / "configs" / "criteo_quickstart.yaml",
+            harness.CONFIGS / "criteo_quickstart.yaml",
             [f"sharding.sharding_types=[{sharding_type}]", "train.batch_size=256"],
         )
         ctx = init_distributed(cfg)
@@ -61,14 +56,22 @@ def _measure(rank: int, world_size: int, steps: int, warmup: int) -> dict:
     return results
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
+def main(argv: list[str] | None = None) -> None:
+    parser = harness.parser(__doc__, "sharding_throughput", "table_wise and row_wise only, 2 steps after 1")
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--warmup", type=int, default=10)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    types = ["table_wise", "row_wise"] if args.smoke else TYPES
+    if args.smoke:
+        args.steps, args.warmup = 2, 1
     from recsys_dist.testing import run_ranks
 
-    res = run_ranks(_measure, 2, args.steps, args.warmup, timeout_s=1200)[0]
+    with harness.Results(args, argv):
+        report(args, run_ranks(_measure, 2, args.steps, args.warmup, types, timeout_s=1200)[0])
+
+
+def report(args, res: dict) -> None:
+    """One line per configuration with its ratio to table_wise pipelined; pipelined / base."""
     base = res[("table_wise", "sparse_dist")]
     print(f"world size 2, gloo, CPU; quickstart DLRM, batch 256 per rank, {args.steps} timed steps")
     print(f"{'sharding type':<20}{'pipeline':<26}{'samples/s':>12}{'ratio':>8}")

@@ -25,32 +25,22 @@ loader's window reads (``read_cpu``: the CPU of the whole process meanwhile), me
 
 from __future__ import annotations
 
-import argparse
 import json
-import logging
 import os
 import resource
 import statistics
 import sys
 import tempfile
 import time
-import warnings
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from benchmarks.run import SAMPLE, trainer_epoch  # noqa: E402
+import harness
+from ours import overrides, quiet, trainer_epoch
 
 
 def swapped_loader(trainer, path: str, epoch):
     """``epoch`` run with the train loader built by the ``ParquetBatchLoader`` of ``path``."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("baseline_loader", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = harness.load_file(Path(path), "baseline_loader")
     ours = trainer.loaders.train
     theirs = mod.ParquetBatchLoader(
         ours.files,
@@ -187,15 +177,14 @@ def stage_clock() -> dict[str, float]:
 
 def measure(rank: int, world: int, spec: dict) -> dict:
     """run_ranks target: the three contenders, interleaved."""
-    warnings.filterwarnings("ignore")
-    logging.disable(logging.WARNING)
+    quiet()
     import cProfile
 
+    import baselines
     import torch
     import torch.distributed as dist
     from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
 
-    from benchmarks import baselines
     from recsys_dist.config.loader import load_config
     from recsys_dist.data.loader import CTRBatch
     from recsys_dist.data.resolve import feature_names, prepare_from_config
@@ -203,7 +192,7 @@ def measure(rank: int, world: int, spec: dict) -> dict:
     from recsys_dist.models.build import table_sizes
     from recsys_dist.train.build import shard_model
 
-    cfg = load_config(ROOT / "configs" / "criteo_quickstart.yaml", spec["overrides"])
+    cfg = load_config(harness.CONFIGS / "criteo_quickstart.yaml", spec["overrides"])
     ctx = init_distributed(cfg)
     dev, B, m = ctx.device, spec["batch"], cfg.model
     train_path = str(prepare_from_config(cfg).files["train"])
@@ -245,24 +234,33 @@ def measure(rank: int, world: int, spec: dict) -> dict:
             "ARROW_DEFAULT_MEMORY_POOL", "mimalloc", with_loader(trainer, train, train.prefetch, ours)
         )
     acc = stage_clock() if spec.get("stages") else None
-    names = list(run)
-    stages: dict = {k: [] for k in names}  # --stages: seconds per epoch by stage
-    res: dict = {k: [] for k in names}
-    cpu: dict = {k: [] for k in names}  # this rank's CPU ms per step, every thread of the process
-    switches: dict = {k: [] for k in names}  # this rank's context switches per step
-    threads: dict = {k: [] for k in names}  # CPU ms per step by thread group (thread_cpu)
-    for r in range(spec["reps"]):
-        for k in names if r % 2 == 0 else names[::-1]:
+
+    def measured(epoch):
+        """``epoch`` and what this rank spent on it: samples/s, CPU ms and context switches per
+        step (every thread of the process), CPU ms per step by thread group, --stages seconds."""
+
+        def run_round() -> dict:
             c0, u0, t0 = time.process_time(), resource.getrusage(resource.RUSAGE_SELF), thread_cpu()
             if acc is not None:
                 acc.clear()
-            res[k].append(run[k]())
-            if acc is not None:
-                stages[k].append(dict(acc))
+            rate = epoch()
             u1, t1 = resource.getrusage(resource.RUSAGE_SELF), thread_cpu()
-            threads[k].append({g: (t1[g] - t0.get(g, 0.0)) * 1e3 / steps for g in t1})
-            cpu[k].append((time.process_time() - c0) * 1e3 / steps)
-            switches[k].append((u1.ru_nvcsw + u1.ru_nivcsw - u0.ru_nvcsw - u0.ru_nivcsw) / steps)
+            return {
+                "rate": rate,
+                "stages": dict(acc) if acc is not None else None,
+                "threads": {g: (t1[g] - t0.get(g, 0.0)) * 1e3 / steps for g in t1},
+                "cpu": (time.process_time() - c0) * 1e3 / steps,
+                "switches": (u1.ru_nvcsw + u1.ru_nivcsw - u0.ru_nvcsw - u0.ru_nivcsw) / steps,
+            }
+
+        return run_round
+
+    got = harness.abba({k: measured(f) for k, f in run.items()}, spec["reps"])
+    res = {k: [x["rate"] for x in v] for k, v in got.items()}
+    cpu, switches, threads = (
+        {k: [x[what] for x in v] for k, v in got.items()} for what in ("cpu", "switches", "threads")
+    )
+    stages = {k: [x["stages"] for x in v if x["stages"] is not None] for k, v in got.items()}
     every = [None] * world
     dist.all_gather_object(every, {"cpu": cpu, "switches": switches, "threads": threads, "stages": stages})
     if spec.get("profile"):
@@ -278,7 +276,7 @@ def measure(rank: int, world: int, spec: dict) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = harness.parser(__doc__, "step_overhead", "batch 256, 1,000-row tables, the sample once, 2 rounds")
     p.add_argument("--batch", type=int, default=128)
     p.add_argument("--rows", type=int, default=100_000, help="rows per table")
     p.add_argument("--copies", type=int, default=20, help="times the Criteo sample is repeated")
@@ -291,38 +289,40 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stages", action="store_true", help="seconds per epoch by pipeline stage and loader read")
     p.add_argument("--set", action="append", default=[], help="extra config override for our trainer")
     args = p.parse_args(argv)
+    if args.smoke:
+        args.batch, args.rows, args.copies, args.reps = 256, 1000, 1, 2
     from recsys_dist.testing import run_ranks
 
-    with tempfile.TemporaryDirectory() as tmp:
-        raw = Path(tmp) / "criteo_repeated.txt"
-        block = SAMPLE.read_bytes()
-        with open(raw, "wb") as f:
-            for _ in range(args.copies):
-                f.write(block)
-        spec = {
-            "raw": str(raw),
-            "cache": str(Path(tmp) / "cache"),
-            "tmp": tmp,
-            "batch": args.batch,
-            "reps": args.reps,
-            "world": args.world,
-            "device": "cpu",
-            "rows_per_table": args.rows,
-            "profile": args.profile,
-            "baseline_loader": args.baseline_loader,
-            "prefetch_ab": args.prefetch_ab,
-            "pool_ab": args.pool_ab,
-            "stages": args.stages,
-        }
-        from benchmarks.run import overrides
+    with harness.Results(args, argv):
+        with tempfile.TemporaryDirectory() as tmp:
+            spec = {
+                "raw": str(harness.criteo_sample(Path(tmp) / "criteo_repeated.txt", args.copies)),
+                "cache": str(Path(tmp) / "cache"),
+                "tmp": tmp,
+                "batch": args.batch,
+                "reps": args.reps,
+                "world": args.world,
+                "device": "cpu",
+                "rows_per_table": args.rows,
+                "profile": args.profile,
+                "baseline_loader": args.baseline_loader,
+                "prefetch_ab": args.prefetch_ab,
+                "pool_ab": args.pool_ab,
+                "stages": args.stages,
+            }
+            spec["overrides"] = overrides(spec, "dlrm") + [f"train.epochs={2 * args.reps + 3}", *args.set]
+            res = run_ranks(measure, args.world, spec, timeout_s=3600)[0]
+        report(args, res)
+    return 0
 
-        spec["overrides"] = overrides(spec, "dlrm") + [f"train.epochs={2 * args.reps + 3}", *args.set]
-        res = run_ranks(measure, args.world, spec, timeout_s=3600)[0]
+
+def report(args, res: dict) -> None:
+    """Print the rounds, medians, per-rank CPU, context switches, stages and paired ratios."""
     rounds = res["rounds"]
-    med = {k: statistics.median(v) for k, v in rounds.items()}
+    med = {k: harness.median(v) for k, v in rounds.items()}
 
-    def paired(a: str, b: str) -> float:
-        return statistics.median(x / y for x, y in zip(rounds[a], rounds[b]))
+    def within(a: str, b: str) -> float:
+        return harness.paired_ratio(rounds[a], rounds[b])
 
     print(
         f"{args.world} ranks x batch {args.batch}, 26 tables x {args.rows:,} x 16, {res['steps']} steps/epoch, "
@@ -355,18 +355,21 @@ def main(argv: list[str] | None = None) -> int:
                     f"  rank {r} {k} s/epoch (median): "
                     + ", ".join(f"{key} {statistics.median(e.get(key, 0.0) for e in v):.3f}" for key in keys)
                 )
-    print(f"  ours/hand {paired('ours', 'hand'):.3f}   pipe/hand {paired('pipe', 'hand'):.3f}")
+    print(f"  ours/hand {within('ours', 'hand'):.3f}   pipe/hand {within('pipe', 'hand'):.3f}")
+    print(
+        f"  95% bootstrap intervals of the paired ratios (rounds resampled): ours/hand "
+        f"{harness.ratio_interval(rounds['ours'], rounds['hand'])}, pipe/hand {harness.ratio_interval(rounds['pipe'], rounds['hand'])}"
+    )
     for k in rounds:
         if k.startswith("ours_p"):
-            print(f"  {k}/hand {paired(k, 'hand'):.3f}   {k}/ours {paired(k, 'ours'):.3f}")
+            print(f"  {k}/hand {within(k, 'hand'):.3f}   {k}/ours {within(k, 'ours'):.3f}")
     if "ours_mimalloc" in rounds:
         print(
-            f"  ours_mimalloc/hand {paired('ours_mimalloc', 'hand'):.3f}   ours/ours_mimalloc {paired('ours', 'ours_mimalloc'):.3f}"
+            f"  ours_mimalloc/hand {within('ours_mimalloc', 'hand'):.3f}   ours/ours_mimalloc {within('ours', 'ours_mimalloc'):.3f}"
         )
     if "ours_base" in rounds:
-        print(f"  ours_base/hand {paired('ours_base', 'hand'):.3f}   ours/ours_base {paired('ours', 'ours_base'):.3f}")
-    print(json.dumps({"median": med, "ours/hand": paired("ours", "hand"), "pipe/hand": paired("pipe", "hand")}))
-    return 0
+        print(f"  ours_base/hand {within('ours_base', 'hand'):.3f}   ours/ours_base {within('ours', 'ours_base'):.3f}")
+    print(json.dumps({"median": med, "ours/hand": within("ours", "hand"), "pipe/hand": within("pipe", "hand")}))
 
 
 if __name__ == "__main__":

@@ -12,25 +12,19 @@ gather of the weights, where the checkout has it). Per run one JSON line (rank 0
 summary.json); then medians per checkout and the per-round ratios. Not a test. Usage:
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/stream_profile.py [--before /tmp/before] [--rounds 6]
+
+The checkouts alternate in ABBA order over the rounds (benchmarks/harness.py).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import statistics
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
-import yaml
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import stream_throughput  # noqa: E402 - the same data and config as the throughput benchmark
-
-ROOT = Path(__file__).resolve().parents[1]
+import harness
+import stream_throughput  # the same data and config as the throughput benchmark
 
 HOOKS = """
 import atexit, collections, functools, json, os, time
@@ -72,23 +66,24 @@ stream.StreamTrainer.fit = fit
 
 
 def run(work: Path, root: Path, name: str, cfg_path: Path, hooks: Path, steps_per_partition: int) -> dict:
+    """One stream run with the timers of :data:`HOOKS`, the recsys_dist of checkout ``root``;
+    rank 0's timers (ms) and summary."""
     out = work / "timers" / name
     out.mkdir(parents=True, exist_ok=True)
     run_dir = work / "runs" / name
-    env = {**os.environ, "PYTHONPATH": f"{hooks}:{root}", "STREAM_PROFILE_OUT": str(out)}
-    cmd = [sys.executable, "-m", "recsys_dist.cli.main", "train", "--config", str(cfg_path), "--run-dir", str(run_dir)]
-    proc = subprocess.run(cmd, env=env, cwd=root, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise SystemExit(f"{name} failed:\n{proc.stderr[-3000:]}")
+    env = {"PYTHONPATH": os.pathsep.join([str(hooks), str(root)]), "STREAM_PROFILE_OUT": str(out)}
+    harness.cli("train", "--config", cfg_path, "--run-dir", run_dir, code=root, env=env)
     t = {k: [x * 1000 for x in v] for k, v in json.loads((out / "rank0.json").read_text()).items()}
     p, k = t["progress"], steps_per_partition + 1  # + the call that finds the partition's end
-    summary = json.loads((run_dir / "summary.json").read_text())
+    summary = harness.summary(run_dir)
+    firsts = [p[i] for i in range(k, len(p), k)]  # partitions 2..n
+    steady = [x for i in range(0, len(p), k) for x in p[i + 2 : i + k - 1]]
     return {
         "run": name,
         "samples_per_s": summary["samples_per_s"],
         "steps_ms": round(sum(p), 1),
-        "first_step_ms": round(statistics.median(p[i] for i in range(k, len(p), k)), 1),  # partitions 2..n
-        "steady_step_ms": round(statistics.median(x for i in range(0, len(p), k) for x in p[i + 2 : i + k - 1]), 2),
+        "first_step_ms": round(harness.median(firsts), 1) if firsts else float("nan"),
+        "steady_step_ms": round(harness.median(steady), 2) if steady else float("nan"),
         "traces": len(t.get("trace", [])),
         **{f"{key}_ms": round(sum(t.get(key, [])), 1) for key in ("trace", "_open", "_score_partition")},
         **{f"{key}_ms": round(sum(t.get(key, [])), 1) for key in ("save_checkpoint", "publish", "gather")},
@@ -96,14 +91,24 @@ def run(work: Path, root: Path, name: str, cfg_path: Path, hooks: Path, steps_pe
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None) -> None:
+    parser = harness.parser(__doc__, "stream_profile", "1 round of 2 partitions of 200 rows")
     parser.add_argument("--before", default=None, help="another checkout to alternate with (its recsys_dist)")
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--partitions", type=int, default=8)
     parser.add_argument("--rows", type=int, default=1000)
-    args = parser.parse_args()
-    roots = {"this": ROOT, **({"before": Path(args.before)} if args.before else {})}
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.rounds, args.partitions, args.rows = 1, 2, 200
+    with harness.Results(args, argv):
+        report(profile(args), args)
+
+
+def profile(args) -> list[dict]:
+    """Every checkout once a round, ``--rounds`` rounds in ABBA order; a dict per run (printed)."""
+    import yaml
+
+    roots = {"this": harness.ROOT, **({"before": Path(args.before)} if args.before else {})}
     with tempfile.TemporaryDirectory(prefix="stream_profile_") as tmp:
         work = Path(tmp)
         cfg = stream_throughput.make_configs(work, args.partitions, args.rows)["stream_pub"]
@@ -115,22 +120,29 @@ def main() -> None:
         steps = -(-args.rows // (cfg["train"]["batch_size"] * cfg["distributed"]["nproc_per_node"]))
         results = []
         for i in range(args.rounds):
-            for which in list(roots)[i % len(roots) :] + list(roots)[: i % len(roots)]:
+            for which in harness.abba_order(list(roots), i):
                 r = {"checkout": which, "round": i, **run(work, roots[which], f"{which}_{i}", cfg_path, hooks, steps)}
                 print(json.dumps(r), flush=True)
                 results.append(r)
+    return results
+
+
+def report(results: list[dict], args) -> None:
+    """Medians per checkout; with --before, the ratios per round."""
+    checkouts = list(dict.fromkeys(r["checkout"] for r in results))
     keys = [k for k in results[0] if k.endswith("_ms") or k in ("samples_per_s", "traces")]
     print("\n| median | " + " | ".join(keys) + " |\n| --- |" + " ---: |" * len(keys))
-    for which in roots:
+    for which in checkouts:
         mine = [r for r in results if r["checkout"] == which]
-        print(f"| {which} | " + " | ".join(f"{statistics.median(r[k] for r in mine):g}" for k in keys) + " |")
-    if "before" in roots:
+        print(f"| {which} | " + " | ".join(f"{harness.median([r[k] for r in mine]):g}" for k in keys) + " |")
+    if "before" in checkouts:
+        this, before = ([r for r in results if r["checkout"] == w] for w in ("this", "before"))
         print(
             "\nper round, this / before: "
             + ", ".join(
                 f"samples/s {a['samples_per_s'] / b['samples_per_s']:.3f} steps {a['steps_ms'] / b['steps_ms']:.3f} "
                 f"publish {a['publish_ms'] / b['publish_ms']:.2f}"
-                for a, b in zip(*[[r for r in results if r["checkout"] == w] for w in ("this", "before")])
+                for a, b in zip(this, before)
             )
         )
 

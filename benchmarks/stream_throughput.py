@@ -13,14 +13,17 @@ the shipped Criteo sample are:
   validation or test rows), ``train.epochs: 1``.
 
 Every run converts its data cold (batch: a fresh ``data.cache_dir``; a stream converts its
-partitions into the run directory), as a landing partition always is. The three variants alternate (their order rotates each repetition). Reported per run:
+partitions into the run directory), as a landing partition always is. The variants run back to
+back in each repetition, in ABBA order over the repetitions (benchmarks/harness.py). Reported per run:
 ``summary.json`` ``samples_per_s`` / ``train_seconds`` (training steps only, no evaluation),
 ``wall_seconds`` and ``wall_split``, the process's wall time, and the stream's ``partition``
 lines' ``seconds``; then medians and stream / batch ratios. Not a test. Usage:
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/stream_throughput.py [--partitions 8] [--rows 1000]
-        [--reps 3] [--variants batch,stream,stream_pub] [--before OTHER_CHECKOUT]
-        [--out benchmarks/results/stream_throughput_cpu2core_YYYYMMDD.md]
+        [--reps 3] [--variants batch,stream,stream_pub] [--before OTHER_CHECKOUT] [--record ITEM | --out FILE.md]
+
+It always writes its results file: benchmarks/results/stream_throughput_<hw>_<YYYYMMDD>.md unless
+``--record ITEM`` or ``--out FILE`` says otherwise (``--smoke``: only with ``--out``).
 
 The report ends each round (a repetition) with every stream variant's samples/s over the batch
 file's of the same round, and their median over the rounds; ``--before`` runs each stream variant
@@ -29,25 +32,15 @@ also with another checkout's ``recsys_dist`` (``VARIANT@before``), in the same r
 
 from __future__ import annotations
 
-import argparse
-import datetime
-import importlib.util
 import json
 import os
-import platform
 import resource
-import statistics
-import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
 
-import yaml
+import harness
 
-ROOT = Path(__file__).resolve().parents[1]
-SAMPLE = ROOT / "datasets" / "criteo_kaggle" / "dac_train_first10000.txt"
-ONLINE = ROOT / "configs" / "criteo_online.yaml"
+ONLINE = harness.CONFIGS / "criteo_online.yaml"
 VARIANTS = ("batch", "stream_pv", "stream", "stream_pub")
 BEFORE = "@before"  # suffix of a variant run from --before's checkout (the same config)
 
@@ -55,15 +48,14 @@ BEFORE = "@before"  # suffix of a variant run from --before's checkout (the same
 def hourly():
     """``pipelines/criteo_hourly.py`` as a module (``land``, ``partition_name``); pipelines/ is
     not a package."""
-    spec = importlib.util.spec_from_file_location("criteo_hourly", ROOT / "pipelines" / "criteo_hourly.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return harness.load_file(harness.ROOT / "pipelines" / "criteo_hourly.py", "criteo_hourly")
 
 
 def make_configs(work: Path, partitions: int, rows: int) -> dict[str, dict]:
     """Land the partitions, write the batch file; the three configs (dicts) keyed by variant."""
-    lines = SAMPLE.read_bytes().splitlines(keepends=True)[: partitions * rows]
+    import yaml
+
+    lines = harness.SAMPLE.read_bytes().splitlines(keepends=True)[: partitions * rows]
     h = hourly()
     for i in range(partitions):
         h.land(work / "landing", h.partition_name(i), lines[i * rows : (i + 1) * rows])
@@ -91,9 +83,11 @@ def make_configs(work: Path, partitions: int, rows: int) -> dict[str, dict]:
     return out
 
 
-def run_once(work: Path, variant: str, cfg: dict, rep: int, root: Path = ROOT) -> dict:
+def run_once(work: Path, variant: str, cfg: dict, rep: int, root: Path = harness.ROOT) -> dict:
     """One ``recsys-dist train`` of ``cfg`` in a fresh run and cache directory, with the
     ``recsys_dist`` of checkout ``root``."""
+    import yaml
+
     name = f"{variant}_{rep}".replace(BEFORE, "_before")
     cfg = json.loads(json.dumps(cfg))
     if "stream" not in cfg["data"]:  # a stream converts into RUN_DIR/partitions (always cold)
@@ -101,24 +95,13 @@ def run_once(work: Path, variant: str, cfg: dict, rep: int, root: Path = ROOT) -
     path = work / f"{name}.yaml"
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     run_dir = work / "runs" / name
-    env = {**os.environ, "PYTHONPATH": str(root)}
     load0 = os.getloadavg()[0]
     ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    t0 = time.perf_counter()
-    proc = subprocess.run(
-        [sys.executable, "-m", "recsys_dist.cli.main", "train", "--config", str(path), "--run-dir", str(run_dir)],
-        env=env,
-        capture_output=True,
-        text=True,
-    )
-    process_s = time.perf_counter() - t0
+    _, process_s = harness.cli("train", "--config", path, "--run-dir", run_dir, code=root)
     ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)  # the launcher and its ranks (waited for)
     cpu_s = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
-    if proc.returncode != 0:
-        raise SystemExit(f"{variant} rep {rep} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
-    summary = json.loads((run_dir / "summary.json").read_text())
-    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
-    parts = [x["seconds"] for x in lines if x.get("split") == "partition"]
+    summary = harness.summary(run_dir)
+    parts = [x["seconds"] for x in harness.metrics(run_dir) if x.get("split") == "partition"]
     return {
         "variant": variant,
         "rep": rep,
@@ -136,20 +119,17 @@ def run_once(work: Path, variant: str, cfg: dict, rep: int, root: Path = ROOT) -
 
 
 def med(results: list[dict], variant: str, key: str) -> float:
-    return statistics.median(r[key] for r in results if r["variant"] == variant)
+    return harness.median([r[key] for r in results if r["variant"] == variant])
 
 
 def best(results: list[dict], variant: str, key: str, pick) -> float:
     return pick(r[key] for r in results if r["variant"] == variant)
 
 
-def report(results: list[dict], args, command: str, loads: tuple) -> str:
+def report(results: list[dict], args) -> str:
+    """The markdown report: setup, a row per run, per-round ratios, medians and ratios per variant."""
     phases = list(results[0]["split"])
     out = [
-        f"# `benchmarks/stream_throughput.py`: streaming vs one batch file, {datetime.date.today().isoformat()}, "
-        f"{os.cpu_count()}-core CPU",
-        "",
-        f"- **Command:** `{command}`",
         f"- **Data:** the first {args.partitions * args.rows:,} rows of `datasets/criteo_kaggle/dac_train_first10000.txt`: "
         f"{args.partitions} partitions of {args.rows:,} rows landed before the start (stream), or one file (batch, "
         "`data.split: [1, 0, 0]`, `train.epochs: 1`). Model and training settings of `configs/criteo_online.yaml` "
@@ -157,9 +137,7 @@ def report(results: list[dict], args, command: str, loads: tuple) -> str:
         "Cold conversion every run (batch: a fresh `data.cache_dir`; stream: main converts each partition into the run directory). `stream_pv`: progressive validation on; `stream`: off; "
         "`stream_pub`: on, and publishing after each partition (`publish.every_partition`, as criteo_online.yaml; "
         "the others without a `publish` section).",
-        f"- **Machine:** {os.cpu_count()} CPU cores ({platform.processor() or platform.machine()}), shared with other "
-        f"jobs: 1-minute load average {loads[0]} at the start, {loads[1]} at the end; per run below.",
-        f"- **Software:** Python {platform.python_version()}, torch {_torch_version()}.",
+        "- **Load:** the machine is shared with other jobs: the 1-minute load average per run below.",
         "",
         "Per run (`train_s` / `samples/s`: summary.json, training steps only; `wall_s`: summary.json "
         "`wall_seconds`; `process_s`: the command's wall time; partition s: the stream's `partition` lines):",
@@ -171,7 +149,7 @@ def report(results: list[dict], args, command: str, loads: tuple) -> str:
     ]
     for r in results:
         p = r["partition_s"]
-        ps = f"{min(p):.3f} / {statistics.median(p):.3f} / {max(p):.3f}" if p else "-"
+        ps = f"{min(p):.3f} / {harness.median(p):.3f} / {max(p):.3f}" if p else "-"
         out.append(
             f"| {r['variant']} #{r['rep']} | {r['steps']} | {r['train_s']:.3f} | {r['samples_s']:,.0f} | "
             f"{r['wall_s']:.2f} | {r['process_s']:.2f} | {r.get('cpu_s', float('nan')):.2f} | "
@@ -201,7 +179,7 @@ def report(results: list[dict], args, command: str, loads: tuple) -> str:
         sps, job, cpu = (med(results, v, k) for k in ("samples_s", "job_s", "cpu_s"))
         sps_best, job_best = best(results, v, "samples_s", max), best(results, v, "job_s", min)
         steps = results[[r["variant"] for r in results].index(v)]["steps"]
-        split = [statistics.median(r["split"][k] for r in results if r["variant"] == v) for k in phases]
+        split = [harness.median([r["split"][k] for r in results if r["variant"] == v]) for k in phases]
         out.append(
             f"| {v} | {sps:,.0f} | {sps / b_sps:.3f} | {_paired(results, v, 'samples_s')} | {sps_best:,.0f} | "
             f"{sps_best / b_best:.3f} | {1000 * best(results, v, 'train_s', min) / steps:.1f} | {job:.2f} | "
@@ -229,7 +207,7 @@ def _rounds(results: list[dict]) -> list[str]:
     out = [
         "",
         "Per round: samples/s of each stream variant / the batch file's in the same round (the variants of a "
-        "round ran back to back; rounds interleave, the order rotating), and the median over the rounds:",
+        "round ran back to back; rounds interleave in ABBA order), and the median over the rounds:",
         "",
         "| round | batch samples/s | " + " | ".join(f"{v} / batch" for v in streams) + " |",
         "| ---: | ---: |" + " ---: |" * len(streams),
@@ -245,8 +223,8 @@ def _rounds(results: list[dict]) -> list[str]:
         out.append(f"| {rep} | {base[rep]:,.0f} | " + " | ".join(row) + " |")
     out.append(
         "| **median** | "
-        + f"{statistics.median(base.values()):,.0f} | "
-        + " | ".join(f"**{statistics.median(ratios[v]):.3f}**" if ratios[v] else "-" for v in streams)
+        + f"{harness.median(base.values()):,.0f} | "
+        + " | ".join(f"**{harness.median(ratios[v]):.3f}**" if ratios[v] else "-" for v in streams)
         + " |"
     )
     return out
@@ -256,17 +234,11 @@ def _paired(results: list[dict], variant: str, key: str) -> str:
     """Median (min - max) over repetitions of ``variant``'s ``key`` / batch's, same repetition."""
     base = {r["rep"]: r[key] for r in results if r["variant"] == "batch"}
     ratios = [r[key] / base[r["rep"]] for r in results if r["variant"] == variant and r["rep"] in base]
-    return f"{statistics.median(ratios):.3f} ({min(ratios):.2f} - {max(ratios):.2f})" if ratios else "-"
-
-
-def _torch_version() -> str:
-    import torch  # only for the report's software line
-
-    return torch.__version__
+    return f"{harness.median(ratios):.3f} ({min(ratios):.2f} - {max(ratios):.2f})" if ratios else "-"
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = harness.parser(__doc__, "stream_throughput", "2 partitions of 200 rows, 1 round")
     parser.add_argument("--partitions", type=int, default=8)
     parser.add_argument("--rows", type=int, default=1000, help="rows per partition")
     parser.add_argument("--reps", type=int, default=3)
@@ -280,45 +252,45 @@ def main(argv: list[str] | None = None) -> None:
         "with its recsys_dist, as VARIANT@before, in the same rounds",
     )
     parser.add_argument("--keep", default=None, help="work directory to keep (default: a temporary one)")
-    parser.add_argument(
-        "--out",
-        default=str(ROOT / "benchmarks" / "results" / f"stream_throughput_cpu2core_{datetime.date.today():%Y%m%d}.md"),
-    )
+    parser.add_argument("--out", type=Path, default=None, help="the results file (default: the one --record names)")
     parser.add_argument(
         "--rerender", default=None, help="write the report from an earlier run's output (its JSON lines)"
     )
     args = parser.parse_args(argv)
-    command = "PYTHONPATH=$PWD .venv/bin/python benchmarks/stream_throughput.py " + " ".join(
-        argv if argv is not None else sys.argv[1:]
-    )
-    if args.rerender:
-        lines = Path(args.rerender).read_text().splitlines()
-        results = [json.loads(x) for x in lines if x.startswith('{"variant"')]
-        cmd = next((x.split("`")[1] for x in lines if x.startswith("- **Command:**")), command)
-        text = report(results, args, cmd, (results[0]["load"][0], results[-1]["load"][1]))
-        Path(args.out).write_text(text)
-        print(text)
-        return
+    if args.smoke:
+        args.partitions, args.rows, args.reps = 2, 200, 1
+    elif args.record is None and args.out is None:
+        args.record = "stream_throughput"  # always recorded
+    title = "`benchmarks/stream_throughput.py`: streaming vs one batch file"
+    with harness.Results(args, argv, path=args.out, title=title) as res:
+        if args.rerender:
+            lines = Path(args.rerender).read_text().splitlines()
+            results = [json.loads(x) for x in lines if x.startswith('{"variant"')]
+            cmd = next((x.split("`")[1] for x in lines if x.startswith("- **Command:**")), "not recorded")
+            note = f"Re-rendered from `{args.rerender}`: the run's command `{cmd}`; its machine and time are there."
+            res.markdown = note + "\n\n" + report(results, args)
+        else:
+            res.markdown = report(run(args), args)
+        print(res.markdown)
+
+
+def run(args) -> list[dict]:
+    """Every variant once a round, ``--reps`` rounds in ABBA order; a dict per run (printed)."""
     with tempfile.TemporaryDirectory(prefix="stream_tp_") as tmp:
         work = Path(args.keep or tmp)
         work.mkdir(parents=True, exist_ok=True)
         configs = make_configs(work, args.partitions, args.rows)
-        load_start = round(os.getloadavg()[0], 2)
         results = []
         variants = [v for v in VARIANTS if v in configs and v in args.variants.split(",")]
         if args.before:  # each stream variant also from the other checkout, interleaved
             variants += [v + BEFORE for v in variants if v != "batch"]
         for rep in range(args.reps):
-            k = rep % len(variants)
-            order = variants[k:] + variants[:k]  # alternate who runs first
-            for v in order:
-                root = Path(args.before) if v.endswith(BEFORE) else ROOT
+            for v in harness.abba_order(variants, rep):
+                root = Path(args.before) if v.endswith(BEFORE) else harness.ROOT
                 r = run_once(work, v, configs[v.removesuffix(BEFORE)], rep, root)
                 print(json.dumps(r), flush=True)
                 results.append(r)
-        text = report(results, args, command, (load_start, round(os.getloadavg()[0], 2)))
-    Path(args.out).write_text(text)
-    print(text)
+    return results
 
 
 if __name__ == "__main__":

@@ -1,16 +1,26 @@
-"""benchmarks/run.py's pieces: the hardware-limit arithmetic, the growth fit, the plain-PyTorch
-DLRM, the ``bench`` subcommand, and (slow) one tiny growth point on a spawned rank."""
+"""benchmarks/run.py's pieces: the hardware-limit arithmetic, the plain-PyTorch DLRM, the ``bench``
+subcommand, its refusals and (slow) its MLPerf path through its command line, and one tiny growth
+point on a spawned rank. The harness itself: tests/test_bench_harness.py."""
 
 from __future__ import annotations
 
-import math
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
 
 from benchmarks import baselines, growth, hardware
 from recsys_dist.config.loader import load_config
-from tests.conftest import QUICKSTART
+from tests.conftest import QUICKSTART, ROOT
+
+
+def bench(script: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """``python benchmarks/SCRIPT ARGS`` from the repository root, as its docs run it."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, f"benchmarks/{script}", *args]
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env, check=False)
 
 
 def test_quickstart_bytes_and_flops_per_sample():
@@ -45,12 +55,6 @@ def test_measured_ceilings_are_positive():
     assert hardware.mm_flops([(8, 4)], 16, torch.device("cpu"), seconds=0.01) > 0
 
 
-def test_growth_exponent():
-    xs = [1e4, 1e5, 1e6]
-    assert math.isclose(growth.exponent(xs, [3 * x for x in xs]), 1.0)
-    assert math.isclose(growth.exponent(xs, [5.0] * 3), 0.0, abs_tol=1e-12)
-
-
 def test_plain_dlrm_matches_torchrec_dlrm_shapes():
     model = baselines.PlainDLRM(13, [10] * 26, 16, [64, 16], [64, 32, 1])
     out = model(torch.rand(4, 13), torch.randint(0, 10, (4, 26)))
@@ -70,17 +74,32 @@ def test_bench_subcommand_parses():
             build_parser().parse_args(["bench", *bad])
 
 
-def test_bench_refuses_unknown_items_and_a_missing_gpu(capsys):
-    from benchmarks import run
+def test_bench_subcommand_runs_this_checkouts_script_with_its_package(monkeypatch):
+    """benchmarks/run.py no longer puts the checkout on sys.path itself: ``recsys-dist bench``
+    passes it in PYTHONPATH, so the script runs the recsys_dist it was started from."""
+    from recsys_dist.cli import bench as bench_cli
+    from recsys_dist.cli.main import build_parser
 
-    bad = [["--skip", "9"], ["--skip", "abc"]] + ([] if torch.cuda.is_available() else [["--device", "cuda"]])
-    for argv in bad:
-        with pytest.raises(SystemExit) as exit_info:
-            run.main(argv)
-        assert exit_info.value.code == 2
-    err = capsys.readouterr().err
-    assert "--skip: comma-separated item numbers 1-6" in err
-    assert torch.cuda.is_available() or "--device cuda: torch" in err
+    seen = {}
+
+    def fake_run(cmd, env=None, **kw):
+        seen.update(cmd=cmd, env=env)
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(bench_cli.subprocess, "run", fake_run)
+    monkeypatch.setenv("PYTHONPATH", "/elsewhere")
+    assert bench_cli.cmd_bench(build_parser().parse_args(["bench", "--quick", "--reps", "2"])) == 0
+    assert seen["cmd"][1] == str(ROOT / "benchmarks" / "run.py") and "--quick" in seen["cmd"]
+    assert seen["env"]["PYTHONPATH"].split(os.pathsep) == [str(ROOT), "/elsewhere"]
+
+
+def test_bench_refuses_unknown_items_and_a_missing_gpu():
+    for argv in (["--skip", "9"], ["--skip", "abc"]):
+        done = bench("run.py", *argv)
+        assert done.returncode == 2 and "--skip: comma-separated item numbers 1-6" in done.stderr, done.stderr
+    if not torch.cuda.is_available():
+        done = bench("run.py", "--device", "cuda")
+        assert done.returncode == 2 and "--device cuda: torch" in done.stderr, done.stderr
 
 
 @pytest.mark.slow
@@ -132,35 +151,13 @@ def test_plain_baselines_sparse_hook_averages_as_ddp_does():
 
 
 @pytest.mark.slow
-def test_mlperf_path_runs_on_cpu(capsys):
+def test_mlperf_path_runs_on_cpu():
     """The GPU benchmark's path (MLPerf DLRMv2 model, one rank, items 1, 4, 6) on CPU at toy
-    sizes: every line of its table is printed with a positive ratio."""
-    from benchmarks import run
-
-    assert (
-        run.main(
-            [
-                "--device",
-                "cpu",
-                "--model",
-                "mlperf",
-                "--mlperf-max-rows",
-                "1000",
-                "--batch",
-                "256",
-                "--copies",
-                "1",
-                "--rows",
-                "2000",
-                "--reps",
-                "1",
-                "--skip",
-                "5",
-            ]
-        )
-        == 0
-    )
-    out = capsys.readouterr().out
+    sizes, through its command line: every line of its table is printed with a positive ratio."""
+    args = ["--device", "cpu", "--model", "mlperf", "--mlperf-max-rows", "1000", "--batch", "256"]
+    done = bench("run.py", *args, "--copies", "1", "--rows", "2000", "--reps", "1", "--skip", "5", timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = done.stdout
     assert "dlrm_dcnv2" in out and "exact_adagrad fused" in out and "1 rank(s) on cpu" in out
     rows = {line.split("|")[1].strip(): line for line in out.splitlines() if line.startswith("| ") and "**" in line}
     assert set(rows) == {"1", "4", "6"}

@@ -1,7 +1,8 @@
-"""benchmarks/overlap_delay.py --netns without training: the tc commands it builds, its
-refusals (no unshare, a kernel that refuses the namespace, shaping outside a namespace of its
-own, options without --netns), and one real unprivileged namespace whose capped loopback
-carries a TCP transfer (skipped, with the reason, where the kernel refuses it)."""
+"""benchmarks/overlap_delay.py --netns without training: the tc commands it builds
+(benchmarks/netns.py), its refusals (no unshare, a kernel that refuses the namespace, shaping
+outside a namespace of its own; options without --netns, through its command line), and one real
+unprivileged namespace whose capped loopback carries a TCP transfer (skipped, with the reason,
+where the kernel refuses it)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,15 @@ import sys
 
 import pytest
 
-from benchmarks import overlap_delay as od
+from benchmarks import netns as od
 from tests.conftest import ROOT
+
+
+def overlap_delay(*argv: str) -> subprocess.CompletedProcess:
+    """``python benchmarks/overlap_delay.py ARGV`` from the repository root."""
+    cmd = [sys.executable, "benchmarks/overlap_delay.py", *argv]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=60, env=env, check=False)
 
 
 def test_tc_commands():
@@ -38,33 +46,24 @@ def test_tc_commands():
         od.qdisc_command(100, "htb")
 
 
-def test_options_need_netns_and_a_rate(capsys):
-    for argv in (["--netns"], ["--netns", "--rate-mbit", "0"], ["--rate-mbit", "100"], ["--shaper", "tbf"]):
-        with pytest.raises(SystemExit) as info:
-            od.parse_args(argv)
-        assert info.value.code == 2, argv
-    err = capsys.readouterr().err
-    assert "--netns needs --rate-mbit" in err and "apply only with --netns" in err
-    args = od.parse_args(["--netns", "--rate-mbit", "50", "--delays", "0", "2"])
-    assert (args.netns, args.rate_mbit, args.shaper, args.delays) == (True, 50.0, "auto", [0.0, 2.0])
-    assert od.parse_args([]).netns is False  # the in-collective mode as before
+BAD_ARGUMENTS = [
+    (["--netns"], "--netns needs --rate-mbit"),
+    (["--netns", "--rate-mbit", "0"], "--netns needs --rate-mbit"),
+    (["--rate-mbit", "100"], "apply only with --netns"),
+    (["--shaper", "tbf"], "apply only with --netns"),
+    (["--delays", "-2"], "--delays must be finite numbers >= 0"),
+    (["--delays", "nan"], "--delays must be finite numbers >= 0"),
+    (["--delays", "inf"], "--delays must be finite numbers >= 0"),
+    (["--delays", "2", "2.0"], "--delays has a repeated value"),
+    (["--steps", "5"], "--steps must be >= 20"),
+    (["--reps", "0"], "--reps must be >= 1"),
+]
 
 
-@pytest.mark.parametrize(
-    "argv, words",
-    [
-        (["--delays", "-2"], "--delays must be finite numbers >= 0"),
-        (["--delays", "nan"], "--delays must be finite numbers >= 0"),
-        (["--delays", "inf"], "--delays must be finite numbers >= 0"),
-        (["--delays", "2", "2.0"], "--delays has a repeated value"),
-        (["--steps", "5"], "--steps must be >= 20"),
-        (["--reps", "0"], "--reps must be >= 1"),
-    ],
-)
-def test_bad_arguments_are_refused_before_any_rank_starts(argv, words, capsys):
-    with pytest.raises(SystemExit) as info:
-        od.parse_args(argv)
-    assert info.value.code == 2 and words in capsys.readouterr().err
+def test_bad_arguments_are_refused_before_any_rank_starts():
+    for argv, words in BAD_ARGUMENTS:
+        done = overlap_delay(*argv)
+        assert done.returncode == 2 and words in done.stderr, (argv, done.stderr)
 
 
 def _which_but(monkeypatch, name: str, path: str | None) -> None:
@@ -73,10 +72,13 @@ def _which_but(monkeypatch, name: str, path: str | None) -> None:
     monkeypatch.delenv(od.INSIDE_ENV, raising=False)
 
 
+SCRIPT = str(ROOT / "benchmarks" / "overlap_delay.py")
+
+
 def test_refuses_without_unshare(monkeypatch):
     _which_but(monkeypatch, "unshare", None)
     with pytest.raises(SystemExit) as info:
-        od.main(["--netns", "--rate-mbit", "100", "--delays", "0"])
+        od.reexec_in_netns(SCRIPT, ["--netns", "--rate-mbit", "100", "--delays", "0"], 100)
     msg = str(info.value.code)
     assert "unshare not found" in msg and "run without --netns" in msg, msg
 
@@ -87,7 +89,7 @@ def test_refuses_when_the_namespace_is_refused(monkeypatch):
         pytest.skip("no `false` command")
     _which_but(monkeypatch, "unshare", false)  # an unshare that fails, as a kernel without user namespaces makes it
     with pytest.raises(SystemExit) as info:
-        od.main(["--netns", "--rate-mbit", "100", "--delays", "0"])
+        od.reexec_in_netns(SCRIPT, ["--netns", "--rate-mbit", "100", "--delays", "0"], 100)
     msg = str(info.value.code)
     assert "refused an unprivileged user+network namespace" in msg and "no run without the cap" in msg, msg
 
@@ -108,7 +110,7 @@ def test_never_shapes_the_machines_own_interfaces(monkeypatch):
 SEND = 200_000
 CHILD = f"""
 import json, socket, threading
-from benchmarks import overlap_delay as od
+from benchmarks import netns as od
 shaper = od.setup_netns(8, "tbf", [0.0])
 srv = socket.create_server(("127.0.0.1", 0))
 got = []
@@ -146,13 +148,3 @@ def test_real_namespace_caps_its_loopback():
     stats = json.loads(lines[-1])
     assert stats["shaper"] == "tbf" and stats["interfaces"] == ["lo"] and stats["received"] == SEND
     assert stats["bytes"] > SEND and stats["overlimits"] > 0 and stats["dropped"] == 0, stats
-
-
-def test_steady_rate_leaves_out_the_first_window():
-    # windows of 10 steps x 64 rows; the first (the pipeline's fill and trace) is slow
-    lines = [{"split": "ledger"}] + [
-        {"split": "train", "step": s, "samples_per_s": r} for s, r in ((10, 100.0), (20, 2000.0), (30, 1000.0))
-    ]
-    assert od.steady_rate(lines, 64) == round(1280 / (640 / 2000 + 640 / 1000), 1)
-    with pytest.raises(SystemExit, match="raise --steps"):
-        od.steady_rate(lines[:2], 64)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +12,8 @@ from pathlib import Path
 def cmd_bench(args: argparse.Namespace) -> int:
     """Run benchmarks/run.py of the source checkout this package was imported from; its exit
     code, or 2 when the package was installed without the benchmarks."""
-    script = Path(__file__).resolve().parents[2] / "benchmarks" / "run.py"
+    root = Path(__file__).resolve().parents[2]
+    script = root / "benchmarks" / "run.py"
     if not script.is_file():
         print(
             f"recsys-dist bench: {script} not found; the benchmarks ship with the source checkout "
@@ -30,4 +32,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
     for flag in ("reps", "skip", "mlperf_max_rows", "batch", "copies", "deepctr_python"):
         if getattr(args, flag):
             cmd += ["--" + flag.replace("_", "-"), str(getattr(args, flag))]
-    return subprocess.run(cmd).returncode
+    # The script imports this checkout's recsys_dist, whatever else is installed.
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
+    return subprocess.run(cmd, env=env).returncode
