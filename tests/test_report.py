@@ -153,6 +153,45 @@ def test_compare_side_by_side_with_deltas_and_config_diff(tmp_path):
     assert "B missing: plan.json" in text
 
 
+def restored(path, weights_step=20, in_metrics=True):
+    """make_run's run as if early stopping put back the weights of ``weights_step`` (validated
+    at 20 and 40, trained to 40): the test line and summary.json name that step."""
+    make_run(path)
+    lines = [json.loads(l) for l in (path / "metrics.jsonl").read_text().splitlines()]
+    for rec in lines:
+        if rec["split"] == "test":
+            rec["weights_step"] = weights_step
+    if not in_metrics:  # e.g. an eval.every_n_steps line left out: only summary.json has it
+        lines = [r for r in lines if not (r["split"] == "validation" and r["step"] == weights_step)]
+    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    summary = json.loads((path / "summary.json").read_text())
+    summary.update(weights_step=weights_step, validation={"auc": 0.72, "logloss": 0.48, "ne": 0.95})
+    (path / "summary.json").write_text(json.dumps(summary))
+    return path
+
+
+@pytest.mark.parametrize("in_metrics", [True, False])
+def test_report_and_compare_show_the_validation_of_the_weights_scored(tmp_path, in_metrics):
+    """Issue 40: after restore_best the test line scored step 20's weights; the validation
+    next to it is step 20's (0.72), not the last, discarded weights' (step 40, 0.74)."""
+    run = restored(tmp_path / "run", in_metrics=in_metrics)
+    text = rpt.report(run, plots=False)
+    val = next(l for l in text.splitlines() if l.strip().startswith("validation "))
+    assert val.split()[1:4] == ["20", "0.7200", "0.4800"]
+    assert (
+        "validation and test: the weights of step 20, the best validation's (train.early_stopping.restore_best); "
+        "trained to step 40; the last validation (step 40, weights not kept): AUC 0.7400, logloss 0.4600"
+    ) in text
+    plain = make_run(tmp_path / "plain", auc_shift=0.01)  # no early stopping: the last validation
+    assert "weights of step" not in rpt.report(plain, plots=False)
+    out = rpt.compare(run, plain).splitlines()
+    assert next(l for l in out if l.strip().startswith("validation auc")).split()[2:] == ["0.7200", "0.7500", "+0.0300"]
+    assert next(l for l in out if l.strip().startswith("weights of step")).split()[3:] == ["20", "n/a"]
+    assert any("scored with the weights of the step shown" in l for l in out)
+    rpt.report(run, out_dir=tmp_path / "figs")  # the test point drawn at step 20 does not break the plot
+    assert (tmp_path / "figs" / "validation.png").exists()
+
+
 @pytest.mark.parametrize("which", ["dir", "metrics"])
 def test_cli_missing_run_dir_or_metrics_exits_2_naming_it(tmp_path, capsys, which):
     target = tmp_path / "nope"

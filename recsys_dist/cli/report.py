@@ -30,8 +30,10 @@ from recsys_dist.cli.run_metrics import (
     plan_bytes_per_rank,
     plan_per_rank,
     progressive,
+    scored_validation,
     stream_state,
     time_keys,
+    weights_step,
 )
 from recsys_dist.cli.run_plots import write_plots
 from recsys_dist.errors import RunDirError
@@ -99,7 +101,9 @@ def report(run_dir: str | Path, *, plots: bool = True, out_dir: str | Path | Non
         if finals.get("test"):
             lines.append(_table(_metric_rows({"test": finals["test"]})))
     else:
+        finals["validation"] = scored_validation(run)  # the test split's weights', not the last
         lines.append(_table(_metric_rows(finals)))
+        lines += _weights_lines(run, finals["validation"])
     retrieval = _retrieval_rows(finals)
     if retrieval:
         lines.append("  retrieval over the item corpus (model vs most popular; recsys_dist.models.retrieval):")
@@ -120,6 +124,25 @@ def report(run_dir: str | Path, *, plots: bool = True, out_dir: str | Path | Non
         written = write_plots(run, Path(out_dir) if out_dir else run.path)
         lines.append(f"  plots: {', '.join(str(p) for p in written) if written else 'none (no data to plot)'}")
     return "\n".join(lines)
+
+
+def _weights_lines(run: Run, validation: dict) -> list[str]:
+    """A line when the weights scored are not the last ones (early stopping put back the best
+    validation's): whose they are, and the last validation, of the weights discarded."""
+    step, test, last = weights_step(run), run.final("test"), run.final("validation")
+    trained = test.get("step") if isinstance(test.get("step"), int) else headline(run)["steps"]
+    if step is None or step == trained:
+        return []
+    line = (
+        f"  validation and test: the weights of step {step}, the best validation's "
+        f"(train.early_stopping.restore_best); trained to step {_num(trained)}"
+    )
+    if last and last is not validation and last.get("step") != step:
+        line += (
+            f"; the last validation (step {_num(last.get('step'))}, weights not kept): "
+            f"AUC {_num(last.get('auc'))}, logloss {_num(last.get('logloss'))}"
+        )
+    return [line]
 
 
 def _stream_lines(run: Run) -> list[str]:
@@ -341,11 +364,19 @@ def compare(run_a: str | Path, run_b: str | Path, *, max_config_diffs: int = 30)
         rows.append(["partitions trained", _num(len(ta)), _num(len(tb)), _delta(len(ta), len(tb), 0)])
         rows.append(["quarantined", _num(len(qa)), _num(len(qb)), _delta(len(qa), len(qb), 0)])
     finals_a, finals_b = _compared_metrics(a), _compared_metrics(b)
+    wa, wb = weights_step(a), weights_step(b)
+    if (wa is not None and wa != ha["steps"]) or (wb is not None and wb != hb["steps"]):
+        rows.append(["weights of step", _num(wa), _num(wb), ""])  # validation and test: of these
     for split in dict.fromkeys([*finals_a, *finals_b]):
         fa, fb = finals_a.get(split, {}), finals_b.get(split, {})
         for k in EVAL_KEYS:
             rows.append([f"{split} {k}", _num(fa.get(k)), _num(fb.get(k)), _delta(fa.get(k), fb.get(k))])
     lines = [f"A {a.path}", f"B {b.path}", _table(rows)]
+    if any(r[0] == "weights of step" for r in rows):
+        lines.append(
+            "  validation, test: scored with the weights of the step shown (the best validation's, put "
+            "back by train.early_stopping.restore_best)"
+        )
     if "progressive" in finals_a or "progressive" in finals_b:
         lines.append("  progressive: row-weighted means of the stream's per-partition progressive validation")
     plans = [
@@ -373,10 +404,11 @@ def compare(run_a: str | Path, run_b: str | Path, *, max_config_diffs: int = 30)
 
 
 def _compared_metrics(run: Run) -> dict[str, dict]:
-    """The metrics ``compare`` sets side by side: the last validation and test lines; for a
-    stream run the pooled progressive validation (and test, if it has one)."""
+    """The metrics ``compare`` sets side by side: the test line and the validation of the same
+    weights (the best validation's after early stopping restored them); for a stream run the
+    pooled progressive validation (and test, if it has one)."""
     if not run.stream:
-        return {"validation": run.final("validation"), "test": run.final("test")}
+        return {"validation": scored_validation(run), "test": run.final("test")}
     out = {"progressive": progressive(partitions(run))}
     if run.final("test"):
         out["test"] = run.final("test")

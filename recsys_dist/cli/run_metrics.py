@@ -102,6 +102,35 @@ def load_run(run_dir: str | Path) -> Run:
     return run
 
 
+def weights_step(run: Run) -> int | None:
+    """The step whose weights the test split (and summary.json's validation) scored: the test
+    line's ``weights_step``, else summary.json's; None when neither says (an older run, or one
+    not finished). After ``train.early_stopping.restore_best`` it is the best validation's step,
+    earlier than the last one."""
+    for source in (run.final("test"), run.summary or {}):
+        if isinstance(source.get("weights_step"), int):
+            return source["weights_step"]
+    return None
+
+
+def scored_validation(run: Run) -> dict:
+    """The validation metrics of the weights scored (:func:`weights_step`): the last validation
+    line at that step, else summary.json's ``validation`` (with ``step`` set); the last
+    validation line when the weights step is unknown or no line was written at it ({} when none).
+
+    After early stopping restored the best weights, the last validation line is of the later,
+    discarded weights: shown next to the test split's numbers it would compare two models.
+    """
+    step, last = weights_step(run), run.final("validation")
+    if step is None or last.get("step") == step:
+        return last
+    at = [r for r in run.split("validation") if r.get("step") == step]
+    if at:
+        return at[-1]
+    kept = (run.summary or {}).get("validation")
+    return {**kept, "step": step} if isinstance(kept, dict) and kept else last
+
+
 # ---------------------------------------------------------------- formatting
 
 

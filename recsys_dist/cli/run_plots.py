@@ -79,7 +79,9 @@ def _plot_validation(run: Run, Figure, save) -> None:
         if vx:
             ax.plot(vx, vy, marker="o", label="validation")
         if isinstance(test.get(key), (int, float)):
-            ax.plot([test["step"]], [test[key]], marker="*", markersize=12, linestyle="", label="test (final)")
+            # At the step of the weights it scored (the best validation's after restore_best).
+            at = test.get("weights_step", test["step"])
+            ax.plot([at], [test[key]], marker="*", markersize=12, linestyle="", label=f"test (weights of step {at})")
         ax.set(title=f"{label} vs step", xlabel="step", ylabel=label)
         ax.grid(alpha=0.3)
         ax.legend()

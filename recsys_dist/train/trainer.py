@@ -460,7 +460,10 @@ class Trainer(TrainLoop):
             weights_step, last_val = self._restore_best(last_val)  # train.early_stopping.restore_best
             test = self.evaluate("test")
             managed = managed_metrics(self._model, "test")
-            self._writer.write(split="test", step=self._step, epoch=self.epoch, **test, **managed)
+            # step: the training position; weights_step: whose weights were scored (restore_best).
+            self._writer.write(
+                split="test", step=self._step, weights_step=weights_step, epoch=self.epoch, **test, **managed
+            )
             checkpoint = self.save_checkpoint() if self.cfg.checkpoint.enabled else None
             return self._write_summary(last_val, test, checkpoint, weights_step)
 

@@ -15,6 +15,7 @@ import shutil
 import pytest
 
 import recsys_dist
+from recsys_dist.cli.report import report
 from recsys_dist.config.loader import load_config
 from recsys_dist.train.build import best_tracker
 from recsys_dist.train.early_stopping import BestTracker
@@ -91,6 +92,18 @@ def test_early_stopping_scores_and_saves_the_best_validation_weights(tmp_path, r
     assert summary["validation"] == lines[best["step"]] == summary_metrics(val)
     assert summary_metrics(test) == summary["test"]  # the Trainer holds those weights after fit()
     assert json.loads((run / "summary.json").read_text())["test"] == summary["test"]
+    # metrics.jsonl's test line: trained to the last step, scored the best step's weights; the
+    # report sets the validation of those weights beside it.
+    (test_line,) = read_metrics(run, "test")
+    assert test_line["step"] == steps and test_line["weights_step"] == best["step"]
+    text = report(run, plots=False)
+    val_row = next(l for l in text.splitlines() if l.strip().startswith("validation "))
+    assert val_row.split()[1:4] == [
+        str(best["step"]),
+        f"{lines[best['step']]['auc']:.4f}",
+        f"{lines[best['step']]['logloss']:.4f}",
+    ]
+    assert f"the weights of step {best['step']}, the best validation's" in text
     print_summary(summary)
     assert f"scored: the weights of step {best['step']}, the best validation's (restored; trained to step {steps})" in (
         capsys.readouterr().out
