@@ -17,6 +17,13 @@ def needs_dense(cfg) -> list[str]:
     ]
 
 
+def dot_interaction(cfg) -> list[str]:
+    """dlrm's bottom MLP ends as wide as an embedding (checked when the config is loaded if it
+    names ``model.name: dlrm``; here, for the default, once the run trains that model)."""
+    problem = cfg.model.dot_interaction_problem()
+    return [problem] if problem else []
+
+
 def one_task(cfg) -> list[str]:
     """One label column: the model gives one logit per row (``data.schema.labels`` with several
     tasks needs a multi-task model, whose output is ``[B, num_tasks]``)."""

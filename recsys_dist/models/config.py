@@ -116,12 +116,23 @@ class DLRMConfig(ModelConfig):
             raise ValueError(
                 f"model.over_arch_layer_sizes[-1] must be 1 (one logit), got {self.over_arch_layer_sizes[-1]}"
             )
+        # model.name left out: dlrm is only the default, and a config for Trainer(model=...) names
+        # none (its model.embedding_dim need not fit dlrm). The run's preflight checks it then,
+        # once it knows which model trains (recsys_dist.models.checks.dot_interaction).
+        problem = self.dot_interaction_problem()
+        if problem and "name" in self.model_fields_set:
+            raise ValueError(problem)
+        return self
+
+    def dot_interaction_problem(self) -> str | None:
+        """dlrm's dot interaction needs the bottom MLP's output as wide as an embedding: the
+        message naming both keys when it is not, else None."""
         if self.name == "dlrm" and self.dense_arch_layer_sizes[-1] != self.embedding_dim:
-            raise ValueError(
+            return (
                 f"model.dense_arch_layer_sizes[-1] ({self.dense_arch_layer_sizes[-1]}) must equal "
                 f"model.embedding_dim ({self.embedding_dim}) for dlrm's dot interaction"
             )
-        return self
+        return None
 
 
 class DLRMDCNConfig(DLRMConfig):

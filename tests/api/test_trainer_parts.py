@@ -11,7 +11,7 @@ import yaml
 import recsys_dist
 from recsys_dist.config import ConfigError
 from recsys_dist.config.loader import load_config
-from tests.cli import read_metrics
+from tests.cli import read_metrics, run_cli
 from tests.conftest import QUICKSTART
 
 ROOT = QUICKSTART.parents[1]
@@ -192,13 +192,21 @@ def test_a_given_model_is_checked_as_itself_not_as_the_default_model_name(tmp_pa
     movielens = ROOT / "configs" / "movielens_deepfm.yaml"
     tree = yaml.safe_load(movielens.read_text())
     tree["data"]["raw_path"] = str((movielens.parent / tree["data"]["raw_path"]).resolve())
-    tree["model"] = {"embedding_dim": 16}
+    # embedding_dim 8: not what dlrm's bottom MLP gives (16), which load_config refused before
+    # any model was considered; that check too is dlrm's, run once the run trains dlrm.
+    tree["model"] = {"embedding_dim": 8}
     path = tmp_path / "no_dense.yaml"
     path.write_text(yaml.safe_dump(tree))
     cfg = load_config(path, [*TOY, "train.max_steps=4"])
-    with pytest.raises(ConfigError, match="model.name: dlrm needs dense features"):
+    dot = "model.dense_arch_layer_sizes[-1] (16) must equal model.embedding_dim (8) for dlrm's dot interaction"
+    with pytest.raises(ConfigError, match="model.name: dlrm needs dense features") as err:
         recsys_dist.Trainer(cfg, tmp_path / "named")  # dlrm itself is still refused
+    assert dot in str(err.value)
+    # The command line trains model.name's default: refused before any rank starts, naming the keys.
+    out = run_cli(["train", "--config", path, "--run-dir", tmp_path / "cli", *TOY], inprocess=True)
+    assert out.returncode == 2 and dot in out.stderr and "needs dense features" in out.stderr
+    assert not (tmp_path / "cli" / "metrics.jsonl").exists()
     with recsys_dist.Trainer(cfg, tmp_path / "given", model=SparseOnlyTower) as trainer:
-        assert trainer.spec.num_dense == 0
+        assert trainer.spec.num_dense == 0 and trainer.spec.embedding_dim == 8
         summary = trainer.fit()
     assert summary["steps"] == 4 and 0.0 < summary["test"]["logloss"] < 1.0

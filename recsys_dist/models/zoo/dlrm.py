@@ -15,7 +15,7 @@ from torchrec.models.dlrm import DLRM, DLRM_DCN
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from recsys_dist.data.spec import FeatureSpec
-from recsys_dist.models.checks import needs_dense, no_sequences, one_task
+from recsys_dist.models.checks import dot_interaction, needs_dense, no_sequences, one_task
 from recsys_dist.models.config import DLRMConfig, DLRMDCNConfig
 from recsys_dist.models.registry import register_model
 
@@ -30,7 +30,7 @@ def _common(spec: FeatureSpec, cfg: DLRMConfig) -> dict:
     )
 
 
-@register_model("dlrm", DLRMConfig, checks=(needs_dense, one_task, no_sequences))
+@register_model("dlrm", DLRMConfig, checks=(needs_dense, dot_interaction, one_task, no_sequences))
 def build_dlrm(spec: FeatureSpec, cfg: DLRMConfig) -> DLRM:
     """TorchRec's ``DLRM`` over the spec's tables."""
     return DLRM(**_common(spec, cfg))
