@@ -125,21 +125,28 @@ def test_preprocess_imports_no_torch_torchrec_or_model(tmp_path):
     """``recsys-dist preprocess`` (in a fresh interpreter, through the command's own ``main``)
     converts the data and refuses a cross-section problem of the config without importing
     torch, TorchRec, FBGEMM or any model of the zoo (it imported all of them: ~2 s and their
-    warnings, for a step that reads and writes files)."""
+    warnings, for a step that reads and writes files). Nor the user's module of a model and a
+    loss named by import path (examples/custom_model: its import imported torch)."""
+    custom = ROOT / "examples" / "custom_model"
     code = f"""
 import json, sys
 from recsys_dist.cli.main import main
 codes = [main(["preprocess", "--config", {str(QUICKSTART)!r}, "--quiet", "data.num_rows=500"]),
-         main(["preprocess", "--config", {str(QUICKSTART)!r}, "data.num_rows=500", "train.loss_weights.foo=1.0"])]
-heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "torchrec", "fbgemm_gpu")
+         main(["preprocess", "--config", {str(QUICKSTART)!r}, "data.num_rows=500", "train.loss_weights.foo=1.0"]),
+         main(["preprocess", "--config", {str(custom / "config.yaml")!r}, "--quiet", "data.num_rows=500"])]
+heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "torchrec", "fbgemm_gpu", "my_model")
                or m.startswith("recsys_dist.models.zoo."))
 print(json.dumps({{"codes": codes, "heavy": heavy}}))
 """
-    env = {"PYTHONPATH": str(ROOT), "RECSYS_DIST_CACHE": str(tmp_path / "cache"), "PATH": "/usr/bin:/bin"}
+    env = {
+        "PYTHONPATH": f"{ROOT}:{custom}",
+        "RECSYS_DIST_CACHE": str(tmp_path / "cache"),
+        "PATH": "/usr/bin:/bin",
+    }
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout.splitlines()[-1])
-    assert out["codes"] == [0, 2], r.stdout + r.stderr
+    assert out["codes"] == [0, 2, 0], r.stdout + r.stderr
     assert "rows: train 400" in r.stdout and "train.loss_weights.foo: no task 'foo'" in r.stderr
     assert out["heavy"] == [], out["heavy"][:20]
 

@@ -22,7 +22,9 @@ def cmd_preprocess(args: argparse.Namespace) -> int:
             ``train``'s), or ``data.raw_path`` is not given or not a file.
         DataError: the raw data is malformed.
     """
-    cfg = load_config(args.config, args.overrides)
+    # A model or loss named by import path is not imported (nor checked) here: it is train's,
+    # and its module imports torch.
+    cfg = load_config(args.config, args.overrides, import_user_code=False)
     # Data prepared for a config that train would refuse helps no one. The checks that need the
     # model (its registered checks, sharding) are train's: converting data imports no torch.
     problems = config_problems(cfg)

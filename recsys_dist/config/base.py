@@ -41,6 +41,18 @@ class Section(BaseModel):
         return value
 
 
+# A key of pydantic's validation ``context``: False skips the checks that import a user's module
+# named by import path (``model.name``, ``train.loss``), for a command that never runs that code
+# (``recsys-dist preprocess``: no torch, no model); a command that trains checks them.
+IMPORT_USER_CODE = "import_user_code"
+
+
+def imports_user_code(info: Any) -> bool:
+    """Whether a validator (given pydantic's ``ValidationInfo``) may import a user's module."""
+    context = getattr(info, "context", None)
+    return not isinstance(context, dict) or bool(context.get(IMPORT_USER_CODE, True))
+
+
 def is_import_path(name: str) -> bool:
     """True for ``"package.module:attribute"``, the form that names a user's object in YAML."""
     return ":" in name

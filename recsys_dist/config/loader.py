@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from recsys_dist.config.base import ConfigError
+from recsys_dist.config.base import IMPORT_USER_CODE, ConfigError
 from recsys_dist.config.run import RunConfig
 from recsys_dist.data.config import missing_data_files
 from recsys_dist.files import write_atomic
@@ -205,16 +205,25 @@ def _format_errors(err: ValidationError, tree: dict, source: str, overridden: fr
     return "\n".join(lines)
 
 
-def config_from_dict(tree: dict, source: str = "<dict>", overridden: frozenset = frozenset()) -> RunConfig:
+def config_from_dict(
+    tree: dict, source: str = "<dict>", overridden: frozenset = frozenset(), *, import_user_code: bool = True
+) -> RunConfig:
     """Validate a nested dict into a :class:`RunConfig`; raises :class:`ConfigError`.
-    ``overridden``: dotted keys set by command-line overrides, named as such in errors."""
+    ``overridden``: dotted keys set by command-line overrides, named as such in errors;
+    ``import_user_code``: see :func:`load_config`."""
     try:
-        return RunConfig.model_validate(tree)
+        return RunConfig.model_validate(tree, context={IMPORT_USER_CODE: import_user_code})
     except ValidationError as err:
         raise ConfigError(_format_errors(err, tree, source, overridden)) from None
 
 
-def load_config(path: str | os.PathLike, overrides: list[str] | None = None, *, check_files: bool = True) -> RunConfig:
+def load_config(
+    path: str | os.PathLike,
+    overrides: list[str] | None = None,
+    *,
+    check_files: bool = True,
+    import_user_code: bool = True,
+) -> RunConfig:
     """Load a YAML run config, apply dotted ``key=value`` overrides and validate it.
 
     Args:
@@ -225,6 +234,10 @@ def load_config(path: str | os.PathLike, overrides: list[str] | None = None, *, 
             ``data.split.validation_path`` / ``test_path``) must exist, as ``recsys-dist
             train`` requires; False for a config only planned (``recsys-dist plan``), whose
             data may live elsewhere. An unset ``data.raw_path`` is not checked here.
+        import_user_code: import the modules that ``model.name`` / ``train.loss`` name by
+            import path to check them (the factory's ``model.args``, the loss's arguments);
+            False for a command that never builds the model (``recsys-dist preprocess``): those
+            keys are then checked by the command that trains.
 
     Raises:
         ConfigError: the file is missing or not a mapping, or any key is unknown,
@@ -252,7 +265,7 @@ def load_config(path: str | os.PathLike, overrides: list[str] | None = None, *, 
     _resolve_paths(extra, Path.cwd())
     keys = frozenset(o.partition("=")[0].strip() for o in overrides or [])
     tree = _switch_model(tree, extra.get("model"))
-    cfg = config_from_dict(_merge(tree, extra), str(path), keys)
+    cfg = config_from_dict(_merge(tree, extra), str(path), keys, import_user_code=import_user_code)
     if check_files:
         problems = missing_data_files(cfg.data)
         if problems:

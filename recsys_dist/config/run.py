@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field, SerializeAsAny, field_validator
+from pydantic import Field, SerializeAsAny, ValidationInfo, field_validator
 
 from recsys_dist.checkpoint.config import CheckpointConfig
 from recsys_dist.config.base import Section
@@ -55,10 +55,10 @@ class RunConfig(Section):
 
     @field_validator("model", mode="before")
     @classmethod
-    def _model_class(cls, value: Any) -> Any:
+    def _model_class(cls, value: Any, info: ValidationInfo) -> Any:
         if isinstance(value, ModelConfig) or not isinstance(value, dict):
             return value
-        return model_config_class(value.get("name", "dlrm")).model_validate(value)
+        return model_config_class(value.get("name", "dlrm")).model_validate(value, context=info.context)
 
     def to_dict(self) -> dict[str, Any]:
         """Every key with its resolved value, as plain JSON types (what config.yaml holds)."""

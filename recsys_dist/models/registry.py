@@ -16,9 +16,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import ConfigDict, Field, TypeAdapter, ValidationError, model_validator
+from pydantic import ConfigDict, Field, TypeAdapter, ValidationError, ValidationInfo, model_validator
 
-from recsys_dist.config.base import import_object, is_import_path
+from recsys_dist.config.base import import_object, imports_user_code, is_import_path
 from recsys_dist.models import zoo
 from recsys_dist.models.checks import one_task
 from recsys_dist.models.config import SHIPPED_MODEL_CONFIGS, ModelConfig
@@ -31,7 +31,9 @@ class FactoryModelConfig(ModelConfig):
     args: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of the model factory.")
 
     @model_validator(mode="after")
-    def _check_args(self) -> FactoryModelConfig:
+    def _check_args(self, info: ValidationInfo) -> FactoryModelConfig:
+        if is_import_path(self.name) and not imports_user_code(info):
+            return self  # checked by the command that builds the model (preprocess imports none)
         factory = model_factory(self.name)
         try:
             params = inspect.signature(factory).parameters

@@ -7,9 +7,10 @@ import inspect
 from collections.abc import Callable
 from typing import Any, Literal
 
-from pydantic import Field, PositiveInt, model_validator
+from pydantic import Field, PositiveInt, ValidationInfo, model_validator
 
 from recsys_dist.config.base import Section as _Section
+from recsys_dist.config.base import imports_user_code, is_import_path
 from recsys_dist.models.config import SHIPPED_LOSSES, LossParams, find_loss
 
 # train.pipeline's names; recsys_dist.train.pipelines.PIPELINES holds one factory per name
@@ -146,7 +147,8 @@ class TrainConfig(_Section):
         return self
 
     @model_validator(mode="after")
-    def _check_loss(self) -> TrainConfig:
+    def _check_loss(self, info: ValidationInfo) -> TrainConfig:
+        imports = imports_user_code(info)  # False: a loss named by import path is not imported
         problems = []
         if isinstance(self.loss, dict):
             extra = [k for k in self.loss_args if k not in self.loss]
@@ -156,9 +158,9 @@ class TrainConfig(_Section):
                 if not isinstance(args, dict):
                     problems.append(f"train.loss_args.{task}: must be a mapping of arguments of {name}")
                     continue
-                problems += _loss_problems(name, args, f"train.loss.{task}", f"train.loss_args.{task}")
+                problems += _loss_problems(name, args, f"train.loss.{task}", f"train.loss_args.{task}", imports)
         else:
-            problems += _loss_problems(self.loss, self.loss_args, "train.loss", "train.loss_args")
+            problems += _loss_problems(self.loss, self.loss_args, "train.loss", "train.loss_args", imports)
         problems += [f"train.loss_weights.{k}: {w} must be >= 0" for k, w in self.loss_weights.items() if w < 0]
         if problems:
             raise ValueError("; ".join(problems))
@@ -198,10 +200,12 @@ def _loss_params(fn: Callable, name: str, key: str) -> LossParams | list[str]:
     )
 
 
-def _loss_problems(name: str, args: dict, key: str, args_key: str) -> list[str]:
+def _loss_problems(name: str, args: dict, key: str, args_key: str, imports: bool = True) -> list[str]:
     # A shipped loss from the torch-free table; only a user's loss (registered, or an import
-    # path, whose module is imported here) is read from its function.
+    # path, whose module is imported here unless not ``imports``) is read from its function.
     found = SHIPPED_LOSSES.get(name)
+    if found is None and is_import_path(name) and not imports:
+        return []
     if found is None:
         try:
             found = _loss_params(find_loss(name), name, key)
