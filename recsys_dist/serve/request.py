@@ -29,7 +29,16 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
 from recsys_dist.errors import BadRequest
-from recsys_dist.serve.limits import Hold, InFlight, Limits, Refused, body_cost, rows_cost
+from recsys_dist.serve.limits import (
+    Hold,
+    InFlight,
+    Limits,
+    Refused,
+    body_cost,
+    elements_cost,
+    list_elements,
+    rows_cost,
+)
 from recsys_dist.serve.rows import check_body
 
 log = logging.getLogger("recsys_dist.serve")
@@ -168,7 +177,9 @@ def _decode_and_score(served, raw: bytearray, hold: Hold) -> JSONResponse:
     """In a worker thread: decode, check, hold the rows' memory, score (``served.scorer``), and
     write the answer's JSON."""
     rows = check_body(decode_body(raw))
-    hold.add(rows_cost(len(rows), _features(served)), f"{len(rows):,} rows of a {_mib(len(raw))} body")
+    elements = list_elements(rows)  # a list's ids are no feature each: counted apart (5M in one row)
+    what = f"{len(rows):,} rows" + (f" holding {elements:,} list elements" if elements else "")
+    hold.add(rows_cost(len(rows), _features(served)) + elements_cost(elements), f"{what} of a {_mib(len(raw))} body")
     out = served.scorer(rows)
     return JSONResponse({**out, "version": served.version, "model": served.loaded.source})
 

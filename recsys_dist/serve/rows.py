@@ -49,6 +49,7 @@ from recsys_dist.errors import BadRequest, DataError
 from recsys_dist.serve.export import LoadedModel, score
 
 MAX_ROWS = 100_000  # per request: a larger body is refused (HTTP 400) before anything is converted
+MAX_LIST_ELEMENTS = 10_000  # per list value (multi-hot, sequence): a longer one is a 400
 
 
 def _sigmoid(logit: np.ndarray) -> np.ndarray:
@@ -111,6 +112,11 @@ class RowWriter:
         if v is None:
             return ""
         if isinstance(v, list) and column in self.list_columns:
+            if len(v) > MAX_LIST_ELEMENTS:
+                raise BadRequest(
+                    f"rows[{i}], column {column}: a list of {len(v):,} elements, over the limit of "
+                    f"{MAX_LIST_ELEMENTS:,} per list value; send the ids the model reads"
+                )
             return [self._scalar(i, column, x, element=True) for x in v]
         return self._scalar(i, column, v)
 

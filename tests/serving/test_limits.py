@@ -286,3 +286,23 @@ def test_limit_options():
         option = key.replace("_", "-")
         with pytest.raises(ConfigError, match=f"serve --{option}: must be > 0, got {value}; give a positive number"):
             limits_of(argparse.Namespace(**{**given, key: value}))
+
+
+def test_list_elements_count_against_the_memory_budget(holder):
+    """A list value's elements (multi-hot ids) are counted once the body is decoded: 500,000 in one
+    row took no budget before (one row, one feature) and were converted (RSS 2x the budget)."""
+    app = create_app(holder, Limits(memory_bytes=64 << 20))
+    body = b'{"rows": [{"C1": [' + b",".join([b"7"] * 500_000) + b"]}]}"  # 1 MB: its body fits
+    with TestClient(app) as c:
+        r = c.post("/score", content=body)
+        assert r.status_code == 413, r.text
+        assert "1 rows holding 500,000 list elements" in r.json()["error"], r.json()
+        assert "more than this server gives all requests in flight (64.0 MiB" in r.json()["error"]
+        gate = app.state.in_flight
+        other = gate.hold()  # fits alone, not beside a request in flight
+        other.add(62 << 20, "another request")
+        small = {"rows": [{"C1": [7] * 20_000}]}
+        r = c.post("/score", json=small)
+        assert r.status_code == 503 and "20,000 list elements" in r.json()["error"], r.text
+        other.release()
+        assert gate.used == 0
