@@ -16,10 +16,11 @@ import pytest
 from starlette.testclient import TestClient
 
 from recsys_dist.cli.serve import limits_of, listening_socket, server
-from recsys_dist.errors import ConfigError
+from recsys_dist.errors import BadRequest, ConfigError
 from recsys_dist.serve.connections import RepeatFilter
 from recsys_dist.serve.http import ModelHolder, create_app, open_source
 from recsys_dist.serve.limits import Limits, body_cost
+from recsys_dist.serve.rows import MAX_LINE_CHARS, MAX_VALUE_CHARS, score_rows
 from tests.serving.conftest import HTTP_LINES as LINES
 
 
@@ -306,3 +307,28 @@ def test_list_elements_count_against_the_memory_budget(holder):
         assert r.status_code == 503 and "20,000 list elements" in r.json()["error"], r.text
         other.release()
         assert gate.used == 0
+
+
+def test_long_values_are_400s_naming_the_limit(holder):
+    """A value over MAX_VALUE_CHARS, a text line over MAX_LINE_CHARS: a 400 naming the row, the
+    column and the limit (before: "expected 40 fields, got 39" at 100 KB, pyarrow's "straddling
+    object" at 5 MB); under them the file route reads a long line whole (its layout sniff read
+    64 KiB of the first line: a longer one looked like 39 fields less some)."""
+    row = dict(zip([f"I{i}" for i in range(1, 14)] + [f"C{i}" for i in range(1, 27)], LINES[0].split("\t")[1:]))
+    with TestClient(create_app(holder)) as c:
+        for n in (MAX_VALUE_CHARS + 1, 100_000, 5_000_000):
+            r = c.post("/score", json={"rows": [row, {**row, "C1": "z" * n}]})
+            assert r.status_code == 400, r.text[:300]
+            assert r.json()["error"] == (
+                f"rows[1], column C1: a value of {n:,} characters, over the limit of {MAX_VALUE_CHARS:,} per value"
+            )
+        line = LINES[0].rsplit("\t", 1)[0] + "\t" + "a" * (MAX_LINE_CHARS + 1)
+        r = c.post("/score", json={"rows": [LINES[1], line]})
+        assert r.status_code == 400 and r.json()["error"].startswith(
+            f"rows[1]: a text line of {len(line):,} characters, over the limit of {MAX_LINE_CHARS:,} per row"
+        ), r.text[:300]
+        assert c.post("/score", json={"rows": [row]}).status_code == 200
+    # under the limits, a first line of 39 x 4,000 characters is read whole by the file route
+    long = {k: "z" * 4000 for k in row}
+    with pytest.raises(BadRequest, match=r"rows\[0\], column I1: '(z{4000})' is not"):
+        score_rows(holder.current.loaded, [long, row])
