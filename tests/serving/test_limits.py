@@ -332,3 +332,22 @@ def test_long_values_are_400s_naming_the_limit(holder):
     long = {k: "z" * 4000 for k in row}
     with pytest.raises(BadRequest, match=r"rows\[0\], column I1: '(z{4000})' is not"):
         score_rows(holder.current.loaded, [long, row])
+
+
+def test_a_content_length_over_the_limit_is_answered_at_once(holder):
+    """A Content-Length over the body cap: 413 at once, not after --body-timeout when the client
+    sends no body; with ``Expect: 100-continue`` no ``100 Continue`` first, and the connection
+    closed (before: 100 Continue, then the 413 after 10 s here, 30 s by default)."""
+    head = b"POST /score HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000000000\r\n"
+    with running(holder, body_timeout=10.0) as (srv, port, _):
+        for expect in (b"Expect: 100-continue\r\n", b""):
+            s = socket.create_connection(("127.0.0.1", port))
+            s.sendall(head + expect + b"\r\n")
+            seconds, answer = _closed_within(s, 5.0)
+            s.close()
+            assert seconds < 3.0, (seconds, answer[:200])
+            assert answer.startswith(b"HTTP/1.1 413 "), answer[:300]
+            assert b"connection: close" in answer.lower() and b"over this server's limit" in answer
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        assert _post(conn, LINES[:1])[0] == 200
+        conn.close()
