@@ -51,7 +51,7 @@ from recsys_dist.data.resolve import feature_names, loader_id_bounds, managed_ma
 from recsys_dist.errors import BadRequest, DataError
 from recsys_dist.models.build import table_sizes
 from recsys_dist.serve.export import LoadedModel
-from recsys_dist.serve.rows import RowWriter, outputs, score_rows
+from recsys_dist.serve.rows import MAX_VALUE_CHARS, RowWriter, outputs, score_rows
 from recsys_dist.serve.scoring import scoring_format
 
 log = logging.getLogger("recsys_dist.serve")
@@ -200,6 +200,8 @@ class InMemoryScorer:
         if arr is not None:
             forbidden = {"criteo_tsv": "[\n\r\t]", "avazu_csv": "[\n\r,]"}.get(w.format, "[\n\r]")
             if pc.any(pc.match_substring_regex(arr, forbidden)).as_py():
+                self._refuse(rows)
+            if (pc.max(pc.utf8_length(arr)).as_py() or 0) > MAX_VALUE_CHARS:  # RowWriter's limit
                 self._refuse(rows)
             return arr
         try:

@@ -2,7 +2,7 @@
 
 Memory: every ``POST /score`` holds, while it is served, an estimate of the memory it takes
 (:func:`body_cost` for its body, read and decoded; :func:`rows_cost` for its rows, converted and
-scored) against one budget (:class:`InFlight`, ``Limits.memory_bytes``). A request whose
+scored, and :func:`elements_cost` for the elements of their list values, counted once decoded) against one budget (:class:`InFlight`, ``Limits.memory_bytes``). A request whose
 estimate does not fit beside the requests in flight is answered 503 with ``Retry-After``
 at once (when its ``Content-Length`` already does not fit, its body is read and dropped, never
 held); one that could never fit, even alone, 413. The estimates are measured ones, with room for the allocator: a
@@ -27,6 +27,9 @@ from pathlib import Path
 MAX_BODY_BYTES = 64 << 20  # per request at most, whatever the memory
 BODY_FACTOR = 6  # a body's bytes while read and decoded: itself, ~4x as Python objects (JSON objects), allocator slack
 ROW_FEATURE_BYTES = 100  # per row and feature while its rows are converted, scored and answered, allocator slack
+# per element of a list value (multi-hot, sequence) while converted: its text, arrow copies, slack. Measured:
+# 5M elements "7" took ~75 B each past the body's share, 2M distinct 3-letter strings ~140 B (2026-12)
+ELEMENT_BYTES = 160
 DEFAULT_MEMORY = 2 << 30  # when the memory available cannot be read
 
 
@@ -116,6 +119,17 @@ def rows_cost(n_rows: int, n_features: int) -> int:
     """Estimated bytes ``n_rows`` rows of a model of ``n_features`` features take while converted
     and scored."""
     return n_rows * (n_features + 1) * ROW_FEATURE_BYTES
+
+
+def list_elements(rows: list) -> int:
+    """The elements of the list values of request ``rows`` (decoded JSON objects; a text line
+    holds none): what :func:`rows_cost` does not see, as a list value is one feature."""
+    return sum(len(v) for r in rows if type(r) is dict for v in r.values() if type(v) is list)
+
+
+def elements_cost(n_elements: int) -> int:
+    """Estimated bytes ``n_elements`` list elements take while converted and scored."""
+    return n_elements * ELEMENT_BYTES
 
 
 class Refused(Exception):

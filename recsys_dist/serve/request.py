@@ -29,7 +29,16 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
 from recsys_dist.errors import BadRequest
-from recsys_dist.serve.limits import Hold, InFlight, Limits, Refused, body_cost, rows_cost
+from recsys_dist.serve.limits import (
+    Hold,
+    InFlight,
+    Limits,
+    Refused,
+    body_cost,
+    elements_cost,
+    list_elements,
+    rows_cost,
+)
 from recsys_dist.serve.rows import check_body
 
 log = logging.getLogger("recsys_dist.serve")
@@ -62,26 +71,35 @@ async def _chunks(request: Request):
             return
 
 
+DISCARD_IDLE = 1.0  # seconds without a byte of a refused body: the client sends none, answered now
+
+
 async def _discard(chunks, most: int, deadline: float | None) -> bool:
     """Read and drop the rest of a refused body, at most ``most`` bytes, until ``deadline``
-    (event loop time): whether it all came. Then the refusal reaches the client and the
-    connection serves its next request; closed with the body unread, the client's next send
-    meets a reset and the answer is lost."""
+    (event loop time) or ``DISCARD_IDLE`` seconds without a byte: whether it all came. Then the
+    refusal reaches the client and the connection serves its next request; closed with the body
+    unread, the client's next send meets a reset and the answer is lost."""
     n = 0
     try:
         async with asyncio.timeout_at(deadline):
-            async for chunk in chunks:
+            while True:
+                async with asyncio.timeout(DISCARD_IDLE):
+                    chunk = await anext(chunks, None)
+                if chunk is None:
+                    return True
                 n += len(chunk)
                 if n > most:
                     return False
     except (TimeoutError, ClientDisconnect):
         return False
-    return True
 
 
 async def read_body(request: Request, limits: Limits, hold: Hold) -> bytearray:
     """The request's body, held against the memory budget as it arrives; a body refused is
-    read on and dropped (up to ``max_body_bytes`` more), so that the refusal reaches the client.
+    read on and dropped (up to ``max_body_bytes`` more, until ``DISCARD_IDLE`` seconds pass
+    without a byte), so that the refusal reaches the client. A request sent with ``Expect:
+    100-continue`` refused from its headers is answered at once, without ``100 Continue``, and
+    its connection closed.
 
     Raises:
         Refused: 413 over ``max_body_bytes`` or the whole budget, 503 over what is left of it,
@@ -89,6 +107,7 @@ async def read_body(request: Request, limits: Limits, hold: Hold) -> bytearray:
         ClientGone: the client went away (logged as one line).
     """
     declared = request.headers.get("content-length", "")
+    expect = request.headers.get("expect", "").lower() == "100-continue"
     size = int(declared) if declared.isdigit() else None
     body, chunks, refused = bytearray(), _chunks(request), None
     try:
@@ -126,6 +145,9 @@ async def read_body(request: Request, limits: Limits, hold: Hold) -> bytearray:
         raise ClientGone from None
     if refused is None:
         return body
+    if expect and not body:  # refused from its headers: no 100 Continue, nothing read, closed
+        refused.close = True
+        raise refused
     del body
     refused.close = not await _discard(chunks, limits.max_body_bytes, timeout.when())
     raise refused
@@ -168,7 +190,9 @@ def _decode_and_score(served, raw: bytearray, hold: Hold) -> JSONResponse:
     """In a worker thread: decode, check, hold the rows' memory, score (``served.scorer``), and
     write the answer's JSON."""
     rows = check_body(decode_body(raw))
-    hold.add(rows_cost(len(rows), _features(served)), f"{len(rows):,} rows of a {_mib(len(raw))} body")
+    elements = list_elements(rows)  # a list's ids are no feature each: counted apart (5M in one row)
+    what = f"{len(rows):,} rows" + (f" holding {elements:,} list elements" if elements else "")
+    hold.add(rows_cost(len(rows), _features(served)) + elements_cost(elements), f"{what} of a {_mib(len(raw))} body")
     out = served.scorer(rows)
     return JSONResponse({**out, "version": served.version, "model": served.loaded.source})
 

@@ -49,6 +49,11 @@ from recsys_dist.errors import BadRequest, DataError
 from recsys_dist.serve.export import LoadedModel, score
 
 MAX_ROWS = 100_000  # per request: a larger body is refused (HTTP 400) before anything is converted
+MAX_LIST_ELEMENTS = 10_000  # per list value (multi-hot, sequence): a longer one is a 400
+MAX_VALUE_CHARS = 4096  # per value (a list element each): a longer one is a 400
+# per text line (a row given as one, or written to the file route's file): a longer one is a 400. Below
+# pyarrow's CSV block (1 MiB, 4 bytes a character at most), which a line must not straddle
+MAX_LINE_CHARS = 200_000
 
 
 def _sigmoid(logit: np.ndarray) -> np.ndarray:
@@ -111,6 +116,11 @@ class RowWriter:
         if v is None:
             return ""
         if isinstance(v, list) and column in self.list_columns:
+            if len(v) > MAX_LIST_ELEMENTS:
+                raise BadRequest(
+                    f"rows[{i}], column {column}: a list of {len(v):,} elements, over the limit of "
+                    f"{MAX_LIST_ELEMENTS:,} per list value; send the ids the model reads"
+                )
             return [self._scalar(i, column, x, element=True) for x in v]
         return self._scalar(i, column, v)
 
@@ -130,6 +140,11 @@ class RowWriter:
         if isinstance(v, float) and column in self.ids:
             v = self._float_id(i, column, v)
         text = v if isinstance(v, str) else repr(v) if isinstance(v, float) else str(v)
+        if len(text) > MAX_VALUE_CHARS:
+            raise BadRequest(
+                f"rows[{i}], column {column}: a value of {len(text):,} characters, over the limit of "
+                f"{MAX_VALUE_CHARS:,} per value"
+            )
         if "\n" in text or "\r" in text or (self.format == "criteo_tsv" and "\t" in text):
             raise BadRequest(f"rows[{i}], column {column}: a value may not hold a line break or a tab")
         if self.format == "avazu_csv" and "," in text:  # its lines have no quoting: a comma splits the field
@@ -219,6 +234,7 @@ class RowWriter:
         if self.format != "schema":  # criteo_tsv and avazu_csv read no quotes: the values as they are
             lines = [self.delimiter.join(columns)] if self.header_lines else []
             lines += [self.delimiter.join(r[c] for c in columns) for r in records]
+            _check_lines(lines[self.header_lines :])
             path.write_text("\n".join(lines) + "\n")
             return path
         buf = io.StringIO()
@@ -227,6 +243,7 @@ class RowWriter:
             w.writerow(columns)
         for r in records:
             w.writerow([self.joined(c, r.get(c, "")) for c in columns])
+        _check_lines(buf.getvalue().split("\n")[self.header_lines : -1])  # no value holds a line break
         path.write_text(buf.getvalue())
         return path
 
@@ -244,6 +261,7 @@ class RowWriter:
         for i, line in enumerate(rows):
             if "\n" in line.rstrip("\n") or "\r" in line.rstrip("\r\n"):
                 raise BadRequest(f"rows[{i}]: a text line may not hold a line break")
+        _check_lines(rows)
         text = "\n".join(r.rstrip("\r\n") for r in rows) + "\n"
         self.header_lines = 0
         if self.format == "schema" and self.spec.header:
@@ -255,6 +273,17 @@ class RowWriter:
         path = directory / ("rows.txt" if self.format == "criteo_tsv" else "rows.csv")
         path.write_text(text)
         return path
+
+
+def _check_lines(lines: list[str]) -> None:
+    """Raise ``BadRequest`` naming the first of the rows' text ``lines`` (one per row, in order)
+    over ``MAX_LINE_CHARS``: pyarrow's reader mis-splits a line past its block."""
+    if max(map(len, lines), default=0) > MAX_LINE_CHARS:
+        i = next(i for i, line in enumerate(lines) if len(line) > MAX_LINE_CHARS)
+        raise BadRequest(
+            f"rows[{i}]: a text line of {len(lines[i]):,} characters, over the limit of {MAX_LINE_CHARS:,} per row "
+            f"(and {MAX_VALUE_CHARS:,} per value)"
+        )
 
 
 def json_type(v) -> str:

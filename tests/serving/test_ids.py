@@ -11,7 +11,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from recsys_dist.serve.http import ModelHolder, create_app, open_source
-from recsys_dist.serve.rows import score_rows
+from recsys_dist.serve.rows import MAX_LIST_ELEMENTS, score_rows
 from tests.serving.conftest import cli
 
 
@@ -101,3 +101,17 @@ def test_a_record_without_the_training_columns_refuses_floats(movielens_export, 
         r = c.post("/score", json={"rows": [{**_rows(raw[:1])[0], "timestamp": 1}]})
         assert r.status_code == 400 and "unknown column 'timestamp'" in r.text
         assert c.post("/score", json={"rows": _rows(raw[:1])}).status_code == 200
+
+
+def test_a_list_over_the_element_limit_is_a_400_naming_the_limit(movielens_export):
+    export, raw = movielens_export
+    good = _rows(raw)[0]
+    with TestClient(create_app(ModelHolder(open_source(export), 0))) as c:
+        genres = good["genres"].split("|")
+        assert c.post("/score", json={"rows": [{**good, "genres": genres}]}).status_code == 200
+        r = c.post("/score", json={"rows": [good, {**good, "genres": ["Drama"] * (MAX_LIST_ELEMENTS + 1)}]})
+        assert r.status_code == 400, r.text
+        assert (
+            f"rows[1], column genres: a list of {MAX_LIST_ELEMENTS + 1:,} elements, over the limit of "
+            f"{MAX_LIST_ELEMENTS:,} per list value"
+        ) in r.json()["error"], r.json()

@@ -16,10 +16,11 @@ import pytest
 from starlette.testclient import TestClient
 
 from recsys_dist.cli.serve import limits_of, listening_socket, server
-from recsys_dist.errors import ConfigError
+from recsys_dist.errors import BadRequest, ConfigError
 from recsys_dist.serve.connections import RepeatFilter
 from recsys_dist.serve.http import ModelHolder, create_app, open_source
 from recsys_dist.serve.limits import Limits, body_cost
+from recsys_dist.serve.rows import MAX_LINE_CHARS, MAX_VALUE_CHARS, score_rows
 from tests.serving.conftest import HTTP_LINES as LINES
 
 
@@ -286,3 +287,67 @@ def test_limit_options():
         option = key.replace("_", "-")
         with pytest.raises(ConfigError, match=f"serve --{option}: must be > 0, got {value}; give a positive number"):
             limits_of(argparse.Namespace(**{**given, key: value}))
+
+
+def test_list_elements_count_against_the_memory_budget(holder):
+    """A list value's elements (multi-hot ids) are counted once the body is decoded: 500,000 in one
+    row took no budget before (one row, one feature) and were converted (RSS 2x the budget)."""
+    app = create_app(holder, Limits(memory_bytes=64 << 20))
+    body = b'{"rows": [{"C1": [' + b",".join([b"7"] * 500_000) + b"]}]}"  # 1 MB: its body fits
+    with TestClient(app) as c:
+        r = c.post("/score", content=body)
+        assert r.status_code == 413, r.text
+        assert "1 rows holding 500,000 list elements" in r.json()["error"], r.json()
+        assert "more than this server gives all requests in flight (64.0 MiB" in r.json()["error"]
+        gate = app.state.in_flight
+        other = gate.hold()  # fits alone, not beside a request in flight
+        other.add(62 << 20, "another request")
+        small = {"rows": [{"C1": [7] * 20_000}]}
+        r = c.post("/score", json=small)
+        assert r.status_code == 503 and "20,000 list elements" in r.json()["error"], r.text
+        other.release()
+        assert gate.used == 0
+
+
+def test_long_values_are_400s_naming_the_limit(holder):
+    """A value over MAX_VALUE_CHARS, a text line over MAX_LINE_CHARS: a 400 naming the row, the
+    column and the limit (before: "expected 40 fields, got 39" at 100 KB, pyarrow's "straddling
+    object" at 5 MB); under them the file route reads a long line whole (its layout sniff read
+    64 KiB of the first line: a longer one looked like 39 fields less some)."""
+    row = dict(zip([f"I{i}" for i in range(1, 14)] + [f"C{i}" for i in range(1, 27)], LINES[0].split("\t")[1:]))
+    with TestClient(create_app(holder)) as c:
+        for n in (MAX_VALUE_CHARS + 1, 100_000, 5_000_000):
+            r = c.post("/score", json={"rows": [row, {**row, "C1": "z" * n}]})
+            assert r.status_code == 400, r.text[:300]
+            assert r.json()["error"] == (
+                f"rows[1], column C1: a value of {n:,} characters, over the limit of {MAX_VALUE_CHARS:,} per value"
+            )
+        line = LINES[0].rsplit("\t", 1)[0] + "\t" + "a" * (MAX_LINE_CHARS + 1)
+        r = c.post("/score", json={"rows": [LINES[1], line]})
+        assert r.status_code == 400 and r.json()["error"].startswith(
+            f"rows[1]: a text line of {len(line):,} characters, over the limit of {MAX_LINE_CHARS:,} per row"
+        ), r.text[:300]
+        assert c.post("/score", json={"rows": [row]}).status_code == 200
+    # under the limits, a first line of 39 x 4,000 characters is read whole by the file route
+    long = {k: "z" * 4000 for k in row}
+    with pytest.raises(BadRequest, match=r"rows\[0\], column I1: '(z{4000})' is not"):
+        score_rows(holder.current.loaded, [long, row])
+
+
+def test_a_content_length_over_the_limit_is_answered_at_once(holder):
+    """A Content-Length over the body cap: 413 at once, not after --body-timeout when the client
+    sends no body; with ``Expect: 100-continue`` no ``100 Continue`` first, and the connection
+    closed (before: 100 Continue, then the 413 after 10 s here, 30 s by default)."""
+    head = b"POST /score HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000000000\r\n"
+    with running(holder, body_timeout=10.0) as (srv, port, _):
+        for expect in (b"Expect: 100-continue\r\n", b""):
+            s = socket.create_connection(("127.0.0.1", port))
+            s.sendall(head + expect + b"\r\n")
+            seconds, answer = _closed_within(s, 5.0)
+            s.close()
+            assert seconds < 3.0, (seconds, answer[:200])
+            assert answer.startswith(b"HTTP/1.1 413 "), answer[:300]
+            assert b"connection: close" in answer.lower() and b"over this server's limit" in answer
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        assert _post(conn, LINES[:1])[0] == 200
+        conn.close()

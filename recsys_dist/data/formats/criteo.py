@@ -30,6 +30,7 @@ import pyarrow.compute as pc
 from recsys_dist.data.formats.base import register_format
 from recsys_dist.data.mapping import SparseKeys, hash_ids
 from recsys_dist.data.text import (
+    BLOCK_BYTES,
     INT_LIMIT,
     INT_PATTERN,
     BadLine,
@@ -334,5 +335,8 @@ def _criteo(schema, short_lines: str = "error") -> CriteoFormat:
 
 def first_line_fields(path: str) -> int:
     """Tab-separated fields on the first line of a (gzip / bz2 detected) file; 0 if empty."""
-    line = read_head(path, 1 << 16).split(b"\n", 1)[0]
+    head = read_head(path, 1 << 16)
+    if b"\n" not in head and len(head) == 1 << 16:  # a longer first line: all of it (cut, it had fewer fields)
+        head = read_head(path, BLOCK_BYTES)
+    line = head.split(b"\n", 1)[0]
     return line.count(b"\t") + 1 if line else 0
