@@ -69,7 +69,9 @@ def test_bench_has_no_machine_specific_deepctr_python(tmp_path, monkeypatch, cap
     from recsys_dist.cli.main import build_parser
 
     ran = []
-    monkeypatch.setattr(bench.subprocess, "run", lambda cmd: ran.append(cmd) or subprocess.CompletedProcess(cmd, 0))
+    monkeypatch.setattr(
+        bench.subprocess, "run", lambda cmd, **kw: ran.append(cmd) or subprocess.CompletedProcess(cmd, 0)
+    )
     assert bench.cmd_bench(build_parser().parse_args(["bench", "--quick"])) == 0
     assert "--deepctr-python" not in ran[-1]
     monkeypatch.setenv("PATH", str(tmp_path))
