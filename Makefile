@@ -1,6 +1,7 @@
 # Two commands on a fresh machine (only Python 3.11 needed):
 #   make run    create .venv on first use, install, train the quickstart, print metrics
 #   make test   create .venv on first use, install with test extras, run the tests
+#   make test-fast   the unit tier only (tests/unit: no process, no CLI run, no training)
 PYTHON ?= python3.11
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -11,7 +12,7 @@ FBGEMM := $(shell nvidia-smi -L >/dev/null 2>&1 && echo fbgemm-gpu==1.8.0 || ech
 CONFIG ?= configs/criteo_quickstart.yaml
 PYTEST_ARGS ?=
 
-.PHONY: run test lint install clean
+.PHONY: run test test-fast lint install clean
 
 $(VENV)/.installed: pyproject.toml Makefile
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "need $(PYTHON) (set PYTHON=...)"; exit 1; }
@@ -40,6 +41,11 @@ lint: $(VENV)/.installed
 TEST_WORKERS ?= auto
 test: lint
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --maxprocesses 4 --dist loadfile $(PYTEST_ARGS)
+
+# The unit tier, for the edit loop: tests/unit/conftest.py fails any test there that starts a
+# process, a CLI command, ranks or a training run (about 30 s on 2 cores).
+test-fast: $(VENV)/.installed
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --maxprocesses 4 tests/unit $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -3,7 +3,7 @@ header line every 0.5 s, for ever; meanwhile one client POSTs 2 rows every 0.5 s
 connection. Prints that client's answers over time, how many slow connections the server still
 holds at the end, and the server's log size.
 
-Not a test (``tests/serving/test_limits.py`` checks the behaviour). Usage:
+Not a test (``tests/e2e/serve/test_limits.py`` checks the behaviour). Usage:
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/serve_slowloris.py EXPORT_DIR [--connections 1500] \\
         [--seconds 12] [--serve-args "--header-timeout 3"] [--pythonpath DIR]

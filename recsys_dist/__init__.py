@@ -17,7 +17,7 @@ The public API (``recsys_dist.<name>``; docs/api.md), loaded lazily so that
   optimizers, ``recsys_dist.checkpoint.loop``), :func:`latest_checkpoint`, :func:`load_model`
   (an unsharded model from a run, checkpoint or export)
 
-Package map, lowest layer first (docs/architecture.md; tests/api/test_layers.py enforces it):
+Package map, lowest layer first (docs/architecture.md; tests/unit/api/test_layers.py enforces it):
 ``errors`` (every error type), ``faults`` (fault injection for the tests), ``logs``, ``versions``
 (the torch / fbgemm-gpu / torchrec lock-step check), ``files`` (writes that never follow a
 planted link); ``data/`` (formats, conversion, loader, FeatureSpec), ``models/`` (registry, zoo,
@@ -33,7 +33,7 @@ from recsys_dist.versions import __version__, check_versions
 check_versions()
 
 # public name -> module that defines it. Type checkers read __init__.pyi instead of this file
-# (mypy and pyright do not look through a module-level __getattr__); tests/api/test_typing.py
+# (mypy and pyright do not look through a module-level __getattr__); tests/unit/api/test_typing.py
 # keeps its names equal to these.
 _API = {
     "load_config": "recsys_dist.config.loader",

@@ -121,7 +121,7 @@ THIRD_PARTY_WARNINGS = (
         "fbgemm::dense_embedding_codegen_lookup_function: an autograd kernel was not registered",
         "",
         "data_parallel tables on CPU: the gradient comes from TorchRec's autograd.Function around the op "
-        "(tests/distributed/test_sequence_sharding.py checks their updated rows against a reference)",
+        "(tests/ranks/distributed/test_sequence_sharding.py checks their updated rows against a reference)",
     ),
 )
 

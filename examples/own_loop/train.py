@@ -6,7 +6,7 @@ loop, checkpoint, and resume, with public names only (docs/api.md, "Your own loo
 On the 10,000 Criteo rows shipped in datasets/ and 2 CPU ranks: trains ``--steps`` steps
 (checkpointing every 10) and writes each step's global loss to RUN_DIR/losses.json. With
 ``--stop-at K`` it stops after step K, then a second launch resumes from the newest checkpoint
-and finishes: the losses equal those of an uninterrupted run (tests/test_examples.py).
+and finishes: the losses equal those of an uninterrupted run (tests/e2e/examples/test_examples.py).
 """
 
 from __future__ import annotations

@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> dict:
         "seconds": round(time.perf_counter() - T0, 1),
         "nproc": a.nproc,
         "run_dir": str(run_dir),
-        # per user, for checking by hand (tests/test_examples.py does)
+        # per user, for checking by hand (tests/e2e/examples/test_examples.py does)
         "per_user": [
             {"user": int(u), "positives": positives[i].tolist(), "top": {n: t[i].tolist() for n, t in tops.items()}}
             for i, u in enumerate(users)

@@ -10,7 +10,7 @@ or ``output_dist_backward`` from an autograd ``backward``; DDP -> ``allreduce``;
 managed-collision tables' id all_gathers (``recsys_dist.models.managed``) ->
 ``managed_all_gather``; anything else (metrics, checkpoints) -> ``other``. The counting rules are the ledger's.
 
-Off the training path: the trainer never uses it. Tests (``tests/distributed/test_ledger.py``)
+Off the training path: the trainer never uses it. Tests (``tests/ranks/distributed/test_ledger.py``)
 compare its counts with :func:`recsys_dist.distributed.ledger.predict`; the overlap benchmark uses
 ``delay_ms`` to add a fixed latency to every collective (a stand-in for a network,
 labelled as such in its results): every collective's result arrives ``delay_ms`` after the

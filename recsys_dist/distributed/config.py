@@ -1,7 +1,7 @@
 """The ``sharding:`` and ``distributed:`` config sections, and the names of the sharding types.
 
 Schema only: pydantic, typing and ``config.base``, so loading a config loads no torch
-(``tests/distributed/test_one_plan.py`` checks it). The rules these sections obey together
+(``tests/ranks/distributed/test_one_plan.py`` checks it). The rules these sections obey together
 with a model or a world live in :mod:`recsys_dist.distributed.rules`.
 """
 

@@ -3,7 +3,7 @@
 Predicted from a sharding plan alone (no process group), so ``recsys-dist plan`` prints it
 for any cluster, and the trainer logs it once into ``metrics.jsonl``. The same quantities are
 counted at the collectives of a real run by :class:`recsys_dist.distributed.comm_counter.CommCounter`;
-``tests/distributed/test_ledger.py`` checks the two agree exactly.
+``tests/ranks/distributed/test_ledger.py`` checks the two agree exactly.
 
 What a step moves, as TorchRec 1.8 does it for a sharded EmbeddingBagCollection (one
 input_dist and one output_dist per collection and sharding type):

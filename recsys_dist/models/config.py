@@ -10,7 +10,7 @@ maps each shipped name to its class. Import paths are checked by
 
 The losses ``train.loss`` may name, without torch either (the config check of ``train.loss`` /
 ``train.loss_args`` in ``recsys_dist.train.config`` reads them): the shipped losses' keyword
-parameters as constants (tests/training/test_loss_names.py checks them against the functions'
+parameters as constants (tests/unit/train/test_loss_names.py checks them against the functions'
 signatures), and the table ``recsys_dist.models.losses.register_loss`` fills.
 """
 
@@ -299,7 +299,7 @@ SHIPPED_MODEL_CONFIGS: dict[str, type[ModelConfig]] = _shipped(
     TwoTowerConfig,
 )
 """The shipped models' config classes by ``model.name``: ``recsys_dist.models.registry.model_config_class``
-reads them without importing the zoo (tests/api/test_registry.py checks they equal the registry's)."""
+reads them without importing the zoo (tests/unit/api/test_registry.py checks they equal the registry's)."""
 
 
 # The losses train.loss may name (recsys_dist.models.losses holds the functions).

@@ -253,7 +253,7 @@ class ManagedRemap(nn.Module):
     Every step works on all managed features at once (a handful of torch operations on the
     features' concatenated ids, not a Python loop of TorchRec calls per feature): the lookup
     is :func:`batched_lookup`, and the lfu round :func:`batched_lfu_round`, which gives the
-    same state as TorchRec's per-feature ``_coalesce_history`` (``tests/test_managed.py``
+    same state as TorchRec's per-feature ``_coalesce_history`` (``tests/unit/models/test_managed.py``
     checks it against TorchRec). lru and distance_lfu rounds run through TorchRec per feature.
     """
 

@@ -14,7 +14,7 @@ from recsys_dist.config.base import imports_user_code, is_import_path
 from recsys_dist.models.config import SHIPPED_LOSSES, LossParams, find_loss
 
 # train.pipeline's names; recsys_dist.train.pipelines.PIPELINES holds one factory per name
-# (torch lives there, not in a section config; tests/training/test_pipeline_registry.py checks the two agree).
+# (torch lives there, not in a section config; tests/unit/train/test_pipeline_registry.py checks the two agree).
 PipelineName = Literal["base", "sparse_dist", "semi_sync", "fused_sparse_dist"]
 
 

@@ -4,7 +4,7 @@ summary (``summary.json``) and ``StreamTrainer.fit()``'s. (``Trainer.evaluate()`
 
 The summaries are plain dicts at run time (``json.dumps`` writes them as they are); these
 ``TypedDict``\\s name every key they can hold and its type, so that mypy checks
-``summary["test"]["auc"]`` and refuses a key that does not exist. tests/test_noise.py checks that
+``summary["test"]["auc"]`` and refuses a key that does not exist. tests/unit/test_noise.py checks that
 the summaries the code builds hold no key these types do not name.
 """
 

@@ -5,7 +5,7 @@ and parses a block into labels, dense columns and categorical keys; ``recsys_dis
 does the rest (splits, id mapping, Parquet, cache). A new format is one module in this package
 with a factory decorated by :func:`register_format`; ``recsys_dist.data.resolve`` imports the
 format modules, and ``data.format`` (``recsys_dist.data.config``) must list the same names
-(tests/data/test_formats.py checks it).
+(tests/unit/data/test_formats.py checks it).
 """
 
 from __future__ import annotations

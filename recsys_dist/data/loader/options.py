@@ -75,7 +75,7 @@ class LoaderOptions:
 
 class LoaderKeywords(TypedDict, total=False):
     """:class:`LoaderOptions`' fields as keyword arguments, for type checkers
-    (tests/data/test_loader.py keeps the two the same)."""
+    (tests/unit/data/test_loader.py keeps the two the same)."""
 
     shuffle: bool
     seed: int

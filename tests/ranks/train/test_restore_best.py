@@ -1,0 +1,45 @@
+"""Issue 40 item 10: after early stopping, the test split is scored (and the final checkpoint saved,
+and predict run) with the best validation's weights, not the last, overfit ones
+(``train.early_stopping.restore_best``, the default); ``restore_best: false`` keeps the last.
+Item 12: patience in epochs or rows, so that a validation every few steps does not stop a run
+after a fixed number of steps.
+
+The runs overfit the quickstart's data (2,000 rows, 25 steps an epoch, validated every 10 steps):
+the validation logloss is best in the first epoch and rises after it, so patience runs out.
+"""
+
+import json
+
+import pytest
+
+import recsys_dist
+from recsys_dist.train.summary import summary_metrics
+from tests.unit.train.test_restore_best import OVERFIT, _environment, fit, scored
+
+
+def two_rank_job(overrides: list, root: str) -> dict:
+    """Every rank: the run with sharded tables, the best and final checkpoints scored again,
+    and the run with checkpoints off."""
+    summary, test, _ = fit(overrides, root + "/run")
+    best = summary["best"]["checkpoint"]
+    return {
+        "summary": summary,
+        "test": summary_metrics(test),
+        "best": scored(overrides, root + "/eval_best", best),
+        "final": scored(overrides, root + "/eval_final", summary["checkpoint"]),
+        "memory": fit([*overrides, "checkpoint.enabled=false"], root + "/memory")[0],
+    }
+
+
+@pytest.mark.slow
+def test_two_ranks_with_sharded_tables_restore_the_best_weights(tmp_path, monkeypatch):
+    _environment(monkeypatch, tmp_path / "cache")  # the ranks inherit it
+    overrides = [*OVERFIT, "distributed.nproc_per_node=2", "train.batch_size=32", "sharding.sharding_types=[row_wise]"]
+    ours, other = recsys_dist.launch(two_rank_job, 2, overrides, str(tmp_path))
+    summary = ours["summary"]
+    assert summary["best"]["early_stopped"] and summary["weights_step"] == summary["best"]["step"] < summary["steps"]
+    plan = json.loads((tmp_path / "run" / "plan.json").read_text())
+    assert {row["sharding_type"] for row in plan} == {"row_wise"} and all(row["ranks"] == [0, 1] for row in plan)
+    for o in (ours, other):
+        assert o["test"] == o["best"] == o["final"] == summary["test"]
+        assert o["memory"]["test"] == summary["test"] and o["memory"]["weights_step"] == summary["weights_step"]
