@@ -13,7 +13,7 @@ from tests.unit.train.test_preflight import DIN
 
 
 def test_uncovered_embedding_module_is_refused_before_any_rank(tmp_path, capsys):
-    name = f"{__name__}:PlainEmbeddingTower"
+    name = "tests.unit.train.test_preflight:PlainEmbeddingTower"  # defined beside the unit tests
     args = ["train", "--config", str(QUICKSTART), "--run-dir", str(tmp_path / "run"), "model={name: " + name + "}"]
     assert cli.main(args) == 2
     err = capsys.readouterr().err
