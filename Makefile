@@ -37,13 +37,14 @@ lint: $(VENV)/.installed
 	$(VENV)/bin/ruff format --check .
 
 # Test files run in parallel (pytest-xdist, one file per worker at a time; as many workers as
-# cores, at most 4: 3 workers on 2 cores measured slower than 2).
+# cores, at most 4: 3 workers on 2 cores measured slower than 2). The 25 slowest tests are
+# listed after each full run, for the suite's results files.
 TEST_WORKERS ?= auto
 test: lint
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --maxprocesses 4 --dist loadfile $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --maxprocesses 4 --dist loadfile --durations=25 $(PYTEST_ARGS)
 
 # The unit tier, for the edit loop: tests/unit/conftest.py fails any test there that starts a
-# process, a CLI command, ranks or a training run (about 30 s on 2 cores).
+# process, a CLI command, ranks or a training run (about 35-55 s on 2 cores).
 test-fast: $(VENV)/.installed
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --maxprocesses 4 tests/unit $(PYTEST_ARGS)
 
