@@ -1,11 +1,6 @@
-"""Managed-collision tables end to end (data.categorical_mapping: managed): exact resume,
-resharding 2 -> 3 and 2 -> 1 ranks mid-interval, export and predict with the trained
-id -> row state, config errors.
-
-Tables of 50 rows for up to 1,600 distinct training ids per feature, so ids are evicted;
-eviction every 3 steps, so the step-8 checkpoint holds a pending history (2 steps since the round at step 6);
-a TTL of 4 steps, so ids also expire, and the cumulative counters of every train line must match
-the uninterrupted run's after each resume.
+"""Managed-collision tables (data.categorical_mapping: managed) in process: config errors, the
+remapping module's admission, eviction, TTL and counters (against torchrec's per-feature module),
+its state round trip, and managed tables for some features only.
 """
 
 import numpy as np

@@ -1,11 +1,5 @@
-"""Incremental reload of a publish directory (recsys_dist.serve.publish.apply_versions, the
-server's PublishSource) and compaction (publish.full_every).
-
-A reload from version k to m folds only the deltas k+1..m into a copy of the served model; its
-state must equal ``load_published(dir, m)`` (the full fold, the independent reference) bit for
-bit, across compactions, drops and restarted chains, fp32 and int8, and the served model must
-stay as it was. One 1-rank run of the quickstart's DLRM saves a checkpoint at each of 6 steps;
-the tests publish those checkpoints themselves.
+"""Config of publishing for incremental reload: publish.full_every and publish.overwrite (the reload
+and compaction themselves are tested in tests/e2e/serve/test_reload.py).
 """
 
 import pytest

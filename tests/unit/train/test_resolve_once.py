@@ -1,15 +1,5 @@
-"""Resolve once, pass down: what one 2-rank ``recsys-dist train`` builds and checks, per process.
-
-The command runs in a ``python -c`` wrapper that first replaces the counted functions with
-ones that append a line ``{"pid", "rank", "what"}`` to a file on every call (a line per call,
-because the ranks leave through ``os._exit``, which skips ``atexit``). The ranks fork from the
-wrapper (``recsys-dist``'s CPU start method), so they run the counting functions too.
-
-Counted: RunConfig validation, preflight (``check_before_launch``) and its cross-section
-pass (``section_problems``), model builds (the registered model's ``build``), ``feature_spec``
-calls, and the planning path. Before the Job the launcher validated the YAML and
-each rank validated it again (3 in all), ``section_problems`` ran 6 times and the model was
-built on meta 5 times.
+"""Resolve once, pass down, in process: the resolved Job survives the pickling that a spawned rank
+gets (what one 2-rank run builds per process is counted in tests/e2e/train/test_resolve_once.py).
 """
 
 from __future__ import annotations
