@@ -2,7 +2,7 @@
 
 import pytest
 
-from tests.cli import run_cli
+from tests.cli import run_cli, run_train
 from tests.conftest import QUICKSTART
 
 
@@ -46,17 +46,12 @@ def test_one_rank_raising_ends_all_ranks_promptly(tmp_path):
     import time
 
     t0 = time.monotonic()
-    r = run_cli(
-        [
-            "train",
-            "--config",
-            str(QUICKSTART),
-            "--run-dir",
-            str(tmp_path / "run"),
-            "data.num_rows=2000",
-            "train.progress_bar=false",
-        ],
-        tmp_path,
+    r = run_train(
+        QUICKSTART,
+        tmp_path / "run",
+        "data.num_rows=2000",
+        "train.progress_bar=false",
+        tmp=tmp_path,
         env={"RECSYS_DIST_FAULT": "raise:3:1"},
     )
     elapsed = time.monotonic() - t0
@@ -70,18 +65,13 @@ def test_one_rank_raising_ends_all_ranks_promptly(tmp_path):
 def test_tiny_data_over_three_ranks_never_hangs(tmp_path):
     # 5 rows: 4 train rows over 3 ranks x batch 32 (ranks 1 and 2 get only padding),
     # 0 validation rows, 1 test row.
-    r = run_cli(
-        [
-            "train",
-            "--config",
-            str(QUICKSTART),
-            "--run-dir",
-            str(tmp_path / "run"),
-            "data.num_rows=5",
-            "distributed.nproc_per_node=3",
-            "train.progress_bar=false",
-        ],
-        tmp_path,
+    r = run_train(
+        QUICKSTART,
+        tmp_path / "run",
+        "data.num_rows=5",
+        "distributed.nproc_per_node=3",
+        "train.progress_bar=false",
+        tmp=tmp_path,
     )
     assert r.returncode == 0, r.stderr[-2000:]
     assert "trained 4 samples in 1 steps on 3 ranks" in r.stdout

@@ -8,23 +8,18 @@ starts, naming the table and the fix.
 
 import json
 
-from tests.cli import run_cli
+from tests.cli import run_cli, run_train
 from tests.conftest import QUICKSTART
 
 
 def test_row_wise_only_on_too_few_rows_is_refused_before_start(tmp_path):
-    r = run_cli(
-        [
-            "train",
-            "--config",
-            str(QUICKSTART),
-            "--run-dir",
-            str(tmp_path / "run"),
-            "data.num_embeddings=2",
-            "distributed.nproc_per_node=3",
-            "sharding.sharding_types=[row_wise]",
-        ],
-        tmp_path,
+    r = run_train(
+        QUICKSTART,
+        tmp_path / "run",
+        "data.num_embeddings=2",
+        "distributed.nproc_per_node=3",
+        "sharding.sharding_types=[row_wise]",
+        tmp=tmp_path,
         inprocess=True,
     )
     assert r.returncode == 2, r.stderr[-2000:]
