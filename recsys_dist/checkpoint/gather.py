@@ -1,6 +1,14 @@
 """The unsharded model state in memory: what a checkpoint of the model would load as, gathered
 from the training ranks without writing or reading files (publishing after a partition,
 ``recsys_dist.serve.publishing``).
+
+Why not what torch / TorchRec already have (all of which work on CPU/gloo): ``ShardedTensor.gather``
+is one ``dist.gather`` per table (a model with hundreds of tables pays hundreds of collectives
+per publish); ``recsys_dist.distributed.tables.gather_full_state_dict`` all-reduces every
+full table on every rank (world size x the model in memory, and a sum, not a copy, of the
+values); ``torch.distributed.checkpoint`` round-trips through files. Here the shards of many
+tables travel in one ``dist.gather`` per dtype and ``CHUNK_BYTES``, and only ``dst`` holds
+the full state. A DTensor uses its own ``full_tensor()``.
 """
 
 from __future__ import annotations

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
+
+from recsys_dist.files import write_atomic
 
 log = logging.getLogger("recsys_dist")
 BETWEEN_FILE = "stream.json"  # in a checkpoint directory: its stream state after what followed it at its step
@@ -79,12 +80,9 @@ def record_between(checkpoint: Path, step: int, state: StreamState) -> None:
     """Write ``state`` beside ``checkpoint`` (of ``step``; rank 0): what changed at that step
     after it was saved. A failure is a warning: a resume then reads those partitions again."""
     target = checkpoint / BETWEEN_FILE
-    tmp = checkpoint / f".{BETWEEN_FILE}.{os.getpid()}.tmp"
-    try:
-        tmp.write_text(json.dumps({"step": step, "stream": asdict(state)}))
-        os.replace(tmp, target)
-    except OSError as err:
-        tmp.unlink(missing_ok=True)
+    try:  # a new file renamed over it: a link planted at the target (or a guessable tmp name) is not written through
+        write_atomic(target, json.dumps({"step": step, "stream": asdict(state)}))
+    except OSError as err:  # UnsafeFile too (a directory there)
         log.warning(
             "data.stream: could not record the stream's position in %s (%s); a resume from it reads the "
             "partitions quarantined or empty since then again",

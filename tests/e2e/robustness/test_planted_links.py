@@ -14,6 +14,7 @@ import json
 import yaml
 
 import recsys_dist
+from recsys_dist.checkpoint.run_dir import WRITTEN_FILES
 from recsys_dist.cli.report import report
 from recsys_dist.serve.export import export
 from recsys_dist.serve.publish import load_published
@@ -28,16 +29,8 @@ from tests.unit.robustness.test_planted_links import (
 
 victim = unit_test_planted_links.victim  # the fixture, shared with tests.unit.robustness.test_planted_links
 
-RUN_FILES = [
-    "config.yaml",
-    "plan.txt",
-    "plan.json",
-    "summary.json",
-    "metrics.jsonl",
-    "checkpoints/latest",
-    "checkpoints/best",
-    "checkpoints/latest.tmp",  # the name the marker was written under before its rename
-]
+# Every file a run writes (the library's own list), and the name the marker was written under before its rename.
+RUN_FILES = [*WRITTEN_FILES, "checkpoints/latest.tmp"]
 EXPORT_FILES = ["model.safetensors", "config.yaml", "preprocessing.json"]
 
 

@@ -10,6 +10,7 @@ was opened through the link and its target truncated.
 from __future__ import annotations
 
 import errno
+import json
 import os
 import pickle
 import stat
@@ -26,6 +27,7 @@ from recsys_dist.files import fresh_dir, open_in_place, write_atomic
 from recsys_dist.serve.config import PublishConfig
 from recsys_dist.serve.publish import Publisher
 from recsys_dist.serve.publishing import check_publish_dir
+from recsys_dist.train.stream_state import BETWEEN_FILE, StreamState, record_between
 
 VICTIM_TEXT = "the victim's data: never to be overwritten\n"
 
@@ -194,3 +196,16 @@ def test_files_written_by_a_path_writer_get_the_mode_of_a_plain_open(tmp_path):
         assert stat.S_IMODE(os.stat(tmp_path / "w.safetensors").st_mode) == 0o644
     finally:
         os.umask(umask)
+
+
+def test_stream_position_beside_a_checkpoint_is_not_written_through_a_link(tmp_path, victim):
+    # record_between wrote ``.stream.json.<pid>.tmp`` with a plain open, then renamed it: a link
+    # planted at that guessable name had its target overwritten.
+    ckpt = tmp_path / "run" / "checkpoints" / "step_00000003"
+    _plant(ckpt / f".{BETWEEN_FILE}.{os.getpid()}.tmp", victim)
+    _plant(ckpt / BETWEEN_FILE, victim)
+    record_between(ckpt, 3, StreamState(consumed=["p0"]))
+    assert victim.read_text() == VICTIM_TEXT
+    assert _plain(ckpt / BETWEEN_FILE)
+    saved = json.loads((ckpt / BETWEEN_FILE).read_text())
+    assert saved["step"] == 3 and saved["stream"]["consumed"] == ["p0"]
