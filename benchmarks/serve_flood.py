@@ -37,12 +37,9 @@ def _rss_mb(pid: int) -> float:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = harness.parser(__doc__, "serve_flood", "2 clients of 200 rows")
-    p.add_argument("export", type=Path)
+    p = servers.parser(__doc__, "serve_flood", "2 clients of 200 rows")
     p.add_argument("--clients", type=int, default=8)
     p.add_argument("--rows", type=int, default=100_000)
-    p.add_argument("--serve-args", default="", help="more `recsys-dist serve` options, e.g. '--memory-mb 1000'")
-    p.add_argument("--pythonpath", type=Path, default=harness.ROOT, help="where the server's recsys_dist comes from")
     args = p.parse_args(argv)
     if args.smoke:
         args.clients, args.rows = 2, 200

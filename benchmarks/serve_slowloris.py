@@ -18,19 +18,15 @@ import socket
 import subprocess
 import tempfile
 import time
-from pathlib import Path
 
 import harness
 import servers
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = harness.parser(__doc__, "serve_slowloris", "20 slow connections for 2 s")
-    p.add_argument("export", type=Path)
+    p = servers.parser(__doc__, "serve_slowloris", "20 slow connections for 2 s")
     p.add_argument("--connections", type=int, default=1500)
     p.add_argument("--seconds", type=float, default=12.0)
-    p.add_argument("--serve-args", default="", help="more `recsys-dist serve` options")
-    p.add_argument("--pythonpath", type=Path, default=harness.ROOT, help="where the server's recsys_dist comes from")
     args = p.parse_args(argv)
     if args.smoke:
         args.connections, args.seconds = 20, 2.0

@@ -1,10 +1,11 @@
 """``recsys-dist serve`` for the serving benches (serve_load.py, serve_flood.py,
 serve_slowloris.py): a server started on a free port and waited for until ``GET /health``
-answers (:func:`running`), and raw Criteo rows as the JSON objects a client sends
-(:func:`criteo_objects`)."""
+answers (:func:`running`), the options of a bench that starts one (:func:`parser`), and raw
+Criteo rows as the JSON objects a client sends (:func:`criteo_objects`)."""
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import http.client
 import subprocess
@@ -15,6 +16,17 @@ from pathlib import Path
 from typing import IO, Any
 
 import harness
+
+
+def parser(doc: str, item: str, smoke: str) -> argparse.ArgumentParser:
+    """:func:`harness.parser` with the options of a bench that starts a server: ``export`` (the
+    directory served), ``--serve-args`` (more ``recsys-dist serve`` options) and
+    ``--pythonpath`` (the checkout whose recsys_dist serves, :func:`running`'s ``code``)."""
+    p = harness.parser(doc, item, smoke)
+    p.add_argument("export", type=Path)
+    p.add_argument("--serve-args", default="", help="more `recsys-dist serve` options, e.g. '--memory-mb 1000'")
+    p.add_argument("--pythonpath", type=Path, default=harness.ROOT, help="where the server's recsys_dist comes from")
+    return p
 
 
 def healthy(port: int) -> bool:

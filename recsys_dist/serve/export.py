@@ -20,7 +20,6 @@ marker (``best``/``latest`` with ``--run-dir`` on the command line), or an expor
 from __future__ import annotations
 
 import json
-import os
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -246,14 +245,6 @@ def _export_preprocessing(path: Path, cfg: RunConfig) -> Preprocessing:
     return prep
 
 
-def _chmod_as_umask(path: Path) -> None:
-    """Give ``path`` the mode a plain ``open`` would (safetensors writes 0600), so that an
-    export's weights are as readable as its other files."""
-    umask = os.umask(0)
-    os.umask(umask)
-    path.chmod(0o666 & ~umask)
-
-
 def load_model(path: str | Path) -> tuple[RunConfig, CTRTask, str]:
     """(config, unsharded CPU model in eval mode, description of the source) from a run
     directory, a checkpoint directory or an export directory (weights only: see :func:`load`
@@ -305,8 +296,7 @@ def write_export(m: LoadedModel, out: str | Path, format: str, source: str | Pat
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     state = published_state(m.model)
-    write_atomic(out / MODEL_FILE, lambda p: save_file(state, str(p)))
-    _chmod_as_umask(out / MODEL_FILE)
+    write_atomic(out / MODEL_FILE, lambda p: save_file(state, str(p)))  # mode as a plain open's, not 0600
     save_config(m.cfg, out / "config.yaml")
     written = [out / MODEL_FILE, out / "config.yaml", *m.preprocessing.save(out)]
     if mode != "none":

@@ -5,11 +5,13 @@ Memory: every ``POST /score`` holds, while it is served, an estimate of the memo
 scored, and :func:`elements_cost` for the elements of their list values, counted once decoded) against one budget (:class:`InFlight`, ``Limits.memory_bytes``). A request whose
 estimate does not fit beside the requests in flight is answered 503 with ``Retry-After``
 at once (when its ``Content-Length`` already does not fit, its body is read and dropped, never
-held); one that could never fit, even alone, 413. The estimates are measured ones, with room for the allocator: a
-100,000-row Criteo request, 53 MB of JSON objects, took ~390 MB in one process (the body, ~200
-MB of decoded Python objects, ~130 MB converting) and up to ~700 MB each with several at once in
-the server; estimated 720 MB (``benchmarks/serve_flood.py``: 8 at once under a 1000 / 2000 MiB
-budget peaked 1014 / 2066 MB above the idle server).
+held); one that could never fit, even alone, 413. The estimates are calibrated on one shape of request,
+with room for the allocator: a 100,000-row Criteo request, 53 MB of JSON objects, estimated
+720 MB, took up to ~700 MB each with several at once in the server (``benchmarks/serve_flood.py``,
+benchmarks/results/serve_keepalive_cpu2core_20261204.md: 8 at once under a 1000 / 2000 MiB
+budget peaked 1014 / 2066 MB above the idle server). The split of that sum between body and rows
+(~390 MB in one process: the body, ~200 MB decoded, ~130 MB converting) and ``ELEMENT_BYTES``
+were seen once and are not recorded in a results file (docs/serving.md says so).
 
 Connections: ``header_timeout`` for a request's line and headers, ``body_timeout`` for its
 body, ``keep_alive`` idle seconds between requests, ``max_connections`` open at once
@@ -27,8 +29,8 @@ from pathlib import Path
 MAX_BODY_BYTES = 64 << 20  # per request at most, whatever the memory
 BODY_FACTOR = 6  # a body's bytes while read and decoded: itself, ~4x as Python objects (JSON objects), allocator slack
 ROW_FEATURE_BYTES = 100  # per row and feature while its rows are converted, scored and answered, allocator slack
-# per element of a list value (multi-hot, sequence) while converted: its text, arrow copies, slack. Measured:
-# 5M elements "7" took ~75 B each past the body's share, 2M distinct 3-letter strings ~140 B (2026-12)
+# per element of a list value (multi-hot, sequence) while converted: its text, arrow copies, slack. Seen once,
+# not in benchmarks/results: 5M elements "7" took ~75 B each past the body's share, 2M distinct 3-letter strings ~140 B
 ELEMENT_BYTES = 160
 DEFAULT_MEMORY = 2 << 30  # when the memory available cannot be read
 

@@ -50,7 +50,10 @@ from recsys_dist.faults import maybe_fault
 from recsys_dist.files import fresh_dir, write_atomic
 from recsys_dist.serve.config import PublishConfig
 from recsys_dist.serve.export import LoadedModel, load, with_state, write_export
-from recsys_dist.serve.manifest import (  # noqa: F401 - read_manifest, latest_version, newest_intact: public here too
+
+# F401: re-exported, the publish API: http.PublishSource reads MANIFEST, latest_version, newest_intact and
+# chain_files_state through this module; manifest.repair_hint's fix imports repair_manifest from here.
+from recsys_dist.serve.manifest import (  # noqa: F401 - read_manifest, latest_version, newest_intact, chain_files_state
     FORMAT_VERSION,
     MANIFEST,
     RESUME_FIX,

@@ -8,6 +8,7 @@ import os
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import threading
@@ -165,6 +166,17 @@ def test_source_errors(tmp_path, export_dir):
     (tmp_path / "run" / "checkpoints").mkdir(parents=True)  # a run directory: not 'export into it'
     with pytest.raises(Exception, match=r"is a training run's directory: serve its publish directory .*run/publish"):
         open_source(tmp_path / "run")
+
+
+def test_export_files_have_the_mode_of_a_plain_open(export_dir):
+    """safetensors writes 0600; an export's weights must be as readable as its other files (a
+    server running as another user): ``files.write_atomic`` gives every file 0666 less the umask
+    (the test's process and the exporting CLI share it)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in export_dir.iterdir() if p.is_file()}
+    assert "model.safetensors" in modes
+    assert modes == dict.fromkeys(modes, 0o666 & ~umask)
 
 
 def _free_port() -> int:
