@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import sys
 
 from starlette.concurrency import run_in_threadpool
@@ -153,6 +154,9 @@ async def read_body(request: Request, limits: Limits, hold: Hold) -> bytearray:
     raise refused
 
 
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89abcdefABCDEF]")
+
+
 def decode_body(raw: bytes | bytearray):
     """A request body decoded as JSON.
 
@@ -162,7 +166,9 @@ def decode_body(raw: bytes | bytearray):
     """
     try:
         body = json.loads(raw)
-        if b"\\u" in raw:  # a lone surrogate escape (\ud800) decodes, but is no text a reader can take
+        # A lone surrogate escape (\ud800) decodes, but is no text a reader can take; only a body
+        # holding a surrogate escape at all pays for the check (a second pass over every string).
+        if _SURROGATE_ESCAPE.search(raw):
             json.dumps(body, ensure_ascii=False).encode("utf-8")
     except RecursionError:
         raise BadRequest(

@@ -71,3 +71,16 @@ def test_limit_options():
         option = key.replace("_", "-")
         with pytest.raises(ConfigError, match=f"serve --{option}: must be > 0, got {value}; give a positive number"):
             limits_of(argparse.Namespace(**{**given, key: value}))
+
+
+def test_decode_body_refuses_a_lone_surrogate_and_takes_a_pair_and_other_escapes():
+    """Only a surrogate escape makes decode_body re-encode the body: a lone one is refused, a
+    pair (one character) and other escapes decode as JSON says."""
+    from recsys_dist.errors import BadRequest
+    from recsys_dist.serve.request import decode_body
+
+    for raw in (b'{"rows": [{"C3": "\\ud800"}]}', b'{"rows": ["x\\uDBFF"]}'):
+        with pytest.raises(BadRequest, match="lone surrogate"):
+            decode_body(raw)
+    assert decode_body(b'{"a": "\\ud83d\\ude00 \\u00e9"}') == {"a": "\U0001f600 \u00e9"}
+    assert decode_body(b'{"a": "\\\\ud800"}') == {"a": "\\ud800"}  # an escaped backslash: text, no surrogate
