@@ -32,6 +32,8 @@ import math
 
 import numpy as np
 
+from recsys_dist.data.mapping import merge_counts
+
 # Warn about a table that loses more than this share of its training values. Under hash, 1% would
 # need about 100 rows per distinct value, so nearly every hash table would warn on every run: the
 # warning is kept for tables too small for their values (more than half share a row: fewer than
@@ -87,11 +89,8 @@ class KeySketch:
     def _merge(self) -> None:
         if not self._pending:
             return
-        keys = np.concatenate([self.keys] + [u for u, _ in self._pending])
-        counts = np.concatenate([self.counts] + [c for _, c in self._pending])
+        self.keys, self.counts = merge_counts([(self.keys, self.counts), *self._pending])
         self._pending, self._pending_len = [], 0
-        self.keys, inverse = np.unique(keys, return_inverse=True)
-        self.counts = np.bincount(inverse, weights=counts, minlength=len(self.keys)).astype(np.int64)
         if len(self.keys) > self.k:
             h = mix64(self.keys)
             keep = np.sort(np.argpartition(h, self.k - 1)[: self.k])

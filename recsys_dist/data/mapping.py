@@ -139,6 +139,14 @@ class Vocabulary:
         )
 
 
+def merge_counts(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """(keys uint64 [n_i], counts int64 [n_i]) pairs -> (distinct keys, sorted, uint64 [D], their
+    summed counts, int64 [D]). Shared by :class:`VocabularyCounter` and ``coverage.KeySketch``."""
+    keys, inverse = np.unique(np.concatenate([k for k, _ in parts]), return_inverse=True)
+    counts = np.bincount(inverse, weights=np.concatenate([c for _, c in parts]), minlength=len(keys))
+    return keys, counts.astype(np.int64)
+
+
 class VocabularyCounter:
     """Counts keys of one feature over the training rows, in memory bounded by the number
     of distinct keys: 16 bytes (key, count) each, plus at most as much again pending a merge.
@@ -163,10 +171,7 @@ class VocabularyCounter:
     def _merge(self) -> None:
         if not self._pending:
             return
-        keys = np.concatenate([self.keys] + [u for u, _ in self._pending])
-        counts = np.concatenate([self.counts] + [c for _, c in self._pending])
-        self.keys, inverse = np.unique(keys, return_inverse=True)
-        self.counts = np.bincount(inverse, weights=counts, minlength=len(self.keys)).astype(np.int64)
+        self.keys, self.counts = merge_counts([(self.keys, self.counts), *self._pending])
         self._pending, self._pending_len = [], 0
 
     def distinct(self) -> int:

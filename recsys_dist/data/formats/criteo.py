@@ -178,21 +178,21 @@ def _parse_chunk(
     # reads hex ("0x10") and 19 digits. So a block with an "x" anywhere, with a value of 10^18
     # or more, or with a value it cannot convert, is parsed again as text, which applies INT_PATTERN
     # and names the line and column of a bad value (or skips its row).
+    parse = partial(
+        parse_block,
+        chunk,
+        path,
+        first_line,
+        columns,
+        delimiter="\t",
+        describe=_describe(labelled),
+        use_threads=use_threads,
+    )
     table = None
     if b"x" not in chunk and b"X" not in chunk:
         found: list | None = None if skipped is None else []
         try:
-            table = parse_block(
-                chunk,
-                path,
-                first_line,
-                columns,
-                delimiter="\t",
-                skipped=found,
-                describe=_describe(labelled),
-                use_threads=use_threads,
-                column_types=_INT_TYPES,
-            )
+            table = parse(skipped=found, column_types=_INT_TYPES)
         except DataError:
             table = None
         if table is not None and not _ints_in_range(table):
@@ -201,16 +201,7 @@ def _parse_chunk(
             skipped.extend(found)
     if table is None:
         try:
-            table = parse_block(
-                chunk,
-                path,
-                first_line,
-                columns,
-                delimiter="\t",
-                skipped=skipped,
-                describe=_describe(labelled),
-                use_threads=use_threads,
-            )
+            table = parse(skipped=skipped)
         except BadLine as err:  # the rows before it are read first (rows_then_bad_line): labelled alike
             if not labelled and err.rows_before is not None:
                 err.rows_before = _placeholder_label(err.rows_before)
