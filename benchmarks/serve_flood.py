@@ -37,7 +37,7 @@ def _rss_mb(pid: int) -> float:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = servers.parser(__doc__, "serve_flood", "2 clients of 200 rows")
+    p = servers.add_server_args(harness.parser(__doc__, "serve_flood", "2 clients of 200 rows"))
     p.add_argument("--clients", type=int, default=8)
     p.add_argument("--rows", type=int, default=100_000)
     args = p.parse_args(argv)

@@ -24,7 +24,7 @@ import servers
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = servers.parser(__doc__, "serve_slowloris", "20 slow connections for 2 s")
+    p = servers.add_server_args(harness.parser(__doc__, "serve_slowloris", "20 slow connections for 2 s"))
     p.add_argument("--connections", type=int, default=1500)
     p.add_argument("--seconds", type=float, default=12.0)
     args = p.parse_args(argv)

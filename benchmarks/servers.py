@@ -18,11 +18,10 @@ from typing import IO, Any
 import harness
 
 
-def parser(doc: str, item: str, smoke: str) -> argparse.ArgumentParser:
-    """:func:`harness.parser` with the options of a bench that starts a server: ``export`` (the
-    directory served), ``--serve-args`` (more ``recsys-dist serve`` options) and
+def add_server_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add to a :func:`harness.parser` the options of a bench that starts a server: ``export``
+    (the directory served), ``--serve-args`` (more ``recsys-dist serve`` options) and
     ``--pythonpath`` (the checkout whose recsys_dist serves, :func:`running`'s ``code``)."""
-    p = harness.parser(doc, item, smoke)
     p.add_argument("export", type=Path)
     p.add_argument("--serve-args", default="", help="more `recsys-dist serve` options, e.g. '--memory-mb 1000'")
     p.add_argument("--pythonpath", type=Path, default=harness.ROOT, help="where the server's recsys_dist comes from")
