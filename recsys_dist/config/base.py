@@ -77,3 +77,25 @@ def import_object(path: str, key: str) -> Any:
             raise ValueError(f"{key}: module {module_name!r} has no attribute {attr!r}")
         obj = getattr(obj, part)
     return obj
+
+
+def format_validation_errors(err: Any, source: str, overridden: frozenset = frozenset(), prefix: str = "") -> str:
+    """A pydantic ``ValidationError`` as one message: ``invalid config <source>:`` then one line
+    per problem, ``dotted.key: what is wrong`` (``prefix``: the section the model validated, when
+    it was validated alone); ``overridden``: dotted keys set on the command line, named as such."""
+    lines = [f"invalid config {source}:"]
+    for e in err.errors():
+        loc = ".".join(str(p) for p in (prefix, *e["loc"]) if p != "")
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            parent = loc.rpartition(".")[0]
+            lines.append(f"  {loc}: unknown key (remove it, or check the spelling under '{parent or 'top level'}')")
+        elif e["type"] == "missing":
+            lines.append(f"  {loc}: required key is missing")
+        elif e["type"] in ("value_error", "assertion_error"):
+            lines.append(f"  {loc or 'config'}: {msg}")
+        else:
+            lines.append(f"  {loc}: {msg} (got {e.get('input')!r})")
+        if any(loc == k or loc.startswith(k + ".") for k in overridden):
+            lines[-1] += "; set on the command line, not in the file"
+    return "\n".join(lines)

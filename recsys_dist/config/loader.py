@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from recsys_dist.config.base import IMPORT_USER_CODE, ConfigError
+from recsys_dist.config.base import IMPORT_USER_CODE, ConfigError, format_validation_errors
 from recsys_dist.config.run import RunConfig
 from recsys_dist.data.config import missing_data_files
 from recsys_dist.files import write_atomic
@@ -186,25 +186,6 @@ def _merge(base: dict, extra: dict) -> dict:
     return out
 
 
-def _format_errors(err: ValidationError, tree: dict, source: str, overridden: frozenset = frozenset()) -> str:
-    lines = [f"invalid config {source}:"]
-    for e in err.errors():
-        loc = ".".join(str(p) for p in e["loc"])
-        msg = e["msg"].removeprefix("Value error, ")
-        if e["type"] == "extra_forbidden":
-            parent = loc.rpartition(".")[0]
-            lines.append(f"  {loc}: unknown key (remove it, or check the spelling under '{parent or 'top level'}')")
-        elif e["type"] == "missing":
-            lines.append(f"  {loc}: required key is missing")
-        elif e["type"] in ("value_error", "assertion_error"):
-            lines.append(f"  {loc or 'config'}: {msg}")
-        else:
-            lines.append(f"  {loc}: {msg} (got {e.get('input')!r})")
-        if any(loc == k or loc.startswith(k + ".") for k in overridden):
-            lines[-1] += "; set on the command line, not in the file"
-    return "\n".join(lines)
-
-
 def config_from_dict(
     tree: dict, source: str = "<dict>", overridden: frozenset = frozenset(), *, import_user_code: bool = True
 ) -> RunConfig:
@@ -214,7 +195,7 @@ def config_from_dict(
     try:
         return RunConfig.model_validate(tree, context={IMPORT_USER_CODE: import_user_code})
     except ValidationError as err:
-        raise ConfigError(_format_errors(err, tree, source, overridden)) from None
+        raise ConfigError(format_validation_errors(err, source, overridden)) from None
 
 
 def load_config(

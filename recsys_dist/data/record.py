@@ -16,7 +16,8 @@ import pyarrow as pa
 from recsys_dist.data import mapping as mp
 from recsys_dist.data.convert.manifest import table_coverage
 from recsys_dist.data.formats.criteo import TRANSFORM_VERSION
-from recsys_dist.data.resolve import feature_names, raw_format
+from recsys_dist.data.config import DataConfig
+from recsys_dist.data.formats.base import RawFormat
 from recsys_dist.errors import DataError
 from recsys_dist.files import write_atomic
 from recsys_dist.versions import __version__, installed_versions
@@ -25,11 +26,6 @@ PREPROCESSING_FILE = "preprocessing.json"
 VOCABULARY_FILE = "vocabulary.parquet"  # the name the conversion gives it too (convert.manifest.VOCABULARY_FILE)
 MANIFEST_FILE = "manifest.json"
 RECORD_VERSION = 1
-
-
-def section_format(d):
-    """The format object of a ``data`` section (``data.short_lines`` included)."""
-    return raw_format(d.format, d.schema, getattr(d, "short_lines", "error"))
 
 
 def written_by() -> dict:
@@ -52,12 +48,6 @@ def vocabulary_digest(path: Path, names: list[str]) -> str:
         h.update(np.ascontiguousarray(v.keys, dtype=np.uint64).tobytes())
         h.update(np.ascontiguousarray(v.ids, dtype=np.int64).tobytes())
     return h.hexdigest()
-
-
-def table_sizes(d) -> list[int]:
-
-    n = d.num_embeddings
-    return list(n) if isinstance(n, list) else [n] * len(feature_names(d)[1])
 
 
 def file_sha256(path: Path) -> str:
@@ -89,14 +79,18 @@ class Preprocessing:
 
     @classmethod
     def describe(
-        cls, cfg, num_embeddings: list[int], conversion: Path | None = None, manifest: dict | None = None
+        cls,
+        d: DataConfig,
+        fmt: RawFormat,
+        num_embeddings: list[int],
+        conversion: Path | None = None,
+        manifest: dict | None = None,
     ) -> Preprocessing:
-        """The record of a model trained with ``cfg`` and tables of ``num_embeddings`` rows;
-        under vocabulary mapping from its training conversion (``conversion``, a cache entry
-        with its ``manifest``), whose vocabulary file it then refers to."""
-        d = getattr(cfg, "data", cfg)
-        dense, sparse = feature_names(d)
-        transforms = dict(manifest["transforms"]) if manifest else dict(section_format(d).transforms)
+        """The record of a model trained on data section ``d`` (format object ``fmt``) with tables
+        of ``num_embeddings`` rows; under vocabulary mapping from its training conversion
+        (``conversion``, a cache entry with its ``manifest``), whose vocabulary file it then refers to."""
+        dense, sparse = list(fmt.dense_names), list(fmt.sparse_names)
+        transforms = dict(manifest["transforms"]) if manifest else dict(fmt.transforms)
         kind = d.categorical_mapping
         mapping: dict = {"kind": kind, "missing_id": mp.MISSING_ID}
         if kind == "hash":

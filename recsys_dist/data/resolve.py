@@ -1,15 +1,14 @@
-"""A ``data`` section resolved: its format object (:func:`raw_format`, a lookup in the format
-registry ``formats.base.FORMATS``), the feature names, tasks and label columns the format gives,
-the checks that need them (:func:`check_data`), the managed-collision features
-(:func:`managed_mask`) and its conversion (:func:`conversion_spec`, :func:`prepare_from_config`).
+"""A ``data`` section resolved: its format object (:func:`data_format`, a lookup in the format
+registry ``formats.base.FORMATS``), the facts it decides (:func:`configured_sizes`,
+:func:`managed_names`), the checks that need its format (:func:`check_data`) and its conversion
+(:func:`conversion_spec`, :func:`prepare_from_config`).
 
-Functions taking ``cfg`` accept a ``data`` section or anything with one as ``.data`` (a run config)."""
+Every function takes the ``data`` section (``DataConfig``) itself, never the run config: the run
+is resolved once into a ``recsys_dist.train.job.Job`` whose FeatureSpec carries these facts."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
-
 # The format modules register themselves in FORMATS when imported.
 import recsys_dist.data.formats.avazu  # noqa: F401
 import recsys_dist.data.formats.criteo  # noqa: F401
@@ -19,12 +18,11 @@ from recsys_dist.data.convert import entry_path, prepare
 from recsys_dist.data.convert.manifest import MANIFEST_FILE, PreparedData
 from recsys_dist.data.convert.spec import ConversionSpec
 from recsys_dist.data.formats.base import FORMATS, RawFormat
-from recsys_dist.data.mapping import MANAGED_ID_SPACE
 from recsys_dist.errors import DataError
 
 
 def raw_format(name: str, schema=None, short_lines: str = "error") -> RawFormat:
-    """The format object for ``data.format`` (``criteo_tsv``, ``avazu_csv``, or ``schema`` with
+    """The format object registered as ``name`` (``criteo_tsv``, ``avazu_csv``, or ``schema`` with
     its ``data.schema`` section); ``short_lines``: ``data.short_lines`` (criteo_tsv only).
 
     Raises:
@@ -35,49 +33,41 @@ def raw_format(name: str, schema=None, short_lines: str = "error") -> RawFormat:
     return FORMATS[name](schema, short_lines)
 
 
-def _format_of(d):
-    """The format object of a ``data`` section."""
-    return raw_format(d.format, d.schema, getattr(d, "short_lines", "error"))
+def data_format(d: DataConfig) -> RawFormat:
+    """The format object of a ``data`` section: ``data.format`` with its options."""
+    _section(d)
+    return raw_format(d.format, d.schema, d.short_lines)
 
 
-def feature_names(cfg) -> tuple[list[str], list[str]]:
-    """(dense, categorical) feature names of a ``data`` section's format (or a run config's), in
-    model order: the keys of the loader's KeyedJaggedTensor, sequence features (:func:`sequence_names`) last."""
-    d = getattr(cfg, "data", cfg)
-    fmt = raw_format(d.format, d.schema)
-    return list(fmt.dense_names), list(fmt.sparse_names)
+def _section(d) -> None:
+    if not isinstance(d, DataConfig):
+        raise TypeError(f"expected the data section (DataConfig), got {type(d).__name__}")
 
 
-def sequence_names(cfg) -> list[str]:
-    """The sequence (unpooled) features among ``feature_names(cfg)[1]``: ``data.schema.sequence``
-    columns, then ``data.schema.history.name``; empty for formats without them."""
-    d = getattr(cfg, "data", cfg)
-    return list(raw_format(d.format, d.schema).sequence_names)
+def configured_sizes(d: DataConfig, fmt: RawFormat) -> list[int]:
+    """Rows per categorical feature's table as configured (``data.num_embeddings``), in
+    ``fmt.sparse_names`` order. Under vocabulary mapping the data preparation decides the real
+    sizes (``PreparedData.num_embeddings``)."""
+    n = d.num_embeddings
+    return list(n) if isinstance(n, list) else [n] * len(fmt.sparse_names)
 
 
-def tasks(cfg) -> tuple[list[str], list[str]]:
-    """(task names, kinds ``binary`` / ``regression``) of a ``data`` section (or a run config's), in
-    the order of the label columns: ``(["label"], ["binary"])`` unless ``data.schema.labels`` is set."""
-    d = getattr(cfg, "data", cfg)
-    fmt = raw_format(d.format, d.schema)
-    return list(fmt.task_names), list(fmt.task_kinds)
+def managed_names(d: DataConfig, fmt: RawFormat) -> list[str]:
+    """The categorical features of ``fmt`` whose ids a managed-collision module maps
+    (``categorical_mapping: managed``: all; else ``data.managed.features``), in format order."""
+    listed = set(d.managed.features or []) if d.managed is not None else set()
+    return [n for n in fmt.sparse_names if d.categorical_mapping == "managed" or n in listed]
 
 
-def label_columns(cfg) -> tuple[list[str], str | None]:
-    """(label columns, sample-weight column or None) of the converted Parquet, as the loader reads
-    them: ``["label"]`` for one task, ``["label:<task>", ...]`` for ``data.schema.labels``."""
-    d = getattr(cfg, "data", cfg)
-    fmt = raw_format(d.format, d.schema)
-    return list(fmt.label_columns), fmt.weight_column
-
-
-def conversion_spec(cfg: DataConfig | Any) -> ConversionSpec:
-    """The conversion a ``data`` section (or a run config's) describes: its format object, raw
-    files, table sizes, split, row cap, cache directory, bad-row rule and mapping. Built once and
-    passed (``dataclasses.replace`` it for another file: a stream's partition, rows to score)."""
-    d = getattr(cfg, "data", cfg)
+def conversion_spec(d: DataConfig, fmt: RawFormat | None = None) -> ConversionSpec:
+    """The conversion a ``data`` section describes: its format object (``fmt``, default
+    :func:`data_format`), raw files, table sizes, split, row cap, cache directory, bad-row rule and
+    mapping. Built once and passed (``dataclasses.replace`` it for another file: a stream's
+    partition, rows to score)."""
+    fmt = fmt if fmt is not None else data_format(d)
+    managed = set(managed_names(d, fmt))
     return ConversionSpec(
-        _format_of(d),
+        fmt,
         d.raw_path,
         d.num_embeddings,
         d.split,
@@ -87,26 +77,26 @@ def conversion_spec(cfg: DataConfig | Any) -> ConversionSpec:
         on_bad_row=d.on_bad_row,
         mapping=d.categorical_mapping,
         min_count=d.min_count,
-        managed=managed_mask(d),
+        managed=[n in managed for n in fmt.sparse_names],
     )
 
 
-def prepare_from_config(cfg: DataConfig | Any, progress: bool = False) -> PreparedData:
-    """Convert (or reuse) the Parquet splits described by a ``data`` section (or a run config's).
+def prepare_from_config(d: DataConfig, progress: bool = False, fmt: RawFormat | None = None) -> PreparedData:
+    """Convert (or reuse) the Parquet splits a ``data`` section describes.
 
     Returns ``PreparedData``; its ``num_embeddings`` are the table sizes to train with
     (from the vocabulary under ``data.categorical_mapping: vocabulary``).
     """
-    return prepare(conversion_spec(cfg), progress=progress)
+    return prepare(conversion_spec(d, fmt), progress=progress)
 
 
-def cached_conversion(cfg: DataConfig | Any) -> tuple[Path | None, str]:
+def cached_conversion(d: DataConfig) -> tuple[Path | None, str]:
     """(the conversion-cache entry :func:`prepare_from_config` would reuse, or None; why None).
     Nothing is converted or read besides the raw files' sizes and times.
 
     An entry is None when ``data.raw_path`` is not set or names a missing file, ``data.stream``
     is set (partitions are converted as they land), or the data is not converted yet."""
-    d = getattr(cfg, "data", cfg)
+    _section(d)
     if d.stream is not None:
         return None, "data.stream: each partition is converted as it lands"
     if d.raw_path is None:
@@ -120,31 +110,6 @@ def cached_conversion(cfg: DataConfig | Any) -> tuple[Path | None, str]:
     return out, ""
 
 
-def managed_mask(cfg: DataConfig | Any) -> list[bool]:
-    """Per categorical feature of ``data.format`` (in its order): True where a managed-collision
-    module maps its ids (``categorical_mapping: managed``: all; else ``data.managed.features``)."""
-    d = getattr(cfg, "data", cfg)
-    listed = set(d.managed.features or []) if d.managed is not None else set()
-    names = raw_format(d.format, d.schema).sparse_names
-    return [d.categorical_mapping == "managed" or n in listed for n in names]
-
-
-def managed_features(cfg: DataConfig | Any) -> list[str]:
-    """Names of the categorical features with managed-collision tables (see :func:`managed_mask`)."""
-    d = getattr(cfg, "data", cfg)
-    if d.categorical_mapping != "managed" and (d.managed is None or not d.managed.features):
-        return []
-    names = raw_format(d.format, d.schema).sparse_names
-    return [n for n, m in zip(names, managed_mask(d)) if m]
-
-
-def loader_id_bounds(cfg: DataConfig | Any, sizes: list[int]) -> list[int]:
-    """Per feature, the bound a loader checks ids against: the table size, or for a feature with
-    a managed-collision table (``data.categorical_mapping: managed``, ``data.managed.features``)
-    the raw id space (rows come from the managed module)."""
-    return [MANAGED_ID_SPACE if m else n for n, m in zip(sizes, managed_mask(cfg))]
-
-
 def check_data(d: DataConfig) -> None:
     """The checks of a ``data`` section that need its format's feature and column names
     (``DataConfig`` checks the rest itself; ``RunConfig`` runs this on its ``data``).
@@ -152,7 +117,7 @@ def check_data(d: DataConfig) -> None:
     Raises:
         ValueError: the first problem, as ``data.<key>: what is wrong``.
     """
-    fmt = raw_format(d.format, d.schema)
+    fmt = data_format(d)
     _check_mapping(d, fmt, _check_features(d, fmt))
 
 
@@ -237,7 +202,8 @@ def _check_mapping(d: DataConfig, fmt: RawFormat, sizes: list[int]) -> None:
             f"({', '.join(keys or seq)}); use categorical_mapping: hash or vocabulary, or drop the sequence features"
         )
     every = sizes * len(fmt.sparse_names) if len(sizes) == 1 else sizes
-    if any(n > 2**62 for n, m in zip(every, managed_mask(d)) if m):
+    managed = set(managed_names(d, fmt))
+    if any(n > 2**62 for n, f in zip(every, fmt.sparse_names) if f in managed):
         raise ValueError(
             f"data.num_embeddings: a managed table's rows (zch_size) must be below the 63-bit id space, "
             f"got {d.num_embeddings}"

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 import torch
 from torchrec.modules.embedding_configs import BaseEmbeddingConfig, EmbeddingBagConfig, EmbeddingConfig, PoolingType
 
+from recsys_dist.data.mapping import MANAGED_ID_SPACE
+
 # FBGEMM's fused kernel needs widths that are multiples of 4, so a per-id scalar weight
 # (first-order / wide part) is stored as 4 columns that the model averages.
 FIRST_ORDER_DIM = 4
@@ -53,6 +55,12 @@ class FeatureSpec:
             each id of that feature; set by the Trainer for retrieval models (the item feature:
             the logQ correction's sampling probabilities, ``recsys_dist.models.retrieval``), empty
             otherwise and for models built outside training (export, scoring).
+        task_kinds: one per task, ``binary`` / ``regression``.
+        label_columns: the converted Parquet's label columns, one per task (``["label"]``, or
+            ``["label:<task>", ...]``); ``weight_column``: its sample-weight column, or None.
+        managed: the features whose ids a managed-collision module maps
+            (``data.categorical_mapping: managed``: all; else ``data.managed.features``); their
+            ids lie in ``[0, 2**63 - 1)`` until the module remaps them to table rows.
     """
 
     dense_names: list[str]
@@ -65,6 +73,10 @@ class FeatureSpec:
     sequence_names: list[str] = field(default_factory=list)
     sequence_tables: list[EmbeddingConfig] = field(default_factory=list)
     id_counts: dict = field(default_factory=dict)
+    task_kinds: list[str] = field(default_factory=lambda: ["binary"])
+    label_columns: list[str] = field(default_factory=lambda: ["label"])
+    weight_column: str | None = None
+    managed: list[str] = field(default_factory=list)
 
     @property
     def num_dense(self) -> int:
@@ -80,6 +92,18 @@ class FeatureSpec:
     def embedding_dim(self) -> int:
         """Width of the ``t_<feature>`` tables (``model.embedding_dim``)."""
         return self.tables[0].embedding_dim
+
+    @property
+    def keys(self) -> list[str]:
+        """Every key of the ``sparse`` KeyedJaggedTensor: ``sparse_names``, then ``sequence_names``."""
+        return [*self.sparse_names, *self.sequence_names]
+
+    @property
+    def id_bounds(self) -> list[int]:
+        """Per key of :attr:`keys`, the bound a loader checks ids against: the table's rows, or
+        for a managed feature the raw id space ``2**63 - 1`` (its module maps ids to rows)."""
+        rows = [t.num_embeddings for t in [*self.tables, *self.sequence_tables]]
+        return [MANAGED_ID_SPACE if k in self.managed else n for k, n in zip(self.keys, rows)]
 
     def all_tables(self) -> list[EmbeddingBagConfig]:
         """Every pooled table: ``tables`` then ``first_order_tables`` (one EmbeddingBagCollection

@@ -54,7 +54,8 @@ from torchrec.modules.mc_modules import (
 )
 from torchrec.sparse.jagged_tensor import JaggedTensor, KeyedJaggedTensor
 
-from recsys_dist.data.resolve import managed_features
+from recsys_dist.data.config import ManagedConfig
+from recsys_dist.data.spec import FeatureSpec
 from recsys_dist.models.managed_ops import (
     batched_lfu_round,
     batched_lookup,
@@ -518,18 +519,17 @@ def _gather_per_key(parts: list[torch.Tensor]) -> tuple[list[torch.Tensor], list
     return [torch.cat(o) for o in out], offsets
 
 
-def build_remap(cfg, sparse_names: list[str], sizes: list[int], device: torch.device | None = None) -> ManagedRemap:
-    """The :class:`ManagedRemap` of a run config's managed features (``data.categorical_mapping:
-    managed``: every feature; else ``data.managed.features``): one module per managed feature of
-    ``sparse_names``, ``num_embeddings`` (``sizes``) rows each; the history holds
-    ``eviction_interval`` global batches (``train.batch_size`` x ranks: the process group's, else
-    ``distributed.nproc_per_node``) of ``data.multi_hot_sizes`` (default one) ids per feature.
+def build_remap(
+    managed: ManagedConfig, features: FeatureSpec, global_batch: int, multi_hot_sizes: list[int] | None = None
+) -> ManagedRemap:
+    """The :class:`ManagedRemap` of ``features.managed``: one module per managed feature of
+    ``features.sparse_names``, its table's rows each, on ``features.device``; the history holds
+    ``managed.eviction_interval`` global batches (``global_batch`` rows: ``train.batch_size`` x
+    ranks) of ``multi_hot_sizes`` (``data.multi_hot_sizes``, default one) ids per feature.
     A checkpoint resumes at another world size when the global batch stays the same."""
-    m = cfg.data.managed
-    ranks = dist.get_world_size() if dist.is_available() and dist.is_initialized() else cfg.distributed.nproc_per_node
-    global_batch = cfg.train.batch_size * ranks
-    hot = cfg.data.multi_hot_sizes or [1] * len(sparse_names)
-    managed = set(managed_features(cfg))
+    m = managed
+    hot = multi_hot_sizes or [1] * len(features.sparse_names)
+    names = set(features.managed)
     return ManagedRemap(
         {
             f: ReplicatedMCH(
@@ -539,12 +539,12 @@ def build_remap(cfg, sparse_names: list[str], sizes: list[int], device: torch.de
                 admission_min_count=m.admission_min_count,
                 decay_exponent=m.decay_exponent,
                 history_capacity=m.eviction_interval * global_batch * h,
-                device=device,
+                device=features.device,
                 name=f,
                 ttl_steps=m.ttl_steps,
             )
-            for f, n, h in zip(sparse_names, sizes, hot)
-            if f in managed
+            for f, n, h in zip(features.sparse_names, features.num_embeddings, hot)
+            if f in names
         }
     )
 

@@ -121,7 +121,8 @@ def model_config_class(name: Any) -> type[ModelConfig]:
 
 
 Check = Callable[[Any], list[str]]
-"""``check(cfg: RunConfig) -> list[str]``: a model's own cross-section problems, each
+"""``check(job) -> list[str]``: a model's own problems with the resolved run (``job``: a
+``recsys_dist.train.job.Job``: its sections and its FeatureSpec), each
 "dotted.key: what is wrong; the fix" (``recsys_dist.train.preflight.section_problems``)."""
 
 
@@ -134,21 +135,21 @@ class ModelSpec:
         config: its config class (a :class:`ModelConfig` subclass whose ``name`` is this name).
         build: ``build(spec, cfg) -> nn.Module``.
         factory: for a model registered as ``factory(spec, **model.args)``, that factory.
-        checks: ``check(cfg) -> list[str]`` each, run by preflight on every config naming the
+        checks: ``check(job) -> list[str]`` each, run by preflight on every run naming the
             model (``recsys_dist.models.checks`` holds the shipped ones: dense features needed,
             one task only, no sequence features).
         on_features: ``on_features(spec) -> FeatureSpec``: the tables the model adds to the
             data's (DeepFM's first-order ``w_<feature>``, ``recsys_dist.models.zoo.fm``); every
             FeatureSpec of the model goes through it (training, planning, export).
-        read_data: ``read_data(cfg, paths, num_embeddings) -> data``: what the model reads from
+        read_data: ``read_data(job, paths) -> data``: what the model reads from
             the converted splits (``paths``: ``{split: [file, ...]}``), once, on rank 0, before
             sharding; the Trainer sends ``data`` (picklable) to every rank.
         on_data: ``on_data(spec, data) -> FeatureSpec``: the spec the model is built over, given
             ``data`` (two_tower: the item counts of its logQ correction, ``spec.id_counts``).
-        evaluator: ``evaluator(model, data, split, cfg, device) -> dict[str, float]``: metrics
+        evaluator: ``evaluator(model, data, split, job, device) -> dict[str, float]``: metrics
             added to ``Trainer.evaluate``'s (two_tower: recall@K / NDCG@K over the item corpus,
             ``recsys_dist.models.retrieval``). Collective: every rank calls it.
-        export_extras: ``export_extras(cfg, model, record, path, out) -> list[Path]``: files
+        export_extras: ``export_extras(job, model, record, path, out) -> list[Path]``: files
             ``recsys_dist.serve.export.export`` adds to an export in ``out`` (``record``: the
             preprocessing record; ``path``: what was exported, for messages).
     """
@@ -164,9 +165,9 @@ class ModelSpec:
     evaluator: Callable | None = None
     export_extras: Callable | None = None
 
-    def problems(self, cfg) -> list[str]:
-        """Every problem of ``cfg`` (a ``RunConfig``) that this model's checks find, in order."""
-        return [p for check in self.checks for p in check(cfg)]
+    def problems(self, job) -> list[str]:
+        """Every problem of the resolved run ``job`` that this model's checks find, in order."""
+        return [p for check in self.checks for p in check(job)]
 
 
 def _given_elsewhere(spec, cfg):

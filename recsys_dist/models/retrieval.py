@@ -45,7 +45,6 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from recsys_dist.data.loader import ParquetBatchLoader
 from recsys_dist.data.loader.columns import take_bags
 from recsys_dist.data.mapping import MISSING_ID, OOV_ID, load_vocabularies
-from recsys_dist.data.resolve import feature_names, label_columns, loader_id_bounds
 from recsys_dist.data.spec import FeatureSpec
 from recsys_dist.errors import DataError
 from recsys_dist.files import write_atomic
@@ -111,20 +110,19 @@ class RetrievalData:
     item_id: str = ""
 
 
-def read_rows(files: list[str], cfg, num_embeddings: list[int]) -> Rows:
+def read_rows(files: list[str], features: FeatureSpec) -> Rows:
     """Every row of the converted ``files`` through the library's loader (one rank, in order)."""
-    dense, sparse = feature_names(cfg)
-    labels, _ = label_columns(cfg)
+    sparse = features.keys
     loader = ParquetBatchLoader(
         files,
         4096,
         0,
         1,
-        dense,
+        features.dense_names,
         sparse,
-        num_embeddings=loader_id_bounds(cfg, num_embeddings),
+        num_embeddings=features.id_bounds,
         prefetch=0,
-        label_columns=labels,
+        label_columns=features.label_columns,
     )
     parts: dict[str, list] = {k: [] for k in sparse}
     lab: list = []
@@ -144,16 +142,18 @@ def read_rows(files: list[str], cfg, num_embeddings: list[int]) -> Rows:
     return Rows(ids, torch.cat(lab).float().numpy() if lab else np.zeros(0, np.float32))
 
 
-def read_retrieval_data(cfg, paths: dict[str, list[str]], num_embeddings: list[int]) -> RetrievalData:
+def read_retrieval_data(job, paths: dict[str, list[str]]) -> RetrievalData:
     """The corpus, the training counts and the evaluated users of each held-out split, from
-    the converted splits ``paths`` (``{split: files}``) and the table sizes (module docstring).
+    the converted splits ``paths`` (``{split: files}``) of the resolved run ``job``
+    (``job.features``: the columns and table sizes; ``job.model``, ``job.data``) (module docstring).
 
     Raises:
         ValueError: ``model.item_id`` or the user feature is not one-hot in the data.
     """
-    m = cfg.model
-    _, sparse = feature_names(cfg)
-    rows = {s: read_rows(paths[s], cfg, num_embeddings) for s in SPLITS}
+    m, features = job.model, job.features
+    sparse = features.keys
+    num_embeddings = [t.num_embeddings for t in [*features.tables, *features.sequence_tables]]
+    rows = {s: read_rows(paths[s], features) for s in SPLITS}
     user_key, item_key = m.user_features[0], m.item_id
     for key in (user_key, item_key):
         if any(np.any(r.ids[key][0] > 1) for r in rows.values()):
@@ -166,7 +166,7 @@ def read_retrieval_data(cfg, paths: dict[str, list[str]], num_embeddings: list[i
     train_counts = np.bincount(items["train"], minlength=num_items).astype(np.int64)
 
     # The corpus: first row of each item, train first (module docstring).
-    excluded = [MISSING_ID, OOV_ID] if cfg.data.categorical_mapping == "vocabulary" else [MISSING_ID]
+    excluded = [MISSING_ID, OOV_ID] if job.data.categorical_mapping == "vocabulary" else [MISSING_ID]
     all_items = np.concatenate([items[s] for s in SPLITS])
     row_of = np.concatenate([np.arange(len(items[s])) for s in SPLITS])
     split_of = np.concatenate([np.full(len(items[s]), i) for i, s in enumerate(SPLITS)])
@@ -335,13 +335,13 @@ def retrieval_metrics(
     return out
 
 
-def retrieval_problems(cfg) -> list[str]:
-    """Cross-section problems of a retrieval model (``recsys_dist.train.preflight``)."""
+def retrieval_problems(job) -> list[str]:
+    """Problems of a retrieval model with the resolved run ``job`` (``recsys_dist.train.preflight``)."""
     problems = []
-    m = cfg.model
-    _, sparse = feature_names(cfg)
+    m, d = job.model, job.data
+    sparse = job.features.keys
     items = m.item_feature_names(sparse)
-    multi_hot = set(cfg.data.schema.multi_hot) if getattr(cfg.data, "schema", None) is not None else set()
+    multi_hot = set(d.schema.multi_hot) if d.schema is not None else set()
     for key, names in (("model.user_features", m.user_features), ("model.item_features", items)):
         unknown = [f for f in names if f not in sparse]
         if unknown:
@@ -350,28 +350,28 @@ def retrieval_problems(cfg) -> list[str]:
         problems.append("model.item_features: no feature left for the item tower; name some")
     elif m.item_id not in items:
         problems.append(f"model.item_id: {m.item_id!r} is not an item-tower feature; the item features are {items}")
-    if cfg.data.categorical_mapping == "managed":
+    if d.categorical_mapping == "managed":
         problems.append(
-            f"data.categorical_mapping: {cfg.model.name} needs table ids (the item corpus and its logQ counts are "
+            f"data.categorical_mapping: {m.name} needs table ids (the item corpus and its logQ counts are "
             "per table row), and managed ids are raw 63-bit keys; use vocabulary or hash"
         )
-    per_feature = cfg.data.managed.features if cfg.data.managed is not None else None
+    per_feature = d.managed.features if d.managed is not None else None
     for key, f in (("model.user_features", m.user_features[0]), ("model.item_id", m.item_id)):
         if per_feature and f in per_feature:
             problems.append(
                 f"data.managed.features: {f!r} ({key}) is managed, so it carries raw 63-bit keys, while "
-                f"{cfg.model.name}'s evaluation and item export need its table ids; leave it out of data.managed.features"
+                f"{m.name}'s evaluation and item export need its table ids; leave it out of data.managed.features"
             )
         if f in multi_hot:
             problems.append(f"{key}: {f!r} is multi-hot; the user (first user feature) and the item id must be one-hot")
-    loss = cfg.train.loss
+    loss = job.train.loss
     try:
         takes = isinstance(loss, str) and "candidate_scores" in getattr(get_loss(loss), "model_outputs", ())
     except ValueError:
         takes = False
     if not takes:
         problems.append(
-            f"train.loss: {cfg.model.name} trains with a loss over in-batch candidates (it returns candidate_scores); "
+            f"train.loss: {m.name} trains with a loss over in-batch candidates (it returns candidate_scores); "
             f"{loss!r} takes none: use train.loss: in_batch_softmax"
         )
     return problems
@@ -381,10 +381,11 @@ ITEM_IDS_FILE, ITEM_EMBEDDINGS_FILE, ITEM_KEYS_FILE = "item_ids.npy", "item_embe
 
 
 @torch.no_grad()
-def export_item_embeddings(cfg, model: nn.Module, conversion: Path, out: Path) -> list[Path]:
+def export_item_embeddings(job, model: nn.Module, conversion: Path, out: Path) -> list[Path]:
     """Write the item tower's output for every corpus item (module docstring) of the training
     conversion ``conversion`` (a conversion-cache directory with ``manifest.json``), for a
-    nearest-neighbour index, into ``out`` (docs/models.md):
+    nearest-neighbour index, into ``out`` (docs/models.md); ``job``: the exported run (its
+    FeatureSpec sized as the exported model's tables):
 
     - ``item_ids.npy``: int64 [C], the model's ids of ``model.item_id``, ascending;
     - ``item_embeddings.npy``: float32 [C, output_dim], unit rows; a user's scores are
@@ -403,17 +404,16 @@ def export_item_embeddings(cfg, model: nn.Module, conversion: Path, out: Path) -
         )
     files = json.loads(manifest_path.read_text())["files"]
     paths = {s: [str(Path(conversion) / f) for f in files[s]] for s in SPLITS}
-    _, sparse = feature_names(cfg)
-    sizes = [t.num_embeddings for t in retrieval_model(model).sparse_arch.embedding_bag_configs()]
-    data = read_retrieval_data(cfg, paths, sizes)
+    sparse = job.features.keys
+    data = read_retrieval_data(job, paths)
     vectors = embed(model, "item_vectors", sparse, data.corpus, 4096, torch.device("cpu"))
     out.mkdir(parents=True, exist_ok=True)
     _save_npy(out / ITEM_IDS_FILE, data.corpus.ids.astype(np.int64))
     _save_npy(out / ITEM_EMBEDDINGS_FILE, vectors.numpy().astype(np.float32))
     written = [out / ITEM_IDS_FILE, out / ITEM_EMBEDDINGS_FILE]
     vocab = Path(conversion) / "vocabulary.parquet"
-    if cfg.data.categorical_mapping == "vocabulary" and vocab.is_file():
-        (v,) = load_vocabularies(vocab, [cfg.model.item_id])
+    if job.data.categorical_mapping == "vocabulary" and vocab.is_file():
+        (v,) = load_vocabularies(vocab, [job.model.item_id])
         key_of = np.zeros(v.size, dtype=np.uint64)  # by id; corpus ids are vocabulary ids (2 .. size - 1)
         key_of[v.ids] = v.keys
         _save_npy(out / ITEM_KEYS_FILE, key_of[data.corpus.ids])
@@ -440,17 +440,17 @@ def with_item_counts(spec: FeatureSpec, data: RetrievalData) -> FeatureSpec:
     return dataclasses.replace(spec, id_counts={data.item_id: data.train_counts})
 
 
-def evaluate_retrieval(model: nn.Module, data: RetrievalData, split, cfg, device) -> dict[str, float]:
+def evaluate_retrieval(model: nn.Module, data: RetrievalData, split, job, device) -> dict[str, float]:
     """:func:`retrieval_metrics` on ``"validation"`` / ``"test"`` (K of ``eval.retrieval_k``,
     batches of ``eval.batch_size`` or ``train.batch_size``); ``{}`` on any other split or loader.
     Collective."""
     if not isinstance(split, str) or split not in ("validation", "test"):
         return {}
-    bs = cfg.eval.batch_size or cfg.train.batch_size
-    return retrieval_metrics(model, data, split, cfg.eval.retrieval_k, bs, device)
+    bs = job.eval.batch_size or job.train.batch_size
+    return retrieval_metrics(model, data, split, job.eval.retrieval_k, bs, device)
 
 
-def export_items(cfg, model: nn.Module, record: dict, path, out: Path) -> list[Path]:
+def export_items(job, model: nn.Module, record: dict, path, out: Path) -> list[Path]:
     """:func:`export_item_embeddings` of the training conversion ``record`` names (the export's
     preprocessing record).
 
@@ -463,7 +463,7 @@ def export_items(cfg, model: nn.Module, record: dict, path, out: Path) -> list[P
             f"{path}: no training conversion is recorded, and the item embeddings need the data's item corpus; "
             "export the run's checkpoint (not an export written without it)"
         )
-    return export_item_embeddings(cfg, model, Path(conversion), out)
+    return export_item_embeddings(job, model, Path(conversion), out)
 
 
 RETRIEVAL_HOOKS = dict(
