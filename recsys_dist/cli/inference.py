@@ -116,7 +116,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     """
     quiet_third_party()
     m = load(model_path(args))
-    scores = score(m.cfg, m.model, args.data, preprocessing=m.preprocessing)
+    scores = score(m.job, m.model, args.data, preprocessing=m.preprocessing)
     if not scores["labelled"]:
         raise DataError(
             f"{args.data}: no label column (Criteo's 39-field test layout, or no data.schema.label column), so "
@@ -172,7 +172,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
         )
     keep = keep_columns(args.keep_columns)
     m = load(model_path(args))
-    scores = score(m.cfg, m.model, args.data, preprocessing=m.preprocessing, keep_columns=keep)
+    scores = score(m.job, m.model, args.data, preprocessing=m.preprocessing, keep_columns=keep)
     write_predictions(scores, args.out)
     print(f"recsys-dist: {len(scores['logit'])} predictions from {m.source} -> {args.out}")
     for f, st in scores.get("managed", {}).get("managed", {}).items():  # ids without a row are counted, never silent

@@ -3,7 +3,8 @@
 ``recsys-dist export RUN_DIR --out DIR`` writes a self-contained model directory:
 
 - ``model.safetensors``: every weight as a full tensor (safetensors never unpickles);
-- ``config.yaml``: the resolved run config that rebuilds the model (table sizes as trained);
+- ``config.yaml``: the resolved run config that rebuilds the model (table sizes as trained:
+  ``recsys_dist.train.job.load_job`` reads it);
 - ``preprocessing.json`` (and ``vocabulary.parquet`` under vocabulary mapping): how raw rows
   become ids and dense values, as the training conversion made them, and the versions that
   wrote the export (``recsys_dist.serve.scoring``). Scoring an export reads nothing else: the
@@ -36,16 +37,12 @@ from torch.distributed.checkpoint import CheckpointException
 from recsys_dist.checkpoint.integrity import intact_checkpoint
 from recsys_dist.checkpoint.meta import is_complete, latest_checkpoint, named_checkpoint, read_meta
 from recsys_dist.checkpoint.safe_read import SafeLoadPlanner, SafeReader
-from recsys_dist.config.loader import config_from_dict, save_config
-from recsys_dist.config.run import RunConfig
 from recsys_dist.data.loader import ParquetBatchLoader
 from recsys_dist.data.record import RECORD_VERSION
-from recsys_dist.data.resolve import feature_names, label_columns, loader_id_bounds, tasks
 from recsys_dist.errors import CheckpointError, DataError
 from recsys_dist.files import write_atomic
-from recsys_dist.models.build import build_model, table_sizes
-from recsys_dist.models.managed import managed_metrics
-from recsys_dist.models.registry import get_model
+from recsys_dist.models.build import build_model
+from recsys_dist.models.managed import build_remap, managed_metrics
 from recsys_dist.models.task import CTRTask
 from recsys_dist.serve.quantize import (
     QUANTIZATION_FILE,
@@ -68,6 +65,7 @@ from recsys_dist.serve.scoring import (
     scoring_format,
 )
 from recsys_dist.serve.torchscript import save_artefact, serving_spec, to_torchscript
+from recsys_dist.train.job import Job, load_job
 
 MODEL_FILE = "model.safetensors"
 FORMATS = ("safetensors", "torchscript")
@@ -77,18 +75,30 @@ OUTPUT_COLUMNS = ("row", "label", "logit", "probability")
 
 @dataclass
 class LoadedModel:
-    """A model ready to score: its config, the unsharded CPU model in eval mode, a
-    description of where it came from, and its preprocessing record (None when loaded
+    """A model ready to score: its run (a :class:`~recsys_dist.train.job.Job` rebuilt from the
+    saved config, its FeatureSpec sized as the model's tables), the unsharded CPU model in eval
+    mode, a description of where it came from, and its preprocessing record (None when loaded
     without one, by :func:`load_model`)."""
 
-    cfg: RunConfig
+    job: Job
     model: CTRTask
     source: str
     preprocessing: Preprocessing | None
 
 
-def _unsharded(cfg: RunConfig) -> CTRTask:
-    return build_model(cfg, torch.device("cpu"), tables_device=torch.device("cpu"))
+def _unsharded(job: Job) -> CTRTask:
+    """The unsharded model of ``job``, every table and parameter on the CPU (freshly initialised).
+    Managed-collision tables get their remap with a history of ``train.batch_size`` x ranks rows
+    per interval: the process group's ranks when one is up (a publisher inside training), else
+    ``distributed.nproc_per_node``, as the training ranks sized it."""
+    cpu = torch.device("cpu")
+    features = job.features.on(cpu, cpu)
+    remap = None
+    if features.managed:
+        up = torch.distributed.is_available() and torch.distributed.is_initialized()
+        ranks = torch.distributed.get_world_size() if up else job.distributed.nproc_per_node
+        remap = build_remap(job.data.managed, features, job.train.batch_size * ranks, job.data.multi_hot_sizes)
+    return build_model(job.model, features, job.train, remap=remap)
 
 
 def load(path: str | Path, preprocessing: bool = True) -> LoadedModel:
@@ -107,8 +117,8 @@ def load(path: str | Path, preprocessing: bool = True) -> LoadedModel:
     """
     path = Path(path)
     if (path / MODEL_FILE).is_file():
-        cfg = config_from_dict(yaml.safe_load((path / "config.yaml").read_text()), str(path / "config.yaml"))
-        model = _unsharded(cfg)
+        job = load_job(yaml.safe_load((path / "config.yaml").read_text()), str(path / "config.yaml"))
+        model = _unsharded(job)
         mode = _export_quantization(path)
         if mode != "none":  # int8 / int4 tables as published (recsys_dist.serve.quantize)
             load_published_state(quantize_model(model, mode), load_file(str(path / MODEL_FILE)), str(path / MODEL_FILE))
@@ -117,8 +127,8 @@ def load(path: str | Path, preprocessing: bool = True) -> LoadedModel:
                 model.load_state_dict(load_file(str(path / MODEL_FILE)), strict=True)
             except RuntimeError as err:
                 raise CheckpointError(f"{path / MODEL_FILE} does not fit its config.yaml: {str(err)[:800]}") from None
-        prep = _export_preprocessing(path, cfg) if preprocessing else None
-        return LoadedModel(cfg, model.eval(), f"export {path}", prep)
+        prep = _export_preprocessing(path, job) if preprocessing else None
+        return LoadedModel(job, model.eval(), f"export {path}", prep)
     if path.is_file() and path.name in ("best", "latest") and path.parent.name == "checkpoints":
         path = named_checkpoint(path)  # the marker file of checkpoint.keep_best / the newest one
     ckpt = path if is_complete(path) else latest_checkpoint(path)
@@ -127,8 +137,8 @@ def load(path: str | Path, preprocessing: bool = True) -> LoadedModel:
             f"{path}: no model.safetensors and no complete checkpoint (run, checkpoint or export dir)"
         )
     intact_checkpoint(ckpt)  # a damaged file is named, never loaded
-    meta, cfg = _checkpoint_config(ckpt)
-    model = _unsharded(cfg)
+    meta, job = _checkpoint_job(ckpt)
+    model = _unsharded(job)
     state = {"model": model.state_dict()}
     try:
         with warnings.catch_warnings():  # "torch.distributed is disabled ...": one process, as intended
@@ -139,7 +149,7 @@ def load(path: str | Path, preprocessing: bool = True) -> LoadedModel:
     except (Exception, CheckpointException) as err:  # noqa: BLE001 - DCP's own exception types vary by failure
         raise CheckpointError(f"checkpoint {ckpt} cannot be read: {str(err)[:800]}") from None
     model.load_state_dict(state["model"])
-    return _checkpoint_model(ckpt, meta, cfg, model, preprocessing)
+    return _checkpoint_model(ckpt, meta, job, model, preprocessing)
 
 
 def with_state(ckpt: Path, state: dict[str, torch.Tensor], model: CTRTask | None = None) -> LoadedModel:
@@ -147,15 +157,15 @@ def with_state(ckpt: Path, state: dict[str, torch.Tensor], model: CTRTask | None
     unsharded model state dict as the training ranks hold it:
     ``recsys_dist.checkpoint.gather.gather_full_state``) instead of its shard files: only its
     ``meta.json`` and preprocessing record are read. ``model``: an unsharded model of that
-    checkpoint's config to load ``state`` into (a publisher keeps one across versions: building
+    checkpoint's run to load ``state`` into (a publisher keeps one across versions: building
     one initialises every table); None builds one.
 
     Raises:
         CheckpointError: as :func:`load` (a checkpoint of a user model or an own loop), or
             ``state`` lacks a tensor of the model or does not fit it.
     """
-    meta, cfg = _checkpoint_config(ckpt)
-    model = _unsharded(cfg) if model is None else model
+    meta, job = _checkpoint_job(ckpt)
+    model = _unsharded(job) if model is None else model
     wanted = model.state_dict()
     missing = [k for k in wanted if k not in state]
     if missing:
@@ -166,11 +176,13 @@ def with_state(ckpt: Path, state: dict[str, torch.Tensor], model: CTRTask | None
         raise CheckpointError(
             f"the model state for checkpoint {ckpt} does not fit its config: {str(err)[:800]}"
         ) from None
-    return _checkpoint_model(ckpt, meta, cfg, model, True)
+    return _checkpoint_model(ckpt, meta, job, model, True)
 
 
-def _checkpoint_config(ckpt: Path) -> tuple[dict, RunConfig]:
-    """(meta.json, the config that rebuilds the model, table sizes as trained) of ``ckpt``.
+def _checkpoint_job(ckpt: Path) -> tuple[dict, Job]:
+    """(meta.json, the run that rebuilds the model, table sizes as trained) of ``ckpt``: its
+    ``data.num_embeddings`` are the trained sizes, so that an export's ``config.yaml`` rebuilds
+    the same tables.
 
     Raises:
         CheckpointError: a checkpoint of an own loop or of a user model (no config to rebuild it).
@@ -190,16 +202,16 @@ def _checkpoint_config(ckpt: Path) -> tuple[dict, RunConfig]:
     tree = meta["config"]
     if "num_embeddings" in meta:  # the sizes the data preparation decided (vocabulary mapping)
         tree = {**tree, "data": {**tree["data"], "num_embeddings": meta["num_embeddings"]}}
-    return meta, config_from_dict(tree, f"{ckpt}/meta.json")
+    return meta, load_job(tree, f"{ckpt}/meta.json")
 
 
-def _checkpoint_model(ckpt: Path, meta: dict, cfg: RunConfig, model: CTRTask, preprocessing: bool) -> LoadedModel:
+def _checkpoint_model(ckpt: Path, meta: dict, job: Job, model: CTRTask, preprocessing: bool) -> LoadedModel:
     try:
         prep = for_checkpoint(ckpt, meta) if preprocessing else None
     except DataError as err:  # about the checkpoint, not the rows to score
         raise CheckpointError(str(err)) from None
     source = f"checkpoint {ckpt} (step {meta['step']}, saved on {meta['world_size']} rank(s))"
-    return LoadedModel(cfg, model.eval(), source, prep)
+    return LoadedModel(job, model.eval(), source, prep)
 
 
 def _export_quantization(path: Path) -> str:
@@ -223,7 +235,7 @@ def _export_quantization(path: Path) -> str:
     return mode
 
 
-def _export_preprocessing(path: Path, cfg: RunConfig) -> Preprocessing:
+def _export_preprocessing(path: Path, job: Job) -> Preprocessing:
     """The preprocessing record of the export at ``path``, checked against its config.
 
     Raises:
@@ -237,24 +249,26 @@ def _export_preprocessing(path: Path, cfg: RunConfig) -> Preprocessing:
             f"a preprocessing record; this one reads exports of record version {RECORD_VERSION}). Export its run "
             "or checkpoint again with `recsys-dist export`"
         )
-    if prep.num_embeddings != table_sizes(cfg):
+    if prep.num_embeddings != job.table_sizes:
         raise DataError(
             f"export {path}: preprocessing.json's table sizes {prep.num_embeddings} differ from config.yaml's "
-            f"{table_sizes(cfg)}; export the model again"
+            f"{job.table_sizes}; export the model again"
         )
     return prep
 
 
-def load_model(path: str | Path) -> tuple[RunConfig, CTRTask, str]:
-    """(config, unsharded CPU model in eval mode, description of the source) from a run
+def load_model(path: str | Path) -> tuple[Job, CTRTask, str]:
+    """(the run, unsharded CPU model in eval mode, description of the source) from a run
     directory, a checkpoint directory or an export directory (weights only: see :func:`load`
-    for the preprocessing record that scoring raw rows needs).
+    for the preprocessing record that scoring raw rows needs). The run is a
+    :class:`~recsys_dist.train.job.Job`: its sections (``job.model``, ``job.data``, ...) and
+    FeatureSpec (``job.features``), sized as the model's tables.
 
     Raises:
         CheckpointError: nothing loadable at ``path``, or weights that do not fit the config.
     """
     m = load(path, preprocessing=False)
-    return m.cfg, m.model, m.source
+    return m.job, m.model, m.source
 
 
 def export(path: str | Path, out: str | Path, format: str = "safetensors") -> list[Path]:
@@ -291,20 +305,20 @@ def write_export(m: LoadedModel, out: str | Path, format: str, source: str | Pat
                 f"{source}: its tables are quantized ({mode}), which TorchScript export does not write; "
                 "export with format safetensors"
             )
-        artefact = to_torchscript(m.cfg, m.model, table_sizes(m.cfg))
-        spec = serving_spec(m.cfg, table_sizes(m.cfg), m.preprocessing.record["written_by"])
+        artefact = to_torchscript(m.job, m.model)
+        spec = serving_spec(m.job, m.preprocessing.record["written_by"])
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     state = published_state(m.model)
     write_atomic(out / MODEL_FILE, lambda p: save_file(state, str(p)))  # mode as a plain open's, not 0600
-    save_config(m.cfg, out / "config.yaml")
+    m.job.save_config(out / "config.yaml")
     written = [out / MODEL_FILE, out / "config.yaml", *m.preprocessing.save(out)]
     if mode != "none":
         write_atomic(out / QUANTIZATION_FILE, json.dumps({"quantize": mode}) + "\n")
         written.append(out / QUANTIZATION_FILE)
-    extras = get_model(m.cfg.model.name).export_extras  # two_tower: the item embeddings, for an ANN index
+    extras = m.job.model_spec.export_extras  # two_tower: the item embeddings, for an ANN index
     if extras is not None:
-        written += extras(m.cfg, m.model, m.preprocessing.record, source, out)
+        written += extras(m.job, m.model, m.preprocessing.record, source, out)
     if artefact is not None:
         written += save_artefact(artefact, spec, out)
     return written
@@ -312,7 +326,7 @@ def write_export(m: LoadedModel, out: str | Path, format: str, source: str | Pat
 
 @torch.no_grad()
 def score(
-    cfg: RunConfig,
+    job: Job,
     model: CTRTask,
     data: str | Path,
     batch_size: int = 4096,
@@ -323,7 +337,7 @@ def score(
     (gzip ok), converted with the model's preprocessing record, or a converted split (a
     Parquet file that a ``manifest.json`` beside it lists) made with the same settings.
     ``preprocessing``: the record :func:`load` returns with the model (``LoadedModel``); it
-    may be left out for a hash-mapped model (made from ``cfg``), never for a vocabulary-mapped
+    may be left out for a hash-mapped model (made from ``job``), never for a vocabulary-mapped
     one, whose training vocabulary is never rebuilt.
 
     Returns arrays ``logit`` (float32 [N]) and ``label`` (float32 [N], NaN for a file
@@ -341,26 +355,25 @@ def score(
     """
     prep = preprocessing
     if prep is None:
-        if cfg.data.categorical_mapping == "vocabulary":
+        if job.data.categorical_mapping == "vocabulary":
             raise ValueError(
                 "score: a vocabulary-mapped model needs its preprocessing record (the training vocabulary): "
                 "load it with recsys_dist.serve.export.load and pass preprocessing=loaded.preprocessing"
             )
-        prep = Preprocessing.describe(cfg, table_sizes(cfg))
+        prep = Preprocessing.describe(job.data, job.fmt, job.table_sizes)
     data = Path(data)
-    parquet, manifest, columns = _scoring_input(cfg, data, prep, keep_columns)
+    parquet, manifest, columns = _scoring_input(job, data, prep, keep_columns)
     labelled = manifest["format"] not in UNLABELLED_FORMATS
-    dense_names, sparse_names = feature_names(cfg)
-    names, kinds = tasks(cfg)
+    f = job.features
     loader = ParquetBatchLoader(
         str(parquet),
         batch_size,
         0,
         1,
-        dense_names,
-        sparse_names,
-        num_embeddings=loader_id_bounds(cfg, table_sizes(cfg)),
-        label_columns=label_columns(cfg)[0],  # no sample weights: every row is scored
+        f.dense_names,
+        f.keys,
+        num_embeddings=f.id_bounds,
+        label_columns=f.label_columns,  # no sample weights: every row is scored
     )
     logits, labels = [], []
     for batch in loader:
@@ -379,13 +392,13 @@ def score(
         "labelled": labelled,
         "columns": columns,
         "managed": managed_metrics(model, "score"),
-        "tasks": names,
-        "kinds": kinds,
+        "tasks": list(f.tasks),
+        "kinds": list(f.task_kinds),
     }
 
 
 def _scoring_input(
-    cfg: RunConfig, data: Path, prep: Preprocessing, keep_columns: list[str] | tuple
+    job: Job, data: Path, prep: Preprocessing, keep_columns: list[str] | tuple
 ) -> tuple[Path, dict, dict[str, np.ndarray]]:
     """(the converted Parquet file to score, its conversion's manifest, the kept raw columns)
     for ``data``: a converted split as it is, a raw file converted with ``prep``.
@@ -407,14 +420,14 @@ def _scoring_input(
             )
         parquet = data
     else:
-        if cfg.data.format != "schema" and _is_parquet_file(data):
+        if job.data.format != "schema" and _is_parquet_file(data):
             raise DataError(
                 f"{data} is a Parquet file but not a converted split (no {MANIFEST_FILE} beside it lists it), and "
-                f"{cfg.data.format} raw data is text. Give the raw file, or a converted split where "
+                f"{job.data.format} raw data is text. Give the raw file, or a converted split where "
                 "`recsys-dist preprocess` wrote it (beside its manifest.json)"
             )
-        fmt = scoring_format(cfg.data, data)
-        prepared = prepare_for_scoring(cfg, data, prep.vocabulary, fmt)
+        fmt = scoring_format(job.data, data)
+        prepared = prepare_for_scoring(job.data, data, prep.vocabulary, fmt)
         parquet = prepared.files["train"]
         manifest = json.loads((prepared.directory / MANIFEST_FILE).read_text())
         check_conversion(manifest, prepared.directory, prep, f"{data} (converted to {prepared.directory})")

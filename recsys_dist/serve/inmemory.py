@@ -46,10 +46,8 @@ from recsys_dist.data.formats.schema import UnlabelledSchemaFormat
 from recsys_dist.data.loader import CTRBatch
 from recsys_dist.data.loader.columns import Columns
 from recsys_dist.data.loader.gather import gather_block
-from recsys_dist.data.record import section_format
-from recsys_dist.data.resolve import feature_names, loader_id_bounds, managed_mask, tasks
+from recsys_dist.data.resolve import configured_sizes, data_format
 from recsys_dist.errors import BadRequest, DataError
-from recsys_dist.models.build import table_sizes
 from recsys_dist.serve.export import LoadedModel
 from recsys_dist.serve.rows import MAX_VALUE_CHARS, RowWriter, outputs, score_rows
 from recsys_dist.serve.scoring import scoring_format
@@ -88,8 +86,7 @@ def row_scorer(loaded: LoadedModel) -> InMemoryScorer | FileScorer:
 def _sizes(d, fmt, vocabs: list | None, managed: list[bool]) -> list[int]:
     """Table size per feature as the conversion makes them (``convert._Conversion``): the
     configured ones, a vocabulary's size in place of a vocabulary feature's."""
-    n = d.num_embeddings
-    sizes = list(n) if isinstance(n, list) else [n] * len(fmt.sparse_names)
+    sizes = configured_sizes(d, fmt)
     if vocabs is None:
         return sizes
     return [s if m else v.size for s, v, m in zip(sizes, vocabs, managed)]
@@ -101,10 +98,9 @@ def _uncovered(loaded: LoadedModel) -> str | None:
     prep = loaded.preprocessing
     if prep is None:
         return "the model was loaded without its preprocessing record"
-    d, r = loaded.cfg.data, prep.record
+    d, fmt, r = loaded.job.data, loaded.job.fmt, prep.record
     if r.get("transform_version", TRANSFORM_VERSION) != TRANSFORM_VERSION:
         return f"its record's transform version {r['transform_version']} is not this recsys_dist's"
-    fmt = section_format(d)
     if (
         r["format"] != d.format
         or list(r["dense"]) != list(fmt.dense_names)
@@ -127,28 +123,28 @@ class InMemoryScorer:
     reason = None
 
     def __init__(self, loaded: LoadedModel) -> None:
-        cfg, d = loaded.cfg, loaded.cfg.data
-        self.loaded, self.writer = loaded, RowWriter(cfg, loaded.preprocessing.record)
+        job, f = loaded.job, loaded.job.features
+        self.loaded, self.writer = loaded, RowWriter(job.data, loaded.preprocessing.record)
         self.fmt = self._format()
-        self.managed = managed_mask(d)
+        self.managed = [n in f.managed for n in self.fmt.sparse_names]
         vocab = loaded.preprocessing.vocabulary
         self.vocabs = None if vocab is None else mp.load_vocabularies(vocab, list(self.fmt.sparse_names))
-        self.sizes = _sizes(d, self.fmt, self.vocabs, self.managed)
+        self.sizes = _sizes(job.data, self.fmt, self.vocabs, self.managed)
         if self.sizes != loaded.preprocessing.num_embeddings:
             raise ValueError(f"table sizes {self.sizes} differ from its record's {loaded.preprocessing.num_embeddings}")
-        self.dense_names, self.sparse_names = feature_names(cfg)
-        self.bounds = loader_id_bounds(cfg, table_sizes(cfg))
+        self.dense_names, self.sparse_names, self.bounds = f.dense_names, f.keys, f.id_bounds
         self.label_columns = list(self.fmt.label_columns)
-        self.tasks = tasks(cfg)  # (names, kinds)
+        self.tasks = (list(f.tasks), list(f.task_kinds))
         # user histories are computed while a file streams by: a format object of its own per request
         self.stateful = getattr(self.fmt, "_history", None) is not None
         self.transform = Transform(self.fmt, self.sizes, self.vocabs, self.fmt.output_schema(), self.managed)
 
     def _format(self):
         """The format that reads the rows: the model's (placeholder labels added to the table),
-        a schema model's unlabelled variant (the rows carry no label)."""
-        d = self.loaded.cfg.data
-        return UnlabelledSchemaFormat(d.schema) if d.format == "schema" else section_format(d)
+        a schema model's unlabelled variant (the rows carry no label). A new object each time:
+        one deriving user histories keeps state while rows stream by (never ``job.fmt``)."""
+        d = self.loaded.job.data
+        return UnlabelledSchemaFormat(d.schema) if d.format == "schema" else data_format(d)
 
     def __call__(self, rows: list) -> dict:
         """Scores of ``rows`` (``recsys_dist.serve.rows`` describes them), as ``score_rows``
@@ -242,7 +238,7 @@ class InMemoryScorer:
         tmp = Path(tempfile.mkdtemp(prefix="recsys-serve-"))
         try:
             path = self.writer.write(rows, tmp)
-            fmt = scoring_format(self.loaded.cfg.data, path)
+            fmt = scoring_format(self.loaded.job.data, path)
             tables = [t for _, t in fmt.read_chunks(str(path))]
             return self._convert(pa.concat_tables(tables), fmt, str(path))
         finally:

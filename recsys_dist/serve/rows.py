@@ -30,6 +30,7 @@ a ``BadRequest`` naming the row and the column.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import math
 import re
@@ -41,6 +42,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from recsys_dist.data.config import DataConfig
 from recsys_dist.data.formats.avazu import RAW_COLUMNS as AVAZU_COLUMNS
 from recsys_dist.data.formats.criteo import COLUMNS as CRITEO_COLUMNS
 from recsys_dist.data.formats.history import is_parquet
@@ -65,11 +67,10 @@ class RowWriter:
     """Writes request rows as a raw file of one model's format (``write``), and names which
     data line of that file is which request row (``header_lines``)."""
 
-    def __init__(self, cfg, record: dict | None = None) -> None:
-        """``record``: the model's preprocessing record (``preprocessing.json``): its
-        ``raw_columns`` and ``integer_columns`` (None: not known, as for a record written
-        before they were kept)."""
-        d = cfg.data
+    def __init__(self, d: DataConfig, record: dict | None = None) -> None:
+        """``d``: the model's ``data`` section (``job.data``); ``record``: its preprocessing record
+        (``preprocessing.json``): its ``raw_columns`` and ``integer_columns`` (None: not known,
+        as for a record written before they were kept)."""
         self.format = d.format
         s = d.schema
         self.parquet = d.format == "schema" and is_parquet(s, "rows.csv")
@@ -336,14 +337,15 @@ def score_rows(loaded: LoadedModel, rows: list) -> dict:
     Raises:
         BadRequest: a malformed row, naming ``rows[i]`` and the column.
     """
-    writer = RowWriter(loaded.cfg, loaded.preprocessing.record if loaded.preprocessing else None)
+    job = loaded.job
+    writer = RowWriter(job.data, loaded.preprocessing.record if loaded.preprocessing else None)
     tmp = Path(tempfile.mkdtemp(prefix="recsys-serve-"))
     try:
         path = writer.write(rows, tmp)
         # Its own conversion cache: one entry per request, removed with it.
-        cfg = loaded.cfg.model_copy(update={"data": loaded.cfg.data.model_copy(update={"cache_dir": str(tmp / "c")})})
+        job = dataclasses.replace(job, data=job.data.model_copy(update={"cache_dir": str(tmp / "c")}))
         try:
-            s = score(cfg, loaded.model, path, preprocessing=loaded.preprocessing)
+            s = score(job, loaded.model, path, preprocessing=loaded.preprocessing)
         except DataError as err:
             raise BadRequest(_rows_message(err, path, writer.header_lines)) from None
     finally:

@@ -31,8 +31,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from recsys_dist.config.loader import config_from_dict
-from recsys_dist.data.config import describe_raw_path, raw_paths
+from recsys_dist.data.config import DataConfig, describe_raw_path, raw_paths
 from recsys_dist.data.convert import prepare
 from recsys_dist.data.convert.manifest import check_cache_format
 from recsys_dist.data.formats.criteo import TRANSFORM_VERSION
@@ -41,13 +40,12 @@ from recsys_dist.data.record import (
     PREPROCESSING_FILE,
     VOCABULARY_FILE,
     Preprocessing,
-    section_format,
-    table_sizes,
     vocabulary_digest,
 )
-from recsys_dist.data.resolve import cached_conversion, conversion_spec
+from recsys_dist.data.resolve import cached_conversion, conversion_spec, data_format
 from recsys_dist.data.text import LINE_COLUMN
 from recsys_dist.errors import DataError
+from recsys_dist.train.job import load_job
 
 UNLABELLED_FORMATS = ("criteo_tsv_unlabelled", "schema_unlabelled")
 
@@ -58,7 +56,7 @@ UNLABELLED_FORMATS = ("criteo_tsv_unlabelled", "schema_unlabelled")
 _COMPARED_TRANSFORMS = ("dense", "multi_hot")
 
 
-def training_conversion(d) -> Path | None:
+def training_conversion(d: DataConfig) -> Path | None:
     """The conversion-cache entry of the ``data`` section's training data as the files are
     now (the entry ``prepare`` would reuse, named as the conversion names it), or None when
     it is not cached or a file is gone. Nothing is converted or read besides the files'
@@ -76,9 +74,9 @@ def for_checkpoint(ckpt: Path, meta: dict) -> Preprocessing:
             it was (training data changed, moved or deleted, or the cache cleared).
     """
     ckpt = Path(ckpt)
-    cfg = config_from_dict(meta["config"], f"{ckpt}/meta.json")  # as trained: the configured sizes
-    d = cfg.data
-    sizes = list(meta.get("num_embeddings") or table_sizes(d))
+    job = load_job(meta["config"], f"{ckpt}/meta.json")  # as trained: the configured sizes
+    d = job.data
+    sizes = list(meta.get("num_embeddings") or job.table_sizes)
     pinned = Preprocessing.load(ckpt)
     if pinned is not None:
         if pinned.num_embeddings != sizes:
@@ -88,7 +86,7 @@ def for_checkpoint(ckpt: Path, meta: dict) -> Preprocessing:
             )
         return pinned
     if d.categorical_mapping == "hash":
-        return Preprocessing.describe(cfg, sizes)
+        return Preprocessing.describe(d, job.fmt, sizes)
     raw = describe_raw_path(d.raw_path)
     entry = training_conversion(d)
     problem = None
@@ -127,7 +125,7 @@ def for_checkpoint(ckpt: Path, meta: dict) -> Preprocessing:
             "was trained (and its cached conversion), then `recsys-dist export` it once: the export carries the "
             "vocabulary from then on. Or train again."
         )
-    found = Preprocessing.describe(cfg, sizes, entry, manifest)
+    found = Preprocessing.describe(d, job.fmt, sizes, entry, manifest)
     try:  # pin it: from now on this checkpoint no longer depends on the training data
         found.save(ckpt)
         found.directory = ckpt
@@ -211,22 +209,25 @@ def check_conversion(manifest: dict, entry: Path, prep: Preprocessing, what: str
         )
 
 
-def scoring_format(d, data: Path):
-    """The format object that reads ``data`` for scoring: the model's, or its unlabelled
-    variant when the file has no label (Criteo: 39 fields; schema: no label column)."""
-    fmt = section_format(d)
+def scoring_format(d: DataConfig, data: Path):
+    """A new format object that reads ``data`` for scoring: the ``data`` section's, or its
+    unlabelled variant when the file has no label (Criteo: 39 fields; schema: no label column).
+    New for each file: a format deriving user histories keeps state while a file streams by, so
+    it is never the run's own ``job.fmt``."""
+    fmt = data_format(d)
     return fmt.unlabelled(data) or fmt
 
 
-def prepare_for_scoring(cfg, data, vocabulary: Path | None = None, fmt=None):
-    """Convert a raw file of the model's format, every row as one split (``files["train"]``,
-    in file order), with the model's mapping: its table sizes, and under vocabulary mapping
-    ``vocabulary`` (the model's own ``vocabulary.parquet``). The training data is never read.
+def prepare_for_scoring(d: DataConfig, data, vocabulary: Path | None = None, fmt=None):
+    """Convert a raw file of the model's format (``d``: the model's ``data`` section,
+    ``job.data``), every row as one split (``files["train"]``, in file order), with the model's
+    mapping: its table sizes, and under vocabulary mapping ``vocabulary`` (the model's own
+    ``vocabulary.parquet``). ``fmt``: the format object to read it with (default
+    :func:`scoring_format`). The training data is never read.
 
     Raises:
         DataError: malformed input, or a vocabulary-mapped model without ``vocabulary``.
     """
-    d = getattr(cfg, "data", cfg)
     if d.categorical_mapping == "vocabulary" and vocabulary is None:
         raise DataError(
             f"{data}: the model maps categories through its training vocabulary, and none was given; load the model "

@@ -38,7 +38,6 @@ import torch
 from torch import nn
 
 from recsys_dist.data.loader import CTRBatch
-from recsys_dist.data.resolve import feature_names
 from recsys_dist.errors import ExportError  # noqa: F401 (raised here; defined in errors)
 from recsys_dist.files import write_atomic
 
@@ -279,10 +278,11 @@ def reference_logits(task: nn.Module, dense, values, lengths, sparse_names) -> t
 
 
 @torch.no_grad()
-def to_torchscript(cfg, task: nn.Module, sizes: list[int]) -> torch.jit.ScriptModule:
-    """The model of ``task`` (a :class:`recsys_dist.models.task.CTRTask`, unsharded, CPU) as a
-    TorchScript module ``(dense, values, lengths) -> logits [B]``; ``sizes``: rows of each
-    sparse feature's table, in feature order.
+def to_torchscript(job, task: nn.Module) -> torch.jit.ScriptModule:
+    """The model of ``task`` (a :class:`recsys_dist.models.task.CTRTask`, unsharded, CPU) of the
+    run ``job`` (a ``recsys_dist.train.job.Job`` sized as the model's tables: ``job.features``
+    names the inputs, ``job.table_sizes`` the rows of each sparse feature's table) as a
+    TorchScript module ``(dense, values, lengths) -> logits [B]``.
 
     Raises:
         ExportError: the model cannot be traced, the trace holds operators other than aten /
@@ -296,9 +296,9 @@ def to_torchscript(cfg, task: nn.Module, sizes: list[int]) -> torch.jit.ScriptMo
             "managed), whose raw-id -> row mapping the TorchScript model would leave out; use the default "
             "safetensors export, which carries it (docs/managed_collision.md)"
         )
-    dense_names, sparse_names = feature_names(cfg)
+    dense_names, sparse_names, sizes = job.features.dense_names, job.features.keys, job.table_sizes
     task = task.eval()
-    name = cfg.model.name
+    name = job.model.name
     try:
         twin = _twin(task.model, sparse_names)
         wrapper = _Serving(twin, task.bf16_device is not None, len(dense_names), len(sparse_names)).eval()
@@ -318,15 +318,16 @@ def to_torchscript(cfg, task: nn.Module, sizes: list[int]) -> torch.jit.ScriptMo
         raise ExportError(
             f"model {name}: the traced graph calls operators that plain torch does not have: {', '.join(foreign)}"
         )
-    check_artefact(traced, task, cfg, sizes)
+    check_artefact(traced, task, job)
     return traced
 
 
-def check_artefact(artefact, task: nn.Module, cfg, sizes: list[int]) -> None:
-    """Compare ``artefact`` with ``task``'s model on random inputs: batch sizes 1, 3 and 33,
-    one-hot and multi-hot bags (empty ones included). Raises ExportError beyond ``TOLERANCE``."""
+def check_artefact(artefact, task: nn.Module, job) -> None:
+    """Compare ``artefact`` with ``task``'s model (of the run ``job``, as :func:`to_torchscript`)
+    on random inputs: batch sizes 1, 3 and 33, one-hot and multi-hot bags (empty ones included).
+    Raises ExportError beyond ``TOLERANCE``."""
 
-    dense_names, sparse_names = feature_names(cfg)
+    dense_names, sparse_names, sizes = job.features.dense_names, job.features.keys, job.table_sizes
     for seed, (batch, multi) in enumerate([(1, False), (3, True), (33, True), (33, False)], start=1):
         dense, values, lengths = example_inputs(len(dense_names), sizes, batch, seed, multi)
         want = reference_logits(task, dense, values, lengths, sparse_names)
@@ -334,24 +335,25 @@ def check_artefact(artefact, task: nn.Module, cfg, sizes: list[int]) -> None:
             got = artefact(dense, values, lengths)
         except Exception as err:  # noqa: BLE001
             raise ExportError(
-                f"model {cfg.model.name}: the traced artefact fails on a batch of {batch} rows "
+                f"model {job.model.name}: the traced artefact fails on a batch of {batch} rows "
                 f"({type(err).__name__}: {str(err)[:300]}); the model cannot be exported to TorchScript"
             ) from None
         diff = (got - want).abs().max().item() if got.shape == want.shape else float("inf")
         if not diff <= TOLERANCE:
             raise ExportError(
-                f"model {cfg.model.name}: the traced artefact differs from the model by {diff:.3g} on a batch of "
+                f"model {job.model.name}: the traced artefact differs from the model by {diff:.3g} on a batch of "
                 f"{batch} rows (shapes {tuple(got.shape)} vs {tuple(want.shape)}): its forward depends on "
                 "something a trace cannot capture (Python control flow on values or shapes); "
                 "use the safetensors export"
             )
 
 
-def serving_spec(cfg, sizes: list[int], versions: dict) -> dict:
-    """The sidecar ``serving.json``: the artefact's exact input contract."""
+def serving_spec(job, versions: dict) -> dict:
+    """The sidecar ``serving.json`` of the run ``job``'s artefact (as :func:`to_torchscript`): its
+    exact input contract; ``versions``: what wrote it (the record's ``written_by``)."""
 
-    dense_names, sparse_names = feature_names(cfg)
-    d = cfg.data
+    dense_names, sparse_names, sizes = job.features.dense_names, job.features.keys, job.table_sizes
+    d = job.data
     multi_hot = set(d.schema.multi_hot) if d.schema is not None else set()
     return {
         "artefact": SERVING_FILE,
@@ -378,8 +380,8 @@ def serving_spec(cfg, sizes: list[int], versions: dict) -> dict:
             }
             for n, rows in zip(sparse_names, sizes)
         ],
-        "model": cfg.model.name,
-        "precision": cfg.train.precision,
+        "model": job.model.name,
+        "precision": job.train.precision,
         "written_by": versions,
     }
 
