@@ -7,8 +7,10 @@ The public API (``recsys_dist.<name>``; docs/api.md), loaded lazily so that
 - training: :class:`Trainer` (``fit``, ``evaluate``, ``predict``, ``save_checkpoint``,
   ``close``), :class:`Callback` (the Trainer's step / validation hooks), :func:`launch` (start N ranks from a script or notebook),
   :class:`FitSummary` / :class:`StreamSummary` (what ``fit()`` returns, as type checkers see it)
+- the resolved run: :func:`resolve_job` (a ``RunConfig`` -> :class:`Job`: its sections, format
+  object, :class:`FeatureSpec`, registered model and world, resolved once)
 - models: :class:`FeatureSpec`, :func:`register_model`, :func:`register_loss`,
-  :func:`build_model`, :func:`feature_spec`
+  :func:`build_model` (``build_model(job.model, job.features, job.train)``), :func:`feature_spec`
 - sharding: :func:`shard` (plan and wrap your own model in DistributedModelParallel)
 - data: :func:`prepare` (raw files -> cached Parquet splits), :class:`ParquetBatchLoader`,
   :class:`CTRBatch`
@@ -39,18 +41,20 @@ _API = {
     "load_config": "recsys_dist.config.loader",
     "RunConfig": "recsys_dist.config.run",
     "ConfigError": "recsys_dist.config.base",
-    "Trainer": "recsys_dist.train.trainer",
+    "Trainer": "recsys_dist.api",
     "Callback": "recsys_dist.train.trainer",
-    "StreamTrainer": "recsys_dist.train.stream",
+    "StreamTrainer": "recsys_dist.api",
+    "resolve_job": "recsys_dist.api",
+    "Job": "recsys_dist.train.job",
     "FitSummary": "recsys_dist.train.results",
     "StreamSummary": "recsys_dist.train.results",
     "FeatureSpec": "recsys_dist.data.spec",
     "register_model": "recsys_dist.models.registry",
     "register_loss": "recsys_dist.models.losses",
     "build_model": "recsys_dist.models.build",
-    "feature_spec": "recsys_dist.models.build",
+    "feature_spec": "recsys_dist.api",
     "shard": "recsys_dist.distributed.sharding",
-    "prepare": "recsys_dist.data.resolve",
+    "prepare": "recsys_dist.api",
     "ParquetBatchLoader": "recsys_dist.data.loader",
     "CTRBatch": "recsys_dist.data.loader",
     "binary_metrics": "recsys_dist.train.metrics",
@@ -71,8 +75,7 @@ def __getattr__(name: str) -> object:
         import importlib
 
         module = importlib.import_module(_API[name])
-        attr = "prepare_from_config" if name == "prepare" else name
-        return getattr(module, attr)
+        return getattr(module, name)
     raise AttributeError(f"module 'recsys_dist' has no attribute {name!r}")
 
 

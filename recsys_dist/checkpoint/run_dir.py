@@ -34,16 +34,16 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from recsys_dist.checkpoint.compat import check_compatible
+import yaml
+
 from recsys_dist.checkpoint.integrity import intact_checkpoint, newest_intact_checkpoint
 from recsys_dist.checkpoint.meta import latest_checkpoint, named_checkpoint, read_meta
 from recsys_dist.config.base import ConfigError
-from recsys_dist.config.loader import save_config
-from recsys_dist.config.run import RunConfig
 from recsys_dist.data.config import describe_raw_path
 from recsys_dist.data.convert.manifest import train_identity
 from recsys_dist.errors import CheckpointError, DataChanged, RunDirLocked, UnsafeFile  # noqa: F401 (raised here; defined in errors)
-from recsys_dist.files import open_in_place, refuse_planted
+from recsys_dist.files import open_in_place, refuse_planted, write_atomic
+from recsys_dist.train.config import TrainConfig
 
 RUN_FILES = ("metrics.jsonl", "checkpoints")  # their presence means the directory holds a run
 # The files a run writes (whole, by rename: recsys_dist.files.write_atomic), relative to its directory.
@@ -326,30 +326,6 @@ def check_stream_resume(checkpoint: Path, meta: dict, stream: bool, global_batch
         )
 
 
-def check_resumable(cfg: RunConfig, checkpoint: Path, world_size: int | None = None) -> None:
-    """Refuse a checkpoint written by another model config (before any rank starts).
-
-    Table sizes are compared only when they come from the config (hash mapping); sizes
-    from a vocabulary are known once the data is converted. ``world_size``: the resumed
-    job's ranks (default ``distributed.nproc_per_node``), for the global batch that managed
-    tables keep.
-
-    Raises:
-        CheckpointError: naming each differing key, old -> new; a checkpoint of a run over
-            ``data.stream`` resumed by one over ``data.raw_path``, or the reverse.
-    """
-    meta = read_meta(checkpoint)
-    ranks = world_size if world_size is not None else cfg.distributed.nproc_per_node
-    check_stream_resume(checkpoint, meta, cfg.data.stream is not None, cfg.train.batch_size * ranks)
-    check_compatible(
-        checkpoint,
-        meta,
-        cfg.to_dict(),
-        tables=cfg.data.categorical_mapping == "hash",
-        world_size=world_size if world_size is not None else cfg.distributed.nproc_per_node,
-    )
-
-
 def data_identity(prepared_dir: Path, raw_path) -> dict | None:
     """The training data's identity a checkpoint records (``meta.json`` ``data``): the
     conversion's training split (``recsys_dist.data.convert.manifest.train_identity``) and the raw
@@ -480,15 +456,17 @@ def noop_summary(run_dir: Path, checkpoint: Path, step: int) -> dict:
     }
 
 
-def total_steps(cfg: RunConfig, steps_per_epoch: int, offset: int = 0) -> int:
+def total_steps(train: TrainConfig, steps_per_epoch: int, offset: int = 0) -> int:
     """Steps the run trains in all: ``train.epochs`` epochs, capped by ``train.max_steps``;
     ``offset``: see :func:`resume_position` (a run resumed on new data)."""
-    total = offset + cfg.train.epochs * steps_per_epoch
-    return min(total, cfg.train.max_steps) if cfg.train.max_steps else total
+    total = offset + train.epochs * steps_per_epoch
+    return min(total, train.max_steps) if train.max_steps else total
 
 
-def write_config(cfg: RunConfig, run_dir: Path, write: bool = True) -> None:
-    """Create ``run_dir`` and, if ``write``, its ``config.yaml`` (what launched ranks read).
+def write_config(tree: dict, run_dir: Path, write: bool = True) -> None:
+    """Create ``run_dir`` and, if ``write``, its ``config.yaml``: the resolved config ``tree``
+    (``Job.to_dict()``: absolute paths, every default filled in), written atomically (a symbolic
+    link there is replaced, never written through: ``recsys_dist.files``).
 
     Raises:
         ConfigError: the directory cannot be created or written.
@@ -497,7 +475,7 @@ def write_config(cfg: RunConfig, run_dir: Path, write: bool = True) -> None:
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         if write:
-            save_config(cfg, run_dir / "config.yaml")
+            write_atomic(run_dir / "config.yaml", yaml.safe_dump(tree, sort_keys=False))
         elif not os.access(run_dir, os.W_OK):
             raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
     except OSError as err:

@@ -8,9 +8,9 @@ from pathlib import Path
 
 from recsys_dist.config.loader import load_config
 from recsys_dist.data.config import describe_raw_path, raw_paths
-from recsys_dist.data.resolve import prepare_from_config
+from recsys_dist.data.resolve import data_format, prepare_from_config
 from recsys_dist.errors import ConfigError
-from recsys_dist.train.section_checks import config_problems
+from recsys_dist.train.section_checks import Sections, config_problems
 
 
 def cmd_preprocess(args: argparse.Namespace) -> int:
@@ -27,7 +27,9 @@ def cmd_preprocess(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.overrides, import_user_code=False)
     # Data prepared for a config that train would refuse helps no one. The checks that need the
     # model (its registered checks, sharding) are train's: converting data imports no torch.
-    problems = config_problems(cfg)
+    problems = config_problems(
+        Sections(cfg.data, cfg.train, cfg.eval, cfg.checkpoint, cfg.publish, data_format(cfg.data))
+    )
     if problems:
         raise ConfigError("invalid config:\n" + "\n".join(f"  {p}" for p in problems))
     if cfg.data.stream is not None:
@@ -38,7 +40,7 @@ def cmd_preprocess(args: argparse.Namespace) -> int:
     missing = [r for r in raw_paths(cfg.data) if not Path(r).is_file()]
     if cfg.data.raw_path is None or missing:
         raise ConfigError(f"data.raw_path: {missing[0] if missing else None} is not a file")
-    prepared = prepare_from_config(cfg, progress=not args.quiet)
+    prepared = prepare_from_config(cfg.data, progress=not args.quiet)
     manifest = json.loads((prepared.directory / "manifest.json").read_text())
     rows = ", ".join(f"{k} {v:,}" for k, v in prepared.rows.items())
     print(

@@ -7,10 +7,11 @@ import json
 import logging
 import sys
 
+from recsys_dist.config.job import resolve_job
 from recsys_dist.config.loader import load_config
-from recsys_dist.distributed.dry_run import dry_run
 from recsys_dist.errors import ConfigError, PlanError
 from recsys_dist.logs import quiet_third_party
+from recsys_dist.train.dry_run import dry_run
 from recsys_dist.train.pipelines import pipeline_problems
 from recsys_dist.train.preflight import check_sections
 
@@ -32,14 +33,15 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.ddr_gb is not None:
         overrides.append(f"sharding.ddr_gb={args.ddr_gb}")
     cfg = load_config(args.config, overrides, check_files=False)  # planning reads no data
-    check_sections(cfg)  # the cross-section rules (RunConfig checks each section alone)
+    job = resolve_job(cfg)
+    check_sections(job)  # the cross-section rules (RunConfig checks each section alone)
     if local_world_size > args.world_size or args.world_size % local_world_size:
         raise ConfigError(f"--local-world-size {local_world_size} must divide --world-size {args.world_size}")
     quiet_third_party()
     logging.getLogger().setLevel(logging.ERROR)  # the planner logs through the root logger
     try:
-        pipeline = pipeline_problems(cfg.train.pipeline, args.device)
-        report = dry_run(cfg, args.world_size, local_world_size, args.device, pipeline)
+        pipeline = pipeline_problems(job.train.pipeline, args.device)
+        report = dry_run(job, args.world_size, local_world_size, args.device, pipeline)
     except PlanError as err:
         print(f"recsys-dist plan: {err}", file=sys.stderr)
         return 1

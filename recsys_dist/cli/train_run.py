@@ -15,14 +15,17 @@ import torch
 
 from recsys_dist.checkpoint import run_dir as run_dirs
 from recsys_dist.cli import main as cli_main
+from recsys_dist.config.job import resolve_job
 from recsys_dist.config.run import RunConfig
+from recsys_dist.distributed.config import DistributedConfig
 from recsys_dist.distributed.env import die_with_launcher, resolve_device, under_launcher
 from recsys_dist.errors import ConfigError
 from recsys_dist.logs import print_apart, quiet_third_party
+from recsys_dist.serve.config import PublishConfig
 from recsys_dist.serve.publishing import PublishCallback, check_publish_dir
 from recsys_dist.train import rank_failure
-from recsys_dist.train.job import Job, prepare_data, resolve_job
-from recsys_dist.train.preflight import check_before_launch, check_converted
+from recsys_dist.train.job import Job, prepare_data
+from recsys_dist.train.preflight import check_before_launch, check_converted, check_resumable
 from recsys_dist.train.run import train
 from recsys_dist.train.summary import print_summary
 from recsys_dist.train.worker import (
@@ -42,7 +45,7 @@ def run_train(args: argparse.Namespace, cfg: RunConfig) -> int:
     launcher, or one of torchrun's ranks (each runs this command)."""
     quiet_third_party()  # before the checks below build the model
     torchrun = under_launcher()
-    if not torchrun and cfg.distributed.nproc_per_node > 1 and start_method(cfg) == "fork":
+    if not torchrun and cfg.distributed.nproc_per_node > 1 and start_method(cfg.distributed) == "fork":
         # The ranks fork from this process, and an OpenMP pool started here would hang
         # theirs: this process computes on one thread (set before any tensor work).
         torch.set_num_threads(1)
@@ -58,8 +61,8 @@ def run_train(args: argparse.Namespace, cfg: RunConfig) -> int:
         if not args.resume:
             run_dirs.check_unused(run_dir)
         if resume is not None:
-            run_dirs.check_resumable(cfg, resume)
-        check_publish_dir(cfg.publish, run_dir, resumed=resume is not None)
+            check_resumable(job, resume)
+        check_publish_dir(job.publish, run_dir, resumed=resume is not None)
         return _launch_run(args, job, run_dir, resume)
 
 
@@ -70,14 +73,14 @@ def _torchrun_rank(args: argparse.Namespace, job: Job, run_dir: Path) -> int:
     # auto's fallback past a damaged checkpoint.
     resume = _resolve_resume(args, run_dir, verify=False)
     if resume is not None and args.resume != "auto":
-        run_dirs.check_resumable(job.cfg, resume, job.world.size)
+        check_resumable(job, resume, job.world.size)
     run = RankRun(
         run_dir,
         args.profile,
         "auto" if args.resume == "auto" else resume,
         args.resume_on_new_data,
         False,
-        plugins(job.cfg, run_dir),
+        plugins(job.publish, run_dir),
     )
     code, summary = train_rank(job, run)
     if summary and int(os.environ.get("RANK", 0)) == 0:
@@ -87,15 +90,14 @@ def _torchrun_rank(args: argparse.Namespace, job: Job, run_dir: Path) -> int:
 
 def _launch_run(args: argparse.Namespace, job: Job, run_dir: Path, resume: Path | None) -> int:
     """The launcher's part: convert the data, then train here (one rank) or start the ranks; exit code."""
-    cfg = job.cfg
     # A resumed run's config.yaml is replaced only once there is something to train, so a
     # no-op resume with other overrides leaves the file that matches the checkpoints.
-    run_dirs.write_config(cfg, run_dir, write=resume is None)
+    run_dirs.write_config(job.to_dict(), run_dir, write=resume is None)
     t_data = time.perf_counter()
-    stream = cfg.data.stream is not None  # its partitions are converted by the ranks as they land
+    stream = job.data.stream is not None  # its partitions are converted by the ranks as they land
     if not stream:
         # Before any rank exists, so that bad input is reported once and early.
-        job = job.with_data(prepare_data(cfg, progress=sys.stderr.isatty()))
+        job = job.with_data(prepare_data(job, progress=sys.stderr.isatty()))
         check_converted(job)  # table sizes known only now (vocabulary mapping): refused before any rank
     t_data = time.perf_counter() - t_data
     if resume is not None and not stream:
@@ -103,22 +105,24 @@ def _launch_run(args: argparse.Namespace, job: Job, run_dir: Path, resume: Path 
         if done:
             print(done)
             return 0
-        run_dirs.write_config(cfg, run_dir)
-    run = RankRun(run_dir, args.profile, resume, args.resume_on_new_data, callbacks=plugins(cfg, run_dir))
+        run_dirs.write_config(job.to_dict(), run_dir)
+    run = RankRun(run_dir, args.profile, resume, args.resume_on_new_data, callbacks=plugins(job.publish, run_dir))
     launched_at = time.time()
     try:
         with run_clock(t_data):
-            if cfg.distributed.nproc_per_node == 1:
+            if job.distributed.nproc_per_node == 1:
                 with signals_stop():
                     profile = run_dir / "profile" if args.profile else None
                     summary = train(job, run_dir, profile, resume, run.resume_on_new_data, run.callbacks)
             else:
-                summary = launch_ranks(job, run, start_method(cfg), rank_failure.resume_command(args, run_dir))
+                summary = launch_ranks(
+                    job, run, start_method(job.distributed), rank_failure.resume_command(args, run_dir)
+                )
                 if summary is None:
                     return 1
     except Stopped as stop:
         summary = _stream_stopped(run_dir, launched_at) if stream else None
-        bars = cfg.distributed.nproc_per_node > 1 and cfg.train.progress_bar  # rank 0's, maybe cut off mid-line
+        bars = job.distributed.nproc_per_node > 1 and job.train.progress_bar  # rank 0's, maybe cut off mid-line
         if summary is None:
             print_apart(stopped_message(stop, run_dir), other_bar=bars)
             return 128 + stop.signum
@@ -128,9 +132,9 @@ def _launch_run(args: argparse.Namespace, job: Job, run_dir: Path, resume: Path 
     return 0
 
 
-def plugins(cfg: RunConfig, run_dir: Path) -> tuple:
+def plugins(publish: PublishConfig, run_dir: Path) -> tuple:
     """The Trainer callbacks the config asks for: the publisher of ``publish:`` (serve layer)."""
-    return (PublishCallback(cfg.publish, run_dir),) if cfg.publish.enabled else ()
+    return (PublishCallback(publish, run_dir),) if publish.enabled else ()
 
 
 def _stream_stopped(run_dir: Path, since: float) -> dict | None:
@@ -143,15 +147,15 @@ def _stream_stopped(run_dir: Path, since: float) -> dict | None:
     return summary if summary.get("stopped") == "SIGTERM" else None
 
 
-def start_method(cfg) -> str:
+def start_method(distributed: DistributedConfig) -> str:
     """How ``recsys-dist train`` starts its ranks: ``distributed.start_method``, where ``auto``
     is ``fork`` on CPU when this process is the ``recsys-dist`` command, else ``spawn``.
 
     Raises:
         ConfigError: ``fork`` with a CUDA device (CUDA does not survive a fork).
     """
-    cuda = resolve_device(cfg.distributed.device).type == "cuda"
-    method = cfg.distributed.start_method
+    cuda = resolve_device(distributed.device).type == "cuda"
+    method = distributed.start_method
     if method == "auto":
         # Only a process that `recsys-dist` itself started is known to hold no OpenMP pool
         # (see cmd_train); called from other Python code, main() spawns.

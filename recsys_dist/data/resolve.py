@@ -9,6 +9,7 @@ is resolved once into a ``recsys_dist.train.job.Job`` whose FeatureSpec carries 
 from __future__ import annotations
 
 from pathlib import Path
+
 # The format modules register themselves in FORMATS when imported.
 import recsys_dist.data.formats.avazu  # noqa: F401
 import recsys_dist.data.formats.criteo  # noqa: F401

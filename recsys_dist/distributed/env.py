@@ -192,7 +192,6 @@ def init_distributed(cfg: DistributedConfig, timeout_s: float = 600.0) -> DistCo
     this machine's cores.
     """
     global _MADE
-    cfg = getattr(cfg, "distributed", cfg)  # the section, or a whole RunConfig
     die_with_launcher()
     if under_launcher():
         rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])

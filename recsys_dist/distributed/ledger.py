@@ -57,7 +57,8 @@ from torchrec.distributed.embeddingbag import ShardedEmbeddingBagCollection
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 
-from recsys_dist.distributed.config import SHARDING_TYPES
+from recsys_dist.data.config import DataConfig
+from recsys_dist.distributed.config import SHARDING_TYPES, CommsConfig
 from recsys_dist.models.managed import find_remap
 
 PHASES = ("input_dist", "output_dist_forward", "output_dist_backward", "allreduce", "managed_all_gather")
@@ -365,11 +366,11 @@ def _row_output_dist(
             led.add(r, "output_dist_backward", name, chunk * eb, 0)
 
 
-def pooling_from_config(cfg, tables: Iterable) -> dict[str, float]:
-    """Feature -> ids per example the ledger assumes for a run config: ``data.multi_hot_sizes``
+def pooling_from_config(data: DataConfig, tables: Iterable) -> dict[str, float]:
+    """Feature -> ids per example the ledger assumes for a ``data`` section: ``data.multi_hot_sizes``
     for the features of the ``t_`` tables when given, else 1 (one-hot)."""
     tables = list(tables)
-    hot = cfg.data.multi_hot_sizes
+    hot = data.multi_hot_sizes
     feats = [t.feature_names[0] for t in tables if t.name.startswith("t_")]
     out = {f: 1.0 for t in tables for f in t.feature_names}
     if hot:
@@ -377,34 +378,35 @@ def pooling_from_config(cfg, tables: Iterable) -> dict[str, float]:
     return out
 
 
-def unsized_multi_hot(cfg) -> list[str]:
+def unsized_multi_hot(data: DataConfig) -> list[str]:
     """The ``data.schema.multi_hot`` features whose ids per example :func:`pooling_from_config`
     takes to be 1 because ``data.multi_hot_sizes`` is not set (their bags may hold any number)."""
-    schema = cfg.data.schema
-    if cfg.data.multi_hot_sizes or schema is None:
+    schema = data.schema
+    if data.multi_hot_sizes or schema is None:
         return []
     return list(schema.multi_hot)
 
 
-def run_ledger(cfg, dmp, world_size: int, local_world_size: int | None = None) -> Ledger:
-    """The ledger of a sharded run: ``dmp``'s plan and tables, ``train.batch_size``,
-    ``sharding.comms``, the pooling factors of :func:`pooling_from_config` and the managed-collision
-    features of :func:`managed_features`."""
+def run_ledger(
+    dmp, data: DataConfig, comms: CommsConfig, batch_size: int, world_size: int, local_world_size: int | None = None
+) -> Ledger:
+    """The ledger of a sharded run: ``dmp``'s plan and tables, ``batch_size`` (``train.batch_size``),
+    ``comms`` (``sharding.comms``), the pooling factors of :func:`pooling_from_config` and the
+    managed-collision features of :func:`managed_features`."""
     tables = [
         t for m in dmp.modules() if isinstance(m, ShardedEmbeddingBagCollection) for t in m._embedding_bag_configs
     ]
-    comms = cfg.sharding.comms
     led = predict(
         dmp.plan,
         tables,
         world_size,
-        cfg.train.batch_size,
+        batch_size,
         dense_parameter_bytes(dmp) if world_size > 1 else 0,
-        pooling_from_config(cfg, tables),
+        pooling_from_config(data, tables),
         comms.forward,
         comms.backward,
         local_world_size,
         managed_features(dmp),
     )
-    led.unsized_multi_hot = unsized_multi_hot(cfg)
+    led.unsized_multi_hot = unsized_multi_hot(data)
     return led

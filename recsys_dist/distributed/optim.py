@@ -15,6 +15,8 @@ from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
 
+from recsys_dist.train.config import TrainConfig
+
 # torchrec optimizer classes map to FBGEMM's EmbOptimType when the tables are sharded:
 # RowWiseAdagrad -> EXACT_ROWWISE_ADAGRAD, Adagrad -> EXACT_ADAGRAD, SGD -> EXACT_SGD, Adam -> ADAM.
 EMBEDDING_OPTIMIZERS = {
@@ -48,18 +50,18 @@ DENSE_OPTIMIZERS = {
 }
 
 
-def fuse_embedding_optimizer(model: nn.Module, cfg) -> None:
+def fuse_embedding_optimizer(model: nn.Module, train: TrainConfig) -> None:
     """Mark the parameters of every EmbeddingBagCollection and EmbeddingCollection in ``model`` for
     ``train.embedding_optimizer``, applied in backward.
 
     Must run before sharding: the sharder reads the mark to build FBGEMM's fused kernel,
     and the planner uses it to count optimizer state in its memory estimate.
     """
-    cls, kwargs = EMBEDDING_OPTIMIZERS[cfg.train.embedding_optimizer]
+    cls, kwargs = EMBEDDING_OPTIMIZERS[train.embedding_optimizer]
     collections = (EmbeddingBagCollection, EmbeddingCollection)
     params = [p for m in model.modules() if isinstance(m, collections) for p in m.parameters()]
-    kwargs = {**kwargs, **fused_weight_decay(cfg.train.embedding_optimizer, cfg.train.embedding_weight_decay)}
-    apply_optimizer_in_backward(cls, params, {"lr": cfg.train.embedding_lr, **kwargs})
+    kwargs = {**kwargs, **fused_weight_decay(train.embedding_optimizer, train.embedding_weight_decay)}
+    apply_optimizer_in_backward(cls, params, {"lr": train.embedding_lr, **kwargs})
 
 
 def check_embedding_weight_decay(embedding_optimizer: str, weight_decay: float) -> None:

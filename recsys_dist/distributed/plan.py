@@ -24,7 +24,6 @@ from torchrec.distributed.types import CacheParams, ShardingPlan
 from torchrec.modules.embedding_configs import BaseEmbeddingConfig
 
 from recsys_dist.config.base import ConfigError
-from recsys_dist.config.run import RunConfig
 from recsys_dist.distributed.config import SEQUENCE_SHARDING_TYPES, ShardingConfig
 from recsys_dist.distributed.fixed_plan import fixed_sharding_plan
 from recsys_dist.distributed.rules import fixed_plan_problems, per_table_problems, plan_problems, row_wise_types
@@ -247,18 +246,3 @@ def plan(
         out = found.plan(model, wrap) if world.pg is None else found.collective_plan(model, wrap, world.pg)
     check_column_shards(out)
     return out
-
-
-def run_plan(cfg: RunConfig, model: nn.Module, world: World, stats: list[Stats] | None = None) -> ShardingPlan:
-    """:func:`plan` with a run config: its ``sharding`` section, the planner's batch size
-    (``sharding.planner_batch_size``, else ``train.batch_size``) and ``data.multi_hot_sizes``;
-    problems of the config raise ConfigError. The Trainer's and the dry run's call."""
-    return plan(
-        model,
-        cfg.sharding,
-        world,
-        cfg.sharding.planner_batch_size or cfg.train.batch_size,
-        pooling_factors(model_tables(model), cfg.data.multi_hot_sizes),
-        stats=stats,
-        config_error=True,
-    )

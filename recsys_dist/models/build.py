@@ -54,7 +54,9 @@ def feature_spec(
         device=device or torch.device("cpu"),
         tasks=list(fmt.task_names),
         sequence_names=seq,
-        sequence_tables=make_sequence_tables(seq, seq_sizes, model.embedding_dim, init_scale=model.embedding_init_scale),
+        sequence_tables=make_sequence_tables(
+            seq, seq_sizes, model.embedding_dim, init_scale=model.embedding_init_scale
+        ),
         task_kinds=list(fmt.task_kinds),
         label_columns=list(fmt.label_columns),
         weight_column=fmt.weight_column,

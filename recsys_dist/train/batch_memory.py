@@ -17,8 +17,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from recsys_dist.data.resolve import feature_names
 from recsys_dist.distributed.env import resolve_device
+from recsys_dist.train.job import Job
 
 GIB = 1 << 30
 
@@ -71,14 +71,14 @@ def cgroup_memory_dir() -> Path | None:
     return None
 
 
-def bytes_per_example(cfg, training: bool) -> int:
-    """The lower bound of the module docstring, in bytes, for one example of ``cfg``'s model."""
+def bytes_per_example(job: Job, training: bool) -> int:
+    """The lower bound of the module docstring, in bytes, for one example of ``job``'s model."""
 
-    dense, sparse = feature_names(cfg)
-    d = cfg.data
+    dense, sparse = job.features.dense_names, job.features.keys
+    d = job.data
     hot = d.multi_hot_sizes or [1] * len(sparse)
     lengths = {}
-    schema = getattr(d, "schema_", None)
+    schema = d.schema
     if schema is not None:
         lengths = {name: s.max_length for name, s in schema.sequence.items()}
         if schema.history is not None:
@@ -86,17 +86,17 @@ def bytes_per_example(cfg, training: bool) -> int:
     ids = sum(lengths.get(f, h) for f, h in zip(sparse, hot))
     vectors = sum(lengths.get(f, 1) for f in sparse)  # one pooled vector, or one per position
     inputs = 4 * len(dense) + 4 * 2 + 8 * ids + 4 * len(sparse)  # dense, label + weight, ids, lengths
-    widths = sum(sum(v) for k, v in cfg.model if k.endswith("_sizes") and isinstance(v, list))
-    computed = 4 * cfg.model.embedding_dim * vectors + 4 * widths
+    widths = sum(sum(v) for k, v in job.model if k.endswith("_sizes") and isinstance(v, list))
+    computed = 4 * job.model.embedding_dim * vectors + 4 * widths
     return inputs + computed * (2 if training else 1)
 
 
-def batch_memory_problems(cfg, local_ranks: int, available: tuple[int, str] | None = None) -> list[str]:
+def batch_memory_problems(job: Job, local_ranks: int, available: tuple[int, str] | None = None) -> list[str]:
     """``key: what is wrong`` when one training or evaluation batch of ``local_ranks`` CPU ranks
     needs more memory than this machine has available (:func:`available_memory`); [] when it
     fits, on CUDA (batches live in device memory) or when the memory cannot be read."""
 
-    if resolve_device(cfg.distributed.device).type != "cpu":
+    if resolve_device(job.distributed.device).type != "cpu":
         return []
     available = available if available is not None else available_memory()
     if available is None:
@@ -104,12 +104,12 @@ def batch_memory_problems(cfg, local_ranks: int, available: tuple[int, str] | No
     free, where = available
     problems = []
     for key, batch, training in (
-        ("train.batch_size", cfg.train.batch_size, True),
-        ("eval.batch_size", cfg.eval.batch_size, False),
+        ("train.batch_size", job.train.batch_size, True),
+        ("eval.batch_size", job.eval.batch_size, False),
     ):
         if batch is None:
             continue
-        per = bytes_per_example(cfg, training)
+        per = bytes_per_example(job, training)
         need = per * batch * local_ranks
         if need > free:
             fits = max(free // (per * local_ranks), 1)
@@ -122,6 +122,6 @@ def batch_memory_problems(cfg, local_ranks: int, available: tuple[int, str] | No
     return problems
 
 
-def local_rank_count(cfg) -> int:
+def local_rank_count(job: Job) -> int:
     """The ranks that share this machine: torchrun's LOCAL_WORLD_SIZE, else nproc_per_node."""
-    return int(os.environ.get("LOCAL_WORLD_SIZE", cfg.distributed.nproc_per_node))
+    return int(os.environ.get("LOCAL_WORLD_SIZE", job.distributed.nproc_per_node))

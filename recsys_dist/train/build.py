@@ -15,26 +15,28 @@ import torch.distributed as dist
 from torch import nn
 from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
 from torchrec.distributed import DistributedModelParallel
+from torchrec.distributed.types import ShardingPlan
 from torchrec.optim.keyed import CombinedOptimizer
 from tqdm import tqdm
 
 from recsys_dist.config.base import ConfigError
-from recsys_dist.config.run import RunConfig
 from recsys_dist.data.convert import PreparedData
 from recsys_dist.data.loader import LoaderOptions, ParquetBatchLoader
 from recsys_dist.data.prefetch import auto_prefetch
-from recsys_dist.data.resolve import loader_id_bounds, prepare_from_config
+from recsys_dist.data.resolve import prepare_from_config
 from recsys_dist.data.spec import FeatureSpec
 from recsys_dist.distributed.env import DistContext, broadcast_result, under_launcher
 from recsys_dist.distributed.optim import build_optimizer, fuse_embedding_optimizer
-from recsys_dist.distributed.plan import World, run_plan
+from recsys_dist.distributed.plan import Stats, World, plan, pooling_factors
 from recsys_dist.distributed.plan_io import plan_summary
 from recsys_dist.distributed.sharders import OneRankDense, fix_replicated_sequence_tables, model_tables, sharders
 from recsys_dist.distributed.tables import init_tables
 from recsys_dist.files import write_atomic
 from recsys_dist.models.build import build_model
+from recsys_dist.models.managed import ManagedRemap, build_remap
+from recsys_dist.models.task import CTRTask
 from recsys_dist.train.early_stopping import BestTracker
-from recsys_dist.train.job import Job, resolve_job
+from recsys_dist.train.job import Job
 from recsys_dist.train.observe import PhaseClock
 
 # Trainer(model=...): the run's FeatureSpec -> the model; Trainer(dense_optimizer=...): the dense
@@ -42,10 +44,6 @@ from recsys_dist.train.observe import PhaseClock
 ModelFactory = Callable[[FeatureSpec], nn.Module]
 DenseOptimizerFactory = Callable[[list[nn.Parameter]], torch.optim.Optimizer]
 LRSchedulerFactory = Callable[[torch.optim.Optimizer], torch.optim.lr_scheduler.LRScheduler]
-
-
-def _job(job: Job | RunConfig) -> Job:
-    return job if isinstance(job, Job) else resolve_job(job)
 
 
 @dataclass
@@ -60,37 +58,36 @@ class Loaders:
     prepared: PreparedData | None = None  # the conversion the splits come from
 
 
-def make_loaders(job: Job | RunConfig, ctx: DistContext) -> Loaders:
+def make_loaders(job: Job, ctx: DistContext) -> Loaders:
     """Open every split on every rank: the data ``job.prepared`` converted (the launcher's), or
     converted here once (rank 0) when the job's data is not converted yet.
 
-    ``job``: the resolved run (a ``RunConfig`` is resolved here). ``num_embeddings``: the
-    table sizes the conversion decided (under vocabulary mapping the vocabulary's, built on train).
+    ``job``: the resolved run. ``num_embeddings``: the table sizes the conversion decided (under
+    vocabulary mapping the vocabulary's, built on train).
     """
-    job = _job(job)
-    cfg, d = job.cfg, job.cfg.data
-    prepared = job.prepared or broadcast_result(ctx, lambda: prepare_from_config(cfg))
-    sizes = job.with_data(prepared).table_sizes
-    dense_names, sparse_names = list(job.fmt.dense_names), list(job.fmt.sparse_names)
-    label_cols, weight_col = job.label_columns
+    d = job.data
+    prepared = job.prepared or broadcast_result(ctx, lambda: prepare_from_config(d, fmt=job.fmt))
+    features = job.with_data(prepared).features
+    sizes = [t.num_embeddings for t in features.tables + features.sequence_tables]
+    dense_names, sparse_names = features.dense_names, features.keys
     options = LoaderOptions(
-        num_embeddings=loader_id_bounds(cfg, sizes),
+        num_embeddings=features.id_bounds,
         shuffle_buffer_rows=d.shuffle_buffer_rows,
         prefetch=d.prefetch
         if d.prefetch is not None
         else auto_prefetch(ctx.device.type, ctx.local_world_size, torch.get_num_threads()),
         pin_memory=ctx.device.type == "cuda",
         rank_reads=d.rank_reads,
-        label_columns=label_cols,
-        weight_column=weight_col,
+        label_columns=features.label_columns,
+        weight_column=features.weight_column,
     )
-    training = replace(options, shuffle=d.shuffle, seed=cfg.train.seed, remainder=d.remainder)
+    training = replace(options, shuffle=d.shuffle, seed=job.train.seed, remainder=d.remainder)
     # Evaluation applies no loss_scale (and a weighted one would re-read every rank's weights).
     evaluation = replace(options, remainder="pad", scale_losses=False)
-    eval_bs = cfg.eval.batch_size or cfg.train.batch_size
+    eval_bs = job.eval.batch_size or job.train.batch_size
     at = (ctx.rank, ctx.world_size, dense_names, sparse_names)
     return Loaders(
-        train=ParquetBatchLoader(prepared.paths("train"), cfg.train.batch_size, *at, training),
+        train=ParquetBatchLoader(prepared.paths("train"), job.train.batch_size, *at, training),
         validation=ParquetBatchLoader(prepared.paths("validation"), eval_bs, *at, evaluation),
         test=ParquetBatchLoader(prepared.paths("test"), eval_bs, *at, evaluation),
         num_embeddings=sizes,
@@ -99,8 +96,44 @@ def make_loaders(job: Job | RunConfig, ctx: DistContext) -> Loaders:
     )
 
 
+def managed_remap(job: Job, features: FeatureSpec, world_size: int | None = None) -> ManagedRemap | None:
+    """The managed-collision remap of ``features.managed`` (None when there is none), on
+    ``features.device``: its history holds ``data.managed.eviction_interval`` global batches of
+    ``train.batch_size`` x ``world_size`` rows (default ``distributed.nproc_per_node``)."""
+    if not features.managed:
+        return None
+    ranks = world_size if world_size is not None else job.distributed.nproc_per_node
+    return build_remap(job.data.managed, features, job.train.batch_size * ranks, job.data.multi_hot_sizes)
+
+
+def build_task(
+    job: Job, features: FeatureSpec, world_size: int | None = None, module: nn.Module | ModelFactory | None = None
+) -> CTRTask:
+    """The job's model over ``features`` (on their devices) with its loss and managed remap
+    (:func:`managed_remap`): ``build_model(job.model, features, job.train, remap=...)``;
+    ``module``: ``Trainer(model=...)``."""
+    remap = managed_remap(job, features, world_size)
+    return build_model(job.model, features, job.train, remap=remap, module=module)
+
+
+def plan_job(job: Job, model: nn.Module, world: World, stats: list[Stats] | None = None) -> ShardingPlan:
+    """:func:`recsys_dist.distributed.plan.plan` for the job: its ``sharding`` section, the
+    planner's batch size (``sharding.planner_batch_size``, else ``train.batch_size``) and
+    ``data.multi_hot_sizes``; problems of the config raise ConfigError. The Trainer's and the
+    dry run's call."""
+    return plan(
+        model,
+        job.sharding,
+        world,
+        job.sharding.planner_batch_size or job.train.batch_size,
+        pooling_factors(model_tables(model), job.data.multi_hot_sizes),
+        stats=stats,
+        config_error=True,
+    )
+
+
 def shard_model(
-    job: Job | RunConfig,
+    job: Job,
     ctx: DistContext,
     spec: FeatureSpec | None = None,
     clock: PhaseClock | None = None,
@@ -109,7 +142,7 @@ def shard_model(
 ) -> tuple[DistributedModelParallel, CombinedOptimizer, str]:
     """Build on meta, fuse the embedding optimizer into backward, plan, wrap in DMP.
 
-    ``job``: the resolved run (a ``RunConfig`` is resolved here). ``spec``: the run's
+    ``job``: the resolved run. ``spec``: the run's
     FeatureSpec (default ``job.features``, with the rank's device). Every EmbeddingBagCollection table of the built model is planned and
     initialised, whether the spec or the model's own code made it. ``clock``: the planning
     counts as its ``plan`` phase, sharding and initialising the tables as ``tables``.
@@ -119,29 +152,27 @@ def shard_model(
     def phase(name: str):
         return clock.phase(name) if clock is not None else nullcontext()
 
-    job = _job(job)
-    cfg = job.cfg
     spec = spec or job.features.on(torch.device("meta"), ctx.device)
     with phase("plan"):
-        model = build_model(cfg, spec.on(torch.device("meta"), ctx.device), module=module)
-        fuse_embedding_optimizer(model, cfg)
+        model = build_task(job, spec.on(torch.device("meta"), ctx.device), ctx.world_size, module)
+        fuse_embedding_optimizer(model, job.train)
         tables = model_tables(model)
-        plan = run_plan(cfg, model, World(ctx.world_size, ctx.local_world_size, ctx.device.type, dist.group.WORLD))
+        found = plan_job(job, model, World(ctx.world_size, ctx.local_world_size, ctx.device.type, dist.group.WORLD))
     with phase("tables"):
-        return _wrap_and_init(cfg, ctx, model, tables, plan, dense_factory)
+        return _wrap_and_init(job, ctx, model, tables, found, dense_factory)
 
 
-def _wrap_and_init(cfg: RunConfig, ctx: DistContext, model, tables, plan, dense_factory=None):
+def _wrap_and_init(job: Job, ctx: DistContext, model, tables, plan, dense_factory=None):
     dmp = DistributedModelParallel(
         model,
         device=ctx.device,
         plan=plan,
-        sharders=sharders(cfg.sharding.comms, ctx.device.type),
+        sharders=sharders(job.sharding.comms, ctx.device.type),
         data_parallel_wrapper=OneRankDense() if ctx.world_size == 1 else None,
     )
     fix_replicated_sequence_tables(dmp)
-    init_tables(dmp.state_dict(), tables, cfg.train.seed, {t.name: t.weight_init_max for t in tables})
-    t = cfg.train
+    init_tables(dmp.state_dict(), tables, job.train.seed, {t.name: t.weight_init_max for t in tables})
+    t = job.train
     optimizer = build_optimizer(
         dmp,
         t.embedding_optimizer,
@@ -155,7 +186,7 @@ def _wrap_and_init(cfg: RunConfig, ctx: DistContext, model, tables, plan, dense_
     return dmp, optimizer, str(plan)
 
 
-def check_given_once(cfg: RunConfig, model, dense_optimizer, lr_scheduler) -> None:
+def check_given_once(job: Job, model, dense_optimizer, lr_scheduler) -> None:
     """Refuse an option given both in the config and as a Trainer argument (one of the two would
     be ignored).
 
@@ -165,15 +196,15 @@ def check_given_once(cfg: RunConfig, model, dense_optimizer, lr_scheduler) -> No
     """
     problems = []
     for arg, given, section, keys in (
-        ("model", model, cfg.model, None),
-        ("dense_optimizer", dense_optimizer, cfg.train, ("dense_optimizer", "dense_lr")),
-        ("lr_scheduler", lr_scheduler, cfg.train, ("warmup_steps", "decay_start_step", "decay_steps")),
+        ("model", model, job.model, None),
+        ("dense_optimizer", dense_optimizer, job.train, ("dense_optimizer", "dense_lr")),
+        ("lr_scheduler", lr_scheduler, job.train, ("warmup_steps", "decay_start_step", "decay_steps")),
     ):
         if given is None:
             continue
         if not callable(given):
             raise TypeError(f"Trainer({arg}=...) must be callable, got {type(given).__name__}")
-        prefix = "model" if section is cfg.model else "train"
+        prefix = "model" if section is job.model else "train"
         both = sorted(
             k
             for k in section.model_fields_set
@@ -189,7 +220,7 @@ def check_given_once(cfg: RunConfig, model, dense_optimizer, lr_scheduler) -> No
         raise ConfigError("an option is given twice:\n  " + "\n  ".join(problems))
 
 
-def check_callbacks(cfg: RunConfig, callbacks, callback_type: type) -> None:
+def check_callbacks(job: Job, callbacks, callback_type: type) -> None:
     """The Trainer's ``callbacks``: each a ``callback_type`` (``recsys_dist.Callback``), and the
     publishing one among them when ``publish.enabled``.
 
@@ -199,10 +230,10 @@ def check_callbacks(cfg: RunConfig, callbacks, callback_type: type) -> None:
     for cb in callbacks:
         if not isinstance(cb, callback_type):
             raise TypeError(f"callbacks must be recsys_dist.Callback objects, got {type(cb).__name__}")
-    if cfg.publish.enabled and not any(getattr(cb, "publishes", False) for cb in callbacks):
+    if job.publish.enabled and not any(getattr(cb, "publishes", False) for cb in callbacks):
         raise ConfigError(
             "publish.enabled: the Trainer publishes through its callback: pass "
-            "callbacks=[recsys_dist.serve.publishing.PublishCallback(cfg.publish, run_dir)] "
+            "callbacks=[recsys_dist.serve.publishing.PublishCallback(job.publish, run_dir)] "
             "(recsys-dist train adds it), or set publish.enabled: false"
         )
 
@@ -230,14 +261,14 @@ def check_lr_scheduler(scheduler):
     return scheduler
 
 
-def require_ranks(cfg: RunConfig) -> None:
+def require_ranks(job: Job) -> None:
     """Refuse to train one rank of a job configured for several: a single process with
     neither a launcher nor a process group and ``distributed.nproc_per_node`` > 1.
 
     Raises:
         ConfigError: saying how to start the ranks.
     """
-    n = cfg.distributed.nproc_per_node
+    n = job.distributed.nproc_per_node
     if n > 1 and not dist.is_initialized() and not under_launcher():
         raise ConfigError(
             f"distributed.nproc_per_node is {n}, but this is a single process with no launcher and no "
@@ -254,12 +285,12 @@ def write_plan(run_dir: Path, plan, spec: FeatureSpec, plan_text: str) -> None:
     write_atomic(run_dir / "plan.json", json.dumps(plan_summary(plan, spec.planned_tables()), indent=2))
 
 
-def best_tracker(cfg: RunConfig, steps_per_epoch: int = 1, global_batch: int = 1) -> BestTracker | None:
+def best_tracker(job: Job, steps_per_epoch: int = 1, global_batch: int = 1) -> BestTracker | None:
     """The tracker of ``train.early_stopping`` (or of validation AUC for ``checkpoint.keep_best``).
 
     ``steps_per_epoch`` (steps of the training split) and ``global_batch`` (training rows a
     step over all ranks) turn a patience in epochs or rows into steps."""
-    es = cfg.train.early_stopping
+    es = job.train.early_stopping
     if es is not None:
         steps = None
         if es.patience_unit == "epochs":
@@ -267,15 +298,15 @@ def best_tracker(cfg: RunConfig, steps_per_epoch: int = 1, global_batch: int = 1
         elif es.patience_unit == "rows":
             steps = -(-es.patience // max(global_batch, 1))  # ceil: at least this many rows
         return BestTracker(es.metric, es.patience, es.min_delta, patience_steps=steps)
-    return BestTracker("auc") if cfg.checkpoint.keep_best else None
+    return BestTracker("auc") if job.checkpoint.keep_best else None
 
 
-def keeps_best(cfg: RunConfig) -> bool:
+def keeps_best(job: Job) -> bool:
     """Whether a run saves a checkpoint at each new best and keeps it as ``checkpoints/best``:
     ``checkpoint.keep_best``, or early stopping that restores the best weights (they are read
     back from that checkpoint), with checkpoints on."""
-    es = cfg.train.early_stopping
-    return cfg.checkpoint.enabled and (cfg.checkpoint.keep_best or (es is not None and es.restore_best))
+    es = job.train.early_stopping
+    return job.checkpoint.enabled and (job.checkpoint.keep_best or (es is not None and es.restore_best))
 
 
 def progress_bar(total: int, show: bool) -> tqdm:

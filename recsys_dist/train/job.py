@@ -129,8 +129,16 @@ class Job:
         )
 
     def given_model(self) -> Job:
-        """This job training the model given to ``Trainer(model=...)`` instead of ``model.name``'s."""
-        return dataclasses.replace(self, model_spec=GIVEN_MODEL)
+        """This job training the model given to ``Trainer(model=...)`` instead of ``model.name``'s:
+        no checks and no hooks of ``model.name``'s (its FeatureSpec without ``on_features``' tables)."""
+        if self.model_spec is GIVEN_MODEL:
+            return self
+        given = dataclasses.replace(self, model_spec=GIVEN_MODEL)
+        return dataclasses.replace(given, features=given.features_sized(self._sizes_in_format_order()))
+
+    def _sizes_in_format_order(self) -> list[int]:
+        rows = {t.feature_names[0]: t.num_embeddings for t in self.features.tables + self.features.sequence_tables}
+        return [rows[k] for k in self.fmt.sparse_names]
 
     def __reduce__(self):
         # A spawned rank gets the sections, features, world and data; the format object and the

@@ -99,7 +99,7 @@ class TrainLoop:
             "train_seconds": self.train_seconds,
             "world_size": self._ctx.world_size,
             "plan": plan_summary(self._model.plan),
-            "config": self.cfg.to_dict(),
+            "config": self.job.to_dict(),
             "num_embeddings": self._loaders.num_embeddings,
             "early_stopping": self.best.state() if self.best is not None else None,
             # Not the step's own after restore_best put back the best validation's weights.
@@ -119,7 +119,9 @@ class TrainLoop:
         conversion = self._loaders.conversion
         manifest = json.loads((conversion / MANIFEST_FILE).read_text()) if conversion is not None else None
         try:
-            Preprocessing.describe(self.cfg, self._loaders.num_embeddings, conversion, manifest).save(path)
+            Preprocessing.describe(
+                self.job.data, self.job.fmt, self._loaders.num_embeddings, conversion, manifest
+            ).save(path)
         except OSError as err:  # the checkpoint is complete without it; scoring falls back to the cache
             log.warning("could not write the preprocessing record into %s (%s)", path, err)
 
@@ -135,11 +137,11 @@ class TrainLoop:
     def _restore(self, path: Path) -> None:
         """Continue from a checkpoint: weights, optimizer state, RNG and the loader position."""
         meta = read_meta(path)
-        run_dirs.check_stream_resume(path, meta, self.cfg.data.stream is not None, self._global_batch)
+        run_dirs.check_stream_resume(path, meta, self.job.data.stream is not None, self._global_batch)
         check_compatible(
             path,
             meta,
-            self.cfg.to_dict(),
+            self.job.to_dict(),
             sizes=self._loaders.num_embeddings,
             world_size=self._ctx.world_size,
             user_model=self._user_model is not None,
@@ -194,10 +196,10 @@ class TrainLoop:
                 self._lr_scheduler.step()
 
     def _run_epoch(self) -> dict:
-        cfg = self.cfg
+        job = self.job
         # The first epoch after a resume continues at the checkpoint's batch; later ones start at 0.
         self._train_steps(self._in_epoch if self.epoch == self._first_epoch else 0)
-        if self.epoch + 1 < cfg.train.epochs and not self._done():
+        if self.epoch + 1 < job.train.epochs and not self._done():
             # The loader's prefetch thread starts on opening: the next epoch's first window
             # (40-150 ms) is read while this epoch's validation runs.
             self._loaders.train.set_epoch(self.epoch + 1)
@@ -221,7 +223,7 @@ class TrainLoop:
     def _train_steps(self, start: int) -> None:
         """Train ``self._loaders.train`` (epoch ``self.epoch``) from its batch ``start`` to its
         end, ``total_steps`` or a stop; checkpoints by cadence on the way."""
-        cfg, ctx = self.cfg, self._ctx
+        job, ctx = self.job, self._ctx
         pipe = self._pipe = self._next_pipeline()
         self._pipe_drained = False
         self._weights_step = None  # trained on: the weights are the step's own again
@@ -254,21 +256,21 @@ class TrainLoop:
                 callback.on_step_end(self, self._step, out[0].detach())
             self._real_rows.append(out[3])  # the weights [B]; summed once per log line, not per step
             self._bar.update(1)
-            if self._step % cfg.train.log_every_n_steps == 0:
+            if self._step % job.train.log_every_n_steps == 0:
                 self._log_train()
             if self._should_stop():
                 break
             if self._in_epoch >= len(self._loaders.train) or self._done():
                 # The epoch's (or run's) last step: validated, then checkpointed, after the loop.
                 continue
-            if cfg.eval.every_n_steps and self._step % cfg.eval.every_n_steps == 0:
+            if job.eval.every_n_steps and self._step % job.eval.every_n_steps == 0:
                 self._validate()  # detaches the pipeline (evaluate); its next progress re-attaches
                 if self._done():  # early stopping: every rank decides alike (global metrics)
                     break
                 self._t0 = time.perf_counter()
             if self._checkpoint_due():
                 self._save_in_window()
-            if self._saved_step == self._step and PIPELINES[cfg.train.pipeline].restart_at_checkpoint:
+            if self._saved_step == self._step and PIPELINES[job.train.pipeline].restart_at_checkpoint:
                 # A checkpoint (by cadence or a new best) mid-epoch: see recsys_dist.train.pipelines.
                 pipe.detach()
                 pipe = self._pipe = self._new_pipeline()
@@ -279,9 +281,9 @@ class TrainLoop:
         pipe.detach()
 
     def _checkpoint_due(self) -> bool:
-        every = self.cfg.checkpoint.every_n_steps
+        every = self.job.checkpoint.every_n_steps
         return (
-            self.cfg.checkpoint.enabled
+            self.job.checkpoint.enabled
             and bool(every)
             and self._step % every == 0
             and not self._done()
@@ -305,7 +307,7 @@ class TrainLoop:
         iterator dry (no batch in flight; reset for a new iterator), so that its set-up (the
         model's trace) is paid once per run, not per partition; else a new one."""
         pipe = self._pipe
-        if pipe is None or not self._pipe_drained or not PIPELINES[self.cfg.train.pipeline].reusable:
+        if pipe is None or not self._pipe_drained or not PIPELINES[self.job.train.pipeline].reusable:
             return self._new_pipeline()
         pipe.reset()
         pipe.steps_done = self._step
@@ -313,7 +315,7 @@ class TrainLoop:
 
     def _new_pipeline(self) -> TrainPipeline:
         # Sampling counts global steps, so timed steps do not restart with each epoch.
-        t = self.cfg.train
+        t = self.job.train
         pipe = make_pipeline(t.pipeline, self._model, self._optimizer, self._ctx.device, t.timing_every_n_steps)
         pipe.steps_done = self._step
         return pipe
@@ -338,7 +340,7 @@ class TrainLoop:
             improved = self.best.update(metrics, self._step)
             if self.best.stopped:
                 log_early_stop(self.best, self._step)
-            if improved and keeps_best(self.cfg):
+            if improved and keeps_best(self.job):
                 self._save_in_window(best=True)
             elif improved and self._memory_best is not None:
                 self._memory_best.keep(self._model, self._step)
@@ -352,7 +354,7 @@ class TrainLoop:
         Returns:
             The step whose weights the model now holds, and their validation metrics
             (``last_val`` when the last weights are kept)."""
-        es = self.cfg.train.early_stopping
+        es = self.job.train.early_stopping
         b = self.best
         if es is None or not es.restore_best or b is None or b.best_step is None or b.best_step == self._step:
             return self._step, last_val
@@ -409,7 +411,7 @@ class TrainLoop:
             test,
             checkpoint,
             self.best,
-            keeps_best(self.cfg),
+            keeps_best(self.job),
             self._clock.split(),
             weights_step=self._step if weights_step is None else weights_step,
         )
@@ -424,7 +426,9 @@ class TrainLoop:
     def _log_train(self) -> None:
         """Global mean loss and samples/s since the last train line; one all_reduce."""
         elapsed = time.perf_counter() - self._t0
-        loss, per_task, rows = train_window(self._losses, self._real_rows, self._ctx.world_size, self._job.tasks[0])
+        loss, per_task, rows = train_window(
+            self._losses, self._real_rows, self._ctx.world_size, self.job.features.tasks
+        )
         if not math.isfinite(loss):  # identical on every rank (all-reduced), so all stop here
             self._diverged()
         sps = round(rows / elapsed, 1) if elapsed > 0 else None

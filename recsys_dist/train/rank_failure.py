@@ -78,7 +78,7 @@ def describe(
     message: str,
     *,
     oom_file: str | None,
-    cfg,
+    job,
     run_dir: Path,
     resume_command: list[str],
 ) -> str:
@@ -88,7 +88,7 @@ def describe(
         rank: the global rank reported; failure: its elastic ``ProcessFailure``.
         message: its recorded error text (``launch.failure_message``).
         oom_file: the counter file whose OOM kill count rose during the run (:func:`oom_rose`).
-        cfg: the run config (for the batch sizes named); run_dir: the run's directory.
+        job: the resolved run (``recsys_dist.train.job.Job``: the batch sizes named); run_dir: the run's directory.
         resume_command: ``recsys-dist train ... --resume auto`` as a list of words.
     """
     exitcode = getattr(failure, "exitcode", 0)
@@ -106,8 +106,8 @@ def describe(
     except ValueError:
         name = f"signal {sig}"
     batches = (
-        f"train.batch_size (now {cfg.train.batch_size} per rank) or eval.batch_size "
-        f"(now {cfg.eval.batch_size or cfg.train.batch_size})"
+        f"train.batch_size (now {job.train.batch_size} per rank) or eval.batch_size "
+        f"(now {job.eval.batch_size or job.train.batch_size})"
     )
     if sig == signal.SIGKILL and oom_file:
         why = (

@@ -9,15 +9,32 @@ torch, TorchRec or the model; the checks that need the model or the machine are
 
 from __future__ import annotations
 
-from recsys_dist.config.run import RunConfig
-from recsys_dist.data.resolve import raw_format
+from dataclasses import dataclass
+
+from recsys_dist.checkpoint.config import CheckpointConfig
+from recsys_dist.data.config import DataConfig
+from recsys_dist.data.formats.base import RawFormat
+from recsys_dist.serve.config import PublishConfig
+from recsys_dist.train.config import EvalConfig, TrainConfig
 
 
-def config_problems(cfg: RunConfig, fmt=None) -> list[str]:
+@dataclass(frozen=True)
+class Sections:
+    """The sections these checks read (of a ``RunConfig`` before it is resolved: ``preprocess``;
+    or of a resolved ``Job``: preflight), with the data's format object."""
+
+    data: DataConfig
+    train: TrainConfig
+    eval: EvalConfig
+    checkpoint: CheckpointConfig
+    publish: PublishConfig
+    fmt: RawFormat
+
+
+def config_problems(cfg: Sections) -> list[str]:
     """Problems that involve two sections and neither the model nor the machine (each as
-    "dotted.key: what is wrong; the fix"). ``fmt``: ``data.format``'s object (made here when None)."""
-    d = cfg.data
-    fmt = fmt if fmt is not None else raw_format(d.format, d.schema, getattr(d, "short_lines", "error"))
+    "dotted.key: what is wrong; the fix")."""
+    fmt = cfg.fmt
     problems = _task_problems(cfg, list(fmt.task_names), list(fmt.task_kinds))
     problems += _eval_problems(cfg, list(fmt.task_names), list(fmt.sparse_names))
     if cfg.data.stream is not None:
@@ -31,7 +48,7 @@ def config_problems(cfg: RunConfig, fmt=None) -> list[str]:
     return problems
 
 
-def _task_problems(cfg: RunConfig, names: list[str], kinds: list[str]) -> list[str]:
+def _task_problems(cfg: Sections, names: list[str], kinds: list[str]) -> list[str]:
     """Losses and loss weights against the data's tasks (``data.schema.labels``)."""
     problems = []
     t = cfg.train
@@ -49,7 +66,7 @@ def _task_problems(cfg: RunConfig, names: list[str], kinds: list[str]) -> list[s
     return problems
 
 
-def _eval_problems(cfg: RunConfig, names: list[str], sparse: list[str]) -> list[str]:
+def _eval_problems(cfg: Sections, names: list[str], sparse: list[str]) -> list[str]:
     """Streaming metrics and GAUC against the tasks, the sample weights and the features."""
     problems = []
     if len(names) > 1 and cfg.eval.auc_buckets:
@@ -74,7 +91,7 @@ def _eval_problems(cfg: RunConfig, names: list[str], sparse: list[str]) -> list[
     return problems
 
 
-def _stream_problems(cfg: RunConfig) -> list[str]:
+def _stream_problems(cfg: Sections) -> list[str]:
     """What a run over ``data.stream`` does not use (it has no epochs and no fixed splits)."""
     t, e = cfg.train, cfg.eval
     unused = [
@@ -86,7 +103,7 @@ def _stream_problems(cfg: RunConfig) -> list[str]:
     return [f"{key}: not used with data.stream ({why}); remove it" for key, given, why in unused if given]
 
 
-def _publish_problems(cfg: RunConfig) -> list[str]:
+def _publish_problems(cfg: Sections) -> list[str]:
     """Publishing reads the run's checkpoints: they must be written where it publishes."""
     p, c = cfg.publish, cfg.checkpoint
     if not p.enabled:

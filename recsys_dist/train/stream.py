@@ -77,14 +77,14 @@ class StreamTrainer(Trainer):
     # ------------------------------------------------------------------ set-up (Trainer hooks)
 
     def _setup_data(self, checkpoint: Path | None) -> None:
-        cfg, ctx = self.cfg, self._ctx
-        path = str(Path(cfg.data.stream.path).resolve())
-        self.stream = StreamState(global_batch=cfg.train.batch_size * ctx.world_size, path=path)
-        self._loaders = Loaders(None, None, None, self._job.table_sizes)  # one partition's, once open
+        job, ctx = self.job, self._ctx
+        path = str(Path(job.data.stream.path).resolve())
+        self.stream = StreamState(global_batch=job.train.batch_size * ctx.world_size, path=path)
+        self._loaders = Loaders(None, None, None, self.job.table_sizes)  # one partition's, once open
         self._data, self._new_data = None, False
         self._global_batch = self.stream.global_batch
         self._resume_epoch = self._step_offset = 0
-        self.total_steps = cfg.train.max_steps  # None: as long as data lands
+        self.total_steps = job.train.max_steps  # None: as long as data lands
         self._signalled: int | None = None
         self._stop_reason: str | None = None
         self._part_t0 = time.perf_counter()
@@ -136,7 +136,7 @@ class StreamTrainer(Trainer):
     def _start_metrics(self) -> None:
         # config.yaml only once the resume (if any) was accepted: a refused one leaves the
         # config the checkpoints were trained with.
-        broadcast_result(self._ctx, lambda: run_dirs.write_config(self.cfg, self.run_dir))
+        broadcast_result(self._ctx, lambda: run_dirs.write_config(self.job.to_dict(), self.run_dir))
         # The checkpoint's own step may hold lines of what came after it (a partition scored or
         # quarantined after it was saved): written again, so dropped here.
         self._stale_line = lambda line: line.get("partition") is not None and not self.stream.accounts_for(line)
@@ -181,7 +181,7 @@ class StreamTrainer(Trainer):
                 name = self._next_partition()
                 if name is None or not self._open(name):
                     continue
-                if self.cfg.data.stream.progressive_validation and not self.stream.validated:
+                if self.job.data.stream.progressive_validation and not self.stream.validated:
                     last_val = self._score_partition()
                 with self._clock.phase("train"):
                     self._train_steps(self._in_epoch)
@@ -194,7 +194,7 @@ class StreamTrainer(Trainer):
     def _summary(self, last_val: dict) -> dict:
         self._tracer.close()
         self._bar.close()
-        c = self.cfg.checkpoint
+        c = self.job.checkpoint
         if self._losses:  # a stop inside a partition: the checkpoint saves the open window
             seconds = time.perf_counter() - self._t0
             self._window = open_window(self._losses, self._real_rows, seconds, self._ctx.world_size)
@@ -222,7 +222,7 @@ class StreamTrainer(Trainer):
         in name order), waiting ``poll_seconds`` between looks; None to stop (idle, SIGTERM)."""
         if self.stream.current is not None:
             return self.stream.current
-        s = self.cfg.data.stream
+        s = self.job.data.stream
         waiting = False
         while True:
             if self._agree_stop():
@@ -245,7 +245,7 @@ class StreamTrainer(Trainer):
         """Rank 0: ("take", name) for the first partition due (new, or quarantined and changed)
         once it is ready, ("wait", None) until then or while none is due, or ("idle", None) past
         stop_after_idle_seconds without one."""
-        s, state = self.cfg.data.stream, self.stream
+        s, state = self.job.data.stream, self.stream
         files = scan(s)
         self._warn_changed(files)
         due = [n for n, file_id in files.items() if state.due(n, file_id)]
@@ -268,7 +268,7 @@ class StreamTrainer(Trainer):
     def _open(self, name: str) -> bool:
         """Convert ``name`` (rank 0) and open every rank's loaders of it; False when it was
         quarantined, empty or still changing (then the stream moves on)."""
-        ctx, d, state = self._ctx, self.cfg.data, self.stream
+        ctx, d, state = self._ctx, self.job.data, self.stream
 
         def convert():
             try:
@@ -281,9 +281,9 @@ class StreamTrainer(Trainer):
         with self._clock.phase("data"):
             kind, value = broadcast_result(ctx, convert)
             if kind == "ok" and value.rows:  # opening the loaders counts as data, as in a batch run
-                self._loaders = make_loaders(self._job.with_data(value.prepared), ctx)
+                self._loaders = make_loaders(self.job.with_data(value.prepared), ctx)
             elif kind == "ok":
-                self._loaders = Loaders(None, None, None, self._job.table_sizes)
+                self._loaders = Loaders(None, None, None, self.job.table_sizes)
         if kind == "changing":  # a writer is still at it: taken again once it stops changing
             self._note("changing", name, f"{value}; it is taken once it stops changing")
             if self._in_epoch == 0 and not state.validated:
@@ -329,7 +329,7 @@ class StreamTrainer(Trainer):
         """Keep the state (a quarantine, an empty partition: no training step) with the
         checkpoint of this step, so a resume does not read those partitions again: beside the
         one saved (or resumed from) at this step, else in a new one."""
-        if not self.cfg.checkpoint.enabled:
+        if not self.job.checkpoint.enabled:
             return
         if self._saved_step != self._step:
             latest = broadcast_result(self._ctx, lambda: latest_checkpoint(self.run_dir))
@@ -382,7 +382,7 @@ class StreamTrainer(Trainer):
         if self._in_epoch == 0:  # its training batches' reader starts now: the first ones are read while it scores
             self._loaders.train.set_epoch(self.epoch)
             self._early_batches = self._loaders.train.iter_from(0)
-        eval_bs = self.cfg.eval.batch_size or self.cfg.train.batch_size
+        eval_bs = self.job.eval.batch_size or self.job.train.batch_size
         metrics = self.evaluate(
             self._loaders.train.reopen(shuffle=False, remainder="pad", scale_losses=False, batch_size=eval_bs)
         )
@@ -421,7 +421,7 @@ class StreamTrainer(Trainer):
             self._record_between()
             checkpoint = None
         else:
-            if self.cfg.checkpoint.enabled and self._saved_step != self._step:
+            if self.job.checkpoint.enabled and self._saved_step != self._step:
                 self._save_in_window()
             checkpoint = self._saved_path if self._saved_step == self._step else None
         entry = part.prepared.directory if part.prepared is not None else None

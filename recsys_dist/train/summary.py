@@ -13,9 +13,9 @@ from torch import nn
 
 from recsys_dist.checkpoint import run_dir as run_dirs
 from recsys_dist.checkpoint.meta import best_checkpoint
-from recsys_dist.config.run import RunConfig
 from recsys_dist.distributed.ledger import run_ledger
 from recsys_dist.train.early_stopping import BestTracker
+from recsys_dist.train.job import Job
 from recsys_dist.train.metrics_writer import finite_or_none
 
 log = logging.getLogger("recsys_dist")
@@ -70,9 +70,13 @@ def log_early_stop(best: BestTracker, step: int) -> None:
     )
 
 
-def ledger_line(cfg: RunConfig, model: nn.Module, world_size: int) -> dict:
+def ledger_line(job: Job, model: nn.Module, world_size: int) -> dict:
     """The bytes one step moves (``recsys_dist.distributed.ledger``), as plain JSON values."""
-    return json.loads(json.dumps(finite_or_none(run_ledger(cfg, model, world_size).to_dict())))
+    return json.loads(
+        json.dumps(
+            finite_or_none(run_ledger(model, job.data, job.sharding.comms, job.train.batch_size, world_size).to_dict())
+        )
+    )
 
 
 def run_summary(

@@ -27,7 +27,6 @@ from recsys_dist.checkpoint import run_dir as run_dirs
 from recsys_dist.checkpoint.dcp import save_checkpoint
 from recsys_dist.checkpoint.meta import read_meta
 from recsys_dist.config.base import ConfigError
-from recsys_dist.config.run import RunConfig
 from recsys_dist.data.loader import ParquetBatchLoader
 from recsys_dist.distributed.env import (
     DistContext,
@@ -58,12 +57,11 @@ from recsys_dist.train.build import (
     write_plan,
 )
 from recsys_dist.train.evaluation import evaluate, predict
-from recsys_dist.train.job import Job, resolve_job
+from recsys_dist.train.job import Job
 from recsys_dist.train.loop import TrainLoop
 from recsys_dist.train.metrics_writer import MetricsWriter
 from recsys_dist.train.observe import PhaseClock, TraceWriter
 from recsys_dist.train.pipelines import TrainPipeline, pipeline_problems
-from recsys_dist.train.preflight import check_sections
 from recsys_dist.train.results import FitSummary
 from recsys_dist.train.schedule import LRSchedule
 from recsys_dist.train.summary import ledger_line
@@ -105,7 +103,7 @@ class Trainer(TrainLoop):
     Every rank of the job builds one ``Trainer`` with the same config and run directory and
     calls the same methods in the same order (most of them are collective)::
 
-        with Trainer(cfg, "runs/my_run") as trainer:
+        with Trainer(job, "runs/my_run") as trainer:
             summary = trainer.fit()  # train, validate each epoch, score test, save
             test = trainer.evaluate("test")
             preds = trainer.predict("test")
@@ -118,7 +116,7 @@ class Trainer(TrainLoop):
     its collective methods.
 
     Args:
-        cfg: the run config (``recsys_dist.config.load_config``), whose cross-section rules
+        job: the run config (``recsys_dist.config.load_config``), whose cross-section rules
             the Trainer checks first (``recsys_dist.train.preflight.check_sections``); or a
             resolved :class:`~recsys_dist.train.job.Job` (``recsys-dist train``'s ranks),
             checked by whoever resolved it.
@@ -161,7 +159,7 @@ class Trainer(TrainLoop):
             checkpoint's, and the run ends after ``train.epochs`` epochs.
 
     Attributes:
-        cfg: the config. run_dir: the run directory (``Path``).
+        job: the config. run_dir: the run directory (``Path``).
         epoch: the epoch being (or last) trained, from 0.
         total_steps: steps the run trains in all (``train.epochs`` x steps per epoch, capped
             by ``train.max_steps``); :meth:`fit` stops there.
@@ -196,7 +194,7 @@ class Trainer(TrainLoop):
 
     def __init__(
         self,
-        cfg: RunConfig | Job,
+        job: Job,
         run_dir: str | Path,
         *,
         resume: str | Path | None = None,
@@ -207,16 +205,16 @@ class Trainer(TrainLoop):
         callbacks: Sequence[Callback] = (),
         resume_on_new_data: bool = False,
     ) -> None:
-        if not isinstance(cfg, Job):  # checked once here (recsys-dist train's ranks get a checked Job)
-            cfg = resolve_job(cfg, given_model=model is not None)
-            check_sections(cfg)  # the checks of the model trained: model.name's, or none for model=
-        elif model is not None:
-            cfg = cfg.given_model()
-        job, cfg = cfg, cfg.cfg
-        check_given_once(cfg, model, dense_optimizer, lr_scheduler)
-        check_callbacks(cfg, callbacks, Callback)
-        require_ranks(cfg)
-        self.cfg, self.run_dir, self._job = cfg, Path(run_dir), job
+        if not isinstance(job, Job):
+            raise TypeError(
+                f"the Trainer takes a resolved Job, got {type(job).__name__}; recsys_dist.Trainer takes a RunConfig"
+            )
+        if model is not None:
+            job = job.given_model()
+        check_given_once(job, model, dense_optimizer, lr_scheduler)
+        check_callbacks(job, callbacks, Callback)
+        require_ranks(job)
+        self.job, self.run_dir = job, Path(run_dir)
         self._user_model, self._dense_factory, self._scheduler_factory = model, dense_optimizer, lr_scheduler
         self._callbacks = list(callbacks)
         self._lr_scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
@@ -224,7 +222,7 @@ class Trainer(TrainLoop):
         self._owns_group = not dist.is_initialized()
         self._closed = self._failed = False
         self._bar = self._writer = self._tracer = self._lock = None
-        self._ctx = init_distributed(cfg)
+        self._ctx = init_distributed(job.distributed)
         self._group = dist.group.WORLD  # the group this Trainer trains on (it may outlive it)
         if not self._owns_group and check_reusable(self._ctx.rank, self._ctx.world_size):
             self._owns_group = True  # left open by a Trainer that failed on every rank: now ours to close
@@ -240,16 +238,16 @@ class Trainer(TrainLoop):
             raise
 
     def _setup(self, resume: str | Path | None, profile_dir: Path | None) -> None:
-        cfg, ctx = self.cfg, self._ctx
+        job, ctx = self.job, self._ctx
         # Before the run directory is taken: a pipeline this device cannot run was refused only
         # at fit(), after config.yaml, the plan and the ledger line had been written there.
-        problems = pipeline_problems(cfg.train.pipeline, ctx.device.type)
-        problems += comms_problems(cfg.sharding.comms, ctx.device.type, ctx.world_size)
+        problems = pipeline_problems(job.train.pipeline, ctx.device.type)
+        problems += comms_problems(job.sharding.comms, ctx.device.type, ctx.world_size)
         if problems:
             raise ConfigError("invalid config:\n  " + "\n  ".join(problems))
         self._take_run_dir()
-        torch.manual_seed(cfg.train.seed)
-        if cfg.train.deterministic:
+        torch.manual_seed(job.train.seed)
+        if job.train.deterministic:
             torch.use_deterministic_algorithms(True)
         # Rank 0 checks the checkpoint's checksums (auto: falls back past a damaged one) and
         # every rank takes its answer, so no two ranks load different checkpoints.
@@ -270,20 +268,20 @@ class Trainer(TrainLoop):
 
     def _setup_data(self, checkpoint: Path | None) -> None:
         """The loaders, the training data's identity and where the run starts and ends."""
-        cfg, ctx = self.cfg, self._ctx
-        if cfg.data.stream is not None:
+        job, ctx = self.job, self._ctx
+        if job.data.stream is not None:
             raise ConfigError(
                 "data.stream: a run over landing partitions is a recsys_dist.StreamTrainer (recsys-dist train "
                 "picks it); the Trainer trains epochs over data.raw_path"
             )
         with self._clock.phase("data"):
-            self._loaders = make_loaders(self._job, ctx)  # converts the data; decides the table sizes
-        self._job = self._job.with_data(self._loaders.prepared)
+            self._loaders = make_loaders(self.job, ctx)  # converts the data; decides the table sizes
+        self.job = self.job.with_data(self._loaders.prepared)
         # The training split's identity, recorded in each checkpoint; a resume on another one
         # is refused unless resume_on_new_data (then its epoch starts again: resume_position).
         conversion = self._loaders.conversion
         self._data = broadcast_result(
-            ctx, lambda: run_dirs.data_identity(conversion, cfg.data.raw_path) if conversion is not None else None
+            ctx, lambda: run_dirs.data_identity(conversion, job.data.raw_path) if conversion is not None else None
         )
         meta = read_meta(checkpoint) if checkpoint is not None else None
         flag = "resume_on_new_data=True (on the command line --resume-on-new-data)"
@@ -291,16 +289,16 @@ class Trainer(TrainLoop):
             checkpoint, meta, self._data, self._resume_on_new_data, flag
         )
         per_epoch = len(self._loaders.train)
-        self._global_batch = cfg.train.batch_size * ctx.world_size  # a checkpoint's position is in its own
+        self._global_batch = job.train.batch_size * ctx.world_size  # a checkpoint's position is in its own
         self._resume_epoch, self._step_offset = (
             run_dirs.resume_position(meta, per_epoch, self._new_data, self._global_batch)
             if meta is not None
             else (0, 0)
         )
-        self.total_steps = run_dirs.total_steps(cfg, per_epoch, self._step_offset)
+        self.total_steps = run_dirs.total_steps(job.train, per_epoch, self._step_offset)
         # A resumed run replaces config.yaml only when there is something left to train.
         done = checkpoint is not None and run_dirs.checkpoint_step(checkpoint) >= self.total_steps
-        broadcast_result(ctx, lambda: run_dirs.write_config(cfg, self.run_dir, write=not done))
+        broadcast_result(ctx, lambda: run_dirs.write_config(job.to_dict(), self.run_dir, write=not done))
         log.info(
             "data ready: %d train / %d validation / %d test rows, %d steps per epoch",
             self._loaders.train.num_rows,
@@ -311,20 +309,20 @@ class Trainer(TrainLoop):
 
     def _setup_model(self) -> None:
         """The sharded model and its optimizer (and a user LR scheduler); plan.txt / plan.json."""
-        cfg, ctx = self.cfg, self._ctx
-        self.spec = self._job.features.on(torch.device("meta"), ctx.device)
+        job, ctx = self.job, self._ctx
+        self.spec = self.job.features.on(torch.device("meta"), ctx.device)
         # The model's own data (two_tower: the item corpus and evaluated users), read once on
         # rank 0, then its FeatureSpec given that data (two_tower: the logQ item counts).
-        self._model_hooks = self._job.model or get_model(cfg.model.name)
+        self._model_hooks = self.job.model_spec or get_model(job.model.name)
         self._model_data = None
         if self._model_hooks.read_data is not None:
-            loaders, sizes, read = self._loaders, self._loaders.num_embeddings, self._model_hooks.read_data
+            loaders, read = self._loaders, self._model_hooks.read_data
             paths = {s: [str(f) for f in getattr(loaders, s).files] for s in ("train", "validation", "test")}
-            self._model_data = broadcast_result(ctx, lambda: read(cfg, paths, sizes))
+            self._model_data = broadcast_result(ctx, lambda: read(job, paths))
         if self._model_hooks.on_data is not None:
             self.spec = self._model_hooks.on_data(self.spec, self._model_data)
         self._model, self._optimizer, plan_text = shard_model(
-            self._job, ctx, self.spec, self._clock, self._user_model, self._dense_factory
+            self.job, ctx, self.spec, self._clock, self._user_model, self._dense_factory
         )
         if self._scheduler_factory is not None:
             self._lr_scheduler = check_lr_scheduler(self._scheduler_factory(dense_torch_optimizer(self._optimizer)))
@@ -334,11 +332,11 @@ class Trainer(TrainLoop):
 
     def _setup_loop(self, checkpoint: Path | None, profile_dir: Path | None) -> None:
         """The training loop's state at step 0 (a resume then restores it), its writers and bar."""
-        cfg, ctx = self.cfg, self._ctx
+        job, ctx = self.job, self._ctx
         resume_step = run_dirs.checkpoint_step(checkpoint) if checkpoint is not None else None
         self._writer = MetricsWriter(self.run_dir / "metrics.jsonl", ctx.is_main, ctx.world_size, resume_step)
         self._tracer = TraceWriter(profile_dir, ctx.rank)
-        t = cfg.train
+        t = job.train
         self._schedule = LRSchedule(t.warmup_steps, t.decay_start_step, t.decay_steps)
         self._base_lrs = [g["lr"] for g in self._optimizer.param_groups]
         self._pipe: TrainPipeline | None = None
@@ -356,9 +354,9 @@ class Trainer(TrainLoop):
         self._weights_step: int | None = None  # restore_best: the step of the weights held, if not the last
         self._stale_line = None  # metrics lines of the resumed step to write again (StreamTrainer)
         per_epoch = len(self._loaders.train) if self._loaders.train is not None else 1  # a stream: no epochs
-        self.best = best_tracker(cfg, per_epoch, self._global_batch)
+        self.best = best_tracker(job, per_epoch, self._global_batch)
         es = t.early_stopping  # restore_best without checkpoints: the best weights kept in memory
-        self._memory_best = MemoryCopy() if es and es.restore_best and not cfg.checkpoint.enabled else None
+        self._memory_best = MemoryCopy() if es and es.restore_best and not job.checkpoint.enabled else None
         self._t0 = time.perf_counter()
         self._bar = progress_bar(self.total_steps, ctx.is_main and t.progress_bar)
         self.resumed_from = checkpoint
@@ -372,7 +370,7 @@ class Trainer(TrainLoop):
         # The bytes one step moves (recsys_dist.distributed.ledger): written when it differs from the
         # run's last ledger line (a first start, or a resume on another plan or world size),
         # so a resumed run leaves the same lines as an uninterrupted one.
-        ledger = ledger_line(self.cfg, self._model, ctx.world_size)
+        ledger = ledger_line(self.job, self._model, ctx.world_size)
 
         def ledger_changed() -> bool:
             last = self._writer.last("ledger")
@@ -453,7 +451,7 @@ class Trainer(TrainLoop):
             last_val: dict = {}
             for callback in self._callbacks if self.resumed_from is not None else ():
                 callback.on_resume(self, self._step, self.resumed_from)
-            while self._next_epoch < self.cfg.train.epochs and not self._done():
+            while self._next_epoch < self.job.train.epochs and not self._done():
                 last_val = self.train_epoch() or last_val
             self._tracer.close()
             self._bar.close()
@@ -464,7 +462,7 @@ class Trainer(TrainLoop):
             self._writer.write(
                 split="test", step=self._step, weights_step=weights_step, epoch=self.epoch, **test, **managed
             )
-            checkpoint = self.save_checkpoint() if self.cfg.checkpoint.enabled else None
+            checkpoint = self.save_checkpoint() if self.job.checkpoint.enabled else None
             return self._write_summary(last_val, test, checkpoint, weights_step)
 
     def train_epoch(self) -> dict:
@@ -503,8 +501,8 @@ class Trainer(TrainLoop):
         """
         with self._collective(), self._clock.phase("eval"):
             self._detach_pipeline()
-            c = self.cfg.eval
-            names, kinds = self._job.tasks
+            c = self.job.eval
+            names, kinds = self.job.features.tasks, self.job.features.task_kinds
             metrics = evaluate(
                 self._model,
                 self._loader(split),
@@ -515,7 +513,7 @@ class Trainer(TrainLoop):
             )
             if self._model_hooks.evaluator is not None:  # the model's own (two_tower: recall@K, ...)
                 metrics.update(
-                    self._model_hooks.evaluator(self._model, self._model_data, split, self.cfg, self._ctx.device)
+                    self._model_hooks.evaluator(self._model, self._model_data, split, self.job, self._ctx.device)
                 )
             return metrics
 
@@ -549,7 +547,7 @@ class Trainer(TrainLoop):
         """
         with self._collective(), self._clock.phase("checkpoint"):
             meta = self._checkpoint_meta()
-            c = self.cfg.checkpoint
+            c = self.job.checkpoint
             path = save_checkpoint(self._ctx, self.run_dir, self._step, self._state(), meta, c.keep, best=best)
             self._saved_step, self._saved_path = self._step, path
             if self._ctx.is_main:

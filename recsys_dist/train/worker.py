@@ -209,7 +209,6 @@ def launch_ranks(job: Job, run: RankRun, start_method: str, resume_command: list
     Raises:
         Stopped: SIGTERM / SIGINT / SIGHUP reached this process (the ranks are stopped).
     """
-    cfg = job.cfg
     # The elastic agent's own handlers turn SIGTERM / SIGINT / SIGHUP into SignalException
     # once the ranks run; it stops them (SIGTERM, then SIGKILL) before raising it.
     logging.getLogger("torch.distributed.elastic.agent.server.api").setLevel(logging.ERROR)
@@ -217,7 +216,7 @@ def launch_ranks(job: Job, run: RankRun, start_method: str, resume_command: list
     try:
         with signals_stop():
             launch_workers(
-                rank_main, (job, run), cfg.distributed.nproc_per_node, cfg.distributed.max_restarts, start_method
+                rank_main, (job, run), job.distributed.nproc_per_node, job.distributed.max_restarts, start_method
             )
     except SignalException as err:
         raise Stopped(int(err.sigval)) from None
@@ -228,11 +227,11 @@ def launch_ranks(job: Job, run: RankRun, start_method: str, resume_command: list
             first,
             failure_message(first),
             oom_file=rank_failure.oom_rose(oom_before, rank_failure.oom_kills()),
-            cfg=cfg,
+            job=job,
             run_dir=run.run_dir,
             resume_command=resume_command,
         )
-        print_apart(text, other_bar=cfg.train.progress_bar)  # a killed rank 0 leaves its bar mid-line
+        print_apart(text, other_bar=job.train.progress_bar)  # a killed rank 0 leaves its bar mid-line
         return None
     return run_dirs.read_summary(run.run_dir)
 
@@ -244,13 +243,13 @@ def nothing_to_train(job: Job, resume: Path, run_dir: Path, resume_on_new_data: 
     Raises:
         DataChanged: the checkpoint was trained on other data and not ``resume_on_new_data``.
     """
-    cfg, prepared, n = job.cfg, job.prepared, job.cfg.distributed.nproc_per_node
-    per_epoch = steps_per_epoch(prepared.rows["train"], cfg.train.batch_size, n, cfg.data.remainder)
+    prepared, n = job.prepared, job.distributed.nproc_per_node
+    per_epoch = steps_per_epoch(prepared.rows["train"], job.train.batch_size, n, job.data.remainder)
     meta = read_meta(resume)
-    identity = run_dirs.data_identity(prepared.directory, cfg.data.raw_path)
+    identity = run_dirs.data_identity(prepared.directory, job.data.raw_path)
     new_data = run_dirs.check_same_data(resume, meta, identity, resume_on_new_data, "--resume-on-new-data")
-    offset = run_dirs.resume_position(meta, per_epoch, new_data, cfg.train.batch_size * n)[1]
-    total = run_dirs.total_steps(cfg, per_epoch, offset)
+    offset = run_dirs.resume_position(meta, per_epoch, new_data, job.train.batch_size * n)[1]
+    total = run_dirs.total_steps(job.train, per_epoch, offset)
     step = run_dirs.checkpoint_step(resume)
     return run_dirs.nothing_to_train(run_dir, resume, step, total) if step >= total else None
 

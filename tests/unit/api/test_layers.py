@@ -7,14 +7,15 @@ every import (function-level ones and ``if TYPE_CHECKING:`` ones too):
     sections   each component's config section (``<package>/config.py``): pydantic and base only
     data       data/
     models     models/
-    config     config.run, config.loader, config.reference: the sections composed into RunConfig
-               (above models: ``model:`` dispatches to the registered model's own config class)
     distributed
     checkpoint (under train: the Trainer saves and resumes)
-    train
+    train      (train/job.py: the resolved Job every component below the CLI receives)
     serve
+    run        config.run, config.loader, config.reference, config.job: the root RunConfig and its
+               resolution into a Job; above every component, so none can take the root config
     cli
-    api        the package root (lazy public names) and testing (run_ranks for users' tests)
+    api        the package root (lazy public names), api (the public Trainer and resolve_job over
+               a RunConfig) and testing (run_ranks for users' tests)
 """
 
 import ast
@@ -24,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[3]
 PKG = ROOT / "recsys_dist"
 
-LAYERS = ["base", "sections", "data", "models", "config", "distributed", "checkpoint", "train", "serve", "cli", "api"]
+LAYERS = ["base", "sections", "data", "models", "distributed", "checkpoint", "train", "serve", "run", "cli", "api"]
 BASE = {
     "recsys_dist.errors",
     "recsys_dist.faults",
@@ -53,11 +54,11 @@ def layer(module: str) -> str:
         return "base"
     if module in SECTIONS:
         return "sections"
-    if module in ("recsys_dist", "recsys_dist.testing"):
+    if module in ("recsys_dist", "recsys_dist.testing", "recsys_dist.api"):
         return "api"
     first = module.split(".")[1]
     if first == "config":
-        return "config"
+        return "run"
     assert first in LAYERS, f"{module}: no layer for package {first!r}; add it to LAYERS"
     return first
 

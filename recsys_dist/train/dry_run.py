@@ -16,18 +16,19 @@ from torchrec.distributed.planner.types import PlannerError
 from torchrec.distributed.types import ShardingPlan
 
 from recsys_dist.config.base import ConfigError
-from recsys_dist.config.run import RunConfig
 from recsys_dist.data.convert.manifest import MANIFEST_FILE, table_coverage
 from recsys_dist.data.coverage import WARN_ABOVE, coverage_lines
 from recsys_dist.data.resolve import cached_conversion
 from recsys_dist.distributed import ledger as ledgers
 from recsys_dist.distributed.optim import fuse_embedding_optimizer
-from recsys_dist.distributed.plan import ChosenOptions, World, make_topology, run_plan
+from recsys_dist.distributed.plan import ChosenOptions, World, make_topology
 from recsys_dist.distributed.plan_io import plan_summary
 from recsys_dist.distributed.rules import comms_problems
 from recsys_dist.distributed.sharders import check_covered, model_tables
 from recsys_dist.errors import PlanError
-from recsys_dist.models.build import build_model, embedding_configs
+from recsys_dist.models.build import build_model
+from recsys_dist.train.build import managed_remap, plan_job
+from recsys_dist.train.job import Job
 
 GB = 1024**3  # sizes are reported in GiB, as TorchRec's planner counts them
 # Optimizer state per row, in units of embedding_dim floats (rowwise keeps one float per row).
@@ -87,11 +88,11 @@ class PlanReport:
         return "\n".join(lines)
 
 
-def plan_coverage(cfg: RunConfig) -> dict:
+def plan_coverage(job: Job) -> dict:
     """The plan's ``coverage``: ``conversion`` (the cache entry of the config's training data, or
     None), ``kind`` (``data.categorical_mapping``), ``tables`` (per table, as the conversion
     counted it: ``recsys_dist.data.coverage``; None when not known) and ``why`` (not known)."""
-    d = cfg.data
+    d = job.data
     out = {"conversion": None, "kind": d.categorical_mapping, "tables": None, "why": ""}
     if d.categorical_mapping == "managed":
         out["why"] = "data.categorical_mapping: managed (the managed-collision module gives ids rows while training)"
@@ -134,21 +135,21 @@ def _ranges(ranks: list[int]) -> str:
     return ",".join(out)
 
 
-def table_bytes(cfg: RunConfig) -> dict[str, int]:
+def table_bytes(job: Job) -> dict[str, int]:
     """fp32 weights plus optimizer state of each table, in bytes."""
-    state = _STATE_FLOATS[cfg.train.embedding_optimizer]
+    state = _STATE_FLOATS[job.train.embedding_optimizer]
     out = {}
-    for t in embedding_configs(cfg):
+    for t in job.features.planned_tables():
         per_row = t.embedding_dim * 4 + (4 if state is None else state * t.embedding_dim * 4)
         out[t.name] = t.num_embeddings * per_row
     return out
 
 
 def dry_run(
-    cfg: RunConfig, world_size: int, local_world_size: int, device: str, problems: list[str] | None = None
+    job: Job, world_size: int, local_world_size: int, device: str, problems: list[str] | None = None
 ) -> PlanReport:
-    """Plan ``cfg``'s model for a topology without any process group: the same
-    :func:`recsys_dist.distributed.plan.plan` as the Trainer's, on a simulated world (so a
+    """Plan ``job``'s model for a topology without any process group: the same
+    :func:`recsys_dist.train.build.plan_job` as the Trainer's, on a simulated world (so a
     ``sharding.fixed_plan`` is honoured as in training; no planner runs then, so the memory per
     rank is its fp32 weights, without optimizer state, and the cost 0). ``problems``: the caller's own
     refusals of this config on ``device`` (the CLI passes ``train.pipeline``'s), reported with
@@ -164,21 +165,26 @@ def dry_run(
             table, a fixed plan not placing exactly the tables, ...).
     """
     # Before building anything: refused as recsys-dist train refuses it.
-    problems = list(problems or []) + comms_problems(cfg.sharding.comms, device, world_size)
+    problems = list(problems or []) + comms_problems(job.sharding.comms, device, world_size)
     if problems:
         raise ConfigError("invalid config:\n" + "\n".join(f"  {p}" for p in problems))
-    model = build_model(cfg, torch.device("meta"))
+    model = build_model(
+        job.model,
+        job.features.on(torch.device("meta")),
+        job.train,
+        remap=managed_remap(job, job.features.on(torch.device("meta"))),
+    )
     dense_bytes = ledgers.dense_parameter_bytes(model)
-    fuse_embedding_optimizer(model, cfg)
+    fuse_embedding_optimizer(model, job.train)
     try:
         check_covered(model)
     except ValueError as err:  # the model's, as recsys-dist train reports it (preflight.coverage_problems)
-        raise ConfigError(f"invalid config:\n  model.name: {cfg.model.name}: {err}") from None
+        raise ConfigError(f"invalid config:\n  model.name: {job.model.name}: {err}") from None
     chosen = ChosenOptions()
     try:
-        plan = run_plan(cfg, model, World(world_size, local_world_size, device), stats=[chosen])
+        plan = plan_job(job, model, World(world_size, local_world_size, device), stats=[chosen])
     except PlannerError as err:
-        raise PlanError(_explain(cfg, world_size, local_world_size, device, err)) from None
+        raise PlanError(_explain(job, world_size, local_world_size, device, err)) from None
     except ConfigError:
         raise
     except ValueError as err:  # a placement FBGEMM cannot run (column shard widths, ...)
@@ -190,12 +196,12 @@ def dry_run(
         for r in summary
     ]
     zeros = [0.0] * world_size
-    ledger = _ledger(cfg, model, plan, tables, world_size, local_world_size, dense_bytes)
+    ledger = _ledger(job, model, plan, tables, world_size, local_world_size, dense_bytes)
     report = PlanReport(
         world_size, local_world_size, device, placements, list(zeros), list(zeros), list(zeros), ledger, plan
     )
-    report.coverage = plan_coverage(cfg)
-    if cfg.sharding.fixed_plan is not None:  # no planner: the weights each rank holds
+    report.coverage = plan_coverage(job)
+    if job.sharding.fixed_plan is not None:  # no planner: the weights each rank holds
         memory = report.hbm_gb if device == "cuda" else report.ddr_gb
         for row in summary:
             for rank, size in row["rank_bytes"].items():
@@ -210,31 +216,31 @@ def dry_run(
     return report
 
 
-def _ledger(cfg: RunConfig, model, plan, tables, world_size: int, local_world_size: int, dense_bytes: int):
+def _ledger(job: Job, model, plan, tables, world_size: int, local_world_size: int, dense_bytes: int):
     """The bytes ledger of the plan (``recsys_dist.distributed.ledger.predict``)."""
-    comms = cfg.sharding.comms
+    comms = job.sharding.comms
     ledger = ledgers.predict(
         plan,
         tables,
         world_size,
-        cfg.sharding.planner_batch_size or cfg.train.batch_size,
+        job.sharding.planner_batch_size or job.train.batch_size,
         dense_bytes,
-        ledgers.pooling_from_config(cfg, tables),
+        ledgers.pooling_from_config(job.data, tables),
         comms.forward,
         comms.backward,
         local_world_size,
         ledgers.managed_features(model),
     )
-    ledger.unsized_multi_hot = ledgers.unsized_multi_hot(cfg)
+    ledger.unsized_multi_hot = ledgers.unsized_multi_hot(job.data)
     return ledger
 
 
-def _explain(cfg: RunConfig, world_size: int, local_world_size: int, device: str, err: PlannerError) -> str:
-    topo = make_topology(cfg.sharding, world_size, local_world_size, device)
+def _explain(job: Job, world_size: int, local_world_size: int, device: str, err: PlannerError) -> str:
+    topo = make_topology(job.sharding, world_size, local_world_size, device)
     cap_key = "hbm" if device == "cuda" else "ddr"
     per_rank = getattr(topo.devices[0].storage, cap_key)
-    usable = per_rank * (1 - cfg.sharding.storage_reservation)
-    sizes = table_bytes(cfg)
+    usable = per_rank * (1 - job.sharding.storage_reservation)
+    sizes = table_bytes(job)
     total = sum(sizes.values())
     big = sorted(sizes.items(), key=lambda kv: -kv[1])
     too_big = [(n, b) for n, b in big if b > usable]
@@ -243,7 +249,7 @@ def _explain(cfg: RunConfig, world_size: int, local_world_size: int, device: str
     need_ranks = math.ceil(total / usable) if usable > 0 else 0
     mem = (
         f"{cap_key.upper()} {per_rank / GB:.0f} GiB per rank, {usable / GB:.1f} GiB usable after the "
-        f"{cfg.sharding.storage_reservation:.0%} reservation"
+        f"{job.sharding.storage_reservation:.0%} reservation"
     )
     fixes = [f"use at least {need_ranks} ranks (--world-size)"]
     if device == "cuda":
@@ -252,7 +258,7 @@ def _explain(cfg: RunConfig, world_size: int, local_world_size: int, device: str
     header = "tables that do not fit on one rank" if too_big else "largest tables"
     return (
         f"no sharding plan fits {world_size} rank(s) with {mem}: the tables need "
-        f"{total / GB:.1f} GiB (fp32 weights + {cfg.train.embedding_optimizer} state) against "
+        f"{total / GB:.1f} GiB (fp32 weights + {job.train.embedding_optimizer} state) against "
         f"{world_size * usable / GB:.1f} GiB in all.\n"
         f"  {header}: {names}\n"
         f"  fix: " + "; ".join(fixes) + f"\n  (planner: {str(err).splitlines()[0][:300]})"
