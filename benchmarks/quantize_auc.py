@@ -53,7 +53,7 @@ def measure(run: Path, work: Path) -> dict:
         export_from_publish(pub, exp)
         seconds = time.perf_counter() - t0
         m = load(exp)
-        s = score(m.cfg, m.model, test_split(m), preprocessing=m.preprocessing)
+        s = score(m.job, m.model, test_split(m), preprocessing=m.preprocessing)
         p = 1.0 / (1.0 + np.exp(-s["logit"].astype(np.float64)))
         out[mode] = {
             "auc": float(roc_auc_score(s["label"], p)),
@@ -64,7 +64,7 @@ def measure(run: Path, work: Path) -> dict:
             "publish_export_s": seconds,
         }
     ref = load(run)  # the checkpoint as `recsys-dist predict` scores it
-    s = score(ref.cfg, ref.model, test_split(ref), preprocessing=ref.preprocessing)
+    s = score(ref.job, ref.model, test_split(ref), preprocessing=ref.preprocessing)
     out["none"]["vs_checkpoint"] = float(np.abs(s["logit"] - out["none"]["logit"]).max())
     for mode in MODES:
         out[mode]["max_dlogit"] = float(np.abs(out[mode]["logit"] - out["none"]["logit"]).max())

@@ -125,16 +125,15 @@ def converted(m, lines: list[str], tmp: Path):
     import torch
 
     from recsys_dist.data.loader import ParquetBatchLoader
-    from recsys_dist.data.resolve import feature_names, label_columns, loader_id_bounds
-    from recsys_dist.models.build import table_sizes
     from recsys_dist.serve.scoring import prepare_for_scoring
 
     raw = tmp / f"rows{len(lines)}.txt"
     raw.write_text("\n".join(lines) + "\n")
-    cfg = m.cfg.model_copy(update={"data": m.cfg.data.model_copy(update={"cache_dir": str(tmp / "cache")})})
+    data = m.job.data.model_copy(update={"cache_dir": str(tmp / "cache")})
     vocab = m.preprocessing.vocabulary if m.preprocessing else None
-    parquet = prepare_for_scoring(cfg, raw, vocab).files["train"]
-    dense_names, sparse_names = feature_names(m.cfg)
+    parquet = prepare_for_scoring(data, raw, vocab).files["train"]
+    f = m.job.features
+    dense_names, sparse_names = f.dense_names, f.keys
     loader = ParquetBatchLoader(
         str(parquet),
         len(lines),
@@ -142,8 +141,8 @@ def converted(m, lines: list[str], tmp: Path):
         1,
         dense_names,
         sparse_names,
-        num_embeddings=loader_id_bounds(m.cfg, table_sizes(m.cfg)),
-        label_columns=label_columns(m.cfg)[0],
+        num_embeddings=f.id_bounds,
+        label_columns=f.label_columns,
     )
     batch = next(iter(loader))
     table = pq.read_table(parquet)

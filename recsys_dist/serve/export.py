@@ -41,8 +41,7 @@ from recsys_dist.data.loader import ParquetBatchLoader
 from recsys_dist.data.record import RECORD_VERSION
 from recsys_dist.errors import CheckpointError, DataError
 from recsys_dist.files import write_atomic
-from recsys_dist.models.build import build_model
-from recsys_dist.models.managed import build_remap, managed_metrics
+from recsys_dist.models.managed import managed_metrics
 from recsys_dist.models.task import CTRTask
 from recsys_dist.serve.quantize import (
     QUANTIZATION_FILE,
@@ -65,6 +64,7 @@ from recsys_dist.serve.scoring import (
     scoring_format,
 )
 from recsys_dist.serve.torchscript import save_artefact, serving_spec, to_torchscript
+from recsys_dist.train.build import build_task
 from recsys_dist.train.job import Job, load_job
 
 MODEL_FILE = "model.safetensors"
@@ -89,16 +89,11 @@ class LoadedModel:
 def _unsharded(job: Job) -> CTRTask:
     """The unsharded model of ``job``, every table and parameter on the CPU (freshly initialised).
     Managed-collision tables get their remap with a history of ``train.batch_size`` x ranks rows
-    per interval: the process group's ranks when one is up (a publisher inside training), else
-    ``distributed.nproc_per_node``, as the training ranks sized it."""
+    per interval: the process group's ranks when one is up (a publisher inside training, whose
+    gathered state holds the training ranks' history), else ``distributed.nproc_per_node``."""
     cpu = torch.device("cpu")
-    features = job.features.on(cpu, cpu)
-    remap = None
-    if features.managed:
-        up = torch.distributed.is_available() and torch.distributed.is_initialized()
-        ranks = torch.distributed.get_world_size() if up else job.distributed.nproc_per_node
-        remap = build_remap(job.data.managed, features, job.train.batch_size * ranks, job.data.multi_hot_sizes)
-    return build_model(job.model, features, job.train, remap=remap)
+    up = torch.distributed.is_available() and torch.distributed.is_initialized()
+    return build_task(job, job.features.on(cpu, cpu), world_size=torch.distributed.get_world_size() if up else None)
 
 
 def load(path: str | Path, preprocessing: bool = True) -> LoadedModel:

@@ -14,6 +14,8 @@ import pytest
 import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from recsys_dist.data.resolve import prepare_from_config
+
 ROOT = Path(__file__).resolve().parents[3]
 TWO_TOWER = ROOT / "examples" / "two_tower"
 
@@ -56,9 +58,9 @@ def test_two_tower_example_recall_matches_a_brute_force_ranking(tmp_path, monkey
     # forward scoring one (user, movie) pair per row, Python's sort.
     import recsys_dist
 
-    cfg, task, _ = recsys_dist.load_model(run_dir)
+    job, task, _ = recsys_dist.load_model(run_dir)
     model = task.model.eval()
-    prepared = recsys_dist.prepare(cfg)
+    prepared = prepare_from_config(job.data)
     train, test = (pq.read_table(prepared.paths(s)[0]) for s in ("train", "test"))
     t_user, t_item, t_genres, t_label = (column(train, c) for c in ("userId", "movieId", "genres", "label"))
     h_user, h_item, h_label = (column(test, c) for c in ("userId", "movieId", "label"))

@@ -77,11 +77,12 @@ def test_movielens_two_tower_trains_resumes_exports_and_recall_matches_brute_for
     assert np.load(out / "item_keys.npy").shape == ids.shape
 
     # The export (the 2-rank checkpoint in one process) against the sharded run's numbers.
-    cfg, task, _ = load_model(out)
+    job, task, _ = load_model(out)
     (manifest,) = (tmp_path / "cache").glob("*/manifest.json")
     paths = {s: [str(manifest.parent / f"{s}.parquet")] for s in ("train", "validation", "test")}
-    sizes = [t.num_embeddings for t in task.model.sparse_arch.embedding_bag_configs()]
-    data = read_retrieval_data(cfg, paths, sizes)
+    # the run load_model gives is sized as the exported tables
+    assert job.table_sizes == [t.num_embeddings for t in task.model.sparse_arch.embedding_bag_configs()]
+    data = read_retrieval_data(job, paths)
     assert np.array_equal(data.corpus.ids, ids)
     users = data.splits["test"]
     with torch.no_grad():

@@ -43,7 +43,7 @@ def in_memory(loaded, rows, monkeypatch):
 
 def predicted(loaded, raw):
     """``predict``'s logits of the raw file ``raw`` (its function, in this process)."""
-    return score(loaded.cfg, loaded.model, raw, preprocessing=loaded.preprocessing)["logit"]
+    return score(loaded.job, loaded.model, raw, preprocessing=loaded.preprocessing)["logit"]
 
 
 def check_equal(loaded, objects, raw, monkeypatch, lines=None):

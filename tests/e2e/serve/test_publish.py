@@ -144,16 +144,16 @@ def test_quantized_publish_scores_close_and_its_export_scores_the_same(ckpts, tm
         got = _dequantize(published[k], 16, bits)
         step = (fp.max(1).values - fp.min(1).values) / (2**bits - 1)
         assert ((got - fp).abs().max(1).values <= step / 2 + 1e-3 * fp.abs().max(1).values + 1e-6).all()
-    q = score(m.cfg, m.model, test, preprocessing=m.preprocessing)["logit"]
+    q = score(m.job, m.model, test, preprocessing=m.preprocessing)["logit"]
     ref = load(paths[-1])
-    fp32 = score(ref.cfg, ref.model, test, preprocessing=ref.preprocessing)["logit"]
+    fp32 = score(ref.job, ref.model, test, preprocessing=ref.preprocessing)["logit"]
     # documented in docs/serving.md: int8 moves a logit by < 0.02 here, int4 by < 0.3
     assert 0 < np.abs(q - fp32).max() < bound
     out = tmp_path / "export"
     export_from_publish(d, out)
     e = load(out)
     assert isinstance(e.model.model.sparse_arch.embedding_bag_collection, QuantEBC)
-    assert np.array_equal(score(e.cfg, e.model, test, preprocessing=e.preprocessing)["logit"], q)
+    assert np.array_equal(score(e.job, e.model, test, preprocessing=e.preprocessing)["logit"], q)
     with pytest.raises(CheckpointError, match="quantized"):
         export_from_publish(d, tmp_path / "ts", format="torchscript")
 

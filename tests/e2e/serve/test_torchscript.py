@@ -26,16 +26,15 @@ print("foreign modules:", bad)
 
 
 def test_every_shipped_model_exports_and_loads_with_torch_alone(tmp_path):
-    from recsys_dist.models.build import table_sizes
     from recsys_dist.serve.torchscript import example_inputs, reference_logits, to_torchscript
 
     paths = []
     for name in [*CONFIGS, "deepfm-bf16"]:
-        cfg, task = build(name.split("-")[0], *(["train.precision=bf16-mixed"] if "bf16" in name else []))
-        artefact = to_torchscript(cfg, task, table_sizes(cfg))
-        dense, values, lengths = example_inputs(_num_dense(cfg), table_sizes(cfg), 64, 9, True)
+        job, task = build(name.split("-")[0], *(["train.precision=bf16-mixed"] if "bf16" in name else []))
+        artefact = to_torchscript(job, task)
+        dense, values, lengths = example_inputs(job.features.num_dense, job.table_sizes, 64, 9, True)
         with torch.no_grad():
-            want = reference_logits(task, dense, values, lengths, _sparse(cfg))
+            want = reference_logits(task, dense, values, lengths, job.features.keys)
             assert torch.equal(artefact(dense, values, lengths), want), name
         artefact.save(str(tmp_path / f"{name}.pt"))
         torch.save(((dense, values, lengths), want), tmp_path / f"{name}.in")
@@ -45,18 +44,6 @@ def test_every_shipped_model_exports_and_loads_with_torch_alone(tmp_path):
     lines = r.stdout.strip().splitlines()
     assert lines[-1] == "foreign modules: []"
     assert [float(x.split()[-1]) for x in lines[:-1]] == [0.0] * len(paths)
-
-
-def _num_dense(cfg):
-    from recsys_dist.data.resolve import feature_names
-
-    return len(feature_names(cfg)[0])
-
-
-def _sparse(cfg):
-    from recsys_dist.data.resolve import feature_names
-
-    return feature_names(cfg)[1]
 
 
 @pytest.mark.slow

@@ -39,7 +39,7 @@ def test_stream_trainer_with_the_publish_callback(tmp_path, monkeypatch):
     assert seen.seen == [(NAMES[0], 10, "step_00000010"), (NAMES[1], 20, "step_00000020")]
     assert latest_version(run / "publish") == 2
     model, version = load_published(run / "publish")
-    assert version == 2 and model.cfg.data.stream is not None
+    assert version == 2 and model.job.data.stream is not None
     assert json.loads((run / "summary.json").read_text())["stopped"] == "idle"
     # A batch Trainer given the stream's checkpoint refuses it (it would lose the stream position).
     batch = recsys_dist.load_config(QUICKSTART, ["data.num_rows=500", "distributed.nproc_per_node=1"])

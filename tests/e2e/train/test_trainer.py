@@ -111,8 +111,8 @@ def test_trainer_under_launch_matches_the_cli(tmp_path, monkeypatch):
     assert binary_metrics(pred["logit"], pred["label"])["auc"] == pytest.approx(ours["test"]["auc"], abs=1e-9)
     assert ours["checkpoint"] == other["checkpoint"] == lib_summary["checkpoint"]
     assert (lib_dir / "checkpoints" / "latest").read_text().strip() == "step_00000012"
-    cfg, model, _ = load_model(ours["checkpoint"])
-    unsharded = score(cfg, model, test_parquet)
+    job, model, _ = load_model(ours["checkpoint"])
+    unsharded = score(job, model, test_parquet)
     assert torch.allclose(pred["logit"], torch.from_numpy(unsharded["logit"]), atol=1e-5)
 
     # The second Trainer of the same ranks and config, and one after a failure on every rank:

@@ -95,10 +95,10 @@ def test_positional_model_exports_evaluates_and_predicts_as_trained(tmp_path):
     worst = {}
     for name, path in (("checkpoint", ours["checkpoint"]), ("run", run)):
         m = load(path)
-        worst[name] = float(np.abs(score(m.cfg, m.model, test, preprocessing=m.preprocessing)["logit"] - trained).max())
+        worst[name] = float(np.abs(score(m.job, m.model, test, preprocessing=m.preprocessing)["logit"] - trained).max())
     cli(["export", run, "--out", tmp_path / "export", "--format", "torchscript"], tmp_path)
     m = load(tmp_path / "export")
-    worst["export"] = float(np.abs(score(m.cfg, m.model, test, preprocessing=m.preprocessing)["logit"] - trained).max())
+    worst["export"] = float(np.abs(score(m.job, m.model, test, preprocessing=m.preprocessing)["logit"] - trained).max())
     cli(["predict", tmp_path / "export", "--data", test, "--out", tmp_path / "p.parquet"], tmp_path)
     worst["predict"] = float(np.abs(logits(tmp_path / "p.parquet") - trained).max())
     r = subprocess.run(

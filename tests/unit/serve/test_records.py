@@ -8,6 +8,7 @@ import pytest
 
 from recsys_dist.data import mapping as mp
 from recsys_dist.data.convert import CACHE_FORMAT
+from recsys_dist.data.resolve import data_format
 from recsys_dist.errors import DataError
 from recsys_dist.serve.scoring import Preprocessing, converted_manifest, prepare_for_scoring
 from tests.conftest import ROOT
@@ -69,7 +70,7 @@ def test_record_round_trip_and_a_changed_vocabulary_is_refused(tmp_path):
     mp.save_vocabularies(conversion / "vocabulary.parquet", ["userId", "movieId", "genres"], vocabs)
     manifest = {"transforms": {"dense": "x"}, "source": "ratings.csv", "rows": {"train": 3}}
     (conversion / "manifest.json").write_text(json.dumps(manifest))
-    record = Preprocessing.describe(cfg, [4, 4, 4], conversion, manifest)
+    record = Preprocessing.describe(cfg.data, data_format(cfg.data), [4, 4, 4], conversion, manifest)
     assert record.vocabulary == conversion / "vocabulary.parquet"
     out = tmp_path / "export"
     out.mkdir()
@@ -90,7 +91,7 @@ def test_a_vocabulary_model_is_never_scored_by_rebuilding_its_vocabulary(tmp_pat
     rows = tmp_path / "rows.csv"
     rows.write_text("userId,movieId,rating,timestamp,genres\n1,31,2.5,1,Drama\n")
     with pytest.raises(DataError, match="maps categories through its training vocabulary, and none was given"):
-        prepare_for_scoring(_movielens(), rows)
+        prepare_for_scoring(_movielens().data, rows)
 
 
 def test_a_cached_manifest_that_is_not_an_object_is_named_for_a_checkpoint(tmp_path, monkeypatch):

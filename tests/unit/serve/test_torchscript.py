@@ -24,22 +24,24 @@ FOREIGN = ("recsys_dist", "torchrec", "fbgemm_gpu")
 
 
 def build(name, *extra):
+    """(the Job of a shipped config with 50-row tables, its unsharded CPU model in eval mode)."""
+    from recsys_dist.config.job import resolve_job
     from recsys_dist.config.loader import load_config
-    from recsys_dist.models.build import build_model
+    from recsys_dist.train.build import build_task
 
     path, overrides = CONFIGS[name]
-    cfg = load_config(ROOT / path, ["data.num_embeddings=50", *overrides, *extra])
+    job = resolve_job(load_config(ROOT / path, ["data.num_embeddings=50", *overrides, *extra]))
     torch.manual_seed(0)
-    return cfg, build_model(cfg, torch.device("cpu"), tables_device=torch.device("cpu")).eval()
+    cpu = torch.device("cpu")
+    return job, build_task(job, job.features.on(cpu, cpu)).eval()
 
 
 def test_artefact_checks_its_inputs():
-    from recsys_dist.models.build import table_sizes
     from recsys_dist.serve.torchscript import example_inputs, to_torchscript
 
-    cfg, task = build("dlrm")
-    artefact = to_torchscript(cfg, task, table_sizes(cfg))
-    dense, values, lengths = example_inputs(13, table_sizes(cfg), 4, 0, False)
+    job, task = build("dlrm")
+    artefact = to_torchscript(job, task)
+    dense, values, lengths = example_inputs(13, job.table_sizes, 4, 0, False)
     with pytest.raises(Exception, match=r"lengths has 103 entries; expected 26 sparse features x B = 4"):
         artefact(dense, values, lengths[:-1])
     bad = values.clone()
@@ -87,14 +89,13 @@ class _Branches(nn.Module):
     ],
 )
 def test_a_model_that_cannot_be_traced_is_refused_with_the_reason(module, reason):
-    from recsys_dist.models.build import feature_spec, table_sizes
     from recsys_dist.models.task import CTRTask
     from recsys_dist.serve.torchscript import ExportError, to_torchscript
 
-    cfg, _ = build("dlrm")
-    spec = feature_spec(cfg, device=torch.device("cpu"), embedding_device=torch.device("cpu"))
+    job, _ = build("dlrm")
+    spec = job.features.on(torch.device("cpu"), torch.device("cpu"))
     with pytest.raises(ExportError, match=reason):
-        to_torchscript(cfg, CTRTask(module(spec)).eval(), table_sizes(cfg))
+        to_torchscript(job, CTRTask(module(spec)).eval())
 
 
 def _docs_example(tmp_path):
