@@ -15,6 +15,7 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection, Embedding
 from torchrec.sparse.jagged_tensor import JaggedTensor, KeyedJaggedTensor
 
 from recsys_dist.data.spec import FeatureSpec
+from recsys_dist.models.config import ModelConfig
 
 # layers.pooled_embeddings, called through its module: torch.fx.wrap makes it a leaf of the
 # pipeline's trace by patching that name in layers' namespace, which a name imported here would miss.
@@ -75,7 +76,7 @@ class TargetSequenceModel(nn.Module):
         self._target_index = features.index(target_feature)
 
     @classmethod
-    def from_spec(cls, spec: FeatureSpec, cfg, *args, **kwargs):
+    def from_spec(cls, spec: FeatureSpec, cfg: ModelConfig, *args, **kwargs):
         """``cls`` over ``spec``'s pooled tables (one EmbeddingBagCollection) and sequence tables
         (one EmbeddingCollection), with ``cfg``'s ``target_feature``, ``embedding_dim``,
         ``deep_layer_sizes`` and MLP options; ``args``/``kwargs``: the model's own."""
