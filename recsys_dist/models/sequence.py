@@ -15,11 +15,11 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection, Embedding
 from torchrec.sparse.jagged_tensor import JaggedTensor, KeyedJaggedTensor
 
 from recsys_dist.data.spec import FeatureSpec
-from recsys_dist.models.config import ModelConfig
 
 # layers.pooled_embeddings, called through its module: torch.fx.wrap makes it a leaf of the
 # pipeline's trace by patching that name in layers' namespace, which a name imported here would miss.
 from recsys_dist.models import layers
+from recsys_dist.models.config import ModelConfig
 
 
 # Leaves for torch.fx (TrainPipelineSparseDist traces the model): they read a dict, keys and
