@@ -167,9 +167,10 @@ def check_data(d: DataConfig) -> None:
 
 def _check_features(d: DataConfig, fmt: RawFormat) -> list[int]:
     n_features = len(fmt.sparse_names)
-    if d.split.by == "time" and d.format != "schema" and d.split.column not in fmt.raw_columns:
+    known = fmt.raw_columns  # None: known once the file is read (schema formats)
+    if d.split.by == "time" and d.format != "schema" and known is not None and d.split.column not in known:
         raise ValueError(
-            f"data.split.column: {d.split.column!r} is not a raw column of {d.format} ({', '.join(fmt.raw_columns)})"
+            f"data.split.column: {d.split.column!r} is not a raw column of {d.format} ({', '.join(known)})"
         )
     sizes = d.num_embeddings if isinstance(d.num_embeddings, list) else [d.num_embeddings]
     if isinstance(d.num_embeddings, list) and len(sizes) != n_features:
