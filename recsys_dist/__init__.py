@@ -23,11 +23,13 @@ Package map, lowest layer first (docs/architecture.md; tests/unit/api/test_layer
 ``errors`` (every error type), ``faults`` (fault injection for the tests), ``logs``, ``versions``
 (the torch / fbgemm-gpu / torchrec lock-step check), ``files`` (writes that never follow a
 planted link); ``data/`` (formats, conversion, loader, FeatureSpec), ``models/`` (registry, zoo,
-losses, task), ``config/`` (loader, RunConfig), ``distributed/`` (process group, planning,
-sharding, the bytes ledger), ``checkpoint/`` (checkpoints, the run directory), ``train/`` (the
-resolved Job, preflight, the Trainer, evaluation, metrics, launch), ``serve/`` (export,
-TorchScript, scoring, HTTP, publishing), ``cli/`` (the ``recsys-dist`` command), ``testing``
-(``run_ranks`` for users' tests). Each package's docstring maps its modules.
+losses, task), ``distributed/`` (process group, planning, sharding, the bytes ledger),
+``checkpoint/`` (checkpoints, the run directory), ``train/`` (the resolved Job, preflight, the
+Trainer, evaluation, metrics, launch), ``serve/`` (export, TorchScript, scoring, HTTP,
+publishing), ``config/`` (RunConfig, its loader, and its resolution into a Job: above every
+component, so none takes the root config), ``cli/`` (the ``recsys-dist`` command), ``api`` (the
+public Trainer, StreamTrainer, resolve_job over a RunConfig), ``testing`` (``run_ranks`` for
+users' tests). Each package's docstring maps its modules.
 """
 
 from recsys_dist.versions import __version__, check_versions

@@ -9,8 +9,11 @@ problems are reported together, before any process is spawned.
 
 ``base`` (the error and the section base) imports nothing of the package, so components can
 define their sections on it; ``run`` composes them into ``RunConfig``; ``loader`` reads YAML and
-dotted overrides; ``reference`` writes docs/config.md from the sections. The loader and
-``RunConfig`` load lazily here (type checkers read ``__init__.pyi``).
+dotted overrides; ``reference`` writes docs/config.md from the sections; ``job`` resolves a
+``RunConfig`` into the ``recsys_dist.train.job.Job`` that every component receives. ``run``,
+``loader``, ``reference`` and ``job`` sit above every component (tests/unit/api/test_layers.py):
+no component takes the root config. The loader and ``RunConfig`` load lazily here (type
+checkers read ``__init__.pyi``).
 """
 
 from recsys_dist.config.base import ConfigError, Section

@@ -1,6 +1,6 @@
 """Models over TorchRec's EmbeddingBagCollection, their registry, losses, and the task wrapper.
 
-``models.build.build_model(cfg, spec)`` returns a :class:`models.task.CTRTask` around the model
+``models.build.build_model(model_cfg, features, train_cfg)`` returns a :class:`models.task.CTRTask` around the model
 ``model.name`` names: a shipped one (``recsys_dist/models/zoo/``), one added with
 ``models.registry.register_model``, or a factory named by import path. Tables are named
 ``t_<feature>``, one per categorical feature; DeepFM, Wide & Deep and xDeepFM add a first-order

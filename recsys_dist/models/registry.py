@@ -170,7 +170,7 @@ class ModelSpec:
         return [p for check in self.checks for p in check(job)]
 
 
-def _given_elsewhere(spec, cfg):
+def _given_elsewhere(spec: object, cfg: ModelConfig):
     raise TypeError("the model given to Trainer(model=...) is built by the Trainer from that argument")
 
 

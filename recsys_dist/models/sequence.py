@@ -19,6 +19,7 @@ from recsys_dist.data.spec import FeatureSpec
 # layers.pooled_embeddings, called through its module: torch.fx.wrap makes it a leaf of the
 # pipeline's trace by patching that name in layers' namespace, which a name imported here would miss.
 from recsys_dist.models import layers
+from recsys_dist.models.config import ModelConfig
 
 
 # Leaves for torch.fx (TrainPipelineSparseDist traces the model): they read a dict, keys and
@@ -75,7 +76,7 @@ class TargetSequenceModel(nn.Module):
         self._target_index = features.index(target_feature)
 
     @classmethod
-    def from_spec(cls, spec: FeatureSpec, cfg, *args, **kwargs):
+    def from_spec(cls, spec: FeatureSpec, cfg: ModelConfig, *args, **kwargs):
         """``cls`` over ``spec``'s pooled tables (one EmbeddingBagCollection) and sequence tables
         (one EmbeddingCollection), with ``cfg``'s ``target_feature``, ``embedding_dim``,
         ``deep_layer_sizes`` and MLP options; ``args``/``kwargs``: the model's own."""

@@ -31,16 +31,16 @@ class Sections:
     fmt: RawFormat
 
 
-def config_problems(cfg: Sections) -> list[str]:
+def config_problems(run: Sections) -> list[str]:
     """Problems that involve two sections and neither the model nor the machine (each as
     "dotted.key: what is wrong; the fix")."""
-    fmt = cfg.fmt
-    problems = _task_problems(cfg, list(fmt.task_names), list(fmt.task_kinds))
-    problems += _eval_problems(cfg, list(fmt.task_names), list(fmt.sparse_names))
-    if cfg.data.stream is not None:
-        problems += _stream_problems(cfg)
-    problems += _publish_problems(cfg)
-    if cfg.checkpoint.keep_best and not cfg.checkpoint.enabled:
+    fmt = run.fmt
+    problems = _task_problems(run, list(fmt.task_names), list(fmt.task_kinds))
+    problems += _eval_problems(run, list(fmt.task_names), list(fmt.sparse_names))
+    if run.data.stream is not None:
+        problems += _stream_problems(run)
+    problems += _publish_problems(run)
+    if run.checkpoint.keep_best and not run.checkpoint.enabled:
         problems.append(
             "checkpoint.keep_best: keeps a checkpoint, but checkpoint.enabled is false; enable checkpoints or "
             "remove keep_best"
@@ -48,10 +48,10 @@ def config_problems(cfg: Sections) -> list[str]:
     return problems
 
 
-def _task_problems(cfg: Sections, names: list[str], kinds: list[str]) -> list[str]:
+def _task_problems(run: Sections, names: list[str], kinds: list[str]) -> list[str]:
     """Losses and loss weights against the data's tasks (``data.schema.labels``)."""
     problems = []
-    t = cfg.train
+    t = run.train
     named = list(t.loss) if isinstance(t.loss, dict) else []
     for key, keys in (("train.loss", named), ("train.loss_weights", list(t.loss_weights))):
         problems += [
@@ -66,51 +66,51 @@ def _task_problems(cfg: Sections, names: list[str], kinds: list[str]) -> list[st
     return problems
 
 
-def _eval_problems(cfg: Sections, names: list[str], sparse: list[str]) -> list[str]:
+def _eval_problems(run: Sections, names: list[str], sparse: list[str]) -> list[str]:
     """Streaming metrics and GAUC against the tasks, the sample weights and the features."""
     problems = []
-    if len(names) > 1 and cfg.eval.auc_buckets:
+    if len(names) > 1 and run.eval.auc_buckets:
         problems.append(
             "eval.auc_buckets: streaming metrics are for one task; several tasks are scored exactly (remove it)"
         )
-    if len(names) > 1 and cfg.eval.group_feature is not None:
+    if len(names) > 1 and run.eval.group_feature is not None:
         problems.append("eval.group_feature: GAUC is for one binary task; remove it with data.schema.labels")
-    if cfg.data.schema is not None and cfg.data.schema.weight and cfg.eval.auc_buckets:
+    if run.data.schema is not None and run.data.schema.weight and run.eval.auc_buckets:
         problems.append("eval.auc_buckets: streaming metrics are unweighted; with data.schema.weight remove it")
-    g = cfg.eval.group_feature
+    g = run.eval.group_feature
     if g is not None:
-        multi_hot = set(cfg.data.schema.multi_hot) if cfg.data.schema else set()
+        multi_hot = set(run.data.schema.multi_hot) if run.data.schema else set()
         if g not in sparse:
             problems.append(f"eval.group_feature: {g!r} is not a categorical feature; valid: {', '.join(sparse)}")
         elif g in multi_hot:
             problems.append(f"eval.group_feature: {g!r} is multi-hot; GAUC groups by one id per row")
-        if cfg.eval.auc_buckets:
+        if run.eval.auc_buckets:
             problems.append(
                 "eval.group_feature: GAUC needs every prediction; it cannot be combined with eval.auc_buckets"
             )
     return problems
 
 
-def _stream_problems(cfg: Sections) -> list[str]:
+def _stream_problems(run: Sections) -> list[str]:
     """What a run over ``data.stream`` does not use (it has no epochs and no fixed splits)."""
-    t, e = cfg.train, cfg.eval
+    t, e = run.train, run.eval
     unused = [
         ("train.epochs", t.epochs != 1, "a stream is one pass over its partitions"),
         ("train.early_stopping", t.early_stopping is not None, "a stream keeps training as data lands"),
         ("eval.every_n_steps", e.every_n_steps is not None, "each partition is scored before it is trained on"),
-        ("checkpoint.keep_best", cfg.checkpoint.keep_best, "a stream has no one validation split to rank by"),
+        ("checkpoint.keep_best", run.checkpoint.keep_best, "a stream has no one validation split to rank by"),
     ]
     return [f"{key}: not used with data.stream ({why}); remove it" for key, given, why in unused if given]
 
 
-def _publish_problems(cfg: Sections) -> list[str]:
+def _publish_problems(run: Sections) -> list[str]:
     """Publishing reads the run's checkpoints: they must be written where it publishes."""
-    p, c = cfg.publish, cfg.checkpoint
+    p, c = run.publish, run.checkpoint
     if not p.enabled:
         return []
     if not c.enabled:
         return ["publish.enabled: publishes the run's checkpoints, but checkpoint.enabled is false; enable them"]
-    if p.every_partition and cfg.data.stream is None:
+    if p.every_partition and run.data.stream is None:
         return ["publish.every_partition: a run over data.raw_path has no partitions; use publish.every_n_steps"]
     if p.every_n_steps is not None and (c.every_n_steps is None or p.every_n_steps % c.every_n_steps):
         return [

@@ -116,10 +116,11 @@ class Trainer(TrainLoop):
     its collective methods.
 
     Args:
-        job: the run config (``recsys_dist.config.load_config``), whose cross-section rules
-            the Trainer checks first (``recsys_dist.train.preflight.check_sections``); or a
-            resolved :class:`~recsys_dist.train.job.Job` (``recsys-dist train``'s ranks),
-            checked by whoever resolved it.
+        cfg: the run config (``recsys_dist.load_config``), which ``recsys_dist.Trainer``
+            resolves once into a :class:`~recsys_dist.train.job.Job` and whose cross-section
+            rules it checks first (``recsys_dist.train.preflight.check_sections``); or a resolved
+            ``Job`` (``recsys-dist train``'s ranks), checked by whoever resolved it. (This class,
+            ``recsys_dist.train.trainer.Trainer``, takes the Job only: ``job``.)
         run_dir: the run directory; created if missing (rank 0 writes ``config.yaml``,
             ``plan.txt`` / ``plan.json``, ``metrics.jsonl``, ``summary.json`` and
             ``checkpoints/`` there). A directory that already holds a run is not refused
@@ -159,7 +160,9 @@ class Trainer(TrainLoop):
             checkpoint's, and the run ends after ``train.epochs`` epochs.
 
     Attributes:
-        job: the config. run_dir: the run directory (``Path``).
+        job: the resolved run (its sections: ``job.train``, ``job.data``, ...; its facts:
+            ``job.features``, ``job.fmt``, ...). cfg (``recsys_dist.Trainer`` only): the config
+            given. run_dir: the run directory (``Path``).
         epoch: the epoch being (or last) trained, from 0.
         total_steps: steps the run trains in all (``train.epochs`` x steps per epoch, capped
             by ``train.max_steps``); :meth:`fit` stops there.

@@ -180,3 +180,28 @@ def test_every_module_imports():
 
     for name in sorted(_modules()):
         importlib.import_module(name)
+
+
+def test_no_component_takes_the_root_config():
+    """Below the run layer a function takes its own section (typed) or the resolved Job, never
+    an untyped ``cfg`` that could be the root config, and nothing re-derives a section from one
+    (``getattr(cfg, "data", cfg)``) or reads ``job.cfg``."""
+    mods = _modules()
+    run = LAYERS.index("run")
+    found = []
+    for name, f in mods.items():
+        if LAYERS.index(layer(name)) >= run:
+            continue
+        text = f.read_text()
+        for bad in ('getattr(cfg, "data"', "job.cfg", "Job | RunConfig"):
+            if bad in text:
+                found.append(f"{f.relative_to(ROOT)}: {bad}")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                args = node.args.posonlyargs + node.args.args + node.args.kwonlyargs
+                found += [
+                    f"{f.relative_to(ROOT)}:{node.lineno} {node.name}({a.arg}) has no type"
+                    for a in args
+                    if a.arg == "cfg" and a.annotation is None
+                ]
+    assert not found, "the root config below the run layer:\n" + "\n".join(found)
