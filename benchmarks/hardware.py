@@ -33,12 +33,12 @@ STATE_FLOATS = {
 
 def embedding_bytes_per_sample(cfg) -> int:
     """Bytes of embedding rows, optimizer state and pooled vectors moved per training sample."""
-    from recsys_dist.models.build import embedding_configs
+    from recsys_dist.config.job import resolve_job
 
     hot = cfg.data.multi_hot_sizes
     state = STATE_FLOATS[cfg.train.embedding_optimizer]
     total = 0
-    for i, t in enumerate(embedding_configs(cfg)):
+    for i, t in enumerate(resolve_job(cfg).features.planned_tables()):
         ids = hot[i % len(hot)] if hot else 1
         d = t.embedding_dim
         total += ids * (12 * d + 8 * state(d)) + 8 * d
@@ -47,10 +47,11 @@ def embedding_bytes_per_sample(cfg) -> int:
 
 def linear_shapes(cfg) -> list[tuple[int, int]]:
     """(in, out) of every Linear layer of the dense part of a dlrm / dlrm_dcnv2 model."""
-    from recsys_dist.data.resolve import feature_names
+    from recsys_dist.config.job import resolve_job
 
     m = cfg.model
-    dense, sparse = feature_names(cfg)
+    features = resolve_job(cfg).features
+    dense, sparse = features.dense_names, features.keys
     f, d = len(sparse), m.embedding_dim
     bottom = list(zip([len(dense)] + m.dense_arch_layer_sizes[:-1], m.dense_arch_layer_sizes))
     top_in = (f + 1) * d if m.name == "dlrm_dcnv2" else d + (f + 1) * f // 2
@@ -62,10 +63,10 @@ def linear_shapes(cfg) -> list[tuple[int, int]]:
 
 def flops_per_sample(cfg) -> int:
     """Training FLOPs per sample (forward + backward = 3x forward) of the dense part."""
-    from recsys_dist.data.resolve import feature_names
+    from recsys_dist.config.job import resolve_job
 
     m = cfg.model
-    f, d = len(feature_names(cfg)[1]), m.embedding_dim
+    f, d = len(resolve_job(cfg).features.keys), m.embedding_dim
     fwd = sum(2 * i * o for i, o in linear_shapes(cfg))
     if m.name == "dlrm_dcnv2":
         width = (f + 1) * d

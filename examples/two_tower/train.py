@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> dict:
     prepared = recsys_dist.prepare(cfg)
     spec = recsys_dist.feature_spec(cfg, prepared.num_embeddings)
     names, sizes = spec.sparse_names, spec.num_embeddings
-    train, held = (read_rows(prepared.paths(s), cfg, sizes) for s in ("train", a.split))
+    train, held = (read_rows(prepared.paths(s), spec) for s in ("train", a.split))
     t_user, t_item, h_user, h_item = (r.one_hot(f) for r in (train, held) for f in ("userId", "movieId"))
     num_items = sizes[names.index("movieId")]
     counts = np.bincount(t_item, minlength=num_items)  # training ratings per movie id
