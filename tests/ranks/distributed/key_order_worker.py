@@ -184,8 +184,8 @@ class PositionalTower(nn.Module):
 
 def train_and_predict(rank: int, world_size: int, cache: str, config: str, run_dir: str) -> dict:
     """Fit, then Trainer.predict("test") and Trainer.evaluate("test") (sharded), and a checkpoint."""
+    from recsys_dist.api import Trainer
     from recsys_dist.config.loader import load_config
-    from recsys_dist.train.trainer import Trainer
 
     os.environ["RECSYS_DIST_CACHE"] = cache
     with Trainer(load_config(config), Path(run_dir)) as trainer:
