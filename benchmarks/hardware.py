@@ -33,7 +33,7 @@ STATE_FLOATS = {
 
 def embedding_bytes_per_sample(cfg) -> int:
     """Bytes of embedding rows, optimizer state and pooled vectors moved per training sample."""
-    from recsys_dist.config.job import resolve_job
+    from recsys_dist import resolve_job
 
     hot = cfg.data.multi_hot_sizes
     state = STATE_FLOATS[cfg.train.embedding_optimizer]
@@ -47,7 +47,7 @@ def embedding_bytes_per_sample(cfg) -> int:
 
 def linear_shapes(cfg) -> list[tuple[int, int]]:
     """(in, out) of every Linear layer of the dense part of a dlrm / dlrm_dcnv2 model."""
-    from recsys_dist.config.job import resolve_job
+    from recsys_dist import resolve_job
 
     m = cfg.model
     features = resolve_job(cfg).features
@@ -63,7 +63,7 @@ def linear_shapes(cfg) -> list[tuple[int, int]]:
 
 def flops_per_sample(cfg) -> int:
     """Training FLOPs per sample (forward + backward = 3x forward) of the dense part."""
-    from recsys_dist.config.job import resolve_job
+    from recsys_dist import resolve_job
 
     m = cfg.model
     f, d = len(resolve_job(cfg).features.keys), m.embedding_dim

@@ -53,6 +53,7 @@ _API = {
     "FeatureSpec": "recsys_dist.data.spec",
     "register_model": "recsys_dist.models.registry",
     "register_loss": "recsys_dist.models.losses",
+    "register_format": "recsys_dist.data.formats.base",
     "build_model": "recsys_dist.models.build",
     "feature_spec": "recsys_dist.api",
     "shard": "recsys_dist.distributed.sharding",

@@ -17,6 +17,7 @@ from recsys_dist.checkpoint.meta import latest_checkpoint as latest_checkpoint
 from recsys_dist.config.base import ConfigError as ConfigError
 from recsys_dist.config.loader import load_config as load_config
 from recsys_dist.config.run import RunConfig as RunConfig
+from recsys_dist.data.formats.base import register_format as register_format
 from recsys_dist.data.loader import CTRBatch as CTRBatch
 from recsys_dist.data.loader import ParquetBatchLoader as ParquetBatchLoader
 from recsys_dist.data.spec import FeatureSpec as FeatureSpec

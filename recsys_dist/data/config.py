@@ -345,11 +345,17 @@ class ManagedConfig(_Section):
 
 
 class DataConfig(_Section):
-    format: Literal["criteo_tsv", "avazu_csv", "schema"] = Field(
+    format: str = Field(
         "criteo_tsv",
         description="Raw input format. criteo_tsv: label, I1..I13, C1..C26 tab-separated, "
         "empty field = missing (Criteo Kaggle / 1TB layout); avazu_csv: Avazu train.csv "
-        "(23 categorical features, no dense); schema: any CSV / TSV / Parquet described by data.schema.",
+        "(23 categorical features, no dense); schema: any CSV / TSV / Parquet described by data.schema; "
+        "or a format of your own: a name registered with recsys_dist.register_format, or its factory "
+        "'package.module:factory' (docs/data.md).",
+    )
+    format_args: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Keyword arguments of a format of your own (its factory's); the shipped formats take none.",
     )
     schema_: SchemaConfig | None = Field(
         None,

@@ -16,8 +16,7 @@ import pyarrow as pa
 from recsys_dist.data import mapping as mp
 from recsys_dist.data.config import DataConfig
 from recsys_dist.data.convert.manifest import table_coverage
-from recsys_dist.data.formats.base import RawFormat
-from recsys_dist.data.formats.criteo import TRANSFORM_VERSION
+from recsys_dist.data.formats.base import TRANSFORM_VERSION, RawFormat
 from recsys_dist.errors import DataError
 from recsys_dist.files import write_atomic
 from recsys_dist.versions import __version__, installed_versions

@@ -8,12 +8,14 @@ is resolved once into a ``recsys_dist.train.job.Job`` whose FeatureSpec carries 
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 
 # The format modules register themselves in FORMATS when imported.
 import recsys_dist.data.formats.avazu  # noqa: F401
 import recsys_dist.data.formats.criteo  # noqa: F401
 import recsys_dist.data.formats.schema  # noqa: F401
+from recsys_dist.config.base import import_object, is_import_path
 from recsys_dist.data.config import DataConfig
 from recsys_dist.data.convert import entry_path, prepare
 from recsys_dist.data.convert.manifest import MANIFEST_FILE, PreparedData
@@ -22,22 +24,63 @@ from recsys_dist.data.formats.base import FORMATS, RawFormat
 from recsys_dist.errors import DataError
 
 
-def raw_format(name: str, schema=None, short_lines: str = "error") -> RawFormat:
-    """The format object registered as ``name`` (``criteo_tsv``, ``avazu_csv``, or ``schema`` with
-    its ``data.schema`` section); ``short_lines``: ``data.short_lines`` (criteo_tsv only).
+def raw_format(name: str, schema=None, short_lines: str = "error", args: dict | None = None) -> RawFormat:
+    """The format object of ``data.format``: a registered name (``criteo_tsv``, ``avazu_csv``,
+    ``schema`` with its ``data.schema`` section, or one registered with ``register_format``), or
+    a factory's import path ``package.module:factory``; ``short_lines``: ``data.short_lines``
+    (criteo_tsv only); ``args``: ``data.format_args``, the factory's keyword arguments.
 
     Raises:
-        ValueError: an unknown format name.
+        ValueError: an unknown format name, a factory that cannot be imported, arguments the
+            factory does not take, or a factory that does not return a format object.
     """
-    if name not in FORMATS:
-        raise ValueError(f"data.format: unknown format {name!r}; known: {', '.join(FORMATS)}")
-    return FORMATS[name](schema, short_lines)
+    args = dict(args or {})
+    if is_import_path(name):
+        factory = import_object(name, "data.format")
+    elif name in FORMATS:
+        factory = FORMATS[name]
+    else:
+        raise ValueError(
+            f"data.format: unknown format {name!r}; registered: {', '.join(sorted(FORMATS))}, or give a factory's "
+            "import path 'package.module:factory'"
+        )
+    if not callable(factory):
+        raise ValueError(f"data.format: {name} is not callable; name a format factory")
+    _check_args(name, factory, args)
+    fmt = factory(schema, short_lines, **args)
+    missing = [m for m in _FORMAT_MEMBERS if not hasattr(fmt, m)]
+    if missing:
+        raise ValueError(
+            f"data.format: {name} made a {type(fmt).__name__} without {', '.join(missing)}; a format implements "
+            "recsys_dist.data.formats.base.RawFormat"
+        )
+    return fmt
+
+
+# What the conversion and scoring read of a format object (RawFormat's members).
+_FORMAT_MEMBERS = sorted({m for m in vars(RawFormat) if not m.startswith("_")} | set(RawFormat.__annotations__))
+
+
+def _check_args(name: str, factory, args: dict) -> None:
+    try:
+        params = list(inspect.signature(factory).parameters.values())[2:]
+    except (TypeError, ValueError):  # a builtin or C callable: nothing to check
+        return
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return
+    takes = [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    unknown = sorted(set(args) - set(takes))
+    if unknown:
+        raise ValueError(
+            f"data.format_args: {name} takes no argument {', '.join(map(repr, unknown))}"
+            f"{' (it takes ' + ', '.join(takes) + ')' if takes else ' (it takes none): remove data.format_args'}"
+        )
 
 
 def data_format(d: DataConfig) -> RawFormat:
     """The format object of a ``data`` section: ``data.format`` with its options."""
     _section(d)
-    return raw_format(d.format, d.schema, d.short_lines)
+    return raw_format(d.format, d.schema, d.short_lines, d.format_args)
 
 
 def _section(d) -> None:
@@ -124,9 +167,10 @@ def check_data(d: DataConfig) -> None:
 
 def _check_features(d: DataConfig, fmt: RawFormat) -> list[int]:
     n_features = len(fmt.sparse_names)
-    if d.split.by == "time" and d.format != "schema" and d.split.column not in fmt.raw_columns:
+    known = fmt.raw_columns  # None: known once the file is read (schema formats)
+    if d.split.by == "time" and d.format != "schema" and known is not None and d.split.column not in known:
         raise ValueError(
-            f"data.split.column: {d.split.column!r} is not a raw column of {d.format} ({', '.join(fmt.raw_columns)})"
+            f"data.split.column: {d.split.column!r} is not a raw column of {d.format} ({', '.join(known)})"
         )
     sizes = d.num_embeddings if isinstance(d.num_embeddings, list) else [d.num_embeddings]
     if isinstance(d.num_embeddings, list) and len(sizes) != n_features:

@@ -1,6 +1,6 @@
 """Distributed: the process group (``env``); planning (``plan``: the one planning path;
 ``rules``: what a ``sharding`` section obeys; ``fixed_plan``: tables placed by hand; ``plan_io``:
-a plan as rows and back; ``dry_run``: the plan for any cluster, without one); sharding
+a plan as rows and back; the plan for any cluster without one is ``recsys_dist.train.dry_run``'s); sharding
 (``sharding``: the public ``shard``; ``sharders``: every sharding type on CPU; ``key_order``:
 outputs in the unsharded key order; ``ids``: ids outside their table refused); table
 initialisation and state moves (``tables``); the fused embedding optimizer (``optim``); the bytes

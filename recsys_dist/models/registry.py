@@ -9,6 +9,7 @@ imported the first time the registry is read, so a new model is one new file.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import inspect
 import pkgutil
@@ -253,7 +254,8 @@ def _load_builtin() -> None:
 
 
 def get_model(name: str) -> ModelSpec:
-    """The registered model ``name``, or for an import path a spec around that factory.
+    """The registered model ``name``; for an import path, the registered model whose factory it
+    names (with its checks and hooks), else a spec around that factory (no hooks).
 
     Raises:
         KeyError: no model of that name is registered.
@@ -261,6 +263,11 @@ def get_model(name: str) -> ModelSpec:
     _load_builtin()
     if is_import_path(name):
         factory = model_factory(name)
+        # A factory its module registers (``@register_model("x", checks=..., on_features=...)``)
+        # keeps its checks and hooks when YAML names it by import path.
+        registered = next((m for m in _MODELS.values() if m.factory is factory), None)
+        if registered is not None:
+            return dataclasses.replace(registered, name=name)
         return ModelSpec(name, FactoryModelConfig, lambda spec, cfg: factory(spec, **cfg.args), factory)
     return _MODELS[name]
 

@@ -41,7 +41,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from recsys_dist.data import mapping as mp
 from recsys_dist.data.convert.passes import Transform
-from recsys_dist.data.formats.criteo import TRANSFORM_VERSION
+from recsys_dist.data.formats.base import TRANSFORM_VERSION
 from recsys_dist.data.formats.schema import UnlabelledSchemaFormat
 from recsys_dist.data.loader import CTRBatch
 from recsys_dist.data.loader.columns import Columns

@@ -34,7 +34,7 @@ import pyarrow as pa
 from recsys_dist.data.config import DataConfig, describe_raw_path, raw_paths
 from recsys_dist.data.convert import prepare
 from recsys_dist.data.convert.manifest import check_cache_format
-from recsys_dist.data.formats.criteo import TRANSFORM_VERSION
+from recsys_dist.data.formats.base import TRANSFORM_VERSION
 from recsys_dist.data.record import (
     MANIFEST_FILE,
     PREPROCESSING_FILE,

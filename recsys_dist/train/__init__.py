@@ -1,6 +1,6 @@
 """Training: the resolved run (``job``); checks before launch (``preflight``, ``section_checks``,
 ``batch_memory``); the ``Trainer`` (``trainer``) and its parts (``build``: the loaders and the
-sharded model; ``loop``: the step loop and its checkpoints; ``pipelines``: TorchRec's training
+sharded model; ``dry_run``: the plan for any cluster, without one; ``loop``: the step loop and its checkpoints; ``pipelines``: TorchRec's training
 pipelines; ``schedule``: the learning-rate schedule; ``early_stopping``, ``best_weights``;
 ``summary``, ``results``: what ``fit()`` returns); online training (``stream``; where it is
 across restarts: ``stream_state``); global metrics and predictions (``metrics``,

@@ -35,7 +35,7 @@ def evaluate(
     memory independent of the split's size (``auc_error_bound`` is reported).
     ``group_feature``: a one-hot categorical key whose ids group rows for GAUC. Every rank
     must call this, since both paths end in a collective.
-    ``tasks``: (names, kinds) of several tasks (``recsys_dist.data.resolve.tasks``); the metrics are
+    ``tasks``: (names, kinds) of several tasks (``features.tasks``, ``features.task_kinds`` of the job's FeatureSpec); the metrics are
     then those of :func:`recsys_dist.train.metrics.task_metrics` per task, keys ``<task>/<metric>``
     (``like/auc``, ``rating/rmse``), plus ``num_examples``. A loader with sample weights
     (``weight_column``) gives weighted metrics (one task: unprefixed keys). Exact path only.

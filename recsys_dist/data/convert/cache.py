@@ -20,7 +20,7 @@ from recsys_dist.data.convert.manifest import (
     entry_files,
     log,
 )
-from recsys_dist.data.formats.criteo import TRANSFORM_VERSION
+from recsys_dist.data.formats.base import TRANSFORM_VERSION
 from recsys_dist.data.splits import Split
 from recsys_dist.errors import DataError, UnsafeFile
 from recsys_dist.files import open_in_place

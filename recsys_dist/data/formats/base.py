@@ -98,19 +98,29 @@ class RawFormat(Protocol):
         ...
 
 
-# A factory: (the data.schema section or None, data.short_lines) -> the format object.
-FormatFactory = Callable[[Any, str], RawFormat]
+# The version of every format's transforms (raw value -> model input): part of the conversion
+# cache key and of the preprocessing record, so that a change to any transform invalidates both.
+TRANSFORM_VERSION = 1
+
+# A factory: (the data.schema section or None, data.short_lines, **data.format_args) -> the format object.
+FormatFactory = Callable[..., RawFormat]
 
 # data.format -> its factory; the one list of format names (filled by register_format).
 FORMATS: dict[str, FormatFactory] = {}
 
 
 def register_format(name: str) -> Callable[[FormatFactory], FormatFactory]:
-    """Decorator: register ``factory(schema, short_lines) -> RawFormat`` as ``data.format: name``.
+    """Decorator: register ``factory(schema, short_lines, **format_args) -> RawFormat`` as
+    ``data.format: name`` (``recsys_dist.register_format``). ``schema``: the ``data.schema``
+    section or None; ``short_lines``: ``data.short_lines``; ``format_args``: ``data.format_args``,
+    checked against the factory's keyword parameters. A format of your own may also be named by
+    its factory's import path (``data.format: package.module:factory``), registered or not.
 
     Raises:
-        ValueError: ``name`` is registered already.
+        ValueError: ``name`` is registered already, or is an import path.
     """
+    if ":" in name:
+        raise ValueError(f"register_format: {name!r} contains ':'; import paths need no registration")
 
     def register(factory: FormatFactory) -> FormatFactory:
         if name in FORMATS:

@@ -50,7 +50,6 @@ NUM_SPARSE = 26
 DENSE_NAMES = [f"I{i}" for i in range(1, NUM_DENSE + 1)]
 SPARSE_NAMES = [f"C{i}" for i in range(1, NUM_SPARSE + 1)]
 COLUMNS = ["label"] + DENSE_NAMES + SPARSE_NAMES
-TRANSFORM_VERSION = 1  # of every format's transforms: part of the cache key and the export record
 
 
 def parse_hex_ids(col: pa.Array, num_embeddings: int, where: str, first_row: int) -> np.ndarray:

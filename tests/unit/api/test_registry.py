@@ -69,12 +69,14 @@ def test_a_mapping_on_the_command_line_replaces_the_files(example_on_path):
 
 
 def test_import_path_model_trains_like_a_shipped_one_without_sharding(example_on_path):
+    from recsys_dist import resolve_job
     from recsys_dist.data.loader import CTRBatch
-    from recsys_dist.models.build import build_model, feature_spec
+    from recsys_dist.models.build import build_model
 
     cfg = load_config(QUICKSTART, ["model.name=my_model:DotTower", "train.loss=my_model:focal_loss"])
-    spec = feature_spec(cfg, [50] * 26, embedding_device=torch.device("cpu"))
-    task = build_model(cfg, spec)
+    job = resolve_job(cfg, sizes=[50] * 26)
+    spec = job.features.on(torch.device("cpu"))
+    task = build_model(job.model, spec, job.train)
     g = torch.Generator().manual_seed(0)
     from torchrec import KeyedJaggedTensor
 
@@ -91,6 +93,7 @@ def test_import_path_model_trains_like_a_shipped_one_without_sharding(example_on
 def test_register_model_by_name(monkeypatch):
     from recsys_dist.models import registry
 
+    registry.model_names()  # the zoo loaded into the real table, not into the copy
     monkeypatch.setattr(registry, "_MODELS", dict(registry._MODELS))
 
     @registry.register_model("tiny_test_model")
@@ -106,22 +109,25 @@ def test_register_model_by_name(monkeypatch):
 
 
 def test_a_registered_model_brings_its_own_checks(monkeypatch):
+    from recsys_dist import resolve_job
     from recsys_dist.models import registry
     from recsys_dist.models.checks import needs_dense
     from recsys_dist.train.preflight import check_sections
 
+    registry.model_names()  # the zoo loaded into the real table, not into the copy
     monkeypatch.setattr(registry, "_MODELS", dict(registry._MODELS))
 
-    def no_avazu(cfg):
-        return [f"data.format: {cfg.model.name} refuses {cfg.data.format}"] if "avazu" in cfg.data.format else []
+    def no_avazu(job):
+        return [f"data.format: {job.model.name} refuses {job.data.format}"] if "avazu" in job.data.format else []
 
     @registry.register_model("dense_only_test_model", checks=(needs_dense, no_avazu))
     def tiny(spec):
         return torch.nn.Linear(spec.num_dense, 1)
 
-    check_sections(load_config(QUICKSTART, ["model.name=dense_only_test_model"]))  # criteo: dense, not avazu
+    check_sections(resolve_job(load_config(QUICKSTART, ["model.name=dense_only_test_model"])))  # criteo: dense
+    avazu = load_config(ROOT / "configs" / "avazu_deepfm.yaml", ["model.name=dense_only_test_model"])
     with pytest.raises(ConfigError) as err:
-        check_sections(load_config(ROOT / "configs" / "avazu_deepfm.yaml", ["model.name=dense_only_test_model"]))
+        check_sections(resolve_job(avazu))
     assert "dense_only_test_model needs dense features and avazu_csv has none" in str(err.value)
     assert "data.format: dense_only_test_model refuses avazu_csv" in str(err.value)
 

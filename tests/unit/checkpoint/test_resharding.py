@@ -19,15 +19,18 @@ def test_a_checkpoint_of_recsys_dist_0_1_is_refused_not_remapped(tmp_path):
 
     from recsys_dist.checkpoint.dcp import load_checkpoint
     from recsys_dist.checkpoint.run_dir import resolve_resume
+    from recsys_dist.config.job import resolve_job
     from recsys_dist.config.loader import load_config
     from recsys_dist.errors import CheckpointError
     from recsys_dist.models.build import build_model
     from recsys_dist.serve.export import load
 
     cfg = load_config(QUICKSTART, ["model.name=deepfm", "data.num_embeddings=50"])
+    job = resolve_job(cfg)
     cpu = torch.device("cpu")
+    features = job.features.on(cpu)
     torch.manual_seed(0)
-    saved = build_model(cfg, cpu, tables_device=cpu).state_dict()
+    saved = build_model(job.model, features, job.train).state_dict()
     old = {k.replace(".sparse_arch.embedding_bags.w_", ".first_order.embedding_bags.w_"): v for k, v in saved.items()}
     assert sum(".first_order." in k for k in old) == 26
     ckpt = tmp_path / "step_00000003"
@@ -35,7 +38,7 @@ def test_a_checkpoint_of_recsys_dist_0_1_is_refused_not_remapped(tmp_path):
     (ckpt / "meta.json").write_text(json.dumps({"step": 3, "world_size": 1, "config": cfg.to_dict()}))
 
     torch.manual_seed(1)
-    model = build_model(cfg, cpu, tables_device=cpu)
+    model = build_model(job.model, features, job.train)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     want = (
         f"checkpoint {ckpt} was written by an older recsys_dist (checkpoint format 1; this one reads format 2 "

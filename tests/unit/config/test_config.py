@@ -3,10 +3,14 @@ from pathlib import Path
 import pytest
 import yaml
 
+import recsys_dist
 from recsys_dist.config import ConfigError
+from recsys_dist.config.job import resolve_job
 from recsys_dist.config.loader import load_config, parse_overrides
+from recsys_dist.config.run import RunConfig
+from recsys_dist.train import trainer
+from recsys_dist.train.job import SECTIONS
 from recsys_dist.train.preflight import check_before_launch, check_sections
-from recsys_dist.train.trainer import Trainer
 from tests.conftest import QUICKSTART, ROOT
 
 
@@ -26,13 +30,13 @@ def minimal(**sections):
 def test_every_shipped_config_validates(path):
     cfg = load_config(path)
     if cfg.data.raw_path is not None:  # trainable configs: the data file must ship too
-        check_before_launch(cfg)
+        check_before_launch(resolve_job(cfg))
 
 
 def test_plan_only_config_refuses_to_train():
     cfg = load_config(ROOT / "configs" / "mlperf_dlrmv2.yaml")
     with pytest.raises(ConfigError, match="data.raw_path: not set"):
-        check_before_launch(cfg)
+        check_before_launch(resolve_job(cfg))
 
 
 def test_quickstart_values_and_path_resolution():
@@ -101,7 +105,7 @@ def test_missing_data_file_and_config(tmp_path):
         load_config(QUICKSTART, [f"data.raw_path={tmp_path}"])
     cfg = load_config(QUICKSTART, [f"data.raw_path={tmp_path}/nope.txt"], check_files=False)
     with pytest.raises(ConfigError, match="data.raw_path: file .*nope.txt does not exist"):
-        check_before_launch(cfg)
+        check_before_launch(resolve_job(cfg))
     with pytest.raises(ConfigError, match="does not exist"):
         load_config(tmp_path / "missing.yaml")
 
@@ -116,13 +120,13 @@ def test_yaml_is_loaded_safely(tmp_path):
 def test_sharding_problems_found_before_launch():
     cfg = load_config(QUICKSTART, ["sharding.per_table={t_C99: {sharding_types: [row_wise]}}"])
     with pytest.raises(ConfigError, match=r"unknown tables \['t_C99'\]"):
-        check_before_launch(cfg)
+        check_before_launch(resolve_job(cfg))
     cfg = load_config(QUICKSTART, ["sharding.sharding_types=[data_parallel]", "sharding.compute_kernels=[fused]"])
     with pytest.raises(ConfigError, match="data_parallel tables need the dense kernel"):
-        check_before_launch(cfg)
+        check_before_launch(resolve_job(cfg))
     cfg = load_config(QUICKSTART, ["train.embedding_optimizer=adam"])
     with pytest.raises(ConfigError, match="no Adam for sharded tables"):
-        check_before_launch(cfg)
+        check_before_launch(resolve_job(cfg))
 
 
 def test_fixed_plan_validation():
@@ -132,7 +136,7 @@ def test_fixed_plan_validation():
         load_config(QUICKSTART, ["sharding.fixed_plan={t_C1: {sharding_type: column_wise}}"])
     cfg = load_config(QUICKSTART, ["sharding.fixed_plan={t_C1: {sharding_type: table_wise, ranks: [2]}}"])
     with pytest.raises(ConfigError) as e:
-        check_before_launch(cfg)
+        check_before_launch(resolve_job(cfg))
     assert "must place exactly the model's tables" in str(e.value) and "'t_C2'" in str(e.value)
     assert "fixed_plan.t_C1.ranks: [2] but the job has 2 rank(s)" in str(e.value)
 
@@ -140,10 +144,8 @@ def test_fixed_plan_validation():
 def test_pooling_default_and_per_table():
     from torchrec.modules.embedding_configs import PoolingType
 
-    from recsys_dist.models.build import embedding_configs
-
     cfg = load_config(QUICKSTART, ["data.pooling=mean", "data.feature_pooling={C3: sum}"])
-    pools = {t.name: t.pooling for t in embedding_configs(cfg)}
+    pools = {t.name: t.pooling for t in resolve_job(cfg).features.tables}
     assert pools["t_C1"] == PoolingType.MEAN and pools["t_C3"] == PoolingType.SUM
     # The keys of 0.1.0 (sharding.pooling, sharding.per_table.<table>.pooling) are unknown keys now.
     with pytest.raises(ConfigError, match=r"sharding\.per_table\.t_C3\.pooling: unknown key") as e:
@@ -154,7 +156,7 @@ def test_pooling_default_and_per_table():
 def test_more_ranks_than_tables_with_only_table_wise():
     cfg = load_config(QUICKSTART, ["sharding.sharding_types=[table_wise]", "distributed.nproc_per_node=27"])
     with pytest.raises(ConfigError, match="27 ranks but only 26 tables"):
-        check_before_launch(cfg)
+        check_before_launch(resolve_job(cfg))
 
 
 def test_non_utf8_config_and_infinite_values_are_config_errors(tmp_path):
@@ -236,7 +238,24 @@ def test_cross_section_problems_come_from_preflight_and_the_trainer(tmp_path):
     and by the Trainer for a config given to it directly, before it takes the run directory."""
     cfg = load_config(ROOT / "configs" / "avazu_deepfm.yaml", ["model.name=dlrm"])  # no dense features
     with pytest.raises(ConfigError, match="model.name: dlrm needs dense features and avazu_csv has none"):
-        check_sections(cfg)
+        check_sections(resolve_job(cfg))
     with pytest.raises(ConfigError, match="model.name: dlrm needs dense features"):
-        Trainer(cfg, tmp_path / "run")
+        recsys_dist.Trainer(cfg, tmp_path / "run")
     assert not (tmp_path / "run").exists()
+    # Below the public API the Trainer takes the resolved Job only.
+    with pytest.raises(TypeError, match="takes a resolved Job, got RunConfig"):
+        trainer.Trainer(load_config(QUICKSTART), tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_job_sections_are_the_run_configs_fields_in_order():
+    """One source of section names: the Job's SECTIONS are RunConfig's fields, in config order,
+    each of the same class (``model``: the base of every model's config class)."""
+    assert list(SECTIONS) == list(RunConfig.model_fields)
+    cfg = load_config(QUICKSTART)
+    job = resolve_job(cfg)
+    assert list(job.sections()) == list(RunConfig.model_fields)
+    assert all(isinstance(getattr(cfg, n), cls) for n, cls in SECTIONS.items())
+    assert job.to_dict() == cfg.to_dict()
+    with pytest.raises(TypeError, match="expected a RunConfig"):
+        resolve_job(cfg.data)

@@ -4,6 +4,7 @@ that reads none, per_table naming of sequence tables."""
 import pytest
 
 from recsys_dist.config import ConfigError
+from recsys_dist.config.job import resolve_job
 from recsys_dist.config.loader import load_config
 from recsys_dist.train.preflight import check_before_launch, check_sections, table_names
 from tests.conftest import ROOT
@@ -20,15 +21,15 @@ def test_managed_with_sequence_features_is_refused():
 
 def test_model_without_sequences_refuses_sequence_features():
     with pytest.raises(ConfigError) as e:
-        check_sections(load_config(DIN, ["model={name: dcnv2}"]))  # preflight's cross-section pass
+        check_sections(resolve_job(load_config(DIN, ["model={name: dcnv2}"])))  # preflight's cross-section pass
     msg = str(e.value)
     assert "model.name: dcnv2" in msg and "data.schema.history" in msg
 
 
 def test_per_table_names_a_sequence_table_like_the_model():
-    cfg = load_config(DIN, ["sharding.per_table={s_history: {sharding_types: [row_wise]}}"])
-    assert "s_history" in table_names(cfg) and "t_history" not in table_names(cfg)
-    check_before_launch(cfg)  # accepted: the model's name for the table
+    job = resolve_job(load_config(DIN, ["sharding.per_table={s_history: {sharding_types: [row_wise]}}"]))
+    assert "s_history" in table_names(job) and "t_history" not in table_names(job)
+    check_before_launch(job)  # accepted: the model's name for the table
     bad = load_config(DIN, ["sharding.per_table={t_history: {sharding_types: [row_wise]}}"])
     with pytest.raises(ConfigError, match="t_history"):
-        check_before_launch(bad)
+        check_before_launch(resolve_job(bad))

@@ -175,6 +175,6 @@ def test_short_lines_is_a_data_option_of_criteo_only(tmp_path, cache_dir):
 
     raw = write(tmp_path, [base_row(), _short(base_row(cats=CATS[:-1] + [""]), 39)] * 5)
     cfg = config_from_dict({"data": {"raw_path": str(raw), "short_lines": "pad", "num_embeddings": 100}})
-    assert prepare_from_config(cfg).rows == {"train": 8, "validation": 1, "test": 1}
+    assert prepare_from_config(cfg.data).rows == {"train": 8, "validation": 1, "test": 1}
     with pytest.raises(ConfigError, match="data.short_lines: pad only applies to format: criteo_tsv, not avazu_csv"):
         config_from_dict({"data": {"format": "avazu_csv", "short_lines": "pad"}, "model": {"name": "deepfm"}})

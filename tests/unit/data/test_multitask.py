@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from sklearn.metrics import log_loss, mean_absolute_error, mean_squared_error, roc_auc_score
 
 from recsys_dist.config import ConfigError
+from recsys_dist.config.job import resolve_job
 from recsys_dist.config.loader import config_from_dict
 from recsys_dist.data.config import SchemaConfig
 from recsys_dist.data.convert import ConversionSpec, prepare
@@ -90,15 +91,15 @@ def _cfg(**over):
 
 def test_config_errors_name_the_key():
     with pytest.raises(ConfigError, match=r"train\.loss_weights\.nope: no task 'nope'"):
-        check_sections(config_from_dict(_cfg(train={"loss_weights": {"nope": 1.0}})))
+        check_sections(resolve_job(config_from_dict(_cfg(train={"loss_weights": {"nope": 1.0}}))))
     with pytest.raises(ConfigError, match=r"train\.loss\.score: bce needs 0/1 labels"):
-        check_sections(config_from_dict(_cfg(train={"loss": {"score": "bce"}})))
+        check_sections(resolve_job(config_from_dict(_cfg(train={"loss": {"score": "bce"}}))))
     with pytest.raises(ConfigError, match=r"model\.name: dcnv2 gives one logit"):
-        check_sections(config_from_dict(_cfg(model={"name": "dcnv2"})))
+        check_sections(resolve_job(config_from_dict(_cfg(model={"name": "dcnv2"}))))
     with pytest.raises(ConfigError, match="either label"):
         config_from_dict(_cfg(data={"schema": {"label": "rating", "labels": LABELS, "categorical": ["user"]}}))
     cfg = config_from_dict(_cfg(train={"loss_weights": {"score": 0.5}}))
-    check_sections(cfg)
+    check_sections(resolve_job(cfg))
     assert cfg.train.task_losses(["like", "score"], ["binary", "regression"]) == [
         ("bce", {}, 1.0),
         ("mse", {}, 0.5),

@@ -174,9 +174,10 @@ def test_schema_config_is_checked():
             "model": {"name": "deepfm"},
         }
     )
-    from recsys_dist.data.resolve import feature_names
+    from recsys_dist.config.job import resolve_job
 
-    assert feature_names(cfg) == ([], ["a", "g"])
+    features = resolve_job(cfg).features
+    assert (features.dense_names, features.keys) == ([], ["a", "g"])
     assert config_from_dict(cfg.to_dict()).data.schema == cfg.data.schema  # the saved config reloads
 
 

@@ -4,6 +4,7 @@ import pytest
 import yaml
 
 from recsys_dist.config import ConfigError
+from recsys_dist.config.job import resolve_job
 from recsys_dist.config.loader import config_from_dict, load_config
 from recsys_dist.data.convert import ConversionSpec, prepare
 from recsys_dist.data.formats.avazu import AVAZU
@@ -94,7 +95,7 @@ def test_split_config_forms_and_checks(tmp_path):
     cfg = load_config(cfg_file, check_files=False)
     assert cfg.data.split.validation_path == str(tmp_path / "v.txt")
     with pytest.raises(ConfigError, match=r"data.split.validation_path: file .*v.txt does not exist"):
-        check_before_launch(cfg)
+        check_before_launch(resolve_job(cfg))
     with pytest.raises(ConfigError, match=r"data.split.validation_path: file .*v.txt does not exist"):
         load_config(cfg_file)
 
@@ -122,6 +123,6 @@ def test_a_list_of_raw_files_resolves_against_the_config_and_is_checked(tmp_path
     cfg = load_config(tmp_path / "c.yaml", check_files=False)
     assert cfg.data.raw_path == [str(tmp_path / "d0.txt"), str(tmp_path / "d1.txt")]
     with pytest.raises(ConfigError, match=r"data.raw_path: file .*d1.txt does not exist"):
-        check_before_launch(cfg)
+        check_before_launch(resolve_job(cfg))
     with pytest.raises(ConfigError, match=r"data.raw_path: file .*d1.txt does not exist"):
         load_config(tmp_path / "c.yaml")

@@ -10,6 +10,7 @@ are checked in test_sharding_equivalence_gpu.py.
 import pytest
 
 from recsys_dist.config import ConfigError
+from recsys_dist.config.job import resolve_job
 from recsys_dist.config.loader import load_config
 from recsys_dist.train.preflight import check_before_launch
 from tests.conftest import QUICKSTART
@@ -22,6 +23,6 @@ def test_weight_decay_refusals():
         load_config(QUICKSTART, ["train.embedding_optimizer=exact_adagrad", "train.embedding_weight_decay=0.01"])
     cfg = load_config(QUICKSTART, ["train.embedding_weight_decay=0.01", "distributed.device=cpu"])
     with pytest.raises(ConfigError, match="train.embedding_weight_decay: 0.01 would be ignored"):
-        check_before_launch(cfg, memory=False)
+        check_before_launch(resolve_job(cfg), memory=False)
     dp = ["train.embedding_weight_decay=0.01", "distributed.device=cpu", "sharding.sharding_types=[data_parallel]"]
-    check_before_launch(load_config(QUICKSTART, dp), memory=False)
+    check_before_launch(resolve_job(load_config(QUICKSTART, dp)), memory=False)

@@ -182,11 +182,12 @@ def test_managed_for_some_features(tmp_path, cache_dir):
     import pyarrow.parquet as pq
     import torch
 
+    from recsys_dist.config.job import resolve_job
     from recsys_dist.data.loader import ParquetBatchLoader
     from recsys_dist.data.mapping import MANAGED_ID_SPACE, hash_ids, managed_ids
-    from recsys_dist.data.resolve import feature_names, loader_id_bounds, managed_features, prepare_from_config
-    from recsys_dist.models.build import build_model, table_sizes
+    from recsys_dist.data.resolve import prepare_from_config
     from recsys_dist.models.managed import find_remap
+    from recsys_dist.train.build import build_task
     from tests.conftest import base_row
 
     def errors(*overrides):
@@ -213,8 +214,9 @@ def test_managed_for_some_features(tmp_path, cache_dir):
             [f"data.raw_path={raw}", f"data.categorical_mapping={mapping}", some, "data.num_embeddings=50"]
             + ["distributed.nproc_per_node=1", "train.batch_size=8"],
         )
-        assert managed_features(cfg) == ["C1", "C2"]
-        prepared = prepare_from_config(cfg)
+        job = resolve_job(cfg)
+        assert job.features.managed == ["C1", "C2"]
+        prepared = prepare_from_config(cfg.data)
         t = pq.read_table(prepared.paths("train")[0])
         keys = np.array([(i * 7) % 5 + 1 for i in range(32)], dtype=np.uint64)  # C1's keys (hex = key)
         assert t.column("C1").to_pylist() == managed_ids(keys).tolist()
@@ -225,17 +227,19 @@ def test_managed_for_some_features(tmp_path, cache_dir):
                 and c3.max() < 50
                 and set(c3.tolist()) <= set(hash_ids(np.arange(1, 6, dtype=np.uint64), 50).tolist())
             )
-            sizes = table_sizes(cfg)
+            sizes = job.table_sizes  # as configured
         else:
             assert c3.min() >= 1 and c3.max() < 7  # 5 values: ids 2..6
             sizes = list(prepared.num_embeddings)
             assert sizes[:2] == [50, 50] and sizes[2] == 7  # managed features keep their configured rows
-        bounds = loader_id_bounds(cfg, sizes)
+        job = job.with_data(prepared)
+        assert job.table_sizes == sizes
+        bounds = job.features.id_bounds
         assert bounds[:2] == [MANAGED_ID_SPACE] * 2 and bounds[2:] == sizes[2:]
-        model = build_model(cfg, torch.device("cpu"), tables_device=torch.device("cpu"))
+        model = build_task(job, job.features.on(torch.device("cpu")))
         remap = find_remap(model)
         assert list(remap.mch) == ["C1", "C2"]
-        dense, sparse = feature_names(cfg)
+        dense, sparse = job.features.dense_names, job.features.keys
         loader = ParquetBatchLoader(prepared.paths("train")[0], 8, 0, 1, dense, sparse, num_embeddings=bounds)
         batch = next(iter(loader))
         loss, _ = model(batch)

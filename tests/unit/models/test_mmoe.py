@@ -4,6 +4,7 @@ from pathlib import Path
 
 import torch
 
+from recsys_dist.config.job import resolve_job
 from recsys_dist.config.loader import load_config
 from recsys_dist.models.build import build_model
 
@@ -29,7 +30,8 @@ def _batch(B=8):
 def test_mmoe_follows_the_equations_and_gives_a_logit_per_task():
     cfg = load_config(CONFIG, ["data.num_embeddings=50", "data.categorical_mapping=hash"])
     torch.manual_seed(0)
-    task = build_model(cfg, torch.device("cpu"), tables_device=torch.device("cpu"))
+    job = resolve_job(cfg)
+    task = build_model(job.model, job.features.on(torch.device("cpu")), job.train)
     task.eval()
     batch = _batch()
     loss, (_, logits, labels, _) = task(batch)

@@ -4,13 +4,20 @@ import pytest
 import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from recsys_dist.config.job import resolve_job
 from recsys_dist.config.loader import load_config
 from recsys_dist.data.formats.criteo import DENSE_NAMES, SPARSE_NAMES
 from recsys_dist.data.loader import CTRBatch
-from recsys_dist.models.build import build_model, embedding_configs
+from recsys_dist.models.build import build_model
 from tests.conftest import QUICKSTART
 
 MODELS = ["dlrm", "dlrm_dcnv2", "dcnv2", "deepfm", "wide_deep", "xdeepfm"]
+
+
+def model_of(cfg, tables=torch.device("cpu")):
+    """The config's model with its loss, dense parameters on cpu, tables on ``tables``."""
+    job = resolve_job(cfg)
+    return build_model(job.model, job.features.on(tables, torch.device("cpu")), job.train)
 
 
 def batch(B=6):
@@ -33,7 +40,7 @@ def batch(B=6):
 def test_shapes_and_gradient_flow(name):
     extra = ["model.dcn_low_rank_dim=8"] if name == "dlrm_dcnv2" else []
     cfg = load_config(QUICKSTART, [f"model.name={name}", "data.num_embeddings=100", *extra])
-    model = build_model(cfg, torch.device("cpu"), tables_device=torch.device("cpu"))
+    model = model_of(cfg)
     loss, (_, logits, labels, _) = model(batch())
     assert logits.shape == (6,) and labels.shape == (6,) and torch.isfinite(loss)
     loss.backward()
@@ -50,7 +57,7 @@ def test_bf16_mixed_runs_the_matmuls_in_bf16_and_keeps_float32_state(name):
             QUICKSTART, [f"model.name={name}", "data.num_embeddings=100", f"train.precision={precision}", *extra]
         )
         torch.manual_seed(0)
-        models[precision] = build_model(cfg, torch.device("cpu"), tables_device=torch.device("cpu"))
+        models[precision] = model_of(cfg)
     ref, mixed = models["fp32"], models["bf16-mixed"]
     mixed.load_state_dict(ref.state_dict())
     linear_out = []
@@ -69,7 +76,9 @@ def test_bf16_mixed_runs_the_matmuls_in_bf16_and_keeps_float32_state(name):
 
 
 def test_first_order_tables_only_where_the_model_has_them():
-    names = lambda m: {t.name[:2] for t in embedding_configs(load_config(QUICKSTART, [f"model.name={m}"]))}  # noqa: E731
+    def names(m):
+        return {t.name[:2] for t in resolve_job(load_config(QUICKSTART, [f"model.name={m}"])).features.planned_tables()}
+
     assert names("deepfm") == names("wide_deep") == names("xdeepfm") == {"t_", "w_"}
     assert names("dcnv2") == names("dlrm") == {"t_"}
 
@@ -120,7 +129,7 @@ def test_dense_tower_options(norm, activation, dropout):
             f"model.dropout={dropout}",
         ],
     )
-    model = build_model(cfg, torch.device("cpu"), tables_device=torch.device("cpu"))
+    model = model_of(cfg)
     kinds = {type(m).__name__ for m in model.modules()}
     assert ("BatchNorm1d" if norm == "batch" else "LayerNorm") in kinds
     assert ("GELU" if activation == "gelu" else "SiLU") in kinds and ("Dropout" in kinds) == (dropout > 0)
@@ -131,11 +140,11 @@ def test_dense_tower_options(norm, activation, dropout):
 @pytest.mark.parametrize("name", ["deepfm", "wide_deep", "xdeepfm", "dcnv2"])
 def test_mlp_init_std(name):
     cfg = load_config(QUICKSTART, [f"model.name={name}", "model.mlp_init_std=0.0001", "model.deep_layer_sizes=[512]"])
-    task = build_model(cfg, torch.device("cpu"))
+    task = model_of(cfg, tables=torch.device("meta"))
     first = next(m for n, m in task.named_modules() if isinstance(m, torch.nn.Linear) and m.out_features == 512)
     assert first.weight.std().item() == pytest.approx(1e-4, rel=0.05)
-    default = build_model(
-        load_config(QUICKSTART, [f"model.name={name}", "model.deep_layer_sizes=[512]"]), torch.device("cpu")
+    default = model_of(
+        load_config(QUICKSTART, [f"model.name={name}", "model.deep_layer_sizes=[512]"]), tables=torch.device("meta")
     )
     assert (
         next(m for m in default.modules() if isinstance(m, torch.nn.Linear) and m.out_features == 512)

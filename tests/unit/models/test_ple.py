@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from recsys_dist.config import ConfigError
+from recsys_dist.config.job import resolve_job
 from recsys_dist.config.loader import load_config
 from recsys_dist.models.build import build_model
 from tests.unit.models.test_mmoe import _batch
@@ -17,7 +18,8 @@ CONFIG = Path(__file__).resolve().parents[3] / "configs" / "movielens_ple.yaml"
 def _task(*overrides):
     cfg = load_config(CONFIG, ["data.num_embeddings=50", "data.categorical_mapping=hash", *overrides])
     torch.manual_seed(0)
-    task = build_model(cfg, torch.device("cpu"), tables_device=torch.device("cpu"))
+    job = resolve_job(cfg)
+    task = build_model(job.model, job.features.on(torch.device("cpu")), job.train)
     task.eval()
     return task
 

@@ -10,15 +10,20 @@ import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from recsys_dist.config import ConfigError
+from recsys_dist.config.job import resolve_job
 from recsys_dist.config.loader import load_config
 from recsys_dist.data.loader import CTRBatch
-from recsys_dist.models.build import build_model, feature_spec
+from recsys_dist.models.build import build_model
 from recsys_dist.models.losses import in_batch_softmax
 from recsys_dist.models.retrieval import rank_metrics
 from recsys_dist.train.preflight import check_sections, section_problems
 from tests.conftest import ROOT
 
 CONFIG = ROOT / "configs" / "movielens_two_tower.yaml"
+
+
+def _job(path, overrides):
+    return resolve_job(load_config(path, overrides))
 
 
 def loop_loss(scores, ids, log_q, weights, labels, positives_only):
@@ -90,11 +95,10 @@ def test_rank_metrics_match_a_brute_force_ranking_with_ties_seen_items_and_misse
 
 
 def test_two_tower_outputs_through_ctr_task_and_counts_give_logq():
-    cfg = load_config(CONFIG, ["distributed.nproc_per_node=1"])
+    job = resolve_job(load_config(CONFIG, ["distributed.nproc_per_node=1"]), sizes=[20, 30, 10])
     counts = np.arange(30, dtype=np.int64)
-    spec = feature_spec(cfg, [20, 30, 10], torch.device("cpu"), torch.device("cpu"))
-    spec = dataclasses.replace(spec, id_counts={"movieId": counts})
-    task = build_model(cfg, spec)
+    spec = dataclasses.replace(job.features.on(torch.device("cpu")), id_counts={"movieId": counts})
+    task = build_model(job.model, spec, job.train)
     m = task.model
     assert torch.allclose(
         m.log_q.log_q, torch.log(torch.tensor(np.maximum(counts, 1) / counts.sum(), dtype=torch.float32))
@@ -122,25 +126,24 @@ def test_two_tower_outputs_through_ctr_task_and_counts_give_logq():
 
 
 def test_two_tower_config_problems():
-    ok = load_config(CONFIG, [])
-    assert section_problems(ok) == []
+    assert section_problems(_job(CONFIG, [])) == []
     with pytest.raises(ConfigError, match="train.loss"):
-        check_sections(load_config(CONFIG, ["train.loss=bce"]))
+        check_sections(_job(CONFIG, ["train.loss=bce"]))
     with pytest.raises(ConfigError, match="model.item_id"):
-        check_sections(load_config(CONFIG, ["model.item_id=genres"]))
+        check_sections(_job(CONFIG, ["model.item_id=genres"]))
     with pytest.raises(ConfigError, match="eval.retrieval_k"):
-        check_sections(load_config(ROOT / "configs" / "movielens_deepfm.yaml", ["eval.retrieval_k=[10]"]))
+        check_sections(_job(ROOT / "configs" / "movielens_deepfm.yaml", ["eval.retrieval_k=[10]"]))
     with pytest.raises(ConfigError, match="data.categorical_mapping"):
-        check_sections(load_config(CONFIG, ["data.categorical_mapping=managed", "data.managed.eviction_interval=10"]))
+        check_sections(_job(CONFIG, ["data.categorical_mapping=managed", "data.managed.eviction_interval=10"]))
     with pytest.raises(ConfigError, match="candidate_scores"):
-        check_sections(load_config(CONFIG, ["train.loss_args.candidate_scores=1"]))
+        check_sections(_job(CONFIG, ["train.loss_args.candidate_scores=1"]))
     # per-feature managed tables: the item id (or the user) would reach evaluation as raw keys
     managed = ["data.managed.eviction_interval=10", "data.managed.features=[movieId]"]
     with pytest.raises(ConfigError, match=r"data.managed.features: 'movieId' \(model.item_id\) is managed"):
-        check_sections(load_config(CONFIG, managed))
+        check_sections(_job(CONFIG, managed))
     other = [f for f in load_config(CONFIG, []).model.item_features if f != "movieId"]
     if other:  # a managed item feature besides the id is fine
-        assert section_problems(load_config(CONFIG, [managed[0], f"data.managed.features=[{other[0]}]"])) == []
+        assert section_problems(_job(CONFIG, [managed[0], f"data.managed.features=[{other[0]}]"])) == []
 
 
 def test_in_batch_softmax_is_a_weighted_mean_also_below_one():

@@ -13,6 +13,7 @@ import math
 import pytest
 
 from recsys_dist.config import ConfigError
+from recsys_dist.config.job import resolve_job
 from recsys_dist.config.loader import load_config
 from recsys_dist.train.early_stopping import BestTracker
 from recsys_dist.train.preflight import check_sections
@@ -49,6 +50,6 @@ def test_undefined_metric_neither_improves_nor_counts_towards_patience(caplog):
 
 def test_keep_best_needs_checkpoints():
     with pytest.raises(ConfigError, match="checkpoint.keep_best"):
-        check_sections(load_config(QUICKSTART, ["checkpoint.keep_best=true", "checkpoint.enabled=false"]))
+        check_sections(resolve_job(load_config(QUICKSTART, ["checkpoint.keep_best=true", "checkpoint.enabled=false"])))
     with pytest.raises(ConfigError, match="train.early_stopping"):
         load_config(QUICKSTART, ["train.early_stopping={metric: recall, patience: 0}"])

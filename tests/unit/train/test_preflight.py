@@ -10,6 +10,7 @@ from torchrec import EmbeddingBagCollection
 from recsys_dist.cli import main as cli_main
 from recsys_dist.cli import train_run as train_cmd
 from recsys_dist.config import ConfigError
+from recsys_dist.config.job import resolve_job
 from recsys_dist.config.loader import load_config
 from recsys_dist.train.preflight import check_before_launch
 from tests.conftest import QUICKSTART, ROOT
@@ -33,14 +34,16 @@ class PlainEmbeddingTower(nn.Module):
 
 
 def test_shipped_models_pass_the_coverage_check():
-    check_before_launch(load_config(QUICKSTART))
-    check_before_launch(load_config(DIN))
+    check_before_launch(resolve_job(load_config(QUICKSTART)))
+    check_before_launch(resolve_job(load_config(DIN)))
 
 
 def test_fixed_plan_of_a_sequence_table_is_checked_before_launch():
     with pytest.raises(ConfigError, match=r"sharding\.fixed_plan\.s_history\.sharding_type: table_row_wise"):
         check_before_launch(
-            load_config(DIN, ["sharding.fixed_plan={s_history: {sharding_type: table_row_wise, ranks: [0, 1]}}"])
+            resolve_job(
+                load_config(DIN, ["sharding.fixed_plan={s_history: {sharding_type: table_row_wise, ranks: [0, 1]}}"])
+            )
         )
 
 
@@ -60,10 +63,13 @@ def test_decay_exponent_with_lfu_is_refused():
 
 
 def test_ranks_fork_on_cpu_spawn_on_cuda_and_fork_with_cuda_is_refused(monkeypatch):
-    assert train_cmd.start_method(load_config(QUICKSTART, ["distributed.device=cpu"])) == "spawn"  # from Python
+    def method(*overrides):  # start_method takes the distributed section
+        return train_cmd.start_method(load_config(QUICKSTART, list(overrides)).distributed)
+
+    assert method("distributed.device=cpu") == "spawn"  # from Python
     monkeypatch.setattr(cli_main, "ENTRY_POINT", True)  # the recsys-dist command
-    assert train_cmd.start_method(load_config(QUICKSTART, ["distributed.device=cpu"])) == "fork"
-    assert train_cmd.start_method(load_config(QUICKSTART, ["distributed.device=cuda"])) == "spawn"
-    assert train_cmd.start_method(load_config(QUICKSTART, ["distributed.start_method=spawn"])) == "spawn"
+    assert method("distributed.device=cpu") == "fork"
+    assert method("distributed.device=cuda") == "spawn"
+    assert method("distributed.start_method=spawn") == "spawn"
     with pytest.raises(ConfigError, match="distributed.start_method: fork cannot start CUDA ranks"):
-        train_cmd.start_method(load_config(QUICKSTART, ["distributed.device=cuda", "distributed.start_method=fork"]))
+        method("distributed.device=cuda", "distributed.start_method=fork")

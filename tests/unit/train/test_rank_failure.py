@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
+from recsys_dist.config.job import resolve_job
 from recsys_dist.config.loader import load_config
 from recsys_dist.train import rank_failure
 from recsys_dist.train.launch import first_failure
@@ -43,34 +44,34 @@ def test_a_rank_dead_of_another_signal_is_named_not_the_peer_that_lost_it(tmp_pa
     _failures(tmp_path)  # rank 0's error.json: Connection reset by peer
     rank, failure = first_failure(ChildFailedError("train", {1: dead}))
     assert rank == 1 and failure.exitcode == -signal.SIGSEGV
-    cfg = load_config(QUICKSTART)
+    job = resolve_job(load_config(QUICKSTART))
     text = rank_failure.describe(
-        1, failure, "Signal 11", oom_file=None, cfg=cfg, run_dir=tmp_path, resume_command=["x"]
+        1, failure, "Signal 11", oom_file=None, job=job, run_dir=tmp_path, resume_command=["x"]
     )
     assert text.startswith("recsys-dist: rank 1 died of SIGSEGV (signal 11).") and "out-of-memory" not in text
 
 
 def test_the_message_names_the_signal_the_oom_killer_and_the_command_to_continue(tmp_path):
-    cfg = load_config(QUICKSTART)
+    job = resolve_job(load_config(QUICKSTART))
     run = tmp_path / "run"
     (run / "checkpoints").mkdir(parents=True)
     args = SimpleNamespace(config="c.yaml", plan=None, overrides=["train.batch_size=1024"])
     command = rank_failure.resume_command(args, run)
     failures = _failures(tmp_path)
     killed = failures[1]
-    text = rank_failure.describe(1, killed, "Signal 9", oom_file=None, cfg=cfg, run_dir=run, resume_command=command)
+    text = rank_failure.describe(1, killed, "Signal 9", oom_file=None, job=job, run_dir=run, resume_command=command)
     assert text.startswith("recsys-dist: rank 1 was killed by SIGKILL (signal 9), likely by the out-of-memory killer")
     assert "reduce train.batch_size (now 32 per rank) or eval.batch_size" in text
     assert f"recsys-dist train --config c.yaml --run-dir {run} --resume auto train.batch_size=1024" in text
     assert "no checkpoint was written yet" in text
     oom = rank_failure.describe(
-        1, killed, "Signal 9", oom_file="/proc/vmstat", cfg=cfg, run_dir=run, resume_command=command
+        1, killed, "Signal 9", oom_file="/proc/vmstat", job=job, run_dir=run, resume_command=command
     )
     assert "by the out-of-memory killer (/proc/vmstat counted an OOM kill while the ranks ran)" in oom
     assert rank_failure.oom_rose({"/proc/vmstat": 3}, {"/proc/vmstat": 4}) == "/proc/vmstat"
     assert rank_failure.oom_rose({"/proc/vmstat": 3}, {"/proc/vmstat": 3}) is None
     assert all(isinstance(v, int) for v in rank_failure.oom_kills().values())
-    survivor = rank_failure.describe(0, failures[0], LOST, oom_file=None, cfg=cfg, run_dir=run, resume_command=command)
+    survivor = rank_failure.describe(0, failures[0], LOST, oom_file=None, job=job, run_dir=run, resume_command=command)
     assert "lost its connection to another rank" in survivor and "--resume auto" in survivor
 
 

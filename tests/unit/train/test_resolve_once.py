@@ -26,12 +26,17 @@ def test_a_spawned_rank_gets_the_job_pickled():
     world travel; the format object and the model's registry entry are looked up again."""
     import pickle
 
+    from recsys_dist.config.job import resolve_job
     from recsys_dist.config.loader import load_config
-    from recsys_dist.train.job import resolve_job
+    from recsys_dist.models.registry import GIVEN_MODEL
 
     job = resolve_job(load_config(QUICKSTART, TINY))
     back = pickle.loads(pickle.dumps(job))
-    assert back.cfg == job.cfg and back.world == job.world
+    assert back.sections() == job.sections() and back.to_dict() == job.to_dict() and back.world == job.world
+    assert back.features.keys == job.features.keys and back.features.id_bounds == job.features.id_bounds
+    assert back.prepared is None
     tables = [(t.name, t.num_embeddings, t.embedding_dim) for t in back.features.planned_tables()]
     assert tables == [(t.name, t.num_embeddings, t.embedding_dim) for t in job.features.planned_tables()]
-    assert back.model is job.model and list(back.fmt.sparse_names) == list(job.fmt.sparse_names)
+    assert back.model_spec is job.model_spec and list(back.fmt.sparse_names) == list(job.fmt.sparse_names)
+    # Trainer(model=...): the given model travels as such (no hooks of model.name's on the rank)
+    assert pickle.loads(pickle.dumps(job.given_model())).model_spec is GIVEN_MODEL

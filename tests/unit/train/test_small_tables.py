@@ -24,15 +24,18 @@ def test_which_row_wise_shardings_leave_a_rank_empty():
 def test_small_tables_are_not_offered_row_wise():
     import torch
 
-    from recsys_dist.models.build import build_model, embedding_configs
+    from recsys_dist.config.job import resolve_job
+    from recsys_dist.models.build import build_model
 
-    cfg = load_config(QUICKSTART, ["data.num_embeddings=4", "sharding.sharding_types=[row_wise,table_wise]"])
-    tables, s = embedding_configs(cfg), cfg.sharding
+    job = resolve_job(
+        load_config(QUICKSTART, ["data.num_embeddings=4", "sharding.sharding_types=[row_wise,table_wise]"])
+    )
+    tables, s = job.features.planned_tables(), job.sharding
     assert {tuple(c.sharding_types) for c in table_constraints(s, tables).values()} == {("row_wise", "table_wise")}
     three, two = World(3, 3, "cpu"), World(2, 2, "cpu")
     assert {tuple(c.sharding_types) for c in table_constraints(s, tables, three).values()} == {("table_wise",)}
     assert {tuple(c.sharding_types) for c in table_constraints(s, tables, two).values()} == {("row_wise", "table_wise")}
-    only_rw = load_config(QUICKSTART, ["data.num_embeddings=4", "sharding.sharding_types=[row_wise]"])
-    model = build_model(only_rw, torch.device("meta"))
+    only_rw = resolve_job(load_config(QUICKSTART, ["data.num_embeddings=4", "sharding.sharding_types=[row_wise]"]))
+    model = build_model(only_rw.model, only_rw.features.on(torch.device("meta")), only_rw.train)
     with pytest.raises(ConfigError, match="t_C1 .4 rows.*per_table.t_C1.sharding_types"):
         plan(model, only_rw.sharding, three, 64, config_error=True)

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from recsys_dist.config.base import ConfigError
+from recsys_dist.config.job import resolve_job
 from recsys_dist.config.loader import load_config
 from recsys_dist.data.config import StreamConfig
 from recsys_dist.data.stream import landed
@@ -91,7 +92,7 @@ def test_stream_refuses_what_it_does_not_use(tmp_path):
         ],
     )
     with pytest.raises(ConfigError) as err:
-        check_before_launch(cfg, memory=False)
+        check_before_launch(resolve_job(cfg), memory=False)
     text = str(err.value)
     for key in ("train.epochs", "eval.every_n_steps", "train.early_stopping", "data.stream.path"):
         assert f"{key}:" in text, text
