@@ -88,9 +88,9 @@ def main(argv: list[str] | None = None) -> None:
 
 def run(args, extra: list[str]) -> None:
     """Both sides of every (data, model) pair; prints one line each."""
+    from recsys_dist.config.job import resolve_job
     from recsys_dist.config.loader import load_config
-    from recsys_dist.data.resolve import feature_names, prepare_from_config
-    from recsys_dist.models.build import table_sizes
+    from recsys_dist.data.resolve import prepare_from_config
 
     print(
         f"{'data':<8}{'model':<11}{'ours AUC':>10}{'DeepCTR AUC':>13}{'diff':>8}{'ours logloss':>14}{'DeepCTR logloss':>17}"
@@ -100,9 +100,9 @@ def run(args, extra: list[str]) -> None:
             if data not in args.data:
                 continue
             config = harness.CONFIGS / base
-            cfg = load_config(config)
-            prepared = prepare_from_config(cfg)
-            dense, sparse = feature_names(cfg)
+            job = resolve_job(load_config(config))
+            prepared = prepare_from_config(job.data, fmt=job.fmt)
+            dense, sparse = job.features.dense_names, job.features.keys
             for name, theirs_name in PAIRS.items():
                 if name not in args.models:
                     continue
@@ -110,7 +110,7 @@ def run(args, extra: list[str]) -> None:
                     "files": {k: str(v) for k, v in prepared.files.items()},
                     "dense": dense,
                     "sparse": sparse,
-                    "sizes": table_sizes(cfg),
+                    "sizes": job.table_sizes,
                     "seeds": args.seeds,
                     "model": theirs_name,
                 }

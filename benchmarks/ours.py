@@ -51,7 +51,7 @@ def load(spec: dict, name: str):
 def trainer_epoch(cfg, run_dir: Path, with_trainer: bool = False):
     """(``epoch()`` -> global samples/s of one more epoch of our trainer, steps per epoch[, the
     Trainer]). Call on the ranks of ``run_ranks`` (the Trainer uses the group it finds)."""
-    from recsys_dist.train.trainer import Trainer
+    from recsys_dist.api import Trainer
 
     trainer = Trainer(cfg, run_dir)  # on the group run_ranks made, which it leaves open
 

@@ -79,7 +79,7 @@ def deepctr_sweep(spec: dict, quick: bool, python: str) -> list[dict]:
     for n, timed_rows in list(DEEPCTR_SWEEP.items())[: 2 if quick else 3]:
         one = {**spec, "rows_per_table": n}
         dcfg = load(one, "deepfm")
-        prepared = prepare_from_config(dcfg)
+        prepared = prepare_from_config(dcfg.data)
         rows = min(prepared.rows["train"], timed_rows // 5 if quick and n == 10**4 else timed_rows)
         threads = (1, os.cpu_count() or 1) if n == 10**4 else (os.cpu_count() or 1,)
         tries = [deepctr(python, spec, dcfg, str(prepared.files["train"]), rows, t) for t in threads]
@@ -112,18 +112,19 @@ def measure(rank: int, world: int, spec: dict) -> dict:
     import torch.distributed as dist
     from torchrec.distributed.train_pipeline import TrainPipelineBase, TrainPipelineSparseDist
 
-    from recsys_dist.data.resolve import feature_names, prepare_from_config
+    from recsys_dist.config.job import resolve_job
+    from recsys_dist.data.resolve import prepare_from_config
     from recsys_dist.distributed.env import init_distributed
-    from recsys_dist.models.build import table_sizes
     from recsys_dist.train.build import shard_model
 
     name = spec["model"]
     cfg = load(spec, name)
-    ctx = init_distributed(cfg)
+    job = resolve_job(cfg)
+    ctx = init_distributed(job.distributed)
     dev, B, m = ctx.device, spec["batch"], cfg.model
-    train_path = str(prepare_from_config(cfg).files["train"])
-    dense, sparse = feature_names(cfg)
-    sizes = table_sizes(cfg)
+    train_path = str(prepare_from_config(job.data, fmt=job.fmt).files["train"])
+    dense, sparse = job.features.dense_names, job.features.keys
+    sizes = job.table_sizes
     lr = cfg.train.embedding_lr
     run = {}
     ours, steps, trainer = trainer_epoch(cfg, Path(spec["tmp"]) / name, with_trainer=True)
@@ -156,11 +157,11 @@ def measure(rank: int, world: int, spec: dict) -> dict:
         small = {**spec, **spec["small"]}
         scfg = load(small, name)
         run["ours_small"], ssteps = trainer_epoch(scfg, Path(spec["tmp"]) / "small")
-        spath = str(prepare_from_config(scfg).files["train"])  # ids hashed into the larger tables
+        spath = str(prepare_from_config(scfg.data).files["train"])  # ids hashed into the larger tables
         sbatches = baselines.memory_batches(spath, rank, world, small["batch"], dense, sparse, ssteps)
         step = baselines.handwritten_torchrec(
             sbatches,
-            table_sizes(scfg),
+            resolve_job(scfg).table_sizes,
             m.embedding_dim,
             m.dense_arch_layer_sizes,
             m.over_arch_layer_sizes,
@@ -191,7 +192,7 @@ def measure(rank: int, world: int, spec: dict) -> dict:
         for b in batches
     ]
     for kind, cls in (("sparse_dist", TrainPipelineSparseDist), ("base", TrainPipelineBase)):
-        dmp, opt, _ = shard_model(cfg, ctx)
+        dmp, opt, _ = shard_model(job, ctx)
         run[f"pipe_{kind}"] = rate(baselines.pipeline_stepper(cls(dmp, opt, dev), ours_batches))
     res = harness.abba(run, spec["reps"])  # ABBA: drift in the load cancels out
     out = {"rounds": res, "median": {k: harness.median(v) for k, v in res.items()}}
@@ -212,17 +213,16 @@ def measure(rank: int, world: int, spec: dict) -> dict:
 def deepctr(python: str | None, spec: dict, cfg, train_path: str, rows: int, threads: int) -> dict | None:
     from baselines import DEEPCTR_WORKER
 
-    from recsys_dist.data.resolve import feature_names
-    from recsys_dist.models.build import table_sizes
+    from recsys_dist.config.job import resolve_job
 
     if python is None:
         return None
-    dense, sparse = feature_names(cfg)
+    resolved = resolve_job(cfg)
     job = {
         "train": train_path,
-        "dense": dense,
-        "sparse": sparse,
-        "sizes": table_sizes(cfg),
+        "dense": resolved.features.dense_names,
+        "sparse": resolved.features.keys,
+        "sizes": resolved.table_sizes,
         "dim": cfg.model.embedding_dim,
         "deep": cfg.model.deep_layer_sizes,
         "batch": spec["batch"] * spec["world"],
@@ -317,7 +317,7 @@ def run(args, skip: set[str], cuda: bool) -> None:
         raw = harness.criteo_sample(Path(tmp) / "criteo_repeated.txt", copies, args.rows)
         spec.update(raw=str(raw), cache=str(Path(tmp) / "cache"), tmp=tmp)
         cfg = load(spec, spec["model"])
-        prepared = prepare_from_config(cfg)
+        prepared = prepare_from_config(cfg.data)
         train_rows = prepared.rows["train"]
         theirs = deepctr_sweep(spec, quick, args.deepctr_python) if spec["deepfm"] else None
         res = run_ranks(measure, world, spec, timeout_s=1800, backend="nccl" if cuda else "gloo")[0]

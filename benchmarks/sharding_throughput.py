@@ -25,6 +25,7 @@ def _measure(rank: int, world_size: int, steps: int, warmup: int, types: list[st
     import torch.distributed as dist
     from torchrec.distributed.train_pipeline import TrainPipelineBase, TrainPipelineSparseDist
 
+    from recsys_dist.config.job import resolve_job
     from recsys_dist.config.loader import load_config
     from recsys_dist.distributed.env import init_distributed
     from recsys_dist.train.build import make_loaders, shard_model
@@ -36,9 +37,10 @@ def _measure(rank: int, world_size: int, steps: int, warmup: int, types: list[st
             harness.CONFIGS / "criteo_quickstart.yaml",
             [f"sharding.sharding_types=[{sharding_type}]", "train.batch_size=256"],
         )
-        ctx = init_distributed(cfg)
-        loaders = make_loaders(cfg, ctx)
-        dmp, optimizer, _ = shard_model(cfg, ctx)
+        job = resolve_job(cfg)
+        ctx = init_distributed(job.distributed)
+        loaders = make_loaders(job, ctx)
+        dmp, optimizer, _ = shard_model(job, ctx)
         cls = TrainPipelineSparseDist if pipeline == "sparse_dist" else TrainPipelineBase
         pipe = cls(dmp, optimizer, ctx.device)
         batches = itertools.chain.from_iterable(itertools.repeat(list(loaders.train)))

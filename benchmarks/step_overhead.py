@@ -185,24 +185,25 @@ def measure(rank: int, world: int, spec: dict) -> dict:
     import torch.distributed as dist
     from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
 
+    from recsys_dist.config.job import resolve_job
     from recsys_dist.config.loader import load_config
     from recsys_dist.data.loader import CTRBatch
-    from recsys_dist.data.resolve import feature_names, prepare_from_config
+    from recsys_dist.data.resolve import prepare_from_config
     from recsys_dist.distributed.env import init_distributed
-    from recsys_dist.models.build import table_sizes
     from recsys_dist.train.build import shard_model
 
     cfg = load_config(harness.CONFIGS / "criteo_quickstart.yaml", spec["overrides"])
-    ctx = init_distributed(cfg)
+    job = resolve_job(cfg)
+    ctx = init_distributed(job.distributed)
     dev, B, m = ctx.device, spec["batch"], cfg.model
-    train_path = str(prepare_from_config(cfg).files["train"])
-    dense, sparse = feature_names(cfg)
+    train_path = str(prepare_from_config(job.data, fmt=job.fmt).files["train"])
+    dense, sparse = job.features.dense_names, job.features.keys
     ours, steps, trainer = trainer_epoch(cfg, Path(spec["tmp"]) / "ours", with_trainer=True)
     batches = baselines.memory_batches(train_path, rank, world, B, dense, sparse, steps)
     lr = cfg.train.embedding_lr
     hand_step = baselines.handwritten_torchrec(
         batches,
-        table_sizes(cfg),
+        job.table_sizes,
         m.embedding_dim,
         m.dense_arch_layer_sizes,
         m.over_arch_layer_sizes,
@@ -210,7 +211,7 @@ def measure(rank: int, world: int, spec: dict) -> dict:
         lr,
         dev,
     )
-    dmp, opt, _ = shard_model(cfg, ctx)
+    dmp, opt, _ = shard_model(job, ctx)
     ours_batches = [CTRBatch(b.dense_features, b.sparse_features, b.labels, torch.ones_like(b.labels)) for b in batches]
     pipe_step = baselines.pipeline_stepper(TrainPipelineSparseDist(dmp, opt, dev), ours_batches)
     for _ in range(3):

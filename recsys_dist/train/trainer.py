@@ -15,7 +15,7 @@ import logging
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Self
+from typing import Any, Self
 
 import torch
 import torch.distributed as dist
@@ -67,6 +67,8 @@ from recsys_dist.train.schedule import LRSchedule
 from recsys_dist.train.summary import ledger_line
 
 log = logging.getLogger("recsys_dist")
+# A hook's trainer: Any, so that a user's hook may annotate the public recsys_dist.Trainer (a subclass)
+HookTrainer = Any
 _TRAINERS_MADE = 0  # a process's first Trainer counts its startup from the process's start
 
 
@@ -75,7 +77,7 @@ class Callback:
     ``callbacks`` list. They run inside the training loop: a collective in one must run on every
     rank (the Trainer calls each hook on every rank at the same point); an exception stops the run."""
 
-    def on_step_end(self, trainer: Trainer, step: int, loss: torch.Tensor) -> None:
+    def on_step_end(self, trainer: HookTrainer, step: int, loss: torch.Tensor) -> None:
         """After optimizer step ``step`` (global, from 1; ``trainer.step`` equals it).
 
         ``loss``: this rank's training loss of the step, detached, times the batch's
@@ -83,17 +85,17 @@ class Callback:
         task's). Reading its value (``float(loss)``) waits for the step to finish; the
         global mean is in ``metrics.jsonl`` every ``train.log_every_n_steps``."""
 
-    def on_validation_end(self, trainer: Trainer, step: int, metrics: dict[str, float]) -> None:
+    def on_validation_end(self, trainer: HookTrainer, step: int, metrics: dict[str, float]) -> None:
         """After each validation (every epoch's end and every ``eval.every_n_steps``), with the
         global metrics written to ``metrics.jsonl`` (the same dict on every rank)."""
 
-    def on_checkpoint(self, trainer: Trainer, step: int, path: Path) -> None:
+    def on_checkpoint(self, trainer: HookTrainer, step: int, path: Path) -> None:
         """After the checkpoint of ``step`` was written, complete, to ``path`` (on every rank)."""
 
-    def on_resume(self, trainer: Trainer, step: int, checkpoint: Path) -> None:
+    def on_resume(self, trainer: HookTrainer, step: int, checkpoint: Path) -> None:
         """At ``fit``'s start in a run resumed from ``checkpoint`` (to finish what a kill cut short)."""
 
-    def on_partition_end(self, trainer: Trainer, partition: str, checkpoint: Path | None) -> None:
+    def on_partition_end(self, trainer: HookTrainer, partition: str, checkpoint: Path | None) -> None:
         """A ``StreamTrainer`` trained ``partition``, then saved ``checkpoint`` (None: checkpoints off)."""
 
 

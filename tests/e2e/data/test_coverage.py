@@ -11,6 +11,7 @@ import yaml
 from recsys_dist.cli import main as cli
 from recsys_dist.config.loader import load_config
 from recsys_dist.data.record import Preprocessing
+from recsys_dist.data.resolve import data_format
 from tests.cli import run_train
 from tests.conftest import ROOT
 from tests.unit.data.test_coverage import write_raw
@@ -71,10 +72,10 @@ def test_preprocess_plan_and_record_show_the_coverage(tmp_path, capsys, monkeypa
     plan = json.loads(out)["coverage"]
     assert plan["kind"] == "vocabulary" and plan["tables"]["item"]["outside_share"] == 0.5
     # The preprocessing record (written beside every checkpoint and export) carries the numbers.
-    cfg = load_config(config)
+    d = load_config(config).data
     entry = next((tmp_path / "cache").glob("schema-*/manifest.json")).parent
     manifest = json.loads((entry / "manifest.json").read_text())
-    record = Preprocessing.describe(cfg, manifest["num_embeddings"], entry, manifest)
+    record = Preprocessing.describe(d, data_format(d), manifest["num_embeddings"], entry, manifest)
     assert record.record["categorical_mapping"]["coverage"] == plan["tables"]
     record.save(tmp_path)
     assert Preprocessing.load(tmp_path).record["categorical_mapping"]["coverage"]["item"]["cut_by_size"] == 0.5

@@ -4,8 +4,9 @@
 import pytest
 
 from recsys_dist.config import ConfigError
+from recsys_dist.config.job import resolve_job
 from recsys_dist.config.loader import load_config
-from recsys_dist.distributed.dry_run import dry_run
+from recsys_dist.train.dry_run import dry_run
 from tests.conftest import QUICKSTART
 
 
@@ -17,14 +18,14 @@ def test_plan_refuses_what_the_device_cannot_run(capsys):
     from recsys_dist.train.pipelines import pipeline_problems
 
     overrides = ["sharding.comms.forward=bf16", "train.pipeline=semi_sync"]
-    cfg = load_config(QUICKSTART, overrides)
+    job = resolve_job(load_config(QUICKSTART, overrides))
     with pytest.raises(ConfigError) as err:
-        dry_run(cfg, 2, 2, "cpu", pipeline_problems(cfg.train.pipeline, "cpu"))
+        dry_run(job, 2, 2, "cpu", pipeline_problems(job.train.pipeline, "cpu"))
     assert "sharding.comms.forward: bf16 comms need CUDA" in str(err.value)
     assert "train.pipeline: semi_sync needs CUDA" in str(err.value)
     with pytest.raises(ConfigError, match="sharding.comms.forward: bf16 comms need CUDA"):
-        dry_run(cfg, 2, 2, "cpu")
+        dry_run(job, 2, 2, "cpu")
     assert cli.main(["plan", "--config", str(QUICKSTART), "--world-size", "2", "--device", "cpu", *overrides]) == 2
     out = capsys.readouterr().err
     assert "sharding.comms.forward: bf16 comms need CUDA" in out and "train.pipeline: semi_sync needs CUDA" in out
-    assert dry_run(cfg, 2, 2, "cuda").ledger is not None  # on CUDA both run
+    assert dry_run(job, 2, 2, "cuda").ledger is not None  # on CUDA both run

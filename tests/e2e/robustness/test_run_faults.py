@@ -41,9 +41,9 @@ def test_one_run_per_directory_and_a_dead_holder_leaves_no_lock(tmp_path, capsys
             assert f"is in use by another run (pid {holder.pid}" in err and "Traceback" not in err
         assert sorted(p.name for p in run.iterdir()) == [".lock"]
         # The library: a Trainer's rank 0 takes the lock too (torchrun has no launcher of ours).
+        from recsys_dist.api import Trainer
         from recsys_dist.config import ConfigError
         from recsys_dist.config.loader import load_config
-        from recsys_dist.train.trainer import Trainer
 
         with pytest.raises(ConfigError, match="is in use by another run"):
             Trainer(load_config(QUICKSTART, TOY), run)

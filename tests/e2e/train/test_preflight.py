@@ -6,6 +6,7 @@ import pytest
 
 from recsys_dist.cli import main as cli
 from recsys_dist.config import ConfigError
+from recsys_dist.config.job import resolve_job
 from recsys_dist.config.loader import load_config
 from recsys_dist.train.preflight import check_before_launch
 from tests.conftest import QUICKSTART
@@ -47,7 +48,7 @@ def test_a_batch_that_cannot_fit_in_memory_is_refused_before_launch(tmp_path, ca
     ("Signal 9"); now the batch's tensors are estimated against the memory available first."""
     from recsys_dist.train import batch_memory
 
-    huge = load_config(QUICKSTART, ["train.batch_size=16777216", "distributed.device=cpu"])
+    huge = resolve_job(load_config(QUICKSTART, ["train.batch_size=16777216", "distributed.device=cpu"]))
     # 26 features x 16 dims, MLPs [64, 16] and [64, 32, 1]: inputs 372 bytes, then
     # 4 x (16 x 26 + 177) = 2,372 bytes of embeddings and activations, twice with gradients.
     assert batch_memory.bytes_per_example(huge, training=True) == 372 + 2 * 2372
@@ -57,10 +58,10 @@ def test_a_batch_that_cannot_fit_in_memory_is_refused_before_launch(tmp_path, ca
     assert problem.startswith("train.batch_size: 16,777,216 examples per rank need at least 159.9 GiB")
     assert "100.0 GiB available (MemAvailable)" in problem
     assert batch_memory.batch_memory_problems(huge, 2, (200 * gib, "MemAvailable")) == []
-    ev = load_config(QUICKSTART, ["eval.batch_size=16777216", "distributed.device=cpu"])
+    ev = resolve_job(load_config(QUICKSTART, ["eval.batch_size=16777216", "distributed.device=cpu"]))
     (problem,) = batch_memory.batch_memory_problems(ev, 2, (10 * gib, "MemAvailable"))
     assert problem.startswith("eval.batch_size: 16,777,216") and "85.8 GiB" in problem
-    assert batch_memory.batch_memory_problems(load_config(QUICKSTART), 2, (gib, "MemAvailable")) == []
+    assert batch_memory.batch_memory_problems(resolve_job(load_config(QUICKSTART)), 2, (gib, "MemAvailable")) == []
     real = batch_memory.available_memory()
     assert real is None or real[0] >= 0
     # Before launch, and from the command line: exit 2 naming the key.

@@ -58,7 +58,7 @@ count(preflight, "section_problems", "section_problems")
 count(preflight, "check_before_launch", "preflight")
 import recsys_dist.distributed.plan as planning
 
-count(planning, "plan", "plan")  # the one planning path (the Trainer's run_plan calls it)
+count(planning, "plan", "plan")  # the one planning path (the Trainer's plan_job calls it)
 spec = get_model("dlrm")
 model_build = spec.build
 

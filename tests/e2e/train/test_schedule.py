@@ -33,14 +33,15 @@ def test_schedule_reaches_the_fused_embedding_update(tmp_path):
         assert r.returncode == 0, r.stderr[-2000:]
         assert run_cli(["export", str(run), "--out", str(run / "export")], tmp_path).returncode == 0
         moved[name] = load_file(str(run / "export" / "model.safetensors"))
+    from recsys_dist.config.job import resolve_job
     from recsys_dist.config.loader import load_config
     from recsys_dist.distributed.tables import init_tables
-    from recsys_dist.models.build import build_model, embedding_configs
+    from recsys_dist.train.build import build_task
 
-    cfg = load_config(QUICKSTART, ["data.num_rows=1000"])
-    init = build_model(cfg, torch.device("cpu"), tables_device=torch.device("cpu")).state_dict()
-    tables = embedding_configs(cfg)
-    init_tables(init, tables, cfg.train.seed, {t.name: t.weight_init_max for t in tables})
+    job = resolve_job(load_config(QUICKSTART, ["data.num_rows=1000"]))
+    init = build_task(job, job.features.on(torch.device("cpu"), torch.device("cpu"))).state_dict()
+    tables = job.features.planned_tables()
+    init_tables(init, tables, job.train.seed, {t.name: t.weight_init_max for t in tables})
     key = "model.sparse_arch.embedding_bag_collection.embedding_bags.t_C1.weight"
     plain = (moved["plain"][key] - init[key]).abs().sum()
     warm = (moved["warmup"][key] - init[key]).abs().sum()

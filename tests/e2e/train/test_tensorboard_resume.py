@@ -8,8 +8,8 @@ tensorboard is optional (and absent from the test environment): a stand-in
 import sys
 import types
 
+from recsys_dist.api import Trainer
 from recsys_dist.config.loader import load_config
-from recsys_dist.train.trainer import Trainer
 from tests.conftest import QUICKSTART
 
 

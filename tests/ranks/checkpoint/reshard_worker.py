@@ -8,15 +8,16 @@ def resharded_state(rank: int, world_size: int, overrides: list[str], checkpoint
 
     os.environ["RECSYS_DIST_CACHE"] = cache
     from recsys_dist.checkpoint.dcp import canonical_optimizer_state, load_checkpoint
+    from recsys_dist.config.job import resolve_job
     from recsys_dist.config.loader import load_config
     from recsys_dist.distributed.env import init_distributed
     from recsys_dist.distributed.tables import gather_full_state_dict
     from recsys_dist.train.build import shard_model
     from tests.conftest import QUICKSTART
 
-    cfg = load_config(QUICKSTART, overrides)
-    ctx = init_distributed(cfg)
-    dmp, optimizer, _ = shard_model(cfg, ctx)
+    job = resolve_job(load_config(QUICKSTART, overrides))
+    ctx = init_distributed(job.distributed)
+    dmp, optimizer, _ = shard_model(job, ctx)
     state = {
         "model": dmp.state_dict(),
         "optimizer": canonical_optimizer_state(optimizer.state_dict()),

@@ -319,18 +319,17 @@ MODEL_OVERRIDES = {
 }
 
 
-def sharded_and_unsharded(cfg, batch: CTRBatch) -> tuple:
-    """The model of ``cfg`` through the trainer's sharding path (``shard_model``) and unsharded
+def sharded_and_unsharded(job, batch: CTRBatch) -> tuple:
+    """The model of ``job`` through the trainer's sharding path (``shard_model``) and unsharded
     with the same weights (copied from the sharded one), both in eval mode on ``batch``:
     (sharded output, unsharded output), each CTRTask's (loss, (loss, logits, labels))."""
     from recsys_dist.distributed.env import init_distributed
-    from recsys_dist.models.build import build_model
-    from recsys_dist.train.build import shard_model
+    from recsys_dist.train.build import build_task, shard_model
 
-    ctx = init_distributed(cfg)
+    ctx = init_distributed(job.distributed)
     torch.manual_seed(0)
-    ref = build_model(cfg, torch.device("cpu"), tables_device=torch.device("cpu"))
-    dmp, _, _ = shard_model(cfg, ctx)
+    ref = build_task(job, job.features.on(torch.device("cpu"), torch.device("cpu")))
+    dmp, _, _ = shard_model(job, ctx)
     load_full_state_dict(dmp.state_dict(), ref.state_dict())
     dmp.eval(), ref.eval()
     return dmp(batch), ref(batch)
@@ -338,6 +337,7 @@ def sharded_and_unsharded(cfg, batch: CTRBatch) -> tuple:
 
 def models_sharded_vs_unsharded(rank: int, world_size: int, names: list[str]) -> dict:
     """Each zoo model through the trainer's sharding path: same logits as unsharded."""
+    import recsys_dist
     from recsys_dist.config.loader import load_config
     from tests.conftest import QUICKSTART
 
@@ -345,7 +345,9 @@ def models_sharded_vs_unsharded(rank: int, world_size: int, names: list[str]) ->
     for name in names:
         extra = MODEL_OVERRIDES.get(name, [])
         cfg = load_config(QUICKSTART, [f"model.name={name}", "sharding.sharding_types=[row_wise, table_wise]", *extra])
-        got, want = sharded_and_unsharded(cfg, criteo_batch(torch.Generator().manual_seed(5), 8))
+        got, want = sharded_and_unsharded(
+            recsys_dist.resolve_job(cfg), criteo_batch(torch.Generator().manual_seed(5), 8)
+        )
         # the logits, and the loss (two_tower's reads [B, B] candidate scores besides them)
         out[name] = max((got[1][1] - want[1][1]).abs().max().item(), (got[0] - want[0]).abs().item())
     return out
@@ -358,28 +360,30 @@ def one_rank_without_ddp(rank: int, world_size: int, steps: int) -> dict:
     from torch.nn.parallel import DistributedDataParallel
     from torchrec.distributed import DistributedModelParallel
 
+    from recsys_dist.config.job import resolve_job
     from recsys_dist.config.loader import load_config
     from recsys_dist.distributed.env import init_distributed
     from recsys_dist.distributed.optim import build_optimizer, fuse_embedding_optimizer
-    from recsys_dist.distributed.plan import World, run_plan
-    from recsys_dist.models.build import build_model
-    from recsys_dist.train.build import shard_model
+    from recsys_dist.distributed.plan import World
+    from recsys_dist.train.build import build_task, plan_job, shard_model
     from tests.conftest import QUICKSTART
 
-    cfg = load_config(
-        QUICKSTART, ["model.name=deepfm", "distributed.nproc_per_node=1", "distributed.cpu_threads_per_rank=3"]
+    job = resolve_job(
+        load_config(
+            QUICKSTART, ["model.name=deepfm", "distributed.nproc_per_node=1", "distributed.cpu_threads_per_rank=3"]
+        )
     )
-    ctx = init_distributed(cfg)
+    ctx = init_distributed(job.distributed)
     threads = torch.get_num_threads()
-    ours, opt_ours, _ = shard_model(cfg, ctx)
-    model = build_model(cfg, ctx.device)
-    fuse_embedding_optimizer(model, cfg)
-    plan = run_plan(
-        cfg, model, World(ctx.world_size, ctx.local_world_size, ctx.device.type, torch.distributed.group.WORLD)
+    ours, opt_ours, _ = shard_model(job, ctx)
+    model = build_task(job, job.features.on(torch.device("meta"), ctx.device))
+    fuse_embedding_optimizer(model, job.train)
+    plan = plan_job(
+        job, model, World(ctx.world_size, ctx.local_world_size, ctx.device.type, torch.distributed.group.WORLD)
     )
     ddp = DistributedModelParallel(model, device=ctx.device, plan=plan, sharders=sharders())
     load_full_state_dict(ddp.state_dict(), gather_full_state_dict(ours.state_dict()))
-    t = cfg.train
+    t = job.train
     opt_ddp = build_optimizer(
         ddp,
         t.embedding_optimizer,
@@ -479,16 +483,15 @@ def _trainer_vs_shard() -> dict:
     from recsys_dist.config.loader import load_config
     from recsys_dist.distributed.env import init_distributed
     from recsys_dist.distributed.optim import fuse_embedding_optimizer
-    from recsys_dist.models.build import build_model
-    from recsys_dist.train.build import shard_model
+    from recsys_dist.train.build import build_task, shard_model
     from tests.conftest import QUICKSTART
 
-    cfg = load_config(QUICKSTART, [f"train.seed={INIT_SEED}"])
-    ctx = init_distributed(cfg)
-    trainer, _, _ = shard_model(cfg, ctx)
-    model = build_model(cfg, ctx.device)
-    fuse_embedding_optimizer(model, cfg)
-    ours = recsys_dist.shard(model, cfg.sharding, device=ctx.device, seed=cfg.train.seed)
+    job = recsys_dist.resolve_job(load_config(QUICKSTART, [f"train.seed={INIT_SEED}"]))
+    ctx = init_distributed(job.distributed)
+    trainer, _, _ = shard_model(job, ctx)
+    model = build_task(job, job.features.on(torch.device("meta"), ctx.device))
+    fuse_embedding_optimizer(model, job.train)
+    ours = recsys_dist.shard(model, job.sharding, device=ctx.device, seed=job.train.seed)
     want, got = _tables(trainer), _tables(ours)
     assert sorted(want) == sorted(got) and len(want) == 26, (sorted(want), sorted(got))
     return {k: (got[k] - want[k]).abs().max().item() for k in want}

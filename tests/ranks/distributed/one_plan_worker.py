@@ -31,18 +31,18 @@ def library_plans(rank: int, world_size: int, overrides: list[list[str]]) -> lis
     from recsys_dist.config.loader import load_config
     from recsys_dist.distributed.env import init_distributed
     from recsys_dist.distributed.optim import fuse_embedding_optimizer
-    from recsys_dist.models.build import build_model
-    from recsys_dist.train.trainer import shard_model
+    from recsys_dist.train.build import build_task, shard_model
     from tests.conftest import QUICKSTART
 
     out = []
     for extra in overrides:
-        cfg = load_config(QUICKSTART, ["distributed.device=cpu", *extra])
-        ctx = init_distributed(cfg.distributed)
-        dmp, _, _ = shard_model(cfg, ctx)
-        model = build_model(cfg, torch.device("meta"))
-        fuse_embedding_optimizer(model, cfg)
-        batch = None if cfg.sharding.fixed_plan is not None else cfg.train.batch_size
-        lib = recsys_dist.shard(model, cfg.sharding, device=ctx.device, batch_size=batch, init_tables=False)
+        job = recsys_dist.resolve_job(load_config(QUICKSTART, ["distributed.device=cpu", *extra]))
+        ctx = init_distributed(job.distributed)
+        dmp, _, _ = shard_model(job, ctx)
+        meta = torch.device("meta")
+        model = build_task(job, job.features.on(meta, meta))
+        fuse_embedding_optimizer(model, job.train)
+        batch = None if job.sharding.fixed_plan is not None else job.train.batch_size
+        lib = recsys_dist.shard(model, job.sharding, device=ctx.device, batch_size=batch, init_tables=False)
         out.append({"trainer": plan_shape(dmp.plan), "shard": plan_shape(lib.plan)})
     return out

@@ -4,9 +4,10 @@ sharding type, compute kernel, ranks, shard sizes and offsets; with and without 
 ``sharding.fixed_plan`` (the dry run ignored the fixed plan before it planned through
 ``distributed.plan.plan``). And the config schema loads no torch."""
 
+from recsys_dist.config.job import resolve_job
 from recsys_dist.config.loader import load_config
-from recsys_dist.distributed.dry_run import dry_run
 from recsys_dist.testing import run_ranks
+from recsys_dist.train.dry_run import dry_run
 from tests.conftest import QUICKSTART
 from tests.ranks.distributed.one_plan_worker import library_plans, plan_shape
 
@@ -26,7 +27,7 @@ CASES = {"planner": [], "fixed_plan": [FIXED]}
 def test_trainer_shard_and_dry_run_give_the_same_plan():
     per_rank = run_ranks(library_plans, 2, list(CASES.values()))
     for i, (case, extra) in enumerate(CASES.items()):
-        report = dry_run(load_config(QUICKSTART, ["distributed.device=cpu", *extra]), 2, 2, "cpu")
+        report = dry_run(resolve_job(load_config(QUICKSTART, ["distributed.device=cpu", *extra])), 2, 2, "cpu")
         want = plan_shape(report.plan)
         assert len(want) == 26, case
         for rank, results in enumerate(per_rank):

@@ -4,6 +4,7 @@
 def sharded_vs_unsharded(rank: int, world_size: int, config: str) -> float:
     """A multi-task model (MMoE, PLE) through the trainer's sharding path (row-wise and
     table-wise tables): the same [B, T] logits as the unsharded model with the same weights."""
+    from recsys_dist.config.job import resolve_job
     from recsys_dist.config.loader import load_config
     from tests.ranks.distributed.equivalence import sharded_and_unsharded
     from tests.unit.models.test_mmoe import _batch
@@ -17,7 +18,7 @@ def sharded_vs_unsharded(rank: int, world_size: int, config: str) -> float:
             "sharding.sharding_types=[row_wise, table_wise]",
         ],
     )
-    got, want = (out[1][1] for out in sharded_and_unsharded(cfg, _batch()))
+    got, want = (out[1][1] for out in sharded_and_unsharded(resolve_job(cfg), _batch()))
     assert got.shape == want.shape == (8, 2)
     return (got - want).abs().max().item()
 

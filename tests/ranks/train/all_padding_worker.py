@@ -14,8 +14,8 @@ import os
 import sys
 from pathlib import Path
 
+from recsys_dist.api import Trainer
 from recsys_dist.config.loader import load_config
-from recsys_dist.train.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[3]
 GLOBAL_BATCH = 64

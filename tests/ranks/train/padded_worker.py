@@ -9,9 +9,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from recsys_dist.api import Trainer
 from recsys_dist.config.loader import load_config
 from recsys_dist.distributed.tables import gather_full_state_dict
-from recsys_dist.train.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[3]
 GLOBAL_BATCH = 96

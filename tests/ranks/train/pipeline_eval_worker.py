@@ -10,8 +10,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from recsys_dist.api import Trainer
 from recsys_dist.config.loader import load_config
-from recsys_dist.train.trainer import Callback, Trainer
+from recsys_dist.train.trainer import Callback
 from tests.cli import read_metrics
 
 ROOT = Path(__file__).resolve().parents[3]
