@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 
 import pyarrow as pa
 
@@ -81,17 +82,21 @@ def _table(columns: list[str], rows: list[list]) -> pa.Table:
     return pa.table({c: pa.array([r[i] for r in rows], pa.string()) for i, c in enumerate(columns)})
 
 
-def jsonl(schema, short_lines: str = "error", *, label: str, dense: list[str] = (), categorical: list[str] = ()):
+def jsonl(
+    schema, short_lines: str = "error", *, label: str, dense: Sequence[str] = (), categorical: Sequence[str] = ()
+) -> JsonLinesFormat:
     """The format object of ``data.format: jsonl_format:jsonl``; ``data.format_args`` names its
     columns."""
     if schema is not None:
         raise ValueError("data.schema: not used with jsonl_format:jsonl (name the columns in data.format_args)")
     return JsonLinesFormat(
-        SchemaConfig(
-            label=label,
-            dense=list(dense),
-            categorical=list(categorical),
-            header=False,
-            columns=[label, *dense, *categorical],
+        SchemaConfig.model_validate(
+            {
+                "label": label,
+                "dense": list(dense),
+                "categorical": list(categorical),
+                "header": False,
+                "columns": [label, *dense, *categorical],
+            }
         )
     )
