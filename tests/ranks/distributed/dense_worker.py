@@ -8,13 +8,15 @@ rank holds, and a checkpoint written under one strategy and resumed under the ot
 from __future__ import annotations
 
 import torch
+from torch import nn
 from torch.distributed.tensor import DTensor
 
 from recsys_dist.checkpoint.dcp import canonical_optimizer_state, load_checkpoint, save_checkpoint, set_optimizer_steps
 from recsys_dist.config.loader import load_config
-from recsys_dist.distributed.dense import local_dense_bytes, optimizer_state_bytes
+from recsys_dist.distributed.dense import is_ddp_wrapped, local_dense_bytes, optimizer_state_bytes
 from recsys_dist.distributed.env import init_distributed
 from recsys_dist.distributed.optim import dense_torch_optimizer, init_lazy_state
+from recsys_dist.models.registry import get_model
 from recsys_dist.train.build import shard_model
 from tests.conftest import QUICKSTART
 from tests.ranks.distributed.equivalence import criteo_batch
@@ -46,9 +48,27 @@ def _batch(step: int, rank: int, world_size: int):
     return type(batch)(batch.dense_features, kjt, batch.labels, batch.weights)
 
 
-def _build(cfg, ctx):
-    torch.manual_seed(cfg.train.seed)
-    return shard_model(cfg, ctx)[:2]
+class WithBias(nn.Module):
+    """A user's model with a parameter set directly on the module that holds the tables: under
+    fsdp it is in no block, so it stays replicated under DDP (recsys_dist.distributed.dense)."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+        self.bias = nn.Parameter(torch.full((1,), 0.3))
+
+    def forward(self, dense, kjt):
+        return self.inner(dense, kjt) + self.bias
+
+
+def _with_bias(cfg):
+    return lambda spec: WithBias(get_model("dlrm").build(spec, cfg.model))
+
+
+def _build(cfg, ctx, user_model: bool = False):
+    # A different seed per rank: both strategies must start from rank 0's dense weights (as DDP does).
+    torch.manual_seed(cfg.train.seed + ctx.rank)
+    return shard_model(cfg, ctx, module=_with_bias(cfg) if user_model else None)[:2]
 
 
 def _train(dmp, opt, steps: range, rank: int, world_size: int) -> list[float]:
@@ -70,48 +90,54 @@ def _bytes(dmp, opt) -> dict:
     return out
 
 
-def losses_and_bytes(rank: int, world_size: int, cases: list, steps: int, extra: tuple = ()) -> dict:
-    """Per (model, sharding types) case and strategy: the losses of ``steps`` steps, and this
-    rank's dense bytes (parameters, gradients before the last zero_grad, Adam state)."""
+def losses_and_bytes(rank: int, world_size: int, cases: list, steps: int) -> dict:
+    """Per case ``(model name, sharding types, extra overrides)`` and strategy: the losses of
+    ``steps`` steps, this rank's dense bytes (parameters, gradients before the last zero_grad,
+    Adam state) and the sharding types planned."""
     out: dict = {}
-    for name, types in cases:
+    for name, types, extra in cases:
         for strategy in ("ddp", "fsdp"):
-            cfg = _cfg(name, types, strategy, world_size, extra)
+            cfg = _cfg(name.removesuffix("+bias"), types, strategy, world_size, extra)
             ctx = init_distributed(cfg)
-            dmp, opt = _build(cfg, ctx)
+            dmp, opt = _build(cfg, ctx, user_model=name.endswith("+bias"))
             losses = _train(dmp, opt, range(steps - 1), rank, world_size)
             loss = dmp(_batch(steps - 1, rank, world_size))[0]
             loss.backward()
             opt.step()
             sizes = _bytes(dmp, opt)
             opt.zero_grad()
-            types_planned = sorted({ps.sharding_type for mp in dmp.plan.plan.values() for ps in mp.values()})
-            out[(name, tuple(types), strategy)] = {
+            sizes["ddp_wrapped"] = is_ddp_wrapped(dmp)
+            out[(name, tuple(types), tuple(extra), strategy)] = {
                 "losses": [*losses, loss.item()],
                 "bytes": sizes,
-                "planned": types_planned,
+                "planned": sorted({ps.sharding_type for mp in dmp.plan.plan.values() for ps in mp.values()}),
             }
     return out
 
 
-def _state(dmp, opt, rank: int) -> dict:
+def _state(dmp, opt) -> dict:
     return {"model": dmp.state_dict(), "optimizer": canonical_optimizer_state(opt.state_dict())}
 
 
 def resume_across(rank: int, world_size: int, run_dir: str, first: str, then: str, steps: int) -> dict:
-    """Train ``steps`` under ``first``, save, train ``steps`` more (the reference losses); then a
-    fresh model under ``then`` loads the checkpoint and trains the same ``steps`` batches."""
+    """Train ``steps`` under ``first``, save, train ``steps`` more (``want``); then a fresh model
+    under ``then`` (other initial weights) loads the checkpoint and trains the same batches
+    (``got``); ``fresh``: the same without the load (shows the checkpoint is what makes them equal)."""
     cfg = _cfg("dcnv2", ["row_wise", "table_wise"], first, world_size)
     ctx = init_distributed(cfg)
     dmp, opt = _build(cfg, ctx)
     _train(dmp, opt, range(steps), rank, world_size)
-    path = save_checkpoint(ctx, run_dir, steps, _state(dmp, opt, rank), {"step": steps}, keep=5)
+    path = save_checkpoint(ctx, run_dir, steps, _state(dmp, opt), {"step": steps}, keep=5)
     want = _train(dmp, opt, range(steps, 2 * steps), rank, world_size)
     cfg2 = _cfg("dcnv2", ["row_wise", "table_wise"], then, world_size)
-    torch.manual_seed(123)  # other initial weights: only the checkpoint can make them equal
-    other, opt2 = shard_model(cfg2, ctx)[:2]
-    init_lazy_state(opt2, other.fused_optimizer)
-    load_checkpoint(path, _state(other, opt2, rank))
-    set_optimizer_steps(opt2, steps)  # as the Trainer's resume: step counters are not checkpointed
-    got = _train(other, opt2, range(steps, 2 * steps), rank, world_size)
-    return {"want": want, "got": got}
+    out = {"want": want}
+    for key, load in (("got", True), ("fresh", False)):
+        torch.manual_seed(123)  # other initial dense weights: only the checkpoint can make them equal
+        other, opt2 = shard_model(cfg2, ctx)[:2]
+        if load:
+            init_lazy_state(opt2, other.fused_optimizer)
+            load_checkpoint(path, _state(other, opt2))
+            set_optimizer_steps(opt2, steps)  # as the Trainer's resume: step counters are not checkpointed
+        out[key] = _train(other, opt2, range(steps, 2 * steps), rank, world_size)
+        out[f"{key}_dtensors"] = sum(isinstance(p, DTensor) for p in other.parameters())
+    return out
