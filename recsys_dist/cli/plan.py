@@ -54,6 +54,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             "imbalance": report.imbalance,
             "ledger": report.ledger.to_dict() if report.ledger else None,
             "coverage": report.coverage,
+            "dense": report.dense,
         }
         print(json.dumps(plan, indent=2))
     else:

@@ -21,6 +21,10 @@ SEQUENCE_SHARDING_TYPES: tuple[ShardingType, ...] = ("data_parallel", "table_wis
 # Types that need the ranks of a fixed placement (table_wise: exactly one).
 RANKED_TYPES: tuple[ShardingType, ...] = ("table_wise", "column_wise", "table_row_wise")
 
+# The one list of dense-tower strategies (recsys_dist.distributed.dense holds one wrapper per name).
+DenseStrategy = Literal["ddp", "fsdp"]
+DENSE_STRATEGIES: tuple[DenseStrategy, ...] = get_args(DenseStrategy)
+
 ComputeKernelName = Literal["dense", "fused", "fused_uvm", "fused_uvm_caching"]
 CUDA_ONLY_KERNELS = ("fused_uvm", "fused_uvm_caching")
 Precision = Literal["fp32", "fp16", "bf16"]
@@ -143,8 +147,22 @@ class ShardingConfig(Section):
         )
 
 
+class DenseConfig(Section):
+    """``distributed.dense``: how the dense tower (every module that is not an embedding table)
+    is spread over the ranks while TorchRec shards the tables."""
+
+    strategy: DenseStrategy = Field(
+        "ddp",
+        description="ddp: every rank holds the whole dense tower, its gradients and optimizer state "
+        "(DistributedDataParallel all-reduces the gradients). fsdp: each dense block is sharded over the "
+        "ranks with FSDP2 (torch.distributed.fsdp.fully_shard): every rank holds about 1/world of the dense "
+        "parameters, gradients and optimizer state, and gathers a block's weights for its forward and "
+        "backward. The same losses either way (docs/sharding.md); checkpoints move between them.",
+    )
+
+
 class DistributedConfig(Section):
-    """The ``distributed:`` section: ranks, device, restarts, CPU threads."""
+    """The ``distributed:`` section: ranks, device, restarts, CPU threads, the dense strategy."""
 
     nproc_per_node: int = Field(1, gt=0, description="Ranks to launch on this node (ignored under torchrun).")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto = cuda when available, else cpu.")
@@ -163,4 +181,7 @@ class DistributedConfig(Section):
         description="CPU only: intra-op threads of each rank (torch.set_num_threads). None = this "
         "machine's cores divided among the ranks on it. 1 is safer when other jobs share the cores (an "
         "OpenMP barrier waits for a descheduled thread).",
+    )
+    dense: DenseConfig = Field(
+        default_factory=DenseConfig, description="How the dense tower is spread over the ranks (ddp or fsdp)."
     )

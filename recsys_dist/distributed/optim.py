@@ -7,11 +7,12 @@ from collections.abc import Callable
 import torch
 from fbgemm_gpu.tbe.config import WeightDecayMode
 from torch import nn
+from torch.distributed.tensor import DTensor
 from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 from torchrec.optim import optimizers as trec_optim
 from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 from torchrec.optim.clipping import GradientClipping, GradientClippingOptimizer
-from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
+from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper, OptimizerWrapper
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
 
@@ -142,10 +143,14 @@ def build_optimizer(
     # On CPU torch's fused kernel updates each tensor in one pass instead of its single-tensor
     # path's several ops per tensor (docs/design/0010-trainer-epoch-start-and-fused-dense-optimizer.md).
     on_cpu = all(p.device.type == "cpu" for p in dense.values())
-    fused = {"fused": True} if on_cpu and dense and dense_optimizer in ("adagrad", "adam", "adamw") else {}
+    # DTensor (distributed.dense.strategy: fsdp) has fused Adam/AdamW kernels, no fused Adagrad (torch 2.13).
+    fusable = ("adam", "adamw") if any(isinstance(p, DTensor) for p in dense.values()) else ("adagrad", "adam", "adamw")
+    fused = {"fused": True} if on_cpu and dense and dense_optimizer in fusable else {}
     make = dense_factory or (lambda ps: dense_cls(ps, lr=dense_lr, **fused))
     dense_opt = KeyedOptimizerWrapper(dense, lambda ps: _checked(make(list(ps))))
-    if dense_grad_clip_norm:
+    if dense_grad_clip_norm and any(isinstance(p, DTensor) for p in dense.values()):
+        dense_opt = GlobalNormClipping(dense_opt, dense_grad_clip_norm)  # FSDP: sharded gradients
+    elif dense_grad_clip_norm:
         dense_opt = GradientClippingOptimizer(
             dense_opt, max_gradient=dense_grad_clip_norm, clipping=GradientClipping.NORM
         )
@@ -157,6 +162,39 @@ def build_optimizer(
             emb_cls = _lazy_weight_decay(emb_cls, embedding_weight_decay, decoupled)
         optimizers.append(KeyedOptimizerWrapper(dp_tables, lambda ps: emb_cls(ps, lr=embedding_lr, **kwargs)))
     return CombinedOptimizer(optimizers)
+
+
+class GlobalNormClipping(OptimizerWrapper):
+    """Clip the gradients of ``optimizer``'s parameters to a total L2 norm of at most
+    ``max_norm`` (torch's ``clip_grad_norm_`` formula: scale by ``max_norm / (norm + 1e-6)``
+    when below 1), the norm taken over the whole gradient when parameters are ``DTensor`` s.
+
+    TorchRec's GradientClippingOptimizer (the ``ddp`` path) takes each DTensor's local shard as
+    if it were the whole gradient: under FSDP every rank would clip by the norm of its own
+    slice, a different factor per rank. Here the DTensors' norm is reduced over their mesh
+    (collective: every rank steps) and joined with that of the plain (replicated) tensors.
+    """
+
+    def __init__(self, optimizer, max_norm: float) -> None:
+        super().__init__(optimizer)
+        self._max_norm = max_norm
+        self._params = [p for group in self.param_groups for p in group["params"]]
+
+    def step(self, closure=None) -> None:
+        sharded = [p for p in self._params if isinstance(p, DTensor)]
+        plain = [p for p in self._params if not isinstance(p, DTensor)]
+        squares = torch.zeros((), dtype=torch.float32)
+        for params in (sharded, plain):
+            grads = [p.grad for p in params if p.grad is not None]
+            if grads:
+                norm = torch.nn.utils.get_total_norm(grads)
+                norm = norm.full_tensor() if isinstance(norm, DTensor) else norm
+                squares = squares + norm.float().cpu() ** 2
+        total = squares.sqrt()
+        for params in (sharded, plain):
+            if params:
+                torch.nn.utils.clip_grads_with_norm_(params, self._max_norm, total.to(params[0].device))
+        super().step(closure)
 
 
 def _lazy_weight_decay(cls: type, weight_decay: float, decoupled: bool) -> type:

@@ -25,11 +25,12 @@ from recsys_dist.data.loader import LoaderOptions, ParquetBatchLoader
 from recsys_dist.data.prefetch import auto_prefetch
 from recsys_dist.data.resolve import prepare_from_config
 from recsys_dist.data.spec import FeatureSpec
+from recsys_dist.distributed.dense import dense_wrapper
 from recsys_dist.distributed.env import DistContext, broadcast_result, under_launcher
 from recsys_dist.distributed.optim import build_optimizer, fuse_embedding_optimizer
 from recsys_dist.distributed.plan import Stats, World, plan, pooling_factors
 from recsys_dist.distributed.plan_io import plan_summary
-from recsys_dist.distributed.sharders import OneRankDense, fix_replicated_sequence_tables, model_tables, sharders
+from recsys_dist.distributed.sharders import fix_replicated_sequence_tables, model_tables, sharders
 from recsys_dist.distributed.tables import init_tables
 from recsys_dist.files import write_atomic
 from recsys_dist.models.build import build_model
@@ -168,7 +169,7 @@ def _wrap_and_init(job: Job, ctx: DistContext, model, tables, plan, dense_factor
         device=ctx.device,
         plan=plan,
         sharders=sharders(job.sharding.comms, ctx.device.type),
-        data_parallel_wrapper=OneRankDense() if ctx.world_size == 1 else None,
+        data_parallel_wrapper=dense_wrapper(job.distributed.dense.strategy, ctx.world_size),
     )
     fix_replicated_sequence_tables(dmp)
     init_tables(dmp.state_dict(), tables, job.train.seed, {t.name: t.weight_init_max for t in tables})

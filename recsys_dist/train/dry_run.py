@@ -20,6 +20,7 @@ from recsys_dist.data.convert.manifest import MANIFEST_FILE, table_coverage
 from recsys_dist.data.coverage import WARN_ABOVE, coverage_lines
 from recsys_dist.data.resolve import cached_conversion
 from recsys_dist.distributed import ledger as ledgers
+from recsys_dist.distributed.dense import planned_dense_bytes
 from recsys_dist.distributed.optim import fuse_embedding_optimizer
 from recsys_dist.distributed.plan import ChosenOptions, World, make_topology
 from recsys_dist.distributed.plan_io import plan_summary
@@ -56,6 +57,8 @@ class PlanReport:
     plan: ShardingPlan | None = None  # the plan described (what the Trainer's path gives on such a world)
     # How many training values each table gives a row of its own (plan_coverage), when converted.
     coverage: dict | None = None
+    # distributed.dense: {"strategy", "optimizer", "per_rank": [{parameters, gradients, optimizer} bytes]}
+    dense: dict | None = None
 
     @property
     def imbalance(self) -> float:
@@ -76,6 +79,8 @@ class PlanReport:
             f"total HBM {sum(self.hbm_gb):.2f} GiB, DDR {sum(self.ddr_gb):.2f} GiB; "
             f"max/mean cost imbalance {self.imbalance:.3f}"
         )
+        if self.dense is not None:
+            lines += ["", *_dense_text(self.dense)]
         if self.ledger is not None:
             pool = sorted({v for v in self.ledger.pooling.values()})
             lines += [
@@ -86,6 +91,24 @@ class PlanReport:
         if self.coverage is not None:
             lines += ["", *_coverage_text(self.coverage)]
         return "\n".join(lines)
+
+
+def _dense_text(dense: dict) -> list[str]:
+    how = {"ddp": "replicated on every rank (DDP)", "fsdp": "sharded over the ranks (FSDP2, dim 0 of each weight)"}
+    lines = [
+        f"dense tower: distributed.dense.strategy {dense['strategy']}, {how.get(dense['strategy'], '')}; "
+        f"optimizer state of train.dense_optimizer {dense['optimizer']}",
+        f"{'rank':<6} {'parameters':>12} {'gradients':>12} {'optimizer':>12}",
+    ]
+    h = ledgers.human
+    for r, b in enumerate(dense["per_rank"]):
+        lines.append(f"{r:<6} {h(b['parameters']):>12} {h(b['gradients']):>12} {h(b['optimizer']):>12}")
+    if dense["strategy"] == "fsdp":
+        lines.append(
+            "(the ledger below counts the dense gradients as DDP's all-reduce; FSDP2 all-gathers each block's "
+            "weights in forward and backward and reduce-scatters its gradients instead: not modelled yet)"
+        )
+    return lines
 
 
 def plan_coverage(job: Job) -> dict:
@@ -201,6 +224,12 @@ def dry_run(
         world_size, local_world_size, device, placements, list(zeros), list(zeros), list(zeros), ledger, plan
     )
     report.coverage = plan_coverage(job)
+    strategy, optimizer = job.distributed.dense.strategy, job.train.dense_optimizer
+    report.dense = {
+        "strategy": strategy,
+        "optimizer": optimizer,
+        "per_rank": planned_dense_bytes(model, strategy, world_size, optimizer),
+    }
     if job.sharding.fixed_plan is not None:  # no planner: the weights each rank holds
         memory = report.hbm_gb if device == "cuda" else report.ddr_gb
         for row in summary:

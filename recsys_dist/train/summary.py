@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from recsys_dist.checkpoint import run_dir as run_dirs
 from recsys_dist.checkpoint.meta import best_checkpoint
@@ -48,7 +49,9 @@ def divergence_error(losses: list[torch.Tensor], step: int, model: nn.Module, go
     local = local.reshape(len(local), -1)[:, 0]  # the total (several tasks: [1 + T] a step)
     bad = torch.nonzero(~torch.isfinite(local)).flatten()
     first = step - len(local) + 1 + (int(bad[0]) if len(bad) else 0)
-    param = next((n for n, p in model.named_parameters() if not torch.isfinite(p).all()), None)
+    # This rank's values only (a DTensor's local shard): no collective on an error path.
+    local = ((n, p.to_local() if isinstance(p, DTensor) else p) for n, p in model.named_parameters())
+    param = next((n for n, p in local if not torch.isfinite(p).all()), None)
     err = FloatingPointError(
         f"non-finite training loss at step {first} (steps {step - len(local) + 1}-{step} checked "
         f"together); first non-finite parameter: {param or 'none (the loss itself overflowed)'}; "

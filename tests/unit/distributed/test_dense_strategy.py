@@ -1,0 +1,108 @@
+"""``distributed.dense.strategy``: the config key, the registry of strategies, the blocks FSDP
+shards, the per-rank dense bytes ``recsys-dist plan`` shows, and the clipping of sharded
+gradients (in one process; the multi-rank checks are tests/ranks/distributed/test_dense_fsdp.py)."""
+
+import pytest
+import torch
+from torch import nn
+from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
+from torchrec.optim.keyed import KeyedOptimizerWrapper
+
+from recsys_dist.config import ConfigError
+from recsys_dist.config.loader import load_config
+from recsys_dist.distributed import dense
+from recsys_dist.distributed.config import DENSE_STRATEGIES
+from recsys_dist.distributed.dry_run import dry_run
+from recsys_dist.distributed.optim import GlobalNormClipping
+from recsys_dist.distributed.sharders import OneRankDense
+from recsys_dist.models.build import build_model
+from tests.conftest import QUICKSTART
+
+
+def test_default_is_ddp_and_fsdp_is_accepted():
+    assert load_config(QUICKSTART).distributed.dense.strategy == "ddp"
+    assert load_config(QUICKSTART, ["distributed.dense.strategy=fsdp"]).distributed.dense.strategy == "fsdp"
+
+
+@pytest.mark.parametrize("bad", ["pipeline", "zero3", "FSDP"])
+def test_an_unknown_strategy_is_an_error_naming_the_key(bad):
+    with pytest.raises(ConfigError) as e:
+        load_config(QUICKSTART, [f"distributed.dense.strategy={bad}"])
+    assert "distributed.dense.strategy" in str(e.value) and "'ddp' or 'fsdp'" in str(e.value)
+
+
+def test_an_unknown_key_under_dense_is_an_error():
+    with pytest.raises(ConfigError, match="distributed.dense.stages"):
+        load_config(QUICKSTART, ["distributed.dense.stages=2"])
+
+
+def test_one_wrapper_per_strategy_name():
+    assert set(dense.WRAPPERS) == set(DENSE_STRATEGIES) == {"ddp", "fsdp"}
+    assert isinstance(dense.dense_wrapper("ddp", 1), OneRankDense)
+    assert dense.dense_wrapper("ddp", 2) is None  # TorchRec's DDP wrapper
+    assert isinstance(dense.dense_wrapper("fsdp", 1), dense.FSDPDense)
+    with pytest.raises(ValueError, match="distributed.dense.strategy"):
+        dense.dense_wrapper("pipeline", 2)
+
+
+class Mixed(nn.Module):
+    """Tables, two dense blocks, and a parameter set directly beside the tables."""
+
+    def __init__(self):
+        super().__init__()
+        tables = [EmbeddingBagConfig(name="t", embedding_dim=4, num_embeddings=10, feature_names=["f"])]
+        self.sparse = nn.ModuleDict({"ebc": EmbeddingBagCollection(tables=tables, device=torch.device("meta"))})
+        self.sparse.scale = nn.Parameter(torch.ones(4))
+        self.bottom = nn.Sequential(nn.Linear(3, 7), nn.ReLU(), nn.Linear(7, 4))
+        self.over = nn.Linear(8, 1)
+        self.act = nn.ReLU()  # no parameters: not a block
+
+
+def test_blocks_are_the_largest_table_free_modules():
+    blocks, rest = dense.dense_blocks(Mixed())
+    assert blocks == ["bottom", "over"]
+    assert rest == ["sparse.scale"]  # replicated (DDP) under fsdp
+
+
+def test_planned_bytes_cut_dim_0_as_fsdp2_does():
+    per_rank = dense.planned_dense_bytes(Mixed(), "fsdp", 3, "adam")
+    # bottom.0: [7, 3] + [7] -> rows 3, 3, 1; bottom.2: [4, 7] + [4] -> 2, 2, 0; over: [1, 8] + [1] -> 1, 0, 0
+    rows = [(3, 3, 2, 2, 1, 1), (3, 3, 2, 2, 0, 0), (1, 1, 0, 0, 0, 0)]
+    widths = (3, 1, 7, 1, 8, 1)
+    for got, r in zip(per_rank, rows, strict=True):
+        params = 4 * (sum(a * w for a, w in zip(r, widths)) + 4)  # + sparse.scale, whole on every rank
+        assert got == {"parameters": params, "gradients": params, "optimizer": 2 * params}
+    ddp = dense.planned_dense_bytes(Mixed(), "ddp", 3, "sgd")
+    assert ddp == [{"parameters": 4 * 73, "gradients": 4 * 73, "optimizer": 0}] * 3
+    total = sum(p["parameters"] for p in per_rank) - 2 * 4 * 4  # sparse.scale counted once
+    assert total == ddp[0]["parameters"]
+
+
+def test_plan_shows_the_dense_bytes_per_rank():
+    cfg = load_config(QUICKSTART, ["distributed.dense.strategy=fsdp", "train.dense_optimizer=adam"])
+    report = dry_run(cfg, 3, 3, "cpu")
+    model = build_model(cfg, torch.device("meta"))
+    assert report.dense["strategy"] == "fsdp"
+    assert report.dense["per_rank"] == dense.planned_dense_bytes(model, "fsdp", 3, "adam")
+    text = report.text()
+    assert "dense tower: distributed.dense.strategy fsdp" in text and "not modelled yet" in text
+    ddp = dry_run(load_config(QUICKSTART), 3, 3, "cpu")
+    assert ddp.dense["strategy"] == "ddp" and len({r["parameters"] for r in ddp.dense["per_rank"]}) == 1
+    assert max(r["parameters"] for r in report.dense["per_rank"]) < ddp.dense["per_rank"][0]["parameters"] / 2
+
+
+def test_global_norm_clipping_of_plain_tensors_is_torchs():
+    torch.manual_seed(0)
+    params = {f"p{i}": nn.Parameter(torch.randn(5, 3)) for i in range(3)}
+    copies = [nn.Parameter(p.detach().clone()) for p in params.values()]
+    for p, c in zip(params.values(), copies):
+        p.grad = torch.randn(5, 3)
+        c.grad = p.grad.clone()
+    opt = GlobalNormClipping(KeyedOptimizerWrapper(params, lambda ps: torch.optim.SGD(list(ps), lr=1.0)), 0.5)
+    opt.step()
+    torch.nn.utils.clip_grad_norm_(copies, 0.5)
+    with torch.no_grad():
+        for c in copies:
+            c -= c.grad
+    for p, c in zip(params.values(), copies):
+        assert torch.equal(p.detach(), c.detach())
