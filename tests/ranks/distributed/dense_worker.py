@@ -12,6 +12,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from recsys_dist.checkpoint.dcp import canonical_optimizer_state, load_checkpoint, save_checkpoint, set_optimizer_steps
+from recsys_dist.config.job import resolve_job
 from recsys_dist.config.loader import load_config
 from recsys_dist.distributed.dense import is_ddp_wrapped, local_dense_bytes, optimizer_state_bytes
 from recsys_dist.distributed.env import init_distributed
@@ -36,7 +37,7 @@ def _cfg(name: str, types: list[str], strategy: str, world_size: int, extra: tup
         "distributed.cpu_threads_per_rank=1",
         *extra,
     ]
-    return load_config(QUICKSTART, overrides)
+    return resolve_job(load_config(QUICKSTART, overrides))
 
 
 def _batch(step: int, rank: int, world_size: int):
@@ -98,7 +99,7 @@ def losses_and_bytes(rank: int, world_size: int, cases: list, steps: int) -> dic
     for name, types, extra in cases:
         for strategy in ("ddp", "fsdp"):
             cfg = _cfg(name.removesuffix("+bias"), types, strategy, world_size, extra)
-            ctx = init_distributed(cfg)
+            ctx = init_distributed(cfg.distributed)
             dmp, opt = _build(cfg, ctx, user_model=name.endswith("+bias"))
             losses = _train(dmp, opt, range(steps - 1), rank, world_size)
             loss = dmp(_batch(steps - 1, rank, world_size))[0]
@@ -124,7 +125,7 @@ def resume_across(rank: int, world_size: int, run_dir: str, first: str, then: st
     under ``then`` (other initial weights) loads the checkpoint and trains the same batches
     (``got``); ``fresh``: the same without the load (shows the checkpoint is what makes them equal)."""
     cfg = _cfg("dcnv2", ["row_wise", "table_wise"], first, world_size)
-    ctx = init_distributed(cfg)
+    ctx = init_distributed(cfg.distributed)
     dmp, opt = _build(cfg, ctx)
     _train(dmp, opt, range(steps), rank, world_size)
     path = save_checkpoint(ctx, run_dir, steps, _state(dmp, opt), {"step": steps}, keep=5)

@@ -12,6 +12,7 @@ shows (``planned_dense_bytes``) and sum over the ranks to ddp's.
 import pytest
 import torch
 
+from recsys_dist.config.job import resolve_job
 from recsys_dist.config.loader import load_config
 from recsys_dist.distributed.dense import planned_dense_bytes
 from recsys_dist.models.build import build_model
@@ -55,9 +56,11 @@ def _check(results: list[dict], world_size: int) -> None:
     for name, types, extra in {k[:3] for k in results[0]}:
         fsdp = [r[(name, types, extra, "fsdp")]["bytes"]["parameters"] for r in results]
         ddp = [r[(name, types, extra, "ddp")]["bytes"]["parameters"] for r in results]
-        cfg = load_config(QUICKSTART, [f"model.name={name.removesuffix('+bias')}", "train.dense_optimizer=adam"])
-        user = dense_worker._with_bias(cfg) if name.endswith("+bias") else None
-        model = build_model(cfg, torch.device("meta"), module=user)
+        job = resolve_job(
+            load_config(QUICKSTART, [f"model.name={name.removesuffix('+bias')}", "train.dense_optimizer=adam"])
+        )
+        user = dense_worker._with_bias(job) if name.endswith("+bias") else None
+        model = build_model(job.model, job.features.on(torch.device("meta")), job.train, module=user)
         planned = planned_dense_bytes(model, "fsdp", world_size, "adam")
         assert fsdp == [p["parameters"] for p in planned], (name, fsdp, planned)
         assert [p["optimizer"] for p in planned] == [2 * x for x in fsdp]

@@ -9,13 +9,14 @@ from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
 from torchrec.optim.keyed import KeyedOptimizerWrapper
 
 from recsys_dist.config import ConfigError
+from recsys_dist.config.job import resolve_job
 from recsys_dist.config.loader import load_config
 from recsys_dist.distributed import dense
 from recsys_dist.distributed.config import DENSE_STRATEGIES
-from recsys_dist.distributed.dry_run import dry_run
 from recsys_dist.distributed.optim import GlobalNormClipping
 from recsys_dist.distributed.sharders import OneRankDense
 from recsys_dist.models.build import build_model
+from recsys_dist.train.dry_run import dry_run
 from tests.conftest import QUICKSTART
 
 
@@ -79,14 +80,14 @@ def test_planned_bytes_cut_dim_0_as_fsdp2_does():
 
 
 def test_plan_shows_the_dense_bytes_per_rank():
-    cfg = load_config(QUICKSTART, ["distributed.dense.strategy=fsdp", "train.dense_optimizer=adam"])
-    report = dry_run(cfg, 3, 3, "cpu")
-    model = build_model(cfg, torch.device("meta"))
+    job = resolve_job(load_config(QUICKSTART, ["distributed.dense.strategy=fsdp", "train.dense_optimizer=adam"]))
+    report = dry_run(job, 3, 3, "cpu")
+    model = build_model(job.model, job.features.on(torch.device("meta")), job.train)
     assert report.dense["strategy"] == "fsdp"
     assert report.dense["per_rank"] == dense.planned_dense_bytes(model, "fsdp", 3, "adam")
     text = report.text()
     assert "dense tower: distributed.dense.strategy fsdp" in text and "not modelled yet" in text
-    ddp = dry_run(load_config(QUICKSTART), 3, 3, "cpu")
+    ddp = dry_run(resolve_job(load_config(QUICKSTART)), 3, 3, "cpu")
     assert ddp.dense["strategy"] == "ddp" and len({r["parameters"] for r in ddp.dense["per_rank"]}) == 1
     assert max(r["parameters"] for r in report.dense["per_rank"]) < ddp.dense["per_rank"][0]["parameters"] / 2
 
