@@ -1,4 +1,4 @@
-"""DIN and BST (with the derived user history) vs DeepFM (without it) on the shipped MovieLens
+"""DIN, BST and HSTU (with the derived user history) vs DeepFM (without it) on the shipped MovieLens
 sample: 3 seeds each on the same split, then test AUC per seed, and for each sequence model a
 paired bootstrap 95% interval of the mean (over seeds) AUC difference to DeepFM on the test rows,
 and the wall time of each run. Results: benchmarks/results/sequence_patience_epoch_cpu2core_20261204.md
@@ -8,7 +8,8 @@ epochs, benchmarks/results/sequence_din_cpu2core_20261201.md and sequence_bst_cp
 
 Run from the repository root:
 PYTHONPATH=$PWD .venv/bin/python benchmarks/sequence_side_by_side.py OUT_DIR [--ranks N] [MODEL ...]
-(MODEL among bst, din, deepfm; default all three). Trains 3 runs per model on 2 CPU ranks (the
+(MODEL among bst, din, hstu, deepfm; default all four; HSTU's results:
+benchmarks/results/hstu_movielens_cpu2core_20261205.md). Trains 3 runs per model on 2 CPU ranks (the
 configs' 2 x 64 rows a step; --ranks 1: 1 x 128, the same global batches), then predicts the
 test split with each run's best checkpoint (checkpoint.keep_best; early stopping as configured).
 DeepFM gets DIN's data, split, epochs, validation cadence, early stopping and keep_best, on the
@@ -45,6 +46,7 @@ def same_training_as_din() -> list[str]:
 RUNS = {  # name: (config, overrides, or a function that makes them)
     "bst": (harness.CONFIGS / "movielens_bst.yaml", list),
     "din": (DIN, list),
+    "hstu": (harness.CONFIGS / "movielens_hstu.yaml", list),
     "deepfm": (harness.CONFIGS / "movielens_deepfm.yaml", same_training_as_din),
 }
 BASELINE = "deepfm"
@@ -56,11 +58,18 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("out", type=Path, help="run directories (a run with a summary.json is reused)")
     p.add_argument("models", nargs="*", metavar="MODEL", help=f"among {', '.join(RUNS)} (default: all)")
     p.add_argument("--ranks", type=int, default=2, help="ranks per run (the global batch stays 128)")
+    p.add_argument("--seeds", type=int, default=len(SEEDS), help="seeds 0..N-1 per model (default 3)")
     args = p.parse_intermixed_args(argv)  # OUT_DIR --ranks N MODEL ...
     if unknown := [m for m in args.models if m not in RUNS]:
         p.error(f"unknown model(s) {unknown}; choose among {list(RUNS)}")
     with harness.Results(args, argv):
-        run(args.out, args.models or list(RUNS), args.ranks, (0,) if args.smoke else SEEDS, args.smoke)
+        run(
+            args.out,
+            args.models or list(RUNS),
+            args.ranks,
+            (0,) if args.smoke else tuple(range(args.seeds)),
+            args.smoke,
+        )
 
 
 def run(out: Path, kinds: list[str], ranks: int, seeds: tuple, smoke: bool) -> None:

@@ -30,7 +30,7 @@ class ModelConfig(Section):
 
     name: str = Field(
         "dlrm",
-        description="A registered model (dlrm, dlrm_dcnv2, dcnv2, deepfm, wide_deep, xdeepfm, din, mmoe, two_tower; see docs/models.md) "
+        description="A registered model (dlrm, dlrm_dcnv2, dcnv2, deepfm, wide_deep, xdeepfm, din, bst, hstu, mmoe, ple, two_tower; see docs/models.md) "
         "or the import path of a model factory, 'package.module:factory' (see docs/api.md).",
     )
     embedding_dim: int = Field(16, gt=0, description="Embedding dimension of every table t_<feature>.")
@@ -92,7 +92,7 @@ class TowersConfig(DeepModelConfig):
 
 
 class TargetSequenceConfig(DeepModelConfig):
-    """Keys of a model that attends from the scored item to the user's history (DIN, BST)."""
+    """Keys of a model that attends from the scored item to the user's history (DIN, BST, HSTU)."""
 
     target_feature: str = Field(description="The categorical feature of the item being scored (e.g. movieId).")
 
@@ -219,6 +219,25 @@ class BSTConfig(TargetSequenceConfig):
         return self
 
 
+class HSTUConfig(TargetSequenceConfig):
+    """``model.name: hstu`` (Zhai et al., 2024; ``deep_layer_sizes`` are each task head's hidden sizes)."""
+
+    name: Literal["hstu"] = "hstu"
+    num_layers: int = Field(2, gt=0, description="HSTU layers, stacked (the paper's MovieLens models: 2 or 8).")
+    num_heads: int = Field(1, gt=0, description="Attention heads of each HSTU layer.")
+    attention_dim: int = Field(16, gt=0, description="Width of each head's query and key (d_qk).")
+    linear_dim: int = Field(16, gt=0, description="Width of each head's value and gate U (d_v).")
+    layer_dropout: float = Field(
+        0.2, ge=0, lt=1, description="Dropout on each layer's Norm(A V) * U before its output projection f_2."
+    )
+    max_positions: int = Field(
+        64,
+        ge=2,
+        description="Buckets of the relative position bias: one per distance (in events) below max_positions / 2, "
+        "then four per doubling of the distance; larger distances share the last bucket.",
+    )
+
+
 class MMoEConfig(TowersConfig):
     """``model.name: mmoe`` (``deep_layer_sizes`` are each expert's hidden sizes)."""
 
@@ -294,6 +313,7 @@ SHIPPED_MODEL_CONFIGS: dict[str, type[ModelConfig]] = _shipped(
     XDeepFMConfig,
     DINConfig,
     BSTConfig,
+    HSTUConfig,
     MMoEConfig,
     PLEConfig,
     TwoTowerConfig,

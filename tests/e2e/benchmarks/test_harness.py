@@ -34,6 +34,7 @@ BENCHES = {  # every runnable script of benchmarks/ (a new one must use the harn
     "quantize_auc.py",
     "reshard_matrix.py",
     "run.py",
+    "sequence_cost.py",
     "sequence_side_by_side.py",
     "serve_flood.py",
     "serve_load.py",

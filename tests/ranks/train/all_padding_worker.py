@@ -43,6 +43,7 @@ CASES = {
     "user_model": ("examples/custom_model/config.yaml", []),
     "din": ("configs/movielens_din.yaml", TEMPLATE),
     "bst": ("configs/movielens_bst.yaml", [*TEMPLATE, "model.transformer_dropout=0.0"]),
+    "hstu": ("configs/movielens_hstu.yaml", [*TEMPLATE, "model.layer_dropout=0.0"]),
     "mmoe": ("configs/movielens_multitask.yaml", POSITION),
     "ple": ("configs/movielens_ple.yaml", POSITION),
     "two_tower": ("configs/movielens_two_tower.yaml", POSITION),

@@ -12,7 +12,7 @@ One spawn of 2 ranks trains every zoo model, the managed-collision path and a us
 (``tests/ranks/train/all_padding_worker.py``: 88 training rows, global batch 64, so rank 1's
 share of the second step and of every evaluation batch is padding only) with a process-group
 timeout of 120 s: a rank left waiting fails the test in about two minutes, naming the
-collective. DIN and BST are also trained on 1 rank: every step's loss and the test metrics
+collective. DIN, BST and HSTU are also trained on 1 rank: every step's loss and the test metrics
 (which follow from the padded step's gradients) must be the 1-rank run's.
 """
 
@@ -24,7 +24,7 @@ from recsys_dist.testing import run_ranks
 from tests.cli import read_metrics
 from tests.ranks.train.all_padding_worker import CASES, train_every_model
 
-COMPARED = ["din", "bst"]  # the models whose padding path the fix changed: also on 1 rank
+COMPARED = ["din", "bst", "hstu"]  # the models whose padding path the fix changed (and HSTU's): also on 1 rank
 
 
 def step_losses(run_dir):

@@ -1,4 +1,4 @@
-"""Issue 30 item 1 without processes: a DIN or BST batch whose histories are all empty still
+"""Issue 30 item 1 without processes: a DIN, BST or HSTU batch whose histories are all empty still
 reaches the sequence embeddings in backward (the 2-rank run is tests/ranks/train/test_all_padding_rank.py).
 """
 
@@ -6,10 +6,10 @@ import pytest
 import torch
 from torchrec import KeyedJaggedTensor
 
-from tests.unit.models import test_bst, test_din
+from tests.unit.models import test_bst, test_din, test_hstu
 
 
-@pytest.mark.parametrize("module", [test_din, test_bst], ids=["din", "bst"])
+@pytest.mark.parametrize("module", [test_din, test_bst, test_hstu], ids=["din", "bst", "hstu"])
 def test_a_batch_of_empty_histories_reaches_the_sequence_embeddings_in_backward(module):
     """Without processes: the loss of a batch whose histories are all empty still depends on
     the EmbeddingCollection's output values (an empty [0, E] tensor), so backward reaches them:

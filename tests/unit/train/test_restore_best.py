@@ -79,7 +79,7 @@ def test_patience_in_epochs_or_rows_counts_training_since_the_best():
     assert tracker("validations", 4).patience_steps is None
 
 
-@pytest.mark.parametrize("name", ["movielens_din", "movielens_bst"])
+@pytest.mark.parametrize("name", ["movielens_din", "movielens_bst", "movielens_hstu"])
 def test_history_templates_wait_an_epoch_past_the_best(name):
     cfg = load_config(ROOT / "configs" / f"{name}.yaml")
     es = cfg.train.early_stopping

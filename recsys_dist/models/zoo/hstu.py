@@ -1,0 +1,228 @@
+"""HSTU (Zhai et al., 2024, "Actions Speak Louder than Words: Trillion-Parameter Sequential
+Transducers for Generative Recommendations", ICML, arXiv:2402.17152), ranking set-up.
+
+The module and its equations: :class:`HSTU` and :class:`HSTULayer`. Pooled tables in one
+EmbeddingBagCollection, sequence tables in one EmbeddingCollection: both sharded.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
+
+from recsys_dist.data.spec import FeatureSpec
+from recsys_dist.models.config import HSTUConfig
+from recsys_dist.models.layers import mlp_head
+from recsys_dist.models.registry import register_model
+from recsys_dist.models.sequence import TargetSequenceModel
+
+EPS = 1e-6  # of both layer norms (the reference's epsilon)
+
+
+def position_bucket(distance: torch.Tensor, num_buckets: int) -> torch.Tensor:
+    """Bucket (int64, same shape) of each relative distance ``i - j >= 0`` (in events): one
+    bucket per distance below ``num_buckets // 2``, then four per doubling of the distance
+    (``half + floor(4 log2(d / half))``), every larger distance in the last bucket
+    ``num_buckets - 1``."""
+    half = max(num_buckets // 2, 1)
+    far = half + torch.floor(4 * torch.log2(distance.clamp(min=half).float() / half)).long()
+    return torch.where(distance < half, distance, far).clamp(max=num_buckets - 1)
+
+
+# Leaves for torch.fx (TrainPipelineSparseDist traces the model): they read shapes.
+@torch.fx.wrap
+def target_layout(mask: torch.Tensor, num_buckets: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The attention layout of the token sequence ``[h_1..h_L, target]`` (N = L + 1 tokens: the
+    batch's padded history, then the target at index L) given the history mask [B, L] float
+    (1 for the row's n real events, then 0).
+
+    Returns:
+        weight [B, N, N] float: ``1 / c_i`` where query i may read key j (j real and at or
+            before i: causal), else 0; ``c_i`` = the number of keys query i reads (eq. 2's
+            normalisation, per query).
+        history_bucket [N, N] int64: ``position_bucket(max(i - j, 0))`` for history queries.
+        target_bucket [B, N] int64: ``position_bucket(max(n - j, 0))``, the target's distance
+            to each history event (the target's position is n, right after the last real event,
+            whatever the padding).
+    """
+    batch, length = mask.shape
+    n = mask.sum(dim=1).long()  # [B]
+    real = torch.cat([mask, mask.new_ones(batch, 1)], dim=1)  # [B, N]
+    idx = torch.arange(length + 1, device=mask.device)
+    causal = (idx[:, None] >= idx[None, :]).to(mask.dtype)  # [N, N]
+    allowed = causal[None, :, :] * real[:, None, :]  # [B, N, N]
+    weight = allowed / allowed.sum(dim=2, keepdim=True).clamp(min=1)
+    history_bucket = position_bucket((idx[:, None] - idx[None, :]).clamp(min=0), num_buckets)
+    target_bucket = position_bucket((n[:, None] - idx[None, :]).clamp(min=0), num_buckets)
+    return weight, history_bucket, target_bucket
+
+
+@torch.fx.wrap
+def relative_bias(table: torch.Tensor, history_bucket: torch.Tensor, target_bucket: torch.Tensor) -> torch.Tensor:
+    """``rab^p`` [B, 1, N, N] float: ``table[bucket]`` (one learned scalar per position bucket,
+    shared by the heads), the history rows from ``history_bucket``, the target's row (the last)
+    from ``target_bucket``."""
+    batch, length = target_bucket.shape[0], history_bucket.shape[0] - 1
+    rows = table[history_bucket[:length]].unsqueeze(0).expand(batch, length, length + 1)
+    return torch.cat([rows, table[target_bucket].unsqueeze(1)], dim=1).unsqueeze(1)
+
+
+class HSTULayer(nn.Module):
+    """One HSTU layer (eq. 1-3 of the paper) over padded tokens ``x`` [B, N, D] float32:
+
+    ``U, V, Q, K = Split(SiLU(f_1(LayerNorm(x))))`` (eq. 1; ``f_1`` linear without bias,
+    U, V: ``num_heads x linear_dim``, Q, K: ``num_heads x attention_dim``);
+    ``A V = (SiLU(Q K^T + rab^p) * M / c) V`` per head (eq. 2: pointwise aggregated attention,
+    no softmax; ``M`` the causal mask over real keys, ``c`` each query's number of keys);
+    ``y = x + f_2(Dropout(LayerNorm(A V) * U))`` (eq. 3 with the residual). Both layer norms
+    have no learned scale or shift, as in the reference implementation
+    (facebookresearch/generative-recommenders, ``SequentialTransductionUnitJagged``).
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        attention_dim: int,
+        linear_dim: int,
+        num_buckets: int,
+        dropout: float,
+        device: torch.device | None = None,
+    ) -> None:
+        super().__init__()
+        self.dim, self.heads, self.dqk, self.dv = dim, num_heads, attention_dim, linear_dim
+        self.f1 = nn.Linear(dim, num_heads * (2 * linear_dim + 2 * attention_dim), bias=False, device=device)
+        nn.init.normal_(self.f1.weight, 0.0, 0.02)
+        self.f2 = nn.Linear(num_heads * linear_dim, dim, device=device)
+        nn.init.xavier_uniform_(self.f2.weight)
+        self.position_bias = nn.Parameter(torch.empty(num_buckets, device=device).normal_(0.0, 0.02))
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(
+        self, x: torch.Tensor, weight: torch.Tensor, history_bucket: torch.Tensor, target_bucket: torch.Tensor
+    ) -> torch.Tensor:
+        h, dv, dqk = self.heads, self.dv, self.dqk
+        uvqk = F.silu(self.f1(F.layer_norm(x, (self.dim,), eps=EPS)))
+        u, v, q, k = uvqk.split([h * dv, h * dv, h * dqk, h * dqk], dim=-1)
+        scores = torch.einsum("bnhd,bmhd->bhnm", q.unflatten(-1, (h, dqk)), k.unflatten(-1, (h, dqk)))
+        scores = scores + relative_bias(self.position_bias, history_bucket, target_bucket)
+        att = F.silu(scores) * weight.unsqueeze(1)  # [B, H, N, N]; masked keys weigh exactly 0
+        av = torch.einsum("bhnm,bmhd->bnhd", att, v.unflatten(-1, (h, dv))).flatten(2)  # [B, N, H*dv]
+        return x + self.f2(self.dropout(F.layer_norm(av, (h * dv,), eps=EPS) * u))
+
+
+class TaskHeads(nn.Module):
+    """One MLP head per task: ``[B, d] -> [B, T]`` logits (column t = task t's head)."""
+
+    def __init__(self, d: int, sizes: list[int], num_tasks: int, device=None, **mlp_options) -> None:
+        super().__init__()
+        self.heads = nn.ModuleList(mlp_head(d, sizes, device=device, **mlp_options) for _ in range(num_tasks))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([head(x) for head in self.heads], dim=1)
+
+
+class HSTU(TargetSequenceModel):
+    """HSTU ranking model (Zhai et al., 2024, Section 2-3), target-aware.
+
+    For each sequence feature with events ``h_1..h_n`` [B, L, E] (oldest first, padded to the
+    batch's longest L) and the target item's embedding ``v_A`` [B, E] (the pooled embedding of
+    ``target_feature``, the item being ranked), the tokens ``[h_1..h_n, v_A]`` go through
+    ``num_layers`` :class:`HSTULayer` s under a causal mask: each event reads the events before
+    it, the target reads the whole history and itself, and nothing reads a later token or a
+    padded one. The relative attention bias ``rab^p`` is a learned scalar per layer and per
+    bucket of the distance ``i - j`` in events (:func:`position_bucket`: exact below
+    ``max_positions // 2``, logarithmic beyond); the target's position is ``n``, right after
+    the last event. The paper's time bias ``rab^t`` (over the bucketed timestamp differences)
+    is not used: the history sequences of ``data.schema.history`` carry item ids only, no
+    per-event time. Nor are the paper's action tokens: the history holds the items a user
+    interacted with, not the action (the rating) they took.
+
+    The target's output ``y_A`` [B, E] after the last layer (the "target-aware" set-up of the
+    paper's ranking model: the candidate is the last token) goes into one MLP head per task:
+    ``logit_t = MLP_t([dense, e_1..e_F, y_A per sequence])`` with ``e_1..e_F`` the pooled
+    embeddings of every sparse feature (the paper puts such context features in the sequence
+    as tokens; here they join at the head, as for DIN and BST).
+
+    Jagged input, padded: the EmbeddingCollection's JaggedTensor is padded to the batch's
+    longest history inside forward (``recsys_dist.models.sequence.padded_sequence``) and the
+    attention is plain masked dense attention, ``O(B L^2)`` per layer; padded keys weigh
+    exactly 0, so a row's logits do not depend on the other rows or on the padding (to float
+    rounding). The reference's fused jagged kernels are GPU-only.
+
+    ``forward(dense [B, num_dense] float32, kjt)`` returns logits float32 [B, T], T =
+    ``len(spec.tasks)`` (``[B, 1]`` for one task).
+
+    Raises:
+        ValueError: no sequence feature, or ``target_feature`` not a categorical feature.
+    """
+
+    def __init__(
+        self,
+        ebc: EmbeddingBagCollection,
+        ec: EmbeddingCollection,
+        num_dense: int,
+        features: list[str],
+        sequences: list[str],
+        target_feature: str,
+        embedding_dim: int,
+        deep_layer_sizes: list[int],
+        num_tasks: int = 1,
+        num_layers: int = 2,
+        num_heads: int = 1,
+        attention_dim: int = 16,
+        linear_dim: int = 16,
+        layer_dropout: float = 0.2,
+        max_positions: int = 64,
+        device: torch.device | None = None,
+        **mlp_options,
+    ) -> None:
+        super().__init__(ebc, ec, features, sequences, target_feature)
+        self.max_positions = max_positions
+        self.stacks = nn.ModuleList(
+            nn.ModuleList(
+                HSTULayer(
+                    embedding_dim, num_heads, attention_dim, linear_dim, max_positions, layer_dropout, device=device
+                )
+                for _ in range(num_layers)
+            )
+            for _ in sequences
+        )
+        d = num_dense + (len(features) + len(sequences)) * embedding_dim
+        self.deep = TaskHeads(d, deep_layer_sizes, num_tasks, device=device, **mlp_options)
+
+    def encode(
+        self, stack: nn.ModuleList, values: torch.Tensor, mask: torch.Tensor, target: torch.Tensor
+    ) -> torch.Tensor:
+        """[B, E]: the target token's output after the stack, for one sequence."""
+        weight, history_bucket, target_bucket = target_layout(mask, self.max_positions)
+        x = torch.cat([values, target.unsqueeze(1)], dim=1)  # [B, L + 1, E]
+        for layer in stack:
+            x = layer(x, weight, history_bucket, target_bucket)
+        return x[:, -1, :]
+
+    def summarise(self, i: int, values: torch.Tensor, mask: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return self.encode(self.stacks[i], values, mask, target)
+
+
+@register_model("hstu", HSTUConfig, checks=())
+def build_hstu(spec: FeatureSpec, cfg: HSTUConfig) -> HSTU:
+    """``HSTU`` over the spec's pooled tables and its sequence tables, one head per task of
+    ``spec.tasks`` (so no one-task check: several ``data.schema.labels`` are welcome).
+
+    Raises:
+        ValueError: no sequence feature, or ``target_feature`` is not a categorical feature.
+    """
+    return HSTU.from_spec(
+        spec,
+        cfg,
+        num_tasks=len(spec.tasks),
+        num_layers=cfg.num_layers,
+        num_heads=cfg.num_heads,
+        attention_dim=cfg.attention_dim,
+        linear_dim=cfg.linear_dim,
+        layer_dropout=cfg.layer_dropout,
+        max_positions=cfg.max_positions,
+    )
