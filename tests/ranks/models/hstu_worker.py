@@ -27,18 +27,17 @@ def movielens_batch(rank: int, num_tasks: int) -> CTRBatch:
     return CTRBatch(torch.zeros(B, 0), kjt, labels.squeeze(1) if num_tasks == 1 else labels, torch.ones(B))
 
 
-def sharded_and_unsharded(cfg, batch: CTRBatch) -> tuple:
+def sharded_and_unsharded(job, batch: CTRBatch) -> tuple:
     """``tests.ranks.distributed.equivalence.sharded_and_unsharded``, also returning the plan:
     (sharded output, unsharded output, {table: sharding type})."""
     from recsys_dist.distributed.env import init_distributed
     from recsys_dist.distributed.tables import load_full_state_dict
-    from recsys_dist.models.build import build_model
-    from recsys_dist.train.build import shard_model
+    from recsys_dist.train.build import build_task, shard_model
 
-    ctx = init_distributed(cfg)
+    ctx = init_distributed(job.distributed)
     torch.manual_seed(0)
-    ref = build_model(cfg, torch.device("cpu"), tables_device=torch.device("cpu"))
-    dmp, _, _ = shard_model(cfg, ctx)
+    ref = build_task(job, job.features.on(torch.device("cpu"), torch.device("cpu")))
+    dmp, _, _ = shard_model(job, ctx)
     load_full_state_dict(dmp.state_dict(), ref.state_dict())
     dmp.eval(), ref.eval()
     types = {t: ps.sharding_type for mp in dmp.plan.plan.values() for t, ps in mp.items()}
@@ -50,25 +49,28 @@ def sharded_vs_unsharded(rank: int, world_size: int, config: str, cases: list[tu
     trainer's sharding path: (largest |sharded - unsharded| of the logits and the loss, the
     sharding type the planner chose for each table). The embeddings start in [-0.5, 0.5] (not
     the config's 0.05) so that a wrong or missing history row moves the logits well past rounding."""
+    from recsys_dist.config.job import resolve_job
     from recsys_dist.config.loader import load_config
 
     out = {}
     for sharding_type, *extra in cases:
-        cfg = load_config(
-            config,
-            [
-                "data.categorical_mapping=hash",
-                "data.num_embeddings=200",
-                "model.embedding_init_scale=0.5",
-                "model.layer_dropout=0.0",
-                f"distributed.nproc_per_node={world_size}",
-                f"sharding.sharding_types=[{sharding_type}]",
-                *extra,
-            ],
+        job = resolve_job(
+            load_config(
+                config,
+                [
+                    "data.categorical_mapping=hash",
+                    "data.num_embeddings=200",
+                    "model.embedding_init_scale=0.5",
+                    "model.layer_dropout=0.0",
+                    f"distributed.nproc_per_node={world_size}",
+                    f"sharding.sharding_types=[{sharding_type}]",
+                    *extra,
+                ],
+            )
         )
-        num_tasks = len(cfg.data.schema.labels) or 1
+        num_tasks = len(job.features.tasks)
         (loss, (_, got, _, _)), (want_loss, (_, want, _, _)), types = sharded_and_unsharded(
-            cfg, movielens_batch(rank, num_tasks)
+            job, movielens_batch(rank, num_tasks)
         )
         assert got.shape == want.shape and got.numel() == B * num_tasks, (got.shape, want.shape)
         diff = max((got - want).abs().max().item(), (loss - want_loss).abs().max().item())
