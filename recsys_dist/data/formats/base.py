@@ -139,7 +139,8 @@ class RequestLayout:
         stateful: the reader keeps state while rows stream by (user histories): a new one per request.
         write: ``write(rows, directory) -> (path, header_lines)``: the rows (:data:`Rows`) as a
             raw file in ``directory``; ``header_lines``: lines before the first row.
-        reader: ``reader() -> RawFormat``, a new format object that reads the in-memory table.
+        reader: ``reader() -> RawFormat``: the format object that reads the in-memory table (a new
+            one per call where ``stateful``).
         join: ``join(column, texts) -> text``: a list column's elements as one text field.
     """
 
