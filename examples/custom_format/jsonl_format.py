@@ -7,19 +7,23 @@
 
 A field that is absent or null is a missing value. The parsing (labels, the log1p of the dense
 values, hashing the categorical values into ids) is the shipped ``schema`` format's, so this
-file only reads the lines; it inherits the request side too (``POST /score`` takes the same
-JSON objects).
+file only reads the lines. The request side (``request_layout``) is the schema format's columns
+with this format's writing: ``POST /score`` takes the same JSON objects (the label optional,
+ignored), written as JSON lines with a placeholder label.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Sequence
+from pathlib import Path
 
 import pyarrow as pa
 
 from recsys_dist.data.config import SchemaConfig
+from recsys_dist.data.formats.base import RequestLayout, Rows
 from recsys_dist.data.formats.schema import SchemaFormat
 from recsys_dist.errors import DataError
 
@@ -72,6 +76,29 @@ class JsonLinesFormat(SchemaFormat):
 
     def unlabelled(self, path: str | os.PathLike) -> None:
         return None
+
+    def request_layout(self) -> RequestLayout:
+        """The schema format's request columns, written as JSON lines with the placeholder label
+        "0" and read back by this format (labelled); rows come as objects only."""
+        return dataclasses.replace(
+            super().request_layout(),
+            placeholder_values={self.spec.label: "0"},
+            write=self._write_rows,
+            reader=lambda: JsonLinesFormat(self.spec),
+            lines_refused="rows: give each row as a JSON object (column -> value), not as a text line",
+            parquet=False,
+            stateful=False,
+        )
+
+    def _write_rows(self, rows: Rows, directory: Path) -> tuple[Path, int]:
+        """``RequestLayout.write``: the rows as JSON lines, each with the placeholder label."""
+        path = Path(directory) / "rows.jsonl"
+        with open(path, "w", encoding="utf-8") as f:
+            for r in rows:
+                if not isinstance(r, dict):  # never: text lines are refused (lines_refused)
+                    raise TypeError("a JSON-lines request row is an object")
+                f.write(json.dumps({**r, self.spec.label: "0"}) + "\n")
+        return path, 0
 
 
 def _text(value) -> str | None:

@@ -116,7 +116,7 @@ class Preprocessing:
             mapping["coverage"] = table_coverage(manifest)
         record = {
             "record_version": RECORD_VERSION,
-            "format": d.format,
+            "format": fmt.name,  # the manifest's format (data.format may be an import path)
             "schema": d.schema.model_dump(mode="json", by_alias=True) if d.schema is not None else None,
             "dense": dense,
             "sparse": sparse,

@@ -54,11 +54,11 @@ from recsys_dist.serve.quantize import (
 from recsys_dist.serve.scoring import (
     MANIFEST_FILE,
     PREPROCESSING_FILE,
-    UNLABELLED_FORMATS,
     Preprocessing,
     check_conversion,
     converted_manifest,
     for_checkpoint,
+    is_unlabelled,
     prepare_for_scoring,
     read_raw_columns,
     scoring_format,
@@ -358,7 +358,7 @@ def score(
         prep = Preprocessing.describe(job.data, job.fmt, job.table_sizes)
     data = Path(data)
     parquet, manifest, columns = _scoring_input(job, data, prep, keep_columns)
-    labelled = manifest["format"] not in UNLABELLED_FORMATS
+    labelled = not is_unlabelled(manifest["format"])
     f = job.features
     loader = ParquetBatchLoader(
         str(parquet),
@@ -415,7 +415,7 @@ def _scoring_input(
             )
         parquet = data
     else:
-        if job.data.format != "schema" and _is_parquet_file(data):
+        if job.fmt.spec is None and _is_parquet_file(data):  # a format without data.schema reads text
             raise DataError(
                 f"{data} is a Parquet file but not a converted split (no {MANIFEST_FILE} beside it lists it), and "
                 f"{job.data.format} raw data is text. Give the raw file, or a converted split where "

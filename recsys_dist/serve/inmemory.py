@@ -5,11 +5,12 @@ raw columns, the batch built as the loader builds it, and no file, cache entry o
 
 - :class:`InMemoryScorer` (``kind == "in-memory"``) for a model whose preprocessing record
   matches what this recsys_dist converts (transform version, features, table sizes, mapping):
-  formats ``criteo_tsv``, ``avazu_csv`` and ``schema`` (categorical, multi-hot, dense, sequence
-  and history columns; text or Parquet ``file_type``), mappings hash, vocabulary (the export's
-  ``vocabulary.parquet``) and managed. Rows given as objects become a pyarrow table of text
-  columns (``RowWriter``'s own value rules: the text the file route writes and its reader reads
-  back), with the placeholder label the unlabelled layouts add; rows given as text lines are read
+  any format with a request side (``RawFormat.request_layout()``; the shipped ones with their
+  categorical, multi-hot, dense, sequence and history columns, text or Parquet), mappings hash,
+  vocabulary (the export's ``vocabulary.parquet``) and managed. Rows given as objects become a
+  pyarrow table of text columns (``RowWriter``'s own value rules: the text the file route writes
+  and its reader reads back), with the layout's placeholder columns, read by the layout's
+  ``reader()``; rows given as text lines are read
   by the format's own ``read_chunks`` from a temporary file (the conversion's reader, lines and
   quoting as ``predict`` reads them). Then the conversion's ``passes.Transform`` (the format's
   ``parse_batch``, its dense transform and hex / BLAKE2b keys, then the hash, vocabulary or managed
@@ -29,6 +30,7 @@ naming ``rows[i]`` and the column, word for word as before; only such requests p
 from __future__ import annotations
 
 import logging
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -42,11 +44,10 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from recsys_dist.data import mapping as mp
 from recsys_dist.data.convert.passes import Transform
 from recsys_dist.data.formats.base import TRANSFORM_VERSION
-from recsys_dist.data.formats.schema import UnlabelledSchemaFormat
 from recsys_dist.data.loader import CTRBatch
 from recsys_dist.data.loader.columns import Columns
 from recsys_dist.data.loader.gather import gather_block
-from recsys_dist.data.resolve import configured_sizes, data_format
+from recsys_dist.data.resolve import configured_sizes
 from recsys_dist.errors import BadRequest, DataError
 from recsys_dist.serve.export import LoadedModel
 from recsys_dist.serve.rows import MAX_VALUE_CHARS, RowWriter, outputs, score_rows
@@ -102,7 +103,7 @@ def _uncovered(loaded: LoadedModel) -> str | None:
     if r.get("transform_version", TRANSFORM_VERSION) != TRANSFORM_VERSION:
         return f"its record's transform version {r['transform_version']} is not this recsys_dist's"
     if (
-        r["format"] != d.format
+        r["format"] != fmt.name
         or list(r["dense"]) != list(fmt.dense_names)
         or list(r["sparse"]) != list(fmt.sparse_names)
     ):
@@ -124,8 +125,9 @@ class InMemoryScorer:
 
     def __init__(self, loaded: LoadedModel) -> None:
         job, f = loaded.job, loaded.job.features
-        self.loaded, self.writer = loaded, RowWriter(job.data, loaded.preprocessing.record)
-        self.fmt = self._format()
+        self.loaded, self.writer = loaded, RowWriter(job.fmt, loaded.preprocessing.record)
+        self.layout = self.writer.layout
+        self.fmt = self.layout.reader()
         self.managed = [n in f.managed for n in self.fmt.sparse_names]
         vocab = loaded.preprocessing.vocabulary
         self.vocabs = None if vocab is None else mp.load_vocabularies(vocab, list(self.fmt.sparse_names))
@@ -135,16 +137,11 @@ class InMemoryScorer:
         self.dense_names, self.sparse_names, self.bounds = f.dense_names, f.keys, f.id_bounds
         self.label_columns = list(self.fmt.label_columns)
         self.tasks = (list(f.tasks), list(f.task_kinds))
-        # user histories are computed while a file streams by: a format object of its own per request
-        self.stateful = getattr(self.fmt, "_history", None) is not None
+        # e.g. user histories, computed while a file streams by: a format object of its own per request
+        self.stateful = self.layout.stateful
+        # characters a value may not hold (RowWriter._scalar): line breaks, the layout's unquoted ones
+        self.forbidden = "[\n\r" + "".join(re.escape(c) for c in self.layout.forbidden) + "]"
         self.transform = Transform(self.fmt, self.sizes, self.vocabs, self.fmt.output_schema(), self.managed)
-
-    def _format(self):
-        """The format that reads the rows: the model's (placeholder labels added to the table),
-        a schema model's unlabelled variant (the rows carry no label). A new object each time:
-        one deriving user histories keeps state while rows stream by (never ``job.fmt``)."""
-        d = self.loaded.job.data
-        return UnlabelledSchemaFormat(d.schema) if d.format == "schema" else data_format(d)
 
     def __call__(self, rows: list) -> dict:
         """Scores of ``rows`` (``recsys_dist.serve.rows`` describes them), as ``score_rows``
@@ -171,11 +168,7 @@ class InMemoryScorer:
         if any(not r.keys() <= known for r in rows):
             self._refuse(rows)
         cols = {c: self._column(rows, c) for c in w.columns}
-        n = len(rows)
-        if w.format == "criteo_tsv":  # the unlabelled layout's placeholder label
-            cols["label"] = pa.array(["0"] * n, pa.string())
-        elif w.format == "avazu_csv":  # placeholders, as the file route writes them
-            cols["id"], cols["click"] = pa.array(["0"] * n, pa.string()), pa.array(["0"] * n, pa.string())
+        cols.update(self.layout.placeholders(len(rows)))  # e.g. a label the reader requires
         return pa.table(cols)
 
     def _column(self, rows: list[dict], c: str) -> pa.Array:
@@ -194,8 +187,7 @@ class InMemoryScorer:
             except (OverflowError, pa.ArrowException):
                 arr = None  # an integer past int64: through RowWriter
         if arr is not None:
-            forbidden = {"criteo_tsv": "[\n\r\t]", "avazu_csv": "[\n\r,]"}.get(w.format, "[\n\r]")
-            if pc.any(pc.match_substring_regex(arr, forbidden)).as_py():
+            if pc.any(pc.match_substring_regex(arr, self.forbidden)).as_py():
                 self._refuse(rows)
             if (pc.max(pc.utf8_length(arr)).as_py() or 0) > MAX_VALUE_CHARS:  # RowWriter's limit
                 self._refuse(rows)
@@ -221,7 +213,7 @@ class InMemoryScorer:
         (``passes.Reader.batches``); ``fmt``: another format than the model's (text lines)."""
         transform = self.transform
         if fmt is not None or self.stateful:
-            fmt = fmt or self._format()
+            fmt = fmt or self.layout.reader()
             transform = Transform(fmt, self.sizes, self.vocabs, fmt.output_schema(), self.managed)
         if path is None:
             path = "rows.parquet" if self.writer.parquet else "rows.csv"

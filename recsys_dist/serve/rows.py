@@ -6,15 +6,11 @@ format in a temporary directory (its own conversion cache, removed afterwards), 
 dense transforms and the vocabulary are those of the export by construction, never a
 second implementation of them.
 
-A row is either an object (raw column name -> value) or a raw text line of the format:
-
-- ``criteo_tsv``: columns ``label`` (optional, ignored), ``I1..I13`` (integers), ``C1..C26``
-  (hex text); a line holds 39 tab-separated fields (no label) or 40 (label first).
-- ``avazu_csv``: its raw columns (``id`` and ``click`` optional, ignored); a line as in
-  ``train.csv`` (24 comma-separated fields).
-- ``schema``: the configured columns (label and weight optional, ignored); a multi-hot or
-  sequence value may be a JSON list. Lines need ``data.schema.columns`` (their field order) and
-  a text file type.
+A row is either an object (raw column name -> value) or a raw text line of the format. Which
+columns a row may hold (the ones the model reads, and ones it ignores such as labels), which
+may be JSON lists, which characters a value may not hold and how the rows are written is the
+format's request side (``RawFormat.request_layout()``, a ``data.formats.base.RequestLayout``;
+each shipped format's ``request_layout`` describes its rows).
 
 A missing column, ``null`` or ``""`` is a missing value. Rows are numbered from 0 in errors
 (``rows[3]``). A column of the training file that the model does not use (its record's
@@ -29,9 +25,7 @@ a ``BadRequest`` naming the row and the column.
 
 from __future__ import annotations
 
-import csv
 import dataclasses
-import io
 import math
 import re
 import shutil
@@ -39,13 +33,8 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 
-from recsys_dist.data.config import DataConfig
-from recsys_dist.data.formats.avazu import RAW_COLUMNS as AVAZU_COLUMNS
-from recsys_dist.data.formats.criteo import COLUMNS as CRITEO_COLUMNS
-from recsys_dist.data.formats.history import is_parquet
+from recsys_dist.data.formats.base import RawFormat
 from recsys_dist.data.formats.ids import id_columns
 from recsys_dist.errors import BadRequest, DataError
 from recsys_dist.serve.export import LoadedModel, score
@@ -67,36 +56,17 @@ class RowWriter:
     """Writes request rows as a raw file of one model's format (``write``), and names which
     data line of that file is which request row (``header_lines``)."""
 
-    def __init__(self, d: DataConfig, record: dict | None = None) -> None:
-        """``d``: the model's ``data`` section (``job.data``); ``record``: its preprocessing record
-        (``preprocessing.json``): its ``raw_columns`` and ``integer_columns`` (None: not known,
-        as for a record written before they were kept)."""
-        self.format = d.format
-        s = d.schema
-        self.parquet = d.format == "schema" and is_parquet(s, "rows.csv")
-        self.list_columns: set[str] = set()
-        self.ignored: list[str] = []
-        if d.format == "criteo_tsv":
-            self.columns, self.ignored, self.delimiter = CRITEO_COLUMNS[1:], ["label"], "\t"
-        elif d.format == "avazu_csv":
-            self.columns, self.delimiter = list(AVAZU_COLUMNS), ","
-        else:
-            self.ignored = list(s.label_columns())
-            self.list_columns = {*s.multi_hot, *(s.sequence or {})}
-            history = [s.history.user, s.history.item, s.history.time] if s.history else []
-            cols = [
-                *([s.weight] if s.weight else []),
-                *s.dense,
-                *s.categorical,
-                *s.multi_hot,
-                *(s.sequence or {}),
-                *history,
-            ]
-            self.columns = list(dict.fromkeys(cols))
-            self.delimiter = s.delimiter
-        self.spec = s
+    def __init__(self, fmt: RawFormat, record: dict | None = None) -> None:
+        """``fmt``: the model's format object (``job.fmt``), whose ``request_layout()`` says how
+        rows become its raw input; ``record``: its preprocessing record (``preprocessing.json``):
+        its ``raw_columns`` and ``integer_columns`` (None: not known, as for a record written
+        before they were kept)."""
+        self.format = fmt.name
+        self.layout = layout = fmt.request_layout()
+        self.columns, self.ignored, self.list_columns = list(layout.columns), list(layout.ignored), layout.list_columns
+        self.parquet = layout.parquet
         self.header_lines = 0
-        self.ids = {c.name for c in id_columns(d.format, s)}
+        self.ids = {c.name for c in id_columns(fmt.name, fmt.spec)}
         record = record or {}
         known = record.get("integer_columns")
         self.integer_columns = None if known is None else set(known)
@@ -104,8 +74,8 @@ class RowWriter:
         self.unused = [c for c in record.get("raw_columns") or [] if c not in self.columns and c not in self.ignored]
 
     def _known(self) -> str:
-        if self.format == "criteo_tsv":
-            return "label, I1..I13, C1..C26"
+        if self.layout.listing is not None:
+            return self.layout.listing
         unused = f" (read and ignored: {', '.join(self.unused)})" if self.unused else ""
         return ", ".join([*self.ignored, *self.columns]) + unused
 
@@ -146,10 +116,11 @@ class RowWriter:
                 f"rows[{i}], column {column}: a value of {len(text):,} characters, over the limit of "
                 f"{MAX_VALUE_CHARS:,} per value"
             )
-        if "\n" in text or "\r" in text or (self.format == "criteo_tsv" and "\t" in text):
+        if "\n" in text or "\r" in text:
             raise BadRequest(f"rows[{i}], column {column}: a value may not hold a line break or a tab")
-        if self.format == "avazu_csv" and "," in text:  # its lines have no quoting: a comma splits the field
-            raise BadRequest(f"rows[{i}], column {column}: a value may not hold a line break or a comma")
+        for char, name in self.layout.forbidden.items():  # the file does not quote it: it would split the field
+            if char in text:
+                raise BadRequest(f"rows[{i}], column {column}: a value may not hold a line break or {name}")
         return text
 
     def _float_id(self, i: int, column: str, v: float) -> int:
@@ -182,10 +153,7 @@ class RowWriter:
             raise BadRequest(
                 f"rows[{i}]: unknown column {unknown[0]!r} for format {self.format} (its columns: {self._known()})"
             )
-        out = {c: self._value(i, c, row.get(c)) for c in self.columns}
-        if self.format == "avazu_csv":  # no unlabelled layout: placeholders, never read back
-            out["id"], out["click"] = out["id"] or "0", "0"
-        return out
+        return {c: self._value(i, c, row.get(c)) for c in self.columns}
 
     @staticmethod
     def kind(rows: list) -> type:
@@ -207,72 +175,30 @@ class RowWriter:
     def joined(self, column: str, value):
         """A list column's value as one text field, elements joined by the column's separator (a
         multi-hot or sequence column of a text file); any other value as it is."""
-        if not isinstance(value, list):
-            return value
-        seq = getattr(self.spec, "sequence", None) or {}
-        return (seq[column].separator if column in seq else self.spec.separator).join(value)
+        return self.layout.join(column, value) if isinstance(value, list) else value
 
     def write(self, rows: list, directory: Path) -> Path:
-        """Write ``rows`` (all objects, or all text lines) into ``directory``; the file's path.
+        """Write ``rows`` (all objects, or all text lines) into ``directory`` as the format's
+        ``request_layout().write`` does; the file's path (``header_lines``: lines before its first row).
 
         Raises:
             BadRequest: a row that is neither, a mix of both, an unknown column, a value that
-                is not a string / number / null (or list for a list column).
+                is not a string / number / null (or list for a list column), text lines the
+                format does not take, a line over ``MAX_LINE_CHARS``.
         """
         if self.kind(rows) is str:
-            return self._write_lines(rows, directory)
+            if self.layout.lines_refused:
+                raise BadRequest(self.layout.lines_refused)
+            for i, line in enumerate(rows):
+                if "\n" in line.rstrip("\n") or "\r" in line.rstrip("\r\n"):
+                    raise BadRequest(f"rows[{i}]: a text line may not hold a line break")
+            _check_lines(rows)
+            path, self.header_lines = self.layout.write(rows, directory)
+            return path
         records = [self._record(i, r) for i, r in enumerate(rows)]
-        if self.parquet:
-            path = directory / "rows.parquet"
-            types = {c: pa.list_(pa.string()) if c in self.list_columns else pa.string() for c in self.columns}
-            pq.write_table(pa.table({c: pa.array([r[c] for r in records], types[c]) for c in self.columns}), path)
-            return path
-        columns = self.columns
-        if self.format == "schema" and self.spec.columns:  # the configured field order, label left out
-            columns = [c for c in self.spec.columns if c not in self.ignored]
-        self.header_lines = 0 if self.format == "criteo_tsv" or (self.spec and not self.spec.header) else 1
-        path = directory / ("rows.txt" if self.format == "criteo_tsv" else "rows.csv")
-        if self.format != "schema":  # criteo_tsv and avazu_csv read no quotes: the values as they are
-            lines = [self.delimiter.join(columns)] if self.header_lines else []
-            lines += [self.delimiter.join(r[c] for c in columns) for r in records]
-            _check_lines(lines[self.header_lines :])
-            path.write_text("\n".join(lines) + "\n")
-            return path
-        buf = io.StringIO()
-        w = csv.writer(buf, delimiter=self.delimiter, lineterminator="\n", quoting=csv.QUOTE_MINIMAL)
-        if self.header_lines:
-            w.writerow(columns)
-        for r in records:
-            w.writerow([self.joined(c, r.get(c, "")) for c in columns])
-        _check_lines(buf.getvalue().split("\n")[self.header_lines : -1])  # no value holds a line break
-        path.write_text(buf.getvalue())
-        return path
-
-    def _write_lines(self, rows: list[str], directory: Path) -> Path:
-        if self.parquet:
-            raise BadRequest(
-                "rows: this model reads Parquet (data.schema.file_type: parquet), so its rows have no text line; "
-                "give each row as an object of column -> value"
-            )
-        if self.format == "schema" and not self.spec.columns:
-            raise BadRequest(
-                "rows: this model's data.schema names no columns (its files carry a header line), so a text "
-                "line's field order is unknown; give each row as an object of column -> value"
-            )
-        for i, line in enumerate(rows):
-            if "\n" in line.rstrip("\n") or "\r" in line.rstrip("\r\n"):
-                raise BadRequest(f"rows[{i}]: a text line may not hold a line break")
-        _check_lines(rows)
-        text = "\n".join(r.rstrip("\r\n") for r in rows) + "\n"
-        self.header_lines = 0
-        if self.format == "schema" and self.spec.header:
-            fields = next(csv.reader([rows[0]], delimiter=self.delimiter))
-            full = len(fields) == len(self.spec.columns)  # with the label, else without it
-            names = [c for c in self.spec.columns if full or c not in self.ignored]
-            text = self.delimiter.join(names) + "\n" + text
-            self.header_lines = 1
-        path = directory / ("rows.txt" if self.format == "criteo_tsv" else "rows.csv")
-        path.write_text(text)
+        path, self.header_lines = self.layout.write(records, directory)
+        if not self.parquet:  # a line per row (no value holds a line break)
+            _check_lines(path.read_text().split("\n")[self.header_lines : -1])
         return path
 
 
@@ -338,7 +264,7 @@ def score_rows(loaded: LoadedModel, rows: list) -> dict:
         BadRequest: a malformed row, naming ``rows[i]`` and the column.
     """
     job = loaded.job
-    writer = RowWriter(job.data, loaded.preprocessing.record if loaded.preprocessing else None)
+    writer = RowWriter(job.fmt, loaded.preprocessing.record if loaded.preprocessing else None)
     tmp = Path(tempfile.mkdtemp(prefix="recsys-serve-"))
     try:
         path = writer.write(rows, tmp)

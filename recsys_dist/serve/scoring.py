@@ -47,7 +47,12 @@ from recsys_dist.data.text import LINE_COLUMN
 from recsys_dist.errors import DataError
 from recsys_dist.train.job import load_job
 
-UNLABELLED_FORMATS = ("criteo_tsv_unlabelled", "schema_unlabelled")
+
+def is_unlabelled(format_name: str) -> bool:
+    """Whether a conversion's ``format`` is a format's unlabelled variant (``<name>_unlabelled``,
+    ``RawFormat.unlabelled``): its labels are placeholders."""
+    return format_name.endswith("_unlabelled")
+
 
 # Transform texts that must agree between the model's record and a converted split it scores:
 # the dense transform and the multi-hot separator. (The label may differ: an unlabelled file
@@ -261,8 +266,8 @@ def read_raw_columns(fmt, path: Path, names: list[str]) -> dict[str, pa.Array]:
     for _, table in fmt.read_chunks(str(path)):
         if seen is None:
             seen = [c for c in table.column_names if c != LINE_COLUMN]
-            if fmt.name == "criteo_tsv_unlabelled":
-                seen = [c for c in seen if c != "label"]  # the placeholder
+            if is_unlabelled(fmt.name):
+                seen = [c for c in seen if c != fmt.label_column]  # a placeholder the reader added
             missing = [n for n in names if n not in seen]
             if missing:
                 raise DataError(

@@ -19,13 +19,14 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from functools import partial
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from recsys_dist.data import mapping
-from recsys_dist.data.formats.base import register_format
+from recsys_dist.data.formats.base import RequestLayout, Rows, register_format, write_delimited
 from recsys_dist.data.mapping import SparseKeys, text_keys
 from recsys_dist.data.text import count_rows, line_blocks, parse_block, read_head, rows_then_bad_line
 from recsys_dist.errors import DataError
@@ -190,6 +191,27 @@ class AvazuFormat:
     def unlabelled(path: str | os.PathLike) -> None:
         """None: Avazu files are scored with their click column."""
         return None
+
+    def request_layout(self) -> RequestLayout:
+        """Request rows: the raw columns (``id`` and ``click`` optional, ignored); a text line as
+        in ``train.csv`` (24 comma-separated fields). Written with a header line and placeholders
+        ``id`` (its value, or "0") and ``click`` "0" (no unlabelled layout). A value may not hold
+        a comma (no quoting)."""
+        return RequestLayout(
+            columns=list(RAW_COLUMNS),
+            forbidden={",": "a comma"},
+            placeholder_values={"id": "0", "click": "0"},
+            write=_write_rows,
+            reader=lambda: self,  # reads no state
+            stateful=False,
+        )
+
+
+def _write_rows(rows: Rows, directory: Path) -> tuple[Path, int]:
+    """``RequestLayout.write``: objects with the placeholders, as lines of ``train.csv``."""
+    if rows and isinstance(rows[0], dict):
+        rows = [{**r, "id": r["id"] or "0", "click": "0"} for r in rows]
+    return write_delimited(rows, directory, name="rows.csv", columns=RAW_COLUMNS, delimiter=",", header=True)
 
 
 AVAZU = AvazuFormat()

@@ -11,7 +11,9 @@ format modules, and ``data.format`` (``recsys_dist.data.config``) must list the 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -96,6 +98,84 @@ class RawFormat(Protocol):
         """The format that reads ``path`` with placeholder labels when the file has no label
         (scoring only), or None when it has them or the format has no unlabelled layout."""
         ...
+
+    def request_layout(self) -> RequestLayout:
+        """The request side: how rows of a scoring request (``POST /score``) become this
+        format's raw input (:class:`RequestLayout`)."""
+        ...
+
+
+# A request's rows for RequestLayout.write: all objects (raw column -> text, a list of texts for a
+# list column), or all raw text lines as sent.
+Rows = list[dict[str, Any]] | list[str]
+
+
+def _no_join(column: str, values: list[str]) -> str:
+    raise ValueError(f"column {column}: this format has no list columns")
+
+
+@dataclass(frozen=True)
+class RequestLayout:
+    """The request side of a format (``RawFormat.request_layout()``): which columns a request row
+    (a JSON object of raw column -> value, or a raw text line) may hold and how the rows become
+    this format's raw input. ``recsys_dist.serve`` checks every value (type, length, line breaks,
+    ``forbidden``), then writes the rows as a raw file (``write``, read back by the format's
+    scoring reader, ``fmt.unlabelled(path) or fmt``), or builds a table of text columns
+    ``columns`` plus :meth:`placeholders` that ``reader()`` converts in memory. Both routes must
+    give the same model inputs.
+
+    Fields:
+        columns: the raw columns a row may give that the model reads, in table order.
+        ignored: columns a row may hold that scoring ignores (labels, the sample weight).
+        list_columns: columns whose value may be a JSON list of values (multi-hot, sequence).
+        forbidden: characters (besides line breaks, which no value may hold) a value may not
+            hold because the raw file does not quote them, each with its name for the message:
+            ``{"\\t": "a tab"}`` for a tab-separated file.
+        placeholder_values: constant text columns the in-memory table adds for ``reader()``
+            (a label column it requires, ...).
+        listing: how an unknown-column message lists the columns (None: ``ignored``, ``columns``).
+        parquet: rows are written as Parquet (objects only; lists kept as lists).
+        lines_refused: why rows given as text lines are refused (None: they are accepted).
+        stateful: the reader keeps state while rows stream by (user histories): a new one per request.
+        write: ``write(rows, directory) -> (path, header_lines)``: the rows (:data:`Rows`) as a
+            raw file in ``directory``; ``header_lines``: lines before the first row.
+        reader: ``reader() -> RawFormat``: the format object that reads the in-memory table (a new
+            one per call where ``stateful``).
+        join: ``join(column, texts) -> text``: a list column's elements as one text field.
+    """
+
+    columns: list[str]
+    write: Callable[[Rows, Path], tuple[Path, int]]
+    reader: Callable[[], RawFormat]
+    ignored: list[str] = field(default_factory=list)
+    list_columns: frozenset[str] = frozenset()
+    forbidden: Mapping[str, str] = field(default_factory=dict)
+    placeholder_values: Mapping[str, str] = field(default_factory=dict)
+    listing: str | None = None
+    parquet: bool = False
+    lines_refused: str | None = None
+    stateful: bool = True
+    join: Callable[[str, list[str]], str] = _no_join
+
+    def placeholders(self, n: int) -> dict[str, pa.Array]:
+        """The ``placeholder_values`` as text columns of ``n`` rows."""
+        return {c: pa.array([v] * n, pa.string()) for c, v in self.placeholder_values.items()}
+
+
+def write_delimited(
+    rows: Rows, directory: Path, *, name: str, columns: list[str], delimiter: str, header: bool
+) -> tuple[Path, int]:
+    """``RequestLayout.write`` of a delimited text layout that reads no quotes: objects as lines of
+    ``columns`` (values as they are; a header line of the names with ``header``), text lines as
+    sent, into ``directory / name``."""
+    path = Path(directory) / name
+    if rows and isinstance(rows[0], str):
+        path.write_text("\n".join(r.rstrip("\r\n") for r in rows) + "\n")
+        return path, 0
+    lines = [delimiter.join(columns)] if header else []
+    lines += [delimiter.join(r[c] for c in columns) for r in rows]
+    path.write_text("\n".join(lines) + "\n")
+    return path, int(header)
 
 
 # The version of every format's transforms (raw value -> model input): part of the conversion

@@ -27,7 +27,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from recsys_dist.data.formats.base import register_format
+from recsys_dist.data.formats.base import RequestLayout, register_format, write_delimited
 from recsys_dist.data.mapping import SparseKeys, hash_ids
 from recsys_dist.data.text import (
     BLOCK_BYTES,
@@ -313,6 +313,22 @@ class CriteoFormat:
         if not self.labelled or first_line_fields(str(path)) != NUM_DENSE + NUM_SPARSE:
             return None
         return CriteoFormat(labelled=False, short_lines=self.short_lines)
+
+    def request_layout(self) -> RequestLayout:
+        """Request rows: columns ``label`` (optional, ignored), ``I1..I13`` (integers), ``C1..C26``
+        (hex text); a text line holds 39 tab-separated fields (no label) or 40 (label first).
+        Written as Kaggle's 39-field test layout (``rows.txt``, read back unlabelled); in memory the
+        table gets the placeholder label "0". A value may not hold a tab (no quoting)."""
+        return RequestLayout(
+            columns=COLUMNS[1:],
+            ignored=["label"],
+            forbidden={"\t": "a tab"},
+            placeholder_values={"label": "0"},
+            listing="label, I1..I13, C1..C26",
+            write=partial(write_delimited, name="rows.txt", columns=COLUMNS[1:], delimiter="\t", header=False),
+            reader=lambda: self,  # reads no state
+            stateful=False,
+        )
 
 
 CRITEO = CriteoFormat()

@@ -15,15 +15,13 @@ Parquet file). Transforms:
 - ``multi_hot``: a text list split on ``separator`` (``"a|b|c"``), or a Parquet list column;
   each element mapped like a categorical value; empty elements are dropped, an empty field
   is an empty bag. Stored as ``list<int64>``.
-
 - ``sequence``: an ordered list like a multi-hot column (split on the column's own
   separator), oldest first, truncated to its most recent ``max_length`` elements; a plain value
   is a list of one, an empty field an empty sequence. Stored as ``list<int64>``.
 - ``history``: a derived sequence: per row, the items of the same user's rows whose time is
   strictly smaller, the most recent ``max_length`` of them (docs/data.md, 'Sequence features and user histories').
 
-CSV is read in blocks cut at line ends (``recsys_dist.data.text.line_blocks``), so a quoted field may hold
-the delimiter but not a line break.
+CSV is read in blocks cut at line ends (``data.text.line_blocks``): a quoted field may hold a delimiter, no line break.
 """
 
 from __future__ import annotations
@@ -39,8 +37,9 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
-from recsys_dist.data.formats.base import register_format
+from recsys_dist.data.formats.base import RequestLayout, register_format
 from recsys_dist.data.formats.history import UserHistory, is_parquet
+from recsys_dist.data.formats.schema_request import schema_layout
 from recsys_dist.data.mapping import SparseKeys, text_keys
 from recsys_dist.data.text import count_rows, line_blocks, parse_block, parse_hex_keys, read_head, rows_then_bad_line
 from recsys_dist.errors import DataError
@@ -495,6 +494,10 @@ class SchemaFormat:
         if names is None or self.spec.label_columns()[0] in names:
             return None
         return UnlabelledSchemaFormat(self.spec)
+
+    def request_layout(self) -> RequestLayout:
+        """Request rows: ``recsys_dist.data.formats.schema_request``; read unlabelled in memory."""
+        return schema_layout(self.spec, partial(UnlabelledSchemaFormat, self.spec))
 
     def output_schema(self) -> pa.Schema:
         """Label column(s) first, then dense, categorical, multi-hot, sequence, and ``weight`` last."""

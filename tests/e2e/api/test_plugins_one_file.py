@@ -1,15 +1,25 @@
 """A model with hooks and a raw format, each in one file of the user's, named by import path in
-YAML: they train through the public API with their checks and hooks applied."""
+YAML: they train through the public API with their checks and hooks applied, and the format's
+model is served over HTTP (its own request side) with ``recsys-dist predict``'s scores."""
 
 import json
+import os
 import sys
 import textwrap
 from pathlib import Path
 
+import numpy as np
+import pyarrow.parquet as pq
 import pytest
+from starlette.testclient import TestClient
 
 import recsys_dist
 from recsys_dist.errors import ConfigError
+from recsys_dist.serve.export import load
+from recsys_dist.serve.http import ModelHolder, create_app, open_source
+from recsys_dist.serve.inmemory import row_scorer
+from recsys_dist.serve.rows import score_rows
+from tests.cli import run_cli
 
 ROOT = Path(__file__).resolve().parents[3]
 FORMAT_DIR = ROOT / "examples" / "custom_format"
@@ -86,7 +96,7 @@ def _jsonl(tmp_path) -> dict:
     }
 
 
-def test_a_format_in_one_file_trains_from_yaml(user_dir, tmp_path):
+def test_a_format_in_one_file_trains_from_yaml_and_is_served(user_dir, tmp_path):
     data = _jsonl(tmp_path)
     cfg = recsys_dist.load_config(_config(tmp_path, "dlrm", data), ["model.dense_arch_layer_sizes=[16,8]"])
     job = recsys_dist.resolve_job(cfg)
@@ -101,6 +111,40 @@ def test_a_format_in_one_file_trains_from_yaml(user_dir, tmp_path):
         recsys_dist.load_config(
             _config(tmp_path, "dlrm", {**data, "format_args": {**data["format_args"], "delimiter": "|"}})
         )
+    _served_as_predicted(tmp_path / "run", tmp_path)
+
+
+def _served_as_predicted(run: Path, tmp_path: Path) -> None:
+    """Export the JSON-lines model, predict 40 rows it never trained on, and POST the same rows
+    (objects with and without their label) to /score: the same logits, in memory and by file."""
+    import make_jsonl
+
+    env = {"PYTHONPATH": os.pathsep.join([str(FORMAT_DIR), str(ROOT)])}
+    lines = make_jsonl.main(1040, tmp_path / "all.jsonl").read_text().splitlines()[1000:]
+    (tmp_path / "unseen.jsonl").write_text("\n".join(lines) + "\n")
+    for args in (
+        ["export", run, "--out", tmp_path / "export"],
+        ["predict", tmp_path / "export", "--data", tmp_path / "unseen.jsonl", "--out", tmp_path / "p.parquet"],
+    ):
+        r = run_cli(args, tmp_path, env=env)
+        assert r.returncode == 0, r.stderr[-3000:]
+    predicted = pq.read_table(tmp_path / "p.parquet")
+    want, prob = predicted.column("logit").to_numpy(), predicted.column("probability").to_numpy()
+    rows = [json.loads(line) for line in lines]
+    unlabelled = [{k: v for k, v in r.items() if k != "label"} for r in rows]
+    loaded = load(tmp_path / "export")
+    assert row_scorer(loaded).kind == "in-memory"
+    np.testing.assert_allclose(score_rows(loaded, rows)["logits"], want, rtol=0, atol=1e-6)  # by file
+    with TestClient(create_app(ModelHolder(open_source(tmp_path / "export"), 0))) as c:
+        for body in (rows, unlabelled):
+            got = c.post("/score", json={"rows": body})
+            assert got.status_code == 200, got.text
+            np.testing.assert_allclose(got.json()["logits"], want, rtol=0, atol=1e-6)
+            np.testing.assert_allclose(got.json()["scores"], prob, rtol=0, atol=1e-6)
+        bad = c.post("/score", json={"rows": [{**rows[0], "C3": ["a"]}]})
+        assert bad.status_code == 400 and "rows[0], column C3: a list is not a value" in bad.json()["error"]
+        bad = c.post("/score", json={"rows": lines[:2]})
+        assert bad.status_code == 400 and "give each row as a JSON object" in bad.json()["error"]
 
 
 def test_a_model_with_hooks_in_one_file_runs_from_yaml(user_dir, tmp_path):
