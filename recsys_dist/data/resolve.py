@@ -58,7 +58,10 @@ def raw_format(name: str, schema=None, short_lines: str = "error", args: dict | 
 
 
 # What the conversion and scoring read of a format object (RawFormat's members).
-_FORMAT_MEMBERS = sorted({m for m in vars(RawFormat) if not m.startswith("_")} | set(RawFormat.__annotations__))
+# (``request_layout`` is optional: a format without it trains, and ``serve`` refuses it by name.)
+_FORMAT_MEMBERS = sorted(
+    ({m for m in vars(RawFormat) if not m.startswith("_")} | set(RawFormat.__annotations__)) - {"request_layout"}
+)
 
 
 def _check_args(name: str, factory, args: dict) -> None:

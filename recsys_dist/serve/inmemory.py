@@ -50,7 +50,7 @@ from recsys_dist.data.loader.gather import gather_block
 from recsys_dist.data.resolve import configured_sizes
 from recsys_dist.errors import BadRequest, DataError
 from recsys_dist.serve.export import LoadedModel
-from recsys_dist.serve.rows import MAX_VALUE_CHARS, RowWriter, outputs, score_rows
+from recsys_dist.serve.rows import MAX_VALUE_CHARS, RowWriter, check_servable, outputs, score_rows
 from recsys_dist.serve.scoring import scoring_format
 
 log = logging.getLogger("recsys_dist.serve")
@@ -74,6 +74,7 @@ class FileScorer:
 def row_scorer(loaded: LoadedModel) -> InMemoryScorer | FileScorer:
     """How this model's requests are scored: :class:`InMemoryScorer`, or :class:`FileScorer`
     with the reason the in-memory route does not cover the model (logged as a warning)."""
+    check_servable(loaded.job.fmt)  # before any fallback: neither route can score its rows
     try:
         reason = _uncovered(loaded)
         if reason is None:

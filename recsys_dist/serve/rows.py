@@ -36,7 +36,7 @@ import numpy as np
 
 from recsys_dist.data.formats.base import RawFormat
 from recsys_dist.data.formats.ids import id_columns
-from recsys_dist.errors import BadRequest, DataError
+from recsys_dist.errors import BadRequest, ConfigError, DataError
 from recsys_dist.serve.export import LoadedModel, score
 
 MAX_ROWS = 100_000  # per request: a larger body is refused (HTTP 400) before anything is converted
@@ -57,6 +57,7 @@ class RowWriter:
     data line of that file is which request row (``header_lines``)."""
 
     def __init__(self, fmt: RawFormat, record: dict | None = None) -> None:
+        check_servable(fmt)
         """``fmt``: the model's format object (``job.fmt``), whose ``request_layout()`` says how
         rows become its raw input; ``record``: its preprocessing record (``preprocessing.json``):
         its ``raw_columns`` and ``integer_columns`` (None: not known, as for a record written
@@ -200,6 +201,21 @@ class RowWriter:
         if not self.parquet:  # a line per row (no value holds a line break)
             _check_lines(path.read_text().split("\n")[self.header_lines : -1])
         return path
+
+
+def check_servable(fmt: RawFormat) -> None:
+    """Refuse a format with no request side (``RawFormat.request_layout``): it trains, but request
+    rows cannot be made into its raw input.
+
+    Raises:
+        ConfigError: naming ``data.format`` and the fix.
+    """
+    if not callable(getattr(fmt, "request_layout", None)):
+        raise ConfigError(
+            f"data.format: {fmt.name} ({type(fmt).__name__}) has no request side, so its models cannot score "
+            "request rows; give it a request_layout() (recsys_dist.data.formats.base.RequestLayout, docs/data.md), "
+            "or score files with recsys-dist predict"
+        )
 
 
 def _check_lines(lines: list[str]) -> None:

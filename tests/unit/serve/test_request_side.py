@@ -78,3 +78,32 @@ def test_schema_rows_are_quoted_csv_or_parquet(tmp_path):
     assert pq.read_table(path).to_pylist() == [{"d": "1.5", "c": "a", "m": ["x", "y"]}]
     with pytest.raises(BadRequest, match=r"reads Parquet \(data.schema.file_type: parquet\)"):
         w.write(["1.5,a,x"], tmp_path)
+
+
+def test_a_format_without_a_request_side_trains_and_is_refused_by_serve_by_name():
+    """``request_layout`` is optional: a format made for training only resolves, and serving
+    it is one ConfigError naming data.format, not an AttributeError per request."""
+    from recsys_dist.data.formats.base import FORMATS
+    from recsys_dist.data.resolve import raw_format
+    from recsys_dist.errors import ConfigError
+    from recsys_dist.serve.rows import RowWriter, check_servable
+
+    class TrainOnly:
+        def __init__(self, inner):
+            self._inner = inner
+
+        def __getattr__(self, name):
+            if name == "request_layout":
+                raise AttributeError(name)
+            return getattr(self._inner, name)
+
+    FORMATS["train_only_toy"] = lambda schema, short_lines="error": TrainOnly(FORMATS["criteo_tsv"](None, "error"))
+    try:
+        fmt = raw_format("train_only_toy")
+        assert fmt.dense_names[0] == "I1"
+        with pytest.raises(ConfigError, match="data.format: criteo_tsv .*has no request side"):
+            check_servable(fmt)
+        with pytest.raises(ConfigError, match="has no request side"):
+            RowWriter(fmt)
+    finally:
+        del FORMATS["train_only_toy"]
