@@ -9,7 +9,11 @@ is resolved once into a ``recsys_dist.train.job.Job`` whose FeatureSpec carries 
 from __future__ import annotations
 
 import inspect
+import json
 from pathlib import Path
+from typing import get_origin
+
+from pydantic import ConfigDict, TypeAdapter, ValidationError
 
 # The format modules register themselves in FORMATS when imported.
 import recsys_dist.data.formats.avazu  # noqa: F401
@@ -28,15 +32,20 @@ def raw_format(name: str, schema=None, short_lines: str = "error", args: dict | 
     """The format object of ``data.format``: a registered name (``criteo_tsv``, ``avazu_csv``,
     ``schema`` with its ``data.schema`` section, or one registered with ``register_format``), or
     a factory's import path ``package.module:factory``; ``short_lines``: ``data.short_lines``
-    (criteo_tsv only); ``args``: ``data.format_args``, the factory's keyword arguments.
+    (criteo_tsv only); ``args``: ``data.format_args``, the factory's keyword arguments, checked
+    against its signature (names, required ones, annotated types) before it is called. A format
+    built with arguments has them in its ``fingerprint`` (the conversion cache key), so that other
+    arguments never reuse another conversion.
 
     Raises:
-        ValueError: an unknown format name, a factory that cannot be imported, arguments the
-            factory does not take, or a factory that does not return a format object.
+        ValueError: an unknown format name, a factory that cannot be imported (or whose module
+            fails to import), arguments the factory does not take, lacks or cannot convert, a
+            factory that raises, or one that does not return a format object; each names
+            ``data.format`` or ``data.format_args.<key>``.
     """
     args = dict(args or {})
     if is_import_path(name):
-        factory = import_object(name, "data.format")
+        factory = _import_factory(name)
     elif name in FORMATS:
         factory = FORMATS[name]
     else:
@@ -46,14 +55,25 @@ def raw_format(name: str, schema=None, short_lines: str = "error", args: dict | 
         )
     if not callable(factory):
         raise ValueError(f"data.format: {name} is not callable; name a format factory")
-    _check_args(name, factory, args)
-    fmt = factory(schema, short_lines, **args)
+    args = _checked_args(name, factory, args)
+    try:
+        fmt = factory(schema, short_lines, **args)
+    except ValueError as err:  # the factory's own refusal (DataError, ConfigError are ValueErrors)
+        msg = str(err)
+        raise ValueError(msg if msg.startswith("data.") else f"data.format: {name}: {msg}") from None
+    except Exception as err:  # noqa: BLE001 - the user's code: any failure is a config error naming it
+        raise ValueError(
+            f"data.format: {name}(schema, short_lines, **data.format_args) raised {type(err).__name__}: {err} "
+            f"(data.format_args: {args})"
+        ) from err
     missing = [m for m in _FORMAT_MEMBERS if not hasattr(fmt, m)]
     if missing:
         raise ValueError(
             f"data.format: {name} made a {type(fmt).__name__} without {', '.join(missing)}; a format implements "
             "recsys_dist.data.formats.base.RawFormat"
         )
+    if args:
+        _fingerprint_args(name, fmt, args)
     return fmt
 
 
@@ -64,20 +84,88 @@ _FORMAT_MEMBERS = sorted(
 )
 
 
-def _check_args(name: str, factory, args: dict) -> None:
+def _import_factory(name: str):
     try:
-        params = list(inspect.signature(factory).parameters.values())[2:]
+        return import_object(name, "data.format")
+    except ValueError:
+        raise
+    except Exception as err:  # noqa: BLE001 - the module's own code failed (SyntaxError, NameError, ...)
+        module = name.partition(":")[0]
+        raise ValueError(
+            f"data.format: importing module {module!r} failed: {type(err).__name__}: {err}; fix that module"
+        ) from err
+
+
+def _fingerprint_args(name: str, fmt, args: dict) -> None:
+    # The cache key holds fmt.fingerprint; a factory whose fingerprint leaves out an argument
+    # would otherwise reuse a conversion made with other arguments (other columns, other values).
+    suffix = "|format_args:" + json.dumps(args, sort_keys=True, default=str)
+    if str(fmt.fingerprint).endswith(suffix):  # a factory returning one shared object
+        return
+    try:
+        fmt.fingerprint = f"{fmt.fingerprint}{suffix}"
+    except AttributeError:
+        raise ValueError(
+            f"data.format: {name} made a {type(fmt).__name__} whose fingerprint cannot be set; make it a plain "
+            "attribute (recsys_dist adds data.format_args to it, the conversion cache key)"
+        ) from None
+
+
+def _checked_args(name: str, factory, args: dict) -> dict:
+    """``args`` checked against ``factory(schema, short_lines, **args)``'s signature: its names,
+    its required keyword parameters, and the values against its annotations (pydantic's lax
+    conversion, as ``model.args``: a string is not a list of strings); the converted values."""
+    try:
+        sig = inspect.signature(factory)
     except (TypeError, ValueError):  # a builtin or C callable: nothing to check
-        return
-    if any(p.kind is p.VAR_KEYWORD for p in params):
-        return
-    takes = [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
-    unknown = sorted(set(args) - set(takes))
-    if unknown:
+        return args
+    try:
+        sig.bind_partial(None, None)
+    except TypeError:
+        raise ValueError(
+            f"data.format: {name} must take (schema, short_lines, **format_args): the data.schema section (or "
+            "None) and data.short_lines first"
+        ) from None
+    params = list(sig.parameters.values())
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    rest = {p.name: p for p in params[min(2, len(positional)) :] if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    takes_kwargs = any(p.kind is p.VAR_KEYWORD for p in params)
+    unknown = sorted(set(args) - set(rest))
+    if unknown and not takes_kwargs:
         raise ValueError(
             f"data.format_args: {name} takes no argument {', '.join(map(repr, unknown))}"
-            f"{' (it takes ' + ', '.join(takes) + ')' if takes else ' (it takes none): remove data.format_args'}"
+            f"{' (it takes ' + ', '.join(rest) + ')' if rest else ' (it takes none): remove data.format_args'}"
         )
+    missing = [n for n, p in rest.items() if p.default is p.empty and n not in args]
+    if missing:
+        raise ValueError(f"data.format_args.{missing[0]}: required by {name}, missing (it takes {', '.join(rest)})")
+    return _typed_args(name, factory, args)
+
+
+def _typed_args(name: str, factory, args: dict) -> dict:
+    try:
+        resolved = inspect.signature(factory, eval_str=True).parameters
+    except Exception:  # noqa: BLE001 - an annotation that does not evaluate: check none
+        return args
+    out = dict(args)
+    for key, value in args.items():
+        p = resolved.get(key)
+        if p is None or p.annotation is p.empty or isinstance(p.annotation, str):
+            continue
+        try:
+            adapter = TypeAdapter(p.annotation, config=ConfigDict(arbitrary_types_allowed=True))
+            out[key] = adapter.validate_python(value)
+        except ValidationError as err:
+            why = err.errors()[0]["msg"] if err.errors() else str(err)
+            ann = p.annotation
+            shown = str(ann) if get_origin(ann) is not None else getattr(ann, "__name__", str(ann))
+            shown = shown.replace("typing.", "").replace("collections.abc.", "")
+            raise ValueError(
+                f"data.format_args.{key}: {name} takes {key}: {shown}; got {value!r} ({type(value).__name__}): {why}"
+            ) from None
+        except Exception:  # noqa: BLE001 - pydantic cannot check this type: leave it to the factory
+            continue
+    return out
 
 
 def data_format(d: DataConfig) -> RawFormat:

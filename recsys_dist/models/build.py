@@ -4,6 +4,7 @@ model over it, the loss."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from numbers import Integral
 
 import torch
 
@@ -37,10 +38,10 @@ def feature_spec(
     in ``sequence_tables`` and are not among ``sparse_names``.
 
     Raises:
-        ValueError: the sizes do not match the features.
+        ValueError: the sizes do not match the features (one int >= 2 per feature).
     """
     keys = list(fmt.sparse_names)
-    all_sizes = list(num_embeddings) if num_embeddings is not None else configured_sizes(data, fmt)
+    all_sizes = _sizes(keys, num_embeddings) if num_embeddings is not None else configured_sizes(data, fmt)
     seq = list(fmt.sequence_names)
     sparse = [k for k in keys if k not in seq]
     sizes = [n for k, n in zip(keys, all_sizes) if k not in seq]
@@ -63,6 +64,25 @@ def feature_spec(
         managed=managed_names(data, fmt),
     )
     return on_features(spec) if on_features is not None else spec
+
+
+def _sizes(keys: list[str], num_embeddings) -> list[int]:
+    # Given sizes (the public feature_spec / resolve_job's, a preprocessing record's): a wrong
+    # count would be cut to the shorter by zip, a 0 or a float fail deep in torch.
+    if isinstance(num_embeddings, (str, bytes)) or not hasattr(num_embeddings, "__len__"):
+        raise ValueError(f"num_embeddings: expected a list of {len(keys)} table sizes, got {num_embeddings!r}")
+    sizes = list(num_embeddings)
+    if len(sizes) != len(keys):
+        raise ValueError(
+            f"num_embeddings: {len(sizes)} table sizes for {len(keys)} categorical features "
+            f"({', '.join(keys)}): give one per feature, in this order"
+        )
+    bad = [f"{k}: {n!r}" for k, n in zip(keys, sizes) if isinstance(n, bool) or not isinstance(n, Integral) or n < 2]
+    if bad:
+        raise ValueError(
+            f"num_embeddings: table sizes must be ints >= 2 (row 0 is reserved for missing values), got {', '.join(bad)}"
+        )
+    return [int(n) for n in sizes]  # numpy ints (a conversion's sizes) as Python ints
 
 
 def build_model(
@@ -92,8 +112,17 @@ def build_model(
         :class:`CTRTask`: ``forward(batch) -> (loss, (loss, logits, labels, weights))``.
 
     Raises:
+        TypeError: an argument of another type (e.g. the root config for a section).
         ValueError: the model is not an ``nn.Module``; managed features without a ``remap``.
     """
+    for arg, value, cls in (("model_cfg", model_cfg, ModelConfig), ("features", features, FeatureSpec)):
+        if not isinstance(value, cls):
+            raise TypeError(
+                f"build_model: {arg} must be a {cls.__name__}, got {type(value).__name__}; call "
+                "build_model(job.model, job.features.on(device), job.train) with job = recsys_dist.resolve_job(cfg)"
+            )
+    if train_cfg is not None and not isinstance(train_cfg, TrainConfig):
+        raise TypeError(f"build_model: train_cfg must be the train section (job.train), got {type(train_cfg).__name__}")
     if module is None:
         model = get_model(model_cfg.name).build(features, model_cfg)
         source = f"model.name: {model_cfg.name}"

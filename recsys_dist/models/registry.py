@@ -91,7 +91,15 @@ def _type_problems(name: str, factory, args: dict, params: dict) -> list[str]:
 def model_factory(name: str):
     """The factory behind a :class:`FactoryModelConfig` name (registered name or import path)."""
     if is_import_path(name):
-        factory = import_object(name, "model.name")
+        try:
+            factory = import_object(name, "model.name")
+        except ValueError:
+            raise
+        except Exception as err:  # noqa: BLE001 - the module's own code failed (SyntaxError, NameError, ...)
+            raise ValueError(
+                f"model.name: importing module {name.partition(':')[0]!r} failed: {type(err).__name__}: {err}; "
+                "fix that module"
+            ) from err
         if not callable(factory):
             raise ValueError(f"model.name: {name} is not callable; name a model class or factory function")
         return factory

@@ -12,6 +12,7 @@ from a run's saved config (:func:`load_job`). Components take their own section 
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -150,9 +151,43 @@ class Job:
 def _unpickle_job(
     sections: dict, features: FeatureSpec, world: World, prepared: PreparedData | None, given: bool = False
 ) -> Job:
-    d = sections["data"]
-    spec = GIVEN_MODEL if given else _model(sections["model"])
-    return Job(**sections, fmt=data_format(d), features=features, model_spec=spec, world=world, prepared=prepared)
+    # Never raise here: a spawned rank unpickles its arguments before its code runs, where an
+    # error is reported by the launcher as "rank N failed" without its message. What cannot be
+    # rebuilt here (a user's module this process cannot import) raises on first use instead.
+    try:
+        fmt = data_format(sections["data"])
+    except Exception as err:  # noqa: BLE001 - reported on first use, with the rank's own error
+        fmt = Unavailable(_rebuild_error(err))
+    try:
+        spec = GIVEN_MODEL if given else get_model(sections["model"].name)
+    except Exception as err:  # noqa: BLE001
+        spec = Unavailable(_rebuild_error(err, f"model.name: {sections['model'].name!r} is not registered here"))
+    return Job(**sections, fmt=fmt, features=features, model_spec=spec, world=world, prepared=prepared)
+
+
+def _rebuild_error(err: Exception, text: str | None = None) -> str:
+    return (
+        f"{text if text and isinstance(err, KeyError) else err} (in process {os.getpid()}, which received the "
+        "resolved job: a spawned rank imports the user's modules again, from PYTHONPATH and the launching "
+        "process's sys.path at launch; register a format or model at the top level of an imported module, or put "
+        "its folder on PYTHONPATH)"
+    )
+
+
+class Unavailable:
+    """A part of a :class:`Job` that this process could not rebuild (a spawned rank that cannot
+    import the user's module the job names): any use raises ``ValueError`` with the reason."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):  # copy / pickle protocol look-ups
+            raise AttributeError(name)
+        raise ValueError(self.reason)
+
+    def __repr__(self) -> str:
+        return f"Unavailable({self.reason!r})"
 
 
 def _sizes(d: DataConfig, fmt: RawFormat, prepared: PreparedData) -> list[int]:
