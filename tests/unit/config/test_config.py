@@ -259,3 +259,15 @@ def test_the_job_sections_are_the_run_configs_fields_in_order():
     assert job.to_dict() == cfg.to_dict()
     with pytest.raises(TypeError, match="expected a RunConfig"):
         resolve_job(cfg.data)
+
+
+def test_an_import_path_whose_module_raises_is_a_config_error_naming_the_key(tmp_path, monkeypatch):
+    from recsys_dist.config.base import import_object
+
+    (tmp_path / "broken_loss.py").write_text("raise RuntimeError('boom at import')\n")
+    (tmp_path / "bad_syntax.py").write_text("def f(:\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ValueError, match="train.loss: importing module 'broken_loss' raised RuntimeError: boom"):
+        import_object("broken_loss:f", "train.loss")
+    with pytest.raises(ValueError, match="train.loss: importing module 'bad_syntax' raised SyntaxError"):
+        import_object("bad_syntax:f", "train.loss")
