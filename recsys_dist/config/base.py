@@ -74,7 +74,7 @@ def import_object(path: str, key: str) -> Any:
         raise ValueError(f"{key}: cannot import module {module_name!r} ({err}); is its folder on PYTHONPATH?") from None
     except Exception as err:  # noqa: BLE001 - the user's module raised while importing: name the key
         raise ValueError(
-            f"{key}: importing module {module_name!r} raised {type(err).__name__}: {err}; fix that module"
+            f"{key}: importing module {module_name!r} failed: {type(err).__name__}: {err}; fix that module"
         ) from None
     for part in attr.split("."):
         if not hasattr(obj, part):

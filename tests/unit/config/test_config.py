@@ -267,7 +267,7 @@ def test_an_import_path_whose_module_raises_is_a_config_error_naming_the_key(tmp
     (tmp_path / "broken_loss.py").write_text("raise RuntimeError('boom at import')\n")
     (tmp_path / "bad_syntax.py").write_text("def f(:\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    with pytest.raises(ValueError, match="train.loss: importing module 'broken_loss' raised RuntimeError: boom"):
+    with pytest.raises(ValueError, match="train.loss: importing module 'broken_loss' failed: RuntimeError: boom"):
         import_object("broken_loss:f", "train.loss")
-    with pytest.raises(ValueError, match="train.loss: importing module 'bad_syntax' raised SyntaxError"):
+    with pytest.raises(ValueError, match="train.loss: importing module 'bad_syntax' failed: SyntaxError"):
         import_object("bad_syntax:f", "train.loss")
