@@ -10,11 +10,13 @@ from recsys_dist.train.preflight import check_before_launch, check_sections, tab
 from tests.conftest import ROOT
 
 DIN = ROOT / "configs" / "movielens_din.yaml"
+HSTU = ROOT / "configs" / "movielens_hstu.yaml"
 
 
-def test_managed_with_sequence_features_is_refused():
+@pytest.mark.parametrize("config", [DIN, HSTU], ids=["din", "hstu"])
+def test_managed_with_sequence_features_is_refused(config):
     with pytest.raises(ConfigError) as e:
-        load_config(DIN, ["data.categorical_mapping=managed", "data.managed={eviction_interval: 1}"])
+        load_config(config, ["data.categorical_mapping=managed", "data.managed={eviction_interval: 1}"])
     msg = str(e.value)
     assert "data.categorical_mapping" in msg and "data.schema.history" in msg and "not supported" in msg
 

@@ -1,0 +1,270 @@
+"""configs/movielens_hstu.yaml end to end: trains on 2 ranks with the history's
+EmbeddingCollection table sharded, resumes on 1 rank (twice the per-rank batch, layer dropout 0:
+see test_din_cli.py for why) to the uninterrupted run's metrics, exports; ``predict`` on the
+export equals its ``evaluate``; ``recsys-dist serve`` scores a user's history + candidates over
+HTTP as ``predict`` scores the same rows in a file, and refuses a history out of time order.
+Online (data.stream): three landed MovieLens partitions trained each row once across a SIGTERM
+and a resume, published and served; histories derived within each partition."""
+
+import csv
+import io
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import torch
+import yaml
+from sklearn.metrics import log_loss, roc_auc_score
+from starlette.testclient import TestClient
+
+import recsys_dist
+from recsys_dist.data.stream import convert_partition
+from recsys_dist.serve.http import ModelHolder, create_app, open_source
+from recsys_dist.serve.publish import load_published
+from tests.cli import read_metrics, run_cli
+from tests.conftest import ROOT
+from tests.e2e.models.test_din_cli import trains_sharded
+
+HSTU = ROOT / "configs" / "movielens_hstu.yaml"
+RAW = ROOT / "datasets" / "movielens" / "ratings_genres_first20000_by_time.csv"
+COMMON = [
+    "train.progress_bar=false",
+    "train.max_steps=40",
+    "checkpoint.every_n_steps=20",
+    "checkpoint.keep=3",
+    "model.layer_dropout=0",
+]
+
+
+def cli(args, tmp):
+    r = run_cli(args, tmp)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r
+
+
+def history_and_candidates() -> tuple[list[str], list[dict]]:
+    """The raw file's header (less the label) and rows scored: user 15's first 60 ratings (its
+    history, in time order, 10 more than the history's max_length of 50), then 5 candidate movies
+    at one later time (ties: a candidate never sees another)."""
+    lines = RAW.read_text().splitlines()
+    header = lines[0].split(",")
+    rows = [dict(zip(header, r)) for r in csv.reader(lines[1:])]
+    user = [r for r in rows if r["userId"] == "15"][:60]
+    assert len(user) == 60
+    later = str(int(user[-1]["timestamp"]) + 60)
+    others = [r for r in rows if r["userId"] != "15"][:5]
+    candidates = [{**r, "userId": "15", "timestamp": later} for r in others]
+    header.remove("rating")  # rows to score carry no label
+    return header, [{k: r[k] for k in header} for r in user + candidates]
+
+
+def as_request(row: dict) -> dict:
+    """A raw row as a JSON object: ids and the time as integers, genres as a list."""
+    out = {k: int(v) for k, v in row.items() if k in ("userId", "movieId", "timestamp")}
+    return {**out, "genres": row["genres"].split("|")}
+
+
+def post(url: str, rows: list) -> tuple[int, dict]:
+    req = urllib.request.Request(
+        f"{url}/score", data=json.dumps({"rows": rows}).encode(), headers={"Content-Type": "application/json"}
+    )
+    try:
+        return 200, json.loads(urllib.request.urlopen(req, timeout=60).read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def serves(export, rows: list[dict], want: np.ndarray) -> None:
+    """``recsys-dist serve EXPORT``: the rows' logits equal ``want``; the candidates alone score
+    otherwise (the history is read) and the same with the oldest 10 events left out (the history
+    keeps the last 50); a history out of time order is a 400 naming row and column."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-m", "recsys_dist.cli.main", "serve", str(export), "--port", str(port)]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        assert "in-memory scoring" in proc.stdout.readline()  # printed once listening
+        code, got = post(url, [as_request(r) for r in rows])
+        assert code == 200, got
+        np.testing.assert_allclose(got["logits"], want, rtol=0, atol=1e-6)
+        code, alone = post(url, [as_request(r) for r in rows[-5:]])
+        assert code == 200 and np.abs(np.array(alone["logits"]) - want[-5:]).min() > 1e-4
+        # over-long: the candidates read the most recent 50 events (docs/data.md), so the first
+        # 10 of the 60 change nothing
+        code, last50 = post(url, [as_request(r) for r in rows[10:]])
+        assert code == 200
+        np.testing.assert_allclose(last50["logits"][-5:], want[-5:], rtol=0, atol=1e-6)
+        swapped = [as_request(r) for r in rows]
+        swapped[2], swapped[3] = swapped[3], swapped[2]  # times 997937239 and 997937311
+        code, err = post(url, swapped)
+        assert code == 400 and "rows[3], column timestamp" in err["error"] and "non-decreasing" in err["error"], err
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, stderr[-2000:]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_movielens_hstu_trains_sharded_resumes_resharded_exports_predicts_and_serves(tmp_path):
+    full = tmp_path / "full"
+    want = trains_sharded(HSTU, full, tmp_path, *COMMON)
+
+    resumed = tmp_path / "resumed"
+    step20 = full / "checkpoints" / "step_00000020"
+    cli(
+        ["train", "--config", HSTU, "--run-dir", resumed, "--resume", step20]
+        + ["distributed.nproc_per_node=1", "train.batch_size=128", *COMMON],
+        tmp_path,
+    )
+    got = json.loads((resumed / "summary.json").read_text())
+    # another summation order of the gradients (1 x 128 rows, not 2 x 64): BST's tolerances
+    for split in ("validation", "test"):
+        assert got[split]["auc"] == pytest.approx(want[split]["auc"], abs=1e-5), split
+        assert got[split]["logloss"] == pytest.approx(want[split]["logloss"], abs=1e-6), split
+
+    export = tmp_path / "export"
+    cli(["export", full, "--out", export], tmp_path)
+    (manifest,) = (tmp_path / "cache").glob("*/manifest.json")
+    test = manifest.parent / "test.parquet"
+    ev = json.loads(cli(["evaluate", export, "--data", test], tmp_path).stdout.strip().splitlines()[-1])
+    preds = tmp_path / "preds.parquet"
+    cli(["predict", export, "--data", test, "--out", preds], tmp_path)
+    prob = pq.read_table(preds).column("probability").to_numpy().astype(np.float64)
+    label = pq.read_table(test).column("label").to_numpy()
+    assert ev["num_examples"] == len(prob) == 2000
+    assert ev["auc"] == pytest.approx(roc_auc_score(label, prob), abs=1e-6)
+    assert ev["logloss"] == pytest.approx(log_loss(label, prob), abs=1e-6)
+
+    header, rows = history_and_candidates()
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, header, lineterminator="\n")
+    w.writeheader()
+    w.writerows(rows)
+    (tmp_path / "rows.csv").write_text(buf.getvalue())
+    cli(["predict", export, "--data", tmp_path / "rows.csv", "--out", tmp_path / "rows.parquet"], tmp_path)
+    serves(export, rows, pq.read_table(tmp_path / "rows.parquet").column("logit").to_numpy())
+
+
+PARTS = ["day=0/part-0.csv", "day=1/part-0.csv", "day=2/part-0.csv"]
+PART_ROWS = 640  # 10 global batches of 2 x 32
+
+
+def stream_config(tmp) -> tuple:
+    """movielens_hstu.yaml as an online run (hash mapping: a stream has no vocabulary up front),
+    over 3 partitions of 640 rows of the raw file (each with the header), landed as a writer
+    lands them (a hidden file, then a rename). Returns (config path, landing dir)."""
+    cfg = yaml.safe_load(HSTU.read_text())
+    landing = tmp / "landing"
+    lines = RAW.read_text().splitlines(keepends=True)
+    for i, name in enumerate(PARTS):
+        target = landing / name
+        target.parent.mkdir(parents=True)
+        hidden = target.parent / f".{target.name}.tmp"
+        hidden.write_text("".join([lines[0], *lines[1 + i * PART_ROWS : 1 + (i + 1) * PART_ROWS]]))
+        os.replace(hidden, target)
+    d = cfg["data"]
+    for key in ("raw_path", "split", "min_count"):
+        del d[key]
+    d.update(
+        categorical_mapping="hash",
+        num_embeddings=2000,
+        stream={"path": str(landing), "pattern": "*/*.csv", "poll_seconds": 0.2, "stop_after_idle_seconds": 0},
+    )
+    cfg["model"]["layer_dropout"] = 0
+    cfg["train"] = {k: v for k, v in cfg["train"].items() if k not in ("epochs", "early_stopping")}
+    cfg["train"].update(batch_size=32, progress_bar=False, deterministic=True)
+    cfg["checkpoint"] = {"enabled": True, "every_n_steps": 5}
+    cfg["eval"] = {"batch_size": 256}
+    cfg["publish"] = {"enabled": True, "every_partition": True, "quantize": "none"}
+    path = tmp / "hstu_online.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path, landing
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_hstu_online_trains_each_partition_row_once_across_a_stop_and_publishes(tmp_path):
+    config, landing = stream_config(tmp_path)
+    ref = tmp_path / "ref"
+    cli(["train", "--config", config, "--run-dir", ref], tmp_path)
+    summary = json.loads((ref / "summary.json").read_text())
+    assert summary["partitions"] == PARTS and summary["rows_trained"] == 3 * PART_ROWS and summary["steps"] == 30
+    parts = read_metrics(ref, "partition")
+    assert [(p["partition"], p["rows"], p["step"]) for p in parts] == [
+        (PARTS[0], PART_ROWS, 10),
+        (PARTS[1], PART_ROWS, 20),
+        (PARTS[2], PART_ROWS, 30),
+    ]
+    vals = read_metrics(ref, "validation")  # each partition scored before it is trained on
+    assert [(v["partition"], v["step"], v["num_examples"]) for v in vals] == [
+        (PARTS[0], 0, PART_ROWS),
+        (PARTS[1], 10, PART_ROWS),
+        (PARTS[2], 20, PART_ROWS),
+    ]
+
+    # Stopped by SIGTERM after step 16 (inside partition 2), resumed: the same lines and weights.
+    run = tmp_path / "run"
+    r = run_cli(["train", "--config", config, "--run-dir", run], tmp_path, env={"RECSYS_DIST_FAULT": "sigterm:16:0"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert json.loads((run / "summary.json").read_text())["rows_trained"] == 16 * 64
+    cli(["train", "--config", config, "--run-dir", run, "--resume", "auto"], tmp_path)
+    assert json.loads((run / "summary.json").read_text())["rows_trained"] == 3 * PART_ROWS
+    timing = ("samples_per_s", "seconds")
+    assert [{k: v for k, v in m.items() if k not in timing} for m in read_metrics(run)] == [
+        {k: v for k, v in m.items() if k not in timing} for m in read_metrics(ref)
+    ]
+
+    manifest = json.loads((run / "publish" / "manifest.json").read_text())
+    assert [(v["version"], v["kind"], v["step"]) for v in manifest["versions"]] == [
+        (1, "full", 10),
+        (2, "delta", 20),
+        (3, "delta", 30),
+    ]
+    model, version = load_published(run / "publish")
+    want, _ = load_published(ref / "publish")
+    assert version == 3
+    for key, value in want.model.state_dict().items():
+        assert torch.equal(model.model.state_dict()[key], value), key
+    # served hot: the latest version scores rows with their history as predict on its fold
+    folded = tmp_path / "folded"
+    cli(["export", "--from-publish", run / "publish", "--out", folded], tmp_path)
+    rows_csv = tmp_path / "rows.csv"
+    rows_csv.write_text((landing / PARTS[2]).read_text())
+    cli(["predict", folded, "--data", rows_csv, "--out", tmp_path / "p.parquet"], tmp_path)
+    predicted = pq.read_table(tmp_path / "p.parquet").column("logit").to_numpy()
+    header, *lines = list(csv.reader(rows_csv.read_text().splitlines()))
+    rows = [as_request(dict(zip(header, line))) for line in lines]
+    with TestClient(create_app(ModelHolder(open_source(run / "publish"), 0))) as c:
+        got = c.post("/score", json={"rows": rows}).json()
+    assert got["version"] == 3
+    np.testing.assert_allclose(got["logits"], predicted, rtol=0, atol=1e-6)
+
+
+def test_a_partitions_histories_start_afresh(tmp_path):
+    """Each partition is converted on its own: a user's history holds the earlier rows of the
+    same partition only (docs/online.md). User 8 rates 640 rows into the file, the last of
+    partition 1 and the first of partition 2: that first row has an empty history."""
+    config, landing = stream_config(tmp_path)
+    d = recsys_dist.load_config(config).data
+    tables = [
+        pq.read_table(convert_partition(d, name, tmp_path / "parts").prepared.files["train"]) for name in PARTS[:2]
+    ]
+    raw = [list(csv.DictReader((landing / name).read_text().splitlines())) for name in PARTS[:2]]
+    assert raw[0][-1]["userId"] == raw[1][0]["userId"] == "8"
+    first, second = (t.column("history").to_pylist() for t in tables)
+    assert len(first[-1]) == 50 and second[0] == []  # row 640 of the file saw 50 events in partition 1
+    assert len(second[1]) == 1  # then partition 2's own rows of user 8 (times strictly increasing)
