@@ -14,8 +14,10 @@ from torch.distributed.tensor import DTensor
 from recsys_dist.checkpoint.dcp import canonical_optimizer_state, load_checkpoint, save_checkpoint, set_optimizer_steps
 from recsys_dist.config.job import resolve_job
 from recsys_dist.config.loader import load_config
+from recsys_dist.distributed.comm_counter import CommCounter
 from recsys_dist.distributed.dense import is_ddp_wrapped, local_dense_bytes, optimizer_state_bytes
 from recsys_dist.distributed.env import init_distributed
+from recsys_dist.distributed.ledger import run_ledger
 from recsys_dist.distributed.optim import dense_torch_optimizer, init_lazy_state
 from recsys_dist.models.registry import get_model
 from recsys_dist.train.build import shard_model
@@ -94,24 +96,30 @@ def _bytes(dmp, opt) -> dict:
 def losses_and_bytes(rank: int, world_size: int, cases: list, steps: int) -> dict:
     """Per case ``(model name, sharding types, extra overrides)`` and strategy: the losses of
     ``steps`` steps, this rank's dense bytes (parameters, gradients before the last zero_grad,
-    Adam state) and the sharding types planned."""
+    Adam state), the sharding types planned, and the bytes of the last step on the wire per
+    phase: ``counted`` at the collectives (CommCounter) and ``predicted`` (the run's ledger)."""
     out: dict = {}
     for name, types, extra in cases:
         for strategy in ("ddp", "fsdp"):
             cfg = _cfg(name.removesuffix("+bias"), types, strategy, world_size, extra)
             ctx = init_distributed(cfg.distributed)
             dmp, opt = _build(cfg, ctx, user_model=name.endswith("+bias"))
-            losses = _train(dmp, opt, range(steps - 1), rank, world_size)
-            loss = dmp(_batch(steps - 1, rank, world_size))[0]
-            loss.backward()
-            opt.step()
+            with CommCounter(dmp) as counter:
+                losses = _train(dmp, opt, range(steps - 1), rank, world_size)
+                counter.reset()
+                loss = dmp(_batch(steps - 1, rank, world_size))[0]
+                loss.backward()
+                opt.step()
+                counted = {k: dict(v) for k, v in counter.counts.items()}
             sizes = _bytes(dmp, opt)
             opt.zero_grad()
             sizes["ddp_wrapped"] = is_ddp_wrapped(dmp)
+            predicted = run_ledger(dmp, cfg.data, cfg.sharding.comms, B, world_size).per_rank()[rank]
             out[(name, tuple(types), tuple(extra), strategy)] = {
                 "losses": [*losses, loss.item()],
                 "bytes": sizes,
                 "planned": sorted({ps.sharding_type for mp in dmp.plan.plan.values() for ps in mp.values()}),
+                "wire": {"counted": counted, "predicted": predicted},
             }
     return out
 

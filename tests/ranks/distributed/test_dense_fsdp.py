@@ -15,6 +15,7 @@ import torch
 from recsys_dist.config.job import resolve_job
 from recsys_dist.config.loader import load_config
 from recsys_dist.distributed.dense import planned_dense_bytes
+from recsys_dist.distributed.ledger import PHASES
 from recsys_dist.models.build import build_model
 from recsys_dist.testing import run_ranks
 from tests.conftest import QUICKSTART
@@ -50,6 +51,7 @@ def _check(results: list[dict], world_size: int) -> None:
             # DDP only over what FSDP does not hold: here the user model's bias
             assert got["bytes"]["ddp_wrapped"] == (name.endswith("+bias") and world_size > 1)
             assert ref["bytes"]["ddp_wrapped"] == (world_size > 1)
+            failures += _wire_failures(rank, (name, types, extra), got["wire"], ref["wire"], world_size)
             b, full = got["bytes"], ref["bytes"]
             assert b["gradients"] == b["parameters"] and b["optimizer"] == 2 * b["parameters"], b
             assert full["optimizer"] == 2 * full["parameters"], full
@@ -70,6 +72,32 @@ def _check(results: list[dict], world_size: int) -> None:
         # ~1/N: no rank holds more than its share plus one row of each weight
         assert max(fsdp) <= ddp[0] / world_size * 1.05, (name, fsdp, ddp[0])
     assert not failures, "\n".join(failures)
+
+
+def _wire_failures(rank: int, case: tuple, fsdp: dict, ddp: dict, world_size: int) -> list[str]:
+    """The run's ledger against the bytes counted at the collectives of its last step, per phase,
+    exactly (every rank has the same one-hot batch size; row_wise ids are drawn uniformly, not
+    spread over the row blocks as the ledger assumes, so its input_dist is left to test_ledger.py);
+    under fsdp the dense tower's bytes leave DDP's all-reduce for FSDP's all-gather / reduce-scatter."""
+    out = []
+    for strategy, wire in (("fsdp", fsdp), ("ddp", ddp)):
+        for phase in PHASES:
+            if phase == "input_dist" and "row_wise" in case[1]:
+                continue
+            if wire["predicted"][phase] != wire["counted"][phase]:
+                out.append(
+                    f"rank {rank} {case} {strategy} {phase}: predicted {wire['predicted'][phase]}, "
+                    f"counted {wire['counted'][phase]}"
+                )
+        if wire["counted"]["other"] != {"sent": 0, "received": 0}:
+            out.append(f"rank {rank} {case} {strategy}: uncounted collectives {wire['counted']['other']}")
+    moved = world_size > 1
+    assert (fsdp["counted"]["fsdp_all_gather"]["sent"] > 0) == moved, fsdp["counted"]
+    assert (fsdp["counted"]["fsdp_reduce_scatter"]["sent"] > 0) == moved
+    assert ddp["counted"]["fsdp_all_gather"]["sent"] == 0 and ddp["counted"]["fsdp_reduce_scatter"]["sent"] == 0
+    if moved:
+        assert fsdp["counted"]["allreduce"]["sent"] < ddp["counted"]["allreduce"]["sent"]
+    return out
 
 
 def test_fsdp_equals_ddp_at_two_ranks():

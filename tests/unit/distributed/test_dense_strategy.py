@@ -86,8 +86,18 @@ def test_plan_shows_the_dense_bytes_per_rank():
     assert report.dense["strategy"] == "fsdp"
     assert report.dense["per_rank"] == dense.planned_dense_bytes(model, "fsdp", 3, "adam")
     text = report.text()
-    assert "dense tower: distributed.dense.strategy fsdp" in text and "not modelled yet" in text
+    assert "dense tower: distributed.dense.strategy fsdp" in text and "not modelled" not in text
     ddp = dry_run(resolve_job(load_config(QUICKSTART)), 3, 3, "cpu")
+    # The ledger: FSDP's all-gather and reduce-scatter of every block instead of DDP's all-reduce,
+    # each rank's chunk padded on dim 0 (counted against a real run in tests/ranks/distributed/test_dense_fsdp.py)
+    chunk = sum(-(-p.shape[0] // 3) * p[0].numel() * 4 for n, p in model.named_parameters() if "embedding" not in n)
+    fsdp_t, ddp_t = report.ledger.per_table()["dense"], ddp.ledger.per_table()["dense"]
+    assert fsdp_t["allreduce"] == 0 and ddp_t["allreduce"] == 3 * 4 * sum(
+        p.numel() for n, p in model.named_parameters() if "embedding" not in n
+    )
+    assert fsdp_t["fsdp_all_gather"] == fsdp_t["fsdp_reduce_scatter"] == 3 * 2 * chunk
+    assert ddp_t["fsdp_all_gather"] == ddp_t["fsdp_reduce_scatter"] == 0
+    assert "fsdp gather" in text and "fsdp gather" not in ddp.text()
     assert ddp.dense["strategy"] == "ddp" and len({r["parameters"] for r in ddp.dense["per_rank"]}) == 1
     assert max(r["parameters"] for r in report.dense["per_rank"]) < ddp.dense["per_rank"][0]["parameters"] / 2
 
