@@ -43,16 +43,21 @@ def dense_blocks(model: nn.Module, skip: Iterable[str] = ()) -> tuple[list[str],
     """Split the parameters of ``model`` outside its tables into blocks to shard and the rest.
 
     A block is the largest submodule on a path from ``model`` that holds parameters and no
-    embedding collection (sharded or not) and none of ``skip`` (parameter names). Returns
+    embedding collection (sharded or not) and none of ``skip`` (parameter names), and that has a
+    forward of its own: a container (``ModuleList``, ``ModuleDict``, ``ParameterList``, ...) is
+    never called, so FSDP's hooks on it would never gather its weights (torch refuses
+    ``fully_shard`` on the module ones); its children are blocks instead. Returns
     (the blocks' module names, in ``named_modules`` order; the names of the parameters in no
     block and outside every embedding collection: those set directly on a module that also
-    holds a table). A model that is one dense block itself gives ``[""]``.
+    holds a table, or on a container). A model that is one dense block itself gives ``[""]``.
     """
     skip = set(skip)
     blocks: list[str] = []
     rest: list[str] = []
 
     def holds_tables(m: nn.Module, prefix: str) -> bool:
+        if type(m).forward is nn.Module.forward:  # a container: see above
+            return True
         if any(isinstance(x, _TABLES) for x in m.modules()):
             return True
         return any(f"{prefix}{n}" in skip for n, _ in m.named_parameters())

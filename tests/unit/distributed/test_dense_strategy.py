@@ -117,3 +117,24 @@ def test_global_norm_clipping_of_plain_tensors_is_torchs():
             c -= c.grad
     for p, c in zip(params.values(), copies):
         assert torch.equal(p.detach(), c.detach())
+
+
+class Stacked(nn.Module):
+    """Dense layers kept in containers (as HSTU keeps its layers): the containers have no forward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList([nn.ModuleList([nn.Linear(4, 4), nn.Linear(4, 4)])])
+        self.heads = nn.ModuleDict({"a": nn.Linear(4, 1)})
+        self.scales = nn.ParameterList([nn.Parameter(torch.ones(4))])
+        self.emb = EmbeddingBagCollection(
+            tables=[EmbeddingBagConfig(name="t", embedding_dim=4, num_embeddings=10, feature_names=["f"])],
+            device=torch.device("meta"),
+        )
+
+
+def test_containers_are_not_blocks_their_children_are():
+    # fully_shard refuses a ModuleList/ModuleDict (no forward: FSDP's hooks would never run)
+    blocks, rest = dense.dense_blocks(Stacked())
+    assert blocks == ["layers.0.0", "layers.0.1", "heads.a"]
+    assert rest == ["scales.0"]  # a parameter container's: replicated (DDP)
