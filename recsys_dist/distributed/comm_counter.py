@@ -283,8 +283,8 @@ def _bytes(op: str, a: dict, world: int, rank: int) -> tuple[int, int]:
     if op == "all_gather":
         chunks = a["tensor_list"]
         return _nbytes(a["tensor"]) * (world - 1), sum(_nbytes(c) for i, c in enumerate(chunks) if i != rank)
-    if op == "all_reduce":
-        return _nbytes(a["tensor"]), _nbytes(a["tensor"])
+    if op == "all_reduce":  # a group of one rank moves nothing (DDP over data_parallel tables at world 1)
+        return (_nbytes(a["tensor"]),) * 2 if world > 1 else (0, 0)
     raise ValueError(op)
 
 
