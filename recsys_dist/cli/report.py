@@ -276,8 +276,10 @@ def _ledger_line(ledger: dict) -> str:
         return v if isinstance(v, (int, float)) else 0
 
     phases = ("input_dist", "output_dist_forward", "output_dist_backward", "allreduce")
-    if any(sent(row, "managed_all_gather") for row in ledger["per_rank"]):  # managed-collision tables
-        phases += ("managed_all_gather",)
+    # managed-collision tables; the dense tower under distributed.dense.strategy: fsdp
+    for extra in ("managed_all_gather", "fsdp_all_gather", "fsdp_reduce_scatter"):
+        if any(sent(row, extra) for row in ledger["per_rank"]):
+            phases += (extra,)
     top = max(ledger["per_rank"], key=lambda row: sum(sent(row, p) for p in phases))
     parts = ", ".join(f"{p} {sent(top, p) / 1024:.1f}" for p in phases)
     precision = f"{ledger.get('forward_precision', '?')}/{ledger.get('backward_precision', '?')}"

@@ -3,7 +3,9 @@
 :class:`CommCounter` replaces ``torch.distributed``'s collectives (the names TorchRec's
 ``comm_ops`` and ``dist_data`` call at run time) with counting wrappers while it is
 entered, and hooks every ``DistributedDataParallel`` inside a model (the dense tower and the
-data_parallel tables) to count its gradient all-reduce, which DDP issues from C++. Each byte
+data_parallel tables) to count its gradient all-reduce, which DDP issues from C++; FSDP2's
+all-gathers and reduce-scatters (``fsdp_all_gather``, ``fsdp_reduce_scatter``) are counted at
+``all_gather_single`` / ``reduce_scatter_single``. Each byte
 is booked to a phase of :mod:`recsys_dist.distributed.ledger` by the TorchRec frame that issued the call:
 ``dist_data`` (the KJT all-to-all) -> ``input_dist``; ``comm_ops`` -> ``output_dist_forward``,
 or ``output_dist_backward`` from an autograd ``backward``; DDP -> ``allreduce``; the
@@ -44,16 +46,24 @@ _PATCHED = (
     "all_gather_into_tensor",
     "all_gather",
     "all_reduce",
+    # FSDP2's (torch.distributed.fsdp._fully_shard._fsdp_collectives)
+    "all_gather_single",
+    "reduce_scatter_single",
 )
 
 
-def _phase() -> tuple[str, str]:
-    """(phase, label) of the collective being issued, from the nearest TorchRec frame."""
+def _phase(op: str) -> tuple[str, str]:
+    """(phase, label) of the collective ``op`` being issued, from the nearest TorchRec (or DDP,
+    FSDP, managed-collision) frame."""
     f = sys._getframe(2)
     while f is not None:
         path = f.f_code.co_filename
         if "ddp_comm_hooks" in path:
             return "allreduce", "ddp"
+        if "_fully_shard" in path:  # FSDP2 (distributed.dense.strategy: fsdp)
+            if "all_gather" in op:
+                return "fsdp_all_gather", "fsdp"
+            return ("fsdp_reduce_scatter", "fsdp") if "reduce_scatter" in op else ("other", "fsdp")
         if f.f_code.co_name == "_gather_per_key" and path.endswith("managed.py"):  # recsys_dist.models.managed
             return "managed_all_gather", "managed"
         if "torchrec" in path and path.endswith("comm_ops.py"):
@@ -230,7 +240,7 @@ class CommCounter:
             group = a.get("group")
             world, rank = dist.get_world_size(group), dist.get_rank(group)
             sent, received = _bytes(name, a, world, rank)
-            phase, label = _phase()
+            phase, label = _phase(name)
             self.book(phase, name, label, sent, received)
             training = self._model is None or self._model.training  # evaluation puts the model in eval()
             t0 = time.perf_counter()
@@ -264,13 +274,17 @@ def _bytes(op: str, a: dict, world: int, rank: int) -> tuple[int, int]:
     if op == "reduce_scatter":
         chunks = a["input_list"]
         return sum(_nbytes(c) for i, c in enumerate(chunks) if i != rank), _nbytes(a["output"]) * (world - 1)
+    if op == "reduce_scatter_single":
+        return _nbytes(a["input"]) - _nbytes(a["output"]), _nbytes(a["output"]) * (world - 1)
+    if op == "all_gather_single":
+        return _nbytes(a["input_tensor"]) * (world - 1), _nbytes(a["output_tensor"]) - _nbytes(a["input_tensor"])
     if op == "all_gather_into_tensor":
         return _nbytes(a["input_tensor"]) * (world - 1), _nbytes(a["output_tensor"]) - _nbytes(a["input_tensor"])
     if op == "all_gather":
         chunks = a["tensor_list"]
         return _nbytes(a["tensor"]) * (world - 1), sum(_nbytes(c) for i, c in enumerate(chunks) if i != rank)
-    if op == "all_reduce":
-        return _nbytes(a["tensor"]), _nbytes(a["tensor"])
+    if op == "all_reduce":  # a group of one rank moves nothing (DDP over data_parallel tables at world 1)
+        return (_nbytes(a["tensor"]),) * 2 if world > 1 else (0, 0)
     raise ValueError(op)
 
 

@@ -43,16 +43,21 @@ def dense_blocks(model: nn.Module, skip: Iterable[str] = ()) -> tuple[list[str],
     """Split the parameters of ``model`` outside its tables into blocks to shard and the rest.
 
     A block is the largest submodule on a path from ``model`` that holds parameters and no
-    embedding collection (sharded or not) and none of ``skip`` (parameter names). Returns
+    embedding collection (sharded or not) and none of ``skip`` (parameter names), and that has a
+    forward of its own: a container (``ModuleList``, ``ModuleDict``, ``ParameterList``, ...) is
+    never called, so FSDP's hooks on it would never gather its weights (torch refuses
+    ``fully_shard`` on the module ones); its children are blocks instead. Returns
     (the blocks' module names, in ``named_modules`` order; the names of the parameters in no
     block and outside every embedding collection: those set directly on a module that also
-    holds a table). A model that is one dense block itself gives ``[""]``.
+    holds a table, or on a container). A model that is one dense block itself gives ``[""]``.
     """
     skip = set(skip)
     blocks: list[str] = []
     rest: list[str] = []
 
     def holds_tables(m: nn.Module, prefix: str) -> bool:
+        if type(m).forward is nn.Module.forward:  # a container: see above
+            return True
         if any(isinstance(x, _TABLES) for x in m.modules()):
             return True
         return any(f"{prefix}{n}" in skip for n, _ in m.named_parameters())
@@ -100,7 +105,10 @@ class FSDPDense(DataParallelWrapper):
             block = root.get_submodule(name)
             if env.world_size > 1:
                 _broadcast_states(block, env.process_group)
-            fully_shard(block, mesh=mesh)
+            # The blocks are disjoint, so each is an FSDP root, which torch's default (None) keeps
+            # unsharded from forward to backward anyway; said here because the ledger counts on it
+            # (one all-gather per block per step: ALL_GATHERS_PER_STEP).
+            fully_shard(block, mesh=mesh, reshard_after_forward=False)
         fsdp_names = {n for n, p in root.named_parameters() if isinstance(p, DTensor)}
         if env.world_size > 1:
             # Nothing left (no data-parallel table): no DDP at all (TorchRec's _ddp_wrap returns).
@@ -195,6 +203,36 @@ def planned_dense_bytes(model: nn.Module, strategy: str, world_size: int, dense_
             {"parameters": total, "gradients": total, "optimizer": total * _STATE_PER_ELEMENT[dense_optimizer]}
         )
     return per_rank
+
+
+# Each block's weights are all-gathered once per training step (in its forward; FSDPDense does
+# not reshard after forward), its gradients reduce-scattered once (in its backward).
+ALL_GATHERS_PER_STEP = 1
+
+
+def fsdp_traffic(model: nn.Module, world_size: int) -> tuple[int, list[tuple[int, int]]]:
+    """What one training step under ``fsdp`` at ``world_size`` ranks moves for the dense tower of
+    ``model`` (plain, meta or DMP-wrapped): (fp32 bytes DDP all-reduces: the gradients of the
+    parameters in no block; per block, the bytes of one rank's chunk of its all-gather and of its
+    reduce-scatter).
+
+    A chunk is what FSDP2 sends: each parameter padded on dim 0 to a multiple of ``world_size``
+    (``ceil(rows / world)`` rows from every rank, zeros past the last row), in its element size;
+    the all-gather carries every parameter of the block, the reduce-scatter those that need a
+    gradient. Tables (embedding collections, sharded or not) are left out.
+    """
+    base = getattr(model, "module", model)  # DMP: its module is the user model (FSDP2 works in place)
+    blocks, rest = dense_blocks(base)
+    named = dict(base.named_parameters())
+    allreduce = sum(named[n].numel() * 4 for n in rest if named[n].requires_grad)
+    chunks = []
+    for name in blocks:
+        sizes = [
+            (-(-p.shape[0] // world_size) * math.prod(p.shape[1:]) * p.element_size(), p.requires_grad)
+            for p in base.get_submodule(name).parameters()
+        ]
+        chunks.append((sum(b for b, _ in sizes), sum(b for b, grad in sizes if grad)))
+    return allreduce, chunks
 
 
 def _dense_parameters(dmp: nn.Module) -> list[nn.Parameter]:

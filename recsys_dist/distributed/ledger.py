@@ -19,8 +19,14 @@ input_dist and one output_dist per collection and sharding type):
   partial sums of all ranks' examples.
 - ``output_dist_backward``: their gradients, the same sizes the other way (an all-to-all,
   or the all-gather that is a reduce-scatter's backward).
-- ``allreduce``: DDP's gradient all-reduce of the dense parameters, and of each
+- ``allreduce``: DDP's gradient all-reduce of the dense parameters (under
+  ``distributed.dense.strategy: fsdp`` only those in no FSDP block), and of each
   data_parallel table (whole table, every step), as fp32 payload.
+- ``fsdp_all_gather`` / ``fsdp_reduce_scatter`` (``distributed.dense.strategy: fsdp``): per
+  dense block (:func:`recsys_dist.distributed.dense.dense_blocks`), FSDP2's all-gather of its
+  weights (once per step, in forward: ``dense.ALL_GATHERS_PER_STEP``) and reduce-scatter of its
+  gradients (in backward); a chunk is one rank's share of every parameter padded on dim 0 to a
+  multiple of the world size (table ``dense``).
 - ``managed_all_gather``: under managed-collision tables (``recsys_dist.models.managed``),
   the replicated MCH state's two all_gathers every training step: the id count per managed
   feature (int64 each), then the step's ids of every managed feature (int64, ``B x P`` per
@@ -52,6 +58,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from torch import nn
+from torch.distributed.fsdp import FSDPModule
 from torchrec.distributed.embedding import ShardedEmbeddingCollection
 from torchrec.distributed.embeddingbag import ShardedEmbeddingBagCollection
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
@@ -59,9 +66,19 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection, Embedding
 
 from recsys_dist.data.config import DataConfig
 from recsys_dist.distributed.config import SHARDING_TYPES, CommsConfig
+from recsys_dist.distributed.dense import ALL_GATHERS_PER_STEP, fsdp_traffic
 from recsys_dist.models.managed import find_remap
 
-PHASES = ("input_dist", "output_dist_forward", "output_dist_backward", "allreduce", "managed_all_gather")
+PHASES = (
+    "input_dist",
+    "output_dist_forward",
+    "output_dist_backward",
+    "allreduce",
+    "managed_all_gather",
+    "fsdp_all_gather",
+    "fsdp_reduce_scatter",
+)
+_OPTIONAL = ("managed_all_gather", "fsdp_all_gather", "fsdp_reduce_scatter")  # shown only when they move bytes
 PRECISION_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 ID_BYTES = 8  # KJT values: the loader hands int64 ids to the model
 LENGTH_BYTES = 4  # KJT lengths: int32
@@ -144,19 +161,25 @@ class Ledger:
 
     def text(self, max_tables: int = 40) -> str:
         t = self.totals()
-        # The managed-collision column only where there are managed tables.
-        phases = [p for p in PHASES if p != "managed_all_gather" or t[p]]
-        managed = len(phases) == len(PHASES)
+        # managed-collision and FSDP columns only where they move bytes
+        extra = [p for p in _OPTIONAL if t[p]]
+        phases = [p for p in PHASES if p not in _OPTIONAL or p in extra]
+        heads = {"managed_all_gather": "mc gather", "fsdp_all_gather": "fsdp gather", "fsdp_reduce_scatter": "fsdp rs"}
+        notes = {
+            "managed_all_gather": "mc gather = managed-collision ids all_gather, sent",
+            "fsdp_all_gather": "fsdp gather / fsdp rs = FSDP2's all-gather of the dense weights / "
+            "reduce-scatter of their gradients, sent",
+        }
         lines = [
             f"bytes per step on the wire (per-rank batch {self.batch_size}, output_dist forward "
             f"{self.forward_precision} / backward {self.backward_precision}; allreduce = fp32 payload"
-            + ("; mc gather = managed-collision ids all_gather, sent" if managed else "")
+            + "".join(f"; {notes[p]}" for p in extra if p in notes)
             + ")",
             "",
             f"{'rank':<6}"
             + "".join(f"{h:>13}" for h in ("in sent", "in recv", "out-fwd sent", "out-fwd recv", "out-bwd sent"))
             + f"{'out-bwd recv':>13}{'allreduce':>13}"
-            + (f"{'mc gather':>13}" if managed else ""),
+            + "".join(f"{heads[p]:>13}" for p in extra),
         ]
         for r, row in enumerate(self.per_rank()):
             cells = [
@@ -167,12 +190,12 @@ class Ledger:
                 row["output_dist_backward"]["sent"],
                 row["output_dist_backward"]["received"],
                 row["allreduce"]["sent"],
-            ] + ([row["managed_all_gather"]["sent"]] if managed else [])
+            ] + [row[p]["sent"] for p in extra]
             lines.append(f"{r:<6}" + "".join(f"{human(c):>13}" for c in cells))
         lines += [
             "",
             f"{'table':<16}{'input_dist':>13}{'out-fwd':>13}{'out-bwd':>13}{'allreduce':>13}"
-            + (f"{'mc gather':>13}" if managed else "")
+            + "".join(f"{heads[p]:>13}" for p in extra)
             + "  (all ranks)",
         ]
         tables = sorted(self.per_table().items(), key=lambda kv: -sum(kv[1].values()))
@@ -221,6 +244,14 @@ def dense_parameter_bytes(model: nn.Module) -> int:
     return walk(seen)
 
 
+def dense_bytes_of(model: nn.Module, strategy: str, world_size: int) -> tuple[int, list[tuple[int, int]]]:
+    """``predict``'s ``dense_bytes`` and ``fsdp_blocks`` for ``model`` (plain, meta or
+    DMP-wrapped) under ``distributed.dense.strategy`` ``strategy`` at ``world_size`` ranks."""
+    if strategy == "fsdp":
+        return fsdp_traffic(model, world_size)
+    return dense_parameter_bytes(model), []
+
+
 def predict(
     plan,
     tables: Iterable,
@@ -232,6 +263,7 @@ def predict(
     backward_precision: str = "fp32",
     local_world_size: int | None = None,
     managed_features: Iterable[str] = (),
+    fsdp_blocks: Iterable[tuple[int, int]] = (),
 ) -> Ledger:
     """The per-step ledger of a sharding plan (see the module doc for what is counted).
 
@@ -240,13 +272,15 @@ def predict(
         tables: the ``EmbeddingBagConfig`` of every planned table.
         world_size: ranks of the job.
         batch_size: examples per rank per step (``B``).
-        dense_bytes: fp32 bytes of the dense gradients (:func:`dense_parameter_bytes`).
+        dense_bytes: fp32 bytes of the dense gradients DDP all-reduces (:func:`dense_bytes_of`).
         pooling: feature name -> ids per example ``P`` (default 1 for every feature).
         forward_precision, backward_precision: element type of output_dist's pooled
             embeddings and of their gradients: fp32, fp16 or bf16 (``sharding.comms``).
         local_world_size: ranks per node (default: all in one node).
         managed_features: the features of managed-collision tables (:func:`managed_features`),
             whose ids every rank all-gathers each step (``managed_all_gather``).
+        fsdp_blocks: under ``distributed.dense.strategy: fsdp``, per dense block the bytes of one
+            rank's chunk of its all-gather and of its reduce-scatter (:func:`dense_bytes_of`).
 
     Raises:
         ValueError: a sharding type the ledger does not know, or an unknown precision.
@@ -287,9 +321,7 @@ def predict(
         for r in range(W):
             b = SPLITS_PER_PEER * SPLIT_BYTES * (W - 1)
             led.add(r, "input_dist", "splits", b, b)
-    if dense_bytes:
-        for r in range(W):
-            led.add(r, "allreduce", "dense", dense_bytes, dense_bytes)
+    _dense_flows(led, dense_bytes, fsdp_blocks)
     managed = list(managed_features)
     if managed:
         # recsys_dist.models.managed: all_gather of the id count per feature, then of the ids
@@ -298,6 +330,19 @@ def predict(
         for r in range(W):
             led.add(r, "managed_all_gather", "managed", (W - 1) * chunk, (W - 1) * chunk)
     return led
+
+
+def _dense_flows(led: Ledger, allreduce: int, fsdp_blocks: Iterable[tuple[int, int]]) -> None:
+    """The dense tower's collectives: DDP's all-reduce of ``allreduce`` bytes; per FSDP block
+    (one rank's all-gather chunk, reduce-scatter chunk) W - 1 chunks each way of each."""
+    W = led.world_size
+    for r in range(W):
+        led.add(r, "allreduce", "dense", allreduce, allreduce)
+    for gather, reduce in fsdp_blocks:
+        for r in range(W):
+            g = ALL_GATHERS_PER_STEP * gather * (W - 1)
+            led.add(r, "fsdp_all_gather", "dense", g, g)
+            led.add(r, "fsdp_reduce_scatter", "dense", reduce * (W - 1), reduce * (W - 1))
 
 
 def _sharded_table(
@@ -392,21 +437,26 @@ def run_ledger(
 ) -> Ledger:
     """The ledger of a sharded run: ``dmp``'s plan and tables, ``batch_size`` (``train.batch_size``),
     ``comms`` (``sharding.comms``), the pooling factors of :func:`pooling_from_config` and the
-    managed-collision features of :func:`managed_features`."""
+    managed-collision features of :func:`managed_features`, and the dense tower's collectives
+    under the layout ``dmp`` has (FSDP's blocks, or DDP over it all)."""
     tables = [
         t for m in dmp.modules() if isinstance(m, ShardedEmbeddingBagCollection) for t in m._embedding_bag_configs
     ]
+    # the layout the run has, not the one asked for: FSDPDense wraps its blocks in FSDPModule
+    strategy = "fsdp" if any(isinstance(m, FSDPModule) for m in dmp.modules()) else "ddp"
+    dense, blocks = dense_bytes_of(dmp, strategy, world_size) if world_size > 1 else (0, [])
     led = predict(
         dmp.plan,
         tables,
         world_size,
         batch_size,
-        dense_parameter_bytes(dmp) if world_size > 1 else 0,
+        dense,
         pooling_from_config(data, tables),
         comms.forward,
         comms.backward,
         local_world_size,
         managed_features(dmp),
+        blocks,
     )
     led.unsized_multi_hot = unsized_multi_hot(data)
     return led

@@ -103,11 +103,6 @@ def _dense_text(dense: dict) -> list[str]:
     h = ledgers.human
     for r, b in enumerate(dense["per_rank"]):
         lines.append(f"{r:<6} {h(b['parameters']):>12} {h(b['gradients']):>12} {h(b['optimizer']):>12}")
-    if dense["strategy"] == "fsdp":
-        lines.append(
-            "(the ledger below counts the dense gradients as DDP's all-reduce; FSDP2 all-gathers each block's "
-            "weights in forward and backward and reduce-scatters its gradients instead: not modelled yet)"
-        )
     return lines
 
 
@@ -197,7 +192,7 @@ def dry_run(
         job.train,
         remap=managed_remap(job, job.features.on(torch.device("meta"))),
     )
-    dense_bytes = ledgers.dense_parameter_bytes(model)
+    dense_bytes = ledgers.dense_bytes_of(model, job.distributed.dense.strategy, world_size)
     fuse_embedding_optimizer(model, job.train)
     try:
         check_covered(model)
@@ -245,20 +240,22 @@ def dry_run(
     return report
 
 
-def _ledger(job: Job, model, plan, tables, world_size: int, local_world_size: int, dense_bytes: int):
-    """The bytes ledger of the plan (``recsys_dist.distributed.ledger.predict``)."""
+def _ledger(job: Job, model, plan, tables, world_size: int, local_world_size: int, dense_bytes: tuple):
+    """The bytes ledger of the plan (``recsys_dist.distributed.ledger.predict``); ``dense_bytes``:
+    ``ledger.dense_bytes_of``'s (DDP's all-reduce bytes, FSDP's chunks per block)."""
     comms = job.sharding.comms
     ledger = ledgers.predict(
         plan,
         tables,
         world_size,
         job.sharding.planner_batch_size or job.train.batch_size,
-        dense_bytes,
+        dense_bytes[0],
         ledgers.pooling_from_config(job.data, tables),
         comms.forward,
         comms.backward,
         local_world_size,
         ledgers.managed_features(model),
+        dense_bytes[1],
     )
     ledger.unsized_multi_hot = ledgers.unsized_multi_hot(job.data)
     return ledger

@@ -14,8 +14,10 @@ from torch.distributed.tensor import DTensor
 from recsys_dist.checkpoint.dcp import canonical_optimizer_state, load_checkpoint, save_checkpoint, set_optimizer_steps
 from recsys_dist.config.job import resolve_job
 from recsys_dist.config.loader import load_config
+from recsys_dist.distributed.comm_counter import CommCounter
 from recsys_dist.distributed.dense import is_ddp_wrapped, local_dense_bytes, optimizer_state_bytes
 from recsys_dist.distributed.env import init_distributed
+from recsys_dist.distributed.ledger import run_ledger
 from recsys_dist.distributed.optim import dense_torch_optimizer, init_lazy_state
 from recsys_dist.models.registry import get_model
 from recsys_dist.train.build import shard_model
@@ -94,24 +96,30 @@ def _bytes(dmp, opt) -> dict:
 def losses_and_bytes(rank: int, world_size: int, cases: list, steps: int) -> dict:
     """Per case ``(model name, sharding types, extra overrides)`` and strategy: the losses of
     ``steps`` steps, this rank's dense bytes (parameters, gradients before the last zero_grad,
-    Adam state) and the sharding types planned."""
+    Adam state), the sharding types planned, and the bytes of the last step on the wire per
+    phase: ``counted`` at the collectives (CommCounter) and ``predicted`` (the run's ledger)."""
     out: dict = {}
     for name, types, extra in cases:
         for strategy in ("ddp", "fsdp"):
             cfg = _cfg(name.removesuffix("+bias"), types, strategy, world_size, extra)
             ctx = init_distributed(cfg.distributed)
             dmp, opt = _build(cfg, ctx, user_model=name.endswith("+bias"))
-            losses = _train(dmp, opt, range(steps - 1), rank, world_size)
-            loss = dmp(_batch(steps - 1, rank, world_size))[0]
-            loss.backward()
-            opt.step()
+            with CommCounter(dmp) as counter:
+                losses = _train(dmp, opt, range(steps - 1), rank, world_size)
+                counter.reset()
+                loss = dmp(_batch(steps - 1, rank, world_size))[0]
+                loss.backward()
+                opt.step()
+                counted = {k: dict(v) for k, v in counter.counts.items()}
             sizes = _bytes(dmp, opt)
             opt.zero_grad()
             sizes["ddp_wrapped"] = is_ddp_wrapped(dmp)
+            predicted = run_ledger(dmp, cfg.data, cfg.sharding.comms, B, world_size).per_rank()[rank]
             out[(name, tuple(types), tuple(extra), strategy)] = {
                 "losses": [*losses, loss.item()],
                 "bytes": sizes,
                 "planned": sorted({ps.sharding_type for mp in dmp.plan.plan.values() for ps in mp.values()}),
+                "wire": {"counted": counted, "predicted": predicted},
             }
     return out
 
@@ -141,4 +149,76 @@ def resume_across(rank: int, world_size: int, run_dir: str, first: str, then: st
             set_optimizer_steps(opt2, steps)  # as the Trainer's resume: step counters are not checkpointed
         out[key] = _train(other, opt2, range(steps, 2 * steps), rank, world_size)
         out[f"{key}_dtensors"] = sum(isinstance(p, DTensor) for p in other.parameters())
+    return out
+
+
+def _movielens_batch(step: int, rank: int, world_size: int, job):
+    """A random batch in a MovieLens schema config's layout (one-hot ids, genres bags of 0-3,
+    a history of 0-12 ids when the config has one), ids < 200, a label per task."""
+    from torchrec import KeyedJaggedTensor
+
+    from recsys_dist.data.loader import CTRBatch
+
+    g = torch.Generator().manual_seed(1000 + step * world_size + rank)
+    keys, multi, seqs = job.features.keys, set(job.data.schema.multi_hot), set(job.features.sequence_names)
+    lengths = torch.cat(
+        [
+            torch.randint(0, 13, (B,), generator=g)
+            if k in seqs
+            else torch.randint(0, 4, (B,), generator=g)
+            if k in multi
+            else torch.ones(B, dtype=torch.int64)
+            for k in keys
+        ]
+    )
+    kjt = KeyedJaggedTensor(
+        keys=list(keys), values=torch.randint(0, 200, (int(lengths.sum()),), generator=g), lengths=lengths, stride=B
+    )
+    kinds = job.features.task_kinds
+    labels = torch.stack(
+        [
+            torch.rand(B, generator=g) * 5 if k == "regression" else torch.randint(0, 2, (B,), generator=g).float()
+            for k in kinds
+        ],
+        1,
+    )
+    return CTRBatch(torch.zeros(B, 0), kjt, labels.squeeze(1) if len(kinds) == 1 else labels, torch.ones(B))
+
+
+def model_losses(rank: int, world_size: int, cases: list, steps: int) -> dict:
+    """Per case ``(config path, overrides)`` and strategy: the losses of ``steps`` steps of the
+    config's model (a sequence or multi-task one) through the trainer's sharding path on random
+    batches in its layout, and the dense bytes of the last step on the wire (``counted`` at the
+    collectives, ``predicted`` by the run's ledger; EmbeddingCollection tables are not in the ledger)."""
+    out: dict = {}
+    for config, overrides in cases:
+        for strategy in ("ddp", "fsdp"):
+            base = [
+                "data.categorical_mapping=hash",
+                "data.num_embeddings=200",
+                f"distributed.nproc_per_node={world_size}",
+                f"distributed.dense.strategy={strategy}",
+                "distributed.cpu_threads_per_rank=1",
+            ]
+            job = resolve_job(load_config(config, [*base, *overrides]))
+            ctx = init_distributed(job.distributed)
+            torch.manual_seed(job.train.seed + ctx.rank)  # only rank 0's dense weights may count
+            dmp, opt = shard_model(job, ctx)[:2]
+            losses = []
+            with CommCounter(dmp) as counter:
+                for step in range(steps):
+                    counter.reset()
+                    loss = dmp(_movielens_batch(step, rank, world_size, job))[0]
+                    loss.backward()
+                    opt.step()
+                    opt.zero_grad()
+                    losses.append(loss.item())
+                counted = {k: dict(v) for k, v in counter.counts.items()}
+            predicted = run_ledger(dmp, job.data, job.sharding.comms, B, world_size).per_rank()[rank]
+            out[(str(config), tuple(overrides), strategy)] = {
+                "losses": losses,
+                "wire": {"counted": counted, "predicted": predicted},
+                "dtensors": sum(isinstance(p, DTensor) for p in dmp.parameters()),
+                "model": type(dmp.module.model).__name__ if hasattr(dmp.module, "model") else type(dmp.module).__name__,
+            }
     return out

@@ -15,9 +15,10 @@ import torch
 from recsys_dist.config.job import resolve_job
 from recsys_dist.config.loader import load_config
 from recsys_dist.distributed.dense import planned_dense_bytes
+from recsys_dist.distributed.ledger import PHASES
 from recsys_dist.models.build import build_model
 from recsys_dist.testing import run_ranks
-from tests.conftest import QUICKSTART
+from tests.conftest import QUICKSTART, ROOT
 from tests.ranks.distributed import dense_worker
 
 TOL = 1e-5
@@ -50,6 +51,7 @@ def _check(results: list[dict], world_size: int) -> None:
             # DDP only over what FSDP does not hold: here the user model's bias
             assert got["bytes"]["ddp_wrapped"] == (name.endswith("+bias") and world_size > 1)
             assert ref["bytes"]["ddp_wrapped"] == (world_size > 1)
+            failures += _wire_failures(rank, (name, types, extra), got["wire"], ref["wire"], world_size)
             b, full = got["bytes"], ref["bytes"]
             assert b["gradients"] == b["parameters"] and b["optimizer"] == 2 * b["parameters"], b
             assert full["optimizer"] == 2 * full["parameters"], full
@@ -72,6 +74,32 @@ def _check(results: list[dict], world_size: int) -> None:
     assert not failures, "\n".join(failures)
 
 
+def _wire_failures(rank: int, case: tuple, fsdp: dict, ddp: dict, world_size: int) -> list[str]:
+    """The run's ledger against the bytes counted at the collectives of its last step, per phase,
+    exactly (every rank has the same one-hot batch size; row_wise ids are drawn uniformly, not
+    spread over the row blocks as the ledger assumes, so its input_dist is left to test_ledger.py);
+    under fsdp the dense tower's bytes leave DDP's all-reduce for FSDP's all-gather / reduce-scatter."""
+    out = []
+    for strategy, wire in (("fsdp", fsdp), ("ddp", ddp)):
+        for phase in PHASES:
+            if phase == "input_dist" and "row_wise" in case[1]:
+                continue
+            if wire["predicted"][phase] != wire["counted"][phase]:
+                out.append(
+                    f"rank {rank} {case} {strategy} {phase}: predicted {wire['predicted'][phase]}, "
+                    f"counted {wire['counted'][phase]}"
+                )
+        if wire["counted"]["other"] != {"sent": 0, "received": 0}:
+            out.append(f"rank {rank} {case} {strategy}: uncounted collectives {wire['counted']['other']}")
+    moved = world_size > 1
+    assert (fsdp["counted"]["fsdp_all_gather"]["sent"] > 0) == moved, fsdp["counted"]
+    assert (fsdp["counted"]["fsdp_reduce_scatter"]["sent"] > 0) == moved
+    assert ddp["counted"]["fsdp_all_gather"]["sent"] == 0 and ddp["counted"]["fsdp_reduce_scatter"]["sent"] == 0
+    if moved:
+        assert fsdp["counted"]["allreduce"]["sent"] < ddp["counted"]["allreduce"]["sent"]
+    return out
+
+
 def test_fsdp_equals_ddp_at_two_ranks():
     _check(run_ranks(dense_worker.losses_and_bytes, 2, QUICK_CASES, 20, timeout_s=600), 2)
 
@@ -80,6 +108,36 @@ def test_fsdp_equals_ddp_at_two_ranks():
 @pytest.mark.parametrize("world_size", [1, 2, 3])
 def test_fsdp_equals_ddp_over_50_steps(world_size):
     _check(run_ranks(dense_worker.losses_and_bytes, world_size, ALL_CASES, 50, timeout_s=900), world_size)
+
+
+MOVIELENS = [
+    (ROOT / "configs" / "movielens_hstu.yaml", ("model.layer_dropout=0.0",)),  # a sequence model (EmbeddingCollection)
+    (ROOT / "configs" / "movielens_multitask.yaml", ()),  # mmoe: two tasks, a loss each
+]
+
+
+def test_sequence_and_multi_task_models_under_fsdp_equal_ddp():
+    """HSTU and MMoE (their configs' dense Adagrad) at 2 ranks: 24 steps of the same losses, the
+    dense bytes on the wire as the ledger says."""
+    results = run_ranks(dense_worker.model_losses, 2, MOVIELENS, 24, timeout_s=600)
+    failures = []
+    for rank, per_case in enumerate(results):
+        for config, extra in MOVIELENS:
+            fsdp, ddp = per_case[(str(config), extra, "fsdp")], per_case[(str(config), extra, "ddp")]
+            assert fsdp["dtensors"] > 0 and ddp["dtensors"] == 0 and len(fsdp["losses"]) == 24
+            rel = max(abs(a - b) / abs(b) for a, b in zip(fsdp["losses"], ddp["losses"], strict=True))
+            if not rel <= TOL:
+                failures.append(f"rank {rank} {config.name}: loss rel diff {rel:.3g}")
+            assert len(set(fsdp["losses"])) > 1  # it trains
+            for strategy, got in (("fsdp", fsdp), ("ddp", ddp)):
+                for phase in ("allreduce", "fsdp_all_gather", "fsdp_reduce_scatter"):
+                    if got["wire"]["predicted"][phase] != got["wire"]["counted"][phase]:
+                        failures.append(
+                            f"rank {rank} {config.name} {strategy} {phase}: predicted "
+                            f"{got['wire']['predicted'][phase]}, counted {got['wire']['counted'][phase]}"
+                        )
+            assert fsdp["wire"]["counted"]["fsdp_all_gather"]["sent"] > 0
+    assert not failures, "\n".join(failures)
 
 
 @pytest.mark.parametrize(("first", "then"), [("ddp", "fsdp"), ("fsdp", "ddp")])

@@ -273,8 +273,15 @@ def test_report_shows_the_ledger_line(tmp_path):
     with (run / "metrics.jsonl").open("a") as f:
         f.write(json.dumps(ledger) + "\n")
     assert "allreduce 0.5, managed_all_gather 3.0" in rpt.report(run, plots=False)
+    # the dense tower under distributed.dense.strategy: fsdp: FSDP's all-gather and reduce-scatter
+    ledger["per_rank"][1]["fsdp_all_gather"] = {"sent": 2048, "received": 2048}
+    ledger["per_rank"][1]["fsdp_reduce_scatter"] = {"sent": 1024, "received": 1024}
+    ledger["step"] = 6
+    with (run / "metrics.jsonl").open("a") as f:
+        f.write(json.dumps(ledger) + "\n")
+    assert "managed_all_gather 3.0, fsdp_all_gather 2.0, fsdp_reduce_scatter 1.0" in rpt.report(run, plots=False)
     # multi-hot features whose bag size the ledger did not know are named (counted as 1 id)
-    ledger["unsized_multi_hot"], ledger["step"] = ["genres"], 6
+    ledger["unsized_multi_hot"], ledger["step"] = ["genres"], 7
     with (run / "metrics.jsonl").open("a") as f:
         f.write(json.dumps(ledger) + "\n")
     assert "(multi-hot genres counted as 1 id per example)" in rpt.report(run, plots=False)

@@ -85,3 +85,17 @@ def test_a_model_with_managed_tables_can_be_counted():
     with comm_counter.CommCounter(model) as counter:
         pass
     assert counter.counts["other"] == {"sent": 0, "received": 0}
+
+
+def test_byte_rules_of_fsdp_collectives_and_a_one_rank_all_reduce():
+    t = torch.zeros(6)  # 24 bytes
+    # FSDP2's: a rank's chunk of 24 bytes over 3 ranks, each way W - 1 chunks
+    assert comm_counter._bytes("all_gather_single", {"output_tensor": torch.zeros(18), "input_tensor": t}, 3, 0) == (
+        48,
+        48,
+    )
+    assert comm_counter._bytes("reduce_scatter_single", {"output": t, "input": torch.zeros(18)}, 3, 1) == (48, 48)
+    # the ledger's rule: a world of one rank moves nothing (DDP over data_parallel tables at 1 rank
+    # all-reduced over a group of one, counted as its payload)
+    assert comm_counter._bytes("all_reduce", {"tensor": t}, 1, 0) == (0, 0)
+    assert comm_counter._bytes("all_reduce", {"tensor": t}, 2, 0) == (24, 24)

@@ -86,8 +86,18 @@ def test_plan_shows_the_dense_bytes_per_rank():
     assert report.dense["strategy"] == "fsdp"
     assert report.dense["per_rank"] == dense.planned_dense_bytes(model, "fsdp", 3, "adam")
     text = report.text()
-    assert "dense tower: distributed.dense.strategy fsdp" in text and "not modelled yet" in text
+    assert "dense tower: distributed.dense.strategy fsdp" in text and "not modelled" not in text
     ddp = dry_run(resolve_job(load_config(QUICKSTART)), 3, 3, "cpu")
+    # The ledger: FSDP's all-gather and reduce-scatter of every block instead of DDP's all-reduce,
+    # each rank's chunk padded on dim 0 (counted against a real run in tests/ranks/distributed/test_dense_fsdp.py)
+    chunk = sum(-(-p.shape[0] // 3) * p[0].numel() * 4 for n, p in model.named_parameters() if "embedding" not in n)
+    fsdp_t, ddp_t = report.ledger.per_table()["dense"], ddp.ledger.per_table()["dense"]
+    assert fsdp_t["allreduce"] == 0 and ddp_t["allreduce"] == 3 * 4 * sum(
+        p.numel() for n, p in model.named_parameters() if "embedding" not in n
+    )
+    assert fsdp_t["fsdp_all_gather"] == fsdp_t["fsdp_reduce_scatter"] == 3 * 2 * chunk
+    assert ddp_t["fsdp_all_gather"] == ddp_t["fsdp_reduce_scatter"] == 0
+    assert "fsdp gather" in text and "fsdp gather" not in ddp.text()
     assert ddp.dense["strategy"] == "ddp" and len({r["parameters"] for r in ddp.dense["per_rank"]}) == 1
     assert max(r["parameters"] for r in report.dense["per_rank"]) < ddp.dense["per_rank"][0]["parameters"] / 2
 
@@ -107,3 +117,24 @@ def test_global_norm_clipping_of_plain_tensors_is_torchs():
             c -= c.grad
     for p, c in zip(params.values(), copies):
         assert torch.equal(p.detach(), c.detach())
+
+
+class Stacked(nn.Module):
+    """Dense layers kept in containers (as HSTU keeps its layers): the containers have no forward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList([nn.ModuleList([nn.Linear(4, 4), nn.Linear(4, 4)])])
+        self.heads = nn.ModuleDict({"a": nn.Linear(4, 1)})
+        self.scales = nn.ParameterList([nn.Parameter(torch.ones(4))])
+        self.emb = EmbeddingBagCollection(
+            tables=[EmbeddingBagConfig(name="t", embedding_dim=4, num_embeddings=10, feature_names=["f"])],
+            device=torch.device("meta"),
+        )
+
+
+def test_containers_are_not_blocks_their_children_are():
+    # fully_shard refuses a ModuleList/ModuleDict (no forward: FSDP's hooks would never run)
+    blocks, rest = dense.dense_blocks(Stacked())
+    assert blocks == ["layers.0.0", "layers.0.1", "heads.a"]
+    assert rest == ["scales.0"]  # a parameter container's: replicated (DDP)
