@@ -7,7 +7,7 @@ data_parallel tables) to count its gradient all-reduce, which DDP issues from C+
 is booked to a phase of :mod:`recsys_dist.distributed.ledger` by the TorchRec frame that issued the call:
 ``dist_data`` (the KJT all-to-all) -> ``input_dist``; ``comm_ops`` -> ``output_dist_forward``,
 or ``output_dist_backward`` from an autograd ``backward``; DDP -> ``allreduce``; the
-managed-collision tables' id all_gathers (``recsys_dist.models.managed``) ->
+managed-collision tables' id all_gathers (``ManagedRemap.issuing_collective``) ->
 ``managed_all_gather``; anything else (metrics, checkpoints) -> ``other``. The counting rules are the ledger's.
 
 Off the training path: the trainer never uses it. Tests (``tests/ranks/distributed/test_ledger.py``)
@@ -36,6 +36,7 @@ from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_
 from torch.nn.parallel import DistributedDataParallel
 
 from recsys_dist.distributed.ledger import PHASES
+from recsys_dist.models.managed import ManagedRemap
 
 _PATCHED = (
     "all_to_all_single",
@@ -49,13 +50,13 @@ _PATCHED = (
 
 def _phase() -> tuple[str, str]:
     """(phase, label) of the collective being issued, from the nearest TorchRec frame."""
+    if ManagedRemap.issuing_collective():  # the managed-collision tables' id all_gather (its hook)
+        return "managed_all_gather", "managed"
     f = sys._getframe(2)
     while f is not None:
         path = f.f_code.co_filename
         if "ddp_comm_hooks" in path:
             return "allreduce", "ddp"
-        if f.f_code.co_name == "_gather_per_key" and path.endswith("managed.py"):  # recsys_dist.models.managed
-            return "managed_all_gather", "managed"
         if "torchrec" in path and path.endswith("comm_ops.py"):
             return ("output_dist_backward" if f.f_code.co_name == "backward" else "output_dist_forward"), ""
         if "torchrec" in path and path.endswith("dist_data.py"):
