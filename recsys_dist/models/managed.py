@@ -35,8 +35,7 @@ calls, which cost more in per-call overhead than the work on small tables; in
 ``recsys_dist.models.managed_ops``). In training the lookup is of the global batch's ids (for
 the ``collided`` counter, the same on every rank), this rank's rows being its slice.
 
-TTL (``data.managed.ttl_steps``) and the cumulative counters (:meth:`ManagedRemap.counters`):
-docs/managed_collision.md, "TTL and counters".
+TTL (``data.managed.ttl_steps``) and counters (:meth:`ManagedRemap.counters`): docs/managed_collision.md.
 """
 
 from __future__ import annotations
@@ -405,13 +404,10 @@ class ManagedRemap(nn.Module):
         return {f: m.counters() for f, m in self.mch.items()}
 
     def metrics(self, split: str = "train") -> dict:
-        """``{"managed": {feature: {occupancy, rows_used, evictions, admissions, default_share}}}``,
-        and for ``train`` also ``managed_remap_ms_per_step`` (rank 0's wall time of the remapping
-        per step since the last call, the all_gather included: part of the forward time) and
-        per feature the cumulative :meth:`counters` as ``admitted_total``, ``evicted_total``,
-        ``evicted_ttl_total`` and ``collided_total``. ``default_share``: the fraction of this
-        split's lookups since the last call that read the default row (all ranks). A collective
-        when the job has several ranks: every rank must call it."""
+        """``{"managed": {feature: {occupancy, rows_used, evictions, admissions, default_share}}}``
+        (``default_share``: of this split's lookups since the last call, all ranks); for ``train``
+        also ``managed_remap_ms_per_step`` (this rank's remap time per step since the last call,
+        all_gather included) and the :meth:`counters` as ``<counter>_total``. A collective."""
         counts = self.read_lookups(split)
         extra = {}
         if split == "train" and self.train_calls:
@@ -594,7 +590,11 @@ def find_remap(model: nn.Module) -> ManagedRemap | None:
     return next((m for m in model.modules() if isinstance(m, ManagedRemap)), None)
 
 
+def managed_counters(model: nn.Module) -> dict[str, dict[str, int]]:
+    """:meth:`ManagedRemap.counters` of ``model``'s remap (``{}`` without managed tables)."""
+    return {} if (remap := find_remap(model)) is None else remap.counters()
+
+
 def managed_metrics(model: nn.Module, split: str = "train") -> dict:
     """:meth:`ManagedRemap.metrics` of ``model``'s remap (``{}`` without managed tables)."""
-    remap = find_remap(model)
-    return {} if remap is None else remap.metrics(split)
+    return {} if (remap := find_remap(model)) is None else remap.metrics(split)

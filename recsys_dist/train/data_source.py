@@ -181,7 +181,7 @@ class EpochData(DataSource):
             self.resume_epoch, self.step_offset = run_dirs.resume_position(
                 meta, per_epoch, self.new_data, self.global_batch
             )
-        self.total_steps = run_dirs.total_steps(job.train, per_epoch, self.step_offset)
+        self.total_steps = job.train.total_steps(per_epoch, self.step_offset)
         # A resumed run replaces config.yaml only when there is something left to train.
         done = checkpoint is not None and run_dirs.checkpoint_step(checkpoint) >= self.total_steps
         broadcast_result(ctx, lambda: run_dirs.write_config(job.to_dict(), t.run_dir, write=not done))
