@@ -50,8 +50,8 @@ def divergence_error(losses: list[torch.Tensor], step: int, model: nn.Module, go
     bad = torch.nonzero(~torch.isfinite(local)).flatten()
     first = step - len(local) + 1 + (int(bad[0]) if len(bad) else 0)
     # This rank's values only (a DTensor's local shard): no collective on an error path.
-    local = ((n, p.to_local() if isinstance(p, DTensor) else p) for n, p in model.named_parameters())
-    param = next((n for n, p in local if not torch.isfinite(p).all()), None)
+    params = ((n, p.to_local() if isinstance(p, DTensor) else p) for n, p in model.named_parameters())
+    param = next((n for n, p in params if not torch.isfinite(p).all()), None)
     err = FloatingPointError(
         f"non-finite training loss at step {first} (steps {step - len(local) + 1}-{step} checked "
         f"together); first non-finite parameter: {param or 'none (the loss itself overflowed)'}; "
