@@ -104,11 +104,11 @@ def with_loader(trainer, loader, prefetch: int, epoch):
     def run() -> float:
         saved, before = loader.prefetch, trainer.loaders.train
         trainer.loaders.train, loader.prefetch = loader, prefetch
-        early = trainer._early_batches
+        early = trainer._source.early_batches
         if early is not None:
             early.close()
-            loader.set_epoch(trainer._next_epoch)
-            trainer._early_batches = loader.iter_from(0)
+            loader.set_epoch(trainer._source.next_epoch)
+            trainer._source.early_batches = loader.iter_from(0)
         try:
             return epoch()
         finally:

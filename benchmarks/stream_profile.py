@@ -50,7 +50,7 @@ from recsys_dist.train import observe, stream, trainer
 tp.TrainPipelineSparseDist._pipeline_model = _timed("trace", tp.TrainPipelineSparseDist._pipeline_model)
 observe.TimedTrainPipeline.progress = _timed("progress", observe.TimedTrainPipeline.progress)
 for name in ("_open", "_score_partition"):
-    setattr(stream.StreamTrainer, name, _timed(name, getattr(stream.StreamTrainer, name)))
+    setattr(stream.StreamData, name, _timed(name, getattr(stream.StreamData, name)))
 trainer.Trainer.save_checkpoint = _timed("save_checkpoint", trainer.Trainer.save_checkpoint)
 publishing.PublishCallback._publish = _timed("publish", publishing.PublishCallback._publish)
 if hasattr(publishing, "gather_full_state"):

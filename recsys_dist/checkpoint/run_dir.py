@@ -16,7 +16,7 @@ A run directory holds one run (the README's table: ``config.yaml``, ``plan.txt``
   temporary files a killed run left (``.NAME.RANDOM.tmp``, :func:`remove_temporaries`);
 - ``config.yaml`` is the resolved config; a resumed run replaces it only once there is
   something left to train, so a no-op resume leaves the file that matches the checkpoints
-  (:func:`write_config`, :func:`total_steps`).
+  (:func:`write_config`; the steps it trains: ``TrainConfig.total_steps``).
 
 No function here needs torch or a process group.
 """
@@ -43,7 +43,6 @@ from recsys_dist.data.config import describe_raw_path
 from recsys_dist.data.convert.manifest import train_identity
 from recsys_dist.errors import CheckpointError, DataChanged, RunDirLocked, UnsafeFile  # noqa: F401 (raised here; defined in errors)
 from recsys_dist.files import open_in_place, refuse_planted, write_atomic
-from recsys_dist.train.config import TrainConfig
 
 RUN_FILES = ("metrics.jsonl", "checkpoints")  # their presence means the directory holds a run
 # The files a run writes (whole, by rename: recsys_dist.files.write_atomic), relative to its directory.
@@ -454,13 +453,6 @@ def noop_summary(run_dir: Path, checkpoint: Path, step: int) -> dict:
         "resumed_from": str(checkpoint),
         "already_complete": True,
     }
-
-
-def total_steps(train: TrainConfig, steps_per_epoch: int, offset: int = 0) -> int:
-    """Steps the run trains in all: ``train.epochs`` epochs, capped by ``train.max_steps``;
-    ``offset``: see :func:`resume_position` (a run resumed on new data)."""
-    total = offset + train.epochs * steps_per_epoch
-    return min(total, train.max_steps) if train.max_steps else total
 
 
 def write_config(tree: dict, run_dir: Path, write: bool = True) -> None:

@@ -9,7 +9,7 @@ all-gathers and reduce-scatters (``fsdp_all_gather``, ``fsdp_reduce_scatter``) a
 is booked to a phase of :mod:`recsys_dist.distributed.ledger` by the TorchRec frame that issued the call:
 ``dist_data`` (the KJT all-to-all) -> ``input_dist``; ``comm_ops`` -> ``output_dist_forward``,
 or ``output_dist_backward`` from an autograd ``backward``; DDP -> ``allreduce``; the
-managed-collision tables' id all_gathers (``recsys_dist.models.managed``) ->
+managed-collision tables' id all_gathers (``ManagedRemap.issuing_collective``) ->
 ``managed_all_gather``; anything else (metrics, checkpoints) -> ``other``. The counting rules are the ledger's.
 
 Off the training path: the trainer never uses it. Tests (``tests/ranks/distributed/test_ledger.py``)
@@ -38,6 +38,7 @@ from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_
 from torch.nn.parallel import DistributedDataParallel
 
 from recsys_dist.distributed.ledger import PHASES
+from recsys_dist.models.managed import ManagedRemap
 
 _PATCHED = (
     "all_to_all_single",
@@ -54,7 +55,9 @@ _PATCHED = (
 
 def _phase(op: str) -> tuple[str, str]:
     """(phase, label) of the collective ``op`` being issued, from the nearest TorchRec (or DDP,
-    FSDP, managed-collision) frame."""
+    FSDP) frame, or the managed-collision tables' own hook."""
+    if ManagedRemap.issuing_collective():  # the managed-collision tables' id all_gather (its hook)
+        return "managed_all_gather", "managed"
     f = sys._getframe(2)
     while f is not None:
         path = f.f_code.co_filename
@@ -64,8 +67,6 @@ def _phase(op: str) -> tuple[str, str]:
             if "all_gather" in op:
                 return "fsdp_all_gather", "fsdp"
             return ("fsdp_reduce_scatter", "fsdp") if "reduce_scatter" in op else ("other", "fsdp")
-        if f.f_code.co_name == "_gather_per_key" and path.endswith("managed.py"):  # recsys_dist.models.managed
-            return "managed_all_gather", "managed"
         if "torchrec" in path and path.endswith("comm_ops.py"):
             return ("output_dist_backward" if f.f_code.co_name == "backward" else "output_dist_forward"), ""
         if "torchrec" in path and path.endswith("dist_data.py"):

@@ -35,12 +35,12 @@ calls, which cost more in per-call overhead than the work on small tables; in
 ``recsys_dist.models.managed_ops``). In training the lookup is of the global batch's ids (for
 the ``collided`` counter, the same on every rank), this rank's rows being its slice.
 
-TTL (``data.managed.ttl_steps``) and the cumulative counters (:func:`managed_counters`):
-docs/managed_collision.md, "TTL and counters".
+TTL (``data.managed.ttl_steps``) and counters (:meth:`ManagedRemap.counters`): docs/managed_collision.md.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 
 import torch
@@ -66,6 +66,7 @@ from recsys_dist.models.managed_ops import (
 )
 
 MANAGED_ID_SPACE = 2**63 - 1  # raw ids lie in [0, 2^63 - 1); 2^63 - 1 marks an empty slot
+_GATHERING = threading.local()  # .on: a ManagedRemap is issuing its id all_gather in this thread
 
 
 def _policy(eviction: str, decay_exponent: float, admission_min_count: int):
@@ -249,7 +250,7 @@ class ManagedRemap(nn.Module):
     it first records the global batch's ids (one ``all_gather`` of sizes and one of ids, for
     all features together, when the job has several ranks and ``gather``: collectives, every
     rank must call them) and may run an eviction round.
-    It also counts lookups and default-row lookups for :func:`managed_metrics`.
+    It also counts lookups and default-row lookups for :meth:`metrics`.
 
     Every step works on all managed features at once (a handful of torch operations on the
     features' concatenated ids, not a Python loop of TorchRec calls per feature): the lookup
@@ -330,7 +331,11 @@ class ManagedRemap(nn.Module):
         found = None
         if self.training:
             mine = [_real(parts[j], keeps[j]) if j >= 0 else values.new_zeros(0) for j in pos]
-            glob, offsets = _gather_per_key(mine) if self.gather else (mine, [0] * len(mine))
+            _GATHERING.on = True  # issuing_collective: its all_gathers are the managed phase
+            try:
+                glob, offsets = _gather_per_key(mine) if self.gather else (mine, [0] * len(mine))
+            finally:
+                _GATHERING.on = False
             work = None
             if self._batched_round:
                 work = _record_all(mods, bufs, glob)
@@ -385,6 +390,37 @@ class ManagedRemap(nn.Module):
         self._lookups[idx, col + 1] += default.to(at)
         for r, i in zip(rows, present):
             parts[pos[i]] = r
+
+    @staticmethod
+    def issuing_collective() -> bool:
+        """Whether this thread issues a remap's id all_gather now (CommCounter: managed_all_gather)."""
+        return getattr(_GATHERING, "on", False)
+
+    def counters(self) -> dict[str, dict[str, int]]:
+        """Per managed feature, its cumulative counters since training started:
+        ``{feature: {"admitted": int, "evicted": int, "evicted_ttl": int, "collided": int}}``
+        (:meth:`ReplicatedMCH.counters`). The counters are persistent buffers, the same on every
+        rank, so this reads local state: not a collective; a resumed run continues them exactly."""
+        return {f: m.counters() for f, m in self.mch.items()}
+
+    def metrics(self, split: str = "train") -> dict:
+        """``{"managed": {feature: {occupancy, rows_used, evictions, admissions, default_share}}}``
+        (``default_share``: of this split's lookups since the last call, all ranks); for ``train``
+        also ``managed_remap_ms_per_step`` (this rank's remap time per step since the last call,
+        all_gather included) and the :meth:`counters` as ``<counter>_total``. A collective."""
+        counts = self.read_lookups(split)
+        extra = {}
+        if split == "train" and self.train_calls:
+            # This rank's remapping time per training step (history, all_gather, round, lookup).
+            extra["managed_remap_ms_per_step"] = round(1000 * self.train_seconds / self.train_calls, 3)
+            self.train_seconds, self.train_calls = 0.0, 0
+        out = {}
+        for i, (f, m) in enumerate(self.mch.items()):
+            looked, default = int(counts[i, 0]), int(counts[i, 1])
+            out[f] = {**m.stats(), "default_share": round(default / looked, 6) if looked else None}
+            if split == "train":
+                out[f].update({f"{k}_total": v for k, v in m.counters().items()})
+        return {"managed": out, **extra}
 
     def read_lookups(self, split: str = "train", reduce: bool = True) -> torch.Tensor:
         """[features, 2] (lookups, default-row lookups) of ``split`` (train, or any
@@ -555,37 +591,10 @@ def find_remap(model: nn.Module) -> ManagedRemap | None:
 
 
 def managed_counters(model: nn.Module) -> dict[str, dict[str, int]]:
-    """Per managed feature, its cumulative counters since training started:
-    ``{feature: {"admitted": int, "evicted": int, "evicted_ttl": int, "collided": int}}``
-    (:meth:`ReplicatedMCH.counters`; ``{}`` for a model without managed tables). The counters
-    are persistent buffers, the same on every rank, so this reads local state: not a
-    collective, any rank may call it; a resumed run continues them exactly."""
-    remap = find_remap(model)
-    return {} if remap is None else {f: m.counters() for f, m in remap.mch.items()}
+    """:meth:`ManagedRemap.counters` of ``model``'s remap (``{}`` without managed tables)."""
+    return {} if (remap := find_remap(model)) is None else remap.counters()
 
 
 def managed_metrics(model: nn.Module, split: str = "train") -> dict:
-    """``{"managed": {feature: {occupancy, rows_used, evictions, admissions, default_share}}}``
-    for a model with managed tables (``{}`` otherwise), and for ``train`` also
-    ``managed_remap_ms_per_step`` (rank 0's wall time of the remapping per step since the
-    last call, the all_gather included: part of the forward time) and per feature the
-    cumulative counters of :func:`managed_counters` as ``admitted_total``, ``evicted_total``,
-    ``evicted_ttl_total`` and ``collided_total``. ``default_share``: the fraction of
-    this split's lookups since the last call that read the default row (all ranks). A
-    collective when the job has several ranks: every rank must call it."""
-    remap = find_remap(model)
-    if remap is None:
-        return {}
-    counts = remap.read_lookups(split)
-    extra = {}
-    if split == "train" and remap.train_calls:
-        # This rank's remapping time per training step (history, all_gather, round, lookup).
-        extra["managed_remap_ms_per_step"] = round(1000 * remap.train_seconds / remap.train_calls, 3)
-        remap.train_seconds, remap.train_calls = 0.0, 0
-    out = {}
-    for i, (f, m) in enumerate(remap.mch.items()):
-        looked, default = int(counts[i, 0]), int(counts[i, 1])
-        out[f] = {**m.stats(), "default_share": round(default / looked, 6) if looked else None}
-        if split == "train":
-            out[f].update({f"{k}_total": v for k, v in m.counters().items()})
-    return {"managed": out, **extra}
+    """:meth:`ManagedRemap.metrics` of ``model``'s remap (``{}`` without managed tables)."""
+    return {} if (remap := find_remap(model)) is None else remap.metrics(split)

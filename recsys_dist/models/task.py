@@ -83,6 +83,17 @@ class CTRTask(nn.Module):
         else:
             self.loss = Loss(loss_fn or bce, loss_args)
 
+    def managed_metrics(self, split: str = "train") -> dict:
+        """The managed-collision tables' metrics of ``split`` since the last call
+        (``recsys_dist.models.managed.ManagedRemap.metrics``: ``{"managed": {...}}``), ``{}``
+        without them. A collective when the job has several ranks: every rank calls it."""
+        return {} if self.remap is None else self.remap.metrics(split)
+
+    def managed_counters(self) -> dict[str, dict[str, int]]:
+        """Their cumulative counters per feature (``ManagedRemap.counters``; not a collective),
+        ``{}`` without them."""
+        return {} if self.remap is None else self.remap.counters()
+
     def forward(self, batch):
         mixed = self.bf16_device is not None
         with torch.autocast(self.bf16_device, dtype=torch.bfloat16) if mixed else contextlib.nullcontext():

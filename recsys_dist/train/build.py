@@ -9,6 +9,7 @@ from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -17,7 +18,6 @@ from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
 from torchrec.distributed import DistributedModelParallel
 from torchrec.distributed.types import ShardingPlan
 from torchrec.optim.keyed import CombinedOptimizer
-from tqdm import tqdm
 
 from recsys_dist.config.base import ConfigError
 from recsys_dist.data.convert import PreparedData
@@ -35,6 +35,7 @@ from recsys_dist.distributed.tables import init_tables
 from recsys_dist.files import write_atomic
 from recsys_dist.models.build import build_model
 from recsys_dist.models.managed import ManagedRemap, build_remap
+from recsys_dist.models.registry import ModelSpec, get_model
 from recsys_dist.models.task import CTRTask
 from recsys_dist.train.early_stopping import BestTracker
 from recsys_dist.train.job import Job
@@ -187,6 +188,33 @@ def _wrap_and_init(job: Job, ctx: DistContext, model, tables, plan, dense_factor
     return dmp, optimizer, str(plan)
 
 
+def model_for_run(
+    job: Job,
+    ctx: DistContext,
+    loaders: Loaders,
+    clock: PhaseClock,
+    module: nn.Module | ModelFactory | None = None,
+    dense_factory: DenseOptimizerFactory | None = None,
+) -> tuple[FeatureSpec, ModelSpec, Any, DistributedModelParallel, CombinedOptimizer, str]:
+    """The Trainer's model: its ``FeatureSpec`` on ``meta`` (given the model's own data: its
+    ``read_data`` hook, called once on rank 0 with the split files, then ``on_data``), the
+    registered ``ModelSpec`` (hooks), that data, the sharded model, its optimizer and the plan as
+    text (:func:`shard_model`)."""
+    spec = job.features.on(torch.device("meta"), ctx.device)
+    # The model's own data (two_tower: the item corpus and evaluated users), read once on
+    # rank 0, then its FeatureSpec given that data (two_tower: the logQ item counts).
+    hooks = job.model_spec or get_model(job.model.name)
+    data = None
+    if hooks.read_data is not None:
+        read = hooks.read_data
+        paths = {s: [str(f) for f in getattr(loaders, s).files] for s in ("train", "validation", "test")}
+        data = broadcast_result(ctx, lambda: read(job, paths))
+    if hooks.on_data is not None:
+        spec = hooks.on_data(spec, data)
+    model, optimizer, plan_text = shard_model(job, ctx, spec, clock, module, dense_factory)
+    return spec, hooks, data, model, optimizer, plan_text
+
+
 def check_given_once(job: Job, model, dense_optimizer, lr_scheduler) -> None:
     """Refuse an option given both in the config and as a Trainer argument (one of the two would
     be ignored).
@@ -308,8 +336,3 @@ def keeps_best(job: Job) -> bool:
     back from that checkpoint), with checkpoints on."""
     es = job.train.early_stopping
     return job.checkpoint.enabled and (job.checkpoint.keep_best or (es is not None and es.restore_best))
-
-
-def progress_bar(total: int, show: bool) -> tqdm:
-    """The training progress bar (steps); ``show``: rank 0 with ``train.progress_bar``."""
-    return tqdm(total=total, desc="train", unit="step", dynamic_ncols=True, leave=False, disable=not show)

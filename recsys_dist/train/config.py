@@ -166,6 +166,13 @@ class TrainConfig(_Section):
             raise ValueError("; ".join(problems))
         return self
 
+    def total_steps(self, steps_per_epoch: int, offset: int = 0) -> int:
+        """Steps a run trains in all: ``epochs`` epochs of ``steps_per_epoch``, capped by
+        ``max_steps``; ``offset``: the step the data's epochs count from (a run resumed on new
+        data, ``recsys_dist.checkpoint.run_dir.resume_position``)."""
+        total = offset + self.epochs * steps_per_epoch
+        return min(total, self.max_steps) if self.max_steps else total
+
     def task_losses(self, tasks: list[str], kinds: list[str]) -> list[tuple[str, dict, float]]:
         """(loss name, loss arguments, loss weight) per task, in task order (one task: ``train.loss``)."""
         explicit = "loss" in self.model_fields_set

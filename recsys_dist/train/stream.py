@@ -40,12 +40,14 @@ import torch.distributed as dist
 
 from recsys_dist.checkpoint import run_dir as run_dirs
 from recsys_dist.checkpoint.dcp import latest_checkpoint
+from recsys_dist.config.base import ConfigError
 from recsys_dist.data.stream import Partition, convert_partition, not_ready_reason, ready, scan
 from recsys_dist.distributed.env import broadcast_result
 from recsys_dist.errors import DataError, FileChanging
 from recsys_dist.faults import maybe_fault
-from recsys_dist.models.managed import managed_counters, managed_metrics
 from recsys_dist.train.build import Loaders, make_loaders
+from recsys_dist.train.data_source import DataSource
+from recsys_dist.train.job import Job
 from recsys_dist.train.results import StreamSummary
 from recsys_dist.train.stream_state import StreamState, open_window, record_between, restored_state, resume_window
 from recsys_dist.train.trainer import Trainer
@@ -53,37 +55,27 @@ from recsys_dist.train.trainer import Trainer
 log = logging.getLogger("recsys_dist")
 STOP_CHECK_STEPS = 8  # a SIGTERM stops training within this many steps
 PARTITIONS_DIR = "partitions"  # RUN_DIR/partitions: each partition's Parquet until it is trained
-__all__ = ["StreamState", "StreamTrainer"]
+__all__ = ["StreamData", "StreamState", "StreamTrainer"]
 
 
-class StreamTrainer(Trainer):
-    """A :class:`~recsys_dist.train.trainer.Trainer` over ``data.stream``: same arguments,
-    same model, sharding, checkpoints and metrics; :meth:`fit` trains on partitions as they
-    land instead of epochs over ``data.raw_path``. ``recsys-dist train`` uses it when the config
-    has ``data.stream``. Every rank builds one and calls :meth:`fit` (collective).
+class StreamData(DataSource):
+    """The partitions of ``data.stream`` as they land: a :class:`StreamTrainer`'s data source.
 
-    Callbacks also get ``on_partition_end`` after each partition and ``on_resume`` after a
-    resume, before training (``PublishCallback`` publishes the resumed checkpoint when a kill
-    cut its publish short).
-
-    Attributes (besides the Trainer's):
+    Attributes (besides a ``DataSource``'s):
         stream: the :class:`StreamState` (partitions consumed, quarantined, the current one).
-
-    Raises:
-        ConfigError: as the Trainer; a resume mid-partition with another global batch.
-        CheckpointError: ``resume`` names a checkpoint of a run that was not a stream.
     """
 
-    # ------------------------------------------------------------------ set-up (Trainer hooks)
-
-    def _setup_data(self, checkpoint: Path | None) -> None:
-        job, ctx = self.job, self._ctx
+    def setup(self, checkpoint: Path | None) -> Job:
+        t = self.trainer
+        job = t.job
+        if job.data.stream is None:
+            raise ConfigError(
+                "a StreamTrainer trains the partitions of data.stream as they land: set data.stream, or train "
+                "data.raw_path with recsys_dist.Trainer"
+            )
         path = str(Path(job.data.stream.path).resolve())
-        self.stream = StreamState(global_batch=job.train.batch_size * ctx.world_size, path=path)
-        self._loaders = Loaders(None, None, None, self.job.table_sizes)  # one partition's, once open
-        self._data, self._new_data = None, False
-        self._global_batch = self.stream.global_batch
-        self._resume_epoch = self._step_offset = 0
+        self.stream = StreamState(global_batch=self.global_batch, path=path)
+        self.loaders = Loaders(None, None, None, job.table_sizes)  # one partition's, once open
         self.total_steps = job.train.max_steps  # None: as long as data lands
         self._signalled: int | None = None
         self._stop_reason: str | None = None
@@ -91,24 +83,23 @@ class StreamTrainer(Trainer):
         self._partition: Partition | None = None  # the partition open (its conversion)
         self._window: dict | None = None  # a logging window a stop leaves open, saved with the checkpoint
         self._noted: set[tuple[str, str]] = set()  # (what, name) said once in the log (rank 0)
+        return job
 
-    def _done(self) -> bool:
-        return self.total_steps is not None and self._step >= self.total_steps
-
-    def _checkpoint_meta(self) -> dict:
+    def checkpoint_meta(self) -> dict:
         state = asdict(self.stream)
-        state["batches"] = self._in_epoch if self.stream.current is not None else 0
-        return {**super()._checkpoint_meta(), "stream": state, "window": self._window}
+        state["batches"] = self.in_epoch if self.stream.current is not None else 0
+        return {"stream": state, "window": self._window}
 
-    def _keeps_window(self) -> bool:
+    def keeps_window(self) -> bool:
         # Stopped inside a partition: the window goes on after the resume, unless an uninterrupted
         # run closes it here too (the partition's end, a checkpoint by cadence).
-        inside = self._in_epoch < len(self._loaders.train) and not self._checkpoint_due()
+        inside = self.in_epoch < len(self.loaders.train) and not self.trainer._checkpoint_due()
         return self._stop_reason == "SIGTERM" and inside
 
-    def _restore_position(self, path: Path, meta: dict) -> None:
+    def restore_position(self, path: Path, meta: dict) -> None:
+        t = self.trainer
         state = restored_state(path, meta)  # a stream's checkpoint: run_dir.check_stream_resume
-        if self._ctx.is_main and state.path is not None and state.path != self.stream.path:
+        if t.ctx.is_main and state.path is not None and state.path != self.stream.path:
             log.warning(
                 "data.stream.path is %s; the checkpoint's run read %s. Partitions are named by their path below it: "
                 "the %d name(s) trained there are not trained again here, whatever their content",
@@ -116,51 +107,52 @@ class StreamTrainer(Trainer):
                 state.path,
                 len(state.consumed),
             )
-        state.global_batch, state.path = self._global_batch, self.stream.path
+        state.global_batch, state.path = self.global_batch, self.stream.path
         self.stream = state
-        self._in_epoch = state.batches
+        self.in_epoch = state.batches
         self.epoch = state.index
         if meta.get("window"):  # stopped inside a logging window: it goes on
-            ctx = self._ctx
-            self._losses, self._real_rows, self._window_seconds = resume_window(
+            ctx, rec = t.ctx, t._recorder
+            rec.losses, rec.real_rows, rec.window_seconds = resume_window(
                 meta["window"], ctx.rank, ctx.world_size, ctx.device
             )
         log.info(
             "resumed from %s at step %d: %d partition(s) trained, %s",
             path,
-            self._step,
+            t.step,
             len(state.consumed),
             f"{state.current} at global batch {state.batches}" if state.current else "between partitions",
         )
 
-    def _start_metrics(self) -> None:
+    def stale_lines(self):
+        t = self.trainer
         # config.yaml only once the resume (if any) was accepted: a refused one leaves the
         # config the checkpoints were trained with.
-        broadcast_result(self._ctx, lambda: run_dirs.write_config(self.job.to_dict(), self.run_dir))
+        broadcast_result(t.ctx, lambda: run_dirs.write_config(t.job.to_dict(), t.run_dir))
         # The checkpoint's own step may hold lines of what came after it (a partition scored or
         # quarantined after it was saved): written again, so dropped here.
-        self._stale_line = lambda line: line.get("partition") is not None and not self.stream.accounts_for(line)
-        super()._start_metrics()
+        return lambda line: line.get("partition") is not None and not self.stream.accounts_for(line)
 
-    def _should_stop(self) -> bool:
+    def should_stop(self, step: int) -> bool:
         """After a training step: every STOP_CHECK_STEPS steps (the same steps on every rank),
         whether to stop (:meth:`_agree_stop`): not every step, which would add a collective to
         each one."""
-        return self._step % STOP_CHECK_STEPS == 0 and self._agree_stop()
+        return step % STOP_CHECK_STEPS == 0 and self._agree_stop()
 
     def _agree_stop(self) -> bool:
         """Every rank stops when any rank got SIGTERM (one all_reduce)."""
+        t = self.trainer
         flag = torch.tensor([1 if self._signalled is not None else 0])
-        if self._ctx.world_size > 1:
+        if t.ctx.world_size > 1:
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         if int(flag) and self._stop_reason is None:
             self._stop_reason = "SIGTERM"
-            log.warning("SIGTERM: stopping after step %d with a checkpoint", self._step)
+            log.warning("SIGTERM: stopping after step %d with a checkpoint", t.step)
         return bool(int(flag))
 
-    # ------------------------------------------------------------------ the job
+    # ------------------------------------------------------------------ the run
 
-    def fit(self) -> StreamSummary:
+    def run(self) -> StreamSummary:
         """Train on the partitions of ``data.stream`` as they land, until it has been idle for
         ``stop_after_idle_seconds``, ``train.max_steps``, or SIGTERM; then save a checkpoint
         and write ``summary.json``. Collective.
@@ -171,42 +163,41 @@ class StreamTrainer(Trainer):
             left out under ``data.on_bad_row: skip``: the total, and name -> rows) and
             ``stopped`` (``idle``, ``max_steps`` or ``SIGTERM``).
         """
-        with self._collective(), self._sigterm_stops():
-            last_val: dict = {}
-            if self.resumed_from is not None:  # work a kill after the checkpoint cut short catches up
-                for callback in self._callbacks:
-                    callback.on_resume(self, self._step, self.resumed_from)
-            self._idle_since = time.monotonic()
-            while not self._done() and self._stop_reason is None:
-                name = self._next_partition()
-                if name is None or not self._open(name):
-                    continue
-                if self.job.data.stream.progressive_validation and not self.stream.validated:
-                    last_val = self._score_partition()
-                with self._clock.phase("train"):
-                    self._train_steps(self._in_epoch)
-                if self._in_epoch >= len(self._loaders.train):
-                    self._finish_partition()
-            if self._done() and self._stop_reason is None:
-                self._stop_reason = "max_steps"
-            return self._summary(last_val)
+        t = self.trainer
+        last_val: dict = {}
+        self._idle_since = time.monotonic()
+        while not self.done(t.step) and self._stop_reason is None:
+            name = self._next_partition()
+            if name is None or not self._open(name):
+                continue
+            if t.job.data.stream.progressive_validation and not self.stream.validated:
+                last_val = self._score_partition()
+            with t.clock.phase("train"):
+                t._train_steps(self.in_epoch)
+            if self.in_epoch >= len(self.loaders.train):
+                self._finish_partition()
+        if self.done(t.step) and self._stop_reason is None:
+            self._stop_reason = "max_steps"
+        return self._summary(last_val)
 
     def _summary(self, last_val: dict) -> dict:
-        self._tracer.close()
-        self._bar.close()
-        c = self.job.checkpoint
-        if self._losses:  # a stop inside a partition: the checkpoint saves the open window
-            seconds = time.perf_counter() - self._t0
-            self._window = open_window(self._losses, self._real_rows, seconds, self._ctx.world_size)
+        t = self.trainer
+        rec = t._recorder
+        rec.tracer.close()
+        rec.bar.close()
+        c = t.job.checkpoint
+        if rec.losses:  # a stop inside a partition: the checkpoint saves the open window
+            seconds = time.perf_counter() - rec.t0
+            self._window = open_window(rec.losses, rec.real_rows, seconds, t.ctx.world_size)
         path = None
         if c.enabled:
-            path = self.save_checkpoint() if self._saved_step != self._step else latest_checkpoint(self.run_dir)
+            path = t.save_checkpoint() if t._ckpt.saved_step != t.step else latest_checkpoint(t.run_dir)
         if self._window is not None:  # trained, though not logged yet: in the summary's numbers
-            self.rows_trained += sum(r["rows"] for r in self._window["ranks"])
-            self.train_seconds += self._window["seconds"]
-            self._losses, self._real_rows, self._window = [], [], None
+            rec.rows_trained += sum(r["rows"] for r in self._window["ranks"])
+            rec.train_seconds += self._window["seconds"]
+            rec.losses, rec.real_rows, self._window = [], [], None
         s = self.stream
-        return self._write_summary(
+        return t._write_summary(
             last_val,
             {},
             path,
@@ -220,17 +211,18 @@ class StreamTrainer(Trainer):
     def _next_partition(self) -> str | None:
         """The partition to train next (the one a checkpoint stopped in, else the first new one
         in name order), waiting ``poll_seconds`` between looks; None to stop (idle, SIGTERM)."""
+        t = self.trainer
         if self.stream.current is not None:
             return self.stream.current
-        s = self.job.data.stream
+        s = t.job.data.stream
         waiting = False
         while True:
             if self._agree_stop():
                 return None
-            kind, name = broadcast_result(self._ctx, self._look)
+            kind, name = broadcast_result(t.ctx, self._look)
             if kind == "take":
                 self.stream.quarantined.pop(name, None)  # a quarantined file that changed: tried again
-                self.stream.current, self.stream.validated, self._in_epoch = name, False, 0
+                self.stream.current, self.stream.validated, self.in_epoch = name, False, 0
                 return name
             if kind == "wait" and not waiting:
                 log.info("data.stream: waiting for a new partition in %s (%s)", s.path, s.pattern)
@@ -245,7 +237,8 @@ class StreamTrainer(Trainer):
         """Rank 0: ("take", name) for the first partition due (new, or quarantined and changed)
         once it is ready, ("wait", None) until then or while none is due, or ("idle", None) past
         stop_after_idle_seconds without one."""
-        s, state = self.job.data.stream, self.stream
+        t = self.trainer
+        s, state = t.job.data.stream, self.stream
         files = scan(s)
         self._warn_changed(files)
         due = [n for n, file_id in files.items() if state.due(n, file_id)]
@@ -268,25 +261,26 @@ class StreamTrainer(Trainer):
     def _open(self, name: str) -> bool:
         """Convert ``name`` (rank 0) and open every rank's loaders of it; False when it was
         quarantined, empty or still changing (then the stream moves on)."""
-        ctx, d, state = self._ctx, self.job.data, self.stream
+        t = self.trainer
+        ctx, d, state = t.ctx, t.job.data, self.stream
 
         def convert():
             try:
-                return "ok", convert_partition(d, name, self.run_dir / PARTITIONS_DIR)
+                return "ok", convert_partition(d, name, t.run_dir / PARTITIONS_DIR)
             except FileChanging as err:
                 return "changing", str(err)
             except DataError as err:
                 return "bad", (str(err), getattr(err, "file_id", None))
 
-        with self._clock.phase("data"):
+        with t.clock.phase("data"):
             kind, value = broadcast_result(ctx, convert)
             if kind == "ok" and value.rows:  # opening the loaders counts as data, as in a batch run
-                self._loaders = make_loaders(self.job.with_data(value.prepared), ctx)
+                self.loaders = make_loaders(t.job.with_data(value.prepared), ctx)
             elif kind == "ok":
-                self._loaders = Loaders(None, None, None, self.job.table_sizes)
+                self.loaders = Loaders(None, None, None, t.job.table_sizes)
         if kind == "changing":  # a writer is still at it: taken again once it stops changing
             self._note("changing", name, f"{value}; it is taken once it stops changing")
-            if self._in_epoch == 0 and not state.validated:
+            if self.in_epoch == 0 and not state.validated:
                 state.current = None  # back to looking: it is taken once ready again
             time.sleep(d.stream.poll_seconds)  # (begun, it stays current: tried again, then checked)
             return False
@@ -298,8 +292,8 @@ class StreamTrainer(Trainer):
         self._check_unchanged(name, [value.rows, value.file_id[0]])
         state.files[name] = value.file_id
         self._part_t0 = time.perf_counter()
-        if self._in_epoch == 0:
-            state.counters_at_start = managed_counters(self._model)
+        if self.in_epoch == 0:
+            state.counters_at_start = t._task.managed_counters()
         if value.skipped and ctx.is_main:
             log.warning(
                 "data.stream: partition %s: %d bad row(s) skipped (data.on_bad_row: skip); the first: %s",
@@ -317,28 +311,30 @@ class StreamTrainer(Trainer):
     def _quarantine(self, name: str, error: str, file_id: list[int] | None) -> None:
         """Record ``name`` as malformed (every rank): the log, a ``quarantine`` line, the state
         (with its file, so a changed file is tried again), kept beside this step's checkpoint."""
+        t = self.trainer
         log.error("data.stream: partition %s is malformed and was quarantined (%s); training goes on", name, error)
         state = self.stream
         state.quarantined[name] = error
         if file_id is not None:
             state.files[name] = file_id
-        self._writer.write(split="quarantine", step=self._step, epoch=state.index, partition=name, error=error)
+        t._recorder.write(split="quarantine", step=t.step, epoch=state.index, partition=name, error=error)
         self._record_between()
 
     def _record_between(self) -> None:
         """Keep the state (a quarantine, an empty partition: no training step) with the
         checkpoint of this step, so a resume does not read those partitions again: beside the
         one saved (or resumed from) at this step, else in a new one."""
-        if not self.job.checkpoint.enabled:
+        t = self.trainer
+        if not t.job.checkpoint.enabled:
             return
-        if self._saved_step != self._step:
-            latest = broadcast_result(self._ctx, lambda: latest_checkpoint(self.run_dir))
-            if latest is None or run_dirs.checkpoint_step(latest) != self._step:
-                self._save_in_window()
+        if t._ckpt.saved_step != t.step:
+            latest = broadcast_result(t.ctx, lambda: latest_checkpoint(t.run_dir))
+            if latest is None or run_dirs.checkpoint_step(latest) != t.step:
+                t._save_in_window()
                 return
-            self._saved_step, self._saved_path = self._step, latest  # resumed from it, nothing trained since
-        if self._ctx.is_main:
-            record_between(self._saved_path, self._step, self.stream)
+            t._ckpt.saved_step, t._ckpt.saved_path = t.step, latest  # resumed from it, nothing trained since
+        if t.ctx.is_main:
+            record_between(t._ckpt.saved_path, t.step, self.stream)
 
     def _warn_changed(self, files: dict[str, list[int]]) -> None:
         """Rank 0: warn, once a run, about each trained partition whose file changed since."""
@@ -358,7 +354,8 @@ class StreamTrainer(Trainer):
 
     def _note(self, what: str, name: str, message: str, warn: bool = False) -> None:
         """Log ``message`` once a run for (``what``, ``name``) (rank 0)."""
-        if (what, name) in self._noted or not self._ctx.is_main:
+        t = self.trainer
+        if (what, name) in self._noted or not t.ctx.is_main:
             return
         self._noted.add((what, name))
         (log.warning if warn else log.info)(message)
@@ -367,10 +364,10 @@ class StreamTrainer(Trainer):
         """Refuse to go on inside partition ``name`` when its file changed since the checkpoint
         stopped in it (another row count or size: the batches done were of other rows)."""
         s = self.stream
-        if s.current_file is not None and self._in_epoch and list(s.current_file) != now:
+        if s.current_file is not None and self.in_epoch and list(s.current_file) != now:
             raise DataError(
                 f"data.stream: partition {name} changed since the checkpoint stopped inside it after "
-                f"{self._in_epoch} global batches: it held {s.current_file[0]} rows ({s.current_file[1]} bytes), "
+                f"{self.in_epoch} global batches: it held {s.current_file[0]} rows ({s.current_file[1]} bytes), "
                 f"now {now[0]} rows ({now[1]} bytes); put its original file back and resume, or resume from a "
                 "checkpoint saved before it (--resume CHECKPOINT_DIR); a landed partition must not change"
             )
@@ -378,62 +375,62 @@ class StreamTrainer(Trainer):
 
     def _score_partition(self) -> dict:
         """Progressive validation: the model's metrics on the partition before it trains on it."""
+        t = self.trainer
         s = self.stream
-        if self._in_epoch == 0:  # its training batches' reader starts now: the first ones are read while it scores
-            self._loaders.train.set_epoch(self.epoch)
-            self._early_batches = self._loaders.train.iter_from(0)
-        eval_bs = self.job.eval.batch_size or self.job.train.batch_size
-        metrics = self.evaluate(
-            self._loaders.train.reopen(shuffle=False, remainder="pad", scale_losses=False, batch_size=eval_bs)
+        if self.in_epoch == 0:  # its training batches' reader starts now: the first ones are read while it scores
+            self.loaders.train.set_epoch(self.epoch)
+            self.early_batches = self.loaders.train.iter_from(0)
+        eval_bs = t.job.eval.batch_size or t.job.train.batch_size
+        metrics = t.evaluate(
+            self.loaders.train.reopen(shuffle=False, remainder="pad", scale_losses=False, batch_size=eval_bs)
         )
-        managed = managed_metrics(self._model, "validation")
-        self._writer.write(
-            split="validation", step=self._step, epoch=s.index, partition=s.current, **metrics, **managed
-        )
+        managed = t._task.managed_metrics("validation")
+        t._recorder.write(split="validation", step=t.step, epoch=s.index, partition=s.current, **metrics, **managed)
         s.validated = True
-        maybe_fault("scored", self._step, self._ctx.rank)
-        self._last_val = (self._step, metrics)
-        for callback in self._callbacks:
-            callback.on_validation_end(self, self._step, metrics)
+        maybe_fault("scored", t.step, t.ctx.rank)
+        t._last_val = (t.step, metrics)
+        for callback in t._callbacks:
+            callback.on_validation_end(t, t.step, metrics)
         return metrics
 
     def _finish_partition(self) -> None:
+        t = self.trainer
         s, part = self.stream, self._partition
         name = s.current
-        self._writer.write(
+        t._recorder.write(
             split="partition",
-            step=self._step,
+            step=t.step,
             epoch=s.index,
             partition=name,
             rows=part.rows,
             skipped=part.skipped,
-            steps=len(self._loaders.train) if self._loaders.train is not None else 0,
+            steps=len(self.loaders.train) if self.loaders.train is not None else 0,
             seconds=round(time.perf_counter() - self._part_t0, 3),
-            **_counter_change(s.counters_at_start, managed_counters(self._model)),
+            **_counter_change(s.counters_at_start, t._task.managed_counters()),
         )
         s.consumed.append(name)
         if part.skipped:
             s.skipped[name] = part.skipped
-        s.current, s.validated, self._in_epoch, s.current_file = None, False, 0, None
-        if self._ctx.is_main:
+        s.current, s.validated, self.in_epoch, s.current_file = None, False, 0, None
+        if t.ctx.is_main:
             self._idle_since = time.monotonic()
         if part.rows == 0:  # nothing trained: no new checkpoint (the state is kept beside this step's)
             self._record_between()
             checkpoint = None
         else:
-            if self.job.checkpoint.enabled and self._saved_step != self._step:
-                self._save_in_window()
-            checkpoint = self._saved_path if self._saved_step == self._step else None
+            if t.job.checkpoint.enabled and t._ckpt.saved_step != t.step:
+                t._save_in_window()
+            checkpoint = t._ckpt.saved_path if t._ckpt.saved_step == t.step else None
         entry = part.prepared.directory if part.prepared is not None else None
-        if self._ctx.is_main and checkpoint is not None and entry is not None:  # recorded as trained: never read again
+        if t.ctx.is_main and checkpoint is not None and entry is not None:  # recorded as trained: never read again
             shutil.rmtree(entry, ignore_errors=True)
             entry.with_name(f"{entry.name}.lock").unlink(missing_ok=True)
-        for callback in self._callbacks:
-            callback.on_partition_end(self, name, checkpoint)
+        for callback in t._callbacks:
+            callback.on_partition_end(t, name, checkpoint)
 
     @contextmanager
-    def _sigterm_stops(self):
-        """SIGTERM sets a flag that :meth:`_should_stop` acts on (in the main thread only)."""
+    def stop_signals(self):
+        """SIGTERM sets a flag that :meth:`should_stop` acts on (in the main thread only)."""
         if threading.current_thread() is not threading.main_thread():
             yield
             return
@@ -446,6 +443,32 @@ class StreamTrainer(Trainer):
             yield
         finally:
             signal.signal(signal.SIGTERM, old)
+
+
+class StreamTrainer(Trainer):
+    """A :class:`~recsys_dist.train.trainer.Trainer` over ``data.stream``: same arguments,
+    same model, sharding, checkpoints and metrics; :meth:`fit` trains on partitions as they
+    land (its data source is :class:`StreamData`) instead of epochs over ``data.raw_path``.
+    ``recsys-dist train`` uses it when the config has ``data.stream``. Every rank builds one and
+    calls :meth:`fit` (collective), which returns a ``StreamSummary`` (:meth:`StreamData.run`).
+
+    Callbacks also get ``on_partition_end`` after each partition and ``on_resume`` after a
+    resume, before training (``PublishCallback`` publishes the resumed checkpoint when a kill
+    cut its publish short).
+
+    Attributes (besides the Trainer's):
+        stream: the :class:`StreamState` (partitions consumed, quarantined, the current one).
+
+    Raises:
+        ConfigError: as the Trainer; a resume mid-partition with another global batch; no ``data.stream``.
+        CheckpointError: ``resume`` names a checkpoint of a run that was not a stream.
+    """
+
+    source_type = StreamData
+
+    @property
+    def stream(self) -> StreamState:
+        return self._source.stream
 
 
 def _when(mtime_ns: int) -> str:

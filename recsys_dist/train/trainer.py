@@ -1,46 +1,36 @@
-"""The training job one rank runs: data, sharded model, pipelined loop, evaluation.
+"""The training job one rank runs: one :class:`Trainer` composed of its parts.
 
-:class:`Trainer` is the public entry point (``recsys_dist.Trainer``); :func:`train` is the
-command line's one call over it. Hybrid parallelism: embedding tables are sharded by
-TorchRec's planner and DistributedModelParallel (DMP); the dense tower is data-parallel
-(DDP inside DMP). ``TrainPipelineSparseDist`` overlaps the input_dist all-to-all of batch
-i+1 with the forward/backward of batch i. Evaluation lives in ``recsys_dist.train.evaluation``,
-``metrics.jsonl`` in ``recsys_dist.train.metrics_writer``, run-directory rules in
-``recsys_dist.checkpoint.run_dir``.
+``recsys_dist.Trainer`` is the public entry point. Embedding tables are sharded by TorchRec's
+planner and DistributedModelParallel; the dense tower is data-parallel. The Trainer builds three
+parts and runs the step loop between them: a data source (``train.data_source``: ``EpochData``
+over the converted splits, or ``train.stream.StreamData`` over landing partitions: batches,
+position, what a checkpoint records of it), a step runner (``train.steps``: the pipelined step,
+the LR schedule) and a recorder (``train.recorder``: ``metrics.jsonl``, progress bar, summary);
+its checkpoints go through ``train.checkpointing``, its process group through ``train.lease``.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Self
+from typing import Self
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torchrec.distributed import DistributedModelParallel
 from torchrec.optim.keyed import CombinedOptimizer
 
 from recsys_dist.checkpoint import run_dir as run_dirs
-from recsys_dist.checkpoint.dcp import save_checkpoint
+from recsys_dist.checkpoint.dcp import latest_checkpoint
 from recsys_dist.checkpoint.meta import read_meta
 from recsys_dist.config.base import ConfigError
 from recsys_dist.data.loader import ParquetBatchLoader
-from recsys_dist.distributed.env import (
-    DistContext,
-    broadcast_result,
-    check_reusable,
-    init_distributed,
-    note_failure,
-)
+from recsys_dist.distributed.env import DistContext, broadcast_result
 from recsys_dist.distributed.optim import dense_torch_optimizer
 from recsys_dist.distributed.plan_io import plan_summary
 from recsys_dist.distributed.rules import comms_problems
-from recsys_dist.models.managed import managed_metrics
-from recsys_dist.models.registry import get_model
-from recsys_dist.train.best_weights import MemoryCopy
+from recsys_dist.faults import maybe_fault
 from recsys_dist.train.build import (
     DenseOptimizerFactory,
     Loaders,
@@ -50,56 +40,30 @@ from recsys_dist.train.build import (
     check_callbacks,
     check_given_once,
     check_lr_scheduler,
-    make_loaders,
-    progress_bar,
+    keeps_best,
+    model_for_run,
     require_ranks,
-    shard_model,
     write_plan,
 )
+from recsys_dist.train.callbacks import Callback, HookTrainer
+from recsys_dist.train.checkpointing import Checkpointer
+from recsys_dist.train.data_source import DataSource, EpochData
 from recsys_dist.train.evaluation import evaluate, predict
 from recsys_dist.train.job import Job
-from recsys_dist.train.loop import TrainLoop
-from recsys_dist.train.metrics_writer import MetricsWriter
-from recsys_dist.train.observe import PhaseClock, TraceWriter
-from recsys_dist.train.pipelines import TrainPipeline, pipeline_problems
+from recsys_dist.train.lease import RunLease
+from recsys_dist.train.observe import PhaseClock
+from recsys_dist.train.pipelines import pipeline_problems
+from recsys_dist.train.recorder import RunRecorder
 from recsys_dist.train.results import FitSummary
-from recsys_dist.train.schedule import LRSchedule
-from recsys_dist.train.summary import ledger_line
+from recsys_dist.train.steps import StepRunner
+from recsys_dist.train.summary import divergence_error, ledger_line
 
 log = logging.getLogger("recsys_dist")
-# A hook's trainer: Any, so that a user's hook may annotate the public recsys_dist.Trainer (a subclass)
-HookTrainer = Any
+__all__ = ["Callback", "HookTrainer", "Trainer"]
 _TRAINERS_MADE = 0  # a process's first Trainer counts its startup from the process's start
 
 
-class Callback:
-    """Hooks the :class:`Trainer` calls (``Trainer(callbacks=[...])``: subclass it and override what you need) on every rank, in the order of its
-    ``callbacks`` list. They run inside the training loop: a collective in one must run on every
-    rank (the Trainer calls each hook on every rank at the same point); an exception stops the run."""
-
-    def on_step_end(self, trainer: HookTrainer, step: int, loss: torch.Tensor) -> None:
-        """After optimizer step ``step`` (global, from 1; ``trainer.step`` equals it).
-
-        ``loss``: this rank's training loss of the step, detached, times the batch's
-        ``loss_scale`` (float32 scalar; ``[1 + T]`` with several tasks: the total, then each
-        task's). Reading its value (``float(loss)``) waits for the step to finish; the
-        global mean is in ``metrics.jsonl`` every ``train.log_every_n_steps``."""
-
-    def on_validation_end(self, trainer: HookTrainer, step: int, metrics: dict[str, float]) -> None:
-        """After each validation (every epoch's end and every ``eval.every_n_steps``), with the
-        global metrics written to ``metrics.jsonl`` (the same dict on every rank)."""
-
-    def on_checkpoint(self, trainer: HookTrainer, step: int, path: Path) -> None:
-        """After the checkpoint of ``step`` was written, complete, to ``path`` (on every rank)."""
-
-    def on_resume(self, trainer: HookTrainer, step: int, checkpoint: Path) -> None:
-        """At ``fit``'s start in a run resumed from ``checkpoint`` (to finish what a kill cut short)."""
-
-    def on_partition_end(self, trainer: HookTrainer, partition: str, checkpoint: Path | None) -> None:
-        """A ``StreamTrainer`` trained ``partition``, then saved ``checkpoint`` (None: checkpoints off)."""
-
-
-class Trainer(TrainLoop):
+class Trainer:
     """One rank's training job: data, sharded model, pipelined loop, evaluation, checkpoints.
 
     Every rank of the job builds one ``Trainer`` with the same config and run directory and
@@ -197,6 +161,8 @@ class Trainer(TrainLoop):
         DataError: the data cannot be converted or read.
     """
 
+    source_type: type[DataSource] = EpochData  # what it trains on (StreamTrainer: StreamData)
+
     def __init__(
         self,
         job: Job,
@@ -222,15 +188,10 @@ class Trainer(TrainLoop):
         self.job, self.run_dir = job, Path(run_dir)
         self._user_model, self._dense_factory, self._scheduler_factory = model, dense_optimizer, lr_scheduler
         self._callbacks = list(callbacks)
-        self._lr_scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
         self._resume_on_new_data = resume_on_new_data
-        self._owns_group = not dist.is_initialized()
-        self._closed = self._failed = False
-        self._bar = self._writer = self._tracer = self._lock = None
-        self._ctx = init_distributed(job.distributed)
-        self._group = dist.group.WORLD  # the group this Trainer trains on (it may outlive it)
-        if not self._owns_group and check_reusable(self._ctx.rank, self._ctx.world_size):
-            self._owns_group = True  # left open by a Trainer that failed on every rank: now ours to close
+        self._recorder = self._runner = None
+        self._lease = RunLease(job.distributed)  # the process group (made if none) and the run directory
+        self._ctx = self._lease.ctx
         # Wall-time split for summary.json: everything up to here (imports, the process group) is startup.
         global _TRAINERS_MADE
         self._clock = PhaseClock.for_run(first_in_process=_TRAINERS_MADE == 0)
@@ -238,7 +199,7 @@ class Trainer(TrainLoop):
         try:
             self._setup(resume, Path(profile_dir) if profile_dir is not None else None)
         except BaseException:
-            self._failed = True
+            self._lease.failed = True
             self.close()
             raise
 
@@ -250,7 +211,7 @@ class Trainer(TrainLoop):
         problems += comms_problems(job.sharding.comms, ctx.device.type, ctx.world_size)
         if problems:
             raise ConfigError("invalid config:\n  " + "\n  ".join(problems))
-        self._take_run_dir()
+        self._lease.take_run_dir(self.run_dir)
         torch.manual_seed(job.train.seed)
         if job.train.deterministic:
             torch.use_deterministic_algorithms(True)
@@ -261,128 +222,49 @@ class Trainer(TrainLoop):
         )
         if resume == "auto" and checkpoint is None:
             log.warning("resume='auto': no complete checkpoint in %s yet; starting from scratch", self.run_dir)
-        self._setup_data(checkpoint)
+        self._source = self.source_type(self)
+        self.job = self._source.setup(checkpoint)
         self._setup_model()
         self._setup_loop(checkpoint, profile_dir)
         if checkpoint is not None:
             with self._clock.phase("checkpoint"):
                 self._restore(checkpoint)
-                self._replay_lr_scheduler()
+                self._runner.replay_lr_scheduler(self._step)
             self.resumed_at_step = self._step
-        self._start_metrics()
-
-    def _setup_data(self, checkpoint: Path | None) -> None:
-        """The loaders, the training data's identity and where the run starts and ends."""
-        job, ctx = self.job, self._ctx
-        if job.data.stream is not None:
-            raise ConfigError(
-                "data.stream: a run over landing partitions is a recsys_dist.StreamTrainer (recsys-dist train "
-                "picks it); the Trainer trains epochs over data.raw_path"
-            )
-        with self._clock.phase("data"):
-            self._loaders = make_loaders(self.job, ctx)  # converts the data; decides the table sizes
-        self.job = self.job.with_data(self._loaders.prepared)
-        # The training split's identity, recorded in each checkpoint; a resume on another one
-        # is refused unless resume_on_new_data (then its epoch starts again: resume_position).
-        conversion = self._loaders.conversion
-        self._data = broadcast_result(
-            ctx, lambda: run_dirs.data_identity(conversion, job.data.raw_path) if conversion is not None else None
-        )
-        meta = read_meta(checkpoint) if checkpoint is not None else None
-        flag = "resume_on_new_data=True (on the command line --resume-on-new-data)"
-        self._new_data = meta is not None and run_dirs.check_same_data(
-            checkpoint, meta, self._data, self._resume_on_new_data, flag
-        )
-        per_epoch = len(self._loaders.train)
-        self._global_batch = job.train.batch_size * ctx.world_size  # a checkpoint's position is in its own
-        self._resume_epoch, self._step_offset = (
-            run_dirs.resume_position(meta, per_epoch, self._new_data, self._global_batch)
-            if meta is not None
-            else (0, 0)
-        )
-        self.total_steps = run_dirs.total_steps(job.train, per_epoch, self._step_offset)
-        # A resumed run replaces config.yaml only when there is something left to train.
-        done = checkpoint is not None and run_dirs.checkpoint_step(checkpoint) >= self.total_steps
-        broadcast_result(ctx, lambda: run_dirs.write_config(job.to_dict(), self.run_dir, write=not done))
-        log.info(
-            "data ready: %d train / %d validation / %d test rows, %d steps per epoch",
-            self._loaders.train.num_rows,
-            self._loaders.validation.num_rows,
-            self._loaders.test.num_rows,
-            len(self._loaders.train),
-        )
+        ledger = lambda: ledger_line(self.job, self._model, self._ctx.world_size)  # noqa: E731
+        # the resumed step's lines written again: a stream's (config.yaml written first)
+        self._recorder.start(self._step, self.epoch, ledger, self._source.stale_lines())
 
     def _setup_model(self) -> None:
         """The sharded model and its optimizer (and a user LR scheduler); plan.txt / plan.json."""
         job, ctx = self.job, self._ctx
-        self.spec = self.job.features.on(torch.device("meta"), ctx.device)
-        # The model's own data (two_tower: the item corpus and evaluated users), read once on
-        # rank 0, then its FeatureSpec given that data (two_tower: the logQ item counts).
-        self._model_hooks = self.job.model_spec or get_model(job.model.name)
-        self._model_data = None
-        if self._model_hooks.read_data is not None:
-            loaders, read = self._loaders, self._model_hooks.read_data
-            paths = {s: [str(f) for f in getattr(loaders, s).files] for s in ("train", "validation", "test")}
-            self._model_data = broadcast_result(ctx, lambda: read(job, paths))
-        if self._model_hooks.on_data is not None:
-            self.spec = self._model_hooks.on_data(self.spec, self._model_data)
-        self._model, self._optimizer, plan_text = shard_model(
-            self.job, ctx, self.spec, self._clock, self._user_model, self._dense_factory
+        self.spec, self._model_hooks, self._model_data, self._model, self._optimizer, plan_text = model_for_run(
+            job, ctx, self.loaders, self._clock, self._user_model, self._dense_factory
         )
+        self._task = self._model.module  # the CTRTask: its hooks (managed-collision metrics)
+        lr_scheduler = None
         if self._scheduler_factory is not None:
-            self._lr_scheduler = check_lr_scheduler(self._scheduler_factory(dense_torch_optimizer(self._optimizer)))
+            lr_scheduler = check_lr_scheduler(self._scheduler_factory(dense_torch_optimizer(self._optimizer)))
+        self._runner = StepRunner(self._model, self._optimizer, ctx.device, job.train, lr_scheduler)
         log.info("sharded: %s", ", ".join(sorted({r["sharding_type"] for r in plan_summary(self._model.plan)})))
         if ctx.is_main:
             write_plan(self.run_dir, self._model.plan, self.spec, plan_text)
 
     def _setup_loop(self, checkpoint: Path | None, profile_dir: Path | None) -> None:
-        """The training loop's state at step 0 (a resume then restores it), its writers and bar."""
-        job, ctx = self.job, self._ctx
+        """The training loop's state at step 0 (a resume then restores it) and its recorder."""
+        job, ctx, source = self.job, self._ctx, self._source
         resume_step = run_dirs.checkpoint_step(checkpoint) if checkpoint is not None else None
-        self._writer = MetricsWriter(self.run_dir / "metrics.jsonl", ctx.is_main, ctx.world_size, resume_step)
-        self._tracer = TraceWriter(profile_dir, ctx.rank)
-        t = job.train
-        self._schedule = LRSchedule(t.warmup_steps, t.decay_start_step, t.decay_steps)
-        self._base_lrs = [g["lr"] for g in self._optimizer.param_groups]
-        self._pipe: TrainPipeline | None = None
-        self._pipe_drained = False  # the last epoch's pipeline ran its iterator dry (it may be reused)
-        self._step = self.epoch = self.rows_trained = 0
-        self._next_epoch = self._first_epoch = self._in_epoch = 0
-        self.train_seconds = 0.0
-        self._losses: list = []
-        self._real_rows: list = []
-        self._window_seconds = 0.0  # seconds of the logging window before a resume (a stream's)
-        self._early_batches = None  # the next epoch's batches, opened during this epoch's validation
+        self._recorder = RunRecorder(
+            self.run_dir, ctx, resume_step, source.total_steps, job.train.progress_bar, profile_dir
+        )
+        self._step = 0
         self._last_val: tuple[int, dict] | None = None  # (step, metrics) of the latest validation
-        self._saved_step: int | None = None  # the step of the checkpoint written last
-        self._saved_path: Path | None = None  # and its directory
-        self._weights_step: int | None = None  # restore_best: the step of the weights held, if not the last
-        self._stale_line = None  # metrics lines of the resumed step to write again (StreamTrainer)
-        per_epoch = len(self._loaders.train) if self._loaders.train is not None else 1  # a stream: no epochs
-        self.best = best_tracker(job, per_epoch, self._global_batch)
-        es = t.early_stopping  # restore_best without checkpoints: the best weights kept in memory
-        self._memory_best = MemoryCopy() if es and es.restore_best and not job.checkpoint.enabled else None
-        self._t0 = time.perf_counter()
-        self._bar = progress_bar(self.total_steps, ctx.is_main and t.progress_bar)
+        self.best = best_tracker(job, source.steps_per_epoch or 1, source.global_batch)
+        es = job.train.early_stopping  # restore_best without checkpoints: the best weights kept in memory
+        in_memory = bool(es and es.restore_best and not job.checkpoint.enabled)
+        self._ckpt = Checkpointer(self.run_dir, ctx, self._clock, self._model, self._optimizer, in_memory)
         self.resumed_from = checkpoint
         self.resumed_at_step = None
-
-    def _start_metrics(self) -> None:
-        ctx = self._ctx
-        # Lines past the step this run starts from (all of them when it starts from scratch)
-        # are written again: each (split, step) once, whatever restarted the run.
-        broadcast_result(ctx, lambda: self._writer.start(self._step, self._stale_line))
-        # The bytes one step moves (recsys_dist.distributed.ledger): written when it differs from the
-        # run's last ledger line (a first start, or a resume on another plan or world size),
-        # so a resumed run leaves the same lines as an uninterrupted one.
-        ledger = ledger_line(self.job, self._model, ctx.world_size)
-
-        def ledger_changed() -> bool:
-            last = self._writer.last("ledger")
-            return last is None or {k: last.get(k) for k in ledger} != ledger
-
-        if broadcast_result(ctx, ledger_changed):
-            self._writer.write(split="ledger", step=self._step, epoch=self.epoch, **ledger)
 
     # ------------------------------------------------------------------ what users read
 
@@ -405,7 +287,7 @@ class Trainer(TrainLoop):
     @property
     def loaders(self) -> Loaders:
         """This rank's ``train`` (shuffled), ``validation`` and ``test`` loaders."""
-        return self._loaders
+        return self._source.loaders
 
     @property
     def clock(self) -> PhaseClock:
@@ -417,16 +299,33 @@ class Trainer(TrainLoop):
         """Optimizer steps taken so far (global: the same on every rank)."""
         return self._step
 
+    @property
+    def epoch(self) -> int:
+        return self._source.epoch
+
+    @property
+    def total_steps(self) -> int | None:
+        return self._source.total_steps
+
+    @property
+    def rows_trained(self) -> int:
+        return self._recorder.rows_trained
+
+    @property
+    def train_seconds(self) -> float:
+        return self._recorder.train_seconds
+
     # ------------------------------------------------------------------ the job
 
-    def fit(self) -> FitSummary:
+    def fit(self) -> FitSummary:  # a StreamTrainer's: a StreamSummary
         """Train ``train.epochs`` epochs (capped by ``train.max_steps``, and stopped early by
         ``train.early_stopping``), scoring the validation split after each one (and every
         ``eval.every_n_steps``; once at a step that is both), put back the best validation
         weights (``train.early_stopping.restore_best``, the default with early stopping), then
         score the test split, save the final checkpoint (when ``checkpoint.enabled``; it holds
         the weights scored, at the last step's position) and write ``summary.json``.
-        Collective: every rank must call it.
+        Collective: every rank must call it. (A ``StreamTrainer`` trains the partitions of
+        ``data.stream`` as they land instead: ``recsys_dist.train.stream.StreamData.run``.)
 
         Returns:
             The summary, as in ``summary.json``: ``run_dir``, ``world_size``, ``steps``,
@@ -447,28 +346,15 @@ class Trainer(TrainLoop):
                 first non-finite parameter and the last good checkpoint).
             CheckpointError: a checkpoint could not be written (on every rank).
         """
-        with self._collective():
-            if self.resumed_from is not None and self._done():  # report it, change nothing
+        with self._lease.collective(), self._source.stop_signals():
+            if self.resumed_from is not None and self._source.nothing_left(self._step):  # report it, change nothing
                 log.warning(
                     "checkpoint %s is already at the last step (%d); nothing to train", self.resumed_from, self._step
                 )
                 return run_dirs.noop_summary(self.run_dir, self.resumed_from, self._step)
-            last_val: dict = {}
             for callback in self._callbacks if self.resumed_from is not None else ():
                 callback.on_resume(self, self._step, self.resumed_from)
-            while self._next_epoch < self.job.train.epochs and not self._done():
-                last_val = self.train_epoch() or last_val
-            self._tracer.close()
-            self._bar.close()
-            weights_step, last_val = self._restore_best(last_val)  # train.early_stopping.restore_best
-            test = self.evaluate("test")
-            managed = managed_metrics(self._model, "test")
-            # step: the training position; weights_step: whose weights were scored (restore_best).
-            self._writer.write(
-                split="test", step=self._step, weights_step=weights_step, epoch=self.epoch, **test, **managed
-            )
-            checkpoint = self.save_checkpoint() if self.job.checkpoint.enabled else None
-            return self._write_summary(last_val, test, checkpoint, weights_step)
+            return self._source.run()
 
     def train_epoch(self) -> dict:
         """Train the next epoch (its rest, when resumed mid-epoch; nothing past
@@ -477,11 +363,8 @@ class Trainer(TrainLoop):
         Returns:
             The validation metrics (as :meth:`evaluate`), also written to ``metrics.jsonl``.
         """
-        with self._collective(), self._clock.phase("train"):  # its validation counts as eval
-            self.epoch = self._next_epoch
-            metrics = self._run_epoch()
-            self._next_epoch += 1
-            return metrics
+        with self._lease.collective(), self._clock.phase("train"):  # its validation counts as eval
+            return self._source.train_epoch()
 
     def evaluate(self, split: str | ParquetBatchLoader = "validation") -> dict[str, float]:
         """Global metrics of the model on ``"validation"``, ``"test"`` or ``"train"`` (every
@@ -504,13 +387,13 @@ class Trainer(TrainLoop):
         Raises:
             ValueError: an unknown split name.
         """
-        with self._collective(), self._clock.phase("eval"):
+        with self._lease.collective(), self._clock.phase("eval"):
             self._detach_pipeline()
             c = self.job.eval
             names, kinds = self.job.features.tasks, self.job.features.task_kinds
             metrics = evaluate(
                 self._model,
-                self._loader(split),
+                self._source.loader(split),
                 self._ctx.device,
                 c.auc_buckets,
                 c.group_feature,
@@ -533,9 +416,9 @@ class Trainer(TrainLoop):
         Raises:
             ValueError: an unknown split name, or a shuffled loader.
         """
-        with self._collective(), self._clock.phase("eval"):
+        with self._lease.collective(), self._clock.phase("eval"):
             self._detach_pipeline()
-            return predict(self._model, self._loader(split), self._ctx.device)
+            return predict(self._model, self._source.loader(split), self._ctx.device)
 
     def save_checkpoint(self, best: bool = False) -> Path:
         """Write a sharded checkpoint of the current step (weights, optimizer state, RNG,
@@ -550,13 +433,8 @@ class Trainer(TrainLoop):
             CheckpointError: on every rank, when any rank cannot write; the previous
                 checkpoint is left as it was.
         """
-        with self._collective(), self._clock.phase("checkpoint"):
-            meta = self._checkpoint_meta()
-            c = self.job.checkpoint
-            path = save_checkpoint(self._ctx, self.run_dir, self._step, self._state(), meta, c.keep, best=best)
-            self._saved_step, self._saved_path = self._step, path
-            if self._ctx.is_main:
-                self._pin_preprocessing(path)
+        with self._lease.collective(), self._clock.phase("checkpoint"):
+            path = self._ckpt.save(self._step, self._checkpoint_meta(), self.job, self.loaders, best=best)
         for callback in self._callbacks:
             callback.on_checkpoint(self, self._step, path)
         return path
@@ -569,31 +447,143 @@ class Trainer(TrainLoop):
         collective): a one-rank group is destroyed, a larger one is left to the end of the
         process (the launcher ends the peers).
         """
-        if self._closed:
+        if self._lease.closed:
             return
-        self._closed = True
-        for part in (self._bar, self._tracer, self._writer):
-            if part is not None:
-                part.close()
-        if self._lock is not None:
-            self._lock.release()
-        if not dist.is_initialized() or dist.group.WORLD is not self._group:
-            return  # already destroyed (a group made since then belongs to someone else)
-        if self._failed and self._ctx.world_size > 1:
-            note_failure(self._ctx.rank)  # what a next Trainer in these ranks checks (check_reusable)
-        if not self._owns_group:
-            return
-        if not self._failed:
-            # Every rank leaves its last collective before any rank tears down gloo; a rank that
-            # exited while a peer still had work queued made the peer abort.
-            dist.barrier()
-        if not self._failed or self._ctx.world_size == 1:
-            dist.destroy_process_group()
+        self._lease.closed = True
+        if self._recorder is not None:
+            self._recorder.close()
+        self._lease.release()
 
     def __enter__(self) -> Self:  # a StreamTrainer's is a StreamTrainer
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
         if exc_type is not None:
-            self._failed = True
+            self._lease.failed = True
         self.close()
+
+    # ------------------------------------------------------------------ the loop
+
+    def _done(self) -> bool:
+        return self._source.done(self._step)
+
+    def _train_steps(self, start: int) -> None:
+        """Train the source's batches of the current epoch / partition from its global batch
+        ``start`` to its end, ``total_steps`` or a stop; checkpoints by cadence on the way."""
+        job, ctx, source, rec, runner = self.job, self._ctx, self._source, self._recorder, self._runner
+        runner.start(self._step)
+        self._ckpt.weights_step = None  # trained on: the weights are the step's own again
+        batches = source.batches(start)
+        rec.open_window()
+        while not self._done():
+            rec.tracer.before(self._step + 1)
+            out = runner.progress(batches, self._step)
+            if out is None:
+                break
+            self._step += 1
+            source.in_epoch += 1
+            maybe_fault("step", self._step, ctx.rank)
+            rec.tracer.after(self._step)
+            rec.add_loss(out[0].detach())
+            runner.after_step()
+            for callback in self._callbacks:
+                callback.on_step_end(self, self._step, out[0].detach())
+            rec.add_rows(out[3])
+            if self._step % job.train.log_every_n_steps == 0:
+                self._log_train()
+            if source.should_stop(self._step):
+                break
+            if source.in_epoch >= len(source.loaders.train) or self._done():
+                # The epoch's (or run's) last step: validated, then checkpointed, after the loop.
+                continue
+            if job.eval.every_n_steps and self._step % job.eval.every_n_steps == 0:
+                source.validate()  # detaches the pipeline (evaluate); its next progress re-attaches
+                if self._done():  # early stopping: every rank decides alike (global metrics)
+                    break
+                rec.restart_clock()
+            if self._checkpoint_due():
+                self._save_in_window()
+            if self._ckpt.saved_step == self._step and runner.restarts_at_checkpoint:
+                # A checkpoint (by cadence or a new best) mid-epoch: see recsys_dist.train.pipelines.
+                runner.restart(self._step)
+                batches = source.loaders.train.iter_from(source.in_epoch)
+                rec.restart_clock()
+        if rec.losses and not source.keeps_window():
+            self._log_train()
+        runner.pipe.detach()
+
+    def _log_train(self) -> None:
+        """Global mean loss and samples/s since the last train line; one all_reduce."""
+
+        def fields() -> dict:
+            return {**self._runner.log_fields(self._step), **self._task.managed_metrics("train")}
+
+        def diverged() -> None:
+            raise divergence_error(self._recorder.losses, self._step, self._model, latest_checkpoint(self.run_dir))
+
+        self._recorder.log_train(self._step, self.epoch, self.job.features.tasks, fields, diverged)
+
+    def _checkpoint_due(self) -> bool:
+        return self._ckpt.due(self.job.checkpoint, self._step, self._done())
+
+    def _save_in_window(self, best: bool = False) -> None:
+        if self._recorder.losses:  # close the logging window here, so a resumed run logs the same lines
+            self._log_train()
+        self.save_checkpoint(best=best)
+        self._recorder.restart_clock()
+
+    def _detach_pipeline(self) -> None:
+        if self._runner is not None:
+            self._runner.detach()
+
+    # ------------------------------------------------------------------ checkpoints and the end
+
+    def _checkpoint_meta(self) -> dict:
+        """What a checkpoint's meta.json records besides its tensors: position, plan, config, data."""
+        source = self._source
+        meta = {
+            "step": self._step,
+            "epoch": self.epoch,
+            "batches_in_epoch": source.in_epoch,
+            "rows_trained": self.rows_trained,
+            "train_seconds": self.train_seconds,
+            "world_size": self._ctx.world_size,
+            "plan": plan_summary(self._model.plan),
+            "config": self.job.to_dict(),
+            "num_embeddings": self.loaders.num_embeddings,
+            "early_stopping": self.best.state() if self.best is not None else None,
+            # Not the step's own after restore_best put back the best validation's weights.
+            "weights_step": self._step if self._ckpt.weights_step is None else self._ckpt.weights_step,
+            # The training data (recsys_dist.checkpoint.run_dir.check_same_data) and where its epochs start.
+            "data": source.data,
+            "steps_per_epoch": source.steps_per_epoch,
+            "step_offset": source.step_offset,
+        }
+        if self._user_model is not None:  # config.model names no model: export/load_model refuse it
+            meta["user_model"] = True
+        return {**meta, **source.checkpoint_meta()}
+
+    def _restore(self, path: Path) -> None:
+        """Continue from a checkpoint: weights, optimizer state, RNG and the data position."""
+        meta = read_meta(path)
+        source, rec = self._source, self._recorder
+        self._ckpt.load(path, meta, self.job, source.global_batch, self.loaders.num_embeddings, self._user_model)
+        self._step = meta["step"]
+        rec.rows_trained, rec.train_seconds = meta["rows_trained"], meta["train_seconds"]
+        if self.best is not None:
+            self.best.load(meta.get("early_stopping"))
+        if meta.get("weights_step", self._step) != self._step and not self._done() and self._ctx.is_main:
+            self._ckpt.warn_weights(path, meta)
+        self._source.restore_position(path, meta)
+        self._recorder.bar.update(self._step)
+
+    def _write_summary(
+        self, validation: dict, test: dict, checkpoint: Path | None, weights_step: int | None = None, **extra
+    ) -> dict:
+        """The run's summary (``recsys_dist.train.summary.run_summary`` and ``extra``), written to
+        ``summary.json`` by rank 0; returned on every rank. ``weights_step``: the step whose
+        weights were scored (default: the last)."""
+        rest = (self.best, keeps_best(self.job), self._clock.split(), weights_step)
+        summary = self._recorder.summary(self._step, self.resumed_at_step, validation, test, checkpoint, *rest)
+        summary.update(extra)
+        return self._recorder.write_summary(summary)

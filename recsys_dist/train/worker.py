@@ -249,7 +249,7 @@ def nothing_to_train(job: Job, resume: Path, run_dir: Path, resume_on_new_data: 
     identity = run_dirs.data_identity(prepared.directory, job.data.raw_path)
     new_data = run_dirs.check_same_data(resume, meta, identity, resume_on_new_data, "--resume-on-new-data")
     offset = run_dirs.resume_position(meta, per_epoch, new_data, job.train.batch_size * n)[1]
-    total = run_dirs.total_steps(job.train, per_epoch, offset)
+    total = job.train.total_steps(per_epoch, offset)
     step = run_dirs.checkpoint_step(resume)
     return run_dirs.nothing_to_train(run_dir, resume, step, total) if step >= total else None
 

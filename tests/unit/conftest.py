@@ -79,14 +79,17 @@ def _install(item, violations: list[str]) -> list:
             violations.append(message)
             raise UnitTierViolation(message)
 
-        saved.append((owner, attr, original))
+        saved.append((owner, attr, original if attr in vars(owner) else None))  # None: inherited
         setattr(owner, attr, refuse)
     return saved
 
 
 def _uninstall(saved: list) -> None:
     for owner, attr, original in reversed(saved):
-        setattr(owner, attr, original)
+        if original is None:  # inherited (StreamTrainer.fit is Trainer.fit): the subclass gets its parent's back
+            delattr(owner, attr)
+        else:
+            setattr(owner, attr, original)
 
 
 def _guarded(item):

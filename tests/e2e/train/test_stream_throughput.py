@@ -12,7 +12,7 @@ import torchrec.distributed.train_pipeline.train_pipelines as torchrec_pipelines
 import recsys_dist
 from recsys_dist.serve import publish
 from recsys_dist.serve.publishing import PublishCallback
-from recsys_dist.train import loop
+from recsys_dist.train import steps
 from tests.unit.train.test_stream import CONFIG, NAMES, land, overrides
 
 
@@ -36,7 +36,7 @@ def test_one_pipeline_per_run_and_versions_published_from_memory(tmp_path, monke
     cfg = recsys_dist.load_config(
         CONFIG, [*overrides(landing), "distributed.nproc_per_node=1", "train.batch_size=64", "checkpoint.keep=20"]
     )
-    made = counted(monkeypatch, loop, "make_pipeline")
+    made = counted(monkeypatch, steps, "make_pipeline")
     traces = counted(monkeypatch, torchrec_pipelines, "_rewrite_model")
     loads = counted(monkeypatch, publish, "load")  # serve.export.load: a checkpoint's tensors read back
     with recsys_dist.StreamTrainer(cfg, run, callbacks=[PublishCallback(cfg.publish, run)]) as trainer:

@@ -196,5 +196,5 @@ def train_and_predict(rank: int, world_size: int, cache: str, config: str, run_d
             "test": trainer.evaluate("test"),
             "checkpoint": str(trainer.save_checkpoint()),
             # TrainPipelineSparseDist traced the forward and pipelined the collection.
-            "pipelined": [type(m).__name__ for m in trainer._pipe._pipelined_modules],
+            "pipelined": [type(m).__name__ for m in trainer._runner.pipe._pipelined_modules],
         }

@@ -18,7 +18,7 @@ from recsys_dist.data.loader import CTRBatch
 from recsys_dist.distributed.optim import EMBEDDING_OPTIMIZERS, build_optimizer
 from recsys_dist.distributed.sharders import sharders
 from recsys_dist.distributed.tables import gather_full_state_dict, load_full_state_dict
-from recsys_dist.models.managed import ManagedRemap, ReplicatedMCH, find_remap, managed_counters
+from recsys_dist.models.managed import ManagedRemap, ReplicatedMCH, find_remap
 from recsys_dist.models.task import CTRTask
 from tests.ranks.distributed.equivalence import (
     DENSE_LR,
@@ -95,7 +95,7 @@ def check(
 ) -> dict:
     """Train STEPS steps sharded and unsharded; largest differences, remap state equality
     (TTL last-seen steps and cumulative counters included), eviction counts, and this rank's
-    and the reference's cumulative counters (``managed_counters``)."""
+    and the reference's cumulative counters (``CTRTask.managed_counters``)."""
     optimizer = "exact_rowwise_adagrad"
     torch.manual_seed(0)
     ref = CTRTask(
@@ -168,7 +168,7 @@ def check(
         else:
             diffs[name] = (got[name] - t).abs().max().item()
     stats = {f: m.stats() for f, m in find_remap(dmp).mch.items()}
-    counters = {"rank": managed_counters(dmp), "reference": managed_counters(ref)}
+    counters = {"rank": dmp.module.managed_counters(), "reference": ref.managed_counters()}  # the model's hook
     return {"diffs": diffs, "remap_equal": remap_equal, "stats": stats, "counters": counters}
 
 

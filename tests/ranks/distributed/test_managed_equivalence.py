@@ -5,7 +5,7 @@ quarter of the distinct ids (so ids are evicted); logits and loss at every step 
 weight after the last must match the reference within 1e-6, and the id -> row state
 (sorted raw ids, rows, counts / last access, pending history, TTL last-seen steps, cumulative
 counters) must be identical on every rank. Two cases add a TTL (data.managed.ttl_steps); the
-cumulative counters (managed_counters) must be equal on every rank and to the reference's.
+cumulative counters (CTRTask.managed_counters) must be equal on every rank and to the reference's.
 """
 
 import pytest
@@ -42,7 +42,7 @@ def test_managed_tables_match_unsharded(world_size):
     stats = results[0][CASES[0]]["stats"]
     assert all(s["admissions"] > 0 for s in stats.values()), stats
     assert any(s["evictions"] > 0 for s in stats.values()), stats
-    # Cumulative counters (managed_counters): the same on every rank and equal to the
+    # Cumulative counters (CTRTask.managed_counters): the same on every rank and equal to the
     # reference's (one process recording the global batch); the TTL cases evicted by TTL.
     for case in CASES:
         ref = results[0][case]["counters"]["reference"]

@@ -276,7 +276,7 @@ def test_managed_ttl_evicts_cold_ids_and_counts(eviction):
     collided = 4 (step 1: no row before the first round) + 1 (A at step 7, before its round)."""
     import torch
 
-    from recsys_dist.models.managed import managed_counters, managed_metrics
+    from recsys_dist.models.task import CTRTask
 
     default = 7
     for ttl in (3, None):
@@ -288,7 +288,7 @@ def test_managed_ttl_evicts_cold_ids_and_counts(eviction):
         held = seen[1]  # after the first round (step 2): four distinct rows
         assert default not in held and len(set(held)) == 4
         assert seen[4] == held  # step 5: A and B unseen for 2 steps, under the TTL of 3
-        c = managed_counters(r)["f"]
+        c = CTRTask(torch.nn.Identity(), remap=r).managed_counters()["f"]  # the model's hook
         if ttl is None:
             assert seen[5] == seen[7] == held
             assert c == {"admitted": 4, "evicted": 0, "evicted_ttl": 0, "collided": 4}
@@ -301,14 +301,15 @@ def test_managed_ttl_evicts_cold_ids_and_counts(eviction):
         # the metrics line's cumulative counters; the train default-row lookups (this
         # process's, from the local lookups) sum to the same collided count
         assert r.read_lookups("train", reduce=False)[0, 1] == 5
-        got = managed_metrics(torch.nn.Sequential(r), "train")["managed"]["f"]
+        got = CTRTask(torch.nn.Identity(), remap=r).managed_metrics("train")["managed"]["f"]
         assert {k: got[k] for k in ("admitted_total", "evicted_total", "evicted_ttl_total", "collided_total")} == {
             "admitted_total": 5,
             "evicted_total": 2,
             "evicted_ttl_total": 2,
             "collided_total": 5,
         }
-    assert managed_counters(torch.nn.Linear(1, 1)) == {}
+    plain = CTRTask(torch.nn.Linear(1, 1))  # no managed tables: the hooks answer {}
+    assert plain.managed_counters() == {} and plain.managed_metrics("train") == {}
 
 
 @pytest.mark.parametrize("eviction", ["lfu", "lru"])

@@ -36,8 +36,9 @@ def test_make_pipeline_refuses_a_cuda_pipeline_on_cpu(name):
 
 
 def test_the_trainer_types_its_pipeline_against_the_protocol():
-    import recsys_dist.train.trainer as trainer
+    from recsys_dist.train.steps import StepRunner
 
     assert set(TrainPipeline.__annotations__) == {"steps_done"}
     assert {"progress", "detach", "pop_times"} <= set(vars(TrainPipeline))
-    assert trainer.Trainer._new_pipeline.__annotations__["return"] in ("TrainPipeline", TrainPipeline)
+    assert StepRunner.start.__annotations__["return"] in ("TrainPipeline", TrainPipeline)
+    assert StepRunner._new.__annotations__["return"] in ("TrainPipeline", TrainPipeline)
