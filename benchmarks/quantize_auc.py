@@ -40,9 +40,9 @@ def measure(run: Path, work: Path) -> dict:
     import numpy as np
     from sklearn.metrics import log_loss, roc_auc_score
 
-    from recsys_dist.serve.config import PublishConfig
     from recsys_dist.serve.export import MODEL_FILE, load, score
     from recsys_dist.serve.publish import Publisher, export_from_publish
+    from recsys_dist.train.config import PublishConfig
 
     out = {}
     for mode in MODES:

@@ -20,7 +20,7 @@ The public API (``recsys_dist.<name>``; docs/api.md), loaded lazily so that
   (an unsharded model from a run, checkpoint or export)
 
 Package map, lowest layer first (docs/architecture.md; tests/unit/api/test_layers.py enforces it):
-``errors`` (every error type), ``faults`` (fault injection for the tests), ``logs``, ``versions``
+``errors`` (every error type), ``section`` (the strict config-section base), ``faults`` (fault injection for the tests), ``logs``, ``versions``
 (the torch / fbgemm-gpu / torchrec lock-step check), ``files`` (writes that never follow a
 planted link); ``data/`` (formats, conversion, loader, FeatureSpec), ``models/`` (registry, zoo,
 losses, task), ``distributed/`` (process group, planning, sharding, the bytes ledger),
@@ -42,7 +42,7 @@ check_versions()
 _API = {
     "load_config": "recsys_dist.config.loader",
     "RunConfig": "recsys_dist.config.run",
-    "ConfigError": "recsys_dist.config.base",
+    "ConfigError": "recsys_dist.section",
     "Trainer": "recsys_dist.api",
     "Callback": "recsys_dist.train.trainer",
     "StreamTrainer": "recsys_dist.api",

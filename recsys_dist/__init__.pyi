@@ -14,7 +14,6 @@ from recsys_dist.api import resolve_job as resolve_job
 from recsys_dist.checkpoint.loop import load_checkpoint as load_checkpoint
 from recsys_dist.checkpoint.loop import save_checkpoint as save_checkpoint
 from recsys_dist.checkpoint.meta import latest_checkpoint as latest_checkpoint
-from recsys_dist.config.base import ConfigError as ConfigError
 from recsys_dist.config.loader import load_config as load_config
 from recsys_dist.config.run import RunConfig as RunConfig
 from recsys_dist.data.formats.base import register_format as register_format
@@ -25,6 +24,7 @@ from recsys_dist.distributed.sharding import shard as shard
 from recsys_dist.models.build import build_model as build_model
 from recsys_dist.models.losses import register_loss as register_loss
 from recsys_dist.models.registry import register_model as register_model
+from recsys_dist.section import ConfigError as ConfigError
 from recsys_dist.serve.export import load_model as load_model
 from recsys_dist.train.job import Job as Job
 from recsys_dist.train.metrics import StreamingBinaryMetrics as StreamingBinaryMetrics

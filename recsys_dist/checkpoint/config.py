@@ -1,10 +1,10 @@
-"""The ``checkpoint:`` section of the run config (pydantic and ``config.base`` only)."""
+"""The ``checkpoint:`` section of the run config (pydantic and ``section`` only)."""
 
 from __future__ import annotations
 
 from pydantic import Field
 
-from recsys_dist.config.base import Section
+from recsys_dist.section import Section
 
 
 class CheckpointConfig(Section):

@@ -38,11 +38,11 @@ import yaml
 
 from recsys_dist.checkpoint.integrity import intact_checkpoint, newest_intact_checkpoint
 from recsys_dist.checkpoint.meta import latest_checkpoint, named_checkpoint, read_meta
-from recsys_dist.config.base import ConfigError
 from recsys_dist.data.config import describe_raw_path
 from recsys_dist.data.convert.manifest import train_identity
 from recsys_dist.errors import CheckpointError, DataChanged, RunDirLocked, UnsafeFile  # noqa: F401 (raised here; defined in errors)
 from recsys_dist.files import open_in_place, refuse_planted, write_atomic
+from recsys_dist.section import ConfigError
 
 RUN_FILES = ("metrics.jsonl", "checkpoints")  # their presence means the directory holds a run
 # The files a run writes (whole, by rename: recsys_dist.files.write_atomic), relative to its directory.

@@ -21,9 +21,9 @@ from recsys_dist.distributed.config import DistributedConfig
 from recsys_dist.distributed.env import die_with_launcher, resolve_device, under_launcher
 from recsys_dist.errors import ConfigError
 from recsys_dist.logs import print_apart, quiet_third_party
-from recsys_dist.serve.config import PublishConfig
 from recsys_dist.serve.publishing import PublishCallback, check_publish_dir
 from recsys_dist.train import rank_failure
+from recsys_dist.train.config import PublishConfig
 from recsys_dist.train.job import Job, prepare_data
 from recsys_dist.train.preflight import check_before_launch, check_converted, check_resumable
 from recsys_dist.train.run import train

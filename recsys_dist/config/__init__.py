@@ -16,7 +16,7 @@ no component takes the root config. The loader and ``RunConfig`` load lazily her
 checkers read ``__init__.pyi``).
 """
 
-from recsys_dist.config.base import ConfigError, Section
+from recsys_dist.section import ConfigError, Section
 
 __all__ = [
     "ConfigError",
@@ -31,7 +31,7 @@ __all__ = [
 
 def __getattr__(name: str) -> object:
     if name == "RunConfig":
-        # lazy API: importing config.base (every section does) must not load the sections
+        # lazy API: importing the config package must not load the sections
         from recsys_dist.config.run import RunConfig
 
         return RunConfig

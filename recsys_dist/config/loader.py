@@ -21,11 +21,11 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from recsys_dist.config.base import IMPORT_USER_CODE, ConfigError, format_validation_errors
 from recsys_dist.config.run import RunConfig
 from recsys_dist.data.config import missing_data_files
 from recsys_dist.files import write_atomic
 from recsys_dist.models.registry import model_config_class
+from recsys_dist.section import IMPORT_USER_CODE, ConfigError, format_validation_errors
 
 # Config keys holding filesystem paths; resolved against the config file's directory.
 PATH_KEYS = (

@@ -14,14 +14,13 @@ from typing import Any
 from pydantic import Field, SerializeAsAny, ValidationInfo, field_validator
 
 from recsys_dist.checkpoint.config import CheckpointConfig
-from recsys_dist.config.base import Section
 from recsys_dist.data.config import DataConfig
 from recsys_dist.data.resolve import check_data
 from recsys_dist.distributed.config import DistributedConfig, ShardingConfig
 from recsys_dist.models.config import ModelConfig
 from recsys_dist.models.registry import model_config_class
-from recsys_dist.serve.config import PublishConfig
-from recsys_dist.train.config import EvalConfig, TrainConfig
+from recsys_dist.section import Section
+from recsys_dist.train.config import EvalConfig, PublishConfig, TrainConfig
 
 
 class RunConfig(Section):

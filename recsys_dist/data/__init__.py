@@ -4,4 +4,4 @@
 reading through ``parquet_io``, ahead of use with ``prefetch``), partitions of a stream
 (``stream``), the run's features (``spec.FeatureSpec``, ``resolve``), the preprocessing record
 scoring reads (``record``) and the ``data:`` section (``config``). Imports only ``errors`` and
-``config.base`` from below; nothing is re-exported here."""
+``section`` from below; nothing is re-exported here."""

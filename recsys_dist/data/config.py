@@ -10,8 +10,8 @@ from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
-from recsys_dist.config.base import Section as _Section
-from recsys_dist.config.base import StrictFloat as _F
+from recsys_dist.section import Section as _Section
+from recsys_dist.section import StrictFloat as _F
 
 Pooling = Literal["sum", "mean"]
 

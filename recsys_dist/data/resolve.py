@@ -19,13 +19,13 @@ from pydantic import ConfigDict, TypeAdapter, ValidationError
 import recsys_dist.data.formats.avazu  # noqa: F401
 import recsys_dist.data.formats.criteo  # noqa: F401
 import recsys_dist.data.formats.schema  # noqa: F401
-from recsys_dist.config.base import import_object, is_import_path
 from recsys_dist.data.config import DataConfig
 from recsys_dist.data.convert import entry_path, prepare
 from recsys_dist.data.convert.manifest import MANIFEST_FILE, PreparedData
 from recsys_dist.data.convert.spec import ConversionSpec
 from recsys_dist.data.formats.base import FORMATS, RawFormat
 from recsys_dist.errors import DataError
+from recsys_dist.section import import_object, is_import_path
 
 
 def raw_format(name: str, schema=None, short_lines: str = "error", args: dict | None = None) -> RawFormat:

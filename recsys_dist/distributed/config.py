@@ -1,6 +1,6 @@
 """The ``sharding:`` and ``distributed:`` config sections, and the names of the sharding types.
 
-Schema only: pydantic, typing and ``config.base``, so loading a config loads no torch
+Schema only: pydantic, typing and ``section``, so loading a config loads no torch
 (``tests/ranks/distributed/test_one_plan.py`` checks it). The rules these sections obey together
 with a model or a world live in :mod:`recsys_dist.distributed.rules`.
 """
@@ -11,7 +11,7 @@ from typing import Literal, get_args
 
 from pydantic import Field, model_validator
 
-from recsys_dist.config.base import Section
+from recsys_dist.section import Section
 
 # The one list of sharding type names (TorchRec's ShardingType values); every other list is derived.
 ShardingType = Literal["data_parallel", "table_wise", "row_wise", "column_wise", "table_row_wise", "table_column_wise"]

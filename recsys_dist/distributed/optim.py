@@ -16,8 +16,6 @@ from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper, Optim
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
 
-from recsys_dist.train.config import TrainConfig
-
 # torchrec optimizer classes map to FBGEMM's EmbOptimType when the tables are sharded:
 # RowWiseAdagrad -> EXACT_ROWWISE_ADAGRAD, Adagrad -> EXACT_ADAGRAD, SGD -> EXACT_SGD, Adam -> ADAM.
 EMBEDDING_OPTIMIZERS = {
@@ -51,18 +49,19 @@ DENSE_OPTIMIZERS = {
 }
 
 
-def fuse_embedding_optimizer(model: nn.Module, train: TrainConfig) -> None:
+def fuse_embedding_optimizer(model: nn.Module, optimizer: str, lr: float, weight_decay: float = 0.0) -> None:
     """Mark the parameters of every EmbeddingBagCollection and EmbeddingCollection in ``model`` for
-    ``train.embedding_optimizer``, applied in backward.
+    ``optimizer`` (``train.embedding_optimizer``) at learning rate ``lr`` (``train.embedding_lr``)
+    with ``weight_decay`` (``train.embedding_weight_decay``), applied in backward.
 
     Must run before sharding: the sharder reads the mark to build FBGEMM's fused kernel,
     and the planner uses it to count optimizer state in its memory estimate.
     """
-    cls, kwargs = EMBEDDING_OPTIMIZERS[train.embedding_optimizer]
+    cls, kwargs = EMBEDDING_OPTIMIZERS[optimizer]
     collections = (EmbeddingBagCollection, EmbeddingCollection)
     params = [p for m in model.modules() if isinstance(m, collections) for p in m.parameters()]
-    kwargs = {**kwargs, **fused_weight_decay(train.embedding_optimizer, train.embedding_weight_decay)}
-    apply_optimizer_in_backward(cls, params, {"lr": train.embedding_lr, **kwargs})
+    kwargs = {**kwargs, **fused_weight_decay(optimizer, weight_decay)}
+    apply_optimizer_in_backward(cls, params, {"lr": lr, **kwargs})
 
 
 def check_embedding_weight_decay(embedding_optimizer: str, weight_decay: float) -> None:

@@ -23,11 +23,11 @@ from torchrec.distributed.planner.types import ShardingOption, Stats
 from torchrec.distributed.types import CacheParams, ShardingPlan
 from torchrec.modules.embedding_configs import BaseEmbeddingConfig
 
-from recsys_dist.config.base import ConfigError
 from recsys_dist.distributed.config import SEQUENCE_SHARDING_TYPES, ShardingConfig
 from recsys_dist.distributed.fixed_plan import fixed_sharding_plan
 from recsys_dist.distributed.rules import fixed_plan_problems, per_table_problems, plan_problems, row_wise_types
 from recsys_dist.distributed.sharders import check_covered, model_tables, sharders, unpooled_names
+from recsys_dist.section import ConfigError
 
 GB = 1024**3
 

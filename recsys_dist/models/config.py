@@ -22,7 +22,7 @@ from typing import Literal, get_args
 
 from pydantic import Field, PositiveInt, model_validator
 
-from recsys_dist.config.base import Section, import_object, is_import_path
+from recsys_dist.section import Section, import_object, is_import_path
 
 
 class ModelConfig(Section):

@@ -19,10 +19,10 @@ from typing import Any
 
 from pydantic import ConfigDict, Field, TypeAdapter, ValidationError, ValidationInfo, model_validator
 
-from recsys_dist.config.base import import_object, imports_user_code, is_import_path
 from recsys_dist.models import zoo
 from recsys_dist.models.checks import one_task
 from recsys_dist.models.config import SHIPPED_MODEL_CONFIGS, ModelConfig
+from recsys_dist.section import import_object, imports_user_code, is_import_path
 
 
 class FactoryModelConfig(ModelConfig):

@@ -48,7 +48,6 @@ from recsys_dist.data.record import file_sha256
 from recsys_dist.errors import CheckpointError
 from recsys_dist.faults import maybe_fault
 from recsys_dist.files import fresh_dir, write_atomic
-from recsys_dist.serve.config import PublishConfig
 from recsys_dist.serve.export import LoadedModel, load, with_state, write_export
 
 # F401: re-exported, the publish API: http.PublishSource reads MANIFEST, latest_version, newest_intact and
@@ -75,6 +74,7 @@ from recsys_dist.serve.publish_dir import (  # noqa: F401 - check_new_run, check
     repair_manifest,
 )
 from recsys_dist.serve.quantize import load_published_state, published_state, quantize_model, table_keys
+from recsys_dist.train.config import PublishConfig
 
 log = logging.getLogger("recsys_dist")
 

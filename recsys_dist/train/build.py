@@ -19,7 +19,6 @@ from torchrec.distributed import DistributedModelParallel
 from torchrec.distributed.types import ShardingPlan
 from torchrec.optim.keyed import CombinedOptimizer
 
-from recsys_dist.config.base import ConfigError
 from recsys_dist.data.convert import PreparedData
 from recsys_dist.data.loader import LoaderOptions, ParquetBatchLoader
 from recsys_dist.data.prefetch import auto_prefetch
@@ -37,6 +36,7 @@ from recsys_dist.models.build import build_model
 from recsys_dist.models.managed import ManagedRemap, build_remap
 from recsys_dist.models.registry import ModelSpec, get_model
 from recsys_dist.models.task import CTRTask
+from recsys_dist.section import ConfigError
 from recsys_dist.train.early_stopping import BestTracker
 from recsys_dist.train.job import Job
 from recsys_dist.train.observe import PhaseClock
@@ -157,7 +157,9 @@ def shard_model(
     spec = spec or job.features.on(torch.device("meta"), ctx.device)
     with phase("plan"):
         model = build_task(job, spec.on(torch.device("meta"), ctx.device), ctx.world_size, module)
-        fuse_embedding_optimizer(model, job.train)
+        fuse_embedding_optimizer(
+            model, job.train.embedding_optimizer, job.train.embedding_lr, job.train.embedding_weight_decay
+        )
         tables = model_tables(model)
         found = plan_job(job, model, World(ctx.world_size, ctx.local_world_size, ctx.device.type, dist.group.WORLD))
     with phase("tables"):

@@ -20,10 +20,10 @@ from typing import Any
 
 from recsys_dist.checkpoint import run_dir as run_dirs
 from recsys_dist.checkpoint.meta import read_meta
-from recsys_dist.config.base import ConfigError
 from recsys_dist.data.loader import ParquetBatchLoader
 from recsys_dist.distributed.env import broadcast_result
 from recsys_dist.faults import maybe_fault
+from recsys_dist.section import ConfigError
 from recsys_dist.train.build import Loaders, keeps_best, make_loaders
 from recsys_dist.train.evaluation import in_row_order
 from recsys_dist.train.job import Job

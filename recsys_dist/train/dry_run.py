@@ -15,7 +15,6 @@ import torch
 from torchrec.distributed.planner.types import PlannerError
 from torchrec.distributed.types import ShardingPlan
 
-from recsys_dist.config.base import ConfigError
 from recsys_dist.data.convert.manifest import MANIFEST_FILE, table_coverage
 from recsys_dist.data.coverage import WARN_ABOVE, coverage_lines
 from recsys_dist.data.resolve import cached_conversion
@@ -28,6 +27,7 @@ from recsys_dist.distributed.rules import comms_problems
 from recsys_dist.distributed.sharders import check_covered, model_tables
 from recsys_dist.errors import PlanError
 from recsys_dist.models.build import build_model
+from recsys_dist.section import ConfigError
 from recsys_dist.train.build import managed_remap, plan_job
 from recsys_dist.train.job import Job
 
@@ -193,7 +193,9 @@ def dry_run(
         remap=managed_remap(job, job.features.on(torch.device("meta"))),
     )
     dense_bytes = ledgers.dense_bytes_of(model, job.distributed.dense.strategy, world_size)
-    fuse_embedding_optimizer(model, job.train)
+    fuse_embedding_optimizer(
+        model, job.train.embedding_optimizer, job.train.embedding_lr, job.train.embedding_weight_decay
+    )
     try:
         check_covered(model)
     except ValueError as err:  # the model's, as recsys-dist train reports it (preflight.coverage_problems)

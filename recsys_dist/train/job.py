@@ -21,7 +21,6 @@ import yaml
 from pydantic import ValidationError
 
 from recsys_dist.checkpoint.config import CheckpointConfig
-from recsys_dist.config.base import IMPORT_USER_CODE, ConfigError, Section, format_validation_errors
 from recsys_dist.data.config import DataConfig, describe_raw_path
 from recsys_dist.data.convert import PreparedData
 from recsys_dist.data.formats.base import RawFormat
@@ -33,8 +32,8 @@ from recsys_dist.files import write_atomic
 from recsys_dist.models.build import feature_spec
 from recsys_dist.models.config import ModelConfig
 from recsys_dist.models.registry import GIVEN_MODEL, ModelSpec, get_model, model_config_class
-from recsys_dist.serve.config import PublishConfig
-from recsys_dist.train.config import EvalConfig, TrainConfig
+from recsys_dist.section import IMPORT_USER_CODE, ConfigError, Section, format_validation_errors
+from recsys_dist.train.config import EvalConfig, PublishConfig, TrainConfig
 
 # The run's sections, in config order: one source of names (``RunConfig`` composes the same ones;
 # tests/unit/config/test_config.py checks it). ``model`` validates against the chosen model's class.

@@ -15,7 +15,6 @@ import torch
 from recsys_dist.checkpoint.compat import check_compatible
 from recsys_dist.checkpoint.meta import read_meta
 from recsys_dist.checkpoint.run_dir import check_stream_resume
-from recsys_dist.config.base import ConfigError
 from recsys_dist.data.config import missing_data_files
 from recsys_dist.distributed.config import CUDA_ONLY_KERNELS
 from recsys_dist.distributed.rules import (
@@ -27,6 +26,7 @@ from recsys_dist.distributed.rules import (
 )
 from recsys_dist.distributed.sharders import check_covered
 from recsys_dist.models.registry import get_model
+from recsys_dist.section import ConfigError
 from recsys_dist.train.batch_memory import batch_memory_problems, local_rank_count
 from recsys_dist.train.job import Job
 from recsys_dist.train.pipelines import pipeline_problems

@@ -14,8 +14,7 @@ from dataclasses import dataclass
 from recsys_dist.checkpoint.config import CheckpointConfig
 from recsys_dist.data.config import DataConfig
 from recsys_dist.data.formats.base import RawFormat
-from recsys_dist.serve.config import PublishConfig
-from recsys_dist.train.config import EvalConfig, TrainConfig
+from recsys_dist.train.config import EvalConfig, PublishConfig, TrainConfig
 
 
 @dataclass(frozen=True)

@@ -40,11 +40,11 @@ import torch.distributed as dist
 
 from recsys_dist.checkpoint import run_dir as run_dirs
 from recsys_dist.checkpoint.dcp import latest_checkpoint
-from recsys_dist.config.base import ConfigError
 from recsys_dist.data.stream import Partition, convert_partition, not_ready_reason, ready, scan
 from recsys_dist.distributed.env import broadcast_result
 from recsys_dist.errors import DataError, FileChanging
 from recsys_dist.faults import maybe_fault
+from recsys_dist.section import ConfigError
 from recsys_dist.train.build import Loaders, make_loaders
 from recsys_dist.train.data_source import DataSource
 from recsys_dist.train.job import Job

@@ -24,13 +24,13 @@ from torchrec.optim.keyed import CombinedOptimizer
 from recsys_dist.checkpoint import run_dir as run_dirs
 from recsys_dist.checkpoint.dcp import latest_checkpoint
 from recsys_dist.checkpoint.meta import read_meta
-from recsys_dist.config.base import ConfigError
 from recsys_dist.data.loader import ParquetBatchLoader
 from recsys_dist.distributed.env import DistContext, broadcast_result
 from recsys_dist.distributed.optim import dense_torch_optimizer
 from recsys_dist.distributed.plan_io import plan_summary
 from recsys_dist.distributed.rules import comms_problems
 from recsys_dist.faults import maybe_fault
+from recsys_dist.section import ConfigError
 from recsys_dist.train.build import (
     DenseOptimizerFactory,
     Loaders,

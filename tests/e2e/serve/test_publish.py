@@ -17,10 +17,10 @@ from safetensors.torch import load_file
 from torchrec.quant.embedding_modules import EmbeddingBagCollection as QuantEBC
 
 from recsys_dist.errors import CheckpointError
-from recsys_dist.serve.config import PublishConfig
 from recsys_dist.serve.export import load, score
 from recsys_dist.serve.publish import Publisher, export_from_publish, latest_version, load_published
 from recsys_dist.serve.quantize import published_state
+from recsys_dist.train.config import PublishConfig
 from tests.cli import run_cli
 from tests.conftest import QUICKSTART
 from tests.e2e.serve.conftest import cli, converted_test_split, logits

@@ -20,9 +20,9 @@ from starlette.testclient import TestClient
 
 from recsys_dist.cli.serve import startup_line
 from recsys_dist.errors import ConfigError
-from recsys_dist.serve.config import PublishConfig
 from recsys_dist.serve.http import ModelHolder, create_app, open_source
 from recsys_dist.serve.publish import Publisher
+from recsys_dist.train.config import PublishConfig
 from tests.conftest import ROOT
 from tests.e2e.serve.conftest import HTTP_LINES as LINES
 from tests.e2e.serve.test_http import _wait

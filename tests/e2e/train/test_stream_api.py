@@ -8,8 +8,8 @@ import json
 import pytest
 
 import recsys_dist
-from recsys_dist.config.base import ConfigError
 from recsys_dist.errors import CheckpointError
+from recsys_dist.section import ConfigError
 from recsys_dist.serve.publish import latest_version, load_published
 from recsys_dist.serve.publishing import PublishCallback
 from tests.conftest import QUICKSTART

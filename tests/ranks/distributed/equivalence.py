@@ -377,7 +377,9 @@ def one_rank_without_ddp(rank: int, world_size: int, steps: int) -> dict:
     threads = torch.get_num_threads()
     ours, opt_ours, _ = shard_model(job, ctx)
     model = build_task(job, job.features.on(torch.device("meta"), ctx.device))
-    fuse_embedding_optimizer(model, job.train)
+    fuse_embedding_optimizer(
+        model, job.train.embedding_optimizer, job.train.embedding_lr, job.train.embedding_weight_decay
+    )
     plan = plan_job(
         job, model, World(ctx.world_size, ctx.local_world_size, ctx.device.type, torch.distributed.group.WORLD)
     )
@@ -490,7 +492,9 @@ def _trainer_vs_shard() -> dict:
     ctx = init_distributed(job.distributed)
     trainer, _, _ = shard_model(job, ctx)
     model = build_task(job, job.features.on(torch.device("meta"), ctx.device))
-    fuse_embedding_optimizer(model, job.train)
+    fuse_embedding_optimizer(
+        model, job.train.embedding_optimizer, job.train.embedding_lr, job.train.embedding_weight_decay
+    )
     ours = recsys_dist.shard(model, job.sharding, device=ctx.device, seed=job.train.seed)
     want, got = _tables(trainer), _tables(ours)
     assert sorted(want) == sorted(got) and len(want) == 26, (sorted(want), sorted(got))

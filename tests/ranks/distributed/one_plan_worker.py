@@ -41,7 +41,9 @@ def library_plans(rank: int, world_size: int, overrides: list[list[str]]) -> lis
         dmp, _, _ = shard_model(job, ctx)
         meta = torch.device("meta")
         model = build_task(job, job.features.on(meta, meta))
-        fuse_embedding_optimizer(model, job.train)
+        fuse_embedding_optimizer(
+            model, job.train.embedding_optimizer, job.train.embedding_lr, job.train.embedding_weight_decay
+        )
         batch = None if job.sharding.fixed_plan is not None else job.train.batch_size
         lib = recsys_dist.shard(model, job.sharding, device=ctx.device, batch_size=batch, init_tables=False)
         out.append({"trainer": plan_shape(dmp.plan), "shard": plan_shape(lib.plan)})

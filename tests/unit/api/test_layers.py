@@ -3,7 +3,7 @@
 Layers, lowest first; a module imports only modules of its own layer or of lower ones, counting
 every import (function-level ones and ``if TYPE_CHECKING:`` ones too):
 
-    base       errors, faults, logs, versions, files, config.base
+    base       errors, faults, logs, versions, files, section (the strict section base)
     sections   each component's config section (``<package>/config.py``): pydantic and base only
     data       data/
     models     models/
@@ -32,9 +32,9 @@ BASE = {
     "recsys_dist.logs",
     "recsys_dist.versions",
     "recsys_dist.files",
-    "recsys_dist.config.base",
+    "recsys_dist.section",
 }
-SECTIONS = {f"recsys_dist.{p}.config" for p in ("data", "models", "distributed", "train", "checkpoint", "serve")}
+SECTIONS = {f"recsys_dist.{p}.config" for p in ("data", "models", "distributed", "train", "checkpoint")}
 MAX_FUNCTION_LEVEL = 10
 MAX_ROOT_MODULES = 10
 MAX_MODULE_LINES = 600
@@ -205,3 +205,31 @@ def test_no_component_takes_the_root_config():
                     if a.arg == "cfg" and a.annotation is None
                 ]
     assert not found, "the root config below the run layer:\n" + "\n".join(found)
+
+
+# Folders in layer order (the package root's modules are the base layer).
+FOLDERS = ["", "data", "models", "distributed", "checkpoint", "train", "serve", "config", "cli", "api"]
+# The arrows that run back up the folders, each with its reason in docs/architecture.md.
+ALLOWED_UP = {("models", "train")}
+
+
+def test_at_most_two_folder_arrows_run_back_up_each_documented():
+    """Read at folder level, imports run down too, but for those listed in ``ALLOWED_UP`` (at most
+    2), each named with its reason in docs/architecture.md "Arrows that run back up"."""
+    mods = _modules()
+
+    def folder(m: str) -> str:
+        if layer(m) == "api":  # the package root's public modules sit above every folder
+            return "api"
+        parts = m.split(".")
+        return parts[1] if len(parts) > 2 or mods[m].name == "__init__.py" else ""
+
+    up = set()
+    for m, _, dep, _ in _imports(mods):
+        a, b = folder(m), folder(dep)
+        if a in FOLDERS and b in FOLDERS and FOLDERS.index(b) > FOLDERS.index(a):
+            up.add((a, b))
+    assert up <= ALLOWED_UP and len(ALLOWED_UP) <= 2, f"folder arrows back up: {sorted(up)}"
+    doc = (ROOT / "docs" / "architecture.md").read_text()
+    for a, b in ALLOWED_UP:
+        assert f"`{a}/" in doc and f"`{b}/" in doc, (a, b)

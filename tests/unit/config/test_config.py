@@ -262,7 +262,7 @@ def test_the_job_sections_are_the_run_configs_fields_in_order():
 
 
 def test_an_import_path_whose_module_raises_is_a_config_error_naming_the_key(tmp_path, monkeypatch):
-    from recsys_dist.config.base import import_object
+    from recsys_dist.section import import_object
 
     (tmp_path / "broken_loss.py").write_text("raise RuntimeError('boom at import')\n")
     (tmp_path / "bad_syntax.py").write_text("def f(:\n")

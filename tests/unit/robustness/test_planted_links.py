@@ -20,13 +20,13 @@ import torch
 from safetensors.torch import save_file
 
 from recsys_dist.checkpoint.run_dir import WRITTEN_FILES, lock_run_dir
-from recsys_dist.config.base import ConfigError
 from recsys_dist.data.convert.cache import entry_lock
 from recsys_dist.errors import CheckpointError, DataError, UnsafeFile
 from recsys_dist.files import fresh_dir, open_in_place, write_atomic
-from recsys_dist.serve.config import PublishConfig
+from recsys_dist.section import ConfigError
 from recsys_dist.serve.publish import Publisher
 from recsys_dist.serve.publishing import check_publish_dir
+from recsys_dist.train.config import PublishConfig
 from recsys_dist.train.stream_state import BETWEEN_FILE, StreamState, record_between
 
 VICTIM_TEXT = "the victim's data: never to be overwritten\n"

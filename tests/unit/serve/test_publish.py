@@ -11,8 +11,8 @@ import pytest
 
 from recsys_dist.config.loader import config_from_dict
 from recsys_dist.errors import CheckpointError, ConfigError
-from recsys_dist.serve.config import PublishConfig
 from recsys_dist.serve.publish import Publisher, load_published
+from recsys_dist.train.config import PublishConfig
 
 FP32 = PublishConfig(enabled=True, every_n_steps=2)
 

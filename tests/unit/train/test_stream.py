@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from recsys_dist.config.base import ConfigError
 from recsys_dist.config.job import resolve_job
 from recsys_dist.config.loader import load_config
 from recsys_dist.data.config import StreamConfig
 from recsys_dist.data.stream import landed
+from recsys_dist.section import ConfigError
 from recsys_dist.train.preflight import check_before_launch
 from tests.conftest import ROOT
 
