@@ -34,6 +34,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
+from typing import cast
 
 import torch
 import torch.distributed as dist
@@ -469,6 +470,16 @@ class StreamTrainer(Trainer):
     @property
     def stream(self) -> StreamState:
         return self._source.stream
+
+    def fit(self) -> StreamSummary:
+        """Train on the partitions of ``data.stream`` as they land (:meth:`StreamData.run`) until
+        the stream is idle for ``stop_after_idle_seconds``, ``train.max_steps``, or SIGTERM; then
+        save a checkpoint and write ``summary.json``. Collective.
+
+        Returns:
+            the ``StreamSummary`` (``summary.json``).
+        """
+        return cast(StreamSummary, super().fit())
 
 
 def _when(mtime_ns: int) -> str:
