@@ -233,8 +233,8 @@ def describe_table(name: str, t: dict, min_count: int | None = None) -> str:
     if "collided_share" in t:
         about = "" if t.get("exact") else "about "
         return (
-            f"{name} {_pct(t['collided_share'])} ({about}{_num(t['distinct'])} distinct values on "
-            f"{t['table_rows'] - 1:,} row{'s' if t['table_rows'] != 2 else ''}; {_sizes(t, min_count)})"
+            f"{name} {_pct(t['collided_share'])} ({about}{_num(t['distinct'])} distinct values hashed onto "
+            f"{t['table_rows'] - 1:,} table row{'s' if t['table_rows'] != 2 else ''}; {_sizes(t, min_count)})"
         )
     why = []
     if t.get("cut_by_size"):

@@ -126,7 +126,7 @@ def test_hash_collisions_are_counted_exactly_and_sizes_suggested(tmp_path, cache
             m += 1
         assert item["suggested_num_embeddings"][f"{pct}%"] == m + 1
     assert collided == 132  # 66.0%: more than half share a row, so it is warned about
-    assert "item 66.0% (45 distinct values on 39 rows; a row of their own for 95% at about 860 rows" in (
+    assert "item 66.0% (45 distinct values hashed onto 39 table rows; a row of their own for 95% at about 860 rows" in (
         capsys.readouterr().err
     )
     # 45 values on 4 rows.
@@ -136,7 +136,7 @@ def test_hash_collisions_are_counted_exactly_and_sizes_suggested(tmp_path, cache
     err = capsys.readouterr().err
     assert (
         f"in 1 of 2 tables, more than 50% of the training values share their hashed row with another value, so the "
-        f"model cannot tell them apart: item {100 * share:.1f}% (45 distinct values on 4 rows; a row of their own for "
+        f"model cannot tell them apart: item {100 * share:.1f}% (45 distinct values hashed onto 4 table rows; a row of their own for "
         f"95% at about {hash_size_for(45, 95):,} rows, 99% at about {hash_size_for(45, 99):,} rows)" in err
     )
 
