@@ -127,7 +127,8 @@ def test_movielens_hstu_trains_sharded_resumes_resharded_exports_predicts_and_se
     step20 = full / "checkpoints" / "step_00000020"
     cli(
         ["train", "--config", HSTU, "--run-dir", resumed, "--resume", step20]
-        + ["distributed.nproc_per_node=1", "train.batch_size=128", *COMMON],
+        # one intra-op thread, as each of the 2 ranks had (test_din_cli.py says why)
+        + ["distributed.nproc_per_node=1", "distributed.cpu_threads_per_rank=1", "train.batch_size=128", *COMMON],
         tmp_path,
     )
     got = json.loads((resumed / "summary.json").read_text())
