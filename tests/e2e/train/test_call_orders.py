@@ -1,0 +1,61 @@
+"""The Trainer's methods called in unusual orders, one rank in this process: the numbers equal
+those of the plain order (pinned when the Trainer was split into roles: data source, steps,
+recorder, checkpointer, lease; the pre-split code gave the same)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import recsys_dist
+from tests.conftest import QUICKSTART
+
+OVERRIDES = ["distributed.nproc_per_node=1", "train.batch_size=64", "data.num_rows=2000", "train.progress_bar=false"]
+
+
+class RaiseAt(recsys_dist.Callback):
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_step_end(self, trainer, step, loss):
+        if step == self.step:
+            raise ValueError(f"user callback at step {step}")
+
+
+def test_methods_in_unusual_orders_give_the_plain_numbers(tmp_path, cache_dir):
+    cfg = recsys_dist.load_config(QUICKSTART, OVERRIDES)
+    with recsys_dist.Trainer(cfg, tmp_path / "plain") as trainer:
+        initial = trainer.evaluate()
+        plain = trainer.fit()
+    # evaluate / predict / save_checkpoint before fit, fit twice, close twice
+    odd = recsys_dist.Trainer(cfg, tmp_path / "odd")
+    assert odd.evaluate() == initial and odd.step == 0
+    scores = odd.predict("validation")
+    assert scores["probability"].shape == (initial["num_examples"],)
+    assert odd.save_checkpoint().name == "step_00000000"
+    first = odd.fit()
+    again = odd.fit()  # nothing left: no step trained, the test split scored again
+    assert odd.step == first["steps"] == again["steps"] == plain["steps"] == 25
+    assert first["validation"] == plain["validation"] and first["test"] == again["test"] == plain["test"]
+    odd.close()
+    odd.close()
+    with pytest.raises(RuntimeError, match="this Trainer is closed"):
+        odd.predict()
+    # A callback that raises: the Trainer is still usable for evaluate / save_checkpoint, and a
+    # resume from that checkpoint ends with the uninterrupted run's numbers.
+    broken = recsys_dist.Trainer(cfg, tmp_path / "raised", callbacks=[RaiseAt(5)])
+    with pytest.raises(ValueError, match="user callback at step 5"):
+        broken.fit()
+    assert broken.step == 5 and broken.evaluate()["num_examples"] == initial["num_examples"]
+    assert broken.save_checkpoint().name == "step_00000005"
+    broken.close()
+    with recsys_dist.Trainer(cfg, tmp_path / "raised", resume="auto") as resumed:
+        assert resumed.resumed_at_step == 5
+        summary = resumed.fit()
+    assert summary["validation"] == plain["validation"] and summary["test"] == plain["test"]
+    # resume="auto" into a finished run trains nothing and reports the run's numbers
+    with recsys_dist.Trainer(cfg, tmp_path / "plain", resume="auto") as finished:
+        done = finished.fit()
+        assert finished.evaluate("test")["auc"] == pytest.approx(plain["test"]["auc"], abs=1e-12)
+    assert done["already_complete"] and done["steps"] == 25 and done["test"] == plain["test"]
+    assert torch.isfinite(scores["logit"]).all()
