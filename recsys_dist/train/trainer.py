@@ -190,6 +190,7 @@ class Trainer:
         self._callbacks = list(callbacks)
         self._resume_on_new_data = resume_on_new_data
         self._recorder = self._runner = None
+        self._fit_failed: int | None = None  # the step a failed fit() stopped at
         self._lease = RunLease(job.distributed)  # the process group (made if none) and the run directory
         self._ctx = self._lease.ctx
         # Wall-time split for summary.json: everything up to here (imports, the process group) is startup.
@@ -315,8 +316,6 @@ class Trainer:
     def train_seconds(self) -> float:
         return self._recorder.train_seconds
 
-    # ------------------------------------------------------------------ the job
-
     def fit(self) -> FitSummary:  # a StreamTrainer's: a StreamSummary
         """Train ``train.epochs`` epochs (capped by ``train.max_steps``, and stopped early by
         ``train.early_stopping``), scoring the validation split after each one (and every
@@ -345,7 +344,18 @@ class Trainer:
             FloatingPointError: the training loss became non-finite (names the step, the
                 first non-finite parameter and the last good checkpoint).
             CheckpointError: a checkpoint could not be written (on every rank).
+            RuntimeError: an earlier ``fit()`` of this Trainer failed (use a new one, ``resume="auto"``).
         """
+        if self._fit_failed is not None:  # its pipeline and loaders stopped mid-batch: not resumable in place
+            msg = f"this Trainer's fit() failed at step {self._fit_failed}; build a new Trainer with resume='auto'"
+            raise RuntimeError(msg + " (its last checkpoint) to continue")
+        try:
+            return self._fit()
+        except BaseException:
+            self._fit_failed = self._step
+            raise
+
+    def _fit(self):
         with self._lease.collective(), self._source.stop_signals():
             if self.resumed_from is not None and self._source.nothing_left(self._step):  # report it, change nothing
                 log.warning(

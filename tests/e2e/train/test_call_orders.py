@@ -46,6 +46,9 @@ def test_methods_in_unusual_orders_give_the_plain_numbers(tmp_path, cache_dir):
     broken = recsys_dist.Trainer(cfg, tmp_path / "raised", callbacks=[RaiseAt(5)])
     with pytest.raises(ValueError, match="user callback at step 5"):
         broken.fit()
+    # fitting it again is refused (it used to train on and crash in validation, "Sizes of tensors must match")
+    with pytest.raises(RuntimeError, match="fit\\(\\) failed at step 5; build a new Trainer with resume='auto'"):
+        broken.fit()
     assert broken.step == 5 and broken.evaluate()["num_examples"] == initial["num_examples"]
     assert broken.save_checkpoint().name == "step_00000005"
     broken.close()
