@@ -9,9 +9,10 @@ top of :class:`Section`; ``recsys_dist.config.run.RunConfig`` composes them.
 from __future__ import annotations
 
 import importlib
-from typing import Annotated, Any
+import inspect
+from typing import Annotated, Any, get_origin
 
-from pydantic import BaseModel, ConfigDict, Strict, field_validator
+from pydantic import BaseModel, ConfigDict, Strict, TypeAdapter, ValidationError, field_validator
 
 from recsys_dist.errors import ConfigError  # noqa: F401 (raised here; defined in errors)
 
@@ -103,3 +104,40 @@ def format_validation_errors(err: Any, source: str, overridden: frozenset = froz
         if any(loc == k or loc.startswith(k + ".") for k in overridden):
             lines[-1] += "; set on the command line, not in the file"
     return "\n".join(lines)
+
+
+def typed_arg_problems(key: str, name: str, factory: Any, args: dict, names: Any = None) -> list[str]:
+    """Keyword ``args`` of the user's ``factory`` checked against its annotations with pydantic's
+    lax conversion (``8`` is fine for a float, a list for a tuple); a converted value replaces
+    the given one in ``args``. One problem per bad value, as ``<key>.<arg>: <name> takes <arg>:
+    <type>; got <value> (<type>): <why>`` (``key``: ``model.args`` or ``data.format_args``).
+    ``names``: the arguments to check (default: all). Annotations that do not evaluate or that
+    pydantic cannot check (a name imported for type checkers only, an arbitrary class) are not
+    checked."""
+    try:
+        resolved = inspect.signature(factory, eval_str=True).parameters
+    except Exception:  # noqa: BLE001 - an annotation that does not evaluate: check none
+        return []
+    problems = []
+    for arg, value in list(args.items()):
+        p = resolved.get(arg)
+        if (names is not None and arg not in names) or p is None or p.annotation is p.empty:
+            continue
+        if isinstance(p.annotation, str):
+            continue
+        try:
+            adapter = TypeAdapter(p.annotation, config=ConfigDict(arbitrary_types_allowed=True))
+        except Exception:  # noqa: BLE001 - pydantic cannot check this type
+            try:
+                adapter = TypeAdapter(p.annotation)
+            except Exception:  # noqa: BLE001
+                continue
+        try:
+            args[arg] = adapter.validate_python(value)
+        except ValidationError as err:
+            why = err.errors()[0]["msg"] if err.errors() else str(err)
+            ann = p.annotation
+            shown = str(ann) if get_origin(ann) is not None else getattr(ann, "__name__", str(ann))
+            shown = shown.replace("typing.", "").replace("collections.abc.", "")
+            problems.append(f"{key}.{arg}: {name} takes {arg}: {shown}; got {value!r} ({type(value).__name__}): {why}")
+    return problems

@@ -11,9 +11,6 @@ from __future__ import annotations
 import inspect
 import json
 from pathlib import Path
-from typing import get_origin
-
-from pydantic import ConfigDict, TypeAdapter, ValidationError
 
 # The format modules register themselves in FORMATS when imported.
 import recsys_dist.data.formats.avazu  # noqa: F401
@@ -25,7 +22,7 @@ from recsys_dist.data.convert.manifest import MANIFEST_FILE, PreparedData
 from recsys_dist.data.convert.spec import ConversionSpec
 from recsys_dist.data.formats.base import FORMATS, RawFormat
 from recsys_dist.errors import DataError
-from recsys_dist.section import import_object, is_import_path
+from recsys_dist.section import import_object, is_import_path, typed_arg_problems
 
 
 def raw_format(name: str, schema=None, short_lines: str = "error", args: dict | None = None) -> RawFormat:
@@ -45,7 +42,7 @@ def raw_format(name: str, schema=None, short_lines: str = "error", args: dict | 
     """
     args = dict(args or {})
     if is_import_path(name):
-        factory = _import_factory(name)
+        factory = import_object(name, "data.format")
     elif name in FORMATS:
         factory = FORMATS[name]
     else:
@@ -82,18 +79,6 @@ def raw_format(name: str, schema=None, short_lines: str = "error", args: dict | 
 _FORMAT_MEMBERS = sorted(
     ({m for m in vars(RawFormat) if not m.startswith("_")} | set(RawFormat.__annotations__)) - {"request_layout"}
 )
-
-
-def _import_factory(name: str):
-    try:
-        return import_object(name, "data.format")
-    except ValueError:
-        raise
-    except Exception as err:  # noqa: BLE001 - the module's own code failed (SyntaxError, NameError, ...)
-        module = name.partition(":")[0]
-        raise ValueError(
-            f"data.format: importing module {module!r} failed: {type(err).__name__}: {err}; fix that module"
-        ) from err
 
 
 def _fingerprint_args(name: str, fmt, args: dict) -> None:
@@ -139,33 +124,11 @@ def _checked_args(name: str, factory, args: dict) -> dict:
     missing = [n for n, p in rest.items() if p.default is p.empty and n not in args]
     if missing:
         raise ValueError(f"data.format_args.{missing[0]}: required by {name}, missing (it takes {', '.join(rest)})")
-    return _typed_args(name, factory, args)
-
-
-def _typed_args(name: str, factory, args: dict) -> dict:
-    try:
-        resolved = inspect.signature(factory, eval_str=True).parameters
-    except Exception:  # noqa: BLE001 - an annotation that does not evaluate: check none
-        return args
-    out = dict(args)
-    for key, value in args.items():
-        p = resolved.get(key)
-        if p is None or p.annotation is p.empty or isinstance(p.annotation, str):
-            continue
-        try:
-            adapter = TypeAdapter(p.annotation, config=ConfigDict(arbitrary_types_allowed=True))
-            out[key] = adapter.validate_python(value)
-        except ValidationError as err:
-            why = err.errors()[0]["msg"] if err.errors() else str(err)
-            ann = p.annotation
-            shown = str(ann) if get_origin(ann) is not None else getattr(ann, "__name__", str(ann))
-            shown = shown.replace("typing.", "").replace("collections.abc.", "")
-            raise ValueError(
-                f"data.format_args.{key}: {name} takes {key}: {shown}; got {value!r} ({type(value).__name__}): {why}"
-            ) from None
-        except Exception:  # noqa: BLE001 - pydantic cannot check this type: leave it to the factory
-            continue
-    return out
+    args = dict(args)
+    problems = typed_arg_problems("data.format_args", name, factory, args)
+    if problems:
+        raise ValueError(problems[0])
+    return args
 
 
 def data_format(d: DataConfig) -> RawFormat:

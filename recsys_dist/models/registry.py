@@ -17,12 +17,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import ConfigDict, Field, TypeAdapter, ValidationError, ValidationInfo, model_validator
+from pydantic import Field, ValidationInfo, model_validator
 
 from recsys_dist.models import zoo
 from recsys_dist.models.checks import one_task
 from recsys_dist.models.config import SHIPPED_MODEL_CONFIGS, ModelConfig
-from recsys_dist.section import import_object, imports_user_code, is_import_path
+from recsys_dist.section import import_object, imports_user_code, is_import_path, typed_arg_problems
 
 
 class FactoryModelConfig(ModelConfig):
@@ -49,57 +49,16 @@ class FactoryModelConfig(ModelConfig):
         missing = [n for n, p in rest.items() if p.default is p.empty and n not in self.args]
         problems = [f"model.args.{k}: {self.name} takes no argument {k!r} (it takes {sorted(rest)})" for k in unknown]
         problems += [f"model.args.{k}: required by {self.name}, missing" for k in missing]
-        problems += _type_problems(self.name, factory, self.args, rest)
+        problems += typed_arg_problems("model.args", self.name, factory, self.args, rest)
         if problems:
             raise ValueError("; ".join(problems))
         return self
 
 
-def _type_problems(name: str, factory, args: dict, params: dict) -> list[str]:
-    """``model.args`` values checked against the factory's annotations (pydantic's lax
-    conversion: ``8`` is fine for a float, ``"8"`` for an int, a list for a tuple; the
-    converted value replaces the given one), so a wrong type is a config error before any
-    rank starts, not a traceback from every rank. Annotations that cannot be resolved or
-    checked (a name imported only for type checkers, an arbitrary class) are not checked."""
-    try:
-        resolved = inspect.signature(factory, eval_str=True).parameters
-    except Exception:  # noqa: BLE001 - an annotation that does not evaluate: check none
-        return []
-    problems = []
-    for key, value in args.items():
-        p = resolved.get(key)
-        if key not in params or p is None or p.annotation is p.empty or isinstance(p.annotation, str):
-            continue
-        try:
-            adapter = TypeAdapter(p.annotation, config=ConfigDict(arbitrary_types_allowed=True))
-        except Exception:  # noqa: BLE001 - pydantic cannot check this type
-            try:
-                adapter = TypeAdapter(p.annotation)
-            except Exception:  # noqa: BLE001
-                continue
-        try:
-            args[key] = adapter.validate_python(value)
-        except ValidationError as err:
-            why = err.errors()[0]["msg"] if err.errors() else str(err)
-            shown = getattr(p.annotation, "__name__", None) or str(p.annotation).replace("typing.", "")
-            problems.append(
-                f"model.args.{key}: {name} takes {key}: {shown}; got {value!r} ({type(value).__name__}): {why}"
-            )
-    return problems
-
-
 def model_factory(name: str):
     """The factory behind a :class:`FactoryModelConfig` name (registered name or import path)."""
     if is_import_path(name):
-        try:
-            factory = import_object(name, "model.name")
-        except ValueError:
-            raise
-        except Exception as err:  # noqa: BLE001 - the module's own code failed (SyntaxError, NameError, ...)
-            raise ValueError(
-                f"model.name: importing module {name.partition(':')[0]!r} failed: {type(err).__name__}: {err}; "
-                "fix that module"
-            ) from err
+        factory = import_object(name, "model.name")  # a module that raises is a ValueError naming the key
         if not callable(factory):
             raise ValueError(f"model.name: {name} is not callable; name a model class or factory function")
         return factory
