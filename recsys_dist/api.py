@@ -69,34 +69,10 @@ class Trainer(_trainer.Trainer):
         )
 
 
-class StreamTrainer(_stream.StreamTrainer):
+class StreamTrainer(Trainer, _stream.StreamTrainer):
+    # The public Trainer's constructor (a RunConfig resolved once) over the stream trainer's data
+    # source and fit: the MRO runs Trainer.__init__, then the library StreamTrainer's parts.
     __doc__ = _stream.StreamTrainer.__doc__
-
-    def __init__(
-        self,
-        cfg: RunConfig | Job,
-        run_dir: str | Path,
-        *,
-        resume: str | Path | None = None,
-        profile_dir: str | Path | None = None,
-        model: nn.Module | ModelFactory | None = None,
-        dense_optimizer: DenseOptimizerFactory | None = None,
-        lr_scheduler: LRSchedulerFactory | None = None,
-        callbacks: Sequence[_trainer.Callback] = (),
-        resume_on_new_data: bool = False,
-    ) -> None:
-        self.cfg = cfg
-        super().__init__(
-            _checked_job(cfg, model is not None),
-            run_dir,
-            resume=resume,
-            profile_dir=profile_dir,
-            model=model,
-            dense_optimizer=dense_optimizer,
-            lr_scheduler=lr_scheduler,
-            callbacks=callbacks,
-            resume_on_new_data=resume_on_new_data,
-        )
 
 
 def feature_spec(cfg: RunConfig, num_embeddings: list[int] | None = None) -> FeatureSpec:
