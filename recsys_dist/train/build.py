@@ -58,6 +58,7 @@ class Loaders:
     num_embeddings: list[int]
     conversion: Path | None = None  # the cache entry the splits were converted into
     prepared: PreparedData | None = None  # the conversion the splits come from
+    job: Job | None = None  # the job over that conversion (its table sizes): ``job.with_data(prepared)``
 
 
 def make_loaders(job: Job, ctx: DistContext) -> Loaders:
@@ -69,7 +70,8 @@ def make_loaders(job: Job, ctx: DistContext) -> Loaders:
     """
     d = job.data
     prepared = job.prepared or broadcast_result(ctx, lambda: prepare_from_config(d, fmt=job.fmt))
-    features = job.with_data(prepared).features
+    job = job.with_data(prepared)  # once: the caller takes it back as ``Loaders.job``
+    features = job.features
     sizes = [t.num_embeddings for t in features.tables + features.sequence_tables]
     dense_names, sparse_names = features.dense_names, features.keys
     options = LoaderOptions(
@@ -95,6 +97,7 @@ def make_loaders(job: Job, ctx: DistContext) -> Loaders:
         num_embeddings=sizes,
         conversion=prepared.directory,
         prepared=prepared,
+        job=job,
     )
 
 

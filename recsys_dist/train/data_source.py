@@ -192,7 +192,7 @@ class EpochData(DataSource):
             self.loaders.test.num_rows,
             len(self.loaders.train),
         )
-        return job.with_data(self.loaders.prepared)
+        return self.loaders.job  # the job with the table sizes the conversion decided (made once)
 
     def done(self, step: int) -> bool:
         best = self.trainer.best

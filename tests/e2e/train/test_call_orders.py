@@ -62,3 +62,20 @@ def test_methods_in_unusual_orders_give_the_plain_numbers(tmp_path, cache_dir):
         assert finished.evaluate("test")["auc"] == pytest.approx(plain["test"]["auc"], abs=1e-12)
     assert done["already_complete"] and done["steps"] == 25 and done["test"] == plain["test"]
     assert torch.isfinite(scores["logit"]).all()
+
+
+def test_the_trainer_sizes_the_jobs_tables_once(tmp_path, cache_dir, monkeypatch):
+    """``recsys_dist.Trainer(cfg)`` builds the FeatureSpec twice: resolved from the config, then
+    once with the sizes the conversion decided (vocabulary mapping), not again per consumer."""
+    import recsys_dist.train.job as job_module
+
+    calls = []
+    real = job_module.feature_spec
+    monkeypatch.setattr(job_module, "feature_spec", lambda *a, **k: calls.append(1) or real(*a, **k))
+    cfg = recsys_dist.load_config(
+        QUICKSTART,
+        [*OVERRIDES, "train.max_steps=1", "data.categorical_mapping=vocabulary"],
+    )
+    with recsys_dist.Trainer(cfg, tmp_path / "run") as trainer:
+        assert trainer.job.table_sizes == list(trainer.job.prepared.num_embeddings)
+    assert len(calls) == 2, calls
