@@ -11,10 +11,13 @@ that logs it. A rank's own failure is printed by that rank (:func:`print_apart`)
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import os
 import re
+import signal
 import sys
+import threading
 import warnings
 
 from tqdm import tqdm
@@ -205,3 +208,20 @@ def show_warnings_on_main_rank_only() -> None:
 
 def _not_shown(*args, **kwargs) -> None:
     return None
+
+
+def dump_stacks_on_sigusr1() -> None:
+    """``kill -USR1 PID`` prints every thread's Python stack of this process to its stderr and
+    leaves it running (``faulthandler``): where each rank of a run that seems stuck is waiting.
+    Idempotent; the launcher and every rank call it (Linux and macOS)."""
+    if not hasattr(signal, "SIGUSR1") or threading.current_thread() is not threading.main_thread():
+        return
+    # A forked rank inherits faulthandler's record of the parent's registration but may have
+    # reset the signal's handler: register afresh.
+    faulthandler.unregister(signal.SIGUSR1)
+    for stream in (sys.stderr, sys.__stderr__):  # sys.stderr may be a StringIO (no file descriptor)
+        try:
+            faulthandler.register(signal.SIGUSR1, file=stream, all_threads=True)
+            return
+        except (AttributeError, ValueError, OSError):  # io.UnsupportedOperation is both
+            continue

@@ -28,6 +28,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 import traceback
 import warnings
 from contextlib import redirect_stderr, redirect_stdout
@@ -142,11 +143,51 @@ def _forked(args: list[str], cwd: Path, env: dict, timeout: float) -> subprocess
         child.start()
         child.join(timeout)
         if child.is_alive():  # its ranks die with it (die_with_launcher)
+            stacks = _dump_stacks(child.pid)
             child.kill()
             child.join()
-            raise subprocess.TimeoutExpired(["recsys-dist", *args], timeout)
+            raise HungCommand(["recsys-dist", *args], timeout, stacks + err.read_text(errors="replace")[-20000:])
         text = [p.read_text(errors="replace") if p.exists() else "" for p in (out, err)]
         return subprocess.CompletedProcess(["recsys-dist", *args], child.exitcode, *text)
+
+
+class HungCommand(subprocess.TimeoutExpired):
+    """A ``recsys-dist`` command still running after its timeout; the message ends with its stderr,
+    which holds every process's Python stacks (the launcher's and its ranks', dumped on SIGUSR1)."""
+
+    def __init__(self, cmd: list[str], timeout: float, stderr: str):
+        super().__init__(cmd, timeout, stderr=stderr)
+
+    def __str__(self) -> str:
+        return f"{super().__str__()}\n--- its stderr (Python stacks on SIGUSR1) ---\n{self.stderr}"
+
+
+def _dump_stacks(pid: int) -> str:
+    """SIGUSR1 to ``pid`` and every process below it (``recsys_dist.logs.dump_stacks_on_sigusr1``:
+    each prints its threads' stacks to its stderr); returns the process tree as text."""
+    children: dict[int, list[int]] = {}
+    names: dict[int, str] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        head, _, rest = text.rpartition(")")
+        me, ppid = int(head.split(" (")[0]), int(rest.split()[1])
+        children.setdefault(ppid, []).append(me)
+        names[me] = head.split(" (", 1)[1]
+    tree, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        tree.append(p)
+        todo.extend(children.get(p, []))
+    for p in tree:
+        try:
+            os.kill(p, signal.SIGUSR1)
+        except ProcessLookupError:
+            pass
+    time.sleep(3.0)  # faulthandler writes from a signal handler, at once
+    return f"processes: {[(p, names.get(p, '?')) for p in tree]}\n"
 
 
 def _child(args: list[str], cwd: str, env: dict, out: str, err: str) -> None:

@@ -21,7 +21,7 @@ import sys
 from collections.abc import Callable
 
 from recsys_dist.errors import USER_ERRORS, ConfigError, DataError
-from recsys_dist.logs import print_apart
+from recsys_dist.logs import dump_stacks_on_sigusr1, print_apart
 
 ENTRY_POINT = False  # set by run(): this process is the recsys-dist command (cli.train_run.start_method)
 
@@ -323,6 +323,7 @@ def run(argv: list[str] | None = None) -> None:
     returns; a usage error leaves through argparse's ``SystemExit``."""
     global ENTRY_POINT
     ENTRY_POINT = True
+    dump_stacks_on_sigusr1()  # kill -USR1: where a run that seems stuck waits
     code = main(argv)
     sys.stdout.flush()
     sys.stderr.flush()

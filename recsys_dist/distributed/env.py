@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from recsys_dist.distributed.config import DistributedConfig
-from recsys_dist.logs import StderrHandler, quiet_third_party, set_rank
+from recsys_dist.logs import StderrHandler, dump_stacks_on_sigusr1, quiet_third_party, set_rank
 
 
 @dataclass(frozen=True)
@@ -51,6 +51,7 @@ def die_with_launcher() -> None:
     does nothing outside an elastic agent (``$TORCHELASTIC_RUN_ID`` unset).
     """
     global _watching
+    dump_stacks_on_sigusr1()
     if _watching or "TORCHELASTIC_RUN_ID" not in os.environ:
         return
     _watching = True

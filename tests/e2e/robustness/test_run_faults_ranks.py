@@ -205,3 +205,18 @@ def _alive(pid: int) -> bool:
     except OSError:
         return False
     return state not in ("Z", "X")
+
+
+@pytest.mark.slow
+def test_a_command_that_outlives_its_timeout_reports_every_ranks_stacks(tmp_path):
+    """A hung ``recsys-dist train`` is reported with where each process waits: the launcher
+    and each rank print their Python stacks on SIGUSR1 (``dump_stacks_on_sigusr1``), and the
+    test harness sends it before killing them (``tests.cli.HungCommand``)."""
+    from tests.cli import HungCommand
+
+    with pytest.raises(HungCommand) as hung:
+        run_train(QUICKSTART, tmp_path / "run", *TOY2, tmp=tmp_path, env={"RECSYS_DIST_FAULT": "delay:30"}, timeout=20)
+    err = str(hung.value)
+    # each process prints "Current thread" once; the ranks wait in the injected delay
+    assert err.count("Current thread 0x") == 3, err[-4000:]
+    assert err.count("recsys_dist/faults.py") == 2, err[-4000:]
