@@ -225,3 +225,10 @@ def dump_stacks_on_sigusr1() -> None:
             return
         except (AttributeError, ValueError, OSError):  # io.UnsupportedOperation is both
             continue
+
+
+def thread_lock_for_progress_bars() -> None:
+    """tqdm's bars in this process lock with a thread lock instead of the multiprocessing lock
+    it makes by default: one per rank, a semaphore that the resource tracker of a forkserver
+    launch reports as "leaked" when the rank is stopped by a signal. Only rank 0 draws bars."""
+    tqdm.set_lock(threading.RLock())

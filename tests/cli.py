@@ -163,31 +163,36 @@ class HungCommand(subprocess.TimeoutExpired):
 
 
 def _dump_stacks(pid: int) -> str:
-    """SIGUSR1 to ``pid`` and every process below it (``recsys_dist.logs.dump_stacks_on_sigusr1``:
-    each prints its threads' stacks to its stderr); returns the process tree as text."""
+    """SIGUSR1 to ``pid`` and its ranks below it, one at a time so that their outputs do not
+    interleave (``recsys_dist.logs.dump_stacks_on_sigusr1``: each prints its threads' stacks to
+    its stderr); returns the process tree as text. Processes between (a forkserver the ranks
+    fork from) and the resource tracker are passed over: they have no such handler, and
+    SIGUSR1 would end them."""
     children: dict[int, list[int]] = {}
     names: dict[int, str] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
+    for proc in Path("/proc").glob("[0-9]*"):
         try:
-            text = stat.read_text()
+            text = (proc / "stat").read_text()
+            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
         head, _, rest = text.rpartition(")")
         me, ppid = int(head.split(" (")[0]), int(rest.split()[1])
         children.setdefault(ppid, []).append(me)
-        names[me] = head.split(" (", 1)[1]
+        names[me] = cmd[:60]
     tree, todo = [], [pid]
     while todo:
-        p = todo.pop()
+        p = todo.pop(0)
         tree.append(p)
         todo.extend(children.get(p, []))
-    for p in tree:
+    signalled = [p for p in tree if p == pid or (not children.get(p) and "resource_tracker" not in names.get(p, ""))]
+    for p in reversed(signalled):  # the ranks, then the launcher
         try:
             os.kill(p, signal.SIGUSR1)
         except ProcessLookupError:
             pass
-    time.sleep(3.0)  # faulthandler writes from a signal handler, at once
-    return f"processes: {[(p, names.get(p, '?')) for p in tree]}\n"
+        time.sleep(0.5)  # faulthandler writes from the signal handler, at once
+    return f"processes: {[(p, names.get(p, '?')) for p in tree]}; signalled {signalled}\n"
 
 
 def _child(args: list[str], cwd: str, env: dict, out: str, err: str) -> None:

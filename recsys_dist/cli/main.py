@@ -23,8 +23,6 @@ from collections.abc import Callable
 from recsys_dist.errors import USER_ERRORS, ConfigError, DataError
 from recsys_dist.logs import dump_stacks_on_sigusr1, print_apart
 
-ENTRY_POINT = False  # set by run(): this process is the recsys-dist command (cli.train_run.start_method)
-
 
 def positive_int(text: str) -> int:
     """argparse type: an integer >= 1 (a 0 would otherwise read as "use the default")."""
@@ -321,8 +319,6 @@ def run(argv: list[str] | None = None) -> None:
     interpreter finalisation, which aborted ~1 run in 5 with SIGABRT when a native (pyarrow /
     torch) thread was still being torn down after an error had already been reported. Never
     returns; a usage error leaves through argparse's ``SystemExit``."""
-    global ENTRY_POINT
-    ENTRY_POINT = True
     dump_stacks_on_sigusr1()  # kill -USR1: where a run that seems stuck waits
     code = main(argv)
     sys.stdout.flush()
@@ -331,5 +327,5 @@ def run(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    # Through the module's imported copy, whose ENTRY_POINT the command modules read (not __main__'s).
+    # Through the module's imported copy: one copy of its state, the one the command modules import.
     importlib.import_module("recsys_dist.cli.main").run()

@@ -14,7 +14,6 @@ from pathlib import Path
 import torch
 
 from recsys_dist.checkpoint import run_dir as run_dirs
-from recsys_dist.cli import main as cli_main
 from recsys_dist.config.job import resolve_job
 from recsys_dist.config.run import RunConfig
 from recsys_dist.distributed.config import DistributedConfig
@@ -25,6 +24,7 @@ from recsys_dist.serve.publishing import PublishCallback, check_publish_dir
 from recsys_dist.train import rank_failure
 from recsys_dist.train.config import PublishConfig
 from recsys_dist.train.job import Job, prepare_data
+from recsys_dist.train.launch import start_forkserver
 from recsys_dist.train.preflight import check_before_launch, check_converted, check_resumable
 from recsys_dist.train.run import train
 from recsys_dist.train.summary import print_summary
@@ -93,6 +93,8 @@ def _launch_run(args: argparse.Namespace, job: Job, run_dir: Path, resume: Path 
     # A resumed run's config.yaml is replaced only once there is something to train, so a
     # no-op resume with other overrides leaves the file that matches the checkpoints.
     run_dirs.write_config(job.to_dict(), run_dir, write=resume is None)
+    if job.distributed.nproc_per_node > 1 and start_method(job.distributed) == "forkserver":
+        start_forkserver()  # its imports overlap the data preparation below
     t_data = time.perf_counter()
     stream = job.data.stream is not None  # its partitions are converted by the ranks as they land
     if not stream:
@@ -149,7 +151,7 @@ def _stream_stopped(run_dir: Path, since: float) -> dict | None:
 
 def start_method(distributed: DistributedConfig) -> str:
     """How ``recsys-dist train`` starts its ranks: ``distributed.start_method``, where ``auto``
-    is ``fork`` on CPU when this process is the ``recsys-dist`` command, else ``spawn``.
+    is ``forkserver`` on CPU and ``spawn`` on CUDA.
 
     Raises:
         ConfigError: ``fork`` with a CUDA device (CUDA does not survive a fork).
@@ -157,9 +159,7 @@ def start_method(distributed: DistributedConfig) -> str:
     cuda = resolve_device(distributed.device).type == "cuda"
     method = distributed.start_method
     if method == "auto":
-        # Only a process that `recsys-dist` itself started is known to hold no OpenMP pool
-        # (see cmd_train); called from other Python code, main() spawns.
-        return "fork" if cli_main.ENTRY_POINT and not cuda else "spawn"
+        return "spawn" if cuda else "forkserver"
     if method == "fork" and cuda:
         raise ConfigError(
             "distributed.start_method: fork cannot start CUDA ranks (CUDA does not survive a fork); use spawn or auto"

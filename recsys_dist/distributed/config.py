@@ -167,13 +167,15 @@ class DistributedConfig(Section):
     nproc_per_node: int = Field(1, gt=0, description="Ranks to launch on this node (ignored under torchrun).")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto = cuda when available, else cpu.")
     max_restarts: int = Field(0, ge=0, description="Elastic agent restarts of the whole worker group.")
-    start_method: Literal["auto", "fork", "spawn"] = Field(
+    start_method: Literal["auto", "forkserver", "fork", "spawn"] = Field(
         "auto",
-        description="How `recsys-dist train` starts its ranks on this node. fork: they inherit the launcher's "
-        "imports (torch and torchrec: about 6 CPU-seconds per rank); spawn: fresh interpreters. auto = fork "
-        "on CPU when train runs as the recsys-dist command (a fresh process), otherwise spawn (CUDA does not "
-        "survive a fork: fork with CUDA is an error; a process that already computed may hold an OpenMP pool "
-        "whose copy hangs a forked rank).",
+        description="How `recsys-dist train` starts its ranks on this node. forkserver: forked from one clean "
+        "process that imported torch and torchrec once (about 3 CPU-seconds a launch); spawn: fresh interpreters "
+        "(those imports in every rank); fork: forked from the launcher itself, the fastest start, but the launcher "
+        "runs threads (the rendezvous store's, the data library's) and a fork that lands while one of them holds a "
+        "lock can leave a rank stuck at its start (seen: about 1 launch in 100 under load, a rank waiting in the "
+        "store's connect until the 600 s timeout). auto = forkserver on CPU, spawn on CUDA. fork with CUDA is an "
+        "error (CUDA does not survive a fork).",
     )
     cpu_threads_per_rank: int | None = Field(
         None,

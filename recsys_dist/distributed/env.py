@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import select
 import signal
 import sys
 import threading
@@ -45,10 +46,12 @@ def die_with_launcher() -> None:
     for nobody (writing metrics, pruning checkpoints beside an operator's ``--resume``).
 
     Linux: ``prctl(PR_SET_PDEATHSIG, SIGKILL)`` (the kernel kills this process when its
-    parent, the agent, exits). Everywhere: a daemon thread that checks once a second whether
-    the parent process changed (``os.getppid()``: orphans are re-parented) and then ends
-    this process; it also covers the parent dying before ``prctl`` took effect. Idempotent;
-    does nothing outside an elastic agent (``$TORCHELASTIC_RUN_ID`` unset).
+    parent exits). Everywhere: a daemon thread that checks once a second whether the parent
+    process changed (``os.getppid()``: orphans are re-parented) or the launcher named by
+    ``$RECSYS_DIST_LAUNCHER_PID`` ended, and then ends this process. The launcher need not be
+    the parent: ranks started by a forkserver are its children, and the forkserver outlives a
+    killed launcher while the ranks hold its liveness pipe. Idempotent; does nothing outside an
+    elastic agent (``$TORCHELASTIC_RUN_ID`` unset).
     """
     global _watching
     dump_stacks_on_sigusr1()
@@ -66,10 +69,11 @@ def die_with_launcher() -> None:
             ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
         except (OSError, AttributeError):
             pass
+    gone = _exit_watch(launcher) if launcher != parent else (lambda: False)
 
     def watch() -> None:
         while True:
-            if os.getppid() != parent:  # the launcher is gone
+            if os.getppid() != parent or gone():  # the launcher is gone
                 os.kill(os.getpid(), signal.SIGKILL)
             time.sleep(1.0)
 
@@ -78,6 +82,16 @@ def die_with_launcher() -> None:
 
 _watching = False
 LAUNCHER_PID_ENV = "RECSYS_DIST_LAUNCHER_PID"  # set by recsys_dist.launch and recsys-dist train
+
+
+def _exit_watch(pid: int):
+    """A function telling whether process ``pid`` has ended: through a pidfd where Linux has
+    one (exact, whatever reuses the number later), else by ``kill(pid, 0)``."""
+    try:
+        fd = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return lambda: not _alive(pid)
+    return lambda: bool(select.select([fd], [], [], 0)[0])
 
 
 def _alive(pid: int) -> bool:

@@ -157,6 +157,22 @@ def _failure_traceback(failure) -> str:
     return ""
 
 
+RANK_PRELOAD = ["torch", "torchrec", "torchrec.distributed", "recsys_dist.train.worker"]
+
+
+def start_forkserver() -> None:
+    """Start (once per process) the clean process that ``start_method: forkserver`` forks the
+    ranks from, importing :data:`RANK_PRELOAD` there; called early, its imports overlap the
+    launcher's own work (config checks, data preparation). Unlike a fork of the launcher, whose
+    threads (the rendezvous store's, the data library's) may hold a lock at the instant of the
+    fork, the server is single-threaded."""
+    import multiprocessing as mp
+    from multiprocessing import forkserver
+
+    mp.get_context("forkserver").set_forkserver_preload(RANK_PRELOAD)
+    forkserver.ensure_running()
+
+
 def launch_workers(
     entry: Callable[..., int],
     args: tuple,
@@ -168,12 +184,13 @@ def launch_workers(
     on the resolved Job) on ``nproc_per_node`` local ranks through torch.distributed's
     elastic launcher (``elastic_launch``, torchrun's agent, standalone c10d rendezvous).
 
-    ``start_method``: ``"fork"`` (CPU: the ranks inherit this process's imports, about 6
-    CPU-seconds of torch and torchrec per rank, and ``args`` as they are) or ``"spawn"`` (fresh
-    interpreters, ``args`` pickled; CUDA does not survive a fork). Forking is safe here
-    because this process never ran a multi-threaded OpenMP region (``recsys-dist train``
-    keeps it at one intra-op thread) and holds no process group; each forked rank restores the
-    default signal handlers before it starts.
+    ``start_method``: ``"forkserver"`` (the ranks fork from one clean process that imported torch
+    and torchrec once, :func:`start_forkserver`; ``args`` pickled), ``"spawn"`` (fresh
+    interpreters, those imports in each rank, about 3 CPU-seconds each; CUDA) or ``"fork"`` (the
+    ranks inherit this process as it is: no imports, but this process runs threads, the agent's
+    rendezvous store among them, and a fork while one holds a lock can leave a rank stuck at its
+    start; ``recsys-dist train`` keeps this process at one intra-op thread so that no OpenMP pool
+    is copied). Each rank restores the default signal handlers before it starts.
 
     Raises ``torch.distributed.elastic.multiprocessing.errors.ChildFailedError`` when a rank
     fails (after ``max_restarts`` restarts of the whole group); it names the first failing
@@ -182,8 +199,9 @@ def launch_workers(
     from torch.distributed.launcher.api import elastic_launch
 
     config = _standalone(nproc_per_node, max_restarts, start_method)
-
     os.environ[LAUNCHER_PID_ENV] = str(os.getpid())  # the ranks die with this process
+    if start_method == "forkserver":
+        start_forkserver()
     # The launcher's own INFO lines would drown the summary.
     logging.getLogger("torch.distributed.elastic").setLevel(logging.WARNING)
     # It logs a failed rank with the launcher's traceback; the caller reports the rank's error.
@@ -193,7 +211,22 @@ def launch_workers(
     logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)
     sys.stdout.flush()
     sys.stderr.flush()
-    elastic_launch(config, entry)(*args)
+    ours = {k: v for k, v in os.environ.items() if k.startswith(OUR_ENV)}
+    elastic_launch(config, _with_our_env)(ours, entry, *args)
+
+
+OUR_ENV = "RECSYS_DIST_"
+
+
+def _with_our_env(ours: dict[str, str], entry: Callable[..., int], *args: Any) -> int:
+    """``entry(*args)`` in a rank whose ``$RECSYS_DIST_*`` variables are the launcher's at the
+    launch (``ours``): a forkserver's ranks otherwise get the server's environment as it was
+    when it started, before the launcher set some of them (the run lock, the launcher's pid,
+    the run clock, the verified checkpoint)."""
+    for k in [k for k in os.environ if k.startswith(OUR_ENV) and k not in ours]:
+        del os.environ[k]
+    os.environ.update(ours)
+    return entry(*args)
 
 
 def first_failure(err) -> tuple[int, Any]:

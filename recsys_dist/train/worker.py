@@ -36,7 +36,13 @@ from recsys_dist.checkpoint.meta import read_meta
 from recsys_dist.data.loader import steps_per_epoch
 from recsys_dist.distributed.env import die_with_launcher
 from recsys_dist.errors import USER_ERRORS
-from recsys_dist.logs import print_apart, quiet_third_party, show_warnings_on_main_rank_only, this_rank
+from recsys_dist.logs import (
+    print_apart,
+    quiet_third_party,
+    show_warnings_on_main_rank_only,
+    this_rank,
+    thread_lock_for_progress_bars,
+)
 from recsys_dist.train import rank_failure
 from recsys_dist.train.job import Job
 from recsys_dist.train.launch import failure_message, first_failure, launch_workers
@@ -114,6 +120,7 @@ def _train_or_echo(*args):
 def _rank_code(job: Job, run: RankRun) -> int:
     quiet_third_party()  # a spawned rank starts with the default filters
     show_warnings_on_main_rank_only()  # every rank would print the same ones
+    thread_lock_for_progress_bars()
     die_with_launcher()  # a rank never outlives its launcher
     code, summary = train_rank(job, run)
     if summary is not None and summary.get("stopped") == "SIGTERM":

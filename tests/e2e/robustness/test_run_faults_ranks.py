@@ -62,6 +62,46 @@ def processes_naming(text: str) -> list[int]:
     return found
 
 
+def below(pid: int) -> dict[int, str]:
+    """The live processes started under ``pid`` (children, theirs, ...), each with its command line."""
+    parent, cmd = {}, {}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text().rsplit(")", 1)[1].split()
+            cmd[int(d.name)] = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if stat[0] not in ("Z", "X"):
+            parent[int(d.name)] = int(stat[1])
+    found, todo = {}, [pid]
+    while todo:
+        p = todo.pop()
+        kids = [c for c, pp in parent.items() if pp == p]
+        found.update({c: cmd[c] for c in kids})
+        todo.extend(kids)
+    return found
+
+
+def ranks_below(launcher: int) -> list[int]:
+    """The ranks of ``launcher``: its processes but the forkserver they fork from (a child of
+    the launcher) and multiprocessing's resource tracker."""
+    procs = below(launcher)
+    return [p for p, cmd in procs.items() if "resource_tracker" not in cmd and p not in below_one(launcher)]
+
+
+def below_one(pid: int) -> set[int]:
+    return {p for p in below(pid) if _parent(p) == pid}
+
+
+def _parent(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except OSError:
+        return -1
+
+
 def gone_within(pids_of, seconds: float) -> list[int]:
     """The processes ``pids_of()`` still finds after ``seconds`` (polled), [] when none."""
     deadline = time.monotonic() + seconds
@@ -141,11 +181,12 @@ def test_ranks_never_outlive_their_launcher(reference, tmp_path):
     log = open(tmp_path / "killed.log", "w+")
     launcher = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=log, text=True)
     wait_for_step(run, 6, launcher)
-    ranks = [p for p in processes_naming(str(run)) if p != launcher.pid]
-    assert len(ranks) == 2, ranks
+    ranks = ranks_below(launcher.pid)
+    assert len(ranks) == 2, below(launcher.pid)
+    everything = list(below(launcher.pid))  # the ranks, the forkserver, the resource tracker
     launcher.kill()
     launcher.wait()
-    assert gone_within(lambda: [p for p in processes_naming(str(run)) if p in ranks], 10) == []
+    assert gone_within(lambda: [p for p in everything if _alive(p)], 10) == []
     assert not (run / "summary.json").exists()
 
     def resume_then_signal(step: int, sig: signal.Signals) -> str:
@@ -156,12 +197,14 @@ def test_ranks_never_outlive_their_launcher(reference, tmp_path):
                 [*cmd, "--resume", "auto"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=err_file, text=True
             )
             wait_for_step(run, step, launcher)
+            everything = list(below(launcher.pid))
+            assert len(ranks_below(launcher.pid)) == 2, below(launcher.pid)
             launcher.send_signal(sig)
             launcher.wait(timeout=120)
         err = err_path.read_text()
         assert launcher.returncode == 128 + sig, err[-3000:]
         assert f"recsys-dist: stopped by {sig.name}" in err and "Traceback" not in err, err[-3000:]
-        assert gone_within(lambda: processes_naming(str(run)), 10) == []
+        assert gone_within(lambda: [p for p in [*everything, *processes_naming(str(run))] if _alive(p)], 10) == []
         return err
 
     # SIGTERM: exit 143 with one line, no traceback; the ranks are stopped too.
@@ -217,6 +260,6 @@ def test_a_command_that_outlives_its_timeout_reports_every_ranks_stacks(tmp_path
     with pytest.raises(HungCommand) as hung:
         run_train(QUICKSTART, tmp_path / "run", *TOY2, tmp=tmp_path, env={"RECSYS_DIST_FAULT": "delay:30"}, timeout=20)
     err = str(hung.value)
-    # each process prints "Current thread" once; the ranks wait in the injected delay
+    # the launcher and each rank print "Current thread" once; the ranks wait in the injected delay
     assert err.count("Current thread 0x") == 3, err[-4000:]
     assert err.count("recsys_dist/faults.py") == 2, err[-4000:]

@@ -7,7 +7,6 @@ import torch
 from torch import nn
 from torchrec import EmbeddingBagCollection
 
-from recsys_dist.cli import main as cli_main
 from recsys_dist.cli import train_run as train_cmd
 from recsys_dist.config import ConfigError
 from recsys_dist.config.job import resolve_job
@@ -62,14 +61,14 @@ def test_decay_exponent_with_lfu_is_refused():
         load_config(QUICKSTART, ["data.categorical_mapping=managed", managed % policy])
 
 
-def test_ranks_fork_on_cpu_spawn_on_cuda_and_fork_with_cuda_is_refused(monkeypatch):
+def test_ranks_start_from_a_forkserver_on_cpu_spawn_on_cuda_and_fork_with_cuda_is_refused():
     def method(*overrides):  # start_method takes the distributed section
         return train_cmd.start_method(load_config(QUICKSTART, list(overrides)).distributed)
 
-    assert method("distributed.device=cpu") == "spawn"  # from Python
-    monkeypatch.setattr(cli_main, "ENTRY_POINT", True)  # the recsys-dist command
-    assert method("distributed.device=cpu") == "fork"
+    # never a fork of the launcher by default: its threads may hold a lock at the fork
+    assert method("distributed.device=cpu") == "forkserver"
     assert method("distributed.device=cuda") == "spawn"
     assert method("distributed.start_method=spawn") == "spawn"
+    assert method("distributed.start_method=fork") == "fork"
     with pytest.raises(ConfigError, match="distributed.start_method: fork cannot start CUDA ranks"):
         method("distributed.device=cuda", "distributed.start_method=fork")
