@@ -75,16 +75,19 @@ LOCK_ENV = "RECSYS_DIST_RUN_LOCK"
 
 class RunDirLock:
     """An exclusive ``flock`` on ``RUN_DIR/.lock``; :meth:`release` (or the end of the
-    process, however it ends) gives it back."""
+    process, however it ends) gives it back. ``hand_down``: the run this process starts
+    (its ranks, or one rank in this process) trains under it: ``$RECSYS_DIST_RUN_LOCK`` names it."""
 
-    # The locks this process holds, oldest first, and $RECSYS_DIST_RUN_LOCK from before the
-    # first: locks may be released in any order (two Trainers closed owner first), so the
-    # variable names the newest lock still held, never one already given back.
+    # The handed-down locks this process holds, oldest first, and $RECSYS_DIST_RUN_LOCK from
+    # before the first: locks may be released in any order, so the variable names the newest
+    # lock still held, never one already given back.
     _held: list[RunDirLock] = []
     _env_outside: str | None = None
 
-    def __init__(self, run_dir: Path, fd: int) -> None:
-        self.run_dir, self._fd = run_dir, fd
+    def __init__(self, run_dir: Path, fd: int, hand_down: bool = True) -> None:
+        self.run_dir, self._fd, self.hand_down = run_dir, fd, hand_down
+        if not hand_down:
+            return
         if not RunDirLock._held:
             RunDirLock._env_outside = os.environ.get(LOCK_ENV)
         RunDirLock._held.append(self)
@@ -96,6 +99,8 @@ class RunDirLock:
             return
         os.close(self._fd)  # closing the only descriptor drops the flock
         self._fd = None
+        if not self.hand_down:
+            return
         RunDirLock._held.remove(self)
         env = str(RunDirLock._held[-1].run_dir) if RunDirLock._held else RunDirLock._env_outside
         if env is None:
@@ -110,7 +115,7 @@ class RunDirLock:
         self.release()
 
 
-def lock_run_dir(run_dir: str | Path, wait_s: float = 0.0) -> RunDirLock | None:
+def lock_run_dir(run_dir: str | Path, wait_s: float = 0.0, hand_down: bool = True) -> RunDirLock | None:
     """Take the run directory for this run: an exclusive ``fcntl.flock`` on ``RUN_DIR/.lock``
     (the directory is created if missing), with this process's pid, host and command
     written into the file so that a refused run can name the holder.
@@ -124,6 +129,12 @@ def lock_run_dir(run_dir: str | Path, wait_s: float = 0.0) -> RunDirLock | None:
         run_dir: the run directory.
         wait_s: how long to wait for a holder that is going away (an elastic restart's
             previous rank 0), in seconds; 0 = refuse at once.
+        hand_down: whether the run this process starts trains under this lock (``recsys-dist
+            train``: its ranks, or its one rank in this process, find the directory in
+            ``$RECSYS_DIST_RUN_LOCK`` and take no lock of their own). A Trainer's lock is not
+            handed down: a second Trainer on the directory, in this process or one it starts,
+            is refused while the first is open (flock refuses a second open of the file, even
+            in the same process).
 
     Returns:
         The lock, or None when a launcher of this process holds it already (``$RECSYS_DIST_RUN_LOCK``
@@ -133,7 +144,8 @@ def lock_run_dir(run_dir: str | Path, wait_s: float = 0.0) -> RunDirLock | None:
     killed run left are removed (:func:`remove_temporaries`).
 
     Raises:
-        RunDirLocked: another live process holds it (naming its pid, host and command).
+        RunDirLocked: another live process holds it (naming its pid, host and command), or
+            this process does (a Trainer on the directory not closed yet: close it first).
         ConfigError: the directory or its lock file cannot be created, ``.lock`` is a
             symbolic link, a hard link or not a regular file (refused: never written through),
             or a directory stands where the run writes a file (:func:`check_run_files`).
@@ -160,12 +172,9 @@ def lock_run_dir(run_dir: str | Path, wait_s: float = 0.0) -> RunDirLock | None:
             if time.monotonic() < deadline:
                 time.sleep(0.2)
                 continue
-            holder = _holder(fd)
+            refusal = _refusal(run_dir, path, fd)
             os.close(fd)
-            raise RunDirLocked(
-                f"--run-dir {run_dir} is in use by another run ({holder}, holding {path}); two runs never write "
-                "one directory. Wait for it to finish or stop it, or give another --run-dir"
-            ) from None
+            raise refusal from None
     info = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     info["command"] = " ".join(sys.argv)[:500]
     try:
@@ -173,7 +182,7 @@ def lock_run_dir(run_dir: str | Path, wait_s: float = 0.0) -> RunDirLock | None:
         os.pwrite(fd, (json.dumps(info) + "\n").encode(), 0)
     except OSError:
         pass  # the lock holds without its description
-    lock = RunDirLock(run_dir, fd)
+    lock = RunDirLock(run_dir, fd, hand_down)
     try:
         check_run_files(run_dir)
     except ConfigError:
@@ -222,11 +231,31 @@ def remove_temporaries(run_dir: Path) -> list[Path]:
     return removed
 
 
-def _holder(fd: int) -> str:
+def _refusal(run_dir: Path, path: Path, fd: int) -> RunDirLocked:
+    """The error for a run directory whose lock (``path``, open as ``fd``) another run holds:
+    another process, or this one (a Trainer not closed yet: its pid is in the file)."""
+    if _lock_info(fd).get("pid") == os.getpid():
+        return RunDirLocked(
+            f"run_dir {run_dir} is in use by another run of this process (pid {os.getpid()}, holding {path}: a "
+            "Trainer on it that is not closed yet); two runs never write one directory. Close that Trainer first "
+            "(trainer.close(), or leave its with-block), or give another run_dir"
+        )
+    return RunDirLocked(
+        f"--run-dir {run_dir} is in use by another run ({_holder(fd)}, holding {path}); two runs never write "
+        "one directory. Wait for it to finish or stop it, or give another --run-dir"
+    )
+
+
+def _lock_info(fd: int) -> dict:
     try:
         info = json.loads(os.pread(fd, 4096, 0).decode() or "{}")
     except (OSError, ValueError):
-        info = {}
+        return {}
+    return info if isinstance(info, dict) else {}
+
+
+def _holder(fd: int) -> str:
+    info = _lock_info(fd)
     if not info.get("pid"):
         return "a process that has not written its name yet"
     return (

@@ -151,6 +151,7 @@ class EpochData(DataSource):
         super().__init__(trainer)
         self.resume_on_new_data = trainer._resume_on_new_data
         self.next_epoch = self.first_epoch = 0
+        self.in_run = False  # inside run(): fit()
         self.new_data, self.resume_epoch = False, 0
 
     def setup(self, checkpoint: Path | None) -> Job:
@@ -225,9 +226,13 @@ class EpochData(DataSource):
         the final checkpoint and ``summary.json``."""
         t = self.trainer
         last_val: dict = {}
-        while self.next_epoch < t.job.train.epochs and not self.done(t.step):
-            last_val = t.train_epoch() or last_val
-        return self.finish(last_val)
+        self.in_run = True
+        try:
+            while self.next_epoch < t.job.train.epochs and not self.done(t.step):
+                last_val = t.train_epoch() or last_val
+            return self.finish(last_val)
+        finally:
+            self.in_run = False
 
     def train_epoch(self) -> dict:
         """Train epoch ``next_epoch`` (from the checkpoint's batch after a resume), then score
@@ -245,6 +250,8 @@ class EpochData(DataSource):
         if t._checkpoint_due():
             t._save_in_window()
         self.next_epoch += 1
+        if not (self.in_run and self.done(t.step)):  # fit's last validation: raised after finish()
+            t._hooks.raise_failure(t)
         return metrics
 
     def validate(self) -> dict:
@@ -258,10 +265,9 @@ class EpochData(DataSource):
         maybe_fault("eval", t.step, t.ctx.rank)
         metrics = t.evaluate("validation")
         t._last_val = (t.step, metrics)
-        for callback in t._callbacks:
-            callback.on_validation_end(t, t.step, metrics)
         managed = t._task.managed_metrics("validation")
         t._recorder.write(split="validation", step=t.step, epoch=self.epoch, **metrics, **managed)
+        t._hooks.validation_end(t, t.step, metrics)  # each a copy; an exception held, raised once saved
         if metrics.get("auc") is not None:
             t._recorder.bar.set_postfix_str(f"val AUC {metrics['auc']:.4f}", refresh=False)
         if t.best is not None:
@@ -286,7 +292,9 @@ class EpochData(DataSource):
         # step: the training position; weights_step: whose weights were scored (restore_best).
         t._recorder.write(split="test", step=t.step, weights_step=weights_step, epoch=self.epoch, **test, **managed)
         checkpoint = t.save_checkpoint() if t.job.checkpoint.enabled else None
-        return t._write_summary(last_val, test, checkpoint, weights_step)
+        summary = t._write_summary(last_val, test, checkpoint, weights_step)
+        t._hooks.raise_failure(t)  # a callback raised at the last validation: raised now, the run finished
+        return summary
 
     def _restore_best(self, last_val: dict) -> tuple[int, dict]:
         """At the end of training with ``train.early_stopping.restore_best``: put back the

@@ -38,12 +38,13 @@ class RunLease:
 
     def take_run_dir(self, run_dir: Path) -> None:
         """Rank 0 holds the run directory's lock until :meth:`release` (unless the launcher that
-        started this process holds it); every rank raises if another run holds it."""
+        started this process holds it); every rank raises if another run holds it, another
+        Trainer of this process included (the lock is not handed down to it)."""
         # An elastic restart's new rank 0 may start while the previous one is still exiting.
         wait = 30.0 if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)) > 0 else 0.0
 
         def take() -> None:
-            self.lock = run_dirs.lock_run_dir(run_dir, wait_s=wait)
+            self.lock = run_dirs.lock_run_dir(run_dir, wait_s=wait, hand_down=False)
 
         broadcast_result(self.ctx, take)
 

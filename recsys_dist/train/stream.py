@@ -41,6 +41,7 @@ import torch.distributed as dist
 
 from recsys_dist.checkpoint import run_dir as run_dirs
 from recsys_dist.checkpoint.dcp import latest_checkpoint
+from recsys_dist.data.loader import ParquetBatchLoader
 from recsys_dist.data.stream import Partition, convert_partition, not_ready_reason, ready, scan
 from recsys_dist.distributed.env import broadcast_result
 from recsys_dist.errors import DataError, FileChanging
@@ -134,6 +135,19 @@ class StreamData(DataSource):
         # quarantined after it was saved): written again, so dropped here.
         return lambda line: line.get("partition") is not None and not self.stream.accounts_for(line)
 
+    def loader(self, split: str | ParquetBatchLoader) -> ParquetBatchLoader:
+        """``split`` itself: a stream has no named splits (its partitions are scored as they land)."""
+        if isinstance(split, ParquetBatchLoader):
+            return split
+        raise ValueError(
+            f"a StreamTrainer has no {split!r} split to score: data.stream has no validation, test or train split "
+            "(each partition is scored before the model trains on it: the 'validation' lines of metrics.jsonl "
+            "naming it, and the summary's 'validation'). To score the model now (before fit(): the weights "
+            "resumed from, or fresh ones; or after it), pass a loader of the rows: trainer.evaluate(loader) / "
+            "trainer.predict(loader) with a recsys_dist.ParquetBatchLoader (docs/api.md), or export the run and "
+            "use recsys-dist predict"
+        )
+
     def should_stop(self, step: int) -> bool:
         """After a training step: every STOP_CHECK_STEPS steps (the same steps on every rank),
         whether to stop (:meth:`_agree_stop`): not every step, which would add a collective to
@@ -167,6 +181,9 @@ class StreamData(DataSource):
         t = self.trainer
         last_val: dict = {}
         self._idle_since = time.monotonic()
+        # A later fit() of the same Trainer goes on with the partitions landed since: the last
+        # one's stop (idle, a SIGTERM it acted on) ended that call only.
+        self._stop_reason = self._signalled = None
         while not self.done(t.step) and self._stop_reason is None:
             name = self._next_partition()
             if name is None or not self._open(name):
@@ -390,8 +407,8 @@ class StreamData(DataSource):
         s.validated = True
         maybe_fault("scored", t.step, t.ctx.rank)
         t._last_val = (t.step, metrics)
-        for callback in t._callbacks:
-            callback.on_validation_end(t, t.step, metrics)
+        t._hooks.validation_end(t, t.step, metrics)
+        t._hooks.raise_failure(t)  # a callback raised: every rank raises (the last checkpoint holds the step)
         return metrics
 
     def _finish_partition(self) -> None:
@@ -426,8 +443,7 @@ class StreamData(DataSource):
         if t.ctx.is_main and checkpoint is not None and entry is not None:  # recorded as trained: never read again
             shutil.rmtree(entry, ignore_errors=True)
             entry.with_name(f"{entry.name}.lock").unlink(missing_ok=True)
-        for callback in t._callbacks:
-            callback.on_partition_end(t, name, checkpoint)
+        t._hooks.partition_end(t, name, checkpoint)
 
     @contextmanager
     def stop_signals(self):
@@ -457,6 +473,11 @@ class StreamTrainer(Trainer):
     resume, before training (``PublishCallback`` publishes the resumed checkpoint when a kill
     cut its publish short).
 
+    ``evaluate`` / ``predict`` take a loader (``ParquetBatchLoader``) only, before or after
+    :meth:`fit`: a stream has no ``"validation"`` / ``"test"`` / ``"train"`` split (each
+    partition is scored as it lands, before training); a split name raises ``ValueError``
+    saying so.
+
     Attributes (besides the Trainer's):
         stream: the :class:`StreamState` (partitions consumed, quarantined, the current one).
 
@@ -475,6 +496,10 @@ class StreamTrainer(Trainer):
         """Train on the partitions of ``data.stream`` as they land (:meth:`StreamData.run`) until
         the stream is idle for ``stop_after_idle_seconds``, ``train.max_steps``, or SIGTERM; then
         save a checkpoint and write ``summary.json``. Collective.
+
+        Called again on the same Trainer, it goes on where the last call stopped: it trains the
+        partitions that landed since (the same run: ``metrics.jsonl`` continues, the summary
+        counts every partition of the Trainer's life); at ``train.max_steps`` it trains nothing.
 
         Returns:
             the ``StreamSummary`` (``summary.json``).

@@ -45,7 +45,7 @@ from recsys_dist.train.build import (
     require_ranks,
     write_plan,
 )
-from recsys_dist.train.callbacks import Callback, HookTrainer
+from recsys_dist.train.callbacks import Callback, Hooks, HookTrainer
 from recsys_dist.train.checkpointing import Checkpointer
 from recsys_dist.train.data_source import DataSource, EpochData
 from recsys_dist.train.evaluation import evaluate, predict
@@ -187,7 +187,7 @@ class Trainer:
         require_ranks(job)
         self.job, self.run_dir = job, Path(run_dir)
         self._user_model, self._dense_factory, self._scheduler_factory = model, dense_optimizer, lr_scheduler
-        self._callbacks = list(callbacks)
+        self._hooks = Hooks(callbacks)  # on_validation_end's exception: held, then raised on every rank
         self._resume_on_new_data = resume_on_new_data
         self._recorder = self._runner = None
         self._fit_failed: int | None = None  # the step a failed fit() stopped at
@@ -362,8 +362,8 @@ class Trainer:
                     "checkpoint %s is already at the last step (%d); nothing to train", self.resumed_from, self._step
                 )
                 return run_dirs.noop_summary(self.run_dir, self.resumed_from, self._step)
-            for callback in self._callbacks if self.resumed_from is not None else ():
-                callback.on_resume(self, self._step, self.resumed_from)
+            if self.resumed_from is not None:  # once a Trainer: a second fit() has not resumed
+                self._hooks.resume(self, self._step, self.resumed_from)
             return self._source.run()
 
     def train_epoch(self) -> dict:
@@ -445,8 +445,7 @@ class Trainer:
         """
         with self._lease.collective(), self._clock.phase("checkpoint"):
             path = self._ckpt.save(self._step, self._checkpoint_meta(), self.job, self.loaders, best=best)
-        for callback in self._callbacks:
-            callback.on_checkpoint(self, self._step, path)
+        self._hooks.checkpoint(self, self._step, path)
         return path
 
     def close(self) -> None:
@@ -496,8 +495,7 @@ class Trainer:
             rec.tracer.after(self._step)
             rec.add_loss(out[0].detach())
             runner.after_step()
-            for callback in self._callbacks:
-                callback.on_step_end(self, self._step, out[0].detach())
+            self._hooks.step_end(self, self._step, out[0].detach())
             rec.add_rows(out[3])
             if self._step % job.train.log_every_n_steps == 0:
                 self._log_train()
@@ -510,6 +508,7 @@ class Trainer:
                 source.validate()  # detaches the pipeline (evaluate); its next progress re-attaches
                 if self._done():  # early stopping: every rank decides alike (global metrics)
                     break
+                self._hooks.raise_failure(self)  # a callback raised: the step saved, every rank raises
                 rec.restart_clock()
             if self._checkpoint_due():
                 self._save_in_window()

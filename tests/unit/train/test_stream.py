@@ -96,3 +96,23 @@ def test_stream_refuses_what_it_does_not_use(tmp_path):
     text = str(err.value)
     for key in ("train.epochs", "eval.every_n_steps", "train.early_stopping", "data.stream.path"):
         assert f"{key}:" in text, text
+
+
+def test_a_stream_trainer_refuses_a_split_name_before_fit(tmp_path, monkeypatch, cache_dir):
+    """evaluate() / predict() by split name on a StreamTrainer: a stream has no such split
+    (before fit it raised AttributeError: 'NoneType' object has no attribute 'weight_column')."""
+    import recsys_dist
+    from recsys_dist.serve.publishing import PublishCallback
+
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "TORCHELASTIC_RUN_ID"):
+        monkeypatch.delenv(name, raising=False)
+    land(tmp_path / "landing", NAMES[0])
+    cfg = load_config(CONFIG, [*overrides(tmp_path / "landing"), "distributed.nproc_per_node=1"])
+    run = tmp_path / "run"
+    with recsys_dist.StreamTrainer(cfg, run, callbacks=[PublishCallback(cfg.publish, run)]) as trainer:
+        for call, split in ((trainer.evaluate, "validation"), (trainer.predict, "test"), (trainer.evaluate, "train")):
+            with pytest.raises(ValueError) as err:
+                call(split)
+            assert f"a StreamTrainer has no {split!r} split to score" in str(err.value)
+            assert "pass a loader of the rows: trainer.evaluate(loader) / trainer.predict(loader)" in str(err.value)
+        assert trainer.step == 0

@@ -8,6 +8,7 @@ import pytest
 import recsys_dist
 from recsys_dist.config import ConfigError
 from recsys_dist.config.loader import load_config
+from recsys_dist.errors import RunDirLocked
 from recsys_dist.train.pipelines import PIPELINES
 from tests.conftest import QUICKSTART
 
@@ -94,7 +95,8 @@ def test_trainer_whose_group_was_destroyed_under_it(tmp_path, monkeypatch, cache
     owner = recsys_dist.Trainer(cfg, tmp_path / "a")
     user = recsys_dist.Trainer(cfg, tmp_path / "b")
     owner.close()
-    assert os.environ.get("RECSYS_DIST_RUN_LOCK") == str((tmp_path / "b").absolute())  # the lock still held
+    with pytest.raises(RunDirLocked, match="in use by another run of this process"):
+        recsys_dist.Trainer(cfg, tmp_path / "b")  # its lock still held
     with pytest.raises(RuntimeError, match="process group this Trainer was built on has been destroyed"):
         user.evaluate()
     user.close()
@@ -111,3 +113,32 @@ def test_trainer_whose_group_was_destroyed_under_it(tmp_path, monkeypatch, cache
     # closed out of order, the Trainers left no lock named in the environment (a later run in
     # one of these directories would have skipped taking its lock)
     assert "RECSYS_DIST_RUN_LOCK" not in os.environ
+
+
+def test_a_second_trainer_on_an_open_run_dir_is_refused_until_the_first_is_closed(tmp_path, monkeypatch, cache_dir):
+    """Two Trainers of one process on one run directory: the second is refused (it was built,
+    and the two wrote one metrics.jsonl and one checkpoints/); the first's close frees it."""
+    import torch.distributed as dist
+
+    for name in LAUNCHER_ENV:
+        monkeypatch.delenv(name, raising=False)
+    cfg = load_config(QUICKSTART, [*TOY, "distributed.nproc_per_node=1"])
+    run = tmp_path / "run"
+    first = recsys_dist.Trainer(cfg, run)
+    first_line = (run / "metrics.jsonl").read_text()
+    with pytest.raises(RunDirLocked) as err:
+        recsys_dist.Trainer(cfg, run, resume="auto")
+    msg = str(err.value)
+    assert f"run_dir {run.absolute()} is in use by another run of this process (pid {os.getpid()}" in msg
+    assert "Close that Trainer first (trainer.close(), or leave its with-block), or give another run_dir" in msg
+    (tmp_path / "alias").symlink_to(run)
+    with pytest.raises(RunDirLocked, match="in use by another run of this process"):
+        recsys_dist.Trainer(cfg, tmp_path / "alias")  # the same directory by another name
+    # The refused Trainer touched nothing: the first one's files and group are as they were.
+    assert (run / "metrics.jsonl").read_text() == first_line and not (run / "checkpoints").exists()
+    assert first.evaluate()["num_examples"] == 200 and first.save_checkpoint().name == "step_00000000"
+    assert "RECSYS_DIST_RUN_LOCK" not in os.environ  # a Trainer's lock is not handed to other processes
+    first.close()
+    with recsys_dist.Trainer(cfg, run, resume="auto") as after:  # closed: the directory is free
+        assert after.resumed_at_step == 0 and after.evaluate()["num_examples"] == 200
+    assert not dist.is_initialized()
