@@ -3,7 +3,8 @@
 The command runs in a ``python -c`` wrapper that first replaces the counted functions with
 ones that append a line ``{"pid", "rank", "what"}`` to a file on every call (a line per call,
 because the ranks leave through ``os._exit``, which skips ``atexit``). The ranks fork from the
-wrapper (``recsys-dist``'s CPU start method), so they run the counting functions too.
+wrapper (``distributed.start_method: fork``, given here: a forkserver's ranks would not run the
+wrapper's replacements), so they run the counting functions too.
 
 Counted: RunConfig validation, preflight (``check_before_launch``) and its cross-section
 pass (``section_problems``), model builds (the registered model's ``build``), ``feature_spec``
@@ -80,6 +81,7 @@ def test_one_validation_one_preflight_one_model_per_rank(tmp_path):
     log = tmp_path / "calls.jsonl"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "RECSYS_DIST_CACHE": str(tmp_path / "cache")}
     argv = ["train", "--config", str(QUICKSTART), "--run-dir", str(tmp_path / "run"), *TINY]
+    argv.append("distributed.start_method=fork")
     r = subprocess.run(
         [sys.executable, "-c", WRAPPER, str(log), *argv], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
     )

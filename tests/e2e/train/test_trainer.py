@@ -35,6 +35,9 @@ def failing_job(bad_rank: int) -> int:
     import torch.distributed as dist
 
     dist.init_process_group("gloo")  # the launcher's environment (env:// rendezvous)
+    # Both connected before one fails: a rank 0 that returned while rank 1 was still joining
+    # the group made rank 1 fail in gloo's connect under load, not with the error meant here.
+    dist.barrier()
     rank = dist.get_rank()
     if rank == bad_rank:
         raise ValueError(f"rank {rank} refuses")
