@@ -1,0 +1,102 @@
+"""The training step under ``distributed.dense.strategy: pipeline`` (docs/design/pipeline.md).
+
+Per step, on every rank (every rank runs the same collectives whatever its stage, also when its
+batch is padding only):
+
+1. ``pooled = model.pipeline_input(dense, kjt)``: ``[B, d]``, a live graph into the sharded
+   tables (their forward is collective over all ranks).
+2. The (label, weight) rows of every rank to every rank (all_gather: the last stage's target and
+   the global weight); ``pooled`` (detached) of every rank to stage 0 (gather): ``x = [pooled_0;
+   ...; pooled_{W-1}]``, ``[W*B, d]``, a leaf that requires grad.
+3. ``schedule.step``: the microbatches through the stages (the loss on the last one: see
+   ``recsys_dist.distributed.stages._loss_fn``); each stage's parameter gradients are the mean
+   over the microbatches (``scale_grads``), and ``x.grad`` their sum, so stage 0 divides it by
+   the microbatches: d(global weighted mean loss)/dx.
+4. Each rank's rows of that gradient back to it (scatter), and ``pooled.backward(g * W)``:
+   TorchRec divides the pooled embeddings' gradient by the world size in its backward (it
+   expects DDP's per-rank losses), so W undoes it. The fused table optimizers step in that
+   backward. Gradients of replicated parameters outside the tower (data-parallel tables) are
+   averaged over the ranks, as DDP would.
+5. The optimizer steps (each rank: its stage's parameters; other stages' have no gradient).
+6. The global loss and this rank's logits from the last stage (broadcast), for the log and metrics.
+
+TrainPipelineSparseDist's overlap of the next batch's input_dist does not apply here (the batch
+goes through ``pipeline_input`` directly): this is ``train.pipeline: base``'s order.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torchrec.distributed.comm_ops import get_gradient_division
+
+from recsys_dist.distributed.stages import DenseStages, sync_replicas
+
+
+class StagePipeline:
+    """A :class:`recsys_dist.train.pipelines.TrainPipeline` for a DMP with ``dense_stages``.
+
+    ``progress`` returns ``(loss, (loss, logits, labels, weights))`` as the task's forward does,
+    where ``loss`` is the global batch's weighted mean loss (the same on every rank; its mean over
+    the ranks, the train log's loss, is ``ddp``'s) and ``logits`` this rank's rows, ``[B]`` float32.
+    ``detach`` makes the ranks' tower copies equal (``sync_replicas``) before a scoring pass.
+    """
+
+    steps_done = 0
+
+    def __init__(self, model, optimizer, device: torch.device) -> None:
+        self._model, self._optimizer, self._device = model, optimizer, device
+        self._stages: DenseStages = model.dense_stages
+        self._task = model.module
+
+    def progress(self, dataloader_iter):
+        batch = next(dataloader_iter).to(self._device, non_blocking=True)
+        st, group = self._stages, self._stages.group
+        world, rank, last = dist.get_world_size(group), st.index, st.num_stages - 1
+        self._optimizer.zero_grad()
+        pooled = self._task.model.pipeline_input(batch.dense_features, batch.sparse_features)
+        rows = torch.stack([batch.labels.float(), batch.weights.float()], dim=1)
+        every = [torch.empty_like(rows) for _ in range(world)]
+        dist.all_gather(every, rows, group=group)
+        target = torch.cat(every)
+        total = float(target[:, 1].sum())
+        st.loss_scale = st.microbatches / total if total > 0 else 0.0
+        parts = [torch.empty_like(pooled) for _ in range(world)] if rank == 0 else None
+        dist.gather(pooled.detach().contiguous(), parts, dst=dist.get_global_rank(group, 0), group=group)
+        losses: list[torch.Tensor] = []
+        args = ()
+        if rank == 0:
+            x = torch.cat(parts).requires_grad_()
+            args = (x,)
+        kwargs = {"target": target, "losses": losses} if rank == last else {}
+        out = st.schedule.step(*args, **kwargs)
+        grad = torch.empty_like(pooled)
+        chunks = list((x.grad / st.microbatches).split(pooled.shape[0])) if rank == 0 else None
+        dist.scatter(grad, chunks, src=dist.get_global_rank(group, 0), group=group)
+        pooled.backward(grad * (world if get_gradient_division() else 1))
+        for p in st.rest:  # replicated parameters outside the tower: DDP's mean
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            dist.all_reduce(p.grad, group=group)
+            p.grad /= world
+        self._optimizer.step()
+        st.dirty = True
+        result = torch.empty(1 + target.shape[0], device=pooled.device)
+        if rank == last:
+            result[0] = torch.stack(losses).sum().detach() / st.microbatches
+            result[1:] = out.detach().squeeze(-1).float()
+        dist.broadcast(result, src=dist.get_global_rank(group, last), group=group)
+        b = pooled.shape[0]
+        logits = result[1 + rank * b : 1 + (rank + 1) * b]
+        self.steps_done += 1
+        return result[0], (result[0], logits, batch.labels, batch.weights)
+
+    def detach(self) -> torch.nn.Module:
+        sync_replicas(self._model, self._optimizer)
+        return self._model
+
+    def pop_times(self) -> dict[str, float]:
+        return {}
+
+    def reset(self) -> None:
+        pass
