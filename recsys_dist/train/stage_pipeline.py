@@ -36,8 +36,8 @@ from recsys_dist.distributed.stages import DenseStages, sync_replicas
 class StagePipeline:
     """A :class:`recsys_dist.train.pipelines.TrainPipeline` for a DMP with ``dense_stages``.
 
-    ``progress`` returns ``(loss, (loss, logits, labels, weights))`` as the task's forward does,
-    where ``loss`` is the global batch's weighted mean loss (the same on every rank; its mean over
+    ``progress`` returns ``(loss, logits, labels, weights)`` as TorchRec's pipelines do (the
+    task's second output), where ``loss`` is the global batch's weighted mean loss (the same on every rank; its mean over
     the ranks, the train log's loss, is ``ddp``'s) and ``logits`` this rank's rows, ``[B]`` float32.
     ``detach`` makes the ranks' tower copies equal (``sync_replicas``) before a scoring pass.
     """
@@ -89,7 +89,7 @@ class StagePipeline:
         b = pooled.shape[0]
         logits = result[1 + rank * b : 1 + (rank + 1) * b]
         self.steps_done += 1
-        return result[0], (result[0], logits, batch.labels, batch.weights)
+        return result[0], logits, batch.labels, batch.weights
 
     def detach(self) -> torch.nn.Module:
         sync_replicas(self._model, self._optimizer)

@@ -34,7 +34,9 @@ class _Cut:
     def pipeline_tower(self) -> list[nn.Module]:
         """The interaction (dense arch inside), then the over arch's perceptrons and last linear."""
         mlp, last = self.over_arch.model
-        first = tower.DLRMInteraction(self.dense_arch, self.inter_arch, self.dense_arch.model._mlp[0]._linear.in_features, self.sparse_arch.F)
+        first = tower.DLRMInteraction(
+            self.dense_arch, self.inter_arch, self.dense_arch.model._mlp[0]._linear.in_features, self.sparse_arch.F
+        )
         return [first, *mlp._mlp, last]
 
 

@@ -90,6 +90,7 @@ def losses_and_weights(rank: int, world_size: int, cases: list, steps: int) -> d
             "ddp": got["ddp"][0],
             "pipeline": got["pipeline"][0],
             "weight_diff": max(float((ref[k] - pipe[k]).abs().max()) for k in ref),
+            "worst": max(ref, key=lambda k: float((ref[k] - pipe[k]).abs().max())),
             "starts": stages.starts,
             "own_params": sum(p.numel() for m in stages.modules_of(rank) for p in m.parameters()),
         }
