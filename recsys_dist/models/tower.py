@@ -7,7 +7,8 @@ A model that can be cut has two methods (the zoo's ``dcnv2``, ``dlrm`` and ``dlr
   sharded tables' forward and backward are collective. It holds no dense parameter.
 - ``pipeline_tower() -> list[nn.Module]``: the rest as an ordered list of modules, each taking
   one tensor ``[b, ·]`` and returning one; the last returns the logits ``[b, 1]``. Composed,
-  ``tower(pipeline_input(dense, kjt))`` is ``forward(dense, kjt)`` op for op (the same numbers).
+  ``tower(pipeline_input(dense, kjt))`` is ``forward(dense, kjt)`` op for op (the same numbers
+  up to float rounding: a matmul over a column slice of the carried tensor may sum in another order).
   Each module holds its own parameters (the model's, shared, not copies); a parameter in two
   modules could not be owned by one stage.
 
