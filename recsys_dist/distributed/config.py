@@ -162,15 +162,16 @@ class DenseConfig(Section):
         "ranks with FSDP2 (torch.distributed.fsdp.fully_shard): every rank holds about 1/world of the dense "
         "parameters, gradients and optimizer state, and gathers a block's weights for its forward and "
         "backward. pipeline: the part after the pooled embeddings is cut into `stages` run by "
-        "torch.distributed.pipelining, one stage per rank, on the global batch (docs/design/pipeline.md). "
+        "torch.distributed.pipelining, one stage per rank (world / stages pipelines, data x pipeline; "
+        "docs/design/pipeline.md). "
         "The same losses every way (docs/sharding.md); checkpoints move between them.",
     )
     stages: int | None = Field(
         None,
         ge=2,
-        description="pipeline only (required there): pipeline stages, one per rank; must equal the world size "
-        "(data x pipeline meshes are not supported yet) and be at most the number of modules the model's "
-        "tower is cut into.",
+        description="pipeline only (required there): pipeline stages, one per rank; must divide the world size "
+        "(world / stages pipelines side by side, each on its share of the batch, their stages' gradients "
+        "averaged: data x pipeline) and be at most the number of modules the model's tower is cut into.",
     )
     schedule: PipelineSchedule | None = Field(
         None,
@@ -181,7 +182,7 @@ class DenseConfig(Section):
     microbatches: int | None = Field(
         None,
         gt=0,
-        description="pipeline only: microbatches the global batch (train.batch_size x world size rows) is "
+        description="pipeline only: microbatches a pipeline's batch (train.batch_size x stages rows) is "
         "cut into per step; must divide it, and be >= stages under 1f1b. None = stages.",
     )
     split: Literal["auto"] | list[int] | None = Field(

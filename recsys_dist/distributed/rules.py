@@ -173,24 +173,26 @@ def plan_problems(
 
 def pipeline_layout_problems(d: DenseConfig, world_size: int, batch_size: int) -> list[str]:
     """Why ``distributed.dense`` (strategy pipeline) cannot lay its stages on ``world_size``
-    ranks of ``batch_size`` rows each (``train.batch_size``): one stage per rank (a data x
-    pipeline mesh is not supported yet), microbatches that cut the global batch evenly (torch's
-    stages size their buffers from the first microbatch), at least one per stage under 1f1b."""
+    ranks of ``batch_size`` rows each (``train.batch_size``): the stages must divide the ranks
+    (``world / stages`` pipelines side by side, data x pipeline), the microbatches must cut a
+    pipeline's batch (``batch_size x stages`` rows) evenly (torch's stages size their buffers from
+    the first microbatch), and 1f1b needs at least one per stage."""
     if d.strategy != "pipeline" or d.stages is None:
         return []
     problems = []
-    if d.stages != world_size:
+    if world_size % d.stages:
+        fits = [k for k in range(2, world_size + 1) if world_size % k == 0]
         problems.append(
-            f"distributed.dense.stages: {d.stages} stages on {world_size} rank(s); each rank runs one stage and "
-            f"data x pipeline meshes are not supported yet, so stages must equal the world size: set stages: "
-            f"{world_size} or run {d.stages} ranks (distributed.nproc_per_node)"
+            f"distributed.dense.stages: {d.stages} stages do not divide {world_size} rank(s) (each rank runs one "
+            f"stage of one of world / stages pipelines); use one of {fits} or run a multiple of {d.stages} ranks "
+            "(distributed.nproc_per_node)"
         )
-    m, rows = d.pipeline_microbatches, batch_size * world_size
+    m, rows = d.pipeline_microbatches, batch_size * d.stages
     if rows % m:
         fits = [k for k in range(max(2, d.stages), min(rows, 64) + 1) if rows % k == 0][:4]
         problems.append(
-            f"distributed.dense.microbatches: {m} does not divide the global batch of {rows} rows (train.batch_size "
-            f"{batch_size} x {world_size} ranks); torch's stages need equal microbatches: use a divisor, e.g. {fits}"
+            f"distributed.dense.microbatches: {m} does not divide a pipeline's batch of {rows} rows (train.batch_size "
+            f"{batch_size} x {d.stages} stages); torch's stages need equal microbatches: use a divisor, e.g. {fits}"
         )
     if d.pipeline_schedule == "1f1b" and m < d.stages:
         problems.append(

@@ -84,19 +84,28 @@ def split_auto(sizes: list[int], stages: int) -> list[int]:
 class DenseStages:
     """One rank's part of the pipeline: its stage and schedule, and which stage owns which module.
 
+    Ranks form a ``data x pipeline`` grid (``dp = world / stages`` rows): rank ``r`` runs stage
+    ``r % stages`` of pipeline ``r // stages``; with ``dp = 1`` the pipeline group is the world.
+
     Attributes:
         tower: the whole tower's modules (the model's, shared).
         starts: the index of each stage's first module (``[0, ...]``, one per stage).
-        index: this rank's stage (= its rank: one stage per rank, the pipeline group is the world).
+        index: this rank's stage (its rank in its pipeline group).
+        group: its pipeline's group (ranks ``[d*S, ..., d*S + S - 1]``).
+        dp_group: the group of the ranks that run the same stage (``[s, S + s, ...]``), or None
+            (``dp = 1``): their stage gradients are averaged over it.
+        dp: the pipelines (data-parallel degree).
         schedule: the torch schedule over this rank's ``PipelineStage``.
         microbatches: the schedule's microbatches per step.
-        loss_scale: per step, ``microbatches / the global batch's weight`` (set before ``step``).
+        loss_scale: per step, ``microbatches x dp / the global batch's weight`` (set before ``step``).
     """
 
     tower: list[nn.Module]
     starts: list[int]
     index: int
     group: dist.ProcessGroup
+    dp_group: dist.ProcessGroup | None = None
+    dp: int = 1
     schedule: object = None
     microbatches: int = 1
     dirty: bool = False
@@ -131,9 +140,9 @@ class PipelineDense(DataParallelWrapper):
         tower, why = cut_model(root)
         if tower is None:
             raise ValueError(f"distributed.dense.strategy: pipeline: {why}")
-        cfg, group = self.cfg, env.process_group
-        if cfg.stages != env.world_size:
-            raise ValueError(f"distributed.dense.stages: {cfg.stages} must equal the world size {env.world_size}")
+        cfg, world = self.cfg, env.process_group
+        if env.world_size % cfg.stages:
+            raise ValueError(f"distributed.dense.stages: {cfg.stages} must divide the world size {env.world_size}")
         sizes = [sum(p.numel() for p in m.parameters()) for m in tower]
         starts = [0, *(split_auto(sizes, cfg.stages) if cfg.split in (None, "auto") else cfg.split)]
         sharded = set(DistributedModelParallel._sharded_parameter_names(root))
@@ -141,10 +150,12 @@ class PipelineDense(DataParallelWrapper):
         rest = [p for n, p in root.named_parameters() if n not in sharded and id(p) not in in_tower and p.requires_grad]
         with torch.no_grad():  # rank 0's dense weights everywhere, as DDP starts
             for t in [*(p for n, p in root.named_parameters() if n not in sharded), *root.buffers()]:
-                dist.broadcast(t.data, src=dist.get_global_rank(group, 0), group=group)
-        stages = DenseStages(tower, starts, env.rank, group, rest=rest)
-        submod = nn.Sequential(*stages.modules_of(env.rank))
-        stage = PipelineStage(submod, env.rank, cfg.stages, device, group=group)
+                dist.broadcast(t.data, src=dist.get_global_rank(world, 0), group=world)
+        group, dp_group = _grid(env.world_size, cfg.stages, env.rank, world)
+        index = env.rank % cfg.stages
+        stages = DenseStages(tower, starts, index, group, dp_group, env.world_size // cfg.stages, rest=rest)
+        submod = nn.Sequential(*stages.modules_of(index))
+        stage = PipelineStage(submod, index, cfg.stages, device, group=group)
         stages.microbatches = cfg.pipeline_microbatches
         stages.schedule = SCHEDULES[cfg.pipeline_schedule](
             stage, stages.microbatches, loss_fn=_loss_fn(root, stages), scale_grads=True
@@ -152,11 +163,23 @@ class PipelineDense(DataParallelWrapper):
         dmp.dense_stages = stages
 
 
+def _grid(world_size: int, stages: int, rank: int, world: dist.ProcessGroup):
+    """(this rank's pipeline group, its data-parallel group or None) of the ``data x pipeline``
+    grid; with one pipeline, the world itself. Every rank creates every group (torch needs it)."""
+    if world_size == stages:
+        return world, None
+    dp = world_size // stages
+    pipes = [dist.new_group([d * stages + s for s in range(stages)]) for d in range(dp)]
+    replicas = [dist.new_group([d * stages + s for d in range(dp)]) for s in range(stages)]
+    return pipes[rank // stages], replicas[rank % stages]
+
+
 def _loss_fn(task: nn.Module, stages: DenseStages):
     """The last stage's loss of one microbatch: the task's loss (a weighted mean over its rows)
-    times the microbatch's weight x ``stages.loss_scale`` (microbatches / global weight), so that
-    the mean over the microbatches, which the schedule's gradients are, is the weighted mean over
-    the global batch whatever rows are padding. ``target``: ``[b, 2]`` (label, weight)."""
+    times the microbatch's weight x ``stages.loss_scale`` (microbatches x dp / global weight), so
+    that the mean over the microbatches, which the schedule's gradients are, averaged over the dp
+    pipelines, is the weighted mean over the global batch whatever rows are padding.
+    ``target``: ``[b, 2]`` (label, weight)."""
 
     def loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         logits = output.squeeze(-1).float()
@@ -168,8 +191,9 @@ def _loss_fn(task: nn.Module, stages: DenseStages):
 
 def sync_replicas(dmp: nn.Module, optimizer) -> None:
     """Make every rank's copy of the tower equal to the owners' (each stage's parameters, buffers
-    and the dense optimizer's state of them, broadcast from its rank); a no-op without
-    ``dmp.dense_stages`` or when no step ran since the last sync. Collective over the stages' group.
+    and the dense optimizer's state of them, broadcast from its rank in the first pipeline); a
+    no-op without ``dmp.dense_stages`` or when no step ran since the last sync. Collective over
+    the world.
 
     ``optimizer``: the ``CombinedOptimizer`` of :func:`recsys_dist.distributed.optim.build_optimizer`,
     or a torch optimizer over the dense parameters.
@@ -178,15 +202,16 @@ def sync_replicas(dmp: nn.Module, optimizer) -> None:
     if stages is None or not stages.dirty:
         return
     opt = optimizer if isinstance(optimizer, torch.optim.Optimizer) else dense_torch_optimizer(optimizer)
-    group = stages.group
+    group = dist.group.WORLD  # pipeline 0's stage s (global rank s) to every rank (the dp replicas are equal)
+    rank = dist.get_rank()
     with torch.no_grad():
         for s in range(stages.num_stages):
-            src = dist.get_global_rank(group, s)
+            src = s
             params = list(dict.fromkeys(p for m in stages.modules_of(s) for p in m.parameters()))
             buffers = list(dict.fromkeys(b for m in stages.modules_of(s) for b in m.buffers()))
             for t in [*params, *buffers]:
                 dist.broadcast(t.data, src=src, group=group)
-            _sync_state(opt, params, src, s == stages.index, group)
+            _sync_state(opt, params, src, rank == s, group)
     stages.dirty = False
 
 

@@ -52,16 +52,16 @@ class StagePipeline:
     def progress(self, dataloader_iter):
         batch = next(dataloader_iter).to(self._device, non_blocking=True)
         st, group = self._stages, self._stages.group
-        world, rank, last = dist.get_world_size(group), st.index, st.num_stages - 1
+        size, rank, last = dist.get_world_size(group), st.index, st.num_stages - 1
         self._optimizer.zero_grad()
         pooled = self._task.model.pipeline_input(batch.dense_features, batch.sparse_features)
         rows = torch.stack([batch.labels.float(), batch.weights.float()], dim=1)
-        every = [torch.empty_like(rows) for _ in range(world)]
+        every = [torch.empty_like(rows) for _ in range(size)]
         dist.all_gather(every, rows, group=group)
         target = torch.cat(every)
-        total = float(target[:, 1].sum())
-        st.loss_scale = st.microbatches / total if total > 0 else 0.0
-        parts = [torch.empty_like(pooled) for _ in range(world)] if rank == 0 else None
+        total = _global_weight(target, st.dp_group)
+        st.loss_scale = st.microbatches * st.dp / total if total > 0 else 0.0
+        parts = [torch.empty_like(pooled) for _ in range(size)] if rank == 0 else None
         dist.gather(pooled.detach().contiguous(), parts, dst=dist.get_global_rank(group, 0), group=group)
         losses: list[torch.Tensor] = []
         args = ()
@@ -73,12 +73,12 @@ class StagePipeline:
         grad = torch.empty_like(pooled)
         chunks = list((x.grad / st.microbatches).split(pooled.shape[0])) if rank == 0 else None
         dist.scatter(grad, chunks, src=dist.get_global_rank(group, 0), group=group)
-        pooled.backward(grad * (world if get_gradient_division() else 1))
-        for p in st.rest:  # replicated parameters outside the tower: DDP's mean
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-            dist.all_reduce(p.grad, group=group)
-            p.grad /= world
+        world = dist.get_world_size()
+        # x.grad / microbatches is dp x d(global loss)/dx; TorchRec divides by the world size
+        pooled.backward(grad * ((world if get_gradient_division() else 1) / st.dp))
+        _average(st.rest, None, world)  # replicated parameters outside the tower: DDP's mean
+        if st.dp_group is not None:  # the same stage in every pipeline: DDP's mean over them
+            _average([p for m in st.modules_of(rank) for p in m.parameters()], st.dp_group, st.dp)
         self._optimizer.step()
         st.dirty = True
         result = torch.empty(1 + target.shape[0], device=pooled.device)
@@ -100,3 +100,24 @@ class StagePipeline:
 
     def reset(self) -> None:
         pass
+
+
+def _global_weight(target: torch.Tensor, dp_group) -> float:
+    """The weight of the global batch: this pipeline's rows' (``target[:, 1]``), summed over the
+    pipelines."""
+    total = target[:, 1].sum()
+    if dp_group is not None:
+        dist.all_reduce(total, group=dp_group)
+    return float(total)
+
+
+def _average(params, group, size: int) -> None:
+    """Each gradient of ``params`` averaged over ``group`` (None: the world) of ``size`` ranks (a
+    missing gradient counts as zeros), in place."""
+    for p in dict.fromkeys(params):
+        if not p.requires_grad:
+            continue
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+        dist.all_reduce(p.grad, group=group)
+        p.grad /= size

@@ -44,9 +44,7 @@ def test_pipeline_run_export_and_resume_match_ddp(tmp_path):
         assert (runs["pipeline"][k] - v).abs().max().item() < 1e-4, k
     # the pipeline run's step-20 checkpoint, resumed under ddp, ends where the pipeline run ended
     resumed = tmp_path / "resumed"
-    r = run_train(
-        QUICKSTART, resumed, *STEPS, "--resume", str(pipe / "checkpoints" / "step_00000020"), tmp=tmp_path
-    )
+    r = run_train(QUICKSTART, resumed, *STEPS, "--resume", str(pipe / "checkpoints" / "step_00000020"), tmp=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     assert [m["step"] for m in read_metrics(resumed, "train")] == [30]  # resumed at 20, not trained from 0
     end = _losses(resumed, "train", "loss")[-1]

@@ -47,7 +47,12 @@ SGD = (
 
 
 def _cfg(name: str, types: list[str], strategy: str, world_size: int, extra: tuple = (), sgd: bool = False):
-    pipe = [f"distributed.dense.stages={world_size}", *extra] if strategy == "pipeline" else []
+    stages = (
+        []
+        if any(e.startswith("distributed.dense.stages=") for e in extra)
+        else [f"distributed.dense.stages={world_size}"]
+    )
+    pipe = [*stages, *extra] if strategy == "pipeline" else []
     return dense_worker._cfg(name, types, strategy, world_size, (*(SGD if sgd else ()), *pipe))
 
 
@@ -110,7 +115,7 @@ def losses_and_weights(rank: int, world_size: int, cases: list, steps: int) -> d
                 if "embedding" not in k
             ),
             "starts": stages.starts,
-            "own_params": sum(p.numel() for m in stages.modules_of(rank) for p in m.parameters()),
+            "own_params": sum(p.numel() for m in stages.modules_of(stages.index) for p in m.parameters()),
         }
     return out
 

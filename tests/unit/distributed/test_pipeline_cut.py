@@ -78,9 +78,9 @@ def test_split_auto_minimises_the_largest_stage():
 @pytest.mark.parametrize(
     ("overrides", "expected"),
     [
-        (["distributed.dense.stages=3"], "distributed.dense.stages: 3 stages on 2 rank(s)"),
-        (["distributed.nproc_per_node=3"], "distributed.dense.stages: 2 stages on 3 rank(s)"),
-        (["distributed.dense.microbatches=5"], "distributed.dense.microbatches: 5 does not divide the global batch"),
+        (["distributed.dense.stages=3"], "distributed.dense.stages: 3 stages do not divide 2 rank(s)"),
+        (["distributed.nproc_per_node=3"], "distributed.dense.stages: 2 stages do not divide 3 rank(s)"),
+        (["distributed.dense.microbatches=5"], "distributed.dense.microbatches: 5 does not divide a pipeline's batch"),
         (["distributed.dense.microbatches=1"], "distributed.dense.microbatches: 1f1b needs at least one microbatch"),
         (["model.name=deepfm"], "distributed.dense.strategy: pipeline: the model (DeepFM) does not say how"),
         (["distributed.dense.split=[4]"], "distributed.dense.split: [4] must be 1 increasing module indices"),
@@ -109,6 +109,7 @@ def test_more_stages_than_tower_modules_are_refused():
 
 def test_a_good_layout_passes():
     assert section_problems(_job(*PIPE)) == []
+    assert section_problems(_job(*PIPE, "distributed.nproc_per_node=4")) == []  # 2 pipelines of 2 stages
     assert section_problems(_job(*PIPE, "distributed.dense.schedule=gpipe", "distributed.dense.split=[1]")) == []
 
 
