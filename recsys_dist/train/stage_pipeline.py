@@ -1,24 +1,25 @@
 """The training step under ``distributed.dense.strategy: pipeline`` (docs/design/pipeline.md).
 
 Per step, on every rank (every rank runs the same collectives whatever its stage, also when its
-batch is padding only):
+batch is padding only); a pipeline is S ranks (``dense_stages.group``), dp = W / S of them:
 
 1. ``pooled = model.pipeline_input(dense, kjt)``: ``[B, d]``, a live graph into the sharded
    tables (their forward is collective over all ranks).
-2. The (label, weight) rows of every rank to every rank (all_gather: the last stage's target and
-   the global weight); ``pooled`` (detached) of every rank to stage 0 (gather): ``x = [pooled_0;
-   ...; pooled_{W-1}]``, ``[W*B, d]``, a leaf that requires grad.
+2. The (label, weight) rows of the pipeline's ranks to each of them (all_gather: the last
+   stage's target; summed over the pipelines, the global weight); ``pooled`` (detached) of each
+   to stage 0 (gather): ``x = [pooled_0; ...; pooled_{S-1}]``, ``[S*B, d]``, a leaf that requires grad.
 3. ``schedule.step``: the microbatches through the stages (the loss on the last one: see
    ``recsys_dist.distributed.stages._loss_fn``); each stage's parameter gradients are the mean
    over the microbatches (``scale_grads``), and ``x.grad`` their sum, so stage 0 divides it by
-   the microbatches: d(global weighted mean loss)/dx.
-4. Each rank's rows of that gradient back to it (scatter), and ``pooled.backward(g * W)``:
+   the microbatches: dp x d(global weighted mean loss)/dx.
+4. Each rank's rows of that gradient back to it (scatter), and ``pooled.backward(g * W / dp)``:
    TorchRec divides the pooled embeddings' gradient by the world size in its backward (it
-   expects DDP's per-rank losses), so W undoes it. The fused table optimizers step in that
-   backward. Gradients of replicated parameters outside the tower (data-parallel tables) are
-   averaged over the ranks, as DDP would.
+   expects DDP's per-rank losses), so W undoes it, and 1 / dp the dp above. The fused table
+   optimizers step in that backward. Gradients of replicated parameters outside the tower
+   (data-parallel tables) are averaged over the ranks, and (dp > 1) each stage's over the
+   pipelines, as DDP would.
 5. The optimizer steps (each rank: its stage's parameters; other stages' have no gradient).
-6. The global loss and this rank's logits from the last stage (broadcast), for the log and metrics.
+6. The pipeline's loss and this rank's logits from its last stage (broadcast), for the log and metrics.
 
 TrainPipelineSparseDist's overlap of the next batch's input_dist does not apply here (the batch
 goes through ``pipeline_input`` directly): this is ``train.pipeline: base``'s order.
