@@ -25,6 +25,7 @@ from torchrec.distributed.model_parallel import DataParallelWrapper
 
 from recsys_dist.distributed.config import DenseConfig
 from recsys_dist.distributed.optim import dense_torch_optimizer
+from recsys_dist.distributed.rules import pipeline_cut_problems
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
 
@@ -143,6 +144,9 @@ class PipelineDense(DataParallelWrapper):
         cfg, world = self.cfg, env.process_group
         if env.world_size % cfg.stages:
             raise ValueError(f"distributed.dense.stages: {cfg.stages} must divide the world size {env.world_size}")
+        problems = pipeline_cut_problems(cfg, len(tower))  # a Trainer(model=...) model is checked here
+        if problems:
+            raise ValueError("; ".join(problems))
         sizes = [sum(p.numel() for p in m.parameters()) for m in tower]
         starts = [0, *(split_auto(sizes, cfg.stages) if cfg.split in (None, "auto") else cfg.split)]
         sharded = set(DistributedModelParallel._sharded_parameter_names(root))

@@ -134,3 +134,26 @@ def test_bad_pipeline_keys_are_config_errors(overrides, expected):
 def test_pipeline_needs_its_stages():
     with pytest.raises(ConfigError, match="stages: strategy: pipeline needs the number of stages"):
         load_config(QUICKSTART, ["distributed.dense.strategy=pipeline"])
+
+
+def test_a_given_model_is_checked_as_it_is_sharded():
+    """A model given to Trainer(model=...) skips the config checks; the wrapper refuses a cut it
+    cannot make, naming the key, before any stage is built."""
+    from recsys_dist.distributed.config import DenseConfig
+    from recsys_dist.distributed.stages import PipelineDense
+
+    job = _job()
+    task = build_model(job.model, job.features.on(torch.device("cpu")), job.train)
+
+    class Env:
+        world_size, rank, process_group = 5, 0, None
+
+    class DMP:
+        _dmp_wrapped_module = task
+
+    with pytest.raises(ValueError, match="distributed.dense.stages: 5 stages, but the model's tower has 4 modules"):
+        PipelineDense(DenseConfig(strategy="pipeline", stages=5)).wrap(DMP(), Env(), torch.device("cpu"))
+    fm = _job("model.name=deepfm")
+    DMP._dmp_wrapped_module = build_model(fm.model, fm.features.on(torch.device("meta")), fm.train)
+    with pytest.raises(ValueError, match="distributed.dense.strategy: pipeline: the model .DeepFM. does not say"):
+        PipelineDense(DenseConfig(strategy="pipeline", stages=2)).wrap(DMP(), Env(), torch.device("meta"))
