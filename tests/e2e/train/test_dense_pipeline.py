@@ -4,6 +4,7 @@ does; ``recsys-dist export`` of its run is the same unsharded model as ddp's (th
 of the tower are synced before every scoring pass and checkpoint); and its mid-run checkpoint
 resumes under ``ddp`` to the same end."""
 
+import pytest
 from safetensors.torch import load_file
 
 from tests.cli import read_metrics, run_cli, run_train
@@ -50,3 +51,25 @@ def test_pipeline_run_export_and_resume_match_ddp(tmp_path):
     end = _losses(resumed, "train", "loss")[-1]
     assert abs(end - losses["pipeline"][-1]) <= 1e-5 * abs(end), (end, losses)
     assert abs(_losses(resumed, "validation", "auc")[-1] - val["pipeline"][-1]) < 1e-6
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)  # three runs, one of 4 ranks
+def test_data_by_pipeline_at_four_ranks_resumes_under_ddp_at_two(tmp_path):
+    """2 pipelines of 2 stages (4 ranks, 16 rows each) train ddp's 2 ranks of 32 rows (the same
+    global batch); their step-20 checkpoint resumes under ddp at 2 ranks to ddp's step 30."""
+    common = ["train.log_every_n_steps=10", "checkpoint.every_n_steps=10"]
+    ddp, pipe, resumed = tmp_path / "ddp", tmp_path / "pipe", tmp_path / "resumed"
+    runs = [
+        (ddp, ["train.max_steps=30"]),
+        (pipe, ["train.max_steps=20", "distributed.nproc_per_node=4", "train.batch_size=16", *PIPELINE]),
+        (resumed, ["train.max_steps=30", "--resume", str(pipe / "checkpoints" / "step_00000020")]),
+    ]
+    for run, extra in runs:
+        r = run_train(QUICKSTART, run, *common, *extra, tmp=tmp_path)
+        assert r.returncode == 0, r.stderr[-3000:]
+    want = _losses(ddp, "train", "loss")
+    assert len(want) == 3
+    got = _losses(pipe, "train", "loss") + _losses(resumed, "train", "loss")
+    assert [m["step"] for m in read_metrics(resumed, "train")] == [30]
+    assert all(abs(a - b) <= 1e-5 * abs(b) for a, b in zip(got, want, strict=True)), (got, want)
