@@ -22,8 +22,12 @@ SEQUENCE_SHARDING_TYPES: tuple[ShardingType, ...] = ("data_parallel", "table_wis
 RANKED_TYPES: tuple[ShardingType, ...] = ("table_wise", "column_wise", "table_row_wise")
 
 # The one list of dense-tower strategies (recsys_dist.distributed.dense holds one wrapper per name).
-DenseStrategy = Literal["ddp", "fsdp"]
+DenseStrategy = Literal["ddp", "fsdp", "pipeline"]
 DENSE_STRATEGIES: tuple[DenseStrategy, ...] = get_args(DenseStrategy)
+# distributed.dense.schedule: torch.distributed.pipelining's single-stage-per-rank schedules.
+PipelineSchedule = Literal["gpipe", "1f1b"]
+# The keys only strategy: pipeline reads.
+PIPELINE_KEYS = ("stages", "schedule", "microbatches", "split")
 
 ComputeKernelName = Literal["dense", "fused", "fused_uvm", "fused_uvm_caching"]
 CUDA_ONLY_KERNELS = ("fused_uvm", "fused_uvm_caching")
@@ -157,8 +161,58 @@ class DenseConfig(Section):
         "(DistributedDataParallel all-reduces the gradients). fsdp: each dense block is sharded over the "
         "ranks with FSDP2 (torch.distributed.fsdp.fully_shard): every rank holds about 1/world of the dense "
         "parameters, gradients and optimizer state, and gathers a block's weights for its forward and "
-        "backward. The same losses either way (docs/sharding.md); checkpoints move between them.",
+        "backward. pipeline: the part after the pooled embeddings is cut into `stages` run by "
+        "torch.distributed.pipelining, one stage per rank (world / stages pipelines, data x pipeline; "
+        "docs/design/pipeline.md). "
+        "The same losses every way (docs/sharding.md); checkpoints move between them.",
     )
+    stages: int | None = Field(
+        None,
+        ge=2,
+        description="pipeline only (required there): pipeline stages, one per rank; must divide the world size "
+        "(world / stages pipelines side by side, each on its share of the batch, their stages' gradients "
+        "averaged: data x pipeline) and be at most the number of modules the model's tower is cut into.",
+    )
+    schedule: PipelineSchedule | None = Field(
+        None,
+        description="pipeline only: torch.distributed.pipelining schedule, gpipe (ScheduleGPipe: every "
+        "microbatch's forward, then every backward) or 1f1b (Schedule1F1B: fewer activations held); "
+        "None = 1f1b.",
+    )
+    microbatches: int | None = Field(
+        None,
+        gt=0,
+        description="pipeline only: microbatches a pipeline's batch (train.batch_size x stages rows) is "
+        "cut into per step; must divide it, and be >= stages under 1f1b. None = stages.",
+    )
+    split: Literal["auto"] | list[int] | None = Field(
+        None,
+        description="pipeline only: where the tower is cut. auto (None): contiguous stages with the largest "
+        "stage's parameter count as small as it can be; or the index of the first module of each stage after "
+        "the first (stages - 1 increasing ints, `recsys-dist plan` lists the modules).",
+    )
+
+    @model_validator(mode="after")
+    def _pipeline_keys(self) -> DenseConfig:
+        given = [k for k in PIPELINE_KEYS if getattr(self, k) is not None]
+        if self.strategy != "pipeline" and given:
+            raise ValueError(
+                f"{', '.join(given)}: only strategy: pipeline reads {'it' if len(given) == 1 else 'them'}, "
+                f"strategy is {self.strategy}; remove {'it' if len(given) == 1 else 'them'} or set strategy: pipeline"
+            )
+        if self.strategy == "pipeline" and self.stages is None:
+            raise ValueError("stages: strategy: pipeline needs the number of stages (stages: 2 for two ranks)")
+        return self
+
+    @property
+    def pipeline_schedule(self) -> str:
+        """The schedule name in effect (``schedule`` or its default, 1f1b)."""
+        return self.schedule or "1f1b"
+
+    @property
+    def pipeline_microbatches(self) -> int:
+        """The microbatches in effect (``microbatches`` or its default, ``stages``)."""
+        return self.microbatches or self.stages or 1
 
 
 class DistributedConfig(Section):
@@ -185,5 +239,5 @@ class DistributedConfig(Section):
         "OpenMP barrier waits for a descheduled thread).",
     )
     dense: DenseConfig = Field(
-        default_factory=DenseConfig, description="How the dense tower is spread over the ranks (ddp or fsdp)."
+        default_factory=DenseConfig, description="How the dense tower is spread over the ranks (ddp, fsdp or pipeline)."
     )

@@ -12,7 +12,10 @@ TorchRec's DistributedModelParallel (DMP) shards the tables, then hands the mode
   weights of data-parallel tables, a parameter set directly on a module that also holds tables)
   stay replicated under DDP, as under ``ddp``.
 
-A new layout (``pipeline``) is one more entry of :data:`WRAPPERS` and of
+- ``pipeline``: :class:`~recsys_dist.distributed.stages.PipelineDense` (the tower cut into
+  pipeline stages, one per rank).
+
+A new layout is one more entry of :data:`WRAPPERS` and of
 ``recsys_dist.distributed.config.DenseStrategy``.
 """
 
@@ -33,8 +36,9 @@ from torchrec.distributed.model_parallel import DataParallelWrapper, DefaultData
 from torchrec.distributed.types import ShardedModule
 from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 
-from recsys_dist.distributed.config import DENSE_STRATEGIES
+from recsys_dist.distributed.config import DENSE_STRATEGIES, DenseConfig
 from recsys_dist.distributed.sharders import OneRankDense
+from recsys_dist.distributed.stages import PipelineDense
 
 _TABLES = (EmbeddingBagCollection, EmbeddingCollection, ShardedModule)
 
@@ -123,27 +127,29 @@ def _broadcast_states(module: nn.Module, group) -> None:
         dist.broadcast(t.data, src=dist.get_global_rank(group, 0), group=group)
 
 
-def _ddp(world_size: int) -> DataParallelWrapper | None:
+def _ddp(world_size: int, cfg: DenseConfig) -> DataParallelWrapper | None:
     return OneRankDense() if world_size == 1 else None  # None: TorchRec's DefaultDataParallelWrapper
 
 
-WRAPPERS: dict[str, Callable[[int], DataParallelWrapper | None]] = {
+WRAPPERS: dict[str, Callable[[int, DenseConfig], DataParallelWrapper | None]] = {
     "ddp": _ddp,
-    "fsdp": lambda world_size: FSDPDense(),
+    "fsdp": lambda world_size, cfg: FSDPDense(),
+    "pipeline": lambda world_size, cfg: PipelineDense(cfg),
 }
 assert set(WRAPPERS) == set(DENSE_STRATEGIES), "recsys_dist.distributed.config.DenseStrategy and WRAPPERS differ"
 
 
-def dense_wrapper(strategy: str, world_size: int) -> DataParallelWrapper | None:
+def dense_wrapper(strategy: str, world_size: int, cfg: DenseConfig | None = None) -> DataParallelWrapper | None:
     """The ``data_parallel_wrapper`` to give DistributedModelParallel for ``strategy``
-    (``distributed.dense.strategy``) at ``world_size`` ranks (None: TorchRec's default DDP).
+    (``distributed.dense.strategy``) at ``world_size`` ranks (None: TorchRec's default DDP);
+    ``cfg``: the whole ``distributed.dense`` section (pipeline reads its stages and schedule).
 
     Raises:
         ValueError: an unknown strategy, naming the key and the known ones.
     """
     if strategy not in WRAPPERS:
         raise ValueError(f"distributed.dense.strategy: {strategy!r} is not one of {', '.join(WRAPPERS)}")
-    return WRAPPERS[strategy](world_size)
+    return WRAPPERS[strategy](world_size, cfg if cfg is not None else DenseConfig(strategy=strategy))
 
 
 def is_ddp_wrapped(dmp: nn.Module) -> bool:

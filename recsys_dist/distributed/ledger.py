@@ -246,7 +246,11 @@ def dense_parameter_bytes(model: nn.Module) -> int:
 
 def dense_bytes_of(model: nn.Module, strategy: str, world_size: int) -> tuple[int, list[tuple[int, int]]]:
     """``predict``'s ``dense_bytes`` and ``fsdp_blocks`` for ``model`` (plain, meta or
-    DMP-wrapped) under ``distributed.dense.strategy`` ``strategy`` at ``world_size`` ranks."""
+    DMP-wrapped) under ``distributed.dense.strategy`` ``strategy`` at ``world_size`` ranks.
+    ``pipeline``: no DDP over the tower (its stages' own gather / scatter / send / recv are not
+    in the ledger yet)."""
+    if strategy == "pipeline":
+        return 0, []
     if strategy == "fsdp":
         return fsdp_traffic(model, world_size)
     return dense_parameter_bytes(model), []
@@ -444,6 +448,8 @@ def run_ledger(
     ]
     # the layout the run has, not the one asked for: FSDPDense wraps its blocks in FSDPModule
     strategy = "fsdp" if any(isinstance(m, FSDPModule) for m in dmp.modules()) else "ddp"
+    if getattr(dmp, "dense_stages", None) is not None:  # PipelineDense
+        strategy = "pipeline"
     dense, blocks = dense_bytes_of(dmp, strategy, world_size) if world_size > 1 else (0, [])
     led = predict(
         dmp.plan,

@@ -8,7 +8,7 @@ and by :func:`recsys_dist.distributed.plan.plan` (every planning path: the Train
 
 from __future__ import annotations
 
-from recsys_dist.distributed.config import SEQUENCE_SHARDING_TYPES, CommsConfig, ShardingConfig
+from recsys_dist.distributed.config import SEQUENCE_SHARDING_TYPES, CommsConfig, DenseConfig, ShardingConfig
 
 
 def table_list(names: list[str]) -> str:
@@ -169,3 +169,57 @@ def plan_problems(
         + unpooled_type_problems(s, unpooled)
         + small_table_problems(s, rows, world_size, local_world_size)
     )
+
+
+def pipeline_layout_problems(d: DenseConfig, world_size: int, batch_size: int) -> list[str]:
+    """Why ``distributed.dense`` (strategy pipeline) cannot lay its stages on ``world_size``
+    ranks of ``batch_size`` rows each (``train.batch_size``): the stages must divide the ranks
+    (``world / stages`` pipelines side by side, data x pipeline), the microbatches must cut a
+    pipeline's batch (``batch_size x stages`` rows) evenly (torch's stages size their buffers from
+    the first microbatch), and 1f1b needs at least one per stage."""
+    if d.strategy != "pipeline" or d.stages is None:
+        return []
+    problems = []
+    if world_size % d.stages:
+        fits = [k for k in range(2, world_size + 1) if world_size % k == 0]
+        problems.append(
+            f"distributed.dense.stages: {d.stages} stages do not divide {world_size} rank(s) (each rank runs one "
+            f"stage of one of world / stages pipelines); use one of {fits} or run a multiple of {d.stages} ranks "
+            "(distributed.nproc_per_node)"
+        )
+    m, rows = d.pipeline_microbatches, batch_size * d.stages
+    if rows % m:
+        fits = [k for k in range(max(2, d.stages), min(rows, 64) + 1) if rows % k == 0][:4]
+        problems.append(
+            f"distributed.dense.microbatches: {m} does not divide a pipeline's batch of {rows} rows (train.batch_size "
+            f"{batch_size} x {d.stages} stages); torch's stages need equal microbatches: use a divisor, e.g. {fits}"
+        )
+    if d.pipeline_schedule == "1f1b" and m < d.stages:
+        problems.append(
+            f"distributed.dense.microbatches: 1f1b needs at least one microbatch per stage ({d.stages}), got {m}; "
+            f"raise it or use schedule: gpipe"
+        )
+    return problems
+
+
+def pipeline_cut_problems(d: DenseConfig, modules: int | None, why: str = "") -> list[str]:
+    """Why the model's tower (``modules`` modules, None: it cannot be cut, ``why``) cannot make
+    ``distributed.dense.stages`` stages, or ``split`` does not cut it."""
+    if d.strategy != "pipeline" or d.stages is None:
+        return []
+    if modules is None:
+        return [f"distributed.dense.strategy: pipeline: {why}; use strategy ddp or fsdp"]
+    if d.stages > modules:
+        return [
+            f"distributed.dense.stages: {d.stages} stages, but the model's tower has {modules} modules to cut "
+            f"(one at least per stage); use at most {modules} stages (and as many ranks), or a deeper model"
+        ]
+    if isinstance(d.split, list):
+        bounds = [0, *d.split, modules]
+        ok = len(d.split) == d.stages - 1 and all(a < b for a, b in zip(bounds, bounds[1:]))
+        if not ok:
+            return [
+                f"distributed.dense.split: {d.split} must be {d.stages - 1} increasing module indices between 1 and "
+                f"{modules - 1} (the first module of each stage after the first), or auto"
+            ]
+    return []

@@ -175,7 +175,7 @@ def _wrap_and_init(job: Job, ctx: DistContext, model, tables, plan, dense_factor
         device=ctx.device,
         plan=plan,
         sharders=sharders(job.sharding.comms, ctx.device.type),
-        data_parallel_wrapper=dense_wrapper(job.distributed.dense.strategy, ctx.world_size),
+        data_parallel_wrapper=dense_wrapper(job.distributed.dense.strategy, ctx.world_size, job.distributed.dense),
     )
     fix_replicated_sequence_tables(dmp)
     init_tables(dmp.state_dict(), tables, job.train.seed, {t.name: t.weight_init_max for t in tables})

@@ -94,7 +94,11 @@ class PlanReport:
 
 
 def _dense_text(dense: dict) -> list[str]:
-    how = {"ddp": "replicated on every rank (DDP)", "fsdp": "sharded over the ranks (FSDP2, dim 0 of each weight)"}
+    how = {
+        "ddp": "replicated on every rank (DDP)",
+        "fsdp": "sharded over the ranks (FSDP2, dim 0 of each weight)",
+        "pipeline": "cut into stages, one per rank; every rank keeps a whole copy (docs/design/pipeline.md)",
+    }
     lines = [
         f"dense tower: distributed.dense.strategy {dense['strategy']}, {how.get(dense['strategy'], '')}; "
         f"optimizer state of train.dense_optimizer {dense['optimizer']}",

@@ -21,11 +21,15 @@ from recsys_dist.distributed.rules import (
     comms_problems,
     fixed_plan_problems,
     per_table_problems,
+    pipeline_cut_problems,
+    pipeline_layout_problems,
     small_table_problems,
     unpooled_type_problems,
 )
 from recsys_dist.distributed.sharders import check_covered
-from recsys_dist.models.registry import get_model
+from recsys_dist.distributed.stages import cut_model
+from recsys_dist.models.build import build_model
+from recsys_dist.models.registry import GIVEN_MODEL, get_model
 from recsys_dist.section import ConfigError
 from recsys_dist.train.batch_memory import batch_memory_problems, local_rank_count
 from recsys_dist.train.job import Job
@@ -64,6 +68,45 @@ def section_problems(job: Job) -> list[str]:
             f"model.name: {job.model.name} reads its own data from the training splits (an item corpus), which a "
             "stream does not have; use a CTR model with data.stream"
         )
+    return problems + dense_problems(job)
+
+
+# train keys that a pipeline step does not apply (it is its own loop: no TorchRec train pipeline,
+# no stage timer, per-stage gradients that a global clip norm would need gathered, fp32 stages).
+_NOT_UNDER_PIPELINE = {
+    "pipeline": "TorchRec's train pipelines do not run the stages; the step runs in train.pipeline: base's order",
+    "timing_every_n_steps": "the stage times are TorchRec pipeline stages'",
+    "dense_grad_clip_norm": "each stage holds a part of the dense gradient, the norm would be a stage's",
+    "precision": "the stages run in fp32",
+}
+
+
+def dense_problems(job: Job) -> list[str]:
+    """``distributed.dense`` with the world, the batch, the model and the train keys: under
+    strategy pipeline the layout (:func:`pipeline_layout_problems`), the model's cut (built on
+    meta; :func:`pipeline_cut_problems`) and the train keys it does not apply."""
+    d = job.distributed.dense
+    if d.strategy != "pipeline":
+        return []
+    problems = pipeline_layout_problems(d, job.world.size, job.train.batch_size)
+    problems += [
+        f"train.{key}: not applied under distributed.dense.strategy: pipeline ({why}); remove it"
+        for key, why in _NOT_UNDER_PIPELINE.items()
+        if key in job.train.model_fields_set or getattr(job.train, key) != type(job.train).model_fields[key].default
+    ]
+    if job.features.managed:
+        return [
+            *problems,
+            "distributed.dense.strategy: pipeline: managed-collision ids (data.categorical_mapping: "
+            "managed) are not supported under pipeline stages; use strategy ddp or fsdp, or hashed ids",
+        ]
+    if job.model_spec not in (None, GIVEN_MODEL):  # a Trainer(model=...) model is checked as it is sharded
+        try:
+            model = build_model(job.model, job.features.on(torch.device("meta")), job.train)
+        except Exception:  # noqa: BLE001 - the model's own problems are reported by its checks
+            return problems
+        tower, why = cut_model(model)
+        problems += pipeline_cut_problems(d, None if tower is None else len(tower), why)
     return problems
 
 

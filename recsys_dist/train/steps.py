@@ -1,7 +1,8 @@
 """The Trainer's step runner: the pipelined step (forward, backward, optimizer) and its state.
 
 :class:`StepRunner` holds what one training step needs between steps: the TorchRec pipeline
-(``train.pipeline``, ``recsys_dist.train.pipelines``: reused across epochs / partitions when it
+(``train.pipeline``, ``recsys_dist.train.pipelines``; under ``distributed.dense.strategy:
+pipeline`` its stages' step, ``recsys_dist.train.stage_pipeline``: reused across epochs / partitions when it
 ran its iterator dry, restarted after a mid-epoch checkpoint when its queued batches would hold
 stale state), the MLPerf LR schedule (``train.warmup_steps`` ...) or a user ``lr_scheduler``.
 The :class:`~recsys_dist.train.trainer.Trainer` owns the step count and asks it for each step.
@@ -16,6 +17,7 @@ import torch
 from recsys_dist.train.config import TrainConfig
 from recsys_dist.train.pipelines import PIPELINES, TrainPipeline, make_pipeline
 from recsys_dist.train.schedule import LRSchedule
+from recsys_dist.train.stage_pipeline import StagePipeline
 
 
 class StepRunner:
@@ -46,7 +48,7 @@ class StepRunner:
         when it ran its iterator dry (no batch in flight; reset for a new iterator), so that its
         set-up (the model's trace) is paid once per run, not per partition; else a new one."""
         pipe = self.pipe
-        if pipe is None or not self.drained or not PIPELINES[self.train.pipeline].reusable:
+        if pipe is None or not self.drained or not (self._staged or PIPELINES[self.train.pipeline].reusable):
             pipe = self._new(step)
         else:
             pipe.reset()
@@ -74,9 +76,14 @@ class StepRunner:
             self.lr_scheduler.step()
 
     @property
+    def _staged(self) -> bool:
+        """``distributed.dense.strategy: pipeline``: the model's steps run through its stages."""
+        return getattr(self.model, "dense_stages", None) is not None
+
+    @property
     def restarts_at_checkpoint(self) -> bool:
         """Whether a mid-epoch checkpoint restarts the pipeline (``recsys_dist.train.pipelines``)."""
-        return PIPELINES[self.train.pipeline].restart_at_checkpoint
+        return not self._staged and PIPELINES[self.train.pipeline].restart_at_checkpoint
 
     def restart(self, step: int) -> None:
         """Drop the batches in flight and start a new pipeline at ``step``."""
@@ -107,6 +114,10 @@ class StepRunner:
     def _new(self, step: int) -> TrainPipeline:
         # Sampling counts global steps, so timed steps do not restart with each epoch.
         t = self.train
+        if self._staged:  # distributed.dense.strategy: pipeline (train.pipeline does not apply)
+            pipe = StagePipeline(self.model, self.optimizer, self.device)
+            pipe.steps_done = step
+            return pipe
         pipe = make_pipeline(t.pipeline, self.model, self.optimizer, self.device, t.timing_every_n_steps)
         pipe.steps_done = step
         return pipe

@@ -12,7 +12,7 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from recsys_dist.data.spec import FeatureSpec
-from recsys_dist.models import layers
+from recsys_dist.models import layers, tower
 from recsys_dist.models.checks import no_sequences, one_task
 from recsys_dist.models.config import DCNv2Config
 from recsys_dist.models.registry import register_model
@@ -55,6 +55,23 @@ class DCNv2(nn.Module):
         if self.structure == "stacked":
             return self.head(self.deep(self.cross(x0)))
         return self.head(torch.cat([self.cross(x0), self.deep(x0)], dim=1))
+
+    def pipeline_input(self, dense: torch.Tensor, kjt: KeyedJaggedTensor) -> torch.Tensor:
+        """``x0 = [dense, e_1, ..., e_F]``, ``[B, d]``: what the tower reads (recsys_dist.models.tower)."""
+        return torch.cat([dense, layers.pooled_embeddings(self.sparse_arch(kjt), self.features).flatten(1)], dim=1)
+
+    def pipeline_tower(self) -> list[nn.Module]:
+        """The cross layers, the deep layers and the head, one module each, over one tensor
+        (``recsys_dist.models.tower``): ``tower(pipeline_input(dense, kjt)) == forward(dense, kjt)``."""
+        width = self.deep[0].in_features  # d: the deep MLP reads x0 (or the cross output, as wide)
+        return tower.cross_then_deep(
+            self.cross,
+            self.cross._num_layers,
+            width,
+            tower.mlp_layers(self.deep),
+            self.head,
+            self.structure == "parallel",
+        )
 
 
 @register_model("dcnv2", DCNv2Config, checks=(one_task, no_sequences))

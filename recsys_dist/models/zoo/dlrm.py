@@ -11,13 +11,41 @@ Input: dense float32 ``[B, num_dense]``, a KJT of F features; output logits ``[B
 
 from __future__ import annotations
 
+import torch
+from torch import nn
 from torchrec.models.dlrm import DLRM, DLRM_DCN
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from recsys_dist.data.spec import FeatureSpec
+from recsys_dist.models import tower
 from recsys_dist.models.checks import dot_interaction, needs_dense, no_sequences, one_task
 from recsys_dist.models.config import DLRMConfig, DLRMDCNConfig
 from recsys_dist.models.registry import register_model
+
+
+class _Cut:
+    """How TorchRec's DLRM / DLRM_DCN is cut into pipeline stages (recsys_dist.models.tower):
+    the dense arch and the interaction as one module, then each over-arch layer."""
+
+    def pipeline_input(self, dense: torch.Tensor, kjt) -> torch.Tensor:
+        """``[dense, pooled]``: ``[B, D + F*E]``, the pooled embeddings in the sparse arch's order."""
+        return torch.cat([dense, self.sparse_arch(kjt).flatten(1)], dim=1)
+
+    def pipeline_tower(self) -> list[nn.Module]:
+        """The interaction (dense arch inside), then the over arch's perceptrons and last linear."""
+        mlp, last = self.over_arch.model
+        first = tower.DLRMInteraction(
+            self.dense_arch, self.inter_arch, self.dense_arch.model._mlp[0]._linear.in_features, self.sparse_arch.F
+        )
+        return [first, *mlp._mlp, last]
+
+
+class CutDLRM(_Cut, DLRM):
+    """TorchRec's ``DLRM`` that says how it is cut into pipeline stages."""
+
+
+class CutDLRM_DCN(_Cut, DLRM_DCN):
+    """TorchRec's ``DLRM_DCN`` that says how it is cut into pipeline stages."""
 
 
 def _common(spec: FeatureSpec, cfg: DLRMConfig) -> dict:
@@ -31,12 +59,12 @@ def _common(spec: FeatureSpec, cfg: DLRMConfig) -> dict:
 
 
 @register_model("dlrm", DLRMConfig, checks=(needs_dense, dot_interaction, one_task, no_sequences))
-def build_dlrm(spec: FeatureSpec, cfg: DLRMConfig) -> DLRM:
+def build_dlrm(spec: FeatureSpec, cfg: DLRMConfig) -> CutDLRM:
     """TorchRec's ``DLRM`` over the spec's tables."""
-    return DLRM(**_common(spec, cfg))
+    return CutDLRM(**_common(spec, cfg))
 
 
 @register_model("dlrm_dcnv2", DLRMDCNConfig, checks=(needs_dense, one_task, no_sequences))
-def build_dlrm_dcnv2(spec: FeatureSpec, cfg: DLRMDCNConfig) -> DLRM_DCN:
+def build_dlrm_dcnv2(spec: FeatureSpec, cfg: DLRMDCNConfig) -> CutDLRM_DCN:
     """TorchRec's ``DLRM_DCN`` (MLPerf DLRMv2) over the spec's tables."""
-    return DLRM_DCN(dcn_num_layers=cfg.dcn_num_layers, dcn_low_rank_dim=cfg.dcn_low_rank_dim, **_common(spec, cfg))
+    return CutDLRM_DCN(dcn_num_layers=cfg.dcn_num_layers, dcn_low_rank_dim=cfg.dcn_low_rank_dim, **_common(spec, cfg))

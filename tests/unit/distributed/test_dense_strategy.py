@@ -12,9 +12,10 @@ from recsys_dist.config import ConfigError
 from recsys_dist.config.job import resolve_job
 from recsys_dist.config.loader import load_config
 from recsys_dist.distributed import dense
-from recsys_dist.distributed.config import DENSE_STRATEGIES
+from recsys_dist.distributed.config import DENSE_STRATEGIES, DenseConfig
 from recsys_dist.distributed.optim import GlobalNormClipping
 from recsys_dist.distributed.sharders import OneRankDense
+from recsys_dist.distributed.stages import PipelineDense
 from recsys_dist.models.build import build_model
 from recsys_dist.train.dry_run import dry_run
 from tests.conftest import QUICKSTART
@@ -25,25 +26,27 @@ def test_default_is_ddp_and_fsdp_is_accepted():
     assert load_config(QUICKSTART, ["distributed.dense.strategy=fsdp"]).distributed.dense.strategy == "fsdp"
 
 
-@pytest.mark.parametrize("bad", ["pipeline", "zero3", "FSDP"])
+@pytest.mark.parametrize("bad", ["tensor", "zero3", "FSDP"])
 def test_an_unknown_strategy_is_an_error_naming_the_key(bad):
     with pytest.raises(ConfigError) as e:
         load_config(QUICKSTART, [f"distributed.dense.strategy={bad}"])
-    assert "distributed.dense.strategy" in str(e.value) and "'ddp' or 'fsdp'" in str(e.value)
+    assert "distributed.dense.strategy" in str(e.value) and "'ddp', 'fsdp' or 'pipeline'" in str(e.value)
 
 
-def test_an_unknown_key_under_dense_is_an_error():
-    with pytest.raises(ConfigError, match="distributed.dense.stages"):
+def test_a_pipeline_key_under_another_strategy_is_an_error():
+    with pytest.raises(ConfigError, match="distributed.dense: stages: only strategy: pipeline reads it"):
         load_config(QUICKSTART, ["distributed.dense.stages=2"])
 
 
 def test_one_wrapper_per_strategy_name():
-    assert set(dense.WRAPPERS) == set(DENSE_STRATEGIES) == {"ddp", "fsdp"}
+    assert set(dense.WRAPPERS) == set(DENSE_STRATEGIES) == {"ddp", "fsdp", "pipeline"}
     assert isinstance(dense.dense_wrapper("ddp", 1), OneRankDense)
     assert dense.dense_wrapper("ddp", 2) is None  # TorchRec's DDP wrapper
     assert isinstance(dense.dense_wrapper("fsdp", 1), dense.FSDPDense)
+    cfg = DenseConfig(strategy="pipeline", stages=2)
+    assert isinstance(dense.dense_wrapper("pipeline", 2, cfg), PipelineDense)
     with pytest.raises(ValueError, match="distributed.dense.strategy"):
-        dense.dense_wrapper("pipeline", 2)
+        dense.dense_wrapper("tensor", 2)
 
 
 class Mixed(nn.Module):

@@ -1,0 +1,251 @@
+"""``distributed.dense.strategy: pipeline``: the dense tower cut into stages of
+torch.distributed.pipelining, one per rank, the tables still sharded by TorchRec over every rank.
+
+How a model is cut: :mod:`recsys_dist.models.tower`. How a step runs (the global batch to
+stage 0, the pooled embeddings' gradient back to every rank, the two scalings):
+:class:`recsys_dist.train.stage_pipeline.StagePipeline` and docs/design/pipeline.md.
+
+Every rank keeps a whole copy of the tower (rank 0's weights at the start, as DDP), but computes
+and updates only its own stage's part. :func:`sync_replicas` makes the copies equal again (each
+stage's parameters, buffers and optimizer state broadcast from the rank that owns it) before a
+scoring pass or a checkpoint reads them: so evaluation, export and checkpoints are those of
+``ddp`` and move between the strategies.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+from torchrec.distributed import DistributedModelParallel
+from torchrec.distributed.model_parallel import DataParallelWrapper
+
+from recsys_dist.distributed.config import DenseConfig
+from recsys_dist.distributed.optim import dense_torch_optimizer
+from recsys_dist.distributed.rules import pipeline_cut_problems
+
+SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
+
+
+def cut_model(task: nn.Module) -> tuple[list[nn.Module] | None, str]:
+    """The tower of ``task`` (a ``CTRTask`` or the user's model itself), or None and why it cannot
+    be cut: no ``pipeline_input`` / ``pipeline_tower`` (recsys_dist.models.tower), several
+    tasks, managed-collision ids, batch norm (statistics per microbatch, not per rank batch)."""
+    user = getattr(task, "model", task)
+    name = type(user).__name__
+    if not callable(getattr(user, "pipeline_tower", None)) or not callable(getattr(user, "pipeline_input", None)):
+        return None, (
+            f"the model ({name}) does not say how its dense tower is cut (it has no pipeline_input / "
+            "pipeline_tower methods, docs/design/pipeline.md); dcnv2, dlrm and dlrm_dcnv2 can be cut"
+        )
+    if getattr(task, "multi_task", False) or getattr(task, "remap", None) is not None:
+        return None, "pipeline stages take one task without managed-collision ids (data.categorical_mapping)"
+    tower = list(user.pipeline_tower())
+    if any(isinstance(m, nn.modules.batchnorm._BatchNorm) for t in tower for m in t.modules()):
+        return None, f"the tower of {name} has batch norm, whose statistics would be per microbatch; use model.norm"
+    return tower, ""
+
+
+def split_auto(sizes: list[int], stages: int) -> list[int]:
+    """Where to cut modules of ``sizes`` parameters into ``stages`` contiguous non-empty stages so
+    that the largest stage holds as few parameters as it can (ties: the earliest cuts): the index
+    of each stage's first module after the first stage's (``stages - 1`` ints).
+
+    Raises:
+        ValueError: fewer modules than stages.
+    """
+    n = len(sizes)
+    if stages > n:
+        raise ValueError(f"{n} modules cannot make {stages} stages")
+    prefix = [0]
+    for s in sizes:
+        prefix.append(prefix[-1] + s)
+    inf = float("inf")
+    # best[k][i]: the smallest largest-stage over the first i modules in k stages; cut[k][i]: its last cut
+    best = [[inf] * (n + 1) for _ in range(stages + 1)]
+    cut = [[0] * (n + 1) for _ in range(stages + 1)]
+    best[0][0] = 0
+    for k in range(1, stages + 1):
+        for i in range(k, n + 1):
+            for j in range(k - 1, i):
+                v = max(best[k - 1][j], prefix[i] - prefix[j])
+                if v < best[k][i]:
+                    best[k][i], cut[k][i] = v, j
+    starts, i = [], n
+    for k in range(stages, 0, -1):
+        i = cut[k][i]
+        starts.append(i)
+    return sorted(starts)[1:]
+
+
+@dataclass
+class DenseStages:
+    """One rank's part of the pipeline: its stage and schedule, and which stage owns which module.
+
+    Ranks form a ``data x pipeline`` grid (``dp = world / stages`` rows): rank ``r`` runs stage
+    ``r % stages`` of pipeline ``r // stages``; with ``dp = 1`` the pipeline group is the world.
+
+    Attributes:
+        tower: the whole tower's modules (the model's, shared).
+        starts: the index of each stage's first module (``[0, ...]``, one per stage).
+        index: this rank's stage (its rank in its pipeline group).
+        group: its pipeline's group (ranks ``[d*S, ..., d*S + S - 1]``).
+        dp_group: the group of the ranks that run the same stage (``[s, S + s, ...]``), or None
+            (``dp = 1``): their stage gradients are averaged over it.
+        dp: the pipelines (data-parallel degree).
+        schedule: the torch schedule over this rank's ``PipelineStage``.
+        microbatches: the schedule's microbatches per step.
+        loss_scale: per step, ``microbatches x dp / the global batch's weight`` (set before ``step``).
+    """
+
+    tower: list[nn.Module]
+    starts: list[int]
+    index: int
+    group: dist.ProcessGroup
+    dp_group: dist.ProcessGroup | None = None
+    dp: int = 1
+    schedule: object = None
+    microbatches: int = 1
+    dirty: bool = False
+    loss_scale: float = 1.0
+    rest: list[nn.Parameter] = field(default_factory=list)
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.starts)
+
+    def modules_of(self, stage: int) -> list[nn.Module]:
+        end = self.starts[stage + 1] if stage + 1 < len(self.starts) else len(self.tower)
+        return self.tower[self.starts[stage] : end]
+
+
+class PipelineDense(DataParallelWrapper):
+    """DMP's wrapper for ``distributed.dense.strategy: pipeline``: rank 0's dense weights on every
+    rank (as DDP starts), then this rank's stage and schedule on ``dmp.dense_stages``. No DDP:
+    a stage's parameters live on one rank. Unsharded parameters outside the tower (data-parallel
+    tables) stay replicated; the step averages their gradients (``DenseStages.rest``).
+
+    Raises (in ``wrap``):
+        ValueError: the model cannot be cut, or has fewer tower modules than stages.
+    """
+
+    def __init__(self, cfg: DenseConfig) -> None:
+        self.cfg = cfg
+
+    def wrap(self, dmp: DistributedModelParallel, env, device: torch.device) -> None:
+        root = dmp._dmp_wrapped_module.to(device)
+        dmp._dmp_wrapped_module = root
+        tower, why = cut_model(root)
+        if tower is None:
+            raise ValueError(f"distributed.dense.strategy: pipeline: {why}")
+        cfg, world = self.cfg, env.process_group
+        if env.world_size % cfg.stages:
+            raise ValueError(f"distributed.dense.stages: {cfg.stages} must divide the world size {env.world_size}")
+        problems = pipeline_cut_problems(cfg, len(tower))  # a Trainer(model=...) model is checked here
+        if problems:
+            raise ValueError("; ".join(problems))
+        sizes = [sum(p.numel() for p in m.parameters()) for m in tower]
+        starts = [0, *(split_auto(sizes, cfg.stages) if cfg.split in (None, "auto") else cfg.split)]
+        sharded = set(DistributedModelParallel._sharded_parameter_names(root))
+        in_tower = {id(p) for m in tower for p in m.parameters()}
+        rest = [p for n, p in root.named_parameters() if n not in sharded and id(p) not in in_tower and p.requires_grad]
+        with torch.no_grad():  # rank 0's dense weights everywhere, as DDP starts
+            for t in [*(p for n, p in root.named_parameters() if n not in sharded), *root.buffers()]:
+                dist.broadcast(t.data, src=dist.get_global_rank(world, 0), group=world)
+        group, dp_group = _grid(env.world_size, cfg.stages, env.rank, world)
+        index = env.rank % cfg.stages
+        stages = DenseStages(tower, starts, index, group, dp_group, env.world_size // cfg.stages, rest=rest)
+        submod = nn.Sequential(*stages.modules_of(index))
+        stage = PipelineStage(submod, index, cfg.stages, device, group=group)
+        stages.microbatches = cfg.pipeline_microbatches
+        stages.schedule = SCHEDULES[cfg.pipeline_schedule](
+            stage, stages.microbatches, loss_fn=_loss_fn(root, stages), scale_grads=True
+        )
+        dmp.dense_stages = stages
+
+
+def _grid(world_size: int, stages: int, rank: int, world: dist.ProcessGroup):
+    """(this rank's pipeline group, its data-parallel group or None) of the ``data x pipeline``
+    grid; with one pipeline, the world itself. Every rank creates every group (torch needs it)."""
+    if world_size == stages:
+        return world, None
+    dp = world_size // stages
+    pipes = [dist.new_group([d * stages + s for s in range(stages)]) for d in range(dp)]
+    replicas = [dist.new_group([d * stages + s for d in range(dp)]) for s in range(stages)]
+    return pipes[rank // stages], replicas[rank % stages]
+
+
+def _loss_fn(task: nn.Module, stages: DenseStages):
+    """The last stage's loss of one microbatch: the task's loss (a weighted mean over its rows)
+    times the microbatch's weight x ``stages.loss_scale`` (microbatches x dp / global weight), so
+    that the mean over the microbatches, which the schedule's gradients are, averaged over the dp
+    pipelines, is the weighted mean over the global batch whatever rows are padding.
+    ``target``: ``[b, 2]`` (label, weight)."""
+
+    def loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        logits = output.squeeze(-1).float()
+        weights = target[:, 1]
+        return task.loss(logits, target[:, 0], weights) * (weights.sum() * stages.loss_scale)
+
+    return loss
+
+
+def sync_replicas(dmp: nn.Module, optimizer) -> None:
+    """Make every rank's copy of the tower equal to the owners' (each stage's parameters, buffers
+    and the dense optimizer's state of them, broadcast from its rank in the first pipeline); a
+    no-op without ``dmp.dense_stages`` or when no step ran since the last sync. Collective over
+    the world.
+
+    ``optimizer``: the ``CombinedOptimizer`` of :func:`recsys_dist.distributed.optim.build_optimizer`,
+    or a torch optimizer over the dense parameters.
+    """
+    stages = getattr(dmp, "dense_stages", None)
+    if stages is None or not stages.dirty:
+        return
+    opt = optimizer if isinstance(optimizer, torch.optim.Optimizer) else dense_torch_optimizer(optimizer)
+    group = dist.group.WORLD  # pipeline 0's stage s (global rank s) to every rank (the dp replicas are equal)
+    rank = dist.get_rank()
+    with torch.no_grad():
+        for s in range(stages.num_stages):
+            src = s
+            params = list(dict.fromkeys(p for m in stages.modules_of(s) for p in m.parameters()))
+            buffers = list(dict.fromkeys(b for m in stages.modules_of(s) for b in m.buffers()))
+            for t in [*params, *buffers]:
+                dist.broadcast(t.data, src=src, group=group)
+            _sync_state(opt, params, src, rank == s, group)
+    stages.dirty = False
+
+
+def _sync_state(opt: torch.optim.Optimizer, params: list[nn.Parameter], src: int, own: bool, group) -> None:
+    """The owner's optimizer state of ``params`` on every rank: its layout (keys, shapes, dtypes,
+    plain values) as one object, then each tensor."""
+    layout = [None]
+    if own:
+        layout = [
+            [
+                {k: (tuple(v.shape), v.dtype) if isinstance(v, torch.Tensor) else v for k, v in opt.state[p].items()}
+                if p in opt.state
+                else {}
+                for p in params
+            ]
+        ]
+    dist.broadcast_object_list(layout, src=src, group=group)
+    for p, keys in zip(params, layout[0], strict=True):
+        if not keys:
+            continue
+        state = opt.state.setdefault(p, {})
+        for k, v in keys.items():
+            if isinstance(v, tuple) and len(v) == 2 and isinstance(v[1], torch.dtype):
+                if not own:
+                    old = state.get(k)
+                    state[k] = old if _fits(old, v) else torch.zeros(v[0], dtype=v[1], device=p.device)
+                dist.broadcast(state[k], src=src, group=group)
+            elif not own:
+                state[k] = v
+
+
+def _fits(t, layout: tuple) -> bool:
+    return isinstance(t, torch.Tensor) and tuple(t.shape) == layout[0] and t.dtype == layout[1]

@@ -1,0 +1,124 @@
+"""The training step under ``distributed.dense.strategy: pipeline`` (docs/design/pipeline.md).
+
+Per step, on every rank (every rank runs the same collectives whatever its stage, also when its
+batch is padding only); a pipeline is S ranks (``dense_stages.group``), dp = W / S of them:
+
+1. ``pooled = model.pipeline_input(dense, kjt)``: ``[B, d]``, a live graph into the sharded
+   tables (their forward is collective over all ranks).
+2. The (label, weight) rows of the pipeline's ranks to each of them (all_gather: the last
+   stage's target; summed over the pipelines, the global weight); ``pooled`` (detached) of each
+   to stage 0 (gather): ``x = [pooled_0; ...; pooled_{S-1}]``, ``[S*B, d]``, a leaf that requires grad.
+3. ``schedule.step``: the microbatches through the stages (the loss on the last one: see
+   ``recsys_dist.distributed.stages._loss_fn``); each stage's parameter gradients are the mean
+   over the microbatches (``scale_grads``), and ``x.grad`` their sum, so stage 0 divides it by
+   the microbatches: dp x d(global weighted mean loss)/dx.
+4. Each rank's rows of that gradient back to it (scatter), and ``pooled.backward(g * W / dp)``:
+   TorchRec divides the pooled embeddings' gradient by the world size in its backward (it
+   expects DDP's per-rank losses), so W undoes it, and 1 / dp the dp above. The fused table
+   optimizers step in that backward. Gradients of replicated parameters outside the tower
+   (data-parallel tables) are averaged over the ranks, and (dp > 1) each stage's over the
+   pipelines, as DDP would.
+5. The optimizer steps (each rank: its stage's parameters; other stages' have no gradient).
+6. The pipeline's loss and this rank's logits from its last stage (broadcast), for the log and metrics.
+
+TrainPipelineSparseDist's overlap of the next batch's input_dist does not apply here (the batch
+goes through ``pipeline_input`` directly): this is ``train.pipeline: base``'s order.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torchrec.distributed.comm_ops import get_gradient_division
+
+from recsys_dist.distributed.stages import DenseStages, sync_replicas
+
+
+class StagePipeline:
+    """A :class:`recsys_dist.train.pipelines.TrainPipeline` for a DMP with ``dense_stages``.
+
+    ``progress`` returns ``(loss, logits, labels, weights)`` as TorchRec's pipelines do (the
+    task's second output), where ``loss`` is the global batch's weighted mean loss (the same on every rank; its mean over
+    the ranks, the train log's loss, is ``ddp``'s) and ``logits`` this rank's rows, ``[B]`` float32.
+    ``detach`` makes the ranks' tower copies equal (``sync_replicas``) before a scoring pass.
+    """
+
+    steps_done = 0
+
+    def __init__(self, model, optimizer, device: torch.device) -> None:
+        self._model, self._optimizer, self._device = model, optimizer, device
+        self._stages: DenseStages = model.dense_stages
+        self._task = model.module
+
+    def progress(self, dataloader_iter):
+        batch = next(dataloader_iter).to(self._device, non_blocking=True)
+        st, group = self._stages, self._stages.group
+        size, rank, last = dist.get_world_size(group), st.index, st.num_stages - 1
+        self._optimizer.zero_grad()
+        pooled = self._task.model.pipeline_input(batch.dense_features, batch.sparse_features)
+        rows = torch.stack([batch.labels.float(), batch.weights.float()], dim=1)
+        every = [torch.empty_like(rows) for _ in range(size)]
+        dist.all_gather(every, rows, group=group)
+        target = torch.cat(every)
+        total = _global_weight(target, st.dp_group)
+        st.loss_scale = st.microbatches * st.dp / total if total > 0 else 0.0
+        parts = [torch.empty_like(pooled) for _ in range(size)] if rank == 0 else None
+        dist.gather(pooled.detach().contiguous(), parts, dst=dist.get_global_rank(group, 0), group=group)
+        losses: list[torch.Tensor] = []
+        args = ()
+        if rank == 0:
+            x = torch.cat(parts).requires_grad_()
+            args = (x,)
+        kwargs = {"target": target, "losses": losses} if rank == last else {}
+        out = st.schedule.step(*args, **kwargs)
+        grad = torch.empty_like(pooled)
+        chunks = list((x.grad / st.microbatches).split(pooled.shape[0])) if rank == 0 else None
+        dist.scatter(grad, chunks, src=dist.get_global_rank(group, 0), group=group)
+        world = dist.get_world_size()
+        # x.grad / microbatches is dp x d(global loss)/dx; TorchRec divides by the world size
+        pooled.backward(grad * ((world if get_gradient_division() else 1) / st.dp))
+        _average(st.rest, None, world)  # replicated parameters outside the tower: DDP's mean
+        if st.dp_group is not None:  # the same stage in every pipeline: DDP's mean over them
+            _average([p for m in st.modules_of(rank) for p in m.parameters()], st.dp_group, st.dp)
+        self._optimizer.step()
+        st.dirty = True
+        result = torch.empty(1 + target.shape[0], device=pooled.device)
+        if rank == last:
+            result[0] = torch.stack(losses).sum().detach() / st.microbatches
+            result[1:] = out.detach().squeeze(-1).float()
+        dist.broadcast(result, src=dist.get_global_rank(group, last), group=group)
+        b = pooled.shape[0]
+        logits = result[1 + rank * b : 1 + (rank + 1) * b]
+        self.steps_done += 1
+        return result[0], logits, batch.labels, batch.weights
+
+    def detach(self) -> torch.nn.Module:
+        sync_replicas(self._model, self._optimizer)
+        return self._model
+
+    def pop_times(self) -> dict[str, float]:
+        return {}
+
+    def reset(self) -> None:
+        pass
+
+
+def _global_weight(target: torch.Tensor, dp_group) -> float:
+    """The weight of the global batch: this pipeline's rows' (``target[:, 1]``), summed over the
+    pipelines."""
+    total = target[:, 1].sum()
+    if dp_group is not None:
+        dist.all_reduce(total, group=dp_group)
+    return float(total)
+
+
+def _average(params, group, size: int) -> None:
+    """Each gradient of ``params`` averaged over ``group`` (None: the world) of ``size`` ranks (a
+    missing gradient counts as zeros), in place."""
+    for p in dict.fromkeys(params):
+        if not p.requires_grad:
+            continue
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+        dist.all_reduce(p.grad, group=group)
+        p.grad /= size

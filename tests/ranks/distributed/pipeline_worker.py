@@ -1,0 +1,150 @@
+"""``distributed.dense.strategy: pipeline`` against ``ddp``: one rank's side (run via run_ranks).
+
+Both strategies go through the trainer's sharding path (``shard_model``) from the same seed and
+train on the same per-rank batches (one step where the last rank's batch is padding only, with
+the loss scale the loader would set); ddp steps as the task's forward / backward, pipeline through
+the Trainer's step (``StagePipeline``). Compared: the global loss of every step, and every weight
+(dense tower after the replicas' sync, this rank's table shards) after the last step.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch.distributed._shard.sharded_tensor import ShardedTensor
+
+from recsys_dist.checkpoint.dcp import canonical_optimizer_state, load_checkpoint, save_checkpoint, set_optimizer_steps
+from recsys_dist.distributed.env import init_distributed
+from recsys_dist.distributed.optim import init_lazy_state
+from recsys_dist.distributed.stages import sync_replicas
+from recsys_dist.train.build import shard_model
+from recsys_dist.train.stage_pipeline import StagePipeline
+from tests.ranks.distributed import dense_worker
+
+PADDED_STEP = 3  # the last rank's batch is padding only at this step
+
+
+def _batch(step: int, rank: int, world_size: int):
+    batch = dense_worker._batch(step, rank, world_size)
+    weights = torch.ones(dense_worker.B)
+    if step == PADDED_STEP and rank == world_size - 1:
+        weights = torch.zeros(dense_worker.B)
+    total = dense_worker.B * (world_size - (1 if step == PADDED_STEP else 0))
+    batch.weights = weights
+    batch.loss_scale = torch.tensor(float(weights.sum()) * world_size / total)
+    return batch
+
+
+# Plain SGD: an update off by a constant factor shows (Adagrad's and Adam's normalised updates
+# would hide it), and float rounding is not magnified (Adam divides a near-zero gradient by its
+# near-zero root mean square: measured, 1e-7 differences became 1e-4 in the loss in 10 steps).
+SGD = (
+    "train.embedding_optimizer=exact_sgd",
+    "train.embedding_lr=0.5",
+    "train.dense_optimizer=sgd",
+    "train.dense_lr=0.1",
+)
+
+
+def _cfg(name: str, types: list[str], strategy: str, world_size: int, extra: tuple = (), sgd: bool = False):
+    stages = (
+        []
+        if any(e.startswith("distributed.dense.stages=") for e in extra)
+        else [f"distributed.dense.stages={world_size}"]
+    )
+    pipe = [*stages, *extra] if strategy == "pipeline" else []
+    return dense_worker._cfg(name, types, strategy, world_size, (*(SGD if sgd else ()), *pipe))
+
+
+def _train(dmp, opt, steps: range, rank: int, world_size: int, staged: bool) -> list[float]:
+    """Global losses (ddp: the ranks' mean, as the train log)."""
+    runner = StagePipeline(dmp, opt, torch.device("cpu")) if staged else None
+    losses = []
+    for step in steps:
+        batch = _batch(step, rank, world_size)
+        if staged:
+            loss = runner.progress(iter([batch]))[0].clone()
+        else:
+            loss = dmp(batch)[0]
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            loss = loss.detach().clone()
+        dist.all_reduce(loss)
+        losses.append(loss.item() / world_size)
+    return losses
+
+
+def _weights(dmp) -> dict[str, torch.Tensor]:
+    out = {}
+    for k, v in dmp.state_dict().items():
+        if isinstance(v, ShardedTensor):
+            for i, shard in enumerate(v.local_shards()):
+                out[f"{k}#{i}"] = shard.tensor.detach().clone()
+        elif isinstance(v, torch.Tensor):
+            out[k] = v.detach().clone()
+    return out
+
+
+def losses_and_weights(rank: int, world_size: int, cases: list, steps: int) -> dict:
+    """Per case ``(model name, sharding types, pipeline overrides)``, plain SGD: ddp's and
+    pipeline's global losses of ``steps`` steps and the weight differences after them."""
+    out: dict = {}
+    for name, types, extra in cases:
+        got = {}
+        for strategy in ("ddp", "pipeline"):
+            cfg = _cfg(name, types, strategy, world_size, extra, sgd=True)
+            ctx = init_distributed(cfg.distributed)
+            dmp, opt = dense_worker._build(cfg, ctx)
+            first = _weights(dmp)
+            losses = _train(dmp, opt, range(steps), rank, world_size, strategy == "pipeline")
+            sync_replicas(dmp, opt)
+            got[strategy] = (losses, _weights(dmp), getattr(dmp, "dense_stages", None))
+        ref, pipe = got["ddp"][1], got["pipeline"][1]
+        assert ref.keys() == pipe.keys()
+        stages = got["pipeline"][2]
+        out[(name, tuple(types), tuple(extra))] = {
+            "ddp": got["ddp"][0],
+            "pipeline": got["pipeline"][0],
+            # tables (sharded or replicated) and the dense tower (after the sync: every rank's copy)
+            "table_diff": max(float((ref[k] - pipe[k]).abs().max()) for k in ref if "embedding" in k),
+            # per dense tensor: |ddp - pipeline| / |ddp's update over the steps| (Frobenius norms)
+            "dense_rel": max(
+                float((ref[k] - pipe[k]).norm() / (ref[k] - first[k]).norm().clamp_min(1e-12))
+                for k in ref
+                if "embedding" not in k
+            ),
+            "starts": stages.starts,
+            "own_params": sum(p.numel() for m in stages.modules_of(stages.index) for p in m.parameters()),
+        }
+    return out
+
+
+def _state(dmp, opt) -> dict:
+    return {"model": dmp.state_dict(), "optimizer": canonical_optimizer_state(opt.state_dict())}
+
+
+def resume_across(rank: int, world_size: int, run_dir: str, first: str, then: str, steps: int) -> dict:
+    """Dense Adam (its state moves with the checkpoint), tables' row-wise Adagrad.
+    Train ``steps`` under ``first`` (sync, save as the Trainer's checkpointer does), ``steps``
+    more (``want``); a fresh model under ``then`` (other initial weights) loads the checkpoint
+    and trains the same batches (``got``); ``fresh``: the same without the load."""
+    types = ["row_wise", "table_wise"]
+    cfg = _cfg("dcnv2", types, first, world_size)
+    ctx = init_distributed(cfg.distributed)
+    dmp, opt = dense_worker._build(cfg, ctx)
+    _train(dmp, opt, range(steps), rank, world_size, first == "pipeline")
+    sync_replicas(dmp, opt)
+    path = save_checkpoint(ctx, run_dir, steps, _state(dmp, opt), {"step": steps}, keep=5)
+    want = _train(dmp, opt, range(steps, 2 * steps), rank, world_size, first == "pipeline")
+    cfg2 = _cfg("dcnv2", types, then, world_size)
+    out = {"want": want}
+    for key, load in (("got", True), ("fresh", False)):
+        torch.manual_seed(123 + rank)  # other initial dense weights: only the checkpoint can make them equal
+        other, opt2 = shard_model(cfg2, ctx)[:2]
+        if load:
+            init_lazy_state(opt2, other.fused_optimizer)
+            load_checkpoint(path, _state(other, opt2))
+            set_optimizer_steps(opt2, steps)
+        out[key] = _train(other, opt2, range(steps, 2 * steps), rank, world_size, then == "pipeline")
+    return out

@@ -1,0 +1,82 @@
+"""Issue 38 item 2: ``distributed.dense.strategy: pipeline`` (the dense tower after the pooled
+embeddings as torch.distributed.pipelining stages, one per rank; the tables sharded by TorchRec
+over every rank) trains as ``ddp`` does, and its checkpoints move both ways between the two.
+
+Each case trains through the trainer's sharding path and the Trainer's pipeline step from one
+seed on the same per-rank batches (one step with the last rank's batch all padding), plain SGD
+on tables and tower (so that a gradient off by a factor shows; pipeline_worker.SGD says why not
+Adam). Global losses must agree to 1e-5 relative at every one of 50 steps, the tables' weights
+after them to 1e-5 absolute, each dense tensor to 1e-3 of its update over the steps (in norm).
+Measured: docs/sharding.md (the dense tower as pipeline stages).
+"""
+
+import pytest
+
+from recsys_dist.testing import run_ranks
+from tests.ranks.distributed import pipeline_worker
+
+TOL = 1e-5
+TWO_RANKS = [
+    ("dcnv2", ["row_wise"], ("distributed.dense.schedule=gpipe",)),
+    ("dlrm", ["table_wise"], ("distributed.dense.schedule=1f1b", "distributed.dense.microbatches=4")),
+    # replicated tables: their gradients averaged beside the stages; an explicit cut
+    ("dcnv2", ["data_parallel"], ("distributed.dense.microbatches=8", "distributed.dense.split=[3]")),
+]
+THREE_RANKS = [
+    ("dcnv2", ["row_wise"], ("distributed.dense.schedule=1f1b", "distributed.dense.microbatches=6")),
+    ("dlrm", ["row_wise", "table_wise"], ("distributed.dense.schedule=gpipe",)),
+]
+
+
+def _check(results: list[dict], stages: int) -> None:
+    failures = []
+    for rank, per_case in enumerate(results):
+        for case, got in per_case.items():
+            ddp, pipe = got["ddp"], got["pipeline"]
+            assert len(pipe) == 50 and len(set(pipe)) > 40, case  # it trains
+            rel = max(abs(a - b) / abs(b) for a, b in zip(pipe, ddp, strict=True))
+            if not rel <= TOL:
+                failures.append(f"rank {rank} {case}: loss rel diff {rel:.3g}")
+            if not got["table_diff"] <= TOL:
+                failures.append(f"rank {rank} {case}: table weights differ by {got['table_diff']:.3g}")
+            if not got["dense_rel"] <= 1e-3:
+                failures.append(f"rank {rank} {case}: dense weights differ by {got['dense_rel']:.3g} of their update")
+            assert len(got["starts"]) == stages and got["own_params"] > 0
+    for case in results[0]:
+        assert len({tuple(r[case]["starts"]) for r in results}) == 1  # one cut on every rank
+        if "split=[3]" in str(case):
+            assert results[0][case]["starts"] == [0, 3]  # auto cuts it at 2
+    assert not failures, "\n".join(failures)
+
+
+def test_pipeline_equals_ddp_at_two_ranks():
+    _check(run_ranks(pipeline_worker.losses_and_weights, 2, TWO_RANKS, 50, timeout_s=600), 2)
+
+
+def test_pipeline_equals_ddp_at_three_ranks():
+    _check(run_ranks(pipeline_worker.losses_and_weights, 3, THREE_RANKS, 50, timeout_s=600), 3)
+
+
+# data x pipeline: 2 pipelines of 2 stages (the padding step's rank is stage 1 of pipeline 1)
+DATA_BY_PIPELINE = [
+    ("dcnv2", ["row_wise"], ("distributed.dense.stages=2", "distributed.dense.microbatches=4")),
+    ("dlrm", ["data_parallel"], ("distributed.dense.stages=2", "distributed.dense.schedule=gpipe")),
+]
+
+
+@pytest.mark.slow
+def test_two_pipelines_of_two_stages_equal_ddp_at_four_ranks():
+    results = run_ranks(pipeline_worker.losses_and_weights, 4, DATA_BY_PIPELINE, 50, timeout_s=900)
+    _check(results, 2)
+    for case in results[0]:  # ranks 0 and 2 run stage 0, 1 and 3 stage 1
+        own = [r[case]["own_params"] for r in results]
+        assert own[0] == own[2] and own[1] == own[3] and own[0] != own[1], own
+
+
+@pytest.mark.parametrize(("first", "then"), [("ddp", "pipeline"), ("pipeline", "ddp")])
+def test_checkpoint_resumes_under_the_other_strategy(tmp_path, first, then):
+    results = run_ranks(pipeline_worker.resume_across, 2, str(tmp_path), first, then, 4, timeout_s=600)
+    for r in results:
+        rel = max(abs(a - b) / abs(b) for a, b in zip(r["got"], r["want"], strict=True))
+        assert rel <= TOL, r  # the same weights and Adam state (to the strategies' float rounding)
+        assert all(abs(a - b) > 1e-4 for a, b in zip(r["fresh"], r["want"])), r  # the load is what did it

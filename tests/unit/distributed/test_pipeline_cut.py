@@ -1,0 +1,159 @@
+"""Issue 38 item 2 (in process): how a model is cut into pipeline stages, ``split: auto``, and the
+layouts refused before any rank starts (issue 38 item 8), each naming the key and the fix."""
+
+import pytest
+import torch
+
+from recsys_dist.config import ConfigError
+from recsys_dist.config.job import resolve_job
+from recsys_dist.config.loader import load_config
+from recsys_dist.distributed.stages import cut_model, split_auto
+from recsys_dist.models.build import build_model
+from recsys_dist.train.preflight import section_problems
+from tests.conftest import QUICKSTART
+from tests.ranks.distributed.equivalence import criteo_batch
+
+PIPE = ["distributed.dense.strategy=pipeline", "distributed.dense.stages=2"]
+
+
+def _job(*overrides: str):
+    return resolve_job(load_config(QUICKSTART, ["data.num_embeddings=200", *overrides]))
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["model.name=dlrm"],
+        ["model.name=dlrm_dcnv2", "model.dcn_num_layers=2", "model.dcn_low_rank_dim=8"],
+        ["model.name=dcnv2"],  # parallel, full-rank cross layers
+        ["model.name=dcnv2", "model.dcn_structure=stacked", "model.cross_low_rank_dim=4"],
+        ["model.name=dcnv2", "model.deep_layer_sizes=[32, 16, 8]", "model.norm=layer"],
+    ],
+)
+def test_the_tower_after_the_pooled_embeddings_is_the_model(overrides):
+    """tower(pipeline_input(dense, kjt)) is forward(dense, kjt) to float rounding (a column slice
+    of the carried tensor may be multiplied in another summation order), and the tower's
+    modules hold every dense parameter once (the model's own, not copies)."""
+    job = _job(*overrides)
+    torch.manual_seed(0)
+    task = build_model(job.model, job.features.on(torch.device("cpu")), job.train)
+    tower, why = cut_model(task)
+    assert tower is not None, why
+    batch = criteo_batch(torch.Generator().manual_seed(1), 8)
+    kjt = type(batch.sparse_features)(
+        keys=batch.sparse_features.keys(),
+        values=batch.sparse_features.values() % 200,
+        lengths=batch.sparse_features.lengths(),
+        stride=8,
+    )
+    user = task.model
+    x = user.pipeline_input(batch.dense_features, kjt)
+    for module in tower:
+        x = module(x)
+    torch.testing.assert_close(x, user(batch.dense_features, kjt), rtol=1e-6, atol=1e-7)
+    tables = {id(p) for p in user.sparse_arch.parameters()}
+    dense = [p for p in user.parameters() if id(p) not in tables]
+    in_tower = [p for m in tower for p in m.parameters()]
+    assert len(in_tower) == len({id(p) for p in in_tower}) == len(dense)
+    assert {id(p) for p in in_tower} == {id(p) for p in dense}
+
+
+def test_models_that_cannot_be_cut_say_why():
+    job = _job("model.name=deepfm")
+    task = build_model(job.model, job.features.on(torch.device("meta")), job.train)
+    tower, why = cut_model(task)
+    assert tower is None and "DeepFM" in why and "pipeline_tower" in why
+
+
+def test_split_auto_minimises_the_largest_stage():
+    assert split_auto([10, 1, 1, 10], 2) == [2]
+    assert split_auto([1, 1, 1, 1], 2) == [2]
+    assert split_auto([5, 1, 1, 1, 1, 1], 2) == [1]
+    assert split_auto([3, 3, 3], 3) == [1, 2]
+    assert split_auto([100, 1, 1, 1], 3) == [1, 2]
+    with pytest.raises(ValueError, match="4 modules cannot make 5 stages"):
+        split_auto([1, 1, 1, 1], 5)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (["distributed.dense.stages=3"], "distributed.dense.stages: 3 stages do not divide 2 rank(s)"),
+        (["distributed.nproc_per_node=3"], "distributed.dense.stages: 2 stages do not divide 3 rank(s)"),
+        (["distributed.dense.microbatches=5"], "distributed.dense.microbatches: 5 does not divide a pipeline's batch"),
+        (["distributed.dense.microbatches=1"], "distributed.dense.microbatches: 1f1b needs at least one microbatch"),
+        (["model.name=deepfm"], "distributed.dense.strategy: pipeline: the model (DeepFM) does not say how"),
+        (["distributed.dense.split=[4]"], "distributed.dense.split: [4] must be 1 increasing module indices"),
+        (["train.pipeline=base"], "train.pipeline: not applied under distributed.dense.strategy: pipeline"),
+        (["train.pipeline=sparse_dist"], "train.pipeline: not applied under distributed.dense.strategy: pipeline"),
+        (["train.dense_grad_clip_norm=1.0"], "train.dense_grad_clip_norm: not applied"),
+        (["train.precision=bf16-mixed"], "train.precision: not applied"),
+        (["train.timing_every_n_steps=5"], "train.timing_every_n_steps: not applied"),
+    ],
+)
+def test_bad_pipeline_layouts_are_refused_before_any_rank_starts(overrides, expected):
+    problems = section_problems(_job(*PIPE, *overrides))
+    assert any(p.startswith(expected) for p in problems), problems
+
+
+def test_more_stages_than_tower_modules_are_refused():
+    # the quickstart's dlrm: interaction, two over-arch perceptrons, the last linear: 4 modules
+    job = _job("distributed.dense.strategy=pipeline", "distributed.dense.stages=5", "distributed.nproc_per_node=5")
+    problems = section_problems(job)
+    assert any(
+        p.startswith("distributed.dense.stages: 5 stages, but the model's tower has 4 modules") for p in problems
+    )
+    ok = _job("distributed.dense.strategy=pipeline", "distributed.dense.stages=4", "distributed.nproc_per_node=4")
+    assert section_problems(ok) == []
+
+
+def test_a_good_layout_passes():
+    assert section_problems(_job(*PIPE)) == []
+    assert section_problems(_job(*PIPE, "distributed.nproc_per_node=4")) == []  # 2 pipelines of 2 stages
+    assert section_problems(_job(*PIPE, "distributed.dense.schedule=gpipe", "distributed.dense.split=[1]")) == []
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (
+            ["distributed.dense.schedule=interleaved_1f1b"],
+            "distributed.dense.schedule: Input should be 'gpipe' or '1f1b'",
+        ),
+        (["distributed.dense.strategy=ddp"], "distributed.dense: stages: only strategy: pipeline reads it"),
+        (["distributed.dense.strategy=fsdp", "distributed.dense.microbatches=2"], "stages, microbatches: only"),
+        (["distributed.dense.stages=1"], "distributed.dense.stages: Input should be greater than or equal to 2"),
+    ],
+)
+def test_bad_pipeline_keys_are_config_errors(overrides, expected):
+    with pytest.raises(ConfigError) as e:
+        load_config(QUICKSTART, [*PIPE, *overrides])
+    assert expected in str(e.value), str(e.value)
+
+
+def test_pipeline_needs_its_stages():
+    with pytest.raises(ConfigError, match="stages: strategy: pipeline needs the number of stages"):
+        load_config(QUICKSTART, ["distributed.dense.strategy=pipeline"])
+
+
+def test_a_given_model_is_checked_as_it_is_sharded():
+    """A model given to Trainer(model=...) skips the config checks; the wrapper refuses a cut it
+    cannot make, naming the key, before any stage is built."""
+    from recsys_dist.distributed.config import DenseConfig
+    from recsys_dist.distributed.stages import PipelineDense
+
+    job = _job()
+    task = build_model(job.model, job.features.on(torch.device("cpu")), job.train)
+
+    class Env:
+        world_size, rank, process_group = 5, 0, None
+
+    class DMP:
+        _dmp_wrapped_module = task
+
+    with pytest.raises(ValueError, match="distributed.dense.stages: 5 stages, but the model's tower has 4 modules"):
+        PipelineDense(DenseConfig(strategy="pipeline", stages=5)).wrap(DMP(), Env(), torch.device("cpu"))
+    fm = _job("model.name=deepfm")
+    DMP._dmp_wrapped_module = build_model(fm.model, fm.features.on(torch.device("meta")), fm.train)
+    with pytest.raises(ValueError, match="distributed.dense.strategy: pipeline: the model .DeepFM. does not say"):
+        PipelineDense(DenseConfig(strategy="pipeline", stages=2)).wrap(DMP(), Env(), torch.device("meta"))
