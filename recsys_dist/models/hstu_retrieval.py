@@ -145,7 +145,9 @@ class HSTURetrieval(nn.Module):
 
     def item_vectors(self, ids: torch.Tensor) -> torch.Tensor:
         """float32 [len(ids), D], unit rows: the normalised table rows of ``ids`` (int64 [N], N >= 1)."""
-        kjt = history_kjt([ids.cpu().numpy()[i : i + 1] for i in range(len(ids))]).to(ids.device)
+        n = len(ids)
+        lengths = torch.cat([torch.ones(n, dtype=torch.int32), torch.zeros(n, dtype=torch.int32)])
+        kjt = KeyedJaggedTensor.from_lengths_sync(list(FEATURES), ids.long(), lengths.to(ids.device))
         return F.normalize(self.seq_arch(kjt)[HISTORY].values(), dim=-1)
 
 
