@@ -14,7 +14,9 @@ D 50, 2 blocks, 1 head, d_qk = d_v = 50, dropout 0.2, Adam lr 1e-3 (betas 0.9, 0
 uniform negatives, temperature 0.05. One sample per user per epoch: the user's training
 sequence (its last 201 items), every position predicting the next. Unsharded, one process,
 one intra-op thread. Every ``--eval-every`` epochs: validation metrics; the test metrics are
-those of the epoch with the best validation NDCG@10. Prints one JSON line per (encoder, seed).
+those of the epoch with the best validation NDCG@10. Ranking as the reference's evaluation: all
+items, less the items of the history the model read (``evaluate_next_item``'s default); the
+most-popular ranking (by training sequences) leaves out the same items. Prints one JSON line per (encoder, seed).
 """
 
 from __future__ import annotations
@@ -132,7 +134,7 @@ def main() -> None:
     )
     for name in ("validation", "test"):
         users, items = popular_vectors(split.train, split.num_items)
-        ranks = target_ranks(users, items, split.targets(name))
+        ranks = target_ranks(users, items, split.targets(name), split.histories(name, MAX_LEN))
         print(json.dumps({"encoder": "most_popular", name: ranking_metrics(ranks.numpy())}), flush=True)
     for seed in a.seeds:
         for encoder in a.encoders:

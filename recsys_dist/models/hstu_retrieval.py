@@ -23,7 +23,7 @@ equal to a position's positive is masked out of that position's softmax (as the 
 
 Retrieval: :meth:`HSTURetrieval.user_vectors` is ``y_n`` (the last real position) and
 :meth:`HSTURetrieval.item_vectors` the normalised table rows; :func:`evaluate_next_item` ranks
-every target among all items (``recsys_dist.models.next_item``). Under DistributedModelParallel
+every target among all items less the history's (``recsys_dist.models.next_item``). Under DistributedModelParallel
 the table is sharded like any other (``recsys_dist.distributed.sharding.shard``), the HSTU
 layers are data-parallel.
 """
@@ -201,10 +201,12 @@ def evaluate_next_item(
     batch_size: int = 256,
     ks=DEFAULT_K,
     device: torch.device | None = None,
+    exclude_history: bool = True,
 ) -> dict[str, float]:
     """HR@K, NDCG@K and MRR (``recsys_dist.models.next_item.ranking_metrics``) of ``targets``
     (int64 [U], ids ``1 .. num_items``) after ``histories`` (U arrays of ids, oldest first, not
-    empty), every target ranked among all ``num_items`` items.
+    empty), every target ranked among all ``num_items`` items; with ``exclude_history`` (the
+    HSTU reference's protocol) less the other items of its own history.
 
     Collective when a process group exists (every rank passes the same arguments): every rank
     embeds the whole catalogue (the same calls into the sharded table on each rank), the users
@@ -236,7 +238,8 @@ def evaluate_next_item(
             continue
         users = m.user_vectors(history_kjt([histories[r] for r in rows]).to(device)).cpu()
         if i < len(batches):
-            mine[i] = target_ranks(users, items, np.asarray(targets)[list(rows)]).tolist()
+            seen = [histories[r] for r in rows] if exclude_history else None
+            mine[i] = target_ranks(users, items, np.asarray(targets)[list(rows)], seen).tolist()
     m.train(was_training)
     if world > 1:
         parts: list = [None] * world

@@ -8,9 +8,11 @@ NDCG@K and MRR.
   validation target's history is the training sequence.
 - :func:`target_ranks`: the rank (1 = best) of each target among ALL items of the catalogue by
   the score ``<u, v_j>``, descending; an item scoring the same as the target counts as above
-  it when its id is lower (ties go to the lower id, as in a stable sort of ids ascending). No
-  item is excluded (the user's history items stay candidates, as in the HSTU reference's
-  evaluation).
+  it when its id is lower (ties go to the lower id, as in a stable sort of ids ascending).
+  ``seen`` (optional, per user) removes items from that user's candidates, the target never:
+  the HSTU reference's evaluation (``eval_metrics_v2_from_tensors`` with its default
+  ``filter_invalid_ids=True``, as its trainer calls it) removes the items of the history the
+  model read, so :func:`recsys_dist.models.hstu_retrieval.evaluate_next_item` passes those.
 - :func:`ranking_metrics`: ``HR@K`` = the share of targets of rank <= K; ``NDCG@K`` = the mean
   of ``1 / log2(rank + 1)`` over targets of rank <= K (0 above K; one relevant item, so the
   ideal DCG is 1); ``MRR`` = the mean of ``1 / rank`` over the full ranking (no cut-off).
@@ -101,12 +103,28 @@ def leave_last_out(users, items, times) -> LeaveLastOut:
     )
 
 
-def target_ranks(user_vectors: torch.Tensor, item_vectors: torch.Tensor, targets) -> torch.Tensor:
+def _seen_mask(seen: list[np.ndarray] | None, lo: int, hi: int, num_items: int) -> torch.Tensor | None:
+    """bool [hi - lo, C]: True at the ``seen`` items (ids 1 .. C; others ignored) of users lo..hi-1."""
+    if seen is None:
+        return None
+    block = [np.asarray(x, dtype=np.int64) for x in seen[lo:hi]]
+    rows = np.repeat(np.arange(len(block)), [len(x) for x in block])
+    ids = np.concatenate(block) if block else np.zeros(0, np.int64)
+    keep = (ids >= 1) & (ids <= num_items)
+    mask = torch.zeros(hi - lo, num_items, dtype=torch.bool)
+    mask[torch.as_tensor(rows[keep]), torch.as_tensor(ids[keep] - 1)] = True
+    return mask
+
+
+def target_ranks(
+    user_vectors: torch.Tensor, item_vectors: torch.Tensor, targets, seen: list[np.ndarray] | None = None
+) -> torch.Tensor:
     """int64 [U]: the rank (1 = best) of ``targets[u]`` (int, dense ids ``1 .. C``) among the
     ``C`` items for user ``u``, by the scores ``user_vectors [U, D] @ item_vectors [C, D]^T``
     (row ``j - 1`` of ``item_vectors`` is item ``j``); ties to the lower id (module docstring).
-    The target's score is read from the same score matrix, so it is ranked against exactly the
-    numbers it is compared with. Chunks of ``USER_CHUNK`` users.
+    ``seen``: per user, item ids left out of their candidates (the target stays; ids outside
+    ``1 .. C`` are ignored). The target's score is read from the same score matrix, so it is
+    ranked against exactly the numbers it is compared with. Chunks of ``USER_CHUNK`` users.
 
     Raises:
         ValueError: a target outside ``1 .. C`` or shapes that do not match.
@@ -118,6 +136,8 @@ def target_ranks(user_vectors: torch.Tensor, item_vectors: torch.Tensor, targets
             f"target_ranks: users {tuple(user_vectors.shape)}, items {tuple(item_vectors.shape)} and targets "
             f"{tuple(targets.shape)} do not match ([U, D], [C, D], [U])"
         )
+    if seen is not None and len(seen) != len(targets):
+        raise ValueError(f"target_ranks: {len(seen)} seen lists for {len(targets)} targets")
     if len(targets) and (int(targets.min()) < 1 or int(targets.max()) > num_items):
         raise ValueError(
             f"target_ranks: targets must be item ids 1 .. {num_items}, got {targets.min()}..{targets.max()}"
@@ -129,17 +149,27 @@ def target_ranks(user_vectors: torch.Tensor, item_vectors: torch.Tensor, targets
         scores = user_vectors[lo : lo + USER_CHUNK] @ item_vectors.T  # [u, C]
         own = scores.gather(1, (t - 1)[:, None])  # [u, 1]
         above = (scores > own) | ((scores == own) & (ids[None, :] < t[:, None]))
+        excluded = _seen_mask(seen, lo, lo + len(t), num_items)
+        if excluded is not None:
+            above &= ~excluded  # the target itself is never above itself, so it always stays
         out.append(above.sum(dim=1) + 1)
     return torch.cat(out) if out else torch.zeros(0, dtype=torch.int64)
 
 
-def top_k(user_vectors: torch.Tensor, item_vectors: torch.Tensor, k: int) -> torch.Tensor:
+def top_k(
+    user_vectors: torch.Tensor, item_vectors: torch.Tensor, k: int, seen: list[np.ndarray] | None = None
+) -> torch.Tensor:
     """int64 [U, min(k, C)]: each user's ``k`` best items (dense ids ``1 .. C``), best first, by
     the scores of :func:`target_ranks` with its ties to the lower id: the exact nearest
-    neighbours (inner product) over the whole catalogue, chunks of ``USER_CHUNK`` users."""
+    neighbours (inner product) over the whole catalogue, chunks of ``USER_CHUNK`` users.
+    ``seen``: per user, items to leave out; they go last (after every other item, by id), so
+    with ``k`` above the number of candidates they fill the tail."""
     out = []
     for lo in range(0, user_vectors.shape[0], USER_CHUNK):
-        scores = user_vectors[lo : lo + USER_CHUNK] @ item_vectors.T
+        scores = (user_vectors[lo : lo + USER_CHUNK] @ item_vectors.T).double()
+        excluded = _seen_mask(seen, lo, lo + scores.shape[0], item_vectors.shape[0])
+        if excluded is not None:
+            scores = scores.masked_fill(excluded, float("-inf"))
         out.append(torch.sort(-scores, dim=1, stable=True).indices[:, :k] + 1)
     return torch.cat(out) if out else torch.zeros(0, min(k, item_vectors.shape[0]), dtype=torch.int64)
 

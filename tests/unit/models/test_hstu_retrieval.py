@@ -22,14 +22,18 @@ from recsys_dist.models.hstu_retrieval import (
 from recsys_dist.models.next_item import leave_last_out, popular_vectors, ranking_metrics, target_ranks, top_k
 
 
-def brute_force(users: np.ndarray, items: np.ndarray, targets: np.ndarray, ks):
-    """Ranks (ids 1..C, ties to the lower id by a stable sort), top-K lists and the metrics by loops."""
+def brute_force(users: np.ndarray, items: np.ndarray, targets: np.ndarray, ks, seen=None):
+    """Ranks (ids 1..C, ties to the lower id by a stable sort; a user's seen items other than
+    the target dropped from the list), top-K lists (seen items last) and the metrics by loops."""
     ranks, tops = [], []
-    for u, t in zip(users, targets):
+    for i, (u, t) in enumerate(zip(users, targets)):
         scores = items @ u
         order = np.argsort(-scores, kind="stable") + 1
-        ranks.append(int(np.flatnonzero(order == t)[0]) + 1)
-        tops.append(order[: max(ks)])
+        drop = set() if seen is None else set(seen[i].tolist())
+        kept = [j for j in order if j == t or j not in drop]
+        ranks.append(kept.index(t) + 1)
+        tail = [j for j in order if j in drop]  # by id: they all score -inf
+        tops.append(([j for j in order if j not in drop] + sorted(tail))[: max(ks)])
     metrics = {}
     for k in ks:
         metrics[f"hr@{k}"] = sum(r <= k for r in ranks) / len(ranks)
@@ -38,18 +42,22 @@ def brute_force(users: np.ndarray, items: np.ndarray, targets: np.ndarray, ks):
     return ranks, np.array(tops), metrics
 
 
-@pytest.mark.parametrize("seed", [0, 1])
-def test_ranks_and_metrics_equal_brute_force_with_ties(seed):
+@pytest.mark.parametrize("seed,with_seen", [(0, False), (1, False), (2, True), (3, True)])
+def test_ranks_and_metrics_equal_brute_force_with_ties(seed, with_seen):
     rng = np.random.default_rng(seed)
     # small integer vectors (exact float products): many items score the same
     users = rng.integers(-2, 3, size=(37, 3)).astype(np.float32)
     items = rng.integers(-2, 3, size=(60, 3)).astype(np.float32)
     targets = rng.integers(1, 61, size=37)
+    # seen lists of 0-30 items, the target among them for some users (it must stay a candidate)
+    seen = [rng.integers(1, 61, size=int(rng.integers(0, 31))) for _ in range(37)] if with_seen else None
     ks = (1, 5, 10, 50)
-    ranks, tops, expected = brute_force(users, items, targets, ks)
-    got = target_ranks(torch.tensor(users), torch.tensor(items), targets)
+    ranks, tops, expected = brute_force(users, items, targets, ks, seen)
+    got = target_ranks(torch.tensor(users), torch.tensor(items), targets, seen)
     assert got.tolist() == ranks
-    assert torch.equal(top_k(torch.tensor(users), torch.tensor(items), 50), torch.tensor(tops))
+    assert torch.equal(top_k(torch.tensor(users), torch.tensor(items), 50, seen), torch.tensor(tops))
+    if with_seen:
+        assert got.tolist() != target_ranks(torch.tensor(users), torch.tensor(items), targets).tolist()
     metrics = ranking_metrics(got.numpy(), ks)
     assert metrics["users"] == 37
     for key, value in expected.items():
@@ -70,6 +78,8 @@ def test_ranks_refuse_targets_outside_the_catalogue():
         target_ranks(torch.zeros(1, 2), torch.zeros(3, 2), [4])
     with pytest.raises(ValueError, match="do not match"):
         target_ranks(torch.zeros(2, 2), torch.zeros(3, 2), [1])
+    with pytest.raises(ValueError, match="2 seen lists for 1 targets"):
+        target_ranks(torch.zeros(1, 2), torch.zeros(3, 2), [1], [np.array([1]), np.array([2])])
 
 
 def test_metric_values_by_hand():
@@ -160,8 +170,11 @@ def test_evaluate_equals_ranks_of_the_vectors():
     model.eval()
     users = torch.cat([model.user_vectors(history_kjt([h])) for h in hist])
     items = model.item_vectors(torch.arange(1, 13))
-    expected = ranking_metrics(target_ranks(users, items, targets).numpy(), (1, 5))
+    expected = ranking_metrics(target_ranks(users, items, targets, hist).numpy(), (1, 5))
     assert got == pytest.approx(expected, abs=1e-12)
+    everything = evaluate_next_item(model, hist, targets, 12, batch_size=4, ks=(1, 5), exclude_history=False)
+    assert everything == pytest.approx(ranking_metrics(target_ranks(users, items, targets).numpy(), (1, 5)))
+    assert everything["mrr"] < got["mrr"]  # the history's items took places above some targets
     with pytest.raises(ValueError, match="none empty"):
         evaluate_next_item(model, [np.array([], np.int64)], np.array([1]), 12)
 
