@@ -163,11 +163,29 @@ def history_kjt(histories: list[np.ndarray], negatives: np.ndarray | None = None
     )
 
 
+def check_ids(sequences: list[np.ndarray], num_items: int, what: str) -> None:
+    """Raise ValueError naming the first of ``sequences`` holding an id outside ``1 .. num_items``
+    (0 is the padding row, not an item; a larger id is past the table)."""
+    for i, s in enumerate(sequences):
+        s = np.asarray(s)
+        bad = s[(s < 1) | (s > num_items)]
+        if len(bad):
+            raise ValueError(
+                f"{what} {i}: item id {int(bad[0])} is outside 1 .. {num_items} (ids are dense, "
+                "recsys_dist.models.next_item.leave_last_out; 0 is padding)"
+            )
+
+
 def next_item_batch(
     sequences: list[np.ndarray], num_items: int, num_negatives: int, generator: np.random.Generator
 ) -> KeyedJaggedTensor:
     """A training batch: the ``sequences`` (dense ids, oldest first, each cut by the caller)
-    and ``num_negatives`` ids drawn uniformly with replacement from ``1 .. num_items``."""
+    and ``num_negatives`` ids drawn uniformly with replacement from ``1 .. num_items``.
+
+    Raises:
+        ValueError: a sequence holding an id outside ``1 .. num_items``, naming it.
+    """
+    check_ids(sequences, num_items, "sequence")
     return history_kjt(sequences, generator.integers(1, num_items + 1, size=num_negatives))
 
 
@@ -215,10 +233,12 @@ def evaluate_next_item(
     at every world size (to the bit on CPU with the same thread count).
 
     Raises:
-        ValueError: lengths that differ, an empty history, or a target outside ``1 .. num_items``.
+        ValueError: lengths that differ, an empty history, a history id or a target outside
+            ``1 .. num_items``.
     """
     if len(histories) != len(targets) or any(len(h) == 0 for h in histories):
         raise ValueError(f"evaluate_next_item: {len(histories)} histories (none empty) for {len(targets)} targets")
+    check_ids(histories, num_items, "history")
     m = find_retrieval_model(model)
     device = device or torch.device("cpu")
     was_training = m.training

@@ -177,6 +177,10 @@ def test_evaluate_equals_ranks_of_the_vectors():
     assert everything["mrr"] < got["mrr"]  # the history's items took places above some targets
     with pytest.raises(ValueError, match="none empty"):
         evaluate_next_item(model, [np.array([], np.int64)], np.array([1]), 12)
+    with pytest.raises(ValueError, match=r"history 1: item id 13 is outside 1 \.\. 12"):
+        evaluate_next_item(model, [np.array([1]), np.array([2, 13])], np.array([1, 2]), 12)
+    with pytest.raises(ValueError, match=r"sequence 0: item id 0 is outside"):
+        next_item_batch([np.array([0, 1])], 12, 3, np.random.default_rng(0))
 
 
 def test_training_learns_a_sequence_rule():
