@@ -7,8 +7,9 @@ The model (:class:`HSTURetrieval`):
   row 0 = padding) read by two features: ``history`` (each user's item sequence, oldest first,
   jagged) and ``negatives`` (the step's sampled negatives, all in the batch's first row);
   input and output share it, as in the reference;
-- the user's items ``e_1..e_n`` times ``sqrt(D)`` (the reference's input scaling; no absolute
-  position embedding: the layers' relative position bias carries the order), input dropout,
+- the user's items ``e_1..e_n`` times ``sqrt(D)`` (the reference's input scaling; the
+  reference also adds a learned absolute position embedding, left out here: the layers'
+  relative position bias carries the order; nor is there its time bias), input dropout,
   then ``num_layers`` :class:`recsys_dist.models.zoo.hstu.HSTULayer` s under a causal mask
   (position i reads 1..i; padding is never read), outputs L2-normalised: ``y_1..y_n``;
 - score of item j after position i: ``s(i, j) = <y_i, normalize(e_j)> / temperature`` (the
