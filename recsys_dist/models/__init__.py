@@ -12,6 +12,7 @@ Modules: ``build`` (the configured model), ``registry`` (models by name or impor
 ``config`` (the ``model:`` section), ``checks`` (the shipped models' config checks), ``layers``
 (shared building blocks), ``losses``, ``task`` (the loss wrapper), ``managed`` and
 ``managed_ops`` (managed-collision tables), ``sequence`` (DIN and BST's sequence layer),
-``retrieval`` (two-tower evaluation) and ``zoo/`` (the shipped models, one family per file).
+``retrieval`` (two-tower evaluation), ``next_item`` (leave-last-out split, exact ranks, HR/NDCG/MRR),
+``hstu_retrieval`` (HSTU next-item retrieval over one sharded item table) and ``zoo/`` (the shipped models, one family per file).
 Nothing is re-exported here: import from the defining module (``recsys_dist.models.build``, ...).
 """
