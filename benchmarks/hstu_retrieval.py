@@ -5,7 +5,7 @@ softmax with the logQ correction) and the most-popular ranking, all under the sa
 ranking.
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/hstu_retrieval.py \
-        [--ratings /work/shared/data/movielens/ratings.csv] [--encoders hstu sasrec two_tower] \
+        [--ratings ../shared/data/movielens/ratings.csv] [--encoders hstu sasrec two_tower] \
         [--seeds 0 1 2] [--epochs 101] [--eval-every 10]
 
 Split (``recsys_dist.models.next_item.leave_last_out``): per user, by time, the last rating is
@@ -29,6 +29,7 @@ import json
 import math
 import time
 
+import harness
 import numpy as np
 import torch
 from torch import nn
@@ -174,14 +175,21 @@ def run(encoder: str, split, seed: int, epochs: int, eval_every: int) -> dict:
     return {"encoder": encoder, "seed": seed, **best, "train_s_per_epoch": train_s / epochs, "curve": history}
 
 
-def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--ratings", default="/work/shared/data/movielens/ratings.csv")
+def main(argv: list[str] | None = None) -> None:
+    p = harness.parser(__doc__, "hstu_retrieval", "2 epochs, seed 0, hstu only, evaluated every epoch")
+    p.add_argument("--ratings", default="../shared/data/movielens/ratings.csv")
     p.add_argument("--encoders", nargs="+", default=["hstu", "sasrec"])
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--epochs", type=int, default=101)
     p.add_argument("--eval-every", type=int, default=10)
-    a = p.parse_args()
+    a = p.parse_args(argv)
+    if a.smoke:
+        a.encoders, a.seeds, a.epochs, a.eval_every = ["hstu"], [0], 2, 1
+    with harness.Results(a, argv):
+        _run(a)
+
+
+def _run(a: argparse.Namespace) -> None:
     torch.set_num_threads(1)
     split = leave_last_out(*read_ratings(a.ratings))
     print(

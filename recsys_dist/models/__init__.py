@@ -11,7 +11,7 @@ DistributedModelParallel materialises each rank's shards.
 Modules: ``build`` (the configured model), ``registry`` (models by name or import path),
 ``config`` (the ``model:`` section), ``checks`` (the shipped models' config checks), ``layers``
 (shared building blocks), ``losses``, ``task`` (the loss wrapper), ``managed`` and
-``managed_ops`` (managed-collision tables), ``sequence`` (DIN and BST's sequence layer),
+``managed_ops`` (managed-collision tables), ``sequence`` (DIN and BST's sequence layer), ``tower`` (a model's dense tower cut into stages),
 ``retrieval`` (two-tower evaluation), ``next_item`` (leave-last-out split, exact ranks, HR/NDCG/MRR),
 ``hstu_retrieval`` (HSTU next-item retrieval over one sharded item table) and ``zoo/`` (the shipped models, one family per file).
 Nothing is re-exported here: import from the defining module (``recsys_dist.models.build``, ...).

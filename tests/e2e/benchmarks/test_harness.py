@@ -24,6 +24,7 @@ BENCHES = {  # every runnable script of benchmarks/ (a new one must use the harn
     "data_pipeline.py",
     "deepctr_compare.py",
     "freshness.py",
+    "hstu_retrieval.py",
     "managed_quality.py",
     "managed_speed.py",
     "model_quality.py",
