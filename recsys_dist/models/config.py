@@ -30,7 +30,7 @@ class ModelConfig(Section):
 
     name: str = Field(
         "dlrm",
-        description="A registered model (dlrm, dlrm_dcnv2, dcnv2, deepfm, wide_deep, xdeepfm, din, bst, hstu, mmoe, ple, two_tower; see docs/models.md) "
+        description="A registered model (dlrm, dlrm_dcnv2, dcnv2, deepfm, wide_deep, xdeepfm, din, bst, hstu, mmoe, ple, two_tower, hstu_retrieval; see docs/models.md) "
         "or the import path of a model factory, 'package.module:factory' (see docs/api.md).",
     )
     embedding_dim: int = Field(16, gt=0, description="Embedding dimension of every table t_<feature>.")
@@ -295,6 +295,35 @@ class TwoTowerConfig(ModelConfig):
         return [f for f in sparse_names if f not in self.user_features]
 
 
+class HSTURetrievalConfig(ModelConfig):
+    """``model.name: hstu_retrieval`` (Zhai et al., 2024, next-item retrieval; docs/models.md): the
+    item feature and its user history (``data.schema.history``) read one shared, sharded table."""
+
+    name: Literal["hstu_retrieval"] = "hstu_retrieval"
+    item_id: str = Field(
+        description="The one-hot categorical feature of each row's item (the history's data.schema.history.item): "
+        "the next item each row's history predicts, and the catalogue ranked at evaluation."
+    )
+    num_layers: int = Field(2, gt=0, description="HSTU layers, stacked (the paper's MovieLens models: 2 or 8).")
+    num_heads: int = Field(1, gt=0, description="Attention heads of each HSTU layer.")
+    attention_dim: int = Field(16, gt=0, description="Width of each head's query and key (d_qk).")
+    linear_dim: int = Field(16, gt=0, description="Width of each head's value and gate U (d_v).")
+    layer_dropout: float = Field(
+        0.2, ge=0, lt=1, description="Dropout on the scaled history embeddings and in each HSTU layer."
+    )
+    max_positions: int = Field(
+        64,
+        ge=2,
+        description="Buckets of the relative position bias: one per distance (in events) below max_positions / 2, "
+        "then four per doubling of the distance; larger distances share the last bucket.",
+    )
+    temperature: float = Field(0.05, gt=0, description="Divides the cosine of the user and item vectors (tau).")
+    logq_correction: bool = Field(
+        True,
+        description="Subtract log q_j (the item's share of the training rows) from in-batch scores (Yi et al. eq. 3).",
+    )
+
+
 def _shipped(*classes: type[ModelConfig]) -> dict[str, type[ModelConfig]]:
     """``{model.name: class}``, the name read from each class's ``name: Literal[...]`` (written once)."""
     out = {}
@@ -317,6 +346,7 @@ SHIPPED_MODEL_CONFIGS: dict[str, type[ModelConfig]] = _shipped(
     MMoEConfig,
     PLEConfig,
     TwoTowerConfig,
+    HSTURetrievalConfig,
 )
 """The shipped models' config classes by ``model.name``: ``recsys_dist.models.registry.model_config_class``
 reads them without importing the zoo (tests/unit/api/test_registry.py checks they equal the registry's)."""

@@ -197,7 +197,10 @@ def register_model(
     )
 
     def wrap(fn):
-        _load_builtin()
+        # A zoo module registering loads no other zoo module: those it is imported by (through a
+        # module of recsys_dist.models that imports a zoo module) may not be initialised yet.
+        if not getattr(fn, "__module__", "").startswith(zoo.__name__ + "."):
+            _load_builtin()
         if name in _MODELS:
             raise ValueError(f"register_model: model {name!r} is registered already")
         if config is None:

@@ -263,8 +263,9 @@ class EvalConfig(_Section):
     retrieval_k: list[PositiveInt] | None = Field(
         None,
         min_length=1,
-        description="Retrieval models (two_tower): the K of recall@K and NDCG@K over the item corpus "
-        "(None = [10, 50]); see recsys_dist.models.retrieval. Not for other models.",
+        description="Retrieval models: the K of recall@K and NDCG@K over the item corpus (two_tower, "
+        "recsys_dist.models.retrieval) or of HR@K and NDCG@K of the next item (hstu_retrieval); None = [10, 50]. "
+        "Not for other models.",
     )
 
 

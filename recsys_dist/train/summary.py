@@ -133,7 +133,16 @@ def summary_metrics(metrics: dict) -> dict:
     """The summary's metrics of a split: auc, logloss, ne (None where absent); with several
     tasks also every ``<task>/<metric>``; for a retrieval model also its ``recall@K`` etc."""
     per_task = {k: v for k, v in metrics.items() if "/" in k}
-    retrieval = {k: v for k, v in metrics.items() if "@" in k or k in ("retrieval_users", "corpus_items")}
+    extra = (
+        "retrieval_users",
+        "corpus_items",
+        "mrr",
+        "popular_mrr",
+        "next_item_rows",
+        "next_item_skipped",
+        "catalogue",
+    )
+    retrieval = {k: v for k, v in metrics.items() if "@" in k or k in extra}
     return {**(per_task or {k: metrics.get(k) for k in ("auc", "logloss", "ne")}), **retrieval}
 
 
@@ -203,6 +212,13 @@ def _retrieval_lines(v: dict, t: dict, fmt) -> str:
                 f"  {split:<11} recall@{k} {fmt(m.get(f'recall@{k}'))}  NDCG@{k} {fmt(m.get(f'ndcg@{k}'))}  "
                 f"(most popular: recall@{k} {fmt(m.get(f'popular_recall@{k}'))}  NDCG@{k} {fmt(m.get(f'popular_ndcg@{k}'))})\n"
             )
+    # Next-item retrieval (hstu_retrieval): HR@K / NDCG@K and MRR of each held-out row's next item.
+    hr_ks = sorted({int(k.split("@")[1]) for k in [*v, *t] if k.startswith("hr@")})
+    for split, m in (("validation", v), ("test", t)) if hr_ks else ():
+        lines += f"  {split:<11} " + "  ".join(
+            f"HR@{k} {fmt(m.get(f'hr@{k}'))}  NDCG@{k} {fmt(m.get(f'ndcg@{k}'))}" for k in hr_ks
+        )
+        lines += f"  MRR {fmt(m.get('mrr'))}  (most popular: MRR {fmt(m.get('popular_mrr'))})\n"
     return lines
 
 
