@@ -228,7 +228,7 @@ class DistributedConfig(Section):
         "(those imports in every rank); fork: forked from the launcher itself, the fastest start, but the launcher "
         "runs threads (the rendezvous store's, the data library's) and a fork that lands while one of them holds a "
         "lock can leave a rank stuck at its start (seen here: a rank waiting in the rendezvous store's connect "
-        "until the 600 s timeout, once in about 280 launches under load, and once in a CI run). auto = forkserver on CPU, spawn on CUDA. fork with CUDA is an "
+        "until the 600 s timeout, once in about 270 launches under load, and once in a CI run). auto = forkserver on CPU, spawn on CUDA. fork with CUDA is an "
         "error (CUDA does not survive a fork).",
     )
     cpu_threads_per_rank: int | None = Field(
