@@ -157,3 +157,30 @@ def test_a_given_model_is_checked_as_it_is_sharded():
     DMP._dmp_wrapped_module = build_model(fm.model, fm.features.on(torch.device("meta")), fm.train)
     with pytest.raises(ValueError, match="distributed.dense.strategy: pipeline: the model .DeepFM. does not say"):
         PipelineDense(DenseConfig(strategy="pipeline", stages=2)).wrap(DMP(), Env(), torch.device("meta"))
+
+
+def test_plan_checks_the_layout_at_the_planned_world_size(capsys):
+    """``recsys-dist plan --world-size N`` judges the stages against N ranks, not the config's
+    ``distributed.nproc_per_node`` (2 here): 4 stages on 4 ranks were refused ("do not divide 2
+    rank(s)") and 2 stages on 3 ranks planned, exit 0, where ``train`` at 3 ranks refuses them."""
+    import argparse
+
+    from recsys_dist.cli.plan import cmd_plan
+
+    def plan(world: int, *overrides: str) -> int:
+        args = argparse.Namespace(
+            config=str(QUICKSTART),
+            world_size=world,
+            local_world_size=None,
+            device="cpu",
+            hbm_gb=None,
+            ddr_gb=None,
+            json=True,
+            overrides=["data.num_embeddings=200", "model.name=dcnv2", *PIPE[:1], *overrides],
+        )
+        return cmd_plan(args)
+
+    assert plan(4, "distributed.dense.stages=4") == 0
+    assert len(__import__("json").loads(capsys.readouterr().out)["hbm_gb"]) == 4
+    with pytest.raises(ConfigError, match=r"distributed.dense.stages: 2 stages do not divide 3 rank\(s\)"):
+        plan(3, "distributed.dense.stages=2")
