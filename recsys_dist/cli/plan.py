@@ -33,7 +33,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.ddr_gb is not None:
         overrides.append(f"sharding.ddr_gb={args.ddr_gb}")
     cfg = load_config(args.config, overrides, check_files=False)  # planning reads no data
-    job = resolve_job(cfg)
+    # At the planned world size, not distributed.nproc_per_node: the rules that depend on it
+    # (pipeline stages dividing the ranks) are those of a run at --world-size.
+    job = resolve_job(cfg, world_size=args.world_size)
     check_sections(job)  # the cross-section rules (RunConfig checks each section alone)
     if local_world_size > args.world_size or args.world_size % local_world_size:
         raise ConfigError(f"--local-world-size {local_world_size} must divide --world-size {args.world_size}")

@@ -33,7 +33,8 @@ SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
 def cut_model(task: nn.Module) -> tuple[list[nn.Module] | None, str]:
     """The tower of ``task`` (a ``CTRTask`` or the user's model itself), or None and why it cannot
     be cut: no ``pipeline_input`` / ``pipeline_tower`` (recsys_dist.models.tower), several
-    tasks, managed-collision ids, batch norm (statistics per microbatch, not per rank batch)."""
+    tasks, managed-collision ids, batch norm (statistics per microbatch, not per rank batch), a
+    parameter in two of the tower's modules (tied weights: two stages would each update a copy)."""
     user = getattr(task, "model", task)
     name = type(user).__name__
     if not callable(getattr(user, "pipeline_tower", None)) or not callable(getattr(user, "pipeline_input", None)):
@@ -46,7 +47,25 @@ def cut_model(task: nn.Module) -> tuple[list[nn.Module] | None, str]:
     tower = list(user.pipeline_tower())
     if any(isinstance(m, nn.modules.batchnorm._BatchNorm) for t in tower for m in t.modules()):
         return None, f"the tower of {name} has batch norm, whose statistics would be per microbatch; use model.norm"
+    shared = _shared_parameters(tower)
+    if shared:
+        return None, (
+            f"the tower of {name} holds a parameter in more than one of its modules ({shared}); each stage "
+            "updates only its own modules' parameters, so a parameter used in two stages would get part of its "
+            "gradient on each (tied weights); give pipeline_tower modules that share no parameter"
+        )
     return tower, ""
+
+
+def _shared_parameters(tower: list[nn.Module]) -> str:
+    """The first parameter held by two of ``tower``'s modules, as ``"modules i and j"``, or ""."""
+    owner: dict[int, int] = {}
+    for i, module in enumerate(tower):
+        for p in module.parameters():
+            j = owner.setdefault(id(p), i)
+            if j != i:
+                return f"modules {j} and {i}"
+    return ""
 
 
 def split_auto(sizes: list[int], stages: int) -> list[int]:

@@ -4,7 +4,8 @@ A model that can be cut has two methods (the zoo's ``dcnv2``, ``dlrm`` and ``dlr
 
 - ``pipeline_input(dense [B, D] float32, kjt) -> [B, d] float32``: everything up to the
   pooled embeddings (the table lookups, then a concatenation): run on every rank, since the
-  sharded tables' forward and backward are collective. It holds no dense parameter.
+  sharded tables' forward and backward are collective. It uses no parameter of the tower
+  (one it uses is refused at the first step: its gradient would not be averaged).
 - ``pipeline_tower() -> list[nn.Module]``: the rest as an ordered list of modules, each taking
   one tensor ``[b, ·]`` and returning one; the last returns the logits ``[b, 1]``. Composed,
   ``tower(pipeline_input(dense, kjt))`` is ``forward(dense, kjt)`` op for op (the same numbers

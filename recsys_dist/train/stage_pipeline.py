@@ -49,6 +49,7 @@ class StagePipeline:
         self._model, self._optimizer, self._device = model, optimizer, device
         self._stages: DenseStages = model.dense_stages
         self._task = model.module
+        self._checked = False
 
     def progress(self, dataloader_iter):
         batch = next(dataloader_iter).to(self._device, non_blocking=True)
@@ -77,6 +78,9 @@ class StagePipeline:
         world = dist.get_world_size()
         # x.grad / microbatches is dp x d(global loss)/dx; TorchRec divides by the world size
         pooled.backward(grad * ((world if get_gradient_division() else 1) / st.dp))
+        if not self._checked:  # its first step (steps_done is the run's step count on a resume)
+            _check_input_grads(st, self._task.model)
+            self._checked = True
         _average(st.rest, None, world)  # replicated parameters outside the tower: DDP's mean
         if st.dp_group is not None:  # the same stage in every pipeline: DDP's mean over them
             _average([p for m in st.modules_of(rank) for p in m.parameters()], st.dp_group, st.dp)
@@ -101,6 +105,37 @@ class StagePipeline:
 
     def reset(self) -> None:
         pass
+
+
+def _check_input_grads(st: DenseStages, model: torch.nn.Module) -> None:
+    """Refuse, on every rank (one collective), a ``pipeline_input`` that uses a parameter of the
+    tower: its gradient through the input reached every rank's copy unaveraged (the owner's added
+    to its stage's; the other ranks stepped their copies with it), so the run trained wrong numbers.
+    A rank's copy of another stage's parameter gets a gradient only that way.
+
+    Raises:
+        ValueError: naming the parameters, on every rank.
+    """
+    names = {id(p): n for n, p in model.named_parameters()}
+    mine = sorted(
+        {
+            names.get(id(p), "?")
+            for s in range(st.num_stages)
+            if s != st.index
+            for m in st.modules_of(s)
+            for p in m.parameters()
+            if p.grad is not None
+        }
+    )
+    every: list = [None] * dist.get_world_size()
+    dist.all_gather_object(every, mine)
+    used = sorted({n for names_of_rank in every for n in names_of_rank})
+    if used:
+        raise ValueError(
+            "distributed.dense.strategy: pipeline: the model's pipeline_input uses parameters of its tower "
+            f"({', '.join(used)}); pipeline_input must hold no dense parameter of pipeline_tower's modules "
+            "(docs/design/pipeline.md): move that use into the tower, or use strategy ddp"
+        )
 
 
 def _global_weight(target: torch.Tensor, dp_group) -> float:

@@ -272,7 +272,9 @@ class Trainer:
     @property
     def model(self) -> DistributedModelParallel:
         """The sharded model (TorchRec ``DistributedModelParallel``). Its forward takes a
-        ``CTRBatch`` and returns ``(loss, (loss, logits [B], labels [B], weights [B]))``."""
+        ``CTRBatch`` and returns ``(loss, (loss, logits [B], labels [B], weights [B]))``.
+        Under dense strategy pipeline, mid-training only this rank's stage of the tower is current
+        (all of it after a validation or checkpoint: docs/design/pipeline.md)."""
         return self._model
 
     @property

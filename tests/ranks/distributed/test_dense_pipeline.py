@@ -80,3 +80,13 @@ def test_checkpoint_resumes_under_the_other_strategy(tmp_path, first, then):
         rel = max(abs(a - b) / abs(b) for a, b in zip(r["got"], r["want"], strict=True))
         assert rel <= TOL, r  # the same weights and Adam state (to the strategies' float rounding)
         assert all(abs(a - b) > 1e-4 for a, b in zip(r["fresh"], r["want"])), r  # the load is what did it
+
+
+def test_a_pipeline_input_using_a_tower_parameter_is_refused_on_every_rank():
+    """A tower parameter used in pipeline_input got its input-path gradient unaveraged on every
+    rank's copy (wrong numbers, exit 0); now its first step raises on every rank, naming it."""
+    for got in run_ranks(pipeline_worker.input_uses_the_tower, 2, timeout_s=600):
+        assert isinstance(got["Tower"], list) and len(got["Tower"]) == 2, got  # the same model without it trains
+        assert got["InputUsesTower"].startswith(
+            "distributed.dense.strategy: pipeline: the model's pipeline_input uses parameters of its tower (l2.weight)"
+        ), got
