@@ -364,17 +364,23 @@ def retrieval_problems(job) -> list[str]:
             )
         if f in multi_hot:
             problems.append(f"{key}: {f!r} is multi-hot; the user (first user feature) and the item id must be one-hot")
-    loss = job.train.loss
+    problems += candidate_loss_problems(m.name, job.train.loss)
+    return problems
+
+
+def candidate_loss_problems(model: str, loss) -> list[str]:
+    """``train.loss`` for a model that returns ``candidate_scores`` (two_tower, hstu_retrieval):
+    [] when the loss reads them, else the problem naming the fix."""
     try:
         takes = isinstance(loss, str) and "candidate_scores" in getattr(get_loss(loss), "model_outputs", ())
     except ValueError:
         takes = False
-    if not takes:
-        problems.append(
-            f"train.loss: {m.name} trains with a loss over in-batch candidates (it returns candidate_scores); "
-            f"{loss!r} takes none: use train.loss: in_batch_softmax"
-        )
-    return problems
+    if takes:
+        return []
+    return [
+        f"train.loss: {model} trains with in-batch candidates (it returns candidate_scores); "
+        f"{loss!r} takes none: use train.loss: in_batch_softmax"
+    ]
 
 
 ITEM_IDS_FILE, ITEM_EMBEDDINGS_FILE, ITEM_KEYS_FILE = "item_ids.npy", "item_embeddings.npy", "item_keys.npy"

@@ -49,10 +49,9 @@ from recsys_dist.data.spec import FeatureSpec
 from recsys_dist.models import sequence
 from recsys_dist.models.config import HSTURetrievalConfig
 from recsys_dist.models.hstu_retrieval import HSTURetrieval
-from recsys_dist.models.losses import get_loss
 from recsys_dist.models.next_item import DEFAULT_K, ranking_metrics, target_ranks
 from recsys_dist.models.registry import register_model
-from recsys_dist.models.retrieval import SPLITS, read_rows
+from recsys_dist.models.retrieval import SPLITS, candidate_loss_problems, read_rows
 from recsys_dist.models.zoo.two_tower import LogQ, log_q_of
 
 
@@ -240,16 +239,7 @@ def next_item_problems(job) -> list[str]:
     sizes = {t.num_embeddings for t in [*f.tables, *f.sequence_tables]}
     if len(sizes) > 1:
         problems.append(f"data.num_embeddings: the item and history tables must have one size, got {sorted(sizes)}")
-    loss = job.train.loss
-    try:
-        takes = isinstance(loss, str) and "candidate_scores" in getattr(get_loss(loss), "model_outputs", ())
-    except ValueError:
-        takes = False
-    if not takes:
-        problems.append(
-            f"train.loss: hstu_retrieval trains with in-batch candidates; {loss!r} takes none: in_batch_softmax"
-        )
-    return problems
+    return problems + candidate_loss_problems("hstu_retrieval", job.train.loss)
 
 
 @register_model(
