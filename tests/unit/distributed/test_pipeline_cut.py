@@ -12,6 +12,7 @@ from recsys_dist.models.build import build_model
 from recsys_dist.train.preflight import section_problems
 from tests.conftest import QUICKSTART
 from tests.ranks.distributed.equivalence import criteo_batch
+from tests.ranks.distributed.pipeline_worker import Tower
 
 PIPE = ["distributed.dense.strategy=pipeline", "distributed.dense.stages=2"]
 
@@ -186,34 +187,13 @@ def test_plan_checks_the_layout_at_the_planned_world_size(capsys):
         plan(3, "distributed.dense.stages=2")
 
 
-class Tied(torch.nn.Module):
+class Tied(Tower):
     """A user's cuttable model whose tower applies one hidden layer twice (tied weights):
     ``[l1, l2, l2, head]``. Cut at 2, stage 0 and stage 1 each updated their own copy of l2 with
     their part of its gradient: validation AUC 0.463 where ddp's was 0.491, exit 0."""
 
-    def __init__(self, spec, hidden: int = 8):
-        import torchrec
-
-        super().__init__()
-        self.ebc = torchrec.EmbeddingBagCollection(tables=spec.tables, device=spec.embedding_device)
-        self.feats = list(spec.sparse_names)
-        width = spec.num_dense + len(spec.tables) * spec.embedding_dim
-        self.l1 = torch.nn.Linear(width, hidden, device=spec.device)
-        self.l2 = torch.nn.Linear(hidden, hidden, device=spec.device)
-        self.head = torch.nn.Linear(hidden, 1, device=spec.device)
-
-    def pipeline_input(self, dense, kjt):
-        pooled = self.ebc(kjt)
-        return torch.cat([dense, *(pooled[f] for f in self.feats)], dim=1)
-
     def pipeline_tower(self):
         return [self.l1, self.l2, self.l2, self.head]
-
-    def forward(self, dense, kjt):
-        x = self.pipeline_input(dense, kjt)
-        for m in self.pipeline_tower():
-            x = m(x)
-        return x
 
 
 def test_a_tower_sharing_a_parameter_between_modules_is_refused_before_launch():
