@@ -149,11 +149,16 @@ def _global_weight(target: torch.Tensor, dp_group) -> float:
 
 def _average(params, group, size: int) -> None:
     """Each gradient of ``params`` averaged over ``group`` (None: the world) of ``size`` ranks (a
-    missing gradient counts as zeros), in place."""
-    for p in dict.fromkeys(params):
-        if not p.requires_grad:
-            continue
+    missing gradient counts as zeros), in place: one all-reduce of the gradients laid end to end
+    (as DDP's buckets), not one per parameter."""
+    params = [p for p in dict.fromkeys(params) if p.requires_grad]
+    if not params:
+        return
+    for p in params:
         if p.grad is None:
             p.grad = torch.zeros_like(p)
-        dist.all_reduce(p.grad, group=group)
-        p.grad /= size
+    flat = torch.cat([p.grad.reshape(-1) for p in params])
+    dist.all_reduce(flat, group=group)
+    flat /= size
+    for p, g in zip(params, flat.split([p.numel() for p in params]), strict=True):
+        p.grad.copy_(g.view_as(p.grad))
