@@ -162,37 +162,44 @@ class HungCommand(subprocess.TimeoutExpired):
         return f"{super().__str__()}\n--- its stderr (Python stacks on SIGUSR1) ---\n{self.stderr}"
 
 
+def process_tree(pid: int) -> dict[int, tuple[int, str]]:
+    """The live (not zombie) processes below ``pid`` (children, theirs, ...) in breadth-first
+    order, each with its parent's pid and its command line."""
+    procs: dict[int, tuple[int, str]] = {}
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            stat = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if stat[0] not in ("Z", "X"):
+            procs[int(proc.name)] = (int(stat[1]), cmd)
+    found: dict[int, tuple[int, str]] = {}
+    todo = [pid]
+    while todo:
+        p = todo.pop(0)
+        kids = [c for c, (pp, _) in procs.items() if pp == p]
+        found.update({c: procs[c] for c in kids})
+        todo.extend(kids)
+    return found
+
+
 def _dump_stacks(pid: int) -> str:
     """SIGUSR1 to ``pid`` and its ranks below it, one at a time so that their outputs do not
     interleave (``recsys_dist.logs.dump_stacks_on_sigusr1``: each prints its threads' stacks to
     its stderr); returns the process tree as text. Processes between (a forkserver the ranks
     fork from) and the resource tracker are passed over: they have no such handler, and
     SIGUSR1 would end them."""
-    children: dict[int, list[int]] = {}
-    names: dict[int, str] = {}
-    for proc in Path("/proc").glob("[0-9]*"):
-        try:
-            text = (proc / "stat").read_text()
-            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        head, _, rest = text.rpartition(")")
-        me, ppid = int(head.split(" (")[0]), int(rest.split()[1])
-        children.setdefault(ppid, []).append(me)
-        names[me] = cmd[:60]
-    tree, todo = [], [pid]
-    while todo:
-        p = todo.pop(0)
-        tree.append(p)
-        todo.extend(children.get(p, []))
-    signalled = [p for p in tree if p == pid or (not children.get(p) and "resource_tracker" not in names.get(p, ""))]
+    tree = process_tree(pid)
+    parents = {pp for pp, _ in tree.values()}
+    signalled = [pid] + [p for p, (_, cmd) in tree.items() if p not in parents and "resource_tracker" not in cmd]
     for p in reversed(signalled):  # the ranks, then the launcher
         try:
             os.kill(p, signal.SIGUSR1)
         except ProcessLookupError:
             pass
         time.sleep(0.5)  # faulthandler writes from the signal handler, at once
-    return f"processes: {[(p, names.get(p, '?')) for p in tree]}; signalled {signalled}\n"
+    return f"processes: {[(p, cmd[:60]) for p, (_, cmd) in tree.items()]}; signalled {signalled}\n"
 
 
 def _child(args: list[str], cwd: str, env: dict, out: str, err: str) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli import run_train
+from tests.cli import process_tree, run_train
 from tests.conftest import QUICKSTART, ROOT
 from tests.unit.robustness.test_run_faults import keys, lines
 
@@ -64,42 +64,13 @@ def processes_naming(text: str) -> list[int]:
 
 def below(pid: int) -> dict[int, str]:
     """The live processes started under ``pid`` (children, theirs, ...), each with its command line."""
-    parent, cmd = {}, {}
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            stat = (d / "stat").read_text().rsplit(")", 1)[1].split()
-            cmd[int(d.name)] = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if stat[0] not in ("Z", "X"):
-            parent[int(d.name)] = int(stat[1])
-    found, todo = {}, [pid]
-    while todo:
-        p = todo.pop()
-        kids = [c for c, pp in parent.items() if pp == p]
-        found.update({c: cmd[c] for c in kids})
-        todo.extend(kids)
-    return found
+    return {p: cmd for p, (_, cmd) in process_tree(pid).items()}
 
 
 def ranks_below(launcher: int) -> list[int]:
     """The ranks of ``launcher``: its processes but the forkserver they fork from (a child of
     the launcher) and multiprocessing's resource tracker."""
-    procs = below(launcher)
-    return [p for p, cmd in procs.items() if "resource_tracker" not in cmd and p not in below_one(launcher)]
-
-
-def below_one(pid: int) -> set[int]:
-    return {p for p in below(pid) if _parent(p) == pid}
-
-
-def _parent(pid: int) -> int:
-    try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-    except OSError:
-        return -1
+    return [p for p, (pp, cmd) in process_tree(launcher).items() if pp != launcher and "resource_tracker" not in cmd]
 
 
 def gone_within(pids_of, seconds: float) -> list[int]:
