@@ -87,7 +87,13 @@ def test_trainer_under_launch_matches_the_cli(tmp_path, monkeypatch):
         assert all(v >= 0 for v in split.values()) and min(split["startup"], split["train"], split["eval"]) > 0
         assert sum(split.values()) == pytest.approx(s["wall_seconds"], rel=0.05, abs=0.01)
         assert split["checkpoint"] > 0 and split["other"] < 0.05 * s["wall_seconds"]
-    assert 0.8 * outside < cli_summary["wall_seconds"] <= outside
+    # The CLI's clock starts when the command's process started (launcher imports included):
+    # summary.json, written as the clock stopped, less its wall time, is the moment this test
+    # started the command. The tail after it (ranks and launcher exiting) is not measured, so
+    # only the start is compared; under a loaded CI machine that tail took 1.8 s.
+    written = (cli_dir / "summary.json").stat().st_mtime
+    assert cli_summary["wall_seconds"] <= outside
+    assert started - 0.05 <= written - cli_summary["wall_seconds"] <= started + 1.0
     assert cli_summary["wall_split"]["data"] > 0  # the command's data preparation, before the ranks existed
     cli_lines, lib_lines = read_metrics(cli_dir), read_metrics(lib_dir)
     assert [m.keys() for m in lib_lines] == [m.keys() for m in cli_lines]
