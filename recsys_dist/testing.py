@@ -18,7 +18,14 @@ from typing import Any
 import torch.multiprocessing as mp
 
 # What the forkserver of run_ranks (and of the tests' `recsys-dist train` runs) imports once.
-FORKSERVER_PRELOAD = ["torch", "torchrec", "torchrec.distributed", "recsys_dist.train.trainer", "recsys_dist.cli.main"]
+FORKSERVER_PRELOAD = [
+    "recsys_dist.train.forkserver_init",
+    "torch",
+    "torchrec",
+    "torchrec.distributed",
+    "recsys_dist.train.trainer",
+    "recsys_dist.cli.main",
+]
 
 
 def free_port() -> int:

@@ -157,7 +157,13 @@ def _failure_traceback(failure) -> str:
     return ""
 
 
-RANK_PRELOAD = ["torch", "torchrec", "torchrec.distributed", "recsys_dist.train.worker"]
+RANK_PRELOAD = [
+    "recsys_dist.train.forkserver_init",  # first: SIGUSR1 dumps stacks in a rank from its start
+    "torch",
+    "torchrec",
+    "torchrec.distributed",
+    "recsys_dist.train.worker",
+]
 
 
 def start_forkserver() -> None:

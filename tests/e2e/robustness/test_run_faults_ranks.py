@@ -234,3 +234,26 @@ def test_a_command_that_outlives_its_timeout_reports_every_ranks_stacks(tmp_path
     # the launcher and each rank print "Current thread" once; the ranks wait in the injected delay
     assert err.count("Current thread 0x") == 3, err[-4000:]
     assert err.count("recsys_dist/faults.py") == 2, err[-4000:]
+
+
+_SIGNAL_AT_START = """
+import multiprocessing as mp, os, signal, time
+from recsys_dist.train.launch import start_forkserver
+
+start_forkserver()
+rank = mp.get_context("forkserver").Process(target=time.sleep, args=(30,))
+rank.start()
+os.kill(rank.pid, signal.SIGUSR1)  # before any code of ours runs in it
+rank.join(3)
+print("alive" if rank.is_alive() else f"ended {rank.exitcode}", flush=True)
+rank.kill()
+"""
+
+
+def test_sigusr1_at_a_ranks_first_instruction_dumps_its_stacks_and_leaves_it_running():
+    """A rank forked from ``recsys-dist train``'s forkserver dumps its stacks on SIGUSR1 even
+    before its own code arms the dump (the server armed it: ``recsys_dist.train.forkserver_init``);
+    SIGUSR1's default action would end it."""
+    r = subprocess.run([sys.executable, "-c", _SIGNAL_AT_START], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.stdout.strip() == "alive", r.stdout + r.stderr[-3000:]
+    assert "Current thread 0x" in r.stderr
