@@ -17,7 +17,7 @@ raw columns, the batch built as the loader builds it, and no file, cache entry o
   format's ``parse_batch``, its dense transform and hex / BLAKE2b keys, then the hash, vocabulary
   or managed id rule), the loader's checks and batch layout (one ``CTRBatch`` per at most
   ``BATCH_ROWS`` rows, of exactly their number).
-- the file route (``recsys_dist.serve.rows.score_rows``, ``kind == "file"``) otherwise, with
+- the file route (``recsys_dist.serve.request_rows.score_rows``, ``kind == "file"``) otherwise, with
   the reason in ``reason``: a record written by another transform version or whose sizes,
   features or mapping differ from the config (the file route then reports the problem).
 
@@ -45,8 +45,8 @@ import torch
 from recsys_dist.data import encode
 from recsys_dist.errors import BadRequest, DataError
 from recsys_dist.serve.export import LoadedModel
-from recsys_dist.serve.rows import MAX_VALUE_CHARS, RowWriter, check_servable, outputs, score_rows
-from recsys_dist.serve.scoring import scoring_format
+from recsys_dist.serve.request_rows import MAX_VALUE_CHARS, RowWriter, check_servable, outputs, score_rows
+from recsys_dist.serve.score_inputs import scoring_format
 
 log = logging.getLogger("recsys_dist.serve")
 
@@ -82,7 +82,7 @@ def row_scorer(loaded: LoadedModel) -> InMemoryScorer | FileScorer:
 
 def _uncovered(loaded: LoadedModel) -> str | None:
     """Why the in-memory route would not give the file route's inputs for this model, or None.
-    (The checks the file route makes of a conversion, ``scoring.check_conversion``.)"""
+    (The checks the file route makes of a conversion, ``score_inputs.check_conversion``.)"""
     prep = loaded.preprocessing
     if prep is None:
         return "the model was loaded without its preprocessing record"
@@ -125,7 +125,7 @@ class InMemoryScorer:
         self.path = "rows.parquet" if self.writer.parquet else "rows.csv"
 
     def __call__(self, rows: list) -> dict:
-        """Scores of ``rows`` (``recsys_dist.serve.rows`` describes them), as ``score_rows``
+        """Scores of ``rows`` (``recsys_dist.serve.request_rows`` describes them), as ``score_rows``
         returns them.
 
         Raises:

@@ -19,7 +19,7 @@ from recsys_dist.data.record import Preprocessing
 from recsys_dist.data.resolve import prepare_from_config
 from recsys_dist.serve.export import LoadedModel, score
 from recsys_dist.serve.inmemory import InMemoryScorer
-from recsys_dist.serve.rows import score_rows
+from recsys_dist.serve.request_rows import score_rows
 from recsys_dist.train.job import load_job
 from tests.conftest import CRITEO_SAMPLE, ROOT
 
