@@ -125,7 +125,7 @@ def converted(m, lines: list[str], tmp: Path):
     import torch
 
     from recsys_dist.data.loader import ParquetBatchLoader
-    from recsys_dist.serve.scoring import prepare_for_scoring
+    from recsys_dist.serve.score_inputs import prepare_for_scoring
 
     raw = tmp / f"rows{len(lines)}.txt"
     raw.write_text("\n".join(lines) + "\n")
@@ -167,7 +167,7 @@ def in_process(export: Path, lines: list[str], reps: dict[int, int]) -> dict:
 
     from recsys_dist.serve.export import load
     from recsys_dist.serve.inmemory import row_scorer
-    from recsys_dist.serve.rows import score_rows
+    from recsys_dist.serve.request_rows import score_rows
 
     m = load(export)
     ts_path = export / "model.torchscript.pt"

@@ -45,16 +45,16 @@ def _dump():
         json.dump(T, f)
 
 import torchrec.distributed.train_pipeline.train_pipelines as tp
-from recsys_dist.serve import publishing
+from recsys_dist.serve import publish_callback
 from recsys_dist.train import observe, stream, trainer
 tp.TrainPipelineSparseDist._pipeline_model = _timed("trace", tp.TrainPipelineSparseDist._pipeline_model)
 observe.TimedTrainPipeline.progress = _timed("progress", observe.TimedTrainPipeline.progress)
 for name in ("_open", "_score_partition"):
     setattr(stream.StreamData, name, _timed(name, getattr(stream.StreamData, name)))
 trainer.Trainer.save_checkpoint = _timed("save_checkpoint", trainer.Trainer.save_checkpoint)
-publishing.PublishCallback._publish = _timed("publish", publishing.PublishCallback._publish)
+publish_callback.PublishCallback._publish = _timed("publish", publish_callback.PublishCallback._publish)
 if hasattr(publishing, "gather_full_state"):
-    publishing.gather_full_state = _timed("gather", publishing.gather_full_state)
+    publish_callback.gather_full_state = _timed("gather", publish_callback.gather_full_state)
 _fit = stream.StreamTrainer.fit
 def fit(self):
     try:

@@ -122,7 +122,7 @@ class WorkerDied(RuntimeError):
 class BadRequest(DataError):
     """A scoring request of ``recsys-dist serve`` is malformed (not JSON, no rows, a row with
     an unknown column or a value its format rejects); the message names the row and column.
-    Raised by ``recsys_dist.serve.rows``; the server answers it with HTTP 400."""
+    Raised by ``recsys_dist.serve.request_rows``; the server answers it with HTTP 400."""
 
 
 # Errors a user can fix (a bad config, data file or checkpoint, a full disk, a diverged run):

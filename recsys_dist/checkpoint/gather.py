@@ -1,6 +1,6 @@
 """The unsharded model state in memory: what a checkpoint of the model would load as, gathered
 from the training ranks without writing or reading files (publishing after a partition,
-``recsys_dist.serve.publishing``).
+``recsys_dist.serve.publish_callback``).
 
 Why not what torch / TorchRec already have (all of which work on CPU/gloo): ``ShardedTensor.gather``
 is one ``dist.gather`` per table (a model with hundreds of tables pays hundreds of collectives

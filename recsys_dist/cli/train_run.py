@@ -20,7 +20,7 @@ from recsys_dist.distributed.config import DistributedConfig
 from recsys_dist.distributed.env import die_with_launcher, resolve_device, under_launcher
 from recsys_dist.errors import ConfigError
 from recsys_dist.logs import print_apart, quiet_third_party
-from recsys_dist.serve.publishing import PublishCallback, check_publish_dir
+from recsys_dist.serve.publish_callback import PublishCallback, check_publish_dir
 from recsys_dist.train import rank_failure
 from recsys_dist.train.config import PublishConfig
 from recsys_dist.train.job import Job, prepare_data

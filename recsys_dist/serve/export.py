@@ -7,7 +7,7 @@
   ``recsys_dist.train.job.load_job`` reads it);
 - ``preprocessing.json`` (and ``vocabulary.parquet`` under vocabulary mapping): how raw rows
   become ids and dense values, as the training conversion made them, and the versions that
-  wrote the export (``recsys_dist.serve.scoring``). Scoring an export reads nothing else: the
+  wrote the export (``recsys_dist.serve.score_inputs``). Scoring an export reads nothing else: the
   training data may change, move or be deleted.
 
 ``--format torchscript`` adds ``model.torchscript.pt`` and ``serving.json``, the model as a
@@ -51,7 +51,7 @@ from recsys_dist.serve.quantize import (
     quantize_model,
     quantized_mode,
 )
-from recsys_dist.serve.scoring import (
+from recsys_dist.serve.score_inputs import (
     MANIFEST_FILE,
     PREPROCESSING_FILE,
     Preprocessing,
@@ -101,7 +101,7 @@ def load(path: str | Path, preprocessing: bool = True) -> LoadedModel:
     directory or an export directory (one with ``quantization.json`` gets TorchRec's quantized
     embedding modules holding its int8 / int4 rows). With ``preprocessing``, also its preprocessing record:
     an export's own; a checkpoint's pinned one, or (first use) the one found in the
-    conversion cache and pinned then (``recsys_dist.serve.scoring.for_checkpoint``).
+    conversion cache and pinned then (``recsys_dist.serve.score_inputs.for_checkpoint``).
 
     Raises:
         CheckpointError: nothing loadable at ``path``, or weights that do not fit the config;

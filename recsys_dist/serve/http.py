@@ -2,10 +2,10 @@
 
 Endpoints (``create_app``):
 
-- ``POST /score`` with ``{"rows": [row, ...]}`` (``recsys_dist.serve.rows``) ->
+- ``POST /score`` with ``{"rows": [row, ...]}`` (``recsys_dist.serve.request_rows``) ->
   ``{"scores": [...], "logits": [...], "version": V, "model": SOURCE}``; a malformed body or
   row -> 400 ``{"error": MESSAGE}`` naming the row and column; past the server's limits
-  (``recsys_dist.serve.limits``) 408, 413 or 503 with ``Retry-After`` (``recsys_dist.serve.request``).
+  (``recsys_dist.serve.limits``) 408, 413 or 503 with ``Retry-After`` (``recsys_dist.serve.score_request``).
 - ``GET /health`` -> ``{"status": "ok", "version": V, "source": SOURCE, "loaded_at": ISO-8601 UTC,
   "scoring": "in-memory" | "file", "latest": N | null, "stuck": null | {"version", "error", "since"}}``
   (how its requests are converted: ``recsys_dist.serve.inmemory``; a publish directory's newest
@@ -50,8 +50,8 @@ from recsys_dist.serve import publish
 from recsys_dist.serve.export import MODEL_FILE, LoadedModel, load
 from recsys_dist.serve.inmemory import row_scorer
 from recsys_dist.serve.limits import InFlight, Limits
-from recsys_dist.serve.request import score_request
-from recsys_dist.serve.scoring import PREPROCESSING_FILE, VOCABULARY_FILE
+from recsys_dist.serve.score_inputs import PREPROCESSING_FILE, VOCABULARY_FILE
+from recsys_dist.serve.score_request import score_request
 
 log = logging.getLogger("recsys_dist.serve")
 

@@ -12,11 +12,12 @@ raw columns, the batch built as the loader builds it, and no file, cache entry o
   and its reader reads back), with the layout's placeholder columns, read by the layout's
   ``reader()``; rows given as text lines are read
   by the format's own ``read_chunks`` from a temporary file (the conversion's reader, lines and
-  quoting as ``predict`` reads them). Then the conversion's ``passes.Transform`` (the format's
-  ``parse_batch``, its dense transform and hex / BLAKE2b keys, then the hash, vocabulary or managed
-  id rule) gives the converted columns, and ``loader.gather.gather_block`` the ``CTRBatch`` (one
-  batch per at most ``BATCH_ROWS`` rows, of exactly their number).
-- the file route (``recsys_dist.serve.rows.score_rows``, ``kind == "file"``) otherwise, with
+  quoting as ``predict`` reads them). Then ``recsys_dist.data.encode.Encoder``, the encoding the
+  training conversion and the loader use, makes the batches: the conversion's transform (the
+  format's ``parse_batch``, its dense transform and hex / BLAKE2b keys, then the hash, vocabulary
+  or managed id rule), the loader's checks and batch layout (one ``CTRBatch`` per at most
+  ``BATCH_ROWS`` rows, of exactly their number).
+- the file route (``recsys_dist.serve.request_rows.score_rows``, ``kind == "file"``) otherwise, with
   the reason in ``reason``: a record written by another transform version or whose sizes,
   features or mapping differ from the config (the file route then reports the problem).
 
@@ -33,29 +34,23 @@ import logging
 import re
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import torch
-from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from recsys_dist.data import mapping as mp
-from recsys_dist.data.convert.passes import Transform
-from recsys_dist.data.formats.base import TRANSFORM_VERSION
-from recsys_dist.data.loader import CTRBatch
-from recsys_dist.data.loader.columns import Columns
-from recsys_dist.data.loader.gather import gather_block
-from recsys_dist.data.resolve import configured_sizes
+from recsys_dist.data import encode
 from recsys_dist.errors import BadRequest, DataError
 from recsys_dist.serve.export import LoadedModel
-from recsys_dist.serve.rows import MAX_VALUE_CHARS, RowWriter, check_servable, outputs, score_rows
-from recsys_dist.serve.scoring import scoring_format
+from recsys_dist.serve.request_rows import MAX_VALUE_CHARS, RowWriter, check_servable, outputs, score_rows
+from recsys_dist.serve.score_inputs import scoring_format
 
 log = logging.getLogger("recsys_dist.serve")
 
-BATCH_ROWS = 4096  # rows per forward at most: predict's batch size (serve.export.score)
+BATCH_ROWS = encode.BATCH_ROWS  # rows per forward at most: predict's batch size (serve.export.score)
 _NONE = type(None)
 
 
@@ -85,23 +80,14 @@ def row_scorer(loaded: LoadedModel) -> InMemoryScorer | FileScorer:
     return FileScorer(loaded, reason)
 
 
-def _sizes(d, fmt, vocabs: list | None, managed: list[bool]) -> list[int]:
-    """Table size per feature as the conversion makes them (``convert._Conversion``): the
-    configured ones, a vocabulary's size in place of a vocabulary feature's."""
-    sizes = configured_sizes(d, fmt)
-    if vocabs is None:
-        return sizes
-    return [s if m else v.size for s, v, m in zip(sizes, vocabs, managed)]
-
-
 def _uncovered(loaded: LoadedModel) -> str | None:
     """Why the in-memory route would not give the file route's inputs for this model, or None.
-    (The checks the file route makes of a conversion, ``scoring.check_conversion``.)"""
+    (The checks the file route makes of a conversion, ``score_inputs.check_conversion``.)"""
     prep = loaded.preprocessing
     if prep is None:
         return "the model was loaded without its preprocessing record"
     d, fmt, r = loaded.job.data, loaded.job.fmt, prep.record
-    if r.get("transform_version", TRANSFORM_VERSION) != TRANSFORM_VERSION:
+    if r.get("transform_version", encode.TRANSFORM_VERSION) != encode.TRANSFORM_VERSION:
         return f"its record's transform version {r['transform_version']} is not this recsys_dist's"
     if (
         r["format"] != fmt.name
@@ -127,25 +113,19 @@ class InMemoryScorer:
     def __init__(self, loaded: LoadedModel) -> None:
         job, f = loaded.job, loaded.job.features
         self.loaded, self.writer = loaded, RowWriter(job.fmt, loaded.preprocessing.record)
-        self.layout = self.writer.layout
-        self.fmt = self.layout.reader()
-        self.managed = [n in f.managed for n in self.fmt.sparse_names]
-        vocab = loaded.preprocessing.vocabulary
-        self.vocabs = None if vocab is None else mp.load_vocabularies(vocab, list(self.fmt.sparse_names))
-        self.sizes = _sizes(job.data, self.fmt, self.vocabs, self.managed)
-        if self.sizes != loaded.preprocessing.num_embeddings:
-            raise ValueError(f"table sizes {self.sizes} differ from its record's {loaded.preprocessing.num_embeddings}")
-        self.dense_names, self.sparse_names, self.bounds = f.dense_names, f.keys, f.id_bounds
-        self.label_columns = list(self.fmt.label_columns)
+        self.layout = layout = self.writer.layout
+        prep = loaded.preprocessing
+        self.encoder = encode.Encoder(layout.reader, job.data, f, prep.vocabulary, BATCH_ROWS, layout.stateful)
+        if self.encoder.sizes != prep.num_embeddings:
+            raise ValueError(f"table sizes {self.encoder.sizes} differ from its record's {prep.num_embeddings}")
         self.tasks = (list(f.tasks), list(f.task_kinds))
-        # e.g. user histories, computed while a file streams by: a format object of its own per request
-        self.stateful = self.layout.stateful
         # characters a value may not hold (RowWriter._scalar): line breaks, the layout's unquoted ones
         self.forbidden = "[\n\r" + "".join(re.escape(c) for c in self.layout.forbidden) + "]"
-        self.transform = Transform(self.fmt, self.sizes, self.vocabs, self.fmt.output_schema(), self.managed)
+        # the file the rows stand for (errors name it; a schema format reads a .parquet name as Parquet)
+        self.path = "rows.parquet" if self.writer.parquet else "rows.csv"
 
     def __call__(self, rows: list) -> dict:
-        """Scores of ``rows`` (``recsys_dist.serve.rows`` describes them), as ``score_rows``
+        """Scores of ``rows`` (``recsys_dist.serve.request_rows`` describes them), as ``score_rows``
         returns them.
 
         Raises:
@@ -153,10 +133,10 @@ class InMemoryScorer:
         """
         try:
             if RowWriter.kind(rows) is dict:
-                converted = self._convert(self._table(rows))
+                batches = self.encoder.encode(self._table(rows), self.path)
             else:
-                converted = self._convert_lines(rows)
-            return outputs(self._logits(converted), *self.tasks, len(rows))
+                batches = self._encode_lines(rows)
+            return outputs(self._logits(batches), *self.tasks, len(rows))
         except DataError:
             return score_rows(self.loaded, rows)  # its own BadRequest, naming rows[i] and the column
 
@@ -207,82 +187,25 @@ class InMemoryScorer:
             self.writer._record(i, r)
         raise AssertionError("a row refused in memory passed RowWriter's checks")
 
-    # ---------------------------------------------------------------- raw columns -> ids
+    # ---------------------------------------------------------------- text lines -> batches -> logits
 
-    def _convert(self, table: pa.Table, fmt=None, path: str | None = None) -> list[pa.RecordBatch]:
-        """The conversion's transform (``passes.Transform``) of the raw ``table``, block by block
-        (``passes.Reader.batches``); ``fmt``: another format than the model's (text lines)."""
-        transform = self.transform
-        if fmt is not None or self.stateful:
-            fmt = fmt or self.layout.reader()
-            transform = Transform(fmt, self.sizes, self.vocabs, fmt.output_schema(), self.managed)
-        if path is None:
-            path = "rows.parquet" if self.writer.parquet else "rows.csv"
-        out, kept = [], 0
-        for batch in table.combine_chunks().to_batches():
-            if batch.num_rows:
-                out.append(transform(batch, path, kept)[0])
-            kept += batch.num_rows
-        return out
-
-    def _convert_lines(self, rows: list[str]) -> list[pa.RecordBatch]:
+    def _encode_lines(self, rows: list[str]) -> Iterator[encode.CTRBatch]:
         """Text lines read by the format's own reader (``read_chunks``) from a temporary file, as
-        ``predict`` reads a file, then converted as :meth:`_convert`."""
+        ``predict`` reads a file, then encoded (``Encoder.encode``)."""
         tmp = Path(tempfile.mkdtemp(prefix="recsys-serve-"))
         try:
             path = self.writer.write(rows, tmp)
             fmt = scoring_format(self.loaded.job.data, path)
             tables = [t for _, t in fmt.read_chunks(str(path))]
-            return self._convert(pa.concat_tables(tables), fmt, str(path))
+            return self.encoder.encode(pa.concat_tables(tables), str(path), fmt)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
 
-    # ---------------------------------------------------------------- ids -> batch -> logits
-
-    def _columns(self, batch: pa.RecordBatch) -> Columns:
-        """A converted block as the loader's numpy columns (``loader.stream.read_window``), with
-        its checks: ids within the tables, finite dense values (else DataError)."""
-        n = batch.num_rows
-        labels = [batch.column(c).to_numpy(zero_copy_only=False) for c in self.label_columns]
-        labels = labels[0] if len(labels) == 1 else np.stack(labels, axis=1)
-        dense = np.empty((n, len(self.dense_names)), np.float32)
-        for j, name in enumerate(self.dense_names):
-            dense[:, j] = batch.column(name).to_numpy(zero_copy_only=False)
-        if not np.isfinite(dense).all():
-            raise DataError("a dense value is not finite")
-        ids = []
-        for name, bound in zip(self.sparse_names, self.bounds):
-            col = batch.column(name)
-            if pa.types.is_list(col.type):
-                values = col.flatten().to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
-                lengths = col.value_lengths().fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
-                ids.append((lengths, values))
-            else:
-                values = col.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
-                ids.append(values)
-            if values.size and (values.min() < 0 or values.max() >= bound):
-                raise DataError(f"column {name}: an id outside [0, {bound})")
-        return Columns(labels.astype(np.float32, copy=False), dense, ids)
-
     @torch.no_grad()
-    def _logits(self, converted: list[pa.RecordBatch]) -> np.ndarray:
-        """The model's logits of every converted row, in order: float32 [N] (or [N, T])."""
-        cols = [self._columns(b) for b in converted]
-        cols = cols[0] if len(cols) == 1 else Columns.concat(cols)
-        K = len(self.sparse_names)
-        n_onehot = sum(not isinstance(c, tuple) for c in cols.ids)
+    def _logits(self, batches: Iterator[encode.CTRBatch]) -> np.ndarray:
+        """The model's logits of every batch's rows, in order: float32 [N] (or [N, T])."""
         logits = []
-        for lo in range(0, len(cols), BATCH_ROWS):
-            B = min(BATCH_ROWS, len(cols) - lo)
-            ones = torch.ones(B * K, dtype=torch.int32)
-            dense, labels, sparse, _ = gather_block(cols, np.arange(lo, lo + B), B, n_onehot, ones, False)
-            values, lengths = sparse[0] if isinstance(sparse, list) else (sparse[0], ones)
-            batch = CTRBatch(
-                dense_features=dense[0],
-                sparse_features=KeyedJaggedTensor(keys=self.sparse_names, values=values, lengths=lengths, stride=B),
-                labels=labels[0],
-                weights=torch.ones(B, dtype=torch.float32),
-            )
+        for batch in batches:
             _, (_, lg, _, _) = self.loaded.model(batch)
             logits.append(lg)
         return torch.cat(logits).numpy()

@@ -15,7 +15,7 @@ were seen once and are not recorded in a results file (docs/serving.md says so).
 
 Connections: ``header_timeout`` for a request's line and headers, ``body_timeout`` for its
 body, ``keep_alive`` idle seconds between requests, ``max_connections`` open at once
-(``recsys_dist.serve.connections`` applies the first and the last; ``recsys_dist.serve.request``
+(``recsys_dist.serve.connections`` applies the first and the last; ``recsys_dist.serve.score_request``
 the body's).
 """
 

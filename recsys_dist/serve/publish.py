@@ -22,7 +22,7 @@ only the deltas k+1..m into a copy of its model (:func:`apply_versions`).
 
 Each version is written into ``DIR/.tmp-v00000k-<pid>`` and renamed into place, then
 ``manifest.json`` is replaced (tmp + rename): a reader sees a version only once it is whole.
-Reading the manifest and checking a version's files: ``recsys_dist.serve.manifest`` (its public
+Reading the manifest and checking a version's files: ``recsys_dist.serve.publish_manifest`` (its public
 names are importable from here too).
 """
 
@@ -52,7 +52,7 @@ from recsys_dist.serve.export import LoadedModel, load, with_state, write_export
 
 # F401: re-exported, the publish API: http.PublishSource reads MANIFEST, latest_version, newest_intact and
 # chain_files_state through this module; manifest.repair_hint's fix imports repair_manifest from here.
-from recsys_dist.serve.manifest import (  # noqa: F401 - read_manifest, latest_version, newest_intact, chain_files_state
+from recsys_dist.serve.publish_manifest import (  # noqa: F401 - read_manifest, latest_version, newest_intact, chain_files_state
     FORMAT_VERSION,
     MANIFEST,
     RESUME_FIX,
@@ -65,7 +65,7 @@ from recsys_dist.serve.manifest import (  # noqa: F401 - read_manifest, latest_v
     read_manifest,
     version_chain,
 )
-from recsys_dist.serve.publish_dir import (  # noqa: F401 - check_new_run, check_owner, repair_manifest: public here too
+from recsys_dist.serve.publish_owner import (  # noqa: F401 - check_new_run, check_owner, repair_manifest: public here too
     DROPPED_DIR,
     check_new_run,
     check_owner,

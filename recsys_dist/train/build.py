@@ -267,7 +267,7 @@ def check_callbacks(job: Job, callbacks, callback_type: type) -> None:
     if job.publish.enabled and not any(getattr(cb, "publishes", False) for cb in callbacks):
         raise ConfigError(
             "publish.enabled: the Trainer publishes through its callback: pass "
-            "callbacks=[recsys_dist.serve.publishing.PublishCallback(job.publish, run_dir)] "
+            "callbacks=[recsys_dist.serve.publish_callback.PublishCallback(job.publish, run_dir)] "
             "(recsys-dist train adds it), or set publish.enabled: false"
         )
 

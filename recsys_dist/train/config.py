@@ -1,5 +1,5 @@
 """The ``train:``, ``eval:`` and ``publish:`` sections (owned by ``recsys_dist.train.trainer``; the
-Trainer publishes through ``recsys_dist.serve.publishing.PublishCallback``): kept apart from the
+Trainer publishes through ``recsys_dist.serve.publish_callback.PublishCallback``): kept apart from the
 trainer so that the config schema imports no training code.
 
 Publishing turns the checkpoints of a run into numbered model versions that a scoring service

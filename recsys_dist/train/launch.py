@@ -1,6 +1,8 @@
 """Starting ranks: :func:`launch` runs a Python function on N local ranks (the library's
 way), :func:`launch_workers` runs ``recsys-dist train``'s rank function on them (the command line's way).
-Both go through torch.distributed's elastic launcher, the code ``torchrun`` runs.
+Both start them through :func:`start_ranks`, the one place that drives torch.distributed's elastic
+launcher (the code ``torchrun`` runs): its config, the launcher's pid and ``$RECSYS_DIST_*``
+variables handed to the ranks, the forkserver.
 
 ``recsys_dist.launch`` is this module's :func:`launch`.
 """
@@ -73,17 +75,13 @@ def launch(fn: Callable[[*Args], T], nproc: int, *args: *Args, max_restarts: int
         raise ValueError(f"nproc must be an integer >= 1, got {nproc!r}")
     _check_spawnable(fn, args)
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import elastic_launch
 
-    config = _standalone(nproc, max_restarts, "spawn")
     # The agent logs each failure with its traceback, which RankFailedError carries anyway.
     agent_log = logging.getLogger("torch.distributed.elastic")
     level = agent_log.level
     agent_log.setLevel(logging.CRITICAL)
-
-    os.environ[LAUNCHER_PID_ENV] = str(os.getpid())  # the ranks die with this process
     try:
-        results = elastic_launch(config, rank_main)(fn, *args)
+        results = start_ranks(rank_main, (fn, *args), nproc, max_restarts, "spawn")
     except ChildFailedError as err:
         rank, failure = err.get_first_failure()
         raise RankFailedError(rank, failure_message(failure), _failure_traceback(failure)) from None
@@ -202,12 +200,6 @@ def launch_workers(
     fails (after ``max_restarts`` restarts of the whole group); it names the first failing
     rank and carries its error.
     """
-    from torch.distributed.launcher.api import elastic_launch
-
-    config = _standalone(nproc_per_node, max_restarts, start_method)
-    os.environ[LAUNCHER_PID_ENV] = str(os.getpid())  # the ranks die with this process
-    if start_method == "forkserver":
-        start_forkserver()
     # The launcher's own INFO lines would drown the summary.
     logging.getLogger("torch.distributed.elastic").setLevel(logging.WARNING)
     # It logs a failed rank with the launcher's traceback; the caller reports the rank's error.
@@ -215,20 +207,44 @@ def launch_workers(
     # "Terminating process N via signal SIGTERM": the other ranks being stopped after a failure,
     # which the caller's message says.
     logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    ours = {k: v for k, v in os.environ.items() if k.startswith(OUR_ENV)}
-    elastic_launch(config, _with_our_env)(ours, entry, *args)
+    start_ranks(entry, args, nproc_per_node, max_restarts, start_method)
 
 
 OUR_ENV = "RECSYS_DIST_"
 
 
-def _with_our_env(ours: dict[str, str], entry: Callable[..., int], *args: Any) -> int:
+def start_ranks(entry: Callable[..., T], args: tuple, nproc: int, max_restarts: int, start_method: str) -> dict[int, T]:
+    """Run ``entry(*args)`` on ``nproc`` local ranks through torch.distributed's elastic launcher
+    (``elastic_launch``: torchrun's agent, standalone c10d rendezvous, :func:`_standalone`) and
+    return each local rank's return value; the one place ranks are started, for :func:`launch`
+    and :func:`launch_workers`.
+
+    Before the ranks start: ``$RECSYS_DIST_LAUNCHER_PID`` names this process (the ranks die with
+    it: ``recsys_dist.distributed.env.die_with_launcher``), a ``forkserver`` start method has its
+    server running (:func:`start_forkserver`), and this process's output is flushed (a forked
+    rank would write it again). Each rank runs :func:`_with_our_env`: the ``$RECSYS_DIST_*``
+    variables as they are here now, then ``entry(*args)``.
+
+    Raises:
+        ChildFailedError: a rank failed (after ``max_restarts`` restarts of the whole group).
+    """
+    from torch.distributed.launcher.api import elastic_launch
+
+    config = _standalone(nproc, max_restarts, start_method)
+    os.environ[LAUNCHER_PID_ENV] = str(os.getpid())  # the ranks die with this process
+    if start_method == "forkserver":
+        start_forkserver()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    ours = {k: v for k, v in os.environ.items() if k.startswith(OUR_ENV)}
+    return elastic_launch(config, _with_our_env)(ours, entry, *args)
+
+
+def _with_our_env(ours: dict[str, str], entry: Callable[..., T], *args: Any) -> T:
     """``entry(*args)`` in a rank whose ``$RECSYS_DIST_*`` variables are the launcher's at the
     launch (``ours``): a forkserver's ranks otherwise get the server's environment as it was
     when it started, before the launcher set some of them (the run lock, the launcher's pid,
-    the run clock, the verified checkpoint)."""
+    the run clock, the verified checkpoint). A spawned rank has them already (no change)."""
     for k in [k for k in os.environ if k.startswith(OUR_ENV) and k not in ours]:
         del os.environ[k]
     os.environ.update(ours)

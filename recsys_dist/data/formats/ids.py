@@ -3,7 +3,7 @@ training file.
 
 An id is keyed by its text (BLAKE2b of the UTF-8 bytes, ``recsys_dist.data.mapping.text_keys``),
 so ``100370`` and ``100370.0`` are two ids. A scoring request sends values as JSON, where an id
-may arrive as a number; ``recsys_dist.serve.rows`` maps a JSON integer to its decimal text, and
+may arrive as a number; ``recsys_dist.serve.request_rows`` maps a JSON integer to its decimal text, and
 a JSON float only for a column whose training values were all integers written that way
 (:class:`IdText` finds them while the training file is converted; the manifest and the
 preprocessing record keep them as ``integer_columns``, beside the file's ``raw_columns``).

@@ -37,30 +37,24 @@ pool (:mod:`recsys_dist.data.parquet_io` says why).
 
 Modules: ``options`` (:class:`LoaderOptions`, how a loader reads), ``stream`` (a window of row
 groups read and checked), ``columns`` (its rows as numpy columns), ``gather`` (rows into batch
-layout), ``weights`` (sample-weight sums, loss scales).
-
-KJT layout of a batch (keys C1..C26, B rows; multi-hot list columns give variable lengths)::
-
-    values  = [C1 ids of rows 0..B-1, C2 ids of rows 0..B-1, ..., C26 ids of rows 0..B-1]  int64
-    lengths = [ids per row for C1] + [... for C2] + ...                                     int32
+layout), ``batch`` (:class:`CTRBatch`, and :class:`BatchLayout`: converted columns into batches,
+shared with ``recsys_dist.data.encode``; the KJT layout of a batch), ``weights`` (sample-weight
+sums, loss scales).
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from typing import Unpack
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
-from torchrec.datasets.utils import Batch
-from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from recsys_dist.data.loader.batch import BatchLayout, CTRBatch
 from recsys_dist.data.loader.columns import Columns
-from recsys_dist.data.loader.gather import gather_block
 from recsys_dist.data.loader.options import LoaderKeywords, LoaderOptions
 from recsys_dist.data.loader.stream import check_types, is_list_type, read_window
 from recsys_dist.data.loader.weights import batch_sums, weighted_scales
@@ -68,55 +62,6 @@ from recsys_dist.data.prefetch import prefetched
 from recsys_dist.errors import DataError
 
 BLOCK_BATCHES = 64  # batches gathered at once and handed over together (memory: blocks, not windows)
-
-
-@dataclass
-class CTRBatch(Batch):
-    """TorchRec ``Batch`` plus per-example weights.
-
-    Attributes:
-        dense_features: float32 [B, num_dense].
-        sparse_features: KJT with int64 values, keys = the categorical feature names.
-        labels: float32 [B] in {0, 1}; [B, T] with several tasks (``data.schema.labels``, in
-            task order; a regression task's column holds its target value).
-        weights: float32 [B]; the row's sample weight (1 without ``data.schema.weight``) for
-            real rows, 0 for padding.
-        loss_scale: float32 scalar, ``weight here x world size / weight of the global batch``
-            (weight: the sum of ``weights``, i.e. the real rows without ``data.schema.weight``;
-            1 for a batch without padding and without sample weights), or None (then 1). The
-            training loss, a weighted mean over this rank's rows, is multiplied by it, so that
-            after DDP's averaging over ranks the step's loss and gradients are the weighted
-            mean over the rows of the whole global batch (``recsys_dist.models.task.CTRTask``).
-    """
-
-    weights: torch.Tensor = None  # type: ignore[assignment]
-    loss_scale: torch.Tensor | None = None
-
-    def to(self, device: torch.device, non_blocking: bool = False) -> CTRBatch:
-        return CTRBatch(
-            dense_features=self.dense_features.to(device=device, non_blocking=non_blocking),
-            sparse_features=self.sparse_features.to(device=device, non_blocking=non_blocking),
-            labels=self.labels.to(device=device, non_blocking=non_blocking),
-            weights=self.weights.to(device=device, non_blocking=non_blocking),
-            loss_scale=None
-            if self.loss_scale is None
-            else self.loss_scale.to(device=device, non_blocking=non_blocking),
-        )
-
-    def record_stream(self, stream: torch.Stream) -> None:
-        super().record_stream(stream)
-        self.weights.record_stream(stream)
-        if self.loss_scale is not None:
-            self.loss_scale.record_stream(stream)
-
-    def pin_memory(self) -> CTRBatch:
-        return CTRBatch(
-            dense_features=self.dense_features.pin_memory(),
-            sparse_features=self.sparse_features.pin_memory(),
-            labels=self.labels.pin_memory(),
-            weights=self.weights.pin_memory(),
-            loss_scale=None if self.loss_scale is None else self.loss_scale.pin_memory(),
-        )
 
 
 def steps_per_epoch(num_rows: int, batch_size: int, world_size: int, remainder: str) -> int:
@@ -189,12 +134,16 @@ class ParquetBatchLoader:
         self.scale_losses = options.scale_losses
         self.epoch = 0
         self._plan_stream()
-        # Full batches share these (read-only): every one-hot bag has length 1, every row weight 1.
-        self._ones_lengths = torch.ones(batch_size * len(self.keys), dtype=torch.int32)
-        self._ones_weights = torch.ones(batch_size, dtype=torch.float32)
-        if self.pin_memory:
-            self._ones_lengths, self._ones_weights = self._ones_lengths.pin_memory(), self._ones_weights.pin_memory()
-        self._n_onehot = sum(not m for m in self.list_features)
+        # converted columns -> batches, as recsys_dist.data.encode makes them from rows in memory
+        self.layout = BatchLayout(
+            self.dense_names,
+            self.keys,
+            self.label_columns,
+            batch_size,
+            self.weight_column,
+            self.num_embeddings,
+            self.pin_memory,
+        )
 
     def _open_files(self) -> pa.Schema | None:
         """Check every file's columns and their types (one schema for all), and list the row
@@ -470,23 +419,13 @@ class ParquetBatchLoader:
 
     def _gather(self, cols: Columns, idx: np.ndarray, n_real: int | None = None) -> tuple:
         """Rows ``idx`` of ``cols`` in batch layout: the block :meth:`_cut` makes batches of
-        (:func:`gather.gather_block`)."""
-        return gather_block(cols, idx, self.batch_size, self._n_onehot, self._ones_lengths, self.pin_memory, n_real)
+        (:meth:`BatchLayout.gather`)."""
+        return self.layout.gather(cols, idx, n_real)
 
     def _cut(self, block: tuple) -> Iterator[CTRBatch]:
-        """The batches of a gathered block, as views of it: the training thread's only per-batch work."""
-        dense, labels, sparse, weights = block
-        multi = isinstance(sparse, list)
-        for b in range(len(dense)):
-            values, lengths = sparse[b] if multi else (sparse[b], self._ones_lengths)
-            yield CTRBatch(
-                dense_features=dense[b],
-                sparse_features=KeyedJaggedTensor(
-                    keys=self.keys, values=values, lengths=lengths, stride=self.batch_size
-                ),
-                labels=labels[b],
-                weights=self._ones_weights if weights is None else weights[b],
-            )
+        """The batches of a gathered block, as views of it: the training thread's only per-batch
+        work (:meth:`BatchLayout.cut`)."""
+        return self.layout.cut(block)
 
     def _empty_row(self) -> Columns:
         ids = [

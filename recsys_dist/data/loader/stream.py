@@ -40,39 +40,58 @@ def check_types(path: str, schema: pa.Schema, sparse: set[str]) -> None:
 
 
 def read_window(loader, groups: list[int], handles: dict) -> Columns:
-    """``loader``'s window of row groups ``groups`` (indices into ``loader.row_groups``) as numpy
-    columns, each joined from its row groups' chunks in one copy. One-hot ids whose values fit are
-    narrowed to int32 in that copy: gathering them is about twice as fast, and batches widen them
-    back to int64. ``handles``: open Parquet files by file index, reused across windows.
+    """``loader``'s window of row groups ``groups`` (indices into ``loader.row_groups``) as checked
+    numpy columns (:func:`table_columns`, the loader's ``layout.columns``). ``handles``: open
+    Parquet files by file index, reused across windows.
+
+    Raises:
+        DataError: as :func:`table_columns`, naming the file and row (0-based, in that file).
+    """
+    return loader.layout.columns(_read_table(loader, groups, handles), _locator(loader, groups))
+
+
+def table_columns(
+    t: pa.Table,
+    label_columns: list[str],
+    dense_names: list[str],
+    keys: list[str],
+    id_bounds: list[int] | None,
+    weight_column: str | None,
+    where: Callable[[int], str],
+) -> Columns:
+    """A converted table's rows as numpy columns (a column list ``<int>`` is multi-hot), each
+    joined from its chunks in one copy. One-hot ids whose values fit are narrowed to int32 in
+    that copy: gathering them is about twice as fast, and batches widen them back to int64.
+    ``id_bounds``: per feature the table's rows (ids must lie in ``[0, bound)``), or None;
+    ``where(row)``: how an error names row ``row`` (0-based in ``t``).
 
     Raises:
         DataError: a null id, an id out of range, a non-finite label or dense value or a bad
-            weight, naming the file and row (0-based, in that file) that hold it.
+            weight, naming (``where``) the row that holds it and the column.
     """
-    t = _read_table(loader, groups, handles)
     n = t.num_rows
-    where = _locator(loader, groups)
-    labels = _labels(t, n, loader.label_columns, where)
+    labels = _labels(t, n, label_columns, where)
     weights = None
-    if loader.weight_column:
-        weights = _joined(_chunks(t, loader.weight_column, np.float32), np.empty(n, np.float32))
+    if weight_column:
+        weights = _joined(_chunks(t, weight_column, np.float32), np.empty(n, np.float32))
         bad = ~(weights >= 0) | ~np.isfinite(weights)
         if bad.any():
             row = int(np.flatnonzero(bad)[0])
-            raise DataError(f"{where(row)}, column {loader.weight_column}: {weights[row]} is not a finite weight >= 0")
-    dense = np.empty((n, len(loader.dense_names)), np.float32)
-    for d, name in enumerate(loader.dense_names):
+            raise DataError(f"{where(row)}, column {weight_column}: {weights[row]} is not a finite weight >= 0")
+    dense = np.empty((n, len(dense_names)), np.float32)
+    for d, name in enumerate(dense_names):
         _joined(_chunks(t, name, np.float32), dense[:, d])
     bad = ~np.isfinite(dense)
     if bad.any():
         row, col = map(int, np.argwhere(bad)[0])  # the first bad value in row order
         raise DataError(
-            f"{where(row)}, column {loader.dense_names[col]}: {dense[row, col]} is not finite (a null reads as "
+            f"{where(row)}, column {dense_names[col]}: {dense[row, col]} is not finite (a null reads as "
             "nan); fill or drop it (recsys-dist preprocess fills missing dense values)"
         )
     ids = []
-    for j, (name, is_list) in enumerate(zip(loader.keys, loader.list_features)):
-        size = None if loader.num_embeddings is None else loader.num_embeddings[j]
+    for j, name in enumerate(keys):
+        size = None if id_bounds is None else id_bounds[j]
+        is_list = is_list_type(t.schema.field(name).type)
         ids.append(_ids(t.column(name), n, name, is_list, size, where))
     return Columns(labels, dense, ids, weights)
 

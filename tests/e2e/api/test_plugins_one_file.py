@@ -18,7 +18,7 @@ from recsys_dist.errors import ConfigError
 from recsys_dist.serve.export import load
 from recsys_dist.serve.http import ModelHolder, create_app, open_source
 from recsys_dist.serve.inmemory import row_scorer
-from recsys_dist.serve.rows import score_rows
+from recsys_dist.serve.request_rows import score_rows
 from tests.cli import run_cli
 
 ROOT = Path(__file__).resolve().parents[3]

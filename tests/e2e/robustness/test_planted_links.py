@@ -18,7 +18,7 @@ from recsys_dist.checkpoint.run_dir import WRITTEN_FILES
 from recsys_dist.cli.report import report
 from recsys_dist.serve.export import export
 from recsys_dist.serve.publish import load_published
-from recsys_dist.serve.publishing import PublishCallback
+from recsys_dist.serve.publish_callback import PublishCallback
 from tests.conftest import QUICKSTART
 from tests.unit.robustness import test_planted_links as unit_test_planted_links
 from tests.unit.robustness.test_planted_links import (

@@ -24,7 +24,7 @@ from recsys_dist.data.formats.criteo import COLUMNS
 from recsys_dist.serve.export import load
 from recsys_dist.serve.http import ModelHolder, PublishSource, create_app, open_source
 from recsys_dist.serve.limits import Limits
-from recsys_dist.serve.rows import score_rows
+from recsys_dist.serve.request_rows import score_rows
 from tests.conftest import ROOT
 from tests.e2e.serve.conftest import HTTP_LINES as LINES
 from tests.e2e.serve.conftest import cli, predictions

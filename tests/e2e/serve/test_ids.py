@@ -11,7 +11,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from recsys_dist.serve.http import ModelHolder, create_app, open_source
-from recsys_dist.serve.rows import MAX_LIST_ELEMENTS, score_rows
+from recsys_dist.serve.request_rows import MAX_LIST_ELEMENTS, score_rows
 from tests.e2e.serve.conftest import cli
 
 

@@ -1,5 +1,5 @@
 """``POST /score``'s in-memory route (``recsys_dist.serve.inmemory``) scores real shipped rows
-as the file route (``serve.rows.score_rows``) and ``predict``'s own function
+as the file route (``serve.request_rows.score_rows``) and ``predict``'s own function
 (``serve.export.score`` on the rows as a raw file) do, to 1e-6, per format and mapping:
 criteo_tsv / hash, schema (dense, CSV) / hash, schema (multi-hot) / vocabulary, avazu_csv /
 vocabulary with managed-collision features; missing values, unseen categories, odd and
@@ -14,11 +14,11 @@ from starlette.testclient import TestClient
 from recsys_dist.data.formats.avazu import RAW_COLUMNS as AVAZU_COLUMNS
 from recsys_dist.data.formats.criteo import COLUMNS as CRITEO_COLUMNS
 from recsys_dist.errors import BadRequest
-from recsys_dist.serve import rows as rows_module
+from recsys_dist.serve import request_rows as rows_module
 from recsys_dist.serve.export import load, score
 from recsys_dist.serve.http import ModelHolder, create_app, open_source
 from recsys_dist.serve.inmemory import row_scorer
-from recsys_dist.serve.rows import score_rows
+from recsys_dist.serve.request_rows import score_rows
 from tests.conftest import CRITEO_SAMPLE, ROOT
 from tests.e2e.serve.conftest import ONE_RANK, cli
 

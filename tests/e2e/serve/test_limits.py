@@ -18,7 +18,7 @@ from recsys_dist.cli.serve import listening_socket, server
 from recsys_dist.errors import BadRequest
 from recsys_dist.serve.http import ModelHolder, create_app, open_source
 from recsys_dist.serve.limits import Limits, body_cost
-from recsys_dist.serve.rows import MAX_LINE_CHARS, MAX_VALUE_CHARS, score_rows
+from recsys_dist.serve.request_rows import MAX_LINE_CHARS, MAX_VALUE_CHARS, score_rows
 from tests.e2e.serve.conftest import HTTP_LINES as LINES
 from tests.unit.serve.test_limits import Records
 

@@ -28,7 +28,7 @@ from recsys_dist.serve import publish
 from recsys_dist.serve.export import load
 from recsys_dist.serve.http import ModelHolder, PublishSource, create_app, open_source
 from recsys_dist.serve.publish import Publisher, apply_versions, latest_version, load_published
-from recsys_dist.serve.publishing import check_publish_dir
+from recsys_dist.serve.publish_callback import check_publish_dir
 from recsys_dist.serve.quantize import published_state
 from recsys_dist.train.config import PublishConfig
 from tests.conftest import QUICKSTART

@@ -12,7 +12,7 @@ from recsys_dist.data.stream import convert_partition
 from recsys_dist.errors import CheckpointError
 from recsys_dist.section import ConfigError
 from recsys_dist.serve.publish import latest_version, load_published
-from recsys_dist.serve.publishing import PublishCallback
+from recsys_dist.serve.publish_callback import PublishCallback
 from recsys_dist.train.build import make_loaders
 from tests.cli import read_metrics
 from tests.conftest import QUICKSTART

@@ -11,7 +11,7 @@ import torchrec.distributed.train_pipeline.train_pipelines as torchrec_pipelines
 
 import recsys_dist
 from recsys_dist.serve import publish
-from recsys_dist.serve.publishing import PublishCallback
+from recsys_dist.serve.publish_callback import PublishCallback
 from recsys_dist.train import steps
 from tests.unit.train.test_stream import CONFIG, NAMES, land, overrides
 

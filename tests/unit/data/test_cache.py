@@ -147,7 +147,7 @@ def test_scoring_looks_up_the_entry_the_conversion_wrote(raw, cache_dir, managed
     managed features."""
     from recsys_dist.data.config import DataConfig
     from recsys_dist.data.resolve import cached_conversion, prepare_from_config
-    from recsys_dist.serve.scoring import training_conversion
+    from recsys_dist.serve.score_inputs import training_conversion
 
     section = {"format": "criteo_tsv", "raw_path": str(raw), "num_embeddings": 1000}
     section["categorical_mapping"] = "vocabulary"

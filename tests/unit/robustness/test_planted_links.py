@@ -25,7 +25,7 @@ from recsys_dist.errors import CheckpointError, DataError, UnsafeFile
 from recsys_dist.files import fresh_dir, open_in_place, write_atomic
 from recsys_dist.section import ConfigError
 from recsys_dist.serve.publish import Publisher
-from recsys_dist.serve.publishing import check_publish_dir
+from recsys_dist.serve.publish_callback import check_publish_dir
 from recsys_dist.train.config import PublishConfig
 from recsys_dist.train.stream_state import BETWEEN_FILE, StreamState, record_between
 

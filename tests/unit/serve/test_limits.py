@@ -77,7 +77,7 @@ def test_decode_body_refuses_a_lone_surrogate_and_takes_a_pair_and_other_escapes
     """Only a surrogate escape makes decode_body re-encode the body: a lone one is refused, a
     pair (one character) and other escapes decode as JSON says."""
     from recsys_dist.errors import BadRequest
-    from recsys_dist.serve.request import decode_body
+    from recsys_dist.serve.score_request import decode_body
 
     for raw in (b'{"rows": [{"C3": "\\ud800"}]}', b'{"rows": ["x\\uDBFF"]}'):
         with pytest.raises(BadRequest, match="lone surrogate"):

@@ -10,7 +10,7 @@ from recsys_dist.data import mapping as mp
 from recsys_dist.data.convert import CACHE_FORMAT
 from recsys_dist.data.resolve import data_format
 from recsys_dist.errors import DataError
-from recsys_dist.serve.scoring import Preprocessing, converted_manifest, prepare_for_scoring
+from recsys_dist.serve.score_inputs import Preprocessing, converted_manifest, prepare_for_scoring
 from tests.conftest import ROOT
 
 MANIFEST = {
@@ -97,16 +97,16 @@ def test_a_vocabulary_model_is_never_scored_by_rebuilding_its_vocabulary(tmp_pat
 def test_a_cached_manifest_that_is_not_an_object_is_named_for_a_checkpoint(tmp_path, monkeypatch):
     """A vocabulary checkpoint with nothing pinned looks up its training conversion: a
     manifest.json there that is JSON but not an object gave a bare AttributeError."""
-    from recsys_dist.serve import scoring
+    from recsys_dist.serve import score_inputs
 
     cfg = _movielens()
     entry = tmp_path / "entry"
     entry.mkdir()
     (entry / "manifest.json").write_text("[1, 2]")
-    monkeypatch.setattr(scoring, "training_conversion", lambda d: entry)
+    monkeypatch.setattr(score_inputs, "training_conversion", lambda d: entry)
     ckpt = tmp_path / "step_00000004"
     ckpt.mkdir()
     meta = {"config": cfg.to_dict(), "num_embeddings": [10] * 4}
     (ckpt / "meta.json").write_text(json.dumps(meta))
     with pytest.raises(DataError, match=r"entry/manifest.json is not a conversion's manifest \(a JSON object\)"):
-        scoring.for_checkpoint(ckpt, meta)
+        score_inputs.for_checkpoint(ckpt, meta)

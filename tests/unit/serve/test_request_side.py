@@ -12,14 +12,14 @@ from recsys_dist.data.config import SchemaConfig
 from recsys_dist.data.formats.base import RequestLayout
 from recsys_dist.data.resolve import raw_format
 from recsys_dist.errors import BadRequest
-from recsys_dist.serve.rows import RowWriter
+from recsys_dist.serve.request_rows import RowWriter
 
 CRITEO_ROW = {"label": 1, "I1": 3, **{f"C{i}": "68fd1e64" for i in range(1, 27)}}
 
 
 def test_serve_names_no_format():
     """What a format's rows are is the format's (criteo_tsv, avazu_csv, schema were ~20 branches
-    in serve/rows.py and serve/inmemory.py): a format of one's own is served the same way."""
+    in serve/request_rows.py and serve/inmemory.py): a format of one's own is served the same way."""
     pattern = re.compile(r"criteo_tsv|avazu_csv|format [!=]= \"schema\"")
     found = [
         f"{f.name}:{n}: {line.strip()}"
@@ -86,7 +86,7 @@ def test_a_format_without_a_request_side_trains_and_is_refused_by_serve_by_name(
     from recsys_dist.data.formats.base import FORMATS
     from recsys_dist.data.resolve import raw_format
     from recsys_dist.errors import ConfigError
-    from recsys_dist.serve.rows import RowWriter, check_servable
+    from recsys_dist.serve.request_rows import RowWriter, check_servable
 
     class TrainOnly:
         def __init__(self, inner):

@@ -102,7 +102,7 @@ def test_a_stream_trainer_refuses_a_split_name_before_fit(tmp_path, monkeypatch,
     """evaluate() / predict() by split name on a StreamTrainer: a stream has no such split
     (before fit it raised AttributeError: 'NoneType' object has no attribute 'weight_column')."""
     import recsys_dist
-    from recsys_dist.serve.publishing import PublishCallback
+    from recsys_dist.serve.publish_callback import PublishCallback
 
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "TORCHELASTIC_RUN_ID"):
         monkeypatch.delenv(name, raising=False)

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from recsys_dist.errors import CheckpointError, UnsafeFile
 from recsys_dist.files import open_in_place, refuse_planted, write_atomic
-from recsys_dist.serve.manifest import FORMAT_VERSION, MANIFEST, publishing_run, read_manifest, rebuilt_entries
+from recsys_dist.serve.publish_manifest import FORMAT_VERSION, MANIFEST, publishing_run, read_manifest, rebuilt_entries
 from recsys_dist.train.config import PublishConfig
 
 log = logging.getLogger("recsys_dist")

@@ -22,7 +22,7 @@ from recsys_dist.distributed.env import broadcast_result
 from recsys_dist.errors import CheckpointError
 from recsys_dist.faults import maybe_fault
 from recsys_dist.serve.publish import Publisher, check_new_run, check_owner, resolve_publish_dir
-from recsys_dist.serve.publish_dir import check_path
+from recsys_dist.serve.publish_owner import check_path
 from recsys_dist.train.config import PublishConfig
 from recsys_dist.train.trainer import Callback
 

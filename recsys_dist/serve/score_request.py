@@ -40,7 +40,7 @@ from recsys_dist.serve.limits import (
     list_elements,
     rows_cost,
 )
-from recsys_dist.serve.rows import check_body
+from recsys_dist.serve.request_rows import check_body
 
 log = logging.getLogger("recsys_dist.serve")
 
