@@ -2,6 +2,6 @@
 ``text``; rows to splits: ``splits``; keys to table rows: ``mapping``; the tables' coverage:
 ``coverage``; worker processes: ``workers``), Parquet -> rank-sharded KJT batches (``loader``,
 reading through ``parquet_io``, ahead of use with ``prefetch``), partitions of a stream
-(``stream``), the run's features (``spec.FeatureSpec``, ``resolve``), the preprocessing record
+(``stream``), raw rows -> model batches for scoring (``encode``), the run's features (``spec.FeatureSpec``, ``resolve``), the preprocessing record
 scoring reads (``record``) and the ``data:`` section (``config``). Imports only ``errors`` and
 ``section`` from below; nothing is re-exported here."""

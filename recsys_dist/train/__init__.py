@@ -9,5 +9,5 @@ pipeline stages;
 ``schedule``: the learning-rate schedule; ``early_stopping``, ``best_weights``; ``callbacks``: the
 user's hooks; ``summary``, ``results``: what ``fit()`` returns; global metrics and predictions
 (``metrics``, ``evaluation``); what a run records (``metrics_writer``, ``observe``); starting
-ranks (``run``, ``launch``, ``worker``, ``rank_failure``); and the ``train:`` section
+ranks (``run``, ``launch``, ``forkserver_init``, ``worker``, ``rank_failure``); and the ``train:`` section
 (``config``). Nothing is re-exported here."""
