@@ -115,7 +115,8 @@ def losses_and_weights(rank: int, world_size: int, cases: list, steps: int) -> d
                 if "embedding" not in k
             ),
             "starts": stages.starts,
-            "own_params": sum(p.numel() for m in stages.modules_of(stages.index) for p in m.parameters()),
+            "own_params": sum(p.numel() for m in stages.own_modules() for p in m.parameters()),
+            "owned": stages.owned,
         }
     return out
 
@@ -124,20 +125,29 @@ def _state(dmp, opt) -> dict:
     return {"model": dmp.state_dict(), "optimizer": canonical_optimizer_state(opt.state_dict())}
 
 
-def resume_across(rank: int, world_size: int, run_dir: str, first: str, then: str, steps: int) -> dict:
-    """Dense Adam (its state moves with the checkpoint), tables' row-wise Adagrad.
-    Train ``steps`` under ``first`` (sync, save as the Trainer's checkpointer does), ``steps``
-    more (``want``); a fresh model under ``then`` (other initial weights) loads the checkpoint
-    and trains the same batches (``got``); ``fresh``: the same without the load."""
+def resume_across(
+    rank: int, world_size: int, run_dir: str, first: str, then: str, steps: int, schedules: list[tuple]
+) -> list[dict]:
+    """Dense Adam (its state moves with the checkpoint), tables' row-wise Adagrad. Per entry of
+    ``schedules`` (the pipeline side's overrides): train ``steps`` under ``first`` (sync, save
+    as the Trainer's checkpointer does), ``steps`` more (``want``); a fresh model under ``then``
+    (other initial weights) loads the checkpoint and trains the same batches (``got``);
+    ``fresh``: the same without the load."""
+    return [
+        _resume_once(rank, world_size, f"{run_dir}/{i}", first, then, steps, extra) for i, extra in enumerate(schedules)
+    ]
+
+
+def _resume_once(rank: int, world_size: int, run_dir: str, first: str, then: str, steps: int, extra: tuple) -> dict:
     types = ["row_wise", "table_wise"]
-    cfg = _cfg("dcnv2", types, first, world_size)
+    cfg = _cfg("dcnv2", types, first, world_size, extra)
     ctx = init_distributed(cfg.distributed)
     dmp, opt = dense_worker._build(cfg, ctx)
     _train(dmp, opt, range(steps), rank, world_size, first == "pipeline")
     sync_replicas(dmp, opt)
     path = save_checkpoint(ctx, run_dir, steps, _state(dmp, opt), {"step": steps}, keep=5)
     want = _train(dmp, opt, range(steps, 2 * steps), rank, world_size, first == "pipeline")
-    cfg2 = _cfg("dcnv2", types, then, world_size)
+    cfg2 = _cfg("dcnv2", types, then, world_size, extra)
     out = {"want": want}
     for key, load in (("got", True), ("fresh", False)):
         torch.manual_seed(123 + rank)  # other initial dense weights: only the checkpoint can make them equal
