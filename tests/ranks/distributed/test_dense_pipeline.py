@@ -125,3 +125,30 @@ def test_a_pipeline_input_using_a_tower_parameter_is_refused_on_every_rank():
         assert got["InputUsesTower"].startswith(
             "distributed.dense.strategy: pipeline: the model's pipeline_input uses parameters of its tower (l2.weight)"
         ), got
+
+
+# issue 38 item 7: the ledger's pipeline bytes (recsys_dist.distributed.pipeline_traffic) against
+# those counted at the collectives and torch's send / recv, of one step after the first
+COUNTED = [
+    ("dlrm", ("distributed.dense.stages=2", "distributed.dense.schedule=zero_bubble")),
+    (
+        "dlrm",
+        (
+            "distributed.dense.stages=2",
+            "distributed.dense.schedule=interleaved_1f1b",
+            "distributed.dense.microbatches=4",
+        ),
+    ),
+    ("dcnv2", ("distributed.dense.stages=4", "distributed.dense.schedule=gpipe", "distributed.dense.microbatches=8")),
+]
+
+
+def test_the_ledgers_pipeline_bytes_are_the_counted_ones_at_four_ranks():
+    results = run_ranks(pipeline_worker.counted_bytes, 4, COUNTED, timeout_s=600)
+    for rank, per_case in enumerate(results):
+        assert len(per_case) == len(COUNTED)
+        for case, got in per_case.items():
+            assert got["counted"] == got["predicted"], (rank, case, got)
+            assert got["counted"]["pipeline_io"][0] > 0 and got["counted"]["pipeline_p2p"][0] > 0, (rank, case)
+            if "stages=2" in case[1][0]:  # 2 pipelines: each stage's gradients all-reduced over them
+                assert got["counted"]["allreduce"][0] > 0, (rank, case)
