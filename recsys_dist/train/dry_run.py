@@ -123,7 +123,7 @@ def _pipeline_text(p: dict) -> list[str]:
     pipes = "; ".join(f"pipeline {d}: ranks {_ranges(list(range(d * pp, (d + 1) * pp)))}" for d in range(dp))
     lines = [
         f"pipeline layout: {dp} x {pp} ranks (data x pipeline; {pipes}), {len(p['stages'])} stages, "
-        f"{v} per rank ({'rank i holds stages i, i + ' + str(pp) + ', ...' if v > 1 else 'rank i holds stage i'}), "
+        f"{v} per rank ({'pipeline rank i holds stages i, i + ' + str(pp) + ', ...' if v > 1 else 'pipeline rank i holds stage i'}), "
         f"schedule {p['schedule']}, {p['microbatches']} microbatches; input [B, {p['input_width']}]",
         f"{'stage':<6} {'modules':>9} {'parameters':>12} {'output':>10}  ranks",
     ]

@@ -62,7 +62,7 @@ def test_interleaved_dlrm_on_two_pipelines_of_two_ranks():
     ]
     text = rep.text()
     assert "pipeline layout: 2 x 2 ranks (data x pipeline; pipeline 0: ranks 0-1; pipeline 1: ranks 2-3)" in text
-    assert "4 stages, 2 per rank (rank i holds stages i, i + 2, ...), schedule interleaved_1f1b" in text
+    assert "4 stages, 2 per rank (pipeline rank i holds stages i, i + 2, ...), schedule interleaved_1f1b" in text
     assert "one per rank" not in text
     assert "pp p2p" in text and "pp io" in text
 
