@@ -276,8 +276,8 @@ def _ledger_line(ledger: dict) -> str:
         return v if isinstance(v, (int, float)) else 0
 
     phases = ("input_dist", "output_dist_forward", "output_dist_backward", "allreduce")
-    # managed-collision tables; the dense tower under distributed.dense.strategy: fsdp
-    for extra in ("managed_all_gather", "fsdp_all_gather", "fsdp_reduce_scatter"):
+    # managed-collision tables; the dense tower under distributed.dense.strategy: fsdp or pipeline
+    for extra in ("managed_all_gather", "fsdp_all_gather", "fsdp_reduce_scatter", "pipeline_io", "pipeline_p2p"):
         if any(sent(row, extra) for row in ledger["per_rank"]):
             phases += (extra,)
     top = max(ledger["per_rank"], key=lambda row: sum(sent(row, p) for p in phases))

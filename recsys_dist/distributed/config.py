@@ -24,10 +24,15 @@ RANKED_TYPES: tuple[ShardingType, ...] = ("table_wise", "column_wise", "table_ro
 # The one list of dense-tower strategies (recsys_dist.distributed.dense holds one wrapper per name).
 DenseStrategy = Literal["ddp", "fsdp", "pipeline"]
 DENSE_STRATEGIES: tuple[DenseStrategy, ...] = get_args(DenseStrategy)
-# distributed.dense.schedule: torch.distributed.pipelining's single-stage-per-rank schedules.
-PipelineSchedule = Literal["gpipe", "1f1b"]
+# distributed.dense.schedule: torch.distributed.pipelining's schedules (gpipe, 1f1b: one stage per
+# rank; interleaved_1f1b, zero_bubble: distributed.dense.stages_per_rank stages per rank).
+PipelineSchedule = Literal["gpipe", "1f1b", "interleaved_1f1b", "zero_bubble"]
+# The schedules that run several (virtual) stages per rank, and their default stages per rank
+# (torchtitan's: two per rank for its multi-stage schedules).
+INTERLEAVED_SCHEDULES = ("interleaved_1f1b", "zero_bubble")
+DEFAULT_STAGES_PER_RANK = 2
 # The keys only strategy: pipeline reads.
-PIPELINE_KEYS = ("stages", "schedule", "microbatches", "split")
+PIPELINE_KEYS = ("stages", "schedule", "microbatches", "split", "stages_per_rank")
 
 ComputeKernelName = Literal["dense", "fused", "fused_uvm", "fused_uvm_caching"]
 CUDA_ONLY_KERNELS = ("fused_uvm", "fused_uvm_caching")
@@ -162,34 +167,49 @@ class DenseConfig(Section):
         "ranks with FSDP2 (torch.distributed.fsdp.fully_shard): every rank holds about 1/world of the dense "
         "parameters, gradients and optimizer state, and gathers a block's weights for its forward and "
         "backward. pipeline: the part after the pooled embeddings is cut into `stages` run by "
-        "torch.distributed.pipelining, one stage per rank (world / stages pipelines, data x pipeline; "
+        "torch.distributed.pipelining, one stage per rank (stages_per_rank under the interleaved schedules; "
+        "world / stages pipelines, data x pipeline; "
         "docs/design/pipeline.md). "
         "The same losses every way (docs/sharding.md); checkpoints move between them.",
     )
     stages: int | None = Field(
         None,
         ge=2,
-        description="pipeline only (required there): pipeline stages, one per rank; must divide the world size "
-        "(world / stages pipelines side by side, each on its share of the batch, their stages' gradients "
-        "averaged: data x pipeline) and be at most the number of modules the model's tower is cut into.",
+        description="pipeline only (required there): the ranks of one pipeline (torch's pp group size, "
+        "torchtitan's pipeline_parallel_degree); each runs one stage, or stages_per_rank stages under the "
+        "interleaved schedules. Must divide the world size (world / stages pipelines side by side, each on its "
+        "share of the batch, their stages' gradients averaged: data x pipeline); stages x stages_per_rank must "
+        "be at most the number of modules the model's tower is cut into.",
     )
     schedule: PipelineSchedule | None = Field(
         None,
         description="pipeline only: torch.distributed.pipelining schedule, gpipe (ScheduleGPipe: every "
-        "microbatch's forward, then every backward) or 1f1b (Schedule1F1B: fewer activations held); "
-        "None = 1f1b.",
+        "microbatch's forward, then every backward), 1f1b (Schedule1F1B: fewer activations held), "
+        "interleaved_1f1b (ScheduleInterleaved1F1B) or zero_bubble (ScheduleInterleavedZeroBubble, ZB1P: the "
+        "weights' backward fills the bubble); the last two run stages_per_rank stages per rank, which "
+        "shortens the bubble. None = 1f1b.",
     )
     microbatches: int | None = Field(
         None,
         gt=0,
         description="pipeline only: microbatches a pipeline's batch (train.batch_size x stages rows) is "
-        "cut into per step; must divide it, and be >= stages under 1f1b. None = stages.",
+        "cut into per step; must divide it, be >= stages under 1f1b, and under interleaved_1f1b / zero_bubble "
+        "be a multiple of max(1, microbatches // stages) (torch's rounds: at most stages, or a multiple of "
+        "microbatches // stages). None = stages.",
     )
     split: Literal["auto"] | list[int] | None = Field(
         None,
         description="pipeline only: where the tower is cut. auto (None): contiguous stages with the largest "
         "stage's parameter count as small as it can be; or the index of the first module of each stage after "
-        "the first (stages - 1 increasing ints, `recsys-dist plan` lists the modules).",
+        "the first (stages x stages_per_rank - 1 increasing ints, `recsys-dist plan` lists the modules).",
+    )
+    stages_per_rank: int | None = Field(
+        None,
+        ge=1,
+        description="pipeline with schedule interleaved_1f1b or zero_bubble only: stages each rank runs (torch's "
+        "local stages, Megatron's virtual pipeline size). The tower is cut into stages x stages_per_rank stages; "
+        "rank r of a pipeline holds stages r, r + stages, r + 2 x stages, ... (torch's loop placement). "
+        "None = 2 under those schedules (torchtitan's default); an error under gpipe / 1f1b (one stage per rank).",
     )
 
     @model_validator(mode="after")
@@ -202,7 +222,24 @@ class DenseConfig(Section):
             )
         if self.strategy == "pipeline" and self.stages is None:
             raise ValueError("stages: strategy: pipeline needs the number of stages (stages: 2 for two ranks)")
+        if self.stages_per_rank is not None and self.pipeline_schedule not in INTERLEAVED_SCHEDULES:
+            raise ValueError(
+                f"stages_per_rank: only schedule {' or '.join(INTERLEAVED_SCHEDULES)} runs several stages per "
+                f"rank, schedule is {self.pipeline_schedule}; remove stages_per_rank or set schedule: interleaved_1f1b"
+            )
         return self
+
+    @property
+    def pipeline_stages_per_rank(self) -> int:
+        """The stages each rank runs (``stages_per_rank``, or 2 under the interleaved schedules, else 1)."""
+        if self.pipeline_schedule not in INTERLEAVED_SCHEDULES:
+            return 1
+        return self.stages_per_rank or DEFAULT_STAGES_PER_RANK
+
+    @property
+    def pipeline_virtual_stages(self) -> int:
+        """The stages the tower is cut into: ``stages x`` :attr:`pipeline_stages_per_rank`."""
+        return (self.stages or 1) * self.pipeline_stages_per_rank
 
     @property
     def pipeline_schedule(self) -> str:

@@ -27,6 +27,11 @@ input_dist and one output_dist per collection and sharding type):
   weights (once per step, in forward: ``dense.ALL_GATHERS_PER_STEP``) and reduce-scatter of its
   gradients (in backward); a chunk is one rank's share of every parameter padded on dim 0 to a
   multiple of the world size (table ``dense``).
+- ``pipeline_io`` / ``pipeline_p2p`` (``distributed.dense.strategy: pipeline``): the stages'
+  collectives around the schedule and their send / recv, booked by
+  :func:`recsys_dist.distributed.pipeline_traffic.add_pipeline_flows` (table ``pipeline``),
+  which also books the stages' data-parallel all-reduce under ``allreduce``. ``recsys-dist plan``
+  counts them; the ledger line of a run (``run_ledger``) does not yet.
 - ``managed_all_gather``: under managed-collision tables (``recsys_dist.models.managed``),
   the replicated MCH state's two all_gathers every training step: the id count per managed
   feature (int64 each), then the step's ids of every managed feature (int64, ``B x P`` per
@@ -77,8 +82,11 @@ PHASES = (
     "managed_all_gather",
     "fsdp_all_gather",
     "fsdp_reduce_scatter",
+    "pipeline_io",
+    "pipeline_p2p",
 )
-_OPTIONAL = ("managed_all_gather", "fsdp_all_gather", "fsdp_reduce_scatter")  # shown only when they move bytes
+# shown only when they move bytes
+_OPTIONAL = ("managed_all_gather", "fsdp_all_gather", "fsdp_reduce_scatter", "pipeline_io", "pipeline_p2p")
 PRECISION_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 ID_BYTES = 8  # KJT values: the loader hands int64 ids to the model
 LENGTH_BYTES = 4  # KJT lengths: int32
@@ -164,11 +172,19 @@ class Ledger:
         # managed-collision and FSDP columns only where they move bytes
         extra = [p for p in _OPTIONAL if t[p]]
         phases = [p for p in PHASES if p not in _OPTIONAL or p in extra]
-        heads = {"managed_all_gather": "mc gather", "fsdp_all_gather": "fsdp gather", "fsdp_reduce_scatter": "fsdp rs"}
+        heads = {
+            "managed_all_gather": "mc gather",
+            "fsdp_all_gather": "fsdp gather",
+            "fsdp_reduce_scatter": "fsdp rs",
+            "pipeline_io": "pp io",
+            "pipeline_p2p": "pp p2p",
+        }
         notes = {
             "managed_all_gather": "mc gather = managed-collision ids all_gather, sent",
             "fsdp_all_gather": "fsdp gather / fsdp rs = FSDP2's all-gather of the dense weights / "
             "reduce-scatter of their gradients, sent",
+            "pipeline_io": "pp io / pp p2p = the pipeline stages' gather, scatter, label all_gather and loss "
+            "broadcast / activations and their gradients between stages, sent (recsys_dist/distributed/pipeline_traffic.py)",
         }
         lines = [
             f"bytes per step on the wire (per-rank batch {self.batch_size}, output_dist forward "
@@ -247,8 +263,8 @@ def dense_parameter_bytes(model: nn.Module) -> int:
 def dense_bytes_of(model: nn.Module, strategy: str, world_size: int) -> tuple[int, list[tuple[int, int]]]:
     """``predict``'s ``dense_bytes`` and ``fsdp_blocks`` for ``model`` (plain, meta or
     DMP-wrapped) under ``distributed.dense.strategy`` ``strategy`` at ``world_size`` ranks.
-    ``pipeline``: no DDP over the tower (its stages' own gather / scatter / send / recv are not
-    in the ledger yet)."""
+    ``pipeline``: no DDP over the tower (its stages' own collectives:
+    :func:`recsys_dist.distributed.pipeline_traffic.add_pipeline_flows`)."""
     if strategy == "pipeline":
         return 0, []
     if strategy == "fsdp":

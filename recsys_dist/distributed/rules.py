@@ -8,7 +8,13 @@ and by :func:`recsys_dist.distributed.plan.plan` (every planning path: the Train
 
 from __future__ import annotations
 
-from recsys_dist.distributed.config import SEQUENCE_SHARDING_TYPES, CommsConfig, DenseConfig, ShardingConfig
+from recsys_dist.distributed.config import (
+    INTERLEAVED_SCHEDULES,
+    SEQUENCE_SHARDING_TYPES,
+    CommsConfig,
+    DenseConfig,
+    ShardingConfig,
+)
 
 
 def table_list(names: list[str]) -> str:
@@ -199,7 +205,26 @@ def pipeline_layout_problems(d: DenseConfig, world_size: int, batch_size: int) -
             f"distributed.dense.microbatches: 1f1b needs at least one microbatch per stage ({d.stages}), got {m}; "
             f"raise it or use schedule: gpipe"
         )
+    problems += interleaved_microbatch_problems(d)
     return problems
+
+
+def interleaved_microbatch_problems(d: DenseConfig) -> list[str]:
+    """torch 2.13's rule of ScheduleInterleaved1F1B / ScheduleInterleavedZeroBubble (raised as it
+    builds them, on every rank): the microbatches run in ``rounds = max(1, m // stages)`` rounds
+    of equal size, so ``m`` must be a multiple of the rounds (any ``m <= stages`` fits)."""
+    if d.pipeline_schedule not in INTERLEAVED_SCHEDULES or d.stages is None:
+        return []
+    m, s = d.pipeline_microbatches, d.stages
+    rounds = max(1, m // s)
+    if m % rounds == 0:
+        return []
+    near = sorted({rounds * (m // rounds), s * rounds, s * (rounds + 1)})
+    return [
+        f"distributed.dense.microbatches: {d.pipeline_schedule} runs {m} microbatches in max(1, {m} // {s} stages) "
+        f"= {rounds} rounds of equal size (torch's rule), and {rounds} does not divide {m}; use a multiple of the "
+        f"stages or at most {s}, e.g. {near}"
+    ]
 
 
 def pipeline_cut_problems(d: DenseConfig, modules: int | None, why: str = "") -> list[str]:
@@ -209,17 +234,25 @@ def pipeline_cut_problems(d: DenseConfig, modules: int | None, why: str = "") ->
         return []
     if modules is None:
         return [f"distributed.dense.strategy: pipeline: {why}; use strategy ddp or fsdp"]
-    if d.stages > modules:
+    n, v = d.pipeline_virtual_stages, d.pipeline_stages_per_rank
+    if v > 1 and n > modules:
+        return [
+            f"distributed.dense.stages_per_rank: {d.stages} stages x {v} stages per rank = {n} stages, but the "
+            f"model's tower has {modules} modules to cut (one at least per stage); use stages_per_rank: "
+            f"{max(1, modules // d.stages)}, fewer stages, or a deeper model"
+        ]
+    if n > modules:
         return [
             f"distributed.dense.stages: {d.stages} stages, but the model's tower has {modules} modules to cut "
             f"(one at least per stage); use at most {modules} stages (and as many ranks), or a deeper model"
         ]
     if isinstance(d.split, list):
         bounds = [0, *d.split, modules]
-        ok = len(d.split) == d.stages - 1 and all(a < b for a, b in zip(bounds, bounds[1:]))
+        ok = len(d.split) == n - 1 and all(a < b for a, b in zip(bounds, bounds[1:]))
         if not ok:
+            per = f" ({d.stages} stages x {v} per rank)" if v > 1 else ""
             return [
-                f"distributed.dense.split: {d.split} must be {d.stages - 1} increasing module indices between 1 and "
-                f"{modules - 1} (the first module of each stage after the first), or auto"
+                f"distributed.dense.split: {d.split} must be {n - 1} increasing module indices between 1 and "
+                f"{modules - 1} (the first module of each stage after the first{per}), or auto"
             ]
     return []

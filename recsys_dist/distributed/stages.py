@@ -19,7 +19,13 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+from torch.distributed.pipelining import (
+    PipelineStage,
+    Schedule1F1B,
+    ScheduleGPipe,
+    ScheduleInterleaved1F1B,
+    ScheduleInterleavedZeroBubble,
+)
 from torchrec.distributed import DistributedModelParallel
 from torchrec.distributed.model_parallel import DataParallelWrapper
 
@@ -28,6 +34,9 @@ from recsys_dist.distributed.optim import dense_torch_optimizer
 from recsys_dist.distributed.rules import pipeline_cut_problems
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
+# Several stages per rank (distributed.dense.stages_per_rank), placed in a loop: rank r of a
+# pipeline of S ranks holds stages r, r + S, ... (torch's default for these two).
+MULTI_SCHEDULES = {"interleaved_1f1b": ScheduleInterleaved1F1B, "zero_bubble": ScheduleInterleavedZeroBubble}
 
 
 def cut_model(task: nn.Module) -> tuple[list[nn.Module] | None, str]:
@@ -104,13 +113,15 @@ def split_auto(sizes: list[int], stages: int) -> list[int]:
 class DenseStages:
     """One rank's part of the pipeline: its stage and schedule, and which stage owns which module.
 
-    Ranks form a ``data x pipeline`` grid (``dp = world / stages`` rows): rank ``r`` runs stage
-    ``r % stages`` of pipeline ``r // stages``; with ``dp = 1`` the pipeline group is the world.
+    Ranks form a ``data x pipeline`` grid (``dp = world / S`` rows, ``S`` ranks per pipeline):
+    rank ``r`` is rank ``r % S`` of pipeline ``r // S``; with ``dp = 1`` the pipeline group is
+    the world. With ``per_rank = v`` stages per rank (the interleaved schedules) the tower is cut
+    into ``S x v`` stages and pipeline rank ``i`` holds stages ``i, i + S, ..., i + (v-1) S``.
 
     Attributes:
         tower: the whole tower's modules (the model's, shared).
-        starts: the index of each stage's first module (``[0, ...]``, one per stage).
-        index: this rank's stage (its rank in its pipeline group).
+        starts: the index of each stage's first module (``[0, ...]``, one per stage, ``S x v``).
+        index: this rank's rank in its pipeline group (with ``v = 1``, its stage).
         group: its pipeline's group (ranks ``[d*S, ..., d*S + S - 1]``).
         dp_group: the group of the ranks that run the same stage (``[s, S + s, ...]``), or None
             (``dp = 1``): their stage gradients are averaged over it.
@@ -131,10 +142,30 @@ class DenseStages:
     dirty: bool = False
     loss_scale: float = 1.0
     rest: list[nn.Parameter] = field(default_factory=list)
+    per_rank: int = 1
 
     @property
     def num_stages(self) -> int:
+        """Every stage of the pipeline (``S x per_rank``)."""
         return len(self.starts)
+
+    @property
+    def ranks(self) -> int:
+        """The ranks of one pipeline (``S``)."""
+        return self.num_stages // self.per_rank
+
+    @property
+    def owned(self) -> list[int]:
+        """This rank's stages: ``index, index + S, ...``."""
+        return [self.index + k * self.ranks for k in range(self.per_rank)]
+
+    def owner(self, stage: int) -> int:
+        """The pipeline rank that holds ``stage``."""
+        return stage % self.ranks
+
+    def own_modules(self) -> list[nn.Module]:
+        """The modules of this rank's stages."""
+        return [m for s in self.owned for m in self.modules_of(s)]
 
     def modules_of(self, stage: int) -> list[nn.Module]:
         end = self.starts[stage + 1] if stage + 1 < len(self.starts) else len(self.tower)
@@ -161,13 +192,14 @@ class PipelineDense(DataParallelWrapper):
         if tower is None:
             raise ValueError(f"distributed.dense.strategy: pipeline: {why}")
         cfg, world = self.cfg, env.process_group
-        if env.world_size % cfg.stages:
+        if env.world_size % cfg.stages:  # stages = the ranks of one pipeline
             raise ValueError(f"distributed.dense.stages: {cfg.stages} must divide the world size {env.world_size}")
         problems = pipeline_cut_problems(cfg, len(tower))  # a Trainer(model=...) model is checked here
         if problems:
             raise ValueError("; ".join(problems))
         sizes = [sum(p.numel() for p in m.parameters()) for m in tower]
-        starts = [0, *(split_auto(sizes, cfg.stages) if cfg.split in (None, "auto") else cfg.split)]
+        cuts = cfg.pipeline_virtual_stages
+        starts = [0, *(split_auto(sizes, cuts) if cfg.split in (None, "auto") else cfg.split)]
         sharded = set(DistributedModelParallel._sharded_parameter_names(root))
         in_tower = {id(p) for m in tower for p in m.parameters()}
         rest = [p for n, p in root.named_parameters() if n not in sharded and id(p) not in in_tower and p.requires_grad]
@@ -177,13 +209,23 @@ class PipelineDense(DataParallelWrapper):
         group, dp_group = _grid(env.world_size, cfg.stages, env.rank, world)
         index = env.rank % cfg.stages
         stages = DenseStages(tower, starts, index, group, dp_group, env.world_size // cfg.stages, rest=rest)
-        submod = nn.Sequential(*stages.modules_of(index))
-        stage = PipelineStage(submod, index, cfg.stages, device, group=group)
+        stages.per_rank = cfg.pipeline_stages_per_rank
         stages.microbatches = cfg.pipeline_microbatches
-        stages.schedule = SCHEDULES[cfg.pipeline_schedule](
-            stage, stages.microbatches, loss_fn=_loss_fn(root, stages), scale_grads=True
-        )
+        stages.schedule = _schedule(cfg.pipeline_schedule, stages, device, _loss_fn(root, stages))
         dmp.dense_stages = stages
+
+
+def _schedule(name: str, stages: DenseStages, device: torch.device, loss_fn):
+    """The torch schedule ``name`` over this rank's ``PipelineStage`` (one per stage it owns,
+    each an ``nn.Sequential`` of the stage's modules), averaging the stage gradients over the
+    microbatches (``scale_grads``)."""
+    owned = [
+        PipelineStage(nn.Sequential(*stages.modules_of(s)), s, stages.num_stages, device, group=stages.group)
+        for s in stages.owned
+    ]
+    if name in MULTI_SCHEDULES:
+        return MULTI_SCHEDULES[name](owned, stages.microbatches, loss_fn=loss_fn, scale_grads=True)
+    return SCHEDULES[name](owned[0], stages.microbatches, loss_fn=loss_fn, scale_grads=True)
 
 
 def _grid(world_size: int, stages: int, rank: int, world: dist.ProcessGroup):
@@ -225,16 +267,16 @@ def sync_replicas(dmp: nn.Module, optimizer) -> None:
     if stages is None or not stages.dirty:
         return
     opt = optimizer if isinstance(optimizer, torch.optim.Optimizer) else dense_torch_optimizer(optimizer)
-    group = dist.group.WORLD  # pipeline 0's stage s (global rank s) to every rank (the dp replicas are equal)
+    group = dist.group.WORLD  # pipeline 0's stage s (its owner's global rank) to every rank (the dp replicas are equal)
     rank = dist.get_rank()
     with torch.no_grad():
         for s in range(stages.num_stages):
-            src = s
+            src = stages.owner(s)
             params = list(dict.fromkeys(p for m in stages.modules_of(s) for p in m.parameters()))
             buffers = list(dict.fromkeys(b for m in stages.modules_of(s) for b in m.buffers()))
             for t in [*params, *buffers]:
                 dist.broadcast(t.data, src=src, group=group)
-            _sync_state(opt, params, src, rank == s, group)
+            _sync_state(opt, params, src, rank == src, group)
     stages.dirty = False
 
 

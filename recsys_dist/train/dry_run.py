@@ -21,6 +21,7 @@ from recsys_dist.data.resolve import cached_conversion
 from recsys_dist.distributed import ledger as ledgers
 from recsys_dist.distributed.dense import planned_dense_bytes
 from recsys_dist.distributed.optim import fuse_embedding_optimizer
+from recsys_dist.distributed.pipeline_traffic import add_pipeline_flows, pipeline_layout
 from recsys_dist.distributed.plan import ChosenOptions, World, make_topology
 from recsys_dist.distributed.plan_io import plan_summary
 from recsys_dist.distributed.rules import comms_problems
@@ -57,7 +58,8 @@ class PlanReport:
     plan: ShardingPlan | None = None  # the plan described (what the Trainer's path gives on such a world)
     # How many training values each table gives a row of its own (plan_coverage), when converted.
     coverage: dict | None = None
-    # distributed.dense: {"strategy", "optimizer", "per_rank": [{parameters, gradients, optimizer} bytes]}
+    # distributed.dense: {"strategy", "optimizer", "per_rank": [{parameters, gradients, optimizer} bytes]},
+    # and under pipeline "pipeline" (PipelineLayout.to_dict(), or {"why": ...} when not known)
     dense: dict | None = None
 
     @property
@@ -97,7 +99,8 @@ def _dense_text(dense: dict) -> list[str]:
     how = {
         "ddp": "replicated on every rank (DDP)",
         "fsdp": "sharded over the ranks (FSDP2, dim 0 of each weight)",
-        "pipeline": "cut into stages, one per rank; every rank keeps a whole copy (docs/design/pipeline.md)",
+        "pipeline": "cut into pipeline stages (layout below); every rank keeps a whole copy and updates its "
+        "stages' part (docs/design/pipeline.md)",
     }
     lines = [
         f"dense tower: distributed.dense.strategy {dense['strategy']}, {how.get(dense['strategy'], '')}; "
@@ -107,6 +110,30 @@ def _dense_text(dense: dict) -> list[str]:
     h = ledgers.human
     for r, b in enumerate(dense["per_rank"]):
         lines.append(f"{r:<6} {h(b['parameters']):>12} {h(b['gradients']):>12} {h(b['optimizer']):>12}")
+    if "pipeline" in dense:
+        lines += _pipeline_text(dense["pipeline"])
+    return lines
+
+
+def _pipeline_text(p: dict) -> list[str]:
+    """The pipeline's grid and each stage's modules, parameters, output width and ranks."""
+    if "why" in p:
+        return [f"pipeline layout not known: {p['why']}"]
+    dp, pp, v = p["grid"]["dp"], p["grid"]["pp"], p["stages_per_rank"]
+    pipes = "; ".join(f"pipeline {d}: ranks {_ranges(list(range(d * pp, (d + 1) * pp)))}" for d in range(dp))
+    lines = [
+        f"pipeline layout: {dp} x {pp} ranks (data x pipeline; {pipes}), {len(p['stages'])} stages, "
+        f"{v} per rank ({'pipeline rank i holds stages i, i + ' + str(pp) + ', ...' if v > 1 else 'pipeline rank i holds stage i'}), "
+        f"schedule {p['schedule']}, {p['microbatches']} microbatches; input [B, {p['input_width']}]",
+        f"{'stage':<6} {'modules':>9} {'parameters':>12} {'output':>10}  ranks",
+    ]
+    for st in p["stages"]:
+        a, b = st["modules"]
+        mods = f"{a}" if b == a + 1 else f"{a}-{b - 1}"
+        lines.append(
+            f"{st['stage']:<6} {mods:>9} {st['parameters']:>12,} {'[b, ' + str(st['output_width']) + ']':>10}  "
+            f"{','.join(map(str, st['ranks']))}"
+        )
     return lines
 
 
@@ -197,6 +224,7 @@ def dry_run(
         remap=managed_remap(job, job.features.on(torch.device("meta"))),
     )
     dense_bytes = ledgers.dense_bytes_of(model, job.distributed.dense.strategy, world_size)
+    pipeline = _pipeline(job, model, world_size)  # before the tables' optimizer is fused in
     fuse_embedding_optimizer(
         model, job.train.embedding_optimizer, job.train.embedding_lr, job.train.embedding_weight_decay
     )
@@ -231,6 +259,8 @@ def dry_run(
         "optimizer": optimizer,
         "per_rank": planned_dense_bytes(model, strategy, world_size, optimizer),
     }
+    if pipeline is not None:
+        _add_pipeline(report, *pipeline)
     if job.sharding.fixed_plan is not None:  # no planner: the weights each rank holds
         memory = report.hbm_gb if device == "cuda" else report.ddr_gb
         for row in summary:
@@ -244,6 +274,20 @@ def dry_run(
             report.ddr_gb[shard.rank] += shard.storage.ddr / GB
             report.cost_ms[shard.rank] += shard.perf.total
     return report
+
+
+def _pipeline(job: Job, model, world_size: int):
+    """Under ``distributed.dense.strategy: pipeline``, (its layout or None, why not), else None."""
+    if job.distributed.dense.strategy != "pipeline":
+        return None
+    return pipeline_layout(model, job.distributed.dense, world_size, job.features.num_dense, list(job.features.keys))
+
+
+def _add_pipeline(report: PlanReport, layout, why: str) -> None:
+    """The pipeline's layout into ``report.dense`` and its bytes into ``report.ledger``."""
+    report.dense["pipeline"] = layout.to_dict() if layout is not None else {"why": why}
+    if layout is not None and report.world_size > 1 and report.ledger is not None:
+        add_pipeline_flows(report.ledger, layout)
 
 
 def _ledger(job: Job, model, plan, tables, world_size: int, local_world_size: int, dense_bytes: tuple):

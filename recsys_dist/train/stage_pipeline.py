@@ -54,7 +54,8 @@ class StagePipeline:
     def progress(self, dataloader_iter):
         batch = next(dataloader_iter).to(self._device, non_blocking=True)
         st, group = self._stages, self._stages.group
-        size, rank, last = dist.get_world_size(group), st.index, st.num_stages - 1
+        size, rank = dist.get_world_size(group), st.index
+        last = size - 1  # the rank of the last stage (loop placement: also with several stages per rank)
         self._optimizer.zero_grad()
         pooled = self._task.model.pipeline_input(batch.dense_features, batch.sparse_features)
         rows = torch.stack([batch.labels.float(), batch.weights.float()], dim=1)
@@ -83,7 +84,7 @@ class StagePipeline:
             self._checked = True
         _average(st.rest, None, world)  # replicated parameters outside the tower: DDP's mean
         if st.dp_group is not None:  # the same stage in every pipeline: DDP's mean over them
-            _average([p for m in st.modules_of(rank) for p in m.parameters()], st.dp_group, st.dp)
+            _average([p for m in st.own_modules() for p in m.parameters()], st.dp_group, st.dp)
         self._optimizer.step()
         st.dirty = True
         result = torch.empty(1 + target.shape[0], device=pooled.device)
@@ -121,7 +122,7 @@ def _check_input_grads(st: DenseStages, model: torch.nn.Module) -> None:
         {
             names.get(id(p), "?")
             for s in range(st.num_stages)
-            if s != st.index
+            if s not in st.owned
             for m in st.modules_of(s)
             for p in m.parameters()
             if p.grad is not None

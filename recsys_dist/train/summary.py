@@ -15,6 +15,9 @@ from torch.distributed.tensor import DTensor
 from recsys_dist.checkpoint import run_dir as run_dirs
 from recsys_dist.checkpoint.meta import best_checkpoint
 from recsys_dist.distributed.ledger import run_ledger
+from recsys_dist.distributed.pipeline_traffic import add_pipeline_flows, pipeline_layout
+from recsys_dist.models.build import build_model
+from recsys_dist.models.registry import GIVEN_MODEL
 from recsys_dist.train.early_stopping import BestTracker
 from recsys_dist.train.job import Job
 from recsys_dist.train.metrics_writer import finite_or_none
@@ -74,12 +77,17 @@ def log_early_stop(best: BestTracker, step: int) -> None:
 
 
 def ledger_line(job: Job, model: nn.Module, world_size: int) -> dict:
-    """The bytes one step moves (``recsys_dist.distributed.ledger``), as plain JSON values."""
-    return json.loads(
-        json.dumps(
-            finite_or_none(run_ledger(model, job.data, job.sharding.comms, job.train.batch_size, world_size).to_dict())
-        )
-    )
+    """The bytes one step moves (``recsys_dist.distributed.ledger``), as plain JSON values; under
+    ``distributed.dense.strategy: pipeline`` with the stages' collectives
+    (``recsys_dist.distributed.pipeline_traffic``) of a registered or import-path model (a
+    ``Trainer(model=...)`` model's are left out: its widths are read from a meta build)."""
+    led = run_ledger(model, job.data, job.sharding.comms, job.train.batch_size, world_size)
+    if getattr(model, "dense_stages", None) is not None and world_size > 1 and job.model_spec is not GIVEN_MODEL:
+        meta = build_model(job.model, job.features.on(torch.device("meta")), job.train)
+        layout, _ = pipeline_layout(meta, job.distributed.dense, world_size, job.features.num_dense, job.features.keys)
+        if layout is not None:
+            add_pipeline_flows(led, layout)
+    return json.loads(json.dumps(finite_or_none(led.to_dict())))
 
 
 def run_summary(

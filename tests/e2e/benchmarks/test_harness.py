@@ -30,6 +30,7 @@ BENCHES = {  # every runnable script of benchmarks/ (a new one must use the harn
     "model_quality.py",
     "multitask_side_by_side.py",
     "overlap_delay.py",
+    "pipeline_bubble.py",
     "publish_reload.py",
     "qcomms.py",
     "quantize_auc.py",

@@ -35,6 +35,10 @@ def test_pipeline_run_export_and_resume_match_ddp(tmp_path):
         assert e.returncode == 0, e.stderr[-3000:]
         runs[strategy] = load_file(str(out / "model.safetensors"))
     pipe = tmp_path / "pipeline"
+    # the run's ledger line counts the stages' collectives (issue 38 item 7): none under ddp
+    ledgers = {s: read_metrics(tmp_path / s, "ledger")[0]["per_rank"] for s in runs}
+    assert all(r["pipeline_p2p"]["sent"] > 0 and r["pipeline_io"]["sent"] > 0 for r in ledgers["pipeline"])
+    assert all(r["pipeline_p2p"]["sent"] == r["pipeline_io"]["sent"] == 0 for r in ledgers["ddp"])
     losses = {s: _losses(tmp_path / s, "train", "loss") for s in runs}
     assert len(losses["ddp"]) == 3
     assert all(abs(a - b) <= 1e-5 * abs(b) for a, b in zip(losses["pipeline"], losses["ddp"], strict=True)), losses

@@ -115,7 +115,8 @@ def losses_and_weights(rank: int, world_size: int, cases: list, steps: int) -> d
                 if "embedding" not in k
             ),
             "starts": stages.starts,
-            "own_params": sum(p.numel() for m in stages.modules_of(stages.index) for p in m.parameters()),
+            "own_params": sum(p.numel() for m in stages.own_modules() for p in m.parameters()),
+            "owned": stages.owned,
         }
     return out
 
@@ -124,20 +125,29 @@ def _state(dmp, opt) -> dict:
     return {"model": dmp.state_dict(), "optimizer": canonical_optimizer_state(opt.state_dict())}
 
 
-def resume_across(rank: int, world_size: int, run_dir: str, first: str, then: str, steps: int) -> dict:
-    """Dense Adam (its state moves with the checkpoint), tables' row-wise Adagrad.
-    Train ``steps`` under ``first`` (sync, save as the Trainer's checkpointer does), ``steps``
-    more (``want``); a fresh model under ``then`` (other initial weights) loads the checkpoint
-    and trains the same batches (``got``); ``fresh``: the same without the load."""
+def resume_across(
+    rank: int, world_size: int, run_dir: str, first: str, then: str, steps: int, schedules: list[tuple]
+) -> list[dict]:
+    """Dense Adam (its state moves with the checkpoint), tables' row-wise Adagrad. Per entry of
+    ``schedules`` (the pipeline side's overrides): train ``steps`` under ``first`` (sync, save
+    as the Trainer's checkpointer does), ``steps`` more (``want``); a fresh model under ``then``
+    (other initial weights) loads the checkpoint and trains the same batches (``got``);
+    ``fresh``: the same without the load."""
+    return [
+        _resume_once(rank, world_size, f"{run_dir}/{i}", first, then, steps, extra) for i, extra in enumerate(schedules)
+    ]
+
+
+def _resume_once(rank: int, world_size: int, run_dir: str, first: str, then: str, steps: int, extra: tuple) -> dict:
     types = ["row_wise", "table_wise"]
-    cfg = _cfg("dcnv2", types, first, world_size)
+    cfg = _cfg("dcnv2", types, first, world_size, extra)
     ctx = init_distributed(cfg.distributed)
     dmp, opt = dense_worker._build(cfg, ctx)
     _train(dmp, opt, range(steps), rank, world_size, first == "pipeline")
     sync_replicas(dmp, opt)
     path = save_checkpoint(ctx, run_dir, steps, _state(dmp, opt), {"step": steps}, keep=5)
     want = _train(dmp, opt, range(steps, 2 * steps), rank, world_size, first == "pipeline")
-    cfg2 = _cfg("dcnv2", types, then, world_size)
+    cfg2 = _cfg("dcnv2", types, then, world_size, extra)
     out = {"want": want}
     for key, load in (("got", True), ("fresh", False)):
         torch.manual_seed(123 + rank)  # other initial dense weights: only the checkpoint can make them equal
@@ -197,4 +207,106 @@ def input_uses_the_tower(rank: int, world_size: int) -> dict:
             out[model] = _train(dmp, opt, range(2), rank, world_size, staged=True)
         except ValueError as err:
             out[model] = str(err)
+    return out
+
+
+class _Counted:
+    """Bytes this rank sends and receives in the pipeline step's own collectives (patched on
+    ``torch.distributed`` while entered) and in torch.distributed.pipelining's send / recv (its
+    ``_batch_p2p``), booked as :mod:`recsys_dist.distributed.pipeline_traffic` books them."""
+
+    def __init__(self) -> None:
+        self.counts = {k: [0, 0] for k in ("pipeline_io", "pipeline_p2p", "allreduce")}
+
+    def _add(self, phase: str, sent: int, received: int) -> None:
+        self.counts[phase][0] += sent
+        self.counts[phase][1] += received
+
+    def __enter__(self):
+        import sys
+
+        from torch.distributed.pipelining import schedules
+
+        self._saved = {n: getattr(dist, n) for n in ("all_gather", "gather", "scatter", "broadcast", "all_reduce")}
+        self._p2p = schedules._batch_p2p
+        orig, me = self._saved, self
+
+        def size(group) -> int:
+            return dist.get_world_size(group)
+
+        def nbytes(t) -> int:
+            return t.numel() * t.element_size()
+
+        def all_gather(out, t, group=None, **kw):
+            me._add("pipeline_io", (size(group) - 1) * nbytes(t), (size(group) - 1) * nbytes(t))
+            return orig["all_gather"](out, t, group=group, **kw)
+
+        def gather(t, parts=None, dst=None, group=None, **kw):
+            root = dist.get_rank() == dst
+            me._add("pipeline_io", 0 if root else nbytes(t), (size(group) - 1) * nbytes(t) if root else 0)
+            return orig["gather"](t, parts, dst=dst, group=group, **kw)
+
+        def scatter(t, chunks=None, src=None, group=None, **kw):
+            root = dist.get_rank() == src
+            me._add("pipeline_io", (size(group) - 1) * nbytes(t) if root else 0, 0 if root else nbytes(t))
+            return orig["scatter"](t, chunks, src=src, group=group, **kw)
+
+        def broadcast(t, src=None, group=None, **kw):
+            root = dist.get_rank() == src
+            me._add("pipeline_io", (size(group) - 1) * nbytes(t) if root else 0, 0 if root else nbytes(t))
+            return orig["broadcast"](t, src=src, group=group, **kw)
+
+        def all_reduce(t, *a, group=None, **kw):
+            caller = sys._getframe(1).f_code.co_name  # _global_weight: the batch weight; _average: gradients
+            me._add("pipeline_io" if caller == "_global_weight" else "allreduce", nbytes(t), nbytes(t))
+            return orig["all_reduce"](t, *a, group=group, **kw)
+
+        def batch_p2p(ops, desc=None):
+            for op in ops:
+                b = nbytes(op.tensor)
+                me._add("pipeline_p2p", b if op.op is dist.isend else 0, 0 if op.op is dist.isend else b)
+            return me._p2p(ops, desc=desc)
+
+        for n, f in (("all_gather", all_gather), ("gather", gather), ("scatter", scatter)):
+            setattr(dist, n, f)
+        dist.broadcast, dist.all_reduce, schedules._batch_p2p = broadcast, all_reduce, batch_p2p
+        return self
+
+    def __exit__(self, *exc) -> None:
+        from torch.distributed.pipelining import schedules
+
+        for n, f in self._saved.items():
+            setattr(dist, n, f)
+        schedules._batch_p2p = self._p2p
+
+
+def counted_bytes(rank: int, world_size: int, cases: list) -> dict:
+    """Per case ``(model name, pipeline overrides)``, table_wise tables: one step (the first:
+    torch's one-off shape exchange), then the bytes of the second counted on this rank, and
+    those :func:`recsys_dist.distributed.pipeline_traffic.add_pipeline_flows` predicts for it."""
+    from recsys_dist.distributed.ledger import Ledger
+    from recsys_dist.distributed.pipeline_traffic import add_pipeline_flows, pipeline_layout
+    from recsys_dist.models.build import build_model
+
+    out = {}
+    for name, extra in cases:
+        cfg = _cfg(name, ["table_wise"], "pipeline", world_size, extra)
+        ctx = init_distributed(cfg.distributed)
+        dmp, opt = dense_worker._build(cfg, ctx)
+        runner = StagePipeline(dmp, opt, torch.device("cpu"))
+        runner.progress(iter([_batch(0, rank, world_size)]))
+        with _Counted() as counter:
+            runner.progress(iter([_batch(1, rank, world_size)]))
+        model = build_model(cfg.model, cfg.features.on(torch.device("meta")), cfg.train)
+        layout, why = pipeline_layout(
+            model, cfg.distributed.dense, world_size, cfg.features.num_dense, cfg.features.keys
+        )
+        led = Ledger(world_size, dense_worker.B, {})
+        add_pipeline_flows(led, layout)
+        want = {k: [0, 0] for k in counter.counts}
+        for f in led.flows:
+            if f.rank == rank:
+                want[f.phase][0] += f.sent
+                want[f.phase][1] += f.received
+        out[(name, extra)] = {"counted": counter.counts, "predicted": want}
     return out

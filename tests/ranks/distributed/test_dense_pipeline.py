@@ -21,11 +21,32 @@ TWO_RANKS = [
     ("dlrm", ["table_wise"], ("distributed.dense.schedule=1f1b", "distributed.dense.microbatches=4")),
     # replicated tables: their gradients averaged beside the stages; an explicit cut
     ("dcnv2", ["data_parallel"], ("distributed.dense.microbatches=8", "distributed.dense.split=[3]")),
+    # several stages per rank (issue 38): 2 ranks x 2 stages (the default), torch's loop placement
+    ("dcnv2", ["row_wise"], ("distributed.dense.schedule=interleaved_1f1b", "distributed.dense.microbatches=4")),
+    # zero bubble, 3 stages per rank (the 6 modules of dcnv2's tower, one a stage), 8 microbatches in 4 rounds
+    (
+        "dcnv2",
+        ["table_wise"],
+        (
+            "distributed.dense.schedule=zero_bubble",
+            "distributed.dense.stages_per_rank=3",
+            "distributed.dense.microbatches=8",
+        ),
+    ),
+    # fewer microbatches than ranks x stages per rank (one round), an explicit cut into 4
+    ("dlrm", ["data_parallel"], ("distributed.dense.schedule=zero_bubble", "distributed.dense.split=[1, 2, 3]")),
 ]
 THREE_RANKS = [
     ("dcnv2", ["row_wise"], ("distributed.dense.schedule=1f1b", "distributed.dense.microbatches=6")),
     ("dlrm", ["row_wise", "table_wise"], ("distributed.dense.schedule=gpipe",)),
 ]
+
+
+def _stages_per_rank(case) -> int:
+    extra = " ".join(case[2])
+    if "stages_per_rank=" in extra:
+        return int(extra.split("stages_per_rank=")[1].split()[0])
+    return 2 if "interleaved" in extra or "zero_bubble" in extra else 1
 
 
 def _check(results: list[dict], stages: int) -> None:
@@ -41,7 +62,10 @@ def _check(results: list[dict], stages: int) -> None:
                 failures.append(f"rank {rank} {case}: table weights differ by {got['table_diff']:.3g}")
             if not got["dense_rel"] <= 1e-3:
                 failures.append(f"rank {rank} {case}: dense weights differ by {got['dense_rel']:.3g} of their update")
-            assert len(got["starts"]) == stages and got["own_params"] > 0
+            per_rank = _stages_per_rank(case)
+            assert len(got["starts"]) == stages * per_rank and got["own_params"] > 0, (case, got["starts"])
+            # loop placement: pipeline rank i holds stages i, i + S, ...
+            assert got["owned"] == [rank % stages + k * stages for k in range(per_rank)], (case, got["owned"])
     for case in results[0]:
         assert len({tuple(r[case]["starts"]) for r in results}) == 1  # one cut on every rank
         if "split=[3]" in str(case):
@@ -61,6 +85,8 @@ def test_pipeline_equals_ddp_at_three_ranks():
 DATA_BY_PIPELINE = [
     ("dcnv2", ["row_wise"], ("distributed.dense.stages=2", "distributed.dense.microbatches=4")),
     ("dlrm", ["data_parallel"], ("distributed.dense.stages=2", "distributed.dense.schedule=gpipe")),
+    # 2 stages per rank in each pipeline: stages 0, 2 on ranks 0 and 2, stages 1, 3 on ranks 1 and 3
+    ("dcnv2", ["row_wise"], ("distributed.dense.stages=2", "distributed.dense.schedule=zero_bubble")),
 ]
 
 
@@ -73,13 +99,22 @@ def test_two_pipelines_of_two_stages_equal_ddp_at_four_ranks():
         assert own[0] == own[2] and own[1] == own[3] and own[0] != own[1], own
 
 
+# the pipeline side of each checkpoint test, in one spawn: one stage per rank, and 2 per rank
+# (a checkpoint of stages 0..3 on 2 ranks, or loaded into them)
+RESUME_SCHEDULES = [(), ("distributed.dense.schedule=interleaved_1f1b", "distributed.dense.microbatches=4")]
+
+
 @pytest.mark.parametrize(("first", "then"), [("ddp", "pipeline"), ("pipeline", "ddp")])
 def test_checkpoint_resumes_under_the_other_strategy(tmp_path, first, then):
-    results = run_ranks(pipeline_worker.resume_across, 2, str(tmp_path), first, then, 4, timeout_s=600)
-    for r in results:
-        rel = max(abs(a - b) / abs(b) for a, b in zip(r["got"], r["want"], strict=True))
-        assert rel <= TOL, r  # the same weights and Adam state (to the strategies' float rounding)
-        assert all(abs(a - b) > 1e-4 for a, b in zip(r["fresh"], r["want"])), r  # the load is what did it
+    results = run_ranks(
+        pipeline_worker.resume_across, 2, str(tmp_path), first, then, 4, RESUME_SCHEDULES, timeout_s=600
+    )
+    for per_schedule in results:
+        assert len(per_schedule) == len(RESUME_SCHEDULES)
+        for extra, r in zip(RESUME_SCHEDULES, per_schedule, strict=True):
+            rel = max(abs(a - b) / abs(b) for a, b in zip(r["got"], r["want"], strict=True))
+            assert rel <= TOL, (extra, r)  # the same weights and Adam state (to the strategies' float rounding)
+            assert all(abs(a - b) > 1e-4 for a, b in zip(r["fresh"], r["want"])), (extra, r)  # the load did it
 
 
 def test_a_pipeline_input_using_a_tower_parameter_is_refused_on_every_rank():
@@ -90,3 +125,30 @@ def test_a_pipeline_input_using_a_tower_parameter_is_refused_on_every_rank():
         assert got["InputUsesTower"].startswith(
             "distributed.dense.strategy: pipeline: the model's pipeline_input uses parameters of its tower (l2.weight)"
         ), got
+
+
+# issue 38 item 7: the ledger's pipeline bytes (recsys_dist.distributed.pipeline_traffic) against
+# those counted at the collectives and torch's send / recv, of one step after the first
+COUNTED = [
+    ("dlrm", ("distributed.dense.stages=2", "distributed.dense.schedule=zero_bubble")),
+    (
+        "dlrm",
+        (
+            "distributed.dense.stages=2",
+            "distributed.dense.schedule=interleaved_1f1b",
+            "distributed.dense.microbatches=4",
+        ),
+    ),
+    ("dcnv2", ("distributed.dense.stages=4", "distributed.dense.schedule=gpipe", "distributed.dense.microbatches=8")),
+]
+
+
+def test_the_ledgers_pipeline_bytes_are_the_counted_ones_at_four_ranks():
+    results = run_ranks(pipeline_worker.counted_bytes, 4, COUNTED, timeout_s=600)
+    for rank, per_case in enumerate(results):
+        assert len(per_case) == len(COUNTED)
+        for case, got in per_case.items():
+            assert got["counted"] == got["predicted"], (rank, case, got)
+            assert got["counted"]["pipeline_io"][0] > 0 and got["counted"]["pipeline_p2p"][0] > 0, (rank, case)
+            if "stages=2" in case[1][0]:  # 2 pipelines: each stage's gradients all-reduced over them
+                assert got["counted"]["allreduce"][0] > 0, (rank, case)

@@ -108,18 +108,103 @@ def test_more_stages_than_tower_modules_are_refused():
     assert section_problems(ok) == []
 
 
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        # torch's rounds: max(1, 5 // 2) = 2 rounds do not cut 5 microbatches (its own error, raised
+        # on every rank as the schedule is built); 5 also does not divide 32 rows
+        (
+            ["distributed.dense.schedule=interleaved_1f1b", "distributed.dense.microbatches=5"],
+            "distributed.dense.microbatches: interleaved_1f1b runs 5 microbatches in max(1, 5 // 2 stages) = 2 rounds",
+        ),
+        (
+            ["distributed.dense.schedule=zero_bubble", "train.batch_size=18", "distributed.dense.microbatches=9"],
+            "distributed.dense.microbatches: zero_bubble runs 9 microbatches in max(1, 9 // 2 stages) = 4 rounds",
+        ),
+        # the quickstart's dlrm: 4 modules, 2 ranks x 3 stages each = 6 stages
+        (
+            ["distributed.dense.schedule=zero_bubble", "distributed.dense.stages_per_rank=3"],
+            "distributed.dense.stages_per_rank: 2 stages x 3 stages per rank = 6 stages, but the model's tower has "
+            "4 modules to cut (one at least per stage); use stages_per_rank: 2",
+        ),
+        # an explicit cut must make the 2 x 2 = 4 stages (the default stages_per_rank)
+        (
+            ["distributed.dense.schedule=interleaved_1f1b", "distributed.dense.split=[2]"],
+            "distributed.dense.split: [2] must be 3 increasing module indices between 1 and 3 (the first module of "
+            "each stage after the first (2 stages x 2 per rank)), or auto",
+        ),
+    ],
+)
+def test_bad_interleaved_layouts_are_refused_before_any_rank_starts(overrides, expected):
+    problems = section_problems(_job(*PIPE, *overrides))
+    assert any(p.startswith(expected) for p in problems), problems
+
+
+def test_the_microbatch_rule_is_torchs():
+    """The preflight refuses exactly the microbatch counts torch 2.13's interleaved schedules
+    raise for as they are built (on every rank, after launch): their constructors run here over
+    stand-in stages (no process group: the schedule's plan needs only the stages' indices)."""
+    from torch.distributed.pipelining.stage import _PipelineStageBase
+
+    from recsys_dist.distributed.config import DenseConfig
+    from recsys_dist.distributed.rules import interleaved_microbatch_problems
+    from recsys_dist.distributed.stages import MULTI_SCHEDULES
+
+    class Stub(_PipelineStageBase):
+        _create_grad_recv_info = _prepare_backward_infra = _prepare_forward_infra = lambda *a, **k: None
+
+        def __init__(self, index: int, stages: int, ranks: int) -> None:  # no nn.Module, no group
+            self.stage_index, self.num_stages, self.group_size, self.group_rank = index, stages, ranks, 0
+            self.submod = None
+
+    for name, schedule in MULTI_SCHEDULES.items():
+        for ranks, per_rank in ((2, 2), (3, 2), (4, 3)):
+            refused = []
+            for m in range(1, 26):
+                cfg = DenseConfig(
+                    strategy="pipeline", stages=ranks, schedule=name, microbatches=m, stages_per_rank=per_rank
+                )
+                try:
+                    schedule([Stub(k * ranks, ranks * per_rank, ranks) for k in range(per_rank)], m)
+                    raised = False
+                except ValueError:
+                    raised = True
+                assert bool(interleaved_microbatch_problems(cfg)) == raised, (name, ranks, m)
+                refused += [m] if raised else []
+            assert refused, (name, ranks)  # some counts are refused (5 at 2 ranks)
+
+
 def test_a_good_layout_passes():
     assert section_problems(_job(*PIPE)) == []
     assert section_problems(_job(*PIPE, "distributed.nproc_per_node=4")) == []  # 2 pipelines of 2 stages
     assert section_problems(_job(*PIPE, "distributed.dense.schedule=gpipe", "distributed.dense.split=[1]")) == []
+    # 2 ranks x 2 stages each (the default) of the quickstart's 4 modules; an explicit cut into 4
+    assert section_problems(_job(*PIPE, "distributed.dense.schedule=interleaved_1f1b")) == []
+    assert (
+        section_problems(_job(*PIPE, "distributed.dense.schedule=zero_bubble", "distributed.dense.split=[1, 2, 3]"))
+        == []
+    )
 
 
 @pytest.mark.parametrize(
     ("overrides", "expected"),
     [
+        (["distributed.dense.schedule=zb"], "distributed.dense.schedule: Input should be 'gpipe', '1f1b'"),
         (
-            ["distributed.dense.schedule=interleaved_1f1b"],
-            "distributed.dense.schedule: Input should be 'gpipe' or '1f1b'",
+            ["distributed.dense.stages_per_rank=2"],
+            "distributed.dense: stages_per_rank: only schedule interleaved_1f1b or zero_bubble runs several stages",
+        ),
+        (
+            ["distributed.dense.schedule=gpipe", "distributed.dense.stages_per_rank=1"],
+            "stages_per_rank: only schedule interleaved_1f1b or zero_bubble",
+        ),
+        (
+            ["distributed.dense.schedule=zero_bubble", "distributed.dense.stages_per_rank=0"],
+            "distributed.dense.stages_per_rank: Input should be greater than or equal to 1",
+        ),
+        (
+            ["distributed.dense.strategy=ddp", "distributed.dense.stages_per_rank=2"],
+            "stages, stages_per_rank: only strategy: pipeline reads them",
         ),
         (["distributed.dense.strategy=ddp"], "distributed.dense: stages: only strategy: pipeline reads it"),
         (["distributed.dense.strategy=fsdp", "distributed.dense.microbatches=2"], "stages, microbatches: only"),
