@@ -199,6 +199,11 @@ def pipeline_layout_problems(d: DenseConfig, world_size: int, batch_size: int) -
             f"distributed.dense.microbatches: 1f1b needs at least one microbatch per stage ({d.stages}), got {m}; "
             f"raise it or use schedule: gpipe"
         )
+    if d.pipeline_schedule == "2bw" and m < d.stages:  # 2bw runs 1f1b's order within a step
+        problems.append(
+            f"distributed.dense.microbatches: 2bw runs 1f1b's order, which needs at least one microbatch per "
+            f"stage ({d.stages}), got {m}; raise it"
+        )
     return problems
 
 

@@ -26,6 +26,7 @@ from torchrec.distributed.model_parallel import DataParallelWrapper
 from recsys_dist.distributed.config import DenseConfig
 from recsys_dist.distributed.optim import dense_torch_optimizer
 from recsys_dist.distributed.rules import pipeline_cut_problems
+from recsys_dist.distributed.two_bw import TwoBW
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
 
@@ -180,9 +181,13 @@ class PipelineDense(DataParallelWrapper):
         submod = nn.Sequential(*stages.modules_of(index))
         stage = PipelineStage(submod, index, cfg.stages, device, group=group)
         stages.microbatches = cfg.pipeline_microbatches
-        stages.schedule = SCHEDULES[cfg.pipeline_schedule](
+        two_bw = cfg.pipeline_schedule == "2bw"  # 1F1B's order on the previous weights (two_bw.TwoBW)
+        stages.schedule = SCHEDULES["1f1b" if two_bw else cfg.pipeline_schedule](
             stage, stages.microbatches, loss_fn=_loss_fn(root, stages), scale_grads=True
         )
+        if two_bw:
+            names = {id(p): n for n, p in root.named_parameters()}
+            stages.schedule = TwoBW(stages.schedule, {names[id(p)]: p for p in submod.parameters()})
         dmp.dense_stages = stages
 
 

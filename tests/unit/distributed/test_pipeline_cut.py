@@ -83,6 +83,10 @@ def test_split_auto_minimises_the_largest_stage():
         (["distributed.nproc_per_node=3"], "distributed.dense.stages: 2 stages do not divide 3 rank(s)"),
         (["distributed.dense.microbatches=5"], "distributed.dense.microbatches: 5 does not divide a pipeline's batch"),
         (["distributed.dense.microbatches=1"], "distributed.dense.microbatches: 1f1b needs at least one microbatch"),
+        (
+            ["distributed.dense.schedule=2bw", "distributed.dense.microbatches=1"],
+            "distributed.dense.microbatches: 2bw runs 1f1b's order, which needs at least one microbatch per stage (2)",
+        ),
         (["model.name=deepfm"], "distributed.dense.strategy: pipeline: the model (DeepFM) does not say how"),
         (["distributed.dense.split=[4]"], "distributed.dense.split: [4] must be 1 increasing module indices"),
         (["train.pipeline=base"], "train.pipeline: not applied under distributed.dense.strategy: pipeline"),
@@ -112,6 +116,7 @@ def test_a_good_layout_passes():
     assert section_problems(_job(*PIPE)) == []
     assert section_problems(_job(*PIPE, "distributed.nproc_per_node=4")) == []  # 2 pipelines of 2 stages
     assert section_problems(_job(*PIPE, "distributed.dense.schedule=gpipe", "distributed.dense.split=[1]")) == []
+    assert section_problems(_job(*PIPE, "distributed.dense.schedule=2bw", "distributed.dense.microbatches=2")) == []
 
 
 @pytest.mark.parametrize(
@@ -119,7 +124,7 @@ def test_a_good_layout_passes():
     [
         (
             ["distributed.dense.schedule=interleaved_1f1b"],
-            "distributed.dense.schedule: Input should be 'gpipe' or '1f1b'",
+            "distributed.dense.schedule: Input should be 'gpipe', '1f1b' or '2bw'",
         ),
         (["distributed.dense.strategy=ddp"], "distributed.dense: stages: only strategy: pipeline reads it"),
         (["distributed.dense.strategy=fsdp", "distributed.dense.microbatches=2"], "stages, microbatches: only"),
