@@ -106,9 +106,11 @@ def stale_state(model) -> dict:
 
 def fit_to_checkpoint(model, state: dict, saved_keys) -> None:
     """Before loading ``state`` (:func:`stale_state` inside it) from a checkpoint whose flat
-    keys are ``saved_keys``: a checkpoint without W(t-1) (a ddp or other pipeline schedule's,
-    or a 2bw one of a tower cut elsewhere... any name missing) leaves it out of ``state`` and
-    starts 2bw afresh there (W(t-1) = the loaded W(t), as the first step). No-op for other models."""
+    keys are ``saved_keys`` (``recsys_dist.checkpoint.safe_read.checkpoint_keys``): one that
+    holds W(t-1) of every parameter of this stage (a 2bw checkpoint, whatever its world size or
+    cut: the names are the model's) loads it; any other (ddp, fsdp, gpipe, 1f1b) is left out of
+    ``state`` and 2bw starts afresh from the loaded weights (W(t-1) = W(t), as at the first
+    step). No-op for a model that is not 2bw."""
     two_bw = two_bw_of(model)
     if two_bw is None or STALE_KEY not in state:
         return
