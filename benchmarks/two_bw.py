@@ -3,8 +3,10 @@
 Memory (``--part memory``): 2 ranks, 2 stages, a wide dcnv2 tower (``--deep`` hidden sizes),
 ``--rows`` rows per rank cut into ``--microbatches``, ``--steps`` steps of random Criteo-shaped
 batches through the Trainer's pipeline step, each schedule in fresh ranks, ``--rounds`` rounds in
-ABBA order. Per rank: the bytes of its stage's parameters, of 2bw's second version W(t-1), and the
-peak RSS growth (VmHWM reset before the model is built, minus the RSS then) over build and steps.
+ABBA order. Per rank: the bytes of its stage's parameters, of 2bw's second version W(t-1), the
+peak RSS growth (VmHWM reset before the model is built, minus the RSS then) over build and steps,
+the RSS growth once the model is built (W(t-1) is allocated then), and the steps' own peak over
+that (activations, gradients, optimizer temporaries; VmHWM reset after the build).
 
 Convergence (``--part convergence``): ``recsys-dist train`` of each schedule (1f1b, 2bw; 2 ranks, 2
 stages) on the shipped Criteo quickstart (dlrm) and on MovieLens (configs/movielens_deepfm.yaml
@@ -68,6 +70,9 @@ def memory_worker(rank: int, world_size: int, schedule: str, deep: list[int], ro
     torch.manual_seed(rank)
     dmp, opt = shard_model(job, ctx)[:2]
     pipe = StagePipeline(dmp, opt, ctx.device)
+    built_peak = _rss_kib("VmHWM")
+    Path("/proc/self/clear_refs").write_text("5")  # the steps' own peak, over the built model's RSS
+    built = _rss_kib("VmRSS")
     g = torch.Generator().manual_seed(rank)
     from torchrec import KeyedJaggedTensor
 
@@ -88,7 +93,9 @@ def memory_worker(rank: int, world_size: int, schedule: str, deep: list[int], ro
         "stage_params_mib": sum(p.numel() * p.element_size() for p in own) / mib,
         "second_version_mib": sum(t.numel() * t.element_size() for t in two_bw.stale) / mib if two_bw else 0.0,
         "tower_params_mib": sum(p.numel() * p.element_size() for m in st.tower for p in m.parameters()) / mib,
-        "peak_rss_growth_mib": (_rss_kib("VmHWM") - base) / 1024,
+        "peak_rss_growth_mib": (max(built_peak, _rss_kib("VmHWM")) - base) / 1024,
+        "built_rss_growth_mib": (built - base) / 1024,
+        "steps_peak_over_built_mib": (_rss_kib("VmHWM") - built) / 1024,
     }
 
 
@@ -106,17 +113,20 @@ def memory(args) -> dict:
             rows[schedule].append(got)
             print("memory", r, schedule, json.dumps(got), flush=True)
     print(
-        "| schedule | rank | stage params MiB | W(t-1) MiB | tower copy MiB | peak RSS growth MiB (rounds) | median |"
+        "| schedule | rank | stage params MiB | W(t-1) MiB | tower copy MiB | peak RSS growth MiB (rounds) | median "
+        "| RSS after build, growth (median) | steps' peak over it (median) |"
     )
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for schedule in SCHEDULES:
         for rank in range(2):
             per = [g[rank] for g in rows[schedule]]
             growth = [p["peak_rss_growth_mib"] for p in per]
+            built = harness.median([p.get("built_rss_growth_mib", float("nan")) for p in per])
+            steps = harness.median([p.get("steps_peak_over_built_mib", float("nan")) for p in per])
             print(
                 f"| {schedule} | {rank} | {per[0]['stage_params_mib']:.1f} | {per[0]['second_version_mib']:.1f} | "
                 f"{per[0]['tower_params_mib']:.1f} | {' / '.join(f'{x:.1f}' for x in growth)} | "
-                f"{harness.median(growth):.1f} |"
+                f"{harness.median(growth):.1f} | {built:.1f} | {steps:.1f} |"
             )
     return rows
 
