@@ -118,7 +118,8 @@ class Checkpointer:
         state = training_state(self.model, self.optimizer, ctx.rank)
         if meta.get("world_size") != ctx.world_size:  # no rank's random stream continues
             del state["rng"]
-        fit_to_checkpoint(self.model, state, checkpoint_keys(path))  # 2bw: W(t-1) when it holds one
+        if two_bw_of(self.model) is not None:  # schedule 2bw: W(t-1) when the checkpoint holds one
+            fit_to_checkpoint(self.model, state, checkpoint_keys(path))
         load_checkpoint(path, state, verify=False)  # verified in _setup; in place: the state dicts are views
         set_optimizer_steps(self.optimizer, meta["step"])
         if "rng" in state:
@@ -168,7 +169,8 @@ class Checkpointer:
                 init_lazy_state(self.optimizer, self.model.fused_optimizer)
                 state = training_state(self.model, self.optimizer, self.ctx.rank)
                 del state["rng"]  # the random streams go on from the last step
-                fit_to_checkpoint(self.model, state, checkpoint_keys(path))
+                if two_bw_of(self.model) is not None:
+                    fit_to_checkpoint(self.model, state, checkpoint_keys(path))
                 load_checkpoint(path, state)  # verified (checksums) by rank 0 first
                 source = str(path)
         self.weights_step = best.best_step
