@@ -30,6 +30,8 @@ from recsys_dist.distributed.two_bw import TwoBW
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
 
+SCHEDULES["2bw"] = Schedule1F1B  # wrapped in two_bw.TwoBW (PipelineDense.wrap)
+
 
 def cut_model(task: nn.Module) -> tuple[list[nn.Module] | None, str]:
     """The tower of ``task`` (a ``CTRTask`` or the user's model itself), or None and why it cannot
@@ -181,11 +183,10 @@ class PipelineDense(DataParallelWrapper):
         submod = nn.Sequential(*stages.modules_of(index))
         stage = PipelineStage(submod, index, cfg.stages, device, group=group)
         stages.microbatches = cfg.pipeline_microbatches
-        two_bw = cfg.pipeline_schedule == "2bw"  # 1F1B's order on the previous weights (two_bw.TwoBW)
-        stages.schedule = SCHEDULES["1f1b" if two_bw else cfg.pipeline_schedule](
+        stages.schedule = SCHEDULES[cfg.pipeline_schedule](
             stage, stages.microbatches, loss_fn=_loss_fn(root, stages), scale_grads=True
         )
-        if two_bw:
+        if cfg.pipeline_schedule == "2bw":  # 1F1B's order on the previous weights
             names = {id(p): n for n, p in root.named_parameters()}
             stages.schedule = TwoBW(stages.schedule, {names[id(p)]: p for p in submod.parameters()})
         dmp.dense_stages = stages
