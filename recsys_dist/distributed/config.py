@@ -34,6 +34,10 @@ DEFAULT_STAGES_PER_RANK = 2
 # The keys only strategy: pipeline reads.
 PIPELINE_KEYS = ("stages", "schedule", "microbatches", "split", "stages_per_rank")
 
+# 2bw: PipeDream-2BW's update rule (one version of delay) around 1F1B's order
+# (recsys_dist.distributed.two_bw); its own name, so that the list above stays torch's.
+PipelineSchedule = Literal[PipelineSchedule, "2bw"]
+
 ComputeKernelName = Literal["dense", "fused", "fused_uvm", "fused_uvm_caching"]
 CUDA_ONLY_KERNELS = ("fused_uvm", "fused_uvm_caching")
 Precision = Literal["fp32", "fp16", "bf16"]
@@ -187,15 +191,19 @@ class DenseConfig(Section):
         "microbatch's forward, then every backward), 1f1b (Schedule1F1B: fewer activations held), "
         "interleaved_1f1b (ScheduleInterleaved1F1B) or zero_bubble (ScheduleInterleavedZeroBubble, ZB1P: the "
         "weights' backward fills the bubble); the last two run stages_per_rank stages per rank, which "
-        "shortens the bubble. None = 1f1b.",
+        "shortens the bubble. None = 1f1b. "
+        "2bw: PipeDream-2BW's weight update (W(t+1) = W(t) - lr * grad f(W(t-1)): each step's microbatches run "
+        "1f1b's order on the stage weights of the step before, their gradient updates the current ones; two "
+        "versions of each stage's weights held; the tables are not delayed), with a flush per step "
+        "(docs/design/pipeline.md).",
     )
     microbatches: int | None = Field(
         None,
         gt=0,
         description="pipeline only: microbatches a pipeline's batch (train.batch_size x stages rows) is "
-        "cut into per step; must divide it, be >= stages under 1f1b, and under interleaved_1f1b / zero_bubble "
-        "be a multiple of max(1, microbatches // stages) (torch's rounds: at most stages, or a multiple of "
-        "microbatches // stages). None = stages.",
+        "cut into per step; must divide it, be >= stages under 1f1b and 2bw, and under interleaved_1f1b / "
+        "zero_bubble be a multiple of max(1, microbatches // stages) (torch's rounds: at most stages, or a "
+        "multiple of microbatches // stages). None = stages.",
     )
     split: Literal["auto"] | list[int] | None = Field(
         None,

@@ -206,6 +206,11 @@ def pipeline_layout_problems(d: DenseConfig, world_size: int, batch_size: int) -
             f"raise it or use schedule: gpipe"
         )
     problems += interleaved_microbatch_problems(d)
+    if d.pipeline_schedule == "2bw" and m < d.stages:  # 2bw runs 1f1b's order within a step
+        problems.append(
+            f"distributed.dense.microbatches: 2bw runs 1f1b's order, which needs at least one microbatch per "
+            f"stage ({d.stages}), got {m}; raise it"
+        )
     return problems
 
 

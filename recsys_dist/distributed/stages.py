@@ -32,11 +32,14 @@ from torchrec.distributed.model_parallel import DataParallelWrapper
 from recsys_dist.distributed.config import DenseConfig
 from recsys_dist.distributed.optim import dense_torch_optimizer
 from recsys_dist.distributed.rules import pipeline_cut_problems
+from recsys_dist.distributed.two_bw import TwoBW
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
 # Several stages per rank (distributed.dense.stages_per_rank), placed in a loop: rank r of a
 # pipeline of S ranks holds stages r, r + S, ... (torch's default for these two).
 MULTI_SCHEDULES = {"interleaved_1f1b": ScheduleInterleaved1F1B, "zero_bubble": ScheduleInterleavedZeroBubble}
+
+SCHEDULES["2bw"] = Schedule1F1B  # then wrapped in two_bw.TwoBW (PipelineDense.wrap, below)
 
 
 def cut_model(task: nn.Module) -> tuple[list[nn.Module] | None, str]:
@@ -212,6 +215,10 @@ class PipelineDense(DataParallelWrapper):
         stages.per_rank = cfg.pipeline_stages_per_rank
         stages.microbatches = cfg.pipeline_microbatches
         stages.schedule = _schedule(cfg.pipeline_schedule, stages, device, _loss_fn(root, stages))
+        if cfg.pipeline_schedule == "2bw":  # 1F1B's order on the previous weights
+            names = {id(p): n for n, p in root.named_parameters()}
+            own = [p for m in stages.modules_of(index) for p in m.parameters()]
+            stages.schedule = TwoBW(stages.schedule, {names[id(p)]: p for p in own})
         dmp.dense_stages = stages
 
 

@@ -24,10 +24,12 @@ from recsys_dist.checkpoint.dcp import (
     save_checkpoint,
     set_optimizer_steps,
 )
+from recsys_dist.checkpoint.safe_read import checkpoint_keys
 from recsys_dist.data.record import MANIFEST_FILE, Preprocessing
 from recsys_dist.distributed.env import DistContext, broadcast_result
 from recsys_dist.distributed.optim import init_lazy_state
 from recsys_dist.distributed.stages import sync_replicas
+from recsys_dist.distributed.two_bw import fit_to_checkpoint, stale_state, two_bw_of
 from recsys_dist.train.best_weights import MemoryCopy, checkpoint_of_step
 from recsys_dist.train.build import Loaders
 from recsys_dist.train.early_stopping import BestTracker
@@ -45,6 +47,7 @@ def training_state(model, optimizer, rank: int) -> dict:
         # One per rank: the ranks draw different dropout masks (a single "rng" entry would be
         # saved once, by one rank, and handed to every rank on resume).
         "rng": {f"rank_{rank}": torch.get_rng_state()},
+        **stale_state(model),  # schedule: 2bw: each stage's previous weights W(t-1) (two_bw)
     }
 
 
@@ -115,6 +118,8 @@ class Checkpointer:
         state = training_state(self.model, self.optimizer, ctx.rank)
         if meta.get("world_size") != ctx.world_size:  # no rank's random stream continues
             del state["rng"]
+        if two_bw_of(self.model) is not None:  # schedule 2bw: W(t-1) when the checkpoint holds one
+            fit_to_checkpoint(self.model, state, checkpoint_keys(path))
         load_checkpoint(path, state, verify=False)  # verified in _setup; in place: the state dicts are views
         set_optimizer_steps(self.optimizer, meta["step"])
         if "rng" in state:
@@ -143,6 +148,8 @@ class Checkpointer:
         False (a warning) when its checkpoint is gone. Collective."""
         if self.memory_best is not None and self.memory_best.step == best.best_step:
             self.memory_best.restore(self.model)
+            if two_bw_of(self.model) is not None:  # 2bw: W(t-1) := the restored weights (none was kept)
+                two_bw_of(self.model).fresh = True
             source = "memory"
         else:
             # The run's own, or (resumed from another run's checkpoint) that run's.
@@ -162,6 +169,8 @@ class Checkpointer:
                 init_lazy_state(self.optimizer, self.model.fused_optimizer)
                 state = training_state(self.model, self.optimizer, self.ctx.rank)
                 del state["rng"]  # the random streams go on from the last step
+                if two_bw_of(self.model) is not None:
+                    fit_to_checkpoint(self.model, state, checkpoint_keys(path))
                 load_checkpoint(path, state)  # verified (checksums) by rank 0 first
                 source = str(path)
         self.weights_step = best.best_step

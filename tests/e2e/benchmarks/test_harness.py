@@ -45,6 +45,7 @@ BENCHES = {  # every runnable script of benchmarks/ (a new one must use the harn
     "step_overhead.py",
     "stream_profile.py",
     "stream_throughput.py",
+    "two_bw.py",
 }
 
 

@@ -77,3 +77,23 @@ def test_data_by_pipeline_at_four_ranks_resumes_under_ddp_at_two(tmp_path):
     got = _losses(pipe, "train", "loss") + _losses(resumed, "train", "loss")
     assert [m["step"] for m in read_metrics(resumed, "train")] == [30]
     assert all(abs(a - b) <= 1e-5 * abs(b) for a, b in zip(got, want, strict=True)), (got, want)
+
+
+def test_a_killed_2bw_run_resumes_with_the_same_losses(tmp_path):
+    """schedule 2bw from the CLI: rank 1 SIGKILLed at step 15 (no restarts), ``--resume auto``
+    from the step-10 checkpoint (which holds each stage's W(t-1) besides the weights: without it
+    step 11 would run on W(10), not W(9)) ends with the uninterrupted run's train and validation
+    lines."""
+    steps = ["train.max_steps=20", "train.log_every_n_steps=5", "eval.every_n_steps=10", "checkpoint.every_n_steps=10"]
+    two_bw = [*PIPELINE, "distributed.dense.schedule=2bw", *steps]
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    r = run_train(QUICKSTART, whole, *two_bw, tmp=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    r = run_train(QUICKSTART, killed, *two_bw, tmp=tmp_path, env={"RECSYS_DIST_FAULT": "step:15:1"})
+    assert r.returncode == 1 and "rank 1 was killed by SIGKILL" in r.stderr, r.stderr[-3000:]
+    r = run_train(QUICKSTART, killed, *two_bw, "--resume", "auto", tmp=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    want, got = _losses(whole, "train", "loss"), _losses(killed, "train", "loss")
+    assert len(want) == 4 and [m["step"] for m in read_metrics(killed, "train")][-2:] == [15, 20], got
+    assert all(abs(a - b) <= 1e-6 * abs(b) for a, b in zip(got[-2:], want[-2:], strict=True)), (got, want)
+    assert _losses(killed, "validation", "auc")[-1] == _losses(whole, "validation", "auc")[-1]

@@ -83,6 +83,10 @@ def test_split_auto_minimises_the_largest_stage():
         (["distributed.nproc_per_node=3"], "distributed.dense.stages: 2 stages do not divide 3 rank(s)"),
         (["distributed.dense.microbatches=5"], "distributed.dense.microbatches: 5 does not divide a pipeline's batch"),
         (["distributed.dense.microbatches=1"], "distributed.dense.microbatches: 1f1b needs at least one microbatch"),
+        (
+            ["distributed.dense.schedule=2bw", "distributed.dense.microbatches=1"],
+            "distributed.dense.microbatches: 2bw runs 1f1b's order, which needs at least one microbatch per stage (2)",
+        ),
         (["model.name=deepfm"], "distributed.dense.strategy: pipeline: the model (DeepFM) does not say how"),
         (["distributed.dense.split=[4]"], "distributed.dense.split: [4] must be 1 increasing module indices"),
         (["train.pipeline=base"], "train.pipeline: not applied under distributed.dense.strategy: pipeline"),
@@ -184,6 +188,7 @@ def test_a_good_layout_passes():
         section_problems(_job(*PIPE, "distributed.dense.schedule=zero_bubble", "distributed.dense.split=[1, 2, 3]"))
         == []
     )
+    assert section_problems(_job(*PIPE, "distributed.dense.schedule=2bw", "distributed.dense.microbatches=2")) == []
 
 
 @pytest.mark.parametrize(
