@@ -29,13 +29,13 @@ every 5 steps), global rows. Ratios are within a round (same load), medians over
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import resource
 import tempfile
 import threading
 import time
-from pathlib import Path
 
 import harness
 
@@ -165,8 +165,10 @@ def report(world_size: int, tower: str, got: dict[str, list[dict]]) -> None:
         runs = got[name]
         last = runs[-1]["ranks"]  # bytes are the same every round
         tensor = [r["parameters"] + r["gradients"] + r["optimizer"] for r in last]
-        peaks = [harness.median([run["ranks"][i]["peak_mib"] - run["ranks"][i]["start_mib"] for run in runs])
-                 for i in range(world_size)]
+        peaks = [
+            harness.median([run["ranks"][i]["peak_mib"] - run["ranks"][i]["start_mib"] for run in runs])
+            for i in range(world_size)
+        ]
         rates = [r["samples_per_s"] for r in runs]
         ratios = harness.paired_ratios(rates, ref)
         print(
@@ -198,11 +200,11 @@ def main(argv: list[str] | None = None) -> None:
         harness.cli("preprocess", "--config", CONFIG, "--quiet", env={"RECSYS_DIST_CACHE": cache})  # once
         for world_size in args.world_sizes:
             for tower in args.towers:
+                run = functools.partial(
+                    fresh_run, world_size, tower=tower, steps=args.steps, batch=args.batch, cache=cache
+                )
                 got = harness.abba(
-                    {
-                        name: lambda n=name: fresh_run(world_size, n, tower, args.steps, args.batch, cache)
-                        for name in LAYOUTS
-                    },
+                    {name: functools.partial(run, name) for name in LAYOUTS},
                     args.rounds,
                     on_result=lambda r, n, x: print(f"  round {r + 1} {n}: {x['samples_per_s']} samples/s", flush=True),
                 )
