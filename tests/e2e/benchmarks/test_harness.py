@@ -23,6 +23,7 @@ BENCHES = {  # every runnable script of benchmarks/ (a new one must use the harn
     "coverage_overhead.py",
     "data_pipeline.py",
     "deepctr_compare.py",
+    "dense_layouts.py",
     "freshness.py",
     "hstu_retrieval.py",
     "managed_quality.py",
