@@ -275,4 +275,5 @@ def build_hstu_next_item(spec: FeatureSpec, cfg: HSTURetrievalConfig) -> HSTUNex
         dropout=cfg.layer_dropout,
         max_positions=cfg.max_positions,
         device=spec.device,
+        attention=cfg.attention,
     )
