@@ -113,7 +113,7 @@ class Reader:
 
         Raises:
             DataError: the column is missing, or a value is empty or not a number (row named)."""
-        col = self.column(batch, name, "split column")
+        col = self.column(batch, name, "data.split.column")
         why = f"split.by {self.split.by} needs a number on every row"
         try:
             values = pc.cast(
@@ -141,7 +141,7 @@ def last_event_rows(reader: Reader) -> tuple[np.ndarray, np.ndarray]:
     found = LastEvents()
     for batch, first in reader.batches():
         times = reader.numbers(batch, first, reader.split.column)
-        col = reader.column(batch, reader.split.user, "split.user")
+        col = reader.column(batch, reader.split.user, "data.split.user")
         users, _ = mp.text_keys(pc.utf8_trim_whitespace(pc.fill_null(pc.cast(col, pa.string()), "")))
         found.add(users, times, first)
     return found.rows()

@@ -116,9 +116,9 @@ def test_the_shipped_movielens_split_is_the_librarys_leave_last_out(tmp_path, ca
 
 
 def test_bad_split_columns_and_configs_name_the_key(tmp_path, cache_dir):
-    with pytest.raises(DataError, match=r"split.user 'user' is not a column of schema"):
+    with pytest.raises(DataError, match=r"data.split.user 'user' is not a column of schema"):
         convert(tmp_path, "click,who,item,ts\n1,a,m1,1\n", history=None)
-    with pytest.raises(DataError, match=r"split column 'ts' is not a column of schema"):
+    with pytest.raises(DataError, match=r"data.split.column 'ts' is not a column of schema"):
         convert(tmp_path, "click,user,item,when\n1,a,m1,1\n", history=None)
     with pytest.raises(DataError, match=r"data row 2, column ts: 'soon' is not a number \(split.by leave_last_out"):
         convert(tmp_path, "click,user,item,ts\n1,a,m1,1\n1,a,m2,soon\n", history=None)
