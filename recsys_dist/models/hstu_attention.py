@@ -23,6 +23,8 @@ caller's and the kernel only decides how the N x N matrix is evaluated.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch.nn import functional as F
 from torch.utils.checkpoint import checkpoint
@@ -69,9 +71,11 @@ def pointwise_attention(
     if kernel == "dense" or (kernel == "auto" and n < AUTO_CHUNKED_FROM):
         return _block(q, k, v, bias, weight).flatten(2)
     recompute = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, bias, weight))
+    # split, not slices: the backward of a split is one concatenation of the chunks' gradients,
+    # where each slice's would write its chunk into a zero tensor of the whole bias
+    biases = bias.split(CHUNK_QUERIES, dim=2) if bias.shape[2] > 1 else [bias] * math.ceil(n / CHUNK_QUERIES)
     parts = []
-    for lo in range(0, n, CHUNK_QUERIES):
-        hi = min(lo + CHUNK_QUERIES, n)
-        args = (q[:, lo:hi], k, v, bias[:, :, lo:hi] if bias.shape[2] > 1 else bias, weight[:, lo:hi])
+    for qc, bc, wc in zip(q.split(CHUNK_QUERIES, dim=1), biases, weight.split(CHUNK_QUERIES, dim=1)):
+        args = (qc, k, v, bc, wc)
         parts.append(checkpoint(_block, *args, use_reentrant=False) if recompute else _block(*args))
     return torch.cat(parts, dim=1).flatten(2)
