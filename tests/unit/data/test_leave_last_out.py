@@ -135,6 +135,16 @@ def test_bad_split_columns_and_configs_name_the_key(tmp_path, cache_dir):
         history = {**HISTORY, "ties": "exclude"} if "ties" in message else HISTORY
         with pytest.raises(ConfigError, match=message):
             config_from_dict({"data": {**data, "schema": {**data["schema"], "history": history}, "split": split}})
+    # a format with known columns: checked with the config, before any conversion
+    avazu = {"format": "avazu_csv", "raw_path": str(ROOT / "datasets" / "avazu" / "avazu_train_first8999.csv")}
+    for split, message in (
+        ({"by": "leave_last_out", "user": "userid", "column": "hour"}, "data.split.user: 'userid' is not a raw column"),
+        ({"by": "leave_last_out", "user": "device_id", "column": "ts"}, "data.split.column: 'ts' is not a raw column"),
+    ):
+        with pytest.raises(ConfigError, match=message):
+            config_from_dict({"data": {**avazu, "split": split}})
+    ok = config_from_dict({"data": {**avazu, "split": {"by": "leave_last_out", "user": "device_id", "column": "hour"}}})
+    assert ok.data.split.user == "device_id"
 
 
 def test_skipped_rows_are_counted_alike_in_both_passes(tmp_path, cache_dir):
