@@ -21,7 +21,7 @@ class SplitConfig(_Section):
         "split.validation_path and split.test_path the other splits; leave_last_out: per split.user, by "
         "split.column (time, ties in file order), the last row is test, the one before it validation, the "
         "rest train (users with fewer than 3 rows: all train); any row order, one extra pass over the two "
-        "columns, memory about 100 bytes per user (docs/data.md, 'Splits').",
+        "columns, memory about 450 bytes per user (docs/data.md, 'Splits').",
     )
     fractions: tuple[_F, _F, _F] = Field(
         (0.8, 0.1, 0.1), strict=False, description="position / random: train, validation, test fractions (sum 1)."

@@ -5,6 +5,7 @@ The converted held-out rows and their histories are the library's ``leave_last_o
 
 import csv
 import json
+import tracemalloc
 
 import numpy as np
 import pyarrow as pa
@@ -154,3 +155,23 @@ def test_skipped_rows_are_counted_alike_in_both_passes(tmp_path, cache_dir):
     m3, m4, m5 = ids(["m3", "m4", "m5"]).tolist()
     assert p.rows == {"train": 2, "validation": 1, "test": 1}
     assert t["validation"]["item"] == [m4] and t["test"]["item"] == [m5] and t["test"]["history"][0][-2:] == [m3, m4]
+
+
+def test_last_events_memory_is_per_user_not_per_row():
+    """10x the rows of the same 20,000 users: the pass's peak stays within 1.2x (blocks of 10,000), and
+    under 500 bytes a user."""
+
+    def peak(rows: int) -> int:
+        rng = np.random.default_rng(0)
+        tracemalloc.start()
+        found, top = LastEvents(), 0
+        for lo in range(0, rows, 10_000):
+            found.add(rng.integers(0, 20_000, 10_000).astype(np.uint64), rng.random(10_000), lo)
+            top = max(top, tracemalloc.get_traced_memory()[1])
+        found.rows()
+        top = max(top, tracemalloc.get_traced_memory()[1])
+        tracemalloc.stop()
+        return top
+
+    small, large = peak(300_000), peak(3_000_000)
+    assert large < 1.2 * small and large < 500 * 20_000, (small, large)
