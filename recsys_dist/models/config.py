@@ -223,8 +223,8 @@ ATTENTION_KERNEL = (
     "How each HSTU layer evaluates its N x N attention (N tokens; the same numbers to float rounding): "
     "dense: the whole [B, H, N, N] matrix at once, two of them kept a layer for backward; chunked: 64 query rows "
     "at a time, recomputed in backward (torch.utils.checkpoint): no [B, H, N, N] tensor kept; auto: dense below "
-    "128 tokens, chunked from 128 (measured on CPU: chunked 1.7x the dense step time at 51 tokens, the same at "
-    "101 and 201, 0.76x at 401 and 0.52x at 801 with half the peak memory; "
+    "128 tokens, chunked from 128 (measured on CPU: chunked 1.3-1.7x the dense step time at 51 tokens, about the "
+    "same at 101 and 201, 0.76x at 401 and 0.5-0.8x at 801 with 0.4-0.5x the peak memory; "
     "benchmarks/results/hstu_attention_cpu2core_20261205.md)."
 )
 

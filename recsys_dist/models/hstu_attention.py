@@ -13,10 +13,12 @@ Two kernels with one interface (:func:`pointwise_attention`), equal to float rou
   ``[B | 1, 1 | H, N, N]`` bias and the ``[B, N, N]`` weights the caller passes remain.
 - ``auto``: ``dense`` below ``AUTO_CHUNKED_FROM`` tokens, ``chunked`` from there, by
   measurement (benchmarks/results/hstu_attention_cpu2core_20261205.md, the shipped HSTU config
-  at B = 64, 2 layers, 2 heads, one CPU thread, a training step): at N = 51 (one chunk: the
-  recomputation is pure overhead) chunked takes 1.7x the dense time; at N = 101 and 201 the
-  same time; at N = 401 0.76x and at N = 801 0.52x, with the peak memory growth of a step
-  0.84x and 0.47x the dense one's (886 MiB against 1,903 MiB at N = 801).
+  at B = 64, 2 layers, 2 heads, one CPU thread, a training step, two runs on a loaded
+  machine): at N = 51 (one chunk: the recomputation is pure overhead) chunked takes 1.3x-1.7x
+  the dense time; at N = 101 and 201 about the same (0.89x-1.05x); at N = 401 0.76x and at
+  N = 801 0.52x-0.79x, with the peak memory growth of a step 0.84x and 0.40x-0.47x the dense
+  one's (751-886 MiB against about 1,900 MiB at N = 801).
+
 The bias is passed in precomputed and added to the scores (``rab``: the relative position
 bias, and any other additive term such as a time bias), so what goes into the scores is the
 caller's and the kernel only decides how the N x N matrix is evaluated.
