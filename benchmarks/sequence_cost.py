@@ -1,15 +1,17 @@
 """Cost of the history models against the history's length: HSTU (2 layers as shipped, and 1)
-against BST (1 transformer block as shipped), one training step on CPU.
+against BST (1 transformer block as shipped), one training step on CPU; or HSTU's attention
+kernels against each other (``--models hstu_dense hstu_chunked --baseline hstu_dense``).
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/sequence_cost.py [--lengths 50 200 800]
-        [--batch 64] [--rounds 5] [--steps 3] [--record]
+        [--batch 64] [--rounds 5] [--steps 3] [--models hstu hstu_1layer bst] [--baseline bst]
+        [--record]
 
 Each model is configs/movielens_hstu.yaml / movielens_bst.yaml unsharded in this process (1
 intra-op thread; hashed ids, 10,000 rows a table), on in-memory batches of ``--batch`` rows whose
 histories all hold exactly L events (the padded worst case: no row is shorter than the longest).
 A step is forward, backward and a plain SGD step over every parameter. Per L, the contenders run
 ``--rounds`` rounds in ABBA order (``harness.abba``), ``--steps`` steps each, after one warm-up
-step: the median milliseconds per step and the paired ratio to BST within a round (the load of
+step: the median milliseconds per step and the paired ratio to ``--baseline`` within a round (the load of
 other processes hits both sides of a round alike). Peak memory: each (model, L) again in a fresh
 process, how far its resident set grows over two steps above what it is before them, after
 a warm-up step (the peak resident set sampled every millisecond by a thread: the step's
@@ -29,6 +31,9 @@ MODELS = {  # contender: (config, overrides)
     "hstu": ("movielens_hstu.yaml", ["model.layer_dropout=0.0"]),
     "hstu_1layer": ("movielens_hstu.yaml", ["model.layer_dropout=0.0", "model.num_layers=1"]),
     "bst": ("movielens_bst.yaml", ["model.transformer_dropout=0.0"]),
+    # the attention kernels of recsys_dist.models.hstu_attention ("hstu" above is model.attention: auto)
+    "hstu_dense": ("movielens_hstu.yaml", ["model.layer_dropout=0.0", "model.attention=dense"]),
+    "hstu_chunked": ("movielens_hstu.yaml", ["model.layer_dropout=0.0", "model.attention=chunked"]),
 }
 
 
@@ -37,6 +42,7 @@ def build(name: str, batch: int, length: int):
     import torch
     from torchrec import KeyedJaggedTensor
 
+    from recsys_dist.config.job import resolve_job
     from recsys_dist.config.loader import load_config
     from recsys_dist.data.loader import CTRBatch
     from recsys_dist.models.build import build_model
@@ -44,10 +50,12 @@ def build(name: str, batch: int, length: int):
     torch.set_num_threads(1)
     config, overrides = MODELS[name]
     cfg = load_config(
-        harness.CONFIGS / config, ["data.categorical_mapping=hash", "data.num_embeddings=10000", *overrides]
+        harness.CONFIGS / config,
+        ["data.categorical_mapping=hash", "data.num_embeddings=10000", "distributed.nproc_per_node=1", *overrides],
     )
+    job = resolve_job(cfg)
     torch.manual_seed(0)
-    model = build_model(cfg, torch.device("cpu"), tables_device=torch.device("cpu")).train()
+    model = build_model(job.model, job.features.on(torch.device("cpu")), job.train).train()
     g = torch.Generator().manual_seed(length)
     lengths = torch.cat([torch.ones(3 * batch, dtype=torch.int64), torch.full((batch,), length)])
     kjt = KeyedJaggedTensor(
@@ -110,24 +118,30 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--models", nargs="+", choices=list(MODELS), default=["hstu", "hstu_1layer", "bst"])
+    p.add_argument("--baseline", choices=list(MODELS), default="bst", help="the contender the ratios divide by")
     args = p.parse_args(argv)
+    if args.baseline not in args.models:
+        p.error(f"--baseline {args.baseline} is not one of --models {args.models}")
     if args.smoke:
         args.lengths, args.batch, args.rounds, args.steps = [8, 16], 8, 2, 1
-    with harness.Results(args, argv, title="HSTU vs BST: training step cost against the history length"):
-        run(args.lengths, args.batch, args.rounds, args.steps)
+    title = f"{', '.join(args.models)}: training step cost against the history length"
+    with harness.Results(args, argv, title=title):
+        run(args.lengths, args.batch, args.rounds, args.steps, args.models, args.baseline)
 
 
-def run(lengths: list[int], batch: int, rounds: int, steps: int) -> None:
-    names = list(MODELS)
+def run(lengths: list[int], batch: int, rounds: int, steps: int, names: list[str], baseline: str) -> None:
+    others = [n for n in names if n != baseline]
     print(f"batch {batch} rows, every history of length L; ms per step (median of {rounds} rounds x {steps} steps)\n")
     print(
         "| L | "
         + " | ".join(f"{n} ms" for n in names)
-        + " | hstu / bst | hstu_1layer / bst | peak growth MiB ("
+        + "".join(f" | {n} / {baseline}" for n in others)
+        + " | peak growth MiB ("
         + ", ".join(names)
         + ") |"
     )
-    print("| --- " * (len(names) + 4) + "|")
+    print("| --- " * (len(names) + len(others) + 2) + "|")
     ctx = multiprocessing.get_context("spawn")
     for length in lengths:
         built = {n: build(n, batch, length) for n in names}
@@ -142,8 +156,8 @@ def run(lengths: list[int], batch: int, rounds: int, steps: int) -> None:
                 peaks.append(pool.apply(peak_growth_mib, (n, batch, length)))
         med = {n: harness.median(v) for n, v in ms.items()}
         ratios = [
-            f"{harness.paired_ratio(ms[n], ms['bst']):.2f} {harness.ratio_interval(ms[n], ms['bst'])}"
-            for n in ("hstu", "hstu_1layer")
+            f"{harness.paired_ratio(ms[n], ms[baseline]):.2f} {harness.ratio_interval(ms[n], ms[baseline])}"
+            for n in others
         ]
         row = [str(length), *(f"{med[n]:.1f}" for n in names), *ratios, ", ".join(f"{x:.0f}" for x in peaks)]
         print("| " + " | ".join(row) + " |", flush=True)

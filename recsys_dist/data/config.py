@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
+from recsys_dist.data.split_config import SplitConfig, check_last_out
 from recsys_dist.section import Section as _Section
 from recsys_dist.section import StrictFloat as _F
 
@@ -36,6 +37,12 @@ class HistoryConfig(_Section):
         "strictly smaller time, the most recent last; rows of one user must come in non-decreasing time order."
     )
     max_length: int = Field(gt=0, description="Keep the N most recent items of each history.")
+    ties: Literal["exclude", "file_order"] = Field(
+        "exclude",
+        description="Rows of one user with equal times: exclude: they do not see each other (a row reads only "
+        "strictly earlier times); file_order: a row reads every earlier row of its user in (time, file order), "
+        "the order data.split.by: leave_last_out uses (which requires it).",
+    )
 
 
 class TaskLabel(_Section):
@@ -236,48 +243,6 @@ class StreamConfig(_Section):
             )
         if m is not None and "min_file_age_seconds" in self.model_fields_set:
             raise ValueError("min_file_age_seconds: not used with marker (a file is taken once the marker is there)")
-        return self
-
-
-class SplitConfig(_Section):
-    """How rows are split into train / validation / test (``recsys_dist.data.splits``)."""
-
-    by: Literal["position", "random", "time", "files"] = Field(
-        "position",
-        description="position: fractions of rows in file order; random: each row by a seeded hash "
-        "of its index; time: by split.column against split.thresholds; files: raw_path is train, "
-        "split.validation_path and split.test_path the other splits.",
-    )
-    fractions: tuple[_F, _F, _F] = Field(
-        (0.8, 0.1, 0.1), strict=False, description="position / random: train, validation, test fractions (sum 1)."
-    )
-    seed: int = Field(0, ge=0, description="random: seed of the row assignment.")
-    column: str | None = Field(None, description="time: numeric raw column, e.g. Avazu hour (YYMMDDHH).")
-    thresholds: tuple[_F, _F] | None = Field(
-        None,
-        strict=False,
-        description="time: [validation_start, test_start]: value < first is train, < second validation, the rest test.",
-    )
-    validation_path: str | None = Field(None, description="files: raw validation file (relative to the config file).")
-    test_path: str | None = Field(None, description="files: raw test file (relative to the config file).")
-
-    @model_validator(mode="after")
-    def _check(self) -> SplitConfig:
-        f = self.fractions
-        if any(x < 0 for x in f) or abs(sum(f) - 1.0) > 1e-6:
-            raise ValueError(f"fractions must be three non-negative numbers summing to 1, got {list(f)}")
-        if f[0] <= 0:
-            raise ValueError("the train fraction (fractions[0]) must be > 0")
-        if self.by == "time":
-            if not self.column or self.thresholds is None:
-                raise ValueError("by time needs column and thresholds [validation_start, test_start]")
-            if self.thresholds[0] > self.thresholds[1]:
-                raise ValueError(f"thresholds must be ascending, got {list(self.thresholds)}")
-        if self.by == "files" and not (self.validation_path and self.test_path):
-            raise ValueError("by files needs validation_path and test_path")
-        for keys, by in ((("column", "thresholds"), "time"), (("validation_path", "test_path"), "files")):
-            if self.by != by and any(getattr(self, k) is not None for k in keys):
-                raise ValueError(f"{' and '.join(keys)} only apply to by: {by}, not by: {self.by}")
         return self
 
 
@@ -506,6 +471,7 @@ class DataConfig(_Section):
         # Checks that need the format object (feature names) are the data layer's:
         # recsys_dist.data.resolve.check_data, run by RunConfig on its data section.
         self._check_layout()
+        check_last_out(self.split, self.schema_.history if self.schema_ is not None else None)
         return self
 
     def _check_layout(self) -> None:

@@ -222,10 +222,11 @@ def check_data(d: DataConfig) -> None:
 def _check_features(d: DataConfig, fmt: RawFormat) -> list[int]:
     n_features = len(fmt.sparse_names)
     known = fmt.raw_columns  # None: known once the file is read (schema formats)
-    if d.split.by == "time" and d.format != "schema" and known is not None and d.split.column not in known:
-        raise ValueError(
-            f"data.split.column: {d.split.column!r} is not a raw column of {d.format} ({', '.join(known)})"
-        )
+    if d.split.by in ("time", "leave_last_out") and d.format != "schema" and known is not None:
+        for key in ("column", "user"):
+            name = getattr(d.split, key)
+            if name is not None and name not in known:
+                raise ValueError(f"data.split.{key}: {name!r} is not a raw column of {d.format} ({', '.join(known)})")
     sizes = d.num_embeddings if isinstance(d.num_embeddings, list) else [d.num_embeddings]
     if isinstance(d.num_embeddings, list) and len(sizes) != n_features:
         raise ValueError(

@@ -219,6 +219,16 @@ class BSTConfig(TargetSequenceConfig):
         return self
 
 
+ATTENTION_KERNEL = (
+    "How each HSTU layer evaluates its N x N attention (N tokens; the same numbers to float rounding): "
+    "dense: the whole [B, H, N, N] matrix at once, two of them kept a layer for backward; chunked: 64 query rows "
+    "at a time, recomputed in backward (torch.utils.checkpoint): no [B, H, N, N] tensor kept; auto: dense below "
+    "128 tokens, chunked from 128 (measured on CPU: chunked 1.3-1.7x the dense step time at 51 tokens, about the "
+    "same at 101 and 201, 0.76x at 401 and 0.5-0.8x at 801 with 0.4-0.5x the peak memory; "
+    "benchmarks/results/hstu_attention_cpu2core_20261205.md)."
+)
+
+
 class HSTUConfig(TargetSequenceConfig):
     """``model.name: hstu`` (Zhai et al., 2024; ``deep_layer_sizes`` are each task head's hidden sizes)."""
 
@@ -235,6 +245,10 @@ class HSTUConfig(TargetSequenceConfig):
         ge=2,
         description="Buckets of the relative position bias: one per distance (in events) below max_positions / 2, "
         "then four per doubling of the distance; larger distances share the last bucket.",
+    )
+    attention: Literal["auto", "dense", "chunked"] = Field(
+        "auto",
+        description=ATTENTION_KERNEL,
     )
 
 
@@ -316,6 +330,10 @@ class HSTURetrievalConfig(ModelConfig):
         ge=2,
         description="Buckets of the relative position bias: one per distance (in events) below max_positions / 2, "
         "then four per doubling of the distance; larger distances share the last bucket.",
+    )
+    attention: Literal["auto", "dense", "chunked"] = Field(
+        "auto",
+        description=ATTENTION_KERNEL,
     )
     temperature: float = Field(0.05, gt=0, description="Divides the cosine of the user and item vectors (tau).")
     logq_correction: bool = Field(

@@ -103,13 +103,23 @@ class HSTURetrieval(nn.Module):
         dropout: float = 0.2,
         max_positions: int = 64,
         device: torch.device | None = None,
+        attention: str = "auto",
     ) -> None:
         super().__init__()
         self.seq_arch = ec
         self.dim, self.max_positions = embedding_dim, max_positions
         self.input_dropout = nn.Dropout(dropout)
         self.layers = nn.ModuleList(
-            HSTULayer(embedding_dim, num_heads, attention_dim, linear_dim, max_positions, dropout, device=device)
+            HSTULayer(
+                embedding_dim,
+                num_heads,
+                attention_dim,
+                linear_dim,
+                max_positions,
+                dropout,
+                device=device,
+                attention=attention,
+            )
             for _ in range(num_layers)
         )
 

@@ -252,7 +252,10 @@ class _Conversion:
         fmt, raw = self.fmt, self.raws[0]
         skipped: list | None = [] if self.on_bad_row == "skip" else None
         bounds = self._bounds(skipped)
-        readers = [Reader(fmt, path, self.split, fixed, self.num_rows, bounds, skipped) for path, fixed in self.sources]
+        last = self._last_rows(skipped)
+        readers = [
+            Reader(fmt, path, self.split, fixed, self.num_rows, bounds, skipped, last) for path, fixed in self.sources
+        ]
         self.out.mkdir(parents=True, exist_ok=True)
         for stale in self.out.glob(".*.tmp"):  # left by a conversion that was killed (the lock is ours now)
             stale.unlink(missing_ok=True)
@@ -308,6 +311,16 @@ class _Conversion:
             total = sum(batch.num_rows for batch, _ in counter.batches())
         return position_bounds(self.split.fractions, total)
 
+    def _last_rows(self, skipped: list | None) -> tuple | None:
+        """Under ``split.by: leave_last_out``: (validation, test) row indices of the rows kept,
+        from a first pass over the user and time columns (None for the other kinds)."""
+        if self.split.by != "leave_last_out":
+            return None
+        first = Reader(
+            self.fmt, str(self.raws[0]), self.split, None, self.num_rows, None, None if skipped is None else []
+        )
+        return passes.last_event_rows(first)
+
     def _vocabularies(self, readers: list[Reader], bounds, skipped: list | None) -> tuple:
         """(vocabulary per feature or None, distinct training values per feature or None, the
         coverage of each feature's table (``coverage.vocabulary_coverage``) or None); under
@@ -320,7 +333,14 @@ class _Conversion:
         else:
             first_pass = [
                 Reader(
-                    self.fmt, r.path, self.split, r.fixed, self.num_rows, bounds, [] if skipped is not None else None
+                    self.fmt,
+                    r.path,
+                    self.split,
+                    r.fixed,
+                    self.num_rows,
+                    bounds,
+                    [] if skipped is not None else None,
+                    r.last_rows,
                 )
                 for r in readers
                 if r.fixed in (None, 0)

@@ -152,7 +152,7 @@ def conversion_warnings(
                 "message": _one_class_message(fmt, raw, int(train_labels[0]), int(train_labels[1] > 0)),
             }
         )
-    wants_test = split.by in ("time", "files") or split.fractions[2] > 0
+    wants_test = split.by in ("time", "files", "leave_last_out") or split.fractions[2] > 0
     if rows["test"] == 0 and rows["train"] and wants_test:
         if split.by == "time":
             hint = (
@@ -161,6 +161,8 @@ def conversion_warnings(
             )
         elif split.by == "files":
             hint = f"the test file {split.test_path} holds no rows"
+        elif split.by == "leave_last_out":
+            hint = f"no {split.user} has 3 rows (users with fewer rows are all training rows)"
         else:
             hint = "give more rows or a larger test fraction in data.split"
         out.append(

@@ -14,7 +14,15 @@ from recsys_dist.data import mapping as mp
 from recsys_dist.data.coverage import KeySketch
 from recsys_dist.data.formats.ids import IdText, id_columns
 from recsys_dist.data.prefetch import prefetched
-from recsys_dist.data.splits import SPLITS, Split, position_assign, random_assign, time_assign
+from recsys_dist.data.splits import (
+    SPLITS,
+    LastEvents,
+    Split,
+    last_events_assign,
+    position_assign,
+    random_assign,
+    time_assign,
+)
 from recsys_dist.data.text import LINE_COLUMN
 from recsys_dist.errors import DataError
 
@@ -26,7 +34,9 @@ class Reader:
     """Record batches of one raw file, bad rows left out under ``skip``, with their split.
 
     ``cap`` bounds the raw rows read. A batch comes with the index of its first row among
-    the rows kept so far (position and random splits go by that index).
+    the rows kept so far (position, random and leave_last_out splits go by that index).
+    ``last_rows``: under ``leave_last_out``, the (validation, test) row indices of
+    :func:`last_event_rows`.
     """
 
     def __init__(
@@ -38,9 +48,10 @@ class Reader:
         cap: int | None,
         bounds: np.ndarray | None,
         skipped: list | None,
+        last_rows: tuple[np.ndarray, np.ndarray] | None = None,
     ) -> None:
         self.fmt, self.path, self.split, self.fixed, self.cap = fmt, path, split, fixed, cap
-        self.bounds, self.skipped = bounds, skipped
+        self.bounds, self.skipped, self.last_rows = bounds, skipped, last_rows
         self.n_bad_values = 0  # rows left out for a rejected value
         self.n_examples = 0  # of them, entries added to ``skipped`` (the rest of it are whole bad lines)
 
@@ -82,12 +93,28 @@ class Reader:
             return position_assign(self.bounds, first, n)
         if s.by == "random":
             return random_assign(s.seed, s.fractions, first, n)
-        if s.column not in batch.schema.names:
+        if s.by == "leave_last_out":
+            return last_events_assign(*self.last_rows, first, n)
+        return time_assign(self.numbers(batch, first, s.column), s.thresholds)
+
+    def column(self, batch: pa.RecordBatch, name: str, key: str) -> pa.Array:
+        """The raw column ``name`` of ``batch`` (config key ``key`` names it).
+
+        Raises:
+            DataError: not a column of the file (naming the key and the file's columns)."""
+        if name not in batch.schema.names:
             raise DataError(
-                f"{self.path}: split column {s.column!r} is not a column of {self.fmt.name} "
-                f"(columns: {batch.schema.names})"
+                f"{self.path}: {key} {name!r} is not a column of {self.fmt.name} (columns: {batch.schema.names})"
             )
-        col = batch.column(s.column)
+        return batch.column(name)
+
+    def numbers(self, batch: pa.RecordBatch, first: int, name: str) -> np.ndarray:
+        """float64 [N]: the numeric split column ``name`` of ``batch``.
+
+        Raises:
+            DataError: the column is missing, or a value is empty or not a number (row named)."""
+        col = self.column(batch, name, "data.split.column")
+        why = f"split.by {self.split.by} needs a number on every row"
         try:
             values = pc.cast(
                 pc.utf8_trim_whitespace(col) if pa.types.is_string(col.type) else col, pa.float64()
@@ -95,13 +122,29 @@ class Reader:
         except pa.ArrowInvalid:
             bad = [i for i, v in enumerate(col.to_pylist()) if not _is_number(v)][0]
             raise DataError(
-                f"{self.path}, data row {first + bad + 1}, column {s.column}: '{col[bad].as_py()}' "
-                "is not a number (split.by time needs a numeric column)"
+                f"{self.path}, data row {first + bad + 1}, column {name}: '{col[bad].as_py()}' is not a number ({why})"
             ) from None
         if np.isnan(values).any():
             bad = int(np.flatnonzero(np.isnan(values))[0])
-            raise DataError(f"{self.path}, data row {first + bad + 1}, column {s.column}: empty (split.by time)")
-        return time_assign(values, s.thresholds)
+            raise DataError(f"{self.path}, data row {first + bad + 1}, column {name}: empty ({why})")
+        return values
+
+
+def last_event_rows(reader: Reader) -> tuple[np.ndarray, np.ndarray]:
+    """Under ``split.by: leave_last_out``: (validation, test) row indices (sorted int64, among
+    the rows ``reader`` keeps) from one pass over the split's user and time columns
+    (``recsys_dist.data.splits.LastEvents``; a user is its column's trimmed text, as
+    ``data.schema.history`` keys it).
+
+    Raises:
+        DataError: the user or time column is missing, or a time is empty or not a number."""
+    found = LastEvents()
+    for batch, first in reader.batches():
+        times = reader.numbers(batch, first, reader.split.column)
+        col = reader.column(batch, reader.split.user, "data.split.user")
+        users, _ = mp.text_keys(pc.utf8_trim_whitespace(pc.fill_null(pc.cast(col, pa.string()), "")))
+        found.add(users, times, first)
+    return found.rows()
 
 
 def _is_number(v) -> bool:

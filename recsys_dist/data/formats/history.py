@@ -21,17 +21,32 @@ def _exact(t: float) -> str:
     return str(int(t)) if t.is_integer() else repr(t)
 
 
+def describe(h) -> str:
+    """The manifest's ``transforms`` entry of the history ``h`` (``data.schema.history``)."""
+    if h.ties == "exclude":
+        order = f"(time {h.time} strictly smaller; ties excluded)"
+    else:
+        order = f"in ({h.time}, file order)"
+    return (
+        f"{h.name}: the {h.item} values of the same {h.user}'s earlier rows {order}, the last {h.max_length}, "
+        "oldest first, each mapped like a categorical value; list<int64>"
+    )
+
+
 class UserHistory:
     """Streaming user histories: per user, the last N item keys of rows strictly earlier in time.
 
     Memory: per user at most N committed keys plus the keys of that user's rows at the
     current (latest) time, whatever the length of the log. Rows of one user must come in
-    non-decreasing time order; rows of one user with equal times (ties) do not see each
-    other: an event enters the history once a strictly later time of that user is seen.
+    non-decreasing time order. ``ties``: ``"exclude"``: rows of one user with equal times do
+    not see each other (an event enters the history once a strictly later time of that user
+    is seen); ``"file_order"``: an event enters the history of the user's next row, so a row
+    reads every earlier row of its user in (time, file order).
     """
 
-    def __init__(self, max_length: int) -> None:
+    def __init__(self, max_length: int, ties: str = "exclude") -> None:
         self.max_length = max_length
+        self.in_order = ties == "file_order"
         self.state: dict[int, tuple[deque, float, list]] = {}
         self._last: tuple[str, int] | None = None
 
@@ -52,7 +67,7 @@ class UserHistory:
                     f"needs each user's rows in non-decreasing {h.time} order (sort the log by {h.user}, {h.time} "
                     "or by time)"
                 )
-            if t > at:  # the events at the previous time are now strictly earlier
+            if t > at or self.in_order:  # the pending events are now earlier than this row
                 committed.extend(pending)
                 pending, at = [], t
             out.extend(committed)

@@ -38,7 +38,7 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from recsys_dist.data.formats.base import RequestLayout, register_format
-from recsys_dist.data.formats.history import UserHistory, is_parquet
+from recsys_dist.data.formats.history import UserHistory, describe, is_parquet
 from recsys_dist.data.formats.schema_request import schema_layout
 from recsys_dist.data.mapping import SparseKeys, text_keys
 from recsys_dist.data.text import count_rows, line_blocks, parse_block, parse_hex_keys, read_head, rows_then_bad_line
@@ -132,6 +132,8 @@ class SchemaFormat:
         for option in ("hex_categorical", "sequence", "history", "labels", "weight"):
             if not key.get(option):
                 key.pop(option, None)  # the key of conversions from before the option
+        if isinstance(key.get("history"), dict) and key["history"].get("ties") == "exclude":
+            key["history"] = {k: v for k, v in key["history"].items() if k != "ties"}  # as before ties existed
         self.fingerprint = "schema:" + json.dumps(key, sort_keys=True)
         self.hex = set(getattr(spec, "hex_categorical", None) or [])
 
@@ -160,13 +162,9 @@ class SchemaFormat:
                 "mapped like a categorical value; list<int64>, oldest first"
             )
         if history:
-            self.transforms["history"] = (
-                f"{history.name}: the {history.item} values of the same {history.user}'s earlier rows (time "
-                f"{history.time} strictly smaller; ties excluded), the last {history.max_length}, oldest first, "
-                "each mapped like a categorical value; list<int64>"
-            )
+            self.transforms["history"] = describe(history)
         self.raw_columns: list[str] | None = None
-        self._history = UserHistory(history.max_length) if history else None
+        self._history = UserHistory(history.max_length, history.ties) if history else None
 
     # ---------------------------------------------------------------- reading
 

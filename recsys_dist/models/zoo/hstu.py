@@ -13,6 +13,9 @@ from torch.nn import functional as F
 from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 
 from recsys_dist.data.spec import FeatureSpec
+
+# hstu_attention.pointwise_attention through its module: a torch.fx leaf only under its own module's name.
+from recsys_dist.models import hstu_attention
 from recsys_dist.models.config import HSTUConfig
 from recsys_dist.models.layers import mlp_head
 from recsys_dist.models.registry import register_model
@@ -75,7 +78,9 @@ class HSTULayer(nn.Module):
     ``U, V, Q, K = Split(SiLU(f_1(LayerNorm(x))))`` (eq. 1; ``f_1`` linear without bias,
     U, V: ``num_heads x linear_dim``, Q, K: ``num_heads x attention_dim``);
     ``A V = (SiLU(Q K^T + rab^p) * M / c) V`` per head (eq. 2: pointwise aggregated attention,
-    no softmax; ``M`` the causal mask over real keys, ``c`` each query's number of keys);
+    no softmax; ``M`` the causal mask over real keys, ``c`` each query's number of keys),
+    evaluated by ``recsys_dist.models.hstu_attention.pointwise_attention`` with the kernel
+    ``attention`` (``auto``, ``dense`` or ``chunked``);
     ``y = x + f_2(Dropout(LayerNorm(A V) * U))`` (eq. 3 with the residual). Both layer norms
     have no learned scale or shift, as in the reference implementation
     (facebookresearch/generative-recommenders, ``SequentialTransductionUnitJagged``).
@@ -90,9 +95,11 @@ class HSTULayer(nn.Module):
         num_buckets: int,
         dropout: float,
         device: torch.device | None = None,
+        attention: str = "auto",
     ) -> None:
         super().__init__()
         self.dim, self.heads, self.dqk, self.dv = dim, num_heads, attention_dim, linear_dim
+        self.attention = attention
         self.f1 = nn.Linear(dim, num_heads * (2 * linear_dim + 2 * attention_dim), bias=False, device=device)
         nn.init.normal_(self.f1.weight, 0.0, 0.02)
         self.f2 = nn.Linear(num_heads * linear_dim, dim, device=device)
@@ -106,10 +113,9 @@ class HSTULayer(nn.Module):
         h, dv, dqk = self.heads, self.dv, self.dqk
         uvqk = F.silu(self.f1(F.layer_norm(x, (self.dim,), eps=EPS)))
         u, v, q, k = uvqk.split([h * dv, h * dv, h * dqk, h * dqk], dim=-1)
-        scores = torch.einsum("bnhd,bmhd->bhnm", q.unflatten(-1, (h, dqk)), k.unflatten(-1, (h, dqk)))
-        scores = scores + relative_bias(self.position_bias, history_bucket, target_bucket)
-        att = F.silu(scores) * weight.unsqueeze(1)  # [B, H, N, N]; masked keys weigh exactly 0
-        av = torch.einsum("bhnm,bmhd->bnhd", att, v.unflatten(-1, (h, dv))).flatten(2)  # [B, N, H*dv]
+        bias = relative_bias(self.position_bias, history_bucket, target_bucket)  # [B, 1, N, N]
+        q, k, v = q.unflatten(-1, (h, dqk)), k.unflatten(-1, (h, dqk)), v.unflatten(-1, (h, dv))
+        av = hstu_attention.pointwise_attention(q, k, v, bias, weight, self.attention)  # [B, N, H*dv]
         return x + self.f2(self.dropout(F.layer_norm(av, (h * dv,), eps=EPS) * u))
 
 
@@ -148,9 +154,11 @@ class HSTU(TargetSequenceModel):
 
     Jagged input, padded: the EmbeddingCollection's JaggedTensor is padded to the batch's
     longest history inside forward (``recsys_dist.models.sequence.padded_sequence``) and the
-    attention is plain masked dense attention, ``O(B L^2)`` per layer; padded keys weigh
-    exactly 0, so a row's logits do not depend on the other rows or on the padding (to float
-    rounding). The reference's fused jagged kernels are GPU-only.
+    attention is masked attention over the padded tokens, ``O(B L^2)`` per layer (``attention``:
+    the whole matrix at once, or query chunks recomputed in backward for long histories:
+    ``recsys_dist.models.hstu_attention``); padded keys weigh exactly 0, so a row's logits do
+    not depend on the other rows or on the padding (to float rounding). The reference's fused
+    jagged kernels are GPU-only.
 
     ``forward(dense [B, num_dense] float32, kjt)`` returns logits float32 [B, T], T =
     ``len(spec.tasks)`` (``[B, 1]`` for one task).
@@ -176,6 +184,7 @@ class HSTU(TargetSequenceModel):
         linear_dim: int = 16,
         layer_dropout: float = 0.2,
         max_positions: int = 64,
+        attention: str = "auto",
         device: torch.device | None = None,
         **mlp_options,
     ) -> None:
@@ -184,7 +193,14 @@ class HSTU(TargetSequenceModel):
         self.stacks = nn.ModuleList(
             nn.ModuleList(
                 HSTULayer(
-                    embedding_dim, num_heads, attention_dim, linear_dim, max_positions, layer_dropout, device=device
+                    embedding_dim,
+                    num_heads,
+                    attention_dim,
+                    linear_dim,
+                    max_positions,
+                    layer_dropout,
+                    device=device,
+                    attention=attention,
                 )
                 for _ in range(num_layers)
             )
@@ -225,4 +241,5 @@ def build_hstu(spec: FeatureSpec, cfg: HSTUConfig) -> HSTU:
         linear_dim=cfg.linear_dim,
         layer_dropout=cfg.layer_dropout,
         max_positions=cfg.max_positions,
+        attention=cfg.attention,
     )

@@ -25,8 +25,11 @@ Evaluation (the ``evaluator`` hook, every ``eval`` of validation and test): each
 with a non-empty history is a target ranked against ALL items of the data (every distinct
 item id of the three splits), less the items of its own history, by
 ``recsys_dist.models.next_item.target_ranks`` and ``ranking_metrics`` (HR@K, NDCG@K for K of
-``eval.retrieval_k``, MRR). Not leave-last-out: the rows come from ``data.split`` (e.g. by
-time), so a user may have several held-out rows, each scored after its own history.
+``eval.retrieval_k``, MRR). Under ``data.split.by: leave_last_out`` (with
+``data.schema.history.ties: file_order``) the held-out rows are each user's last two events
+and these are the leave-last-out protocol's numbers (``next_item.leave_last_out``); under
+another split (e.g. by time) a user may have several held-out rows, each scored after its
+own history.
 """
 
 from __future__ import annotations
@@ -272,4 +275,5 @@ def build_hstu_next_item(spec: FeatureSpec, cfg: HSTURetrievalConfig) -> HSTUNex
         dropout=cfg.layer_dropout,
         max_positions=cfg.max_positions,
         device=spec.device,
+        attention=cfg.attention,
     )

@@ -1,11 +1,15 @@
 """configs/movielens_hstu_retrieval.yaml end to end, one CLI sequence: trains a few steps on 2
 ranks (the shared item table sharded), resumes from the mid-run checkpoint to the same metrics,
 and the run's HR@K / NDCG@K / MRR equal, on the saved checkpoint's weights in one process, both
-the model's own evaluator at 1 rank and the library's ``evaluate_next_item`` (dense item ids)."""
+the model's own evaluator at 1 rank and the library's ``evaluate_next_item`` (dense item ids) on
+the library's leave-last-out split of the raw file (``next_item.leave_last_out``: its targets and
+histories are the run's held-out rows)."""
 
+import csv
 import json
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
 from tests.cli import read_metrics, run_cli
@@ -28,7 +32,9 @@ KEYS = ("hr@10", "ndcg@10", "hr@50", "ndcg@50", "mrr", "popular_mrr")
 def test_movielens_hstu_retrieval_trains_resumes_and_metrics_equal_the_library_evaluate(tmp_path):
     import torch
 
+    from recsys_dist.data.mapping import hash_ids, text_keys
     from recsys_dist.models.hstu_retrieval import evaluate_next_item
+    from recsys_dist.models.next_item import leave_last_out
     from recsys_dist.models.zoo.hstu_next_item import next_item_metrics, read_next_item_data
     from recsys_dist.serve.export import load_model
 
@@ -42,7 +48,8 @@ def test_movielens_hstu_retrieval_trains_resumes_and_metrics_equal_the_library_e
     lines = {m["split"]: m for m in read_metrics(full) if m["split"] in ("validation", "test")}
     for split in ("validation", "test"):
         m = lines[split]
-        assert m["step"] == 6 and m["next_item_rows"] > 1900 and m["catalogue"] > 4000
+        # leave-last-out: one target per user (133), each with a history
+        assert m["step"] == 6 and m["next_item_rows"] == 133 and m["next_item_skipped"] == 0 and m["catalogue"] > 4000
         assert all(0 <= m[k] <= 1 for k in KEYS) and m["hr@10"] <= m["hr@50"]
         assert want[split]["mrr"] == pytest.approx(m["mrr"])
 
@@ -74,10 +81,17 @@ def test_movielens_hstu_retrieval_trains_resumes_and_metrics_equal_the_library_e
     data = read_next_item_data(job, {s: [str(manifest.parent / f) for f in files[s]] for s in files})
     cat = data.catalogue
     lib = dense_copy(task.model, cat, job.model)
+    raw = list(csv.DictReader(open(ROOT / "datasets" / "movielens" / "ratings_genres_first20000_by_time.csv")))
+    split_of = leave_last_out(*(np.array([int(r[k]) for r in raw]) for k in ("userId", "movieId", "timestamp")))
+    table_id = hash_ids(text_keys(pa.array([str(x) for x in split_of.items]))[0], 20011)  # raw item -> table id
     for split in ("validation", "test"):
         one_rank = next_item_metrics(task.model, data, split, job, torch.device("cpu"))
-        dense = [np.searchsorted(cat, h) + 1 for h in data.histories[split]]
-        library = evaluate_next_item(lib, dense, np.searchsorted(cat, data.targets[split]) + 1, len(cat), ks=(10, 50))
+        histories = [table_id[h - 1] for h in split_of.histories(split, 50)]
+        assert [h.tolist() for h in histories] == [h.tolist() for h in data.histories[split]]
+        assert table_id[split_of.targets(split) - 1].tolist() == data.targets[split].tolist()
+        dense = [np.searchsorted(cat, h) + 1 for h in histories]
+        targets = np.searchsorted(cat, table_id[split_of.targets(split) - 1]) + 1
+        library = evaluate_next_item(lib, dense, targets, len(cat), ks=(10, 50))
         for k in KEYS:
             assert one_rank[k] == pytest.approx(lines[split][k], abs=1e-9), (split, k)
             if not k.startswith("popular"):

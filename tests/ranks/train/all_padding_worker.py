@@ -44,6 +44,8 @@ CASES = {
     "din": ("configs/movielens_din.yaml", TEMPLATE),
     "bst": ("configs/movielens_bst.yaml", [*TEMPLATE, "model.transformer_dropout=0.0"]),
     "hstu": ("configs/movielens_hstu.yaml", [*TEMPLATE, "model.layer_dropout=0.0"]),
+    # the chunked attention kernel (torch.utils.checkpoint in backward) under DDP: hstu's losses
+    "hstu_chunked": ("configs/movielens_hstu.yaml", [*TEMPLATE, "model.layer_dropout=0.0", "model.attention=chunked"]),
     "mmoe": ("configs/movielens_multitask.yaml", POSITION),
     "ple": ("configs/movielens_ple.yaml", POSITION),
     "two_tower": ("configs/movielens_two_tower.yaml", POSITION),

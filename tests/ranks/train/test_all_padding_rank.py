@@ -50,3 +50,8 @@ def test_a_rank_of_padding_only_never_hangs_any_model(tmp_path):
         a, b = one[0][name]["test"], two[0][name]["test"]
         for key in ("auc", "logloss"):
             assert b[key] == pytest.approx(a[key], abs=1e-5), (name, key)
+    # HSTU's chunked attention kernel (recomputed in backward) trains on 2 ranks to the dense kernel's losses
+    dense, chunked = step_losses(tmp_path / "hstu-2"), step_losses(tmp_path / "hstu_chunked-2")
+    assert chunked == pytest.approx(dense, abs=1e-5)
+    for key in ("auc", "logloss"):
+        assert two[0]["hstu_chunked"]["test"][key] == pytest.approx(two[0]["hstu"]["test"][key], abs=1e-5)

@@ -10,6 +10,7 @@ from torchrec import KeyedJaggedTensor
 from recsys_dist.config import ConfigError
 from recsys_dist.config.loader import load_config
 from recsys_dist.data.spec import FeatureSpec, make_sequence_tables, make_tables
+from recsys_dist.models import hstu_attention
 from recsys_dist.models.registry import get_model
 from recsys_dist.models.sequence import padded_sequence
 from recsys_dist.models.zoo.hstu import HSTUConfig, position_bucket, target_layout
@@ -83,9 +84,13 @@ def layer_reference(layer, x, positions, num_buckets):
     return x + layer.f2(F.layer_norm(out, (HEADS * DV,), eps=1e-6) * u)
 
 
+@pytest.mark.parametrize("kernel", ["dense", "chunked"])
 @pytest.mark.parametrize("max_positions", [64, 4])
-def test_hstu_matches_a_plain_per_row_computation(max_positions):
-    model = build(num_layers=2, max_positions=max_positions).eval()
+def test_hstu_matches_a_plain_per_row_computation(max_positions, kernel, monkeypatch):
+    """The outputs and every layer's gradients, for each attention kernel (chunks of 2 query
+    rows: the 5 tokens of the longest row in 3 chunks, the last one short)."""
+    monkeypatch.setattr(hstu_attention, "CHUNK_QUERIES", 2)
+    model = build(num_layers=2, max_positions=max_positions, attention=kernel).eval()
     kjt, dense = batch(), torch.randn(3, 1)
     logits = model(dense, kjt)
     assert logits.shape == (3, 1)
@@ -100,9 +105,16 @@ def test_hstu_matches_a_plain_per_row_computation(max_positions):
         feats.append(x[-1])
     # the target's outputs themselves (the head's MLP would shrink a difference), then the logits
     values, mask = padded_sequence(model.seq_arch(kjt), "history")
-    torch.testing.assert_close(model.summarise(0, values, mask, pooled["movie"]), torch.stack(feats), rtol=0, atol=1e-5)
+    got = model.summarise(0, values, mask, pooled["movie"])
+    torch.testing.assert_close(got, torch.stack(feats), rtol=0, atol=1e-5)
     x = torch.cat([dense, pooled["user"], pooled["movie"], torch.stack(feats)], dim=1)
     torch.testing.assert_close(logits, model.deep(x), rtol=0, atol=1e-5)
+    # gradients of the layers' weights (the chunked kernel recomputes its scores in backward)
+    params = list(model.stacks[0].parameters())
+    probe = torch.randn_like(got)
+    want = torch.autograd.grad((torch.stack(feats) * probe).sum(), params, retain_graph=True)
+    for g, w in zip(torch.autograd.grad((got * probe).sum(), params), want):
+        torch.testing.assert_close(g, w, rtol=0, atol=1e-5)
 
 
 def test_a_rows_logit_does_not_depend_on_padding_or_the_other_rows():
