@@ -85,7 +85,7 @@ class PeakRSS(threading.Thread):
 def _probe(last_step: int, sampler: PeakRSS, out: dict):
     """A Trainer callback that, at the end of step ``last_step``, stops ``sampler`` and puts the
     peak and the rank's dense bytes into ``out``."""
-    from recsys_dist.distributed.dense import _dense_parameters, local_dense_bytes, optimizer_state_bytes
+    from recsys_dist.distributed.dense import dense_parameters, local_dense_bytes, optimizer_state_bytes
     from recsys_dist.distributed.optim import dense_torch_optimizer
     from recsys_dist.train.trainer import Callback
 
@@ -94,7 +94,7 @@ def _probe(last_step: int, sampler: PeakRSS, out: dict):
             if step != last_step:
                 return
             out["peak_mib"] = sampler.stop()
-            params = _dense_parameters(trainer.model)
+            params = dense_parameters(trainer.model)
             out.update(local_dense_bytes(trainer.model))
             out["optimizer"] = optimizer_state_bytes(dense_torch_optimizer(trainer.optimizer), params)
             out["parameter_count"] = sum(p.numel() for p in params)  # local (a shard under fsdp)

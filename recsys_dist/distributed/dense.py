@@ -161,7 +161,7 @@ def local_dense_bytes(dmp: nn.Module) -> dict[str, int]:
     """This rank's bytes of the dense tower: ``parameters`` (the local shard of a DTensor, the
     whole tensor otherwise), ``gradients`` (the same, for those with a gradient now) and
     ``optimizer`` is not known here (see :func:`optimizer_state_bytes`). Tables are left out."""
-    params = _dense_parameters(dmp)
+    params = dense_parameters(dmp)
     return {
         "parameters": sum(_local(p).numel() * p.element_size() for p in params),
         "gradients": sum(_local(p.grad).numel() * p.grad.element_size() for p in params if p.grad is not None),
@@ -241,7 +241,7 @@ def fsdp_traffic(model: nn.Module, world_size: int) -> tuple[int, list[tuple[int
     return allreduce, chunks
 
 
-def _dense_parameters(dmp: nn.Module) -> list[nn.Parameter]:
+def dense_parameters(dmp: nn.Module) -> list[nn.Parameter]:
     model = getattr(dmp, "module", dmp)
     table_params = {id(p) for m in model.modules() if isinstance(m, _TABLES) for p in m.parameters()}
     return [p for p in model.parameters() if id(p) not in table_params and p.requires_grad]
