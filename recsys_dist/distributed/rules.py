@@ -223,3 +223,74 @@ def pipeline_cut_problems(d: DenseConfig, modules: int | None, why: str = "") ->
                 f"{modules - 1} (the first module of each stage after the first), or auto"
             ]
     return []
+
+
+# What ``sharding.replica_groups`` > 1 runs with (recsys_dist.distributed.replicas): DMPCollection's
+# sync averages the TBE weights and FBGEMM's ``sum`` state only (fused Adam keeps exp_avg /
+# exp_avg_sq, which it cannot average; and does not run on CPU), and was tried on these types.
+REPLICA_OPTIMIZERS = ("exact_sgd", "exact_adagrad", "exact_rowwise_adagrad")
+REPLICA_SHARDING_TYPES = ("table_wise", "row_wise", "column_wise")
+# train.pipeline: the lookup of the next batch must follow the sync (semi_sync reads the tables
+# before the previous update; fused_sparse_dist starts it early too).
+REPLICA_PIPELINES = ("base", "sparse_dist")
+
+
+def replica_problems(
+    s: ShardingConfig,
+    world_size: int,
+    dense: DenseConfig,
+    embedding_optimizer: str,
+    pipeline: str = "sparse_dist",
+    managed: bool = False,
+    unpooled: list[str] | set[str] = (),
+) -> list[str]:
+    """Why ``sharding.replica_groups`` cannot run with this job: it must divide ``world_size``,
+    and only the dense strategy ddp, the embedding optimizers of :data:`REPLICA_OPTIMIZERS`,
+    the pipelines of :data:`REPLICA_PIPELINES`, the sharding types of
+    :data:`REPLICA_SHARDING_TYPES`, no managed-collision ids (``managed``) and no
+    EmbeddingCollection tables (``unpooled``) are supported with it (empty when 1)."""
+    n = s.replica_groups
+    if n == 1:
+        return []
+    key = f"sharding.replica_groups: {n}"
+    problems = []
+    if world_size % n:
+        fits = [k for k in range(1, world_size + 1) if world_size % k == 0]
+        problems.append(
+            f"{key} groups do not divide {world_size} rank(s) (each group holds world / replica_groups ranks); "
+            f"use one of {fits} or a multiple of {n} ranks (distributed.nproc_per_node)"
+        )
+    if dense.strategy != "ddp":
+        problems.append(
+            f"{key} runs the dense tower under DDP only, distributed.dense.strategy is {dense.strategy}; "
+            "set it to ddp or replica_groups to 1"
+        )
+    if embedding_optimizer not in REPLICA_OPTIMIZERS:
+        problems.append(
+            f"{key}: train.embedding_optimizer {embedding_optimizer} keeps state the replicas' sync cannot "
+            f"average (it averages weights and FBGEMM's 'sum' state); use one of {list(REPLICA_OPTIMIZERS)}"
+        )
+    if pipeline not in REPLICA_PIPELINES:
+        problems.append(
+            f"{key}: train.pipeline {pipeline} looks up the next batch before the replicas' sync; use one of "
+            f"{list(REPLICA_PIPELINES)}"
+        )
+    if managed:
+        problems.append(
+            f"{key}: managed-collision ids (data.categorical_mapping: managed) are not supported with replica "
+            "groups; use hashed or vocabulary ids, or replica_groups: 1"
+        )
+    if unpooled:
+        problems.append(
+            f"{key}: sequence tables {table_list(sorted(unpooled))} (EmbeddingCollection) are not supported with "
+            "replica groups yet; use replica_groups: 1"
+        )
+    bad = sorted({t for name in s.per_table for t in s.allowed_types(name) if t not in REPLICA_SHARDING_TYPES})
+    bad = sorted(set(bad) | {t for t in s.sharding_types if t not in REPLICA_SHARDING_TYPES})
+    bad += sorted({fp.sharding_type for fp in (s.fixed_plan or {}).values()} - set(REPLICA_SHARDING_TYPES) - set(bad))
+    if bad:
+        problems.append(
+            f"{key}: sharding type(s) {bad} are not supported with replica groups (their weights are not in the "
+            f"replicas' sync); allow only {list(REPLICA_SHARDING_TYPES)}"
+        )
+    return problems

@@ -11,12 +11,17 @@ import torch
 import torch.distributed as dist
 from torch.distributed._shard.sharded_tensor import ShardedTensor
 from torch.distributed.tensor import DTensor
+from torchrec.distributed.shards_wrapper import LocalShardsWrapper
 
 
 def _shards(t):
-    """(local tensor, offsets) pairs of a ShardedTensor, or None for a plain tensor."""
+    """(local tensor, offsets) pairs of a ShardedTensor, or of the LocalShardsWrapper inside the
+    DTensor of a replica-groups model (``sharding.replica_groups``, TorchRec's DMPCollection);
+    None for a plain tensor."""
     if isinstance(t, ShardedTensor):
         return [(s.tensor, s.metadata.shard_offsets) for s in t.local_shards()]
+    if isinstance(t, LocalShardsWrapper):
+        return list(zip(t.local_shards(), t.local_offsets()))
     return None
 
 
@@ -38,6 +43,7 @@ def load_full_state_dict(sharded: dict, full: dict, strict: bool = True) -> None
                 raise KeyError(f"{name}: not in the full state dict")
             continue
         src = full[name]
+        size = tuple(t.size())  # a DTensor's is the global one
         if isinstance(t, DTensor):
             t = t.to_local()
         shards = _shards(t)
@@ -46,8 +52,8 @@ def load_full_state_dict(sharded: dict, full: dict, strict: bool = True) -> None
                 raise ValueError(f"{name}: shape {tuple(src.shape)} given, model has {tuple(t.shape)}")
             t.copy_(src)
             continue
-        if tuple(t.size()) != tuple(src.shape):
-            raise ValueError(f"{name}: shape {tuple(src.shape)} given, model has {tuple(t.size())}")
+        if size != tuple(src.shape):
+            raise ValueError(f"{name}: shape {tuple(src.shape)} given, model has {size}")
         for local, off in shards:
             index = tuple(slice(o, o + n) for o, n in zip(off, local.shape))
             local.copy_(src[index])
