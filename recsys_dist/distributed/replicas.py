@@ -20,11 +20,16 @@ nothing else (see its docstring).
 
 from __future__ import annotations
 
+import copy
+
 import torch
 import torch.distributed as dist
 from torch.distributed.remote_device import _remote_device
 from torchrec.distributed.model_parallel import DistributedModelParallel, DMPCollection
 from torchrec.distributed.types import EnumerableShardingSpec, ShardingPlan
+
+from recsys_dist.distributed.optim import EMBEDDING_OPTIMIZERS
+from recsys_dist.distributed.rules import REPLICA_OPTIMIZERS
 
 
 class _Accelerator:
@@ -69,12 +74,28 @@ class ReplicaDMP(DMPCollection, _RealDevice):
             remapped in place onto this rank's sharding group.
         groups: the number of replica groups N (``sharding.replica_groups``), >= 2, dividing the world.
         pg: the global process group (DDP of the dense tower runs on it).
+        sync_every: :meth:`stepped` syncs every this many steps (``sharding.replica_sync_every``).
         **kwargs: DistributedModelParallel's ``sharders``, ``data_parallel_wrapper``, ...
     """
 
-    def __init__(self, module, device: torch.device, plan: ShardingPlan, groups: int, pg: dist.ProcessGroup, **kwargs):
+    def __init__(
+        self,
+        module,
+        device: torch.device,
+        plan: ShardingPlan,
+        groups: int,
+        pg: dist.ProcessGroup,
+        sync_every: int = 1,
+        **kwargs,
+    ) -> None:
         world = dist.get_world_size(pg)
-        self.steps_since_sync = 0  # optimizer steps whose updates the replicas have not averaged
+        optimizer = fused_optimizer_name(module)
+        if optimizer is not None and optimizer not in REPLICA_OPTIMIZERS:
+            raise ValueError(
+                f"sharding.replica_groups: {groups}: the tables' fused optimizer {optimizer} keeps state the "
+                f"replicas' sync cannot average; use one of {list(REPLICA_OPTIMIZERS)} (train.embedding_optimizer)"
+            )
+        group_plan = copy.deepcopy(plan)  # DMPCollection remaps ``plan`` onto this rank's group in place
         passed = device if device.type in ("cuda", "mtia") else _Accelerator(device)
         super().__init__(
             module,
@@ -85,6 +106,11 @@ class ReplicaDMP(DMPCollection, _RealDevice):
             global_pg=pg,
             **kwargs,
         )
+        self.sync_every = sync_every
+        self.steps_since_sync = 0  # optimizer steps whose updates the replicas have not averaged
+        self.replica_groups = groups
+        self.group_plan = group_plan  # the plan on group ranks 0 .. world / groups - 1 (the ledger's)
+        self.embedding_optimizer = optimizer
 
     def _create_process_groups(self, *args, **kwargs):
         self._device = _real(self._device)
@@ -118,11 +144,23 @@ class ReplicaDMP(DMPCollection, _RealDevice):
         if self.steps_since_sync:
             self.sync()
 
-    def stepped(self, every: int) -> None:
-        """One optimizer step done: sync when ``every`` steps have run since the last sync."""
+    def stepped(self) -> None:
+        """One optimizer step done: sync when ``sync_every`` steps have run since the last sync."""
         self.steps_since_sync += 1
-        if self.steps_since_sync >= every:
+        if self.steps_since_sync >= self.sync_every:
             self.sync()
+
+
+def fused_optimizer_name(module) -> str | None:
+    """``train.embedding_optimizer``'s name of the fused optimizer marked on ``module``'s tables
+    (``apply_optimizer_in_backward``, :func:`recsys_dist.distributed.optim.fuse_embedding_optimizer`),
+    None when none is marked or it is not one of those."""
+    for p in module.parameters():
+        for cls in getattr(p, "_optimizer_classes", None) or []:
+            for name, (known, _) in EMBEDDING_OPTIMIZERS.items():
+                if cls is known:
+                    return name
+    return None
 
 
 def settle(model) -> None:
@@ -132,10 +170,18 @@ def settle(model) -> None:
         model.settle()
 
 
-def wrap(model, device: torch.device, plan: ShardingPlan, groups: int, pg: dist.ProcessGroup | None = None, **kwargs):
-    """``model`` sharded by ``plan``: a :class:`ReplicaDMP` over ``groups`` replica groups of
-    ``pg`` (default: the world) when ``groups`` > 1 (``sharding.replica_groups``), else
-    TorchRec's DistributedModelParallel. ``kwargs``: DMP's ``sharders``, ``data_parallel_wrapper``."""
-    if groups == 1:
+def stepped(model) -> None:
+    """A training step of ``model`` done: a :class:`ReplicaDMP` syncs when its
+    ``sync_every`` steps have run (:meth:`ReplicaDMP.stepped`); nothing for any other model."""
+    if isinstance(model, ReplicaDMP):
+        model.stepped()
+
+
+def wrap(model, device: torch.device, plan: ShardingPlan, s, pg: dist.ProcessGroup | None = None, **kwargs):
+    """``model`` sharded by ``plan``: a :class:`ReplicaDMP` over ``s.replica_groups`` replica
+    groups of ``pg`` (default: the world), syncing every ``s.replica_sync_every`` steps, when
+    ``s`` (the ``sharding`` section) asks for more than one; else TorchRec's
+    DistributedModelParallel. ``kwargs``: DMP's ``sharders``, ``data_parallel_wrapper``."""
+    if not s.replicated:
         return DistributedModelParallel(model, device=device, plan=plan, **kwargs)
-    return ReplicaDMP(model, device, plan, groups, pg or dist.group.WORLD, **kwargs)
+    return ReplicaDMP(model, device, plan, s.replica_groups, pg or dist.group.WORLD, s.replica_sync_every, **kwargs)

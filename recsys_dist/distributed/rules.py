@@ -168,6 +168,7 @@ def plan_problems(
         + fixed_plan_problems(s, names, world_size)
         + unpooled_type_problems(s, unpooled)
         + small_table_problems(s, rows, world_size, local_world_size)
+        + replica_table_problems(s, unpooled)
     )
 
 
@@ -227,7 +228,9 @@ def pipeline_cut_problems(d: DenseConfig, modules: int | None, why: str = "") ->
 
 # What ``sharding.replica_groups`` > 1 runs with (recsys_dist.distributed.replicas): DMPCollection's
 # sync averages the TBE weights and FBGEMM's ``sum`` state only (fused Adam keeps exp_avg /
-# exp_avg_sq, which it cannot average; and does not run on CPU), and was tried on these types.
+# exp_avg_sq, which it cannot average; and does not run on CPU). The types are those trained and
+# compared with one group (tests/ranks/distributed/test_replica_groups.py); table_row_wise fails
+# in TorchRec's 2-D intra-node groups (comm.intra_and_cross_node_pg_2D asserts on one node).
 REPLICA_OPTIMIZERS = ("exact_sgd", "exact_adagrad", "exact_rowwise_adagrad")
 REPLICA_SHARDING_TYPES = ("table_wise", "row_wise", "column_wise")
 # train.pipeline: the lookup of the next batch must follow the sync (semi_sync reads the tables
@@ -246,9 +249,8 @@ def replica_problems(
 ) -> list[str]:
     """Why ``sharding.replica_groups`` cannot run with this job: it must divide ``world_size``,
     and only the dense strategy ddp, the embedding optimizers of :data:`REPLICA_OPTIMIZERS`,
-    the pipelines of :data:`REPLICA_PIPELINES`, the sharding types of
-    :data:`REPLICA_SHARDING_TYPES`, no managed-collision ids (``managed``) and no
-    EmbeddingCollection tables (``unpooled``) are supported with it (empty when 1)."""
+    the pipelines of :data:`REPLICA_PIPELINES` and no managed-collision ids (``managed``) are
+    supported with it; then :func:`replica_table_problems`. Empty when it is 1."""
     n = s.replica_groups
     if n == 1:
         return []
@@ -280,17 +282,31 @@ def replica_problems(
             f"{key}: managed-collision ids (data.categorical_mapping: managed) are not supported with replica "
             "groups; use hashed or vocabulary ids, or replica_groups: 1"
         )
+    return problems + replica_table_problems(s, unpooled)
+
+
+def replica_table_problems(s: ShardingConfig, unpooled: list[str] | set[str] = ()) -> list[str]:
+    """Under ``sharding.replica_groups`` > 1: EmbeddingCollection tables (``unpooled``), and
+    sharding types outside :data:`REPLICA_SHARDING_TYPES` asked for by name (an empty
+    ``sharding.sharding_types`` lets the planner choose among those only)."""
+    if not s.replicated:
+        return []
+    key = f"sharding.replica_groups: {s.replica_groups}"
+    problems = []
     if unpooled:
         problems.append(
             f"{key}: sequence tables {table_list(sorted(unpooled))} (EmbeddingCollection) are not supported with "
             "replica groups yet; use replica_groups: 1"
         )
-    bad = sorted({t for name in s.per_table for t in s.allowed_types(name) if t not in REPLICA_SHARDING_TYPES})
-    bad = sorted(set(bad) | {t for t in s.sharding_types if t not in REPLICA_SHARDING_TYPES})
-    bad += sorted({fp.sharding_type for fp in (s.fixed_plan or {}).values()} - set(REPLICA_SHARDING_TYPES) - set(bad))
-    if bad:
-        problems.append(
-            f"{key}: sharding type(s) {bad} are not supported with replica groups (their weights are not in the "
-            f"replicas' sync); allow only {list(REPLICA_SHARDING_TYPES)}"
-        )
+    asked = [("sharding.sharding_types", s.sharding_types)]
+    asked += [(f"sharding.per_table.{n}.sharding_types", t.sharding_types) for n, t in s.per_table.items()]
+    asked += [(f"sharding.fixed_plan.{n}.sharding_type", [p.sharding_type]) for n, p in (s.fixed_plan or {}).items()]
+    for where, types in asked:
+        bad = [t for t in types if t not in REPLICA_SHARDING_TYPES]
+        if bad:
+            problems.append(
+                f"{where}: {bad} not supported with sharding.replica_groups > 1 (table_row_wise fails in TorchRec's "
+                "2-D node groups, data_parallel and table_column_wise are not tried; "
+                f"docs/design/replica_groups.md); use {list(REPLICA_SHARDING_TYPES)}"
+            )
     return problems

@@ -175,7 +175,7 @@ def _wrap_and_init(job: Job, ctx: DistContext, model, tables, plan, dense_factor
         model,
         ctx.device,
         plan,
-        job.sharding.replica_groups,
+        job.sharding,
         sharders=sharders(job.sharding.comms, ctx.device.type),
         data_parallel_wrapper=dense_wrapper(job.distributed.dense.strategy, ctx.world_size, job.distributed.dense),
     )

@@ -59,6 +59,19 @@ class PlanReport:
     coverage: dict | None = None
     # distributed.dense: {"strategy", "optimizer", "per_rank": [{parameters, gradients, optimizer} bytes]}
     dense: dict | None = None
+    replica_groups: int = 1  # sharding.replica_groups: world_size is one sharding group's
+
+    def header(self) -> str:
+        """What the plan is for: the world, or under replica groups one sharding group of it."""
+        where = f"({self.local_world_size} per node), device {self.device}"
+        if self.replica_groups == 1:
+            return f"plan for {self.world_size} ranks {where}"
+        n, g = self.replica_groups, self.world_size
+        return (
+            f"plan for one sharding group of {g} ranks {where}, the same in each of {n} replica groups "
+            f"(sharding.replica_groups: {n}, world {g * n}; group k holds ranks k, k+{n}, ...; the ranks below "
+            "are a group's)"
+        )
 
     @property
     def imbalance(self) -> float:
@@ -67,7 +80,7 @@ class PlanReport:
         return max(self.cost_ms) / mean if mean > 0 else 1.0
 
     def text(self) -> str:
-        lines = [f"plan for {self.world_size} ranks ({self.local_world_size} per node), device {self.device}", ""]
+        lines = [self.header(), ""]
         lines.append(f"{'table':<8} {'sharding type':<18} {'kernel':<18} ranks")
         for p in self.placements:
             lines.append(f"{p.table:<8} {p.sharding_type:<18} {p.compute_kernel:<18} {_ranges(p.ranks)}")
@@ -215,15 +228,22 @@ def dry_run(
         raise PlanError(str(err)) from None
     tables = model_tables(model)
     summary = plan_summary(plan, tables)
+    # sharding.replica_groups: the plan is one group's (each group holds it on its own ranks)
+    groups = job.sharding.replica_groups
+    group = World(world_size, local_world_size, device).sharding_group(groups)
     placements = [
-        TablePlacement(r["table"], r["sharding_type"], r["compute_kernel"], r["ranks"] or list(range(world_size)))
+        TablePlacement(r["table"], r["sharding_type"], r["compute_kernel"], r["ranks"] or list(range(group.size)))
         for r in summary
     ]
-    zeros = [0.0] * world_size
-    ledger = _ledger(job, model, plan, tables, world_size, local_world_size, dense_bytes)
+    zeros = [0.0] * group.size
+    ledger = _ledger(job, model, plan, tables, group.size, group.local_size, dense_bytes)
+    if groups > 1:
+        t = job.sharding
+        ledgers.replica_sync_flows(ledger, plan, tables, groups, t.replica_sync_every, job.train.embedding_optimizer)
     report = PlanReport(
-        world_size, local_world_size, device, placements, list(zeros), list(zeros), list(zeros), ledger, plan
+        group.size, group.local_size, device, placements, list(zeros), list(zeros), list(zeros), ledger, plan
     )
+    report.replica_groups = groups
     report.coverage = plan_coverage(job)
     strategy, optimizer = job.distributed.dense.strategy, job.train.dense_optimizer
     report.dense = {

@@ -23,6 +23,7 @@ from recsys_dist.distributed.rules import (
     per_table_problems,
     pipeline_cut_problems,
     pipeline_layout_problems,
+    replica_problems,
     small_table_problems,
     unpooled_type_problems,
 )
@@ -68,6 +69,16 @@ def section_problems(job: Job) -> list[str]:
             f"model.name: {job.model.name} reads its own data from the training splits (an item corpus), which a "
             "stream does not have; use a CTR model with data.stream"
         )
+    d = job.distributed
+    problems += replica_problems(
+        job.sharding,
+        job.world.size,
+        d.dense,
+        job.train.embedding_optimizer,
+        job.train.pipeline,
+        bool(job.features.managed),
+        [f"s_{n}" for n in seq],
+    )
     return problems + dense_problems(job)
 
 
