@@ -194,7 +194,9 @@ class Ledger:
             "reduce-scatter of their gradients, sent",
         }
         group = (
-            [f"one sharding group of {self.world_size} rank(s), the same in each of {self.replica_groups} replica groups"]
+            [
+                f"one sharding group of {self.world_size} rank(s), the same in each of {self.replica_groups} replica groups"
+            ]
             if self.replica_groups > 1
             else []
         )

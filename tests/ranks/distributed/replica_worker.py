@@ -1,0 +1,127 @@
+"""``sharding.replica_groups`` against one group: one rank's side (run via run_ranks).
+
+Both go through the trainer's sharding path (``recsys_dist.train.build.shard_model``) from one
+seed and train the same per-rank batches (``dense_worker``'s: quickstart dlrm, dense Adam under
+DDP); the replica-groups model syncs after each step as the Trainer's StepRunner does
+(``replicas.stepped``). Compared: the losses, the ledger's sync bytes against the tensors
+``sync()`` all-reduces, the unsharded weights, and checkpoints moved between the two layouts.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from recsys_dist.checkpoint.dcp import load_checkpoint, save_checkpoint, set_optimizer_steps
+from recsys_dist.checkpoint.gather import gather_full_state
+from recsys_dist.distributed import replicas
+from recsys_dist.distributed.env import init_distributed
+from recsys_dist.distributed.ledger import run_ledger
+from recsys_dist.distributed.optim import init_lazy_state
+from recsys_dist.distributed.tables import gather_full_state_dict
+from recsys_dist.train.build import shard_model
+from tests.ranks.distributed.dense_worker import B, _batch, _cfg, _state
+
+
+def _build(types, optimizer: str, groups: int, world_size: int, every: int = 1):
+    extra = [f"train.embedding_optimizer={optimizer}", f"sharding.replica_groups={groups}"]
+    if groups > 1:
+        extra.append(f"sharding.replica_sync_every={every}")
+    cfg = _cfg("dlrm", types, "ddp", world_size, tuple(extra))
+    ctx = init_distributed(cfg.distributed)
+    torch.manual_seed(cfg.train.seed + ctx.rank)  # DDP starts every rank from rank 0's dense weights
+    dmp, opt = shard_model(cfg, ctx)[:2]
+    return cfg, ctx, dmp, opt
+
+
+def _train(dmp, opt, steps: range, rank: int, world_size: int) -> list[float]:
+    losses = []
+    for step in steps:
+        loss = dmp(_batch(step, rank, world_size))[0]
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        replicas.stepped(dmp)  # the Trainer's StepRunner.after_step
+        losses.append(loss.item())
+    return losses
+
+
+def _sync_payload(dmp) -> int:
+    """Bytes this rank's ``sync()`` all-reduces: the tensors DMPCollection cached for it."""
+    ctx = dmp._default_ctx
+    tensors = [t for d in (ctx.weights_by_dtype, ctx.optimizer_tensors_by_dtype) for ts in d.values() for t in ts]
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def losses(rank: int, world_size: int, cases: list, steps: int, groups: int) -> dict:
+    """Per case (sharding types, embedding optimizer, sync every): the losses of ``steps`` steps
+    at one group and at ``groups`` groups; for the latter also the ledger (``run_ledger``) of
+    this rank's group rank and the bytes its sync moves."""
+    out: dict = {}
+    for types, optimizer, every in cases:
+        for g in (1, groups):
+            if g == 1 and (tuple(types), optimizer, 1, 1) in out:
+                continue
+            cfg, ctx, dmp, opt = _build(types, optimizer, g, world_size, every)
+            got = {"losses": _train(dmp, opt, range(steps), rank, world_size), "type": type(dmp).__name__}
+            if g > 1:
+                led = run_ledger(dmp, cfg.data, cfg.sharding.comms, B, world_size)
+                group_rank = dist.get_rank(dmp._default_ctx.sharding_pg)
+                got["ledger"] = {
+                    "world_size": led.world_size,
+                    "sync_bytes": led.sync_bytes[group_rank],
+                    "replica_sync": led.per_rank()[group_rank]["replica_sync"]["sent"],
+                    "output_dist_forward": led.per_rank()[group_rank]["output_dist_forward"]["sent"],
+                }
+                got["payload"] = _sync_payload(dmp)
+                got["unsynced_after"] = dmp.steps_since_sync
+            out[(tuple(types), optimizer, every if g > 1 else 1, g)] = got
+    return out
+
+
+def checkpoints(rank: int, world_size: int, run_dir: str, groups: int, steps: int) -> dict:
+    """exact_sgd, row_wise. ``ref``: one group trains 2 x ``steps`` steps, saving at ``steps``.
+    ``replicas``: ``groups`` groups train ``steps`` (sync every 3 steps: the last ones unsynced
+    until the save settles them), save; its unsharded weights (two ways) then. ``to_one``: a
+    fresh one-group model loads the replicas' checkpoint and trains steps .. 2 x steps;
+    ``to_groups``: a fresh replica-groups model loads ``ref``'s and does the same."""
+    types, out = ["row_wise"], {}
+    root = Path(run_dir)
+    _, ctx, dmp, opt = _build(types, "exact_sgd", 1, world_size)
+    first = _train(dmp, opt, range(steps), rank, world_size)
+    one_path = save_checkpoint(ctx, root / "one", steps, _state(dmp, opt), {"step": steps}, keep=5)
+    out["ref"] = first + _train(dmp, opt, range(steps, 2 * steps), rank, world_size)
+    del dmp, opt
+    _, ctx, dmp, opt = _build(types, "exact_sgd", groups, world_size, every=3)
+    out["replicas"] = _train(dmp, opt, range(steps), rank, world_size)
+    out["unsynced_before_save"] = dmp.steps_since_sync
+    dmp.settle()  # what Checkpointer.save does first
+    rep_path = save_checkpoint(ctx, root / "replicas", steps, _state(dmp, opt), {"step": steps}, keep=5)
+    full = gather_full_state(dmp.state_dict())  # publishing's path (rank 0 holds it)
+    every = gather_full_state_dict(dmp.state_dict())  # tables.gather_full_state_dict (every rank)
+    out["full_keys_equal"] = full is None or sorted(full) == sorted(every)
+    out["full_max_diff"] = 0.0 if full is None else max((full[k] - every[k]).abs().max().item() for k in full)
+    out["tables"] = {k: v for k, v in every.items() if "embedding_bags" in k}
+    del dmp, opt
+    for key, path, g in (("to_one", rep_path, 1), ("to_groups", one_path, groups)):
+        torch.manual_seed(123)
+        _, ctx, other, opt2 = _build(types, "exact_sgd", g, world_size)
+        init_lazy_state(opt2, other.fused_optimizer)
+        load_checkpoint(path, _state(other, opt2))
+        set_optimizer_steps(opt2, steps)
+        if key == "to_one":  # what it loaded, unsharded
+            loaded = gather_full_state_dict(other.state_dict())
+            out["tables_one"] = {k: v for k, v in loaded.items() if "embedding_bags" in k}
+        out[key] = _train(other, opt2, range(steps, 2 * steps), rank, world_size)
+        del other, opt2
+    return out
+
+
+def everything(rank: int, world_size: int, run_dir: str, cases: list, steps: int, groups: int) -> dict:
+    """One spawn: :func:`losses` over ``cases``, then :func:`checkpoints`."""
+    return {
+        "losses": losses(rank, world_size, cases, steps, groups),
+        "checkpoints": checkpoints(rank, world_size, run_dir, groups, steps // 2),
+    }
