@@ -59,13 +59,27 @@ def load_full_state_dict(sharded: dict, full: dict, strict: bool = True) -> None
             local.copy_(src[index])
 
 
+def full_tensor(t: DTensor) -> torch.Tensor:
+    """The whole tensor of a DTensor, on every rank of its mesh (``DTensor.full_tensor``). A
+    replica-groups table over a sharding group of one rank (``sharding.replica_groups`` = the
+    world) comes back from it as its LocalShardsWrapper (nothing to gather); its shards, which
+    then cover the table, are assembled here."""
+    full = t.full_tensor()
+    if not isinstance(full, LocalShardsWrapper):
+        return full
+    out = torch.zeros(t.shape, dtype=t.dtype, device=full.device)
+    for local, off in _shards(full):
+        out[tuple(slice(o, o + n) for o, n in zip(off, local.shape))] = local
+    return out
+
+
 @torch.no_grad()
 def gather_full_state_dict(sharded: dict) -> dict:
     """Every tensor of a sharded state dict as a full CPU tensor, on every rank."""
     out = {}
     for name, t in sharded.items():
         if isinstance(t, DTensor):
-            out[name] = t.full_tensor().cpu()
+            out[name] = full_tensor(t).cpu()
         elif isinstance(t, ShardedTensor):
             full = torch.zeros(t.size(), dtype=t.dtype)
             for local, off in _shards(t):

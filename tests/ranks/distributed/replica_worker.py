@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from recsys_dist.checkpoint.dcp import load_checkpoint, save_checkpoint, set_optimizer_steps
+from recsys_dist.checkpoint.dcp import _global_bytes, load_checkpoint, save_checkpoint, set_optimizer_steps
 from recsys_dist.checkpoint.gather import gather_full_state
 from recsys_dist.distributed import replicas
 from recsys_dist.distributed.env import init_distributed
@@ -92,6 +92,7 @@ def checkpoints(rank: int, world_size: int, run_dir: str, groups: int, steps: in
     _, ctx, dmp, opt = _build(types, "exact_sgd", 1, world_size)
     first = _train(dmp, opt, range(steps), rank, world_size)
     one_path = save_checkpoint(ctx, root / "one", steps, _state(dmp, opt), {"step": steps}, keep=5)
+    one_bytes = _global_bytes(ctx, _state(dmp, opt))
     out["ref"] = first + _train(dmp, opt, range(steps, 2 * steps), rank, world_size)
     del dmp, opt
     _, ctx, dmp, opt = _build(types, "exact_sgd", groups, world_size, every=3)
@@ -99,6 +100,11 @@ def checkpoints(rank: int, world_size: int, run_dir: str, groups: int, steps: in
     out["unsynced_before_save"] = dmp.steps_since_sync
     dmp.settle()  # what Checkpointer.save does first
     rep_path = save_checkpoint(ctx, root / "replicas", steps, _state(dmp, opt), {"step": steps}, keep=5)
+    # what the disk-space check expects against what DCP wrote, for both layouts
+    out["bytes"] = {
+        "replicas": (_global_bytes(ctx, _state(dmp, opt)), _dir_bytes(rep_path)),
+        "one": (one_bytes, _dir_bytes(one_path)),
+    }
     full = gather_full_state(dmp.state_dict())  # publishing's path (rank 0 holds it)
     every = gather_full_state_dict(dmp.state_dict())  # tables.gather_full_state_dict (every rank)
     out["full_keys_equal"] = full is None or sorted(full) == sorted(every)
@@ -117,6 +123,10 @@ def checkpoints(rank: int, world_size: int, run_dir: str, groups: int, steps: in
         out[key] = _train(other, opt2, range(steps, 2 * steps), rank, world_size)
         del other, opt2
     return out
+
+
+def _dir_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in Path(path).rglob("*.distcp"))
 
 
 def everything(rank: int, world_size: int, run_dir: str, cases: list, steps: int, groups: int) -> dict:
