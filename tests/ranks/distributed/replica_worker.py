@@ -9,7 +9,9 @@ DDP); the replica-groups model syncs after each step as the Trainer's StepRunner
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 import torch.distributed as dist
@@ -22,6 +24,9 @@ from recsys_dist.distributed.ledger import run_ledger
 from recsys_dist.distributed.optim import init_lazy_state
 from recsys_dist.distributed.tables import gather_full_state_dict
 from recsys_dist.train.build import shard_model
+from recsys_dist.train.checkpointing import Checkpointer
+from recsys_dist.train.observe import PhaseClock
+from recsys_dist.train.steps import StepRunner
 from tests.ranks.distributed.dense_worker import B, _batch, _cfg, _state
 
 
@@ -83,8 +88,10 @@ def losses(rank: int, world_size: int, cases: list, steps: int, groups: int) -> 
 
 def checkpoints(rank: int, world_size: int, run_dir: str, groups: int, steps: int) -> dict:
     """exact_sgd, row_wise. ``ref``: one group trains 2 x ``steps`` steps, saving at ``steps``.
-    ``replicas``: ``groups`` groups train ``steps`` (sync every 3 steps: the last ones unsynced
-    until the save settles them), save; its unsharded weights (two ways) then. ``to_one``: a
+    ``replicas``: ``groups`` groups train ``steps`` (sync every 5 steps: none here; the first
+    steps through the Trainer's StepRunner and sparse_dist pipeline), the StepRunner detaching (for a validation) one step before the end and its Checkpointer saving
+    at the end, whether the replicas agree before and after each; its unsharded weights (two
+    ways) then. ``to_one``: a
     fresh one-group model loads the replicas' checkpoint and trains steps .. 2 x steps;
     ``to_groups``: a fresh replica-groups model loads ``ref``'s and does the same."""
     types, out = ["row_wise"], {}
@@ -95,11 +102,27 @@ def checkpoints(rank: int, world_size: int, run_dir: str, groups: int, steps: in
     one_bytes = _global_bytes(ctx, _state(dmp, opt))
     out["ref"] = first + _train(dmp, opt, range(steps, 2 * steps), rank, world_size)
     del dmp, opt
-    _, ctx, dmp, opt = _build(types, "exact_sgd", groups, world_size, every=3)
-    out["replicas"] = _train(dmp, opt, range(steps), rank, world_size)
-    out["unsynced_before_save"] = dmp.steps_since_sync
-    dmp.settle()  # what Checkpointer.save does first
-    rep_path = save_checkpoint(ctx, root / "replicas", steps, _state(dmp, opt), {"step": steps}, keep=5)
+    cfg, ctx, dmp, opt = _build(types, "exact_sgd", groups, world_size, every=5)
+    # The first steps as the Trainer runs them: TorchRec's TrainPipelineSparseDist (train.pipeline
+    # sparse_dist, whose own every-batch sync of a DMPCollection is off) and StepRunner.after_step.
+    runner = StepRunner(dmp, opt, ctx.device, cfg.train)
+    runner.start(0)
+    batches = iter([_batch(step, rank, world_size) for step in range(steps - 1)])
+    out["replicas"] = []
+    for step in range(steps - 1):
+        out["replicas"].append(runner.progress(batches, step)[0].item())
+        runner.after_step()
+    # The Trainer's scoring path (StepRunner.detach) and its saving path (Checkpointer.save) each
+    # sync steps the cadence (every 5) has not: the replicas agree after either.
+    out["agree_before_detach"] = _replicas_agree(dmp)
+    runner.detach()
+    opt.zero_grad()  # the pipeline zeroes the gradients before its backward, so its last ones are still there
+    out["agree_after_detach"] = _replicas_agree(dmp)
+    out["replicas"] += _train(dmp, opt, range(steps - 1, steps), rank, world_size)
+    out["agree_before_save"] = _replicas_agree(dmp)
+    saver = Checkpointer(root / "replicas", ctx, PhaseClock(time.time()), dmp, opt, in_memory_best=False)
+    rep_path = saver.save(steps, {"step": steps}, cfg, SimpleNamespace(conversion=None, num_embeddings=[]))
+    out["agree_after_save"] = _replicas_agree(dmp)
     # what the disk-space check expects against what DCP wrote, for both layouts
     out["bytes"] = {
         "replicas": (_global_bytes(ctx, _state(dmp, opt)), _dir_bytes(rep_path)),
@@ -123,6 +146,18 @@ def checkpoints(rank: int, world_size: int, run_dir: str, groups: int, steps: in
         out[key] = _train(other, opt2, range(steps, 2 * steps), rank, world_size)
         del other, opt2
     return out
+
+
+def _replicas_agree(dmp) -> bool:
+    """Whether this rank's table shards equal those of its replicas (the other groups' ranks
+    holding the same shards). Collective."""
+    pg = dmp.replica_pg
+    mine = torch.cat([w.flatten() for ws in dmp._default_ctx.weights_by_dtype.values() for w in ws])
+    every = [torch.empty_like(mine) for _ in range(dist.get_world_size(pg))]
+    dist.all_gather(every, mine, group=pg)
+    same = torch.tensor([int(all(torch.equal(mine, x) for x in every))])
+    dist.all_reduce(same, op=dist.ReduceOp.MIN)
+    return bool(same.item())
 
 
 def _dir_bytes(path: Path) -> int:
