@@ -75,9 +75,9 @@ def shard(
             the rank holding the bad id only: treat it as fatal for the job.
 
     Returns:
-        ``torchrec.distributed.DistributedModelParallel``; its ``.plan`` is the plan used. Each
-        EmbeddingBagCollection inside returns its pooled KeyedTensor, each EmbeddingCollection
-        its dict, in the unsharded module's key order (:mod:`recsys_dist.distributed.key_order`).
+        ``DistributedModelParallel`` (``sharding.replica_groups`` > 1: ``replicas.ReplicaDMP``; call its ``stepped()``
+        after each step); ``.plan``: the plan used. Each EmbeddingBagCollection returns its pooled KeyedTensor, each
+        EmbeddingCollection its dict, in the unsharded module's key order (:mod:`recsys_dist.distributed.key_order`).
 
     Raises:
         pydantic.ValidationError: a bad ``sharding`` section (a ValueError too).

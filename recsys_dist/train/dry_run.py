@@ -228,22 +228,17 @@ def dry_run(
         raise PlanError(str(err)) from None
     tables = model_tables(model)
     summary = plan_summary(plan, tables)
-    # sharding.replica_groups: the plan is one group's (each group holds it on its own ranks)
-    groups = job.sharding.replica_groups
-    group = World(world_size, local_world_size, device).sharding_group(groups)
+    group = World(world_size, local_world_size, device).sharding_group(job.sharding.replica_groups)  # the plan's
     placements = [
         TablePlacement(r["table"], r["sharding_type"], r["compute_kernel"], r["ranks"] or list(range(group.size)))
         for r in summary
     ]
     zeros = [0.0] * group.size
     ledger = _ledger(job, model, plan, tables, group.size, group.local_size, dense_bytes)
-    if groups > 1:
-        t = job.sharding
-        ledgers.replica_sync_flows(ledger, plan, tables, groups, t.replica_sync_every, job.train.embedding_optimizer)
     report = PlanReport(
         group.size, group.local_size, device, placements, list(zeros), list(zeros), list(zeros), ledger, plan
     )
-    report.replica_groups = groups
+    report.replica_groups = job.sharding.replica_groups
     report.coverage = plan_coverage(job)
     strategy, optimizer = job.distributed.dense.strategy, job.train.dense_optimizer
     report.dense = {
@@ -267,7 +262,8 @@ def dry_run(
 
 
 def _ledger(job: Job, model, plan, tables, world_size: int, local_world_size: int, dense_bytes: tuple):
-    """The bytes ledger of the plan (``recsys_dist.distributed.ledger.predict``); ``dense_bytes``:
+    """The bytes ledger of the plan (``recsys_dist.distributed.ledger.predict``, and
+    ``replica_sync_flows`` under ``sharding.replica_groups``); ``dense_bytes``:
     ``ledger.dense_bytes_of``'s (DDP's all-reduce bytes, FSDP's chunks per block)."""
     comms = job.sharding.comms
     ledger = ledgers.predict(
@@ -284,6 +280,11 @@ def _ledger(job: Job, model, plan, tables, world_size: int, local_world_size: in
         dense_bytes[1],
     )
     ledger.unsized_multi_hot = ledgers.unsized_multi_hot(job.data)
+    s = job.sharding
+    if s.replicated:  # the replicas' sync, besides one group's all-to-alls
+        ledgers.replica_sync_flows(
+            ledger, plan, tables, s.replica_groups, s.replica_sync_every, job.train.embedding_optimizer
+        )
     return ledger
 
 
