@@ -1,5 +1,7 @@
-"""1-D against 2-D sparse parallelism (``sharding.replica_groups``) at 4 CPU ranks: the
-all-to-all bytes per rank per step (the run's ledger) and the steady training rate.
+"""Replica groups (2-D sparse parallelism) against one group at 4 CPU ranks: bytes and rate.
+
+``sharding.replica_groups``: the all-to-all bytes per rank per step and the replicas' sync
+bytes (the run's ledger), the steady training rate, and the validation AUC.
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/replica_groups.py --rounds 3 --record
 
@@ -87,15 +89,16 @@ def report(results: dict) -> None:
     base = results["1d"]
     print()
     print("| contender | all-to-all sent per rank per step | replica sync per rank per step | DDP all-reduce | "
-          "steady rate (samples/s, median) | rate / 1d (median of rounds) | validation AUC |")  # fmt: skip
+          "steady rate (samples/s, median) | rate / 1d (median of rounds; min-max) | validation AUC |")  # fmt: skip
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for name, rows in results.items():
-        ratio = harness.median([r["rate"] / b["rate"] for r, b in zip(rows, base)])
+        ratios = [r["rate"] / b["rate"] for r, b in zip(rows, base)]
+        ratio = f"{harness.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f})"
         first = rows[0]
         print(
             f"| {name} | {harness_human(first['a2a_sent'])} | {harness_human(first['sync_sent'])} | "
             f"{harness_human(first['allreduce_sent'])} | {harness.median([r['rate'] for r in rows]):.1f} | "
-            f"{ratio:.2f} | {first['auc']} |"
+            f"{ratio} | {first['auc']:.6f} |"
         )
 
 
