@@ -191,6 +191,8 @@ def check_before_launch(job: Job, world_size: int | None = None, memory: bool = 
     problems += [f"  {p}" for p in section_problems(job)]
     problems += [f"  {p}" for p in coverage_problems(job)]
     world = world_size if world_size is not None else job.world.size
+    if world % job.sharding.replica_groups == 0:  # tables are planned for one group (else refused above)
+        world //= job.sharding.replica_groups
     problems += _table_problems(job, world)
     problems += _kernel_problems(job, world)
     if memory:

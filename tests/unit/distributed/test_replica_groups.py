@@ -83,3 +83,16 @@ def test_dry_run_plans_one_group_and_adds_the_sync():
     text = two.text()
     assert "plan for one sharding group of 2 ranks" in text and "replica sync" in text
     assert "replica sync" not in flat4.text() and flat4.ledger.sync_bytes == []
+
+
+def test_table_rules_are_those_of_one_group():
+    """The rules that depend on the world size see one sharding group: a fixed plan's ranks, and
+    fp16 comms on groups of one rank (nothing crosses a wire there)."""
+    fixed = "sharding.fixed_plan={t_C1: {sharding_type: table_wise, ranks: [3]}}"
+    job = _job("sharding.replica_groups=2", "distributed.nproc_per_node=4", fixed)
+    with pytest.raises(ConfigError, match=r"sharding.fixed_plan.t_C1.ranks: \[3\] but the job has 2 rank"):
+        check_before_launch(job)
+    comms = ("sharding.comms.forward=fp16", "sharding.comms.backward=fp16")
+    check_before_launch(_job("sharding.replica_groups=2", "distributed.nproc_per_node=4", *comms))
+    with pytest.raises(ConfigError, match="sharding.comms: a job of 1 rank"):
+        check_before_launch(_job("sharding.replica_groups=2", "distributed.nproc_per_node=2", *comms, world=2))
