@@ -60,16 +60,25 @@ def load_full_state_dict(sharded: dict, full: dict, strict: bool = True) -> None
 
 
 def full_tensor(t: DTensor) -> torch.Tensor:
-    """The whole tensor of a DTensor, on every rank of its mesh (``DTensor.full_tensor``). A
-    replica-groups table over a sharding group of one rank (``sharding.replica_groups`` = the
-    world) comes back from it as its LocalShardsWrapper (nothing to gather); its shards, which
-    then cover the table, are assembled here."""
-    full = t.full_tensor()
-    if not isinstance(full, LocalShardsWrapper):
-        return full
-    out = torch.zeros(t.shape, dtype=t.dtype, device=full.device)
-    for local, off in _shards(full):
-        out[tuple(slice(o, o + n) for o, n in zip(off, local.shape))] = local
+    """The whole tensor of a DTensor, on every rank of its mesh. Collective over the mesh.
+
+    A table of a replica-groups model (``sharding.replica_groups``, TorchRec's DMPCollection)
+    holds a LocalShardsWrapper on a ("replicate", "shard") mesh, whose placements
+    ``DTensor.full_tensor`` cannot assemble it from: table_wise ones read ``(Replicate(),
+    Replicate())`` while only one rank of the group holds the table (the others' wrappers are
+    empty), and over a group of one rank it returns the wrapper itself. Its shards are put in
+    place here and summed over the sharding group (they never overlap; the replica groups
+    each do the same). Any other DTensor: ``full_tensor()``."""
+    local = t.to_local()
+    if not isinstance(local, LocalShardsWrapper):
+        return t.full_tensor()
+    shards = _shards(local)
+    out = torch.zeros(t.shape, dtype=t.dtype, device=shards[0][0].device if shards else "cpu")
+    for piece, off in shards:
+        out[tuple(slice(o, o + n) for o, n in zip(off, piece.shape))] = piece
+    group = t.device_mesh.get_group("shard")
+    if dist.get_world_size(group) > 1:
+        dist.all_reduce(out, group=group)
     return out
 
 

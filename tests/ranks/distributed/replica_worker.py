@@ -86,15 +86,15 @@ def losses(rank: int, world_size: int, cases: list, steps: int, groups: int) -> 
     return out
 
 
-def checkpoints(rank: int, world_size: int, run_dir: str, groups: int, steps: int) -> dict:
-    """exact_sgd, row_wise. ``ref``: one group trains 2 x ``steps`` steps, saving at ``steps``.
+def checkpoints(rank: int, world_size: int, run_dir: str, groups: int, steps: int, types=("row_wise",)) -> dict:
+    """exact_sgd, ``types`` (default row_wise). ``ref``: one group trains 2 x ``steps`` steps, saving at ``steps``.
     ``replicas``: ``groups`` groups train ``steps`` (sync every 5 steps: none here; the first
     steps through the Trainer's StepRunner and sparse_dist pipeline), the StepRunner detaching (for a validation) one step before the end and its Checkpointer saving
     at the end, whether the replicas agree before and after each; its unsharded weights (two
     ways) then. ``to_one``: a
     fresh one-group model loads the replicas' checkpoint and trains steps .. 2 x steps;
     ``to_groups``: a fresh replica-groups model loads ``ref``'s and does the same."""
-    types, out = ["row_wise"], {}
+    types, out = list(types), {}
     root = Path(run_dir)
     _, ctx, dmp, opt = _build(types, "exact_sgd", 1, world_size)
     first = _train(dmp, opt, range(steps), rank, world_size)
@@ -168,5 +168,10 @@ def everything(rank: int, world_size: int, run_dir: str, cases: list, steps: int
     """One spawn: :func:`losses` over ``cases``, then :func:`checkpoints`."""
     return {
         "losses": losses(rank, world_size, cases, steps, groups),
-        "checkpoints": checkpoints(rank, world_size, run_dir, groups, steps // 2),
+        # table_wise: its DTensors read (Replicate(), Replicate()) though one rank of a group holds
+        # the table, which DTensor.full_tensor() cannot gather (tables.full_tensor does)
+        "checkpoints": {
+            t: checkpoints(rank, world_size, f"{run_dir}/{t}", groups, steps // 2, (t,))
+            for t in ("row_wise", "table_wise")
+        },
     }

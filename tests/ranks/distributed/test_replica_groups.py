@@ -57,23 +57,27 @@ def _check_losses(results: list[dict], world_size: int, groups: int) -> dict:
 
 def _check_checkpoints(results: list[dict]) -> None:
     for rank, res in enumerate(results):
-        c = res["checkpoints"]
-        half = len(c["replicas"])
-        assert half < 5  # no step of the cadence (every 5) synced before either
-        # the Trainer syncs before scoring (StepRunner.detach) and before saving (Checkpointer.save)
-        assert not c["agree_before_detach"] and c["agree_after_detach"]
-        assert not c["agree_before_save"] and c["agree_after_save"]
-        assert _rel(c["replicas"], c["ref"][:half]) <= TOL, rank
-        assert _rel(c["to_one"], c["ref"][half:]) <= TOL, (rank, c["to_one"], c["ref"][half:])
-        assert _rel(c["to_groups"], c["ref"][half:]) <= TOL, (rank, c["to_groups"], c["ref"][half:])
-        assert c["full_keys_equal"] and c["full_max_diff"] == 0.0
-        # DCP writes each shard once, not once per replica group; the disk-space check expects that
-        (need, wrote), (need_one, wrote_one) = c["bytes"]["replicas"], c["bytes"]["one"]
-        assert need == need_one and wrote <= 1.05 * wrote_one, c["bytes"]
-        # the replicas' unsharded tables are the one-group model's that loaded them
-        assert c["tables"].keys() == c["tables_one"].keys() and c["tables"]
-        for k, v in c["tables"].items():
-            assert (v - c["tables_one"][k]).abs().max().item() == 0.0, k
+        for types, c in res["checkpoints"].items():
+            _check_checkpoint(rank, types, c)
+
+
+def _check_checkpoint(rank: int, types: str, c: dict) -> None:
+    half = len(c["replicas"])
+    assert half < 5  # no step of the cadence (every 5) synced before either
+    # the Trainer syncs before scoring (StepRunner.detach) and before saving (Checkpointer.save)
+    assert not c["agree_before_detach"] and c["agree_after_detach"]
+    assert not c["agree_before_save"] and c["agree_after_save"]
+    assert _rel(c["replicas"], c["ref"][:half]) <= TOL, (rank, types)
+    assert _rel(c["to_one"], c["ref"][half:]) <= TOL, (rank, types, c["to_one"], c["ref"][half:])
+    assert _rel(c["to_groups"], c["ref"][half:]) <= TOL, (rank, types, c["to_groups"], c["ref"][half:])
+    assert c["full_keys_equal"] and c["full_max_diff"] == 0.0
+    # DCP writes each shard once, not once per replica group; the disk-space check expects that
+    (need, wrote), (need_one, wrote_one) = c["bytes"]["replicas"], c["bytes"]["one"]
+    assert need == need_one and wrote <= 1.05 * wrote_one, c["bytes"]
+    # the replicas' unsharded tables are the one-group model's that loaded them
+    assert c["tables"].keys() == c["tables_one"].keys() and c["tables"]
+    for k, v in c["tables"].items():
+        assert (v - c["tables_one"][k]).abs().max().item() == 0.0, k
 
 
 def test_replica_groups_at_four_ranks(tmp_path):
