@@ -23,6 +23,7 @@ from recsys_dist.distributed.env import init_distributed
 from recsys_dist.distributed.ledger import run_ledger
 from recsys_dist.distributed.optim import init_lazy_state
 from recsys_dist.distributed.tables import gather_full_state_dict
+from recsys_dist.train.best_weights import MemoryCopy
 from recsys_dist.train.build import shard_model
 from recsys_dist.train.checkpointing import Checkpointer
 from recsys_dist.train.observe import PhaseClock
@@ -133,6 +134,13 @@ def checkpoints(rank: int, world_size: int, run_dir: str, groups: int, steps: in
     out["full_keys_equal"] = full is None or sorted(full) == sorted(every)
     out["full_max_diff"] = 0.0 if full is None else max((full[k] - every[k]).abs().max().item() for k in full)
     out["tables"] = {k: v for k, v in every.items() if "embedding_bags" in k}
+    # restore_best with checkpoints off: a copy of this rank's shards, put back after a step
+    best = MemoryCopy()
+    best.keep(dmp, steps)
+    _train(dmp, opt, range(steps, steps + 1), rank, world_size)
+    best.restore(dmp)
+    back = gather_full_state_dict(dmp.state_dict())
+    out["memory_copy_diff"] = max((back[k] - every[k]).abs().max().item() for k in every)
     del dmp, opt
     for key, path, g in (("to_one", rep_path, 1), ("to_groups", one_path, groups)):
         torch.manual_seed(123)
