@@ -229,10 +229,11 @@ def pipeline_cut_problems(d: DenseConfig, modules: int | None, why: str = "") ->
 # What ``sharding.replica_groups`` > 1 runs with (recsys_dist.distributed.replicas): DMPCollection's
 # sync averages the TBE weights and FBGEMM's ``sum`` state only (fused Adam keeps exp_avg /
 # exp_avg_sq, which it cannot average; and does not run on CPU). The types are those trained and
-# compared with one group (tests/ranks/distributed/test_replica_groups.py); table_row_wise fails
+# compared with one group (tests/ranks/distributed/test_replica_groups.py; data_parallel tables
+# are not in the sync, DDP averages their gradients over all ranks every step); table_row_wise fails
 # in TorchRec's 2-D intra-node groups (comm.intra_and_cross_node_pg_2D asserts on one node).
 REPLICA_OPTIMIZERS = ("exact_sgd", "exact_adagrad", "exact_rowwise_adagrad")
-REPLICA_SHARDING_TYPES = ("table_wise", "row_wise", "column_wise")
+REPLICA_SHARDING_TYPES = ("table_wise", "row_wise", "column_wise", "data_parallel")
 # train.pipeline: the lookup of the next batch must follow the sync (semi_sync reads the tables
 # before the previous update; fused_sparse_dist starts it early too).
 REPLICA_PIPELINES = ("base", "sparse_dist")
@@ -306,7 +307,7 @@ def replica_table_problems(s: ShardingConfig, unpooled: list[str] | set[str] = (
         if bad:
             problems.append(
                 f"{where}: {bad} not supported with sharding.replica_groups > 1 (table_row_wise fails in TorchRec's "
-                "2-D node groups, data_parallel and table_column_wise are not tried; "
+                "2-D node groups, table_column_wise is not tried; "
                 f"docs/design/replica_groups.md); use {list(REPLICA_SHARDING_TYPES)}"
             )
     return problems

@@ -33,7 +33,11 @@ def test_defaults_and_sync_every_without_groups_is_an_error():
         (("distributed.dense.strategy=fsdp",), 4, "runs the dense tower under DDP only.*set it to ddp"),
         (("train.embedding_optimizer=adam",), 4, "train.embedding_optimizer adam keeps state"),
         (("train.pipeline=semi_sync",), 4, "train.pipeline semi_sync looks up the next batch before"),
-        (("sharding.sharding_types=[row_wise, data_parallel]",), 4, r"sharding.sharding_types: \['data_parallel'\]"),
+        (
+            ("sharding.sharding_types=[row_wise, table_column_wise]",),
+            4,
+            r"sharding.sharding_types: \['table_column_wise'\]",
+        ),
         (("sharding.per_table.t_C1.sharding_types=[table_row_wise]",), 4, "sharding.per_table.t_C1.sharding_types"),
     ],
 )
