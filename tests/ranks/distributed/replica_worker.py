@@ -18,6 +18,7 @@ import torch.distributed as dist
 
 from recsys_dist.checkpoint.dcp import _global_bytes, load_checkpoint, save_checkpoint, set_optimizer_steps
 from recsys_dist.checkpoint.gather import gather_full_state
+from recsys_dist.checkpoint.loop import save_checkpoint as save_own
 from recsys_dist.distributed import replicas
 from recsys_dist.distributed.env import init_distributed
 from recsys_dist.distributed.ledger import run_ledger
@@ -141,6 +142,11 @@ def checkpoints(rank: int, world_size: int, run_dir: str, groups: int, steps: in
     best.restore(dmp)
     back = gather_full_state_dict(dmp.state_dict())
     out["memory_copy_diff"] = max((back[k] - every[k]).abs().max().item() for k in every)
+    # your own loop's save (recsys_dist.save_checkpoint) syncs first too
+    _train(dmp, opt, range(steps, steps + 1), rank, world_size)
+    out["agree_before_own_save"] = _replicas_agree(dmp)
+    save_own(root / "own", dmp, opt, step=steps + 1)
+    out["agree_after_own_save"] = _replicas_agree(dmp)
     del dmp, opt
     for key, path, g in (("to_one", rep_path, 1), ("to_groups", one_path, groups)):
         torch.manual_seed(123)

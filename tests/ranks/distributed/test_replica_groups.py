@@ -71,6 +71,7 @@ def _check_checkpoint(rank: int, types: str, c: dict) -> None:
     # the Trainer syncs before scoring (StepRunner.detach) and before saving (Checkpointer.save)
     assert not c["agree_before_detach"] and c["agree_after_detach"]
     assert not c["agree_before_save"] and c["agree_after_save"]
+    assert not c["agree_before_own_save"] and c["agree_after_own_save"]  # recsys_dist.save_checkpoint
     assert _rel(c["replicas"], c["ref"][:half]) <= TOL, (rank, types)
     assert _rel(c["to_one"], c["ref"][half:]) <= TOL, (rank, types, c["to_one"], c["ref"][half:])
     assert _rel(c["to_groups"], c["ref"][half:]) <= TOL, (rank, types, c["to_groups"], c["ref"][half:])
