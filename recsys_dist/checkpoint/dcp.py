@@ -38,6 +38,8 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed._shard.sharded_tensor import ShardedTensor
 from torch.distributed.checkpoint import CheckpointException, FileSystemWriter
+from torch.distributed.tensor import DTensor
+from torchrec.distributed.shards_wrapper import LocalShardsWrapper
 
 from recsys_dist.checkpoint.integrity import CHECKSUMS_FILE, describe_error, file_sum, intact_checkpoint, own_sums
 from recsys_dist.checkpoint.meta import CHECKPOINT_FORMAT, is_complete, latest_checkpoint, marked_name
@@ -65,7 +67,7 @@ def save_checkpoint(
     root = Path(run_dir) / "checkpoints"
     final = root / f"step_{step:08d}"
     tmp = root / f"step_{step:08d}.tmp"
-    need = _global_bytes(ctx, state)
+    need = global_bytes(ctx, state)
 
     def prepare() -> None:
         if ctx.is_main:
@@ -168,7 +170,7 @@ def _on_all_ranks(ctx: DistContext, stage, step: int, root: Path, tmp: Path) -> 
     raise err
 
 
-def _global_bytes(ctx: DistContext, state: dict) -> int:
+def global_bytes(ctx: DistContext, state: dict) -> int:
     """Bytes this checkpoint will hold, summed over ranks (each rank counts its own shards)."""
     total = 0
     stack = [state]
@@ -178,6 +180,8 @@ def _global_bytes(ctx: DistContext, state: dict) -> int:
             stack.extend(v.values())
         elif isinstance(v, ShardedTensor):
             total += sum(s.tensor.numel() * s.tensor.element_size() for s in v.local_shards())
+        elif isinstance(v, DTensor) and isinstance(v.to_local(), LocalShardsWrapper):
+            total += _replica_table_bytes(v)
         elif isinstance(v, torch.Tensor):
             t = v.to_local() if hasattr(v, "to_local") else v
             # A replicated tensor is written once, by rank 0, so only rank 0 counts it.
@@ -187,6 +191,17 @@ def _global_bytes(ctx: DistContext, state: dict) -> int:
         dist.all_reduce(n)
         total = int(n)
     return total
+
+
+def _replica_table_bytes(v: DTensor) -> int:
+    """This rank's bytes of a table under ``sharding.replica_groups`` (TorchRec's DMPCollection:
+    a DTensor over its ("replicate", "shard") mesh holding a LocalShardsWrapper): DCP writes a
+    shard once, not once per replica group, so only the first group's rank counts it."""
+    mesh = v.device_mesh
+    coord = mesh.get_coordinate() or []
+    if any(c for c, name in zip(coord, mesh.mesh_dim_names or ()) if name == "replicate"):
+        return 0
+    return sum(s.numel() * s.element_size() for s in v.to_local().local_shards())
 
 
 def load_checkpoint(path: Path, state: dict, verify: bool = True) -> None:

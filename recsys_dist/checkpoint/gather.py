@@ -21,6 +21,8 @@ import torch.distributed as dist
 from torch.distributed._shard.sharded_tensor import ShardedTensor
 from torch.distributed.tensor import DTensor
 
+from recsys_dist.distributed.tables import full_tensor
+
 CHUNK_BYTES = 256 * 2**20  # per rank and collective: bounds the gather buffers held at once
 
 
@@ -51,7 +53,7 @@ def gather_full_state(state: Mapping[str, Any], dst: int = 0) -> dict[str, torch
                 raise ValueError(f"gather_full_state: {key} is sharded over a subgroup of the ranks; not supported")
             sharded.append((key, value))
         elif isinstance(value, DTensor):
-            full = value.full_tensor().detach().cpu().clone()
+            full = full_tensor(value).detach().cpu().clone()
             if rank == dst:
                 out[key] = full
         elif isinstance(value, torch.Tensor):

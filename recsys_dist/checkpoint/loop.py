@@ -31,6 +31,7 @@ from torchrec.optim.keyed import KeyedOptimizer
 from recsys_dist.checkpoint import dcp as ckpt
 from recsys_dist.checkpoint.meta import named_checkpoint, read_meta
 from recsys_dist.checkpoint.safe_read import checkpoint_keys
+from recsys_dist.distributed import replicas
 from recsys_dist.distributed.env import DistContext
 from recsys_dist.distributed.optim import init_lazy_state
 from recsys_dist.distributed.plan_io import plan_summary
@@ -63,7 +64,8 @@ def save_checkpoint(
     Args:
         run_dir: the run directory (``checkpoints/`` is made in it).
         model: what :func:`recsys_dist.shard` returned (a DistributedModelParallel; its
-            ``fused_optimizer`` state is saved too), or any ``nn.Module``.
+            ``fused_optimizer`` state is saved too; a ``ReplicaDMP`` syncs its replicas first),
+            or any ``nn.Module``.
         optimizer: your optimizer of the rest of the parameters (a ``torch.optim.Optimizer``
             over parameters of ``model``, or a TorchRec ``KeyedOptimizer``), or None.
         step: the number of optimizer steps taken (>= 0); names the checkpoint.
@@ -87,6 +89,7 @@ def save_checkpoint(
     except (TypeError, ValueError) as err:
         raise ValueError(f"extra must be JSON-serialisable: {err}") from None
     ctx = _context(model)
+    replicas.settle(model)  # sharding.replica_groups: the replicas agree first (else one group's would be saved)
     meta = {"step": step, "world_size": ctx.world_size, "extra": extra_json, "own_loop": True}
     if getattr(model, "plan", None) is not None:
         meta["plan"] = plan_summary(model.plan)  # type: ignore[arg-type]

@@ -5,5 +5,5 @@ a plan as rows and back; the plan for any cluster without one is ``recsys_dist.t
 outputs in the unsharded key order; ``ids``: ids outside their table refused); the dense tower's
 strategy (``dense``: replicated with DDP, or sharded with FSDP2; ``stages``: cut into pipeline stages; ``two_bw``: PipeDream-2BW's delayed update); table
 initialisation and state moves (``tables``); the fused embedding optimizer (``optim``); the bytes
-on the wire (``ledger``, ``comm_counter``; the pipeline stages' own: ``pipeline_traffic``); and the ``sharding:`` / ``distributed:`` sections
+on the wire (``ledger``, ``comm_counter``; the pipeline stages' own: ``pipeline_traffic``); tables sharded in groups and replicated across them (``replicas``); and the ``sharding:`` / ``distributed:`` sections
 (``config``). Imports data and models; nothing is re-exported here."""

@@ -143,6 +143,37 @@ class ShardingConfig(Section):
         description="Quantized output_dist: fp16 / bf16 halve the bytes of the pooled embeddings "
         "(forward) and their gradients (backward); bf16 needs CUDA (NCCL), gloo carries fp16 only.",
     )
+    replica_groups: int = Field(
+        1,
+        ge=1,
+        description="2-D sparse parallelism (TorchRec's DMPCollection): the tables are planned for, and sharded "
+        "within, groups of world / replica_groups ranks, and replicated across the replica_groups groups; the "
+        "all-to-alls stay inside a group, and every replica_sync_every steps each shard is averaged with its "
+        "replicas (all-reduce). 1 = one group of all ranks. Must divide the world size; ddp dense strategy "
+        "only; exact against 1 group with exact_sgd synced every step, close (not equal) with the Adagrads "
+        "(docs/design/replica_groups.md).",
+    )
+    replica_sync_every: int = Field(
+        1,
+        ge=1,
+        description="replica_groups > 1 only: average the replicas' table shards and their optimizer state "
+        "every N training steps (and always before an evaluation, a checkpoint or the end of training). "
+        "N > 1 is local SGD: the replicas drift apart between syncs.",
+    )
+
+    @model_validator(mode="after")
+    def _replica_keys(self) -> ShardingConfig:
+        if self.replica_groups == 1 and self.replica_sync_every != 1:
+            raise ValueError(
+                "replica_sync_every: only read with replica_groups > 1 (there are no replicas to sync); "
+                "remove it or set replica_groups"
+            )
+        return self
+
+    @property
+    def replicated(self) -> bool:
+        """Whether the tables are replicated across groups (``replica_groups`` > 1)."""
+        return self.replica_groups > 1
 
     def allowed_types(self, table: str) -> list[ShardingType]:
         """The sharding types the planner may choose for ``table``: its ``per_table`` override,

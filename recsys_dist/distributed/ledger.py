@@ -32,6 +32,13 @@ input_dist and one output_dist per collection and sharding type):
   :func:`recsys_dist.distributed.pipeline_traffic.add_pipeline_flows` (table ``pipeline``),
   which also books the stages' data-parallel all-reduce under ``allreduce``. ``recsys-dist plan``
   counts them; the ledger line of a run (``run_ledger``) does not yet.
+- ``replica_sync`` (``sharding.replica_groups`` N > 1, :mod:`recsys_dist.distributed.replicas`):
+  the plan is one sharding group's (world / N ranks; every phase above is counted inside a
+  group, the rows of the ledger are a group's ranks, the same in every group), and every
+  ``replica_sync_every`` = k steps each rank all-reduces (AVG, over its N replicas) its table
+  shards (fp32) and their optimizer state (``exact_adagrad``: one float per weight,
+  ``exact_rowwise_adagrad``: one per row, ``exact_sgd``: none): counted as that payload / k
+  per step (``Ledger.sync_bytes``: per sync).
 - ``managed_all_gather``: under managed-collision tables (``recsys_dist.models.managed``),
   the replicated MCH state's two all_gathers every training step: the id count per managed
   feature (int64 each), then the step's ids of every managed feature (int64, ``B x P`` per
@@ -84,9 +91,17 @@ PHASES = (
     "fsdp_reduce_scatter",
     "pipeline_io",
     "pipeline_p2p",
+    "replica_sync",
 )
 # shown only when they move bytes
-_OPTIONAL = ("managed_all_gather", "fsdp_all_gather", "fsdp_reduce_scatter", "pipeline_io", "pipeline_p2p")
+_OPTIONAL = (
+    "managed_all_gather",
+    "fsdp_all_gather",
+    "fsdp_reduce_scatter",
+    "pipeline_io",
+    "pipeline_p2p",
+    "replica_sync",
+)
 PRECISION_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 ID_BYTES = 8  # KJT values: the loader hands int64 ids to the model
 LENGTH_BYTES = 4  # KJT lengths: int32
@@ -122,6 +137,9 @@ class Ledger:
     unmodelled: list[str] = field(default_factory=list)  # tables left out (EmbeddingCollection)
     # multi-hot features whose bags vary and whose size nobody gave: P = 1 is a guess
     unsized_multi_hot: list[str] = field(default_factory=list)
+    replica_groups: int = 1  # sharding.replica_groups: world_size is one group's
+    replica_sync_every: int = 1
+    sync_bytes: list[int] = field(default_factory=list)  # per rank of a group: the payload of one sync
 
     def add(self, rank: int, phase: str, table: str, sent: float = 0, received: float = 0) -> None:
         if sent or received:
@@ -165,6 +183,9 @@ class Ledger:
             "totals": {p: _num(v) for p, v in self.totals().items()},
             "unmodelled_tables": self.unmodelled,
             "unsized_multi_hot": self.unsized_multi_hot,
+            "replica_groups": self.replica_groups,
+            "replica_sync_every": self.replica_sync_every,
+            "sync_bytes_per_rank": self.sync_bytes,
         }
 
     def text(self, max_tables: int = 40) -> str:
@@ -178,15 +199,26 @@ class Ledger:
             "fsdp_reduce_scatter": "fsdp rs",
             "pipeline_io": "pp io",
             "pipeline_p2p": "pp p2p",
+            "replica_sync": "replica sync",
         }
         notes = {
+            "replica_sync": f"replica sync = the all-reduce of each rank's table shards and optimizer state over "
+            f"its {self.replica_groups} replicas, every {self.replica_sync_every} step(s), per step (payload per "
+            f"sync: {', '.join(human(b) for b in self.sync_bytes)} by rank)",
             "managed_all_gather": "mc gather = managed-collision ids all_gather, sent",
             "fsdp_all_gather": "fsdp gather / fsdp rs = FSDP2's all-gather of the dense weights / "
             "reduce-scatter of their gradients, sent",
             "pipeline_io": "pp io / pp p2p = the pipeline stages' gather, scatter, label all_gather and loss "
             "broadcast / activations and their gradients between stages, sent (recsys_dist/distributed/pipeline_traffic.py)",
         }
-        lines = [
+        group = (
+            [
+                f"one sharding group of {self.world_size} rank(s), the same in each of {self.replica_groups} replica groups"
+            ]
+            if self.replica_groups > 1
+            else []
+        )
+        lines = group + [
             f"bytes per step on the wire (per-rank batch {self.batch_size}, output_dist forward "
             f"{self.forward_precision} / backward {self.backward_precision}; allreduce = fp32 payload"
             + "".join(f"; {notes[p]}" for p in extra if p in notes)
@@ -467,10 +499,11 @@ def run_ledger(
     if getattr(dmp, "dense_stages", None) is not None:  # PipelineDense
         strategy = "pipeline"
     dense, blocks = dense_bytes_of(dmp, strategy, world_size) if world_size > 1 else (0, [])
+    groups = getattr(dmp, "replica_groups", 1)  # a ReplicaDMP: its group's plan, on the group's ranks
     led = predict(
-        dmp.plan,
+        getattr(dmp, "group_plan", dmp.plan),
         tables,
-        world_size,
+        world_size // groups,
         batch_size,
         dense,
         pooling_from_config(data, tables),
@@ -481,4 +514,37 @@ def run_ledger(
         blocks,
     )
     led.unsized_multi_hot = unsized_multi_hot(data)
+    if groups > 1:
+        replica_sync_flows(led, dmp.group_plan, tables, groups, dmp.sync_every, dmp.embedding_optimizer)
     return led
+
+
+# Optimizer state sync() averages per table weight: exact_adagrad's sum is per weight, exact_rowwise_adagrad's per row.
+_SYNC_STATE = {"exact_sgd": (0, 0), "exact_adagrad": (1, 0), "exact_rowwise_adagrad": (0, 1)}
+
+
+def replica_sync_flows(led: Ledger, plan, tables: Iterable, groups: int, every: int, optimizer: str) -> None:
+    """``sharding.replica_groups`` ``groups`` > 1: each rank's sync payload (``led.sync_bytes``,
+    per sync) and the ``replica_sync`` flows (that / ``every`` per step, sent and received). The
+    payload is what ``DMPCollection.sync`` all-reduces: every fused table shard the rank holds
+    (fp32 weights) and its ``optimizer``'s state (``train.embedding_optimizer``). An
+    EmbeddingCollection table counts too (its shards are synced alike).
+
+    Raises:
+        ValueError: an optimizer whose state the sync does not average (see rules.REPLICA_OPTIMIZERS).
+    """
+    if optimizer not in _SYNC_STATE:
+        raise ValueError(f"train.embedding_optimizer {optimizer}: not synced across replica groups")
+    per_weight, per_row = _SYNC_STATE[optimizer]
+    by_name = {t.name: t for t in tables}
+    payload = [0] * led.world_size
+    for module_plan in plan.plan.values():
+        for name, ps in module_plan.items():  # type: ignore[union-attr]
+            if name not in by_name or ps.sharding_spec is None:
+                continue
+            for sh in ps.sharding_spec.shards:
+                rows, cols = sh.shard_sizes
+                payload[sh.placement.rank()] += 4 * (rows * cols * (1 + per_weight) + rows * per_row)
+    led.replica_groups, led.replica_sync_every, led.sync_bytes = groups, every, payload
+    for r, b in enumerate(payload):
+        led.add(r, "replica_sync", "replicas", b / every, b / every)

@@ -25,7 +25,13 @@ from torchrec.modules.embedding_configs import BaseEmbeddingConfig
 
 from recsys_dist.distributed.config import SEQUENCE_SHARDING_TYPES, ShardingConfig
 from recsys_dist.distributed.fixed_plan import fixed_sharding_plan
-from recsys_dist.distributed.rules import fixed_plan_problems, per_table_problems, plan_problems, row_wise_types
+from recsys_dist.distributed.rules import (
+    REPLICA_SHARDING_TYPES,
+    fixed_plan_problems,
+    per_table_problems,
+    plan_problems,
+    row_wise_types,
+)
 from recsys_dist.distributed.sharders import check_covered, model_tables, sharders, unpooled_names
 from recsys_dist.section import ConfigError
 
@@ -47,6 +53,21 @@ class World:
         """The world of ``pg``; ranks per node from ``$LOCAL_WORLD_SIZE`` (the launcher's), else all."""
         size = dist.get_world_size(pg)
         return cls(size, int(os.environ.get("LOCAL_WORLD_SIZE", size)), device_type, pg)
+
+    def sharding_group(self, groups: int) -> World:
+        """The world one of ``groups`` sharding groups is (``sharding.replica_groups``): world /
+        groups ranks, the node's ranks of the group (ranks g, g + groups, ... form group g), and the
+        same ``pg``: every rank of the job plans and gets rank 0's plan.
+
+        Raises:
+            ValueError: ``groups`` does not divide the world.
+        """
+        if groups == 1:
+            return self
+        if self.size % groups:
+            raise ValueError(f"sharding.replica_groups: {groups} groups do not divide {self.size} rank(s)")
+        local = self.local_size // groups if self.local_size % groups == 0 else 1
+        return World(self.size // groups, max(local, 1), self.device_type, self.pg)
 
 
 class ChosenOptions(Stats):
@@ -102,6 +123,8 @@ def table_constraints(
     out = {}
     for t in tables:
         types = s.allowed_types(t.name)
+        if s.replicated:  # the types replica groups run (rules.REPLICA_SHARDING_TYPES)
+            types = [x for x in types if x in REPLICA_SHARDING_TYPES]
         if t.name in unpooled:
             types = [x for x in types if x in SEQUENCE_SHARDING_TYPES]
         if world is not None:
@@ -222,7 +245,8 @@ def plan(
     In order: :func:`checked_tables` (:func:`check_covered`, then the rules of
     :func:`rules.plan_problems`: comms on this device, ``per_table`` / ``fixed_plan`` naming
     the model's tables and ranks inside the job, sequence tables, small tables vs row-wise);
-    then ``s.fixed_plan`` as it says
+    under ``sharding.replica_groups`` N all that for one group of ``world.size / N`` ranks
+    (:meth:`World.sharding_group`); then ``s.fixed_plan`` as it says
     (:func:`fixed_sharding_plan`), or TorchRec's planner over :func:`table_constraints` and
     :func:`make_topology` (``batch_size``: per-rank batch of its cost model; ``pooling``: ids
     per example by table; ``stats``: extra planner stats hooks); then :func:`check_column_shards`.
@@ -234,6 +258,7 @@ def plan(
             table_row_wise ranks over two nodes, column shards not multiples of 4.
         torchrec PlannerError: no placement fits the topology (planner only).
     """
+    world = world.sharding_group(s.replica_groups)  # planned for one group, the same plan in each
     tables = checked_tables(model, s, world, config_error)
     if s.fixed_plan is not None:
         out = fixed_sharding_plan(model, s.fixed_plan, world.size, world.local_size, world.device_type)

@@ -174,6 +174,7 @@ def plan_problems(
         + fixed_plan_problems(s, names, world_size)
         + unpooled_type_problems(s, unpooled)
         + small_table_problems(s, rows, world_size, local_world_size)
+        + replica_table_problems(s, unpooled)
     )
 
 
@@ -261,3 +262,90 @@ def pipeline_cut_problems(d: DenseConfig, modules: int | None, why: str = "") ->
                 f"{modules - 1} (the first module of each stage after the first{per}), or auto"
             ]
     return []
+
+
+# What ``sharding.replica_groups`` > 1 runs with (recsys_dist.distributed.replicas): DMPCollection's
+# sync averages the TBE weights and FBGEMM's ``sum`` state only (fused Adam keeps exp_avg /
+# exp_avg_sq, which it cannot average; and does not run on CPU). The types are those trained and
+# compared with one group (tests/ranks/distributed/test_replica_groups.py; data_parallel tables
+# are not in the sync, DDP averages their gradients over all ranks every step); table_row_wise fails
+# in TorchRec's 2-D intra-node groups (comm.intra_and_cross_node_pg_2D asserts on one node).
+REPLICA_OPTIMIZERS = ("exact_sgd", "exact_adagrad", "exact_rowwise_adagrad")
+REPLICA_SHARDING_TYPES = ("table_wise", "row_wise", "column_wise", "data_parallel")
+# train.pipeline: the lookup of the next batch must follow the sync (semi_sync reads the tables
+# before the previous update; fused_sparse_dist starts it early too).
+REPLICA_PIPELINES = ("base", "sparse_dist")
+
+
+def replica_problems(
+    s: ShardingConfig,
+    world_size: int,
+    dense: DenseConfig,
+    embedding_optimizer: str,
+    pipeline: str = "sparse_dist",
+    managed: bool = False,
+    unpooled: list[str] | set[str] = (),
+) -> list[str]:
+    """Why ``sharding.replica_groups`` cannot run with this job: it must divide ``world_size``,
+    and only the dense strategy ddp, the embedding optimizers of :data:`REPLICA_OPTIMIZERS`,
+    the pipelines of :data:`REPLICA_PIPELINES` and no managed-collision ids (``managed``) are
+    supported with it; then :func:`replica_table_problems`. Empty when it is 1."""
+    n = s.replica_groups
+    if n == 1:
+        return []
+    key = f"sharding.replica_groups: {n}"
+    problems = []
+    if world_size % n:
+        fits = [k for k in range(1, world_size + 1) if world_size % k == 0]
+        problems.append(
+            f"{key} groups do not divide {world_size} rank(s) (each group holds world / replica_groups ranks); "
+            f"use one of {fits} or a multiple of {n} ranks (distributed.nproc_per_node)"
+        )
+    if dense.strategy != "ddp":
+        problems.append(
+            f"{key} runs the dense tower under DDP only, distributed.dense.strategy is {dense.strategy}; "
+            "set it to ddp or replica_groups to 1"
+        )
+    if embedding_optimizer not in REPLICA_OPTIMIZERS:
+        problems.append(
+            f"{key}: train.embedding_optimizer {embedding_optimizer} keeps state the replicas' sync cannot "
+            f"average (it averages weights and FBGEMM's 'sum' state); use one of {list(REPLICA_OPTIMIZERS)}"
+        )
+    if pipeline not in REPLICA_PIPELINES:
+        problems.append(
+            f"{key}: train.pipeline {pipeline} looks up the next batch before the replicas' sync; use one of "
+            f"{list(REPLICA_PIPELINES)}"
+        )
+    if managed:
+        problems.append(
+            f"{key}: managed-collision ids (data.categorical_mapping: managed) are not supported with replica "
+            "groups; use hashed or vocabulary ids, or replica_groups: 1"
+        )
+    return problems + replica_table_problems(s, unpooled)
+
+
+def replica_table_problems(s: ShardingConfig, unpooled: list[str] | set[str] = ()) -> list[str]:
+    """Under ``sharding.replica_groups`` > 1: EmbeddingCollection tables (``unpooled``), and
+    sharding types outside :data:`REPLICA_SHARDING_TYPES` asked for by name (an empty
+    ``sharding.sharding_types`` lets the planner choose among those only)."""
+    if not s.replicated:
+        return []
+    key = f"sharding.replica_groups: {s.replica_groups}"
+    problems = []
+    if unpooled:
+        problems.append(
+            f"{key}: sequence tables {table_list(sorted(unpooled))} (EmbeddingCollection) are not supported with "
+            "replica groups yet; use replica_groups: 1"
+        )
+    asked = [("sharding.sharding_types", s.sharding_types)]
+    asked += [(f"sharding.per_table.{n}.sharding_types", t.sharding_types) for n, t in s.per_table.items()]
+    asked += [(f"sharding.fixed_plan.{n}.sharding_type", [p.sharding_type]) for n, p in (s.fixed_plan or {}).items()]
+    for where, types in asked:
+        bad = [t for t in types if t not in REPLICA_SHARDING_TYPES]
+        if bad:
+            problems.append(
+                f"{where}: {bad} not supported with sharding.replica_groups > 1 (table_row_wise fails in TorchRec's "
+                "2-D node groups, table_column_wise is not tried; "
+                f"docs/design/replica_groups.md); use {list(REPLICA_SHARDING_TYPES)}"
+            )
+    return problems

@@ -11,6 +11,7 @@ from torch import nn
 from torchrec.distributed import DistributedModelParallel
 from torchrec.modules.embedding_configs import BaseEmbeddingConfig
 
+from recsys_dist.distributed import replicas
 from recsys_dist.distributed import tables as state
 from recsys_dist.distributed.config import (
     CUDA_ONLY_KERNELS,
@@ -74,9 +75,9 @@ def shard(
             the rank holding the bad id only: treat it as fatal for the job.
 
     Returns:
-        ``torchrec.distributed.DistributedModelParallel``; its ``.plan`` is the plan used. Each
-        EmbeddingBagCollection inside returns its pooled KeyedTensor, each EmbeddingCollection
-        its dict, in the unsharded module's key order (:mod:`recsys_dist.distributed.key_order`).
+        ``DistributedModelParallel`` (``sharding.replica_groups`` > 1: ``replicas.ReplicaDMP``; call its ``stepped()``
+        after each step); ``.plan``: the plan used. Each EmbeddingBagCollection returns its pooled KeyedTensor, each
+        EmbeddingCollection its dict, in the unsharded module's key order (:mod:`recsys_dist.distributed.key_order`).
 
     Raises:
         pydantic.ValidationError: a bad ``sharding`` section (a ValueError too).
@@ -96,7 +97,7 @@ def shard(
     if init_tables:
         _check_init_range(tables)
     sharding_plan = plan(model, s, World.of_group(pg or dist.group.WORLD, device.type), planner_batch)
-    dmp = DistributedModelParallel(model, device=device, plan=sharding_plan, sharders=sharders(s.comms, device.type))
+    dmp = replicas.wrap(model, device, sharding_plan, s, pg, sharders=sharders(s.comms, device.type))
     fix_replicated_sequence_tables(dmp)
     if init_tables:
         state.init_tables(dmp.state_dict(), tables, seed, {t.name: t.get_weight_init_max() for t in tables})

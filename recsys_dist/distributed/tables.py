@@ -11,12 +11,17 @@ import torch
 import torch.distributed as dist
 from torch.distributed._shard.sharded_tensor import ShardedTensor
 from torch.distributed.tensor import DTensor
+from torchrec.distributed.shards_wrapper import LocalShardsWrapper
 
 
 def _shards(t):
-    """(local tensor, offsets) pairs of a ShardedTensor, or None for a plain tensor."""
+    """(local tensor, offsets) pairs of a ShardedTensor, or of the LocalShardsWrapper inside the
+    DTensor of a replica-groups model (``sharding.replica_groups``, TorchRec's DMPCollection);
+    None for a plain tensor."""
     if isinstance(t, ShardedTensor):
         return [(s.tensor, s.metadata.shard_offsets) for s in t.local_shards()]
+    if isinstance(t, LocalShardsWrapper):
+        return list(zip(t.local_shards(), t.local_offsets()))
     return None
 
 
@@ -38,6 +43,7 @@ def load_full_state_dict(sharded: dict, full: dict, strict: bool = True) -> None
                 raise KeyError(f"{name}: not in the full state dict")
             continue
         src = full[name]
+        size = tuple(t.size())  # a DTensor's is the global one
         if isinstance(t, DTensor):
             t = t.to_local()
         shards = _shards(t)
@@ -46,11 +52,34 @@ def load_full_state_dict(sharded: dict, full: dict, strict: bool = True) -> None
                 raise ValueError(f"{name}: shape {tuple(src.shape)} given, model has {tuple(t.shape)}")
             t.copy_(src)
             continue
-        if tuple(t.size()) != tuple(src.shape):
-            raise ValueError(f"{name}: shape {tuple(src.shape)} given, model has {tuple(t.size())}")
+        if size != tuple(src.shape):
+            raise ValueError(f"{name}: shape {tuple(src.shape)} given, model has {size}")
         for local, off in shards:
             index = tuple(slice(o, o + n) for o, n in zip(off, local.shape))
             local.copy_(src[index])
+
+
+def full_tensor(t: DTensor) -> torch.Tensor:
+    """The whole tensor of a DTensor, on every rank of its mesh. Collective over the mesh.
+
+    A table of a replica-groups model (``sharding.replica_groups``, TorchRec's DMPCollection)
+    holds a LocalShardsWrapper on a ("replicate", "shard") mesh, whose placements
+    ``DTensor.full_tensor`` cannot assemble it from: table_wise ones read ``(Replicate(),
+    Replicate())`` while only one rank of the group holds the table (the others' wrappers are
+    empty), and over a group of one rank it returns the wrapper itself. Its shards are put in
+    place here and summed over the sharding group (they never overlap; the replica groups
+    each do the same). Any other DTensor: ``full_tensor()``."""
+    local = t.to_local()
+    if not isinstance(local, LocalShardsWrapper):
+        return t.full_tensor()
+    shards = _shards(local)
+    out = torch.zeros(t.shape, dtype=t.dtype, device=shards[0][0].device if shards else "cpu")
+    for piece, off in shards:
+        out[tuple(slice(o, o + n) for o, n in zip(off, piece.shape))] = piece
+    group = t.device_mesh.get_group("shard")
+    if dist.get_world_size(group) > 1:
+        dist.all_reduce(out, group=group)
+    return out
 
 
 @torch.no_grad()
@@ -59,7 +88,7 @@ def gather_full_state_dict(sharded: dict) -> dict:
     out = {}
     for name, t in sharded.items():
         if isinstance(t, DTensor):
-            out[name] = t.full_tensor().cpu()
+            out[name] = full_tensor(t).cpu()
         elif isinstance(t, ShardedTensor):
             full = torch.zeros(t.size(), dtype=t.dtype)
             for local, off in _shards(t):

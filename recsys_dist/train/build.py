@@ -24,6 +24,7 @@ from recsys_dist.data.loader import LoaderOptions, ParquetBatchLoader
 from recsys_dist.data.prefetch import auto_prefetch
 from recsys_dist.data.resolve import prepare_from_config
 from recsys_dist.data.spec import FeatureSpec
+from recsys_dist.distributed import replicas
 from recsys_dist.distributed.dense import dense_wrapper
 from recsys_dist.distributed.env import DistContext, broadcast_result, under_launcher
 from recsys_dist.distributed.optim import build_optimizer, fuse_embedding_optimizer
@@ -170,10 +171,11 @@ def shard_model(
 
 
 def _wrap_and_init(job: Job, ctx: DistContext, model, tables, plan, dense_factory=None):
-    dmp = DistributedModelParallel(
+    dmp = replicas.wrap(  # DistributedModelParallel, or ReplicaDMP under sharding.replica_groups
         model,
-        device=ctx.device,
-        plan=plan,
+        ctx.device,
+        plan,
+        job.sharding,
         sharders=sharders(job.sharding.comms, ctx.device.type),
         data_parallel_wrapper=dense_wrapper(job.distributed.dense.strategy, ctx.world_size, job.distributed.dense),
     )

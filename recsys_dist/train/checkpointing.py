@@ -26,6 +26,7 @@ from recsys_dist.checkpoint.dcp import (
 )
 from recsys_dist.checkpoint.safe_read import checkpoint_keys
 from recsys_dist.data.record import MANIFEST_FILE, Preprocessing
+from recsys_dist.distributed import replicas
 from recsys_dist.distributed.env import DistContext, broadcast_result
 from recsys_dist.distributed.optim import init_lazy_state
 from recsys_dist.distributed.stages import sync_replicas
@@ -99,6 +100,7 @@ class Checkpointer:
         """Write the checkpoint of ``step`` with ``meta`` (``checkpoint.keep`` kept; ``best``:
         marked ``checkpoints/best``) and the preprocessing record; returns its directory."""
         sync_replicas(self.model, self.optimizer)  # pipeline stages: every rank's tower copy the owners'
+        replicas.settle(self.model)  # sharding.replica_groups: the replicas agree before they are saved
         state = training_state(self.model, self.optimizer, self.ctx.rank)
         path = save_checkpoint(self.ctx, self.run_dir, step, state, meta, job.checkpoint.keep, best=best)
         self.saved_step, self.saved_path = step, path
@@ -140,6 +142,7 @@ class Checkpointer:
         """A new best validation at ``step`` with checkpoints off: its weights kept in memory."""
         if self.memory_best is not None:
             sync_replicas(self.model, self.optimizer)
+            replicas.settle(self.model)
             self.memory_best.keep(self.model, step)
 
     def restore_best(self, best: BestTracker, step: int, resumed_from: Path | None) -> bool:

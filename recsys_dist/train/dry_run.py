@@ -61,6 +61,19 @@ class PlanReport:
     # distributed.dense: {"strategy", "optimizer", "per_rank": [{parameters, gradients, optimizer} bytes]},
     # and under pipeline "pipeline" (PipelineLayout.to_dict(), or {"why": ...} when not known)
     dense: dict | None = None
+    replica_groups: int = 1  # sharding.replica_groups: world_size is one sharding group's
+
+    def header(self) -> str:
+        """What the plan is for: the world, or under replica groups one sharding group of it."""
+        where = f"({self.local_world_size} per node), device {self.device}"
+        if self.replica_groups == 1:
+            return f"plan for {self.world_size} ranks {where}"
+        n, g = self.replica_groups, self.world_size
+        return (
+            f"plan for one sharding group of {g} ranks {where}, the same in each of {n} replica groups "
+            f"(sharding.replica_groups: {n}, world {g * n}; group k holds ranks k, k+{n}, ...; the ranks below "
+            "are a group's)"
+        )
 
     @property
     def imbalance(self) -> float:
@@ -69,7 +82,7 @@ class PlanReport:
         return max(self.cost_ms) / mean if mean > 0 else 1.0
 
     def text(self) -> str:
-        lines = [f"plan for {self.world_size} ranks ({self.local_world_size} per node), device {self.device}", ""]
+        lines = [self.header(), ""]
         lines.append(f"{'table':<8} {'sharding type':<18} {'kernel':<18} ranks")
         for p in self.placements:
             lines.append(f"{p.table:<8} {p.sharding_type:<18} {p.compute_kernel:<18} {_ranges(p.ranks)}")
@@ -243,15 +256,17 @@ def dry_run(
         raise PlanError(str(err)) from None
     tables = model_tables(model)
     summary = plan_summary(plan, tables)
+    group = World(world_size, local_world_size, device).sharding_group(job.sharding.replica_groups)  # the plan's
     placements = [
-        TablePlacement(r["table"], r["sharding_type"], r["compute_kernel"], r["ranks"] or list(range(world_size)))
+        TablePlacement(r["table"], r["sharding_type"], r["compute_kernel"], r["ranks"] or list(range(group.size)))
         for r in summary
     ]
-    zeros = [0.0] * world_size
-    ledger = _ledger(job, model, plan, tables, world_size, local_world_size, dense_bytes)
+    zeros = [0.0] * group.size
+    ledger = _ledger(job, model, plan, tables, group.size, group.local_size, dense_bytes)
     report = PlanReport(
-        world_size, local_world_size, device, placements, list(zeros), list(zeros), list(zeros), ledger, plan
+        group.size, group.local_size, device, placements, list(zeros), list(zeros), list(zeros), ledger, plan
     )
+    report.replica_groups = job.sharding.replica_groups
     report.coverage = plan_coverage(job)
     strategy, optimizer = job.distributed.dense.strategy, job.train.dense_optimizer
     report.dense = {
@@ -261,11 +276,17 @@ def dry_run(
     }
     if pipeline is not None:
         _add_pipeline(report, *pipeline)
-    if job.sharding.fixed_plan is not None:  # no planner: the weights each rank holds
-        memory = report.hbm_gb if device == "cuda" else report.ddr_gb
-        for row in summary:
-            for rank, size in row["rank_bytes"].items():
-                memory[int(rank)] += size / GB
+    _add_rank_memory(report, summary if job.sharding.fixed_plan is not None else None, chosen)
+    return report
+
+
+def _add_rank_memory(report: PlanReport, fixed: list[dict] | None, chosen: ChosenOptions) -> None:
+    """Each rank's memory (GB) and cost (ms) in ``report``: the planner's chosen shards, or
+    with a fixed plan (``fixed``: its summary rows; no planner ran) the weights each rank holds."""
+    memory = report.hbm_gb if report.device == "cuda" else report.ddr_gb
+    for row in fixed or []:
+        for rank, size in row["rank_bytes"].items():
+            memory[int(rank)] += size / GB
     for option in chosen.options:
         for shard in option.shards:
             if shard.rank is None:
@@ -273,7 +294,6 @@ def dry_run(
             report.hbm_gb[shard.rank] += shard.storage.hbm / GB
             report.ddr_gb[shard.rank] += shard.storage.ddr / GB
             report.cost_ms[shard.rank] += shard.perf.total
-    return report
 
 
 def _pipeline(job: Job, model, world_size: int):
@@ -291,7 +311,8 @@ def _add_pipeline(report: PlanReport, layout, why: str) -> None:
 
 
 def _ledger(job: Job, model, plan, tables, world_size: int, local_world_size: int, dense_bytes: tuple):
-    """The bytes ledger of the plan (``recsys_dist.distributed.ledger.predict``); ``dense_bytes``:
+    """The bytes ledger of the plan (``recsys_dist.distributed.ledger.predict``, and
+    ``replica_sync_flows`` under ``sharding.replica_groups``); ``dense_bytes``:
     ``ledger.dense_bytes_of``'s (DDP's all-reduce bytes, FSDP's chunks per block)."""
     comms = job.sharding.comms
     ledger = ledgers.predict(
@@ -308,6 +329,11 @@ def _ledger(job: Job, model, plan, tables, world_size: int, local_world_size: in
         dense_bytes[1],
     )
     ledger.unsized_multi_hot = ledgers.unsized_multi_hot(job.data)
+    s = job.sharding
+    if s.replicated:  # the replicas' sync, besides one group's all-to-alls
+        ledgers.replica_sync_flows(
+            ledger, plan, tables, s.replica_groups, s.replica_sync_every, job.train.embedding_optimizer
+        )
     return ledger
 
 

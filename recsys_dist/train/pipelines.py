@@ -190,7 +190,14 @@ PIPELINES: dict[PipelineName, PipelineFactory] = {
     ),
     "sparse_dist": PipelineFactory(
         lambda model, opt, device, every_n: TimedTrainPipeline(
-            model, opt, device, execute_all_batches=True, every_n=every_n
+            model,
+            opt,
+            device,
+            execute_all_batches=True,
+            every_n=every_n,
+            # TorchRec's own sync of a DMPCollection every batch (default 1) is off: the replicas'
+            # sync is the StepRunner's, every sharding.replica_sync_every steps (replicas.stepped).
+            dmp_collection_sync_interval_batches=None,
         ),
         reusable=True,
     ),

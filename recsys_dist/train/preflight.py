@@ -23,6 +23,7 @@ from recsys_dist.distributed.rules import (
     per_table_problems,
     pipeline_cut_problems,
     pipeline_layout_problems,
+    replica_problems,
     small_table_problems,
     unpooled_type_problems,
 )
@@ -68,6 +69,16 @@ def section_problems(job: Job) -> list[str]:
             f"model.name: {job.model.name} reads its own data from the training splits (an item corpus), which a "
             "stream does not have; use a CTR model with data.stream"
         )
+    d = job.distributed
+    problems += replica_problems(
+        job.sharding,
+        job.world.size,
+        d.dense,
+        job.train.embedding_optimizer,
+        job.train.pipeline,
+        bool(job.features.managed),
+        [f"s_{n}" for n in seq],
+    )
     return problems + dense_problems(job)
 
 
@@ -180,6 +191,8 @@ def check_before_launch(job: Job, world_size: int | None = None, memory: bool = 
     problems += [f"  {p}" for p in section_problems(job)]
     problems += [f"  {p}" for p in coverage_problems(job)]
     world = world_size if world_size is not None else job.world.size
+    if world % job.sharding.replica_groups == 0:  # tables are planned for one group (else refused above)
+        world //= job.sharding.replica_groups
     problems += _table_problems(job, world)
     problems += _kernel_problems(job, world)
     if memory:

@@ -14,6 +14,7 @@ import warnings
 
 import torch
 
+from recsys_dist.distributed import replicas
 from recsys_dist.train.config import TrainConfig
 from recsys_dist.train.pipelines import PIPELINES, TrainPipeline, make_pipeline
 from recsys_dist.train.schedule import LRSchedule
@@ -71,7 +72,10 @@ class StepRunner:
             return None
 
     def after_step(self) -> None:
-        """A user LR scheduler steps after every training step."""
+        """After every training step: the replicas' sync when due (``sharding.replica_groups``:
+        every ``replica_sync_every`` steps, before the next batch's lookup), then a user LR
+        scheduler's step."""
+        replicas.stepped(self.model)
         if self.lr_scheduler is not None:
             self.lr_scheduler.step()
 
@@ -95,6 +99,7 @@ class StepRunner:
         # evaluate / predict) the pipeline has rewritten it. Its next progress re-attaches.
         if self.pipe is not None:
             self.pipe.detach()
+        replicas.settle(self.model)  # replica groups score one model: the steps since the last sync synced
 
     def replay_lr_scheduler(self, step: int) -> None:
         """Bring a user LR scheduler to the resumed ``step`` (its state follows from the step count)."""

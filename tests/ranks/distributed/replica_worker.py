@@ -1,0 +1,191 @@
+"""``sharding.replica_groups`` against one group: one rank's side (run via run_ranks).
+
+Both go through the trainer's sharding path (``recsys_dist.train.build.shard_model``) from one
+seed and train the same per-rank batches (``dense_worker``'s: quickstart dlrm, dense Adam under
+DDP); the replica-groups model syncs after each step as the Trainer's StepRunner does
+(``replicas.stepped``). Compared: the losses, the ledger's sync bytes against the tensors
+``sync()`` all-reduces, the unsharded weights, and checkpoints moved between the two layouts.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+import torch.distributed as dist
+
+from recsys_dist.checkpoint.dcp import global_bytes, load_checkpoint, save_checkpoint, set_optimizer_steps
+from recsys_dist.checkpoint.gather import gather_full_state
+from recsys_dist.checkpoint.loop import save_checkpoint as save_own
+from recsys_dist.distributed import replicas
+from recsys_dist.distributed.env import init_distributed
+from recsys_dist.distributed.ledger import run_ledger
+from recsys_dist.distributed.optim import init_lazy_state
+from recsys_dist.distributed.tables import gather_full_state_dict
+from recsys_dist.train.best_weights import MemoryCopy
+from recsys_dist.train.build import shard_model
+from recsys_dist.train.checkpointing import Checkpointer
+from recsys_dist.train.observe import PhaseClock
+from recsys_dist.train.steps import StepRunner
+from tests.ranks.distributed.dense_worker import B, _batch, _cfg, _state
+
+
+def _build(types, optimizer: str, groups: int, world_size: int, every: int = 1):
+    extra = [f"train.embedding_optimizer={optimizer}", f"sharding.replica_groups={groups}"]
+    if groups > 1:
+        extra.append(f"sharding.replica_sync_every={every}")
+    cfg = _cfg("dlrm", types, "ddp", world_size, tuple(extra))
+    ctx = init_distributed(cfg.distributed)
+    torch.manual_seed(cfg.train.seed + ctx.rank)  # DDP starts every rank from rank 0's dense weights
+    dmp, opt = shard_model(cfg, ctx)[:2]
+    return cfg, ctx, dmp, opt
+
+
+def _train(dmp, opt, steps: range, rank: int, world_size: int) -> list[float]:
+    losses = []
+    for step in steps:
+        loss = dmp(_batch(step, rank, world_size))[0]
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        replicas.stepped(dmp)  # the Trainer's StepRunner.after_step
+        losses.append(loss.item())
+    return losses
+
+
+def _sync_payload(dmp) -> int:
+    """Bytes this rank's ``sync()`` all-reduces: the tensors DMPCollection cached for it."""
+    ctx = dmp._default_ctx
+    tensors = [t for d in (ctx.weights_by_dtype, ctx.optimizer_tensors_by_dtype) for ts in d.values() for t in ts]
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def losses(rank: int, world_size: int, cases: list, steps: int, groups: int) -> dict:
+    """Per case (sharding types, embedding optimizer, sync every): the losses of ``steps`` steps
+    at one group and at ``groups`` groups; for the latter also the ledger (``run_ledger``) of
+    this rank's group rank and the bytes its sync moves."""
+    out: dict = {}
+    for types, optimizer, every in cases:
+        for g in (1, groups):
+            if g == 1 and (tuple(types), optimizer, 1, 1) in out:
+                continue
+            cfg, ctx, dmp, opt = _build(types, optimizer, g, world_size, every)
+            got = {"losses": _train(dmp, opt, range(steps), rank, world_size), "type": type(dmp).__name__}
+            if g > 1:
+                led = run_ledger(dmp, cfg.data, cfg.sharding.comms, B, world_size)
+                group_rank = dist.get_rank(dmp._default_ctx.sharding_pg)
+                got["ledger"] = {
+                    "world_size": led.world_size,
+                    "sync_bytes": led.sync_bytes[group_rank],
+                    "replica_sync": led.per_rank()[group_rank]["replica_sync"]["sent"],
+                    "output_dist_forward": led.per_rank()[group_rank]["output_dist_forward"]["sent"],
+                }
+                got["payload"] = _sync_payload(dmp)
+                got["unsynced_after"] = dmp.steps_since_sync
+            out[(tuple(types), optimizer, every if g > 1 else 1, g)] = got
+    return out
+
+
+def checkpoints(rank: int, world_size: int, run_dir: str, groups: int, steps: int, types=("row_wise",)) -> dict:
+    """exact_sgd, ``types`` (default row_wise). ``ref``: one group trains 2 x ``steps`` steps, saving at ``steps``.
+    ``replicas``: ``groups`` groups train ``steps`` (sync every 5 steps: none here; the first
+    steps through the Trainer's StepRunner and sparse_dist pipeline), the StepRunner detaching (for a validation) one step before the end and its Checkpointer saving
+    at the end, whether the replicas agree before and after each; its unsharded weights (two
+    ways) then. ``to_one``: a
+    fresh one-group model loads the replicas' checkpoint and trains steps .. 2 x steps;
+    ``to_groups``: a fresh replica-groups model loads ``ref``'s and does the same."""
+    types, out = list(types), {}
+    root = Path(run_dir)
+    _, ctx, dmp, opt = _build(types, "exact_sgd", 1, world_size)
+    first = _train(dmp, opt, range(steps), rank, world_size)
+    one_path = save_checkpoint(ctx, root / "one", steps, _state(dmp, opt), {"step": steps}, keep=5)
+    one_bytes = global_bytes(ctx, _state(dmp, opt))
+    out["ref"] = first + _train(dmp, opt, range(steps, 2 * steps), rank, world_size)
+    del dmp, opt
+    cfg, ctx, dmp, opt = _build(types, "exact_sgd", groups, world_size, every=5)
+    # The first steps as the Trainer runs them: TorchRec's TrainPipelineSparseDist (train.pipeline
+    # sparse_dist, whose own every-batch sync of a DMPCollection is off) and StepRunner.after_step.
+    runner = StepRunner(dmp, opt, ctx.device, cfg.train)
+    runner.start(0)
+    batches = iter([_batch(step, rank, world_size) for step in range(steps - 1)])
+    out["replicas"] = []
+    for step in range(steps - 1):
+        out["replicas"].append(runner.progress(batches, step)[0].item())
+        runner.after_step()
+    # The Trainer's scoring path (StepRunner.detach) and its saving path (Checkpointer.save) each
+    # sync steps the cadence (every 5) has not: the replicas agree after either.
+    out["agree_before_detach"] = _replicas_agree(dmp)
+    runner.detach()
+    opt.zero_grad()  # the pipeline zeroes the gradients before its backward, so its last ones are still there
+    out["agree_after_detach"] = _replicas_agree(dmp)
+    out["replicas"] += _train(dmp, opt, range(steps - 1, steps), rank, world_size)
+    out["agree_before_save"] = _replicas_agree(dmp)
+    saver = Checkpointer(root / "replicas", ctx, PhaseClock(time.time()), dmp, opt, in_memory_best=False)
+    rep_path = saver.save(steps, {"step": steps}, cfg, SimpleNamespace(conversion=None, num_embeddings=[]))
+    out["agree_after_save"] = _replicas_agree(dmp)
+    # what the disk-space check expects against what DCP wrote, for both layouts
+    out["bytes"] = {
+        "replicas": (global_bytes(ctx, _state(dmp, opt)), _dir_bytes(rep_path)),
+        "one": (one_bytes, _dir_bytes(one_path)),
+    }
+    full = gather_full_state(dmp.state_dict())  # publishing's path (rank 0 holds it)
+    every = gather_full_state_dict(dmp.state_dict())  # tables.gather_full_state_dict (every rank)
+    out["full_keys_equal"] = full is None or sorted(full) == sorted(every)
+    out["full_max_diff"] = 0.0 if full is None else max((full[k] - every[k]).abs().max().item() for k in full)
+    out["tables"] = {k: v for k, v in every.items() if "embedding_bags" in k}
+    # restore_best with checkpoints off: a copy of this rank's shards, put back after a step
+    best = MemoryCopy()
+    best.keep(dmp, steps)
+    _train(dmp, opt, range(steps, steps + 1), rank, world_size)
+    best.restore(dmp)
+    back = gather_full_state_dict(dmp.state_dict())
+    out["memory_copy_diff"] = max((back[k] - every[k]).abs().max().item() for k in every)
+    # your own loop's save (recsys_dist.save_checkpoint) syncs first too
+    _train(dmp, opt, range(steps, steps + 1), rank, world_size)
+    out["agree_before_own_save"] = _replicas_agree(dmp)
+    save_own(root / "own", dmp, opt, step=steps + 1)
+    out["agree_after_own_save"] = _replicas_agree(dmp)
+    del dmp, opt
+    for key, path, g in (("to_one", rep_path, 1), ("to_groups", one_path, groups)):
+        torch.manual_seed(123)
+        _, ctx, other, opt2 = _build(types, "exact_sgd", g, world_size)
+        init_lazy_state(opt2, other.fused_optimizer)
+        load_checkpoint(path, _state(other, opt2))
+        set_optimizer_steps(opt2, steps)
+        if key == "to_one":  # what it loaded, unsharded
+            loaded = gather_full_state_dict(other.state_dict())
+            out["tables_one"] = {k: v for k, v in loaded.items() if "embedding_bags" in k}
+        out[key] = _train(other, opt2, range(steps, 2 * steps), rank, world_size)
+        del other, opt2
+    return out
+
+
+def _replicas_agree(dmp) -> bool:
+    """Whether this rank's table shards equal those of its replicas (the other groups' ranks
+    holding the same shards). Collective."""
+    pg = dmp.replica_pg
+    mine = torch.cat([w.flatten() for ws in dmp._default_ctx.weights_by_dtype.values() for w in ws])
+    every = [torch.empty_like(mine) for _ in range(dist.get_world_size(pg))]
+    dist.all_gather(every, mine, group=pg)
+    same = torch.tensor([int(all(torch.equal(mine, x) for x in every))])
+    dist.all_reduce(same, op=dist.ReduceOp.MIN)
+    return bool(same.item())
+
+
+def _dir_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in Path(path).rglob("*.distcp"))
+
+
+def everything(rank: int, world_size: int, run_dir: str, cases: list, steps: int, groups: int) -> dict:
+    """One spawn: :func:`losses` over ``cases``, then :func:`checkpoints`."""
+    return {
+        "losses": losses(rank, world_size, cases, steps, groups),
+        # table_wise: its DTensors read (Replicate(), Replicate()) though one rank of a group holds
+        # the table, which DTensor.full_tensor() cannot gather (tables.full_tensor does)
+        "checkpoints": {
+            t: checkpoints(rank, world_size, f"{run_dir}/{t}", groups, steps // 2, (t,))
+            for t in ("row_wise", "table_wise")
+        },
+    }

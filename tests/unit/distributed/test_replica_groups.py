@@ -1,0 +1,102 @@
+"""``sharding.replica_groups`` / ``replica_sync_every``: the keys, what is refused before launch
+(naming the key and the fix), and what ``recsys-dist plan`` shows: one sharding group's plan and
+all-to-alls plus the replicas' sync (no processes; the multi-rank checks are
+tests/ranks/distributed/test_replica_groups.py)."""
+
+import pytest
+
+from recsys_dist.config import ConfigError
+from recsys_dist.config.job import resolve_job
+from recsys_dist.config.loader import load_config
+from recsys_dist.train.dry_run import dry_run
+from recsys_dist.train.preflight import check_before_launch
+from tests.conftest import QUICKSTART, ROOT
+
+
+def _job(*overrides, config=QUICKSTART, world=4):
+    return resolve_job(load_config(config, ["distributed.device=cpu", *overrides]), world_size=world)
+
+
+def test_defaults_and_sync_every_without_groups_is_an_error():
+    s = load_config(QUICKSTART).sharding
+    assert (s.replica_groups, s.replica_sync_every) == (1, 1)
+    with pytest.raises(ConfigError, match="replica_sync_every: only read with replica_groups > 1"):
+        load_config(QUICKSTART, ["sharding.replica_sync_every=4"])
+    with pytest.raises(ConfigError, match="replica_groups"):
+        load_config(QUICKSTART, ["sharding.replica_groups=0"])
+
+
+@pytest.mark.parametrize(
+    "overrides, world, words",
+    [
+        ((), 3, "sharding.replica_groups: 2 groups do not divide 3 rank"),
+        (("distributed.dense.strategy=fsdp",), 4, "runs the dense tower under DDP only.*set it to ddp"),
+        (("train.embedding_optimizer=adam",), 4, "train.embedding_optimizer adam keeps state"),
+        (("train.pipeline=semi_sync",), 4, "train.pipeline semi_sync looks up the next batch before"),
+        (
+            ("sharding.sharding_types=[row_wise, table_column_wise]",),
+            4,
+            r"sharding.sharding_types: \['table_column_wise'\]",
+        ),
+        (("sharding.per_table.t_C1.sharding_types=[table_row_wise]",), 4, "sharding.per_table.t_C1.sharding_types"),
+    ],
+)
+def test_refused_before_launch_naming_the_key(overrides, world, words):
+    job = _job("sharding.replica_groups=2", f"distributed.nproc_per_node={world}", *overrides, world=world)
+    with pytest.raises(ConfigError, match=words):
+        check_before_launch(job)
+
+
+def test_managed_and_sequence_tables_are_refused():
+    for config, words in (("avazu_managed.yaml", "managed-collision ids"), ("movielens_bst.yaml", "sequence tables")):
+        job = _job("sharding.replica_groups=2", "distributed.nproc_per_node=4", config=ROOT / "configs" / config)
+        with pytest.raises(ConfigError, match=words):
+            check_before_launch(job)
+
+
+def test_accepted_with_sgd_and_adagrads():
+    for opt in ("exact_sgd", "exact_adagrad", "exact_rowwise_adagrad"):
+        check_before_launch(
+            _job("sharding.replica_groups=2", "distributed.nproc_per_node=4", f"train.embedding_optimizer={opt}")
+        )
+
+
+def test_dry_run_plans_one_group_and_adds_the_sync():
+    """world 4 in 2 groups: the plan and all-to-alls of 2 ranks (those of a 2-rank job), and each
+    rank's sync payload: its shards' fp32 weights and rowwise Adagrad's one float per row."""
+    types = "sharding.sharding_types=[row_wise]"
+    flat4 = dry_run(_job(types), 4, 4, "cpu")
+    flat2 = dry_run(_job(types, world=2), 2, 2, "cpu")
+    two = dry_run(_job(types, "sharding.replica_groups=2", "sharding.replica_sync_every=2"), 4, 4, "cpu")
+    assert two.world_size == 2 and two.replica_groups == 2 and two.ledger.world_size == 2
+    assert [p.ranks for p in two.placements] == [p.ranks for p in flat2.placements] == [[0, 1]] * len(two.placements)
+    a2a = ("input_dist", "output_dist_forward", "output_dist_backward")
+    for phase in a2a:
+        assert two.ledger.totals()[phase] == pytest.approx(flat2.ledger.totals()[phase])
+    # per rank: reduce-scatter over 2 ranks, not 4 (row_wise output_dist: (W - 1) chunks)
+    per4, per2 = flat4.ledger.per_rank()[0], two.ledger.per_rank()[0]
+    assert per2["output_dist_forward"]["sent"] * 3 == pytest.approx(per4["output_dist_forward"]["sent"])
+    job = _job(types)
+    dim, rows = (
+        job.features.planned_tables()[0].embedding_dim,
+        [t.num_embeddings for t in job.features.planned_tables()],
+    )
+    half = sum(-(-r // 2) for r in rows)  # rank 0's rows of every table (ceil), row_wise over 2
+    assert two.ledger.sync_bytes[0] == half * (dim + 1) * 4
+    assert two.ledger.per_rank()[0]["replica_sync"]["sent"] == two.ledger.sync_bytes[0] / 2
+    text = two.text()
+    assert "plan for one sharding group of 2 ranks" in text and "replica sync" in text
+    assert "replica sync" not in flat4.text() and flat4.ledger.sync_bytes == []
+
+
+def test_table_rules_are_those_of_one_group():
+    """The rules that depend on the world size see one sharding group: a fixed plan's ranks, and
+    fp16 comms on groups of one rank (nothing crosses a wire there)."""
+    fixed = "sharding.fixed_plan={t_C1: {sharding_type: table_wise, ranks: [3]}}"
+    job = _job("sharding.replica_groups=2", "distributed.nproc_per_node=4", fixed)
+    with pytest.raises(ConfigError, match=r"sharding.fixed_plan.t_C1.ranks: \[3\] but the job has 2 rank"):
+        check_before_launch(job)
+    comms = ("sharding.comms.forward=fp16", "sharding.comms.backward=fp16")
+    check_before_launch(_job("sharding.replica_groups=2", "distributed.nproc_per_node=4", *comms))
+    with pytest.raises(ConfigError, match="sharding.comms: a job of 1 rank"):
+        check_before_launch(_job("sharding.replica_groups=2", "distributed.nproc_per_node=2", *comms, world=2))
