@@ -129,7 +129,7 @@ class InMemoryScorer:
         self.loaded, self.writer = loaded, RowWriter(job.fmt, loaded.preprocessing.record)
         self.layout = self.writer.layout
         self.fmt = self.layout.reader()
-        self.managed = [n in f.managed for n in self.fmt.sparse_names]
+        self.managed = [n in f.managed or n in f.value_names for n in self.fmt.sparse_names]  # raw keys
         vocab = loaded.preprocessing.vocabulary
         self.vocabs = None if vocab is None else mp.load_vocabularies(vocab, list(self.fmt.sparse_names))
         self.sizes = _sizes(job.data, self.fmt, self.vocabs, self.managed)

@@ -11,8 +11,12 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from recsys_dist.data.spec import FeatureSpec
+
+# called through their modules: torch.fx.wrap patches a leaf's name in its own module only
+from recsys_dist.models import hstu_time, layers, sequence
 from recsys_dist.models.config import HSTUConfig
 from recsys_dist.models.layers import mlp_head
 from recsys_dist.models.registry import register_model
@@ -90,6 +94,7 @@ class HSTULayer(nn.Module):
         num_buckets: int,
         dropout: float,
         device: torch.device | None = None,
+        time_buckets: int = 0,
     ) -> None:
         super().__init__()
         self.dim, self.heads, self.dqk, self.dv = dim, num_heads, attention_dim, linear_dim
@@ -99,15 +104,28 @@ class HSTULayer(nn.Module):
         nn.init.xavier_uniform_(self.f2.weight)
         self.position_bias = nn.Parameter(torch.empty(num_buckets, device=device).normal_(0.0, 0.02))
         self.dropout = nn.Dropout(dropout)
+        # rab^t (recsys_dist.models.hstu_time): made only when used, so a model without it draws
+        # the same initial weights as before it existed
+        if time_buckets:
+            self.time_bias = nn.Parameter(torch.empty(time_buckets, device=device).normal_(0.0, 0.02))
 
     def forward(
-        self, x: torch.Tensor, weight: torch.Tensor, history_bucket: torch.Tensor, target_bucket: torch.Tensor
+        self,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        history_bucket: torch.Tensor,
+        target_bucket: torch.Tensor,
+        time_bucket: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        """``x`` [B, N, D] -> [B, N, D]; ``time_bucket`` int64 [B, N, N] (``hstu_time.time_buckets``)
+        adds ``rab^t`` to the scores, None: position bias only."""
         h, dv, dqk = self.heads, self.dv, self.dqk
         uvqk = F.silu(self.f1(F.layer_norm(x, (self.dim,), eps=EPS)))
         u, v, q, k = uvqk.split([h * dv, h * dv, h * dqk, h * dqk], dim=-1)
         scores = torch.einsum("bnhd,bmhd->bhnm", q.unflatten(-1, (h, dqk)), k.unflatten(-1, (h, dqk)))
         scores = scores + relative_bias(self.position_bias, history_bucket, target_bucket)
+        if time_bucket is not None:  # rab^{p,t} = rab^p + rab^t
+            scores = scores + self.time_bias[time_bucket].unsqueeze(1)
         att = F.silu(scores) * weight.unsqueeze(1)  # [B, H, N, N]; masked keys weigh exactly 0
         av = torch.einsum("bhnm,bmhd->bnhd", att, v.unflatten(-1, (h, dv))).flatten(2)  # [B, N, H*dv]
         return x + self.f2(self.dropout(F.layer_norm(av, (h * dv,), eps=EPS) * u))
@@ -177,37 +195,119 @@ class HSTU(TargetSequenceModel):
         layer_dropout: float = 0.2,
         max_positions: int = 64,
         device: torch.device | None = None,
+        time_buckets: int = 0,
+        action_tokens: bool = False,
+        values: list[str] = (),
         **mlp_options,
     ) -> None:
         super().__init__(ebc, ec, features, sequences, target_feature)
-        self.max_positions = max_positions
+        self.max_positions, self.time_buckets, self.action_tokens = max_positions, time_buckets, action_tokens
+        self.histories = token_sequences(sequences, values, time_buckets, action_tokens)
         self.stacks = nn.ModuleList(
             nn.ModuleList(
                 HSTULayer(
-                    embedding_dim, num_heads, attention_dim, linear_dim, max_positions, layer_dropout, device=device
+                    embedding_dim,
+                    num_heads,
+                    attention_dim,
+                    linear_dim,
+                    max_positions,
+                    layer_dropout,
+                    device=device,
+                    time_buckets=time_buckets,
                 )
                 for _ in range(num_layers)
             )
-            for _ in sequences
+            for _ in self.histories
         )
-        d = num_dense + (len(features) + len(sequences)) * embedding_dim
+        d = num_dense + (len(features) + len(self.histories)) * embedding_dim
         self.deep = TaskHeads(d, deep_layer_sizes, num_tasks, device=device, **mlp_options)
+        if action_tokens:  # the target's action is unknown: a learned one (the reference's target action)
+            self.target_action = nn.Parameter(torch.empty(len(self.histories), embedding_dim, device=device))
+            nn.init.normal_(self.target_action, 0.0, 0.1)
 
     def encode(
-        self, stack: nn.ModuleList, values: torch.Tensor, mask: torch.Tensor, target: torch.Tensor
+        self,
+        stack: nn.ModuleList,
+        values: torch.Tensor,
+        mask: torch.Tensor,
+        target: torch.Tensor,
+        time_bucket: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """[B, E]: the target token's output after the stack, for one sequence."""
         weight, history_bucket, target_bucket = target_layout(mask, self.max_positions)
         x = torch.cat([values, target.unsqueeze(1)], dim=1)  # [B, L + 1, E]
         for layer in stack:
-            x = layer(x, weight, history_bucket, target_bucket)
+            x = layer(x, weight, history_bucket, target_bucket, time_bucket)
         return x[:, -1, :]
 
     def summarise(self, i: int, values: torch.Tensor, mask: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """The target's output of sequence ``i``'s stack without actions or time bias."""
         return self.encode(self.stacks[i], values, mask, target)
 
+    def forward(self, dense: torch.Tensor, kjt: KeyedJaggedTensor) -> torch.Tensor:
+        v = layers.pooled_embeddings(self.sparse_arch(kjt), self.features)  # [B, F, E]
+        target = v[:, self._target_index, :]
+        out = self.seq_arch(kjt)
+        parts = [dense, v.flatten(1)]
+        for i, name in enumerate(self.histories):
+            values, mask = sequence.padded_sequence(out, name)
+            token = target
+            if self.action_tokens:  # item + action embedding per event (padding stays 0)
+                values = values + sequence.padded_sequence(out, f"{name}_action")[0]
+                token = target + self.target_action[i]
+            buckets = None
+            if self.time_buckets:
+                deltas = hstu_time.padded_deltas(kjt, f"{name}_time", mask)
+                buckets = hstu_time.time_buckets(deltas, self.time_buckets)
+            parts.append(self.encode(self.stacks[i], values, mask, token, buckets))
+        return self.deep(torch.cat(parts, dim=1))
 
-@register_model("hstu", HSTUConfig, checks=())
+
+def hstu_inputs(job) -> list[str]:
+    """Preflight: the data's actions and event times match ``model.action_tokens`` /
+    ``model.time_buckets`` (:func:`token_sequences`)."""
+    f, m = job.features, job.model
+    try:
+        token_sequences(f.sequence_names, f.value_names, m.time_buckets, m.action_tokens)
+    except ValueError as err:
+        return [str(err)]
+    return []
+
+
+def token_sequences(sequences: list[str], values, time_buckets: int, action_tokens: bool) -> list[str]:
+    """The sequences HSTU reads as tokens: ``sequences`` but the ``<s>_action`` ones (which join
+    ``<s>``'s tokens). An input the options leave unused, or one they need and miss, is an error.
+
+    Raises:
+        ValueError: ``<s>_action`` without ``model.action_tokens`` or the reverse; ``<s>_time``
+            without ``model.time_buckets`` or the reverse.
+    """
+    actions = [s for s in sequences if s.endswith("_action") and s[: -len("_action")] in sequences]
+    histories = [s for s in sequences if s not in actions]
+    if actions and not action_tokens:
+        raise ValueError(
+            f"the data derives {actions} (data.schema.history.action) but model.action_tokens is false: set "
+            "model.action_tokens: true to use them, or drop data.schema.history.action"
+        )
+    if action_tokens and (missing := [s for s in histories if f"{s}_action" not in actions]):
+        raise ValueError(
+            f"model.action_tokens: true needs each sequence's actions; {missing} have none (set "
+            "data.schema.history.action to the action column, e.g. the rating)"
+        )
+    if list(values) and not time_buckets:
+        raise ValueError(
+            f"the data derives {list(values)} (data.schema.history.times) but model.time_buckets is 0: set "
+            "model.time_buckets (e.g. 128) to use them, or drop data.schema.history.times"
+        )
+    if time_buckets and (missing := [s for s in histories if f"{s}_time" not in values]):
+        raise ValueError(
+            f"model.time_buckets: {time_buckets} needs each sequence's event times; {missing} have none (set "
+            "data.schema.history.times: true)"
+        )
+    return histories
+
+
+@register_model("hstu", HSTUConfig, checks=(hstu_inputs,))
 def build_hstu(spec: FeatureSpec, cfg: HSTUConfig) -> HSTU:
     """``HSTU`` over the spec's pooled tables and its sequence tables, one head per task of
     ``spec.tasks`` (so no one-task check: several ``data.schema.labels`` are welcome).
@@ -225,4 +325,7 @@ def build_hstu(spec: FeatureSpec, cfg: HSTUConfig) -> HSTU:
         linear_dim=cfg.linear_dim,
         layer_dropout=cfg.layer_dropout,
         max_positions=cfg.max_positions,
+        time_buckets=cfg.time_buckets,
+        action_tokens=cfg.action_tokens,
+        values=spec.value_names,
     )
