@@ -1,7 +1,6 @@
 """The ``data:`` section: raw format, splits, categorical mapping, table sizes, pooling, loader.
 
-Owned by ``recsys_dist.data``; composed into ``RunConfig`` by ``recsys_dist.config.run``.
-"""
+Owned by ``recsys_dist.data``; composed into ``RunConfig`` by ``recsys_dist.config.run``."""
 
 from __future__ import annotations
 
@@ -36,17 +35,8 @@ class HistoryConfig(_Section):
         "strictly smaller time, the most recent last; rows of one user must come in non-decreasing time order."
     )
     max_length: int = Field(gt=0, description="Keep the N most recent items of each history.")
-    action: str | None = Field(
-        None,
-        description="Action column (e.g. the rating): also derive the sequence feature <name>_action, each "
-        "history event's value of this column (keyed like a categorical value, its own table), for "
-        "model.name: hstu with model.action_tokens. The value of an earlier row only: the row's own stays out.",
-    )
-    times: bool = Field(
-        False,
-        description="Also derive <name>_time: per history event, floor(row time - event time) in the time "
-        "column's units (>= 0), raw values with no table, for model.name: hstu with model.time_buckets > 0.",
-    )
+    action: str | None = Field(None, description="Action column (the rating): derive <name>_action for hstu")
+    times: bool = Field(False, description="Derive <name>_time, times before the row, for hstu's time bias")
 
 
 class TaskLabel(_Section):

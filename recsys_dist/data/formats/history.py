@@ -7,7 +7,10 @@ from collections import deque
 from typing import NamedTuple
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
+from recsys_dist.data.mapping import SparseKeys, text_keys
 from recsys_dist.errors import DataError
 
 
@@ -28,6 +31,13 @@ def history_sequences(h) -> list[str]:
     if h is None:
         return []
     return [h.name] + ([f"{h.name}_action"] if getattr(h, "action", None) else [])
+
+
+def drop_defaults(key: dict | None) -> None:
+    """Remove ``action`` / ``times`` from a history section's cache key where they are off."""
+    for option in ("action", "times"):
+        if isinstance(key, dict) and not key.get(option):
+            key.pop(option, None)
 
 
 def history_columns(h) -> list[str]:
@@ -127,3 +137,36 @@ def time_deltas(row_times: np.ndarray, lengths: np.ndarray, event_times: np.ndar
     column's units, >= 0: an event is strictly earlier than its row), the value of the derived
     ``<history>_time`` feature (``data.schema.history.times``)."""
     return np.floor(np.repeat(row_times, lengths) - event_times).astype(np.uint64)
+
+
+def history_transform(h) -> str:
+    """What the history's columns hold, as text for the manifest."""
+    out = (
+        f"{h.name}: the {h.item} values of the same {h.user}'s earlier rows (time {h.time} strictly smaller; "
+        f"ties excluded), the last {h.max_length}, oldest first, each mapped like a categorical value; list<int64>"
+    )
+    if getattr(h, "action", None):
+        out += f"; {h.name}_action: those rows' {h.action} values, mapped like a categorical value"
+    if getattr(h, "times", False):
+        out += f"; {h.name}_time: per event 1 + floor(row {h.time} - event {h.time}) as int64 (raw, no table)"
+    return out
+
+
+def _keys(col: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    return text_keys(pc.utf8_trim_whitespace(pc.fill_null(col, "")))
+
+
+def derive_features(state: UserHistory, h, batch: pa.RecordBatch, times: np.ndarray, path, first_line, spec):
+    """The history's features of a block (``times`` float64 [N], the rows' checked times):
+    its items, then (if configured) the events' actions and their times before the row
+    (:func:`time_deltas`), as ``SparseKeys`` (list)."""
+    users, _ = _keys(batch.column(h.user))
+    items, present = _keys(batch.column(h.item))
+    actions = _keys(batch.column(h.action))[0] if getattr(h, "action", None) else None
+    got = state.rows(path, first_line, users, items, present, times, h, spec, actions)
+    out = [SparseKeys(got.keys, None, got.lengths)]
+    if actions is not None:
+        out.append(SparseKeys(got.actions, None, got.lengths))
+    if getattr(h, "times", False):
+        out.append(SparseKeys(time_deltas(times, got.lengths, got.times), None, got.lengths))
+    return out

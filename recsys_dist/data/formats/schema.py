@@ -37,8 +37,9 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
+from recsys_dist.data.formats import history as hist
 from recsys_dist.data.formats.base import RequestLayout, register_format
-from recsys_dist.data.formats.history import UserHistory, history_columns, history_sequences, is_parquet, time_deltas
+from recsys_dist.data.formats.history import UserHistory, is_parquet
 from recsys_dist.data.formats.schema_request import schema_layout
 from recsys_dist.data.mapping import SparseKeys, text_keys
 from recsys_dist.data.text import count_rows, line_blocks, parse_block, parse_hex_keys, read_head, rows_then_bad_line
@@ -126,16 +127,14 @@ class SchemaFormat:
         self.weight_column = "weight" if spec.weight is not None else None
         self.dense_names = list(spec.dense)
         history = getattr(spec, "history", None)
-        self.sequence_names = list(getattr(spec, "sequence", None) or {}) + history_sequences(history)
+        self.sequence_names = list(getattr(spec, "sequence", None) or {}) + hist.history_sequences(history)
         self.value_names = [f"{history.name}_time"] if history and getattr(history, "times", False) else []
         self.sparse_names = list(spec.categorical) + list(spec.multi_hot) + self.sequence_names + self.value_names
         key = dict(spec.model_dump(mode="json") if hasattr(spec, "model_dump") else vars(spec))
         for option in ("hex_categorical", "sequence", "history", "labels", "weight"):
             if not key.get(option):
                 key.pop(option, None)  # the key of conversions from before the option
-        for option in ("action", "times"):
-            if isinstance(key.get("history"), dict) and not key["history"].get(option):
-                key["history"].pop(option, None)
+        hist.drop_defaults(key.get("history"))  # the key of conversions from before action / times
         self.fingerprint = "schema:" + json.dumps(key, sort_keys=True)
         self.hex = set(getattr(spec, "hex_categorical", None) or [])
 
@@ -164,20 +163,7 @@ class SchemaFormat:
                 "mapped like a categorical value; list<int64>, oldest first"
             )
         if history:
-            self.transforms["history"] = (
-                f"{history.name}: the {history.item} values of the same {history.user}'s earlier rows (time "
-                f"{history.time} strictly smaller; ties excluded), the last {history.max_length}, oldest first, "
-                "each mapped like a categorical value; list<int64>"
-            )
-            if getattr(history, "action", None):
-                self.transforms["history"] += (
-                    f"; {history.name}_action: those rows' {history.action} values, mapped like a categorical value"
-                )
-            if getattr(history, "times", False):
-                self.transforms["history"] += (
-                    f"; {history.name}_time: per event 1 + floor(row {history.time} - event {history.time}) as "
-                    "int64 (raw, no table)"
-                )
+            self.transforms["history"] = hist.history_transform(history)
         self.raw_columns: list[str] | None = None
         self._history = UserHistory(history.max_length) if history else None
 
@@ -231,7 +217,7 @@ class SchemaFormat:
             *(getattr(s, "sequence", None) or {}),
         ]
         if getattr(s, "history", None) is not None:
-            needed += [c for c in history_columns(s.history) if c not in needed]
+            needed += [c for c in hist.history_columns(s.history) if c not in needed]
         missing = [c for c in needed if c not in names]
         if missing:
             hint = (
@@ -486,8 +472,7 @@ class SchemaFormat:
         return SparseKeys(keys, None, lengths)
 
     def _derive_history(self, batch: pa.RecordBatch, path: str, first_line: int) -> list[SparseKeys]:
-        """The history's features: its items, then (if configured) the events' actions and their
-        times before the row (:func:`recsys_dist.data.formats.history.time_deltas`)."""
+        """The history's features: items, then (if configured) actions, times (``hist.derive_features``)."""
         h = self.spec.history
         times = _floats(batch.column(h.time), f"{path}, column {h.time}", first_line)
         bad = ~np.isfinite(times)
@@ -498,18 +483,7 @@ class SchemaFormat:
                 f"'{batch.column(h.time)[i].as_py()}' is not a number (data.schema.history.time needs a time on "
                 "every row)"
             )
-        users, _ = text_keys(pc.utf8_trim_whitespace(pc.fill_null(batch.column(h.user), "")))
-        items, present = text_keys(pc.utf8_trim_whitespace(pc.fill_null(batch.column(h.item), "")))
-        actions = None
-        if h.action:
-            actions, _ = text_keys(pc.utf8_trim_whitespace(pc.fill_null(batch.column(h.action), "")))
-        got = self._history.rows(path, first_line, users, items, present, times, h, self.spec, actions)
-        out = [SparseKeys(got.keys, None, got.lengths)]
-        if h.action:
-            out.append(SparseKeys(got.actions, None, got.lengths))
-        if h.times:
-            out.append(SparseKeys(time_deltas(times, got.lengths, got.times), None, got.lengths))
-        return out
+        return hist.derive_features(self._history, h, batch, times, path, first_line, self.spec)
 
     def unlabelled(self, path: str | os.PathLike) -> SchemaFormat | None:
         """:class:`UnlabelledSchemaFormat` when the file has no ``data.schema.label`` column."""
