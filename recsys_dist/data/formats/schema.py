@@ -542,7 +542,11 @@ class UnlabelledSchemaFormat(SchemaFormat):
     def bad_row_mask(self, batch: pa.RecordBatch):
         labelled = batch
         for column in self.spec.label_columns():
-            labelled = labelled.append_column(column, pa.array(np.full(batch.num_rows, "0")))
+            zeros = pa.array(np.full(batch.num_rows, "0"))
+            if column in labelled.schema.names:  # also history.action (the rating): not checked as a label
+                labelled = labelled.set_column(labelled.schema.get_field_index(column), column, zeros)
+            else:
+                labelled = labelled.append_column(column, zeros)
         return super().bad_row_mask(labelled)
 
     def unlabelled(self, path: str | os.PathLike) -> None:

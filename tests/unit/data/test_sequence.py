@@ -152,3 +152,13 @@ def test_history_without_actions_and_times_converts_as_before(tmp_path, cache_di
     assert '"history": {"item": "item", "max_length": 4, "name": "history", "time": "ts", "user": "user"}' in (
         fmt.fingerprint
     )
+
+
+def test_request_rows_carry_the_history_action_column():
+    """Serving derives the history from the request's rows: they need the action column too."""
+    from recsys_dist.data.formats.schema_request import schema_layout
+
+    hist = {"user": "user", "item": "item", "time": "ts", "max_length": 4, "action": "rating", "times": True}
+    spec = SchemaConfig(label="click", categorical=["item"], history=hist)
+    layout = schema_layout(spec, lambda: None)
+    assert [c for c in ("user", "item", "ts", "rating") if c in layout.columns] == ["user", "item", "ts", "rating"]
