@@ -445,3 +445,26 @@ def test_hstu_with_extras_traces_with_torchrecs_pipeline_tracer():
     kjt = xkjt_of(XROWS)
     dense = torch.randn(4, 1)
     torch.testing.assert_close(traced(dense, kjt), model(dense, kjt), rtol=0, atol=0)
+
+
+def test_din_bst_and_hstu_preflight_checks_name_the_history_options():
+    from types import SimpleNamespace
+
+    from recsys_dist.data.config import SchemaConfig
+    from recsys_dist.models.checks import no_history_extras
+    from recsys_dist.models.zoo.hstu import hstu_inputs
+
+    hist = {"user": "u", "item": "i", "time": "t", "max_length": 4, "action": "r", "times": True}
+    data = SimpleNamespace(schema=SchemaConfig(label="c", categorical=["i"], history=hist))
+    for name in ("din", "bst", "hstu_retrieval"):
+        (problem,) = no_history_extras(SimpleNamespace(data=data, model=SimpleNamespace(name=name)))
+        assert f"model.name: {name} does not read data.schema.history.action / data.schema.history.times" in problem
+    plain = SimpleNamespace(schema=SchemaConfig(label="c", categorical=["i"], history={**hist, "action": None}))
+    plain.schema.history.times = False
+    assert no_history_extras(SimpleNamespace(data=plain, model=SimpleNamespace(name="din"))) == []
+    s = spec_extras()
+    job = SimpleNamespace(features=s, model=SimpleNamespace(time_buckets=0, action_tokens=True))
+    (problem,) = hstu_inputs(job)
+    assert "model.time_buckets is 0" in problem
+    job.model.time_buckets = 8
+    assert hstu_inputs(job) == []
