@@ -269,3 +269,22 @@ def test_a_partitions_histories_start_afresh(tmp_path):
     first, second = (t.column("history").to_pylist() for t in tables)
     assert len(first[-1]) == 50 and second[0] == []  # row 640 of the file saw 50 events in partition 1
     assert len(second[1]) == 1  # then partition 2's own rows of user 8 (times strictly increasing)
+
+
+def test_a_partitions_actions_and_times_follow_its_history(tmp_path):
+    """data.schema.history.action / times in the online conversion: per partition, each history
+    event's rating (hashed like a categorical value) and its seconds before the row, raw (1 + s)."""
+    config, landing = stream_config(tmp_path)
+    d = recsys_dist.load_config(config, ["data.schema.history.action=rating", "data.schema.history.times=true"]).data
+    t = pq.read_table(convert_partition(d, PARTS[0], tmp_path / "parts").prepared.files["train"])
+    raw = list(csv.DictReader((landing / PARTS[0]).read_text().splitlines()))
+    hist, actions, times = (t.column(c).to_pylist() for c in ("history", "history_action", "history_time"))
+    i = max(range(len(raw)), key=lambda j: len(hist[j]))  # the longest history of the partition
+    earlier = [r for r in raw[:i] if r["userId"] == raw[i]["userId"] and int(r["timestamp"]) < int(raw[i]["timestamp"])]
+    earlier = earlier[-50:]
+    assert len(hist[i]) == len(actions[i]) == len(times[i]) == len(earlier) > 10
+    assert times[i] == [1 + int(raw[i]["timestamp"]) - int(r["timestamp"]) for r in earlier]
+    by_rating = {}
+    for r, a in zip(earlier, actions[i]):  # one id per rating value, distinct values distinct ids
+        assert by_rating.setdefault(r["rating"], a) == a
+    assert len(set(by_rating.values())) == len(by_rating) > 1
