@@ -529,7 +529,8 @@ class UnlabelledSchemaFormat(SchemaFormat):
 
     def _check_columns(self, path: str, names: list[str], where: str) -> None:
         s = self.spec
-        missing = [c for c in (*s.dense, *s.categorical, *s.multi_hot) if c not in names]
+        history = hist.history_columns(s.history) if s.history else []  # its action may be the label column
+        missing = [c for c in (*s.dense, *s.categorical, *s.multi_hot, *history) if c not in names]
         if missing:
             raise DataError(f"{path}: columns {missing} named in data.schema are not in the file ({where}: {names})")
         self.raw_columns = names
@@ -540,13 +541,10 @@ class UnlabelledSchemaFormat(SchemaFormat):
         return np.zeros(batch.num_rows, np.float32)
 
     def bad_row_mask(self, batch: pa.RecordBatch):
-        labelled = batch
+        # a label column here is history.action's (the rating): not checked as a label
+        labelled = batch.drop_columns([c for c in self.spec.label_columns() if c in batch.schema.names])
         for column in self.spec.label_columns():
-            zeros = pa.array(np.full(batch.num_rows, "0"))
-            if column in labelled.schema.names:  # also history.action (the rating): not checked as a label
-                labelled = labelled.set_column(labelled.schema.get_field_index(column), column, zeros)
-            else:
-                labelled = labelled.append_column(column, zeros)
+            labelled = labelled.append_column(column, pa.array(np.full(batch.num_rows, "0")))
         return super().bad_row_mask(labelled)
 
     def unlabelled(self, path: str | os.PathLike) -> None:

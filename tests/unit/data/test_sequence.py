@@ -162,3 +162,16 @@ def test_request_rows_carry_the_history_action_column():
     spec = SchemaConfig(label="click", categorical=["item"], history=hist)
     layout = schema_layout(spec, lambda: None)
     assert [c for c in ("user", "item", "ts", "rating") if c in layout.columns] == ["user", "item", "ts", "rating"]
+
+
+def test_rows_to_score_without_the_history_action_column_are_refused(tmp_path, cache_dir):
+    """Rows to score (no label column) must still carry the history's columns, the action (here
+    the label column, the rating) among them: a clear error, not a KeyError deep in the conversion."""
+    from recsys_dist.data.formats.schema import UnlabelledSchemaFormat
+
+    raw = tmp_path / "rows.csv"
+    raw.write_text("user,item,ts\na,m1,1\na,m2,2\n")
+    hist = {"user": "user", "item": "item", "time": "ts", "max_length": 4, "action": "rating"}
+    spec = SchemaConfig(label="rating", label_threshold=4.0, categorical=["item"], history=hist)
+    with pytest.raises(DataError, match=r"columns \['rating'\] named in data.schema are not in the file"):
+        prepare(ConversionSpec(UnlabelledSchemaFormat(spec), raw, N, split=(1.0, 0.0, 0.0)))
