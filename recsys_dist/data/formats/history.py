@@ -146,7 +146,7 @@ def history_transform(h) -> str:
         f"ties excluded), the last {h.max_length}, oldest first, each mapped like a categorical value; list<int64>"
     )
     if getattr(h, "action", None):
-        out += f"; {h.name}_action: those rows' {h.action} values, mapped like a categorical value"
+        out += f"; {h.name}_action: those rows' {h.action} values (numbers as repr(float)), mapped like a categorical"
     if getattr(h, "times", False):
         out += f"; {h.name}_time: per event 1 + floor(row {h.time} - event {h.time}) as int64 (raw, no table)"
     return out
@@ -156,13 +156,27 @@ def _keys(col: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     return text_keys(pc.utf8_trim_whitespace(pc.fill_null(col, "")))
 
 
+def _number_text(value: str) -> str:
+    try:
+        return repr(float(value))
+    except ValueError:
+        return value
+
+
+def action_keys(col: pa.Array) -> np.ndarray:
+    """uint64 [N]: the key of each action value's text, a number written as ``repr(float)``: the
+    rating 4, "4", 4.0 and "4.00" (a JSON client, a Parquet double, a CSV field) are one action."""
+    text = pc.utf8_trim_whitespace(pc.fill_null(pc.cast(col, pa.string()), ""))
+    return text_keys(pa.array([_number_text(v) for v in text.to_pylist()], pa.string()))[0]
+
+
 def derive_features(state: UserHistory, h, batch: pa.RecordBatch, times: np.ndarray, path, first_line, spec):
     """The history's features of a block (``times`` float64 [N], the rows' checked times):
     its items, then (if configured) the events' actions and their times before the row
     (:func:`time_deltas`), as ``SparseKeys`` (list)."""
     users, _ = _keys(batch.column(h.user))
     items, present = _keys(batch.column(h.item))
-    actions = _keys(batch.column(h.action))[0] if getattr(h, "action", None) else None
+    actions = action_keys(batch.column(h.action)) if getattr(h, "action", None) else None
     got = state.rows(path, first_line, users, items, present, times, h, spec, actions)
     out = [SparseKeys(got.keys, None, got.lengths)]
     if actions is not None:

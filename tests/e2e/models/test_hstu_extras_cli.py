@@ -1,7 +1,8 @@
 """configs/movielens_hstu.yaml with the time bias and action tokens (data.schema.history.times /
 action, model.time_buckets / action_tokens) end to end: trained on 2 ranks, exported; ``predict``
 on a user's history + candidates equals ``/score`` on the same rows as JSON objects (the
-candidates without a rating: their own never enters a history); the history's ratings and times
+candidates without a rating: their own never enters a history; a rating 4 is the action 4.0);
+the history's ratings and times
 move the candidates' logits; the oldest of 60 events change nothing (the history keeps the last
 50); a history out of time order is a 400 naming row and column."""
 
@@ -77,6 +78,13 @@ def test_hstu_with_time_bias_and_actions_trains_predicts_and_serves(tmp_path):
 
         base = score([request(r) for r in rows])
         np.testing.assert_allclose(base, want, rtol=0, atol=1e-6)
+        # a JSON client writes the rating 4.0 as 4: the same action (numbers keyed by value)
+        as_ints = [request(r) for r in rows]
+        for obj in as_ints:
+            if float(obj.get("rating", 0.5)).is_integer():
+                obj["rating"] = int(obj["rating"])
+        assert any(isinstance(o.get("rating"), int) for o in as_ints)
+        np.testing.assert_allclose(score(as_ints), base, rtol=0, atol=0)
         assert np.abs(score([request(r, rating=1.0) for r in rows])[-5:] - base[-5:]).min() > 1e-6
         shifted = [request(r) for r in rows]
         for obj in shifted[:-5]:  # every event a year earlier, the order kept: other time buckets

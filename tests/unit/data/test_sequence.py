@@ -118,6 +118,10 @@ def test_history_state_stays_flat_when_the_log_grows():
     assert large <= 1.2 * small, (small, large)
 
 
+def number_text(v: str) -> str:
+    return repr(float(v)) if v != "x" else v
+
+
 def test_history_actions_and_times_match_a_brute_force(tmp_path, cache_dir):
     """``action`` and ``times``: per row, the same events as the items (strictly earlier, the last
     n, oldest first), each with its action's id and ``1 + floor(row time - event time)``."""
@@ -126,7 +130,7 @@ def test_history_actions_and_times_match_a_brute_force(tmp_path, cache_dir):
     for _ in range(300):
         u = f"u{rng.integers(5)}"
         clock[u] = clock.get(u, 1000.0) + float(rng.choice([0, 0.5, 7, 86400]))  # ties and fractions
-        rows.append((u, f"m{rng.integers(20)}", clock[u], str(rng.choice(["1", "2.5", "4", "5"]))))
+        rows.append((u, f"m{rng.integers(20)}", clock[u], str(rng.choice(["1", "1.0", "2.5", "4", "4.00", "x"]))))
     text = "click,user,item,ts,rating\n" + "".join(f"1,{u},{m},{t!r},{r}\n" for u, m, t, r in rows)
     hist = {"user": "user", "item": "item", "time": "ts", "max_length": 4, "action": "rating", "times": True}
     t = convert(tmp_path, text, history=hist)
@@ -135,7 +139,8 @@ def test_history_actions_and_times_match_a_brute_force(tmp_path, cache_dir):
     for user, _item, time, _r in rows:
         earlier = sorted((tt, j) for j, (uu, _, tt, _) in enumerate(rows) if uu == user and tt < time)[-4:]
         items.append(ids([rows[j][1] for _, j in earlier]) if earlier else [])
-        actions.append(ids([rows[j][3] for _, j in earlier]) if earlier else [])
+        # numbers keyed by value ("4" and "4.00" one action), other text as it is
+        actions.append(ids([number_text(rows[j][3]) for _, j in earlier]) if earlier else [])
         times.append([1 + int(np.floor(time - tt)) for tt, _ in earlier])
     assert t.column("history").to_pylist() == items
     assert t.column("history_action").to_pylist() == actions
