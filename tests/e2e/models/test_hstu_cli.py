@@ -51,9 +51,10 @@ def cli(args, tmp):
 
 
 def history_and_candidates() -> tuple[list[str], list[dict]]:
-    """The raw file's header (less the label) and rows scored: user 15's first 60 ratings (its
-    history, in time order, 10 more than the history's max_length of 50), then 5 candidate movies
-    at one later time (ties: a candidate never sees another)."""
+    """The raw file's header and rows scored: user 15's first 60 ratings (its history, in time
+    order, 10 more than the history's max_length of 50; their ratings are the history's actions),
+    then 5 candidate movies at one later time (ties: a candidate never sees another; their
+    ratings, another user's, never enter a history)."""
     lines = RAW.read_text().splitlines()
     header = lines[0].split(",")
     rows = [dict(zip(header, r)) for r in csv.reader(lines[1:])]
@@ -62,14 +63,14 @@ def history_and_candidates() -> tuple[list[str], list[dict]]:
     later = str(int(user[-1]["timestamp"]) + 60)
     others = [r for r in rows if r["userId"] != "15"][:5]
     candidates = [{**r, "userId": "15", "timestamp": later} for r in others]
-    header.remove("rating")  # rows to score carry no label
     return header, [{k: r[k] for k in header} for r in user + candidates]
 
 
 def as_request(row: dict) -> dict:
-    """A raw row as a JSON object: ids and the time as integers, genres as a list."""
+    """A raw row as a JSON object: ids and the time as integers, genres as a list, the rating
+    (the history's action in the shipped config) as a number."""
     out = {k: int(v) for k, v in row.items() if k in ("userId", "movieId", "timestamp")}
-    return {**out, "genres": row["genres"].split("|")}
+    return {**out, "genres": row["genres"].split("|"), "rating": float(row["rating"])}
 
 
 def post(url: str, rows: list) -> tuple[int, dict]:

@@ -65,8 +65,10 @@ def test_hstu_with_time_bias_and_actions_trains_predicts_and_serves(tmp_path):
 
     def request(r, rating=None):
         out = as_request(r)
-        if r["timestamp"] != later:  # history rows carry their rating, candidates none
-            out["rating"] = float(rating if rating is not None else r["rating"])
+        if r["timestamp"] == later:  # history rows carry their rating, candidates none
+            del out["rating"]
+        elif rating is not None:
+            out["rating"] = float(rating)
         return out
 
     with TestClient(create_app(ModelHolder(open_source(export), 0))) as c:
