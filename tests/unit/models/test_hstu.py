@@ -202,6 +202,9 @@ def test_hstu_config_ships_and_refuses_what_it_does_not_take():
     cfg = ROOT / "configs" / "movielens_hstu.yaml"
     loaded = load_config(cfg)
     assert loaded.model.name == "hstu" and loaded.model.num_layers == 2
+    # the rating actions ship (benchmarks/results/hstu_time_actions_cpu2core_20261205.md), the time bias not
+    assert loaded.model.action_tokens and loaded.data.schema.history.action == "rating"
+    assert loaded.model.time_buckets == 0 and not loaded.data.schema.history.times
     with pytest.raises(ConfigError, match=r"model\.transformer_dropout"):
         load_config(cfg, ["model.transformer_dropout=0.1"])
     with pytest.raises(ConfigError, match=r"model\.max_positions"):
