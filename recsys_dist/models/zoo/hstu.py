@@ -73,6 +73,20 @@ def relative_bias(table: torch.Tensor, history_bucket: torch.Tensor, target_buck
     return torch.cat([rows, table[target_bucket].unsqueeze(1)], dim=1).unsqueeze(1)
 
 
+@torch.fx.wrap
+def with_actions(out: dict, key: str, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """[B, L, E]: the history's item embeddings ``values`` plus each event's action embedding
+    (``key``'s, from the EmbeddingCollection's output ``out``); padding stays 0.
+
+    Raises:
+        ValueError: a row's count of actions is not its count of events.
+    """
+    jt = out[key]
+    if not torch.equal(jt.lengths().long(), mask.sum(dim=1).long()):
+        raise ValueError(f"{key}: rows' counts of actions {jt.lengths().tolist()} are not their counts of events")
+    return values + jt.to_padded_dense(desired_length=values.shape[1])
+
+
 class HSTULayer(nn.Module):
     """One HSTU layer (eq. 1-3 of the paper) over padded tokens ``x`` [B, N, D] float32:
 
@@ -253,7 +267,7 @@ class HSTU(TargetSequenceModel):
             values, mask = sequence.padded_sequence(out, name)
             token = target
             if self.action_tokens:  # item + action embedding per event (padding stays 0)
-                values = values + sequence.padded_sequence(out, f"{name}_action")[0]
+                values = with_actions(out, f"{name}_action", values, mask)
                 token = target + self.target_action[i]
             buckets = None
             if self.time_buckets:

@@ -13,19 +13,20 @@ B = 6
 def movielens_batch(rank: int, num_tasks: int, keys: list[str] | None = None) -> CTRBatch:
     """This rank's batch in configs/movielens_hstu.yaml's layout (userId, movieId, genres, then
     the history: 0-12 ids per row, so empty histories and uneven padding), ids < 200; with
-    ``keys`` (the job's) ending in history_action and history_time, those too: action ids < 200
+    ``keys`` (the job's) holding history_action and / or history_time, those too: action ids < 200
     and raw times ``1 + seconds before the row`` (up to ~3 years), one per history event."""
     g = torch.Generator().manual_seed(100 + rank)
     history = torch.randint(0, 13, (B,), generator=g)
     lengths = torch.cat([torch.ones(2 * B, dtype=torch.int64), torch.randint(1, 4, (B,), generator=g), history])
     values = torch.randint(0, 200, (int(lengths.sum()),), generator=g)
     names = ["userId", "movieId", "genres", "history"]
-    if keys is not None and keys[4:] == ["history_action", "history_time"]:
-        n = int(history.sum())
-        times = torch.sort(torch.randint(1, 10**8, (n,), generator=g), descending=True).values
-        values = torch.cat([values, torch.randint(0, 200, (n,), generator=g), times])
-        lengths = torch.cat([lengths, history, history])
-        names += keys[4:]
+    n = int(history.sum())
+    for key in (keys or [])[4:]:
+        assert key in ("history_action", "history_time"), key
+        extra = torch.randint(0, 200, (n,), generator=g)
+        if key == "history_time":
+            extra = torch.sort(torch.randint(1, 10**8, (n,), generator=g), descending=True).values
+        values, lengths, names = torch.cat([values, extra]), torch.cat([lengths, history]), [*names, key]
     kjt = KeyedJaggedTensor(keys=names, values=values, lengths=lengths, stride=B)
     labels = torch.randint(0, 2, (B, num_tasks), generator=g).float()
     return CTRBatch(torch.zeros(B, 0), kjt, labels.squeeze(1) if num_tasks == 1 else labels, torch.ones(B))

@@ -471,3 +471,15 @@ def test_din_bst_and_hstu_preflight_checks_name_the_history_options():
     assert "model.time_buckets is 0" in problem
     job.model.time_buckets = 8
     assert hstu_inputs(job) == []
+
+
+def test_actions_not_one_per_event_are_refused():
+    """Actions that do not pair with the history's events (another count in a row) would be added
+    to the wrong events (padding lines them up when the longest rows agree): an error."""
+    model = build_extras(time_buckets=0).eval()
+    kjt = xkjt_of(XROWS)
+    jts = {k: kjt[k] for k in kjt.keys() if k != "history_time"}
+    a = jts["history_action"]
+    jts["history_action"] = JaggedTensor(values=a.values(), lengths=torch.tensor([4, 1, 0, 3]))  # rows 1, 2 swapped
+    with pytest.raises(ValueError, match=r"history_action: rows' counts of actions"):
+        model(torch.zeros(4, 1), KeyedJaggedTensor.from_jt_dict(jts))
