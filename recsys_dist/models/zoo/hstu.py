@@ -167,10 +167,14 @@ class HSTU(TargetSequenceModel):
     padded one. The relative attention bias ``rab^p`` is a learned scalar per layer and per
     bucket of the distance ``i - j`` in events (:func:`position_bucket`: exact below
     ``max_positions // 2``, logarithmic beyond); the target's position is ``n``, right after
-    the last event. The paper's time bias ``rab^t`` (over the bucketed timestamp differences)
-    is not used: the history sequences of ``data.schema.history`` carry item ids only, no
-    per-event time. Nor are the paper's action tokens: the history holds the items a user
-    interacted with, not the action (the rating) they took.
+    the last event. With ``time_buckets`` > 0 the paper's time bias ``rab^t`` joins it
+    (``rab^{p,t} = rab^p + rab^t``, a learned scalar per layer and bucket of the time between
+    the query's next token and the key: ``recsys_dist.models.hstu_time``), read from the
+    raw-valued ``<sequence>_time`` feature (``data.schema.history.times``). With
+    ``action_tokens`` each event's token is its item embedding plus its action's (the
+    ``<sequence>_action`` sequence, ``data.schema.history.action``: e.g. the rating), and the
+    target's is the target item plus a learned action vector (its action is unknown). Both off,
+    the model is the one from before them (same parameters, same seeded weights).
 
     The target's output ``y_A`` [B, E] after the last layer (the "target-aware" set-up of the
     paper's ranking model: the candidate is the last token) goes into one MLP head per task:
@@ -188,7 +192,8 @@ class HSTU(TargetSequenceModel):
     ``len(spec.tasks)`` (``[B, 1]`` for one task).
 
     Raises:
-        ValueError: no sequence feature, or ``target_feature`` not a categorical feature.
+        ValueError: no sequence feature, ``target_feature`` not a categorical feature, or the
+            actions / times and the options disagree (:func:`token_sequences`).
     """
 
     def __init__(
