@@ -8,7 +8,8 @@ epochs, benchmarks/results/sequence_din_cpu2core_20261201.md and sequence_bst_cp
 
 Run from the repository root:
 PYTHONPATH=$PWD .venv/bin/python benchmarks/sequence_side_by_side.py OUT_DIR [--ranks N] [MODEL ...]
-(MODEL among bst, din, hstu, deepfm; default all four; HSTU's results:
+(MODEL among bst, din, hstu, deepfm, hstu_items, hstu_time, hstu_both; default the first four; --baseline M
+compares to M instead of DeepFM; HSTU's results:
 benchmarks/results/hstu_movielens_cpu2core_20261205.md). Trains 3 runs per model on 2 CPU ranks (the
 configs' 2 x 64 rows a step; --ranks 1: 1 x 128, the same global batches), then predicts the
 test split with each run's best checkpoint (checkpoint.keep_best; early stopping as configured).
@@ -26,6 +27,9 @@ import harness
 
 SORTED = harness.ROOT / "datasets/movielens/ratings_genres_first20000_by_time.csv"
 DIN = harness.CONFIGS / "movielens_din.yaml"
+HSTU = harness.CONFIGS / "movielens_hstu.yaml"
+ITEMS_ONLY = ["data.schema.history.action=null", "model.action_tokens=false"]
+TIME_BIAS = ["data.schema.history.times=true", "model.time_buckets=128"]
 
 
 def same_training_as_din() -> list[str]:
@@ -46,8 +50,13 @@ def same_training_as_din() -> list[str]:
 RUNS = {  # name: (config, overrides, or a function that makes them)
     "bst": (harness.CONFIGS / "movielens_bst.yaml", list),
     "din": (DIN, list),
-    "hstu": (harness.CONFIGS / "movielens_hstu.yaml", list),
+    "hstu": (HSTU, list),
     "deepfm": (harness.CONFIGS / "movielens_deepfm.yaml", same_training_as_din),
+    # HSTU variants (the shipped config has the rating actions; benchmarks/results/hstu_time_actions_*):
+    # items only (the shipped config before 2026-12-05), with the time bias rab^t, with both
+    "hstu_items": (HSTU, lambda: ITEMS_ONLY),
+    "hstu_time": (HSTU, lambda: [*ITEMS_ONLY, *TIME_BIAS]),
+    "hstu_both": (HSTU, lambda: TIME_BIAS),
 }
 BASELINE = "deepfm"
 SEEDS = (0, 1, 2)
@@ -58,6 +67,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("out", type=Path, help="run directories (a run with a summary.json is reused)")
     p.add_argument("models", nargs="*", metavar="MODEL", help=f"among {', '.join(RUNS)} (default: all)")
     p.add_argument("--ranks", type=int, default=2, help="ranks per run (the global batch stays 128)")
+    p.add_argument("--baseline", default=BASELINE, help=f"the model the others are compared to (default {BASELINE})")
     p.add_argument("--seeds", type=int, default=len(SEEDS), help="seeds 0..N-1 per model (default 3)")
     args = p.parse_intermixed_args(argv)  # OUT_DIR --ranks N MODEL ...
     if unknown := [m for m in args.models if m not in RUNS]:
@@ -65,14 +75,15 @@ def main(argv: list[str] | None = None) -> None:
     with harness.Results(args, argv):
         run(
             args.out,
-            args.models or list(RUNS),
+            args.models or ["bst", "din", "hstu", "deepfm"],
             args.ranks,
             (0,) if args.smoke else tuple(range(args.seeds)),
             args.smoke,
+            args.baseline,
         )
 
 
-def run(out: Path, kinds: list[str], ranks: int, seeds: tuple, smoke: bool) -> None:
+def run(out: Path, kinds: list[str], ranks: int, seeds: tuple, smoke: bool, baseline: str = BASELINE) -> None:
     """Train and predict each model and seed (reusing what is there); print the comparison."""
     import numpy as np
     import pyarrow.parquet as pq
@@ -109,14 +120,14 @@ def run(out: Path, kinds: list[str], ranks: int, seeds: tuple, smoke: bool) -> N
     for kind in kinds:
         per_seed = [auc[kind, s] for s in seeds]
         print(kind, "test AUC", [round(a, 4) for a in per_seed], "mean", round(float(np.mean(per_seed)), 4))
-    if BASELINE in kinds:
+    if baseline in kinds:
         # Mean over seeds of AUC(kind) - AUC(baseline), and its 95% interval over bootstrap
         # resamples of the test rows (each resample scores both models of every seed on the same rows).
-        base = [preds[BASELINE, s][1] for s in seeds]
+        base = [preds[baseline, s][1] for s in seeds]
         for kind in kinds:
-            if kind != BASELINE:
+            if kind != baseline:
                 d, (lo, hi) = harness.paired_bootstrap(y, [preds[kind, s][1] for s in seeds], base, roc_auc_score)
-                print(f"{kind} - {BASELINE}: {d:+.4f}, 95% interval [{lo:+.4f}, {hi:+.4f}]")
+                print(f"{kind} - {baseline}: {d:+.4f}, 95% interval [{lo:+.4f}, {hi:+.4f}]")
     for kind in kinds:
         times = [seconds[kind, s] for s in seeds if (kind, s) in seconds]
         print(kind, "wall seconds per run (train + eval, incl. start-up):", [round(t, 1) for t in times])

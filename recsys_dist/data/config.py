@@ -1,7 +1,6 @@
 """The ``data:`` section: raw format, splits, categorical mapping, table sizes, pooling, loader.
 
-Owned by ``recsys_dist.data``; composed into ``RunConfig`` by ``recsys_dist.config.run``.
-"""
+Owned by ``recsys_dist.data``; composed into ``RunConfig`` by ``recsys_dist.config.run``."""
 
 from __future__ import annotations
 
@@ -43,6 +42,8 @@ class HistoryConfig(_Section):
         "strictly earlier times); file_order: a row reads every earlier row of its user in (time, file order), "
         "the order data.split.by: leave_last_out uses (which requires it).",
     )
+    action: str | None = Field(None, description="Action column (the rating): derive <name>_action for hstu")
+    times: bool = Field(False, description="Derive <name>_time, times before the row, for hstu's time bias")
 
 
 class TaskLabel(_Section):

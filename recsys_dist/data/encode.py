@@ -65,7 +65,8 @@ class Encoder:
     ) -> None:
         self.reader, self.stateful = reader, stateful
         self.fmt = fmt = reader()
-        self.managed = [n in features.managed for n in fmt.sparse_names]
+        # raw keys, no reduction: managed-collision ids and raw-valued features (value_names)
+        self.managed = [n in features.managed or n in features.value_names for n in fmt.sparse_names]
         self.vocabs = None if vocabulary is None else mp.load_vocabularies(vocabulary, list(fmt.sparse_names))
         sizes = configured_sizes(data, fmt)
         if self.vocabs is not None:

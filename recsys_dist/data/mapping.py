@@ -74,6 +74,9 @@ def hash_ids(keys: np.ndarray, num_embeddings: int) -> np.ndarray:
 
 
 MANAGED_ID_SPACE = 2**63 - 1  # managed ids lie in [0, MANAGED_ID_SPACE)
+# The "table size" recorded for a raw-valued feature (FeatureSpec.value_names), which has no
+# table: the smallest valid size, so the per-feature size lists stay one entry per feature.
+NO_TABLE_ROWS = 2
 
 
 def managed_ids(keys: np.ndarray) -> np.ndarray:

@@ -16,6 +16,7 @@ from pathlib import Path
 import recsys_dist.data.formats.avazu  # noqa: F401
 import recsys_dist.data.formats.criteo  # noqa: F401
 import recsys_dist.data.formats.schema  # noqa: F401
+from recsys_dist.data import mapping as mp
 from recsys_dist.data.config import DataConfig
 from recsys_dist.data.convert import entry_path, prepare
 from recsys_dist.data.convert.manifest import MANIFEST_FILE, PreparedData
@@ -147,14 +148,18 @@ def configured_sizes(d: DataConfig, fmt: RawFormat) -> list[int]:
     ``fmt.sparse_names`` order. Under vocabulary mapping the data preparation decides the real
     sizes (``PreparedData.num_embeddings``)."""
     n = d.num_embeddings
-    return list(n) if isinstance(n, list) else [n] * len(fmt.sparse_names)
+    if isinstance(n, list):
+        return list(n)
+    values = set(getattr(fmt, "value_names", []))  # no table: mp.NO_TABLE_ROWS
+    return [mp.NO_TABLE_ROWS if f in values else n for f in fmt.sparse_names]
 
 
 def managed_names(d: DataConfig, fmt: RawFormat) -> list[str]:
     """The categorical features of ``fmt`` whose ids a managed-collision module maps
     (``categorical_mapping: managed``: all; else ``data.managed.features``), in format order."""
     listed = set(d.managed.features or []) if d.managed is not None else set()
-    return [n for n in fmt.sparse_names if d.categorical_mapping == "managed" or n in listed]
+    values = set(getattr(fmt, "value_names", []))
+    return [n for n in fmt.sparse_names if n not in values and (d.categorical_mapping == "managed" or n in listed)]
 
 
 def conversion_spec(d: DataConfig, fmt: RawFormat | None = None) -> ConversionSpec:

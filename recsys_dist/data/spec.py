@@ -58,6 +58,10 @@ class FeatureSpec:
         task_kinds: one per task, ``binary`` / ``regression``.
         label_columns: the converted Parquet's label columns, one per task (``["label"]``, or
             ``["label:<task>", ...]``); ``weight_column``: its sample-weight column, or None.
+        value_names: raw-valued sequence features, the last keys of the ``sparse``
+            KeyedJaggedTensor, with no table: per example a list of int64 values ``1 + v``
+            (``v >= 0``; 0 never occurs), as long as the sequence it describes
+            (``data.schema.history.times``: ``<history>_time``, per event the time before the row).
         managed: the features whose ids a managed-collision module maps
             (``data.categorical_mapping: managed``: all; else ``data.managed.features``); their
             ids lie in ``[0, 2**63 - 1)`` until the module remaps them to table rows.
@@ -77,6 +81,7 @@ class FeatureSpec:
     label_columns: list[str] = field(default_factory=lambda: ["label"])
     weight_column: str | None = None
     managed: list[str] = field(default_factory=list)
+    value_names: list[str] = field(default_factory=list)
 
     @property
     def num_dense(self) -> int:
@@ -95,15 +100,17 @@ class FeatureSpec:
 
     @property
     def keys(self) -> list[str]:
-        """Every key of the ``sparse`` KeyedJaggedTensor: ``sparse_names``, then ``sequence_names``."""
-        return [*self.sparse_names, *self.sequence_names]
+        """Every key of the ``sparse`` KeyedJaggedTensor: ``sparse_names``, ``sequence_names``, then
+        ``value_names``."""
+        return [*self.sparse_names, *self.sequence_names, *self.value_names]
 
     @property
     def id_bounds(self) -> list[int]:
         """Per key of :attr:`keys`, the bound a loader checks ids against: the table's rows, or
         for a managed feature the raw id space ``2**63 - 1`` (its module maps ids to rows)."""
-        rows = [t.num_embeddings for t in [*self.tables, *self.sequence_tables]]
-        return [MANAGED_ID_SPACE if k in self.managed else n for k, n in zip(self.keys, rows)]
+        rows = [t.num_embeddings for t in [*self.tables, *self.sequence_tables]] + [0] * len(self.value_names)
+        raw = {*self.managed, *self.value_names}
+        return [MANAGED_ID_SPACE if k in raw else n for k, n in zip(self.keys, rows)]
 
     def all_tables(self) -> list[EmbeddingBagConfig]:
         """Every pooled table: ``tables`` then ``first_order_tables`` (one EmbeddingBagCollection

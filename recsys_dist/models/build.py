@@ -42,9 +42,9 @@ def feature_spec(
     """
     keys = list(fmt.sparse_names)
     all_sizes = _sizes(keys, num_embeddings) if num_embeddings is not None else configured_sizes(data, fmt)
-    seq = list(fmt.sequence_names)
-    sparse = [k for k in keys if k not in seq]
-    sizes = [n for k, n in zip(keys, all_sizes) if k not in seq]
+    seq, values = list(fmt.sequence_names), list(getattr(fmt, "value_names", []))
+    sparse = [k for k in keys if k not in seq and k not in values]
+    sizes = [n for k, n in zip(keys, all_sizes) if k not in seq and k not in values]
     seq_sizes = [n for k, n in zip(keys, all_sizes) if k in seq]
     pooling = dict(default_pooling=data.pooling, pooling=data.feature_pooling, init_scale=model.embedding_init_scale)
     spec = FeatureSpec(
@@ -62,6 +62,7 @@ def feature_spec(
         label_columns=list(fmt.label_columns),
         weight_column=fmt.weight_column,
         managed=managed_names(data, fmt),
+        value_names=values,
     )
     return on_features(spec) if on_features is not None else spec
 

@@ -51,3 +51,17 @@ def no_sequences(job) -> list[str]:
         f"model.name: {job.model.name} reads no sequence features, so {', '.join(keys or seq)} would be "
         "dropped; use a model that reads them (din, bst) or remove them from data.schema"
     ]
+
+
+def no_history_extras(job) -> list[str]:
+    """No ``data.schema.history.action`` / ``times``: only ``hstu`` reads them (the actions would
+    be read as one more sequence of their own, the times dropped)."""
+    schema = job.data.schema
+    h = schema.history if schema is not None else None
+    if h is None or not (h.action or h.times):
+        return []
+    keys = [k for k, on in (("data.schema.history.action", h.action), ("data.schema.history.times", h.times)) if on]
+    return [
+        f"model.name: {job.model.name} does not read {' / '.join(keys)} (only hstu does, with "
+        "model.action_tokens / model.time_buckets); remove them from data.schema.history"
+    ]

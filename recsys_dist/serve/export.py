@@ -327,13 +327,15 @@ def score(
     batch_size: int = 4096,
     preprocessing: Preprocessing | None = None,
     keep_columns: list[str] | tuple = (),
+    reader=None,
 ) -> dict[str, np.ndarray]:
     """Logits and labels for every row of ``data``: a raw file in the model's data format
     (gzip ok), converted with the model's preprocessing record, or a converted split (a
     Parquet file that a ``manifest.json`` beside it lists) made with the same settings.
     ``preprocessing``: the record :func:`load` returns with the model (``LoadedModel``); it
     may be left out for a hash-mapped model (made from ``job``), never for a vocabulary-mapped
-    one, whose training vocabulary is never rebuilt.
+    one, whose training vocabulary is never rebuilt. ``reader``: the format object that reads a
+    raw ``data`` (default ``scoring.scoring_format``: unlabelled when the label column is absent).
 
     Returns arrays ``logit`` (float32 [N]) and ``label`` (float32 [N], NaN for a file
     without labels: Criteo's 39-field test layout, a schema file without its label column),
@@ -357,7 +359,7 @@ def score(
             )
         prep = Preprocessing.describe(job.data, job.fmt, job.table_sizes)
     data = Path(data)
-    parquet, manifest, columns = _scoring_input(job, data, prep, keep_columns)
+    parquet, manifest, columns = _scoring_input(job, data, prep, keep_columns, reader)
     labelled = not is_unlabelled(manifest["format"])
     f = job.features
     loader = ParquetBatchLoader(
@@ -393,7 +395,7 @@ def score(
 
 
 def _scoring_input(
-    job: Job, data: Path, prep: Preprocessing, keep_columns: list[str] | tuple
+    job: Job, data: Path, prep: Preprocessing, keep_columns: list[str] | tuple, reader=None
 ) -> tuple[Path, dict, dict[str, np.ndarray]]:
     """(the converted Parquet file to score, its conversion's manifest, the kept raw columns)
     for ``data``: a converted split as it is, a raw file converted with ``prep``.
@@ -421,7 +423,7 @@ def _scoring_input(
                 f"{job.data.format} raw data is text. Give the raw file, or a converted split where "
                 "`recsys-dist preprocess` wrote it (beside its manifest.json)"
             )
-        fmt = scoring_format(job.data, data)
+        fmt = reader or scoring_format(job.data, data)
         prepared = prepare_for_scoring(job.data, data, prep.vocabulary, fmt)
         parquet = prepared.files["train"]
         manifest = json.loads((prepared.directory / MANIFEST_FILE).read_text())

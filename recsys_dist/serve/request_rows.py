@@ -287,7 +287,10 @@ def score_rows(loaded: LoadedModel, rows: list) -> dict:
         # Its own conversion cache: one entry per request, removed with it.
         job = dataclasses.replace(job, data=job.data.model_copy(update={"cache_dir": str(tmp / "c")}))
         try:
-            s = score(job, loaded.model, path, preprocessing=loaded.preprocessing)
+            # rows as objects are read unlabelled (data.schema): a label column written with them is
+            # data.schema.history.action's (the rating), never a label to check
+            reader = writer.layout.reader() if job.fmt.spec is not None and writer.kind(rows) is dict else None
+            s = score(job, loaded.model, path, preprocessing=loaded.preprocessing, reader=reader)
         except DataError as err:
             raise BadRequest(_rows_message(err, path, writer.header_lines)) from None
     finally:

@@ -73,7 +73,7 @@ def make_loaders(job: Job, ctx: DistContext) -> Loaders:
     prepared = job.prepared or broadcast_result(ctx, lambda: prepare_from_config(d, fmt=job.fmt))
     job = job.with_data(prepared)  # once: the caller takes it back as ``Loaders.job``
     features = job.features
-    sizes = [t.num_embeddings for t in features.tables + features.sequence_tables]
+    sizes = job.table_sizes
     dense_names, sparse_names = features.dense_names, features.keys
     options = LoaderOptions(
         num_embeddings=features.id_bounds,

@@ -24,6 +24,7 @@ from recsys_dist.checkpoint.config import CheckpointConfig
 from recsys_dist.data.config import DataConfig, describe_raw_path
 from recsys_dist.data.convert import PreparedData
 from recsys_dist.data.formats.base import RawFormat
+from recsys_dist.data.mapping import NO_TABLE_ROWS
 from recsys_dist.data.resolve import check_data, configured_sizes, data_format, prepare_from_config
 from recsys_dist.data.spec import FeatureSpec
 from recsys_dist.distributed.config import DistributedConfig, ShardingConfig
@@ -94,7 +95,8 @@ class Job:
     @property
     def table_sizes(self) -> list[int]:
         """Rows of every feature's table (sequence features last), as the loaders bound ids."""
-        return [t.num_embeddings for t in self.features.tables + self.features.sequence_tables]
+        f = self.features
+        return [t.num_embeddings for t in f.tables + f.sequence_tables] + [NO_TABLE_ROWS] * len(f.value_names)
 
     def sections(self) -> dict[str, Section]:
         """``{name: section}`` in config order."""

@@ -150,7 +150,8 @@ def _conversion(spec: ConversionSpec, progress: bool, warn_one_class: bool, cove
 
 
 def _check_options(fmt, num_embeddings, on_bad_row: str, mapping: str, managed, vocabulary):
-    """(table size per feature, managed flag per feature, vocabulary path or None), checked.
+    """(table size per feature, raw-keys flag per feature (managed or ``fmt.value_names``),
+    vocabulary path or None), checked.
 
     Raises:
         ValueError: a count that does not match the format's features, an unknown option.
@@ -167,6 +168,11 @@ def _check_options(fmt, num_embeddings, on_bad_row: str, mapping: str, managed, 
     managed = [True] * len(sparse_names) if mapping == "managed" else list(managed or [False] * len(sparse_names))
     if len(managed) != len(sparse_names):
         raise ValueError(f"managed: {len(managed)} flags for {len(sparse_names)} features of {fmt.name}")
+    # raw-valued features (data.schema.history.times) keep their values like managed ones: no vocabulary, no hash
+    values = set(getattr(fmt, "value_names", []))
+    managed = [m or n in values for m, n in zip(managed, sparse_names)]
+    if not isinstance(num_embeddings, (list, tuple)):  # a list is the conversion's own (a record's)
+        sizes = [mp.NO_TABLE_ROWS if n in values else s for n, s in zip(sparse_names, sizes)]
     vocab_path = Path(vocabulary) if vocabulary is not None else None
     if vocab_path is not None and not vocab_path.is_file():
         raise DataError(f"{vocab_path}: vocabulary file does not exist")

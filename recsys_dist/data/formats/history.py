@@ -4,9 +4,13 @@ computed while the file streams by (see :class:`UserHistory`)."""
 from __future__ import annotations
 
 from collections import deque
+from typing import NamedTuple
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
+from recsys_dist.data.mapping import SparseKeys, text_keys
 from recsys_dist.errors import DataError
 
 
@@ -21,22 +25,36 @@ def _exact(t: float) -> str:
     return str(int(t)) if t.is_integer() else repr(t)
 
 
-def describe(h) -> str:
-    """The manifest's ``transforms`` entry of the history ``h`` (``data.schema.history``)."""
-    if h.ties == "exclude":
-        order = f"(time {h.time} strictly smaller; ties excluded)"
-    else:
-        order = f"in ({h.time}, file order)"
-    return (
-        f"{h.name}: the {h.item} values of the same {h.user}'s earlier rows {order}, the last {h.max_length}, "
-        "oldest first, each mapped like a categorical value; list<int64>"
-    )
+def history_sequences(h) -> list[str]:
+    """The sequence features (with a table) ``data.schema.history`` ``h`` derives: its items, and
+    ``<name>_action`` with an action column; [] without a history."""
+    if h is None:
+        return []
+    return [h.name] + ([f"{h.name}_action"] if getattr(h, "action", None) else [])
+
+
+def drop_defaults(key: dict | None) -> None:
+    """Remove ``action`` / ``times`` from a history section's cache key where they are off, and
+    ``ties`` where it is the default ``exclude`` (the keys of conversions from before them)."""
+    if not isinstance(key, dict):
+        return
+    for option in ("action", "times"):
+        if not key.get(option):
+            key.pop(option, None)
+    if key.get("ties") == "exclude":
+        key.pop("ties")
+
+
+def history_columns(h) -> list[str]:
+    """The raw columns ``data.schema.history`` ``h`` reads: user, item, time (and action)."""
+    return [h.user, h.item, h.time] + ([h.action] if getattr(h, "action", None) else [])
 
 
 class UserHistory:
-    """Streaming user histories: per user, the last N item keys of rows strictly earlier in time.
+    """Streaming user histories: per user, the last N events (item key, time, action key) of rows
+    strictly earlier in time.
 
-    Memory: per user at most N committed keys plus the keys of that user's rows at the
+    Memory: per user at most N committed events plus the events of that user's rows at the
     current (latest) time, whatever the length of the log. Rows of one user must come in
     non-decreasing time order. ``ties``: ``"exclude"``: rows of one user with equal times do
     not see each other (an event enters the history once a strictly later time of that user
@@ -50,16 +68,34 @@ class UserHistory:
         self.state: dict[int, tuple[deque, float, list]] = {}
         self._last: tuple[str, int] | None = None
 
-    def rows(self, path, first_line, users, items, present, times, h, spec) -> tuple[np.ndarray, np.ndarray]:
+    def rows(self, path, first_line, users, items, present, times, h, spec, actions=None) -> HistoryRows:
+        """Per row of the block, the user's history before it (:class:`HistoryRows`).
+
+        ``users``/``items`` uint64 keys [N], ``present`` bool [N] (False: the row's item is
+        empty and joins no history), ``times`` float64 [N], ``actions`` uint64 keys [N] (the
+        ``data.schema.history.action`` column's) or None.
+
+        Raises:
+            DataError: a row's time is earlier than an earlier row's of the same user (names the
+                file, line/row and column).
+        """
         # A new pass over the file (the vocabulary count, then the conversion) starts afresh.
         if self._last is None or self._last[0] != path or first_line <= self._last[1]:
             self.state = {}
         self._last = (path, first_line)
-        out: list[int] = []
+        keys: list[int] = []
+        when: list[float] = []
+        what: list[int] = []
         lengths = np.zeros(len(users), np.int32)
         n = self.max_length
+        acts = actions.tolist() if actions is not None else [0] * len(users)
         for i, (u, t) in enumerate(zip(users.tolist(), times.tolist())):
-            committed, at, pending = self.state.get(u) or (deque(maxlen=n), -np.inf, [])
+            # (item keys, their times, their action keys): the user's last n committed events
+            committed, at, pending = self.state.get(u) or (
+                (deque(maxlen=n), deque(maxlen=n), deque(maxlen=n)),
+                -np.inf,
+                [],
+            )
             if t < at:
                 raise DataError(
                     f"{path}, {'row' if is_parquet(spec, path) else 'line'} {first_line + i}, column {h.time}: "
@@ -68,11 +104,96 @@ class UserHistory:
                     "or by time)"
                 )
             if t > at or self.in_order:  # the pending events are now earlier than this row
-                committed.extend(pending)
+                for event in pending:
+                    for column, value in zip(committed, event):
+                        column.append(value)
                 pending, at = [], t
-            out.extend(committed)
-            lengths[i] = len(committed)
+            keys.extend(committed[0])
+            when.extend(committed[1])
+            what.extend(committed[2])
+            lengths[i] = len(committed[0])
             if present[i]:
-                pending.append(int(items[i]))
+                pending.append((int(items[i]), t, acts[i]))
             self.state[u] = (committed, at, pending)
-        return np.array(out, dtype=np.uint64), lengths
+        return HistoryRows(
+            np.array(keys, dtype=np.uint64),
+            lengths,
+            np.array(when, dtype=np.float64),
+            np.array(what, dtype=np.uint64),
+        )
+
+
+class HistoryRows(NamedTuple):
+    """The histories of a block of N rows, flat (row by row, oldest event first).
+
+    Attributes:
+        keys: uint64 [sum(lengths)]: the events' item keys.
+        lengths: int32 [N]: events per row (at most ``max_length``).
+        times: float64 [sum(lengths)]: each event's time (the ``data.schema.history.time`` value
+            of the row it came from), non-decreasing within a row and strictly below the row's
+            (at most the row's under ``ties: file_order``).
+        actions: uint64 [sum(lengths)]: each event's action key (0 without an action column).
+    """
+
+    keys: np.ndarray
+    lengths: np.ndarray
+    times: np.ndarray
+    actions: np.ndarray
+
+
+def time_deltas(row_times: np.ndarray, lengths: np.ndarray, event_times: np.ndarray) -> np.ndarray:
+    """uint64 [sum(lengths)]: per history event, ``floor(row time - event time)`` (in the time
+    column's units, >= 0: an event is strictly earlier than its row), the value of the derived
+    ``<history>_time`` feature (``data.schema.history.times``)."""
+    return np.floor(np.repeat(row_times, lengths) - event_times).astype(np.uint64)
+
+
+def history_transform(h) -> str:
+    """What the history's columns hold, as text for the manifest."""
+    if getattr(h, "ties", "exclude") == "exclude":
+        order = f"(time {h.time} strictly smaller; ties excluded)"
+    else:
+        order = f"in ({h.time}, file order)"
+    out = (
+        f"{h.name}: the {h.item} values of the same {h.user}'s earlier rows {order}, the last {h.max_length}, "
+        "oldest first, each mapped like a categorical value; list<int64>"
+    )
+    if getattr(h, "action", None):
+        out += f"; {h.name}_action: those rows' {h.action} values (numbers as repr(float)), mapped like a categorical"
+    if getattr(h, "times", False):
+        out += f"; {h.name}_time: per event 1 + floor(row {h.time} - event {h.time}) as int64 (raw, no table)"
+    return out
+
+
+def _keys(col: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    return text_keys(pc.utf8_trim_whitespace(pc.fill_null(col, "")))
+
+
+def _number_text(value: str) -> str:
+    try:
+        return repr(float(value))
+    except ValueError:
+        return value
+
+
+def action_keys(col: pa.Array) -> np.ndarray:
+    """uint64 [N]: the key of each action value's text, a number written as ``repr(float)``: the
+    rating 4, "4", 4.0 and "4.00" (a JSON client, a Parquet double, a CSV field) are one action."""
+    text = pc.utf8_trim_whitespace(pc.fill_null(pc.cast(col, pa.string()), ""))
+    return text_keys(pa.array([_number_text(v) for v in text.to_pylist()], pa.string()))[0]
+
+
+def derive_features(state: UserHistory, h, batch: pa.RecordBatch, times: np.ndarray, path, first_line, spec):
+    """The history's features of a block (``times`` float64 [N], the rows' checked times):
+    its items, then (if configured) the events' actions and their times before the row
+    (:func:`time_deltas`), as ``SparseKeys`` (list)."""
+    users, _ = _keys(batch.column(h.user))
+    items, present = _keys(batch.column(h.item))
+    actions = action_keys(batch.column(h.action)) if getattr(h, "action", None) else None
+    got = state.rows(path, first_line, users, items, present, times, h, spec, actions)
+    out = [SparseKeys(got.keys, None, got.lengths)]
+    if actions is not None:
+        out.append(SparseKeys(got.actions, None, got.lengths))
+    if getattr(h, "times", False):
+        out.append(SparseKeys(time_deltas(times, got.lengths, got.times), None, got.lengths))
+    return out

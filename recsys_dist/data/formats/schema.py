@@ -37,8 +37,9 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
+from recsys_dist.data.formats import history as hist
 from recsys_dist.data.formats.base import RequestLayout, register_format
-from recsys_dist.data.formats.history import UserHistory, describe, is_parquet
+from recsys_dist.data.formats.history import UserHistory, is_parquet
 from recsys_dist.data.formats.schema_request import schema_layout
 from recsys_dist.data.mapping import SparseKeys, text_keys
 from recsys_dist.data.text import count_rows, line_blocks, parse_block, parse_hex_keys, read_head, rows_then_bad_line
@@ -126,14 +127,14 @@ class SchemaFormat:
         self.weight_column = "weight" if spec.weight is not None else None
         self.dense_names = list(spec.dense)
         history = getattr(spec, "history", None)
-        self.sequence_names = list(getattr(spec, "sequence", None) or {}) + ([history.name] if history else [])
-        self.sparse_names = list(spec.categorical) + list(spec.multi_hot) + self.sequence_names
+        self.sequence_names = list(getattr(spec, "sequence", None) or {}) + hist.history_sequences(history)
+        self.value_names = [f"{history.name}_time"] if history and getattr(history, "times", False) else []
+        self.sparse_names = list(spec.categorical) + list(spec.multi_hot) + self.sequence_names + self.value_names
         key = dict(spec.model_dump(mode="json") if hasattr(spec, "model_dump") else vars(spec))
         for option in ("hex_categorical", "sequence", "history", "labels", "weight"):
             if not key.get(option):
                 key.pop(option, None)  # the key of conversions from before the option
-        if isinstance(key.get("history"), dict) and key["history"].get("ties") == "exclude":
-            key["history"] = {k: v for k, v in key["history"].items() if k != "ties"}  # as before ties existed
+        hist.drop_defaults(key.get("history"))  # the key of conversions from before ties / action / times
         self.fingerprint = "schema:" + json.dumps(key, sort_keys=True)
         self.hex = set(getattr(spec, "hex_categorical", None) or [])
 
@@ -162,7 +163,7 @@ class SchemaFormat:
                 "mapped like a categorical value; list<int64>, oldest first"
             )
         if history:
-            self.transforms["history"] = describe(history)
+            self.transforms["history"] = hist.history_transform(history)
         self.raw_columns: list[str] | None = None
         self._history = UserHistory(history.max_length, history.ties) if history else None
 
@@ -216,7 +217,7 @@ class SchemaFormat:
             *(getattr(s, "sequence", None) or {}),
         ]
         if getattr(s, "history", None) is not None:
-            needed += [c for c in (s.history.user, s.history.item, s.history.time) if c not in needed]
+            needed += [c for c in hist.history_columns(s.history) if c not in needed]
         missing = [c for c in needed if c not in names]
         if missing:
             hint = (
@@ -379,7 +380,7 @@ class SchemaFormat:
         s = self.spec
         out = set(getattr(s, "sequence", None) or {})
         if getattr(s, "history", None) is not None:
-            out |= {s.history.user, s.history.item}
+            out |= {s.history.user, s.history.item, *([s.history.action] if s.history.action else [])}
         return out
 
     def _elements(self, col: pa.Array, separator: str | None = None) -> tuple[pa.Array, np.ndarray]:
@@ -453,7 +454,7 @@ class SchemaFormat:
         for n, seq in (getattr(s, "sequence", None) or {}).items():
             sparse.append(self._sequence(batch.column(n), seq, f"{path}, column {n}", first_line))
         if self._history is not None:
-            sparse.append(self._derive_history(batch, path, first_line))
+            sparse.extend(self._derive_history(batch, path, first_line))
         return labels, dense, sparse
 
     def _sequence(self, col: pa.Array, seq, where: str, first_line: int) -> SparseKeys:
@@ -470,7 +471,8 @@ class SchemaFormat:
         lengths = np.minimum(counts, seq.max_length).astype(np.int32)
         return SparseKeys(keys, None, lengths)
 
-    def _derive_history(self, batch: pa.RecordBatch, path: str, first_line: int) -> SparseKeys:
+    def _derive_history(self, batch: pa.RecordBatch, path: str, first_line: int) -> list[SparseKeys]:
+        """The history's features: items, then (if configured) actions, times (``hist.derive_features``)."""
         h = self.spec.history
         times = _floats(batch.column(h.time), f"{path}, column {h.time}", first_line)
         bad = ~np.isfinite(times)
@@ -481,10 +483,7 @@ class SchemaFormat:
                 f"'{batch.column(h.time)[i].as_py()}' is not a number (data.schema.history.time needs a time on "
                 "every row)"
             )
-        users, _ = text_keys(pc.utf8_trim_whitespace(pc.fill_null(batch.column(h.user), "")))
-        items, present = text_keys(pc.utf8_trim_whitespace(pc.fill_null(batch.column(h.item), "")))
-        keys, lengths = self._history.rows(path, first_line, users, items, present, times, h, self.spec)
-        return SparseKeys(keys, None, lengths)
+        return hist.derive_features(self._history, h, batch, times, path, first_line, self.spec)
 
     def unlabelled(self, path: str | os.PathLike) -> SchemaFormat | None:
         """:class:`UnlabelledSchemaFormat` when the file has no ``data.schema.label`` column."""
@@ -504,6 +503,7 @@ class SchemaFormat:
         fields += [pa.field(n, pa.int64()) for n in self.spec.categorical]
         fields += [pa.field(n, pa.list_(pa.int64())) for n in self.spec.multi_hot]
         fields += [pa.field(n, pa.list_(pa.int64())) for n in self.sequence_names]
+        fields += [pa.field(n, pa.list_(pa.int64())) for n in self.value_names]
         if self.weight_column:
             fields.append(pa.field(self.weight_column, pa.float32()))
         return pa.schema(fields)
@@ -529,7 +529,8 @@ class UnlabelledSchemaFormat(SchemaFormat):
 
     def _check_columns(self, path: str, names: list[str], where: str) -> None:
         s = self.spec
-        missing = [c for c in (*s.dense, *s.categorical, *s.multi_hot) if c not in names]
+        history = hist.history_columns(s.history) if s.history else []  # its action may be the label column
+        missing = [c for c in (*s.dense, *s.categorical, *s.multi_hot, *history) if c not in names]
         if missing:
             raise DataError(f"{path}: columns {missing} named in data.schema are not in the file ({where}: {names})")
         self.raw_columns = names
@@ -540,7 +541,8 @@ class UnlabelledSchemaFormat(SchemaFormat):
         return np.zeros(batch.num_rows, np.float32)
 
     def bad_row_mask(self, batch: pa.RecordBatch):
-        labelled = batch
+        # a label column here is history.action's (the rating): not checked as a label
+        labelled = batch.drop_columns([c for c in self.spec.label_columns() if c in batch.schema.names])
         for column in self.spec.label_columns():
             labelled = labelled.append_column(column, pa.array(np.full(batch.num_rows, "0")))
         return super().bad_row_mask(labelled)

@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from recsys_dist.data.formats.base import RawFormat, RequestLayout, Rows
-from recsys_dist.data.formats.history import is_parquet
+from recsys_dist.data.formats.history import history_columns, is_parquet
 
 PARQUET_LINES = (
     "rows: this model reads Parquet (data.schema.file_type: parquet), so its rows have no text line; "
@@ -39,7 +39,7 @@ def schema_layout(spec, reader: Callable[[], RawFormat]) -> RequestLayout:
     parquet = is_parquet(spec, "rows.csv")
     ignored = list(spec.label_columns())
     list_columns = frozenset({*spec.multi_hot, *(spec.sequence or {})})
-    history = [spec.history.user, spec.history.item, spec.history.time] if spec.history else []
+    history = history_columns(spec.history) if spec.history else []
     cols = [
         *([spec.weight] if spec.weight else []),
         *spec.dense,

@@ -11,6 +11,7 @@ from torch import nn
 from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 
 from recsys_dist.data.spec import FeatureSpec
+from recsys_dist.models.checks import no_history_extras, one_task
 from recsys_dist.models.config import BSTConfig
 from recsys_dist.models.layers import mlp_head
 from recsys_dist.models.registry import register_model
@@ -126,7 +127,7 @@ class BST(TargetSequenceModel):
         return self.encode(self.transformers[i], self.positions[i], values, mask, target)
 
 
-@register_model("bst", BSTConfig)
+@register_model("bst", BSTConfig, checks=(one_task, no_history_extras))
 def build_bst(spec: FeatureSpec, cfg: BSTConfig) -> BST:
     """``BST`` over the spec's pooled tables and its sequence tables; the positional embeddings
     start uniform in ``[-embedding_init_scale, embedding_init_scale]`` (0.05 when None).

@@ -11,6 +11,7 @@ from torch import nn
 from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 
 from recsys_dist.data.spec import FeatureSpec
+from recsys_dist.models.checks import no_history_extras, one_task
 from recsys_dist.models.config import DINConfig
 from recsys_dist.models.layers import mlp_head
 from recsys_dist.models.registry import register_model
@@ -66,7 +67,7 @@ class DIN(TargetSequenceModel):
         return self.interest(self.attention[i], values, mask, target)
 
 
-@register_model("din", DINConfig)
+@register_model("din", DINConfig, checks=(one_task, no_history_extras))
 def build_din(spec: FeatureSpec, cfg: DINConfig) -> DIN:
     """``DIN`` over the spec's pooled tables and its sequence tables.
 

@@ -11,11 +11,13 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from recsys_dist.data.spec import FeatureSpec
 
-# hstu_attention.pointwise_attention through its module: a torch.fx leaf only under its own module's name.
-from recsys_dist.models import hstu_attention
+# called through their modules: torch.fx.wrap patches a leaf's name in its own module only
+# (hstu_attention.pointwise_attention included)
+from recsys_dist.models import hstu_attention, hstu_time, layers, sequence
 from recsys_dist.models.config import HSTUConfig
 from recsys_dist.models.layers import mlp_head
 from recsys_dist.models.registry import register_model
@@ -72,12 +74,26 @@ def relative_bias(table: torch.Tensor, history_bucket: torch.Tensor, target_buck
     return torch.cat([rows, table[target_bucket].unsqueeze(1)], dim=1).unsqueeze(1)
 
 
+@torch.fx.wrap
+def with_actions(out: dict, key: str, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """[B, L, E]: the history's item embeddings ``values`` plus each event's action embedding
+    (``key``'s, from the EmbeddingCollection's output ``out``); padding stays 0.
+
+    Raises:
+        ValueError: a row's count of actions is not its count of events.
+    """
+    jt = out[key]
+    if not torch.equal(jt.lengths().long(), mask.sum(dim=1).long()):
+        raise ValueError(f"{key}: rows' counts of actions {jt.lengths().tolist()} are not their counts of events")
+    return values + jt.to_padded_dense(desired_length=values.shape[1])
+
+
 class HSTULayer(nn.Module):
     """One HSTU layer (eq. 1-3 of the paper) over padded tokens ``x`` [B, N, D] float32:
 
     ``U, V, Q, K = Split(SiLU(f_1(LayerNorm(x))))`` (eq. 1; ``f_1`` linear without bias,
     U, V: ``num_heads x linear_dim``, Q, K: ``num_heads x attention_dim``);
-    ``A V = (SiLU(Q K^T + rab^p) * M / c) V`` per head (eq. 2: pointwise aggregated attention,
+    ``A V = (SiLU(Q K^T + rab^{p,t}) * M / c) V`` per head (eq. 2: pointwise aggregated attention,
     no softmax; ``M`` the causal mask over real keys, ``c`` each query's number of keys),
     evaluated by ``recsys_dist.models.hstu_attention.pointwise_attention`` with the kernel
     ``attention`` (``auto``, ``dense`` or ``chunked``);
@@ -96,6 +112,7 @@ class HSTULayer(nn.Module):
         dropout: float,
         device: torch.device | None = None,
         attention: str = "auto",
+        time_buckets: int = 0,
     ) -> None:
         super().__init__()
         self.dim, self.heads, self.dqk, self.dv = dim, num_heads, attention_dim, linear_dim
@@ -106,14 +123,27 @@ class HSTULayer(nn.Module):
         nn.init.xavier_uniform_(self.f2.weight)
         self.position_bias = nn.Parameter(torch.empty(num_buckets, device=device).normal_(0.0, 0.02))
         self.dropout = nn.Dropout(dropout)
+        # rab^t (recsys_dist.models.hstu_time): made only when used, so a model without it draws
+        # the same initial weights as before it existed
+        if time_buckets:
+            self.time_bias = nn.Parameter(torch.empty(time_buckets, device=device).normal_(0.0, 0.02))
 
     def forward(
-        self, x: torch.Tensor, weight: torch.Tensor, history_bucket: torch.Tensor, target_bucket: torch.Tensor
+        self,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        history_bucket: torch.Tensor,
+        target_bucket: torch.Tensor,
+        time_bucket: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        """``x`` [B, N, D] -> [B, N, D]; ``time_bucket`` int64 [B, N, N] (``hstu_time.time_buckets``)
+        adds ``rab^t`` to the scores, None: position bias only."""
         h, dv, dqk = self.heads, self.dv, self.dqk
         uvqk = F.silu(self.f1(F.layer_norm(x, (self.dim,), eps=EPS)))
         u, v, q, k = uvqk.split([h * dv, h * dv, h * dqk, h * dqk], dim=-1)
         bias = relative_bias(self.position_bias, history_bucket, target_bucket)  # [B, 1, N, N]
+        if time_bucket is not None:  # rab^{p,t} = rab^p + rab^t
+            bias = bias + self.time_bias[time_bucket].unsqueeze(1)
         q, k, v = q.unflatten(-1, (h, dqk)), k.unflatten(-1, (h, dqk)), v.unflatten(-1, (h, dv))
         av = hstu_attention.pointwise_attention(q, k, v, bias, weight, self.attention)  # [B, N, H*dv]
         return x + self.f2(self.dropout(F.layer_norm(av, (h * dv,), eps=EPS) * u))
@@ -141,10 +171,14 @@ class HSTU(TargetSequenceModel):
     padded one. The relative attention bias ``rab^p`` is a learned scalar per layer and per
     bucket of the distance ``i - j`` in events (:func:`position_bucket`: exact below
     ``max_positions // 2``, logarithmic beyond); the target's position is ``n``, right after
-    the last event. The paper's time bias ``rab^t`` (over the bucketed timestamp differences)
-    is not used: the history sequences of ``data.schema.history`` carry item ids only, no
-    per-event time. Nor are the paper's action tokens: the history holds the items a user
-    interacted with, not the action (the rating) they took.
+    the last event. With ``time_buckets`` > 0 the paper's time bias ``rab^t`` joins it
+    (``rab^{p,t} = rab^p + rab^t``, a learned scalar per layer and bucket of the time between
+    the query's next token and the key: ``recsys_dist.models.hstu_time``), read from the
+    raw-valued ``<sequence>_time`` feature (``data.schema.history.times``). With
+    ``action_tokens`` each event's token is its item embedding plus its action's (the
+    ``<sequence>_action`` sequence, ``data.schema.history.action``: e.g. the rating), and the
+    target's is the target item plus a learned action vector (its action is unknown). Both off,
+    the model is the one from before them (same parameters, same seeded weights).
 
     The target's output ``y_A`` [B, E] after the last layer (the "target-aware" set-up of the
     paper's ranking model: the candidate is the last token) goes into one MLP head per task:
@@ -164,7 +198,8 @@ class HSTU(TargetSequenceModel):
     ``len(spec.tasks)`` (``[B, 1]`` for one task).
 
     Raises:
-        ValueError: no sequence feature, or ``target_feature`` not a categorical feature.
+        ValueError: no sequence feature, ``target_feature`` not a categorical feature, or the
+            actions / times and the options disagree (:func:`token_sequences`).
     """
 
     def __init__(
@@ -186,10 +221,14 @@ class HSTU(TargetSequenceModel):
         max_positions: int = 64,
         attention: str = "auto",
         device: torch.device | None = None,
+        time_buckets: int = 0,
+        action_tokens: bool = False,
+        values: list[str] = (),
         **mlp_options,
     ) -> None:
         super().__init__(ebc, ec, features, sequences, target_feature)
-        self.max_positions = max_positions
+        self.max_positions, self.time_buckets, self.action_tokens = max_positions, time_buckets, action_tokens
+        self.histories = token_sequences(sequences, values, time_buckets, action_tokens)
         self.stacks = nn.ModuleList(
             nn.ModuleList(
                 HSTULayer(
@@ -201,29 +240,101 @@ class HSTU(TargetSequenceModel):
                     layer_dropout,
                     device=device,
                     attention=attention,
+                    time_buckets=time_buckets,
                 )
                 for _ in range(num_layers)
             )
-            for _ in sequences
+            for _ in self.histories
         )
-        d = num_dense + (len(features) + len(sequences)) * embedding_dim
+        d = num_dense + (len(features) + len(self.histories)) * embedding_dim
         self.deep = TaskHeads(d, deep_layer_sizes, num_tasks, device=device, **mlp_options)
+        if action_tokens:  # the target's action is unknown: a learned one (the reference's target action)
+            self.target_action = nn.Parameter(torch.empty(len(self.histories), embedding_dim, device=device))
+            nn.init.normal_(self.target_action, 0.0, 0.1)
 
     def encode(
-        self, stack: nn.ModuleList, values: torch.Tensor, mask: torch.Tensor, target: torch.Tensor
+        self,
+        stack: nn.ModuleList,
+        values: torch.Tensor,
+        mask: torch.Tensor,
+        target: torch.Tensor,
+        time_bucket: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """[B, E]: the target token's output after the stack, for one sequence."""
         weight, history_bucket, target_bucket = target_layout(mask, self.max_positions)
         x = torch.cat([values, target.unsqueeze(1)], dim=1)  # [B, L + 1, E]
         for layer in stack:
-            x = layer(x, weight, history_bucket, target_bucket)
+            x = layer(x, weight, history_bucket, target_bucket, time_bucket)
         return x[:, -1, :]
 
     def summarise(self, i: int, values: torch.Tensor, mask: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """The target's output of sequence ``i``'s stack without actions or time bias."""
         return self.encode(self.stacks[i], values, mask, target)
 
+    def forward(self, dense: torch.Tensor, kjt: KeyedJaggedTensor) -> torch.Tensor:
+        v = layers.pooled_embeddings(self.sparse_arch(kjt), self.features)  # [B, F, E]
+        target = v[:, self._target_index, :]
+        out = self.seq_arch(kjt)
+        parts = [dense, v.flatten(1)]
+        for i, name in enumerate(self.histories):
+            values, mask = sequence.padded_sequence(out, name)
+            token = target
+            if self.action_tokens:  # item + action embedding per event (padding stays 0)
+                values = with_actions(out, f"{name}_action", values, mask)
+                token = target + self.target_action[i]
+            buckets = None
+            if self.time_buckets:
+                deltas = hstu_time.padded_deltas(kjt, f"{name}_time", mask)
+                buckets = hstu_time.time_buckets(deltas, self.time_buckets)
+            parts.append(self.encode(self.stacks[i], values, mask, token, buckets))
+        return self.deep(torch.cat(parts, dim=1))
 
-@register_model("hstu", HSTUConfig, checks=())
+
+def hstu_inputs(job) -> list[str]:
+    """Preflight: the data's actions and event times match ``model.action_tokens`` /
+    ``model.time_buckets`` (:func:`token_sequences`)."""
+    f, m = job.features, job.model
+    try:
+        token_sequences(f.sequence_names, f.value_names, m.time_buckets, m.action_tokens)
+    except ValueError as err:
+        return [str(err)]
+    return []
+
+
+def token_sequences(sequences: list[str], values, time_buckets: int, action_tokens: bool) -> list[str]:
+    """The sequences HSTU reads as tokens: ``sequences`` but the ``<s>_action`` ones (which join
+    ``<s>``'s tokens). An input the options leave unused, or one they need and miss, is an error.
+
+    Raises:
+        ValueError: ``<s>_action`` without ``model.action_tokens`` or the reverse; ``<s>_time``
+            without ``model.time_buckets`` or the reverse.
+    """
+    actions = [s for s in sequences if s.endswith("_action") and s[: -len("_action")] in sequences]
+    histories = [s for s in sequences if s not in actions]
+    if actions and not action_tokens:
+        raise ValueError(
+            f"the data derives {actions} (data.schema.history.action) but model.action_tokens is false: set "
+            "model.action_tokens: true to use them, or drop data.schema.history.action"
+        )
+    if action_tokens and (missing := [s for s in histories if f"{s}_action" not in actions]):
+        raise ValueError(
+            f"model.action_tokens: true needs each sequence's actions; {missing} have none (set "
+            "data.schema.history.action to the action column, e.g. the rating)"
+        )
+    if list(values) and not time_buckets:
+        raise ValueError(
+            f"the data derives {list(values)} (data.schema.history.times) but model.time_buckets is 0: set "
+            "model.time_buckets (e.g. 128) to use them, or drop data.schema.history.times"
+        )
+    if time_buckets and (missing := [s for s in histories if f"{s}_time" not in values]):
+        raise ValueError(
+            f"model.time_buckets: {time_buckets} needs each sequence's event times; {missing} have none (set "
+            "data.schema.history.times: true)"
+        )
+    return histories
+
+
+@register_model("hstu", HSTUConfig, checks=(hstu_inputs,))
 def build_hstu(spec: FeatureSpec, cfg: HSTUConfig) -> HSTU:
     """``HSTU`` over the spec's pooled tables and its sequence tables, one head per task of
     ``spec.tasks`` (so no one-task check: several ``data.schema.labels`` are welcome).
@@ -242,4 +353,7 @@ def build_hstu(spec: FeatureSpec, cfg: HSTUConfig) -> HSTU:
         layer_dropout=cfg.layer_dropout,
         max_positions=cfg.max_positions,
         attention=cfg.attention,
+        time_buckets=cfg.time_buckets,
+        action_tokens=cfg.action_tokens,
+        values=spec.value_names,
     )

@@ -50,6 +50,7 @@ from recsys_dist.data.spec import FeatureSpec
 
 # sequence.padded_sequence through its module: a torch.fx leaf only under its own module's name.
 from recsys_dist.models import sequence
+from recsys_dist.models.checks import no_history_extras
 from recsys_dist.models.config import HSTURetrievalConfig
 from recsys_dist.models.hstu_retrieval import HSTURetrieval
 from recsys_dist.models.next_item import DEFAULT_K, ranking_metrics, target_ranks
@@ -248,7 +249,7 @@ def next_item_problems(job) -> list[str]:
 @register_model(
     "hstu_retrieval",
     HSTURetrievalConfig,
-    checks=(next_item_problems,),
+    checks=(next_item_problems, no_history_extras),
     read_data=read_next_item_data,
     on_data=with_item_counts,
     evaluator=next_item_metrics,

@@ -51,9 +51,10 @@ def cli(args, tmp):
 
 
 def history_and_candidates() -> tuple[list[str], list[dict]]:
-    """The raw file's header (less the label) and rows scored: user 15's first 60 ratings (its
-    history, in time order, 10 more than the history's max_length of 50), then 5 candidate movies
-    at one later time (ties: a candidate never sees another)."""
+    """The raw file's header and rows scored: user 15's first 60 ratings (its history, in time
+    order, 10 more than the history's max_length of 50; their ratings are the history's actions),
+    then 5 candidate movies at one later time (ties: a candidate never sees another; their
+    ratings, another user's, never enter a history)."""
     lines = RAW.read_text().splitlines()
     header = lines[0].split(",")
     rows = [dict(zip(header, r)) for r in csv.reader(lines[1:])]
@@ -62,14 +63,14 @@ def history_and_candidates() -> tuple[list[str], list[dict]]:
     later = str(int(user[-1]["timestamp"]) + 60)
     others = [r for r in rows if r["userId"] != "15"][:5]
     candidates = [{**r, "userId": "15", "timestamp": later} for r in others]
-    header.remove("rating")  # rows to score carry no label
     return header, [{k: r[k] for k in header} for r in user + candidates]
 
 
 def as_request(row: dict) -> dict:
-    """A raw row as a JSON object: ids and the time as integers, genres as a list."""
+    """A raw row as a JSON object: ids and the time as integers, genres as a list, the rating
+    (the history's action in the shipped config) as a number."""
     out = {k: int(v) for k, v in row.items() if k in ("userId", "movieId", "timestamp")}
-    return {**out, "genres": row["genres"].split("|")}
+    return {**out, "genres": row["genres"].split("|"), "rating": float(row["rating"])}
 
 
 def post(url: str, rows: list) -> tuple[int, dict]:
@@ -269,3 +270,22 @@ def test_a_partitions_histories_start_afresh(tmp_path):
     first, second = (t.column("history").to_pylist() for t in tables)
     assert len(first[-1]) == 50 and second[0] == []  # row 640 of the file saw 50 events in partition 1
     assert len(second[1]) == 1  # then partition 2's own rows of user 8 (times strictly increasing)
+
+
+def test_a_partitions_actions_and_times_follow_its_history(tmp_path):
+    """data.schema.history.action / times in the online conversion: per partition, each history
+    event's rating (hashed like a categorical value) and its seconds before the row, raw (1 + s)."""
+    config, landing = stream_config(tmp_path)
+    d = recsys_dist.load_config(config, ["data.schema.history.action=rating", "data.schema.history.times=true"]).data
+    t = pq.read_table(convert_partition(d, PARTS[0], tmp_path / "parts").prepared.files["train"])
+    raw = list(csv.DictReader((landing / PARTS[0]).read_text().splitlines()))
+    hist, actions, times = (t.column(c).to_pylist() for c in ("history", "history_action", "history_time"))
+    i = max(range(len(raw)), key=lambda j: len(hist[j]))  # the longest history of the partition
+    earlier = [r for r in raw[:i] if r["userId"] == raw[i]["userId"] and int(r["timestamp"]) < int(raw[i]["timestamp"])]
+    earlier = earlier[-50:]
+    assert len(hist[i]) == len(actions[i]) == len(times[i]) == len(earlier) > 10
+    assert times[i] == [1 + int(raw[i]["timestamp"]) - int(r["timestamp"]) for r in earlier]
+    by_rating = {}
+    for r, a in zip(earlier, actions[i]):  # one id per rating value, distinct values distinct ids
+        assert by_rating.setdefault(r["rating"], a) == a
+    assert len(set(by_rating.values())) == len(by_rating) > 1

@@ -161,16 +161,19 @@ def _movielens_batch(step: int, rank: int, world_size: int, job):
 
     g = torch.Generator().manual_seed(1000 + step * world_size + rank)
     keys, multi, seqs = job.features.keys, set(job.data.schema.multi_hot), set(job.features.sequence_names)
-    lengths = torch.cat(
-        [
-            torch.randint(0, 13, (B,), generator=g)
-            if k in seqs
-            else torch.randint(0, 4, (B,), generator=g)
-            if k in multi
-            else torch.ones(B, dtype=torch.int64)
-            for k in keys
-        ]
-    )
+    per_key = {}
+    for k in keys:  # a history's actions (times) come one per event: its lengths
+        if k.endswith(("_action", "_time")) and k.rsplit("_", 1)[0] in per_key:
+            per_key[k] = per_key[k.rsplit("_", 1)[0]]
+        else:
+            per_key[k] = (
+                torch.randint(0, 13, (B,), generator=g)
+                if k in seqs
+                else torch.randint(0, 4, (B,), generator=g)
+                if k in multi
+                else torch.ones(B, dtype=torch.int64)
+            )
+    lengths = torch.cat([per_key[k] for k in keys])
     kjt = KeyedJaggedTensor(
         keys=list(keys), values=torch.randint(0, 200, (int(lengths.sum()),), generator=g), lengths=lengths, stride=B
     )

@@ -10,19 +10,24 @@ from recsys_dist.data.loader import CTRBatch
 B = 6
 
 
-def movielens_batch(rank: int, num_tasks: int) -> CTRBatch:
+def movielens_batch(rank: int, num_tasks: int, keys: list[str] | None = None) -> CTRBatch:
     """This rank's batch in configs/movielens_hstu.yaml's layout (userId, movieId, genres, then
-    the history: 0-12 ids per row, so empty histories and uneven padding), ids < 200."""
+    the history: 0-12 ids per row, so empty histories and uneven padding), ids < 200; with
+    ``keys`` (the job's) holding history_action and / or history_time, those too: action ids < 200
+    and raw times ``1 + seconds before the row`` (up to ~3 years), one per history event."""
     g = torch.Generator().manual_seed(100 + rank)
-    lengths = torch.cat(
-        [
-            torch.ones(2 * B, dtype=torch.int64),
-            torch.randint(1, 4, (B,), generator=g),
-            torch.randint(0, 13, (B,), generator=g),
-        ]
-    )
+    history = torch.randint(0, 13, (B,), generator=g)
+    lengths = torch.cat([torch.ones(2 * B, dtype=torch.int64), torch.randint(1, 4, (B,), generator=g), history])
     values = torch.randint(0, 200, (int(lengths.sum()),), generator=g)
-    kjt = KeyedJaggedTensor(keys=["userId", "movieId", "genres", "history"], values=values, lengths=lengths, stride=B)
+    names = ["userId", "movieId", "genres", "history"]
+    n = int(history.sum())
+    for key in (keys or [])[4:]:
+        assert key in ("history_action", "history_time"), key
+        extra = torch.randint(0, 200, (n,), generator=g)
+        if key == "history_time":
+            extra = torch.sort(torch.randint(1, 10**8, (n,), generator=g), descending=True).values
+        values, lengths, names = torch.cat([values, extra]), torch.cat([lengths, history]), [*names, key]
+    kjt = KeyedJaggedTensor(keys=names, values=values, lengths=lengths, stride=B)
     labels = torch.randint(0, 2, (B, num_tasks), generator=g).float()
     return CTRBatch(torch.zeros(B, 0), kjt, labels.squeeze(1) if num_tasks == 1 else labels, torch.ones(B))
 
@@ -70,7 +75,7 @@ def sharded_vs_unsharded(rank: int, world_size: int, config: str, cases: list[tu
         )
         num_tasks = len(job.features.tasks)
         (loss, (_, got, _, _)), (want_loss, (_, want, _, _)), types = sharded_and_unsharded(
-            job, movielens_batch(rank, num_tasks)
+            job, movielens_batch(rank, num_tasks, job.features.keys)
         )
         assert got.shape == want.shape and got.numel() == B * num_tasks, (got.shape, want.shape)
         diff = max((got - want).abs().max().item(), (loss - want_loss).abs().max().item())

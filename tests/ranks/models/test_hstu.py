@@ -1,6 +1,6 @@
 """HSTU sharded vs unsharded at world sizes 1, 2 and 3: its pooled tables and its history's
 EmbeddingCollection table table-wise and row-wise (the 200-row tables split unevenly over 3
-ranks), one task and three; the same logits and loss as the unsharded model with the same
+ranks), one task and three, and with the time bias and action tokens; the same logits and loss as the unsharded model with the same
 weights, within 1e-5. One spawn per world size serves every case. Training on 1 and 2 ranks to
 the same losses: tests/ranks/train/test_all_padding_rank.py."""
 
@@ -17,7 +17,13 @@ THREE_TASKS = (
     "data.schema.labels={like: {column: rating, threshold: 4.0}, love: {column: rating, threshold: 5.0}, "
     "rating: {column: rating, kind: regression}}",
 )
-CASES = [("table_wise",), ("row_wise",), ("row_wise", *THREE_TASKS)]
+EXTRAS = (  # the time bias and rating actions: the raw-valued history_time key rides the same KJT
+    "data.schema.history.times=true",
+    "model.time_buckets=128",
+    "data.schema.history.action=rating",
+    "model.action_tokens=true",
+)
+CASES = [("table_wise",), ("row_wise",), ("row_wise", *THREE_TASKS), ("row_wise", *EXTRAS)]
 
 
 @pytest.mark.slow

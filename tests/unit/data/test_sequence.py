@@ -116,3 +116,67 @@ def test_history_state_stays_flat_when_the_log_grows():
 
     small, large = peak(30), peak(300)
     assert large <= 1.2 * small, (small, large)
+
+
+def number_text(v: str) -> str:
+    return repr(float(v)) if v != "x" else v
+
+
+def test_history_actions_and_times_match_a_brute_force(tmp_path, cache_dir):
+    """``action`` and ``times``: per row, the same events as the items (strictly earlier, the last
+    n, oldest first), each with its action's id and ``1 + floor(row time - event time)``."""
+    rng = np.random.default_rng(1)
+    rows, clock = [], {}
+    for _ in range(300):
+        u = f"u{rng.integers(5)}"
+        clock[u] = clock.get(u, 1000.0) + float(rng.choice([0, 0.5, 7, 86400]))  # ties and fractions
+        rows.append((u, f"m{rng.integers(20)}", clock[u], str(rng.choice(["1", "1.0", "2.5", "4", "4.00", "x"]))))
+    text = "click,user,item,ts,rating\n" + "".join(f"1,{u},{m},{t!r},{r}\n" for u, m, t, r in rows)
+    hist = {"user": "user", "item": "item", "time": "ts", "max_length": 4, "action": "rating", "times": True}
+    t = convert(tmp_path, text, history=hist)
+    assert t.column_names[-3:] == ["history", "history_action", "history_time"]
+    items, actions, times = [], [], []
+    for user, _item, time, _r in rows:
+        earlier = sorted((tt, j) for j, (uu, _, tt, _) in enumerate(rows) if uu == user and tt < time)[-4:]
+        items.append(ids([rows[j][1] for _, j in earlier]) if earlier else [])
+        # numbers keyed by value ("4" and "4.00" one action), other text as it is
+        actions.append(ids([number_text(rows[j][3]) for _, j in earlier]) if earlier else [])
+        times.append([1 + int(np.floor(time - tt)) for tt, _ in earlier])
+    assert t.column("history").to_pylist() == items
+    assert t.column("history_action").to_pylist() == actions
+    assert t.column("history_time").to_pylist() == times
+    assert any(1 in r for r in times) and all(v >= 1 for r in times for v in r)  # a 0.5 s gap floors to 0
+
+
+def test_history_without_actions_and_times_converts_as_before(tmp_path, cache_dir):
+    """The options off: the same columns and cache key as before they existed."""
+    hist = {"user": "user", "item": "item", "time": "ts", "max_length": 4}
+    spec = SchemaConfig(label="click", categorical=["item"], history=hist)
+    fmt = SchemaFormat(spec)
+    assert fmt.sparse_names == ["item", "history"] and fmt.value_names == []
+    assert '"history": {"item": "item", "max_length": 4, "name": "history", "time": "ts", "user": "user"}' in (
+        fmt.fingerprint
+    )
+
+
+def test_request_rows_carry_the_history_action_column():
+    """Serving derives the history from the request's rows: they need the action column too."""
+    from recsys_dist.data.formats.schema_request import schema_layout
+
+    hist = {"user": "user", "item": "item", "time": "ts", "max_length": 4, "action": "rating", "times": True}
+    spec = SchemaConfig(label="click", categorical=["item"], history=hist)
+    layout = schema_layout(spec, lambda: None)
+    assert [c for c in ("user", "item", "ts", "rating") if c in layout.columns] == ["user", "item", "ts", "rating"]
+
+
+def test_rows_to_score_without_the_history_action_column_are_refused(tmp_path, cache_dir):
+    """Rows to score (no label column) must still carry the history's columns, the action (here
+    the label column, the rating) among them: a clear error, not a KeyError deep in the conversion."""
+    from recsys_dist.data.formats.schema import UnlabelledSchemaFormat
+
+    raw = tmp_path / "rows.csv"
+    raw.write_text("user,item,ts\na,m1,1\na,m2,2\n")
+    hist = {"user": "user", "item": "item", "time": "ts", "max_length": 4, "action": "rating"}
+    spec = SchemaConfig(label="rating", label_threshold=4.0, categorical=["item"], history=hist)
+    with pytest.raises(DataError, match=r"columns \['rating'\] named in data.schema are not in the file"):
+        prepare(ConversionSpec(UnlabelledSchemaFormat(spec), raw, N, split=(1.0, 0.0, 0.0)))
