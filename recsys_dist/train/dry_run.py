@@ -112,8 +112,9 @@ def _dense_text(dense: dict) -> list[str]:
     how = {
         "ddp": "replicated on every rank (DDP)",
         "fsdp": "sharded over the ranks (FSDP2, dim 0 of each weight)",
-        "pipeline": "cut into pipeline stages (layout below); every rank keeps a whole copy and updates its "
-        "stages' part (docs/design/pipeline.md)",
+        "pipeline": "cut into pipeline stages (layout below); every rank keeps a whole copy (and the optimizer's "
+        "state of it) and updates its stages' part: gradients are its stages' only, and under 2bw the "
+        "parameters count their previous version too (docs/design/pipeline.md)",
     }
     lines = [
         f"dense tower: distributed.dense.strategy {dense['strategy']}, {how.get(dense['strategy'], '')}; "
@@ -304,10 +305,24 @@ def _pipeline(job: Job, model, world_size: int):
 
 
 def _add_pipeline(report: PlanReport, layout, why: str) -> None:
-    """The pipeline's layout into ``report.dense`` and its bytes into ``report.ledger``."""
+    """The pipeline's layout into ``report.dense`` and its bytes into ``report.ledger``; each
+    rank's dense gradients are its own stages' (``_stage_bytes``)."""
     report.dense["pipeline"] = layout.to_dict() if layout is not None else {"why": why}
+    if layout is not None:
+        _stage_bytes(report.dense["per_rank"], layout)
     if layout is not None and report.world_size > 1 and report.ledger is not None:
         add_pipeline_flows(report.ledger, layout)
+
+
+def _stage_bytes(per_rank: list[dict], layout) -> None:
+    """Under pipeline, in place: a rank's copies of the other stages get no gradient (only its
+    own stages' parameters do), and under 2bw it also holds its stages' previous weights W(t-1).
+    The tower is fp32 (4 bytes a parameter: mixed precision is refused under pipeline)."""
+    for rank, row in enumerate(per_rank):
+        own = sum(n for k, n in enumerate(layout.parameters) if layout.owner(k) == rank % layout.ranks) * 4
+        row["gradients"] -= sum(layout.parameters) * 4 - own
+        if layout.schedule == "2bw":
+            row["parameters"] += own
 
 
 def _ledger(job: Job, model, plan, tables, world_size: int, local_world_size: int, dense_bytes: tuple):

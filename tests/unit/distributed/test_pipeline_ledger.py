@@ -98,3 +98,19 @@ def test_other_strategies_have_no_pipeline_bytes_or_layout(strategy):
     rep = dry_run(resolve_job(cfg, world_size=2), 2, 2, "cpu")
     assert all(f.phase not in ("pipeline_io", "pipeline_p2p") for f in rep.ledger.flows)
     assert "pipeline" not in rep.dense and "pp io" not in rep.text()
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "2bw"])
+def test_a_stage_ranks_dense_bytes_are_its_stages_gradients(schedule):
+    """Every rank keeps the whole tower and its optimizer state, as under ddp, but only its own
+    stages get gradients; 2bw also keeps its stages' previous weights. (The plan showed the
+    whole tower's gradients on every rank.)"""
+    ddp = _report(2, "distributed.dense.strategy=ddp").dense["per_rank"]
+    rep = _report(2, "distributed.dense.stages=2", f"distributed.dense.schedule={schedule}")
+    stages, tower = rep.dense["pipeline"]["stages"], ddp[0]["parameters"]
+    for rank, row in enumerate(rep.dense["per_rank"]):
+        own = sum(s["parameters"] for s in stages if s["ranks"] == [rank]) * F
+        assert 0 < own < tower
+        assert row["gradients"] == ddp[rank]["gradients"] - (sum(s["parameters"] for s in stages) * F - own)
+        assert row["optimizer"] == ddp[rank]["optimizer"]
+        assert row["parameters"] == tower + (own if schedule == "2bw" else 0)
