@@ -156,6 +156,12 @@ THIRD_PARTY_RECORDS = (
         r"Module '.*' will NOT be pipelined, due to input modifications|Sharded modules were not pipelined",
         "the same managed tables (above), said twice more per rank",
     ),
+    (
+        "root",
+        r"^\[Connection\] 2D (Device Mesh created|sharding_group|replica_group)|^\[2D\] Use inter host all reduce",
+        "DMPCollection's mesh and groups under sharding.replica_groups, four lines per rank; the plan and "
+        "docs/design/replica_groups.md say which ranks form a group",
+    ),
 )
 
 # Third-party loggers shown from ERROR up: (logger, why their WARNING lines are not the user's).

@@ -57,11 +57,18 @@ def test_known_third_party_log_lines_are_hidden_and_nothing_else(caplog):
     pipeline = logging.getLogger("torchrec.distributed.train_pipeline.utils")
     pipeline.warning("Module 'model.sparse_arch' will NOT be pipelined, due to input modifications")
     pipeline.warning("Sharded modules were not pipelined: model.sparse_arch. This should be fixed ...")
+    # DMPCollection (sharding.replica_groups) on the root logger, four lines per rank.
+    logging.warning("[2D] Use inter host all reduce: False")
+    logging.warning("[Connection] 2D Device Mesh created: DeviceMesh((replicate=2, shard=1), 'cpu')")
+    logging.warning("[Connection] 2D sharding_group: [0] -> [DeviceMesh((shard=1), 'cpu')]")
+    logging.warning("[Connection] 2D replica_group: [0] -> [DeviceMesh((replicate=2), 'cpu')]")
     logging.warning("the user's own root warning")
+    logging.warning("my [Connection] 2D replica_group note")  # not at the start: the user's
     logging.getLogger("torchrec.distributed.utils").warning("another TorchRec warning")
     logging.getLogger("torchrec.distributed.train_pipeline.utils").warning("Module 'x' will be pipelined")
     assert [r.getMessage() for r in caplog.records] == [
         "the user's own root warning",
+        "my [Connection] 2D replica_group note",
         "another TorchRec warning",
         "Module 'x' will be pipelined",
     ]
