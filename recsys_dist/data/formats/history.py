@@ -50,6 +50,13 @@ def history_columns(h) -> list[str]:
     return [h.user, h.item, h.time] + ([h.action] if getattr(h, "action", None) else [])
 
 
+def without_label(spec, names: list[str]) -> list[str]:
+    """``names`` (``data.schema.columns``) without the label column, unless it is the history's
+    action column (the rating): a row to score still holds it, as its event's action."""
+    keep = spec.history.action if spec.history is not None else None
+    return [c for c in names if c != spec.label or c == keep]
+
+
 class UserHistory:
     """Streaming user histories: per user, the last N events (item key, time, action key) of rows
     strictly earlier in time.

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from recsys_dist.data.record import Preprocessing
+from recsys_dist.errors import BadRequest
 from recsys_dist.serve.export import LoadedModel
 from recsys_dist.serve.inmemory import InMemoryScorer
 from recsys_dist.serve.request_rows import score_rows
@@ -106,3 +107,22 @@ def test_candidates_do_not_see_each_other(loaded, route):
     else:
         InMemoryScorer(loaded)(reverse if route == "memory" else [as_line(r) for r in reverse])
     assert histories(loaded.model.batches, "history")[3:] == items[3:]
+
+
+def test_the_file_route_reads_an_action_column_that_is_the_label(loaded):
+    """``data.schema.columns`` (no header) whose label column is the history's action: the file
+    route (``score_rows``, also the in-memory route's fallback for its error messages) writes and
+    reads the rating as the action, giving the in-memory route's inputs; a row out of time order
+    is named. Before, it wrote the rows without the label column and refused its own file
+    (``columns ['rating'] named in data.schema are not in the file``)."""
+    rows = PAST + CANDIDATES
+    got = {}
+    for route in ("memory", "file"):
+        loaded.model.batches.clear()
+        InMemoryScorer(loaded)(rows) if route == "memory" else score_rows(loaded, rows)
+        got[route] = [histories(loaded.model.batches, k) for k in ("history", "history_action", "movieId")]
+    assert got["file"] == got["memory"]
+    assert len(set(got["file"][1][5])) == 3  # three past ratings, three action ids
+    late = [*PAST, {**PAST[0], "timestamp": 5}]
+    with pytest.raises(BadRequest, match=r"rows\[3\], column timestamp: 5 is earlier than 30"):
+        InMemoryScorer(loaded)(late)
