@@ -126,3 +126,14 @@ def test_the_file_route_reads_an_action_column_that_is_the_label(loaded):
     late = [*PAST, {**PAST[0], "timestamp": 5}]
     with pytest.raises(BadRequest, match=r"rows\[3\], column timestamp: 5 is earlier than 30"):
         InMemoryScorer(loaded)(late)
+
+
+def test_a_request_without_the_history_user_is_refused(loaded):
+    """Rows without the history's user column (or with an empty one) are a 400 naming the row
+    and the column; before, they were scored as one user "" whose rows read each other."""
+    rows = [{k: v for k, v in r.items() if k != "userId"} for r in PAST + CANDIDATES]
+    with pytest.raises(BadRequest, match=r"rows\[0\], column userId: empty \(data.schema.history.user needs"):
+        InMemoryScorer(loaded)(rows)
+    rows = [*PAST, {**CANDIDATES[0], "userId": ""}]
+    with pytest.raises(BadRequest, match=r"rows\[3\], column userId: empty"):
+        score_rows(loaded, rows)
