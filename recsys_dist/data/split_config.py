@@ -55,6 +55,12 @@ class SplitConfig(_Section):
             raise ValueError("by files needs validation_path and test_path")
         if self.by == "leave_last_out" and not (self.user and self.column):
             raise ValueError("by leave_last_out needs user (the user column) and column (the time column)")
+        # fractions and seed have defaults, which a saved config (config.yaml) lists: only other values count
+        for key, bys in (("fractions", ("position", "random")), ("seed", ("random",))):
+            if self.by not in bys and getattr(self, key) != type(self).model_fields[key].default:
+                raise ValueError(
+                    f"{key} only applies to by: {' / '.join(bys)}, not by: {self.by} (it would be ignored); remove it"
+                )
         for key, bys in (
             ("column", ("time", "leave_last_out")),
             ("thresholds", ("time",)),

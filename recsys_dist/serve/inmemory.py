@@ -45,7 +45,7 @@ import torch
 from recsys_dist.data import encode
 from recsys_dist.errors import BadRequest, DataError
 from recsys_dist.serve.export import LoadedModel
-from recsys_dist.serve.request_rows import MAX_VALUE_CHARS, RowWriter, check_servable, outputs, score_rows
+from recsys_dist.serve.request_rows import MAX_VALUE_CHARS, RowWriter, check_servable, outputs, request_job, score_rows
 from recsys_dist.serve.score_inputs import scoring_format
 
 log = logging.getLogger("recsys_dist.serve")
@@ -111,7 +111,8 @@ class InMemoryScorer:
     reason = None
 
     def __init__(self, loaded: LoadedModel) -> None:
-        job, f = loaded.job, loaded.job.features
+        self.job = job = request_job(loaded.job)  # a request's candidates never see each other
+        f = job.features
         self.loaded, self.writer = loaded, RowWriter(job.fmt, loaded.preprocessing.record)
         self.layout = layout = self.writer.layout
         prep = loaded.preprocessing
@@ -195,7 +196,7 @@ class InMemoryScorer:
         tmp = Path(tempfile.mkdtemp(prefix="recsys-serve-"))
         try:
             path = self.writer.write(rows, tmp)
-            fmt = scoring_format(self.loaded.job.data, path)
+            fmt = scoring_format(self.job.data, path)
             tables = [t for _, t in fmt.read_chunks(str(path))]
             return self.encoder.encode(pa.concat_tables(tables), str(path), fmt)
         finally:

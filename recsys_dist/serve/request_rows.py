@@ -21,6 +21,9 @@ an integer (written as its decimal text); a JSON float only when it is integral,
 the column's training values were all integers (the record's ``integer_columns``): it then maps
 to the integer's id. Any other float, a boolean, a list (outside a list column) or an object is
 a ``BadRequest`` naming the row and the column.
+
+A request's rows of one user at one time (its candidates) never see each other, whatever
+``data.schema.history.ties`` (:func:`request_job`).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ import numpy as np
 
 from recsys_dist.data.formats.base import RawFormat
 from recsys_dist.data.formats.ids import id_columns
+from recsys_dist.data.resolve import data_format
 from recsys_dist.errors import BadRequest, ConfigError, DataError
 from recsys_dist.serve.export import LoadedModel, score
 
@@ -45,6 +49,24 @@ MAX_VALUE_CHARS = 4096  # per value (a list element each): a longer one is a 400
 # per text line (a row given as one, or written to the file route's file): a longer one is a 400. Below
 # pyarrow's CSV block (1 MiB, 4 bytes a character at most), which a line must not straddle
 MAX_LINE_CHARS = 200_000
+
+
+def request_job(job):
+    """``job`` (a ``Job``) as a request's rows are read: under ``data.schema.history.ties:
+    file_order`` with ties excluded instead (a new format object), else ``job`` itself.
+
+    Why: file_order lets a row read the earlier rows of its user's time in file order, the
+    training log's rule; a request's candidates share one time and must not read each other
+    (each is scored as if sent alone, in any order). A candidate's history -- every strictly
+    earlier event of its user, the last ``max_length`` -- is the same under either rule; only
+    the histories of past events sharing a time (their own scores) lose those ties."""
+    schema = job.data.schema
+    h = schema.history if schema is not None else None
+    if h is None or h.ties == "exclude":
+        return job
+    schema = schema.model_copy(update={"history": h.model_copy(update={"ties": "exclude"})})
+    data = job.data.model_copy(update={"schema_": schema})
+    return dataclasses.replace(job, data=data, fmt=data_format(data))
 
 
 def _sigmoid(logit: np.ndarray) -> np.ndarray:
@@ -279,7 +301,7 @@ def score_rows(loaded: LoadedModel, rows: list) -> dict:
     Raises:
         BadRequest: a malformed row, naming ``rows[i]`` and the column.
     """
-    job = loaded.job
+    job = request_job(loaded.job)
     writer = RowWriter(job.fmt, loaded.preprocessing.record if loaded.preprocessing else None)
     tmp = Path(tempfile.mkdtemp(prefix="recsys-serve-"))
     try:

@@ -50,6 +50,13 @@ def history_columns(h) -> list[str]:
     return [h.user, h.item, h.time] + ([h.action] if getattr(h, "action", None) else [])
 
 
+def without_label(spec, names: list[str]) -> list[str]:
+    """``names`` (``data.schema.columns``) without the label column, unless it is the history's
+    action column (the rating): a row to score still holds it, as its event's action."""
+    keep = spec.history.action if spec.history is not None else None
+    return [c for c in names if c != spec.label or c == keep]
+
+
 class UserHistory:
     """Streaming user histories: per user, the last N events (item key, time, action key) of rows
     strictly earlier in time.
@@ -186,8 +193,18 @@ def action_keys(col: pa.Array) -> np.ndarray:
 def derive_features(state: UserHistory, h, batch: pa.RecordBatch, times: np.ndarray, path, first_line, spec):
     """The history's features of a block (``times`` float64 [N], the rows' checked times):
     its items, then (if configured) the events' actions and their times before the row
-    (:func:`time_deltas`), as ``SparseKeys`` (list)."""
-    users, _ = _keys(batch.column(h.user))
+    (:func:`time_deltas`), as ``SparseKeys`` (list).
+
+    Raises:
+        DataError: a row without a user (empty, blank or null), naming the line / row and column;
+            as ``UserHistory.rows``."""
+    users, known = _keys(batch.column(h.user))
+    if not known.all():  # rows without a user would all share the history of one user ""
+        i = int(np.flatnonzero(~known)[0])
+        raise DataError(
+            f"{path}, {'row' if is_parquet(spec, path) else 'line'} {first_line + i}, column {h.user}: empty "
+            f"(data.schema.history.user needs a user on every row; rows without one would share one history)"
+        )
     items, present = _keys(batch.column(h.item))
     actions = action_keys(batch.column(h.action)) if getattr(h, "action", None) else None
     got = state.rows(path, first_line, users, items, present, times, h, spec, actions)

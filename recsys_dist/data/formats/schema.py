@@ -522,10 +522,10 @@ class UnlabelledSchemaFormat(SchemaFormat):
 
     def _header(self, path: str) -> list[str]:
         names = super()._header(path)
-        return [c for c in names if c != self.spec.label] if self.spec.columns else names
+        return hist.without_label(self.spec, names) if self.spec.columns else names
 
     def _columns(self) -> list[str]:
-        return [c for c in super()._columns() if c != self.spec.label]
+        return hist.without_label(self.spec, super()._columns())
 
     def _check_columns(self, path: str, names: list[str], where: str) -> None:
         s = self.spec

@@ -78,8 +78,8 @@ def _write(spec, columns: list[str], ignored: list[str], parquet: bool, rows: Ro
         types = {c: pa.list_(pa.string()) if c in lists else pa.string() for c in columns}
         pq.write_table(pa.table({c: pa.array([r[c] for r in rows], types[c]) for c in columns}), path)
         return path, 0
-    if spec.columns:  # the configured field order, label left out
-        columns = [c for c in spec.columns if c not in ignored]
+    if spec.columns:  # the configured field order, label left out (kept where it is the history's action)
+        columns = [c for c in spec.columns if c not in ignored or c in columns]
     header_lines = 1 if spec.header else 0
     buf = io.StringIO()
     w = csv.writer(buf, delimiter=spec.delimiter, lineterminator="\n", quoting=csv.QUOTE_MINIMAL)

@@ -94,6 +94,9 @@ def test_history_bad_input(tmp_path, cache_dir):
         convert(tmp_path, "click,user,item,ts\n1,a,m1,\n", history=hist)
     with pytest.raises(DataError, match=r"columns \['ts'\] named in data.schema are not in the file"):
         convert(tmp_path, "click,user,item\n1,a,m1\n", history=hist)
+    # a row without a user: before, every such row shared the history of one user ""
+    with pytest.raises(DataError, match=r"line 3, column user: empty \(data.schema.history.user needs a user"):
+        convert(tmp_path, "click,user,item,ts\n1,a,m1,1\n1, ,m2,2\n", history=hist)
 
 
 def test_history_state_stays_flat_when_the_log_grows():

@@ -87,6 +87,15 @@ def test_split_config_forms_and_checks(tmp_path):
         config_from_dict({"data": {**data, "split": {"by": "random", "fractions": [0.5, 0.1, 0.1]}}})
     with pytest.raises(ConfigError, match=r"\['seed_x'\]|data.split.seed_x: unknown key"):
         config_from_dict({"data": {**data, "split": {"by": "random", "seed_x": 1}}})
+    # keys a split does not read: before, fractions under by: time and a seed under position were ignored
+    time = {"by": "time", "column": "I1", "thresholds": [1, 2]}
+    with pytest.raises(ConfigError, match=r"data.split: fractions only applies to by: position / random, not by: time"):
+        config_from_dict({"data": {**data, "split": {**time, "fractions": [0.5, 0.25, 0.25]}}})
+    with pytest.raises(ConfigError, match=r"data.split: seed only applies to by: random, not by: position"):
+        config_from_dict({"data": {**data, "split": {"fractions": [0.5, 0.25, 0.25], "seed": 3}}})
+    # a saved config lists both at their defaults whatever the split
+    saved = {**time, "fractions": [0.8, 0.1, 0.1], "seed": 0}
+    assert config_from_dict({"data": {**data, "split": saved}}).data.split.by == "time"
     # Paths of split files are relative to the config file, and must exist before launch.
     cfg_file = tmp_path / "c.yaml"
     cfg_file.write_text(
