@@ -35,6 +35,7 @@ BENCHES = {  # every runnable script of benchmarks/ (a new one must use the harn
     "publish_reload.py",
     "qcomms.py",
     "quantize_auc.py",
+    "replica_groups.py",
     "reshard_matrix.py",
     "run.py",
     "sequence_cost.py",
