@@ -347,18 +347,6 @@ class HSTURetrievalConfig(ModelConfig):
         "auto",
         description=ATTENTION_KERNEL,
     )
-    time_buckets: int = Field(
-        0,
-        ge=0,
-        description="Buckets of the relative time bias rab^t (0: none, the position bias alone): a learned scalar "
-        "per layer and bucket floor(ln(max(|dt|, 1)) / 0.301) of the time between the query's next token and "
-        "the key, as the reference; larger ones share the last bucket. Needs data.schema.history.times.",
-    )
-    action_tokens: bool = Field(
-        False,
-        description="Add each history event's action embedding (data.schema.history.action, e.g. the rating: "
-        "the <history>_action sequence's table) to its item's; the target token gets a learned action vector.",
-    )
     temperature: float = Field(0.05, gt=0, description="Divides the cosine of the user and item vectors (tau).")
     logq_correction: bool = Field(
         True,

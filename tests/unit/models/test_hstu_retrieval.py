@@ -207,3 +207,15 @@ def test_training_learns_a_sequence_rule():
     after = evaluate_next_item(model, hist, targets, num_items, ks=(1,))
     assert np.mean(losses[-5:]) < 0.5 * np.mean(losses[:5])
     assert after["hr@1"] >= 0.9 > before["hr@1"]
+
+
+@pytest.mark.parametrize("key", ["model.time_buckets=8", "model.action_tokens=true"])
+def test_hstu_retrieval_refuses_the_ranking_models_time_and_action_keys(key):
+    """hstu_retrieval reads no time bias or action tokens: its section has no such keys, so the
+    strict config names them (they were accepted and ignored)."""
+    from recsys_dist.config.loader import load_config
+    from recsys_dist.errors import ConfigError
+    from tests.conftest import ROOT
+
+    with pytest.raises(ConfigError, match=key.split("=")[0].split(".")[1]):
+        load_config(ROOT / "configs" / "movielens_hstu_retrieval.yaml", [key], check_files=False)
