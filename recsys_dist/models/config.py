@@ -229,17 +229,13 @@ ATTENTION_KERNEL = (
 )
 
 
-class HSTUConfig(TargetSequenceConfig):
-    """``model.name: hstu`` (Zhai et al., 2024; ``deep_layer_sizes`` are each task head's hidden sizes)."""
+class HSTUStackConfig(ModelConfig):
+    """The HSTU layers' keys, shared by ``hstu`` and ``hstu_retrieval`` (Zhai et al., 2024)."""
 
-    name: Literal["hstu"] = "hstu"
     num_layers: int = Field(2, gt=0, description="HSTU layers, stacked (the paper's MovieLens models: 2 or 8).")
     num_heads: int = Field(1, gt=0, description="Attention heads of each HSTU layer.")
     attention_dim: int = Field(16, gt=0, description="Width of each head's query and key (d_qk).")
     linear_dim: int = Field(16, gt=0, description="Width of each head's value and gate U (d_v).")
-    layer_dropout: float = Field(
-        0.2, ge=0, lt=1, description="Dropout on each layer's Norm(A V) * U before its output projection f_2."
-    )
     max_positions: int = Field(
         64,
         ge=2,
@@ -249,6 +245,15 @@ class HSTUConfig(TargetSequenceConfig):
     attention: Literal["auto", "dense", "chunked"] = Field(
         "auto",
         description=ATTENTION_KERNEL,
+    )
+
+
+class HSTUConfig(TargetSequenceConfig, HSTUStackConfig):
+    """``model.name: hstu`` (Zhai et al., 2024; ``deep_layer_sizes`` are each task head's hidden sizes)."""
+
+    name: Literal["hstu"] = "hstu"
+    layer_dropout: float = Field(
+        0.2, ge=0, lt=1, description="Dropout on each layer's Norm(A V) * U before its output projection f_2."
     )
     time_buckets: int = Field(
         0,
@@ -321,7 +326,7 @@ class TwoTowerConfig(ModelConfig):
         return [f for f in sparse_names if f not in self.user_features]
 
 
-class HSTURetrievalConfig(ModelConfig):
+class HSTURetrievalConfig(HSTUStackConfig):
     """``model.name: hstu_retrieval`` (Zhai et al., 2024, next-item retrieval; docs/models.md): the
     item feature and its user history (``data.schema.history``) read one shared, sharded table."""
 
@@ -330,22 +335,8 @@ class HSTURetrievalConfig(ModelConfig):
         description="The one-hot categorical feature of each row's item (the history's data.schema.history.item): "
         "the next item each row's history predicts, and the catalogue ranked at evaluation."
     )
-    num_layers: int = Field(2, gt=0, description="HSTU layers, stacked (the paper's MovieLens models: 2 or 8).")
-    num_heads: int = Field(1, gt=0, description="Attention heads of each HSTU layer.")
-    attention_dim: int = Field(16, gt=0, description="Width of each head's query and key (d_qk).")
-    linear_dim: int = Field(16, gt=0, description="Width of each head's value and gate U (d_v).")
     layer_dropout: float = Field(
         0.2, ge=0, lt=1, description="Dropout on the scaled history embeddings and in each HSTU layer."
-    )
-    max_positions: int = Field(
-        64,
-        ge=2,
-        description="Buckets of the relative position bias: one per distance (in events) below max_positions / 2, "
-        "then four per doubling of the distance; larger distances share the last bucket.",
-    )
-    attention: Literal["auto", "dense", "chunked"] = Field(
-        "auto",
-        description=ATTENTION_KERNEL,
     )
     temperature: float = Field(0.05, gt=0, description="Divides the cosine of the user and item vectors (tau).")
     logq_correction: bool = Field(
