@@ -7,7 +7,6 @@ and its score depended on which other candidates were sent and in which order.""
 import json
 
 import pytest
-import torch
 
 from recsys_dist.data.record import Preprocessing
 from recsys_dist.errors import BadRequest
@@ -15,21 +14,9 @@ from recsys_dist.serve.export import LoadedModel
 from recsys_dist.serve.inmemory import InMemoryScorer
 from recsys_dist.serve.request_rows import score_rows
 from recsys_dist.train.job import load_job
+from tests.unit.serve.test_one_encoder import Recorder  # the stand-in model that keeps every batch
 
 COLUMNS = ["userId", "movieId", "rating", "timestamp"]
-
-
-class Recorder(torch.nn.Module):
-    """Stands in for the model: keeps every batch, answers a logit of 0 per row."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.batches = []
-
-    def forward(self, batch):
-        self.batches.append(batch)
-        n = batch.dense_features.shape[0]
-        return None, (None, torch.zeros(n), batch.labels, batch.weights)
 
 
 def histories(batches, key: str) -> list[list[int]]:
