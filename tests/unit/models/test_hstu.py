@@ -50,8 +50,9 @@ def batch():
     return kjt_of(ROWS)
 
 
-def build(tasks=("label",), **kw):
-    cfg = HSTUConfig(
+def config(**kw) -> HSTUConfig:
+    """The tests' small HSTU (width E, HEADS heads of DQK / DV, no dropout), with ``kw`` on top."""
+    return HSTUConfig(
         target_feature="movie",
         embedding_dim=E,
         deep_layer_sizes=[8],
@@ -61,6 +62,10 @@ def build(tasks=("label",), **kw):
         layer_dropout=0.0,
         **kw,
     )
+
+
+def build(tasks=("label",), **kw):
+    cfg = config(**kw)
     torch.manual_seed(0)
     model = get_model("hstu").build(spec(tasks), cfg)
     with torch.no_grad():  # embeddings of norm ~1 (not 0.05), so a wrong attention moves the outputs well past rounding
@@ -263,19 +268,7 @@ def xkjt_of(rows):
 
 
 def build_extras(time_buckets=T_BUCKETS, action_tokens=True, num_layers=2, **kw):
-    cfg = HSTUConfig(
-        target_feature="movie",
-        embedding_dim=E,
-        deep_layer_sizes=[8],
-        num_heads=HEADS,
-        attention_dim=DQK,
-        linear_dim=DV,
-        layer_dropout=0.0,
-        num_layers=num_layers,
-        time_buckets=time_buckets,
-        action_tokens=action_tokens,
-        **kw,
-    )
+    cfg = config(num_layers=num_layers, time_buckets=time_buckets, action_tokens=action_tokens, **kw)
     torch.manual_seed(0)
     s = spec_extras()
     if not action_tokens:
