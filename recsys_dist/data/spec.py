@@ -62,6 +62,11 @@ class FeatureSpec:
             KeyedJaggedTensor, with no table: per example a list of int64 values ``1 + v``
             (``v >= 0``; 0 never occurs), as long as the sequence it describes
             (``data.schema.history.times``: ``<history>_time``, per event the time before the row).
+        sequence_lengths: ``{feature: the most events a row holds}`` for the sequence and
+            raw-valued features whose length the data bounds (``data.schema.sequence``'s
+            ``max_length``; ``data.schema.history.max_length`` for the history and the features
+            it derives); empty where unknown (a hand-made spec). Read by models that pad to a
+            fixed length (``hstu`` under ``distributed.dense.strategy: pipeline``).
         managed: the features whose ids a managed-collision module maps
             (``data.categorical_mapping: managed``: all; else ``data.managed.features``); their
             ids lie in ``[0, 2**63 - 1)`` until the module remaps them to table rows.
@@ -82,6 +87,7 @@ class FeatureSpec:
     weight_column: str | None = None
     managed: list[str] = field(default_factory=list)
     value_names: list[str] = field(default_factory=list)
+    sequence_lengths: dict[str, int] = field(default_factory=dict)
 
     @property
     def num_dense(self) -> int:

@@ -52,11 +52,16 @@ def cut_model(task: nn.Module) -> tuple[list[nn.Module] | None, str]:
     if not callable(getattr(user, "pipeline_tower", None)) or not callable(getattr(user, "pipeline_input", None)):
         return None, (
             f"the model ({name}) does not say how its dense tower is cut (it has no pipeline_input / "
-            "pipeline_tower methods, docs/design/pipeline.md); dcnv2, dlrm and dlrm_dcnv2 can be cut"
+            "pipeline_tower methods, docs/design/pipeline.md); dcnv2, dlrm, dlrm_dcnv2 and hstu can be cut (not "
+            "hstu_retrieval: its in-batch sampled softmax scores each row against the whole batch's items, which a "
+            "stage sees one microbatch of)"
         )
     if getattr(task, "multi_task", False) or getattr(task, "remap", None) is not None:
         return None, "pipeline stages take one task without managed-collision ids (data.categorical_mapping)"
-    tower = list(user.pipeline_tower())
+    try:
+        tower = list(user.pipeline_tower())
+    except ValueError as err:  # the model says why it cannot be cut (e.g. hstu: a history of unknown length)
+        return None, str(err)
     if any(isinstance(m, nn.modules.batchnorm._BatchNorm) for t in tower for m in t.modules()):
         return None, f"the tower of {name} has batch norm, whose statistics would be per microbatch; use model.norm"
     shared = _shared_parameters(tower)

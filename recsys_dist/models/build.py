@@ -63,8 +63,23 @@ def feature_spec(
         weight_column=fmt.weight_column,
         managed=managed_names(data, fmt),
         value_names=values,
+        sequence_lengths=_sequence_lengths(data, [*seq, *values]),
     )
     return on_features(spec) if on_features is not None else spec
+
+
+def _sequence_lengths(data: DataConfig, names: list[str]) -> dict[str, int]:
+    """``FeatureSpec.sequence_lengths``: each of ``names`` whose ``max_length`` the schema gives
+    (a ``data.schema.sequence`` column's, or the history's for the history and what it derives:
+    ``<history>_action``, ``<history>_time``)."""
+    schema = getattr(data, "schema", None)
+    if schema is None:
+        return {}
+    lengths = {n: s.max_length for n, s in schema.sequence.items()}
+    h = schema.history
+    if h is not None:
+        lengths.update({n: h.max_length for n in (h.name, f"{h.name}_action", f"{h.name}_time")})
+    return {n: lengths[n] for n in names if n in lengths}
 
 
 def _sizes(keys: list[str], num_embeddings) -> list[int]:

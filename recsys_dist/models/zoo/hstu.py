@@ -7,6 +7,8 @@ EmbeddingBagCollection, sequence tables in one EmbeddingCollection: both sharded
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -22,6 +24,7 @@ from recsys_dist.models.config import HSTUConfig
 from recsys_dist.models.layers import mlp_head
 from recsys_dist.models.registry import register_model
 from recsys_dist.models.sequence import TargetSequenceModel
+from recsys_dist.models.zoo import hstu_stages
 
 EPS = 1e-6  # of both layer norms (the reference's epsilon)
 
@@ -224,11 +227,14 @@ class HSTU(TargetSequenceModel):
         time_buckets: int = 0,
         action_tokens: bool = False,
         values: list[str] = (),
+        sequence_lengths: dict[str, int] | None = None,
         **mlp_options,
     ) -> None:
         super().__init__(ebc, ec, features, sequences, target_feature)
         self.max_positions, self.time_buckets, self.action_tokens = max_positions, time_buckets, action_tokens
         self.histories = token_sequences(sequences, values, time_buckets, action_tokens)
+        # the pipeline stages' fixed row layout (hstu_stages): head columns, each history's length
+        self.head_width, self.sequence_lengths = num_dense + len(features) * embedding_dim, dict(sequence_lengths or {})
         self.stacks = nn.ModuleList(
             nn.ModuleList(
                 HSTULayer(
@@ -288,6 +294,58 @@ class HSTU(TargetSequenceModel):
                 buckets = hstu_time.time_buckets(deltas, self.time_buckets)
             parts.append(self.encode(self.stacks[i], values, mask, token, buckets))
         return self.deep(torch.cat(parts, dim=1))
+
+    def pipeline_slots(self) -> list[hstu_stages.SequenceSlots]:
+        """Where each history lies in :meth:`pipeline_input`'s row (``hstu_stages``).
+
+        Raises:
+            ValueError: a history whose max length the data does not give.
+        """
+        missing = [h for h in self.histories if h not in self.sequence_lengths]
+        if missing:
+            raise ValueError(
+                f"HSTU's pipeline stages pad each history to its max length, unknown for {missing} (the "
+                "FeatureSpec's sequence_lengths: data.schema.history.max_length or data.schema.sequence's max_length)"
+            )
+        lengths = [self.sequence_lengths[h] for h in self.histories]
+        dim = self.stacks[0][0].dim
+        return hstu_stages.row_layout(self.head_width, self.histories, lengths, dim, bool(self.time_buckets))
+
+    def pipeline_input(self, dense: torch.Tensor, kjt: KeyedJaggedTensor) -> torch.Tensor:
+        """``[B, K]`` float32, the row of ``hstu_stages`` (dense, pooled embeddings, then each
+        history's tokens padded to its max length, its count of events and, with the time bias,
+        its times): the lookups, no dense parameter (recsys_dist.models.tower).
+
+        Raises:
+            ValueError: a history longer than its max length, times of 2^48 units or more, or
+                the actions / times not matching the events (as ``forward``).
+        """
+        v = layers.pooled_embeddings(self.sparse_arch(kjt), self.features)  # [B, F, E]
+        target = v[:, self._target_index, :]
+        out = self.seq_arch(kjt)
+        parts, meta = [dense, v.flatten(1)], dense.is_meta  # meta: the plan reads the width, no values to check
+        for s in self.pipeline_slots():
+            values, mask = hstu_stages.fixed_sequence(out, s.name, s.length)
+            if self.action_tokens:
+                key = f"{s.name}_action"
+                actions = out[key].to_padded_dense(desired_length=s.length) if meta else None
+                values = values + actions if meta else with_actions(out, key, values, mask)
+            parts += [values.flatten(1), target, mask.sum(dim=1, keepdim=True)]
+            if self.time_buckets:
+                key = f"{s.name}_time"
+                deltas = mask.long() if meta else hstu_time.padded_deltas(kjt, key, mask)
+                parts += hstu_stages.split_deltas(deltas, key)
+        return torch.cat(parts, dim=1)
+
+    def pipeline_tower(self) -> list[nn.Module]:
+        """The target action (with ``action_tokens``), each history's layers, then the head, one
+        module each over :meth:`pipeline_input`'s row: composed, ``forward`` (``hstu_stages``)."""
+        slots = self.pipeline_slots()
+        layout = functools.partial(target_layout, num_buckets=self.max_positions)
+        tower: list[nn.Module] = [hstu_stages.TargetAction(self.target_action, slots)] if self.action_tokens else []
+        for s, stack in zip(slots, self.stacks, strict=True):
+            tower += [hstu_stages.LayerStage(layer, s, layout, self.time_buckets) for layer in stack]
+        return [*tower, hstu_stages.Head(self.deep, self.head_width, slots)]
 
 
 def hstu_inputs(job) -> list[str]:
@@ -356,4 +414,5 @@ def build_hstu(spec: FeatureSpec, cfg: HSTUConfig) -> HSTU:
         time_buckets=cfg.time_buckets,
         action_tokens=cfg.action_tokens,
         values=spec.value_names,
+        sequence_lengths=spec.sequence_lengths,
     )
