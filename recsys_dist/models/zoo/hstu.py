@@ -19,7 +19,7 @@ from recsys_dist.data.spec import FeatureSpec
 
 # called through their modules: torch.fx.wrap patches a leaf's name in its own module only
 # (hstu_attention.pointwise_attention included)
-from recsys_dist.models import hstu_attention, hstu_time, layers, sequence
+from recsys_dist.models import hstu_attention, hstu_time, layers, sequence, tower
 from recsys_dist.models.config import HSTUConfig
 from recsys_dist.models.layers import mlp_head
 from recsys_dist.models.registry import register_model
@@ -338,14 +338,17 @@ class HSTU(TargetSequenceModel):
         return torch.cat(parts, dim=1)
 
     def pipeline_tower(self) -> list[nn.Module]:
-        """The target action (with ``action_tokens``), each history's layers, then the head, one
+        """The target action (with ``action_tokens``), each history's layers, then the head's
+        layers (its hidden layers and its output layer; several tasks' heads: one module), one
         module each over :meth:`pipeline_input`'s row: composed, ``forward`` (``hstu_stages``)."""
         slots = self.pipeline_slots()
         layout = functools.partial(target_layout, num_buckets=self.max_positions)
-        tower: list[nn.Module] = [hstu_stages.TargetAction(self.target_action, slots)] if self.action_tokens else []
+        modules: list[nn.Module] = [hstu_stages.TargetAction(self.target_action, slots)] if self.action_tokens else []
         for s, stack in zip(slots, self.stacks, strict=True):
-            tower += [hstu_stages.LayerStage(layer, s, layout, self.time_buckets) for layer in stack]
-        return [*tower, hstu_stages.Head(self.deep, self.head_width, slots)]
+            modules += [hstu_stages.LayerStage(layer, s, layout, self.time_buckets) for layer in stack]
+        heads = self.deep.heads
+        head = [*tower.mlp_layers(heads[0][0]), heads[0][1]] if len(heads) == 1 else [self.deep]
+        return [*modules, hstu_stages.Head(head[0], self.head_width, slots), *head[1:]]
 
 
 def hstu_inputs(job) -> list[str]:

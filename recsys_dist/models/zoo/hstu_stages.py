@@ -160,8 +160,9 @@ class LayerStage(nn.Module):
 
 
 class Head(nn.Module):
-    """``deep([dense, e_1..e_F, y_A of each sequence])``: the logits ``[B, T]`` (``HSTU``'s
-    ``TaskHeads``) from the head columns and each sequence's target token."""
+    """``deep([dense, e_1..e_F, y_A of each sequence])`` from the head columns and each
+    sequence's target token: ``deep`` the head's first layer (then the tower's next modules
+    are its others), or ``HSTU``'s whole ``TaskHeads`` (the logits ``[B, T]``)."""
 
     def __init__(self, deep: nn.Module, head: int, slots: list[SequenceSlots]) -> None:
         super().__init__()

@@ -22,14 +22,16 @@ CASES = [
         "distributed.dense.microbatches=2",
         "distributed.dense.split=[2]",
     ),
-    # 4 stages on 2 ranks (one module each: target action, the two layers, the head)
+    # 4 stages on 2 ranks, interleaved
     ("distributed.dense.schedule=interleaved_1f1b", "distributed.dense.microbatches=4"),
 ]
-# rank -> the tower modules of its stages, per case: split auto puts the head (the most
-# parameters) alone; the interleaved stages 0, 2 on rank 0 and 1, 3 on rank 1
+# rank -> the tower modules of its stages, per case (the tower: target action, 2 layers, the
+# head's 2 hidden layers, its output layer): split auto cuts after the head's first layer; the
+# interleaved schedule's 4 stages [0, 3, 4, 5], stages 0 and 2 on rank 0, 1 and 3 on rank 1
+A, L, H = "TargetAction", "LayerStage", "Head"
 OWNED = {
-    0: [["TargetAction", "LayerStage", "LayerStage"], ["TargetAction", "LayerStage"], ["TargetAction", "LayerStage"]],
-    1: [["Head"], ["LayerStage", "Head"], ["LayerStage", "Head"]],
+    0: [[A, L, L, H], [A, L], [A, L, L, "Sequential"]],
+    1: [["Sequential", "Linear"], [L, H, "Sequential", "Linear"], [H, "Linear"]],
 }
 
 
