@@ -1,6 +1,7 @@
 """How a model's dense tower is cut into pipeline stages (``distributed.dense.strategy: pipeline``).
 
-A model that can be cut has two methods (the zoo's ``dcnv2``, ``dlrm`` and ``dlrm_dcnv2`` do):
+A model that can be cut has two methods (the zoo's ``dcnv2``, ``dlrm``, ``dlrm_dcnv2`` and ``hstu`` do;
+hstu's in ``recsys_dist.models.zoo.hstu_stages``):
 
 - ``pipeline_input(dense [B, D] float32, kjt) -> [B, d] float32``: everything up to the
   pooled embeddings (the table lookups, then a concatenation): run on every rank, since the
