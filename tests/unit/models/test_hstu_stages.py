@@ -12,14 +12,16 @@ from torchrec import KeyedJaggedTensor
 
 from recsys_dist.config.job import resolve_job
 from recsys_dist.config.loader import load_config
+from recsys_dist.data.spec import FeatureSpec, make_sequence_tables, make_tables
 from recsys_dist.distributed.pipeline_traffic import pipeline_layout
 from recsys_dist.distributed.stages import cut_model
 from recsys_dist.models import hstu_attention
 from recsys_dist.models.build import build_model
+from recsys_dist.models.registry import get_model
 from recsys_dist.models.zoo import hstu_stages
 from recsys_dist.train.preflight import section_problems
 from tests.conftest import ROOT
-from tests.unit.models.test_hstu import T_BUCKETS, XROWS, E, build_extras, xkjt_of
+from tests.unit.models.test_hstu import T_BUCKETS, XROWS, E, build_extras, config, xkjt_of
 
 HSTU = ROOT / "configs" / "movielens_hstu.yaml"
 LONGEST = max(len(r[2]) for r in XROWS)  # 4 events
@@ -145,3 +147,35 @@ def test_a_spec_without_lengths_builds_and_runs_as_before():
     assert model.sequence_lengths == {}
     dense, kjt = inputs(0, False)
     assert model(dense, kjt).shape == (4, 1)
+
+
+def test_two_histories_each_with_its_own_length_and_stack():
+    """Two sequence features (data.schema.sequence: each its own max_length): their slots follow
+    each other in the row, each layer's module reads its own."""
+    spec = FeatureSpec(
+        dense_names=["d"],
+        sparse_names=["user", "movie"],
+        tables=make_tables(["user", "movie"], [10, 20], E),
+        embedding_device=torch.device("cpu"),
+        sequence_names=["history", "tags"],
+        sequence_tables=make_sequence_tables(["history", "tags"], [20, 20], E),
+        sequence_lengths={"history": 5, "tags": 3},
+    )
+    torch.manual_seed(0)
+    model = get_model("hstu").build(spec, config(num_layers=1))
+    with torch.no_grad():
+        for p in [*model.sparse_arch.parameters(), *model.seq_arch.parameters()]:
+            p.uniform_(-1, 1)
+    rows = [(1, 9, [3, 4, 5, 6], [1, 2]), (2, 8, [], [7, 7, 7]), (3, 7, [7], [])]
+    values = [r[0] for r in rows] + [r[1] for r in rows] + [h for r in rows for h in r[2]]
+    values += [t for r in rows for t in r[3]]
+    lengths = [1] * 6 + [len(r[2]) for r in rows] + [len(r[3]) for r in rows]
+    kjt = KeyedJaggedTensor(
+        keys=["user", "movie", "history", "tags"], values=torch.tensor(values), lengths=torch.tensor(lengths)
+    )
+    dense = torch.randn(3, 1)
+    got, tower = run_tower(model, dense, kjt)
+    torch.testing.assert_close(got, model(dense, kjt), rtol=0, atol=1e-6)
+    a, b = model.pipeline_slots()
+    assert (a.start, b.start, b.end) == (1 + 2 * E, a.end, a.end + 4 * E + 1)
+    assert [m.slots.name for m in tower if isinstance(m, hstu_stages.LayerStage)] == ["history", "tags"]
