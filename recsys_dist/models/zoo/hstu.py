@@ -328,8 +328,10 @@ class HSTU(TargetSequenceModel):
             values, mask = hstu_stages.fixed_sequence(out, s.name, s.length)
             if self.action_tokens:
                 key = f"{s.name}_action"
-                actions = out[key].to_padded_dense(desired_length=s.length) if meta else None
-                values = values + actions if meta else with_actions(out, key, values, mask)
+                if meta:  # with_actions checks the counts, which meta tensors do not hold
+                    values = values + out[key].to_padded_dense(desired_length=s.length)
+                else:
+                    values = with_actions(out, key, values, mask)
             parts += [values.flatten(1), target, mask.sum(dim=1, keepdim=True)]
             if self.time_buckets:
                 key = f"{s.name}_time"

@@ -128,6 +128,15 @@ def test_the_shipped_config_has_its_lengths_and_the_plan_shows_hstus_stages():
     assert layout.input_width == width and layout.modules == 6
     # split auto: stage 0 the layers and the head's first layer (its 128 outputs go to stage 1)
     assert layout.widths == [128, 1] and layout.starts == [0, 4]
+    # with the time bias: 50 events' times in two columns each
+    times = ["data.schema.history.times=true", "model.time_buckets=128"]
+    job = resolve_job(
+        load_config(str(HSTU), ["distributed.dense.strategy=pipeline", "distributed.dense.stages=2", *times])
+    )
+    assert job.features.sequence_lengths == {"history": 50, "history_action": 50, "history_time": 50}
+    model = build_model(job.model, job.features.on(torch.device("meta")), job.train)
+    layout, why = pipeline_layout(model, job.distributed.dense, 2, job.features.num_dense, list(job.features.keys))
+    assert layout is not None and layout.input_width == width + 100, why
 
 
 def test_hstu_retrieval_stays_refused_and_says_why():
