@@ -196,7 +196,9 @@ class StreamData(DataSource):
                 self._finish_partition()
         if self.done(t.step) and self._stop_reason is None:
             self._stop_reason = "max_steps"
-        return self._summary(last_val)
+        summary = self._summary(last_val)
+        t._hooks.raise_failure(t)  # an on_step_end's at the run's last step: raised once it is saved
+        return summary
 
     def _summary(self, last_val: dict) -> dict:
         t = self.trainer
