@@ -45,11 +45,23 @@ def fixed_plan_problems(s: ShardingConfig, names: list[str], world_size: int | N
         )
     if world_size is not None:
         problems += [
-            f"sharding.fixed_plan.{name}.ranks: {fp.ranks} but the job has {world_size} rank(s)"
+            f"sharding.fixed_plan.{name}.ranks: {fp.ranks} but {_ranks_of(s, world_size)}"
             for name, fp in s.fixed_plan.items()
             if any(r >= world_size for r in fp.ranks or [])
         ]
     return problems
+
+
+def _ranks_of(s: ShardingConfig, world_size: int) -> str:
+    """The ranks tables are placed on, for a message: the job's, or under ``sharding.replica_groups``
+    one sharding group's (``world_size`` is then the group's size, the ranks a group's own)."""
+    if not s.replicated:
+        return f"the job has {world_size} rank(s)"
+    return (
+        f"a sharding group has {world_size} rank(s), numbered 0 .. {world_size - 1} within the group "
+        f"(sharding.replica_groups: {s.replica_groups} groups of the job's {world_size * s.replica_groups} ranks, "
+        "each holding the same plan)"
+    )
 
 
 def leaves_rank_empty(rows: int, ranks: int) -> bool:
