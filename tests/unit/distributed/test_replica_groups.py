@@ -108,5 +108,6 @@ def test_table_rules_are_those_of_one_group():
         check_before_launch(job)
     comms = ("sharding.comms.forward=fp16", "sharding.comms.backward=fp16")
     check_before_launch(_job("sharding.replica_groups=2", "distributed.nproc_per_node=4", *comms))
-    with pytest.raises(ConfigError, match="sharding.comms: a job of 1 rank"):
+    # the group named (before: "a job of 1 rank" of a 2-rank job)
+    with pytest.raises(ConfigError, match=r"sharding.comms: a sharding group of 1 rank \(sharding.replica_groups: 2 "):
         check_before_launch(_job("sharding.replica_groups=2", "distributed.nproc_per_node=2", *comms, world=2))
