@@ -66,6 +66,8 @@ def check_compatible(
     old_s, new_s = old_data.get("schema") or {}, new_data.get("schema") or {}
     for k in ("sequence", "history"):
         o, n = old_s.get(k) or None, new_s.get(k) or None  # {} and None both: no such features
+        if k == "history" and isinstance(o, dict) and isinstance(n, dict) and "action_values" not in o:
+            n = {key: v for key, v in n.items() if key != "action_values"}  # added since the checkpoint
         if o != n:
             diffs.append(f"data.schema.{k} {o!r} -> {n!r}")
     if sizes is not None and meta.get("num_embeddings") not in (None, list(sizes)):

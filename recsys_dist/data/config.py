@@ -43,7 +43,19 @@ class HistoryConfig(_Section):
         "the order data.split.by: leave_last_out uses (which requires it).",
     )
     action: str | None = Field(None, description="Action column (the rating): derive <name>_action for hstu")
+    action_values: Literal["numbers", "text"] = Field(
+        "numbers",
+        description="What the action column holds: numbers (a rating; any other non-empty value is an error "
+        "naming the file, row and column, or a request's rows[i], HTTP 400); text: categorical strings "
+        "(each value its own action; numbers still keyed by value). Only with action.",
+    )
     times: bool = Field(False, description="Derive <name>_time, times before the row, for hstu's time bias")
+
+    @model_validator(mode="after")
+    def _check(self) -> HistoryConfig:
+        if self.action_values != "numbers" and self.action is None:
+            raise ValueError("action_values: only a history with an action column reads it (set action, or drop it)")
+        return self
 
 
 class TaskLabel(_Section):

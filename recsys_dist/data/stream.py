@@ -104,6 +104,22 @@ class Partition:
     first_skipped: str | None = None
 
 
+def history_note(d: DataConfig) -> str | None:
+    """The warning a ``data.stream`` run with ``data.schema.history`` logs at its start (None
+    without both): each partition is converted on its own, so its users' histories start empty
+    (docs/online.md, "User histories"), while a scoring request carries a user's whole history."""
+    h = d.schema.history if d.stream is not None and d.schema is not None else None
+    if h is None:
+        return None
+    return (
+        f"data.stream with data.schema.history ({h.name}): each partition's histories start empty: a row's "
+        f"history holds its {h.user}'s earlier rows of the same partition only, never those of earlier "
+        "partitions, while a scoring request carries the user's whole history (a training / serving skew for "
+        "din, bst, hstu); land partitions that each hold their users' recent log (e.g. per user and day), "
+        "docs/online.md 'User histories'"
+    )
+
+
 def convert_partition(d: DataConfig, name: str, cache_dir: str | Path) -> Partition:
     """Convert the partition ``name`` (below ``d.stream.path``) as one training split into
     ``cache_dir`` (the run's own: ``RUN_DIR/partitions``, emptied of a partition once it is

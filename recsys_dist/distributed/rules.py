@@ -45,11 +45,23 @@ def fixed_plan_problems(s: ShardingConfig, names: list[str], world_size: int | N
         )
     if world_size is not None:
         problems += [
-            f"sharding.fixed_plan.{name}.ranks: {fp.ranks} but the job has {world_size} rank(s)"
+            f"sharding.fixed_plan.{name}.ranks: {fp.ranks} but {_ranks_of(s, world_size)}"
             for name, fp in s.fixed_plan.items()
             if any(r >= world_size for r in fp.ranks or [])
         ]
     return problems
+
+
+def _ranks_of(s: ShardingConfig, world_size: int) -> str:
+    """The ranks tables are placed on, for a message: the job's, or under ``sharding.replica_groups``
+    one sharding group's (``world_size`` is then the group's size, the ranks a group's own)."""
+    if not s.replicated:
+        return f"the job has {world_size} rank(s)"
+    return (
+        f"a sharding group has {world_size} rank(s), numbered 0 .. {world_size - 1} within the group "
+        f"(sharding.replica_groups: {s.replica_groups} groups of the job's {world_size * s.replica_groups} ranks, "
+        "each holding the same plan)"
+    )
 
 
 def leaves_rank_empty(rows: int, ranks: int) -> bool:
@@ -133,9 +145,11 @@ def unpooled_type_problems(s: ShardingConfig, unpooled: list[str] | set[str]) ->
     return problems
 
 
-def comms_problems(comms: CommsConfig, device_type: str, world_size: int | None = None) -> list[str]:
+def comms_problems(
+    comms: CommsConfig, device_type: str, world_size: int | None = None, replica_groups: int = 1
+) -> list[str]:
     """Why ``sharding.comms`` cannot run on ``device_type`` in a job of ``world_size`` ranks
-    (when known).
+    (when known; with ``replica_groups`` > 1, ``world_size`` is one sharding group's).
 
     TorchRec's ``get_qcomm_codecs_registry`` does not carry bf16 over gloo: on CPU it
     replaces bf16 by fp16 with a log warning. A job of 1 rank sends nothing between ranks:
@@ -143,8 +157,14 @@ def comms_problems(comms: CommsConfig, device_type: str, world_size: int | None 
     keeps the config honest."""
     problems = []
     if world_size == 1 and (comms.forward, comms.backward) != ("fp32", "fp32"):
+        who = (
+            "a job of 1 rank"
+            if replica_groups == 1
+            else f"a sharding group of 1 rank (sharding.replica_groups: {replica_groups} groups of the job's "
+            f"{replica_groups} ranks)"
+        )
         problems.append(
-            "sharding.comms: a job of 1 rank sends nothing between ranks (its output_dist stays in the "
+            f"sharding.comms: {who} sends nothing between ranks (its output_dist stays in the "
             "process), so there is nothing to quantize; remove sharding.comms or run on more ranks"
         )
     if device_type == "cuda":
@@ -169,7 +189,7 @@ def plan_problems(
     ``unpooled``: its EmbeddingCollection tables) on a world: what planning checks first."""
     names = list(rows)
     return (
-        comms_problems(s.comms, device_type, world_size)
+        comms_problems(s.comms, device_type, world_size, s.replica_groups)
         + per_table_problems(s, names)
         + fixed_plan_problems(s, names, world_size)
         + unpooled_type_problems(s, unpooled)

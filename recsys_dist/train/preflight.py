@@ -271,7 +271,7 @@ def _kernel_problems(job: Job, world: int) -> list[str]:
     if job.distributed.device == "cuda" and not cuda:
         problems.append("  distributed.device: 'cuda' asked for but no CUDA device is visible (use auto or cpu)")
     cpu = job.distributed.device == "cpu" or not cuda
-    problems += [f"  {p}" for p in comms_problems(comms, "cpu" if cpu else "cuda", world)]
+    problems += [f"  {p}" for p in comms_problems(comms, "cpu" if cpu else "cuda", world, job.sharding.replica_groups)]
     if cpu:
         if job.train.embedding_optimizer == "adam" and job.sharding.sharding_types != ["data_parallel"]:
             problems.append(

@@ -19,7 +19,8 @@ batch is padding only); a pipeline is S ranks (``dense_stages.group``), dp = W /
    (data-parallel tables) are averaged over the ranks, and (dp > 1) each stage's over the
    pipelines, as DDP would.
 5. The optimizer steps (each rank: its stage's parameters; other stages' have no gradient).
-6. The pipeline's loss and this rank's logits from its last stage (broadcast), for the log and metrics.
+6. This rank's logits from its last stage (broadcast), for the metrics, and its loss from them
+   (as ddp's: ``StagePipeline._own_loss``), for the log and ``on_step_end``.
 
 TrainPipelineSparseDist's overlap of the next batch's input_dist does not apply here (the batch
 goes through ``pipeline_input`` directly): this is ``train.pipeline: base``'s order.
@@ -38,8 +39,9 @@ class StagePipeline:
     """A :class:`recsys_dist.train.pipelines.TrainPipeline` for a DMP with ``dense_stages``.
 
     ``progress`` returns ``(loss, logits, labels, weights)`` as TorchRec's pipelines do (the
-    task's second output), where ``loss`` is the global batch's weighted mean loss (the same on every rank; its mean over
-    the ranks, the train log's loss, is ``ddp``'s) and ``logits`` this rank's rows, ``[B]`` float32.
+    task's second output), where ``loss`` is this rank's loss as ``ddp``'s step gives it (its rows'
+    weighted mean loss x the batch's loss scale, float32 scalar; its mean over the ranks, the
+    train log's loss, is the global batch's weighted mean) and ``logits`` this rank's rows, ``[B]`` float32.
     ``detach`` makes the ranks' tower copies equal (``sync_replicas``) before a scoring pass.
     """
 
@@ -66,12 +68,11 @@ class StagePipeline:
         st.loss_scale = st.microbatches * st.dp / total if total > 0 else 0.0
         parts = [torch.empty_like(pooled) for _ in range(size)] if rank == 0 else None
         dist.gather(pooled.detach().contiguous(), parts, dst=dist.get_global_rank(group, 0), group=group)
-        losses: list[torch.Tensor] = []
         args = ()
         if rank == 0:
             x = torch.cat(parts).requires_grad_()
             args = (x,)
-        kwargs = {"target": target, "losses": losses} if rank == last else {}
+        kwargs = {"target": target} if rank == last else {}
         out = st.schedule.step(*args, **kwargs)
         grad = torch.empty_like(pooled)
         chunks = list((x.grad / st.microbatches).split(pooled.shape[0])) if rank == 0 else None
@@ -87,15 +88,24 @@ class StagePipeline:
             _average([p for m in st.own_modules() for p in m.parameters()], st.dp_group, st.dp)
         self._optimizer.step()
         st.dirty = True
-        result = torch.empty(1 + target.shape[0], device=pooled.device)
+        result = torch.empty(target.shape[0], device=pooled.device)
         if rank == last:
-            result[0] = torch.stack(losses).sum().detach() / st.microbatches
-            result[1:] = out.detach().squeeze(-1).float()
+            result.copy_(out.detach().squeeze(-1).float())
         dist.broadcast(result, src=dist.get_global_rank(group, last), group=group)
         b = pooled.shape[0]
-        logits = result[1 + rank * b : 1 + (rank + 1) * b]
+        logits = result[rank * b : (rank + 1) * b]
         self.steps_done += 1
-        return result[0], logits, batch.labels, batch.weights
+        return self._own_loss(logits, batch, world, total), logits, batch.labels, batch.weights
+
+    def _own_loss(self, logits: torch.Tensor, batch, world: int, total: float) -> torch.Tensor:
+        """This rank's loss as ddp's step gives it (``CTRTask``: its rows' weighted mean loss x
+        its weight x W / the global weight), from its rows' logits: what ``on_step_end`` gets
+        and the train log averages. (The pipeline's loss, the schedule's, is the mean of its S
+        ranks' such losses: before, ``on_step_end`` got that, not this rank's number.)"""
+        weights = batch.weights.float()
+        scale = float(weights.sum()) * world / total if total > 0 else 0.0
+        with torch.no_grad():
+            return self._task.loss(logits, batch.labels.float(), weights) * scale
 
     def detach(self) -> torch.nn.Module:
         sync_replicas(self._model, self._optimizer)

@@ -42,7 +42,7 @@ import torch.distributed as dist
 from recsys_dist.checkpoint import run_dir as run_dirs
 from recsys_dist.checkpoint.dcp import latest_checkpoint
 from recsys_dist.data.loader import ParquetBatchLoader
-from recsys_dist.data.stream import Partition, convert_partition, not_ready_reason, ready, scan
+from recsys_dist.data.stream import Partition, convert_partition, history_note, not_ready_reason, ready, scan
 from recsys_dist.distributed.env import broadcast_result
 from recsys_dist.errors import DataError, FileChanging
 from recsys_dist.faults import maybe_fault
@@ -85,6 +85,8 @@ class StreamData(DataSource):
         self._partition: Partition | None = None  # the partition open (its conversion)
         self._window: dict | None = None  # a logging window a stop leaves open, saved with the checkpoint
         self._noted: set[tuple[str, str]] = set()  # (what, name) said once in the log (rank 0)
+        if t.ctx.is_main and (note := history_note(job.data)) is not None:
+            log.warning(note)  # histories start afresh in each partition: said, not silent
         return job
 
     def checkpoint_meta(self) -> dict:
@@ -196,7 +198,9 @@ class StreamData(DataSource):
                 self._finish_partition()
         if self.done(t.step) and self._stop_reason is None:
             self._stop_reason = "max_steps"
-        return self._summary(last_val)
+        summary = self._summary(last_val)
+        t._hooks.raise_failure(t)  # an on_step_end's at the run's last step: raised once it is saved
+        return summary
 
     def _summary(self, last_val: dict) -> dict:
         t = self.trainer

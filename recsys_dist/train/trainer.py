@@ -187,7 +187,7 @@ class Trainer:
         require_ranks(job)
         self.job, self.run_dir = job, Path(run_dir)
         self._user_model, self._dense_factory, self._scheduler_factory = model, dense_optimizer, lr_scheduler
-        self._hooks = Hooks(callbacks)  # on_validation_end's exception: held, then raised on every rank
+        self._hooks = Hooks(callbacks)  # a callback's exception: held, then raised on every rank
         self._resume_on_new_data = resume_on_new_data
         self._recorder = self._runner = None
         self._fit_failed: int | None = None  # the step a failed fit() stopped at
@@ -336,11 +336,10 @@ class Trainer:
             ``checkpoint`` (its path), ``wall_seconds`` and ``wall_split`` (seconds per
             phase of this rank's wall time, adding up to it: ``recsys_dist.train.observe.PhaseClock``);
             with early stopping or ``checkpoint.keep_best``, ``best`` (``metric``, ``value``,
-            ``step``, ``early_stopped``, and ``checkpoint``: the best one kept, or None). When
-            the checkpoint resumed from is already at the
-            last step nothing is trained or written: the run's ``summary.json`` (if any) with
-            ``run_dir`` this Trainer's, ``steps`` the checkpoint's, ``resumed_from`` its path and
-            ``already_complete: True``.
+            ``step``, ``early_stopped``, and ``checkpoint``: the best one kept, or None). When the
+            checkpoint resumed from is at the last step nothing is trained or written: the run's
+            ``summary.json`` (if any) with ``run_dir`` this Trainer's, ``steps`` the checkpoint's,
+            ``resumed_from`` its path and ``already_complete: True``.
 
         Raises:
             FloatingPointError: the training loss became non-finite (names the step, the
@@ -496,17 +495,19 @@ class Trainer:
             maybe_fault("step", self._step, ctx.rank)
             rec.tracer.after(self._step)
             rec.add_loss(out[0].detach())
-            runner.after_step()
-            self._hooks.step_end(self, self._step, out[0].detach())
             rec.add_rows(out[3])
+            runner.after_step()
+            # A step validated (the epoch's last: after the loop) raises a callback's exception once validated, saved
+            validates = job.eval.every_n_steps and self._step % job.eval.every_n_steps == 0
+            last = source.in_epoch >= len(source.loaders.train) or self._done()  # a partition's last: once saved
+            self._hooks.step_end(self, self._step, out[0].detach(), check=not (last or validates))
             if self._step % job.train.log_every_n_steps == 0:
                 self._log_train()
             if source.should_stop(self._step):
                 break
-            if source.in_epoch >= len(source.loaders.train) or self._done():
-                # The epoch's (or run's) last step: validated, then checkpointed, after the loop.
+            if last:
                 continue
-            if job.eval.every_n_steps and self._step % job.eval.every_n_steps == 0:
+            if validates:
                 source.validate()  # detaches the pipeline (evaluate); its next progress re-attaches
                 if self._done():  # early stopping: every rank decides alike (global metrics)
                     break
@@ -515,8 +516,7 @@ class Trainer:
             if self._checkpoint_due():
                 self._save_in_window()
             if self._ckpt.saved_step == self._step and runner.restarts_at_checkpoint:
-                # A checkpoint (by cadence or a new best) mid-epoch: see recsys_dist.train.pipelines.
-                runner.restart(self._step)
+                runner.restart(self._step)  # a mid-epoch checkpoint (cadence, new best): see train.pipelines
                 batches = source.loaders.train.iter_from(source.in_epoch)
                 rec.restart_clock()
         if rec.losses and not source.keeps_window():

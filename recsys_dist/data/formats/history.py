@@ -34,10 +34,13 @@ def history_sequences(h) -> list[str]:
 
 
 def drop_defaults(key: dict | None) -> None:
-    """Remove ``action`` / ``times`` from a history section's cache key where they are off, and
-    ``ties`` where it is the default ``exclude`` (the keys of conversions from before them)."""
+    """Remove ``action`` (with ``action_values``) / ``times`` from a history section's cache key
+    where they are off, and ``ties`` where it is the default ``exclude`` (the keys of conversions
+    from before them)."""
     if not isinstance(key, dict):
         return
+    if not key.get("action"):
+        key.pop("action_values", None)  # read only with an action column
     for option in ("action", "times"):
         if not key.get(option):
             key.pop(option, None)
@@ -105,7 +108,7 @@ class UserHistory:
             )
             if t < at:
                 raise DataError(
-                    f"{path}, {'row' if is_parquet(spec, path) else 'line'} {first_line + i}, column {h.time}: "
+                    f"{_where(spec, path, first_line, i)}, column {h.time}: "
                     f"{_exact(t)} is earlier than {_exact(at)} of an earlier row of the same {h.user}; data.schema.history "
                     f"needs each user's rows in non-decreasing {h.time} order (sort the log by {h.user}, {h.time} "
                     "or by time)"
@@ -176,18 +179,41 @@ def _keys(col: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     return text_keys(pc.utf8_trim_whitespace(pc.fill_null(col, "")))
 
 
-def _number_text(value: str) -> str:
+def _number_text(value: str) -> str | None:
+    """``repr(float(value))``, or None where ``value`` is not a number."""
     try:
         return repr(float(value))
     except ValueError:
-        return value
+        return None
 
 
-def action_keys(col: pa.Array) -> np.ndarray:
+def action_keys(col: pa.Array, numbers: bool = False) -> np.ndarray:
     """uint64 [N]: the key of each action value's text, a number written as ``repr(float)``: the
-    rating 4, "4", 4.0 and "4.00" (a JSON client, a Parquet double, a CSV field) are one action."""
-    text = pc.utf8_trim_whitespace(pc.fill_null(pc.cast(col, pa.string()), ""))
-    return text_keys(pa.array([_number_text(v) for v in text.to_pylist()], pa.string()))[0]
+    rating 4, "4", 4.0 and "4.00" (a JSON client, a Parquet double, a CSV field) are one action.
+    An empty or null value is the action "" (its own key).
+
+    Raises:
+        NotANumber: ``numbers`` (``data.schema.history.action_values: numbers``) and a non-empty
+            value that is not a number; it holds the row index and the value. Without this check
+            such a value (a typo, "four") became an action of its own that no training row held,
+            so a request scored it as the unknown action.
+    """
+    text = pc.utf8_trim_whitespace(pc.fill_null(pc.cast(col, pa.string()), "")).to_pylist()
+    keyed = []
+    for i, v in enumerate(text):
+        k = _number_text(v) if v else v
+        if k is None and numbers:
+            raise NotANumber(i, v)
+        keyed.append(v if k is None else k)
+    return text_keys(pa.array(keyed, pa.string()))[0]
+
+
+class NotANumber(ValueError):
+    """An action value that is not a number (:func:`action_keys`): ``args`` (row index, value)."""
+
+
+def _where(spec, path, first_line: int, i: int) -> str:
+    return f"{path}, {'row' if is_parquet(spec, path) else 'line'} {first_line + i}"
 
 
 def derive_features(state: UserHistory, h, batch: pa.RecordBatch, times: np.ndarray, path, first_line, spec):
@@ -196,17 +222,18 @@ def derive_features(state: UserHistory, h, batch: pa.RecordBatch, times: np.ndar
     (:func:`time_deltas`), as ``SparseKeys`` (list).
 
     Raises:
-        DataError: a row without a user (empty, blank or null), naming the line / row and column;
+        DataError: a row without a user (empty, blank or null), or an action that is not a number
+            (``data.schema.history.action_values: numbers``), naming the line / row and column;
             as ``UserHistory.rows``."""
     users, known = _keys(batch.column(h.user))
     if not known.all():  # rows without a user would all share the history of one user ""
         i = int(np.flatnonzero(~known)[0])
         raise DataError(
-            f"{path}, {'row' if is_parquet(spec, path) else 'line'} {first_line + i}, column {h.user}: empty "
+            f"{_where(spec, path, first_line, i)}, column {h.user}: empty "
             f"(data.schema.history.user needs a user on every row; rows without one would share one history)"
         )
     items, present = _keys(batch.column(h.item))
-    actions = action_keys(batch.column(h.action)) if getattr(h, "action", None) else None
+    actions = _actions(h, batch, path, first_line, spec) if getattr(h, "action", None) else None
     got = state.rows(path, first_line, users, items, present, times, h, spec, actions)
     out = [SparseKeys(got.keys, None, got.lengths)]
     if actions is not None:
@@ -214,3 +241,16 @@ def derive_features(state: UserHistory, h, batch: pa.RecordBatch, times: np.ndar
     if getattr(h, "times", False):
         out.append(SparseKeys(time_deltas(times, got.lengths, got.times), None, got.lengths))
     return out
+
+
+def _actions(h, batch: pa.RecordBatch, path, first_line: int, spec) -> np.ndarray:
+    """The action keys of a block (:func:`action_keys`), a non-number a ``DataError``."""
+    try:
+        return action_keys(batch.column(h.action), getattr(h, "action_values", "numbers") == "numbers")
+    except NotANumber as err:
+        i, value = err.args
+        raise DataError(
+            f"{_where(spec, path, first_line, i)}, column {h.action}: {value!r} is not a number "
+            f"(data.schema.history.action {h.action} holds numbers, e.g. the rating; set "
+            "data.schema.history.action_values: text if the actions are categorical strings)"
+        ) from None

@@ -98,3 +98,36 @@ def test_a_callback_raising_at_validation_loses_no_training(tmp_path, cache_dir,
     assert numbers(json.loads((run / "summary.json").read_text())) == numbers(plain[1])
     assert "in checkpoint " + str(run / "checkpoints" / "step_00000050") in " ".join(err.value.__notes__)
     assert untimed(run) == untimed(plain[0])
+
+
+class RaiseAtStep(recsys_dist.Callback):
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_step_end(self, trainer, step, loss):
+        if step == self.step:
+            raise ValueError(f"user callback at step {step}")
+
+
+@pytest.mark.parametrize("at", [10, 25])
+def test_a_callback_raising_at_step_end_loses_no_training(tmp_path, cache_dir, plain, at):
+    """``on_step_end`` raising: mid-epoch (10), the step is saved and the exception raised with
+    its callback and hook named; at the epoch's last step (25), after the epoch's validation line
+    and checkpoint. resume="auto" ends with the uninterrupted run's numbers and lines. Before:
+    the exception left fit() with no checkpoint of the step (steps 1-10 trained again, or the
+    whole epoch lost)."""
+    cfg = recsys_dist.load_config(QUICKSTART, OVERRIDES)
+    run = tmp_path / "raised"
+    with recsys_dist.Trainer(cfg, run, callbacks=[RaiseAtStep(at)]) as trainer:
+        with pytest.raises(ValueError, match=f"user callback at step {at}") as err:
+            trainer.fit()
+    checkpoint = run / "checkpoints" / f"step_{at:08d}"
+    assert (checkpoint / "meta.json").is_file()
+    note = " ".join(getattr(err.value, "__notes__", []))
+    assert f"raised by callback RaiseAtStep.on_step_end at step {at} on rank(s) 0; every rank stopped" in note
+    assert f"the run's state at step {at} is in checkpoint {checkpoint}: continue with resume='auto'" in note
+    assert [r["step"] for r in read_metrics(run, "validation")] == ([25] if at == 25 else [])
+    with recsys_dist.Trainer(cfg, run, resume="auto") as trainer:
+        assert trainer.resumed_at_step == at
+        assert numbers(trainer.fit()) == numbers(plain[1])
+    assert untimed(run) == untimed(plain[0])

@@ -56,8 +56,9 @@ def _cfg(name: str, types: list[str], strategy: str, world_size: int, extra: tup
     return dense_worker._cfg(name, types, strategy, world_size, (*(SGD if sgd else ()), *pipe))
 
 
-def _train(dmp, opt, steps: range, rank: int, world_size: int, staged: bool) -> list[float]:
-    """Global losses (ddp: the ranks' mean, as the train log)."""
+def _train(dmp, opt, steps: range, rank: int, world_size: int, staged: bool, own: list | None = None) -> list[float]:
+    """Global losses (ddp: the ranks' mean, as the train log); ``own``: this rank's losses (what
+    its ``on_step_end`` gets) appended."""
     runner = StagePipeline(dmp, opt, torch.device("cpu")) if staged else None
     losses = []
     for step in steps:
@@ -70,6 +71,8 @@ def _train(dmp, opt, steps: range, rank: int, world_size: int, staged: bool) -> 
             opt.step()
             opt.zero_grad()
             loss = loss.detach().clone()
+        if own is not None:
+            own.append(loss.item())
         dist.all_reduce(loss)
         losses.append(loss.item() / world_size)
     return losses
@@ -97,15 +100,19 @@ def losses_and_weights(rank: int, world_size: int, cases: list, steps: int) -> d
             ctx = init_distributed(cfg.distributed)
             dmp, opt = dense_worker._build(cfg, ctx)
             first = _weights(dmp)
-            losses = _train(dmp, opt, range(steps), rank, world_size, strategy == "pipeline")
+            own: list[float] = []
+            losses = _train(dmp, opt, range(steps), rank, world_size, strategy == "pipeline", own)
             sync_replicas(dmp, opt)
             got[strategy] = (losses, _weights(dmp), getattr(dmp, "dense_stages", None))
+            got[f"{strategy}_own"] = own
         ref, pipe = got["ddp"][1], got["pipeline"][1]
         assert ref.keys() == pipe.keys()
         stages = got["pipeline"][2]
         out[(name, tuple(types), tuple(extra))] = {
             "ddp": got["ddp"][0],
             "pipeline": got["pipeline"][0],
+            "ddp_own": got["ddp_own"],
+            "pipeline_own": got["pipeline_own"],
             # tables (sharded or replicated) and the dense tower (after the sync: every rank's copy)
             "table_diff": max(float((ref[k] - pipe[k]).abs().max()) for k in ref if "embedding" in k),
             # per dense tensor: |ddp - pipeline| / |ddp's update over the steps| (Frobenius norms)

@@ -58,6 +58,11 @@ def _check(results: list[dict], stages: int) -> None:
             rel = max(abs(a - b) / abs(b) for a, b in zip(pipe, ddp, strict=True))
             if not rel <= TOL:
                 failures.append(f"rank {rank} {case}: loss rel diff {rel:.3g}")
+            # this rank's own loss (on_step_end's): ddp's. Before, the pipeline's loss, the mean of
+            # its ranks' (the padding rank's step read 1/S of the others' instead of 0)
+            own = max(abs(a - b) / max(abs(b), 1e-6) for a, b in zip(got["pipeline_own"], got["ddp_own"], strict=True))
+            if not own <= TOL:
+                failures.append(f"rank {rank} {case}: this rank's loss (on_step_end's) rel diff {own:.3g}")
             if not got["table_diff"] <= TOL:
                 failures.append(f"rank {rank} {case}: table weights differ by {got['table_diff']:.3g}")
             if not got["dense_rel"] <= 1e-3:

@@ -55,3 +55,15 @@ def test_resume_refuses_changed_sequence_features():
     old = load_config(din)
     msg = refusal(old, load_config(din, ["data.schema.history.max_length=5"]))
     assert "data.schema.history" in msg and "'max_length': 50" in msg and "'max_length': 5" in msg
+
+
+def test_a_checkpoint_from_before_history_action_values_resumes():
+    """``data.schema.history.action_values`` was added later: a checkpoint whose history lacks it
+    resumes (its numbers are the default's); another value of a key it has is still refused."""
+    hstu = ROOT / "configs" / "movielens_hstu.yaml"
+    new = load_config(hstu)
+    meta = meta_of(new)
+    del meta["config"]["data"]["schema"]["history"]["action_values"]
+    check_compatible(CKPT, meta, new.to_dict(), tables=False, world_size=2)
+    with pytest.raises(CheckpointError, match="data.schema.history"):
+        check_compatible(CKPT, meta, load_config(hstu, ["data.schema.history.max_length=3"]).to_dict(), tables=False)

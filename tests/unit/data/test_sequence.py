@@ -136,7 +136,7 @@ def test_history_actions_and_times_match_a_brute_force(tmp_path, cache_dir):
         rows.append((u, f"m{rng.integers(20)}", clock[u], str(rng.choice(["1", "1.0", "2.5", "4", "4.00", "x"]))))
     text = "click,user,item,ts,rating\n" + "".join(f"1,{u},{m},{t!r},{r}\n" for u, m, t, r in rows)
     hist = {"user": "user", "item": "item", "time": "ts", "max_length": 4, "action": "rating", "times": True}
-    t = convert(tmp_path, text, history=hist)
+    t = convert(tmp_path, text, history={**hist, "action_values": "text"})  # "x": a categorical action
     assert t.column_names[-3:] == ["history", "history_action", "history_time"]
     items, actions, times = [], [], []
     for user, _item, time, _r in rows:
@@ -149,6 +149,21 @@ def test_history_actions_and_times_match_a_brute_force(tmp_path, cache_dir):
     assert t.column("history_action").to_pylist() == actions
     assert t.column("history_time").to_pylist() == times
     assert any(1 in r for r in times) and all(v >= 1 for r in times for v in r)  # a 0.5 s gap floors to 0
+
+
+def test_an_action_that_is_not_a_number_is_refused(tmp_path, cache_dir):
+    """``action_values: numbers`` (the default): a non-empty action that is not a number is an
+    error naming the line, the column and the fix; before, it became an action of its own (at
+    predict time one no training row held: the unknown action), silently. Empty: the action ""."""
+    hist = {"user": "user", "item": "item", "time": "ts", "max_length": 4, "action": "rating"}
+    text = "click,user,item,ts,rating\n1,a,m1,1,4\n1,a,m2,2,\n1,a,m3,3, four \n"
+    with pytest.raises(DataError, match=r"log.csv, line 4, column rating: 'four' is not a number \(data.schema"):
+        convert(tmp_path, text, history=hist)
+    t = convert(tmp_path, text, history={**hist, "action_values": "text"})
+    empty = hash_ids(text_keys(pa.array([""]))[0], N).tolist()  # "" is an action of its own
+    assert t.column("history_action").to_pylist()[2] == ids(["4.0"]) + empty
+    with pytest.raises(ValueError, match=r"action_values: only a history with an action column"):
+        SchemaConfig(label="click", history={**hist, "action": None, "action_values": "text"})
 
 
 def test_history_without_actions_and_times_converts_as_before(tmp_path, cache_dir):

@@ -94,9 +94,20 @@ def test_table_rules_are_those_of_one_group():
     fp16 comms on groups of one rank (nothing crosses a wire there)."""
     fixed = "sharding.fixed_plan={t_C1: {sharding_type: table_wise, ranks: [3]}}"
     job = _job("sharding.replica_groups=2", "distributed.nproc_per_node=4", fixed)
-    with pytest.raises(ConfigError, match=r"sharding.fixed_plan.t_C1.ranks: \[3\] but the job has 2 rank"):
+    # Named as a group's ranks: before, "but the job has 2 rank(s)" of a job of 4 ranks.
+    want = (
+        r"sharding.fixed_plan.t_C1.ranks: \[3\] but a sharding group has 2 rank\(s\), numbered 0 .. 1 within the "
+        r"group \(sharding.replica_groups: 2 groups of the job's 4 ranks, each holding the same plan\)"
+    )
+    with pytest.raises(ConfigError, match=want):
+        check_before_launch(job)
+    job = _job("sharding.replica_groups=2", "distributed.nproc_per_node=2", fixed, world=2)
+    with pytest.raises(
+        ConfigError, match=r"\[3\] but a sharding group has 1 rank\(s\), numbered 0 .. 0 .*job's 2 ranks"
+    ):
         check_before_launch(job)
     comms = ("sharding.comms.forward=fp16", "sharding.comms.backward=fp16")
     check_before_launch(_job("sharding.replica_groups=2", "distributed.nproc_per_node=4", *comms))
-    with pytest.raises(ConfigError, match="sharding.comms: a job of 1 rank"):
+    # the group named (before: "a job of 1 rank" of a 2-rank job)
+    with pytest.raises(ConfigError, match=r"sharding.comms: a sharding group of 1 rank \(sharding.replica_groups: 2 "):
         check_before_launch(_job("sharding.replica_groups=2", "distributed.nproc_per_node=2", *comms, world=2))

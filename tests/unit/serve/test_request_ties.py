@@ -124,3 +124,19 @@ def test_a_request_without_the_history_user_is_refused(loaded):
     rows = [*PAST, {**CANDIDATES[0], "userId": ""}]
     with pytest.raises(BadRequest, match=r"rows\[3\], column userId: empty"):
         score_rows(loaded, rows)
+
+
+def test_a_request_whose_action_is_not_a_number_is_refused(loaded):
+    """A history action (``data.schema.history.action``, here the rating) that is not a number is
+    a 400 naming the row, the column and the fix, on both routes. Before, "four" became an action
+    of its own that no training row held: the request scored it as the unknown action (HTTP 200)."""
+    rows = [*PAST[:2], {**PAST[2], "rating": "four"}, *CANDIDATES]
+    want = r"rows\[2\], column rating: 'four' is not a number \(.*action_values: text if the actions are categorical"
+    with pytest.raises(BadRequest, match=want):
+        InMemoryScorer(loaded)(rows)
+    with pytest.raises(BadRequest, match=want):
+        score_rows(loaded, rows)
+    # a number in another form still scores
+    loaded.model.batches.clear()
+    InMemoryScorer(loaded)([*PAST[:2], {**PAST[2], "rating": "5.0"}, *CANDIDATES])
+    assert len(set(histories(loaded.model.batches, "history_action")[5])) == 3
