@@ -17,23 +17,14 @@ from recsys_dist.data.spec import FeatureSpec
 
 # called through their modules: torch.fx.wrap patches a leaf's name in its own module only
 # (hstu_attention.pointwise_attention included)
-from recsys_dist.models import hstu_attention, hstu_time, layers, sequence
+from recsys_dist.models import hstu_attention, hstu_jagged, hstu_time, layers, sequence
 from recsys_dist.models.config import HSTUConfig
+from recsys_dist.models.hstu_jagged import position_bucket
 from recsys_dist.models.layers import mlp_head
 from recsys_dist.models.registry import register_model
 from recsys_dist.models.sequence import TargetSequenceModel
 
 EPS = 1e-6  # of both layer norms (the reference's epsilon)
-
-
-def position_bucket(distance: torch.Tensor, num_buckets: int) -> torch.Tensor:
-    """Bucket (int64, same shape) of each relative distance ``i - j >= 0`` (in events): one
-    bucket per distance below ``num_buckets // 2``, then four per doubling of the distance
-    (``half + floor(4 log2(d / half))``), every larger distance in the last bucket
-    ``num_buckets - 1``."""
-    half = max(num_buckets // 2, 1)
-    far = half + torch.floor(4 * torch.log2(distance.clamp(min=half).float() / half)).long()
-    return torch.where(distance < half, distance, far).clamp(max=num_buckets - 1)
 
 
 # Leaves for torch.fx (TrainPipelineSparseDist traces the model): they read shapes.
@@ -148,6 +139,22 @@ class HSTULayer(nn.Module):
         av = hstu_attention.pointwise_attention(q, k, v, bias, weight, self.attention)  # [B, N, H*dv]
         return x + self.f2(self.dropout(F.layer_norm(av, (h * dv,), eps=EPS) * u))
 
+    def forward_jagged(
+        self, x: torch.Tensor, lay: hstu_jagged.JaggedLayout, deltas: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """The same layer over packed tokens ``x`` [T, D] -> [T, D] (``recsys_dist.models.hstu_jagged``:
+        no compute on padding): a token at position i of its row reads positions ``j <= i`` below
+        its row's ``lay`` keys, with ``rab^p`` of ``i - j``; ``deltas`` int64 [B, L] (each
+        history event's ``d``, ``hstu_time.padded_deltas``) adds ``rab^t``, None: position bias
+        only. Equals :meth:`forward` at the real tokens, to float rounding."""
+        h, dv, dqk = self.heads, self.dv, self.dqk
+        uvqk = F.silu(self.f1(F.layer_norm(x, (self.dim,), eps=EPS)))
+        u, v, q, k = uvqk.split([h * dv, h * dv, h * dqk, h * dqk], dim=-1)
+        q, k, v = q.unflatten(-1, (h, dqk)), k.unflatten(-1, (h, dqk)), v.unflatten(-1, (h, dv))
+        time_bias = self.time_bias if deltas is not None else None
+        av = hstu_jagged.jagged_attention(q, k, v, lay, self.position_bias, deltas, time_bias, self.attention)
+        return x + self.f2(self.dropout(F.layer_norm(av, (h * dv,), eps=EPS) * u))
+
 
 class TaskHeads(nn.Module):
     """One MLP head per task: ``[B, d] -> [B, T]`` logits (column t = task t's head)."""
@@ -258,14 +265,20 @@ class HSTU(TargetSequenceModel):
         values: torch.Tensor,
         mask: torch.Tensor,
         target: torch.Tensor,
-        time_bucket: torch.Tensor | None = None,
+        deltas: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """[B, E]: the target token's output after the stack, for one sequence."""
-        weight, history_bucket, target_bucket = target_layout(mask, self.max_positions)
+        """[B, E]: the target token's output after the stack, for one sequence (``values`` [B, L, E],
+        ``mask`` [B, L], ``target`` [B, E], ``deltas`` int64 [B, L] or None: no time bias). The
+        layers run on the real tokens ``[h_1..h_n, target]`` of each row, packed
+        (``HSTULayer.forward_jagged``)."""
         x = torch.cat([values, target.unsqueeze(1)], dim=1)  # [B, L + 1, E]
+        real = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1) > 0  # the target is real
+        tokens = real.sum(dim=1)
+        lay = hstu_jagged.layout(tokens)
+        x = hstu_jagged.pack(x, real)  # [T, E]
         for layer in stack:
-            x = layer(x, weight, history_bucket, target_bucket, time_bucket)
-        return x[:, -1, :]
+            x = layer.forward_jagged(x, lay, deltas)
+        return x[torch.cumsum(tokens, 0) - 1]  # each row's last token: its target
 
     def summarise(self, i: int, values: torch.Tensor, mask: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """The target's output of sequence ``i``'s stack without actions or time bias."""
@@ -282,11 +295,8 @@ class HSTU(TargetSequenceModel):
             if self.action_tokens:  # item + action embedding per event (padding stays 0)
                 values = with_actions(out, f"{name}_action", values, mask)
                 token = target + self.target_action[i]
-            buckets = None
-            if self.time_buckets:
-                deltas = hstu_time.padded_deltas(kjt, f"{name}_time", mask)
-                buckets = hstu_time.time_buckets(deltas, self.time_buckets)
-            parts.append(self.encode(self.stacks[i], values, mask, token, buckets))
+            deltas = hstu_time.padded_deltas(kjt, f"{name}_time", mask) if self.time_buckets else None
+            parts.append(self.encode(self.stacks[i], values, mask, token, deltas))
         return self.deep(torch.cat(parts, dim=1))
 
 
