@@ -31,7 +31,10 @@ from torch.utils.checkpoint import checkpoint
 from recsys_dist.models import hstu_time
 
 BLOCK = 32  # query positions per block of the jagged attention
-AUTO_RECOMPUTE_FROM = 128  # ``attention: auto`` recomputes each block in backward from this many tokens
+# ``attention: auto`` recomputes the blocks in backward from this many scores a layer (all blocks,
+# rows, heads): each kept score costs about 12 bytes (the scores, their SiLU, the weighted ones),
+# so about 200 MiB a layer at most are kept (hstu_jagged_cpu2core_20261205.md)
+AUTO_RECOMPUTE_SCORES = 2**24
 
 
 def position_bucket(distance: torch.Tensor, num_buckets: int) -> torch.Tensor:
@@ -54,7 +57,8 @@ class JaggedLayout:
     row and position, the packed token's index, ``T`` (a zero row appended) past the row's end;
     ``to_packed`` int64 [T]: per packed token, its index in the flattened ``[B, M]``;
     ``rows``: per block of ``block`` query positions, how many sorted rows reach into it;
-    ``width`` M: the longest row's token count."""
+    ``width`` M: the longest row's token count; ``pairs``: the (query, key) pairs the blocks
+    score, over all rows (a head's)."""
 
     order: torch.Tensor
     keys: torch.Tensor
@@ -63,6 +67,7 @@ class JaggedLayout:
     rows: tuple[int, ...]
     width: int
     block: int
+    pairs: int
 
 
 # Leaves for torch.fx (TrainPipelineSparseDist traces the model): they read values and shapes.
@@ -86,7 +91,8 @@ def layout(tokens: torch.Tensor, keys: torch.Tensor | None = None, block: int | 
     to_packed[to_padded[valid]] = torch.arange(valid.numel(), device=tokens.device).view_as(valid)[valid]
     begins = torch.arange(0, width, block, device=tokens.device)
     rows = tuple((sorted_tokens[None, :] > begins[:, None]).sum(dim=1).tolist())
-    return JaggedLayout(order, keys[order], to_padded, to_packed, rows, width, block)
+    pairs = sum(r * (min(b + block, width) - b) * min(b + block, width) for b, r in zip(range(0, width, block), rows))
+    return JaggedLayout(order, keys[order], to_padded, to_packed, rows, width, block, pairs)
 
 
 @torch.fx.wrap
@@ -141,8 +147,8 @@ def jagged_attention(
         deltas: int64 [B, >= M - 1] each token's time delta ``d`` in the rows' original order,
             0 past the history (``hstu_time``); with ``time_bias`` [time_buckets] adds ``rab^t``.
         kernel: ``dense`` keeps every block's scores for backward; ``chunked`` recomputes each
-            block in backward (``torch.utils.checkpoint``); ``auto``: ``chunked`` from
-            ``AUTO_RECOMPUTE_FROM`` tokens.
+            block in backward (``torch.utils.checkpoint``), keeping only its inputs; ``auto``:
+            ``chunked`` from ``AUTO_RECOMPUTE_SCORES`` scores (``lay.pairs`` times the heads).
 
     Returns:
         [T, H * d_v] float, packed like ``q``.
@@ -157,7 +163,8 @@ def jagged_attention(
         d_next = F.pad(d[:, 1:], (0, 1))
     else:
         time_bias = None
-    recompute = (kernel == "chunked" or (kernel == "auto" and width >= AUTO_RECOMPUTE_FROM)) and torch.is_grad_enabled()
+    recompute = kernel == "chunked" or (kernel == "auto" and lay.pairs * q.shape[-2] >= AUTO_RECOMPUTE_SCORES)
+    recompute = recompute and torch.is_grad_enabled()
     parts = []
     for begin, r in zip(range(0, width, lay.block), lay.rows):
         end = min(begin + lay.block, width)

@@ -80,14 +80,17 @@ def with_actions(out: dict, key: str, values: torch.Tensor, mask: torch.Tensor) 
 
 
 class HSTULayer(nn.Module):
-    """One HSTU layer (eq. 1-3 of the paper) over padded tokens ``x`` [B, N, D] float32:
+    """One HSTU layer (eq. 1-3 of the paper) over padded tokens ``x`` [B, N, D] float32
+    (:meth:`forward`), or packed ones [T, D] (:meth:`forward_jagged`, what :class:`HSTU` and
+    ``HSTURetrieval`` run: no compute on padding; the padded one is its reference):
 
     ``U, V, Q, K = Split(SiLU(f_1(LayerNorm(x))))`` (eq. 1; ``f_1`` linear without bias,
     U, V: ``num_heads x linear_dim``, Q, K: ``num_heads x attention_dim``);
     ``A V = (SiLU(Q K^T + rab^{p,t}) * M / c) V`` per head (eq. 2: pointwise aggregated attention,
     no softmax; ``M`` the causal mask over real keys, ``c`` each query's number of keys),
-    evaluated by ``recsys_dist.models.hstu_attention.pointwise_attention`` with the kernel
-    ``attention`` (``auto``, ``dense`` or ``chunked``);
+    evaluated by ``recsys_dist.models.hstu_attention.pointwise_attention`` (padded) or
+    ``recsys_dist.models.hstu_jagged.jagged_attention`` (packed) with the kernel ``attention``
+    (``auto``, ``dense`` or ``chunked``);
     ``y = x + f_2(Dropout(LayerNorm(A V) * U))`` (eq. 3 with the residual). Both layer norms
     have no learned scale or shift, as in the reference implementation
     (facebookresearch/generative-recommenders, ``SequentialTransductionUnitJagged``).
@@ -193,13 +196,15 @@ class HSTU(TargetSequenceModel):
     embeddings of every sparse feature (the paper puts such context features in the sequence
     as tokens; here they join at the head, as for DIN and BST).
 
-    Jagged input, padded: the EmbeddingCollection's JaggedTensor is padded to the batch's
-    longest history inside forward (``recsys_dist.models.sequence.padded_sequence``) and the
-    attention is masked attention over the padded tokens, ``O(B L^2)`` per layer (``attention``:
-    the whole matrix at once, or query chunks recomputed in backward for long histories:
-    ``recsys_dist.models.hstu_attention``); padded keys weigh exactly 0, so a row's logits do
-    not depend on the other rows or on the padding (to float rounding). The reference's fused
-    jagged kernels are GPU-only.
+    No compute on padding: the EmbeddingCollection's JaggedTensor is padded to the batch's
+    longest history (``recsys_dist.models.sequence.padded_sequence``), then each row's real
+    tokens are packed (``[sum(n + 1), E]``) and the layers run on them
+    (:meth:`HSTULayer.forward_jagged`, ``recsys_dist.models.hstu_jagged``): the pointwise parts
+    on the real tokens only, the attention over length-sorted row blocks that skip the padded
+    rows and the causal upper half (``attention``: each block's scores kept for backward, or
+    recomputed for long histories). A row's logits do not depend on the other rows or on the
+    padding (to float rounding). The reference's fused jagged kernels are GPU-only; these are
+    plain torch ops.
 
     ``forward(dense [B, num_dense] float32, kjt)`` returns logits float32 [B, T], T =
     ``len(spec.tasks)`` (``[B, 1]`` for one task).

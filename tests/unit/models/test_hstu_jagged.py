@@ -86,9 +86,9 @@ def assert_same_at(real, got, want, inputs):
 @pytest.mark.parametrize("time", [True, False], ids=["time_bias", "position_only"])
 def test_ranking_layers_equal_the_padded_ones(kernel, lengths, time, monkeypatch):
     """Blocks of 4 query positions (10 tokens: 3 blocks, the last short); ``auto`` recomputes from
-    8 tokens, so it takes the chunked path here."""
+    100 scores, so it takes the chunked path here."""
     monkeypatch.setattr(hstu_jagged, "BLOCK", 4)
-    monkeypatch.setattr(hstu_jagged, "AUTO_RECOMPUTE_FROM", 8)
+    monkeypatch.setattr(hstu_jagged, "AUTO_RECOMPUTE_SCORES", 100)
     monkeypatch.setattr(hstu_attention, "CHUNK_QUERIES", 3)
     layers = stack(kernel, T_BUCKETS if time else 0)
     values, mask, target, deltas = history(lengths)
@@ -161,3 +161,24 @@ def test_attention_skips_the_padding_rows_and_keys(monkeypatch):
     q = torch.randn(70, HEADS, DQK)
     hstu_jagged.jagged_attention(q, q, torch.randn(70, HEADS, DV), lay, torch.zeros(BUCKETS), kernel="dense")
     assert seen == [16 * 32 * 32, 1 * 8 * 40]
+
+
+def test_auto_recomputes_the_blocks_from_a_count_of_scores(monkeypatch):
+    """``lay.pairs`` counts the blocks' (query, key) pairs; ``auto`` recomputes (checkpoint) from
+    ``AUTO_RECOMPUTE_SCORES`` of them times the heads, ``chunked`` always, ``dense`` never."""
+    calls = []
+    monkeypatch.setattr(hstu_jagged, "checkpoint", lambda fn, *a, **k: calls.append(1) or fn(*a))
+    lay = hstu_jagged.layout(torch.tensor([40] + [2] * 15))
+    assert lay.pairs == 16 * 32 * 32 + 1 * 8 * 40
+    q = torch.randn(70, HEADS, DQK, requires_grad=True)
+    scores = lay.pairs * HEADS
+    for kernel, threshold, want in [
+        ("auto", scores, 2),
+        ("auto", scores + 1, 0),
+        ("chunked", 10**9, 2),
+        ("dense", 1, 0),
+    ]:
+        calls.clear()
+        monkeypatch.setattr(hstu_jagged, "AUTO_RECOMPUTE_SCORES", threshold)
+        hstu_jagged.jagged_attention(q, q, torch.randn(70, HEADS, DV), lay, torch.zeros(BUCKETS), kernel=kernel)
+        assert len(calls) == want, kernel
