@@ -182,3 +182,37 @@ def test_auto_recomputes_the_blocks_from_a_count_of_scores(monkeypatch):
         monkeypatch.setattr(hstu_jagged, "AUTO_RECOMPUTE_SCORES", threshold)
         hstu_jagged.jagged_attention(q, q, torch.randn(70, HEADS, DV), lay, torch.zeros(BUCKETS), kernel=kernel)
         assert len(calls) == want, kernel
+
+
+@pytest.mark.parametrize("kernel", ["dense", "chunked"])
+def test_the_model_with_time_bias_and_actions_equals_its_padded_layers(kernel, monkeypatch):
+    """The whole HSTU (action tokens and time bias on, rows of 4, 0, 1 and 3 events, blocks of 2):
+    logits and every parameter's gradient equal the model whose ``encode`` runs the padded layers."""
+    from tests.unit.models import test_hstu
+
+    monkeypatch.setattr(hstu_jagged, "BLOCK", 2)
+    model = test_hstu.build_extras(attention=kernel)
+    kjt, dense = test_hstu.xkjt_of(test_hstu.XROWS), torch.randn(4, 1)
+
+    calls = []
+
+    def padded_encode(stack, values, mask, target, deltas=None):
+        calls.append(deltas is not None)
+        weight, hb, tb = target_layout(mask, model.max_positions)
+        buckets = hstu_time.time_buckets(deltas, model.time_buckets)
+        x = torch.cat([values, target.unsqueeze(1)], dim=1)
+        for layer in stack:
+            x = layer(x, weight, hb, tb, buckets)
+        return x[:, -1, :]
+
+    got = model(dense, kjt)
+    g_got = torch.autograd.grad(got.sum(), list(model.parameters()), allow_unused=True)
+    monkeypatch.setattr(model, "encode", padded_encode)
+    want = model(dense, kjt)
+    g_want = torch.autograd.grad(want.sum(), list(model.parameters()), allow_unused=True)
+    assert calls == [True]  # the reference ran, with the times
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+    for (name, _), a, b in zip(model.named_parameters(), g_got, g_want):
+        assert (a is None) == (b is None), name
+        if a is not None:
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)
