@@ -118,7 +118,7 @@ class HSTURetrieval(nn.Module):
         lay = hstu_jagged.layout(real.sum(dim=1), mask.sum(dim=1))
         x = self.input_dropout(hstu_jagged.pack(values * mask.unsqueeze(-1), real) * math.sqrt(self.dim))
         for layer in self.layers:
-            x = layer.forward_jagged(x, lay)
+            x = layer(x, layout=lay)
         return F.normalize(hstu_jagged.unpack(x, real), dim=-1)
 
     def forward(self, kjt: KeyedJaggedTensor) -> dict[str, torch.Tensor]:

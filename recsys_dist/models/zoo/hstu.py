@@ -125,13 +125,27 @@ class HSTULayer(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
-        weight: torch.Tensor,
-        history_bucket: torch.Tensor,
-        target_bucket: torch.Tensor,
+        weight: torch.Tensor | None = None,
+        history_bucket: torch.Tensor | None = None,
+        target_bucket: torch.Tensor | None = None,
         time_bucket: torch.Tensor | None = None,
+        *,
+        layout: hstu_jagged.JaggedLayout | None = None,
+        deltas: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """``x`` [B, N, D] -> [B, N, D]; ``time_bucket`` int64 [B, N, N] (``hstu_time.time_buckets``)
-        adds ``rab^t`` to the scores, None: position bias only."""
+        """Padded: ``x`` [B, N, D] -> [B, N, D] under ``weight``, ``history_bucket`` and
+        ``target_bucket`` (:func:`target_layout`); ``time_bucket`` int64 [B, N, N]
+        (``hstu_time.time_buckets``) adds ``rab^t`` to the scores, None: position bias only.
+        Packed: ``x`` [T, D] -> [T, D] under ``layout`` (and ``deltas``): :meth:`forward_jagged`,
+        called through here so the module's hooks (e.g. FSDP's unsharding) run.
+
+        Raises:
+            ValueError: both layouts, or neither, given.
+        """
+        if (layout is None) == (weight is None):
+            raise ValueError("HSTULayer: pass either the padded layout (weight, buckets) or layout=, not both")
+        if layout is not None:
+            return self.forward_jagged(x, layout, deltas)
         h, dv, dqk = self.heads, self.dv, self.dqk
         uvqk = F.silu(self.f1(F.layer_norm(x, (self.dim,), eps=EPS)))
         u, v, q, k = uvqk.split([h * dv, h * dv, h * dqk, h * dqk], dim=-1)
@@ -149,7 +163,8 @@ class HSTULayer(nn.Module):
         no compute on padding): a token at position i of its row reads positions ``j <= i`` below
         its row's ``lay`` keys, with ``rab^p`` of ``i - j``; ``deltas`` int64 [B, L] (each
         history event's ``d``, ``hstu_time.padded_deltas``) adds ``rab^t``, None: position bias
-        only. Equals :meth:`forward` at the real tokens, to float rounding."""
+        only. Equals the padded :meth:`forward` at the real tokens, to float rounding. Call it
+        as ``layer(x, layout=lay, deltas=deltas)``, through the module's hooks."""
         h, dv, dqk = self.heads, self.dv, self.dqk
         uvqk = F.silu(self.f1(F.layer_norm(x, (self.dim,), eps=EPS)))
         u, v, q, k = uvqk.split([h * dv, h * dv, h * dqk, h * dqk], dim=-1)
@@ -282,7 +297,7 @@ class HSTU(TargetSequenceModel):
         lay = hstu_jagged.layout(tokens)
         x = hstu_jagged.pack(x, real)  # [T, E]
         for layer in stack:
-            x = layer.forward_jagged(x, lay, deltas)
+            x = layer(x, layout=lay, deltas=deltas)
         return x[torch.cumsum(tokens, 0) - 1]  # each row's last token: its target
 
     def summarise(self, i: int, values: torch.Tensor, mask: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

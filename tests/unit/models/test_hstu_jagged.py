@@ -66,7 +66,7 @@ def ranking_jagged(layers, values, mask, target, deltas):
     lay = hstu_jagged.layout(real.sum(dim=1))
     x = hstu_jagged.pack(torch.cat([values, target.unsqueeze(1)], dim=1), real)
     for layer in layers:
-        x = layer.forward_jagged(x, lay, deltas)
+        x = layer(x, layout=lay, deltas=deltas)
     return hstu_jagged.unpack(x, real)
 
 
@@ -216,3 +216,28 @@ def test_the_model_with_time_bias_and_actions_equals_its_padded_layers(kernel, m
         assert (a is None) == (b is None), name
         if a is not None:
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_the_models_call_their_layers_through_the_module_hooks():
+    """FSDP unshards a layer's parameters in its forward pre-hook: HSTU and HSTURetrieval call the
+    jagged layers through ``layer(...)``, so the hooks run (a direct ``forward_jagged`` call met
+    FSDP's DTensor parameters: "got mixed torch.Tensor and DTensor"). One layout or the other."""
+    from tests.unit.models import test_hstu
+
+    model, calls = test_hstu.build(num_layers=2), []
+    for layer in model.stacks[0]:
+        layer.register_forward_pre_hook(lambda module, args: calls.append(module))
+    model(torch.randn(3, 1), test_hstu.batch())
+    assert calls == list(model.stacks[0])
+    retrieval = HSTURetrieval(EmbeddingCollection(tables=[item_table(20, E)]), E, num_layers=2)
+    for layer in retrieval.layers:
+        layer.register_forward_pre_hook(lambda module, args: calls.append(module))
+    calls.clear()
+    values, mask, _, _ = history([2, 0])
+    retrieval.encode(values.float(), mask.float())
+    assert calls == list(retrieval.layers)
+    layer, lay = model.stacks[0][0], hstu_jagged.layout(torch.tensor([1]))
+    with pytest.raises(ValueError, match="either the padded layout"):
+        layer(torch.zeros(1, E))
+    with pytest.raises(ValueError, match="either the padded layout"):
+        layer(torch.zeros(1, 1, E), torch.ones(1, 1, 1), layout=lay)
