@@ -220,12 +220,16 @@ class BSTConfig(TargetSequenceConfig):
 
 
 ATTENTION_KERNEL = (
-    "How each HSTU layer evaluates its N x N attention (N tokens; the same numbers to float rounding): "
-    "dense: the whole [B, H, N, N] matrix at once, two of them kept a layer for backward; chunked: 64 query rows "
-    "at a time, recomputed in backward (torch.utils.checkpoint): no [B, H, N, N] tensor kept; auto: dense below "
-    "128 tokens, chunked from 128 (measured on CPU: chunked 1.3-1.7x the dense step time at 51 tokens, about the "
-    "same at 101 and 201, 0.76x at 401 and 0.5-0.8x at 801 with 0.4-0.5x the peak memory; "
-    "benchmarks/results/hstu_attention_cpu2core_20261205.md)."
+    "How each HSTU layer evaluates its attention (the same numbers to float rounding). The layers run on each "
+    "row's real tokens only (recsys_dist/models/hstu_jagged.py): rows sorted by length, blocks of 32 query "
+    "positions, each over the rows that reach into it and the keys up to its end. dense: every block's scores "
+    "kept for backward; chunked: each block recomputed in backward (torch.utils.checkpoint), keeping only its "
+    "inputs; auto: chunked from 2^24 scores a layer (e.g. 64 full rows of 800 events), dense below (measured on "
+    "CPU: keeping is 1.1-1.6x faster from 200 tokens, recomputing takes about 0.3x the memory at 64 full rows "
+    "of 800; "
+    "benchmarks/results/hstu_jagged_cpu2core_20261205.md). The padded layer (HSTULayer.forward, e.g. a "
+    "pipeline stage) reads the same key: dense the whole [B, H, N, N] matrix at once, chunked 64 query rows at "
+    "a time, auto chunked from 128 tokens (benchmarks/results/hstu_attention_cpu2core_20261205.md)."
 )
 
 

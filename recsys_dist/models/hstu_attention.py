@@ -1,5 +1,8 @@
 """HSTU's pointwise aggregated attention (Zhai et al., 2024, eq. 2), the kernel alone:
-``A V = (SiLU(Q K^T + bias) * W) V`` per head, no softmax, over padded tokens.
+``A V = (SiLU(Q K^T + bias) * W) V`` per head, no softmax, over padded tokens: the kernel of
+``HSTULayer.forward`` (the padded layer). The models run the packed one,
+``recsys_dist.models.hstu_jagged``, which skips the padding; the measurements below are of the
+padded layers, before it.
 
 Two kernels with one interface (:func:`pointwise_attention`), equal to float rounding:
 

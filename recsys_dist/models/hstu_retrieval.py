@@ -11,7 +11,8 @@ The model (:class:`HSTURetrieval`):
   reference also adds a learned absolute position embedding, left out here: the layers'
   relative position bias carries the order; nor is there its time bias), input dropout,
   then ``num_layers`` :class:`recsys_dist.models.zoo.hstu.HSTULayer` s under a causal mask
-  (position i reads 1..i; padding is never read), outputs L2-normalised: ``y_1..y_n``;
+  (position i reads 1..i; padding is never read), run on the real positions only
+  (``recsys_dist.models.hstu_jagged``), outputs L2-normalised: ``y_1..y_n``;
 - score of item j after position i: ``s(i, j) = <y_i, normalize(e_j)> / temperature`` (the
   reference's cosine: L2-normalised user and item embeddings, dot product).
 
@@ -42,29 +43,14 @@ from torchrec.modules.embedding_configs import EmbeddingConfig
 from torchrec.modules.embedding_modules import EmbeddingCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from recsys_dist.models import hstu_jagged
 from recsys_dist.models.next_item import DEFAULT_K, ranking_metrics, target_ranks
 from recsys_dist.models.sequence import padded_sequence
-from recsys_dist.models.zoo.hstu import HSTULayer, position_bucket
+from recsys_dist.models.zoo.hstu import HSTULayer
 
 HISTORY, NEGATIVES = "history", "negatives"
 FEATURES = [HISTORY, NEGATIVES]
 TABLE = "t_item"
-
-
-@torch.fx.wrap
-def causal_layout(mask: torch.Tensor, num_buckets: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The arguments ``(weight, history_bucket, target_bucket)`` of ``HSTULayer.forward`` for a
-    plain causal sequence of N tokens (no target token) with mask [B, N] float (1 for each row's
-    real tokens, then 0): ``weight`` [B, N, N] = ``1 / c_i`` where query i reads key j (j <= i
-    and j real), ``history_bucket`` [N, N] the position buckets of ``max(i - j, 0)``, and
-    ``target_bucket`` [B, N] its last row (``HSTULayer`` reads the last query's row from it)."""
-    batch, n = mask.shape
-    idx = torch.arange(n, device=mask.device)
-    causal = (idx[:, None] >= idx[None, :]).to(mask.dtype)
-    allowed = causal[None, :, :] * mask[:, None, :]
-    weight = allowed / allowed.sum(dim=2, keepdim=True).clamp(min=1)
-    bucket = position_bucket((idx[:, None] - idx[None, :]).clamp(min=0), num_buckets)
-    return weight, bucket, bucket[-1].expand(batch, n)
 
 
 def item_table(num_items: int, embedding_dim: int, init_scale: float | None = None) -> EmbeddingConfig:
@@ -124,12 +110,16 @@ class HSTURetrieval(nn.Module):
         )
 
     def encode(self, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """[B, N, D] unit rows: ``y_1..y_N`` of the padded items ``values`` [B, N, D] (mask [B, N])."""
-        x = self.input_dropout(values * math.sqrt(self.dim)) * mask.unsqueeze(-1)
-        weight, history_bucket, target_bucket = causal_layout(mask, self.max_positions)
+        """[B, N, D] unit rows: ``y_1..y_N`` of the padded items ``values`` [B, N, D] (mask [B, N]),
+        0 past each row's items. The layers run on the real positions only, packed
+        (``HSTULayer.forward_jagged``); an empty row keeps one token at position 0 that reads
+        nothing (its output: the empty history's vector, as the padded layers gave it)."""
+        real = (mask > 0) | (torch.arange(mask.shape[1], device=mask.device) == 0)[None, :]
+        lay = hstu_jagged.layout(real.sum(dim=1), mask.sum(dim=1))
+        x = self.input_dropout(hstu_jagged.pack(values * mask.unsqueeze(-1), real) * math.sqrt(self.dim))
         for layer in self.layers:
-            x = layer(x, weight, history_bucket, target_bucket)
-        return F.normalize(x, dim=-1)
+            x = layer(x, layout=lay)
+        return F.normalize(hstu_jagged.unpack(x, real), dim=-1)
 
     def forward(self, kjt: KeyedJaggedTensor) -> dict[str, torch.Tensor]:
         out = self.seq_arch(kjt)

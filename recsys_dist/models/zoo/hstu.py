@@ -19,24 +19,15 @@ from recsys_dist.data.spec import FeatureSpec
 
 # called through their modules: torch.fx.wrap patches a leaf's name in its own module only
 # (hstu_attention.pointwise_attention included)
-from recsys_dist.models import hstu_attention, hstu_time, layers, sequence, tower
+from recsys_dist.models import hstu_attention, hstu_jagged, hstu_time, layers, sequence, tower
 from recsys_dist.models.config import HSTUConfig
+from recsys_dist.models.hstu_jagged import position_bucket
 from recsys_dist.models.layers import mlp_head
 from recsys_dist.models.registry import register_model
 from recsys_dist.models.sequence import TargetSequenceModel
 from recsys_dist.models.zoo import hstu_stages
 
 EPS = 1e-6  # of both layer norms (the reference's epsilon)
-
-
-def position_bucket(distance: torch.Tensor, num_buckets: int) -> torch.Tensor:
-    """Bucket (int64, same shape) of each relative distance ``i - j >= 0`` (in events): one
-    bucket per distance below ``num_buckets // 2``, then four per doubling of the distance
-    (``half + floor(4 log2(d / half))``), every larger distance in the last bucket
-    ``num_buckets - 1``."""
-    half = max(num_buckets // 2, 1)
-    far = half + torch.floor(4 * torch.log2(distance.clamp(min=half).float() / half)).long()
-    return torch.where(distance < half, distance, far).clamp(max=num_buckets - 1)
 
 
 # Leaves for torch.fx (TrainPipelineSparseDist traces the model): they read shapes.
@@ -92,14 +83,17 @@ def with_actions(out: dict, key: str, values: torch.Tensor, mask: torch.Tensor) 
 
 
 class HSTULayer(nn.Module):
-    """One HSTU layer (eq. 1-3 of the paper) over padded tokens ``x`` [B, N, D] float32:
+    """One HSTU layer (eq. 1-3 of the paper) over padded tokens ``x`` [B, N, D] float32
+    (:meth:`forward`), or packed ones [T, D] (:meth:`forward_jagged`, what :class:`HSTU` and
+    ``HSTURetrieval`` run: no compute on padding; the padded one is its reference):
 
     ``U, V, Q, K = Split(SiLU(f_1(LayerNorm(x))))`` (eq. 1; ``f_1`` linear without bias,
     U, V: ``num_heads x linear_dim``, Q, K: ``num_heads x attention_dim``);
     ``A V = (SiLU(Q K^T + rab^{p,t}) * M / c) V`` per head (eq. 2: pointwise aggregated attention,
     no softmax; ``M`` the causal mask over real keys, ``c`` each query's number of keys),
-    evaluated by ``recsys_dist.models.hstu_attention.pointwise_attention`` with the kernel
-    ``attention`` (``auto``, ``dense`` or ``chunked``);
+    evaluated by ``recsys_dist.models.hstu_attention.pointwise_attention`` (padded) or
+    ``recsys_dist.models.hstu_jagged.jagged_attention`` (packed) with the kernel ``attention``
+    (``auto``, ``dense`` or ``chunked``);
     ``y = x + f_2(Dropout(LayerNorm(A V) * U))`` (eq. 3 with the residual). Both layer norms
     have no learned scale or shift, as in the reference implementation
     (facebookresearch/generative-recommenders, ``SequentialTransductionUnitJagged``).
@@ -134,13 +128,27 @@ class HSTULayer(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
-        weight: torch.Tensor,
-        history_bucket: torch.Tensor,
-        target_bucket: torch.Tensor,
+        weight: torch.Tensor | None = None,
+        history_bucket: torch.Tensor | None = None,
+        target_bucket: torch.Tensor | None = None,
         time_bucket: torch.Tensor | None = None,
+        *,
+        layout: hstu_jagged.JaggedLayout | None = None,
+        deltas: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """``x`` [B, N, D] -> [B, N, D]; ``time_bucket`` int64 [B, N, N] (``hstu_time.time_buckets``)
-        adds ``rab^t`` to the scores, None: position bias only."""
+        """Padded: ``x`` [B, N, D] -> [B, N, D] under ``weight``, ``history_bucket`` and
+        ``target_bucket`` (:func:`target_layout`); ``time_bucket`` int64 [B, N, N]
+        (``hstu_time.time_buckets``) adds ``rab^t`` to the scores, None: position bias only.
+        Packed: ``x`` [T, D] -> [T, D] under ``layout`` (and ``deltas``): :meth:`forward_jagged`,
+        called through here so the module's hooks (e.g. FSDP's unsharding) run.
+
+        Raises:
+            ValueError: both layouts, or neither, given.
+        """
+        if (layout is None) == (weight is None):
+            raise ValueError("HSTULayer: pass either the padded layout (weight, buckets) or layout=, not both")
+        if layout is not None:
+            return self.forward_jagged(x, layout, deltas)
         h, dv, dqk = self.heads, self.dv, self.dqk
         uvqk = F.silu(self.f1(F.layer_norm(x, (self.dim,), eps=EPS)))
         u, v, q, k = uvqk.split([h * dv, h * dv, h * dqk, h * dqk], dim=-1)
@@ -149,6 +157,23 @@ class HSTULayer(nn.Module):
             bias = bias + self.time_bias[time_bucket].unsqueeze(1)
         q, k, v = q.unflatten(-1, (h, dqk)), k.unflatten(-1, (h, dqk)), v.unflatten(-1, (h, dv))
         av = hstu_attention.pointwise_attention(q, k, v, bias, weight, self.attention)  # [B, N, H*dv]
+        return x + self.f2(self.dropout(F.layer_norm(av, (h * dv,), eps=EPS) * u))
+
+    def forward_jagged(
+        self, x: torch.Tensor, lay: hstu_jagged.JaggedLayout, deltas: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """The same layer over packed tokens ``x`` [T, D] -> [T, D] (``recsys_dist.models.hstu_jagged``:
+        no compute on padding): a token at position i of its row reads positions ``j <= i`` below
+        its row's ``lay`` keys, with ``rab^p`` of ``i - j``; ``deltas`` int64 [B, L] (each
+        history event's ``d``, ``hstu_time.padded_deltas``) adds ``rab^t``, None: position bias
+        only. Equals the padded :meth:`forward` at the real tokens, to float rounding. Call it
+        as ``layer(x, layout=lay, deltas=deltas)``, through the module's hooks."""
+        h, dv, dqk = self.heads, self.dv, self.dqk
+        uvqk = F.silu(self.f1(F.layer_norm(x, (self.dim,), eps=EPS)))
+        u, v, q, k = uvqk.split([h * dv, h * dv, h * dqk, h * dqk], dim=-1)
+        q, k, v = q.unflatten(-1, (h, dqk)), k.unflatten(-1, (h, dqk)), v.unflatten(-1, (h, dv))
+        time_bias = self.time_bias if deltas is not None else None
+        av = hstu_jagged.jagged_attention(q, k, v, lay, self.position_bias, deltas, time_bias, self.attention)
         return x + self.f2(self.dropout(F.layer_norm(av, (h * dv,), eps=EPS) * u))
 
 
@@ -189,13 +214,15 @@ class HSTU(TargetSequenceModel):
     embeddings of every sparse feature (the paper puts such context features in the sequence
     as tokens; here they join at the head, as for DIN and BST).
 
-    Jagged input, padded: the EmbeddingCollection's JaggedTensor is padded to the batch's
-    longest history inside forward (``recsys_dist.models.sequence.padded_sequence``) and the
-    attention is masked attention over the padded tokens, ``O(B L^2)`` per layer (``attention``:
-    the whole matrix at once, or query chunks recomputed in backward for long histories:
-    ``recsys_dist.models.hstu_attention``); padded keys weigh exactly 0, so a row's logits do
-    not depend on the other rows or on the padding (to float rounding). The reference's fused
-    jagged kernels are GPU-only.
+    No compute on padding: the EmbeddingCollection's JaggedTensor is padded to the batch's
+    longest history (``recsys_dist.models.sequence.padded_sequence``), then each row's real
+    tokens are packed (``[sum(n + 1), E]``) and the layers run on them
+    (:meth:`HSTULayer.forward_jagged`, ``recsys_dist.models.hstu_jagged``): the pointwise parts
+    on the real tokens only, the attention over length-sorted row blocks that skip the padded
+    rows and the causal upper half (``attention``: each block's scores kept for backward, or
+    recomputed for long histories). A row's logits do not depend on the other rows or on the
+    padding (to float rounding). The reference's fused jagged kernels are GPU-only; these are
+    plain torch ops.
 
     ``forward(dense [B, num_dense] float32, kjt)`` returns logits float32 [B, T], T =
     ``len(spec.tasks)`` (``[B, 1]`` for one task).
@@ -264,14 +291,20 @@ class HSTU(TargetSequenceModel):
         values: torch.Tensor,
         mask: torch.Tensor,
         target: torch.Tensor,
-        time_bucket: torch.Tensor | None = None,
+        deltas: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """[B, E]: the target token's output after the stack, for one sequence."""
-        weight, history_bucket, target_bucket = target_layout(mask, self.max_positions)
+        """[B, E]: the target token's output after the stack, for one sequence (``values`` [B, L, E],
+        ``mask`` [B, L], ``target`` [B, E], ``deltas`` int64 [B, L] or None: no time bias). The
+        layers run on the real tokens ``[h_1..h_n, target]`` of each row, packed
+        (``HSTULayer.forward_jagged``)."""
         x = torch.cat([values, target.unsqueeze(1)], dim=1)  # [B, L + 1, E]
+        real = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1) > 0  # the target is real
+        tokens = real.sum(dim=1)
+        lay = hstu_jagged.layout(tokens)
+        x = hstu_jagged.pack(x, real)  # [T, E]
         for layer in stack:
-            x = layer(x, weight, history_bucket, target_bucket, time_bucket)
-        return x[:, -1, :]
+            x = layer(x, layout=lay, deltas=deltas)
+        return x[torch.cumsum(tokens, 0) - 1]  # each row's last token: its target
 
     def summarise(self, i: int, values: torch.Tensor, mask: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """The target's output of sequence ``i``'s stack without actions or time bias."""
@@ -288,11 +321,8 @@ class HSTU(TargetSequenceModel):
             if self.action_tokens:  # item + action embedding per event (padding stays 0)
                 values = with_actions(out, f"{name}_action", values, mask)
                 token = target + self.target_action[i]
-            buckets = None
-            if self.time_buckets:
-                deltas = hstu_time.padded_deltas(kjt, f"{name}_time", mask)
-                buckets = hstu_time.time_buckets(deltas, self.time_buckets)
-            parts.append(self.encode(self.stacks[i], values, mask, token, buckets))
+            deltas = hstu_time.padded_deltas(kjt, f"{name}_time", mask) if self.time_buckets else None
+            parts.append(self.encode(self.stacks[i], values, mask, token, deltas))
         return self.deep(torch.cat(parts, dim=1))
 
     def pipeline_slots(self) -> list[hstu_stages.SequenceSlots]:

@@ -25,6 +25,7 @@ BENCHES = {  # every runnable script of benchmarks/ (a new one must use the harn
     "deepctr_compare.py",
     "dense_layouts.py",
     "freshness.py",
+    "hstu_jagged.py",
     "hstu_retrieval.py",
     "managed_quality.py",
     "managed_speed.py",
