@@ -7,8 +7,6 @@ EmbeddingBagCollection, sequence tables in one EmbeddingCollection: both sharded
 
 from __future__ import annotations
 
-import functools
-
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -374,10 +372,9 @@ class HSTU(TargetSequenceModel):
         layers (its hidden layers and its output layer; several tasks' heads: one module), one
         module each over :meth:`pipeline_input`'s row: composed, ``forward`` (``hstu_stages``)."""
         slots = self.pipeline_slots()
-        layout = functools.partial(target_layout, num_buckets=self.max_positions)
         modules: list[nn.Module] = [hstu_stages.TargetAction(self.target_action, slots)] if self.action_tokens else []
         for s, stack in zip(slots, self.stacks, strict=True):
-            modules += [hstu_stages.LayerStage(layer, s, layout, self.time_buckets) for layer in stack]
+            modules += [hstu_stages.LayerStage(layer, s, self.time_buckets > 0) for layer in stack]
         heads = self.deep.heads
         head = [*tower.mlp_layers(heads[0][0]), heads[0][1]] if len(heads) == 1 else [self.deep]
         return [*modules, hstu_stages.Head(head[0], self.head_width, slots), *head[1:]]

@@ -18,22 +18,19 @@ schedule cut microbatches along dim 0):
     both integers below 2^24 in magnitude, which float32 holds exactly, so ``|d| < 2^48``
     (``pipeline_input`` raises beyond). Padding: 0, as ``hstu_time.padded_deltas`` pads.
 
-The layers' masks, position buckets and time buckets are computed from ``n`` and ``d`` inside
-each layer's module (integer-valued, so exactly the ones ``HSTU.forward`` computes). Padded
-keys weigh exactly 0, so a row's outputs are ``HSTU.forward``'s whatever the padding; to the
-bit when the batch's longest history is ``L_s`` (then the shapes are the same), else to float
-rounding (a sum over more, zero-weighted, keys may round in another order).
+Each layer's module rebuilds the row's real tokens from ``n`` (and its times from ``d``) and
+runs the layer on them packed, as ``HSTU.encode`` does (``hstu_jagged``), so a stage computes
+what ``HSTU.forward`` computes whatever the padding, and spends nothing on the padding.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from recsys_dist.models import hstu_time
+from recsys_dist.models import hstu_jagged
 
 EXACT = 2**24  # float32 holds every integer of magnitude <= 2^24 exactly
 
@@ -143,19 +140,23 @@ class TargetAction(nn.Module):
 
 class LayerStage(nn.Module):
     """One ``HSTULayer`` (``layer``) over sequence ``slots``' tokens of the row; the rest of the
-    row passes through. ``layout``: ``HSTU``'s ``target_layout`` with its bucket count bound
-    (mask ``[B, L]`` -> weight, history and target buckets); ``time_buckets`` > 0: the time
-    bias's buckets, from the packed times."""
+    row passes through. The layer runs on the row's real tokens ``[h_1..h_n, target]``, packed
+    (``hstu_jagged``), as ``HSTU.encode`` runs it, so a stage computes what ``HSTU.forward``
+    computes (and no padding); ``timed``: the time bias, from the packed times. Padded positions
+    leave as 0 (no layer reads them)."""
 
-    def __init__(self, layer: nn.Module, slots: SequenceSlots, layout: Callable, time_buckets: int) -> None:
+    def __init__(self, layer: nn.Module, slots: SequenceSlots, timed: bool) -> None:
         super().__init__()
-        self.layer, self.slots, self.layout, self.time_buckets = layer, slots, layout, time_buckets
+        self.layer, self.slots, self.timed = layer, slots, timed
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         s = self.slots
-        weight, history_bucket, target_bucket = self.layout(_mask(x, s))
-        buckets = hstu_time.time_buckets(join_deltas(x, s), self.time_buckets) if self.time_buckets else None
-        y = self.layer(_tokens(x, s).contiguous(), weight, history_bucket, target_bucket, buckets)
+        mask = _mask(x, s)
+        real = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1) > 0  # the target is real
+        packed = hstu_jagged.pack(_tokens(x, s), real)
+        deltas = join_deltas(x, s) if self.timed else None
+        y = self.layer(packed, layout=hstu_jagged.layout(real.sum(dim=1)), deltas=deltas)
+        y = hstu_jagged.unpack(y, real)
         return torch.cat([x[:, : s.start], y.flatten(1), x[:, s.count :]], dim=1)
 
 
