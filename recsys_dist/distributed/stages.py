@@ -137,9 +137,9 @@ class DenseStages:
         microbatches: the schedule's microbatches per step.
         loss_scale: per step, ``microbatches x dp / the global batch's weight`` (set before ``step``).
         rest: the replicated dense parameters outside the tower (their gradients are averaged).
-        freed: ``(module, attribute, model name)`` of each parameter of the other stages' modules
-            dropped from this rank (:func:`free_other_stages`); the attribute now holds a meta
-            tensor of its shape (no memory; a use of it fails loudly).
+        freed: ``(module, attribute, model name, shape, dtype)`` of each parameter of the other
+            stages' modules dropped from this rank (:func:`free_other_stages`); the attribute now
+            holds a :class:`FreedTensor` (no memory; a use of it raises, naming it).
     """
 
     tower: list[nn.Module]
@@ -153,7 +153,7 @@ class DenseStages:
     loss_scale: float = 1.0
     rest: list[nn.Parameter] = field(default_factory=list)
     per_rank: int = 1
-    freed: list[tuple[nn.Module, str, str]] = field(default_factory=list)
+    freed: list[tuple[nn.Module, str, str, tuple, torch.dtype]] = field(default_factory=list)
 
     @property
     def num_stages(self) -> int:
@@ -272,14 +272,36 @@ def _loss_fn(task: nn.Module, stages: DenseStages):
     return loss
 
 
+class FreedTensor(torch.Tensor):
+    """What a dropped parameter or buffer of another stage's module reads as on this rank (a meta
+    tensor: no memory): any use raises, naming it. (A plain meta tensor is not enough: torch 2.13
+    computes ``cpu_tensor @ meta_tensor.T`` into uninitialised memory without an error.)"""
+
+    freed_name = "?"
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        name = next((a.freed_name for a in (*args, *(kwargs or {}).values()) if isinstance(a, FreedTensor)), "?")
+        raise RuntimeError(
+            f"distributed.dense.strategy: pipeline: {name} belongs to a stage another rank holds; this rank "
+            "freed it (each rank holds only its own stages' weights). Score through the model's forward "
+            "(evaluate / predict), or read the whole model from a checkpoint or checkpoint.gather.gather_full_state"
+        )
+
+
+def _freed(t: torch.Tensor, name: str) -> FreedTensor:
+    out = torch.empty(t.shape, dtype=t.dtype, device="meta").as_subclass(FreedTensor)
+    out.freed_name = name
+    return out
+
+
 def free_other_stages(root: nn.Module, stages: DenseStages) -> None:
     """Drop the parameters and buffers of the modules of the stages this rank does not hold from
     ``root`` (every module that registers them: the tower's and the model's own), so that they are
     freed and neither ``root.named_parameters()`` (the optimizer), ``root.state_dict()`` (a
-    checkpoint) nor ``root.parameters()`` sees them. Each attribute becomes a meta tensor of the
-    same shape and dtype (no memory): a forward that still reaches one fails naming the meta
-    device instead of computing with stale weights. Parameters also in an owned module or
-    outside the tower (``stages.rest``) are kept."""
+    checkpoint) nor ``root.parameters()`` sees them. Each attribute becomes a :class:`FreedTensor`
+    (no memory; a use of it raises, naming it). Parameters also in an owned module or outside the
+    tower (``stages.rest``) are kept."""
     own = [*stages.own_modules()]
     keep = {id(t) for m in own for t in (*m.parameters(), *m.buffers())}
     others = [m for s in range(stages.num_stages) if s not in stages.owned for m in stages.modules_of(s)]
@@ -287,7 +309,7 @@ def free_other_stages(root: nn.Module, stages: DenseStages) -> None:
     if not drop:
         return
     user = getattr(root, "model", root)
-    names = {id(p): n for n, p in user.named_parameters(remove_duplicate=False)}
+    names = {id(t): n for n, t in (*user.named_parameters(remove_duplicate=False), *user.named_buffers())}
     modules = dict.fromkeys([*root.modules(), *(m for t in stages.tower for m in t.modules())])
     for module in modules:
         for table in (module._parameters, module._buffers):
@@ -295,9 +317,10 @@ def free_other_stages(root: nn.Module, stages: DenseStages) -> None:
                 if t is None or id(t) not in drop:
                     continue
                 del table[attr]
-                object.__setattr__(module, attr, torch.empty(t.shape, dtype=t.dtype, device="meta"))
+                name = names.get(id(t), attr)
+                object.__setattr__(module, attr, _freed(t, name))
                 if isinstance(t, nn.Parameter):
-                    stages.freed.append((module, attr, names.get(id(t), attr)))
+                    stages.freed.append((module, attr, name, tuple(t.shape), t.dtype))
 
 
 @contextlib.contextmanager
@@ -306,18 +329,17 @@ def probing(stages: DenseStages):
     element, expanded) whose gradient, if a computation uses it, lands in the yielded dict's
     tensors (model name -> a 0-dim leaf): the first step's check that ``pipeline_input`` uses
     no parameter of the tower (a rank that does not hold it would otherwise fail alone and leave
-    the others waiting in a collective). The meta tensors are back on exit."""
+    the others waiting in a collective). The :class:`FreedTensor` entries are back on exit."""
     leaves: dict[str, torch.Tensor] = {}
-    for module, attr, name in stages.freed:
-        meta = module.__dict__[attr]
-        leaf = leaves.setdefault(name, torch.zeros((), dtype=meta.dtype, requires_grad=True))
-        object.__setattr__(module, attr, leaf.expand(meta.shape))
+    saved = [module.__dict__[attr] for module, attr, *_ in stages.freed]
+    for module, attr, name, shape, dtype in stages.freed:
+        leaf = leaves.setdefault(name, torch.zeros((), dtype=dtype, requires_grad=True))
+        object.__setattr__(module, attr, leaf.expand(shape))
     try:
         yield leaves
     finally:
-        for module, attr, _ in stages.freed:
-            view = module.__dict__[attr]
-            object.__setattr__(module, attr, torch.empty(view.shape, dtype=view.dtype, device="meta"))
+        for (module, attr, *_), freed in zip(stages.freed, saved, strict=True):
+            object.__setattr__(module, attr, freed)
 
 
 def scoring_forward(user: nn.Module, stages: DenseStages, dense: torch.Tensor, kjt) -> torch.Tensor:
