@@ -185,8 +185,9 @@ class DenseStages:
 
 class PipelineDense(DataParallelWrapper):
     """DMP's wrapper for ``distributed.dense.strategy: pipeline``: rank 0's dense weights on every
-    rank (as DDP starts), then this rank's stage and schedule on ``dmp.dense_stages``. No DDP:
-    a stage's parameters live on one rank. Unsharded parameters outside the tower (data-parallel
+    rank (as DDP starts), then this rank's stage and schedule on ``dmp.dense_stages``, the other
+    stages' weights freed (:func:`free_other_stages`) and the model's ``forward`` replaced by
+    :func:`scoring_forward`. No DDP: a stage's parameters live on its ranks only. Unsharded parameters outside the tower (data-parallel
     tables) stay replicated; the step averages their gradients (``DenseStages.rest``).
 
     Raises (in ``wrap``):
@@ -360,8 +361,8 @@ def run_stages(stages: DenseStages, x: torch.Tensor) -> torch.Tensor:
     stage whose next stage another rank holds, and the last stage's output to every rank.
     Returns this rank's rows of the output. Collective over ``stages.group``."""
     group, me, size = stages.group, stages.index, stages.ranks
-    counts = [torch.zeros(1, dtype=torch.int64) for _ in range(size)]
-    dist.all_gather(counts, torch.tensor([x.shape[0]], dtype=torch.int64), group=group)
+    counts = [torch.zeros(1, dtype=torch.int64, device=x.device) for _ in range(size)]  # on the backend's device
+    dist.all_gather(counts, torch.tensor([x.shape[0]], dtype=torch.int64, device=x.device), group=group)
     rows = [int(c) for c in counts]
     top = max(rows)
     padded = torch.zeros(top, *x.shape[1:], dtype=x.dtype, device=x.device)
@@ -382,10 +383,10 @@ def run_stages(stages: DenseStages, x: torch.Tensor) -> torch.Tensor:
 def _share(t: torch.Tensor | None, src: int, group, like: torch.Tensor) -> torch.Tensor:
     """``t`` of pipeline rank ``src`` on every rank of ``group`` (its shape first, then its
     values; dtype and device those of ``like``)."""
-    header = torch.zeros(8, dtype=torch.int64)
+    header = torch.zeros(8, dtype=torch.int64, device=like.device)
     if t is not None and dist.get_rank(group) == src:
         header[0] = t.dim()
-        header[1 : 1 + t.dim()] = torch.tensor(t.shape, dtype=torch.int64)
+        header[1 : 1 + t.dim()] = torch.tensor(t.shape, dtype=torch.int64, device=like.device)
     dist.broadcast(header, src=dist.get_global_rank(group, src), group=group)
     shape = header[1 : 1 + int(header[0])].tolist()
     out = t.contiguous() if dist.get_rank(group) == src else torch.empty(shape, dtype=like.dtype, device=like.device)
