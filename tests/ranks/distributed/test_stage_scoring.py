@@ -15,5 +15,6 @@ def test_scoring_gathering_and_a_freed_weight_on_two_ranks():
     assert (r0["parameters"], r1["parameters"]) == (4 * 6 + 6 + 5 * 3 + 3, 6 * 5 + 5 + 3 * 1 + 1)
     assert r0["score_diff"] < 1e-6 and r1["score_diff"] < 1e-6, (r0, r1)
     assert r0["gathered"] is True
+    assert r0["estimate"] == r1["estimate"] == r0["whole_bytes"], (r0, r1)
     for r, freed in ((r0, "1.weight"), (r1, "0.weight")):
         assert r["use"].startswith(f"distributed.dense.strategy: pipeline: {freed} belongs to a stage another rank"), r
