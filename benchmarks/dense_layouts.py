@@ -25,6 +25,10 @@ Per run and rank:
 
 samples/s: the run's training rate after its first logged window (``harness.steady_rate``, log
 every 5 steps), global rows. Ratios are within a round (same load), medians over rounds.
+
+``--layouts`` picks among them; ``--before DIR`` adds ``pipeline, before``: the pipeline layout
+run by the ``recsys_dist`` of the checkout DIR (e.g. ``git archive <commit> | tar -x -C DIR``, the
+code before a change), interleaved with the others in the same rounds.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ import resource
 import tempfile
 import threading
 import time
+from pathlib import Path
 
 import harness
 
@@ -115,7 +120,12 @@ def rank_run(rank: int, world_size: int, overrides: list[str], run_dir: str, cac
     cfg = load_config(CONFIG, [*overrides, f"distributed.nproc_per_node={world_size}"])
     with Trainer(cfg, run_dir, callbacks=[_probe(steps, sampler, out)]) as trainer:
         trainer.fit()
-    return {"start_mib": start, **out}
+    import recsys_dist
+
+    return {"start_mib": start, **out, "code": str(Path(recsys_dist.__file__).parents[1])}  # which checkout ran
+
+
+BEFORE = "pipeline, before"  # LAYOUTS["pipeline"] on the --before checkout
 
 
 def one_run(world_size: int, layout: str, tower: str, steps: int, batch: int, cache: str) -> dict:
@@ -124,7 +134,7 @@ def one_run(world_size: int, layout: str, tower: str, steps: int, batch: int, ca
     from recsys_dist.testing import run_ranks
 
     overrides = [
-        *LAYOUTS[layout],
+        *LAYOUTS["pipeline" if layout == BEFORE else layout],
         *TOWERS[tower],
         f"train.batch_size={batch}",
         f"train.max_steps={steps}",
@@ -137,13 +147,21 @@ def one_run(world_size: int, layout: str, tower: str, steps: int, batch: int, ca
     with tempfile.TemporaryDirectory() as tmp:
         ranks = run_ranks(rank_run, world_size, overrides, tmp, cache, steps, timeout_s=1800)
         rate = harness.steady_rate(harness.metrics(tmp), batch * world_size)
-    return {"ranks": ranks, "samples_per_s": rate}
+    return {"ranks": ranks, "samples_per_s": rate, "code": ranks[0]["code"]}
 
 
-def fresh_run(world_size: int, layout: str, tower: str, steps: int, batch: int, cache: str) -> dict:
-    """:func:`one_run` in a fresh Python process (its memory and forkserver its own)."""
+def fresh_run(
+    world_size: int, layout: str, tower: str, steps: int, batch: int, cache: str, before: Path | None = None
+) -> dict:
+    """:func:`one_run` in a fresh Python process (its memory and forkserver its own), importing
+    ``recsys_dist`` from ``before`` for :data:`BEFORE` (this file from this checkout)."""
     code = "import json, sys, dense_layouts; print(json.dumps(dense_layouts.one_run(*json.loads(sys.argv[1]))))"
-    return harness.last_json(harness.python(code, json.dumps([world_size, layout, tower, steps, batch, cache])))
+    env = None
+    if layout == BEFORE:  # not this checkout's recsys_dist: python -c, and the ranks' forkserver, put the cwd first
+        code = f"import os, sys; sys.path.remove(''); os.chdir({str(before)!r}); " + code
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(before), str(harness.ROOT / "benchmarks")])}
+    argv = json.dumps([world_size, layout, tower, steps, batch, cache])
+    return harness.last_json(harness.python(code, argv, env=env))
 
 
 def mib(b: float) -> str:
@@ -188,7 +206,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--batch", type=int, default=128, help="rows per rank per step")
+    p.add_argument("--layouts", nargs="+", choices=list(LAYOUTS), default=list(LAYOUTS), help="ddp must be one")
+    p.add_argument("--before", type=Path, help="a checkout whose pipeline layout runs too (see the module doc)")
     args = p.parse_args(argv)
+    if "ddp" not in args.layouts:
+        p.error("--layouts: the ratios are to ddp, which must be one of them")
+    names = [*args.layouts, *([BEFORE] if args.before else [])]
     if args.smoke:
         args.world_sizes, args.towers, args.rounds, args.steps, args.batch = [2], ["dlrmv2"], 1, 6, 16
     title = "Dense layouts (ddp, fsdp, pipeline) on MLPerf DLRMv2's dense sizes: memory and speed per rank"
@@ -201,12 +224,20 @@ def main(argv: list[str] | None = None) -> None:
         for world_size in args.world_sizes:
             for tower in args.towers:
                 run = functools.partial(
-                    fresh_run, world_size, tower=tower, steps=args.steps, batch=args.batch, cache=cache
+                    fresh_run,
+                    world_size,
+                    tower=tower,
+                    steps=args.steps,
+                    batch=args.batch,
+                    cache=cache,
+                    before=args.before.resolve() if args.before else None,
                 )
                 got = harness.abba(
-                    {name: functools.partial(run, name) for name in LAYOUTS},
+                    {name: functools.partial(run, name) for name in names},
                     args.rounds,
-                    on_result=lambda r, n, x: print(f"  round {r + 1} {n}: {x['samples_per_s']} samples/s", flush=True),
+                    on_result=lambda r, n, x: print(
+                        f"  round {r + 1} {n}: {x['samples_per_s']} samples/s (recsys_dist of {x['code']})", flush=True
+                    ),
                 )
                 report(world_size, tower, got)
 

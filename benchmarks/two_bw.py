@@ -50,6 +50,7 @@ def memory_worker(rank: int, world_size: int, schedule: str, deep: list[int], ro
     from recsys_dist.config.job import resolve_job
     from recsys_dist.config.loader import load_config
     from recsys_dist.data.loader import CTRBatch
+    from recsys_dist.distributed.dense import dense_parameters
     from recsys_dist.distributed.env import init_distributed
     from recsys_dist.distributed.two_bw import two_bw_of
     from recsys_dist.train.build import shard_model
@@ -92,7 +93,8 @@ def memory_worker(rank: int, world_size: int, schedule: str, deep: list[int], ro
     return {
         "stage_params_mib": sum(p.numel() * p.element_size() for p in own) / mib,
         "second_version_mib": sum(t.numel() * t.element_size() for t in two_bw.stale) / mib if two_bw else 0.0,
-        "tower_params_mib": sum(p.numel() * p.element_size() for m in st.tower for p in m.parameters()) / mib,
+        # every dense parameter the rank holds (its own stages' since each rank frees the others)
+        "tower_params_mib": sum(p.numel() * p.element_size() for p in dense_parameters(dmp)) / mib,
         "peak_rss_growth_mib": (max(built_peak, _rss_kib("VmHWM")) - base) / 1024,
         "built_rss_growth_mib": (built - base) / 1024,
         "steps_peak_over_built_mib": (_rss_kib("VmHWM") - built) / 1024,
@@ -113,7 +115,7 @@ def memory(args) -> dict:
             rows[schedule].append(got)
             print("memory", r, schedule, json.dumps(got), flush=True)
     print(
-        "| schedule | rank | stage params MiB | W(t-1) MiB | tower copy MiB | peak RSS growth MiB (rounds) | median "
+        "| schedule | rank | stage params MiB | W(t-1) MiB | tower params held MiB | peak RSS growth MiB (rounds) | median "
         "| RSS after build, growth (median) | steps' peak over it (median) |"
     )
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")

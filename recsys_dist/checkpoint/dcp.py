@@ -171,26 +171,35 @@ def _on_all_ranks(ctx: DistContext, stage, step: int, root: Path, tmp: Path) -> 
 
 
 def global_bytes(ctx: DistContext, state: dict) -> int:
-    """Bytes this checkpoint will hold, summed over ranks (each rank counts its own shards)."""
+    """Bytes this checkpoint will hold, summed over ranks: each rank counts its own shards; a plain
+    tensor counts once per entry over the ranks (DCP writes a replicated one once, and one that
+    only some ranks hold, a pipeline stage's weights, once too). One ``all_gather_object`` of the
+    plain entries' sizes and one all-reduce."""
     total = 0
-    stack = [state]
+    plain: dict[str, int] = {}
+    stack: list = [("", state)]
     while stack:
-        v = stack.pop()
+        path, v = stack.pop()
         if isinstance(v, dict):
-            stack.extend(v.values())
+            stack.extend((f"{path}.{k}", x) for k, x in v.items())
         elif isinstance(v, ShardedTensor):
             total += sum(s.tensor.numel() * s.tensor.element_size() for s in v.local_shards())
         elif isinstance(v, DTensor) and isinstance(v.to_local(), LocalShardsWrapper):
             total += _replica_table_bytes(v)
+        elif isinstance(v, torch.Tensor) and hasattr(v, "to_local"):  # a DTensor: this rank's shard
+            t = v.to_local()
+            total += t.numel() * t.element_size()
         elif isinstance(v, torch.Tensor):
-            t = v.to_local() if hasattr(v, "to_local") else v
-            # A replicated tensor is written once, by rank 0, so only rank 0 counts it.
-            total += t.numel() * t.element_size() if ctx.is_main or hasattr(v, "to_local") else 0
+            plain[path] = v.numel() * v.element_size()
     if ctx.world_size > 1:
+        every: list = [None] * ctx.world_size
+        dist.all_gather_object(every, plain)
+        for entries in every:
+            plain.update(entries)
         n = torch.tensor([total], dtype=torch.int64)
         dist.all_reduce(n)
         total = int(n)
-    return total
+    return total + sum(plain.values())
 
 
 def _replica_table_bytes(v: DTensor) -> int:

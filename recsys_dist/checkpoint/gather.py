@@ -28,7 +28,9 @@ CHUNK_BYTES = 256 * 2**20  # per rank and collective: bounds the gather buffers 
 
 def gather_full_state(state: Mapping[str, Any], dst: int = 0) -> dict[str, torch.Tensor] | None:
     """Every tensor of a (sharded) model state dict, whole, on rank ``dst``. Collective: every
-    rank calls it with its own ``model.state_dict()`` (the same keys, in the same order).
+    rank calls it with its own ``model.state_dict()`` (the same sharded keys, in the same order).
+    A plain tensor that only some ranks hold (``distributed.dense.strategy: pipeline``: a rank
+    holds its own stages' weights) comes to ``dst`` from the lowest rank that holds it.
 
     ShardedTensors (sharded embedding tables) are gathered from the ranks holding their shards,
     several tables per collective (one ``dist.gather`` per dtype and ``CHUNK_BYTES`` of shards
@@ -65,7 +67,36 @@ def gather_full_state(state: Mapping[str, Any], dst: int = 0) -> dict[str, torch
         full = _gather_sharded(chunk, rank, dst)
         if full is not None:
             out.update(full)
-    return {k: out[k] for k in state} if rank == dst else None
+    extra = _held_elsewhere(state, rank, dst)
+    return {**{k: out[k] for k in state}, **extra} if rank == dst else None
+
+
+def _held_elsewhere(state: Mapping[str, Any], rank: int, dst: int) -> dict[str, torch.Tensor]:
+    """The plain tensors ``dst`` does not hold, from the lowest rank holding each (one
+    ``all_gather_object`` of the ranks' plain keys, then a send / recv per tensor ``dst`` lacks);
+    on ``dst`` key -> a CPU copy, elsewhere ``{}``."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return {}
+    plain = {
+        k: (tuple(v.shape), v.dtype)
+        for k, v in state.items()
+        if isinstance(v, torch.Tensor) and not isinstance(v, (ShardedTensor, DTensor))
+    }
+    every: list = [None] * dist.get_world_size()
+    dist.all_gather_object(every, plain)
+    out: dict[str, torch.Tensor] = {}
+    device = next((state[k].device for k in plain), torch.device("cpu"))  # what the backend sends on
+    for src, held in enumerate(every):
+        for key, (shape, dtype) in held.items():
+            if key in every[dst] or any(key in every[r] for r in range(src)):
+                continue  # dst holds it, or a lower rank sends it
+            if rank == src:
+                dist.send(state[key].detach().contiguous(), dst=dst)
+            elif rank == dst:
+                t = torch.empty(shape, dtype=dtype, device=device)
+                dist.recv(t, src=src)
+                out[key] = t.cpu()
+    return out
 
 
 def _chunks(sharded: list[tuple[str, ShardedTensor]]) -> list[list[tuple[str, ShardedTensor]]]:

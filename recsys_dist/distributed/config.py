@@ -204,7 +204,7 @@ class DenseConfig(Section):
         "backward. pipeline: the part after the pooled embeddings is cut into `stages` run by "
         "torch.distributed.pipelining, one stage per rank (stages_per_rank under the interleaved schedules; "
         "world / stages pipelines, data x pipeline; "
-        "docs/design/pipeline.md). "
+        "docs/design/pipeline.md); a rank holds only its own stages' parameters, gradients and optimizer state. "
         "The same losses every way (docs/sharding.md); checkpoints move between them.",
     )
     stages: int | None = Field(

@@ -22,8 +22,8 @@ them (fp32 throughout: the stages run in fp32), in two phases of the ledger and 
 Counting rules: the ledger's (an all-gather of a chunk: ``S - 1`` chunks each way; an
 all-reduce: its payload); a gather / scatter / broadcast: its root sends (or receives) one
 chunk per other rank, each other rank one chunk. Once per run and not counted: the stages'
-first-step shape exchange, the check of the first step's gradients, and the copies' sync before
-scoring and checkpoints (``sync_replicas``: the tower's parameters and state broadcast once).
+first-step shape exchange and the check of the first step's gradients. Scoring passes
+(``recsys_dist.distributed.stages.run_stages``) are not training steps and not counted.
 """
 
 from __future__ import annotations

@@ -5,15 +5,20 @@ How a model is cut: :mod:`recsys_dist.models.tower`. How a step runs (the global
 stage 0, the pooled embeddings' gradient back to every rank, the two scalings):
 :class:`recsys_dist.train.stage_pipeline.StagePipeline` and docs/design/pipeline.md.
 
-Every rank keeps a whole copy of the tower (rank 0's weights at the start, as DDP), but computes
-and updates only its own stage's part. :func:`sync_replicas` makes the copies equal again (each
-stage's parameters, buffers and optimizer state broadcast from the rank that owns it) before a
-scoring pass or a checkpoint reads them: so evaluation, export and checkpoints are those of
-``ddp`` and move between the strategies.
+A rank holds only its own stages' modules' parameters and buffers (rank 0's weights at the
+start, as DDP): :func:`free_other_stages` drops the others' from the model right after the cut,
+before the optimizer is built, so the dense optimizer, its state, the model's ``state_dict``
+(each rank's checkpoint entries) and the gradients are its own stages' (plus the replicated
+parameters outside the tower). The model's plain ``forward`` becomes :func:`scoring_forward`, a
+forward-only pass through the stages (every rank in its pipeline's collectives), so evaluation,
+``predict`` and metrics score the whole tower. A checkpoint holds every stage (each written by
+its ranks) under the model's own names, so it moves between the strategies and world sizes.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 from dataclasses import dataclass, field
 
 import torch
@@ -30,7 +35,6 @@ from torchrec.distributed import DistributedModelParallel
 from torchrec.distributed.model_parallel import DataParallelWrapper
 
 from recsys_dist.distributed.config import DenseConfig
-from recsys_dist.distributed.optim import dense_torch_optimizer
 from recsys_dist.distributed.rules import pipeline_cut_problems
 from recsys_dist.distributed.two_bw import TwoBW
 
@@ -137,6 +141,10 @@ class DenseStages:
         schedule: the torch schedule over this rank's ``PipelineStage``.
         microbatches: the schedule's microbatches per step.
         loss_scale: per step, ``microbatches x dp / the global batch's weight`` (set before ``step``).
+        rest: the replicated dense parameters outside the tower (their gradients are averaged).
+        freed: ``(module, attribute, model name, shape, dtype)`` of each parameter of the other
+            stages' modules dropped from this rank (:func:`free_other_stages`); the attribute now
+            holds a :class:`FreedTensor` (no memory; a use of it raises, naming it).
     """
 
     tower: list[nn.Module]
@@ -147,10 +155,10 @@ class DenseStages:
     dp: int = 1
     schedule: object = None
     microbatches: int = 1
-    dirty: bool = False
     loss_scale: float = 1.0
     rest: list[nn.Parameter] = field(default_factory=list)
     per_rank: int = 1
+    freed: list[tuple[nn.Module, str, str, tuple, torch.dtype]] = field(default_factory=list)
 
     @property
     def num_stages(self) -> int:
@@ -182,8 +190,9 @@ class DenseStages:
 
 class PipelineDense(DataParallelWrapper):
     """DMP's wrapper for ``distributed.dense.strategy: pipeline``: rank 0's dense weights on every
-    rank (as DDP starts), then this rank's stage and schedule on ``dmp.dense_stages``. No DDP:
-    a stage's parameters live on one rank. Unsharded parameters outside the tower (data-parallel
+    rank (as DDP starts), then this rank's stage and schedule on ``dmp.dense_stages``, the other
+    stages' weights freed (:func:`free_other_stages`) and the model's ``forward`` replaced by
+    :func:`scoring_forward`. No DDP: a stage's parameters live on its ranks only. Unsharded parameters outside the tower (data-parallel
     tables) stay replicated; the step averages their gradients (``DenseStages.rest``).
 
     Raises (in ``wrap``):
@@ -224,6 +233,9 @@ class PipelineDense(DataParallelWrapper):
             names = {id(p): n for n, p in root.named_parameters()}
             own = [p for m in stages.modules_of(index) for p in m.parameters()]
             stages.schedule = TwoBW(stages.schedule, {names[id(p)]: p for p in own})
+        free_other_stages(root, stages)
+        user = getattr(root, "model", root)
+        user.forward = functools.partial(scoring_forward, user, stages)  # an instance attribute, not a module
         dmp.dense_stages = stages
 
 
@@ -266,59 +278,122 @@ def _loss_fn(task: nn.Module, stages: DenseStages):
     return loss
 
 
-def sync_replicas(dmp: nn.Module, optimizer) -> None:
-    """Make every rank's copy of the tower equal to the owners' (each stage's parameters, buffers
-    and the dense optimizer's state of them, broadcast from its rank in the first pipeline); a
-    no-op without ``dmp.dense_stages`` or when no step ran since the last sync. Collective over
-    the world.
+class FreedTensor(torch.Tensor):
+    """What a dropped parameter or buffer of another stage's module reads as on this rank (a meta
+    tensor: no memory): any use raises, naming it. (A plain meta tensor is not enough: torch 2.13
+    computes ``cpu_tensor @ meta_tensor.T`` into uninitialised memory without an error.)"""
 
-    ``optimizer``: the ``CombinedOptimizer`` of :func:`recsys_dist.distributed.optim.build_optimizer`,
-    or a torch optimizer over the dense parameters.
-    """
-    stages = getattr(dmp, "dense_stages", None)
-    if stages is None or not stages.dirty:
+    freed_name = "?"
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        name = next((a.freed_name for a in (*args, *(kwargs or {}).values()) if isinstance(a, FreedTensor)), "?")
+        raise RuntimeError(
+            f"distributed.dense.strategy: pipeline: {name} belongs to a stage another rank holds; this rank "
+            "freed it (each rank holds only its own stages' weights). Score through the model's forward "
+            "(evaluate / predict), or read the whole model from a checkpoint or checkpoint.gather.gather_full_state"
+        )
+
+
+def _freed(t: torch.Tensor, name: str) -> FreedTensor:
+    out = torch.empty(t.shape, dtype=t.dtype, device="meta").as_subclass(FreedTensor)
+    out.freed_name = name
+    return out
+
+
+def free_other_stages(root: nn.Module, stages: DenseStages) -> None:
+    """Drop the parameters and buffers of the modules of the stages this rank does not hold from
+    ``root`` (every module that registers them: the tower's and the model's own), so that they are
+    freed and neither ``root.named_parameters()`` (the optimizer), ``root.state_dict()`` (a
+    checkpoint) nor ``root.parameters()`` sees them. Each attribute becomes a :class:`FreedTensor`
+    (no memory; a use of it raises, naming it). Parameters also in an owned module or outside the
+    tower (``stages.rest``) are kept."""
+    own = [*stages.own_modules()]
+    keep = {id(t) for m in own for t in (*m.parameters(), *m.buffers())}
+    others = [m for s in range(stages.num_stages) if s not in stages.owned for m in stages.modules_of(s)]
+    drop = {id(t) for m in others for t in (*m.parameters(), *m.buffers())} - keep
+    if not drop:
         return
-    opt = optimizer if isinstance(optimizer, torch.optim.Optimizer) else dense_torch_optimizer(optimizer)
-    group = dist.group.WORLD  # pipeline 0's stage s (its owner's global rank) to every rank (the dp replicas are equal)
-    rank = dist.get_rank()
+    user = getattr(root, "model", root)
+    names = {id(t): n for n, t in (*user.named_parameters(remove_duplicate=False), *user.named_buffers())}
+    modules = dict.fromkeys([*root.modules(), *(m for t in stages.tower for m in t.modules())])
+    for module in modules:
+        for table in (module._parameters, module._buffers):
+            for attr, t in list(table.items()):
+                if t is None or id(t) not in drop:
+                    continue
+                del table[attr]
+                name = names.get(id(t), attr)
+                object.__setattr__(module, attr, _freed(t, name))
+                if isinstance(t, nn.Parameter):
+                    stages.freed.append((module, attr, name, tuple(t.shape), t.dtype))
+
+
+@contextlib.contextmanager
+def probing(stages: DenseStages):
+    """While entered, each freed parameter of ``stages`` reads as zeros of its shape (one
+    element, expanded) whose gradient, if a computation uses it, lands in the yielded dict's
+    tensors (model name -> a 0-dim leaf): the first step's check that ``pipeline_input`` uses
+    no parameter of the tower (a rank that does not hold it would otherwise fail alone and leave
+    the others waiting in a collective). The :class:`FreedTensor` entries are back on exit."""
+    leaves: dict[str, torch.Tensor] = {}
+    saved = [module.__dict__[attr] for module, attr, *_ in stages.freed]
+    for module, attr, name, shape, dtype in stages.freed:
+        leaf = leaves.setdefault(name, torch.zeros((), dtype=dtype, requires_grad=True))
+        object.__setattr__(module, attr, leaf.expand(shape))
+    try:
+        yield leaves
+    finally:
+        for (module, attr, *_), freed in zip(stages.freed, saved, strict=True):
+            object.__setattr__(module, attr, freed)
+
+
+def scoring_forward(user: nn.Module, stages: DenseStages, dense: torch.Tensor, kjt) -> torch.Tensor:
+    """The model's ``forward`` under pipeline (set on the model by ``PipelineDense.wrap``): its
+    ``pipeline_input``, then the tower through the stages, forward only. Collective: every rank
+    of a pipeline calls it together (as the tables' lookup already requires), whatever its rows
+    (padding too). Returns this rank's ``[B, ...]`` output (the tower's last module's), without
+    a graph into the tower (training goes through ``StagePipeline``: a backward from it fails)."""
+    x = user.pipeline_input(dense, kjt)
     with torch.no_grad():
-        for s in range(stages.num_stages):
-            src = stages.owner(s)
-            params = list(dict.fromkeys(p for m in stages.modules_of(s) for p in m.parameters()))
-            buffers = list(dict.fromkeys(b for m in stages.modules_of(s) for b in m.buffers()))
-            for t in [*params, *buffers]:
-                dist.broadcast(t.data, src=src, group=group)
-            _sync_state(opt, params, src, rank == src, group)
-    stages.dirty = False
+        return run_stages(stages, x.detach())
 
 
-def _sync_state(opt: torch.optim.Optimizer, params: list[nn.Parameter], src: int, own: bool, group) -> None:
-    """The owner's optimizer state of ``params`` on every rank: its layout (keys, shapes, dtypes,
-    plain values) as one object, then each tensor."""
-    layout = [None]
-    if own:
-        layout = [
-            [
-                {k: (tuple(v.shape), v.dtype) if isinstance(v, torch.Tensor) else v for k, v in opt.state[p].items()}
-                if p in opt.state
-                else {}
-                for p in params
-            ]
-        ]
-    dist.broadcast_object_list(layout, src=src, group=group)
-    for p, keys in zip(params, layout[0], strict=True):
-        if not keys:
-            continue
-        state = opt.state.setdefault(p, {})
-        for k, v in keys.items():
-            if isinstance(v, tuple) and len(v) == 2 and isinstance(v[1], torch.dtype):
-                if not own:
-                    old = state.get(k)
-                    state[k] = old if _fits(old, v) else torch.zeros(v[0], dtype=v[1], device=p.device)
-                dist.broadcast(state[k], src=src, group=group)
-            elif not own:
-                state[k] = v
+def run_stages(stages: DenseStages, x: torch.Tensor) -> torch.Tensor:
+    """Every pipeline rank's ``x`` (``[B_r, d]``) through the tower's stages, forward only:
+    stage 0's rank takes the pipeline's rows (gathered, each rank's padded to the largest B_r),
+    each stage's rank runs its modules, the activation is broadcast to the pipeline from each
+    stage whose next stage another rank holds, and the last stage's output to every rank.
+    Returns this rank's rows of the output. Collective over ``stages.group``."""
+    group, me, size = stages.group, stages.index, stages.ranks
+    counts = [torch.zeros(1, dtype=torch.int64, device=x.device) for _ in range(size)]  # on the backend's device
+    dist.all_gather(counts, torch.tensor([x.shape[0]], dtype=torch.int64, device=x.device), group=group)
+    rows = [int(c) for c in counts]
+    top = max(rows)
+    padded = torch.zeros(top, *x.shape[1:], dtype=x.dtype, device=x.device)
+    padded[: x.shape[0]] = x
+    parts = [torch.empty_like(padded) for _ in range(size)] if me == 0 else None
+    dist.gather(padded, parts, dst=dist.get_global_rank(group, 0), group=group)
+    h = torch.cat(parts) if me == 0 else None
+    for s in range(stages.num_stages):
+        if stages.owner(s) == me:
+            for module in stages.modules_of(s):
+                h = module(h)
+        last = s == stages.num_stages - 1
+        if last or stages.owner(s + 1) != stages.owner(s):
+            h = _share(h, stages.owner(s), group, x)
+    return h[me * top : me * top + x.shape[0]]
 
 
-def _fits(t, layout: tuple) -> bool:
-    return isinstance(t, torch.Tensor) and tuple(t.shape) == layout[0] and t.dtype == layout[1]
+def _share(t: torch.Tensor | None, src: int, group, like: torch.Tensor) -> torch.Tensor:
+    """``t`` of pipeline rank ``src`` on every rank of ``group`` (its shape first, then its
+    values; dtype and device those of ``like``)."""
+    header = torch.zeros(8, dtype=torch.int64, device=like.device)
+    if t is not None and dist.get_rank(group) == src:
+        header[0] = t.dim()
+        header[1 : 1 + t.dim()] = torch.tensor(t.shape, dtype=torch.int64, device=like.device)
+    dist.broadcast(header, src=dist.get_global_rank(group, src), group=group)
+    shape = header[1 : 1 + int(header[0])].tolist()
+    out = t.contiguous() if dist.get_rank(group) == src else torch.empty(shape, dtype=like.dtype, device=like.device)
+    dist.broadcast(out, src=dist.get_global_rank(group, src), group=group)
+    return out

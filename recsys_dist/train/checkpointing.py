@@ -29,7 +29,6 @@ from recsys_dist.data.record import MANIFEST_FILE, Preprocessing
 from recsys_dist.distributed import replicas
 from recsys_dist.distributed.env import DistContext, broadcast_result
 from recsys_dist.distributed.optim import init_lazy_state
-from recsys_dist.distributed.stages import sync_replicas
 from recsys_dist.distributed.two_bw import fit_to_checkpoint, stale_state, two_bw_of
 from recsys_dist.train.best_weights import MemoryCopy, checkpoint_of_step
 from recsys_dist.train.build import Loaders
@@ -99,7 +98,6 @@ class Checkpointer:
     def save(self, step: int, meta: dict, job: Job, loaders: Loaders, best: bool = False) -> Path:
         """Write the checkpoint of ``step`` with ``meta`` (``checkpoint.keep`` kept; ``best``:
         marked ``checkpoints/best``) and the preprocessing record; returns its directory."""
-        sync_replicas(self.model, self.optimizer)  # pipeline stages: every rank's tower copy the owners'
         replicas.settle(self.model)  # sharding.replica_groups: the replicas agree before they are saved
         state = training_state(self.model, self.optimizer, self.ctx.rank)
         path = save_checkpoint(self.ctx, self.run_dir, step, state, meta, job.checkpoint.keep, best=best)
@@ -141,7 +139,6 @@ class Checkpointer:
     def keep_best(self, step: int) -> None:
         """A new best validation at ``step`` with checkpoints off: its weights kept in memory."""
         if self.memory_best is not None:
-            sync_replicas(self.model, self.optimizer)
             replicas.settle(self.model)
             self.memory_best.keep(self.model, step)
 

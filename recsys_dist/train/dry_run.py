@@ -112,9 +112,8 @@ def _dense_text(dense: dict) -> list[str]:
     how = {
         "ddp": "replicated on every rank (DDP)",
         "fsdp": "sharded over the ranks (FSDP2, dim 0 of each weight)",
-        "pipeline": "cut into pipeline stages (layout below); every rank keeps a whole copy (and the optimizer's "
-        "state of it) and updates its stages' part: gradients are its stages' only, and under 2bw the "
-        "parameters count their previous version too (docs/design/pipeline.md)",
+        "pipeline": "cut into pipeline stages (layout below); each rank holds only its own stages' parameters, "
+        "gradients and optimizer state, and under 2bw its stages' previous version too (docs/design/pipeline.md)",
     }
     lines = [
         f"dense tower: distributed.dense.strategy {dense['strategy']}, {how.get(dense['strategy'], '')}; "
@@ -315,12 +314,18 @@ def _add_pipeline(report: PlanReport, layout, why: str) -> None:
 
 
 def _stage_bytes(per_rank: list[dict], layout) -> None:
-    """Under pipeline, in place: a rank's copies of the other stages get no gradient (only its
-    own stages' parameters do), and under 2bw it also holds its stages' previous weights W(t-1).
-    The tower is fp32 (4 bytes a parameter: mixed precision is refused under pipeline)."""
+    """Under pipeline, in place: a rank holds its own stages' tower parameters, their gradients
+    and their optimizer state (the other stages' are freed: ``stages.free_other_stages``), and
+    under 2bw also its stages' previous weights W(t-1). The tower is fp32 (4 bytes a parameter:
+    mixed precision is refused under pipeline); the optimizer's state per element is the
+    planned rows' (``train.dense_optimizer``'s)."""
+    tower = sum(layout.parameters) * 4
     for rank, row in enumerate(per_rank):
         own = sum(n for k, n in enumerate(layout.parameters) if layout.owner(k) == rank % layout.ranks) * 4
-        row["gradients"] -= sum(layout.parameters) * 4 - own
+        state_per_byte = row["optimizer"] / row["parameters"] if row["parameters"] else 0
+        for key in ("parameters", "gradients"):
+            row[key] -= tower - own
+        row["optimizer"] = round(row["parameters"] * state_per_byte)
         if layout.schedule == "2bw":
             row["parameters"] += own
 

@@ -18,7 +18,7 @@ batch is padding only); a pipeline is S ranks (``dense_stages.group``), dp = W /
    optimizers step in that backward. Gradients of replicated parameters outside the tower
    (data-parallel tables) are averaged over the ranks, and (dp > 1) each stage's over the
    pipelines, as DDP would.
-5. The optimizer steps (each rank: its stage's parameters; other stages' have no gradient).
+5. The optimizer steps (each rank: its stages' parameters, the only tower parameters it holds).
 6. This rank's logits from its last stage (broadcast), for the metrics, and its loss from them
    (as ddp's: ``StagePipeline._own_loss``), for the log and ``on_step_end``.
 
@@ -28,11 +28,13 @@ goes through ``pipeline_input`` directly): this is ``train.pipeline: base``'s or
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.distributed as dist
 from torchrec.distributed.comm_ops import get_gradient_division
 
-from recsys_dist.distributed.stages import DenseStages, sync_replicas
+from recsys_dist.distributed.stages import DenseStages, probing
 
 
 class StagePipeline:
@@ -42,7 +44,8 @@ class StagePipeline:
     task's second output), where ``loss`` is this rank's loss as ``ddp``'s step gives it (its rows'
     weighted mean loss x the batch's loss scale, float32 scalar; its mean over the ranks, the
     train log's loss, is the global batch's weighted mean) and ``logits`` this rank's rows, ``[B]`` float32.
-    ``detach`` makes the ranks' tower copies equal (``sync_replicas``) before a scoring pass.
+    Scoring passes use the model's forward (``recsys_dist.distributed.stages.scoring_forward``),
+    so ``detach`` has nothing to do.
     """
 
     steps_done = 0
@@ -59,7 +62,8 @@ class StagePipeline:
         size, rank = dist.get_world_size(group), st.index
         last = size - 1  # the rank of the last stage (loop placement: also with several stages per rank)
         self._optimizer.zero_grad()
-        pooled = self._task.model.pipeline_input(batch.dense_features, batch.sparse_features)
+        with probing(st) if not self._checked else contextlib.nullcontext({}) as probes:
+            pooled = self._task.model.pipeline_input(batch.dense_features, batch.sparse_features)
         rows = torch.stack([batch.labels.float(), batch.weights.float()], dim=1)
         every = [torch.empty_like(rows) for _ in range(size)]
         dist.all_gather(every, rows, group=group)
@@ -81,13 +85,12 @@ class StagePipeline:
         # x.grad / microbatches is dp x d(global loss)/dx; TorchRec divides by the world size
         pooled.backward(grad * ((world if get_gradient_division() else 1) / st.dp))
         if not self._checked:  # its first step (steps_done is the run's step count on a resume)
-            _check_input_grads(st, self._task.model)
+            _check_input_grads(probes)
             self._checked = True
         _average(st.rest, None, world)  # replicated parameters outside the tower: DDP's mean
         if st.dp_group is not None:  # the same stage in every pipeline: DDP's mean over them
             _average([p for m in st.own_modules() for p in m.parameters()], st.dp_group, st.dp)
         self._optimizer.step()
-        st.dirty = True
         result = torch.empty(target.shape[0], device=pooled.device)
         if rank == last:
             result.copy_(out.detach().squeeze(-1).float())
@@ -108,7 +111,6 @@ class StagePipeline:
             return self._task.loss(logits, batch.labels.float(), weights) * scale
 
     def detach(self) -> torch.nn.Module:
-        sync_replicas(self._model, self._optimizer)
         return self._model
 
     def pop_times(self) -> dict[str, float]:
@@ -118,26 +120,18 @@ class StagePipeline:
         pass
 
 
-def _check_input_grads(st: DenseStages, model: torch.nn.Module) -> None:
+def _check_input_grads(probes: dict[str, torch.Tensor]) -> None:
     """Refuse, on every rank (one collective), a ``pipeline_input`` that uses a parameter of the
-    tower: its gradient through the input reached every rank's copy unaveraged (the owner's added
-    to its stage's; the other ranks stepped their copies with it), so the run trained wrong numbers.
-    A rank's copy of another stage's parameter gets a gradient only that way.
+    tower: its gradient through the input would be lost on the ranks that do not hold it and
+    added unaveraged on the one that does (wrong numbers). ``probes``: this rank's freed
+    parameters' stand-ins of the first step (``recsys_dist.distributed.stages.probing``); one
+    used got a gradient in the backward. Every tower parameter is freed on some rank of its
+    pipeline (stages >= 2), so some rank sees each use.
 
     Raises:
         ValueError: naming the parameters, on every rank.
     """
-    names = {id(p): n for n, p in model.named_parameters()}
-    mine = sorted(
-        {
-            names.get(id(p), "?")
-            for s in range(st.num_stages)
-            if s not in st.owned
-            for m in st.modules_of(s)
-            for p in m.parameters()
-            if p.grad is not None
-        }
-    )
+    mine = sorted(name for name, leaf in probes.items() if leaf.grad is not None)
     every: list = [None] * dist.get_world_size()
     dist.all_gather_object(every, mine)
     used = sorted({n for names_of_rank in every for n in names_of_rank})

@@ -46,11 +46,11 @@ def test_criteo_dlrmv2_plans_8_and_64_gpus_under_each_dense_layout(strategy):
         params = [d["parameters"] for d in dense["per_rank"]]
         assert all(d["optimizer"] == d["parameters"] for d in dense["per_rank"])
         grads = [d["gradients"] for d in dense["per_rank"]]
-        if strategy == "pipeline":  # a rank's own stage's gradients; a pipeline's 2 ranks hold the tower's
-            assert all(0 < g < DENSE_BYTES for g in grads) and grads[0] + grads[1] == DENSE_BYTES
-        else:
-            assert grads == params
-        if strategy == "fsdp":  # cut on dim 0 of each weight: ~1/world each, summing to the tower
+        assert grads == params  # every layout: a rank's gradients are those of the parameters it holds
+        if strategy == "pipeline":  # a rank's own stage; a pipeline's 2 ranks hold the tower between them
+            assert all(0 < p < DENSE_BYTES for p in params) and params[0] + params[1] == DENSE_BYTES
+            assert params == params[:2] * (world // 2)  # the same stage in every pipeline
+        elif strategy == "fsdp":  # cut on dim 0 of each weight: ~1/world each, summing to the tower
             assert sum(params) == DENSE_BYTES and max(params) <= DENSE_BYTES / world * 1.01, params[:3]
-        else:  # ddp, and pipeline's whole copy on every rank (docs/design/pipeline.md)
+        else:  # ddp: the whole tower on every rank
             assert params == [DENSE_BYTES] * world

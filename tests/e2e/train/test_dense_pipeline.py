@@ -1,8 +1,9 @@
 """Issue 38 item 2 from the CLI: ``recsys-dist train ... distributed.dense.strategy=pipeline`` on the
 quickstart (2 ranks, 2 stages; validation and checkpoints mid-epoch, keep_best) trains as ``ddp``
-does; ``recsys-dist export`` of its run is the same unsharded model as ddp's (the ranks' copies
-of the tower are synced before every scoring pass and checkpoint); and its mid-run checkpoint
-resumes under ``ddp`` to the same end."""
+does, and validates to ddp's AUC (the scoring pass runs through the stages: each rank holds only
+its own); ``recsys-dist export`` of its run is the same unsharded model as ddp's (the checkpoint
+holds every stage, each written by its rank); and its mid-run checkpoint resumes under ``ddp``
+to the same end."""
 
 import pytest
 from safetensors.torch import load_file

@@ -1,7 +1,7 @@
 """Online training (``data.stream``, configs/criteo_online.yaml, 2 ranks) under each dense
 strategy, ``fsdp`` (issue 38 item 5) and ``pipeline`` with 2 stages (items 2 and 5): each trains
 what ddp trains, publishes a version per partition (a full one, then deltas) whose weights are
-ddp's (under pipeline, the ranks' copies of the tower synced from the stages), and the server's
+ddp's (under pipeline, gathered to rank 0 from the ranks holding each stage), and the server's
 scores of the latest version equal ``recsys-dist predict`` on its folded export. One ddp run
 serves as the reference for both."""
 

@@ -16,7 +16,6 @@ from torch.distributed._shard.sharded_tensor import ShardedTensor
 from recsys_dist.checkpoint.dcp import canonical_optimizer_state, load_checkpoint, save_checkpoint, set_optimizer_steps
 from recsys_dist.distributed.env import init_distributed
 from recsys_dist.distributed.optim import init_lazy_state
-from recsys_dist.distributed.stages import sync_replicas
 from recsys_dist.train.build import shard_model
 from recsys_dist.train.stage_pipeline import StagePipeline
 from tests.ranks.distributed import dense_worker
@@ -102,25 +101,32 @@ def losses_and_weights(rank: int, world_size: int, cases: list, steps: int) -> d
             first = _weights(dmp)
             own: list[float] = []
             losses = _train(dmp, opt, range(steps), rank, world_size, strategy == "pipeline", own)
-            sync_replicas(dmp, opt)
-            got[strategy] = (losses, _weights(dmp), getattr(dmp, "dense_stages", None))
+            with torch.no_grad():  # a scoring pass (evaluate, predict): the model's forward, every stage
+                dmp.eval()
+                scores = dmp(_batch(PADDED_STEP, rank, world_size))[1][1]
+                dmp.train()
+            got[strategy] = (losses, _weights(dmp), getattr(dmp, "dense_stages", None), scores)
             got[f"{strategy}_own"] = own
         ref, pipe = got["ddp"][1], got["pipeline"][1]
-        assert ref.keys() == pipe.keys()
+        assert pipe.keys() <= ref.keys()  # a pipeline rank holds its own stages' dense weights only
         stages = got["pipeline"][2]
         out[(name, tuple(types), tuple(extra))] = {
             "ddp": got["ddp"][0],
             "pipeline": got["pipeline"][0],
             "ddp_own": got["ddp_own"],
             "pipeline_own": got["pipeline_own"],
-            # tables (sharded or replicated) and the dense tower (after the sync: every rank's copy)
+            # tables (sharded or replicated) and the dense tower (this rank's stages)
             "table_diff": max(float((ref[k] - pipe[k]).abs().max()) for k in ref if "embedding" in k),
             # per dense tensor: |ddp - pipeline| / |ddp's update over the steps| (Frobenius norms)
             "dense_rel": max(
                 float((ref[k] - pipe[k]).norm() / (ref[k] - first[k]).norm().clamp_min(1e-12))
-                for k in ref
+                for k in pipe
                 if "embedding" not in k
             ),
+            # this rank's logits of a scoring pass (the last rank's batch all padding), against ddp's
+            "score_diff": float((got["ddp"][3] - got["pipeline"][3]).abs().max()),
+            "dense_keys": sorted(k for k in pipe if "embedding" not in k),
+            "ddp_dense_keys": sorted(k for k in ref if "embedding" not in k),
             "starts": stages.starts,
             "own_params": sum(p.numel() for m in stages.own_modules() for p in m.parameters()),
             "owned": stages.owned,
@@ -151,7 +157,6 @@ def _resume_once(rank: int, world_size: int, run_dir: str, first: str, then: str
     ctx = init_distributed(cfg.distributed)
     dmp, opt = dense_worker._build(cfg, ctx)
     _train(dmp, opt, range(steps), rank, world_size, first == "pipeline")
-    sync_replicas(dmp, opt)
     path = save_checkpoint(ctx, run_dir, steps, _state(dmp, opt), {"step": steps}, keep=5)
     want = _train(dmp, opt, range(steps, 2 * steps), rank, world_size, first == "pipeline")
     cfg2 = _cfg("dcnv2", types, then, world_size, extra)
@@ -315,5 +320,20 @@ def counted_bytes(rank: int, world_size: int, cases: list) -> dict:
             if f.rank == rank:
                 want[f.phase][0] += f.sent
                 want[f.phase][1] += f.received
-        out[(name, extra)] = {"counted": counter.counts, "predicted": want}
+        out[(name, extra)] = {"counted": counter.counts, "predicted": want, "held": held_bytes(dmp, opt)}
+    return out
+
+
+def held_bytes(dmp, opt) -> dict[str, int]:
+    """This rank's dense bytes now: ``parameters`` (every dense tensor the model holds, plus
+    2bw's previous weights), ``gradients`` (those with one) and ``optimizer`` (the dense
+    optimizer's tensor state), as ``recsys-dist plan`` counts them per rank."""
+    from recsys_dist.distributed.dense import dense_parameters, local_dense_bytes, optimizer_state_bytes
+    from recsys_dist.distributed.optim import dense_torch_optimizer
+    from recsys_dist.distributed.two_bw import two_bw_of
+
+    out = local_dense_bytes(dmp)
+    out["optimizer"] = optimizer_state_bytes(dense_torch_optimizer(opt), dense_parameters(dmp))
+    two_bw = two_bw_of(dmp)
+    out["parameters"] += sum(t.numel() * t.element_size() for t in two_bw.stale) if two_bw else 0
     return out

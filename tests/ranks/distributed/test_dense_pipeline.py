@@ -11,8 +11,12 @@ Measured: docs/sharding.md (the dense tower as pipeline stages).
 """
 
 import pytest
+import torch
 
+from recsys_dist.distributed.dense import planned_dense_bytes
+from recsys_dist.models.build import build_model
 from recsys_dist.testing import run_ranks
+from recsys_dist.train.dry_run import dry_run
 from tests.ranks.distributed import pipeline_worker
 
 TOL = 1e-5
@@ -65,6 +69,8 @@ def _check(results: list[dict], stages: int) -> None:
                 failures.append(f"rank {rank} {case}: this rank's loss (on_step_end's) rel diff {own:.3g}")
             if not got["table_diff"] <= TOL:
                 failures.append(f"rank {rank} {case}: table weights differ by {got['table_diff']:.3g}")
+            if not got["score_diff"] <= 1e-4:  # logits of order 1: float rounding over 50 steps
+                failures.append(f"rank {rank} {case}: scoring logits differ by {got['score_diff']:.3g}")
             if not got["dense_rel"] <= 1e-3:
                 failures.append(f"rank {rank} {case}: dense weights differ by {got['dense_rel']:.3g} of their update")
             per_rank = _stages_per_rank(case)
@@ -73,6 +79,10 @@ def _check(results: list[dict], stages: int) -> None:
             assert got["owned"] == [rank % stages + k * stages for k in range(per_rank)], (case, got["owned"])
     for case in results[0]:
         assert len({tuple(r[case]["starts"]) for r in results}) == 1  # one cut on every rank
+        # each rank holds only its own stages' dense weights; together, the pipeline holds the model's
+        held = [set(r[case]["dense_keys"]) for r in results[:stages]]
+        assert set().union(*held) == set(results[0][case]["ddp_dense_keys"]), case
+        assert all(not (a & b) for i, a in enumerate(held) for b in held[i + 1 :]), case
         if "split=[3]" in str(case):
             assert results[0][case]["starts"] == [0, 3]  # auto cuts it at 2
     assert not failures, "\n".join(failures)
@@ -145,6 +155,7 @@ COUNTED = [
         ),
     ),
     ("dcnv2", ("distributed.dense.stages=4", "distributed.dense.schedule=gpipe", "distributed.dense.microbatches=8")),
+    ("dcnv2", ("distributed.dense.stages=2", "distributed.dense.schedule=2bw", "distributed.dense.microbatches=2")),
 ]
 
 
@@ -157,3 +168,16 @@ def test_the_ledgers_pipeline_bytes_are_the_counted_ones_at_four_ranks():
             assert got["counted"]["pipeline_io"][0] > 0 and got["counted"]["pipeline_p2p"][0] > 0, (rank, case)
             if "stages=2" in case[1][0]:  # 2 pipelines: each stage's gradients all-reduced over them
                 assert got["counted"]["allreduce"][0] > 0, (rank, case)
+    # the plan's per-rank dense bytes are what each rank holds after a step: its own stages'
+    # parameters (2bw: twice), gradients and Adam state (two per element); every rank held
+    # the whole tower's parameters and state before
+    for case in COUNTED:
+        job = pipeline_worker._cfg(case[0], ["table_wise"], "pipeline", 4, case[1])
+        planned = dry_run(job, 4, 4, "cpu").dense["per_rank"]
+        held = [r[case]["held"] for r in results]
+        assert held == planned, (case, held, planned)
+        whole = planned_dense_bytes(
+            build_model(job.model, job.features.on(torch.device("meta")), job.train), "ddp", 4, "adam"
+        )
+        stages = int(case[1][0].split("=")[1])
+        assert sum(h["gradients"] for h in held) == whole[0]["parameters"] * 4 // stages, (case, held)

@@ -16,11 +16,11 @@ import torch.distributed as dist
 from torch.func import functional_call
 
 from recsys_dist.checkpoint.dcp import load_checkpoint, save_checkpoint, set_optimizer_steps
+from recsys_dist.checkpoint.gather import gather_full_state
 from recsys_dist.checkpoint.safe_read import checkpoint_keys
 from recsys_dist.distributed.env import init_distributed
 from recsys_dist.distributed.optim import init_lazy_state
-from recsys_dist.distributed.stages import sync_replicas
-from recsys_dist.distributed.tables import gather_full_state_dict, load_full_state_dict
+from recsys_dist.distributed.tables import load_full_state_dict
 from recsys_dist.distributed.two_bw import STALE_KEY, fit_to_checkpoint, stale_state
 from recsys_dist.train.build import build_task, shard_model
 from tests.ranks.distributed import dense_worker, pipeline_worker
@@ -85,7 +85,7 @@ def against_reference(rank: int, world_size: int, cases: list, steps: int) -> di
             ctx = init_distributed(cfg.distributed)
             dmp, opt = dense_worker._build(cfg, ctx)
             if schedule == "2bw":
-                full = gather_full_state_dict(dmp.state_dict())
+                full = gather_full_state(dmp.state_dict())  # on rank 0: every rank's stages, whole
                 ref = build_task(cfg, cfg.features.on(torch.device("cpu"), torch.device("cpu"))) if rank == 0 else None
                 if ref is not None:
                     load_full_state_dict(ref.state_dict(), full)
@@ -147,7 +147,6 @@ def resume(rank: int, world_size: int, run_dir: str, steps: int) -> dict:
         dmp, opt = dense_worker._build(cfg, ctx)
         staged = schedule is not None
         pipeline_worker._train(dmp, opt, range(steps), rank, world_size, staged)
-        sync_replicas(dmp, opt)
         if staged:
             saved = pipeline_worker._weights(dmp)
         sub = f"{run_dir}/{schedule or 'ddp'}"

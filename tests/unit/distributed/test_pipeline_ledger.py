@@ -101,16 +101,19 @@ def test_other_strategies_have_no_pipeline_bytes_or_layout(strategy):
 
 
 @pytest.mark.parametrize("schedule", ["1f1b", "2bw"])
-def test_a_stage_ranks_dense_bytes_are_its_stages_gradients(schedule):
-    """Every rank keeps the whole tower and its optimizer state, as under ddp, but only its own
-    stages get gradients; 2bw also keeps its stages' previous weights. (The plan showed the
-    whole tower's gradients on every rank.)"""
+def test_a_stage_ranks_dense_bytes_are_its_stages(schedule):
+    """A rank holds only its own stages' parameters, their gradients and their Adam state; 2bw
+    also its stages' previous weights. (The plan showed the whole tower's parameters and
+    optimizer state on every rank, which every rank then really held.) The real bytes after a
+    step: tests/ranks/distributed/test_dense_pipeline.py."""
     ddp = _report(2, "distributed.dense.strategy=ddp").dense["per_rank"]
     rep = _report(2, "distributed.dense.stages=2", f"distributed.dense.schedule={schedule}")
     stages, tower = rep.dense["pipeline"]["stages"], ddp[0]["parameters"]
+    assert tower == sum(s["parameters"] for s in stages) * F  # the quickstart has no dense weight outside the tower
     for rank, row in enumerate(rep.dense["per_rank"]):
         own = sum(s["parameters"] for s in stages if s["ranks"] == [rank]) * F
         assert 0 < own < tower
-        assert row["gradients"] == ddp[rank]["gradients"] - (sum(s["parameters"] for s in stages) * F - own)
-        assert row["optimizer"] == ddp[rank]["optimizer"]
-        assert row["parameters"] == tower + (own if schedule == "2bw" else 0)
+        assert row["gradients"] == own
+        assert row["optimizer"] == own * ddp[rank]["optimizer"] // tower
+        assert row["parameters"] == own * (2 if schedule == "2bw" else 1)
+    assert "holds only its own stages" in rep.text()
