@@ -9,8 +9,8 @@ them (fp32 throughout: the stages run in fp32), in two phases of the ledger and 
 - ``pipeline_io``, around the schedule, within each pipeline of S ranks: the all_gather of each
   rank's (label, weight) rows (``B x 2`` each); the all-reduce of the batch weight over the
   data-parallel group (one float, dp > 1); the gather of the pooled embeddings (``B x d``) to
-  pipeline rank 0 and the scatter of their gradient back; the broadcast of the pipeline's loss
-  and logits (``1 + S x B`` floats) from pipeline rank S - 1.
+  pipeline rank 0 and the scatter of their gradient back; the broadcast of the pipeline's logits
+  (``S x B`` floats; each rank computes its own loss from its rows) from pipeline rank S - 1.
 - ``pipeline_p2p``: torch's send / recv between consecutive stages k -> k + 1 (always on two
   ranks: loop placement), each microbatch's activations ``[S x B / m, w_k]`` forward and their
   gradient backward: ``S x B x w_k`` floats each way per step, whatever the microbatch count.
@@ -165,12 +165,12 @@ def add_pipeline_flows(led: Ledger, layout: PipelineLayout) -> None:
         io_sent = io_recv = (S - 1) * B * 2 * FLOAT  # the (label, weight) all_gather
         if layout.dp > 1:  # the global weight's all-reduce over the data-parallel group
             io_sent, io_recv = io_sent + FLOAT, io_recv + FLOAT
-        pooled, result = B * d * FLOAT, (1 + S * B) * FLOAT
+        pooled, result = B * d * FLOAT, S * B * FLOAT
         if i == 0:  # gathers the pooled embeddings, scatters their gradient
             io_sent, io_recv = io_sent + (S - 1) * pooled, io_recv + (S - 1) * pooled
         else:
             io_sent, io_recv = io_sent + pooled, io_recv + pooled
-        if i == S - 1:  # broadcasts the loss and logits
+        if i == S - 1:  # broadcasts the logits
             io_sent += (S - 1) * result
         else:
             io_recv += result

@@ -14,7 +14,6 @@ from torchrec import JaggedTensor, KeyedJaggedTensor
 from recsys_dist.config.job import resolve_job
 from recsys_dist.config.loader import load_config
 from recsys_dist.distributed.env import init_distributed
-from recsys_dist.distributed.stages import sync_replicas
 from recsys_dist.train.stage_pipeline import StagePipeline
 from tests.conftest import ROOT
 from tests.ranks.distributed import dense_worker, pipeline_worker
@@ -85,17 +84,16 @@ def losses_and_weights(rank: int, world_size: int, cases: list[tuple], steps: in
             dmp, opt = dense_worker._build(job, ctx)
             first = pipeline_worker._weights(dmp)
             losses = _train(dmp, opt, steps, rank, world_size, list(job.features.keys), strategy == "pipeline")
-            sync_replicas(dmp, opt)
             got[strategy] = (losses, pipeline_worker._weights(dmp), getattr(dmp, "dense_stages", None))
         ref, pipe, stages = got["ddp"][1], got["pipeline"][1], got["pipeline"][2]
-        assert ref.keys() == pipe.keys()
+        assert pipe.keys() <= ref.keys()  # a pipeline rank holds its own stages' dense weights only
         out[extra] = {
             "ddp": got["ddp"][0],
             "pipeline": got["pipeline"][0],
             "table_diff": max(float((ref[k] - pipe[k]).abs().max()) for k in ref if "embedding" in k),
             "dense_rel": max(
                 float((ref[k] - pipe[k]).norm() / (ref[k] - first[k]).norm().clamp_min(1e-12))
-                for k in ref
+                for k in pipe
                 if "embedding" not in k
             ),
             "starts": stages.starts,

@@ -40,7 +40,7 @@ def test_interleaved_dlrm_on_two_pipelines_of_two_ranks():
     pooled = B * 429 * F  # one rank's pooled embeddings (and their gradient)
     labels = 1 * B * 2 * F  # the all_gather of (label, weight) rows: one chunk to the other rank
     weight = F  # the global batch weight's all-reduce over the 2 pipelines
-    result = (1 + 2 * B) * F  # loss and the pipeline's logits, broadcast by the last stage's rank
+    result = 2 * B * F  # the pipeline's logits, broadcast by the last stage's rank
     first = (labels + weight + pooled, labels + weight + pooled + result)  # gathers, scatters; gets the result
     last = (labels + weight + pooled + result, labels + weight + pooled)
     assert _flows(led, "pipeline_io", "pipeline") == [first, last, first, last]
@@ -81,7 +81,7 @@ def test_gpipe_dcnv2_on_three_ranks():
     )
     led = rep.ledger
     assert [s["output_width"] for s in rep.dense["pipeline"]["stages"]] == [858, 429 + 256, 1]
-    pooled, labels, result = B * 429 * F, 2 * B * 2 * F, (1 + 3 * B) * F
+    pooled, labels, result = B * 429 * F, 2 * B * 2 * F, 3 * B * F
     assert _flows(led, "pipeline_io", "pipeline") == [
         (labels + 2 * pooled, labels + 2 * pooled + result),  # rank 0: gathers 2 blocks, scatters 2
         (labels + pooled, labels + pooled + result),
