@@ -43,7 +43,9 @@ def command(run_dir):
 
 
 def train(tmp, run_dir, *extra, env=None):
-    return run_train(QUICKSTART, run_dir, *TOY2, *extra, tmp=tmp, env=env, inprocess=False)
+    """``recsys-dist train`` in a forkserver's child (``tests.cli``: the command minus its
+    imports); the ``python -m recsys_dist.cli.main`` processes are test_ranks_never_outlive_their_launcher's."""
+    return run_train(QUICKSTART, run_dir, *TOY2, *extra, tmp=tmp, env=env)
 
 
 def processes_naming(text: str) -> list[int]:
