@@ -11,7 +11,9 @@ imported torch, TorchRec and recsys_dist once, the server ``recsys_dist.testing.
 uses): the child takes the command's environment, working directory and ``sys.path``, writes
 stdout and stderr to files, and runs the console entry point's path (``cli.run``: ranks forked
 on CPU, exit without interpreter finalisation), so it is the ``recsys-dist`` process minus
-its imports. ``inprocess=True`` runs a ``train`` here instead, when the run must stop before
+its imports; the forkserver its ranks fork from is likewise a fork of that clean child, which
+takes the launcher's environment when the command asks for it, not a new interpreter that
+imports torch again (``_rank_server_by_fork``). ``inprocess=True`` runs a ``train`` here instead, when the run must stop before
 any rank or training step (a config or data error); ``inprocess=False`` keeps any command in
 a real subprocess, so that the ``python -m recsys_dist.cli.main`` path of each command stays
 covered somewhere.
@@ -56,6 +58,7 @@ def run_cli(
     timeout: float = 600,
     inprocess: bool | None = None,
     launcher=(),
+    hung=None,
 ) -> subprocess.CompletedProcess:
     """``recsys-dist ARGS``: its exit code, stdout and stderr (text).
 
@@ -69,6 +72,9 @@ def run_cli(
             any rank starts), False in a subprocess; None (default): in this process for the
             commands of ``IN_PROCESS`` without a launcher, ``train`` in a forkserver's child,
             anything else in a subprocess.
+        hung: for a ``train`` that a test makes hang on purpose: called with the command's
+            pid every 0.1 s; once it returns True the command is treated as past its timeout
+            (its stacks dumped, ``HungCommand``) without waiting out the rest of ``timeout``.
         launcher: the command that runs ``-m recsys_dist.cli.main`` (e.g. torchrun and its
             options); default this Python. Implies a subprocess.
     """
@@ -80,11 +86,13 @@ def run_cli(
         inprocess = not launcher and bool(args) and args[0] in IN_PROCESS
     if inprocess and launcher:
         raise ValueError("a launcher starts a subprocess; it cannot run in this process")
+    if hung is not None and not forked:
+        raise ValueError("hung: only for a train run in a forkserver's child (the default for train)")
     if inprocess:
         return _in_process(args, Path(cwd), overrides)
     full_env = {k: v for k, v in {**os.environ, **overrides}.items() if v is not None}
     if forked:
-        return _forked(args, Path(cwd), full_env, timeout)
+        return _forked(args, Path(cwd), full_env, timeout, hung)
     cmd = [*(launcher or [sys.executable]), "-m", "recsys_dist.cli.main", *args]
     return subprocess.run(cmd, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout)
 
@@ -131,7 +139,7 @@ def _in_process(args: list[str], cwd: Path, overrides: dict) -> subprocess.Compl
     return subprocess.CompletedProcess(["recsys-dist", *args], code, out.getvalue(), err.getvalue())
 
 
-def _forked(args: list[str], cwd: Path, env: dict, timeout: float) -> subprocess.CompletedProcess:
+def _forked(args: list[str], cwd: Path, env: dict, timeout: float, hung=None) -> subprocess.CompletedProcess:
     from recsys_dist.testing import FORKSERVER_PRELOAD
 
     ctx = mp.get_context("forkserver")
@@ -141,7 +149,12 @@ def _forked(args: list[str], cwd: Path, env: dict, timeout: float) -> subprocess
         # Not a daemon: a daemonic process may not start the ranks.
         child = ctx.Process(target=_child, args=(args, str(cwd), env, str(out), str(err)), daemon=False)
         child.start()
-        child.join(timeout)
+        if hung is None:
+            child.join(timeout)
+        else:
+            deadline = time.monotonic() + timeout
+            while child.is_alive() and time.monotonic() < deadline and not hung(child.pid):
+                child.join(0.1)
         if child.is_alive():  # its ranks die with it (die_with_launcher)
             stacks = _dump_stacks(child.pid)
             child.kill()
@@ -213,6 +226,7 @@ def _child(args: list[str], cwd: str, env: dict, out: str, err: str) -> None:
         os.dup2(f, fd)
         os.close(f)
     sys.argv = [str(ROOT / "recsys_dist" / "cli.py"), *args]
+    _rank_server_by_fork()
     from recsys_dist.cli import main as cli
 
     # cli.run: ranks forked on CPU, as for the console command; it leaves with os._exit
@@ -220,6 +234,92 @@ def _child(args: list[str], cwd: str, env: dict, out: str, err: str) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def _rank_server_by_fork() -> None:
+    """Have the rank forkserver of ``start_method: forkserver`` ready as a fork of this clean
+    child, not a new interpreter that imports torch and TorchRec again (about 3.4 CPU-seconds
+    per launch, paid by every multi-rank ``train`` of the suite).
+
+    The fork waits, with no server yet, until the command asks for one
+    (``multiprocessing.forkserver.ensure_running``, from ``recsys_dist.train.launch.start_forkserver``);
+    it then takes the launcher's environment, working directory and ``sys.path`` of that moment,
+    imports ``RANK_PRELOAD`` and serves, as the server started there would: the ranks are still
+    forked from a clean single-threaded child of the launcher, and the launcher's own state (its
+    logging levels, signal handlers, threads) never reaches them. A command that asks for no
+    server (one rank, a refusal) leaves the fork to exit when the command does. Where this
+    Python's ``multiprocessing.forkserver`` is not the one this was written against (3.11's),
+    the command starts its own server as before.
+    """
+    import inspect
+    import pickle
+    import socket
+    from multiprocessing import connection, forkserver, resource_tracker
+
+    server = forkserver._forkserver
+    expected = ["listener_fd", "alive_r", "preload", "main_path", "sys_path"]
+    if list(inspect.signature(forkserver.main).parameters) != expected or server._forkserver_pid is not None:
+        return
+    listener = socket.socket(socket.AF_UNIX)
+    address = connection.arbitrary_address("AF_UNIX")
+    listener.bind(address)
+    os.chmod(address, 0o600)
+    listener.listen()
+    alive_r, alive_w = os.pipe()  # as ensure_running's: the server ends when every client has
+    state_r, state_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(alive_w)  # the clients' ends: the server must see them close
+            os.close(state_w)
+            _serve_ranks(listener, alive_r, state_r)
+        finally:
+            os._exit(0)
+    listener.close()
+    os.close(alive_r)
+    os.close(state_r)
+    original = server.ensure_running
+
+    def ensure_running() -> None:
+        if server._forkserver_pid is None:  # the first call: the server starts from here
+            resource_tracker.ensure_running()
+            with os.fdopen(state_w, "wb") as f:
+                pickle.dump((dict(os.environ), os.getcwd(), list(sys.path)), f)
+            server._forkserver_address, server._forkserver_alive_fd, server._forkserver_pid = address, alive_w, pid
+        original()  # finds it running (or, were it gone, starts one as usual)
+
+    server.ensure_running = forkserver.ensure_running = ensure_running
+
+
+def _serve_ranks(listener, alive_r: int, state_r: int) -> None:
+    """The fork of :func:`_rank_server_by_fork`: wait for the launcher's state, then serve."""
+    import pickle
+    from multiprocessing import forkserver
+
+    from recsys_dist.train.launch import RANK_PRELOAD
+
+    with os.fdopen(state_r, "rb") as f:
+        data = f.read()
+    if not data:  # the command ended without asking for a server
+        return
+    env, cwd, path = pickle.loads(data)
+    os.environ.clear()
+    os.environ.update(env)
+    os.chdir(cwd)
+    sys.path[:] = path
+    keep = {0, 1, 2, listener.fileno(), alive_r}
+    for fd in [int(n) for n in os.listdir("/proc/self/fd")]:  # a new server has only these
+        if fd not in keep:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+    for name in RANK_PRELOAD:  # imported in the child already: as a new server would have them
+        __import__(name)
+    try:
+        forkserver.main(listener.detach(), alive_r, [])
+    except SystemExit:  # every client gone
+        pass
 
 
 def _import_from(pythonpath: str | None) -> None:

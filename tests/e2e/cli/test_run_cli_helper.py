@@ -5,7 +5,7 @@ import logging
 import os
 import signal
 
-from tests.cli import run_cli
+from tests.cli import process_tree, run_cli
 from tests.conftest import QUICKSTART
 
 
@@ -49,9 +49,19 @@ def test_train_runs_in_a_forkserver_child_with_the_commands_environment(tmp_path
     assert r.returncode == 2 and "train.batch_size" in r.stderr and "Traceback" not in r.stderr
     # The working directory (a relative run directory) and the environment (the cache) are the command's.
     short = ["data.num_rows=1000", "train.max_steps=2", "train.progress_bar=false", "checkpoint.enabled=false"]
-    r = run_cli(["train", "--config", QUICKSTART, "--run-dir", "rel", *short], tmp_path, cwd=tmp_path)
+    seen = {}
+
+    def below(pid: int) -> bool:  # every process under the command while it runs; never "hung"
+        seen.update({p: cmd for p, (_, cmd) in process_tree(pid).items()})
+        return False
+
+    r = run_cli(["train", "--config", QUICKSTART, "--run-dir", "rel", *short], tmp_path, cwd=tmp_path, hung=below)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "trained" in r.stdout and (tmp_path / "rel" / "summary.json").exists()
+    # Its ranks' forkserver and the 2 ranks: forks of the clean child, not a new interpreter
+    # that imports RANK_PRELOAD (recsys_dist.train.worker) again (tests.cli._rank_server_by_fork).
+    forked = [cmd for cmd in seen.values() if "multiprocessing.forkserver" in cmd]
+    assert len(forked) >= 3 and not [cmd for cmd in forked if "recsys_dist.train.worker" in cmd], seen
     assert list((tmp_path / "cache").glob("*/manifest.json"))
     with pytest.raises(subprocess.TimeoutExpired):
         run_cli(["train", "--config", QUICKSTART, "--run-dir", tmp_path / "slow", *short], tmp_path, timeout=0.2)

@@ -43,7 +43,9 @@ def command(run_dir):
 
 
 def train(tmp, run_dir, *extra, env=None):
-    return run_train(QUICKSTART, run_dir, *TOY2, *extra, tmp=tmp, env=env, inprocess=False)
+    """``recsys-dist train`` in a forkserver's child (``tests.cli``: the command minus its
+    imports); the ``python -m recsys_dist.cli.main`` processes are test_ranks_never_outlive_their_launcher's."""
+    return run_train(QUICKSTART, run_dir, *TOY2, *extra, tmp=tmp, env=env)
 
 
 def processes_naming(text: str) -> list[int]:
@@ -143,7 +145,9 @@ def test_a_rank_killed_without_restarts_is_named_and_the_run_continues(reference
 def test_ranks_never_outlive_their_launcher(reference, tmp_path):
     tmp, want = reference
     run = tmp / "launcher_killed"
-    env = dict(os.environ, RECSYS_DIST_CACHE=str(tmp / "cache"), RECSYS_DIST_FAULT="delay:1.0")
+    # Every step sleeps 0.5 s: the launcher is signalled at steps 6, 14 and 18 of 24, which
+    # leaves it at least 3 s (6 steps) to be still running (1 s per step only made it longer).
+    env = dict(os.environ, RECSYS_DIST_CACHE=str(tmp / "cache"), RECSYS_DIST_FAULT="delay:0.5")
     cmd = [*command(run), *TOY2]
 
     # SIGKILL of the launcher: no rank survives it by more than 10 s (they used to be
@@ -213,6 +217,34 @@ def sleeper(pid_dir: str) -> None:
     time.sleep(3600)
 
 
+def ranks_asleep(nproc: int, polls: int = 10):
+    """A ``run_cli(hung=...)`` check: True once the command's ``nproc`` ranks (the processes at
+    the bottom of its tree, multiprocessing's resource tracker aside) have been in Python's
+    ``time.sleep`` (kernel wait channel ``hrtimer_nanosleep``) for ``polls`` checks in a row
+    (0.1 s apart). Before the first step a rank's main thread sleeps nowhere else in Python:
+    gloo's and the store's C++ retries and the launcher watch thread are not its main thread
+    or not this wait; the assertions on the dumped stacks say where they were."""
+    streak = 0
+
+    def check(pid: int) -> bool:
+        nonlocal streak
+        tree = process_tree(pid)
+        parents = {pp for pp, _ in tree.values()}
+        leaves = [p for p, (_, cmd) in tree.items() if p not in parents and "resource_tracker" not in cmd]
+        asleep = len(leaves) == nproc and all(_wait_channel(p) == "hrtimer_nanosleep" for p in leaves)
+        streak = streak + 1 if asleep else 0
+        return streak >= polls
+
+    return check
+
+
+def _wait_channel(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/wchan").read_text()
+    except OSError:
+        return ""
+
+
 def _alive(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
@@ -228,8 +260,18 @@ def test_a_command_that_outlives_its_timeout_reports_every_ranks_stacks(tmp_path
     test harness sends it before killing them (``tests.cli.HungCommand``)."""
     from tests.cli import HungCommand
 
+    # Hung once both ranks sleep in the injected delay (at most 20 s, as before), not after a
+    # fixed 20 s that had to cover their start on a loaded machine.
     with pytest.raises(HungCommand) as hung:
-        run_train(QUICKSTART, tmp_path / "run", *TOY2, tmp=tmp_path, env={"RECSYS_DIST_FAULT": "delay:30"}, timeout=20)
+        run_train(
+            QUICKSTART,
+            tmp_path / "run",
+            *TOY2,
+            tmp=tmp_path,
+            env={"RECSYS_DIST_FAULT": "delay:30"},
+            timeout=20,
+            hung=ranks_asleep(2),
+        )
     err = str(hung.value)
     # the launcher and each rank print "Current thread" once; the ranks wait in the injected delay
     assert err.count("Current thread 0x") == 3, err[-4000:]
