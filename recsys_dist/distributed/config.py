@@ -260,7 +260,10 @@ class DenseConfig(Section):
                 f"strategy is {self.strategy}; remove {'it' if len(given) == 1 else 'them'} or set strategy: pipeline"
             )
         if self.strategy == "pipeline" and self.stages is None:
-            raise ValueError("stages: strategy: pipeline needs the number of stages (stages: 2 for two ranks)")
+            raise ValueError(
+                "stages: strategy: pipeline needs the number of stages, the ranks of one pipeline (a divisor of "
+                "the world size); set it, e.g. distributed.dense.stages=2 on 2 ranks"
+            )
         if self.stages_per_rank is not None and self.pipeline_schedule not in INTERLEAVED_SCHEDULES:
             raise ValueError(
                 f"stages_per_rank: only schedule {' or '.join(INTERLEAVED_SCHEDULES)} runs several stages per "

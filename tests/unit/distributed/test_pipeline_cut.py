@@ -223,8 +223,11 @@ def test_bad_pipeline_keys_are_config_errors(overrides, expected):
 
 
 def test_pipeline_needs_its_stages():
-    with pytest.raises(ConfigError, match="stages: strategy: pipeline needs the number of stages"):
+    """The message names the full key and the override that fixes it."""
+    with pytest.raises(ConfigError) as e:
         load_config(QUICKSTART, ["distributed.dense.strategy=pipeline"])
+    assert "stages: strategy: pipeline needs the number of stages" in str(e.value), str(e.value)
+    assert "distributed.dense.stages=2 on 2 ranks" in str(e.value), str(e.value)
 
 
 def test_a_given_model_is_checked_as_it_is_sharded():
