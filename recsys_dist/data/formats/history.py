@@ -186,8 +186,9 @@ EXACT_FLOAT = 2**53  # every integer of magnitude <= 2^53 is a distinct float64
 def _number_text(value: str) -> str | None:
     """The key text of number ``value``: ``repr(float(value))``, except an integer written with
     digits beyond 2^53 in magnitude, keyed by its own digits (float64 would merge 2^53 + 1 into
-    2^53: two actions into one). None where ``value`` is not a number; Python's digit separators
-    (``1_0``) are not one (no CSV, JSON or Parquet writer writes them: a typo, read as 10 before)."""
+    2^53: two actions into one), and -0 as 0. None where ``value`` is not a number; Python's
+    digit separators (``1_0``) are not one (no CSV, JSON or Parquet writer writes them: a typo,
+    read as 10 before)."""
     if "_" in value:
         return None
     try:
@@ -202,7 +203,7 @@ def _number_text(value: str) -> str | None:
         return None
     if math.isfinite(number) and abs(number) > EXACT_FLOAT and number.is_integer():
         return str(int(number))  # a float's text ("1e+17"): the integer it is, as an int column writes it
-    return repr(number)
+    return repr(number + 0.0)  # -0.0 + 0.0 is 0.0: "-0" is the value 0, not an action of its own
 
 
 def action_keys(col: pa.Array, numbers: bool = False) -> np.ndarray:

@@ -178,8 +178,8 @@ def test_actions_beyond_float_precision_stay_apart_and_digit_separators_are_no_n
     assert len(set(keys.tolist())) == 3
     as_double, as_int = action_keys(pa.array([1e17])), action_keys(pa.array([10**17], pa.int64()))
     assert as_double.tolist() == as_int.tolist()
-    small = action_keys(pa.array(["4", "4.00", "1e0", "1"]))  # unchanged below 2^53: keyed by repr(float)
-    assert small.tolist() == text_keys(pa.array(["4.0", "4.0", "1.0", "1.0"]))[0].tolist()
+    small = action_keys(pa.array(["4", "4.00", "1e0", "1", "-0", "-0.0"]))  # below 2^53: keyed by repr(float)
+    assert small.tolist() == text_keys(pa.array(["4.0", "4.0", "1.0", "1.0", "0.0", "0.0"]))[0].tolist()  # -0 is 0
     hist = {"user": "user", "item": "item", "time": "ts", "max_length": 4, "action": "rating"}
     text = "click,user,item,ts,rating\n1,a,m1,1,10\n1,a,m2,2,1_0\n1,a,m3,3,4\n"
     with pytest.raises(DataError, match=r"log.csv, line 3, column rating: '1_0' is not a number"):
