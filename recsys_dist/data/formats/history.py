@@ -3,6 +3,7 @@ computed while the file streams by (see :class:`UserHistory`)."""
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from typing import NamedTuple
 
@@ -179,16 +180,35 @@ def _keys(col: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     return text_keys(pc.utf8_trim_whitespace(pc.fill_null(col, "")))
 
 
+EXACT_FLOAT = 2**53  # every integer of magnitude <= 2^53 is a distinct float64
+
+
 def _number_text(value: str) -> str | None:
-    """``repr(float(value))``, or None where ``value`` is not a number."""
+    """The key text of number ``value``: ``repr(float(value))``, except an integer written with
+    digits beyond 2^53 in magnitude, keyed by its own digits (float64 would merge 2^53 + 1 into
+    2^53: two actions into one), and -0 as 0. None where ``value`` is not a number; Python's
+    digit separators (``1_0``) are not one (no CSV, JSON or Parquet writer writes them: a typo,
+    read as 10 before)."""
+    if "_" in value:
+        return None
     try:
-        return repr(float(value))
+        whole = int(value)
+    except ValueError:
+        whole = None
+    if whole is not None and abs(whole) > EXACT_FLOAT:
+        return str(whole)
+    try:
+        number = float(value)
     except ValueError:
         return None
+    if math.isfinite(number) and abs(number) > EXACT_FLOAT and number.is_integer():
+        return str(int(number))  # a float's text ("1e+17"): the integer it is, as an int column writes it
+    return repr(number + 0.0)  # -0.0 + 0.0 is 0.0: "-0" is the value 0, not an action of its own
 
 
 def action_keys(col: pa.Array, numbers: bool = False) -> np.ndarray:
-    """uint64 [N]: the key of each action value's text, a number written as ``repr(float)``: the
+    """uint64 [N]: the key of each action value's text, a number written as ``repr(float)`` (an
+    integer beyond 2^53 as its digits, :func:`_number_text`): the
     rating 4, "4", 4.0 and "4.00" (a JSON client, a Parquet double, a CSV field) are one action.
     An empty or null value is the action "" (its own key).
 

@@ -10,6 +10,7 @@ import pytest
 
 from recsys_dist.data.config import SchemaConfig
 from recsys_dist.data.convert import ConversionSpec, prepare
+from recsys_dist.data.formats.history import action_keys
 from recsys_dist.data.formats.schema import SchemaFormat, UserHistory
 from recsys_dist.data.mapping import hash_ids, text_keys
 from recsys_dist.errors import DataError
@@ -164,6 +165,27 @@ def test_an_action_that_is_not_a_number_is_refused(tmp_path, cache_dir):
     assert t.column("history_action").to_pylist()[2] == ids(["4.0"]) + empty
     with pytest.raises(ValueError, match=r"action_values: only a history with an action column"):
         SchemaConfig(label="click", history={**hist, "action": None, "action_values": "text"})
+
+
+def test_actions_beyond_float_precision_stay_apart_and_digit_separators_are_no_number(tmp_path, cache_dir):
+    """Integer actions beyond 2^53 (e.g. hashed event-type ids under ``action_values: text``) are
+    keyed by their digits: float64 merged 2^53 + 1 into 2^53, two actions into one, silently.
+    The same value from a Parquet double (1e17) and an int64 column (10^17) is still one action.
+    ``1_0`` is Python's digit separator, not a number any writer writes: before, it was read as
+    10 (a typo taken as a rating); now ``numbers`` refuses it naming the line, ``text`` keeps it."""
+    big = [str(2**53), str(2**53 + 1), str(2**53 + 2)]
+    keys = action_keys(pa.array(big), numbers=True)
+    assert len(set(keys.tolist())) == 3
+    as_double, as_int = action_keys(pa.array([1e17])), action_keys(pa.array([10**17], pa.int64()))
+    assert as_double.tolist() == as_int.tolist()
+    small = action_keys(pa.array(["4", "4.00", "1e0", "1", "-0", "-0.0"]))  # below 2^53: keyed by repr(float)
+    assert small.tolist() == text_keys(pa.array(["4.0", "4.0", "1.0", "1.0", "0.0", "0.0"]))[0].tolist()  # -0 is 0
+    hist = {"user": "user", "item": "item", "time": "ts", "max_length": 4, "action": "rating"}
+    text = "click,user,item,ts,rating\n1,a,m1,1,10\n1,a,m2,2,1_0\n1,a,m3,3,4\n"
+    with pytest.raises(DataError, match=r"log.csv, line 3, column rating: '1_0' is not a number"):
+        convert(tmp_path, text, history=hist)
+    t = convert(tmp_path, text, history={**hist, "action_values": "text"})
+    assert t.column("history_action").to_pylist()[2] == ids(["10.0", "1_0"])  # two actions, not 10 twice
 
 
 def test_history_without_actions_and_times_converts_as_before(tmp_path, cache_dir):
