@@ -39,6 +39,7 @@ from torchrec.modules.embedding_modules import EmbeddingCollection
 from recsys_dist.models.hstu_retrieval import (
     HSTURetrieval,
     evaluate_next_item,
+    history_kjt,
     item_table,
     next_item_batch,
     sampled_softmax_loss,
@@ -104,7 +105,7 @@ def run_two_tower(split, seed: int, epochs: int, eval_every: int) -> dict:
             items = model.item_vectors(kjt(np.zeros(split.num_items, np.int64), np.arange(1, split.num_items + 1)))
         model.train()
         hist = split.histories(name, MAX_LEN)
-        return ranking_metrics(target_ranks(users, items, split.targets(name), hist).numpy())
+        return target_ranks(users, items, split.targets(name), hist).numpy()
 
     best, start = None, time.perf_counter()
     for epoch in range(1, epochs + 1):
@@ -121,12 +122,13 @@ def run_two_tower(split, seed: int, epochs: int, eval_every: int) -> dict:
             opt.step()
         if epoch % eval_every and epoch != epochs:
             continue
-        v = metrics("validation")
+        v = ranking_metrics(metrics("validation"))
         print(
             json.dumps({"encoder": "two_tower", "seed": seed, "epoch": epoch, "val_ndcg@10": v["ndcg@10"]}), flush=True
         )
         if best is None or v["ndcg@10"] > best["validation"]["ndcg@10"]:
-            best = {"epoch": epoch, "validation": v, "test": metrics("test")}
+            ranks = metrics("test")
+            best = {"epoch": epoch, "validation": v, "test": ranking_metrics(ranks), "test_ranks": ranks.tolist()}
     return {"encoder": "two_tower", "seed": seed, **best, "train_s_per_epoch": (time.perf_counter() - start) / epochs}
 
 
@@ -142,6 +144,17 @@ def build(encoder: str, num_items: int, seed: int) -> HSTURetrieval:
     if encoder == "hstu":
         return HSTURetrieval(ec, DIM, num_layers=2, num_heads=1, attention_dim=50, linear_dim=50, dropout=0.2)
     return SASRecStyle(ec, DIM, num_layers=2, num_heads=1, dropout=0.2)
+
+
+@torch.no_grad()
+def test_ranks(model: HSTURetrieval, histories: list[np.ndarray], targets: np.ndarray, num_items: int) -> np.ndarray:
+    """int64 [U]: each target's rank, as ``evaluate_next_item`` ranks it (all items less the
+    history's), kept per user for the paired bootstrap of ``retrieval_bootstrap.py``."""
+    model.eval()
+    items = model.item_vectors(torch.arange(1, num_items + 1))
+    users = torch.cat([model.user_vectors(history_kjt(histories[i : i + 256])) for i in range(0, len(histories), 256)])
+    model.train()
+    return target_ranks(users, items, targets, histories).numpy()
 
 
 def run(encoder: str, split, seed: int, epochs: int, eval_every: int) -> dict:
@@ -171,7 +184,8 @@ def run(encoder: str, split, seed: int, epochs: int, eval_every: int) -> dict:
         history.append({"epoch": epoch, "loss": float(np.mean(losses)), "val_ndcg@10": v["ndcg@10"]})
         print(json.dumps({"encoder": encoder, "seed": seed, **history[-1]}), flush=True)
         if best is None or v["ndcg@10"] > best["validation"]["ndcg@10"]:
-            best = {"epoch": epoch, "validation": v, "test": evaluate_next_item(model, *test, split.num_items)}
+            ranks = test_ranks(model, *test, split.num_items)
+            best = {"epoch": epoch, "validation": v, "test": ranking_metrics(ranks), "test_ranks": ranks.tolist()}
     return {"encoder": encoder, "seed": seed, **best, "train_s_per_epoch": train_s / epochs, "curve": history}
 
 
