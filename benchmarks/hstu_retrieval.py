@@ -26,14 +26,11 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import math
 import time
 
 import harness
 import numpy as np
 import torch
-from torch import nn
-from torch.nn import functional as F
 from torchrec.modules.embedding_modules import EmbeddingCollection
 
 from recsys_dist.models.hstu_retrieval import (
@@ -45,29 +42,9 @@ from recsys_dist.models.hstu_retrieval import (
     sampled_softmax_loss,
 )
 from recsys_dist.models.next_item import leave_last_out, popular_vectors, ranking_metrics, target_ranks
+from recsys_dist.models.sasrec_retrieval import SASRecRetrieval
 
 MAX_LEN, BATCH, DIM, NEGATIVES, TEMPERATURE = 200, 128, 50, 128, 0.05
-
-
-class SASRecStyle(HSTURetrieval):
-    """The same model with SASRec's encoder (Kang & McAuley, 2018) in place of the HSTU layers:
-    learned absolute positions (counted back from the last item), pre-norm softmax causal
-    self-attention blocks with a ReLU feed-forward, a final layer norm."""
-
-    def __init__(self, ec, dim: int, num_layers: int, num_heads: int, dropout: float) -> None:
-        super().__init__(ec, dim, num_layers=0, dropout=dropout)
-        self.positions = nn.Embedding(MAX_LEN + 1, dim)
-        layer = nn.TransformerEncoderLayer(dim, num_heads, dim, dropout, batch_first=True, norm_first=True)
-        self.blocks = nn.TransformerEncoder(layer, num_layers, enable_nested_tensor=False)
-        self.norm = nn.LayerNorm(dim)
-
-    def encode(self, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        n = values.shape[1]
-        back = (mask.sum(dim=1, keepdim=True).long() - 1 - torch.arange(n)[None, :]).clamp(min=0, max=MAX_LEN)
-        x = self.input_dropout(values * math.sqrt(self.dim) + self.positions(back)) * mask.unsqueeze(-1)
-        causal = torch.triu(torch.ones(n, n, dtype=torch.bool), diagonal=1)
-        x = self.blocks(x, mask=causal, src_key_padding_mask=mask == 0)
-        return F.normalize(self.norm(x), dim=-1)
 
 
 def run_two_tower(split, seed: int, epochs: int, eval_every: int) -> dict:
@@ -143,7 +120,8 @@ def build(encoder: str, num_items: int, seed: int) -> HSTURetrieval:
     ec = EmbeddingCollection(tables=[item_table(num_items, DIM)], device=torch.device("cpu"))
     if encoder == "hstu":
         return HSTURetrieval(ec, DIM, num_layers=2, num_heads=1, attention_dim=50, linear_dim=50, dropout=0.2)
-    return SASRecStyle(ec, DIM, num_layers=2, num_heads=1, dropout=0.2)
+    # the training sequences are MAX_LEN + 1 items (every position but the last predicts the next)
+    return SASRecRetrieval(ec, DIM, num_layers=2, num_heads=1, dropout=0.2, max_length=MAX_LEN + 1)
 
 
 @torch.no_grad()
