@@ -160,9 +160,11 @@ def run(encoder: str, split, seed: int, epochs: int, eval_every: int) -> dict:
             continue
         v = evaluate_next_item(model, *val, split.num_items)
         history.append({"epoch": epoch, "loss": float(np.mean(losses)), "val_ndcg@10": v["ndcg@10"]})
-        print(json.dumps({"encoder": encoder, "seed": seed, **history[-1]}), flush=True)
+        # every evaluation's test ranks: hstu_retrieval_compare.py picks the best validation epoch
+        # within any common epoch budget, also of a run stopped early
+        ranks = test_ranks(model, *test, split.num_items)
+        print(json.dumps({"encoder": encoder, "seed": seed, **history[-1], "test_ranks": ranks.tolist()}), flush=True)
         if best is None or v["ndcg@10"] > best["validation"]["ndcg@10"]:
-            ranks = test_ranks(model, *test, split.num_items)
             best = {"epoch": epoch, "validation": v, "test": ranking_metrics(ranks), "test_ranks": ranks.tolist()}
     return {"encoder": encoder, "seed": seed, **best, "train_s_per_epoch": train_s / epochs, "curve": history}
 
