@@ -1,6 +1,6 @@
 """HSTU next-item retrieval on MovieLens ml-latest-small by the leave-last-out protocol, against
-a SASRec-style encoder (softmax causal self-attention, learned absolute positions) in the same
-model and training, the library's two-tower model (user id and item id towers, in-batch
+SASRec (``recsys_dist.models.sasrec_retrieval``: softmax causal self-attention, learned
+positions, as the HSTU reference trains it) in the same model and training, the library's two-tower model (user id and item id towers, in-batch
 softmax with the logQ correction) and the most-popular ranking, all under the same split and
 ranking.
 
@@ -18,7 +18,9 @@ sequence (its last 201 items), every position predicting the next. Unsharded, on
 one intra-op thread. Every ``--eval-every`` epochs: validation metrics; the test metrics are
 those of the epoch with the best validation NDCG@10. Ranking as the reference's evaluation: all
 items, less the items of the history the model read (``evaluate_next_item``'s default); the
-most-popular ranking (by training sequences) leaves out the same items. Prints one JSON line per (encoder, seed).
+most-popular ranking (by training sequences) leaves out the same items. Prints one JSON line per
+evaluation (a sequence model's with its per-user test ranks) and one per (encoder, seed);
+``benchmarks/hstu_retrieval_compare.py`` makes the tables and paired bootstraps from them.
 """
 
 from __future__ import annotations

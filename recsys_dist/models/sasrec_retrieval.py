@@ -2,8 +2,8 @@
 :class:`recsys_dist.models.hstu_retrieval.HSTURetrieval`: the same item table, batches, sampled
 softmax and retrieval, SASRec's layers in place of HSTU's. The baseline of
 ``benchmarks/hstu_retrieval.py``, written as the HSTU reference trains it
-(generative-recommenders, ``research/modeling/sequential/sasrec.py`` with
-``configs/ml-1m/sasrec-sampled-softmax-n128-final.gin``):
+(the generative-recommenders repository's research SASRec module with its ML-1M config
+``sasrec-sampled-softmax-n128-final.gin``):
 
 - input: ``e_i * sqrt(D) + p_i`` with ``p_i`` a learned embedding of the position counted
   from the sequence's FIRST item (i = 0, 1, ...; truncated normal, std ``sqrt(1 / D)``), input
