@@ -2,7 +2,8 @@
 run's test metrics at its best validation epoch within one common epoch budget, and paired
 bootstraps over users of HSTU minus each baseline.
 
-    PYTHONPATH=$PWD .venv/bin/python benchmarks/hstu_retrieval_compare.py LOG [LOG ...] [--budget EPOCHS]
+    PYTHONPATH=$PWD .venv/bin/python benchmarks/hstu_retrieval_compare.py LOG [LOG ...] [--budget EPOCHS] \
+        [--record hstu_retrieval_baselines]
 
 ``LOG``: files holding ``hstu_retrieval.py``'s output (any mix of encoders and seeds). A
 sequence model's run (``hstu``, ``sasrec``) prints its test ranks at every evaluation, so it is
@@ -15,7 +16,6 @@ of HSTU seed s minus the baseline's seed s on the same resampled users, seeds pa
 
 from __future__ import annotations
 
-import argparse
 import json
 from collections import defaultdict
 
@@ -91,7 +91,7 @@ def summary_table(runs: dict, popular: dict) -> list[str]:
     return out
 
 
-def bootstrap_table(runs: dict) -> list[str]:
+def bootstrap_table(runs: dict, resamples: int) -> list[str]:
     out = [
         "| difference | seeds | "
         + " | ".join(f"{c.upper()} [95% interval]" for c in ("hr@10", "ndcg@10", "mrr"))
@@ -107,7 +107,9 @@ def bootstrap_table(runs: dict) -> list[str]:
         users = np.arange(len(a[0]))
         cells = []
         for c in ("hr@10", "ndcg@10", "mrr"):
-            point, (lo, hi) = harness.paired_bootstrap(users, a, b, lambda _, r, c=c: ranking_metrics(r)[c], n=1000)
+            point, (lo, hi) = harness.paired_bootstrap(
+                users, a, b, lambda _, r, c=c: ranking_metrics(r)[c], n=resamples
+            )
             cells.append(f"{point:+.4f} [{lo:+.4f}, {hi:+.4f}]")
         out.append(f"| HSTU - {NAMES[other]} | {','.join(map(str, seeds))} | " + " | ".join(cells) + " |")
     return out
@@ -122,16 +124,17 @@ def curves(evals: dict, budget: int) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("logs", nargs="+")
+    p = harness.parser(__doc__, "hstu_retrieval_baselines", "100 bootstrap resamples instead of 1,000")
+    p.add_argument("logs", nargs="+", help="files of hstu_retrieval.py's JSON lines")
     p.add_argument("--budget", type=int, default=None, help="last epoch considered (default: the common last epoch)")
     a = p.parse_args(argv)
-    evals, finals, popular = read(a.logs)
-    runs, budget = pick(evals, finals, a.budget)
-    print(f"sequence models read at epochs <= {budget}\n")
-    print("\n".join(summary_table(runs, popular)) + "\n")
-    print("\n".join(bootstrap_table(runs)) + "\n")
-    print("Validation NDCG@10 along training:\n\n```text\n" + "\n".join(curves(evals, budget)) + "\n```")
+    with harness.Results(a, argv):
+        evals, finals, popular = read(a.logs)
+        runs, budget = pick(evals, finals, a.budget)
+        print(f"sequence models read at epochs <= {budget}\n")
+        print("\n".join(summary_table(runs, popular)) + "\n")
+        print("\n".join(bootstrap_table(runs, 100 if a.smoke else 1000)) + "\n")
+        print("Validation NDCG@10 along training (every 10 epochs):\n\n" + "\n".join(curves(evals, budget)))
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ BENCHES = {  # every runnable script of benchmarks/ (a new one must use the harn
     "dense_layouts.py",
     "freshness.py",
     "hstu_retrieval.py",
+    "hstu_retrieval_compare.py",
     "managed_quality.py",
     "managed_speed.py",
     "model_quality.py",
