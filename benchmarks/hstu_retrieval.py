@@ -1,6 +1,6 @@
 """HSTU next-item retrieval on MovieLens ml-latest-small by the leave-last-out protocol, against
-a SASRec-style encoder (softmax causal self-attention, learned absolute positions) in the same
-model and training, the library's two-tower model (user id and item id towers, in-batch
+SASRec (``recsys_dist.models.sasrec_retrieval``: softmax causal self-attention, learned
+positions, as the HSTU reference trains it) in the same model and training, the library's two-tower model (user id and item id towers, in-batch
 softmax with the logQ correction) and the most-popular ranking, all under the same split and
 ranking.
 
@@ -18,7 +18,9 @@ sequence (its last 201 items), every position predicting the next. Unsharded, on
 one intra-op thread. Every ``--eval-every`` epochs: validation metrics; the test metrics are
 those of the epoch with the best validation NDCG@10. Ranking as the reference's evaluation: all
 items, less the items of the history the model read (``evaluate_next_item``'s default); the
-most-popular ranking (by training sequences) leaves out the same items. Prints one JSON line per (encoder, seed).
+most-popular ranking (by training sequences) leaves out the same items. Prints one JSON line per
+evaluation (a sequence model's with its per-user test ranks) and one per (encoder, seed);
+``benchmarks/hstu_retrieval_compare.py`` makes the tables and paired bootstraps from them.
 """
 
 from __future__ import annotations
@@ -26,47 +28,25 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import math
 import time
 
 import harness
 import numpy as np
 import torch
-from torch import nn
-from torch.nn import functional as F
 from torchrec.modules.embedding_modules import EmbeddingCollection
 
 from recsys_dist.models.hstu_retrieval import (
     HSTURetrieval,
     evaluate_next_item,
+    history_kjt,
     item_table,
     next_item_batch,
     sampled_softmax_loss,
 )
 from recsys_dist.models.next_item import leave_last_out, popular_vectors, ranking_metrics, target_ranks
+from recsys_dist.models.sasrec_retrieval import SASRecRetrieval
 
 MAX_LEN, BATCH, DIM, NEGATIVES, TEMPERATURE = 200, 128, 50, 128, 0.05
-
-
-class SASRecStyle(HSTURetrieval):
-    """The same model with SASRec's encoder (Kang & McAuley, 2018) in place of the HSTU layers:
-    learned absolute positions (counted back from the last item), pre-norm softmax causal
-    self-attention blocks with a ReLU feed-forward, a final layer norm."""
-
-    def __init__(self, ec, dim: int, num_layers: int, num_heads: int, dropout: float) -> None:
-        super().__init__(ec, dim, num_layers=0, dropout=dropout)
-        self.positions = nn.Embedding(MAX_LEN + 1, dim)
-        layer = nn.TransformerEncoderLayer(dim, num_heads, dim, dropout, batch_first=True, norm_first=True)
-        self.blocks = nn.TransformerEncoder(layer, num_layers, enable_nested_tensor=False)
-        self.norm = nn.LayerNorm(dim)
-
-    def encode(self, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        n = values.shape[1]
-        back = (mask.sum(dim=1, keepdim=True).long() - 1 - torch.arange(n)[None, :]).clamp(min=0, max=MAX_LEN)
-        x = self.input_dropout(values * math.sqrt(self.dim) + self.positions(back)) * mask.unsqueeze(-1)
-        causal = torch.triu(torch.ones(n, n, dtype=torch.bool), diagonal=1)
-        x = self.blocks(x, mask=causal, src_key_padding_mask=mask == 0)
-        return F.normalize(self.norm(x), dim=-1)
 
 
 def run_two_tower(split, seed: int, epochs: int, eval_every: int) -> dict:
@@ -104,7 +84,7 @@ def run_two_tower(split, seed: int, epochs: int, eval_every: int) -> dict:
             items = model.item_vectors(kjt(np.zeros(split.num_items, np.int64), np.arange(1, split.num_items + 1)))
         model.train()
         hist = split.histories(name, MAX_LEN)
-        return ranking_metrics(target_ranks(users, items, split.targets(name), hist).numpy())
+        return target_ranks(users, items, split.targets(name), hist).numpy()
 
     best, start = None, time.perf_counter()
     for epoch in range(1, epochs + 1):
@@ -121,12 +101,13 @@ def run_two_tower(split, seed: int, epochs: int, eval_every: int) -> dict:
             opt.step()
         if epoch % eval_every and epoch != epochs:
             continue
-        v = metrics("validation")
+        v = ranking_metrics(metrics("validation"))
         print(
             json.dumps({"encoder": "two_tower", "seed": seed, "epoch": epoch, "val_ndcg@10": v["ndcg@10"]}), flush=True
         )
         if best is None or v["ndcg@10"] > best["validation"]["ndcg@10"]:
-            best = {"epoch": epoch, "validation": v, "test": metrics("test")}
+            ranks = metrics("test")
+            best = {"epoch": epoch, "validation": v, "test": ranking_metrics(ranks), "test_ranks": ranks.tolist()}
     return {"encoder": "two_tower", "seed": seed, **best, "train_s_per_epoch": (time.perf_counter() - start) / epochs}
 
 
@@ -141,7 +122,19 @@ def build(encoder: str, num_items: int, seed: int) -> HSTURetrieval:
     ec = EmbeddingCollection(tables=[item_table(num_items, DIM)], device=torch.device("cpu"))
     if encoder == "hstu":
         return HSTURetrieval(ec, DIM, num_layers=2, num_heads=1, attention_dim=50, linear_dim=50, dropout=0.2)
-    return SASRecStyle(ec, DIM, num_layers=2, num_heads=1, dropout=0.2)
+    # the training sequences are MAX_LEN + 1 items (every position but the last predicts the next)
+    return SASRecRetrieval(ec, DIM, num_layers=2, num_heads=1, dropout=0.2, max_length=MAX_LEN + 1)
+
+
+@torch.no_grad()
+def test_ranks(model: HSTURetrieval, histories: list[np.ndarray], targets: np.ndarray, num_items: int) -> np.ndarray:
+    """int64 [U]: each target's rank, as ``evaluate_next_item`` ranks it (all items less the
+    history's), kept per user for the paired bootstrap of ``retrieval_bootstrap.py``."""
+    model.eval()
+    items = model.item_vectors(torch.arange(1, num_items + 1))
+    users = torch.cat([model.user_vectors(history_kjt(histories[i : i + 256])) for i in range(0, len(histories), 256)])
+    model.train()
+    return target_ranks(users, items, targets, histories).numpy()
 
 
 def run(encoder: str, split, seed: int, epochs: int, eval_every: int) -> dict:
@@ -169,9 +162,12 @@ def run(encoder: str, split, seed: int, epochs: int, eval_every: int) -> dict:
             continue
         v = evaluate_next_item(model, *val, split.num_items)
         history.append({"epoch": epoch, "loss": float(np.mean(losses)), "val_ndcg@10": v["ndcg@10"]})
-        print(json.dumps({"encoder": encoder, "seed": seed, **history[-1]}), flush=True)
+        # every evaluation's test ranks: hstu_retrieval_compare.py picks the best validation epoch
+        # within any common epoch budget, also of a run stopped early
+        ranks = test_ranks(model, *test, split.num_items)
+        print(json.dumps({"encoder": encoder, "seed": seed, **history[-1], "test_ranks": ranks.tolist()}), flush=True)
         if best is None or v["ndcg@10"] > best["validation"]["ndcg@10"]:
-            best = {"epoch": epoch, "validation": v, "test": evaluate_next_item(model, *test, split.num_items)}
+            best = {"epoch": epoch, "validation": v, "test": ranking_metrics(ranks), "test_ranks": ranks.tolist()}
     return {"encoder": encoder, "seed": seed, **best, "train_s_per_epoch": train_s / epochs, "curve": history}
 
 

@@ -13,7 +13,8 @@ Modules: ``build`` (the configured model), ``registry`` (models by name or impor
 (shared building blocks), ``losses``, ``task`` (the loss wrapper), ``managed`` and
 ``managed_ops`` (managed-collision tables), ``sequence`` (DIN and BST's sequence layer), ``tower`` (a model's dense tower cut into stages),
 ``retrieval`` (two-tower evaluation), ``next_item`` (leave-last-out split, exact ranks, HR/NDCG/MRR),
-``hstu_retrieval`` (HSTU next-item retrieval over one sharded item table), ``hstu_attention``
+``hstu_retrieval`` (HSTU next-item retrieval over one sharded item table), ``sasrec_retrieval``
+(the SASRec encoder in its place: the baseline), ``hstu_attention``
 (HSTU's pointwise attention over padded tokens, dense or query-chunked), ``hstu_jagged`` (HSTU's
 layers over packed tokens: no compute on padding), ``hstu_time`` (its relative time bias) and ``zoo/`` (the shipped models, one family per file).
 Nothing is re-exported here: import from the defining module (``recsys_dist.models.build``, ...).

@@ -27,6 +27,7 @@ BENCHES = {  # every runnable script of benchmarks/ (a new one must use the harn
     "freshness.py",
     "hstu_jagged.py",
     "hstu_retrieval.py",
+    "hstu_retrieval_compare.py",
     "managed_quality.py",
     "managed_speed.py",
     "model_quality.py",
