@@ -4,6 +4,7 @@ pytest process left as it was) and in a forkserver's child (``train``)."""
 import logging
 import os
 import signal
+from pathlib import Path
 
 from tests.cli import process_tree, run_cli
 from tests.conftest import QUICKSTART
@@ -51,17 +52,22 @@ def test_train_runs_in_a_forkserver_child_with_the_commands_environment(tmp_path
     short = ["data.num_rows=1000", "train.max_steps=2", "train.progress_bar=false", "checkpoint.enabled=false"]
     seen = {}
 
+    own = []  # the command's process's command line: what a fork of it shows too
+
     def below(pid: int) -> bool:  # every process under the command while it runs; never "hung"
+        if not own:
+            own.append(Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"))
         seen.update({p: cmd for p, (_, cmd) in process_tree(pid).items()})
         return False
 
     r = run_cli(["train", "--config", QUICKSTART, "--run-dir", "rel", *short], tmp_path, cwd=tmp_path, hung=below)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "trained" in r.stdout and (tmp_path / "rel" / "summary.json").exists()
-    # Its ranks' forkserver and the 2 ranks: forks of the clean child, not a new interpreter
-    # that imports RANK_PRELOAD (recsys_dist.train.worker) again (tests.cli._rank_server_by_fork).
+    # Its ranks' forkserver and the 2 ranks: forks of the clean child (their command line is the
+    # child's, whichever forkserver this pytest process forked the child from), not a new
+    # interpreter that imports RANK_PRELOAD again (tests.cli._rank_server_by_fork).
     forked = [cmd for cmd in seen.values() if "multiprocessing.forkserver" in cmd]
-    assert len(forked) >= 3 and not [cmd for cmd in forked if "recsys_dist.train.worker" in cmd], seen
+    assert len(forked) >= 3 and all(cmd == own[0] for cmd in forked), (own, seen)
     assert list((tmp_path / "cache").glob("*/manifest.json"))
     with pytest.raises(subprocess.TimeoutExpired):
         run_cli(["train", "--config", QUICKSTART, "--run-dir", tmp_path / "slow", *short], tmp_path, timeout=0.2)
