@@ -57,9 +57,10 @@ def build(name: str, batch: int, length: int):
     torch.manual_seed(0)
     model = build_model(job.model, job.features.on(torch.device("cpu")), job.train).train()
     g = torch.Generator().manual_seed(length)
-    lengths = torch.cat([torch.ones(3 * batch, dtype=torch.int64), torch.full((batch,), length)])
+    keys = list(job.features.keys)  # the history's (and, with actions, history_action's) rows hold L ids
+    lengths = torch.cat([torch.full((batch,), length if k.startswith("history") else 1) for k in keys])
     kjt = KeyedJaggedTensor(
-        keys=["userId", "movieId", "genres", "history"],
+        keys=keys,
         values=torch.randint(0, 10000, (int(lengths.sum()),), generator=g),
         lengths=lengths,
         stride=batch,
