@@ -514,8 +514,9 @@ def run_ledger(
         blocks,
     )
     led.unsized_multi_hot = unsized_multi_hot(data)
-    if groups > 1:
-        replica_sync_flows(led, dmp.group_plan, tables, groups, dmp.sync_every, dmp.embedding_optimizer)
+    if groups > 1:  # the sync averages the sequence tables' shards too
+        seq = [t for m in dmp.modules() if isinstance(m, ShardedEmbeddingCollection) for t in m._embedding_configs]
+        replica_sync_flows(led, dmp.group_plan, tables + seq, groups, dmp.sync_every, dmp.embedding_optimizer)
     return led
 
 
