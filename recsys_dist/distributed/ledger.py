@@ -57,8 +57,8 @@ for MLPerf-style fixed bags, else as given; a ``data.schema.multi_hot`` feature 
 ``data.multi_hot_sizes`` is counted as 1 and listed in ``unsized_multi_hot``); under row_wise, ids spread over the row blocks
 in proportion to their rows (the counted bytes equal the prediction when they do, e.g. for
 uniformly drawn ids in expectation). Unweighted KJTs (no per-id weights). Only
-EmbeddingBagCollection tables are modelled: EmbeddingCollection (sequence) tables are listed
-as not counted. table_row_wise
+EmbeddingBagCollection tables' all-to-alls are modelled: EmbeddingCollection (sequence) tables
+are listed as not counted there (the replicas' sync counts them). table_row_wise
 across several nodes (its intra-node reduce-scatter and cross-node all-to-all) is modelled
 from TorchRec's TwRwPooledEmbeddingDist and not checked by the counting test, which runs on
 one node (where table_row_wise is checked); table_column_wise is modelled as column_wise.
@@ -514,8 +514,9 @@ def run_ledger(
         blocks,
     )
     led.unsized_multi_hot = unsized_multi_hot(data)
-    if groups > 1:
-        replica_sync_flows(led, dmp.group_plan, tables, groups, dmp.sync_every, dmp.embedding_optimizer)
+    if groups > 1:  # the sync averages the sequence tables' shards too
+        seq = [t for m in dmp.modules() if isinstance(m, ShardedEmbeddingCollection) for t in m._embedding_configs]
+        replica_sync_flows(led, dmp.group_plan, tables + seq, groups, dmp.sync_every, dmp.embedding_optimizer)
     return led
 
 

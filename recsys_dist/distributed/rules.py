@@ -194,7 +194,7 @@ def plan_problems(
         + fixed_plan_problems(s, names, world_size)
         + unpooled_type_problems(s, unpooled)
         + small_table_problems(s, rows, world_size, local_world_size)
-        + replica_table_problems(s, unpooled)
+        + replica_table_problems(s)
     )
 
 
@@ -304,7 +304,6 @@ def replica_problems(
     embedding_optimizer: str,
     pipeline: str = "sparse_dist",
     managed: bool = False,
-    unpooled: list[str] | set[str] = (),
 ) -> list[str]:
     """Why ``sharding.replica_groups`` cannot run with this job: it must divide ``world_size``,
     and only the dense strategy ddp, the embedding optimizers of :data:`REPLICA_OPTIMIZERS`,
@@ -341,22 +340,17 @@ def replica_problems(
             f"{key}: managed-collision ids (data.categorical_mapping: managed) are not supported with replica "
             "groups; use hashed or vocabulary ids, or replica_groups: 1"
         )
-    return problems + replica_table_problems(s, unpooled)
+    return problems + replica_table_problems(s)
 
 
-def replica_table_problems(s: ShardingConfig, unpooled: list[str] | set[str] = ()) -> list[str]:
-    """Under ``sharding.replica_groups`` > 1: EmbeddingCollection tables (``unpooled``), and
-    sharding types outside :data:`REPLICA_SHARDING_TYPES` asked for by name (an empty
-    ``sharding.sharding_types`` lets the planner choose among those only)."""
+def replica_table_problems(s: ShardingConfig) -> list[str]:
+    """Under ``sharding.replica_groups`` > 1: sharding types outside :data:`REPLICA_SHARDING_TYPES`
+    asked for by name (an empty ``sharding.sharding_types`` lets the planner choose among those
+    only). Sequence (EmbeddingCollection) tables are synced like pooled ones (their fused shards
+    are FBGEMM TBEs too): tests/ranks/distributed/test_replica_groups.py."""
     if not s.replicated:
         return []
-    key = f"sharding.replica_groups: {s.replica_groups}"
     problems = []
-    if unpooled:
-        problems.append(
-            f"{key}: sequence tables {table_list(sorted(unpooled))} (EmbeddingCollection) are not supported with "
-            "replica groups yet; use replica_groups: 1"
-        )
     asked = [("sharding.sharding_types", s.sharding_types)]
     asked += [(f"sharding.per_table.{n}.sharding_types", t.sharding_types) for n, t in s.per_table.items()]
     asked += [(f"sharding.fixed_plan.{n}.sharding_type", [p.sharding_type]) for n, p in (s.fixed_plan or {}).items()]

@@ -77,7 +77,6 @@ def section_problems(job: Job) -> list[str]:
         job.train.embedding_optimizer,
         job.train.pipeline,
         bool(job.features.managed),
-        [f"s_{n}" for n in seq],
     )
     return problems + dense_problems(job)
 

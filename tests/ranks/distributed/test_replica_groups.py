@@ -10,12 +10,19 @@ docs/design/replica_groups.md; syncing every 4 steps (local SGD) drifts too, a l
 bytes are the bytes ``sync()`` all-reduces. A replica-groups checkpoint resumes under one group
 and the reverse, continuing the losses exactly; the unsharded weights (export, publishing)
 equal one group's.
+
+Sequence (EmbeddingCollection) tables too (issue 38 item 6): configs/movielens_hstu.yaml at 2 x 2
+against one group of 4, every sharding type a sequence table takes and the planner's choice:
+the same losses and the same sequence tables after training (the sync averages their fused
+shards as it does the pooled tables'; their all-to-all divides the gradient by the group's size
+as the pooled one does); a checkpoint moves 2-D -> 1-D and 1-D -> 2-D.
 """
 
 import pytest
+import torch
 
 from recsys_dist.testing import run_ranks
-from tests.ranks.distributed import replica_worker
+from tests.ranks.distributed import replica_seq_worker, replica_worker
 
 TOL = 1e-6
 STEPS = 8
@@ -100,3 +107,45 @@ def test_replica_groups_at_two_ranks(tmp_path):
     results = run_ranks(replica_worker.everything, 2, str(tmp_path), CASES, STEPS, 2, timeout_s=900)
     _check_losses(results, 2, 2)
     _check_checkpoints(results)
+
+
+SEQ_CASES = [[], ["row_wise"], ["table_wise"], ["column_wise"], ["data_parallel"]]  # []: the planner's choice
+# Measured: rounding moves a sequence table row by 1.2e-7 against 8.5e-4 trained; without syncing
+# the sequence tables (TorchRec's sync minus BatchedFusedEmbedding's TBEs) they differ by 1.3e-3.
+SEQ_TABLE_GAP = 1e-3  # of what training moved them
+
+
+def _table_gap(got: dict, want: dict, moved_from: dict) -> float:
+    assert got.keys() == want.keys() == moved_from.keys() and len(got) == 2, got.keys()  # history, history_action
+    moved = max((want[k] - moved_from[k]).abs().max().item() for k in want)
+    assert moved > 1e-4, moved  # they train
+    return max((got[k] - want[k]).abs().max().item() for k in want) / moved
+
+
+def test_sequence_tables_at_four_ranks(tmp_path):
+    """HSTU, 2 groups of 2 ranks, exact_sgd synced every step, against 1 group of 4."""
+    results = run_ranks(replica_seq_worker.everything, 4, str(tmp_path), SEQ_CASES, STEPS, 2, timeout_s=900)
+    for rank, res in enumerate(results):
+        for types in SEQ_CASES:
+            one, two = res["losses"][(tuple(types), 1)], res["losses"][(tuple(types), 2)]
+            assert one["type"] == "DistributedModelParallel" and two["type"] == "ReplicaDMP"
+            assert len(set(one["losses"])) > 1
+            assert _rel(two["losses"], one["losses"]) <= TOL, (rank, types)
+            seq = {t: two["types"][t] for t in replica_seq_worker.SEQUENCE_TABLES}
+            assert set(seq.values()) == {types[0]} if types else set(seq.values()) <= {"row_wise", "table_wise"}
+            assert all(torch.equal(two["tables_before"][k], v) for k, v in one["tables_before"].items())
+            assert _table_gap(two["tables"], one["tables"], one["tables_before"]) <= SEQ_TABLE_GAP, (rank, types)
+            # row_wise: every rank holds a shard of all 5 tables, all in the sync; data_parallel: none
+            # (DDP's); the ledger counts the sequence tables' bytes as the sync moves them
+            synced = {"row_wise": 5, "data_parallel": 0}.get(types[0] if types else "")
+            assert synced is None or two["synced"] == synced, (rank, types, two["synced"])
+            assert two["sync_bytes"] == two["payload"], (rank, types, two["sync_bytes"], two["payload"])
+        c = res["checkpoints"]
+        half = len(c["replicas"])
+        assert _rel(c["replicas"], c["ref"][:half]) <= TOL
+        assert not c["agree_before_save"] and c["agree_after_save"]  # the save syncs the unsynced step
+        assert _rel(c["to_one"], c["ref"][half:]) <= TOL and _rel(c["to_groups"], c["ref"][half:]) <= TOL
+        for key in ("to_one_tables", "to_groups_tables"):
+            assert _table_gap(c[key], c["ref_tables"], res["losses"][(("row_wise",), 1)]["tables_before"]) <= (
+                SEQ_TABLE_GAP
+            ), (rank, key)

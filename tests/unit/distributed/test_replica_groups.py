@@ -47,11 +47,20 @@ def test_refused_before_launch_naming_the_key(overrides, world, words):
         check_before_launch(job)
 
 
-def test_managed_and_sequence_tables_are_refused():
-    for config, words in (("avazu_managed.yaml", "managed-collision ids"), ("movielens_bst.yaml", "sequence tables")):
-        job = _job("sharding.replica_groups=2", "distributed.nproc_per_node=4", config=ROOT / "configs" / config)
-        with pytest.raises(ConfigError, match=words):
-            check_before_launch(job)
+def test_managed_ids_are_refused():
+    job = _job(
+        "sharding.replica_groups=2", "distributed.nproc_per_node=4", config=ROOT / "configs" / "avazu_managed.yaml"
+    )
+    with pytest.raises(ConfigError, match="managed-collision ids"):
+        check_before_launch(job)
+
+
+def test_sequence_tables_are_accepted():
+    """EmbeddingCollection tables are synced like pooled ones (tests/ranks/distributed/test_replica_groups.py)."""
+    for config in ("movielens_bst.yaml", "movielens_hstu.yaml", "movielens_din.yaml"):
+        check_before_launch(
+            _job("sharding.replica_groups=2", "distributed.nproc_per_node=4", config=ROOT / "configs" / config)
+        )
 
 
 def test_accepted_with_sgd_and_adagrads():
