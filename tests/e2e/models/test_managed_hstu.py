@@ -5,9 +5,11 @@ state as the pooled tables'. Tables of 300 rows for about 2,000 distinct movies,
 round every 3 steps, so history ids are evicted. One set of runs serves several checks:
 2 ranks (history table sharded) log the losses and managed counters of 1 rank on the same
 global batch; a resume at step 20 continues exactly; the export's ``evaluate`` equals the run
-dir's and its ``predict`` scores the same numbers.
+dir's and its ``predict`` scores the same numbers; ``serve`` scores raw rows as ``predict`` does.
 """
 
+import csv
+import io
 import json
 
 import numpy as np
@@ -17,6 +19,7 @@ from sklearn.metrics import log_loss, roc_auc_score
 
 from tests.cli import read_metrics, run_cli
 from tests.conftest import ROOT
+from tests.e2e.models.test_hstu_cli import history_and_candidates, serves
 
 HSTU = ROOT / "configs" / "movielens_hstu.yaml"
 COMMON = [
@@ -103,3 +106,13 @@ def test_managed_hstu_sharded_equals_one_rank_resumes_exports_and_predicts(tmp_p
     assert evs[1]["num_examples"] == len(prob) == 2000
     assert evs[1]["auc"] == pytest.approx(roc_auc_score(label, prob), abs=1e-6)
     assert evs[1]["logloss"] == pytest.approx(log_loss(label, prob), abs=1e-6)
+
+    # raw rows (a user's history + candidates): predict on the export = recsys-dist serve's logits
+    header, rows = history_and_candidates()
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, header, lineterminator="\n")
+    w.writeheader()
+    w.writerows(rows)
+    (tmp_path / "rows.csv").write_text(buf.getvalue())
+    cli(["predict", export, "--data", tmp_path / "rows.csv", "--out", tmp_path / "rows.parquet"], tmp_path)
+    serves(export, rows, pq.read_table(tmp_path / "rows.parquet").column("logit").to_numpy())
