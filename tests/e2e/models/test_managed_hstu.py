@@ -4,8 +4,9 @@ their EmbeddingCollection tables (``s_history``, ``s_history_action``) by the sa
 state as the pooled tables'. Tables of 300 rows for about 2,000 distinct movies, an eviction
 round every 3 steps, so history ids are evicted. One set of runs serves several checks:
 2 ranks (history table sharded) log the losses and managed counters of 1 rank on the same
-global batch; a resume at step 20 continues exactly; the export's ``evaluate`` equals the run
-dir's and its ``predict`` scores the same numbers; ``serve`` scores raw rows as ``predict`` does.
+global batch; a resume at step 20 continues exactly (on 1 rank: the managed state exactly, the
+losses as 1 rank's); the export's ``evaluate`` equals the run dir's and its ``predict`` scores
+the same numbers; ``serve`` scores raw rows as ``predict`` does.
 """
 
 import csv
@@ -52,7 +53,7 @@ def counters(line: dict) -> dict:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(900)  # 3 short training runs, an export, 2 evaluations and a prediction
+@pytest.mark.timeout(900)  # 4 short training runs, an export, 2 evaluations and a prediction
 def test_managed_hstu_sharded_equals_one_rank_resumes_exports_and_predicts(tmp_path):
     full = tmp_path / "full"
     cli(["train", "--config", HSTU, "--run-dir", full, *COMMON], tmp_path)
@@ -86,6 +87,17 @@ def test_managed_hstu_sharded_equals_one_rank_resumes_exports_and_predicts(tmp_p
     assert min(again) > 20 and max(again) == 40, sorted(again)
     for step, line in again.items():
         assert line["loss"] == want[step]["loss"] and counters(line) == counters(want[step]), step
+
+    # resumed at step 20 on 1 rank (the same global batch): the managed state exactly, the losses
+    # as the 1-rank run's tolerance above
+    one_resumed = tmp_path / "one_resumed"
+    step20 = full / "checkpoints/step_00000020"
+    cli(["train", "--config", HSTU, "--run-dir", one_resumed, "--resume", step20, *COMMON, *ONE_RANK], tmp_path)
+    again = train_lines(one_resumed)
+    assert min(again) > 20 and max(again) == 40, sorted(again)
+    for step, line in again.items():
+        assert counters(line) == counters(want[step]), step
+        assert line["loss"] == pytest.approx(want[step]["loss"], rel=1e-4), step
 
     # the export maps raw ids with the trained state: evaluate = the run dir's; predict = evaluate
     export = tmp_path / "export"
