@@ -2,8 +2,8 @@
 
 Under ``data.categorical_mapping: managed`` the loader feeds raw 63-bit ids and
 :class:`ManagedRemap` maps each feature's ids to rows of its ``num_embeddings``-row tables
-(``t_<feature>``, and ``w_<feature>`` when the model has first-order tables) before the model
-sees the KeyedJaggedTensor. Each feature has one TorchRec ``MCHManagedCollisionModule``
+(``t_<feature>``, ``w_<feature>`` with first-order tables; a sequence feature's ``s_<feature>``
+in the EmbeddingCollection, all its positions' ids) before the model sees the KeyedJaggedTensor. Each feature has one TorchRec ``MCHManagedCollisionModule``
 (``torchrec.modules.mc_modules``; eviction ``LFU_EvictionPolicy``, ``LRU_EvictionPolicy`` or
 ``DistanceLFU_EvictionPolicy``): row ``num_embeddings - 1`` is the default row that every id
 without a row reads; the other rows belong to admitted ids.
@@ -33,9 +33,7 @@ one batched lookup and (lfu) one batched eviction round for all features togethe
 (:func:`batched_lookup`, :func:`batched_lfu_round`: the same state as TorchRec's per-feature
 calls, which cost more in per-call overhead than the work on small tables; in
 ``recsys_dist.models.managed_ops``). In training the lookup is of the global batch's ids (for
-the ``collided`` counter, the same on every rank), this rank's rows being its slice.
-
-TTL (``data.managed.ttl_steps``) and counters (:meth:`ManagedRemap.counters`): docs/managed_collision.md.
+the ``collided`` counter, the same on every rank), this rank's rows being its slice. TTL (``data.managed.ttl_steps``) and counters (:meth:`ManagedRemap.counters`): docs/managed_collision.md.
 """
 
 from __future__ import annotations
@@ -559,13 +557,14 @@ def build_remap(
     managed: ManagedConfig, features: FeatureSpec, global_batch: int, multi_hot_sizes: list[int] | None = None
 ) -> ManagedRemap:
     """The :class:`ManagedRemap` of ``features.managed``: one module per managed feature of
-    ``features.sparse_names``, its table's rows each, on ``features.device``; the history holds
+    ``features.keys`` (values excepted), its table's rows each, on ``features.device``; the history holds
     ``managed.eviction_interval`` global batches (``global_batch`` rows: ``train.batch_size`` x
-    ranks) of ``multi_hot_sizes`` (``data.multi_hot_sizes``, default one) ids per feature.
+    ranks) of ``multi_hot_sizes`` (``data.multi_hot_sizes``, default one) ids per feature (a
+    sequence feature's, ``s_<feature>`` table: its ``max_length``, ``features.sequence_lengths``).
     A checkpoint resumes at another world size when the global batch stays the same."""
-    m = managed
-    hot = multi_hot_sizes or [1] * len(features.sparse_names)
-    names = set(features.managed)
+    m, names, seq = managed, set(features.managed), features.sequence_names
+    hot = [*(multi_hot_sizes or [1] * len(features.sparse_names)), *(features.sequence_lengths.get(f, 1) for f in seq)]
+    rows = [*features.num_embeddings, *(t.num_embeddings for t in features.sequence_tables)]
     return ManagedRemap(
         {
             f: ReplicatedMCH(
@@ -579,7 +578,7 @@ def build_remap(
                 name=f,
                 ttl_steps=m.ttl_steps,
             )
-            for f, n, h in zip(features.sparse_names, features.num_embeddings, hot)
+            for f, n, h in zip([*features.sparse_names, *seq], rows, hot)
             if f in names
         }
     )
