@@ -30,7 +30,7 @@ class ModelConfig(Section):
 
     name: str = Field(
         "dlrm",
-        description="A registered model (dlrm, dlrm_dcnv2, dcnv2, deepfm, wide_deep, xdeepfm, din, bst, hstu, mmoe, ple, two_tower, hstu_retrieval; see docs/models.md) "
+        description="A registered model (dlrm, dlrm_dcnv2, dcnv2, deepfm, wide_deep, xdeepfm, din, bst, hstu, mmoe, ple, two_tower, hstu_retrieval, sasrec_retrieval; see docs/models.md) "
         "or the import path of a model factory, 'package.module:factory' (see docs/api.md).",
     )
     embedding_dim: int = Field(16, gt=0, description="Embedding dimension of every table t_<feature>.")
@@ -349,6 +349,40 @@ class HSTURetrievalConfig(HSTUStackConfig):
     )
 
 
+class SASRecRetrievalConfig(ModelConfig):
+    """``model.name: sasrec_retrieval`` (Kang & McAuley, 2018: SASRec, the baseline of
+    ``hstu_retrieval``; docs/models.md): ``hstu_retrieval``'s data, table, loss and evaluation with
+    SASRec's layers (``recsys_dist.models.sasrec_retrieval``) encoding the history."""
+
+    name: Literal["sasrec_retrieval"] = "sasrec_retrieval"
+    item_id: str = Field(
+        description="The one-hot categorical feature of each row's item (the history's data.schema.history.item): "
+        "the next item each row's history predicts, and the catalogue ranked at evaluation."
+    )
+    num_layers: int = Field(2, gt=0, description="SASRec blocks, stacked.")
+    num_heads: int = Field(1, gt=0, description="Attention heads of each block; must divide embedding_dim.")
+    max_length: int = Field(
+        200,
+        gt=0,
+        description="Rows of the learned position embedding (positions counted from a history's first item); "
+        "at least data.schema.history.max_length.",
+    )
+    layer_dropout: float = Field(
+        0.2, ge=0, lt=1, description="Dropout on the input, the attention weights and in each feed-forward network."
+    )
+    temperature: float = Field(0.05, gt=0, description="Divides the cosine of the user and item vectors (tau).")
+    logq_correction: bool = Field(
+        True,
+        description="Subtract log q_j (the item's share of the training rows) from in-batch scores (Yi et al. eq. 3).",
+    )
+
+    @model_validator(mode="after")
+    def _heads_divide(self) -> SASRecRetrievalConfig:
+        if self.embedding_dim % self.num_heads:
+            raise ValueError(f"model.num_heads={self.num_heads} must divide model.embedding_dim={self.embedding_dim}")
+        return self
+
+
 def _shipped(*classes: type[ModelConfig]) -> dict[str, type[ModelConfig]]:
     """``{model.name: class}``, the name read from each class's ``name: Literal[...]`` (written once)."""
     out = {}
@@ -372,6 +406,7 @@ SHIPPED_MODEL_CONFIGS: dict[str, type[ModelConfig]] = _shipped(
     PLEConfig,
     TwoTowerConfig,
     HSTURetrievalConfig,
+    SASRecRetrievalConfig,
 )
 """The shipped models' config classes by ``model.name``: ``recsys_dist.models.registry.model_config_class``
 reads them without importing the zoo (tests/unit/api/test_registry.py checks they equal the registry's)."""

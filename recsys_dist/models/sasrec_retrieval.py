@@ -40,6 +40,16 @@ from recsys_dist.models.hstu_retrieval import HSTURetrieval
 LN_EPS = 1e-8
 
 
+# A torch.fx leaf (TrainPipelineSparseDist traces the forward): it reads a shape and may raise.
+@torch.fx.wrap
+def position_ids(values: torch.Tensor, max_length: int) -> torch.Tensor:
+    """int64 [N]: ``0 .. N - 1`` for ``values`` [B, N, D]. Raises ValueError when N > ``max_length``."""
+    n = values.shape[1]
+    if n > max_length:
+        raise ValueError(f"SASRecRetrieval: a sequence of {n} items, longer than max_length={max_length}")
+    return torch.arange(n, device=values.device)
+
+
 class SASRecBlock(nn.Module):
     """One SASRec block over ``x`` [B, N, D] (module docstring); ``forward(x, causal [N, N] bool,
     True = not read, mask [B, N] float)`` -> [B, N, D], padded rows zero."""
@@ -82,19 +92,17 @@ class SASRecRetrieval(HSTURetrieval):
     ) -> None:
         super().__init__(ec, embedding_dim, num_layers=0, dropout=dropout)
         self.max_length = max_length
-        self.positions = nn.Embedding(max_length, embedding_dim)
+        # A parameter indexed directly, not an nn.Embedding: no sharder covers that (it is small, data-parallel).
+        self.positions = nn.Parameter(torch.empty(max_length, embedding_dim))
         std = math.sqrt(1.0 / embedding_dim)
-        nn.init.trunc_normal_(self.positions.weight, std=std, a=-2 * std, b=2 * std)
+        nn.init.trunc_normal_(self.positions, std=std, a=-2 * std, b=2 * std)
         self.blocks = nn.ModuleList(SASRecBlock(embedding_dim, num_heads, dropout) for _ in range(num_layers))
 
     def encode(self, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """[B, N, D] unit rows: the outputs of the padded items ``values`` [B, N, D] (mask [B, N],
         each row's real items first)."""
-        n = values.shape[1]
-        if n > self.max_length:
-            raise ValueError(f"SASRecRetrieval: a sequence of {n} items, longer than max_length={self.max_length}")
-        idx = torch.arange(n, device=values.device)
-        x = self.input_dropout(values * math.sqrt(self.dim) + self.positions(idx)[None]) * mask.unsqueeze(-1)
+        idx = position_ids(values, self.max_length)
+        x = self.input_dropout(values * math.sqrt(self.dim) + self.positions[idx][None]) * mask.unsqueeze(-1)
         causal = idx[None, :] > idx[:, None]  # query i does not read key j > i
         for block in self.blocks:
             x = block(x, causal, mask)

@@ -37,7 +37,7 @@ def plain_encode(model, ids):
     attention)``, ``x = h + FF(h)``; the output L2-normalised. float64."""
     d, table = model.dim, model.seq_arch.embedding_configs()[0]
     emb = model.seq_arch.embeddings[table.name].weight.double()
-    x = [emb[j] * math.sqrt(d) + model.positions.weight[i].double() for i, j in enumerate(ids)]
+    x = [emb[j] * math.sqrt(d) + model.positions[i].double() for i, j in enumerate(ids)]
     for block in model.blocks:
         att = block.attention
         heads, hd = att.num_heads, d // att.num_heads
@@ -106,7 +106,7 @@ def test_padding_is_never_read_and_an_empty_row_gives_no_nan():
 
 def test_position_init_is_the_references():
     model = build(dim=50, max_length=400)
-    w = model.positions.weight
+    w = model.positions
     # a normal of std sqrt(1 / D) cut at 2 std: std 0.880 sqrt(1 / D) (the reference's truncated_normal)
     assert float(w.std()) == pytest.approx(0.880 * math.sqrt(1 / 50), rel=0.05)
     assert float(w.abs().max()) <= 2 * math.sqrt(1 / 50) + 1e-6
