@@ -54,12 +54,16 @@ class SASRecBlock(nn.Module):
     """One SASRec block over ``x`` [B, N, D] (module docstring); ``forward(x, causal [N, N] bool,
     True = not read, mask [B, N] float)`` -> [B, N, D], padded rows zero."""
 
-    def __init__(self, dim: int, num_heads: int, dropout: float) -> None:
+    def __init__(self, dim: int, num_heads: int, dropout: float, device: torch.device | None = None) -> None:
         super().__init__()
         self.dim = dim
-        self.attention = nn.MultiheadAttention(dim, num_heads, dropout=dropout, batch_first=True)
+        self.attention = nn.MultiheadAttention(dim, num_heads, dropout=dropout, batch_first=True, device=device)
         self.feed_forward = nn.Sequential(
-            nn.Linear(dim, dim), nn.ReLU(), nn.Dropout(dropout), nn.Linear(dim, dim), nn.Dropout(dropout)
+            nn.Linear(dim, dim, device=device),
+            nn.ReLU(),
+            nn.Dropout(dropout),
+            nn.Linear(dim, dim, device=device),
+            nn.Dropout(dropout),
         )
         for p in self.parameters():
             if p.dim() > 1:
@@ -75,7 +79,7 @@ class SASRecBlock(nn.Module):
 class SASRecRetrieval(HSTURetrieval):
     """:class:`HSTURetrieval` (its ``forward``, ``user_vectors``, ``item_vectors``) with the SASRec
     encoder of the module docstring: ``num_layers`` blocks of ``num_heads`` heads over D =
-    ``embedding_dim``, positions ``0 .. max_length - 1``.
+    ``embedding_dim``, positions ``0 .. max_length - 1``; parameters made on ``device`` (None: CPU).
 
     Raises:
         ValueError: (from ``encode``) a batch longer than ``max_length`` items.
@@ -89,14 +93,15 @@ class SASRecRetrieval(HSTURetrieval):
         num_heads: int,
         dropout: float,
         max_length: int,
+        device: torch.device | None = None,
     ) -> None:
-        super().__init__(ec, embedding_dim, num_layers=0, dropout=dropout)
+        super().__init__(ec, embedding_dim, num_layers=0, dropout=dropout, device=device)
         self.max_length = max_length
         # A parameter indexed directly, not an nn.Embedding: no sharder covers that (it is small, data-parallel).
-        self.positions = nn.Parameter(torch.empty(max_length, embedding_dim))
+        self.positions = nn.Parameter(torch.empty(max_length, embedding_dim, device=device))
         std = math.sqrt(1.0 / embedding_dim)
         nn.init.trunc_normal_(self.positions, std=std, a=-2 * std, b=2 * std)
-        self.blocks = nn.ModuleList(SASRecBlock(embedding_dim, num_heads, dropout) for _ in range(num_layers))
+        self.blocks = nn.ModuleList(SASRecBlock(embedding_dim, num_heads, dropout, device) for _ in range(num_layers))
 
     def encode(self, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """[B, N, D] unit rows: the outputs of the padded items ``values`` [B, N, D] (mask [B, N],

@@ -74,4 +74,5 @@ def build_sasrec_next_item(spec: FeatureSpec, cfg: SASRecRetrievalConfig) -> SAS
         num_heads=cfg.num_heads,
         dropout=cfg.layer_dropout,
         max_length=cfg.max_length,
+        device=spec.device,
     )

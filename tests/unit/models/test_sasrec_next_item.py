@@ -31,6 +31,8 @@ def test_builds_from_the_shipped_config_and_refuses_hstu_keys():
     assert isinstance(m, SASRecNextItem) and isinstance(m, SASRecRetrieval)
     assert len(m.blocks) == 2 and len(m.layers) == 0 and m.positions.shape == (200, 8)
     assert len(list(m.seq_arch.parameters())) == 1  # one table: the item and the history read it
+    meta = build_model(job.model, job.features.on(torch.device("meta"), torch.device("meta")), job.train).model
+    assert {p.device.type for n, p in meta.named_parameters() if "seq_arch" not in n} == {"meta"}  # on spec.device
     for key in ("model.attention_dim=4", "model.max_positions=32", "model.linear_dim=4"):
         with pytest.raises(ConfigError, match=key.split("=")[0].split(".")[1]):
             _job([*SASREC, key])
