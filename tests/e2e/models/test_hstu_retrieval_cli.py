@@ -3,7 +3,8 @@ ranks (the shared item table sharded), resumes from the mid-run checkpoint to th
 and the run's HR@K / NDCG@K / MRR equal, on the saved checkpoint's weights in one process, both
 the model's own evaluator at 1 rank and the library's ``evaluate_next_item`` (dense item ids) on
 the library's leave-last-out split of the raw file (``next_item.leave_last_out``: its targets and
-histories are the run's held-out rows)."""
+histories are the run's held-out rows). Then ``model.name=sasrec_retrieval`` on the same file
+trains on 2 ranks through the same path (the pipeline traces it) to the same held-out rows."""
 
 import csv
 import json
@@ -96,3 +97,15 @@ def test_movielens_hstu_retrieval_trains_resumes_and_metrics_equal_the_library_e
             assert one_rank[k] == pytest.approx(lines[split][k], abs=1e-9), (split, k)
             if not k.startswith("popular"):
                 assert library[k] == pytest.approx(lines[split][k], abs=1e-6), (split, k)
+
+    # model.name: sasrec_retrieval, the same file and data: 2 ranks, traced pipeline, the same evaluation.
+    sasrec = tmp_path / "sasrec"
+    overrides = ["model.name=sasrec_retrieval", "model.max_length=50", *COMMON]
+    r = run_cli(["train", "--config", str(CONFIG), "--run-dir", str(sasrec), *overrides], tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert {p["table"] for p in json.loads((sasrec / "plan.json").read_text())} == {"s_history"}
+    held_out = {m["split"]: m for m in read_metrics(sasrec) if m["split"] in ("validation", "test")}
+    assert set(held_out) == {"validation", "test"}
+    for m in held_out.values():
+        assert m["step"] == 6 and m["next_item_rows"] == 133 and m["catalogue"] == lines[m["split"]]["catalogue"]
+        assert all(0 <= m[k] <= 1 for k in KEYS) and m["popular_mrr"] == lines[m["split"]]["popular_mrr"]
