@@ -222,28 +222,30 @@ def next_item_metrics(model: nn.Module, data: NextItemData, split, job, device) 
 
 
 def next_item_problems(job) -> list[str]:
-    """What ``hstu_retrieval`` needs of the resolved run (``recsys_dist.train.preflight``)."""
+    """What ``hstu_retrieval`` (and ``sasrec_retrieval``, which shares its data path) needs of the
+    resolved run (``recsys_dist.train.preflight``); messages name ``job.model.name``."""
     m, d, f = job.model, job.data, job.features
+    name = m.name
     h = d.schema.history if d.schema is not None else None
     if h is None or f.sequence_names != [h.name]:
-        return ["data.schema.history: hstu_retrieval reads one user history (and no data.schema.sequence); add it"]
+        return [f"data.schema.history: {name} reads one user history (and no data.schema.sequence); add it"]
     problems = []
     if f.sparse_names != [m.item_id] or f.dense_names:
         problems.append(
-            f"data.schema: hstu_retrieval reads the item {m.item_id!r} and the history only; the data has "
+            f"data.schema: {name} reads the item {m.item_id!r} and the history only; the data has "
             f"categorical {f.sparse_names} and dense {f.dense_names}: keep data.schema.categorical: [{m.item_id}]"
         )
     if h.item != m.item_id:
         problems.append(f"model.item_id: {m.item_id!r} is not the history's item column {h.item!r}; name the same")
     if d.categorical_mapping != "hash":
         problems.append(
-            "data.categorical_mapping: hstu_retrieval reads the item and its history from one table, so a value "
+            f"data.categorical_mapping: {name} reads the item and its history from one table, so a value "
             f"needs one id in both; {d.categorical_mapping} gives them different ids: use hash"
         )
     sizes = {t.num_embeddings for t in [*f.tables, *f.sequence_tables]}
     if len(sizes) > 1:
         problems.append(f"data.num_embeddings: the item and history tables must have one size, got {sorted(sizes)}")
-    return problems + candidate_loss_problems("hstu_retrieval", job.train.loss)
+    return problems + candidate_loss_problems(name, job.train.loss)
 
 
 @register_model(

@@ -36,8 +36,8 @@ class SASRecNextItem(HSTUNextItem, SASRecRetrieval):
 
 
 def sasrec_problems(job) -> list[str]:
-    """``hstu_retrieval``'s checks (named for this model), and a history that fits the positions."""
-    problems = [p.replace("hstu_retrieval", "sasrec_retrieval") for p in next_item_problems(job)]
+    """``hstu_retrieval``'s checks (their messages name this model), and a history that fits the positions."""
+    problems = next_item_problems(job)
     h = job.data.schema.history if job.data.schema is not None else None
     if h is not None and h.max_length is not None and h.max_length > job.model.max_length:
         problems.append(
