@@ -57,7 +57,7 @@ def cut_model(task: nn.Module) -> tuple[list[nn.Module] | None, str]:
         return None, (
             f"the model ({name}) does not say how its dense tower is cut (it has no pipeline_input / "
             "pipeline_tower methods, docs/design/pipeline.md); dcnv2, dlrm, dlrm_dcnv2 and hstu can be cut (not "
-            "hstu_retrieval: its in-batch sampled softmax scores each row against the whole batch's items, which a "
+            "hstu_retrieval or sasrec_retrieval: their in-batch sampled softmax scores each row against the whole batch's items, which a "
             "stage sees one microbatch of)"
         )
     if getattr(task, "multi_task", False) or getattr(task, "remap", None) is not None:
