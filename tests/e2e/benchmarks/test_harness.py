@@ -24,6 +24,7 @@ BENCHES = {  # every runnable script of benchmarks/ (a new one must use the harn
     "data_pipeline.py",
     "deepctr_compare.py",
     "dense_layouts.py",
+    "fsdp_profile.py",
     "freshness.py",
     "hstu_jagged.py",
     "hstu_retrieval.py",
