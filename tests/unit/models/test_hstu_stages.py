@@ -146,7 +146,9 @@ def test_hstu_retrieval_stays_refused_and_says_why():
         )
     )
     problems = section_problems(job)
-    assert any("not hstu_retrieval or sasrec_retrieval: their in-batch sampled softmax" in p for p in problems), problems
+    assert any("not hstu_retrieval or sasrec_retrieval: their in-batch sampled softmax" in p for p in problems), (
+        problems
+    )
 
 
 def test_a_spec_without_lengths_builds_and_runs_as_before():
