@@ -51,7 +51,7 @@ from recsys_dist.data.spec import FeatureSpec
 # sequence.padded_sequence through its module: a torch.fx leaf only under its own module's name.
 from recsys_dist.models import sequence
 from recsys_dist.models.checks import no_history_extras
-from recsys_dist.models.config import HSTURetrievalConfig
+from recsys_dist.models.config import HSTURetrievalConfig, SASRecRetrievalConfig
 from recsys_dist.models.hstu_retrieval import HSTURetrieval
 from recsys_dist.models.next_item import DEFAULT_K, ranking_metrics, target_ranks
 from recsys_dist.models.registry import register_model
@@ -248,6 +248,20 @@ def next_item_problems(job) -> list[str]:
     return problems + candidate_loss_problems(name, job.train.loss)
 
 
+def next_item_parts(spec: FeatureSpec, cfg: HSTURetrievalConfig | SASRecRetrievalConfig) -> tuple:
+    """The next-item models' first constructor arguments (``HSTUNextItem.__init__``'s ``ec, keys,
+    item, history, temperature, log_q``): one EmbeddingCollection over the history's table, read
+    by the history and the item; ``log_q`` the items' logQ (``model.logq_correction``) or None."""
+    (table,) = spec.sequence_tables
+    history = spec.sequence_names[0]
+    counts = spec.id_counts.get(cfg.item_id) if cfg.logq_correction else None
+    ec = EmbeddingCollection(
+        tables=[dataclasses.replace(table, feature_names=[cfg.item_id, history])], device=spec.embedding_device
+    )
+    log_q = log_q_of(counts).to(spec.device) if counts is not None else None
+    return ec, spec.keys, cfg.item_id, history, cfg.temperature, log_q
+
+
 @register_model(
     "hstu_retrieval",
     HSTURetrievalConfig,
@@ -258,18 +272,8 @@ def next_item_problems(job) -> list[str]:
 )
 def build_hstu_next_item(spec: FeatureSpec, cfg: HSTURetrievalConfig) -> HSTUNextItem:
     """:class:`HSTUNextItem` over one table: the history's, read by the history and the item."""
-    (table,) = spec.sequence_tables
-    history = spec.sequence_names[0]
-    counts = spec.id_counts.get(cfg.item_id) if cfg.logq_correction else None
     return HSTUNextItem(
-        EmbeddingCollection(
-            tables=[dataclasses.replace(table, feature_names=[cfg.item_id, history])], device=spec.embedding_device
-        ),
-        spec.keys,
-        cfg.item_id,
-        history,
-        cfg.temperature,
-        log_q=log_q_of(counts).to(spec.device) if counts is not None else None,
+        *next_item_parts(spec, cfg),
         embedding_dim=cfg.embedding_dim,
         num_layers=cfg.num_layers,
         num_heads=cfg.num_heads,

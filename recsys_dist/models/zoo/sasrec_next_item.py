@@ -11,10 +11,6 @@ real position's output (unit norm).
 
 from __future__ import annotations
 
-import dataclasses
-
-from torchrec.modules.embedding_modules import EmbeddingCollection
-
 from recsys_dist.data.spec import FeatureSpec
 from recsys_dist.models.checks import no_history_extras
 from recsys_dist.models.config import SASRecRetrievalConfig
@@ -23,11 +19,11 @@ from recsys_dist.models.sasrec_retrieval import SASRecRetrieval
 from recsys_dist.models.zoo.hstu_next_item import (
     HSTUNextItem,
     next_item_metrics,
+    next_item_parts,
     next_item_problems,
     read_next_item_data,
     with_item_counts,
 )
-from recsys_dist.models.zoo.two_tower import log_q_of
 
 
 class SASRecNextItem(HSTUNextItem, SASRecRetrieval):
@@ -57,18 +53,8 @@ def sasrec_problems(job) -> list[str]:
 )
 def build_sasrec_next_item(spec: FeatureSpec, cfg: SASRecRetrievalConfig) -> SASRecNextItem:
     """:class:`SASRecNextItem` over one table: the history's, read by the history and the item."""
-    (table,) = spec.sequence_tables
-    history = spec.sequence_names[0]
-    counts = spec.id_counts.get(cfg.item_id) if cfg.logq_correction else None
     return SASRecNextItem(
-        EmbeddingCollection(
-            tables=[dataclasses.replace(table, feature_names=[cfg.item_id, history])], device=spec.embedding_device
-        ),
-        spec.keys,
-        cfg.item_id,
-        history,
-        cfg.temperature,
-        log_q=log_q_of(counts).to(spec.device) if counts is not None else None,
+        *next_item_parts(spec, cfg),
         embedding_dim=cfg.embedding_dim,
         num_layers=cfg.num_layers,
         num_heads=cfg.num_heads,
