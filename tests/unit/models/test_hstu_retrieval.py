@@ -185,8 +185,13 @@ def test_evaluate_equals_ranks_of_the_vectors():
 
 def test_training_learns_a_sequence_rule():
     """Item i is always followed by i + 1 (mod 12): a few Adam steps must rank the next item first."""
-    num_items = 12
-    model = build(num_items=num_items, dim=16, dropout=0.0)
+    learns_a_sequence_rule(build(num_items=12, dim=16, dropout=0.0), 12)
+
+
+def learns_a_sequence_rule(model, num_items: int) -> None:
+    """60 Adam steps of the sampled softmax on "item i is followed by i + 1 (mod num_items)"
+    halve the loss and rank the next item first for 90% of the histories (none before);
+    shared with the SASRec baseline's test."""
     rng = np.random.default_rng(0)
     opt = torch.optim.Adam(model.parameters(), lr=0.01)
 
