@@ -152,6 +152,12 @@ def test_movielens_hstu_trains_sharded_resumes_resharded_exports_predicts_and_se
     assert ev["auc"] == pytest.approx(roc_auc_score(label, prob), abs=1e-6)
     assert ev["logloss"] == pytest.approx(log_loss(label, prob), abs=1e-6)
 
+    predict_is_served(export, tmp_path)
+
+
+def predict_is_served(export, tmp_path) -> None:
+    """Raw rows (a user's history + candidates): ``predict`` on ``export`` writes the logits that
+    ``recsys-dist serve`` answers for the same rows."""
     header, rows = history_and_candidates()
     buf = io.StringIO()
     w = csv.DictWriter(buf, header, lineterminator="\n")

@@ -9,8 +9,6 @@ losses as 1 rank's); the export's ``evaluate`` equals the run dir's and its ``pr
 the same numbers; ``serve`` scores raw rows as ``predict`` does.
 """
 
-import csv
-import io
 import json
 
 import numpy as np
@@ -20,7 +18,7 @@ from sklearn.metrics import log_loss, roc_auc_score
 
 from tests.cli import read_metrics, run_cli
 from tests.conftest import ROOT
-from tests.e2e.models.test_hstu_cli import history_and_candidates, serves
+from tests.e2e.models.test_hstu_cli import predict_is_served
 
 HSTU = ROOT / "configs" / "movielens_hstu.yaml"
 COMMON = [
@@ -120,11 +118,4 @@ def test_managed_hstu_sharded_equals_one_rank_resumes_exports_and_predicts(tmp_p
     assert evs[1]["logloss"] == pytest.approx(log_loss(label, prob), abs=1e-6)
 
     # raw rows (a user's history + candidates): predict on the export = recsys-dist serve's logits
-    header, rows = history_and_candidates()
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, header, lineterminator="\n")
-    w.writeheader()
-    w.writerows(rows)
-    (tmp_path / "rows.csv").write_text(buf.getvalue())
-    cli(["predict", export, "--data", tmp_path / "rows.csv", "--out", tmp_path / "rows.parquet"], tmp_path)
-    serves(export, rows, pq.read_table(tmp_path / "rows.parquet").column("logit").to_numpy())
+    predict_is_served(export, tmp_path)
