@@ -8,13 +8,11 @@ every weight after them."""
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 from torchrec import JaggedTensor, KeyedJaggedTensor
 
 from recsys_dist.config.job import resolve_job
 from recsys_dist.config.loader import load_config
 from recsys_dist.distributed.env import init_distributed
-from recsys_dist.train.stage_pipeline import StagePipeline
 from tests.conftest import ROOT
 from tests.ranks.distributed import dense_worker, pipeline_worker
 from tests.ranks.models.hstu_worker import B, movielens_batch
@@ -53,24 +51,6 @@ def _batch(step: int, rank: int, world_size: int, keys: list[str]):
     return batch
 
 
-def _train(dmp, opt, steps: int, rank: int, world_size: int, keys: list[str], staged: bool) -> list[float]:
-    runner = StagePipeline(dmp, opt, torch.device("cpu")) if staged else None
-    losses = []
-    for step in range(steps):
-        batch = _batch(step, rank, world_size, keys)
-        if staged:
-            loss = runner.progress(iter([batch]))[0].clone()
-        else:
-            loss = dmp(batch)[0]
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-            loss = loss.detach().clone()
-        dist.all_reduce(loss)
-        losses.append(loss.item() / world_size)
-    return losses
-
-
 def losses_and_weights(rank: int, world_size: int, cases: list[tuple], steps: int) -> dict:
     """Per case (overrides of both sides: the pipeline's keys apply to its side only): ddp's and
     pipeline's global losses, the largest table difference, each dense tensor's difference over
@@ -83,7 +63,9 @@ def losses_and_weights(rank: int, world_size: int, cases: list[tuple], steps: in
             ctx = init_distributed(job.distributed)
             dmp, opt = dense_worker._build(job, ctx)
             first = pipeline_worker._weights(dmp)
-            losses = _train(dmp, opt, steps, rank, world_size, list(job.features.keys), strategy == "pipeline")
+            keys = list(job.features.keys)
+            batches = (_batch(step, rank, world_size, keys) for step in range(steps))
+            losses = pipeline_worker.train_on(dmp, opt, batches, world_size, strategy == "pipeline")
             got[strategy] = (losses, pipeline_worker._weights(dmp), getattr(dmp, "dense_stages", None))
         ref, pipe, stages = got["ddp"][1], got["pipeline"][1], got["pipeline"][2]
         assert pipe.keys() <= ref.keys()  # a pipeline rank holds its own stages' dense weights only

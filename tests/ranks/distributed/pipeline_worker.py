@@ -58,10 +58,15 @@ def _cfg(name: str, types: list[str], strategy: str, world_size: int, extra: tup
 def _train(dmp, opt, steps: range, rank: int, world_size: int, staged: bool, own: list | None = None) -> list[float]:
     """Global losses (ddp: the ranks' mean, as the train log); ``own``: this rank's losses (what
     its ``on_step_end`` gets) appended."""
+    return train_on(dmp, opt, (_batch(step, rank, world_size) for step in steps), world_size, staged, own)
+
+
+def train_on(dmp, opt, batches, world_size: int, staged: bool, own: list | None = None) -> list[float]:
+    """One step on each of ``batches`` (this rank's), through ``StagePipeline`` if ``staged``
+    else a plain DMP step: the global losses (the ranks' mean); ``own``: this rank's appended."""
     runner = StagePipeline(dmp, opt, torch.device("cpu")) if staged else None
     losses = []
-    for step in steps:
-        batch = _batch(step, rank, world_size)
+    for batch in batches:
         if staged:
             loss = runner.progress(iter([batch]))[0].clone()
         else:
