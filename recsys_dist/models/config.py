@@ -330,17 +330,13 @@ class TwoTowerConfig(ModelConfig):
         return [f for f in sparse_names if f not in self.user_features]
 
 
-class HSTURetrievalConfig(HSTUStackConfig):
-    """``model.name: hstu_retrieval`` (Zhai et al., 2024, next-item retrieval; docs/models.md): the
-    item feature and its user history (``data.schema.history``) read one shared, sharded table."""
+class NextItemConfig(ModelConfig):
+    """The next-item retrieval models' keys (``hstu_retrieval`` and ``sasrec_retrieval``: one item
+    table read by the item and its history, the in-batch sampled softmax)."""
 
-    name: Literal["hstu_retrieval"] = "hstu_retrieval"
     item_id: str = Field(
         description="The one-hot categorical feature of each row's item (the history's data.schema.history.item): "
         "the next item each row's history predicts, and the catalogue ranked at evaluation."
-    )
-    layer_dropout: float = Field(
-        0.2, ge=0, lt=1, description="Dropout on the scaled history embeddings and in each HSTU layer."
     )
     temperature: float = Field(0.05, gt=0, description="Divides the cosine of the user and item vectors (tau).")
     logq_correction: bool = Field(
@@ -349,16 +345,22 @@ class HSTURetrievalConfig(HSTUStackConfig):
     )
 
 
-class SASRecRetrievalConfig(ModelConfig):
+class HSTURetrievalConfig(HSTUStackConfig, NextItemConfig):
+    """``model.name: hstu_retrieval`` (Zhai et al., 2024, next-item retrieval; docs/models.md): the
+    item feature and its user history (``data.schema.history``) read one shared, sharded table."""
+
+    name: Literal["hstu_retrieval"] = "hstu_retrieval"
+    layer_dropout: float = Field(
+        0.2, ge=0, lt=1, description="Dropout on the scaled history embeddings and in each HSTU layer."
+    )
+
+
+class SASRecRetrievalConfig(NextItemConfig):
     """``model.name: sasrec_retrieval`` (Kang & McAuley, 2018: SASRec, the baseline of
     ``hstu_retrieval``; docs/models.md): ``hstu_retrieval``'s data, table, loss and evaluation with
     SASRec's layers (``recsys_dist.models.sasrec_retrieval``) encoding the history."""
 
     name: Literal["sasrec_retrieval"] = "sasrec_retrieval"
-    item_id: str = Field(
-        description="The one-hot categorical feature of each row's item (the history's data.schema.history.item): "
-        "the next item each row's history predicts, and the catalogue ranked at evaluation."
-    )
     num_layers: int = Field(2, gt=0, description="SASRec blocks, stacked.")
     num_heads: int = Field(1, gt=0, description="Attention heads of each block; must divide embedding_dim.")
     max_length: int = Field(
@@ -369,11 +371,6 @@ class SASRecRetrievalConfig(ModelConfig):
     )
     layer_dropout: float = Field(
         0.2, ge=0, lt=1, description="Dropout on the input, the attention weights and in each feed-forward network."
-    )
-    temperature: float = Field(0.05, gt=0, description="Divides the cosine of the user and item vectors (tau).")
-    logq_correction: bool = Field(
-        True,
-        description="Subtract log q_j (the item's share of the training rows) from in-batch scores (Yi et al. eq. 3).",
     )
 
     @model_validator(mode="after")

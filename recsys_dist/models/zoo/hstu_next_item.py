@@ -51,7 +51,7 @@ from recsys_dist.data.spec import FeatureSpec
 # sequence.padded_sequence through its module: a torch.fx leaf only under its own module's name.
 from recsys_dist.models import sequence
 from recsys_dist.models.checks import no_history_extras
-from recsys_dist.models.config import HSTURetrievalConfig, SASRecRetrievalConfig
+from recsys_dist.models.config import HSTURetrievalConfig, NextItemConfig
 from recsys_dist.models.hstu_retrieval import HSTURetrieval
 from recsys_dist.models.next_item import DEFAULT_K, ranking_metrics, target_ranks
 from recsys_dist.models.registry import register_model
@@ -248,7 +248,7 @@ def next_item_problems(job) -> list[str]:
     return problems + candidate_loss_problems(name, job.train.loss)
 
 
-def next_item_parts(spec: FeatureSpec, cfg: HSTURetrievalConfig | SASRecRetrievalConfig) -> tuple:
+def next_item_parts(spec: FeatureSpec, cfg: NextItemConfig) -> tuple:
     """The next-item models' first constructor arguments (``HSTUNextItem.__init__``'s ``ec, keys,
     item, history, temperature, log_q``): one EmbeddingCollection over the history's table, read
     by the history and the item; ``log_q`` the items' logQ (``model.logq_correction``) or None."""
