@@ -18,12 +18,12 @@ import torch.distributed as dist
 from recsys_dist.checkpoint.loop import load_checkpoint, save_checkpoint
 from recsys_dist.config.job import resolve_job
 from recsys_dist.config.loader import load_config
-from recsys_dist.distributed import replicas
 from recsys_dist.distributed.env import init_distributed
 from recsys_dist.distributed.ledger import run_ledger
 from recsys_dist.distributed.tables import gather_full_state_dict
 from recsys_dist.train.build import shard_model
 from tests.conftest import ROOT
+from tests.ranks.distributed import replica_worker
 from tests.ranks.distributed.replica_worker import _replicas_agree, _sync_payload
 from tests.ranks.models.hstu_worker import B, movielens_batch
 
@@ -55,15 +55,8 @@ def _build(types: list[str], groups: int, world_size: int, seed_offset: int = 0)
 
 
 def _train(job, dmp, opt, steps: range, rank: int, world_size: int) -> list[float]:
-    losses = []
-    for step in steps:
-        loss = dmp(movielens_batch(step * world_size + rank, 1, job.features.keys))[0]
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        replicas.stepped(dmp)  # the Trainer's StepRunner.after_step
-        losses.append(loss.item())
-    return losses
+    batches = (movielens_batch(step * world_size + rank, 1, job.features.keys) for step in steps)
+    return replica_worker.train_on(dmp, opt, batches)
 
 
 def _types(dmp) -> dict:

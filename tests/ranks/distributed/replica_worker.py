@@ -44,9 +44,15 @@ def _build(types, optimizer: str, groups: int, world_size: int, every: int = 1):
 
 
 def _train(dmp, opt, steps: range, rank: int, world_size: int) -> list[float]:
+    return train_on(dmp, opt, (_batch(step, rank, world_size) for step in steps))
+
+
+def train_on(dmp, opt, batches) -> list[float]:
+    """One plain step on each of ``batches`` (this rank's), the replicas' step count advanced as
+    the Trainer does: this rank's losses."""
     losses = []
-    for step in steps:
-        loss = dmp(_batch(step, rank, world_size))[0]
+    for batch in batches:
+        loss = dmp(batch)[0]
         loss.backward()
         opt.step()
         opt.zero_grad()
