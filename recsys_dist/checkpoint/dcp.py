@@ -2,8 +2,9 @@
 
 Layout of a run directory's ``checkpoints/``::
 
-    step_00000120/      one DCP checkpoint: every rank's shards, .metadata, meta.json,
-                        checksums.json (size and CRC-32 of each of those files)
+    step_00000120/      one DCP checkpoint: every rank's shards, .metadata, meta.json, the data
+                        source's files (a stream's histories.npz), checksums.json (size and
+                        CRC-32 of each of those files)
     latest              text file naming the newest complete checkpoint; written last
     best                (checkpoint.keep_best) text file naming the best-validation checkpoint,
                         which ``checkpoint.keep`` never deletes
@@ -51,13 +52,22 @@ from recsys_dist.files import fresh_dir, write_atomic
 
 
 def save_checkpoint(
-    ctx: DistContext, run_dir: Path, step: int, state: dict, meta: dict, keep: int = 2, best: bool = False
+    ctx: DistContext,
+    run_dir: Path,
+    step: int,
+    state: dict,
+    meta: dict,
+    keep: int = 2,
+    best: bool = False,
+    files: dict | None = None,
 ) -> Path:
     """Save ``state`` (nested dict of tensors / ShardedTensors) as checkpoint ``step``.
 
     Every rank must call this (it is collective). Keeps the newest ``keep`` checkpoints and
     the one ``checkpoints/best`` names; ``best``: this one becomes ``checkpoints/best``.
-    Returns the final checkpoint directory.
+    ``files``: rank 0's, name -> a function that writes that file at the path it is given
+    (``files.write_atomic``), written into the checkpoint before ``checksums.json``, which
+    lists them (a stream's carried user histories). Returns the final checkpoint directory.
 
     Raises:
         CheckpointError: on every rank at once, when any rank cannot write (disk full,
@@ -84,9 +94,12 @@ def save_checkpoint(
         if ctx.is_main:
             # The format tells a later recsys_dist what it reads (checksums.json always belongs to it).
             write_atomic(tmp / "meta.json", json.dumps({**meta, "checkpoint_format": CHECKPOINT_FORMAT}, indent=2))
-            files = {n: v for part in gathered for n, v in part.items()}
-            files["meta.json"] = file_sum(tmp / "meta.json")
-            write_atomic(tmp / CHECKSUMS_FILE, json.dumps({"algorithm": "crc32", "files": files}, indent=1))
+            listed = {n: v for part in gathered for n, v in part.items()}
+            for name, writer in (files or {}).items():
+                write_atomic(tmp / name, writer)
+                listed[name] = file_sum(tmp / name)
+            listed["meta.json"] = file_sum(tmp / "meta.json")
+            write_atomic(tmp / CHECKSUMS_FILE, json.dumps({"algorithm": "crc32", "files": listed}, indent=1))
             shutil.rmtree(final, ignore_errors=True)
             tmp.rename(final)
             for name in ("latest", "best") if best else ("latest",):

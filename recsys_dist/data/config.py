@@ -246,6 +246,16 @@ class StreamConfig(_Section):
         "Starts with '_' or '.' (so it is never taken as data); None: no marker, min_file_age_seconds decides.",
     )
 
+    histories: Literal["carry", "per_partition"] = Field(
+        "carry",
+        description="With data.schema.history: carry: each user's last max_length events (items, actions, "
+        "times) are kept across partitions, so a row's history is what it would be if every partition trained "
+        "so far and this one were one file in landing order (what a scoring request carries); the state is "
+        "saved with each checkpoint (O(users x max_length)). A row earlier in time than its user's carried "
+        "events quarantines its partition, naming the line. per_partition: each partition's histories start "
+        "empty (a training / serving skew). per_partition is an error without data.schema.history.",
+    )
+
     @model_validator(mode="after")
     def _check_marker(self) -> StreamConfig:
         m = self.marker
@@ -546,6 +556,11 @@ class DataConfig(_Section):
             raise ValueError(
                 "data.remainder: drop would leave out each partition's last rows; a stream trains every row "
                 "exactly once (pad)"
+            )
+        if self.stream.histories != "carry" and getattr(self.schema, "history", None) is None:
+            raise ValueError(
+                f"data.stream.histories: {self.stream.histories} is not used without data.schema.history (no "
+                "user histories to derive); remove it"
             )
 
 

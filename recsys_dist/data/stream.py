@@ -30,7 +30,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from recsys_dist.data.config import DataConfig, StreamConfig
-from recsys_dist.data.convert import PreparedData, prepare
+from recsys_dist.data.convert import PreparedData, entry_path, prepare
 from recsys_dist.data.resolve import conversion_spec
 from recsys_dist.errors import DataError, FileChanging, NoRows
 
@@ -95,6 +95,9 @@ class Partition:
         rows: rows converted. file_id: ``[size, mtime_ns]`` of the file that was read.
         skipped: bad rows left out (``data.on_bad_row: skip``).
         first_skipped: the first of them, ``"line N: why"`` (None when none was).
+        histories: under ``data.stream.histories: carry``, the users' history state after this
+            partition (``formats.history.UserHistory.state``; the one given for a file without
+            rows), else None.
     """
 
     prepared: PreparedData | None
@@ -102,31 +105,44 @@ class Partition:
     file_id: list[int]
     skipped: int = 0
     first_skipped: str | None = None
+    histories: dict | None = None
+
+
+def carries_histories(d: DataConfig) -> bool:
+    """Whether a ``data.stream`` run carries user histories across partitions (a
+    ``data.schema.history`` and ``data.stream.histories: carry``)."""
+    h = getattr(d.schema, "history", None) if d.stream is not None and d.format == "schema" else None
+    return h is not None and d.stream.histories == "carry"
 
 
 def history_note(d: DataConfig) -> str | None:
-    """The warning a ``data.stream`` run with ``data.schema.history`` logs at its start (None
-    without both): each partition is converted on its own, so its users' histories start empty
-    (docs/online.md, "User histories"), while a scoring request carries a user's whole history."""
+    """The warning a ``data.stream`` run with ``data.schema.history`` and
+    ``data.stream.histories: per_partition`` logs at its start (None otherwise): each partition
+    is converted on its own, so its users' histories start empty (docs/online.md, "User
+    histories"), while a scoring request carries a user's whole history."""
     h = d.schema.history if d.stream is not None and d.schema is not None else None
-    if h is None:
+    if h is None or carries_histories(d):
         return None
     return (
         f"data.stream with data.schema.history ({h.name}): each partition's histories start empty: a row's "
         f"history holds its {h.user}'s earlier rows of the same partition only, never those of earlier "
         "partitions, while a scoring request carries the user's whole history (a training / serving skew for "
-        "din, bst, hstu); land partitions that each hold their users' recent log (e.g. per user and day), "
-        "docs/online.md 'User histories'"
+        "din, bst, hstu); data.stream.histories: carry keeps them across partitions, docs/online.md 'User histories'"
     )
 
 
-def convert_partition(d: DataConfig, name: str, cache_dir: str | Path) -> Partition:
+def convert_partition(d: DataConfig, name: str, cache_dir: str | Path, histories: dict | None = None) -> Partition:
     """Convert the partition ``name`` (below ``d.stream.path``) as one training split into
     ``cache_dir`` (the run's own: ``RUN_DIR/partitions``, emptied of a partition once it is
     trained; keyed by path, size and modification time like any cache entry).
 
     A file without rows (0 bytes, a header line alone, a Parquet file of 0 rows) gives a
     ``Partition`` of 0 rows and no conversion.
+
+    Under ``data.stream.histories: carry`` (:func:`carries_histories`) its rows' histories
+    follow ``histories`` (the state after the partitions before, ``Partition.histories`` of the
+    last one; None: none before), which is not changed; the partition is always read (an entry
+    of it converted before is converted again: the state after it comes from its rows).
 
     Raises:
         DataError: the partition is malformed or unreadable (names the file, line and column);
@@ -137,9 +153,15 @@ def convert_partition(d: DataConfig, name: str, cache_dir: str | Path) -> Partit
     path = Path(d.stream.path) / name
     before = _file_id(path)
     prepared = None
+    carry = carries_histories(d)
+    histories = ({} if histories is None else histories) if carry else None
     try:
         if before[0]:  # a 0-byte file: no conversion (a Parquet reader would call it malformed)
             partition = replace(conversion_spec(d), raw_path=str(path), split=(1.0, 0.0, 0.0), cache_dir=str(cache_dir))
+            if carry:  # an entry of its own (per_partition's rows differ), always converted again
+                partition.fmt.user_history.carried = histories
+                partition.fmt.fingerprint += ";histories:carry"
+                _remove_entry(entry_path(partition))
             prepared = prepare(
                 partition,
                 warn_one_class=False,  # a small partition of one class is normal in a stream
@@ -159,11 +181,24 @@ def convert_partition(d: DataConfig, name: str, cache_dir: str | Path) -> Partit
             prepared.directory.with_name(f"{prepared.directory.name}.lock").unlink(missing_ok=True)
         raise FileChanging(f"data.stream: partition {path} changed while it was read")
     if prepared is None:
-        return Partition(None, 0, before)
+        return Partition(None, 0, before, histories=histories)
     manifest = json.loads((prepared.directory / "manifest.json").read_text())
     examples = manifest.get("skipped_examples") or []
     first = f"line {examples[0]['line']}: {examples[0]['reason']}" if examples else None
-    return Partition(prepared, int(prepared.rows["train"]), before, int(manifest.get("rows_skipped") or 0), first)
+    if carry:
+        state = partition.fmt.user_history
+        if not state.passed():  # cannot be: the entry was removed, so its rows were read
+            raise RuntimeError(f"data.stream: partition {path} was converted without reading its rows' histories")
+        histories = state.state
+    rows = int(prepared.rows["train"])
+    return Partition(prepared, rows, before, int(manifest.get("rows_skipped") or 0), first, histories)
+
+
+def _remove_entry(entry: Path) -> None:
+    """Remove a conversion entry (and its lock file), converted before (a resume inside it)."""
+    if entry.exists():
+        shutil.rmtree(entry, ignore_errors=True)
+    entry.with_name(f"{entry.name}.lock").unlink(missing_ok=True)
 
 
 def _file_id(path: Path) -> list[int]:

@@ -95,15 +95,17 @@ class Checkpointer:
         every = cfg.every_n_steps
         return cfg.enabled and bool(every) and step % every == 0 and not done and self.saved_step != step
 
-    def save(self, step: int, meta: dict, job: Job, loaders: Loaders, best: bool = False) -> Path:
+    def save(self, step: int, meta: dict, job: Job, source, best: bool = False) -> Path:
         """Write the checkpoint of ``step`` with ``meta`` (``checkpoint.keep`` kept; ``best``:
-        marked ``checkpoints/best``) and the preprocessing record; returns its directory."""
+        marked ``checkpoints/best``), the files of the data ``source`` (a ``DataSource``:
+        ``checkpoint_files``) and the preprocessing record (of its loaders); returns its directory."""
         replicas.settle(self.model)  # sharding.replica_groups: the replicas agree before they are saved
         state = training_state(self.model, self.optimizer, self.ctx.rank)
-        path = save_checkpoint(self.ctx, self.run_dir, step, state, meta, job.checkpoint.keep, best=best)
+        files = source.checkpoint_files()
+        path = save_checkpoint(self.ctx, self.run_dir, step, state, meta, job.checkpoint.keep, best=best, files=files)
         self.saved_step, self.saved_path = step, path
         if self.ctx.is_main:
-            pin_preprocessing(job, loaders, path)
+            pin_preprocessing(job, source.loaders, path)
         return path
 
     def load(self, path: Path, meta: dict, job: Job, global_batch: int, sizes: list[int], user_model) -> None:

@@ -93,6 +93,11 @@ class DataSource:
         """What a checkpoint's ``meta.json`` records of the position besides the epoch and batch."""
         return {}
 
+    def checkpoint_files(self) -> dict:
+        """Files a checkpoint holds besides its tensors and ``meta.json`` (rank 0's: name -> a
+        function writing the file at the path it is given; a stream's carried histories)."""
+        return {}
+
     def restore_position(self, path: Path, meta: dict) -> None:
         """Continue at the position checkpoint ``path`` (``meta``) recorded."""
         raise NotImplementedError

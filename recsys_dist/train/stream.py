@@ -32,7 +32,7 @@ import signal
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import cast
 
@@ -42,7 +42,15 @@ import torch.distributed as dist
 from recsys_dist.checkpoint import run_dir as run_dirs
 from recsys_dist.checkpoint.dcp import latest_checkpoint
 from recsys_dist.data.loader import ParquetBatchLoader
-from recsys_dist.data.stream import Partition, convert_partition, history_note, not_ready_reason, ready, scan
+from recsys_dist.data.stream import (
+    Partition,
+    carries_histories,
+    convert_partition,
+    history_note,
+    not_ready_reason,
+    ready,
+    scan,
+)
 from recsys_dist.distributed.env import broadcast_result
 from recsys_dist.errors import DataError, FileChanging
 from recsys_dist.faults import maybe_fault
@@ -51,7 +59,16 @@ from recsys_dist.train.build import Loaders, make_loaders
 from recsys_dist.train.data_source import DataSource
 from recsys_dist.train.job import Job
 from recsys_dist.train.results import StreamSummary
-from recsys_dist.train.stream_state import StreamState, open_window, record_between, restored_state, resume_window
+from recsys_dist.train.stream_state import (
+    HISTORIES_FILE,
+    StreamState,
+    histories_writer,
+    load_histories,
+    open_window,
+    record_between,
+    restored_state,
+    resume_window,
+)
 from recsys_dist.train.trainer import Trainer
 
 log = logging.getLogger("recsys_dist")
@@ -87,12 +104,23 @@ class StreamData(DataSource):
         self._noted: set[tuple[str, str]] = set()  # (what, name) said once in the log (rank 0)
         if t.ctx.is_main and (note := history_note(job.data)) is not None:
             log.warning(note)  # histories start afresh in each partition: said, not silent
+        # data.stream.histories: carry: rank 0's (it converts) users' histories after the partitions
+        # consumed, saved with each checkpoint; and after the partition open (taken at its end)
+        self.histories: dict | None = {} if carries_histories(job.data) else None
+        self._after: dict | None = None
         return job
 
     def checkpoint_meta(self) -> dict:
         state = asdict(self.stream)
         state["batches"] = self.in_epoch if self.stream.current is not None else 0
         return {"stream": state, "window": self._window}
+
+    def checkpoint_files(self) -> dict:
+        """Under ``data.stream.histories: carry``, rank 0: ``histories.npz``, the users' histories
+        after the partitions the checkpoint records as consumed."""
+        if self.histories is None or not self.trainer.ctx.is_main:
+            return {}
+        return {HISTORIES_FILE: histories_writer(self.histories, self.trainer.job.data.schema.history)}
 
     def keeps_window(self) -> bool:
         # Stopped inside a partition: the window goes on after the resume, unless an uninterrupted
@@ -113,6 +141,8 @@ class StreamData(DataSource):
             )
         state.global_batch, state.path = self.global_batch, self.stream.path
         self.stream = state
+        if self.histories is not None:  # rank 0 reads them; its error, every rank's
+            broadcast_result(t.ctx, lambda: setattr(self, "histories", load_histories(path, t.job.data.schema.history)))
         self.in_epoch = state.batches
         self.epoch = state.index
         if meta.get("window"):  # stopped inside a logging window: it goes on
@@ -287,8 +317,11 @@ class StreamData(DataSource):
         ctx, d, state = t.ctx, t.job.data, self.stream
 
         def convert():
+            self._after = None
             try:
-                return "ok", convert_partition(d, name, t.run_dir / PARTITIONS_DIR)
+                part = convert_partition(d, name, t.run_dir / PARTITIONS_DIR, self.histories)
+                self._after = part.histories  # kept on rank 0 until the partition is consumed; not sent
+                return "ok", replace(part, histories=None)
             except FileChanging as err:
                 return "changing", str(err)
             except DataError as err:
@@ -431,6 +464,8 @@ class StreamData(DataSource):
             **_counter_change(s.counters_at_start, t._task.managed_counters()),
         )
         s.consumed.append(name)
+        if self._after is not None:  # rank 0, carrying histories: the checkpoint below holds them
+            self.histories, self._after = self._after, None
         if part.skipped:
             s.skipped[name] = part.skipped
         s.current, s.validated, self.in_epoch, s.current_file = None, False, 0, None

@@ -6,6 +6,9 @@ the checkpoint of that step (:func:`record_between`, ``step_N/stream.json``), so
 not read such a partition again. A stop (SIGTERM) inside a logging window saves the window's
 per-step losses with the checkpoint (:func:`open_window`) and the resumed run continues it
 (:func:`resume_window`), so ``metrics.jsonl`` has the lines and numbers of an uninterrupted run.
+Under ``data.stream.histories: carry`` each checkpoint holds the users' histories after the
+partitions it records as consumed (``step_N/histories.npz``, listed in its ``checksums.json``:
+:func:`histories_writer`, :func:`load_histories`).
 """
 
 from __future__ import annotations
@@ -18,10 +21,13 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from recsys_dist.data.formats.history import load_state, save_state
+from recsys_dist.errors import CheckpointError
 from recsys_dist.files import write_atomic
 
 log = logging.getLogger("recsys_dist")
 BETWEEN_FILE = "stream.json"  # in a checkpoint directory: its stream state after what followed it at its step
+HISTORIES_FILE = "histories.npz"  # in a checkpoint directory: the users' histories after the partitions consumed
 
 
 @dataclass
@@ -143,3 +149,44 @@ def resume_window(
         losses = torch.tensor([r["losses"] for r in ranks], dtype=torch.float32).mean(dim=0)
         rows = sum(r["rows"] for r in ranks) if rank == 0 else 0
     return list(losses.to(device).unbind(0)), [torch.ones(rows, device=device)], float(window["seconds"])
+
+
+def _history_key(h) -> str:
+    return json.dumps(h.model_dump(mode="json"), sort_keys=True)
+
+
+def histories_writer(state: dict, h):
+    """A function writing the carried history ``state`` (``data.schema.history`` ``h``) at the
+    path it is given (``formats.history.save_state``): a checkpoint's ``histories.npz``."""
+
+    def write(path: Path) -> None:
+        with open(path, "wb") as f:
+            save_state(state, h.max_length, h.ties, _history_key(h), f)
+
+    return write
+
+
+def load_histories(checkpoint: Path, h) -> dict:
+    """The carried history state a stream checkpoint holds (``histories.npz``), for
+    ``data.schema.history`` ``h``.
+
+    Raises:
+        CheckpointError: the file is missing (a checkpoint of a run under
+            ``data.stream.histories: per_partition``, or of a recsys_dist before carrying), unreadable,
+            or derived under another history section; names the file and the fix.
+    """
+    path = checkpoint / HISTORIES_FILE
+    if not path.is_file():
+        raise CheckpointError(
+            f"{path}: missing: the checkpoint holds no user histories (its run derived them per partition, "
+            "data.stream.histories: per_partition, or predates carrying them), so the partitions it trained "
+            "cannot be carried on. Resume it with data.stream.histories=per_partition, or start a new run "
+            "(another --run-dir) to carry histories from the first partition"
+        )
+    try:
+        return load_state(path, h.max_length, h.ties, _history_key(h))
+    except (OSError, ValueError) as err:
+        raise CheckpointError(
+            f"{path}: the carried user histories cannot be used: {err}. Resume from another checkpoint "
+            "(--resume CHECKPOINT_DIR) with the data.schema.history it was trained with, or start a new run"
+        ) from None

@@ -445,7 +445,7 @@ class Trainer:
                 checkpoint is left as it was.
         """
         with self._lease.collective(), self._clock.phase("checkpoint"):
-            path = self._ckpt.save(self._step, self._checkpoint_meta(), self.job, self.loaders, best=best)
+            path = self._ckpt.save(self._step, self._checkpoint_meta(), self.job, self._source, best=best)
         self._hooks.checkpoint(self, self._step, path)
         return path
 

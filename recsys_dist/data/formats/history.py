@@ -4,6 +4,7 @@ computed while the file streams by (see :class:`UserHistory`)."""
 from __future__ import annotations
 
 import math
+import zipfile
 from collections import deque
 from typing import NamedTuple
 
@@ -73,11 +74,20 @@ class UserHistory:
     reads every earlier row of its user in (time, file order).
     """
 
-    def __init__(self, max_length: int, ties: str = "exclude") -> None:
+    def __init__(self, max_length: int, ties: str = "exclude", carried: dict | None = None) -> None:
         self.max_length = max_length
         self.in_order = ties == "file_order"
-        self.state: dict[int, tuple[deque, float, list]] = {}
+        # user key -> ((item keys, times, action keys) of the last N committed events, the
+        # user's latest time, its events at that time not committed yet: [(item, time, action)])
+        self.state: dict[int, tuple[tuple[deque, deque, deque], float, list]] = {}
+        # where each pass starts (data.stream.histories: carry: the partitions trained before);
+        # copied per pass, never changed, so a partition that fails leaves it as it was
+        self.carried: dict = carried if carried is not None else {}
         self._last: tuple[str, int] | None = None
+
+    def passed(self) -> bool:
+        """Whether a pass has read rows (``state`` is then the state after the last one)."""
+        return self._last is not None
 
     def rows(self, path, first_line, users, items, present, times, h, spec, actions=None) -> HistoryRows:
         """Per row of the block, the user's history before it (:class:`HistoryRows`).
@@ -90,9 +100,10 @@ class UserHistory:
             DataError: a row's time is earlier than an earlier row's of the same user (names the
                 file, line/row and column).
         """
-        # A new pass over the file (the vocabulary count, then the conversion) starts afresh.
+        # A new pass over the file (the vocabulary count, then the conversion) starts afresh,
+        # from the carried state (the partitions before, data.stream.histories: carry).
         if self._last is None or self._last[0] != path or first_line <= self._last[1]:
-            self.state = {}
+            self.state = copy_state(self.carried)
         self._last = (path, first_line)
         keys: list[int] = []
         when: list[float] = []
@@ -107,6 +118,14 @@ class UserHistory:
                 -np.inf,
                 [],
             )
+            if t < at and u in self.carried:  # late data: its user has later events trained already
+                raise DataError(
+                    f"{_where(spec, path, first_line, i)}, column {h.time}: {_exact(t)} is earlier than "
+                    f"{_exact(at)} of an earlier row of the same {h.user}, of this file or of a partition trained "
+                    "before (data.stream.histories: carry keeps each user's events across partitions): a late "
+                    "row's history cannot be what it would be in time order; leave late rows out of the partition "
+                    "(docs/online.md, 'User histories')"
+                )
             if t < at:
                 raise DataError(
                     f"{_where(spec, path, first_line, i)}, column {h.time}: "
@@ -132,6 +151,93 @@ class UserHistory:
             np.array(when, dtype=np.float64),
             np.array(what, dtype=np.uint64),
         )
+
+
+def copy_state(state: dict) -> dict:
+    """A copy of a :class:`UserHistory` ``state`` that shares nothing mutable with it."""
+    return {
+        u: (tuple(deque(c, maxlen=c.maxlen) for c in committed), at, list(pending))
+        for u, (committed, at, pending) in state.items()
+    }
+
+
+STATE_FORMAT = 1  # of the arrays save_state writes
+
+
+def save_state(state: dict, max_length: int, ties: str, key: str, f) -> None:
+    """Write a :class:`UserHistory` ``state`` into the binary file object ``f`` (a NumPy
+    ``.npz``: per user its key (uint64), latest time (float64), committed and pending event
+    counts (int32); per event, user by user, committed first, oldest first: item key (uint64),
+    time (float64), action key (uint64); and ``max_length``, ``ties`` and ``key`` (the
+    ``data.schema.history`` section as JSON) it was derived under). Exact: every value is kept
+    in its own dtype. Size: O(users x max_length)."""
+    users = np.fromiter(state.keys(), np.uint64, len(state))
+    at = np.fromiter((v[1] for v in state.values()), np.float64, len(state))
+    committed = np.fromiter((len(v[0][0]) for v in state.values()), np.int32, len(state))
+    pending = np.fromiter((len(v[2]) for v in state.values()), np.int32, len(state))
+    items, times, actions = [], [], []
+    for (ks, ts, acts), _, waiting in state.values():
+        items.extend(ks)
+        times.extend(ts)
+        actions.extend(acts)
+        for item, t, action in waiting:
+            items.append(item)
+            times.append(t)
+            actions.append(action)
+    np.savez(
+        f,
+        format=np.int64(STATE_FORMAT),
+        max_length=np.int64(max_length),
+        ties=np.str_(ties),
+        key=np.str_(key),
+        users=users,
+        at=at,
+        committed=committed,
+        pending=pending,
+        items=np.array(items, np.uint64),
+        times=np.array(times, np.float64),
+        actions=np.array(actions, np.uint64),
+    )
+
+
+def load_state(f, max_length: int, ties: str, key: str) -> dict:
+    """The :class:`UserHistory` state :func:`save_state` wrote into ``f`` (a path or binary file).
+
+    Raises:
+        ValueError: the file is not such a state (unreadable, damaged, another format), or it
+            was derived under another ``max_length`` / ``ties`` / history section (``key``):
+            the message says which.
+    """
+    try:
+        with np.load(f, allow_pickle=False) as z:
+            got = {name: z[name] for name in z.files}
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:
+        raise ValueError(f"not a saved history state ({type(err).__name__}: {err})") from None
+    names = ("format", "max_length", "ties", "key", "users", "at", "committed", "pending", "items", "times", "actions")
+    if set(got) != set(names) or int(got["format"]) != STATE_FORMAT:
+        raise ValueError(f"not a history state of format {STATE_FORMAT} (arrays {sorted(got)})")
+    if str(got["key"]) != key:
+        raise ValueError(f"derived under data.schema.history {got['key']}, the config has {key}")
+    if int(got["max_length"]) != max_length or str(got["ties"]) != ties:  # part of the key; said plainly
+        raise ValueError(f"derived with max_length {int(got['max_length'])}, ties {got['ties']}")
+    counts = got["committed"].astype(np.int64) + got["pending"]
+    n = len(got["users"])
+    if not all(len(got[a]) == n for a in ("at", "committed", "pending")) or any(
+        len(got[a]) != int(counts.sum()) for a in ("items", "times", "actions")
+    ):
+        raise ValueError("its arrays' lengths do not agree (damaged)")
+    if (got["committed"] > max_length).any() or (counts < 0).any():
+        raise ValueError(f"a user holds more than max_length {max_length} events (damaged)")
+    state, start = {}, 0
+    items, times, actions = got["items"].tolist(), got["times"].tolist(), got["actions"].tolist()
+    for u, at, c, p in zip(
+        got["users"].tolist(), got["at"].tolist(), got["committed"].tolist(), got["pending"].tolist()
+    ):
+        mid, end = start + c, start + c + p
+        committed = tuple(deque(col[start:mid], maxlen=max_length) for col in (items, times, actions))
+        state[u] = (committed, at, list(zip(items[mid:end], times[mid:end], actions[mid:end])))
+        start = end
+    return state
 
 
 class HistoryRows(NamedTuple):

@@ -165,7 +165,7 @@ class SchemaFormat:
         if history:
             self.transforms["history"] = hist.history_transform(history)
         self.raw_columns: list[str] | None = None
-        self._history = UserHistory(history.max_length, history.ties) if history else None
+        self.user_history = UserHistory(history.max_length, history.ties) if history else None
 
     # ---------------------------------------------------------------- reading
 
@@ -453,7 +453,7 @@ class SchemaFormat:
             sparse.append(SparseKeys(keys, None, lengths))
         for n, seq in (getattr(s, "sequence", None) or {}).items():
             sparse.append(self._sequence(batch.column(n), seq, f"{path}, column {n}", first_line))
-        if self._history is not None:
+        if self.user_history is not None:
             sparse.extend(self._derive_history(batch, path, first_line))
         return labels, dense, sparse
 
@@ -483,7 +483,7 @@ class SchemaFormat:
                 f"'{batch.column(h.time)[i].as_py()}' is not a number (data.schema.history.time needs a time on "
                 "every row)"
             )
-        return hist.derive_features(self._history, h, batch, times, path, first_line, self.spec)
+        return hist.derive_features(self.user_history, h, batch, times, path, first_line, self.spec)
 
     def unlabelled(self, path: str | os.PathLike) -> SchemaFormat | None:
         """:class:`UnlabelledSchemaFormat` when the file has no ``data.schema.label`` column."""

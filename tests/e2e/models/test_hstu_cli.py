@@ -4,7 +4,8 @@ see test_din_cli.py for why) to the uninterrupted run's metrics, exports; ``pred
 export equals its ``evaluate``; ``recsys-dist serve`` scores a user's history + candidates over
 HTTP as ``predict`` scores the same rows in a file, and refuses a history out of time order.
 Online (data.stream): three landed MovieLens partitions trained each row once across a SIGTERM
-and a resume, published and served; histories derived within each partition."""
+and a resume, published and served; histories carried across partitions as one file's (a late
+partition quarantined), kept exactly with the checkpoints."""
 
 import csv
 import io
@@ -26,9 +27,11 @@ from sklearn.metrics import log_loss, roc_auc_score
 from starlette.testclient import TestClient
 
 import recsys_dist
+from recsys_dist.checkpoint.dcp import latest_checkpoint
 from recsys_dist.data.stream import convert_partition
 from recsys_dist.serve.http import ModelHolder, create_app, open_source
 from recsys_dist.serve.publish import load_published
+from recsys_dist.train.stream_state import load_histories
 from tests.cli import read_metrics, run_cli
 from tests.conftest import ROOT
 from tests.e2e.models.test_din_cli import trains_sharded
@@ -212,20 +215,25 @@ def trains_under_pipeline_as_ddp(ddp, want: dict, tmp_path) -> None:
 
 PARTS = ["day=0/part-0.csv", "day=1/part-0.csv", "day=2/part-0.csv"]
 PART_ROWS = 640  # 10 global batches of 2 x 32
+LATE = "day=1/part-1.csv"  # user 8's rating at a time before its later ones of day=1: quarantined
 
 
-def stream_config(tmp) -> tuple:
+def stream_config(tmp, late: bool = False) -> tuple:
     """movielens_hstu.yaml as an online run (hash mapping: a stream has no vocabulary up front),
     over 3 partitions of 640 rows of the raw file (each with the header), landed as a writer
-    lands them (a hidden file, then a rename). Returns (config path, landing dir)."""
+    lands them (a hidden file, then a rename), and ``LATE`` (with ``late``): a copy of the first
+    row of the second, whose user has later rows there. Returns (config path, landing dir)."""
     cfg = yaml.safe_load(HSTU.read_text())
     landing = tmp / "landing"
     lines = RAW.read_text().splitlines(keepends=True)
-    for i, name in enumerate(PARTS):
+    parts = {name: lines[1 + i * PART_ROWS : 1 + (i + 1) * PART_ROWS] for i, name in enumerate(PARTS)}
+    if late:
+        parts[LATE] = parts[PARTS[1]][:1]
+    for name, rows in parts.items():
         target = landing / name
-        target.parent.mkdir(parents=True)
+        target.parent.mkdir(parents=True, exist_ok=True)
         hidden = target.parent / f".{target.name}.tmp"
-        hidden.write_text("".join([lines[0], *lines[1 + i * PART_ROWS : 1 + (i + 1) * PART_ROWS]]))
+        hidden.write_text("".join([lines[0], *rows]))
         os.replace(hidden, target)
     d = cfg["data"]
     for key in ("raw_path", "split", "min_count"):
@@ -249,11 +257,15 @@ def stream_config(tmp) -> tuple:
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_hstu_online_trains_each_partition_row_once_across_a_stop_and_publishes(tmp_path):
-    config, landing = stream_config(tmp_path)
+    config, landing = stream_config(tmp_path, late=True)
     ref = tmp_path / "ref"
     cli(["train", "--config", config, "--run-dir", ref], tmp_path)
     summary = json.loads((ref / "summary.json").read_text())
     assert summary["partitions"] == PARTS and summary["rows_trained"] == 3 * PART_ROWS and summary["steps"] == 30
+    # late data: a row before its user's carried events quarantines its partition, naming the line
+    (late,) = summary["quarantined"].items()
+    assert late[0] == LATE and "part-1.csv, line 2, column timestamp: 1154464756 is earlier than 1154474527" in late[1]
+    assert "of a partition trained before" in late[1], late
     parts = read_metrics(ref, "partition")
     assert [(p["partition"], p["rows"], p["step"]) for p in parts] == [
         (PARTS[0], PART_ROWS, 10),
@@ -267,12 +279,20 @@ def test_hstu_online_trains_each_partition_row_once_across_a_stop_and_publishes(
         (PARTS[2], 20, PART_ROWS),
     ]
 
-    # Stopped by SIGTERM after step 16 (inside partition 2), resumed: the same lines and weights.
+    # Stopped by SIGTERM after step 16 (inside partition 2: the resume converts it again from
+    # the state carried before it), resumed and stopped again after its end (between partitions:
+    # SIGTERM at step 18 is acted on at the next look for a partition), resumed: the same lines
+    # and weights.
     run = tmp_path / "run"
     r = run_cli(["train", "--config", config, "--run-dir", run], tmp_path, env={"RECSYS_DIST_FAULT": "sigterm:16:0"})
     assert r.returncode == 0, r.stderr[-3000:]
     assert json.loads((run / "summary.json").read_text())["rows_trained"] == 16 * 64
-    cli(["train", "--config", config, "--run-dir", run, "--resume", "auto"], tmp_path)
+    resume = ["train", "--config", config, "--run-dir", run, "--resume", "auto"]
+    r = run_cli(resume, tmp_path, env={"RECSYS_DIST_FAULT": "sigterm:18:0"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    between = json.loads((run / "summary.json").read_text())
+    assert (between["rows_trained"], between["partitions"], between["quarantined"]) == (20 * 64, PARTS[:2], {})
+    cli(resume, tmp_path)
     assert json.loads((run / "summary.json").read_text())["rows_trained"] == 3 * PART_ROWS
     timing = ("samples_per_s", "seconds")
     assert [{k: v for k, v in m.items() if k not in timing} for m in read_metrics(run)] == [
@@ -290,11 +310,24 @@ def test_hstu_online_trains_each_partition_row_once_across_a_stop_and_publishes(
     assert version == 3
     for key, value in want.model.state_dict().items():
         assert torch.equal(model.model.state_dict()[key], value), key
-    # served hot: the latest version scores rows with their history as predict on its fold
+    # the histories carried with the last checkpoint: the stopped run's are the uninterrupted
+    # one's, and those of the three partitions as one file (the quarantined one left out)
+    d = recsys_dist.load_config(config).data
+    whole = tmp_path / "whole"
+    (whole / "all").mkdir(parents=True)
+    log_rows = RAW.read_text().splitlines(keepends=True)[: 1 + 3 * PART_ROWS]
+    (whole / "all" / "log.csv").write_text("".join(log_rows))
+    one = d.model_copy(update={"stream": d.stream.model_copy(update={"path": str(whole)})})
+    one_file = convert_partition(one, "all/log.csv", tmp_path / "parts").histories
+    for r in (ref, run):
+        got = load_histories(latest_checkpoint(r), d.schema.history)
+        assert _flat(got) == _flat(one_file), r
+    # served hot: the latest version scores a row of partition 3 with its user's whole history
+    # (the log so far, as training carried it) as predict on its fold
     folded = tmp_path / "folded"
     cli(["export", "--from-publish", run / "publish", "--out", folded], tmp_path)
     rows_csv = tmp_path / "rows.csv"
-    rows_csv.write_text((landing / PARTS[2]).read_text())
+    rows_csv.write_text("".join(log_rows))
     cli(["predict", folded, "--data", rows_csv, "--out", tmp_path / "p.parquet"], tmp_path)
     predicted = pq.read_table(tmp_path / "p.parquet").column("logit").to_numpy()
     header, *lines = list(csv.reader(rows_csv.read_text().splitlines()))
@@ -305,20 +338,36 @@ def test_hstu_online_trains_each_partition_row_once_across_a_stop_and_publishes(
     np.testing.assert_allclose(got["logits"], predicted, rtol=0, atol=1e-6)
 
 
-def test_a_partitions_histories_start_afresh(tmp_path):
-    """Each partition is converted on its own: a user's history holds the earlier rows of the
-    same partition only (docs/online.md). User 8 rates 640 rows into the file, the last of
-    partition 1 and the first of partition 2: that first row has an empty history."""
+def _flat(state: dict) -> dict:
+    """A history state (``UserHistory.state``) as plain lists, to compare."""
+    return {u: ([list(c) for c in committed], at, pending) for u, (committed, at, pending) in state.items()}
+
+
+def test_a_partitions_histories_carry_on_from_the_partitions_before(tmp_path):
+    """data.stream.histories: carry (the default): user 8 rates 640 rows into the file, the
+    last of partition 1 and the first of partition 2: that first row sees its 50 most recent
+    events, the last of them partition 1's last row (on main its history was empty: each
+    partition started afresh, which per_partition still does)."""
     config, landing = stream_config(tmp_path)
     d = recsys_dist.load_config(config).data
-    tables = [
-        pq.read_table(convert_partition(d, name, tmp_path / "parts").prepared.files["train"]) for name in PARTS[:2]
-    ]
+    carried, tables = None, []
+    for name in PARTS[:2]:
+        part = convert_partition(d, name, tmp_path / "parts", carried)
+        carried = part.histories
+        tables.append(pq.read_table(part.prepared.files["train"]))
     raw = [list(csv.DictReader((landing / name).read_text().splitlines())) for name in PARTS[:2]]
     assert raw[0][-1]["userId"] == raw[1][0]["userId"] == "8"
+    movie = tables[0].column("movieId").to_pylist()
     first, second = (t.column("history").to_pylist() for t in tables)
-    assert len(first[-1]) == 50 and second[0] == []  # row 640 of the file saw 50 events in partition 1
-    assert len(second[1]) == 1  # then partition 2's own rows of user 8 (times strictly increasing)
+    assert len(first[-1]) == 50 and second[0] == [*first[-1][1:], movie[-1]]
+    assert second[1] == [*second[0][1:], tables[1].column("movieId")[0].as_py()]  # then its own rows
+    fresh = recsys_dist.load_config(config, ["data.stream.histories=per_partition"]).data
+    own = pq.read_table(convert_partition(fresh, PARTS[1], tmp_path / "parts").prepared.files["train"])
+    assert own.column("history").to_pylist()[:2] == [[], [movie_id(own, 0)]]
+
+
+def movie_id(table, i: int) -> int:
+    return table.column("movieId")[i].as_py()
 
 
 def test_a_partitions_actions_and_times_follow_its_history(tmp_path):

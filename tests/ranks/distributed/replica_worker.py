@@ -129,7 +129,8 @@ def checkpoints(rank: int, world_size: int, run_dir: str, groups: int, steps: in
     out["replicas"] += _train(dmp, opt, range(steps - 1, steps), rank, world_size)
     out["agree_before_save"] = _replicas_agree(dmp)
     saver = Checkpointer(root / "replicas", ctx, PhaseClock(time.time()), dmp, opt, in_memory_best=False)
-    rep_path = saver.save(steps, {"step": steps}, cfg, SimpleNamespace(conversion=None, num_embeddings=[]))
+    source = SimpleNamespace(loaders=SimpleNamespace(conversion=None, num_embeddings=[]), checkpoint_files=dict)
+    rep_path = saver.save(steps, {"step": steps}, cfg, source)
     out["agree_after_save"] = _replicas_agree(dmp)
     # what the disk-space check expects against what DCP wrote, for both layouts
     out["bytes"] = {

@@ -259,3 +259,22 @@ def test_a_file_size_limit_is_named_and_keeps_the_previous_checkpoint(run):
     # Was only torch's "RuntimeError: [enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598".
     assert "files of at most 65,536 bytes (ulimit -f)" in str(e.value), str(e.value)
     _assert_previous_intact(run, str(e.value))
+
+
+def test_a_data_sources_file_is_written_inside_the_checkpoint_and_checked(run, monkeypatch):
+    """``files`` (a stream's carried histories): written before the rename, listed in
+    checksums.json; missing or overwritten, the checkpoint is damage naming the file."""
+    monkeypatch.delenv(integrity.VERIFIED_ENV, raising=False)
+    path = ck.save_checkpoint(
+        CTX, run, 8, _state(2.0), {"step": 8}, files={"histories.npz": lambda p: p.write_bytes(b"x" * 100)}
+    )
+    assert (path / "histories.npz").read_bytes() == b"x" * 100
+    assert "histories.npz" in json.loads((path / integrity.CHECKSUMS_FILE).read_text())["files"]
+    integrity.verify_checkpoint(path)
+    (path / "histories.npz").write_bytes(b"y" * 100)
+    monkeypatch.delenv(integrity.VERIFIED_ENV, raising=False)
+    with pytest.raises(ck.CheckpointDamaged, match=r"histories.npz: its CRC-32 differs"):
+        integrity.verify_checkpoint(path)
+    (path / "histories.npz").unlink()
+    with pytest.raises(ck.CheckpointDamaged, match=r"histories.npz: the file is missing"):
+        integrity.verify_checkpoint(path)

@@ -116,3 +116,35 @@ def test_a_stream_trainer_refuses_a_split_name_before_fit(tmp_path, monkeypatch,
             assert f"a StreamTrainer has no {split!r} split to score" in str(err.value)
             assert "pass a loader of the rows: trainer.evaluate(loader) / trainer.predict(loader)" in str(err.value)
         assert trainer.step == 0
+
+
+def test_a_checkpoint_without_or_with_damaged_histories_is_refused_naming_the_file(tmp_path):
+    """data.stream.histories: carry resumes from the checkpoint's histories.npz: written and read
+    back exactly; missing (a per_partition run's checkpoint) or damaged, a CheckpointError names
+    the file and the fix, never empty histories."""
+    from collections import deque
+
+    from recsys_dist.data.config import SchemaConfig
+    from recsys_dist.errors import CheckpointError
+    from recsys_dist.train.stream_state import HISTORIES_FILE, histories_writer, load_histories
+
+    h = SchemaConfig(
+        label="c", categorical=["i"], history={"user": "u", "item": "i", "time": "t", "max_length": 3}
+    ).history
+    state = {7: ((deque([1, 2], 3), deque([1.0, 2.0], 3), deque([0, 0], 3)), 5.0, [(9, 5.0, 0)])}
+    with pytest.raises(CheckpointError, match=rf"{HISTORIES_FILE}: missing: .*data.stream.histories=per_partition"):
+        load_histories(tmp_path, h)
+    histories_writer(state, h)(tmp_path / HISTORIES_FILE)
+    got = load_histories(tmp_path, h)
+    assert {u: ([list(c) for c in com], at, p) for u, (com, at, p) in got.items()} == {
+        7: ([[1, 2], [1.0, 2.0], [0, 0]], 5.0, [(9, 5.0, 0)])
+    }
+    other = SchemaConfig(
+        label="c", categorical=["i"], history={"user": "u", "item": "i", "time": "t", "max_length": 4}
+    ).history
+    with pytest.raises(CheckpointError, match="cannot be used: derived under data.schema.history"):
+        load_histories(tmp_path, other)
+    data = (tmp_path / HISTORIES_FILE).read_bytes()
+    (tmp_path / HISTORIES_FILE).write_bytes(data[:-40])
+    with pytest.raises(CheckpointError, match=rf"{HISTORIES_FILE}: the carried user histories cannot be used"):
+        load_histories(tmp_path, h)
