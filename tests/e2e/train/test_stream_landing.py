@@ -105,7 +105,9 @@ def test_quarantines_and_empties_after_the_last_step_survive_and_changed_files_a
     converted = []
     real = train_stream.convert_partition
     monkeypatch.setattr(
-        train_stream, "convert_partition", lambda d, name, cache: converted.append(name) or real(d, name, cache)
+        train_stream,
+        "convert_partition",
+        lambda d, name, cache, *carried: converted.append(name) or real(d, name, cache, *carried),
     )
     second = run(landing, run_dir, resume="auto")
     assert converted == [] and lines(run_dir) == before  # nothing read again, nothing written twice
