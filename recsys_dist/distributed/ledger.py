@@ -34,7 +34,9 @@ input_dist and one output_dist per collection and sharding type):
   counts them; the ledger line of a run (``run_ledger``) does not yet.
 - ``replica_sync`` (``sharding.replica_groups`` N > 1, :mod:`recsys_dist.distributed.replicas`):
   the plan is one sharding group's (world / N ranks; every phase above is counted inside a
-  group, the rows of the ledger are a group's ranks, the same in every group), and every
+  group, the rows of the ledger are a group's ranks, the same in every group, except the dense
+  tower's DDP / FSDP collectives and the data_parallel tables' all-reduce, which run over all
+  the job's ranks: ``predict``'s ``dense_world_size``), and every
   ``replica_sync_every`` = k steps each rank all-reduces (AVG, over its N replicas) its table
   shards (fp32) and their optimizer state (``exact_adagrad``: one float per weight,
   ``exact_rowwise_adagrad``: one per row, ``exact_sgd``: none): counted as that payload / k
