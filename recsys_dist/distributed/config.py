@@ -149,9 +149,9 @@ class ShardingConfig(Section):
         description="2-D sparse parallelism (TorchRec's DMPCollection): the tables are planned for, and sharded "
         "within, groups of world / replica_groups ranks, and replicated across the replica_groups groups; the "
         "all-to-alls stay inside a group, and every replica_sync_every steps each shard is averaged with its "
-        "replicas (all-reduce). 1 = one group of all ranks. Must divide the world size; ddp dense strategy "
-        "only; exact against 1 group with exact_sgd synced every step, close (not equal) with the Adagrads "
-        "(docs/design/replica_groups.md).",
+        "replicas (all-reduce). 1 = one group of all ranks. Must divide the world size; dense strategy ddp or "
+        "fsdp (either over all ranks of the job), not pipeline; exact against 1 group with exact_sgd synced "
+        "every step, close (not equal) with the Adagrads (docs/design/replica_groups.md).",
     )
     replica_sync_every: int = Field(
         1,

@@ -6,7 +6,8 @@ TorchRec's DistributedModelParallel (DMP) shards the tables, then hands the mode
 - ``ddp``: TorchRec's default (DistributedDataParallel over every unsharded parameter); at
   world size 1 :class:`~recsys_dist.distributed.sharders.OneRankDense` (no DDP to pay for).
 - ``fsdp``: :class:`FSDPDense`: every dense block (a submodule holding no table) is
-  ``torch.distributed.fsdp.fully_shard``-ed over a 1-D data-parallel mesh of all ranks (FSDP2:
+  ``torch.distributed.fsdp.fully_shard``-ed over a 1-D data-parallel mesh of all ranks of the
+  job, under ``sharding.replica_groups`` too (FSDP2:
   its parameters become ``DTensor`` s sharded on dim 0; each rank keeps ~1/world of them, their
   gradients and so their optimizer state). Unsharded parameters outside any such block (the
   weights of data-parallel tables, a parameter set directly on a module that also holds tables)
@@ -27,7 +28,7 @@ from collections.abc import Callable, Iterable
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
@@ -83,8 +84,10 @@ def dense_blocks(model: nn.Module, skip: Iterable[str] = ()) -> tuple[list[str],
 
 class FSDPDense(DataParallelWrapper):
     """DMP's wrapper for ``distributed.dense.strategy: fsdp``: ``fully_shard`` on each dense block
-    (:func:`dense_blocks`) over a 1-D mesh of all ranks, then DDP over any unsharded parameter
-    left outside the blocks (data-parallel tables' weights), as TorchRec's default wrapper does.
+    (:func:`dense_blocks`) over a 1-D mesh of all ranks of ``env.process_group`` (the job's, also
+    under TorchRec's 2-D env of ``sharding.replica_groups``, whose ``world_size`` is a sharding
+    group's), then DDP over any unsharded parameter left outside the blocks (data-parallel
+    tables' weights), as TorchRec's default wrapper does.
 
     The state dict keeps its keys (FSDP2 works in place); dense values become ``DTensor`` s
     (``Shard(0)``), which DCP checkpoints, ``full_tensor()`` and the optimizers handle.
@@ -104,17 +107,21 @@ class FSDPDense(DataParallelWrapper):
             )
         if "" in blocks:
             raise ValueError("distributed.dense.strategy: fsdp: the model holds no embedding table; use ddp")
-        mesh = init_device_mesh(device.type, (env.world_size,), mesh_dim_names=("dp",))
+        # Every rank of the job, never env.world_size: under sharding.replica_groups (TorchRec's
+        # ShardingEnv2D) that is one sharding group's, while env.process_group stays the job's, as
+        # for the DDP TorchRec puts over the dense tower there (docs/design/replica_groups.md).
+        world = dist.get_world_size(env.process_group)
+        mesh = DeviceMesh.from_group(env.process_group, device.type, mesh_dim_names=("dp",))
         for name in blocks:
             block = root.get_submodule(name)
-            if env.world_size > 1:
+            if world > 1:
                 _broadcast_states(block, env.process_group)
             # The blocks are disjoint, so each is an FSDP root, which torch's default (None) keeps
             # unsharded from forward to backward anyway; said here because the ledger counts on it
             # (one all-gather per block per step: ALL_GATHERS_PER_STEP).
             fully_shard(block, mesh=mesh, reshard_after_forward=False)
         fsdp_names = {n for n, p in root.named_parameters() if isinstance(p, DTensor)}
-        if env.world_size > 1:
+        if world > 1:
             # Nothing left (no data-parallel table): no DDP at all (TorchRec's _ddp_wrap returns).
             DefaultDataParallelWrapper()._ddp_wrap(dmp, env, device, sharded | fsdp_names)
 

@@ -34,7 +34,9 @@ input_dist and one output_dist per collection and sharding type):
   counts them; the ledger line of a run (``run_ledger``) does not yet.
 - ``replica_sync`` (``sharding.replica_groups`` N > 1, :mod:`recsys_dist.distributed.replicas`):
   the plan is one sharding group's (world / N ranks; every phase above is counted inside a
-  group, the rows of the ledger are a group's ranks, the same in every group), and every
+  group, the rows of the ledger are a group's ranks, the same in every group, except the dense
+  tower's DDP / FSDP collectives and the data_parallel tables' all-reduce, which run over all
+  the job's ranks: ``predict``'s ``dense_world_size``), and every
   ``replica_sync_every`` = k steps each rank all-reduces (AVG, over its N replicas) its table
   shards (fp32) and their optimizer state (``exact_adagrad``: one float per weight,
   ``exact_rowwise_adagrad``: one per row, ``exact_sgd``: none): counted as that payload / k
@@ -316,6 +318,7 @@ def predict(
     local_world_size: int | None = None,
     managed_features: Iterable[str] = (),
     fsdp_blocks: Iterable[tuple[int, int]] = (),
+    dense_world_size: int | None = None,
 ) -> Ledger:
     """The per-step ledger of a sharding plan (see the module doc for what is counted).
 
@@ -333,6 +336,9 @@ def predict(
             whose ids every rank all-gathers each step (``managed_all_gather``).
         fsdp_blocks: under ``distributed.dense.strategy: fsdp``, per dense block the bytes of one
             rank's chunk of its all-gather and of its reduce-scatter (:func:`dense_bytes_of`).
+        dense_world_size: the ranks the dense tower's DDP / FSDP and the data_parallel tables'
+            all-reduce run over (default ``world_size``). Under ``sharding.replica_groups`` N,
+            ``world_size`` is one sharding group's (the plan's) and this is the job's, N times it.
 
     Raises:
         ValueError: a sharding type the ledger does not know, or an unknown precision.
@@ -347,8 +353,9 @@ def predict(
         for f in t.feature_names:
             pooling.setdefault(f, 1.0)
     W, B = world_size, batch_size
+    DW = world_size if dense_world_size is None else dense_world_size
     led = Ledger(W, B, pooling, forward_precision, backward_precision)
-    if W == 1:
+    if DW == 1:
         return led
     ef, eb = PRECISION_BYTES[forward_precision], PRECISION_BYTES[backward_precision]
     groups: set[tuple[str, str]] = set()
@@ -359,7 +366,7 @@ def predict(
                 led.unmodelled.append(name)
                 continue
             st = ps.sharding_type
-            if st == "data_parallel":
+            if st == "data_parallel":  # DDP's, over the job's ranks
                 for r in range(W):
                     b = t.num_embeddings * t.embedding_dim * 4
                     led.add(r, "allreduce", name, b, b)
@@ -373,28 +380,32 @@ def predict(
         for r in range(W):
             b = SPLITS_PER_PEER * SPLIT_BYTES * (W - 1)
             led.add(r, "input_dist", "splits", b, b)
-    _dense_flows(led, dense_bytes, fsdp_blocks)
-    managed = list(managed_features)
-    if managed:
-        # recsys_dist.models.managed: all_gather of the id count per feature, then of the ids
-        # (every rank's buffer is as long as the longest, which is B x sum(P) when batches are equal).
-        chunk = ID_BYTES * (len(managed) + sum(B * pooling.get(f, 1.0) for f in managed))
-        for r in range(W):
-            led.add(r, "managed_all_gather", "managed", (W - 1) * chunk, (W - 1) * chunk)
+    _dense_flows(led, dense_bytes, fsdp_blocks, DW)
+    _managed_flows(led, list(managed_features))
     return led
 
 
-def _dense_flows(led: Ledger, allreduce: int, fsdp_blocks: Iterable[tuple[int, int]]) -> None:
-    """The dense tower's collectives: DDP's all-reduce of ``allreduce`` bytes; per FSDP block
-    (one rank's all-gather chunk, reduce-scatter chunk) W - 1 chunks each way of each."""
-    W = led.world_size
+def _managed_flows(led: Ledger, managed: list[str]) -> None:
+    """recsys_dist.models.managed: all_gather of the id count per feature, then of the ids
+    (every rank's buffer is as long as the longest, which is B x sum(P) when batches are equal)."""
+    W, B = led.world_size, led.batch_size
+    chunk = ID_BYTES * (len(managed) + sum(B * led.pooling.get(f, 1.0) for f in managed)) if managed else 0
     for r in range(W):
+        led.add(r, "managed_all_gather", "managed", (W - 1) * chunk, (W - 1) * chunk)
+
+
+def _dense_flows(led: Ledger, allreduce: int, fsdp_blocks: Iterable[tuple[int, int]], world: int) -> None:
+    """The dense tower's collectives over ``world`` ranks (the job's): DDP's all-reduce of
+    ``allreduce`` bytes; per FSDP block (one rank's all-gather chunk, reduce-scatter chunk)
+    world - 1 chunks each way of each. Booked on each of the ledger's ranks (under replica
+    groups a sharding group's: every rank of the job moves the same)."""
+    for r in range(led.world_size):
         led.add(r, "allreduce", "dense", allreduce, allreduce)
     for gather, reduce in fsdp_blocks:
-        for r in range(W):
-            g = ALL_GATHERS_PER_STEP * gather * (W - 1)
+        for r in range(led.world_size):
+            g = ALL_GATHERS_PER_STEP * gather * (world - 1)
             led.add(r, "fsdp_all_gather", "dense", g, g)
-            led.add(r, "fsdp_reduce_scatter", "dense", reduce * (W - 1), reduce * (W - 1))
+            led.add(r, "fsdp_reduce_scatter", "dense", reduce * (world - 1), reduce * (world - 1))
 
 
 def _sharded_table(
@@ -512,6 +523,7 @@ def run_ledger(
         local_world_size,
         managed_features(dmp),
         blocks,
+        world_size,
     )
     led.unsized_multi_hot = unsized_multi_hot(data)
     if groups > 1:  # the sync averages the sequence tables' shards too

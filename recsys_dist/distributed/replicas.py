@@ -6,7 +6,9 @@ The ranks form a mesh ``[[0, N, 2N, ...], [1, N + 1, ...], ...]``: each row is a
 the same plan on its own ranks), each column a replica group (the ranks holding the same
 shard). The all-to-alls run inside a sharding group only; :meth:`ReplicaDMP.sync` averages every
 table shard (FBGEMM TBE weights) and its optimizer's ``sum`` state over the replica group
-(``allreduce_coalesced``, AVG). The dense tower stays under DDP over all ranks.
+(``allreduce_coalesced``, AVG). The dense tower stays data parallel over all ranks of the job
+(``distributed.dense.strategy`` ddp: TorchRec's DDP on the global group; fsdp:
+:class:`~recsys_dist.distributed.dense.FSDPDense` over it), as it would in one group.
 
 What is exact (docs/design/replica_groups.md): TorchRec divides the pooled embeddings' gradients
 by the group's size, so with ``exact_sgd`` synced every step the average over the replicas is
@@ -73,7 +75,7 @@ class ReplicaDMP(DMPCollection, _RealDevice):
         plan: planned for ``group_size`` ranks and broadcast to all (``collective_plan``);
             remapped in place onto this rank's sharding group.
         groups: the number of replica groups N (``sharding.replica_groups``), >= 2, dividing the world.
-        pg: the global process group (DDP of the dense tower runs on it).
+        pg: the global process group (DDP or FSDP of the dense tower runs on it).
         sync_every: :meth:`stepped` syncs every this many steps (``sharding.replica_sync_every``).
         **kwargs: DistributedModelParallel's ``sharders``, ``data_parallel_wrapper``, ...
     """

@@ -295,6 +295,10 @@ REPLICA_SHARDING_TYPES = ("table_wise", "row_wise", "column_wise", "data_paralle
 # train.pipeline: the lookup of the next batch must follow the sync (semi_sync reads the tables
 # before the previous update; fused_sparse_dist starts it early too).
 REPLICA_PIPELINES = ("base", "sparse_dist")
+# distributed.dense.strategy: ddp and fsdp run over the job's ranks (env.process_group, which
+# TorchRec's 2-D env keeps global), as one group's would (docs/design/replica_groups.md);
+# pipeline lays its stages out from env.world_size / rank, which there are the sharding group's.
+REPLICA_DENSE_STRATEGIES = ("ddp", "fsdp")
 
 
 def replica_problems(
@@ -306,7 +310,7 @@ def replica_problems(
     managed: bool = False,
 ) -> list[str]:
     """Why ``sharding.replica_groups`` cannot run with this job: it must divide ``world_size``,
-    and only the dense strategy ddp, the embedding optimizers of :data:`REPLICA_OPTIMIZERS`,
+    and only the dense strategies of :data:`REPLICA_DENSE_STRATEGIES`, the embedding optimizers of :data:`REPLICA_OPTIMIZERS`,
     the pipelines of :data:`REPLICA_PIPELINES` and no managed-collision ids (``managed``) are
     supported with it; then :func:`replica_table_problems`. Empty when it is 1."""
     n = s.replica_groups
@@ -320,10 +324,12 @@ def replica_problems(
             f"{key} groups do not divide {world_size} rank(s) (each group holds world / replica_groups ranks); "
             f"use one of {fits} or a multiple of {n} ranks (distributed.nproc_per_node)"
         )
-    if dense.strategy != "ddp":
+    if dense.strategy not in REPLICA_DENSE_STRATEGIES:
         problems.append(
-            f"{key} runs the dense tower under DDP only, distributed.dense.strategy is {dense.strategy}; "
-            "set it to ddp or replica_groups to 1"
+            f"{key} runs the dense tower under ddp or fsdp only, distributed.dense.strategy is {dense.strategy} "
+            "(its stages would be laid out on one sharding group's ranks, and its table gradients scaled for "
+            "TorchRec dividing them by the job's world size, which it divides by the group's); set it to ddp or "
+            "fsdp, or replica_groups to 1"
         )
     if embedding_optimizer not in REPLICA_OPTIMIZERS:
         problems.append(

@@ -95,7 +95,7 @@ class PlanReport:
             f"max/mean cost imbalance {self.imbalance:.3f}"
         )
         if self.dense is not None:
-            lines += ["", *_dense_text(self.dense)]
+            lines += ["", *_dense_text(self.dense, self.replica_groups)]
         if self.ledger is not None:
             pool = sorted({v for v in self.ledger.pooling.values()})
             lines += [
@@ -108,7 +108,7 @@ class PlanReport:
         return "\n".join(lines)
 
 
-def _dense_text(dense: dict) -> list[str]:
+def _dense_text(dense: dict, replica_groups: int = 1) -> list[str]:
     how = {
         "ddp": "replicated on every rank (DDP)",
         "fsdp": "sharded over the ranks (FSDP2, dim 0 of each weight)",
@@ -120,6 +120,12 @@ def _dense_text(dense: dict) -> list[str]:
         f"optimizer state of train.dense_optimizer {dense['optimizer']}",
         f"{'rank':<6} {'parameters':>12} {'gradients':>12} {'optimizer':>12}",
     ]
+    if replica_groups > 1:  # the tables' rows above are one group's; the tower spans the job
+        lines.insert(
+            1,
+            f"(over all {len(dense['per_rank'])} ranks of the job, across the {replica_groups} replica groups: "
+            "the ranks below are the job's)",
+        )
     h = ledgers.human
     for r, b in enumerate(dense["per_rank"]):
         lines.append(f"{r:<6} {h(b['parameters']):>12} {h(b['gradients']):>12} {h(b['optimizer']):>12}")
@@ -262,7 +268,7 @@ def dry_run(
         for r in summary
     ]
     zeros = [0.0] * group.size
-    ledger = _ledger(job, model, plan, tables, group.size, group.local_size, dense_bytes)
+    ledger = _ledger(job, model, plan, tables, group, dense_bytes, world_size)
     report = PlanReport(
         group.size, group.local_size, device, placements, list(zeros), list(zeros), list(zeros), ledger, plan
     )
@@ -330,23 +336,25 @@ def _stage_bytes(per_rank: list[dict], layout) -> None:
             row["parameters"] += own
 
 
-def _ledger(job: Job, model, plan, tables, world_size: int, local_world_size: int, dense_bytes: tuple):
+def _ledger(job: Job, model, plan, tables, group: World, dense_bytes: tuple, world_size: int):
     """The bytes ledger of the plan (``recsys_dist.distributed.ledger.predict``, and
-    ``replica_sync_flows`` under ``sharding.replica_groups``); ``dense_bytes``:
-    ``ledger.dense_bytes_of``'s (DDP's all-reduce bytes, FSDP's chunks per block)."""
+    ``replica_sync_flows`` under ``sharding.replica_groups``) on ``group``, the world the plan
+    is for (one sharding group's); ``dense_bytes``: ``ledger.dense_bytes_of``'s (DDP's all-reduce
+    bytes, FSDP's chunks per block), whose collectives run over the job's ``world_size`` ranks."""
     comms = job.sharding.comms
     ledger = ledgers.predict(
         plan,
         tables,
-        world_size,
+        group.size,
         job.sharding.planner_batch_size or job.train.batch_size,
         dense_bytes[0],
         ledgers.pooling_from_config(job.data, tables),
         comms.forward,
         comms.backward,
-        local_world_size,
+        group.local_size,
         ledgers.managed_features(model),
         dense_bytes[1],
+        world_size,
     )
     ledger.unsized_multi_hot = ledgers.unsized_multi_hot(job.data)
     s = job.sharding

@@ -15,11 +15,14 @@ from types import SimpleNamespace
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
 from recsys_dist.checkpoint.dcp import global_bytes, load_checkpoint, save_checkpoint, set_optimizer_steps
 from recsys_dist.checkpoint.gather import gather_full_state
 from recsys_dist.checkpoint.loop import save_checkpoint as save_own
 from recsys_dist.distributed import replicas
+from recsys_dist.distributed.comm_counter import CommCounter
+from recsys_dist.distributed.dense import local_dense_bytes
 from recsys_dist.distributed.env import init_distributed
 from recsys_dist.distributed.ledger import run_ledger
 from recsys_dist.distributed.optim import init_lazy_state
@@ -29,14 +32,15 @@ from recsys_dist.train.build import shard_model
 from recsys_dist.train.checkpointing import Checkpointer
 from recsys_dist.train.observe import PhaseClock
 from recsys_dist.train.steps import StepRunner
+from tests.ranks.distributed import pipeline_worker
 from tests.ranks.distributed.dense_worker import B, _batch, _cfg, _state
 
 
-def _build(types, optimizer: str, groups: int, world_size: int, every: int = 1):
+def _build(types, optimizer: str, groups: int, world_size: int, every: int = 1, strategy: str = "ddp"):
     extra = [f"train.embedding_optimizer={optimizer}", f"sharding.replica_groups={groups}"]
     if groups > 1:
         extra.append(f"sharding.replica_sync_every={every}")
-    cfg = _cfg("dlrm", types, "ddp", world_size, tuple(extra))
+    cfg = _cfg("dlrm", types, strategy, world_size, tuple(extra))
     ctx = init_distributed(cfg.distributed)
     torch.manual_seed(cfg.train.seed + ctx.rank)  # DDP starts every rank from rank 0's dense weights
     dmp, opt = shard_model(cfg, ctx)[:2]
@@ -185,10 +189,68 @@ def _dir_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in Path(path).rglob("*.distcp"))
 
 
+# distributed.dense.strategy under replica groups: (strategy, groups) trained alike
+DENSE_LAYOUTS = (("ddp", 1), ("fsdp", 1), ("fsdp", 0))  # 0: the run's replica groups
+_DENSE_PHASES = ("allreduce", "fsdp_all_gather", "fsdp_reduce_scatter")
+
+
+def dense_layouts(rank: int, world_size: int, run_dir: str, groups: int, steps: int) -> dict:
+    """The dense tower under fsdp with ``groups`` replica groups, against one group under fsdp
+    and ddp: exact_sgd row_wise tables (synced every step), ``steps`` steps of
+    ``pipeline_worker``'s batches (the last rank's all padding at its PADDED_STEP). Per layout:
+    this rank's losses, the dense weights after (whole), and the dense collectives of the last
+    step ``counted`` (CommCounter) and ``predicted`` (the run's ledger, this rank's group row);
+    each layout saves at ``steps // 2``. ``resumed``: (strategy, groups) -> the losses of steps
+    ``steps // 2 ..`` of a fresh model of that layout loading the other layout's checkpoint
+    (fsdp x groups <-> ddp x 1)."""
+    half, out, paths = steps // 2, {}, {}
+    for strategy, g in DENSE_LAYOUTS:
+        g = g or groups
+        cfg, ctx, dmp, opt = _build(["row_wise"], "exact_sgd", g, world_size, strategy=strategy)
+        batches = [pipeline_worker._batch(step, rank, world_size) for step in range(steps)]
+        got = {"type": type(dmp).__name__}
+        if strategy == "ddp":  # every layout starts from these (rank 0's, broadcast)
+            out["before"] = {n: _whole(p) for n, p in dmp.named_parameters() if "embedding" not in n}
+        got["losses"] = train_on(dmp, opt, batches[:half])
+        paths[(strategy, g)] = save_checkpoint(
+            ctx, Path(run_dir) / f"{strategy}{g}", half, _state(dmp, opt), {}, keep=5
+        )
+        got["losses"] += train_on(dmp, opt, batches[half:-1])
+        with CommCounter(dmp) as counter:
+            got["losses"] += train_on(dmp, opt, batches[-1:])
+        group_rank = dist.get_rank(dmp._default_ctx.sharding_pg) if g > 1 else rank
+        predicted = run_ledger(dmp, cfg.data, cfg.sharding.comms, B, world_size).per_rank()[group_rank]
+        got["counted"] = {p: dict(counter.counts[p]) for p in _DENSE_PHASES}
+        got["predicted"] = {p: predicted[p] for p in _DENSE_PHASES}
+        dense = {n: p for n, p in dmp.named_parameters() if "embedding" not in n}
+        got["dense"] = {n: _whole(p) for n, p in dense.items()}
+        got["dtensors"] = sum(isinstance(p, DTensor) for p in dense.values())
+        got["dense_bytes"] = local_dense_bytes(dmp)["parameters"]
+        out[(strategy, g)] = got
+        del dmp, opt
+    out["resumed"] = {}
+    for (strategy, g), source in ((("ddp", 1), ("fsdp", groups)), (("fsdp", groups), ("ddp", 1))):
+        torch.manual_seed(123)  # other initial weights: only the checkpoint can make them equal
+        _, ctx, dmp, opt = _build(["row_wise"], "exact_sgd", g, world_size, strategy=strategy)
+        init_lazy_state(opt, dmp.fused_optimizer)
+        load_checkpoint(paths[source], _state(dmp, opt))
+        set_optimizer_steps(opt, half)
+        batches = [pipeline_worker._batch(step, rank, world_size) for step in range(half, steps)]
+        out["resumed"][(strategy, g)] = train_on(dmp, opt, batches)
+        del dmp, opt
+    return out
+
+
+def _whole(p: torch.Tensor) -> torch.Tensor:
+    p = p.detach()
+    return (p.full_tensor() if isinstance(p, DTensor) else p).clone()
+
+
 def everything(rank: int, world_size: int, run_dir: str, cases: list, steps: int, groups: int) -> dict:
-    """One spawn: :func:`losses` over ``cases``, then :func:`checkpoints`."""
+    """One spawn: :func:`losses` over ``cases``, :func:`dense_layouts`, then :func:`checkpoints`."""
     return {
         "losses": losses(rank, world_size, cases, steps, groups),
+        "dense": dense_layouts(rank, world_size, f"{run_dir}/dense", groups, steps),
         # table_wise: its DTensors read (Replicate(), Replicate()) though one rank of a group holds
         # the table, which DTensor.full_tensor() cannot gather (tables.full_tensor does)
         "checkpoints": {

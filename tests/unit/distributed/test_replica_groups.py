@@ -30,7 +30,12 @@ def test_defaults_and_sync_every_without_groups_is_an_error():
     "overrides, world, words",
     [
         ((), 3, "sharding.replica_groups: 2 groups do not divide 3 rank"),
-        (("distributed.dense.strategy=fsdp",), 4, "runs the dense tower under DDP only.*set it to ddp"),
+        (
+            ("distributed.dense.strategy=pipeline", "distributed.dense.stages=2"),
+            4,
+            "runs the dense tower under ddp or fsdp only, distributed.dense.strategy is pipeline "
+            r"\(its stages would be laid out on one sharding group's ranks",
+        ),
         (("train.embedding_optimizer=adam",), 4, "train.embedding_optimizer adam keeps state"),
         (("train.pipeline=semi_sync",), 4, "train.pipeline semi_sync looks up the next batch before"),
         (
@@ -61,6 +66,27 @@ def test_sequence_tables_are_accepted():
         check_before_launch(
             _job("sharding.replica_groups=2", "distributed.nproc_per_node=4", config=ROOT / "configs" / config)
         )
+
+
+def test_fsdp_is_accepted_and_planned_over_the_job():
+    """fsdp with replica groups: accepted; ``recsys-dist plan`` shows the tower sharded over all 4
+    ranks of the job (1/4 each, as in one group of 4), and its all-gather / reduce-scatter chunks
+    going to 3 peers, not to a sharding group's 1 (tests/ranks/distributed/test_replica_groups.py
+    counts them at the collectives)."""
+    fsdp = ("distributed.dense.strategy=fsdp", "distributed.nproc_per_node=4")
+    check_before_launch(_job("sharding.replica_groups=2", *fsdp))
+    flat = dry_run(_job(*fsdp), 4, 4, "cpu")
+    two = dry_run(_job("sharding.replica_groups=2", *fsdp), 4, 4, "cpu")
+    ddp = dry_run(_job("sharding.replica_groups=2", "distributed.nproc_per_node=4"), 4, 4, "cpu")
+    assert two.ledger.world_size == 2 and len(two.dense["per_rank"]) == 4
+    assert two.dense["per_rank"] == flat.dense["per_rank"]
+    tower = ddp.dense["per_rank"][0]["parameters"]
+    assert all(r["parameters"] <= tower / 4 * 1.05 for r in two.dense["per_rank"])
+    for phase in ("fsdp_all_gather", "fsdp_reduce_scatter", "allreduce"):
+        assert [r[phase] for r in two.ledger.per_rank()] == [r[phase] for r in flat.ledger.per_rank()[:2]], phase
+    assert two.ledger.per_rank()[0]["fsdp_all_gather"]["sent"] > 0
+    text = two.text()
+    assert "over all 4 ranks of the job, across the 2 replica groups" in text and "fsdp gather" in text
 
 
 def test_accepted_with_sgd_and_adagrads():
