@@ -149,9 +149,10 @@ class ShardingConfig(Section):
         description="2-D sparse parallelism (TorchRec's DMPCollection): the tables are planned for, and sharded "
         "within, groups of world / replica_groups ranks, and replicated across the replica_groups groups; the "
         "all-to-alls stay inside a group, and every replica_sync_every steps each shard is averaged with its "
-        "replicas (all-reduce). 1 = one group of all ranks. Must divide the world size; dense strategy ddp or "
-        "fsdp (either over all ranks of the job), not pipeline; exact against 1 group with exact_sgd synced "
-        "every step, close (not equal) with the Adagrads (docs/design/replica_groups.md).",
+        "replicas (all-reduce). 1 = one group of all ranks. Must divide the world size; the dense tower "
+        "(ddp, fsdp, or pipeline with each pipeline inside a group: its stages must divide world / replica_groups) "
+        "spans all ranks of the job; exact against 1 group with exact_sgd synced every step, close (not equal) "
+        "with the Adagrads (docs/design/replica_groups.md).",
     )
     replica_sync_every: int = Field(
         1,
@@ -213,7 +214,8 @@ class DenseConfig(Section):
         description="pipeline only (required there): the ranks of one pipeline (torch's pp group size, "
         "torchtitan's pipeline_parallel_degree); each runs one stage, or stages_per_rank stages under the "
         "interleaved schedules. Must divide the world size (world / stages pipelines side by side, each on its "
-        "share of the batch, their stages' gradients averaged: data x pipeline); stages x stages_per_rank must "
+        "share of the batch, their stages' gradients averaged: data x pipeline), under sharding.replica_groups "
+        "a sharding group's ranks (each pipeline inside a group); stages x stages_per_rank must "
         "be at most the number of modules the model's tower is cut into.",
     )
     schedule: PipelineSchedule | None = Field(

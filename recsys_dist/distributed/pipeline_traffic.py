@@ -36,7 +36,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from recsys_dist.distributed.config import DenseConfig
 from recsys_dist.distributed.ledger import Ledger, dense_parameter_bytes
-from recsys_dist.distributed.stages import cut_model, split_auto
+from recsys_dist.distributed.stages import cut_model, mesh_order, split_auto
 
 FLOAT = 4  # fp32 bytes
 
@@ -66,14 +66,24 @@ class PipelineLayout:
     widths: list[int]
     parameters: list[int]
     rest_bytes: int
+    replica_groups: int = 1
 
     def owner(self, stage: int) -> int:
         """The pipeline rank holding ``stage`` (loop placement)."""
         return stage % self.ranks
 
+    def order(self) -> list[int]:
+        """The job's ranks in the order the pipelines are laid over them (``stages.mesh_order``)."""
+        return mesh_order(self.ranks * self.dp, self.replica_groups)
+
+    def pipeline_rank(self, rank: int) -> int:
+        """The pipeline rank of the job's rank ``rank``."""
+        return self.order().index(rank) % self.ranks
+
     def stage_ranks(self, stage: int) -> list[int]:
-        """The global ranks holding ``stage``: its owner in every pipeline."""
-        return [p * self.ranks + self.owner(stage) for p in range(self.dp)]
+        """The job's ranks holding ``stage``: its owner in every pipeline."""
+        order = self.order()
+        return [order[p * self.ranks + self.owner(stage)] for p in range(self.dp)]
 
     def to_dict(self) -> dict:
         stages = []
@@ -98,9 +108,12 @@ class PipelineLayout:
         }
 
 
-def pipeline_layout(model: nn.Module, dense: DenseConfig, world_size: int, num_dense: int, keys: list[str]):
+def pipeline_layout(
+    model: nn.Module, dense: DenseConfig, world_size: int, num_dense: int, keys: list[str], replica_groups: int = 1
+):
     """The layout of ``model`` (a ``CTRTask`` or a user's model, built on meta or any device, its
-    tables not sharded) under ``dense`` at ``world_size`` ranks, or (None, why). Widths are read
+    tables not sharded) under ``dense`` at ``world_size`` ranks (the job's; ``replica_groups``:
+    ``sharding.replica_groups``), or (None, why). Widths are read
     by running ``pipeline_input`` on a meta batch (``num_dense`` dense columns, one id of each
     of ``keys``) and each tower module on one row of zeros on its own device (no gradient, the
     random state kept: a dropout draws nothing that training would see)."""
@@ -121,7 +134,7 @@ def pipeline_layout(model: nn.Module, dense: DenseConfig, world_size: int, num_d
     rest = _rest_bytes(user, in_tower)
     layout = PipelineLayout(
         S, world_size // S, v, dense.pipeline_schedule, dense.pipeline_microbatches, widths[0], starts, len(tower),
-        widths[1:], parameters, rest,
+        widths[1:], parameters, rest, replica_groups,
     )  # fmt: skip
     return layout, ""
 
@@ -157,7 +170,11 @@ def _rest_bytes(user: nn.Module, in_tower: set[int]) -> int:
 
 def add_pipeline_flows(led: Ledger, layout: PipelineLayout) -> None:
     """Book one step of ``layout``'s collectives into the ledger ``led`` (per rank, per step,
-    ``led.batch_size`` rows per rank): see the module doc for what and how."""
+    ``led.batch_size`` rows per rank): see the module doc for what and how. A row ``r`` of the
+    ledger is pipeline rank ``r % S``: the job's rank ``r`` in one group; under
+    ``sharding.replica_groups`` (rows: one sharding group's ranks) group rank ``r`` of every
+    group, each pipeline lying inside a group (``stages.mesh_order``), so each row is exact for
+    every group; the data-parallel all-reduce spans all ``dp`` pipelines of the job."""
     S, B, W = layout.ranks, led.batch_size, led.world_size
     d = layout.input_width
     for r in range(W):

@@ -296,9 +296,9 @@ REPLICA_SHARDING_TYPES = ("table_wise", "row_wise", "column_wise", "data_paralle
 # before the previous update; fused_sparse_dist starts it early too).
 REPLICA_PIPELINES = ("base", "sparse_dist")
 # distributed.dense.strategy: ddp and fsdp run over the job's ranks (env.process_group, which
-# TorchRec's 2-D env keeps global), as one group's would (docs/design/replica_groups.md);
-# pipeline lays its stages out from env.world_size / rank, which there are the sharding group's.
-REPLICA_DENSE_STRATEGIES = ("ddp", "fsdp")
+# TorchRec's 2-D env keeps global), as one group's would; pipeline lays its data x pipeline grid
+# over the job's ranks too, each pipeline inside a sharding group (docs/design/replica_groups.md).
+REPLICA_DENSE_STRATEGIES = ("ddp", "fsdp", "pipeline")
 
 
 def replica_problems(
@@ -326,10 +326,17 @@ def replica_problems(
         )
     if dense.strategy not in REPLICA_DENSE_STRATEGIES:
         problems.append(
-            f"{key} runs the dense tower under ddp or fsdp only, distributed.dense.strategy is {dense.strategy} "
-            "(its stages would be laid out on one sharding group's ranks, and its table gradients scaled for "
-            "TorchRec dividing them by the job's world size, which it divides by the group's); set it to ddp or "
-            "fsdp, or replica_groups to 1"
+            f"{key} runs the dense tower under {', '.join(REPLICA_DENSE_STRATEGIES)} only, "
+            f"distributed.dense.strategy is {dense.strategy}"
+        )
+    group = world_size // n
+    if dense.strategy == "pipeline" and dense.stages and world_size % n == 0 and group % dense.stages:
+        fits = [k for k in range(2, group + 1) if group % k == 0]
+        use = f"distributed.dense.stages one of {fits}" if fits else "distributed.dense.strategy ddp or fsdp"
+        problems.append(
+            f"{key}: distributed.dense.stages: {dense.stages} does not divide a sharding group's {group} rank(s) "
+            f"({world_size} ranks / {n} groups): each pipeline runs inside one sharding group, so that every group "
+            f"lays its ranks out alike (docs/design/replica_groups.md); use {use}, fewer replica_groups or more ranks"
         )
     if embedding_optimizer not in REPLICA_OPTIMIZERS:
         problems.append(

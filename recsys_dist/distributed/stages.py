@@ -13,6 +13,10 @@ parameters outside the tower). The model's plain ``forward`` becomes :func:`scor
 forward-only pass through the stages (every rank in its pipeline's collectives), so evaluation,
 ``predict`` and metrics score the whole tower. A checkpoint holds every stage (each written by
 its ranks) under the model's own names, so it moves between the strategies and world sizes.
+
+Under ``sharding.replica_groups`` (TorchRec's ``ShardingEnv2D``, whose ``world_size`` / ``rank``
+are a sharding group's) the grid spans the job's ranks, each pipeline inside one sharding group
+(:func:`job_order`); the step is unchanged (docs/design/replica_groups.md).
 """
 
 from __future__ import annotations
@@ -127,17 +131,21 @@ class DenseStages:
 
     Ranks form a ``data x pipeline`` grid (``dp = world / S`` rows, ``S`` ranks per pipeline):
     rank ``r`` is rank ``r % S`` of pipeline ``r // S``; with ``dp = 1`` the pipeline group is
-    the world. With ``per_rank = v`` stages per rank (the interleaved schedules) the tower is cut
-    into ``S x v`` stages and pipeline rank ``i`` holds stages ``i, i + S, ..., i + (v-1) S``.
+    the world. Under ``sharding.replica_groups`` the grid is laid over the ranks in
+    :func:`mesh_order` (each pipeline inside a sharding group) and ``r`` is a rank's place there.
+    With ``per_rank = v`` stages per rank (the interleaved schedules) the tower is cut into
+    ``S x v`` stages and pipeline rank ``i`` holds stages ``i, i + S, ..., i + (v-1) S``.
 
     Attributes:
         tower: the whole tower's modules (the model's, shared).
         starts: the index of each stage's first module (``[0, ...]``, one per stage, ``S x v``).
         index: this rank's rank in its pipeline group (with ``v = 1``, its stage).
-        group: its pipeline's group (ranks ``[d*S, ..., d*S + S - 1]``).
+        group: its pipeline's group (ranks ``[d*S, ..., d*S + S - 1]``, places in the order).
         dp_group: the group of the ranks that run the same stage (``[s, S + s, ...]``), or None
             (``dp = 1``): their stage gradients are averaged over it.
         dp: the pipelines (data-parallel degree).
+        world_size: the job's ranks ``W`` (under ``sharding.replica_groups`` all groups', not the
+            env's ``world_size``, which is one sharding group's).
         schedule: the torch schedule over this rank's ``PipelineStage``.
         microbatches: the schedule's microbatches per step.
         loss_scale: per step, ``microbatches x dp / the global batch's weight`` (set before ``step``).
@@ -158,6 +166,7 @@ class DenseStages:
     loss_scale: float = 1.0
     rest: list[nn.Parameter] = field(default_factory=list)
     per_rank: int = 1
+    world_size: int = 1
     freed: list[tuple[nn.Module, str, str, tuple, torch.dtype]] = field(default_factory=list)
 
     @property
@@ -209,8 +218,11 @@ class PipelineDense(DataParallelWrapper):
         if tower is None:
             raise ValueError(f"distributed.dense.strategy: pipeline: {why}")
         cfg, world = self.cfg, env.process_group
-        if env.world_size % cfg.stages:  # stages = the ranks of one pipeline
-            raise ValueError(f"distributed.dense.stages: {cfg.stages} must divide the world size {env.world_size}")
+        if env.world_size % cfg.stages:  # the env's: the job's, or under replica groups a sharding group's
+            where = f"a sharding group's {env.world_size} ranks (sharding.replica_groups)" if order_is_2d(env) else ""
+            raise ValueError(
+                f"distributed.dense.stages: {cfg.stages} must divide {where or f'the world size {env.world_size}'}"
+            )
         problems = pipeline_cut_problems(cfg, len(tower))  # a Trainer(model=...) model is checked here
         if problems:
             raise ValueError("; ".join(problems))
@@ -223,9 +235,11 @@ class PipelineDense(DataParallelWrapper):
         with torch.no_grad():  # rank 0's dense weights everywhere, as DDP starts
             for t in [*(p for n, p in root.named_parameters() if n not in sharded), *root.buffers()]:
                 dist.broadcast(t.data, src=dist.get_global_rank(world, 0), group=world)
-        group, dp_group = _grid(env.world_size, cfg.stages, env.rank, world)
-        index = env.rank % cfg.stages
-        stages = DenseStages(tower, starts, index, group, dp_group, env.world_size // cfg.stages, rest=rest)
+        order = job_order(env)
+        group, dp_group = _grid(order, cfg.stages, dist.get_rank(), world)
+        index = order.index(dist.get_rank()) % cfg.stages  # its group rank: a pipeline's ranks ascend in the order
+        stages = DenseStages(tower, starts, index, group, dp_group, len(order) // cfg.stages, rest=rest)
+        stages.world_size = len(order)
         stages.per_rank = cfg.pipeline_stages_per_rank
         stages.microbatches = cfg.pipeline_microbatches
         stages.schedule = _schedule(cfg.pipeline_schedule, stages, device, _loss_fn(root, stages))
@@ -252,15 +266,43 @@ def _schedule(name: str, stages: DenseStages, device: torch.device, loss_fn):
     return SCHEDULES[name](owned[0], stages.microbatches, loss_fn=loss_fn, scale_grads=True)
 
 
-def _grid(world_size: int, stages: int, rank: int, world: dist.ProcessGroup):
+def _grid(order: list[int], stages: int, rank: int, world: dist.ProcessGroup):
     """(this rank's pipeline group, its data-parallel group or None) of the ``data x pipeline``
-    grid; with one pipeline, the world itself. Every rank creates every group (torch needs it)."""
-    if world_size == stages:
+    grid laid over the job's ranks in ``order`` (:func:`job_order`): pipeline ``d`` is
+    ``order[d*S : d*S + S]``; with one pipeline, the world itself. Every rank creates every group
+    (torch needs it)."""
+    if len(order) == stages:
         return world, None
-    dp = world_size // stages
-    pipes = [dist.new_group([d * stages + s for s in range(stages)]) for d in range(dp)]
-    replicas = [dist.new_group([d * stages + s for d in range(dp)]) for s in range(stages)]
-    return pipes[rank // stages], replicas[rank % stages]
+    dp, at = len(order) // stages, order.index(rank)
+    pipes = [dist.new_group([order[d * stages + s] for s in range(stages)]) for d in range(dp)]
+    replicas = [dist.new_group([order[d * stages + s] for d in range(dp)]) for s in range(stages)]
+    return pipes[at // stages], replicas[at % stages]
+
+
+def mesh_order(world_size: int, replica_groups: int = 1) -> list[int]:
+    """The job's ranks in the order the pipelines are laid over them: ``0 .. W-1`` in one group;
+    under ``sharding.replica_groups`` N, DMPCollection's sharding groups one after the other
+    (``[0, N, 2N, ...], [1, N + 1, ...], ...``: rank ``k + j N`` is rank ``j`` of group ``k``), so
+    that, stages dividing a group's W / N ranks, each pipeline lies inside one sharding group and
+    a rank's pipeline rank is its group rank modulo the stages, the same in every group (the
+    ledger's and ``recsys-dist plan``'s rows are one group's ranks)."""
+    n = replica_groups
+    return [k + j * n for k in range(n) for j in range(world_size // n)]
+
+
+def order_is_2d(env) -> bool:
+    """Whether ``env`` is TorchRec's ``ShardingEnv2D`` (``sharding.replica_groups`` > 1)."""
+    return getattr(getattr(env, "device_mesh", None), "ndim", 1) == 2
+
+
+def job_order(env) -> list[int]:
+    """:func:`mesh_order` as ``env`` has it: under TorchRec's ``ShardingEnv2D`` (whose
+    ``world_size`` / ``rank`` are a sharding group's, ``process_group`` the job's) its device
+    mesh's rows (the sharding groups) one after the other; else the job's ranks in order."""
+    if order_is_2d(env):
+        return [int(r) for r in env.device_mesh.mesh.flatten().tolist()]
+    pg = env.process_group
+    return [dist.get_global_rank(pg, i) for i in range(dist.get_world_size(pg))]
 
 
 def _loss_fn(task: nn.Module, stages: DenseStages):

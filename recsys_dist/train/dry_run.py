@@ -306,7 +306,8 @@ def _pipeline(job: Job, model, world_size: int):
     """Under ``distributed.dense.strategy: pipeline``, (its layout or None, why not), else None."""
     if job.distributed.dense.strategy != "pipeline":
         return None
-    return pipeline_layout(model, job.distributed.dense, world_size, job.features.num_dense, list(job.features.keys))
+    d, f = job.distributed.dense, job.features
+    return pipeline_layout(model, d, world_size, f.num_dense, list(f.keys), job.sharding.replica_groups)
 
 
 def _add_pipeline(report: PlanReport, layout, why: str) -> None:
@@ -327,7 +328,7 @@ def _stage_bytes(per_rank: list[dict], layout) -> None:
     planned rows' (``train.dense_optimizer``'s)."""
     tower = sum(layout.parameters) * 4
     for rank, row in enumerate(per_rank):
-        own = sum(n for k, n in enumerate(layout.parameters) if layout.owner(k) == rank % layout.ranks) * 4
+        own = sum(n for k, n in enumerate(layout.parameters) if layout.owner(k) == layout.pipeline_rank(rank)) * 4
         state_per_byte = row["optimizer"] / row["parameters"] if row["parameters"] else 0
         for key in ("parameters", "gradients"):
             row[key] -= tower - own

@@ -14,7 +14,9 @@ batch is padding only); a pipeline is S ranks (``dense_stages.group``), dp = W /
    the microbatches: dp x d(global weighted mean loss)/dx.
 4. Each rank's rows of that gradient back to it (scatter), and ``pooled.backward(g * W / dp)``:
    TorchRec divides the pooled embeddings' gradient by the world size in its backward (it
-   expects DDP's per-rank losses), so W undoes it, and 1 / dp the dp above. The fused table
+   expects DDP's per-rank losses), so W undoes it, and 1 / dp the dp above. (W is the job's
+   ranks; under ``sharding.replica_groups`` N TorchRec divides by a sharding group's W / N, as
+   it does under ddp there, and the replicas' sync averages the N groups' updates.) The fused table
    optimizers step in that backward. Gradients of replicated parameters outside the tower
    (data-parallel tables) are averaged over the ranks, and (dp > 1) each stage's over the
    pipelines, as DDP would.
@@ -81,8 +83,11 @@ class StagePipeline:
         grad = torch.empty_like(pooled)
         chunks = list((x.grad / st.microbatches).split(pooled.shape[0])) if rank == 0 else None
         dist.scatter(grad, chunks, src=dist.get_global_rank(group, 0), group=group)
-        world = dist.get_world_size()
-        # x.grad / microbatches is dp x d(global loss)/dx; TorchRec divides by the world size
+        world = st.world_size  # the job's ranks, also under sharding.replica_groups
+        # x.grad / microbatches is dp x d(global loss)/dx; x W as ddp's per-rank loss gives it.
+        # TorchRec divides by its all-to-all's ranks: W in one group; under replica groups a
+        # sharding group's W / N, so each replica gets N x its group's share, which the sync's
+        # average over the N replicas undoes (as under ddp: docs/design/replica_groups.md).
         pooled.backward(grad * ((world if get_gradient_division() else 1) / st.dp))
         if not self._checked:  # its first step (steps_done is the run's step count on a resume)
             _check_input_grads(probes)

@@ -84,7 +84,8 @@ def ledger_line(job: Job, model: nn.Module, world_size: int) -> dict:
     led = run_ledger(model, job.data, job.sharding.comms, job.train.batch_size, world_size)
     if getattr(model, "dense_stages", None) is not None and world_size > 1 and job.model_spec is not GIVEN_MODEL:
         meta = build_model(job.model, job.features.on(torch.device("meta")), job.train)
-        layout, _ = pipeline_layout(meta, job.distributed.dense, world_size, job.features.num_dense, job.features.keys)
+        f, groups = job.features, job.sharding.replica_groups
+        layout, _ = pipeline_layout(meta, job.distributed.dense, world_size, f.num_dense, f.keys, groups)
         if layout is not None:
             add_pipeline_flows(led, layout)
     return json.loads(json.dumps(finite_or_none(led.to_dict())))

@@ -9,6 +9,7 @@ DDP); the replica-groups model syncs after each step as the Trainer's StepRunner
 
 from __future__ import annotations
 
+import contextlib
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -31,7 +32,9 @@ from recsys_dist.train.best_weights import MemoryCopy
 from recsys_dist.train.build import shard_model
 from recsys_dist.train.checkpointing import Checkpointer
 from recsys_dist.train.observe import PhaseClock
+from recsys_dist.train.stage_pipeline import StagePipeline
 from recsys_dist.train.steps import StepRunner
+from recsys_dist.train.summary import ledger_line
 from tests.ranks.distributed import pipeline_worker
 from tests.ranks.distributed.dense_worker import B, _batch, _cfg, _state
 
@@ -247,10 +250,12 @@ def _whole(p: torch.Tensor) -> torch.Tensor:
 
 
 def everything(rank: int, world_size: int, run_dir: str, cases: list, steps: int, groups: int) -> dict:
-    """One spawn: :func:`losses` over ``cases``, :func:`dense_layouts`, then :func:`checkpoints`."""
+    """One spawn: :func:`losses` over ``cases``, :func:`dense_layouts`, :func:`pipeline_layouts`,
+    then :func:`checkpoints`."""
     return {
         "losses": losses(rank, world_size, cases, steps, groups),
         "dense": dense_layouts(rank, world_size, f"{run_dir}/dense", groups, steps),
+        "pipeline": pipeline_layouts(rank, world_size, f"{run_dir}/pipeline", groups, steps),
         # table_wise: its DTensors read (Replicate(), Replicate()) though one rank of a group holds
         # the table, which DTensor.full_tensor() cannot gather (tables.full_tensor does)
         "checkpoints": {
@@ -258,3 +263,100 @@ def everything(rank: int, world_size: int, run_dir: str, cases: list, steps: int
             for t in ("row_wise", "table_wise")
         },
     }
+
+
+# distributed.dense.strategy: pipeline under replica groups: (strategy, groups, schedule) trained
+# alike, plain SGD (pipeline_worker.SGD: Adam's normalised update magnifies float rounding)
+PIPELINE_LAYOUTS = (("ddp", 1, None), ("pipeline", 1, "1f1b"), ("pipeline", 0, "1f1b"), ("pipeline", 0, "gpipe"))
+
+
+def _build_pipe(strategy: str, g: int, schedule: str | None, world_size: int):
+    extra = ["train.embedding_optimizer=exact_sgd", f"sharding.replica_groups={g}", f"train.batch_size={B}"]
+    extra += pipeline_worker.SGD
+    if strategy == "pipeline":
+        extra += ["distributed.dense.stages=2", f"distributed.dense.schedule={schedule}"]
+    cfg = _cfg("dlrm", ["row_wise"], strategy, world_size, tuple(extra))
+    ctx = init_distributed(cfg.distributed)
+    torch.manual_seed(cfg.train.seed + ctx.rank)  # every layout starts from rank 0's dense weights
+    dmp, opt = shard_model(cfg, ctx)[:2]
+    return cfg, ctx, dmp, opt
+
+
+def _pipe_train(dmp, opt, batches, world_size: int, staged: bool, counter=None) -> list[float]:
+    """The global losses (the ranks' mean) of one step per batch (through the Trainer's
+    ``StagePipeline`` if ``staged``), the replicas synced after each as the Trainer's StepRunner
+    does; ``counter`` (pipeline_worker._Counted) around the last step's ``progress`` only."""
+    runner = StagePipeline(dmp, opt, torch.device("cpu")) if staged else None
+    out = []
+    for i, batch in enumerate(batches):
+        if staged:
+            with counter if counter is not None and i == len(batches) - 1 else contextlib.nullcontext():
+                loss = runner.progress(iter([batch]))[0].clone()
+        else:
+            loss = dmp(batch)[0]
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            loss = loss.detach().clone()
+        replicas.stepped(dmp)
+        dist.all_reduce(loss)
+        out.append(loss.item() / world_size)
+    return out
+
+
+def _weights(dmp) -> tuple[dict, dict]:
+    """(this rank's dense weights: its own stages' under pipeline; the whole tables, unsharded).
+    Collective."""
+    dense = {n: p.detach().clone() for n, p in dmp.named_parameters() if "embedding" not in n}
+    tables = {k: v for k, v in gather_full_state_dict(dmp.state_dict()).items() if "embedding_bags" in k}
+    return dense, tables
+
+
+def pipeline_layouts(rank: int, world_size: int, run_dir: str, groups: int, steps: int) -> dict | None:
+    """The dense tower under pipeline (2 stages) with ``groups`` replica groups, against one group
+    under pipeline and ddp: exact_sgd row_wise tables synced every step, plain SGD on the tower,
+    ``steps`` of ``pipeline_worker``'s batches (the last rank's all padding at PADDED_STEP). Per
+    layout: the global losses; this rank's dense weights after (its own stages' under pipeline);
+    under pipeline its pipeline rank and group's ranks, and the last step's pipeline collectives
+    ``counted`` (pipeline_worker._Counted) and ``predicted`` (the run's ledger line, this rank's
+    group row). ``resumed``: a checkpoint at ``steps // 2`` of pipeline x groups resumed under
+    ddp x 1 and the reverse. None when a sharding group is smaller than 2 ranks."""
+    if world_size // groups < 2:
+        return None
+    half, out, paths = steps // 2, {}, {}
+    batches = [pipeline_worker._batch(step, rank, world_size) for step in range(steps)]
+    for strategy, g, schedule in PIPELINE_LAYOUTS:
+        g = g or groups
+        cfg, ctx, dmp, opt = _build_pipe(strategy, g, schedule, world_size)
+        staged, got = strategy == "pipeline", {"type": type(dmp).__name__}
+        if strategy == "ddp":  # every layout starts from these (rank 0's dense weights, the seeded tables)
+            out["before"] = _weights(dmp)
+        got["losses"] = _pipe_train(dmp, opt, batches[:half], world_size, staged)
+        if schedule != "gpipe":
+            path = Path(run_dir) / f"{strategy}{g}"
+            paths[(strategy, g)] = save_checkpoint(ctx, path, half, _state(dmp, opt), {}, keep=5)
+        counter = pipeline_worker._Counted() if staged else None
+        got["losses"] += _pipe_train(dmp, opt, batches[half:], world_size, staged, counter)
+        got["dense"], got["tables"] = _weights(dmp)
+        if staged:
+            st = dmp.dense_stages
+            got["index"], got["group"] = st.index, dist.get_process_group_ranks(st.group)
+            group_rank = dist.get_rank(dmp._default_ctx.sharding_pg) if g > 1 else rank
+            line = ledger_line(cfg, dmp, world_size)["per_rank"][group_rank]
+            got["counted"] = {p: list(v) for p, v in counter.counts.items()}
+            got["predicted"] = {p: [line[p]["sent"], line[p]["received"]] for p in counter.counts}
+        out[(strategy, g, schedule)] = got
+        del dmp, opt
+    out["resumed"] = {}
+    for (strategy, g, schedule), source in (
+        (("ddp", 1, None), ("pipeline", groups)),
+        (("pipeline", groups, "1f1b"), ("ddp", 1)),
+    ):
+        torch.manual_seed(123 + rank)  # other initial weights: only the checkpoint can make them equal
+        _, ctx, dmp, opt = _build_pipe(strategy, g, schedule, world_size)
+        init_lazy_state(opt, dmp.fused_optimizer)
+        load_checkpoint(paths[source], _state(dmp, opt))
+        set_optimizer_steps(opt, half)
+        out["resumed"][(strategy, g)] = _pipe_train(dmp, opt, batches[half:], world_size, strategy == "pipeline")
+        del dmp, opt
+    return out

@@ -31,10 +31,16 @@ def test_defaults_and_sync_every_without_groups_is_an_error():
     [
         ((), 3, "sharding.replica_groups: 2 groups do not divide 3 rank"),
         (
-            ("distributed.dense.strategy=pipeline", "distributed.dense.stages=2"),
+            ("distributed.dense.strategy=pipeline", "distributed.dense.stages=4"),
             4,
-            "runs the dense tower under ddp or fsdp only, distributed.dense.strategy is pipeline "
-            r"\(its stages would be laid out on one sharding group's ranks",
+            r"sharding.replica_groups: 2: distributed.dense.stages: 4 does not divide a sharding group's 2 rank\(s\) "
+            r"\(4 ranks / 2 groups\): each pipeline runs inside one sharding group.*use distributed.dense.stages one "
+            r"of \[2\]",
+        ),
+        (
+            ("distributed.dense.strategy=pipeline", "distributed.dense.stages=2"),
+            2,
+            r"stages: 2 does not divide a sharding group's 1 rank\(s\).*use distributed.dense.strategy ddp or fsdp",
         ),
         (("train.embedding_optimizer=adam",), 4, "train.embedding_optimizer adam keeps state"),
         (("train.pipeline=semi_sync",), 4, "train.pipeline semi_sync looks up the next batch before"),
@@ -87,6 +93,28 @@ def test_fsdp_is_accepted_and_planned_over_the_job():
     assert two.ledger.per_rank()[0]["fsdp_all_gather"]["sent"] > 0
     text = two.text()
     assert "over all 4 ranks of the job, across the 2 replica groups" in text and "fsdp gather" in text
+
+
+def test_pipeline_is_accepted_and_planned_inside_each_group():
+    """pipeline (2 stages) with 2 replica groups of 2 at 4 ranks: accepted (it was refused);
+    ``recsys-dist plan`` lays each pipeline inside a sharding group (stage 0 on ranks 0 and 1,
+    group rank 0 of each group; in one group of 4 on ranks 0 and 2), each rank holding its
+    stage's bytes, and the ledger's rows (a group's ranks) book the pipeline's collectives of
+    pipeline ranks 0 and 1 (those of one group's rows 0 and 1) and the stages' all-reduce over
+    the 2 pipelines of the job. tests/ranks/distributed/test_replica_groups.py counts them."""
+    pipe = ("distributed.dense.strategy=pipeline", "distributed.dense.stages=2", "distributed.nproc_per_node=4")
+    check_before_launch(_job("sharding.replica_groups=2", *pipe))
+    flat = dry_run(_job(*pipe), 4, 4, "cpu")
+    two = dry_run(_job("sharding.replica_groups=2", *pipe), 4, 4, "cpu")
+    assert [s["ranks"] for s in flat.dense["pipeline"]["stages"]] == [[0, 2], [1, 3]]
+    assert [s["ranks"] for s in two.dense["pipeline"]["stages"]] == [[0, 1], [2, 3]]
+    assert two.dense["pipeline"]["grid"] == flat.dense["pipeline"]["grid"] == {"dp": 2, "pp": 2}
+    f, t = flat.dense["per_rank"], two.dense["per_rank"]
+    assert t == [f[0], f[0], f[1], f[1]] and f[0] != f[1]  # by stage: ranks 0, 1 hold stage 0 in groups
+    assert two.ledger.world_size == 2
+    for phase in ("pipeline_io", "pipeline_p2p", "allreduce"):
+        assert [r[phase] for r in two.ledger.per_rank()] == [r[phase] for r in flat.ledger.per_rank()[:2]], phase
+    assert two.ledger.per_rank()[0]["pipeline_p2p"]["sent"] > 0 and "pp p2p" in two.text()
 
 
 def test_accepted_with_sgd_and_adagrads():
