@@ -31,7 +31,9 @@ input_dist and one output_dist per collection and sharding type):
   collectives around the schedule and their send / recv, booked by
   :func:`recsys_dist.distributed.pipeline_traffic.add_pipeline_flows` (table ``pipeline``),
   which also books the stages' data-parallel all-reduce under ``allreduce``. ``recsys-dist plan``
-  counts them; the ledger line of a run (``run_ledger``) does not yet.
+  and the run's ledger line (``recsys_dist.train.summary.ledger_line``) count them; ``run_ledger``
+  alone does not. Under ``sharding.replica_groups`` each pipeline lies inside a sharding group,
+  so a group's row ``r`` is pipeline rank ``r % S`` in every group.
 - ``replica_sync`` (``sharding.replica_groups`` N > 1, :mod:`recsys_dist.distributed.replicas`):
   the plan is one sharding group's (world / N ranks; every phase above is counted inside a
   group, the rows of the ledger are a group's ranks, the same in every group, except the dense

@@ -98,8 +98,10 @@ class PipelineLayout:
                     "ranks": self.stage_ranks(k),
                 }
             )
+        order = self.order()
         return {
             "grid": {"dp": self.dp, "pp": self.ranks},
+            "pipelines": [order[d * self.ranks : (d + 1) * self.ranks] for d in range(self.dp)],  # by pipeline rank
             "stages_per_rank": self.per_rank,
             "schedule": self.schedule,
             "microbatches": self.microbatches,

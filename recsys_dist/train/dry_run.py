@@ -139,7 +139,7 @@ def _pipeline_text(p: dict) -> list[str]:
     if "why" in p:
         return [f"pipeline layout not known: {p['why']}"]
     dp, pp, v = p["grid"]["dp"], p["grid"]["pp"], p["stages_per_rank"]
-    pipes = "; ".join(f"pipeline {d}: ranks {_ranges(list(range(d * pp, (d + 1) * pp)))}" for d in range(dp))
+    pipes = "; ".join(f"pipeline {d}: ranks {_ranges(ranks)}" for d, ranks in enumerate(p["pipelines"]))
     lines = [
         f"pipeline layout: {dp} x {pp} ranks (data x pipeline; {pipes}), {len(p['stages'])} stages, "
         f"{v} per rank ({'pipeline rank i holds stages i, i + ' + str(pp) + ', ...' if v > 1 else 'pipeline rank i holds stage i'}), "

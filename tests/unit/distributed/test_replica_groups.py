@@ -109,6 +109,11 @@ def test_pipeline_is_accepted_and_planned_inside_each_group():
     assert [s["ranks"] for s in flat.dense["pipeline"]["stages"]] == [[0, 2], [1, 3]]
     assert [s["ranks"] for s in two.dense["pipeline"]["stages"]] == [[0, 1], [2, 3]]
     assert two.dense["pipeline"]["grid"] == flat.dense["pipeline"]["grid"] == {"dp": 2, "pp": 2}
+    assert two.dense["pipeline"]["pipelines"] == [[0, 2], [1, 3]] and flat.dense["pipeline"]["pipelines"] == [
+        [0, 1],
+        [2, 3],
+    ]
+    assert "pipeline 0: ranks 0,2; pipeline 1: ranks 1,3" in two.text()
     f, t = flat.dense["per_rank"], two.dense["per_rank"]
     assert t == [f[0], f[0], f[1], f[1]] and f[0] != f[1]  # by stage: ranks 0, 1 hold stage 0 in groups
     assert two.ledger.world_size == 2
