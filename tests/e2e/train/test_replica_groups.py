@@ -5,7 +5,8 @@ validation, keep_best checkpoints, export) with exact_sgd trains as one group do
 export is one unsharded model equal to one group's; ``replica_sync_every=1000`` (no sync while
 training, then the one before the validation and the checkpoint) runs too, close to it. That
 the Trainer syncs before scoring and saving is checked exactly in
-tests/ranks/distributed/test_replica_groups.py (the replicas agree after each)."""
+tests/ranks/distributed/test_replica_groups.py (the replicas agree after each). Pipeline stages
+in 2 groups of 2 at 4 ranks log one group's ddp run and resume under it."""
 
 from safetensors.torch import load_file
 
@@ -63,3 +64,34 @@ def test_replica_groups_run_and_export_match_one_group(tmp_path):
     fsdp = runs["fsdp"][2]["totals"]
     assert fsdp["fsdp_all_gather"] > 0 and fsdp["fsdp_reduce_scatter"] > 0 and fsdp["allreduce"] == 0
     assert ledger["totals"]["allreduce"] > 0  # ddp's, over the job's 2 ranks
+
+
+def test_pipeline_in_groups_at_four_ranks_logs_one_groups_ddp_run(tmp_path):
+    """``distributed.dense.strategy=pipeline`` (2 stages) in 2 replica groups of 2 at 4 ranks, from
+    the CLI (preflight, the Trainer's step, validation, checkpoints, the run's ledger line): the
+    losses and validation AUC of one group of 4 under ddp, and its step-20 checkpoint resumed
+    under ddp in one group ends where it ended (refused before: pipeline with replica groups)."""
+    common = [
+        "train.max_steps=30",
+        "train.log_every_n_steps=10",
+        "checkpoint.every_n_steps=10",
+        "eval.every_n_steps=10",
+        "train.embedding_optimizer=exact_sgd",
+        "distributed.nproc_per_node=4",
+        "train.batch_size=16",
+    ]
+    pipe = ["sharding.replica_groups=2", "distributed.dense.strategy=pipeline", "distributed.dense.stages=2"]
+    runs = {"ddp": [], "pipe": pipe, "resumed": ["--resume", str(tmp_path / "pipe" / "checkpoints" / "step_00000020")]}
+    for name, extra in runs.items():
+        r = run_train(QUICKSTART, tmp_path / name, *common, *extra, tmp=tmp_path)
+        assert r.returncode == 0, r.stderr[-3000:]
+    got = {
+        n: {s: [m.get(k) for m in read_metrics(tmp_path / n, s)] for s, k in (("train", "loss"), ("validation", "auc"))}
+        for n in runs
+    }
+    assert len(got["ddp"]["train"]) == 3 and len(got["ddp"]["validation"]) == 3
+    for name, want in (("pipe", got["ddp"]), ("resumed", {s: v[-1:] for s, v in got["ddp"].items()})):
+        for split, values in want.items():
+            assert all(abs(a - b) <= 1e-6 * abs(b) for a, b in zip(got[name][split], values, strict=True)), got
+    ledger = read_metrics(tmp_path / "pipe", "ledger")[0]  # a sharding group's rows, the stages' bytes in them
+    assert ledger["world_size"] == 2 and all(r["pipeline_p2p"]["sent"] > 0 for r in ledger["per_rank"])

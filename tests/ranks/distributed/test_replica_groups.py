@@ -23,6 +23,12 @@ spawn: fsdp in 2 groups against fsdp and ddp in one group (a padding-only step o
 included): the same losses and dense weights, its collectives as the ledger predicts them (over
 the job's ranks), the bytes each rank holds as ``recsys-dist plan`` shows them, and checkpoints
 moving fsdp x 2 groups <-> ddp x 1 group.
+
+The dense tower under ``distributed.dense.strategy: pipeline`` (2 stages) with replica groups:
+in the same spawn, 1f1b and gpipe in 2 groups against 1f1b in one group and ddp (plain SGD, the
+padding-only step included): the same losses, tower and tables, each pipeline inside a sharding
+group, the pipeline's collectives as the run's ledger line predicts them, and checkpoints moving
+pipeline x 2 groups <-> ddp x 1 group.
 """
 
 import pytest
