@@ -237,7 +237,9 @@ class PipelineDense(DataParallelWrapper):
                 dist.broadcast(t.data, src=dist.get_global_rank(world, 0), group=world)
         order = job_order(env)
         group, dp_group = _grid(order, cfg.stages, dist.get_rank(), world)
-        index = order.index(dist.get_rank()) % cfg.stages  # its group rank: a pipeline's ranks ascend in the order
+        index = order.index(dist.get_rank()) % cfg.stages
+        # torch places stage i on the pipeline group's rank i: a pipeline's ranks ascend in the order
+        assert dist.get_rank(group) == index, (order, dist.get_process_group_ranks(group))
         stages = DenseStages(tower, starts, index, group, dp_group, len(order) // cfg.stages, rest=rest)
         stages.world_size = len(order)
         stages.per_rank = cfg.pipeline_stages_per_rank
