@@ -56,8 +56,8 @@ def _missing(col: pa.Array) -> np.ndarray:
     return col.is_null().to_numpy(zero_copy_only=False)
 
 
-def _floats(col: pa.Array, where: str, first_line: int) -> np.ndarray:
-    """Text -> float64 (empty -> NaN). Raises DataError naming the line of a bad value."""
+def _floats(col: pa.Array, where: str, first_line: int, lines: np.ndarray | None = None) -> np.ndarray:
+    """Text -> float64 (empty -> NaN). Raises DataError naming the line of a bad value (``lines[i]``)."""
     col = pc.fill_null(col, "") if pa.types.is_string(col.type) or pa.types.is_large_string(col.type) else col
     if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)):
         return pc.cast(col, pa.float64()).fill_null(np.nan).to_numpy(zero_copy_only=False)
@@ -73,7 +73,8 @@ def _floats(col: pa.Array, where: str, first_line: int) -> np.ndarray:
             try:
                 float(v) if v else None
             except ValueError:
-                raise DataError(f"{where}, line {first_line + i}: '{v}' is not a number") from None
+                at = first_line + i if lines is None else lines[i]
+                raise DataError(f"{where}, line {at}: '{v}' is not a number") from None
         raise
 
 
@@ -473,15 +474,14 @@ class SchemaFormat:
 
     def _derive_history(self, batch: pa.RecordBatch, path: str, first_line: int) -> list[SparseKeys]:
         """The history's features: items, then (if configured) actions, times (``hist.derive_features``)."""
-        h = self.spec.history
-        times = _floats(batch.column(h.time), f"{path}, column {h.time}", first_line)
+        h, lines = self.spec.history, hist.file_lines(batch)  # lines: under data.on_bad_row: skip, the rows' own
+        times = _floats(batch.column(h.time), f"{path}, column {h.time}", first_line, lines)
         bad = ~np.isfinite(times)
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
             raise DataError(
-                f"{path}, {'row' if is_parquet(self.spec, path) else 'line'} {first_line + i}, column {h.time}: "
-                f"'{batch.column(h.time)[i].as_py()}' is not a number (data.schema.history.time needs a time on "
-                "every row)"
+                f"{hist.where(self.spec, path, first_line, i, lines)}, column {h.time}: '{batch.column(h.time)[i].as_py()}' "
+                "is not a number (data.schema.history.time needs a time on every row)"
             )
         return hist.derive_features(self.user_history, h, batch, times, path, first_line, self.spec)
 

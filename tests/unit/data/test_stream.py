@@ -164,3 +164,29 @@ def test_a_resume_inside_a_partition_converts_it_again_for_the_state_after_it(tm
     again = convert_partition(d, "a.csv", tmp_path / "parts")
     assert again.prepared.directory == first.prepared.directory and list(again.histories) == list(first.histories)
     assert [list(c) for c in again.histories[next(iter(again.histories))][0]][1] == [1.0]  # time 1 committed
+
+
+def test_under_skip_a_history_error_names_the_rows_own_line(tmp_path):
+    """data.on_bad_row: skip leaves bad lines out before the history is read: a late row, a row
+    without a user or a time is then named by its file line (before: by its place among the rows
+    kept, here line 4 where the row is on line 6, past a bad rating and a blank line)."""
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    _land(landing, "a.csv", ["1,1,4.0,10,Drama\n", "1,2,3.0,20,Drama\n"])
+    d = _data(str(landing), stream=True).model_copy(update={"on_bad_row": "skip"})
+    carried = convert_partition(d, "a.csv", tmp_path / "parts").histories
+    skipped = ["2,1,four,5,Drama\n", "\n", "2,1,4.0,5,Drama\n"]  # lines 2 (a bad rating), 3 (blank), 4
+    cases = {
+        "1,3,4.0,15,Drama\n": r"line 5, column timestamp: 15 is earlier than 20",  # late: user 1 was at 20
+        ",3,4.0,25,Drama\n": r"line 5, column userId: empty",
+        "1,3,4.0,,Drama\n": r"line 5, column timestamp: '' is not a number",
+        "1,3,4.0,soon,Drama\n": r"column timestamp, line 5: 'soon' is not a number",
+        "1,3,x4,25,Drama\n": None,  # a bad rating: skipped, not an error
+    }
+    for n, (row, message) in enumerate(cases.items()):
+        _land(landing, f"b{n}.csv", [*skipped, row, "3,1,4.0,30,Drama\n"])
+        if message is None:
+            assert convert_partition(d, f"b{n}.csv", tmp_path / "parts", carried).skipped == 3  # 2 bad, 1 blank
+            continue
+        with pytest.raises(DataError, match=rf"b{n}.csv, {message}"):
+            convert_partition(d, f"b{n}.csv", tmp_path / "parts", carried)
