@@ -18,6 +18,9 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
+
+from recsys_dist.errors import DataError
 
 
 @runtime_checkable
@@ -108,6 +111,25 @@ class RawFormat(Protocol):
 # A request's rows for RequestLayout.write: all objects (raw column -> text, a list of texts for a
 # list column), or all raw text lines as sent.
 Rows = list[dict[str, Any]] | list[str]
+
+
+def typed_floats(col: pa.Array, where: str | None = None) -> np.ndarray:
+    """float64 [N]: a typed (Parquet) column's values as numbers, null as NaN.
+
+    Raises:
+        DataError: the column's type holds no numbers (a timestamp, a date, bytes), naming ``where``
+            (the file and column) and the fix; with ``where`` None every value is NaN instead (a
+            check of bad rows: every row bad, then reported by the parse as this error).
+    """
+    try:
+        return pc.cast(col, pa.float64()).fill_null(np.nan).to_numpy(zero_copy_only=False)
+    except pa.ArrowNotImplementedError:
+        if where is None:
+            return np.full(len(col), np.nan)
+        raise DataError(
+            f"{where}: holds {col.type} values, not numbers; write the column as numbers (a time as int64, e.g. "
+            "seconds since the epoch)"
+        ) from None
 
 
 def _no_join(column: str, values: list[str]) -> str:

@@ -38,7 +38,7 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from recsys_dist.data.formats import history as hist
-from recsys_dist.data.formats.base import RequestLayout, register_format
+from recsys_dist.data.formats.base import RequestLayout, register_format, typed_floats
 from recsys_dist.data.formats.history import UserHistory, is_parquet
 from recsys_dist.data.formats.schema_request import schema_layout
 from recsys_dist.data.mapping import SparseKeys, text_keys
@@ -58,10 +58,9 @@ def _missing(col: pa.Array) -> np.ndarray:
 
 def _floats(col: pa.Array, where: str, first_line: int, lines: np.ndarray | None = None) -> np.ndarray:
     """Text -> float64 (empty -> NaN). Raises DataError naming the line of a bad value (``lines[i]``)."""
-    col = pc.fill_null(col, "") if pa.types.is_string(col.type) or pa.types.is_large_string(col.type) else col
     if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)):
-        return pc.cast(col, pa.float64()).fill_null(np.nan).to_numpy(zero_copy_only=False)
-    text = pc.utf8_trim_whitespace(col)
+        return typed_floats(col, where)
+    text = pc.utf8_trim_whitespace(pc.fill_null(col, ""))
     try:
         return (
             pc.cast(pc.if_else(pc.equal(text, ""), None, text), pa.float64())
@@ -354,7 +353,7 @@ class SchemaFormat:
         for name, pattern, empty_ok in checks + [(n, _NUMBER, True) for n in s.dense]:
             col = batch.column(name)
             if not pa.types.is_string(col.type):  # typed Parquet column
-                x = pc.cast(col, pa.float64()).to_numpy(zero_copy_only=False)
+                x = typed_floats(col)  # a type of no numbers: every row bad
                 ok = np.isfinite(x) | (empty_ok & col.is_null().to_numpy(zero_copy_only=False))
                 if name in binary01:
                     ok &= np.isin(x, (0.0, 1.0))

@@ -190,3 +190,30 @@ def test_under_skip_a_history_error_names_the_rows_own_line(tmp_path):
             continue
         with pytest.raises(DataError, match=rf"b{n}.csv, {message}"):
             convert_partition(d, f"b{n}.csv", tmp_path / "parts", carried)
+
+
+def test_a_parquet_time_of_no_numbers_is_an_error_naming_the_column(tmp_path):
+    """A Parquet timestamp column as data.schema.history.time (a Spark export's): a DataError naming
+    the file, column and type (a stream quarantines the partition), also under data.on_bad_row: skip;
+    before, pyarrow's ArrowNotImplementedError (a stream run died on every rank)."""
+    import datetime
+
+    import pyarrow as pa
+
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    day = datetime.datetime(2020, 1, 1)
+    columns = {
+        "userId": pa.array([1, 1]),
+        "movieId": pa.array([1, 2]),
+        "rating": pa.array([4.0, 3.0]),
+        "timestamp": pa.array([10, 20]),
+        "genres": pa.array(["Drama", "Drama"]),
+    }
+    pq.write_table(pa.table({**columns, "timestamp": pa.array([day, day], pa.timestamp("s"))}), landing / "t.parquet")
+    d = _data(str(landing), stream=True)
+    d = d.model_copy(update={"stream": d.stream.model_copy(update={"pattern": "*.parquet"})})
+    for bad_row in ("error", "skip"):
+        d = d.model_copy(update={"on_bad_row": bad_row})
+        with pytest.raises(DataError, match=r"t.parquet, column timestamp: holds timestamp\[ms\] values, not numbers"):
+            convert_partition(d, "t.parquet", tmp_path / "parts")
