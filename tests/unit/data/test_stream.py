@@ -217,3 +217,26 @@ def test_a_parquet_time_of_no_numbers_is_an_error_naming_the_column(tmp_path):
         d = d.model_copy(update={"on_bad_row": bad_row})
         with pytest.raises(DataError, match=r"t.parquet, column timestamp: holds timestamp\[ms\] values, not numbers"):
             convert_partition(d, "t.parquet", tmp_path / "parts")
+
+
+def test_a_partition_of_a_header_alone_must_name_the_columns(tmp_path):
+    """A file without rows is an empty partition, consumed; but its one line must be the header:
+    a row written without one (a one-row file) or a header of other columns is malformed (a
+    DataError naming the file, quarantined and retried once fixed). Before, such a file was
+    consumed as empty: the row lost, exit 0; two such rows were refused."""
+    import pyarrow as pa
+
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    (landing / "row.csv").write_text("1,1,4.0,10,Drama\n")
+    (landing / "other.csv").write_text("user,movie,rating,ts,genres\n")
+    (landing / "header.csv").write_text(HEADER)
+    pq.write_table(pa.table({"user": pa.array([], pa.int64())}), landing / "other.parquet")
+    d = _data(str(landing), stream=True)
+    for name, found in (("row.csv", r"header: \['1', '1'"), ("other.csv", r"header: \['user'")):
+        with pytest.raises(DataError, match=rf"{name}: columns .* named in data.schema are not in the file \({found}"):
+            convert_partition(d, name, tmp_path / "parts")
+    d = d.model_copy(update={"stream": d.stream.model_copy(update={"pattern": "*"})})
+    with pytest.raises(DataError, match=r"other.parquet: columns .* not in the file \(Parquet schema: \['user'\]\)"):
+        convert_partition(d, "other.parquet", tmp_path / "parts")
+    assert convert_partition(d, "header.csv", tmp_path / "parts").rows == 0  # a header alone: empty
