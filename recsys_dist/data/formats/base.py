@@ -132,6 +132,21 @@ def typed_floats(col: pa.Array, where: str | None = None) -> np.ndarray:
         ) from None
 
 
+def refuse_list(spec, path: str, name: str, type_: pa.DataType) -> None:
+    """Raise a DataError when the list column ``name`` (of type ``type_``) is one that
+    ``data.schema`` (``spec``) reads one value per row from: a label, weight, dense or categorical
+    column, or the history's user, item, time or action (only multi-hot and sequence columns hold
+    lists; others are not read)."""
+    h = getattr(spec, "history", None)
+    one = {*spec.label_columns(), *([spec.weight] if spec.weight else []), *spec.dense, *spec.categorical}
+    one |= {h.user, h.item, h.time, getattr(h, "action", None)} if h is not None else set()
+    if name in one:
+        raise DataError(
+            f"{path}, column {name}: a list column ({type_}) where data.schema reads one value per row; only "
+            "data.schema.multi_hot and sequence columns hold lists"
+        )
+
+
 def _no_join(column: str, values: list[str]) -> str:
     raise ValueError(f"column {column}: this format has no list columns")
 

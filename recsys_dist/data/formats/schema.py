@@ -38,7 +38,7 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from recsys_dist.data.formats import history as hist
-from recsys_dist.data.formats.base import RequestLayout, register_format, typed_floats
+from recsys_dist.data.formats.base import RequestLayout, refuse_list, register_format, typed_floats
 from recsys_dist.data.formats.history import UserHistory, is_parquet
 from recsys_dist.data.formats.schema_request import schema_layout
 from recsys_dist.data.mapping import SparseKeys, text_keys
@@ -286,6 +286,7 @@ class SchemaFormat:
             cols = {}
             for name, col in zip(batch.schema.names, batch.columns):
                 if pa.types.is_list(col.type) or pa.types.is_large_list(col.type):
+                    refuse_list(self.spec, path, name, col.type)  # a list where one value is read
                     cols[name] = _to_text(col, pa.list_(pa.string()), path, name, row)
                 elif name in self.spec.multi_hot or name in self.spec.categorical or name in self._text_columns():
                     cols[name] = _to_text(col, pa.string(), path, name, row)

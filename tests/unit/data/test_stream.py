@@ -192,10 +192,11 @@ def test_under_skip_a_history_error_names_the_rows_own_line(tmp_path):
             convert_partition(d, f"b{n}.csv", tmp_path / "parts", carried)
 
 
-def test_a_parquet_time_of_no_numbers_is_an_error_naming_the_column(tmp_path):
-    """A Parquet timestamp column as data.schema.history.time (a Spark export's): a DataError naming
-    the file, column and type (a stream quarantines the partition), also under data.on_bad_row: skip;
-    before, pyarrow's ArrowNotImplementedError (a stream run died on every rank)."""
+def test_a_parquet_time_of_no_numbers_or_a_list_user_is_an_error_naming_the_column(tmp_path):
+    """A Parquet timestamp column as data.schema.history.time (a Spark export's), or a list column
+    as its user: a DataError naming the file, column and type (a stream quarantines the partition),
+    also under data.on_bad_row: skip; before, pyarrow's ArrowNotImplementedError (a stream run died
+    on every rank)."""
     import datetime
 
     import pyarrow as pa
@@ -211,12 +212,15 @@ def test_a_parquet_time_of_no_numbers_is_an_error_naming_the_column(tmp_path):
         "genres": pa.array(["Drama", "Drama"]),
     }
     pq.write_table(pa.table({**columns, "timestamp": pa.array([day, day], pa.timestamp("s"))}), landing / "t.parquet")
+    pq.write_table(pa.table({**columns, "userId": pa.array([[1], [1]])}), landing / "u.parquet")
     d = _data(str(landing), stream=True)
     d = d.model_copy(update={"stream": d.stream.model_copy(update={"pattern": "*.parquet"})})
     for bad_row in ("error", "skip"):
         d = d.model_copy(update={"on_bad_row": bad_row})
         with pytest.raises(DataError, match=r"t.parquet, column timestamp: holds timestamp\[ms\] values, not numbers"):
             convert_partition(d, "t.parquet", tmp_path / "parts")
+        with pytest.raises(DataError, match=r"u.parquet, column userId: a list column \(list<element: int64>\)"):
+            convert_partition(d, "u.parquet", tmp_path / "parts")
 
 
 def test_a_partition_of_a_header_alone_must_name_the_columns(tmp_path):
