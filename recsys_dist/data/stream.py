@@ -137,7 +137,8 @@ def convert_partition(d: DataConfig, name: str, cache_dir: str | Path, histories
     trained; keyed by path, size and modification time like any cache entry).
 
     A file without rows (0 bytes, a header line alone, a Parquet file of 0 rows) gives a
-    ``Partition`` of 0 rows and no conversion.
+    ``Partition`` of 0 rows and no conversion; its header (Parquet schema) must still name the
+    configured columns.
 
     Under ``data.stream.histories: carry`` (:func:`carries_histories`) its rows' histories
     follow ``histories`` (the state after the partitions before, ``Partition.histories`` of the
@@ -162,13 +163,17 @@ def convert_partition(d: DataConfig, name: str, cache_dir: str | Path, histories
                 partition.fmt.user_history.carried = histories
                 partition.fmt.fingerprint += ";histories:carry"
                 _remove_entry(entry_path(partition))
-            prepared = prepare(
-                partition,
-                warn_one_class=False,  # a small partition of one class is normal in a stream
-                coverage=False,  # a partition's tables are the run's: one partition says little about them
-            )
-    except NoRows:
-        _remove_unfinished(Path(cache_dir))
+            try:
+                prepared = prepare(
+                    partition,
+                    warn_one_class=False,  # a small partition of one class is normal in a stream
+                    coverage=False,  # a partition's tables are the run's: one partition says little about them
+                )
+            except NoRows:
+                _remove_unfinished(Path(cache_dir))
+                # A header alone is checked as a file with rows is: another header (a one-line file
+                # without one, another schema) is malformed, not an empty partition consumed
+                next(iter(partition.fmt.read_chunks(str(path))), None)
     except DataError as err:
         if _file_id(path) != before:  # cut short by a writer still at it, not malformed
             _remove_unfinished(Path(cache_dir))

@@ -112,6 +112,10 @@ class FSDPDense(DataParallelWrapper):
         # for the DDP TorchRec puts over the dense tower there (docs/design/replica_groups.md).
         world = dist.get_world_size(env.process_group)
         mesh = DeviceMesh.from_group(env.process_group, device.type, mesh_dim_names=("dp",))
+        # Parameters of no elements (DeepFM's dense_linear without dense features: [1, 0]) have
+        # nothing to shard or reduce, and FSDP2's reduce-scatter fails on them (_chunk_cat expects
+        # non-empty tensor): left out of FSDP and DDP alike, plain tensors on every rank.
+        empty = {n for n, p in root.named_parameters() if p.numel() == 0}
         for name in blocks:
             block = root.get_submodule(name)
             if world > 1:
@@ -119,11 +123,12 @@ class FSDPDense(DataParallelWrapper):
             # The blocks are disjoint, so each is an FSDP root, which torch's default (None) keeps
             # unsharded from forward to backward anyway; said here because the ledger counts on it
             # (one all-gather per block per step: ALL_GATHERS_PER_STEP).
-            fully_shard(block, mesh=mesh, reshard_after_forward=False)
+            ignored = {p for p in block.parameters() if p.numel() == 0}
+            fully_shard(block, mesh=mesh, reshard_after_forward=False, ignored_params=ignored or None)
         fsdp_names = {n for n, p in root.named_parameters() if isinstance(p, DTensor)}
         if world > 1:
             # Nothing left (no data-parallel table): no DDP at all (TorchRec's _ddp_wrap returns).
-            DefaultDataParallelWrapper()._ddp_wrap(dmp, env, device, sharded | fsdp_names)
+            DefaultDataParallelWrapper()._ddp_wrap(dmp, env, device, sharded | fsdp_names | empty)
 
 
 @torch.no_grad()

@@ -18,6 +18,9 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
+
+from recsys_dist.errors import DataError
 
 
 @runtime_checkable
@@ -108,6 +111,40 @@ class RawFormat(Protocol):
 # A request's rows for RequestLayout.write: all objects (raw column -> text, a list of texts for a
 # list column), or all raw text lines as sent.
 Rows = list[dict[str, Any]] | list[str]
+
+
+def typed_floats(col: pa.Array, where: str | None = None) -> np.ndarray:
+    """float64 [N]: a typed (Parquet) column's values as numbers, null as NaN.
+
+    Raises:
+        DataError: the column's type holds no numbers (a timestamp, a date, bytes), naming ``where``
+            (the file and column) and the fix; with ``where`` None every value is NaN instead (a
+            check of bad rows: every row bad, then reported by the parse as this error).
+    """
+    try:
+        return pc.cast(col, pa.float64()).fill_null(np.nan).to_numpy(zero_copy_only=False)
+    except pa.ArrowNotImplementedError:
+        if where is None:
+            return np.full(len(col), np.nan)
+        raise DataError(
+            f"{where}: holds {col.type} values, not numbers; write the column as numbers (a time as int64, e.g. "
+            "seconds since the epoch)"
+        ) from None
+
+
+def refuse_list(spec, path: str, name: str, type_: pa.DataType) -> None:
+    """Raise a DataError when the list column ``name`` (of type ``type_``) is one that
+    ``data.schema`` (``spec``) reads one value per row from: a label, weight, dense or categorical
+    column, or the history's user, item, time or action (only multi-hot and sequence columns hold
+    lists; others are not read)."""
+    h = getattr(spec, "history", None)
+    one = {*spec.label_columns(), *([spec.weight] if spec.weight else []), *spec.dense, *spec.categorical}
+    one |= {h.user, h.item, h.time, getattr(h, "action", None)} if h is not None else set()
+    if name in one:
+        raise DataError(
+            f"{path}, column {name}: a list column ({type_}) where data.schema reads one value per row; only "
+            "data.schema.multi_hot and sequence columns hold lists"
+        )
 
 
 def _no_join(column: str, values: list[str]) -> str:

@@ -13,6 +13,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from recsys_dist.data.mapping import SparseKeys, text_keys
+from recsys_dist.data.text import LINE_COLUMN
 from recsys_dist.errors import DataError
 
 
@@ -89,12 +90,13 @@ class UserHistory:
         """Whether a pass has read rows (``state`` is then the state after the last one)."""
         return self._last is not None
 
-    def rows(self, path, first_line, users, items, present, times, h, spec, actions=None) -> HistoryRows:
+    def rows(self, path, first_line, users, items, present, times, h, spec, actions=None, lines=None) -> HistoryRows:
         """Per row of the block, the user's history before it (:class:`HistoryRows`).
 
         ``users``/``items`` uint64 keys [N], ``present`` bool [N] (False: the row's item is
         empty and joins no history), ``times`` float64 [N], ``actions`` uint64 keys [N] (the
-        ``data.schema.history.action`` column's) or None.
+        ``data.schema.history.action`` column's) or None, ``lines`` int64 [N] the rows' file lines
+        (:func:`file_lines`) or None (row i is on line ``first_line + i``).
 
         Raises:
             DataError: a row's time is earlier than an earlier row's of the same user (names the
@@ -120,7 +122,7 @@ class UserHistory:
             )
             if t < at and u in self.carried:  # late data: its user has later events trained already
                 raise DataError(
-                    f"{_where(spec, path, first_line, i)}, column {h.time}: {_exact(t)} is earlier than "
+                    f"{where(spec, path, first_line, i, lines)}, column {h.time}: {_exact(t)} is earlier than "
                     f"{_exact(at)} of an earlier row of the same {h.user}, of this file or of a partition trained "
                     "before (data.stream.histories: carry keeps each user's events across partitions): a late "
                     "row's history cannot be what it would be in time order; leave late rows out of the partition "
@@ -128,7 +130,7 @@ class UserHistory:
                 )
             if t < at:
                 raise DataError(
-                    f"{_where(spec, path, first_line, i)}, column {h.time}: "
+                    f"{where(spec, path, first_line, i, lines)}, column {h.time}: "
                     f"{_exact(t)} is earlier than {_exact(at)} of an earlier row of the same {h.user}; data.schema.history "
                     f"needs each user's rows in non-decreasing {h.time} order (sort the log by {h.user}, {h.time} "
                     "or by time)"
@@ -338,8 +340,20 @@ class NotANumber(ValueError):
     """An action value that is not a number (:func:`action_keys`): ``args`` (row index, value)."""
 
 
-def _where(spec, path, first_line: int, i: int) -> str:
-    return f"{path}, {'row' if is_parquet(spec, path) else 'line'} {first_line + i}"
+def file_lines(batch: pa.RecordBatch) -> np.ndarray | None:
+    """int64 [N]: each row's file line, where the reader recorded it (``data.on_bad_row: skip``:
+    rows left out before a row shift its place in the block), else None (row i of a block is on
+    line ``first_line + i``)."""
+    if LINE_COLUMN not in batch.schema.names:
+        return None
+    return batch.column(LINE_COLUMN).to_numpy(zero_copy_only=False)
+
+
+def where(spec, path, first_line: int, i: int, lines: np.ndarray | None = None) -> str:
+    """``"PATH, line N"`` (``row N`` in Parquet) of row ``i`` of a block whose first row is on
+    ``first_line``; ``lines`` (:func:`file_lines`) when given."""
+    line = first_line + i if lines is None else int(lines[i])
+    return f"{path}, {'row' if is_parquet(spec, path) else 'line'} {line}"
 
 
 def derive_features(state: UserHistory, h, batch: pa.RecordBatch, times: np.ndarray, path, first_line, spec):
@@ -351,16 +365,17 @@ def derive_features(state: UserHistory, h, batch: pa.RecordBatch, times: np.ndar
         DataError: a row without a user (empty, blank or null), or an action that is not a number
             (``data.schema.history.action_values: numbers``), naming the line / row and column;
             as ``UserHistory.rows``."""
+    lines = file_lines(batch)
     users, known = _keys(batch.column(h.user))
     if not known.all():  # rows without a user would all share the history of one user ""
         i = int(np.flatnonzero(~known)[0])
         raise DataError(
-            f"{_where(spec, path, first_line, i)}, column {h.user}: empty "
+            f"{where(spec, path, first_line, i, lines)}, column {h.user}: empty "
             f"(data.schema.history.user needs a user on every row; rows without one would share one history)"
         )
     items, present = _keys(batch.column(h.item))
-    actions = _actions(h, batch, path, first_line, spec) if getattr(h, "action", None) else None
-    got = state.rows(path, first_line, users, items, present, times, h, spec, actions)
+    actions = _actions(h, batch, path, first_line, spec, lines) if getattr(h, "action", None) else None
+    got = state.rows(path, first_line, users, items, present, times, h, spec, actions, lines)
     out = [SparseKeys(got.keys, None, got.lengths)]
     if actions is not None:
         out.append(SparseKeys(got.actions, None, got.lengths))
@@ -369,14 +384,14 @@ def derive_features(state: UserHistory, h, batch: pa.RecordBatch, times: np.ndar
     return out
 
 
-def _actions(h, batch: pa.RecordBatch, path, first_line: int, spec) -> np.ndarray:
+def _actions(h, batch: pa.RecordBatch, path, first_line: int, spec, lines=None) -> np.ndarray:
     """The action keys of a block (:func:`action_keys`), a non-number a ``DataError``."""
     try:
         return action_keys(batch.column(h.action), getattr(h, "action_values", "numbers") == "numbers")
     except NotANumber as err:
         i, value = err.args
         raise DataError(
-            f"{_where(spec, path, first_line, i)}, column {h.action}: {value!r} is not a number "
+            f"{where(spec, path, first_line, i, lines)}, column {h.action}: {value!r} is not a number "
             f"(data.schema.history.action {h.action} holds numbers, e.g. the rating; set "
             "data.schema.history.action_values: text if the actions are categorical strings)"
         ) from None

@@ -38,7 +38,7 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from recsys_dist.data.formats import history as hist
-from recsys_dist.data.formats.base import RequestLayout, register_format
+from recsys_dist.data.formats.base import RequestLayout, refuse_list, register_format, typed_floats
 from recsys_dist.data.formats.history import UserHistory, is_parquet
 from recsys_dist.data.formats.schema_request import schema_layout
 from recsys_dist.data.mapping import SparseKeys, text_keys
@@ -56,12 +56,11 @@ def _missing(col: pa.Array) -> np.ndarray:
     return col.is_null().to_numpy(zero_copy_only=False)
 
 
-def _floats(col: pa.Array, where: str, first_line: int) -> np.ndarray:
-    """Text -> float64 (empty -> NaN). Raises DataError naming the line of a bad value."""
-    col = pc.fill_null(col, "") if pa.types.is_string(col.type) or pa.types.is_large_string(col.type) else col
+def _floats(col: pa.Array, where: str, first_line: int, lines: np.ndarray | None = None) -> np.ndarray:
+    """Text -> float64 (empty -> NaN). Raises DataError naming the line of a bad value (``lines[i]``)."""
     if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)):
-        return pc.cast(col, pa.float64()).fill_null(np.nan).to_numpy(zero_copy_only=False)
-    text = pc.utf8_trim_whitespace(col)
+        return typed_floats(col, where)
+    text = pc.utf8_trim_whitespace(pc.fill_null(col, ""))
     try:
         return (
             pc.cast(pc.if_else(pc.equal(text, ""), None, text), pa.float64())
@@ -73,7 +72,8 @@ def _floats(col: pa.Array, where: str, first_line: int) -> np.ndarray:
             try:
                 float(v) if v else None
             except ValueError:
-                raise DataError(f"{where}, line {first_line + i}: '{v}' is not a number") from None
+                at = first_line + i if lines is None else lines[i]
+                raise DataError(f"{where}, line {at}: '{v}' is not a number") from None
         raise
 
 
@@ -286,6 +286,7 @@ class SchemaFormat:
             cols = {}
             for name, col in zip(batch.schema.names, batch.columns):
                 if pa.types.is_list(col.type) or pa.types.is_large_list(col.type):
+                    refuse_list(self.spec, path, name, col.type)  # a list where one value is read
                     cols[name] = _to_text(col, pa.list_(pa.string()), path, name, row)
                 elif name in self.spec.multi_hot or name in self.spec.categorical or name in self._text_columns():
                     cols[name] = _to_text(col, pa.string(), path, name, row)
@@ -353,7 +354,7 @@ class SchemaFormat:
         for name, pattern, empty_ok in checks + [(n, _NUMBER, True) for n in s.dense]:
             col = batch.column(name)
             if not pa.types.is_string(col.type):  # typed Parquet column
-                x = pc.cast(col, pa.float64()).to_numpy(zero_copy_only=False)
+                x = typed_floats(col)  # a type of no numbers: every row bad
                 ok = np.isfinite(x) | (empty_ok & col.is_null().to_numpy(zero_copy_only=False))
                 if name in binary01:
                     ok &= np.isin(x, (0.0, 1.0))
@@ -473,15 +474,14 @@ class SchemaFormat:
 
     def _derive_history(self, batch: pa.RecordBatch, path: str, first_line: int) -> list[SparseKeys]:
         """The history's features: items, then (if configured) actions, times (``hist.derive_features``)."""
-        h = self.spec.history
-        times = _floats(batch.column(h.time), f"{path}, column {h.time}", first_line)
+        h, lines = self.spec.history, hist.file_lines(batch)  # lines: under data.on_bad_row: skip, the rows' own
+        times = _floats(batch.column(h.time), f"{path}, column {h.time}", first_line, lines)
         bad = ~np.isfinite(times)
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
             raise DataError(
-                f"{path}, {'row' if is_parquet(self.spec, path) else 'line'} {first_line + i}, column {h.time}: "
-                f"'{batch.column(h.time)[i].as_py()}' is not a number (data.schema.history.time needs a time on "
-                "every row)"
+                f"{hist.where(self.spec, path, first_line, i, lines)}, column {h.time}: '{batch.column(h.time)[i].as_py()}' "
+                "is not a number (data.schema.history.time needs a time on every row)"
             )
         return hist.derive_features(self.user_history, h, batch, times, path, first_line, self.spec)
 

@@ -87,20 +87,22 @@ class BST(TargetSequenceModel):
             nn.Parameter(torch.empty(max_positions, embedding_dim, device=device).uniform_(-1, 1) * position_init_scale)
             for _ in sequences
         )
+        # A ModuleList per history, not a Sequential: its layers are called one by one (with the
+        # padding mask), so each is a block of its own under distributed.dense.strategy: fsdp, whose
+        # weights are gathered in that layer's forward (a Sequential, never called, would be one block
+        # gathered by no one). The same state-dict keys either way.
         self.transformers = nn.ModuleList(
-            nn.Sequential(
-                *(
-                    nn.TransformerEncoderLayer(
-                        embedding_dim,
-                        num_heads,
-                        dim_feedforward=ffn_size,
-                        dropout=transformer_dropout,
-                        activation=nn.functional.leaky_relu,
-                        batch_first=True,
-                        device=device,
-                    )
-                    for _ in range(num_blocks)
+            nn.ModuleList(
+                nn.TransformerEncoderLayer(
+                    embedding_dim,
+                    num_heads,
+                    dim_feedforward=ffn_size,
+                    dropout=transformer_dropout,
+                    activation=nn.functional.leaky_relu,
+                    batch_first=True,
+                    device=device,
                 )
+                for _ in range(num_blocks)
             )
             for _ in sequences
         )
@@ -109,7 +111,7 @@ class BST(TargetSequenceModel):
 
     def encode(
         self,
-        blocks: nn.Sequential,
+        blocks: nn.ModuleList,
         positions: torch.Tensor,
         values: torch.Tensor,
         mask: torch.Tensor,

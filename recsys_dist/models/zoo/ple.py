@@ -135,7 +135,9 @@ class PLE(nn.Module):
         g = [x] * (self.num_tasks + 1)  # g^{k,0} = g^{s,0} = x
         for level in self.levels:
             g = level(g)
-        return torch.cat([tower(g_k) for tower, g_k in zip(self.towers, g)], dim=1)  # eq. 5
+        # g indexed, not iterated: under fsdp TorchRec's pipeline tracer takes each level (an FSDP
+        # block) as a leaf, whose output (the list) it cannot iterate, only index
+        return torch.cat([tower(g[k]) for k, tower in enumerate(self.towers)], dim=1)  # eq. 5
 
 
 @register_model("ple", PLEConfig, checks=(no_sequences,))

@@ -39,8 +39,8 @@ from tests.ranks.distributed import pipeline_worker
 from tests.ranks.distributed.dense_worker import B, _batch, _cfg, _state
 
 
-def _build(types, optimizer: str, groups: int, world_size: int, every: int = 1, strategy: str = "ddp"):
-    extra = [f"train.embedding_optimizer={optimizer}", f"sharding.replica_groups={groups}"]
+def _build(types, optimizer: str, groups: int, world_size: int, every: int = 1, strategy: str = "ddp", more=()):
+    extra = [f"train.embedding_optimizer={optimizer}", f"sharding.replica_groups={groups}", *more]
     if groups > 1:
         extra.append(f"sharding.replica_sync_every={every}")
     cfg = _cfg("dlrm", types, strategy, world_size, tuple(extra))
@@ -244,6 +244,26 @@ def dense_layouts(rank: int, world_size: int, run_dir: str, groups: int, steps: 
     return out
 
 
+CLIP = 1e-3  # train.dense_grad_clip_norm: below every step's dense gradient norm here, so each step clips
+
+
+def clipped(rank: int, world_size: int, groups: int, steps: int) -> dict:
+    """``train.dense_grad_clip_norm`` under ddp in one group (TorchRec's clipping of whole
+    gradients) and fsdp (``GlobalNormClipping``, the norm reduced over the DTensors' mesh) in one
+    group and in ``groups`` replica groups, on :func:`dense_layouts`' batches: (strategy, groups) ->
+    this rank's losses, the dense weights after (whole) and the name of the dense optimizer's wrapper."""
+    out = {}
+    for strategy, g in (("ddp", 1), ("fsdp", 1), ("fsdp", groups)):
+        more = [f"train.dense_grad_clip_norm={CLIP}"]
+        _, _, dmp, opt = _build(["row_wise"], "exact_sgd", g, world_size, strategy=strategy, more=more)
+        batches = [pipeline_worker._batch(step, rank, world_size) for step in range(steps)]
+        losses = train_on(dmp, opt, batches)
+        dense = {n: _whole(p) for n, p in dmp.named_parameters() if "embedding" not in n}
+        out[(strategy, g)] = {"losses": losses, "dense": dense, "clipping": type(opt._optims[1][1]).__name__}
+        del dmp, opt
+    return out
+
+
 def _whole(p: torch.Tensor) -> torch.Tensor:
     p = p.detach()
     return (p.full_tensor() if isinstance(p, DTensor) else p).clone()
@@ -251,11 +271,12 @@ def _whole(p: torch.Tensor) -> torch.Tensor:
 
 def everything(rank: int, world_size: int, run_dir: str, cases: list, steps: int, groups: int) -> dict:
     """One spawn: :func:`losses` over ``cases``, :func:`dense_layouts`, :func:`pipeline_layouts`,
-    then :func:`checkpoints`."""
+    :func:`clipped`, then :func:`checkpoints`."""
     return {
         "losses": losses(rank, world_size, cases, steps, groups),
         "dense": dense_layouts(rank, world_size, f"{run_dir}/dense", groups, steps),
         "pipeline": pipeline_layouts(rank, world_size, f"{run_dir}/pipeline", groups, steps),
+        "clipped": clipped(rank, world_size, groups, steps),
         # table_wise: its DTensors read (Replicate(), Replicate()) though one rank of a group holds
         # the table, which DTensor.full_tensor() cannot gather (tables.full_tensor does)
         "checkpoints": {

@@ -195,6 +195,25 @@ def _check_pipeline_layouts(results: list[dict], groups: int) -> dict | None:
     return gaps
 
 
+def _check_clipped(results: list[dict], groups: int) -> dict:
+    """train.dense_grad_clip_norm under fsdp in ``groups`` replica groups equals it under fsdp and
+    ddp in one group (the norm is the whole gradient's, over the job's ranks, not a group's or a
+    shard's), and clips: the weights differ from dense_layouts' unclipped fsdp ones by far more."""
+    gaps = {"loss": 0.0, "dense": 0.0, "clipping": float("inf")}
+    for rank, res in enumerate(results):
+        c = res["clipped"]
+        ddp, one, rep = c[("ddp", 1)], c[("fsdp", 1)], c[("fsdp", groups)]
+        assert one["clipping"] == rep["clipping"] == "GlobalNormClipping" != ddp["clipping"]
+        before = res["dense"]["before"]
+        for other in (one, ddp):
+            gaps["loss"] = max(gaps["loss"], _rel(rep["losses"], other["losses"]))
+            gaps["dense"] = max(gaps["dense"], _dense_gap(rep["dense"], other["dense"], before))
+        unclipped = res["dense"][("fsdp", groups)]["dense"]
+        gaps["clipping"] = min(gaps["clipping"], _dense_gap(rep["dense"], unclipped, before))
+        assert gaps["loss"] <= TOL and gaps["dense"] <= DENSE_GAP < gaps["clipping"], (rank, gaps)
+    return gaps
+
+
 def _planned_fsdp_bytes(world: int) -> list[int]:
     job = resolve_job(load_config(QUICKSTART, ["model.name=dlrm", "train.dense_optimizer=adam"]))
     model = build_model(job.model, job.features.on(torch.device("meta")), job.train)
@@ -208,6 +227,7 @@ def test_replica_groups_at_four_ranks(tmp_path):
     print({k: f"{v:.2g}" for k, v in gaps.items()})
     print("fsdp in 2 groups:", {k: f"{v:.2g}" for k, v in _check_dense_layouts(results, 2).items()})
     print("pipeline in 2 groups:", {k: f"{v:.2g}" for k, v in _check_pipeline_layouts(results, 2).items()})
+    print("clipped fsdp in 2 groups:", {k: f"{v:.2g}" for k, v in _check_clipped(results, 2).items()})
     _check_checkpoints(results)
 
 

@@ -164,3 +164,83 @@ def test_a_resume_inside_a_partition_converts_it_again_for_the_state_after_it(tm
     again = convert_partition(d, "a.csv", tmp_path / "parts")
     assert again.prepared.directory == first.prepared.directory and list(again.histories) == list(first.histories)
     assert [list(c) for c in again.histories[next(iter(again.histories))][0]][1] == [1.0]  # time 1 committed
+
+
+def test_under_skip_a_history_error_names_the_rows_own_line(tmp_path):
+    """data.on_bad_row: skip leaves bad lines out before the history is read: a late row, a row
+    without a user or a time is then named by its file line (before: by its place among the rows
+    kept, here line 4 where the row is on line 6, past a bad rating and a blank line)."""
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    _land(landing, "a.csv", ["1,1,4.0,10,Drama\n", "1,2,3.0,20,Drama\n"])
+    d = _data(str(landing), stream=True).model_copy(update={"on_bad_row": "skip"})
+    carried = convert_partition(d, "a.csv", tmp_path / "parts").histories
+    skipped = ["2,1,four,5,Drama\n", "\n", "2,1,4.0,5,Drama\n"]  # lines 2 (a bad rating), 3 (blank), 4
+    cases = {
+        "1,3,4.0,15,Drama\n": r"line 5, column timestamp: 15 is earlier than 20",  # late: user 1 was at 20
+        ",3,4.0,25,Drama\n": r"line 5, column userId: empty",
+        "1,3,4.0,,Drama\n": r"line 5, column timestamp: '' is not a number",
+        "1,3,4.0,soon,Drama\n": r"column timestamp, line 5: 'soon' is not a number",
+        "1,3,x4,25,Drama\n": None,  # a bad rating: skipped, not an error
+    }
+    for n, (row, message) in enumerate(cases.items()):
+        _land(landing, f"b{n}.csv", [*skipped, row, "3,1,4.0,30,Drama\n"])
+        if message is None:
+            assert convert_partition(d, f"b{n}.csv", tmp_path / "parts", carried).skipped == 3  # 2 bad, 1 blank
+            continue
+        with pytest.raises(DataError, match=rf"b{n}.csv, {message}"):
+            convert_partition(d, f"b{n}.csv", tmp_path / "parts", carried)
+
+
+def test_a_parquet_time_of_no_numbers_or_a_list_user_is_an_error_naming_the_column(tmp_path):
+    """A Parquet timestamp column as data.schema.history.time (a Spark export's), or a list column
+    as its user: a DataError naming the file, column and type (a stream quarantines the partition),
+    also under data.on_bad_row: skip; before, pyarrow's ArrowNotImplementedError (a stream run died
+    on every rank)."""
+    import datetime
+
+    import pyarrow as pa
+
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    day = datetime.datetime(2020, 1, 1)
+    columns = {
+        "userId": pa.array([1, 1]),
+        "movieId": pa.array([1, 2]),
+        "rating": pa.array([4.0, 3.0]),
+        "timestamp": pa.array([10, 20]),
+        "genres": pa.array(["Drama", "Drama"]),
+    }
+    pq.write_table(pa.table({**columns, "timestamp": pa.array([day, day], pa.timestamp("s"))}), landing / "t.parquet")
+    pq.write_table(pa.table({**columns, "userId": pa.array([[1], [1]])}), landing / "u.parquet")
+    d = _data(str(landing), stream=True)
+    d = d.model_copy(update={"stream": d.stream.model_copy(update={"pattern": "*.parquet"})})
+    for bad_row in ("error", "skip"):
+        d = d.model_copy(update={"on_bad_row": bad_row})
+        with pytest.raises(DataError, match=r"t.parquet, column timestamp: holds timestamp\[ms\] values, not numbers"):
+            convert_partition(d, "t.parquet", tmp_path / "parts")
+        with pytest.raises(DataError, match=r"u.parquet, column userId: a list column \(list<element: int64>\)"):
+            convert_partition(d, "u.parquet", tmp_path / "parts")
+
+
+def test_a_partition_of_a_header_alone_must_name_the_columns(tmp_path):
+    """A file without rows is an empty partition, consumed; but its one line must be the header:
+    a row written without one (a one-row file) or a header of other columns is malformed (a
+    DataError naming the file, quarantined and retried once fixed). Before, such a file was
+    consumed as empty: the row lost, exit 0; two such rows were refused."""
+    import pyarrow as pa
+
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    (landing / "row.csv").write_text("1,1,4.0,10,Drama\n")
+    (landing / "other.csv").write_text("user,movie,rating,ts,genres\n")
+    (landing / "header.csv").write_text(HEADER)
+    pq.write_table(pa.table({"user": pa.array([], pa.int64())}), landing / "other.parquet")
+    d = _data(str(landing), stream=True)
+    for name, found in (("row.csv", r"header: \['1', '1'"), ("other.csv", r"header: \['user'")):
+        with pytest.raises(DataError, match=rf"{name}: columns .* named in data.schema are not in the file \({found}"):
+            convert_partition(d, name, tmp_path / "parts")
+    d = d.model_copy(update={"stream": d.stream.model_copy(update={"pattern": "*"})})
+    with pytest.raises(DataError, match=r"other.parquet: columns .* not in the file \(Parquet schema: \['user'\]\)"):
+        convert_partition(d, "other.parquet", tmp_path / "parts")
+    assert convert_partition(d, "header.csv", tmp_path / "parts").rows == 0  # a header alone: empty

@@ -11,6 +11,7 @@ from torchrec import KeyedJaggedTensor
 from recsys_dist.config import ConfigError
 from recsys_dist.config.loader import load_config
 from recsys_dist.data.spec import FeatureSpec, make_sequence_tables, make_tables
+from recsys_dist.distributed.dense import dense_blocks
 from recsys_dist.models.registry import get_model
 from recsys_dist.models.zoo.bst import BSTConfig
 from tests.conftest import ROOT
@@ -129,3 +130,20 @@ def test_bst_batch_whose_histories_are_all_empty_reads_the_target_alone():
     ]
     x = torch.cat([dense, pooled["user"], pooled["movie"], torch.stack(feats)], dim=1)
     torch.testing.assert_close(model(dense, kjt), model.deep(x), rtol=0, atol=1e-5)
+
+
+def test_every_block_fsdp_shards_is_called_through_its_own_forward():
+    """distributed.dense.strategy: fsdp gathers a block's weights in the block's forward hooks
+    (``dense.dense_blocks``): every block must be called, not iterated. Before, each history's
+    transformer stack was an ``nn.Sequential`` (one block) whose layers BST called one by one:
+    under fsdp every rank failed at its first step ("aten.mm.default got mixed torch.Tensor and
+    DTensor"), at any world size, with or without replica groups."""
+    model = build(num_blocks=2)
+    blocks, _ = dense_blocks(model)
+    called = set()
+    for name in blocks:
+        model.get_submodule(name).register_forward_pre_hook(
+            lambda m, args, kwargs, name=name: called.add(name), with_kwargs=True
+        )
+    model(torch.randn(3, 1), batch())
+    assert called == set(blocks) and any(b.startswith("transformers.") for b in blocks), (blocks, called)

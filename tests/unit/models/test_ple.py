@@ -97,3 +97,22 @@ def test_ple_config_checks():
         load_config(CONFIG, ["model.num_levels=0"])
     with pytest.raises(ConfigError, match=r"model\.tower_sizes must be positive ints, got \[0\]"):
         load_config(CONFIG, ["model.tower_sizes=[0]"])
+
+
+def test_ple_traces_with_its_fsdp_blocks_as_leaves():
+    """Under distributed.dense.strategy: fsdp TorchRec's pipeline tracer (train.pipeline:
+    sparse_dist) takes each FSDP block (``dense.dense_blocks``: here each CGC level and tower) as a
+    leaf, whose output is one opaque value: the graph must still give the model's logits. Before,
+    PLE iterated the last level's output (a list of per-task tensors), which a leaf's output cannot
+    be: every rank failed at the first step (torch.fx ``TraceError: Proxy object cannot be iterated``)."""
+    from torch.fx import GraphModule
+    from torchrec.distributed.train_pipeline.tracing import Tracer
+
+    from recsys_dist.distributed.dense import dense_blocks
+
+    m, batch = _task("model.num_levels=2").model, _batch()
+    blocks, _ = dense_blocks(m)
+    assert {"levels.0", "levels.1"} <= set(blocks), blocks
+    graph = Tracer(leaf_modules=["sparse_arch", *blocks]).trace(m)
+    dense, kjt = batch.dense_features, batch.sparse_features
+    torch.testing.assert_close(GraphModule(m, graph)(dense, kjt), m(dense, kjt), rtol=0, atol=0)
