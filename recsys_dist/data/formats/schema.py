@@ -306,10 +306,12 @@ class SchemaFormat:
             bad = ~np.isfinite(x) if numeric else ~np.isin(x, (0.0, 1.0))
             if bad.any():
                 i = int(np.flatnonzero(bad)[0])
-                if batch.column(column)[i].as_py() is None:  # no threshold makes a label of a null
+                value = batch.column(column)[i].as_py()
+                if value is None or (isinstance(value, str) and not value.strip()):  # no threshold helps
                     raise DataError(
-                        f"{where}, line {first_line + i}, column {column}: the label is missing (null); drop the "
-                        "row, or skip such rows with data.on_bad_row=skip"
+                        f"{where}, line {first_line + i}, column {column}: the label is missing "
+                        f"({'null' if value is None else 'empty'}); drop the row, or skip such rows with "
+                        "data.on_bad_row=skip"
                     )
                 want = (
                     ("a number" if np.isnan(x[i]) else "a finite number")
