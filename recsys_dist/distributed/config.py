@@ -264,7 +264,8 @@ class DenseConfig(Section):
         if self.strategy == "pipeline" and self.stages is None:
             raise ValueError(
                 "stages: strategy: pipeline needs the number of stages, the ranks of one pipeline (a divisor of "
-                "the world size); set it, e.g. distributed.dense.stages=2 on 2 ranks"
+                "the world size; under sharding.replica_groups N, of a sharding group's world / N ranks); set it, "
+                "e.g. distributed.dense.stages=2 on 2 ranks"
             )
         if self.stages_per_rank is not None and self.pipeline_schedule not in INTERLEAVED_SCHEDULES:
             raise ValueError(

@@ -9,12 +9,17 @@ stream (``publish.every_partition``), rank 0 publishes that checkpoint
 (:class:`recsys_dist.serve.publish.Publisher`: a full version, then deltas) while the other
 ranks wait; an error is raised on every rank. The weights published are the model's as the
 ranks hold it in memory, gathered onto rank 0 (``recsys_dist.checkpoint.gather``): equal to the
-checkpoint's, which is not read back.
+checkpoint's, which is not read back. Publishing leaves the training's random stream as it
+was: rank 0 builds and loads unsharded models to publish (their initialisation draws random
+numbers), which would otherwise shift its dropout masks, so a resumed run (whose first publish
+builds the model again) would train other numbers than the uninterrupted one.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+
+import torch
 
 from recsys_dist.checkpoint.gather import gather_full_state
 from recsys_dist.checkpoint.integrity import describe_error
@@ -71,6 +76,10 @@ class PublishCallback(Callback):
             state = gather_full_state(trainer.model.state_dict())
 
         def publish() -> Path | None:
+            with torch.random.fork_rng(devices=[]):  # the training's RNG is not the publisher's
+                return publish_unforked()
+
+        def publish_unforked() -> Path | None:
             try:
                 if self.publisher is None:
                     # Versions past the step this run started from are trained again: moved aside.

@@ -307,19 +307,18 @@ class SchemaFormat:
             bad = ~np.isfinite(x) if numeric else ~np.isin(x, (0.0, 1.0))
             if bad.any():
                 i = int(np.flatnonzero(bad)[0])
-                if batch.column(column)[i].as_py() is None:  # no threshold makes a label of a null
-                    raise DataError(
-                        f"{where}, line {first_line + i}, column {column}: the label is missing (null); drop the "
-                        "row, or skip such rows with data.on_bad_row=skip"
+                value = batch.column(column)[i].as_py()
+                if value is None or not str(value).strip():  # a null or an empty field: no threshold helps
+                    why = f"the label is missing ({'null' if value is None else 'empty'}); drop the row, or skip "
+                    why += "such rows with data.on_bad_row=skip"
+                else:
+                    want = (
+                        ("a number" if np.isnan(x[i]) else "a finite number")
+                        if numeric
+                        else "0 or 1 (or set a threshold: data.schema.label_threshold / labels.<task>.threshold)"
                     )
-                want = (
-                    ("a number" if np.isnan(x[i]) else "a finite number")
-                    if numeric
-                    else "0 or 1 (or set a threshold: data.schema.label_threshold / labels.<task>.threshold)"
-                )
-                raise DataError(
-                    f"{where}, line {first_line + i}, column {column}: '{batch.column(column)[i].as_py()}' is not {want}"
-                )
+                    why = f"'{value}' is not {want}"
+                raise DataError(f"{where}, line {first_line + i}, column {column}: {why}")
             out.append((x >= threshold if threshold is not None else x).astype(np.float32))
         return out[0] if self.spec.label is not None else np.stack(out, axis=1)
 

@@ -134,7 +134,7 @@ def test_bad_values_name_file_line_and_column(tmp_path, cache_dir):
     with pytest.raises(DataError, match=r"r.csv, column age, line 3: 'abc' is not a number"):
         prepare(ConversionSpec(SchemaFormat(SPEC), raw, 100))
     raw.write_text(CSV.replace("u3,1,", "u3,,"))
-    with pytest.raises(DataError, match=r"r.csv, line 5, column rating: '' is not a number"):
+    with pytest.raises(DataError, match=r"r.csv, line 5, column rating: the label is missing \(empty\)"):
         prepare(ConversionSpec(SchemaFormat(SPEC), raw, 100))
     no_threshold = SchemaConfig(label="rating", categorical=["user"])
     with pytest.raises(DataError, match=r"line 2, column rating: '4.5' is not 0 or 1"):
@@ -258,6 +258,15 @@ def test_a_null_label_says_missing_and_how_to_skip(tmp_path, cache_dir):
         prepare(ConversionSpec(fmt, raw, 100))
     p = prepare(ConversionSpec(fmt, raw, 100, split=(1.0, 0.0, 0.0), on_bad_row="skip"))
     assert json.loads((p.directory / "manifest.json").read_text())["rows_skipped"] == 1
+    # an empty (or blank) CSV field is a missing label too: it said "'' is not a number"
+    csv = tmp_path / "raw.csv"
+    csv.write_text("label,user\n1,a\n ,b\n0,c\n")
+    with pytest.raises(DataError, match=r"raw.csv, line 3, column label: the label is missing \(empty\); drop"):
+        prepare(
+            ConversionSpec(
+                SchemaFormat(SchemaConfig(label="label", label_threshold=0.5, categorical=["user"])), csv, 100
+            )
+        )
 
 
 def test_columns_that_reorder_the_header_names_are_refused(tmp_path, cache_dir):

@@ -228,6 +228,8 @@ def test_pipeline_needs_its_stages():
         load_config(QUICKSTART, ["distributed.dense.strategy=pipeline"])
     assert "stages: strategy: pipeline needs the number of stages" in str(e.value), str(e.value)
     assert "distributed.dense.stages=2 on 2 ranks" in str(e.value), str(e.value)
+    # under replica groups the stages divide a group's ranks, not the world (it said the world only)
+    assert "under sharding.replica_groups N, of a sharding group's world / N ranks" in str(e.value), str(e.value)
 
 
 def test_a_given_model_is_checked_as_it_is_sharded():
