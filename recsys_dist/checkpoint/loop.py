@@ -30,6 +30,7 @@ from torchrec.optim.keyed import KeyedOptimizer
 
 from recsys_dist.checkpoint import dcp as ckpt
 from recsys_dist.checkpoint.meta import named_checkpoint, read_meta
+from recsys_dist.checkpoint.rng import fit_rng, restore_rng, rng_state
 from recsys_dist.checkpoint.safe_read import checkpoint_keys
 from recsys_dist.distributed import replicas
 from recsys_dist.distributed.env import DistContext
@@ -139,9 +140,9 @@ def load_checkpoint(
     }
     if meta.get("world_size") != ctx.world_size:
         del state["rng"]  # no rank's random stream continues
+    fit_rng(state, saved)  # a CPU checkpoint resumed on CUDA: no device generator's state
     ckpt.load_checkpoint(found, state)
-    if "rng" in state:
-        torch.set_rng_state(state["rng"][f"rank_{ctx.rank}"])
+    restore_rng(state, ctx.rank, ctx.device)
     if isinstance(optimizer, KeyedOptimizer):
         ckpt.set_optimizer_steps(optimizer, meta["step"])  # not saved in the canonical form
     return LoadedCheckpoint(found, int(meta["step"]), int(meta.get("world_size", 1)), meta.get("extra") or {})
@@ -174,7 +175,7 @@ def _state(model: nn.Module, optimizer: torch.optim.Optimizer | None, ctx: DistC
         "model": model.state_dict(),
         "optimizer": opt_state,
         # One per rank: ranks draw different dropout masks.
-        "rng": {f"rank_{ctx.rank}": torch.get_rng_state()},
+        "rng": rng_state(ctx.rank, ctx.device),
     }
 
 

@@ -24,6 +24,7 @@ from recsys_dist.checkpoint.dcp import (
     save_checkpoint,
     set_optimizer_steps,
 )
+from recsys_dist.checkpoint.rng import fit_rng, restore_rng, rng_state
 from recsys_dist.checkpoint.safe_read import checkpoint_keys
 from recsys_dist.data.record import MANIFEST_FILE, Preprocessing
 from recsys_dist.distributed import replicas
@@ -39,14 +40,15 @@ from recsys_dist.train.observe import PhaseClock
 log = logging.getLogger("recsys_dist")
 
 
-def training_state(model, optimizer, rank: int) -> dict:
-    """The state dicts a checkpoint saves and loads in place (views of the live tensors)."""
+def training_state(model, optimizer, rank: int, device: torch.device) -> dict:
+    """The state dicts a checkpoint saves and loads in place (views of the live tensors; the
+    random state as ``recsys_dist.checkpoint.rng`` keeps it)."""
     return {
         "model": model.state_dict(),
         "optimizer": canonical_optimizer_state(optimizer.state_dict()),
         # One per rank: the ranks draw different dropout masks (a single "rng" entry would be
         # saved once, by one rank, and handed to every rank on resume).
-        "rng": {f"rank_{rank}": torch.get_rng_state()},
+        "rng": rng_state(rank, device),
         **stale_state(model),  # schedule: 2bw: each stage's previous weights W(t-1) (two_bw)
     }
 
@@ -100,7 +102,7 @@ class Checkpointer:
         marked ``checkpoints/best``), the files of the data ``source`` (a ``DataSource``:
         ``checkpoint_files``) and the preprocessing record (of its loaders); returns its directory."""
         replicas.settle(self.model)  # sharding.replica_groups: the replicas agree before they are saved
-        state = training_state(self.model, self.optimizer, self.ctx.rank)
+        state = training_state(self.model, self.optimizer, self.ctx.rank, self.ctx.device)
         files = source.checkpoint_files()
         path = save_checkpoint(self.ctx, self.run_dir, step, state, meta, job.checkpoint.keep, best=best, files=files)
         self.saved_step, self.saved_path = step, path
@@ -117,15 +119,16 @@ class Checkpointer:
             path, meta, job.to_dict(), sizes=sizes, world_size=ctx.world_size, user_model=user_model is not None
         )
         init_lazy_state(self.optimizer, self.model.fused_optimizer)
-        state = training_state(self.model, self.optimizer, ctx.rank)
+        state = training_state(self.model, self.optimizer, ctx.rank, ctx.device)
+        saved = checkpoint_keys(path)
         if meta.get("world_size") != ctx.world_size:  # no rank's random stream continues
             del state["rng"]
+        fit_rng(state, saved)  # a CPU checkpoint resumed on CUDA: no device generator's state
         if two_bw_of(self.model) is not None:  # schedule 2bw: W(t-1) when the checkpoint holds one
-            fit_to_checkpoint(self.model, state, checkpoint_keys(path))
+            fit_to_checkpoint(self.model, state, saved)
         load_checkpoint(path, state, verify=False)  # verified in _setup; in place: the state dicts are views
         set_optimizer_steps(self.optimizer, meta["step"])
-        if "rng" in state:
-            torch.set_rng_state(state["rng"][f"rank_{ctx.rank}"])
+        restore_rng(state, ctx.rank, ctx.device)
 
     @staticmethod
     def warn_weights(path: Path, meta: dict) -> None:
@@ -169,7 +172,7 @@ class Checkpointer:
                 return False
             with self.clock.phase("checkpoint"):
                 init_lazy_state(self.optimizer, self.model.fused_optimizer)
-                state = training_state(self.model, self.optimizer, self.ctx.rank)
+                state = training_state(self.model, self.optimizer, self.ctx.rank, self.ctx.device)
                 del state["rng"]  # the random streams go on from the last step
                 if two_bw_of(self.model) is not None:
                     fit_to_checkpoint(self.model, state, checkpoint_keys(path))

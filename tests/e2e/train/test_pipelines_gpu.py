@@ -30,3 +30,22 @@ def test_cuda_pipeline_trains_and_resumes_exactly(tmp_path, pipeline):
     r = train(tmp_path, run, "--resume", "auto", *GPU, f"train.pipeline={pipeline}", "checkpoint.every_n_steps=4")
     assert r.returncode == 0, r.stderr[-2000:]
     assert_same_losses(ref, run, 0.0)
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_cuda_dropout_resumes_to_the_uninterrupted_losses(tmp_path):
+    """Dropout on CUDA draws from the device's generator, which the checkpoint holds too
+    (recsys_dist.checkpoint.rng): a run stopped at step 8 and resumed logs the uninterrupted
+    run's losses exactly."""
+    dropout = [*GPU, "model.name=dcnv2", "model.dropout=0.3", "checkpoint.every_n_steps=8"]
+    ref = tmp_path / "ref"
+    r = train(tmp_path, ref, *dropout)
+    assert r.returncode == 0, r.stderr[-2000:]
+    run = tmp_path / "resumed"
+    r = train(tmp_path, run, *dropout, "train.max_steps=8")
+    assert r.returncode == 0, r.stderr[-2000:]
+    r = train(tmp_path, run, "--resume", "auto", *dropout)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert_same_losses(ref, run, 0.0)
