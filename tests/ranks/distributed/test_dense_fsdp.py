@@ -32,8 +32,6 @@ ALL_CASES = [
     ("dcnv2", ["row_wise"], CLIP),
     ("dlrm+bias", ["row_wise"], ()),  # a parameter beside the tables: replicated, under DDP
 ]
-# In the suite: one spawn at 2 ranks; table_wise, clipping, a parameter outside every block.
-QUICK_CASES = [ALL_CASES[0], ALL_CASES[5], ALL_CASES[6]]
 
 
 def _check(results: list[dict], world_size: int) -> None:
@@ -98,10 +96,6 @@ def _wire_failures(rank: int, case: tuple, fsdp: dict, ddp: dict, world_size: in
     if moved:
         assert fsdp["counted"]["allreduce"]["sent"] < ddp["counted"]["allreduce"]["sent"]
     return out
-
-
-def test_fsdp_equals_ddp_at_two_ranks():
-    _check(run_ranks(dense_worker.losses_and_bytes, 2, QUICK_CASES, 20, timeout_s=600), 2)
 
 
 @pytest.mark.slow
