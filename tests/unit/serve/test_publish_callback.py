@@ -1,5 +1,5 @@
 """PublishCallback: publishing leaves the training's random state as it was (the e2e check:
-tests/e2e/serve/test_publish_random_stream.py)."""
+tests/e2e/models/test_hstu_cli.py::test_hstu_online_trains_each_partition_row_once_across_a_stop_and_publishes, with dropout)."""
 
 import time
 from types import SimpleNamespace
