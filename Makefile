@@ -38,15 +38,18 @@ lint: $(VENV)/.installed
 
 # Test files run in parallel (pytest-xdist, one file per worker at a time; as many workers as
 # cores, at most 4: 3 workers on 2 cores measured slower than 2). The 25 slowest tests are
-# listed after each full run, for the suite's results files.
+# listed after each full run, for the suite's results files. Bytecode caches are written even
+# where the environment sets PYTHONDONTWRITEBYTECODE (empty: unset), so the workers, the ranks
+# and the CLI subprocesses read recsys_dist and the tests compiled once, not each from source
+# (a collection took 8.5 s without them, 5.8 s with; a fresh clone's suite 9:45-9:57 against 9:12).
 TEST_WORKERS ?= auto
 test: lint
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --maxprocesses 4 --dist loadfile --durations=25 $(PYTEST_ARGS)
+	PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -q -n $(TEST_WORKERS) --maxprocesses 4 --dist loadfile --durations=25 $(PYTEST_ARGS)
 
 # The unit tier, for the edit loop: tests/unit/conftest.py fails any test there that starts a
 # process, a CLI command, ranks or a training run (about 35-55 s on 2 cores).
 test-fast: $(VENV)/.installed
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --maxprocesses 4 tests/unit $(PYTEST_ARGS)
+	PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -q -n $(TEST_WORKERS) --maxprocesses 4 tests/unit $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache
