@@ -16,9 +16,10 @@ land only some of them (partition numbers from 0). The library never imports thi
 from __future__ import annotations
 
 import argparse
-import os
 import time
 from pathlib import Path
+
+from recsys_dist.files import write_atomic
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "datasets" / "criteo_kaggle" / "dac_train_first10000.txt"
@@ -30,16 +31,11 @@ def partition_name(index: int, per_day: int = 24) -> str:
 
 
 def land(out: Path, name: str, lines: list[bytes]) -> Path:
-    """Write ``lines`` to ``out/name`` atomically (a hidden temporary file, then a rename)."""
+    """Write ``lines`` to ``out/name`` atomically (``recsys_dist.files.write_atomic``: a hidden
+    ``.NAME.RANDOM.tmp`` file, fsynced, then renamed, so a stream never reads half of it)."""
     target = out / name
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.parent / f".{target.name}.{os.getpid()}.tmp"
-    with open(tmp, "wb") as f:
-        f.writelines(lines)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, target)
-    return target
+    return write_atomic(target, b"".join(lines))
 
 
 def main(argv: list[str] | None = None) -> None:

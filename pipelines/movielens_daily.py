@@ -21,25 +21,21 @@ from __future__ import annotations
 import argparse
 import csv
 import io
-import os
 import time
 from pathlib import Path
+
+from recsys_dist.files import write_atomic
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "datasets" / "movielens" / "ratings_genres_first20000_by_time.csv"
 
 
 def land(out: Path, name: str, text: str) -> Path:
-    """Write ``text`` to ``out/name`` atomically (a hidden temporary file, then a rename)."""
+    """Write ``text`` to ``out/name`` atomically (``recsys_dist.files.write_atomic``: a hidden
+    ``.NAME.RANDOM.tmp`` file, fsynced, then renamed, so a stream never reads half of it)."""
     target = out / name
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.parent / f".{target.name}.{os.getpid()}.tmp"
-    with open(tmp, "w", newline="") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, target)
-    return target
+    return write_atomic(target, text)
 
 
 def main(argv: list[str] | None = None) -> None:
