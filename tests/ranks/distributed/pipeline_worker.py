@@ -9,6 +9,8 @@ the Trainer's step (``StagePipeline``). Compared: the global loss of every step,
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.distributed as dist
 from torch.distributed._shard.sharded_tensor import ShardedTensor
@@ -61,20 +63,29 @@ def _train(dmp, opt, steps: range, rank: int, world_size: int, staged: bool, own
     return train_on(dmp, opt, (_batch(step, rank, world_size) for step in steps), world_size, staged, own)
 
 
-def train_on(dmp, opt, batches, world_size: int, staged: bool, own: list | None = None) -> list[float]:
+def train_on(
+    dmp, opt, batches, world_size: int, staged: bool, own: list | None = None, after=None, counter=None
+) -> list[float]:
     """One step on each of ``batches`` (this rank's), through ``StagePipeline`` if ``staged``
-    else a plain DMP step: the global losses (the ranks' mean); ``own``: this rank's appended."""
+    else a plain DMP step: the global losses (the ranks' mean); ``own``: this rank's appended.
+    ``after(dmp)`` runs after each step (the replicas' sync: ``replicas.stepped``); ``counter``
+    (a context, e.g. :class:`_Counted`) is entered around the last batch's step only."""
     runner = StagePipeline(dmp, opt, torch.device("cpu")) if staged else None
     losses = []
-    for batch in batches:
-        if staged:
-            loss = runner.progress(iter([batch]))[0].clone()
-        else:
-            loss = dmp(batch)[0]
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-            loss = loss.detach().clone()
+    batches = list(batches) if counter is not None else batches
+    last = len(batches) - 1 if counter is not None else -1
+    for i, batch in enumerate(batches):
+        with counter if i == last else contextlib.nullcontext():
+            if staged:
+                loss = runner.progress(iter([batch]))[0].clone()
+            else:
+                loss = dmp(batch)[0]
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+                loss = loss.detach().clone()
+        if after is not None:
+            after(dmp)
         if own is not None:
             own.append(loss.item())
         dist.all_reduce(loss)

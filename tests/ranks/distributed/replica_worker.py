@@ -9,7 +9,6 @@ DDP); the replica-groups model syncs after each step as the Trainer's StepRunner
 
 from __future__ import annotations
 
-import contextlib
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -32,7 +31,6 @@ from recsys_dist.train.best_weights import MemoryCopy
 from recsys_dist.train.build import shard_model
 from recsys_dist.train.checkpointing import Checkpointer
 from recsys_dist.train.observe import PhaseClock
-from recsys_dist.train.stage_pipeline import StagePipeline
 from recsys_dist.train.steps import StepRunner
 from recsys_dist.train.summary import ledger_line
 from tests.ranks.distributed import pipeline_worker
@@ -306,25 +304,9 @@ def _build_pipe(strategy: str, g: int, schedule: str | None, world_size: int):
 
 
 def _pipe_train(dmp, opt, batches, world_size: int, staged: bool, counter=None) -> list[float]:
-    """The global losses (the ranks' mean) of one step per batch (through the Trainer's
-    ``StagePipeline`` if ``staged``), the replicas synced after each as the Trainer's StepRunner
-    does; ``counter`` (pipeline_worker._Counted) around the last step's ``progress`` only."""
-    runner = StagePipeline(dmp, opt, torch.device("cpu")) if staged else None
-    out = []
-    for i, batch in enumerate(batches):
-        if staged:
-            with counter if counter is not None and i == len(batches) - 1 else contextlib.nullcontext():
-                loss = runner.progress(iter([batch]))[0].clone()
-        else:
-            loss = dmp(batch)[0]
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-            loss = loss.detach().clone()
-        replicas.stepped(dmp)
-        dist.all_reduce(loss)
-        out.append(loss.item() / world_size)
-    return out
+    """:func:`pipeline_worker.train_on` with the replicas synced after each step, as the Trainer's
+    StepRunner does; ``counter`` around the last step only."""
+    return pipeline_worker.train_on(dmp, opt, batches, world_size, staged, after=replicas.stepped, counter=counter)
 
 
 def _weights(dmp) -> tuple[dict, dict]:
