@@ -62,7 +62,7 @@ from recsys_dist.train.results import StreamSummary
 from recsys_dist.train.stream_state import (
     HISTORIES_FILE,
     StreamState,
-    histories_writer,
+    histories_file,
     load_histories,
     open_window,
     record_between,
@@ -108,6 +108,7 @@ class StreamData(DataSource):
         # consumed, saved with each checkpoint; and after the partition open (taken at its end)
         self.histories: dict | None = {} if carries_histories(job.data) else None
         self._after: dict | None = None
+        self._histories_file: tuple[dict, bytes] | None = None  # (the state, its histories.npz)
         return job
 
     def checkpoint_meta(self) -> dict:
@@ -120,7 +121,15 @@ class StreamData(DataSource):
         after the partitions the checkpoint records as consumed."""
         if self.histories is None or not self.trainer.ctx.is_main:
             return {}
-        return {HISTORIES_FILE: histories_writer(self.histories, self.trainer.job.data.schema.history)}
+        # serialised once per state (it changes at a partition's end or a resume), not at every
+        # checkpoint inside a partition: O(users x max_length) of Python each time
+        if self._histories_file is None or self._histories_file[0] is not self.histories:
+            self._histories_file = (
+                self.histories,
+                histories_file(self.histories, self.trainer.job.data.schema.history),
+            )
+        blob = self._histories_file[1]
+        return {HISTORIES_FILE: lambda path: Path(path).write_bytes(blob)}
 
     def keeps_window(self) -> bool:
         # Stopped inside a partition: the window goes on after the resume, unless an uninterrupted

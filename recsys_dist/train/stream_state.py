@@ -8,11 +8,12 @@ per-step losses with the checkpoint (:func:`open_window`) and the resumed run co
 (:func:`resume_window`), so ``metrics.jsonl`` has the lines and numbers of an uninterrupted run.
 Under ``data.stream.histories: carry`` each checkpoint holds the users' histories after the
 partitions it records as consumed (``step_N/histories.npz``, listed in its ``checksums.json``:
-:func:`histories_writer`, :func:`load_histories`).
+:func:`histories_file`, :func:`load_histories`).
 """
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 from dataclasses import asdict, dataclass, field
@@ -155,15 +156,12 @@ def _history_key(h) -> str:
     return json.dumps(h.model_dump(mode="json"), sort_keys=True)
 
 
-def histories_writer(state: dict, h):
-    """A function writing the carried history ``state`` (``data.schema.history`` ``h``) at the
-    path it is given (``formats.history.save_state``): a checkpoint's ``histories.npz``."""
-
-    def write(path: Path) -> None:
-        with open(path, "wb") as f:
-            save_state(state, h.max_length, h.ties, _history_key(h), f)
-
-    return write
+def histories_file(state: dict, h) -> bytes:
+    """The carried history ``state`` (``data.schema.history`` ``h``) as a checkpoint's
+    ``histories.npz`` holds it (``formats.history.save_state``)."""
+    f = io.BytesIO()
+    save_state(state, h.max_length, h.ties, _history_key(h), f)
+    return f.getvalue()
 
 
 def load_histories(checkpoint: Path, h) -> dict:

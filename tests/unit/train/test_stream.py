@@ -126,7 +126,7 @@ def test_a_checkpoint_without_or_with_damaged_histories_is_refused_naming_the_fi
 
     from recsys_dist.data.config import SchemaConfig
     from recsys_dist.errors import CheckpointError
-    from recsys_dist.train.stream_state import HISTORIES_FILE, histories_writer, load_histories
+    from recsys_dist.train.stream_state import HISTORIES_FILE, histories_file, load_histories
 
     h = SchemaConfig(
         label="c", categorical=["i"], history={"user": "u", "item": "i", "time": "t", "max_length": 3}
@@ -134,7 +134,7 @@ def test_a_checkpoint_without_or_with_damaged_histories_is_refused_naming_the_fi
     state = {7: ((deque([1, 2], 3), deque([1.0, 2.0], 3), deque([0, 0], 3)), 5.0, [(9, 5.0, 0)])}
     with pytest.raises(CheckpointError, match=rf"{HISTORIES_FILE}: missing: .*data.stream.histories=per_partition"):
         load_histories(tmp_path, h)
-    histories_writer(state, h)(tmp_path / HISTORIES_FILE)
+    (tmp_path / HISTORIES_FILE).write_bytes(histories_file(state, h))
     got = load_histories(tmp_path, h)
     assert {u: ([list(c) for c in com], at, p) for u, (com, at, p) in got.items()} == {
         7: ([[1, 2], [1.0, 2.0], [0, 0]], 5.0, [(9, 5.0, 0)])
