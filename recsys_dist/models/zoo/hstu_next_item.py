@@ -262,13 +262,13 @@ def next_item_parts(spec: FeatureSpec, cfg: NextItemConfig) -> tuple:
     return ec, spec.keys, cfg.item_id, history, cfg.temperature, log_q
 
 
+# The next-item models' shared data path (read, item counts for logQ, leave-last-out metrics),
+# as register_model's hooks; each model adds its own checks and encoder.
+NEXT_ITEM_HOOKS = {"read_data": read_next_item_data, "on_data": with_item_counts, "evaluator": next_item_metrics}
+
+
 @register_model(
-    "hstu_retrieval",
-    HSTURetrievalConfig,
-    checks=(next_item_problems, no_history_extras),
-    read_data=read_next_item_data,
-    on_data=with_item_counts,
-    evaluator=next_item_metrics,
+    "hstu_retrieval", HSTURetrievalConfig, checks=(next_item_problems, no_history_extras), **NEXT_ITEM_HOOKS
 )
 def build_hstu_next_item(spec: FeatureSpec, cfg: HSTURetrievalConfig) -> HSTUNextItem:
     """:class:`HSTUNextItem` over one table: the history's, read by the history and the item."""

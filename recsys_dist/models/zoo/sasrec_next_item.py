@@ -16,14 +16,7 @@ from recsys_dist.models.checks import no_history_extras
 from recsys_dist.models.config import SASRecRetrievalConfig
 from recsys_dist.models.registry import register_model
 from recsys_dist.models.sasrec_retrieval import SASRecRetrieval
-from recsys_dist.models.zoo.hstu_next_item import (
-    HSTUNextItem,
-    next_item_metrics,
-    next_item_parts,
-    next_item_problems,
-    read_next_item_data,
-    with_item_counts,
-)
+from recsys_dist.models.zoo.hstu_next_item import NEXT_ITEM_HOOKS, HSTUNextItem, next_item_parts, next_item_problems
 
 
 class SASRecNextItem(HSTUNextItem, SASRecRetrieval):
@@ -44,12 +37,7 @@ def sasrec_problems(job) -> list[str]:
 
 
 @register_model(
-    "sasrec_retrieval",
-    SASRecRetrievalConfig,
-    checks=(sasrec_problems, no_history_extras),
-    read_data=read_next_item_data,
-    on_data=with_item_counts,
-    evaluator=next_item_metrics,
+    "sasrec_retrieval", SASRecRetrievalConfig, checks=(sasrec_problems, no_history_extras), **NEXT_ITEM_HOOKS
 )
 def build_sasrec_next_item(spec: FeatureSpec, cfg: SASRecRetrievalConfig) -> SASRecNextItem:
     """:class:`SASRecNextItem` over one table: the history's, read by the history and the item."""
