@@ -26,6 +26,7 @@ BENCHES = {  # every runnable script of benchmarks/ (a new one must use the harn
     "dense_layouts.py",
     "fsdp_profile.py",
     "freshness.py",
+    "history_state_size.py",
     "hstu_jagged.py",
     "hstu_retrieval.py",
     "hstu_retrieval_compare.py",
